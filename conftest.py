@@ -1,0 +1,40 @@
+"""Test-session setup. Runs before any test module imports numba.
+
+Kernel tests run in Numba's CUDA simulator unless the process has a real GPU and NUMBACTR_DEVICE=gpu
+(then `pytest -m gpu` runs the same property tests on the GPU).
+"""
+import os
+import sys
+
+if os.environ.get("NUMBACTR_DEVICE", "").lower() != "gpu":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")        # before ANY numba import
+
+from numba import config  # noqa: E402
+
+if config.ENABLE_CUDASIM:
+    sys.setswitchinterval(1e-4)     # simulator barriers: 3-10x faster (see shared notes §4)
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", settings.get_profile("ci"), max_examples=20,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", max_examples=20, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("gpu", max_examples=300, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    from numba import cuda
+    on_gpu = (not config_sim()) and cuda.is_available()
+    skip_gpu = pytest.mark.skip(reason="needs a real CUDA GPU (NUMBACTR_DEVICE=gpu)")
+    for item in items:
+        if "gpu" in item.keywords and not on_gpu:
+            item.add_marker(skip_gpu)
+
+
+def config_sim() -> bool:
+    return bool(config.ENABLE_CUDASIM)

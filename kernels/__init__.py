@@ -1,0 +1,7 @@
+"""numba.cuda kernels with their NumPy references, one module per op.
+
+Installed as ``numbactr.kernels``. Imports nothing from numbactr: each module holds the formula in its
+docstring, ``<op>_forward_ref`` / ``<op>_backward_ref`` (NumPy), the ``@cuda.jit`` kernels (grid-stride
+loops), launch wrappers, and ``PTX_CHECKS`` (kernel, signature) pairs that tests/test_ptx.py compiles
+for a real GPU architecture.
+"""

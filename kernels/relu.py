@@ -1,0 +1,51 @@
+"""ReLU.
+
+    y = max(x, 0)                         # any shape, applied elementwise
+    dx = dy if x > 0 else 0
+
+HugeCTR: HugeCTR/src/layers/relu_layer.cu (backward reads the *output*: y > 0 <=> x > 0).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32
+
+from .launch import launch_1d
+
+
+# ---- NumPy reference -------------------------------------------------------------------------
+def relu_forward_ref(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, x.dtype.type(0))
+
+
+def relu_backward_ref(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    return np.where(y > 0, dy, dy.dtype.type(0))
+
+
+# ---- kernels (flat 1-D views; one thread per element, grid-stride) ---------------------------
+@cuda.jit
+def relu_forward_kernel(x, y):
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        v = x[i]
+        y[i] = v if v > float32(0.0) else float32(0.0)
+
+
+@cuda.jit
+def relu_backward_kernel(y, dy, dx):
+    for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
+        dx[i] = dy[i] if y[i] > float32(0.0) else float32(0.0)
+
+
+# ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
+def relu_forward(x, y) -> None:
+    launch_1d(relu_forward_kernel, x.size, x.reshape(-1), y.reshape(-1))
+
+
+def relu_backward(y, dy, dx) -> None:
+    launch_1d(relu_backward_kernel, y.size, y.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+
+
+PTX_CHECKS = [
+    (relu_forward_kernel, "void(float32[::1], float32[::1])"),
+    (relu_backward_kernel, "void(float32[::1], float32[::1], float32[::1])"),
+]

@@ -1,0 +1,124 @@
+"""Which device runs numbactr: ``gpu``, ``sim`` or ``cpu``.
+
+| device | executes                                             | arrays |
+|--------|------------------------------------------------------|--------|
+| gpu    | the numba.cuda kernels on a real GPU                  | cupy   |
+| sim    | the same kernels in Numba's CUDA simulator            | numpy  |
+| cpu    | the NumPy reference of each op (no kernels)          | numpy  |
+
+Choice, in order: ``NUMBACTR_DEVICE=gpu|sim|cpu``; else ``sim`` when the process already runs
+Numba's simulator (``NUMBA_ENABLE_CUDASIM=1``); else ``gpu`` when a CUDA GPU and cupy are present;
+else ``cpu``. ``sim`` must be chosen before numba is first imported, so this module sets
+``NUMBA_ENABLE_CUDASIM`` itself when asked for ``sim``; ``import numbactr`` does that first thing.
+One line on stdout says which device runs and why.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+DEVICES = ("gpu", "sim", "cpu")
+
+
+class DeviceError(RuntimeError):
+    """The requested device cannot run here."""
+
+
+_state = {"kind": None, "why": ""}
+
+
+def _asked() -> str | None:
+    asked = os.environ.get("NUMBACTR_DEVICE", "").strip().lower()
+    if not asked:
+        return None
+    if asked not in DEVICES:
+        raise DeviceError(f"NUMBACTR_DEVICE={asked!r} is not one of {', '.join(DEVICES)}")
+    return asked
+
+
+def _numba_simulated() -> bool:
+    from numba import config
+    return bool(config.ENABLE_CUDASIM)
+
+
+def _resolve() -> tuple[str, str]:
+    asked = _asked()
+    if asked == "sim":
+        if "numba" in sys.modules and not _numba_simulated():
+            raise DeviceError("NUMBACTR_DEVICE=sim needs NUMBA_ENABLE_CUDASIM=1 before numba is first "
+                              "imported; import numbactr before numba (or export NUMBA_ENABLE_CUDASIM=1)")
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        return "sim", "NUMBACTR_DEVICE=sim: kernels run in Numba's CUDA simulator"
+    if asked == "cpu":
+        return "cpu", "NUMBACTR_DEVICE=cpu: NumPy reference ops"
+    if _numba_simulated():
+        if asked == "gpu":
+            raise DeviceError("NUMBACTR_DEVICE=gpu, but NUMBA_ENABLE_CUDASIM=1 puts numba in simulator "
+                              "mode; unset NUMBA_ENABLE_CUDASIM")
+        return "sim", "NUMBA_ENABLE_CUDASIM=1: kernels run in Numba's CUDA simulator"
+    from numba import cuda
+    if not cuda.is_available():
+        reason = str(cuda.cuda_error() or "no CUDA driver").splitlines()[0]
+        if asked == "gpu":
+            raise DeviceError(f"NUMBACTR_DEVICE=gpu, but no CUDA GPU is usable here ({reason}); "
+                              "use NUMBACTR_DEVICE=cpu or sim")
+        return "cpu", f"no CUDA GPU ({reason[:80]}): NumPy reference ops"
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        if asked == "gpu":
+            raise DeviceError("NUMBACTR_DEVICE=gpu needs cupy: pip install 'numbactr[gpu]'") from None
+        return "cpu", "a CUDA GPU is present but cupy is not installed (pip install 'numbactr[gpu]')"
+    name = cuda.get_current_device().name
+    if isinstance(name, bytes):
+        name = name.decode()
+    return "gpu", f"numba.cuda kernels on {name}"
+
+
+def kind() -> str:
+    """The device in use: 'gpu', 'sim' or 'cpu' (resolved on first call, announced once)."""
+    if _state["kind"] is None:
+        _state["kind"], _state["why"] = _resolve()
+        print(f"numbactr: device={_state['kind']} ({_state['why']})", flush=True)
+    return _state["kind"]
+
+
+def set_device(name: str) -> None:
+    """Switch device at run time, e.g. tests comparing ``cpu`` with ``sim`` in one process.
+
+    ``sim`` and ``gpu`` are exclusive per process (numba fixes simulator mode at import), so the only
+    switches allowed are between ``cpu`` and whichever of ``sim``/``gpu`` numba is in.
+    """
+    if name not in DEVICES:
+        raise DeviceError(f"unknown device {name!r}; expected one of {', '.join(DEVICES)}")
+    if name != "cpu":
+        sim = _numba_simulated()
+        if name == "sim" and not sim:
+            raise DeviceError("device 'sim' needs NUMBA_ENABLE_CUDASIM=1 before numba is imported")
+        if name == "gpu":
+            from numba import cuda
+            if sim or not cuda.is_available():
+                raise DeviceError("device 'gpu' is not available in this process")
+    _state["kind"], _state["why"] = name, "set_device"
+
+
+def uses_kernels() -> bool:
+    """True when ops launch numba.cuda kernels (gpu or sim), False for NumPy references."""
+    return kind() != "cpu"
+
+
+def xp():
+    """The array module of the current device: cupy on gpu, numpy otherwise."""
+    if kind() == "gpu":
+        import cupy
+        return cupy
+    import numpy
+    return numpy
+
+
+def to_host(a):
+    """A NumPy copy (or view) of a device array."""
+    import numpy
+    if hasattr(a, "get"):
+        return a.get()
+    return numpy.asarray(a)

@@ -1,0 +1,59 @@
+"""HugeCTR's enums, defined once. Members are also exported at module level by numbactr/__init__
+(pybind's export_values: ``hugectr.Adam`` works as well as ``hugectr.Optimizer_t.Adam``)."""
+from __future__ import annotations
+
+import enum
+
+
+class _Enum(enum.Enum):
+    def __repr__(self):
+        return f"{type(self).__name__}.{self.name}"
+
+
+def _make(name: str, members: str) -> type:
+    return _Enum(name, [(m, i) for i, m in enumerate(members.split())])
+
+
+Check_t = _make("Check_t", "Sum Non")
+DataReaderType_t = _make("DataReaderType_t", "Norm Raw Parquet RawAsync")
+DataReaderSparse_t = _make("DataReaderSparse_t", "Distributed Localized")
+SourceType_t = _make("SourceType_t", "FileList Mmap Parquet")
+FileSystemType_t = _make("FileSystemType_t", "Local HDFS S3 GCS Other")
+Embedding_t = _make("Embedding_t", "DistributedSlotSparseEmbeddingHash LocalizedSlotSparseEmbeddingHash "
+                                   "LocalizedSlotSparseEmbeddingOneHot HybridSparseEmbedding")
+Initializer_t = _make("Initializer_t", "Default Uniform XavierNorm XavierUniform Zero")
+Layer_t = _make("Layer_t", "BatchNorm LayerNorm BinaryCrossEntropyLoss Reshape Select Concat "
+                           "CrossEntropyLoss Dropout ElementwiseMultiply ELU InnerProduct FusedInnerProduct "
+                           "MLP Interaction MultiCrossEntropyLoss ReLU ReLUHalf Sigmoid Slice WeightMultiply "
+                           "FmOrder2 Add ReduceSum Softmax Gather PReLU_Dice GRU MatrixMultiply "
+                           "MultiHeadAttention Scale FusedReshapeConcat FusedReshapeConcatGeneral Sub "
+                           "ReduceMean MultiCross Cast SequenceMask")
+GroupLayer_t = _make("GroupLayer_t", "GroupFusedInnerProduct")
+Alignment_t = _make("Alignment_t", "Auto Non")
+LrPolicy_t = _make("LrPolicy_t", "fixed")
+Optimizer_t = _make("Optimizer_t", "Ftrl Adam RMSProp AdaGrad MomentumSGD Nesterov SGD")
+Update_t = _make("Update_t", "Local Global LazyGlobal")
+Activation_t = _make("Activation_t", "Relu Non")
+FcPosition_t = _make("FcPosition_t", "Non Head Body Tail Isolated")
+Regularizer_t = _make("Regularizer_t", "L1 L2")
+MetricsRawType = _make("MetricsRawType", "Loss Pred Label")
+MetricsType = _make("MetricsType", "AUC AverageLoss HitRate NDCG SMAPE")
+DeviceLayout = _make("DeviceLayout", "LocalFirst NodeFirst")
+AllReduceAlgo = _make("AllReduceAlgo", "OneShot NCCL")
+Distribution_t = _make("Distribution_t", "Uniform PowerLaw")
+PowerLaw_t = _make("PowerLaw_t", "Long Medium Short Specific")
+Tensor_t = _make("Tensor_t", "Train Evaluate")
+
+#: every enum, in pybind registration order (later names win on module-level collisions, as in HugeCTR)
+ALL = [Check_t, DataReaderType_t, DataReaderSparse_t, SourceType_t, FileSystemType_t, Embedding_t,
+       Initializer_t, Layer_t, GroupLayer_t, Alignment_t, LrPolicy_t, Optimizer_t, Update_t,
+       Activation_t, FcPosition_t, Regularizer_t, MetricsRawType, MetricsType, DeviceLayout,
+       AllReduceAlgo, Distribution_t, PowerLaw_t, Tensor_t]
+
+
+def exported_members() -> dict:
+    out = {}
+    for e in ALL:
+        for m in e:
+            out[m.name] = m
+    return out
