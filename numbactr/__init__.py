@@ -1,4 +1,20 @@
-"""numbactr: HugeCTR's Python training API, re-implemented with numba.cuda kernels."""
+"""numbactr: HugeCTR's Python training API, re-implemented with numba.cuda kernels.
+
+    import numbactr as hugectr      # the one changed line in a HugeCTR training script
+"""
 from . import device as _device  # noqa: F401  (first: may switch numba to its simulator)
+from . import enums as _enums
+from .config import (CreateOptimizer, CreateSolver, DataReaderParams, DataReaderSparseParam, DenseLayer,
+                     Input, OptParamsPy, Solver, SparseEmbedding)
+from .enums import *  # noqa: F401,F403  (the enum classes)
+from .model import Model, ModelError
+from .optim import LearningRateScheduler
+from . import tools  # noqa: F401  (hugectr.tools.DataGenerator)
+
+globals().update(_enums.exported_members())    # pybind export_values(): hugectr.Adam, hugectr.Norm, ...
 
 __version__ = "0.1.0"
+
+__all__ = ["CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
+           "Input", "LearningRateScheduler", "Model", "ModelError", "OptParamsPy", "Solver",
+           "SparseEmbedding", "tools"]

@@ -57,3 +57,5 @@ def exported_members() -> dict:
         for m in e:
             out[m.name] = m
     return out
+
+__all__ = [e.__name__ for e in ALL]

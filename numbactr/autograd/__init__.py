@@ -1,1 +1,4 @@
-"""numbactr.autograd."""
+"""Tape autograd: Tensor, Context, Function, Tape."""
+from .tape import Context, Function, Tape, Tensor
+
+__all__ = ["Context", "Function", "Tape", "Tensor"]

@@ -1,0 +1,103 @@
+"""Bias of InnerProduct (the matmul itself is done by the caller with the array library).
+
+    forward:  y[m, n] += b[n]                 # y (M, N) in place, b (N,)
+    backward: db[n] = sum_m dy[m, n]          # dy (M, N) -> db (N,), overwritten
+
+A 3-D InnerProduct (B, S, N) is the same on the flattened (B*S, N) view. M may be 0 (db = 0).
+
+HugeCTR: HugeCTR/src/layers/fully_connected_layer.cu (bias added after the cuBLAS GEMM). HugeCTR adds
+db onto the regularizer's initial wgrad; here db is overwritten and the caller adds any other term.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+
+
+# ---- NumPy reference -------------------------------------------------------------------------
+def bias_add_ref(y: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """y + b broadcast over rows: (M, N) + (N,) -> (M, N)."""
+    return y + b.reshape(-1)
+
+
+def bias_grad_ref(dy: np.ndarray) -> np.ndarray:
+    """Column sums of dY: (M, N) -> (N,)."""
+    return dy.reshape(-1, dy.shape[-1]).sum(axis=0)
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+@cuda.jit
+def bias_add_kernel(y, b):
+    # y: flat (M*N,) view, b: (N,); element i sits in column i % N (row-major).
+    n = b.shape[0]
+    for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
+        y[i] += b[i % n]
+
+
+@functools.lru_cache(maxsize=None)
+def make_bias_grad_kernel(tpb: int):
+    """Column-sum kernel for blocks of exactly ``tpb`` threads (a power of two, <= 1024).
+
+    Blocks grid-stride over columns; the threads of a block stride over the rows of that column and
+    then reduce their partial sums in shared memory. Any grid size and any M (including 0) work.
+    """
+    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
+        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+
+    @cuda.jit
+    def bias_grad_kernel(dy, db):
+        # dy: (M, N), db: (N,)
+        partial = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        rows = dy.shape[0]
+        # The column loop depends only on blockIdx, so every thread of a block runs the same number
+        # of iterations and reaches every syncthreads below.
+        for col in range(cuda.blockIdx.x, dy.shape[1], cuda.gridDim.x):
+            acc = float32(0.0)
+            for m in range(t, rows, tpb):
+                acc += dy[m, col]
+            partial[t] = acc
+            cuda.syncthreads()
+            step = tpb // 2
+            while step > 0:
+                if t < step:
+                    partial[t] += partial[t + step]
+                cuda.syncthreads()
+                step //= 2
+            if t == 0:
+                db[col] = partial[0]
+            # thread 0 must read partial[0] before anyone overwrites it for the next column
+            cuda.syncthreads()
+
+    return bias_grad_kernel
+
+
+# ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
+def bias_add(y, b, threads: int | None = None) -> None:
+    """In place: y (M, N) += b (N,). y may have any leading shape whose last dim is N."""
+    if y.shape[-1] != b.size:
+        raise ValueError(f"bias_add: y {y.shape} does not end in the bias width {b.size}")
+    if b.size == 0:
+        return
+    launch_1d(bias_add_kernel, y.size, y.reshape(-1), b.reshape(-1), threads=threads)
+
+
+def bias_grad(dy, db, threads: int | None = None) -> None:
+    """db (N,) = column sums of dy (M, N) (any leading shape, last dim N); overwrites db."""
+    n = db.size
+    if dy.shape[-1] != n:
+        raise ValueError(f"bias_grad: dy {dy.shape} does not end in the bias width {n}")
+    if n == 0:
+        return
+    tpb = threads or REDUCE_THREADS
+    launch_rows(make_bias_grad_kernel(tpb), n, dy.reshape(-1, n), db.reshape(-1), threads=tpb)
+
+
+PTX_CHECKS = [
+    (bias_add_kernel, "void(float32[::1], float32[::1])"),
+    (make_bias_grad_kernel(256), "void(float32[:, ::1], float32[::1])"),
+]

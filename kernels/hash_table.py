@@ -1,0 +1,306 @@
+"""Key -> row hash table: open addressing over uint64 keys, linear probing, CAS insert.
+
+Table state, C slots (allocated and initialised by the caller):
+    tkeys  (C,) uint64  key in the slot, EMPTY_KEY = 2**64 - 1 when free
+    trows  (C,) int64   row of that key in the value pool, -1 while none is assigned
+    tfirst (C,) int64   INT64_MAX between calls; during an insert, the smallest batch position that
+                        claimed the slot (the key's first occurrence)
+home slot = fmix64(key) % C (murmur3 finaliser, all in uint64), then slots home+1, home+2, ... mod C.
+
+insert(keys (N,) uint64, base) -> rows (N,) int64:
+    known keys keep their row; keys new to the table get rows base, base+1, ... in the order of their
+    FIRST occurrence in the batch (so the GPU, the simulator and the reference agree exactly, whatever
+    the thread interleaving), i.e. rows[i] = base + #{distinct new keys first seen before i}.
+    Kernels: claim (CAS a slot per key, atomic.min of the batch position into tfirst) -> mark
+    (flags[i] = 1 at a new key's first occurrence) -> exclusive scan of flags (scan.py) -> host reads the
+    number of new keys and checks it against max_rows BEFORE any row is assigned -> assign -> gather.
+    On failure the slots claimed by the batch are rolled back, leaving the table exactly as it was
+    (removing only keys that arrived in this batch cannot break an older key's probe chain).
+find(keys (N,)) -> rows (N,) int64, -1 for absent keys (probe stops at EMPTY or after C slots).
+
+Invariant between calls: every occupied slot has a row >= 0 and tfirst is all INT64_MAX.
+
+HugeCTR: HugeCTR/src/hashtable/nv_hashtable.cu (get_insert / get_mark; HugeCTR hands new keys the next
+value of a global counter in thread order, numbactr in first-occurrence order so runs are reproducible).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, int64, uint64
+
+from .launch import launch_1d
+from .scan import exclusive_scan
+
+EMPTY_KEY = np.uint64(0xFFFFFFFFFFFFFFFF)     # reserved: marks a free slot
+NO_ROW = -1
+INT64_MAX = np.iinfo(np.int64).max
+
+
+class HashTableFullError(RuntimeError):
+    """A batch brings more new keys than the table has rows left. The table is left unchanged."""
+
+    def __init__(self, needed: int, used: int, max_rows: int, hint: str = ""):
+        self.needed, self.used, self.max_rows = int(needed), int(used), int(max_rows)
+        msg = (f"embedding table full: this batch needs {self.needed} more rows, {self.used} of "
+               f"max_rows={self.max_rows} used ({self.max_rows - self.used} free); "
+               f"raise workspace_size_per_gpu_in_mb")
+        if hint:
+            msg += f" ({hint})"
+        super().__init__(msg)
+
+
+# ---- NumPy reference (vectorised: probes all unresolved keys at once) -------------------------
+def _fmix64_ref(keys: np.ndarray) -> np.ndarray:
+    """murmur3 fmix64 of a uint64 array (wrap-around arithmetic)."""
+    k = keys.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        k ^= k >> np.uint64(33)
+        k *= np.uint64(0xFF51AFD7ED558CCD)
+        k ^= k >> np.uint64(33)
+        k *= np.uint64(0xC4CEB9FE1A85EC53)
+        k ^= k >> np.uint64(33)
+    return k
+
+
+def _home_slots_ref(keys: np.ndarray, capacity: int) -> np.ndarray:
+    return (_fmix64_ref(keys) % np.uint64(capacity)).astype(np.int64)
+
+
+def _find_unique_ref(tkeys: np.ndarray, trows: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Row of each key (keys (U,) uint64), -1 if absent."""
+    cap = tkeys.shape[0]
+    rows = np.full(keys.shape[0], NO_ROW, dtype=np.int64)
+    todo = np.arange(keys.shape[0])                  # positions still probing
+    slot = _home_slots_ref(keys, cap)                 # (U,) current probe slot of each key
+    for _ in range(cap):
+        if todo.size == 0:
+            break
+        s = slot[todo]
+        here = tkeys[s]
+        hit = here == keys[todo]
+        rows[todo[hit]] = trows[s[hit]]
+        todo = todo[~hit & (here != EMPTY_KEY)]      # EMPTY ends the chain: absent
+        slot[todo] = (slot[todo] + 1) % cap
+    return rows
+
+
+def hash_find_ref(tkeys: np.ndarray, trows: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """rows (N,) int64 of keys (N,) uint64; -1 for keys not in the table. Reads the table only."""
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return _find_unique_ref(tkeys, trows, uniq)[inverse.reshape(-1)]
+
+
+def hash_insert_ref(tkeys: np.ndarray, trows: np.ndarray, keys: np.ndarray, base: int,
+                    max_rows: int) -> tuple[np.ndarray, int]:
+    """Insert keys (N,) uint64 into the table IN PLACE; returns (rows (N,) int64, number of new keys).
+
+    New keys get rows base, base+1, ... in order of first occurrence. Raises HashTableFullError,
+    leaving the table untouched, when base + new > max_rows (or fewer free slots than new keys).
+    """
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    cap = tkeys.shape[0]
+    uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    urows = _find_unique_ref(tkeys, trows, uniq)      # (U,) existing rows, -1 for new keys
+    new = np.flatnonzero(urows == NO_ROW)
+    new = new[np.argsort(first[new], kind="stable")]  # new keys in first-occurrence order
+    n_new = int(new.size)
+    free_slots = int(np.count_nonzero(tkeys == EMPTY_KEY))
+    if base + n_new > max_rows or n_new > free_slots:
+        raise HashTableFullError(n_new, base, max_rows)
+    urows[new] = base + np.arange(n_new, dtype=np.int64)
+
+    # place the new keys: each round, every pending key looks at its current slot; among keys that
+    # reach the same empty slot the earliest (first occurrence) wins, the rest move on
+    pend = new                                        # (P,) indices into uniq, first-occurrence order
+    slot = _home_slots_ref(uniq[pend], cap)
+    for _ in range(cap):
+        if pend.size == 0:
+            break
+        free = tkeys[slot] == EMPTY_KEY
+        # np.unique returns the first index of each slot value: the earliest pending key wins it
+        _, win_at = np.unique(np.where(free, slot, -1), return_index=True)
+        win = np.zeros(pend.size, dtype=bool)
+        win[win_at] = True
+        win &= free
+        tkeys[slot[win]] = uniq[pend[win]]
+        trows[slot[win]] = urows[pend[win]]
+        pend, slot = pend[~win], (slot[~win] + 1) % cap
+    if pend.size:   # cannot happen: free_slots >= n_new was checked
+        raise AssertionError("hash_insert_ref: probing failed with free slots left")
+    return urows[inverse.reshape(-1)], n_new
+
+
+# ---- kernels (one thread per key, grid-stride) ------------------------------------------------
+# fmix64 is written out in each probing kernel rather than as a device function (device functions do
+# not compile in tests/ptx_check.py without a GPU).
+@cuda.jit
+def hash_claim_kernel(tkeys, trows, tfirst, keys, slots, status):
+    """slots[i] <- slot holding keys[i] (claimed by CAS if new); for keys without a row yet,
+    tfirst[slot] <- min batch position; status[0] <- 1 and slots[i] = -1 when the probe visited every
+    slot without success. trows is only read (no kernel writes it during the claim)."""
+    empty = uint64(0xFFFFFFFFFFFFFFFF)
+    cap = tkeys.shape[0]
+    for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
+        key = keys[i]
+        h = key ^ (key >> uint64(33))
+        h = h * uint64(0xFF51AFD7ED558CCD)
+        h = h ^ (h >> uint64(33))
+        h = h * uint64(0xC4CEB9FE1A85EC53)
+        h = h ^ (h >> uint64(33))
+        s = int64(h % uint64(cap))
+        found = int64(-1)
+        for _ in range(cap):
+            here = tkeys[s]
+            if here == key:
+                found = s
+                break
+            if here == empty:
+                old = cuda.atomic.cas(tkeys, s, empty, key)
+                if old == empty or old == key:      # we won, or another thread inserted this key
+                    found = s
+                    break
+            s += 1
+            if s == cap:
+                s = 0
+        slots[i] = found
+        if found < 0:
+            status[0] = 1                           # every writer stores 1: a benign race
+        elif trows[found] == -1:                    # known keys skip the atomic (hot keys repeat)
+            cuda.atomic.min(tfirst, found, int64(i))
+
+
+@cuda.jit
+def hash_mark_kernel(trows, tfirst, slots, flags):
+    """flags[i] <- 1 where keys[i] is a new key's first occurrence in the batch, else 0."""
+    for i in range(cuda.grid(1), slots.shape[0], cuda.gridsize(1)):
+        s = slots[i]
+        flags[i] = int64(1) if trows[s] == -1 and tfirst[s] == i else int64(0)
+
+
+@cuda.jit
+def hash_assign_kernel(trows, tfirst, slots, flags, pos, base):
+    """trows[slot] <- base + pos[i] at each first occurrence; tfirst back to INT64_MAX."""
+    for i in range(cuda.grid(1), slots.shape[0], cuda.gridsize(1)):
+        if flags[i] != 0:
+            s = slots[i]
+            trows[s] = base + pos[i]
+            tfirst[s] = int64(0x7FFFFFFFFFFFFFFF)
+
+
+@cuda.jit
+def hash_gather_kernel(trows, slots, rows):
+    """rows[i] <- trows[slots[i]]."""
+    for i in range(cuda.grid(1), slots.shape[0], cuda.gridsize(1)):
+        rows[i] = trows[slots[i]]
+
+
+@cuda.jit
+def hash_rollback_kernel(tkeys, trows, tfirst, slots):
+    """Free every slot this batch claimed (still without a row) and reset its tfirst."""
+    for i in range(cuda.grid(1), slots.shape[0], cuda.gridsize(1)):
+        s = slots[i]
+        if s >= 0 and trows[s] == -1:
+            tfirst[s] = int64(0x7FFFFFFFFFFFFFFF)
+            tkeys[s] = uint64(0xFFFFFFFFFFFFFFFF)
+
+
+@cuda.jit
+def hash_find_kernel(tkeys, trows, keys, rows):
+    """rows[i] <- row of keys[i], -1 when absent (probe ends at EMPTY or after C slots)."""
+    empty = uint64(0xFFFFFFFFFFFFFFFF)
+    cap = tkeys.shape[0]
+    for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
+        key = keys[i]
+        h = key ^ (key >> uint64(33))
+        h = h * uint64(0xFF51AFD7ED558CCD)
+        h = h ^ (h >> uint64(33))
+        h = h * uint64(0xC4CEB9FE1A85EC53)
+        h = h ^ (h >> uint64(33))
+        s = int64(h % uint64(cap))
+        row = int64(-1)
+        for _ in range(cap):
+            here = tkeys[s]
+            if here == key:
+                row = trows[s]
+                break
+            if here == empty:
+                break
+            s += 1
+            if s == cap:
+                s = 0
+        rows[i] = row
+
+
+@cuda.jit
+def hash_dump_kernel(tkeys, trows, out):
+    """out[trows[s]] <- tkeys[s] for every slot s holding a row: the keys in row order."""
+    for s in range(cuda.grid(1), tkeys.shape[0], cuda.gridsize(1)):
+        r = trows[s]
+        if r >= 0:
+            out[r] = tkeys[s]
+
+
+# ---- launch wrappers (allocate nothing but error-path host copies) ----------------------------
+def _host(a) -> np.ndarray:
+    if hasattr(a, "get"):               # cupy
+        return a.get()
+    if hasattr(a, "copy_to_host"):      # numba device array
+        return a.copy_to_host()
+    return np.asarray(a)
+
+
+def hash_find(tkeys, trows, keys, rows_out) -> None:
+    """rows_out (N,) int64 <- row of each key (N,) uint64, -1 when absent."""
+    launch_1d(hash_find_kernel, keys.shape[0], tkeys, trows, keys, rows_out)
+
+
+def hash_insert(tkeys, trows, tfirst, keys, base: int, max_rows: int, slots, flags, pos, rows_out,
+                status, *, scan_threads: int | None = None) -> int:
+    """Insert keys (N,) uint64; rows_out (N,) int64 <- their rows; returns the number of new keys.
+
+    Scratch from the caller: slots (N,) int64, flags (N,) int64, pos (N + 1,) int64, status (1,) int32.
+    Raises HashTableFullError when base + new > max_rows (or no slot is left), after rolling the batch
+    back: the table is then exactly as before the call.
+    """
+    n = keys.shape[0]
+    if n == 0:
+        return 0
+    status[0] = 0
+    launch_1d(hash_claim_kernel, n, tkeys, trows, tfirst, keys, slots, status)
+    if int(status[0]) != 0:
+        # the probe of some key found no slot: roll back, then count the distinct new keys for the error
+        launch_1d(hash_rollback_kernel, n, tkeys, trows, tfirst, slots)
+        hash_find(tkeys, trows, keys, rows_out)
+        k, r = _host(keys), _host(rows_out)
+        needed = int(np.unique(k[r == NO_ROW]).size)
+        raise HashTableFullError(needed, base, max_rows, hint=f"all {tkeys.shape[0]} hash slots taken")
+    launch_1d(hash_mark_kernel, n, trows, tfirst, slots, flags)
+    exclusive_scan(flags, pos, threads=scan_threads)
+    n_new = int(pos[n])
+    if base + n_new > max_rows:
+        launch_1d(hash_rollback_kernel, n, tkeys, trows, tfirst, slots)
+        raise HashTableFullError(n_new, base, max_rows)
+    launch_1d(hash_assign_kernel, n, trows, tfirst, slots, flags, pos, np.int64(base))
+    launch_1d(hash_gather_kernel, n, trows, slots, rows_out)
+    return n_new
+
+
+def hash_dump(tkeys, trows, out) -> None:
+    """out (size,) uint64 <- the keys in row order (out[r] = key of row r)."""
+    launch_1d(hash_dump_kernel, tkeys.shape[0], tkeys, trows, out)
+
+
+PTX_CHECKS = [
+    (hash_claim_kernel, "void(uint64[::1], int64[::1], int64[::1], uint64[::1], int64[::1], int32[::1])"),
+    (hash_mark_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1])"),
+    (hash_assign_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64)"),
+    (hash_gather_kernel, "void(int64[::1], int64[::1], int64[::1])"),
+    (hash_rollback_kernel, "void(uint64[::1], int64[::1], int64[::1], int64[::1])"),
+    (hash_find_kernel, "void(uint64[::1], int64[::1], uint64[::1], int64[::1])"),
+    (hash_dump_kernel, "void(uint64[::1], int64[::1], uint64[::1])"),
+]

@@ -1,0 +1,142 @@
+"""DLRM dot interaction.
+
+    Z = [dense; emb]                          # dense (B, V), emb (B, S, V) -> Z (B, n, V), n = S + 1
+    y = [dense | Z_i . Z_j for i = 1..n-1, j = 0..i-1 | 0]     # (B, V + P + 1), P = n(n-1)/2
+
+The pair (i, j), j < i, sits in column V + i(i-1)/2 + j (strict lower triangle, row-major); the last
+column is a 0.0 pad that gets no gradient.
+
+    dZ_i = sum_{j != i} dy[b, pair(i, j)] * Z_j          # (B, n, V), pair(i, j) = pair(j, i)
+    d_dense = dy[:, :V] + dZ_0;   d_emb = dZ_1..n-1      # (B, V), (B, S, V)
+
+HugeCTR: HugeCTR/src/layers/interaction_layer.cu (fp32 path; it never writes the pad, numbactr
+writes 0.0 as the fp16 path does).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, float64, int64
+
+from .launch import launch_1d
+
+
+def interaction_out_width(num_slots: int, width: int) -> int:
+    """V + n(n-1)/2 + 1 for n = S + 1 interacting vectors of width V."""
+    n = num_slots + 1
+    return width + n * (n - 1) // 2 + 1
+
+
+# ---- NumPy reference -------------------------------------------------------------------------
+def interaction_forward_ref(dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
+    bsz, width = dense.shape
+    z = np.concatenate([dense[:, None, :], emb], axis=1)           # (B, n, V)
+    n = z.shape[1]
+    m = np.einsum("biv,bjv->bij", z, z)                            # (B, n, n)
+    rows, cols = np.tril_indices(n, k=-1)                          # row-major strict lower triangle
+    pad = np.zeros((bsz, 1), dtype=dense.dtype)
+    return np.concatenate([dense, m[:, rows, cols], pad], axis=1)
+
+
+def interaction_backward_ref(dense: np.ndarray, emb: np.ndarray, dy: np.ndarray):
+    """-> (d_dense (B, V), d_emb (B, S, V))."""
+    bsz, width = dense.shape
+    z = np.concatenate([dense[:, None, :], emb], axis=1)           # (B, n, V)
+    n = z.shape[1]
+    rows, cols = np.tril_indices(n, k=-1)
+    g = np.zeros((bsz, n, n), dtype=dy.dtype)                      # (B, n, n)
+    g[:, rows, cols] = dy[:, width:width + rows.size]
+    dz = np.einsum("bij,bjv->biv", g + g.transpose(0, 2, 1), z)     # (B, n, V)
+    return dy[:, :width] + dz[:, 0], dz[:, 1:]
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+@cuda.jit
+def interaction_forward_kernel(dense, emb, out):
+    # dense (B, V), emb (B, S, V), out (B, V + P + 1); one thread per output element.
+    width = dense.shape[1]
+    n = emb.shape[1] + 1
+    npairs = n * (n - 1) // 2
+    ncols = out.shape[1]
+    for idx in range(cuda.grid(1), dense.shape[0] * ncols, cuda.gridsize(1)):
+        b = idx // ncols
+        c = idx - b * ncols
+        if c < width:
+            out[b, c] = dense[b, c]
+        elif c < width + npairs:
+            # invert p = i(i-1)/2 + j (0 <= j < i); the float guess is fixed up exactly.
+            p = c - width
+            i = int64((float64(1.0) + math.sqrt(float64(1.0) + float64(8.0) * p)) * float64(0.5))
+            while i * (i - 1) // 2 > p:
+                i -= 1
+            while (i + 1) * i // 2 <= p:
+                i += 1
+            j = p - i * (i - 1) // 2
+            # Z_i = emb[b, i-1] (i >= 1); Z_j = dense[b] when j == 0 else emb[b, j-1]
+            acc = float32(0.0)
+            if j == 0:
+                for v in range(width):
+                    acc += emb[b, i - 1, v] * dense[b, v]
+            else:
+                for v in range(width):
+                    acc += emb[b, i - 1, v] * emb[b, j - 1, v]
+            out[b, c] = acc
+        else:
+            out[b, c] = float32(0.0)
+
+
+@cuda.jit
+def interaction_backward_kernel(dense, emb, dy, d_dense, d_emb):
+    # One thread per (b, i, v) of dZ (B, n, V); each loops over the other n-1 vectors, so every
+    # gradient element has exactly one writer (no atomics).
+    width = dense.shape[1]
+    n = emb.shape[1] + 1
+    per_row = n * width
+    for idx in range(cuda.grid(1), dense.shape[0] * per_row, cuda.gridsize(1)):
+        b = idx // per_row
+        rem = idx - b * per_row
+        i = rem // width
+        v = rem - i * width
+        acc = float32(0.0)
+        for j in range(n):
+            if j != i:
+                hi = max(i, j)
+                lo = min(i, j)
+                zj = dense[b, v] if j == 0 else emb[b, j - 1, v]
+                acc += dy[b, width + hi * (hi - 1) // 2 + lo] * zj
+        if i == 0:
+            d_dense[b, v] = dy[b, v] + acc
+        else:
+            d_emb[b, i - 1, v] = acc
+
+
+# ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
+def _check_shapes(dense, emb, wide) -> None:
+    bsz, width = dense.shape
+    if emb.ndim != 3 or emb.shape[0] != bsz or emb.shape[2] != width:
+        raise ValueError(f"interaction: emb {emb.shape} does not match dense {dense.shape}")
+    expect = (bsz, interaction_out_width(emb.shape[1], width))
+    if tuple(wide.shape) != expect:
+        raise ValueError(f"interaction: output/grad shape {wide.shape}, expected {expect}")
+
+
+def interaction_forward(dense, emb, out, threads: int | None = None) -> None:
+    """out (B, V + P + 1) = [dense, pair dots, 0]; out must not alias dense or emb."""
+    _check_shapes(dense, emb, out)
+    launch_1d(interaction_forward_kernel, out.size, dense, emb, out, threads=threads)
+
+
+def interaction_backward(dense, emb, dy, d_dense, d_emb, threads: int | None = None) -> None:
+    """Overwrite d_dense (B, V) and d_emb (B, S, V) from dy; they must not alias dense or emb
+    (other threads still read the forward inputs)."""
+    _check_shapes(dense, emb, dy)
+    launch_1d(interaction_backward_kernel, dense.shape[0] * (emb.shape[1] + 1) * dense.shape[1],
+              dense, emb, dy, d_dense, d_emb, threads=threads)
+
+
+PTX_CHECKS = [
+    (interaction_forward_kernel, "void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1])"),
+    (interaction_backward_kernel, "void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1], "
+                                  "float32[:, ::1], float32[:, :, ::1])"),
+]

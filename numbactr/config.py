@@ -1,0 +1,266 @@
+"""The configuration objects of HugeCTR's Python API: Solver, DataReaderParams, OptParamsPy, Input,
+DataReaderSparseParam, SparseEmbedding, DenseLayer. Plain classes holding what the user passed,
+with HugeCTR's defaults (spec §1, §2.1, §3.1, §5, §6.0); validation happens here where it can."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .enums import (Activation_t, Check_t, DataReaderType_t, Embedding_t, FcPosition_t, Initializer_t,
+                    Layer_t, LrPolicy_t, MetricsType, Optimizer_t, Regularizer_t, Update_t)
+
+
+def _expect(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class Solver:
+    """Read-only solver settings (``hugectr.CreateSolver``). Batch sizes are GLOBAL (all ranks)."""
+    model_name: str = ""
+    seed: int = 0
+    lr_policy: Any = LrPolicy_t.fixed
+    lr: float = 0.001
+    warmup_steps: int = 1
+    decay_start: int = 0
+    decay_steps: int = 1
+    decay_power: float = 2.0
+    end_lr: float = 0.0
+    max_eval_batches: int = 100
+    batchsize_eval: int = 2048
+    batchsize: int = 2048
+    vvgpu: tuple = ((0,),)
+    repeat_dataset: bool = True
+    use_mixed_precision: bool = False
+    enable_tf32_compute: bool = False
+    scaler: float = 1.0
+    metrics_spec: Any = None
+    i64_input_key: bool = False
+    use_algorithm_search: bool = True
+    use_cuda_graph: bool = True
+    gen_loss_summary: bool = True
+    train_intra_iteration_overlap: bool = False
+    train_inter_iteration_overlap: bool = False
+    eval_intra_iteration_overlap: bool = False
+    eval_inter_iteration_overlap: bool = False
+    device_layout: Any = None
+    use_embedding_collection: bool = False
+    all_reduce_algo: Any = None
+    grouped_all_reduce: bool = False
+    num_iterations_statistics: int = 20
+    perf_logging: bool = False
+    drop_incomplete_batch: bool = True
+    kafka_brockers: str = ""
+    training_callbacks: tuple = ()
+
+
+def CreateSolver(**kw) -> Solver:  # noqa: N802 (HugeCTR's name)
+    """``hugectr.CreateSolver``: every argument keyword, HugeCTR's defaults (spec §1)."""
+    known = set(Solver.__dataclass_fields__)
+    unknown = sorted(set(kw) - known)
+    _expect(not unknown, f"CreateSolver: unknown argument(s) {unknown}")
+    if "vvgpu" in kw:
+        kw["vvgpu"] = tuple(tuple(int(g) for g in node) for node in kw["vvgpu"])
+        _expect(all(len(n) > 0 for n in kw["vvgpu"]), "CreateSolver: vvgpu has an empty node list")
+    if kw.get("metrics_spec") is None:
+        kw["metrics_spec"] = {MetricsType.AUC: 1.0}
+    kw["training_callbacks"] = tuple(kw.get("training_callbacks", ()))
+    s = Solver(**kw)
+    _expect(s.batchsize > 0 and s.batchsize_eval > 0, "CreateSolver: batchsize and batchsize_eval must be > 0")
+    _expect(s.decay_power >= 1.0, f"CreateSolver: decay_power must be >= 1, got {s.decay_power}")
+    _expect(s.scaler > 0, f"CreateSolver: scaler must be > 0, got {s.scaler}")
+    _expect(not (s.use_mixed_precision and s.enable_tf32_compute),
+            "CreateSolver: use_mixed_precision and enable_tf32_compute cannot both be True")
+    _expect(s.max_eval_batches >= 0, "CreateSolver: max_eval_batches must be >= 0")
+    return s
+
+
+@dataclass
+class DataReaderParams:
+    """``hugectr.DataReaderParams`` (spec §2.1)."""
+    data_reader_type: Any
+    source: Any
+    eval_source: str
+    check_type: Any
+    keyset: Any = ""
+    cache_eval_data: int = 0
+    num_samples: int = 0
+    eval_num_samples: int = 0
+    float_label_dense: bool = False
+    read_file_sequentially: bool = False
+    num_workers: int = 12
+    slot_size_array: list = field(default_factory=list)
+    data_source_params: Any = None
+    async_param: Any = None
+
+    def __post_init__(self):
+        _expect(isinstance(self.data_reader_type, DataReaderType_t),
+                f"DataReaderParams: data_reader_type must be a DataReaderType_t, got {self.data_reader_type!r}")
+        _expect(isinstance(self.check_type, Check_t),
+                f"DataReaderParams: check_type must be a Check_t, got {self.check_type!r}")
+        if isinstance(self.source, str):
+            self.source = [self.source]
+        _expect(bool(self.source) and all(isinstance(s, str) and s for s in self.source),
+                "DataReaderParams: source must be a non-empty file-list path (or list of paths)")
+        _expect(isinstance(self.eval_source, str) and bool(self.eval_source),
+                "DataReaderParams: eval_source must be a non-empty file-list path")
+
+
+@dataclass
+class OptParamsPy:
+    """``hugectr.CreateOptimizer`` result; ``initialized=False`` means 'use the model's optimizer'."""
+    optimizer_type: Any = Optimizer_t.Adam
+    update_type: Any = Update_t.Global
+    beta: float = 0.0
+    lambda1: float = 0.0
+    lambda2: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-7
+    initial_accu_value: float = 0.0
+    momentum_factor: float = 0.0
+    atomic_update: bool = True
+    initialized: bool = False
+
+    @property
+    def n_states(self) -> int:
+        """State arrays per weight, as HugeCTR counts them for table sizing (spec §5.2)."""
+        t = self.optimizer_type
+        if t == Optimizer_t.Adam:
+            return 3 if self.update_type == Update_t.LazyGlobal else 2
+        return {Optimizer_t.AdaGrad: 1, Optimizer_t.MomentumSGD: 1, Optimizer_t.Nesterov: 1,
+                Optimizer_t.SGD: 0, Optimizer_t.Ftrl: 2}.get(t, 0)
+
+
+def CreateOptimizer(optimizer_type=Optimizer_t.Adam, update_type=Update_t.Global, beta=0.0, lambda1=0.0,  # noqa: N802
+                    lambda2=0.0, beta1=0.9, beta2=0.999, epsilon=1e-7, initial_accu_value=0.0,
+                    momentum_factor=0.0, atomic_update=True) -> OptParamsPy:
+    """``hugectr.CreateOptimizer`` (spec §3.1). There is no lr: the Solver's lr/scheduler drives all."""
+    _expect(isinstance(optimizer_type, Optimizer_t), f"CreateOptimizer: optimizer_type must be an "
+                                                     f"Optimizer_t, got {optimizer_type!r}")
+    _expect(isinstance(update_type, Update_t), f"CreateOptimizer: update_type must be an Update_t, "
+                                               f"got {update_type!r}")
+    return OptParamsPy(optimizer_type, update_type, beta, lambda1, lambda2, beta1, beta2, epsilon,
+                       initial_accu_value, momentum_factor, atomic_update, initialized=True)
+
+
+@dataclass
+class DataReaderSparseParam:
+    """``hugectr.DataReaderSparseParam(top_name, nnz_per_slot, is_fixed_length, slot_num)``."""
+    top_name: str
+    nnz_per_slot: Any
+    is_fixed_length: bool
+    slot_num: int
+
+    def __post_init__(self):
+        _expect(isinstance(self.slot_num, int) and self.slot_num > 0,
+                f"DataReaderSparseParam {self.top_name!r}: slot_num must be a positive int")
+        if isinstance(self.nnz_per_slot, int):
+            self.nnz_per_slot = [self.nnz_per_slot] * self.slot_num
+        self.nnz_per_slot = [int(n) for n in self.nnz_per_slot]
+        _expect(len(self.nnz_per_slot) == self.slot_num,
+                f"DataReaderSparseParam {self.top_name!r}: nnz_per_slot has {len(self.nnz_per_slot)} "
+                f"entries for slot_num={self.slot_num}")
+        _expect(all(n > 0 for n in self.nnz_per_slot),
+                f"DataReaderSparseParam {self.top_name!r}: nnz_per_slot entries must be > 0")
+
+    @property
+    def max_feature_num(self) -> int:
+        return sum(self.nnz_per_slot)
+
+
+class Input:
+    """``hugectr.Input``: label(s), dense features and sparse inputs (spec §5.1)."""
+
+    def __init__(self, label_dim=None, label_name=None, dense_dim=0, dense_name="dense",
+                 data_reader_sparse_param_array=(), *, label_dims=None, label_names=None,
+                 label_weights=None):
+        if label_dims is None:
+            label_dims = label_dim
+        if label_names is None:
+            label_names = label_name
+        multi = isinstance(label_dims, (list, tuple))
+        self.label_dims = list(label_dims) if multi else [label_dims]
+        self.label_names = list(label_names) if multi else [label_names]
+        _expect(all(isinstance(d, int) and d > 0 for d in self.label_dims),
+                f"Input: label dims must be positive ints, got {label_dims!r}")
+        _expect(len(self.label_dims) == len(self.label_names) and all(self.label_names),
+                "Input: give one label name per label dim")
+        self.label_weights = list(label_weights) if label_weights else [1.0] * len(self.label_dims)
+        _expect(isinstance(dense_dim, int) and dense_dim >= 0, f"Input: dense_dim must be an int >= 0, got {dense_dim!r}")
+        self.dense_dim = dense_dim
+        self.dense_name = dense_name
+        self.sparse = list(data_reader_sparse_param_array)
+        _expect(all(isinstance(p, DataReaderSparseParam) for p in self.sparse),
+                "Input: data_reader_sparse_param_array must hold DataReaderSparseParam objects")
+        names = self.label_names + [dense_name] + [p.top_name for p in self.sparse]
+        _expect(len(set(names)) == len(names), f"Input: tensor names must be unique, got {names}")
+
+    @property
+    def label_dim(self) -> int:
+        return sum(self.label_dims)
+
+
+class SparseEmbedding:
+    """``hugectr.SparseEmbedding`` (spec §5.2)."""
+
+    def __init__(self, embedding_type, workspace_size_per_gpu_in_mb=0, embedding_vec_size=1, combiner="sum",
+                 sparse_embedding_name="", bottom_name="", slot_size_array=(), optimizer=None,
+                 hybrid_embedding_param=None):
+        _expect(isinstance(embedding_type, Embedding_t), f"SparseEmbedding {sparse_embedding_name!r}: "
+                f"embedding_type must be an Embedding_t, got {embedding_type!r}")
+        _expect(combiner in ("sum", "mean"), f"SparseEmbedding {sparse_embedding_name!r}: combiner must be "
+                f"'sum' or 'mean', got {combiner!r}")
+        _expect(isinstance(embedding_vec_size, int) and 0 < embedding_vec_size <= 1024,
+                f"SparseEmbedding {sparse_embedding_name!r}: embedding_vec_size must be in 1..1024")
+        _expect(bool(sparse_embedding_name) and bool(bottom_name),
+                "SparseEmbedding: sparse_embedding_name and bottom_name are required")
+        _expect(workspace_size_per_gpu_in_mb >= 0, f"SparseEmbedding {sparse_embedding_name!r}: "
+                "workspace_size_per_gpu_in_mb must be >= 0")
+        self.embedding_type = embedding_type
+        self.workspace_size_per_gpu_in_mb = workspace_size_per_gpu_in_mb
+        self.embedding_vec_size = embedding_vec_size
+        self.combiner = combiner
+        self.sparse_embedding_name = sparse_embedding_name
+        self.bottom_name = bottom_name
+        self.slot_size_array = [int(s) for s in slot_size_array]
+        self.optimizer = optimizer if optimizer is not None else OptParamsPy()
+        self.hybrid_embedding_param = hybrid_embedding_param
+
+
+_DENSE_DEFAULTS = dict(
+    factor=1.0, eps=1e-5, gamma_init_type=Initializer_t.Default, beta_init_type=Initializer_t.Default,
+    dropout_rate=0.5, elu_alpha=1.0, num_output=1, weight_init_type=Initializer_t.Default,
+    bias_init_type=Initializer_t.Default, num_layers=0, leading_dim=0, time_step=0, batchsize=1,
+    SeqLength=1, vector_size=1, selected=False, selected_slots=(), ranges=(), indices=(), weight_dims=(),
+    projection_dim=0, out_dim=0, axis=1, max_sequence_len_from=1, max_sequence_len_to=1,
+    num_attention_heads=1, transpose_b=False, target_weight_vec=(), use_regularizer=False,
+    regularizer_type=Regularizer_t.L1, pos_type=FcPosition_t.Non, act_type=Activation_t.Relu,
+    num_outputs=(), use_bias=True, activations=(), biases=(), compute_config=None, shape=(), dim=0, index=(),
+)
+_DENSE_DEFAULTS["lambda"] = 0.0
+
+
+class DenseLayer:
+    """``hugectr.DenseLayer(layer_type, bottom_names, top_names, **params)`` (spec §6.0).
+
+    ``lambda`` is a Python keyword: pass it as ``**{"lambda": 0.1}`` (read back as ``.lambda_``).
+    """
+
+    def __init__(self, layer_type, bottom_names, top_names, **params):
+        _expect(isinstance(layer_type, Layer_t), f"DenseLayer: layer_type must be a Layer_t, got {layer_type!r}")
+        unknown = sorted(set(params) - set(_DENSE_DEFAULTS))
+        _expect(not unknown, f"DenseLayer {layer_type.name} {list(top_names)!r}: unknown parameter(s) {unknown}")
+        if isinstance(bottom_names, str):
+            bottom_names = [bottom_names]
+        if isinstance(top_names, str):
+            top_names = [top_names]
+        self.layer_type = layer_type
+        self.bottom_names = list(bottom_names)
+        self.top_names = list(top_names)
+        _expect(bool(self.bottom_names) and bool(self.top_names),
+                f"DenseLayer {layer_type.name}: bottom_names and top_names must not be empty")
+        for k, v in _DENSE_DEFAULTS.items():
+            setattr(self, "lambda_" if k == "lambda" else k, params.get(k, v))
+        self.given = dict(params)   # what the user set explicitly (for graph JSON)

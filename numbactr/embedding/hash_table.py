@@ -1,0 +1,139 @@
+"""Key -> row hash table of one embedding's value pool (per device).
+
+``HashTable(max_rows, use_kernels=...)`` owns the slot arrays (see numbactr.kernels.hash_table) and the
+row counter: a new key gets the next free row, in order of its first occurrence in the batch, exactly
+as the NumPy reference (cpu device) and the numba.cuda kernels (gpu/sim) both compute it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy
+
+from numbactr.kernels import hash_table as _k
+from numbactr.kernels.hash_table import EMPTY_KEY, HashTableFullError
+
+__all__ = ["HashTable", "HashTableFullError", "EMPTY_KEY"]
+
+
+class HashTable:
+    """Open-addressing table of ``capacity = max(ceil(max_rows / load_factor), 1)`` slots.
+
+    use_kernels: True launches the numba.cuda kernels on arrays from ``xp`` (cupy on a GPU, numpy in
+    the simulator); False runs the NumPy reference (``xp`` must then be numpy).
+    """
+
+    def __init__(self, max_rows: int, *, load_factor: float = 0.75, use_kernels: bool, xp=numpy,
+                 scan_threads: int | None = None):
+        max_rows = int(max_rows)
+        if max_rows < 0:
+            raise ValueError(f"max_rows must be >= 0, got {max_rows}")
+        if not 0.0 < load_factor <= 1.0:
+            raise ValueError(f"load_factor must be in (0, 1], got {load_factor}")
+        if not use_kernels and xp is not numpy:
+            raise ValueError("the NumPy reference path (use_kernels=False) needs xp=numpy")
+        self._max_rows = max_rows
+        self.load_factor = float(load_factor)
+        self.use_kernels = bool(use_kernels)
+        self.xp = xp
+        self.scan_threads = scan_threads
+        self.capacity = max(math.ceil(max_rows / load_factor), 1)
+        self._tkeys = xp.full(self.capacity, EMPTY_KEY, dtype=numpy.uint64)   # (C,)
+        self._trows = xp.full(self.capacity, -1, dtype=numpy.int64)           # (C,)
+        self._tfirst = (xp.full(self.capacity, _k.INT64_MAX, dtype=numpy.int64)
+                        if self.use_kernels else None)                         # (C,) kernel scratch
+        self._scratch_n = -1       # batch size the kernel scratch below was sized for (grown, reused)
+        self._size = 0
+
+    # ---- properties ---------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Rows in use (= distinct keys inserted)."""
+        return self._size
+
+    @property
+    def max_rows(self) -> int:
+        return self._max_rows
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        path = "kernels" if self.use_kernels else "reference"
+        return (f"HashTable(size={self._size}, max_rows={self._max_rows}, capacity={self.capacity}, "
+                f"{path})")
+
+    # ---- operations ---------------------------------------------------------------------------
+    def insert(self, keys):
+        """rows (N,) int64 of keys (N,): known keys keep their row, new keys take rows size, size+1, ...
+        in order of first occurrence. HashTableFullError (table unchanged) when rows run out."""
+        keys = self._as_keys(keys)
+        n = keys.shape[0]
+        if not self.use_kernels:
+            rows, n_new = _k.hash_insert_ref(self._tkeys, self._trows, keys, self._size, self._max_rows)
+        else:
+            slots, flags, pos, status = self._scratch(n)
+            rows = self.xp.empty(n, dtype=numpy.int64)
+            n_new = _k.hash_insert(self._tkeys, self._trows, self._tfirst, keys, self._size,
+                                   self._max_rows, slots, flags, pos, rows, status,
+                                   scan_threads=self.scan_threads)
+        self._size += n_new
+        return rows
+
+    def find(self, keys):
+        """rows (N,) int64 of keys (N,), -1 for keys not in the table; never inserts."""
+        keys = self._as_keys(keys)
+        if not self.use_kernels:
+            return _k.hash_find_ref(self._tkeys, self._trows, keys)
+        rows = self.xp.empty(keys.shape[0], dtype=numpy.int64)
+        _k.hash_find(self._tkeys, self._trows, keys, rows)
+        return rows
+
+    def keys_by_row(self):
+        """keys (size,) uint64 with keys[r] = the key stored in row r (for dumping the table)."""
+        out = self.xp.empty(self._size, dtype=numpy.uint64)
+        if self._size == 0:
+            return out
+        if self.use_kernels:
+            _k.hash_dump(self._tkeys, self._trows, out)
+        else:
+            used = self._trows >= 0
+            out[self._trows[used]] = self._tkeys[used]
+        return out
+
+    def clear(self) -> None:
+        """Forget every key; rows are handed out from 0 again."""
+        self._tkeys.fill(EMPTY_KEY)
+        self._trows.fill(-1)
+        if self._tfirst is not None:
+            self._tfirst.fill(_k.INT64_MAX)
+        self._size = 0
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _as_keys(self, keys):
+        """Any integer array -> contiguous (N,) uint64 on xp (signed keys wrap: int64 -1 -> 2**64-1);
+        the reserved EMPTY_KEY raises ValueError naming the key and its position."""
+        xp = self.xp
+        keys = xp.asarray(keys)
+        if keys.dtype.kind not in "iu":
+            raise TypeError(f"hash table keys must be integers (uint32/int64/uint64), got {keys.dtype}")
+        flat = keys.reshape(-1)
+        k64 = xp.ascontiguousarray(flat.astype(numpy.uint64, copy=False))
+        reserved = k64 == EMPTY_KEY
+        if k64.shape[0] and bool(reserved.any()):
+            at = int(xp.argmax(reserved))
+            raise ValueError(f"key {int(flat[at])} at position {at} is reserved: 2**64-1 (int64 -1) "
+                             "marks empty hash-table slots and cannot be used as an embedding key")
+        return k64
+
+    def _scratch(self, n: int):
+        """Kernel scratch views for a batch of n keys: slots, flags (n,) int64, pos (n + 1,) int64,
+        status (1,) int32. Buffers grow to the largest batch seen and are reused."""
+        if n > self._scratch_n:
+            xp = self.xp
+            self._slots = xp.empty(n, dtype=numpy.int64)
+            self._flags = xp.empty(n, dtype=numpy.int64)
+            self._pos = xp.empty(n + 1, dtype=numpy.int64)
+            self._status = xp.zeros(1, dtype=numpy.int32)
+            self._scratch_n = n
+        return self._slots[:n], self._flags[:n], self._pos[:n + 1], self._status

@@ -1,0 +1,418 @@
+"""``hugectr.Model``: build the graph (add), compile, train (fit or the low-level loop), evaluate.
+
+Tensors by name: Input creates the label, dense and sparse-input tensors; every SparseEmbedding and
+DenseLayer adds its tops. Shapes are inferred at add() with the per-rank batch B; a wrong name or
+shape fails there with a message naming the layer and tensors.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+
+from . import device, log
+from .autograd import Tape, Tensor
+from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding
+from .embedding.sparse_embedding import HashEmbedding
+from .enums import Check_t, DataReaderType_t, MetricsType
+from .layers import LayerError, RunInfo, build
+from .metrics import MetricAccumulator
+from .optim import DenseOptimizer, LearningRateScheduler
+
+
+class ModelError(ValueError):
+    """The model graph or its use is wrong; the message names the offending layer or tensor."""
+
+
+class Model:
+    def __init__(self, solver: Solver, reader_params: DataReaderParams, opt_params: OptParamsPy,
+                 etc_params=None):
+        if not isinstance(solver, Solver):
+            raise ModelError("Model: first argument must come from CreateSolver()")
+        if not isinstance(reader_params, DataReaderParams):
+            raise ModelError("Model: second argument must be a DataReaderParams")
+        if not isinstance(opt_params, OptParamsPy) or not opt_params.initialized:
+            raise ModelError("Model: third argument must come from CreateOptimizer()")
+        self.solver, self.reader_params, self.opt_params = solver, reader_params, opt_params
+        device.kind()                                  # announce the device once, up front
+        self.ranks = 1
+        if solver.batchsize % self.ranks or solver.batchsize_eval % self.ranks:
+            raise ModelError(f"batchsize {solver.batchsize} / batchsize_eval {solver.batchsize_eval} "
+                             f"must be divisible by the number of ranks ({self.ranks})")
+        self.batch = solver.batchsize // self.ranks
+        self.batch_eval = solver.batchsize_eval // self.ranks
+        self.rng = np.random.default_rng(solver.seed)
+        self.input: Input | None = None
+        self.embeddings: list[HashEmbedding] = []
+        self.layers: list = []                         # built Layer objects, add order
+        self.shapes: dict[str, tuple] = {}             # tensor name -> full shape (B first)
+        self.sparse_inputs: dict[str, int] = {}        # sparse input name -> index in the batch
+        self.compiled = False
+        self.lr = solver.lr
+        self.lr_scheduler = LearningRateScheduler(solver.lr, solver.warmup_steps, solver.decay_start,
+                                                  solver.decay_steps, solver.decay_power, solver.end_lr)
+        self.dense_frozen = False
+        self.current_loss = float("nan")
+        self.metrics = MetricAccumulator(solver.metrics_spec)
+        self._train_reader = self._eval_reader = None
+        self.history = {"iter": [], "loss": [], "lr": [], "eval_iter": [], "auc": []}
+
+    # ---- graph construction --------------------------------------------------------------------
+    def add(self, item) -> None:
+        if self.compiled:
+            raise ModelError("Model.add: the model is already compiled")
+        if isinstance(item, Input):
+            return self._add_input(item)
+        if self.input is None:
+            raise ModelError(f"Model.add({type(item).__name__}): add the Input first")
+        if isinstance(item, SparseEmbedding):
+            return self._add_embedding(item)
+        if isinstance(item, DenseLayer):
+            return self._add_dense(item)
+        raise ModelError(f"Model.add: cannot add a {type(item).__name__}; expected Input, SparseEmbedding "
+                         "or DenseLayer")
+
+    def _new_tensor(self, name: str, shape: tuple, who: str) -> None:
+        if name in self.shapes:
+            raise ModelError(f"{who}: top tensor name {name!r} already exists")
+        self.shapes[name] = tuple(int(d) for d in shape)
+
+    def _add_input(self, inp: Input) -> None:
+        if self.input is not None:
+            raise ModelError("Model.add(Input): the model already has an Input")
+        if len(inp.label_dims) != 1:
+            raise ModelError("Input: several labels (label_dims lists) are not implemented yet (issue 3)")
+        self.input = inp
+        self._new_tensor(inp.label_names[0], (self.batch, inp.label_dims[0]), "Input label")
+        self._new_tensor(inp.dense_name, (self.batch, inp.dense_dim), "Input dense")
+        for i, p in enumerate(inp.sparse):
+            self._new_tensor(p.top_name, (self.batch, p.slot_num), "Input sparse")
+            self.sparse_inputs[p.top_name] = i
+
+    def _add_embedding(self, cfg: SparseEmbedding) -> None:
+        who = f"SparseEmbedding {cfg.sparse_embedding_name!r}"
+        if self.layers:
+            raise ModelError(f"{who}: embeddings must be added before dense layers")
+        if cfg.bottom_name not in self.sparse_inputs:
+            raise ModelError(f"{who}: bottom_name {cfg.bottom_name!r} is not a sparse input; sparse inputs: "
+                             f"{sorted(self.sparse_inputs)}")
+        if any(e.cfg.bottom_name == cfg.bottom_name for e in self.embeddings):
+            raise ModelError(f"{who}: sparse input {cfg.bottom_name!r} already feeds an embedding")
+        param = self.input.sparse[self.sparse_inputs[cfg.bottom_name]]
+        opt = cfg.optimizer if cfg.optimizer.initialized else self.opt_params
+        emb = HashEmbedding(cfg, param, opt, self.rng, self.batch)
+        self._new_tensor(cfg.sparse_embedding_name, emb.output_shape(self.batch), who)
+        self.embeddings.append(emb)
+
+    def _add_dense(self, cfg: DenseLayer) -> None:
+        who = f"DenseLayer {cfg.layer_type.name} (top {cfg.top_names})"
+        for b in cfg.bottom_names:
+            if b not in self.shapes:
+                raise ModelError(f"{who}: bottom tensor {b!r} does not exist; known tensors: {sorted(self.shapes)}")
+            if b in self.sparse_inputs:
+                raise ModelError(f"{who}: bottom {b!r} is a sparse input; feed it through a SparseEmbedding")
+        try:
+            layer = build(cfg, [self.shapes[b] for b in cfg.bottom_names])
+        except LayerError as e:
+            raise ModelError(str(e)) from None
+        if len(layer.out_shapes) != len(cfg.top_names):
+            raise ModelError(f"{who}: produces {len(layer.out_shapes)} tensors, {len(cfg.top_names)} top names given")
+        for t, s in zip(cfg.top_names, layer.out_shapes):
+            self._new_tensor(t, s, who)
+        self.layers.append(layer)
+
+    # ---- compile -------------------------------------------------------------------------------
+    def compile(self, loss_names=None, loss_weights=None) -> None:
+        if self.compiled:
+            raise ModelError("Model.compile: already compiled")
+        if self.input is None:
+            raise ModelError("Model.compile: the model has no Input")
+        if len(self.layers) + len(self.embeddings) < 2:
+            raise ModelError("Model.compile: a model needs at least two layers")
+        losses = [layer for layer in self.layers if layer.is_loss]
+        if len(losses) != 1:
+            raise ModelError(f"Model.compile: expected exactly one loss layer, found {len(losses)}"
+                             + (" (multi-loss models: issue 3)" if losses else ""))
+        if loss_names or loss_weights:
+            raise ModelError("Model.compile(loss_names, loss_weights) is for multi-label models (issue 3)")
+        self.loss_layer = losses[0]
+        used = {b for layer in self.layers for b in layer.cfg.bottom_names}
+        used |= {e.cfg.bottom_name for e in self.embeddings}
+        self.loss_label = self.loss_layer.cfg.bottom_names[1]
+        # one flat float32 weight vector, layer order, each layer's weights in index order (spec §7.2)
+        shapes = [(layer, s) for layer in self.layers for s in layer.param_shapes()]
+        self.n_params = sum(math.prod(s) for _, s in shapes)
+        host = np.empty(self.n_params, np.float32)
+        off = 0
+        for layer in self.layers:
+            for s, init in zip(layer.param_shapes(), layer.init_params(self.rng)):
+                n = math.prod(s)
+                host[off:off + n] = np.asarray(init, np.float32).reshape(-1)
+                off += n
+        xp = device.xp()
+        self.weights = xp.asarray(host)
+        self.wgrads = xp.zeros_like(self.weights)
+        off = 0
+        for layer in self.layers:
+            layer.params, layer.grad_views = [], []
+            for i, s in enumerate(layer.param_shapes()):
+                n = math.prod(s)
+                layer.params.append(Tensor(self.weights[off:off + n].reshape(s), requires_grad=True,
+                                           name=f"{layer.cfg.top_names[0]}.w{i}"))
+                layer.grad_views.append(self.wgrads[off:off + n].reshape(s))
+                off += n
+        self.dense_optimizer = DenseOptimizer(self.opt_params, self.n_params)
+        unused = [t for t in self.shapes if t not in used and t != self.loss_layer.cfg.top_names[0]]
+        self.unused_tensors = unused
+        self.compiled = True
+
+    # ---- summary -------------------------------------------------------------------------------
+    def summary(self) -> None:
+        line = "—" * 116
+        inp = self.input
+        out = ["=" * 51 + "Model Summary" + "=" * 53,
+               "Model structure on each GPU",
+               f"{'Label':<40}{'Dense':<30}{'Sparse':<30}",
+               f"{inp.label_names[0]:<40}{inp.dense_name:<30}{','.join(p.top_name for p in inp.sparse):<30}",
+               f"{_fmt(self.shapes[inp.label_names[0]]):<40}{_fmt(self.shapes[inp.dense_name]):<30}",
+               line, f"{'Layer Type':<40}{'Input Name':<30}{'Output Name':<30}{'Output Shape':<30}", line]
+        rows = [(e.cfg.embedding_type.name, [e.cfg.bottom_name], [e.name]) for e in self.embeddings]
+        rows += [(layer.type_name, layer.cfg.bottom_names, layer.cfg.top_names) for layer in self.layers]
+        for kind, bottoms, tops in rows:
+            for i in range(max(len(bottoms), len(tops))):
+                b = bottoms[i] if i < len(bottoms) else ""
+                t = tops[i] if i < len(tops) else ""
+                shape = _fmt(self.shapes[t]) if t and not (kind.endswith("Loss")) else ""
+                out.append(f"{kind if i == 0 else '':<40}{b:<30}{t:<30}{shape:<30}".rstrip())
+            out.append("-" * 116)
+        print("\n".join(out), flush=True)
+
+    # ---- data ----------------------------------------------------------------------------------
+    def _make_reader(self, source: str, batch: int, repeat: bool):
+        p = self.reader_params
+        if p.data_reader_type != DataReaderType_t.Norm:
+            raise NotImplementedError(f"DataReaderType_t.{p.data_reader_type.name} is not implemented yet "
+                                      "(tracked by issue 5); use Norm")
+        from .data.norm import NormReader
+        return NormReader(source, batch, self.input.label_dim, self.input.dense_dim,
+                          [sp.slot_num for sp in self.input.sparse], check=p.check_type,
+                          key_dtype=np.int64 if self.solver.i64_input_key else np.uint32, repeat=repeat)
+
+    def start_data_reading(self) -> None:
+        self._require_compiled("start_data_reading")
+        if self._train_reader is None:
+            self._train_reader = iter(self._make_reader(self.reader_params.source[0], self.batch,
+                                                        self.solver.repeat_dataset))
+        if self._eval_reader is None:
+            self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.batch_eval,
+                                                       self.solver.repeat_dataset))
+
+    # ---- one step ------------------------------------------------------------------------------
+    def _forward(self, batch, training: bool, tape: Tape | None):
+        xp = device.xp()
+        inp = self.input
+        t: dict[str, Tensor] = {
+            inp.label_names[0]: Tensor(xp.asarray(batch.label)),
+            inp.dense_name: Tensor(xp.asarray(batch.dense)),
+        }
+        rows = batch.batch_size
+        for emb in self.embeddings:
+            keys, offsets = batch.sparse[self.sparse_inputs[emb.cfg.bottom_name]]
+            t[emb.name] = emb.forward(tape, keys, offsets, rows, training)
+        run = RunInfo(training=training, valid=batch.size, ranks=self.ranks, scaler=self.solver.scaler)
+        for layer in self.layers:
+            outs = layer.forward(tape, [t[b] for b in layer.cfg.bottom_names], run)
+            for name, o in zip(layer.cfg.top_names, outs):
+                t[name] = o
+        return t[self.loss_layer.cfg.top_names[0]]
+
+    def _next_batch(self, reader):
+        try:
+            return next(reader)
+        except StopIteration:
+            return None
+
+    def train(self) -> bool:
+        """One training iteration; False when an epoch-mode reader is exhausted."""
+        self._require_compiled("train")
+        self.start_data_reading()
+        batch = self._next_batch(self._train_reader)
+        while batch is not None and batch.size < batch.batch_size and self.solver.drop_incomplete_batch:
+            batch = self._next_batch(self._train_reader)          # HugeCTR skips partial train batches
+        if batch is None or batch.size == 0:
+            return False
+        tape = Tape()
+        loss = self._forward(batch, True, tape)
+        xp = device.xp()
+        tape.backward({id(loss): (loss, xp.ones((1,), np.float32))})
+        for layer in self.layers:
+            for p, gview in zip(layer.params, layer.grad_views):
+                if p.grad is None:
+                    gview[...] = 0
+                else:
+                    gview[...] = p.grad
+                    p.grad = None
+        lr = 0.0 if self.dense_frozen else self.lr
+        self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
+        for emb in self.embeddings:
+            emb.update(self.lr, self.solver.scaler)
+        self.current_loss = float(device.to_host(loss.data)[0]) if self.solver.gen_loss_summary else 0.0
+        return True
+
+    def eval(self) -> bool:
+        """One evaluation batch; accumulates metrics. False at the end of an epoch-mode eval source."""
+        self._require_compiled("eval")
+        self.start_data_reading()
+        batch = self._next_batch(self._eval_reader)
+        if batch is None or batch.size == 0:
+            return False
+        loss = self._forward(batch, False, None)
+        preds = device.to_host(self.loss_layer.predictions())[:batch.size]
+        self.metrics.add(preds, batch.label[:batch.size], float(device.to_host(loss.data)[0]))
+        return True
+
+    def get_current_loss(self) -> float:
+        return self.current_loss
+
+    def get_eval_metrics(self) -> list[tuple[str, float]]:
+        return self.metrics.finalize()
+
+    def get_learning_rate_scheduler(self) -> LearningRateScheduler:
+        return self.lr_scheduler
+
+    def set_learning_rate(self, lr: float) -> None:
+        self.lr = float(lr)
+
+    def reset_learning_rate_scheduler(self, base_lr, warmup_steps=1, decay_start=0, decay_steps=1,
+                                      decay_power=2.0, end_lr=0.0) -> None:
+        self.lr_scheduler = LearningRateScheduler(base_lr, warmup_steps, decay_start, decay_steps,
+                                                  decay_power, end_lr)
+
+    def freeze_dense(self) -> None:
+        self.dense_frozen = True
+
+    def unfreeze_dense(self) -> None:
+        self.dense_frozen = False
+
+    def freeze_embedding(self, embedding_name: str | None = None) -> None:
+        for e in self._embeddings_named(embedding_name):
+            e.frozen = True
+
+    def unfreeze_embedding(self, embedding_name: str | None = None) -> None:
+        for e in self._embeddings_named(embedding_name):
+            e.frozen = False
+
+    def _embeddings_named(self, name):
+        found = [e for e in self.embeddings if name is None or e.name == name]
+        if name is not None and not found:
+            raise ModelError(f"no embedding named {name!r}; embeddings: {[e.name for e in self.embeddings]}")
+        return found
+
+    # ---- fit -----------------------------------------------------------------------------------
+    def fit(self, num_epochs: int = 0, max_iter: int = 2000, display: int = 200, eval_interval: int = 1000,
+            snapshot: int = 10000, snapshot_prefix: str = "") -> None:
+        """HugeCTR's training loop (spec §4.1): non-epoch mode when the Solver repeats the dataset."""
+        self._require_compiled("fit")
+        s = self.solver
+        if s.repeat_dataset and max_iter <= 0:
+            raise ModelError("fit: max_iter must be > 0 when repeat_dataset=True")
+        if not s.repeat_dataset and num_epochs <= 0:
+            raise ModelError("fit: num_epochs must be > 0 when repeat_dataset=False (epoch mode)")
+        log.info("Training source file: " + self.reader_params.source[0])
+        log.info("Evaluation source file: " + self.reader_params.eval_source)
+        self.start_data_reading()
+        t_display = time.time()
+        it = 0
+        epochs = 1 if s.repeat_dataset else num_epochs
+        for epoch in range(epochs):
+            if not s.repeat_dataset:
+                self._train_reader = iter(self._make_reader(self.reader_params.source[0], self.batch, False))
+                log.info(f"-----------------------------------Epoch {epoch}-----------------------------------")
+            while True:
+                if s.repeat_dataset and it >= max_iter:
+                    return
+                lr = self.lr_scheduler.get_next()
+                self.set_learning_rate(lr)
+                if not self.train():
+                    break
+                if display > 0 and (it + 1) % display == 0:
+                    loss = self.get_current_loss()
+                    if math.isnan(loss):
+                        raise FloatingPointError(f"Train loss is NaN at iteration {it + 1}")
+                    log.info(f"Iter: {it + 1} Time({display} iters): {time.time() - t_display:.6f}s "
+                             f"Loss: {loss:.6f} lr:{lr:.6f}")
+                    self.history["iter"].append(it + 1)
+                    self.history["loss"].append(loss)
+                    self.history["lr"].append(lr)
+                    t_display = time.time()
+                if eval_interval > 0 and (it + 1) % eval_interval == 0:
+                    if self._evaluate(it + 1):
+                        return
+                if snapshot > 0 and it % snapshot == 0 and it != 0:
+                    self.save_params_to_files(snapshot_prefix, it)
+                it += 1
+
+    def _evaluate(self, it: int) -> bool:
+        """Run max_eval_batches eval batches, log metrics; True when the AUC target is hit."""
+        t0 = time.time()
+        n = 0
+        while n < self.solver.max_eval_batches:
+            if not self.eval():
+                self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.batch_eval, False))
+                if n > 0:
+                    break
+                continue
+            n += 1
+        target = self.solver.metrics_spec.get(MetricsType.AUC)
+        hit = False
+        for name, value in self.get_eval_metrics():
+            log.info(f"Evaluation, {name}: {value:.6f}")
+            if name == "AUC":
+                self.history["eval_iter"].append(it)
+                self.history["auc"].append(value)
+                if target is not None and value > target:
+                    log.info(f"Hit target accuracy AUC {target} at {it}/{it} iterations")
+                    hit = True
+        log.info(f"Eval Time for {n} iters: {time.time() - t0:.6f}s")
+        return hit
+
+    # ---- files ---------------------------------------------------------------------------------
+    def save_params_to_files(self, prefix: str, iter: int = 0) -> None:  # noqa: A002 (HugeCTR's name)
+        """Dense weights and optimizer states, one folder per embedding (spec §7.1-§7.3)."""
+        self._require_compiled("save_params_to_files")
+        device.to_host(self.weights).astype("<f4").tofile(f"{prefix}_dense_{iter}.model")
+        states = [device.to_host(s) for s in self.dense_optimizer.states]
+        (np.concatenate(states) if states else np.zeros(0, np.float32)).astype("<f4").tofile(
+            f"{prefix}_opt_dense_{iter}.model")
+        for i, e in enumerate(self.embeddings):
+            folder = f"{prefix}{i}_sparse_{iter}.model"
+            os.makedirs(folder, exist_ok=True)
+            n = e.table.size
+            device.to_host(e.table.keys_by_row()).astype("<i8").tofile(os.path.join(folder, "key"))
+            device.to_host(e.weight.data[:n]).astype("<f4").tofile(os.path.join(folder, "emb_vector"))
+            opt = [device.to_host(s) for s in e.optimizer.states]
+            (np.concatenate([s.reshape(-1) for s in opt]) if opt else np.zeros(0, np.float32)).astype(
+                "<f4").tofile(f"{prefix}{i}_opt_sparse_{iter}.model")
+
+    def load_dense_weights(self, dense_model_file: str) -> None:
+        self._require_compiled("load_dense_weights")
+        data = _read_f32(dense_model_file, self.n_params, "dense model")
+        self.weights[...] = device.xp().asarray(data)
+
+    def _require_compiled(self, what: str) -> None:
+        if not self.compiled:
+            raise ModelError(f"Model.{what}: call compile() first")
+
+
+def _fmt(shape: tuple) -> str:
+    return "(" + ",".join(str(d) for d in shape) + ")"
+
+
+def _read_f32(path: str, count: int, what: str) -> np.ndarray:
+    size = os.path.getsize(path)
+    if size != 4 * count:
+        raise ValueError(f"{what} file {path!r} holds {size} bytes; this model needs exactly {4 * count} "
+                         f"({count} float32 values)")
+    return np.fromfile(path, dtype="<f4")

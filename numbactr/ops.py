@@ -1,0 +1,178 @@
+"""One autograd Function per kernel op. Each picks, per device, the numba.cuda kernel launch
+(gpu, sim) or the NumPy reference (cpu). Matrix products use the array library (cuBLAS via cupy on
+gpu, BLAS on cpu/sim); everything else goes through numbactr.kernels.
+
+Shape glossary: B batch, S slots, N keys, D embedding width, K/N_out layer widths.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import device
+from .autograd import Context, Function
+from .kernels import bce, bias, concat, embedding_bag, interaction, relu
+
+
+def _kernels() -> bool:
+    return device.uses_kernels()
+
+
+def _xp():
+    return device.xp()
+
+
+# ---- InnerProduct: y = x W + b ---------------------------------------------------------------
+class Linear(Function):
+    @staticmethod
+    def forward(ctx: Context, x, w, b):
+        x2 = x.reshape(-1, x.shape[-1])                          # (B*, K): applied to the last dim
+        y = x2 @ w                                               # (B*, N)
+        if _kernels():
+            bias.bias_add(y, b)
+        else:
+            y = bias.bias_add_ref(y, b)
+        ctx.x2, ctx.w, ctx.in_shape = x2, w, x.shape
+        return y.reshape(*x.shape[:-1], w.shape[1])
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        dy2 = dy.reshape(-1, dy.shape[-1])                       # (B*, N)
+        dw = ctx.x2.T @ dy2                                      # (K, N)
+        if _kernels():
+            db = _xp().empty((dy2.shape[1],), np.float32)
+            bias.bias_grad(dy2, db)
+        else:
+            db = bias.bias_grad_ref(dy2)
+        dx = (dy2 @ ctx.w.T).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
+        return dx, dw, db
+
+
+class ReLU(Function):
+    @staticmethod
+    def forward(ctx: Context, x):
+        if _kernels():
+            y = _xp().empty_like(x)
+            relu.relu_forward(x, y)
+        else:
+            y = relu.relu_forward_ref(x)
+        ctx.y = y
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        if _kernels():
+            dx = _xp().empty_like(dy)
+            relu.relu_backward(ctx.y, _contig(dy), dx)
+            return dx
+        return relu.relu_backward_ref(ctx.y, dy)
+
+
+class Concat(Function):
+    """Concatenate along ``axis`` (2-D: axis 1; 3-D: axis 1 or 2)."""
+
+    @staticmethod
+    def forward(ctx: Context, *xs, axis: int = 1):
+        ctx.axis, ctx.widths = axis, [x.shape[axis] for x in xs]
+        if _kernels():
+            shape = list(xs[0].shape)
+            shape[axis] = sum(ctx.widths)
+            out = _xp().empty(tuple(shape), np.float32)
+            concat.concat_forward([_contig(x) for x in xs], out, axis=axis)
+            return out
+        return concat.concat_forward_ref(xs, axis=axis)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        if _kernels():
+            dxs = []
+            for w in ctx.widths:
+                shape = list(dy.shape)
+                shape[ctx.axis] = w
+                dxs.append(_xp().empty(tuple(shape), np.float32))
+            concat.concat_backward(_contig(dy), dxs, axis=ctx.axis)
+            return tuple(dxs)
+        return tuple(concat.concat_backward_ref(dy, ctx.widths, axis=ctx.axis))
+
+
+class Reshape(Function):
+    @staticmethod
+    def forward(ctx: Context, x, shape: tuple = ()):
+        ctx.in_shape = x.shape
+        return x.reshape(shape)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        return dy.reshape(ctx.in_shape)
+
+
+class Interaction(Function):
+    """DLRM dot interaction, HugeCTR layout: [dense, strict lower triangle of Z Zᵀ, 0 pad]."""
+
+    @staticmethod
+    def forward(ctx: Context, dense, emb):
+        dense, emb = _contig(dense), _contig(emb)
+        ctx.dense, ctx.emb = dense, emb
+        if _kernels():
+            out = _xp().empty((dense.shape[0], interaction.interaction_out_width(emb.shape[1], dense.shape[1])),
+                              np.float32)
+            interaction.interaction_forward(dense, emb, out)
+            return out
+        return interaction.interaction_forward_ref(dense, emb)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        if _kernels():
+            d_dense, d_emb = _xp().empty_like(ctx.dense), _xp().empty_like(ctx.emb)
+            interaction.interaction_backward(ctx.dense, ctx.emb, _contig(dy), d_dense, d_emb)
+            return d_dense, d_emb
+        return tuple(interaction.interaction_backward_ref(ctx.dense, ctx.emb, dy))
+
+
+class BinaryCrossEntropy(Function):
+    """Sigmoid + BCE in one kernel: returns the mean loss over the valid rows, saves dX.
+
+    HugeCTR semantics (spec §6.3): dX = (sigmoid(x) - y) * scaler / (b * ranks); loss weights never
+    touch the gradient; ``backward`` ignores the incoming scalar gradient's value beyond scaling by it.
+    """
+
+    @staticmethod
+    def forward(ctx: Context, x, y, valid: int = 0, grad_scale: float = 1.0):
+        b = valid or x.shape[0]
+        if _kernels():
+            xp = _xp()
+            dx = xp.empty_like(x)
+            loss = xp.zeros((1,), np.float32)
+            bce.bce_forward_backward(_contig(x), _contig(y), dx, loss, b, grad_scale)
+            ctx.dx = dx
+            return loss / np.float32(b)
+        loss, dx = bce.bce_forward_backward_ref(x, y, b, grad_scale)
+        ctx.dx = dx.reshape(x.shape).astype(np.float32)
+        return np.asarray([loss], np.float32)
+
+    @staticmethod
+    def backward(ctx: Context, dloss):
+        return ctx.dx, None
+
+
+def sigmoid(x):
+    """Predictions from logits (eval path; no autograd)."""
+    if _kernels():
+        y = _xp().empty_like(x)
+        bce.sigmoid_forward(_contig(x), y)
+        return y
+    return bce.sigmoid_ref(x)
+
+
+# ---- embedding bag ---------------------------------------------------------------------------
+def embedding_bag_forward(table, rows, offsets, combiner: int):
+    """(nbags, D) pooled rows; rows == -1 (missing in eval) add nothing but count for the mean."""
+    if _kernels():
+        out = _xp().empty((offsets.shape[0] - 1, table.shape[1]), np.float32)
+        embedding_bag.embedding_bag_forward(table, rows, offsets, combiner, out)
+        return out
+    return embedding_bag.embedding_bag_forward_ref(table, rows, offsets, combiner)
+
+
+def _contig(a):
+    xp = _xp()
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
