@@ -180,7 +180,7 @@ def sparse_adam_global_hot_kernel(m, v, rows, grads, beta1, beta2, scaler):
         r = rows[u]
         gi = grads[u, d] / scaler
         # divided by b1 (b2) here because the all-rows pass multiplies every row by b1 (b2) next
-        m[r, d] += (float32(1.0) - beta1) * gi
+        m[r, d] += (float32(1.0) - beta1) * gi / beta1
         v[r, d] += (float32(1.0) - beta2) * gi * gi / beta2
 
 

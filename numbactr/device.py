@@ -122,3 +122,8 @@ def to_host(a):
     if hasattr(a, "get"):
         return a.get()
     return numpy.asarray(a)
+
+
+# Runs at `import numbactr`, before anything imports numba: the simulator must be chosen first.
+if os.environ.get("NUMBACTR_DEVICE", "").strip().lower() == "sim" and "numba" not in sys.modules:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"

@@ -86,7 +86,7 @@ def insert_all(tables, keys):
 
 # key strategy: a small pool gives duplicates within and across batches, plus extremes and random keys
 KEY = st.one_of(st.integers(0, 12), st.sampled_from(EXTREMES), st.integers(0, TOP))
-BATCH = st.lists(KEY, max_size=90).map(lambda ks: np.array(ks, dtype=np.uint64))
+BATCH = st.lists(KEY, max_size=70).map(lambda ks: np.array(ks, dtype=np.uint64))
 
 
 @given(batches=st.lists(BATCH, min_size=1, max_size=3), max_rows=st.integers(0, 150),
@@ -114,13 +114,13 @@ def test_insert_kernel_and_reference_match_the_spec(batches, max_rows, load_fact
     np.testing.assert_array_equal(tr.keys_by_row(), by_row)
 
 
-@given(keys=st.lists(st.integers(0, 2**20), min_size=1, max_size=100), max_rows=st.integers(1, 12))
+@given(keys=st.lists(st.integers(0, 2**20), min_size=1, max_size=80), max_rows=st.integers(1, 12))
 def test_small_tables_with_heavy_collisions(keys, max_rows):
     # few slots, many distinct keys: long probe chains, wrap-around, and often a full table
     keys = np.array(keys, dtype=np.uint64)
     tk, tr = kernel_table(max_rows, load_factor=1.0), ref_table(max_rows, load_factor=1.0)
     model = DictModel(max_rows)
-    for part in (keys[: len(keys) // 2], keys[len(keys) // 2:], keys[: max_rows]):
+    for part in (keys[: len(keys) // 2], keys[len(keys) // 2:]):
         kind, res = insert_all([tk, tr], part)
         try:
             np.testing.assert_array_equal(res, model.insert(part))

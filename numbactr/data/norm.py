@@ -201,6 +201,8 @@ def _slots_to_csr(slots, n: int, slot_num: int):
     for k, sl in enumerate(slots):
         if isinstance(sl, tuple):
             vals, lens = np.asarray(sl[0]).reshape(-1), np.asarray(sl[1], dtype=np.int64).reshape(-1)
+            if vals.size == 0:
+                vals = vals.astype(np.int64)        # np.asarray([]) is float64
             if lens.shape[0] != n or (lens < 0).any() or lens.sum() != vals.shape[0]:
                 raise ValueError(f"slot {k}: ragged (keys, lengths) needs {n} lengths >= 0 summing "
                                  f"to len(keys)")

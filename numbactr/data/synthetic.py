@@ -1,0 +1,336 @@
+"""Synthetic CTR data with a planted signal, for end-to-end training checks.
+
+The hidden model (S slots, D dense features, P slot pairs):
+  logit = bias + a_s * sum_k mean_j w_k[key_kj]                     slot effects, w_k (V_k,)
+               + a_d * ((x - mu) / sd) . u                           dense effect, u (D,)
+               + a_i * sum_{(a,b) in pairs} mean v_a[key_a] . mean v_b[key_b]   crosses, v_k (V_k, R)
+  label ~ Bernoulli(sigmoid(logit))
+(a_s, a_d, a_i) make the three parts carry fixed shares of the logit variance, then a common scale and
+the bias are solved so that the expected AUC of the true probabilities (the Bayes-optimal AUC) and the
+base CTR hit their targets (default 0.775 and 0.25). An embedding + MLP (+ dot interaction) model can
+learn every term. Keys follow a power law per slot (most mass on a few keys, like Criteo), dense
+features are lognormal-ish counts stored as log1p(count), as Criteo preprocessing does.
+
+Also here: `roc_auc` (exact, rank based, ties averaged as in sklearn), `criteo_like_slot_sizes` and the
+HugeCTR power-law key sampler used by tools.DataGenerator.
+HugeCTR: the key sampler mirrors IntPowerLawDataSimulator in HugeCTR/include/data_generator.hpp.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..enums import Check_t
+from .file_list import write_file_list
+from .norm import NormWriter, key_dtype_of
+
+__all__ = ["roc_auc", "expected_auc", "criteo_like_slot_sizes", "power_law_keys", "uniform_keys",
+           "PlantedModel", "make_planted_model", "PlantedDataset", "make_planted_dataset",
+           "CRITEO_KAGGLE_SLOT_SIZES"]
+
+#: cardinalities of the 26 categorical columns of Criteo Kaggle (HugeCTR's DCN/WDL samples)
+CRITEO_KAGGLE_SLOT_SIZES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
+                            3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
+                            142572]
+
+
+# ---------------------------------------------------------------------------------------------------
+# AUC
+
+def roc_auc(labels, scores) -> float:
+    """Exact ROC AUC = P(score_pos > score_neg) + 0.5 P(equal), from average ranks (Mann-Whitney U);
+    equals sklearn.metrics.roc_auc_score including ties. labels must be 0/1 (or bool)."""
+    y = np.asarray(labels).reshape(-1)
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if y.shape != s.shape:
+        raise ValueError(f"labels and scores differ in length: {y.shape[0]} vs {s.shape[0]}")
+    if np.isnan(s).any():
+        raise ValueError("scores contain NaN")
+    pos = y == 1
+    if not (pos | (y == 0)).all():
+        raise ValueError("labels must be 0 or 1")
+    n_pos = int(pos.sum())
+    n_neg = y.shape[0] - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("roc_auc needs both classes present")
+    order = np.argsort(s, kind="mergesort")
+    ss = s[order]
+    starts = np.concatenate([[0], np.flatnonzero(ss[1:] != ss[:-1]) + 1])   # first index of each tie run
+    ends = np.append(starts[1:], ss.shape[0])
+    avg_rank = (starts + 1 + ends) / 2.0                                     # 1-based average rank
+    ranks = np.empty_like(s)
+    ranks[order] = np.repeat(avg_rank, ends - starts)
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def expected_auc(p) -> float:
+    """Expected AUC of scores p against labels ~ Bernoulli(p) (pairs i != j, ties counted half)."""
+    p = np.sort(np.asarray(p, dtype=np.float64).reshape(-1))
+    q = 1.0 - p
+    # negatives strictly below each position, with equal-p runs split half/half
+    starts = np.concatenate([[0], np.flatnonzero(p[1:] != p[:-1]) + 1])
+    ends = np.append(starts[1:], p.shape[0])
+    cq = np.concatenate([[0.0], np.cumsum(q)])
+    run = np.repeat(np.arange(starts.shape[0]), ends - starts)
+    below = cq[starts[run]]
+    tie_q = cq[ends[run]] - below - q            # other members of the run (self excluded)
+    num = float((p * (below + 0.5 * tie_q)).sum())
+    den = float(p.sum() * q.sum() - (p * q).sum())
+    return num / den if den > 0 else 0.5
+
+
+# ---------------------------------------------------------------------------------------------------
+# cardinalities and key samplers
+
+def criteo_like_slot_sizes(num_slots: int = 26, total_rows: int = 1_000_000) -> list[int]:
+    """num_slots deterministic cardinalities summing to total_rows, shaped like Criteo's: sizes are the
+    Criteo Kaggle cardinalities raised to a common power (log-sizes scaled), so a few slots are large
+    and many small. For num_slots != 26 the sorted log-size profile is interpolated."""
+    if num_slots <= 0:
+        raise ValueError("num_slots must be > 0")
+    if total_rows < 2 * num_slots:
+        raise ValueError(f"total_rows must be >= 2 * num_slots = {2 * num_slots}")
+    if num_slots == 26:
+        logs = np.log(np.array(CRITEO_KAGGLE_SLOT_SIZES, dtype=np.float64))
+    else:
+        prof = np.sort(np.log(np.array(CRITEO_KAGGLE_SLOT_SIZES, dtype=np.float64)))[::-1]
+        logs = np.interp(np.linspace(0, 25, num_slots), np.arange(26), prof)
+        logs = logs[np.random.default_rng(num_slots).permutation(num_slots)]
+
+    def sizes(g):
+        return np.maximum(2, np.round(np.exp(g * logs))).astype(np.int64)
+
+    lo, hi = 0.0, 4.0
+    for _ in range(100):                          # sum(sizes(g)) is non-decreasing in g
+        mid = 0.5 * (lo + hi)
+        if sizes(mid).sum() > total_rows:
+            hi = mid
+        else:
+            lo = mid
+    out = sizes(lo)
+    out[int(np.argmax(out))] += total_rows - int(out.sum())      # absorb rounding in the largest slot
+    return [int(v) for v in out]
+
+
+def power_law_keys(rng: np.random.Generator, shape, size: int, alpha: float) -> np.ndarray:
+    """Keys in [0, size) with P(k) ~ (k+1)^-alpha, by HugeCTR's inverse-CDF formula
+    y = ((size^(1-a) - 1) u + 1)^(1/(1-a)), key = round(y) - 1. alpha > 0, alpha != 1."""
+    if alpha <= 0 or abs(alpha - 1.0) < 1e-6:
+        raise ValueError("alpha must be > 0 and != 1 for the power law")
+    u = rng.random(shape)
+    e = 1.0 - alpha
+    y = ((float(size) ** e - 1.0) * u + 1.0) ** (1.0 / e)
+    return np.clip(np.round(y).astype(np.int64) - 1, 0, size - 1)
+
+
+def uniform_keys(rng: np.random.Generator, shape, size: int) -> np.ndarray:
+    return rng.integers(0, size, shape, dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------------------------
+# planted model
+
+def _sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def _as_slot_mats(slot_keys, n):
+    """list of per-slot local keys -> list of (n, nnz_k) int64 matrices."""
+    return [np.asarray(k, dtype=np.int64).reshape(n, -1) for k in slot_keys]
+
+
+@dataclass
+class PlantedModel:
+    """Hidden logistic model over local (per-slot, 0-based) keys; see the module docstring."""
+    slot_sizes: np.ndarray                     # (S,)
+    slot_weights: list                         # S arrays (V_k,)
+    dense_weights: np.ndarray                  # (D,) unit-norm direction u
+    pairs: list                                # [(a, b), ...] slot pairs with a latent cross
+    latent: dict                               # slot -> (V_k, R) latent vectors
+    dense_center: np.ndarray = None            # (D,)
+    dense_scale: np.ndarray = None             # (D,)
+    shares: tuple = (0.5, 0.25, 0.25)          # variance shares: slots, dense, crosses
+    weights: np.ndarray = field(default_factory=lambda: np.ones(3))   # (a_s, a_d, a_i)
+    bias: float = 0.0
+
+    def components(self, dense, slot_keys) -> np.ndarray:
+        """(n, 3) raw parts of the logit: slot effects, dense effect, crosses."""
+        dense = np.asarray(dense, dtype=np.float64)
+        n = dense.shape[0]
+        mats = _as_slot_mats(slot_keys, n)
+        out = np.zeros((n, 3))
+        for k, m in enumerate(mats):
+            if m.shape[1]:
+                out[:, 0] += self.slot_weights[k][m].mean(axis=1)
+        if dense.shape[1]:
+            out[:, 1] = ((dense - self.dense_center) / self.dense_scale) @ self.dense_weights
+        for a, b in self.pairs:
+            if mats[a].shape[1] and mats[b].shape[1]:
+                va = self.latent[a][mats[a]].mean(axis=1)           # (n, R)
+                vb = self.latent[b][mats[b]].mean(axis=1)
+                out[:, 2] += (va * vb).sum(axis=1)
+        return out
+
+    def logits(self, dense, slot_keys) -> np.ndarray:
+        return self.bias + self.components(dense, slot_keys) @ self.weights
+
+    def probs(self, dense, slot_keys) -> np.ndarray:
+        return _sigmoid(self.logits(dense, slot_keys))
+
+    def calibrate(self, dense, slot_keys, target_auc: float = 0.775, target_ctr: float = 0.25):
+        """Fit dense centering, the component weights and the bias on a calibration sample so that the
+        expected (Bayes-optimal) AUC and the mean probability hit the targets."""
+        dense = np.asarray(dense, dtype=np.float64)
+        if dense.shape[1]:
+            self.dense_center = dense.mean(axis=0)
+            self.dense_scale = np.where(dense.std(axis=0) > 0, dense.std(axis=0), 1.0)
+        c = self.components(dense, slot_keys)
+        sd = c.std(axis=0)
+        unit = np.where(sd > 0, np.sqrt(np.asarray(self.shares, dtype=np.float64)) / np.where(sd > 0, sd, 1),
+                        0.0)
+        z = (c - c.mean(axis=0)) @ unit                              # ~ unit variance
+        mean_shift = float(c.mean(axis=0) @ unit)
+
+        def bias_for(scale):                                          # mean sigmoid(b + scale z) = ctr
+            lo, hi = -30.0, 30.0
+            for _ in range(60):
+                mid = 0.5 * (lo + hi)
+                if _sigmoid(mid + scale * z).mean() > target_ctr:
+                    hi = mid
+                else:
+                    lo = mid
+            return 0.5 * (lo + hi)
+
+        lo, hi = 0.0, 20.0
+        for _ in range(40):                                           # expected AUC grows with scale
+            mid = 0.5 * (lo + hi)
+            if expected_auc(_sigmoid(bias_for(mid) + mid * z)) > target_auc:
+                hi = mid
+            else:
+                lo = mid
+        scale = 0.5 * (lo + hi)
+        self.weights = scale * unit
+        self.bias = bias_for(scale) - scale * mean_shift
+        return self
+
+
+def make_planted_model(slot_sizes, dense_dim: int, rng: np.random.Generator, num_pairs: int = 3,
+                       latent_dim: int = 4, shares=(0.5, 0.25, 0.25)) -> PlantedModel:
+    """Draw the hidden weights (uncalibrated; call .calibrate on a sample of the data)."""
+    sizes = np.asarray(slot_sizes, dtype=np.int64)
+    S = sizes.shape[0]
+    slot_w = [rng.standard_normal(int(v)) for v in sizes]
+    u = rng.standard_normal(dense_dim)
+    u = u / np.linalg.norm(u) if dense_dim else u
+    cand = [(a, b) for a in range(S) for b in range(a + 1, S)]
+    pick = rng.permutation(len(cand))[:min(num_pairs, len(cand))] if cand else []
+    pairs = [cand[i] for i in sorted(pick)]
+    latent = {}
+    for a, b in pairs:
+        for k in (a, b):
+            if k not in latent:
+                latent[k] = rng.standard_normal((int(sizes[k]), latent_dim))
+    shares = tuple(float(x) for x in shares)
+    if not dense_dim:
+        shares = (shares[0], 0.0, shares[2])
+    if not pairs:
+        shares = (shares[0], shares[1], 0.0)
+    return PlantedModel(sizes, slot_w, u, pairs, latent, np.zeros(dense_dim), np.ones(dense_dim), shares)
+
+
+# ---------------------------------------------------------------------------------------------------
+# planted Criteo-like dataset on disk
+
+@dataclass
+class PlantedDataset:
+    out_dir: str
+    train_list: str                 # <out_dir>/train/_file_list.txt
+    eval_list: str                  # <out_dir>/eval/_file_list.txt
+    train_files: list
+    eval_files: list
+    slot_size_array: list           # per-slot cardinalities; keys are globally offset by their prefix sum
+    dense_dim: int
+    num_train: int
+    num_eval: int
+    bayes_auc: float                # roc_auc(eval labels, true eval probabilities)
+    eval_probs: np.ndarray          # (num_eval,) true P(label = 1) of every eval sample, file order
+    eval_labels: np.ndarray         # (num_eval,) drawn labels
+    train_ctr: float
+    eval_ctr: float
+    check: object = Check_t.Sum
+    key_dtype: np.dtype = np.dtype(np.int64)
+    model: PlantedModel = None
+
+    @property
+    def slot_offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.slot_size_array)[:-1]]).astype(np.int64)
+
+
+def _sample_features(rng, n, dense_mu, dense_sigma, dense_zero_p, sizes, alpha):
+    """dense (n, D) float32 log1p(counts) and local keys (n, S) int64, power-law per slot."""
+    D = dense_mu.shape[0]
+    counts = np.floor(np.exp(dense_mu + dense_sigma * rng.standard_normal((n, D))))
+    counts[rng.random((n, D)) < dense_zero_p] = 0.0              # Criteo's many missing/zero counts
+    dense = np.log1p(counts).astype(np.float32)
+    keys = np.empty((n, sizes.shape[0]), dtype=np.int64)
+    for k, v in enumerate(sizes):
+        keys[:, k] = power_law_keys(rng, n, int(v), alpha)
+    return dense, keys
+
+
+def make_planted_dataset(out_dir, num_train: int, num_eval: int, dense_dim: int = 13, slot_sizes=None,
+                         total_rows: int = 100_000, seed: int = 0, files=(4, 1), alpha: float = 1.2,
+                         target_auc: float = 0.775, target_ctr: float = 0.25, num_pairs: int = 3,
+                         check=Check_t.Sum, key_dtype=np.int64,
+                         calibration_samples: int = 50_000) -> PlantedDataset:
+    """Write a Criteo-like Norm dataset (one-hot slots, label_dim 1) with a planted logistic signal.
+
+    slot_sizes defaults to criteo_like_slot_sizes(26, total_rows). files = (train files, eval files)
+    or one int for both. Keys are globally offset: slot k's keys lie in
+    [sum(slot_sizes[:k]), sum(slot_sizes[:k+1])). Deterministic for a given seed.
+    """
+    if slot_sizes is None:
+        slot_sizes = criteo_like_slot_sizes(26, total_rows)
+    sizes = np.asarray(slot_sizes, dtype=np.int64)
+    if sizes.ndim != 1 or sizes.shape[0] == 0 or (sizes <= 0).any():
+        raise ValueError(f"slot_sizes must be a non-empty list of positive sizes, got {slot_sizes}")
+    n_tr_files, n_ev_files = (files, files) if isinstance(files, (int, np.integer)) else files
+    if num_train < n_tr_files or num_eval < n_ev_files or n_tr_files < 1 or n_ev_files < 1:
+        raise ValueError("need at least one sample per file and at least one file per split")
+    rng = np.random.default_rng(seed)
+    dense_mu = rng.uniform(0.0, 4.0, dense_dim)
+    dense_sigma = rng.uniform(0.5, 1.5, dense_dim)
+    dense_zero_p = rng.uniform(0.0, 0.4, dense_dim)
+    model = make_planted_model(sizes, dense_dim, rng, num_pairs=num_pairs)
+    cal_dense, cal_keys = _sample_features(rng, calibration_samples, dense_mu, dense_sigma, dense_zero_p,
+                                           sizes, alpha)
+    model.calibrate(cal_dense, list(cal_keys.T), target_auc, target_ctr)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    result = {}
+    for split, num, nf in (("train", num_train, n_tr_files), ("eval", num_eval, n_ev_files)):
+        d = os.path.join(out_dir, split)
+        os.makedirs(d, exist_ok=True)
+        paths, probs_all, labels_all = [], [], []
+        for f, n in enumerate(np.diff(np.linspace(0, num, nf + 1).astype(np.int64))):
+            dense, keys = _sample_features(rng, int(n), dense_mu, dense_sigma, dense_zero_p, sizes, alpha)
+            p = model.probs(dense, list(keys.T))
+            label = (rng.random(int(n)) < p).astype(np.float32)
+            path = os.path.join(d, f"part_{f}.data")
+            with NormWriter(path, 1, dense_dim, sizes.shape[0], check, key_dtype) as w:
+                w.write(label.reshape(-1, 1), dense, keys + offsets)       # (n, S) global keys
+            paths.append(path)
+            probs_all.append(p)
+            labels_all.append(label)
+        lst = os.path.join(d, "_file_list.txt")
+        write_file_list(lst, paths)
+        result[split] = (lst, paths, np.concatenate(probs_all), np.concatenate(labels_all))
+    ev_probs, ev_labels = result["eval"][2], result["eval"][3]
+    bayes = roc_auc(ev_labels, ev_probs) if 0 < ev_labels.sum() < ev_labels.shape[0] else float("nan")
+    return PlantedDataset(out_dir, result["train"][0], result["eval"][0], result["train"][1],
+                          result["eval"][1], [int(v) for v in sizes], dense_dim, num_train, num_eval,
+                          bayes, ev_probs, ev_labels, float(result["train"][3].mean()),
+                          float(ev_labels.mean()), check, key_dtype_of(key_dtype), model)
