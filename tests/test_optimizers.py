@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from numbactr.kernels import optimizers as opt
 from tests.kernel_util import dev, f32_arrays, host

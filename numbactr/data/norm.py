@@ -151,7 +151,7 @@ def encode_samples(label: np.ndarray, dense: np.ndarray, nnz: np.ndarray, keys: 
             kc += nnz0[k]
         if s:
             rows = out.reshape(n, R)
-            rows[:, R - 1] = rows[:, pre:pre + P].sum(axis=1, dtype=np.uint32).astype(_U8)
+            rows[:, R - 1] = rows[:, pre:pre + P].sum(axis=1, dtype=_U8)   # uint8 sum wraps mod 256
         return out
 
     # Variable layout: scatter every field to its byte position.
@@ -179,8 +179,8 @@ def encode_samples(label: np.ndarray, dense: np.ndarray, nnz: np.ndarray, keys: 
     if s:
         chk = starts + 4 + payload
         idx = np.stack([base, chk], axis=1).reshape(-1)
-        sums = np.add.reduceat(out, idx, dtype=np.uint64)[::2]
-        out[chk] = (sums & 0xFF).astype(_U8)
+        sums = np.add.reduceat(out, idx, dtype=_U8)[::2]              # uint8 sums wrap mod 256
+        out[chk] = np.where(payload == 0, 0, sums)
     return out
 
 
@@ -479,7 +479,7 @@ def _decode_fixed(buf, h, path, s, L, D, S, kd, nnz0, skip_bad):
     skipped, first_bad = 0, -1
     if s:
         rows = buf[base:].reshape(n, R)
-        sums = rows[:, 4:4 + P].sum(axis=1, dtype=np.uint32).astype(_U8)
+        sums = rows[:, 4:4 + P].sum(axis=1, dtype=_U8)            # wraps mod 256 like signed char
         bad = sums != rows[:, R - 1]
         if bad.any():
             i = int(np.argmax(bad))
@@ -570,8 +570,8 @@ def _walk_framed(buf, h, path, skip_bad):
     lengths = _gather_i32(buf, starts)
     pay = starts + 4
     chk = pay + lengths
-    sums = np.add.reduceat(buf, np.stack([pay, chk], axis=1).reshape(-1), dtype=np.uint64)[::2]
-    sums = np.where(lengths == 0, 0, sums & 0xFF).astype(_U8)   # reduceat of an empty range is 1 item
+    sums = np.add.reduceat(buf, np.stack([pay, chk], axis=1).reshape(-1), dtype=_U8)[::2]   # mod 256
+    sums = np.where(lengths == 0, 0, sums).astype(_U8)   # reduceat of an empty range yields 1 item
     bad = sums != buf[chk]
     skipped, first_bad = 0, -1
     if bad.any():
@@ -656,6 +656,11 @@ def _decode_buffer(buf, path, label_dim, dense_dim, slot_num, check, key_dtype, 
     if L + D + S == 0:
         raise ValueError("label_dim, dense_dim and slot_num are all 0: samples would have no bytes")
     n = h.number_of_records
+    min_rec = 4 * (L + D + S) + (5 if s else 0)         # a record with every nnz = 0
+    if n * min_rec > len(buf) - h.data_offset:
+        raise NormFormatError(path, base + 8, f"header number_of_records={n} cannot fit in the "
+                                              f"{len(buf) - h.data_offset} bytes after the header "
+                                              f"(records are >= {min_rec} bytes)")
     if n == 0 and len(buf) == h.data_offset:
         return _Decoded(np.zeros((0, L), np.float32), np.zeros((0, D), np.float32),
                         np.zeros((0, S), np.int64), np.zeros(0, output_key_dtype(kd)))

@@ -116,7 +116,8 @@ def criteo_like_slot_sizes(num_slots: int = 26, total_rows: int = 1_000_000) -> 
 
 def power_law_keys(rng: np.random.Generator, shape, size: int, alpha: float) -> np.ndarray:
     """Keys in [0, size) with P(k) ~ (k+1)^-alpha, by HugeCTR's inverse-CDF formula
-    y = ((size^(1-a) - 1) u + 1)^(1/(1-a)), key = round(y) - 1. alpha > 0, alpha != 1."""
+    y = ((size^(1-a) - 1) u + 1)^(1/(1-a)), key = round(y) - 1. alpha > 0, alpha != 1.
+    As in HugeCTR the rounding gives key 0 only y in [1, 1.5), so key 1 is the most frequent."""
     if alpha <= 0 or abs(alpha - 1.0) < 1e-6:
         raise ValueError("alpha must be > 0 and != 1 for the power law")
     u = rng.random(shape)
