@@ -61,11 +61,11 @@ def full_eval_auc(model) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="numbactr demo", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/demo", help="folder for data, logs and the learning curve")
-    ap.add_argument("--train-samples", type=int, default=400_000)
+    ap.add_argument("--train-samples", type=int, default=800_000)
     ap.add_argument("--eval-samples", type=int, default=50_000)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=0, help="training iterations (default: one epoch)")
-    ap.add_argument("--lr", type=float, default=0.001)
+    ap.add_argument("--lr", type=float, default=0.002)
     ap.add_argument("--rows", type=int, default=200_000, help="total embedding rows over the 26 slots")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)

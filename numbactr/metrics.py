@@ -12,6 +12,8 @@ def roc_auc(labels, scores) -> float:
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     if y.shape != s.shape:
         raise ValueError(f"roc_auc: {y.size} labels vs {s.size} scores")
+    if np.isnan(s).any():
+        raise ValueError("roc_auc: scores contain NaN")
     order = np.argsort(-s, kind="mergesort")
     s, y = s[order], y[order]
     # last index of each run of equal scores: tied predictions form one ROC step

@@ -1,9 +1,7 @@
 """Norm format (spec §2.3, §10.10): byte-exact writer, reader round trips, corrupt-file errors, file
 lists, throughput."""
-import os
 import struct
 import time
-import warnings
 
 import numpy as np
 import pytest

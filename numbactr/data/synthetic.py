@@ -24,6 +24,7 @@ import numpy as np
 
 from ..enums import Check_t
 from .file_list import write_file_list
+from ..metrics import roc_auc
 from .norm import NormWriter, key_dtype_of
 
 __all__ = ["roc_auc", "expected_auc", "criteo_like_slot_sizes", "power_law_keys", "uniform_keys",
@@ -38,32 +39,6 @@ CRITEO_KAGGLE_SLOT_SIZES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3
 
 # ---------------------------------------------------------------------------------------------------
 # AUC
-
-def roc_auc(labels, scores) -> float:
-    """Exact ROC AUC = P(score_pos > score_neg) + 0.5 P(equal), from average ranks (Mann-Whitney U);
-    equals sklearn.metrics.roc_auc_score including ties. labels must be 0/1 (or bool)."""
-    y = np.asarray(labels).reshape(-1)
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if y.shape != s.shape:
-        raise ValueError(f"labels and scores differ in length: {y.shape[0]} vs {s.shape[0]}")
-    if np.isnan(s).any():
-        raise ValueError("scores contain NaN")
-    pos = y == 1
-    if not (pos | (y == 0)).all():
-        raise ValueError("labels must be 0 or 1")
-    n_pos = int(pos.sum())
-    n_neg = y.shape[0] - n_pos
-    if n_pos == 0 or n_neg == 0:
-        raise ValueError("roc_auc needs both classes present")
-    order = np.argsort(s, kind="mergesort")
-    ss = s[order]
-    starts = np.concatenate([[0], np.flatnonzero(ss[1:] != ss[:-1]) + 1])   # first index of each tie run
-    ends = np.append(starts[1:], ss.shape[0])
-    avg_rank = (starts + 1 + ends) / 2.0                                     # 1-based average rank
-    ranks = np.empty_like(s)
-    ranks[order] = np.repeat(avg_rank, ends - starts)
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
-
 
 def expected_auc(p) -> float:
     """Expected AUC of scores p against labels ~ Bernoulli(p) (pairs i != j, ties counted half)."""
@@ -217,12 +192,22 @@ class PlantedModel:
         return self
 
 
+def _rarity_scale(size: int, head: float) -> np.ndarray:
+    """(size,) weight scale per key: 1 for the frequent head, falling as (1 + k/head)^-1/2 for rarer keys."""
+    return (1.0 + np.arange(size) / head) ** -0.5 if head > 0 else np.ones(size)
+
+
 def make_planted_model(slot_sizes, dense_dim: int, rng: np.random.Generator, num_pairs: int = 3,
-                       latent_dim: int = 4, shares=(0.5, 0.25, 0.25)) -> PlantedModel:
-    """Draw the hidden weights (uncalibrated; call .calibrate on a sample of the data)."""
+                       latent_dim: int = 4, shares=(0.5, 0.25, 0.25), head: float = 50.0) -> PlantedModel:
+    """Draw the hidden weights (uncalibrated; call .calibrate on a sample of the data).
+
+    Key k of a slot (k = popularity rank under the power law) gets weights scaled by
+    (1 + k/head)^-1/2: as in real click logs, rare categories carry little signal. Without this the
+    Bayes-optimal AUC would rest on keys seen once or twice, which no trainer can learn from the sample;
+    with it the gap from 0.5 to the Bayes AUC measures the trainer. head <= 0 keeps equal scales."""
     sizes = np.asarray(slot_sizes, dtype=np.int64)
     S = sizes.shape[0]
-    slot_w = [rng.standard_normal(int(v)) for v in sizes]
+    slot_w = [rng.standard_normal(int(v)) * _rarity_scale(int(v), head) for v in sizes]
     u = rng.standard_normal(dense_dim)
     u = u / np.linalg.norm(u) if dense_dim else u
     cand = [(a, b) for a in range(S) for b in range(a + 1, S)]
@@ -232,7 +217,8 @@ def make_planted_model(slot_sizes, dense_dim: int, rng: np.random.Generator, num
     for a, b in pairs:
         for k in (a, b):
             if k not in latent:
-                latent[k] = rng.standard_normal((int(sizes[k]), latent_dim))
+                latent[k] = rng.standard_normal((int(sizes[k]), latent_dim)) * \
+                    _rarity_scale(int(sizes[k]), head)[:, None]
     shares = tuple(float(x) for x in shares)
     if not dense_dim:
         shares = (shares[0], 0.0, shares[2])
