@@ -3,243 +3,20 @@
 A layer gets its DenseLayer config and the FULL shapes of its bottoms (dim 0 = per-rank batch B),
 checks them, and declares ``out_shapes`` and ``param_shapes``. The model hands it parameter Tensors
 (views into one flat weight buffer, in HugeCTR's file order) before training.
+
+Each module of this package defines ``LAYERS = {Layer_t.X: class}``; the registry merges them.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import importlib
 
-import numpy as np
+from .base import Layer, LayerError, RunInfo
 
-from .. import ops
-from ..autograd import Tape, Tensor
-from ..enums import Layer_t
-from . import init
+_MODULES = ("core", "elementwise", "shape", "attention", "norm", "dense", "recurrent", "losses")
 
-
-class LayerError(ValueError):
-    """A layer's configuration or input shapes are wrong; the message names layer and tensors."""
-
-
-@dataclass
-class RunInfo:
-    training: bool
-    valid: int            # valid rows of this rank's batch (a partial batch is padded)
-    ranks: int = 1
-    scaler: float = 1.0
-
-
-class Layer:
-    type_name = ""
-    is_loss = False
-
-    def __init__(self, cfg, in_shapes: list[tuple]):
-        self.cfg = cfg
-        self.in_shapes = [tuple(s) for s in in_shapes]
-        self.params: list[Tensor] = []
-        self.out_shapes = self.infer()
-
-    # -- to override --
-    def infer(self) -> list[tuple]:
-        raise NotImplementedError
-
-    def param_shapes(self) -> list[tuple]:
-        return []
-
-    def init_params(self, rng) -> list[np.ndarray]:
-        return []
-
-    def forward(self, tape: Tape, xs: list[Tensor], run: RunInfo) -> list[Tensor]:
-        raise NotImplementedError
-
-    def json_params(self) -> dict:
-        return {}
-
-    # -- helpers --
-    def fail(self, msg: str) -> None:
-        raise LayerError(f"{self.type_name} layer (bottom {self.cfg.bottom_names} -> top "
-                         f"{self.cfg.top_names}): {msg}")
-
-    def expect_counts(self, bottoms: int | tuple, tops: int = 1) -> None:
-        ok = self.cfg.bottom_names.__len__() in (bottoms if isinstance(bottoms, tuple) else (bottoms,))
-        if not ok:
-            self.fail(f"expects {bottoms} bottom tensor(s), got {len(self.cfg.bottom_names)}")
-        if len(self.cfg.top_names) != tops:
-            self.fail(f"expects {tops} top tensor(s), got {len(self.cfg.top_names)}")
-
-
-class InnerProduct(Layer):
-    """Y = X·W + b on the last dim: (B, K) -> (B, N) or (B, S, K) -> (B, S, N). W (K, N), b (N,)."""
-    type_name = "InnerProduct"
-
-    def infer(self):
-        self.expect_counts(1)
-        (shape,) = self.in_shapes
-        if len(shape) not in (2, 3):
-            self.fail(f"input {self.cfg.bottom_names[0]!r} must be 2-D or 3-D, got shape {shape}")
-        n = self.cfg.num_output
-        if not isinstance(n, int) or n <= 0:
-            self.fail(f"num_output must be a positive int, got {n!r}")
-        self.k, self.n = shape[-1], n
-        return [shape[:-1] + (n,)]
-
-    def param_shapes(self):
-        return [(self.k, self.n), (self.n,)]
-
-    def init_params(self, rng):
-        return [init.inner_product_weight(rng, self.k, self.n, self.cfg.weight_init_type),
-                init.inner_product_bias(rng, self.n, self.cfg.bias_init_type)]
-
-    def forward(self, tape, xs, run):
-        return [ops.Linear.apply(tape, xs[0], *self.params, name=self.cfg.top_names[0])]
-
-    def json_params(self):
-        p = {"num_output": self.n}
-        for key, attr in (("weight_init", "weight_init_type"), ("bias_init", "bias_init_type")):
-            if attr in self.cfg.given:
-                p[key] = getattr(self.cfg, attr).name
-        return {"fc_param": p}
-
-
-class ReLU(Layer):
-    type_name = "ReLU"
-
-    def infer(self):
-        self.expect_counts(1)
-        return [self.in_shapes[0]]
-
-    def forward(self, tape, xs, run):
-        return [ops.ReLU.apply(tape, xs[0], name=self.cfg.top_names[0])]
-
-
-class Concat(Layer):
-    """2-D inputs (B, K_i) -> (B, ΣK_i); 3-D (B, S_i, V) on axis 1 or (B, S, V_i) on axis 2."""
-    type_name = "Concat"
-
-    def infer(self):
-        if len(self.cfg.bottom_names) < 2 or len(self.cfg.top_names) != 1:
-            self.fail("expects >= 2 bottom tensors and 1 top tensor")
-        shapes, axis = self.in_shapes, self.cfg.axis
-        rank = len(shapes[0])
-        if rank not in (2, 3) or any(len(s) != rank for s in shapes):
-            self.fail(f"inputs must all be 2-D or all 3-D, got shapes {shapes}")
-        if rank == 2:
-            axis = 1
-        if axis not in (1, 2) or axis >= rank:
-            self.fail(f"axis must be 1 (2-D) or 1/2 (3-D), got {self.cfg.axis}")
-        for name, s in zip(self.cfg.bottom_names, shapes):
-            other = [d for i, d in enumerate(s) if i != axis]
-            ref = [d for i, d in enumerate(shapes[0]) if i != axis]
-            if other != ref:
-                self.fail(f"input {name!r} has shape {s}, which does not match "
-                          f"{self.cfg.bottom_names[0]!r} {shapes[0]} off axis {axis}")
-        self.axis = axis
-        out = list(shapes[0])
-        out[axis] = sum(s[axis] for s in shapes)
-        return [tuple(out)]
-
-    def forward(self, tape, xs, run):
-        return [ops.Concat.apply(tape, *xs, axis=self.axis, name=self.cfg.top_names[0])]
-
-    def json_params(self):
-        return {"axis": self.axis} if self.axis != 1 or "axis" in self.cfg.given else {}
-
-
-class Reshape(Layer):
-    """(a) leading_dim: (N/L, L); (b) leading_dim + time_step: (N/(L·T), T, L);
-    (c) selected slots of (B, S, V) -> (B, len(sel)·V) [gathers: see issue 3]; (d) shape=[..., -1]."""
-    type_name = "Reshape"
-
-    def infer(self):
-        self.expect_counts(1)
-        (shape,) = self.in_shapes
-        total = math.prod(shape)
-        c = self.cfg
-        if c.selected:
-            self.fail("selected=True (slot selection) is not implemented yet (tracked by issue 3)")
-        if c.leading_dim > 0:
-            per = c.leading_dim * max(c.time_step, 1)
-            if total % per:
-                self.fail(f"input {c.bottom_names[0]!r} {shape} has {total} elements, not divisible by "
-                          f"leading_dim*time_step = {per}")
-            out = (total // per, c.time_step, c.leading_dim) if c.time_step > 0 else (total // per, c.leading_dim)
-        elif c.shape:
-            shp = list(c.shape)
-            if shp.count(-1) != 1:
-                self.fail(f"shape {shp} must hold exactly one -1")
-            known = math.prod(d for d in shp if d != -1)
-            if known <= 0 or total % known:
-                self.fail(f"shape {shp} does not fit input {shape}")
-            out = tuple(total // known if d == -1 else d for d in shp)
-        else:
-            self.fail("needs leading_dim > 0 (optionally time_step), selected slots, or shape")
-        # the batch dim scales: keep B symbolic by storing the per-sample factor
-        self._tail = out[1:]
-        return [out]
-
-    def forward(self, tape, xs, run):
-        return [ops.Reshape.apply(tape, xs[0], shape=(-1,) + self._tail, name=self.cfg.top_names[0])]
-
-    def json_params(self):
-        return {"leading_dim": self.cfg.leading_dim, "time_step": self.cfg.time_step}
-
-
-class Interaction(Layer):
-    """DLRM dot interaction: bottoms dense (B, V) and emb (B, S, V) -> (B, V + (S+1)S/2 + 1)."""
-    type_name = "Interaction"
-
-    def infer(self):
-        self.expect_counts(2)
-        d, e = self.in_shapes
-        names = self.cfg.bottom_names
-        if len(d) != 2 or len(e) != 3:
-            self.fail(f"bottoms must be dense (B, V) and embedding (B, S, V); got {names[0]!r} {d} "
-                      f"and {names[1]!r} {e}")
-        if d[0] != e[0] or d[1] != e[2]:
-            self.fail(f"{names[0]!r} {d} and {names[1]!r} {e} disagree: need dense (B, V) with "
-                      f"V == embedding width")
-        n = e[1] + 1
-        return [(d[0], d[1] + n * (n - 1) // 2 + 1)]
-
-    def forward(self, tape, xs, run):
-        return [ops.Interaction.apply(tape, xs[0], xs[1], name=self.cfg.top_names[0])]
-
-
-class BinaryCrossEntropyLoss(Layer):
-    """bottoms [logit (B, 1), label (B, 1)] -> scalar loss; sigmoid fused; see ops.BinaryCrossEntropy."""
-    type_name = "BinaryCrossEntropyLoss"
-    is_loss = True
-
-    def infer(self):
-        self.expect_counts(2)
-        x, y = self.in_shapes
-        if x != y or len(x) != 2 or x[1] != 1:
-            self.fail(f"logit {self.cfg.bottom_names[0]!r} {x} and label {self.cfg.bottom_names[1]!r} "
-                      f"{y} must both be (B, 1)")
-        if self.cfg.use_regularizer:
-            self.fail("use_regularizer is not implemented yet (tracked by issue 3)")
-        return [(1,)]
-
-    def forward(self, tape, xs, run):
-        grad_scale = run.scaler / (run.valid * run.ranks)
-        loss = ops.BinaryCrossEntropy.apply(tape, xs[0], xs[1], valid=run.valid, grad_scale=grad_scale,
-                                            name=self.cfg.top_names[0])
-        self.logits = xs[0]
-        return [loss]
-
-    def predictions(self):
-        """sigmoid of the last forward's logits, (B, 1)."""
-        return ops.sigmoid(self.logits.data)
-
-
-REGISTRY: dict = {
-    Layer_t.InnerProduct: InnerProduct,
-    Layer_t.ReLU: ReLU,
-    Layer_t.Concat: Concat,
-    Layer_t.Reshape: Reshape,
-    Layer_t.Interaction: Interaction,
-    Layer_t.BinaryCrossEntropyLoss: BinaryCrossEntropyLoss,
-}
+REGISTRY: dict = {}
+for _name in _MODULES:
+    REGISTRY.update(importlib.import_module(f"{__name__}.{_name}").LAYERS)
 
 
 def build(cfg, in_shapes) -> Layer:
@@ -249,3 +26,6 @@ def build(cfg, in_shapes) -> Layer:
         raise LayerError(f"Layer_t.{cfg.layer_type.name} (top {cfg.top_names}) is not implemented yet in "
                          f"numbactr (tracked by issue 3); available: {have}")
     return cls(cfg, in_shapes)
+
+
+__all__ = ["Layer", "LayerError", "RunInfo", "REGISTRY", "build"]

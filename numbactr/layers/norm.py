@@ -1,0 +1,2 @@
+"""Layers of this group register here (see numbactr/layers/__init__.py)."""
+LAYERS: dict = {}
