@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from . import device, log
+from . import compat, device, graph_json, log
 from .autograd import Tape, Tensor
 from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding
 from .embedding.sparse_embedding import HashEmbedding
@@ -54,6 +54,7 @@ class Model:
         self.lr_scheduler = LearningRateScheduler(solver.lr, solver.warmup_steps, solver.decay_start,
                                                   solver.decay_steps, solver.decay_power, solver.end_lr)
         self.dense_frozen = False
+        self.step = 0
         self.current_loss = float("nan")
         self.metrics = MetricAccumulator(solver.metrics_spec)
         self._train_reader = self._eval_reader = None
@@ -82,10 +83,16 @@ class Model:
     def _add_input(self, inp: Input) -> None:
         if self.input is not None:
             raise ModelError("Model.add(Input): the model already has an Input")
-        if len(inp.label_dims) != 1:
-            raise ModelError("Input: several labels (label_dims lists) are not implemented yet (issue 3)")
         self.input = inp
-        self._new_tensor(inp.label_names[0], (self.batch, inp.label_dims[0]), "Input label")
+        # The reader delivers one combined label block; its columns go to the label names in
+        # alphabetical order of the names (HugeCTR's std::map, spec §4.2 / §10.13).
+        self.label_columns = {}
+        col = 0
+        for i in sorted(range(len(inp.label_names)), key=lambda i: inp.label_names[i]):
+            self.label_columns[inp.label_names[i]] = (col, col + inp.label_dims[i])
+            col += inp.label_dims[i]
+        for name, dim in zip(inp.label_names, inp.label_dims):
+            self._new_tensor(name, (self.batch, dim), "Input label")
         self._new_tensor(inp.dense_name, (self.batch, inp.dense_dim), "Input dense")
         for i, p in enumerate(inp.sparse):
             self._new_tensor(p.top_name, (self.batch, p.slot_num), "Input sparse")
@@ -132,15 +139,22 @@ class Model:
         if len(self.layers) + len(self.embeddings) < 2:
             raise ModelError("Model.compile: a model needs at least two layers")
         losses = [layer for layer in self.layers if layer.is_loss]
-        if len(losses) != 1:
-            raise ModelError(f"Model.compile: expected exactly one loss layer, found {len(losses)}"
-                             + (" (multi-loss models: issue 3)" if losses else ""))
-        if loss_names or loss_weights:
-            raise ModelError("Model.compile(loss_names, loss_weights) is for multi-label models (issue 3)")
+        if not losses:
+            raise ModelError("Model.compile: the model has no loss layer")
+        by_label = {layer.cfg.bottom_names[1]: layer for layer in losses}
+        if loss_names is not None or loss_weights is not None:
+            loss_names, loss_weights = list(loss_names or []), list(loss_weights or [])
+            if len(loss_names) != len(loss_weights):
+                raise ModelError(f"Model.compile: {len(loss_names)} loss_names but {len(loss_weights)} loss_weights")
+            missing = [n for n in loss_names if n not in by_label]
+            if missing:
+                raise ModelError(f"Model.compile: loss_names {missing} are not the label (second bottom) of any "
+                                 f"loss layer; loss labels: {sorted(by_label)}")
+            weights = dict(zip(loss_names, loss_weights))
+        else:
+            weights = dict(zip(self.input.label_names, self.input.label_weights))
+        self.losses = [(layer, float(weights.get(layer.cfg.bottom_names[1], 1.0))) for layer in losses]
         self.loss_layer = losses[0]
-        used = {b for layer in self.layers for b in layer.cfg.bottom_names}
-        used |= {e.cfg.bottom_name for e in self.embeddings}
-        self.loss_label = self.loss_layer.cfg.bottom_names[1]
         # one flat float32 weight vector, layer order, each layer's weights in index order (spec §7.2)
         shapes = [(layer, s) for layer in self.layers for s in layer.param_shapes()]
         self.n_params = sum(math.prod(s) for _, s in shapes)
@@ -164,8 +178,10 @@ class Model:
                 layer.grad_views.append(self.wgrads[off:off + n].reshape(s))
                 off += n
         self.dense_optimizer = DenseOptimizer(self.opt_params, self.n_params)
-        unused = [t for t in self.shapes if t not in used and t != self.loss_layer.cfg.top_names[0]]
-        self.unused_tensors = unused
+        used = {b for layer in self.layers for b in layer.cfg.bottom_names}
+        used |= {e.cfg.bottom_name for e in self.embeddings}
+        loss_tops = {layer.cfg.top_names[0] for layer, _ in self.losses}
+        self.unused_tensors = [t for t in self.shapes if t not in used and t not in loss_tops]
         self.compiled = True
 
     # ---- summary -------------------------------------------------------------------------------
@@ -175,8 +191,8 @@ class Model:
         out = ["=" * 51 + "Model Summary" + "=" * 53,
                "Model structure on each GPU",
                f"{'Label':<40}{'Dense':<30}{'Sparse':<30}",
-               f"{inp.label_names[0]:<40}{inp.dense_name:<30}{','.join(p.top_name for p in inp.sparse):<30}",
-               f"{_fmt(self.shapes[inp.label_names[0]]):<40}{_fmt(self.shapes[inp.dense_name]):<30}",
+               f"{','.join(inp.label_names):<40}{inp.dense_name:<30}{','.join(p.top_name for p in inp.sparse):<30}",
+               f"{','.join(_fmt(self.shapes[n]) for n in inp.label_names):<40}{_fmt(self.shapes[inp.dense_name]):<30}",
                line, f"{'Layer Type':<40}{'Input Name':<30}{'Output Name':<30}{'Output Shape':<30}", line]
         rows = [(e.cfg.embedding_type.name, [e.cfg.bottom_name], [e.name]) for e in self.embeddings]
         rows += [(layer.type_name, layer.cfg.bottom_names, layer.cfg.top_names) for layer in self.layers]
@@ -210,23 +226,49 @@ class Model:
                                                        self.solver.repeat_dataset))
 
     # ---- one step ------------------------------------------------------------------------------
-    def _forward(self, batch, training: bool, tape: Tape | None):
+    def _forward(self, batch, training: bool, tape: Tape | None) -> dict:
+        """Run the graph on one batch; returns every tensor by name."""
         xp = device.xp()
         inp = self.input
-        t: dict[str, Tensor] = {
-            inp.label_names[0]: Tensor(xp.asarray(batch.label)),
-            inp.dense_name: Tensor(xp.asarray(batch.dense)),
-        }
+        t: dict[str, Tensor] = {inp.dense_name: Tensor(xp.asarray(batch.dense))}
+        for name, (c0, c1) in self.label_columns.items():
+            t[name] = Tensor(xp.asarray(np.ascontiguousarray(batch.label[:, c0:c1])))
         rows = batch.batch_size
         for emb in self.embeddings:
             keys, offsets = batch.sparse[self.sparse_inputs[emb.cfg.bottom_name]]
             t[emb.name] = emb.forward(tape, keys, offsets, rows, training)
-        run = RunInfo(training=training, valid=batch.size, ranks=self.ranks, scaler=self.solver.scaler)
+        run = RunInfo(training=training, valid=batch.size, ranks=self.ranks, scaler=self.solver.scaler,
+                      seed=self.solver.seed, step=self.step)
         for layer in self.layers:
             outs = layer.forward(tape, [t[b] for b in layer.cfg.bottom_names], run)
             for name, o in zip(layer.cfg.top_names, outs):
                 t[name] = o
-        return t[self.loss_layer.cfg.top_names[0]]
+        return t
+
+    def _loss_value(self, t: dict, valid: int) -> float:
+        """Σ_i weight_i · loss_i (+ regularizer terms), as HugeCTR reports it."""
+        total = 0.0
+        for layer, w in self.losses:
+            total += w * float(device.to_host(t[layer.cfg.top_names[0]].data)[0])
+            total += self._regularizer(layer, valid, grad=False)
+        return total
+
+    def _regularizer(self, loss_layer, valid: int, grad: bool) -> float:
+        """L1/L2 on every trainable weight of the layers added before ``loss_layer`` (spec §6.3).
+        grad=True adds its gradient into the flat wgrad; returns the loss term."""
+        reg = getattr(loss_layer, "regularizer", None)
+        if not reg:
+            return 0.0
+        from .layers.losses import regularizer_grad, regularizer_term
+        kind, lam = reg
+        term = 0.0
+        for layer in self.layers[:self.layers.index(loss_layer)]:
+            for p, g in zip(layer.params, layer.grad_views):
+                if grad:
+                    regularizer_grad(p.data.reshape(-1), kind, lam, valid, g.reshape(-1))
+                else:
+                    term += regularizer_term(p.data.reshape(-1), kind, lam, valid)
+        return term
 
     def _next_batch(self, reader):
         try:
@@ -244,9 +286,16 @@ class Model:
         if batch is None or batch.size == 0:
             return False
         tape = Tape()
-        loss = self._forward(batch, True, tape)
+        t = self._forward(batch, True, tape)
         xp = device.xp()
-        tape.backward({id(loss): (loss, xp.ones((1,), np.float32))})
+        seeds = {}
+        for layer, w in self.losses:
+            loss = t[layer.cfg.top_names[0]]
+            # HugeCTR lets loss weights scale only the reported loss (spec §10.3); numbactr's gradient
+            # is the gradient of the reported loss unless HugeCTR's exact behaviour is asked for.
+            scale = 1.0 if compat.hugectr_exact() else w
+            seeds[id(loss)] = (loss, xp.full((1,), scale, np.float32))
+        tape.backward(seeds)
         for layer in self.layers:
             for p, gview in zip(layer.params, layer.grad_views):
                 if p.grad is None:
@@ -254,11 +303,14 @@ class Model:
                 else:
                     gview[...] = p.grad
                     p.grad = None
+        for layer, _ in self.losses:
+            self._regularizer(layer, batch.size, grad=True)
         lr = 0.0 if self.dense_frozen else self.lr
         self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
         for emb in self.embeddings:
             emb.update(self.lr, self.solver.scaler)
-        self.current_loss = float(device.to_host(loss.data)[0]) if self.solver.gen_loss_summary else 0.0
+        self.current_loss = self._loss_value(t, batch.size) if self.solver.gen_loss_summary else 0.0
+        self.step += 1
         return True
 
     def eval(self) -> bool:
@@ -268,9 +320,13 @@ class Model:
         batch = self._next_batch(self._eval_reader)
         if batch is None or batch.size == 0:
             return False
-        loss = self._forward(batch, False, None)
-        preds = device.to_host(self.loss_layer.predictions())[:batch.size]
-        self.metrics.add(preds, batch.label[:batch.size], float(device.to_host(loss.data)[0]))
+        t = self._forward(batch, False, None)
+        n = batch.size
+        preds = np.concatenate([device.to_host(layer.predictions()).reshape(batch.batch_size, -1)[:n]
+                                for layer, _ in self.losses], axis=1)
+        labels = np.concatenate([device.to_host(t[layer.cfg.bottom_names[1]].data).reshape(batch.batch_size, -1)[:n]
+                                 for layer, _ in self.losses], axis=1)
+        self.metrics.add(preds, labels, self._loss_value(t, n))
         return True
 
     def get_current_loss(self) -> float:
@@ -377,6 +433,17 @@ class Model:
                     hit = True
         log.info(f"Eval Time for {n} iters: {time.time() - t0:.6f}s")
         return hit
+
+    # ---- graph JSON ----------------------------------------------------------------------------
+    def graph_to_json(self, graph_config_file: str) -> None:
+        """Write HugeCTR's graph JSON (spec §7.4), auto-Slice layers included."""
+        if self.input is None:
+            raise ModelError("Model.graph_to_json: the model is empty")
+        graph_json.write(self, graph_config_file)
+
+    def construct_from_json(self, graph_config_file: str, include_dense_network: bool) -> None:
+        """Add the Input, embeddings and (with include_dense_network) dense layers of a graph JSON."""
+        graph_json.construct(self, graph_config_file, include_dense_network)
 
     # ---- files ---------------------------------------------------------------------------------
     def save_params_to_files(self, prefix: str, iter: int = 0) -> None:  # noqa: A002 (HugeCTR's name)

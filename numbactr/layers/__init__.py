@@ -20,6 +20,10 @@ for _name in _MODULES:
 
 
 def build(cfg, in_shapes) -> Layer:
+    from ..enums import Layer_t
+    if cfg.layer_type == Layer_t.Reshape and cfg.selected:
+        from .shape import ReshapeSelected        # slot selection: a gather, not a view
+        return ReshapeSelected(cfg, in_shapes)
     cls = REGISTRY.get(cfg.layer_type)
     if cls is None:
         have = ", ".join(sorted(t.name for t in REGISTRY))
