@@ -50,12 +50,7 @@ def build_dlrm(hugectr, train_list: str, eval_list: str, *, batch: int, batch_ev
 
 def full_eval_auc(model) -> float:
     """AUC over the whole eval set (every eval file once)."""
-    model._eval_reader = iter(model._make_reader(model.reader_params.eval_source, model.batch_eval, False))
-    while model.eval():
-        pass
-    metrics = dict(model.get_eval_metrics())
-    model._eval_reader = None
-    return metrics["AUC"]
+    return dict(model.eval_whole_source())["AUC"]
 
 
 def main(argv=None) -> int:

@@ -13,6 +13,8 @@ def set_rank(rank: int) -> None:
 
 
 def info(msg: str) -> None:
+    if _rank != 0:                      # one voice per job, like HugeCTR's rank-0 logging
+        return
     now = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
     print(f"[HCTR][{now}][INFO][RK{_rank}][main]: {msg}", flush=True)
 

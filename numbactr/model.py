@@ -14,6 +14,8 @@ import numpy as np
 
 from . import compat, device, graph_json, log
 from .autograd import Tape, Tensor
+from .distributed.comm import world
+from .distributed.sharding import split_batch
 from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding
 from .embedding.sparse_embedding import HashEmbedding
 from .enums import Check_t, DataReaderType_t, MetricsType
@@ -37,7 +39,9 @@ class Model:
             raise ModelError("Model: third argument must come from CreateOptimizer()")
         self.solver, self.reader_params, self.opt_params = solver, reader_params, opt_params
         device.kind()                                  # announce the device once, up front
-        self.ranks = 1
+        self.comm = world()
+        self.ranks = self.comm.size
+        log.set_rank(self.comm.rank)
         if solver.batchsize % self.ranks or solver.batchsize_eval % self.ranks:
             raise ModelError(f"batchsize {solver.batchsize} / batchsize_eval {solver.batchsize_eval} "
                              f"must be divisible by the number of ranks ({self.ranks})")
@@ -109,7 +113,7 @@ class Model:
             raise ModelError(f"{who}: sparse input {cfg.bottom_name!r} already feeds an embedding")
         param = self.input.sparse[self.sparse_inputs[cfg.bottom_name]]
         opt = cfg.optimizer if cfg.optimizer.initialized else self.opt_params
-        emb = HashEmbedding(cfg, param, opt, self.rng, self.batch)
+        emb = HashEmbedding(cfg, param, opt, self.solver.seed, self.comm)
         self._new_tensor(cfg.sparse_embedding_name, emb.output_shape(self.batch), who)
         self.embeddings.append(emb)
 
@@ -219,10 +223,10 @@ class Model:
     def start_data_reading(self) -> None:
         self._require_compiled("start_data_reading")
         if self._train_reader is None:
-            self._train_reader = iter(self._make_reader(self.reader_params.source[0], self.batch,
+            self._train_reader = iter(self._make_reader(self.reader_params.source[0], self.solver.batchsize,
                                                         self.solver.repeat_dataset))
         if self._eval_reader is None:
-            self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.batch_eval,
+            self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval,
                                                        self.solver.repeat_dataset))
 
     # ---- one step ------------------------------------------------------------------------------
@@ -246,10 +250,13 @@ class Model:
         return t
 
     def _loss_value(self, t: dict, valid: int) -> float:
-        """Σ_i weight_i · loss_i (+ regularizer terms), as HugeCTR reports it."""
+        """Σ_i weight_i · loss_i (+ regularizer terms), averaged over ranks, as HugeCTR reports it."""
         total = 0.0
         for layer, w in self.losses:
             total += w * float(device.to_host(t[layer.cfg.top_names[0]].data)[0])
+        if self.ranks > 1:
+            total = float(self.comm.allreduce_sum(np.array([total]))[0]) / self.ranks
+        for layer, _ in self.losses:
             total += self._regularizer(layer, valid, grad=False)
         return total
 
@@ -271,10 +278,12 @@ class Model:
         return term
 
     def _next_batch(self, reader):
+        """This rank's slice of the next global batch (None at the end of an epoch-mode source)."""
         try:
-            return next(reader)
+            batch = next(reader)
         except StopIteration:
             return None
+        return split_batch(batch, self.comm.rank, self.ranks)
 
     def train(self) -> bool:
         """One training iteration; False when an epoch-mode reader is exhausted."""
@@ -303,13 +312,18 @@ class Model:
                 else:
                     gview[...] = p.grad
                     p.grad = None
+        # data parallel: dense gradients are summed over ranks (each already carries 1/(b*R))
+        if self.ranks > 1:
+            summed = self.comm.allreduce_sum(device.to_host(self.wgrads).copy())
+            self.wgrads[...] = device.xp().asarray(summed)
+        valid = self._global_valid(batch.size)
         for layer, _ in self.losses:
-            self._regularizer(layer, batch.size, grad=True)
+            self._regularizer(layer, valid, grad=True)
         lr = 0.0 if self.dense_frozen else self.lr
         self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
         for emb in self.embeddings:
             emb.update(self.lr, self.solver.scaler)
-        self.current_loss = self._loss_value(t, batch.size) if self.solver.gen_loss_summary else 0.0
+        self.current_loss = self._loss_value(t, valid) if self.solver.gen_loss_summary else 0.0
         self.step += 1
         return True
 
@@ -326,8 +340,27 @@ class Model:
                                 for layer, _ in self.losses], axis=1)
         labels = np.concatenate([device.to_host(t[layer.cfg.bottom_names[1]].data).reshape(batch.batch_size, -1)[:n]
                                  for layer, _ in self.losses], axis=1)
-        self.metrics.add(preds, labels, self._loss_value(t, n))
+        loss = self._loss_value(t, self._global_valid(n))
+        if self.ranks > 1:                      # every rank scores the whole global eval batch
+            preds, labels = self.comm.allgather_rows(preds), self.comm.allgather_rows(labels)
+        self.metrics.add(preds, labels, loss)
         return True
+
+    def _global_valid(self, local_valid: int) -> int:
+        """Valid rows of the global batch (the regularizer's b on one rank equals this)."""
+        if self.ranks == 1:
+            return local_valid
+        return int(self.comm.allreduce_sum(np.array([local_valid], np.int64))[0])
+
+    def eval_whole_source(self) -> list[tuple[str, float]]:
+        """numbactr extra: evaluate every sample of the eval source exactly once; returns the metrics."""
+        self._require_compiled("eval_whole_source")
+        self.metrics.reset()
+        self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval, False))
+        while self.eval():
+            pass
+        self._eval_reader = None
+        return self.get_eval_metrics()
 
     def get_current_loss(self) -> float:
         return self.current_loss
@@ -384,7 +417,7 @@ class Model:
         epochs = 1 if s.repeat_dataset else num_epochs
         for epoch in range(epochs):
             if not s.repeat_dataset:
-                self._train_reader = iter(self._make_reader(self.reader_params.source[0], self.batch, False))
+                self._train_reader = iter(self._make_reader(self.reader_params.source[0], self.solver.batchsize, False))
                 log.info(f"-----------------------------------Epoch {epoch}-----------------------------------")
             while True:
                 if s.repeat_dataset and it >= max_iter:
@@ -416,7 +449,7 @@ class Model:
         n = 0
         while n < self.solver.max_eval_batches:
             if not self.eval():
-                self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.batch_eval, False))
+                self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval, False))
                 if n > 0:
                     break
                 continue

@@ -36,7 +36,8 @@ def tiny_data(folder, n_train=512, n_eval=256, slots=3, dense=2, keys_per_slot=6
 
 
 def tiny_dlrm(train, evl, *, batch=64, lr=0.01, optimizer=hugectr.Optimizer_t.Adam,
-              update=hugectr.Update_t.Global, slots=3, dense=2, vec=4, seed=0):
+              update=hugectr.Update_t.Global, slots=3, dense=2, vec=4, seed=0,
+              embedding=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash):
     solver = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, max_eval_batches=4, lr=lr,
                                   vvgpu=[[0]], i64_input_key=True, seed=seed)
     reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[train],
@@ -45,7 +46,7 @@ def tiny_dlrm(train, evl, *, batch=64, lr=0.01, optimizer=hugectr.Optimizer_t.Ad
     model = hugectr.Model(solver, reader, opt)
     model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=dense, dense_name="dense",
                             data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, slots)]))
-    model.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+    model.add(hugectr.SparseEmbedding(embedding_type=embedding,
                                       workspace_size_per_gpu_in_mb=1, embedding_vec_size=vec, combiner="sum",
                                       sparse_embedding_name="emb", bottom_name="data1"))
     L = hugectr.Layer_t

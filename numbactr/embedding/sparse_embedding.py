@@ -1,12 +1,19 @@
-"""Hash-based sparse embeddings (spec §5.2, §5.3) on one rank.
+"""Hash-based sparse embeddings (spec §5.2, §5.3), on one rank or model-parallel over ranks.
 
-Per embedding: a value pool (V, D) pre-filled U(-0.05, 0.05) as HugeCTR does, a key -> row HashTable
-(new keys take the next free row, in first-occurrence order), and a sparse optimizer. Training inserts
-unseen keys; evaluation only looks them up (a missing key adds a zero vector but still counts in the
-mean denominator).
+Per rank: a value pool (V, D), a key -> row HashTable (new keys take the next free row, in order of first
+occurrence) and a sparse optimizer. A new key's vector is drawn U(-0.05, 0.05) from a hash of
+(seed, key) (kernels/embedding_init.py), so every device and every sharding starts from the same
+vectors. Training inserts unseen keys; evaluation only looks them up (a missing key adds a zero vector
+but still counts in the mean denominator).
 
-Forward  (B, S) bags of keys -> rows -> pooled (B, S, D)
-Backward dY (B, S, D) -> gradient per unique row (U, D) -> sparse optimizer update of those rows
+One rank:   (B, S) bags of keys -> rows -> pooled (B, S, D);  dY -> unique-row gradients -> update.
+R ranks (mpiexec), TorchRec's input_dist -> lookup -> output_dist:
+  1. input_dist  every key occurrence goes to its owner (key % R, or slot % R for Localized);
+  2. lookup      the owner inserts/finds the keys it received and returns one vector per occurrence;
+  3. output_dist the sender pools the returned vectors into its own bags (sum or mean).
+  Backward runs the same wires in reverse: the sender turns dY of each bag into one gradient per key
+  occurrence and sends it to the owner, which sums per row and updates its rows. Embedding gradients are
+  never allreduced (model parallel).
 """
 from __future__ import annotations
 
@@ -17,12 +24,16 @@ import numpy as np
 
 from .. import device, ops
 from ..autograd import Context, Function, Tensor
+from ..distributed.comm import world
+from ..distributed.sharding import key_owner
 from ..enums import Embedding_t
 from ..kernels import embedding_bag as EB
+from ..kernels import embedding_init as EI
 from ..optim import SparseOptimizer
 from .hash_table import HashTable, HashTableFullError
 
 COMBINERS = {"sum": EB.SUM, "mean": EB.MEAN}
+INIT_RANGE = (-0.05, 0.05)
 
 
 @dataclass
@@ -35,7 +46,30 @@ class SparseGrad:
         raise NotImplementedError("an embedding table read by two lookups in one step is not supported")
 
 
+def reduce_by_row(rows, per_key_grad, offsets, combiner) -> SparseGrad:
+    """Sum the gradients of key occurrences that share a row: (U,) rows, (U, D) grads.
+    ``per_key_grad`` is either dY per bag (with CSR ``offsets``) or one row per key (offsets = arange)."""
+    if not device.uses_kernels():
+        return SparseGrad(*EB.embedding_bag_backward_ref(per_key_grad, rows, offsets, combiner))
+    xp = device.xp()
+    # Deduplicate rows with a small per-batch hash table: its row numbers ARE the compact index of
+    # each unique table row, in first-occurrence order (the same order as the reference).
+    dedup = HashTable(max(rows.shape[0], 1), use_kernels=True, xp=xp)
+    hit = rows >= 0
+    local = xp.full(rows.shape[0], -1, np.int64)
+    if bool(hit.any()):
+        local[hit] = dedup.insert(rows[hit])
+    uniq = dedup.keys_by_row().astype(np.int64)                                  # (U,)
+    grad = xp.zeros((uniq.shape[0], per_key_grad.shape[1]), np.float32)          # (U, D)
+    bag_ids = xp.empty(rows.shape[0], np.int64)                                  # (N,)
+    EB.bag_of_key(offsets, bag_ids)
+    EB.embedding_bag_backward(per_key_grad, local, offsets, bag_ids, combiner, grad)
+    return SparseGrad(uniq, grad)
+
+
 class EmbeddingBagFn(Function):
+    """One rank: pooled lookup of table rows."""
+
     @staticmethod
     def forward(ctx: Context, pool, rows=None, offsets=None, combiner=0, shape=()):
         ctx.rows, ctx.offsets, ctx.combiner = rows, offsets, combiner
@@ -43,21 +77,59 @@ class EmbeddingBagFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
-        d = dy.shape[-1]
-        dy2 = ops._contig(dy.reshape(-1, d))                          # (B*S, D)
-        if not device.uses_kernels():
-            return SparseGrad(*EB.embedding_bag_backward_ref(dy2, ctx.rows, ctx.offsets, ctx.combiner))
-        xp, rows = device.xp(), ctx.rows
-        # Deduplicate rows with a small per-batch hash table: its row numbers ARE the compact index
-        # of each unique table row, in first-occurrence order (the same order as the reference).
-        dedup = HashTable(rows.shape[0], use_kernels=True, xp=xp)
-        local = dedup.insert(rows)                                    # (N,) in [0, U)
-        uniq = dedup.keys_by_row().astype(np.int64)                   # (U,)
-        grad = xp.zeros((uniq.shape[0], d), np.float32)               # (U, D)
-        bag_ids = xp.empty(rows.shape[0], np.int64)                   # (N,)
-        EB.bag_of_key(ctx.offsets, bag_ids)
-        EB.embedding_bag_backward(dy2, local, ctx.offsets, bag_ids, ctx.combiner, grad)
-        return SparseGrad(uniq, grad)
+        dy2 = ops._contig(dy.reshape(-1, dy.shape[-1]))                             # (B*S, D)
+        return reduce_by_row(ctx.rows, dy2, ctx.offsets, ctx.combiner)
+
+
+class ShardedEmbeddingBagFn(Function):
+    """R ranks: input_dist -> owner lookup -> output_dist, and the reverse in backward."""
+
+    @staticmethod
+    def forward(ctx: Context, pool, emb=None, keys=None, offsets=None, training=True, shape=()):
+        xp, comm = device.xp(), emb.comm
+        keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
+        n, slots = keys_h.shape[0], shape[1]
+        bag = np.repeat(np.arange(len(offsets_h) - 1, dtype=np.int64), np.diff(offsets_h))   # (N,)
+        owner = key_owner(keys_h, bag % slots, comm.size, emb.by_slot)
+        order = np.argsort(owner, kind="stable")                   # occurrences grouped by owner
+        counts = np.bincount(owner, minlength=comm.size)
+        cuts = np.cumsum(counts)[:-1]
+        # 1. input_dist: keys to their owners
+        recv_keys = comm.alltoallv(np.split(keys_h[order].astype(np.uint64), cuts))
+        got = np.concatenate(recv_keys)
+        # 2. lookup on the owner: one vector per received occurrence (zeros where missing in eval)
+        rows = emb.rows_for(xp.asarray(got), training)                             # (M,)
+        vecs = xp.zeros((got.shape[0], pool.shape[1]), np.float32)
+        hit = rows >= 0
+        if got.shape[0]:
+            vecs[hit] = pool[rows[hit]]
+        recv_counts = [k.shape[0] for k in recv_keys]
+        back_cuts = np.cumsum(recv_counts)[:-1]
+        # 3. output_dist: vectors (and "missing" flags) back to the senders, then pooled there
+        vec_parts = comm.alltoallv(np.split(device.to_host(vecs), back_cuts))
+        hit_parts = comm.alltoallv(np.split(device.to_host(hit).astype(np.int8), back_cuts))
+        mine = np.empty((n, pool.shape[1]), np.float32)
+        mine[order] = np.concatenate(vec_parts)
+        present = np.empty(n, np.int8)
+        present[order] = np.concatenate(hit_parts)
+        positions = np.where(present > 0, np.arange(n), -1).astype(np.int64)
+        ctx.emb, ctx.order, ctx.cuts, ctx.back_cuts, ctx.rows = emb, order, cuts, back_cuts, rows
+        ctx.offsets = xp.asarray(offsets_h)
+        out = ops.embedding_bag_forward(xp.asarray(mine), xp.asarray(positions), ctx.offsets, emb.combiner)
+        return out.reshape(shape)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        xp, comm = device.xp(), ctx.emb.comm
+        dy2 = ops._contig(dy.reshape(-1, dy.shape[-1]))                             # (B*S, D)
+        n = int(device.to_host(ctx.offsets)[-1])
+        # one gradient per key occurrence: dY of its bag, / nnz for mean
+        per_key = reduce_by_row(xp.arange(n, dtype=np.int64), dy2, ctx.offsets, ctx.emb.combiner).values
+        per_key_h = device.to_host(per_key)
+        parts = comm.alltoallv(np.split(per_key_h[ctx.order], ctx.cuts))             # to the owners
+        got = xp.asarray(np.concatenate(parts)) if parts else xp.zeros((0, dy2.shape[1]), np.float32)
+        m = got.shape[0]
+        return reduce_by_row(ctx.rows, got, xp.arange(m + 1, dtype=np.int64), EB.SUM)
 
 
 def max_vocabulary_size_per_gpu(workspace_mb: float, vec_size: int, n_states: int) -> int:
@@ -70,15 +142,16 @@ def workspace_mb_for(rows: int, vec_size: int, n_states: int) -> int:
 
 
 class HashEmbedding:
-    """DistributedSlotSparseEmbeddingHash / LocalizedSlotSparseEmbeddingHash on a single rank
-    (mathematically identical there, spec §5.3)."""
+    """DistributedSlotSparseEmbeddingHash / LocalizedSlotSparseEmbeddingHash (identical on one rank)."""
 
-    def __init__(self, cfg, sparse_param, opt, rng, batch_size: int):
+    def __init__(self, cfg, sparse_param, opt, seed: int, comm=None):
         if cfg.embedding_type not in (Embedding_t.DistributedSlotSparseEmbeddingHash,
                                       Embedding_t.LocalizedSlotSparseEmbeddingHash):
             raise NotImplementedError(f"SparseEmbedding {cfg.sparse_embedding_name!r}: "
                                       f"{cfg.embedding_type.name} is not implemented yet (tracked by issue 4)")
-        self.cfg, self.opt = cfg, opt
+        self.cfg, self.opt, self.seed = cfg, opt, int(seed)
+        self.comm = comm or world()
+        self.by_slot = cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingHash
         self.name = cfg.sparse_embedding_name
         self.slots, self.vec = sparse_param.slot_num, cfg.embedding_vec_size
         self.combiner = COMBINERS[cfg.combiner]
@@ -90,34 +163,56 @@ class HashEmbedding:
                              f"{opt.optimizer_type.name} ({self.n_states} state arrays); each row needs "
                              f"{(1 + self.n_states) * 4 * self.vec} bytes")
         xp = device.xp()
-        pool = rng.uniform(-0.05, 0.05, (self.max_rows, self.vec)).astype(np.float32)   # (V, D)
-        self.weight = Tensor(xp.asarray(pool), name=f"{self.name}.pool", requires_grad=True)
+        self.weight = Tensor(xp.zeros((self.max_rows, self.vec), np.float32), name=f"{self.name}.pool",
+                             requires_grad=True)                                     # (V, D)
         self.table = HashTable(self.max_rows, use_kernels=device.uses_kernels(), xp=xp)
-        self.optimizer = SparseOptimizer(opt, pool.shape, f"SparseEmbedding {self.name!r}")
+        self.optimizer = SparseOptimizer(opt, (self.max_rows, self.vec), f"SparseEmbedding {self.name!r}")
         self.frozen = False
 
     def output_shape(self, batch: int) -> tuple:
         return (batch, self.slots, self.vec)
 
     def rows_for(self, keys, training: bool):
+        """Rows of keys on this rank's table: inserted (and initialized) in training, found in eval."""
         if not training:
             return self.table.find(keys)
+        before = self.table.size
         try:
-            return self.table.insert(keys)
+            rows = self.table.insert(keys)
         except HashTableFullError as e:
             need = e.used + e.needed
             raise HashTableFullError(
                 e.needed, e.used, e.max_rows,
-                hint=f"SparseEmbedding {self.name!r}: {need} rows needed but workspace_size_per_gpu_in_mb="
-                     f"{self.cfg.workspace_size_per_gpu_in_mb} holds {self.max_rows}; set it to at least "
-                     f"{workspace_mb_for(need, self.vec, self.n_states)}") from None
+                hint=f"SparseEmbedding {self.name!r}{self._where()}: {need} rows needed but "
+                     f"workspace_size_per_gpu_in_mb={self.cfg.workspace_size_per_gpu_in_mb} holds "
+                     f"{self.max_rows}; set it to at least {workspace_mb_for(need, self.vec, self.n_states)}"
+            ) from None
+        if self.table.size > before:
+            self._init_rows(rows, keys, before)
+        return rows
+
+    def _init_rows(self, rows, keys, first_new: int) -> None:
+        pool = self.weight.data
+        k64 = keys.astype(np.uint64)
+        if device.uses_kernels():
+            EI.init_new_rows(pool, rows, device.xp().ascontiguousarray(k64), first_new, self.seed, *INIT_RANGE)
+        else:
+            new = rows >= first_new
+            pool[rows[new]] = EI.row_values_ref(k64[new], self.vec, self.seed, *INIT_RANGE)
+
+    def _where(self) -> str:
+        return f" on rank {self.comm.rank}" if self.comm.size > 1 else ""
 
     def forward(self, tape, keys, offsets, batch: int, training: bool) -> Tensor:
         xp = device.xp()
+        tape = tape if training else None
+        if self.comm.size > 1:
+            return ShardedEmbeddingBagFn.apply(tape, self.weight, emb=self, keys=keys, offsets=offsets,
+                                               training=training, shape=self.output_shape(batch),
+                                               name=self.name)
         rows = self.rows_for(xp.asarray(keys), training)
-        return EmbeddingBagFn.apply(tape if training else None, self.weight, rows=rows,
-                                    offsets=xp.asarray(offsets), combiner=self.combiner,
-                                    shape=self.output_shape(batch), name=self.name)
+        return EmbeddingBagFn.apply(tape, self.weight, rows=rows, offsets=xp.asarray(offsets),
+                                    combiner=self.combiner, shape=self.output_shape(batch), name=self.name)
 
     def update(self, lr: float, scaler: float) -> None:
         g = self.weight.grad

@@ -1,0 +1,83 @@
+"""Initial values of newly inserted embedding rows, drawn from a hash of (seed, key, d).
+
+    pool[row(key), d] = lo + (hi - lo) * u(seed, key, d),   u = top 24 bits of splitmix64(...) / 2^24
+
+for every key whose row was handed out in this batch (row >= first_new). Every (seed, key, d) gives the
+same value on gpu, sim and cpu and whichever rank owns the key, so a sharded run starts from exactly the
+embedding vectors of the one-rank run. HugeCTR instead fills the whole pool with U(lo, hi) from curand
+at start and a new key takes whatever its row holds: the same distribution, but tied to row order.
+HugeCTR: HugeCTR/src/embeddings/... (pool init with curand uniform, spec §5.3).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, uint64
+
+from .launch import launch_1d
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+
+
+# ---- NumPy reference -------------------------------------------------------------------------
+def _splitmix64_ref(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(_GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
+        return z ^ (z >> np.uint64(31))
+
+
+def row_values_ref(keys: np.ndarray, width: int, seed: int, lo: float, hi: float) -> np.ndarray:
+    """(N, D) float32 initial vectors of keys (N,) uint64."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        base = _splitmix64_ref(keys ^ _splitmix64_ref(np.full(keys.shape, seed, np.uint64)))
+        h = _splitmix64_ref(base[:, None] + np.arange(width, dtype=np.uint64)[None, :])
+    u = (h >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / 16777216.0)
+    return (np.float32(lo) + np.float32(hi - lo) * u).astype(np.float32)
+
+
+def init_new_rows_ref(pool: np.ndarray, rows: np.ndarray, keys: np.ndarray, first_new: int, seed: int,
+                      lo: float, hi: float) -> np.ndarray:
+    """New pool with the rows >= first_new (handed out this batch) set from their keys."""
+    out = pool.copy()
+    new = rows >= first_new
+    out[rows[new]] = row_values_ref(keys[new], pool.shape[1], seed, lo, hi)
+    return out
+
+
+# ---- kernel ----------------------------------------------------------------------------------
+@cuda.jit(device=True, inline=True)
+def _splitmix64(x):
+    z = x + uint64(_GOLDEN)
+    z = (z ^ (z >> uint64(30))) * uint64(_M1)
+    z = (z ^ (z >> uint64(27))) * uint64(_M2)
+    return z ^ (z >> uint64(31))
+
+
+@cuda.jit
+def init_new_rows_kernel(pool, rows, keys, first_new, seed, lo, span):
+    # One (key occurrence, d) per loop step; duplicates of a new key write the same value.
+    d_size = pool.shape[1]
+    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
+        k = i // d_size
+        d = i - k * d_size
+        r = rows[k]
+        if r >= first_new:
+            base = _splitmix64(keys[k] ^ _splitmix64(seed))
+            h = _splitmix64(base + uint64(d))
+            u = float32(h >> uint64(40)) * float32(1.0 / 16777216.0)
+            pool[r, d] = lo + span * u
+
+
+def init_new_rows(pool, rows, keys, first_new: int, seed: int, lo: float, hi: float) -> None:
+    """In place: pool (V, D) float32, rows (N,) int64, keys (N,) uint64."""
+    launch_1d(init_new_rows_kernel, rows.shape[0] * pool.shape[1], pool, rows, keys, np.int64(first_new),
+              np.uint64(seed), np.float32(lo), np.float32(hi - lo))
+
+
+PTX_CHECKS = [
+    (init_new_rows_kernel, "void(float32[:, ::1], int64[::1], uint64[::1], int64, uint64, float32, float32)"),
+]
