@@ -12,12 +12,12 @@ import time
 
 import numpy as np
 
-from . import compat, device, graph_json, log
+from . import checkpoint, compat, device, graph_json, log
 from .autograd import Tape, Tensor
 from .distributed.comm import world
 from .distributed.sharding import split_batch
 from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding
-from .embedding.sparse_embedding import HashEmbedding
+from .embedding.sparse_embedding import HashEmbedding, make_embedding
 from .enums import Check_t, DataReaderType_t, MetricsType
 from .layers import LayerError, RunInfo, build
 from .metrics import MetricAccumulator
@@ -113,7 +113,7 @@ class Model:
             raise ModelError(f"{who}: sparse input {cfg.bottom_name!r} already feeds an embedding")
         param = self.input.sparse[self.sparse_inputs[cfg.bottom_name]]
         opt = cfg.optimizer if cfg.optimizer.initialized else self.opt_params
-        emb = HashEmbedding(cfg, param, opt, self.solver.seed, self.comm)
+        emb = make_embedding(cfg, param, opt, self.solver.seed, self.comm)
         self._new_tensor(cfg.sparse_embedding_name, emb.output_shape(self.batch), who)
         self.embeddings.append(emb)
 
@@ -478,28 +478,28 @@ class Model:
         """Add the Input, embeddings and (with include_dense_network) dense layers of a graph JSON."""
         graph_json.construct(self, graph_config_file, include_dense_network)
 
-    # ---- files ---------------------------------------------------------------------------------
+    # ---- files (layouts: numbactr/checkpoint.py) -------------------------------------------------
     def save_params_to_files(self, prefix: str, iter: int = 0) -> None:  # noqa: A002 (HugeCTR's name)
         """Dense weights and optimizer states, one folder per embedding (spec §7.1-§7.3)."""
         self._require_compiled("save_params_to_files")
-        device.to_host(self.weights).astype("<f4").tofile(f"{prefix}_dense_{iter}.model")
-        states = [device.to_host(s) for s in self.dense_optimizer.states]
-        (np.concatenate(states) if states else np.zeros(0, np.float32)).astype("<f4").tofile(
-            f"{prefix}_opt_dense_{iter}.model")
-        for i, e in enumerate(self.embeddings):
-            folder = f"{prefix}{i}_sparse_{iter}.model"
-            os.makedirs(folder, exist_ok=True)
-            n = e.table.size
-            device.to_host(e.table.keys_by_row()).astype("<i8").tofile(os.path.join(folder, "key"))
-            device.to_host(e.weight.data[:n]).astype("<f4").tofile(os.path.join(folder, "emb_vector"))
-            opt = [device.to_host(s) for s in e.optimizer.states]
-            (np.concatenate([s.reshape(-1) for s in opt]) if opt else np.zeros(0, np.float32)).astype(
-                "<f4").tofile(f"{prefix}{i}_opt_sparse_{iter}.model")
+        checkpoint.save(self, prefix, iter)
 
     def load_dense_weights(self, dense_model_file: str) -> None:
         self._require_compiled("load_dense_weights")
-        data = _read_f32(dense_model_file, self.n_params, "dense model")
-        self.weights[...] = device.xp().asarray(data)
+        checkpoint.load_dense_weights(self, dense_model_file)
+
+    def load_dense_optimizer_states(self, dense_opt_states_file: str) -> None:
+        self._require_compiled("load_dense_optimizer_states")
+        checkpoint.load_dense_optimizer_states(self, dense_opt_states_file)
+
+    def load_sparse_weights(self, sparse_embedding_files) -> None:
+        """A list (one folder per embedding, add order) or a dict {sparse_embedding_name: folder}."""
+        self._require_compiled("load_sparse_weights")
+        checkpoint.load_sparse_weights(self, sparse_embedding_files)
+
+    def load_sparse_optimizer_states(self, sparse_opt_states_files) -> None:
+        self._require_compiled("load_sparse_optimizer_states")
+        checkpoint.load_sparse_optimizer_states(self, sparse_opt_states_files)
 
     def _require_compiled(self, what: str) -> None:
         if not self.compiled:
@@ -508,11 +508,3 @@ class Model:
 
 def _fmt(shape: tuple) -> str:
     return "(" + ",".join(str(d) for d in shape) + ")"
-
-
-def _read_f32(path: str, count: int, what: str) -> np.ndarray:
-    size = os.path.getsize(path)
-    if size != 4 * count:
-        raise ValueError(f"{what} file {path!r} holds {size} bytes; this model needs exactly {4 * count} "
-                         f"({count} float32 values)")
-    return np.fromfile(path, dtype="<f4")

@@ -214,10 +214,104 @@ class HashEmbedding:
         return EmbeddingBagFn.apply(tape, self.weight, rows=rows, offsets=xp.asarray(offsets),
                                     combiner=self.combiner, shape=self.output_shape(batch), name=self.name)
 
+    @property
+    def rows_in_use(self) -> int:
+        return self.table.size
+
+    def dump(self):
+        """(keys (n,) uint64 in row order, vectors (n, D)) held by this rank."""
+        n = self.table.size
+        return (device.to_host(self.table.keys_by_row()).astype(np.uint64),
+                np.ascontiguousarray(device.to_host(self.weight.data[:n])))
+
+    def load(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Forget the table, then insert the keys this rank owns in file order with their vectors."""
+        from ..checkpoint import owned
+        mine = owned(keys, self, self.comm.size) if self.comm.size > 1 else np.ones(keys.shape, bool)
+        if len(np.unique(keys)) != len(keys):
+            raise ValueError(f"SparseEmbedding {self.name!r}: the key file repeats keys")
+        xp = device.xp()
+        self.table.clear()
+        rows = self.rows_for(xp.asarray(keys[mine]), training=True)
+        self.weight.data[rows] = xp.asarray(vectors[mine].astype(np.float32))
+
     def update(self, lr: float, scaler: float) -> None:
         g = self.weight.grad
         self.weight.grad = None
         if g is None:
             return
-        self.optimizer.step(self.weight.data, g.rows, g.values, self.table.size,
+        self.optimizer.step(self.weight.data, g.rows, g.values, self.rows_in_use,
                             0.0 if self.frozen else lr, scaler)
+
+
+class OneHotEmbedding(HashEmbedding):
+    """LocalizedSlotSparseEmbeddingOneHot (spec §5.4): no hash table, row = key.
+
+    Keys must already be globally offset (slot s's keys in [Σ_{j<s} size_j, Σ_{j<=s} size_j)); a key
+    outside [0, Σ sizes) is an error naming it. The block of slot s starts U(±sqrt(1/size_s)), drawn from
+    a hash of (seed, row). Evaluation looks rows up exactly as training does (no insertion). Across ranks
+    slot s belongs to rank s % R; each rank allocates the whole table but only its slots' rows are read
+    or updated there (HugeCTR allocates only the owned blocks).
+    """
+
+    def __init__(self, cfg, sparse_param, opt, seed: int, comm=None):
+        if cfg.embedding_type != Embedding_t.LocalizedSlotSparseEmbeddingOneHot:
+            raise ValueError("OneHotEmbedding is for LocalizedSlotSparseEmbeddingOneHot")
+        self.cfg, self.opt, self.seed = cfg, opt, int(seed)
+        self.comm = comm or world()
+        self.by_slot = True
+        self.name = cfg.sparse_embedding_name
+        self.slots, self.vec = sparse_param.slot_num, cfg.embedding_vec_size
+        self.combiner = COMBINERS[cfg.combiner]
+        self.n_states = opt.n_states
+        sizes = list(cfg.slot_size_array)
+        if len(sizes) != self.slots or any(s <= 0 for s in sizes):
+            raise ValueError(f"SparseEmbedding {self.name!r} (LocalizedSlotSparseEmbeddingOneHot): needs "
+                             f"slot_size_array with one positive size per slot ({self.slots} slots), got {sizes}")
+        self.max_rows = int(sum(sizes))
+        bound = np.repeat(np.sqrt(1.0 / np.asarray(sizes, np.float64)), sizes).astype(np.float32)   # (V,)
+        host = EI.row_values_ref(np.arange(self.max_rows, dtype=np.uint64), self.vec, self.seed, -1.0, 1.0)
+        xp = device.xp()
+        self.weight = Tensor(xp.asarray(host * bound[:, None]), name=f"{self.name}.pool", requires_grad=True)
+        self.table = None
+        self.optimizer = SparseOptimizer(opt, (self.max_rows, self.vec), f"SparseEmbedding {self.name!r}")
+        self.frozen = False
+
+    @property
+    def rows_in_use(self) -> int:
+        return self.max_rows
+
+    def rows_for(self, keys, training: bool):
+        xp = device.xp()
+        rows = xp.asarray(keys).astype(np.int64)
+        bad = (rows < 0) | (rows >= self.max_rows)
+        if rows.shape[0] and bool(bad.any()):
+            at = int(xp.argmax(bad))
+            raise ValueError(f"SparseEmbedding {self.name!r} (OneHot): key {int(rows[at])} at position {at} of "
+                             f"this batch is outside the table [0, {self.max_rows}) given by slot_size_array; "
+                             "one-hot keys must be globally offset per slot")
+        return rows
+
+    def forward(self, tape, keys, offsets, batch: int, training: bool) -> Tensor:
+        xp = device.xp()
+        tape = tape if training else None
+        if self.comm.size > 1:
+            return ShardedEmbeddingBagFn.apply(tape, self.weight, emb=self, keys=keys, offsets=offsets,
+                                               training=training, shape=self.output_shape(batch), name=self.name)
+        rows = self.rows_for(keys, training)
+        return EmbeddingBagFn.apply(tape, self.weight, rows=rows, offsets=xp.asarray(offsets),
+                                    combiner=self.combiner, shape=self.output_shape(batch), name=self.name)
+
+    def dump(self):
+        return np.arange(self.max_rows, dtype=np.uint64), np.ascontiguousarray(device.to_host(self.weight.data))
+
+    def load(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        rows = self.rows_for(keys.astype(np.int64), training=True)
+        self.weight.data[device.xp().asarray(rows)] = device.xp().asarray(vectors.astype(np.float32))
+
+
+def make_embedding(cfg, sparse_param, opt, seed: int, comm=None):
+    """The embedding object for a SparseEmbedding config."""
+    if cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingOneHot:
+        return OneHotEmbedding(cfg, sparse_param, opt, seed, comm)
+    return HashEmbedding(cfg, sparse_param, opt, seed, comm)
