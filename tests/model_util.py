@@ -48,7 +48,8 @@ def tiny_dlrm(train, evl, *, batch=64, lr=0.01, optimizer=hugectr.Optimizer_t.Ad
                             data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, slots)]))
     model.add(hugectr.SparseEmbedding(embedding_type=embedding,
                                       workspace_size_per_gpu_in_mb=1, embedding_vec_size=vec, combiner="sum",
-                                      sparse_embedding_name="emb", bottom_name="data1"))
+                                      sparse_embedding_name="emb", bottom_name="data1",
+                                      slot_size_array=[6] * slots if "OneHot" in embedding.name else []))
     L = hugectr.Layer_t
     model.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc1"], num_output=vec))
     model.add(hugectr.DenseLayer(L.ReLU, ["fc1"], ["relu1"]))

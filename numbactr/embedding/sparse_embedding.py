@@ -303,7 +303,12 @@ class OneHotEmbedding(HashEmbedding):
                                     combiner=self.combiner, shape=self.output_shape(batch), name=self.name)
 
     def dump(self):
-        return np.arange(self.max_rows, dtype=np.uint64), np.ascontiguousarray(device.to_host(self.weight.data))
+        """(keys, vectors) of the slots this rank owns (every row on one rank)."""
+        sizes = self.cfg.slot_size_array
+        slot_of_row = np.repeat(np.arange(len(sizes)), sizes)
+        mine = slot_of_row % self.comm.size == self.comm.rank
+        return (np.arange(self.max_rows, dtype=np.uint64)[mine],
+                np.ascontiguousarray(device.to_host(self.weight.data)[mine]))
 
     def load(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         rows = self.rows_for(keys.astype(np.int64), training=True)

@@ -45,8 +45,7 @@ def main():
         if step == 0:
             first["wgrad"] = device.to_host(model.wgrads).copy()
     emb_out = comm.allgather_rows(captured["emb_out"])
-    keys = device.to_host(e.table.keys_by_row()).astype(np.uint64)
-    vecs = device.to_host(e.weight.data)[:keys.shape[0]]
+    keys, vecs = e.dump()
     all_keys, all_vecs = comm.allgather_rows(keys), comm.allgather_rows(vecs)
     order = np.argsort(all_keys)
     metrics = dict(model.eval_whole_source())
