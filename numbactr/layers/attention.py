@@ -1,2 +1,298 @@
-"""Layers of this group register here (see numbactr/layers/__init__.py)."""
-LAYERS: dict = {}
+"""Attention layers: Softmax (plain and masked), MatrixMultiply, MultiHeadAttention. No weights.
+
+Products go to the array library (xp.matmul: cuBLAS via cupy on gpu, BLAS on cpu/sim); softmax rows
+and the head split/merge run as numba.cuda kernels on gpu/sim and as NumPy references on cpu.
+
+Differences from HugeCTR (spec §6.2, §10.5):
+* Softmax (1 input) subtracts the row max before exp (same result, no overflow to inf/NaN for
+  logits > ~88); HugeCTR computes exp(x)/sum(exp(x)) as is. numbactr.compat.hugectr_exact() restores
+  HugeCTR's version.
+* Masked Softmax reads mask[b, 0, i, j] for every row i (a (B, 1, 1, Lt) mask is broadcast over the
+  rows). HugeCTR's kernel indexes the mask as b*Lt + j, which is right only for (B, 1, 1, Lt) masks,
+  and assumes Lf == Lt.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .. import compat, device
+from ..autograd import Context, Function
+from ..enums import Layer_t
+from ..kernels import attention as att
+from ..kernels import softmax as sm
+from .base import Layer
+
+
+def _kernels() -> bool:
+    return device.uses_kernels()
+
+
+def _xp():
+    return device.xp()
+
+
+def _contig(a):
+    return a if a.flags.c_contiguous else _xp().ascontiguousarray(a)
+
+
+def _empty(shape):
+    return _xp().empty(tuple(shape), np.float32)
+
+
+# ---- autograd Functions ----------------------------------------------------------------------
+class SoftmaxFn(Function):
+    """Softmax over the last dim; ``subtract_max`` False is HugeCTR's overflow-prone form."""
+
+    @staticmethod
+    def forward(ctx: Context, x, subtract_max: bool = True):
+        if _kernels():
+            y = _empty(x.shape)
+            sm.softmax_forward(_contig(x), y, subtract_max)
+        else:
+            y = sm.softmax_forward_ref(x, subtract_max)
+        ctx.y = y
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        if _kernels():
+            dx = _empty(dy.shape)
+            sm.softmax_backward(ctx.y, _contig(dy), dx)
+            return dx
+        return sm.softmax_backward_ref(ctx.y, dy)
+
+
+class MaskedSoftmaxFn(Function):
+    """x (B, H, Lf, Lt), mask (B, 1, Lf|1, Lt): softmax(x*factor - (1-mask)*10000); mask gets no grad."""
+
+    @staticmethod
+    def forward(ctx: Context, x, mask, factor: float = 1.0):
+        if _kernels():
+            y = _empty(x.shape)
+            sm.masked_softmax_forward(_contig(x), _contig(mask), y, factor)
+        else:
+            y = sm.masked_softmax_forward_ref(x, mask, factor)
+        ctx.y, ctx.factor = y, factor
+        return y
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        if _kernels():
+            dx = _empty(dy.shape)
+            sm.softmax_backward(ctx.y, _contig(dy), dx, ctx.factor)
+            return dx, None
+        return sm.softmax_backward_ref(ctx.y, dy, ctx.factor), None
+
+
+class MatMulFn(Function):
+    """Y = A @ B for same-rank operands (batched over leading dims), or (m, n) x (n, g, h) -> (m, g, h)."""
+
+    @staticmethod
+    def forward(ctx: Context, a, b):
+        ctx.b_shape = b.shape
+        flat_rhs = a.ndim == 2 and b.ndim == 3
+        if flat_rhs:
+            b = b.reshape(b.shape[0], -1)                        # (n, g*h)
+        ctx.a, ctx.b = a, b
+        y = att.matmul_forward_ref(a, b)
+        return y.reshape((a.shape[0],) + ctx.b_shape[1:]) if flat_rhs else y
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        dy = dy.reshape(ctx.a.shape[:-1] + ctx.b.shape[-1:])
+        da, db = att.matmul_backward_ref(ctx.a, ctx.b, dy)
+        return da, db.reshape(ctx.b_shape)
+
+
+class SplitHeadsFn(Function):
+    """(B, L, H*d) -> (B, H, L, d)."""
+
+    @staticmethod
+    def forward(ctx: Context, x, heads: int = 1):
+        if _kernels():
+            b, l, hd = x.shape
+            y = _empty((b, heads, l, hd // heads))
+            att.split_heads(_contig(x), y)
+            return y
+        return att.split_heads_ref(x, heads)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        return _merge(dy)
+
+
+class MergeHeadsFn(Function):
+    """(B, H, L, d) -> (B, L, H*d)."""
+
+    @staticmethod
+    def forward(ctx: Context, x):
+        ctx.heads = x.shape[1]
+        return _merge(x)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        if _kernels():
+            b, l, hd = dy.shape
+            dx = _empty((b, ctx.heads, l, hd // ctx.heads))
+            att.split_heads(_contig(dy), dx)
+            return dx
+        return att.split_heads_ref(dy, ctx.heads)
+
+
+def _merge(x):
+    if _kernels():
+        b, h, l, d = x.shape
+        y = _empty((b, l, h * d))
+        att.merge_heads(_contig(x), y)
+        return y
+    return att.merge_heads_ref(x)
+
+
+class ScaledQKFn(Function):
+    """Q (.., Lf, d), K (.., Lt, d) -> (Q @ Kᵀ) * scale (.., Lf, Lt); the scale is the GEMM's alpha."""
+
+    @staticmethod
+    def forward(ctx: Context, q, k, scale: float = 1.0):
+        ctx.q, ctx.k, ctx.scale = q, k, scale
+        return att.scaled_qk_forward_ref(q, k, scale)
+
+    @staticmethod
+    def backward(ctx: Context, ds):
+        return att.scaled_qk_backward_ref(ctx.q, ctx.k, ds, ctx.scale)
+
+
+# ---- layers ----------------------------------------------------------------------------------
+class Softmax(Layer):
+    """1 bottom: softmax over the last dim (any rank >= 2).
+    2 bottoms: masked softmax of scores (B, H, Lf, Lt) with mask (B, 1, Lf, Lt) (or (B, 1, 1, Lt)):
+    y = softmax(x*factor - (1-mask)*10000) (max subtracted, +1e-6 in the denominator);
+    dX = factor * y * (dY - sum dY*y). The mask receives no gradient."""
+    type_name = "Softmax"
+
+    def infer(self):
+        self.expect_counts((1, 2))
+        names, shapes = self.cfg.bottom_names, self.in_shapes
+        x = shapes[0]
+        self.masked = len(shapes) == 2
+        if not self.masked:
+            if len(x) < 2:
+                self.fail(f"input {names[0]!r} must have rank >= 2, got shape {x}")
+            return [x]
+        m = shapes[1]
+        if len(x) != 4:
+            self.fail(f"masked softmax needs scores {names[0]!r} of shape (B, H, Lf, Lt), got {x}")
+        b, _, lf, lt = x
+        if m not in ((b, 1, lf, lt), (b, 1, 1, lt)):
+            self.fail(f"mask {names[1]!r} {m} does not fit scores {names[0]!r} {x}: "
+                      f"need ({b}, 1, {lf}, {lt}) or ({b}, 1, 1, {lt})")
+        f = self.cfg.factor
+        if not isinstance(f, numbers.Real) or isinstance(f, bool) or not math.isfinite(f):
+            self.fail(f"factor must be a finite number, got {f!r}")
+        self.factor = float(f)
+        return [x]
+
+    def forward(self, tape, xs, run):
+        name = self.cfg.top_names[0]
+        if self.masked:
+            return [MaskedSoftmaxFn.apply(tape, xs[0], xs[1], factor=self.factor, name=name)]
+        # read at run time so that compat.set_hugectr_exact() applies to a built model
+        return [SoftmaxFn.apply(tape, xs[0], subtract_max=not compat.hugectr_exact(), name=name)]
+
+    def json_params(self):
+        return {"factor": self.cfg.factor}
+
+
+class MatrixMultiply(Layer):
+    """(m, n) x (n, k) -> (m, k); (B, m, n) x (B, n, k) -> (B, m, k); 4-D batched over the first two
+    dims; (m, n) x (n, g, h) -> (m, g, h) (rhs viewed as (n, g*h)). dA = dY Bᵀ, dB = Aᵀ dY."""
+    type_name = "MatrixMultiply"
+
+    def infer(self):
+        self.expect_counts(2)
+        (na, nb), (a, b) = self.cfg.bottom_names, self.in_shapes
+        ranks = (len(a), len(b))
+        if ranks not in ((2, 2), (3, 3), (4, 4), (2, 3)):
+            self.fail(f"unsupported ranks: {na!r} {a} x {nb!r} {b}; need 2-D x 2-D, 3-D x 3-D, "
+                      f"4-D x 4-D or 2-D x 3-D")
+        inner = b[0] if ranks == (2, 3) else b[-2]
+        if a[-1] != inner:
+            self.fail(f"{na!r} {a} x {nb!r} {b}: the last dim of the first ({a[-1]}) must equal "
+                      f"the contracted dim of the second ({inner})")
+        if ranks == (2, 3):
+            return [(a[0], b[1], b[2])]
+        if a[:-2] != b[:-2]:
+            self.fail(f"{na!r} {a} and {nb!r} {b} must share their batch dims {a[:-2]}")
+        return [a[:-1] + b[-1:]]
+
+    def forward(self, tape, xs, run):
+        return [MatMulFn.apply(tape, xs[0], xs[1], name=self.cfg.top_names[0])]
+
+
+class MultiHeadAttention(Layer):
+    """Three modes (no weights; H = num_attention_heads, d = size per head):
+    (i)   Q, K, V (B, L, H*d) -> scores Qh Khᵀ/sqrt(d) (B, H, L, L) and V split into heads (B, H, L, d);
+    (ii)  transpose_b=True:  Q (B, H, Lf, d), K (B, H, Lt, d) -> Q Kᵀ/sqrt(d) (B, H, Lf, Lt);
+    (iii) transpose_b=False: scores (B, H, Lf, Lt), V (B, H, Lt, d) -> merged heads (B, Lf, H*d)."""
+    type_name = "MultiHeadAttention"
+
+    def infer(self):
+        names, shapes = self.cfg.bottom_names, self.in_shapes
+        heads, tb = self.cfg.num_attention_heads, self.cfg.transpose_b
+        if len(shapes) == 3:
+            self.mode = "qkv"
+            self.expect_counts(3, 2)
+            q = shapes[0]
+            if any(len(s) != 3 for s in shapes) or any(s != q for s in shapes):
+                self.fail("Q, K, V must all be 3-D (B, L, H*d) of one shape; got " +
+                          ", ".join(f"{n!r} {s}" for n, s in zip(names, shapes)))
+            if not isinstance(heads, int) or isinstance(heads, bool) or heads <= 0:
+                self.fail(f"num_attention_heads must be a positive int, got {heads!r}")
+            b, l, hd = q
+            if hd % heads:
+                self.fail(f"hidden width {hd} of {names[0]!r} {q} is not divisible by "
+                          f"num_attention_heads={heads}")
+            self.heads, self.d = heads, hd // heads
+            return [(b, heads, l, l), (b, heads, l, self.d)]
+        self.expect_counts((2, 3), 1)         # 3 bottoms were handled above: here there are 2
+        a, v = shapes
+        if len(a) != 4 or len(v) != 4 or a[:2] != v[:2]:
+            self.fail(f"2 bottoms must be 4-D (B, H, ., .) sharing B and H; got {names[0]!r} {a} "
+                      f"and {names[1]!r} {v}")
+        if tb:
+            self.mode = "qk"
+            if a[3] != v[3]:
+                self.fail(f"transpose_b=True needs Q (B, H, Lf, d) and K (B, H, Lt, d) with one d; "
+                          f"got {names[0]!r} {a} and {names[1]!r} {v}")
+            self.heads, self.d = a[1], a[3]
+            return [(a[0], a[1], a[2], v[2])]
+        self.mode = "sv"
+        if a[3] != v[2]:
+            self.fail(f"transpose_b=False needs scores (B, H, Lf, Lt) and V (B, H, Lt, d); got "
+                      f"{names[0]!r} {a} and {names[1]!r} {v}")
+        self.heads, self.d = a[1], v[3]
+        return [(a[0], a[2], a[1] * v[3])]
+
+    def forward(self, tape, xs, run):
+        tops = self.cfg.top_names
+        scale = 1.0 / math.sqrt(self.d)
+        if self.mode == "qkv":
+            names = (f"{tops[0]}:q_heads", f"{tops[0]}:k_heads", tops[1])
+            q, k, v = (SplitHeadsFn.apply(tape, x, heads=self.heads, name=n) for x, n in zip(xs, names))
+            return [ScaledQKFn.apply(tape, q, k, scale=scale, name=tops[0]), v]      # v: (B, H, L, d)
+        if self.mode == "qk":
+            return [ScaledQKFn.apply(tape, xs[0], xs[1], scale=scale, name=tops[0])]
+        o = MatMulFn.apply(tape, xs[0], xs[1], name=f"{tops[0]}:heads")          # (B, H, Lf, d)
+        return [MergeHeadsFn.apply(tape, o, name=tops[0])]
+
+    def json_params(self):
+        return {"num_attention_heads": self.cfg.num_attention_heads, "transpose_b": bool(self.cfg.transpose_b)}
+
+
+LAYERS = {
+    Layer_t.Softmax: Softmax,
+    Layer_t.MatrixMultiply: MatrixMultiply,
+    Layer_t.MultiHeadAttention: MultiHeadAttention,
+}

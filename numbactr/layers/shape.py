@@ -1,2 +1,459 @@
-"""Layers of this group register here (see numbactr/layers/__init__.py)."""
-LAYERS: dict = {}
+"""Shape layers: ReduceSum, ReduceMean, Slice, Select, Gather, FusedReshapeConcat,
+FusedReshapeConcatGeneral, SequenceMask, and ReshapeSelected (Reshape with ``selected=True``).
+
+None has weights. Each Function runs the numba.cuda kernels of numbactr.kernels on gpu/sim and their
+NumPy references on cpu (device.uses_kernels()).
+
+Differences from HugeCTR (spec §6.2): Select / Gather / Reshape(selected) backward zero-fills the
+entries that were not selected and ADDS the gradients of duplicate indices (HugeCTR writes with `=`,
+leaving unselected input gradients stale and racing on duplicates); Slice backward sums overlapping
+pieces exactly as HugeCTR does.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import device
+from ..autograd import Context, Function
+from ..enums import Layer_t
+from ..kernels import fused_reshape_concat as frc
+from ..kernels import reduce_axis, sequence_mask, slice_select
+from .base import Layer
+
+MAX_SLICES = 5      # HugeCTR's Slice has at most 5 tops
+
+
+def _kernels() -> bool:
+    return device.uses_kernels()
+
+
+def _xp():
+    return device.xp()
+
+
+def _contig(a):
+    return a if a.flags.c_contiguous else _xp().ascontiguousarray(a)
+
+
+def _empty(shape):
+    return _xp().empty(tuple(shape), np.float32)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+class _Index:
+    """An index list on the host (references) and, once a kernel needs it, on the device."""
+
+    def __init__(self, values):
+        self.host = np.asarray(list(values), dtype=np.int64)
+        self._dev = {}
+
+    def on_device(self):
+        xp = _xp()
+        if xp.__name__ not in self._dev:
+            self._dev[xp.__name__] = xp.ascontiguousarray(xp.asarray(self.host))
+        return self._dev[xp.__name__]
+
+
+# ---- autograd Functions ----------------------------------------------------------------------
+class ReduceAxis(Function):
+    """Sum (mean=False) or mean over ``axis``, keeping it as size 1."""
+
+    @staticmethod
+    def forward(ctx: Context, x, axis: int = 1, mean: bool = False):
+        ctx.in_shape, ctx.axis, ctx.mean = x.shape, axis, mean
+        if _kernels():
+            out = list(x.shape)
+            out[axis] = 1
+            y = _empty(out)
+            reduce_axis.reduce_axis_forward(_contig(x), y, axis, mean)
+            return y
+        return reduce_axis.reduce_axis_forward_ref(x, axis, mean)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        if _kernels():
+            dx = _empty(ctx.in_shape)
+            reduce_axis.reduce_axis_backward(_contig(dy), dx, ctx.axis, ctx.mean)
+            return dx
+        return reduce_axis.reduce_axis_backward_ref(dy, ctx.in_shape, ctx.axis, ctx.mean)
+
+
+class SliceFn(Function):
+    """Column ranges [a, b) of the last dim, one output each (a tuple, even for one range)."""
+
+    @staticmethod
+    def forward(ctx: Context, x, ranges: tuple = ()):
+        ctx.in_shape, ctx.ranges = x.shape, ranges
+        if _kernels():
+            ys = [_empty(x.shape[:-1] + (b - a,)) for a, b in ranges]
+            slice_select.slice_forward(_contig(x), ys, [a for a, _ in ranges])
+            return tuple(ys)
+        return tuple(slice_select.slice_forward_ref(x, ranges))
+
+    @staticmethod
+    def backward(ctx: Context, *dys):
+        if _kernels():
+            dx = _empty(ctx.in_shape)
+            slice_select.slice_backward([None if d is None else _contig(d) for d in dys], dx,
+                                        [a for a, _ in ctx.ranges])
+            return dx
+        used = [(d, r) for d, r in zip(dys, ctx.ranges) if d is not None]   # an unused top adds 0
+        return slice_select.slice_backward_ref([d for d, _ in used], [r for _, r in used], ctx.in_shape)
+
+
+class SelectFn(Function):
+    """Entries ``index`` along ``dim`` (Select, Gather, Reshape with selected slots).
+
+    ``out_shape`` (optional) reshapes the (P, K, Q)-ordered result, e.g. (B, K, V) -> (B, K*V).
+    """
+
+    @staticmethod
+    def forward(ctx: Context, x, dim: int = 1, index: _Index = None, out_shape: tuple = ()):
+        sel_shape = x.shape[:dim] + (index.host.size,) + x.shape[dim + 1:]
+        ctx.in_shape, ctx.dim, ctx.index, ctx.sel_shape = x.shape, dim, index, sel_shape
+        if _kernels():
+            y = _empty(sel_shape)
+            slice_select.select_forward(_contig(x), index.on_device(), y, dim)
+        else:
+            y = slice_select.select_forward_ref(x, dim, index.host)
+        return y.reshape(out_shape) if out_shape else y
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        dy = dy.reshape(ctx.sel_shape)
+        if _kernels():
+            dx = _empty(ctx.in_shape)
+            slice_select.select_backward(_contig(dy), ctx.index.on_device(), dx, ctx.dim)
+            return dx
+        return slice_select.select_backward_ref(dy, ctx.in_shape, ctx.dim, ctx.index.host)
+
+
+class FusedReshapeConcatFn(Function):
+    """Inputs (B, S, w_i) -> item (B*(S-1), W), ad (B, W)."""
+
+    @staticmethod
+    def forward(ctx: Context, *xs):
+        b, s = xs[0].shape[:2]
+        ctx.widths, ctx.slots = [x.shape[2] for x in xs], s
+        w = sum(ctx.widths)
+        if _kernels():
+            item, ad = _empty((b * (s - 1), w)), _empty((b, w))
+            frc.fused_reshape_concat_forward([_contig(x) for x in xs], item, ad)
+            return item, ad
+        return frc.fused_reshape_concat_forward_ref(xs)
+
+    @staticmethod
+    def backward(ctx: Context, d_item, d_ad):
+        w = sum(ctx.widths)
+        # an unused top contributes a zero gradient
+        if d_item is None:
+            d_item = _xp().zeros((d_ad.shape[0] * (ctx.slots - 1), w), np.float32)
+        if d_ad is None:
+            d_ad = _xp().zeros((d_item.shape[0] // (ctx.slots - 1), w), np.float32)
+        b = d_ad.shape[0]
+        if _kernels():
+            dxs = [_empty((b, ctx.slots, wi)) for wi in ctx.widths]
+            frc.fused_reshape_concat_backward(_contig(d_item), _contig(d_ad), dxs)
+        else:
+            dxs = frc.fused_reshape_concat_backward_ref(d_item, d_ad, ctx.widths, ctx.slots)
+        return tuple(dxs)
+
+
+class FusedReshapeConcatGeneralFn(Function):
+    """Inputs (B, S, w_i) -> (B*S, W)."""
+
+    @staticmethod
+    def forward(ctx: Context, *xs):
+        b, s = xs[0].shape[:2]
+        ctx.widths, ctx.slots = [x.shape[2] for x in xs], s
+        if _kernels():
+            out = _empty((b * s, sum(ctx.widths)))
+            frc.fused_reshape_concat_general_forward([_contig(x) for x in xs], out)
+            return out
+        return frc.fused_reshape_concat_general_forward_ref(xs)
+
+    @staticmethod
+    def backward(ctx: Context, d_out):
+        if _kernels():
+            b = d_out.shape[0] // ctx.slots
+            dxs = [_empty((b, ctx.slots, wi)) for wi in ctx.widths]
+            frc.fused_reshape_concat_general_backward(_contig(d_out), dxs)
+            return tuple(dxs)
+        return tuple(frc.fused_reshape_concat_general_backward_ref(d_out, ctx.widths, ctx.slots))
+
+
+class SequenceMaskFn(Function):
+    """Lengths (B, 1), (B, 1) -> mask (B, 1, Lf, Lt); no gradient flows back."""
+
+    @staticmethod
+    def forward(ctx: Context, len_from, len_to, lf: int = 1, lt: int = 1):
+        if _kernels():
+            y = _empty((len_from.shape[0], 1, lf, lt))
+            sequence_mask.sequence_mask(_contig(len_from), _contig(len_to), y)
+            return y
+        return sequence_mask.sequence_mask_ref(len_from, len_to, lf, lt)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        return None, None
+
+
+# ---- layers ----------------------------------------------------------------------------------
+class ReduceSum(Layer):
+    """Sum over ``axis`` of a rank 1..3 input; the output keeps the axis with size 1."""
+    type_name = "ReduceSum"
+    mean = False
+
+    def infer(self):
+        self.expect_counts(1)
+        (shape,) = self.in_shapes
+        name = self.cfg.bottom_names[0]
+        if not 1 <= len(shape) <= 3:
+            self.fail(f"input {name!r} must have rank 1..3, got shape {shape}")
+        if any(d <= 0 for d in shape):
+            self.fail(f"input {name!r} {shape} has an empty dim")
+        axis = self.cfg.axis
+        if not _is_int(axis) or not 0 <= axis < len(shape):
+            self.fail(f"axis must be an int in 0..{len(shape) - 1} for input {name!r} {shape}, got {axis!r}")
+        self.axis = int(axis)
+        out = list(shape)
+        out[self.axis] = 1
+        return [tuple(out)]
+
+    def forward(self, tape, xs, run):
+        return [ReduceAxis.apply(tape, xs[0], axis=self.axis, mean=self.mean, name=self.cfg.top_names[0])]
+
+    def json_params(self):
+        return {"axis": self.axis}
+
+
+class ReduceMean(ReduceSum):
+    """Mean over ``axis``; dX = dY / dim_size broadcast."""
+    type_name = "ReduceMean"
+    mean = True
+
+
+class Slice(Layer):
+    """Column ranges [a, b) of the last dim -> one top per range (1..5); overlaps allowed.
+
+    Ranges are validated as HugeCTR does: a < b, both >= 0, starts and ends non-decreasing in order,
+    within the input width. Backward: dX = 0, then dX[..., a:b] += dY_i for each top.
+    """
+    type_name = "Slice"
+
+    def infer(self):
+        c = self.cfg
+        self.expect_counts(1, len(c.top_names))          # one bottom; tops are checked against ranges below
+        ranges = list(c.ranges)
+        if not ranges:
+            self.fail("ranges must not be empty")
+        if len(ranges) > MAX_SLICES:
+            self.fail(f"at most {MAX_SLICES} ranges are allowed, got {len(ranges)}")
+        (shape,) = self.in_shapes
+        name = c.bottom_names[0]
+        if len(shape) < 2:
+            self.fail(f"input {name!r} must have rank >= 2, got shape {shape}")
+        width = shape[-1]
+        prev_a, prev_b = -1, 0
+        for r in ranges:
+            if not (isinstance(r, (tuple, list)) and len(r) == 2 and all(_is_int(v) for v in r)):
+                self.fail(f"each range must be a pair of ints (a, b), got {r!r}")
+            a, b = int(r[0]), int(r[1])
+            if a >= b:
+                self.fail(f"range {r!r} is reversed or empty (needs a < b)")
+            if a < 0:
+                self.fail(f"range {r!r} is negative")
+            if not (prev_a <= a and prev_b <= b):
+                self.fail(f"range {r!r} is out of order or included in the previous range "
+                          f"({prev_a}, {prev_b}); ranges must be sorted by start and end")
+            if b > width:
+                self.fail(f"range {r!r} exceeds the width {width} of input {name!r} {shape}")
+            prev_a, prev_b = a, b
+        self.ranges = tuple((int(a), int(b)) for a, b in ranges)
+        if len(c.top_names) != len(ranges):
+            self.fail(f"expects {len(ranges)} top tensors (one per range), got {len(c.top_names)}")
+        return [shape[:-1] + (b - a,) for a, b in self.ranges]
+
+    def forward(self, tape, xs, run):
+        return list(SliceFn.apply(tape, xs[0], ranges=self.ranges, name=self.cfg.top_names[0]))
+
+    def json_params(self):
+        return {"ranges": [[a, b] for a, b in self.ranges]}
+
+
+def _check_indices(layer: Layer, what: str, values, size: int, where: str) -> list:
+    values = list(values)
+    if not values:
+        layer.fail(f"{what} must not be empty")
+    for v in values:
+        if not _is_int(v) or not 0 <= v < size:
+            layer.fail(f"{what} entry {v!r} is out of range 0..{size - 1} of {where}")
+    return [int(v) for v in values]
+
+
+class Select(Layer):
+    """Entries ``index`` of dim ``dim`` (>= 1): the output has len(index) there; duplicates allowed.
+
+    Backward scatter-adds dY back; entries not selected get 0.
+    """
+    type_name = "Select"
+
+    def infer(self):
+        self.expect_counts(1)
+        (shape,) = self.in_shapes
+        name = self.cfg.bottom_names[0]
+        dim = self.cfg.dim
+        if not _is_int(dim) or not 1 <= dim < len(shape):
+            self.fail(f"dim must be an int in 1..{len(shape) - 1} for input {name!r} {shape} "
+                      f"(dim 0 is the batch), got {dim!r}")
+        self.dim = int(dim)
+        idx = _check_indices(self, "index", self.cfg.index, shape[self.dim], f"dim {self.dim} of {name!r} {shape}")
+        self.index = _Index(idx)
+        out = list(shape)
+        out[self.dim] = len(idx)
+        return [tuple(out)]
+
+    def forward(self, tape, xs, run):
+        return [SelectFn.apply(tape, xs[0], dim=self.dim, index=self.index, name=self.cfg.top_names[0])]
+
+    def json_params(self):
+        # HugeCTR's graph_to_json drops these (spec §10.16); written as extra keys readers ignore
+        return {"dim": self.dim, "index": self.index.host.tolist()}
+
+
+class Gather(Layer):
+    """Rows ``indices`` of a 2-D input: (B, K) -> (len(indices), K). Backward scatter-adds."""
+    type_name = "Gather"
+
+    def infer(self):
+        self.expect_counts(1)
+        (shape,) = self.in_shapes
+        name = self.cfg.bottom_names[0]
+        if len(shape) != 2:
+            self.fail(f"input {name!r} must be 2-D (B, K), got shape {shape}")
+        idx = _check_indices(self, "indices", self.cfg.indices, shape[0], f"the rows of {name!r} {shape}")
+        self.index = _Index(idx)
+        return [(len(idx), shape[1])]
+
+    def forward(self, tape, xs, run):
+        return [SelectFn.apply(tape, xs[0], dim=0, index=self.index, name=self.cfg.top_names[0])]
+
+    def json_params(self):
+        return {"indices": self.index.host.tolist()}
+
+
+def _check_3d_same_bs(layer: Layer) -> tuple[int, int, int]:
+    """(B, S, W) of k >= 1 inputs (B, S, w_i) sharing B and S."""
+    names, shapes = layer.cfg.bottom_names, layer.in_shapes
+    for n, s in zip(names, shapes):
+        if len(s) != 3:
+            layer.fail(f"input {n!r} must be 3-D (B, S, w), got shape {s}")
+        if s[:2] != shapes[0][:2]:
+            layer.fail(f"input {n!r} {s} does not share (B, S) with {names[0]!r} {shapes[0]}")
+    b, s = shapes[0][:2]
+    return b, s, sum(sh[2] for sh in shapes)
+
+
+class FusedReshapeConcat(Layer):
+    """Inputs (B, S, w_i) -> tops item (B*(S-1), W) (slots 0..S-2) and ad (B, W) (last slot)."""
+    type_name = "FusedReshapeConcat"
+
+    def infer(self):
+        if len(self.cfg.top_names) != 2:
+            self.fail(f"expects 2 top tensors (item, ad), got {len(self.cfg.top_names)}")
+        b, s, w = _check_3d_same_bs(self)
+        if s < 2:
+            self.fail(f"inputs need at least 2 slots (S-1 item slots + 1 ad slot), got S = {s}")
+        return [(b * (s - 1), w), (b, w)]
+
+    def forward(self, tape, xs, run):
+        return list(FusedReshapeConcatFn.apply(tape, *xs, name=self.cfg.top_names[0]))
+
+
+class FusedReshapeConcatGeneral(Layer):
+    """Inputs (B, S, w_i) -> (B*S, W)."""
+    type_name = "FusedReshapeConcatGeneral"
+
+    def infer(self):
+        if len(self.cfg.top_names) != 1:
+            self.fail(f"expects 1 top tensor, got {len(self.cfg.top_names)}")
+        b, s, w = _check_3d_same_bs(self)
+        return [(b * s, w)]
+
+    def forward(self, tape, xs, run):
+        return [FusedReshapeConcatGeneralFn.apply(tape, *xs, name=self.cfg.top_names[0])]
+
+
+class SequenceMask(Layer):
+    """Bottoms [len_from (B, 1), len_to (B, 1)] (float lengths) -> mask (B, 1, Lf, Lt); no gradient."""
+    type_name = "SequenceMask"
+
+    def infer(self):
+        self.expect_counts(2)
+        names, (f, t) = self.cfg.bottom_names, self.in_shapes
+        if len(f) != 2 or f[1] != 1 or t != f:
+            self.fail(f"bottoms must both be lengths (B, 1); got {names[0]!r} {f} and {names[1]!r} {t}")
+        lf, lt = self.cfg.max_sequence_len_from, self.cfg.max_sequence_len_to
+        for key, v in (("max_sequence_len_from", lf), ("max_sequence_len_to", lt)):
+            if not _is_int(v) or v <= 0:
+                self.fail(f"{key} must be a positive int, got {v!r}")
+        self.lf, self.lt = int(lf), int(lt)
+        return [(f[0], 1, self.lf, self.lt)]
+
+    def forward(self, tape, xs, run):
+        return [SequenceMaskFn.apply(tape, xs[0], xs[1], lf=self.lf, lt=self.lt, name=self.cfg.top_names[0])]
+
+    def json_params(self):
+        return {"max_sequence_len_from": self.lf, "max_sequence_len_to": self.lt}
+
+
+class ReshapeSelected(Layer):
+    """Reshape with ``selected=True``: slots ``selected_slots`` of (B, S, V) -> (B, len(sel)*V).
+
+    Not registered in LAYERS: Layer_t.Reshape belongs to core.Reshape, which hands selected=True here.
+    Backward zero-fills the unselected slots (HugeCTR leaves them stale) and adds duplicates.
+    """
+    type_name = "Reshape"
+
+    def infer(self):
+        self.expect_counts(1)
+        c = self.cfg
+        if not c.selected:
+            self.fail("ReshapeSelected handles only selected=True")
+        (shape,) = self.in_shapes
+        name = c.bottom_names[0]
+        if len(shape) != 3:
+            self.fail(f"selected=True needs a 3-D input (B, S, V), got {name!r} {shape}")
+        b, s, v = shape
+        sel = list(c.selected_slots)
+        if len(sel) > s:
+            self.fail(f"selected_slots has {len(sel)} entries, more than the {s} slots of {name!r} {shape}")
+        idx = _check_indices(self, "selected_slots", sel, s, f"the slots of {name!r} {shape}")
+        self.index = _Index(idx)
+        return [(b, len(idx) * v)]
+
+    def forward(self, tape, xs, run):
+        x = xs[0]
+        out_shape = (x.shape[0], self.index.host.size * x.shape[2])
+        return [SelectFn.apply(tape, x, dim=1, index=self.index, out_shape=out_shape, name=self.cfg.top_names[0])]
+
+    def json_params(self):
+        return {"selected": self.index.host.tolist()}
+
+
+LAYERS = {
+    Layer_t.ReduceSum: ReduceSum,
+    Layer_t.ReduceMean: ReduceMean,
+    Layer_t.Slice: Slice,
+    Layer_t.Select: Select,
+    Layer_t.Gather: Gather,
+    Layer_t.FusedReshapeConcat: FusedReshapeConcat,
+    Layer_t.FusedReshapeConcatGeneral: FusedReshapeConcatGeneral,
+    Layer_t.SequenceMask: SequenceMask,
+}
+

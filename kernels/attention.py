@@ -1,0 +1,104 @@
+"""Attention data movement (head split / merge) and the matrix-product references.
+
+    split_heads:  y[b, h, l, c] = x[b, l, h*d + c]      # x (B, L, H*d) -> y (B, H, L, d)
+    merge_heads:  y[b, l, h*d + c] = x[b, h, l, c]      # x (B, H, L, d) -> y (B, L, H*d)
+
+Each is the other's backward. The products of MatrixMultiply and MultiHeadAttention go to the array
+library (cuBLAS through cupy on a GPU, BLAS on the host); their references below are written with
+``@`` and ``swapaxes`` only, so they run unchanged on numpy and cupy arrays:
+
+    matmul:        Y = A @ B (batched over leading dims)       dA = dY @ Bᵀ,  dB = Aᵀ @ dY
+    scaled_qk:     S = (Q @ Kᵀ) * a, a = 1/sqrt(d)             dQ = a dS @ K, dK = a dSᵀ @ Q
+                   Q (.., Lf, d), K (.., Lt, d) -> S (.., Lf, Lt)
+
+HugeCTR: HugeCTR/src/layers/multi_head_attention_layer.cu (transpose_QKV / transpose_V_back
+kernels, cublasGemmStridedBatchedEx with alpha = 1/sqrt(d)) and matrix_multiply_layer.cu.
+"""
+from __future__ import annotations
+
+from numba import cuda
+
+from .launch import launch_1d
+
+
+# ---- references (numpy or cupy arrays) -------------------------------------------------------
+def split_heads_ref(x, heads: int):
+    """(B, L, H*d) -> (B, H, L, d), a contiguous copy."""
+    b, l, hd = x.shape
+    return x.reshape(b, l, heads, hd // heads).swapaxes(1, 2).copy()
+
+
+def merge_heads_ref(x):
+    """(B, H, L, d) -> (B, L, H*d), a contiguous copy."""
+    b, h, l, d = x.shape
+    return x.swapaxes(1, 2).reshape(b, l, h * d).copy()
+
+
+def matmul_forward_ref(a, b):
+    return a @ b
+
+
+def matmul_backward_ref(a, b, dy):
+    """(dA, dB) of Y = A @ B for same-rank operands (batched over the leading dims)."""
+    return dy @ b.swapaxes(-1, -2), a.swapaxes(-1, -2) @ dy
+
+
+def scaled_qk_forward_ref(q, k, scale: float):
+    return (q @ k.swapaxes(-1, -2)) * q.dtype.type(scale)
+
+
+def scaled_qk_backward_ref(q, k, ds, scale: float):
+    s = ds.dtype.type(scale)
+    return (ds @ k) * s, (ds.swapaxes(-1, -2) @ q) * s
+
+
+# ---- kernels (one thread per element, grid-stride) -------------------------------------------
+@cuda.jit
+def split_heads_kernel(x, y):
+    # x (B, L, H*d) -> y (B, H, L, d)
+    h, l, d = y.shape[1], y.shape[2], y.shape[3]
+    for e in range(cuda.grid(1), y.shape[0] * h * l * d, cuda.gridsize(1)):
+        c = e % d
+        r = e // d                      # ((b*H + hh)*L + ll)
+        ll = r % l
+        bh = r // l
+        hh = bh % h
+        b = bh // h
+        y[b, hh, ll, c] = x[b, ll, hh * d + c]
+
+
+@cuda.jit
+def merge_heads_kernel(x, y):
+    # x (B, H, L, d) -> y (B, L, H*d)
+    h, l, d = x.shape[1], x.shape[2], x.shape[3]
+    for e in range(cuda.grid(1), x.shape[0] * h * l * d, cuda.gridsize(1)):
+        c = e % d
+        r = e // d
+        ll = r % l
+        bh = r // l
+        hh = bh % h
+        b = bh // h
+        y[b, ll, hh * d + c] = x[b, hh, ll, c]
+
+
+# ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
+def split_heads(x, y, threads: int | None = None) -> None:
+    """y (B, H, L, d) <- x (B, L, H*d); overwrites y."""
+    b, h, l, d = y.shape
+    if x.shape != (b, l, h * d):
+        raise ValueError(f"split_heads: x {x.shape} does not fit y {y.shape}")
+    launch_1d(split_heads_kernel, y.size, x, y, threads=threads)
+
+
+def merge_heads(x, y, threads: int | None = None) -> None:
+    """y (B, L, H*d) <- x (B, H, L, d); overwrites y."""
+    b, h, l, d = x.shape
+    if y.shape != (b, l, h * d):
+        raise ValueError(f"merge_heads: y {y.shape} does not fit x {x.shape}")
+    launch_1d(merge_heads_kernel, x.size, x, y, threads=threads)
+
+
+PTX_CHECKS = [
+    (split_heads_kernel, "void(float32[:, :, ::1], float32[:, :, :, ::1])"),
+    (merge_heads_kernel, "void(float32[:, :, :, ::1], float32[:, :, ::1])"),
+]

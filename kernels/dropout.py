@@ -1,0 +1,115 @@
+"""Dropout with a counter-based hash mask (no mask buffer, no RNG state).
+
+    train:  y = x * keep / (1 - r),  keep = [hash(seed, step, layer_id, i) >> 32 >= threshold]
+    eval:   y = x                                   (the caller just passes x through)
+    backward: dx = dy * keep / (1 - r)              (the same kernel, same mask, applied to dy)
+
+x, y: any shape, M elements; i is the flat (row-major) element index. threshold = round(r * 2^32),
+so P(keep) = 1 - r up to 2^-32. The hash is SplitMix64's finalizer (``mix``) chained over the words:
+
+    k = mix(mix(mix(seed ^ SEED_SALT) ^ step) ^ layer_id)
+    h_i = mix(k + (i + 1) * GAMMA)                  # SplitMix64's i-th output for state k
+
+All of it is uint64 integer arithmetic (wrapping), evaluated inside the kernel, so the GPU, the
+simulator and the NumPy reference draw bit-identical masks for the same (seed, step, layer_id), and
+the backward pass recomputes the forward mask instead of storing it. The kept values are multiplied
+by the float32 ``scale = float32(1 / (1 - r))`` in both, so outputs match exactly too.
+
+HugeCTR: HugeCTR/src/layers/dropout_layer.cu (cuRAND uniform mask seeded from /dev/urandom, kept
+where 1 - u >= r, scaled by 1/(1 - r); inference is a copy). Its masks are not reproducible; these are.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, uint64
+
+from .launch import launch_1d
+
+MASK64 = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15          # SplitMix64 increment (2^64 / golden ratio)
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+SEED_SALT = 0xD1B54A32D192ED03      # keeps seed 0 away from the fixed point mix(0) == 0
+
+
+# ---- NumPy reference -------------------------------------------------------------------------
+def _mix_ref(z):
+    z = np.asarray(z, np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX2)
+    return z ^ (z >> np.uint64(31))
+
+
+def dropout_threshold(rate: float) -> int:
+    """The uint32-scale threshold: an element is kept when its hash's top 32 bits >= threshold."""
+    if not 0.0 < rate < 1.0:
+        raise ValueError(f"dropout rate must be in (0, 1), got {rate}")
+    return int(round(rate * 2.0 ** 32))
+
+
+def dropout_scale(rate: float) -> np.float32:
+    return np.float32(1.0 / (1.0 - rate))
+
+
+def dropout_mask_ref(n: int, rate: float, seed: int, step: int, layer_id: int) -> np.ndarray:
+    """Boolean keep-mask (n,) for flat element indices 0..n-1."""
+    with np.errstate(over="ignore"):
+        k = _mix_ref(np.uint64(seed & MASK64) ^ np.uint64(SEED_SALT))
+        k = _mix_ref(k ^ np.uint64(step & MASK64))
+        k = _mix_ref(k ^ np.uint64(layer_id & MASK64))
+        i = np.arange(1, n + 1, dtype=np.uint64)
+        h = _mix_ref(k + i * np.uint64(GAMMA))
+    return (h >> np.uint64(32)) >= np.uint64(dropout_threshold(rate))
+
+
+def dropout_forward_ref(x: np.ndarray, rate: float, seed: int, step: int, layer_id: int) -> np.ndarray:
+    keep = dropout_mask_ref(x.size, rate, seed, step, layer_id).reshape(x.shape)
+    scale = x.dtype.type(dropout_scale(rate))
+    return np.where(keep, x * scale, x.dtype.type(0))
+
+
+def dropout_backward_ref(dy: np.ndarray, rate: float, seed: int, step: int, layer_id: int) -> np.ndarray:
+    """Dropout is linear in x with a fixed mask: the backward is the same map applied to dy."""
+    return dropout_forward_ref(dy, rate, seed, step, layer_id)
+
+
+# ---- kernel (flat views, grid-stride) --------------------------------------------------------
+@cuda.jit
+def dropout_kernel(x, y, seed, step, layer_id, threshold, scale):
+    # Per-launch key from (seed, step, layer_id): three SplitMix64 finalizer rounds (same per thread).
+    k = seed ^ uint64(SEED_SALT)
+    k = (k ^ (k >> uint64(30))) * uint64(MIX1)
+    k = (k ^ (k >> uint64(27))) * uint64(MIX2)
+    k = k ^ (k >> uint64(31))
+    k = k ^ step
+    k = (k ^ (k >> uint64(30))) * uint64(MIX1)
+    k = (k ^ (k >> uint64(27))) * uint64(MIX2)
+    k = k ^ (k >> uint64(31))
+    k = k ^ layer_id
+    k = (k ^ (k >> uint64(30))) * uint64(MIX1)
+    k = (k ^ (k >> uint64(27))) * uint64(MIX2)
+    k = k ^ (k >> uint64(31))
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        h = k + (uint64(i) + uint64(1)) * uint64(GAMMA)
+        h = (h ^ (h >> uint64(30))) * uint64(MIX1)
+        h = (h ^ (h >> uint64(27))) * uint64(MIX2)
+        h = h ^ (h >> uint64(31))
+        if (h >> uint64(32)) >= threshold:
+            y[i] = x[i] * scale
+        else:
+            y[i] = float32(0.0)
+
+
+# ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
+def dropout_apply(x, y, rate: float, seed: int, step: int, layer_id: int) -> None:
+    """y = x * mask / (1 - rate). Forward: x = input; backward: x = dy, y = dx (same mask)."""
+    if x.size != y.size:
+        raise ValueError(f"dropout: input has {x.size} elements, output {y.size}")
+    launch_1d(dropout_kernel, x.size, x.reshape(-1), y.reshape(-1), np.uint64(seed & MASK64),
+              np.uint64(step & MASK64), np.uint64(layer_id & MASK64), np.uint64(dropout_threshold(rate)),
+              dropout_scale(rate))
+
+
+PTX_CHECKS = [
+    (dropout_kernel, "void(float32[::1], float32[::1], uint64, uint64, uint64, uint64, float32)"),
+]

@@ -1,0 +1,204 @@
+"""Softmax over the last dim, plain or masked (attention scores).
+
+Plain, x viewed as rows (R, N):
+
+    m = max_j x[r, j]  (or 0 when subtract_max is off)
+    y[r, j] = exp(x[r, j] - m) / (sum_j' exp(x[r, j'] - m) + eps)
+    dx[r, j] = factor * y[r, j] * (dy[r, j] - sum_j' dy[r, j'] * y[r, j'])
+
+Subtracting the row max gives the same y and keeps exp from overflowing; HugeCTR's plain Softmax
+skips it (exp(x) overflows to inf for x > ~88, giving NaN). eps = 0, factor = 1 for plain softmax.
+
+Masked (x (B, H, Lf, Lt), mask (B, 1, Lf, Lt) or (B, 1, 1, Lt) broadcast over the rows):
+
+    z = x * factor - (1 - mask) * 10000          # masked_logits
+    y = softmax of z with the max subtracted and eps = 1e-6
+    dx = factor * y * (dy - sum dy*y)            # exact for the eps'd softmax too: y_j = e_j/(S+eps)
+
+The row kernels run one block per row (grid-stride over rows) and reduce max and sums in shared
+memory; every thread of a block walks the same rows, so all reach every syncthreads. They are
+correct for any row length and any block size 1..1024. ``y`` may be ``x`` (in place): each thread
+overwrites only elements it alone read. (The simulator copies aliased arguments separately and writes
+them back in argument order, so ``y`` must stay after ``x`` in the kernel signature.)
+
+HugeCTR: HugeCTR/src/layers/softmax_layer.cu and masked_softmax_layer.cu.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+
+MASK_PENALTY = 10000.0      # subtracted from masked-out logits
+MASKED_EPS = 1e-6           # added to the masked softmax's denominator
+
+
+# ---- NumPy reference -------------------------------------------------------------------------
+def softmax_forward_ref(x: np.ndarray, subtract_max: bool = True, eps: float = 0.0) -> np.ndarray:
+    m = x.max(axis=-1, keepdims=True) if subtract_max else np.zeros_like(x[..., :1])
+    e = np.exp(x - m)
+    return e / (e.sum(axis=-1, keepdims=True) + x.dtype.type(eps))
+
+
+def softmax_backward_ref(y: np.ndarray, dy: np.ndarray, factor: float = 1.0) -> np.ndarray:
+    return y.dtype.type(factor) * y * (dy - (dy * y).sum(axis=-1, keepdims=True))
+
+
+def masked_logits_ref(x: np.ndarray, mask: np.ndarray, factor: float) -> np.ndarray:
+    """z = x*factor - (1-mask)*10000; mask (B, 1, Lf|1, Lt) broadcasts over heads (and rows)."""
+    t = x.dtype.type
+    return x * t(factor) - (t(1) - mask) * t(MASK_PENALTY)
+
+
+def masked_softmax_forward_ref(x: np.ndarray, mask: np.ndarray, factor: float) -> np.ndarray:
+    return softmax_forward_ref(masked_logits_ref(x, mask, factor), True, MASKED_EPS)
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+def _first_step(tpb: int) -> int:
+    """Largest power of two < tpb (0 for tpb = 1): the tree reduction's first stride."""
+    return (1 << (tpb - 1).bit_length()) // 2
+
+
+def _check_tpb(tpb: int) -> None:
+    if not 1 <= tpb <= MAX_THREADS_PER_BLOCK:
+        raise ValueError(f"tpb must be in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+
+
+@functools.lru_cache(maxsize=None)
+def make_softmax_forward_kernel(tpb: int):
+    """Row softmax for blocks of exactly ``tpb`` threads; x, y (R, N) with N >= 1."""
+    _check_tpb(tpb)
+    first = _first_step(tpb)
+
+    @cuda.jit
+    def softmax_forward_kernel(x, y, subtract_max, eps):
+        buf = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        n = x.shape[1]
+        for r in range(cuda.blockIdx.x, x.shape[0], cuda.gridDim.x):
+            shift = float32(0.0)
+            if subtract_max != 0:                       # uniform across the block
+                m = float32(-math.inf)
+                for j in range(t, n, tpb):
+                    m = max(m, x[r, j])
+                buf[t] = m
+                cuda.syncthreads()
+                step = first
+                while step > 0:
+                    if t < step and t + step < tpb:
+                        buf[t] = max(buf[t], buf[t + step])
+                    cuda.syncthreads()
+                    step //= 2
+                shift = buf[0]
+                cuda.syncthreads()                      # all read buf[0] before it is reused
+            acc = float32(0.0)
+            for j in range(t, n, tpb):
+                acc += math.exp(x[r, j] - shift)
+            buf[t] = acc
+            cuda.syncthreads()
+            step = first
+            while step > 0:
+                if t < step and t + step < tpb:
+                    buf[t] += buf[t + step]
+                cuda.syncthreads()
+                step //= 2
+            inv = float32(1.0) / (buf[0] + eps)
+            cuda.syncthreads()                          # all read buf[0] before the next row
+            for j in range(t, n, tpb):
+                y[r, j] = math.exp(x[r, j] - shift) * inv
+
+    return softmax_forward_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_softmax_backward_kernel(tpb: int):
+    """dx = factor * y * (dy - rowsum(dy*y)) for blocks of exactly ``tpb`` threads; (R, N) arrays."""
+    _check_tpb(tpb)
+    first = _first_step(tpb)
+
+    @cuda.jit
+    def softmax_backward_kernel(y, dy, dx, factor):
+        buf = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        n = y.shape[1]
+        for r in range(cuda.blockIdx.x, y.shape[0], cuda.gridDim.x):
+            acc = float32(0.0)
+            for j in range(t, n, tpb):
+                acc += dy[r, j] * y[r, j]
+            buf[t] = acc
+            cuda.syncthreads()
+            step = first
+            while step > 0:
+                if t < step and t + step < tpb:
+                    buf[t] += buf[t + step]
+                cuda.syncthreads()
+                step //= 2
+            dot = buf[0]
+            cuda.syncthreads()                          # all read buf[0] before the next row
+            for j in range(t, n, tpb):
+                dx[r, j] = factor * y[r, j] * (dy[r, j] - dot)
+
+    return softmax_backward_kernel
+
+
+@cuda.jit
+def masked_logits_kernel(x, mask, z, factor, lf, rows_per_batch):
+    # x, z (R, Lt) with R = B*H*Lf, row r = (b*H + h)*Lf + i; mask (B*M, Lt) with M = Lf or 1
+    lt = x.shape[1]
+    m_rows = mask.shape[0] // (x.shape[0] // rows_per_batch)      # M
+    for e in range(cuda.grid(1), x.shape[0] * lt, cuda.gridsize(1)):
+        r = e // lt
+        j = e - r * lt
+        b = r // rows_per_batch
+        mr = b * m_rows + (r % lf) % m_rows
+        z[r, j] = x[r, j] * factor - (float32(1.0) - mask[mr, j]) * float32(MASK_PENALTY)
+
+
+# ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
+def _rows(a):
+    return a.reshape(-1, a.shape[-1])
+
+
+def softmax_forward(x, y, subtract_max: bool = True, eps: float = 0.0, threads: int | None = None) -> None:
+    """y = softmax of x over the last dim (y may be x); overwrites y."""
+    if x.size == 0:
+        return
+    tpb = threads or REDUCE_THREADS
+    x2 = _rows(x)
+    launch_rows(make_softmax_forward_kernel(tpb), x2.shape[0], x2, _rows(y), int(subtract_max),
+                np.float32(eps), threads=tpb)
+
+
+def softmax_backward(y, dy, dx, factor: float = 1.0, threads: int | None = None) -> None:
+    """dx = factor * y * (dy - sum(dy*y)) over the last dim; overwrites dx."""
+    if y.size == 0:
+        return
+    tpb = threads or REDUCE_THREADS
+    y2 = _rows(y)
+    launch_rows(make_softmax_backward_kernel(tpb), y2.shape[0], y2, _rows(dy), _rows(dx),
+                np.float32(factor), threads=tpb)
+
+
+def masked_softmax_forward(x, mask, y, factor: float, threads: int | None = None) -> None:
+    """y = softmax(x*factor - (1-mask)*10000) with eps 1e-6: x, y (B, H, Lf, Lt), mask (B, 1, Lf|1, Lt)."""
+    b, h, lf, lt = x.shape
+    if mask.shape not in ((b, 1, lf, lt), (b, 1, 1, lt)):
+        raise ValueError(f"masked_softmax: mask {mask.shape} does not fit x {x.shape}")
+    if x.size == 0:
+        return
+    x2, y2 = _rows(x), _rows(y)
+    launch_1d(masked_logits_kernel, x.size, x2, _rows(mask), y2, np.float32(factor), lf, h * lf,
+              threads=threads)
+    softmax_forward(y2, y2, True, MASKED_EPS, threads=threads)
+
+
+PTX_CHECKS = [
+    (make_softmax_forward_kernel(256), "void(float32[:, ::1], float32[:, ::1], int64, float32)"),
+    (make_softmax_backward_kernel(256), "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32)"),
+    (masked_logits_kernel, "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32, int64, int64)"),
+]
