@@ -6,8 +6,12 @@ import sys
 USAGE = """usage: numbactr <command> [options]
 
 commands:
-  demo      train a DLRM on built-in planted-signal data and print its AUC (the main job)
-  device    print which device numbactr would use and why
+  demo                 train a DLRM on built-in planted-signal data and print its AUC (the main job)
+  bench {hash,embedding,dlrm,all} [--quick]
+                       kernel and training-step benchmarks (vs PyTorch when torch is installed)
+  bench data           data-reader throughput (Norm, Raw, Parquet; 1, 2, 4 workers)
+  data criteo ...      convert Criteo TSV click logs to Norm or Parquet
+  device               print which device numbactr would use and why
 """
 
 
@@ -20,6 +24,18 @@ def main(argv=None) -> int:
     if cmd == "demo":
         from .demo import main as demo
         return demo(rest)
+    if cmd == "bench":
+        if rest[:1] == ["data"]:
+            from .data.bench import main as bench_data
+            return bench_data(rest[1:])
+        from .bench import main as bench
+        return bench(rest)
+    if cmd == "data":
+        if rest[:1] == ["criteo"]:
+            from .data.criteo import main as criteo
+            return criteo(rest[1:])
+        print("usage: numbactr data criteo --help", file=sys.stderr)
+        return 2
     if cmd == "device":
         from . import device
         device.kind()
