@@ -1,2 +1,287 @@
-"""Layers of this group register here (see numbactr/layers/__init__.py)."""
-LAYERS: dict = {}
+"""Normalization layers: BatchNorm, LayerNorm, PReLU_Dice (spec §6.2).
+
+Each op is an autograd Function running the numba.cuda kernels of numbactr.kernels.{batch_norm,
+layer_norm, prelu_dice} on gpu/sim and their NumPy references on cpu.
+
+BatchNorm keeps non-trainable running statistics, ``layer.running_mean`` and ``layer.running_var``
+(F,) device arrays, updated by every training forward and used by eval forwards; HugeCTR saves them
+in ``<prefix>_dense_<iter>.model.ntp.json`` (spec §7.2): see ``BatchNorm.ntp_entry`` /
+``BatchNorm.load_ntp_entry``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import compat, device
+from ..autograd import Context, Function
+from ..enums import Initializer_t, Layer_t
+from ..kernels import batch_norm, layer_norm, prelu_dice
+from . import init
+from .base import Layer
+
+
+def _xp():
+    return device.xp()
+
+
+def _contig(a):
+    return a if a.flags.c_contiguous else _xp().ascontiguousarray(a)
+
+
+def _init_name(kind) -> str:
+    return kind.name
+
+
+# ---- Functions -------------------------------------------------------------------------------
+class BatchNormFn(Function):
+    """x (B, F), gamma, beta (F,) -> y (B, F). ``layer`` holds running_mean/running_var."""
+
+    @staticmethod
+    def forward(ctx: Context, x, gamma, beta, layer=None, training: bool = True):
+        x = _contig(x)
+        eps, factor = layer.eps, layer.factor
+        ctx.x, ctx.gamma, ctx.training = x, gamma, training
+        if device.uses_kernels():
+            xp = _xp()
+            nf = x.shape[1]
+            y = xp.empty_like(x)
+            inv = xp.empty((nf,), np.float32)
+            if training:
+                mean = xp.empty((nf,), np.float32)
+                batch_norm.batch_norm_forward_train(x, gamma, beta, eps, factor, y, mean, inv,
+                                                    layer.running_mean, layer.running_var)
+            else:
+                mean = layer.running_mean.copy()       # a snapshot: later training steps move it
+                batch_norm.batch_norm_forward_eval(x, gamma, beta, layer.running_mean, layer.running_var,
+                                                   eps, y, inv)
+            ctx.mean, ctx.inv = mean, inv
+            return y
+        y, mean, inv, rm, rv = batch_norm.batch_norm_forward_ref(
+            x, gamma, beta, np.float32(eps), training, layer.running_mean, layer.running_var,
+            np.float32(factor))
+        if training:
+            layer.running_mean[...] = rm
+            layer.running_var[...] = rv
+        ctx.mean, ctx.inv = np.array(mean, np.float32), np.asarray(inv, np.float32)
+        return np.asarray(y, np.float32)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        dy = _contig(dy)
+        if device.uses_kernels():
+            xp = _xp()
+            dx = xp.empty_like(dy)
+            dgamma = xp.empty_like(ctx.gamma)
+            dbeta = xp.empty_like(ctx.gamma)
+            batch_norm.batch_norm_backward(ctx.x, dy, ctx.gamma, ctx.mean, ctx.inv, ctx.training,
+                                           dx, dgamma, dbeta)
+            return dx, dgamma, dbeta
+        return batch_norm.batch_norm_backward_ref(ctx.x, dy, ctx.gamma, ctx.mean, ctx.inv, ctx.training)
+
+
+class LayerNormFn(Function):
+    """x (..., H), gamma, beta (H,) -> y (..., H)."""
+
+    @staticmethod
+    def forward(ctx: Context, x, gamma, beta, eps: float = 1e-5):
+        shape = x.shape
+        x2 = _contig(x).reshape(-1, shape[-1])                       # (M, H)
+        ctx.x2, ctx.gamma, ctx.shape = x2, gamma, shape
+        if device.uses_kernels():
+            xp = _xp()
+            y = xp.empty_like(x2)
+            ctx.mean = xp.empty((x2.shape[0],), np.float32)
+            ctx.inv = xp.empty((x2.shape[0],), np.float32)
+            layer_norm.layer_norm_forward(x2, gamma, beta, eps, y, ctx.mean, ctx.inv)
+            return y.reshape(shape)
+        y, ctx.mean, ctx.inv = layer_norm.layer_norm_forward_ref(x2, gamma, beta, np.float32(eps))
+        return y.reshape(shape)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        dy2 = _contig(dy).reshape(ctx.x2.shape)
+        if device.uses_kernels():
+            xp = _xp()
+            dx = xp.empty_like(dy2)
+            dgamma, dbeta = xp.empty_like(ctx.gamma), xp.empty_like(ctx.gamma)
+            layer_norm.layer_norm_backward(ctx.x2, dy2, ctx.gamma, ctx.mean, ctx.inv, dx, dgamma, dbeta)
+        else:
+            dx, dgamma, dbeta = layer_norm.layer_norm_backward_ref(ctx.x2, dy2, ctx.gamma, ctx.mean, ctx.inv)
+        return dx.reshape(ctx.shape), dgamma, dbeta
+
+
+class PReLUDiceFn(Function):
+    """x (B, ...) viewed as (B, F) -> y of x's shape. Batch statistics in train and eval alike."""
+
+    @staticmethod
+    def forward(ctx: Context, x, alpha: float = 1.0, eps: float = 1e-5):
+        shape = x.shape
+        x2 = _contig(x).reshape(shape[0], -1)                         # (B, F)
+        ctx.x2, ctx.shape, ctx.alpha = x2, shape, alpha
+        if device.uses_kernels():
+            xp = _xp()
+            y = xp.empty_like(x2)
+            ctx.mean = xp.empty((x2.shape[1],), np.float32)
+            ctx.inv = xp.empty((x2.shape[1],), np.float32)
+            prelu_dice.prelu_dice_forward(x2, alpha, eps, y, ctx.mean, ctx.inv)
+            return y.reshape(shape)
+        y, ctx.mean, ctx.inv = prelu_dice.prelu_dice_forward_ref(x2, np.float32(alpha), np.float32(eps))
+        return y.astype(np.float32, copy=False).reshape(shape)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        dy2 = _contig(dy).reshape(ctx.x2.shape)
+        exact = compat.hugectr_exact()
+        if device.uses_kernels():
+            dx = _xp().empty_like(dy2)
+            prelu_dice.prelu_dice_backward(ctx.x2, dy2, ctx.alpha, ctx.mean, ctx.inv, exact, dx)
+        else:
+            dx = prelu_dice.prelu_dice_backward_ref(ctx.x2, dy2, np.float32(ctx.alpha), ctx.mean, ctx.inv,
+                                                    hugectr_exact=exact).astype(np.float32, copy=False)
+        return dx.reshape(ctx.shape)
+
+
+# ---- Layers ----------------------------------------------------------------------------------
+def _check_eps(layer: Layer, lo: float, what: str) -> float:
+    eps = layer.cfg.eps
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < lo:
+        layer.fail(f"eps must be a number >= {lo:g} ({what}), got {eps!r}")
+    return float(eps)
+
+
+def _norm_json(cfg, extra: dict) -> dict:
+    p = dict(extra)
+    if cfg.gamma_init_type != Initializer_t.Default:
+        p["gamma_init"] = _init_name(cfg.gamma_init_type)
+    if cfg.beta_init_type != Initializer_t.Default:
+        p["beta_init"] = _init_name(cfg.beta_init_type)
+    return p
+
+
+class BatchNorm(Layer):
+    """(B, F) -> (B, F); weights gamma (F,), beta (F,); running stats are layer state, not weights.
+
+    Running stats start at mean 0, var 1 (HugeCTR leaves them uninitialized; with the default
+    factor=1.0 the first training step overwrites them either way)."""
+    type_name = "BatchNorm"
+
+    def infer(self):
+        self.expect_counts(1)
+        (shape,) = self.in_shapes
+        if len(shape) != 2:
+            self.fail(f"input {self.cfg.bottom_names[0]!r} must be 2-D (B, F), got shape {shape}")
+        self.eps = _check_eps(self, batch_norm.MIN_EPS, "cuDNN's CUDNN_BN_MIN_EPSILON")
+        factor = self.cfg.factor
+        if not isinstance(factor, (int, float)) or not 0.0 <= factor <= 1.0:
+            self.fail(f"factor (the running-average weight of the new batch) must be in [0, 1], got {factor!r}")
+        self.factor = float(factor)
+        self.f = shape[1]
+        self.running_mean = np.zeros(self.f, np.float32)
+        self.running_var = np.ones(self.f, np.float32)
+        return [shape]
+
+    def param_shapes(self):
+        return [(self.f,), (self.f,)]
+
+    def init_params(self, rng):
+        return [init.norm_gamma(rng, (self.f,), self.cfg.gamma_init_type),
+                init.norm_beta(rng, (self.f,), self.cfg.beta_init_type)]
+
+    def _stats_on_device(self):
+        xp = _xp()
+        if not isinstance(self.running_mean, xp.ndarray):
+            self.running_mean = xp.asarray(self.running_mean, dtype=np.float32)
+            self.running_var = xp.asarray(self.running_var, dtype=np.float32)
+
+    def forward(self, tape, xs, run):
+        self._stats_on_device()
+        return [BatchNormFn.apply(tape, xs[0], *self.params, layer=self, training=run.training,
+                                  name=self.cfg.top_names[0])]
+
+    def json_params(self):
+        return {"bn_param": _norm_json(self.cfg, {"factor": self.cfg.factor, "eps": self.cfg.eps})}
+
+    # -- non-trainable state for <dense>.ntp.json (spec §7.2) --
+    def ntp_entry(self) -> dict:
+        """{"type": "BatchNorm", "mean": [...], "var": [...]} (floats; HugeCTR prints 6 decimals)."""
+        return {"type": "BatchNorm",
+                "mean": [float(v) for v in device.to_host(self.running_mean)],
+                "var": [float(v) for v in device.to_host(self.running_var)]}
+
+    def load_ntp_entry(self, entry: dict) -> None:
+        mean = np.asarray(entry.get("mean", ()), np.float32)
+        var = np.asarray(entry.get("var", ()), np.float32)
+        if entry.get("type", "BatchNorm") != "BatchNorm" or mean.shape != (self.f,) or var.shape != (self.f,):
+            self.fail(f"non-trainable params entry does not fit: need 'mean' and 'var' of {self.f} floats, "
+                      f"got {mean.shape[0]} and {var.shape[0]}")
+        self.running_mean, self.running_var = mean, var
+        self._stats_on_device()
+
+
+class LayerNorm(Layer):
+    """(..., H) -> (..., H) normalized over the last dim; weights gamma (H,), beta (H,)."""
+    type_name = "LayerNorm"
+
+    def infer(self):
+        self.expect_counts(1)
+        (shape,) = self.in_shapes
+        if len(shape) < 2 or shape[-1] < 1:
+            self.fail(f"input {self.cfg.bottom_names[0]!r} must be at least 2-D with a last dim >= 1, "
+                      f"got shape {shape}")
+        eps = self.cfg.eps
+        if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+            self.fail(f"eps must be a positive number, got {eps!r}")
+        self.eps = float(eps)
+        self.h = shape[-1]
+        return [shape]
+
+    def param_shapes(self):
+        return [(self.h,), (self.h,)]
+
+    def init_params(self, rng):
+        return [init.norm_gamma(rng, (self.h,), self.cfg.gamma_init_type),
+                init.norm_beta(rng, (self.h,), self.cfg.beta_init_type)]
+
+    def forward(self, tape, xs, run):
+        return [LayerNormFn.apply(tape, xs[0], *self.params, eps=self.eps, name=self.cfg.top_names[0])]
+
+    def json_params(self):
+        return {"ln_param": _norm_json(self.cfg, {"eps": self.cfg.eps})}
+
+
+class PReLU_Dice(Layer):  # noqa: N801 (HugeCTR's name)
+    """Dice: (B, ...) -> same shape, statistics per feature over the batch; no weights.
+
+    Parameters: elu_alpha (the negative-side slope alpha), eps. The backward is the full derivative
+    through the batch statistics; numbactr.compat.hugectr_exact() selects HugeCTR's diagonal-only
+    formula (see numbactr/kernels/prelu_dice.py)."""
+    type_name = "PReLU_Dice"
+
+    def infer(self):
+        self.expect_counts(1)
+        (shape,) = self.in_shapes
+        if len(shape) < 2:
+            self.fail(f"input {self.cfg.bottom_names[0]!r} must be at least 2-D (B, F), got shape {shape}")
+        alpha = self.cfg.elu_alpha
+        if not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+            self.fail(f"elu_alpha must be a finite number, got {alpha!r}")
+        eps = self.cfg.eps
+        if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+            self.fail(f"eps must be a number >= 0, got {eps!r}")
+        self.alpha, self.eps = float(alpha), float(eps)
+        return [shape]
+
+    def forward(self, tape, xs, run):
+        return [PReLUDiceFn.apply(tape, xs[0], alpha=self.alpha, eps=self.eps, name=self.cfg.top_names[0])]
+
+    def json_params(self):
+        return {"prelu_dice_param": {"alpha": self.cfg.elu_alpha, "eps": self.cfg.eps}}
+
+
+LAYERS = {
+    Layer_t.BatchNorm: BatchNorm,
+    Layer_t.LayerNorm: LayerNorm,
+    Layer_t.PReLU_Dice: PReLU_Dice,
+}

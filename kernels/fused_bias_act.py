@@ -1,0 +1,123 @@
+"""Fused epilogue of a fully connected layer (the matmul itself is the caller's, with the array library).
+
+    forward:  y[m, n] = act(y[m, n] + b[n])          # y (M, N) = X·W in place; b (N,); act: ReLU or identity
+    backward: d[m, n] = dy[m, n] * (y[m, n] > 0)      # the ReLU mask read from the OUTPUT (y > 0 <=> pre > 0)
+              db[n]   = sum_m d[m, n]                 # in the same kernel (overwritten)
+
+has_bias = 0 skips the bias (MLP's use_bias=False); relu = 0 is the identity (Activation_t.Non).
+
+HugeCTR: HugeCTR/src/layers/mlp_layer.cu and fused_relu_bias_fully_connected_layer.cu (cuBLASLt GEMM
+with the bias+ReLU epilogue; the backward's dReLU + bias-gradient epilogue).
+
+The backward is one block per column: its threads stride over the rows, write the masked gradient and
+reduce it in shared memory (tpb a power of two <= 1024).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+
+
+# ---- NumPy reference -------------------------------------------------------------------------
+def bias_act_forward_ref(y, b=None, relu=True):
+    """act(y + b) for y (M, N), b (N,) or None."""
+    out = y + b if b is not None else y
+    return np.maximum(out, out.dtype.type(0)) if relu else out
+
+
+def bias_act_backward_ref(y, dy, relu=True, has_bias=True):
+    """Returns (d_pre (M, N), db (N,) or None) given the forward's OUTPUT y."""
+    d = np.where(y > 0, dy, dy.dtype.type(0)) if relu else dy
+    return d, (d.sum(axis=0) if has_bias else None)
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+@cuda.jit
+def bias_act_forward_kernel(y, b, has_bias, relu):
+    # y: flat (M*N,) view, b: (N,) (may be empty when has_bias == 0)
+    n = b.shape[0]
+    for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
+        v = y[i]
+        if has_bias != 0:
+            v += b[i % n]
+        if relu != 0 and v < float32(0.0):
+            v = float32(0.0)
+        y[i] = v
+
+
+@functools.lru_cache(maxsize=None)
+def make_bias_act_backward_kernel(tpb: int):
+    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
+        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+
+    @cuda.jit
+    def bias_act_backward_kernel(y, dy, has_bias, relu, d, db):
+        # y, dy, d: (M, N); db: (N,) (unused when has_bias == 0)
+        part = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        rows = y.shape[0]
+        for c in range(cuda.blockIdx.x, y.shape[1], cuda.gridDim.x):   # uniform per block
+            acc = float32(0.0)
+            for m in range(t, rows, tpb):
+                g = dy[m, c]
+                if relu != 0 and not (y[m, c] > float32(0.0)):
+                    g = float32(0.0)
+                d[m, c] = g
+                acc += g
+            part[t] = acc
+            cuda.syncthreads()
+            step = tpb // 2
+            while step > 0:
+                if t < step:
+                    part[t] += part[t + step]
+                cuda.syncthreads()
+                step //= 2
+            if t == 0 and has_bias != 0:
+                db[c] = part[0]
+            cuda.syncthreads()      # thread 0 reads part[0] before the next column overwrites it
+
+    return bias_act_backward_kernel
+
+
+# ---- launch wrappers (contiguous float32; allocate nothing) ----------------------------------
+@functools.lru_cache(maxsize=None)
+def _placeholder():
+    """A 1-element device array standing in for an absent b/db (the kernels never touch it when
+    has_bias == 0). Allocated once. Not an alias of y/d: the simulator copies every argument back
+    after a launch, so passing one array twice would let the stale copy overwrite the results."""
+    return cuda.device_array(1, np.float32)
+
+
+def bias_act_forward(y, b, relu: bool) -> None:
+    """In place: y (M, N) = act(y + b); b None for no bias."""
+    if b is not None and y.shape[-1] != b.size:
+        raise ValueError(f"bias_act_forward: y {y.shape} does not end in the bias width {b.size}")
+    if b is None and not relu:
+        return
+    launch_1d(bias_act_forward_kernel, y.size, y.reshape(-1), b if b is not None else _placeholder(),
+              np.int32(b is not None), np.int32(bool(relu)))
+
+
+def bias_act_backward(y, dy, relu: bool, d, db=None, threads: int | None = None) -> None:
+    """d (M, N) = dy masked by y > 0 (if relu); db (N,) = column sums of d (if db is given)."""
+    n = y.shape[1]
+    if n == 0:
+        return
+    if y.shape[0] == 0:
+        if db is not None:
+            db[...] = 0
+        return
+    tpb = threads or REDUCE_THREADS
+    launch_rows(make_bias_act_backward_kernel(tpb), n, y, dy, np.int32(db is not None),
+                np.int32(bool(relu)), d, db if db is not None else _placeholder(), threads=tpb)
+
+
+PTX_CHECKS = [
+    (bias_act_forward_kernel, "void(float32[::1], float32[::1], int32, int32)"),
+    (make_bias_act_backward_kernel(256),
+     "void(float32[:, ::1], float32[:, ::1], int32, int32, float32[:, ::1], float32[::1])"),
+]

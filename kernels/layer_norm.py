@@ -1,0 +1,205 @@
+"""LayerNorm over the last dim; leading dims flattened to M rows.
+
+    mu[m]   = mean_h x[m, h]                        # x (M, H) -> mu, inv (M,)
+    var[m]  = mean_h (x[m, h] - mu[m])^2            (biased)
+    inv[m]  = 1 / sqrt(var[m] + eps)
+    xhat    = (x - mu) * inv
+    y[m, h] = gamma[h] * xhat[m, h] + beta[h]       # gamma, beta (H,)
+    backward, g = dy * gamma:
+    dx[m, h]  = inv[m] / H * (H * g[m, h] - sum_h g[m, :] - xhat[m, h] * sum_h (g * xhat)[m, :])
+    dgamma[h] = sum_m dy[m, h] * xhat[m, h]         dbeta[h] = sum_m dy[m, h]   (overwritten)
+
+HugeCTR: HugeCTR/src/layers/layer_norm_layer.cu (biased variance, standard LN backward).
+
+Kernels: forward and dx use one block per row (threads stride over H and reduce in shared memory);
+dgamma/dbeta use one block per column (threads stride over the M rows). tpb: power of two <= 1024.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_rows
+
+
+# ---- NumPy reference -------------------------------------------------------------------------
+def layer_norm_forward_ref(x, gamma, beta, eps):
+    """Returns (y, mean (M,), inv (M,)) for x (..., H)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    mean = x2.mean(axis=1)
+    var = ((x2 - mean[:, None]) ** 2).mean(axis=1)
+    inv = 1.0 / np.sqrt(var + eps)
+    y = gamma * (x2 - mean[:, None]) * inv[:, None] + beta
+    return y.reshape(x.shape), mean, inv
+
+
+def layer_norm_backward_ref(x, dy, gamma, mean, inv):
+    """Returns (dx, dgamma, dbeta)."""
+    h = x.shape[-1]
+    x2, dy2 = x.reshape(-1, h), dy.reshape(-1, h)
+    xhat = (x2 - mean[:, None]) * inv[:, None]
+    g = dy2 * gamma
+    dx = inv[:, None] / h * (h * g - g.sum(axis=1, keepdims=True)
+                             - xhat * (g * xhat).sum(axis=1, keepdims=True))
+    return dx.reshape(x.shape), (dy2 * xhat).sum(axis=0), dy2.sum(axis=0)
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+def _check_tpb(tpb: int) -> None:
+    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
+        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+
+
+@functools.lru_cache(maxsize=None)
+def make_ln_forward_kernel(tpb: int):
+    _check_tpb(tpb)
+
+    @cuda.jit
+    def ln_forward_kernel(x, gamma, beta, eps, y, mean_out, inv_out):
+        # x, y: (M, H); gamma, beta: (H,); mean_out, inv_out: (M,)
+        part = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        width = x.shape[1]
+        nh = float32(width)
+        for r in range(cuda.blockIdx.x, x.shape[0], cuda.gridDim.x):   # uniform per block
+            acc = float32(0.0)
+            for j in range(t, width, tpb):
+                acc += x[r, j]
+            part[t] = acc
+            cuda.syncthreads()
+            step = tpb // 2
+            while step > 0:
+                if t < step:
+                    part[t] += part[t + step]
+                cuda.syncthreads()
+                step //= 2
+            mu = part[0] / nh
+            cuda.syncthreads()
+            acc = float32(0.0)
+            for j in range(t, width, tpb):
+                d = x[r, j] - mu
+                acc += d * d
+            part[t] = acc
+            cuda.syncthreads()
+            step = tpb // 2
+            while step > 0:
+                if t < step:
+                    part[t] += part[t + step]
+                cuda.syncthreads()
+                step //= 2
+            var = part[0] / nh
+            cuda.syncthreads()
+            inv = float32(1.0) / math.sqrt(var + eps)
+            for j in range(t, width, tpb):
+                y[r, j] = gamma[j] * (x[r, j] - mu) * inv + beta[j]
+            if t == 0:
+                mean_out[r] = mu
+                inv_out[r] = inv
+
+    return ln_forward_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_ln_backward_dx_kernel(tpb: int):
+    _check_tpb(tpb)
+
+    @cuda.jit
+    def ln_backward_dx_kernel(x, dy, gamma, mean, inv, dx):
+        # x, dy, dx: (M, H); gamma (H,); mean, inv (M,)
+        s_g = cuda.shared.array(tpb, float32)
+        s_gx = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        width = x.shape[1]
+        nh = float32(width)
+        for r in range(cuda.blockIdx.x, x.shape[0], cuda.gridDim.x):
+            mu = mean[r]
+            iv = inv[r]
+            a1 = float32(0.0)
+            a2 = float32(0.0)
+            for j in range(t, width, tpb):
+                g = dy[r, j] * gamma[j]
+                a1 += g
+                a2 += g * (x[r, j] - mu) * iv
+            s_g[t] = a1
+            s_gx[t] = a2
+            cuda.syncthreads()
+            step = tpb // 2
+            while step > 0:
+                if t < step:
+                    s_g[t] += s_g[t + step]
+                    s_gx[t] += s_gx[t + step]
+                cuda.syncthreads()
+                step //= 2
+            sg = s_g[0]
+            sgx = s_gx[0]
+            cuda.syncthreads()
+            for j in range(t, width, tpb):
+                xhat = (x[r, j] - mu) * iv
+                dx[r, j] = iv / nh * (nh * dy[r, j] * gamma[j] - sg - xhat * sgx)
+
+    return ln_backward_dx_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_ln_param_grad_kernel(tpb: int):
+    _check_tpb(tpb)
+
+    @cuda.jit
+    def ln_param_grad_kernel(x, dy, mean, inv, dgamma, dbeta):
+        # column sums over the M rows: dgamma[h] = sum dy * xhat, dbeta[h] = sum dy
+        s_b = cuda.shared.array(tpb, float32)
+        s_g = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        rows = x.shape[0]
+        for c in range(cuda.blockIdx.x, x.shape[1], cuda.gridDim.x):
+            a1 = float32(0.0)
+            a2 = float32(0.0)
+            for m in range(t, rows, tpb):
+                g = dy[m, c]
+                a1 += g
+                a2 += g * (x[m, c] - mean[m]) * inv[m]
+            s_b[t] = a1
+            s_g[t] = a2
+            cuda.syncthreads()
+            step = tpb // 2
+            while step > 0:
+                if t < step:
+                    s_b[t] += s_b[t + step]
+                    s_g[t] += s_g[t + step]
+                cuda.syncthreads()
+                step //= 2
+            if t == 0:
+                dbeta[c] = s_b[0]
+                dgamma[c] = s_g[0]
+            cuda.syncthreads()          # thread 0 reads before the next column overwrites
+
+    return ln_param_grad_kernel
+
+
+# ---- launch wrappers (x, dy, y, dx are (M, H) contiguous float32; allocate nothing) -----------
+def layer_norm_forward(x, gamma, beta, eps, y, mean_out, inv_out, threads: int | None = None) -> None:
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return
+    tpb = threads or REDUCE_THREADS
+    launch_rows(make_ln_forward_kernel(tpb), x.shape[0], x, gamma, beta, np.float32(eps), y, mean_out,
+                inv_out, threads=tpb)
+
+
+def layer_norm_backward(x, dy, gamma, mean, inv, dx, dgamma, dbeta, threads: int | None = None) -> None:
+    if x.shape[1] == 0:
+        return
+    tpb = threads or REDUCE_THREADS
+    if x.shape[0] > 0:
+        launch_rows(make_ln_backward_dx_kernel(tpb), x.shape[0], x, dy, gamma, mean, inv, dx, threads=tpb)
+    launch_rows(make_ln_param_grad_kernel(tpb), x.shape[1], x, dy, mean, inv, dgamma, dbeta, threads=tpb)
+
+
+_M, _V = "float32[:, ::1]", "float32[::1]"
+PTX_CHECKS = [
+    (make_ln_forward_kernel(256), f"void({_M}, {_V}, {_V}, float32, {_M}, {_V}, {_V})"),
+    (make_ln_backward_dx_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, {_V}, {_M})"),
+    (make_ln_param_grad_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, {_V}, {_V})"),
+]

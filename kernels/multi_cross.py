@@ -1,0 +1,270 @@
+"""MultiCross (DCN cross network), one cross layer per call; x0, x_l (B, D).
+
+DCNv1 (projection_dim = 0), weights w_l (D,), b_l (D,):
+    h[b]         = sum_j x_l[b, j] * w_l[j]                     # (B,) per-row dot: a block reduction
+    x_{l+1}      = x0 * h[:, None] + x_l + b_l                  # (B, D)
+  backward, g = dL/dx_{l+1}:
+    dh[b]        = sum_j g[b, j] * x0[b, j]                     # (B,) per-row dot
+    dx0         += g * h[:, None]
+    dx_l         = g + dh[:, None] * w_l
+    dw_l[j]      = sum_b dh[b] * x_l[b, j]                      # column reductions
+    db_l[j]      = sum_b g[b, j]
+DCNv2 (projection_dim = P > 0), weights U_l (D, P), V_l (P, D), b_l (D,); the matmuls are the caller's:
+    z            = (x_l @ U_l) @ V_l                            # (B, D)
+    x_{l+1}      = x0 * (z + b_l) + x_l                         # elementwise kernel
+  backward: dz = g * x0; dx0 += g * (z + b_l)  (elementwise kernel); db_l = sum_b dz;
+            dV = (x_l U)^T dz; dU = x_l^T (dz V^T); dx_l = g + dz V^T U^T (matmuls by the caller).
+The input's total gradient is dx0 + dx_0 (the x0 path plus the x_l path of layer 0).
+
+HugeCTR: HugeCTR/src/layers/multi_cross_layer.cu (v1: the rank-1 DCN where w is a vector; HugeCTR
+accumulates dw and overwrites db; here both are overwritten and the model adds other terms).
+
+Row kernels: one block per row, threads stride over D, shared-memory tree (tpb power of two <= 1024).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+
+
+# ---- NumPy references (whole stack of layers) --------------------------------------------------
+def multi_cross_v1_forward_ref(x0, ws, bs):
+    """ws, bs: lists of (D,) arrays, one per layer. Returns (y, xs, hs): xs[l] = x_l, hs[l] (B,)."""
+    xs, hs = [x0], []
+    x = x0
+    for w, b in zip(ws, bs):
+        h = x @ w
+        x = x0 * h[:, None] + x + b
+        xs.append(x)
+        hs.append(h)
+    return x, xs, hs
+
+
+def multi_cross_v1_backward_ref(dy, x0, ws, xs, hs):
+    """Returns (dx0 (B, D), dws list, dbs list)."""
+    g = dy
+    dx0 = np.zeros_like(x0)
+    dws, dbs = [None] * len(ws), [None] * len(ws)
+    for layer in reversed(range(len(ws))):
+        dh = (g * x0).sum(axis=1)
+        dx0 = dx0 + g * hs[layer][:, None]
+        dws[layer] = xs[layer].T @ dh
+        dbs[layer] = g.sum(axis=0)
+        g = g + dh[:, None] * ws[layer]
+    return dx0 + g, dws, dbs
+
+
+def multi_cross_v2_forward_ref(x0, us, vs, bs):
+    """us (D, P), vs (P, D), bs (D,) per layer. Returns (y, xs, zs)."""
+    xs, zs = [x0], []
+    x = x0
+    for u, v, b in zip(us, vs, bs):
+        z = (x @ u) @ v
+        x = x0 * (z + b) + x
+        xs.append(x)
+        zs.append(z)
+    return x, xs, zs
+
+
+def multi_cross_v2_backward_ref(dy, x0, us, vs, bs, xs, zs):
+    """Returns (dx0, dus, dvs, dbs)."""
+    g = dy
+    dx0 = np.zeros_like(x0)
+    n = len(us)
+    dus, dvs, dbs = [None] * n, [None] * n, [None] * n
+    for layer in reversed(range(n)):
+        u, v, x = us[layer], vs[layer], xs[layer]
+        dz = g * x0
+        dx0 = dx0 + g * (zs[layer] + bs[layer])
+        dbs[layer] = dz.sum(axis=0)
+        dvs[layer] = (x @ u).T @ dz
+        dt = dz @ v.T
+        dus[layer] = x.T @ dt
+        g = g + dt @ u.T
+    return dx0 + g, dus, dvs, dbs
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+def _check_tpb(tpb: int) -> None:
+    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
+        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+
+
+@functools.lru_cache(maxsize=None)
+def make_v1_forward_kernel(tpb: int):
+    _check_tpb(tpb)
+
+    @cuda.jit
+    def mc_v1_forward_kernel(x0, xl, w, b, out, h):
+        # x0, xl, out: (B, D); w, b: (D,); h: (B,) saved for the backward
+        part = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        width = x0.shape[1]
+        for r in range(cuda.blockIdx.x, x0.shape[0], cuda.gridDim.x):    # uniform per block
+            acc = float32(0.0)
+            for j in range(t, width, tpb):
+                acc += xl[r, j] * w[j]
+            part[t] = acc
+            cuda.syncthreads()
+            step = tpb // 2
+            while step > 0:
+                if t < step:
+                    part[t] += part[t + step]
+                cuda.syncthreads()
+                step //= 2
+            dot = part[0]
+            cuda.syncthreads()
+            for j in range(t, width, tpb):
+                out[r, j] = x0[r, j] * dot + xl[r, j] + b[j]
+            if t == 0:
+                h[r] = dot
+
+    return mc_v1_forward_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_v1_backward_rows_kernel(tpb: int):
+    _check_tpb(tpb)
+
+    @cuda.jit
+    def mc_v1_backward_rows_kernel(g, x0, w, h, first, dx0, dxl, dh):
+        # g, x0, dx0, dxl: (B, D); w: (D,); h, dh: (B,). first == 1: dx0 is overwritten, else added to.
+        part = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        width = x0.shape[1]
+        for r in range(cuda.blockIdx.x, x0.shape[0], cuda.gridDim.x):
+            acc = float32(0.0)
+            for j in range(t, width, tpb):
+                acc += g[r, j] * x0[r, j]
+            part[t] = acc
+            cuda.syncthreads()
+            step = tpb // 2
+            while step > 0:
+                if t < step:
+                    part[t] += part[t + step]
+                cuda.syncthreads()
+                step //= 2
+            d = part[0]
+            cuda.syncthreads()
+            hr = h[r]
+            for j in range(t, width, tpb):
+                gj = g[r, j]
+                if first != 0:
+                    dx0[r, j] = gj * hr
+                else:
+                    dx0[r, j] += gj * hr
+                dxl[r, j] = gj + d * w[j]
+            if t == 0:
+                dh[r] = d
+
+    return mc_v1_backward_rows_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_v1_param_grad_kernel(tpb: int):
+    _check_tpb(tpb)
+
+    @cuda.jit
+    def mc_v1_param_grad_kernel(g, xl, dh, dw, db):
+        # column sums over the B rows: dw[j] = sum dh * xl[:, j], db[j] = sum g[:, j] (overwritten)
+        s_w = cuda.shared.array(tpb, float32)
+        s_b = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        rows = g.shape[0]
+        for c in range(cuda.blockIdx.x, g.shape[1], cuda.gridDim.x):
+            a1 = float32(0.0)
+            a2 = float32(0.0)
+            for m in range(t, rows, tpb):
+                a1 += dh[m] * xl[m, c]
+                a2 += g[m, c]
+            s_w[t] = a1
+            s_b[t] = a2
+            cuda.syncthreads()
+            step = tpb // 2
+            while step > 0:
+                if t < step:
+                    s_w[t] += s_w[t + step]
+                    s_b[t] += s_b[t + step]
+                cuda.syncthreads()
+                step //= 2
+            if t == 0:
+                dw[c] = s_w[0]
+                db[c] = s_b[0]
+            cuda.syncthreads()
+
+    return mc_v1_param_grad_kernel
+
+
+@cuda.jit
+def mc_v2_forward_kernel(x0, xl, z, b, out):
+    # flat (B*D,) views; b (D,): out = x0 * (z + b) + xl
+    n = b.shape[0]
+    for i in range(cuda.grid(1), x0.shape[0], cuda.gridsize(1)):
+        out[i] = x0[i] * (z[i] + b[i % n]) + xl[i]
+
+
+@cuda.jit
+def mc_v2_backward_kernel(g, x0, z, b, first, dz, dx0):
+    # flat (B*D,) views: dz = g * x0; dx0 (+)= g * (z + b)
+    n = b.shape[0]
+    for i in range(cuda.grid(1), g.shape[0], cuda.gridsize(1)):
+        gi = g[i]
+        dz[i] = gi * x0[i]
+        v = gi * (z[i] + b[i % n])
+        if first != 0:
+            dx0[i] = v
+        else:
+            dx0[i] += v
+
+
+@cuda.jit
+def mc_add_kernel(a, b, out):
+    # flat views: out = a + b (the input's two gradient paths)
+    for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+        out[i] = a[i] + b[i]
+
+
+# ---- launch wrappers (contiguous float32; allocate nothing) ----------------------------------
+def v1_forward(x0, xl, w, b, out, h, threads: int | None = None) -> None:
+    if x0.shape[0] == 0:
+        return
+    tpb = threads or REDUCE_THREADS
+    launch_rows(make_v1_forward_kernel(tpb), x0.shape[0], x0, xl, w, b, out, h, threads=tpb)
+
+
+def v1_backward(g, x0, xl, w, h, first: bool, dx0, dxl, dh, dw, db, threads: int | None = None) -> None:
+    """One layer's backward: dx0 (+)=, dxl, dh (scratch (B,)), dw, db (overwritten)."""
+    tpb = threads or REDUCE_THREADS
+    if x0.shape[0] > 0:
+        launch_rows(make_v1_backward_rows_kernel(tpb), x0.shape[0], g, x0, w, h, np.int32(bool(first)),
+                    dx0, dxl, dh, threads=tpb)
+    launch_rows(make_v1_param_grad_kernel(tpb), x0.shape[1], g, xl, dh, dw, db, threads=tpb)
+
+
+def v2_forward(x0, xl, z, b, out) -> None:
+    launch_1d(mc_v2_forward_kernel, x0.size, x0.reshape(-1), xl.reshape(-1), z.reshape(-1), b,
+              out.reshape(-1))
+
+
+def v2_backward(g, x0, z, b, first: bool, dz, dx0) -> None:
+    launch_1d(mc_v2_backward_kernel, g.size, g.reshape(-1), x0.reshape(-1), z.reshape(-1), b,
+              np.int32(bool(first)), dz.reshape(-1), dx0.reshape(-1))
+
+
+def add(a, b, out) -> None:
+    launch_1d(mc_add_kernel, a.size, a.reshape(-1), b.reshape(-1), out.reshape(-1))
+
+
+_M, _V = "float32[:, ::1]", "float32[::1]"
+PTX_CHECKS = [
+    (make_v1_forward_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, {_M}, {_V})"),
+    (make_v1_backward_rows_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, int32, {_M}, {_M}, {_V})"),
+    (make_v1_param_grad_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, {_V})"),
+    (mc_v2_forward_kernel, f"void({_V}, {_V}, {_V}, {_V}, {_V})"),
+    (mc_v2_backward_kernel, f"void({_V}, {_V}, {_V}, {_V}, int32, {_V}, {_V})"),
+    (mc_add_kernel, f"void({_V}, {_V}, {_V})"),
+]
