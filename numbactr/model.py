@@ -260,22 +260,22 @@ class Model:
             total += self._regularizer(layer, valid, grad=False)
         return total
 
-    def _regularizer(self, loss_layer, valid: int, grad: bool) -> float:
-        """L1/L2 on every trainable weight of the layers added before ``loss_layer`` (spec §6.3).
-        grad=True adds its gradient into the flat wgrad; returns the loss term."""
+    def _regularizer(self, loss_layer, batch_rows: int, grad: bool) -> float:
+        """L1/L2 on every trainable weight of the layers added before ``loss_layer`` (spec §6.3), with
+        b = the batch's row count. Those weights are one contiguous slice of the flat weight vector.
+        grad=True adds the regularizer gradient into the flat wgrad; returns the loss term."""
         reg = getattr(loss_layer, "regularizer", None)
         if not reg:
             return 0.0
         from .layers.losses import regularizer_grad, regularizer_term
         kind, lam = reg
-        term = 0.0
-        for layer in self.layers[:self.layers.index(loss_layer)]:
-            for p, g in zip(layer.params, layer.grad_views):
-                if grad:
-                    regularizer_grad(p.data.reshape(-1), kind, lam, valid, g.reshape(-1))
-                else:
-                    term += regularizer_term(p.data.reshape(-1), kind, lam, valid)
-        return term
+        end = sum(p.data.size for layer in self.layers[:self.layers.index(loss_layer)] for p in layer.params)
+        if end == 0:
+            return 0.0
+        if grad:
+            regularizer_grad(self.weights[:end], kind, lam, batch_rows, self.wgrads[:end], accumulate=True)
+            return 0.0
+        return regularizer_term(self.weights[:end], kind, lam, batch_rows)
 
     def _next_batch(self, reader):
         """This rank's slice of the next global batch (None at the end of an epoch-mode source)."""
@@ -317,13 +317,15 @@ class Model:
             summed = self.comm.allreduce_sum(device.to_host(self.wgrads).copy())
             self.wgrads[...] = device.xp().asarray(summed)
         valid = self._global_valid(batch.size)
+        rows = batch.batch_size * self.ranks          # HugeCTR's b: the full (padded) batch
         for layer, _ in self.losses:
-            self._regularizer(layer, valid, grad=True)
+            self._regularizer(layer, rows, grad=True)
+        # the reported loss uses the weights this step ran with (before the update)
+        self.current_loss = self._loss_value(t, rows) if self.solver.gen_loss_summary else 0.0
         lr = 0.0 if self.dense_frozen else self.lr
         self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
         for emb in self.embeddings:
             emb.update(self.lr, self.solver.scaler)
-        self.current_loss = self._loss_value(t, valid) if self.solver.gen_loss_summary else 0.0
         self.step += 1
         return True
 
@@ -336,11 +338,16 @@ class Model:
             return False
         t = self._forward(batch, False, None)
         n = batch.size
-        preds = np.concatenate([device.to_host(layer.predictions()).reshape(batch.batch_size, -1)[:n]
-                                for layer, _ in self.losses], axis=1)
-        labels = np.concatenate([device.to_host(t[layer.cfg.bottom_names[1]].data).reshape(batch.batch_size, -1)[:n]
-                                 for layer, _ in self.losses], axis=1)
-        loss = self._loss_value(t, self._global_valid(n))
+        preds, labels = [], []
+        for layer, _ in self.losses:
+            p = device.to_host(layer.predictions()).reshape(batch.batch_size, -1)[:n]
+            y = device.to_host(t[layer.cfg.bottom_names[1]].data).reshape(batch.batch_size, -1)[:n]
+            if p.shape[1] == 2 and y.shape[1] == 1:      # CrossEntropy with class labels: P(class 1)
+                p = p[:, 1:]
+            preds.append(p)
+            labels.append(y)
+        preds, labels = np.concatenate(preds, axis=1), np.concatenate(labels, axis=1)
+        loss = self._loss_value(t, batch.batch_size * self.ranks)
         if self.ranks > 1:                      # every rank scores the whole global eval batch
             preds, labels = self.comm.allgather_rows(preds), self.comm.allgather_rows(labels)
         self.metrics.add(preds, labels, loss)

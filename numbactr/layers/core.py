@@ -7,6 +7,7 @@ from .. import ops
 from ..enums import Layer_t
 from . import init
 from .base import Layer
+from .losses import RegularizedLoss
 
 class InnerProduct(Layer):
     """Y = X·W + b on the last dim: (B, K) -> (B, N) or (B, S, K) -> (B, S, N). W (K, N), b (N,)."""
@@ -145,7 +146,7 @@ class Interaction(Layer):
         return [ops.Interaction.apply(tape, xs[0], xs[1], name=self.cfg.top_names[0])]
 
 
-class BinaryCrossEntropyLoss(Layer):
+class BinaryCrossEntropyLoss(RegularizedLoss, Layer):
     """bottoms [logit (B, 1), label (B, 1)] -> scalar loss; sigmoid fused; see ops.BinaryCrossEntropy."""
     type_name = "BinaryCrossEntropyLoss"
     is_loss = True
@@ -156,8 +157,7 @@ class BinaryCrossEntropyLoss(Layer):
         if x != y or len(x) != 2 or x[1] != 1:
             self.fail(f"logit {self.cfg.bottom_names[0]!r} {x} and label {self.cfg.bottom_names[1]!r} "
                       f"{y} must both be (B, 1)")
-        if self.cfg.use_regularizer:
-            self.fail("use_regularizer is not implemented yet (tracked by issue 3)")
+        self.setup_regularizer()
         return [(1,)]
 
     def forward(self, tape, xs, run):
@@ -166,6 +166,9 @@ class BinaryCrossEntropyLoss(Layer):
                                             name=self.cfg.top_names[0])
         self.logits = xs[0]
         return [loss]
+
+    def json_params(self):
+        return self.regularizer_json()
 
     def predictions(self):
         """sigmoid of the last forward's logits, (B, 1)."""

@@ -1,2 +1,288 @@
-"""Layers of this group register here (see numbactr/layers/__init__.py)."""
-LAYERS: dict = {}
+"""Loss layers CrossEntropyLoss and MultiCrossEntropyLoss, and the L1/L2 regularizer (spec §6.3).
+
+Loss layers follow BinaryCrossEntropyLoss (core.py): bottoms [logits, label], forward returns
+[loss (1,)] (mean over the valid rows) and saves dX, computed in the same fused kernel; the tape seeds
+it and ``backward`` hands dX on (loss weights never scale gradients, spec §4.5). The loss name that
+``compile(loss_names)`` refers to is the LABEL tensor's name (``label_name``).
+
+Regularizer. A loss with ``use_regularizer=True`` exposes ``self.regularizer = (Regularizer_t, lambda)``
+(else None). The model, not the loss, applies it each training step, over the flat dense weight
+vector w of the layers before the loss, with b = the per-rank batch size of the full tensor (B, not
+the valid rows; HugeCTR passes the logit tensor's dim 0):
+
+    loss_value += regularizer_term(w, kind, lam, B)        # L2: lam/(2B)·Σw², L1: lam/B·Σ|w|
+    regularizer_grad(w, kind, lam, B, wgrad)               # wgrad := L2 (lam/B)·w, L1 (lam/B)·sign(w)
+    ... then layers ACCUMULATE their weight gradients into wgrad
+
+`RegularizedLoss` is the mixin that reads and validates the regularizer settings; BinaryCrossEntropyLoss
+can take it too (``class BinaryCrossEntropyLoss(RegularizedLoss, Layer)`` + ``self.setup_regularizer()``
+in ``infer`` + ``self.regularizer_json()`` in ``json_params``).
+
+CrossEntropyLoss label. HugeCTR's kernel reads ``label[i]`` for row i: the first B floats of the label
+buffer, whatever its width. numbactr reads column 0 of each row (the same floats for a (B, 1) label;
+for a (B, 2) label HugeCTR instead reads row i//2, column i%2); ``numbactr.compat.hugectr_exact()``
+restores HugeCTR's read. The label may be (B, 1) (a class index per row, as HugeCTR's own unit test
+feeds it) or (B, 2) (the logits' shape).
+
+HugeCTR: HugeCTR/src/loss.cu, src/regularizers/*.cu, src/pybind/add_dense_layer.cpp.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import compat, device
+from ..autograd import Context, Function
+from ..enums import Layer_t, Regularizer_t
+from ..kernels import bce, cross_entropy, multi_cross_entropy, regularizer as reg_kernels
+from .base import Layer
+
+
+def _kernels() -> bool:
+    return device.uses_kernels()
+
+
+def _contig(a):
+    xp = device.xp()
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+
+
+# ---- regularizer (called by the model) --------------------------------------------------------
+def _kind_name(kind) -> str:
+    if isinstance(kind, Regularizer_t):
+        return kind.name
+    if kind in ("L1", "L2"):
+        return kind
+    raise ValueError(f"regularizer kind must be Regularizer_t.L1/L2 (or 'L1'/'L2'), got {kind!r}")
+
+
+def regularizer_term(w, kind, lam: float, b: int) -> float:
+    """rterm over the flat weight vector w (P,): L2 lam/(2b)·Σw², L1 lam/b·Σ|w|; 0.0 when kind is None.
+
+    Kernel (block reduction, float32) on gpu/sim, NumPy (float64 sum) on cpu.
+    """
+    if kind is None:
+        return 0.0
+    name = _kind_name(kind)
+    if not _kernels():
+        return reg_kernels.regularizer_term_ref(device.to_host(w), name, lam, b)
+    out = device.xp().zeros((1,), np.float32)
+    reg_kernels.regularizer_term_add(_contig(w), out, name, lam, b)
+    return float(device.to_host(out)[0])
+
+
+def regularizer_grad(w, kind, lam: float, b: int, out, accumulate: bool = False) -> None:
+    """out := wgrad_init(w) (same size as w): L2 (lam/b)·w, L1 (lam/b)·sign(w) with sign(0) = -1;
+    zeros when kind is None. ``accumulate=True`` ADDS it to out instead (for a model that has already
+    written the layers' gradients into out). ``out`` must be contiguous (it is written in place)."""
+    if kind is None:
+        if not accumulate:
+            out[...] = 0
+        return
+    name = _kind_name(kind)
+    if not _kernels():
+        g = reg_kernels.regularizer_grad_ref(w, name, lam, b).reshape(out.shape)
+        if accumulate:
+            out += g
+        else:
+            out[...] = g
+        return
+    reg_kernels.regularizer_grad_init(_contig(w), out, name, lam, b, accumulate=accumulate)
+
+
+class RegularizedLoss:
+    """Mixin for loss layers: the use_regularizer / regularizer_type / lambda settings.
+
+    ``setup_regularizer()`` (call from ``infer``) validates them and sets ``self.regularizer`` to
+    ``(Regularizer_t, lambda)`` or None; ``regularizer_json()`` gives the graph-JSON keys.
+    """
+
+    regularizer = None
+
+    def setup_regularizer(self) -> None:
+        cfg = self.cfg
+        self.regularizer = None
+        if not cfg.use_regularizer:
+            return
+        kind, lam = cfg.regularizer_type, cfg.lambda_
+        if not isinstance(kind, Regularizer_t):
+            self.fail(f"regularizer_type must be Regularizer_t.L1 or Regularizer_t.L2, got {kind!r}")
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam) or lam < 0:
+            self.fail(f"lambda must be a finite number >= 0, got {lam!r}")
+        self.regularizer = (kind, float(lam))
+
+    def regularizer_json(self) -> dict:
+        if self.regularizer is None:
+            return {}
+        kind, lam = self.regularizer
+        return {"regularizer": kind.name, "lambda": lam}
+
+    @property
+    def label_name(self) -> str:
+        """The name compile(loss_names) uses for this loss: the label tensor's."""
+        return self.cfg.bottom_names[1]
+
+
+# ---- autograd Functions ------------------------------------------------------------------------
+class CrossEntropy(Function):
+    """Softmax over 2 logits + CE in one kernel: returns the mean loss over the valid rows, saves dX
+    = (softmax(x) - onehot) · grad_scale (0 for rows >= valid)."""
+
+    @staticmethod
+    def forward(ctx: Context, x, label, valid: int = 0, grad_scale: float = 1.0,
+                hugectr_label: bool = False):
+        b = valid or x.shape[0]
+        if _kernels():
+            xp = device.xp()
+            dx = xp.empty_like(x)
+            loss = xp.zeros((1,), np.float32)
+            cross_entropy.cross_entropy_forward_backward(_contig(x), _contig(label), dx, loss, b,
+                                                         grad_scale, hugectr_label=hugectr_label)
+            ctx.dx = dx
+            return loss / np.float32(b)
+        loss, dx = cross_entropy.cross_entropy_forward_backward_ref(x, label, b, grad_scale, hugectr_label)
+        ctx.dx = dx.astype(np.float32)
+        return np.asarray([loss], np.float32)
+
+    @staticmethod
+    def backward(ctx: Context, dloss):
+        return ctx.dx, None
+
+
+class MultiCrossEntropy(Function):
+    """Per-target weighted BCE with ignorable labels (< -0.5) in one kernel: returns the loss summed
+    over the used elements / (valid·T), saves dX = tw·(sigmoid(x) - y)·grad_scale."""
+
+    @staticmethod
+    def forward(ctx: Context, x, y, tw=None, valid: int = 0, grad_scale: float = 1.0):
+        b = valid or x.shape[0]
+        if _kernels():
+            xp = device.xp()
+            dx = xp.empty_like(x)
+            loss = xp.zeros((1,), np.float32)
+            multi_cross_entropy.multi_cross_entropy_forward_backward(_contig(x), _contig(y), tw, dx, loss,
+                                                                     b, grad_scale)
+            ctx.dx = dx
+            return loss / np.float32(b * x.shape[1])
+        loss, dx = multi_cross_entropy.multi_cross_entropy_forward_backward_ref(x, y, tw, b, grad_scale)
+        ctx.dx = dx.astype(np.float32)
+        return np.asarray([loss], np.float32)
+
+    @staticmethod
+    def backward(ctx: Context, dloss):
+        return ctx.dx, None
+
+
+def softmax2(x):
+    """Row-wise softmax of (B, 2) logits (eval predictions; no autograd)."""
+    if _kernels():
+        y = device.xp().empty_like(x)
+        cross_entropy.softmax2_forward(_contig(x), y)
+        return y
+    return cross_entropy.softmax2_ref(x)
+
+
+def sigmoid(x):
+    """Elementwise sigmoid (eval predictions; no autograd)."""
+    if _kernels():
+        y = device.xp().empty_like(x)
+        bce.sigmoid_forward(_contig(x), y)
+        return y
+    return bce.sigmoid_ref(x)
+
+
+# ---- layers ------------------------------------------------------------------------------------
+class CrossEntropyLoss(RegularizedLoss, Layer):
+    """bottoms [logits (B, 2), label (B, 1) or (B, 2)] -> loss (1,); softmax fused. Class of row i:
+    0 if its label < 0.5 else 1 (column 0; HugeCTR's buffer read under compat.hugectr_exact())."""
+    type_name = "CrossEntropyLoss"
+    is_loss = True
+
+    def infer(self):
+        self.expect_counts(2)
+        x, y = self.in_shapes
+        xn, yn = self.cfg.bottom_names
+        if len(x) != 2 or x[1] != 2:
+            self.fail(f"logits {xn!r} must be (B, 2) (two classes), got shape {x}")
+        if len(y) != 2 or y[0] != x[0] or y[1] not in (1, 2):
+            self.fail(f"label {yn!r} {y} does not match logits {xn!r} {x}: need label (B, 2) like the "
+                      f"logits, or (B, 1) class labels, with the same B")
+        self.setup_regularizer()
+        return [(1,)]
+
+    def forward(self, tape, xs, run):
+        grad_scale = run.scaler / (run.valid * run.ranks) if run.valid else 0.0
+        loss = CrossEntropy.apply(tape, xs[0], xs[1], valid=run.valid, grad_scale=grad_scale,
+                                  hugectr_label=compat.hugectr_exact(), name=self.cfg.top_names[0])
+        self.logits = xs[0]
+        return [loss]
+
+    def predictions(self):
+        """softmax of the last forward's logits, (B, 2); column 1 is P(class 1)."""
+        return softmax2(self.logits.data)
+
+    def json_params(self):
+        return self.regularizer_json()
+
+
+class MultiCrossEntropyLoss(RegularizedLoss, Layer):
+    """bottoms [logits (B, T), label (B, T)] -> loss (1,); per-target weights target_weight_vec (T,);
+    labels < -0.5 are ignored (no loss, no gradient) but still count in the b·T normalization."""
+    type_name = "MultiCrossEntropyLoss"
+    is_loss = True
+
+    def infer(self):
+        self.expect_counts(2)
+        x, y = self.in_shapes
+        xn, yn = self.cfg.bottom_names
+        if len(x) != 2:
+            self.fail(f"logits {xn!r} must be 2-D (B, T), got shape {x}")
+        if y != x:
+            self.fail(f"label {yn!r} {y} must have the shape of logits {xn!r} {x}")
+        tw = self.cfg.target_weight_vec
+        targets = x[1]
+        if tw is None or len(tw) == 0:
+            self.fail(f"target_weight_vec is required: one weight per target, {targets} for logits "
+                      f"{xn!r} {x}")
+        if len(tw) != targets:
+            self.fail(f"target_weight_vec has {len(tw)} weights, but logits {xn!r} {x} have {targets} "
+                      f"targets")
+        try:
+            weights = [float(v) for v in tw]
+        except (TypeError, ValueError):
+            self.fail(f"target_weight_vec must hold numbers, got {list(tw)!r}")
+        if not all(math.isfinite(v) for v in weights):
+            self.fail(f"target_weight_vec must be finite, got {weights}")
+        self.target_weights = weights
+        self._tw_dev = None
+        self.setup_regularizer()
+        return [(1,)]
+
+    def _tw(self):
+        """target weights on the current device, (T,) float32 (cached per array module)."""
+        xp = device.xp()
+        if self._tw_dev is None or self._tw_dev[0] is not xp:
+            self._tw_dev = (xp, xp.asarray(np.asarray(self.target_weights, np.float32)))
+        return self._tw_dev[1]
+
+    def forward(self, tape, xs, run):
+        targets = self.in_shapes[0][1]
+        grad_scale = run.scaler / (run.valid * targets * run.ranks) if run.valid else 0.0
+        loss = MultiCrossEntropy.apply(tape, xs[0], xs[1], tw=self._tw(), valid=run.valid,
+                                       grad_scale=grad_scale, name=self.cfg.top_names[0])
+        self.logits = xs[0]
+        return [loss]
+
+    def predictions(self):
+        """sigmoid of the last forward's logits, (B, T)."""
+        return sigmoid(self.logits.data)
+
+    def json_params(self):
+        return {"target_weight": list(self.target_weights), **self.regularizer_json()}
+
+
+LAYERS = {
+    Layer_t.CrossEntropyLoss: CrossEntropyLoss,
+    Layer_t.MultiCrossEntropyLoss: MultiCrossEntropyLoss,
+}
