@@ -31,6 +31,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+from .block import block_sum, block_sum2
 
 MIN_EPS = 1e-5      # cuDNN's CUDNN_BN_MIN_EPSILON
 
@@ -98,13 +99,7 @@ def make_bn_forward_train_kernel(tpb: int):
             for m in range(t, rows, tpb):
                 acc += x[m, f]
             part[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             mu = part[0] / nb
             cuda.syncthreads()              # everyone has read part[0] before it is overwritten
             # pass 2: the centred sum of squares (two passes: no E[x^2] - E[x]^2 cancellation)
@@ -113,13 +108,7 @@ def make_bn_forward_train_kernel(tpb: int):
                 d = x[m, f] - mu
                 acc += d * d
             part[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             var = part[0] / nb
             cuda.syncthreads()
             inv = float32(1.0) / math.sqrt(var + eps)
@@ -173,14 +162,7 @@ def make_bn_backward_kernel(tpb: int):
                 a2 += g * (x[m, f] - mu) * iv
             s_dy[t] = a1
             s_dyx[t] = a2
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    s_dy[t] += s_dy[t + step]
-                    s_dyx[t] += s_dyx[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum2(s_dy, s_dyx, t, tpb)
             sdy = s_dy[0]
             sdyx = s_dyx[0]
             cuda.syncthreads()

@@ -21,6 +21,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d
+from .block import block_sum
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -83,13 +84,7 @@ def make_bce_kernel(tpb: int):
             else:
                 dx[i] = float32(0.0)
         partial[t] = acc
-        cuda.syncthreads()
-        step = tpb // 2
-        while step > 0:
-            if t < step:
-                partial[t] += partial[t + step]
-            cuda.syncthreads()
-            step //= 2
+        block_sum(partial, t, tpb)
         if t == 0:
             cuda.atomic.add(loss_out, 0, partial[0])
 

@@ -16,6 +16,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+from .block import block_sum
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -61,13 +62,7 @@ def make_bias_grad_kernel(tpb: int):
             for m in range(t, rows, tpb):
                 acc += dy[m, col]
             partial[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    partial[t] += partial[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(partial, t, tpb)
             if t == 0:
                 db[col] = partial[0]
             # thread 0 must read partial[0] before anyone overwrites it for the next column

@@ -29,6 +29,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d
+from .block import block_sum
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -123,13 +124,7 @@ def make_ce_kernel(tpb: int):
                 dx[2 * i] = float32(0.0)
                 dx[2 * i + 1] = float32(0.0)
         partial[t] = acc
-        cuda.syncthreads()
-        step = tpb // 2
-        while step > 0:
-            if t < step:
-                partial[t] += partial[t + step]
-            cuda.syncthreads()
-            step //= 2
+        block_sum(partial, t, tpb)
         if t == 0:
             cuda.atomic.add(loss_out, 0, partial[0])
 

@@ -20,6 +20,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+from .block import block_sum
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -69,13 +70,7 @@ def make_bias_act_backward_kernel(tpb: int):
                 d[m, c] = g
                 acc += g
             part[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             if t == 0 and has_bias != 0:
                 db[c] = part[0]
             cuda.syncthreads()      # thread 0 reads part[0] before the next column overwrites it

@@ -23,6 +23,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_rows
+from .block import block_sum, block_sum2
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -69,13 +70,7 @@ def make_ln_forward_kernel(tpb: int):
             for j in range(t, width, tpb):
                 acc += x[r, j]
             part[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             mu = part[0] / nh
             cuda.syncthreads()
             acc = float32(0.0)
@@ -83,13 +78,7 @@ def make_ln_forward_kernel(tpb: int):
                 d = x[r, j] - mu
                 acc += d * d
             part[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             var = part[0] / nh
             cuda.syncthreads()
             inv = float32(1.0) / math.sqrt(var + eps)
@@ -125,14 +114,7 @@ def make_ln_backward_dx_kernel(tpb: int):
                 a2 += g * (x[r, j] - mu) * iv
             s_g[t] = a1
             s_gx[t] = a2
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    s_g[t] += s_g[t + step]
-                    s_gx[t] += s_gx[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum2(s_g, s_gx, t, tpb)
             sg = s_g[0]
             sgx = s_gx[0]
             cuda.syncthreads()
@@ -163,14 +145,7 @@ def make_ln_param_grad_kernel(tpb: int):
                 a2 += g * (x[m, c] - mean[m]) * inv[m]
             s_b[t] = a1
             s_g[t] = a2
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    s_b[t] += s_b[t + step]
-                    s_g[t] += s_g[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum2(s_b, s_g, t, tpb)
             if t == 0:
                 dbeta[c] = s_b[0]
                 dgamma[c] = s_g[0]

@@ -29,6 +29,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+from .block import block_sum, block_sum2
 
 
 # ---- NumPy references (whole stack of layers) --------------------------------------------------
@@ -109,13 +110,7 @@ def make_v1_forward_kernel(tpb: int):
             for j in range(t, width, tpb):
                 acc += xl[r, j] * w[j]
             part[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             dot = part[0]
             cuda.syncthreads()
             for j in range(t, width, tpb):
@@ -141,13 +136,7 @@ def make_v1_backward_rows_kernel(tpb: int):
             for j in range(t, width, tpb):
                 acc += g[r, j] * x0[r, j]
             part[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             d = part[0]
             cuda.syncthreads()
             hr = h[r]
@@ -183,14 +172,7 @@ def make_v1_param_grad_kernel(tpb: int):
                 a2 += g[m, c]
             s_w[t] = a1
             s_b[t] = a2
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    s_w[t] += s_w[t + step]
-                    s_b[t] += s_b[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum2(s_w, s_b, t, tpb)
             if t == 0:
                 dw[c] = s_w[0]
                 db[c] = s_b[0]

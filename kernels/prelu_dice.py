@@ -32,6 +32,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_rows
+from .block import block_sum, block_sum2
 
 TINY = 1e-8
 
@@ -86,13 +87,7 @@ def make_dice_forward_kernel(tpb: int):
             for m in range(t, rows, tpb):
                 acc += x[m, f]
             part[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             mu = part[0] / nb
             cuda.syncthreads()
             acc = float32(0.0)
@@ -100,13 +95,7 @@ def make_dice_forward_kernel(tpb: int):
                 d = x[m, f] - mu
                 acc += d * d
             part[t] = acc
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             ve = part[0] / nb + eps
             cuda.syncthreads()
             inv = float32(0.0) if ve < float32(TINY) else float32(1.0) / math.sqrt(ve)
@@ -151,14 +140,7 @@ def make_dice_backward_kernel(tpb: int):
                 a2 += a * s
             s_a[t] = a1
             s_as[t] = a2
-            cuda.syncthreads()
-            step = tpb // 2
-            while step > 0:
-                if t < step:
-                    s_a[t] += s_a[t + step]
-                    s_as[t] += s_as[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum2(s_a, s_as, t, tpb)
             mean_a = s_a[0] / nb
             mean_as = s_as[0] / nb
             cuda.syncthreads()

@@ -20,6 +20,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d
+from .block import block_sum
 
 KINDS = {"L1": 0, "L2": 1}
 
@@ -94,13 +95,7 @@ def make_regularizer_term_kernel(tpb: int):
             else:
                 acc += abs(v)
         partial[t] = acc
-        cuda.syncthreads()
-        step = tpb // 2
-        while step > 0:
-            if t < step:
-                partial[t] += partial[t + step]
-            cuda.syncthreads()
-            step //= 2
+        block_sum(partial, t, tpb)
         if t == 0:
             cuda.atomic.add(out, 0, partial[0] * alpha)
 
