@@ -1,0 +1,598 @@
+"""``numbactr bench``: throughput benchmarks that print markdown tables (not timed tests).
+
+    numbactr bench hash       hash-table insert/find, Mkeys/s (uniform and power-law keys, load 0.75)
+    numbactr bench embedding  embedding-bag forward and backward + sparse SGD update, GB/s
+    numbactr bench dlrm       one DLRM training step (numbactr.demo.build_dlrm), samples/s
+    numbactr bench all        the three above
+    --quick                   small shapes (seconds; the smoke test uses it)
+
+Everything runs on the device numbactr picked (``numbactr.device.kind()``): the numba.cuda kernels on
+a GPU (cupy arrays), the NumPy references on cpu. When torch is installed each benchmark also runs a
+plain-PyTorch baseline (on CUDA when this torch build has it and numbactr runs on a GPU, else on cpu).
+
+Counting (each table says it again):
+  hash       Mkeys/s = batch keys (duplicates included) / time.
+  embedding  FBGEMM's byte count: forward = rows read nbags*L*D*4 + output written nbags*D*4, with
+             nbags = B * tables; backward + update = 2 x the forward bytes. GB/s = bytes / time / 1e9.
+             On a GPU also the fraction of the device's peak memory bandwidth.
+  dlrm       samples/s = batch / median step time; batches are read into memory first, so the step is
+             forward + backward + optimizer update (numbactr's includes its hash-table insert).
+Times are medians over repetitions after one warm-up call (which also absorbs JIT compilation).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import itertools
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SUBCOMMANDS = ("hash", "embedding", "dlrm", "all")
+
+HASH_COLUMNS = ["impl", "keys", "op", "batch keys", "distinct", "capacity", "ms", "Mkeys/s"]
+EMBEDDING_COLUMNS = ["impl", "B", "tables", "L", "D", "rows", "fwd ms", "fwd GB/s", "bwd+upd ms",
+                     "bwd+upd GB/s"]
+EMBEDDING_PEAK_COLUMNS = ["fwd % peak", "bwd+upd % peak"]      # appended on a GPU
+DLRM_COLUMNS = ["impl", "batch", "slots", "rows", "D", "step ms", "samples/s"]
+
+#: peak memory bandwidth in GB/s by device-name fragments; the first entry whose fragments all occur
+#: in the (lower-cased) name wins, so the more specific names come first
+KNOWN_GPU_BANDWIDTH = [
+    (("h200",), 4800.0, "H200"),
+    (("h100", "pcie"), 2000.0, "H100 PCIe"),
+    (("h100",), 3350.0, "H100 SXM"),
+    (("a100", "80gb", "pcie"), 1935.0, "A100 80GB PCIe"),
+    (("a100", "80gb"), 2039.0, "A100 80GB"),
+    (("a100",), 1555.0, "A100 40GB"),
+]
+
+
+# ---- results -----------------------------------------------------------------------------------
+@dataclass
+class Table:
+    """One benchmark's result: a title, context lines and a markdown table."""
+    title: str
+    columns: list
+    rows: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def add(self, *cells) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"{self.title}: {len(cells)} cells for {len(self.columns)} columns")
+        self.rows.append([_cell(c) for c in cells])
+
+    def markdown(self) -> str:
+        out = [f"### {self.title}", ""]
+        out += [f"- {n}" for n in self.notes]
+        out += ["", "| " + " | ".join(self.columns) + " |",
+                "|" + "|".join("---" if i == 0 else "---:" for i in range(len(self.columns))) + "|"]
+        out += ["| " + " | ".join(r) + " |" for r in self.rows]
+        return "\n".join(out) + "\n"
+
+
+def _cell(v) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    if v is None or not np.isfinite(v):
+        return "-"
+    v = float(v)
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}" if v < 1 else f"{v:.2f}"
+
+
+# ---- environment -------------------------------------------------------------------------------
+class Env:
+    """The device numbactr runs on, its array module and synchronisation, and the torch baseline."""
+
+    def __init__(self, use_torch: bool = True):
+        from . import device
+        self.kind = device.kind()
+        self.kernels = device.uses_kernels()
+        self.xp = device.xp()
+        self.device_name = _device_name(self.kind)
+        self.torch = None
+        self.torch_why = ""
+        self.torch_dev = "cpu"
+        if not use_torch:
+            self.torch_why = "torch baseline skipped (--no-torch)"
+        else:
+            try:
+                import torch
+            except ImportError:
+                self.torch_why = "torch not installed: no PyTorch baseline (pip install torch to compare)"
+            else:
+                self.torch = torch
+                if self.kind == "gpu" and torch.cuda.is_available():
+                    self.torch_dev = "cuda"
+        self.peak_gbs, self.peak_src = (None, "")
+        if self.kind == "gpu":
+            self.peak_gbs, self.peak_src = peak_bandwidth(self.device_name)
+
+    def sync(self) -> None:
+        if self.kind == "gpu":
+            import cupy
+            cupy.cuda.runtime.deviceSynchronize()
+
+    def torch_sync(self) -> None:
+        if self.torch is not None and self.torch_dev == "cuda":
+            self.torch.cuda.synchronize()
+
+    @property
+    def torch_label(self) -> str:
+        return f"torch-{self.torch_dev}"
+
+    def header(self) -> list:
+        """Context lines every table starts with: device, date, versions."""
+        now = datetime.datetime.now().astimezone()
+        lines = [f"device: {self.kind} ({self.device_name})",
+                 f"date: {now.strftime('%Y-%m-%d %H:%M %Z')}",
+                 f"numpy {np.__version__}, python {platform.python_version()}"]
+        if hasattr(os, "getloadavg"):       # other work on the host skews every figure: say how much
+            lines.append(f"host load average (1 min) at start: {os.getloadavg()[0]:.1f} on "
+                         f"{os.cpu_count()} cores")
+        if self.kind == "sim":
+            lines.append("WARNING: device=sim times Numba's CUDA simulator; these are not performance figures")
+        if self.torch is not None:
+            lines.append(f"torch {self.torch.__version__} on {self.torch_dev}"
+                         + (f" ({self.torch.get_num_threads()} threads)" if self.torch_dev == "cpu" else ""))
+        else:
+            lines.append(self.torch_why)
+        return lines
+
+
+def _device_name(kind: str) -> str:
+    if kind == "gpu":
+        from numba import cuda
+        name = cuda.get_current_device().name
+        return name.decode() if isinstance(name, bytes) else str(name)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def known_peak_bandwidth(name: str):
+    """(GB/s, label) of a GPU in KNOWN_GPU_BANDWIDTH by its device name, or (None, '')."""
+    low = name.lower()
+    for frags, gbs, label in KNOWN_GPU_BANDWIDTH:
+        if all(f in low for f in frags):
+            return gbs, label
+    return None, ""
+
+
+def measure_copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> float:
+    """GB/s of a cupy device-to-device copy (read + write counted)."""
+    import cupy
+    src = cupy.ones(nbytes // 4, dtype=cupy.float32)
+    dst = cupy.empty_like(src)
+    dst[...] = src
+    cupy.cuda.runtime.deviceSynchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dst[...] = src
+    cupy.cuda.runtime.deviceSynchronize()
+    return 2.0 * src.nbytes * reps / (time.perf_counter() - t0) / 1e9
+
+
+def peak_bandwidth(name: str):
+    """(GB/s, where it came from): the spec sheet of a known GPU, else a measured d2d copy."""
+    gbs, label = known_peak_bandwidth(name)
+    if gbs is not None:
+        return gbs, f"{label} spec sheet"
+    try:
+        return measure_copy_bandwidth(), "measured cupy device-to-device copy"
+    except Exception as e:     # noqa: BLE001 (a benchmark keeps going without the fraction)
+        return None, f"unknown ({type(e).__name__}: {e})"
+
+
+def measure(fn, *, sync=None, setup=None, min_time: float = 1.0, max_reps: int = 50) -> float:
+    """Median seconds of fn() after one warm-up call; repeats until min_time has passed (>= 1 rep).
+
+    setup(), when given, runs before every call outside the timed region (e.g. clearing a table).
+    """
+    sync = sync or (lambda: None)
+    if setup:
+        setup()
+    fn()                                          # warm-up: JIT compilation, first-touch page faults
+    sync()
+    times = []
+    start = time.perf_counter()
+    while not times or (time.perf_counter() - start < min_time and len(times) < max_reps):
+        if setup:
+            setup()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ---- hash table --------------------------------------------------------------------------------
+class TorchKeyIndex:
+    """Key -> row as one would write it in plain PyTorch: a sorted key tensor and its rows.
+
+    insert: torch.unique dedups the batch, searchsorted finds known keys, new keys take the next rows
+    (in sorted-key order) and the index is re-sorted; find: one searchsorted.
+    Keys are int64 (uint64 keys reinterpreted; the order differs but stays consistent).
+    """
+
+    def __init__(self, torch, dev: str):
+        self.torch, self.dev = torch, dev
+        self.clear()
+
+    def clear(self) -> None:
+        t = self.torch
+        self.keys = t.empty(0, dtype=t.int64, device=self.dev)     # (size,) sorted
+        self.rows = t.empty(0, dtype=t.int64, device=self.dev)     # (size,) row of each key
+        self.size = 0
+
+    def _lookup(self, keys):
+        """(rows (N,) with -1 for absent keys, hit (N,) bool)."""
+        t = self.torch
+        if self.size == 0:
+            return (t.full(keys.shape, -1, dtype=t.int64, device=self.dev),
+                    t.zeros(keys.shape, dtype=t.bool, device=self.dev))
+        pos = t.searchsorted(self.keys, keys).clamp_(max=self.size - 1)
+        hit = self.keys[pos] == keys
+        return t.where(hit, self.rows[pos], t.full_like(pos, -1)), hit
+
+    def insert(self, keys):
+        t = self.torch
+        uniq, inverse = t.unique(keys, return_inverse=True)      # (U,) sorted, (N,)
+        urows, hit = self._lookup(uniq)
+        new = ~hit
+        n_new = int(new.sum())
+        if n_new:
+            urows[new] = t.arange(self.size, self.size + n_new, dtype=t.int64, device=self.dev)
+            merged, order = t.sort(t.cat([self.keys, uniq[new]]))
+            self.keys, self.rows = merged, t.cat([self.rows, urows[new]])[order]
+            self.size += n_new
+        return urows[inverse]
+
+    def find(self, keys):
+        return self._lookup(keys)[0]
+
+
+def hash_keys(dist: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n,) uint64 batch keys: 'uniform' over [0, 2**63), or 'power-law' (alpha 1.2 over 10 n keys,
+    HugeCTR's generator) — many repeats, like a Criteo slot."""
+    if dist == "uniform":
+        return rng.integers(0, 2 ** 63 - 1, n, dtype=np.int64).view(np.uint64)
+    from .data.synthetic import power_law_keys
+    return power_law_keys(rng, n, 10 * n, 1.2).astype(np.uint64)
+
+
+def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float = 1.0, seed: int = 0) -> Table:
+    from .embedding.hash_table import HashTable
+    tab = Table(f"hash table insert/find ({env.kind})", HASH_COLUMNS)
+    tab.notes = env.header() + [
+        f"batch of {n:,} keys; table rows = the batch's distinct keys, capacity = rows / {load_factor} "
+        f"(load factor {load_factor} once the batch is in)",
+        "insert-new: empty table (cleared outside the timer); insert-known: every key already present "
+        "(the steady training state); find: every key present",
+        "Mkeys/s = batch keys (duplicates included) / median time",
+        "torch: torch.unique dedup + sorted keys with searchsorted (re-sorted on insert)"]
+    rng = np.random.default_rng(seed)
+    for dist in ("uniform", "power-law"):
+        keys_h = hash_keys(dist, n, rng)                                # (N,) uint64
+        distinct = int(np.unique(keys_h).size)
+        keys = env.xp.asarray(keys_h)
+        table = HashTable(distinct, load_factor=load_factor, use_kernels=env.kernels, xp=env.xp)
+        inserted = {}
+
+        def insert():
+            inserted["rows"] = table.insert(keys)
+
+        t_new = measure(insert, sync=env.sync, setup=table.clear, min_time=min_time)
+        t_known = measure(insert, sync=env.sync, min_time=min_time)
+        t_find = measure(lambda: table.find(keys), sync=env.sync, min_time=min_time)
+        found = np.asarray(_host(table.find(keys)))
+        if table.size != distinct or not np.array_equal(found, _host(inserted["rows"])):
+            raise AssertionError(f"bench hash: numbactr table disagrees with itself ({dist})")
+        for op, t in (("insert-new", t_new), ("insert-known", t_known), ("find", t_find)):
+            tab.add("numbactr", dist, op, n, distinct, table.capacity, 1e3 * t, n / t / 1e6)
+
+        if env.torch is not None:
+            torch = env.torch
+            tkeys = torch.from_numpy(keys_h.view(np.int64)).to(env.torch_dev)
+            idx = TorchKeyIndex(torch, env.torch_dev)
+            out = {}
+
+            def tinsert():
+                out["rows"] = idx.insert(tkeys)
+
+            s_new = measure(tinsert, sync=env.torch_sync, setup=idx.clear, min_time=min_time)
+            s_known = measure(tinsert, sync=env.torch_sync, min_time=min_time)
+            s_find = measure(lambda: idx.find(tkeys), sync=env.torch_sync, min_time=min_time)
+            if idx.size != distinct or not torch.equal(idx.find(tkeys), out["rows"]):
+                raise AssertionError(f"bench hash: torch key index disagrees with itself ({dist})")
+            for op, t in (("insert-new", s_new), ("insert-known", s_known), ("find", s_find)):
+                tab.add(env.torch_label, dist, op, n, distinct, "-", 1e3 * t, n / t / 1e6)
+        del table, keys
+    return tab
+
+
+def _host(a) -> np.ndarray:
+    from . import device
+    return device.to_host(a)
+
+
+# ---- embedding bag -----------------------------------------------------------------------------
+def embedding_bytes(nbags: int, hot: int, dim: int) -> int:
+    """FBGEMM's forward byte count: rows read nbags*L*D*4 + output written nbags*D*4 (float32)."""
+    return nbags * hot * dim * 4 + nbags * dim * 4
+
+
+def bench_embedding(env: Env, *, batch: int, tables: int, hots, dims, rows: int, min_time: float = 1.0,
+                    seed: int = 0) -> Table:
+    from . import ops
+    from .autograd import Context
+    from .config import CreateOptimizer
+    from .embedding.sparse_embedding import EmbeddingBagFn
+    from .enums import Optimizer_t, Update_t
+    from .kernels.embedding_bag import SUM
+    from .optim import SparseOptimizer
+
+    cols = EMBEDDING_COLUMNS + (EMBEDDING_PEAK_COLUMNS if env.peak_gbs else [])
+    tab = Table(f"embedding bag forward / backward + SGD ({env.kind})", cols)
+    tab.notes = env.header() + [
+        f"one float32 table of {rows:,} rows read by {tables} tables (slots) x B={batch:,} samples: "
+        f"nbags = {tables * batch:,} bags of L keys each; rows uniform at random; combiner sum",
+        "numbactr: ops.embedding_bag_forward; EmbeddingBagFn.backward (per-row gradient of the unique "
+        "rows) + SparseOptimizer SGD step",
+        "GB/s as FBGEMM counts: forward bytes = nbags*L*D*4 (rows read) + nbags*D*4 (output); "
+        "backward + update bytes = 2 x forward bytes",
+        "torch: nn.EmbeddingBag(mode='sum', sparse=True) + torch.optim.SGD (sparse gradient)"]
+    if env.kind == "gpu":
+        tab.notes.append(f"peak memory bandwidth: {env.peak_gbs or '?'} GB/s ({env.peak_src})")
+    xp, rng = env.xp, np.random.default_rng(seed)
+    nbags = batch * tables
+    sgd = CreateOptimizer(optimizer_type=Optimizer_t.SGD, update_type=Update_t.Local)
+    for dim in dims:
+        pool_h = rng.uniform(-0.05, 0.05, (rows, dim)).astype(np.float32)      # (V, D)
+        for hot in hots:
+            n = nbags * hot
+            rows_h = rng.integers(0, rows, n, dtype=np.int64)                  # (N,)
+            offsets_h = np.arange(0, n + 1, hot, dtype=np.int64)               # (nbags + 1,)
+            dy_h = rng.standard_normal((nbags, dim)).astype(np.float32)        # (nbags, D)
+            nbytes = embedding_bytes(nbags, hot, dim)
+            # a copy of the pool: the SGD steps below move it, torch must start from pool_h as it was
+            pool = xp.array(pool_h, copy=True)
+            rws, offs, dy = (xp.asarray(a) for a in (rows_h, offsets_h, dy_h))
+            opt = SparseOptimizer(sgd, pool.shape, "bench")
+
+            def forward():
+                return ops.embedding_bag_forward(pool, rws, offs, SUM)         # (nbags, D)
+
+            def backward_update():
+                ctx = Context()
+                ctx.rows, ctx.offsets, ctx.combiner = rws, offs, SUM
+                g = EmbeddingBagFn.backward(ctx, dy)
+                opt.step(pool, g.rows, g.values, rows, 0.01, 1.0)
+
+            out_nb = _host(forward())
+            t_f = measure(forward, sync=env.sync, min_time=min_time)
+            t_b = measure(backward_update, sync=env.sync, min_time=min_time)
+            cells = ["numbactr", batch, tables, hot, dim, rows, 1e3 * t_f, nbytes / t_f / 1e9,
+                     1e3 * t_b, 2 * nbytes / t_b / 1e9]
+            if env.peak_gbs:
+                cells += [f"{100 * nbytes / t_f / 1e9 / env.peak_gbs:.1f}%",
+                          f"{200 * nbytes / t_b / 1e9 / env.peak_gbs:.1f}%"]
+            tab.add(*cells)
+            del pool, rws, offs, dy, opt
+
+            if env.torch is not None:
+                tab.add(*_torch_embedding(env, pool_h, rows_h, offsets_h, dy_h, out_nb, nbytes, min_time,
+                                          [batch, tables, hot, dim, rows], len(cols)))
+    return tab
+
+
+def _torch_embedding(env, pool_h, rows_h, offsets_h, dy_h, expect, nbytes, min_time, shape_cells, ncols):
+    torch, dev = env.torch, env.torch_dev
+    bag = torch.nn.EmbeddingBag(pool_h.shape[0], pool_h.shape[1], mode="sum", sparse=True,
+                                include_last_offset=True, device=dev)
+    with torch.no_grad():
+        bag.weight.copy_(torch.from_numpy(pool_h))
+    opt = torch.optim.SGD(bag.parameters(), lr=0.01)
+    idx, offs = torch.from_numpy(rows_h).to(dev), torch.from_numpy(offsets_h).to(dev)
+    dy = torch.from_numpy(dy_h).to(dev)
+    got = bag(idx, offs).detach().cpu().numpy()
+    if not np.allclose(got, expect, rtol=1e-4, atol=1e-5):
+        raise AssertionError(f"bench embedding: torch and numbactr forward differ by "
+                             f"{np.abs(got - expect).max():.3g}")
+    held = {}
+
+    def forward():
+        return bag(idx, offs)
+
+    def setup_backward():
+        opt.zero_grad(set_to_none=True)
+        held["out"] = bag(idx, offs)
+
+    def backward_update():
+        held["out"].backward(dy)
+        opt.step()
+
+    t_f = measure(forward, sync=env.torch_sync, min_time=min_time)
+    t_b = measure(backward_update, sync=env.torch_sync, setup=setup_backward, min_time=min_time)
+    cells = [env.torch_label, *shape_cells, 1e3 * t_f, nbytes / t_f / 1e9, 1e3 * t_b, 2 * nbytes / t_b / 1e9]
+    if ncols > len(cells) and env.peak_gbs and dev == "cuda":
+        cells += [f"{100 * nbytes / t_f / 1e9 / env.peak_gbs:.1f}%",
+                  f"{200 * nbytes / t_b / 1e9 / env.peak_gbs:.1f}%"]
+    return cells + ["-"] * (ncols - len(cells))
+
+
+# ---- DLRM --------------------------------------------------------------------------------------
+def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, min_time: float = 1.0,
+               seed: int = 0, lr: float = 1e-3) -> Table:
+    from . import demo
+    from .data.synthetic import criteo_like_slot_sizes, make_planted_dataset
+    from .embedding.sparse_embedding import workspace_mb_for
+
+    slots, vec, dense_dim = 26, 16, 13
+    tab = Table(f"DLRM training step ({env.kind})", DLRM_COLUMNS)
+    tab.notes = env.header() + [
+        f"numbactr.demo.build_dlrm: 13 dense -> 64-32-16, {slots} one-hot slots of width {vec} (hash "
+        f"embedding), dot interaction, 128-64-1, BCE, Adam (Update_t.Global); {total_rows:,} embedding rows",
+        f"data: make_planted_dataset (Norm files), {batches} batches read into memory first and cycled; "
+        "samples/s = batch / median step time (forward + backward + update)",
+        "torch: the same layer widths, one nn.EmbeddingBag per slot (dense gradients), dot interaction "
+        "with HugeCTR's output layout [dense | strict lower triangle | 0 pad], BCEWithLogitsLoss, "
+        "torch.optim.Adam over all parameters (every embedding row moves each step, as HugeCTR's "
+        "Adam Global does)"]
+    sizes = criteo_like_slot_sizes(slots, total_rows)
+    with tempfile.TemporaryDirectory(prefix="numbactr-bench-") as tmp:
+        data = make_planted_dataset(os.path.join(tmp, "data"), num_train=batch * batches, num_eval=batch,
+                                    dense_dim=dense_dim, slot_sizes=sizes, seed=seed, files=(1, 1),
+                                    calibration_samples=min(50_000, max(2_000, batch * batches)))
+        import numbactr as hugectr
+        with contextlib.redirect_stdout(io.StringIO()):           # keep the tables readable
+            model = demo.build_dlrm(hugectr, data.train_list, data.eval_list, batch=batch, batch_eval=batch,
+                                    eval_batches=1, lr=lr, workspace_mb=workspace_mb_for(total_rows, vec, 2) + 1,
+                                    vec=vec, slots=slots, dense=dense_dim, seed=seed)
+        reader = iter(model._make_reader(data.train_list, batch, True))
+        host_batches = [next(reader) for _ in range(batches)]
+        model.start_data_reading()                               # opens the files, so inside the folder
+        model._train_reader = itertools.cycle(host_batches)      # the step without file reading
+        t = measure(model.train, sync=env.sync, min_time=min_time)
+    if not np.isfinite(model.get_current_loss()):
+        raise AssertionError("bench dlrm: numbactr loss is not finite")
+    tab.add("numbactr", batch, slots, total_rows, vec, 1e3 * t, batch / t)
+    if env.torch is not None:
+        t = _torch_dlrm(env, host_batches, sizes, data.slot_offsets, dense_dim, vec, lr, min_time, seed)
+        tab.add(env.torch_label, batch, slots, total_rows, vec, 1e3 * t, batch / t)
+    return tab
+
+
+def torch_dlrm(torch, slot_sizes, dense_dim: int = 13, vec: int = 16):
+    """Plain-PyTorch DLRM with numbactr.demo.build_dlrm's widths and HugeCTR's interaction layout."""
+    nn = torch.nn
+    slots = len(slot_sizes)
+    n = slots + 1
+    width = vec + n * (n - 1) // 2 + 1
+
+    class DLRM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.ModuleList(nn.EmbeddingBag(int(v), vec, mode="sum") for v in slot_sizes)
+            self.bottom = nn.Sequential(nn.Linear(dense_dim, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
+                                        nn.Linear(32, vec), nn.ReLU())
+            self.top = nn.Sequential(nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
+                                     nn.Linear(64, 1))
+            # torch.tril_indices lists the strict lower triangle row-major: (1,0), (2,0), (2,1), ...
+            # which is HugeCTR's column order for the pairs
+            self.register_buffer("tril", torch.tril_indices(n, n, offset=-1))
+
+        def forward(self, dense, idx, offsets):
+            x = self.bottom(dense)                                              # (B, vec)
+            z = torch.stack([x] + [e(i, o) for e, i, o in zip(self.emb, idx, offsets)], 1)   # (B, n, vec)
+            m = torch.bmm(z, z.transpose(1, 2))                                  # (B, n, n)
+            pairs = m[:, self.tril[0], self.tril[1]]                             # (B, n(n-1)/2)
+            pad = torch.zeros(x.shape[0], 1, dtype=x.dtype, device=x.device)
+            return self.top(torch.cat([x, pairs, pad], 1))                       # (B, 1) logits
+
+    return DLRM()
+
+
+def _torch_dlrm(env, host_batches, sizes, slot_offsets, dense_dim, vec, lr, min_time, seed) -> float:
+    torch, dev = env.torch, env.torch_dev
+    torch.manual_seed(seed)
+    model = torch_dlrm(torch, sizes, dense_dim, vec).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-7)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    slots = len(sizes)
+    prepared = []
+    for b in host_batches:                       # per-slot (indices, offsets) tensors, prepared up front
+        keys, offsets = b.sparse[0]                                             # bag j = sample * S + slot
+        keys = np.asarray(keys, dtype=np.int64)
+        nnz = np.diff(offsets).reshape(b.batch_size, slots)                     # (B, S)
+        idx, offs = [], []
+        for s in range(slots):
+            bags = np.arange(b.batch_size) * slots + s                          # (B,) this slot's bags
+            take = np.concatenate([np.arange(offsets[j], offsets[j + 1]) for j in bags]) \
+                if (nnz[:, s] != 1).any() else offsets[bags]                    # one-hot: one key per bag
+            idx.append(torch.from_numpy(keys[take] - slot_offsets[s]).to(dev))  # slot-local rows
+            offs.append(torch.from_numpy(np.concatenate([[0], np.cumsum(nnz[:, s])[:-1]])).to(dev))
+        prepared.append((torch.from_numpy(b.dense).to(dev), idx, offs, torch.from_numpy(b.label).to(dev)))
+    it = itertools.cycle(prepared)
+    last = {}
+
+    def step():
+        dense, idx, offs, label = next(it)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(dense, idx, offs), label)
+        loss.backward()
+        opt.step()
+        last["loss"] = loss
+
+    t = measure(step, sync=env.torch_sync, min_time=min_time)
+    if not torch.isfinite(last["loss"]).item():
+        raise AssertionError("bench dlrm: torch loss is not finite")
+    return t
+
+
+# ---- command line ------------------------------------------------------------------------------
+FULL = dict(hash=dict(n=1_000_000),
+            embedding=dict(batch=8192, tables=26, hots=(1, 20), dims=(16, 64, 128), rows=1_000_000),
+            dlrm=dict(batch=4096, batches=8, total_rows=200_000))
+QUICK = dict(hash=dict(n=20_000),
+             embedding=dict(batch=64, tables=26, hots=(1, 4), dims=(16,), rows=10_000),
+             dlrm=dict(batch=128, batches=2, total_rows=5_000))
+
+
+def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = None, seed: int = 0,
+        out=None) -> list:
+    """Run one benchmark ('hash', 'embedding', 'dlrm') or 'all'; print and return the Tables."""
+    out = out or sys.stdout
+    sizes = QUICK if quick else FULL
+    min_time = (0.05 if quick else 1.0) if min_time is None else min_time
+    fns = {"hash": bench_hash, "embedding": bench_embedding, "dlrm": bench_dlrm}
+    tables = []
+    for name in (fns if which == "all" else (which,)):
+        tab = fns[name](env, min_time=min_time, seed=seed, **sizes[name])
+        print(tab.markdown(), file=out, flush=True)
+        tables.append(tab)
+    return tables
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="numbactr bench", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap.add_argument("what", choices=SUBCOMMANDS, help="which benchmark")
+    ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run, seconds)")
+    ap.add_argument("--min-time", type=float, default=None,
+                    help="seconds of repetitions per measurement (default 1, --quick 0.05)")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    env = Env(use_torch=not args.no_torch)
+    if env.torch is None:
+        print(f"numbactr bench: {env.torch_why}", flush=True)
+    run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
