@@ -46,15 +46,25 @@ def _bag_scale_ref(offsets: np.ndarray, combiner: int, dtype) -> np.ndarray:
     return scale
 
 
+def _segment_sum(values: np.ndarray, starts: np.ndarray, counts: np.ndarray, nseg: int) -> np.ndarray:
+    """(nseg, D) sums of consecutive row segments of values (N, D); segment j = values[starts[j]:
+    starts[j] + counts[j]]. Empty segments give 0 (np.add.reduceat alone would not)."""
+    out = np.zeros((nseg, values.shape[1]), dtype=values.dtype)
+    full = counts > 0
+    if values.shape[0] and full.any():
+        out[full] = np.add.reduceat(values, starts[full], axis=0)
+    return out
+
+
 def embedding_bag_forward_ref(table: np.ndarray, rows: np.ndarray, offsets: np.ndarray,
                               combiner: int) -> np.ndarray:
     """(nbags, D) pooled rows, in table's dtype."""
     rows = np.asarray(rows, dtype=np.int64)
-    nbags = len(offsets) - 1
-    bag = _bag_of_key_ref(offsets)                                  # (N,)
+    offsets = np.asarray(offsets, dtype=np.int64)
     hit = rows >= 0
-    out = np.zeros((nbags, table.shape[1]), dtype=table.dtype)
-    np.add.at(out, bag[hit], table[rows[hit]])                      # missing keys add nothing
+    vals = table[np.where(hit, rows, 0)]                            # (N, D) gathered rows
+    vals[~hit] = 0                                                  # missing keys add nothing
+    out = _segment_sum(vals, offsets[:-1], np.diff(offsets), len(offsets) - 1)
     return out * _bag_scale_ref(offsets, combiner, table.dtype)[:, None]
 
 
@@ -76,11 +86,13 @@ def embedding_bag_backward_ref(dy: np.ndarray, rows: np.ndarray, offsets: np.nda
     """(unique_rows (U,), grad (U, D)): gradient of every row the batch touched, first-seen order."""
     uniq, local = first_occurrence_index(rows)
     bag = _bag_of_key_ref(offsets)                                  # (N,)
-    wgrad = dy[bag] * _bag_scale_ref(offsets, combiner, dy.dtype)[bag, None]    # (N, D)
     hit = local >= 0
-    grad = np.zeros((uniq.size, dy.shape[1]), dtype=dy.dtype)
-    np.add.at(grad, local[hit], wgrad[hit])                         # duplicates accumulate
-    return uniq, grad
+    wgrad = dy[bag[hit]] * _bag_scale_ref(offsets, combiner, dy.dtype)[bag[hit], None]   # (N_hit, D)
+    # duplicates accumulate: sort occurrences by their unique row, then sum each run
+    order = np.argsort(local[hit], kind="stable")
+    counts = np.bincount(local[hit], minlength=uniq.size)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    return uniq, _segment_sum(wgrad[order], starts, counts, uniq.size)
 
 
 # ---- kernels ---------------------------------------------------------------------------------
