@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from numbactr.kernels import optimizers as opt
 from tests.kernel_util import dev, f32_arrays, host
@@ -221,6 +222,557 @@ def test_sparse_empty_rows_is_a_no_op():
         opt.sparse_adam_global_all(table, table, table, 4, 0.1, 0.9, 0.999, 1e-7, 1)
 
 
+# ---- helpers for the rest of the optimizers ---------------------------------------------------
+factors = st.sampled_from([0.0, 0.5, 0.9, 0.99])         # momentum_factor (0 is CreateOptimizer's default)
+
+
+def _kernel(fn, arrays, *args):
+    """Run a launch wrapper on device copies of `arrays` (those it updates in place); host results."""
+    d = [dev(a) for a in arrays]
+    fn(*d, *args)
+    return [host(a) for a in d]
+
+
+def _close_all(got, want, before, rtol=RTOL):
+    for g, w, b in zip(got, want, before):
+        close(g, w, b, rtol=rtol)
+
+
+# ---- dense: MomentumSGD, Nesterov, AdaGrad ----------------------------------------------------
+@given(data=st.data(), w=vecs, lr=lrs, f=factors, scaler=scalers)
+def test_momentum_sgd_kernel_matches_ref(data, w, lr, f, scaler):
+    g, m = data.draw(f32_arrays(w.shape)), data.draw(f32_arrays(w.shape, -1.0, 1.0))
+    got = _kernel(lambda dw, dm: opt.momentum_sgd_update(dw, dm, dev(g), lr, f, scaler), (w, m))
+    _close_all(got, opt.momentum_sgd_update_ref(w, m, g, lr, f, scaler), (w, m))
+
+
+@given(data=st.data(), w=vecs, lr=lrs, mu=factors, scaler=scalers)
+def test_nesterov_kernel_matches_ref(data, w, lr, mu, scaler):
+    g, a = data.draw(f32_arrays(w.shape)), data.draw(f32_arrays(w.shape, -1.0, 1.0))
+    got = _kernel(lambda dw, da: opt.nesterov_update(dw, da, dev(g), lr, mu, scaler), (w, a))
+    _close_all(got, opt.nesterov_update_ref(w, a, g, lr, mu, scaler), (w, a))
+
+
+@given(data=st.data(), w=vecs, lr=lrs, eps=epss, scaler=scalers)
+def test_adagrad_kernel_matches_ref(data, w, lr, eps, scaler):
+    g, acc = data.draw(f32_arrays(w.shape)), data.draw(f32_arrays(w.shape, 0.0, 5.0))
+    got = _kernel(lambda dw, da: opt.adagrad_update(dw, da, dev(g), lr, eps, scaler), (w, acc))
+    _close_all(got, opt.adagrad_update_ref(w, acc, g, lr, eps, scaler), (w, acc))
+
+
+def test_dense_rules_by_hand():
+    w, g = np.array([1.0, -1.0], np.float32), np.array([4.0, -2.0], np.float32)     # g/scaler = 2, -1
+    m = np.array([0.5, 0.25], np.float32)
+    w1, m1 = opt.momentum_sgd_update_ref(w, m, g, 0.5, 0.5, 2.0)        # m = 0.5 m - 0.5 g; w += m
+    np.testing.assert_array_equal(m1, [-0.75, 0.625])
+    np.testing.assert_array_equal(w1, [0.25, -0.375])
+    w2, a2 = opt.nesterov_update_ref(w, m, g, 0.5, 0.5, 2.0)            # w += -0.5 a + 1.5 a_new
+    np.testing.assert_array_equal(a2, m1)
+    np.testing.assert_array_equal(w2, w - 0.5 * m + 1.5 * m1)
+    w3, acc3 = opt.adagrad_update_ref(w, np.ones(2, np.float32) * 5, g, 0.5, 0.0, 2.0)   # acc = 9, 6
+    np.testing.assert_allclose(acc3, [9.0, 6.0])
+    np.testing.assert_allclose(w3, [1.0 - 0.5 * 2 / 3, -1.0 + 0.5 / math.sqrt(6)], rtol=1e-6)
+    for fn, arrays, args in ((opt.momentum_sgd_update, (w, m), (0.5, 0.5, 2.0)),
+                             (opt.nesterov_update, (w, m), (0.5, 0.5, 2.0)),
+                             (opt.adagrad_update, (w, np.full(2, 5, np.float32)), (0.5, 0.0, 2.0))):
+        got = _kernel(lambda *d: fn(*d, dev(g), *args), arrays)
+        want = {opt.momentum_sgd_update: (w1, m1), opt.nesterov_update: (w2, a2),
+                opt.adagrad_update: (w3, acc3)}[fn]
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+    empty = np.zeros(0, np.float32)
+    opt.momentum_sgd_update(empty, empty, empty, 0.1, 0.9, 1.0)
+    opt.nesterov_update(empty, empty, empty, 0.1, 0.9, 1.0)
+    opt.adagrad_update(empty, empty, empty, 0.1, 1e-7, 1.0)
+    opt.ftrl_update(empty, empty, empty, empty, 0.1, 0.0, 0.0, 0.0, 1.0)
+
+
+# ---- dense: Ftrl ------------------------------------------------------------------------------
+def _ftrl_spec64(w, z, n, g, lr, beta, l1, l2, scaler):
+    """Spec §3.2 transcribed element by element in float64 (E = FLT_EPSILON, sign(0) = +1)."""
+    E = 2.0 ** -23
+    w, z, n = (np.array(a, np.float64) for a in (w, z, n))
+    for i in range(w.size):
+        gi = float(g[i]) / scaler
+        n_new = n[i] + gi * gi
+        z[i] = z[i] + gi + (math.sqrt(n[i] + E) - math.sqrt(n_new + E)) * w[i] / lr
+        if abs(z[i]) > l1:
+            sign = 1.0 if z[i] >= 0 else -1.0
+            w[i] = (l1 * sign - z[i]) / (math.sqrt(n_new + E) / lr + l2 + beta / lr)
+        else:
+            w[i] = 0.0
+        n[i] = n_new
+    return w, z, n
+
+
+def test_ftrl_ref_matches_spec_transcription_float64():
+    rng = np.random.default_rng(5)
+    for lr, beta, l1, l2, scaler in ((0.1, 0.0, 0.0, 0.0, 1.0), (0.05, 0.5, 0.3, 0.01, 4.0),
+                                     (1.0, 1.0, 2.0, 0.5, 1024.0)):
+        w, z, n = rng.normal(size=64), np.zeros(64), np.zeros(64)
+        ws, zs, ns = w.copy(), z.copy(), n.copy()
+        zeroed = 0
+        for _ in range(5):                            # several steps: z and n feed back
+            g = rng.normal(size=64) * scaler
+            w, z, n = opt.ftrl_update_ref(w, z, n, g, lr, beta, l1, l2, scaler)
+            ws, zs, ns = _ftrl_spec64(ws, zs, ns, g, lr, beta, l1, l2, scaler)
+            zeroed += int((w == 0).sum())
+        for got, want in ((w, ws), (z, zs), (n, ns)):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+        assert (l1 == 0) == (zeroed == 0)             # lambda1 > 0 zeroes the small-|z| weights
+
+
+def _ftrl_w_from_state(z, n, lr, beta, l1, l2):
+    """The closed-form weight from (z, n_new) in float64 with the kernel's float32 scalars."""
+    l2p = float(opt.ftrl_lambda2(lr, beta, l2))
+    lr, l1, eps = float(np.float32(lr)), float(np.float32(l1)), float(opt.FLT_EPSILON)
+    z, n = np.asarray(z, np.float64), np.asarray(n, np.float64)
+    w = (l1 * np.where(np.signbit(z), -1.0, 1.0) - z) / (np.sqrt(n + eps) / lr + l2p)
+    return np.where(np.abs(z) > l1, w, 0.0)
+
+
+@given(data=st.data(), w=vecs, lr=st.sampled_from([0.0, 0.01, 0.1, 1.0]), beta=st.floats(0.0, 1.0),
+       l1=st.floats(0.0, 1.0), l2=st.floats(0.0, 1.0), scaler=scalers)
+def test_ftrl_kernel_matches_ref(data, w, lr, beta, l1, l2, scaler):
+    g = data.draw(f32_arrays(w.shape))
+    z, n = data.draw(f32_arrays(w.shape)), data.draw(f32_arrays(w.shape, 0.0, 10.0))
+    gw, gz, gn = _kernel(lambda *d: opt.ftrl_update(*d, dev(g), lr, beta, l1, l2, scaler), (w, z, n))
+    ww, wz, wn = opt.ftrl_update_ref(w, z, n, g, lr, beta, l1, l2, scaler)
+    close(gn, wn, n)
+    # z = z + g + (sqrt(n + E) - sqrt(n_new + E)) w / lr: float32 error scales with the terms
+    w64, n64, gs = (np.asarray(a, np.float64) for a in (w, n, g / np.float32(scaler)))
+    terms = np.abs(z) + np.abs(gs)
+    if lr:
+        terms += (np.sqrt(n64) + np.sqrt(n64 + gs * gs) + 1e-3) * np.abs(w64) / lr
+    assert (np.abs(gz - wz) <= 1e-5 * terms + 1e-6).all()
+    if lr == 0:                                   # frozen: weights stay, sums still take g
+        np.testing.assert_array_equal(gw, w)
+        return
+    # the weight is the closed form of the kernel's own (z, n); skip |z| within rounding of lambda1
+    want_w = _ftrl_w_from_state(gz, gn, lr, beta, l1, l2)
+    far = np.abs(np.abs(gz.astype(np.float64)) - np.float32(l1)) > 1e-5 * (np.abs(gz) + l1) + 1e-7
+    np.testing.assert_allclose(gw[far], want_w[far], rtol=1e-5, atol=1e-7)
+
+
+def test_ftrl_first_step_by_hand_and_frozen():
+    # z = n = 0, w = 0: z = g, n = g^2, w = -(z - l1 sign z) / (sqrt(g^2 + E)/lr + l2 + beta/lr)
+    g = np.array([3.0, -0.5, 0.1], np.float32)
+    lr, beta, l1, l2 = 0.5, 1.0, 0.2, 0.25
+    zero = np.zeros(3, np.float32)
+    E = float(opt.FLT_EPSILON)
+    den = np.sqrt(g.astype(np.float64) ** 2 + E) / lr + l2 + beta / lr
+    want_w = np.array([-(3.0 - 0.2) / den[0], (0.5 - 0.2) / den[1], 0.0])
+    for w1, z1, n1 in (opt.ftrl_update_ref(zero, zero, zero, g, lr, beta, l1, l2, 1.0),
+                       _kernel(lambda *d: opt.ftrl_update(*d, dev(g), lr, beta, l1, l2, 1.0),
+                               (zero, zero, zero))):
+        np.testing.assert_allclose(z1, g, rtol=1e-6)
+        np.testing.assert_allclose(n1, g * g, rtol=1e-6)
+        np.testing.assert_allclose(w1, want_w, rtol=1e-5)
+    w = np.array([0.5, -0.5, 2.0], np.float32)
+    for w0, z0, n0 in (opt.ftrl_update_ref(w, zero, zero, g, 0.0, beta, l1, l2, 1.0),
+                       _kernel(lambda *d: opt.ftrl_update(*d, dev(g), 0.0, beta, l1, l2, 1.0),
+                               (w, zero, zero))):
+        np.testing.assert_array_equal(w0, w)
+        np.testing.assert_array_equal(z0, g)
+        np.testing.assert_array_equal(n0, g * g)
+
+
+# ---- sparse: MomentumSGD, Nesterov, AdaGrad (Local and Global passes) ------------------------
+@given(case=sparse_case(), lr=lrs, f=factors, scaler=scalers)
+def test_sparse_momentum_sgd_local_kernel_matches_ref(case, lr, f, scaler):
+    table, m, _, rows, grads = case
+    got = _kernel(lambda *d: opt.sparse_momentum_sgd_local_update(*d, dev(rows), dev(grads), lr, f, scaler),
+                  (table, m))
+    _close_all(got, opt.sparse_momentum_sgd_local_update_ref(table, m, rows, grads, lr, f, scaler), (table, m))
+    cold = np.setdiff1d(np.arange(table.shape[0]), rows)
+    np.testing.assert_array_equal(got[0][cold], table[cold])
+
+
+@given(case=sparse_case(), data=st.data(), lr=lrs, f=st.floats(0.1, 0.99), scaler=scalers)
+def test_sparse_momentum_sgd_global_kernels_match_refs(case, data, lr, f, scaler):
+    table, m, _, rows, grads = case
+    n_rows = data.draw(st.integers(int(rows.max(initial=-1)) + 1, table.shape[0]))
+    (got_m,) = _kernel(lambda dm: opt.sparse_momentum_sgd_global_hot(dm, dev(rows), dev(grads), lr, f, scaler),
+                       (m,))
+    want_m = opt.sparse_momentum_sgd_global_hot_ref(m, rows, grads, lr, f, scaler)
+    close(got_m, want_m, m)
+    got = _kernel(lambda *d: opt.sparse_momentum_sgd_global_all(*d, n_rows, f), (table, want_m))
+    _close_all(got, opt.sparse_momentum_sgd_global_all_ref(table, want_m, n_rows, f), (table, want_m))
+    np.testing.assert_array_equal(got[0][n_rows:], table[n_rows:])
+
+
+@given(case=sparse_case(), lr=lrs, mu=factors, scaler=scalers)
+def test_sparse_nesterov_local_kernel_matches_ref(case, lr, mu, scaler):
+    table, a, _, rows, grads = case
+    got = _kernel(lambda *d: opt.sparse_nesterov_local_update(*d, dev(rows), dev(grads), lr, mu, scaler),
+                  (table, a))
+    _close_all(got, opt.sparse_nesterov_local_update_ref(table, a, rows, grads, lr, mu, scaler), (table, a))
+
+
+@given(case=sparse_case(), data=st.data(), lr=lrs, mu=factors, scaler=scalers)
+def test_sparse_nesterov_global_kernels_match_refs(case, data, lr, mu, scaler):
+    table, a, _, rows, grads = case
+    n_rows = data.draw(st.integers(int(rows.max(initial=-1)) + 1, table.shape[0]))
+    got = _kernel(lambda *d: opt.sparse_nesterov_global_all(*d, n_rows, mu), (table, a))
+    want = opt.sparse_nesterov_global_all_ref(table, a, n_rows, mu)
+    _close_all(got, want, (table, a))
+    np.testing.assert_array_equal(got[0][n_rows:], table[n_rows:])
+    got2 = _kernel(lambda *d: opt.sparse_nesterov_global_hot(*d, dev(rows), dev(grads), lr, mu, scaler), want)
+    _close_all(got2, opt.sparse_nesterov_global_hot_ref(*want, rows, grads, lr, mu, scaler), want)
+
+
+@given(case=sparse_case(), lr=lrs, eps=epss, scaler=scalers)
+def test_sparse_adagrad_kernel_matches_ref(case, lr, eps, scaler):
+    table, _, acc, rows, grads = case                 # v of the case: >= 0, a plausible accumulator
+    got = _kernel(lambda *d: opt.sparse_adagrad_update(*d, dev(rows), dev(grads), lr, eps, scaler), (table, acc))
+    _close_all(got, opt.sparse_adagrad_update_ref(table, acc, rows, grads, lr, eps, scaler), (table, acc))
+
+
+def _every_row64(row_ref, arrays, rows, grads, *args):
+    """The Local rule applied to EVERY row, cold rows having g = 0 (float64)."""
+    g = np.zeros(arrays[0].shape)
+    g[rows] = grads
+    return row_ref(*[np.asarray(a, np.float64) for a in arrays], g, *args)
+
+
+@given(case=sparse_case(), lr=lrs, f=st.floats(0.1, 0.99), scaler=scalers)
+def test_momentum_global_equals_every_row_local(case, lr, f, scaler):
+    table, m, _, rows, grads = case
+    n = table.shape[0]
+    want = _every_row64(opt.momentum_sgd_update_ref, (table, m), rows, grads, lr, f, scaler)
+    m64 = opt.sparse_momentum_sgd_global_hot_ref(m.astype(np.float64), rows, grads.astype(np.float64),
+                                                 lr, f, scaler)
+    got = opt.sparse_momentum_sgd_global_all_ref(table.astype(np.float64), m64, n, f)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@given(case=sparse_case(), lr=lrs, mu=factors, scaler=scalers)
+def test_nesterov_global_equals_every_row_local(case, lr, mu, scaler):
+    table, a, _, rows, grads = case
+    want = _every_row64(opt.nesterov_update_ref, (table, a), rows, grads, lr, mu, scaler)
+    after_all = opt.sparse_nesterov_global_all_ref(table.astype(np.float64), a.astype(np.float64),
+                                                   table.shape[0], mu)
+    got = opt.sparse_nesterov_global_hot_ref(*after_all, rows, grads.astype(np.float64), lr, mu, scaler)
+    for x, y in zip(got, want):
+        np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12)
+
+
+# ---- sparse: Adam LazyGlobal ------------------------------------------------------------------
+@given(case=sparse_case(), data=st.data(), lr=lrs, b1=betas1, b2=betas2, eps=epss, scaler=scalers)
+def test_sparse_adam_lazy_kernel_matches_ref(case, data, lr, b1, b2, eps, scaler):
+    table, m, v, rows, grads = case
+    t = data.draw(st.integers(1, 40))
+    prev = data.draw(hnp.arrays(np.int64, table.shape, elements=st.integers(1, t)))
+    got = _kernel(lambda *d: opt.sparse_adam_lazy_update(*d, dev(rows), dev(grads), lr, b1, b2, eps, t, scaler),
+                  (table, m, v, prev))
+    want = opt.sparse_adam_lazy_update_ref(table, m, v, prev, rows, grads, lr, b1, b2, eps, t, scaler)
+    _close_all(got[:3], want[:3], (table, m, v), rtol=3e-5)    # powf vs float64 pow
+    np.testing.assert_array_equal(got[3], want[3])
+    hot = np.zeros(table.shape[0], bool)
+    hot[rows] = True
+    assert (got[3][hot] == t).all() and (got[3][~hot] == prev[~hot]).all()
+
+
+def test_lazy_adam_hot_every_step_is_plain_adam_one_step_late():
+    """A row hot at every step: the weight gets plain Adam's update of the PREVIOUS step."""
+    rng = np.random.default_rng(11)
+    lr, b1, b2, eps, scaler = 0.01, 0.9, 0.999, 1e-7, 1.0
+    w0 = rng.normal(size=(3, 4))
+    zeros = np.zeros_like(w0)
+    lazy = (w0, zeros, zeros, np.ones(w0.shape, np.int64))
+    adam = [(w0, zeros, zeros)]
+    rows = np.arange(3)
+    grads = [rng.normal(size=w0.shape) for _ in range(7)]
+    for t, g in enumerate(grads, start=1):
+        lazy = opt.sparse_adam_lazy_update_ref(*lazy, rows, g, lr, b1, b2, eps, t, scaler)
+        adam.append(opt.adam_update_ref(*adam[-1], g, lr, b1, b2, eps, t, scaler))
+        np.testing.assert_allclose(lazy[0], adam[t - 1][0], rtol=1e-12)      # w one step late
+        np.testing.assert_allclose(lazy[1], adam[t][1], rtol=1e-12)          # m, v in step
+        np.testing.assert_allclose(lazy[2], adam[t][2], rtol=1e-12)
+    # and the kernel, in float32
+    dw, dm, dv = (dev(a.astype(np.float32)) for a in (w0, zeros, zeros))
+    dp = dev(np.ones(w0.shape, np.int64))
+    for t, g in enumerate(grads, start=1):
+        opt.sparse_adam_lazy_update(dw, dm, dv, dp, dev(rows), dev(g.astype(np.float32)), lr, b1, b2, eps, t,
+                                    scaler)
+    np.testing.assert_allclose(host(dw), adam[6][0], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(host(dm), adam[7][1], rtol=1e-4, atol=1e-6)
+
+
+def _hugectr_lazy64(w, steps, lr, b1, b2, eps):
+    """HugeCTR's opt_adam_kernel_lazy, element by element in float64. steps: [(rows, grads), ...]."""
+    w = np.array(w, np.float64)
+    m, v, prev = np.zeros_like(w), np.zeros_like(w), np.ones(w.shape, np.int64)
+    for t, (rows, grads) in enumerate(steps, start=1):
+        for u, r in enumerate(rows):
+            for d in range(w.shape[1]):
+                p = int(prev[r, d])
+                skipped = t - p
+                alpha = lr / (1 - b1) * math.sqrt(1 - b2 ** p) / (1 - b1 ** p) * (1 - b1 ** skipped)
+                w[r, d] -= alpha * m[r, d] / (math.sqrt(v[r, d]) + eps)
+                gi = float(grads[u, d])
+                m[r, d] = b1 ** skipped * m[r, d] + (1 - b1) * gi
+                v[r, d] = b2 ** skipped * v[r, d] + (1 - b2) * gi * gi
+                prev[r, d] = t
+    return w, m, v, prev
+
+
+def test_lazy_adam_catch_up_after_skipped_steps_matches_hugectr_formula():
+    from numbactr import device
+    from numbactr.config import CreateOptimizer
+    from numbactr.enums import Optimizer_t, Update_t
+    from numbactr.optim import SparseOptimizer
+    rng = np.random.default_rng(2)
+    lr, b1, b2, eps = 0.05, 0.875, 1 - 2.0 ** -10, 1e-7          # exact in float32
+    w0 = rng.normal(size=(6, 3)).astype(np.float32)
+    steps = []
+    for _ in range(12):                                          # rows hot at random; 5 never hot
+        rows = np.flatnonzero(rng.random(5) < 0.4).astype(np.int64)
+        steps.append((rows, rng.normal(size=(rows.size, 3)).astype(np.float32)))
+    want = _hugectr_lazy64(w0, steps, lr, b1, b2, eps)
+    assert (want[3][:5] > 1).any() and (np.diff([s[0].size for s in steps]) != 0).any()
+    o = CreateOptimizer(optimizer_type=Optimizer_t.Adam, update_type=Update_t.LazyGlobal, beta1=b1, beta2=b2,
+                        epsilon=eps)
+    before = device.kind()
+    try:
+        for kind in ("cpu", before):
+            device.set_device(kind)
+            so = SparseOptimizer(o, w0.shape, "test")
+            table = w0.copy()
+            for rows, grads in steps:
+                so.step(table, rows, grads, 6, lr, 1.0)
+            np.testing.assert_allclose(table, want[0], rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(so.states[0], want[1], rtol=1e-4, atol=1e-7)
+            np.testing.assert_allclose(so.states[1], want[2], rtol=1e-4, atol=1e-9)
+            np.testing.assert_array_equal(so.prev_time, want[3])
+            np.testing.assert_array_equal(table[5], w0[5])
+    finally:
+        device.set_device(before)
+
+
+# ---- AdaGrad's initial accumulator (compat switch) --------------------------------------------
+def _f32_bytes(b):
+    return np.frombuffer(bytes([b] * 4), "<f4")[0]
+
+
+@pytest.mark.parametrize("value,exact,want", [
+    (0.0, False, 0.0), (0.1, False, np.float32(0.1)), (2.5, False, 2.5),
+    (0.0, True, 0.0), (0.1, True, 0.0), (0.99, True, 0.0), (1.0, True, _f32_bytes(1)),
+    (2.5, True, _f32_bytes(2)), (256.0, True, 0.0), (257.9, True, _f32_bytes(1))])
+def test_adagrad_initial_accumulator(value, exact, want):
+    got = opt.adagrad_initial_accumulator(value, exact)
+    assert got.dtype == np.float32 and got == np.float32(want)
+
+
+def test_adagrad_initial_accumulator_exact_bytes():
+    assert opt.adagrad_initial_accumulator(1.0, True) == np.float32(2.3694278e-38)     # 0x01010101
+    assert np.isnan(opt.adagrad_initial_accumulator(-1.0, True))                        # 0xFFFFFFFF
+
+
+def test_adagrad_state_follows_compat_switch():
+    from numbactr import compat
+    from numbactr.config import CreateOptimizer
+    from numbactr.enums import Optimizer_t, Update_t
+    from numbactr.optim import DenseOptimizer, SparseOptimizer
+    o = CreateOptimizer(optimizer_type=Optimizer_t.AdaGrad, update_type=Update_t.Local, initial_accu_value=0.5)
+    was = compat.hugectr_exact()
+    try:
+        compat.set_hugectr_exact(False)
+        assert (np.asarray(DenseOptimizer(o, 5).states[0]) == np.float32(0.5)).all()
+        assert (np.asarray(SparseOptimizer(o, (4, 2), "e").states[0]) == np.float32(0.5)).all()
+        compat.set_hugectr_exact(True)
+        assert (np.asarray(DenseOptimizer(o, 5).states[0]) == 0).all()
+        assert (np.asarray(SparseOptimizer(o, (4, 2), "e").states[0]) == 0).all()
+    finally:
+        compat.set_hugectr_exact(was)
+
+
+# ---- the optimizer classes: combinations, states, scaler, freezing, sim == cpu ---------------
+def _classes():
+    from numbactr.config import CreateOptimizer
+    from numbactr.enums import Optimizer_t, Update_t
+    from numbactr import optim
+    return CreateOptimizer, Optimizer_t, Update_t, optim
+
+
+def test_every_hugectr_combination_builds_and_the_rest_raise_with_names():
+    CreateOptimizer, O, U, optim = _classes()
+    for t in O:
+        for u in U:
+            o = CreateOptimizer(optimizer_type=t, update_type=u)
+            if t == O.RMSProp:                      # not in HugeCTR's dense network nor SparseEmbedding
+                with pytest.raises(NotImplementedError, match="RMSProp"):
+                    optim.DenseOptimizer(o, 4)
+            else:
+                d = optim.DenseOptimizer(o, 4)      # dense ignores update_type
+                assert len(d.states) == o.n_states or u == U.LazyGlobal
+            if (t, u) in optim.SUPPORTED:
+                s = optim.SparseOptimizer(o, (3, 2), "SparseEmbedding 'e'")
+                assert len(s.states) + (s.prev_time is not None) == o.n_states
+                assert all(a.shape == (3, 2) and a.dtype == np.float32 for a in s.states)
+            else:
+                with pytest.raises(NotImplementedError, match=rf"SparseEmbedding 'e'.*{t.name} with Update_t.{u.name}"):
+                    optim.SparseOptimizer(o, (3, 2), "SparseEmbedding 'e'")
+    assert len(optim.SUPPORTED) == 11
+    for b1, b2 in ((0.0, 0.999), (0.9, 0.0)):
+        o = CreateOptimizer(optimizer_type=O.Adam, update_type=U.Global, beta1=b1, beta2=b2)
+        with pytest.raises(ValueError, match="Adam with Update_t.Global needs beta1 > 0 and beta2 > 0"):
+            optim.SparseOptimizer(o, (3, 2), "e")
+        optim.SparseOptimizer(CreateOptimizer(optimizer_type=O.Adam, update_type=U.Local, beta1=b1, beta2=b2),
+                              (3, 2), "e")
+
+
+def _one_step(o, sparse, dev_kind, scaler=1.0, gscale=1.0, lr=0.1, steps=1, seed=0):
+    """Run `steps` updates of a DenseOptimizer / SparseOptimizer on device `dev_kind`; host arrays."""
+    from numbactr import device
+    from numbactr.optim import DenseOptimizer, SparseOptimizer
+    rng = np.random.default_rng(seed)
+    before = device.kind()
+    device.set_device(dev_kind)
+    try:
+        w = rng.normal(size=(7, 3) if sparse else 21).astype(np.float32)
+        so = SparseOptimizer(o, w.shape, "e") if sparse else DenseOptimizer(o, w.size)
+        for _ in range(steps):
+            g = (rng.normal(size=(4, 3) if sparse else 21) * gscale).astype(np.float32)
+            if sparse:
+                rows = rng.permutation(6)[:4].astype(np.int64)     # row 6 is never live
+                so.step(w, rows, g, 6, lr, scaler)
+            else:
+                so.step(w, g, lr, scaler)
+        extra = [] if getattr(so, "prev_time", None) is None else [so.prev_time]
+        return [w] + [np.array(s) for s in so.states] + extra
+    finally:
+        device.set_device(before)
+
+
+def _all_combos(momentum_factor=0.9):
+    CreateOptimizer, O, U, optim = _classes()
+    out = [(CreateOptimizer(optimizer_type=t, update_type=u, momentum_factor=momentum_factor), True)
+           for t, u in sorted(optim.SUPPORTED, key=lambda c: (c[0].name, c[1].name))]
+    out += [(CreateOptimizer(optimizer_type=t, update_type=U.Local, momentum_factor=momentum_factor,
+                             beta=0.1, lambda1=0.01, lambda2=0.01, initial_accu_value=0.1), False)
+            for t in sorted(optim.DENSE_SUPPORTED, key=lambda t: t.name)]
+    return out
+
+
+def _combo_id(c):
+    o, sparse = c
+    return f"{'sparse' if sparse else 'dense'}-{o.optimizer_type.name}-{o.update_type.name}"
+
+
+@pytest.mark.parametrize("combo", _all_combos(), ids=_combo_id)
+def test_optimizer_sim_matches_cpu_over_steps(combo):
+    from numbactr import device
+    if not device._numba_simulated():
+        pytest.skip("needs the simulator")
+    o, sparse = combo
+    cpu, sim = _one_step(o, sparse, "cpu", steps=3), _one_step(o, sparse, "sim", steps=3)
+    for a, b in zip(sim, cpu):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("combo", _all_combos(), ids=_combo_id)
+def test_scaler_divides_every_gradient(combo):
+    from numbactr import device
+    o, sparse = combo
+    for kind in ("cpu", device.kind()):
+        base = _one_step(o, sparse, kind, steps=2)
+        scaled = _one_step(o, sparse, kind, scaler=1024.0, gscale=1024.0, steps=2)
+        unscaled = _one_step(o, sparse, kind, scaler=1024.0, steps=2)
+        for a, b in zip(scaled, base):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        assert not np.allclose(unscaled[0], base[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("combo", _all_combos(momentum_factor=0.5), ids=_combo_id)
+def test_lr_zero_freezes_weights_but_states_update(combo):
+    from numbactr import device
+    o, sparse = combo
+    from numbactr.optim import DenseOptimizer, SparseOptimizer
+    for kind in ("cpu", device.kind()):
+        warm = _one_step(o, sparse, kind, steps=1, seed=3)                 # w and states after a real step
+        before = device.kind()
+        device.set_device(kind)
+        try:
+            w = warm[0].copy()
+            so = SparseOptimizer(o, w.shape, "e") if sparse else DenseOptimizer(o, w.size)
+            for s, val in zip(so.states, warm[1:]):
+                s[...] = val
+            if getattr(so, "prev_time", None) is not None:
+                so.prev_time[...] = warm[-1]
+            so.t = 1
+            g = np.random.default_rng(4).normal(size=(4, 3) if sparse else w.size).astype(np.float32)
+            if sparse:
+                so.step(w, np.array([0, 2, 3, 5], np.int64), g, 6, 0.0, 1.0)
+            else:
+                so.step(w, g, 0.0, 1.0)
+        finally:
+            device.set_device(before)
+        name = o.optimizer_type.name
+        if name in ("MomentumSGD", "Nesterov"):
+            # HugeCTR's freeze is lr = 0: the weights keep moving on the remaining momentum
+            m_old = warm[1]
+            drift = 0.5 * m_old if name == "MomentumSGD" else 0.25 * m_old       # f m  /  mu^2 a
+            if sparse and o.update_type.name == "Local":
+                keep = np.ones(7, bool)
+                keep[[0, 2, 3, 5]] = False
+                drift[keep] = 0
+            elif sparse:
+                drift[6] = 0
+            np.testing.assert_allclose(w, warm[0] + drift, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(w, warm[0])
+        if name != "SGD":
+            changed = [not np.array_equal(np.asarray(s), old) for s, old in zip(so.states, warm[1:])]
+            assert all(changed), (name, changed)
+
+
+def test_states_in_hugectr_file_order():
+    """One step from zero state with w = 0 tells each state apart: Adam [m, v], Ftrl [z, n], ..."""
+    CreateOptimizer, O, U, optim = _classes()
+    from numbactr import device
+    before = device.kind()
+    device.set_device("cpu")
+    try:
+        g = np.array([2.0, -4.0], np.float32)
+        for t, want in ((O.Adam, [0.1 * g, 0.001 * g * g]), (O.Ftrl, [g, g * g]), (O.AdaGrad, [g * g]),
+                        (O.MomentumSGD, [-0.5 * g]), (O.Nesterov, [-0.5 * g]), (O.SGD, [])):
+            d = optim.DenseOptimizer(CreateOptimizer(optimizer_type=t, beta1=0.9, beta2=0.999), 2)
+            d.step(np.zeros(2, np.float32), g, 0.5, 1.0)
+            assert len(d.states) == len(want), t
+            for s, w in zip(d.states, want):
+                np.testing.assert_allclose(s, w, rtol=1e-4, err_msg=t.name)   # 1 - f32(0.9)
+        lazy = optim.SparseOptimizer(CreateOptimizer(optimizer_type=O.Adam, update_type=U.LazyGlobal), (3, 2), "e")
+        assert len(lazy.states) == 2 and lazy.prev_time.dtype == np.int64 and (lazy.prev_time == 1).all()
+    finally:
+        device.set_device(before)
+
+
+def test_momentum_global_with_zero_factor_is_every_row_local():
+    """momentum_factor = 0 (the default): HugeCTR's two passes would divide by 0; ours give the semantics."""
+    CreateOptimizer, O, U, optim = _classes()
+    from numbactr import device
+    o = CreateOptimizer(optimizer_type=O.MomentumSGD, update_type=U.Global, momentum_factor=0.0)
+    rng = np.random.default_rng(8)
+    table, m = rng.normal(size=(5, 2)).astype(np.float32), rng.normal(size=(5, 2)).astype(np.float32)
+    rows, grads = np.array([3, 1], np.int64), rng.normal(size=(2, 2)).astype(np.float32)
+    want = _every_row64(opt.momentum_sgd_update_ref, (table, m), rows, grads, 0.1, 0.0, 1.0)
+    before = device.kind()
+    try:
+        for kind in ("cpu", before):
+            device.set_device(kind)
+            so = optim.SparseOptimizer(o, table.shape, "e")
+            so.states[0][...] = m
+            w = table.copy()
+            so.step(w, rows, grads, 5, 0.1, 1.0)
+            assert np.isfinite(w).all()
+            np.testing.assert_allclose(w, want[0], rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(so.states[0], want[1], rtol=1e-6, atol=1e-7)
+    finally:
+        device.set_device(before)
+
+
 # ---- a larger launch on a real GPU ------------------------------------------------------------
 @pytest.mark.gpu
 def test_optimizers_on_gpu():
@@ -244,3 +796,41 @@ def test_optimizers_on_gpu():
     want = opt.sparse_adam_global_all_ref(table, m2, v2, v_rows, 0.01, 0.9, 0.999, 1e-7, 2)
     for got, ref in zip((dw, dm, dv), want):
         np.testing.assert_allclose(host(got), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_other_optimizers_on_gpu():
+    rng = np.random.default_rng(4)
+    p, v_rows, d = 300000, 20000, 64
+    w, g = rng.normal(size=p).astype(np.float32), rng.normal(size=p).astype(np.float32)
+    s1, s2 = rng.normal(size=p).astype(np.float32), rng.random(p).astype(np.float32)
+    dense = [(opt.momentum_sgd_update, opt.momentum_sgd_update_ref, (w, s1), (0.01, 0.9, 8.0)),
+             (opt.nesterov_update, opt.nesterov_update_ref, (w, s1), (0.01, 0.9, 8.0)),
+             (opt.adagrad_update, opt.adagrad_update_ref, (w, s2), (0.01, 1e-7, 8.0)),
+             (opt.ftrl_update, opt.ftrl_update_ref, (w, s1, s2), (0.05, 0.1, 0.01, 0.01, 8.0))]
+    for fn, ref, arrays, args in dense:
+        got = _kernel(lambda *a: fn(*a, dev(g), *args), arrays)
+        want = ref(*arrays, g, *args)
+        for a, b in zip(got[:-1] if fn is opt.ftrl_update else got, want):   # Ftrl w: see the property test
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    table = rng.normal(size=(v_rows, d)).astype(np.float32)
+    m, v = rng.normal(size=table.shape).astype(np.float32), rng.random(table.shape).astype(np.float32)
+    rows = rng.permutation(v_rows)[:5000].astype(np.int64)
+    grads = rng.normal(size=(rows.size, d)).astype(np.float32)
+    prev = rng.integers(1, 30, table.shape).astype(np.int64)
+    sparse = [(opt.sparse_momentum_sgd_local_update, opt.sparse_momentum_sgd_local_update_ref, (table, m),
+               (0.01, 0.9, 1.0)),
+              (opt.sparse_nesterov_local_update, opt.sparse_nesterov_local_update_ref, (table, m), (0.01, 0.9, 1.0)),
+              (opt.sparse_adagrad_update, opt.sparse_adagrad_update_ref, (table, v), (0.01, 1e-7, 1.0)),
+              (opt.sparse_adam_lazy_update, opt.sparse_adam_lazy_update_ref, (table, m, v, prev),
+               (0.01, 0.9, 0.999, 1e-7, 30, 1.0))]
+    for fn, ref, arrays, args in sparse:
+        got = _kernel(lambda *a: fn(*a, dev(rows), dev(grads), *args), arrays)
+        for a, b in zip(got, ref(*arrays, rows, grads, *args)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    got = _kernel(lambda *a: opt.sparse_nesterov_global_all(*a, v_rows, 0.9), (table, m))
+    for a, b in zip(got, opt.sparse_nesterov_global_all_ref(table, m, v_rows, 0.9)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    got = _kernel(lambda *a: opt.sparse_momentum_sgd_global_all(*a, v_rows, 0.9), (table, m))
+    for a, b in zip(got, opt.sparse_momentum_sgd_global_all_ref(table, m, v_rows, 0.9)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
