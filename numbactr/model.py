@@ -15,10 +15,9 @@ import numpy as np
 from . import checkpoint, compat, device, graph_json, log
 from .autograd import Tape, Tensor
 from .distributed.comm import world
-from .distributed.sharding import split_batch
 from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding
 from .embedding.sparse_embedding import HashEmbedding, make_embedding
-from .enums import Check_t, DataReaderType_t, MetricsType
+from .enums import Embedding_t, MetricsType
 from .layers import LayerError, RunInfo, build
 from .metrics import MetricAccumulator
 from .optim import DenseOptimizer, LearningRateScheduler
@@ -199,26 +198,36 @@ class Model:
                f"{','.join(_fmt(self.shapes[n]) for n in inp.label_names):<40}{_fmt(self.shapes[inp.dense_name]):<30}",
                line, f"{'Layer Type':<40}{'Input Name':<30}{'Output Name':<30}{'Output Shape':<30}", line]
         rows = [(e.cfg.embedding_type.name, [e.cfg.bottom_name], [e.name]) for e in self.embeddings]
-        rows += [(layer.type_name, layer.cfg.bottom_names, layer.cfg.top_names) for layer in self.layers]
+        # dense layers as HugeCTR lists them, with the Slice copies it inserts for tensors read twice
+        shapes = dict(self.shapes)
+        for d in graph_json.slice_expanded(self) if self.input is not None else []:
+            bottoms, tops = _names(d["bottom"]), _names(d["top"])
+            if d["type"] == "Slice" and len(set(bottoms)) == 1 and all(t.startswith(bottoms[0] + "_slice") for t in tops):
+                shapes.update({t: shapes[bottoms[0]] for t in tops})
+            rows.append((d["type"], bottoms, tops))
         for kind, bottoms, tops in rows:
             for i in range(max(len(bottoms), len(tops))):
                 b = bottoms[i] if i < len(bottoms) else ""
                 t = tops[i] if i < len(tops) else ""
-                shape = _fmt(self.shapes[t]) if t and not (kind.endswith("Loss")) else ""
+                shape = _fmt(shapes[t]) if t and t in shapes and not kind.endswith("Loss") else ""
                 out.append(f"{kind if i == 0 else '':<40}{b:<30}{t:<30}{shape:<30}".rstrip())
             out.append("-" * 116)
         print("\n".join(out), flush=True)
 
     # ---- data ----------------------------------------------------------------------------------
-    def _make_reader(self, source: str, batch: int, repeat: bool):
-        p = self.reader_params
-        if p.data_reader_type != DataReaderType_t.Norm:
-            raise NotImplementedError(f"DataReaderType_t.{p.data_reader_type.name} is not implemented yet "
-                                      "(tracked by issue 5); use Norm")
-        from .data.norm import NormReader
-        return NormReader(source, batch, self.input.label_dim, self.input.dense_dim,
-                          [sp.slot_num for sp in self.input.sparse], check=p.check_type,
-                          key_dtype=np.int64 if self.solver.i64_input_key else np.uint32, repeat=repeat)
+    def _make_reader(self, source: str, batch: int, repeat: bool, eval: bool = False):  # noqa: A002
+        """A reader of this rank's rows of GLOBAL batches of `batch` samples (numbactr.data.make_reader)."""
+        from .data import make_reader
+        inp = self.input
+        # one-hot tables have no hash: keys beyond sum(slot_size_array) would index past the table
+        bounds = [None] * len(inp.sparse)
+        for e in self.embeddings:
+            if e.cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingOneHot and e.cfg.slot_size_array:
+                bounds[self.sparse_inputs[e.cfg.bottom_name]] = sum(e.cfg.slot_size_array)
+        return make_reader(self.reader_params, source, batch, inp.label_dim, inp.dense_dim,
+                           [sp.slot_num for sp in inp.sparse], [sp.nnz_per_slot for sp in inp.sparse],
+                           self.solver.i64_input_key, repeat, rank=self.comm.rank, ranks=self.ranks, eval=eval,
+                           key_bound=bounds if any(b is not None for b in bounds) else None)
 
     def start_data_reading(self) -> None:
         self._require_compiled("start_data_reading")
@@ -227,7 +236,7 @@ class Model:
                                                         self.solver.repeat_dataset))
         if self._eval_reader is None:
             self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval,
-                                                       self.solver.repeat_dataset))
+                                                       self.solver.repeat_dataset, eval=True))
 
     # ---- one step ------------------------------------------------------------------------------
     def _forward(self, batch, training: bool, tape: Tape | None) -> dict:
@@ -283,16 +292,17 @@ class Model:
             batch = next(reader)
         except StopIteration:
             return None
-        return split_batch(batch, self.comm.rank, self.ranks)
+        return batch                             # the reader already hands out this rank's rows
 
     def train(self) -> bool:
         """One training iteration; False when an epoch-mode reader is exhausted."""
         self._require_compiled("train")
         self.start_data_reading()
         batch = self._next_batch(self._train_reader)
-        while batch is not None and batch.size < batch.batch_size and self.solver.drop_incomplete_batch:
+        while (batch is not None and batch.global_size < batch.batch_size * self.ranks
+               and self.solver.drop_incomplete_batch):
             batch = self._next_batch(self._train_reader)          # HugeCTR skips partial train batches
-        if batch is None or batch.size == 0:
+        if batch is None or batch.global_size == 0:
             return False
         tape = Tape()
         t = self._forward(batch, True, tape)
@@ -316,7 +326,6 @@ class Model:
         if self.ranks > 1:
             summed = self.comm.allreduce_sum(device.to_host(self.wgrads).copy())
             self.wgrads[...] = device.xp().asarray(summed)
-        valid = self._global_valid(batch.size)
         rows = batch.batch_size * self.ranks          # HugeCTR's b: the full (padded) batch
         for layer, _ in self.losses:
             self._regularizer(layer, rows, grad=True)
@@ -334,7 +343,7 @@ class Model:
         self._require_compiled("eval")
         self.start_data_reading()
         batch = self._next_batch(self._eval_reader)
-        if batch is None or batch.size == 0:
+        if batch is None or batch.global_size == 0:
             return False
         t = self._forward(batch, False, None)
         n = batch.size
@@ -353,17 +362,12 @@ class Model:
         self.metrics.add(preds, labels, loss)
         return True
 
-    def _global_valid(self, local_valid: int) -> int:
-        """Valid rows of the global batch (the regularizer's b on one rank equals this)."""
-        if self.ranks == 1:
-            return local_valid
-        return int(self.comm.allreduce_sum(np.array([local_valid], np.int64))[0])
-
     def eval_whole_source(self) -> list[tuple[str, float]]:
         """numbactr extra: evaluate every sample of the eval source exactly once; returns the metrics."""
         self._require_compiled("eval_whole_source")
         self.metrics.reset()
-        self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval, False))
+        self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval, False,
+                                                       eval=True))
         while self.eval():
             pass
         self._eval_reader = None
@@ -456,7 +460,8 @@ class Model:
         n = 0
         while n < self.solver.max_eval_batches:
             if not self.eval():
-                self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval, False))
+                self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval, False,
+                                                       eval=True))
                 if n > 0:
                     break
                 continue
@@ -511,6 +516,10 @@ class Model:
     def _require_compiled(self, what: str) -> None:
         if not self.compiled:
             raise ModelError(f"Model.{what}: call compile() first")
+
+
+def _names(x) -> list:
+    return [x] if isinstance(x, str) else list(x)
 
 
 def _fmt(shape: tuple) -> str:

@@ -13,6 +13,8 @@ from numbactr.data.synthetic import (criteo_like_slot_sizes, expected_auc, make_
                                      power_law_keys, roc_auc)
 from numbactr.enums import Check_t, DataReaderType_t, Distribution_t, PowerLaw_t
 from numbactr.tools import DataGenerator, DataGeneratorParams
+from numbactr.config import DataReaderParams
+from numbactr.data import make_reader
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -249,10 +251,81 @@ def test_generate_planted_signal(tmp_path):
     assert 0.15 < b.label[:, 0].mean() < 0.35
 
 
-@pytest.mark.parametrize("fmt", [DataReaderType_t.Raw, DataReaderType_t.Parquet])
-def test_generate_other_formats_not_implemented(tmp_path, fmt):
-    with pytest.raises(NotImplementedError, match="issue 5"):
-        DataGenerator(_params(tmp_path, format=fmt)).generate()
+@pytest.mark.parametrize("fld", [False, True])
+def test_generate_raw(tmp_path, fld):
+    p = _params(tmp_path, format=DataReaderType_t.Raw, source=str(tmp_path / "raw" / "train.bin"),
+                eval_source=str(tmp_path / "raw" / "eval.bin"), num_samples=1001, eval_num_samples=77,
+                float_label_dense=fld, slot_size_array=[10, 200, 5])
+    DataGenerator(p).generate()
+    assert os.path.getsize(p.source) == 1001 * 4 * (1 + 4 + 3)
+    assert os.path.getsize(p.eval_source) == 77 * 4 * (1 + 4 + 3)
+    words = np.fromfile(p.source, "<i4").reshape(1001, 8)
+    ld = words[:, :5].view("<f4") if fld else words[:, :5]
+    assert (ld[:, 0] == np.arange(1001) % 2).all()                       # label i % 2
+    assert (ld[:, 1:] == np.arange(4)).all()                               # dense column j = j
+    keys = words[:, 5:]
+    assert (keys >= 0).all() and (keys < [10, 200, 5]).all()               # NOT offset (spec 2.6)
+    prm = DataReaderParams(DataReaderType_t.Raw, p.source, p.eval_source, Check_t.Non, num_samples=1001,
+                           eval_num_samples=77, float_label_dense=fld, num_workers=2)
+    b = next(iter(make_reader(prm, p.eval_source, 100, 1, 4, [3], None, False, False, eval=True)))
+    assert b.size == 77
+    want = np.arange(4, dtype=np.float32) if fld else np.log(np.arange(4, dtype=np.float32) + np.float32(1))
+    np.testing.assert_array_equal(b.dense[:77], np.broadcast_to(want, (77, 4)))
+    with pytest.raises(ValueError, match="one key per slot"):
+        DataGenerator(_params(tmp_path, format=DataReaderType_t.Raw, nnz_array=[1, 2, 1])).generate()
+
+
+def test_generate_raw_planted(tmp_path):
+    p = _params(tmp_path, format=DataReaderType_t.Raw, source=str(tmp_path / "t.bin"),
+                eval_source=str(tmp_path / "e.bin"), num_samples=6000, eval_num_samples=10, planted_signal=True)
+    DataGenerator(p).generate()
+    lab = np.fromfile(p.source, "<i4").reshape(6000, 8)[:, 0]
+    assert set(np.unique(lab)) == {0, 1} and 0.15 < lab.mean() < 0.35
+
+
+@pytest.mark.parametrize("i64", [False, True])
+def test_generate_parquet(tmp_path, i64):
+    import json
+
+    import pyarrow.parquet as pq
+    p = _params(tmp_path, format=DataReaderType_t.Parquet, nnz_array=[1, 3, 1], i64_input_key=i64,
+                source=str(tmp_path / "pq" / "_file_list.txt"),
+                eval_source=str(tmp_path / "pq" / "_file_list_eval.txt"))
+    DataGenerator(p).generate()
+    d = tmp_path / "pq"
+    assert read_file_list(p.source) == [f"{d}/train/gen_0.parquet", f"{d}/train/gen_1.parquet"]
+    assert read_file_list(p.eval_source) == [f"{d}/val/gen_0.parquet"]
+    meta = json.load(open(d / "train" / "_metadata.json"))
+    assert [c["col_name"] for c in meta["labels"] + meta["conts"] + meta["cats"]] == \
+        ["label0", "C1", "C2", "C3", "C4", "C5", "C6", "C7"]
+    assert [c["index"] for c in meta["cats"]] == [5, 6, 7]
+    t = pq.read_table(read_file_list(p.source)[0])
+    assert t.num_rows == 500 and t.column_names[0] == "label0"
+    lens = np.array([len(v) for v in t.column("C6").to_pylist()])
+    assert lens.min() == 1 and lens.max() == 3                              # 1 + rand() % nnz
+    c5 = t.column("C5").to_numpy()
+    assert c5.dtype == np.int64 and c5.min() >= 0 and c5.max() < 10          # local keys, not offset
+    prm = DataReaderParams(DataReaderType_t.Parquet, p.source, p.eval_source, Check_t.Non,
+                           slot_size_array=[10, 200, 5])
+    got = list(make_reader(prm, p.source, 256, 1, 4, [3], [[1, 3, 1]], i64, False))
+    assert sum(b.size for b in got) == 1000
+    b = got[0]
+    assert (0 <= b.label).all() and (b.label < 1).all() and (0 <= b.dense).all() and (b.dense < 1).all()
+    nnz = b.nnz(0)
+    assert (nnz[:, 0] == 1).all() and (nnz[:, 2] == 1).all() and set(np.unique(nnz[:, 1])) == {1, 2, 3}
+    keys, off = b.sparse[0]
+    first = keys[off[:-1:3]]                                                 # slot 0 of every sample
+    assert first.max() < 10 and keys[off[2::3][:256]].min() >= 210          # slot 2 offset by 10 + 200
+
+
+def test_generate_parquet_planted(tmp_path):
+    p = _params(tmp_path, format=DataReaderType_t.Parquet, planted_signal=True, num_samples_per_file=3000,
+                source=str(tmp_path / "pq" / "_file_list.txt"), eval_source=str(tmp_path / "pq" / "_e.txt"))
+    DataGenerator(p).generate()
+    prm = DataReaderParams(DataReaderType_t.Parquet, p.source, p.eval_source, Check_t.Non,
+                           slot_size_array=[10, 200, 5])
+    lab = np.concatenate([b.label[:b.size, 0] for b in make_reader(prm, p.source, 1000, 1, 4, [3], None, True, False)])
+    assert set(np.unique(lab)) == {0.0, 1.0} and 0.15 < lab.mean() < 0.35
 
 
 def test_tools_exports():

@@ -566,3 +566,51 @@ def test_same_record_length_different_layout(tmp_path, check):
     dec = decode_norm_file(p, 1, 2, 3, check)
     np.testing.assert_array_equal(dec.nnz, nnz)
     np.testing.assert_array_equal(dec.keys, keys)
+
+
+# ---------------------------------------------------------------------------------------------------
+# piecewise decoding of big files (iter_norm_chunks)
+
+def _concat(pieces):
+    return (np.concatenate([p.label for p in pieces]), np.concatenate([p.dense for p in pieces]),
+            np.concatenate([p.nnz for p in pieces]), np.concatenate([p.keys for p in pieces]))
+
+
+@pytest.mark.parametrize("check", [SUM, NON])
+@pytest.mark.parametrize("mode", ["fixed", "var", "fixed_then_var"])
+def test_iter_norm_chunks_equals_whole_decode(tmp_path, check, mode):
+    from numbactr.data.norm import iter_norm_chunks
+    rng = np.random.default_rng(3)
+    label, dense, nnz, keys = make_data(rng, 300, 1, 2, 4, "fixed" if mode != "var" else "var", True)
+    if mode == "fixed_then_var":                 # same record length, another layout late in the file
+        nnz[250] = nnz[250][::-1]
+        if (nnz[250] == nnz[0]).all():
+            nnz[250, 0], nnz[250, 1] = nnz[250, 0] + 1, max(nnz[250, 1] - 1, 0)
+    keys = keys[:int(nnz.sum())] if keys.size >= nnz.sum() else np.resize(keys, int(nnz.sum()))
+    p = str(tmp_path / "a.data")
+    write_csr_file(p, label, dense, nnz, keys, check, np.int64)
+    whole = decode_norm_file(p, 1, 2, 4, check, np.int64)
+    pieces = list(iter_norm_chunks(p, 1, 2, 4, check, np.int64, rows=64, whole_below=0))
+    if mode == "fixed":
+        assert [x.label.shape[0] for x in pieces] == [64, 64, 64, 64, 44]
+    got = _concat(pieces)
+    for a, b in zip(got, (whole.label, whole.dense, whole.nnz, whole.keys)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_iter_norm_chunks_errors_and_skips_use_file_positions(tmp_path):
+    from numbactr.data.norm import iter_norm_chunks
+    rng = np.random.default_rng(0)
+    p = str(tmp_path / "a.data")
+    write_norm_file(p, rng.integers(0, 2, (200, 1)), rng.random((200, 2), np.float32),
+                    rng.integers(0, 100, (200, 3)), SUM, np.uint32)
+    R = 5 + 4 * (1 + 2) + 3 * (4 + 4)                      # framing + label/dense + 3 x (nnz, key)
+    raw = bytearray(open(p, "rb").read())
+    raw[69 + 150 * R + 10] ^= 0x55                        # damage record 150 (in the third 64-row piece)
+    open(p, "wb").write(bytes(raw))
+    with pytest.raises(NormFormatError, match="bad checksum") as e:
+        list(iter_norm_chunks(p, 1, 2, 3, SUM, np.uint32, rows=64, whole_below=0))
+    assert e.value.record == 150 and e.value.offset == 69 + 150 * R
+    pieces = list(iter_norm_chunks(p, 1, 2, 3, SUM, np.uint32, True, rows=64, whole_below=0))
+    assert sum(x.skipped for x in pieces) == 1 and pieces[2].first_bad_offset == 69 + 150 * R
+    assert sum(x.label.shape[0] for x in pieces) == 199

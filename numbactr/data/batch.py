@@ -8,6 +8,9 @@ Shapes (B = batch size, S_i = slots of sparse input i, N_i = keys of input i in 
          keys[offsets[j]:offsets[j+1]].
   size   number of valid rows; a partial last batch is padded to B rows with zero label/dense and
          empty slots (HugeCTR pads the same way), so rows [size, B) carry no data.
+  global_size  valid rows of the whole GLOBAL batch this rank's slice comes from (readers set it; with
+         one rank it equals size). A rank's slice may be empty (size 0) while the global batch is not:
+         "end of data" is global_size == 0, "incomplete batch" is global_size < B * ranks.
 """
 from __future__ import annotations
 
@@ -22,10 +25,13 @@ class Batch:
     dense: np.ndarray                       # (B, dense_dim) float32
     sparse: list = field(default_factory=list)   # [(keys (N,), offsets (B*S+1,) int64), ...]
     size: int = -1                          # valid rows; -1 in the constructor means "all B rows"
+    global_size: int = -1                   # valid rows of the global batch; -1 means "= size"
 
     def __post_init__(self):
         if self.size < 0:
             self.size = int(self.label.shape[0])
+        if self.global_size < 0:
+            self.global_size = self.size
 
     @property
     def batch_size(self) -> int:

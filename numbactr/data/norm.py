@@ -32,6 +32,7 @@ import numpy as np
 
 from ..enums import Check_t
 from .batch import Batch
+from .errors import DataFormatError
 from .file_list import read_file_list
 
 HEADER_BYTES = 64
@@ -40,16 +41,15 @@ _U8 = np.uint8
 
 __all__ = ["NormFormatError", "NormHeader", "NormWriter", "NormReader", "HEADER_BYTES", "MAX_NNZ",
            "encode_header", "encode_samples", "read_norm_header", "decode_norm_file",
-           "read_norm_file", "write_norm_file", "key_dtype_of", "output_key_dtype"]
+           "read_norm_file", "write_norm_file", "key_dtype_of", "output_key_dtype", "norm_record_offsets",
+           "iter_norm_chunks"]
 
 
-class NormFormatError(ValueError):
+class NormFormatError(DataFormatError):
     """A Norm file does not match its reader configuration or is corrupt; names file and byte offset."""
 
     def __init__(self, path, offset, message, record=None):
-        self.path, self.offset, self.record = path, offset, record
-        rec = f", record {record}" if record is not None else ""
-        super().__init__(f"Norm file {path!r}, byte offset {offset}{rec}: {message}")
+        super().__init__("Norm", path, offset, message, record)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -397,8 +397,8 @@ def _parse_header(buf: np.ndarray, path: str, check) -> NormHeader:
                                           f"Check_t.Sum (expects 1)")
     if not s and ec != 0:
         if ec == 1 or int(buf[:4].view("<i4")[0]) == HEADER_BYTES:
-            raise NormFormatError(path, 0, f"file is checksummed (error_check=1 / Check_t.Sum framing) "
-                                           f"but the reader's check_type is Check_t.Non")
+            raise NormFormatError(path, 0, "file is checksummed (error_check=1 / Check_t.Sum framing) "
+                                           "but the reader's check_type is Check_t.Non")
         raise NormFormatError(path, 0, f"header error_check={ec} but the reader's check_type is "
                                        f"Check_t.Non (expects 0)")
     h = NormHeader(ec, int(f[1]), int(f[2]), int(f[3]), int(f[4]), base + HEADER_BYTES + (1 if s else 0))
@@ -638,9 +638,10 @@ def _decode_general(buf, pay, end, recno, path, L, D, S, kd):
     return (np.ascontiguousarray(ld[:, :L]), np.ascontiguousarray(ld[:, L:]), nnz, keys)
 
 
-def _decode_buffer(buf, path, label_dim, dense_dim, slot_num, check, key_dtype, skip_bad) -> _Decoded:
+def _checked_header(buf, size, path, label_dim, dense_dim, slot_num, check) -> NormHeader:
+    """Parse the header from the first bytes `buf` of a `size`-byte file and check it against the
+    reader's dimensions."""
     s = _is_sum(check)
-    kd = key_dtype_of(key_dtype)
     h = _parse_header(buf, path, check)
     base = 4 if s else 0
     if h.label_dim != label_dim:
@@ -657,10 +658,19 @@ def _decode_buffer(buf, path, label_dim, dense_dim, slot_num, check, key_dtype, 
         raise ValueError("label_dim, dense_dim and slot_num are all 0: samples would have no bytes")
     n = h.number_of_records
     min_rec = 4 * (L + D + S) + (5 if s else 0)         # a record with every nnz = 0
-    if n * min_rec > len(buf) - h.data_offset:
+    if n * min_rec > size - h.data_offset:
         raise NormFormatError(path, base + 8, f"header number_of_records={n} cannot fit in the "
-                                              f"{len(buf) - h.data_offset} bytes after the header "
+                                              f"{size - h.data_offset} bytes after the header "
                                               f"(records are >= {min_rec} bytes)")
+    return h
+
+
+def _decode_buffer(buf, path, label_dim, dense_dim, slot_num, check, key_dtype, skip_bad) -> _Decoded:
+    s = _is_sum(check)
+    kd = key_dtype_of(key_dtype)
+    h = _checked_header(buf, len(buf), path, label_dim, dense_dim, slot_num, check)
+    L, D, S = label_dim, dense_dim, slot_num
+    n = h.number_of_records
     if n == 0 and len(buf) == h.data_offset:
         return _Decoded(np.zeros((0, L), np.float32), np.zeros((0, D), np.float32),
                         np.zeros((0, S), np.int64), np.zeros(0, output_key_dtype(kd)))
@@ -683,6 +693,24 @@ def _decode_buffer(buf, path, label_dim, dense_dim, slot_num, check, key_dtype, 
     return _Decoded(label, dense, nnz, keys, skipped, first_bad)
 
 
+def norm_record_offsets(path, check=Check_t.Sum, label_dim=None, dense_dim=None, slot_num=None,
+                        key_dtype=np.uint32, skip_bad_checksum=False):
+    """(pay (m,), recno (m,)): byte offset of the payload and the record number of every record
+    decode_norm_file returns (row order, skipped bad-checksum records excluded). Walks the file; meant
+    for error reports, not the hot path."""
+    path = os.fspath(path)
+    buf = np.fromfile(path, dtype=_U8)
+    h = _parse_header(buf, path, check)
+    L = h.label_dim if label_dim is None else label_dim
+    D = h.dense_dim if dense_dim is None else dense_dim
+    S = h.slot_num if slot_num is None else slot_num
+    if _is_sum(check):
+        pay, _, recno, _, _ = _walk_framed(buf, h, path, skip_bad_checksum)
+        return pay, recno
+    pay, _ = _walk_unframed(buf, h, path, L, D, S, key_dtype_of(key_dtype).itemsize)
+    return pay, np.arange(len(pay))
+
+
 def decode_norm_file(path, label_dim, dense_dim, slot_num, check=Check_t.Sum, key_dtype=np.uint32,
                      skip_bad_checksum=False) -> _Decoded:
     """Decode a whole file: object with label (n, L), dense (n, D), nnz (n, S) int64, keys (M,)
@@ -690,6 +718,65 @@ def decode_norm_file(path, label_dim, dense_dim, slot_num, check=Check_t.Sum, ke
     path = os.fspath(path)
     buf = np.fromfile(path, dtype=_U8)
     return _decode_buffer(buf, path, label_dim, dense_dim, slot_num, check, key_dtype, skip_bad_checksum)
+
+
+CHUNK_ROWS = 65536          # records per piece when a big file is decoded piecewise
+
+
+def iter_norm_chunks(path, label_dim, dense_dim, slot_num, check=Check_t.Sum, key_dtype=np.uint32,
+                     skip_bad_checksum=False, rows: int = CHUNK_ROWS, whole_below: int = 16 << 20):
+    """decode_norm_file in pieces of at most `rows` records (file order), for big fixed-layout files.
+
+    Small files (< whole_below bytes) and files whose records do not all share record 0's layout are
+    decoded whole. Pieces keep the reader's memory bounded and allocations small (fresh multi-MB
+    allocations page-fault, which costs more than the decoding on some machines)."""
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    if size < whole_below:
+        yield decode_norm_file(path, label_dim, dense_dim, slot_num, check, key_dtype, skip_bad_checksum)
+        return
+    s = _is_sum(check)
+    kd = key_dtype_of(key_dtype)
+    with open(path, "rb") as f:
+        head = np.frombuffer(f.read(1 << 20), dtype=_U8)
+    h = _checked_header(head, size, path, label_dim, dense_dim, slot_num, check)
+    L, D, S = label_dim, dense_dim, slot_num
+    n = h.number_of_records
+    pay0 = h.data_offset + (4 if s else 0)
+    end0 = len(head)
+    if s and len(head) >= pay0:
+        end0 = min(end0, pay0 + int.from_bytes(head[h.data_offset:pay0].tobytes(), "little", signed=True))
+    nnz0 = _first_sample_layout(head, pay0, end0, L, D, S, kd.itemsize) if n else None
+    R = 4 * (L + D + S) + kd.itemsize * int(nnz0.sum()) + (5 if s else 0) if nnz0 is not None else 0
+    if nnz0 is None or size - h.data_offset != n * R:
+        yield decode_norm_file(path, label_dim, dense_dim, slot_num, check, key_dtype, skip_bad_checksum)
+        return
+    done = skipped = 0
+    while done < n:
+        m = min(int(rows), n - done)
+        off = h.data_offset + done * R
+        buf = np.fromfile(path, dtype=_U8, count=m * R, offset=off)
+        if len(buf) != m * R:
+            raise NormFormatError(path, off + len(buf), "file shrank while being read", done)
+        try:
+            dec = _decode_fixed(buf, NormHeader(h.error_check, m, L, D, S, 0), path, s, L, D, S, kd, nnz0,
+                                skip_bad_checksum)
+        except NormFormatError as e:                        # block-relative position -> file position
+            raise NormFormatError(path, e.offset + off, e.detail,
+                                  None if e.record is None else e.record + done) from None
+        if dec is None:
+            # some record in this block has another layout: decode the whole file the general way and
+            # continue after the rows already handed out
+            full = decode_norm_file(path, L, D, S, check, key_dtype, skip_bad_checksum)
+            k0 = done - skipped
+            yield _Decoded(full.label[k0:], full.dense[k0:], full.nnz[k0:],
+                           full.keys[int(full.nnz[:k0].sum()):], full.skipped - skipped, full.first_bad_offset)
+            return
+        if dec.skipped:
+            dec.first_bad_offset += off
+            skipped += dec.skipped
+        yield dec
+        done += m
 
 
 def _split_inputs(dec: _Decoded, slots_per_input):

@@ -1,4 +1,4 @@
-"""hugectr.tools.DataGenerator / DataGeneratorParams (spec §2.6), Norm format.
+"""hugectr.tools.DataGenerator / DataGeneratorParams (spec §2.6): Norm, Raw and Parquet.
 
 Norm output: `<dirname(source)>/train/gen_<k>.data` (k < num_files) and
 `<dirname(eval_source)>/val/gen_<k>.data` (k < eval_num_files), num_samples_per_file samples each,
@@ -6,11 +6,20 @@ framed per check_type; file lists written to `source` / `eval_source` (generatio
 when its list file already exists, as HugeCTR does). label and dense ~ U[0, 1) float32 (labels are not
 binary); slot k has exactly nnz_array[k] keys in [sum(size[:k]), sum(size[:k+1])) (globally offset),
 uniform or power law (alpha: Long 0.9, Medium 1.1, Short 1.3, Specific = alpha).
+Raw output: ONE file at `source` with num_samples samples (and `eval_source` with eval_num_samples);
+label = i % 2, dense column j = the constant j (int32, or float32 with float_label_dense), one key per
+slot in [0, size_k) NOT offset (spec §5.4: one-hot slots then share rows; harmless for smoke tests);
+nnz_array must be all 1; check_type is ignored. Always regenerated.
+Parquet output: `<dirname(source)>/train/gen_<k>.parquet` (eval: `/val/`), num_samples_per_file rows
+each, columns label0.., C{L+i} conts, C{L+D+k} cats; label and dense U[0, 1) float32, slot k keys in
+[0, size_k) (not offset: the reader adds slot_size_array offsets), 1 + U{0..nnz_array[k]-1} keys per
+row, a list<int64> column when nnz_array[k] > 1; `_metadata.json` next to the files and the file list
+at `source` / `eval_source`. Always regenerated.
 
 numbactr extras (keyword arguments): planted_signal=True draws binary labels from a hidden logistic
 model over the keys and dense features (numbactr.data.synthetic.PlantedModel, calibrated to a Bayes AUC
-of about 0.775 and a CTR of about 0.25); seed makes the output reproducible (None: fresh entropy, like
-HugeCTR's std::random_device).
+of about 0.775 and a CTR of about 0.25; for Raw the model sees the keys only, the dense columns being
+constants); seed makes the output reproducible (None: fresh entropy, like HugeCTR's std::random_device).
 Deviation: a `source` without a '/' puts the data under "./" (HugeCTR's extract_dir returns "" and
 writes to "/train/").
 HugeCTR: HugeCTR/src/data_generator.cpp, HugeCTR/include/data_generator.hpp,
@@ -24,6 +33,8 @@ import numpy as np
 
 from ..data.file_list import write_file_list
 from ..data.norm import NormWriter
+from ..data.parquet import ParquetDatasetWriter
+from ..data.raw import write_raw_file
 from ..data.synthetic import make_planted_model, power_law_keys, uniform_keys
 from ..enums import Check_t, DataReaderType_t, Distribution_t, PowerLaw_t
 
@@ -108,23 +119,29 @@ class DataGenerator:
                         else power_law_keys(rng, (n, nnz), size, alpha))
         return label, dense, keys
 
+    def _planted(self, rng, dense_fn=None):
+        p = self.params
+        if not p.planted_signal:
+            return None
+        if p.label_dim < 1:
+            raise ValueError("planted_signal needs label_dim >= 1")
+        model = make_planted_model(p.slot_size_array, p.dense_dim, rng)
+        _, cal_dense, cal_keys = self._sample(rng, 20_000)
+        if dense_fn is not None:
+            cal_dense = dense_fn(cal_dense.shape[0])
+        model.calibrate(cal_dense, cal_keys)
+        return model
+
     def generate(self) -> None:
         p = self.params
         if p.format == DataReaderType_t.Raw:
-            raise NotImplementedError("DataGenerator: the Raw format is not implemented yet, see issue 5")
+            return self._generate_raw()
         if p.format == DataReaderType_t.Parquet:
-            raise NotImplementedError("DataGenerator: the Parquet format is not implemented yet, "
-                                      "see issue 5")
+            return self._generate_parquet()
         if p.format != DataReaderType_t.Norm:
             raise ValueError(f"DataGenerator: unsupported format {p.format!r}")
         rng = np.random.default_rng(p.seed)
-        model = None
-        if p.planted_signal:
-            if p.label_dim < 1:
-                raise ValueError("planted_signal needs label_dim >= 1")
-            model = make_planted_model(p.slot_size_array, p.dense_dim, rng)
-            _, cal_dense, cal_keys = self._sample(rng, 20_000)
-            model.calibrate(cal_dense, cal_keys)
+        model = self._planted(rng)
         offsets = np.concatenate([[0], np.cumsum(p.slot_size_array)[:-1]]).astype(np.int64)
         key_dtype = np.int64 if p.i64_input_key else np.uint32
         alpha = self._alpha()
@@ -153,4 +170,77 @@ class DataGenerator:
                     w.write(label, dense, [kk + off for kk, off in zip(keys, offsets)])
                 paths.append(path)
             write_file_list(list_path, paths)
+            print(f"{list_path} done!")
+
+    # ---- Raw ---------------------------------------------------------------------------------------
+    def _generate_raw(self) -> None:
+        p = self.params
+        if any(v != 1 for v in p.nnz_array):
+            raise ValueError(f"DataGenerator: the Raw format holds exactly one key per slot; nnz_array must "
+                             f"be all 1, got {p.nnz_array}")
+        rng = np.random.default_rng(p.seed)
+        dt = np.float32 if p.float_label_dense else np.int64
+
+        def const_dense(n):                      # dense column j = j
+            return np.broadcast_to(np.arange(p.dense_dim, dtype=dt), (n, p.dense_dim))
+
+        def reader_dense(n):                     # what the reader will hand the model
+            d = const_dense(n).astype(np.float32)
+            return d if p.float_label_dense else np.log(d + np.float32(1))
+
+        model = self._planted(rng, reader_dense)
+        print(f"[numbactr] Generate Raw dataset: slot_size_array {p.slot_size_array}, #samples train "
+              f"{p.num_samples} eval {p.eval_num_samples}, float_label_dense {p.float_label_dense}")
+        for path, total in ((p.source, p.num_samples), (p.eval_source, p.eval_num_samples)):
+            if total <= 0:
+                raise ValueError(f"number of samples for {path!r} must be > 0, got {total}")
+            if os.path.dirname(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "wb").close()                      # truncate; blocks are appended below
+            done = 0
+            while done < total:
+                n = min(1 << 20, total - done)
+                _, _, keys = self._sample(rng, n)
+                label = (np.arange(done, done + n) % 2).reshape(-1, 1)
+                label = np.broadcast_to(label, (n, p.label_dim)).astype(dt)
+                if model is not None:
+                    label = np.zeros((n, p.label_dim), dt)
+                    label[:, 0] = rng.random(n) < model.probs(reader_dense(n), keys)
+                write_raw_file(path, label, const_dense(n), np.concatenate(keys, axis=1),
+                               p.float_label_dense, append=True)
+                done += n
+            print(f"{path} done!")
+
+    # ---- Parquet -----------------------------------------------------------------------------------
+    def _generate_parquet(self) -> None:
+        p = self.params
+        rng = np.random.default_rng(p.seed)
+        model = self._planted(rng)
+        alpha = self._alpha()
+        print(f"[numbactr] Generate Parquet dataset: slot_size_array {p.slot_size_array}, nnz_array "
+              f"{p.nnz_array}, #files train {p.num_files} eval {p.eval_num_files}, #samples per file "
+              f"{p.num_samples_per_file}, power law: {alpha is not None}, alpha {alpha or 0.0}")
+        multi = {k for k, v in enumerate(p.nnz_array) if v > 1}
+        for list_path, sub, nfiles in ((p.source, "train", p.num_files),
+                                       (p.eval_source, "val", p.eval_num_files)):
+            if nfiles <= 0:
+                raise ValueError(f"number of files for {list_path!r} must be > 0, got {nfiles}")
+            w = ParquetDatasetWriter(_data_dir(list_path) + f"/{sub}", p.label_dim, p.dense_dim, p.num_slot,
+                                     multi_hot=multi, list_path=list_path)
+            for k in range(nfiles):
+                n = p.num_samples_per_file
+                label, dense, keys = self._sample(rng, n)
+                if model is not None:
+                    label[:, 0] = rng.random(n) < model.probs(dense, keys)
+                    label[:, 1:] = 0.0
+                slots = []
+                for s, kk in enumerate(keys):
+                    if s in multi:                        # 1 + rand() % nnz keys per row
+                        lens = 1 + rng.integers(0, p.nnz_array[s], n)
+                        keep = np.arange(kk.shape[1]) < lens[:, None]
+                        slots.append((kk[keep], lens))
+                    else:
+                        slots.append(kk[:, 0])
+                w.write_file(f"gen_{k}.parquet", label, dense, slots)
+            w.close()
             print(f"{list_path} done!")
