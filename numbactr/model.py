@@ -238,6 +238,19 @@ class Model:
             self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval,
                                                        self.solver.repeat_dataset, eval=True))
 
+    def set_source(self, source: str, eval_source: str) -> None:
+        """Epoch mode: read these file lists from now on (the next train()/eval() start a fresh pass)."""
+        if self.solver.repeat_dataset:
+            raise ModelError("Model.set_source is for epoch mode (CreateSolver(repeat_dataset=False))")
+        self.reader_params.source, self.reader_params.eval_source = [str(source)], str(eval_source)
+        self._train_reader = self._eval_reader = None
+
+    def get_data_reader_train(self) -> "ReaderHandle":
+        return ReaderHandle(self, train=True)
+
+    def get_data_reader_eval(self) -> "ReaderHandle":
+        return ReaderHandle(self, train=False)
+
     # ---- one step ------------------------------------------------------------------------------
     def _forward(self, batch, training: bool, tape: Tape | None) -> dict:
         """Run the graph on one batch; returns every tensor by name."""
@@ -516,6 +529,29 @@ class Model:
     def _require_compiled(self, what: str) -> None:
         if not self.compiled:
             raise ModelError(f"Model.{what}: call compile() first")
+
+
+class ReaderHandle:
+    """What ``get_data_reader_train()/get_data_reader_eval()`` return: HugeCTR's reader controls."""
+
+    def __init__(self, model: Model, train: bool):
+        self.model, self.train = model, train
+
+    def set_source(self, file_name: str = "") -> None:
+        """Restart from the first sample of ``file_name`` ("" = the current source)."""
+        m, p = self.model, self.model.reader_params
+        if self.train:
+            if file_name:
+                p.source = [file_name]
+            m._train_reader = iter(m._make_reader(p.source[0], m.solver.batchsize, m.solver.repeat_dataset))
+        else:
+            if file_name:
+                p.eval_source = file_name
+            m._eval_reader = iter(m._make_reader(p.eval_source, m.solver.batchsize_eval, m.solver.repeat_dataset,
+                                                 eval=True))
+
+    def is_started(self) -> bool:
+        return (self.model._train_reader if self.train else self.model._eval_reader) is not None
 
 
 def _names(x) -> list:
