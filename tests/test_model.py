@@ -133,3 +133,39 @@ def test_lr_schedule_matches_hugectr_formula():
                                       end_lr=0.1)
     got = [s.get_next() for _ in range(7)]
     assert got == pytest.approx([0.5, 1.0, 1.0, 1.0, 0.25, 0.1, 0.1])
+
+
+def test_localized_slot_size_array_sets_the_capacity(data, on_device):
+    on_device("cpu")
+    m = _model(data)
+    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash, 0, 4, "sum", "emb",
+                                  "data1", slot_size_array=[6, 6, 6]))
+    assert m.embeddings[0].max_rows == 18                      # wins over workspace_size_per_gpu_in_mb=0
+    with pytest.raises(ValueError, match="slot_size_array needs one positive size per slot"):
+        m2 = _model(data)
+        m2.add(hugectr.SparseEmbedding(hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash, 0, 4, "sum", "e",
+                                       "data1", slot_size_array=[6, 6]))
+
+
+def test_several_embeddings_each_with_its_own_optimizer_and_freeze(tmp_path, on_device):
+    """Wide&Deep-style: two embeddings, one with its own SGD; freezing one leaves its rows unchanged."""
+    from tests.sample_graphs import make_data, wdl
+    on_device("cpu")
+    data = make_data(str(tmp_path), [("wide_data", 2, 1), ("deep_data", 3, 1)])
+    m = wdl(data)
+    m.embeddings[0].optimizer = type(m.embeddings[0].optimizer)(
+        hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD), m.embeddings[0].weight.data.shape, "wide")
+    m.compile()
+    m.train()
+    m.freeze_embedding("sparse_embedding2")
+    before = np.array(m.embeddings[0].weight.data)
+    deep_before = np.array(m.embeddings[1].weight.data)
+    m.train()
+    np.testing.assert_array_equal(m.embeddings[0].weight.data[:m.embeddings[0].table.size],
+                                  before[:m.embeddings[0].table.size])
+    assert not np.array_equal(m.embeddings[1].weight.data, deep_before)
+    m.unfreeze_embedding()
+    m.train()
+    assert not np.array_equal(m.embeddings[0].weight.data, before)
+    with pytest.raises(hugectr.ModelError, match="no embedding named"):
+        m.freeze_embedding("nope")

@@ -157,6 +157,15 @@ class HashEmbedding:
         self.combiner = COMBINERS[cfg.combiner]
         self.n_states = opt.n_states
         self.max_rows = max_vocabulary_size_per_gpu(cfg.workspace_size_per_gpu_in_mb, self.vec, self.n_states)
+        if self.by_slot and cfg.slot_size_array:
+            # Localized with slot_size_array: the table holds exactly the owned slots' keys (this wins
+            # over the workspace), padded to the largest share over ranks as HugeCTR does
+            sizes = list(cfg.slot_size_array)
+            if len(sizes) != self.slots or any(v <= 0 for v in sizes):
+                raise ValueError(f"SparseEmbedding {self.name!r}: slot_size_array needs one positive size per "
+                                 f"slot ({self.slots} slots), got {sizes}")
+            R = self.comm.size
+            self.max_rows = max(sum(sizes[s] for s in range(r, self.slots, R)) for r in range(R))
         if self.max_rows <= 0:
             raise ValueError(f"SparseEmbedding {self.name!r}: workspace_size_per_gpu_in_mb="
                              f"{cfg.workspace_size_per_gpu_in_mb} holds no row of width {self.vec} with "
