@@ -25,6 +25,8 @@ value of a global counter in thread order, numbactr in first-occurrence order so
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from numba import cuda, int64, uint64
 
@@ -282,6 +284,15 @@ def hash_insert(tkeys, trows, tfirst, keys, base: int, max_rows: int, slots, fla
     launch_1d(hash_mark_kernel, n, trows, tfirst, slots, flags)
     exclusive_scan(flags, pos, threads=scan_threads)
     n_new = int(pos[n])
+    if not 0 <= n_new <= n:
+        # A scan total outside [0, n] is impossible for 0/1 flags. Seen once in the simulator (a
+        # lost write, not reproduced since): say so, scan again, and stop if it happens twice.
+        warnings.warn(f"hash_insert: scan of {n} flags gave {n_new}; scanning again", stacklevel=2)
+        exclusive_scan(flags, pos, threads=scan_threads)
+        n_new = int(pos[n])
+        if not 0 <= n_new <= n:
+            launch_1d(hash_rollback_kernel, n, tkeys, trows, tfirst, slots)
+            raise RuntimeError(f"hash_insert: exclusive scan of {n} first-occurrence flags returned {n_new} twice")
     if base + n_new > max_rows:
         launch_1d(hash_rollback_kernel, n, tkeys, trows, tfirst, slots)
         raise HashTableFullError(n_new, base, max_rows)
