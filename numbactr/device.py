@@ -116,6 +116,16 @@ def xp():
     return numpy
 
 
+def contig(a):
+    """a itself when C-contiguous, else a contiguous copy (kernels take contiguous arrays)."""
+    return a if a.flags.c_contiguous else xp().ascontiguousarray(a)
+
+
+def empty(shape, dtype="float32"):
+    """An uninitialized array of the current device."""
+    return xp().empty(tuple(shape), dtype)
+
+
 def to_host(a):
     """A NumPy copy (or view) of a device array."""
     import numpy

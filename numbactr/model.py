@@ -7,7 +7,6 @@ shape fails there with a message naming the layer and tensors.
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import numpy as np

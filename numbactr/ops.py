@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import device
 from .autograd import Context, Function
 from .kernels import bce, bias, concat, embedding_bag, interaction, relu
-
-
-def _kernels() -> bool:
-    return device.uses_kernels()
-
-
-def _xp():
-    return device.xp()
+from .device import contig as _contig, uses_kernels as _kernels, xp as _xp  # noqa: F401
 
 
 # ---- InnerProduct: y = x W + b ---------------------------------------------------------------
@@ -171,8 +163,3 @@ def embedding_bag_forward(table, rows, offsets, combiner: int):
         embedding_bag.embedding_bag_forward(table, rows, offsets, combiner, out)
         return out
     return embedding_bag.embedding_bag_forward_ref(table, rows, offsets, combiner)
-
-
-def _contig(a):
-    xp = _xp()
-    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)

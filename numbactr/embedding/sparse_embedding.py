@@ -77,7 +77,7 @@ class EmbeddingBagFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
-        dy2 = ops._contig(dy.reshape(-1, dy.shape[-1]))                             # (B*S, D)
+        dy2 = device.contig(dy.reshape(-1, dy.shape[-1]))                             # (B*S, D)
         return reduce_by_row(ctx.rows, dy2, ctx.offsets, ctx.combiner)
 
 
@@ -121,7 +121,7 @@ class ShardedEmbeddingBagFn(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         xp, comm = device.xp(), ctx.emb.comm
-        dy2 = ops._contig(dy.reshape(-1, dy.shape[-1]))                             # (B*S, D)
+        dy2 = device.contig(dy.reshape(-1, dy.shape[-1]))                             # (B*S, D)
         n = int(device.to_host(ctx.offsets)[-1])
         # one gradient per key occurrence: dY of its bag, / nnz for mean
         per_key = reduce_by_row(xp.arange(n, dtype=np.int64), dy2, ctx.offsets, ctx.emb.combiner).values

@@ -16,30 +16,14 @@ from __future__ import annotations
 import math
 import numbers
 
-import numpy as np
 
-from .. import compat, device
+from .. import compat
 from ..autograd import Context, Function
 from ..enums import Layer_t
 from ..kernels import attention as att
 from ..kernels import softmax as sm
 from .base import Layer
-
-
-def _kernels() -> bool:
-    return device.uses_kernels()
-
-
-def _xp():
-    return device.xp()
-
-
-def _contig(a):
-    return a if a.flags.c_contiguous else _xp().ascontiguousarray(a)
-
-
-def _empty(shape):
-    return _xp().empty(tuple(shape), np.float32)
+from ..device import contig as _contig, empty as _empty, uses_kernels as _kernels
 
 
 # ---- autograd Functions ----------------------------------------------------------------------

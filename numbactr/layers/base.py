@@ -42,7 +42,7 @@ class Layer:
     def param_shapes(self) -> list[tuple]:
         return []
 
-    def init_params(self, rng) -> list[np.ndarray]:
+    def init_params(self, rng) -> list:
         return []
 
     def forward(self, tape: Tape, xs: list[Tensor], run: RunInfo) -> list[Tensor]:

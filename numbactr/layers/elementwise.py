@@ -25,7 +25,7 @@ import zlib
 
 import numpy as np
 
-from .. import compat, device, ops
+from .. import compat, ops
 from ..autograd import Context, Function
 from ..enums import Initializer_t, Layer_t
 from ..kernels import dropout as dropout_k
@@ -35,18 +35,7 @@ from ..kernels import scale as scale_k
 from ..kernels import weight_multiply as wm_k
 from . import init
 from .base import Layer
-
-
-def _kernels() -> bool:
-    return device.uses_kernels()
-
-
-def _xp():
-    return device.xp()
-
-
-def _contig(a):
-    return a if a.flags.c_contiguous else _xp().ascontiguousarray(a)
+from ..device import uses_kernels as _kernels, xp as _xp, contig as _contig  # noqa: F401
 
 
 # ---- autograd Functions ----------------------------------------------------------------------

@@ -37,15 +37,7 @@ from ..autograd import Context, Function
 from ..enums import Layer_t, Regularizer_t
 from ..kernels import bce, cross_entropy, multi_cross_entropy, regularizer as reg_kernels
 from .base import Layer
-
-
-def _kernels() -> bool:
-    return device.uses_kernels()
-
-
-def _contig(a):
-    xp = device.xp()
-    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+from ..device import uses_kernels as _kernels, contig as _contig  # noqa: F401
 
 
 # ---- regularizer (called by the model) --------------------------------------------------------

@@ -20,14 +20,7 @@ from ..enums import Initializer_t, Layer_t
 from ..kernels import batch_norm, layer_norm, prelu_dice
 from . import init
 from .base import Layer
-
-
-def _xp():
-    return device.xp()
-
-
-def _contig(a):
-    return a if a.flags.c_contiguous else _xp().ascontiguousarray(a)
+from ..device import xp as _xp, contig as _contig  # noqa: F401
 
 
 def _init_name(kind) -> str:

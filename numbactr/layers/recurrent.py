@@ -40,14 +40,7 @@ from ..kernels import bias as bias_kernels
 from ..kernels import gru
 from . import init
 from .base import Layer
-
-
-def _xp():
-    return device.xp()
-
-
-def _contig(a):
-    return a if a.flags.c_contiguous else _xp().ascontiguousarray(a)
+from ..device import xp as _xp, contig as _contig  # noqa: F401
 
 
 def gru_weight_count(hidden: int, vec: int) -> int:

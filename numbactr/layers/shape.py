@@ -15,30 +15,14 @@ import numbers
 
 import numpy as np
 
-from .. import device
 from ..autograd import Context, Function
 from ..enums import Layer_t
 from ..kernels import fused_reshape_concat as frc
 from ..kernels import reduce_axis, sequence_mask, slice_select
 from .base import Layer
+from ..device import uses_kernels as _kernels, xp as _xp, contig as _contig, empty as _empty  # noqa: F401
 
 MAX_SLICES = 5      # HugeCTR's Slice has at most 5 tops
-
-
-def _kernels() -> bool:
-    return device.uses_kernels()
-
-
-def _xp():
-    return device.xp()
-
-
-def _contig(a):
-    return a if a.flags.c_contiguous else _xp().ascontiguousarray(a)
-
-
-def _empty(shape):
-    return _xp().empty(tuple(shape), np.float32)
 
 
 def _is_int(v) -> bool:
