@@ -169,3 +169,20 @@ def test_several_embeddings_each_with_its_own_optimizer_and_freeze(tmp_path, on_
     assert not np.array_equal(m.embeddings[0].weight.data, before)
     with pytest.raises(hugectr.ModelError, match="no embedding named"):
         m.freeze_embedding("nope")
+
+
+@pytest.mark.gpu
+def test_one_step_on_gpu_matches_cpu(data, on_device):
+    """Runs where a GPU exists (NUMBACTR_DEVICE=gpu pytest -m gpu): the real kernels on cupy arrays."""
+    states = {}
+    for dev in ("cpu", "gpu"):
+        on_device(dev)
+        model = tiny_dlrm(*data, batch=64, lr=0.05)
+        for _ in range(3):
+            assert model.train()
+        states[dev] = (model.get_current_loss(), device.to_host(model.weights),
+                       device.to_host(model.embeddings[0].weight.data))
+    (l0, w0, p0), (l1, w1, p1) = states["cpu"], states["gpu"]
+    assert l1 == pytest.approx(l0, rel=1e-4)
+    np.testing.assert_allclose(w1, w0, rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(p1, p0, rtol=1e-3, atol=1e-5)
