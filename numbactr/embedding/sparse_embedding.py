@@ -148,7 +148,8 @@ class HashEmbedding:
         if cfg.embedding_type not in (Embedding_t.DistributedSlotSparseEmbeddingHash,
                                       Embedding_t.LocalizedSlotSparseEmbeddingHash):
             raise NotImplementedError(f"SparseEmbedding {cfg.sparse_embedding_name!r}: "
-                                      f"{cfg.embedding_type.name} is not implemented yet (tracked by issue 4)")
+                                      f"{cfg.embedding_type.name} is not supported by numbactr (HybridSparseEmbedding: use "
+                                      "LocalizedSlotSparseEmbeddingOneHot, the same math)")
         self.cfg, self.opt, self.seed = cfg, opt, int(seed)
         self.comm = comm or world()
         self.by_slot = cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingHash

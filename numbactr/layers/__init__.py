@@ -27,8 +27,8 @@ def build(cfg, in_shapes) -> Layer:
     cls = REGISTRY.get(cfg.layer_type)
     if cls is None:
         have = ", ".join(sorted(t.name for t in REGISTRY))
-        raise LayerError(f"Layer_t.{cfg.layer_type.name} (top {cfg.top_names}) is not implemented yet in "
-                         f"numbactr (tracked by issue 3); available: {have}")
+        raise LayerError(f"Layer_t.{cfg.layer_type.name} (top {cfg.top_names}) is not implemented in "
+                         f"numbactr; available: {have}")
     return cls(cfg, in_shapes)
 
 

@@ -88,7 +88,7 @@ class Concat(Layer):
 
 class Reshape(Layer):
     """(a) leading_dim: (N/L, L); (b) leading_dim + time_step: (N/(L·T), T, L);
-    (c) selected slots of (B, S, V) -> (B, len(sel)·V) [gathers: see issue 3]; (d) shape=[..., -1]."""
+    (c) selected slots: layers.shape.ReshapeSelected (a gather, dispatched by layers.build); (d) shape=[..., -1]."""
     type_name = "Reshape"
 
     def infer(self):
@@ -97,7 +97,7 @@ class Reshape(Layer):
         total = math.prod(shape)
         c = self.cfg
         if c.selected:
-            self.fail("selected=True (slot selection) is not implemented yet (tracked by issue 3)")
+            self.fail("selected=True is handled by layers.shape.ReshapeSelected (build() dispatches to it)")
         if c.leading_dim > 0:
             per = c.leading_dim * max(c.time_step, 1)
             if total % per:
