@@ -189,7 +189,7 @@ def test_set_source_switches_files_and_close_stops_workers(tmp_path):
     assert alive
     t0 = time.perf_counter()
     r.close()
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 30.0        # no hang (a liveness bound, not a speed target)
     assert not any(t.is_alive() for t in alive)
     with pytest.raises(StopIteration):
         next(it)
