@@ -30,10 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..enums import Check_t
+from ..enums import Check_t, DataReaderType_t
 from .batch import Batch
 from .errors import DataFormatError
-from .file_list import read_file_list
 
 HEADER_BYTES = 64
 MAX_NNZ = 1 << 20          # more keys than this in one slot of one sample is treated as corruption
@@ -842,16 +841,6 @@ def _slot_list(slots_per_input):
 # ---------------------------------------------------------------------------------------------------
 # the batch reader
 
-class _Chunk:
-    """Decoded file + per-input CSR + a cursor (the next unread row)."""
-
-    def __init__(self, dec: _Decoded, slots_per_input):
-        self.label, self.dense = dec.label, dec.dense
-        self.inputs = _split_inputs(dec, slots_per_input)
-        self.n = dec.label.shape[0]
-        self.row = 0
-
-
 class NormReader:
     """Iterates Batch objects from a Norm file list in HugeCTR's one-worker order.
 
@@ -860,31 +849,36 @@ class NormReader:
     and stops. Each `iter(reader)` starts again from the first file. With skip_bad_checksum=True a
     sample whose checksum fails is dropped (counted in `reader.skipped`, warned per file) as HugeCTR
     does; by default it raises NormFormatError.
+
+    It is numbactr.data.reader.DataReader with one worker and one rank: the batching code is there.
     """
 
     def __init__(self, file_list_path, batch_size: int, label_dim: int, dense_dim: int,
                  slots_per_input, check=Check_t.Sum, key_dtype=np.uint32, repeat: bool = True,
                  skip_bad_checksum: bool = False):
-        if int(batch_size) <= 0:
-            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        from .reader import DataReader          # reader.py builds on this module: import late
         self.file_list_path = os.fspath(file_list_path)
-        self.files = read_file_list(self.file_list_path)
-        self.batch_size = int(batch_size)
         self.label_dim, self.dense_dim = int(label_dim), int(dense_dim)
         self.slots_per_input = _slot_list(slots_per_input)
         self.slot_num = sum(self.slots_per_input)
         self.check = check
         _is_sum(check)
         self.key_dtype = key_dtype_of(key_dtype)
-        self.repeat = bool(repeat)
         self.skip_bad_checksum = bool(skip_bad_checksum)
-        self.skipped = 0
+        self._reader = DataReader(DataReaderType_t.Norm, self.file_list_path, batch_size, self.label_dim,
+                                  self.dense_dim, self.slots_per_input, None,
+                                  self.key_dtype == np.dtype(np.int64), repeat, num_workers=1,
+                                  check_type=check, skip_bad_checksum=self.skip_bad_checksum)
+        self.files, self.batch_size, self.repeat = self._reader.files, self._reader.batch_size, bool(repeat)
+
+    @property
+    def skipped(self) -> int:
+        return self._reader.skipped
 
     def read_file(self, path) -> _Decoded:
         dec = decode_norm_file(path, self.label_dim, self.dense_dim, self.slot_num, self.check,
                                self.key_dtype, self.skip_bad_checksum)
         if dec.skipped:
-            self.skipped += dec.skipped
             _warn_skips(path, dec)
         return dec
 
@@ -892,65 +886,5 @@ class NormReader:
         """Sum of the headers' number_of_records over the list (skipped samples included)."""
         return sum(read_norm_header(p, self.check).number_of_records for p in self.files)
 
-    def _chunks(self):
-        while True:
-            got_any = False
-            for p in self.files:
-                c = _Chunk(self.read_file(p), self.slots_per_input)
-                if c.n:
-                    got_any = True
-                    yield c
-            if not self.repeat:
-                return
-            if not got_any:
-                raise ValueError(f"file list {self.file_list_path!r}: no samples in any listed file, "
-                                 f"cannot repeat")
-
     def __iter__(self):
-        return self._batches()
-
-    def _batches(self):
-        B = self.batch_size
-        chunks = self._chunks()
-        cur = None
-        while True:
-            pieces, have = [], 0
-            while have < B:
-                if cur is None or cur.row == cur.n:
-                    cur = next(chunks, None)
-                    if cur is None:
-                        break
-                take = min(B - have, cur.n - cur.row)
-                pieces.append((cur, cur.row, cur.row + take))
-                cur.row += take
-                have += take
-            if have == 0:
-                return
-            yield self._assemble(pieces, have)
-            if have < B:
-                return
-
-    def _assemble(self, pieces, size) -> Batch:
-        B = self.batch_size
-        label = np.zeros((B, self.label_dim), np.float32)
-        dense = np.zeros((B, self.dense_dim), np.float32)
-        r = 0
-        for c, a, b in pieces:
-            label[r:r + b - a] = c.label[a:b]
-            dense[r:r + b - a] = c.dense[a:b]
-            r += b - a
-        sparse = []
-        for i, S in enumerate(self.slots_per_input):
-            key_parts, off_parts = [], []
-            base = 0
-            for c, a, b in pieces:
-                keys, off = c.inputs[i]
-                lo, hi = off[a * S], off[b * S]
-                key_parts.append(keys[lo:hi])
-                off_parts.append(off[a * S:b * S] - lo + base)
-                base += hi - lo
-            # padding rows: empty bags, all offsets equal to the total key count
-            off_parts.append(np.full((B - size) * S + 1, base, dtype=np.int64))
-            keys = key_parts[0] if len(key_parts) == 1 else np.concatenate(key_parts)
-            sparse.append((np.ascontiguousarray(keys), np.concatenate(off_parts)))
-        return Batch(label, dense, sparse, size)
+        return iter(self._reader)
