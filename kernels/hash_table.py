@@ -138,8 +138,19 @@ def hash_insert_ref(tkeys: np.ndarray, trows: np.ndarray, keys: np.ndarray, base
 
 
 # ---- kernels (one thread per key, grid-stride) ------------------------------------------------
-# fmix64 is written out in each probing kernel rather than as a device function (device functions do
-# not compile in tests/ptx_check.py without a GPU).
+# The home slot is an inline device function (inline=True device functions compile in
+# tests/ptx_check.py without a GPU; non-inline ones ask the driver for the device).
+@cuda.jit(device=True, inline=True)
+def _home_slot(key, cap):
+    """murmur3's fmix64 of the key, modulo the capacity, all in uint64 (see _fmix64_ref)."""
+    h = key ^ (key >> uint64(33))
+    h = h * uint64(0xFF51AFD7ED558CCD)
+    h = h ^ (h >> uint64(33))
+    h = h * uint64(0xC4CEB9FE1A85EC53)
+    h = h ^ (h >> uint64(33))
+    return int64(h % uint64(cap))
+
+
 @cuda.jit
 def hash_claim_kernel(tkeys, trows, tfirst, keys, slots, status):
     """slots[i] <- slot holding keys[i] (claimed by CAS if new); for keys without a row yet,
@@ -149,12 +160,7 @@ def hash_claim_kernel(tkeys, trows, tfirst, keys, slots, status):
     cap = tkeys.shape[0]
     for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
         key = keys[i]
-        h = key ^ (key >> uint64(33))
-        h = h * uint64(0xFF51AFD7ED558CCD)
-        h = h ^ (h >> uint64(33))
-        h = h * uint64(0xC4CEB9FE1A85EC53)
-        h = h ^ (h >> uint64(33))
-        s = int64(h % uint64(cap))
+        s = _home_slot(key, cap)
         found = int64(-1)
         for _ in range(cap):
             here = tkeys[s]
@@ -218,12 +224,7 @@ def hash_find_kernel(tkeys, trows, keys, rows):
     cap = tkeys.shape[0]
     for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
         key = keys[i]
-        h = key ^ (key >> uint64(33))
-        h = h * uint64(0xFF51AFD7ED558CCD)
-        h = h ^ (h >> uint64(33))
-        h = h * uint64(0xC4CEB9FE1A85EC53)
-        h = h ^ (h >> uint64(33))
-        s = int64(h % uint64(cap))
+        s = _home_slot(key, cap)
         row = int64(-1)
         for _ in range(cap):
             here = tkeys[s]
