@@ -30,8 +30,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
-from .block import block_sum, block_sum2
+from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
+from .block import block_sum2, column_mean_var
 
 MIN_EPS = 1e-5      # cuDNN's CUDNN_BN_MIN_EPSILON
 
@@ -74,15 +74,11 @@ def batch_norm_backward_ref(x, dy, gamma, mean, inv, training=True):
 
 
 # ---- kernels ---------------------------------------------------------------------------------
-def _check_tpb(tpb: int) -> None:
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
-
 
 @functools.lru_cache(maxsize=None)
 def make_bn_forward_train_kernel(tpb: int):
     """Block-per-feature forward in training mode; also updates the running stats in place."""
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def bn_forward_train_kernel(x, gamma, beta, eps, factor, y, mean_out, inv_out, rmean, rvar):
@@ -94,23 +90,7 @@ def make_bn_forward_train_kernel(tpb: int):
         # The feature loop depends only on blockIdx: all threads of a block run the same iterations
         # and so meet every syncthreads.
         for f in range(cuda.blockIdx.x, x.shape[1], cuda.gridDim.x):
-            # pass 1: thread t sums rows t, t + tpb, ...; then a tree halves the live threads
-            acc = float32(0.0)
-            for m in range(t, rows, tpb):
-                acc += x[m, f]
-            part[t] = acc
-            block_sum(part, t, tpb)
-            mu = part[0] / nb
-            cuda.syncthreads()              # everyone has read part[0] before it is overwritten
-            # pass 2: the centred sum of squares (two passes: no E[x^2] - E[x]^2 cancellation)
-            acc = float32(0.0)
-            for m in range(t, rows, tpb):
-                d = x[m, f] - mu
-                acc += d * d
-            part[t] = acc
-            block_sum(part, t, tpb)
-            var = part[0] / nb
-            cuda.syncthreads()
+            mu, var = column_mean_var(x, f, part, t, tpb)      # biased batch statistics
             inv = float32(1.0) / math.sqrt(var + eps)
             g = gamma[f]
             bt = beta[f]
@@ -141,7 +121,7 @@ def bn_forward_eval_kernel(x, gamma, beta, rmean, rvar, eps, y, inv_out):
 @functools.lru_cache(maxsize=None)
 def make_bn_backward_kernel(tpb: int):
     """Block-per-feature backward: dgamma, dbeta (overwritten) and dx."""
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def bn_backward_kernel(x, dy, gamma, mean, inv, batch_stats, dx, dgamma, dbeta):

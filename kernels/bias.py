@@ -15,7 +15,7 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
 from .block import block_sum
 
 
@@ -46,8 +46,7 @@ def make_bias_grad_kernel(tpb: int):
     Blocks grid-stride over columns; the threads of a block stride over the rows of that column and
     then reduce their partial sums in shared memory. Any grid size and any M (including 0) work.
     """
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+    check_block_size(tpb)
 
     @cuda.jit
     def bias_grad_kernel(dy, db):

@@ -6,11 +6,15 @@ a later write to ``part`` needs a ``cuda.syncthreads()`` first.
 
     block_sum(part, t, tpb)        part[0] = sum(part[0:tpb])           (tree, log2(tpb) barriers)
     block_sum2(a, b, t, tpb)       the same for two arrays in one tree (one set of barriers)
+    column_mean_var(x, f, part, t, tpb) -> (mean, biased variance) of column f of x (B, F)
+    row_mean_var(x, r, part, t, tpb)    -> the same for row r of x (M, H)
+The mean/variance helpers take two passes over the data (no E[x^2] - E[x]^2 cancellation), use
+``part`` (tpb floats of shared memory) as scratch and leave it free for reuse.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 
 def block_sum_ref(part: np.ndarray) -> float:
@@ -38,6 +42,56 @@ def block_sum2(a, b, t, tpb):
             b[t] += b[t + step]
         cuda.syncthreads()
         step //= 2
+
+
+def mean_var_ref(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(x, dtype=np.float64)
+    mu = x.mean(axis=axis)
+    return mu, ((x - np.expand_dims(mu, axis)) ** 2).mean(axis=axis)
+
+
+@cuda.jit(device=True, inline=True)
+def column_mean_var(x, f, part, t, tpb):
+    rows = x.shape[0]
+    n = float32(rows)
+    acc = float32(0.0)
+    for m in range(t, rows, tpb):          # thread t sums rows t, t + tpb, ...
+        acc += x[m, f]
+    part[t] = acc
+    block_sum(part, t, tpb)
+    mu = part[0] / n
+    cuda.syncthreads()                     # everyone has read part[0] before it is overwritten
+    acc = float32(0.0)
+    for m in range(t, rows, tpb):
+        d = x[m, f] - mu
+        acc += d * d
+    part[t] = acc
+    block_sum(part, t, tpb)
+    var = part[0] / n
+    cuda.syncthreads()
+    return mu, var
+
+
+@cuda.jit(device=True, inline=True)
+def row_mean_var(x, r, part, t, tpb):
+    width = x.shape[1]
+    n = float32(width)
+    acc = float32(0.0)
+    for j in range(t, width, tpb):
+        acc += x[r, j]
+    part[t] = acc
+    block_sum(part, t, tpb)
+    mu = part[0] / n
+    cuda.syncthreads()
+    acc = float32(0.0)
+    for j in range(t, width, tpb):
+        d = x[r, j] - mu
+        acc += d * d
+    part[t] = acc
+    block_sum(part, t, tpb)
+    var = part[0] / n
+    cuda.syncthreads()
+    return mu, var
 
 
 PTX_CHECKS = []   # device functions: compiled inside every kernel that calls them

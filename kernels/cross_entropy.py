@@ -28,7 +28,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d
+from .launch import check_block_size, launch_1d, REDUCE_THREADS
 from .block import block_sum
 
 
@@ -89,8 +89,7 @@ def make_ce_kernel(tpb: int):
     Threads grid-stride over rows writing dx and summing their valid rows' losses; each block then
     reduces its partial sums in shared memory and thread 0 adds the block total to loss_out[0].
     """
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+    check_block_size(tpb)
 
     @cuda.jit
     def ce_kernel(x, lab, dx, loss_out, b, lab_stride, grad_scale):

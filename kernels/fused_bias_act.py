@@ -19,7 +19,7 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
 from .block import block_sum
 
 
@@ -52,8 +52,7 @@ def bias_act_forward_kernel(y, b, has_bias, relu):
 
 @functools.lru_cache(maxsize=None)
 def make_bias_act_backward_kernel(tpb: int):
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+    check_block_size(tpb)
 
     @cuda.jit
     def bias_act_backward_kernel(y, dy, has_bias, relu, d, db):

@@ -26,6 +26,12 @@ def _sm_count() -> int:
     return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
+def check_block_size(tpb: int) -> None:
+    """Block sizes of shared-memory tree reductions: a power of two in 1..1024."""
+    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
+        raise ValueError(f"block size (tpb) must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+
+
 def grid_1d(n: int, threads: int | None = None) -> tuple[int, int]:
     """(blocks, threads) for a grid-stride loop over n items; n must be > 0."""
     threads = threads or THREADS

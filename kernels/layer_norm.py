@@ -22,8 +22,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_rows
-from .block import block_sum, block_sum2
+from .launch import check_block_size, launch_rows, REDUCE_THREADS
+from .block import block_sum2, row_mean_var
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -49,14 +49,10 @@ def layer_norm_backward_ref(x, dy, gamma, mean, inv):
 
 
 # ---- kernels ---------------------------------------------------------------------------------
-def _check_tpb(tpb: int) -> None:
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
-
 
 @functools.lru_cache(maxsize=None)
 def make_ln_forward_kernel(tpb: int):
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def ln_forward_kernel(x, gamma, beta, eps, y, mean_out, inv_out):
@@ -64,23 +60,8 @@ def make_ln_forward_kernel(tpb: int):
         part = cuda.shared.array(tpb, float32)
         t = cuda.threadIdx.x
         width = x.shape[1]
-        nh = float32(width)
         for r in range(cuda.blockIdx.x, x.shape[0], cuda.gridDim.x):   # uniform per block
-            acc = float32(0.0)
-            for j in range(t, width, tpb):
-                acc += x[r, j]
-            part[t] = acc
-            block_sum(part, t, tpb)
-            mu = part[0] / nh
-            cuda.syncthreads()
-            acc = float32(0.0)
-            for j in range(t, width, tpb):
-                d = x[r, j] - mu
-                acc += d * d
-            part[t] = acc
-            block_sum(part, t, tpb)
-            var = part[0] / nh
-            cuda.syncthreads()
+            mu, var = row_mean_var(x, r, part, t, tpb)
             inv = float32(1.0) / math.sqrt(var + eps)
             for j in range(t, width, tpb):
                 y[r, j] = gamma[j] * (x[r, j] - mu) * inv + beta[j]
@@ -93,7 +74,7 @@ def make_ln_forward_kernel(tpb: int):
 
 @functools.lru_cache(maxsize=None)
 def make_ln_backward_dx_kernel(tpb: int):
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def ln_backward_dx_kernel(x, dy, gamma, mean, inv, dx):
@@ -127,7 +108,7 @@ def make_ln_backward_dx_kernel(tpb: int):
 
 @functools.lru_cache(maxsize=None)
 def make_ln_param_grad_kernel(tpb: int):
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def ln_param_grad_kernel(x, dy, mean, inv, dgamma, dbeta):

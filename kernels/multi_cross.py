@@ -28,7 +28,7 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
 from .block import block_sum, block_sum2
 
 
@@ -90,14 +90,10 @@ def multi_cross_v2_backward_ref(dy, x0, us, vs, bs, xs, zs):
 
 
 # ---- kernels ---------------------------------------------------------------------------------
-def _check_tpb(tpb: int) -> None:
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
-
 
 @functools.lru_cache(maxsize=None)
 def make_v1_forward_kernel(tpb: int):
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def mc_v1_forward_kernel(x0, xl, w, b, out, h):
@@ -123,7 +119,7 @@ def make_v1_forward_kernel(tpb: int):
 
 @functools.lru_cache(maxsize=None)
 def make_v1_backward_rows_kernel(tpb: int):
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def mc_v1_backward_rows_kernel(g, x0, w, h, first, dx0, dxl, dh):
@@ -155,7 +151,7 @@ def make_v1_backward_rows_kernel(tpb: int):
 
 @functools.lru_cache(maxsize=None)
 def make_v1_param_grad_kernel(tpb: int):
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def mc_v1_param_grad_kernel(g, xl, dh, dw, db):

@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d
+from .launch import check_block_size, launch_1d, REDUCE_THREADS
 from .block import block_sum
 
 IGNORE_BELOW = -0.5     # labels below this are "missing"
@@ -50,8 +50,7 @@ def make_mce_kernel(tpb: int):
     Threads grid-stride over the B*T elements writing dx and summing the used elements' losses; each
     block then reduces in shared memory and thread 0 adds the block total to loss_out[0].
     """
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+    check_block_size(tpb)
 
     @cuda.jit
     def mce_kernel(x, y, tw, dx, loss_out, n_valid, grad_scale):

@@ -31,8 +31,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_rows
-from .block import block_sum, block_sum2
+from .launch import check_block_size, launch_rows, REDUCE_THREADS
+from .block import block_sum2, column_mean_var
 
 TINY = 1e-8
 
@@ -66,14 +66,10 @@ def prelu_dice_backward_ref(x, dy, alpha, mean, inv, hugectr_exact=False):
 
 
 # ---- kernels ---------------------------------------------------------------------------------
-def _check_tpb(tpb: int) -> None:
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
-
 
 @functools.lru_cache(maxsize=None)
 def make_dice_forward_kernel(tpb: int):
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def dice_forward_kernel(x, alpha, eps, y, mean_out, inv_out):
@@ -81,23 +77,9 @@ def make_dice_forward_kernel(tpb: int):
         part = cuda.shared.array(tpb, float32)
         t = cuda.threadIdx.x
         rows = x.shape[0]
-        nb = float32(rows)
         for f in range(cuda.blockIdx.x, x.shape[1], cuda.gridDim.x):   # uniform per block
-            acc = float32(0.0)
-            for m in range(t, rows, tpb):
-                acc += x[m, f]
-            part[t] = acc
-            block_sum(part, t, tpb)
-            mu = part[0] / nb
-            cuda.syncthreads()
-            acc = float32(0.0)
-            for m in range(t, rows, tpb):
-                d = x[m, f] - mu
-                acc += d * d
-            part[t] = acc
-            block_sum(part, t, tpb)
-            ve = part[0] / nb + eps
-            cuda.syncthreads()
+            mu, var = column_mean_var(x, f, part, t, tpb)
+            ve = var + eps
             inv = float32(0.0) if ve < float32(TINY) else float32(1.0) / math.sqrt(ve)
             for m in range(t, rows, tpb):
                 v = x[m, f]
@@ -114,7 +96,7 @@ def make_dice_forward_kernel(tpb: int):
 
 @functools.lru_cache(maxsize=None)
 def make_dice_backward_kernel(tpb: int):
-    _check_tpb(tpb)
+    check_block_size(tpb)
 
     @cuda.jit
     def dice_backward_kernel(x, dy, alpha, mean, inv, exact, dx):

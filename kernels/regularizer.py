@@ -19,7 +19,7 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d
+from .launch import check_block_size, launch_1d, REDUCE_THREADS
 from .block import block_sum
 
 KINDS = {"L1": 0, "L2": 1}
@@ -79,8 +79,7 @@ def make_regularizer_term_kernel(tpb: int):
 
     For blocks of exactly ``tpb`` threads (a power of two, <= 1024), any grid size.
     """
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"tpb must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+    check_block_size(tpb)
 
     @cuda.jit
     def regularizer_term_kernel(w, out, kind, alpha):

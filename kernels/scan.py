@@ -19,7 +19,7 @@ import functools
 import numpy as np
 from numba import cuda, int64
 
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS
+from .launch import check_block_size, REDUCE_THREADS
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -36,8 +36,7 @@ def exclusive_scan_ref(x: np.ndarray) -> np.ndarray:
 def make_exclusive_scan_kernel(tpb: int):
     """A kernel ``k[blocks, tpb](x, out)`` scanning x (N,) into out (N + 1,). Only block 0 works,
     so any grid is correct; the block must have exactly tpb threads."""
-    if tpb < 1 or tpb > MAX_THREADS_PER_BLOCK or tpb & (tpb - 1):
-        raise ValueError(f"scan block size must be a power of two in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
+    check_block_size(tpb)
     tile = 2 * tpb
 
     @cuda.jit

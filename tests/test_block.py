@@ -41,3 +41,35 @@ def test_block_sums_match_reference(tpb, n, seed):
     make(tpb)[1, tpb](x, out)
     assert out[0] == pytest.approx(block_sum_ref(x), abs=1e-4)
     assert out[1] == pytest.approx(3 * block_sum_ref(x), abs=1e-4)
+
+
+@functools.lru_cache(maxsize=None)
+def make_mean_var(tpb):
+    from numbactr.kernels.block import column_mean_var, row_mean_var
+
+    @cuda.jit
+    def k(x, col_out, row_out):
+        part = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        for f in range(x.shape[1]):
+            mu, var = column_mean_var(x, f, part, t, tpb)
+            if t == 0:
+                col_out[0, f] = mu
+                col_out[1, f] = var
+        for r in range(x.shape[0]):
+            mu, var = row_mean_var(x, r, part, t, tpb)
+            if t == 0:
+                row_out[0, r] = mu
+                row_out[1, r] = var
+    return k
+
+
+@pytest.mark.parametrize("tpb", [1, 4, 32])
+@given(b=st.integers(1, 40), f=st.integers(1, 5), seed=st.integers(0, 9))
+def test_mean_var_helpers_match_reference(tpb, b, f, seed):
+    from numbactr.kernels.block import mean_var_ref
+    x = np.random.default_rng(seed).normal(2.0, 3.0, (b, f)).astype(np.float32)
+    col, row = np.zeros((2, f), np.float32), np.zeros((2, b), np.float32)
+    make_mean_var(tpb)[1, tpb](x, col, row)
+    np.testing.assert_allclose(col, np.stack(mean_var_ref(x, 0)), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(row, np.stack(mean_var_ref(x, 1)), rtol=1e-4, atol=1e-4)
