@@ -1,10 +1,11 @@
 """Block-level building blocks shared by the reduction kernels.
 
 Every thread of the block must call these (they contain barriers), with ``t = cuda.threadIdx.x`` and
-``tpb`` the block size, a power of two. On return every thread may read the total in ``part[0]``;
+``tpb`` the block size (block_sum and block_max take any size; block_sum2 a power of two). On return every thread may read the total in ``part[0]``;
 a later write to ``part`` needs a ``cuda.syncthreads()`` first.
 
     block_sum(part, t, tpb)        part[0] = sum(part[0:tpb])           (tree, log2(tpb) barriers)
+    block_max(part, t, tpb)        part[0] = max(part[0:tpb])
     block_sum2(a, b, t, tpb)       the same for two arrays in one tree (one set of barriers)
     column_mean_var(x, f, part, t, tpb) -> (mean, biased variance) of column f of x (B, F)
     row_mean_var(x, r, part, t, tpb)    -> the same for row r of x (M, H)
@@ -22,12 +23,34 @@ def block_sum_ref(part: np.ndarray) -> float:
 
 
 @cuda.jit(device=True, inline=True)
+def _first_stride(tpb):
+    """Largest power of two below tpb (0 for tpb = 1): the tree's first stride, for any tpb."""
+    step = 0
+    if tpb > 1:
+        step = 1
+        while step * 2 < tpb:
+            step *= 2
+    return step
+
+
+@cuda.jit(device=True, inline=True)
 def block_sum(part, t, tpb):
     cuda.syncthreads()                      # every partial sum is written
-    step = tpb // 2
+    step = _first_stride(tpb)
     while step > 0:
-        if t < step:
+        if t < step and t + step < tpb:     # the guard makes any tpb work, not only powers of two
             part[t] += part[t + step]
+        cuda.syncthreads()
+        step //= 2
+
+
+@cuda.jit(device=True, inline=True)
+def block_max(part, t, tpb):
+    cuda.syncthreads()
+    step = _first_stride(tpb)
+    while step > 0:
+        if t < step and t + step < tpb:
+            part[t] = max(part[t], part[t + step])
         cuda.syncthreads()
         step //= 2
 

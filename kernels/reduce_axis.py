@@ -19,6 +19,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from .block import block_sum
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
 
 
@@ -40,10 +41,6 @@ def reduce_axis_backward_ref(dy: np.ndarray, in_shape, axis: int, mean: bool = F
 
 
 # ---- kernels ---------------------------------------------------------------------------------
-def _first_step(tpb: int) -> int:
-    """Largest power of two < tpb (0 for tpb = 1): the tree reduction's first stride."""
-    return (1 << (tpb - 1).bit_length()) // 2
-
 
 @functools.lru_cache(maxsize=None)
 def make_reduce_axis_kernel(tpb: int):
@@ -55,7 +52,6 @@ def make_reduce_axis_kernel(tpb: int):
     """
     if not 1 <= tpb <= MAX_THREADS_PER_BLOCK:
         raise ValueError(f"tpb must be in 1..{MAX_THREADS_PER_BLOCK}, got {tpb}")
-    first = _first_step(tpb)
 
     @cuda.jit
     def reduce_axis_kernel(x, y, scale):
@@ -70,13 +66,7 @@ def make_reduce_axis_kernel(tpb: int):
             for j in range(t, n, tpb):
                 acc += x[o, j, i]
             part[t] = acc
-            cuda.syncthreads()
-            step = first
-            while step > 0:
-                if t < step and t + step < tpb:
-                    part[t] += part[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(part, t, tpb)
             if t == 0:
                 y[o, i] = part[0] * scale
             # thread 0 reads part[0] before anyone overwrites it for the next output

@@ -31,6 +31,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from .block import block_max, block_sum
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
 
 MASK_PENALTY = 10000.0      # subtracted from masked-out logits
@@ -59,10 +60,6 @@ def masked_softmax_forward_ref(x: np.ndarray, mask: np.ndarray, factor: float) -
 
 
 # ---- kernels ---------------------------------------------------------------------------------
-def _first_step(tpb: int) -> int:
-    """Largest power of two < tpb (0 for tpb = 1): the tree reduction's first stride."""
-    return (1 << (tpb - 1).bit_length()) // 2
-
 
 def _check_tpb(tpb: int) -> None:
     if not 1 <= tpb <= MAX_THREADS_PER_BLOCK:
@@ -73,7 +70,6 @@ def _check_tpb(tpb: int) -> None:
 def make_softmax_forward_kernel(tpb: int):
     """Row softmax for blocks of exactly ``tpb`` threads; x, y (R, N) with N >= 1."""
     _check_tpb(tpb)
-    first = _first_step(tpb)
 
     @cuda.jit
     def softmax_forward_kernel(x, y, subtract_max, eps):
@@ -87,26 +83,14 @@ def make_softmax_forward_kernel(tpb: int):
                 for j in range(t, n, tpb):
                     m = max(m, x[r, j])
                 buf[t] = m
-                cuda.syncthreads()
-                step = first
-                while step > 0:
-                    if t < step and t + step < tpb:
-                        buf[t] = max(buf[t], buf[t + step])
-                    cuda.syncthreads()
-                    step //= 2
+                block_max(buf, t, tpb)
                 shift = buf[0]
                 cuda.syncthreads()                      # all read buf[0] before it is reused
             acc = float32(0.0)
             for j in range(t, n, tpb):
                 acc += math.exp(x[r, j] - shift)
             buf[t] = acc
-            cuda.syncthreads()
-            step = first
-            while step > 0:
-                if t < step and t + step < tpb:
-                    buf[t] += buf[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(buf, t, tpb)
             inv = float32(1.0) / (buf[0] + eps)
             cuda.syncthreads()                          # all read buf[0] before the next row
             for j in range(t, n, tpb):
@@ -119,7 +103,6 @@ def make_softmax_forward_kernel(tpb: int):
 def make_softmax_backward_kernel(tpb: int):
     """dx = factor * y * (dy - rowsum(dy*y)) for blocks of exactly ``tpb`` threads; (R, N) arrays."""
     _check_tpb(tpb)
-    first = _first_step(tpb)
 
     @cuda.jit
     def softmax_backward_kernel(y, dy, dx, factor):
@@ -131,13 +114,7 @@ def make_softmax_backward_kernel(tpb: int):
             for j in range(t, n, tpb):
                 acc += dy[r, j] * y[r, j]
             buf[t] = acc
-            cuda.syncthreads()
-            step = first
-            while step > 0:
-                if t < step and t + step < tpb:
-                    buf[t] += buf[t + step]
-                cuda.syncthreads()
-                step //= 2
+            block_sum(buf, t, tpb)
             dot = buf[0]
             cuda.syncthreads()                          # all read buf[0] before the next row
             for j in range(t, n, tpb):

@@ -73,3 +73,38 @@ def test_mean_var_helpers_match_reference(tpb, b, f, seed):
     make_mean_var(tpb)[1, tpb](x, col, row)
     np.testing.assert_allclose(col, np.stack(mean_var_ref(x, 0)), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(row, np.stack(mean_var_ref(x, 1)), rtol=1e-4, atol=1e-4)
+
+
+@functools.lru_cache(maxsize=None)
+def make_sum_max(tpb):
+    from numbactr.kernels.block import block_max
+
+    @cuda.jit
+    def k(x, out):
+        a = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        acc = float32(0.0)
+        m = float32(-1e30)
+        for i in range(t, x.shape[0], tpb):
+            acc += x[i]
+            m = max(m, x[i])
+        a[t] = acc
+        block_sum(a, t, tpb)
+        if t == 0:
+            out[0] = a[0]
+        cuda.syncthreads()
+        a[t] = m
+        block_max(a, t, tpb)
+        if t == 0:
+            out[1] = a[0]
+    return k
+
+
+@pytest.mark.parametrize("tpb", [1, 3, 6, 12, 32])
+@given(n=st.integers(1, 200), seed=st.integers(0, 9))
+def test_block_sum_and_max_take_any_block_size(tpb, n, seed):
+    x = np.random.default_rng(seed).normal(size=n).astype(np.float32)
+    out = np.zeros(2, np.float32)
+    make_sum_max(tpb)[1, tpb](x, out)
+    assert out[0] == pytest.approx(block_sum_ref(x), abs=1e-4)
+    assert out[1] == x.max()
