@@ -123,8 +123,10 @@ class Interaction(Function):
 class BinaryCrossEntropy(Function):
     """Sigmoid + BCE in one kernel: returns the mean loss over the valid rows, saves dX.
 
-    HugeCTR semantics (spec §6.3): dX = (sigmoid(x) - y) * scaler / (b * ranks); loss weights never
-    touch the gradient; ``backward`` ignores the incoming scalar gradient's value beyond scaling by it.
+    HugeCTR semantics (spec §6.3): dX = (sigmoid(x) - y) * scaler / (b * ranks). ``backward`` scales dX
+    by the incoming (1,) gradient of the loss value, so a loss weight w seeded by the model (the
+    gradient of the reported loss Σ w_i·loss_i) gives w·dX; HugeCTR seeds 1 (weights scale only the
+    reported loss), which the model does under numbactr.compat.hugectr_exact().
     """
 
     @staticmethod
@@ -143,7 +145,13 @@ class BinaryCrossEntropy(Function):
 
     @staticmethod
     def backward(ctx: Context, dloss):
-        return ctx.dx, None
+        return scale_by_seed(ctx.dx, dloss), None
+
+
+def scale_by_seed(dx, dloss):
+    """dX scaled by the loss's incoming gradient dloss (1,): the chain rule through the loss value.
+    A seed of exactly 1 (the common case) returns dX itself, bit for bit."""
+    return dx * dloss.astype(dx.dtype, copy=False)
 
 
 def sigmoid(x):

@@ -2,7 +2,9 @@
 
 Loss layers follow BinaryCrossEntropyLoss (core.py): bottoms [logits, label], forward returns
 [loss (1,)] (mean over the valid rows) and saves dX, computed in the same fused kernel; the tape seeds
-it and ``backward`` hands dX on (loss weights never scale gradients, spec §4.5). The loss name that
+it and ``backward`` hands on dX times the seed: the model seeds each loss with its weight (compile's
+loss_weights or Input label_weights), so a weighted loss has the weighted gradient; under
+numbactr.compat.hugectr_exact() the model seeds 1, HugeCTR's loss-only weighting (spec §4.5). The loss name that
 ``compile(loss_names)`` refers to is the LABEL tensor's name (``label_name``).
 
 Regularizer. A loss with ``use_regularizer=True`` exposes ``self.regularizer = (Regularizer_t, lambda)``
@@ -34,6 +36,7 @@ import numpy as np
 
 from .. import compat, device
 from ..autograd import Context, Function
+from ..ops import scale_by_seed
 from ..enums import Layer_t, Regularizer_t
 from ..kernels import bce, cross_entropy, multi_cross_entropy, regularizer as reg_kernels
 from .base import Layer
@@ -139,7 +142,7 @@ class CrossEntropy(Function):
 
     @staticmethod
     def backward(ctx: Context, dloss):
-        return ctx.dx, None
+        return scale_by_seed(ctx.dx, dloss), None
 
 
 class MultiCrossEntropy(Function):
@@ -163,7 +166,7 @@ class MultiCrossEntropy(Function):
 
     @staticmethod
     def backward(ctx: Context, dloss):
-        return ctx.dx, None
+        return scale_by_seed(ctx.dx, dloss), None
 
 
 def softmax2(x):
