@@ -24,22 +24,14 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from .launch import launch_1d
+from .wrapping import add64, mul64, splitmix64_mix, splitmix64_mix_ref
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15          # SplitMix64 increment (2^64 / golden ratio)
-MIX1 = 0xBF58476D1CE4E5B9
-MIX2 = 0x94D049BB133111EB
 SEED_SALT = 0xD1B54A32D192ED03      # keeps seed 0 away from the fixed point mix(0) == 0
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
-def _mix_ref(z):
-    z = np.asarray(z, np.uint64)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX2)
-    return z ^ (z >> np.uint64(31))
-
-
 def dropout_threshold(rate: float) -> int:
     """The uint32-scale threshold: an element is kept when its hash's top 32 bits >= threshold."""
     if not 0.0 < rate < 1.0:
@@ -53,12 +45,12 @@ def dropout_scale(rate: float) -> np.float32:
 
 def dropout_mask_ref(n: int, rate: float, seed: int, step: int, layer_id: int) -> np.ndarray:
     """Boolean keep-mask (n,) for flat element indices 0..n-1."""
-    with np.errstate(over="ignore"):
-        k = _mix_ref(np.uint64(seed & MASK64) ^ np.uint64(SEED_SALT))
-        k = _mix_ref(k ^ np.uint64(step & MASK64))
-        k = _mix_ref(k ^ np.uint64(layer_id & MASK64))
-        i = np.arange(1, n + 1, dtype=np.uint64)
-        h = _mix_ref(k + i * np.uint64(GAMMA))
+    # (1,) and (n,) uint64 arrays: NumPy array arithmetic wraps modulo 2^64 without a warning
+    k = splitmix64_mix_ref(np.uint64(seed & MASK64) ^ np.uint64(SEED_SALT))
+    k = splitmix64_mix_ref(k ^ np.uint64(step & MASK64))
+    k = splitmix64_mix_ref(k ^ np.uint64(layer_id & MASK64))
+    i = np.arange(1, n + 1, dtype=np.uint64)
+    h = splitmix64_mix_ref(k + i * np.uint64(GAMMA))
     return (h >> np.uint64(32)) >= np.uint64(dropout_threshold(rate))
 
 
@@ -77,23 +69,12 @@ def dropout_backward_ref(dy: np.ndarray, rate: float, seed: int, step: int, laye
 @cuda.jit
 def dropout_kernel(x, y, seed, step, layer_id, threshold, scale):
     # Per-launch key from (seed, step, layer_id): three SplitMix64 finalizer rounds (same per thread).
-    k = seed ^ uint64(SEED_SALT)
-    k = (k ^ (k >> uint64(30))) * uint64(MIX1)
-    k = (k ^ (k >> uint64(27))) * uint64(MIX2)
-    k = k ^ (k >> uint64(31))
-    k = k ^ step
-    k = (k ^ (k >> uint64(30))) * uint64(MIX1)
-    k = (k ^ (k >> uint64(27))) * uint64(MIX2)
-    k = k ^ (k >> uint64(31))
-    k = k ^ layer_id
-    k = (k ^ (k >> uint64(30))) * uint64(MIX1)
-    k = (k ^ (k >> uint64(27))) * uint64(MIX2)
-    k = k ^ (k >> uint64(31))
+    # The arithmetic wraps explicitly (wrapping.py): the same bits, no overflow warning in the simulator.
+    k = splitmix64_mix(seed ^ uint64(SEED_SALT))
+    k = splitmix64_mix(k ^ step)
+    k = splitmix64_mix(k ^ layer_id)
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
-        h = k + (uint64(i) + uint64(1)) * uint64(GAMMA)
-        h = (h ^ (h >> uint64(30))) * uint64(MIX1)
-        h = (h ^ (h >> uint64(27))) * uint64(MIX2)
-        h = h ^ (h >> uint64(31))
+        h = splitmix64_mix(add64(k, mul64(uint64(i) + uint64(1), uint64(GAMMA))))
         if (h >> uint64(32)) >= threshold:
             y[i] = x[i] * scale
         else:

@@ -14,27 +14,23 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from .launch import launch_1d
+from .wrapping import add64, splitmix64_mix, splitmix64_mix_ref
 
 _GOLDEN = 0x9E3779B97F4A7C15
-_M1 = 0xBF58476D1CE4E5B9
-_M2 = 0x94D049BB133111EB
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
 def _splitmix64_ref(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = x + np.uint64(_GOLDEN)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-        return z ^ (z >> np.uint64(31))
+    """SplitMix64 output for state x, any shape (array arithmetic wraps modulo 2^64 silently)."""
+    x = np.asarray(x, np.uint64)
+    return splitmix64_mix_ref(x + np.uint64(_GOLDEN)).reshape(x.shape)
 
 
 def row_values_ref(keys: np.ndarray, width: int, seed: int, lo: float, hi: float) -> np.ndarray:
     """(N, D) float32 initial vectors of keys (N,) uint64."""
     keys = np.asarray(keys, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        base = _splitmix64_ref(keys ^ _splitmix64_ref(np.full(keys.shape, seed, np.uint64)))
-        h = _splitmix64_ref(base[:, None] + np.arange(width, dtype=np.uint64)[None, :])
+    base = _splitmix64_ref(keys ^ _splitmix64_ref(np.full(keys.shape, seed, np.uint64)))      # (N,)
+    h = _splitmix64_ref(base[:, None] + np.arange(width, dtype=np.uint64)[None, :])           # (N, D)
     u = (h >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / 16777216.0)
     return (np.float32(lo) + np.float32(hi - lo) * u).astype(np.float32)
 
@@ -51,10 +47,8 @@ def init_new_rows_ref(pool: np.ndarray, rows: np.ndarray, keys: np.ndarray, firs
 # ---- kernel ----------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
 def _splitmix64(x):
-    z = x + uint64(_GOLDEN)
-    z = (z ^ (z >> uint64(30))) * uint64(_M1)
-    z = (z ^ (z >> uint64(27))) * uint64(_M2)
-    return z ^ (z >> uint64(31))
+    # explicit wrapping arithmetic: the same bits as _splitmix64_ref, no overflow warning in the simulator
+    return splitmix64_mix(add64(x, uint64(_GOLDEN)))
 
 
 @cuda.jit
@@ -67,7 +61,7 @@ def init_new_rows_kernel(pool, rows, keys, first_new, seed, lo, span):
         r = rows[k]
         if r >= first_new:
             base = _splitmix64(keys[k] ^ _splitmix64(seed))
-            h = _splitmix64(base + uint64(d))
+            h = _splitmix64(add64(base, uint64(d)))
             u = float32(h >> uint64(40)) * float32(1.0 / 16777216.0)
             pool[r, d] = lo + span * u
 

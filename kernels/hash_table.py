@@ -32,6 +32,7 @@ from numba import cuda, int64, uint64
 
 from .launch import launch_1d
 from .scan import exclusive_scan
+from .wrapping import fmix64, fmix64_ref
 
 EMPTY_KEY = np.uint64(0xFFFFFFFFFFFFFFFF)     # reserved: marks a free slot
 NO_ROW = -1
@@ -52,20 +53,10 @@ class HashTableFullError(RuntimeError):
 
 
 # ---- NumPy reference (vectorised: probes all unresolved keys at once) -------------------------
-def _fmix64_ref(keys: np.ndarray) -> np.ndarray:
-    """murmur3 fmix64 of a uint64 array (wrap-around arithmetic)."""
-    k = keys.astype(np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        k ^= k >> np.uint64(33)
-        k *= np.uint64(0xFF51AFD7ED558CCD)
-        k ^= k >> np.uint64(33)
-        k *= np.uint64(0xC4CEB9FE1A85EC53)
-        k ^= k >> np.uint64(33)
-    return k
-
-
 def _home_slots_ref(keys: np.ndarray, capacity: int) -> np.ndarray:
-    return (_fmix64_ref(keys) % np.uint64(capacity)).astype(np.int64)
+    """murmur3 fmix64 of each key (wrapping.fmix64_ref) modulo the capacity, keys' shape."""
+    keys = np.asarray(keys)
+    return (fmix64_ref(keys) % np.uint64(capacity)).astype(np.int64).reshape(keys.shape)
 
 
 def _find_unique_ref(tkeys: np.ndarray, trows: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -142,13 +133,9 @@ def hash_insert_ref(tkeys: np.ndarray, trows: np.ndarray, keys: np.ndarray, base
 # tests/ptx_check.py without a GPU; non-inline ones ask the driver for the device).
 @cuda.jit(device=True, inline=True)
 def _home_slot(key, cap):
-    """murmur3's fmix64 of the key, modulo the capacity, all in uint64 (see _fmix64_ref)."""
-    h = key ^ (key >> uint64(33))
-    h = h * uint64(0xFF51AFD7ED558CCD)
-    h = h ^ (h >> uint64(33))
-    h = h * uint64(0xC4CEB9FE1A85EC53)
-    h = h ^ (h >> uint64(33))
-    return int64(h % uint64(cap))
+    """murmur3's fmix64 of the key, modulo the capacity, all in uint64 (see wrapping.fmix64_ref); fmix64
+    wraps explicitly, so the simulator raises no overflow warning."""
+    return int64(fmix64(key) % uint64(cap))
 
 
 @cuda.jit
