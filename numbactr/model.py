@@ -217,16 +217,27 @@ class Model:
     def _make_reader(self, source: str, batch: int, repeat: bool, eval: bool = False):  # noqa: A002
         """A reader of this rank's rows of GLOBAL batches of `batch` samples (numbactr.data.make_reader)."""
         from .data import make_reader
+        from .data.validation import LabelRule, SlotRanges
         inp = self.input
-        # one-hot tables have no hash: keys beyond sum(slot_size_array) would index past the table
+        # one-hot tables have no hash: row = key, and slot s owns rows [Σ_{j<s} size_j, Σ_{j<=s} size_j),
+        # so a key outside its slot's block would silently train another slot's rows
         bounds = [None] * len(inp.sparse)
         for e in self.embeddings:
             if e.cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingOneHot and e.cfg.slot_size_array:
-                bounds[self.sparse_inputs[e.cfg.bottom_name]] = sum(e.cfg.slot_size_array)
+                hi = np.cumsum(np.asarray(e.cfg.slot_size_array, np.int64))
+                bounds[self.sparse_inputs[e.cfg.bottom_name]] = SlotRanges(
+                    hi - np.asarray(e.cfg.slot_size_array, np.int64), hi,
+                    f"LocalizedSlotSparseEmbeddingOneHot {e.name!r} (slot_size_array)")
+        # each loss layer states what its label columns may hold (numbactr.data.validation.LABEL_KINDS)
+        rules = [None] * inp.label_dim
+        for layer, _ in self.losses:
+            c0, c1 = self.label_columns[layer.cfg.bottom_names[1]]
+            rule = LabelRule(layer.label_kind, f"{layer.type_name} {layer.cfg.top_names[0]!r}")
+            rules[c0:c1] = [rule] * (c1 - c0)
         return make_reader(self.reader_params, source, batch, inp.label_dim, inp.dense_dim,
                            [sp.slot_num for sp in inp.sparse], [sp.nnz_per_slot for sp in inp.sparse],
                            self.solver.i64_input_key, repeat, rank=self.comm.rank, ranks=self.ranks, eval=eval,
-                           key_bound=bounds if any(b is not None for b in bounds) else None)
+                           key_bound=bounds, label_rules=rules)
 
     def start_data_reading(self) -> None:
         self._require_compiled("start_data_reading")

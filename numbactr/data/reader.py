@@ -34,8 +34,9 @@ batches are buffered in all); decoding, validation and batch assembly happen in 
 training step only takes a ready Batch. NumPy and pyarrow release the GIL for the heavy work.
 
 Bad data raises DataFormatError (file, record, byte offset) in the consumer at the point in the sample
-order where it occurs; the reader then stops its workers. Checked here for every format: non-finite
-label/dense values and, when key_bound is given, keys outside [0, key_bound) (one-hot tables).
+order where it occurs; the reader then stops its workers. Checked in the workers for every format
+(numbactr.data.validation): non-finite label/dense values, label_rules (the labels' ranges the model's
+loss layers need) and key_bound (each slot's key range of a one-hot table).
 Norm's bad-checksum records raise unless skip_bad_checksum=True, which skips them as HugeCTR does and
 counts them in `reader.skipped` (with a RuntimeWarning per file).
 """
@@ -52,11 +53,11 @@ import numpy as np
 from .. import compat
 from ..enums import Check_t, DataReaderType_t
 from .batch import Batch
-from .errors import DataFormatError
 from .file_list import read_file_list
 from .norm import _split_inputs, iter_norm_chunks, key_dtype_of, norm_record_offsets, output_key_dtype
 from .parquet import ParquetFile, metadata_path_for, read_parquet_metadata, slot_offsets_of
 from .raw import RawFile
+from .validation import slot_ranges, validate_chunk
 
 __all__ = ["make_reader", "DataReader"]
 
@@ -104,34 +105,6 @@ class _Chunk:
     n: int
     locate: object
     row: int = 0            # cursor: next unread row
-
-
-def _validate(ch: _Chunk, key_bounds):
-    """Non-finite label/dense values and keys outside [0, key_bound) raise DataFormatError."""
-    for kind, arr in (("label", ch.label), ("dense", ch.dense)):
-        if arr.size:
-            fin = np.isfinite(arr)
-            if not fin.all():
-                r, j = np.unravel_index(int(np.argmin(fin)), arr.shape)
-                rec, off, desc = ch.locate(int(r), kind, int(j))
-                raise DataFormatError(ch.fmt, ch.path, off, f"non-finite {kind}[{j}] = {arr[r, j]}{desc}",
-                                      rec)
-    if key_bounds is None:
-        return
-    for i, ((keys, offs), bound) in enumerate(zip(ch.inputs, key_bounds)):
-        if bound is None or not keys.size:
-            continue
-        bad = keys >= bound
-        if keys.dtype.kind == "i":
-            bad |= keys < 0
-        if bad.any():
-            pos = int(np.argmax(bad))
-            bag = int(np.searchsorted(offs, pos, "right") - 1)
-            S = (len(offs) - 1) // max(ch.n, 1)
-            r, slot = divmod(bag, S)
-            rec, off, desc = ch.locate(r, "key", slot)
-            raise DataFormatError(ch.fmt, ch.path, off, f"key {int(keys[pos])} of sparse input {i} slot "
-                                                        f"{slot} is outside the table [0, {bound}){desc}", rec)
 
 
 def _slots_to_inputs(slots, m, slots_per_input, slot_offsets, out_dtype, fail):
@@ -309,7 +282,7 @@ def _file_worker(cfg, files, w, W, chunk_fn, stop):
             k += 1
             got = False
             for ch in chunk_fn(cfg, files[idx], stop):
-                _validate(ch, cfg.key_bounds)
+                validate_chunk(ch, cfg.key_ranges, cfg.label_rules, cfg.input_slot_offsets)
                 if ch.n:
                     got = True
                     yield ch
@@ -369,7 +342,7 @@ def _raw_worker(cfg, path, num_samples, w, W, stop):
                 inputs.append((np.ascontiguousarray(keys[:, s0:s0 + S]).reshape(-1), _arange(m * S + 1)))
                 s0 += S
             ch = _Chunk("Raw", rf.path, label, dense, inputs, m, locate)
-            _validate(ch, cfg.key_bounds)
+            validate_chunk(ch, cfg.key_ranges, cfg.label_rules, cfg.input_slot_offsets)
             # the chunk holds exactly this rank's valid rows: assemble them as rows [0, m) of B/R
             b = _assemble([(ch, 0, m)], m, hi - lo, 0, hi - lo, cfg)
             b.global_size = e - a
@@ -482,7 +455,8 @@ class DataReader:
     def __init__(self, fmt, source, batch_size, label_dim, dense_dim, slots_per_input, nnz_per_slot,
                  i64_input_key, repeat, rank=0, ranks=1, *, num_workers=12, check_type=Check_t.Sum,
                  skip_bad_checksum=False, slot_size_array=(), num_samples=0, float_label_dense=False,
-                 read_file_sequentially=False, key_bound=None, local_devices=1, queue_depth=4):
+                 read_file_sequentially=False, key_bound=None, label_rules=None, local_devices=1,
+                 queue_depth=4):
         if fmt not in (DataReaderType_t.Norm, DataReaderType_t.Raw, DataReaderType_t.Parquet):
             raise NotImplementedError(f"DataReaderType_t.{getattr(fmt, 'name', fmt)} is not supported by "
                                       f"numbactr (Norm, Raw and Parquet are)")
@@ -527,14 +501,18 @@ class DataReader:
         self.read_file_sequentially = bool(read_file_sequentially)
         self.local_devices = max(1, int(local_devices))
         self.queue_depth = max(1, int(queue_depth))
-        if key_bound is None or isinstance(key_bound, (list, tuple)):
-            self.key_bounds = list(key_bound) if key_bound is not None else None
-            if self.key_bounds is not None and len(self.key_bounds) != len(self.slots_per_input):
-                raise ValueError("key_bound: give one bound (or None) per sparse input")
-        else:
-            self.key_bounds = [int(key_bound)] * len(self.slots_per_input)
+        bounds = key_bound if isinstance(key_bound, (list, tuple)) else [key_bound] * len(self.slots_per_input)
+        if len(bounds) != len(self.slots_per_input):
+            raise ValueError("key_bound: give one bound (or None) per sparse input")
+        ranges = [slot_ranges(b, S) for b, S in zip(bounds, self.slots_per_input)]
+        self.key_ranges = ranges if any(r is not None for r in ranges) else None
+        self.label_rules = list(label_rules) if label_rules is not None else None
+        if self.label_rules is not None and len(self.label_rules) != self.label_dim:
+            raise ValueError(f"label_rules: give one rule (or None) per label column ({self.label_dim})")
         self.slot_offsets = slot_offsets_of(self.slot_size_array, self.slot_num) \
             if fmt == DataReaderType_t.Parquet else None
+        self.input_slot_offsets = None if self.slot_offsets is None else \
+            np.split(self.slot_offsets, np.cumsum(self.slots_per_input)[:-1])
         self.stats = _Stats()
         self._pass = None
         self.set_source(source)
@@ -615,16 +593,18 @@ class DataReader:
 
 def make_reader(params, source: str, batch_size: int, label_dim: int, dense_dim: int, slots_per_input,
                 nnz_per_slot, i64_input_key: bool, repeat: bool, rank: int = 0, ranks: int = 1,
-                eval: bool = False, *, key_bound=None, skip_bad_checksum: bool = False,  # noqa: A002
-                local_devices: int = 1, queue_depth: int = 4) -> DataReader:
+                eval: bool = False, *, key_bound=None, label_rules=None,  # noqa: A002
+                skip_bad_checksum: bool = False, local_devices: int = 1, queue_depth: int = 4) -> DataReader:
     """The reader for one source (train: params.source[0], eval: params.eval_source).
 
     params: DataReaderParams (data_reader_type, check_type, num_workers, slot_size_array (Parquet key
     offsets), num_samples / eval_num_samples and float_label_dense (Raw), read_file_sequentially).
     batch_size: the GLOBAL batch size; the reader yields this rank's B/ranks rows.
     slots_per_input: [slot_num of each sparse input]; nnz_per_slot: [[max keys per slot] per input].
-    eval=True picks params.eval_num_samples for Raw. key_bound: keys must lie in [0, key_bound) (an int,
-    or one per input; the model passes sum(slot_size_array) for one-hot embeddings), None: unchecked.
+    eval=True picks params.eval_num_samples for Raw. key_bound: per sparse input None (unchecked), an
+    int b (keys in [0, b)) or a numbactr.data.validation.SlotRanges (slot s's keys in [lo[s], hi[s]);
+    the model passes each one-hot table's slot_size_array ranges); a single int or None applies to every
+    input. label_rules: None or one numbactr.data.validation.LabelRule (or None) per label column.
     local_devices: devices of this process (Parquet uses at most one worker per device).
     """
     return DataReader(params.data_reader_type, source, batch_size, label_dim, dense_dim, slots_per_input,
@@ -634,4 +614,4 @@ def make_reader(params, source: str, batch_size: int, label_dim: int, dense_dim:
                       num_samples=params.eval_num_samples if eval else params.num_samples,
                       float_label_dense=params.float_label_dense,
                       read_file_sequentially=params.read_file_sequentially, key_bound=key_bound,
-                      local_devices=local_devices, queue_depth=queue_depth)
+                      label_rules=label_rules, local_devices=local_devices, queue_depth=queue_depth)

@@ -150,6 +150,7 @@ class BinaryCrossEntropyLoss(RegularizedLoss, Layer):
     """bottoms [logit (B, 1), label (B, 1)] -> scalar loss; sigmoid fused; see ops.BinaryCrossEntropy."""
     type_name = "BinaryCrossEntropyLoss"
     is_loss = True
+    label_kind = "unit"          # labels in [0, 1], checked by the reader (numbactr.data.validation)
 
     def infer(self):
         self.expect_counts(2)

@@ -193,6 +193,7 @@ class CrossEntropyLoss(RegularizedLoss, Layer):
     0 if its label < 0.5 else 1 (column 0; HugeCTR's buffer read under compat.hugectr_exact())."""
     type_name = "CrossEntropyLoss"
     is_loss = True
+    label_kind = "class"         # labels are class indices 0 or 1, checked by the reader
 
     def infer(self):
         self.expect_counts(2)
@@ -226,6 +227,7 @@ class MultiCrossEntropyLoss(RegularizedLoss, Layer):
     labels < -0.5 are ignored (no loss, no gradient) but still count in the b·T normalization."""
     type_name = "MultiCrossEntropyLoss"
     is_loss = True
+    label_kind = "unit_or_ignore"    # labels in [0, 1] or < -0.5 ("no label"), checked by the reader
 
     def infer(self):
         self.expect_counts(2)
