@@ -539,50 +539,82 @@ def _walk_unframed(buf, h, path, L, D, S, ks):
 
 def _walk_framed(buf, h, path, skip_bad):
     """Check_t.Sum: follow the int32 N chain, verify every checksum. Returns payload starts/ends of
-    the good records, their record numbers, skipped count and first bad offset."""
+    the good records, their record numbers, skipped count and first bad offset.
+
+    A damaged length field sends the walk astray, so the chain breaks at a LATER record (or leaves
+    trailing bytes); the damaged record itself fails its checksum, whose byte is then read from the
+    wrong place. So when the chain breaks, the first walked record with a bad checksum is reported
+    (with what following its length led to), not the record where the chain broke."""
     n = h.number_of_records
     size = len(buf)
     raw = buf.tobytes()
     starts = np.empty(n, dtype=np.int64)
     pos = h.data_offset
-    for i in range(n):
-        if pos == size:
-            raise NormFormatError(path, pos, f"file ends after {i} records but the header's "
-                                             f"number_of_records is {n}", i)
-        if pos + 4 > size:
-            raise NormFormatError(path, pos, f"truncated record ({size - pos} bytes left, the length "
-                                             f"field needs 4)", i)
-        N = int.from_bytes(raw[pos:pos + 4], "little", signed=True)
-        if N < 0:
-            raise NormFormatError(path, pos, f"negative record length {N}", i)
-        if pos + 5 + N > size:
-            raise NormFormatError(path, pos, f"truncated record (length {N} + 5 framing bytes, "
-                                             f"{size - pos} left)", i)
-        starts[i] = pos
-        pos += 5 + N
-    if pos != size:
-        raise NormFormatError(path, pos, f"{size - pos} trailing bytes after the {n} records the "
-                                         f"header's number_of_records declares")
+    i = 0
+    try:
+        for i in range(n):
+            if pos == size:
+                raise NormFormatError(path, pos, f"file ends after {i} records but the header's "
+                                                 f"number_of_records is {n}", i)
+            if pos + 4 > size:
+                raise NormFormatError(path, pos, f"truncated record ({size - pos} bytes left, the length "
+                                                 f"field needs 4)", i)
+            N = int.from_bytes(raw[pos:pos + 4], "little", signed=True)
+            if N < 0:
+                raise NormFormatError(path, pos, f"negative record length {N}", i)
+            if pos + 5 + N > size:
+                raise NormFormatError(path, pos, f"truncated record (length {N} + 5 framing bytes, "
+                                                 f"{size - pos} left)", i)
+            starts[i] = pos
+            pos += 5 + N
+        else:
+            i = n
+        if pos != size:
+            raise NormFormatError(path, pos, f"{size - pos} trailing bytes after the {n} records the "
+                                             f"header's number_of_records declares")
+    except NormFormatError as e:
+        sums, stored = _record_sums(buf, starts[:i])
+        bad = sums != stored
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise NormFormatError(path, int(starts[j]), f"bad checksum {int(stored[j]):#04x} (payload sums to "
+                                                        f"{int(sums[j]):#04x}) and the record chain breaks "
+                                                        f"after it: its length field "
+                                                        f"{int(_gather_i32(buf, starts[j:j + 1])[0])} is likely "
+                                                        f"damaged (following it: at byte offset {e.offset}, "
+                                                        f"{e.detail})", j) from None
+        raise
     recno = np.arange(n)
     if n == 0:
         return starts, starts, recno, 0, -1
-    lengths = _gather_i32(buf, starts)
+    sums, stored = _record_sums(buf, starts)
     pay = starts + 4
-    chk = pay + lengths
-    sums = np.add.reduceat(buf, np.stack([pay, chk], axis=1).reshape(-1), dtype=_U8)[::2]   # mod 256
-    sums = np.where(lengths == 0, 0, sums).astype(_U8)   # reduceat of an empty range yields 1 item
-    bad = sums != buf[chk]
+    chk = pay + _gather_i32(buf, starts)
+    bad = sums != stored
     skipped, first_bad = 0, -1
     if bad.any():
         i = int(np.argmax(bad))
         first_bad = int(starts[i])
         if not skip_bad:
-            raise NormFormatError(path, first_bad, f"bad checksum {int(buf[chk[i]]):#04x} (payload "
+            raise NormFormatError(path, first_bad, f"bad checksum {int(stored[i]):#04x} (payload "
                                                    f"sums to {int(sums[i]):#04x})", i)
         skipped = int(bad.sum())
         keep = ~bad
         pay, chk, recno = pay[keep], chk[keep], recno[keep]
     return pay, chk, recno, skipped, first_bad
+
+
+def _record_sums(buf, starts):
+    """(payload sums mod 256, stored checksum bytes), each (m,) uint8, of the framed records starting
+    at `starts` (m,) whose lengths keep them inside buf."""
+    if not len(starts):
+        return np.zeros(0, _U8), np.zeros(0, _U8)
+    lengths = _gather_i32(buf, starts)
+    pay = starts + 4
+    chk = pay + lengths
+    sums = np.add.reduceat(buf, np.stack([pay, chk], axis=1).reshape(-1), dtype=_U8)[::2]   # mod 256
+    sums = np.where(lengths == 0, 0, sums).astype(_U8)   # reduceat of an empty range yields 1 item
+    return sums, buf[chk]
 
 
 def _decode_general(buf, pay, end, recno, path, L, D, S, kd):

@@ -16,6 +16,12 @@ index ascending (HugeCTR puts indices in a std::set; the JSON order does not mat
            several slots can share one key space).
 Label and cont columns may be any numeric type (cast to float32). Nulls are not allowed anywhere.
 
+Integrity: the writer stores a CRC-32 checksum in every page header (pyarrow write_page_checksum) and
+the reader verifies every page that carries one (page_checksum_verification), so a flipped bit in a
+data or dictionary page is a DataFormatError naming the file, row group and column. Files from other
+writers without page checksums are read unverified. Page headers and the footer are not covered by
+the checksums: damage there is caught only when it breaks decoding or the checks below.
+
 Validation (DataFormatError naming the file, the record = row in the file, the row group and the column;
 no byte offset: values are encoded and compressed, and the footer accessors that would give a column
 chunk's offset abort the whole process inside pyarrow when the footer is damaged, which the fuzz test
@@ -201,7 +207,9 @@ class ParquetDatasetWriter:
             raise ValueError("ParquetDatasetWriter: begin_file() first")
         table = self._table(label, dense, slots)
         if self._open[1] is None:
-            self._open[1] = pq.ParquetWriter(self._open[0], table.schema, compression=self.compression)
+            # page checksums (CRC-32 of every data page), verified by ParquetFile on read
+            self._open[1] = pq.ParquetWriter(self._open[0], table.schema, compression=self.compression,
+                                             write_page_checksum=True)
         self._open[1].write_table(table, row_group_size=self.row_group_size)
         self._open[2] += table.num_rows
 
@@ -295,7 +303,7 @@ class ParquetFile:
         self.meta = meta
         self.i64 = bool(i64_input_key)
         try:
-            self.pf = pq.ParquetFile(path)
+            self.pf = pq.ParquetFile(path, page_checksum_verification=True)
         except FileNotFoundError:
             raise ParquetFormatError(path, None, "file does not exist") from None
         except Exception as e:          # pyarrow raises ArrowInvalid/OSError for a broken footer
@@ -341,12 +349,26 @@ class ParquetFile:
                 self.cols.append((group, nm, idx, is_list))
         self.nnz_per_slot = list(nnz_per_slot) if nnz_per_slot is not None else None
         self.num_rows = md.num_rows
+        rg_rows = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+        if sum(rg_rows) != md.num_rows:             # a damaged footer: pyarrow would read sum(rg_rows)
+            raise ParquetFormatError(path, None, f"the footer's row groups hold {sum(rg_rows)} rows {rg_rows} "
+                                                 f"but its num_rows is {md.num_rows} (damaged footer)")
         self.max_rows = 65536
 
     def _fail(self, rg, row_start, row, name, msg):
         raise ParquetFormatError(self.path, None,
                                  f"row group {rg}, column {name!r}: {msg}",
                                  None if row is None else row_start + row)
+
+    def _bad_column(self, rg: int, wanted: list) -> str:
+        """The first of `wanted` whose column chunk in row group rg fails to decode alone (failure path
+        only: pyarrow's messages, e.g. a page CRC mismatch, do not name the column)."""
+        for nm in wanted:
+            try:
+                self.pf.read_row_group(rg, columns=[nm], use_threads=False)
+            except Exception:               # noqa: BLE001
+                return nm
+        return ", ".join(wanted)
 
     def chunks(self, stop=None):
         """Yield (row_start, label (m, L), dense (m, D), slots) per slice of at most max_rows rows."""
@@ -359,9 +381,10 @@ class ParquetFile:
             m = md.row_group(rg).num_rows
             try:
                 table = self.pf.read_row_group(rg, columns=wanted, use_threads=True)
-            except Exception as e:
-                raise ParquetFormatError(self.path, None, f"row group {rg} cannot be decoded "
-                                                          f"({type(e).__name__}: {e})", row_start) from None
+            except Exception as e:          # noqa: BLE001 (pyarrow: OSError, ArrowInvalid, ...)
+                why = " ".join(str(e).split())
+                what = "page checksum mismatch, the data is damaged" if "CRC" in why else "cannot be decoded"
+                self._fail(rg, row_start, None, self._bad_column(rg, wanted), f"{what} ({type(e).__name__}: {why})")
             if table.num_rows != m:
                 self._fail(rg, row_start, None, wanted[0] if wanted else "",
                            f"decoded {table.num_rows} rows, footer says {m}")
