@@ -92,9 +92,11 @@ def test_transform_dense():
 
 @pytest.mark.parametrize("line,pattern", [
     ("2" + "\t" * 39, r"line 3: label must be 0 or 1, got 2.0"),
-    ("1\tx" + "\t" * 38, r"lines from 1\).*expected 40 tab-separated"),
+    ("1\tx" + "\t" * 38, r"line 3: column I1 value 'x' is not a number"),
     ("1" + "\t" * 14 + "zz12" + "\t" * 25, r"line 3: column C1 value 'zz12' is not a hex hash"),
-    ("1" + "\t" * 40, r"lines from 1\).*expected 40 tab-separated fields"),
+    ("1" + "\t" * 40, r"line 3: 41 tab-separated fields, expected 40"),
+    ("1" + "\t" * 38, r"line 3: 39 tab-separated fields, expected 40 .*pads short lines"),
+    ("1\t\tinf" + "\t" * 37, r"line 3: column I2 value inf is not a finite count"),
 ])
 def test_bad_lines(tmp_path, line, pattern):
     good = TSV.read_text().splitlines()[:2]

@@ -17,13 +17,17 @@ to train, the last --eval-fraction of them to eval (no shuffling; HugeCTR's scri
 beforehand). Output:
   OUT/train/{_file_list.txt, part_<k>.data | part_<k>.parquet [+ _metadata.json]}, OUT/eval/... likewise
 and the slot_size_array is printed (and written to OUT/slot_size_array.json).
-Bad input (a wrong field count, a non-numeric count, a non-hex category, a label other than 0/1) raises
-ValueError naming the file and the 1-based line.
+Bad input raises ValueError naming the file and the 1-based line (blank lines count in the numbering,
+and are skipped: they hold no sample): a line with more or fewer than 40 fields (with lenient=True /
+--pad-short-lines, a short line is padded with missing values instead), a count that is not a finite
+number, a non-hex category, a label other than 0/1.
 HugeCTR: tools/criteo_script/preprocess.py, tools/criteo_script/criteo2hugectr.cpp, tools/preprocess.sh.
 """
 from __future__ import annotations
 
 import argparse
+import io
+import itertools
 import json
 import os
 import sys
@@ -68,8 +72,9 @@ _LUT[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
 _LUT[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
 
 
-def _hex_column(col, path, first_line, name) -> np.ndarray:
-    """pandas Series of hex strings / NaN -> (n,) int64 hash values, MISSING for empty fields."""
+def _hex_column(col, path, lines, name) -> np.ndarray:
+    """pandas Series of hex strings / NaN -> (n,) int64 hash values, MISSING for empty fields.
+    lines (n,): the 1-based file line of every row (for messages)."""
     miss = col.isna().to_numpy()
     strs = col.to_numpy(dtype=object)
     strs[miss] = ""
@@ -77,7 +82,7 @@ def _hex_column(col, path, first_line, name) -> np.ndarray:
         b = np.array(strs, dtype="S17")                # up to 16 hex digits; 17 bytes detects longer ones
     except UnicodeEncodeError:
         bad = next(i for i, x in enumerate(strs) if not str(x).isascii())
-        raise ValueError(f"Criteo file {path!r}, line {first_line + bad}: column {name} holds a non-ASCII "
+        raise ValueError(f"Criteo file {path!r}, line {lines[bad]}: column {name} holds a non-ASCII "
                          f"value {strs[bad]!r}") from None
     u = b.view(np.uint8).reshape(len(b), 17)
     lens = (u != 0).sum(axis=1)
@@ -90,49 +95,113 @@ def _hex_column(col, path, first_line, name) -> np.ndarray:
         val = np.where(act, val * np.uint64(16) + c.astype(np.uint64), val)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"Criteo file {path!r}, line {first_line + i}: column {name} value {strs[i]!r} is not "
+        raise ValueError(f"Criteo file {path!r}, line {lines[i]}: column {name} value {strs[i]!r} is not "
                          f"a hex hash of at most 16 digits")
     out = (val & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)   # keep it non-negative: MISSING is -1
     out[lens == 0] = MISSING
     return out
 
 
-def _chunks(path: str, chunk_size: int):
-    """Yield (first 1-based line, label (n,) float32, dense (n, 13) float64 with NaN, cats (n, 26) int64)."""
+FIELDS = len(CRITEO_COLUMNS)      # 40
+
+
+def _field_counts(block: bytes, path: str, first_line: int, lenient: bool):
+    """Check the field count of every line of `block` (whole lines, each ending in a newline).
+
+    Returns (block with short lines padded when lenient, line (n,) 1-based file line of every non-blank
+    line, number of padded lines). Blank lines carry no sample and are skipped, but they count in the
+    line numbers. A line with more than 40 fields, or fewer without `lenient`, raises ValueError
+    naming the file and the line."""
+    buf = np.frombuffer(block, dtype=np.uint8)
+    ends = np.flatnonzero(buf == 10)                                  # (m,) position of each '\n'
+    starts = np.r_[0, ends[:-1] + 1]
+    length = ends - starts                                            # without the newline
+    has_cr = length > 0
+    has_cr[has_cr] = buf[ends[has_cr] - 1] == 13
+    blank = length - has_cr == 0                                      # "" or "\r"
+    tabs = np.add.reduceat(buf == 9, starts, dtype=np.int64) if len(starts) else np.zeros(0, np.int64)
+    tabs[length == 0] = 0                                             # reduceat of an empty line: 1 item
+    fields = tabs + 1
+    bad = ~blank & ((fields > FIELDS) | ((fields < FIELDS) & (not lenient)))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"Criteo file {path!r}, line {first_line + i}: {int(fields[i])} tab-separated fields, "
+                         f"expected {FIELDS} (label, I1..I13, C1..C26)"
+                         + ("" if fields[i] > FIELDS else "; lenient=True (--pad-short-lines) pads short "
+                                                          "lines with missing values"))
+    short = np.flatnonzero(~blank & (fields < FIELDS))
+    if len(short):                                      # lenient: append the missing (empty) fields
+        pieces, a = [], 0
+        for i in short:
+            e = int(ends[i]) - int(has_cr[i])
+            pieces += [block[a:e], b"\t" * int(FIELDS - fields[i])]
+            a = e
+        pieces.append(block[a:])
+        block = b"".join(pieces)
+    return block, first_line + np.flatnonzero(~blank), len(short)
+
+
+def _chunks(path: str, chunk_size: int, lenient: bool = False, stats: dict | None = None):
+    """Yield (line (n,) 1-based file lines, label (n,) float32, dense (n, 13) float64 with NaN,
+    cats (n, 26) int64) for chunks of up to chunk_size lines. stats["padded"] counts padded lines."""
     try:
         import pandas as pd
     except ImportError:
         raise ImportError("Criteo preprocessing needs pandas: pip install 'numbactr[parquet]'") from None
     dtypes = {"label": "float64", **{c: "float64" for c in DENSE}, **{c: "string" for c in CATS}}
     try:
-        reader = pd.read_csv(path, sep="\t", header=None, names=CRITEO_COLUMNS, dtype=dtypes,
-                             chunksize=chunk_size, keep_default_na=False, na_values=[""], quoting=3,
-                             engine="c")
+        f = open(path, "rb")
     except OSError as e:
         raise ValueError(f"Criteo file {path!r} cannot be read ({e})") from None
-    line = 1
-    it = iter(reader)
-    while True:
-        try:
-            df = next(it)
-        except StopIteration:
-            return
-        except (pd.errors.ParserError, ValueError) as e:
-            msg = " ".join(str(e).split())
-            raise ValueError(f"Criteo file {path!r} (lines from {line}): {msg}; expected 40 tab-separated "
-                             f"fields: label, I1..I13 (integers), C1..C26 (hex)") from None
-        n = len(df)
-        label = df["label"].to_numpy()
-        bad = ~np.isin(label, (0.0, 1.0))
+    first = 1
+    with f:
+        while True:
+            raw_lines = list(itertools.islice(f, chunk_size))
+            if not raw_lines:
+                return
+            block = b"".join(raw_lines)
+            if not block.endswith(b"\n"):
+                block += b"\n"                                            # a last line without newline
+            block, lines, padded = _field_counts(block, path, first, lenient)
+            if stats is not None:
+                stats["padded"] = stats.get("padded", 0) + padded
+            if len(lines):
+                df = _parse(pd, block, dtypes, path, lines)
+                label = df["label"].to_numpy()
+                bad = ~np.isin(label, (0.0, 1.0))
+                if bad.any():
+                    i = int(np.argmax(bad))
+                    raise ValueError(f"Criteo file {path!r}, line {lines[i]}: label must be 0 or 1, got {label[i]}")
+                dense = df[DENSE].to_numpy(dtype=np.float64)
+                if np.isinf(dense).any():
+                    i, j = np.unravel_index(int(np.argmax(np.isinf(dense))), dense.shape)
+                    raise ValueError(f"Criteo file {path!r}, line {lines[i]}: column {DENSE[j]} value "
+                                     f"{dense[i, j]} is not a finite count")
+                cats = np.empty((len(lines), 26), dtype=np.int64)
+                for k, c in enumerate(CATS):
+                    cats[:, k] = _hex_column(df[c], path, lines, c)
+                yield lines, label.astype(np.float32), dense, cats
+            first += len(raw_lines)
+
+
+def _parse(pd, block: bytes, dtypes: dict, path: str, lines: np.ndarray):
+    """DataFrame of the non-blank lines of `block` (every line has 40 fields: checked before)."""
+    opts = dict(sep="\t", header=None, names=CRITEO_COLUMNS, keep_default_na=False, na_values=[""],
+                quoting=3, engine="c")
+    try:
+        return pd.read_csv(io.BytesIO(block), dtype=dtypes, **opts)
+    except ValueError:
+        pass
+    # a field that is not a number: parse as text to name the line and the column
+    df = pd.read_csv(io.BytesIO(block), dtype=str, **opts)
+    for c in ["label"] + DENSE:
+        num = pd.to_numeric(df[c], errors="coerce")
+        bad = (num.isna() & df[c].notna()).to_numpy()
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"Criteo file {path!r}, line {line + i}: label must be 0 or 1, got {label[i]}")
-        dense = df[DENSE].to_numpy(dtype=np.float64)
-        cats = np.empty((n, 26), dtype=np.int64)
-        for k, c in enumerate(CATS):
-            cats[:, k] = _hex_column(df[c], path, line, c)
-        yield line, label.astype(np.float32), dense, cats
-        line += n
+            raise ValueError(f"Criteo file {path!r}, line {lines[i]}: column {c} value {df[c].iloc[i]!r} is "
+                             f"not a number") from None
+    raise ValueError(f"Criteo file {path!r}, lines {lines[0]}-{lines[-1]}: cannot be parsed")
 
 
 def transform_dense(dense: np.ndarray, log: bool = True) -> np.ndarray:
@@ -240,8 +309,9 @@ class _ParquetSplit:
 def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_count: int = 6,
                       eval_fraction: float = 0.1, chunk_size: int = 500_000,
                       samples_per_file: int = 1_000_000, log_dense: bool = True, check=Check_t.Sum,
-                      i64_keys: bool = True, verbose: bool = True) -> CriteoResult:
-    """Convert a Criteo TSV file; see the module docstring. Returns the lists and slot_size_array."""
+                      i64_keys: bool = True, verbose: bool = True, lenient: bool = False) -> CriteoResult:
+    """Convert a Criteo TSV file; see the module docstring. Returns the lists and slot_size_array.
+    lenient=True pads lines with fewer than 40 fields with missing values instead of failing."""
     fmt = fmt.lower()
     if fmt not in ("norm", "parquet"):
         raise ValueError(f"format must be 'norm' or 'parquet', got {fmt!r}")
@@ -252,7 +322,8 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
     # pass 1: count
     counter = _Counter(26)
     total = 0
-    for _, label, _, cats in _chunks(input_path, chunk_size):
+    stats = {"padded": 0}
+    for _, label, _, cats in _chunks(input_path, chunk_size, lenient, stats):
         counter.add(cats)
         total += len(label)
     if total == 0:
@@ -270,7 +341,7 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
     if n_train < 1:
         raise ValueError(f"Criteo file {input_path!r}: {total} sample(s) leave none for training")
     say(f"[numbactr] Criteo {input_path}: {total} samples, train {n_train}, eval {n_eval}, "
-        f"min_count {min_count}")
+        f"min_count {min_count}" + (f", {stats['padded']} short line(s) padded" if lenient else ""))
 
     # pass 2: encode and write
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -284,7 +355,7 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
         splits[name] = _NormSplit(d, samples_per_file, check, i64_keys, offsets) if fmt == "norm" \
             else _ParquetSplit(d, samples_per_file)
     row = 0
-    for _, label, dense, cats in _chunks(input_path, chunk_size):
+    for _, label, dense, cats in _chunks(input_path, chunk_size, lenient):
         ids = np.empty_like(cats)
         for k in range(26):
             v = vocab[k]
@@ -324,11 +395,14 @@ def main(argv=None) -> int:
     ap.add_argument("--check", choices=["sum", "non"], default="sum", help="Norm checksum framing")
     ap.add_argument("--key-type", choices=["i64", "u32"], default="i64",
                     help="Norm key type (i64_input_key=True / False); Parquet keys are always int64")
+    ap.add_argument("--pad-short-lines", action="store_true",
+                    help="pad lines with fewer than 40 fields with missing values (default: an error)")
     a = ap.parse_args(argv)
     try:
         preprocess_criteo(a.input, a.out_dir, a.format, a.min_count, a.eval_fraction, a.chunk_size,
                           a.samples_per_file, not a.no_log_dense,
-                          Check_t.Sum if a.check == "sum" else Check_t.Non, a.key_type == "i64")
+                          Check_t.Sum if a.check == "sum" else Check_t.Non, a.key_type == "i64",
+                          lenient=a.pad_short_lines)
     except ValueError as e:
         print(f"numbactr data criteo: error: {e}", file=sys.stderr)
         return 1
