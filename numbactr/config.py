@@ -89,7 +89,9 @@ class DataReaderParams:
     eval_num_samples: int = 0
     float_label_dense: bool = False
     read_file_sequentially: bool = False
-    num_workers: int = 12
+    # None: not chosen by the script; numbactr.threads sizes it for this machine (HugeCTR's default is 12,
+    # which numbactr uses under compat.hugectr_exact())
+    num_workers: int | None = None
     slot_size_array: list = field(default_factory=list)
     data_source_params: Any = None
     async_param: Any = None

@@ -10,7 +10,8 @@ Choice, in order: ``NUMBACTR_DEVICE=gpu|sim|cpu``; else ``sim`` when the process
 Numba's simulator (``NUMBA_ENABLE_CUDASIM=1``); else ``gpu`` when a CUDA GPU and cupy are present;
 else ``cpu``. ``sim`` must be chosen before numba is first imported, so this module sets
 ``NUMBA_ENABLE_CUDASIM`` itself when asked for ``sim``; ``import numbactr`` does that first thing.
-One line on stdout says which device runs and why.
+One line on stdout says which device runs, why (numba's own reason when there is no CUDA GPU), and
+the thread plan (numbactr.threads: BLAS/numba threads and reader workers).
 """
 from __future__ import annotations
 
@@ -58,11 +59,11 @@ def _resolve() -> tuple[str, str]:
         return "sim", "NUMBA_ENABLE_CUDASIM=1: kernels run in Numba's CUDA simulator"
     from numba import cuda
     if not cuda.is_available():
-        reason = str(cuda.cuda_error() or "no CUDA driver").splitlines()[0]
+        reason = _cuda_reason(cuda.cuda_error())
         if asked == "gpu":
-            raise DeviceError(f"NUMBACTR_DEVICE=gpu, but no CUDA GPU is usable here ({reason}); "
+            raise DeviceError(f"NUMBACTR_DEVICE=gpu, but no CUDA GPU is usable here: {reason}; "
                               "use NUMBACTR_DEVICE=cpu or sim")
-        return "cpu", f"no CUDA GPU ({reason[:80]}): NumPy reference ops"
+        return "cpu", f"NumPy reference ops; no CUDA GPU: {reason}"
     try:
         import cupy  # noqa: F401
     except ImportError:
@@ -75,12 +76,29 @@ def _resolve() -> tuple[str, str]:
     return "gpu", f"numba.cuda kernels on {name}"
 
 
+def _cuda_reason(err) -> str:
+    """numba's reason for having no CUDA: the first non-empty line of its message, which starts with a
+    newline ("\nCUDA driver library cannot be found.\nEnsure that ...")."""
+    lines = [ln.strip() for ln in str(err or "").splitlines() if ln.strip()]
+    return lines[0].rstrip(".") if lines else "numba reports no CUDA driver or device"
+
+
 def kind() -> str:
-    """The device in use: 'gpu', 'sim' or 'cpu' (resolved on first call, announced once)."""
+    """The device in use: 'gpu', 'sim' or 'cpu' (resolved on first call, announced once).
+
+    The announcement also applies and states the thread plan (numbactr.threads)."""
     if _state["kind"] is None:
         _state["kind"], _state["why"] = _resolve()
-        print(f"numbactr: device={_state['kind']} ({_state['why']})", flush=True)
+        from . import threads
+        plan = threads.current()
+        print(f"numbactr: device={_state['kind']} ({_state['why']}); {plan.describe()}", flush=True)
     return _state["kind"]
+
+
+def describe() -> str:
+    """'device=<kind> (<why>)' for the device in use (resolves it first)."""
+    kind()
+    return f"device={_state['kind']} ({_state['why']})"
 
 
 def set_device(name: str) -> None:
@@ -99,7 +117,7 @@ def set_device(name: str) -> None:
             from numba import cuda
             if sim or not cuda.is_available():
                 raise DeviceError("device 'gpu' is not available in this process")
-    _state["kind"], _state["why"] = name, "set_device"
+    _state["kind"], _state["why"] = name, f"set_device({name!r}) was called"
 
 
 def uses_kernels() -> bool:
