@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .config import DataReaderSparseParam, DenseLayer, Input, OptParamsPy, SparseEmbedding
+from .config import CreateOptimizer, DataReaderSparseParam, DenseLayer, Input, OptParamsPy, SparseEmbedding
 from .enums import (Activation_t, Embedding_t, FcPosition_t, Initializer_t, Layer_t, Optimizer_t,
                     Regularizer_t, Update_t)
 
@@ -112,52 +112,91 @@ def dense_layer_json(cfg) -> dict:
     return out
 
 
-def dense_layer_from_json(d: dict) -> DenseLayer:
-    t = d["type"]
+# read with a default when absent (the format defines absence: HugeCTR's writer omits these at their
+# defaults or never writes them, and its reader defaults them the same way); every other PARAMS key
+# marked "always" is required
+_RESHAPE_FORMS = ("leading_dim", "selected", "shape")
+
+
+def _need(obj, key: str, where: str, path: str = ""):
+    """obj[key], or ValueError naming where, the key and its path ("fc_param.num_output")."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: {path or 'the layer'} must be a JSON object, got {json.dumps(obj)[:60]}")
+    if key not in obj:
+        raise ValueError(f"{where}: missing key {(path + '.' if path else '') + key!r}")
+    return obj[key]
+
+
+def _enum(enum, name, where: str, key: str):
     try:
-        layer_type = Layer_t[t]
-    except KeyError:
-        raise ValueError(f"graph JSON: unknown layer type {t!r}") from None
+        return enum[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"{where}: {key} {name!r} is not one of {list(enum.__members__)}") from None
+
+
+def dense_layer_from_json(d: dict, where: str = "graph JSON dense layer") -> DenseLayer:
+    """A DenseLayer from its JSON object; ValueError naming `where` and the missing or bad key."""
+    t = _need(d, "type", where)
+    layer_type = _enum(Layer_t, t, where, "layer type")
+    where = f"{where} ({t}, top {d.get('top')!r})"
     kw = {}
-    for group, key, attr, _ in PARAMS.get(t, []):
-        src = d.get(group, {}) if group else d
-        if key in src:
-            if attr == "selected_slots":
-                kw["selected"] = True
+    for group, key, attr, always in PARAMS.get(t, []):
+        src = d
+        if group:
+            if group not in d and not always:
+                continue
+            src = _need(d, group, where)
+        if not always and isinstance(src, dict) and key not in src:
+            continue
+        _need(src, key, where, group or "")
+        if attr == "selected_slots":
+            kw["selected"] = True
+        try:
             kw[attr] = _decode(attr, src[key])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"{where}: bad value {json.dumps(src[key])[:60]} for key "
+                             f"{(group + '.' if group else '') + key!r}") from None
+    if t == "Reshape" and not any(k in d for k in _RESHAPE_FORMS):
+        raise ValueError(f"{where}: missing key 'leading_dim' (or 'selected' / 'shape')")
     if t in _LOSSES and "regularizer" in d:
-        kw.update(use_regularizer=True, regularizer_type=Regularizer_t[d["regularizer"]])
-        kw["lambda"] = d.get("lambda", 0.0)
-    return DenseLayer(layer_type, _as_list(d["bottom"]), _as_list(d["top"]), **kw)
+        kw.update(use_regularizer=True, regularizer_type=_enum(Regularizer_t, d["regularizer"], where, "regularizer"))
+        kw["lambda"] = _need(d, "lambda", where)
+    return DenseLayer(layer_type, _as_list(_need(d, "bottom", where)), _as_list(_need(d, "top", where)), **kw)
+
+
+# optimizer type -> (JSON hyperparameter object, its keys = CreateOptimizer arguments), spec §7.4
+_OPT_HPARAMS = {
+    Optimizer_t.Adam: ("adam_hparam", ("beta1", "beta2", "epsilon")),
+    Optimizer_t.AdaGrad: ("adagrad_hparam", ("initial_accu_value", "epsilon")),
+    Optimizer_t.MomentumSGD: ("momentum_sgd_hparam", ("momentum_factor",)),
+    Optimizer_t.Nesterov: ("nesterov_hparam", ("momentum_factor",)),
+    Optimizer_t.SGD: ("sgd_hparam", ("atomic_update",)),
+    Optimizer_t.Ftrl: ("ftrl_hparam", ("beta", "lambda1", "lambda2")),
+}
 
 
 def _optimizer_json(opt: OptParamsPy) -> dict:
     out = {"update_type": opt.update_type.name, "type": opt.optimizer_type.name}
-    t = opt.optimizer_type
-    if t == Optimizer_t.Adam:
-        out["adam_hparam"] = {"beta1": opt.beta1, "beta2": opt.beta2, "epsilon": opt.epsilon}
-    elif t == Optimizer_t.AdaGrad:
-        out["adagrad_hparam"] = {"initial_accu_value": opt.initial_accu_value, "epsilon": opt.epsilon}
-    elif t == Optimizer_t.MomentumSGD:
-        out["momentum_sgd_hparam"] = {"momentum_factor": opt.momentum_factor}
-    elif t == Optimizer_t.Nesterov:
-        out["nesterov_hparam"] = {"momentum_factor": opt.momentum_factor}
-    elif t == Optimizer_t.SGD:
-        out["sgd_hparam"] = {"atomic_update": opt.atomic_update}
-    elif t == Optimizer_t.Ftrl:
-        out["ftrl_hparam"] = {"beta": opt.beta, "lambda1": opt.lambda1, "lambda2": opt.lambda2}
+    if opt.optimizer_type in _OPT_HPARAMS:
+        group, keys = _OPT_HPARAMS[opt.optimizer_type]
+        out[group] = {k: getattr(opt, k) for k in keys}
     return out
 
 
-def _optimizer_from_json(d: dict) -> OptParamsPy:
-    t = Optimizer_t[d["type"]]
-    h = next((v for k, v in d.items() if k.endswith("_hparam")), {})
-    kw = dict(optimizer_type=t, update_type=Update_t[d.get("update_type", "Global")])
-    for k in ("beta1", "beta2", "epsilon", "initial_accu_value", "momentum_factor", "atomic_update", "beta",
-              "lambda1", "lambda2"):
-        if k in h:
-            kw[k] = h[k]
-    return OptParamsPy(initialized=True, **kw)
+def _optimizer_from_json(d: dict, where: str) -> OptParamsPy:
+    """Every key the writer writes is required: no hyperparameter silently takes a default."""
+    t = _enum(Optimizer_t, _need(d, "type", where, "optimizer"), where, "optimizer type")
+    kw = dict(optimizer_type=t, update_type=_enum(Update_t, _need(d, "update_type", where, "optimizer"), where,
+                                                  "optimizer update_type"))
+    if t in _OPT_HPARAMS:
+        group, keys = _OPT_HPARAMS[t]
+        h = _need(d, group, where, "optimizer")
+        for k in keys:
+            kw[k] = _need(h, k, where, f"optimizer.{group}")
+    try:
+        return CreateOptimizer(**kw)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def model_to_json(model) -> dict:
@@ -224,41 +263,71 @@ def write(model, path: str) -> None:
 
 
 def construct(model, path: str, include_dense_network: bool) -> None:
-    """Add the Input, the embeddings and (optionally) the dense layers described by a graph JSON."""
-    with open(path) as f:
-        try:
-            graph = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"graph JSON {path!r}: not valid JSON ({e})") from None
-    layers = graph.get("layers")
-    if not isinstance(layers, list) or not layers or layers[0].get("type") != "Data":
+    """Add the Input, the embeddings and (optionally) the dense layers described by a graph JSON.
+
+    Bad files raise ValueError naming the file, the layer (index, type, top) and the missing or bad key.
+    Optional keys (absent = a default the format defines): initializers, Concat axis (1), Reshape
+    time_step (0), Softmax factor (1), MultiCross projection_dim, MLP use_bias/biases/activation(s),
+    Data sparse is_fixed_length (False: a transfer hint only), an embedding's optimizer (absent: the
+    model's) and slot_size_array; every other key the writer writes is required.
+    """
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+        graph = json.loads(text)
+    except OSError as e:
+        raise ValueError(f"graph JSON {path!r}: cannot be read ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"graph JSON {path!r}: not UTF-8 text at byte offset {e.start}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"graph JSON {path!r}: not valid JSON ({e})") from None
+    layers = graph.get("layers") if isinstance(graph, dict) else None
+    if not isinstance(layers, list) or not layers or not isinstance(layers[0], dict) or \
+            layers[0].get("type") != "Data":
         raise ValueError(f"graph JSON {path!r}: 'layers' must be a list starting with the Data layer")
+    where = f"graph JSON {path!r}, layer 0 (Data)"
     data = layers[0]
-    lab, dense = data["label"], data["dense"]
-    sparse = [DataReaderSparseParam(s["top"], s["nnz_per_slot"], s.get("is_fixed_length", False), s["slot_num"])
-              for s in data.get("sparse", [])]
-    if isinstance(lab["top"], list):
-        model.add(Input(label_dims=lab["label_dim"], label_names=lab["top"], dense_dim=dense["dense_dim"],
-                        dense_name=dense["top"], data_reader_sparse_param_array=sparse))
-    else:
-        model.add(Input(label_dim=lab["label_dim"], label_name=lab["top"], dense_dim=dense["dense_dim"],
-                        dense_name=dense["top"], data_reader_sparse_param_array=sparse))
+    try:
+        lab, dense = _need(data, "label", where), _need(data, "dense", where)
+        sparse = []
+        for k, sp in enumerate(_need(data, "sparse", where)):
+            w = f"{where}, sparse[{k}]"
+            sparse.append(DataReaderSparseParam(_need(sp, "top", w), _need(sp, "nnz_per_slot", w),
+                                                sp.get("is_fixed_length", False), _need(sp, "slot_num", w)))
+        top, dims = _need(lab, "top", where, "label"), _need(lab, "label_dim", where, "label")
+        dd, dn = _need(dense, "dense_dim", where, "dense"), _need(dense, "top", where, "dense")
+        if isinstance(top, list):
+            inp = Input(label_dims=dims, label_names=top, dense_dim=dd, dense_name=dn,
+                        data_reader_sparse_param_array=sparse)
+        else:
+            inp = Input(label_dim=dims, label_name=top, dense_dim=dd, dense_name=dn,
+                        data_reader_sparse_param_array=sparse)
+        model.add(inp)
+    except (ValueError, TypeError) as e:
+        raise ValueError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
     for i, d in enumerate(layers[1:], start=1):
-        t = d.get("type")
-        if t in Embedding_t.__members__:
-            hp = d.get("sparse_embedding_hparam", {})
-            vec = hp.get("embedding_vec_size", 0)
-            if not 0 < vec <= 1024:
-                raise ValueError(f"graph JSON {path!r}, layer {i} ({t}): embedding_vec_size must be in 1..1024")
-            if "workspace_size_per_gpu_in_mb" not in hp and "slot_size_array" not in hp:
-                raise ValueError(f"graph JSON {path!r}, layer {i} ({t}): needs workspace_size_per_gpu_in_mb "
-                                 "or slot_size_array")
-            opt = _optimizer_from_json(d["optimizer"]) if "optimizer" in d else OptParamsPy()
-            model.add(SparseEmbedding(Embedding_t[t], hp.get("workspace_size_per_gpu_in_mb", 0), vec,
-                                      hp.get("combiner", "sum"), d["top"], d["bottom"],
-                                      hp.get("slot_size_array", []), opt))
-        elif include_dense_network:
-            try:
-                model.add(dense_layer_from_json(d))
-            except (KeyError, TypeError) as e:
-                raise ValueError(f"graph JSON {path!r}, layer {i} ({t}): missing or bad field {e}") from None
+        t = d.get("type") if isinstance(d, dict) else None
+        where = f"graph JSON {path!r}, layer {i} ({t}, top {d.get('top') if isinstance(d, dict) else None!r})"
+        try:
+            if not isinstance(d, dict):
+                raise ValueError(f"{where}: a layer must be a JSON object")
+            if t in Embedding_t.__members__:
+                model.add(_embedding_from_json(d, t, where))
+            elif include_dense_network:
+                model.add(dense_layer_from_json(d, f"graph JSON {path!r}, layer {i}"))
+        except (ValueError, TypeError) as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith(f"graph JSON {path!r}") else f"{where}: {msg}") from None
+
+
+def _embedding_from_json(d: dict, t: str, where: str) -> SparseEmbedding:
+    hp = _need(d, "sparse_embedding_hparam", where)
+    vec = _need(hp, "embedding_vec_size", where, "sparse_embedding_hparam")
+    if isinstance(vec, bool) or not isinstance(vec, int) or not 0 < vec <= 1024:
+        raise ValueError(f"{where}: embedding_vec_size must be in 1..1024, got {vec!r}")
+    if "workspace_size_per_gpu_in_mb" not in hp and "slot_size_array" not in hp:
+        raise ValueError(f"{where}: needs workspace_size_per_gpu_in_mb or slot_size_array")
+    opt = _optimizer_from_json(d["optimizer"], where) if "optimizer" in d else OptParamsPy()
+    return SparseEmbedding(Embedding_t[t], hp.get("workspace_size_per_gpu_in_mb", 0), vec,
+                           _need(hp, "combiner", where, "sparse_embedding_hparam"), _need(d, "top", where),
+                           _need(d, "bottom", where), hp.get("slot_size_array", []), opt)
