@@ -27,6 +27,27 @@ def roc_auc(labels, scores) -> float:
     return float(np.sum((fp[1:] - fp[:-1]) * (tp[1:] + tp[:-1]) / 2.0))
 
 
+def average_loss(losses, rows) -> float:
+    """The AverageLoss metric over eval batches with mean losses `losses` over `rows` valid rows each.
+
+    Default: sum(rows_b * loss_b) / sum(rows_b), the mean loss of the evaluated samples (each batch's
+    loss is the mean over its valid rows plus the regularizer term, which is the same for every batch,
+    so it is added once). HugeCTR (src/metrics.cu, AverageLoss::finalize_metric) returns the plain mean
+    of the per-batch losses, which over-weights a partial last batch; numbactr.compat.hugectr_exact()
+    gives that. nan when there is no batch.
+    """
+    from . import compat
+    losses = np.asarray(losses, np.float64)
+    rows = np.asarray(rows, np.float64)
+    if losses.size == 0:
+        return float("nan")
+    if compat.hugectr_exact():
+        return float(losses.mean())
+    if rows.sum() <= 0:
+        return float("nan")
+    return float(np.dot(losses, rows) / rows.sum())
+
+
 class MetricAccumulator:
     """Collects eval predictions/labels/losses between two get_eval_metrics() calls."""
 
@@ -35,12 +56,15 @@ class MetricAccumulator:
         self.reset()
 
     def reset(self) -> None:
-        self.preds, self.labels, self.losses = [], [], []
+        self.preds, self.labels, self.losses, self.rows = [], [], [], []
 
     def add(self, preds: np.ndarray, labels: np.ndarray, loss: float) -> None:
+        """One eval batch: preds/labels (n, C) of its n valid rows (all ranks'), loss its mean loss over
+        those rows (+ the regularizer term)."""
         self.preds.append(np.asarray(preds, np.float64).reshape(len(preds), -1))
         self.labels.append(np.asarray(labels, np.float64).reshape(len(labels), -1))
         self.losses.append(float(loss))
+        self.rows.append(len(preds))
 
     def finalize(self) -> list[tuple[str, float]]:
         """[(name, value)] in MetricsType order (AUC, AverageLoss, HitRate, NDCG, SMAPE), then reset."""
@@ -55,7 +79,7 @@ class MetricAccumulator:
                 aucs = [roc_auc(y[:, c], p[:, c]) for c in range(p.shape[1])]
                 out.append(("AUC", float(np.mean(aucs))))
             elif m == M.AverageLoss:
-                out.append(("AverageLoss", float(np.mean(self.losses)) if self.losses else float("nan")))
+                out.append(("AverageLoss", average_loss(self.losses, self.rows)))
             elif m == M.HitRate:
                 checked = p > 0.8
                 out.append(("HitRate", float((y[checked] == 1.0).sum() / max(checked.sum(), 1))))

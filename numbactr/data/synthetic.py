@@ -11,17 +11,22 @@ base CTR hit their targets (default 0.775 and 0.25). An embedding + MLP (+ dot i
 learn every term. Keys follow a power law per slot (most mass on a few keys, like Criteo), dense
 features are lognormal-ish counts stored as log1p(count), as Criteo preprocessing does.
 
-Also here: `roc_auc` (exact, rank based, ties averaged as in sklearn), `criteo_like_slot_sizes` and the
-HugeCTR power-law key sampler used by tools.DataGenerator.
+Also here: `roc_auc` (exact, rank based, ties averaged as in sklearn), `criteo_like_slot_sizes`, the
+HugeCTR power-law key sampler used by tools.DataGenerator, and `cached_planted_dataset`, which writes a
+dataset once per parameter set into a folder named by a hash of the parameters and reuses it after.
 HugeCTR: the key sampler mirrors IntPowerLawDataSimulator in HugeCTR/include/data_generator.hpp.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import log
 from ..enums import Check_t
 from .file_list import write_file_list
 from ..metrics import roc_auc
@@ -29,9 +34,12 @@ from .norm import NormWriter, key_dtype_of
 
 __all__ = ["roc_auc", "expected_auc", "criteo_like_slot_sizes", "power_law_keys", "uniform_keys",
            "PlantedModel", "make_planted_model", "PlantedDataset", "make_planted_dataset",
-           "CRITEO_KAGGLE_SLOT_SIZES"]
+           "cached_planted_dataset", "planted_dataset_key", "folder_size", "CRITEO_KAGGLE_SLOT_SIZES"]
 
 #: cardinalities of the 26 categorical columns of Criteo Kaggle (HugeCTR's DCN/WDL samples)
+#: samples drawn and written per block by make_planted_dataset
+_BLOCK = 1 << 16
+
 CRITEO_KAGGLE_SLOT_SIZES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                             3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
                             142572]
@@ -298,26 +306,111 @@ def make_planted_dataset(out_dir, num_train: int, num_eval: int, dense_dim: int 
 
     out_dir = os.path.abspath(os.fspath(out_dir))
     result = {}
-    for split, num, nf in (("train", num_train, n_tr_files), ("eval", num_eval, n_ev_files)):
-        d = os.path.join(out_dir, split)
-        os.makedirs(d, exist_ok=True)
-        paths, probs_all, labels_all = [], [], []
-        for f, n in enumerate(np.diff(np.linspace(0, num, nf + 1).astype(np.int64))):
-            dense, keys = _sample_features(rng, int(n), dense_mu, dense_sigma, dense_zero_p, sizes, alpha)
-            p = model.probs(dense, list(keys.T))
-            label = (rng.random(int(n)) < p).astype(np.float32)
-            path = os.path.join(d, f"part_{f}.data")
-            with NormWriter(path, 1, dense_dim, sizes.shape[0], check, key_dtype) as w:
-                w.write(label.reshape(-1, 1), dense, keys + offsets)       # (n, S) global keys
-            paths.append(path)
-            probs_all.append(p)
-            labels_all.append(label)
-        lst = os.path.join(d, "_file_list.txt")
-        write_file_list(lst, paths)
-        result[split] = (lst, paths, np.concatenate(probs_all), np.concatenate(labels_all))
+    with log.progress(total=num_train + num_eval, desc="planted-signal data", unit="sample") as bar:
+        for split, num, nf in (("train", num_train, n_tr_files), ("eval", num_eval, n_ev_files)):
+            d = os.path.join(out_dir, split)
+            os.makedirs(d, exist_ok=True)
+            paths, probs_all, labels_all = [], [], []
+            for f, n in enumerate(np.diff(np.linspace(0, num, nf + 1).astype(np.int64))):
+                path = os.path.join(d, f"part_{f}.data")
+                with NormWriter(path, 1, dense_dim, sizes.shape[0], check, key_dtype) as w:
+                    for lo in range(0, int(n), _BLOCK):           # blocks: bounded memory, live progress
+                        m = min(_BLOCK, int(n) - lo)
+                        dense, keys = _sample_features(rng, m, dense_mu, dense_sigma, dense_zero_p, sizes, alpha)
+                        p = model.probs(dense, list(keys.T))
+                        label = (rng.random(m) < p).astype(np.float32)
+                        w.write(label.reshape(-1, 1), dense, keys + offsets)       # (m, S) global keys
+                        probs_all.append(p)
+                        labels_all.append(label)
+                        bar.update(m)
+                paths.append(path)
+            lst = os.path.join(d, "_file_list.txt")
+            write_file_list(lst, paths)
+            result[split] = (lst, paths, np.concatenate(probs_all), np.concatenate(labels_all))
     ev_probs, ev_labels = result["eval"][2], result["eval"][3]
     bayes = roc_auc(ev_labels, ev_probs) if 0 < ev_labels.sum() < ev_labels.shape[0] else float("nan")
     return PlantedDataset(out_dir, result["train"][0], result["eval"][0], result["train"][1],
                           result["eval"][1], [int(v) for v in sizes], dense_dim, num_train, num_eval,
                           bayes, ev_probs, ev_labels, float(result["train"][3].mean()),
                           float(ev_labels.mean()), check, key_dtype_of(key_dtype), model)
+
+
+# ---------------------------------------------------------------------------------------------------
+# generated once per parameter set, then reused
+
+#: bump when make_planted_dataset draws different data for the same parameters (invalidates caches)
+PLANTED_VERSION = 2
+MANIFEST = "dataset.json"
+
+
+def planted_dataset_key(**params) -> str:
+    """'planted-<12 hex>': a name that changes with every parameter of make_planted_dataset."""
+    blob = json.dumps({"version": PLANTED_VERSION, **params}, sort_keys=True, default=str)
+    return "planted-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def cached_planted_dataset(cache_dir, regenerate: bool = False, **params) -> tuple[PlantedDataset, bool]:
+    """make_planted_dataset(<cache_dir>/<planted_dataset_key(params)>, **params), generated once.
+
+    The folder holds the Norm files, eval_probs.npy / eval_labels.npy and dataset.json (the parameters,
+    the Bayes AUC, every file with its size), written last: a run stopped while writing leaves no
+    manifest and the next run writes the set again; so does a file whose size no longer matches.
+    regenerate=True always writes it anew. Returns (dataset, reused). A reused dataset has model=None
+    (the hidden weights are not stored); everything else is as make_planted_dataset returned it.
+    """
+    params = dict(params)
+    if params.get("slot_sizes") is not None:
+        params["slot_sizes"] = [int(v) for v in params["slot_sizes"]]
+    key_params = {k: (v.name if isinstance(v, Check_t) else v) for k, v in params.items()}
+    if "key_dtype" in key_params:
+        key_params["key_dtype"] = np.dtype(key_params["key_dtype"]).name
+    d = os.path.join(os.path.abspath(os.fspath(cache_dir)), planted_dataset_key(**key_params))
+    manifest = os.path.join(d, MANIFEST)
+    if not regenerate:
+        found = _load_planted(d, manifest)
+        if found is not None:
+            return found, True
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    data = make_planted_dataset(d, **params)
+    np.save(os.path.join(d, "eval_probs.npy"), data.eval_probs)
+    np.save(os.path.join(d, "eval_labels.npy"), data.eval_labels)
+    files = {os.path.relpath(f, d): os.path.getsize(f) for f in data.train_files + data.eval_files}
+    info = {"params": key_params, "version": PLANTED_VERSION, "bayes_auc": data.bayes_auc,
+            "slot_size_array": data.slot_size_array, "dense_dim": data.dense_dim, "num_train": data.num_train,
+            "num_eval": data.num_eval, "train_ctr": data.train_ctr, "eval_ctr": data.eval_ctr,
+            "check": data.check.name, "key_dtype": np.dtype(data.key_dtype).name,
+            "train_files": [os.path.relpath(f, d) for f in data.train_files],
+            "eval_files": [os.path.relpath(f, d) for f in data.eval_files], "file_sizes": files}
+    tmp = manifest + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f, indent=1)
+    os.replace(tmp, manifest)
+    return data, False
+
+
+def _load_planted(d: str, manifest: str) -> PlantedDataset | None:
+    """The dataset described by a complete manifest whose files are all there at their sizes, else None."""
+    try:
+        with open(manifest) as f:
+            info = json.load(f)
+        if info.get("version") != PLANTED_VERSION:
+            return None
+        for rel, size in info["file_sizes"].items():
+            if os.path.getsize(os.path.join(d, rel)) != size:
+                return None
+        probs = np.load(os.path.join(d, "eval_probs.npy"))
+        labels = np.load(os.path.join(d, "eval_labels.npy"))
+    except (OSError, ValueError, KeyError):
+        return None
+    return PlantedDataset(d, os.path.join(d, "train", "_file_list.txt"), os.path.join(d, "eval", "_file_list.txt"),
+                          [os.path.join(d, r) for r in info["train_files"]],
+                          [os.path.join(d, r) for r in info["eval_files"]], info["slot_size_array"],
+                          info["dense_dim"], info["num_train"], info["num_eval"], info["bayes_auc"], probs,
+                          labels, info["train_ctr"], info["eval_ctr"], Check_t[info["check"]],
+                          np.dtype(info["key_dtype"]), None)
+
+
+def folder_size(path) -> int:
+    """Bytes of the files under path."""
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)

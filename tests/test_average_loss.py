@@ -1,0 +1,61 @@
+"""AverageLoss is the mean log loss of the evaluated samples (batches weighted by their valid rows);
+under compat.hugectr_exact() it is HugeCTR's plain mean of the per-batch losses (src/metrics.cu)."""
+import numpy as np
+import pytest
+
+from numbactr import compat, device
+from numbactr.enums import MetricsType
+from numbactr.metrics import MetricAccumulator, average_loss
+from tests.model_util import tiny_data, tiny_dlrm
+
+
+@pytest.fixture
+def exact_off():
+    before = compat.hugectr_exact()
+    compat.set_hugectr_exact(False)
+    yield
+    compat.set_hugectr_exact(before)
+
+
+def test_weighting(exact_off):
+    assert average_loss([0.5, 0.1], [64, 8]) == pytest.approx((0.5 * 64 + 0.1 * 8) / 72)
+    assert np.isnan(average_loss([], []))
+    compat.set_hugectr_exact(True)
+    assert average_loss([0.5, 0.1], [64, 8]) == pytest.approx(0.3)
+
+
+def test_accumulator_weights_by_valid_rows(exact_off):
+    acc = MetricAccumulator({MetricsType.AverageLoss: 1.0})
+    acc.add(np.full((4, 1), 0.5), np.ones((4, 1)), 1.0)
+    acc.add(np.full((1, 1), 0.5), np.ones((1, 1)), 6.0)
+    assert acc.finalize() == [("AverageLoss", pytest.approx(2.0))]        # (4 * 1 + 1 * 6) / 5
+    assert acc.rows == [] and acc.losses == []                             # finalize resets
+
+
+def test_model_average_loss_is_the_exact_mean_log_loss_with_a_partial_last_batch(tmp_path, exact_off):
+    device.set_device("cpu")
+    train, evl = tiny_data(str(tmp_path), n_train=256, n_eval=200, files=1)
+    model = tiny_dlrm(train, evl, batch=64)
+    model.reader_params.num_workers = 1          # HugeCTR's default 12 needs 12 files in exact mode
+    model.metrics.spec = {MetricsType.AUC: 1.0, MetricsType.AverageLoss: 1.0}
+    model.fit(max_iter=6, display=0, eval_interval=0, snapshot=0)
+
+    def run_eval(exact):
+        compat.set_hugectr_exact(exact)
+        model.metrics.reset()
+        model._eval_reader = iter(model._make_reader(evl, 64, False, eval=True))
+        while model.eval():
+            pass
+        p = np.concatenate(model.metrics.preds)[:, 0]
+        y = np.concatenate(model.metrics.labels)[:, 0]
+        losses, rows = list(model.metrics.losses), list(model.metrics.rows)
+        return dict(model.get_eval_metrics())["AverageLoss"], p, y, losses, rows
+
+    got, p, y, losses, rows = run_eval(False)
+    assert rows == [64, 64, 64, 8]
+    p = np.clip(p, 1e-7, 1 - 1e-7)
+    exact = float(np.mean(-(y * np.log(p) + (1 - y) * np.log(1 - p))))
+    assert got == pytest.approx(exact, rel=1e-4)
+    hugectr_value, *_ = run_eval(True)
+    assert hugectr_value == pytest.approx(np.mean(losses), rel=1e-6)
+    assert abs(hugectr_value - exact) > 1e-4            # the last batch is over-weighted by HugeCTR
