@@ -5,7 +5,7 @@
 from . import device as _device  # noqa: F401  (first: may switch numba to its simulator)
 from . import enums as _enums
 from .config import (CreateOptimizer, CreateSolver, DataReaderParams, DataReaderSparseParam, DenseLayer,
-                     Input, OptParamsPy, Solver, SparseEmbedding)
+                     IgnoredArgumentWarning, Input, OptParamsPy, Solver, SparseEmbedding)
 from .enums import *  # noqa: F401,F403  (the enum classes)
 from .model import Model, ModelError
 from .optim import LearningRateScheduler
@@ -16,5 +16,5 @@ globals().update(_enums.exported_members())    # pybind export_values(): hugectr
 __version__ = "0.1.0"
 
 __all__ = ["CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
-           "Input", "LearningRateScheduler", "Model", "ModelError", "OptParamsPy", "Solver",
+           "IgnoredArgumentWarning", "Input", "LearningRateScheduler", "Model", "ModelError", "OptParamsPy", "Solver",
            "SparseEmbedding", "tools"]

@@ -1,8 +1,18 @@
 """The configuration objects of HugeCTR's Python API: Solver, DataReaderParams, OptParamsPy, Input,
 DataReaderSparseParam, SparseEmbedding, DenseLayer. Plain classes holding what the user passed,
-with HugeCTR's defaults (spec §1, §2.1, §3.1, §5, §6.0); validation happens here where it can."""
+with HugeCTR's defaults (spec §1, §2.1, §3.1, §5, §6.0); validation happens here where it can.
+
+Validation: a non-finite or out-of-range value (learning rate, schedule, scaler, optimizer
+hyperparameters) is a ValueError naming the argument and its range. An argument numbactr accepts but
+does not act on (an option it does not implement, a reader setting the chosen format does not use, a
+hyperparameter the chosen optimizer does not have, source files after the first) is an
+IgnoredArgumentWarning naming it, raised only when the user set it to something other than its default.
+"""
 from __future__ import annotations
 
+import math
+import numbers
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,9 +20,30 @@ from .enums import (Activation_t, Check_t, DataReaderType_t, Embedding_t, FcPosi
                     Layer_t, LrPolicy_t, MetricsType, Optimizer_t, Regularizer_t, Update_t)
 
 
+class IgnoredArgumentWarning(UserWarning):
+    """An argument was accepted but has no effect in numbactr (the message names it and says why)."""
+
+
 def _expect(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
+
+
+def warn_ignored(who: str, arg: str, value, why: str, stacklevel: int) -> None:
+    warnings.warn(f"{who}: {arg}={value!r} is ignored: {why}", IgnoredArgumentWarning, stacklevel=stacklevel + 1)
+
+
+def _number(who: str, name: str, v, lo=None, hi=None, lo_open=False, hi_open=False, integer=False):
+    """Check that v is a finite real (an int if integer) in the range given; returns it."""
+    kind = "an integer" if integer else "a number"
+    ok = isinstance(v, numbers.Integral if integer else numbers.Real)
+    _expect(ok and not isinstance(v, bool), f"{who}: {name} must be {kind}, got {v!r}")
+    rng = (f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, "
+           f"{'inf' if hi is None else hi}{')' if hi_open or hi is None else ']'}")
+    _expect(math.isfinite(v), f"{who}: {name} must be finite, got {v!r}")
+    _expect(lo is None or (v > lo if lo_open else v >= lo), f"{who}: {name} must lie in {rng}, got {v!r}")
+    _expect(hi is None or (v < hi if hi_open else v <= hi), f"{who}: {name} must lie in {rng}, got {v!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -55,24 +86,67 @@ class Solver:
     training_callbacks: tuple = ()
 
 
+# Solver options numbactr does not act on: (value(s) that ask for nothing, why a different value is ignored)
+_SOLVER_IGNORED = {
+    "use_mixed_precision": ((False,), "numbactr has no mixed precision yet: it trains in float32"),
+    "enable_tf32_compute": ((False,), "numbactr does not use TF32: matrix products run in float32"),
+    "train_intra_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option; numbactr runs each step "
+                                                "in order (the results are the same)"),
+    "train_inter_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option (the results are the same)"),
+    "eval_intra_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option (the results are the same)"),
+    "eval_inter_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option (the results are the same)"),
+    "use_embedding_collection": ((False,), "numbactr has no EmbeddingCollection yet"),
+    "all_reduce_algo": ((None, "NCCL"), "numbactr's ranks reduce through MPI (distributed/comm.py)"),
+    "grouped_all_reduce": ((False,), "numbactr reduces the dense gradients in one call anyway"),
+    "device_layout": ((None, "LocalFirst"), "deprecated in HugeCTR; numbactr has one device per process"),
+    "num_iterations_statistics": ((20,), "used only by HybridSparseEmbedding, which numbactr runs as OneHot"),
+    "perf_logging": ((False,), "numbactr writes no MLPerf-style logs"),
+    "kafka_brockers": (("",), "numbactr has no Kafka model export (embedding training cache)"),
+    "training_callbacks": (((),), "numbactr's fit() does not call training callbacks yet"),
+}
+
+
 def CreateSolver(**kw) -> Solver:  # noqa: N802 (HugeCTR's name)
-    """``hugectr.CreateSolver``: every argument keyword, HugeCTR's defaults (spec §1)."""
+    """``hugectr.CreateSolver``: every argument keyword, HugeCTR's defaults (spec §1). Out-of-range values
+    raise ValueError; options numbactr does not act on warn (IgnoredArgumentWarning) when set."""
     known = set(Solver.__dataclass_fields__)
     unknown = sorted(set(kw) - known)
     _expect(not unknown, f"CreateSolver: unknown argument(s) {unknown}")
     if "vvgpu" in kw:
         kw["vvgpu"] = tuple(tuple(int(g) for g in node) for node in kw["vvgpu"])
-        _expect(all(len(n) > 0 for n in kw["vvgpu"]), "CreateSolver: vvgpu has an empty node list")
+        _expect(len(kw["vvgpu"]) > 0 and all(len(n) > 0 for n in kw["vvgpu"]),
+                "CreateSolver: vvgpu has an empty node list")
     if kw.get("metrics_spec") is None:
         kw["metrics_spec"] = {MetricsType.AUC: 1.0}
     kw["training_callbacks"] = tuple(kw.get("training_callbacks", ()))
     s = Solver(**kw)
-    _expect(s.batchsize > 0 and s.batchsize_eval > 0, "CreateSolver: batchsize and batchsize_eval must be > 0")
-    _expect(s.decay_power >= 1.0, f"CreateSolver: decay_power must be >= 1, got {s.decay_power}")
-    _expect(s.scaler > 0, f"CreateSolver: scaler must be > 0, got {s.scaler}")
+    who = "CreateSolver"
+    for name in ("batchsize", "batchsize_eval"):
+        _number(who, name, getattr(s, name), 0, lo_open=True, integer=True)
+    _number(who, "lr", s.lr, 0.0, lo_open=True)
+    _number(who, "end_lr", s.end_lr, 0.0)
+    _number(who, "warmup_steps", s.warmup_steps, 0, integer=True)
+    _number(who, "decay_start", s.decay_start, 0, integer=True)
+    _number(who, "decay_steps", s.decay_steps, 1, integer=True)
+    _number(who, "decay_power", s.decay_power, 1.0)
+    _number(who, "scaler", s.scaler, 0.0, lo_open=True)
+    _number(who, "max_eval_batches", s.max_eval_batches, 0, integer=True)
+    _number(who, "seed", s.seed, 0, integer=True)
+    _expect(isinstance(s.metrics_spec, dict) and all(isinstance(m, MetricsType) for m in s.metrics_spec),
+            f"CreateSolver: metrics_spec must map MetricsType members to thresholds, got {s.metrics_spec!r}")
+    for m, v in s.metrics_spec.items():
+        _number(who, f"metrics_spec[{m!r}]", v)
     _expect(not (s.use_mixed_precision and s.enable_tf32_compute),
             "CreateSolver: use_mixed_precision and enable_tf32_compute cannot both be True")
-    _expect(s.max_eval_batches >= 0, "CreateSolver: max_eval_batches must be >= 0")
+    for name, (fine, why) in _SOLVER_IGNORED.items():
+        v = getattr(s, name)
+        if name in kw and v not in fine and getattr(v, "name", None) not in fine:
+            warn_ignored(who, name, v, why, stacklevel=2)
+    gpus = sum(len(n) for n in s.vvgpu)
+    if gpus > 1:
+        warn_ignored(who, "vvgpu", [list(n) for n in s.vvgpu], f"numbactr runs one device per process, so the "
+                 f"{gpus} GPUs listed become one device with the whole batch (same math); run "
+                 f"`mpiexec -n {gpus}` with vvgpu=[[0]] for {gpus} ranks", stacklevel=2)
     return s
 
 
@@ -107,6 +181,46 @@ class DataReaderParams:
                 "DataReaderParams: source must be a non-empty file-list path (or list of paths)")
         _expect(isinstance(self.eval_source, str) and bool(self.eval_source),
                 "DataReaderParams: eval_source must be a non-empty file-list path")
+        if self.num_workers is not None:
+            _number("DataReaderParams", "num_workers", self.num_workers, 1, integer=True)
+        for name in ("num_samples", "eval_num_samples", "cache_eval_data"):
+            _number("DataReaderParams", name, getattr(self, name), 0, integer=True)
+        self.slot_size_array = [int(v) for v in self.slot_size_array]
+        _expect(all(v >= 0 for v in self.slot_size_array),
+                f"DataReaderParams: slot_size_array entries must be >= 0, got {self.slot_size_array}")
+        self._warn_ignored()
+
+    def _warn_ignored(self) -> None:
+        t, T = self.data_reader_type, DataReaderType_t
+        notes = []
+        if len(self.source) > 1:
+            notes.append(("source[1:]", self.source[1:], "only source[0] is read (HugeCTR reads the others only with "
+                                                 "the embedding training cache); use Model.set_source for epochs"))
+        if self.keyset not in ("", [], ()):
+            notes.append(("keyset", self.keyset, "used only by the embedding training cache, which numbactr "
+                                                 "does not implement"))
+        if self.cache_eval_data:
+            notes.append(("cache_eval_data", self.cache_eval_data, "numbactr caches no eval batches: every "
+                                                                   "evaluation reads on through the eval source"))
+        if t != T.Raw:
+            for name in ("num_samples", "eval_num_samples", "float_label_dense"):
+                if getattr(self, name):
+                    notes.append((name, getattr(self, name), f"used only by the Raw reader, not {t.name}"))
+            if self.slot_size_array and t == T.Norm:
+                notes.append(("slot_size_array", self.slot_size_array, "used only by the Parquet reader (key "
+                                                                       "offsets); Norm keys are read verbatim"))
+        elif self.slot_size_array:
+            notes.append(("slot_size_array", self.slot_size_array, "used only by the Parquet reader (key "
+                                                                   "offsets); Raw keys are read verbatim"))
+        if self.read_file_sequentially and t != T.Parquet:
+            notes.append(("read_file_sequentially", True, f"used only by the Parquet reader, not {t.name}"))
+        if self.data_source_params is not None:
+            notes.append(("data_source_params", self.data_source_params, "numbactr reads local files only"))
+        if self.async_param is not None:
+            notes.append(("async_param", self.async_param, "used only by the RawAsync reader, which numbactr "
+                                                           "does not support"))
+        for name, value, why in notes:
+            warn_ignored("DataReaderParams", name, value, why, stacklevel=4)
 
 
 @dataclass
@@ -135,14 +249,45 @@ class OptParamsPy:
                 Optimizer_t.SGD: 0, Optimizer_t.Ftrl: 2}.get(t, 0)
 
 
+# hyperparameter -> (range checked by CreateOptimizer as _number arguments, optimizers that use it)
+_OPT_ARGS = {
+    "beta1": (dict(lo=0.0, hi=1.0, hi_open=True), {Optimizer_t.Adam}),
+    "beta2": (dict(lo=0.0, hi=1.0, hi_open=True), {Optimizer_t.Adam}),
+    "epsilon": (dict(lo=0.0, lo_open=True), {Optimizer_t.Adam, Optimizer_t.AdaGrad}),
+    "initial_accu_value": (dict(lo=0.0), {Optimizer_t.AdaGrad}),
+    "momentum_factor": (dict(lo=0.0, hi=1.0, hi_open=True), {Optimizer_t.MomentumSGD, Optimizer_t.Nesterov}),
+    "beta": (dict(lo=0.0), {Optimizer_t.Ftrl}),
+    "lambda1": (dict(lo=0.0), {Optimizer_t.Ftrl}),
+    "lambda2": (dict(lo=0.0), {Optimizer_t.Ftrl}),
+}
+
+
 def CreateOptimizer(optimizer_type=Optimizer_t.Adam, update_type=Update_t.Global, beta=0.0, lambda1=0.0,  # noqa: N802
                     lambda2=0.0, beta1=0.9, beta2=0.999, epsilon=1e-7, initial_accu_value=0.0,
                     momentum_factor=0.0, atomic_update=True) -> OptParamsPy:
-    """``hugectr.CreateOptimizer`` (spec §3.1). There is no lr: the Solver's lr/scheduler drives all."""
+    """``hugectr.CreateOptimizer`` (spec §3.1). There is no lr: the Solver's lr/scheduler drives all.
+
+    Every hyperparameter must be finite and in its range (beta1, beta2, momentum_factor in [0, 1),
+    epsilon > 0, the others >= 0), else ValueError; one the chosen optimizer does not use, set to a
+    non-default value, warns (IgnoredArgumentWarning).
+    """
     _expect(isinstance(optimizer_type, Optimizer_t), f"CreateOptimizer: optimizer_type must be an "
                                                      f"Optimizer_t, got {optimizer_type!r}")
     _expect(isinstance(update_type, Update_t), f"CreateOptimizer: update_type must be an Update_t, "
                                                f"got {update_type!r}")
+    _expect(isinstance(atomic_update, bool), f"CreateOptimizer: atomic_update must be a bool, got {atomic_update!r}")
+    given = dict(beta=beta, lambda1=lambda1, lambda2=lambda2, beta1=beta1, beta2=beta2, epsilon=epsilon,
+                 initial_accu_value=initial_accu_value, momentum_factor=momentum_factor)
+    defaults = CreateOptimizer.__defaults__
+    names = CreateOptimizer.__code__.co_varnames[:len(defaults)]
+    for name, (rng, users) in _OPT_ARGS.items():
+        _number("CreateOptimizer", name, given[name], **rng)
+        if optimizer_type not in users and given[name] != defaults[names.index(name)]:
+            warn_ignored("CreateOptimizer", name, given[name], f"Optimizer_t.{optimizer_type.name} does not use it "
+                     f"(it is a hyperparameter of {', '.join(sorted(u.name for u in users))})", stacklevel=2)
+    if optimizer_type != Optimizer_t.SGD and not atomic_update:
+        warn_ignored("CreateOptimizer", "atomic_update", False, f"only SGD uses it, not {optimizer_type.name}",
+                 stacklevel=2)
     return OptParamsPy(optimizer_type, update_type, beta, lambda1, lambda2, beta1, beta2, epsilon,
                        initial_accu_value, momentum_factor, atomic_update, initialized=True)
 
@@ -229,6 +374,13 @@ class SparseEmbedding:
         self.slot_size_array = [int(s) for s in slot_size_array]
         self.optimizer = optimizer if optimizer is not None else OptParamsPy()
         self.hybrid_embedding_param = hybrid_embedding_param
+        who = f"SparseEmbedding {sparse_embedding_name!r}"
+        if hybrid_embedding_param is not None:
+            warn_ignored(who, "hybrid_embedding_param", hybrid_embedding_param,
+                     "used only by HybridSparseEmbedding, which numbactr does not support", stacklevel=2)
+        if self.slot_size_array and embedding_type == Embedding_t.DistributedSlotSparseEmbeddingHash:
+            warn_ignored(who, "slot_size_array", self.slot_size_array, "DistributedSlotSparseEmbeddingHash hashes "
+                     "its keys: its size comes from workspace_size_per_gpu_in_mb", stacklevel=2)
 
 
 _DENSE_DEFAULTS = dict(

@@ -14,7 +14,7 @@ import numpy as np
 from . import checkpoint, compat, device, graph_json, log
 from .autograd import Tape, Tensor
 from .distributed.comm import world
-from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding
+from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding, warn_ignored
 from .embedding.sparse_embedding import HashEmbedding, make_embedding
 from .enums import Embedding_t, MetricsType
 from .layers import LayerError, RunInfo, build
@@ -35,6 +35,9 @@ class Model:
             raise ModelError("Model: second argument must be a DataReaderParams")
         if not isinstance(opt_params, OptParamsPy) or not opt_params.initialized:
             raise ModelError("Model: third argument must come from CreateOptimizer()")
+        if etc_params is not None:
+            warn_ignored("Model", "etc_params", etc_params, "numbactr has no embedding training cache "
+                         "(deprecated in HugeCTR)", stacklevel=2)
         self.solver, self.reader_params, self.opt_params = solver, reader_params, opt_params
         device.kind()                                  # announce the device once, up front
         self.comm = world()
@@ -143,6 +146,13 @@ class Model:
         losses = [layer for layer in self.layers if layer.is_loss]
         if not losses:
             raise ModelError("Model.compile: the model has no loss layer")
+        for layer in losses:               # swapped bottoms would train nothing and report no error
+            pred, label = layer.cfg.bottom_names
+            if label not in self.input.label_names or pred in self.input.label_names:
+                raise ModelError(f"Model.compile: {layer.type_name} (top {layer.cfg.top_names[0]!r}) has bottoms "
+                                 f"{layer.cfg.bottom_names}; they must be [prediction, label] with the label one "
+                                 f"of the Input's label tensors {self.input.label_names}"
+                                 + (" (the two look swapped)" if pred in self.input.label_names else ""))
         by_label = {layer.cfg.bottom_names[1]: layer for layer in losses}
         if loss_names is not None or loss_weights is not None:
             loss_names, loss_weights = list(loss_names or []), list(loss_weights or [])
@@ -354,12 +364,71 @@ class Model:
             self._regularizer(layer, rows, grad=True)
         # the reported loss uses the weights this step ran with (before the update)
         self.current_loss = self._loss_value(t, rows) if self.solver.gen_loss_summary else 0.0
+        self._check_finite_loss(t)                 # stops before a non-finite step updates any weight
         lr = 0.0 if self.dense_frozen else self.lr
         self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
         for emb in self.embeddings:
             emb.update(self.lr, self.solver.scaler)
         self.step += 1
         return True
+
+    # how many steps a GPU run with gen_loss_summary=False goes between reads of its non-finite flag
+    NONFINITE_CHECK_EVERY = 64
+
+    def _check_finite_loss(self, t: dict) -> None:
+        """FloatingPointError when this step's loss is non-finite, naming the step, the loss layer and
+        the first layer whose output went non-finite (found only then).
+
+        gen_loss_summary=True: the loss value the step already read to the host is checked. Otherwise
+        no value is read each step on a GPU: a device-side flag keeps the first non-finite step and is
+        read every NONFINITE_CHECK_EVERY steps, so training stops up to that many steps late but names
+        the step where it began (cpu/sim arrays are host memory: checked every step)."""
+        step = self.step + 1                       # 1-based, as fit() counts iterations
+        if self.solver.gen_loss_summary:
+            if not math.isfinite(self.current_loss):
+                raise self._nonfinite_loss(t, step, step)
+            return
+        xp = device.xp()
+        losses = xp.concatenate([t[layer.cfg.top_names[0]].data.reshape(1) for layer, _ in self.losses])
+        if device.kind() != "gpu":
+            if not np.isfinite(device.to_host(losses)).all():
+                raise self._nonfinite_loss(t, step, step)
+            return
+        flag = getattr(self, "_nonfinite_flag", None)
+        if flag is None:
+            flag = self._nonfinite_flag = xp.full((1,), -1, np.int64)
+        flag[...] = xp.where((flag < 0) & ~xp.isfinite(losses).all(), step, flag)
+        if step % self.NONFINITE_CHECK_EVERY == 0:
+            first = int(device.to_host(flag)[0])
+            if first >= 0:
+                raise self._nonfinite_loss(t, first, step)
+
+    def _nonfinite_loss(self, t: dict, step: int, now: int) -> FloatingPointError:
+        """The error for a non-finite loss that appeared at `step` (detected at step `now`)."""
+        def finite(a):
+            return bool(np.isfinite(device.to_host(a)).all())
+        bad = [f"{layer.type_name} {layer.cfg.top_names[0]!r} = {float(device.to_host(t[layer.cfg.top_names[0]].data)[0])}"
+               for layer, _ in self.losses if not finite(t[layer.cfg.top_names[0]].data)]
+        what = ", ".join(bad) if bad else "the regularizer term (non-finite weights)"
+        first = "no layer output is non-finite"
+        for e in self.embeddings:
+            if not finite(t[e.name].data):
+                first = f"the first non-finite output is embedding {e.name!r}" + \
+                    ("" if finite(e.weight.data) else " (its table holds non-finite values)")
+                break
+        else:
+            for layer in self.layers:
+                tops = [n for n in layer.cfg.top_names if not finite(t[n].data)]
+                if tops:
+                    weights = "" if all(finite(p.data) for p in layer.params) else " (its weights are non-finite)"
+                    first = f"the first non-finite output is {layer.type_name} {tops[0]!r}{weights}"
+                    break
+        if now == step:
+            where = f"at iteration {step}: {what}; {first}. Training stopped before this iteration's update"
+        else:
+            where = (f"first at iteration {step}, found at iteration {now} (with gen_loss_summary=False a GPU run "
+                     f"checks every {self.NONFINITE_CHECK_EVERY} iterations): now {what}; {first}")
+        return FloatingPointError(f"non-finite training loss {where} (check the lr, the data, the initialization)")
 
     def eval(self) -> bool:
         """One evaluation batch; accumulates metrics. False at the end of an epoch-mode eval source."""
@@ -443,6 +512,12 @@ class Model:
             raise ModelError("fit: max_iter must be > 0 when repeat_dataset=True")
         if not s.repeat_dataset and num_epochs <= 0:
             raise ModelError("fit: num_epochs must be > 0 when repeat_dataset=False (epoch mode)")
+        if s.repeat_dataset and num_epochs:
+            warn_ignored("Model.fit", "num_epochs", num_epochs, "with repeat_dataset=True fit runs max_iter "
+                         "iterations (epochs need CreateSolver(repeat_dataset=False))", stacklevel=2)
+        if not s.repeat_dataset and max_iter != 2000:
+            warn_ignored("Model.fit", "max_iter", max_iter, "in epoch mode (repeat_dataset=False) fit runs "
+                         "num_epochs passes over the source", stacklevel=2)
         log.info("Training source file: " + self.reader_params.source[0])
         log.info("Evaluation source file: " + self.reader_params.eval_source)
         self.start_data_reading()

@@ -136,7 +136,7 @@ def test_more_workers_than_files_warns_and_uses_one_worker_per_file(tmp_path):
             make_reader(norm_params(lst, 3), lst, 2, 1, 2, [2], None, True, False)
     finally:
         compat.set_hugectr_exact(False)
-    with pytest.raises(ValueError, match="num_workers must be > 0"):
+    with pytest.raises(ValueError, match=r"num_workers must lie in \[1, inf\), got 0"):
         make_reader(norm_params(lst, 0), lst, 2, 1, 2, [2], None, True, False)
 
 

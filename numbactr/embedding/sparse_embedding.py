@@ -190,12 +190,20 @@ class HashEmbedding:
         try:
             rows = self.table.insert(keys)
         except HashTableFullError as e:
-            need = e.used + e.needed
+            need = e.used + e.needed             # distinct keys seen so far, this batch's included
+            if self.by_slot and self.cfg.slot_size_array:
+                fix = (f"its size is the sum of this rank's slot_size_array entries ({self.max_rows}), so some "
+                       f"slot holds more distinct keys than its entry: raise the entries")
+            else:
+                mb = workspace_mb_for(need, self.vec, self.n_states)
+                fix = (f"workspace_size_per_gpu_in_mb={self.cfg.workspace_size_per_gpu_in_mb} holds {self.max_rows}; "
+                       f"those {need} rows need ceil(rows * (1 + {self.n_states} {self.opt.optimizer_type.name} "
+                       f"state arrays) * 4 bytes * embedding_vec_size {self.vec} / 2^20) = {mb} MB (HugeCTR's "
+                       f"sizing): set workspace_size_per_gpu_in_mb to at least {mb}")
             raise HashTableFullError(
                 e.needed, e.used, e.max_rows,
-                hint=f"SparseEmbedding {self.name!r}{self._where()}: {need} rows needed but "
-                     f"workspace_size_per_gpu_in_mb={self.cfg.workspace_size_per_gpu_in_mb} holds "
-                     f"{self.max_rows}; set it to at least {workspace_mb_for(need, self.vec, self.n_states)}"
+                hint=f"SparseEmbedding {self.name!r}{self._where()}: the keys seen so far need {need} rows "
+                     f"({e.used} in use + {e.needed} new in this batch); {fix}"
             ) from None
         if self.table.size > before:
             self._init_rows(rows, keys, before)
