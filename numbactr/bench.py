@@ -18,6 +18,8 @@ Counting (each table says it again):
   dlrm       samples/s = batch / median step time; batches are read into memory first, so the step is
              forward + backward + optimizer update (numbactr's includes its hash-table insert).
 Times are medians over repetitions after one warm-up call (which also absorbs JIT compilation).
+Threads: numbactr's compute threads (BLAS, numba) are those of numbactr.threads (NUMBACTR_THREADS=N);
+torch keeps its own setting (torch.set_num_threads); every table's notes state both.
 """
 from __future__ import annotations
 
@@ -138,9 +140,12 @@ class Env:
     def header(self) -> list:
         """Context lines every table starts with: device, date, versions."""
         now = datetime.datetime.now().astimezone()
+        from . import threads
         lines = [f"device: {self.kind} ({self.device_name})",
                  f"date: {now.strftime('%Y-%m-%d %H:%M %Z')}",
-                 f"numpy {np.__version__}, python {platform.python_version()}"]
+                 f"numpy {np.__version__}, python {platform.python_version()}",
+                 f"{threads.current().describe()} (numbactr.threads; NUMBACTR_THREADS=N sets the compute "
+                 f"threads)"]
         if hasattr(os, "getloadavg"):       # other work on the host skews every figure: say how much
             lines.append(f"host load average (1 min) at start: {os.getloadavg()[0]:.1f} on "
                          f"{os.cpu_count()} cores")
@@ -567,12 +572,16 @@ def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = N
     out = out or sys.stdout
     sizes = QUICK if quick else FULL
     min_time = (0.05 if quick else 1.0) if min_time is None else min_time
+    from . import log
     fns = {"hash": bench_hash, "embedding": bench_embedding, "dlrm": bench_dlrm}
+    names = list(fns) if which == "all" else [which]
     tables = []
-    for name in (fns if which == "all" else (which,)):
-        tab = fns[name](env, min_time=min_time, seed=seed, **sizes[name])
-        print(tab.markdown(), file=out, flush=True)
-        tables.append(tab)
+    with log.progress(total=len(names), desc="numbactr bench", unit="benchmark") as bar:
+        for name in names:
+            tab = fns[name](env, min_time=min_time, seed=seed, **sizes[name])
+            print(tab.markdown(), file=out, flush=True)
+            tables.append(tab)
+            bar.update(1)
     return tables
 
 
@@ -580,12 +589,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="numbactr bench", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.splitlines()[2:]))
-    ap.add_argument("what", choices=SUBCOMMANDS, help="which benchmark")
+    ap.add_argument("what", choices=SUBCOMMANDS, help="which benchmark (all: the three, one table each)")
     ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run, seconds)")
     ap.add_argument("--min-time", type=float, default=None,
                     help="seconds of repetitions per measurement (default 1, --quick 0.05)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the generated keys and data (default: %(default)s)")
     args = ap.parse_args(argv)
     env = Env(use_torch=not args.no_torch)
     if env.torch is None:

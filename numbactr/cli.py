@@ -1,47 +1,133 @@
-"""The ``numbactr`` command."""
+"""The ``numbactr`` command: ``numbactr [--version] [--debug] <command> ...``.
+
+Commands: demo (the main job), bench (kernel/step benchmarks, or `bench data` for the readers), data
+(converters: criteo), device (which device and threads numbactr would use, and why). Every command has
+``--help``. An error is one line on stderr (exit status 1) unless ``--debug`` (anywhere on the line) or
+NUMBACTR_DEBUG=1 asks for the traceback.
+"""
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 
-USAGE = """usage: numbactr <command> [options]
+DEBUG_ENV = "NUMBACTR_DEBUG"
 
-commands:
-  demo                 train a DLRM on built-in planted-signal data and print its AUC (the main job)
-  bench {hash,embedding,dlrm,all} [--quick]
-                       kernel and training-step benchmarks (vs PyTorch when torch is installed)
-  bench data           data-reader throughput (Norm, Raw, Parquet; 1, 2, 4 workers)
-  data criteo ...      convert Criteo TSV click logs to Norm or Parquet
-  device               print which device numbactr would use and why
-"""
+#: converters under `numbactr data`: name -> (module, one-line description)
+CONVERTERS = {
+    "criteo": ("numbactr.data.criteo", "Criteo TSV click logs -> HugeCTR Norm or Parquet (HugeCTR's pandas "
+                                        "preprocessing, streamed in chunks; prints the slot_size_array)"),
+}
+BENCH_HELP = """benchmarks (markdown tables; not tests):
+  hash                 hash-table insert/find, Mkeys/s
+  embedding            embedding-bag forward, backward + SGD update, GB/s (FBGEMM's byte count)
+  dlrm                 one DLRM training step, samples/s
+  all                  the three above
+  data                 data-reader throughput: Norm, Raw, Parquet with 1, 2, 4 workers
+Each runs on the device numbactr picks, with the thread plan of the start-up line, and beside PyTorch
+when torch is installed. `numbactr bench data --help` / `numbactr bench hash --help` for the options."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("numbactr")
+    except PackageNotFoundError:              # run from a source tree that was never installed
+        from . import __version__
+        return __version__
+
+
+def _delegate(parser, name: str, help_text: str):
+    """A subcommand whose own module parses the rest of the line (its --help is the module's): it
+    declares no arguments, so parse_known_args hands everything after it to the module."""
+    p = parser.add_parser(name, help=help_text, description=help_text, add_help=False)
+    p.set_defaults(delegated=True)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="numbactr", description="HugeCTR's training API re-implemented in Python with numba.cuda kernels. "
+        "A HugeCTR script runs with `import numbactr as hugectr`; these commands are the extras.",
+        epilog="`numbactr <command> --help` describes a command. Environment: NUMBACTR_DEVICE=gpu|sim|cpu, "
+               "NUMBACTR_THREADS, NUMBACTR_READER_WORKERS, NUMBACTR_HUGECTR_EXACT=1, NUMBACTR_PROGRESS=0, "
+               "NUMBACTR_DEBUG=1 (see README).")
+    ap.add_argument("--version", action="version", version=f"numbactr {_version()}")
+    ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    sub = ap.add_subparsers(dest="command", metavar="<command>", required=True)
+
+    from . import demo
+    p = sub.add_parser("demo", help="train a DLRM on built-in planted-signal data and print its AUC next to "
+                                    "the best AUC possible (the main job)",
+                       description=demo.__doc__.split("\n\n")[0])
+    demo.add_arguments(p)
+
+    _delegate(sub, "bench", "kernel, training-step and data-reader benchmarks (see `numbactr bench --help`)")
+
+    p = sub.add_parser("data", help="convert click logs to HugeCTR's data formats (converters: "
+                                    + ", ".join(CONVERTERS) + ")",
+                       description="Convert data sets to HugeCTR's formats. Converters:",
+                       epilog="`numbactr data <converter> --help` lists a converter's options.")
+    conv = p.add_subparsers(dest="converter", metavar="<converter>", required=True)
+    for name, (_, text) in CONVERTERS.items():
+        _delegate(conv, name, text)
+
+    ap.commands = sub.choices                                  # name -> parser, for error messages
+    sub.add_parser("device", help="print which device (gpu, sim, cpu) and threads numbactr would use, and why",
+                   description="Resolve the device as `import numbactr` would (NUMBACTR_DEVICE, the simulator, "
+                               "a CUDA GPU with cupy, else cpu) and print the start-up line: the device, the "
+                               "reason, and the thread plan (compute threads, reader workers).")
+    return ap
+
+
+def _bench(rest: list) -> int:
+    if not rest or rest[0] in ("-h", "--help"):
+        print("usage: numbactr bench {hash,embedding,dlrm,all,data} [options]\n\n" + BENCH_HELP)
+        return 0
+    if rest[0] == "data":
+        from .data.bench import main as bench_data
+        return bench_data(rest[1:])
+    from .bench import main as bench
+    return bench(rest)
+
+
+def _run(args) -> int:
+    if args.command == "demo":
+        from .demo import run
+        return run(args)
+    if args.command == "bench":
+        return _bench(args.rest)
+    if args.command == "data":
+        import importlib
+        return importlib.import_module(CONVERTERS[args.converter][0]).main(args.rest)
+    if args.command == "device":
+        from . import device
+        device.kind()
+        return 0
+    raise AssertionError(args.command)
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "demo":
-        from .demo import main as demo
-        return demo(rest)
-    if cmd == "bench":
-        if rest[:1] == ["data"]:
-            from .data.bench import main as bench_data
-            return bench_data(rest[1:])
-        from .bench import main as bench
-        return bench(rest)
-    if cmd == "data":
-        if rest[:1] == ["criteo"]:
-            from .data.criteo import main as criteo
-            return criteo(rest[1:])
-        print("usage: numbactr data criteo --help", file=sys.stderr)
-        return 2
-    if cmd == "device":
-        from . import device
-        device.kind()
-        return 0
-    print(f"numbactr: unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
-    return 2
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    ap = build_parser()
+    args, rest = ap.parse_known_args(argv)
+    if rest and not getattr(args, "delegated", False):      # the subcommand's own usage and error
+        ap.commands[args.command].error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("numbactr: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:          # noqa: BLE001 (the command line reports every error in one line)
+        if debug:
+            raise
+        msg = " ".join(str(e).split()) or type(e).__name__
+        print(f"numbactr {args.command}: error: {msg} ({type(e).__name__}; --debug shows the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

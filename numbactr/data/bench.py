@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from .. import log, threads
 from ..enums import Check_t, DataReaderType_t
 from .file_list import write_file_list
 from .norm import write_norm_file
@@ -48,21 +49,27 @@ def write_bench_data(d: str, samples: int, files: int, seed: int = 0) -> dict:
     raw_path = os.path.join(d, "raw", "data.bin")
     os.makedirs(os.path.dirname(raw_path), exist_ok=True)
     open(raw_path, "wb").close()
-    for f in range(files):
-        n = int(bounds[f + 1] - bounds[f])
-        label = rng.integers(0, 2, (n, 1))
-        counts = rng.integers(0, 1000, (n, DENSE))
-        local = rng.integers(0, SLOT_SIZE, (n, SLOTS))
-        glob = local + np.arange(SLOTS) * SLOT_SIZE
-        p = os.path.join(d, "norm", f"part_{f}.data")
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        write_norm_file(p, label, np.log1p(counts).astype(np.float32), glob, Check_t.Sum, np.uint32)
-        norm_files.append(p)
-        pq.write_file(f"part_{f}.parquet", label, np.log1p(counts).astype(np.float32), local)
-        write_raw_file(raw_path, label, counts, glob, float_label_dense=False, append=True)
+    with log.progress(total=files, desc="bench data: write Norm, Raw, Parquet", unit="file") as bar:
+        for f in range(files):
+            _write_bench_file(d, f, int(bounds[f + 1] - bounds[f]), rng, pq, raw_path, norm_files)
+            bar.update(1)
     norm_list = os.path.join(d, "norm", "_file_list.txt")
     write_file_list(norm_list, norm_files)
     return {"norm": norm_list, "raw": raw_path, "parquet": pq.close()}
+
+
+def _write_bench_file(d, f, n, rng, pq, raw_path, norm_files) -> None:
+    """File f (n samples) of the three formats: Norm part_f.data, Parquet part_f.parquet, Raw appended."""
+    label = rng.integers(0, 2, (n, 1))
+    counts = rng.integers(0, 1000, (n, DENSE))
+    local = rng.integers(0, SLOT_SIZE, (n, SLOTS))
+    glob = local + np.arange(SLOTS) * SLOT_SIZE
+    p = os.path.join(d, "norm", f"part_{f}.data")
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    write_norm_file(p, label, np.log1p(counts).astype(np.float32), glob, Check_t.Sum, np.uint32)
+    norm_files.append(p)
+    pq.write_file(f"part_{f}.parquet", label, np.log1p(counts).astype(np.float32), local)
+    write_raw_file(raw_path, label, counts, glob, float_label_dense=False, append=True)
 
 
 def _reader(fmt: str, source: str, samples: int, batch: int, workers: int, repeat: bool = False):
@@ -108,18 +115,30 @@ def measure_wait(fmt, source, samples, batch, workers, step_ms, steps=40) -> tup
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="numbactr bench data", description=__doc__.split("\n")[0])
-    ap.add_argument("--samples", type=int, default=1_000_000)
-    ap.add_argument("--files", type=int, default=4, help="Norm/Parquet files (>= the largest worker count)")
-    ap.add_argument("--batch-size", type=int, default=16384)
-    ap.add_argument("--workers", default="1,2,4")
-    ap.add_argument("--formats", default="norm,raw,parquet")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap = argparse.ArgumentParser(prog="numbactr bench data", description=__doc__.split("\n")[0],
+                                 epilog="Explicit worker counts are measured as given; the training default "
+                                        "comes from numbactr.threads (NUMBACTR_READER_WORKERS).")
+    ap.add_argument("--samples", type=int, default=1_000_000, help="samples per format (default: %(default)s)")
+    ap.add_argument("--files", type=int, default=4, help="Norm/Parquet files (>= the largest worker count; "
+                                                          "default: %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=16384, help="batch size (default: %(default)s)")
+    ap.add_argument("--workers", default="1,2,4", help="worker counts to measure, comma-separated "
+                                                        "(default: %(default)s)")
+    ap.add_argument("--formats", default="norm,raw,parquet", help="formats to measure (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=2, help="passes per cell, the best counts (default: %(default)s)")
     ap.add_argument("--step-ms", type=float, default=0.0, help="also measure waits with an S ms step")
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary folder)")
     a = ap.parse_args(argv)
-    workers = [int(w) for w in a.workers.split(",")]
+    try:
+        workers = [int(w) for w in a.workers.split(",")]
+    except ValueError:
+        ap.error(f"--workers {a.workers!r}: expected comma-separated whole numbers, e.g. 1,2,4")
     formats = [f.strip().lower() for f in a.formats.split(",")]
+    unknown = sorted(set(formats) - {"norm", "raw", "parquet"})
+    if unknown:
+        ap.error(f"--formats: unknown format(s) {', '.join(unknown)}; choose from norm, raw, parquet")
+    if min(workers) < 1 or a.samples < 1 or a.batch_size < 1 or a.files < 1 or a.repeats < 1:
+        ap.error("--samples, --files, --batch-size, --repeats and every worker count must be >= 1")
     if max(workers) > a.files:
         ap.error(f"--files {a.files} must be >= the largest worker count {max(workers)}")
     d = a.dir or tempfile.mkdtemp(prefix="numbactr_bench_")
@@ -129,12 +148,17 @@ def main(argv=None) -> int:
         print(f"wrote {a.samples} samples per format in {time.perf_counter() - t:.1f}s to {d}")
         print(f"\nReader throughput, {datetime.date.today().isoformat()}, {platform.node() or 'host'}: "
               f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, {a.samples} samples, "
-              f"batch {a.batch_size}, 13 dense + 26 one-hot slots\n")
+              f"batch {a.batch_size}, 13 dense + 26 one-hot slots; workers as in each column, "
+              f"{threads.current().describe()}\n")
         print("| format | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in workers) + " |")
         print("|---|" + "---:|" * len(workers))
-        for fmt in formats:
-            cells = [measure(fmt, src[fmt], a.samples, a.batch_size, w, a.repeats) for w in workers]
-            print(f"| {fmt} | " + " | ".join(f"{c / 1e6:.2f} M/s" for c in cells) + " |", flush=True)
+        with log.progress(total=len(formats) * len(workers), desc="bench data", unit="cell") as bar:
+            for fmt in formats:
+                cells = []
+                for w in workers:
+                    cells.append(measure(fmt, src[fmt], a.samples, a.batch_size, w, a.repeats))
+                    bar.update(1)
+                print(f"| {fmt} | " + " | ".join(f"{c / 1e6:.2f} M/s" for c in cells) + " |", flush=True)
         if a.step_ms > 0:
             print(f"\nWait for data per step with a {a.step_ms:g} ms step (after 3 warm-up steps), "
                   f"mean / max ms:\n")

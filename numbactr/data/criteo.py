@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import log
 from ..enums import Check_t
 from .file_list import write_file_list
 from .norm import NormWriter
@@ -323,9 +324,11 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
     counter = _Counter(26)
     total = 0
     stats = {"padded": 0}
-    for _, label, _, cats in _chunks(input_path, chunk_size, lenient, stats):
-        counter.add(cats)
-        total += len(label)
+    with log.progress(desc="criteo pass 1/2: count categories", unit="line") as bar:
+        for _, label, _, cats in _chunks(input_path, chunk_size, lenient, stats):
+            counter.add(cats)
+            total += len(label)
+            bar.update(len(label))
     if total == 0:
         raise ValueError(f"Criteo file {input_path!r} has no samples")
     vocab, sizes = [], []
@@ -355,7 +358,9 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
         splits[name] = _NormSplit(d, samples_per_file, check, i64_keys, offsets) if fmt == "norm" \
             else _ParquetSplit(d, samples_per_file)
     row = 0
+    bar = log.progress(total=total, desc=f"criteo pass 2/2: write {fmt}", unit="line")
     for _, label, dense, cats in _chunks(input_path, chunk_size, lenient):
+        bar.update(len(label))
         ids = np.empty_like(cats)
         for k in range(26):
             v = vocab[k]
@@ -370,6 +375,7 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
         if cut < len(label):
             splits["eval"].write(label[cut:], d[cut:], ids[cut:])
         row += len(label)
+    bar.close()
     train_list = splits["train"].close()
     eval_list = splits["eval"].close()
     with open(os.path.join(out_dir, "slot_size_array.json"), "w") as f:
@@ -384,13 +390,15 @@ def main(argv=None) -> int:
                                  description="Criteo TSV -> HugeCTR Norm or Parquet (HugeCTR's pandas "
                                              "preprocessing, streamed in chunks).")
     ap.add_argument("input", help="Criteo TSV file (label, I1..I13, C1..C26)")
-    ap.add_argument("out_dir")
-    ap.add_argument("--format", choices=["parquet", "norm"], default="parquet")
+    ap.add_argument("out_dir", help="output folder: OUT/train, OUT/eval, OUT/slot_size_array.json")
+    ap.add_argument("--format", choices=["parquet", "norm"], default="parquet",
+                    help="HugeCTR data format to write (default: %(default)s)")
     ap.add_argument("--min-count", type=int, default=6,
                     help="categories seen fewer times share id 0 (default 6, as HugeCTR)")
     ap.add_argument("--eval-fraction", type=float, default=0.1, help="last fraction of lines for eval")
     ap.add_argument("--chunk-size", type=int, default=500_000, help="lines per chunk")
-    ap.add_argument("--samples-per-file", type=int, default=1_000_000)
+    ap.add_argument("--samples-per-file", type=int, default=1_000_000,
+                    help="samples per output file (default: %(default)s)")
     ap.add_argument("--no-log-dense", action="store_true", help="keep raw counts (missing -> 0)")
     ap.add_argument("--check", choices=["sum", "non"], default="sum", help="Norm checksum framing")
     ap.add_argument("--key-type", choices=["i64", "u32"], default="i64",
