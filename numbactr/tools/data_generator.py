@@ -38,6 +38,7 @@ from ..data.norm import NormWriter
 from ..data.parquet import ParquetDatasetWriter
 from ..data.raw import write_raw_file
 from ..data.synthetic import make_planted_model, power_law_keys, uniform_keys
+from .. import log
 from ..enums import Check_t, DataReaderType_t, Distribution_t, PowerLaw_t
 
 __all__ = ["DataGeneratorParams", "DataGenerator"]
@@ -160,6 +161,8 @@ class DataGenerator:
             prefix = _data_dir(list_path) + f"/{sub}/gen_"
             os.makedirs(os.path.dirname(prefix), exist_ok=True)
             paths = []
+            bar = log.progress(total=nfiles * p.num_samples_per_file, desc=f"DataGenerator {list_path}",
+                               unit="sample")
             for k in range(nfiles):
                 path = f"{prefix}{k}.data"
                 label, dense, keys = self._sample(rng, p.num_samples_per_file)
@@ -171,6 +174,8 @@ class DataGenerator:
                                 key_dtype) as w:
                     w.write(label, dense, [kk + off for kk, off in zip(keys, offsets)])
                 paths.append(path)
+                bar.update(p.num_samples_per_file)
+            bar.close()
             write_file_list(list_path, paths)
             print(f"{list_path} done!")
 
@@ -201,6 +206,7 @@ class DataGenerator:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
             open(path, "wb").close()                      # truncate; blocks are appended below
             done = 0
+            bar = log.progress(total=total, desc=f"DataGenerator {path}", unit="sample")
             while done < total:
                 n = min(1 << 20, total - done)
                 _, _, keys = self._sample(rng, n)
@@ -212,6 +218,8 @@ class DataGenerator:
                 write_raw_file(path, label, const_dense(n), np.concatenate(keys, axis=1) + offsets,
                                p.float_label_dense, append=True)
                 done += n
+                bar.update(n)
+            bar.close()
             print(f"{path} done!")
 
     # ---- Parquet -----------------------------------------------------------------------------------
@@ -230,6 +238,8 @@ class DataGenerator:
                 raise ValueError(f"number of files for {list_path!r} must be > 0, got {nfiles}")
             w = ParquetDatasetWriter(_data_dir(list_path) + f"/{sub}", p.label_dim, p.dense_dim, p.num_slot,
                                      multi_hot=multi, list_path=list_path)
+            bar = log.progress(total=nfiles * p.num_samples_per_file, desc=f"DataGenerator {list_path}",
+                               unit="sample")
             for k in range(nfiles):
                 n = p.num_samples_per_file
                 label, dense, keys = self._sample(rng, n)
@@ -245,5 +255,7 @@ class DataGenerator:
                     else:
                         slots.append(kk[:, 0])
                 w.write_file(f"gen_{k}.parquet", label, dense, slots)
+                bar.update(n)
+            bar.close()
             w.close()
             print(f"{list_path} done!")
