@@ -648,10 +648,12 @@ def _one_step(o, sparse, dev_kind, scaler=1.0, gscale=1.0, lr=0.1, steps=1, seed
 
 def _all_combos(momentum_factor=0.9):
     CreateOptimizer, O, U, optim = _classes()
-    out = [(CreateOptimizer(optimizer_type=t, update_type=u, momentum_factor=momentum_factor), True)
+    hp = {O.MomentumSGD: dict(momentum_factor=momentum_factor), O.Nesterov: dict(momentum_factor=momentum_factor),
+          O.Ftrl: dict(beta=0.1, lambda1=0.01, lambda2=0.01)}       # each type gets only its own (others warn)
+    out = [(CreateOptimizer(optimizer_type=t, update_type=u, **hp.get(t, {})), True)
            for t, u in sorted(optim.SUPPORTED, key=lambda c: (c[0].name, c[1].name))]
-    out += [(CreateOptimizer(optimizer_type=t, update_type=U.Local, momentum_factor=momentum_factor,
-                             beta=0.1, lambda1=0.01, lambda2=0.01, initial_accu_value=0.1), False)
+    hp[O.AdaGrad] = dict(initial_accu_value=0.1)
+    out += [(CreateOptimizer(optimizer_type=t, update_type=U.Local, **hp.get(t, {})), False)
             for t in sorted(optim.DENSE_SUPPORTED, key=lambda t: t.name)]
     return out
 
