@@ -1,99 +1,473 @@
-"""Model files in HugeCTR's layouts (spec §7.1-§7.3).
+"""Snapshots in HugeCTR's file layouts (spec §7.1-§7.3), committed atomically and verified on load.
 
-    {prefix}_dense_{iter}.model            float32 weights, layer order (the flat weight vector)
-    {prefix}_opt_dense_{iter}.model        dense optimizer states, each P floats, HugeCTR's order
-    {prefix}_dense_{iter}.model.ntp.json   BatchNorm running mean/var (only with BatchNorm layers)
-    {prefix}{i}_sparse_{iter}.model/       folder per embedding i: `key` (int64) + `emb_vector` (float32 x D),
-                                           keys in row (insertion) order, ranks concatenated
-    {prefix}{i}_opt_sparse_{iter}.model    sparse optimizer states, full [max_rows, D] buffer per state
-                                           indexed by row, ranks concatenated
-With several ranks, rank 0 writes everything; loading re-inserts every key on its owner in file order.
+Files of ``save_params_to_files(prefix, it)``, HugeCTR's names and little-endian byte layouts:
+
+    {prefix}_dense_{it}.model            float32 (P,): the flat weight vector, layer order
+    {prefix}_opt_dense_{it}.model        float32 (K*P,): the K dense optimizer states, HugeCTR's order
+    {prefix}_dense_{it}.model.ntp.json   BatchNorm running mean/var, one entry per BatchNorm layer
+    {prefix}{i}_sparse_{it}.model/       one folder per embedding i (add order):
+        key                              int64 (n,): each rank's keys in row (insertion) order, ranks
+                                         concatenated
+        emb_vector                       float32 (n, D), same order
+        slot_id                          uint64 (n,), the slot of each key; Localized and OneHot only, as
+                                         HugeCTR writes it (2**64-1: not known, see below)
+    {prefix}{i}_opt_sparse_{it}.model    float32 (K, R, V, D): per state, per rank, HugeCTR's full per-rank
+                                         buffer, row j = the state of that rank's j-th key in `key`
+    {prefix}_{it}.manifest.json          numbactr's extra file (HugeCTR never reads it): the name, size and
+                                         sha256 of every file above, the rank count, and per embedding the
+                                         rows each rank wrote; its own sha256 covers the rest of it
+
+Commit protocol (rank 0 writes; every rank returns once rank 0 has committed or failed):
+  1. every file is written into a staging folder ``.{prefix}_{it}.staging-{token}`` beside the snapshot,
+     flushed and fsync'd, then the staging folders are fsync'd;
+  2. the manifest is written as a journal ``{prefix}_{it}.manifest.pending.json`` (temporary name, fsync,
+     os.replace, fsync of the folder). This rename is the commit point;
+  3. the staged files are os.replace'd to their HugeCTR names, the folders fsync'd, and the journal is
+     renamed to ``{prefix}_{it}.manifest.json``; the staging folder is removed.
+A save killed before 2 leaves every file of the previous snapshot (same or other iteration) untouched:
+it still loads, and the new names do not exist yet. Killed after 2, the journal names the new snapshot,
+complete between its final names and the staging folder: loaders read each file from whichever of the
+two matches the journal, so the snapshot loads completely new; never a mix. The next save of the same
+prefix finishes such a journal (step 3) and deletes staging folders no journal refers to. One writer
+per prefix at a time; other tools that read the files during step 3 (HugeCTR itself) may see a mix.
+
+Loading verifies: a file's snapshot is the manifest (or journal, which wins) named after a (prefix, iter)
+its name can come from and that lists it; every file read is checked against its size and sha256, and
+the error names the file and which of the two differs. A file no manifest lists (HugeCTR's own
+snapshots) is read as it is. Then everything is parsed and checked on the host (sizes, widths, key
+counts against each rank's table, duplicate and reserved keys, slot ids, .ntp.json structure and widths,
+optimizer-state layout) and only then assigned, so a failed load leaves the model exactly as it was.
+Without a manifest some damage cannot be seen: a changed bit inside a float, key or slot id of the
+right file size, or a changed digit in the .ntp.json reads as another valid value; wrong sizes,
+truncation, insertion, malformed JSON, duplicate/reserved/out-of-range keys and slots are still errors.
+
+Ranks: keys are placed by their owner on the loading rank count R' (Distributed: key % R'; Localized:
+slot % R', from slot_id; OneHot: the slot whose block holds the key), so a save on R ranks reloads
+exactly on R'. A Localized key whose slot is not known (files without slot_id) loads on one rank only.
+Optimizer states move with their keys: row j of rank r's block belongs to rank r's j-th key, found
+from the manifest's rows per rank, or for HugeCTR files by the only rank count whose ownership rule
+groups the key file by rank in order (anything else is a clear error).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import device
+from .data.errors import DataFormatError
 from .distributed.sharding import key_owner
+from .embedding.sparse_embedding import max_vocabulary_size_per_gpu, workspace_mb_for
+
+FORMAT = "numbactr snapshot manifest"
+UNKNOWN_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)     # slot_id of a key whose slot is not known
+RESERVED_KEY = np.uint64(0xFFFFFFFFFFFFFFFF)     # int64 -1: marks empty hash-table slots
+_SAFE_REL = re.compile(r"[^/\\]+(/[^/\\]+)?")    # "file" or "folder/file", nothing else
+_STAGING = re.compile(r"\.[^/\\]*\.staging-\d+-[0-9a-f]+")
 
 
-def _host(a) -> np.ndarray:
-    return np.ascontiguousarray(device.to_host(a))
+# ---- saving ------------------------------------------------------------------------------------
+def save(model, prefix: str, it: int) -> None:
+    """Write the snapshot of ``model`` (every rank calls this; rank 0 writes, see the module doc)."""
+    it = int(it)
+    if it < 0:
+        raise ValueError(f"save_params_to_files: iter must be >= 0, got {it}")
+    comm = model.comm
+    d, base = os.path.split(str(prefix))
+    sparse = [_gather_embedding(e, comm) for e in model.embeddings]          # collectives
+    error = None
+    if comm.rank == 0:
+        try:
+            outs, records = _snapshot_files(model, base, it, sparse)
+            _commit(d or ".", base, it, outs, {"ranks": model.ranks, "embeddings": records})
+        except Exception as e:      # every rank must hear of it, or the others would return as if saved
+            error = e
+    # the broadcast is the barrier: no rank returns before rank 0 has committed (or failed)
+    told = comm.bcast(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if told is not None:
+        raise RuntimeError(f"save_params_to_files({str(prefix)!r}, {it}): rank 0 could not write the "
+                           f"snapshot: {told}")
 
 
-def _read(path: str, dtype: str, what: str, count: int | None = None, multiple: int = 1) -> np.ndarray:
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{what}: file {path!r} does not exist")
-    size = os.path.getsize(path)
+def _gather_embedding(e, comm):
+    """(rows per rank (R,), keys (n,), vectors (n, D), slots (n,) or None, states [(R*V, D)]) on rank 0
+    (None elsewhere), every rank's part in rank order; each rank's state block padded to V rows."""
+    keys, vecs = e.dump()
+    slots = e.dump_slots()
+    block = _block_rows(e, comm.size)
+    states = [s if s.shape[0] == block else np.concatenate([s, np.zeros((block - s.shape[0], e.vec), np.float32)])
+              for s in e.dump_states()]
+    g = comm.gather_rows
+    return (g(np.array([keys.shape[0]], np.int64)), g(keys), g(vecs),
+            None if slots is None else g(slots), [g(s) for s in states])
+
+
+def _block_rows(e, ranks: int) -> int:
+    """V: rows of one rank's block in the sparse optimizer-state file, i.e. HugeCTR's per-rank pool size
+    (from the workspace, or for slot-sized tables the largest share of slot_size_array over ranks)."""
+    sizes = list(e.cfg.slot_size_array) if e.by_slot else []
+    if not sizes:
+        return max_vocabulary_size_per_gpu(e.cfg.workspace_size_per_gpu_in_mb, e.vec, e.n_states)
+    return max(sum(sizes[r::ranks]) for r in range(ranks))
+
+
+def _raw(a, dtype) -> np.ndarray:
+    """The bytes of array ``a`` as ``dtype`` (uint8 view, no copy when already so laid out)."""
+    return np.ascontiguousarray(device.to_host(a)).astype(dtype, copy=False).reshape(-1).view(np.uint8)
+
+
+def _snapshot_files(model, base: str, it: int, sparse) -> tuple[list, list]:
+    """[(name relative to the snapshot folder, bytes)] in HugeCTR's layouts, and one manifest record
+    per embedding (on rank 0)."""
+    dense = f"{base}_dense_{it}.model"
+    states = [device.to_host(s) for s in model.dense_optimizer.states]
+    outs = [(dense, _raw(model.weights, "<f4")),
+            (f"{base}_opt_dense_{it}.model", _raw(np.concatenate(states) if states else np.zeros(0), "<f4"))]
+    bns = norm_layers(model)
+    if bns:
+        doc = {"layers": [{"type": "BatchNorm", "mean": [float(x) for x in device.to_host(b.running_mean)],
+                           "var": [float(x) for x in device.to_host(b.running_var)]} for b in bns]}
+        outs.append((dense + ".ntp.json", json.dumps(doc, indent=2).encode()))
+    records = []
+    for i, (e, (counts, keys, vecs, slots, blocks)) in enumerate(zip(model.embeddings, sparse)):
+        folder, opt = f"{base}{i}_sparse_{it}.model", f"{base}{i}_opt_sparse_{it}.model"
+        outs += [(folder + "/key", _raw(keys, "<i8")), (folder + "/emb_vector", _raw(vecs, "<f4"))]
+        if slots is not None:
+            outs.append((folder + "/slot_id", _raw(slots, "<u8")))
+        # blocks[k] is (R*V, D), rank-major: the file is state-major, then rank, then row
+        outs.append((opt, _raw(np.concatenate(blocks) if blocks else np.zeros(0), "<f4")))
+        records.append({"name": e.name, "folder": folder, "opt_file": opt, "vec": e.vec, "states": len(blocks),
+                        "block_rows": _block_rows(e, model.ranks), "rows_per_rank": [int(c) for c in counts]})
+    return outs, records
+
+
+def _commit(d: str, base: str, it: int, outs: list, extra: dict) -> None:
+    """Stage every file, write the journal (the commit point), then move the files into place."""
+    if not os.path.isdir(d):
+        raise FileNotFoundError(f"save_params_to_files: folder {d!r} of the prefix does not exist")
+    _recover(d, base)
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    staging = f".{base}_{it}.staging-{token}"
+    files = {}
+    for rel, data in outs:
+        path = os.path.join(d, staging, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write_durable(path, data)
+        files[rel] = {"size": memoryview(data).nbytes, "sha256": hashlib.sha256(data).hexdigest()}
+    for folder in {os.path.dirname(os.path.join(d, staging, rel)) for rel, _ in outs} | {os.path.join(d, staging)}:
+        _fsync_dir(folder)
+    body = {"format": FORMAT, "version": 1, "prefix": base, "iter": it, **extra, "staging": staging, "files": files}
+    journal = os.path.join(d, _journal_name(base, it))
+    tmp = os.path.join(d, f".{_journal_name(base, it)}.tmp-{token}")
+    _write_durable(tmp, _manifest_bytes(body))
+    os.replace(tmp, journal)
+    _fsync_dir(d)                                                  # committed
+    _roll_forward(d, journal)
+
+
+def _roll_forward(d: str, journal: str) -> None:
+    """Finish a committed save: move its staged files to their names, then the journal to the manifest."""
+    body = _read_manifest(journal)
+    staging = os.path.join(d, body["staging"])
+    touched = {d}
+    for rel in body["files"]:
+        src, dst = os.path.join(staging, rel), os.path.join(d, rel)
+        if os.path.exists(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.replace(src, dst)
+            touched.add(os.path.dirname(dst))
+        elif not os.path.exists(dst):
+            raise FileNotFoundError(f"cannot finish the interrupted save recorded in {journal!r}: {rel!r} is "
+                                    f"neither staged in {staging!r} nor in place")
+    for folder in touched:
+        _fsync_dir(folder)
+    os.replace(journal, os.path.join(d, _manifest_name(body["prefix"], body["iter"])))
+    _fsync_dir(d)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _recover(d: str, base: str) -> None:
+    """Before a save of ``base``: finish its committed but interrupted saves, delete uncommitted leftovers."""
+    b = re.escape(base)
+    for name in sorted(os.listdir(d)):
+        if re.fullmatch(b + r"_\d+\.manifest\.pending\.json", name):
+            _roll_forward(d, os.path.join(d, name))
+    for name in os.listdir(d):          # no journal refers to these any more: a save killed before its commit
+        path = os.path.join(d, name)
+        if re.fullmatch(r"\." + b + r"_\d+\.staging-\d+-[0-9a-f]+", name):
+            shutil.rmtree(path, ignore_errors=True)
+        elif re.fullmatch(r"\." + b + r"_\d+\.manifest\.pending\.json\.tmp-\d+-[0-9a-f]+", name):
+            os.remove(path)
+
+
+def _write_durable(path: str, data) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    """Make the names in a folder durable (a rename is only safe once its folder is fsync'd)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- manifests ---------------------------------------------------------------------------------
+def _manifest_name(base: str, it: int) -> str:
+    return f"{base}_{it}.manifest.json"
+
+
+def _journal_name(base: str, it: int) -> str:
+    return f"{base}_{it}.manifest.pending.json"
+
+
+def _canonical(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _manifest_bytes(body: dict) -> bytes:
+    return json.dumps({**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()}, indent=1).encode()
+
+
+def _read_manifest(path: str) -> dict:
+    """The manifest's content, checked against its own sha256 and for the structure loading relies on."""
+    what = "snapshot manifest"
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise DataFormatError(what, path, None, f"is not valid JSON ({e})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise DataFormatError(what, path, None, f"is not a numbactr snapshot manifest (no \"format\": {FORMAT!r})")
+    stored = body.pop("manifest_sha256", None)
+    if stored != hashlib.sha256(_canonical(body)).hexdigest():
+        raise DataFormatError(what, path, None, "its own sha256 does not match its content: the manifest was "
+                                                "damaged or edited, so it cannot vouch for the snapshot")
+    files, embeddings = body.get("files"), body.get("embeddings")
+    ok = (body.get("version") == 1 and isinstance(body.get("prefix"), str) and _is_int(body.get("iter"))
+          and _is_int(body.get("ranks")) and isinstance(body.get("staging"), str)
+          and _STAGING.fullmatch(body["staging"]) is not None and isinstance(files, dict)
+          and all(isinstance(rel, str) and _SAFE_REL.fullmatch(rel) and ".." not in rel.split("/")
+                  and isinstance(f, dict) and _is_int(f.get("size")) and isinstance(f.get("sha256"), str)
+                  for rel, f in files.items())
+          and isinstance(embeddings, list)
+          and all(isinstance(r, dict) and r.get("folder") in {p.split("/")[0] for p in files}
+                  and r.get("opt_file") in files and all(_is_int(r.get(k)) for k in ("vec", "states", "block_rows"))
+                  and isinstance(r.get("rows_per_rank"), list) and len(r["rows_per_rank"]) == body["ranks"]
+                  and all(_is_int(c) for c in r["rows_per_rank"]) for r in embeddings))
+    if not ok:
+        raise DataFormatError(what, path, None, "has the right checksum but not the structure of a version-1 "
+                                                "manifest (written by a newer numbactr?)")
+    return body
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _name_candidates(name: str) -> list[tuple[str, int]]:
+    """Every (prefix, iter) whose snapshot can have a file or folder of this name (HugeCTR's names are
+    ambiguous: `{prefix}{i}_sparse_` may split prefix and index at any trailing digit)."""
+    out = []
+    for pattern, indexed in ((r"(.*)_opt_dense_(\d+)\.model", False), (r"(.*)_dense_(\d+)\.model", False),
+                             (r"(.*?)(\d+)_opt_sparse_(\d+)\.model", True), (r"(.*?)(\d+)_sparse_(\d+)\.model", True)):
+        m = re.fullmatch(pattern, name)
+        if m is None:
+            continue
+        if not indexed:
+            out.append((m.group(1), int(m.group(2))))
+            continue
+        head, digits, it = m.group(1), m.group(2), int(m.group(3))
+        for k in range(1, len(digits) + 1):            # index = the last k digits, written without leading 0
+            index = digits[-k:]
+            if index == "0" or not index.startswith("0"):
+                out.append((head + digits[:-k], it))
+    return out
+
+
+class _Snapshot:
+    """The files of one snapshot, read verified against its manifest, or as they are when none lists them."""
+
+    def __init__(self, folder: str, path: str | None = None, body: dict | None = None):
+        self.dir, self.path, self.body = folder, path, body
+
+    @classmethod
+    def of(cls, path: str) -> "_Snapshot":
+        """The snapshot of a dense or optimizer-state file or a sparse folder (module doc: which manifest)."""
+        folder, name = os.path.split(os.path.abspath(path))
+        found = []
+        for base, it in _name_candidates(name):
+            for mname in (_journal_name(base, it), _manifest_name(base, it)):    # a journal supersedes
+                mpath = os.path.join(folder, mname)
+                if os.path.exists(mpath):
+                    body = _read_manifest(mpath)
+                    if any(rel == name or rel.startswith(name + "/") for rel in body["files"]):
+                        found.append((mpath, body))
+                    break
+        if len(found) > 1:
+            raise DataFormatError("snapshot manifest", found[0][0], None,
+                                  f"lists {name!r}, and so does {found[1][0]!r}: the two snapshots' file names "
+                                  "collide (HugeCTR's names join prefix and embedding index); save them in "
+                                  "separate folders")
+        return cls(folder, *found[0]) if found else cls(folder)
+
+    def _rel(self, path: str) -> str:
+        return os.path.relpath(os.path.abspath(path), self.dir).replace(os.sep, "/")
+
+    def has(self, path: str) -> bool:
+        """Whether the snapshot holds this file (the manifest lists it; without one, it exists)."""
+        return os.path.exists(path) if self.body is None else self._rel(path) in self.body["files"]
+
+    def record(self, opt_path: str) -> dict | None:
+        """The manifest's record of the embedding whose optimizer-state file this is (None: no manifest)."""
+        if self.body is None:
+            return None
+        rel = self._rel(opt_path)
+        found = [r for r in self.body["embeddings"] if r["opt_file"] == rel]
+        if not found:
+            raise DataFormatError("sparse optimizer states", opt_path, None, f"is listed by the manifest "
+                                  f"{self.path!r}, but not as an embedding's optimizer-state file")
+        return found[0]
+
+    def read(self, path: str, what: str) -> bytes:
+        """The file's bytes; with a manifest, only if size and sha256 match it (an interrupted but
+        committed save: from the final name or the staging folder, whichever matches)."""
+        if self.body is None:
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{what}: file {path!r} does not exist") from None
+        rel = self._rel(path)
+        entry = self.body["files"].get(rel)
+        if entry is None:
+            raise DataFormatError(what, path, None, f"is not part of the snapshot of manifest {self.path!r}")
+        places = [path]
+        if self.path.endswith(".pending.json"):
+            places.append(os.path.join(self.dir, self.body["staging"], rel))
+        problems = []
+        for place in places:
+            if not os.path.exists(place):
+                continue
+            with open(place, "rb") as f:
+                data = f.read()
+            if len(data) != entry["size"]:
+                problems.append(f"{place!r} holds {len(data)} bytes; the manifest {self.path!r} records "
+                                f"{entry['size']} (size differs)")
+            elif hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                problems.append(f"{place!r}: its sha256 differs from the one the manifest {self.path!r} "
+                                "records (checksum differs: damaged or changed after the snapshot was written)")
+            else:
+                return data
+        if not problems:
+            raise FileNotFoundError(f"{what}: file {path!r} does not exist (the snapshot manifest {self.path!r} "
+                                    "lists it)")
+        raise DataFormatError(what, path, None, "does not match its manifest: " + "; ".join(problems))
+
+
+def _array(data: bytes, dtype: str, path: str, what: str, count: int | None = None, why: str = "",
+           record: int = 1) -> np.ndarray:
+    """The values of a raw little-endian file: exactly ``count`` of them when given (``why`` says where
+    that count comes from), else a whole number of ``record``-value records."""
     item = np.dtype(dtype).itemsize
-    if count is not None and size != item * count:
-        raise ValueError(f"{what} file {path!r} holds {size} bytes; this model needs exactly {item * count} "
-                         f"({count} {np.dtype(dtype).name} values)")
-    if size % (item * multiple):
-        raise ValueError(f"{what} file {path!r}: {size} bytes is not a whole number of "
-                         f"{multiple}-value {np.dtype(dtype).name} records")
-    return np.fromfile(path, dtype=dtype)
+    name = np.dtype(dtype).name
+    if count is not None and len(data) != item * count:
+        raise DataFormatError(what, path, None, f"holds {len(data)} bytes; this model needs exactly "
+                                                f"{item * count} ({count} {name} values{why})")
+    if len(data) % (item * record):
+        raise DataFormatError(what, path, None, f"{len(data)} bytes is not a whole number of {record}-value "
+                                                f"{name} records")
+    return np.frombuffer(data, dtype=dtype)
 
 
+# ---- dense -------------------------------------------------------------------------------------
 def norm_layers(model) -> list:
     return [layer for layer in model.layers if hasattr(layer, "running_mean")]
 
 
-def save(model, prefix: str, it: int) -> None:
-    comm = model.comm
-    sparse = []
-    for e in model.embeddings:                      # collectives: every rank takes part
-        keys, vecs = e.dump()
-        states = [_host(s) for s in e.optimizer.states]
-        keys, vecs = comm.allgather_rows(keys), comm.allgather_rows(vecs)
-        states = [comm.allgather_rows(s) for s in states]
-        sparse.append((keys, vecs, states))
-    if comm.rank != 0:
-        return
-    _host(model.weights).astype("<f4").tofile(f"{prefix}_dense_{it}.model")
-    states = [_host(s) for s in model.dense_optimizer.states]
-    (np.concatenate(states) if states else np.zeros(0, np.float32)).astype("<f4").tofile(
-        f"{prefix}_opt_dense_{it}.model")
-    bns = norm_layers(model)
-    if bns:
-        with open(f"{prefix}_dense_{it}.model.ntp.json", "w") as f:
-            json.dump({"layers": [{"type": "BatchNorm", "mean": [float(x) for x in _host(b.running_mean)],
-                                   "var": [float(x) for x in _host(b.running_var)]} for b in bns]}, f, indent=2)
-    for i, (keys, vecs, states) in enumerate(sparse):
-        folder = f"{prefix}{i}_sparse_{it}.model"
-        os.makedirs(folder, exist_ok=True)
-        keys.astype("<i8").tofile(os.path.join(folder, "key"))
-        vecs.astype("<f4").tofile(os.path.join(folder, "emb_vector"))
-        (np.concatenate([s.reshape(-1) for s in states]) if states else np.zeros(0, np.float32)).astype(
-            "<f4").tofile(f"{prefix}{i}_opt_sparse_{it}.model")
+def load_dense_weights(model, path: str, allow_missing_ntp: bool = False) -> None:
+    """The flat weight vector and the BatchNorm running statistics (``path + ".ntp.json"``)."""
+    snap = _Snapshot.of(path)
+    weights = _array(snap.read(path, "dense model"), "<f4", path, "dense model", model.n_params)
+    stats = _read_ntp(model, path + ".ntp.json", snap, allow_missing_ntp)
+    xp = device.xp()                                     # everything checked: assign
+    model.weights[...] = xp.asarray(weights)
+    for b, (mean, var) in zip(norm_layers(model), stats):
+        b.running_mean[...] = xp.asarray(mean)
+        b.running_var[...] = xp.asarray(var)
 
 
-def load_dense_weights(model, path: str) -> None:
-    model.weights[...] = device.xp().asarray(_read(path, "<f4", "dense model", model.n_params))
-    ntp = path + ".ntp.json"
+def _read_ntp(model, ntp: str, snap: _Snapshot, allow_missing: bool) -> list:
+    """[(mean (F,), var (F,))] per BatchNorm layer; [] for a model without BatchNorm, or when the file
+    is absent and ``allow_missing`` keeps the model's current statistics."""
     bns = norm_layers(model)
-    if bns and os.path.exists(ntp):
-        with open(ntp) as f:
-            entries = json.load(f).get("layers", [])
-        if len(entries) != len(bns):
-            raise ValueError(f"{ntp!r} lists {len(entries)} BatchNorm layers; the model has {len(bns)}")
-        xp = device.xp()
-        for b, d in zip(bns, entries):
-            b.running_mean[...] = xp.asarray(np.asarray(d["mean"], np.float32))
-            b.running_var[...] = xp.asarray(np.asarray(d["var"], np.float32))
+    if not bns:
+        return []
+    what = "BatchNorm statistics (.ntp.json)"
+    if not snap.has(ntp):
+        if allow_missing:
+            return []
+        absent = "does not exist" if snap.body is None else f"is not part of the snapshot of {snap.path!r}"
+        raise FileNotFoundError(f"{what}: file {ntp!r} {absent}, and the model has {len(bns)} BatchNorm "
+                                "layer(s) whose running mean/var it holds; pass allow_missing_ntp=True to keep "
+                                "the model's current running statistics instead")
+    try:
+        doc = json.loads(snap.read(ntp, what))
+    except ValueError as e:
+        raise DataFormatError(what, ntp, None, f"is not valid JSON ({e})") from None
+    entries = doc.get("layers") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise DataFormatError(what, ntp, None, 'needs an object {"layers": [...]}, one entry per BatchNorm')
+    if len(entries) != len(bns):
+        raise DataFormatError(what, ntp, None, f"lists {len(entries)} BatchNorm layers; the model has {len(bns)}")
+    out = []
+    for j, (b, entry) in enumerate(zip(bns, entries)):
+        where = f"layers[{j}] (BatchNorm {b.cfg.top_names[0]!r})"
+        if not isinstance(entry, dict) or entry.get("type", "BatchNorm") != "BatchNorm":
+            raise DataFormatError(what, ntp, None, f"{where} is not a BatchNorm entry")
+        width, pair = b.running_mean.shape[0], []
+        for key in ("mean", "var"):
+            v = entry.get(key)
+            if (not isinstance(v, list) or len(v) != width
+                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
+                got = f"{len(v)} values" if isinstance(v, list) else type(v).__name__
+                raise DataFormatError(what, ntp, None, f"{where}.{key} must be a list of {width} numbers (the "
+                                                       f"layer's width); got {got}")
+            a = np.asarray(v, np.float64)
+            if not np.all(np.abs(a) <= np.finfo(np.float32).max):
+                raise DataFormatError(what, ntp, None, f"{where}.{key} holds a value that is not a finite float32")
+            pair.append(a.astype(np.float32))
+        if (pair[1] < 0).any():
+            raise DataFormatError(what, ntp, None, f"{where}.var holds a negative variance")
+        out.append(tuple(pair))
+    return out
 
 
 def load_dense_optimizer_states(model, path: str) -> None:
+    snap = _Snapshot.of(path)
     states = model.dense_optimizer.states
-    data = _read(path, "<f4", "dense optimizer states", model.n_params * len(states))
+    what = "dense optimizer states"
+    data = _array(snap.read(path, what), "<f4", path, what, model.n_params * len(states),
+                  f": {len(states)} state arrays of {model.n_params} weights")
     xp = device.xp()
     for k, s in enumerate(states):
         s[...] = xp.asarray(data[k * model.n_params:(k + 1) * model.n_params])
 
 
+# ---- sparse ------------------------------------------------------------------------------------
 def _per_embedding(model, files, what: str) -> list:
     names = [e.name for e in model.embeddings]
     if isinstance(files, dict):
@@ -107,25 +481,209 @@ def _per_embedding(model, files, what: str) -> list:
     return list(zip(model.embeddings, files))
 
 
+@dataclass
+class _SparseModel:
+    """One embedding's sparse model folder, parsed and checked."""
+    folder: str
+    keys: np.ndarray           # (n,) uint64, file order
+    vectors: np.ndarray        # (n, D) float32
+    slots: np.ndarray | None   # (n,) int64 slot of each key (-1: not known), None without slot_id
+
+
+def _read_sparse(e, folder: str) -> _SparseModel:
+    snap = _Snapshot.of(folder)
+    kpath, vpath, spath = (os.path.join(folder, f) for f in ("key", "emb_vector", "slot_id"))
+    what = f"embedding {e.name!r}"
+    keys = _array(snap.read(kpath, what + " keys"), "<i8", kpath, what + " keys").astype(np.uint64)
+    n = keys.shape[0]
+    vectors = _array(snap.read(vpath, what + " vectors"), "<f4", vpath, what + " vectors", n * e.vec,
+                     f": {n} keys in {kpath!r} x embedding_vec_size {e.vec}").reshape(n, e.vec)
+    slots = None
+    if snap.has(spath):
+        raw = _array(snap.read(spath, what + " slot ids"), "<u8", spath, what + " slot ids", n,
+                     f": one per key in {kpath!r}")
+        bad = np.nonzero((raw >= e.slots) & (raw != UNKNOWN_SLOT))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise DataFormatError(what + " slot ids", spath, 8 * i, f"slot_id[{i}] = {int(raw[i])} (key "
+                                  f"{int(keys[i])}) is outside the embedding's {e.slots} slots")
+        slots = np.where(raw == UNKNOWN_SLOT, -1, raw.astype(np.int64))
+    if e.table is None:                         # OneHot: the key is the row, its slot follows from it
+        out = np.nonzero(keys >= np.uint64(e.max_rows))[0]
+        if out.size:
+            i = int(out[0])
+            raise DataFormatError(what + " keys", kpath, 8 * i, f"key {keys.view(np.int64)[i]} at position {i} is "
+                                  f"outside the one-hot table [0, {e.max_rows}) that slot_size_array gives")
+        implied = e.slot_of_keys(keys)
+        wrong = np.nonzero((slots != implied) & (slots >= 0))[0] if slots is not None else []
+        if len(wrong):
+            i = int(wrong[0])
+            raise DataFormatError(what + " slot ids", spath, 8 * i, f"slot_id[{i}] = {slots[i]} but "
+                                  f"slot_size_array puts key {int(keys[i])} in slot {implied[i]}")
+        slots = implied
+    else:
+        reserved = np.nonzero(keys == RESERVED_KEY)[0]
+        if reserved.size:
+            i = int(reserved[0])
+            raise DataFormatError(what + " keys", kpath, 8 * i, f"key -1 at position {i} is reserved (it marks "
+                                  "empty hash-table slots)")
+    return _SparseModel(folder, keys, vectors, slots)
+
+
+def _owners(e, sm: _SparseModel, ranks: int) -> np.ndarray:
+    """(n,) rank of ``ranks`` that holds each key of the file: key % R, or slot % R for Localized/OneHot."""
+    if ranks == 1:
+        return np.zeros(sm.keys.shape[0], np.int64)
+    if e.by_slot and (sm.slots is None or (sm.slots < 0).any()):
+        i = 0 if sm.slots is None else int(np.argmax(sm.slots < 0))
+        raise DataFormatError(f"embedding {e.name!r} keys", os.path.join(sm.folder, "key"), 8 * i,
+                              f"a LocalizedSlot key goes to rank slot % {ranks}, and this snapshot does not "
+                              f"record the slot of key {int(sm.keys[i])} (no slot_id, or slot unknown); it can "
+                              "be loaded on one rank only")
+    return key_owner(sm.keys, sm.slots, ranks, e.by_slot)
+
+
+def _check_placement(e, sm: _SparseModel, owner: np.ndarray, ranks: int) -> None:
+    """No key twice on one rank, no rank over its table's capacity: checked for every rank on every rank,
+    so all ranks reach the same verdict."""
+    kpath = os.path.join(sm.folder, "key")
+    what = f"embedding {e.name!r} keys"
+    order = np.lexsort((sm.keys, owner))
+    ks, os_ = sm.keys[order], owner[order]
+    dup = np.nonzero((ks[1:] == ks[:-1]) & (os_[1:] == os_[:-1]))[0]
+    if dup.size:
+        i, j = sorted((int(order[dup[0]]), int(order[dup[0] + 1])))
+        where = (f" (slots {sm.slots[i]} and {sm.slots[j]}, both on rank {owner[i]} of {ranks})"
+                 if e.by_slot and ranks > 1 else "")
+        raise DataFormatError(what, kpath, 8 * j, f"key {int(sm.keys[i])} appears at positions {i} and {j}{where}")
+    if e.table is not None:
+        counts = np.bincount(owner, minlength=ranks)
+        r = int(np.argmax(counts))
+        if counts[r] > e.max_rows:
+            on = f" of them belong to rank {r} of {ranks}, whose" if ranks > 1 else ", and the"
+            raise DataFormatError(what, kpath, None, f"holds {sm.keys.shape[0]} keys{on} table holds "
+                                  f"{e.max_rows} rows (workspace_size_per_gpu_in_mb="
+                                  f"{e.cfg.workspace_size_per_gpu_in_mb}); set it to at least "
+                                  f"{workspace_mb_for(int(counts[r]), e.vec, e.n_states)}")
+
+
 def load_sparse_weights(model, files) -> None:
+    """Each embedding's table becomes the keys (and vectors, slots) its rank owns, in file order."""
+    todo = []
     for e, folder in _per_embedding(model, files, "load_sparse_weights"):
-        keys = _read(os.path.join(folder, "key"), "<i8", f"embedding {e.name!r} keys")
-        vecs = _read(os.path.join(folder, "emb_vector"), "<f4", f"embedding {e.name!r} vectors", keys.size * e.vec)
-        e.load(keys.astype(np.uint64), vecs.reshape(keys.size, e.vec))
+        sm = _read_sparse(e, folder)
+        owner = _owners(e, sm, model.ranks)
+        _check_placement(e, sm, owner, model.ranks)
+        mine = owner == model.comm.rank
+        todo.append((e, sm.keys[mine], sm.vectors[mine], None if sm.slots is None else sm.slots[mine]))
+    for e, keys, vectors, slots in todo:                  # everything checked: assign
+        e.load(keys, vectors, slots)
 
 
 def load_sparse_optimizer_states(model, files) -> None:
-    for e, path in _per_embedding(model, files, "load_sparse_optimizer_states"):
-        states = e.optimizer.states
-        per = e.max_rows * e.vec
-        data = _read(path, "<f4", f"embedding {e.name!r} optimizer states", per * len(states) * model.ranks)
-        xp = device.xp()
-        blocks = data.reshape(len(states), model.ranks, e.max_rows, e.vec) if states else data
-        for k, s in enumerate(states):       # states were written rank-concatenated per state
-            s[...] = xp.asarray(blocks[k, model.comm.rank])
+    """Each key's states go to the row that holds the key now (load the sparse weights first)."""
+    todo = [(e, *_read_sparse_states(model, e, path))
+            for e, path in _per_embedding(model, files, "load_sparse_optimizer_states")]
+    xp = device.xp()
+    for e, rows, states in todo:                          # everything checked: assign
+        r = xp.asarray(rows)
+        for s, v in zip(e.optimizer.states, states):
+            s[r] = xp.asarray(v)
 
 
-def owned(keys: np.ndarray, e, ranks: int) -> np.ndarray:
-    """Mask of the keys this rank owns (Localized needs slots, which the files do not carry: keys then
-    go by key % R, as for Distributed)."""
-    return key_owner(keys, np.zeros_like(keys, dtype=np.int64), ranks, by_slot=False) == e.comm.rank
+def _read_sparse_states(model, e, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(rows (m,) of this rank's table, states (K, m, D)) for the keys of the matching sparse model."""
+    what = f"embedding {e.name!r} optimizer states"
+    snap = _Snapshot.of(path)
+    data = snap.read(path, what)
+    n_states, width = len(e.optimizer.states), e.vec
+    if n_states == 0:
+        _array(data, "<f4", path, what, 0, f": {e.opt.optimizer_type.name} keeps no state")
+        return np.zeros(0, np.int64), np.zeros((0, 0, width), np.float32)
+    rec = snap.record(path)
+    folder = os.path.join(snap.dir, rec["folder"]) if rec else _sibling_folder(path)
+    if folder is None or not (rec or os.path.isdir(folder)):      # (a manifest's folder may still be staged)
+        raise FileNotFoundError(f"{what}: the rows of {path!r} belong to the keys of its sparse model folder "
+                                f"({folder!r}, HugeCTR's name {{prefix}}{{i}}_sparse_{{iter}}.model beside it), "
+                                "which is needed to give every key its state and does not exist")
+    sm = _read_sparse(e, folder)
+    n = sm.keys.shape[0]
+    if rec:
+        ranks, block, counts = snap.body["ranks"], rec["block_rows"], rec["rows_per_rank"]
+        if rec["states"] != n_states or rec["vec"] != width:
+            raise DataFormatError(what, path, None, f"was saved with {rec['states']} state arrays of width "
+                                  f"{rec['vec']}; this embedding's optimizer keeps {n_states} of width {width}")
+        if sum(counts) != n or max(counts, default=0) > block:
+            raise DataFormatError(what, path, None, f"its manifest {snap.path!r} gives {counts} rows per rank "
+                                  f"(at most {block}) for the {n} keys of {folder!r}")
+        saved = np.repeat(np.arange(ranks), counts)
+    else:
+        ranks, block, saved = _infer_layout(e, sm, len(data), n_states, path)
+    blocks = _array(data, "<f4", path, what, n_states * ranks * block * width,
+                    f": {n_states} states x {ranks} rank(s) x {block} rows x {width}").reshape(
+                        n_states, ranks, block, width)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(saved, minlength=ranks))[:-1]])
+    per_key = blocks[:, saved, np.arange(n) - starts[saved]]                        # (K, n, D)
+    owner = _owners(e, sm, model.ranks)
+    _check_placement(e, sm, owner, model.ranks)
+    mine = np.nonzero(owner == model.comm.rank)[0]
+    rows = e.rows_of(sm.keys[mine])
+    missing = np.nonzero(rows < 0)[0]
+    where = f" on rank {model.comm.rank}" if model.ranks > 1 else ""
+    if missing.size:
+        i = int(mine[missing[0]])
+        raise DataFormatError(what, path, None, f"key {int(sm.keys[i])} (position {i} of {folder!r}) is not in "
+                              f"the model's table{where}: load the sparse weights of this snapshot first, the "
+                              "states follow the keys")
+    if e.table is not None and e.table.size != mine.size:
+        raise DataFormatError(what, path, None, f"the model's table{where} holds {e.table.size} keys, but "
+                              f"{folder!r} gives it {mine.size}: load the sparse weights of this snapshot first")
+    return rows, per_key[:, mine]
+
+
+def _sibling_folder(opt_path: str) -> str | None:
+    """HugeCTR's sparse model folder beside ``{prefix}{i}_opt_sparse_{iter}.model``."""
+    folder, name = os.path.split(opt_path)
+    m = re.fullmatch(r"(.*)_opt_sparse_(\d+)\.model", name)
+    return os.path.join(folder, f"{m.group(1)}_sparse_{m.group(2)}.model") if m else None
+
+
+def _infer_layout(e, sm: _SparseModel, nbytes: int, n_states: int, path: str):
+    """(ranks R, rows per block V, saving rank of each key) of a state file without a manifest: the one
+    rank count whose blocks fill the file and whose ownership rule groups the keys by rank in order."""
+    what = f"embedding {e.name!r} optimizer states"
+    unit = 4 * n_states * e.vec
+    if nbytes % unit:
+        raise DataFormatError(what, path, None, f"{nbytes} bytes is not a whole number of rows of {n_states} "
+                              f"states x {e.vec} float32")
+    rows = nbytes // unit
+    sizes = list(e.cfg.slot_size_array) if e.by_slot else []
+    tried = range(1, len(sizes) + 1) if sizes else []
+    cands = [r for r in tried if r * _block_rows(e, r) == rows]
+    widest = max(sizes) if sizes else _block_rows(e, 1)       # V once every rank holds at most one slot
+    if rows % widest == 0 and rows // widest > len(sizes):
+        cands.append(rows // widest)
+    fits, why = [], []
+    for ranks in cands:
+        block = _block_rows(e, ranks)
+        try:
+            owner = _owners(e, sm, ranks)
+        except DataFormatError as err:
+            why.append(f"{ranks} ranks: {err.detail}")
+            continue
+        counts = np.bincount(owner, minlength=ranks)
+        if (np.diff(owner) >= 0).all() and counts.max(initial=0) <= block:
+            fits.append((ranks, block, owner))
+        else:
+            why.append(f"{ranks} ranks: the keys are not grouped by their rank in order")
+    # several rank counts may fit; fine as long as they give every key the same row of the file
+    flat = [block * owner + np.arange(owner.shape[0]) - np.searchsorted(owner, owner) for _, block, owner in fits]
+    if fits and all(np.array_equal(f, flat[0]) for f in flat):
+        return fits[0]
+    if fits:
+        raise DataFormatError(what, path, None, f"could come from {[f[0] for f in fits]} ranks alike, which put the "
+                              "keys' states in different rows (no manifest records which); its rows cannot be "
+                              "matched to keys unambiguously")
+    raise DataFormatError(what, path, None, f"{nbytes} bytes match no rank count of this embedding's layout "
+                          f"({n_states} states x R ranks x per-rank rows x {e.vec}; tried {cands}"
+                          + (f": {'; '.join(why)}" if why else "") + ")")

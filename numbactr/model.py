@@ -590,13 +590,19 @@ class Model:
 
     # ---- files (layouts: numbactr/checkpoint.py) -------------------------------------------------
     def save_params_to_files(self, prefix: str, iter: int = 0) -> None:  # noqa: A002 (HugeCTR's name)
-        """Dense weights and optimizer states, one folder per embedding (spec §7.1-§7.3)."""
+        """Dense weights and optimizer states, one folder per embedding (spec §7.1-§7.3), plus a manifest,
+        committed as one unit: a save killed at any point leaves the previous snapshot loadable. Every
+        rank calls it and returns once all files exist."""
         self._require_compiled("save_params_to_files")
         checkpoint.save(self, prefix, iter)
 
-    def load_dense_weights(self, dense_model_file: str) -> None:
+    def load_dense_weights(self, dense_model_file: str, allow_missing_ntp: bool = False) -> None:
+        """Dense weights and, with BatchNorm layers, their running statistics from
+        ``dense_model_file + ".ntp.json"``: a missing .ntp.json is an error unless ``allow_missing_ntp``
+        (numbactr's extra argument), which keeps the current running statistics. Every load_* checks
+        all its input before it changes anything, so a failed load leaves the model as it was."""
         self._require_compiled("load_dense_weights")
-        checkpoint.load_dense_weights(self, dense_model_file)
+        checkpoint.load_dense_weights(self, dense_model_file, allow_missing_ntp)
 
     def load_dense_optimizer_states(self, dense_opt_states_file: str) -> None:
         self._require_compiled("load_dense_optimizer_states")

@@ -207,6 +207,22 @@ class SparseOptimizer:
             self._local(K.sparse_nesterov_local_update, K.nesterov_update_ref, table, rows, grads, kern,
                         lr, o.momentum_factor, scaler)
 
+    def take_rows(self, src) -> None:
+        """Re-index the states after the embedding table was rebuilt (a sparse-weight load), so that
+        each key keeps its state: new row i takes old row src[i] (src (n,) int64 on the device; -1 =
+        a key new to the table, which starts from the initial state, as do all rows >= n)."""
+        n, hit = src.shape[0], src >= 0
+        kept = [s[src[hit]] for s in self.states]
+        if self.states:
+            fresh = _new_states(self.opt, self.states[0].shape)
+            for s, f, k in zip(self.states, fresh, kept):
+                s[...] = f
+                s[:n][hit] = k
+        if self.prev_time is not None:
+            old = self.prev_time[src[hit]]
+            self.prev_time.fill(1)
+            self.prev_time[:n][hit] = old
+
     def _local(self, kernel_fn, row_ref, table, rows, grads, kern, *args) -> None:
         """The Local rule: a sparse kernel, or the dense reference on the gathered hot rows."""
         arrays = [table, *self.states]

@@ -41,6 +41,22 @@ class Comm:
         self._c.Allgatherv(x.reshape(-1), [out.reshape(-1), counts * width])
         return out
 
+    def gather_rows(self, x: np.ndarray, root: int = 0) -> np.ndarray | None:
+        """Every rank's rows concatenated in rank order on ``root`` (None on the other ranks); row counts
+        may differ. Like allgather_rows, but only one rank holds the whole (e.g. a snapshot's writer)."""
+        if self.size == 1:
+            return x
+        x = np.ascontiguousarray(x)
+        counts = self._c.gather(x.shape[0], root=root)
+        if self.rank != root:
+            self._c.Gatherv(x.reshape(-1), None, root=root)
+            return None
+        counts = np.array(counts, dtype=np.int64)
+        width = int(np.prod(x.shape[1:], dtype=np.int64))
+        out = np.empty((int(counts.sum()),) + x.shape[1:], dtype=x.dtype)
+        self._c.Gatherv(x.reshape(-1), [out.reshape(-1), counts * width], root=root)
+        return out
+
     def alltoallv(self, parts: list[np.ndarray]) -> list[np.ndarray]:
         """parts[d] goes to rank d; returns what every rank sent here, in rank order.
         All parts share dtype and trailing shape (rows may differ, also be empty)."""

@@ -89,16 +89,22 @@ class ShardedEmbeddingBagFn(Function):
         xp, comm = device.xp(), emb.comm
         keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
         n, slots = keys_h.shape[0], shape[1]
-        bag = np.repeat(np.arange(len(offsets_h) - 1, dtype=np.int64), np.diff(offsets_h))   # (N,)
-        owner = key_owner(keys_h, bag % slots, comm.size, emb.by_slot)
+        slot = key_slots(offsets_h, n, slots)                                        # (N,)
+        owner = key_owner(keys_h, slot, comm.size, emb.by_slot)
         order = np.argsort(owner, kind="stable")                   # occurrences grouped by owner
         counts = np.bincount(owner, minlength=comm.size)
         cuts = np.cumsum(counts)[:-1]
-        # 1. input_dist: keys to their owners
-        recv_keys = comm.alltoallv(np.split(keys_h[order].astype(np.uint64), cuts))
+        # 1. input_dist: keys to their owners; a Localized table in training also receives each key's
+        #    slot, which the owner records for new keys (where the key goes when reloaded on R' ranks)
+        send = keys_h[order].astype(np.uint64)
+        record = training and emb.row_slot is not None
+        if record:
+            send = np.stack([send, slot[order].astype(np.uint64)], axis=1)          # (N, 2)
+        recv_keys = comm.alltoallv(np.split(send, cuts))
         got = np.concatenate(recv_keys)
+        got, got_slots = (got[:, 0], xp.asarray(got[:, 1].astype(np.int64))) if record else (got, None)
         # 2. lookup on the owner: one vector per received occurrence (zeros where missing in eval)
-        rows = emb.rows_for(xp.asarray(got), training)                             # (M,)
+        rows = emb.rows_for(xp.asarray(got), training, got_slots)                  # (M,)
         vecs = xp.zeros((got.shape[0], pool.shape[1]), np.float32)
         hit = rows >= 0
         if got.shape[0]:
@@ -130,6 +136,16 @@ class ShardedEmbeddingBagFn(Function):
         got = xp.asarray(np.concatenate(parts)) if parts else xp.zeros((0, dy2.shape[1]), np.float32)
         m = got.shape[0]
         return reduce_by_row(ctx.rows, got, xp.arange(m + 1, dtype=np.int64), EB.SUM)
+
+
+def key_slots(offsets, n: int, slots: int):
+    """(N,) int64 slot of each of the n keys of CSR bags ``offsets`` (B*S + 1,): bag b is slot b % S."""
+    if isinstance(offsets, np.ndarray):
+        bag = np.repeat(np.arange(offsets.shape[0] - 1, dtype=np.int64), np.diff(offsets))
+    else:                                                        # device offsets (gpu): a kernel
+        bag = device.xp().empty(n, np.int64)
+        EB.bag_of_key(offsets, bag)
+    return bag % slots
 
 
 def max_vocabulary_size_per_gpu(workspace_mb: float, vec_size: int, n_states: int) -> int:
@@ -176,14 +192,18 @@ class HashEmbedding:
         self.weight = Tensor(xp.zeros((self.max_rows, self.vec), np.float32), name=f"{self.name}.pool",
                              requires_grad=True)                                     # (V, D)
         self.table = HashTable(self.max_rows, use_kernels=device.uses_kernels(), xp=xp)
+        # Localized: the slot of each row's key, recorded at insertion (HugeCTR's slot_id), so a snapshot
+        # reloaded on R' ranks puts every key on rank slot % R', where lookups look for it; -1 = unknown
+        self.row_slot = xp.full(self.max_rows, -1, np.int64) if self.by_slot else None      # (V,)
         self.optimizer = SparseOptimizer(opt, (self.max_rows, self.vec), f"SparseEmbedding {self.name!r}")
         self.frozen = False
 
     def output_shape(self, batch: int) -> tuple:
         return (batch, self.slots, self.vec)
 
-    def rows_for(self, keys, training: bool):
-        """Rows of keys on this rank's table: inserted (and initialized) in training, found in eval."""
+    def rows_for(self, keys, training: bool, slots=None):
+        """Rows of keys (N,) on this rank's table: inserted (and initialized) in training, found in eval.
+        ``slots`` (N,) int64, the slot of each key, is needed in training when the table records slots."""
         if not training:
             return self.table.find(keys)
         before = self.table.size
@@ -207,7 +227,19 @@ class HashEmbedding:
             ) from None
         if self.table.size > before:
             self._init_rows(rows, keys, before)
+            if self.row_slot is not None:
+                self._record_slots(rows, slots, before)
         return rows
+
+    def _record_slots(self, rows, slots, first_new: int) -> None:
+        """row_slot of the rows just handed out = the slot of their key's first occurrence."""
+        if slots is None:
+            raise ValueError(f"SparseEmbedding {self.name!r}: inserting keys needs their slots "
+                             "(a Localized table records the slot of every key)")
+        xp = device.xp()
+        new = xp.nonzero(rows >= first_new)[0]                   # occurrences of new keys, batch order
+        _, first = xp.unique(rows[new], return_index=True)       # rows first_new.. in order, first sighting
+        self.row_slot[first_new:self.table.size] = xp.asarray(slots)[new[first]]
 
     def _init_rows(self, rows, keys, first_new: int) -> None:
         pool = self.weight.data
@@ -228,8 +260,10 @@ class HashEmbedding:
             return ShardedEmbeddingBagFn.apply(tape, self.weight, emb=self, keys=keys, offsets=offsets,
                                                training=training, shape=self.output_shape(batch),
                                                name=self.name)
-        rows = self.rows_for(xp.asarray(keys), training)
-        return EmbeddingBagFn.apply(tape, self.weight, rows=rows, offsets=xp.asarray(offsets),
+        keys, offsets = xp.asarray(keys), xp.asarray(offsets)
+        slots = key_slots(offsets, keys.shape[0], self.slots) if training and self.row_slot is not None else None
+        rows = self.rows_for(keys, training, slots)
+        return EmbeddingBagFn.apply(tape, self.weight, rows=rows, offsets=offsets,
                                     combiner=self.combiner, shape=self.output_shape(batch), name=self.name)
 
     @property
@@ -242,16 +276,39 @@ class HashEmbedding:
         return (device.to_host(self.table.keys_by_row()).astype(np.uint64),
                 np.ascontiguousarray(device.to_host(self.weight.data[:n])))
 
-    def load(self, keys: np.ndarray, vectors: np.ndarray) -> None:
-        """Forget the table, then insert the keys this rank owns in file order with their vectors."""
-        from ..checkpoint import owned
-        mine = owned(keys, self, self.comm.size) if self.comm.size > 1 else np.ones(keys.shape, bool)
-        if len(np.unique(keys)) != len(keys):
-            raise ValueError(f"SparseEmbedding {self.name!r}: the key file repeats keys")
+    def dump_slots(self):
+        """(n,) uint64 slot of each key in dump() order (HugeCTR's slot_id; 2**64-1 where unknown: keys
+        loaded from a file without slot_id), or None for a Distributed table (HugeCTR writes none)."""
+        if self.row_slot is None:
+            return None
+        return device.to_host(self.row_slot[:self.table.size]).astype(np.uint64)
+
+    def dump_states(self) -> list:
+        """The sparse optimizer's state arrays on the host, HugeCTR's per-rank file layout: (V, D) each,
+        row r = the state of dump()'s r-th key (rows past the table size: initial values)."""
+        return [np.ascontiguousarray(device.to_host(s)) for s in self.optimizer.states]
+
+    def rows_of(self, keys: np.ndarray) -> np.ndarray:
+        """(n,) int64 host rows of keys (n,) uint64 in this rank's table, -1 where absent."""
+        return device.to_host(self.table.find(device.xp().asarray(keys))).astype(np.int64)
+
+    def load(self, keys: np.ndarray, vectors: np.ndarray, slots: np.ndarray | None = None) -> None:
+        """Replace the table by ``keys`` (n,) uint64 in rows 0..n-1 with ``vectors`` (n, D) and, for a
+        Localized table, ``slots`` (n,) int64 (-1: unknown). The caller (numbactr.checkpoint) has already
+        checked that they are this rank's keys, unique, not reserved and at most max_rows, so nothing
+        here can fail half way. Optimizer states move with their keys; keys new to the table start
+        from the initial state."""
         xp = device.xp()
+        k = xp.asarray(keys.astype(np.uint64))
+        old = self.table.find(k)                          # (n,) each key's row before, -1 if absent
         self.table.clear()
-        rows = self.rows_for(xp.asarray(keys[mine]), training=True)
-        self.weight.data[rows] = xp.asarray(vectors[mine].astype(np.float32))
+        self.table.insert(k)                              # unique keys, empty table: rows 0..n-1
+        self.weight.data[:k.shape[0]] = xp.asarray(vectors.astype(np.float32))
+        if self.row_slot is not None:
+            self.row_slot.fill(-1)
+            if slots is not None:
+                self.row_slot[:k.shape[0]] = xp.asarray(slots.astype(np.int64))
+        self.optimizer.take_rows(old)
 
     def update(self, lr: float, scaler: float) -> None:
         g = self.weight.grad
@@ -292,6 +349,7 @@ class OneHotEmbedding(HashEmbedding):
         xp = device.xp()
         self.weight = Tensor(xp.asarray(host * bound[:, None]), name=f"{self.name}.pool", requires_grad=True)
         self.table = None
+        self.row_slot = None                      # row = key: the slot of a row is given by slot_size_array
         self.optimizer = SparseOptimizer(opt, (self.max_rows, self.vec), f"SparseEmbedding {self.name!r}")
         self.frozen = False
 
@@ -299,7 +357,7 @@ class OneHotEmbedding(HashEmbedding):
     def rows_in_use(self) -> int:
         return self.max_rows
 
-    def rows_for(self, keys, training: bool):
+    def rows_for(self, keys, training: bool, slots=None):
         xp = device.xp()
         rows = xp.asarray(keys).astype(np.int64)
         bad = (rows < 0) | (rows >= self.max_rows)
@@ -320,17 +378,37 @@ class OneHotEmbedding(HashEmbedding):
         return EmbeddingBagFn.apply(tape, self.weight, rows=rows, offsets=xp.asarray(offsets),
                                     combiner=self.combiner, shape=self.output_shape(batch), name=self.name)
 
+    def slot_of_keys(self, keys: np.ndarray) -> np.ndarray:
+        """(n,) int64 slot whose block of rows holds each key (n,) in [0, V)."""
+        return np.searchsorted(np.cumsum(self.cfg.slot_size_array), np.asarray(keys, np.int64), side="right")
+
+    def _owned_rows(self) -> np.ndarray:
+        """Rows of the slots this rank owns (slot s on rank s % R), ascending: HugeCTR's dump order."""
+        rows = np.arange(self.max_rows, dtype=np.int64)
+        return rows[self.slot_of_keys(rows) % self.comm.size == self.comm.rank]
+
     def dump(self):
         """(keys, vectors) of the slots this rank owns (every row on one rank)."""
-        sizes = self.cfg.slot_size_array
-        slot_of_row = np.repeat(np.arange(len(sizes)), sizes)
-        mine = slot_of_row % self.comm.size == self.comm.rank
-        return (np.arange(self.max_rows, dtype=np.uint64)[mine],
-                np.ascontiguousarray(device.to_host(self.weight.data)[mine]))
+        mine = self._owned_rows()
+        return mine.astype(np.uint64), np.ascontiguousarray(device.to_host(self.weight.data)[mine])
 
-    def load(self, keys: np.ndarray, vectors: np.ndarray) -> None:
-        rows = self.rows_for(keys.astype(np.int64), training=True)
-        self.weight.data[device.xp().asarray(rows)] = device.xp().asarray(vectors.astype(np.float32))
+    def dump_slots(self):
+        return self.slot_of_keys(self._owned_rows()).astype(np.uint64)
+
+    def dump_states(self) -> list:
+        """State arrays of this rank's rows in dump() order, (n, D) each (the whole table is allocated on
+        every rank, but only the owned rows are state)."""
+        mine = self._owned_rows()
+        return [np.ascontiguousarray(device.to_host(s)[mine]) for s in self.optimizer.states]
+
+    def rows_of(self, keys: np.ndarray) -> np.ndarray:
+        return np.asarray(keys).astype(np.int64)
+
+    def load(self, keys: np.ndarray, vectors: np.ndarray, slots: np.ndarray | None = None) -> None:
+        """Rows ``keys`` (n,) (validated in range by the caller) take ``vectors`` (n, D); other rows and
+        every optimizer state stay as they are (row = key, so no state moves)."""
+        xp = device.xp()
+        self.weight.data[xp.asarray(keys.astype(np.int64))] = xp.asarray(vectors.astype(np.float32))
 
 
 def make_embedding(cfg, sparse_param, opt, seed: int, comm=None):
