@@ -112,7 +112,7 @@ def _check_labels(ch, rules) -> None:
             r = int(np.argmax(bad))
             rec, off, desc = ch.locate(r, "label", j)
             who = f" by {rule.what}" if rule.what else ""
-            raise DataFormatError(ch.fmt, ch.path, off, f"label[{j}] = {float(y[r])!r} {LABEL_KINDS[rule.kind]}"
+            raise DataFormatError(ch.fmt, ch.path, off, f"label[{j}] = {str(y[r])} {LABEL_KINDS[rule.kind]}"
                                                         f" (required{who}){desc}", rec)
 
 
