@@ -1,20 +1,24 @@
-"""Tutorial 01: the embedding-bag kernel, thread by thread, in Numba's CUDA simulator.
+# %% [markdown]
+# # Tutorial 01: the embedding-bag kernel, thread by thread, in Numba's CUDA simulator.
+#
+# Run:
+# ```bash
+# NUMBACTR_DEVICE=sim python tutorials/01_embedding_bag_kernel.py
+# STEP=1 NUMBACTR_DEVICE=sim python tutorials/01_embedding_bag_kernel.py   # stop inside a kernel (pdb)
+# ```
+#
+# What you will see:
+#   1. the data an embedding layer hands the kernel: a table of rows, and CSR "bags" of row indices;
+#   2. which simulated thread computes which output element (bag, d) under a grid-stride loop, worked
+#      out in plain Python and then recorded by a tiny kernel;
+#   3. the REAL forward kernel of numbactr.kernels.embedding_bag (imported, never copied) launched with
+#      1 block of 8 threads, checked against its NumPy reference;
+#   4. the backward pass, where a key that occurs twice receives its gradient twice (atomic adds);
+#   5. how an error inside a kernel names the thread that raised it, and how to stop in a kernel with
+#      breakpoint().
+# Everything runs on the CPU: the simulator runs every CUDA thread as a Python thread.
 
-Run:
-    NUMBACTR_DEVICE=sim python tutorials/01_embedding_bag_kernel.py
-    STEP=1 NUMBACTR_DEVICE=sim python tutorials/01_embedding_bag_kernel.py   # stop inside a kernel (pdb)
-
-What you will see:
-  1. the data an embedding layer hands the kernel: a table of rows, and CSR "bags" of row indices;
-  2. which simulated thread computes which output element (bag, d) under a grid-stride loop, worked
-     out in plain Python and then recorded by a tiny kernel;
-  3. the REAL forward kernel of numbactr.kernels.embedding_bag (imported, never copied) launched with
-     1 block of 8 threads, checked against its NumPy reference;
-  4. the backward pass, where a key that occurs twice receives its gradient twice (atomic adds);
-  5. how an error inside a kernel names the thread that raised it, and how to stop in a kernel with
-     breakpoint().
-Everything runs on the CPU: the simulator runs every CUDA thread as a Python thread.
-"""
+# %%
 import os
 
 # The simulator must be chosen before numba is imported for the first time (numba reads the
@@ -33,12 +37,13 @@ def title(text: str) -> None:
     print(f"\n=== {text} " + "=" * max(0, 70 - len(text)))
 
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 1. The data. An embedding table has V rows of width D. A batch of B samples with S slots gives
 #    B*S "bags"; bag j is a list of keys, already turned into table rows by the hash table (that is
 #    another kernel; here we write the rows directly). The bags are stored CSR-style: all rows in one
 #    flat array `rows` (N,), and `offsets` (nbags+1,) so that bag j is rows[offsets[j]:offsets[j+1]].
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("1. table and bags")
 V, D = 4, 3
 # row r holds [10(r+1), 10(r+1)+1, 10(r+1)+2], so every sum below can be checked by eye
@@ -53,7 +58,7 @@ print("table (V, D):\n", table)
 for j in range(nbags):
     print(f"bag {j}: rows {rows[offsets[j]:offsets[j + 1]].tolist()}")
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 2. Who computes what. The forward kernel gives one output element out[j, d] to one loop step:
 #        for i in range(cuda.grid(1), nbags * D, cuda.gridsize(1)):
 #            j, d = i // D, i % D
@@ -63,7 +68,8 @@ for j in range(nbags):
 #    launch shape covers every element exactly once. With 1 block of 8 threads and 3*3 = 9
 #    elements, thread 0 does elements 0 and 8, threads 1..7 do one each. On a GPU the same code
 #    runs with hundreds of blocks of 256 threads; in the simulator we keep it tiny.
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("2. grid-stride mapping: thread -> (bag, d)")
 BLOCKS, THREADS = 1, 8
 n_out = nbags * D
@@ -93,12 +99,13 @@ who_computes_kernel[BLOCKS, THREADS](who)
 print("thread index per output element, recorded by a kernel (rows = bags, columns = d):\n", who)
 assert (who == plan).all(), "the simulator disagrees with the grid-stride arithmetic"
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 3. The real forward kernel. Each loop step walks its bag's rows and sums table[row, d]:
 #        out[j, d] = scale_j * sum_{k in bag j} table[rows[k], d]
 #    combiner SUM: scale 1.  MEAN: scale 1/nnz when nnz > 1.  Empty bag: zeros.
 #    In the simulator a kernel accepts plain NumPy arrays and writes the results back into them.
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("3. forward kernel, 1 block x 8 threads")
 for name, combiner in (("sum", eb.SUM), ("mean", eb.MEAN)):
     out = np.full((nbags, D), np.nan, dtype=np.float32)                 # (nbags, D)
@@ -120,7 +127,7 @@ eb.embedding_bag_forward(table, rows, offsets, eb.MEAN, again)          # the la
 np.testing.assert_allclose(again, out, rtol=1e-6)
 print("same result with launches [1, 1], [2, 4], [3, 32] and the launch wrapper")
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 4. Backward. Given dy (nbags, D), every key occurrence k sends scale * dy[bag(k)] to its row.
 #    The optimizer later updates only the rows the batch touched, so gradients are collected per
 #    UNIQUE row: first_occurrence_index gives the unique rows (U,) in first-seen order and, per key,
@@ -128,7 +135,8 @@ print("same result with launches [1, 1], [2, 4], [3, 32] and the launch wrapper"
 #    bag of each key, which bag_of_key (another kernel) writes from the CSR offsets. Two keys with
 #    the same row (row 2 in bag 2) add into the same grad element at the same time on a GPU, so the
 #    kernel uses cuda.atomic.add.
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("4. backward kernel: duplicate keys accumulate")
 dy = np.array([[1, 1, 1], [7, 7, 7], [1, 2, 3]], dtype=np.float32)     # (nbags, D); bag 1 has no keys
 unique_rows, local = eb.first_occurrence_index(rows)
@@ -150,12 +158,13 @@ u2 = int(np.flatnonzero(unique_rows == 2)[0])
 np.testing.assert_allclose(grad[u2], 2 * dy[2] / 3, rtol=1e-6)
 print("row 2 occurs twice in bag 2, so it received dy[2] twice (scaled by 1/3 under mean)")
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 5. Debugging. (a) An exception raised inside a simulated kernel carries the CUDA coordinates of
 #    the thread that raised it: "tid=[x, y, z] ctaid=[x, y, z]: ..." (threadIdx, blockIdx). The
 #    simulator also checks array bounds, which a GPU never does (there, use compute-sanitizer).
 #    Here a row index 9 is past the end of the 4-row table:
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("5. debugging inside a kernel")
 bad_rows = np.array([1, 3, 9, 0, 2], dtype=np.int64)
 try:

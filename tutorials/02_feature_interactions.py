@@ -1,13 +1,17 @@
-"""Tutorial 02: three ways CTR models cross features — DLRM's dot Interaction, FM's FmOrder2 and DCN's
-MultiCross — stepped through in Numba's CUDA simulator with the REAL kernels.
+# %% [markdown]
+# # Tutorial 02: three ways CTR models cross features — DLRM's dot Interaction, FM's FmOrder2 and DCN's
+# MultiCross — stepped through in Numba's CUDA simulator with the REAL kernels.
+#
+# Run:
+# ```bash
+# NUMBACTR_DEVICE=sim python tutorials/02_feature_interactions.py
+# ```
+#
+# For each op we (1) build a tiny input you can check by eye, (2) launch the numba.cuda kernel with a
+# small grid, (3) compare with the NumPy reference beside it, and (4) show the backward pass against
+# central differences. Shapes: B batch, S slots, V embedding width, D feature width.
 
-Run:
-    NUMBACTR_DEVICE=sim python tutorials/02_feature_interactions.py
-
-For each op we (1) build a tiny input you can check by eye, (2) launch the numba.cuda kernel with a
-small grid, (3) compare with the NumPy reference beside it, and (4) show the backward pass against
-central differences. Shapes: B batch, S slots, V embedding width, D feature width.
-"""
+# %%
 import os
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"          # before numba is imported: the simulator
@@ -38,11 +42,12 @@ def numeric_grad(f, x, dy, eps=1e-3):
     return g
 
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 1. DLRM dot interaction. Z = [dense; emb_1..emb_S] stacks n = S+1 vectors of width V per sample.
 #    HugeCTR's output row: [dense (V values), Z_i . Z_j for i = 1..n-1, j < i (row-major strict lower
 #    triangle), one 0.0 pad] -> width V + n(n-1)/2 + 1. Each output element is one thread's work.
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("1. Interaction (DLRM)")
 B, S, V = 1, 2, 3
 dense = np.array([[1.0, 0.0, 2.0]], np.float32)                       # (B, V)
@@ -65,11 +70,12 @@ num = numeric_grad(lambda e: interaction.interaction_forward_ref(dense.astype(np
 np.testing.assert_allclose(d_emb, num, rtol=1e-3, atol=1e-3)
 print("backward: dEmb matches central differences; the pad column gets no gradient")
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 2. FmOrder2 (factorization machine, 2nd order). Input (B, S*V): S feature vectors of width V.
 #    y[b, v] = 0.5 * ((sum_s x_sv)^2 - sum_s x_sv^2) = sum_{s<t} x_sv x_tv — all pairwise products in
 #    O(S) instead of O(S^2): one thread per (b, v) keeps a running sum and a running sum of squares.
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("2. FmOrder2 (FM)")
 x = np.array([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]], np.float32)            # (B, S*V) with S = 3, V = 2
 y = np.zeros((1, 2), np.float32)
@@ -83,11 +89,12 @@ fm_order2.fm_order2_backward(x, np.ones_like(y), dx)
 print("dX = (sum_s x_s) - x_s per column:", dx[0])
 np.testing.assert_allclose(dx[0], (pairs.sum(0) - pairs).reshape(-1))
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 3. MultiCross (DCN v1). One cross layer: h[b] = x_l[b] . w (a per-row dot product), then
 #    x_{l+1} = x0 * h + x_l + b. The dot product is a shared-memory tree reduction: one block per row,
 #    each thread sums a strided part of the row, then the block halves the partial sums log2(tpb) times.
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("3. MultiCross (DCN)")
 D = 6
 rng = np.random.default_rng(1)

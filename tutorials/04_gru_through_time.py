@@ -1,20 +1,24 @@
-"""Tutorial 04: the GRU forward and its hand-written backward through time, step by step.
+# %% [markdown]
+# # Tutorial 04: the GRU forward and its hand-written backward through time, step by step.
+#
+# Run:
+# ```bash
+# NUMBACTR_DEVICE=sim python tutorials/04_gru_through_time.py
+# ```
+#
+# What you will see:
+#   1. the weights as HugeCTR stores them: ONE flat vector [W_r W_z W_n | U_r U_z U_n | b_r b_z b_n]
+#      (cuDNN's order, gate order r, z, n, a single input bias) plus the initial state hx;
+#   2. the forward: one matmul x W^T for all steps, then per step a matmul h U^T and the REAL step
+#      kernel of numbactr.kernels.gru (imported, never copied) doing the gates elementwise;
+#   3. the backward through time, last step first: the step kernel turns dL/dh into the gate
+#      gradients, a matmul carries dL/dh back one step, and the weight gradients are three matmuls
+#      and a column sum at the end;
+#   4. the kernels against the NumPy reference, and the reference against float64 central differences
+#      (every weight, the input and h_0);
+#   5. the same numbers from the numbactr GRU layer (what a model runs).
 
-Run:
-    NUMBACTR_DEVICE=sim python tutorials/04_gru_through_time.py
-
-What you will see:
-  1. the weights as HugeCTR stores them: ONE flat vector [W_r W_z W_n | U_r U_z U_n | b_r b_z b_n]
-     (cuDNN's order, gate order r, z, n, a single input bias) plus the initial state hx;
-  2. the forward: one matmul x W^T for all steps, then per step a matmul h U^T and the REAL step
-     kernel of numbactr.kernels.gru (imported, never copied) doing the gates elementwise;
-  3. the backward through time, last step first: the step kernel turns dL/dh into the gate
-     gradients, a matmul carries dL/dh back one step, and the weight gradients are three matmuls
-     and a column sum at the end;
-  4. the kernels against the NumPy reference, and the reference against float64 central differences
-     (every weight, the input and h_0);
-  5. the same numbers from the numbactr GRU layer (what a model runs).
-"""
+# %%
 import os
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"      # the simulator must be chosen before numba's import
@@ -34,13 +38,14 @@ def title(text: str) -> None:
     print(f"\n=== {text} " + "=" * max(0, 70 - len(text)))
 
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 1. Shapes and weights. B sequences of T steps of V features; H hidden units.
 #    cuDNN's GRU (HugeCTR's GRU layer):
 #        r = sigmoid(W_r x + b_r + U_r h)      z = sigmoid(W_z x + b_z + U_z h)
 #        n = tanh(W_n x + b_n + r * (U_n h))   h' = (1 - z) * n + z * h
 #    (CUDNN_RNN_SINGLE_INP_BIAS: no recurrent bias inside r * (...)).
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("1. weights: one flat vector")
 B, T, V, H = 2, 3, 2, 2
 rng = np.random.default_rng(0)
@@ -53,12 +58,13 @@ print("W (3H, V), rows r|z|n:\n", W, "\nU (3H, H):\n", U, "\nb (3H,):", b)
 x = rng.normal(size=(B, T, V)).astype(np.float32)                     # (B, T, V): batch-major
 h0 = hx.reshape(B, H)
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 2. Forward. gx = x W^T for every step at once (a matmul: the array library's job). Then for each
 #    t: gh = h_t U^T (a matmul) and the step kernel, one thread per hidden unit (b, j):
 #        reads gx[b, t, :], b, gh[b, :], h_t[b, j]; writes h_{t+1}[b, j] into hs (B, T+1, H) and
 #        r, z, n, gh_n into gates (B, T, 4H) for the backward.
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("2. forward, one step kernel launch per time step")
 gx = np.ascontiguousarray((x.reshape(B * T, V) @ W.T).reshape(B, T, 3 * H))   # (B, T, 3H)
 hs = np.zeros((B, T + 1, H), np.float32)
@@ -73,7 +79,7 @@ y_ref, cache = gru.gru_forward_ref(x.astype(np.float64), W, U, b, h0)
 np.testing.assert_allclose(hs[:, 1:], y_ref, rtol=1e-5, atol=1e-6)
 print("outputs y = h_1..h_T (B, T, H) match the NumPy reference")
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 3. Backward through time. dL/dh_{t+1} has two sources: dy[:, t] (this step's output) and the
 #    carry from step t+1. The carry has two parts, kept apart so that no extra add kernel runs:
 #        dh_dir = dh * z                  (h' = ... + z * h: the direct path; the kernel writes it)
@@ -84,7 +90,8 @@ print("outputs y = h_1..h_T (B, T, H) match the NumPy reference")
 #        dgx = [a_r, a_z, a_n] (input pre-activations)   dgh = [a_r, a_z, a_n * r] (U h's)
 #    After the loop: dW = dgx^T x, dU = dgh^T h_{0..T-1}, db = column sums of dgx, dx = dgx W,
 #    dh_0 = dh_mm + dh_dir.
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("3. backward through time, last step first")
 dy = rng.normal(size=(B, T, H)).astype(np.float32)
 dgx = np.zeros((B, T, 3 * H), np.float32)
@@ -104,9 +111,10 @@ db = np.zeros(3 * H, np.float32)
 bias_kernels.bias_grad(dgx2, db)                    # column sums: the shared-memory reduction kernel
 dx = (dgx2 @ W).reshape(B, T, V)
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 4. Checks: kernels vs reference; reference vs float64 central differences of sum(y * dy).
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("4. kernels == reference == central differences")
 rdx, rdW, rdU, rdb, rdh0 = gru.gru_backward_ref(dy.astype(np.float64), x.astype(np.float64), W, U, cache)
 for name, got, want in (("dx", dx, rdx), ("dW", dW, rdW), ("dU", dU, rdU), ("db", db, rdb), ("dh0", dh0, rdh0)):
@@ -136,10 +144,11 @@ for k, name in enumerate(("x", "W", "U", "b", "h0")):
     np.testing.assert_allclose(analytic[k], num, rtol=1e-5, atol=1e-7)
     print(f"d/d{name}: reference == central differences (max |diff| {np.abs(analytic[k] - num).max():.1e})")
 
-# -------------------------------------------------------------------------------------------------
+# %% [markdown]
 # 5. The layer. numbactr's GRU layer runs exactly these launches (numbactr/layers/recurrent.py,
 #    GRUFn); its input is (B, T*V) with rows = samples, its output (B, T*H).
-# -------------------------------------------------------------------------------------------------
+
+# %%
 title("5. the GRU layer on the simulator")
 from numbactr.autograd import Tape, Tensor              # noqa: E402
 from numbactr.config import DenseLayer                  # noqa: E402

@@ -1,29 +1,41 @@
-"""Tutorial 05: model parallelism with `mpiexec -n 2` — who owns which key, what crosses the wire,
-and how the gradients come back.
+# %% [markdown]
+# # Tutorial 05: model parallelism with `mpiexec -n 2` — who owns which key, what crosses the wire,
+# and how the gradients come back.
+#
+# Run:
+# ```bash
+# python tutorials/05_model_parallel.py              # re-launches itself under mpiexec -n 2
+# mpiexec -n 2 python tutorials/05_model_parallel.py # the same, by hand
+# ```
+#
+# Dense layers are data parallel: every rank holds all dense weights, sees its own rows of the global
+# batch, and the dense gradients are summed over ranks. Embeddings are model parallel: every key lives
+# on exactly one rank. numbactr does the embedding step as TorchRec names it:
+#     input_dist  -> every key occurrence travels to the rank that owns the key
+#     lookup      -> the owner inserts/finds the key and sends back one vector per occurrence
+#     output_dist -> the sender pools the returned vectors into its own bags
+# and backward walks the same wires in reverse. We spy on the collectives to print what crosses them.
+# Everything runs on the cpu device (NumPy references), so no GPU is needed.
 
-Run:
-    python tutorials/05_model_parallel.py              # re-launches itself under mpiexec -n 2
-    mpiexec -n 2 python tutorials/05_model_parallel.py # the same, by hand
-
-Dense layers are data parallel: every rank holds all dense weights, sees its own rows of the global
-batch, and the dense gradients are summed over ranks. Embeddings are model parallel: every key lives
-on exactly one rank. numbactr does the embedding step as TorchRec names it:
-    input_dist  -> every key occurrence travels to the rank that owns the key
-    lookup      -> the owner inserts/finds the key and sends back one vector per occurrence
-    output_dist -> the sender pools the returned vectors into its own bags
-and backward walks the same wires in reverse. We spy on the collectives to print what crosses them.
-Everything runs on the cpu device (NumPy references), so no GPU is needed.
-"""
+# %%
 import os
 import shutil
 import subprocess
 import sys
 
 os.environ.setdefault("NUMBACTR_DEVICE", "cpu")
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+# this file: from __file__ when run as a script, from the working directory (tutorials/) in a notebook
+THIS = os.path.abspath(__file__ if "__file__" in globals() else "05_model_parallel.py")
+ROOT = os.path.dirname(os.path.dirname(THIS))
 sys.path.insert(0, ROOT)
 
 
+# %% [markdown]
+# A plain `python` run (or a notebook) is one process, so one rank. This cell starts two ranks of this
+# same file under `mpiexec -n 2` and relays what they print; `mpiexec` comes with the `mpi` extra
+# (`pip install -e ".[mpi]"`, which the README's first command installs) next to the Python it runs.
+
+# %%
 def relaunch_under_mpiexec() -> int:
     """A plain `python` run has one rank: start two ranks of this same file and relay their output."""
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
@@ -32,13 +44,18 @@ def relaunch_under_mpiexec() -> int:
         return 1
     env = dict(os.environ, NUMBACTR_TUTORIAL05_CHILD="1")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
-    r = subprocess.run([mpiexec, "-n", "2", sys.executable, os.path.abspath(__file__)], env=env,
+    r = subprocess.run([mpiexec, "-n", "2", sys.executable, THIS], env=env,
                        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     print(r.stdout, end="")
     print(r.stderr, end="", file=sys.stderr)
     return r.returncode
 
 
+# %% [markdown]
+# What each rank does: build the same embedding, take its share of a global batch, and run one forward
+# and backward with spies on the collectives.
+
+# %%
 def main() -> None:
     import numpy as np
 
@@ -118,8 +135,9 @@ def main() -> None:
         print("tutorial 05 OK", flush=True)
 
 
+# %%
 if __name__ == "__main__":
     if os.environ.get("NUMBACTR_TUTORIAL05_CHILD") or "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
         main()
-    else:
-        sys.exit(relaunch_under_mpiexec())
+    elif relaunch_under_mpiexec():
+        sys.exit(1)             # the ranks' errors are printed above (a notebook cell stops here too)

@@ -1,22 +1,26 @@
-"""Tutorial 06: from a Criteo click log (TSV) to a trained model, through Parquet.
+# %% [markdown]
+# # Tutorial 06: from a Criteo click log (TSV) to a trained model, through Parquet.
+#
+# Run:
+# ```bash
+# python tutorials/06_criteo_to_model.py            # about 10 s on a laptop CPU
+# ```
+#
+# What you will see:
+#   1. the raw log: one click record per line, label + 13 integer counts + 26 hashed categories;
+#   2. preprocessing exactly as HugeCTR's pandas tool does it (numbactr.data.criteo, also available as
+#      `numbactr data criteo IN.tsv OUT/`): missing values filled, rare categories pooled, categories
+#      label-encoded per slot, counts log-transformed; written as Parquet with `_metadata.json` and
+#      `_file_list.txt`, and the slot_size_array the model needs;
+#   3. what the Parquet reader hands the model: one Batch (labels, dense features, CSR keys with the
+#      slot_size_array offsets applied);
+#   4. a small model built with the HugeCTR API (`import numbactr as hugectr`), trained for a few epochs
+#      on the Parquet data, and its AUC on the held-out lines.
+# The input is datasets/criteo/tiny_criteo.tsv (600 synthetic lines in Criteo's format, made by
+# datasets/criteo/make_fixture.py). Point CRITEO_TSV at a real day file to run the same steps on it.
+# The model runs on the CPU device unless NUMBACTR_DEVICE=gpu is set (tiny data: kernels would not pay).
 
-Run:
-    python tutorials/06_criteo_to_model.py            # about 10 s on a laptop CPU
-
-What you will see:
-  1. the raw log: one click record per line, label + 13 integer counts + 26 hashed categories;
-  2. preprocessing exactly as HugeCTR's pandas tool does it (numbactr.data.criteo, also available as
-     `numbactr data criteo IN.tsv OUT/`): missing values filled, rare categories pooled, categories
-     label-encoded per slot, counts log-transformed; written as Parquet with `_metadata.json` and
-     `_file_list.txt`, and the slot_size_array the model needs;
-  3. what the Parquet reader hands the model: one Batch (labels, dense features, CSR keys with the
-     slot_size_array offsets applied);
-  4. a small model built with the HugeCTR API (`import numbactr as hugectr`), trained for a few epochs
-     on the Parquet data, and its AUC on the held-out lines.
-The input is datasets/criteo/tiny_criteo.tsv (600 synthetic lines in Criteo's format, made by
-datasets/criteo/make_fixture.py). Point CRITEO_TSV at a real day file to run the same steps on it.
-The model runs on the CPU device unless NUMBACTR_DEVICE=gpu is set (tiny data: kernels would not pay).
-"""
+# %%
 import os
 import shutil
 import tempfile
@@ -30,7 +34,9 @@ import numbactr as hugectr                          # noqa: E402
 from numbactr.data import make_reader               # noqa: E402
 from numbactr.data.criteo import preprocess_criteo  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the repository root: from this file when run as a script, from the working directory (tutorials/)
+# when the tutorial is opened as a notebook (a notebook has no __file__)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)) if "__file__" in globals() else os.getcwd())
 TSV = os.environ.get("CRITEO_TSV", os.path.join(ROOT, "datasets", "criteo", "tiny_criteo.tsv"))
 np.set_printoptions(precision=3, suppress=True, linewidth=110)
 
@@ -39,7 +45,7 @@ def title(text: str) -> None:
     print(f"\n=== {text} " + "=" * max(0, 70 - len(text)))
 
 
-# -------------------------------------------------------------------------------------------------
+# %%
 title("1. the raw click log")
 with open(TSV) as f:
     first = f.readline().rstrip("\n").split("\t")
@@ -48,7 +54,7 @@ print("label:", first[0])
 print("I1..I13 (counts, empty = missing):", first[1:14])
 print("C1..C4 of 26 (hashed categories):", first[14:18])
 
-# -------------------------------------------------------------------------------------------------
+# %%
 title("2. preprocessing to Parquet")
 out = tempfile.mkdtemp(prefix="numbactr_tutorial06_")
 # Two streaming passes over the file: count categories, then encode and write. Categories seen fewer
@@ -62,7 +68,7 @@ print("_metadata.json (start):", " ".join(meta.split())[:160], "...")
 slot_size_array = data.slot_size_array
 print(f"slot_size_array ({sum(slot_size_array)} embedding rows in all):", slot_size_array)
 
-# -------------------------------------------------------------------------------------------------
+# %%
 title("3. what the Parquet reader hands the model")
 # The model builds this reader itself from DataReaderParams; we build one by hand to look inside.
 # slot_size_array turns the per-slot category ids into globally unique keys: slot k's ids are shifted
@@ -86,7 +92,7 @@ print(f"one epoch = {n_batches} batches of {BATCH} for {data.num_train} training
       f"(the last one partial)")
 reader.close()
 
-# -------------------------------------------------------------------------------------------------
+# %%
 title("4. a model trained on the Parquet data")
 solver = hugectr.CreateSolver(batchsize=BATCH, batchsize_eval=BATCH, max_eval_batches=100, lr=0.01,
                               vvgpu=[[0]], repeat_dataset=False, i64_input_key=True, seed=6,
