@@ -20,7 +20,8 @@ Sample order (HugeCTR's DataReader + DataCollector):
   partial batch every pass, as HugeCTR's MmapOffsetList does.
 * Workers: Norm and Raw use num_workers; Norm needs at least one file per worker (HugeCTR throws,
   so do we). Parquet uses min(num_workers, #files, local devices) workers (one per local GPU: 1 here;
-  read_file_sequentially=True skips the #files bound as in HugeCTR).
+  read_file_sequentially=True skips the #files bound as in HugeCTR). num_workers=None (the script
+  set none): numbactr.threads.reader_workers(), sized next to the compute threads, one per file at most.
 * drop_incomplete_batch is the model's business: the reader hands out every partial batch.
 
 Ranks: the global batch B is split contiguously; rank r of R gets rows [r*B/R, (r+1)*B/R) as a Batch of
@@ -50,7 +51,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .. import compat
+from .. import compat, log
 from ..enums import Check_t, DataReaderType_t
 from .batch import Batch
 from .file_list import read_file_list
@@ -453,7 +454,7 @@ class DataReader:
     """Iterable of Batch objects (this rank's rows); see the module docstring. Construct via make_reader."""
 
     def __init__(self, fmt, source, batch_size, label_dim, dense_dim, slots_per_input, nnz_per_slot,
-                 i64_input_key, repeat, rank=0, ranks=1, *, num_workers=12, check_type=Check_t.Sum,
+                 i64_input_key, repeat, rank=0, ranks=1, *, num_workers=None, check_type=Check_t.Sum,
                  skip_bad_checksum=False, slot_size_array=(), num_samples=0, float_label_dense=False,
                  read_file_sequentially=False, key_bound=None, label_rules=None, local_devices=1,
                  queue_depth=4):
@@ -488,6 +489,12 @@ class DataReader:
             self.flat_nnz = [int(v) for x in nnz for v in x]
         self.i64 = bool(i64_input_key)
         self.repeat = bool(repeat)
+        # num_workers=None: the user did not choose; numbactr.threads sizes the workers next to the compute
+        # threads (HugeCTR's default 12 under compat.hugectr_exact()), and fewer files is no warning
+        self.num_workers_chosen = num_workers is not None
+        if num_workers is None:
+            from .. import threads
+            num_workers = 12 if compat.hugectr_exact() else threads.reader_workers()
         self.num_workers_requested = int(num_workers)
         if self.num_workers_requested <= 0:
             raise ValueError(f"num_workers must be > 0, got {num_workers}")
@@ -544,7 +551,11 @@ class DataReader:
                 if compat.hugectr_exact():
                     raise ValueError(msg + f"; set DataReaderParams(num_workers=...) to at most {N}")
                 # HugeCTR refuses; numbactr runs with one worker per file (same order as num_workers=N)
-                warnings.warn(msg + f"; using {N} worker(s)", stacklevel=3)
+                if self.num_workers_chosen:
+                    warnings.warn(msg + f"; using {N} worker(s)", stacklevel=3)
+                else:
+                    log.info_once(("reader workers", self.source), f"reader: {N} worker(s) for the {N} "
+                                  f"file(s) of {self.source!r}")
                 self.num_workers = N
         else:
             self.meta = read_parquet_metadata(metadata_path_for(self.files[0]))
