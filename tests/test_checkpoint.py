@@ -4,8 +4,10 @@ import os
 import numpy as np
 import pytest
 
+import numbactr as hugectr
 from numbactr import device
 from tests.model_util import tiny_data, tiny_dlrm
+from tests.mpi.snapshot_run import build
 
 
 @pytest.fixture
@@ -61,3 +63,138 @@ def test_bad_files_are_clear_errors(tmp_path, cpu):
         m.load_sparse_weights(["a", "b"])
     with pytest.raises(ValueError, match="no embedding named"):
         m.load_sparse_weights({"other": "a"})
+
+
+def test_layout_is_hugectrs_slot_id_where_hugectr_writes_it(tmp_path, cpu):
+    """Distributed folders hold key + emb_vector; Localized and OneHot add slot_id (uint64 per key, the
+    slot each key was first seen in); the manifest is an extra file beside them."""
+    tr, ev = tiny_data(str(tmp_path))
+    for emb in ("DistributedSlotSparseEmbeddingHash", "LocalizedSlotSparseEmbeddingHash",
+                "LocalizedSlotSparseEmbeddingOneHot"):
+        m = tiny_dlrm(tr, ev, embedding=hugectr.Embedding_t[emb])
+        for _ in range(3):
+            m.train()
+        prefix = str(tmp_path / emb)
+        m.save_params_to_files(prefix, 3)
+        folder = prefix + "0_sparse_3.model"
+        keys = np.fromfile(folder + "/key", "<i8")
+        assert keys.size == 18 and os.path.getsize(folder + "/emb_vector") == 18 * 4 * 4
+        if emb.startswith("Distributed"):
+            assert sorted(os.listdir(folder)) == ["emb_vector", "key"]
+        else:                                   # tiny_data: slot s holds keys 6s .. 6s+5
+            np.testing.assert_array_equal(np.fromfile(folder + "/slot_id", "<u8"), keys // 6)
+        assert os.path.exists(prefix + "_3.manifest.json")
+        assert not [n for n in os.listdir(tmp_path) if "staging" in n or "pending" in n]
+
+
+def test_hugectr_snapshot_without_manifest_loads(tmp_path, cpu):
+    """HugeCTR writes no manifest: the same files load unverified, states mapped to their keys."""
+    tr, ev = tiny_data(str(tmp_path))
+    a = tiny_dlrm(tr, ev, embedding=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash)
+    for _ in range(4):
+        a.train()
+    prefix = str(tmp_path / "ck")
+    a.save_params_to_files(prefix, 4)
+    os.remove(prefix + "_4.manifest.json")
+    b = tiny_dlrm(tr, ev, seed=3, embedding=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash)
+    b.load_dense_weights(prefix + "_dense_4.model")
+    b.load_sparse_weights([prefix + "0_sparse_4.model"])
+    b.load_sparse_optimizer_states([prefix + "0_opt_sparse_4.model"])
+    ea, eb = a.embeddings[0], b.embeddings[0]
+    np.testing.assert_array_equal(b.weights, a.weights)
+    for x, y in zip(ea.dump() + (ea.dump_slots(),), eb.dump() + (eb.dump_slots(),)):
+        np.testing.assert_array_equal(x, y)
+    for x, y in zip(ea.optimizer.states, eb.optimizer.states):
+        np.testing.assert_array_equal(x, y)
+
+
+def _two_gpu_hugectr_files(folder, keys, vec, max_rows, states):
+    """A DistributedSlot snapshot as HugeCTR writes it on 2 GPUs: per GPU its keys (key % 2) in row order,
+    GPUs concatenated; optimizer states (S, 2, max_rows, D) with the state of GPU g's j-th key in row j."""
+    os.makedirs(folder + "0_sparse_7.model")
+    np.asarray(keys, np.int64).tofile(folder + "0_sparse_7.model/key")
+    vecs = np.arange(len(keys) * vec, dtype=np.float32).reshape(-1, vec)
+    vecs.tofile(folder + "0_sparse_7.model/emb_vector")
+    blocks = np.zeros((states, 2, max_rows, vec), np.float32)
+    for i, k in enumerate(keys):
+        g = k % 2
+        j = sum(1 for q in keys[:i] if q % 2 == g)
+        blocks[:, g, j] = 1000 * np.arange(1, states + 1)[:, None] + k     # distinct per key and state
+    blocks.tofile(folder + "0_opt_sparse_7.model")
+    return vecs
+
+
+def test_hugectr_two_gpu_optimizer_states_follow_their_keys(tmp_path, cpu):
+    tr, ev = tiny_data(str(tmp_path))
+    m = tiny_dlrm(tr, ev)                                   # Distributed, Adam: m and v
+    e = m.embeddings[0]
+    keys = [4, 0, 2, 7, 3]                                  # GPU 0: 4, 0, 2; GPU 1: 7, 3
+    prefix = str(tmp_path / "hc")
+    vecs = _two_gpu_hugectr_files(prefix, keys, e.vec, e.max_rows, 2)
+    m.load_sparse_weights([prefix + "0_sparse_7.model"])
+    m.load_sparse_optimizer_states([prefix + "0_opt_sparse_7.model"])
+    got_keys, got_vecs = e.dump()
+    np.testing.assert_array_equal(got_keys, keys)          # one rank: file order
+    np.testing.assert_array_equal(got_vecs, vecs)
+    for s, state in enumerate(e.optimizer.states):
+        np.testing.assert_array_equal(state[:5], 1000 * (s + 1) + np.array(keys, np.float32)[:, None].repeat(4, 1))
+
+
+def test_hugectr_states_that_no_rank_count_explains_are_an_error(tmp_path, cpu):
+    tr, ev = tiny_data(str(tmp_path))
+    m = tiny_dlrm(tr, ev)
+    e = m.embeddings[0]
+    prefix = str(tmp_path / "hc")
+    _two_gpu_hugectr_files(prefix, [1, 0], e.vec, e.max_rows, 2)   # key 1 (GPU 1) before key 0 (GPU 0)
+    m.load_sparse_weights([prefix + "0_sparse_7.model"])
+    before = [s.copy() for s in e.optimizer.states]
+    with pytest.raises(ValueError, match=r"match no rank count.*tried \[2\].*not grouped by their rank"):
+        m.load_sparse_optimizer_states([prefix + "0_opt_sparse_7.model"])
+    for x, y in zip(before, e.optimizer.states):
+        np.testing.assert_array_equal(x, y)
+    os.remove(prefix + "0_sparse_7.model/key")
+    with pytest.raises(FileNotFoundError, match="key' does not exist"):
+        m.load_sparse_optimizer_states([prefix + "0_opt_sparse_7.model"])
+
+
+def test_rank_count_of_slot_sized_states_must_be_unambiguous(tmp_path, cpu):
+    """slot_size_array [2, 2, 2]: a 1-rank and a 3-rank state file have the same size (6 rows). With every
+    key present both put each key in the same row; with keys 0, 2, 4 (one per slot) they do not."""
+    m = build(*tiny_data(str(tmp_path)), "LocalizedSlotSparseEmbeddingHash", sizes=[2, 2, 2])
+    e = m.embeddings[0]
+    assert e.max_rows == 6
+    folder = str(tmp_path / "ls0_sparse_1.model")
+    os.makedirs(folder)
+    for keys in ([0, 1, 2, 3, 4, 5], [0, 2, 4]):
+        np.asarray(keys, np.int64).tofile(folder + "/key")
+        np.zeros((len(keys), e.vec), np.float32).tofile(folder + "/emb_vector")
+        (np.asarray(keys) // 2).astype(np.uint64).tofile(folder + "/slot_id")
+        states = np.arange(2 * 6 * e.vec, dtype=np.float32)
+        states.tofile(str(tmp_path / "ls0_opt_sparse_1.model"))
+        m.load_sparse_weights([folder])
+        if len(keys) == 6:
+            m.load_sparse_optimizer_states([str(tmp_path / "ls0_opt_sparse_1.model")])
+            np.testing.assert_array_equal(e.optimizer.states[1][:6], states.reshape(2, 6, e.vec)[1])
+        else:
+            with pytest.raises(ValueError, match=r"could come from \[1, 3\] ranks alike"):
+                m.load_sparse_optimizer_states([str(tmp_path / "ls0_opt_sparse_1.model")])
+
+
+def test_localized_keys_without_slot_id_load_on_one_rank_and_stay_unknown(tmp_path, cpu):
+    tr, ev = tiny_data(str(tmp_path))
+    m = tiny_dlrm(tr, ev, embedding=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash)
+    folder = str(tmp_path / "old0_sparse_2.model")
+    os.makedirs(folder)
+    np.arange(5, dtype=np.int64).tofile(folder + "/key")
+    np.zeros((5, 4), np.float32).tofile(folder + "/emb_vector")
+    m.load_sparse_weights([folder])
+    e = m.embeddings[0]
+    np.testing.assert_array_equal(e.dump_slots(), np.full(5, 2**64 - 1, np.uint64))
+    m._train_reader = None
+    m.train()                                             # new keys get their slots; old ones stay unknown
+    slots = e.dump_slots()
+    assert (slots[:5] == 2**64 - 1).all() and (slots[5:] < 3).all()
+    m.save_params_to_files(str(tmp_path / "re"), 1)       # unknown slots are written as 2**64-1 ...
+    assert (np.fromfile(str(tmp_path / "re0_sparse_1.model/slot_id"), "<u8")[:5] == 2**64 - 1).all()
+    m.load_sparse_weights([str(tmp_path / "re0_sparse_1.model")])    # ... and read back as unknown
+    np.testing.assert_array_equal(e.dump_slots(), slots)

@@ -8,7 +8,7 @@
         boundaries are the snapshot writer's file writes (half the bytes, then the kill), os.replace and
         shutil.rmtree calls; "comm": the collectives the save makes on that rank.
     mpiexec -n R python snapshot_run.py save DIR TRAIN EVAL
-        per embedding type: train, save DIR/{emb}_R{R}/ck@3, write the state and eval AUC (ref.npz), then
+        per embedding type (no BatchNorm: R ranks then train exactly as one): train, save DIR/{emb}_R{R}/ck@3, write the state and eval AUC (ref.npz), then
         restart the optimizers' step counters and the reader (as a reload does), train 2 steps and write
         the state again (continued).
     mpiexec -n R' python snapshot_run.py load DIR TRAIN EVAL R...
@@ -38,8 +38,10 @@ OPTIMIZERS = {"DistributedSlotSparseEmbeddingHash": ("Adam", "Global"),
 
 
 def build(train, evl, emb="LocalizedSlotSparseEmbeddingHash", opt="Adam", update="Global", seed=0, batch=12,
-          slots=3, dense=2, vec=4):
-    """A tiny DLRM with a BatchNorm (so snapshots carry a .ntp.json) over tests.model_util.tiny_data."""
+          slots=3, dense=2, vec=4, bn=True, sizes=None):
+    """A tiny DLRM over tests.model_util.tiny_data, with a BatchNorm (so snapshots carry a .ntp.json)
+    unless bn=False: BatchNorm statistics are per rank, so only without it do R ranks train exactly as
+    one. ``sizes``: the embedding's slot_size_array (default: 6 per slot for OneHot, none otherwise)."""
     solver = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, max_eval_batches=4, lr=0.05,
                                   vvgpu=[[0]], i64_input_key=True, seed=seed)
     reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[train],
@@ -50,11 +52,13 @@ def build(train, evl, emb="LocalizedSlotSparseEmbeddingHash", opt="Adam", update
                             data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, slots)]))
     model.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t[emb], workspace_size_per_gpu_in_mb=1,
                                       embedding_vec_size=vec, combiner="sum", sparse_embedding_name="emb",
-                                      bottom_name="data1", slot_size_array=[6] * slots if "OneHot" in emb else []))
+                                      bottom_name="data1",
+                                      slot_size_array=sizes or ([6] * slots if "OneHot" in emb else [])))
     L = hugectr.Layer_t
     model.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc1"], num_output=vec))
-    model.add(hugectr.DenseLayer(L.BatchNorm, ["fc1"], ["bn1"], factor=0.5))
-    model.add(hugectr.DenseLayer(L.ReLU, ["bn1"], ["relu1"]))
+    if bn:
+        model.add(hugectr.DenseLayer(L.BatchNorm, ["fc1"], ["bn1"], factor=0.5))
+    model.add(hugectr.DenseLayer(L.ReLU, ["bn1" if bn else "fc1"], ["relu1"]))
     model.add(hugectr.DenseLayer(L.Interaction, ["relu1", "emb"], ["inter"]))
     model.add(hugectr.DenseLayer(L.InnerProduct, ["inter"], ["fc2"], num_output=8))
     model.add(hugectr.DenseLayer(L.ReLU, ["fc2"], ["relu2"]))
@@ -171,7 +175,7 @@ def kill(folder, train, evl, kill_at, kill_rank, hook):
 def save(folder, train, evl):
     comm = comm_module.world()
     for emb, (opt, update) in OPTIMIZERS.items():
-        model = build(train, evl, emb, opt, update)
+        model = build(train, evl, emb, opt, update, bn=False)
         for _ in range(3):
             model.train()
         out = os.path.join(folder, f"{emb}_R{comm.size}")
@@ -194,7 +198,7 @@ def load(folder, train, evl, *saved_ranks):
     for emb, (opt, update) in OPTIMIZERS.items():
         for r in saved_ranks:
             out = os.path.join(folder, f"{emb}_R{r}")
-            model = build(train, evl, emb, opt, update, seed=11)       # other initial weights
+            model = build(train, evl, emb, opt, update, seed=11, bn=False)      # other initial weights
             load_all(model, os.path.join(out, "ck"), 3)
             got = state(model)
             auc = dict(model.eval_whole_source())["AUC"]
