@@ -136,7 +136,7 @@ def _enum(enum, name, where: str, key: str):
 
 def dense_layer_from_json(d: dict, where: str = "graph JSON dense layer") -> DenseLayer:
     """A DenseLayer from its JSON object; ValueError naming `where` and the missing or bad key."""
-    t = _need(d, "type", where)
+    t = _need(d, "type", f"{where} (top {d.get('top')!r})" if isinstance(d, dict) else where)
     layer_type = _enum(Layer_t, t, where, "layer type")
     where = f"{where} ({t}, top {d.get('top')!r})"
     kw = {}
@@ -266,10 +266,12 @@ def construct(model, path: str, include_dense_network: bool) -> None:
     """Add the Input, the embeddings and (optionally) the dense layers described by a graph JSON.
 
     Bad files raise ValueError naming the file, the layer (index, type, top) and the missing or bad key.
-    Optional keys (absent = a default the format defines): initializers, Concat axis (1), Reshape
-    time_step (0), Softmax factor (1), MultiCross projection_dim, MLP use_bias/biases/activation(s),
-    Data sparse is_fixed_length (False: a transfer hint only), an embedding's optimizer (absent: the
-    model's) and slot_size_array; every other key the writer writes is required.
+    Optional keys (absent = the default HugeCTR's own reader gives them, or keys HugeCTR never writes):
+    initializers (Default), Concat axis (1), Reshape time_step (0), Softmax factor (1), MultiCross
+    projection_dim, MLP use_bias/biases/activation(s), a loss's regularizer (absent: none; with it,
+    lambda is required), an embedding's optimizer (absent: the model's), one of workspace_size_per_gpu_in_mb
+    and slot_size_array, and the informational max_vocabulary_size_global, model_name and sparse "type"
+    (the embedding type decides). Every other key is required: nothing else silently defaults.
     """
     try:
         with open(path, "rb") as f:
@@ -293,7 +295,7 @@ def construct(model, path: str, include_dense_network: bool) -> None:
         for k, sp in enumerate(_need(data, "sparse", where)):
             w = f"{where}, sparse[{k}]"
             sparse.append(DataReaderSparseParam(_need(sp, "top", w), _need(sp, "nnz_per_slot", w),
-                                                sp.get("is_fixed_length", False), _need(sp, "slot_num", w)))
+                                                _need(sp, "is_fixed_length", w), _need(sp, "slot_num", w)))
         top, dims = _need(lab, "top", where, "label"), _need(lab, "label_dim", where, "label")
         dd, dn = _need(dense, "dense_dim", where, "dense"), _need(dense, "top", where, "dense")
         if isinstance(top, list):
@@ -326,7 +328,8 @@ def _embedding_from_json(d: dict, t: str, where: str) -> SparseEmbedding:
     if isinstance(vec, bool) or not isinstance(vec, int) or not 0 < vec <= 1024:
         raise ValueError(f"{where}: embedding_vec_size must be in 1..1024, got {vec!r}")
     if "workspace_size_per_gpu_in_mb" not in hp and "slot_size_array" not in hp:
-        raise ValueError(f"{where}: needs workspace_size_per_gpu_in_mb or slot_size_array")
+        raise ValueError(f"{where}: missing key 'sparse_embedding_hparam.workspace_size_per_gpu_in_mb' (or "
+                         f"'sparse_embedding_hparam.slot_size_array')")
     opt = _optimizer_from_json(d["optimizer"], where) if "optimizer" in d else OptParamsPy()
     return SparseEmbedding(Embedding_t[t], hp.get("workspace_size_per_gpu_in_mb", 0), vec,
                            _need(hp, "combiner", where, "sparse_embedding_hparam"), _need(d, "top", where),

@@ -390,8 +390,8 @@ class Model:
             return
         xp = device.xp()
         losses = xp.concatenate([t[layer.cfg.top_names[0]].data.reshape(1) for layer, _ in self.losses])
-        if device.kind() != "gpu":
-            if not np.isfinite(device.to_host(losses)).all():
+        if _host_memory(losses):
+            if not np.isfinite(losses).all():
                 raise self._nonfinite_loss(t, step, step)
             return
         flag = getattr(self, "_nonfinite_flag", None)
@@ -643,6 +643,11 @@ class ReaderHandle:
 
     def is_started(self) -> bool:
         return (self.model._train_reader if self.train else self.model._eval_reader) is not None
+
+
+def _host_memory(a) -> bool:
+    """True when reading `a` costs no device-to-host copy (cpu and sim arrays are NumPy's)."""
+    return isinstance(a, np.ndarray)
 
 
 def _names(x) -> list:
