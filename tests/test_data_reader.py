@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from numbactr.config import DataReaderParams
 from numbactr.data import DataFormatError, DataReader, make_reader
+from numbactr.data.errors import DataWarning
 from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import write_norm_file
 from numbactr.data.parquet import ParquetDatasetWriter
@@ -306,5 +307,6 @@ def test_raw_through_make_reader_uses_eval_num_samples(tmp_path):
     write_raw_file(p, np.arange(10).reshape(-1, 1), np.zeros((10, 1)), np.arange(10).reshape(-1, 1), False)
     prm = DataReaderParams(T.Raw, p, p, NON, num_samples=10, eval_num_samples=7, num_workers=3)
     assert sum(b.size for b in make_reader(prm, p, 4, 1, 1, [1], None, False, False)) == 10
-    assert sum(b.size for b in make_reader(prm, p, 4, 1, 1, [1], None, False, False, eval=True)) == 7
+    with pytest.warns(DataWarning, match="holds 10 samples but num_samples is 7: the last 3 are never read"):
+        assert sum(b.size for b in make_reader(prm, p, 4, 1, 1, [1], None, False, False, eval=True)) == 7
     assert isinstance(make_reader(prm, p, 4, 1, 1, [1], None, False, False), DataReader)

@@ -7,7 +7,7 @@ numbactr.data.parquet).
 """
 from __future__ import annotations
 
-__all__ = ["DataFormatError"]
+__all__ = ["DataFormatError", "DataWarning"]
 
 
 class DataFormatError(ValueError):
@@ -23,3 +23,8 @@ class DataFormatError(ValueError):
         if record is not None:
             where += f", record {record}"
         super().__init__(f"{where}: {message}")
+
+
+class DataWarning(UserWarning):
+    """Input data that is readable but partly unused, e.g. a Raw file holding more samples than
+    num_samples (the reader reads only the first num_samples, as HugeCTR does)."""

@@ -12,17 +12,22 @@ is partial (also in repeat mode, unlike Norm), see numbactr.data.reader.
 
 Errors (DataFormatError naming file, record, byte offset): a file shorter than num_samples samples, a
 length that is not a whole number of samples, and (checked by the reader) a non-finite label/dense
-value, e.g. log(x + 1) of an int dense value x <= -1.
+value, e.g. log(x + 1) of an int dense value x <= -1, a label outside its loss's range and a one-hot
+key outside its slot's range. A file longer than num_samples samples warns (DataWarning): its tail is
+never read. Raw has no checksum: any other damage to a record (a changed label, dense value or key
+that stays in range, or whole samples inserted or removed while the length stays a whole number of
+samples) is read as data without an error.
 HugeCTR: HugeCTR/include/data_readers/data_reader_worker_raw.hpp, mmap_offset_list.hpp,
 tools/raw_script/criteo2raw.cpp (writer side).
 """
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
-from .errors import DataFormatError
+from .errors import DataFormatError, DataWarning
 
 __all__ = ["RawFormatError", "raw_stride", "write_raw_file", "RawFile", "decode_raw_rows"]
 
@@ -85,7 +90,7 @@ class RawFile:
     """A Raw file mapped read-only; rows(a, b) decodes samples [a, b)."""
 
     def __init__(self, path, num_samples: int, label_dim: int, dense_dim: int, slot_num: int,
-                 float_label_dense: bool, i64_input_key: bool):
+                 float_label_dense: bool, i64_input_key: bool, warn_unread: bool = False):
         self.path = os.fspath(path)
         self.L, self.D, self.S = int(label_dim), int(dense_dim), int(slot_num)
         self.float_label_dense, self.i64 = bool(float_label_dense), bool(i64_input_key)
@@ -112,6 +117,10 @@ class RawFile:
             have = size // self.stride
             raise RawFormatError(self.path, size, f"num_samples is {self.num_samples} but the file holds "
                                                   f"only {have} samples of {self.stride} bytes", have)
+        if warn_unread and size > self.num_samples * self.stride:
+            warnings.warn(f"Raw file {self.path!r} holds {size // self.stride} samples but num_samples is "
+                          f"{self.num_samples}: the last {size // self.stride - self.num_samples} are never read",
+                          DataWarning, stacklevel=3)
         self._mm = np.memmap(self.path, dtype="<i4", mode="r",
                              shape=(self.num_samples, self.stride // 4))
 

@@ -537,7 +537,7 @@ class DataReader:
         if self.fmt == DataReaderType_t.Raw:
             self.files = [self.source]
             RawFile(self.source, self.num_samples, self.label_dim, self.dense_dim, self.slot_num,
-                    self.float_label_dense, self.i64).close()                 # size checks up front
+                    self.float_label_dense, self.i64, warn_unread=True).close()     # size checks up front
             self.num_workers = self.num_workers_requested
             return
         self.files = read_file_list(self.source)
