@@ -106,3 +106,10 @@ def test_killing_one_rank_during_a_save_leaves_the_previous_snapshot(tmp_path, d
         assert at != 12 and "ck_dense_2.model" in str(e), e       # after the commit point it must load
     else:
         assert_state(state(two), s2, "the interrupted snapshot")
+
+
+def test_a_save_rank_0_cannot_write_raises_on_every_rank(tmp_path, data):
+    r = mpirun(2, "fail", tmp_path, *data, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rank 0 raised FileNotFoundError: save_params_to_files: folder" in r.stdout
+    assert "rank 1 raised RuntimeError: save_params_to_files(" in r.stdout and "rank 0 could not write" in r.stdout

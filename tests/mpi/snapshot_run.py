@@ -11,6 +11,8 @@
         per embedding type (no BatchNorm: R ranks then train exactly as one): train, save DIR/{emb}_R{R}/ck@3, write the state and eval AUC (ref.npz), then
         restart the optimizers' step counters and the reader (as a reload does), train 2 steps and write
         the state again (continued).
+    mpiexec -n R python snapshot_run.py fail DIR TRAIN EVAL
+        save into a folder that does not exist: every rank prints what it raised.
     mpiexec -n R' python snapshot_run.py load DIR TRAIN EVAL R...
         per embedding type and saving rank count R: load DIR/{emb}_R{R}/ck@3 on R' ranks and write the state,
         the eval AUC and the state after 2 more steps (load_R{R'}.npz).
@@ -181,6 +183,8 @@ def save(folder, train, evl):
         out = os.path.join(folder, f"{emb}_R{comm.size}")
         os.makedirs(out, exist_ok=True)
         model.save_params_to_files(os.path.join(out, "ck"), 3)
+        # every rank returns only once the whole snapshot exists
+        assert os.path.exists(os.path.join(out, "ck_3.manifest.json")), f"rank {comm.rank} returned early"
         ref = state(model)
         auc = dict(model.eval_whole_source())["AUC"]
         # what a reload restarts: the step counters (HugeCTR stores none) and the reader
@@ -210,5 +214,15 @@ def load(folder, train, evl, *saved_ranks):
                          **{"cont_" + k: v for k, v in cont.items()})
 
 
+def fail(folder, train, evl):
+    """A save rank 0 cannot write (its folder does not exist): every rank raises, none hangs."""
+    comm = comm_module.world()
+    model = build(train, evl)
+    try:
+        model.save_params_to_files(os.path.join(folder, "missing", "ck"), 1)
+    except Exception as e:          # noqa: BLE001 (what each rank raises is the test)
+        print(f"rank {comm.rank} raised {type(e).__name__}: {e}", flush=True)
+
+
 if __name__ == "__main__":
-    {"kill": kill, "save": save, "load": load}[sys.argv[1]](*sys.argv[2:])
+    {"kill": kill, "save": save, "load": load, "fail": fail}[sys.argv[1]](*sys.argv[2:])
