@@ -44,9 +44,13 @@ truncation, insertion, malformed JSON, duplicate/reserved/out-of-range keys and 
 Ranks: keys are placed by their owner on the loading rank count R' (Distributed: key % R'; Localized:
 slot % R', from slot_id; OneHot: the slot whose block holds the key), so a save on R ranks reloads
 exactly on R'. A Localized key whose slot is not known (files without slot_id) loads on one rank only.
-Optimizer states move with their keys: row j of rank r's block belongs to rank r's j-th key, found
-from the manifest's rows per rank, or for HugeCTR files by the only rank count whose ownership rule
-groups the key file by rank in order (anything else is a clear error).
+A key used in several slots of a Localized table has a row on every rank holding one of those slots
+(HugeCTR's semantics; one-rank tables keep one row, its slot the first seen): such rows reload where
+they land on different ranks, and two on one rank are a duplicate-key error. load_sparse_weights keeps
+the optimizer state of every key the live table already held (new keys start from the initial state);
+load_sparse_optimizer_states gives each key its state: row j of rank r's block belongs to rank r's j-th
+key, from the manifest's rows per rank, or for HugeCTR files from the rank counts whose ownership rule
+groups the key file by rank in order, provided they all give each key the same row (else a clear error).
 """
 from __future__ import annotations
 
@@ -133,8 +137,7 @@ def _snapshot_files(model, base: str, it: int, sparse) -> tuple[list, list]:
             (f"{base}_opt_dense_{it}.model", _raw(np.concatenate(states) if states else np.zeros(0), "<f4"))]
     bns = norm_layers(model)
     if bns:
-        doc = {"layers": [{"type": "BatchNorm", "mean": [float(x) for x in device.to_host(b.running_mean)],
-                           "var": [float(x) for x in device.to_host(b.running_var)]} for b in bns]}
+        doc = {"layers": [b.ntp_entry() for b in bns]}
         outs.append((dense + ".ntp.json", json.dumps(doc, indent=2).encode()))
     records = []
     for i, (e, (counts, keys, vecs, slots, blocks)) in enumerate(zip(model.embeddings, sparse)):
@@ -378,24 +381,23 @@ class _Snapshot:
         raise DataFormatError(what, path, None, "does not match its manifest: " + "; ".join(problems))
 
 
-def _array(data: bytes, dtype: str, path: str, what: str, count: int | None = None, why: str = "",
-           record: int = 1) -> np.ndarray:
+def _array(data: bytes, dtype: str, path: str, what: str, count: int | None = None, why: str = "") -> np.ndarray:
     """The values of a raw little-endian file: exactly ``count`` of them when given (``why`` says where
-    that count comes from), else a whole number of ``record``-value records."""
+    that count comes from), else any whole number of them."""
     item = np.dtype(dtype).itemsize
     name = np.dtype(dtype).name
     if count is not None and len(data) != item * count:
         raise DataFormatError(what, path, None, f"holds {len(data)} bytes; this model needs exactly "
                                                 f"{item * count} ({count} {name} values{why})")
-    if len(data) % (item * record):
-        raise DataFormatError(what, path, None, f"{len(data)} bytes is not a whole number of {record}-value "
-                                                f"{name} records")
+    if len(data) % item:
+        raise DataFormatError(what, path, None, f"{len(data)} bytes is not a whole number of {name} values")
     return np.frombuffer(data, dtype=dtype)
 
 
 # ---- dense -------------------------------------------------------------------------------------
 def norm_layers(model) -> list:
-    return [layer for layer in model.layers if hasattr(layer, "running_mean")]
+    """The layers with non-trainable statistics in the .ntp.json (BatchNorm), in layer order."""
+    return [layer for layer in model.layers if hasattr(layer, "ntp_entry")]
 
 
 def load_dense_weights(model, path: str, allow_missing_ntp: bool = False) -> None:
@@ -403,11 +405,9 @@ def load_dense_weights(model, path: str, allow_missing_ntp: bool = False) -> Non
     snap = _Snapshot.of(path)
     weights = _array(snap.read(path, "dense model"), "<f4", path, "dense model", model.n_params)
     stats = _read_ntp(model, path + ".ntp.json", snap, allow_missing_ntp)
-    xp = device.xp()                                     # everything checked: assign
-    model.weights[...] = xp.asarray(weights)
+    model.weights[...] = device.xp().asarray(weights)      # everything checked: assign
     for b, (mean, var) in zip(norm_layers(model), stats):
-        b.running_mean[...] = xp.asarray(mean)
-        b.running_var[...] = xp.asarray(var)
+        b.load_ntp_entry({"mean": mean, "var": var})
 
 
 def _read_ntp(model, ntp: str, snap: _Snapshot, allow_missing: bool) -> list:

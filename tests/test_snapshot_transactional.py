@@ -118,7 +118,7 @@ CASES = {
                       DataFormatError, r"emb_vector.*needs exactly .*18 keys in .*key.* x embedding_vec_size 4"),
     "key not int64": (lambda f: edit_raw(f / "ck0_sparse_3.model/key", "<u1", lambda a: a[:-3]),
                       lambda m, f: m.load_sparse_weights([path(f, "ck0_sparse_3.model")]),
-                      DataFormatError, r"key.*is not a whole number of 1-value int64 records"),
+                      DataFormatError, r"key.*is not a whole number of int64 values"),
     "duplicate key": (lambda f: keys_with(f, [0, 1, 2, 1]),
                       lambda m, f: m.load_sparse_weights([path(f, "ck0_sparse_3.model")]),
                       DataFormatError, r"byte offset 24: key 1 appears at positions 1 and 3"),
