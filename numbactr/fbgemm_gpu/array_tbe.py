@@ -1,0 +1,582 @@
+"""FBGEMM's SplitTableBatchedEmbeddingBagsCodegen on numbactr's engine, for NumPy and CuPy arrays.
+
+This module maps FBGEMM's arguments, enums and layouts onto numbactr.embedding.engine.TableBatchedEmbedding
+and holds no embedding math: the lookup, the fused backward + optimizer and the bounds checks are the
+engine's. TBECore is the mapping; ArrayTBE is the face for arrays (forward, then an explicit backward);
+numbactr/fbgemm_gpu/torch_tbe.py wraps a TBECore in a torch.nn.Module whose autograd backward runs the
+same update. Shapes: T tables, F features, B batch, N indices, D width, V rows.
+
+FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_training.py and its codegen):
+  * input CSR: offsets (F*B + 1,), bag b of feature f at offsets[f*B + b]; output (B, sum_f D_f), or
+    (N, D) for PoolingMode.NONE; MEAN divides by the bag length (an empty bag gives 0).
+  * gradient_clipping clamps dLoss/dout elementwise to [-max_gradient, max_gradient] before the update
+    (FBGEMM's backward clamps grad_output, not the summed row gradient); max_norm applies to
+    EXACT_ROWWISE_ADAGRAD only; weight_decay is ignored by EXACT_SGD / EXACT_ADAGRAD, decoupled inside
+    ADAM / PARTIAL_ROWWISE_ADAM / LAMB / PARTIAL_ROWWISE_LAMB (weight_decay_mode is ignored there), and
+    NONE / L2 / DECOUPLE for EXACT_ROWWISE_ADAGRAD.
+  * `iter` counts forwards for EXACT_ROWWISE_ADAGRAD and the ADAM / LAMB kinds (their bias correction
+    uses the count of the forward whose backward runs the update); `step` counts every forward.
+  * variable batch per feature and rank (batch_size_per_feature_per_rank, VBE): offsets hold the bags
+    feature-major, then rank, then sample; the output is 1-D, rank-major: for each rank r, for each
+    feature f, its B_{f,r} pooled rows of D_f values.
+  * split_embedding_weights() / split_optimizer_states(): per-table views in FBGEMM's order
+    (momentum1 [, momentum2]; rowwise states (V,), per-element (V, D)); EXACT_SGD has no states and
+    returns [] as FBGEMM does.
+Differences, on purpose or not yet implemented (each raises or warns where it matters):
+  * embedding dims need not be multiples of 4 (the engine pads rows to 16 bytes itself).
+  * every table lives in the engine's one buffer on numbactr's device: DEVICE and HOST are that storage;
+    MANAGED is host memory on the cpu device and device memory (not UVM) on a GPU, where it warns;
+    MANAGED_CACHING warns IgnoredArgumentWarning and runs uncached (the same results; the cache comes
+    with the large-tables issue).
+  * per-sample weights with MEAN pooling scale by 1/L in forward and backward (FBGEMM's GPU kernels;
+    FBGEMM's CPU backward skips the 1/L there).
+  * EXACT_ADAGRAD / EXACT_ROWWISE_ADAGRAD on a table read by several features sum the row's gradients of
+    all its features before one update (FBGEMM's GPU kernels; FBGEMM's CPU build updates once per
+    feature); FBGEMM's CPU build also ignores max_norm and, for unshared FP32 tables, weight decay.
+  * set_optimizer_step(step) makes the next forward count step + 1 (FBGEMM's host copy of `iter` only
+    picks a new value up while it is 0).
+"""
+from __future__ import annotations
+
+import enum
+import os
+import warnings
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .. import device, log
+from ..config import IgnoredArgumentWarning
+from ..embedding.engine import (BoundsCheck, Grads, LookupContext, Optim, OptimizerSpec, Pooling, Precision,
+                                TableBatchedEmbedding, WeightDecay)
+from .split_embedding_configs import EmbOptimType, SparseType
+from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
+                                                        EmbeddingLocation, PoolingMode, WeightDecayMode)
+
+__all__ = ["TBEConfig", "TBECore", "ArrayTBE", "Lookup", "SUPPORTED_OPTIMIZERS"]
+
+#: FBGEMM optimizer -> the engine's fused optimizer
+_ENGINE_OPTIM = {
+    EmbOptimType.NONE: Optim.NONE, EmbOptimType.EXACT_SGD: Optim.EXACT_SGD,
+    EmbOptimType.EXACT_ADAGRAD: Optim.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD: Optim.EXACT_ROWWISE_ADAGRAD,
+    EmbOptimType.ADAM: Optim.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM: Optim.PARTIAL_ROWWISE_ADAM,
+    EmbOptimType.LAMB: Optim.LAMB, EmbOptimType.PARTIAL_ROWWISE_LAMB: Optim.PARTIAL_ROWWISE_LAMB,
+}
+SUPPORTED_OPTIMIZERS = tuple(_ENGINE_OPTIM)
+#: optimizers whose forward advances FBGEMM's `iter` (ADAM and LAMB kinds read it as the step t)
+_COUNTS_ITER = frozenset({EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM,
+                          EmbOptimType.LAMB, EmbOptimType.PARTIAL_ROWWISE_LAMB})
+#: optimizers that take weight_decay (the rest ignore it, as in FBGEMM)
+_DECAYS = frozenset(_COUNTS_ITER)
+#: get_optimizer_state()'s names of split_optimizer_states()'s entries (PyTorch optimizers' names)
+_STATE_NAMES = {EmbOptimType.EXACT_ADAGRAD: ("sum",), EmbOptimType.EXACT_ROWWISE_ADAGRAD: ("sum",),
+                EmbOptimType.ADAM: ("exp_avg", "exp_avg_sq"), EmbOptimType.PARTIAL_ROWWISE_ADAM: ("exp_avg", "exp_avg_sq"),
+                EmbOptimType.LAMB: ("exp_avg", "exp_avg_sq"), EmbOptimType.PARTIAL_ROWWISE_LAMB: ("exp_avg", "exp_avg_sq"),
+                EmbOptimType.EXACT_SGD: ()}
+_PRECISION = {SparseType.FP32: Precision.FP32, SparseType.FP16: Precision.FP16}
+_WEIGHT_DECAY = {WeightDecayMode.NONE: WeightDecay.NONE, WeightDecayMode.L2: WeightDecay.L2,
+                 WeightDecayMode.DECOUPLE: WeightDecay.DECOUPLE}
+_V2_BOUNDS = {BoundsCheckMode.V2_IGNORE: BoundsCheckMode.IGNORE, BoundsCheckMode.V2_WARNING: BoundsCheckMode.WARNING,
+              BoundsCheckMode.V2_FATAL: BoundsCheckMode.FATAL}
+WHO = "SplitTableBatchedEmbeddingBagsCodegen"
+
+
+@dataclass
+class TBEConfig:
+    """FBGEMM's constructor arguments after embedding_specs and feature_table_map, in FBGEMM's order and
+    with FBGEMM's defaults (so positional calls keep working). What numbactr does with each:"""
+    cache_algorithm: object = CacheAlgorithm.LRU        # cache: with MANAGED_CACHING only (not implemented:
+    cache_load_factor: float = 0.2                      #   those tables run uncached and warn)
+    cache_sets: int = 0
+    cache_reserved_memory: float = 0.0
+    cache_precision: object = None                      # None: weights_precision
+    weights_precision: object = SparseType.FP32         # FP32 | FP16
+    output_dtype: object = SparseType.FP32              # FP32 | FP16
+    enforce_hbm: bool = False                           # cache placement (as cache_*)
+    optimizer: object = EmbOptimType.EXACT_SGD          # SUPPORTED_OPTIMIZERS
+    record_cache_metrics: object = None                 # cache statistics: warns when set
+    gather_uvm_cache_stats: bool = False                #   (there is no cache to count)
+    stochastic_rounding: bool = True                    # FP16 weights: stochastic rounding of updates
+    gradient_clipping: bool = False                     # clamp dLoss/dout to +-max_gradient
+    max_gradient: float = 1.0
+    max_norm: float = 0.0                               # EXACT_ROWWISE_ADAGRAD: cap updated rows' L2 norm
+    learning_rate: float = 0.01
+    eps: float = 1.0e-8
+    momentum: float = 0.9                               # LARS_SGD only (not supported): unused
+    weight_decay: float = 0.0
+    weight_decay_mode: object = WeightDecayMode.NONE    # NONE | L2 | DECOUPLE (EXACT_ROWWISE_ADAGRAD)
+    eta: float = 0.001                                  # LARS_SGD only: unused
+    beta1: float = 0.9
+    beta2: float = 0.999
+    ensemble_mode: object = None                        # ENSEMBLE/EMAINPLACE_ROWWISE_ADAGRAD only: unused
+    emainplace_mode: object = None
+    counter_based_regularization: object = None         # WeightDecayMode.COUNTER / COWCLIP: not implemented
+    cowclip_regularization: object = None
+    pooling_mode: object = PoolingMode.SUM              # SUM | MEAN | NONE
+    device: object = None                               # must agree with numbactr's device (see TBECore)
+    bounds_check_mode: object = BoundsCheckMode.WARNING  # FATAL | WARNING | IGNORE | NONE (+ V2_ forms)
+    uvm_non_rowwise_momentum: bool = False              # UVM placement: warns when set
+    use_experimental_tbe: bool = False                  # FBGEMM's kernel choice: warns when set
+    prefetch_pipeline: bool = False                     # cache prefetch: warns when set
+    stats_reporter_config: object = None                # FBGEMM's monitoring hooks: warn when set
+    table_names: object = None                          # kept as .table_names
+    optimizer_state_dtypes: object = None               # only FP32 states (else NotImplementedError)
+    multipass_prefetch_config: object = None            # cache prefetch: warns when set
+    global_weight_decay: object = None                  # WeightDecayMode.DECOUPLE_GLOBAL only: unused
+    uvm_host_mapped: bool = False                       # UVM allocation: warns when set
+    extra_optimizer_config: object = None               # rowwise bias correction / writeback: not implemented
+    tbe_input_multiplexer_config: object = None         # FBGEMM's monitoring hooks: warn when set
+    embedding_table_index_type: object = None           # int32 | int64 (None: int64); numbactr reads both
+    embedding_table_offset_type: object = None          #   kinds of indices and offsets as they come
+    embedding_shard_info: object = None                 # sharding metadata for FBGEMM's monitoring: kept
+    enable_raw_embedding_streaming: bool = False        # not implemented
+    res_params: object = None                           # raw embedding streaming only: unused
+    is_qr_tbe: bool = False                             # unused
+    preallocated_host_buffers: object = None            # not implemented (the engine owns its buffers)
+
+
+#: arguments accepted but without effect in numbactr: a non-default value warns (IgnoredArgumentWarning)
+_IGNORED = {
+    "record_cache_metrics": "numbactr has no embedding cache to count", "gather_uvm_cache_stats":
+    "numbactr has no embedding cache to count", "uvm_non_rowwise_momentum": "optimizer states live beside "
+    "the weights in the engine's storage", "use_experimental_tbe": "numbactr has one TBE implementation per "
+    "device", "prefetch_pipeline": "numbactr has no embedding cache to prefetch into",
+    "multipass_prefetch_config": "numbactr has no embedding cache to prefetch into", "stats_reporter_config":
+    "FBGEMM's stats reporter is not supported", "tbe_input_multiplexer_config": "FBGEMM's input multiplexer "
+    "is not supported", "uvm_host_mapped": "numbactr allocates no UVM",
+}
+
+
+def _enum(cls, value, what: str):
+    """value as a member of cls: a member, FBGEMM's own member (matched by value), a value or a name."""
+    if isinstance(value, cls):
+        return value
+    raw = value.value if isinstance(value, enum.Enum) else value
+    try:
+        return cls(raw)
+    except ValueError:
+        pass
+    if isinstance(raw, str) and raw.upper() in cls.__members__:
+        return cls[raw.upper()]
+    raise ValueError(f"{WHO}: {what}={value!r} is not a {cls.__name__} (one of {', '.join(cls.__members__)})")
+
+
+def _dtype_name(dtype, what: str) -> str:
+    """'int32' or 'int64' for a torch or NumPy integer dtype (None: int64)."""
+    name = "int64" if dtype is None else str(dtype).replace("torch.", "")
+    if name not in ("int32", "int64"):
+        raise ValueError(f"{WHO}: {what} must be int32 or int64, got {dtype}")
+    return name
+
+
+def _specs(embedding_specs) -> list:
+    """[(rows, dim, EmbeddingLocation, ComputeDevice)]: FBGEMM's 4-tuples; (rows, dim) and
+    (rows, dim, location) are accepted too, the rest defaulting to this device."""
+    try:
+        specs = list(embedding_specs)
+    except TypeError:
+        raise ValueError(f"{WHO}: embedding_specs must be a list of (rows, dim, location, compute_device) "
+                         f"tuples, got {embedding_specs!r}") from None
+    if not specs:
+        raise ValueError(f"{WHO}: embedding_specs is empty; give at least one table")
+    default_cd = ComputeDevice.CUDA if device.kind() == "gpu" else ComputeDevice.CPU
+    default_loc = EmbeddingLocation.DEVICE if default_cd == ComputeDevice.CUDA else EmbeddingLocation.HOST
+    out = []
+    for t, spec in enumerate(specs):
+        spec = tuple(spec) if isinstance(spec, (tuple, list)) else (spec,)
+        if not 2 <= len(spec) <= 4:
+            raise ValueError(f"{WHO}: embedding_specs[{t}] = {spec!r}: expected (rows, dim, location, "
+                             "compute_device)")
+        rows, dim = spec[0], spec[1]
+        if not (isinstance(rows, (int, np.integer)) and isinstance(dim, (int, np.integer))) or rows < 0 or dim < 1:
+            raise ValueError(f"{WHO}: embedding_specs[{t}]: rows must be an integer >= 0 and dim an integer "
+                             f">= 1, got rows={rows!r}, dim={dim!r}")
+        loc = _enum(EmbeddingLocation, spec[2], f"embedding_specs[{t}] location") if len(spec) > 2 else default_loc
+        cd = _enum(ComputeDevice, spec[3], f"embedding_specs[{t}] compute_device") if len(spec) > 3 else default_cd
+        out.append((int(rows), int(dim), loc, cd))
+    return out
+
+
+@dataclass
+class _VBE:
+    """Variable batch sizes laid out for the engine: every feature padded to `batch` bags (empty bags)."""
+    batch: int                  # the padded B: the largest per-feature batch (summed over ranks)
+    offset_src: np.ndarray      # (F*batch + 1,) padded offsets = offsets[offset_src]: feature f's k-th
+                                # boundary is its own min(k, B_f)-th one, so padding bags are empty and
+                                # the offsets' values (and the bounds check's view of them) are unchanged
+    out_index: np.ndarray       # (sum_r sum_f B_fr D_f,) flat positions in the padded (batch, sum D)
+                                # output, in FBGEMM's VBE output order (rank, feature, sample, d)
+
+
+def _vbe_layout(batch_sizes, feature_dims: np.ndarray, n_bags: int) -> _VBE:
+    """The padding of FBGEMM's variable-batch input, batch_sizes[f][r] = B_{f,r} (F lists of R counts)."""
+    try:
+        b = np.array([[int(x) for x in row] for row in batch_sizes], np.int64)     # (F, R)
+    except (TypeError, ValueError):
+        raise ValueError(f"{WHO}: batch_size_per_feature_per_rank must be a list of per-rank batch sizes "
+                         f"for each feature, got {batch_sizes!r}") from None
+    n_features = feature_dims.size
+    if b.ndim != 2 or b.shape[0] != n_features or b.shape[1] < 1 or (b < 0).any():
+        raise ValueError(f"{WHO}: batch_size_per_feature_per_rank must hold {n_features} lists (one per "
+                         f"feature) of the same number of non-negative batch sizes (one per rank), got "
+                         f"{batch_sizes!r}")
+    if int(b.sum()) != n_bags:
+        raise ValueError(f"{WHO}: batch_size_per_feature_per_rank sums to {int(b.sum())} bags, but offsets "
+                         f"describe {n_bags} (offsets must have sum(B) + 1 entries)")
+    per_feature = b.sum(axis=1)                                    # (F,)
+    batch = int(per_feature.max())
+    first = np.concatenate([[0], np.cumsum(per_feature)])         # (F + 1,) first input bag of each feature
+    k = np.minimum(np.arange(batch), per_feature[:, None])          # (F, batch)
+    offset_src = np.concatenate([(first[:-1, None] + k).reshape(-1), [n_bags]])
+    start = np.concatenate([np.zeros((n_features, 1), np.int64), np.cumsum(b, axis=1)[:, :-1]], axis=1)  # (F, R)
+    cols = np.concatenate([[0], np.cumsum(feature_dims)])
+    pieces = []
+    for r in range(b.shape[1]):
+        for f in range(n_features):
+            k = start[f, r] + np.arange(b[f, r])                   # this rank's bags of feature f
+            pieces.append((k[:, None] * cols[-1] + cols[f] + np.arange(feature_dims[f])).reshape(-1))
+    return _VBE(batch, offset_src.astype(np.int64), np.concatenate(pieces).astype(np.int64))
+
+
+@dataclass
+class Lookup:
+    """One forward, for its backward: the engine's context, FBGEMM's iteration, the VBE layout if any."""
+    ctx: LookupContext
+    iteration: int
+    vbe: _VBE | None = None
+
+
+class TBECore:
+    """FBGEMM's TBE arguments mapped onto numbactr's engine (no embedding math here; see the module doc).
+
+    Args: FBGEMM's (embedding_specs, feature_table_map, then TBEConfig's fields), plus numbactr's
+    keyword-only `seed` (stochastic rounding's random stream and init_embedding_weights_uniform; default 0).
+
+    Device: the engine runs on numbactr.device's device. ComputeDevice.CUDA specs (or device="cuda") run
+    there too when there is no GPU (said once in the log, as a HugeCTR script's vvgpu runs on cpu);
+    ComputeDevice.CPU specs on the gpu device are an error (set NUMBACTR_DEVICE=cpu).
+    """
+
+    def __init__(self, embedding_specs, feature_table_map=None, *args, seed: int | None = None, **kwargs):
+        try:
+            cfg = TBEConfig(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{WHO}: {e}") from None
+        self.config = cfg
+        specs = _specs(embedding_specs)
+        self.embedding_specs = specs
+        n_tables = len(specs)
+        rows, dims, locations, compute_devices = (list(x) for x in zip(*specs))
+        self.dims = dims
+        ftm = list(range(n_tables)) if feature_table_map is None else [int(t) for t in feature_table_map]
+        bad = [t for t in ftm if not 0 <= t < n_tables]
+        if not ftm or bad:
+            raise ValueError(f"{WHO}: feature_table_map={feature_table_map!r} must name tables 0..{n_tables - 1}")
+        unread = sorted(set(range(n_tables)) - set(ftm))
+        if unread:
+            raise ValueError(f"{WHO}: every table must be read by at least one feature (FBGEMM's rule); "
+                             f"table(s) {unread} are not in feature_table_map")
+        self.feature_table_map = ftm
+
+        self.optimizer = _enum(EmbOptimType, cfg.optimizer, "optimizer")
+        self.pooling_mode = _enum(PoolingMode, cfg.pooling_mode, "pooling_mode")
+        self.weights_precision = _enum(SparseType, cfg.weights_precision, "weights_precision")
+        out_dtype = _enum(SparseType, cfg.output_dtype, "output_dtype")
+        self.output_dtype = out_dtype.as_int()         # FBGEMM keeps the int code
+        self.stochastic_rounding = bool(cfg.stochastic_rounding)
+        self.table_names = cfg.table_names
+        self.embedding_table_index_type = _dtype_name(cfg.embedding_table_index_type, "embedding_table_index_type")
+        self.embedding_table_offset_type = _dtype_name(cfg.embedding_table_offset_type, "embedding_table_offset_type")
+        self.mixed_D = len(set(dims)) > 1
+        if self.mixed_D and self.pooling_mode == PoolingMode.NONE:
+            raise ValueError(f"{WHO}: mixed dimension tables are only supported with pooling "
+                             f"(PoolingMode.NONE needs equal dims, got {dims})")
+        bounds = _enum(BoundsCheckMode, int(os.environ.get("FBGEMM_TBE_BOUNDS_CHECK_MODE",
+                                                           _enum(BoundsCheckMode, cfg.bounds_check_mode,
+                                                                 "bounds_check_mode").value)),
+                       "bounds_check_mode (FBGEMM_TBE_BOUNDS_CHECK_MODE)")
+        bounds = _V2_BOUNDS.get(bounds, bounds)
+        self.bounds_check_mode_int = int(bounds)
+        self._check_supported(cfg, out_dtype, locations, compute_devices)
+        self.current_device = self._resolve_device(cfg.device, compute_devices[0])
+
+        feature_dims = [dims[t] for t in ftm]
+        self.total_D = int(sum(feature_dims))
+        self.max_D = int(max(dims))
+        self.D_offsets = np.concatenate([[0], np.cumsum(feature_dims)]).astype(np.int32)   # (F + 1,)
+        self.feature_dims = np.asarray(feature_dims, np.int64)
+        self.engine = TableBatchedEmbedding(
+            list(zip(rows, dims)), ftm, pooling=Pooling(int(self.pooling_mode)),
+            optimizer=self._optimizer_spec(cfg), weights_precision=_PRECISION[self.weights_precision],
+            output_dtype=_PRECISION[out_dtype], bounds_check=BoundsCheck(int(bounds)),
+            stochastic_rounding=self.stochastic_rounding, seed=0 if seed is None else int(seed))
+
+    # ---- arguments ------------------------------------------------------------------------------------
+    def _check_supported(self, cfg: TBEConfig, out_dtype, locations, compute_devices) -> None:
+        opt = self.optimizer
+        if opt in (EmbOptimType.SGD, EmbOptimType.ROWWISE_ADAGRAD):
+            raise ValueError(f"{WHO}: Optimizer {opt} is deprecated in the CPU + GPU modes (FBGEMM); use "
+                             f"EXACT_{opt.name}")
+        if opt not in _ENGINE_OPTIM:
+            raise NotImplementedError(f"{WHO}: optimizer {opt.name} is not implemented in numbactr; supported: "
+                                      f"{', '.join(o.name for o in SUPPORTED_OPTIMIZERS)}")
+        for what, p in (("weights_precision", self.weights_precision), ("output_dtype", out_dtype)):
+            if p not in _PRECISION:
+                raise NotImplementedError(f"{WHO}: {what}={p.name} is not implemented in numbactr (FP32 or FP16)")
+        if len(set(compute_devices)) > 1:
+            raise ValueError(f"{WHO}: Heterogenous compute_devices are NOT supported (got "
+                             f"{[c.name for c in compute_devices]})")
+        if ComputeDevice.MTIA in compute_devices or EmbeddingLocation.MTIA in locations:
+            raise NotImplementedError(f"{WHO}: MTIA is not supported by numbactr")
+        cpu = compute_devices[0] == ComputeDevice.CPU
+        for t, loc in enumerate(locations):
+            if cpu != (loc == EmbeddingLocation.HOST):
+                raise ValueError(f"{WHO}: embedding_specs[{t}]: ComputeDevice.CPU goes with EmbeddingLocation.HOST "
+                                 f"and HOST with CPU only (FBGEMM's rule), got {loc.name} on {compute_devices[0].name}")
+        caching = [t for t, loc in enumerate(locations) if loc == EmbeddingLocation.MANAGED_CACHING]
+        if caching:
+            precision = self.weights_precision if cfg.cache_precision is None else \
+                _enum(SparseType, cfg.cache_precision, "cache_precision")
+            if precision != self.weights_precision:
+                raise NotImplementedError(f"{WHO}: cache_precision={precision.name} differs from weights_precision: "
+                                          "a cache in another precision is not implemented in numbactr")
+            warnings.warn(f"{WHO}: EmbeddingLocation.MANAGED_CACHING (tables {caching}) is ignored: numbactr's "
+                          "embedding cache is not implemented yet, so these tables are held whole in the engine's "
+                          "storage on this device (same results; cache_* arguments have no effect)",
+                          IgnoredArgumentWarning, stacklevel=4)
+        managed = [t for t, loc in enumerate(locations) if loc == EmbeddingLocation.MANAGED]
+        if managed and device.kind() == "gpu":
+            warnings.warn(f"{WHO}: EmbeddingLocation.MANAGED (tables {managed}) is ignored: numbactr allocates no "
+                          "UVM, these tables live in GPU memory", IgnoredArgumentWarning, stacklevel=4)
+        for name, why in _IGNORED.items():
+            value = getattr(cfg, name)
+            if value != TBEConfig.__dataclass_fields__[name].default:
+                warnings.warn(f"{WHO}: {name}={value!r} is ignored: {why}", IgnoredArgumentWarning, stacklevel=4)
+
+        mode = _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode")
+        if mode == WeightDecayMode.DECOUPLE_GLOBAL and (opt != EmbOptimType.EXACT_ROWWISE_ADAGRAD or
+                                                        cfg.global_weight_decay is None):
+            raise ValueError(f"{WHO}: weight_decay_mode=DECOUPLE_GLOBAL needs EXACT_ROWWISE_ADAGRAD and "
+                             "global_weight_decay (FBGEMM's rule)")
+        if (mode == WeightDecayMode.COUNTER) != (cfg.counter_based_regularization is not None) or \
+                (mode == WeightDecayMode.COWCLIP) != (cfg.cowclip_regularization is not None):
+            raise ValueError(f"{WHO}: weight_decay_mode COUNTER / COWCLIP go together with "
+                             "counter_based_regularization / cowclip_regularization (FBGEMM's rule)")
+        if opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD and mode not in _WEIGHT_DECAY:
+            raise NotImplementedError(f"{WHO}: weight_decay_mode={mode.name} is not implemented in numbactr "
+                                      "(NONE, L2 or DECOUPLE)")
+        not_implemented = {
+            "enable_raw_embedding_streaming": bool(cfg.enable_raw_embedding_streaming),
+            "preallocated_host_buffers": cfg.preallocated_host_buffers is not None,
+            "optimizer_state_dtypes": any(_enum(SparseType, v, "optimizer_state_dtypes") != SparseType.FP32
+                                          for v in (cfg.optimizer_state_dtypes or {}).values()),
+            "extra_optimizer_config": any(bool(getattr(cfg.extra_optimizer_config, a, False)) for a in
+                                          ("use_rowwise_bias_correction", "use_writeback_bwd_prehook")),
+        }
+        for name, used in not_implemented.items():
+            if used:
+                raise NotImplementedError(f"{WHO}: {name}={getattr(cfg, name)!r} is not implemented in numbactr")
+
+    def _resolve_device(self, wanted, compute_device) -> str:
+        """'cuda' on the gpu device, else 'cpu' (see the class docstring)."""
+        name = "" if wanted is None else (f"cuda:{wanted}" if isinstance(wanted, int) else str(wanted))
+        wants_cpu = name.startswith("cpu") or (not name and compute_device == ComputeDevice.CPU)
+        if device.kind() == "gpu":
+            if wants_cpu:
+                raise ValueError(f"{WHO}: ComputeDevice.CPU / device='cpu' asked for, but numbactr runs on the gpu "
+                                 "device in this process; set NUMBACTR_DEVICE=cpu to run the TBE on the CPU")
+            return "cuda"
+        if not wants_cpu:
+            log.info_once("fbgemm-cuda-on-cpu", f"{WHO}: ComputeDevice.CUDA / device={name or 'cuda'} runs on "
+                                                f"numbactr's {device.kind()} device ({device.describe()})")
+        return "cpu"
+
+    def _optimizer_spec(self, cfg: TBEConfig) -> OptimizerSpec:
+        opt = self.optimizer
+        mode = _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode")
+        rowwise = opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD
+        # gradient clipping is done here on dLoss/dout (FBGEMM's rule), never by the engine on row sums
+        return OptimizerSpec(
+            _ENGINE_OPTIM[opt], learning_rate=float(cfg.learning_rate), eps=float(cfg.eps),
+            beta1=float(cfg.beta1), beta2=float(cfg.beta2),
+            weight_decay=float(cfg.weight_decay) if opt in _DECAYS else 0.0,
+            weight_decay_mode=_WEIGHT_DECAY[mode] if rowwise else WeightDecay.NONE,
+            max_norm=float(cfg.max_norm) if rowwise else 0.0, gradient_clipping=False)
+
+    @property
+    def counts_iterations(self) -> bool:
+        """True when FBGEMM's forward advances `iter` for this optimizer."""
+        return self.optimizer in _COUNTS_ITER
+
+    # ---- lookup and update -------------------------------------------------------------------------------
+    def lookup(self, indices, offsets, per_sample_weights=None, feature_requires_grad=None,
+               batch_size_per_feature_per_rank=None, total_unique_indices=None, *, iteration: int = 0,
+               **unsupported):
+        """(output, Lookup): output (B, total_D), (N, D) for PoolingMode.NONE, or 1-D for VBE input.
+
+        indices (N,) and offsets (F*B + 1,) int32/int64 arrays of this device; per_sample_weights (N,)
+        float; feature_requires_grad (F,); iteration: FBGEMM's iter of this forward (the update's t).
+        FBGEMM's hash_zch_*, vbe_output* arguments are not implemented (an error when given).
+        """
+        given = sorted(k for k, v in unsupported.items() if v is not None)
+        if given:
+            raise NotImplementedError(f"{WHO}.forward: {', '.join(given)} not implemented in numbactr")
+        xp = device.xp()
+        indices, offsets = xp.asarray(indices), xp.asarray(offsets)
+        if self.optimizer == EmbOptimType.NONE and (total_unique_indices is None or
+                                                     int(total_unique_indices) > indices.size):
+            raise ValueError(f"{WHO}: OptimType.NONE requires total_unique_indices <= the number of indices "
+                             f"({indices.size}), got {total_unique_indices!r}")
+        vbe = None
+        if batch_size_per_feature_per_rank is not None:
+            if self.pooling_mode == PoolingMode.NONE:
+                raise ValueError(f"{WHO}: batch_size_per_feature_per_rank (variable batch) needs pooling; "
+                                 "PoolingMode.NONE has one output row per index already")
+            if offsets.ndim != 1 or offsets.shape[0] < 1:
+                raise ValueError(f"{WHO}: offsets must be 1-D with sum(B) + 1 entries, got shape {offsets.shape}")
+            vbe = _vbe_layout(batch_size_per_feature_per_rank, self.feature_dims, int(offsets.shape[0]) - 1)
+            offsets = offsets[xp.asarray(vbe.offset_src)]
+        out, ctx = self.engine.forward(indices, offsets, per_sample_weights,
+                                       feature_requires_grad=feature_requires_grad)
+        if vbe is not None:
+            out = out.reshape(-1)[xp.asarray(vbe.out_index)]
+        return out, Lookup(ctx, int(iteration), vbe)
+
+    def update(self, lookup: Lookup, grad_output) -> Grads:
+        """The fused backward + optimizer of one lookup with dLoss/doutput (the output's shape); returns the
+        engine's Grads (per-sample-weight gradients; the sparse row gradient for OptimType.NONE)."""
+        xp = device.xp()
+        dy = xp.asarray(grad_output)
+        if lookup.vbe is not None:
+            want = lookup.vbe.out_index.shape
+            if dy.shape != want:
+                raise ValueError(f"{WHO}: the gradient of a variable-batch output must have shape {want}, "
+                                 f"got {dy.shape}")
+            full = xp.zeros(lookup.vbe.batch * self.total_D, np.float32)
+            full[xp.asarray(lookup.vbe.out_index)] = dy
+            dy = full.reshape(lookup.vbe.batch, self.total_D)
+        if self.config.gradient_clipping:
+            dy = xp.clip(dy, -float(self.config.max_gradient), float(self.config.max_gradient))
+        if self.counts_iterations:
+            self.engine.step = lookup.iteration - 1         # the engine's update uses t = step + 1
+        return self.engine.backward(lookup.ctx, dy)
+
+    # ---- state ------------------------------------------------------------------------------------------
+    def split_embedding_weights(self) -> list:
+        """[(V_t, D_t) views of the weights, one per table] (writes reach the engine)."""
+        return self.engine.split_weights()
+
+    def split_optimizer_states(self) -> list:
+        """Per table, [momentum1 (, momentum2)] views in FBGEMM's order; [] for EXACT_SGD (FBGEMM's)."""
+        self._need_optimizer("Getting optimizer states")
+        states = self.engine.split_optimizer_states()
+        return states if any(states) else []
+
+    def optimizer_state_names(self) -> tuple:
+        """get_optimizer_state()'s key of each state (PyTorch's names: sum, exp_avg, exp_avg_sq)."""
+        self._need_optimizer("Getting optimizer state")
+        return _STATE_NAMES[self.optimizer]
+
+    def set_learning_rate(self, lr: float) -> None:
+        self._need_optimizer("Setting learning rate")
+        self.engine.learning_rate = float(lr)
+
+    def get_learning_rate(self) -> float:
+        return float(self.engine.learning_rate)
+
+    def update_hyper_parameters(self, params_dict: dict) -> None:
+        """FBGEMM's names: lr, eps, beta1, beta2, weight_decay (and lower_bound, kept for global weight
+        decay, which numbactr does not implement)."""
+        self._need_optimizer("Setting hyper-parameters")
+        unknown = sorted(set(params_dict) - {"lr", "eps", "beta1", "beta2", "weight_decay", "lower_bound"})
+        if unknown:
+            raise NotImplementedError(f"Setting hyper-parameter {unknown[0]} is not supported")
+        values = {("learning_rate" if k == "lr" else k): float(v) for k, v in params_dict.items()
+                  if k != "lower_bound" and not (k == "weight_decay" and self.optimizer not in _DECAYS)}
+        self.engine.set_hyper_parameters(**values)
+        if "lower_bound" in params_dict:
+            self.gwd_lower_bound = float(params_dict["lower_bound"])
+
+    def _need_optimizer(self, what: str) -> None:
+        if self.optimizer == EmbOptimType.NONE:
+            raise NotImplementedError(f"{what} is not supported for {self.optimizer}")
+
+
+class ArrayTBE(TBECore):
+    """FBGEMM's TBE on NumPy (cpu, sim) or CuPy (gpu) arrays, without torch: forward, then backward.
+
+        tbe = ArrayTBE([(1000, 16, EmbeddingLocation.HOST, ComputeDevice.CPU)] * 2, optimizer=...)
+        out = tbe(indices, offsets)          # (B, 32)
+        tbe.backward(dloss_dout)             # the fused update of the last training forward
+
+    `iter` (a (1,) int64 array) and `step` count forwards as in FBGEMM. backward(grad, lookup) takes a
+    Lookup from forward(..., return_lookup=True) when several forwards precede their backwards.
+    """
+
+    def __init__(self, embedding_specs, feature_table_map=None, *args, **kwargs):
+        super().__init__(embedding_specs, feature_table_map, *args, **kwargs)
+        self.iter = np.zeros(1, np.int64)
+        self.step = 0
+        self.training = True
+        self._pending = None
+
+    def forward(self, indices, offsets, per_sample_weights=None, feature_requires_grad=None,
+                batch_size_per_feature_per_rank=None, total_unique_indices=None, *, return_lookup: bool = False,
+                **unsupported):
+        """The lookup (see TBECore.lookup); in training mode its context waits for backward()."""
+        self.step += 1
+        if self.counts_iterations:
+            self.iter[0] += 1
+        out, lookup = self.lookup(indices, offsets, per_sample_weights, feature_requires_grad,
+                                  batch_size_per_feature_per_rank, total_unique_indices,
+                                  iteration=int(self.iter[0]), **unsupported)
+        if self.training:
+            self._pending = lookup
+        return (out, lookup) if return_lookup else out
+
+    __call__ = forward
+
+    def backward(self, grad_output, lookup: Lookup | None = None) -> Grads:
+        """Run the fused update of `lookup` (default: the last training forward's, once) with dLoss/dout."""
+        if lookup is None:
+            lookup, self._pending = self._pending, None
+            if lookup is None:
+                raise RuntimeError(f"{WHO}.backward: no training forward is waiting for its backward")
+        return self.update(lookup, grad_output)
+
+    def train(self, mode: bool = True) -> "ArrayTBE":
+        self.training = bool(mode)
+        return self
+
+    def eval(self) -> "ArrayTBE":
+        return self.train(False)
+
+    def set_optimizer_step(self, step: int) -> None:
+        """The next forward counts iteration step + 1."""
+        self._need_optimizer("Setting optimizer step")
+        self.iter[0] = int(step)
+
+    def get_optimizer_state(self) -> list:
+        """Per table, {name: state view} with PyTorch's names (FBGEMM's get_optimizer_state)."""
+        names = self.optimizer_state_names()
+        return [dict(zip(names, states)) for states in self.split_optimizer_states()]
+
+    def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
+        """Every weight U(min_val, max_val) from numbactr's hash of (seed, row, d) (torch's RNG in the
+        torch face)."""
+        self.engine.init_uniform(float(min_val), float(max_val))
+
+
+# FBGEMM's constructor signature on both faces (help() and inspect show it)
+def _signature():
+    import inspect
+    params = [inspect.Parameter("embedding_specs", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("feature_table_map", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
+    params += [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
+               for f in fields(TBEConfig)]
+    params.append(inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=None))
+    return inspect.Signature(params)
+
+
+SIGNATURE = _signature()
+ArrayTBE.__signature__ = SIGNATURE

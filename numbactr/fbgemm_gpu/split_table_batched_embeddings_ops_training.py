@@ -1,0 +1,35 @@
+"""FBGEMM's training TBE under FBGEMM's module path: a PyTorch script changes one import line,
+
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+ -> from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+
+With torch installed SplitTableBatchedEmbeddingBagsCodegen is a torch.nn.Module (numbactr/fbgemm_gpu/
+torch_tbe.py); without torch it is ArrayTBE, the same face on NumPy/CuPy arrays with an explicit
+backward() (numbactr/fbgemm_gpu/array_tbe.py, which also lists what each argument does here). The enums
+FBGEMM's module exports are importable from here too, as in FBGEMM.
+"""
+from __future__ import annotations
+
+from .. import device
+from .array_tbe import ArrayTBE, SUPPORTED_OPTIMIZERS, TBECore
+from .split_embedding_configs import EmbOptimType, SparseType
+from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
+                                                        EmbeddingLocation, PoolingMode, WeightDecayMode)
+
+OptimType = EmbOptimType
+
+try:
+    import torch  # noqa: F401  (optional: decides which face this module exports)
+except ImportError:
+    SplitTableBatchedEmbeddingBagsCodegen = ArrayTBE
+else:
+    from .torch_tbe import SplitTableBatchedEmbeddingBagsCodegen
+
+__all__ = ["SplitTableBatchedEmbeddingBagsCodegen", "ArrayTBE", "TBECore", "SUPPORTED_OPTIMIZERS",
+           "EmbOptimType", "OptimType", "SparseType", "BoundsCheckMode", "CacheAlgorithm", "ComputeDevice",
+           "EmbeddingLocation", "PoolingMode", "WeightDecayMode", "get_available_compute_device"]
+
+
+def get_available_compute_device() -> ComputeDevice:
+    """CUDA when numbactr runs on the gpu device, else CPU."""
+    return ComputeDevice.CUDA if device.kind() == "gpu" else ComputeDevice.CPU

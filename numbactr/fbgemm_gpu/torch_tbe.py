@@ -1,0 +1,190 @@
+"""FBGEMM's SplitTableBatchedEmbeddingBagsCodegen as a torch.nn.Module on numbactr's engine (imports torch).
+
+The module holds a TBECore (numbactr/fbgemm_gpu/array_tbe.py: FBGEMM's arguments mapped onto the engine)
+and runs each lookup as a torch.autograd.Function whose backward is the engine's fused backward +
+optimizer: the tables are updated in place during loss.backward() and no dense weight gradient exists,
+as in FBGEMM (the module's one parameter, `placeholder_autograd_tensor`, is empty and gets no gradient;
+with OptimType.NONE the weights are the parameter `weights_dev` of shape (sum V, D) and get a sparse COO
+gradient). Tensors and the engine's arrays share memory: torch.from_numpy / .numpy() on the CPU,
+DLPack with CuPy on a GPU (numbactr's gpu device), so split_embedding_weights() returns views that
+write through to the engine, and nothing is copied per step.
+
+state_dict() holds the engine's buffers under FBGEMM's names (weights_host / momentum1_host /
+momentum2_host on the CPU, *_dev on a GPU) as flat arrays in the engine's layout: table after table,
+rows padded to 16 bytes (FBGEMM's layout for FP32 tables, whose dims FBGEMM requires to be multiples of 4).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import device
+from .array_tbe import SIGNATURE, WHO, TBECore
+from .split_embedding_configs import EmbOptimType
+
+__all__ = ["SplitTableBatchedEmbeddingBagsCodegen"]
+
+
+def _as_array(t):
+    """A tensor as an array of numbactr's device sharing its memory (NumPy on cpu, CuPy on cuda);
+    anything else (arrays, lists, None) as it is."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    t = t.detach().contiguous()
+    if t.is_cuda:
+        import cupy
+        return cupy.from_dlpack(t)
+    return t.numpy()
+
+
+def _as_tensor(a):
+    """An array of numbactr's device as a tensor sharing its memory."""
+    if a is None:
+        return None
+    if hasattr(a, "__cuda_array_interface__"):
+        return torch.from_dlpack(a)
+    return torch.from_numpy(np.asarray(a))
+
+
+class _Lookup(torch.autograd.Function):
+    """out = the TBE lookup; backward = the engine's fused update (no gradient for the weights, except the
+    sparse one of OptimType.NONE), and the gradient of the per-sample weights."""
+
+    @staticmethod
+    def forward(ctx, core, inputs, iteration, placeholder, weights, per_sample_weights):
+        out, lookup = core.lookup(**inputs, per_sample_weights=_as_array(per_sample_weights), iteration=iteration)
+        ctx.core, ctx.lookup = core, lookup
+        ctx.psw_dtype = None if per_sample_weights is None else per_sample_weights.dtype
+        return _as_tensor(out)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grads = ctx.core.update(ctx.lookup, _as_array(grad_output))
+        d_psw = d_weights = None
+        if ctx.needs_input_grad[5] and grads.per_sample_weights is not None:
+            d_psw = _as_tensor(grads.per_sample_weights).to(ctx.psw_dtype)
+        if ctx.needs_input_grad[4] and grads.sparse is not None:
+            rows, values = _as_tensor(grads.sparse.rows), _as_tensor(grads.sparse.values)
+            n_rows, dim = int(ctx.core.engine.row_offsets[-1]), ctx.core.max_D
+            d_weights = torch.sparse_coo_tensor(rows.reshape(1, -1), values[:, :dim], (n_rows, dim))
+        return None, None, None, None, d_weights, d_psw
+
+
+class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
+    """FBGEMM's Table Batched Embedding (TBE) on numbactr's engine; FBGEMM's constructor arguments (see
+    numbactr/fbgemm_gpu/array_tbe.py for what each does here and where numbactr differs).
+
+    The numbactr-only keyword `seed` seeds stochastic rounding (default: torch.initial_seed(), so
+    torch.manual_seed governs it as it governs FBGEMM's). Weights start at 0; init_embedding_weights_uniform
+    draws them with torch's generator, in FBGEMM's order.
+    """
+
+    def __init__(self, embedding_specs, feature_table_map=None, *args, seed: int | None = None, **kwargs):
+        super().__init__()
+        core = TBECore(embedding_specs, feature_table_map, *args,
+                       seed=torch.initial_seed() % 2 ** 63 if seed is None else seed, **kwargs)
+        self._core = core
+        for name in ("embedding_specs", "feature_table_map", "optimizer", "pooling_mode", "weights_precision",
+                     "output_dtype", "stochastic_rounding", "bounds_check_mode_int", "table_names", "dims",
+                     "mixed_D", "total_D", "max_D", "embedding_table_index_type", "embedding_table_offset_type"):
+            setattr(self, name, getattr(core, name))
+        self.current_device = torch.device(core.current_device)
+        self.is_nobag = not core.pooling_mode.do_pooling()
+        self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, device=self.current_device))
+        self.register_buffer("D_offsets", torch.from_numpy(core.D_offsets).to(self.current_device), persistent=False)
+        self.register_buffer("iter", torch.zeros(1, dtype=torch.int64, device=self.current_device),
+                             persistent=core.counts_iterations)
+        self.iter_cpu = 0                      # FBGEMM's host copy of `iter`: no device read per step
+        self.step = 0
+        where = "dev" if self.current_device.type == "cuda" else "host"
+        engine = core.engine
+        if self.optimizer == EmbOptimType.NONE:
+            # all dims are equal (FBGEMM's rule for NONE), so every table has the same padded row stride
+            flat = _as_tensor(engine.weights).view(-1, int(engine.strides[0]))[:, :self.max_D]
+            self.weights_dev = nn.Parameter(flat)                                  # (sum V, D)
+        else:
+            self.register_buffer(f"weights_{where}", _as_tensor(engine.weights))
+        for i, state in enumerate(engine.states):
+            self.register_buffer(f"momentum{i + 1}_{where}", _as_tensor(state))
+
+    @property
+    def engine(self):
+        """numbactr's TableBatchedEmbedding under this module."""
+        return self._core.engine
+
+    def forward(self, indices, offsets, per_sample_weights=None, feature_requires_grad=None,
+                batch_size_per_feature_per_rank=None, total_unique_indices=None, hash_zch_identities=None,
+                hash_zch_runtime_meta=None, vbe_output=None, vbe_output_offsets=None):
+        """(B, total_D) pooled embeddings ((N, D) for PoolingMode.NONE, 1-D for variable batch sizes).
+
+        indices (N,) and offsets (F*B + 1,) int32/int64 on this module's device; per_sample_weights (N,);
+        feature_requires_grad (F,). loss.backward() updates the tables with the fused optimizer.
+        """
+        for name, t in (("indices", indices), ("offsets", offsets), ("per_sample_weights", per_sample_weights)):
+            if isinstance(t, torch.Tensor) and t.device.type != self.current_device.type:
+                raise ValueError(f"{WHO}.forward: {name} is on {t.device}, this module runs on "
+                                 f"{self.current_device} (numbactr's {device.kind()} device)")
+        self.step += 1
+        if self._core.counts_iterations:
+            if self.iter_cpu == 0:             # FBGEMM's rule: pick up a loaded or set `iter`
+                self.iter_cpu = int(self.iter.item())
+            self.iter_cpu += 1
+            self.iter.add_(1)
+        inputs = dict(indices=_as_array(indices), offsets=_as_array(offsets),
+                      feature_requires_grad=_as_array(feature_requires_grad),
+                      batch_size_per_feature_per_rank=batch_size_per_feature_per_rank,
+                      total_unique_indices=total_unique_indices)
+        unsupported = dict(hash_zch_identities=hash_zch_identities, hash_zch_runtime_meta=hash_zch_runtime_meta,
+                           vbe_output=vbe_output, vbe_output_offsets=vbe_output_offsets)
+        given = sorted(k for k, v in unsupported.items() if v is not None)
+        if given:
+            raise NotImplementedError(f"{WHO}.forward: {', '.join(given)} not implemented in numbactr")
+        weights = self.weights_dev if self.optimizer == EmbOptimType.NONE else None
+        return _Lookup.apply(self._core, inputs, self.iter_cpu, self.placeholder_autograd_tensor, weights,
+                             per_sample_weights)
+
+    # ---- FBGEMM's methods ---------------------------------------------------------------------------------
+    def split_embedding_weights(self) -> list:
+        """[(V_t, D_t) tensor views of the weights, one per table]."""
+        return [_as_tensor(w) for w in self._core.split_embedding_weights()]
+
+    def split_optimizer_states(self) -> list:
+        """Per table, [momentum1 (, momentum2)] tensor views in FBGEMM's order ([] for EXACT_SGD)."""
+        return [[_as_tensor(s) for s in states] for states in self._core.split_optimizer_states()]
+
+    def get_optimizer_state(self) -> list:
+        """Per table, {name: state view} with PyTorch's names (sum; exp_avg, exp_avg_sq)."""
+        names = self._core.optimizer_state_names()
+        return [dict(zip(names, states)) for states in self.split_optimizer_states()]
+
+    def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
+        """Every table's weights U(min_val, max_val) from torch's generator, table by table (FBGEMM's way)."""
+        with torch.no_grad():
+            for w in self.split_embedding_weights():
+                w.uniform_(min_val, max_val)
+
+    def set_learning_rate(self, lr: float) -> None:
+        self._core.set_learning_rate(lr)
+
+    def get_learning_rate(self) -> float:
+        return self._core.get_learning_rate()
+
+    def update_hyper_parameters(self, params_dict: dict) -> None:
+        """FBGEMM's names: lr, eps, beta1, beta2, weight_decay (lower_bound is kept, unused)."""
+        self._core.update_hyper_parameters(params_dict)
+
+    def set_optimizer_step(self, step: int) -> None:
+        """The next forward counts iteration step + 1."""
+        self._core._need_optimizer("Setting optimizer step")
+        self.iter.fill_(int(step))
+        self.iter_cpu = int(step)
+
+    def prefetch(self, indices, offsets, forward_stream=None, batch_size_per_feature_per_rank=None) -> None:
+        """Nothing to do: numbactr has no embedding cache (MANAGED_CACHING tables are held whole)."""
+
+    def flush(self) -> None:
+        """Nothing to do: numbactr has no embedding cache to write back."""
+
+
+SplitTableBatchedEmbeddingBagsCodegen.__signature__ = SIGNATURE
