@@ -486,18 +486,20 @@ class _SparseModel:
     """One embedding's sparse model folder, parsed and checked."""
     folder: str
     keys: np.ndarray           # (n,) uint64, file order
-    vectors: np.ndarray        # (n, D) float32
+    vectors: np.ndarray | None  # (n, D) float32 (None: not read)
     slots: np.ndarray | None   # (n,) int64 slot of each key (-1: not known), None without slot_id
 
 
-def _read_sparse(e, folder: str) -> _SparseModel:
+def _read_sparse(e, folder: str, with_vectors: bool = True) -> _SparseModel:
     snap = _Snapshot.of(folder)
     kpath, vpath, spath = (os.path.join(folder, f) for f in ("key", "emb_vector", "slot_id"))
     what = f"embedding {e.name!r}"
     keys = _array(snap.read(kpath, what + " keys"), "<i8", kpath, what + " keys").astype(np.uint64)
     n = keys.shape[0]
-    vectors = _array(snap.read(vpath, what + " vectors"), "<f4", vpath, what + " vectors", n * e.vec,
-                     f": {n} keys in {kpath!r} x embedding_vec_size {e.vec}").reshape(n, e.vec)
+    vectors = None
+    if with_vectors:
+        vectors = _array(snap.read(vpath, what + " vectors"), "<f4", vpath, what + " vectors", n * e.vec,
+                         f": {n} keys in {kpath!r} x embedding_vec_size {e.vec}").reshape(n, e.vec)
     slots = None
     if snap.has(spath):
         raw = _array(snap.read(spath, what + " slot ids"), "<u8", spath, what + " slot ids", n,
@@ -606,7 +608,7 @@ def _read_sparse_states(model, e, path: str) -> tuple[np.ndarray, np.ndarray]:
         raise FileNotFoundError(f"{what}: the rows of {path!r} belong to the keys of its sparse model folder "
                                 f"({folder!r}, HugeCTR's name {{prefix}}{{i}}_sparse_{{iter}}.model beside it), "
                                 "which is needed to give every key its state and does not exist")
-    sm = _read_sparse(e, folder)
+    sm = _read_sparse(e, folder, with_vectors=False)          # the keys (and slots) say whose each row is
     n = sm.keys.shape[0]
     if rec:
         ranks, block, counts = snap.body["ranks"], rec["block_rows"], rec["rows_per_rank"]
