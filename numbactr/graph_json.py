@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from .config import CreateOptimizer, DataReaderSparseParam, DenseLayer, Input, OptParamsPy, SparseEmbedding
+from .config import (CreateOptimizer, DataReaderSparseParam, DenseLayer, Input, OptParamsPy, SparseEmbedding,
+                     warn_ignored)
 from .enums import (Activation_t, Embedding_t, FcPosition_t, Initializer_t, Layer_t, Optimizer_t,
                     Regularizer_t, Update_t)
 
@@ -134,6 +135,22 @@ def _enum(enum, name, where: str, key: str):
         raise ValueError(f"{where}: {key} {name!r} is not one of {list(enum.__members__)}") from None
 
 
+# keys every layer object may hold besides its parameters ("name": HugeCTR's legacy configs)
+_LAYER_KEYS = {"type", "bottom", "top", "name"}
+# keys HugeCTR's writer adds that numbactr reads elsewhere or derives (MLP: num_outputs[-1])
+_EXTRA_KEYS = {"mlp_param": {"num_output"}}
+
+
+def _warn_unknown(obj, known, where: str, path: str = "") -> None:
+    """An unknown key (a typo, damage, another version's option) is not read: say so, since an optional
+    parameter misspelled would otherwise silently take its default."""
+    if isinstance(obj, dict):
+        for k in obj:
+            if k not in known:
+                warn_ignored(where, f"unknown key {(path + '.' if path else '') + k!r}", obj[k],
+                             "numbactr does not read it", stacklevel=5)
+
+
 def dense_layer_from_json(d: dict, where: str = "graph JSON dense layer") -> DenseLayer:
     """A DenseLayer from its JSON object; ValueError naming `where` and the missing or bad key."""
     t = _need(d, "type", f"{where} (top {d.get('top')!r})" if isinstance(d, dict) else where)
@@ -161,6 +178,12 @@ def dense_layer_from_json(d: dict, where: str = "graph JSON dense layer") -> Den
     if t in _LOSSES and "regularizer" in d:
         kw.update(use_regularizer=True, regularizer_type=_enum(Regularizer_t, d["regularizer"], where, "regularizer"))
         kw["lambda"] = _need(d, "lambda", where)
+    params = PARAMS.get(t, [])
+    _warn_unknown(d, _LAYER_KEYS | {g or k for g, k, _, _ in params} | ({"regularizer", "lambda"} if t in _LOSSES
+                                                                         else set()), where)
+    for group in {g for g, _, _, _ in params if g}:
+        _warn_unknown(d.get(group), {k for g, k, _, _ in params if g == group} | _EXTRA_KEYS.get(group, set()),
+                      where, group)
     return DenseLayer(layer_type, _as_list(_need(d, "bottom", where)), _as_list(_need(d, "top", where)), **kw)
 
 
@@ -193,6 +216,8 @@ def _optimizer_from_json(d: dict, where: str) -> OptParamsPy:
         h = _need(d, group, where, "optimizer")
         for k in keys:
             kw[k] = _need(h, k, where, f"optimizer.{group}")
+        _warn_unknown(d, {"type", "update_type", group}, where, "optimizer")
+        _warn_unknown(h, set(keys), where, f"optimizer.{group}")
     try:
         return CreateOptimizer(**kw)
     except ValueError as e:
@@ -271,7 +296,9 @@ def construct(model, path: str, include_dense_network: bool) -> None:
     projection_dim, MLP use_bias/biases/activation(s), a loss's regularizer (absent: none; with it,
     lambda is required), an embedding's optimizer (absent: the model's), one of workspace_size_per_gpu_in_mb
     and slot_size_array, and the informational max_vocabulary_size_global, model_name and sparse "type"
-    (the embedding type decides). Every other key is required: nothing else silently defaults.
+    (the embedding type decides). Every other key is required: nothing else silently defaults. A key
+    numbactr does not read (a misspelled optional one, another version's option) warns
+    (IgnoredArgumentWarning) naming the layer and the key.
     """
     try:
         with open(path, "rb") as f:
@@ -296,6 +323,11 @@ def construct(model, path: str, include_dense_network: bool) -> None:
             w = f"{where}, sparse[{k}]"
             sparse.append(DataReaderSparseParam(_need(sp, "top", w), _need(sp, "nnz_per_slot", w),
                                                 _need(sp, "is_fixed_length", w), _need(sp, "slot_num", w)))
+        _warn_unknown(data, {"type", "label", "dense", "sparse", "name"}, where)
+        _warn_unknown(lab, {"top", "label_dim"}, where, "label")
+        _warn_unknown(dense, {"top", "dense_dim"}, where, "dense")
+        for k, sp in enumerate(data["sparse"]):
+            _warn_unknown(sp, {"top", "type", "nnz_per_slot", "is_fixed_length", "slot_num"}, where, f"sparse[{k}]")
         top, dims = _need(lab, "top", where, "label"), _need(lab, "label_dim", where, "label")
         dd, dn = _need(dense, "dense_dim", where, "dense"), _need(dense, "top", where, "dense")
         if isinstance(top, list):
@@ -330,6 +362,9 @@ def _embedding_from_json(d: dict, t: str, where: str) -> SparseEmbedding:
     if "workspace_size_per_gpu_in_mb" not in hp and "slot_size_array" not in hp:
         raise ValueError(f"{where}: missing key 'sparse_embedding_hparam.workspace_size_per_gpu_in_mb' (or "
                          f"'sparse_embedding_hparam.slot_size_array')")
+    _warn_unknown(d, _LAYER_KEYS | {"sparse_embedding_hparam", "optimizer"}, where)
+    _warn_unknown(hp, {"workspace_size_per_gpu_in_mb", "max_vocabulary_size_global", "embedding_vec_size",
+                       "combiner", "slot_size_array"}, where, "sparse_embedding_hparam")
     opt = _optimizer_from_json(d["optimizer"], where) if "optimizer" in d else OptParamsPy()
     return SparseEmbedding(Embedding_t[t], hp.get("workspace_size_per_gpu_in_mb", 0), vec,
                            _need(hp, "combiner", where, "sparse_embedding_hparam"), _need(d, "top", where),

@@ -363,3 +363,23 @@ def test_graph_json_structure_errors(tmp_path):
             m2.compile()
         if "swapped" not in pattern:
             assert repr(str(bad)) in str(e.value)
+
+
+def test_graph_json_unknown_key_warns(tmp_path):
+    """A misspelled optional key would silently leave its parameter at the default: it warns instead."""
+    tr, ev = tiny_data(str(tmp_path))
+    m = tiny_dlrm(tr, ev)
+    path = tmp_path / "g.json"
+    m.graph_to_json(str(path))
+    g = json.loads(path.read_text())
+    g["layers"][2]["fc_param"]["weight_innit"] = "XavierNorm"
+    g["layers"][1]["sparse_embedding_hparam"]["combinr"] = "mean"
+    path.write_text(json.dumps(g))
+    m2 = hugectr.Model(m.solver, m.reader_params, hugectr.CreateOptimizer())
+    with pytest.warns(IgnoredArgumentWarning) as rec:
+        m2.construct_from_json(str(path), include_dense_network=True)
+    msgs = [str(w.message) for w in rec]
+    assert any("layer 2 (InnerProduct, top 'fc1'): unknown key 'fc_param.weight_innit'='XavierNorm' is ignored"
+               in x for x in msgs), msgs
+    assert any("layer 1 (DistributedSlotSparseEmbeddingHash, top 'emb'): unknown key "
+               "'sparse_embedding_hparam.combinr'" in x for x in msgs), msgs

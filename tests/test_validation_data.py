@@ -128,7 +128,7 @@ def test_label_rules(tmp_path, fmt, kind, good, bad):
 
 def _rewrite_norm(lst, label=None, keys=None, record=3):
     """Rewrite the first file of a tiny_data list with one label or key changed at `record`."""
-    path = open(lst).read().split()[1]
+    path = pathlib.Path(lst).read_text().split()[1]
     dec = decode_norm_file(path, 1, 2, 3, Check_t.Sum, np.int64)
     lab, k = dec.label.copy(), dec.keys.reshape(-1, 3).copy()
     if label is not None:
@@ -205,11 +205,11 @@ def test_parquet_page_checksum_names_file_row_group_and_column(tmp_path):
     md = pq.ParquetFile(path).metadata
     col = md.row_group(1).column(2)                       # row group 1, column C2 (the second cont)
     assert col.path_in_schema == "C2"
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
     body = raw.index(np.float32(1000 + 40).tobytes(), start, start + col.total_compressed_size)
     raw[body + 1] ^= 0x10                                 # a mantissa bit of the value 1040
-    open(path, "wb").write(bytes(raw))
+    pathlib.Path(path).write_bytes(bytes(raw))
     prm = DataReaderParams(T.Parquet, lst, lst, Check_t.Non, slot_size_array=[3, 5])
     with pytest.raises(DataFormatError, match=r"row group 1, column 'C2': page checksum mismatch") as e:
         list(make_reader(prm, lst, 16, 1, 2, [2], None, True, False))
@@ -226,7 +226,7 @@ def test_parquet_footer_row_counts_must_agree(tmp_path):
     w.write_file("a.parquet", np.zeros(n), np.zeros(n), [np.arange(n)])
     lst = w.close()
     path = str(tmp_path / "a.parquet")
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(pathlib.Path(path).read_bytes())
     flen = struct.unpack("<i", raw[-8:-4])[0]
     footer = bytes(raw[-8 - flen:-8])
     # thrift compact: RowGroup.num_rows (field 3, i64) follows total_byte_size; find the zigzag 12 = 0x18
@@ -234,7 +234,7 @@ def test_parquet_footer_row_counts_must_agree(tmp_path):
     for i in [k for k, b in enumerate(footer) if b == 0x18]:
         b = bytearray(raw)
         b[len(raw) - 8 - flen + i] = 0x10                 # zigzag 8
-        open(path, "wb").write(bytes(b))
+        pathlib.Path(path).write_bytes(bytes(b))
         try:
             rg_rows = pq.ParquetFile(path).metadata.row_group(0).num_rows
         except Exception:   # noqa: BLE001 (another field: the footer no longer parses)
@@ -328,6 +328,6 @@ def test_criteo_lenient_pads_short_lines_and_skips_blank_ones(tmp_path, criteo_l
     assert (a.num_train, a.num_eval, a.slot_size_array) == (b.num_train, b.num_eval, b.slot_size_array)
     assert a.num_train + a.num_eval == len(criteo_lines)
     for split in ("train", "eval"):
-        pa = open(os.path.join(a.out_dir, split, "_file_list.txt")).read().split()[1:]
-        pb = open(os.path.join(b.out_dir, split, "_file_list.txt")).read().split()[1:]
-        assert [open(x, "rb").read() for x in pa] == [open(x, "rb").read() for x in pb]
+        pa = pathlib.Path(a.out_dir, split, "_file_list.txt").read_text().split()[1:]
+        pb = pathlib.Path(b.out_dir, split, "_file_list.txt").read_text().split()[1:]
+        assert [pathlib.Path(x).read_bytes() for x in pa] == [pathlib.Path(x).read_bytes() for x in pb]
