@@ -37,7 +37,7 @@ LABEL_KINDS = {
     "class": "must be a class index 0 or 1",
 }
 
-_ROWS = 8192          # rows per block of the key check: keeps its temporaries small (see reader._arange)
+_ROWS = 4096          # rows per block of the key check: its two temporaries stay small and are reused
 
 
 @dataclass(frozen=True)
@@ -123,10 +123,14 @@ def _bad_keys(keys, offs, n, S, lo, size):
     u = keys.view(np.uint64) if keys.dtype == np.int64 else keys
     if keys.shape[0] == n * S:                          # one key per bag (one-hot): an (n, S) matrix
         m = u.reshape(n, S)
-        for a in range(0, n, _ROWS):
-            bad = (m[a:a + _ROWS] - lo) >= size         # (rows, S)
-            if bad.any():
-                return a * S + int(np.argmax(bad))      # flat position = row * S + slot
+        R = min(_ROWS, n)
+        diff, bad = np.empty((R, S), np.uint64), np.empty((R, S), bool)     # reused: no page faults
+        for a in range(0, n, R):
+            k = min(R, n - a)
+            np.subtract(m[a:a + k], lo, out=diff[:k])
+            np.greater_equal(diff[:k], size, out=bad[:k])
+            if bad[:k].any():
+                return a * S + int(np.argmax(bad[:k]))  # flat position = row * S + slot
         return -1
     slot = np.repeat(np.tile(np.arange(S), n), np.diff(offs))   # (N,) slot of every key
     bad = (u - lo[slot]) >= size[slot]
