@@ -67,7 +67,9 @@ class _Lookup(torch.autograd.Function):
         if ctx.needs_input_grad[4] and grads.sparse is not None:
             rows, values = _as_tensor(grads.sparse.rows), _as_tensor(grads.sparse.values)
             n_rows, dim = int(ctx.core.engine.row_offsets[-1]), ctx.core.max_D
-            d_weights = torch.sparse_coo_tensor(rows.reshape(1, -1), values[:, :dim], (n_rows, dim))
+            # the engine's rows are ascending and distinct: a coalesced tensor, no invariant check needed
+            d_weights = torch.sparse_coo_tensor(rows.reshape(1, -1), values[:, :dim], (n_rows, dim),
+                                                check_invariants=False, is_coalesced=True)
         return None, None, None, None, d_weights, d_psw
 
 

@@ -1,0 +1,163 @@
+"""numbactr's FBGEMM face against fbgemm_gpu itself (FBGEMM's CPU build, `pip install -e ".[fbgemm]"`):
+the same constructor call, the same inputs and torch seed, then forward outputs at every step, updated
+weights and optimizer states after several steps, per-sample-weight gradients, for each optimizer FBGEMM's
+CPU build runs (EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD), and examples/fbgemm_dlrm.py run with
+either import line. Skipped where torch or fbgemm_gpu is not installed.
+
+Where FBGEMM's CPU build departs from its own GPU kernels, numbactr follows the GPU (array_tbe.py's
+docstring lists these); the cases below stay where both agree: Adagrad kinds on tables read by one
+feature (rowwise weight decay on a shared table), MEAN without per-sample weights, per-sample-weight
+gradients with learning rate 0 (FBGEMM's CPU backward reads the already updated rows for them).
+"""
+import importlib.util
+import pathlib
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+with warnings.catch_warnings():             # fbgemm_gpu's import warns about its own missing SSD modules
+    warnings.simplefilter("ignore", DeprecationWarning)
+    FB = pytest.importorskip("fbgemm_gpu.split_table_batched_embeddings_ops_training")
+
+from numbactr import device  # noqa: E402
+from numbactr.fbgemm_gpu import split_table_batched_embeddings_ops_training as NB  # noqa: E402
+
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "fbgemm_dlrm.py"
+NUMBACTR_IMPORT = "from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import ("
+FBGEMM_IMPORT = "from fbgemm_gpu.split_table_batched_embeddings_ops_training import ("
+
+
+@pytest.fixture(autouse=True)
+def _cpu():
+    old = device.kind()
+    device.set_device("cpu")
+    yield
+    device.set_device(old)
+
+
+def make(mod, specs, enums=(), **kw):
+    """The same constructor call on module `mod` (FB or NB); enum arguments given as (name, member name)."""
+    for arg, (cls, member) in dict(enums).items():
+        kw[arg] = getattr(getattr(mod, cls), member)
+    tbe = mod.SplitTableBatchedEmbeddingBagsCodegen(
+        [(r, d, mod.EmbeddingLocation.HOST, mod.ComputeDevice.CPU) for r, d in specs], **kw)
+    torch.manual_seed(0)
+    tbe.init_embedding_weights_uniform(-1, 1)
+    return tbe
+
+
+def run(mod, specs, steps=4, batch=5, weighted=False, index_dtype=torch.int64, bad_index=False, vbe=None, **kw):
+    """Train `steps` steps on seeded random bags; returns outputs, psw gradients, weights, states."""
+    tbe = make(mod, specs, **kw)
+    ftm = kw.get("feature_table_map") or list(range(len(specs)))
+    rows = np.array([specs[t][0] for t in ftm])
+    rng = np.random.default_rng(1)
+    outs, psw_grads = [], []
+    for _ in range(steps):
+        n_bags = sum(map(sum, vbe)) if vbe else len(ftm) * batch
+        per_feature = [sum(b) for b in vbe] if vbe else [batch] * len(ftm)
+        lens = rng.integers(0, 4, n_bags)
+        off = np.concatenate([[0], np.cumsum(lens)])
+        feat = np.repeat(np.repeat(np.arange(len(ftm)), per_feature), lens)
+        idx = (rng.random(off[-1]) * rows[feat]).astype(np.int64)
+        if bad_index and idx.size:
+            idx[idx.size // 2] = rows[feat[idx.size // 2]] + 3
+        psw = torch.from_numpy(rng.random(off[-1]).astype(np.float32)).requires_grad_() if weighted else None
+        extra = dict(batch_size_per_feature_per_rank=vbe) if vbe else {}
+        out = tbe(torch.from_numpy(idx).to(index_dtype), torch.from_numpy(off).to(index_dtype),
+                  per_sample_weights=psw, **extra)
+        dy = torch.from_numpy(rng.standard_normal(tuple(out.shape)).astype(np.float32))
+        out.backward(dy.to(out.dtype))
+        outs.append(out.detach().float().numpy())
+        psw_grads.append(None if psw is None else psw.grad.numpy())
+    weights = [w.float().numpy().copy() for w in tbe.split_embedding_weights()]
+    states = [[s.numpy().copy() for s in t] for t in tbe.split_optimizer_states()]
+    return outs, psw_grads, weights, states
+
+
+def assert_same(specs, rtol=1e-5, atol=1e-6, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)       # numbactr's bounds-check warning (FBGEMM logs)
+        theirs, ours = run(FB, specs, **kw), run(NB, specs, **kw)
+    for name, a, b in zip(("outputs", "psw grads", "weights"), theirs[:3], ours[:3]):
+        for x, y in zip(a, b):
+            if x is not None:
+                np.testing.assert_allclose(y, x, rtol=rtol, atol=atol, err_msg=name)
+    assert len(theirs[3]) == len(ours[3])
+    for x, y in zip(theirs[3], ours[3]):
+        for sx, sy in zip(x, y):
+            assert sx.shape == sy.shape
+            np.testing.assert_allclose(sy, sx, rtol=rtol, atol=atol, err_msg="optimizer states")
+
+
+OPT = "optimizer"
+
+
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN", "NONE"])
+@pytest.mark.parametrize("opt", ["EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD"])
+def test_optimizers_and_poolings(opt, pooling):
+    specs = [(10, 8), (7, 8), (12, 8)] if pooling == "NONE" else [(10, 8), (7, 4), (12, 16)]
+    assert_same(specs, enums={OPT: ("OptimType", opt), "pooling_mode": ("PoolingMode", pooling)},
+                learning_rate=0.1)
+
+
+def test_tables_shared_by_features_sgd():
+    assert_same([(10, 8), (7, 4)], feature_table_map=[0, 1, 0, 0], enums={OPT: ("OptimType", "EXACT_SGD")},
+                learning_rate=0.2)
+
+
+@pytest.mark.parametrize("mode", ["L2", "DECOUPLE"])
+def test_rowwise_adagrad_weight_decay(mode):
+    assert_same([(10, 8)], feature_table_map=[0, 0], learning_rate=0.1, weight_decay=0.05,
+                enums={OPT: ("OptimType", "EXACT_ROWWISE_ADAGRAD"), "weight_decay_mode": ("WeightDecayMode", mode)})
+
+
+def test_per_sample_weights_forward_and_gradient():
+    assert_same([(10, 8), (7, 4)], weighted=True, learning_rate=0.0, steps=2)
+    theirs, ours = (run(m, [(10, 8), (7, 4)], weighted=True, learning_rate=0.1, steps=3) for m in (FB, NB))
+    for x, y in zip(theirs[2], ours[2]):                      # weighted updates (gradients differ: see above)
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_clipping():
+    assert_same([(10, 8), (7, 4)], learning_rate=0.5, gradient_clipping=True, max_gradient=0.3,
+                enums={OPT: ("OptimType", "EXACT_ADAGRAD")})
+
+
+@pytest.mark.parametrize("mode", ["IGNORE", "WARNING"])
+def test_bounds_check_repairs_like_fbgemm(mode):
+    assert_same([(10, 8), (7, 4)], bad_index=True, learning_rate=0.1,
+                enums={"bounds_check_mode": ("BoundsCheckMode", mode)})
+
+
+def test_int32_indices_and_offsets():
+    assert_same([(10, 8), (7, 4)], index_dtype=torch.int32, learning_rate=0.1,
+                enums={OPT: ("OptimType", "EXACT_ROWWISE_ADAGRAD")}, feature_table_map=[0, 1])
+
+
+def test_variable_batch_sizes():
+    assert_same([(10, 8), (7, 4)], vbe=[[2, 3], [4, 1]], learning_rate=0.1)
+
+
+def test_fp16_weights_and_output_within_one_half_ulp_step():
+    # FBGEMM's CPU build rounds FP16 updates its own way: compare to float16's spacing
+    specs = [(10, 8), (7, 8)]
+    enums = {"weights_precision": ("SparseType", "FP16"), "output_dtype": ("SparseType", "FP16")}
+    theirs, ours = (run(m, specs, steps=1, enums=enums, learning_rate=0.1) for m in (FB, NB))
+    np.testing.assert_array_equal(ours[0][0], theirs[0][0])                    # before any update: exact
+    for x, y in zip(theirs[2], ours[2]):
+        np.testing.assert_allclose(y, x, rtol=0, atol=2 ** -10 * 2)
+
+
+def test_example_dlrm_equals_fbgemm_with_only_the_import_changed():
+    source = EXAMPLE.read_text()
+    assert source.count(NUMBACTR_IMPORT) == 1
+    losses = {}
+    for name, text in (("numbactr", source), ("fbgemm", source.replace(NUMBACTR_IMPORT, FBGEMM_IMPORT))):
+        spec = importlib.util.spec_from_loader(f"fbgemm_dlrm_{name}", loader=None)
+        module = importlib.util.module_from_spec(spec)
+        exec(compile(text, str(EXAMPLE), "exec"), module.__dict__)
+        losses[name], _ = module.main(steps=25, batch=64, table_rows=(50, 20, 80), dim=8, log_every=0)
+    np.testing.assert_allclose(losses["numbactr"], losses["fbgemm"], rtol=1e-4)
