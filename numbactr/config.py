@@ -396,6 +396,40 @@ _DENSE_DEFAULTS = dict(
 _DENSE_DEFAULTS["lambda"] = 0.0
 
 
+_INITS = ("weight_init_type", "bias_init_type")
+_LOSS = ("use_regularizer", "regularizer_type", "lambda")
+# the DenseLayer parameters each layer type reads (tests/test_validation_config.py checks this table
+# against the layer classes); any other parameter set to a non-default value warns as ignored
+_LAYER_PARAMS = {
+    "InnerProduct": ("num_output",) + _INITS,
+    "FusedInnerProduct": ("num_output", "pos_type", "act_type") + _INITS,
+    "MLP": ("num_outputs", "num_output", "use_bias", "biases", "act_type", "activations") + _INITS,
+    "MultiCross": ("num_layers", "projection_dim") + _INITS,
+    "BatchNorm": ("factor", "eps", "gamma_init_type", "beta_init_type"),
+    "LayerNorm": ("eps", "gamma_init_type", "beta_init_type"),
+    "PReLU_Dice": ("elu_alpha", "eps"),
+    "ELU": ("elu_alpha",),
+    "Dropout": ("dropout_rate",),
+    "Scale": ("axis", "factor"),
+    "WeightMultiply": ("weight_dims", "weight_init_type"),
+    "FmOrder2": ("out_dim",),
+    "Concat": ("axis",),
+    "Reshape": ("leading_dim", "time_step", "selected", "selected_slots", "shape"),
+    "ReduceSum": ("axis",),
+    "ReduceMean": ("axis",),
+    "Slice": ("ranges",),
+    "Select": ("dim", "index"),
+    "Gather": ("indices",),
+    "SequenceMask": ("max_sequence_len_from", "max_sequence_len_to"),
+    "MultiHeadAttention": ("num_attention_heads", "transpose_b"),
+    "Softmax": ("factor",),
+    "GRU": ("num_output", "batchsize", "SeqLength", "vector_size") + _INITS,
+    "BinaryCrossEntropyLoss": _LOSS,
+    "CrossEntropyLoss": _LOSS,
+    "MultiCrossEntropyLoss": _LOSS + ("target_weight_vec",),
+}
+
+
 class DenseLayer:
     """``hugectr.DenseLayer(layer_type, bottom_names, top_names, **params)`` (spec §6.0).
 
@@ -418,3 +452,16 @@ class DenseLayer:
         for k, v in _DENSE_DEFAULTS.items():
             setattr(self, "lambda_" if k == "lambda" else k, params.get(k, v))
         self.given = dict(params)   # what the user set explicitly (for graph JSON)
+        used = _LAYER_PARAMS.get(layer_type.name, ())
+        for k, v in params.items():
+            if k not in used and not _same(v, _DENSE_DEFAULTS[k]):
+                why = ("a HugeCTR performance setting" if k == "compute_config"
+                       else f"Layer_t.{layer_type.name} does not use it")
+                warn_ignored(f"DenseLayer {layer_type.name} {self.top_names!r}", k, v, why, stacklevel=2)
+
+
+def _same(a, b) -> bool:
+    """Value equality that treats lists and tuples alike ([] == ())."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return list(a) == list(b)
+    return a is b or (type(a) is type(b) and a == b)

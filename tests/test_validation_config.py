@@ -383,3 +383,31 @@ def test_graph_json_unknown_key_warns(tmp_path):
                in x for x in msgs), msgs
     assert any("layer 1 (DistributedSlotSparseEmbeddingHash, top 'emb'): unknown key "
                "'sparse_embedding_hparam.combinr'" in x for x in msgs), msgs
+
+
+def test_dense_layer_parameter_table_matches_the_layers():
+    """Every DenseLayer parameter a layer class reads is in config._LAYER_PARAMS for its type, so no
+    parameter a layer uses is ever warned about as ignored (and unused ones are)."""
+    import ast
+    import inspect
+    import textwrap
+    from numbactr.config import _DENSE_DEFAULTS, _LAYER_PARAMS
+    from numbactr.layers import REGISTRY
+    from numbactr.layers.shape import ReshapeSelected
+    names = {("lambda_" if k == "lambda" else k) for k in _DENSE_DEFAULTS} - {"shape", "index"}   # array attrs
+    for layer_type, cls in list(REGISTRY.items()) + [(hugectr.Layer_t.Reshape, ReshapeSelected)]:
+        read = set()
+        for klass in inspect.getmro(cls):
+            if klass.__module__.startswith("numbactr.layers"):
+                tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+                read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in names}
+        table = {("lambda_" if k == "lambda" else k) for k in _LAYER_PARAMS.get(layer_type.name, ())}
+        assert read <= table, (layer_type.name, read - table)
+    with pytest.warns(IgnoredArgumentWarning, match=r"DenseLayer ReLU \['r'\]: num_output=4 is ignored: "
+                                                    r"Layer_t.ReLU does not use it"):
+        hugectr.DenseLayer(hugectr.Layer_t.ReLU, ["x"], ["r"], num_output=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hugectr.DenseLayer(hugectr.Layer_t.ReLU, ["x"], ["r"], num_output=1, ranges=[])    # defaults: silent
+        hugectr.DenseLayer(hugectr.Layer_t.BinaryCrossEntropyLoss, ["x", "y"], ["l"], use_regularizer=True,
+                           regularizer_type=hugectr.Regularizer_t.L2, **{"lambda": 0.1})

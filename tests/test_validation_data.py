@@ -331,3 +331,20 @@ def test_criteo_lenient_pads_short_lines_and_skips_blank_ones(tmp_path, criteo_l
         pa = pathlib.Path(a.out_dir, split, "_file_list.txt").read_text().split()[1:]
         pb = pathlib.Path(b.out_dir, split, "_file_list.txt").read_text().split()[1:]
         assert [pathlib.Path(x).read_bytes() for x in pa] == [pathlib.Path(x).read_bytes() for x in pb]
+
+
+def test_key_ranges_csr_with_as_many_keys_as_bags(tmp_path):
+    """n*S keys in a ragged CSR (bag lengths 0 and 2) is not one key per bag: keys keep their own slots."""
+    n = 4
+    lens = np.array([2, 0, 1, 1])                  # slot 1: 4 keys in 4 rows, but row 0 holds two
+    w = ParquetDatasetWriter(str(tmp_path), 1, 1, 2, multi_hot={0, 1})
+    w.write_file("a.parquet", np.zeros(n), np.zeros(n), [(np.array([0, 1, 2, 3]), np.array([0, 2, 1, 1])),
+                                                         (np.array([0, 1, 2, 3]), lens)])
+    lst = w.close()
+    prm = DataReaderParams(T.Parquet, lst, lst, Check_t.Non, slot_size_array=[4, 4])
+    ok = SlotRanges(np.array([0, 4]), np.array([4, 8]))
+    got = list(make_reader(prm, lst, 4, 1, 1, [2], [[2, 2]], True, False, key_bound=[ok]))
+    assert got[0].sparse[0][0].tolist() == [4, 5, 0, 1, 2, 6, 3, 7]       # rows 0..3, slots 0, 1
+    tight = SlotRanges(np.array([0, 4]), np.array([4, 6]))           # slot 1 keys 4, 5 only: 6 is out
+    with pytest.raises(DataFormatError, match=r"record 2: .*key 6 of sparse input 0 slot 1"):
+        list(make_reader(prm, lst, 4, 1, 1, [2], [[2, 2]], True, False, key_bound=[tight]))

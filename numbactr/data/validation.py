@@ -121,7 +121,7 @@ def _bad_keys(keys, offs, n, S, lo, size):
     offs (n*S + 1,). Unsigned arithmetic: (key - lo) mod 2^64 < size  <=>  lo <= key < lo + size
     (a negative int64 key wraps to a huge value), one subtract and one compare per key."""
     u = keys.view(np.uint64) if keys.dtype == np.int64 else keys
-    if keys.shape[0] == n * S:                          # one key per bag (one-hot): an (n, S) matrix
+    if keys.shape[0] == n * S and bool((np.diff(offs) == 1).all()):     # one key per bag: an (n, S) matrix
         m = u.reshape(n, S)
         R = min(_ROWS, n)
         diff, bad = np.empty((R, S), np.uint64), np.empty((R, S), bool)     # reused: no page faults
