@@ -7,6 +7,8 @@
         the first save and after both). HOOK "files": the
         boundaries are the snapshot writer's file writes (half the bytes, then the kill), os.replace and
         shutil.rmtree calls; "comm": the collectives the save makes on that rank.
+    python snapshot_run.py kill_each DIR TRAIN EVAL N
+        kill DIR/k<k> ... k 0 files, for k = 1..N, each in a forked child; prints each child's exit code.
     mpiexec -n R python snapshot_run.py save DIR TRAIN EVAL
         per embedding type (no BatchNorm: R ranks then train exactly as one): train, save DIR/{emb}_R{R}/ck@3, write the state and eval AUC (ref.npz), then
         restart the optimizers' step counters and the reader (as a reload does), train 2 steps and write
@@ -23,6 +25,7 @@ import os
 import shutil
 import signal
 import sys
+import traceback
 
 os.environ.setdefault("NUMBACTR_DEVICE", "cpu")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -174,6 +177,29 @@ def kill(folder, train, evl, kill_at, kill_rank, hook):
         print(f"BOUNDARIES {first} {count[0]}", flush=True)
 
 
+def kill_each(folder, train, evl, count):
+    """``kill`` with the file hook at k = 1..count, each in its own forked child (the imports are paid
+    once; no thread or MPI exists yet when forking); prints "k<k> <exit code>" per child."""
+    # A kill -9 ends the process, not the machine: what the other processes see does not depend on
+    # fsync, which only orders writes for a power loss (test_snapshot_kill checks that order apart).
+    # Skipping it keeps the many saves here fast.
+    os.fsync = lambda fd: None
+    for k in range(1, int(count) + 1):
+        sub = os.path.join(folder, f"k{k}")
+        os.makedirs(sub)
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                kill(sub, train, evl, k, 0, "files")
+            except BaseException:           # noqa: BLE001 (the child reports, the parent judges)
+                traceback.print_exc()
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(f"k{k} {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
 def save(folder, train, evl):
     comm = comm_module.world()
     for emb, (opt, update) in OPTIMIZERS.items():
@@ -225,4 +251,4 @@ def fail(folder, train, evl):
 
 
 if __name__ == "__main__":
-    {"kill": kill, "save": save, "load": load, "fail": fail}[sys.argv[1]](*sys.argv[2:])
+    {"kill": kill, "kill_each": kill_each, "save": save, "load": load, "fail": fail}[sys.argv[1]](*sys.argv[2:])
