@@ -1,25 +1,32 @@
 """``numbactr bench``: throughput benchmarks that print markdown tables (not timed tests).
 
     numbactr bench hash       hash-table insert/find, Mkeys/s (uniform and power-law keys, load 0.75)
-    numbactr bench embedding  embedding-bag forward and backward + sparse SGD update, GB/s
-    numbactr bench dlrm       one DLRM training step (numbactr.demo.build_dlrm), samples/s
+    numbactr bench embedding  table-batched embedding (TBE) forward, and backward + fused SGD / rowwise
+                              AdaGrad / Adam update, SUM and MEAN: numbactr's engine, torch
+                              nn.EmbeddingBag and FBGEMM's TBE side by side, GB/s
+    numbactr bench dlrm       one DLRM training step: numbactr's HugeCTR model, plain PyTorch, and PyTorch
+                              with numbactr's / FBGEMM's TBE for the embeddings, samples/s
     numbactr bench all        the three above
     --quick                   small shapes (seconds; the smoke test uses it)
+    --threads 1,2             thread counts of the embedding and dlrm runs (cpu; default 1,2)
 
 Everything runs on the device numbactr picked (``numbactr.device.kind()``): the numba.cuda kernels on
-a GPU (cupy arrays), the NumPy references on cpu. When torch is installed each benchmark also runs a
-plain-PyTorch baseline (on CUDA when this torch build has it and numbactr runs on a GPU, else on cpu).
+a GPU (cupy arrays), numbactr's compiled CPU code or NumPy references on cpu. When torch is installed
+each benchmark also runs a plain-PyTorch baseline (on CUDA when this torch build has it and numbactr runs
+on a GPU, else on cpu), and FBGEMM's TBE when fbgemm_gpu is installed (pip install -e ".[fbgemm]").
 
 Counting (each table says it again):
   hash       Mkeys/s = batch keys (duplicates included) / time.
   embedding  FBGEMM's byte count: forward = rows read nbags*L*D*4 + output written nbags*D*4, with
-             nbags = B * tables; backward + update = 2 x the forward bytes. GB/s = bytes / time / 1e9.
+             nbags = B * features; backward + update = 2 x the forward bytes. GB/s = bytes / time / 1e9;
+             optimizer-state bytes per table row beside.
              On a GPU also the fraction of the device's peak memory bandwidth.
   dlrm       samples/s = batch / median step time; batches are read into memory first, so the step is
              forward + backward + optimizer update (numbactr's includes its hash-table insert).
 Times are medians over repetitions after one warm-up call (which also absorbs JIT compilation).
 Threads: numbactr's compute threads (BLAS, numba) are those of numbactr.threads (NUMBACTR_THREADS=N);
-torch keeps its own setting (torch.set_num_threads); every table's notes state both.
+torch keeps its own setting (torch.set_num_threads); every table's notes state both. The embedding and
+dlrm benchmarks set both to each of --threads in turn, side by side in one run.
 """
 from __future__ import annotations
 
@@ -41,10 +48,11 @@ import numpy as np
 SUBCOMMANDS = ("hash", "embedding", "dlrm", "all")
 
 HASH_COLUMNS = ["impl", "keys", "op", "batch keys", "distinct", "capacity", "ms", "Mkeys/s"]
-EMBEDDING_COLUMNS = ["impl", "B", "tables", "L", "D", "rows", "fwd ms", "fwd GB/s", "bwd+upd ms",
-                     "bwd+upd GB/s"]
+EMBEDDING_FWD_COLUMNS = ["impl", "threads", "pooling", "B", "features", "L", "D", "rows", "fwd ms", "fwd GB/s"]
+EMBEDDING_BWD_COLUMNS = ["impl", "threads", "pooling", "optimizer", "state B/row", "B", "features", "L", "D",
+                         "rows", "bwd+upd ms", "bwd+upd GB/s"]
 EMBEDDING_PEAK_COLUMNS = ["fwd % peak", "bwd+upd % peak"]      # appended on a GPU
-DLRM_COLUMNS = ["impl", "batch", "slots", "rows", "D", "step ms", "samples/s"]
+DLRM_COLUMNS = ["impl", "threads", "batch", "slots", "rows", "D", "step ms", "samples/s"]
 
 #: peak memory bandwidth in GB/s by device-name fragments; the first entry whose fragments all occur
 #: in the (lower-cased) name wins, so the more specific names come first
@@ -343,114 +351,241 @@ def _host(a) -> np.ndarray:
     return device.to_host(a)
 
 
-# ---- embedding bag -----------------------------------------------------------------------------
+# ---- embedding bag (TBE) -----------------------------------------------------------------------
+#: the optimizers of `bench embedding`: numbactr's engine kind, FBGEMM's OptimType name (None: FBGEMM's
+#: CPU build lacks it), torch's nearest optimizer for sparse gradients
+EMBEDDING_OPTIMIZERS = {
+    "sgd": ("EXACT_SGD", "EXACT_SGD", "SGD"),
+    "rowwise_adagrad": ("EXACT_ROWWISE_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "Adagrad"),
+    "adam": ("ADAM", "ADAM", "SparseAdam"),
+}
+EMBEDDING_LR = {"sgd": 0.01, "rowwise_adagrad": 0.01, "adam": 0.001}
+
+
 def embedding_bytes(nbags: int, hot: int, dim: int) -> int:
     """FBGEMM's forward byte count: rows read nbags*L*D*4 + output written nbags*D*4 (float32)."""
     return nbags * hot * dim * 4 + nbags * dim * 4
 
 
-def bench_embedding(env: Env, *, batch: int, tables: int, hots, dims, rows: int, min_time: float = 1.0,
-                    seed: int = 0) -> Table:
-    from . import ops
-    from .autograd import Context
-    from .config import CreateOptimizer
-    from .embedding.sparse_embedding import EmbeddingBagFn
-    from .enums import Optimizer_t, Update_t
-    from .kernels.embedding_bag import SUM
-    from .optim import SparseOptimizer
+def state_bytes_per_row(impl: str, optimizer: str, dim: int) -> int:
+    """Optimizer-state bytes per table row (float32 states): rowwise AdaGrad 1 value, Adam 2 x D; torch's
+    Adagrad keeps D values (it has no rowwise form)."""
+    per_element = {"sgd": 0, "rowwise_adagrad": 0, "adam": 2}[optimizer]
+    per_row = 1 if optimizer == "rowwise_adagrad" else 0
+    if impl.startswith("torch") and optimizer == "rowwise_adagrad":
+        per_element, per_row = 1, 0
+    return 4 * (per_element * dim + per_row)
 
-    cols = EMBEDDING_COLUMNS + (EMBEDDING_PEAK_COLUMNS if env.peak_gbs else [])
-    tab = Table(f"embedding bag forward / backward + SGD ({env.kind})", cols)
-    tab.notes = env.header() + [
-        f"one float32 table of {rows:,} rows read by {tables} tables (slots) x B={batch:,} samples: "
-        f"nbags = {tables * batch:,} bags of L keys each; rows uniform at random; combiner sum",
-        "numbactr: ops.embedding_bag_forward; EmbeddingBagFn.backward (per-row gradient of the unique "
-        "rows) + SparseOptimizer SGD step",
-        "GB/s as FBGEMM counts: forward bytes = nbags*L*D*4 (rows read) + nbags*D*4 (output); "
-        "backward + update bytes = 2 x forward bytes",
-        "torch: nn.EmbeddingBag(mode='sum', sparse=True) + torch.optim.SGD (sparse gradient)"]
+
+def fbgemm_training_module():
+    """fbgemm_gpu's training TBE module, or None when fbgemm_gpu is not installed (or fails to load)."""
+    import importlib.util
+    import warnings
+    if importlib.util.find_spec("fbgemm_gpu") is None:
+        return None
+    with warnings.catch_warnings():               # fbgemm_gpu warns about its own missing SSD modules
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            from fbgemm_gpu import split_table_batched_embeddings_ops_training as fb
+        except (ImportError, OSError, RuntimeError):
+            return None
+    return fb
+
+
+@contextlib.contextmanager
+def thread_count(env: Env, n):
+    """numbactr's compute threads (numbactr.threads: BLAS + numba) and torch's intra-op threads (which
+    FBGEMM's CPU kernels use) set to n inside; n = None leaves them (a GPU run)."""
+    if n is None:
+        yield
+        return
+    from . import threads
+    before = threads.current()
+    torch_before = env.torch.get_num_threads() if env.torch is not None else None
+    threads.configure(compute=n, reader_workers=before.reader_workers)
+    if env.torch is not None:
+        env.torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        threads.configure(compute=before.compute, reader_workers=before.reader_workers)
+        if env.torch is not None:
+            env.torch.set_num_threads(torch_before)
+
+
+def _peak_cells(env, gbs_list) -> list:
+    return [f"{100 * g / env.peak_gbs:.1f}%" for g in gbs_list] if env.peak_gbs else []
+
+
+def bench_embedding(env: Env, *, batch: int, features: int, hots, dims, rows: int, poolings=("sum", "mean"),
+                    optimizers=tuple(EMBEDDING_OPTIMIZERS), threads=(1, 2), min_time: float = 1.0,
+                    seed: int = 0) -> list:
+    """TBE forward and backward + fused update: numbactr's engine, torch nn.EmbeddingBag + its optimizer,
+    FBGEMM's TBE (when installed), side by side per thread count; returns [forward Table, backward Table]."""
+    fb = fbgemm_training_module()
+    threads = (None,) if env.kind == "gpu" else tuple(threads)
+    fwd = Table(f"TBE forward ({env.kind})", EMBEDDING_FWD_COLUMNS + (EMBEDDING_PEAK_COLUMNS[:1] if env.peak_gbs else []))
+    bwd = Table(f"TBE backward + fused optimizer update ({env.kind})",
+                EMBEDDING_BWD_COLUMNS + (EMBEDDING_PEAK_COLUMNS[1:] if env.peak_gbs else []))
+    nbags = batch * features
+    notes = env.header() + [
+        f"one float32 table of {rows:,} rows read by {features} features x B={batch:,} samples: nbags = "
+        f"{nbags:,} bags of L indices each (rows uniform at random), pooling sum or mean",
+        "numbactr: numbactr.embedding.engine.TableBatchedEmbedding (forward; backward = sort/segment by row "
+        f"+ the fused optimizer), impl {_engine_impl()}; fbgemm: fbgemm_gpu's SplitTableBatchedEmbedding"
+        "BagsCodegen (" + ("installed" if fb is not None else "not installed: pip install -e '.[fbgemm]'") +
+        "); torch: nn.EmbeddingBag(sparse=True) + torch.optim SGD / Adagrad (elementwise: torch has no "
+        "rowwise AdaGrad) / SparseAdam",
+        "GB/s as FBGEMM counts: forward bytes = nbags*L*D*4 (rows read) + nbags*D*4 (output); backward + "
+        "update bytes = 2 x forward bytes; 'state B/row' = optimizer-state bytes per table row",
+        "threads: numbactr's compute threads (numbactr.threads: numba + BLAS) and torch.set_num_threads "
+        "(torch and FBGEMM's CPU kernels) set to the column's value for that row",
+        f"learning rates {EMBEDDING_LR}; FBGEMM's CPU build has no ADAM (CUDA only): no fbgemm adam rows"]
     if env.kind == "gpu":
-        tab.notes.append(f"peak memory bandwidth: {env.peak_gbs or '?'} GB/s ({env.peak_src})")
-    xp, rng = env.xp, np.random.default_rng(seed)
-    nbags = batch * tables
-    sgd = CreateOptimizer(optimizer_type=Optimizer_t.SGD, update_type=Update_t.Local)
+        notes.append(f"peak memory bandwidth: {env.peak_gbs or '?'} GB/s ({env.peak_src})")
+    fwd.notes = bwd.notes = notes
+    rng = np.random.default_rng(seed)
     for dim in dims:
-        pool_h = rng.uniform(-0.05, 0.05, (rows, dim)).astype(np.float32)      # (V, D)
+        pool_h = rng.uniform(-0.05, 0.05, (rows, dim)).astype(np.float32)           # (V, D)
         for hot in hots:
             n = nbags * hot
-            rows_h = rng.integers(0, rows, n, dtype=np.int64)                  # (N,)
-            offsets_h = np.arange(0, n + 1, hot, dtype=np.int64)               # (nbags + 1,)
-            dy_h = rng.standard_normal((nbags, dim)).astype(np.float32)        # (nbags, D)
+            shape = [batch, features, hot, dim, rows]
+            data = dict(pool=pool_h, indices=rng.integers(0, rows, n, dtype=np.int64),      # (N,)
+                        offsets=np.arange(0, n + 1, hot, dtype=np.int64),                   # (nbags + 1,)
+                        dy=rng.standard_normal((batch, features * dim)).astype(np.float32))  # (B, F*D)
             nbytes = embedding_bytes(nbags, hot, dim)
-            # a copy of the pool: the SGD steps below move it, torch must start from pool_h as it was
-            pool = xp.array(pool_h, copy=True)
-            rws, offs, dy = (xp.asarray(a) for a in (rows_h, offsets_h, dy_h))
-            opt = SparseOptimizer(sgd, pool.shape, "bench")
-
-            def forward():
-                return ops.embedding_bag_forward(pool, rws, offs, SUM)         # (nbags, D)
-
-            def backward_update():
-                ctx = Context()
-                ctx.rows, ctx.offsets, ctx.combiner = rws, offs, SUM
-                g = EmbeddingBagFn.backward(ctx, dy)
-                opt.step(pool, g.rows, g.values, rows, 0.01, 1.0)
-
-            out_nb = _host(forward())
-            t_f = measure(forward, sync=env.sync, min_time=min_time)
-            t_b = measure(backward_update, sync=env.sync, min_time=min_time)
-            cells = ["numbactr", batch, tables, hot, dim, rows, 1e3 * t_f, nbytes / t_f / 1e9,
-                     1e3 * t_b, 2 * nbytes / t_b / 1e9]
-            if env.peak_gbs:
-                cells += [f"{100 * nbytes / t_f / 1e9 / env.peak_gbs:.1f}%",
-                          f"{200 * nbytes / t_b / 1e9 / env.peak_gbs:.1f}%"]
-            tab.add(*cells)
-            del pool, rws, offs, dy, opt
-
-            if env.torch is not None:
-                tab.add(*_torch_embedding(env, pool_h, rows_h, offsets_h, dy_h, out_nb, nbytes, min_time,
-                                          [batch, tables, hot, dim, rows], len(cols)))
-    return tab
+            for pooling in poolings:
+                for n_threads in threads:
+                    with thread_count(env, n_threads):
+                        label = "-" if n_threads is None else n_threads
+                        expect = None
+                        for impl, runner in _embedding_impls(env, fb):
+                            for i, opt in enumerate(optimizers):
+                                got = runner(env, data, features, pooling, opt, min_time, fwd=i == 0)
+                                if got is None:
+                                    continue
+                                t_f, t_b, out = got
+                                if t_f is not None:
+                                    expect = _agree(impl, out, expect, pooling)
+                                    fwd.add(impl, label, pooling, *shape, 1e3 * t_f, nbytes / t_f / 1e9,
+                                            *_peak_cells(env, [nbytes / t_f / 1e9]))
+                                bwd.add(impl, label, pooling, opt, state_bytes_per_row(impl, opt, dim), *shape,
+                                        1e3 * t_b, 2 * nbytes / t_b / 1e9,
+                                        *_peak_cells(env, [2 * nbytes / t_b / 1e9]))
+            del data
+    return [fwd, bwd]
 
 
-def _torch_embedding(env, pool_h, rows_h, offsets_h, dy_h, expect, nbytes, min_time, shape_cells, ncols):
-    torch, dev = env.torch, env.torch_dev
-    bag = torch.nn.EmbeddingBag(pool_h.shape[0], pool_h.shape[1], mode="sum", sparse=True,
-                                include_last_offset=True, device=dev)
-    with torch.no_grad():
-        bag.weight.copy_(torch.from_numpy(pool_h))
-    opt = torch.optim.SGD(bag.parameters(), lr=0.01)
-    idx, offs = torch.from_numpy(rows_h).to(dev), torch.from_numpy(offsets_h).to(dev)
-    dy = torch.from_numpy(dy_h).to(dev)
-    got = bag(idx, offs).detach().cpu().numpy()
-    if not np.allclose(got, expect, rtol=1e-4, atol=1e-5):
-        raise AssertionError(f"bench embedding: torch and numbactr forward differ by "
-                             f"{np.abs(got - expect).max():.3g}")
+def _engine_impl() -> str:
+    from .embedding.engine import TableBatchedEmbedding
+    return TableBatchedEmbedding([(1, 1)]).impl
+
+
+def _agree(impl, out, expect, pooling):
+    """The first impl's forward output is the reference; every other must agree with it."""
+    if expect is None:
+        return out
+    if not np.allclose(out, expect, rtol=1e-4, atol=1e-5):
+        raise AssertionError(f"bench embedding: {impl} and numbactr forward ({pooling}) differ by "
+                             f"{np.abs(out - expect).max():.3g}")
+    return expect
+
+
+def _embedding_impls(env, fb) -> list:
+    impls = [("numbactr", _numbactr_tbe)]
+    if env.torch is not None:
+        impls.append((env.torch_label, _torch_embedding_bag))
+        if fb is not None:
+            impls.append(("fbgemm", lambda *a, **k: _fbgemm_tbe(fb, *a, **k)))
+    return impls
+
+
+def _numbactr_tbe(env, data, features, pooling, opt, min_time, fwd):
+    """(forward s or None, backward + update s, forward output (B, F*D) on the host)."""
+    from .embedding.engine import Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
+    xp = env.xp
+    kind = Optim[EMBEDDING_OPTIMIZERS[opt][0]]
+    eng = TableBatchedEmbedding([data["pool"].shape], [0] * features, pooling=Pooling[pooling.upper()],
+                                optimizer=OptimizerSpec(kind, EMBEDDING_LR[opt]))
+    eng.split_weights()[0][...] = xp.asarray(data["pool"])
+    idx, offs, dy = (xp.asarray(data[k]) for k in ("indices", "offsets", "dy"))
+    out = _host(eng.forward(idx, offs)[0])
+    t_f = measure(lambda: eng.forward(idx, offs), sync=env.sync, min_time=min_time) if fwd else None
     held = {}
 
-    def forward():
-        return bag(idx, offs)
+    def setup():
+        held["ctx"] = eng.forward(idx, offs)[1]
 
-    def setup_backward():
-        opt.zero_grad(set_to_none=True)
-        held["out"] = bag(idx, offs)
+    t_b = measure(lambda: eng.backward(held["ctx"], dy), sync=env.sync, setup=setup, min_time=min_time)
+    return t_f, t_b, out
+
+
+def _time_torch_module(env, module, inputs, dy, opt, min_time, fwd):
+    """(forward s or None, backward (+ torch optimizer step) s, forward output on the host)."""
+    out = module(*inputs).detach().cpu().numpy()
+    t_f = measure(lambda: module(*inputs), sync=env.torch_sync, min_time=min_time) if fwd else None
+    held = {}
+
+    def setup():
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        held["out"] = module(*inputs)
 
     def backward_update():
         held["out"].backward(dy)
-        opt.step()
+        if opt is not None:
+            # torch's sparse Adagrad builds coalesced tensors; say that no invariant check is wanted (else
+            # torch warns that it skips them implicitly)
+            with env.torch.sparse.check_sparse_tensor_invariants(enable=False):
+                opt.step()
 
-    t_f = measure(forward, sync=env.torch_sync, min_time=min_time)
-    t_b = measure(backward_update, sync=env.torch_sync, setup=setup_backward, min_time=min_time)
-    cells = [env.torch_label, *shape_cells, 1e3 * t_f, nbytes / t_f / 1e9, 1e3 * t_b, 2 * nbytes / t_b / 1e9]
-    if ncols > len(cells) and env.peak_gbs and dev == "cuda":
-        cells += [f"{100 * nbytes / t_f / 1e9 / env.peak_gbs:.1f}%",
-                  f"{200 * nbytes / t_b / 1e9 / env.peak_gbs:.1f}%"]
-    return cells + ["-"] * (ncols - len(cells))
+    t_b = measure(backward_update, sync=env.torch_sync, setup=setup, min_time=min_time)
+    return t_f, t_b, out
+
+
+def _torch_embedding_bag(env, data, features, pooling, opt, min_time, fwd):
+    torch, dev = env.torch, env.torch_dev
+    pool = data["pool"]
+    bag = torch.nn.EmbeddingBag(pool.shape[0], pool.shape[1], mode=pooling, sparse=True,
+                                include_last_offset=True, device=dev)
+    with torch.no_grad():
+        bag.weight.copy_(torch.from_numpy(pool))
+    optim = getattr(torch.optim, EMBEDDING_OPTIMIZERS[opt][2])(bag.parameters(), lr=EMBEDDING_LR[opt])
+    idx, offs, dy = (torch.from_numpy(data[k]).to(dev) for k in ("indices", "offsets", "dy"))
+    batch = dy.shape[0]
+
+    class Bags(torch.nn.Module):
+        """The bags are feature-major (f*B + b): output row f*B + b is column block f of sample b."""
+        def forward(self, i, o):
+            return bag(i, o).view(features, batch, -1).transpose(0, 1).reshape(batch, -1)    # (B, F*D)
+
+    return _time_torch_module(env, Bags(), (idx, offs), dy, optim, min_time, fwd)
+
+
+def _fbgemm_tbe(fb, env, data, features, pooling, opt, min_time, fwd):
+    torch = env.torch
+    name = EMBEDDING_OPTIMIZERS[opt][1]
+    gpu = env.torch_dev == "cuda"
+    if not gpu and name not in ("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD"):
+        return None                                      # FBGEMM's CPU build runs these three only
+    pool = data["pool"]
+    location = fb.EmbeddingLocation.DEVICE if gpu else fb.EmbeddingLocation.HOST
+    compute = fb.ComputeDevice.CUDA if gpu else fb.ComputeDevice.CPU
+    tbe = fb.SplitTableBatchedEmbeddingBagsCodegen(
+        [(pool.shape[0], pool.shape[1], location, compute)], feature_table_map=[0] * features,
+        optimizer=getattr(fb.OptimType, name), learning_rate=EMBEDDING_LR[opt],
+        pooling_mode=getattr(fb.PoolingMode, pooling.upper()))
+    with torch.no_grad():
+        tbe.split_embedding_weights()[0].copy_(torch.from_numpy(pool))
+    idx, offs, dy = (torch.from_numpy(data[k]).to(env.torch_dev) for k in ("indices", "offsets", "dy"))
+    return _time_torch_module(env, tbe, (idx, offs), dy, None, min_time, fwd)
 
 
 # ---- DLRM --------------------------------------------------------------------------------------
-def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, min_time: float = 1.0,
+def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, threads=(1, 2), min_time: float = 1.0,
                seed: int = 0, lr: float = 1e-3) -> Table:
+    """One training step of a 26-slot DLRM: numbactr's HugeCTR model, plain PyTorch (nn.EmbeddingBag), and the
+    same PyTorch DLRM with its embeddings in one TBE: numbactr's FBGEMM face and FBGEMM (when installed)."""
     from . import demo
     from .data.synthetic import criteo_like_slot_sizes, make_planted_dataset
     from .embedding.sparse_embedding import workspace_mb_for
@@ -465,7 +600,14 @@ def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, min_time:
         "torch: the same layer widths, one nn.EmbeddingBag per slot (dense gradients), dot interaction "
         "with HugeCTR's output layout [dense | strict lower triangle | 0 pad], BCEWithLogitsLoss, "
         "torch.optim.Adam over all parameters (every embedding row moves each step, as HugeCTR's "
-        "Adam Global does)"]
+        "Adam Global does)",
+        "torch+numbactr-tbe / torch+fbgemm-tbe: that PyTorch DLRM with its 26 tables in one "
+        "SplitTableBatchedEmbeddingBagsCodegen (numbactr.fbgemm_gpu / fbgemm_gpu), whose fused "
+        "EXACT_ROWWISE_ADAGRAD (lr 0.01) updates the rows read in the step (FBGEMM's CPU build has no Adam); "
+        "torch.optim.Adam for the MLPs",
+        "numbactr's HugeCTR model still runs SparseEmbedding's own path, not the engine (moving it onto the "
+        "engine is issue 10 item 2)",
+        "threads: numbactr.threads' compute threads and torch.set_num_threads set to the column's value"]
     sizes = criteo_like_slot_sizes(slots, total_rows)
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-") as tmp:
         data = make_planted_dataset(os.path.join(tmp, "data"), num_train=batch * batches, num_eval=batch,
@@ -480,18 +622,32 @@ def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, min_time:
         host_batches = [next(reader) for _ in range(batches)]
         model.start_data_reading()                               # opens the files, so inside the folder
         model._train_reader = itertools.cycle(host_batches)      # the step without file reading
-        t = measure(model.train, sync=env.sync, min_time=min_time)
+        impls = [("numbactr", lambda: measure(model.train, sync=env.sync, min_time=min_time))]
+        if env.torch is not None:
+            from .fbgemm_gpu import split_table_batched_embeddings_ops_training as ours
+            fb = fbgemm_training_module()
+            for label, tbe in [(env.torch_label, None), ("torch+numbactr-tbe", ours)] + \
+                    ([("torch+fbgemm-tbe", fb)] if fb is not None else []):
+                impls.append((label, lambda tbe=tbe: _torch_dlrm(env, host_batches, sizes, data.slot_offsets,
+                                                                 dense_dim, vec, lr, min_time, seed, tbe)))
+        for n_threads in ((None,) if env.kind == "gpu" else tuple(threads)):
+            with thread_count(env, n_threads):
+                for label, timed in impls:
+                    t = timed()
+                    tab.add(label, "-" if n_threads is None else n_threads, batch, slots, total_rows, vec,
+                            1e3 * t, batch / t)
     if not np.isfinite(model.get_current_loss()):
         raise AssertionError("bench dlrm: numbactr loss is not finite")
-    tab.add("numbactr", batch, slots, total_rows, vec, 1e3 * t, batch / t)
-    if env.torch is not None:
-        t = _torch_dlrm(env, host_batches, sizes, data.slot_offsets, dense_dim, vec, lr, min_time, seed)
-        tab.add(env.torch_label, batch, slots, total_rows, vec, 1e3 * t, batch / t)
     return tab
 
 
-def torch_dlrm(torch, slot_sizes, dense_dim: int = 13, vec: int = 16):
-    """Plain-PyTorch DLRM with numbactr.demo.build_dlrm's widths and HugeCTR's interaction layout."""
+def torch_dlrm(torch, slot_sizes, dense_dim: int = 13, vec: int = 16, tbe=None):
+    """Plain-PyTorch DLRM with numbactr.demo.build_dlrm's widths and HugeCTR's interaction layout.
+
+    tbe: None for one nn.EmbeddingBag per slot (forward(dense, [indices per slot], [offsets per slot]));
+    else an FBGEMM-style training module (fbgemm_gpu's or numbactr.fbgemm_gpu's
+    split_table_batched_embeddings_ops_training) whose SplitTableBatchedEmbeddingBagsCodegen holds every
+    slot as a table, with the fused EXACT_ROWWISE_ADAGRAD (forward(dense, indices, offsets), FBGEMM's CSR)."""
     nn = torch.nn
     slots = len(slot_sizes)
     n = slots + 1
@@ -500,7 +656,16 @@ def torch_dlrm(torch, slot_sizes, dense_dim: int = 13, vec: int = 16):
     class DLRM(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb = nn.ModuleList(nn.EmbeddingBag(int(v), vec, mode="sum") for v in slot_sizes)
+            if tbe is None:
+                self.emb = nn.ModuleList(nn.EmbeddingBag(int(v), vec, mode="sum") for v in slot_sizes)
+            else:
+                cuda = torch.cuda.is_available() and tbe.get_available_compute_device().name == "CUDA"
+                where = (tbe.EmbeddingLocation.DEVICE, tbe.ComputeDevice.CUDA) if cuda else \
+                    (tbe.EmbeddingLocation.HOST, tbe.ComputeDevice.CPU)
+                self.emb = tbe.SplitTableBatchedEmbeddingBagsCodegen(
+                    [(int(v), vec, *where) for v in slot_sizes], optimizer=tbe.OptimType.EXACT_ROWWISE_ADAGRAD,
+                    learning_rate=0.01)
+                self.emb.init_embedding_weights_uniform(-0.05, 0.05)
             self.bottom = nn.Sequential(nn.Linear(dense_dim, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
                                         nn.Linear(32, vec), nn.ReLU())
             self.top = nn.Sequential(nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
@@ -511,7 +676,10 @@ def torch_dlrm(torch, slot_sizes, dense_dim: int = 13, vec: int = 16):
 
         def forward(self, dense, idx, offsets):
             x = self.bottom(dense)                                              # (B, vec)
-            z = torch.stack([x] + [e(i, o) for e, i, o in zip(self.emb, idx, offsets)], 1)   # (B, n, vec)
+            if tbe is None:
+                z = torch.stack([x] + [e(i, o) for e, i, o in zip(self.emb, idx, offsets)], 1)   # (B, n, vec)
+            else:
+                z = torch.cat([x[:, None], self.emb(idx, offsets).view(x.shape[0], slots, vec)], 1)
             m = torch.bmm(z, z.transpose(1, 2))                                  # (B, n, n)
             pairs = m[:, self.tril[0], self.tril[1]]                             # (B, n(n-1)/2)
             pad = torch.zeros(x.shape[0], 1, dtype=x.dtype, device=x.device)
@@ -520,10 +688,10 @@ def torch_dlrm(torch, slot_sizes, dense_dim: int = 13, vec: int = 16):
     return DLRM()
 
 
-def _torch_dlrm(env, host_batches, sizes, slot_offsets, dense_dim, vec, lr, min_time, seed) -> float:
+def _torch_dlrm(env, host_batches, sizes, slot_offsets, dense_dim, vec, lr, min_time, seed, tbe=None) -> float:
     torch, dev = env.torch, env.torch_dev
     torch.manual_seed(seed)
-    model = torch_dlrm(torch, sizes, dense_dim, vec).to(dev)
+    model = torch_dlrm(torch, sizes, dense_dim, vec, tbe).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-7)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     slots = len(sizes)
@@ -539,6 +707,9 @@ def _torch_dlrm(env, host_batches, sizes, slot_offsets, dense_dim, vec, lr, min_
                 if (nnz[:, s] != 1).any() else offsets[bags]                    # one-hot: one key per bag
             idx.append(torch.from_numpy(keys[take] - slot_offsets[s]).to(dev))  # slot-local rows
             offs.append(torch.from_numpy(np.concatenate([[0], np.cumsum(nnz[:, s])[:-1]])).to(dev))
+        if tbe is not None:                      # one CSR for all slots, feature-major (FBGEMM's)
+            idx = torch.cat(idx)
+            offs = torch.from_numpy(np.concatenate([[0], np.cumsum(nnz.T.reshape(-1))])).to(dev)
         prepared.append((torch.from_numpy(b.dense).to(dev), idx, offs, torch.from_numpy(b.label).to(dev)))
     it = itertools.cycle(prepared)
     last = {}
@@ -559,16 +730,18 @@ def _torch_dlrm(env, host_batches, sizes, slot_offsets, dense_dim, vec, lr, min_
 
 # ---- command line ------------------------------------------------------------------------------
 FULL = dict(hash=dict(n=1_000_000),
-            embedding=dict(batch=8192, tables=26, hots=(1, 20), dims=(16, 64, 128), rows=1_000_000),
+            embedding=dict(batch=8192, features=26, hots=(1, 20), dims=(16, 64, 128), rows=1_000_000),
             dlrm=dict(batch=4096, batches=8, total_rows=200_000))
 QUICK = dict(hash=dict(n=20_000),
-             embedding=dict(batch=64, tables=26, hots=(1, 4), dims=(16,), rows=10_000),
-             dlrm=dict(batch=128, batches=2, total_rows=5_000))
+             embedding=dict(batch=64, features=26, hots=(1, 4), dims=(16,), rows=10_000, threads=(1,)),
+             dlrm=dict(batch=128, batches=2, total_rows=5_000, threads=(1,)))
 
 
 def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = None, seed: int = 0,
-        out=None) -> list:
-    """Run one benchmark ('hash', 'embedding', 'dlrm') or 'all'; print and return the Tables."""
+        out=None, options: dict | None = None) -> list:
+    """Run one benchmark ('hash', 'embedding', 'dlrm') or 'all'; print and return the Tables.
+
+    options: per benchmark, keyword arguments over the sizes (e.g. {'embedding': {'threads': (1,)}})."""
     out = out or sys.stdout
     sizes = QUICK if quick else FULL
     min_time = (0.05 if quick else 1.0) if min_time is None else min_time
@@ -578,9 +751,10 @@ def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = N
     tables = []
     with log.progress(total=len(names), desc="numbactr bench", unit="benchmark") as bar:
         for name in names:
-            tab = fns[name](env, min_time=min_time, seed=seed, **sizes[name])
-            print(tab.markdown(), file=out, flush=True)
-            tables.append(tab)
+            made = fns[name](env, min_time=min_time, seed=seed, **{**sizes[name], **(options or {}).get(name, {})})
+            for tab in made if isinstance(made, list) else [made]:      # embedding: forward, backward
+                print(tab.markdown(), file=out, flush=True)
+                tables.append(tab)
             bar.update(1)
     return tables
 
@@ -595,12 +769,25 @@ def main(argv=None) -> int:
                     help="seconds of repetitions per measurement (default 1, --quick 0.05)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument("--seed", type=int, default=0, help="seed of the generated keys and data (default: %(default)s)")
+    ap.add_argument("--threads", type=_thread_list, default=None,
+                    help="comma-separated thread counts for embedding and dlrm (default 1,2; --quick 1)")
     args = ap.parse_args(argv)
     env = Env(use_torch=not args.no_torch)
     if env.torch is None:
         print(f"numbactr bench: {env.torch_why}", flush=True)
-    run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed)
+    options = {} if args.threads is None else {k: {"threads": args.threads} for k in ("embedding", "dlrm")}
+    run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed, options=options)
     return 0
+
+
+def _thread_list(text: str) -> tuple:
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive thread counts like 1,2, got {text!r}")
+    return counts
 
 
 if __name__ == "__main__":

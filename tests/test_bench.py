@@ -9,6 +9,7 @@ import pytest
 from numbactr import bench, device
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
+HAVE_FBGEMM = HAVE_TORCH and importlib.util.find_spec("fbgemm_gpu") is not None
 
 
 @pytest.fixture
@@ -82,14 +83,25 @@ def test_quick_hash(capsys, on_device):
 def test_quick_embedding(capsys, on_device):
     on_device("cpu")
     out = run_main(capsys, "embedding", "--quick")
-    [(cols, rows)] = tables_in(out)
-    check_table(cols, rows, bench.EMBEDDING_COLUMNS, ["fwd ms", "fwd GB/s", "bwd+upd ms", "bwd+upd GB/s"])
-    for r in rows:      # GB/s is FBGEMM's byte count over the time
-        b, t, hot, d = (int(number(r[i])) for i in (1, 2, 3, 4))
-        nbytes = bench.embedding_bytes(b * t, hot, d)
-        assert number(r[7]) == pytest.approx(nbytes / (number(r[6]) * 1e-3) / 1e9, rel=0.05)
-        assert number(r[9]) == pytest.approx(2 * nbytes / (number(r[8]) * 1e-3) / 1e9, rel=0.05)
-    assert {r[3] for r in rows} == {"1", "4"}
+    [(fcols, frows), (bcols, brows)] = tables_in(out)
+    check_table(fcols, frows, bench.EMBEDDING_FWD_COLUMNS, ["fwd ms", "fwd GB/s"])
+    check_table(bcols, brows, bench.EMBEDDING_BWD_COLUMNS, ["bwd+upd ms", "bwd+upd GB/s"])
+    for r in frows:     # GB/s is FBGEMM's byte count over the time
+        b, f, hot, d = (int(number(r[i])) for i in (3, 4, 5, 6))
+        assert number(r[9]) == pytest.approx(bench.embedding_bytes(b * f, hot, d) / (number(r[8]) * 1e-3) / 1e9,
+                                             rel=0.05)
+    for r in brows:     # backward + update: twice the forward bytes
+        b, f, hot, d = (int(number(r[i])) for i in (5, 6, 7, 8))
+        nbytes = 2 * bench.embedding_bytes(b * f, hot, d)
+        assert number(r[11]) == pytest.approx(nbytes / (number(r[10]) * 1e-3) / 1e9, rel=0.05)
+        assert int(number(r[4])) == bench.state_bytes_per_row(r[0], r[3], d)
+    assert {r[5] for r in frows} == {"1", "4"} and {r[2] for r in frows} == {"sum", "mean"}
+    # every implementation forward per shape and pooling; every optimizer except FBGEMM's CPU-less Adam
+    impls = {"numbactr"} | ({"torch-cpu"} if HAVE_TORCH else set()) | ({"fbgemm"} if HAVE_FBGEMM else set())
+    assert {r[0] for r in frows} == impls and len(frows) == 4 * len(impls)
+    got = {(r[0], r[3]) for r in brows}
+    want = {(i, o) for i in impls for o in bench.EMBEDDING_OPTIMIZERS} - {("fbgemm", "adam")}
+    assert got == want
 
 
 def test_quick_dlrm(capsys, on_device):
@@ -98,14 +110,31 @@ def test_quick_dlrm(capsys, on_device):
     [(cols, rows)] = tables_in(out)
     check_table(cols, rows, bench.DLRM_COLUMNS, ["step ms", "samples/s"])
     for r in rows:
-        assert number(r[6]) == pytest.approx(number(r[1]) / (number(r[5]) * 1e-3), rel=0.02)
+        assert number(r[7]) == pytest.approx(number(r[2]) / (number(r[6]) * 1e-3), rel=0.02)
+    impls = {r[0] for r in rows}
+    assert ("torch+numbactr-tbe" in impls) == HAVE_TORCH and ("torch+fbgemm-tbe" in impls) == HAVE_FBGEMM
+
+
+def test_threads_option(capsys, on_device):
+    on_device("cpu")
+    out = run_main(capsys, "dlrm", "--quick", "--no-torch", "--min-time", "0", "--threads", "1,2")
+    [(_, rows)] = tables_in(out)
+    assert [(r[0], r[1]) for r in rows] == [("numbactr", "1"), ("numbactr", "2")]
+    with pytest.raises(SystemExit):
+        bench.main(["dlrm", "--threads", "0,x"])
+
+
+def test_state_bytes_per_row():
+    assert [bench.state_bytes_per_row("numbactr", o, 16) for o in ("sgd", "rowwise_adagrad", "adam")] == [0, 4, 128]
+    assert bench.state_bytes_per_row("torch-cpu", "rowwise_adagrad", 16) == 64       # torch's Adagrad: D values
 
 
 def test_quick_all_without_torch(capsys, on_device):
     on_device("cpu")
     out = run_main(capsys, "all", "--quick", "--no-torch", "--min-time", "0")
     found = tables_in(out)
-    assert [cols for cols, _ in found] == [bench.HASH_COLUMNS, bench.EMBEDDING_COLUMNS, bench.DLRM_COLUMNS]
+    assert [cols for cols, _ in found] == [bench.HASH_COLUMNS, bench.EMBEDDING_FWD_COLUMNS,
+                                           bench.EMBEDDING_BWD_COLUMNS, bench.DLRM_COLUMNS]
     assert all({r[0] for r in rows} == {"numbactr"} for _, rows in found)
     assert "torch baseline skipped (--no-torch)" in out
 
@@ -197,8 +226,9 @@ def test_kernel_path_in_the_simulator(on_device):
     assert env.kernels
     tab = bench.bench_hash(env, n=48, min_time=0)
     assert len(tab.rows) == 6
-    tab = bench.bench_embedding(env, batch=2, tables=3, hots=(2,), dims=(4,), rows=40, min_time=0)
-    assert len(tab.rows) == 1 and number(tab.rows[0][7]) > 0
+    fwd, bwd = bench.bench_embedding(env, batch=2, features=3, hots=(2,), dims=(4,), rows=40, poolings=("sum",),
+                                     optimizers=("sgd",), threads=(1,), min_time=0)
+    assert len(fwd.rows) == len(bwd.rows) == 1 and number(fwd.rows[0][9]) > 0 and number(bwd.rows[0][11]) > 0
 
 
 def test_runs_and_says_so_without_torch(capsys, on_device, monkeypatch):
