@@ -609,11 +609,14 @@ class Model:
         checkpoint.load_dense_optimizer_states(self, dense_opt_states_file)
 
     def load_sparse_weights(self, sparse_embedding_files) -> None:
-        """A list (one folder per embedding, add order) or a dict {sparse_embedding_name: folder}."""
+        """A list (one folder per embedding, add order) or a dict {sparse_embedding_name: folder}. Keys go
+        to the rank that owns them on this run's rank count (key % R, or slot % R from slot_id)."""
         self._require_compiled("load_sparse_weights")
         checkpoint.load_sparse_weights(self, sparse_embedding_files)
 
     def load_sparse_optimizer_states(self, sparse_opt_states_files) -> None:
+        """Like load_sparse_weights; each key's states go to the row that holds the key now, so load the
+        matching sparse weights first."""
         self._require_compiled("load_sparse_optimizer_states")
         checkpoint.load_sparse_optimizer_states(self, sparse_opt_states_files)
 
