@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
+import numbactr as hugectr
 from numbactr import checkpoint, device
 from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
@@ -218,3 +219,44 @@ def test_weights_reload_keeps_each_keys_optimizer_state(saved, data):
         for s, old in zip(e.optimizer.states, held.get(k, [np.zeros(4, np.float32)] * 2)):
             np.testing.assert_array_equal(s[r], old, err_msg=f"key {k}")
     assert np.array_equal(e.dump_slots(), np.array([k // 6 % 3 for k in kept + [1000, 1001]], np.uint64))
+
+
+def test_a_bad_second_embedding_leaves_the_first_untouched(tmp_path, data, cpu):
+    """All embeddings' files are checked before any table changes."""
+    def two_tables(seed):
+        solver = hugectr.CreateSolver(batchsize=12, batchsize_eval=12, lr=0.05, vvgpu=[[0]], i64_input_key=True,
+                                      seed=seed)
+        reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[data[0]],
+                                          eval_source=data[1], check_type=hugectr.Check_t.Sum)
+        m = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam))
+        m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
+                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("a", 1, True, 2),
+                                                            hugectr.DataReaderSparseParam("b", 1, True, 1)]))
+        for name, bottom in (("ea", "a"), ("eb", "b")):
+            m.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash,
+                                          workspace_size_per_gpu_in_mb=1, embedding_vec_size=4, combiner="sum",
+                                          sparse_embedding_name=name, bottom_name=bottom))
+        L = hugectr.Layer_t
+        m.add(hugectr.DenseLayer(L.Concat, ["ea", "eb"], ["cat3"], axis=1))
+        m.add(hugectr.DenseLayer(L.Reshape, ["cat3"], ["flat"], leading_dim=12))
+        m.add(hugectr.DenseLayer(L.InnerProduct, ["flat"], ["fc"], num_output=1))
+        m.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["fc", "label"], ["loss"]))
+        m.compile()
+        for _ in range(2):
+            m.train()
+        return m
+
+    a, b = two_tables(0), two_tables(5)
+    a.save_params_to_files(str(tmp_path / "two"), 2)
+    os.remove(tmp_path / "two_2.manifest.json")
+    keys = np.fromfile(tmp_path / "two1_sparse_2.model/key", "<i8")
+    np.concatenate([keys, keys[:1]]).tofile(tmp_path / "two1_sparse_2.model/key")      # a duplicate
+    np.zeros((keys.size + 1, 4), np.float32).tofile(tmp_path / "two1_sparse_2.model/emb_vector")
+    os.remove(tmp_path / "two1_sparse_2.model/slot_id")
+    before = [(e.dump(), np.array(e.row_slot)) for e in b.embeddings]
+    with pytest.raises(DataFormatError, match=r"two1_sparse_2.model/key.*appears at positions 0 and"):
+        b.load_sparse_weights([str(tmp_path / "two0_sparse_2.model"), str(tmp_path / "two1_sparse_2.model")])
+    for e, ((k, v), slots) in zip(b.embeddings, before):
+        np.testing.assert_array_equal(e.dump()[0], k)
+        np.testing.assert_array_equal(e.dump()[1], v)
+        np.testing.assert_array_equal(e.row_slot, slots)
