@@ -4,7 +4,6 @@ expected. Damage is made here on purpose, without the manifest (HugeCTR's files:
 with it (any change is a size or checksum mismatch)."""
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
