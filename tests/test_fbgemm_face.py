@@ -383,3 +383,22 @@ def test_without_torch_the_training_module_exports_the_array_face(monkeypatch):
     finally:
         monkeypatch.undo()
         importlib.reload(train)
+
+
+def test_sim_device_runs_the_same_face():
+    """The face is device-agnostic: on the sim device (the engine's kernel path in the simulator), tiny
+    shapes give the cpu device's result."""
+    if not device._numba_simulated():
+        pytest.skip("needs the simulator")
+    results = []
+    for kind in ("cpu", "sim"):
+        device.set_device(kind)
+        face = tbe([(5, 4), (3, 4)], optimizer=EmbOptimType.PARTIAL_ROWWISE_ADAM, learning_rate=0.1,
+                   pooling_mode=PoolingMode.MEAN)
+        fill(face)
+        out = face(np.array([1, 4, 2, 0]), np.array([0, 2, 2, 3, 4]))
+        face.backward(np.linspace(-1, 1, out.size, dtype=np.float32).reshape(out.shape))
+        results.append((device.to_host(out), [device.to_host(w) for w in face.split_embedding_weights()]))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
+    for a, b in zip(results[1][1], results[0][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
