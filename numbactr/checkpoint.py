@@ -551,8 +551,8 @@ def _check_placement(e, sm: _SparseModel, owner: np.ndarray, ranks: int) -> None
     kpath = os.path.join(sm.folder, "key")
     what = f"embedding {e.name!r} keys"
     order = np.lexsort((sm.keys, owner))
-    ks, os_ = sm.keys[order], owner[order]
-    dup = np.nonzero((ks[1:] == ks[:-1]) & (os_[1:] == os_[:-1]))[0]
+    ks, own = sm.keys[order], owner[order]                         # sorted by rank, then key
+    dup = np.nonzero((ks[1:] == ks[:-1]) & (own[1:] == own[:-1]))[0]
     if dup.size:
         i, j = sorted((int(order[dup[0]]), int(order[dup[0] + 1])))
         where = (f" (slots {sm.slots[i]} and {sm.slots[j]}, both on rank {owner[i]} of {ranks})"
