@@ -291,19 +291,12 @@ class Model:
                 t[name] = o
         return t
 
-    def _loss_value(self, t: dict, valid: int, rank_rows: int | None = None) -> float:
-        """Σ_i weight_i · loss_i (+ regularizer terms), averaged over ranks, as HugeCTR reports it.
-
-        rank_rows (eval): this rank's valid rows; the ranks' losses (each a mean over its valid rows) are
-        then weighted by them, giving the mean over the global batch's valid rows, not HugeCTR's plain
-        mean of the ranks' means (which differ when a partial last batch fills the ranks unevenly)."""
+    def _loss_value(self, t: dict, valid: int) -> float:
+        """Σ_i weight_i · loss_i (+ regularizer terms), averaged over ranks, as HugeCTR reports it."""
         total = 0.0
         for layer, w in self.losses:
             total += w * float(device.to_host(t[layer.cfg.top_names[0]].data)[0])
-        if self.ranks > 1 and rank_rows is not None:
-            summed = self.comm.allreduce_sum(np.array([total * rank_rows, rank_rows], dtype=np.float64))
-            total = float(summed[0] / summed[1]) if summed[1] > 0 else 0.0
-        elif self.ranks > 1:
+        if self.ranks > 1:
             total = float(self.comm.allreduce_sum(np.array([total]))[0]) / self.ranks
         for layer, _ in self.losses:
             total += self._regularizer(layer, valid, grad=False)
@@ -456,7 +449,7 @@ class Model:
             preds.append(p)
             labels.append(y)
         preds, labels = np.concatenate(preds, axis=1), np.concatenate(labels, axis=1)
-        loss = self._loss_value(t, batch.batch_size * self.ranks, None if compat.hugectr_exact() else n)
+        loss = self._loss_value(t, batch.batch_size * self.ranks)
         if self.ranks > 1:                      # every rank scores the whole global eval batch
             preds, labels = self.comm.allgather_rows(preds), self.comm.allgather_rows(labels)
         self.metrics.add(preds, labels, loss)
@@ -468,9 +461,8 @@ class Model:
         self.metrics.reset()
         self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval, False,
                                                        eval=True))
-        with log.progress(desc="eval, whole source", unit="batch") as bar:
-            while self.eval():
-                bar.update(1)
+        while self.eval():
+            pass
         self._eval_reader = None
         return self.get_eval_metrics()
 
@@ -527,20 +519,6 @@ class Model:
         if not s.repeat_dataset and max_iter != 2000:
             warn_ignored("Model.fit", "max_iter", max_iter, "in epoch mode (repeat_dataset=False) fit runs "
                          "num_epochs passes over the source", stacklevel=2)
-        try:
-            self._fit_loop(num_epochs, max_iter, display, eval_interval, snapshot, snapshot_prefix)
-        finally:
-            # the readers' prefetch threads stop and are joined here (also on an error); each reader keeps
-            # its place, so a later train()/eval()/fit() continues its stream as HugeCTR's readers do
-            for reader in (self._train_reader, self._eval_reader):
-                pause = getattr(reader, "pause", None)      # (a benchmark's batch cycle has no workers)
-                if pause is not None:
-                    pause()
-
-    def _fit_loop(self, num_epochs: int, max_iter: int, display: int, eval_interval: int, snapshot: int,
-                  snapshot_prefix: str) -> None:
-        """fit's loop, after its argument checks."""
-        s = self.solver
         log.info("Training source file: " + self.reader_params.source[0])
         log.info("Evaluation source file: " + self.reader_params.eval_source)
         self.start_data_reading()
