@@ -58,67 +58,15 @@ embedding_bounds_check_*). Their formulas, our code.
 """
 from __future__ import annotations
 
-import enum
-import math
-
 import numpy as np
 
 from . import optimizers as OPT
 from .embedding_init import _splitmix64_ref
+from . import tbe_math as M
+from .tbe_math import BoundsCheck, Layout, Optim, Pooling, Precision, UpdateType, WeightDecay  # noqa: F401
 
 
-# ---- enums (defined once here; numbactr.embedding.engine re-exports them) ---------------------------
-class Pooling(enum.IntEnum):
-    SUM = 0
-    MEAN = 1
-    NONE = 2
-
-
-class Layout(enum.IntEnum):
-    FEATURE_MAJOR = 0      # bag j = f * B + b (FBGEMM)
-    SAMPLE_MAJOR = 1       # bag j = b * F + f (HugeCTR's reader)
-
-
-class BoundsCheck(enum.IntEnum):
-    FATAL = 0              # FBGEMM's BoundsCheckMode values
-    WARNING = 1
-    IGNORE = 2
-    NONE = 3
-
-
-class Precision(enum.IntEnum):
-    FP32 = 0
-    FP16 = 1
-
-
-class WeightDecay(enum.IntEnum):
-    NONE = 0               # FBGEMM's WeightDecayMode values
-    L2 = 1
-    DECOUPLE = 2
-
-
-class UpdateType(enum.IntEnum):
-    LOCAL = 0              # HugeCTR's Update_t
-    GLOBAL = 1
-    LAZY_GLOBAL = 2
-
-
-class Optim(enum.IntEnum):
-    NONE = 0
-    EXACT_SGD = 1
-    EXACT_ADAGRAD = 2
-    EXACT_ROWWISE_ADAGRAD = 3
-    ADAM = 4
-    PARTIAL_ROWWISE_ADAM = 5
-    LAMB = 6
-    PARTIAL_ROWWISE_LAMB = 7
-    HUGECTR_SGD = 8
-    HUGECTR_MOMENTUM_SGD = 9
-    HUGECTR_NESTEROV = 10
-    HUGECTR_ADAM = 11
-    HUGECTR_ADAGRAD = 12
-
-
+# the engine's enums live in the lowest layer, tbe_math (numbactr.embedding.engine re-exports them)
 HUGECTR_KINDS = frozenset({Optim.HUGECTR_SGD, Optim.HUGECTR_MOMENTUM_SGD, Optim.HUGECTR_NESTEROV,
                            Optim.HUGECTR_ADAM, Optim.HUGECTR_ADAGRAD})
 
@@ -156,24 +104,53 @@ IP_FIELDS = ("kind", "update_type", "weight_decay_mode", "gradient_clipping", "s
 IP = {name: i for i, name in enumerate(IP_FIELDS)}
 
 
+def kernel_scalars(hp: dict, step: int) -> np.ndarray:
+    """The packed float32 scalars (tbe_math.KS_*) of the compiled paths for hyper-parameters hp at step t."""
+    ks = np.zeros(M.N_KS, np.float32)
+    for name, at in (("learning_rate", M.KS_LR), ("eps", M.KS_EPS), ("beta1", M.KS_B1), ("beta2", M.KS_B2),
+                     ("weight_decay", M.KS_WD), ("momentum", M.KS_MOM), ("max_gradient", M.KS_MAXG),
+                     ("max_norm", M.KS_MAXN), ("scaler", M.KS_SCALER)):
+        ks[at] = hp[name]
+    b1, b2 = _f32(hp["beta1"]), _f32(hp["beta2"])
+    ks[M.KS_BC1], ks[M.KS_BC2] = 1.0 - b1 ** step, 1.0 - b2 ** step
+    if b1 != 1.0:
+        ks[M.KS_ALPHA] = OPT.adam_alpha_t(hp["learning_rate"], hp["beta1"], hp["beta2"], step)
+        ks[M.KS_LAZY] = OPT.lazy_adam_alpha_common(hp["learning_rate"], hp["beta1"])
+    return ks
+
+
+def kernel_ints(kind, update, wd_mode, clip: bool, step: int, stochastic: bool, pooling, layout,
+                batch: int) -> np.ndarray:
+    """The packed int64 parameters (tbe_math.KI_*) of the compiled paths."""
+    ki = np.zeros(M.N_KI, np.int64)
+    ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE], ki[M.KI_CLIP] = int(kind), int(update), int(wd_mode), clip
+    ki[M.KI_STEP], ki[M.KI_SR], ki[M.KI_POOLING], ki[M.KI_LAYOUT] = step, stochastic, int(pooling), int(layout)
+    ki[M.KI_BATCH] = batch
+    return ki
+
+
 def _f32(x) -> float:
     """x rounded to float32, returned as a Python float: the value a float32 kernel argument holds."""
     return float(np.float32(x))
 
 
 # ---- FP16 rounding (reference) ----------------------------------------------------------------------
-_SR_PASS_HOT, _SR_PASS_ALL = 0, 1       # the update of touched rows / HugeCTR's all-rows pass
+SR_PASS_HOT, SR_PASS_ALL = 0, 1         # the update of touched rows / HugeCTR's all-rows pass
 
 
 def rounding_bits_ref(seed: int, step: int, lin_rows: np.ndarray, width: int, pass_id: int) -> np.ndarray:
     """(U, width) uint32 random bits of each element: the top 32 bits of
-    splitmix64(splitmix64(seed + golden * (2 step + pass)) ^ (lin_row * 2^16 + d))."""
-    with np.errstate(over="ignore"):
-        salt = np.uint64(seed) + np.uint64(0x9E3779B97F4A7C15) * np.uint64(2 * int(step) + int(pass_id))
-        base = _splitmix64_ref(np.full(1, salt, np.uint64))[0]
-        key = (np.asarray(lin_rows, np.uint64)[:, None] << np.uint64(16)) + np.arange(width, dtype=np.uint64)
-        h = _splitmix64_ref(key ^ base)
+    splitmix64((lin_row << 16 | d) ^ rounding_base(seed, step, pass))."""
+    key = (np.asarray(lin_rows, np.uint64)[:, None] << np.uint64(16)) | np.arange(width, dtype=np.uint64)
+    h = _splitmix64_ref(key ^ rounding_base(seed, step, pass_id))
     return (h >> np.uint64(32)).astype(np.uint32)
+
+
+def rounding_base(seed: int, step: int, pass_id: int) -> np.uint64:
+    """The per-launch uint64 salt of stochastic rounding: splitmix64(seed + golden (2 step + pass))."""
+    salt = (np.asarray([seed], np.uint64) + np.asarray([0x9E3779B97F4A7C15], np.uint64)
+            * np.asarray([2 * int(step) + int(pass_id)], np.uint64))          # array arithmetic wraps
+    return _splitmix64_ref(salt)[0]
 
 
 def to_half_ref(x: np.ndarray, bits: np.ndarray | None) -> np.ndarray:
@@ -214,11 +191,14 @@ def check_offsets_ref(offsets: np.ndarray, n_indices: int, mode: int) -> tuple[n
     fixed[-1:] = n_indices
     bad = np.flatnonzero(fixed != off)
     if bad.size and mode == BoundsCheck.FATAL:
-        j = int(bad[0])
-        raise EmbeddingBoundsError(
-            f"offsets[{j}] = {int(off[j])} breaks the CSR layout of {n_indices} indices in {off.size - 1} bags "
-            f"(offsets must start >= 0, never decrease and end at {n_indices}) (bounds_check FATAL)")
+        raise EmbeddingBoundsError(offsets_message(int(bad[0]), int(off[bad[0]]), n_indices, off.size - 1))
     return fixed, int(bad.size)
+
+
+def offsets_message(j: int, value: int, n_indices: int, n_bags: int) -> str:
+    """The FATAL error text for offsets[j] = value (the first offset that needed repair)."""
+    return (f"offsets[{j}] = {value} breaks the CSR layout of {n_indices} indices in {n_bags} bags (offsets "
+            f"must start >= 0, never decrease and end at {n_indices}) (bounds_check FATAL)")
 
 
 def check_indices_ref(indices: np.ndarray, offsets: np.ndarray, feature_rows: np.ndarray, batch: int,
@@ -351,7 +331,8 @@ def tbe_backward_ref(dims_of_tables, feature_table_map, rows, offsets, batch, po
         k = np.flatnonzero((table == t) & (rows >= 0))
         uniq, where = np.unique(rows[k], return_inverse=True)
         grads = np.zeros((uniq.size, int(dims[t])))
-        np.add.at(grads, where.reshape(-1), g[k, :dims[t]])    # in occurrence order
+        if k.size:                                       # (a table no feature reads has none)
+            np.add.at(grads, where.reshape(-1), g[k, :dims[t]])    # in occurrence order
         out.append((uniq.astype(np.int64), grads))
     return out
 

@@ -56,6 +56,7 @@ import numpy as np
 from .. import device
 from ..kernels import embedding_init as EI
 from ..kernels import tbe as K
+from ..kernels import tbe_cpu as C
 from ..kernels.tbe import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, Pooling, Precision,
                            UpdateType, WeightDecay)
 from .hash_table import HashTable
@@ -65,6 +66,7 @@ __all__ = ["TableBatchedEmbedding", "TableSpec", "OptimizerSpec", "LookupContext
            "EmbeddingBoundsError", "IMPLS"]
 
 IMPLS = ("ref", "cpu", "kernels")
+MAX_DIM = 65535            # stochastic rounding hashes (linear row << 16 | d)
 
 
 @dataclass(frozen=True)
@@ -110,17 +112,17 @@ class OptimizerSpec:
 
 @dataclass
 class SparseRowGrad:
-    """Row gradients of optimizer NONE: rows (U,) linear row ids ascending, values (U, max D) float32
-    (zero beyond a row's own width), tables (U,) the table of each row."""
+    """Row gradients of optimizer NONE: rows (U,) linear row ids ascending (row_offsets[t] + local row),
+    values (U, max D) float32, zero beyond a row's own width."""
     rows: object
     values: object
-    tables: object
     row_offsets: np.ndarray
 
     def per_table(self) -> list:
-        """[(rows (U_t,) local to table t, values (U_t, D)) for every table t]."""
-        rows, vals, tabs = (device.to_host(a) for a in (self.rows, self.values, self.tables))
-        return [(rows[tabs == t] - self.row_offsets[t], vals[tabs == t]) for t in range(len(self.row_offsets))]
+        """[(rows (U_t,) local to table t, values (U_t, D_max)) for every table t]."""
+        rows, vals = device.to_host(self.rows), device.to_host(self.values)
+        tab = np.searchsorted(self.row_offsets, rows, side="right") - 1
+        return [(rows[tab == t] - self.row_offsets[t], vals[tab == t]) for t in range(len(self.row_offsets) - 1)]
 
 
 @dataclass
@@ -144,8 +146,8 @@ class LookupContext:
 
 def _as_table(t) -> TableSpec:
     spec = t if isinstance(t, TableSpec) else TableSpec(*t)
-    if int(spec.rows) < 0 or int(spec.dim) < 1:
-        raise ValueError(f"table {spec}: rows must be >= 0 and dim >= 1")
+    if int(spec.rows) < 0 or not 1 <= int(spec.dim) <= MAX_DIM:
+        raise ValueError(f"table {spec}: rows must be >= 0 and dim in 1..{MAX_DIM}")
     lo, hi = spec.init_range
     if not lo <= hi:
         raise ValueError(f"table {spec}: init_range must be (lo, hi) with lo <= hi")
@@ -221,19 +223,21 @@ class TableBatchedEmbedding:
         self.states = [self._new_state(per_row, dtype, name) for name, per_row, dtype in self._state_specs()]
         self.hash_tables = {t: HashTable(spec.rows, use_kernels=self.impl == "kernels", xp=xp)
                             for t, spec in enumerate(self.tables) if spec.keyed}
+        self._ws = {}                                                        # scratch pool (_scratch)
+        self._impl = _IMPLS[self.impl](self)
 
     # ---- configuration ------------------------------------------------------------------------------
     def _pick_impl(self, impl):
         if impl is None:
-            return "ref"
+            return "cpu" if device.kind() == "cpu" else "ref"
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         if impl == "kernels" and not device.uses_kernels():
             raise ValueError("impl 'kernels' needs the gpu or sim device (numbactr.device)")
         if impl != "kernels" and device.kind() == "gpu":
             raise ValueError(f"impl {impl!r} runs on host arrays; the gpu device uses impl 'kernels'")
-        if impl != "ref":
-            raise NotImplementedError(f"impl {impl!r} is not built yet; use impl='ref'")
+        if impl not in _IMPLS:
+            raise NotImplementedError(f"impl {impl!r} is not built yet")
         return impl
 
     def _check_equal_dims(self, why: str) -> None:
@@ -341,30 +345,26 @@ class TableBatchedEmbedding:
             if feature_requires_grad.shape != (self.n_features,):
                 raise ValueError(f"feature_requires_grad must have one entry per feature ({self.n_features})")
 
-        offs, bad_offsets = self._check_offsets(offsets, n)
+        offs, bad_offsets, first_offset = self._impl.check_offsets(offsets, n)
+        if bad_offsets and self.bounds_check == BoundsCheck.FATAL:
+            value = int(device.to_host(offsets[first_offset:first_offset + 1])[0])
+            raise EmbeddingBoundsError(K.offsets_message(first_offset, value, n, n_bags))
         keys_done = self._rows_of_keys(indices, offs, batch, training)
-        rows, bad, first = self._check_indices(keys_done, offs, batch)
+        rows, bad, first = self._impl.check_indices(keys_done, offs, batch)
+        if bad and self.bounds_check == BoundsCheck.FATAL:
+            raise EmbeddingBoundsError(K.bounds_message(first, bad, BoundsCheck.FATAL))
         if self.bounds_check == BoundsCheck.WARNING and (bad or bad_offsets):
             self.bounds_warnings += bad + bad_offsets
-            what = K.bounds_message(first, bad, BoundsCheck.WARNING) if bad else ""
+            what = [K.bounds_message(first, bad, BoundsCheck.WARNING)] if bad else []
             if bad_offsets:
-                what = (what + "; " if what else "") + f"{bad_offsets} offsets repaired (clamped into [0, {n}], " \
-                                                       "made non-decreasing, last set to N)"
-            warnings.warn(f"TableBatchedEmbedding bounds check: {what}", RuntimeWarning, stacklevel=2)
+                what.append(f"{bad_offsets} offsets repaired (clamped into [0, {n}], made non-decreasing, "
+                            "last set to N)")
+            warnings.warn(f"TableBatchedEmbedding bounds check: {'; '.join(what)}", RuntimeWarning, stacklevel=2)
         ctx = LookupContext(rows, offs, psw, batch, pooling, feature_requires_grad)
-        return self._forward(ctx), ctx
-
-    def _check_offsets(self, offsets, n: int):
-        fixed, bad = K.check_offsets_ref(device.to_host(offsets), n, self.bounds_check)
-        return device.xp().asarray(fixed), bad
+        return self._impl.forward(ctx), ctx
 
     def _feature_rows(self) -> np.ndarray:
         return self.rows[self.feature_table_map]
-
-    def _check_indices(self, indices, offsets, batch: int):
-        rows, bad, first = K.check_indices_ref(device.to_host(indices), device.to_host(offsets),
-                                               self._feature_rows(), batch, self.layout, self.bounds_check)
-        return device.xp().asarray(rows), bad, first
 
     def _rows_of_keys(self, indices, offsets, batch: int, training: bool):
         """indices as int64, every keyed feature's keys replaced by their rows (-1: missing in evaluation).
@@ -404,14 +404,6 @@ class TableBatchedEmbedding:
             view[device.xp().asarray(device.to_host(rows)[new])] = device.xp().asarray(vals.astype(view.dtype))
         return rows
 
-    def _forward(self, ctx: LookupContext):
-        out = K.tbe_forward_ref([device.to_host(w) for w in self.split_weights()], self.feature_table_map,
-                                device.to_host(ctx.rows), device.to_host(ctx.offsets), ctx.batch, ctx.pooling,
-                                self.layout, None if ctx.per_sample_weights is None
-                                else device.to_host(ctx.per_sample_weights))
-        dtype = np.float16 if self.output_dtype == Precision.FP16 else np.float32
-        with np.errstate(over="ignore"):
-            return device.xp().asarray(out.astype(np.float32).astype(dtype))
 
     # ---- backward -----------------------------------------------------------------------------------
     def backward(self, ctx: LookupContext, grad_output) -> Grads:
@@ -428,89 +420,237 @@ class TableBatchedEmbedding:
             raise TypeError(f"grad_output must be float, got {dy.dtype}")
         dy = xp.ascontiguousarray(dy.astype(np.float32, copy=False))
         grads = Grads()
-        if ctx.per_sample_weights is not None:
-            grads.per_sample_weights = self._psw_grad(ctx, dy)
+        if ctx.per_sample_weights is not None:      # before the update: it reads the old weights
+            grads.per_sample_weights = self._impl.psw_grad(ctx, dy)
         t = self.step + 1
         opt = self.optimizer
-        if opt.kind == Optim.NONE:
-            grads.sparse = self._sparse_grad(ctx, dy)
-        else:
-            glob = K.has_global_pass(opt.kind, opt.update_type)
-            if glob and K.global_pass_first(opt.kind, opt.hp()):
-                self._global_pass(t)
-            self._update(ctx, dy, t)
-            if glob and not K.global_pass_first(opt.kind, opt.hp()):
-                self._global_pass(t)
+        glob = K.has_global_pass(opt.kind, opt.update_type)
+        first = glob and K.global_pass_first(opt.kind, opt.hp())
+        if first:
+            self._impl.global_pass(t)
+        grads.sparse = self._impl.backward(ctx, dy, t)
+        if glob and not first:
+            self._impl.global_pass(t)
         self.step = t
         return grads
 
-    def _host_ctx(self, ctx):
+    # ---- what the implementations share --------------------------------------------------------------
+    def _state_buffers(self) -> tuple:
+        """(a, b, row, prev): elem_update's per-element states a, b, the per-row float state and the
+        per-row step state, as the engine's flat buffers; None where the optimizer keeps none."""
+        elem, rowf, prev = [], [], []
+        for buf, (name, per_row, dtype) in zip(self.states, self._state_specs()):
+            if name == "prev_step":
+                prev.append(buf)
+            elif per_row:
+                rowf.append(buf)
+            else:
+                elem.append(buf)
+        return tuple(elem + [None] * (2 - len(elem))) + ((rowf or [None])[0], (prev or [None])[0])
+
+    def _ks_ki(self, ctx, t: int):
+        """The packed kernel scalars / integers (kernels.tbe.kernel_scalars / kernel_ints) for step t."""
+        opt = self.optimizer
+        sr = self.weights_precision == Precision.FP16 and self.stochastic_rounding
+        pooling, batch = (self.pooling, 0) if ctx is None else (ctx.pooling, ctx.batch)
+        return (K.kernel_scalars(opt.hp(), t),
+                K.kernel_ints(opt.kind, opt.update_type, opt.weight_decay_mode, opt.gradient_clipping, t, sr,
+                              pooling, self.layout, batch))
+
+    def _scratch(self, name: str, n: int, dtype):
+        """A reused device buffer of n elements (grown by half when too small): the per-step scratch pool."""
+        buf = self._ws.get(name)
+        if buf is None or buf.shape[0] < n or buf.dtype != np.dtype(dtype):
+            size = n if buf is None else max(n, int(buf.shape[0] * 1.5))
+            buf = device.xp().empty(max(size, 1), dtype)
+            self._ws[name] = buf
+        return buf[:n]
+
+
+class _RefImpl:
+    """The NumPy reference (kernels/tbe.py): the oracle; simple, vectorized per feature, not fast."""
+
+    def __init__(self, eng: TableBatchedEmbedding):
+        self.e = eng
+
+    def check_offsets(self, offsets, n: int):
+        """(repaired offsets, number repaired, first repaired position); never raises."""
+        host = device.to_host(offsets).astype(np.int64)
+        fixed, bad = K.check_offsets_ref(host, n, BoundsCheck.IGNORE)
+        first = int(np.flatnonzero(fixed != host)[0]) if bad else -1
+        return device.xp().asarray(fixed), bad, first
+
+    def check_indices(self, indices, offsets, batch: int):
+        """(rows, number of bad indices, first bad); FATAL's rows are IGNORE's (the engine raises)."""
+        e = self.e
+        mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
+        rows, bad, first = K.check_indices_ref(device.to_host(indices), device.to_host(offsets),
+                                               e._feature_rows(), batch, e.layout, mode)
+        return device.xp().asarray(rows), bad, first
+
+    def _host(self, ctx):
         h = device.to_host
         psw = None if ctx.per_sample_weights is None else h(ctx.per_sample_weights)
         return h(ctx.rows), h(ctx.offsets), psw
 
-    def _psw_grad(self, ctx, dy):
-        rows, offs, _ = self._host_ctx(ctx)
-        g = K.per_sample_weights_grad_ref([device.to_host(w) for w in self.split_weights()],
-                                          self.feature_table_map, rows, offs, ctx.batch, ctx.pooling,
-                                          self.layout, device.to_host(dy), ctx.feature_requires_grad)
+    def _tables(self) -> list:
+        return [device.to_host(w) for w in self.e.split_weights()]
+
+    def forward(self, ctx: LookupContext):
+        e = self.e
+        rows, offs, psw = self._host(ctx)
+        out = K.tbe_forward_ref(self._tables(), e.feature_table_map, rows, offs, ctx.batch, ctx.pooling,
+                                e.layout, psw)
+        dtype = np.float16 if e.output_dtype == Precision.FP16 else np.float32
+        with np.errstate(over="ignore"):
+            return device.xp().asarray(out.astype(np.float32).astype(dtype))
+
+    def psw_grad(self, ctx: LookupContext, dy):
+        e = self.e
+        rows, offs, _ = self._host(ctx)
+        g = K.per_sample_weights_grad_ref(self._tables(), e.feature_table_map, rows, offs, ctx.batch,
+                                          ctx.pooling, e.layout, device.to_host(dy), ctx.feature_requires_grad)
         return device.xp().asarray(g.astype(np.float32))
 
-    def _row_grads(self, ctx, dy) -> list:
-        rows, offs, psw = self._host_ctx(ctx)
-        return K.tbe_backward_ref(self.dims, self.feature_table_map, rows, offs, ctx.batch, ctx.pooling,
-                                  self.layout, device.to_host(dy), psw)
-
-    def _sparse_grad(self, ctx, dy) -> SparseRowGrad:
-        per_table = self._row_grads(ctx, dy)
-        width = int(self.dims.max())
-        lin = np.concatenate([r + self.row_offsets[t] for t, (r, _) in enumerate(per_table)]).astype(np.int64)
-        tabs = np.concatenate([np.full(r.size, t, np.int32) for t, (r, _) in enumerate(per_table)])
-        vals = np.zeros((lin.size, width), np.float32)
-        at = 0
-        for r, g in per_table:
-            vals[at:at + r.size, :g.shape[1]] = g
-            at += r.size
+    def backward(self, ctx: LookupContext, dy, t: int):
+        """The update of every touched row (or, for optimizer NONE, their gradients as a SparseRowGrad)."""
+        e = self.e
+        rows_h, offs, psw = self._host(ctx)
+        per_table = K.tbe_backward_ref(e.dims, e.feature_table_map, rows_h, offs, ctx.batch, ctx.pooling,
+                                       e.layout, device.to_host(dy), psw)
         xp = device.xp()
-        return SparseRowGrad(xp.asarray(lin), xp.asarray(vals), xp.asarray(tabs), self.row_offsets.copy())
-
-    def _store_weights(self, view, idx, new64, lin_rows, t: int, pass_id: int) -> None:
-        """view[idx] = new64 in the weights' precision (stochastic rounding for FP16 when enabled)."""
-        new32 = new64.astype(np.float32)
-        if self.weights_precision == Precision.FP16:
-            bits = (K.rounding_bits_ref(self.seed, t, lin_rows, new32.shape[1], pass_id)
-                    if self.stochastic_rounding else None)
-            new32 = K.to_half_ref(new32, bits)
-        view[idx] = device.xp().asarray(new32)
-
-    def _update(self, ctx, dy, t: int) -> None:
-        opt = self.optimizer
-        specs = self._state_specs()
-        weights = self.split_weights()
-        states = self.split_optimizer_states()
-        for tb, (rows, g) in enumerate(self._row_grads(ctx, dy)):
+        if e.optimizer.kind == Optim.NONE:
+            lin = np.concatenate([r + e.row_offsets[tb] for tb, (r, _) in enumerate(per_table)]).astype(np.int64)
+            vals = np.zeros((lin.size, int(e.dims.max())), np.float32)
+            at = 0
+            for r, g in per_table:
+                vals[at:at + r.size, :g.shape[1]] = g
+                at += r.size
+            return SparseRowGrad(xp.asarray(lin), xp.asarray(vals), e.row_offsets.copy())
+        opt, specs = e.optimizer, e._state_specs()
+        weights, states = e.split_weights(), e.split_optimizer_states()
+        for tb, (rows, g) in enumerate(per_table):
             if rows.size == 0:
                 continue
-            idx = device.xp().asarray(rows)
+            idx = xp.asarray(rows)
             w = device.to_host(weights[tb][idx])
             s = [device.to_host(st[idx]) for st in states[tb]]
             new_w, new_s = K.optimizer_update_ref(opt.kind, opt.hp(), w, g, s, t, opt.update_type,
                                                   opt.weight_decay_mode, opt.gradient_clipping)
-            self._store_weights(weights[tb], idx, new_w, rows + self.row_offsets[tb], t, K._SR_PASS_HOT)
+            self._store(weights[tb], idx, new_w, rows + e.row_offsets[tb], t, K.SR_PASS_HOT)
             for view, val, (_, _, dtype) in zip(states[tb], new_s, specs):
-                view[idx] = device.xp().asarray(val.astype(dtype))
+                view[idx] = xp.asarray(val.astype(dtype))
+        return None
 
-    def _global_pass(self, t: int) -> None:
-        opt = self.optimizer
-        states = self.split_optimizer_states()
-        for tb, view in enumerate(self.split_weights()):
-            n = self.live_rows(tb)
+    def _store(self, view, idx, new64, lin_rows, t: int, pass_id: int) -> None:
+        """view[idx] = new64 in the weights' precision (stochastic rounding for FP16 when enabled)."""
+        e = self.e
+        new32 = new64.astype(np.float32)
+        if e.weights_precision == Precision.FP16:
+            bits = (K.rounding_bits_ref(e.seed, t, lin_rows, new32.shape[1], pass_id)
+                    if e.stochastic_rounding else None)
+            new32 = K.to_half_ref(new32, bits)
+        view[idx] = device.xp().asarray(new32)
+
+    def global_pass(self, t: int) -> None:
+        e, opt = self.e, self.e.optimizer
+        states = e.split_optimizer_states()
+        for tb, view in enumerate(e.split_weights()):
+            n = e.live_rows(tb)
             if n == 0:
                 continue
             w = device.to_host(view[:n])
             s = [device.to_host(st[:n]) for st in states[tb]]
             new_w, new_s = K.global_pass_ref(opt.kind, opt.hp(), w, s, t)
-            lin = np.arange(n, dtype=np.int64) + self.row_offsets[tb]
-            self._store_weights(view, slice(0, n), new_w, lin, t, K._SR_PASS_ALL)
+            self._store(view, slice(0, n), new_w, np.arange(n, dtype=np.int64) + e.row_offsets[tb], t,
+                        K.SR_PASS_ALL)
             for st, val in zip(states[tb], new_s):
                 st[:n] = device.xp().asarray(val.astype(np.float32))
+
+
+class _CpuImpl:
+    """The numba-compiled CPU code (kernels/tbe_cpu.py) on host arrays: the cpu device's fast path."""
+
+    def __init__(self, eng: TableBatchedEmbedding):
+        self.e = eng
+        self.ftable = np.asarray(eng.feature_table_map, np.int64)
+        self.no_f32 = np.zeros(1, np.float32)                 # stands in for an absent float array
+        self.no_i64 = np.zeros(1, np.int64)
+
+    def _w(self):
+        w = self.e.weights
+        return w.view(np.uint16) if w.dtype == np.float16 else w
+
+    def check_offsets(self, offsets, n: int):
+        fixed = np.empty(offsets.shape[0], np.int64)
+        bad, first = C.check_offsets(offsets, n, fixed)
+        return fixed, bad, first
+
+    def check_indices(self, indices, offsets, batch: int):
+        e = self.e
+        rows = np.empty(indices.shape[0], np.int64)
+        frows = e._feature_rows()
+        mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
+        bad = C.check_indices(indices, offsets, frows, batch, int(e.layout), int(mode), rows)
+        first = tuple(int(v) for v in C.first_bad_index(indices, offsets, frows, batch, int(e.layout))) if bad \
+            else None
+        return rows, bad, first
+
+    def forward(self, ctx: LookupContext):
+        e = self.e
+        none = ctx.pooling == Pooling.NONE
+        shape = (ctx.rows.shape[0], int(e.feature_dims[0])) if none else (ctx.batch, e.total_dim)
+        fp16 = e.output_dtype == Precision.FP16
+        out = np.empty(shape, np.float16 if fp16 else np.float32)
+        flat = out.reshape(-1).view(np.uint16) if fp16 else out.reshape(-1)
+        psw = ctx.per_sample_weights
+        C.forward(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows, ctx.offsets,
+                  self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout),
+                  int(ctx.pooling), flat)
+        return out
+
+    def psw_grad(self, ctx: LookupContext, dy):
+        e = self.e
+        want = (np.ones(e.n_features, np.bool_) if ctx.feature_requires_grad is None
+                else ctx.feature_requires_grad)
+        out = np.empty(ctx.rows.shape[0], np.float32)
+        C.psw_grad(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows, ctx.offsets, dy,
+                   want, ctx.batch, int(e.layout), int(ctx.pooling), out)
+        return out
+
+    def backward(self, ctx: LookupContext, dy, t: int):
+        e = self.e
+        n = ctx.rows.shape[0]
+        sentinel = int(e.row_offsets[-1])
+        lin, bag_of = e._scratch("lin", n, np.int64), e._scratch("bag_of", n, np.int64)
+        C.linearize(ctx.rows, ctx.offsets, self.ftable, e.row_offsets, ctx.batch, int(e.layout), sentinel, lin,
+                    bag_of)
+        keys, perm = e._scratch("keys", n, np.int64), e._scratch("perm", n, np.int64)
+        C.radix_sort(lin, C.radix_bits(sentinel), keys, perm, e._scratch("keys_tmp", n, np.int64),
+                     e._scratch("perm_tmp", n, np.int64))
+        seg = e._scratch("seg", n + 1, np.int64)
+        n_seg = C.segments(keys, sentinel, seg)
+        ks, ki = e._ks_ki(ctx, t)
+        none = e.optimizer.kind == Optim.NONE
+        grad_rows = np.empty(n_seg if none else 1, np.int64)
+        grad_vals = np.empty((n_seg if none else 1, int(e.dims.max())), np.float32)
+        a, b, r, p = e._state_buffers()
+        psw = ctx.per_sample_weights
+        C.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
+                       self.no_f32 if r is None else r, self.no_i64 if p is None else p, e.elem_offsets, e.strides,
+                       e.dims, e.row_offsets, e.feature_cols, keys, perm, seg, n_seg, bag_of, ctx.offsets,
+                       self.no_f32 if psw is None else psw, psw is not None, dy, ks, ki,
+                       K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals)
+        return SparseRowGrad(grad_rows, grad_vals, e.row_offsets.copy()) if none else None
+
+    def global_pass(self, t: int) -> None:
+        e = self.e
+        _, ki = e._ks_ki(None, t)
+        ks = K.kernel_scalars(e.optimizer.hp(), t)
+        live = np.array([e.live_rows(tb) for tb in range(len(e.tables))], np.int64)
+        a, b, _, _ = e._state_buffers()
+        C.global_pass(self._w(), a, self.no_f32 if b is None else b, e.elem_offsets, e.strides, e.dims,
+                      e.row_offsets, live, ks, ki, K.rounding_base(e.seed, t, K.SR_PASS_ALL))
+
+
+_IMPLS = {"ref": _RefImpl, "cpu": _CpuImpl}

@@ -1,0 +1,520 @@
+"""The table-batched embedding compiled for the CPU (numba.njit, parallel over samples / rows).
+
+The same operations and the same results as the numba.cuda kernels of kernels/tbe.py (formulas in its
+docstring; the scalar math is kernels/tbe_math.py, compiled here with njit), for the ``cpu`` device:
+
+    check_offsets   offsets repaired as FBGEMM repairs them (running maximum of the clamped offsets)
+    check_indices   rows (N,) int64 of the indices under a bounds-check mode, in parallel over bags
+    forward         pooled (B, sum D_f) or per-occurrence (N, D) output, in parallel over samples
+    linearize       linear row id (table row offset + row) and bag of every occurrence; -1 rows and
+                    positions outside every bag get the sentinel V_total (sorted last)
+    radix_sort      stable LSD radix sort of the linear ids (per-thread histograms, so 1..n threads
+                    give the same permutation): occurrences of a row end up together, in occurrence order
+    segments        the first position of each row's run in the sorted ids
+    fused_update    per row (in parallel over rows): sum the occurrence gradients in occurrence order,
+                    then the optimizer's rule, once; or, for optimizer NONE, write the summed gradient
+    global_pass     HugeCTR's all-rows pass of a GLOBAL update
+    psw_grad        gradient of the per-sample weights
+Weights are float32, or float16 held as uint16 bits (load/store below dispatch on the array's dtype).
+Nothing here allocates per element; the caller passes every buffer the size of the batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import float32, int64, njit, prange, types, uint64
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from . import tbe_math as M
+
+_JIT = dict(cache=True)
+_PJIT = dict(cache=True, parallel=True)
+
+half_to_float = njit(**_JIT)(M.half_to_float)
+float_to_half_bits = njit(**_JIT)(M.float_to_half_bits)
+sr_key = njit(**_JIT)(M.sr_key)
+row_scalars = njit(**_JIT)(M.row_scalars)
+lazy_scalars = njit(**_JIT)(M.lazy_scalars)
+elem_update = njit(**_JIT)(M.elem_update)
+global_elem = njit(**_JIT)(M.global_elem)
+lamb_ratio = njit(**_JIT)(M.lamb_ratio)
+elem_state_count = njit(**_JIT)(M.elem_state_count)
+clip = njit(**_JIT)(M.clip)
+max_norm_scale = njit(**_JIT)(M.max_norm_scale)
+
+_GOLDEN = 0x9E3779B97F4A7C15
+# Work is split into fixed-size chunks (prange over chunks, each with its own small scratch), never by the
+# thread count: the result, the radix sort's permutation included, is the same for any number of threads.
+_CHUNK = 64               # samples, bags or rows per chunk
+_SORT_CHUNK = 1 << 16     # keys per radix-sort chunk (one digit histogram each)
+_ROWWISE = (M._RW_ADAGRAD, M._PR_ADAM, M._PR_LAMB)
+
+
+@njit(**_JIT)
+def splitmix64(x):
+    # kernels/embedding_init's SplitMix64 (the numba.cuda version splits the words to keep the simulator
+    # quiet; compiled CPU code wraps modulo 2^64 natively)
+    z = x + uint64(_GOLDEN)
+    z = (z ^ (z >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> uint64(27))) * uint64(0x94D049BB133111EB)
+    return z ^ (z >> uint64(31))
+
+
+# Hot loops index with uint64: a signed index makes numba test every access for a negative (wraparound)
+# value, which keeps LLVM from vectorizing the row loops (measured 3x slower gathers).
+_PF = 16                  # occurrences / rows to prefetch ahead (FBGEMM's CPU kernels prefetch 16 too)
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):
+    """Ask the CPU to start loading arr[idx] into cache (llvm.prefetch: read, high locality). Any idx is
+    safe: a prefetch never faults."""
+    sig = types.void(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, signature.args[0], ary, [args[1]], wraparound=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+# ---- float32 / float16 (uint16 bits) element access -------------------------------------------------
+def load(w, i):
+    """w[i] as float32 (w float32, or float16 bits as uint16)."""
+    return np.float32(M.half_to_float(w[i]) if w.dtype == np.uint16 else w[i])
+
+
+def store(w, i, v, h, stochastic):
+    """w[i] = v, rounded to float16 bits (stochastically with hash h when asked) for a uint16 w."""
+    w[i] = M.float_to_half_bits(v, h, stochastic) if w.dtype == np.uint16 else v
+
+
+@overload(load, jit_options=_JIT)
+def _load(w, i):
+    if w.dtype == types.uint16:
+        return lambda w, i: half_to_float(w[i])
+    return lambda w, i: float32(w[i])
+
+
+@overload(store, jit_options=_JIT)
+def _store(w, i, v, h, stochastic):
+    if w.dtype == types.uint16:
+        def impl(w, i, v, h, stochastic):
+            w[i] = float_to_half_bits(v, h, stochastic)
+        return impl
+
+    def impl_f32(w, i, v, h, stochastic):
+        w[i] = v
+    return impl_f32
+
+
+# ---- layout helpers ---------------------------------------------------------------------------------
+@njit(**_JIT)
+def bag_fb(j, n_features, batch, layout):
+    """(feature, sample) of bag j."""
+    if layout == 0:
+        return j // batch, j - (j // batch) * batch
+    return j - (j // n_features) * n_features, j // n_features
+
+
+@njit(**_JIT)
+def table_of(lin, row_offsets):
+    """The table holding linear row lin (binary search over row_offsets (T + 1,))."""
+    lo, hi = 0, row_offsets.shape[0] - 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if row_offsets[mid] <= lin:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@njit(**_JIT)
+def _chunk(c, n_chunks, n):
+    return (n * c) // n_chunks, (n * (c + 1)) // n_chunks
+
+
+# ---- bounds check -----------------------------------------------------------------------------------
+@njit(**_JIT)
+def check_offsets(offsets, n, out):
+    """out (F*B + 1,) int64 <- repaired offsets; returns (number repaired, first repaired position or -1)."""
+    count, first = 0, -1
+    run = 0
+    last = out.shape[0] - 1
+    for j in range(out.shape[0]):
+        v = min(max(int64(offsets[j]), 0), n)
+        run = v if j == 0 else max(run, v)
+        if j == last:
+            run = n
+        out[j] = run
+        if run != offsets[j]:
+            count += 1
+            if first < 0:
+                first = j
+    return count, first
+
+
+@njit(**_PJIT)
+def check_indices(indices, offsets, feature_rows, batch, layout, mode, rows):
+    """rows (N,) int64 <- indices under the bounds-check mode (FATAL: unchanged, the caller raises;
+    WARNING/IGNORE: 0; NONE: -1 for out-of-range); returns the number of bad indices."""
+    n_features = feature_rows.shape[0]
+    n_bags = offsets.shape[0] - 1
+    fill = -1 if mode == 3 else 0
+    for k in range(offsets[0]):
+        rows[k] = -1
+    bad = 0
+    for j in prange(n_bags):
+        f, _ = bag_fb(j, n_features, batch, layout)
+        limit = feature_rows[f]
+        for k in range(offsets[j], offsets[j + 1]):
+            v = int64(indices[k])
+            if v != -1 and (v < 0 or v >= limit):
+                bad += 1
+                v = v if mode == 0 else fill
+            rows[k] = v
+    return bad
+
+
+@njit(**_JIT)
+def first_bad_index(indices, offsets, feature_rows, batch, layout):
+    """(position, feature, sample, index, rows) of the first index outside its table (there is one)."""
+    n_features = feature_rows.shape[0]
+    for j in range(offsets.shape[0] - 1):
+        f, b = bag_fb(j, n_features, batch, layout)
+        for k in range(offsets[j], offsets[j + 1]):
+            v = int64(indices[k])
+            if v != -1 and (v < 0 or v >= feature_rows[f]):
+                return k, f, b, v, feature_rows[f]
+    return -1, -1, -1, 0, 0
+
+
+# ---- forward ----------------------------------------------------------------------------------------
+@njit(**_PJIT)
+def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, batch, layout, pooling, out):
+    """out, flat: pooled (B * sum D_f) (float32, or float16 bits), or per occurrence (N * D) for NONE.
+
+    Bags are taken in CSR order (chunks of consecutive bags), so the indices are read front to back and
+    the rows of later occurrences are prefetched whatever the layout. A one-row bag is a scaled copy;
+    longer bags accumulate row by row into a float32 scratch row."""
+    n_features = ftable.shape[0]
+    n_bags = offsets.shape[0] - 1
+    n = rows.shape[0]
+    total = uint64(fcols[n_features])
+    dmax = 0
+    for f in range(n_features):
+        dmax = max(dmax, fcols[f + 1] - fcols[f])
+    n_chunks = (n_bags + _CHUNK - 1) // _CHUNK
+    zero = float32(0.0)
+    for c in prange(n_chunks):
+        acc = np.empty(dmax, np.float32)
+        lo, hi = _chunk(c, n_chunks, n_bags)
+        for j in range(lo, hi):
+            f, b = bag_fb(j, n_features, batch, layout)
+            t = ftable[f]
+            dim = uint64(fcols[f + 1] - fcols[f])
+            stride, off = strides[t], elem_off[t]
+            begin, end = offsets[j], offsets[j + 1]
+            if pooling == 2:
+                for k in range(begin, end):
+                    if k + _PF < n:
+                        prefetch(w, uint64(off + rows[k + _PF] * stride))
+                    r = rows[k]
+                    p = psw[k] if has_psw else float32(1.0)
+                    o = uint64(k) * dim
+                    base = uint64(off + max(r, 0) * stride)
+                    for d in range(dim):
+                        store(out, o + d, p * load(w, base + d) if r >= 0 else zero, uint64(0), False)
+                continue
+            o = uint64(b) * total + uint64(fcols[f])
+            if end - begin == 1 and rows[begin] >= 0:        # one-hot: a scaled copy of the row
+                if begin + _PF < n:
+                    prefetch(w, uint64(off + rows[begin + _PF] * stride))
+                p = psw[begin] if has_psw else float32(1.0)
+                base = uint64(off + rows[begin] * stride)
+                for d in range(dim):
+                    store(out, o + d, p * load(w, base + d), uint64(0), False)
+                continue
+            for d in range(dim):
+                acc[d] = zero
+            for k in range(begin, end):
+                if k + _PF < n:
+                    prefetch(w, uint64(off + rows[k + _PF] * stride))
+                r = rows[k]
+                if r < 0:
+                    continue
+                p = psw[k] if has_psw else float32(1.0)
+                base = uint64(off + r * stride)
+                for d in range(dim):
+                    acc[d] += p * load(w, base + d)
+            s = float32(1.0)
+            if pooling == 1 and end > begin:
+                s = float32(1.0) / float32(end - begin)
+            for d in range(dim):
+                store(out, o + d, acc[d] * s, uint64(0), False)
+
+
+# ---- backward: linearize, sort, segment -------------------------------------------------------------
+@njit(**_PJIT)
+def linearize(rows, offsets, ftable, row_off, batch, layout, sentinel, lin, bag_of):
+    """lin (N,) <- row_off[table] + row (the sentinel for -1 rows and positions outside every bag);
+    bag_of (N,) <- the bag of each occurrence."""
+    n_features = ftable.shape[0]
+    n_bags = offsets.shape[0] - 1
+    for k in range(offsets[0]):
+        lin[k] = sentinel
+    for j in prange(n_bags):
+        f, _ = bag_fb(j, n_features, batch, layout)
+        base = row_off[ftable[f]]
+        for k in range(offsets[j], offsets[j + 1]):
+            r = rows[k]
+            lin[k] = base + r if r >= 0 else sentinel
+            bag_of[k] = j
+
+
+@njit(**_PJIT)
+def radix_sort(keys, n_bits, keys_out, perm_out, keys_tmp, perm_tmp):
+    """Stable sort of keys (N,) int64 in [0, 2^n_bits): keys_out sorted, perm_out the positions.
+
+    LSD passes of up to 11 bits; each pass: per-chunk digit counts (chunks in order), their exclusive
+    scan in (digit, chunk) order, then every chunk scatters its elements in order: stable."""
+    n = keys.shape[0]
+    n_chunks = (n + _SORT_CHUNK - 1) // _SORT_CHUNK
+    passes = max(1, (n_bits + 10) // 11)
+    bits = max(1, (n_bits + passes - 1) // passes)
+    radix = 1 << bits
+    mask = radix - 1
+    for i in prange(n):
+        keys_out[i] = keys[i]
+        perm_out[i] = i
+    src_k, src_p, dst_k, dst_p = keys_out, perm_out, keys_tmp, perm_tmp
+    counts = np.zeros((n_chunks, radix), np.int64)
+    for ps in range(passes):
+        shift = ps * bits
+        for c in prange(n_chunks):
+            lo, hi = _chunk(c, n_chunks, n)
+            for v in range(radix):
+                counts[c, v] = 0
+            for i in range(lo, hi):
+                counts[c, (src_k[i] >> shift) & mask] += 1
+        run = 0
+        for v in range(radix):
+            for c in range(n_chunks):
+                here = counts[c, v]
+                counts[c, v] = run
+                run += here
+        for c in prange(n_chunks):
+            lo, hi = _chunk(c, n_chunks, n)
+            for i in range(lo, hi):
+                v = (src_k[i] >> shift) & mask
+                at = counts[c, v]
+                counts[c, v] = at + 1
+                dst_k[at] = src_k[i]
+                dst_p[at] = src_p[i]
+        src_k, src_p, dst_k, dst_p = dst_k, dst_p, src_k, src_p
+    if passes % 2 == 1:                      # the result sits in the tmp buffers: copy it back
+        for i in prange(n):
+            keys_out[i] = keys_tmp[i]
+            perm_out[i] = perm_tmp[i]
+
+
+@njit(**_JIT)
+def segments(sorted_keys, sentinel, seg_start):
+    """seg_start[s] <- first position of the s-th distinct key below the sentinel; seg_start[U] <- the
+    end of the last run; returns U."""
+    u = 0
+    n = sorted_keys.shape[0]
+    for i in range(n):
+        key = sorted_keys[i]
+        if key == sentinel:
+            seg_start[u] = i
+            return u
+        if i == 0 or key != sorted_keys[i - 1]:
+            seg_start[u] = i
+            u += 1
+    seg_start[u] = n
+    return u
+
+
+# ---- backward: fused reduce + update ----------------------------------------------------------------
+@njit(**_JIT)
+def reduce_row(i0, i1, perm, bag_of, offsets, psw, has_psw, dy, total, fcols, n_features, batch, layout,
+               pooling, width, g):
+    """g[:width] <- sum over the sorted positions i0..i1 of the occurrence gradients, in order.
+    dy is flat: (B * total) pooled, (N * width) for NONE."""
+    n = perm.shape[0]
+    if i1 + _PF < n:                                     # the dy row of a later occurrence
+        k_next = perm[i1 + _PF]
+        if pooling == 2:
+            prefetch(dy, uint64(k_next) * width)
+        else:
+            f_next, b_next = bag_fb(bag_of[k_next], n_features, batch, layout)
+            prefetch(dy, uint64(b_next) * uint64(total) + uint64(fcols[f_next]))
+    for d in range(width):
+        g[d] = 0.0
+    for i in range(i0, i1):
+        k = perm[i]
+        s = psw[k] if has_psw else float32(1.0)
+        if pooling == 2:
+            o = uint64(k) * width
+        else:
+            j = bag_of[k]
+            f, b = bag_fb(j, n_features, batch, layout)
+            if pooling == 1:
+                s = s * (float32(1.0) / float32(offsets[j + 1] - offsets[j]))
+            o = uint64(b) * uint64(total) + uint64(fcols[f])
+        for d in range(width):
+            g[d] += s * dy[o + d]
+
+
+@njit(**_JIT)
+def row_update(w, sa, sb, srow, sprev, e0, lin, width, g, buf, ks, ki, base):
+    """The optimizer's rule on one touched row (weights and per-element states at e0, per-row states at
+    lin), from its summed gradient g; buf is scratch of the row's width."""
+    kind, update, wd_mode = ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE]
+    step, sr = ki[M.KI_STEP], ki[M.KI_SR] != 0
+    lr, eps, b1, b2, wd = ks[M.KS_LR], ks[M.KS_EPS], ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_WD]
+    n_states = elem_state_count(kind)
+    n_a, n_b = n_states >= 1, n_states >= 2
+    if ki[M.KI_CLIP] != 0:
+        for d in range(width):
+            g[d] = clip(g[d], ks[M.KS_MAXG])
+    c0, c1, c2 = float32(0.0), float32(0.0), float32(0.0)
+    if kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB:
+        sumsq = float32(0.0)
+        for d in range(width):
+            gd = g[d]
+            if kind == M._RW_ADAGRAD and wd_mode == M._L2:
+                gd += wd * load(w, e0 + d)
+            sumsq += gd * gd
+        rnew, c0, c1 = row_scalars(kind, wd_mode, sumsq, width, srow[lin], lr, eps, b2, wd, ks[M.KS_BC2])
+        srow[lin] = rnew
+    elif kind == M._H_ADAM and update == M._LAZY:
+        c0, c1, c2 = lazy_scalars(sprev[lin], step, b1, b2, ks[M.KS_LAZY])
+        sprev[lin] = step
+    if kind == M._SGD:                                  # the common cases without the general rule's branches
+        for d in range(width):
+            buf[d] = load(w, e0 + d) - lr * g[d]
+    elif kind == M._H_SGD:
+        scaler = ks[M.KS_SCALER]
+        for d in range(width):
+            buf[d] = load(w, e0 + d) - lr * (g[d] / scaler)
+    else:
+        lamb = kind == M._LAMB or kind == M._PR_LAMB
+        wsq, rsq = float32(0.0), float32(0.0)
+        for d in range(width):
+            wv = load(w, e0 + d)
+            av = sa[e0 + d] if n_a else float32(0.0)
+            bv = sb[e0 + d] if n_b else float32(0.0)
+            wn, an, bn, rv = elem_update(kind, update, g[d], wv, av, bv, c0, c1, c2, lr, eps, b1, b2, wd,
+                                         ks[M.KS_MOM], ks[M.KS_SCALER], ks[M.KS_BC1], ks[M.KS_BC2], ks[M.KS_ALPHA])
+            if n_a:
+                sa[e0 + d] = an
+            if n_b:
+                sb[e0 + d] = bn
+            if lamb:
+                buf[d] = rv
+                wsq += wv * wv
+                rsq += rv * rv
+            else:
+                buf[d] = wn
+        if lamb:
+            ratio = lamb_ratio(wsq, rsq)
+            for d in range(width):
+                buf[d] = load(w, e0 + d) - lr * ratio * buf[d]
+    scale = float32(1.0)
+    if ks[M.KS_MAXN] > 0:
+        nsq = float32(0.0)
+        for d in range(width):
+            nsq += buf[d] * buf[d]
+        scale = max_norm_scale(nsq, ks[M.KS_MAXN])
+    for d in range(width):
+        store(w, e0 + d, buf[d] * scale, splitmix64(sr_key(lin, d) ^ base) if sr else uint64(0), sr)
+
+
+@njit(**_PJIT)
+def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols,
+                 sorted_keys, perm, seg_start, n_seg, bag_of, offsets, psw, has_psw, dy, ks, ki, base,
+                 grad_rows, grad_vals):
+    """Every touched row: its gradient summed in occurrence order, then the optimizer's rule (kind NONE:
+    grad_rows[s], grad_vals[s] <- linear row and summed gradient of segment s)."""
+    n_features = fcols.shape[0] - 1
+    batch, layout, pooling = ki[M.KI_BATCH], ki[M.KI_LAYOUT], ki[M.KI_POOLING]
+    dy = dy.reshape(-1)
+    dmax = 0
+    for t in range(dims.shape[0]):
+        dmax = max(dmax, dims[t])
+    n_chunks = (n_seg + _CHUNK - 1) // _CHUNK
+    for c in prange(n_chunks):
+        g = np.empty(dmax, np.float32)
+        buf = np.empty(dmax, np.float32)
+        lo, hi = _chunk(c, n_chunks, n_seg)
+        for s in range(lo, hi):
+            i0, i1 = seg_start[s], seg_start[s + 1]
+            lin = sorted_keys[i0]
+            t = table_of(lin, row_off)
+            width = uint64(dims[t])
+            reduce_row(i0, i1, perm, bag_of, offsets, psw, has_psw, dy, fcols[n_features], fcols, n_features,
+                       batch, layout, pooling, width, g)
+            if ki[M.KI_KIND] == 0:
+                grad_rows[s] = lin
+                for d in range(grad_vals.shape[1]):
+                    grad_vals[s, d] = g[d] if d < width else float32(0.0)
+                continue
+            e0 = uint64(elem_off[t] + (lin - row_off[t]) * strides[t])
+            row_update(w, sa, sb, srow, sprev, e0, lin, width, g, buf, ks, ki, base)
+
+
+@njit(**_PJIT)
+def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base):
+    """HugeCTR's all-rows pass over rows [0, live[t]) of every table t."""
+    kind, sr = ki[M.KI_KIND], ki[M.KI_SR] != 0
+    n_b = elem_state_count(kind) >= 2
+    for t in range(dims.shape[0]):
+        for r in prange(live[t]):
+            e0 = uint64(elem_off[t] + r * strides[t])
+            lin = row_off[t] + r
+            for d in range(uint64(dims[t])):
+                bv = sb[e0 + d] if n_b else float32(0.0)
+                wn, an, bn = global_elem(kind, load(w, e0 + d), sa[e0 + d], bv, ks[M.KS_B1], ks[M.KS_B2],
+                                         ks[M.KS_EPS], ks[M.KS_MOM], ks[M.KS_ALPHA])
+                sa[e0 + d] = an
+                if n_b:
+                    sb[e0 + d] = bn
+                store(w, e0 + d, wn, splitmix64(sr_key(lin, d) ^ base), sr)
+
+
+@njit(**_PJIT)
+def psw_grad(w, elem_off, strides, ftable, fcols, rows, offsets, dy, want, batch, layout, pooling, out):
+    """out (N,) <- s_j <dy row of the bag (NONE: of the occurrence), W row> for features with want[f]."""
+    n_features = ftable.shape[0]
+    n_bags = offsets.shape[0] - 1
+    for k in range(offsets[0]):
+        out[k] = 0.0
+    for j in prange(n_bags):
+        f, b = bag_fb(j, n_features, batch, layout)
+        t = ftable[f]
+        col = fcols[f]
+        dim = fcols[f + 1] - col
+        s = float32(1.0)
+        if pooling == 1 and offsets[j + 1] > offsets[j]:
+            s = float32(1.0) / float32(offsets[j + 1] - offsets[j])
+        for k in range(offsets[j], offsets[j + 1]):
+            r = rows[k]
+            acc = float32(0.0)
+            if r >= 0 and want[f]:
+                base = elem_off[t] + r * strides[t]
+                for d in range(dim):
+                    acc += (dy[k, d] if pooling == 2 else dy[b, col + d]) * load(w, base + d)
+            out[k] = s * acc
+
+
+def radix_bits(sentinel: int) -> int:
+    """Bits the radix sort needs for keys in [0, sentinel]."""
+    return max(1, int(sentinel).bit_length())

@@ -1,0 +1,291 @@
+"""Scalar math of the table-batched embedding, written once as plain Python and compiled twice.
+
+kernels/tbe.py compiles these functions with ``cuda.jit(device=True, inline=True)`` for its numba.cuda
+kernels (gpu, sim), kernels/tbe_cpu.py with ``numba.njit`` for the compiled cpu path, so the optimizer
+rules, the float16 conversions and stochastic rounding are one text whichever device runs them. Each
+function is a leaf (it calls no other function of this module, so each target binds its own copies), works
+on float32 scalars and returns float32; kernels/tbe.py's NumPy reference is the oracle they are tested
+against. The enums of the engine are defined here, the lowest layer (numbactr.embedding.engine re-exports).
+
+float16 as bits (uint16): value = (-1)^s 2^(e - 15) (1 + m / 1024) for e in 1..30, 2^-24 m for e = 0,
+inf / nan for e = 31. float_to_half_bits rounds a float32 x to those bits:
+    x = M 2^E with M in [1, 2):  normal (E >= -14): q = (M - 1) 1024,  bits = (E + 15) << 10 | floor(q)
+                                 subnormal:        q = |x| 2^24,      bits = floor(q)
+    frac = q - floor(q) in [0, 1): nearest-even rounds up when frac > 1/2 (or = 1/2 and floor(q) odd);
+    stochastic rounds up when u < frac, u = (top 24 bits of the hash) / 2^24, so up with probability frac.
+    A carry out of the mantissa moves to the next binade by itself (bits + 1). Overflow: nearest-even
+    gives inf (IEEE); stochastic saturates at 65504 (FBGEMM rounds toward zero after adding its noise).
+"""
+from __future__ import annotations
+
+import enum
+import math
+
+from numba import float32, int32, uint16, uint64
+
+
+# ---- enums ------------------------------------------------------------------------------------------
+class Pooling(enum.IntEnum):
+    SUM = 0
+    MEAN = 1
+    NONE = 2
+
+
+class Layout(enum.IntEnum):
+    FEATURE_MAJOR = 0      # bag j = f * B + b (FBGEMM)
+    SAMPLE_MAJOR = 1       # bag j = b * F + f (HugeCTR's reader)
+
+
+class BoundsCheck(enum.IntEnum):
+    FATAL = 0              # FBGEMM's BoundsCheckMode values
+    WARNING = 1
+    IGNORE = 2
+    NONE = 3
+
+
+class Precision(enum.IntEnum):
+    FP32 = 0
+    FP16 = 1
+
+
+class WeightDecay(enum.IntEnum):
+    NONE = 0               # FBGEMM's WeightDecayMode values
+    L2 = 1
+    DECOUPLE = 2
+
+
+class UpdateType(enum.IntEnum):
+    LOCAL = 0              # HugeCTR's Update_t
+    GLOBAL = 1
+    LAZY_GLOBAL = 2
+
+
+class Optim(enum.IntEnum):
+    NONE = 0
+    EXACT_SGD = 1
+    EXACT_ADAGRAD = 2
+    EXACT_ROWWISE_ADAGRAD = 3
+    ADAM = 4
+    PARTIAL_ROWWISE_ADAM = 5
+    LAMB = 6
+    PARTIAL_ROWWISE_LAMB = 7
+    HUGECTR_SGD = 8
+    HUGECTR_MOMENTUM_SGD = 9
+    HUGECTR_NESTEROV = 10
+    HUGECTR_ADAM = 11
+    HUGECTR_ADAGRAD = 12
+
+
+# plain ints for compiled code (IntEnum members would be typed as enum members)
+_SGD, _ADAGRAD, _RW_ADAGRAD = int(Optim.EXACT_SGD), int(Optim.EXACT_ADAGRAD), int(Optim.EXACT_ROWWISE_ADAGRAD)
+_ADAM, _PR_ADAM, _LAMB, _PR_LAMB = (int(Optim.ADAM), int(Optim.PARTIAL_ROWWISE_ADAM), int(Optim.LAMB),
+                                    int(Optim.PARTIAL_ROWWISE_LAMB))
+_H_SGD, _H_MOM, _H_NES, _H_ADAM, _H_ADAGRAD = (int(Optim.HUGECTR_SGD), int(Optim.HUGECTR_MOMENTUM_SGD),
+                                               int(Optim.HUGECTR_NESTEROV), int(Optim.HUGECTR_ADAM),
+                                               int(Optim.HUGECTR_ADAGRAD))
+_GLOBAL, _LAZY = int(UpdateType.GLOBAL), int(UpdateType.LAZY_GLOBAL)
+_L2, _DECOUPLE = int(WeightDecay.L2), int(WeightDecay.DECOUPLE)
+
+# packed kernel scalars: one float32 array KS (host-computed from the hyper-parameters and the step)
+KS_LR, KS_EPS, KS_B1, KS_B2, KS_WD, KS_MOM, KS_MAXG, KS_MAXN, KS_SCALER = range(9)
+KS_BC1, KS_BC2, KS_ALPHA, KS_LAZY = 9, 10, 11, 12       # 1 - b1^t, 1 - b2^t, HugeCTR alpha_t, lr / (1 - b1)
+N_KS = 13
+# packed integers: one int64 array KI
+KI_KIND, KI_UPDATE, KI_WD_MODE, KI_CLIP, KI_STEP, KI_SR, KI_POOLING, KI_LAYOUT, KI_BATCH = range(9)
+N_KI = 9
+
+
+# ---- float16 <-> float32 ----------------------------------------------------------------------------
+def half_to_float(h):
+    """float32 value of the float16 bits h (exact)."""
+    bits = int32(h)
+    e = (bits >> int32(10)) & int32(31)
+    m = bits & int32(1023)
+    if e == int32(31):
+        v = float32(math.inf) if m == int32(0) else float32(math.nan)
+    elif e == int32(0):
+        v = float32(math.ldexp(float32(m), int32(-24)))
+    else:
+        v = float32(math.ldexp(float32(m + int32(1024)), e - int32(25)))
+    if (bits >> int32(15)) & int32(1):
+        return -v
+    return v
+
+
+def float_to_half_bits(x, h, stochastic):
+    """float16 bits (uint16) of float32 x: stochastic (uniform from the top 24 bits of the uint64 hash h)
+    or nearest-even rounding (see the module docstring)."""
+    if x != x:
+        return uint16(0x7E00)
+    sign = int32(0x8000) if math.copysign(float32(1.0), x) < float32(0.0) else int32(0)
+    a = abs(x)
+    if a == float32(math.inf):
+        return uint16(sign | int32(0x7C00))
+    if a == float32(0.0):
+        return uint16(sign)
+    m, e = math.frexp(a)                                  # a = m 2^e, m in [0.5, 1)
+    if e - 1 >= -14:
+        q = float32((float32(m) * float32(2.0) - float32(1.0)) * float32(1024.0))   # exact, a multiple of 2^-13
+        base = int32((e - 1 + 15) << 10)
+    else:
+        q = float32(math.ldexp(a, int32(24)))            # exact: |x| / 2^-24 < 1024
+        base = int32(0)
+    mi = int32(math.floor(q))
+    frac = q - float32(mi)
+    if stochastic:
+        up = float32(h >> uint64(40)) * float32(5.9604644775390625e-08) < frac     # u in [0, 1): 24 bits
+    else:
+        up = frac > float32(0.5) or (frac == float32(0.5) and (mi & int32(1)) == int32(1))
+    bits = base + mi + (int32(1) if up else int32(0))
+    if bits >= int32(0x7C00):
+        bits = int32(0x7BFF) if stochastic else int32(0x7C00)
+    return uint16(sign | bits)
+
+
+def sr_key(lin_row, d):
+    """The uint64 hashed (xor the step's base) for element d of linear row lin_row: lin_row << 16 | d."""
+    return (uint64(lin_row) << uint64(16)) | uint64(d)
+
+
+# ---- optimizer rules (float32 scalars) ---------------------------------------------------------------
+def elem_state_count(kind):
+    """How many per-element state arrays (a, b of elem_update) the optimizer keeps: 0, 1 or 2."""
+    if kind == _ADAM or kind == _LAMB or kind == _H_ADAM:
+        return 2
+    if kind == _SGD or kind == _RW_ADAGRAD or kind == _H_SGD or kind == 0:
+        return 0
+    return 1
+
+
+def row_scalars(kind, wd_mode, sumsq, width, rstate, lr, eps, b2, wd, bc2):
+    """(new per-row state, c0, c1) of the rowwise kinds from sumsq = sum_d g'^2 of the row:
+    EXACT_ROWWISE_ADAGRAD: m += sumsq / D; c0 = lr / (sqrt(m) + eps) (the multiplier), c1 = correction.
+    PARTIAL_ROWWISE_ADAM/LAMB: v = b2 v + (1 - b2) sumsq / D; c0 = sqrt(v / (1 - b2^t)) + eps."""
+    mean = sumsq / float32(width)
+    if kind == _RW_ADAGRAD:
+        m = rstate + mean
+        mult = lr / (float32(math.sqrt(m)) + eps)
+        corr = float32(1.0)
+        if wd_mode == _L2:
+            corr = float32(1.0) - mult * wd
+        elif wd_mode == _DECOUPLE:
+            corr = float32(1.0) - lr * wd
+        return m, mult, corr
+    v = b2 * rstate + (float32(1.0) - b2) * mean
+    return v, float32(math.sqrt(v / bc2)) + eps, float32(0.0)
+
+
+def lazy_scalars(prev, step, b1, b2, alpha_common):
+    """HugeCTR's LazyGlobal Adam for a row last updated at step prev (1 before its first update):
+    (b1^skipped, b2^skipped, catch-up alpha = lr/(1-b1) sqrt(1 - b2^prev)/(1 - b1^prev) (1 - b1^skipped))."""
+    skipped = float32(step - prev)
+    prev_f = float32(prev)
+    b1_skip = float32(math.pow(b1, skipped))
+    one = float32(1.0)
+    alpha = (alpha_common * float32(math.sqrt(one - float32(math.pow(b2, prev_f))))
+             / (one - float32(math.pow(b1, prev_f))) * (one - b1_skip))
+    return b1_skip, float32(math.pow(b2, skipped)), alpha
+
+
+def elem_update(kind, update, g, w, a, b, c0, c1, c2, lr, eps, b1, b2, wd, mom, scaler, bc1, bc2, alpha):
+    """One element of a touched row: (w, a, b, r) after the rule of `kind` (kernels/tbe.py's formulas).
+
+    g the summed (clipped) gradient, w the weight, a and b the per-element states (momentum1/m/accum,
+    momentum2/v; unused ones pass through), c0..c2 the row scalars (row_scalars / lazy_scalars), bc1, bc2
+    = 1 - b1^t, 1 - b2^t, alpha HugeCTR's alpha_t. r is LAMB's direction (the caller applies the trust
+    ratio: w - lr (|w| / |r|) r); for other kinds r = 0 and w is final.
+    """
+    one = float32(1.0)
+    r = float32(0.0)
+    if kind == _SGD:
+        w = w - lr * g
+    elif kind == _ADAGRAD:
+        a = a + g * g
+        w = w - lr * g / (float32(math.sqrt(a)) + eps)
+    elif kind == _RW_ADAGRAD:
+        w = c1 * w - c0 * g
+    elif kind == _ADAM or kind == _LAMB:
+        a = b1 * a + (one - b1) * g
+        b = b2 * b + (one - b2) * g * g
+        r = a / bc1 / (float32(math.sqrt(b / bc2)) + eps) + wd * w
+        if kind == _ADAM:
+            w = w - lr * r
+    elif kind == _PR_ADAM or kind == _PR_LAMB:
+        a = b1 * a + (one - b1) * g
+        r = a / bc1 / c0 + wd * w
+        if kind == _PR_ADAM:
+            w = w - lr * r
+    elif kind == _H_SGD:
+        w = w - lr * (g / scaler)
+    elif kind == _H_ADAGRAD:
+        gs = g / scaler
+        a = a + gs * gs
+        w = w - lr * gs / (float32(math.sqrt(a)) + eps)
+    elif kind == _H_MOM:
+        gs = g / scaler
+        if update == _GLOBAL and mom != float32(0.0):
+            a = a - lr * gs / mom                          # the all-rows pass multiplies by mom next
+        else:
+            a = mom * a - lr * gs
+            w = w + a
+    elif kind == _H_NES:
+        gs = g / scaler
+        if update == _GLOBAL:
+            step = lr * gs                                  # after the all-rows pass a *= mu; w += mu a
+            a = a - step
+            w = w - (one + mom) * step
+        else:
+            a_new = mom * a - lr * gs
+            w = w + (-mom * a + (one + mom) * a_new)
+            a = a_new
+    elif kind == _H_ADAM:
+        gs = g / scaler
+        if update == _GLOBAL:
+            a = a + (one - b1) * gs / b1                    # the all-rows pass multiplies by b1, b2 next
+            b = b + (one - b2) * gs * gs / b2
+        elif update == _LAZY:
+            w = w - c2 * a / (float32(math.sqrt(b)) + eps)  # catch up on the old moments
+            a = c0 * a + (one - b1) * gs
+            b = c1 * b + (one - b2) * gs * gs
+        else:
+            a = b1 * a + (one - b1) * gs
+            b = b2 * b + (one - b2) * gs * gs
+            w = w - alpha * a / (float32(math.sqrt(b)) + eps)
+    return w, a, b, r
+
+
+def global_elem(kind, w, a, b, b1, b2, eps, mom, alpha):
+    """HugeCTR's all-rows pass of a GLOBAL update on one element in use: (w, a, b).
+    Adam: a *= b1; b *= b2; w -= alpha_t a / (sqrt(b) + eps).  MomentumSGD: a *= f; w += a.
+    Nesterov: a *= mu; w += mu a."""
+    if kind == _H_ADAM:
+        a = b1 * a
+        b = b2 * b
+        w = w - alpha * a / (float32(math.sqrt(b)) + eps)
+    elif kind == _H_MOM:
+        a = mom * a
+        w = w + a
+    elif kind == _H_NES:
+        a = mom * a
+        w = w + mom * a
+    return w, a, b
+
+
+def lamb_ratio(w_sumsq, r_sumsq):
+    """LAMB's trust ratio |w| / |r| (0 when |r| = 0: the direction is then 0 anyway)."""
+    if r_sumsq > float32(0.0):
+        return float32(math.sqrt(w_sumsq)) / float32(math.sqrt(r_sumsq))
+    return float32(0.0)
+
+
+def clip(g, max_gradient):
+    """g clamped to [-max_gradient, max_gradient]."""
+    return min(max(g, -max_gradient), max_gradient)
+
+
+def max_norm_scale(w_sumsq, max_norm):
+    """The factor of a row whose new squared norm is w_sumsq: max_norm / |w| above max_norm, else 1."""
+    n = float32(math.sqrt(w_sumsq))
+    if max_norm > float32(0.0) and n > max_norm:
+        return max_norm / n
+    return float32(1.0)

@@ -1,0 +1,112 @@
+"""The compiled cpu path (kernels/tbe_cpu.py) equals the NumPy reference: every optimizer, pooling,
+layout, precision, bounds-check mode and keyed tables; the radix sort is stable for any thread count."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from numbactr import device
+from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, Pooling, Precision,
+                                       TableSpec)
+from numbactr.kernels import tbe_cpu as C
+from tests.engine_cases import OPTIMIZER_CASES, Case, assert_same_training, cases, random_steps, run
+
+
+@pytest.fixture(autouse=True)
+def _cpu():
+    old = device.kind()
+    device.set_device("cpu")
+    yield
+    device.set_device(old)
+
+
+@pytest.mark.parametrize("kind,update,wd_mode", OPTIMIZER_CASES,
+                         ids=[f"{k.name}-{u.name}-{m.name}" for k, u, m in OPTIMIZER_CASES])
+def test_every_optimizer_matches_reference(kind, update, wd_mode):
+    rng = np.random.default_rng(int(kind) * 7 + int(update))
+    tables, fmap = [(6, 5), (4, 8), (7, 5)], [0, 1, 2, 0]
+    case = Case(tables, fmap, kind=kind, update=update, wd_mode=wd_mode, pooling=Pooling.MEAN, max_norm=0.9,
+                clip=True, steps=random_steps(rng, tables, fmap, n_steps=3))
+    assert_same_training(case, run(case, "ref"), run(case, "cpu"))
+
+
+@settings(max_examples=25)
+@given(case=cases())
+def test_random_configurations_match_reference(case):
+    assert_same_training(case, run(case, "ref"), run(case, "cpu"))
+
+
+@pytest.mark.parametrize("mode", [BoundsCheck.WARNING, BoundsCheck.IGNORE, BoundsCheck.NONE])
+def test_bounds_modes_repair_like_the_reference(mode):
+    rng = np.random.default_rng(5)
+    tables, fmap = [(4, 3), (9, 3)], [0, 1]
+    case = Case(tables, fmap, bounds=mode, kind=Optim.EXACT_ADAGRAD,
+                steps=random_steps(rng, tables, fmap, n_steps=2, bad=True))    # indices up to rows + 1
+    if mode == BoundsCheck.WARNING:
+        with pytest.warns(RuntimeWarning, match="outside its table"):
+            a = run(case, "ref")
+        with pytest.warns(RuntimeWarning, match="outside its table"):
+            b = run(case, "cpu")
+        assert a[0].bounds_warnings == b[0].bounds_warnings > 0
+    else:
+        a, b = run(case, "ref"), run(case, "cpu")
+    assert_same_training(case, a, b)
+
+
+def test_bad_offsets_and_fatal_on_cpu():
+    e = Case([(5, 2)], [0, 0], bounds=BoundsCheck.IGNORE).engine("cpu")
+    idx = np.array([1, 2, 3, 4], np.int64)
+    out, ctx = e.forward(idx, np.array([0, 3, 2, 9, 4]))          # decreasing, past N: repaired
+    np.testing.assert_array_equal(ctx.offsets, [0, 3, 3, 4, 4])
+    fatal = Case([(5, 2)], [0, 0], bounds=BoundsCheck.FATAL).engine("cpu")
+    with pytest.raises(EmbeddingBoundsError, match=r"offsets\[2\] = 2"):
+        fatal.forward(idx, np.array([0, 3, 2, 4, 4]))
+    with pytest.raises(EmbeddingBoundsError, match=r"index 7 at position 1 \(feature 0, sample 0\)"):
+        fatal.forward(np.array([1, 7, 3, 4], np.int32), np.array([0, 2, 2, 3, 4], np.int32))
+
+
+def test_int32_inputs_and_sample_major_keyed_tables():
+    rng = np.random.default_rng(2)
+    keys = rng.integers(0, 2 ** 62, size=12).astype(np.int64)
+    for impl in ("ref", "cpu"):
+        case = Case([TableSpec(20, 4, keyed=True), (6, 4)], [0, 0, 1], layout=Layout.SAMPLE_MAJOR,
+                    pooling=Pooling.MEAN, kind=Optim.HUGECTR_ADAM)
+        e = case.engine(impl)
+        idx = np.concatenate([keys[:4], [1], keys[2:6], [5, 0], keys[7:9]])      # bags b*3 + f
+        offs = np.array([0, 2, 4, 5, 7, 9, 11, 12, 13, 13], np.int64)
+        out, ctx = e.forward(idx, offs)
+        e.backward(ctx, np.ones_like(out))
+        if impl == "ref":
+            want_rows, want_w = ctx.rows.copy(), [w.copy() for w in e.split_weights()]
+        else:
+            np.testing.assert_array_equal(ctx.rows, want_rows)
+            for w, v in zip(e.split_weights(), want_w):
+                np.testing.assert_allclose(w, v, rtol=1e-5, atol=1e-6)
+    i32 = Case([(6, 3)], [0, 0]).engine("cpu")
+    out32, _ = i32.forward(np.array([1, 2, 5], np.int32), np.array([0, 1, 1, 3, 3], np.int32))
+    out64, _ = i32.forward(np.array([1, 2, 5], np.int64), np.array([0, 1, 1, 3, 3], np.int64))
+    np.testing.assert_array_equal(out32, out64)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_radix_sort_is_stable_and_thread_count_free(n_threads):
+    import numba
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 5000, size=200_000).astype(np.int64)
+    out = [np.empty_like(keys) for _ in range(4)]
+    old = numba.get_num_threads()
+    numba.set_num_threads(n_threads)
+    try:
+        C.radix_sort(keys, C.radix_bits(5000), *out)
+    finally:
+        numba.set_num_threads(old)
+    want = np.argsort(keys, kind="stable")
+    np.testing.assert_array_equal(out[1], want)
+    np.testing.assert_array_equal(out[0], keys[want])
+
+
+def test_fp16_output_and_weights_on_cpu():
+    case = Case([(8, 6)], [0, 0], weights=Precision.FP16, output=Precision.FP16, kind=Optim.EXACT_ROWWISE_ADAGRAD,
+                steps=random_steps(np.random.default_rng(9), [(8, 6)], [0, 0], n_steps=3))
+    a, b = run(case, "ref"), run(case, "cpu")
+    assert a[0].weights.dtype == np.float16 and a[1][0].dtype == np.float64
+    assert_same_training(case, a, b)
