@@ -518,3 +518,7 @@ def psw_grad(w, elem_off, strides, ftable, fcols, rows, offsets, dy, want, batch
 def radix_bits(sentinel: int) -> int:
     """Bits the radix sort needs for keys in [0, sentinel]."""
     return max(1, int(sentinel).bit_length())
+
+
+#: CPU code only (numba.njit); the numba.cuda kernels of the same ops are in kernels/tbe.py
+PTX_CHECKS = []
