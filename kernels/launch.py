@@ -12,6 +12,26 @@ from numba import config, cuda
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
 
+#: kernel launches and device-to-host reads since reset_counts(): a training step's counts are tested
+#: on the sim device, so a launch or a host synchronization added to the step shows without a GPU.
+#: Launches go through the helpers below (or count_launch); host reads through numbactr.device.to_host.
+COUNTS = {"launches": 0, "host_reads": 0}
+
+
+def count_launch(n: int = 1) -> None:
+    COUNTS["launches"] += n
+
+
+def count_host_read(n: int = 1) -> None:
+    COUNTS["host_reads"] += n
+
+
+def reset_counts() -> dict:
+    """Zero the counters; returns the counts before the reset."""
+    before = dict(COUNTS)
+    COUNTS.update(launches=0, host_reads=0)
+    return before
+
 #: threads per block for elementwise/grid-stride kernels
 THREADS = 32 if SIMULATED else 256
 #: threads per block for kernels that reduce in shared memory (a power of two, <= 1024)
@@ -47,6 +67,7 @@ def launch_1d(kernel, n: int, *args, threads: int | None = None) -> None:
     if n <= 0:
         return
     blocks, tpb = grid_1d(n, threads)
+    count_launch()
     kernel[blocks, tpb](*args)
 
 
@@ -56,4 +77,31 @@ def launch_rows(kernel, rows: int, *args, threads: int | None = None) -> None:
         return
     tpb = threads or REDUCE_THREADS
     cap = 2 if SIMULATED else 32 * _sm_count()
+    count_launch()
     kernel[max(1, min(rows, cap)), tpb](*args)
+
+
+def lanes_for(width: int) -> int:
+    """Threads along a row of `width` elements: the power of two >= width, between 4 and 32 (a warp),
+    so consecutive threads read consecutive elements of one row (coalesced) and a warp never splits
+    across more rows than it must. The simulator uses at most 4."""
+    lanes = 4
+    while lanes < width and lanes < 32:
+        lanes *= 2
+    return min(lanes, 4) if SIMULATED else lanes
+
+
+def block_rows(lanes: int) -> int:
+    """Items per block of a lanes kernel (blocks of THREADS threads; 8 in the simulator)."""
+    return max(1, (8 if SIMULATED else THREADS) // lanes)
+
+
+def launch_lanes(kernel, items: int, lanes: int, *args) -> None:
+    """Launch ``kernel[blocks, (lanes, block_rows(lanes))](*args)``: threadIdx.x walks the elements of
+    one item (a bag, a row), threadIdx.y picks the item, grid-stride over `items`; nothing when items == 0."""
+    if items <= 0:
+        return
+    rows = block_rows(lanes)
+    cap = 2 if SIMULATED else 32 * _sm_count()
+    count_launch()
+    kernel[max(1, min(math.ceil(items / rows), cap)), (lanes, rows)](*args)

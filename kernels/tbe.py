@@ -58,11 +58,16 @@ embedding_bounds_check_*). Their formulas, our code.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+from numba import cuda, float32, int64, uint64
 
 from . import optimizers as OPT
-from .embedding_init import _splitmix64_ref
 from . import tbe_math as M
+from .embedding_init import _splitmix64, _splitmix64_ref
+from .launch import block_rows, count_launch, launch_1d, launch_lanes, lanes_for
+from .scan import exclusive_scan, inclusive_max_scan
 from .tbe_math import BoundsCheck, Layout, Optim, Pooling, Precision, UpdateType, WeightDecay  # noqa: F401
 
 
@@ -205,15 +210,16 @@ def check_indices_ref(indices: np.ndarray, offsets: np.ndarray, feature_rows: np
                       layout: int, mode: int) -> tuple[np.ndarray, int, tuple | None]:
     """(rows (N,) int64, count of bad indices, first bad (position, feature, sample, index, rows) or None).
 
-    offsets: repaired by check_offsets_ref; feature_rows (F,): the row count of each feature's table.
+    offsets: repaired by check_offsets_ref; feature_rows (F,): the row count of each feature's table
+    (-1: not checked, the indices are keys of a keyed table).
     An index outside [0, rows) other than -1 is FATAL: EmbeddingBoundsError; WARNING, IGNORE: row 0;
     NONE: -1 (reads and updates nothing). Positions outside every bag get -1.
     """
-    idx = np.asarray(indices).astype(np.int64).reshape(-1)
+    idx = np.asarray(indices).astype(np.int64).reshape(-1)       # uint64 keys wrap: they are not checked
     bag, feat, samp = _occurrences(offsets, len(feature_rows), batch, layout)
     inside = bag >= 0
     limit = np.where(inside, np.asarray(feature_rows, np.int64)[np.maximum(feat, 0)], 0)
-    bad = inside & (idx != -1) & ((idx < 0) | (idx >= limit))
+    bad = inside & (limit >= 0) & (idx != -1) & ((idx < 0) | (idx >= limit))
     rows = np.where(inside, idx, -1)
     count = int(bad.sum())
     first = None
@@ -481,4 +487,522 @@ def has_global_pass(kind: int, update_type: int) -> bool:
                                                          Optim.HUGECTR_NESTEROV)
 
 
-PTX_CHECKS = []
+
+# ---- device functions: tbe_math compiled for numba.cuda ---------------------------------------------
+_device = functools.partial(cuda.jit, device=True, inline=True)    # inline: compiles without a GPU
+half_to_float = _device(M.half_to_float)
+float_to_half_bits = _device(M.float_to_half_bits)
+sr_key = _device(M.sr_key)
+row_scalars = _device(M.row_scalars)
+lazy_scalars = _device(M.lazy_scalars)
+elem_update = _device(M.elem_update)
+global_elem = _device(M.global_elem)
+lamb_ratio = _device(M.lamb_ratio)
+clip = _device(M.clip)
+max_norm_scale = _device(M.max_norm_scale)
+elem_state_count = _device(M.elem_state_count)
+
+
+@_device
+def _load32(w, i):
+    return w[i]
+
+
+@_device
+def _load16(w, i):
+    return half_to_float(w[i])
+
+
+@_device
+def _store32(w, i, v, h, stochastic):
+    w[i] = v
+
+
+@_device
+def _store16(w, i, v, h, stochastic):
+    w[i] = float_to_half_bits(v, h, stochastic)
+
+
+@_device
+def _bag_fb(j, n_features, batch, layout):
+    """(feature, sample) of bag j."""
+    if layout == 0:
+        return j // batch, j - (j // batch) * batch
+    return j - (j // n_features) * n_features, j // n_features
+
+
+@_device
+def _table_of(lin, row_off):
+    """The table holding linear row lin (binary search over row_off (T + 1,))."""
+    lo = 0
+    hi = row_off.shape[0] - 2
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if row_off[mid] <= lin:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+# ---- kernels: bounds check --------------------------------------------------------------------------
+_I64_MAX = 0x7FFFFFFFFFFFFFFF
+#: status (4,) int64 of a bounds check: offsets repaired, indices out of range, first bad index position,
+#: first repaired offset position (INT64_MAX when none)
+ST_BAD_OFFSETS, ST_BAD_INDICES, ST_FIRST_INDEX, ST_FIRST_OFFSET = range(4)
+
+
+@cuda.jit
+def clamp_offsets_kernel(offsets, n, fixed, status):
+    """fixed[j] <- offsets[j] clamped into [0, n], the last one n; status reset (the running maximum that
+    completes the repair is scan.inclusive_max_scan)."""
+    last = fixed.shape[0] - 1
+    for j in range(cuda.grid(1), fixed.shape[0], cuda.gridsize(1)):
+        v = int64(offsets[j])
+        v = min(max(v, int64(0)), n)
+        fixed[j] = n if j == last else v
+        if j == 0:
+            status[0] = 0
+            status[1] = 0
+            status[2] = _I64_MAX
+            status[3] = _I64_MAX
+
+
+@cuda.jit
+def check_indices_kernel(indices, offsets, fixed, feature_rows, batch, layout, mode, rows, status):
+    """rows[k] <- indices[k] of every bag under the mode (out of range: FATAL kept, WARNING/IGNORE 0,
+    NONE -1); positions before the first bag -1; status counts repaired offsets and bad indices and
+    keeps the first of each (atomic min: the same answer whatever the thread order)."""
+    n_features = feature_rows.shape[0]
+    n_bags = fixed.shape[0] - 1
+    fill = int64(-1) if mode == 3 else int64(0)
+    for k in range(cuda.grid(1), fixed[0], cuda.gridsize(1)):
+        rows[k] = -1
+    for j in range(cuda.grid(1), n_bags + 1, cuda.gridsize(1)):
+        if fixed[j] != offsets[j]:
+            cuda.atomic.add(status, ST_BAD_OFFSETS, 1)
+            cuda.atomic.min(status, ST_FIRST_OFFSET, int64(j))
+        if j == n_bags:
+            continue
+        f, _ = _bag_fb(j, n_features, batch, layout)
+        limit = feature_rows[f]                            # -1: a keyed feature, not checked
+        for k in range(fixed[j], fixed[j + 1]):
+            v = int64(indices[k])
+            if limit >= 0 and v != int64(-1) and (v < int64(0) or v >= limit):
+                cuda.atomic.add(status, ST_BAD_INDICES, 1)
+                cuda.atomic.min(status, ST_FIRST_INDEX, int64(k))
+                if mode != 0:
+                    v = fill
+            rows[k] = v
+
+
+# ---- kernels: forward -------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def make_forward_kernel(w_half: bool, out_half: bool):
+    """Pooled / per-occurrence lookup; block (lanes, items): threadIdx.y a bag, threadIdx.x columns d,
+    d + lanes, ... of it (consecutive threads read consecutive elements of one row: coalesced)."""
+    load = _load16 if w_half else _load32
+    store = _store16 if out_half else _store32
+
+    @cuda.jit
+    def forward_kernel(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, batch, layout,
+                       pooling, out):
+        n_features = ftable.shape[0]
+        total = fcols[n_features]
+        items = cuda.blockDim.y
+        for j in range(cuda.blockIdx.x * items + cuda.threadIdx.y, offsets.shape[0] - 1, cuda.gridDim.x * items):
+            f, b = _bag_fb(j, n_features, batch, layout)
+            t = ftable[f]
+            dim = fcols[f + 1] - fcols[f]
+            begin = offsets[j]
+            end = offsets[j + 1]
+            for d in range(cuda.threadIdx.x, dim, cuda.blockDim.x):
+                if pooling == 2:
+                    for k in range(begin, end):
+                        r = rows[k]
+                        v = float32(0.0)
+                        if r >= 0:
+                            p = psw[k] if has_psw else float32(1.0)
+                            v = p * load(w, elem_off[t] + r * strides[t] + d)
+                        store(out, k * dim + d, v, uint64(0), False)
+                    continue
+                acc = float32(0.0)
+                for k in range(begin, end):
+                    r = rows[k]
+                    if r >= 0:
+                        p = psw[k] if has_psw else float32(1.0)
+                        acc += p * load(w, elem_off[t] + r * strides[t] + d)
+                if pooling == 1 and end > begin:
+                    acc *= float32(1.0) / float32(end - begin)
+                store(out, b * total + fcols[f] + d, acc, uint64(0), False)
+
+    return forward_kernel
+
+
+# ---- kernels: backward (linearize, segment, fused reduce + update) -----------------------------------
+@cuda.jit
+def linearize_kernel(rows, offsets, ftable, row_off, batch, layout, sentinel, lin, bag_of):
+    """lin[k] <- row_off[table] + row (the sentinel for -1 rows and positions outside every bag);
+    bag_of[k] <- the bag of occurrence k (-1 outside every bag)."""
+    n_features = ftable.shape[0]
+    for k in range(cuda.grid(1), offsets[0], cuda.gridsize(1)):
+        lin[k] = sentinel
+        bag_of[k] = -1
+    for j in range(cuda.grid(1), offsets.shape[0] - 1, cuda.gridsize(1)):
+        f, _ = _bag_fb(j, n_features, batch, layout)
+        base = row_off[ftable[f]]
+        for k in range(offsets[j], offsets[j + 1]):
+            r = rows[k]
+            lin[k] = base + r if r >= 0 else sentinel
+            bag_of[k] = j
+
+
+@cuda.jit
+def segment_flags_kernel(lin, perm, sentinel, flags):
+    """flags[i] <- 1 where the i-th smallest linear row starts a run of equal rows (sentinels excluded)."""
+    for i in range(cuda.grid(1), perm.shape[0], cuda.gridsize(1)):
+        key = lin[perm[i]]
+        flags[i] = int64(1) if key != sentinel and (i == 0 or key != lin[perm[i - 1]]) else int64(0)
+
+
+@cuda.jit
+def segment_starts_kernel(lin, perm, sentinel, flags, pos, seg_start):
+    """seg_start[pos[i]] <- i at every run start; seg_start[U] <- the end of the last run (U = pos[N])."""
+    n = perm.shape[0]
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        if flags[i] != 0:
+            seg_start[pos[i]] = i
+        key = lin[perm[i]]
+        if key != sentinel and (i == n - 1 or lin[perm[i + 1]] == sentinel):
+            seg_start[pos[n]] = i + 1
+
+
+@functools.lru_cache(maxsize=None)
+def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
+    """The fused backward + optimizer: block (lanes, items), threadIdx.y one touched row (segment),
+    threadIdx.x columns d = tx + v lanes (v < per_lane, held in registers). Row sums (rowwise states,
+    LAMB's norms, max_norm) reduce across the lanes in shared memory; every thread of the block runs the
+    same barriers (rows past the last segment compute with zeros)."""
+    load = _load16 if w_half else _load32
+    store = _store16 if w_half else _store32
+
+    @_device
+    def lane_sum(sh, ty, tx, v):
+        cuda.syncthreads()
+        sh[ty, tx] = v
+        cuda.syncthreads()
+        step = lanes // 2
+        while step > 0:
+            if tx < step:
+                sh[ty, tx] += sh[ty, tx + step]
+            cuda.syncthreads()
+            step //= 2
+        return sh[ty, 0]
+
+    @cuda.jit
+    def update_kernel(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols, lin_of, perm, seg_start,
+                      pos, bag_of, offsets, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals):
+        sh = cuda.shared.array((items, lanes), float32)
+        g = cuda.local.array(per_lane, float32)
+        buf = cuda.local.array(per_lane, float32)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        n = perm.shape[0]
+        n_seg = pos[n]                                   # on the device: no host read
+        n_features = fcols.shape[0] - 1
+        total = fcols[n_features]
+        kind, update, wd_mode = ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE]
+        batch, layout, pooling = ki[M.KI_BATCH], ki[M.KI_LAYOUT], ki[M.KI_POOLING]
+        step, sr = ki[M.KI_STEP], ki[M.KI_SR] != 0
+        lr, eps, b1, b2, wd = ks[M.KS_LR], ks[M.KS_EPS], ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_WD]
+        n_states = elem_state_count(kind)
+        for first in range(cuda.blockIdx.x * items, n, cuda.gridDim.x * items):
+            if first >= n_seg:                           # the same for the whole block
+                break
+            s = first + ty
+            active = s < n_seg
+            width = int64(0)
+            lin = int64(0)
+            e0 = int64(0)
+            i0 = int64(0)
+            i1 = int64(0)
+            if active:
+                i0 = seg_start[s]
+                i1 = seg_start[s + 1]
+                lin = lin_of[perm[i0]]
+                t = _table_of(lin, row_off)
+                width = dims[t]
+                e0 = elem_off[t] + (lin - row_off[t]) * strides[t]
+            # 1. the row's gradient, occurrences in sorted = occurrence order
+            for v in range(per_lane):
+                d = tx + v * lanes
+                acc = float32(0.0)
+                if d < width:
+                    for i in range(i0, i1):
+                        k = perm[i]
+                        sc = psw[k] if has_psw else float32(1.0)
+                        if pooling == 2:
+                            acc += sc * dy[k * width + d]
+                        else:
+                            j = bag_of[k]
+                            f, b = _bag_fb(j, n_features, batch, layout)
+                            if pooling == 1:
+                                sc = sc * (float32(1.0) / float32(offsets[j + 1] - offsets[j]))
+                            acc += sc * dy[b * total + fcols[f] + d]
+                g[v] = acc
+            if kind == 0:                                # optimizer NONE: hand the gradient back
+                if active:
+                    if tx == 0:
+                        grad_rows[s] = lin
+                    for v in range(per_lane):
+                        d = tx + v * lanes
+                        if d < grad_vals.shape[1]:
+                            grad_vals[s, d] = g[v] if d < width else float32(0.0)
+                continue
+            if ki[M.KI_CLIP] != 0:
+                for v in range(per_lane):
+                    g[v] = clip(g[v], ks[M.KS_MAXG])
+            # 2. row scalars (rowwise states, HugeCTR's lazy catch-up)
+            c0 = float32(0.0)
+            c1 = float32(0.0)
+            c2 = float32(0.0)
+            if kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB:
+                part = float32(0.0)
+                for v in range(per_lane):
+                    d = tx + v * lanes
+                    if d < width:
+                        gd = g[v]
+                        if kind == M._RW_ADAGRAD and wd_mode == M._L2:
+                            gd += wd * load(w, e0 + d)
+                        part += gd * gd
+                sumsq = lane_sum(sh, ty, tx, part)
+                rnew = float32(0.0)
+                if active:
+                    rnew, c0, c1 = row_scalars(kind, wd_mode, sumsq, width, srow[lin], lr, eps, b2, wd,
+                                               ks[M.KS_BC2])
+                cuda.syncthreads()                       # every lane has read srow[lin] before it changes
+                if active and tx == 0:
+                    srow[lin] = rnew
+            elif kind == M._H_ADAM and update == M._LAZY:
+                if active:
+                    c0, c1, c2 = lazy_scalars(sprev[lin], step, b1, b2, ks[M.KS_LAZY])
+                cuda.syncthreads()
+                if active and tx == 0:
+                    sprev[lin] = step
+            # 3. the element rule
+            lamb = kind == M._LAMB or kind == M._PR_LAMB
+            wpart = float32(0.0)
+            rpart = float32(0.0)
+            for v in range(per_lane):
+                d = tx + v * lanes
+                if d < width:
+                    wv = load(w, e0 + d)
+                    av = sa[e0 + d] if n_states >= 1 else float32(0.0)
+                    bv = sb[e0 + d] if n_states >= 2 else float32(0.0)
+                    wn, an, bn, rv = elem_update(kind, update, g[v], wv, av, bv, c0, c1, c2, lr, eps, b1, b2, wd,
+                                                 ks[M.KS_MOM], ks[M.KS_SCALER], ks[M.KS_BC1], ks[M.KS_BC2],
+                                                 ks[M.KS_ALPHA])
+                    if n_states >= 1:
+                        sa[e0 + d] = an
+                    if n_states >= 2:
+                        sb[e0 + d] = bn
+                    if lamb:
+                        buf[v] = rv
+                        wpart += wv * wv
+                        rpart += rv * rv
+                    else:
+                        buf[v] = wn
+            if lamb:
+                ratio = lamb_ratio(lane_sum(sh, ty, tx, wpart), lane_sum(sh, ty, tx, rpart))
+                for v in range(per_lane):
+                    d = tx + v * lanes
+                    if d < width:
+                        buf[v] = load(w, e0 + d) - lr * ratio * buf[v]
+            scale = float32(1.0)
+            if ks[M.KS_MAXN] > float32(0.0):
+                npart = float32(0.0)
+                for v in range(per_lane):
+                    if tx + v * lanes < width:
+                        npart += buf[v] * buf[v]
+                scale = max_norm_scale(lane_sum(sh, ty, tx, npart), ks[M.KS_MAXN])
+            for v in range(per_lane):
+                d = tx + v * lanes
+                if d < width:
+                    h = _splitmix64(sr_key(lin, d) ^ base) if sr else uint64(0)
+                    store(w, e0 + d, buf[v] * scale, h, sr)
+
+    return update_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_global_kernel(w_half: bool):
+    """HugeCTR's all-rows pass over every live row of every table; block (lanes, items) like the lookup."""
+    load = _load16 if w_half else _load32
+    store = _store16 if w_half else _store32
+
+    @cuda.jit
+    def global_kernel(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base):
+        kind, sr = ki[M.KI_KIND], ki[M.KI_SR] != 0
+        two = elem_state_count(kind) >= 2
+        items = cuda.blockDim.y
+        for lin in range(cuda.blockIdx.x * items + cuda.threadIdx.y, row_off[row_off.shape[0] - 1],
+                         cuda.gridDim.x * items):
+            t = _table_of(lin, row_off)
+            r = lin - row_off[t]
+            if r >= live[t]:
+                continue
+            e0 = elem_off[t] + r * strides[t]
+            for d in range(cuda.threadIdx.x, dims[t], cuda.blockDim.x):
+                bv = sb[e0 + d] if two else float32(0.0)
+                wn, an, bn = global_elem(kind, load(w, e0 + d), sa[e0 + d], bv, ks[M.KS_B1], ks[M.KS_B2],
+                                         ks[M.KS_EPS], ks[M.KS_MOM], ks[M.KS_ALPHA])
+                sa[e0 + d] = an
+                if two:
+                    sb[e0 + d] = bn
+                h = _splitmix64(sr_key(lin, d) ^ base) if sr else uint64(0)
+                store(w, e0 + d, wn, h, sr)
+
+    return global_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def make_psw_grad_kernel(w_half: bool, lanes: int, items: int):
+    """dLoss/dp_k for every occurrence k: threadIdx.y an occurrence, the lanes its dot product."""
+    load = _load16 if w_half else _load32
+
+    @cuda.jit
+    def psw_grad_kernel(w, elem_off, strides, ftable, fcols, rows, offsets, bag_of, dy, want, batch, layout,
+                        pooling, out):
+        sh = cuda.shared.array((items, lanes), float32)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        n = rows.shape[0]
+        n_features = ftable.shape[0]
+        total = fcols[n_features]
+        for first in range(cuda.blockIdx.x * items, n, cuda.gridDim.x * items):
+            k = first + ty
+            part = float32(0.0)
+            sc = float32(0.0)
+            if k < n and rows[k] >= 0 and bag_of[k] >= 0:
+                j = bag_of[k]
+                f, b = _bag_fb(j, n_features, batch, layout)
+                if want[f]:
+                    t = ftable[f]
+                    dim = fcols[f + 1] - fcols[f]
+                    sc = float32(1.0)
+                    if pooling == 1:
+                        sc = float32(1.0) / float32(offsets[j + 1] - offsets[j])
+                    base = elem_off[t] + rows[k] * strides[t]
+                    for d in range(tx, dim, lanes):
+                        g = dy[k * dim + d] if pooling == 2 else dy[b * total + fcols[f] + d]
+                        part += g * load(w, base + d)
+            cuda.syncthreads()
+            sh[ty, tx] = part
+            cuda.syncthreads()
+            step = lanes // 2
+            while step > 0:
+                if tx < step:
+                    sh[ty, tx] += sh[ty, tx + step]
+                cuda.syncthreads()
+                step //= 2
+            if tx == 0 and k < n:
+                out[k] = sc * sh[ty, 0]
+
+    return psw_grad_kernel
+
+
+# ---- launch wrappers (allocate nothing) -------------------------------------------------------------
+def _lanes_items(width: int) -> tuple[int, int, int]:
+    lanes = lanes_for(width)
+    return lanes, block_rows(lanes), max(1, -(-width // lanes))
+
+
+def repair_offsets(offsets, n: int, fixed, status, partials) -> None:
+    """fixed (F*B + 1,) int64 <- FBGEMM's repaired offsets (clamp, running maximum, last = n); resets the
+    bounds-check status (4,) int64."""
+    launch_1d(clamp_offsets_kernel, fixed.shape[0], offsets, np.int64(n), fixed, status)
+    inclusive_max_scan(fixed, fixed, partials)
+
+
+def check_indices(indices, offsets, fixed, feature_rows, batch: int, layout: int, mode: int, rows, status) -> None:
+    """rows (N,) int64 <- the bounds-checked rows; status counts what was wrong (ST_*)."""
+    launch_1d(check_indices_kernel, max(fixed.shape[0], 1), indices, offsets, fixed, feature_rows,
+              np.int64(batch), np.int64(layout), np.int64(mode), rows, status)
+
+
+def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw: bool, batch: int, layout: int,
+            pooling: int, out, w_half: bool, out_half: bool, max_dim: int) -> None:
+    """out (flat) <- the lookup (see the module docstring); w / out as float32 or uint16 (float16 bits)."""
+    lanes = _lanes_items(max_dim)[0]
+    launch_lanes(make_forward_kernel(w_half, out_half), offsets.shape[0] - 1, lanes, w, elem_off, strides, ftable,
+                 fcols, rows, offsets, psw, has_psw, np.int64(batch), np.int64(layout), np.int64(pooling), out)
+
+
+def segment_rows(rows, offsets, ftable, row_off, sentinel: int, batch: int, layout: int, lin, bag_of, perm, flags,
+                 pos, seg_start, partials, xp) -> None:
+    """Group the occurrences by linear row: lin/bag_of per occurrence, perm the stable sort by lin (the
+    array library's: CUB radix sort through CuPy on a GPU, NumPy's in the simulator), seg_start[0..U] the
+    runs, U = pos[N] left on the device. sentinel: the total row count (-1 rows sort after every row)."""
+    sentinel = np.int64(sentinel)
+    launch_1d(linearize_kernel, max(offsets.shape[0] - 1, 1), rows, offsets, ftable, row_off, np.int64(batch),
+              np.int64(layout), sentinel, lin, bag_of)
+    count_launch()
+    perm[...] = xp.argsort(lin, kind="stable") if xp is np else xp.argsort(lin)   # CuPy's is always stable
+    launch_1d(segment_flags_kernel, lin.shape[0], lin, perm, sentinel, flags)
+    exclusive_scan(flags, pos, partials=partials)
+    launch_1d(segment_starts_kernel, lin.shape[0], lin, perm, sentinel, flags, pos, seg_start)
+
+
+def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos,
+                 bag_of, offsets, psw, has_psw: bool, dy, ks, ki, base, grad_rows, grad_vals, w_half: bool,
+                 max_dim: int) -> None:
+    """Every touched row reduced and updated (or, for optimizer NONE, its gradient into grad_rows /
+    grad_vals) in one launch sized for N rows; the real count U = pos[N] stays on the device."""
+    lanes, items, per_lane = _lanes_items(max_dim)
+    launch_lanes(make_update_kernel(w_half, lanes, items, per_lane), perm.shape[0], lanes, w, sa, sb, srow,
+                 sprev, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos, bag_of, offsets, psw,
+                 has_psw, dy, ks, ki, np.uint64(base), grad_rows, grad_vals)
+
+
+def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, w_half: bool, max_dim: int) -> None:
+    launch_lanes(make_global_kernel(w_half), int(row_off[-1]), _lanes_items(max_dim)[0], w, sa, sb, elem_off,
+                 strides, dims, row_off, live, ks, ki, np.uint64(base))
+
+
+def psw_grad(w, elem_off, strides, ftable, fcols, rows, offsets, bag_of, dy, want, batch: int, layout: int,
+             pooling: int, out, w_half: bool, max_dim: int) -> None:
+    lanes, items, _ = _lanes_items(max_dim)
+    launch_lanes(make_psw_grad_kernel(w_half, lanes, items), rows.shape[0], lanes, w, elem_off, strides, ftable,
+                 fcols, rows, offsets, bag_of, dy, want, np.int64(batch), np.int64(layout), np.int64(pooling), out)
+
+
+_F1, _U16, _I1, _F2 = "float32[::1]", "uint16[::1]", "int64[::1]", "float32[:, ::1]"
+
+
+def _sig(*types) -> str:
+    return f"void({', '.join(types)})"
+
+
+PTX_CHECKS = [
+    (clamp_offsets_kernel, _sig(_I1, "int64", _I1, _I1)),
+    (check_indices_kernel, _sig(_I1, _I1, _I1, _I1, "int64", "int64", "int64", _I1, _I1)),
+    (check_indices_kernel, _sig("int32[::1]", "int32[::1]", _I1, _I1, "int64", "int64", "int64", _I1, _I1)),
+    (linearize_kernel, _sig(_I1, _I1, _I1, _I1, "int64", "int64", "int64", _I1, _I1)),
+    (segment_flags_kernel, _sig(_I1, _I1, "int64", _I1)),
+    (segment_starts_kernel, _sig(_I1, _I1, "int64", _I1, _I1, _I1)),
+] + [
+    (make_forward_kernel(wh, oh), _sig(_U16 if wh else _F1, _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean", "int64",
+                                       "int64", "int64", _U16 if oh else _F1))
+    for wh in (False, True) for oh in (False, True)
+] + [
+    (make_update_kernel(wh, 32, 8, 4), _sig(_U16 if wh else _F1, _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _I1, _I1,
+                                            _I1, _I1, _I1, _I1, _I1, _F1, "boolean", _F1, _F1, _I1, "uint64", _I1,
+                                            _F2))
+    for wh in (False, True)
+] + [
+    (make_global_kernel(wh), _sig(_U16 if wh else _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _F1, _I1, "uint64"))
+    for wh in (False, True)
+] + [
+    (make_psw_grad_kernel(False, 32, 8), _sig(_F1, _I1, _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean[::1]",
+                                              "int64", "int64", "int64", _F1)),
+]

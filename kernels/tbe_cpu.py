@@ -163,7 +163,8 @@ def check_offsets(offsets, n, out):
 @njit(**_PJIT)
 def check_indices(indices, offsets, feature_rows, batch, layout, mode, rows):
     """rows (N,) int64 <- indices under the bounds-check mode (FATAL: unchanged, the caller raises;
-    WARNING/IGNORE: 0; NONE: -1 for out-of-range); returns the number of bad indices."""
+    WARNING/IGNORE: 0; NONE: -1 for out-of-range; features with feature_rows -1 (keyed) unchecked);
+    returns the number of bad indices."""
     n_features = feature_rows.shape[0]
     n_bags = offsets.shape[0] - 1
     fill = -1 if mode == 3 else 0
@@ -172,10 +173,10 @@ def check_indices(indices, offsets, feature_rows, batch, layout, mode, rows):
     bad = 0
     for j in prange(n_bags):
         f, _ = bag_fb(j, n_features, batch, layout)
-        limit = feature_rows[f]
+        limit = feature_rows[f]                       # -1: a keyed feature, not checked
         for k in range(offsets[j], offsets[j + 1]):
             v = int64(indices[k])
-            if v != -1 and (v < 0 or v >= limit):
+            if limit >= 0 and v != -1 and (v < 0 or v >= limit):
                 bad += 1
                 v = v if mode == 0 else fill
             rows[k] = v
@@ -190,7 +191,7 @@ def first_bad_index(indices, offsets, feature_rows, batch, layout):
         f, b = bag_fb(j, n_features, batch, layout)
         for k in range(offsets[j], offsets[j + 1]):
             v = int64(indices[k])
-            if v != -1 and (v < 0 or v >= feature_rows[f]):
+            if feature_rows[f] >= 0 and v != -1 and (v < 0 or v >= feature_rows[f]):
                 return k, f, b, v, feature_rows[f]
     return -1, -1, -1, 0, 0
 

@@ -104,9 +104,9 @@ def half_to_float(h):
     if e == int32(31):
         v = float32(math.inf) if m == int32(0) else float32(math.nan)
     elif e == int32(0):
-        v = float32(math.ldexp(float32(m), int32(-24)))
+        v = float32(math.ldexp(float32(m), -24))
     else:
-        v = float32(math.ldexp(float32(m + int32(1024)), e - int32(25)))
+        v = float32(math.ldexp(float32(m + int32(1024)), int(e - int32(25))))   # int(): Python's ldexp
     if (bits >> int32(15)) & int32(1):
         return -v
     return v
@@ -128,7 +128,7 @@ def float_to_half_bits(x, h, stochastic):
         q = float32((float32(m) * float32(2.0) - float32(1.0)) * float32(1024.0))   # exact, a multiple of 2^-13
         base = int32((e - 1 + 15) << 10)
     else:
-        q = float32(math.ldexp(a, int32(24)))            # exact: |x| / 2^-24 < 1024
+        q = float32(math.ldexp(a, 24))                    # exact: |x| / 2^-24 < 1024
         base = int32(0)
     mi = int32(math.floor(q))
     frac = q - float32(mi)

@@ -145,8 +145,11 @@ def empty(shape, dtype="float32"):
 
 
 def to_host(a):
-    """A NumPy copy (or view) of a device array."""
+    """A NumPy copy (or view) of a device array; counted as a host read (kernels.launch.COUNTS)."""
     import numpy
+
+    from .kernels.launch import count_host_read
+    count_host_read()
     if hasattr(a, "get"):
         return a.get()
     return numpy.asarray(a)

@@ -43,11 +43,11 @@ def test_scan_large_values_do_not_lose_precision():
     np.testing.assert_array_equal(run_scan(x, 32), scan.exclusive_scan_ref(x))
 
 
-def test_scan_ignores_extra_blocks():
-    # the factory kernel is single-block: a larger grid must give the same answer (no double counting)
-    x = np.arange(100, dtype=np.int64)
-    out = dev(np.full(101, -1, dtype=np.int64))
-    scan.make_exclusive_scan_kernel(32)[3, 32](dev(x), out)
+def test_scan_over_several_blocks():
+    # with a partials scratch the scan runs reduce / scan totals / scan over several blocks
+    x = np.arange(300, dtype=np.int64) - 150
+    out = dev(np.full(301, -1, dtype=np.int64))
+    scan.exclusive_scan(dev(x), out, threads=32, partials=dev(np.zeros(scan.scan_partials_size(300, 32), np.int64)))
     np.testing.assert_array_equal(host(out), scan.exclusive_scan_ref(x))
 
 
@@ -58,9 +58,9 @@ def test_scan_rejects_bad_arguments():
     with pytest.raises(TypeError, match="int64"):
         scan.exclusive_scan(x.astype(np.int32), np.zeros(6, np.int64))
     with pytest.raises(ValueError, match="power of two"):
-        scan.make_exclusive_scan_kernel(48)
+        scan.make_scan_kernel(48, scan.SUM, False)
     with pytest.raises(ValueError, match="power of two"):
-        scan.make_exclusive_scan_kernel(2048)
+        scan.make_scan_kernel(2048, scan.SUM, False)
 
 
 @pytest.mark.gpu

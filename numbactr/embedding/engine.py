@@ -229,7 +229,7 @@ class TableBatchedEmbedding:
     # ---- configuration ------------------------------------------------------------------------------
     def _pick_impl(self, impl):
         if impl is None:
-            return "cpu" if device.kind() == "cpu" else "ref"
+            return "cpu" if device.kind() == "cpu" else "kernels"
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         if impl == "kernels" and not device.uses_kernels():
@@ -307,6 +307,18 @@ class TableBatchedEmbedding:
         table = self.hash_tables.get(t)
         return table.size if table is not None else int(self.rows[t])
 
+    def take_state_rows(self, t: int, src) -> None:
+        """Renumber table t's optimizer states after its rows were rebuilt (a checkpoint load): row i takes
+        old row src[i] (src (n,) int64; -1: a row new to the table), every other row starts from the
+        initial state. (Added for HugeCTR's SparseEmbedding, whose states follow their keys on reload.)"""
+        src = device.xp().asarray(src)
+        hit = src >= 0
+        for buf, (name, per_row, dtype) in zip(self.states, self._state_specs()):
+            view = self._table_view(buf, t, per_row)
+            kept = view[src[hit]]
+            view[...] = self._table_view(self._new_state(per_row, dtype, name), t, per_row)
+            view[:src.shape[0]][hit] = kept
+
     def init_uniform(self, lo: float, hi: float, seed: int | None = None) -> None:
         """Every weight U(lo, hi), drawn from a hash of (seed, linear row, d): the same on every device."""
         seed = self.seed if seed is None else int(seed)
@@ -345,50 +357,64 @@ class TableBatchedEmbedding:
             if feature_requires_grad.shape != (self.n_features,):
                 raise ValueError(f"feature_requires_grad must have one entry per feature ({self.n_features})")
 
-        offs, bad_offsets, first_offset = self._impl.check_offsets(offsets, n)
-        if bad_offsets and self.bounds_check == BoundsCheck.FATAL:
-            value = int(device.to_host(offsets[first_offset:first_offset + 1])[0])
-            raise EmbeddingBoundsError(K.offsets_message(first_offset, value, n, n_bags))
-        keys_done = self._rows_of_keys(indices, offs, batch, training)
-        rows, bad, first = self._impl.check_indices(keys_done, offs, batch)
-        if bad and self.bounds_check == BoundsCheck.FATAL:
-            raise EmbeddingBoundsError(K.bounds_message(first, bad, BoundsCheck.FATAL))
-        if self.bounds_check == BoundsCheck.WARNING and (bad or bad_offsets):
+        if indices.dtype == np.uint64 and not self.hash_tables:
+            indices = self._as_int64(indices)
+        # bounds check first (keyed features are not checked: their keys become rows below), so that a
+        # FATAL batch raises before a hash table changes
+        fixed, pre = self._impl.repair_offsets(offsets, n)
+        rows, status = self._impl.check_indices(indices, offsets, fixed, pre, batch)
+        if self.bounds_check in (BoundsCheck.FATAL, BoundsCheck.WARNING):
+            self._report(self._impl.report(status, indices, offsets, fixed, batch), offsets, n)
+        if self.hash_tables:
+            self._rows_of_keys(indices, rows, fixed, batch, training)
+        ctx = LookupContext(rows, fixed, psw, batch, pooling, feature_requires_grad)
+        return self._impl.forward(ctx), ctx
+
+    def _report(self, report, offsets, n: int) -> None:
+        """Raise (FATAL) or warn (WARNING) about what the bounds check found."""
+        bad_offsets, first_offset, bad, first = report
+        if self.bounds_check == BoundsCheck.FATAL:
+            if bad_offsets:
+                value = int(device.to_host(offsets[first_offset:first_offset + 1])[0])
+                raise EmbeddingBoundsError(K.offsets_message(first_offset, value, n, offsets.shape[0] - 1))
+            if bad:
+                raise EmbeddingBoundsError(K.bounds_message(first, bad, BoundsCheck.FATAL))
+        elif bad or bad_offsets:
             self.bounds_warnings += bad + bad_offsets
             what = [K.bounds_message(first, bad, BoundsCheck.WARNING)] if bad else []
             if bad_offsets:
                 what.append(f"{bad_offsets} offsets repaired (clamped into [0, {n}], made non-decreasing, "
                             "last set to N)")
-            warnings.warn(f"TableBatchedEmbedding bounds check: {'; '.join(what)}", RuntimeWarning, stacklevel=2)
-        ctx = LookupContext(rows, offs, psw, batch, pooling, feature_requires_grad)
-        return self._impl.forward(ctx), ctx
+            warnings.warn(f"TableBatchedEmbedding bounds check: {'; '.join(what)}", RuntimeWarning, stacklevel=3)
 
     def _feature_rows(self) -> np.ndarray:
-        return self.rows[self.feature_table_map]
+        """(F,) the rows each feature's indices must stay below; -1 for keyed features (not checked)."""
+        return np.array([-1 if self.tables[t].keyed else self.tables[t].rows for t in self.feature_table_map],
+                        np.int64)
 
-    def _rows_of_keys(self, indices, offsets, batch: int, training: bool):
-        """indices as int64, every keyed feature's keys replaced by their rows (-1: missing in evaluation).
-        Keys may be any integer type (uint64 included); unkeyed indices must fit int64."""
-        xp = device.xp()
-        if not self.hash_tables and indices.dtype != np.uint64:
-            return indices
-        _, feat, _ = K._occurrences(device.to_host(offsets), self.n_features, batch, self.layout)
-        keyed_feature = np.array([self.tables[t].keyed for t in self.feature_table_map])
-        keyed = np.zeros(feat.shape[0], bool)
-        keyed[feat >= 0] = keyed_feature[feat[feat >= 0]]
-        out = xp.empty(indices.shape[0], np.int64)
-        plain = xp.asarray(np.flatnonzero(~keyed))
-        vals = indices[plain]
-        if vals.dtype == np.uint64 and bool((vals > np.uint64(np.iinfo(np.int64).max)).any()):
+    @staticmethod
+    def _as_int64(indices):
+        if bool((indices > np.uint64(np.iinfo(np.int64).max)).any()):
             raise ValueError("indices of unkeyed tables must fit int64; uint64 keys above 2**63 - 1 belong "
                              "to keyed tables")
-        out[plain] = vals.astype(np.int64)
+        return indices.astype(np.int64)
+
+    def _rows_of_keys(self, indices, rows, offsets, batch: int, training: bool) -> None:
+        """rows[k] <- the row of key indices[k] for every occurrence of a keyed feature (inserted in
+        training, -1 when missing in evaluation); any integer keys (uint64 included). Host-side
+        bookkeeping: a keyed step reads the hash table's new-key count back anyway."""
+        xp = device.xp()
+        _, feat, _ = K._occurrences(device.to_host(offsets), self.n_features, batch, self.layout)
+        keyed = np.zeros(feat.shape[0], bool)
+        inside = feat >= 0
+        keyed[inside] = np.array([self.tables[t].keyed for t in self.feature_table_map])[feat[inside]]
+        if indices.dtype == np.uint64 and not keyed.all():
+            self._as_int64(indices[xp.asarray(np.flatnonzero(~keyed))])
         for t, table in self.hash_tables.items():
             feats = [f for f, ft in enumerate(self.feature_table_map) if ft == t]
             mine = xp.asarray(np.flatnonzero(np.isin(feat, feats)))
             if mine.shape[0]:
-                out[mine] = self._insert_or_find(t, table, indices[mine], training)
-        return out
+                rows[mine] = self._insert_or_find(t, table, indices[mine], training)
 
     def _insert_or_find(self, t: int, table: HashTable, keys, training: bool):
         if not training:
@@ -473,20 +499,24 @@ class _RefImpl:
     def __init__(self, eng: TableBatchedEmbedding):
         self.e = eng
 
-    def check_offsets(self, offsets, n: int):
-        """(repaired offsets, number repaired, first repaired position); never raises."""
+    def repair_offsets(self, offsets, n: int):
+        """(repaired offsets, (number repaired, first repaired position))."""
         host = device.to_host(offsets).astype(np.int64)
         fixed, bad = K.check_offsets_ref(host, n, BoundsCheck.IGNORE)
         first = int(np.flatnonzero(fixed != host)[0]) if bad else -1
-        return device.xp().asarray(fixed), bad, first
+        return device.xp().asarray(fixed), (bad, first)
 
-    def check_indices(self, indices, offsets, batch: int):
-        """(rows, number of bad indices, first bad); FATAL's rows are IGNORE's (the engine raises)."""
+    def check_indices(self, indices, offsets, fixed, pre, batch: int):
+        """(rows, status): FATAL's rows are IGNORE's (the engine raises before anyone reads them)."""
         e = self.e
         mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
-        rows, bad, first = K.check_indices_ref(device.to_host(indices), device.to_host(offsets),
+        rows, bad, first = K.check_indices_ref(device.to_host(indices), device.to_host(fixed),
                                                e._feature_rows(), batch, e.layout, mode)
-        return device.xp().asarray(rows), bad, first
+        return device.xp().asarray(rows), (*pre, bad, first)
+
+    def report(self, status, indices, offsets, fixed, batch: int):
+        """(offsets repaired, first, indices out of range, first (position, feature, sample, index, rows))."""
+        return status
 
     def _host(self, ctx):
         h = device.to_host
@@ -581,20 +611,22 @@ class _CpuImpl:
         w = self.e.weights
         return w.view(np.uint16) if w.dtype == np.float16 else w
 
-    def check_offsets(self, offsets, n: int):
+    def repair_offsets(self, offsets, n: int):
         fixed = np.empty(offsets.shape[0], np.int64)
         bad, first = C.check_offsets(offsets, n, fixed)
-        return fixed, bad, first
+        return fixed, (bad, first)
 
-    def check_indices(self, indices, offsets, batch: int):
+    def check_indices(self, indices, offsets, fixed, pre, batch: int):
         e = self.e
         rows = np.empty(indices.shape[0], np.int64)
         frows = e._feature_rows()
         mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
-        bad = C.check_indices(indices, offsets, frows, batch, int(e.layout), int(mode), rows)
-        first = tuple(int(v) for v in C.first_bad_index(indices, offsets, frows, batch, int(e.layout))) if bad \
+        bad = C.check_indices(indices, fixed, frows, batch, int(e.layout), int(mode), rows)
+        first = tuple(int(v) for v in C.first_bad_index(indices, fixed, frows, batch, int(e.layout))) if bad \
             else None
-        return rows, bad, first
+        return rows, (*pre, bad, first)
+
+    report = _RefImpl.report
 
     def forward(self, ctx: LookupContext):
         e = self.e
@@ -653,4 +685,130 @@ class _CpuImpl:
                       e.row_offsets, live, ks, ki, K.rounding_base(e.seed, t, K.SR_PASS_ALL))
 
 
-_IMPLS = {"ref": _RefImpl, "cpu": _CpuImpl}
+class _KernelImpl:
+    """The numba.cuda kernels of kernels/tbe.py (gpu, sim): one launch per op for all tables, sizes known
+    before each launch, no host read in a step (bounds check IGNORE/NONE, unkeyed tables, optimizer other
+    than NONE); scratch buffers from the engine's pool, the rest from the array library's pool."""
+
+    def __init__(self, eng: TableBatchedEmbedding):
+        self.e = eng
+        xp = device.xp()
+        self.elem_off, self.strides, self.dims, self.row_off, self.fcols = (
+            xp.asarray(a) for a in (eng.elem_offsets, eng.strides, eng.dims, eng.row_offsets, eng.feature_cols))
+        self.ftable = xp.asarray(np.asarray(eng.feature_table_map, np.int64))
+        self.feature_rows = xp.asarray(eng._feature_rows())
+        self.max_dim = int(eng.dims.max())
+        self.w_half = eng.weights_precision == Precision.FP16
+        self.no_f32 = xp.zeros(1, np.float32)           # stands in for an absent float array
+        self.no_i64 = xp.zeros(1, np.int64)
+        self.no_f2 = xp.zeros((1, 1), np.float32)
+
+    def _w(self):
+        w = self.e.weights
+        return w.view(np.uint16) if self.w_half else w
+
+    def repair_offsets(self, offsets, n: int):
+        from ..kernels.scan import scan_partials_size
+        e = self.e
+        fixed = device.xp().empty(offsets.shape[0], np.int64)
+        status = e._scratch("status", 4, np.int64)
+        K.repair_offsets(offsets, n, fixed, status, e._scratch("scan", scan_partials_size(fixed.shape[0]), np.int64))
+        return fixed, status
+
+    def check_indices(self, indices, offsets, fixed, status, batch: int):
+        e = self.e
+        rows = device.xp().empty(indices.shape[0], np.int64)
+        mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
+        K.check_indices(indices, offsets, fixed, self.feature_rows, batch, int(e.layout), int(mode), rows, status)
+        return rows, status
+
+    def report(self, status, indices, offsets, fixed, batch: int):
+        """One host read of the status; the first offender's details only when there is one."""
+        st = device.to_host(status)
+        bad_off, bad = int(st[K.ST_BAD_OFFSETS]), int(st[K.ST_BAD_INDICES])
+        first_off = int(st[K.ST_FIRST_OFFSET]) if bad_off else -1
+        first = None
+        if bad:
+            k = int(st[K.ST_FIRST_INDEX])
+            fx = device.to_host(fixed)
+            j = int(np.searchsorted(fx, k, side="right")) - 1
+            f, b = K.bag_feature_sample_ref(self.e.n_features, batch, self.e.layout)
+            first = (k, int(f[j]), int(b[j]), int(device.to_host(indices[k:k + 1]).astype(np.int64)[0]),
+                     int(self.e._feature_rows()[f[j]]))
+        return bad_off, first_off, bad, first
+
+    def forward(self, ctx: LookupContext):
+        e = self.e
+        xp = device.xp()
+        none = ctx.pooling == Pooling.NONE
+        shape = (ctx.rows.shape[0], int(e.feature_dims[0])) if none else (ctx.batch, e.total_dim)
+        fp16 = e.output_dtype == Precision.FP16
+        out = xp.empty(shape, np.float16 if fp16 else np.float32)
+        flat = out.reshape(-1).view(np.uint16) if fp16 else out.reshape(-1)
+        psw = ctx.per_sample_weights
+        K.forward(self._w(), self.elem_off, self.strides, self.ftable, self.fcols, ctx.rows, ctx.offsets,
+                  self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout), int(ctx.pooling),
+                  flat, self.w_half, fp16, self.max_dim)
+        return out
+
+    def _segment(self, ctx: LookupContext):
+        """Linear rows, bags and the sorted segments of the lookup (once per backward)."""
+        from ..kernels.scan import scan_partials_size
+        e = self.e
+        n = ctx.rows.shape[0]
+        if "segments" not in ctx.extra:
+            lin, bag_of = e._scratch("lin", n, np.int64), e._scratch("bag_of", n, np.int64)
+            perm, flags = e._scratch("perm", n, np.int64), e._scratch("flags", n, np.int64)
+            pos, seg = e._scratch("pos", n + 1, np.int64), e._scratch("seg", n + 1, np.int64)
+            K.segment_rows(ctx.rows, ctx.offsets, self.ftable, self.row_off, int(e.row_offsets[-1]), ctx.batch,
+                           int(e.layout), lin, bag_of, perm, flags, pos, seg,
+                           e._scratch("scan", scan_partials_size(n), np.int64), device.xp())
+            ctx.extra["segments"] = (lin, bag_of, perm, pos, seg)
+        return ctx.extra["segments"]
+
+    def psw_grad(self, ctx: LookupContext, dy):
+        e = self.e
+        xp = device.xp()
+        _, bag_of, _, _, _ = self._segment(ctx)
+        want = xp.asarray(np.ones(e.n_features, np.bool_) if ctx.feature_requires_grad is None
+                          else ctx.feature_requires_grad)
+        out = xp.empty(ctx.rows.shape[0], np.float32)
+        K.psw_grad(self._w(), self.elem_off, self.strides, self.ftable, self.fcols, ctx.rows, ctx.offsets, bag_of,
+                   dy.reshape(-1), want, ctx.batch, int(e.layout), int(ctx.pooling), out, self.w_half, self.max_dim)
+        return out
+
+    def backward(self, ctx: LookupContext, dy, t: int):
+        e = self.e
+        xp = device.xp()
+        lin, bag_of, perm, pos, seg = self._segment(ctx)
+        ks, ki = e._ks_ki(ctx, t)
+        none = e.optimizer.kind == Optim.NONE
+        n = ctx.rows.shape[0]
+        grad_rows = xp.empty(n if none else 1, np.int64)
+        grad_vals = xp.empty((n, self.max_dim), np.float32) if none else self.no_f2
+        a, b, r, p = e._state_buffers()
+        psw = ctx.per_sample_weights
+        K.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
+                       self.no_f32 if r is None else r, self.no_i64 if p is None else p, self.elem_off, self.strides,
+                       self.dims, self.row_off, self.fcols, lin, perm, seg, pos, bag_of, ctx.offsets,
+                       self.no_f32 if psw is None else psw, psw is not None, dy.reshape(-1), xp.asarray(ks),
+                       xp.asarray(ki), K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals, self.w_half,
+                       self.max_dim)
+        if not none:
+            return None
+        u = int(device.to_host(pos[n:n + 1])[0])         # NONE hands back U rows: the one host read
+        return SparseRowGrad(grad_rows[:u], grad_vals[:u], e.row_offsets.copy())
+
+    def global_pass(self, t: int) -> None:
+        e = self.e
+        xp = device.xp()
+        _, ki = e._ks_ki(None, t)
+        ks = K.kernel_scalars(e.optimizer.hp(), t)
+        live = xp.asarray(np.array([e.live_rows(tb) for tb in range(len(e.tables))], np.int64))
+        a, b, _, _ = e._state_buffers()
+        K.global_pass(self._w(), a, self.no_f32 if b is None else b, self.elem_off, self.strides, self.dims,
+                      self.row_off, live, xp.asarray(ks), xp.asarray(ki), K.rounding_base(e.seed, t, K.SR_PASS_ALL),
+                      self.w_half, self.max_dim)
+
+
+_IMPLS = {"ref": _RefImpl, "cpu": _CpuImpl, "kernels": _KernelImpl}
