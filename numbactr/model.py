@@ -519,6 +519,20 @@ class Model:
         if not s.repeat_dataset and max_iter != 2000:
             warn_ignored("Model.fit", "max_iter", max_iter, "in epoch mode (repeat_dataset=False) fit runs "
                          "num_epochs passes over the source", stacklevel=2)
+        try:
+            self._fit_loop(num_epochs, max_iter, display, eval_interval, snapshot, snapshot_prefix)
+        finally:
+            # the readers' prefetch threads stop and are joined here (also on an error); each reader keeps
+            # its place, so a later train()/eval()/fit() continues its stream as HugeCTR's readers do
+            for reader in (self._train_reader, self._eval_reader):
+                pause = getattr(reader, "pause", None)      # (a benchmark's batch cycle has no workers)
+                if pause is not None:
+                    pause()
+
+    def _fit_loop(self, num_epochs: int, max_iter: int, display: int, eval_interval: int, snapshot: int,
+                  snapshot_prefix: str) -> None:
+        """fit's loop, after its argument checks."""
+        s = self.solver
         log.info("Training source file: " + self.reader_params.source[0])
         log.info("Evaluation source file: " + self.reader_params.eval_source)
         self.start_data_reading()

@@ -5,7 +5,7 @@ background prefetch workers and the per-rank split of the global batch (spec §2
                          nnz_per_slot, i64_input_key, repeat, rank=0, ranks=1, eval=False)
     for batch in reader: ...          # each iter() is a fresh pass from the first file
     reader.set_source(path)           # epoch mode: the next pass reads another file list
-    reader.close()                    # stops the workers (also done when a pass is dropped)
+    reader.close()                    # stops and joins the workers (see Threads below)
 
 Sample order (HugeCTR's DataReader + DataCollector):
 * W worker threads. Norm / Parquet: worker w reads files w, w+W, w+2W, ... of the file list (with
@@ -34,6 +34,12 @@ Prefetch: each worker runs ahead into a bounded queue (depth max(1, 4 // W) batc
 batches are buffered in all); decoding, validation and batch assembly happen in the workers, so the
 training step only takes a ready Batch. NumPy and pyarrow release the GIL for the heavy work.
 
+Threads: a pass's worker threads are stopped and joined when the pass ends, is closed, replaced
+(iter() again, set_source) or dropped, and at interpreter exit, so none runs while Python shuts down (a
+daemon thread inside pyarrow then aborts the process: "terminate called without an active exception").
+pass.pause() joins them but keeps the queued batches and each worker's place; the next batch restarts
+them (Model.fit pauses its readers at its end).
+
 Bad data raises DataFormatError (file, record, byte offset) in the consumer at the point in the sample
 order where it occurs; the reader then stops its workers. Checked in the workers for every format
 (numbactr.data.validation): non-finite label/dense values, label_rules (the labels' ranges the model's
@@ -43,9 +49,11 @@ counts them in `reader.skipped` (with a RuntimeWarning per file).
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -355,8 +363,9 @@ def _raw_worker(cfg, path, num_samples, w, W, stop):
 # ---------------------------------------------------------------------------------------------------
 # worker threads and the round-robin consumer
 
-def _put(q, item, stop) -> bool:
-    while not stop.is_set():
+def _put(q, item, stop, halt) -> bool:
+    """Queue item; False if the pass stops or pauses first."""
+    while not (stop.is_set() or halt.is_set()):
         try:
             q.put(item, timeout=0.05)
             return True
@@ -365,33 +374,71 @@ def _put(q, item, stop) -> bool:
     return False
 
 
-def _worker_main(gen, q, stop):
-    # holds only the generator, its queue and the stop flag: dropping the pass object stops us
+def _next_item(gen):
+    """gen's next batch, _EOF at its end, or the _Failure that the consumer re-raises in sample order."""
     try:
-        for item in gen:
-            if not _put(q, item, stop):
-                return
-        _put(q, _EOF, stop)
-    except BaseException as e:          # noqa: BLE001 (re-raised in the consumer, in sample order)
-        _put(q, _Failure(e), stop)
+        return next(gen)
+    except StopIteration:
+        return _EOF
+    except BaseException as e:          # noqa: BLE001
+        return _Failure(e)
+
+
+class _Worker:
+    """One worker: its generator and queue, its thread while it runs, and the item it made but could not
+    queue before a pause (queued first when it resumes). It holds nothing of the pass, so dropping the
+    pass object closes it."""
+
+    def __init__(self, gen, depth: int):
+        self.gen, self.q = gen, queue.Queue(maxsize=depth)
+        self.held = None
+        self.thread: threading.Thread | None = None
+        self.finished = False               # its _EOF or _Failure is queued
+
+
+def _worker_main(wk: _Worker, stop, halt) -> None:
+    try:
+        while not wk.finished:
+            if wk.held is None:
+                wk.held = _next_item(wk.gen)
+            if not _put(wk.q, wk.held, stop, halt):
+                return                      # stopped, or paused with wk.held kept for the next run
+            wk.finished = wk.held is _EOF or isinstance(wk.held, _Failure)
+            wk.held = None
     finally:
-        gen.close()
+        if wk.finished or stop.is_set():
+            wk.gen.close()
 
 
 class _Pass:
-    """One pass over the data: W running workers, consumed round-robin."""
+    """One pass over the data: W workers, consumed round-robin.
+
+    Its threads are joined when the pass ends, is closed or dropped, and at interpreter exit
+    (_close_all_passes); pause() joins them too but keeps the pass's place, and the next batch restarts
+    them."""
 
     def __init__(self, gens, depth, stop):
-        self.stop = stop
-        self.queues = [queue.Queue(maxsize=depth) for _ in gens]
-        self.threads = [threading.Thread(target=_worker_main, args=(g, q, stop), daemon=True,
-                                         name=f"numbactr-reader-{w}")
-                        for w, (g, q) in enumerate(zip(gens, self.queues))]
-        for t in self.threads:
-            t.start()
+        self.stop, self.halt = stop, threading.Event()
+        self.workers = [_Worker(g, depth) for g in gens]
+        self.queues = [wk.q for wk in self.workers]
         self.eof = [False] * len(gens)
         self.counter = 0
         self.done = False
+        self.paused = True
+        _PASSES.add(self)
+        self._start()
+
+    def _start(self) -> None:
+        for wk in self.workers:             # a pause that timed out: its thread still owns the generator
+            if wk.thread is not None:
+                wk.thread.join()
+        self.halt.clear()
+        for w, wk in enumerate(self.workers):
+            if not wk.finished:
+                wk.thread = threading.Thread(target=_worker_main, args=(wk, self.stop, self.halt), daemon=True,
+                                             name=f"numbactr-reader-{w}")
+                wk.thread.start()
+        self.paused = False
 
     def __iter__(self):
         return self
@@ -399,7 +446,9 @@ class _Pass:
     def __next__(self) -> Batch:
         if self.done:
             raise StopIteration
-        W = len(self.queues)
+        if self.paused:
+            self._start()
+        W = len(self.workers)
         while True:
             if all(self.eof):
                 self.close()
@@ -420,7 +469,7 @@ class _Pass:
             return item
 
     def _get(self, w):
-        q, t = self.queues[w], self.threads[w]
+        q, t = self.queues[w], self.workers[w].thread
         while True:
             try:
                 return q.get(timeout=0.1)
@@ -430,21 +479,50 @@ class _Pass:
                 if not t.is_alive() and q.empty():
                     return _Failure(RuntimeError(f"data reader worker {w} exited without a result"))
 
+    def pause(self, timeout: float = 10.0) -> None:
+        """Stop and join the workers, keeping the queued batches and each worker's place in its files; the
+        next batch restarts them (Model.fit does this at its end)."""
+        if not (self.done or self.paused):
+            self.halt.set()
+            self._join(timeout)
+            self.paused = True
+
     def close(self, timeout: float = 10.0) -> None:
+        """End the pass: stop the workers, free the queued batches, join the threads (each finishes at most
+        the chunk it is decoding) and close the generators."""
         self.done = True
         self.stop.set()
-        for q in self.queues:                      # free buffered batches, unblock puts
+        for q in self.queues:               # free buffered batches, unblock puts
             while True:
                 try:
                     q.get_nowait()
                 except queue.Empty:
                     break
-        for t in self.threads:
-            if t is not threading.current_thread():
-                t.join(timeout)
+        self._join(timeout)
+        for wk in self.workers:             # a paused worker's generator (a running thread closes its own)
+            if wk.thread is None or not wk.thread.is_alive():
+                wk.gen.close()
+
+    def _join(self, timeout: float) -> None:
+        for wk in self.workers:
+            if wk.thread is not None and wk.thread is not threading.current_thread():
+                wk.thread.join(timeout)
 
     def __del__(self):
-        self.stop.set()
+        if not self.done:
+            self.close()
+
+
+_PASSES: weakref.WeakSet = weakref.WeakSet()        # passes not yet collected
+
+
+@atexit.register
+def _close_all_passes() -> None:
+    """No reader thread may still run when the interpreter shuts down: a daemon thread inside pyarrow then
+    aborts the process ("terminate called without an active exception", or "PyGILState_Release: thread
+    state must be current")."""
+    for p in list(_PASSES):
+        p.close()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -585,7 +663,7 @@ class DataReader:
         return self._pass
 
     def close(self) -> None:
-        """Stop the running pass's workers (they finish at most the file/row group they are decoding)."""
+        """Stop and join the running pass's workers (each finishes at most the chunk it is decoding)."""
         p, self._pass = getattr(self, "_pass", None), None
         if p is not None:
             p.close()
