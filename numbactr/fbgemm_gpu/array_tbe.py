@@ -163,7 +163,11 @@ def _enum(cls, value, what: str):
 
 def _dtype_name(dtype, what: str) -> str:
     """'int32' or 'int64' for a torch or NumPy integer dtype (None: int64)."""
-    name = "int64" if dtype is None else str(dtype).replace("torch.", "")
+    text = str(dtype)
+    try:
+        name = "int64" if dtype is None else text[6:] if text.startswith("torch.") else np.dtype(dtype).name
+    except TypeError:
+        name = text
     if name not in ("int32", "int64"):
         raise ValueError(f"{WHO}: {what} must be int32 or int64, got {dtype}")
     return name
