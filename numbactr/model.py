@@ -291,12 +291,19 @@ class Model:
                 t[name] = o
         return t
 
-    def _loss_value(self, t: dict, valid: int) -> float:
-        """Σ_i weight_i · loss_i (+ regularizer terms), averaged over ranks, as HugeCTR reports it."""
+    def _loss_value(self, t: dict, valid: int, rank_rows: int | None = None) -> float:
+        """Σ_i weight_i · loss_i (+ regularizer terms), averaged over ranks, as HugeCTR reports it.
+
+        rank_rows (eval): this rank's valid rows; the ranks' losses (each a mean over its valid rows) are
+        then weighted by them, giving the mean over the global batch's valid rows, not HugeCTR's plain
+        mean of the ranks' means (which differ when a partial last batch fills the ranks unevenly)."""
         total = 0.0
         for layer, w in self.losses:
             total += w * float(device.to_host(t[layer.cfg.top_names[0]].data)[0])
-        if self.ranks > 1:
+        if self.ranks > 1 and rank_rows is not None:
+            summed = self.comm.allreduce_sum(np.array([total * rank_rows, rank_rows], dtype=np.float64))
+            total = float(summed[0] / summed[1]) if summed[1] > 0 else 0.0
+        elif self.ranks > 1:
             total = float(self.comm.allreduce_sum(np.array([total]))[0]) / self.ranks
         for layer, _ in self.losses:
             total += self._regularizer(layer, valid, grad=False)
@@ -449,7 +456,7 @@ class Model:
             preds.append(p)
             labels.append(y)
         preds, labels = np.concatenate(preds, axis=1), np.concatenate(labels, axis=1)
-        loss = self._loss_value(t, batch.batch_size * self.ranks)
+        loss = self._loss_value(t, batch.batch_size * self.ranks, None if compat.hugectr_exact() else n)
         if self.ranks > 1:                      # every rank scores the whole global eval batch
             preds, labels = self.comm.allgather_rows(preds), self.comm.allgather_rows(labels)
         self.metrics.add(preds, labels, loss)
@@ -461,8 +468,9 @@ class Model:
         self.metrics.reset()
         self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval, False,
                                                        eval=True))
-        while self.eval():
-            pass
+        with log.progress(desc="eval, whole source", unit="batch") as bar:
+            while self.eval():
+                bar.update(1)
         self._eval_reader = None
         return self.get_eval_metrics()
 

@@ -59,3 +59,28 @@ def test_model_average_loss_is_the_exact_mean_log_loss_with_a_partial_last_batch
     hugectr_value, *_ = run_eval(True)
     assert hugectr_value == pytest.approx(np.mean(losses), rel=1e-6)
     assert abs(hugectr_value - exact) > 1e-4            # the last batch is over-weighted by HugeCTR
+
+
+def test_two_ranks_report_the_one_rank_average_loss(tmp_path):
+    """A partial last eval batch fills rank 0 and leaves rank 1 empty: the ranks' losses are weighted by
+    their valid rows, so 2 ranks report the 1-rank AverageLoss (HugeCTR's mean of rank means would not)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if mpiexec is None:
+        pytest.skip("mpiexec not found (pip install 'numbactr[mpi]')")
+    train, evl = tiny_data(str(tmp_path), n_train=64, n_eval=200, files=1)
+    script = os.path.join(os.path.dirname(__file__), "mpi", "average_loss_run.py")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBACTR_DEVICE"] = "cpu"
+    got = {}
+    for ranks in (1, 2):
+        r = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, script, train, evl, "64"], env=env,
+                           capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        loss, auc = map(float, r.stdout.split("AverageLoss ")[1].split(" AUC "))
+        got[ranks] = (loss, auc)
+    assert got[2][0] == pytest.approx(got[1][0], rel=1e-5)
+    assert got[2][1] == pytest.approx(got[1][1], rel=1e-6)

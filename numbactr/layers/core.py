@@ -162,7 +162,8 @@ class BinaryCrossEntropyLoss(RegularizedLoss, Layer):
         return [(1,)]
 
     def forward(self, tape, xs, run):
-        grad_scale = run.scaler / (run.valid * run.ranks)
+        # a rank whose share of a partial last batch is empty has no rows to scale (as CrossEntropyLoss)
+        grad_scale = run.scaler / (run.valid * run.ranks) if run.valid else 0.0
         loss = ops.BinaryCrossEntropy.apply(tape, xs[0], xs[1], valid=run.valid, grad_scale=grad_scale,
                                             name=self.cfg.top_names[0])
         self.logits = xs[0]
