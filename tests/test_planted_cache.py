@@ -61,3 +61,19 @@ def test_demo_says_where_the_data_is_and_regenerates_on_request(tmp_path, capsys
         assert (tmp_path / "learning_curve.png").exists() and (tmp_path / "learning_curve.csv").exists()
     finally:
         device.set_device(before)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_data_generator_says_whether_labels_carry_a_signal(tmp_path, capsys, planted):
+    import numbactr as hugectr
+    p = hugectr.tools.DataGeneratorParams(
+        format=hugectr.DataReaderType_t.Norm, label_dim=1, dense_dim=2, num_slot=2, i64_input_key=True,
+        source=str(tmp_path / "file_list.txt"), eval_source=str(tmp_path / "file_list_test.txt"),
+        slot_size_array=[4, 5], num_files=1, eval_num_files=1, num_samples_per_file=64, seed=1,
+        planted_signal=planted)
+    hugectr.tools.DataGenerator(p).generate()
+    out = capsys.readouterr().out
+    if planted:
+        assert "labels: drawn from a hidden logistic model" in out
+    else:
+        assert "no model can learn them (AUC 0.5); planted_signal=True" in out

@@ -135,6 +135,15 @@ class DataGenerator:
         model.calibrate(cal_dense, cal_keys)
         return model
 
+    def _say_labels(self, hugectr_labels: str) -> None:
+        """One line on what the labels are: HugeCTR's carry no signal, so a model trained on them scores
+        AUC 0.5 whatever it is; a user reading the log should not have to find that out by training."""
+        if self.params.planted_signal:
+            print("[numbactr] labels: drawn from a hidden logistic model of the features (planted_signal=True)")
+        else:
+            print(f"[numbactr] labels: {hugectr_labels}, as HugeCTR's generator writes them: no model can learn "
+                  f"them (AUC 0.5); planted_signal=True gives labels with a signal")
+
     def generate(self) -> None:
         p = self.params
         if p.format == DataReaderType_t.Raw:
@@ -151,6 +160,7 @@ class DataGenerator:
         print(f"[numbactr] Generate Norm dataset: slot_size_array {p.slot_size_array}, nnz_array "
               f"{p.nnz_array}, #files train {p.num_files} eval {p.eval_num_files}, #samples per file "
               f"{p.num_samples_per_file}, power law: {alpha is not None}, alpha {alpha or 0.0}")
+        self._say_labels("uniform random in [0, 1)")
         for list_path, sub, nfiles in ((p.source, "train", p.num_files),
                                        (p.eval_source, "val", p.eval_num_files)):
             if os.path.exists(list_path):
@@ -199,6 +209,7 @@ class DataGenerator:
         offsets = np.concatenate([[0], np.cumsum(p.slot_size_array)[:-1]]).astype(np.int64)    # (S,)
         print(f"[numbactr] Generate Raw dataset: slot_size_array {p.slot_size_array}, #samples train "
               f"{p.num_samples} eval {p.eval_num_samples}, float_label_dense {p.float_label_dense}")
+        self._say_labels("sample index % 2")
         for path, total in ((p.source, p.num_samples), (p.eval_source, p.eval_num_samples)):
             if total <= 0:
                 raise ValueError(f"number of samples for {path!r} must be > 0, got {total}")
@@ -231,6 +242,7 @@ class DataGenerator:
         print(f"[numbactr] Generate Parquet dataset: slot_size_array {p.slot_size_array}, nnz_array "
               f"{p.nnz_array}, #files train {p.num_files} eval {p.eval_num_files}, #samples per file "
               f"{p.num_samples_per_file}, power law: {alpha is not None}, alpha {alpha or 0.0}")
+        self._say_labels("uniform random in [0, 1)")
         multi = {k for k, v in enumerate(p.nnz_array) if v > 1}
         for list_path, sub, nfiles in ((p.source, "train", p.num_files),
                                        (p.eval_source, "val", p.eval_num_files)):
