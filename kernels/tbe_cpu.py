@@ -36,7 +36,7 @@ float_to_half_bits = njit(**_JIT)(M.float_to_half_bits)
 sr_key = njit(**_JIT)(M.sr_key)
 row_scalars = njit(**_JIT)(M.row_scalars)
 lazy_scalars = njit(**_JIT)(M.lazy_scalars)
-elem_update = njit(**_JIT)(M.elem_update)
+elem_update = njit(inline="always", **_JIT)(M.elem_update)
 global_elem = njit(**_JIT)(M.global_elem)
 lamb_ratio = njit(**_JIT)(M.lamb_ratio)
 elem_state_count = njit(**_JIT)(M.elem_state_count)
@@ -263,25 +263,38 @@ def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, ba
 
 # ---- backward: linearize, sort, segment -------------------------------------------------------------
 @njit(**_PJIT)
-def linearize(rows, offsets, ftable, row_off, batch, layout, sentinel, lin, bag_of):
-    """lin (N,) <- row_off[table] + row (the sentinel for -1 rows and positions outside every bag);
-    bag_of (N,) <- the bag of each occurrence."""
+def linearize(rows, offsets, ftable, row_off, fcols, batch, layout, pooling, by_bag, sentinel, lin, pay, bag_of,
+              bag_src, bag_scale):
+    """Per occurrence k: lin[k] <- row_off[table] + row (the sentinel for -1 rows and positions outside every
+    bag), bag_of[k] <- its bag, pay[k] <- the payload the sort carries: its bag (by_bag) or k itself.
+    Per bag j of a pooled lookup: bag_src[j] <- where its dy row starts, bag_scale[j] <- 1/L for MEAN, else 1.
+    Carrying the bag through the sort lets the reduction read the small per-bag arrays instead of looking
+    up every occurrence in the N-long bag_of."""
     n_features = ftable.shape[0]
     n_bags = offsets.shape[0] - 1
+    total = fcols[n_features]
     for k in range(offsets[0]):
         lin[k] = sentinel
+        bag_of[k] = -1
+        pay[k] = -1 if by_bag else k
     for j in prange(n_bags):
-        f, _ = bag_fb(j, n_features, batch, layout)
+        f, b = bag_fb(j, n_features, batch, layout)
         base = row_off[ftable[f]]
-        for k in range(offsets[j], offsets[j + 1]):
+        begin, end = offsets[j], offsets[j + 1]
+        if pooling != 2:
+            bag_src[j] = b * total + fcols[f]
+            bag_scale[j] = float32(1.0) / float32(end - begin) if pooling == 1 and end > begin else float32(1.0)
+        for k in range(begin, end):
             r = rows[k]
             lin[k] = base + r if r >= 0 else sentinel
             bag_of[k] = j
+            pay[k] = j if by_bag else k
 
 
 @njit(**_PJIT)
-def radix_sort(keys, n_bits, keys_out, perm_out, keys_tmp, perm_tmp):
-    """Stable sort of keys (N,) int64 in [0, 2^n_bits): keys_out sorted, perm_out the positions.
+def radix_sort(keys, vals, n_bits, keys_out, vals_out, keys_tmp, vals_tmp):
+    """Stable sort of the pairs (keys (N,) int64 in [0, 2^n_bits), vals (N,) int64) by key into keys_out,
+    vals_out (keys_tmp, vals_tmp: scratch of the same size).
 
     LSD passes of up to 11 bits; each pass: per-chunk digit counts (chunks in order), their exclusive
     scan in (digit, chunk) order, then every chunk scatters its elements in order: stable."""
@@ -293,8 +306,8 @@ def radix_sort(keys, n_bits, keys_out, perm_out, keys_tmp, perm_tmp):
     mask = radix - 1
     for i in prange(n):
         keys_out[i] = keys[i]
-        perm_out[i] = i
-    src_k, src_p, dst_k, dst_p = keys_out, perm_out, keys_tmp, perm_tmp
+        vals_out[i] = vals[i]
+    src_k, src_p, dst_k, dst_p = keys_out, vals_out, keys_tmp, vals_tmp
     counts = np.zeros((n_chunks, radix), np.int64)
     for ps in range(passes):
         shift = ps * bits
@@ -322,7 +335,7 @@ def radix_sort(keys, n_bits, keys_out, perm_out, keys_tmp, perm_tmp):
     if passes % 2 == 1:                      # the result sits in the tmp buffers: copy it back
         for i in prange(n):
             keys_out[i] = keys_tmp[i]
-            perm_out[i] = perm_tmp[i]
+            vals_out[i] = vals_tmp[i]
 
 
 @njit(**_JIT)
@@ -344,37 +357,38 @@ def segments(sorted_keys, sentinel, seg_start):
 
 
 # ---- backward: fused reduce + update ----------------------------------------------------------------
-@njit(**_JIT)
-def reduce_row(i0, i1, perm, bag_of, offsets, psw, has_psw, dy, total, fcols, n_features, batch, layout,
-               pooling, width, g):
-    """g[:width] <- sum over the sorted positions i0..i1 of the occurrence gradients, in order.
-    dy is flat: (B * total) pooled, (N * width) for NONE."""
-    n = perm.shape[0]
-    if i1 + _PF < n:                                     # the dy row of a later occurrence
-        k_next = perm[i1 + _PF]
-        if pooling == 2:
-            prefetch(dy, uint64(k_next) * width)
-        else:
-            f_next, b_next = bag_fb(bag_of[k_next], n_features, batch, layout)
-            prefetch(dy, uint64(b_next) * uint64(total) + uint64(fcols[f_next]))
+@njit(inline="always", **_JIT)
+def reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, width, g):
+    """g[:width] <- sum over the sorted positions i0..i1 of the occurrence gradients, in order. pay[i] is
+    the bag (by_bag: pooled, no per-sample weights) or the occurrence; dy is flat."""
+    n = pay.shape[0]
+    if i1 + _PF < n and pay[i1 + _PF] >= 0:              # the dy row of a later occurrence
+        later = pay[i1 + _PF]
+        if by_bag:
+            prefetch(dy, uint64(bag_src[later]))
+        elif pooling == 2:
+            prefetch(dy, uint64(later) * width)
     for d in range(width):
         g[d] = 0.0
     for i in range(i0, i1):
-        k = perm[i]
-        s = psw[k] if has_psw else float32(1.0)
-        if pooling == 2:
-            o = uint64(k) * width
+        if by_bag:
+            j = pay[i]
+            o = uint64(bag_src[j])
+            s = bag_scale[j]
         else:
-            j = bag_of[k]
-            f, b = bag_fb(j, n_features, batch, layout)
-            if pooling == 1:
-                s = s * (float32(1.0) / float32(offsets[j + 1] - offsets[j]))
-            o = uint64(b) * uint64(total) + uint64(fcols[f])
+            k = pay[i]
+            s = psw[k] if has_psw else float32(1.0)
+            if pooling == 2:
+                o = uint64(k) * width
+            else:
+                j = bag_of[k]
+                o = uint64(bag_src[j])
+                s *= bag_scale[j]
         for d in range(width):
             g[d] += s * dy[o + d]
 
 
-@njit(**_JIT)
+@njit(inline="always", **_JIT)
 def row_update(w, sa, sb, srow, sprev, e0, lin, width, g, buf, ks, ki, base):
     """The optimizer's rule on one touched row (weights and per-element states at e0, per-row states at
     lin), from its summed gradient g; buf is scratch of the row's width."""
@@ -440,13 +454,11 @@ def row_update(w, sa, sb, srow, sprev, e0, lin, width, g, buf, ks, ki, base):
 
 
 @njit(**_PJIT)
-def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols,
-                 sorted_keys, perm, seg_start, n_seg, bag_of, offsets, psw, has_psw, dy, ks, ki, base,
-                 grad_rows, grad_vals):
+def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorted_keys, pay, by_bag, seg_start,
+                 n_seg, bag_of, bag_src, bag_scale, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals):
     """Every touched row: its gradient summed in occurrence order, then the optimizer's rule (kind NONE:
     grad_rows[s], grad_vals[s] <- linear row and summed gradient of segment s)."""
-    n_features = fcols.shape[0] - 1
-    batch, layout, pooling = ki[M.KI_BATCH], ki[M.KI_LAYOUT], ki[M.KI_POOLING]
+    pooling = ki[M.KI_POOLING]
     dy = dy.reshape(-1)
     dmax = 0
     for t in range(dims.shape[0]):
@@ -461,8 +473,7 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols
             lin = sorted_keys[i0]
             t = table_of(lin, row_off)
             width = uint64(dims[t])
-            reduce_row(i0, i1, perm, bag_of, offsets, psw, has_psw, dy, fcols[n_features], fcols, n_features,
-                       batch, layout, pooling, width, g)
+            reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, width, g)
             if ki[M.KI_KIND] == 0:
                 grad_rows[s] = lin
                 for d in range(grad_vals.shape[1]):

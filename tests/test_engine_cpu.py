@@ -96,7 +96,7 @@ def test_radix_sort_is_stable_and_thread_count_free(n_threads):
     old = numba.get_num_threads()
     numba.set_num_threads(n_threads)
     try:
-        C.radix_sort(keys, C.radix_bits(5000), *out)
+        C.radix_sort(keys, np.arange(keys.size, dtype=np.int64), C.radix_bits(5000), *out)
     finally:
         numba.set_num_threads(old)
     want = np.argsort(keys, kind="stable")

@@ -654,12 +654,17 @@ class _CpuImpl:
         e = self.e
         n = ctx.rows.shape[0]
         sentinel = int(e.row_offsets[-1])
-        lin, bag_of = e._scratch("lin", n, np.int64), e._scratch("bag_of", n, np.int64)
-        C.linearize(ctx.rows, ctx.offsets, self.ftable, e.row_offsets, ctx.batch, int(e.layout), sentinel, lin,
-                    bag_of)
-        keys, perm = e._scratch("keys", n, np.int64), e._scratch("perm", n, np.int64)
-        C.radix_sort(lin, C.radix_bits(sentinel), keys, perm, e._scratch("keys_tmp", n, np.int64),
-                     e._scratch("perm_tmp", n, np.int64))
+        psw = ctx.per_sample_weights
+        pooled = ctx.pooling != Pooling.NONE
+        by_bag = pooled and psw is None
+        n_bags = ctx.offsets.shape[0] - 1
+        lin, pay, bag_of = (e._scratch(name, n, np.int64) for name in ("lin", "pay", "bag_of"))
+        bag_src, bag_scale = e._scratch("bag_src", n_bags, np.int64), e._scratch("bag_scale", n_bags, np.float32)
+        C.linearize(ctx.rows, ctx.offsets, self.ftable, e.row_offsets, e.feature_cols, ctx.batch, int(e.layout),
+                    int(ctx.pooling), by_bag, sentinel, lin, pay, bag_of, bag_src, bag_scale)
+        keys, vals = e._scratch("keys", n, np.int64), e._scratch("vals", n, np.int64)
+        C.radix_sort(lin, pay, C.radix_bits(sentinel), keys, vals, e._scratch("keys_tmp", n, np.int64),
+                     e._scratch("vals_tmp", n, np.int64))
         seg = e._scratch("seg", n + 1, np.int64)
         n_seg = C.segments(keys, sentinel, seg)
         ks, ki = e._ks_ki(ctx, t)
@@ -667,10 +672,9 @@ class _CpuImpl:
         grad_rows = np.empty(n_seg if none else 1, np.int64)
         grad_vals = np.empty((n_seg if none else 1, int(e.dims.max())), np.float32)
         a, b, r, p = e._state_buffers()
-        psw = ctx.per_sample_weights
         C.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
                        self.no_f32 if r is None else r, self.no_i64 if p is None else p, e.elem_offsets, e.strides,
-                       e.dims, e.row_offsets, e.feature_cols, keys, perm, seg, n_seg, bag_of, ctx.offsets,
+                       e.dims, e.row_offsets, keys, vals, by_bag, seg, n_seg, bag_of, bag_src, bag_scale,
                        self.no_f32 if psw is None else psw, psw is not None, dy, ks, ki,
                        K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals)
         return SparseRowGrad(grad_rows, grad_vals, e.row_offsets.copy()) if none else None
