@@ -116,8 +116,9 @@ def progress(total: int | None = None, desc: str = "", unit: str = "it") -> _Pro
         return _Progress(_NoProgress())
     if sys.stderr.isatty():
         from tqdm import tqdm
-        # delay: no bar at all for tasks that end within a second; unit_scale: 1.2M samples
-        return _Progress(tqdm(total=total, desc=desc, unit=unit, unit_scale=True, delay=1.0,
+        # delay: no bar at all for tasks that end within a second; unit_scale: 266k/850k samples (without a
+        # total tqdm would write a count as "13.0batch", so counts stay plain)
+        return _Progress(tqdm(total=total, desc=desc, unit=unit, unit_scale=total is not None, delay=1.0,
                               dynamic_ncols=True, file=sys.stderr))
     try:
         interval = float(os.environ.get("NUMBACTR_PROGRESS_INTERVAL", "10"))
