@@ -30,7 +30,7 @@ import warnings
 import numpy as np
 from numba import cuda, int64, uint64
 
-from .launch import launch_1d
+from .launch import count_host_read, launch_1d
 from .scan import exclusive_scan
 from .wrapping import fmix64, fmix64_ref
 
@@ -250,10 +250,11 @@ def hash_find(tkeys, trows, keys, rows_out) -> None:
 
 
 def hash_insert(tkeys, trows, tfirst, keys, base: int, max_rows: int, slots, flags, pos, rows_out,
-                status, *, scan_threads: int | None = None) -> int:
+                status, *, scan_threads: int | None = None, partials=None) -> int:
     """Insert keys (N,) uint64; rows_out (N,) int64 <- their rows; returns the number of new keys.
 
-    Scratch from the caller: slots (N,) int64, flags (N,) int64, pos (N + 1,) int64, status (1,) int32.
+    Scratch from the caller: slots (N,) int64, flags (N,) int64, pos (N + 1,) int64, status (1,) int32,
+    and optionally partials (scan.scan_partials_size(N),) int64, which spreads the scan over many blocks.
     Raises HashTableFullError when base + new > max_rows (or no slot is left), after rolling the batch
     back: the table is then exactly as before the call.
     """
@@ -262,6 +263,7 @@ def hash_insert(tkeys, trows, tfirst, keys, base: int, max_rows: int, slots, fla
         return 0
     status[0] = 0
     launch_1d(hash_claim_kernel, n, tkeys, trows, tfirst, keys, slots, status)
+    count_host_read(2)                  # status[0] and pos[n] below come back to the host
     if int(status[0]) != 0:
         # the probe of some key found no slot: roll back, then count the distinct new keys for the error
         launch_1d(hash_rollback_kernel, n, tkeys, trows, tfirst, slots)
@@ -270,13 +272,13 @@ def hash_insert(tkeys, trows, tfirst, keys, base: int, max_rows: int, slots, fla
         needed = int(np.unique(k[r == NO_ROW]).size)
         raise HashTableFullError(needed, base, max_rows, hint=f"all {tkeys.shape[0]} hash slots taken")
     launch_1d(hash_mark_kernel, n, trows, tfirst, slots, flags)
-    exclusive_scan(flags, pos, threads=scan_threads)
+    exclusive_scan(flags, pos, threads=scan_threads, partials=partials)
     n_new = int(pos[n])
     if not 0 <= n_new <= n:
         # A scan total outside [0, n] is impossible for 0/1 flags. Seen once in the simulator (a
         # lost write, not reproduced since): say so, scan again, and stop if it happens twice.
         warnings.warn(f"hash_insert: scan of {n} flags gave {n_new}; scanning again", stacklevel=2)
-        exclusive_scan(flags, pos, threads=scan_threads)
+        exclusive_scan(flags, pos, threads=scan_threads, partials=partials)
         n_new = int(pos[n])
         if not 0 <= n_new <= n:
             launch_1d(hash_rollback_kernel, n, tkeys, trows, tfirst, slots)

@@ -110,3 +110,25 @@ def test_fp16_output_and_weights_on_cpu():
     a, b = run(case, "ref"), run(case, "cpu")
     assert a[0].weights.dtype == np.float16 and a[1][0].dtype == np.float64
     assert_same_training(case, a, b)
+
+
+# ---- the compiled hash table ------------------------------------------------------------------------
+def test_compiled_hash_table_gives_the_reference_rows():
+    from numbactr.embedding.hash_table import HashTable, HashTableFullError
+    rng = np.random.default_rng(3)
+    ref = HashTable(450, use_kernels=False)
+    fast = HashTable(450, use_kernels=False, compiled=True)
+    for step in range(6):
+        keys = rng.integers(0, 400, size=120).astype(np.uint64) * np.uint64(2 ** 40 + 7)    # big, repeated
+        np.testing.assert_array_equal(fast.insert(keys), ref.insert(keys))
+        assert fast.size == ref.size
+    probe = rng.integers(0, 500, size=200).astype(np.uint64) * np.uint64(2 ** 40 + 7)
+    np.testing.assert_array_equal(fast.find(probe), ref.find(probe))
+    np.testing.assert_array_equal(fast.keys_by_row(), ref.keys_by_row())
+    full = HashTable(5, use_kernels=False, compiled=True)
+    full.insert(np.array([1, 2, 3], np.uint64))
+    with pytest.raises(HashTableFullError, match="needs 3 more rows"):
+        full.insert(np.array([4, 1, 5, 6, 4], np.uint64))
+    assert full.size == 3                                              # rolled back: unchanged
+    np.testing.assert_array_equal(full.find(np.array([1, 2, 3, 4, 5, 6], np.uint64)), [0, 1, 2, -1, -1, -1])
+    np.testing.assert_array_equal(full.insert(np.array([6, 3], np.uint64)), [3, 2])

@@ -221,7 +221,8 @@ class TableBatchedEmbedding:
         wdtype = np.float16 if self.weights_precision == Precision.FP16 else np.float32
         self.weights = xp.zeros(int(self.elem_offsets[-1]), wdtype)          # (sum V_t * stride_t,)
         self.states = [self._new_state(per_row, dtype, name) for name, per_row, dtype in self._state_specs()]
-        self.hash_tables = {t: HashTable(spec.rows, use_kernels=self.impl == "kernels", xp=xp)
+        self.hash_tables = {t: HashTable(spec.rows, use_kernels=self.impl == "kernels", xp=xp,
+                                         compiled=self.impl == "cpu")
                             for t, spec in enumerate(self.tables) if spec.keyed}
         self._ws = {}                                                        # scratch pool (_scratch)
         self._impl = _IMPLS[self.impl](self)

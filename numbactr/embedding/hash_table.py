@@ -11,6 +11,8 @@ import math
 import numpy
 
 from numbactr.kernels import hash_table as _k
+from numbactr.kernels import hash_table_cpu as _cpu
+from numbactr.kernels.scan import scan_partials_size
 from numbactr.kernels.hash_table import EMPTY_KEY, HashTableFullError
 
 __all__ = ["HashTable", "HashTableFullError", "EMPTY_KEY"]
@@ -20,11 +22,12 @@ class HashTable:
     """Open-addressing table of ``capacity = max(ceil(max_rows / load_factor), 1)`` slots.
 
     use_kernels: True launches the numba.cuda kernels on arrays from ``xp`` (cupy on a GPU, numpy in
-    the simulator); False runs the NumPy reference (``xp`` must then be numpy).
+    the simulator); False runs the NumPy reference (``xp`` must then be numpy), or, with compiled=True,
+    the numba-compiled CPU code (kernels/hash_table_cpu.py: the cpu device's fast path, same rows).
     """
 
     def __init__(self, max_rows: int, *, load_factor: float = 0.75, use_kernels: bool, xp=numpy,
-                 scan_threads: int | None = None):
+                 scan_threads: int | None = None, compiled: bool = False):
         max_rows = int(max_rows)
         if max_rows < 0:
             raise ValueError(f"max_rows must be >= 0, got {max_rows}")
@@ -35,6 +38,7 @@ class HashTable:
         self._max_rows = max_rows
         self.load_factor = float(load_factor)
         self.use_kernels = bool(use_kernels)
+        self.compiled = bool(compiled) and not self.use_kernels
         self.xp = xp
         self.scan_threads = scan_threads
         self.capacity = max(math.ceil(max_rows / load_factor), 1)
@@ -59,7 +63,7 @@ class HashTable:
         return self._size
 
     def __repr__(self) -> str:
-        path = "kernels" if self.use_kernels else "reference"
+        path = "kernels" if self.use_kernels else "compiled" if self.compiled else "reference"
         return (f"HashTable(size={self._size}, max_rows={self._max_rows}, capacity={self.capacity}, "
                 f"{path})")
 
@@ -69,20 +73,32 @@ class HashTable:
         in order of first occurrence. HashTableFullError (table unchanged) when rows run out."""
         keys = self._as_keys(keys)
         n = keys.shape[0]
-        if not self.use_kernels:
+        if self.compiled:
+            rows, n_new = self.xp.empty(n, dtype=numpy.int64), 0
+            if n:
+                n_new = _cpu.hash_insert_cpu(self._tkeys, self._trows, keys, self._size, self._max_rows, rows,
+                                             numpy.empty(n, dtype=numpy.int64))
+            if n_new < 0:                               # rolled back: count the distinct new keys
+                missing = keys[_k.hash_find_ref(self._tkeys, self._trows, keys) == _k.NO_ROW]
+                raise HashTableFullError(int(numpy.unique(missing).size), self._size, self._max_rows)
+        elif not self.use_kernels:
             rows, n_new = _k.hash_insert_ref(self._tkeys, self._trows, keys, self._size, self._max_rows)
         else:
             slots, flags, pos, status = self._scratch(n)
             rows = self.xp.empty(n, dtype=numpy.int64)
             n_new = _k.hash_insert(self._tkeys, self._trows, self._tfirst, keys, self._size,
                                    self._max_rows, slots, flags, pos, rows, status,
-                                   scan_threads=self.scan_threads)
+                                   scan_threads=self.scan_threads, partials=self._partials)
         self._size += n_new
         return rows
 
     def find(self, keys):
         """rows (N,) int64 of keys (N,), -1 for keys not in the table; never inserts."""
         keys = self._as_keys(keys)
+        if self.compiled:
+            rows = numpy.empty(keys.shape[0], dtype=numpy.int64)
+            _cpu.hash_find_cpu(self._tkeys, self._trows, keys, rows)
+            return rows
         if not self.use_kernels:
             return _k.hash_find_ref(self._tkeys, self._trows, keys)
         rows = self.xp.empty(keys.shape[0], dtype=numpy.int64)
@@ -135,5 +151,6 @@ class HashTable:
             self._flags = xp.empty(n, dtype=numpy.int64)
             self._pos = xp.empty(n + 1, dtype=numpy.int64)
             self._status = xp.zeros(1, dtype=numpy.int32)
+            self._partials = xp.empty(scan_partials_size(n, self.scan_threads), dtype=numpy.int64)
             self._scratch_n = n
         return self._slots[:n], self._flags[:n], self._pos[:n + 1], self._status

@@ -1,0 +1,95 @@
+"""The key -> row hash table compiled for the CPU (numba.njit): the cpu device's fast path.
+
+The same table layout and the same results as kernels/hash_table.py (open addressing over uint64 keys,
+linear probing from fmix64(key) % C, EMPTY_KEY = 2**64 - 1 marks a free slot, rows handed out in order of
+first occurrence in the batch); see that module for the formulas and the NumPy reference, the oracle.
+
+    insert  one pass over the batch in order: a known key reads its row, a new key claims the first free
+            slot of its probe sequence and takes the next row, so rows come out in first-occurrence order
+            by construction. When the rows would run past max_rows (or no slot is free) every slot this
+            batch claimed is emptied again: the table is exactly as before (removing only keys of this
+            batch cannot break the probe chain of an older key, which was inserted before them).
+    find    in parallel over the keys (threads only read the table).
+The slot a key lands in may differ from the numba.cuda kernels' (their CAS order varies); rows never do.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, uint64
+
+_EMPTY = 0xFFFFFFFFFFFFFFFF
+
+
+@njit(cache=True, inline="always")
+def _home_slot(key, cap):
+    """murmur3's fmix64 of the key modulo the capacity (compiled code wraps uint64 products natively)."""
+    h = key ^ (key >> uint64(33))
+    h = h * uint64(0xFF51AFD7ED558CCD)
+    h = h ^ (h >> uint64(33))
+    h = h * uint64(0xC4CEB9FE1A85EC53)
+    h = h ^ (h >> uint64(33))
+    return np.int64(h % uint64(cap))
+
+
+@njit(cache=True)
+def hash_insert_cpu(tkeys, trows, keys, base, max_rows, rows_out, claimed):
+    """rows_out (N,) int64 <- rows of keys (N,) uint64, inserting new keys at rows base, base + 1, ...
+    claimed (N,) int64 is scratch. Returns the number of new keys, or -1 when the table could not take
+    them all (max_rows reached or no free slot): the table is then rolled back to what it was."""
+    cap = tkeys.shape[0]
+    n_new = 0
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        s = _home_slot(key, cap)
+        row = np.int64(-1)
+        for _ in range(cap):
+            here = tkeys[s]
+            if here == key:
+                row = trows[s]
+                break
+            if here == uint64(_EMPTY):
+                if base + n_new >= max_rows:
+                    break
+                tkeys[s] = key
+                row = base + n_new
+                trows[s] = row
+                claimed[n_new] = s
+                n_new += 1
+                break
+            s += 1
+            if s == cap:
+                s = 0
+        if row < 0:                                     # out of rows or of slots: undo this batch
+            for c in range(n_new):
+                tkeys[claimed[c]] = uint64(_EMPTY)
+                trows[claimed[c]] = -1
+            return -1
+        rows_out[i] = row
+    return n_new
+
+
+@njit(cache=True, inline="always")
+def _find_one(tkeys, trows, key):
+    cap = tkeys.shape[0]
+    s = _home_slot(key, cap)
+    for _ in range(cap):
+        here = tkeys[s]
+        if here == key:
+            return trows[s]
+        if here == uint64(_EMPTY):
+            return np.int64(-1)
+        s += 1
+        if s == cap:
+            s = 0
+    return np.int64(-1)
+
+
+@njit(cache=True, parallel=True)
+def hash_find_cpu(tkeys, trows, keys, rows_out):
+    """rows_out (N,) int64 <- row of each key (N,) uint64, -1 when absent; in parallel."""
+    for i in prange(keys.shape[0]):
+        rows_out[i] = _find_one(tkeys, trows, keys[i])
+
+
+#: CPU code only; the numba.cuda kernels of the hash table are in kernels/hash_table.py
+PTX_CHECKS = []
