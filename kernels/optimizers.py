@@ -1,4 +1,4 @@
-"""Optimizer updates: the dense optimizers over a flat weight vector, the sparse ones over table rows.
+"""Optimizer updates: the dense optimizers over a flat weight vector; HugeCTR's sparse rules over table rows.
 
 Every gradient is first divided by the Solver's loss `scaler`: g = grad / scaler. `lr` is the Solver's
 (scheduled) learning rate; lr = 0 is how HugeCTR freezes weights (the states still update).
@@ -20,9 +20,11 @@ Dense (w, g and every state: (P,) float32; states start at 0 unless noted):
                  lr = 0 (frozen): HugeCTR divides by zero (NaN weights); here w stays, z += g, n = n_new
 
 Sparse (table and states (V, D); rows (U,) int64 UNIQUE rows the batch touched ("hot"); grads (U, D),
-each row's gradient already summed over its occurrences; all-rows passes cover rows [0, n_rows)):
+each row's gradient already summed over its occurrences; all-rows passes cover rows [0, n_rows)). These
+are NumPy references only: the embedding engine runs them as fused optimizers (kernels/tbe.py: its
+reference calls the ones below on the rows it touched, its compiled paths use kernels/tbe_math.py):
     SGD            table[r] -= lr g    (HugeCTR's atomic_update=True adds -lr/scaler * wgrad per
-                   occurrence with atomicAdd: the same sum in another order, so one kernel serves both)
+                   occurrence with atomicAdd: the same sum in another order, so one rule serves both)
     Local          the dense rule of MomentumSGD / Nesterov / Adam / AdaGrad on the hot rows only
     AdaGrad, SGD   Global = Local (HugeCTR)
     Global = "every row updated every step, cold rows with g = 0", done as HugeCTR does in two passes:
@@ -30,7 +32,8 @@ each row's gradient already summed over its occurrences; all-rows passes cover r
                    all: m *= b1;  v *= b2;  w -= alpha_t m / (sqrt(v) + eps)       (needs b1, b2 > 0)
       MomentumSGD  hot: m -= lr g / f;   all: m *= f;  w += m                       (needs f != 0)
       Nesterov     all: a *= mu;  w += mu a;   hot: a -= lr g;  w -= (1 + mu) (lr g)
-    LazyGlobal (Adam only): prev_time (V, D) int64 starts at 1; on a hot element at step t,
+    LazyGlobal (Adam only): prev_time (int64, per element here, per row in the engine) starts at 1;
+                   on a hot element at step t,
                    skipped = t - prev_time;  prev_time = t
                    w -= lr/(1 - b1) * sqrt(1 - b2^prev)/(1 - b1^prev) * (1 - b1^skipped) * m/(sqrt(v) + eps)
                    m = b1^skipped m + (1 - b1) g;  v = b2^skipped v + (1 - b2) g^2
@@ -109,24 +112,13 @@ def _back(dtype, *arrays) -> tuple:
 
 def _check_unique_rows(rows: np.ndarray, n_rows: int) -> np.ndarray:
     rows = np.asarray(rows, dtype=np.int64)
-    # The kernels update each row without atomics: a duplicated row would race.
+    # each touched row is updated once, from its summed gradient: a repeated row is a caller's bug
     assert np.unique(rows).size == rows.size, "sparse optimizer rows must be unique"
     assert rows.size == 0 or (rows.min() >= 0 and rows.max() < n_rows), "row out of range"
     return rows
 
 
-def _on_rows(row_ref, arrays, rows, grads, *args) -> tuple:
-    """Apply a dense reference to the gathered hot rows of (table, *states); returns new full arrays."""
-    rows = _check_unique_rows(rows, arrays[0].shape[0])
-    out = [np.array(a) for a in arrays]                              # copies
-    new = row_ref(*[a[rows] for a in out], grads, *args)
-    new = new if isinstance(new, tuple) else (new,)
-    for a, b in zip(out, new):
-        a[rows] = b
-    return tuple(out) if len(out) > 1 else out[0]
-
-
-# dense (any shape: the sparse Local references apply these to gathered rows (U, D))
+# dense (any shape: the engine's reference applies them to the gathered hot rows (U, D))
 def sgd_update_ref(w, g, lr, scaler):
     """New w."""
     lr, scaler = _scalars(w.dtype, lr, scaler)
@@ -209,38 +201,6 @@ def adam_lazy_update_ref(w, m, v, prev_time, g, lr, beta1, beta2, eps, t, scaler
     m64 = b1_skip * m64 + (1.0 - beta1) * g64
     v64 = beta2 ** skipped * v64 + (1.0 - beta2) * g64 * g64
     return (*_back(w.dtype, w64, m64, v64), np.full(prev.shape, t, np.int64))
-
-
-# sparse, full tables in and out
-def sparse_sgd_update_ref(table, rows, grads, lr, scaler):
-    """New table (V, D): hot rows moved by -lr * g."""
-    return _on_rows(sgd_update_ref, (table,), rows, grads, lr, scaler)
-
-
-def sparse_momentum_sgd_local_update_ref(table, m, rows, grads, lr, factor, scaler):
-    """New (table, m): MomentumSGD on the hot rows only."""
-    return _on_rows(momentum_sgd_update_ref, (table, m), rows, grads, lr, factor, scaler)
-
-
-def sparse_nesterov_local_update_ref(table, a, rows, grads, lr, mu, scaler):
-    """New (table, a): Nesterov on the hot rows only."""
-    return _on_rows(nesterov_update_ref, (table, a), rows, grads, lr, mu, scaler)
-
-
-def sparse_adam_local_update_ref(table, m, v, rows, grads, lr, beta1, beta2, eps, t, scaler):
-    """New (table, m, v): Adam on the hot rows only."""
-    return _on_rows(adam_update_ref, (table, m, v), rows, grads, lr, beta1, beta2, eps, t, scaler)
-
-
-def sparse_adagrad_update_ref(table, acc, rows, grads, lr, eps, scaler):
-    """New (table, acc): AdaGrad on the hot rows (Local and Global alike)."""
-    return _on_rows(adagrad_update_ref, (table, acc), rows, grads, lr, eps, scaler)
-
-
-def sparse_adam_lazy_update_ref(table, m, v, prev_time, rows, grads, lr, beta1, beta2, eps, t, scaler):
-    """New (table, m, v, prev_time): LazyGlobal Adam on the hot rows."""
-    return _on_rows(adam_lazy_update_ref, (table, m, v, prev_time), rows, grads, lr, beta1, beta2, eps,
-                    t, scaler)
 
 
 def sparse_adam_global_hot_ref(m, v, rows, grads, beta1, beta2, scaler):
@@ -371,171 +331,8 @@ def ftrl_update_kernel(w, z, n, g, lr, lambda1, lambda2p, scaler):
                 w[i] = float32(0.0)
 
 
-# ---- kernels: sparse over the U*D hot elements or the n_rows*D live elements ----------------
-@cuda.jit
-def sparse_sgd_update_kernel(table, rows, grads, lr, scaler):
-    d_size = table.shape[1]
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        u = i // d_size
-        d = i - u * d_size
-        table[rows[u], d] -= lr * (grads[u, d] / scaler)
-
-
-@cuda.jit
-def sparse_momentum_sgd_local_update_kernel(table, m, rows, grads, lr, factor, scaler):
-    d_size = table.shape[1]
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        u = i // d_size
-        d = i - u * d_size
-        r = rows[u]
-        mi = factor * m[r, d] - lr * (grads[u, d] / scaler)
-        m[r, d] = mi
-        table[r, d] += mi
-
-
-@cuda.jit
-def sparse_momentum_sgd_global_hot_kernel(m, rows, grads, lr, factor, scaler):
-    d_size = m.shape[1]
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        u = i // d_size
-        d = i - u * d_size
-        # divided by f here because the all-rows pass multiplies every row by f next
-        m[rows[u], d] -= lr * (grads[u, d] / scaler) / factor
-
-
-@cuda.jit
-def sparse_momentum_sgd_global_all_kernel(table, m, n_rows, factor):
-    d_size = table.shape[1]
-    for i in range(cuda.grid(1), n_rows * d_size, cuda.gridsize(1)):
-        r = i // d_size
-        d = i - r * d_size
-        mi = factor * m[r, d]
-        m[r, d] = mi
-        table[r, d] += mi
-
-
-@cuda.jit
-def sparse_nesterov_local_update_kernel(table, a, rows, grads, lr, mu, scaler):
-    d_size = table.shape[1]
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        u = i // d_size
-        d = i - u * d_size
-        r = rows[u]
-        a_old = a[r, d]
-        a_new = mu * a_old - lr * (grads[u, d] / scaler)
-        a[r, d] = a_new
-        table[r, d] += -mu * a_old + (float32(1.0) + mu) * a_new
-
-
-@cuda.jit
-def sparse_nesterov_global_all_kernel(table, a, n_rows, mu):
-    d_size = table.shape[1]
-    for i in range(cuda.grid(1), n_rows * d_size, cuda.gridsize(1)):
-        r = i // d_size
-        d = i - r * d_size
-        ai = mu * a[r, d]
-        a[r, d] = ai
-        table[r, d] += mu * ai
-
-
-@cuda.jit
-def sparse_nesterov_global_hot_kernel(table, a, rows, grads, lr, mu, scaler):
-    d_size = table.shape[1]
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        u = i // d_size
-        d = i - u * d_size
-        r = rows[u]
-        step = lr * (grads[u, d] / scaler)
-        a[r, d] -= step
-        table[r, d] -= (float32(1.0) + mu) * step
-
-
-@cuda.jit
-def sparse_adam_local_update_kernel(table, m, v, rows, grads, alpha_t, beta1, beta2, eps, scaler):
-    d_size = table.shape[1]
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        u = i // d_size
-        d = i - u * d_size
-        r = rows[u]
-        gi = grads[u, d] / scaler
-        mi = beta1 * m[r, d] + (float32(1.0) - beta1) * gi
-        vi = beta2 * v[r, d] + (float32(1.0) - beta2) * gi * gi
-        m[r, d] = mi
-        v[r, d] = vi
-        table[r, d] -= alpha_t * mi / (math.sqrt(vi) + eps)
-
-
-@cuda.jit
-def sparse_adam_global_hot_kernel(m, v, rows, grads, beta1, beta2, scaler):
-    d_size = m.shape[1]
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        u = i // d_size
-        d = i - u * d_size
-        r = rows[u]
-        gi = grads[u, d] / scaler
-        # divided by b1 (b2) here because the all-rows pass multiplies every row by b1 (b2) next
-        m[r, d] += (float32(1.0) - beta1) * gi / beta1
-        v[r, d] += (float32(1.0) - beta2) * gi * gi / beta2
-
-
-@cuda.jit
-def sparse_adam_global_all_kernel(table, m, v, n_rows, alpha_t, beta1, beta2, eps):
-    d_size = table.shape[1]
-    for i in range(cuda.grid(1), n_rows * d_size, cuda.gridsize(1)):
-        r = i // d_size
-        d = i - r * d_size
-        mi = beta1 * m[r, d]
-        vi = beta2 * v[r, d]
-        m[r, d] = mi
-        v[r, d] = vi
-        table[r, d] -= alpha_t * mi / (math.sqrt(vi) + eps)
-
-
-@cuda.jit
-def sparse_adam_lazy_update_kernel(table, m, v, prev_time, rows, grads, alpha_common, beta1, beta2, eps,
-                                   t, scaler):
-    d_size = table.shape[1]
-    one = float32(1.0)
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        u = i // d_size
-        d = i - u * d_size
-        r = rows[u]
-        prev = prev_time[r, d]
-        prev_time[r, d] = t
-        skipped = float32(t - prev)
-        prev_f = float32(prev)
-        b1_skip = math.pow(beta1, skipped)
-        alpha = (alpha_common * math.sqrt(one - math.pow(beta2, prev_f)) / (one - math.pow(beta1, prev_f))
-                 * (one - b1_skip))
-        mi = m[r, d]
-        vi = v[r, d]
-        table[r, d] -= alpha * mi / (math.sqrt(vi) + eps)        # catch-up on the old moments
-        gi = grads[u, d] / scaler
-        m[r, d] = b1_skip * mi + (one - beta1) * gi
-        v[r, d] = math.pow(beta2, skipped) * vi + (one - beta2) * gi * gi
-
-
-@cuda.jit
-def sparse_adagrad_update_kernel(table, acc, rows, grads, lr, eps, scaler):
-    d_size = table.shape[1]
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        u = i // d_size
-        d = i - u * d_size
-        r = rows[u]
-        gi = grads[u, d] / scaler
-        ai = acc[r, d] + gi * gi
-        acc[r, d] = ai
-        table[r, d] -= lr * gi / (math.sqrt(ai) + eps)
-
-
 # ---- launch wrappers (in place; allocate nothing; scalars passed to kernels as float32) -------
 _f = np.float32
-
-
-def _live(table, n_rows: int) -> int:
-    if not 0 <= n_rows <= table.shape[0]:
-        raise ValueError(f"n_rows={n_rows} outside the table's {table.shape[0]} rows")
-    return n_rows * table.shape[1]
 
 
 def sgd_update(w, g, lr, scaler) -> None:
@@ -564,73 +361,7 @@ def ftrl_update(w, z, n, g, lr, beta, lambda1, lambda2, scaler) -> None:
               ftrl_lambda2(lr, beta, lambda2), _f(scaler))
 
 
-def sparse_sgd_update(table, rows, grads, lr, scaler) -> None:
-    launch_1d(sparse_sgd_update_kernel, rows.shape[0] * table.shape[1], table, rows, grads, _f(lr),
-              _f(scaler))
-
-
-def sparse_momentum_sgd_local_update(table, m, rows, grads, lr, factor, scaler) -> None:
-    launch_1d(sparse_momentum_sgd_local_update_kernel, rows.shape[0] * table.shape[1], table, m, rows,
-              grads, _f(lr), _f(factor), _f(scaler))
-
-
-def sparse_momentum_sgd_global_hot(m, rows, grads, lr, factor, scaler) -> None:
-    launch_1d(sparse_momentum_sgd_global_hot_kernel, rows.shape[0] * m.shape[1], m, rows, grads, _f(lr),
-              _f(factor), _f(scaler))
-
-
-def sparse_momentum_sgd_global_all(table, m, n_rows, factor) -> None:
-    launch_1d(sparse_momentum_sgd_global_all_kernel, _live(table, n_rows), table, m, np.int64(n_rows),
-              _f(factor))
-
-
-def sparse_nesterov_local_update(table, a, rows, grads, lr, mu, scaler) -> None:
-    launch_1d(sparse_nesterov_local_update_kernel, rows.shape[0] * table.shape[1], table, a, rows, grads,
-              _f(lr), _f(mu), _f(scaler))
-
-
-def sparse_nesterov_global_all(table, a, n_rows, mu) -> None:
-    launch_1d(sparse_nesterov_global_all_kernel, _live(table, n_rows), table, a, np.int64(n_rows), _f(mu))
-
-
-def sparse_nesterov_global_hot(table, a, rows, grads, lr, mu, scaler) -> None:
-    launch_1d(sparse_nesterov_global_hot_kernel, rows.shape[0] * table.shape[1], table, a, rows, grads,
-              _f(lr), _f(mu), _f(scaler))
-
-
-def sparse_adam_local_update(table, m, v, rows, grads, lr, beta1, beta2, eps, t, scaler) -> None:
-    launch_1d(sparse_adam_local_update_kernel, rows.shape[0] * table.shape[1], table, m, v, rows,
-              grads, adam_alpha_t(lr, beta1, beta2, t), _f(beta1), _f(beta2), _f(eps), _f(scaler))
-
-
-def sparse_adam_global_hot(m, v, rows, grads, beta1, beta2, scaler) -> None:
-    launch_1d(sparse_adam_global_hot_kernel, rows.shape[0] * m.shape[1], m, v, rows, grads,
-              _f(beta1), _f(beta2), _f(scaler))
-
-
-def sparse_adam_global_all(table, m, v, n_rows, lr, beta1, beta2, eps, t) -> None:
-    launch_1d(sparse_adam_global_all_kernel, _live(table, n_rows), table, m, v, np.int64(n_rows),
-              adam_alpha_t(lr, beta1, beta2, t), _f(beta1), _f(beta2), _f(eps))
-
-
-def sparse_adam_lazy_update(table, m, v, prev_time, rows, grads, lr, beta1, beta2, eps, t, scaler) -> None:
-    """prev_time: (V, D) int64, 1 before a row's first update; t: this update's step (>= 1)."""
-    if t < 1:
-        raise ValueError(f"Adam step t starts at 1, got {t}")
-    launch_1d(sparse_adam_lazy_update_kernel, rows.shape[0] * table.shape[1], table, m, v, prev_time, rows,
-              grads, lazy_adam_alpha_common(lr, beta1), _f(beta1), _f(beta2), _f(eps), np.int64(t),
-              _f(scaler))
-
-
-def sparse_adagrad_update(table, acc, rows, grads, lr, eps, scaler) -> None:
-    launch_1d(sparse_adagrad_update_kernel, rows.shape[0] * table.shape[1], table, acc, rows, grads,
-              _f(lr), _f(eps), _f(scaler))
-
-
 _F1 = "float32[::1]"
-_F2 = "float32[:, ::1]"
-_I1 = "int64[::1]"
-_I2 = "int64[:, ::1]"
 PTX_CHECKS = [
     (sgd_update_kernel, f"void({_F1}, {_F1}, float32, float32)"),
     (momentum_sgd_update_kernel, f"void({_F1}, {_F1}, {_F1}, float32, float32, float32)"),
@@ -638,18 +369,4 @@ PTX_CHECKS = [
     (adam_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, float32, float32, float32, float32, float32)"),
     (adagrad_update_kernel, f"void({_F1}, {_F1}, {_F1}, float32, float32, float32)"),
     (ftrl_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, float32, float32, float32, float32)"),
-    (sparse_sgd_update_kernel, f"void({_F2}, {_I1}, {_F2}, float32, float32)"),
-    (sparse_momentum_sgd_local_update_kernel, f"void({_F2}, {_F2}, {_I1}, {_F2}, float32, float32, float32)"),
-    (sparse_momentum_sgd_global_hot_kernel, f"void({_F2}, {_I1}, {_F2}, float32, float32, float32)"),
-    (sparse_momentum_sgd_global_all_kernel, f"void({_F2}, {_F2}, int64, float32)"),
-    (sparse_nesterov_local_update_kernel, f"void({_F2}, {_F2}, {_I1}, {_F2}, float32, float32, float32)"),
-    (sparse_nesterov_global_all_kernel, f"void({_F2}, {_F2}, int64, float32)"),
-    (sparse_nesterov_global_hot_kernel, f"void({_F2}, {_F2}, {_I1}, {_F2}, float32, float32, float32)"),
-    (sparse_adam_local_update_kernel,
-     f"void({_F2}, {_F2}, {_F2}, {_I1}, {_F2}, float32, float32, float32, float32, float32)"),
-    (sparse_adam_global_hot_kernel, f"void({_F2}, {_F2}, {_I1}, {_F2}, float32, float32, float32)"),
-    (sparse_adam_global_all_kernel, f"void({_F2}, {_F2}, {_F2}, int64, float32, float32, float32, float32)"),
-    (sparse_adam_lazy_update_kernel,
-     f"void({_F2}, {_F2}, {_F2}, {_I2}, {_I1}, {_F2}, float32, float32, float32, float32, int64, float32)"),
-    (sparse_adagrad_update_kernel, f"void({_F2}, {_F2}, {_I1}, {_F2}, float32, float32, float32)"),
 ]

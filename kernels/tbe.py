@@ -432,7 +432,7 @@ def _hugectr_hot_ref(kind, h, w, g, s, step, update):
     if kind == Optim.HUGECTR_MOMENTUM_SGD:
         if update == UpdateType.GLOBAL and f != 0:
             return w, [OPT.sparse_momentum_sgd_global_hot_ref(s[0], np.arange(len(w)), g, lr, f, sc)]
-        # LOCAL; and GLOBAL with f = 0, whose all-rows pass zeroed m first (see optim.SparseOptimizer)
+        # LOCAL; and GLOBAL with f = 0, whose all-rows pass zeroed m first (numbactr.optim's docstring)
         w, m = OPT.momentum_sgd_update_ref(w, s[0], g, lr, f, sc)
         return w, [m]
     if kind == Optim.HUGECTR_NESTEROV:

@@ -589,7 +589,7 @@ def load_sparse_optimizer_states(model, files) -> None:
     xp = device.xp()
     for e, rows, states in todo:                          # everything checked: assign
         r = xp.asarray(rows)
-        for s, v in zip(e.optimizer.states, states):
+        for s, v in zip(e.states, states):
             s[r] = xp.asarray(v)
 
 
@@ -598,7 +598,7 @@ def _read_sparse_states(model, e, path: str) -> tuple[np.ndarray, np.ndarray]:
     what = f"embedding {e.name!r} optimizer states"
     snap = _Snapshot.of(path)
     data = snap.read(path, what)
-    n_states, width = len(e.optimizer.states), e.vec
+    n_states, width = len(e.states), e.vec
     if n_states == 0:
         _array(data, "<f4", path, what, 0, f": {e.opt.optimizer_type.name} keeps no state")
         return np.zeros(0, np.int64), np.zeros((0, 0, width), np.float32)

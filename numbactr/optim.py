@@ -1,9 +1,10 @@
 """Optimizers (dense and sparse) and HugeCTR's learning-rate schedule.
 
 Dense weights live in one flat float32 vector (HugeCTR's layout, spec §7.2), so a dense update is one
-kernel launch. Sparse updates touch the rows a batch used (spec §3.3). Every update goes through
-numbactr.kernels.optimizers (formulas in its docstring): kernels on gpu/sim, their NumPy references
-on cpu.
+kernel launch (numbactr.kernels.optimizers, formulas in its docstring: kernels on gpu/sim, their NumPy
+references on cpu). Sparse updates touch the rows a batch used (spec §3.3): they are the fused optimizers
+of the embedding engine (numbactr.embedding.engine), which runs HugeCTR's sparse rules in the same pass
+that reduces each row's gradient; ``sparse_optimizer_spec`` maps a CreateOptimizer onto them.
 
 Which combinations exist (as in HugeCTR):
   * dense: every Optimizer_t (SGD, MomentumSGD, Nesterov, Adam, AdaGrad, Ftrl); update_type is ignored.
@@ -11,11 +12,11 @@ Which combinations exist (as in HugeCTR):
     Global or LazyGlobal. Ftrl raises (HugeCTR: "Invalid optimizer type"); LazyGlobal with anything but
     Adam raises (HugeCTR: "lazy global update is only implemented for Adam").
 
-State arrays (``.states``) are listed in HugeCTR's file order (spec §7.2/§7.3): Adam [m, v],
-AdaGrad [acc], MomentumSGD [m], Nesterov [acc], Ftrl [z, n], SGD []. Adam LazyGlobal keeps one more
-state, ``.prev_time`` (V, D) int64, OUTSIDE ``.states``: HugeCTR's sparse opt-state file holds m and v
-only (prev_time, like the step counter ``.t``, is not saved; after a reload both restart, t at 0 and
-prev_time at 1, which is consistent). Save it, if ever, together with ``.t``, never alone.
+State arrays are listed in HugeCTR's file order (spec §7.2/§7.3): Adam [m, v], AdaGrad [acc],
+MomentumSGD [m], Nesterov [acc], Ftrl [z, n], SGD []. A sparse Adam LazyGlobal keeps one more state in
+the engine, the step each row was last updated at (per row, int64, 1 before its first update), which
+HugeCTR's sparse opt-state file does not hold: like the step counter it is not saved, and after a
+reload both restart (step 0, previous step 1), which is consistent.
 
 Freezing (freeze_dense / freeze_embedding) is lr = 0, as in HugeCTR: the states keep updating and
 the weights stay, except that MomentumSGD and Nesterov weights keep moving on their remaining
@@ -35,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import compat, device
+from .embedding.engine import Optim, OptimizerSpec, UpdateType
 from .enums import Optimizer_t, Update_t
 from .kernels import optimizers as K
 
@@ -161,127 +163,19 @@ class DenseOptimizer:
                 w[...], s[0][...], s[1][...] = K.ftrl_update_ref(w, s[0], s[1], g, *args)
 
 
-class SparseOptimizer:
-    """Updates an embedding's value pool (V, D) at the unique rows a batch touched.
+#: HugeCTR's sparse optimizers as the engine's fused kinds
+SPARSE_KINDS = {O.SGD: Optim.HUGECTR_SGD, O.MomentumSGD: Optim.HUGECTR_MOMENTUM_SGD,
+                O.Nesterov: Optim.HUGECTR_NESTEROV, O.Adam: Optim.HUGECTR_ADAM, O.AdaGrad: Optim.HUGECTR_ADAGRAD}
+SPARSE_UPDATES = {U.Local: UpdateType.LOCAL, U.Global: UpdateType.GLOBAL, U.LazyGlobal: UpdateType.LAZY_GLOBAL}
 
-    Global updates EVERY row each step in HugeCTR (cold rows keep moving on their decaying moments).
-    We run the all-rows pass over the rows handed out so far: a row never handed out has zero
-    moments, so HugeCTR's update leaves it unchanged too — same result, less work.
-    """
 
-    def __init__(self, opt, pool_shape: tuple, where: str):
-        check_supported(opt, where, sparse=True)
-        self.opt, self.t = opt, 0
-        self.states = _new_states(opt, pool_shape)
-        self.prev_time = None
-        if opt.optimizer_type == O.Adam and opt.update_type == U.LazyGlobal:
-            self.prev_time = device.xp().ones(pool_shape, np.int64)          # (V, D), HugeCTR starts at 1
-
-    def step(self, table, rows, grads, n_rows: int, lr: float, scaler: float) -> None:
-        """table (V, D); rows (U,) unique int64; grads (U, D); n_rows = rows in use."""
-        o, kern = self.opt, device.uses_kernels()
-        t, glob = o.optimizer_type, o.update_type == U.Global
-        if t == O.Adam:
-            self.t += 1
-            if o.update_type == U.LazyGlobal:
-                self._adam_lazy(table, rows, grads, lr, scaler, kern)
-            elif glob:
-                self._adam_global(table, rows, grads, n_rows, lr, scaler, kern)
-            else:
-                self._local(K.sparse_adam_local_update, K.adam_update_ref, table, rows, grads, kern,
-                            lr, o.beta1, o.beta2, o.epsilon, self.t, scaler)
-        elif t == O.SGD:                          # Global is Local for SGD; atomic_update: same sum
-            self._local(K.sparse_sgd_update, K.sgd_update_ref, table, rows, grads, kern, lr, scaler)
-        elif t == O.AdaGrad:                      # Global is Local for AdaGrad
-            self._local(K.sparse_adagrad_update, K.adagrad_update_ref, table, rows, grads, kern,
-                        lr, o.epsilon, scaler)
-        elif t == O.MomentumSGD:
-            if glob:
-                self._momentum_global(table, rows, grads, n_rows, lr, scaler, kern)
-            else:
-                self._local(K.sparse_momentum_sgd_local_update, K.momentum_sgd_update_ref, table, rows,
-                            grads, kern, lr, o.momentum_factor, scaler)
-        elif glob:                                # Nesterov
-            self._nesterov_global(table, rows, grads, n_rows, lr, scaler, kern)
-        else:
-            self._local(K.sparse_nesterov_local_update, K.nesterov_update_ref, table, rows, grads, kern,
-                        lr, o.momentum_factor, scaler)
-
-    def take_rows(self, src) -> None:
-        """Re-index the states after the embedding table was rebuilt (a sparse-weight load), so that
-        each key keeps its state: new row i takes old row src[i] (src (n,) int64 on the device; -1 =
-        a key new to the table, which starts from the initial state, as do all rows >= n)."""
-        n, hit = src.shape[0], src >= 0
-        kept = [s[src[hit]] for s in self.states]
-        if self.states:
-            fresh = _new_states(self.opt, self.states[0].shape)
-            for s, f, k in zip(self.states, fresh, kept):
-                s[...] = f
-                s[:n][hit] = k
-        if self.prev_time is not None:
-            old = self.prev_time[src[hit]]
-            self.prev_time.fill(1)
-            self.prev_time[:n][hit] = old
-
-    def _local(self, kernel_fn, row_ref, table, rows, grads, kern, *args) -> None:
-        """The Local rule: a sparse kernel, or the dense reference on the gathered hot rows."""
-        arrays = [table, *self.states]
-        if kern:
-            kernel_fn(*arrays, rows, grads, *args)
-            return
-        new = row_ref(*[a[rows] for a in arrays], grads, *args)
-        for a, b in zip(arrays, new if isinstance(new, tuple) else (new,)):
-            a[rows] = b
-
-    def _adam_lazy(self, table, rows, grads, lr, scaler, kern) -> None:
-        o, (m, v), prev = self.opt, self.states, self.prev_time
-        args = (lr, o.beta1, o.beta2, o.epsilon, self.t, scaler)
-        if kern:
-            K.sparse_adam_lazy_update(table, m, v, prev, rows, grads, *args)
-        else:
-            table[rows], m[rows], v[rows], prev[rows] = K.adam_lazy_update_ref(
-                table[rows], m[rows], v[rows], prev[rows], grads, *args)
-
-    def _adam_global(self, table, rows, grads, n, lr, scaler, kern) -> None:
-        """Hot rows pre-divide their moment increments, then every live row decays and steps."""
-        o, (m, v) = self.opt, self.states
-        b1, b2, eps, t = o.beta1, o.beta2, o.epsilon, self.t
-        if kern:
-            K.sparse_adam_global_hot(m, v, rows, grads, b1, b2, scaler)
-            K.sparse_adam_global_all(table, m, v, n, lr, b1, b2, eps, t)
-        else:
-            hot = np.arange(rows.shape[0])
-            m[rows], v[rows] = K.sparse_adam_global_hot_ref(m[rows], v[rows], hot, grads, b1, b2, scaler)
-            table[:n], m[:n], v[:n] = K.sparse_adam_global_all_ref(table[:n], m[:n], v[:n], n, lr, b1, b2,
-                                                                   eps, t)
-
-    def _momentum_global(self, table, rows, grads, n, lr, scaler, kern) -> None:
-        f, (m,) = self.opt.momentum_factor, self.states
-        if f == 0:
-            # HugeCTR would divide by f (NaN). The Global semantics with f = 0: every row's m becomes
-            # 0 - lr g (cold rows: 0); all rows m *= 0 first, then the Local rule on the hot rows.
-            if kern:
-                K.sparse_momentum_sgd_global_all(table, m, n, 0.0)
-            else:
-                table[:n], m[:n] = K.sparse_momentum_sgd_global_all_ref(table[:n], m[:n], n, 0.0)
-            self._local(K.sparse_momentum_sgd_local_update, K.momentum_sgd_update_ref, table, rows, grads,
-                        kern, lr, 0.0, scaler)
-            return
-        if kern:
-            K.sparse_momentum_sgd_global_hot(m, rows, grads, lr, f, scaler)
-            K.sparse_momentum_sgd_global_all(table, m, n, f)
-        else:
-            hot = np.arange(rows.shape[0])
-            m[rows] = K.sparse_momentum_sgd_global_hot_ref(m[rows], hot, grads, lr, f, scaler)
-            table[:n], m[:n] = K.sparse_momentum_sgd_global_all_ref(table[:n], m[:n], n, f)
-
-    def _nesterov_global(self, table, rows, grads, n, lr, scaler, kern) -> None:
-        mu, (a,) = self.opt.momentum_factor, self.states
-        if kern:
-            K.sparse_nesterov_global_all(table, a, n, mu)
-            K.sparse_nesterov_global_hot(table, a, rows, grads, lr, mu, scaler)
-        else:
-            table[:n], a[:n] = K.sparse_nesterov_global_all_ref(table[:n], a[:n], n, mu)
-            hot = np.arange(rows.shape[0])
-            table[rows], a[rows] = K.sparse_nesterov_global_hot_ref(table[rows], a[rows], hot, grads, lr, mu,
-                                                                   scaler)
+def sparse_optimizer_spec(opt, where: str) -> OptimizerSpec:
+    """The engine's fused optimizer for HugeCTR's sparse optimizer ``opt`` (a CreateOptimizer), after
+    check_supported. The learning rate and the loss scaler are set per step by the embedding."""
+    check_supported(opt, where, sparse=True)
+    t = opt.optimizer_type
+    return OptimizerSpec(
+        SPARSE_KINDS[t], learning_rate=0.0, eps=opt.epsilon, beta1=opt.beta1, beta2=opt.beta2,
+        momentum=opt.momentum_factor, update_type=SPARSE_UPDATES[opt.update_type],
+        initial_accumulator=float(K.adagrad_initial_accumulator(opt.initial_accu_value, compat.hugectr_exact()))
+        if t == O.AdaGrad else 0.0)

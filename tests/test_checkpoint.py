@@ -40,7 +40,7 @@ def test_save_then_load_restores_the_model_and_its_optimizer(tmp_path, cpu):
     b.load_sparse_weights([prefix + "0_sparse_5.model"])
     b.load_sparse_optimizer_states({"emb": prefix + "0_opt_sparse_5.model"})
     b.dense_optimizer.t = a.dense_optimizer.t     # HugeCTR does not store Adam's step either
-    b.embeddings[0].optimizer.t = e.optimizer.t
+    b.embeddings[0].engine.step = e.engine.step
     b._train_reader, a._train_reader = None, None
     np.testing.assert_array_equal(b.weights, a.weights)
     np.testing.assert_array_equal(b.embeddings[0].dump()[1], e.dump()[1])
@@ -104,7 +104,7 @@ def test_hugectr_snapshot_without_manifest_loads(tmp_path, cpu):
     np.testing.assert_array_equal(b.weights, a.weights)
     for x, y in zip(ea.dump() + (ea.dump_slots(),), eb.dump() + (eb.dump_slots(),)):
         np.testing.assert_array_equal(x, y)
-    for x, y in zip(ea.optimizer.states, eb.optimizer.states):
+    for x, y in zip(ea.states, eb.states):
         np.testing.assert_array_equal(x, y)
 
 
@@ -136,7 +136,7 @@ def test_hugectr_two_gpu_optimizer_states_follow_their_keys(tmp_path, cpu):
     got_keys, got_vecs = e.dump()
     np.testing.assert_array_equal(got_keys, keys)          # one rank: file order
     np.testing.assert_array_equal(got_vecs, vecs)
-    for s, state in enumerate(e.optimizer.states):
+    for s, state in enumerate(e.states):
         np.testing.assert_array_equal(state[:5], 1000 * (s + 1) + np.array(keys, np.float32)[:, None].repeat(4, 1))
 
 
@@ -147,10 +147,10 @@ def test_hugectr_states_that_no_rank_count_explains_are_an_error(tmp_path, cpu):
     prefix = str(tmp_path / "hc")
     _two_gpu_hugectr_files(prefix, [1, 0], e.vec, e.max_rows, 2)   # key 1 (GPU 1) before key 0 (GPU 0)
     m.load_sparse_weights([prefix + "0_sparse_7.model"])
-    before = [s.copy() for s in e.optimizer.states]
+    before = [s.copy() for s in e.states]
     with pytest.raises(ValueError, match=r"match no rank count.*tried \[2\].*not grouped by their rank"):
         m.load_sparse_optimizer_states([prefix + "0_opt_sparse_7.model"])
-    for x, y in zip(before, e.optimizer.states):
+    for x, y in zip(before, e.states):
         np.testing.assert_array_equal(x, y)
     os.remove(prefix + "0_sparse_7.model/key")
     with pytest.raises(FileNotFoundError, match="key' does not exist"):
@@ -174,7 +174,7 @@ def test_rank_count_of_slot_sized_states_must_be_unambiguous(tmp_path, cpu):
         m.load_sparse_weights([folder])
         if len(keys) == 6:
             m.load_sparse_optimizer_states([str(tmp_path / "ls0_opt_sparse_1.model")])
-            np.testing.assert_array_equal(e.optimizer.states[1][:6], states.reshape(2, 6, e.vec)[1])
+            np.testing.assert_array_equal(e.states[1][:6], states.reshape(2, 6, e.vec)[1])
         else:
             with pytest.raises(ValueError, match=r"could come from \[1, 3\] ranks alike"):
                 m.load_sparse_optimizer_states([str(tmp_path / "ls0_opt_sparse_1.model")])

@@ -1,6 +1,6 @@
 """The engine's NumPy reference (kernels/tbe.py): worked examples, float64 gradient checks, every
 optimizer's row rule against hand-derived values, FP16 rounding in distribution, FBGEMM's bounds-check
-modes, keyed tables, and HugeCTR's sparse optimizers equal to today's SparseOptimizer."""
+modes and keyed tables (HugeCTR's sparse optimizers against their references: tests/test_optimizers.py)."""
 import numpy as np
 import pytest
 
@@ -272,47 +272,3 @@ def test_keyed_rows_first_occurrence_init_and_eval_missing_counts_in_mean():
     np.testing.assert_array_equal(ctx.rows, [1, -1])
     np.testing.assert_allclose(out[0, :3], e.split_weights()[0][1] / 2, rtol=1e-6)   # L = 2: missing counts
     assert e.hash_tables[0].size == 3
-
-
-# ---- HugeCTR's optimizers equal today's SparseOptimizer --------------------------------------------
-HUGECTR = [(Optim.HUGECTR_SGD, UpdateType.LOCAL, "SGD", "Local", 0.9),
-           (Optim.HUGECTR_ADAGRAD, UpdateType.GLOBAL, "AdaGrad", "Global", 0.9),
-           (Optim.HUGECTR_MOMENTUM_SGD, UpdateType.LOCAL, "MomentumSGD", "Local", 0.9),
-           (Optim.HUGECTR_MOMENTUM_SGD, UpdateType.GLOBAL, "MomentumSGD", "Global", 0.9),
-           (Optim.HUGECTR_MOMENTUM_SGD, UpdateType.GLOBAL, "MomentumSGD", "Global", 0.0),
-           (Optim.HUGECTR_NESTEROV, UpdateType.LOCAL, "Nesterov", "Local", 0.9),
-           (Optim.HUGECTR_NESTEROV, UpdateType.GLOBAL, "Nesterov", "Global", 0.9),
-           (Optim.HUGECTR_NESTEROV, UpdateType.GLOBAL, "Nesterov", "Global", 0.0),
-           (Optim.HUGECTR_ADAM, UpdateType.LOCAL, "Adam", "Local", 0.9),
-           (Optim.HUGECTR_ADAM, UpdateType.GLOBAL, "Adam", "Global", 0.9),
-           (Optim.HUGECTR_ADAM, UpdateType.LAZY_GLOBAL, "Adam", "LazyGlobal", 0.9)]
-
-
-@pytest.mark.parametrize("kind,update,o_name,u_name,factor", HUGECTR,
-                         ids=[f"{a}-{b}-{f}" for _, _, a, b, f in HUGECTR])
-def test_hugectr_kinds_equal_todays_sparse_optimizer(kind, update, o_name, u_name, factor):
-    from types import SimpleNamespace
-
-    from numbactr.enums import Optimizer_t, Update_t
-    from numbactr.kernels import embedding_bag as EB
-    from numbactr.optim import SparseOptimizer
-    hc = SimpleNamespace(optimizer_type=Optimizer_t[o_name], update_type=Update_t[u_name], beta1=0.9,
-                         beta2=0.99, epsilon=1e-7, momentum_factor=factor, initial_accu_value=0.1)
-    rng = np.random.default_rng(1)
-    table = rng.normal(size=(12, 4)).astype(np.float32)
-    old = SparseOptimizer(hc, table.shape, "test")
-    e = engine(tables=[(12, 4)], feature_table_map=[0, 0], layout=Layout.SAMPLE_MAJOR, optimizer=OptimizerSpec(
-        kind, learning_rate=0.05, beta1=0.9, beta2=0.99, eps=1e-7, momentum=factor, initial_accumulator=0.1,
-        update_type=update, scaler=2.0))
-    e.split_weights()[0][:] = table
-    for step in range(4):
-        rows = rng.integers(0, 12 if step else 6, size=9)     # rows 6.. first touched at step 2+
-        offsets = np.array([0, 2, 5, 6, 9])
-        out, ctx = e.forward(rows, offsets)
-        dy = rng.normal(size=out.shape).astype(np.float32)
-        e.backward(ctx, dy)
-        uniq, grads = EB.embedding_bag_backward_ref(dy.reshape(-1, 4), rows, offsets, EB.SUM)
-        old.step(table, uniq, grads.astype(np.float32), 12, 0.05, 2.0)
-    np.testing.assert_allclose(e.split_weights()[0], table, rtol=2e-5, atol=1e-6)
-    for mine, theirs in zip(e.split_optimizer_states()[0], old.states):
-        np.testing.assert_allclose(mine, theirs, rtol=2e-5, atol=1e-6)

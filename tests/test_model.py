@@ -4,6 +4,7 @@ import pytest
 
 import numbactr as hugectr
 from numbactr import device
+from numbactr.embedding.sparse_embedding import make_embedding
 from tests.model_util import tiny_data, tiny_dlrm
 
 
@@ -153,8 +154,9 @@ def test_several_embeddings_each_with_its_own_optimizer_and_freeze(tmp_path, on_
     on_device("cpu")
     data = make_data(str(tmp_path), [("wide_data", 2, 1), ("deep_data", 3, 1)])
     m = wdl(data)
-    m.embeddings[0].optimizer = type(m.embeddings[0].optimizer)(
-        hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD), m.embeddings[0].weight.data.shape, "wide")
+    wide = m.embeddings[0]                  # rebuilt with its own SGD, as SparseEmbedding(optimizer=...) builds it
+    m.embeddings[0] = make_embedding(wide.cfg, m.input.sparse[m.sparse_inputs[wide.cfg.bottom_name]],
+                                     hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD), m.solver.seed)
     m.compile()
     m.train()
     m.freeze_embedding("sparse_embedding2")

@@ -100,7 +100,7 @@ def _state_after_steps(build, steps):
         assert model.train()
     emb = model.embeddings[0]
     return (model.get_current_loss(), np.array(model.weights), np.array(emb.weight.data),
-            [np.array(s) for s in model.dense_optimizer.states], [np.array(s) for s in emb.optimizer.states])
+            [np.array(s) for s in model.dense_optimizer.states], [np.array(s) for s in emb.states])
 
 
 def _sim_equals_cpu(on_device, build, steps=2):

@@ -45,7 +45,7 @@ def everything(model) -> dict:
            "tkeys": e.table._tkeys, "trows": e.table._trows, "size": np.array(e.table.size),
            "by_row": e.table.keys_by_row()}
     out.update({f"dense{k}": s for k, s in enumerate(model.dense_optimizer.states)})
-    out.update({f"sparse{k}": s for k, s in enumerate(e.optimizer.states)})
+    out.update({f"sparse{k}": s for k, s in enumerate(e.states)})
     for j, b in enumerate(checkpoint.norm_layers(model)):
         out[f"bn{j}"] = np.stack([b.running_mean, b.running_var])
     return {k: np.array(device.to_host(v)) for k, v in out.items()}
@@ -209,13 +209,13 @@ def test_weights_reload_keeps_each_keys_optimizer_state(saved, data):
         m.train()
     e = m.embeddings[0]
     keys, _ = e.dump()
-    held = {int(k): [np.array(s[r]) for s in e.optimizer.states] for r, k in enumerate(keys)}
+    held = {int(k): [np.array(s[r]) for s in e.states] for r, k in enumerate(keys)}
     drop_manifest(folder)
     kept = [int(k) for k in keys[::-1][:5]]                       # reversed: every row moves
     keys_with(folder, kept + [1000, 1001])
     m.load_sparse_weights([path(folder, "ck0_sparse_3.model")])
     for r, k in enumerate(kept + [1000, 1001]):
-        for s, old in zip(e.optimizer.states, held.get(k, [np.zeros(4, np.float32)] * 2)):
+        for s, old in zip(e.states, held.get(k, [np.zeros(4, np.float32)] * 2)):
             np.testing.assert_array_equal(s[r], old, err_msg=f"key {k}")
     assert np.array_equal(e.dump_slots(), np.array([k // 6 % 3 for k in kept + [1000, 1001]], np.uint64))
 

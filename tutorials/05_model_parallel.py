@@ -14,8 +14,9 @@
 #     input_dist  -> every key occurrence travels to the rank that owns the key
 #     lookup      -> the owner inserts/finds the key and sends back one vector per occurrence
 #     output_dist -> the sender pools the returned vectors into its own bags
-# and backward walks the same wires in reverse. We spy on the collectives to print what crosses them.
-# Everything runs on the cpu device (NumPy references), so no GPU is needed.
+# and backward walks the same wires in reverse: each key occurrence's gradient goes to the key's owner,
+# whose embedding engine sums every row's gradients and updates the row in one fused pass. We spy on the
+# collectives to print what crosses them. Everything runs on the cpu device, so no GPU is needed.
 
 # %%
 import os
@@ -105,7 +106,7 @@ def main() -> None:
     comm.alltoallv = spy
     tape = Tape()
     out = emb.forward(tape, k, o, batch=2, training=True)           # (2, 2, 3) pooled, my rows only
-    names = ["input_dist: keys", "lookup result: vectors", "lookup result: found flags"]
+    names = ["input_dist: keys", "output_dist: vectors"]
     for name, (sent, got, dt) in zip(names, wire):
         say(f"{name:<28} sent {[s[0] for s in sent]} rows per rank, received {[g[0] for g in got]} ({dt})")
     say(f"my table holds keys {np.sort(emb.table.keys_by_row()).tolist()} (each key on one rank only)")
@@ -118,18 +119,21 @@ def main() -> None:
     assert np.allclose(out.data, want, atol=1e-7)
     say("pooled output == one-rank pooling of the same keys")
 
-    # 4. Backward: dY of every bag becomes one gradient per key occurrence, sent to the key's owner.
+    # 4. Backward: dY of every bag becomes one gradient per key occurrence, sent to the key's owner. The
+    #    owner's update (Model.train calls it after the step's checks) is the engine's fused backward +
+    #    optimizer: every owned row sums its gradients and takes its SGD step, here with lr = 1.
     wire.clear()
     dy = np.ones_like(out.data)
+    mine_keys = emb.table.keys_by_row().tolist()
+    before = emb.weight.data[:len(mine_keys), 0].copy()
     tape.backward({id(out): (out, dy)})
     sent, got, _ = wire[0]
     say(f"backward: sent {[s[0] for s in sent]} per-key gradients per rank, received {[g[0] for g in got]}")
-    g = emb.weight.grad
-    rows_keys = emb.table.keys_by_row()[g.rows]
-    say(f"gradient per owned key: {dict(zip(rows_keys.tolist(), g.values[:, 0].tolist()))} "
+    emb.update(lr=1.0, scaler=1.0)
+    moved = dict(zip(mine_keys, (before - emb.weight.data[:len(mine_keys), 0]).tolist()))
+    say(f"SGD step of each owned key (lr = 1): { {k: round(v, 5) for k, v in moved.items()} } "
         "(= number of times the key occurs in the GLOBAL batch, for dY = 1)")
-    counts = {int(x): int((keys == x).sum()) for x in rows_keys}
-    assert all(abs(v - counts[int(x)]) < 1e-6 for x, v in zip(rows_keys, g.values[:, 0]))
+    assert all(abs(v - int((keys == k).sum())) < 1e-6 for k, v in moved.items())
     comm.alltoallv = real
     if rank == 0:
         print("tutorial 05 OK", flush=True)

@@ -1,19 +1,38 @@
-"""Hash-based sparse embeddings (spec §5.2, §5.3), on one rank or model-parallel over ranks.
+"""HugeCTR's SparseEmbedding (spec §5.2-§5.4) on the table-batched engine, on one rank or model-parallel.
 
-Per rank: a value pool (V, D), a key -> row HashTable (new keys take the next free row, in order of first
-occurrence) and a sparse optimizer. A new key's vector is drawn U(-0.05, 0.05) from a hash of
-(seed, key) (kernels/embedding_init.py), so every device and every sharding starts from the same
-vectors. Training inserts unseen keys; evaluation only looks them up (a missing key adds a zero vector
-but still counts in the mean denominator).
+Each SparseEmbedding is a thin face over ONE numbactr.embedding.engine.TableBatchedEmbedding: one table
+(V, D) read by S features, the embedding's slots, in HugeCTR's sample-major CSR (bag b*S + s,
+Layout.SAMPLE_MAJOR), so all slots are one fused lookup and the pooled (B, S*D) output is (B, S, D).
+  Distributed / Localized hash: a keyed table. The engine's hash table maps key -> row: a new key takes the
+      next row, in order of first occurrence, and starts U(-0.05, 0.05) from a hash of (seed, key), so every
+      device and every sharding starts from the same vectors. Training inserts unseen keys; evaluation only
+      finds them (a missing key adds a zero vector but still counts in the mean's nnz).
+  OneHot: an unkeyed table, row = key.
+The engine's fused optimizer is HugeCTR's sparse optimizer (numbactr.optim.sparse_optimizer_spec) and its
+state arrays are the embedding's (``states``: (V, D) each, HugeCTR's file order), which checkpoints save.
 
-One rank:   (B, S) bags of keys -> rows -> pooled (B, S, D);  dY -> unique-row gradients -> update.
+A training step: the forward looks the batch up; the tape's backward only keeps dLoss/dout (or, on an owner
+rank, the gradients sent to it); ``update(lr, scaler)``, which Model.train calls once the step's loss passed
+its finite check, runs the engine's fused backward + optimizer (rows grouped by a sort, each row's gradient
+summed in occurrence order, the optimizer applied in the same pass) with that step's scheduled lr, or
+lr = 0 when frozen (HugeCTR's freeze: the states keep updating). A step stopped by a non-finite loss
+therefore changes no row.
+
 R ranks (mpiexec), TorchRec's input_dist -> lookup -> output_dist:
-  1. input_dist  every key occurrence goes to its owner (key % R, or slot % R for Localized);
-  2. lookup      the owner inserts/finds the keys it received and returns one vector per occurrence;
-  3. output_dist the sender pools the returned vectors into its own bags (sum or mean).
-  Backward runs the same wires in reverse: the sender turns dY of each bag into one gradient per key
-  occurrence and sends it to the owner, which sums per row and updates its rows. Embedding gradients are
-  never allreduced (model parallel).
+  1. input_dist  every key occurrence goes to its owner (key % R, or slot % R for Localized); a Localized
+                 table in training also sends each key's slot, which the owner records for new keys
+                 (HugeCTR's slot_id: where the key goes when a snapshot is reloaded on R' ranks);
+  2. lookup      the owner runs the engine with pooling NONE over the occurrences it received: one vector
+                 each (zeros for keys missing in evaluation);
+  3. output_dist the vectors go back to their senders, which pool them into their own bags (sum or mean)
+                 on a second engine whose table holds them (row k = occurrence k): the one-rank lookup's
+                 arithmetic, a missing key's zero vector adding nothing but counting in the mean.
+  Backward walks the same wires in reverse: the sender's engine turns dY of each bag into one gradient per
+  key occurrence (its optimizer NONE returns the row gradients: dY / nnz for mean) and sends it to the
+  owner, whose update is the engine's pooling-NONE backward + fused update over those gradients. An owner
+  receives rank 0's occurrences first, then rank 1's, ..., each in batch order: the global batch's order,
+  so every row sums its gradients in the one-rank run's order and sharded == one rank, bit for bit.
+  Embedding gradients are never allreduced (model parallel).
 """
 from __future__ import annotations
 
@@ -22,120 +41,48 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import device, ops
+from .. import device
 from ..autograd import Context, Function, Tensor
 from ..distributed.comm import world
 from ..distributed.sharding import key_owner
 from ..enums import Embedding_t
 from ..kernels import embedding_bag as EB
 from ..kernels import embedding_init as EI
-from ..optim import SparseOptimizer
-from .hash_table import HashTable, HashTableFullError
+from ..kernels.tbe import STATES
+from ..optim import sparse_optimizer_spec
+from .engine import (BoundsCheck, Layout, LookupContext, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding,
+                     TableSpec)
+from .hash_table import HashTableFullError
 
-COMBINERS = {"sum": EB.SUM, "mean": EB.MEAN}
+POOLING = {"sum": Pooling.SUM, "mean": Pooling.MEAN}
 INIT_RANGE = (-0.05, 0.05)
 
 
-@dataclass
-class SparseGrad:
-    """Gradient of an embedding table restricted to the rows one batch touched."""
-    rows: object     # (U,) int64, unique, first-occurrence order
-    values: object   # (U, D) float32
-
-    def __add__(self, other):
-        raise NotImplementedError("an embedding table read by two lookups in one step is not supported")
-
-
-def reduce_by_row(rows, per_key_grad, offsets, combiner) -> SparseGrad:
-    """Sum the gradients of key occurrences that share a row: (U,) rows, (U, D) grads.
-    ``per_key_grad`` is either dY per bag (with CSR ``offsets``) or one row per key (offsets = arange)."""
-    if not device.uses_kernels():
-        return SparseGrad(*EB.embedding_bag_backward_ref(per_key_grad, rows, offsets, combiner))
-    xp = device.xp()
-    # Deduplicate rows with a small per-batch hash table: its row numbers ARE the compact index of
-    # each unique table row, in first-occurrence order (the same order as the reference).
-    dedup = HashTable(max(rows.shape[0], 1), use_kernels=True, xp=xp)
-    hit = rows >= 0
-    local = xp.full(rows.shape[0], -1, np.int64)
-    if bool(hit.any()):
-        local[hit] = dedup.insert(rows[hit])
-    uniq = dedup.keys_by_row().astype(np.int64)                                  # (U,)
-    grad = xp.zeros((uniq.shape[0], per_key_grad.shape[1]), np.float32)          # (U, D)
-    bag_ids = xp.empty(rows.shape[0], np.int64)                                  # (N,)
-    EB.bag_of_key(offsets, bag_ids)
-    EB.embedding_bag_backward(per_key_grad, local, offsets, bag_ids, combiner, grad)
-    return SparseGrad(uniq, grad)
-
-
-class EmbeddingBagFn(Function):
-    """One rank: pooled lookup of table rows."""
-
-    @staticmethod
-    def forward(ctx: Context, pool, rows=None, offsets=None, combiner=0, shape=()):
-        ctx.rows, ctx.offsets, ctx.combiner = rows, offsets, combiner
-        return ops.embedding_bag_forward(pool, rows, offsets, combiner).reshape(shape)   # (B, S, D)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        dy2 = device.contig(dy.reshape(-1, dy.shape[-1]))                             # (B*S, D)
-        return reduce_by_row(ctx.rows, dy2, ctx.offsets, ctx.combiner)
-
-
-class ShardedEmbeddingBagFn(Function):
-    """R ranks: input_dist -> owner lookup -> output_dist, and the reverse in backward."""
+class LookupFn(Function):
+    """A SparseEmbedding lookup on the tape: forward pools (B, S, D); backward hands dY to the embedding,
+    whose update() applies it (the pool gets no dense gradient)."""
 
     @staticmethod
     def forward(ctx: Context, pool, emb=None, keys=None, offsets=None, training=True, shape=()):
-        xp, comm = device.xp(), emb.comm
-        keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
-        n, slots = keys_h.shape[0], shape[1]
-        slot = key_slots(offsets_h, n, slots)                                        # (N,)
-        owner = key_owner(keys_h, slot, comm.size, emb.by_slot)
-        order = np.argsort(owner, kind="stable")                   # occurrences grouped by owner
-        counts = np.bincount(owner, minlength=comm.size)
-        cuts = np.cumsum(counts)[:-1]
-        # 1. input_dist: keys to their owners; a Localized table in training also receives each key's
-        #    slot, which the owner records for new keys (where the key goes when reloaded on R' ranks)
-        send = keys_h[order].astype(np.uint64)
-        record = training and emb.row_slot is not None
-        if record:
-            send = np.stack([send, slot[order].astype(np.uint64)], axis=1)          # (N, 2)
-        recv_keys = comm.alltoallv(np.split(send, cuts))
-        got = np.concatenate(recv_keys)
-        got, got_slots = (got[:, 0], xp.asarray(got[:, 1].astype(np.int64))) if record else (got, None)
-        # 2. lookup on the owner: one vector per received occurrence (zeros where missing in eval)
-        rows = emb.rows_for(xp.asarray(got), training, got_slots)                  # (M,)
-        vecs = xp.zeros((got.shape[0], pool.shape[1]), np.float32)
-        hit = rows >= 0
-        if got.shape[0]:
-            vecs[hit] = pool[rows[hit]]
-        recv_counts = [k.shape[0] for k in recv_keys]
-        back_cuts = np.cumsum(recv_counts)[:-1]
-        # 3. output_dist: vectors (and "missing" flags) back to the senders, then pooled there
-        vec_parts = comm.alltoallv(np.split(device.to_host(vecs), back_cuts))
-        hit_parts = comm.alltoallv(np.split(device.to_host(hit).astype(np.int8), back_cuts))
-        mine = np.empty((n, pool.shape[1]), np.float32)
-        mine[order] = np.concatenate(vec_parts)
-        present = np.empty(n, np.int8)
-        present[order] = np.concatenate(hit_parts)
-        positions = np.where(present > 0, np.arange(n), -1).astype(np.int64)
-        ctx.emb, ctx.order, ctx.cuts, ctx.back_cuts, ctx.rows = emb, order, cuts, back_cuts, rows
-        ctx.offsets = xp.asarray(offsets_h)
-        out = ops.embedding_bag_forward(xp.asarray(mine), xp.asarray(positions), ctx.offsets, emb.combiner)
+        ctx.emb = emb
+        out, ctx.lookup = emb.lookup(keys, offsets, training)
         return out.reshape(shape)
 
     @staticmethod
     def backward(ctx: Context, dy):
-        xp, comm = device.xp(), ctx.emb.comm
-        dy2 = device.contig(dy.reshape(-1, dy.shape[-1]))                             # (B*S, D)
-        n = int(device.to_host(ctx.offsets)[-1])
-        # one gradient per key occurrence: dY of its bag, / nnz for mean
-        per_key = reduce_by_row(xp.arange(n, dtype=np.int64), dy2, ctx.offsets, ctx.emb.combiner).values
-        per_key_h = device.to_host(per_key)
-        parts = comm.alltoallv(np.split(per_key_h[ctx.order], ctx.cuts))             # to the owners
-        got = xp.asarray(np.concatenate(parts)) if parts else xp.zeros((0, dy2.shape[1]), np.float32)
-        m = got.shape[0]
-        return reduce_by_row(ctx.rows, got, xp.arange(m + 1, dtype=np.int64), EB.SUM)
+        ctx.emb.hold_gradient(ctx.lookup, dy)
+        return None
+
+
+@dataclass
+class ShardedLookup:
+    """What a sharded lookup keeps for its backward: the owner-side engine lookup of the occurrences this
+    rank received, how this rank's N occurrences were sent (order (N,) grouped by owner, cuts) and the
+    pooling of the vectors that came back."""
+    owned: LookupContext
+    order: np.ndarray
+    cuts: np.ndarray
+    pooled: LookupContext
 
 
 def key_slots(offsets, n: int, slots: int):
@@ -160,19 +107,16 @@ def workspace_mb_for(rows: int, vec_size: int, n_states: int) -> int:
 class HashEmbedding:
     """DistributedSlotSparseEmbeddingHash / LocalizedSlotSparseEmbeddingHash (identical on one rank)."""
 
+    key_dtype = np.uint64                        # keys on the wire between ranks
+
     def __init__(self, cfg, sparse_param, opt, seed: int, comm=None):
         if cfg.embedding_type not in (Embedding_t.DistributedSlotSparseEmbeddingHash,
                                       Embedding_t.LocalizedSlotSparseEmbeddingHash):
-            raise NotImplementedError(f"SparseEmbedding {cfg.sparse_embedding_name!r}: "
-                                      f"{cfg.embedding_type.name} is not supported by numbactr (HybridSparseEmbedding: use "
+            raise NotImplementedError(f"SparseEmbedding {cfg.sparse_embedding_name!r}: {cfg.embedding_type.name} "
+                                      "is not supported by numbactr (HybridSparseEmbedding: use "
                                       "LocalizedSlotSparseEmbeddingOneHot, the same math)")
-        self.cfg, self.opt, self.seed = cfg, opt, int(seed)
-        self.comm = comm or world()
+        self._configure(cfg, sparse_param, opt, seed, comm)
         self.by_slot = cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingHash
-        self.name = cfg.sparse_embedding_name
-        self.slots, self.vec = sparse_param.slot_num, cfg.embedding_vec_size
-        self.combiner = COMBINERS[cfg.combiner]
-        self.n_states = opt.n_states
         self.max_rows = max_vocabulary_size_per_gpu(cfg.workspace_size_per_gpu_in_mb, self.vec, self.n_states)
         if self.by_slot and cfg.slot_size_array:
             # Localized with slot_size_array: the table holds exactly the owned slots' keys (this wins
@@ -188,93 +132,172 @@ class HashEmbedding:
                              f"{cfg.workspace_size_per_gpu_in_mb} holds no row of width {self.vec} with "
                              f"{opt.optimizer_type.name} ({self.n_states} state arrays); each row needs "
                              f"{(1 + self.n_states) * 4 * self.vec} bytes")
-        xp = device.xp()
-        self.weight = Tensor(xp.zeros((self.max_rows, self.vec), np.float32), name=f"{self.name}.pool",
-                             requires_grad=True)                                     # (V, D)
-        self.table = HashTable(self.max_rows, use_kernels=device.uses_kernels(), xp=xp)
+        self._make_engine(TableSpec(self.max_rows, self.vec, keyed=True, init_range=INIT_RANGE))
+        self.table = self.engine.hash_tables[0]
         # Localized: the slot of each row's key, recorded at insertion (HugeCTR's slot_id), so a snapshot
         # reloaded on R' ranks puts every key on rank slot % R', where lookups look for it; -1 = unknown
-        self.row_slot = xp.full(self.max_rows, -1, np.int64) if self.by_slot else None      # (V,)
-        self.optimizer = SparseOptimizer(opt, (self.max_rows, self.vec), f"SparseEmbedding {self.name!r}")
+        self.row_slot = device.xp().full(self.max_rows, -1, np.int64) if self.by_slot else None     # (V,)
+
+    def _configure(self, cfg, sparse_param, opt, seed: int, comm) -> None:
+        self.cfg, self.opt, self.seed = cfg, opt, int(seed)
+        self.comm = comm or world()
+        self.name = cfg.sparse_embedding_name
+        self.slots, self.vec = sparse_param.slot_num, cfg.embedding_vec_size
+        self.n_states = opt.n_states
         self.frozen = False
+
+    def _make_engine(self, table: TableSpec) -> None:
+        """The engine: one table, the S slots its features in sample-major order, HugeCTR's optimizer."""
+        self.engine = TableBatchedEmbedding(
+            [table], [0] * self.slots, pooling=POOLING[self.cfg.combiner], layout=Layout.SAMPLE_MAJOR,
+            optimizer=sparse_optimizer_spec(self.opt, f"SparseEmbedding {self.name!r}"),
+            bounds_check=BoundsCheck.FATAL, seed=self.seed)
+        # (V, D): the engine's rows (a view; its row stride is padded to 16 bytes)
+        self.weight = Tensor(self.engine.split_weights()[0], name=f"{self.name}.pool", requires_grad=True)
+        self._pending = None            # (lookup, gradient) from this step's backward, for update()
+        self._sender_engine = None      # across ranks: the engine pooling the vectors that came back
 
     def output_shape(self, batch: int) -> tuple:
         return (batch, self.slots, self.vec)
 
-    def rows_for(self, keys, training: bool, slots=None):
-        """Rows of keys (N,) on this rank's table: inserted (and initialized) in training, found in eval.
-        ``slots`` (N,) int64, the slot of each key, is needed in training when the table records slots."""
-        if not training:
-            return self.table.find(keys)
-        before = self.table.size
+    @property
+    def states(self) -> list:
+        """The optimizer's state arrays, (V, D) views of the engine's, in HugeCTR's file order (LazyGlobal
+        Adam's per-row previous step, which HugeCTR's files do not hold, is left out)."""
+        return self.engine.split_optimizer_states()[0][:len(STATES[self.engine.optimizer.kind])]
+
+    # ---- a step ---------------------------------------------------------------------------------------
+    def forward(self, tape, keys, offsets, batch: int, training: bool) -> Tensor:
+        """Pooled (B, S, D) embeddings of this rank's keys (N,) in CSR bags ``offsets`` (B*S + 1,); in
+        training the lookup goes on the tape."""
+        if training:
+            self._pending = None
+        return LookupFn.apply(tape if training else None, self.weight, emb=self, keys=keys, offsets=offsets,
+                              training=training, shape=self.output_shape(batch), name=self.name)
+
+    def lookup(self, keys, offsets, training: bool):
+        """(pooled (B, S*D), what hold_gradient needs)."""
+        self._check_keys(keys)
+        if self.comm.size > 1:
+            return self._sharded_lookup(keys, offsets, training)
+        return self._engine_lookup(keys, offsets, training, self.engine.pooling)
+
+    def hold_gradient(self, lookup, dy) -> None:
+        """Keep this step's gradient for update(): dY (B, S, D) of a one-rank lookup; across ranks, one
+        gradient per key occurrence goes to its owner (every rank takes part) and the owner keeps those."""
+        if not isinstance(lookup, ShardedLookup):
+            self._pending = (lookup, device.contig(dy.reshape(dy.shape[0], -1)))        # (B, S*D)
+            return
+        per_key = self._sender_engine.backward(lookup.pooled, dy.reshape(dy.shape[0], -1)).sparse.values
+        # per_key (N, D): row k = occurrence k's gradient
+        parts = self.comm.alltoallv(np.split(device.to_host(per_key)[lookup.order], lookup.cuts))
+        self._pending = (lookup.owned, device.xp().asarray(np.concatenate(parts)))     # (M, D)
+
+    def update(self, lr: float, scaler: float) -> None:
+        """The engine's fused backward + optimizer over the gradient held since this step's backward, with
+        the step's learning rate (0 when frozen) and the Solver's loss scaler; nothing without one."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        eng = self.engine
+        lr = 0.0 if self.frozen else float(lr)
+        if eng.learning_rate != lr or eng.optimizer.scaler != scaler:
+            eng.set_hyper_parameters(learning_rate=lr, scaler=float(scaler))
+        eng.backward(*pending)
+
+    def _check_keys(self, keys) -> None:
+        """Hash tables take any key (the hash table rejects its reserved empty key)."""
+
+    def _engine_lookup(self, keys, offsets, training: bool, pooling, slots=None):
+        """(out, LookupContext) of the engine's lookup; in training new keys are inserted and, in a
+        Localized table, their slots recorded (``slots`` (N,) of the keys, else bag % S)."""
+        table = self.table
+        before = table.size if table is not None else 0
         try:
-            rows = self.table.insert(keys)
+            out, ctx = self.engine.forward(keys, offsets, training=training, pooling=pooling)
         except HashTableFullError as e:
-            need = e.used + e.needed             # distinct keys seen so far, this batch's included
-            if self.by_slot and self.cfg.slot_size_array:
-                fix = (f"its size is the sum of this rank's slot_size_array entries ({self.max_rows}), so some "
-                       f"slot holds more distinct keys than its entry: raise the entries")
-            else:
-                mb = workspace_mb_for(need, self.vec, self.n_states)
-                fix = (f"workspace_size_per_gpu_in_mb={self.cfg.workspace_size_per_gpu_in_mb} holds {self.max_rows}; "
-                       f"those {need} rows need ceil(rows * (1 + {self.n_states} {self.opt.optimizer_type.name} "
-                       f"state arrays) * 4 bytes * embedding_vec_size {self.vec} / 2^20) = {mb} MB (HugeCTR's "
-                       f"sizing): set workspace_size_per_gpu_in_mb to at least {mb}")
-            raise HashTableFullError(
-                e.needed, e.used, e.max_rows,
-                hint=f"SparseEmbedding {self.name!r}{self._where()}: the keys seen so far need {need} rows "
-                     f"({e.used} in use + {e.needed} new in this batch); {fix}"
-            ) from None
-        if self.table.size > before:
-            self._init_rows(rows, keys, before)
-            if self.row_slot is not None:
-                self._record_slots(rows, slots, before)
-        return rows
+            raise self._full_error(e) from None
+        if training and self.row_slot is not None and table.size > before:
+            if slots is None:
+                slots = key_slots(device.xp().asarray(offsets), ctx.rows.shape[0], self.slots)
+            self._record_slots(ctx.rows, slots, before)
+        return out, ctx
+
+    def _sharded_lookup(self, keys, offsets, training: bool):
+        xp, comm = device.xp(), self.comm
+        keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
+        n = keys_h.shape[0]
+        slot = key_slots(offsets_h, n, self.slots)                                   # (N,)
+        owner = key_owner(keys_h, slot, comm.size, self.by_slot)
+        order = np.argsort(owner, kind="stable")                   # occurrences grouped by owner
+        cuts = np.cumsum(np.bincount(owner, minlength=comm.size))[:-1]
+        # 1. input_dist: keys to their owners (+ slots, for a Localized table in training)
+        send = keys_h[order].astype(self.key_dtype)
+        record = training and self.row_slot is not None
+        if record:
+            send = np.stack([send, slot[order].astype(self.key_dtype)], axis=1)         # (N, 2)
+        parts = comm.alltoallv(np.split(send, cuts))
+        got = np.concatenate(parts)
+        got_keys, got_slots = (got[:, 0], xp.asarray(got[:, 1].astype(np.int64))) if record else (got, None)
+        # 2. lookup on the owner, pooling NONE: the M received occurrences as one bag of one sample
+        m = got_keys.shape[0]
+        bags = np.full(self.slots + 1, m, np.int64)
+        bags[0] = 0
+        vecs, owned = self._engine_lookup(xp.asarray(got_keys), xp.asarray(bags), training, Pooling.NONE,
+                                          got_slots)                                 # (M, D)
+        # 3. output_dist: each vector back to its sender, which pools its bags
+        back = comm.alltoallv(np.split(device.to_host(vecs), np.cumsum([p.shape[0] for p in parts])[:-1]))
+        mine = np.empty((n, self.vec), np.float32)
+        mine[order] = np.concatenate(back)
+        out, pooled = self._pool(xp.asarray(mine), xp.asarray(offsets_h))
+        return out, ShardedLookup(owned, order, cuts, pooled)
+
+    def _pool(self, vectors, offsets):
+        """(pooled (B, S*D), LookupContext) of this rank's occurrence vectors (N, D) in its bags, by an engine
+        holding them as its rows (grown as batches need): the one-rank lookup's own pooling. Its optimizer
+        NONE makes its backward return each occurrence's gradient."""
+        n = vectors.shape[0]
+        if self._sender_engine is None or self._sender_engine.rows[0] < n:
+            self._sender_engine = TableBatchedEmbedding(
+                [(max(n, 1) * 3 // 2 + 1, self.vec)], [0] * self.slots, pooling=self.engine.pooling,
+                layout=Layout.SAMPLE_MAJOR, optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.FATAL)
+        self._sender_engine.split_weights()[0][:n] = vectors
+        return self._sender_engine.forward(device.xp().arange(n, dtype=np.int64), offsets, training=False)
+
+    def _full_error(self, e: HashTableFullError) -> HashTableFullError:
+        """The hash table's error with what to change in the SparseEmbedding."""
+        need = e.used + e.needed             # distinct keys seen so far, this batch's included
+        if self.by_slot and self.cfg.slot_size_array:
+            fix = (f"its size is the sum of this rank's slot_size_array entries ({self.max_rows}), so some "
+                   f"slot holds more distinct keys than its entry: raise the entries")
+        else:
+            mb = workspace_mb_for(need, self.vec, self.n_states)
+            fix = (f"workspace_size_per_gpu_in_mb={self.cfg.workspace_size_per_gpu_in_mb} holds {self.max_rows}; "
+                   f"those {need} rows need ceil(rows * (1 + {self.n_states} {self.opt.optimizer_type.name} "
+                   f"state arrays) * 4 bytes * embedding_vec_size {self.vec} / 2^20) = {mb} MB (HugeCTR's "
+                   f"sizing): set workspace_size_per_gpu_in_mb to at least {mb}")
+        return HashTableFullError(
+            e.needed, e.used, e.max_rows,
+            hint=f"SparseEmbedding {self.name!r}{self._where()}: the keys seen so far need {need} rows "
+                 f"({e.used} in use + {e.needed} new in this batch); {fix}")
 
     def _record_slots(self, rows, slots, first_new: int) -> None:
         """row_slot of the rows just handed out = the slot of their key's first occurrence."""
-        if slots is None:
-            raise ValueError(f"SparseEmbedding {self.name!r}: inserting keys needs their slots "
-                             "(a Localized table records the slot of every key)")
         xp = device.xp()
         new = xp.nonzero(rows >= first_new)[0]                   # occurrences of new keys, batch order
         _, first = xp.unique(rows[new], return_index=True)       # rows first_new.. in order, first sighting
         self.row_slot[first_new:self.table.size] = xp.asarray(slots)[new[first]]
 
-    def _init_rows(self, rows, keys, first_new: int) -> None:
-        pool = self.weight.data
-        k64 = keys.astype(np.uint64)
-        if device.uses_kernels():
-            EI.init_new_rows(pool, rows, device.xp().ascontiguousarray(k64), first_new, self.seed, *INIT_RANGE)
-        else:
-            new = rows >= first_new
-            pool[rows[new]] = EI.row_values_ref(k64[new], self.vec, self.seed, *INIT_RANGE)
-
     def _where(self) -> str:
         return f" on rank {self.comm.rank}" if self.comm.size > 1 else ""
 
-    def forward(self, tape, keys, offsets, batch: int, training: bool) -> Tensor:
-        xp = device.xp()
-        tape = tape if training else None
-        if self.comm.size > 1:
-            return ShardedEmbeddingBagFn.apply(tape, self.weight, emb=self, keys=keys, offsets=offsets,
-                                               training=training, shape=self.output_shape(batch),
-                                               name=self.name)
-        keys, offsets = xp.asarray(keys), xp.asarray(offsets)
-        slots = key_slots(offsets, keys.shape[0], self.slots) if training and self.row_slot is not None else None
-        rows = self.rows_for(keys, training, slots)
-        return EmbeddingBagFn.apply(tape, self.weight, rows=rows, offsets=offsets,
-                                    combiner=self.combiner, shape=self.output_shape(batch), name=self.name)
-
-    @property
-    def rows_in_use(self) -> int:
-        return self.table.size
-
+    # ---- snapshots (numbactr.checkpoint) --------------------------------------------------------------
     def dump(self):
-        """(keys (n,) uint64 in row order, vectors (n, D)) held by this rank."""
+        """(keys (n,) uint64 in row order, vectors (n, D)) held by this rank (host copies: the cpu device's
+        arrays would otherwise be views of the live table)."""
         n = self.table.size
         return (device.to_host(self.table.keys_by_row()).astype(np.uint64),
-                np.ascontiguousarray(device.to_host(self.weight.data[:n])))
+                np.array(device.to_host(self.weight.data[:n])))
 
     def dump_slots(self):
         """(n,) uint64 slot of each key in dump() order (HugeCTR's slot_id; 2**64-1 where unknown: keys
@@ -286,7 +309,7 @@ class HashEmbedding:
     def dump_states(self) -> list:
         """The sparse optimizer's state arrays on the host, HugeCTR's per-rank file layout: (V, D) each,
         row r = the state of dump()'s r-th key (rows past the table size: initial values)."""
-        return [np.ascontiguousarray(device.to_host(s)) for s in self.optimizer.states]
+        return [np.array(device.to_host(s)) for s in self.states]
 
     def rows_of(self, keys: np.ndarray) -> np.ndarray:
         """(n,) int64 host rows of keys (n,) uint64 in this rank's table, -1 where absent."""
@@ -308,15 +331,7 @@ class HashEmbedding:
             self.row_slot.fill(-1)
             if slots is not None:
                 self.row_slot[:k.shape[0]] = xp.asarray(slots.astype(np.int64))
-        self.optimizer.take_rows(old)
-
-    def update(self, lr: float, scaler: float) -> None:
-        g = self.weight.grad
-        self.weight.grad = None
-        if g is None:
-            return
-        self.optimizer.step(self.weight.data, g.rows, g.values, self.rows_in_use,
-                            0.0 if self.frozen else lr, scaler)
+        self.engine.take_state_rows(0, old)
 
 
 class OneHotEmbedding(HashEmbedding):
@@ -329,35 +344,26 @@ class OneHotEmbedding(HashEmbedding):
     or updated there (HugeCTR allocates only the owned blocks).
     """
 
+    key_dtype = np.int64
+
     def __init__(self, cfg, sparse_param, opt, seed: int, comm=None):
         if cfg.embedding_type != Embedding_t.LocalizedSlotSparseEmbeddingOneHot:
             raise ValueError("OneHotEmbedding is for LocalizedSlotSparseEmbeddingOneHot")
-        self.cfg, self.opt, self.seed = cfg, opt, int(seed)
-        self.comm = comm or world()
+        self._configure(cfg, sparse_param, opt, seed, comm)
         self.by_slot = True
-        self.name = cfg.sparse_embedding_name
-        self.slots, self.vec = sparse_param.slot_num, cfg.embedding_vec_size
-        self.combiner = COMBINERS[cfg.combiner]
-        self.n_states = opt.n_states
         sizes = list(cfg.slot_size_array)
         if len(sizes) != self.slots or any(s <= 0 for s in sizes):
             raise ValueError(f"SparseEmbedding {self.name!r} (LocalizedSlotSparseEmbeddingOneHot): needs "
                              f"slot_size_array with one positive size per slot ({self.slots} slots), got {sizes}")
         self.max_rows = int(sum(sizes))
+        self._make_engine(TableSpec(self.max_rows, self.vec))
         bound = np.repeat(np.sqrt(1.0 / np.asarray(sizes, np.float64)), sizes).astype(np.float32)   # (V,)
         host = EI.row_values_ref(np.arange(self.max_rows, dtype=np.uint64), self.vec, self.seed, -1.0, 1.0)
-        xp = device.xp()
-        self.weight = Tensor(xp.asarray(host * bound[:, None]), name=f"{self.name}.pool", requires_grad=True)
+        self.weight.data[...] = device.xp().asarray(host * bound[:, None])
         self.table = None
         self.row_slot = None                      # row = key: the slot of a row is given by slot_size_array
-        self.optimizer = SparseOptimizer(opt, (self.max_rows, self.vec), f"SparseEmbedding {self.name!r}")
-        self.frozen = False
 
-    @property
-    def rows_in_use(self) -> int:
-        return self.max_rows
-
-    def rows_for(self, keys, training: bool, slots=None):
+    def _check_keys(self, keys) -> None:
         xp = device.xp()
         rows = xp.asarray(keys).astype(np.int64)
         bad = (rows < 0) | (rows >= self.max_rows)
@@ -366,17 +372,6 @@ class OneHotEmbedding(HashEmbedding):
             raise ValueError(f"SparseEmbedding {self.name!r} (OneHot): key {int(rows[at])} at position {at} of "
                              f"this batch is outside the table [0, {self.max_rows}) given by slot_size_array; "
                              "one-hot keys must be globally offset per slot")
-        return rows
-
-    def forward(self, tape, keys, offsets, batch: int, training: bool) -> Tensor:
-        xp = device.xp()
-        tape = tape if training else None
-        if self.comm.size > 1:
-            return ShardedEmbeddingBagFn.apply(tape, self.weight, emb=self, keys=keys, offsets=offsets,
-                                               training=training, shape=self.output_shape(batch), name=self.name)
-        rows = self.rows_for(keys, training)
-        return EmbeddingBagFn.apply(tape, self.weight, rows=rows, offsets=xp.asarray(offsets),
-                                    combiner=self.combiner, shape=self.output_shape(batch), name=self.name)
 
     def slot_of_keys(self, keys: np.ndarray) -> np.ndarray:
         """(n,) int64 slot whose block of rows holds each key (n,) in [0, V)."""
@@ -399,7 +394,7 @@ class OneHotEmbedding(HashEmbedding):
         """State arrays of this rank's rows in dump() order, (n, D) each (the whole table is allocated on
         every rank, but only the owned rows are state)."""
         mine = self._owned_rows()
-        return [np.ascontiguousarray(device.to_host(s)[mine]) for s in self.optimizer.states]
+        return [np.ascontiguousarray(device.to_host(s)[mine]) for s in self.states]
 
     def rows_of(self, keys: np.ndarray) -> np.ndarray:
         return np.asarray(keys).astype(np.int64)

@@ -214,7 +214,7 @@ def save(folder, train, evl):
         ref = state(model)
         auc = dict(model.eval_whole_source())["AUC"]
         # what a reload restarts: the step counters (HugeCTR stores none) and the reader
-        model.dense_optimizer.t = model.embeddings[0].optimizer.t = 0
+        model.dense_optimizer.t = model.embeddings[0].engine.step = 0
         model._train_reader = None
         for _ in range(2):
             model.train()
