@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import io
 import itertools
 import os
@@ -462,6 +463,9 @@ def bench_embedding(env: Env, *, batch: int, features: int, hots, dims, rows: in
                         for impl, runner in _embedding_impls(env, fb):
                             for i, opt in enumerate(optimizers):
                                 got = runner(env, data, features, pooling, opt, min_time, fwd=i == 0)
+                                # the tables, states and last gradients (GBs at full size) sit in reference
+                                # cycles (engine <-> impl, modules); free them before the next one is built
+                                gc.collect()
                                 if got is None:
                                     continue
                                 t_f, t_b, out = got
@@ -634,6 +638,7 @@ def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, threads=(
             with thread_count(env, n_threads):
                 for label, timed in impls:
                     t = timed()
+                    gc.collect()                     # the previous model's tables before the next one
                     tab.add(label, "-" if n_threads is None else n_threads, batch, slots, total_rows, vec,
                             1e3 * t, batch / t)
     if not np.isfinite(model.get_current_loss()):
