@@ -48,6 +48,7 @@ _GOLDEN = 0x9E3779B97F4A7C15
 # thread count: the result, the radix sort's permutation included, is the same for any number of threads.
 _CHUNK = 64               # samples, bags or rows per chunk
 _SORT_CHUNK = 1 << 16     # keys per radix-sort chunk (one digit histogram each)
+_RADIX_BITS = 11          # bits per LSD pass: a 1M-row table sorts in 2 passes
 _ROWWISE = (M._RW_ADAGRAD, M._PR_ADAM, M._PR_LAMB)
 
 
@@ -197,13 +198,33 @@ def first_bad_index(indices, offsets, feature_rows, batch, layout):
 
 
 # ---- forward ----------------------------------------------------------------------------------------
+@njit(inline="always", **_JIT)
+def pool_bag(w, rows, psw, has_psw, begin, end, off, stride, width, scale, acc, out, o):
+    """out[o:o + width] <- scale * sum of p_k W[rows[k]] over the bag's occurrences k in begin..end."""
+    n = rows.shape[0]
+    for d in range(width):
+        acc[d] = float32(0.0)
+    for k in range(begin, end):
+        if k + _PF < n:
+            prefetch(w, uint64(off + rows[k + _PF] * stride))
+        r = rows[k]
+        if r < 0:
+            continue
+        p = psw[k] if has_psw else float32(1.0)
+        base = uint64(off + r * stride)
+        for d in range(width):
+            acc[d] += p * load(w, base + uint64(d))
+    for d in range(width):
+        store(out, o + uint64(d), acc[d] * scale, uint64(0), False)
+
+
 @njit(**_PJIT)
 def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, batch, layout, pooling, out):
     """out, flat: pooled (B * sum D_f) (float32, or float16 bits), or per occurrence (N * D) for NONE.
 
     Bags are taken in CSR order (chunks of consecutive bags), so the indices are read front to back and
-    the rows of later occurrences are prefetched whatever the layout. A one-row bag is a scaled copy;
-    longer bags accumulate row by row into a float32 scratch row."""
+    the rows of later occurrences are prefetched whatever the layout; each bag accumulates in a float32
+    scratch row (pool_bag)."""
     n_features = ftable.shape[0]
     n_bags = offsets.shape[0] - 1
     n = rows.shape[0]
@@ -234,31 +255,21 @@ def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, ba
                         store(out, o + d, p * load(w, base + d) if r >= 0 else zero, uint64(0), False)
                 continue
             o = uint64(b) * total + uint64(fcols[f])
-            if end - begin == 1 and rows[begin] >= 0:        # one-hot: a scaled copy of the row
-                if begin + _PF < n:
-                    prefetch(w, uint64(off + rows[begin + _PF] * stride))
-                p = psw[begin] if has_psw else float32(1.0)
-                base = uint64(off + rows[begin] * stride)
-                for d in range(dim):
-                    store(out, o + d, p * load(w, base + d), uint64(0), False)
-                continue
-            for d in range(dim):
-                acc[d] = zero
-            for k in range(begin, end):
-                if k + _PF < n:
-                    prefetch(w, uint64(off + rows[k + _PF] * stride))
-                r = rows[k]
-                if r < 0:
-                    continue
-                p = psw[k] if has_psw else float32(1.0)
-                base = uint64(off + r * stride)
-                for d in range(dim):
-                    acc[d] += p * load(w, base + d)
-            s = float32(1.0)
+            scale = float32(1.0)
             if pooling == 1 and end > begin:
-                s = float32(1.0) / float32(end - begin)
-            for d in range(dim):
-                store(out, o + d, acc[d] * s, uint64(0), False)
+                scale = float32(1.0) / float32(end - begin)
+            # common widths get their own copy of the loop (a constant trip count: unrolled, no alias
+            # checks), measured 1.3-2x faster than the generic loop for one-hot bags
+            if dim == 16 and stride == 16:
+                pool_bag(w, rows, psw, has_psw, begin, end, off, 16, 16, scale, acc, out, o)
+            elif dim == 32 and stride == 32:
+                pool_bag(w, rows, psw, has_psw, begin, end, off, 32, 32, scale, acc, out, o)
+            elif dim == 64 and stride == 64:
+                pool_bag(w, rows, psw, has_psw, begin, end, off, 64, 64, scale, acc, out, o)
+            elif dim == 128 and stride == 128:
+                pool_bag(w, rows, psw, has_psw, begin, end, off, 128, 128, scale, acc, out, o)
+            else:
+                pool_bag(w, rows, psw, has_psw, begin, end, off, stride, dim, scale, acc, out, o)
 
 
 # ---- backward: linearize, sort, segment -------------------------------------------------------------
@@ -293,14 +304,14 @@ def linearize(rows, offsets, ftable, row_off, fcols, batch, layout, pooling, by_
 
 @njit(**_PJIT)
 def radix_sort(keys, vals, n_bits, keys_out, vals_out, keys_tmp, vals_tmp):
-    """Stable sort of the pairs (keys (N,) int64 in [0, 2^n_bits), vals (N,) int64) by key into keys_out,
-    vals_out (keys_tmp, vals_tmp: scratch of the same size).
+    """Stable sort of the pairs (keys (N,) in [0, 2^n_bits), vals (N,)) by key into keys_out, vals_out
+    (keys_tmp, vals_tmp: scratch of the same size and types; int32 or int64 each).
 
-    LSD passes of up to 11 bits; each pass: per-chunk digit counts (chunks in order), their exclusive
-    scan in (digit, chunk) order, then every chunk scatters its elements in order: stable."""
+    LSD passes of up to _RADIX_BITS bits; each pass: per-chunk digit counts (chunks in order), their
+    exclusive scan in (digit, chunk) order, then every chunk scatters its elements in order: stable."""
     n = keys.shape[0]
     n_chunks = (n + _SORT_CHUNK - 1) // _SORT_CHUNK
-    passes = max(1, (n_bits + 10) // 11)
+    passes = max(1, (n_bits + _RADIX_BITS - 1) // _RADIX_BITS)
     bits = max(1, (n_bits + passes - 1) // passes)
     radix = 1 << bits
     mask = radix - 1
