@@ -3,6 +3,11 @@
     import numbactr as hugectr      # the one changed line in a HugeCTR training script
 """
 from . import device as _device  # noqa: F401  (first: may switch numba to its simulator)
+from .distributed.comm import guard_launch as _guard_launch
+
+# under `mpiexec -n N` (N > 1) MPI starts here, and from the next line on a failing rank ends the whole job
+# (numbactr/distributed/comm.py); a plain run only reads two environment variables
+_guard_launch()
 from . import enums as _enums
 from .config import (CreateOptimizer, CreateSolver, DataReaderParams, DataReaderSparseParam, DenseLayer,
                      IgnoredArgumentWarning, Input, OptParamsPy, Solver, SparseEmbedding)

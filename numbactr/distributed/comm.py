@@ -1,44 +1,132 @@
-"""Collectives between ranks — the ONLY module that imports mpi4py.
+"""Collectives between ranks, and how the job ends when a rank fails: the ONLY module importing mpi4py.
 
-``mpiexec -n N python train.py`` gives N ranks, one device each. Without mpi4py, or in a plain
-``python train.py``, there is one rank and every collective is the identity. Buffers are NumPy arrays;
-on GPUs the caller stages device arrays through the host (NCCL through cupy is not wired yet).
+``mpiexec -n N python train.py`` gives N ranks, one device each. A plain ``python train.py`` is one rank
+whose collectives are the identity. Buffers are NumPy arrays; on GPUs the caller stages device arrays
+through the host (NCCL through cupy is not wired yet).
 
-If any rank raises, ``install_abort_hook`` prints its error and aborts the whole MPI job at once, so
-the other ranks do not hang in their next collective.
+A failing rank ends the whole job within seconds and says which rank and why. Under a multi-rank launch,
+``import numbactr`` calls ``guard_launch()``: the launcher's environment says so (``PMI_SIZE`` from
+MPICH's hydra and Intel MPI, ``OMPI_COMM_WORLD_SIZE`` from Open MPI, ``MV2_COMM_WORLD_SIZE`` from
+MVAPICH2: a dictionary look-up, so a plain run neither imports mpi4py nor pays anything), MPI starts, and
+a guard is installed before the script's next line:
+
+* An uncaught exception (KeyboardInterrupt too): "numbactr: rank r of R failed; aborting the job" and
+  the traceback on stderr, then MPI_Abort with exit code 1.
+* ``sys.exit(c)`` or ``os._exit(c)`` with c != 0: "numbactr: rank r of R called sys.exit(c) ...;
+  aborting the job", MPI_Abort(c) at once.
+* A rank that leaves with code 0 (``sys.exit(0)``, the script's end, ``os._exit(0)``, or a SystemExit
+  whose code numbactr cannot see, e.g. ``raise SystemExit(2)``) while another still needs it: the other
+  aborts as soon as it waits for it in a numbactr collective: "numbactr: rank r of R has left the job
+  (sys.exit(0)) after n collectives, but rank q waits for it in allreduce_sum (collective n+1);
+  aborting the job".
+* A normal end: each rank tells every other that it leaves and waits until all have (the exit
+  handshake), so ranks that finish seconds or hours apart finalize MPI together and nobody is aborted.
+* A rank killed by a signal (SIGKILL, the OOM killer): hydra kills the others at once and prints "BAD
+  TERMINATION ... PID p ... Killed (signal 9)"; rank 0's first line, "numbactr: 2 ranks (rank: pid@host)
+  0: 4242@node1, 1: 4243@node1", names the rank behind that PID. Nothing inside a rank can add to it:
+  the others are SIGKILLed in the same instant.
+* An error before ``import numbactr`` is out of reach: the other ranks wait in MPI_Init for every rank
+  (measured), so a script should import numbactr first.
+
+Why it is built this way (mpich 5.0.2's hydra and mpi4py 4.1.2, measured; tests/test_rank_failures.py):
+
+* The report must reach the output before the abort. hydra's proxy reads each rank's stderr pipe and
+  its PMI socket in one poll loop, the PMI socket first, and mpiexec exits as soon as it handles an
+  abort: when the proxy finds the abort and unread stderr in the same poll (a busy machine), the abort
+  goes first and the traceback is lost. So the report is written with one ``os.write``, the rank waits
+  (at most 5 s) until the launcher has read its stdout and stderr pipes empty (ioctl FIONREAD), and only
+  then calls MPI_Abort: what the proxy has read is already on its way to mpiexec, ahead of the abort on
+  the same ordered socket. mpich's MPI_Abort may return before the process is killed, and a process
+  that ran on would wait in MPI_Finalize for the others, so ``os._exit`` follows it.
+* ``sys.exit`` never reaches ``sys.excepthook``, and mpi4py's MPI_Finalize at exit waits for every rank,
+  so ``sys.exit(3)`` on one rank hung the job. Under a launch numbactr's ``sys.exit`` raises a SystemExit
+  subclass that records its code only when the interpreter drops it uncaught (no Python frame left on
+  the stack), so a SystemExit that the script or pytest catches changes nothing; ``os._exit`` is wrapped
+  too (forked children are left alone).
+* Leaving: a rank sends a note (rank, how, exit code, collectives entered) to every peer on a duplicate
+  of COMM_WORLD, where each rank keeps one receive from any source posted. All ranks enter numbactr's
+  collectives in the same order, so a peer that left after n of them took part in collective m < n (its
+  data may still be in flight: wait on) and will never join m >= n (abort now): no timeout decides,
+  however slow a rank is. The collectives are non-blocking MPI calls completed by MPI_Wait, exactly as a
+  blocking call waits (GIL released, mpich yielding the core in its progress loop), and a watchdog
+  thread tests the note receive every 50 ms and aborts when the collective the rank waits in needs a
+  peer that left (MPI_THREAD_MULTIPLE, mpi4py's default; with less, a rank waits with MPI_Waitany over
+  the collective and the note receive). tests/mpi/guard_bench.py times the tiny DLRM's training step
+  in rounds alternating between ways of waiting (2026-11-23, the 2-core sandbox shared with other jobs,
+  so single medians are noisy): with 2 ranks, this design's median step over the plain blocking calls'
+  was 0.92-1.16 in seven runs of 12-30 rounds (best rounds within 4%, 0.70-0.78 ms a step); with 3 ranks
+  on the 2 cores 0.92-1.04. Rejected on the same runs: polling in the main thread (MPI_Test, then short
+  sleeps) holds the GIL between tests, starving the prefetch threads: 1.3-2.4x with 2 ranks, 3.1-3.5x
+  with 3; and MPI_Waitany, which in mpich spins without yielding the core (MPI_Wait yields): 1.0-2.9x
+  and 4.3-4.9x. The watchdog costs 1.6 ms of CPU per second; the guard adds 0.55 µs to each wait.
 """
 from __future__ import annotations
 
+import atexit
+import os
+import pickle
+import socket
 import sys
+import threading
+import time
 import traceback
 
 import numpy as np
 
+# the launcher's environment: (size, rank) variables set by MPICH/Intel MPI, Open MPI, MVAPICH2
+_LAUNCH_ENV = (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+               ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"))
+_NAP_SHARE, _NAP_MAX_S = 0.1, 10e-3  # exit handshake: sleep this share of the time waited, at most 10 ms
+_WATCH_S = 0.05                  # the watchdog tests for notes of leaving peers this often
+_DRAIN_S = 5.0                   # longest wait for the launcher to read a failing rank's report
+_LEFT = 1                        # tag of the "I am leaving" note on the guard's communicator
+_HOW = {0: "its script ended", 1: "sys.exit", 2: "os._exit"}
+
+
+def launched() -> tuple[int, int, str]:
+    """(size, rank, variable) of a multi-process launch according to the launcher's environment, or
+    (1, 0, "") without one. Reads os.environ only."""
+    for size_var, rank_var in _LAUNCH_ENV:
+        size, rank = os.environ.get(size_var, ""), os.environ.get(rank_var, "")
+        if size.isdigit() and int(size) > 1:
+            return int(size), int(rank) if rank.isdigit() else -1, size_var
+    return 1, 0, ""
+
 
 class Comm:
-    """One rank's view of the job: rank, size and the collectives numbactr uses."""
+    """One rank's view of the job: rank, size and the collectives numbactr uses.
+
+    All ranks enter these collectives in the same order; ``calls`` counts those this rank has entered,
+    which is how the guard tells a peer whose part is still in flight from one that will never come."""
 
     def __init__(self, mpi_comm=None):
         self._c = mpi_comm
         self.rank = mpi_comm.Get_rank() if mpi_comm is not None else 0
         self.size = mpi_comm.Get_size() if mpi_comm is not None else 1
+        self.calls = 0
+        self.current = ""             # the collective this rank is in (named in abort messages)
+        self._guard: _Guard | None = None
 
     def allreduce_sum(self, x: np.ndarray) -> np.ndarray:
         """Element-wise sum over ranks, in place; returns x."""
         if self.size > 1:
-            from mpi4py import MPI
-            self._c.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+            MPI = _mpi()
+            self._enter("allreduce_sum")
+            self._wait(self._c.Iallreduce(MPI.IN_PLACE, x, op=MPI.SUM))
         return x
 
     def allgather_rows(self, x: np.ndarray) -> np.ndarray:
         """Concatenate every rank's rows (rank order); row counts may differ."""
         if self.size == 1:
             return x
+        self._enter("allgather_rows")
         x = np.ascontiguousarray(x)
-        counts = np.array(self._c.allgather(x.shape[0]), dtype=np.int64)
+        mine, counts = np.array([x.shape[0]], dtype=np.int64), np.empty(self.size, dtype=np.int64)
+        self._wait(self._c.Iallgather(mine, counts))
         width = int(np.prod(x.shape[1:], dtype=np.int64))
         out = np.empty((int(counts.sum()),) + x.shape[1:], dtype=x.dtype)
-        self._c.Allgatherv(x.reshape(-1), [out.reshape(-1), counts * width])
+        sizes = counts * width
+        self._wait(self._c.Iallgatherv(x.reshape(-1), [out.reshape(-1), sizes]))
         return out
 
     def gather_rows(self, x: np.ndarray, root: int = 0) -> np.ndarray | None:
@@ -46,15 +134,18 @@ class Comm:
         may differ. Like allgather_rows, but only one rank holds the whole (e.g. a snapshot's writer)."""
         if self.size == 1:
             return x
+        self._enter("gather_rows")
         x = np.ascontiguousarray(x)
-        counts = self._c.gather(x.shape[0], root=root)
+        mine = np.array([x.shape[0]], dtype=np.int64)
+        counts = np.empty(self.size, dtype=np.int64) if self.rank == root else None
+        self._wait(self._c.Igather(mine, counts, root=root))
         if self.rank != root:
-            self._c.Gatherv(x.reshape(-1), None, root=root)
+            self._wait(self._c.Igatherv(x.reshape(-1), None, root=root))
             return None
-        counts = np.array(counts, dtype=np.int64)
         width = int(np.prod(x.shape[1:], dtype=np.int64))
         out = np.empty((int(counts.sum()),) + x.shape[1:], dtype=x.dtype)
-        self._c.Gatherv(x.reshape(-1), [out.reshape(-1), counts * width], root=root)
+        sizes = counts * width
+        self._wait(self._c.Igatherv(x.reshape(-1), [out.reshape(-1), sizes], root=root))
         return out
 
     def alltoallv(self, parts: list[np.ndarray]) -> list[np.ndarray]:
@@ -62,58 +153,292 @@ class Comm:
         All parts share dtype and trailing shape (rows may differ, also be empty)."""
         if self.size == 1:
             return [parts[0]]
+        self._enter("alltoallv")
         sample = parts[0]
         tail = sample.shape[1:]
         width = int(np.prod(tail, dtype=np.int64))
         send_counts = np.array([p.shape[0] for p in parts], dtype=np.int64)
         recv_counts = np.empty(self.size, dtype=np.int64)
-        self._c.Alltoall(send_counts, recv_counts)
+        self._wait(self._c.Ialltoall(send_counts, recv_counts))
         send = np.ascontiguousarray(np.concatenate([p.reshape(-1, *tail) for p in parts]))
         recv = np.empty((int(recv_counts.sum()),) + tail, dtype=sample.dtype)
-        self._c.Alltoallv([send.reshape(-1), send_counts * width], [recv.reshape(-1), recv_counts * width])
+        send_sizes, recv_sizes = send_counts * width, recv_counts * width
+        self._wait(self._c.Ialltoallv([send.reshape(-1), send_sizes], [recv.reshape(-1), recv_sizes]))
         return np.split(recv, np.cumsum(recv_counts)[:-1])
 
     def bcast(self, obj, root: int = 0):
-        return obj if self.size == 1 else self._c.bcast(obj, root=root)
+        """root's obj on every rank (pickled)."""
+        if self.size == 1:
+            return obj
+        self._enter("bcast")
+        data = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dtype=np.uint8) \
+            if self.rank == root else None
+        n = np.array([0 if data is None else data.size], dtype=np.int64)
+        self._wait(self._c.Ibcast(n, root=root))
+        buf = data.copy() if data is not None else np.empty(int(n[0]), dtype=np.uint8)
+        self._wait(self._c.Ibcast(buf, root=root))
+        return obj if self.rank == root else pickle.loads(buf.tobytes())
 
     def barrier(self) -> None:
         if self.size > 1:
-            self._c.Barrier()
+            self._enter("barrier")
+            self._wait(self._c.Ibarrier())
 
-    def abort(self, code: int = 1) -> None:
-        if self.size > 1:
+    def abort(self, code: int = 1, why: str = "") -> None:
+        """End every rank of the job now with exit code `code`, after printing `why` (one rank)."""
+        if self.size > 1 and self._guard is not None:
+            head = f"numbactr: rank {self.rank} of {self.size} aborts the job"
+            self._guard.abort(f"{head}: {why}\n" if why else head + "\n", code)
+        elif self.size > 1:
             self._c.Abort(code)
+
+    # -- waiting -----------------------------------------------------------------------------------
+    def _enter(self, name: str) -> None:
+        self.calls += 1
+        self.current = name
+
+    def _wait(self, req) -> None:
+        """Complete a non-blocking MPI request; the guard aborts the job as soon as a peer that this
+        collective needs has left (module docstring)."""
+        g = self._guard
+        if g is None:
+            req.Wait()
+        elif g.watchdog is None:                # MPI without thread support: watch in this thread
+            g.check()
+            while g.MPI.Request.Waitany([req, g.note_req]) != 0:
+                g.take_note()
+                g.check()
+        else:
+            with g.lock:
+                g.check()                       # a peer that left before this collective began
+                g.waiting = True
+            try:
+                req.Wait()
+            finally:
+                g.waiting = False
+
+
+def _mpi():
+    from mpi4py import MPI
+    return MPI
 
 
 _world: Comm | None = None
 
 
 def world() -> Comm:
-    """The job's communicator (created on first use; one rank without mpi4py)."""
+    """The job's communicator, created on first use (one rank without MPI). With several ranks it also
+    installs the guard that ends the job when a rank fails."""
     global _world
-    if _world is None:
+    if _world is not None:
+        return _world
+    size, rank, var = launched()
+    try:
+        MPI = _mpi()
+    except ImportError:
+        if size > 1:        # each rank would train alone on its own copy: refuse
+            raise ImportError(f"numbactr: this process was started as rank {rank} of {size} ({var}={size}) "
+                              f"but mpi4py is not installed: pip install 'numbactr[mpi]'") from None
+        _world = Comm(None)
+        return _world
+    comm = Comm(MPI.COMM_WORLD)
+    if size > 1 and comm.size != size:
+        raise RuntimeError(f"numbactr: the launcher started {size} processes ({var}={size}) but MPI sees "
+                           f"{comm.size}: mpi4py's MPI library ({MPI.Get_library_version().splitlines()[0]}) "
+                           f"is not the one of this mpiexec")
+    if comm.size > 1:
+        from .. import log
+        log.set_rank(comm.rank)
+        comm._guard = _Guard(comm, MPI)
+    _world = comm
+    return comm
+
+
+def guard_launch() -> None:
+    """Called by ``import numbactr``: under a multi-rank launch start MPI and the guard now, so that an
+    error before the first Model still ends the job. Costs nothing without a launch."""
+    if launched()[0] > 1:
+        world()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the guard
+
+class _ScriptExit(SystemExit):
+    """What sys.exit raises under a launch. The interpreter drops an uncaught SystemExit after the script
+    has unwound, with no Python frame left: only then is its code the process's exit code, and only then
+    does it tell the guard. One caught by the script (or by pytest) dies inside the handling frame."""
+
+    def __init__(self, guard: _Guard, status):
+        super().__init__(status)
+        self._guard = guard
+
+    def __del__(self):
         try:
-            from mpi4py import MPI
-        except ImportError:
-            _world = Comm(None)
-        else:
-            _world = Comm(MPI.COMM_WORLD)
-            if _world.size > 1:
-                install_abort_hook(_world)
-    return _world
+            sys._getframe(1)
+        except ValueError:
+            self._guard.exit_code = _exit_code(self.code)
 
 
-def install_abort_hook(comm: Comm) -> None:
-    """An uncaught exception on any rank prints it (with the rank) and aborts every rank promptly."""
-    previous = sys.excepthook
+def _exit_code(status) -> int:
+    """The exit status the process gets from sys.exit(status) or os._exit(status) (0-255, as POSIX keeps
+    the low byte: sys.exit(256) succeeds)."""
+    if status is None:
+        return 0
+    return int(status) & 0xFF if isinstance(status, int) else 1
 
-    def hook(kind, value, tb):
-        sys.stderr.write(f"numbactr: rank {comm.rank} of {comm.size} failed; aborting the job\n")
-        traceback.print_exception(kind, value, tb)
-        sys.stderr.flush()
+
+class _Guard:
+    """Ends the job when this rank fails, and lets it leave cleanly when it ends (module docstring)."""
+
+    def __init__(self, comm: Comm, MPI):
+        self.comm, self.MPI = comm, MPI
+        self.pid = os.getpid()
+        self.ctl = comm._c.Dup()            # its notes never meet numbactr's or the script's messages
+        self.peers = [p for p in range(comm.size) if p != comm.rank]
+        self.note = np.zeros(4, dtype=np.int64)     # a leaving peer's rank, how, exit code, collectives entered
+        self.note_req = self.ctl.Irecv(self.note, source=MPI.ANY_SOURCE, tag=_LEFT)
+        self.left: dict[int, tuple[int, int, int]] = {}     # peer -> (how, exit code, collectives entered)
+        self.exit_code: int | None = None   # the code of the sys.exit that ended the script
+        self.leaving = False
+        self.lock = threading.Lock()        # the watchdog's notes and checks against the main thread's waits
+        self.waiting = False                # the main thread waits in collective number comm.calls
+        self.stop_watching = threading.Event()
+        self.watchdog = None
+        if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            self.watchdog = threading.Thread(target=self.watch, name="numbactr-rank-watchdog", daemon=True)
+            self.watchdog.start()
+        self.real_exit = os._exit
+        where = self.ctl.gather((self.pid, socket.gethostname()), root=0)
+        if comm.rank == 0:
+            print(f"numbactr: {comm.size} ranks (rank: pid@host) "
+                  + ", ".join(f"{r}: {pid}@{host}" for r, (pid, host) in enumerate(where)), flush=True)
+        sys.excepthook = self.excepthook
+        sys.exit = self.sys_exit
+        os._exit = self.os_exit
+        atexit.register(self.at_exit)
+
+    # -- ending -------------------------------------------------------------------------------------
+    def abort(self, report: str, code: int) -> None:
+        """Write report to stderr, wait until the launcher has read it, then end every rank with `code`."""
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        _write_all(2, report)
+        _drain((1, 2), _DRAIN_S)
         try:
-            comm.abort(1)
+            self.MPI.COMM_WORLD.Abort(code)
         finally:
-            previous(kind, value, tb)
+            self.real_exit(code)
 
-    sys.excepthook = hook
+    def excepthook(self, kind, value, tb) -> None:
+        if os.getpid() != self.pid:             # a forked child is no rank
+            sys.__excepthook__(kind, value, tb)
+            return
+        c = self.comm
+        self.abort(f"numbactr: rank {c.rank} of {c.size} failed; aborting the job\n"
+                   + "".join(traceback.format_exception(kind, value, tb)), 1)
+
+    def sys_exit(self, status=None):
+        if os.getpid() != self.pid or threading.current_thread() is not threading.main_thread():
+            raise SystemExit(status)            # a thread's SystemExit ends only the thread
+        raise _ScriptExit(self, status)
+
+    def os_exit(self, status: int):
+        if os.getpid() == self.pid:
+            self.leave(2, _exit_code(status))
+            if self.MPI.Is_initialized() and not self.MPI.Is_finalized():
+                self.MPI.Finalize()             # so that the launcher does not kill the ranks still exiting
+        self.real_exit(status)
+
+    def at_exit(self) -> None:
+        if os.getpid() == self.pid:
+            self.leave(0 if self.exit_code is None else 1, self.exit_code or 0)
+
+    def leave(self, how: int, code: int) -> None:
+        """This rank ends: abort at once for a non-zero code; else tell every peer and wait until all have
+        left too (the exit handshake), however long they take. A peer that still needs this rank aborts
+        the job instead."""
+        if self.leaving:
+            return
+        self.leaving = True
+        c = self.comm
+        if code != 0:
+            self.abort(f"numbactr: rank {c.rank} of {c.size} called {_HOW[how]}({code}) while the other ranks "
+                       f"may still need it; aborting the job\n", code)
+        if self.watchdog is not None and self.watchdog is not threading.current_thread():
+            self.stop_watching.set()            # from here on this thread takes the notes
+            self.watchdog.join()
+        note = np.array([c.rank, how, code, c.calls], dtype=np.int64)
+        sends = [self.ctl.Isend(note, dest=p, tag=_LEFT) for p in self.peers]
+        t0 = time.perf_counter()        # sleeping, not spinning: the peers may need the cores for hours
+        while len(self.left) < len(self.peers):
+            if self.note_req.Test():
+                self.take_note()
+            else:
+                time.sleep(min(_NAP_SHARE * (time.perf_counter() - t0), _NAP_MAX_S))
+        self.MPI.Request.Waitall(sends)
+        self.ctl.Free()
+
+    # -- watching -----------------------------------------------------------------------------------
+    def watch(self) -> None:
+        """The watchdog thread: take the notes of leaving peers as they come, and abort the job when the
+        collective the main thread waits in needs one of them."""
+        while not self.stop_watching.wait(_WATCH_S):
+            with self.lock:
+                while len(self.left) < len(self.peers) and self.note_req.Test():
+                    self.take_note()
+                if self.waiting:
+                    self.check()
+
+    def take_note(self) -> None:
+        """Record the note note_req has received, and post the receive of the next one."""
+        p, how, code, n = (int(v) for v in self.note)
+        self.left[p] = (how, code, n)
+        self.note_req = self.ctl.Irecv(self.note, source=self.MPI.ANY_SOURCE, tag=_LEFT) \
+            if len(self.left) < len(self.peers) else self.MPI.REQUEST_NULL
+
+    def check(self) -> None:
+        """Abort the job if a peer has left that the collective this rank waits in still needs."""
+        c = self.comm
+        for p, (how, code, n) in self.left.items():
+            if n < c.calls:       # p entered n collectives; this is collective number c.calls
+                what = _HOW[how] if how == 0 else f"{_HOW[how]}({code})"
+                self.abort(f"numbactr: rank {p} of {c.size} has left the job ({what}) after {n} collective"
+                           f"{'' if n == 1 else 's'}, "
+                           f"but rank {c.rank} waits for it in {c.current} (collective {c.calls}); "
+                           f"aborting the job\n", 1)
+
+
+def _write_all(fd: int, text: str) -> None:
+    data = text.encode("utf-8", "replace")
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:                     # stderr closed: nothing to tell, the abort still happens
+        pass
+
+
+def _drain(fds, limit_s: float) -> None:
+    """Wait (at most limit_s) until whoever reads these pipes (the launcher) has read them empty."""
+    try:
+        import fcntl
+        import stat
+        import struct
+        import termios
+    except ImportError:                 # not a POSIX system: nothing to wait for
+        return
+
+    def unread(fd: int) -> int:
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                return 0                # a terminal or a file has the bytes already
+            return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            return 0
+
+    deadline = time.monotonic() + limit_s
+    while any(unread(fd) for fd in fds) and time.monotonic() < deadline:
+        time.sleep(0.001)
