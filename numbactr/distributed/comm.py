@@ -14,10 +14,10 @@ a guard is installed before the script's next line:
   the traceback on stderr, then MPI_Abort with exit code 1.
 * ``sys.exit(c)`` or ``os._exit(c)`` with c != 0: "numbactr: rank r of R called sys.exit(c) ...;
   aborting the job", MPI_Abort(c) at once.
-* A rank that leaves with code 0 (``sys.exit(0)``, the script's end, ``os._exit(0)``, or a SystemExit
-  whose code numbactr cannot see, e.g. ``raise SystemExit(2)``) while another still needs it: the other
-  aborts as soon as it waits for it in a numbactr collective: "numbactr: rank r of R has left the job
-  (sys.exit(0)) after n collectives, but rank q waits for it in allreduce_sum (collective n+1);
+* A rank that leaves with code 0 (``sys.exit(0)``, the script's end, ``os._exit(0)``, ``MPI.Finalize()``,
+  or a SystemExit whose code numbactr cannot see, e.g. ``raise SystemExit(2)``) while another needs it:
+  the other aborts as soon as it waits for it in a numbactr collective: "numbactr: rank r of R has left
+  the job (sys.exit(0)) after n collectives, but rank q waits for it in allreduce_sum (collective n+1);
   aborting the job".
 * A normal end: each rank tells every other that it leaves and waits until all have (the exit
   handshake), so ranks that finish seconds or hours apart finalize MPI together and nobody is aborted.
@@ -42,7 +42,8 @@ Why it is built this way (mpich 5.0.2's hydra and mpi4py 4.1.2, measured; tests/
   so ``sys.exit(3)`` on one rank hung the job. Under a launch numbactr's ``sys.exit`` raises a SystemExit
   subclass that records its code only when the interpreter drops it uncaught (no Python frame left on
   the stack), so a SystemExit that the script or pytest catches changes nothing; ``os._exit`` is wrapped
-  too (forked children are left alone).
+  too (forked children are left alone), and so is ``MPI.Finalize``: a script that finalizes MPI itself
+  goes through the exit handshake first, after which no MPI call (the watchdog's) may come.
 * Leaving: a rank sends a note (rank, how, exit code, collectives entered) to every peer on a duplicate
   of COMM_WORLD, where each rank keeps one receive from any source posted. All ranks enter numbactr's
   collectives in the same order, so a peer that left after n of them took part in collective m < n (its
@@ -80,7 +81,7 @@ _NAP_SHARE, _NAP_MAX_S = 0.1, 10e-3  # exit handshake: sleep this share of the t
 _WATCH_S = 0.05                  # the watchdog tests for notes of leaving peers this often
 _DRAIN_S = 5.0                   # longest wait for the launcher to read a failing rank's report
 _LEFT = 1                        # tag of the "I am leaving" note on the guard's communicator
-_HOW = {0: "its script ended", 1: "sys.exit", 2: "os._exit"}
+_HOW = {0: "its script ended", 1: "sys.exit", 2: "os._exit", 3: "MPI.Finalize"}
 
 
 def launched() -> tuple[int, int, str]:
@@ -308,7 +309,7 @@ class _Guard:
         if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             self.watchdog = threading.Thread(target=self.watch, name="numbactr-rank-watchdog", daemon=True)
             self.watchdog.start()
-        self.real_exit = os._exit
+        self.real_exit, self.real_finalize = os._exit, MPI.Finalize
         where = self.ctl.gather((self.pid, socket.gethostname()), root=0)
         if comm.rank == 0:
             print(f"numbactr: {comm.size} ranks (rank: pid@host) "
@@ -316,6 +317,7 @@ class _Guard:
         sys.excepthook = self.excepthook
         sys.exit = self.sys_exit
         os._exit = self.os_exit
+        MPI.Finalize = self.finalize
         atexit.register(self.at_exit)
 
     # -- ending -------------------------------------------------------------------------------------
@@ -349,9 +351,15 @@ class _Guard:
     def os_exit(self, status: int):
         if os.getpid() == self.pid:
             self.leave(2, _exit_code(status))
-            if self.MPI.Is_initialized() and not self.MPI.Is_finalized():
-                self.MPI.Finalize()             # so that the launcher does not kill the ranks still exiting
+            if not self.MPI.Is_finalized():
+                self.real_finalize()            # so that the launcher does not kill the ranks still exiting
         self.real_exit(status)
+
+    def finalize(self) -> None:
+        """MPI.Finalize called by the script: the exit handshake first (no MPI call may follow it)."""
+        if os.getpid() == self.pid:
+            self.leave(3, 0)
+        self.real_finalize()
 
     def at_exit(self) -> None:
         if os.getpid() == self.pid:

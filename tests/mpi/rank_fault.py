@@ -11,7 +11,7 @@ FAULT: raise (RuntimeError), exit3 (sys.exit(3)), exit0 (sys.exit(0)), os_exit4 
 flood_raise (2 MB to stdout, then raise), stall_raise (raise while the launcher's proxy, this process's
 parent, is stopped for 1 s, so that the traceback and the abort wait in it together), extra (one
 collective more than the others), clean_end (a normal end: RANK finishes 3 s after the others, and every
-rank first catches a sys.exit(5), then ends with sys.exit(0)).
+rank catches a sys.exit(5), finalizes MPI itself and ends with sys.exit(0)).
 THREADS: mpi4py's thread level (default multiple; with less the guard has no watchdog thread).
 """
 import os
@@ -80,4 +80,6 @@ if FAULT == "clean_end":
         sys.exit(5)
     except SystemExit:
         pass
+    from mpi4py import MPI
+    MPI.Finalize()
     sys.exit(0)
