@@ -378,7 +378,7 @@ def reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy
         if by_bag:
             prefetch(dy, uint64(bag_src[later]))
         elif pooling == 2:
-            prefetch(dy, uint64(later) * width)
+            prefetch(dy, uint64(later) * uint64(width))
     for d in range(width):
         g[d] = 0.0
     for i in range(i0, i1):
@@ -390,13 +390,13 @@ def reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy
             k = pay[i]
             s = psw[k] if has_psw else float32(1.0)
             if pooling == 2:
-                o = uint64(k) * width
+                o = uint64(k) * uint64(width)
             else:
                 j = bag_of[k]
                 o = uint64(bag_src[j])
                 s *= bag_scale[j]
         for d in range(width):
-            g[d] += s * dy[o + d]
+            g[d] += s * dy[o + uint64(d)]
 
 
 @njit(inline="always", **_JIT)
@@ -474,6 +474,9 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
     dmax = 0
     for t in range(dims.shape[0]):
         dmax = max(dmax, dims[t])
+    # plain SGD (no clipping, max_norm or stochastic rounding): w -= lr g straight from the reduction
+    plain_sgd = ki[M.KI_KIND] == M._SGD and ki[M.KI_SR] == 0 and ki[M.KI_CLIP] == 0 and ks[M.KS_MAXN] == 0
+    lr = ks[M.KS_LR]
     n_chunks = (n_seg + _CHUNK - 1) // _CHUNK
     for c in prange(n_chunks):
         g = np.empty(dmax, np.float32)
@@ -484,7 +487,22 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
             lin = sorted_keys[i0]
             t = table_of(lin, row_off)
             width = uint64(dims[t])
-            reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, width, g)
+            # the common widths get their own copy of the reduction (a constant trip count)
+            if width == 16:
+                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, 16, g)
+            elif width == 32:
+                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, 32, g)
+            elif width == 64:
+                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, 64, g)
+            elif width == 128:
+                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, 128, g)
+            else:
+                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, width, g)
+            if plain_sgd:
+                e0 = uint64(elem_off[t] + (lin - row_off[t]) * strides[t])
+                for d in range(width):
+                    store(w, e0 + d, load(w, e0 + d) - lr * g[d], uint64(0), False)
+                continue
             if ki[M.KI_KIND] == 0:
                 grad_rows[s] = lin
                 for d in range(grad_vals.shape[1]):
