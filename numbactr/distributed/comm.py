@@ -362,8 +362,12 @@ class _Guard:
         self.real_finalize()
 
     def at_exit(self) -> None:
-        if os.getpid() == self.pid:
+        if os.getpid() != self.pid:
+            return
+        try:
             self.leave(0 if self.exit_code is None else 1, self.exit_code or 0)
+        except BaseException:               # (Ctrl-C in the handshake) Python would only print it, then hang
+            self.excepthook(*sys.exc_info())   # in MPI_Finalize: abort with the report instead
 
     def leave(self, how: int, code: int) -> None:
         """This rank ends: abort at once for a non-zero code; else tell every peer and wait until all have
