@@ -398,12 +398,15 @@ class _Guard:
     def watch(self) -> None:
         """The watchdog thread: take the notes of leaving peers as they come, and abort the job when the
         collective the main thread waits in needs one of them."""
-        while not self.stop_watching.wait(_WATCH_S):
-            with self.lock:
-                while len(self.left) < len(self.peers) and self.note_req.Test():
-                    self.take_note()
-                if self.waiting:
-                    self.check()
+        try:
+            while not self.stop_watching.wait(_WATCH_S):
+                with self.lock:
+                    while len(self.left) < len(self.peers) and self.note_req.Test():
+                        self.take_note()
+                    if self.waiting:
+                        self.check()
+        except BaseException:               # a watchdog that died would watch no more: end the job, say why
+            self.excepthook(*sys.exc_info())
 
     def take_note(self) -> None:
         """Record the note note_req has received, and post the receive of the next one."""
