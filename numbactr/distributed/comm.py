@@ -181,6 +181,7 @@ class Comm:
         return obj if self.rank == root else pickle.loads(buf.tobytes())
 
     def barrier(self) -> None:
+        """Return once every rank has called barrier."""
         if self.size > 1:
             self._enter("barrier")
             self._wait(self._c.Ibarrier())
