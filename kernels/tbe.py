@@ -124,6 +124,12 @@ def kernel_scalars(hp: dict, step: int) -> np.ndarray:
     return ks
 
 
+def as_scalars(packed: np.ndarray) -> tuple:
+    """A packed KS / KI array as a tuple of scalars: a kernel receives a tuple by value in its launch, where
+    a device array would need a host-to-device copy (a synchronization) every step."""
+    return tuple(packed)                                  # numpy scalars: float32 / int64 as packed
+
+
 def kernel_ints(kind, update, wd_mode, clip: bool, step: int, stochastic: bool, pooling, layout,
                 batch: int) -> np.ndarray:
     """The packed int64 parameters (tbe_math.KI_*) of the compiled paths."""
@@ -977,6 +983,7 @@ def psw_grad(w, elem_off, strides, ftable, fcols, rows, offsets, bag_of, dy, wan
 
 
 _F1, _U16, _I1, _F2 = "float32[::1]", "uint16[::1]", "int64[::1]", "float32[:, ::1]"
+_KS, _KI = f"UniTuple(float32, {M.N_KS})", f"UniTuple(int64, {M.N_KI})"      # as_scalars tuples
 
 
 def _sig(*types) -> str:
@@ -996,11 +1003,11 @@ PTX_CHECKS = [
     for wh in (False, True) for oh in (False, True)
 ] + [
     (make_update_kernel(wh, 32, 8, 4), _sig(_U16 if wh else _F1, _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _I1, _I1,
-                                            _I1, _I1, _I1, _I1, _I1, _F1, "boolean", _F1, _F1, _I1, "uint64", _I1,
+                                            _I1, _I1, _I1, _I1, _I1, _F1, "boolean", _F1, _KS, _KI, "uint64", _I1,
                                             _F2))
     for wh in (False, True)
 ] + [
-    (make_global_kernel(wh), _sig(_U16 if wh else _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _F1, _I1, "uint64"))
+    (make_global_kernel(wh), _sig(_U16 if wh else _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _KS, _KI, "uint64"))
     for wh in (False, True)
 ] + [
     (make_psw_grad_kernel(False, 32, 8), _sig(_F1, _I1, _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean[::1]",

@@ -147,9 +147,10 @@ print("reference row gradients, table 0 rows", r0.tolist(), ":\n", g0)
 hp = eng.optimizer.hp()
 want_w, (want_m,) = K.optimizer_update_ref(Optim.EXACT_ROWWISE_ADAGRAD, hp, before[0][r0], g0,
                                            [np.zeros(len(r0))], 1)
-# the kernel's scalars travel packed in two small arrays (a GPU launch pays per argument)
-ks = K.kernel_scalars(hp, 1)
-ki = K.kernel_ints(Optim.EXACT_ROWWISE_ADAGRAD, 0, 0, False, 1, False, Pooling.SUM, eng.layout, ctx.batch)
+# the kernel's scalars travel as two tuples, by value in the launch (a device array would cost a copy)
+ks = K.as_scalars(K.kernel_scalars(hp, 1))
+ki = K.as_scalars(K.kernel_ints(Optim.EXACT_ROWWISE_ADAGRAD, 0, 0, False, 1, False, Pooling.SUM, eng.layout,
+                                ctx.batch))
 lanes, items, per_lane = K._lanes_items(int(eng.dims.max()))
 print(f"block = ({lanes} lanes, {items} runs): run s -> threadIdx.y = s % {items}, columns d -> lanes")
 momentum = eng.states[0]                              # the per-row accumulators of every table, (6 + 3,)

@@ -816,23 +816,31 @@ class _KernelImpl:
         K.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
                        self.no_f32 if r is None else r, self.no_i64 if p is None else p, self.elem_off, self.strides,
                        self.dims, self.row_off, self.fcols, lin, perm, seg, pos, bag_of, ctx.offsets,
-                       self.no_f32 if psw is None else psw, psw is not None, dy.reshape(-1), xp.asarray(ks),
-                       xp.asarray(ki), K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals, self.w_half,
+                       self.no_f32 if psw is None else psw, psw is not None, dy.reshape(-1), K.as_scalars(ks),
+                       K.as_scalars(ki), K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals, self.w_half,
                        self.max_dim)
         if not none:
             return None
         u = int(device.to_host(pos[n:n + 1])[0])         # NONE hands back U rows: the one host read
         return SparseRowGrad(grad_rows[:u], grad_vals[:u], e.row_offsets.copy())
 
+    def _live(self):
+        """The rows in use per table on the device, uploaded again only when a keyed table grew (an
+        upload is a host synchronization; a keyed step has one anyway)."""
+        e = self.e
+        live = tuple(e.live_rows(tb) for tb in range(len(e.tables)))
+        if getattr(self, "_live_host", None) != live:
+            self._live_host, self._live_dev = live, device.xp().asarray(np.array(live, np.int64))
+        return self._live_dev
+
     def global_pass(self, t: int) -> None:
         e = self.e
-        xp = device.xp()
         _, ki = e._ks_ki(None, t)
         ks = K.kernel_scalars(e.optimizer.hp(), t)
-        live = xp.asarray(np.array([e.live_rows(tb) for tb in range(len(e.tables))], np.int64))
         a, b, _, _ = e._state_buffers()
         K.global_pass(self._w(), a, self.no_f32 if b is None else b, self.elem_off, self.strides, self.dims,
-                      self.row_off, live, xp.asarray(ks), xp.asarray(ki), K.rounding_base(e.seed, t, K.SR_PASS_ALL),
+                      self.row_off, self._live(), K.as_scalars(ks), K.as_scalars(ki),
+                      K.rounding_base(e.seed, t, K.SR_PASS_ALL),
                       self.w_half, self.max_dim)
 
 
