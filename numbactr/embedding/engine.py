@@ -727,6 +727,8 @@ class _KernelImpl:
         self.no_f32 = xp.zeros(1, np.float32)           # stands in for an absent float array
         self.no_i64 = xp.zeros(1, np.int64)
         self.no_f2 = xp.zeros((1, 1), np.float32)
+        self.all_features = xp.ones(eng.n_features, np.bool_)
+        self._live_host = self._live_dev = None
 
     def _w(self):
         w = self.e.weights
@@ -795,8 +797,7 @@ class _KernelImpl:
         e = self.e
         xp = device.xp()
         _, bag_of, _, _, _ = self._segment(ctx)
-        want = xp.asarray(np.ones(e.n_features, np.bool_) if ctx.feature_requires_grad is None
-                          else ctx.feature_requires_grad)
+        want = self.all_features if ctx.feature_requires_grad is None else xp.asarray(ctx.feature_requires_grad)
         out = xp.empty(ctx.rows.shape[0], np.float32)
         K.psw_grad(self._w(), self.elem_off, self.strides, self.ftable, self.fcols, ctx.rows, ctx.offsets, bag_of,
                    dy.reshape(-1), want, ctx.batch, int(e.layout), int(ctx.pooling), out, self.w_half, self.max_dim)
@@ -829,7 +830,7 @@ class _KernelImpl:
         upload is a host synchronization; a keyed step has one anyway)."""
         e = self.e
         live = tuple(e.live_rows(tb) for tb in range(len(e.tables)))
-        if getattr(self, "_live_host", None) != live:
+        if self._live_host != live:
             self._live_host, self._live_dev = live, device.xp().asarray(np.array(live, np.int64))
         return self._live_dev
 
