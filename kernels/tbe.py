@@ -52,6 +52,17 @@ Bounds check (FBGEMM's modes, before anything reads the table):
     WARNING  set to row 0, with one warning per call naming the first offender and the count
     IGNORE   set to row 0 silently
     NONE     not reported (the caller promises valid input); it reads and updates nothing
+Kernels (one launch per op for all tables; every loop grid-stride; sizes known before each launch):
+    clamp_offsets + scan.inclusive_max_scan   repaired offsets          check_indices   rows + status
+    forward      block (lanes, bags): threadIdx.y a bag, the lanes its columns d = tx, tx + lanes, ...
+    linearize    linear row and bag of every occurrence; then a stable sort of the linear rows (CuPy's CUB
+                 radix sort on a GPU, NumPy's in the simulator)
+    segment_flags + scan.exclusive_scan + segment_starts   the runs of equal rows; U stays on the device
+    update       block (lanes, runs): a run per threadIdx.y, its gradient summed in sorted (= occurrence)
+                 order in registers, row sums across the lanes in shared memory, the optimizer's rule, the
+                 row written once; rows past U compute zeros so every thread meets the same barriers
+    global       HugeCTR's all-rows pass        psw_grad   the per-sample-weight gradients
+Rows are padded to 16 bytes, so lanes read aligned, coalesced 4-byte (or 2-byte) elements of one row.
 HugeCTR: HugeCTR/src/embeddings/ (forward_sum/mean, backward, the sparse optimizers);
 FBGEMM: fbgemm_gpu/codegen/training/ (split_embedding_codegen forward/backward templates, optimizers.py,
 embedding_bounds_check_*). Their formulas, our code.

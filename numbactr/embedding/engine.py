@@ -13,7 +13,7 @@ Contract (the math is in numbactr/kernels/tbe.py's docstring; this is the interf
         stochastic_rounding=True,
         layout=Layout.FEATURE_MAJOR,        # CSR bag order: f*B + b (FBGEMM) or b*F + f (HugeCTR)
         seed=0,                             # stochastic rounding and keyed-row initialization
-        impl=None)                          # "ref" | "cpu" | "kernels"; None: by numbactr.device
+        impl=None)                          # "ref" | "cpu" | "kernels"; None: the device's (see below)
     out, ctx = eng.forward(indices, offsets, per_sample_weights=None, training=True,
                            pooling=None, feature_requires_grad=None)
         indices (N,) int32/int64 (keys of keyed tables may also be uint64), offsets (F*B + 1,) int32/int64,
@@ -42,9 +42,18 @@ Steps: `step` counts updates; an update uses t = step + 1 (Adam's bias correctio
 random stream). FBGEMM increments its `iter` in forward instead: a face that wants FBGEMM's count after
 several forwards per backward sets `step`.
 
-Devices: impl "kernels" launches the numba.cuda kernels (gpu, sim), "cpu" runs the numba-compiled CPU
-code, "ref" the NumPy reference (the test oracle, numbactr.kernels.tbe). All three give the same result
-to float32 rounding; the row gradient sum order is the occurrence order in every one of them.
+Devices: impl "kernels" (the default on gpu and sim) launches the numba.cuda kernels of
+numbactr.kernels.tbe, "cpu" (the default on the cpu device) runs the numba-compiled CPU code of
+numbactr.kernels.tbe_cpu, "ref" the NumPy reference (the test oracle). All three give the same result to
+float32 rounding (float16 weights: to one float16 step per update); every row's gradient is summed in
+occurrence order in all of them, so a step is deterministic. A kernels step launches one kernel per op for
+all tables (counted in numbactr.kernels.launch.COUNTS on the sim device) and reads nothing back to the host,
+except: bounds_check FATAL / WARNING read one status array per forward (to raise or warn at once), optimizer
+NONE reads the number of touched rows to size its result, and keyed tables read the hash table's new-key
+count (and do their key bookkeeping on the host).
+
+Bounds check order: offsets are repaired and every unkeyed index checked before a keyed table is touched,
+so a FATAL batch raises with the hash tables unchanged.
 """
 from __future__ import annotations
 
