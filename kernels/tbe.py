@@ -929,7 +929,8 @@ def make_psw_grad_kernel(w_half: bool, lanes: int, items: int):
 
 
 # ---- launch wrappers (allocate nothing) -------------------------------------------------------------
-def _lanes_items(width: int) -> tuple[int, int, int]:
+def lanes_items(width: int) -> tuple[int, int, int]:
+    """(lanes, items per block, columns per lane) of the lanes kernels for rows of up to `width` elements."""
     lanes = lanes_for(width)
     return lanes, block_rows(lanes), max(1, -(-width // lanes))
 
@@ -950,7 +951,7 @@ def check_indices(indices, offsets, fixed, feature_rows, batch: int, layout: int
 def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw: bool, batch: int, layout: int,
             pooling: int, out, w_half: bool, out_half: bool, max_dim: int) -> None:
     """out (flat) <- the lookup (see the module docstring); w / out as float32 or uint16 (float16 bits)."""
-    lanes = _lanes_items(max_dim)[0]
+    lanes = lanes_items(max_dim)[0]
     launch_lanes(make_forward_kernel(w_half, out_half), offsets.shape[0] - 1, lanes, w, elem_off, strides, ftable,
                  fcols, rows, offsets, psw, has_psw, np.int64(batch), np.int64(layout), np.int64(pooling), out)
 
@@ -975,20 +976,20 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols
                  max_dim: int) -> None:
     """Every touched row reduced and updated (or, for optimizer NONE, its gradient into grad_rows /
     grad_vals) in one launch sized for N rows; the real count U = pos[N] stays on the device."""
-    lanes, items, per_lane = _lanes_items(max_dim)
+    lanes, items, per_lane = lanes_items(max_dim)
     launch_lanes(make_update_kernel(w_half, lanes, items, per_lane), perm.shape[0], lanes, w, sa, sb, srow,
                  sprev, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos, bag_of, offsets, psw,
                  has_psw, dy, ks, ki, np.uint64(base), grad_rows, grad_vals)
 
 
 def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, w_half: bool, max_dim: int) -> None:
-    launch_lanes(make_global_kernel(w_half), int(row_off[-1]), _lanes_items(max_dim)[0], w, sa, sb, elem_off,
+    launch_lanes(make_global_kernel(w_half), int(row_off[-1]), lanes_items(max_dim)[0], w, sa, sb, elem_off,
                  strides, dims, row_off, live, ks, ki, np.uint64(base))
 
 
 def psw_grad(w, elem_off, strides, ftable, fcols, rows, offsets, bag_of, dy, want, batch: int, layout: int,
              pooling: int, out, w_half: bool, max_dim: int) -> None:
-    lanes, items, _ = _lanes_items(max_dim)
+    lanes, items, _ = lanes_items(max_dim)
     launch_lanes(make_psw_grad_kernel(w_half, lanes, items), rows.shape[0], lanes, w, elem_off, strides, ftable,
                  fcols, rows, offsets, bag_of, dy, want, np.int64(batch), np.int64(layout), np.int64(pooling), out)
 

@@ -151,7 +151,7 @@ want_w, (want_m,) = K.optimizer_update_ref(Optim.EXACT_ROWWISE_ADAGRAD, hp, befo
 ks = K.as_scalars(K.kernel_scalars(hp, 1))
 ki = K.as_scalars(K.kernel_ints(Optim.EXACT_ROWWISE_ADAGRAD, 0, 0, False, 1, False, Pooling.SUM, eng.layout,
                                 ctx.batch))
-lanes, items, per_lane = K._lanes_items(int(eng.dims.max()))
+lanes, items, per_lane = K.lanes_items(int(eng.dims.max()))
 print(f"block = ({lanes} lanes, {items} runs): run s -> threadIdx.y = s % {items}, columns d -> lanes")
 momentum = eng.states[0]                              # the per-row accumulators of every table, (6 + 3,)
 no_f32, no_i64 = np.zeros(1, np.float32), np.zeros(1, np.int64)    # states this optimizer does not keep
