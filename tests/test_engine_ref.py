@@ -256,6 +256,13 @@ def test_bad_shapes_are_clear_errors():
         engine(tables=[(5, 2)], feature_table_map=[1])
     with pytest.raises(ValueError, match="LAZY_GLOBAL"):
         engine(tables=[(5, 2)], optimizer=OptimizerSpec(Optim.HUGECTR_SGD, update_type=UpdateType.LAZY_GLOBAL))
+    adam = engine(tables=[(5, 2)], optimizer=OptimizerSpec(Optim.HUGECTR_ADAM))
+    adam.set_hyper_parameters(learning_rate=0.5, beta1=0.8)
+    assert adam.learning_rate == 0.5 and adam.optimizer.beta1 == 0.8
+    with pytest.raises(ValueError, match="fixed when the engine is built"):
+        adam.set_hyper_parameters(update_type=UpdateType.LAZY_GLOBAL)      # would need a prev_step state
+    with pytest.raises(ValueError, match="unknown"):
+        adam.set_hyper_parameters(betta1=0.8)
 
 
 # ---- keyed tables -----------------------------------------------------------------------------------

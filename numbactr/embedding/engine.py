@@ -295,11 +295,14 @@ class TableBatchedEmbedding:
         self.optimizer = replace(self.optimizer, learning_rate=float(lr))
 
     def set_hyper_parameters(self, **values) -> None:
-        """Change optimizer hyper-parameters by OptimizerSpec field name (kind excepted)."""
-        names = {f.name for f in fields(OptimizerSpec)} - {"kind"}
+        """Change optimizer hyper-parameters by OptimizerSpec field name. kind, update_type and
+        initial_accumulator shape the optimizer states, which exist already: they are fixed."""
+        fixed = {"kind", "update_type", "initial_accumulator"}
+        names = {f.name for f in fields(OptimizerSpec)} - fixed
         unknown = sorted(set(values) - names)
         if unknown:
-            raise ValueError(f"unknown hyper-parameter(s) {unknown}; known: {sorted(names)}")
+            why = "fixed when the engine is built" if set(unknown) <= fixed else "unknown"
+            raise ValueError(f"hyper-parameter(s) {unknown}: {why}; settable: {sorted(names)}")
         self.optimizer = _check_optimizer(replace(self.optimizer, **values))
 
     @property
