@@ -4,7 +4,12 @@
 |--------|------------------------------------------------------|--------|
 | gpu    | the numba.cuda kernels on a real GPU                  | cupy   |
 | sim    | the same kernels in Numba's CUDA simulator            | numpy  |
-| cpu    | the NumPy reference of each op (no kernels)          | numpy  |
+| cpu    | compiled CPU code (numba) or the NumPy references    | numpy  |
+
+On cpu an op runs its compiled CPU version (numba's CPU JIT) where it has one and its NumPy reference
+otherwise. ``NUMBACTR_CPU_REFERENCE=1`` in the environment, or the ``reference_ops()`` context manager,
+makes the cpu device run the NumPy references only (the test oracle): ops decide per call, the embedding
+engine when it is built (its impl "ref" instead of "cpu").
 
 Choice, in order: ``NUMBACTR_DEVICE=gpu|sim|cpu``; else ``sim`` when the process already runs
 Numba's simulator (``NUMBA_ENABLE_CUDASIM=1``); else ``gpu`` when a CUDA GPU and cupy are present;
@@ -15,6 +20,7 @@ the thread plan (numbactr.threads: BLAS/numba threads and reader workers).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -123,6 +129,32 @@ def set_device(name: str) -> None:
 def uses_kernels() -> bool:
     """True when ops launch numba.cuda kernels (gpu or sim), False for NumPy references."""
     return kind() != "cpu"
+
+
+ENV_REFERENCE = "NUMBACTR_CPU_REFERENCE"
+_reference_depth = [0]           # reference_ops() nesting
+
+
+def compiled_cpu() -> bool:
+    """True when ops on the cpu device run their compiled CPU versions (where they have one): the device
+    is cpu, NUMBACTR_CPU_REFERENCE is unset or 0, and no reference_ops() block is open."""
+    if kind() != "cpu" or _reference_depth[0]:
+        return False
+    raw = os.environ.get(ENV_REFERENCE, "").strip()
+    if raw not in ("", "0", "1"):
+        raise DeviceError(f"{ENV_REFERENCE}={raw!r}: expected 1 (NumPy references only) or 0")
+    return raw != "1"
+
+
+@contextlib.contextmanager
+def reference_ops():
+    """Inside the block the cpu device runs every op's NumPy reference, not its compiled CPU version
+    (tests compare the two); an embedding engine built inside uses its reference impl."""
+    _reference_depth[0] += 1
+    try:
+        yield
+    finally:
+        _reference_depth[0] -= 1
 
 
 def xp():
