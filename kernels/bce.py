@@ -11,6 +11,9 @@ are both the overflow-free ones, so logits of +-1e4 give finite results.
 Eval: y = sigmoid(x) (the prediction used by metrics), `sigmoid_forward` (may run in place).
 
 HugeCTR: HugeCTR/src/loss.cu (BinaryCrossEntropyLoss::do_compute, fp32).
+
+Compiled CPU version (numba.njit, the cpu device's path): the kernel's float32 formulas row by row, the
+loss summed in float64 in row order (B is one batch: no threads needed).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, float64, njit
 
 from .launch import check_block_size, launch_1d, REDUCE_THREADS
 from .block import block_sum
@@ -109,6 +112,37 @@ def bce_forward_backward(x, y, dx, loss_out, b: int, grad_scale: float,
 def sigmoid_forward(x, y, threads: int | None = None) -> None:
     """y = sigmoid(x) elementwise, any shape; y may be x (HugeCTR eval overwrites the logits)."""
     launch_1d(sigmoid_kernel, x.size, x.reshape(-1), y.reshape(-1), threads=threads)
+
+
+# ---- compiled CPU version (numba.njit; the cpu device) ---------------------------------------------
+@njit(cache=True)
+def _bce_cpu(x, y, dx, b, grad_scale):
+    total = float64(0.0)
+    for i in range(x.shape[0]):
+        if i < b:
+            v = x[i]
+            label = y[i]
+            e = float32(math.exp(-abs(v)))                 # in (0, 1]
+            if v >= float32(0.0):
+                sig = float32(1.0) / (float32(1.0) + e)
+                total += v - v * label + float32(math.log1p(e))
+            else:
+                sig = e / (float32(1.0) + e)
+                total += -v * label + float32(math.log1p(e))
+            dx[i] = (sig - label) * grad_scale
+        else:
+            dx[i] = float32(0.0)
+    return total
+
+
+def bce_forward_backward_cpu(x, y, dx, b: int, grad_scale: float) -> float:
+    """bce_forward_backward compiled for the CPU: writes dx (B,) and returns the mean loss over the first
+    b rows (0.0 when b == 0). x, y, dx: contiguous float32 (B,) or (B, 1); dx may alias x."""
+    n = x.size
+    if not 0 <= b <= n:
+        raise ValueError(f"bce: valid rows b={b} outside 0..{n}")
+    total = _bce_cpu(x.reshape(-1), y.reshape(-1), dx.reshape(-1), np.int64(b), np.float32(grad_scale))
+    return total / b if b > 0 else 0.0
 
 
 PTX_CHECKS = [

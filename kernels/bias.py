@@ -7,13 +7,17 @@ A 3-D InnerProduct (B, S, N) is the same on the flattened (B*S, N) view. M may b
 
 HugeCTR: HugeCTR/src/layers/fully_connected_layer.cu (bias added after the cuBLAS GEMM). HugeCTR adds
 db onto the regularizer's initial wgrad; here db is overwritten and the caller adds any other term.
+
+Compiled CPU versions (numba.njit, the cpu device's path): the add in parallel over chunks of rows; the
+column sums in parallel over blocks of columns, each column summed over the rows in order (NumPy's order
+for a C-contiguous sum over axis 0), so the thread count never changes a result.
 """
 from __future__ import annotations
 
 import functools
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, njit, prange
 
 from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
 from .block import block_sum
@@ -89,6 +93,51 @@ def bias_grad(dy, db, threads: int | None = None) -> None:
         return
     tpb = threads or REDUCE_THREADS
     launch_rows(make_bias_grad_kernel(tpb), n, dy.reshape(-1, n), db.reshape(-1), threads=tpb)
+
+
+# ---- compiled CPU versions (numba.njit; the cpu device) -------------------------------------------
+ROW_CHUNK = 256       # rows per parallel chunk of an elementwise pass
+COL_BLOCK = 16        # columns per parallel block of a column reduction (one 64-byte line of float32)
+
+
+@njit(cache=True, parallel=True)
+def _bias_add_cpu(y, b):
+    rows, n = y.shape
+    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        for m in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
+            for k in range(n):
+                y[m, k] += b[k]
+
+
+@njit(cache=True, parallel=True)
+def _bias_grad_cpu(dy, db):
+    rows, n = dy.shape
+    for blk in prange((n + COL_BLOCK - 1) // COL_BLOCK):
+        c0, c1 = blk * COL_BLOCK, min(n, (blk + 1) * COL_BLOCK)
+        for k in range(c0, c1):
+            db[k] = float32(0.0)
+        for m in range(rows):
+            for k in range(c0, c1):
+                db[k] += dy[m, k]
+
+
+def bias_add_cpu(y, b) -> None:
+    """bias_add compiled for the CPU: in place y (..., N) += b (N,); contiguous float32."""
+    if y.shape[-1] != b.size:
+        raise ValueError(f"bias_add: y {y.shape} does not end in the bias width {b.size}")
+    if b.size == 0:
+        return
+    _bias_add_cpu(y.reshape(-1, b.size), b.reshape(-1))
+
+
+def bias_grad_cpu(dy, db) -> None:
+    """bias_grad compiled for the CPU: db (N,) = column sums of dy (..., N); overwrites db."""
+    n = db.size
+    if dy.shape[-1] != n:
+        raise ValueError(f"bias_grad: dy {dy.shape} does not end in the bias width {n}")
+    if n == 0:
+        return
+    _bias_grad_cpu(dy.reshape(-1, n), db.reshape(-1))
 
 
 PTX_CHECKS = [

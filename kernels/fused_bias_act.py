@@ -11,14 +11,19 @@ with the bias+ReLU epilogue; the backward's dReLU + bias-gradient epilogue).
 
 The backward is one block per column: its threads stride over the rows, write the masked gradient and
 reduce it in shared memory (tpb a power of two <= 1024).
+
+Compiled CPU versions (numba.njit, the cpu device's path): the forward in parallel over chunks of rows
+(a NaN stays NaN, as in the reference); the backward in parallel over blocks of columns, each column's
+mask and sum in one pass over the rows in order, so the thread count never changes a result.
 """
 from __future__ import annotations
 
 import functools
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, njit, prange
 
+from .bias import COL_BLOCK, ROW_CHUNK
 from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
 from .block import block_sum
 
@@ -108,6 +113,57 @@ def bias_act_backward(y, dy, relu: bool, d, db=None, threads: int | None = None)
     tpb = threads or REDUCE_THREADS
     launch_rows(make_bias_act_backward_kernel(tpb), n, y, dy, np.int32(db is not None),
                 np.int32(bool(relu)), d, db if db is not None else _placeholder(), threads=tpb)
+
+
+# ---- compiled CPU versions (numba.njit; the cpu device) -------------------------------------------
+_NO_BIAS = np.zeros(0, np.float32)     # stands in for an absent b / db (never indexed: has_bias is False)
+
+
+@njit(cache=True, parallel=True)
+def _bias_act_forward_cpu(y, b, has_bias, relu):
+    rows, n = y.shape
+    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        for m in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
+            for k in range(n):
+                v = y[m, k]
+                if has_bias:
+                    v += b[k]
+                if relu and v < float32(0.0):
+                    v = float32(0.0)
+                y[m, k] = v
+
+
+@njit(cache=True, parallel=True)
+def _bias_act_backward_cpu(y, dy, relu, d, db, has_bias):
+    rows, n = y.shape
+    for blk in prange((n + COL_BLOCK - 1) // COL_BLOCK):
+        c0, c1 = blk * COL_BLOCK, min(n, (blk + 1) * COL_BLOCK)
+        if has_bias:
+            for k in range(c0, c1):
+                db[k] = float32(0.0)
+        for m in range(rows):
+            for k in range(c0, c1):
+                g = dy[m, k]
+                if relu and not y[m, k] > float32(0.0):
+                    g = float32(0.0)
+                d[m, k] = g
+                if has_bias:
+                    db[k] += g
+
+
+def bias_act_forward_cpu(y, b, relu: bool) -> None:
+    """bias_act_forward compiled for the CPU: in place y (M, N) = act(y + b); b None for no bias."""
+    if b is not None and y.shape[-1] != b.size:
+        raise ValueError(f"bias_act_forward: y {y.shape} does not end in the bias width {b.size}")
+    if (b is None and not relu) or y.size == 0:
+        return
+    _bias_act_forward_cpu(y, _NO_BIAS if b is None else b, b is not None, bool(relu))
+
+
+def bias_act_backward_cpu(y, dy, relu: bool, d, db=None) -> None:
+    """bias_act_backward compiled for the CPU: d (M, N) = dy masked by y > 0 (if relu); db (N,) = column
+    sums of d (if db is given, overwritten). d may be dy (each element is read before it is written)."""
+    _bias_act_backward_cpu(y, dy, bool(relu), d, _NO_BIAS if db is None else db, db is not None)
 
 
 PTX_CHECKS = [

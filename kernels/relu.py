@@ -4,11 +4,14 @@
     dx = dy if x > 0 else 0
 
 HugeCTR: HugeCTR/src/layers/relu_layer.cu (backward reads the *output*: y > 0 <=> x > 0).
+
+Compiled CPU versions (numba.njit, the cpu device's path) follow the reference where the kernel does not:
+a NaN input stays NaN (np.maximum), it is not clamped to 0.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, njit, prange
 
 from .launch import launch_1d
 
@@ -43,6 +46,37 @@ def relu_forward(x, y) -> None:
 
 def relu_backward(y, dy, dx) -> None:
     launch_1d(relu_backward_kernel, y.size, y.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+
+
+# ---- compiled CPU versions (numba.njit; the cpu device; flat views, parallel over fixed chunks) ----
+_CHUNK = 1 << 14
+
+
+@njit(cache=True, parallel=True)
+def _relu_forward_cpu(x, y):
+    n = x.shape[0]
+    for c in prange((n + _CHUNK - 1) // _CHUNK):
+        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            v = x[i]
+            y[i] = float32(0.0) if v < float32(0.0) else v
+
+
+@njit(cache=True, parallel=True)
+def _relu_backward_cpu(y, dy, dx):
+    n = y.shape[0]
+    for c in prange((n + _CHUNK - 1) // _CHUNK):
+        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+            dx[i] = dy[i] if y[i] > float32(0.0) else float32(0.0)
+
+
+def relu_forward_cpu(x, y) -> None:
+    """y = max(x, 0) compiled for the CPU; x, y contiguous float32 of one shape (y may be x)."""
+    _relu_forward_cpu(x.reshape(-1), y.reshape(-1))
+
+
+def relu_backward_cpu(y, dy, dx) -> None:
+    """dx = dy where y > 0, else 0, compiled for the CPU; contiguous float32 of one shape."""
+    _relu_backward_cpu(y.reshape(-1), dy.reshape(-1), dx.reshape(-1))
 
 
 PTX_CHECKS = [

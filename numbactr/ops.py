@@ -1,6 +1,8 @@
 """One autograd Function per kernel op. Each picks, per device, the numba.cuda kernel launch
-(gpu, sim) or the NumPy reference (cpu). Matrix products use the array library (cuBLAS via cupy on
-gpu, BLAS on cpu/sim); everything else goes through numbactr.kernels.
+(gpu, sim), the op's compiled CPU version (cpu, numbactr.device.compiled_cpu()) or its NumPy reference
+(cpu under numbactr.device.reference_ops() / NUMBACTR_CPU_REFERENCE=1). Matrix products use the array
+library (cuBLAS via cupy on gpu, BLAS on cpu/sim, on contiguous operands or their transposed views:
+no copies); everything else goes through numbactr.kernels.
 
 Shape glossary: B batch, S slots, N keys, D embedding width, K/N_out layer widths.
 """
@@ -10,7 +12,7 @@ import numpy as np
 
 from .autograd import Context, Function
 from .kernels import bce, bias, concat, embedding_bag, interaction, relu
-from .device import contig as _contig, uses_kernels as _kernels, xp as _xp  # noqa: F401
+from .device import compiled_cpu as _compiled, contig as _contig, uses_kernels as _kernels, xp as _xp  # noqa: F401
 
 
 # ---- InnerProduct: y = x W + b ---------------------------------------------------------------
@@ -21,6 +23,8 @@ class Linear(Function):
         y = x2 @ w                                               # (B*, N)
         if _kernels():
             bias.bias_add(y, b)
+        elif _compiled():
+            bias.bias_add_cpu(y, b)
         else:
             y = bias.bias_add_ref(y, b)
         ctx.x2, ctx.w, ctx.in_shape = x2, w, x.shape
@@ -33,6 +37,9 @@ class Linear(Function):
         if _kernels():
             db = _xp().empty((dy2.shape[1],), np.float32)
             bias.bias_grad(dy2, db)
+        elif _compiled():
+            db = np.empty((dy2.shape[1],), np.float32)
+            bias.bias_grad_cpu(_contig(dy2), db)
         else:
             db = bias.bias_grad_ref(dy2)
         dx = (dy2 @ ctx.w.T).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
@@ -45,6 +52,10 @@ class ReLU(Function):
         if _kernels():
             y = _xp().empty_like(x)
             relu.relu_forward(x, y)
+        elif _compiled():
+            x = _contig(x)
+            y = np.empty_like(x)
+            relu.relu_forward_cpu(x, y)
         else:
             y = relu.relu_forward_ref(x)
         ctx.y = y
@@ -52,9 +63,10 @@ class ReLU(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
-        if _kernels():
+        if _kernels() or _compiled():
+            dy = _contig(dy)
             dx = _xp().empty_like(dy)
-            relu.relu_backward(ctx.y, _contig(dy), dx)
+            (relu.relu_backward if _kernels() else relu.relu_backward_cpu)(ctx.y, dy, dx)
             return dx
         return relu.relu_backward_ref(ctx.y, dy)
 
@@ -104,18 +116,19 @@ class Interaction(Function):
     def forward(ctx: Context, dense, emb):
         dense, emb = _contig(dense), _contig(emb)
         ctx.dense, ctx.emb = dense, emb
-        if _kernels():
+        if _kernels() or _compiled():
             out = _xp().empty((dense.shape[0], interaction.interaction_out_width(emb.shape[1], dense.shape[1])),
                               np.float32)
-            interaction.interaction_forward(dense, emb, out)
+            (interaction.interaction_forward if _kernels() else interaction.interaction_forward_cpu)(dense, emb, out)
             return out
         return interaction.interaction_forward_ref(dense, emb)
 
     @staticmethod
     def backward(ctx: Context, dy):
-        if _kernels():
+        if _kernels() or _compiled():
             d_dense, d_emb = _xp().empty_like(ctx.dense), _xp().empty_like(ctx.emb)
-            interaction.interaction_backward(ctx.dense, ctx.emb, _contig(dy), d_dense, d_emb)
+            (interaction.interaction_backward if _kernels() else interaction.interaction_backward_cpu)(
+                ctx.dense, ctx.emb, _contig(dy), d_dense, d_emb)
             return d_dense, d_emb
         return tuple(interaction.interaction_backward_ref(ctx.dense, ctx.emb, dy))
 
@@ -139,6 +152,10 @@ class BinaryCrossEntropy(Function):
             bce.bce_forward_backward(_contig(x), _contig(y), dx, loss, b, grad_scale)
             ctx.dx = dx
             return loss / np.float32(b)
+        if _compiled():
+            x = _contig(x)
+            ctx.dx = np.empty_like(x)
+            return np.asarray([bce.bce_forward_backward_cpu(x, _contig(y), ctx.dx, b, grad_scale)], np.float32)
         loss, dx = bce.bce_forward_backward_ref(x, y, b, grad_scale)
         ctx.dx = dx.reshape(x.shape).astype(np.float32)
         return np.asarray([loss], np.float32)

@@ -39,6 +39,7 @@ from . import compat, device
 from .embedding.engine import Optim, OptimizerSpec, UpdateType
 from .enums import Optimizer_t, Update_t
 from .kernels import optimizers as K
+from .kernels import optimizers_cpu as C
 
 O, U = Optimizer_t, Update_t
 
@@ -117,7 +118,9 @@ def _new_states(opt, shape) -> list:
 
 
 class DenseOptimizer:
-    """Updates the flat weight vector w (P,) from the flat gradient g (P,)."""
+    """Updates the flat weight vector w (P,) from the flat gradient g (P,): the kernels on gpu/sim, on cpu
+    the compiled update (numbactr.kernels.optimizers_cpu; Ftrl and numbactr.device.reference_ops() run the
+    NumPy references)."""
 
     def __init__(self, opt, n_params: int):
         check_supported(opt, "dense optimizer", sparse=False)
@@ -125,40 +128,42 @@ class DenseOptimizer:
         self.states = _new_states(opt, (n_params,))
 
     def step(self, w, g, lr: float, scaler: float) -> None:
-        o, s, kern = self.opt, self.states, device.uses_kernels()
+        o, s = self.opt, self.states
         t = o.optimizer_type
+        # the numba.cuda kernels (gpu, sim), the compiled CPU update (cpu; Ftrl has none) or the reference
+        fast = K if device.uses_kernels() else C if device.compiled_cpu() and t != O.Ftrl else None
         f = o.momentum_factor
         if t == O.SGD:
-            if kern:
-                K.sgd_update(w, g, lr, scaler)
+            if fast is not None:
+                fast.sgd_update(w, g, lr, scaler)
             else:
                 w[...] = K.sgd_update_ref(w, g, lr, scaler)
         elif t == O.MomentumSGD:
-            if kern:
-                K.momentum_sgd_update(w, s[0], g, lr, f, scaler)
+            if fast is not None:
+                fast.momentum_sgd_update(w, s[0], g, lr, f, scaler)
             else:
                 w[...], s[0][...] = K.momentum_sgd_update_ref(w, s[0], g, lr, f, scaler)
         elif t == O.Nesterov:
-            if kern:
-                K.nesterov_update(w, s[0], g, lr, f, scaler)
+            if fast is not None:
+                fast.nesterov_update(w, s[0], g, lr, f, scaler)
             else:
                 w[...], s[0][...] = K.nesterov_update_ref(w, s[0], g, lr, f, scaler)
         elif t == O.Adam:
             self.t += 1
             args = (lr, o.beta1, o.beta2, o.epsilon, self.t, scaler)
-            if kern:
-                K.adam_update(w, s[0], s[1], g, *args)
+            if fast is not None:
+                fast.adam_update(w, s[0], s[1], g, *args)
             else:
                 w[...], s[0][...], s[1][...] = K.adam_update_ref(w, s[0], s[1], g, *args)
         elif t == O.AdaGrad:
-            if kern:
-                K.adagrad_update(w, s[0], g, lr, o.epsilon, scaler)
+            if fast is not None:
+                fast.adagrad_update(w, s[0], g, lr, o.epsilon, scaler)
             else:
                 w[...], s[0][...] = K.adagrad_update_ref(w, s[0], g, lr, o.epsilon, scaler)
         else:  # Ftrl, states [z, n]
             args = (lr, o.beta, o.lambda1, o.lambda2, scaler)
-            if kern:
-                K.ftrl_update(w, s[0], s[1], g, *args)
+            if fast is not None:
+                fast.ftrl_update(w, s[0], s[1], g, *args)
             else:
                 w[...], s[0][...], s[1][...] = K.ftrl_update_ref(w, s[0], s[1], g, *args)
 

@@ -29,6 +29,8 @@ class FcBiasAct(Function):
         bvec = b[0].reshape(-1) if b else None
         if device.uses_kernels():
             fused_bias_act.bias_act_forward(y, bvec, relu)
+        elif device.compiled_cpu():
+            fused_bias_act.bias_act_forward_cpu(y, bvec, relu)
         else:
             y = fused_bias_act.bias_act_forward_ref(y, bvec, relu)
         ctx.x, ctx.w, ctx.y, ctx.relu, ctx.has_bias = x, w, y, relu, bool(b)
@@ -38,12 +40,13 @@ class FcBiasAct(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         dy = _contig(dy)
-        if device.uses_kernels():
+        if device.uses_kernels() or device.compiled_cpu():
             xp = _xp()
             if ctx.relu or ctx.has_bias:
                 d = xp.empty_like(dy)
                 db = xp.empty((dy.shape[1],), np.float32) if ctx.has_bias else None
-                fused_bias_act.bias_act_backward(ctx.y, dy, ctx.relu, d, db)
+                (fused_bias_act.bias_act_backward if device.uses_kernels() else
+                 fused_bias_act.bias_act_backward_cpu)(ctx.y, dy, ctx.relu, d, db)
             else:
                 d, db = dy, None
         else:
