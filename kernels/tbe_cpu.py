@@ -487,6 +487,10 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
             lin = sorted_keys[i0]
             t = table_of(lin, row_off)
             width = uint64(dims[t])
+            if s + _PF < n_seg:                          # the weights row of a later run
+                later = sorted_keys[seg_start[s + _PF]]
+                t_later = table_of(later, row_off)
+                prefetch(w, uint64(elem_off[t_later] + (later - row_off[t_later]) * strides[t_later]))
             # the common widths get their own copy of the reduction (a constant trip count)
             if width == 16:
                 reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, 16, g)
