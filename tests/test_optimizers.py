@@ -1,3 +1,4 @@
+import contextlib
 import math
 
 import numpy as np
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from numbactr.kernels import optimizers as opt
-from tests.kernel_util import dev, f32_arrays, host
+from tests.kernel_util import SIMULATED, dev, f32_arrays, host
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -127,6 +128,7 @@ def _engine(o, table, live=None, impl=None, **kw):
     """A one-table engine holding `table` (V, D), with HugeCTR's sparse optimizer `o`: a keyed table whose
     first `live` rows (default: all) hold keys 0..live-1 (key = row), so Global's all-rows pass covers
     exactly the rows [0, live) in use. Pooling NONE unless kw (TableBatchedEmbedding's) says otherwise."""
+    from numbactr import device
     from numbactr.embedding.engine import Pooling, TableBatchedEmbedding, TableSpec
     from numbactr.optim import sparse_optimizer_spec
     kw.setdefault("pooling", Pooling.NONE)
@@ -135,21 +137,38 @@ def _engine(o, table, live=None, impl=None, **kw):
                                     impl=impl, **kw)
     except NotImplementedError as e:            # an engine path that is not built (yet)
         pytest.skip(str(e))
-    eng.hash_tables[0].insert(dev(np.arange(table.shape[0] if live is None else live, dtype=np.uint64)))
-    eng.split_weights()[0][...] = dev(table)
+    xp = device.xp()
+    eng.hash_tables[0].insert(xp.asarray(np.arange(table.shape[0] if live is None else live, dtype=np.uint64)))
+    eng.split_weights()[0][...] = xp.asarray(table)
     return eng
 
 
 def _set_states(eng, states) -> None:
+    from numbactr import device
     for view, s in zip(eng.split_optimizer_states()[0], states):
-        view[...] = dev(np.asarray(s))
+        view[...] = device.xp().asarray(np.asarray(s))
 
 
 def _engine_step(eng, rows, grads, lr, scaler) -> None:
     """One fused update at the engine's next step: rows (U,) unique (key = row) take grads (U, D)."""
+    from numbactr import device
+    xp = device.xp()
     eng.set_hyper_parameters(learning_rate=lr, scaler=scaler)
-    _, ctx = eng.forward(dev(np.asarray(rows, np.int64)), dev(np.array([0, len(rows)], np.int64)))
-    eng.backward(ctx, dev(np.asarray(grads, np.float32)))
+    _, ctx = eng.forward(xp.asarray(np.asarray(rows, np.int64)), xp.asarray(np.array([0, len(rows)], np.int64)))
+    eng.backward(ctx, xp.asarray(np.asarray(grads, np.float32)))
+
+
+@contextlib.contextmanager
+def _device_for(impl):
+    """The device an engine path runs on: cpu for the host paths ('ref', 'cpu'), the kernels' device (the
+    simulator, or the GPU of a gpu run) for 'kernels'."""
+    from numbactr import device
+    before = device.kind()
+    device.set_device("cpu" if impl != "kernels" else "sim" if SIMULATED else "gpu")
+    try:
+        yield
+    finally:
+        device.set_device(before)
 
 
 def _engine_arrays(eng) -> list:
@@ -220,14 +239,15 @@ def test_fused_sparse_update_matches_the_references(impl, o_name, u_name, f, cas
     table, m, v, rows, grads = case
     o = _hc(o_name, u_name, **({} if f is None else {"momentum_factor": f}))
     live = data.draw(st.integers(int(rows.max(initial=-1)) + 1, table.shape[0]))
-    eng = _engine(o, table, live, impl)
     states = {"SGD": [], "AdaGrad": [v], "MomentumSGD": [m], "Nesterov": [m], "Adam": [m, v]}[o_name]
     if u_name == "LazyGlobal":                  # each row last updated at some step before t
         states = states + [data.draw(hnp.arrays(np.int64, table.shape[0], elements=st.integers(1, t)))]
-    _set_states(eng, states)
-    eng.step = t - 1
-    _engine_step(eng, rows, grads, lr, scaler)
-    got = _engine_arrays(eng)
+    with _device_for(impl):
+        eng = _engine(o, table, live, impl)
+        _set_states(eng, states)
+        eng.step = t - 1
+        _engine_step(eng, rows, grads, lr, scaler)
+        got = _engine_arrays(eng)
     want = _sparse_ref(o, table, states, rows, grads, lr, scaler, t, live)
     for a, b, before in zip(got, want, [table] + states):
         close(a, b, before, rtol=3e-5 if u_name == "LazyGlobal" else RTOL)      # powf vs float64 pow
@@ -253,9 +273,9 @@ def test_pooled_steps_with_repeated_rows_match_the_references(o_name, u_name, f)
         rows = rng.integers(0, 12 if step else 6, size=9)     # rows 6.. first touched at step 2+
         offsets = np.array([0, 2, 5, 6, 9])                   # bags (sample, slot): 2, 3, 1, 3 keys
         eng.set_hyper_parameters(learning_rate=0.05, scaler=2.0)
-        out, ctx = eng.forward(dev(rows), dev(offsets))
+        out, ctx = eng.forward(rows, offsets)
         dy = rng.normal(size=out.shape).astype(np.float32)
-        eng.backward(ctx, dev(dy))
+        eng.backward(ctx, dy)
         uniq, grads = EB.embedding_bag_backward_ref(dy.reshape(-1, 4), rows, offsets, EB.SUM)
         want = _sparse_ref(o, want[0], want[1:], uniq, grads, 0.05, 2.0, step + 1, 12)
     for got, ref in zip(_engine_arrays(eng), want):
