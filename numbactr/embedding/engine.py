@@ -280,11 +280,18 @@ class TableBatchedEmbedding:
     def _new_state(self, per_row: bool, dtype, name: str):
         size = int(self.row_offsets[-1] if per_row else self.elem_offsets[-1])
         buf = _zeros(size, dtype)
-        if name == "prev_step":
-            buf.fill(1)                                      # HugeCTR's prev_time starts at 1
-        elif self.optimizer.kind == Optim.HUGECTR_ADAGRAD:
-            buf.fill(self.optimizer.initial_accumulator)
+        start = self.initial_state_value(name)
+        if start:
+            buf.fill(start)
         return buf
+
+    def initial_state_value(self, name: str) -> float:
+        """The value every row of optimizer state `name` starts from (a tiered table's backing tier too)."""
+        if name == "prev_step":
+            return 1                                         # HugeCTR's prev_time starts at 1
+        if self.optimizer.kind == Optim.HUGECTR_ADAGRAD:
+            return self.optimizer.initial_accumulator
+        return 0
 
     @property
     def learning_rate(self) -> float:
@@ -396,8 +403,14 @@ class TableBatchedEmbedding:
             self._report(self._impl.report(status, indices, offsets, fixed, batch), offsets, n)
         if self.hash_tables:
             self._rows_of_keys(indices, rows, fixed, batch, training)
+        rows = self._storage_rows(indices, rows, fixed, batch, training)
         ctx = LookupContext(rows, fixed, psw, batch, pooling, feature_requires_grad)
         return self._impl.forward(ctx), ctx
+
+    def _storage_rows(self, indices, rows, offsets, batch: int, training: bool):
+        """(N,) where each occurrence's row is stored: the row itself. A tiered table's engine
+        (numbactr.embedding.tiered) overrides this to place the rows in its cache slots."""
+        return rows
 
     def _report(self, report, offsets, n: int) -> None:
         """Raise (FATAL) or warn (WARNING) about what the bounds check found."""
