@@ -105,6 +105,14 @@ def _apply_blas(n: int, explicit: bool) -> str:
 
 def _apply_numba(n: int, explicit: bool) -> str:
     import numba
+    if not os.environ.get("NUMBA_THREADING_LAYER", "").strip():
+        # Before numba starts its pool (get/set_num_threads start it): numba's default OpenMP layer
+        # spin-waits between parallel regions; on a busy host (other processes, BLAS threads spinning
+        # too) each region of a 2-thread run then waited for a scheduler time slice: a 0.35 ms ReLU took
+        # 8 ms, the DLRM step 0.5-0.7 s instead of 40-60 ms. workqueue threads sleep. It is not
+        # thread-safe: numbactr calls its compiled code from one thread (the training step);
+        # NUMBA_THREADING_LAYER overrides this choice.
+        numba.config.THREADING_LAYER = "workqueue"
     limit = numba.config.NUMBA_NUM_THREADS
     if os.environ.get("NUMBA_NUM_THREADS", "").strip() and not explicit:
         return f"{numba.get_num_threads()} as set by NUMBA_NUM_THREADS={os.environ['NUMBA_NUM_THREADS']}"
