@@ -1,0 +1,519 @@
+"""Tiered tables: the engine on a fast cache of slots, every row in a larger backing tier.
+
+    tier = TieredEmbedding(tables, feature_table_map, cache=CacheConfig(policy="lru", load_factor=0.2),
+                           backing="memmap", path="/data/tables", optimizer=..., ...)   # engine arguments
+    out, ctx = tier.forward(indices, offsets)      # the engine's forward (same arguments and results)
+    tier.prefetch(next_indices, next_offsets)      # optional: stage the next batch (on a thread if asked)
+    tier.backward(ctx, grad_output)                # the engine's fused backward + optimizer, on the slots
+    tier.flush(); tier.split_weights()             # every row, from the backing tier
+
+What happens (shapes: T tables, V_t rows, C_t cache slots, N occurrences):
+  * the fast tier is an ordinary TableBatchedEmbedding whose table t has C_t rows, the slots, holding
+    weights and optimizer states; on a GPU it is device memory, on the cpu device RAM.
+  * the backing tier (numbactr.embedding.tiers) holds every row of every table with its optimizer states
+    and LFU count: host memory ("host"; pinned on a GPU) or files (numpy.memmap, "memmap").
+  * before a batch's lookup its rows are placed (numbactr.embedding.cache.EmbeddingCache): hits keep their
+    slot; misses take LRU / LFU victims among slots that neither this batch nor a pending training lookup
+    uses; a victim's row is written back (weights AND optimizer states) when it was updated, then the
+    missing rows are loaded; the engine then runs on slot numbers. A training lookup pins its slots until
+    its backward has run, so a prefetch of the next batch can never move a row that an update is about to
+    write (FBGEMM's prefetch-pipeline cache locking).
+  * the engine's per-row math reads only that row's weights and states (and the step, learning rate and
+    batch), and each row's gradient is summed in occurrence order whatever its slot, so training through
+    the cache gives exactly the weights and states of training with every table in the fast tier, for
+    every optimizer (tests/test_tiered.py). HugeCTR's GLOBAL update kinds move every row in use each step:
+    the slots through the engine, the rows of the backing tier through the same pass of the same
+    implementation (ref: NumPy, cpu: compiled; on a GPU the CPU's compiled pass runs on the host tier, the
+    same float32 formula), which costs a pass over the whole backing tier per step.
+  * a batch with more distinct rows of a table than that table's free slots is an error
+    (CacheCapacityError) before anything moves: never a silent fallback.
+Not supported through the cache (an error says so): FP16 weights with stochastic rounding (its random
+bits hash the row's storage position, which a slot is not; use stochastic_rounding=False or FP32) and
+keyed tables (see numbactr.embedding.dynamic for keyed tables of unknown size).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import device
+from ..kernels import cache as KC
+from ..kernels import embedding_init as EI
+from ..kernels import tbe as K
+from ..kernels import tbe_cpu as C
+from .cache import CacheCapacityError, CacheStats, EmbeddingCache
+from .engine import (Grads, LookupContext, Optim, Precision, SparseRowGrad, TableBatchedEmbedding, TableSpec,
+                     _as_table)
+from .tiers import BufferSpec, make_store
+
+__all__ = ["TieredEmbedding", "CacheConfig", "CacheCapacityError", "CacheStats", "cache_rows"]
+
+SLOT_BOOKKEEPING_BYTES = 8 + 8 + 8 + 4 + 1     # slot_row, stamp, freq, pin, dirty per slot
+ROW_MAP_BYTES = 8                               # row_slot per row of the table
+
+
+@dataclass
+class CacheConfig:
+    """The fast tier's size and policy.
+
+    policy: "lru" or "lfu". load_factor: the fraction of each table's rows the cache holds (FBGEMM's
+    cache_load_factor). budget_bytes: instead, the bytes the cache may use for rows (weights, optimizer
+    states, bookkeeping), shared among the tables in proportion to their rows. min_slots: the least slots
+    any table gets. prefetch_thread: prefetch() stages rows on a worker thread (the next forward waits for
+    it); HugeCTR's GLOBAL kinds prefetch synchronously (their pass touches every slot).
+    """
+    policy: str = "lru"
+    load_factor: float | None = 0.2
+    budget_bytes: int | None = None
+    min_slots: int = 1
+    prefetch_thread: bool = False
+
+
+def _slot_bytes(dim: int, precision: Precision, state_specs) -> int:
+    """Fast-tier bytes of one slot of width dim: the padded weights row, its states and the bookkeeping."""
+    lane = 8 if precision == Precision.FP16 else 4
+    stride = -(-dim // lane) * lane
+    total = stride * (2 if precision == Precision.FP16 else 4) + SLOT_BOOKKEEPING_BYTES
+    for _, per_row, dtype in state_specs:
+        total += np.dtype(dtype).itemsize * (1 if per_row else stride)
+    return total
+
+
+def cache_rows(tables, config: CacheConfig, precision=Precision.FP32, state_specs=()) -> list:
+    """Slots per table (C_t): load_factor * V_t, or the byte budget split in proportion to V_t; at least
+    config.min_slots and at most V_t."""
+    specs = [_as_table(t) for t in tables]
+    rows = np.array([t.rows for t in specs], np.int64)
+    if config.budget_bytes is not None:
+        per_row = np.array([_slot_bytes(t.dim, Precision(precision), state_specs) for t in specs], np.int64)
+        if config.budget_bytes <= 0:
+            raise ValueError(f"cache budget_bytes must be > 0, got {config.budget_bytes}")
+        frac = config.budget_bytes / max(int((rows * per_row).sum()), 1)
+    else:
+        frac = config.load_factor
+        if frac is None or not 0 < frac <= 1:
+            raise ValueError(f"cache load_factor must be in (0, 1], got {frac!r}")
+    return [int(min(r, max(config.min_slots, math.floor(frac * r)))) if r else 0 for r in rows]
+
+
+class _SlotEngine(TableBatchedEmbedding):
+    """The engine over the cache's slots: bounds-checks indices against the full tables and places the
+    rows in slots (the forward's _storage_rows hook)."""
+
+    def __init__(self, tier: "TieredEmbedding", full_rows, slot_tables, ftm, **kwargs):
+        self._full_rows = np.asarray(full_rows, np.int64)
+        self._tier = weakref.proxy(tier)
+        super().__init__(slot_tables, ftm, **kwargs)
+
+    def _feature_rows(self) -> np.ndarray:
+        return self._full_rows[self.feature_table_map]
+
+    def _storage_rows(self, indices, rows, offsets, batch: int, training: bool):
+        return self._tier._place_lookup(rows, offsets, batch, training)
+
+
+class TieredEmbedding:
+    """A TableBatchedEmbedding whose tables live in a backing tier behind a cache (module docstring).
+
+    Args:
+        tables, feature_table_map: as the engine's (unkeyed tables).
+        cache: CacheConfig (default: LRU, load factor 0.2).
+        backing: "host", "memmap" or a store object (numbactr.embedding.tiers).
+        path: the memmap tier's directory (default: a temporary one, removed by close()).
+        **engine_kwargs: the engine's keyword arguments (pooling, optimizer, weights_precision, ...).
+    """
+
+    def __init__(self, tables, feature_table_map=None, *, cache: CacheConfig | None = None, backing="host",
+                 path=None, **engine_kwargs):
+        self.tables = [_as_table(t) for t in tables]
+        if not self.tables:
+            raise ValueError("TieredEmbedding needs at least one table")
+        keyed = [t for t, spec in enumerate(self.tables) if spec.keyed]
+        if keyed:
+            raise ValueError(f"tables {keyed} are keyed: a tiered table maps indices to rows itself; keyed "
+                             "tables of unknown size go through numbactr.embedding.dynamic")
+        self.config = cache or CacheConfig()
+        rows = np.array([t.rows for t in self.tables], np.int64)
+        if (rows == 0).any():
+            raise ValueError("every table of a tiered embedding needs rows >= 1")
+        probe = dict(engine_kwargs)
+        precision = Precision(probe.get("weights_precision", Precision.FP32))
+        if precision == Precision.FP16 and probe.get("stochastic_rounding", True):
+            raise NotImplementedError("FP16 weights with stochastic rounding cannot be cached exactly (the "
+                                      "rounding bits hash the row's storage position); pass "
+                                      "stochastic_rounding=False or use FP32 weights")
+        self._lock = threading.Lock()
+        self._prefetched = []          # FIFO of (key, unique slots) staged by prefetch() for a forward
+        self._worker = None
+        self._worker_error = None
+        self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        slots = self._sizes(engine_kwargs, feature_table_map)
+        slot_tables = [TableSpec(c, t.dim, False, t.init_range) for c, t in zip(slots, self.tables)]
+        self.engine = _SlotEngine(self, rows, slot_tables, feature_table_map, **engine_kwargs)
+        e = self.engine
+        self.cache = EmbeddingCache(slots, rows, self.config.policy, use_kernels=e.impl == "kernels")
+        self._specs = e._state_specs()
+        buffers = [BufferSpec("weights", False, e.weights.dtype)]
+        buffers += [BufferSpec(name, per_row, dtype, e.initial_state_value(name))
+                    for name, per_row, dtype in self._specs]
+        buffers.append(BufferSpec("freq", True, np.int64))
+        self.store = make_store(backing, buffers, rows, [t.dim for t in self.tables], path=path,
+                                pinned=device.kind() == "gpu")
+        # per table, its cache buffers: (C_t, D_t) views (host path) and the padded (C_t, stride_t) / (C_t, 1)
+        # contiguous blocks they live in (the row kernels' arguments)
+        self._cache_views = [[w] + list(s) for w, s in zip(e.split_weights(), e.split_optimizer_states())]
+        self._cache_blocks = [[_block(e, e.weights, t, False)] + [_block(e, buf, t, per_row) for buf, (_, per_row, _)
+                                                                  in zip(e.states, self._specs)]
+                              for t in range(len(self.tables))]
+        self.weights_precision = e.weights_precision
+
+    def _sizes(self, engine_kwargs, feature_table_map) -> list:
+        from .engine import _check_optimizer, OptimizerSpec
+        opt = _check_optimizer(engine_kwargs.get("optimizer") or OptimizerSpec())
+        specs = list(K.STATES[opt.kind]) + ([K.LAZY_PREV_STEP] if opt.update_type == K.UpdateType.LAZY_GLOBAL
+                                            else [])
+        return cache_rows(self.tables, self.config, engine_kwargs.get("weights_precision", Precision.FP32), specs)
+
+    # ---- the engine's interface ----------------------------------------------------------------------
+    @property
+    def feature_table_map(self) -> list:
+        return self.engine.feature_table_map
+
+    @property
+    def n_features(self) -> int:
+        return self.engine.n_features
+
+    @property
+    def total_dim(self) -> int:
+        return self.engine.total_dim
+
+    @property
+    def optimizer(self):
+        return self.engine.optimizer
+
+    @property
+    def step(self) -> int:
+        return self.engine.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.engine.step = int(value)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.engine.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, lr: float) -> None:
+        self.engine.learning_rate = lr
+
+    def set_hyper_parameters(self, **values) -> None:
+        self.engine.set_hyper_parameters(**values)
+
+    @property
+    def bounds_warnings(self) -> int:
+        return self.engine.bounds_warnings
+
+    @property
+    def stats(self) -> CacheStats:
+        """Hit, miss, eviction and write-back counters (numbactr.embedding.cache.CacheStats)."""
+        return self.cache.stats
+
+    @property
+    def capacities(self) -> list:
+        """Cache slots per table (C_t)."""
+        return [int(c) for c in self.cache.capacities]
+
+    def forward(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
+                feature_requires_grad=None):
+        """The engine's forward through the cache: (out, ctx) as TableBatchedEmbedding.forward."""
+        self._wait()
+        self._held = None
+        try:
+            out, ctx = self.engine.forward(indices, offsets, per_sample_weights, training=training,
+                                           pooling=pooling, feature_requires_grad=feature_requires_grad)
+        except BaseException:
+            if self._held is not None:                 # placed and pinned, but no lookup came of it
+                self.cache.unpin(self._held, dirty=False)
+            raise
+        if self._held is not None:
+            # the slots stay pinned until this lookup's backward, or until the lookup is dropped
+            ctx.extra["tier_slots"] = self._held
+            ctx.extra["tier_release"] = weakref.finalize(ctx, self.cache.unpin, self._held, False)
+        return out, ctx
+
+    def backward(self, ctx: LookupContext, grad_output) -> Grads:
+        """The engine's fused backward + optimizer on the lookup's slots; optimizer NONE returns the row
+        gradients with the tables' linear rows (ascending), as the untiered engine does."""
+        release = ctx.extra.pop("tier_release", None)
+        if release is None or not release.alive:
+            raise RuntimeError("this lookup has no cache slots held for a backward: it was an evaluation "
+                               "lookup (training=False) or its backward already ran")
+        self._wait()
+        e = self.engine
+        glob = K.has_global_pass(e.optimizer.kind, e.optimizer.update_type)
+        grads = e.backward(ctx, grad_output)
+        release.detach()
+        self.cache.unpin(ctx.extra["tier_slots"], dirty=e.optimizer.kind != Optim.NONE)
+        if glob:
+            self._backing_global_pass(e.step)
+            self.cache.mark_all_dirty()
+        if grads.sparse is not None:
+            grads.sparse = self._row_grads(grads.sparse)
+        return grads
+
+    def _row_grads(self, g: SparseRowGrad) -> SparseRowGrad:
+        """Slot gradients -> row gradients: linear rows of the full tables, ascending."""
+        xp = self.cache.xp
+        rows = self.cache.slot_row[g.rows]
+        order = xp.argsort(rows, kind="stable")
+        return SparseRowGrad(rows[order], g.values[order], self.row_offsets.copy())
+
+    # ---- placement ---------------------------------------------------------------------------------------
+    def _linear_rows(self, rows, offsets, batch: int):
+        """(N,) linear rows of local rows (N,): -1 for -1 and for rows outside their table (bounds check
+        NONE lets them through: they read and update nothing)."""
+        xp = self.cache.xp
+        e = self.engine
+        _, feat, _ = K._occurrences(device.to_host(offsets).astype(np.int64), e.n_features, batch, e.layout)
+        tab = np.asarray(e.feature_table_map)[np.maximum(feat, 0)]
+        base = xp.asarray(np.where(feat >= 0, self.row_offsets[tab], 0))
+        limit = xp.asarray(np.where(feat >= 0, self.row_offsets[tab + 1] - self.row_offsets[tab], 0))
+        rows = xp.asarray(rows).astype(np.int64, copy=False)
+        return xp.where((rows >= 0) & (rows < limit), rows + base, -1)
+
+    def _place_lookup(self, rows, offsets, batch: int, training: bool):
+        """The forward's hook: place the lookup's rows, pin them for a training lookup's backward, release
+        the prefetch this forward consumes; returns the local slots (N,)."""
+        plan = self._place(self._linear_rows(rows, offsets, batch))
+        if self._prefetched:
+            self.cache.unpin(self._prefetched.pop(0), dirty=False)
+        if training:
+            self.cache.pin(plan.unique_slots)
+        self._held = plan.unique_slots if training else None
+        xp = self.cache.xp
+        return xp.where(plan.slots >= 0, plan.slots - self._slot_base(plan.slots), -1)
+
+    def _slot_base(self, slots):
+        """slot_offsets of each linear slot's table."""
+        xp = self.cache.xp
+        off = xp.asarray(self.cache.slot_offsets)
+        return off[xp.searchsorted(off, xp.maximum(slots, 0), side="right") - 1]
+
+    def _place(self, lin):
+        """Place linear rows (N,) and move the rows that enter or leave the cache."""
+        with self._lock:
+            plan = self.cache.place(lin)
+            loaded_freq = self._move(plan)
+            self.cache.finish(plan, loaded_freq)
+            return plan
+
+    def _move(self, plan) -> np.ndarray:
+        """Write the evicted dirty rows back, load the misses into their victims; returns the misses' LFU
+        counts from the backing tier."""
+        cache = self.cache
+        loaded_freq = np.zeros(plan.misses.shape[0], np.int64)
+        for t in range(len(self.tables)):
+            m0, m1 = int(plan.miss_start[t]), int(plan.miss_start[t + 1])
+            if m0 == m1:
+                continue
+            victims = plan.victims[m0:m1] - cache.slot_offsets[t]
+            evicted = plan.evicted[m0:m1]
+            held = evicted >= 0
+            dirty = held & (plan.evicted_dirty[m0:m1] != 0)
+            if dirty.any():                    # weights and optimizer states of the updated rows
+                self._write(t, evicted[dirty] - self.row_offsets[t], self._gather(t, victims[dirty]) + [None])
+                cache.stats.writebacks += int(dirty.sum())
+            if held.any():                     # every evicted row's LFU count
+                self._write(t, evicted[held] - self.row_offsets[t],
+                            [None] * len(self._cache_views[t]) + [plan.evicted_freq[m0:m1][held]])
+            misses = plan.misses[m0:m1] - self.row_offsets[t]
+            loaded = self.store.read(t, misses)
+            self._scatter(t, victims, loaded[:-1])
+            loaded_freq[m0:m1] = loaded[-1]
+        return loaded_freq
+
+    def _write(self, t: int, rows: np.ndarray, values: list) -> None:
+        """store rows of table t for the buffers whose value is given (None: keep)."""
+        views = self.store.views(t)
+        for view, v in zip(views, values):
+            if v is not None:
+                view[rows] = v
+
+    def _gather(self, t: int, slots: np.ndarray) -> list:
+        """Host copies of the cache rows of table t at local slots (n,): weights and states."""
+        if self.cache.use_kernels:
+            xp = self.cache.xp
+            idx = xp.asarray(slots)
+            out = []
+            for view, block in zip(self._cache_views[t], self._cache_blocks[t]):
+                width = 1 if view.ndim == 1 else view.shape[1]
+                buf = xp.empty((idx.shape[0], width), block.dtype)
+                KC.gather_rows(block, idx, buf)
+                out.append(device.to_host(buf).view(view.dtype).reshape((idx.shape[0],) + view.shape[1:]))
+            return out
+        return [view[slots] for view in self._cache_views[t]]
+
+    def _scatter(self, t: int, slots: np.ndarray, values: list) -> None:
+        if self.cache.use_kernels:
+            xp = self.cache.xp
+            idx = xp.asarray(slots)
+            for block, v in zip(self._cache_blocks[t], values):
+                src = xp.asarray(np.ascontiguousarray(v).reshape(idx.shape[0], -1)).view(block.dtype)
+                KC.scatter_rows(block, idx, src)
+            return
+        for view, v in zip(self._cache_views[t], values):
+            view[slots] = v
+
+    # ---- prefetch ----------------------------------------------------------------------------------------
+    def prefetch(self, indices, offsets) -> None:
+        """Stage the rows of a coming forward (FBGEMM's prefetch): they are placed now (on a worker thread
+        with CacheConfig.prefetch_thread) and held until the next forward, which finds them cached. Indices
+        outside their table are skipped here (the forward's bounds check reports them)."""
+        self._wait()
+        xp = self.cache.xp
+        e = self.engine
+        indices, offsets = xp.asarray(indices), xp.asarray(offsets)
+        n_bags = offsets.shape[0] - 1
+        if indices.ndim != 1 or offsets.ndim != 1 or n_bags < 0 or n_bags % e.n_features:
+            raise ValueError(f"prefetch: indices (N,) and offsets (F*B + 1,) with F = {e.n_features} features, "
+                             f"got shapes {indices.shape} and {offsets.shape}")
+        fixed, _ = K.check_offsets_ref(device.to_host(offsets).astype(np.int64), int(indices.shape[0]),
+                                       K.BoundsCheck.IGNORE)
+        lin = self._linear_rows(indices, fixed, n_bags // e.n_features)
+
+        def run():
+            plan = self._place(lin)
+            self.cache.pin(plan.unique_slots)
+            self._prefetched.append(plan.unique_slots)
+
+        glob = K.has_global_pass(e.optimizer.kind, e.optimizer.update_type)
+        if self.config.prefetch_thread and not glob:
+            self._worker = threading.Thread(target=self._guard(run), name="numbactr-prefetch", daemon=True)
+            self._worker.start()
+        else:
+            run()
+
+    def _guard(self, fn):
+        def wrapped():
+            try:
+                fn()
+            except BaseException as exc:          # handed to the caller's thread by _wait()
+                self._worker_error = exc
+        return wrapped
+
+    def _wait(self) -> None:
+        """Join a running prefetch; re-raise its error in the caller's thread."""
+        if self._worker is not None:
+            self._worker.join()
+            self._worker = None
+        if self._worker_error is not None:
+            exc, self._worker_error = self._worker_error, None
+            raise exc
+
+    # ---- the whole table ---------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every updated cached row (weights and states) back to the backing tier."""
+        self._wait()
+        with self._lock:
+            slots, rows, dirty = self.cache.held()
+            for t in range(len(self.tables)):
+                lo, hi = self.cache.slot_offsets[t], self.cache.slot_offsets[t + 1]
+                mine = (slots >= lo) & (slots < hi)
+                sel = mine & dirty
+                if sel.any():
+                    self._write(t, rows[sel] - self.row_offsets[t], self._gather(t, slots[sel] - lo) + [None])
+                    self.cache.stats.writebacks += int(sel.sum())
+                if mine.any():
+                    freq = self.cache.freq[self.cache.xp.asarray(slots[mine])]
+                    self._write(t, rows[mine] - self.row_offsets[t],
+                                [None] * len(self._cache_views[t]) + [device.to_host(freq)])
+            self.cache.clean()
+            self.store.flush()
+
+    def invalidate(self) -> None:
+        """Flush, then empty the cache: the backing tier alone holds the rows (after writing into
+        split_weights() views, say)."""
+        self.flush()
+        self.cache.invalidate()
+        self._prefetched.clear()
+
+    def split_weights(self) -> list:
+        """One (V_t, D_t) array per table: the backing tier's rows after a flush and an emptied cache, so
+        that reads see every update and writes reach training."""
+        self.invalidate()
+        return [views[0] for views in (self.store.views(t) for t in range(len(self.tables)))]
+
+    def split_optimizer_states(self) -> list:
+        """Per table, its optimizer state arrays in kernels.tbe.STATES order, from the backing tier."""
+        self.invalidate()
+        n = len(self._specs)
+        return [self.store.views(t)[1:1 + n] for t in range(len(self.tables))]
+
+    def init_uniform(self, lo: float, hi: float, seed: int | None = None) -> None:
+        """Every weight U(lo, hi) from the hash of (seed, linear row, d): the engine's init_uniform."""
+        seed = self.engine.seed if seed is None else int(seed)
+        self.invalidate()
+        for t, spec in enumerate(self.tables):
+            view = self.store.views(t)[0]
+            for a in range(0, spec.rows, 1 << 16):
+                b = min(spec.rows, a + (1 << 16))
+                lin = np.arange(self.row_offsets[t] + a, self.row_offsets[t] + b, dtype=np.uint64)
+                view[a:b] = EI.row_values_ref(lin, spec.dim, seed, lo, hi).astype(view.dtype)
+
+    def close(self) -> None:
+        """Release the backing tier (a temporary memmap directory is removed)."""
+        self._wait()
+        self.store.close()
+
+    # ---- HugeCTR's GLOBAL update on the backing tier ------------------------------------------------------
+    def _backing_global_pass(self, t: int) -> None:
+        """The all-rows pass of step t over every row of the backing tier (stale copies of cached rows
+        included: they are overwritten when those rows are written back)."""
+        e = self.engine
+        opt = e.optimizer
+        for tb, spec in enumerate(self.tables):
+            views = self.store.views(tb)
+            w, states = views[0], views[1:1 + len(self._specs)]
+            for a in range(0, spec.rows, 1 << 16):
+                b = min(spec.rows, a + (1 << 16))
+                if e.impl == "ref":
+                    new_w, new_s = K.global_pass_ref(opt.kind, opt.hp(), w[a:b], [s[a:b] for s in states], t)
+                    w[a:b] = new_w.astype(np.float32).astype(w.dtype)
+                    for s, v in zip(states, new_s):
+                        s[a:b] = v.astype(np.float32)
+                else:
+                    self._compiled_global_pass(w[a:b], states, a, b, t)
+
+    def _compiled_global_pass(self, w, states, a: int, b: int, t: int) -> None:
+        """The cpu engine's compiled all-rows pass on rows a:b of one table's backing arrays."""
+        e = self.engine
+        n, dim = b - a, w.shape[1]
+        wf = np.ascontiguousarray(w).reshape(-1)
+        sa = np.ascontiguousarray(states[0][a:b]).reshape(-1)
+        sb = np.ascontiguousarray(states[1][a:b]).reshape(-1) if len(states) > 1 and states[1].ndim == 2 else \
+            np.zeros(1, np.float32)
+        _, ki = e._ks_ki(None, t)
+        ks = K.kernel_scalars(e.optimizer.hp(), t)
+        wk = wf.view(np.uint16) if wf.dtype == np.float16 else wf
+        C.global_pass(wk, sa, sb, np.array([0, n * dim], np.int64), np.array([dim], np.int64),
+                      np.array([dim], np.int64), np.array([0, n], np.int64), np.array([n], np.int64), ks, ki,
+                      K.rounding_base(e.seed, t, K.SR_PASS_ALL))
+        w[...] = wf.reshape(n, dim)
+        states[0][a:b] = sa.reshape(n, dim)
+        if len(states) > 1 and states[1].ndim == 2:
+            states[1][a:b] = sb.reshape(n, dim)
+
+
+def _block(e: TableBatchedEmbedding, buf, t: int, per_row: bool):
+    """Table t's contiguous block of an engine buffer: (C_t, stride_t), or (C_t, 1) for a per-row state;
+    float16 as uint16 (the row kernels copy bits)."""
+    if per_row:
+        block = buf[e.row_offsets[t]:e.row_offsets[t + 1]].reshape(-1, 1)
+    else:
+        block = buf[e.elem_offsets[t]:e.elem_offsets[t + 1]].reshape(int(e.rows[t]), int(e.strides[t]))
+    return block.view(np.uint16) if block.dtype == np.float16 else block
