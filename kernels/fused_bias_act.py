@@ -12,9 +12,9 @@ with the bias+ReLU epilogue; the backward's dReLU + bias-gradient epilogue).
 The backward is one block per column: its threads stride over the rows, write the masked gradient and
 reduce it in shared memory (tpb a power of two <= 1024).
 
-Compiled CPU versions (numba.njit, the cpu device's path): the forward in parallel over chunks of rows
-(a NaN stays NaN, as in the reference); the backward in parallel over blocks of columns, each column's
-mask and sum in one pass over the rows in order, so the thread count never changes a result.
+Compiled CPU versions (numba.njit, the cpu device's path), in parallel over fixed chunks of rows: the
+forward (a NaN stays NaN, as in the reference); the backward's mask and bias gradient in one pass, the
+column sums as bias.py's (one partial row per chunk, added in chunk order: the same at any thread count).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import functools
 import numpy as np
 from numba import cuda, float32, njit, prange
 
-from .bias import COL_BLOCK, ROW_CHUNK
+from .bias import ROW_CHUNK, sum_partials
 from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
 from .block import block_sum
 
@@ -124,31 +124,34 @@ def _bias_act_forward_cpu(y, b, has_bias, relu):
     rows, n = y.shape
     for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
         for m in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
+            row = y[m]                                    # 0-based views vectorize (kernels/bias.py)
             for k in range(n):
-                v = y[m, k]
+                v = row[k]
                 if has_bias:
                     v += b[k]
                 if relu and v < float32(0.0):
                     v = float32(0.0)
-                y[m, k] = v
+                row[k] = v
 
 
 @njit(cache=True, parallel=True)
 def _bias_act_backward_cpu(y, dy, relu, d, db, has_bias):
     rows, n = y.shape
-    for blk in prange((n + COL_BLOCK - 1) // COL_BLOCK):
-        c0, c1 = blk * COL_BLOCK, min(n, (blk + 1) * COL_BLOCK)
-        if has_bias:
-            for k in range(c0, c1):
-                db[k] = float32(0.0)
-        for m in range(rows):
-            for k in range(c0, c1):
-                g = dy[m, k]
-                if relu and not y[m, k] > float32(0.0):
+    part = np.zeros(((rows + ROW_CHUNK - 1) // ROW_CHUNK if has_bias else 0, n), np.float32)   # (chunks, N)
+    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        for m in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
+            yr, gr, dr = y[m], dy[m], d[m]
+            for k in range(n):
+                g = gr[k]
+                if relu and not yr[k] > float32(0.0):
                     g = float32(0.0)
-                d[m, k] = g
-                if has_bias:
-                    db[k] += g
+                dr[k] = g
+            if has_bias:
+                p = part[c]
+                for k in range(n):
+                    p[k] += dr[k]
+    if has_bias:
+        sum_partials(part, db)
 
 
 def bias_act_forward_cpu(y, b, relu: bool) -> None:

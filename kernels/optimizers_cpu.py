@@ -30,16 +30,22 @@ def _dense_update(kind, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
     states = elem_state_count(kind)
     zero, one = float32(0.0), float32(1.0)
     for c in prange((n + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
-            ai = a[i] if states >= 1 else zero
-            bi = b[i] if states == 2 else zero
-            wi, ai, bi, _ = elem_update(kind, _LOCAL, g[i], w[i], ai, bi, zero, zero, zero, lr, eps, b1, b2,
+        lo = c * _CHUNK
+        # 0-based views: an index that may be negative makes numba test it for wraparound on every
+        # access, which keeps LLVM from vectorizing the loop
+        ws, gs = w[lo:lo + _CHUNK], g[lo:lo + _CHUNK]
+        as_ = a[lo:lo + _CHUNK] if states >= 1 else a
+        bs = b[lo:lo + _CHUNK] if states == 2 else b
+        for i in range(ws.shape[0]):
+            ai = as_[i] if states >= 1 else zero
+            bi = bs[i] if states == 2 else zero
+            wi, ai, bi, _ = elem_update(kind, _LOCAL, gs[i], ws[i], ai, bi, zero, zero, zero, lr, eps, b1, b2,
                                         zero, mom, scaler, one, one, alpha)
-            w[i] = wi
+            ws[i] = wi
             if states >= 1:
-                a[i] = ai
+                as_[i] = ai
             if states == 2:
-                b[i] = bi
+                bs[i] = bi
 
 
 _f = np.float32

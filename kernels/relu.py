@@ -49,6 +49,8 @@ def relu_backward(y, dy, dx) -> None:
 
 
 # ---- compiled CPU versions (numba.njit; the cpu device; flat views, parallel over fixed chunks) ----
+# Each chunk is walked through 0-based views: an index that may be negative makes numba test it for
+# wraparound on every access, which keeps LLVM from vectorizing the loop (measured 8x slower).
 _CHUNK = 1 << 14
 
 
@@ -56,17 +58,20 @@ _CHUNK = 1 << 14
 def _relu_forward_cpu(x, y):
     n = x.shape[0]
     for c in prange((n + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
-            v = x[i]
-            y[i] = float32(0.0) if v < float32(0.0) else v
+        xs, ys = x[c * _CHUNK:(c + 1) * _CHUNK], y[c * _CHUNK:(c + 1) * _CHUNK]
+        for i in range(xs.shape[0]):
+            v = xs[i]
+            ys[i] = float32(0.0) if v < float32(0.0) else v
 
 
 @njit(cache=True, parallel=True)
 def _relu_backward_cpu(y, dy, dx):
     n = y.shape[0]
     for c in prange((n + _CHUNK - 1) // _CHUNK):
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
-            dx[i] = dy[i] if y[i] > float32(0.0) else float32(0.0)
+        lo, hi = c * _CHUNK, (c + 1) * _CHUNK
+        ys, gs, ds = y[lo:hi], dy[lo:hi], dx[lo:hi]
+        for i in range(ys.shape[0]):
+            ds[i] = gs[i] if ys[i] > float32(0.0) else float32(0.0)
 
 
 def relu_forward_cpu(x, y) -> None:
