@@ -129,9 +129,9 @@ class EmbeddingCache:
         rows when this returns. The caller then writes evicted dirty rows back, loads the misses' rows into
         their victims and calls finish(). CacheCapacityError (nothing changed) when a table's misses
         outnumber its free slots."""
-        self.clock += 1
         rows = self.xp.asarray(rows).astype(np.int64, copy=False)
         plan = self._place_kernels(rows) if self.use_kernels else self._place_host(rows)
+        self.clock += 1
         st = self.stats
         n_occ = int(rows.shape[0]) - int(self._count_none(rows))
         miss_occ = int(self._miss_occurrences(plan))
