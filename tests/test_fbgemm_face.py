@@ -297,14 +297,15 @@ def test_fbgemm_bounds_check_environment_override(monkeypatch):
         face(np.array([5]), np.array([0, 1]))
 
 
-def test_managed_caching_warns_and_runs_uncached():
-    with pytest.warns(IgnoredArgumentWarning, match="cache"):
-        face = ArrayTBE([(4, 4, EmbeddingLocation.MANAGED_CACHING, ComputeDevice.CUDA)], cache_load_factor=0.5)
+def test_managed_caching_runs_cached_with_the_same_results():
+    # the cache itself: tests/test_fbgemm_face_cache.py
+    face = ArrayTBE([(4, 4, EmbeddingLocation.MANAGED_CACHING, ComputeDevice.CUDA)], cache_load_factor=0.5)
     plain = ArrayTBE([(4, 4, EmbeddingLocation.DEVICE, ComputeDevice.CUDA)])
     for f in (face, plain):
         fill(f)
         f(np.array([1, 3]), np.array([0, 2]))
         f.backward(np.ones((1, 4), np.float32))
+    assert face.cached and face.engine.capacities == [4]          # one set of 32 rows holds the table
     np.testing.assert_array_equal(face.split_embedding_weights()[0], plain.split_embedding_weights()[0])
     with pytest.raises(NotImplementedError, match="cache_precision"):
         ArrayTBE([(4, 4, EmbeddingLocation.MANAGED_CACHING, ComputeDevice.CUDA)], cache_precision=SparseType.FP16)

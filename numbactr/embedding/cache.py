@@ -123,15 +123,21 @@ class EmbeddingCache:
         return int(self.slot_offsets[-1])
 
     # ---- placing a batch --------------------------------------------------------------------------
-    def place(self, rows) -> Placement:
+    def place(self, rows, count: bool = True) -> Placement:
         """Map the batch's linear rows (N,) int64 (-1: no row) to slots: hits keep theirs, misses take the
         policy's victims among the slots neither pinned nor used by this batch; the maps point at the new
         rows when this returns. The caller then writes evicted dirty rows back, loads the misses' rows into
         their victims and calls finish(). CacheCapacityError (nothing changed) when a table's misses
-        outnumber its free slots."""
+        outnumber its free slots. count=False leaves the stats alone (a forward placing the batch its
+        prefetch already counted)."""
         rows = self.xp.asarray(rows).astype(np.int64, copy=False)
         plan = self._place_kernels(rows) if self.use_kernels else self._place_host(rows)
         self.clock += 1
+        if count:
+            self._count(rows, plan)
+        return plan
+
+    def _count(self, rows, plan: Placement) -> None:
         st = self.stats
         n_occ = int(rows.shape[0]) - int(self._count_none(rows))
         miss_occ = int(self._miss_occurrences(plan))
@@ -144,7 +150,6 @@ class EmbeddingCache:
         st.evictions += int((plan.evicted >= 0).sum())
         for t in range(len(st.table_misses)):
             st.table_misses[t] += int(plan.miss_start[t + 1] - plan.miss_start[t])
-        return plan
 
     def finish(self, plan: Placement, loaded_freq=None) -> None:
         """After the rows moved: the misses' LFU counts (loaded_freq (M,), their backing tier's; zeros when

@@ -50,7 +50,7 @@ from .engine import (Grads, LookupContext, Optim, Precision, SparseRowGrad, Tabl
                      _as_table)
 from .tiers import BufferSpec, make_store
 
-__all__ = ["TieredEmbedding", "CacheConfig", "CacheCapacityError", "CacheStats", "cache_rows"]
+__all__ = ["TieredEmbedding", "CacheConfig", "CacheCapacityError", "CacheStats", "cache_rows", "slot_bytes"]
 
 SLOT_BOOKKEEPING_BYTES = 8 + 8 + 8 + 4 + 1     # slot_row, stamp, freq, pin, dirty per slot
 ROW_MAP_BYTES = 8                               # row_slot per row of the table
@@ -62,18 +62,19 @@ class CacheConfig:
 
     policy: "lru" or "lfu". load_factor: the fraction of each table's rows the cache holds (FBGEMM's
     cache_load_factor). budget_bytes: instead, the bytes the cache may use for rows (weights, optimizer
-    states, bookkeeping), shared among the tables in proportion to their rows. min_slots: the least slots
-    any table gets. prefetch_thread: prefetch() stages rows on a worker thread (the next forward waits for
+    states, bookkeeping), shared among the tables in proportion to their rows. capacities: instead, the
+    slots of each table (1..V_t). min_slots: the least slots any table gets (load factor and budget). prefetch_thread: prefetch() stages rows on a worker thread (the next forward waits for
     it); HugeCTR's GLOBAL kinds prefetch synchronously (their pass touches every slot).
     """
     policy: str = "lru"
     load_factor: float | None = 0.2
     budget_bytes: int | None = None
+    capacities: list | None = None
     min_slots: int = 1
     prefetch_thread: bool = False
 
 
-def _slot_bytes(dim: int, precision: Precision, state_specs) -> int:
+def slot_bytes(dim: int, precision: Precision, state_specs) -> int:
     """Fast-tier bytes of one slot of width dim: the padded weights row, its states and the bookkeeping."""
     lane = 8 if precision == Precision.FP16 else 4
     stride = -(-dim // lane) * lane
@@ -88,8 +89,14 @@ def cache_rows(tables, config: CacheConfig, precision=Precision.FP32, state_spec
     config.min_slots and at most V_t."""
     specs = [_as_table(t) for t in tables]
     rows = np.array([t.rows for t in specs], np.int64)
+    if config.capacities is not None:
+        caps = [int(c) for c in config.capacities]
+        if len(caps) != rows.size or any(not 1 <= c <= r for c, r in zip(caps, rows)):
+            raise ValueError(f"cache capacities {caps} must give each of the {rows.size} tables 1..rows slots "
+                             f"(rows {rows.tolist()})")
+        return caps
     if config.budget_bytes is not None:
-        per_row = np.array([_slot_bytes(t.dim, Precision(precision), state_specs) for t in specs], np.int64)
+        per_row = np.array([slot_bytes(t.dim, Precision(precision), state_specs) for t in specs], np.int64)
         if config.budget_bytes <= 0:
             raise ValueError(f"cache budget_bytes must be > 0, got {config.budget_bytes}")
         frac = config.budget_bytes / max(int((rows * per_row).sum()), 1)
@@ -289,7 +296,7 @@ class TieredEmbedding:
     def _place_lookup(self, rows, offsets, batch: int, training: bool):
         """The forward's hook: place the lookup's rows, pin them for a training lookup's backward, release
         the prefetch this forward consumes; returns the local slots (N,)."""
-        plan = self._place(self._linear_rows(rows, offsets, batch))
+        plan = self._place(self._linear_rows(rows, offsets, batch), count=not self._prefetched)
         if self._prefetched:
             self.cache.unpin(self._prefetched.pop(0), dirty=False)
         if training:
@@ -304,10 +311,10 @@ class TieredEmbedding:
         off = xp.asarray(self.cache.slot_offsets)
         return off[xp.searchsorted(off, xp.maximum(slots, 0), side="right") - 1]
 
-    def _place(self, lin):
+    def _place(self, lin, count: bool = True):
         """Place linear rows (N,) and move the rows that enter or leave the cache."""
         with self._lock:
-            plan = self.cache.place(lin)
+            plan = self.cache.place(lin, count)
             loaded_freq = self._move(plan)
             self.cache.finish(plan, loaded_freq)
             return plan
@@ -338,11 +345,8 @@ class TieredEmbedding:
         return loaded_freq
 
     def _write(self, t: int, rows: np.ndarray, values: list) -> None:
-        """store rows of table t for the buffers whose value is given (None: keep)."""
-        views = self.store.views(t)
-        for view, v in zip(views, values):
-            if v is not None:
-                view[rows] = v
+        """Store rows of table t for the buffers whose value is given (None: keep)."""
+        self.store.write(t, rows, values)
 
     def _gather(self, t: int, slots: np.ndarray) -> list:
         """Host copies of the cache rows of table t at local slots (n,): weights and states."""
@@ -435,10 +439,13 @@ class TieredEmbedding:
             self.cache.clean()
             self.store.flush()
 
-    def invalidate(self) -> None:
-        """Flush, then empty the cache: the backing tier alone holds the rows (after writing into
-        split_weights() views, say)."""
-        self.flush()
+    def invalidate(self, write_back: bool = True) -> None:
+        """Flush (unless write_back=False: the backing tier was overwritten, by a checkpoint load say), then
+        empty the cache: the backing tier alone holds the rows."""
+        if write_back:
+            self.flush()
+        else:
+            self._wait()
         self.cache.invalidate()
         self._prefetched.clear()
 

@@ -24,10 +24,21 @@ FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_traini
     returns [] as FBGEMM does.
 Differences, on purpose or not yet implemented (each raises or warns where it matters):
   * embedding dims need not be multiples of 4 (the engine pads rows to 16 bytes itself).
-  * every table lives in the engine's one buffer on numbactr's device: DEVICE and HOST are that storage;
-    MANAGED is host memory on the cpu device and device memory (not UVM) on a GPU, where it warns;
-    MANAGED_CACHING warns IgnoredArgumentWarning and runs uncached (the same results; the cache comes
-    with the large-tables issue).
+  * DEVICE and HOST tables live in the engine's one buffer on numbactr's device; MANAGED is host memory
+    on the cpu device and device memory (not UVM) on a GPU, where it warns. MANAGED_CACHING is real
+    (numbactr.embedding.tiered): every row and its optimizer states in host memory, a cache of
+    cache_load_factor x the caching tables' rows on the device (cache_sets x 32 rows when cache_sets > 0;
+    smaller when it would leave less than cache_reserved_memory bytes of the device free), LRU or LFU
+    (cache_algorithm), rows staged by prefetch() or by the forward itself, evicted rows written back with
+    their optimizer states; training equals uncached training bit for bit. FBGEMM's cache is 32-way set
+    associative (rows that find no way in their set are read from UVM); numbactr's is fully associative
+    per table, and a batch needing more rows than a table's free slots is an error (CacheCapacityError).
+    FBGEMM caches only on CUDA; numbactr also on the cpu device (a RAM cache over host memory). When some
+    tables are MANAGED_CACHING the other tables are cached whole (their slots = their rows).
+    split_embedding_weights() / split_optimizer_states() flush the cache first (FBGEMM returns the UVM
+    rows as they are, stale where the cache holds newer ones). Stochastic rounding of FP16 weights is
+    refused with MANAGED_CACHING (its random bits hash the row's position), and cache_precision must equal
+    weights_precision.
   * per-sample weights with MEAN pooling scale by 1/L in forward and backward (FBGEMM's GPU kernels;
     FBGEMM's CPU backward skips the 1/L there).
   * EXACT_ADAGRAD / EXACT_ROWWISE_ADAGRAD on a table read by several features sum the row's gradients of
@@ -49,9 +60,12 @@ from .. import device, log
 from ..config import IgnoredArgumentWarning
 from ..embedding.engine import (BoundsCheck, Grads, LookupContext, Optim, OptimizerSpec, Pooling, Precision,
                                 TableBatchedEmbedding, WeightDecay)
+from ..embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
+from ..kernels.tbe import STATES as K_STATES
 from .split_embedding_configs import EmbOptimType, SparseType
 from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
-                                                        EmbeddingLocation, PoolingMode, WeightDecayMode)
+                                                        EmbeddingLocation, PoolingMode, RecordCacheMetrics,
+                                                        WeightDecayMode)
 
 __all__ = ["TBEConfig", "TBECore", "ArrayTBE", "Lookup", "SUPPORTED_OPTIMIZERS"]
 
@@ -85,17 +99,17 @@ WHO = "SplitTableBatchedEmbeddingBagsCodegen"
 class TBEConfig:
     """FBGEMM's constructor arguments after embedding_specs and feature_table_map, in FBGEMM's order and
     with FBGEMM's defaults (so positional calls keep working). What numbactr does with each:"""
-    cache_algorithm: object = CacheAlgorithm.LRU        # cache: with MANAGED_CACHING only (not implemented:
-    cache_load_factor: float = 0.2                      #   those tables run uncached and warn)
-    cache_sets: int = 0
-    cache_reserved_memory: float = 0.0
-    cache_precision: object = None                      # None: weights_precision
+    cache_algorithm: object = CacheAlgorithm.LRU        # MANAGED_CACHING tables: LRU | LFU
+    cache_load_factor: float = 0.2                      #   the cache's rows / the caching tables' rows
+    cache_sets: int = 0                                 #   > 0: the cache holds cache_sets * 32 rows
+    cache_reserved_memory: float = 0.0                  #   bytes of the fast tier the cache leaves free
+    cache_precision: object = None                      # None: weights_precision (no other supported)
     weights_precision: object = SparseType.FP32         # FP32 | FP16
     output_dtype: object = SparseType.FP32              # FP32 | FP16
     enforce_hbm: bool = False                           # cache placement (as cache_*)
     optimizer: object = EmbOptimType.EXACT_SGD          # SUPPORTED_OPTIMIZERS
-    record_cache_metrics: object = None                 # cache statistics: warns when set
-    gather_uvm_cache_stats: bool = False                #   (there is no cache to count)
+    record_cache_metrics: object = None                 # RecordCacheMetrics: get_cache_miss_counter & co.
+    gather_uvm_cache_stats: bool = False                # get_uvm_cache_stats
     stochastic_rounding: bool = True                    # FP16 weights: stochastic rounding of updates
     gradient_clipping: bool = False                     # clamp dLoss/dout to +-max_gradient
     max_gradient: float = 1.0
@@ -117,11 +131,11 @@ class TBEConfig:
     bounds_check_mode: object = BoundsCheckMode.WARNING  # FATAL | WARNING | IGNORE | NONE (+ V2_ forms)
     uvm_non_rowwise_momentum: bool = False              # UVM placement: warns when set
     use_experimental_tbe: bool = False                  # FBGEMM's kernel choice: warns when set
-    prefetch_pipeline: bool = False                     # cache prefetch: warns when set
+    prefetch_pipeline: bool = False                     # prefetch() on a worker thread (LRU only, FBGEMM's)
     stats_reporter_config: object = None                # FBGEMM's monitoring hooks: warn when set
     table_names: object = None                          # kept as .table_names
     optimizer_state_dtypes: object = None               # only FP32 states (else NotImplementedError)
-    multipass_prefetch_config: object = None            # cache prefetch: warns when set
+    multipass_prefetch_config: object = None            # prefetch in several passes: warns when set
     global_weight_decay: object = None                  # WeightDecayMode.DECOUPLE_GLOBAL only: unused
     uvm_host_mapped: bool = False                       # UVM allocation: warns when set
     extra_optimizer_config: object = None               # rowwise bias correction / writeback: not implemented
@@ -137,14 +151,23 @@ class TBEConfig:
 
 #: arguments accepted but without effect in numbactr: a non-default value warns (IgnoredArgumentWarning)
 _IGNORED = {
-    "record_cache_metrics": "numbactr has no embedding cache to count", "gather_uvm_cache_stats":
-    "numbactr has no embedding cache to count", "uvm_non_rowwise_momentum": "optimizer states live beside "
-    "the weights in the engine's storage", "use_experimental_tbe": "numbactr has one TBE implementation per "
-    "device", "prefetch_pipeline": "numbactr has no embedding cache to prefetch into",
-    "multipass_prefetch_config": "numbactr has no embedding cache to prefetch into", "stats_reporter_config":
-    "FBGEMM's stats reporter is not supported", "tbe_input_multiplexer_config": "FBGEMM's input multiplexer "
-    "is not supported", "uvm_host_mapped": "numbactr allocates no UVM",
+    "uvm_non_rowwise_momentum": "optimizer states live beside the weights in the engine's storage",
+    "use_experimental_tbe": "numbactr has one TBE implementation per device",
+    "multipass_prefetch_config": "numbactr places a batch's rows in one pass",
+    "stats_reporter_config": "FBGEMM's stats reporter is not supported",
+    "tbe_input_multiplexer_config": "FBGEMM's input multiplexer is not supported",
+    "uvm_host_mapped": "numbactr allocates no UVM",
 }
+#: FBGEMM's cache associativity: the cache holds a multiple of ASSOC rows (cache_sets * ASSOC)
+ASSOC = 32
+
+
+def _fast_tier_free_bytes() -> int:
+    """Free memory where the cache lives: the GPU's on the gpu device, else the host's available RAM."""
+    if device.kind() == "gpu":
+        import cupy
+        return int(cupy.cuda.runtime.memGetInfo()[0])
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 def _enum(cls, value, what: str):
@@ -309,11 +332,28 @@ class TBECore:
         self.max_D = int(max(dims))
         self.D_offsets = np.concatenate([[0], np.cumsum(feature_dims)]).astype(np.int32)   # (F + 1,)
         self.feature_dims = np.asarray(feature_dims, np.int64)
-        self.engine = TableBatchedEmbedding(
-            list(zip(rows, dims)), ftm, pooling=Pooling(int(self.pooling_mode)),
-            optimizer=self._optimizer_spec(cfg), weights_precision=_PRECISION[self.weights_precision],
-            output_dtype=_PRECISION[out_dtype], bounds_check=BoundsCheck(int(bounds)),
-            stochastic_rounding=self.stochastic_rounding, seed=0 if seed is None else int(seed))
+        engine_args = dict(pooling=Pooling(int(self.pooling_mode)), optimizer=self._optimizer_spec(cfg),
+                           weights_precision=_PRECISION[self.weights_precision], output_dtype=_PRECISION[out_dtype],
+                           bounds_check=BoundsCheck(int(bounds)), stochastic_rounding=self.stochastic_rounding,
+                           seed=0 if seed is None else int(seed))
+        caching = [t for t, loc in enumerate(locations) if loc == EmbeddingLocation.MANAGED_CACHING]
+        self.cache_algorithm = _enum(CacheAlgorithm, cfg.cache_algorithm, "cache_algorithm")
+        self.record_cache_metrics = cfg.record_cache_metrics or RecordCacheMetrics(False, False)
+        self.gather_uvm_cache_stats = bool(cfg.gather_uvm_cache_stats)
+        if caching:
+            if self.stochastic_rounding and self.weights_precision == SparseType.FP16:
+                raise NotImplementedError(f"{WHO}: MANAGED_CACHING with FP16 weights needs stochastic_rounding="
+                                          "False in numbactr (stochastic rounding hashes the row's position, which "
+                                          "a cache slot is not, so cached training would not equal uncached)")
+            cache = CacheConfig(self.cache_algorithm.name.lower(),
+                                capacities=self._cache_slots(cfg, rows, dims, caching, engine_args["optimizer"]),
+                                prefetch_thread=bool(cfg.prefetch_pipeline))
+            self.engine = TieredEmbedding(list(zip(rows, dims)), ftm, cache=cache, **engine_args)
+        else:
+            self.engine = TableBatchedEmbedding(list(zip(rows, dims)), ftm, **engine_args)
+        self.cached = bool(caching)
+        self._cache_base = None              # stats at the last reset_cache_miss_counter / reset_uvm_cache_stats
+        self._uvm_base = None
 
     # ---- arguments ------------------------------------------------------------------------------------
     def _check_supported(self, cfg: TBEConfig, out_dtype, locations, compute_devices) -> None:
@@ -344,10 +384,17 @@ class TBECore:
             if precision != self.weights_precision:
                 raise NotImplementedError(f"{WHO}: cache_precision={precision.name} differs from weights_precision: "
                                           "a cache in another precision is not implemented in numbactr")
-            warnings.warn(f"{WHO}: EmbeddingLocation.MANAGED_CACHING (tables {caching}) is ignored: numbactr's "
-                          "embedding cache is not implemented yet, so these tables are held whole in the engine's "
-                          "storage on this device (same results; cache_* arguments have no effect)",
-                          IgnoredArgumentWarning, stacklevel=4)
+            if opt == EmbOptimType.NONE:
+                raise ValueError(f"{WHO}: OptimType.NONE supports only EmbeddingLocation.DEVICE (FBGEMM's rule), "
+                                 f"tables {caching} are MANAGED_CACHING")
+            if not float(cfg.cache_load_factor) > 0:
+                raise ValueError(f"{WHO}: cache_load_factor must be > 0, got {cfg.cache_load_factor}")
+            if cfg.prefetch_pipeline and _enum(CacheAlgorithm, cfg.cache_algorithm, "cache_algorithm") != \
+                    CacheAlgorithm.LRU:
+                raise ValueError(f"{WHO}: Only LRU cache policy supports prefetch_pipeline (FBGEMM's rule)")
+            if cfg.record_cache_metrics is not None and not isinstance(cfg.record_cache_metrics, tuple):
+                raise ValueError(f"{WHO}: record_cache_metrics must be a RecordCacheMetrics, got "
+                                 f"{cfg.record_cache_metrics!r}")
         managed = [t for t, loc in enumerate(locations) if loc == EmbeddingLocation.MANAGED]
         if managed and device.kind() == "gpu":
             warnings.warn(f"{WHO}: EmbeddingLocation.MANAGED (tables {managed}) is ignored: numbactr allocates no "
@@ -380,6 +427,28 @@ class TBECore:
         for name, used in not_implemented.items():
             if used:
                 raise NotImplementedError(f"{WHO}: {name}={getattr(cfg, name)!r} is not implemented in numbactr")
+
+    def _cache_slots(self, cfg: TBEConfig, rows, dims, caching, opt: OptimizerSpec) -> list:
+        """Cache rows per table, FBGEMM's sizing: cache_sets * 32 rows, else ceil(cache_load_factor x the
+        caching tables' rows / 32) sets, fewer when the cache would leave less than cache_reserved_memory
+        bytes of the fast tier free; split among the caching tables in proportion to their rows (each
+        1..V_t); the other tables are cached whole."""
+        total_rows = sum(rows[t] for t in caching)
+        per_slot = max(slot_bytes(dims[t], _PRECISION[self.weights_precision], K_STATES[opt.kind]) for t in caching)
+        if int(cfg.cache_sets) > 0:
+            total = int(cfg.cache_sets) * ASSOC
+        else:
+            total = max(1, (int(total_rows * float(cfg.cache_load_factor)) + ASSOC - 1) // ASSOC) * ASSOC
+            free = _fast_tier_free_bytes() - int(cfg.cache_reserved_memory)
+            if free <= 0:
+                raise ValueError(f"{WHO}: cache_reserved_memory={cfg.cache_reserved_memory} leaves no memory "
+                                 "for the cache")
+            if total * per_slot > free:
+                total = max(1, (free // per_slot) // ASSOC) * ASSOC
+        slots = [int(r) for r in rows]
+        for t in caching:
+            slots[t] = int(min(rows[t], max(1, total * rows[t] // max(total_rows, 1))))
+        return slots
 
     def _resolve_device(self, wanted, compute_device) -> str:
         """'cuda' on the gpu device, else 'cpu' (see the class docstring)."""
@@ -504,6 +573,71 @@ class TBECore:
     def _need_optimizer(self, what: str) -> None:
         if self.optimizer == EmbOptimType.NONE:
             raise NotImplementedError(f"{what} is not supported for {self.optimizer}")
+
+    # ---- the cache (MANAGED_CACHING) ---------------------------------------------------------------------
+    def prefetch(self, indices, offsets, forward_stream=None, batch_size_per_feature_per_rank=None) -> None:
+        """Stage the rows of the next forward in the cache (FBGEMM's prefetch; forward_stream has no
+        meaning here: with prefetch_pipeline the staging runs on a worker thread). Nothing without
+        MANAGED_CACHING tables."""
+        if not self.cached:
+            return
+        xp = device.xp()
+        indices, offsets = xp.asarray(indices), xp.asarray(offsets)
+        if batch_size_per_feature_per_rank is not None:
+            vbe = _vbe_layout(batch_size_per_feature_per_rank, self.feature_dims, int(offsets.shape[0]) - 1)
+            offsets = offsets[xp.asarray(vbe.offset_src)]
+        self.engine.prefetch(indices, offsets)
+
+    def flush(self) -> None:
+        """Write every updated cached row back to host memory (FBGEMM's flush)."""
+        if self.cached:
+            self.engine.flush()
+
+    def _cache_counts(self) -> dict:
+        st = self.engine.stats if self.cached else None
+        table = np.array(st.table_misses if st else [0] * len(self.embedding_specs), np.int64)
+        miss = np.array([st.batches_with_misses, st.unique_misses, st.unique_rows, st.lookups] if st else [0] * 4,
+                        np.int64)
+        uvm = np.array([st.batches, st.lookups, st.unique_rows, st.unique_misses, 0, 0] if st else [0] * 6, np.int64)
+        return dict(miss=miss, table=table, uvm=uvm)
+
+    def _need(self, flag: bool, what: str) -> None:
+        if not flag:
+            raise AssertionError(f"{what} should be true to access counter values")
+
+    def get_cache_miss_counter(self) -> np.ndarray:
+        """(4,) int64: forwards with a miss, unique misses, unique rows asked for, rows asked for (FBGEMM's
+        cache_miss_counter; needs record_cache_metrics.record_cache_miss_counter)."""
+        self._need(self.record_cache_metrics.record_cache_miss_counter, "record_cache_miss_counter")
+        base = self._cache_base if self._cache_base is not None else 0
+        return self._cache_counts()["miss"] - base
+
+    def reset_cache_miss_counter(self) -> None:
+        self._need(self.record_cache_metrics.record_cache_miss_counter, "record_cache_miss_counter")
+        self._cache_base = self._cache_counts()["miss"]
+
+    def get_table_wise_cache_miss(self) -> np.ndarray:
+        """(T,) int64 unique misses per table (needs record_cache_metrics.record_tablewise_cache_miss)."""
+        self._need(self.record_cache_metrics.record_tablewise_cache_miss, "record_tablewise_cache_miss")
+        return self._cache_counts()["table"]
+
+    def get_uvm_cache_stats(self) -> np.ndarray:
+        """(6,) int64: N_called, N_requested_indices, N_unique_indices, N_unique_misses, and FBGEMM's
+        set-conflict counts N_conflict_unique_misses, N_conflict_misses (always 0: a fully associative
+        cache has no set conflicts); needs gather_uvm_cache_stats."""
+        self._need(self.gather_uvm_cache_stats, "gather_uvm_cache_stats")
+        base = self._uvm_base if self._uvm_base is not None else 0
+        return self._cache_counts()["uvm"] - base
+
+    def reset_uvm_cache_stats(self) -> None:
+        self._need(self.gather_uvm_cache_stats, "gather_uvm_cache_stats")
+        self._uvm_base = self._cache_counts()["uvm"]
+
+    def print_uvm_cache_stats(self) -> None:
+        s = self.get_uvm_cache_stats().tolist()
+        names = ("N_called", "N_requested_indices", "N_unique_indices", "N_unique_misses",
+                 "N_conflict_unique_misses", "N_conflict_misses")
+        log.info(" ".join(f"{n}: {v}" for n, v in zip(names, s)))
 
 
 class ArrayTBE(TBECore):

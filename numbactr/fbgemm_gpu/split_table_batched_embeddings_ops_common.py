@@ -7,15 +7,16 @@ members (when fbgemm_gpu is installed beside numbactr) are accepted too, by valu
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
-__all__ = ["EmbeddingLocation", "ComputeDevice", "PoolingMode", "BoundsCheckMode", "CacheAlgorithm",
+__all__ = ["EmbeddingLocation", "ComputeDevice", "PoolingMode", "BoundsCheckMode", "CacheAlgorithm", "RecordCacheMetrics",
            "WeightDecayMode", "round_up"]
 
 
 class EmbeddingLocation(enum.IntEnum):
-    """Where a table's rows live. numbactr keeps every table in the engine's one buffer on the device it
-    runs on: DEVICE, MANAGED and HOST are that storage; MANAGED_CACHING runs uncached (with a
-    CachingNotImplementedWarning) until the large-tables issue adds the cache; MTIA is not supported."""
+    """Where a table's rows live. DEVICE, MANAGED and HOST: the engine's one buffer on numbactr's device;
+    MANAGED_CACHING: every row in host memory behind a cache of hot rows on the device (on the cpu
+    device a RAM cache over host memory), numbactr.embedding.tiered; MTIA is not supported."""
     DEVICE = 0
     MANAGED = 1
     MANAGED_CACHING = 2
@@ -66,6 +67,12 @@ class BoundsCheckMode(enum.IntEnum):
 class CacheAlgorithm(enum.Enum):
     LRU = 0
     LFU = 1
+
+
+class RecordCacheMetrics(NamedTuple):
+    """Which cache counters a MANAGED_CACHING TBE keeps (get_cache_miss_counter, get_table_wise_cache_miss)."""
+    record_cache_miss_counter: bool = False
+    record_tablewise_cache_miss: bool = False
 
 
 class WeightDecayMode(enum.IntEnum):

@@ -14,7 +14,8 @@ from .. import device
 from .array_tbe import ArrayTBE, SUPPORTED_OPTIMIZERS, TBECore
 from .split_embedding_configs import EmbOptimType, SparseType
 from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
-                                                        EmbeddingLocation, PoolingMode, WeightDecayMode)
+                                                        EmbeddingLocation, PoolingMode, RecordCacheMetrics,
+                                                        WeightDecayMode)
 
 OptimType = EmbOptimType
 
@@ -26,8 +27,8 @@ else:
     from .torch_tbe import SplitTableBatchedEmbeddingBagsCodegen
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen", "ArrayTBE", "TBECore", "SUPPORTED_OPTIMIZERS",
-           "EmbOptimType", "OptimType", "SparseType", "BoundsCheckMode", "CacheAlgorithm", "ComputeDevice",
-           "EmbeddingLocation", "PoolingMode", "WeightDecayMode", "get_available_compute_device"]
+           "EmbOptimType", "OptimType", "SparseType", "BoundsCheckMode", "CacheAlgorithm", "RecordCacheMetrics",
+           "ComputeDevice", "EmbeddingLocation", "PoolingMode", "WeightDecayMode", "get_available_compute_device"]
 
 
 def get_available_compute_device() -> ComputeDevice:

@@ -12,6 +12,10 @@ write through to the engine, and nothing is copied per step.
 state_dict() holds the engine's buffers under FBGEMM's names (weights_host / momentum1_host /
 momentum2_host on the CPU, *_dev on a GPU) as flat arrays in the engine's layout: table after table,
 rows padded to 16 bytes (FBGEMM's layout for FP32 tables, whose dims FBGEMM requires to be multiples of 4).
+With MANAGED_CACHING tables the rows live in host memory behind the cache (numbactr.embedding.tiered):
+weights_uvm / momentum*_uvm are those host arrays (table after table, rows of D_t values, unpadded) and
+lxu_cache_weights the cache's slots; state_dict() flushes the cache first, and a load_state_dict() empties
+it, so that saved and loaded tables are whole.
 """
 from __future__ import annotations
 
@@ -101,14 +105,31 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         self.step = 0
         where = "dev" if self.current_device.type == "cuda" else "host"
         engine = core.engine
-        if self.optimizer == EmbOptimType.NONE:
+        if core.cached:
+            self._register_cached_buffers(engine)
+        elif self.optimizer == EmbOptimType.NONE:
             # all dims are equal (FBGEMM's rule for NONE), so every table has the same padded row stride
             flat = _as_tensor(engine.weights).view(-1, int(engine.strides[0]))[:, :self.max_D]
             self.weights_dev = nn.Parameter(flat)                                  # (sum V, D)
         else:
             self.register_buffer(f"weights_{where}", _as_tensor(engine.weights))
-        for i, state in enumerate(engine.states):
-            self.register_buffer(f"momentum{i + 1}_{where}", _as_tensor(state))
+        if not core.cached:
+            for i, state in enumerate(engine.states):
+                self.register_buffer(f"momentum{i + 1}_{where}", _as_tensor(state))
+
+    def _register_cached_buffers(self, tier) -> None:
+        """FBGEMM's names for a cached TBE: the host rows (weights_uvm, momentum*_uvm) and the cache."""
+        flat = tier.store.flat                      # weights, the optimizer states, the LFU counts
+        self.register_buffer("weights_uvm", _as_tensor(flat[0]))
+        for i, state in enumerate(flat[1:-1]):
+            self.register_buffer(f"momentum{i + 1}_uvm", _as_tensor(state))
+        self.register_buffer("lxu_cache_weights", _as_tensor(tier.engine.weights), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, keys: tier.invalidate(write_back=False))
+
+    def state_dict(self, *args, **kwargs):
+        """The module's state (FBGEMM's buffer names); a cache is flushed first, so the rows are whole."""
+        self.flush()
+        return super().state_dict(*args, **kwargs)
 
     @property
     def engine(self):
@@ -183,10 +204,33 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         self.iter_cpu = int(step)
 
     def prefetch(self, indices, offsets, forward_stream=None, batch_size_per_feature_per_rank=None) -> None:
-        """Nothing to do: numbactr has no embedding cache (MANAGED_CACHING tables are held whole)."""
+        """Stage the rows of the next forward in the cache (MANAGED_CACHING tables; nothing otherwise)."""
+        self._core.prefetch(_as_array(indices), _as_array(offsets), forward_stream, batch_size_per_feature_per_rank)
 
     def flush(self) -> None:
-        """Nothing to do: numbactr has no embedding cache to write back."""
+        """Write every updated cached row back to host memory."""
+        self._core.flush()
+
+    def get_cache_miss_counter(self) -> torch.Tensor:
+        """(4,) forwards with a miss, unique misses, unique rows asked for, rows asked for."""
+        return torch.from_numpy(self._core.get_cache_miss_counter())
+
+    def reset_cache_miss_counter(self) -> None:
+        self._core.reset_cache_miss_counter()
+
+    def get_table_wise_cache_miss(self) -> torch.Tensor:
+        """(T,) unique misses per table."""
+        return torch.from_numpy(self._core.get_table_wise_cache_miss())
+
+    def get_uvm_cache_stats(self) -> torch.Tensor:
+        """(6,) N_called, N_requested_indices, N_unique_indices, N_unique_misses, 0, 0."""
+        return torch.from_numpy(self._core.get_uvm_cache_stats())
+
+    def reset_uvm_cache_stats(self) -> None:
+        self._core.reset_uvm_cache_stats()
+
+    def print_uvm_cache_stats(self) -> None:
+        self._core.print_uvm_cache_stats()
 
 
 SplitTableBatchedEmbeddingBagsCodegen.__signature__ = SIGNATURE
