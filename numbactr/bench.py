@@ -7,6 +7,9 @@
     numbactr bench dlrm       one DLRM training step: numbactr's HugeCTR model, plain PyTorch, and PyTorch
                               with numbactr's / FBGEMM's TBE for the embeddings, samples/s
     numbactr bench all        the three above
+    numbactr bench cache      a table 4-50x larger than its cache's byte budget, trained through the cache
+                              on a memory-mapped file: hit rate and samples/s against cache size, LRU and
+                              LFU, and a plot (--plot; numbactr/bench_cache.py says more)
     --quick                   small shapes (seconds; the smoke test uses it)
     --threads 1,2             thread counts of the embedding and dlrm runs (cpu; default 1,2)
 
@@ -46,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SUBCOMMANDS = ("hash", "embedding", "dlrm", "all")
+SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache")
 
 HASH_COLUMNS = ["impl", "keys", "op", "batch keys", "distinct", "capacity", "ms", "Mkeys/s"]
 EMBEDDING_FWD_COLUMNS = ["impl", "threads", "pooling", "B", "features", "L", "D", "rows", "fwd ms", "fwd GB/s"]
@@ -751,8 +754,11 @@ def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = N
     sizes = QUICK if quick else FULL
     min_time = (0.05 if quick else 1.0) if min_time is None else min_time
     from . import log
+    from . import bench_cache
     fns = {"hash": bench_hash, "embedding": bench_embedding, "dlrm": bench_dlrm}
     names = list(fns) if which == "all" else [which]
+    fns["cache"] = bench_cache.bench_cache
+    sizes = {**sizes, "cache": bench_cache.QUICK if quick else bench_cache.FULL}
     tables = []
     with log.progress(total=len(names), desc="numbactr bench", unit="benchmark") as bar:
         for name in names:
@@ -774,13 +780,16 @@ def main(argv=None) -> int:
                     help="seconds of repetitions per measurement (default 1, --quick 0.05)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument("--seed", type=int, default=0, help="seed of the generated keys and data (default: %(default)s)")
+    ap.add_argument("--plot", default="runs/bench/cache_hit_rate.png",
+                    help="bench cache: where to save its chart (default: %(default)s)")
     ap.add_argument("--threads", type=_thread_list, default=None,
                     help="comma-separated thread counts for embedding and dlrm (default 1,2; --quick 1)")
     args = ap.parse_args(argv)
     env = Env(use_torch=not args.no_torch)
     if env.torch is None:
         print(f"numbactr bench: {env.torch_why}", flush=True)
-    options = {} if args.threads is None else {k: {"threads": args.threads} for k in ("embedding", "dlrm")}
+    options = {} if args.threads is None else {k: {"threads": args.threads} for k in ("embedding", "dlrm", "cache")}
+    options.setdefault("cache", {})["plot"] = args.plot
     run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed, options=options)
     return 0
 
