@@ -63,8 +63,9 @@ class CacheConfig:
     policy: "lru" or "lfu". load_factor: the fraction of each table's rows the cache holds (FBGEMM's
     cache_load_factor). budget_bytes: instead, the bytes the cache may use for rows (weights, optimizer
     states, bookkeeping), shared among the tables in proportion to their rows. capacities: instead, the
-    slots of each table (1..V_t). min_slots: the least slots any table gets (load factor and budget). prefetch_thread: prefetch() stages rows on a worker thread (the next forward waits for
-    it); HugeCTR's GLOBAL kinds prefetch synchronously (their pass touches every slot).
+    slots of each table (1..V_t). min_slots: the least slots any table gets (load factor and budget).
+    prefetch_thread: prefetch() stages rows on a worker thread (the next forward waits for it); HugeCTR's
+    GLOBAL kinds prefetch synchronously (their pass touches every slot).
     """
     policy: str = "lru"
     load_factor: float | None = 0.2

@@ -9,8 +9,8 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-__all__ = ["EmbeddingLocation", "ComputeDevice", "PoolingMode", "BoundsCheckMode", "CacheAlgorithm", "RecordCacheMetrics",
-           "WeightDecayMode", "round_up"]
+__all__ = ["EmbeddingLocation", "ComputeDevice", "PoolingMode", "BoundsCheckMode", "CacheAlgorithm",
+           "RecordCacheMetrics", "WeightDecayMode", "round_up"]
 
 
 class EmbeddingLocation(enum.IntEnum):
