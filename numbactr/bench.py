@@ -615,6 +615,12 @@ def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, threads=(
         "numbactr's HugeCTR model runs its SparseEmbedding on the same engine: the 26 slots are one fused lookup "
         "of one keyed table, and the update is the engine's fused backward + HugeCTR's Adam (Global)",
         "threads: numbactr.threads' compute threads and torch.set_num_threads set to the column's value"]
+    if env.kind == "cpu":
+        from . import device
+        tab.notes.append("numbactr's dense ops on cpu: " + (
+            "their compiled CPU versions (numba.njit: interaction, bias, ReLU, BCE, the dense update; matrix "
+            "products in BLAS)" if device.compiled_cpu() else
+            "their NumPy references (NUMBACTR_CPU_REFERENCE=1; the engine runs its reference impl too)"))
     sizes = criteo_like_slot_sizes(slots, total_rows)
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-") as tmp:
         data = make_planted_dataset(os.path.join(tmp, "data"), num_train=batch * batches, num_eval=batch,
