@@ -18,26 +18,18 @@ summed in occurrence order, the optimizer applied in the same pass) with that st
 lr = 0 when frozen (HugeCTR's freeze: the states keep updating). A step stopped by a non-finite loss
 therefore changes no row.
 
-R ranks (mpiexec), TorchRec's input_dist -> lookup -> output_dist:
-  1. input_dist  every key occurrence goes to its owner (key % R, or slot % R for Localized); a Localized
-                 table in training also sends each key's slot, which the owner records for new keys
-                 (HugeCTR's slot_id: where the key goes when a snapshot is reloaded on R' ranks);
-  2. lookup      the owner runs the engine with pooling NONE over the occurrences it received: one vector
-                 each (zeros for keys missing in evaluation);
-  3. output_dist the vectors go back to their senders, which pool them into their own bags (sum or mean)
-                 on a second engine whose table holds them (row k = occurrence k): the one-rank lookup's
-                 arithmetic, a missing key's zero vector adding nothing but counting in the mean.
-  Backward walks the same wires in reverse: the sender's engine turns dY of each bag into one gradient per
-  key occurrence (its optimizer NONE returns the row gradients: dY / nnz for mean) and sends it to the
-  owner, whose update is the engine's pooling-NONE backward + fused update over those gradients. An owner
-  receives rank 0's occurrences first, then rank 1's, ..., each in batch order: the global batch's order,
-  so every row sums its gradients in the one-rank run's order and sharded == one rank, bit for bit.
-  Embedding gradients are never allreduced (model parallel).
+R ranks (mpiexec): the table is model-parallel through numbactr.embedding.sharded.ShardedTable (TorchRec's
+input_dist -> owner lookup -> output_dist, and the reverse in backward; its docstring has the steps). Every
+key occurrence goes to its owner, key % R (Distributed) or slot % R (Localized, OneHot); a Localized table
+in training also sends each key's slot, which the owner records for new keys (HugeCTR's slot_id: where the
+key goes when a snapshot is reloaded on R' ranks). The owner looks its occurrences up with pooling NONE,
+the senders pool the vectors that come back, and the owner's update() applies the gradients the senders
+returned, summed in the global batch's order: sharded == one rank, bit for bit. Embedding gradients are
+never allreduced (model parallel).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,9 +42,9 @@ from ..kernels import embedding_bag as EB
 from ..kernels import embedding_init as EI
 from ..kernels.tbe import STATES
 from ..optim import sparse_optimizer_spec
-from .engine import (BoundsCheck, Layout, LookupContext, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding,
-                     TableSpec)
+from .engine import BoundsCheck, Layout, Pooling, TableBatchedEmbedding, TableSpec
 from .hash_table import HashTableFullError
+from .sharded import ShardedLookup, ShardedTable
 
 POOLING = {"sum": Pooling.SUM, "mean": Pooling.MEAN}
 INIT_RANGE = (-0.05, 0.05)
@@ -72,17 +64,6 @@ class LookupFn(Function):
     def backward(ctx: Context, dy):
         ctx.emb.hold_gradient(ctx.lookup, dy)
         return None
-
-
-@dataclass
-class ShardedLookup:
-    """What a sharded lookup keeps for its backward: the owner-side engine lookup of the occurrences this
-    rank received, how this rank's N occurrences were sent (order (N,) grouped by owner, cuts) and the
-    pooling of the vectors that came back."""
-    owned: LookupContext
-    order: np.ndarray
-    cuts: np.ndarray
-    pooled: LookupContext
 
 
 def key_slots(offsets, n: int, slots: int):
@@ -155,7 +136,8 @@ class HashEmbedding:
         # (V, D): the engine's rows (a view; its row stride is padded to 16 bytes)
         self.weight = Tensor(self.engine.split_weights()[0], name=f"{self.name}.pool", requires_grad=True)
         self._pending = None            # (lookup, gradient) from this step's backward, for update()
-        self._sender_engine = None      # across ranks: the engine pooling the vectors that came back
+        self._sharded = ShardedTable(self.comm, self.vec, self.slots, self.engine.pooling, self._owner_lookup,
+                                     key_dtype=self.key_dtype) if self.comm.size > 1 else None
 
     def output_shape(self, batch: int) -> tuple:
         return (batch, self.slots, self.vec)
@@ -178,7 +160,7 @@ class HashEmbedding:
     def lookup(self, keys, offsets, training: bool):
         """(pooled (B, S*D), what hold_gradient needs)."""
         self._check_keys(keys)
-        if self.comm.size > 1:
+        if self._sharded is not None:
             return self._sharded_lookup(keys, offsets, training)
         return self._engine_lookup(keys, offsets, training, self.engine.pooling)
 
@@ -188,10 +170,7 @@ class HashEmbedding:
         if not isinstance(lookup, ShardedLookup):
             self._pending = (lookup, device.contig(dy.reshape(dy.shape[0], -1)))        # (B, S*D)
             return
-        per_key = self._sender_engine.backward(lookup.pooled, dy.reshape(dy.shape[0], -1)).sparse.values
-        # per_key (N, D): row k = occurrence k's gradient
-        parts = self.comm.alltoallv(np.split(device.to_host(per_key)[lookup.order], lookup.cuts))
-        self._pending = (lookup.owned, device.xp().asarray(np.concatenate(parts)))     # (M, D)
+        self._pending = self._sharded.gradients(lookup, dy.reshape(dy.shape[0], -1))   # (owned, (M, D))
 
     def update(self, lr: float, scaler: float) -> None:
         """The engine's fused backward + optimizer over the gradient held since this step's backward, with
@@ -224,45 +203,15 @@ class HashEmbedding:
         return out, ctx
 
     def _sharded_lookup(self, keys, offsets, training: bool):
-        xp, comm = device.xp(), self.comm
         keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
-        n = keys_h.shape[0]
-        slot = key_slots(offsets_h, n, self.slots)                                   # (N,)
-        owner = key_owner(keys_h, slot, comm.size, self.by_slot)
-        order = np.argsort(owner, kind="stable")                   # occurrences grouped by owner
-        cuts = np.cumsum(np.bincount(owner, minlength=comm.size))[:-1]
-        # 1. input_dist: keys to their owners (+ slots, for a Localized table in training)
-        send = keys_h[order].astype(self.key_dtype)
-        record = training and self.row_slot is not None
-        if record:
-            send = np.stack([send, slot[order].astype(self.key_dtype)], axis=1)         # (N, 2)
-        parts = comm.alltoallv(np.split(send, cuts))
-        got = np.concatenate(parts)
-        got_keys, got_slots = (got[:, 0], xp.asarray(got[:, 1].astype(np.int64))) if record else (got, None)
-        # 2. lookup on the owner, pooling NONE: the M received occurrences as one bag of one sample
-        m = got_keys.shape[0]
-        bags = np.full(self.slots + 1, m, np.int64)
-        bags[0] = 0
-        vecs, owned = self._engine_lookup(xp.asarray(got_keys), xp.asarray(bags), training, Pooling.NONE,
-                                          got_slots)                                 # (M, D)
-        # 3. output_dist: each vector back to its sender, which pools its bags
-        back = comm.alltoallv(np.split(device.to_host(vecs), np.cumsum([p.shape[0] for p in parts])[:-1]))
-        mine = np.empty((n, self.vec), np.float32)
-        mine[order] = np.concatenate(back)
-        out, pooled = self._pool(xp.asarray(mine), xp.asarray(offsets_h))
-        return out, ShardedLookup(owned, order, cuts, pooled)
+        slot = key_slots(offsets_h, keys_h.shape[0], self.slots)                     # (N,)
+        owner = key_owner(keys_h, slot, self.comm.size, self.by_slot)
+        record = training and self.row_slot is not None       # a Localized table sends the slots of its keys
+        return self._sharded.lookup(keys_h, offsets_h, owner, training, payload=slot if record else None)
 
-    def _pool(self, vectors, offsets):
-        """(pooled (B, S*D), LookupContext) of this rank's occurrence vectors (N, D) in its bags, by an engine
-        holding them as its rows (grown as batches need): the one-rank lookup's own pooling. Its optimizer
-        NONE makes its backward return each occurrence's gradient."""
-        n = vectors.shape[0]
-        if self._sender_engine is None or self._sender_engine.rows[0] < n:
-            self._sender_engine = TableBatchedEmbedding(
-                [(max(n, 1) * 3 // 2 + 1, self.vec)], [0] * self.slots, pooling=self.engine.pooling,
-                layout=Layout.SAMPLE_MAJOR, optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.FATAL)
-        self._sender_engine.split_weights()[0][:n] = vectors
-        return self._sender_engine.forward(device.xp().arange(n, dtype=np.int64), offsets, training=False)
+    def _owner_lookup(self, keys, offsets, training: bool, slots):
+        """The owner's side of a sharded lookup: the received occurrences, pooling NONE."""
+        return self._engine_lookup(keys, offsets, training, Pooling.NONE, slots)
 
     def _full_error(self, e: HashTableFullError) -> HashTableFullError:
         """The hash table's error with what to change in the SparseEmbedding."""

@@ -1,0 +1,139 @@
+"""A table model-parallel over the ranks of a job: TorchRec's input_dist -> lookup -> output_dist.
+
+Every rank holds the rows it owns in its own engine (numbactr.embedding.engine.TableBatchedEmbedding) and
+brings a batch of its own samples: keys (N,) in CSR bags offsets (F*B + 1,). The caller decides who owns
+each key occurrence (``owner`` (N,) ranks: key % R, slot % R, one rank for a whole table, ...) and how an
+owner looks up what it receives (``owner_lookup``: its engine with pooling NONE, keys mapped to its local
+rows). HugeCTR's SparseEmbedding (numbactr.embedding.sparse_embedding) and SOK's layers (numbactr.sok)
+both run their sharded lookups here.
+
+    table = ShardedTable(comm, dim, features, pooling, owner_lookup)
+    out, lookup = table.lookup(keys, offsets, owner, training)     # every rank takes part
+    owned, grads = table.gradients(lookup, dy)                     # every rank takes part
+    engine.backward(owned, grads)                                  # the owner's fused update, when wanted
+
+Forward (shapes: N occurrences on this rank, M received by it as an owner, D width):
+  1. input_dist  every occurrence goes to its owner: keys grouped by owner (stably, so in batch order), one
+                 alltoallv; an optional int64 payload per occurrence travels beside its key (a Localized
+                 SparseEmbedding sends each key's slot, which the owner records for new keys);
+  2. lookup      owner_lookup(keys (M,), offsets, training, payload) on the owner: one vector per received
+                 occurrence, (M, D) (a missing key's vector is zeros), and the LookupContext its update needs;
+  3. output_dist the vectors go back to their senders (a second alltoallv), which put them back in batch
+                 order and pool them into their own bags (SUM or MEAN, per-sample weights if given) on a
+                 second engine holding them as its rows (row k = occurrence k): the one-rank lookup's own
+                 pooling arithmetic, a missing key's zero vector adding nothing but counting in MEAN's length.
+                 With pooling NONE the (N, D) vectors are the output.
+Backward walks the same wires in reverse: the sender's pooling engine (optimizer NONE) turns dY of each bag
+into one gradient per occurrence (dY / L for MEAN, times the per-sample weight), and each goes to its
+owner, which receives rank 0's occurrences first, then rank 1's, ..., each in batch order: the global
+batch's order, so every row sums its gradients in the one-rank run's order (sharded == one rank, bit for
+bit, when each rank's dY is the one-rank dY's rows). Embedding gradients are never allreduced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import device
+from .engine import BoundsCheck, Layout, LookupContext, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
+
+__all__ = ["ShardedTable", "ShardedLookup", "owner_offsets"]
+
+
+@dataclass
+class ShardedLookup:
+    """What a sharded lookup keeps for its backward: the owner-side lookup of the occurrences this rank
+    received, how this rank's N occurrences were sent (order (N,) grouped by owner, cuts (R-1,)) and the
+    sender's pooling of the vectors that came back (None for pooling NONE)."""
+    owned: LookupContext
+    order: np.ndarray
+    cuts: np.ndarray
+    pooled: LookupContext | None
+
+
+def owner_offsets(m: int, features: int):
+    """(F + 1,) int64 CSR offsets putting m occurrences in the first bag: an owner's pooling-NONE lookup of
+    what it received (one vector per occurrence whatever the bags), on this device."""
+    bags = np.full(features + 1, m, np.int64)
+    bags[0] = 0
+    return device.xp().asarray(bags)
+
+
+class ShardedTable:
+    """The wires of a model-parallel table (module docstring); the rows stay in the caller's engine.
+
+    Args:
+        comm: numbactr.distributed.comm.Comm of the job (every rank builds its ShardedTable in the same order).
+        dim: D, the width of the table's rows.
+        features: F, the features (slots) of the caller's bags: offsets have F*B + 1 entries.
+        pooling: Pooling of the output (SUM, MEAN, or NONE for one row per occurrence).
+        owner_lookup: (keys (M,) device array, offsets (F + 1,), training, payload (M,) int64 device array or
+            None) -> (vectors (M, D), LookupContext) on the owner.
+        key_dtype: dtype of the keys on the wire (uint64 for hash keys, int64 for rows).
+        layout: the CSR bag order of the caller's offsets (HugeCTR's SAMPLE_MAJOR: bag b*F + f).
+    """
+
+    def __init__(self, comm, dim: int, features: int, pooling, owner_lookup, *, key_dtype=np.uint64,
+                 layout=Layout.SAMPLE_MAJOR):
+        self.comm, self.dim, self.features = comm, int(dim), int(features)
+        self.pooling, self.layout = Pooling(pooling), Layout(layout)
+        self.owner_lookup = owner_lookup
+        self.key_dtype = key_dtype
+        self._poolers = {}          # pooling -> the engine pooling the vectors that came back (grown as needed)
+
+    def lookup(self, keys, offsets, owner, training: bool, payload=None, per_sample_weights=None, pooling=None):
+        """(out, ShardedLookup): out (B, F*D) pooled, or (N, D) for pooling NONE, of this rank's keys (N,) in
+        CSR bags ``offsets`` (F*B + 1,); owner (N,) int64 the rank owning each occurrence; payload (N,) int64
+        sent beside each key (every rank sends one or none); per_sample_weights (N,) float for the sender's
+        pooling; pooling overrides the table's for this lookup."""
+        xp, comm = device.xp(), self.comm
+        pooling = self.pooling if pooling is None else Pooling(pooling)
+        keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
+        owner = np.asarray(owner, np.int64)
+        n = keys_h.shape[0]
+        order = np.argsort(owner, kind="stable")                   # occurrences grouped by owner
+        cuts = np.cumsum(np.bincount(owner, minlength=comm.size))[:-1]
+        # 1. input_dist: keys (+ payload) to their owners
+        send = keys_h[order].astype(self.key_dtype)
+        if payload is not None:
+            send = np.stack([send, np.asarray(payload)[order].astype(self.key_dtype)], axis=1)   # (N, 2)
+        parts = comm.alltoallv(np.split(send, cuts))
+        got = np.concatenate(parts)
+        got_keys, got_payload = (got[:, 0], xp.asarray(got[:, 1].astype(np.int64))) if payload is not None \
+            else (got, None)
+        # 2. lookup on the owner, pooling NONE: (M, D)
+        vecs, owned = self.owner_lookup(xp.asarray(got_keys), owner_offsets(got_keys.shape[0], self.features),
+                                        training, got_payload)
+        # 3. output_dist: each vector back to its sender, which pools its bags
+        back = comm.alltoallv(np.split(device.to_host(vecs), np.cumsum([p.shape[0] for p in parts])[:-1]))
+        mine = np.empty((n, self.dim), np.float32)
+        mine[order] = np.concatenate(back)
+        if pooling == Pooling.NONE:
+            return xp.asarray(mine), ShardedLookup(owned, order, cuts, None)
+        out, pooled = self._pool(xp.asarray(mine), xp.asarray(offsets_h), per_sample_weights, pooling)
+        return out, ShardedLookup(owned, order, cuts, pooled)
+
+    def gradients(self, lookup: ShardedLookup, dy):
+        """(owned LookupContext, grads (M, D)): every rank sends each of its occurrences' gradient to the
+        occurrence's owner and gets back those of the occurrences it owns, for its engine's backward.
+        dy: dLoss/dout of this rank's lookup, (B, F*D) pooled or (N, D) for pooling NONE."""
+        if lookup.pooled is None:
+            per_key = dy                                                            # (N, D)
+        else:                                       # row k of the pooling engine = occurrence k's gradient
+            per_key = self._poolers[lookup.pooled.pooling].backward(lookup.pooled, dy).sparse.values
+        parts = self.comm.alltoallv(np.split(device.to_host(per_key)[lookup.order], lookup.cuts))
+        return lookup.owned, device.xp().asarray(np.concatenate(parts))
+
+    def _pool(self, vectors, offsets, per_sample_weights, pooling):
+        """(pooled (B, F*D), LookupContext) of this rank's occurrence vectors (N, D) in its bags, by an engine
+        holding them as its rows (grown as batches need): the one-rank lookup's own pooling. Its optimizer
+        NONE makes its backward return each occurrence's gradient."""
+        n = vectors.shape[0]
+        eng = self._poolers.get(pooling)
+        if eng is None or eng.rows[0] < n:
+            eng = self._poolers[pooling] = TableBatchedEmbedding(
+                [(max(n, 1) * 3 // 2 + 1, self.dim)], [0] * self.features, pooling=pooling, layout=self.layout,
+                optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.FATAL)
+        eng.split_weights()[0][:n] = vectors
+        return eng.forward(device.xp().arange(n, dtype=np.int64), offsets, per_sample_weights, training=False)
