@@ -19,36 +19,16 @@ it, so that saved and loaded tables are whole.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from .. import device
+from ..torch_bridge import as_array as _as_array
+from ..torch_bridge import as_tensor as _as_tensor
 from .array_tbe import SIGNATURE, WHO, TBECore
 from .split_embedding_configs import EmbOptimType
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen"]
-
-
-def _as_array(t):
-    """A tensor as an array of numbactr's device sharing its memory (NumPy on cpu, CuPy on cuda);
-    anything else (arrays, lists, None) as it is."""
-    if not isinstance(t, torch.Tensor):
-        return t
-    t = t.detach().contiguous()
-    if t.is_cuda:
-        import cupy
-        return cupy.from_dlpack(t)
-    return t.numpy()
-
-
-def _as_tensor(a):
-    """An array of numbactr's device as a tensor sharing its memory."""
-    if a is None:
-        return None
-    if hasattr(a, "__cuda_array_interface__"):
-        return torch.from_dlpack(a)
-    return torch.from_numpy(np.asarray(a))
 
 
 class _Lookup(torch.autograd.Function):
