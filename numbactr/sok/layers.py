@@ -1,0 +1,478 @@
+"""SOK's embedding layers and variables as torch modules on numbactr's engine (imports torch).
+
+Each module holds one numbactr.sok.table.SokTable and one empty parameter, ``placeholder`` (FBGEMM's
+placeholder_autograd_tensor idea): it is what model.parameters() hands to an optimizer, it marks the table
+for numbactr.sok.OptimizerWrapper, and it makes the lookup's output require grad. A lookup is a
+torch.autograd.Function whose backward hands dLoss/dout to the table, which holds it until the optimizer's
+step() applies the engine's fused backward + optimizer (SOK's apply_gradients); the table never gets a
+dense (V, D) gradient. Tensors and the engine's arrays share memory (numbactr.torch_bridge).
+
+Inputs (PyTorch forms of SOK's TensorFlow inputs; keys are int32/int64 tensors, shapes B batch, S slots):
+  All2AllDenseEmbedding   a dense (B, S, nnz_per_slot) tensor -> (B, S, nnz_per_slot, D) (no pooling: the
+                          drop-in for nn.Embedding); dynamic_input=True: a 1-D (N,) tensor -> (N, D).
+  DistributedEmbedding    the ids of B*S bags, bag b*S + s = slot s of sample b (SOK's SparseTensor of
+                          dense_shape [B * slot_num, max_nnz]) -> (B, S, D) pooled (F.embedding_bag's role).
+  lookup_sparse           per variable, the ids of B bags -> (B, D).
+  Bags may be given as
+    * (values, offsets): values (N,), offsets (bags + 1,) with offsets[-1] = N (CSR; F.embedding_bag's
+      include_last_offset=True form);
+    * a torch sparse COO or CSR tensor of shape (bags, max_nnz): the entries of row j are bag j's keys in
+      column order (SOK's tf.SparseTensor);
+    * a dense 2-D tensor (bags, nnz): every entry a key (bags of equal length); DistributedEmbedding also
+      takes (B, S, nnz).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import device
+from ..config import IgnoredArgumentWarning
+from ..distributed.comm import world
+from ..embedding.engine import Pooling
+from ..embedding.sharded import owner_offsets
+from ..torch_bridge import as_array, as_tensor
+from .table import DISTRIBUTED, SokTable, init_range
+
+__all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable", "lookup_sparse",
+           "export", "assign"]
+
+COMBINERS = {"sum": Pooling.SUM, "mean": Pooling.MEAN}
+#: keys a DynamicVariable holds per rank unless init_capacity / max_capacity say otherwise (SOK's hash
+#: tables grow; the engine's keyed tables have a fixed capacity)
+DYNAMIC_CAPACITY = 1 << 20
+
+
+class _Lookup(torch.autograd.Function):
+    """out = the table's lookup; backward hands dLoss/dout to the table (no gradient to any input)."""
+
+    @staticmethod
+    def forward(ctx, table, keys, offsets, weights, training, pooling, placeholder):
+        out, ctx.lookup = table.lookup(keys, offsets, training, weights, pooling)
+        ctx.table = table
+        return as_tensor(out)
+
+    @staticmethod
+    def backward(ctx, dy):
+        ctx.table.hold(ctx.lookup, as_array(dy))
+        return (None,) * 7
+
+
+class _SokModule(nn.Module):
+    """A module over one SokTable: the placeholder parameter and the views every SOK module shares."""
+
+    def _attach(self, table: SokTable) -> None:
+        self.table = table
+        self.placeholder = nn.Parameter(torch.zeros(0, device=_torch_device()), requires_grad=table.trainable)
+        self.placeholder._sok_table = table
+
+    @property
+    def embedding_variable(self) -> nn.Parameter:
+        """What an optimizer takes for this table (SOK's embedding_variable): the placeholder parameter."""
+        return self.placeholder
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """(V_local, D) the rows this rank holds, a view that writes through to the table (keyed tables:
+        the rows in use, in order of first insertion; see keys())."""
+        return as_tensor(self.table.weights())
+
+    def keys(self) -> torch.Tensor:
+        """(V_local,) int64 the key (global row) of each row of weight."""
+        return torch.from_numpy(self.table.keys())
+
+    def _lookup(self, keys, offsets, training, weights=None, pooling=None):
+        training = self.training if training is None else bool(training)
+        return _Lookup.apply(self.table, keys, offsets, weights, training, pooling, self.placeholder)
+
+
+class All2AllDenseEmbedding(_SokModule):
+    """SOK's All2AllDenseEmbedding: every key's own vector, no pooling (a drop-in for nn.Embedding).
+
+    Args (SOK's):
+        max_vocabulary_size_per_gpu: rows each rank holds (keyed: the keys it can hold; unkeyed: keys are
+            rows in [0, max_vocabulary_size_per_gpu * ranks)).
+        embedding_vec_size: D.
+        slot_num: S, the feature fields of an input.
+        nnz_per_slot: keys per slot (every slot has exactly this many).
+        dynamic_input: inputs are (N,) keys (e.g. from torch.unique) -> (N, D).
+        use_hashtable: keys of any int64 value through a hash table (SOK's default), else rows.
+        key_dtype: torch.int64 or torch.int32 (inputs of either are accepted).
+        embedding_initializer: None / 'random_uniform' (U(-0.05, 0.05)), 'zeros', 'ones', a number, (lo, hi).
+        name: for messages. Keys distribute over ranks as key % R.
+    """
+
+    def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, nnz_per_slot,
+                 dynamic_input=False, use_hashtable=True, key_dtype=None, embedding_initializer=None, *,
+                 name: str = "all2all_dense_embedding", **kwargs):
+        super().__init__()
+        _warn_ignored(kwargs, f"All2AllDenseEmbedding {name!r}")
+        who = f"All2AllDenseEmbedding {name!r}"
+        _check_key_dtype(key_dtype, who)
+        self.max_vocabulary_size_per_gpu, self.embedding_vec_size = int(max_vocabulary_size_per_gpu), \
+            int(embedding_vec_size)
+        self.slot_num, self.nnz_per_slot = int(slot_num), int(nnz_per_slot)
+        self.dynamic_input, self.use_hashtable = bool(dynamic_input), bool(use_hashtable)
+        if self.nnz_per_slot < 1:
+            raise ValueError(f"{who}: nnz_per_slot must be >= 1, got {nnz_per_slot}")
+        self._attach(_vocabulary_table(who, self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
+                                       self.slot_num, Pooling.NONE, self.use_hashtable, embedding_initializer))
+
+    def forward(self, inputs, training=None):
+        """(B, slot_num, nnz_per_slot, D) vectors of inputs (B, slot_num, nnz_per_slot); with dynamic_input,
+        (N, D) of inputs (N,). training (default: the module's mode) inserts new keys."""
+        keys = _keys(inputs, self.table.who)
+        shape = tuple(inputs.shape)
+        if self.dynamic_input:
+            if len(shape) != 1:
+                raise ValueError(f"{self.table.who}: dynamic_input=True takes 1-D keys (N,), got shape {shape}")
+            offsets = owner_offsets(keys.shape[0], self.slot_num)
+        else:
+            if len(shape) != 3 or shape[1:] != (self.slot_num, self.nnz_per_slot):
+                raise ValueError(f"{self.table.who}: inputs must have shape (batch, slot_num={self.slot_num}, "
+                                 f"nnz_per_slot={self.nnz_per_slot}), got {shape}")
+            offsets = device.xp().arange(shape[0] * self.slot_num + 1, dtype=np.int64) * self.nnz_per_slot
+        out = self._lookup(keys, offsets, training)
+        return out.view(*shape, self.embedding_vec_size)
+
+
+class DistributedEmbedding(_SokModule):
+    """SOK's DistributedEmbedding: each slot's keys pooled by the combiner (a drop-in for F.embedding_bag).
+
+    Args (SOK's): combiner ('sum' or 'mean'; a missing key of evaluation adds nothing but counts in the
+    mean), max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, max_nnz (most keys in one slot),
+    max_feature_num (most keys in one sample; <= 1: slot_num * max_nnz), use_hashtable, key_dtype,
+    embedding_initializer, as All2AllDenseEmbedding. Keys distribute over ranks as key % R.
+    """
+
+    def __init__(self, combiner, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, max_nnz,
+                 max_feature_num=1, use_hashtable=True, key_dtype=None, embedding_initializer=None, *,
+                 name: str = "distributed_embedding", **kwargs):
+        super().__init__()
+        who = f"DistributedEmbedding {name!r}"
+        _warn_ignored(kwargs, who)
+        _check_key_dtype(key_dtype, who)
+        self.combiner = _combiner(combiner, who)
+        self.max_vocabulary_size_per_gpu, self.embedding_vec_size = int(max_vocabulary_size_per_gpu), \
+            int(embedding_vec_size)
+        self.slot_num, self.max_nnz = int(slot_num), int(max_nnz)
+        if self.max_nnz < 1:
+            raise ValueError(f"{who}: max_nnz must be >= 1, got {max_nnz}")
+        self.max_feature_num = int(max_feature_num) if int(max_feature_num) > 1 else self.slot_num * self.max_nnz
+        self.use_hashtable = bool(use_hashtable)
+        self._attach(_vocabulary_table(who, self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
+                                       self.slot_num, COMBINERS[self.combiner], self.use_hashtable,
+                                       embedding_initializer))
+
+    def forward(self, inputs, training=None):
+        """(B, slot_num, D) pooled vectors of the ids of B * slot_num bags (module docstring)."""
+        who = self.table.who
+        if isinstance(inputs, torch.Tensor) and inputs.layout == torch.strided and inputs.dim() == 3:
+            if inputs.shape[1] != self.slot_num:
+                raise ValueError(f"{who}: dense inputs must have shape (batch, slot_num={self.slot_num}, nnz), "
+                                 f"got {tuple(inputs.shape)}")
+            inputs = inputs.reshape(-1, inputs.shape[2])
+        keys, offsets = _bags(inputs, who)
+        n_bags = offsets.shape[0] - 1
+        if n_bags % self.slot_num:
+            raise ValueError(f"{who}: the inputs hold {n_bags} bags, not batch * slot_num (slot_num="
+                             f"{self.slot_num}); row b * slot_num + s is slot s of sample b")
+        lengths = np.diff(device.to_host(offsets))
+        if lengths.size and int(lengths.max()) > self.max_nnz:
+            j = int(np.argmax(lengths))
+            raise ValueError(f"{who}: slot {j % self.slot_num} of sample {j // self.slot_num} holds {int(lengths[j])} "
+                             f"keys, more than max_nnz={self.max_nnz}")
+        per_sample = lengths.reshape(-1, self.slot_num).sum(axis=1)
+        if per_sample.size and int(per_sample.max()) > self.max_feature_num:
+            b = int(np.argmax(per_sample))
+            raise ValueError(f"{who}: sample {b} holds {int(per_sample[b])} keys, more than max_feature_num="
+                             f"{self.max_feature_num}")
+        out = self._lookup(keys, offsets, training)
+        return out.view(n_bags // self.slot_num, self.slot_num, self.embedding_vec_size)
+
+
+class Variable(_SokModule):
+    """SOK's sok.Variable: a static table (V, D), model-parallel (``mode=None`` or 'distributed': global row
+    k on rank k % R as its local row k // R) or on one rank (``mode='localized:t'``: all rows on rank t).
+
+    Args: initial_value ((V, D) or (D,) = one row; array, tensor or list: the same on every rank), or
+    shape=(V, D) with initializer: a torch.nn.init function applied to the global (V, D) tensor (same on
+    every rank under the same torch seed), or a name / number (init_range: 'random' draws row k from a
+    hash of (seed, k)); default 'random'. dtype: float32 only. trainable, name as tf.Variable.
+    Lookups: lookup_sparse. ``shape`` is this rank's (V_local, D), ``global_shape`` (V, D).
+    """
+
+    def __init__(self, initial_value=None, trainable=True, name=None, dtype=None, shape=None, initializer=None,
+                 mode=None, **kwargs):
+        super().__init__()
+        who = f"sok.Variable {name or ''!r}"
+        _warn_ignored(kwargs, who)
+        _check_value_dtype(dtype, who)
+        self.mode, target = _mode(mode, who)
+        init = init_range(None, who)
+        if initial_value is not None:
+            if isinstance(initial_value, torch.Tensor):
+                initial_value = initial_value.detach().cpu().numpy()
+            initial = np.asarray(initial_value, np.float32)
+            initial = initial.reshape(1, -1) if initial.ndim == 1 else initial
+            if initial.ndim != 2 or 0 in initial.shape:
+                raise ValueError(f"{who}: initial_value must be (V, D) or (D,), got shape {initial.shape}")
+        elif shape is not None:
+            if len(tuple(shape)) != 2:
+                raise ValueError(f"{who}: shape must be (V, D), got {shape}")
+            initial = None
+            if callable(initializer):
+                full = torch.zeros(tuple(int(s) for s in shape))
+                with torch.no_grad():
+                    initializer(full)
+                initial = full.numpy()
+            else:
+                init = init_range(initializer, who)
+        else:
+            raise ValueError(f"{who}: give initial_value, or shape (V, D) with an initializer")
+        self.global_shape = tuple(int(s) for s in (initial.shape if initial is not None else shape))
+        self._attach(SokTable(who, self.global_shape[1], keyed=False, global_rows=self.global_shape[0],
+                              pooling=Pooling.MEAN, target=target, init=init, initial=initial, trainable=trainable))
+
+    @property
+    def shape(self) -> tuple:
+        return (int(self.table.weights().shape[0]), self.global_shape[1])
+
+    @property
+    def target_gpu(self) -> int:
+        return self.table.target
+
+    @property
+    def num_gpus(self) -> int:
+        return self.table.comm.size
+
+
+class DynamicVariable(_SokModule):
+    """SOK's sok.DynamicVariable: a keyed table whose rows appear as keys come (any int64 key but -1),
+    key k on rank k % R (or all on rank t with ``mode='localized:t'``).
+
+    Args (SOK's): dimension (D); initializer ('random' = U(-0.05, 0.05) as SOK's 'hbm' backend, 'zeros',
+    'ones', a number or numeric string; SOK's 'hybrid' backend draws 'random' from N(0, 1) instead, which
+    numbactr does not); var_type 'hbm' or 'hybrid' (both the engine's keyed table here); key_type torch.int64
+    or torch.int32; dtype float32; mode; init_capacity / max_capacity: the keys each rank can hold
+    (default max_capacity, else init_capacity, else 2**20: the engine's keyed tables do not grow).
+    """
+
+    def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None, trainable=True,
+                 key_type=None, dtype=None, mode=None, **kwargs):
+        super().__init__()
+        who = f"sok.DynamicVariable {name or ''!r}"
+        if var_type not in (None, "hbm", "hybrid"):
+            raise ValueError(f"{who}: var_type must be 'hbm' or 'hybrid', got {var_type!r}")
+        if constraint is not None:
+            raise NotImplementedError(f"{who}: constraint is not supported by numbactr")
+        _check_key_dtype(key_type, who)
+        _check_value_dtype(dtype, who)
+        capacity = kwargs.pop("max_capacity", None) or kwargs.pop("init_capacity", None) or DYNAMIC_CAPACITY
+        kwargs.pop("init_capacity", None)
+        _warn_ignored(kwargs, who)
+        self.mode, target = _mode(mode, who)
+        self.dimension, self.backend_type = int(dimension), var_type or "hbm"
+        self.key_type = key_type or torch.int64
+        self._attach(SokTable(who, self.dimension, keyed=True, capacity=int(capacity),
+                              option="max_capacity (keys per rank)", pooling=Pooling.MEAN, target=target,
+                              init=init_range(initializer, who), trainable=trainable))
+
+    @property
+    def size(self) -> int:
+        """Keys this rank holds."""
+        return int(self.table.weights().shape[0])
+
+    @property
+    def target_gpu(self) -> int:
+        return self.table.target
+
+    @property
+    def num_gpus(self) -> int:
+        return self.table.comm.size
+
+
+def export(var):
+    """SOK's sok.export: (keys (n,) int64, values (n, D) float32) tensors of the rows this rank holds
+    (copies)."""
+    return torch.from_numpy(var.table.keys().copy()), torch.from_numpy(np.array(device.to_host(var.table.weights())))
+
+
+def assign(var, indices, values) -> None:
+    """SOK's sok.assign for a DynamicVariable: keys ``indices`` (n,) take ``values`` (n, D) on this rank, which
+    must own them (key % R == rank, or the localized rank); new keys are inserted. Optimizer states of new
+    keys start from their initial values."""
+    table = var.table
+    if not table.keyed:
+        raise TypeError(f"{table.who}: assign() is for DynamicVariable (a sok.Variable's rows are its weight)")
+    keys = np.asarray(device.to_host(as_array(indices))).astype(np.int64).reshape(-1)
+    vals = np.asarray(device.to_host(as_array(values)), np.float32).reshape(keys.shape[0], -1)
+    if vals.shape[1] != table.dim:
+        raise ValueError(f"{table.who}: values must be (n, {table.dim}), got {vals.shape}")
+    comm = table.comm
+    owner = keys.astype(np.uint64) % np.uint64(comm.size) if table.target == DISTRIBUTED \
+        else np.full(keys.shape, table.target, np.uint64)
+    foreign = np.flatnonzero(owner != comm.rank)
+    if foreign.size:
+        raise ValueError(f"{table.who}: key {keys[foreign[0]]} (position {foreign[0]}) belongs to rank "
+                         f"{int(owner[foreign[0]])}, not rank {comm.rank}")
+    table._check_keys(keys)
+    xp = device.xp()
+    rows = table.engine.hash_tables[0].insert(xp.asarray(keys))
+    table.engine.split_weights()[0][rows] = xp.asarray(vals)
+
+
+def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False):
+    """SOK's sok.lookup_sparse: pooled lookups of several variables at once.
+
+    Args:
+        params: a Variable / DynamicVariable, or a list of them.
+        sp_ids: the ids of the variable's B bags (module docstring), or a list of them, one per variable,
+            when params is a list (a (values, offsets) pair is one variable's ids).
+        sp_weights: None, or per variable the weights of its ids, in the same form and bags as the ids:
+            'sum' gives sum_k w_k e_k and 'mean' sum_k w_k e_k / sum_k w_k (tf.nn.embedding_lookup_sparse's
+            rule; a bag whose weights sum to 0 gives 0). The weights get no gradient (as in SOK).
+        combiners: 'sum' or 'mean' per variable (default: 'mean' for all, SOK's default).
+        use_low_frequency_filter: not implemented (an error when True).
+    Returns: (B, D) tensors, a list when params is a list, else one tensor.
+    """
+    if use_low_frequency_filter:
+        raise NotImplementedError("sok.lookup_sparse: use_low_frequency_filter is not implemented in numbactr")
+    as_list = isinstance(params, (list, tuple))
+    params = list(params) if as_list else [params]
+    ids = list(sp_ids) if as_list else [sp_ids]
+    weights = [None] * len(ids) if sp_weights is None else (list(sp_weights) if as_list else [sp_weights])
+    combiners = ["mean"] * len(params) if combiners is None else \
+        (list(combiners) if isinstance(combiners, (list, tuple)) else [combiners])
+    if not len(params) == len(ids) == len(weights) == len(combiners):
+        raise ValueError(f"sok.lookup_sparse: {len(params)} params, {len(ids)} sp_ids, {len(weights)} sp_weights "
+                         f"and {len(combiners)} combiners; give one of each per variable")
+    out = []
+    for param, ids_i, w_i, comb in zip(params, ids, weights, combiners):
+        if not isinstance(param, (Variable, DynamicVariable)):
+            raise TypeError(f"sok.lookup_sparse: params must be sok.Variable or sok.DynamicVariable, got "
+                            f"{type(param).__name__}")
+        who = param.table.who
+        pooling = COMBINERS[_combiner(comb, who)]
+        keys, offsets = _bags(ids_i, who)
+        psw = None
+        if w_i is not None:
+            psw, w_offsets = _bags(w_i, who + " sp_weights", values="float")
+            if w_offsets.shape != offsets.shape or bool((w_offsets != offsets).any()):
+                raise ValueError(f"{who}: sp_weights must have the same bags as sp_ids")
+            if pooling == Pooling.MEAN:          # sum_k w_k e_k / sum_k w_k: SUM of normalized weights
+                psw, pooling = _normalized(psw, offsets), Pooling.SUM
+        out.append(param._lookup(keys, offsets, None, psw, pooling))
+    return out if as_list else out[0]
+
+
+# ---- helpers ------------------------------------------------------------------------------------------
+def _torch_device() -> str:
+    return "cuda" if device.kind() == "gpu" else "cpu"
+
+
+def _vocabulary_table(who, per_rank, dim, slots, pooling, keyed, initializer) -> SokTable:
+    """A v1 layer's table: per_rank keys (keyed) or rows per rank (unkeyed: keys in [0, per_rank * R))."""
+    ranks = world().size
+    return SokTable(who, dim, keyed=keyed, capacity=per_rank, option="max_vocabulary_size_per_gpu",
+                    global_rows=per_rank * ranks, features=slots, pooling=pooling,
+                    init=init_range(initializer, who))
+
+
+def _keys(t, who: str):
+    """A tensor of integer keys as a flat array of this device (shared memory)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{who}: inputs must be a torch tensor of keys, got {type(t).__name__}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{who}: keys must be an integer tensor, got {t.dtype}")
+    return as_array(t).reshape(-1)
+
+
+def _bags(sp, who: str, values: str = "int"):
+    """(values (N,), offsets (bags + 1,) int64) arrays of this device from the forms the module docstring
+    lists; values are integer keys, or float weights when values='float'."""
+    xp = device.xp()
+    if isinstance(sp, (tuple, list)) and len(sp) == 2:
+        vals, offsets = sp
+        vals = _keys(vals, who) if values == "int" else _floats(vals, who)
+        offsets = xp.asarray(as_array(offsets)).astype(np.int64).reshape(-1)
+        n = vals.shape[0]
+        if offsets.shape[0] < 1 or int(offsets[0]) != 0 or int(offsets[-1]) != n or \
+                bool((offsets[1:] < offsets[:-1]).any()):
+            raise ValueError(f"{who}: offsets must be (bags + 1,) non-decreasing from 0 to len(values) = {n} "
+                             "(F.embedding_bag's include_last_offset=True form)")
+        return vals, offsets
+    if not isinstance(sp, torch.Tensor):
+        raise TypeError(f"{who}: expected (values, offsets), a sparse tensor or a 2-D tensor, got "
+                        f"{type(sp).__name__}")
+    if sp.dim() != 2:
+        raise ValueError(f"{who}: ids must be 2-D (bags, max_nnz), got shape {tuple(sp.shape)}")
+    convert = _keys if values == "int" else _floats
+    rows = sp.shape[0]
+    if sp.layout == torch.sparse_csr:
+        return convert(sp.values(), who), xp.asarray(as_array(sp.crow_indices())).astype(np.int64)
+    if sp.layout == torch.sparse_coo:
+        idx = as_array(sp._indices()).astype(np.int64)                     # (2, N), coalesced or not
+        vals = convert(sp._values(), who)
+        order = xp.lexsort(xp.stack([idx[1], idx[0]]))                      # by row, then column
+        r, c = idx[0][order], idx[1][order]
+        if r.shape[0] > 1 and bool(((r[1:] == r[:-1]) & (c[1:] == c[:-1])).any()):
+            raise ValueError(f"{who}: the sparse ids hold an entry twice (a key per (row, column))")
+        counts = xp.bincount(r, minlength=rows)
+        return vals[order], xp.concatenate([xp.zeros(1, np.int64), xp.cumsum(counts)]).astype(np.int64)
+    if sp.layout != torch.strided:
+        raise TypeError(f"{who}: unsupported tensor layout {sp.layout}")
+    return convert(sp, who), xp.arange(rows + 1, dtype=np.int64) * sp.shape[1]
+
+
+def _floats(t, who: str):
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{who}: weights must be a float tensor")
+    return device.xp().asarray(as_array(t.to(torch.float32))).reshape(-1)
+
+
+def _normalized(w, offsets):
+    """w_k / (sum of the weights of k's bag), 0 in bags whose weights sum to 0 (on the host: (N,) floats)."""
+    w_h, off = device.to_host(w), device.to_host(offsets)
+    bag = np.repeat(np.arange(off.shape[0] - 1), np.diff(off))
+    denom = np.bincount(bag, weights=w_h, minlength=off.shape[0] - 1)[bag].astype(np.float32)     # (N,)
+    out = np.zeros_like(w_h)
+    np.divide(w_h, denom, out=out, where=denom != 0)
+    return device.xp().asarray(out)
+
+
+def _combiner(name, who: str) -> str:
+    low = str(name).lower()
+    if low not in COMBINERS:
+        raise ValueError(f"{who}: combiner must be 'sum' or 'mean', got {name!r}")
+    return low
+
+
+def _mode(mode, who: str):
+    """(mode, target rank): None / 'distributed' -> DISTRIBUTED; 'localized:t' -> t."""
+    if mode is None or mode == "distributed":
+        return "distributed", DISTRIBUTED
+    if isinstance(mode, str) and mode.startswith("localized:"):
+        try:
+            return mode, int(mode.split(":", 1)[1])
+        except ValueError:
+            pass
+    raise ValueError(f"{who}: mode must be 'distributed' or 'localized:<rank>', got {mode!r}")
+
+
+def _check_key_dtype(dtype, who: str) -> None:
+    if dtype not in (None, torch.int64, torch.int32, np.int64, np.int32, "int64", "int32"):
+        raise ValueError(f"{who}: key dtype must be int64 or int32, got {dtype}")
+
+
+def _check_value_dtype(dtype, who: str) -> None:
+    if dtype not in (None, torch.float32, np.float32, "float32"):
+        raise NotImplementedError(f"{who}: only float32 tables are implemented, got dtype {dtype}")
+
+
+def _warn_ignored(kwargs: dict, who: str) -> None:
+    for name, value in kwargs.items():
+        warnings.warn(f"{who}: {name}={value!r} is ignored by numbactr", IgnoredArgumentWarning, stacklevel=3)

@@ -1,0 +1,163 @@
+"""SOK's optimizer wrappers for PyTorch: one step() trains the dense parameters with torch's optimizer and the
+SOK tables with the engine's fused optimizers (imports torch).
+
+SOK (TensorFlow) wraps a Keras optimizer so that apply_gradients also updates its tables, applying the
+optimizer's rule to the rows a batch touched (sok.OptimizerWrapper), and offers its own sok.SGD and, in
+its first API, sok.optimizers.Adam (HugeCTR's Adam over every row, "global"). Here:
+
+  OptimizerWrapper(torch_optimizer)   the optimizer's parameter groups may hold SOK placeholders (a layer's
+        or variable's ``placeholder``, which model.parameters() yields): those tables are trained by the
+        engine with the group's hyper-parameters, read again at every step (so an LR scheduler attached to
+        the wrapped optimizer reaches them), the rest by the torch optimizer:
+          torch.optim.SGD (momentum 0)    w -= lr g                                      (EXACT_SGD)
+          torch.optim.Adam, SparseAdam    Adam on the touched rows only: torch.optim.SparseAdam's rule, which
+                                          is also Keras' (SOK's wrapped tf Adam) and HugeCTR's Adam Local:
+                                          m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+                                          w -= lr sqrt(1-b2^t)/(1-b1^t) m / (sqrt(v) + eps)  (HUGECTR_ADAM)
+                                          (torch.optim.Adam's dense rule adds eps after the bias correction
+                                          instead: the same update unless sqrt(v) is near eps)
+          torch.optim.Adagrad             s += g^2; w -= lr g / (sqrt(s) + eps), s from
+                                          initial_accumulator_value                      (HUGECTR_ADAGRAD)
+        g is each touched row's gradient summed over the batch's occurrences; t counts the table's steps.
+        Weight decay, momentum, amsgrad, lr_decay, maximize: not implemented for tables (an error).
+  SGD(params, lr)                     SOK's sok.SGD: OptimizerWrapper(torch.optim.SGD(params, lr)).
+  Adam(params, learning_rate, beta_1, beta_2, epsilon)   SOK's sok.optimizers.Adam: HugeCTR's Adam with
+        Update_t.Global on SOK tables only (every row in use moves every step: m, v decay, w -= alpha_t
+        m / (sqrt(v) + eps)); dense parameters are an error (train them with a torch optimizer).
+
+step() applies the gradients the tables hold since the last step (loss.backward() only holds them) and
+then steps the torch optimizer; zero_grad() drops both. Under mpiexec call numbactr.sok.average_gradients
+(model) between backward() and step() for the dense part; the tables are model-parallel already.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..embedding.engine import Optim, OptimizerSpec, UpdateType
+
+__all__ = ["OptimizerWrapper", "SGD", "Adam", "filter_variables", "split_embedding_variable_from_others"]
+
+
+def _table(p):
+    return getattr(p, "_sok_table", None)
+
+
+def filter_variables(variables):
+    """SOK's sok.filter_variables: (SOK placeholders, other parameters) of an iterable of parameters (or a
+    module: its parameters)."""
+    params = variables.parameters() if isinstance(variables, torch.nn.Module) else variables
+    sok, other = [], []
+    for p in params:
+        (sok if _table(p) is not None else other).append(p)
+    return sok, other
+
+
+split_embedding_variable_from_others = filter_variables      # SOK's first API name
+
+
+def _unsupported(optimizer, group, what: dict) -> None:
+    bad = {k: group.get(k) for k, ok in what.items() if not ok(group.get(k))}
+    if bad:
+        raise NotImplementedError(f"numbactr.sok: {type(optimizer).__name__} with {bad} is not implemented for SOK "
+                                  "tables (their fused optimizers take plain SGD, Adam and Adagrad)")
+
+
+def engine_optimizer(optimizer, group: dict) -> OptimizerSpec:
+    """The engine optimizer that applies torch optimizer ``optimizer``'s rule, with parameter group
+    ``group``'s hyper-parameters, to a table's touched rows (module docstring)."""
+    lr = float(group["lr"])
+    off = lambda v: not v                       # noqa: E731 (flags that must be off / zero)
+    kind = type(optimizer)
+    if kind is torch.optim.SGD:
+        _unsupported(optimizer, group, {"momentum": off, "weight_decay": off, "nesterov": off, "maximize": off})
+        return OptimizerSpec(Optim.EXACT_SGD, learning_rate=lr)
+    if kind in (torch.optim.Adam, torch.optim.SparseAdam):
+        _unsupported(optimizer, group, {"weight_decay": off, "amsgrad": off, "maximize": off,
+                                        "decoupled_weight_decay": off})
+        b1, b2 = (float(b) for b in group["betas"])
+        return OptimizerSpec(Optim.HUGECTR_ADAM, learning_rate=lr, beta1=b1, beta2=b2, eps=float(group["eps"]))
+    if kind is torch.optim.Adagrad:
+        _unsupported(optimizer, group, {"weight_decay": off, "lr_decay": off, "maximize": off})
+        return OptimizerSpec(Optim.HUGECTR_ADAGRAD, learning_rate=lr, eps=float(group["eps"]),
+                             initial_accumulator=float(group["initial_accumulator_value"]))
+    raise NotImplementedError(f"numbactr.sok: {kind.__name__} cannot train SOK tables; wrap torch.optim.SGD, "
+                              "torch.optim.Adam / SparseAdam or torch.optim.Adagrad")
+
+
+class OptimizerWrapper:
+    """SOK's sok.OptimizerWrapper around a torch optimizer (module docstring). Attributes other than step,
+    zero_grad and the wrapped ``optimizer`` are the torch optimizer's (param_groups, state, state_dict...);
+    the tables' optimizer states live in the tables."""
+
+    def __init__(self, optimizer):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"OptimizerWrapper wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self._tables = []                   # (table, its parameter group)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                table = _table(p)
+                if table is not None:
+                    table.set_optimizer(self._spec(group))
+                    self._tables.append((table, group))
+
+    def _spec(self, group: dict) -> OptimizerSpec:
+        return engine_optimizer(self.optimizer, group)
+
+    def step(self, closure=None):
+        """Apply the tables' held gradients with their fused optimizers, then step the torch optimizer.
+        closure (torch's): re-evaluates the model (forward + backward) first; its loss is returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for table, group in self._tables:
+            table.set_optimizer(self._spec(group))             # the group's hyper-parameters now
+            table.apply()
+        self.optimizer.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The torch optimizer's zero_grad, and the tables' held gradients dropped."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        for table, _ in self._tables:
+            table.drop_gradient()
+
+    def __getattr__(self, name):
+        if name in ("optimizer", "_tables"):            # not set yet (during __init__)
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+
+class SGD(OptimizerWrapper):
+    """SOK's sok.SGD(lr): plain SGD, w -= lr g, for SOK tables (and any dense parameters in params)."""
+
+    def __init__(self, params, lr: float):
+        super().__init__(torch.optim.SGD(params, lr=lr))
+
+
+class Adam(OptimizerWrapper):
+    """SOK's sok.optimizers.Adam: HugeCTR's Adam with Update_t.Global on SOK tables (module docstring).
+
+    params: SOK placeholders (e.g. sok.filter_variables(model)[0]); learning_rate (or lr), beta_1, beta_2,
+    epsilon: SOK's names and defaults (Keras': epsilon 1e-7). The learning rate may change between steps
+    through param_groups[i]['lr'].
+    """
+
+    def __init__(self, params, learning_rate: float = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
+                 epsilon: float = 1e-7, **kwargs):
+        lr = kwargs.pop("lr", learning_rate)
+        if kwargs:
+            raise TypeError(f"sok Adam: unexpected arguments {sorted(kwargs)}")
+        params = list(params.parameters() if isinstance(params, torch.nn.Module) else params)
+        dense = [tuple(p.shape) for p in params if _table(p) is None]
+        if dense:
+            raise ValueError(f"sok Adam updates SOK tables only (SOK's rule); {len(dense)} other parameter(s) were "
+                             f"given (shapes {dense[:3]}...): train them with a torch optimizer, "
+                             "sok.filter_variables splits them")
+        super().__init__(torch.optim.Adam(params, lr=lr, betas=(beta_1, beta_2), eps=epsilon))
+
+    def _spec(self, group: dict) -> OptimizerSpec:
+        b1, b2 = (float(b) for b in group["betas"])
+        return OptimizerSpec(Optim.HUGECTR_ADAM, learning_rate=float(group["lr"]), beta1=b1, beta2=b2,
+                             eps=float(group["eps"]), update_type=UpdateType.GLOBAL)

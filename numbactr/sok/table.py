@@ -1,0 +1,282 @@
+"""One SOK table on this rank: its engine, who owns which key, and the gradient held until the optimizer step.
+
+Arrays only (NumPy on cpu/sim, CuPy on gpu); numbactr/sok/layers.py puts torch around it. Every SOK layer
+and variable is one SokTable over ONE numbactr.embedding.engine.TableBatchedEmbedding: one table (V, D)
+read by F features (a layer's slots; a variable's lookup is one feature), CSR bags in HugeCTR's
+sample-major order (bag b*F + f).
+
+Ownership under R ranks (mpiexec), SOK's rules:
+  distributed  key k lives on rank k % R. A keyed table (use_hashtable=True, DynamicVariable) keeps the key
+               itself in its hash table; an unkeyed one (use_hashtable=False, sok.Variable) is a global
+               table of V rows of which rank r holds rows r, r + R, r + 2R, ... as its local rows k // R
+               (SOK's DistributedVariable).
+  localized    (mode="localized:t") the whole table lives on rank t; the other ranks hold no row.
+Lookups under R > 1 run through numbactr.embedding.sharded.ShardedTable (input_dist -> owner lookup ->
+output_dist); on one rank the engine looks the batch up directly.
+
+Initial rows: a keyed table's new key k starts U(lo, hi) (or a constant) from a hash of (seed, k) when it
+is first inserted in training, and an unkeyed table's global row k starts from the same hash of (seed, k)
+unless initial values are given: the same vectors on every device and every rank count, so sharded runs
+equal one-rank runs, and use_hashtable=True/False start a key at the same vector.
+
+Updates: backward only holds the gradient (hold); the optimizer's step applies it (apply) with the engine's
+fused backward + optimizer, SOK's apply_gradients. Under R ranks each sender's gradient reaches the owner
+divided by R when gradient division is on (numbactr.sok.init's default, TorchRec's rule): with each rank's
+loss the mean over its own samples and the dense gradients averaged, training then follows the one-rank
+run on the global batch. SOK itself sums the ranks' gradients (init(gradient_division=False)).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from .. import device
+from ..distributed.comm import world
+from ..distributed.sharding import key_owner
+from ..embedding.engine import BoundsCheck, Layout, OptimizerSpec, Optim, Pooling, TableBatchedEmbedding, TableSpec
+from ..embedding.hash_table import EMPTY_KEY, HashTableFullError
+from ..embedding.sharded import ShardedTable
+from ..kernels import embedding_init as EI
+
+DISTRIBUTED = -1                         # SokTable.target of a distributed table (else the owning rank)
+INIT_RANGE = (-0.05, 0.05)               # SOK's default initializer: random_uniform(-0.05, 0.05)
+#: the engine optimizer a table has before an optimizer takes it (plain SGD keeps no state to lose)
+DEFAULT_OPTIMIZER = OptimizerSpec(Optim.EXACT_SGD, learning_rate=0.0)
+_FIXED = ("kind", "update_type", "initial_accumulator")      # what shapes the optimizer states
+
+
+@dataclass
+class Settings:
+    """numbactr.sok.init's settings: the seed of the tables' initial rows (table i of this process uses
+    seed + i), and whether a sharded table divides each rank's gradient by R."""
+    seed: int = 0
+    gradient_division: bool = True
+    tables: int = 0                      # tables created so far (every rank creates them in the same order)
+
+
+SETTINGS = Settings()
+
+
+class VocabularyFullError(HashTableFullError):
+    """A keyed SOK table has no row left for this batch's new keys (the table is unchanged)."""
+
+    def __init__(self, e: HashTableFullError, who: str, option: str):
+        self.needed, self.used, self.max_rows = e.needed, e.used, e.max_rows
+        RuntimeError.__init__(self, f"{who}: this batch brings {e.needed} new keys, {e.used} of the "
+                                    f"{e.max_rows} rows this rank holds are in use; raise {option} to at "
+                                    f"least {e.used + e.needed}")
+
+
+def init_range(initializer, who: str) -> tuple:
+    """(lo, hi) of an initializer SOK accepts as a name or a number: None, 'random', 'random_uniform'
+    (U(-0.05, 0.05)), 'zeros', 'ones', a number or a numeric string (a constant), or (lo, hi)."""
+    if initializer is None or initializer in ("", "random", "random_uniform"):
+        return INIT_RANGE
+    if isinstance(initializer, str):
+        named = {"zeros": 0.0, "ones": 1.0}
+        if initializer in named:
+            return (named[initializer],) * 2
+        try:
+            value = float(initializer)
+        except ValueError:
+            raise ValueError(f"{who}: initializer {initializer!r} is not supported; give 'random' (U(-0.05, "
+                             "0.05)), 'zeros', 'ones', a number or (lo, hi)") from None
+        return (value, value)
+    if isinstance(initializer, (int, float, np.number)) and not isinstance(initializer, bool):
+        return (float(initializer),) * 2
+    if isinstance(initializer, tuple) and len(initializer) == 2:
+        lo, hi = (float(v) for v in initializer)
+        if not lo <= hi:
+            raise ValueError(f"{who}: initializer range {initializer} needs lo <= hi")
+        return (lo, hi)
+    raise ValueError(f"{who}: initializer {initializer!r} is not supported; give 'random' (U(-0.05, 0.05)), "
+                     "'zeros', 'ones', a number or (lo, hi)")
+
+
+class SokTable:
+    """One SOK table on this rank (module docstring).
+
+    Args:
+        who: what the user created, for messages (e.g. "All2AllDenseEmbedding 'emb'").
+        dim: D.
+        keyed: keys go through a hash table (any int64 key but -1); else keys are rows of a global table.
+        capacity: keyed tables: the keys this rank can hold; option: the argument that sets it (for errors).
+        global_rows: unkeyed tables: V, the global table's rows (keys must be in [0, V)).
+        features: F, the features of this table's bags (a layer's slot_num; 1 for a variable).
+        pooling: the default pooling (lookup can override it per call).
+        target: DISTRIBUTED or the rank holding the whole table (SOK's mode="localized:t").
+        init: (lo, hi) of new rows (init_range); initial: unkeyed tables: the global (V, D) values instead.
+        trainable: False: lookups hold no gradient and the table never changes.
+        comm: the job's communicator (default numbactr.distributed.comm.world()).
+    """
+
+    def __init__(self, who: str, dim: int, *, keyed: bool, capacity: int = 0, option: str = "", global_rows: int = 0,
+                 features: int = 1, pooling=Pooling.SUM, target: int = DISTRIBUTED, init=INIT_RANGE,
+                 initial=None, trainable: bool = True, comm=None):
+        self.who, self.dim, self.keyed, self.option = who, int(dim), bool(keyed), option
+        self.features, self.pooling, self.target = int(features), Pooling(pooling), int(target)
+        self.trainable = bool(trainable)
+        self.comm = comm or world()
+        rank, ranks = self.comm.rank, self.comm.size
+        if self.dim < 1:
+            raise ValueError(f"{who}: the embedding width must be >= 1, got {dim}")
+        if self.features < 1:
+            raise ValueError(f"{who}: slot_num must be >= 1, got {features}")
+        if self.target != DISTRIBUTED and not 0 <= self.target < ranks:
+            raise ValueError(f"{who}: there are only {ranks} rank(s), cannot put the table on rank {self.target} "
+                             "(mode='localized:t' needs 0 <= t < number of ranks)")
+        self.seed = SETTINGS.seed + SETTINGS.tables
+        SETTINGS.tables += 1
+        self.division = SETTINGS.gradient_division
+        held_here = self.target in (DISTRIBUTED, rank)
+        if self.keyed:
+            if int(capacity) < 1:
+                raise ValueError(f"{who}: {option} must be >= 1, got {capacity}")
+            self.capacity, self.global_rows = int(capacity), 0
+            rows = self.capacity if held_here else 0
+        else:
+            self.global_rows = int(global_rows)
+            if self.global_rows < 1:
+                raise ValueError(f"{who}: the table needs at least one row, got {global_rows}")
+            self.capacity = 0
+            rows = self._held_rows().size
+        self.spec = TableSpec(rows, self.dim, keyed=self.keyed, init_range=tuple(init))
+        self.engine = self._new_engine(DEFAULT_OPTIMIZER)
+        if not self.keyed and rows:
+            self._init_rows(initial)
+        self._pending = None          # (lookup context, gradient) from this step's backward, for apply()
+        self._sharded = None
+        if ranks > 1:
+            self._sharded = ShardedTable(self.comm, self.dim, self.features, self.pooling, self._owner_lookup,
+                                         key_dtype=np.uint64 if self.keyed else np.int64)
+
+    # ---- rows ---------------------------------------------------------------------------------------
+    def _held_rows(self) -> np.ndarray:
+        """(V_local,) global rows of an unkeyed table held by this rank, in local row order."""
+        rank, ranks = self.comm.rank, self.comm.size
+        if self.target == DISTRIBUTED:
+            return np.arange(rank, self.global_rows, ranks, dtype=np.int64)
+        return np.arange(self.global_rows if rank == self.target else 0, dtype=np.int64)
+
+    def _init_rows(self, initial) -> None:
+        held = self._held_rows()
+        if initial is None:
+            vals = EI.row_values_ref(held.astype(np.uint64), self.dim, self.seed, *self.spec.init_range)
+        else:
+            vals = np.asarray(initial, np.float32)[held]
+        self.weights()[...] = device.xp().asarray(vals)
+
+    def weights(self):
+        """(V_local, D) view of the rows this rank holds (keyed: the rows in use, in insertion order)."""
+        return self.engine.split_weights()[0][:self.engine.live_rows(0)]
+
+    def keys(self):
+        """(V_local,) int64 key (global row) of every row weights() shows."""
+        if self.keyed:
+            return device.to_host(self.engine.hash_tables[0].keys_by_row()).view(np.int64)
+        return self._held_rows()
+
+    def _new_engine(self, spec: OptimizerSpec) -> TableBatchedEmbedding:
+        return TableBatchedEmbedding([self.spec], [0] * self.features, pooling=self.pooling,
+                                     layout=Layout.SAMPLE_MAJOR, optimizer=spec, bounds_check=BoundsCheck.FATAL,
+                                     seed=self.seed)
+
+    # ---- lookup -------------------------------------------------------------------------------------
+    def lookup(self, keys, offsets, training: bool, per_sample_weights=None, pooling=None):
+        """(out, what hold() needs): out (B, F*D) pooled, or (N, D) for pooling NONE, of keys (N,) int in
+        CSR bags offsets (F*B + 1,) of this rank's samples. Every rank takes part when R > 1."""
+        self._check_keys(keys)
+        if self._sharded is None:
+            return self._forward(keys, offsets, training, pooling, per_sample_weights)
+        keys_h = device.to_host(keys)
+        if self.target == DISTRIBUTED:
+            owner = key_owner(keys_h, None, self.comm.size, by_slot=False)               # key % R
+        else:
+            owner = np.full(keys_h.shape[0], self.target, np.int64)
+        return self._sharded.lookup(keys_h, offsets, owner, training, per_sample_weights=per_sample_weights,
+                                    pooling=pooling)
+
+    def _owner_lookup(self, keys, offsets, training: bool, payload):
+        """The owner's side of a sharded lookup (pooling NONE); a distributed unkeyed table's key k is its
+        local row k // R."""
+        if not self.keyed and self.target == DISTRIBUTED:
+            keys = keys // self.comm.size
+        return self._forward(keys, offsets, training, Pooling.NONE, None)
+
+    def _forward(self, keys, offsets, training, pooling, per_sample_weights):
+        try:
+            return self.engine.forward(keys, offsets, per_sample_weights, training=training, pooling=pooling)
+        except HashTableFullError as e:
+            raise VocabularyFullError(e, self.who + self._where(), self.option) from None
+
+    def _check_keys(self, keys) -> None:
+        """Every key valid before anything moves (a bad key names its position in this rank's batch)."""
+        xp = device.xp()
+        if keys.dtype.kind not in "iu":
+            raise TypeError(f"{self.who}: keys must be integers, got {keys.dtype}")
+        if not keys.shape[0]:
+            return
+        if self.keyed:
+            bad = keys.astype(np.uint64) == EMPTY_KEY
+            what = "is reserved (-1 marks an empty hash-table slot)"
+        else:
+            bad = (keys < 0) | (keys >= self.global_rows)
+            what = f"is outside the table [0, {self.global_rows})"
+        if bool(bad.any()):
+            at = int(xp.argmax(bad))
+            raise ValueError(f"{self.who}{self._where()}: key {int(keys[at])} at position {at} of this batch {what}")
+
+    def _where(self) -> str:
+        return f" on rank {self.comm.rank}" if self.comm.size > 1 else ""
+
+    # ---- gradients and updates ----------------------------------------------------------------------
+    def hold(self, lookup, dy) -> None:
+        """Keep this step's gradient dy (the lookup's output shape) for apply(); under R ranks every rank
+        sends its occurrences' gradients to their owners now (a collective)."""
+        if not self.trainable:
+            return
+        if self._pending is not None:
+            raise RuntimeError(f"{self.who}: a second backward before the optimizer step; numbactr.sok applies a "
+                               "table's gradient in its optimizer's step() (OptimizerWrapper, SGD, Adam): call "
+                               "step() or zero_grad() between backward passes")
+        xp = device.xp()
+        dy = xp.ascontiguousarray(xp.asarray(dy, dtype=np.float32))
+        if self._sharded is None:
+            self._pending = (lookup, dy)
+            return
+        if self.division:
+            dy = dy / np.float32(self.comm.size)
+        self._pending = self._sharded.gradients(lookup, dy)
+
+    def has_gradient(self) -> bool:
+        return self._pending is not None
+
+    def apply(self) -> None:
+        """The engine's fused backward + optimizer over the gradient held since the last step, if any."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.engine.backward(*pending)
+
+    def drop_gradient(self) -> None:
+        self._pending = None
+
+    def set_optimizer(self, spec: OptimizerSpec) -> None:
+        """Train this table with spec from now on. Hyper-parameters just change; another optimizer kind
+        rebuilds the engine's state arrays, which only a table not updated yet may do (its rows and keys
+        are kept)."""
+        eng = self.engine
+        if all(getattr(eng.optimizer, f) == getattr(spec, f) for f in _FIXED):
+            hp = {f.name: getattr(spec, f.name) for f in fields(OptimizerSpec) if f.name not in _FIXED}
+            if any(getattr(eng.optimizer, k) != v for k, v in hp.items()):
+                eng.set_hyper_parameters(**hp)
+            return
+        if eng.step > 0:
+            raise ValueError(f"{self.who}: was updated by {eng.optimizer.kind.name} already; a table's optimizer "
+                             f"cannot become {Optim(spec.kind).name} (its optimizer states would be lost)")
+        new = self._new_engine(replace(spec))
+        n = eng.live_rows(0)
+        if self.keyed and n:
+            new.hash_tables[0].insert(eng.hash_tables[0].keys_by_row())     # rows 0..n-1, in the same order
+        new.split_weights()[0][:n] = eng.split_weights()[0][:n]
+        self.engine = new
