@@ -1,0 +1,53 @@
+"""numbactr.sok under mpiexec -n 2 and -n 3 equals one rank on the same global batches (issue 11 item 5).
+
+tests/mpi/sok_run.py trains a PyTorch model with every kind of SOK table (keyed and unkeyed layers, a
+distributed and a localized Variable, a DynamicVariable), the dense part data-parallel through
+broadcast_parameters and average_gradients; each mpiexec run is its own subprocess with a timeout. The
+first step's embeddings are identical (the lookups are exact); later steps agree to float32 rounding (the
+ranks' gradients are divided by R and averaged, the one-rank run divides once).
+"""
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("mpi4py")
+
+HERE = pathlib.Path(__file__).parent
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'numbactr[mpi]')")
+def test_sharded_sok_model_equals_one_rank(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBACTR_DEVICE"] = "cpu"
+    results = {}
+    for ranks in (1, 2, 3):
+        out = tmp_path / f"r{ranks}.npz"
+        r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "sok_run.py"), str(out)],
+                           capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, f"mpiexec -n {ranks} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        assert "Warning" not in r.stderr, r.stderr[-3000:]
+        results[ranks] = dict(np.load(out))
+    one = results[1]
+    assert one["loss"][-1] != one["loss"][0] and one["dyn:keys"].max() >= 2 ** 30
+    for ranks in (2, 3):
+        got = results[ranks]
+        assert got.keys() == one.keys()
+        np.testing.assert_array_equal(got["emb"][0], one["emb"][0])          # first lookups: exact
+        for name, want in one.items():
+            have = got[name]
+            if name.startswith("dense:"):       # an unkeyed layer holds max_vocabulary_size_per_gpu rows per rank
+                assert have.shape[0] == ranks * want.shape[0]
+                np.testing.assert_array_equal(got["dense:keys"][:16], one["dense:keys"])
+                have = have[:want.shape[0]]
+            if name.endswith(":keys"):
+                np.testing.assert_array_equal(have, want, err_msg=f"{ranks} ranks: {name}")
+            else:
+                np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6, err_msg=f"{ranks} ranks: {name}")
