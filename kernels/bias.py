@@ -8,7 +8,7 @@ A 3-D InnerProduct (B, S, N) is the same on the flattened (B*S, N) view. M may b
 HugeCTR: HugeCTR/src/layers/fully_connected_layer.cu (bias added after the cuBLAS GEMM). HugeCTR adds
 db onto the regularizer's initial wgrad; here db is overwritten and the caller adds any other term.
 
-Compiled CPU versions (numba.njit, the cpu device's path), in parallel over fixed chunks of ROW_CHUNK rows:
+Compiled CPU versions (numba.njit, the cpu device's path), over fixed chunks of rows (kernels/parallel_cpu.py):
 the add; the column sums as one partial row per chunk (a (chunks, N) scratch), added in chunk order, so
 the thread count never changes a result.
 """
@@ -20,6 +20,7 @@ import numpy as np
 from numba import cuda, float32, njit, prange
 
 from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
+from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, sum_partials
 from .block import block_sum
 
 
@@ -95,43 +96,43 @@ def bias_grad(dy, db, threads: int | None = None) -> None:
     launch_rows(make_bias_grad_kernel(tpb), n, dy.reshape(-1, n), db.reshape(-1), threads=tpb)
 
 
-# ---- compiled CPU versions (numba.njit; the cpu device) -------------------------------------------
-ROW_CHUNK = 256       # rows per parallel chunk
-# Inner loops run over 0-based row views: an index that may be negative makes numba test it for
-# wraparound on every access, which keeps LLVM from vectorizing (measured 3-8x slower).
+# ---- compiled CPU versions (numba.njit; the cpu device; work split by parallel_cpu) ----------------
+@njit(cache=True, inline="always")
+def _add_rows(y, b, c):
+    for m in range(c * ROW_CHUNK, min(y.shape[0], (c + 1) * ROW_CHUNK)):
+        row = y[m]
+        for k in range(row.shape[0]):
+            row[k] += b[k]
+
+
+@njit(cache=True, inline="always")
+def _sum_rows(dy, p, c):
+    for m in range(c * ROW_CHUNK, min(dy.shape[0], (c + 1) * ROW_CHUNK)):
+        row = dy[m]
+        for k in range(row.shape[0]):
+            p[k] += row[k]
 
 
 @njit(cache=True, parallel=True)
 def _bias_add_cpu(y, b):
-    rows, n = y.shape
-    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        for m in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
-            row = y[m]
-            for k in range(n):
-                row[k] += b[k]
-
-
-@njit(cache=True)
-def sum_partials(part, db):
-    """db (N,) = the rows of part (chunks, N) added in order."""
-    for k in range(db.shape[0]):
-        db[k] = float32(0.0)
-    for c in range(part.shape[0]):
-        p = part[c]
-        for k in range(db.shape[0]):
-            db[k] += p[k]
+    chunks = (y.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    if y.size < PARALLEL_MIN:
+        for c in range(chunks):
+            _add_rows(y, b, c)
+    else:
+        for c in prange(chunks):
+            _add_rows(y, b, c)
 
 
 @njit(cache=True, parallel=True)
 def _bias_grad_cpu(dy, db):
-    rows, n = dy.shape
-    part = np.zeros(((rows + ROW_CHUNK - 1) // ROW_CHUNK, n), np.float32)     # (chunks, N)
-    for c in prange(part.shape[0]):
-        p = part[c]
-        for m in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
-            row = dy[m]
-            for k in range(n):
-                p[k] += row[k]
+    part = np.zeros(((dy.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK, dy.shape[1]), np.float32)     # (chunks, N)
+    if dy.size < PARALLEL_MIN:
+        for c in range(part.shape[0]):
+            _sum_rows(dy, part[c], c)
+    else:
+        for c in prange(part.shape[0]):
+            _sum_rows(dy, part[c], c)
     sum_partials(part, db)
 
 

@@ -12,8 +12,8 @@ with the bias+ReLU epilogue; the backward's dReLU + bias-gradient epilogue).
 The backward is one block per column: its threads stride over the rows, write the masked gradient and
 reduce it in shared memory (tpb a power of two <= 1024).
 
-Compiled CPU versions (numba.njit, the cpu device's path), in parallel over fixed chunks of rows: the
-forward (a NaN stays NaN, as in the reference); the backward's mask and bias gradient in one pass, the
+Compiled CPU versions (numba.njit, the cpu device's path), over fixed chunks of rows (kernels/parallel_cpu.py):
+the forward (a NaN stays NaN, as in the reference); the backward's mask and bias gradient in one pass, the
 column sums as bias.py's (one partial row per chunk, added in chunk order: the same at any thread count).
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ import functools
 import numpy as np
 from numba import cuda, float32, njit, prange
 
-from .bias import ROW_CHUNK, sum_partials
 from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
+from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, sum_partials
 from .block import block_sum
 
 
@@ -119,37 +119,55 @@ def bias_act_backward(y, dy, relu: bool, d, db=None, threads: int | None = None)
 _NO_BIAS = np.zeros(0, np.float32)     # stands in for an absent b / db (never indexed: has_bias is False)
 
 
+@njit(cache=True, inline="always")
+def _forward_rows(y, b, has_bias, relu, c):
+    for m in range(c * ROW_CHUNK, min(y.shape[0], (c + 1) * ROW_CHUNK)):
+        row = y[m]
+        for k in range(row.shape[0]):
+            v = row[k]
+            if has_bias:
+                v += b[k]
+            if relu and v < float32(0.0):
+                v = float32(0.0)
+            row[k] = v
+
+
+@njit(cache=True, inline="always")
+def _backward_rows(y, dy, relu, d, part, has_bias, c):
+    for m in range(c * ROW_CHUNK, min(y.shape[0], (c + 1) * ROW_CHUNK)):
+        yr, gr, dr = y[m], dy[m], d[m]
+        for k in range(dr.shape[0]):
+            g = gr[k]
+            if relu and not yr[k] > float32(0.0):
+                g = float32(0.0)
+            dr[k] = g
+        if has_bias:
+            p = part[c]
+            for k in range(dr.shape[0]):
+                p[k] += dr[k]
+
+
 @njit(cache=True, parallel=True)
 def _bias_act_forward_cpu(y, b, has_bias, relu):
-    rows, n = y.shape
-    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        for m in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
-            row = y[m]                                    # 0-based views vectorize (kernels/bias.py)
-            for k in range(n):
-                v = row[k]
-                if has_bias:
-                    v += b[k]
-                if relu and v < float32(0.0):
-                    v = float32(0.0)
-                row[k] = v
+    chunks = (y.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    if y.size < PARALLEL_MIN:
+        for c in range(chunks):
+            _forward_rows(y, b, has_bias, relu, c)
+    else:
+        for c in prange(chunks):
+            _forward_rows(y, b, has_bias, relu, c)
 
 
 @njit(cache=True, parallel=True)
 def _bias_act_backward_cpu(y, dy, relu, d, db, has_bias):
-    rows, n = y.shape
-    part = np.zeros(((rows + ROW_CHUNK - 1) // ROW_CHUNK if has_bias else 0, n), np.float32)   # (chunks, N)
-    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
-        for m in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
-            yr, gr, dr = y[m], dy[m], d[m]
-            for k in range(n):
-                g = gr[k]
-                if relu and not yr[k] > float32(0.0):
-                    g = float32(0.0)
-                dr[k] = g
-            if has_bias:
-                p = part[c]
-                for k in range(n):
-                    p[k] += dr[k]
+    chunks = (y.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    part = np.zeros((chunks if has_bias else 0, y.shape[1]), np.float32)        # (chunks, N)
+    if y.size < PARALLEL_MIN:
+        for c in range(chunks):
+            _backward_rows(y, dy, relu, d, part, has_bias, c)
+    else:
+        for c in prange(chunks):
+            _backward_rows(y, dy, relu, d, part, has_bias, c)
     if has_bias:
         sum_partials(part, db)
 

@@ -12,8 +12,8 @@ column is a 0.0 pad that gets no gradient.
 HugeCTR: HugeCTR/src/layers/interaction_layer.cu (fp32 path; it never writes the pad, numbactr
 writes 0.0 as the fp16 path does).
 
-Compiled CPU versions (numba.njit, the cpu device's path): one sample at a time, in parallel over fixed
-chunks of samples, so any thread count gives the same bits. The forward's dot products are compiled with
+Compiled CPU versions (numba.njit, the cpu device's path): one sample at a time, over fixed chunks of
+samples (kernels/parallel_cpu.py), so any thread count gives the same bits. The forward's dot products are compiled with
 the 'reassoc' fast-math flag alone, which lets LLVM sum the V products in vector lanes (another float32
 summation order; no other flag, so NaN, inf and signed zeros behave as without it). The backward adds
 G_ij Z_j and G_ij Z_i pair by pair, j in increasing order for every i, as the kernel does: no fast math.
@@ -26,6 +26,7 @@ import numpy as np
 from numba import cuda, float32, float64, int64, njit, prange
 
 from .launch import launch_1d
+from .parallel_cpu import PARALLEL_MIN
 
 
 def interaction_out_width(num_slots: int, width: int) -> int:
@@ -141,8 +142,8 @@ def interaction_backward(dense, emb, dy, d_dense, d_emb, threads: int | None = N
               dense, emb, dy, d_dense, d_emb, threads=threads)
 
 
-# ---- compiled CPU versions (numba.njit; the cpu device) ------------------------------------------
-_CHUNK = 64           # samples per parallel chunk: a fixed split, so the thread count never changes a result
+# ---- compiled CPU versions (numba.njit; the cpu device; work split by parallel_cpu) ----------------
+_CHUNK = 64           # samples per chunk
 
 
 @njit(cache=True, inline="always")
@@ -161,48 +162,66 @@ def _add_pair(g, zi, zj, dzi, dzj, width):
         dzj[v] += g * zi[v]
 
 
-# The j = 0 term (Z_0 = dense) is written out of the j loop below: choosing the array inside the loop
+# The j = 0 term (Z_0 = dense) is written out of the j loops below: choosing the array inside the loop
 # (dense if j == 0 else emb[b, j - 1]) keeps LLVM from vectorizing the V loop (measured 10x slower).
+@njit(cache=True, inline="always")
+def _forward_chunk(dense, emb, out, c):
+    width, n = dense.shape[1], emb.shape[1] + 1
+    for b in range(c * _CHUNK, min(dense.shape[0], (c + 1) * _CHUNK)):
+        d, e, o = dense[b], emb[b], out[b]            # (V,), (S, V), (V + P + 1,)
+        for v in range(width):
+            o[v] = d[v]
+        p = width                                     # pairs of Z_i sit in columns p .. p + i - 1
+        for i in range(1, n):
+            zi = e[i - 1]
+            o[p] = _dot(zi, d, width)
+            for j in range(1, i):
+                o[p + j] = _dot(zi, e[j - 1], width)
+            p += i
+        o[p] = float32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _backward_chunk(dense, emb, dy, d_dense, d_emb, c):
+    width, n = dense.shape[1], emb.shape[1] + 1
+    for b in range(c * _CHUNK, min(dense.shape[0], (c + 1) * _CHUNK)):
+        d, e, g = dense[b], emb[b], dy[b]
+        dd, de = d_dense[b], d_emb[b]                 # dZ_0, dZ_1..n-1
+        for v in range(width):
+            dd[v] = float32(0.0)
+        for s in range(n - 1):
+            for v in range(width):
+                de[s, v] = float32(0.0)
+        for i in range(1, n):
+            base = width + i * (i - 1) // 2
+            zi, dzi = e[i - 1], de[i - 1]
+            _add_pair(g[base], zi, d, dzi, dd, width)
+            for j in range(1, i):
+                _add_pair(g[base + j], zi, e[j - 1], dzi, de[j - 1], width)
+        for v in range(width):
+            dd[v] = g[v] + dd[v]
+
+
 @njit(cache=True, parallel=True, fastmath={"reassoc"})
 def _forward_cpu(dense, emb, out):
-    bsz, width = dense.shape
-    n = emb.shape[1] + 1
-    for c in prange((bsz + _CHUNK - 1) // _CHUNK):
-        for b in range(c * _CHUNK, min(bsz, (c + 1) * _CHUNK)):
-            d, e, o = dense[b], emb[b], out[b]            # (V,), (S, V), (V + P + 1,)
-            for v in range(width):
-                o[v] = d[v]
-            p = width                                     # pairs of Z_i sit in columns p .. p + i - 1
-            for i in range(1, n):
-                zi = e[i - 1]
-                o[p] = _dot(zi, d, width)
-                for j in range(1, i):
-                    o[p + j] = _dot(zi, e[j - 1], width)
-                p += i
-            o[p] = float32(0.0)
+    chunks = (dense.shape[0] + _CHUNK - 1) // _CHUNK
+    if out.size * dense.shape[1] < PARALLEL_MIN:     # ~ the multiply-adds
+        for c in range(chunks):
+            _forward_chunk(dense, emb, out, c)
+    else:
+        for c in prange(chunks):
+            _forward_chunk(dense, emb, out, c)
 
 
 @njit(cache=True, parallel=True)
 def _backward_cpu(dense, emb, dy, d_dense, d_emb):
-    bsz, width = dense.shape
-    n = emb.shape[1] + 1
-    for c in prange((bsz + _CHUNK - 1) // _CHUNK):
-        for b in range(c * _CHUNK, min(bsz, (c + 1) * _CHUNK)):
-            d, e, g = dense[b], emb[b], dy[b]
-            dd, de = d_dense[b], d_emb[b]                 # dZ_0, dZ_1..n-1
-            for v in range(width):
-                dd[v] = float32(0.0)
-            for s in range(n - 1):
-                for v in range(width):
-                    de[s, v] = float32(0.0)
-            for i in range(1, n):
-                base = width + i * (i - 1) // 2
-                zi, dzi = e[i - 1], de[i - 1]
-                _add_pair(g[base], zi, d, dzi, dd, width)
-                for j in range(1, i):
-                    _add_pair(g[base + j], zi, e[j - 1], dzi, de[j - 1], width)
-            for v in range(width):
-                dd[v] = g[v] + dd[v]
+    chunks = (dense.shape[0] + _CHUNK - 1) // _CHUNK
+    if dy.size * dense.shape[1] < PARALLEL_MIN:
+        for c in range(chunks):
+            _backward_chunk(dense, emb, dy, d_dense, d_emb, c)
+    else:
+        for c in prange(chunks):
+            _backward_chunk(dense, emb, dy, d_dense, d_emb, c)
 
 
 def interaction_forward_cpu(dense, emb, out) -> None:

@@ -5,7 +5,8 @@ are the oracle), for the ``cpu`` device: SGD, MomentumSGD, Nesterov, Adam and Ad
 vector w (P,) and its states. Their element rules are HugeCTR's sparse Local rules on one element, which
 the embedding engine already compiles (kernels/tbe_math.elem_update, njit in kernels/tbe_cpu.py), so the
 float32 arithmetic is written once. Ftrl has no compiled version (the cpu device runs its reference).
-Each element is independent: the fixed chunks only spread the work, the thread count never changes a bit.
+Each element is independent: the chunks (kernels/parallel_cpu.py) only spread the work, the thread count
+never changes a bit.
 
 The wrappers take the kernel wrappers' arguments (float32 scalars, in place, allocate nothing).
 """
@@ -16,11 +17,26 @@ from numba import float32, njit, prange
 
 from . import tbe_math as M
 from .optimizers import adam_alpha_t
+from .parallel_cpu import FLAT_CHUNK, PARALLEL_MIN
 from .tbe_cpu import elem_state_count, elem_update
 
-_CHUNK = 1 << 14          # elements per parallel chunk
 _LOCAL = int(M.UpdateType.LOCAL)
 _NO_STATE = np.zeros(0, np.float32)      # stands in for an absent state (never indexed)
+
+
+@njit(cache=True, inline="always")
+def _update_span(kind, states, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
+    zero, one = float32(0.0), float32(1.0)
+    for i in range(w.shape[0]):
+        ai = a[i] if states >= 1 else zero
+        bi = b[i] if states == 2 else zero
+        wi, ai, bi, _ = elem_update(kind, _LOCAL, g[i], w[i], ai, bi, zero, zero, zero, lr, eps, b1, b2,
+                                    zero, mom, scaler, one, one, alpha)
+        w[i] = wi
+        if states >= 1:
+            a[i] = ai
+        if states == 2:
+            b[i] = bi
 
 
 @njit(cache=True, parallel=True)
@@ -28,24 +44,13 @@ def _dense_update(kind, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
     """w, a, b (states by elem_state_count(kind)), g: (P,) float32; scalars float32."""
     n = w.shape[0]
     states = elem_state_count(kind)
-    zero, one = float32(0.0), float32(1.0)
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
-        lo = c * _CHUNK
-        # 0-based views: an index that may be negative makes numba test it for wraparound on every
-        # access, which keeps LLVM from vectorizing the loop
-        ws, gs = w[lo:lo + _CHUNK], g[lo:lo + _CHUNK]
-        as_ = a[lo:lo + _CHUNK] if states >= 1 else a
-        bs = b[lo:lo + _CHUNK] if states == 2 else b
-        for i in range(ws.shape[0]):
-            ai = as_[i] if states >= 1 else zero
-            bi = bs[i] if states == 2 else zero
-            wi, ai, bi, _ = elem_update(kind, _LOCAL, gs[i], ws[i], ai, bi, zero, zero, zero, lr, eps, b1, b2,
-                                        zero, mom, scaler, one, one, alpha)
-            ws[i] = wi
-            if states >= 1:
-                as_[i] = ai
-            if states == 2:
-                bs[i] = bi
+    if n < PARALLEL_MIN:
+        _update_span(kind, states, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha)
+    else:
+        for c in prange((n + FLAT_CHUNK - 1) // FLAT_CHUNK):
+            lo, hi = c * FLAT_CHUNK, (c + 1) * FLAT_CHUNK
+            _update_span(kind, states, w[lo:hi], a[lo:hi] if states >= 1 else a, b[lo:hi] if states == 2 else b,
+                         g[lo:hi], lr, eps, b1, b2, mom, scaler, alpha)
 
 
 _f = np.float32

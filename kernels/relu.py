@@ -14,6 +14,7 @@ import numpy as np
 from numba import cuda, float32, njit, prange
 
 from .launch import launch_1d
+from .parallel_cpu import FLAT_CHUNK, PARALLEL_MIN
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -48,30 +49,40 @@ def relu_backward(y, dy, dx) -> None:
     launch_1d(relu_backward_kernel, y.size, y.reshape(-1), dy.reshape(-1), dx.reshape(-1))
 
 
-# ---- compiled CPU versions (numba.njit; the cpu device; flat views, parallel over fixed chunks) ----
-# Each chunk is walked through 0-based views: an index that may be negative makes numba test it for
-# wraparound on every access, which keeps LLVM from vectorizing the loop (measured 8x slower).
-_CHUNK = 1 << 14
+# ---- compiled CPU versions (numba.njit; the cpu device; flat views; work split by parallel_cpu) -----
+@njit(cache=True, inline="always")
+def _forward_span(x, y):
+    for i in range(x.shape[0]):
+        v = x[i]
+        y[i] = float32(0.0) if v < float32(0.0) else v
+
+
+@njit(cache=True, inline="always")
+def _backward_span(y, dy, dx):
+    for i in range(y.shape[0]):
+        dx[i] = dy[i] if y[i] > float32(0.0) else float32(0.0)
 
 
 @njit(cache=True, parallel=True)
 def _relu_forward_cpu(x, y):
     n = x.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
-        xs, ys = x[c * _CHUNK:(c + 1) * _CHUNK], y[c * _CHUNK:(c + 1) * _CHUNK]
-        for i in range(xs.shape[0]):
-            v = xs[i]
-            ys[i] = float32(0.0) if v < float32(0.0) else v
+    if n < PARALLEL_MIN:
+        _forward_span(x, y)
+    else:
+        for c in prange((n + FLAT_CHUNK - 1) // FLAT_CHUNK):
+            lo, hi = c * FLAT_CHUNK, (c + 1) * FLAT_CHUNK
+            _forward_span(x[lo:hi], y[lo:hi])
 
 
 @njit(cache=True, parallel=True)
 def _relu_backward_cpu(y, dy, dx):
     n = y.shape[0]
-    for c in prange((n + _CHUNK - 1) // _CHUNK):
-        lo, hi = c * _CHUNK, (c + 1) * _CHUNK
-        ys, gs, ds = y[lo:hi], dy[lo:hi], dx[lo:hi]
-        for i in range(ys.shape[0]):
-            ds[i] = gs[i] if ys[i] > float32(0.0) else float32(0.0)
+    if n < PARALLEL_MIN:
+        _backward_span(y, dy, dx)
+    else:
+        for c in prange((n + FLAT_CHUNK - 1) // FLAT_CHUNK):
+            lo, hi = c * FLAT_CHUNK, (c + 1) * FLAT_CHUNK
+            _backward_span(y[lo:hi], dy[lo:hi], dx[lo:hi])
 
 
 def relu_forward_cpu(x, y) -> None:

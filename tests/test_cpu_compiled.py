@@ -1,7 +1,8 @@
 """The cpu device's compiled CPU ops (numba.njit) against their NumPy references, the oracle.
 
-Each compiled op equals its reference (property tests over small shapes, edge cases, non-finite values);
-the parallel ones give the same bits on 1 and 2 numba threads; the switch to references only
+Each compiled op equals its reference (property tests over small shapes, edge cases, non-finite values;
+shapes past kernels.parallel_cpu.PARALLEL_MIN for the parallel branch), with the same bits on 1 and 2
+numba threads; the switch to references only
 (numbactr.device.reference_ops / NUMBACTR_CPU_REFERENCE) works; and whole training steps of small DLRMs
 on the cpu device equal the same steps computed with the references only (dense ops, dense optimizer and
 the embedding engine's reference impl).
@@ -20,6 +21,7 @@ from numbactr.kernels import bce, bias, interaction, relu
 from numbactr.kernels import fused_bias_act as fba
 from numbactr.kernels import optimizers as K
 from numbactr.kernels import optimizers_cpu as C
+from numbactr.kernels.parallel_cpu import PARALLEL_MIN
 from numbactr.optim import DenseOptimizer
 from tests.model_util import tiny_data, tiny_dlrm
 
@@ -201,6 +203,53 @@ def test_bce_matches_reference(n, seed, scale, data):
     assert not dx[b:].any()
 
 
+def test_parallel_branches_match_reference():
+    """Shapes past PARALLEL_MIN run the prange branch: still the reference, and the same bits on 1 and 2 threads."""
+    rng = np.random.default_rng(5)
+    rows = PARALLEL_MIN // 300 + 7                            # (rows, 300) > PARALLEL_MIN, a partial last chunk
+    pre, dy, b = with_specials(rng, (rows, 300)), f32(rng, (rows, 300)), f32(rng, (300,))
+
+    def dense_ops():
+        y, d, db, db2, act = pre.copy(), np.empty_like(pre), np.empty(300, np.float32), np.empty(300, np.float32), \
+            np.empty_like(pre)
+        bias.bias_add_cpu(y, b)
+        bias.bias_grad_cpu(dy, db)
+        relu.relu_forward_cpu(y, act)
+        relu.relu_backward_cpu(act, dy, d)
+        y2 = pre.copy()
+        fba.bias_act_forward_cpu(y2, b, True)
+        d2 = np.empty_like(pre)
+        fba.bias_act_backward_cpu(y2, dy, True, d2, db2)
+        return y, db, act, d, y2, d2, db2
+
+    y, db, act, d, y2, d2, db2 = each_thread_count(dense_ops)
+    np.testing.assert_array_equal(y, bias.bias_add_ref(pre, b))
+    assert_column_sums_close(db, bias.bias_grad_ref(dy), dy)
+    np.testing.assert_array_equal(act, relu.relu_forward_ref(y))
+    np.testing.assert_array_equal(d, relu.relu_backward_ref(act, dy))
+    ref_y = fba.bias_act_forward_ref(pre, b, True)
+    ref_d, ref_db = fba.bias_act_backward_ref(ref_y, dy, True, True)
+    np.testing.assert_array_equal(y2, ref_y)
+    np.testing.assert_array_equal(d2, ref_d)
+    assert_column_sums_close(db2, ref_db, np.where(np.isfinite(ref_d), ref_d, 0))
+
+    bsz, s, v = 300, 26, 16                                   # 300 x 368 outputs x 16 > PARALLEL_MIN
+    dense, emb = f32(rng, (bsz, v)), f32(rng, (bsz, s, v))
+    dy = f32(rng, (bsz, interaction.interaction_out_width(s, v)))
+
+    def inter():
+        out, d_dense, d_emb = np.empty_like(dy), np.empty_like(dense), np.empty_like(emb)
+        interaction.interaction_forward_cpu(dense, emb, out)
+        interaction.interaction_backward_cpu(dense, emb, dy, d_dense, d_emb)
+        return out, d_dense, d_emb
+
+    out, d_dense, d_emb = each_thread_count(inter)
+    np.testing.assert_allclose(out, interaction.interaction_forward_ref(dense, emb), rtol=1e-5, atol=1e-4)
+    ref_dense, ref_emb = interaction.interaction_backward_ref(dense, emb, dy)
+    np.testing.assert_allclose(d_dense, ref_dense, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(d_emb, ref_emb, rtol=1e-5, atol=1e-4)
+
+
 def test_bce_checks_valid_rows():
     x = np.zeros((4, 1), np.float32)
     with pytest.raises(ValueError, match="valid rows b=5"):
@@ -218,7 +267,7 @@ DENSE_RULES = {   # name: (compiled update, reference, number of states, extra h
 
 
 @pytest.mark.parametrize("name", sorted(DENSE_RULES))
-@pytest.mark.parametrize("p,lr,scaler", [(1, 0.01, 1.0), (37, 0.0, 1.0), (40_000, 0.05, 1024.0)])
+@pytest.mark.parametrize("p,lr,scaler", [(1, 0.01, 1.0), (37, 0.0, 1.0), (PARALLEL_MIN + 3, 0.05, 1024.0)])
 def test_dense_update_matches_reference(name, p, lr, scaler):
     fn, ref, n_states, hyper = DENSE_RULES[name]
     rng = np.random.default_rng(p)
