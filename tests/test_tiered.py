@@ -226,8 +226,8 @@ def test_eval_lookups_do_not_dirty_rows():
 
 
 def test_unknown_arguments_are_clear_errors():
-    with pytest.raises(ValueError, match="keyed"):
-        TieredEmbedding([(10, 2, True)], impl="cpu")
+    with pytest.raises(ValueError, match="rows=0"):
+        TieredEmbedding([(0, 2)], impl="cpu")
     with pytest.raises(ValueError, match="backing"):
         TieredEmbedding([(10, 2)], backing="tape", impl="cpu")
     with pytest.raises(ValueError, match="policy"):

@@ -27,9 +27,16 @@ What happens (shapes: T tables, V_t rows, C_t cache slots, N occurrences):
     same float32 formula), which costs a pass over the whole backing tier per step.
   * a batch with more distinct rows of a table than that table's free slots is an error
     (CacheCapacityError) before anything moves: never a silent fallback.
+  * keyed tables (HugeCTR's hash embeddings, TableSpec(keyed=True)): the tier maps keys to rows itself
+    before the engine runs, with the engine's HashTable (in memory: the hot key -> row path is a compiled
+    or kernel hash lookup, never the store), rows in order of first occurrence and new rows U(init_range)
+    from a hash of (seed, key), exactly as the engine's keyed tables; each new row is written to the
+    backing tier when its key arrives. rows = the most keys the table takes (host, memmap), or rows=0 on
+    backing="lmdb": a dynamic vocabulary whose key table doubles as it fills and whose rows and keys
+    live in an LMDB environment (numbactr.embedding.tiers.LmdbStore), which reopens with its vocabulary.
 Not supported through the cache (an error says so): FP16 weights with stochastic rounding (its random
-bits hash the row's storage position, which a slot is not; use stochastic_rounding=False or FP32) and
-keyed tables (see numbactr.embedding.dynamic for keyed tables of unknown size).
+bits hash the row's storage position, which a slot is not; use stochastic_rounding=False or FP32), and
+HugeCTR's GLOBAL kinds on an LMDB tier (their pass needs the rows as arrays).
 """
 from __future__ import annotations
 
@@ -48,11 +55,13 @@ from ..kernels import tbe_cpu as C
 from .cache import CacheCapacityError, CacheStats, EmbeddingCache
 from .engine import (Grads, LookupContext, Optim, Precision, SparseRowGrad, TableBatchedEmbedding, TableSpec,
                      _as_table)
+from .hash_table import HashTable, HashTableFullError
 from .tiers import BufferSpec, make_store
 
 __all__ = ["TieredEmbedding", "CacheConfig", "CacheCapacityError", "CacheStats", "cache_rows", "slot_bytes"]
 
 SLOT_BOOKKEEPING_BYTES = 8 + 8 + 8 + 4 + 1     # slot_row, stamp, freq, pin, dirty per slot
+_FIRST_KEYS = 1024                              # rows a growing keyed table starts with (then doubles)
 ROW_MAP_BYTES = 8                               # row_slot per row of the table
 
 
@@ -92,9 +101,9 @@ def cache_rows(tables, config: CacheConfig, precision=Precision.FP32, state_spec
     rows = np.array([t.rows for t in specs], np.int64)
     if config.capacities is not None:
         caps = [int(c) for c in config.capacities]
-        if len(caps) != rows.size or any(not 1 <= c <= r for c, r in zip(caps, rows)):
+        if len(caps) != rows.size or any(c < 1 or (r and c > r) for c, r in zip(caps, rows)):
             raise ValueError(f"cache capacities {caps} must give each of the {rows.size} tables 1..rows slots "
-                             f"(rows {rows.tolist()})")
+                             f"(rows {rows.tolist()}; a growing table, rows=0, any number >= 1)")
         return caps
     if config.budget_bytes is not None:
         per_row = np.array([slot_bytes(t.dim, Precision(precision), state_specs) for t in specs], np.int64)
@@ -128,10 +137,10 @@ class TieredEmbedding:
     """A TableBatchedEmbedding whose tables live in a backing tier behind a cache (module docstring).
 
     Args:
-        tables, feature_table_map: as the engine's (unkeyed tables).
+        tables, feature_table_map: as the engine's; a keyed table may have rows=0 (grows) on "lmdb".
         cache: CacheConfig (default: LRU, load factor 0.2).
-        backing: "host", "memmap" or a store object (numbactr.embedding.tiers).
-        path: the memmap tier's directory (default: a temporary one, removed by close()).
+        backing: "host", "memmap", "lmdb" or a store object (numbactr.embedding.tiers).
+        path: the memmap / lmdb tier's directory (default: a temporary one, removed by close()).
         **engine_kwargs: the engine's keyword arguments (pooling, optimizer, weights_precision, ...).
     """
 
@@ -140,14 +149,16 @@ class TieredEmbedding:
         self.tables = [_as_table(t) for t in tables]
         if not self.tables:
             raise ValueError("TieredEmbedding needs at least one table")
-        keyed = [t for t, spec in enumerate(self.tables) if spec.keyed]
-        if keyed:
-            raise ValueError(f"tables {keyed} are keyed: a tiered table maps indices to rows itself; keyed "
-                             "tables of unknown size go through numbactr.embedding.dynamic")
         self.config = cache or CacheConfig()
         rows = np.array([t.rows for t in self.tables], np.int64)
-        if (rows == 0).any():
-            raise ValueError("every table of a tiered embedding needs rows >= 1")
+        growable = backing == "lmdb" or getattr(backing, "grow", None) is not None
+        unbounded = [t for t, spec in enumerate(self.tables) if spec.rows == 0]
+        if unbounded and not (growable and all(self.tables[t].keyed for t in unbounded)):
+            raise ValueError(f"tables {unbounded} have rows=0: only keyed tables on a growable backing tier "
+                             "(backing='lmdb') may start empty and grow; give the others rows >= 1")
+        if unbounded and self.config.capacities is None:
+            raise ValueError(f"tables {unbounded} grow without a bound: give their cache sizes as "
+                             "CacheConfig(capacities=[...]) (a load factor of an unknown size means nothing)")
         probe = dict(engine_kwargs)
         precision = Precision(probe.get("weights_precision", Precision.FP32))
         if precision == Precision.FP16 and probe.get("stochastic_rounding", True):
@@ -158,12 +169,21 @@ class TieredEmbedding:
         self._prefetched = []          # FIFO of (key, unique slots) staged by prefetch() for a forward
         self._worker = None
         self._worker_error = None
-        self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        # linear rows of the tables as declared: init_uniform's hash (the untiered engine's numbering)
+        self.spec_row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
         slots = self._sizes(engine_kwargs, feature_table_map)
         slot_tables = [TableSpec(c, t.dim, False, t.init_range) for c, t in zip(slots, self.tables)]
-        self.engine = _SlotEngine(self, rows, slot_tables, feature_table_map, **engine_kwargs)
+        # keyed features are bounds-checked after their keys became rows: below the table's size (a growing
+        # table's bound is the largest row number there can be)
+        bounds = np.where(rows > 0, rows, np.iinfo(np.int64).max // 2)
+        self.engine = _SlotEngine(self, bounds, slot_tables, feature_table_map, **engine_kwargs)
         e = self.engine
-        self.cache = EmbeddingCache(slots, rows, self.config.policy, use_kernels=e.impl == "kernels")
+        kernels = e.impl == "kernels"
+        self.key_index = {t: self._new_index(max(spec.rows, _FIRST_KEYS) if spec.rows == 0 else spec.rows, kernels)
+                          for t, spec in enumerate(self.tables) if spec.keyed}
+        self._growing = set(unbounded)
+        space = [self.key_index[t].max_rows if t in self._growing else int(r) for t, r in enumerate(rows)]
+        self.cache = EmbeddingCache(slots, space, self.config.policy, use_kernels=kernels)
         self._specs = e._state_specs()
         buffers = [BufferSpec("weights", False, e.weights.dtype)]
         buffers += [BufferSpec(name, per_row, dtype, e.initial_state_value(name))
@@ -171,6 +191,11 @@ class TieredEmbedding:
         buffers.append(BufferSpec("freq", True, np.int64))
         self.store = make_store(backing, buffers, rows, [t.dim for t in self.tables], path=path,
                                 pinned=device.kind() == "gpu")
+        if hasattr(self.store, "keys"):
+            self._reopen_keys()
+        if K.has_global_pass(e.optimizer.kind, e.optimizer.update_type) and not hasattr(self.store, "flat"):
+            raise NotImplementedError("HugeCTR's GLOBAL update passes over every row each step: it needs a backing "
+                                      "tier of arrays (backing='host' or 'memmap'), not an LMDB store")
         # per table, its cache buffers: (C_t, D_t) views (host path) and the padded (C_t, stride_t) / (C_t, 1)
         # contiguous blocks they live in (the row kernels' arguments)
         self._cache_views = [[w] + list(s) for w, s in zip(e.split_weights(), e.split_optimizer_states())]
@@ -178,6 +203,41 @@ class TieredEmbedding:
                                                                   in zip(e.states, self._specs)]
                               for t in range(len(self.tables))]
         self.weights_precision = e.weights_precision
+
+    def _new_index(self, max_rows: int, kernels: bool) -> HashTable:
+        """A key -> row hash table as the engine's keyed tables have (rows in order of first occurrence)."""
+        return HashTable(max_rows, use_kernels=kernels, xp=self.cache.xp if hasattr(self, "cache") else
+                         device.xp(), compiled=self.engine.impl == "cpu")
+
+    def _reopen_keys(self) -> None:
+        """An LMDB store that already holds keys: the key -> row tables take them back, rows as recorded."""
+        for t in self.key_index:
+            keys = self.store.keys(t)
+            if keys.size:
+                self._grow_keys(t, keys.size)
+                rows = device.to_host(self.key_index[t].insert(self.cache.xp.asarray(keys)))
+                if not np.array_equal(rows, np.arange(keys.size)):
+                    raise ValueError(f"{self.store.path}: table {t}'s recorded keys are not a row-ordered "
+                                     "vocabulary (duplicate keys?)")
+                self.store.grow(t, keys.size)
+
+    def _grow_keys(self, t: int, need: int) -> None:
+        """Make table t's key -> row table (and the cache's row space) hold `need` rows, doubling."""
+        index = self.key_index[t]
+        if need <= index.max_rows:
+            return
+        if t not in self._growing:
+            raise HashTableFullError(need - index.size, index.size, index.max_rows,
+                                     hint=f"tiered table {t} holds at most rows={index.max_rows} keys")
+        cap = index.max_rows
+        while cap < need:
+            cap *= 2
+        bigger = self._new_index(cap, self.engine.impl == "kernels")
+        keys = index.keys_by_row()
+        if keys.shape[0]:
+            bigger.insert(keys)                  # row order in, row order out: every key keeps its row
+        self.key_index[t] = bigger
+        self.cache.grow_rows(t, cap)
 
     def _sizes(self, engine_kwargs, feature_table_map) -> list:
         from .engine import _check_optimizer, OptimizerSpec
@@ -187,6 +247,21 @@ class TieredEmbedding:
         return cache_rows(self.tables, self.config, engine_kwargs.get("weights_precision", Precision.FP32), specs)
 
     # ---- the engine's interface ----------------------------------------------------------------------
+    @property
+    def row_offsets(self) -> np.ndarray:
+        """(T + 1,) offsets of the tables in the cache's linear row space (a growing keyed table moves the
+        tables after it)."""
+        return self.cache.row_offsets
+
+    def live_rows(self, t: int) -> int:
+        """Rows of table t in use: every row, or the keys inserted so far for a keyed table."""
+        index = self.key_index.get(t)
+        return index.size if index is not None else int(self.tables[t].rows)
+
+    def keys(self, t: int):
+        """(n,) uint64 the keys of keyed table t in row order (row r holds key keys[r])."""
+        return self.key_index[t].keys_by_row()
+
     @property
     def feature_table_map(self) -> list:
         return self.engine.feature_table_map
@@ -241,6 +316,8 @@ class TieredEmbedding:
         """The engine's forward through the cache: (out, ctx) as TableBatchedEmbedding.forward."""
         self._wait()
         self._held = None
+        if self.key_index:
+            indices = self._keyed_rows(indices, offsets, training)
         try:
             out, ctx = self.engine.forward(indices, offsets, per_sample_weights, training=training,
                                            pooling=pooling, feature_requires_grad=feature_requires_grad)
@@ -280,6 +357,71 @@ class TieredEmbedding:
         rows = self.cache.slot_row[g.rows]
         order = xp.argsort(rows, kind="stable")
         return SparseRowGrad(rows[order], g.values[order], self.row_offsets.copy())
+
+    # ---- keys -> rows ------------------------------------------------------------------------------------
+    def _keyed_rows(self, indices, offsets, training: bool, insert: bool = True):
+        """indices (N,) with the keys of keyed features replaced by their rows (int64): training inserts new
+        keys (rows in order of first occurrence, the engine's rule; each new row is written to the backing
+        tier U(init_range) from a hash of (seed, key) with initial optimizer states), evaluation (or
+        insert=False) finds them (-1 when missing). Offsets the engine's FATAL check would refuse insert
+        nothing: the engine raises on them."""
+        xp = self.cache.xp
+        e = self.engine
+        indices, offsets = xp.asarray(indices), xp.asarray(offsets)
+        if indices.ndim != 1 or offsets.ndim != 1 or indices.dtype.kind not in "iu":
+            return indices                                  # the engine's checks say what is wrong
+        n_bags = offsets.shape[0] - 1
+        if n_bags < 0 or n_bags % e.n_features:
+            return indices
+        host_off = device.to_host(offsets).astype(np.int64)
+        fixed, bad = K.check_offsets_ref(host_off, int(indices.shape[0]), K.BoundsCheck.IGNORE)
+        if bad and e.bounds_check == K.BoundsCheck.FATAL:
+            insert = False
+        _, feat, _ = K._occurrences(fixed, e.n_features, n_bags // e.n_features, e.layout)
+        keyed = np.array([t in self.key_index for t in e.feature_table_map])
+        is_key = np.zeros(feat.shape[0], bool)
+        is_key[feat >= 0] = keyed[feat[feat >= 0]]
+        if indices.dtype == np.uint64 and (~is_key).any():
+            e._as_int64(indices[xp.asarray(np.flatnonzero(~is_key))])       # unkeyed values must fit int64
+        out = indices.astype(np.int64)
+        for t in self.key_index:
+            feats = [f for f, ft in enumerate(e.feature_table_map) if ft == t]
+            mine = xp.asarray(np.flatnonzero(np.isin(feat, feats)))
+            if mine.shape[0]:
+                out[mine] = self._rows_of_keys(t, indices[mine], training and insert)
+        return out
+
+    def _rows_of_keys(self, t: int, keys, insert: bool):
+        index = self.key_index[t]
+        if not insert:
+            return index.find(keys)
+        before = index.size
+        self._grow_keys(t, before + int(keys.shape[0]))
+        index = self.key_index[t]
+        rows = index.insert(keys)
+        if index.size > before:
+            rows_h, keys_h = device.to_host(rows), device.to_host(keys).astype(np.uint64)
+            new_rows, first = np.unique(rows_h[rows_h >= before], return_index=True)
+            new_keys = keys_h[rows_h >= before][first]
+            spec = self.tables[t]
+            w = EI.row_values_ref(new_keys, spec.dim, self.engine.seed, *spec.init_range)
+            with self._lock:
+                if t in self._growing:
+                    self.store.grow(t, index.size)
+                values = [w.astype(self.engine.weights.dtype)] + [None] * (len(self._specs) + 1)
+                self._reset_rows(t, new_rows, values)
+                if hasattr(self.store, "put_keys"):
+                    self.store.put_keys(t, new_rows, new_keys)
+        return rows
+
+    def _reset_rows(self, t: int, rows: np.ndarray, values: list) -> None:
+        """Rows new to keyed table t: the given weights, every optimizer state and LFU count at its start."""
+        full = list(values)
+        for i, b in enumerate(self.store.buffers):
+            if full[i] is None:
+                shape = b.shape(rows.size, self.tables[t].dim)
+                full[i] = np.full(shape, b.initial, b.dtype)
+        self.store.write(t, rows, full)
 
     # ---- placement ---------------------------------------------------------------------------------------
     def _linear_rows(self, rows, offsets, batch: int):
@@ -389,6 +531,8 @@ class TieredEmbedding:
                              f"got shapes {indices.shape} and {offsets.shape}")
         fixed, _ = K.check_offsets_ref(device.to_host(offsets).astype(np.int64), int(indices.shape[0]),
                                        K.BoundsCheck.IGNORE)
+        if self.key_index:
+            indices = self._keyed_rows(indices, offsets, training=False)
         lin = self._linear_rows(indices, fixed, n_bags // e.n_features)
 
         def run():
@@ -466,12 +610,13 @@ class TieredEmbedding:
         """Every weight U(lo, hi) from the hash of (seed, linear row, d): the engine's init_uniform."""
         seed = self.engine.seed if seed is None else int(seed)
         self.invalidate()
+        keep = [None] * len(self.store.buffers[1:])
         for t, spec in enumerate(self.tables):
-            view = self.store.views(t)[0]
             for a in range(0, spec.rows, 1 << 16):
                 b = min(spec.rows, a + (1 << 16))
-                lin = np.arange(self.row_offsets[t] + a, self.row_offsets[t] + b, dtype=np.uint64)
-                view[a:b] = EI.row_values_ref(lin, spec.dim, seed, lo, hi).astype(view.dtype)
+                lin = np.arange(self.spec_row_offsets[t] + a, self.spec_row_offsets[t] + b, dtype=np.uint64)
+                w = EI.row_values_ref(lin, spec.dim, seed, lo, hi).astype(self.engine.weights.dtype)
+                self.store.write(t, np.arange(a, b, dtype=np.int64), [w] + keep)
 
     def close(self) -> None:
         """Release the backing tier (a temporary memmap directory is removed)."""
