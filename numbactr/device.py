@@ -57,7 +57,7 @@ def _resolve() -> tuple[str, str]:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
         return "sim", "NUMBACTR_DEVICE=sim: kernels run in Numba's CUDA simulator"
     if asked == "cpu":
-        return "cpu", "NUMBACTR_DEVICE=cpu: NumPy reference ops"
+        return "cpu", f"NUMBACTR_DEVICE=cpu: {_cpu_ops()}"
     if _numba_simulated():
         if asked == "gpu":
             raise DeviceError("NUMBACTR_DEVICE=gpu, but NUMBA_ENABLE_CUDASIM=1 puts numba in simulator "
@@ -69,7 +69,7 @@ def _resolve() -> tuple[str, str]:
         if asked == "gpu":
             raise DeviceError(f"NUMBACTR_DEVICE=gpu, but no CUDA GPU is usable here: {reason}; "
                               "use NUMBACTR_DEVICE=cpu or sim")
-        return "cpu", f"NumPy reference ops; no CUDA GPU: {reason}"
+        return "cpu", f"{_cpu_ops()}; no CUDA GPU: {reason}"
     try:
         import cupy  # noqa: F401
     except ImportError:
@@ -80,6 +80,13 @@ def _resolve() -> tuple[str, str]:
     if isinstance(name, bytes):
         name = name.decode()
     return "gpu", f"numba.cuda kernels on {name}"
+
+
+def _cpu_ops() -> str:
+    """What the cpu device runs, for the start-up line."""
+    if os.environ.get(ENV_REFERENCE, "").strip() == "1":
+        return f"NumPy reference ops ({ENV_REFERENCE}=1)"
+    return "compiled CPU ops"
 
 
 def _cuda_reason(err) -> str:

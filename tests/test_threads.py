@@ -93,5 +93,5 @@ def test_startup_line_states_device_reason_and_threads():
     r = subprocess.run([sys.executable, "-m", "numbactr.cli", "device"], capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "numbactr: device=cpu (NUMBACTR_DEVICE=cpu: NumPy reference ops); threads: compute " in r.stdout
+    assert "numbactr: device=cpu (NUMBACTR_DEVICE=cpu: compiled CPU ops); threads: compute " in r.stdout
     assert "reader workers" in r.stdout and r.stderr == ""
