@@ -354,7 +354,7 @@ class SparseEmbedding:
 
     def __init__(self, embedding_type, workspace_size_per_gpu_in_mb=0, embedding_vec_size=1, combiner="sum",
                  sparse_embedding_name="", bottom_name="", slot_size_array=(), optimizer=None,
-                 hybrid_embedding_param=None):
+                 hybrid_embedding_param=None, embedding_cache=None):
         _expect(isinstance(embedding_type, Embedding_t), f"SparseEmbedding {sparse_embedding_name!r}: "
                 f"embedding_type must be an Embedding_t, got {embedding_type!r}")
         _expect(combiner in ("sum", "mean"), f"SparseEmbedding {sparse_embedding_name!r}: combiner must be "
@@ -374,6 +374,15 @@ class SparseEmbedding:
         self.slot_size_array = [int(s) for s in slot_size_array]
         self.optimizer = optimizer if optimizer is not None else OptParamsPy()
         self.hybrid_embedding_param = hybrid_embedding_param
+        # numbactr's extra: the table in a backing tier behind a cache (numbactr.embedding.tiered.TierSpec)
+        from .embedding.tiered import TierSpec
+        _expect(embedding_cache is None or isinstance(embedding_cache, TierSpec),
+                f"SparseEmbedding {sparse_embedding_name!r}: embedding_cache must be a "
+                f"numbactr.embedding.tiered.TierSpec, got {embedding_cache!r}")
+        _expect(embedding_cache is None or embedding_cache.backing in ("host", "memmap"),
+                f"SparseEmbedding {sparse_embedding_name!r}: embedding_cache backing must be 'host' or 'memmap' "
+                "(its size is known from workspace_size_per_gpu_in_mb / slot_size_array)")
+        self.embedding_cache = embedding_cache
         who = f"SparseEmbedding {sparse_embedding_name!r}"
         if hybrid_embedding_param is not None:
             warn_ignored(who, "hybrid_embedding_param", hybrid_embedding_param,

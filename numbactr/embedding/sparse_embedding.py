@@ -44,6 +44,7 @@ from ..kernels.tbe import STATES
 from ..optim import sparse_optimizer_spec
 from .engine import BoundsCheck, Layout, Pooling, TableBatchedEmbedding, TableSpec
 from .hash_table import HashTableFullError
+from .tiered import TieredEmbedding
 from .sharded import ShardedLookup, ShardedTable
 
 POOLING = {"sum": Pooling.SUM, "mean": Pooling.MEAN}
@@ -128,11 +129,20 @@ class HashEmbedding:
         self.frozen = False
 
     def _make_engine(self, table: TableSpec) -> None:
-        """The engine: one table, the S slots its features in sample-major order, HugeCTR's optimizer."""
-        self.engine = TableBatchedEmbedding(
-            [table], [0] * self.slots, pooling=POOLING[self.cfg.combiner], layout=Layout.SAMPLE_MAJOR,
-            optimizer=sparse_optimizer_spec(self.opt, f"SparseEmbedding {self.name!r}"),
-            bounds_check=BoundsCheck.FATAL, seed=self.seed)
+        """The engine: one table, the S slots its features in sample-major order, HugeCTR's optimizer; with
+        numbactr's embedding_cache, the table in a backing tier behind a cache (numbactr.embedding.tiered)."""
+        args = dict(pooling=POOLING[self.cfg.combiner], layout=Layout.SAMPLE_MAJOR,
+                    optimizer=sparse_optimizer_spec(self.opt, f"SparseEmbedding {self.name!r}"),
+                    bounds_check=BoundsCheck.FATAL, seed=self.seed)
+        tier = getattr(self.cfg, "embedding_cache", None)
+        if tier is None:
+            self.engine = TableBatchedEmbedding([table], [0] * self.slots, **args)
+        elif self.comm.size > 1:
+            raise NotImplementedError(f"SparseEmbedding {self.name!r}: embedding_cache (a tiered table) runs on "
+                                      "one rank; sharded tiered tables are not implemented")
+        else:
+            self.engine = TieredEmbedding([table], [0] * self.slots, cache=tier.cache, backing=tier.backing,
+                                          path=tier.path, **args)
         # (V, D): the engine's rows (a view; its row stride is padded to 16 bytes)
         self.weight = Tensor(self.engine.split_weights()[0], name=f"{self.name}.pool", requires_grad=True)
         self._pending = None            # (lookup, gradient) from this step's backward, for update()
@@ -199,7 +209,7 @@ class HashEmbedding:
         if training and self.row_slot is not None and table.size > before:
             if slots is None:
                 slots = key_slots(device.xp().asarray(offsets), ctx.rows.shape[0], self.slots)
-            self._record_slots(ctx.rows, slots, before)
+            self._record_slots(ctx.extra.get("table_rows", ctx.rows), slots, before)    # tiered: rows, not slots
         return out, ctx
 
     def _sharded_lookup(self, keys, offsets, training: bool):
@@ -244,6 +254,7 @@ class HashEmbedding:
     def dump(self):
         """(keys (n,) uint64 in row order, vectors (n, D)) held by this rank (host copies: the cpu device's
         arrays would otherwise be views of the live table)."""
+        self._write_back()
         n = self.table.size
         return (device.to_host(self.table.keys_by_row()).astype(np.uint64),
                 np.array(device.to_host(self.weight.data[:n])))
@@ -260,6 +271,12 @@ class HashEmbedding:
         row r = the state of dump()'s r-th key (rows past the table size: initial values)."""
         return [np.array(device.to_host(s)) for s in self.states]
 
+    def _write_back(self) -> None:
+        """A tiered table: every cached row written back and the cache emptied, so self.weight (the backing
+        tier's rows) is the whole table for reading and writing."""
+        if isinstance(self.engine, TieredEmbedding):
+            self.engine.invalidate()
+
     def rows_of(self, keys: np.ndarray) -> np.ndarray:
         """(n,) int64 host rows of keys (n,) uint64 in this rank's table, -1 where absent."""
         return device.to_host(self.table.find(device.xp().asarray(keys))).astype(np.int64)
@@ -270,6 +287,7 @@ class HashEmbedding:
         checked that they are this rank's keys, unique, not reserved and at most max_rows, so nothing
         here can fail half way. Optimizer states move with their keys; keys new to the table start
         from the initial state."""
+        self._write_back()
         xp = device.xp()
         k = xp.asarray(keys.astype(np.uint64))
         old = self.table.find(k)                          # (n,) each key's row before, -1 if absent
@@ -333,6 +351,7 @@ class OneHotEmbedding(HashEmbedding):
 
     def dump(self):
         """(keys, vectors) of the slots this rank owns (every row on one rank)."""
+        self._write_back()
         mine = self._owned_rows()
         return mine.astype(np.uint64), np.ascontiguousarray(device.to_host(self.weight.data)[mine])
 
@@ -351,6 +370,7 @@ class OneHotEmbedding(HashEmbedding):
     def load(self, keys: np.ndarray, vectors: np.ndarray, slots: np.ndarray | None = None) -> None:
         """Rows ``keys`` (n,) (validated in range by the caller) take ``vectors`` (n, D); other rows and
         every optimizer state stay as they are (row = key, so no state moves)."""
+        self._write_back()
         xp = device.xp()
         self.weight.data[xp.asarray(keys.astype(np.int64))] = xp.asarray(vectors.astype(np.float32))
 

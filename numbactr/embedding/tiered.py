@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -58,7 +58,8 @@ from .engine import (Grads, LookupContext, Optim, Precision, SparseRowGrad, Tabl
 from .hash_table import HashTable, HashTableFullError
 from .tiers import BufferSpec, make_store
 
-__all__ = ["TieredEmbedding", "CacheConfig", "CacheCapacityError", "CacheStats", "cache_rows", "slot_bytes"]
+__all__ = ["TieredEmbedding", "CacheConfig", "TierSpec", "CacheCapacityError", "CacheStats", "cache_rows",
+           "slot_bytes"]
 
 SLOT_BOOKKEEPING_BYTES = 8 + 8 + 8 + 4 + 1     # slot_row, stamp, freq, pin, dirty per slot
 _FIRST_KEYS = 1024                              # rows a growing keyed table starts with (then doubles)
@@ -82,6 +83,16 @@ class CacheConfig:
     capacities: list | None = None
     min_slots: int = 1
     prefetch_thread: bool = False
+
+
+@dataclass
+class TierSpec:
+    """A tiered table's cache and backing tier in one argument (HugeCTR's SparseEmbedding takes it as its
+    numbactr-only `embedding_cache`): cache (CacheConfig), backing ("host", "memmap" or "lmdb"), path (the
+    memmap / lmdb directory; None: a temporary one)."""
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    backing: str = "host"
+    path: str | None = None
 
 
 def slot_bytes(dim: int, precision: Precision, state_specs) -> int:
@@ -263,6 +274,26 @@ class TieredEmbedding:
         return self.key_index[t].keys_by_row()
 
     @property
+    def hash_tables(self) -> dict:
+        """{table: its key -> row HashTable} of the keyed tables (the engine's attribute of that name)."""
+        return self.key_index
+
+    @property
+    def pooling(self):
+        return self.engine.pooling
+
+    def take_state_rows(self, t: int, src) -> None:
+        """The engine's take_state_rows on the backing tier (a checkpoint load rebuilt table t's rows): row i
+        takes the optimizer states of old row src[i] (-1: initial states), every other row starts anew."""
+        self.invalidate()
+        src = np.asarray(device.to_host(src), np.int64)
+        hit = src >= 0
+        for view, (name, _, _) in zip(self.store.views(t)[1:1 + len(self._specs)], self._specs):
+            kept = view[src[hit]]
+            view[...] = self.engine.initial_state_value(name)
+            view[:src.shape[0]][hit] = kept
+
+    @property
     def feature_table_map(self) -> list:
         return self.engine.feature_table_map
 
@@ -325,6 +356,8 @@ class TieredEmbedding:
             if self._held is not None:                 # placed and pinned, but no lookup came of it
                 self.cache.unpin(self._held, dirty=False)
             raise
+        # the table rows of the occurrences (ctx.rows are cache slots): what HugeCTR's Localized tables record
+        ctx.extra["table_rows"] = self.cache.xp.asarray(indices).astype(np.int64, copy=False)
         if self._held is not None:
             # the slots stay pinned until this lookup's backward, or until the lookup is dropped
             ctx.extra["tier_slots"] = self._held
