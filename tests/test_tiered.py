@@ -181,6 +181,8 @@ def test_over_capacity_batch_is_an_error_and_changes_nothing():
 def test_backward_needs_a_pending_training_lookup():
     tier = TieredEmbedding([(20, 2)], cache=CacheConfig(load_factor=0.5), impl="cpu")
     out, ctx = tier.forward(np.array([1, 2]), np.array([0, 2]))
+    with pytest.raises(ValueError, match="grad_output"):
+        tier.backward(ctx, np.ones((1, 3), np.float32))          # refused: the lookup keeps its slots
     tier.backward(ctx, np.ones((1, 2), np.float32))
     with pytest.raises(RuntimeError, match="already ran"):
         tier.backward(ctx, np.ones((1, 2), np.float32))

@@ -190,7 +190,7 @@ class TieredEmbedding:
         self.engine = _SlotEngine(self, bounds, slot_tables, feature_table_map, **engine_kwargs)
         e = self.engine
         kernels = e.impl == "kernels"
-        self.key_index = {t: self._new_index(max(spec.rows, _FIRST_KEYS) if spec.rows == 0 else spec.rows, kernels)
+        self.key_index = {t: self._new_index(spec.rows or _FIRST_KEYS, kernels)
                           for t, spec in enumerate(self.tables) if spec.keyed}
         self._growing = set(unbounded)
         space = [self.key_index[t].max_rows if t in self._growing else int(r) for t, r in enumerate(rows)]
@@ -367,14 +367,15 @@ class TieredEmbedding:
     def backward(self, ctx: LookupContext, grad_output) -> Grads:
         """The engine's fused backward + optimizer on the lookup's slots; optimizer NONE returns the row
         gradients with the tables' linear rows (ascending), as the untiered engine does."""
-        release = ctx.extra.pop("tier_release", None)
+        release = ctx.extra.get("tier_release")
         if release is None or not release.alive:
             raise RuntimeError("this lookup has no cache slots held for a backward: it was an evaluation "
                                "lookup (training=False) or its backward already ran")
         self._wait()
         e = self.engine
         glob = K.has_global_pass(e.optimizer.kind, e.optimizer.update_type)
-        grads = e.backward(ctx, grad_output)
+        grads = e.backward(ctx, grad_output)           # a bad grad_output raises here: the slots stay held
+        del ctx.extra["tier_release"]
         release.detach()
         self.cache.unpin(ctx.extra["tier_slots"], dirty=e.optimizer.kind != Optim.NONE)
         if glob:
