@@ -116,5 +116,6 @@ def test_keyed_refusals(tmp_path):
         TieredEmbedding([TableSpec(0, 4, True)], backing="lmdb", path=tmp_path / "c", impl="cpu")
     tier = TieredEmbedding([TableSpec(3, 2, True)], cache=CacheConfig(capacities=[3]), impl="cpu")
     tier.forward(np.array([5, 6, 7]), np.array([0, 3]))
+    tier.forward(np.array([7, 5, 6, 7, 5]), np.array([0, 5]))      # full, but only known keys: fine
     with pytest.raises(HashTableFullError, match="at most rows=3"):
         tier.forward(np.array([8]), np.array([0, 1]))

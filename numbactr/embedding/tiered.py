@@ -53,8 +53,8 @@ from ..kernels import embedding_init as EI
 from ..kernels import tbe as K
 from ..kernels import tbe_cpu as C
 from .cache import CacheCapacityError, CacheStats, EmbeddingCache
-from .engine import (Grads, LookupContext, Optim, Precision, SparseRowGrad, TableBatchedEmbedding, TableSpec,
-                     _as_table)
+from .engine import (Grads, LookupContext, Optim, OptimizerSpec, Precision, SparseRowGrad, TableBatchedEmbedding,
+                     TableSpec, _as_table, _check_optimizer)
 from .hash_table import HashTable, HashTableFullError
 from .tiers import BufferSpec, make_store
 
@@ -170,14 +170,13 @@ class TieredEmbedding:
         if unbounded and self.config.capacities is None:
             raise ValueError(f"tables {unbounded} grow without a bound: give their cache sizes as "
                              "CacheConfig(capacities=[...]) (a load factor of an unknown size means nothing)")
-        probe = dict(engine_kwargs)
-        precision = Precision(probe.get("weights_precision", Precision.FP32))
-        if precision == Precision.FP16 and probe.get("stochastic_rounding", True):
+        precision = Precision(engine_kwargs.get("weights_precision", Precision.FP32))
+        if precision == Precision.FP16 and engine_kwargs.get("stochastic_rounding", True):
             raise NotImplementedError("FP16 weights with stochastic rounding cannot be cached exactly (the "
                                       "rounding bits hash the row's storage position); pass "
                                       "stochastic_rounding=False or use FP32 weights")
         self._lock = threading.Lock()
-        self._prefetched = []          # FIFO of (key, unique slots) staged by prefetch() for a forward
+        self._prefetched = []          # FIFO of the unique slots prefetch() staged (and pinned) for a forward
         self._worker = None
         self._worker_error = None
         # linear rows of the tables as declared: init_uniform's hash (the untiered engine's numbering)
@@ -217,8 +216,8 @@ class TieredEmbedding:
 
     def _new_index(self, max_rows: int, kernels: bool) -> HashTable:
         """A key -> row hash table as the engine's keyed tables have (rows in order of first occurrence)."""
-        return HashTable(max_rows, use_kernels=kernels, xp=self.cache.xp if hasattr(self, "cache") else
-                         device.xp(), compiled=self.engine.impl == "cpu")
+        return HashTable(max_rows, use_kernels=kernels, xp=device.xp() if kernels else np,
+                         compiled=self.engine.impl == "cpu")
 
     def _reopen_keys(self) -> None:
         """An LMDB store that already holds keys: the key -> row tables take them back, rows as recorded."""
@@ -233,13 +232,10 @@ class TieredEmbedding:
                 self.store.grow(t, keys.size)
 
     def _grow_keys(self, t: int, need: int) -> None:
-        """Make table t's key -> row table (and the cache's row space) hold `need` rows, doubling."""
+        """Make growing table t's key -> row table (and the cache's row space) hold `need` rows, doubling."""
         index = self.key_index[t]
         if need <= index.max_rows:
             return
-        if t not in self._growing:
-            raise HashTableFullError(need - index.size, index.size, index.max_rows,
-                                     hint=f"tiered table {t} holds at most rows={index.max_rows} keys")
         cap = index.max_rows
         while cap < need:
             cap *= 2
@@ -251,7 +247,6 @@ class TieredEmbedding:
         self.cache.grow_rows(t, cap)
 
     def _sizes(self, engine_kwargs, feature_table_map) -> list:
-        from .engine import _check_optimizer, OptimizerSpec
         opt = _check_optimizer(engine_kwargs.get("optimizer") or OptimizerSpec())
         specs = list(K.STATES[opt.kind]) + ([K.LAZY_PREV_STEP] if opt.update_type == K.UpdateType.LAZY_GLOBAL
                                             else [])
@@ -430,9 +425,15 @@ class TieredEmbedding:
         if not insert:
             return index.find(keys)
         before = index.size
-        self._grow_keys(t, before + int(keys.shape[0]))
-        index = self.key_index[t]
-        rows = index.insert(keys)
+        if t in self._growing:                  # room for the batch's distinct new keys first
+            new = keys[index.find(keys) < 0]
+            self._grow_keys(t, before + int(self.cache.xp.unique(new).shape[0]))
+            index = self.key_index[t]
+        try:
+            rows = index.insert(keys)
+        except HashTableFullError as err:
+            raise HashTableFullError(err.needed, err.used, err.max_rows,
+                                     hint=f"tiered table {t} holds at most rows={err.max_rows} keys") from None
         if index.size > before:
             rows_h, keys_h = device.to_host(rows), device.to_host(keys).astype(np.uint64)
             new_rows, first = np.unique(rows_h[rows_h >= before], return_index=True)
