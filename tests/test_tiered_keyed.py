@@ -114,6 +114,11 @@ def test_keyed_refusals(tmp_path):
         TieredEmbedding([TableSpec(0, 4, True)], cache=CacheConfig(capacities=[4]), backing="host", impl="cpu")
     with pytest.raises(ValueError, match="capacities"):
         TieredEmbedding([TableSpec(0, 4, True)], backing="lmdb", path=tmp_path / "c", impl="cpu")
+    two = TieredEmbedding([TableSpec(5, 2, True), (4, 2)], cache=CacheConfig(capacities=[3, 2]), impl="cpu",
+                          bounds_check=tiered.K.BoundsCheck.FATAL)
+    with pytest.raises(Exception, match="index 9"):                 # table 1 has 4 rows
+        two.forward(np.array([70, 71, 9]), np.array([0, 2, 3]))
+    assert two.live_rows(0) == 0                                     # refused before any key was inserted
     tier = TieredEmbedding([TableSpec(3, 2, True)], cache=CacheConfig(capacities=[3]), impl="cpu")
     tier.forward(np.array([5, 6, 7]), np.array([0, 3]))
     tier.forward(np.array([7, 5, 6, 7, 5]), np.array([0, 5]))      # full, but only known keys: fine

@@ -392,8 +392,9 @@ class TieredEmbedding:
         """indices (N,) with the keys of keyed features replaced by their rows (int64): training inserts new
         keys (rows in order of first occurrence, the engine's rule; each new row is written to the backing
         tier U(init_range) from a hash of (seed, key) with initial optimizer states), evaluation (or
-        insert=False) finds them (-1 when missing). Offsets the engine's FATAL check would refuse insert
-        nothing: the engine raises on them."""
+        insert=False) finds them (-1 when missing). A batch the engine's FATAL check will refuse (bad offsets,
+        an unkeyed index outside its table) inserts nothing, as in the engine, which checks before it
+        inserts."""
         xp = self.cache.xp
         e = self.engine
         indices, offsets = xp.asarray(indices), xp.asarray(offsets)
@@ -413,6 +414,11 @@ class TieredEmbedding:
         if indices.dtype == np.uint64 and (~is_key).any():
             e._as_int64(indices[xp.asarray(np.flatnonzero(~is_key))])       # unkeyed values must fit int64
         out = indices.astype(np.int64)
+        if e.bounds_check == K.BoundsCheck.FATAL and insert:
+            plain = np.flatnonzero(~is_key & (feat >= 0))
+            limit = e._feature_rows()[feat[plain]]
+            vals = device.to_host(out[xp.asarray(plain)]) if plain.size else np.zeros(0, np.int64)
+            insert = not bool(((vals < -1) | (vals >= limit)).any())
         for t in self.key_index:
             feats = [f for f, ft in enumerate(e.feature_table_map) if ft == t]
             mine = xp.asarray(np.flatnonzero(np.isin(feat, feats)))
