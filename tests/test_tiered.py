@@ -236,3 +236,19 @@ def test_unknown_arguments_are_clear_errors():
         TieredEmbedding([(10, 2)], cache=CacheConfig("fifo"), impl="cpu")
     ref = TableBatchedEmbedding([(10, 2)], impl="cpu")
     assert ref.initial_state_value("prev_step") == 1
+
+
+def test_an_evicted_dirty_row_is_in_the_backing_tier_with_its_state():
+    opt = OptimizerSpec(Optim.EXACT_ADAGRAD, learning_rate=0.3)
+    tier = TieredEmbedding([(10, 3)], cache=CacheConfig(capacities=[2]), optimizer=opt, impl="cpu")
+    twin = TableBatchedEmbedding([(10, 3)], optimizer=opt, impl="cpu")
+    for e in (tier, twin):
+        e.init_uniform(-1, 1)
+        out, ctx = e.forward(np.array([4, 4, 6]), np.array([0, 3]))
+        e.backward(ctx, np.full((1, 3), 0.5, np.float32))
+    weights, accum = tier.store.views(0)[:2]
+    assert not np.array_equal(weights[4], twin.split_weights()[0][4])      # updated in the cache only
+    tier.forward(np.array([1, 2]), np.array([0, 2]), training=False)      # evicts rows 4 and 6
+    np.testing.assert_array_equal(weights[[4, 6]], twin.split_weights()[0][[4, 6]])
+    np.testing.assert_array_equal(accum[[4, 6]], twin.split_optimizer_states()[0][0][[4, 6]])
+    assert tier.stats.writebacks == 2 and tier.stats.evictions == 2
