@@ -63,7 +63,8 @@ class CacheStats:
 @dataclass
 class Placement:
     """One batch's placement. Device arrays: slots (N,) linear slot of each occurrence (-1 for rows -1),
-    unique_rows (U,), unique_slots (U,). Host arrays (M,): misses, victims, evicted, evicted_dirty,
+    unique_rows (U,), unique_slots (U,), counts (U,) occurrences. Host arrays (M,): misses, victims, evicted,
+    evicted_dirty,
     evicted_freq; miss_start (T + 1,) the misses of table t are misses[miss_start[t]:miss_start[t+1]]."""
     slots: object
     unique_rows: object
@@ -139,7 +140,7 @@ class EmbeddingCache:
 
     def _count(self, rows, plan: Placement) -> None:
         st = self.stats
-        n_occ = int(rows.shape[0]) - int(self._count_none(rows))
+        n_occ = int(rows.shape[0]) - int((rows < 0).sum())
         miss_occ = int(self._miss_occurrences(plan))
         st.batches += 1
         st.lookups += n_occ
@@ -223,9 +224,6 @@ class EmbeddingCache:
         h = device.to_host
         return Placement(slots, u, uslots, n, h(misses), h(victims), h(evicted), h(evicted_dirty),
                          h(evicted_freq), miss_start_h)
-
-    def _count_none(self, rows) -> int:
-        return int((rows < 0).sum())
 
     def _miss_occurrences(self, plan: Placement) -> int:
         """Occurrences of the batch's missing rows (their counts)."""
