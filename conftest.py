@@ -38,3 +38,27 @@ def pytest_collection_modifyitems(config, items):
 
 def config_sim() -> bool:
     return bool(config.ENABLE_CUDASIM)
+
+
+@pytest.fixture(autouse=True)
+def _restore_device():
+    """Every test leaves the device as it found it: tests switch between cpu and sim (or gpu) with
+    device.set_device, and one that forgot to switch back would change the device of the tests after it."""
+    from numbactr import device
+    before = device.kind()
+    yield
+    device.set_device(before)
+
+
+@pytest.fixture
+def on_device():
+    """set_device for the test (the autouse _restore_device switches back afterwards)."""
+    from numbactr import device
+    return device.set_device
+
+
+@pytest.fixture
+def cpu():
+    """Run the test on the cpu device (switched back afterwards by _restore_device)."""
+    from numbactr import device
+    device.set_device("cpu")
