@@ -183,7 +183,7 @@ np.testing.assert_array_equal(replay["victims"], [3, 1, 2])
 # %%
 title("6. more steps, then the whole table")
 rng = np.random.default_rng(1)
-batches = [(rng.integers(0, 12, size=2), np.array([0, 1, 2])) for _ in range(6)]    # 2 pinned + 2 prefetched
+batches = [(rng.integers(0, 12, size=2), np.array([0, 1, 2])) for _ in range(3)]    # 2 pinned + 2 prefetched
 tier.backward(ctx2, dy)
 out_twin, ctx_twin = twin.forward(idx2, off2)
 twin.backward(ctx_twin, dy)
