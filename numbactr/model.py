@@ -16,7 +16,7 @@ from .autograd import Tape, Tensor
 from .distributed.comm import world
 from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding, warn_ignored
 from .embedding.sparse_embedding import HashEmbedding, make_embedding
-from .enums import Embedding_t, MetricsType
+from .enums import Embedding_t, MetricsType, Tensor_t
 from .layers import LayerError, RunInfo, build
 from .metrics import MetricAccumulator
 from .optim import DenseOptimizer, LearningRateScheduler
@@ -64,6 +64,8 @@ class Model:
         self.metrics = MetricAccumulator(solver.metrics_spec)
         self._train_reader = self._eval_reader = None
         self.history = {"iter": [], "loss": [], "lr": [], "eval_iter": [], "auc": []}
+        self._last_tensors: dict[bool, dict] = {}      # training? -> the last forward's tensors by name
+        self._last_eval = None                         # (predictions, labels) of the last eval batch
 
     # ---- graph construction --------------------------------------------------------------------
     def add(self, item) -> None:
@@ -289,6 +291,7 @@ class Model:
             outs = layer.forward(tape, [t[b] for b in layer.cfg.bottom_names], run)
             for name, o in zip(layer.cfg.top_names, outs):
                 t[name] = o
+        self._last_tensors[training] = t            # check_out_tensor reads them
         return t
 
     def _loss_value(self, t: dict, valid: int, rank_rows: int | None = None) -> float:
@@ -447,20 +450,71 @@ class Model:
             return False
         t = self._forward(batch, False, None)
         n = batch.size
-        preds, labels = [], []
+        preds, labels, outputs = [], [], []
         for layer, _ in self.losses:
             p = device.to_host(layer.predictions()).reshape(batch.batch_size, -1)[:n]
             y = device.to_host(t[layer.cfg.bottom_names[1]].data).reshape(batch.batch_size, -1)[:n]
+            outputs.append(p)
             if p.shape[1] == 2 and y.shape[1] == 1:      # CrossEntropy with class labels: P(class 1)
                 p = p[:, 1:]
             preds.append(p)
             labels.append(y)
         preds, labels = np.concatenate(preds, axis=1), np.concatenate(labels, axis=1)
+        outputs = np.concatenate(outputs, axis=1)
         loss = self._loss_value(t, batch.batch_size * self.ranks, None if compat.hugectr_exact() else n)
         if self.ranks > 1:                      # every rank scores the whole global eval batch
             preds, labels = self.comm.allgather_rows(preds), self.comm.allgather_rows(labels)
+            outputs = self.comm.allgather_rows(outputs)
         self.metrics.add(preds, labels, loss)
+        self._last_eval = (outputs, labels)
         return True
+
+    def export_predictions(self, output_prediction_file_name: str, output_label_file_name: str) -> None:
+        """HugeCTR's export: the predictions and labels of the last evaluated batch (its valid rows),
+        appended to the two text files as HugeCTR writes them: every value in C++'s default float
+        format (6 significant digits, ``%g``) followed by one space, row-major, no newline.
+
+        Predictions are what the inference API returns for the same samples: each loss layer's
+        activation (sigmoid for BinaryCrossEntropy and MultiCrossEntropy, the (B, 2) softmax for
+        CrossEntropy), loss layers side by side in graph order; labels the loss layers' label columns in
+        the same order. HugeCTR refuses models with several labels; numbactr writes them (a superset).
+        Only rank 0 writes; every rank holds the whole global batch (eval gathers it)."""
+        self._require_compiled("export_predictions")
+        if self._last_eval is None:
+            raise ModelError("Model.export_predictions: no evaluation batch yet; it exports the last batch that "
+                             "eval() (or fit's evaluation) scored")
+        preds, labels = self._last_eval
+        if self.comm.rank != 0:
+            return
+        for path, values in ((output_prediction_file_name, preds), (output_label_file_name, labels)):
+            try:
+                with open(path, "a") as f:
+                    f.write("".join(f"{v:g} " for v in np.asarray(values, np.float32).reshape(-1).tolist()))
+            except OSError as e:
+                raise ModelError(f"Model.export_predictions: cannot open output file {path!r} ({e})") from None
+
+    def check_out_tensor(self, tensor_name: str, tensor_type) -> np.ndarray:
+        """A host float32 copy of tensor ``tensor_name`` as the last training step (Tensor_t.Train) or
+        evaluation batch (Tensor_t.Evaluate) computed it, HugeCTR's shape with dim 0 over all ranks
+        (every rank gets the whole tensor). Any tensor a layer, an embedding or the Input made, labels
+        and dense included (not sparse inputs or loss values, as in HugeCTR). HugeCTR's backward
+        overwrites many train tensors with their gradients in place; numbactr returns the forward
+        values."""
+        self._require_compiled("check_out_tensor")
+        if not isinstance(tensor_type, Tensor_t):
+            raise ModelError(f"Model.check_out_tensor: tensor_type must be a Tensor_t, got {tensor_type!r}")
+        losses = {layer.cfg.top_names[0] for layer, _ in self.losses}
+        if tensor_name not in self.shapes or tensor_name in self.sparse_inputs or tensor_name in losses:
+            known = sorted(n for n in self.shapes if n not in self.sparse_inputs and n not in losses)
+            raise ModelError(f"Model.check_out_tensor: cannot find tensor with name {tensor_name!r}; tensors: "
+                             f"{known}")
+        training = tensor_type == Tensor_t.Train
+        t = self._last_tensors.get(training)
+        if t is None:
+            raise ModelError(f"Model.check_out_tensor: no {'training step' if training else 'evaluation batch'} "
+                             f"has run yet, so {tensor_name!r} holds nothing")
+        a = np.asarray(device.to_host(t[tensor_name].data), np.float32).reshape((-1,) + self.shapes[tensor_name][1:])
+        return self.comm.allgather_rows(a) if self.ranks > 1 else a.copy()
 
     def eval_whole_source(self) -> list[tuple[str, float]]:
         """numbactr extra: evaluate every sample of the eval source exactly once; returns the metrics."""
