@@ -1,8 +1,13 @@
 """HugeCTR's graph JSON (spec §7.4): ``Model.graph_to_json`` and ``Model.construct_from_json``.
 
 One table, ``PARAMS``, says how each DenseLayer attribute is written under each layer type, so writing
-and reading stay mirror images. HugeCTR forgets Reshape ``shape``, Select ``dim``/``index`` and MultiCross
-``projection_dim`` (spec §10.16); numbactr writes them as extra keys, which HugeCTR's reader ignores.
+and reading stay mirror images. The writer writes every key HugeCTR's writer (``save_graph_to_json`` in
+``src/pybind/add_dense_layer.cpp``) writes, when HugeCTR writes it: Concat ``axis``, Softmax ``factor``,
+Reshape ``leading_dim`` and ``time_step`` (unless ``selected``), MLP ``num_output`` with ``use_bias`` or
+``biases`` and ``activation`` or ``activations`` appear even at their defaults, because HugeCTR's own
+tools (its ONNX converter, its MLP reader) index them without a default. HugeCTR forgets Reshape
+``shape``, Select ``dim``/``index`` and MultiCross ``projection_dim`` (spec §10.16); numbactr writes them
+as extra keys, which HugeCTR's reader ignores.
 """
 from __future__ import annotations
 
@@ -15,17 +20,35 @@ from .enums import (Activation_t, Embedding_t, FcPosition_t, Initializer_t, Laye
 
 _INIT = ("weight_init_type", "bias_init_type", "gamma_init_type", "beta_init_type")
 
-# layer type -> (json group or None for top level) -> [(json key, DenseLayer attribute, always?)]
+
+def _always(cfg) -> bool:
+    """Written whatever its value; optional on read (HugeCTR's reader defaults it)."""
+    return True
+
+
+def _selected(cfg) -> bool:
+    return bool(cfg.selected)
+
+
+def _unselected(cfg) -> bool:
+    return not cfg.selected
+
+
+# layer type -> [(json group or None for top level, json key, DenseLayer attribute, when written)]. When
+# written: True = always, and required on read; False = only when the user set it (optional on read);
+# a predicate of the DenseLayer = when it holds (optional on read: the format defines the key's absence).
 PARAMS: dict[str, list[tuple]] = {
     "InnerProduct": [("fc_param", "num_output", "num_output", True), ("fc_param", "weight_init", "weight_init_type", False),
                      ("fc_param", "bias_init", "bias_init_type", False)],
     "FusedInnerProduct": [("fc_param", "num_output", "num_output", True), ("fc_param", "weight_init", "weight_init_type", False),
                           ("fc_param", "bias_init", "bias_init_type", False), (None, "position", "pos_type", True),
                           (None, "activation", "act_type", True)],
-    "MLP": [("mlp_param", "num_outputs", "num_outputs", True), ("mlp_param", "use_bias", "use_bias", False),
-            ("mlp_param", "biases", "biases", False), ("mlp_param", "activation", "act_type", False),
-            ("mlp_param", "activations", "activations", False), ("mlp_param", "weight_init", "weight_init_type", False),
-            ("mlp_param", "bias_init", "bias_init_type", False)],
+    "MLP": [("mlp_param", "num_output", "num_output", _always), ("mlp_param", "num_outputs", "num_outputs", True),
+            ("mlp_param", "use_bias", "use_bias", lambda c: not c.biases),
+            ("mlp_param", "biases", "biases", lambda c: bool(c.biases)),
+            ("mlp_param", "activation", "act_type", lambda c: not c.activations),
+            ("mlp_param", "activations", "activations", lambda c: bool(c.activations)),
+            ("mlp_param", "weight_init", "weight_init_type", False), ("mlp_param", "bias_init", "bias_init_type", False)],
     "BatchNorm": [("bn_param", "factor", "factor", True), ("bn_param", "eps", "eps", True),
                   ("bn_param", "gamma_init", "gamma_init_type", False), ("bn_param", "beta_init", "beta_init_type", False)],
     "LayerNorm": [("ln_param", "eps", "eps", True), ("ln_param", "gamma_init", "gamma_init_type", False),
@@ -34,9 +57,9 @@ PARAMS: dict[str, list[tuple]] = {
     "ELU": [("elu_param", "alpha", "elu_alpha", True)],
     "MultiCross": [("mc_param", "num_layers", "num_layers", True), ("mc_param", "weight_init", "weight_init_type", False),
                    ("mc_param", "bias_init", "bias_init_type", False), ("mc_param", "projection_dim", "projection_dim", False)],
-    "Reshape": [(None, "leading_dim", "leading_dim", False), (None, "time_step", "time_step", False),
-                (None, "selected", "selected_slots", False), (None, "shape", "shape", False)],
-    "Concat": [(None, "axis", "axis", False)],
+    "Reshape": [(None, "leading_dim", "leading_dim", _unselected), (None, "time_step", "time_step", _unselected),
+                (None, "selected", "selected_slots", _selected), (None, "shape", "shape", False)],
+    "Concat": [(None, "axis", "axis", _always)],
     "ReduceSum": [(None, "axis", "axis", True)],
     "ReduceMean": [(None, "axis", "axis", True)],
     "Slice": [(None, "ranges", "ranges", True)],
@@ -49,7 +72,7 @@ PARAMS: dict[str, list[tuple]] = {
             ("gru_param", "weight_init", "weight_init_type", False), ("gru_param", "bias_init", "bias_init_type", False)],
     "PReLU_Dice": [("prelu_dice_param", "alpha", "elu_alpha", True), ("prelu_dice_param", "eps", "eps", True)],
     "Scale": [("scale_param", "axis", "axis", True), ("scale_param", "factor", "factor", True)],
-    "Softmax": [(None, "factor", "factor", False)],
+    "Softmax": [(None, "factor", "factor", _always)],
     "SequenceMask": [(None, "max_sequence_len_from", "max_sequence_len_from", True),
                      (None, "max_sequence_len_to", "max_sequence_len_to", True)],
     "MultiHeadAttention": [(None, "num_attention_heads", "num_attention_heads", True),
@@ -100,8 +123,8 @@ def _as_list(x):
 def dense_layer_json(cfg) -> dict:
     t = cfg.layer_type.name
     out = {"type": t, "bottom": _one_or_list(cfg.bottom_names), "top": _one_or_list(cfg.top_names)}
-    for group, key, attr, always in PARAMS.get(t, []):
-        if not always and attr not in cfg.given and not (attr == "selected_slots" and cfg.selected):
+    for group, key, attr, when in PARAMS.get(t, []):
+        if not (when(cfg) if callable(when) else when or attr in cfg.given):
             continue
         v = _encode(attr, getattr(cfg, attr))
         if v is None:
@@ -113,9 +136,7 @@ def dense_layer_json(cfg) -> dict:
     return out
 
 
-# read with a default when absent (the format defines absence: HugeCTR's writer omits these at their
-# defaults or never writes them, and its reader defaults them the same way); every other PARAMS key
-# marked "always" is required
+# a Reshape needs one of its forms (leading_dim [+ time_step], selected slots, or numbactr's shape)
 _RESHAPE_FORMS = ("leading_dim", "selected", "shape")
 
 
@@ -137,8 +158,6 @@ def _enum(enum, name, where: str, key: str):
 
 # keys every layer object may hold besides its parameters ("name": HugeCTR's legacy configs)
 _LAYER_KEYS = {"type", "bottom", "top", "name"}
-# keys HugeCTR's writer adds that numbactr reads elsewhere or derives (MLP: num_outputs[-1])
-_EXTRA_KEYS = {"mlp_param": {"num_output"}}
 
 
 def _warn_unknown(obj, known, where: str, path: str = "") -> None:
@@ -157,13 +176,14 @@ def dense_layer_from_json(d: dict, where: str = "graph JSON dense layer") -> Den
     layer_type = _enum(Layer_t, t, where, "layer type")
     where = f"{where} ({t}, top {d.get('top')!r})"
     kw = {}
-    for group, key, attr, always in PARAMS.get(t, []):
+    for group, key, attr, when in PARAMS.get(t, []):
+        required = when is True
         src = d
         if group:
-            if group not in d and not always:
+            if group not in d and not required:
                 continue
             src = _need(d, group, where)
-        if not always and isinstance(src, dict) and key not in src:
+        if not required and isinstance(src, dict) and key not in src:
             continue
         _need(src, key, where, group or "")
         if attr == "selected_slots":
@@ -182,8 +202,7 @@ def dense_layer_from_json(d: dict, where: str = "graph JSON dense layer") -> Den
     _warn_unknown(d, _LAYER_KEYS | {g or k for g, k, _, _ in params} | ({"regularizer", "lambda"} if t in _LOSSES
                                                                          else set()), where)
     for group in {g for g, _, _, _ in params if g}:
-        _warn_unknown(d.get(group), {k for g, k, _, _ in params if g == group} | _EXTRA_KEYS.get(group, set()),
-                      where, group)
+        _warn_unknown(d.get(group), {k for g, k, _, _ in params if g == group}, where, group)
     return DenseLayer(layer_type, _as_list(_need(d, "bottom", where)), _as_list(_need(d, "top", where)), **kw)
 
 
@@ -293,7 +312,7 @@ def construct(model, path: str, include_dense_network: bool) -> None:
     Bad files raise ValueError naming the file, the layer (index, type, top) and the missing or bad key.
     Optional keys (absent = the default HugeCTR's own reader gives them, or keys HugeCTR never writes):
     initializers (Default), Concat axis (1), Reshape time_step (0), Softmax factor (1), MultiCross
-    projection_dim, MLP use_bias/biases/activation(s), a loss's regularizer (absent: none; with it,
+    projection_dim, MLP num_output/use_bias/biases/activation(s), a loss's regularizer (absent: none; with it,
     lambda is required), an embedding's optimizer (absent: the model's), one of workspace_size_per_gpu_in_mb
     and slot_size_array, and the informational max_vocabulary_size_global, model_name and sparse "type"
     (the embedding type decides). Every other key is required: nothing else silently defaults. A key

@@ -294,6 +294,7 @@ def _optional(graph, path):
     layer = graph["layers"][path[1]] if len(path) > 1 and path[0] == "layers" else {}
     return (key in OPTIONAL or f"{key}@{layer.get('type')}" in OPTIONAL
             or (key == "type" and "sparse" in path[:-1])
+            or (key == "leading_dim" and "shape" in layer)      # numbactr's shape form beside HugeCTR's 0
             or (key == "workspace_size_per_gpu_in_mb"
                 and "slot_size_array" in layer.get("sparse_embedding_hparam", {})))
 
