@@ -718,7 +718,8 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
 
     @cuda.jit
     def update_kernel(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols, lin_of, perm, seg_start,
-                      pos, bag_of, offsets, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals):
+                      pos, bag_of, offsets, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_rows,
+                      has_sr_rows):
         sh = cuda.shared.array((items, lanes), float32)
         g = cuda.local.array(per_lane, float32)
         buf = cuda.local.array(per_lane, float32)
@@ -845,7 +846,7 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
             for v in range(per_lane):
                 d = tx + v * lanes
                 if d < width:
-                    h = _splitmix64(sr_key(lin, d) ^ base) if sr else uint64(0)
+                    h = _splitmix64(sr_key(sr_rows[lin] if has_sr_rows else lin, d) ^ base) if sr else uint64(0)
                     store(w, e0 + d, buf[v] * scale, h, sr)
 
     return update_kernel
@@ -858,7 +859,7 @@ def make_global_kernel(w_half: bool):
     store = _store16 if w_half else _store32
 
     @cuda.jit
-    def global_kernel(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base):
+    def global_kernel(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, sr_rows, has_sr_rows):
         kind, sr = ki[M.KI_KIND], ki[M.KI_SR] != 0
         two = elem_state_count(kind) >= 2
         items = cuda.blockDim.y
@@ -876,7 +877,7 @@ def make_global_kernel(w_half: bool):
                 sa[e0 + d] = an
                 if two:
                     sb[e0 + d] = bn
-                h = _splitmix64(sr_key(lin, d) ^ base) if sr else uint64(0)
+                h = _splitmix64(sr_key(sr_rows[lin] if has_sr_rows else lin, d) ^ base) if sr else uint64(0)
                 store(w, e0 + d, wn, h, sr)
 
     return global_kernel
@@ -973,18 +974,23 @@ def segment_rows(rows, offsets, ftable, row_off, sentinel: int, batch: int, layo
 
 def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos,
                  bag_of, offsets, psw, has_psw: bool, dy, ks, ki, base, grad_rows, grad_vals, w_half: bool,
-                 max_dim: int) -> None:
+                 max_dim: int, sr_rows=None) -> None:
     """Every touched row reduced and updated (or, for optimizer NONE, its gradient into grad_rows /
-    grad_vals) in one launch sized for N rows; the real count U = pos[N] stays on the device."""
+    grad_vals) in one launch sized for N rows; the real count U = pos[N] stays on the device. sr_rows (R,):
+    the row number stochastic rounding hashes for each linear row (None: the linear row itself)."""
     lanes, items, per_lane = lanes_items(max_dim)
     launch_lanes(make_update_kernel(w_half, lanes, items, per_lane), perm.shape[0], lanes, w, sa, sb, srow,
                  sprev, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos, bag_of, offsets, psw,
-                 has_psw, dy, ks, ki, np.uint64(base), grad_rows, grad_vals)
+                 has_psw, dy, ks, ki, np.uint64(base), grad_rows, grad_vals, lin if sr_rows is None else sr_rows,
+                 sr_rows is not None)
 
 
-def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, w_half: bool, max_dim: int) -> None:
+def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, w_half: bool, max_dim: int,
+                sr_rows=None) -> None:
+    """HugeCTR's all-rows pass (sr_rows as in fused_update)."""
     launch_lanes(make_global_kernel(w_half), int(row_off[-1]), lanes_items(max_dim)[0], w, sa, sb, elem_off,
-                 strides, dims, row_off, live, ks, ki, np.uint64(base))
+                 strides, dims, row_off, live, ks, ki, np.uint64(base), live if sr_rows is None else sr_rows,
+                 sr_rows is not None)
 
 
 def psw_grad(w, elem_off, strides, ftable, fcols, rows, offsets, bag_of, dy, want, batch: int, layout: int,
@@ -1016,10 +1022,11 @@ PTX_CHECKS = [
 ] + [
     (make_update_kernel(wh, 32, 8, 4), _sig(_U16 if wh else _F1, _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _I1, _I1,
                                             _I1, _I1, _I1, _I1, _I1, _F1, "boolean", _F1, _KS, _KI, "uint64", _I1,
-                                            _F2))
+                                            _F2, _I1, "boolean"))
     for wh in (False, True)
 ] + [
-    (make_global_kernel(wh), _sig(_U16 if wh else _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _KS, _KI, "uint64"))
+    (make_global_kernel(wh), _sig(_U16 if wh else _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _KS, _KI, "uint64", _I1,
+                                  "boolean"))
     for wh in (False, True)
 ] + [
     (make_psw_grad_kernel(False, 32, 8), _sig(_F1, _I1, _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean[::1]",

@@ -400,9 +400,10 @@ def reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy
 
 
 @njit(inline="always", **_JIT)
-def row_update(w, sa, sb, srow, sprev, e0, lin, width, g, buf, ks, ki, base):
+def row_update(w, sa, sb, srow, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, base):
     """The optimizer's rule on one touched row (weights and per-element states at e0, per-row states at
-    lin), from its summed gradient g; buf is scratch of the row's width."""
+    lin), from its summed gradient g; buf is scratch of the row's width; sr_lin: the row number stochastic
+    rounding hashes (lin, or the row a tiered table's slot holds)."""
     kind, update, wd_mode = ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE]
     step, sr = ki[M.KI_STEP], ki[M.KI_SR] != 0
     lr, eps, b1, b2, wd = ks[M.KS_LR], ks[M.KS_EPS], ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_WD]
@@ -461,14 +462,16 @@ def row_update(w, sa, sb, srow, sprev, e0, lin, width, g, buf, ks, ki, base):
             nsq += buf[d] * buf[d]
         scale = max_norm_scale(nsq, ks[M.KS_MAXN])
     for d in range(width):
-        store(w, e0 + d, buf[d] * scale, splitmix64(sr_key(lin, d) ^ base) if sr else uint64(0), sr)
+        store(w, e0 + d, buf[d] * scale, splitmix64(sr_key(sr_lin, d) ^ base) if sr else uint64(0), sr)
 
 
 @njit(**_PJIT)
 def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorted_keys, pay, by_bag, seg_start,
-                 n_seg, bag_of, bag_src, bag_scale, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals):
+                 n_seg, bag_of, bag_src, bag_scale, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_rows,
+                 has_sr_rows):
     """Every touched row: its gradient summed in occurrence order, then the optimizer's rule (kind NONE:
-    grad_rows[s], grad_vals[s] <- linear row and summed gradient of segment s)."""
+    grad_rows[s], grad_vals[s] <- linear row and summed gradient of segment s). has_sr_rows: stochastic
+    rounding hashes row sr_rows[lin] instead of lin (a tiered table's slots)."""
     pooling = ki[M.KI_POOLING]
     dy = dy.reshape(-1)
     dmax = 0
@@ -513,18 +516,21 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
                     grad_vals[s, d] = g[d] if d < width else float32(0.0)
                 continue
             e0 = uint64(elem_off[t] + (lin - row_off[t]) * strides[t])
-            row_update(w, sa, sb, srow, sprev, e0, lin, width, g, buf, ks, ki, base)
+            row_update(w, sa, sb, srow, sprev, e0, lin, sr_rows[lin] if has_sr_rows else lin, width, g, buf, ks,
+                       ki, base)
 
 
 @njit(**_PJIT)
-def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base):
-    """HugeCTR's all-rows pass over rows [0, live[t]) of every table t."""
+def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, sr_rows, has_sr_rows):
+    """HugeCTR's all-rows pass over rows [0, live[t]) of every table t (stochastic rounding hashes
+    sr_rows[lin] when has_sr_rows, as fused_update)."""
     kind, sr = ki[M.KI_KIND], ki[M.KI_SR] != 0
     n_b = elem_state_count(kind) >= 2
     for t in range(dims.shape[0]):
         for r in prange(live[t]):
             e0 = uint64(elem_off[t] + r * strides[t])
             lin = row_off[t] + r
+            srl = sr_rows[lin] if has_sr_rows else lin
             for d in range(uint64(dims[t])):
                 bv = sb[e0 + d] if n_b else float32(0.0)
                 wn, an, bn = global_elem(kind, load(w, e0 + d), sa[e0 + d], bv, ks[M.KS_B1], ks[M.KS_B2],
@@ -532,7 +538,7 @@ def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base)
                 sa[e0 + d] = an
                 if n_b:
                     sb[e0 + d] = bn
-                store(w, e0 + d, wn, splitmix64(sr_key(lin, d) ^ base), sr)
+                store(w, e0 + d, wn, splitmix64(sr_key(srl, d) ^ base), sr)
 
 
 @njit(**_PJIT)

@@ -123,7 +123,6 @@ def test_cache_counters_are_fbgemms():
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(prefetch_pipeline=True, cache_algorithm=CacheAlgorithm.LFU), ValueError, "Only LRU"),
     (dict(optimizer=OptimType.NONE), ValueError, "OptimType.NONE"),
-    (dict(weights_precision=SparseType.FP16), NotImplementedError, "stochastic_rounding"),
     (dict(cache_load_factor=0.0), ValueError, "cache_load_factor"),
     (dict(cache_precision=SparseType.FP16), NotImplementedError, "cache_precision"),
 ])
@@ -132,11 +131,13 @@ def test_cache_refusals(kwargs, error, match):
         ArrayTBE([(100, 4, *CACHED)], **kwargs)
 
 
-def test_fp16_weights_without_stochastic_rounding_cache_exactly():
+@pytest.mark.parametrize("sr", [True, False])
+def test_fp16_weights_cache_exactly(sr):
     rng = np.random.default_rng(8)
     cached, plain = faces([CACHED, CACHED], optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
-                          weights_precision=SparseType.FP16, stochastic_rounding=False, cache_load_factor=0.2)
-    train_both(cached, plain, batches(rng), prefetch=True)
+                          weights_precision=SparseType.FP16, stochastic_rounding=sr, cache_load_factor=0.1)
+    train_both(cached, plain, batches(rng, n=8, batch=4), prefetch=True)
+    assert cached.engine.stats.evictions > 0
 
 
 def test_torch_module_through_the_cache():

@@ -66,12 +66,13 @@ def assert_identical(ref, tier, a, b):
             np.testing.assert_array_equal(device.to_host(x), np.asarray(y))
 
 
-def pair(case: Case, impl: str, cache: CacheConfig, backing="host", tmp_path=None, **extra):
+def pair(case: Case, impl: str, cache: CacheConfig, backing="host", tmp_path=None, sr=True, **extra):
     ref = case.engine(impl)
+    ref.stochastic_rounding = sr
     tier = TieredEmbedding(case.tables, case.fmap, cache=cache, backing=backing, path=tmp_path,
                            pooling=case.pooling, layout=case.layout, optimizer=ref.optimizer,
                            weights_precision=case.weights, output_dtype=case.output, bounds_check=case.bounds,
-                           stochastic_rounding=False, seed=11, impl=impl, **extra)
+                           stochastic_rounding=sr, seed=11, impl=impl, **extra)
     tier.init_uniform(-0.5, 0.5, seed=4)
     return ref, tier
 
@@ -114,6 +115,18 @@ def test_kernels_in_the_simulator_through_the_cache_equal_the_whole_table(kind, 
     assert tier.stats.evictions > 0
 
 
+def test_fp16_stochastic_rounding_of_the_kernels_through_the_cache():
+    if not device.uses_kernels():
+        pytest.skip("needs the sim or gpu device")
+    rng = np.random.default_rng(4)
+    tables, fmap = [(24, 3)], [0]
+    case = Case(tables, fmap, kind=Optim.HUGECTR_MOMENTUM_SGD, update=UpdateType.GLOBAL, weights=Precision.FP16,
+                steps=window_steps(rng, tables, fmap, n_steps=4, batch=3, window=4))
+    ref, tier = pair(case, "kernels", CacheConfig(capacities=[8]))                # 2 windows: prefetch
+    assert_identical(ref, tier, train(ref, case.steps), train(tier, case.steps, prefetch=True))
+    assert tier.stats.evictions > 0
+
+
 @pytest.mark.parametrize("thread", [False, True])
 def test_prefetch_pipeline_on_memmap_equals_the_whole_table(tmp_path, thread):
     rng = np.random.default_rng(2)
@@ -142,16 +155,21 @@ def test_table_four_times_the_byte_budget_trains_exactly(tmp_path):
     assert st.lookups == st.hits + st.misses and st.unique_misses > slots
 
 
-def test_fp16_weights_round_to_nearest_through_the_cache():
+FP16_CASES = [(Optim.EXACT_ADAGRAD, UpdateType.LOCAL, True, "cpu"), (Optim.EXACT_ADAGRAD, UpdateType.LOCAL, False, "cpu"),
+              (Optim.LAMB, UpdateType.LOCAL, True, "ref"), (Optim.HUGECTR_ADAM, UpdateType.GLOBAL, True, "cpu"),
+              (Optim.HUGECTR_NESTEROV, UpdateType.GLOBAL, True, "ref")]
+
+
+@pytest.mark.parametrize("kind,update,sr,impl", FP16_CASES, ids=[f"{k.name}-{u.name}-sr{int(s)}-{i}"
+                                                                 for k, u, s, i in FP16_CASES])
+def test_fp16_weights_round_through_the_cache_as_on_the_whole_table(kind, update, sr, impl):
+    # stochastic rounding hashes each row's number: the slot engine hashes the row its slot holds
     rng = np.random.default_rng(1)
-    case = Case(TABLES, FMAP, kind=Optim.EXACT_ADAGRAD, weights=Precision.FP16, output=Precision.FP16,
-                steps=window_steps(rng, TABLES, FMAP, n_steps=3))
-    ref = case.engine("cpu")
-    ref.stochastic_rounding = False
-    _, tier = pair(case, "cpu", CacheConfig(load_factor=0.05, min_slots=9))
+    case = Case(TABLES, FMAP, kind=kind, update=update, weights=Precision.FP16, output=Precision.FP16,
+                steps=window_steps(rng, TABLES, FMAP, n_steps=4))
+    ref, tier = pair(case, impl, CacheConfig(load_factor=0.05, min_slots=9), sr=sr)
     assert_identical(ref, tier, train(ref, case.steps), train(tier, case.steps))
-    with pytest.raises(NotImplementedError, match="stochastic"):
-        TieredEmbedding(TABLES, weights_precision=Precision.FP16, impl="cpu")
+    assert tier.stats.evictions > 0
 
 
 def test_optimizer_none_returns_row_gradients_of_the_tables():

@@ -228,6 +228,10 @@ class TableBatchedEmbedding:
         self.impl = self._pick_impl(impl)
         self.step = 0
         self.bounds_warnings = 0
+        # (R,) int64 device array or None: the row number stochastic rounding hashes for each linear row (None:
+        # the row itself); a tiered table's engine sets it to the row each cache slot holds, so that FP16
+        # training through the cache rounds as training on the whole table does
+        self.sr_rows = None
         if self.pooling == Pooling.NONE:
             self._check_equal_dims("pooling NONE")
 
@@ -619,7 +623,8 @@ class _RefImpl:
         e = self.e
         new32 = new64.astype(np.float32)
         if e.weights_precision == Precision.FP16:
-            bits = (K.rounding_bits_ref(e.seed, t, lin_rows, new32.shape[1], pass_id)
+            hashed = lin_rows if e.sr_rows is None else device.to_host(e.sr_rows)[lin_rows]
+            bits = (K.rounding_bits_ref(e.seed, t, hashed, new32.shape[1], pass_id)
                     if e.stochastic_rounding else None)
             new32 = K.to_half_ref(new32, bits)
         view[idx] = device.xp().asarray(new32)
@@ -722,7 +727,8 @@ class _CpuImpl:
                        self.no_f32 if r is None else r, self.no_i64 if p is None else p, e.elem_offsets, e.strides,
                        e.dims, e.row_offsets, keys, vals, by_bag, seg, n_seg, bag_of, bag_src, bag_scale,
                        self.no_f32 if psw is None else psw, psw is not None, dy, ks, ki,
-                       K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals)
+                       K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals,
+                       self.no_i64 if e.sr_rows is None else e.sr_rows, e.sr_rows is not None)
         return SparseRowGrad(grad_rows, grad_vals, e.row_offsets.copy()) if none else None
 
     def global_pass(self, t: int) -> None:
@@ -732,7 +738,8 @@ class _CpuImpl:
         live = np.array([e.live_rows(tb) for tb in range(len(e.tables))], np.int64)
         a, b, _, _ = e._state_buffers()
         C.global_pass(self._w(), a, self.no_f32 if b is None else b, e.elem_offsets, e.strides, e.dims,
-                      e.row_offsets, live, ks, ki, K.rounding_base(e.seed, t, K.SR_PASS_ALL))
+                      e.row_offsets, live, ks, ki, K.rounding_base(e.seed, t, K.SR_PASS_ALL),
+                      self.no_i64 if e.sr_rows is None else e.sr_rows, e.sr_rows is not None)
 
 
 class _KernelImpl:
@@ -844,7 +851,7 @@ class _KernelImpl:
                        self.dims, self.row_off, self.fcols, lin, perm, seg, pos, bag_of, ctx.offsets,
                        self.no_f32 if psw is None else psw, psw is not None, dy.reshape(-1), K.as_scalars(ks),
                        K.as_scalars(ki), K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals, self.w_half,
-                       self.max_dim)
+                       self.max_dim, e.sr_rows)
         if not none:
             return None
         u = int(device.to_host(pos[n:n + 1])[0])         # NONE hands back U rows: the one host read
@@ -867,7 +874,7 @@ class _KernelImpl:
         K.global_pass(self._w(), a, self.no_f32 if b is None else b, self.elem_off, self.strides, self.dims,
                       self.row_off, self._live(), K.as_scalars(ks), K.as_scalars(ki),
                       K.rounding_base(e.seed, t, K.SR_PASS_ALL),
-                      self.w_half, self.max_dim)
+                      self.w_half, self.max_dim, e.sr_rows)
 
 
 _IMPLS = {"ref": _RefImpl, "cpu": _CpuImpl, "kernels": _KernelImpl}

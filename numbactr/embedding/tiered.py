@@ -34,9 +34,10 @@ What happens (shapes: T tables, V_t rows, C_t cache slots, N occurrences):
     backing tier when its key arrives. rows = the most keys the table takes (host, memmap), or rows=0 on
     backing="lmdb": a dynamic vocabulary whose key table doubles as it fills and whose rows and keys
     live in an LMDB environment (numbactr.embedding.tiers.LmdbStore), which reopens with its vocabulary.
-Not supported through the cache (an error says so): FP16 weights with stochastic rounding (its random
-bits hash the row's storage position, which a slot is not; use stochastic_rounding=False or FP32), and
-HugeCTR's GLOBAL kinds on an LMDB tier (their pass needs the rows as arrays).
+  * FP16 weights with stochastic rounding: the rounding's random bits hash the row's number, so the slot
+    engine hashes the row each slot holds (engine.sr_rows), and rounds exactly as the whole table would.
+Not supported through the cache (an error says so): HugeCTR's GLOBAL kinds on an LMDB tier (their pass
+needs the rows as arrays).
 """
 from __future__ import annotations
 
@@ -170,11 +171,6 @@ class TieredEmbedding:
         if unbounded and self.config.capacities is None:
             raise ValueError(f"tables {unbounded} grow without a bound: give their cache sizes as "
                              "CacheConfig(capacities=[...]) (a load factor of an unknown size means nothing)")
-        precision = Precision(engine_kwargs.get("weights_precision", Precision.FP32))
-        if precision == Precision.FP16 and engine_kwargs.get("stochastic_rounding", True):
-            raise NotImplementedError("FP16 weights with stochastic rounding cannot be cached exactly (the "
-                                      "rounding bits hash the row's storage position); pass "
-                                      "stochastic_rounding=False or use FP32 weights")
         self._lock = threading.Lock()
         self._prefetched = []          # FIFO of the unique slots prefetch() staged (and pinned) for a forward
         self._worker = None
@@ -194,6 +190,8 @@ class TieredEmbedding:
         self._growing = set(unbounded)
         space = [self.key_index[t].max_rows if t in self._growing else int(r) for t, r in enumerate(rows)]
         self.cache = EmbeddingCache(slots, space, self.config.policy, use_kernels=kernels)
+        if e.weights_precision == Precision.FP16 and e.stochastic_rounding:
+            e.sr_rows = self.cache.xp.arange(self.cache.n_slots, dtype=np.int64)   # slot -> the row it holds
         self._specs = e._state_specs()
         buffers = [BufferSpec("weights", False, e.weights.dtype)]
         buffers += [BufferSpec(name, per_row, dtype, e.initial_state_value(name))
@@ -523,6 +521,9 @@ class TieredEmbedding:
                 self._write(t, evicted[held] - self.row_offsets[t],
                             [None] * len(self._cache_views[t]) + [plan.evicted_freq[m0:m1][held]])
             misses = plan.misses[m0:m1] - self.row_offsets[t]
+            if self.engine.sr_rows is not None:  # stochastic rounding hashes the row the slot now holds
+                xp = self.cache.xp
+                self.engine.sr_rows[xp.asarray(plan.victims[m0:m1])] = xp.asarray(self.spec_row_offsets[t] + misses)
             loaded = self.store.read(t, misses)
             self._scatter(t, victims, loaded[:-1])
             loaded_freq[m0:m1] = loaded[-1]
@@ -670,21 +671,27 @@ class TieredEmbedding:
         included: they are overwritten when those rows are written back)."""
         e = self.engine
         opt = e.optimizer
-        for tb, spec in enumerate(self.tables):
+        sr = e.weights_precision == Precision.FP16 and e.stochastic_rounding
+        for tb in range(len(self.tables)):
             views = self.store.views(tb)
             w, states = views[0], views[1:1 + len(self._specs)]
-            for a in range(0, spec.rows, 1 << 16):
-                b = min(spec.rows, a + (1 << 16))
+            live = self.live_rows(tb)
+            for a in range(0, live, 1 << 16):
+                b = min(live, a + (1 << 16))
                 if e.impl == "ref":
                     new_w, new_s = K.global_pass_ref(opt.kind, opt.hp(), w[a:b], [s[a:b] for s in states], t)
-                    w[a:b] = new_w.astype(np.float32).astype(w.dtype)
+                    lin = np.arange(a, b, dtype=np.int64) + self.spec_row_offsets[tb]
+                    bits = K.rounding_bits_ref(e.seed, t, lin, w.shape[1], K.SR_PASS_ALL) if sr else None
+                    w[a:b] = K.to_half_ref(new_w.astype(np.float32), bits) if w.dtype == np.float16 else \
+                        new_w.astype(np.float32)
                     for s, v in zip(states, new_s):
                         s[a:b] = v.astype(np.float32)
                 else:
-                    self._compiled_global_pass(w[a:b], states, a, b, t)
+                    self._compiled_global_pass(w[a:b], states, a, b, t, self.spec_row_offsets[tb])
 
-    def _compiled_global_pass(self, w, states, a: int, b: int, t: int) -> None:
-        """The cpu engine's compiled all-rows pass on rows a:b of one table's backing arrays."""
+    def _compiled_global_pass(self, w, states, a: int, b: int, t: int, first_row: int) -> None:
+        """The cpu engine's compiled all-rows pass on rows a:b of one table's backing arrays (first_row: the
+        table's first linear row, which stochastic rounding hashes with)."""
         e = self.engine
         n, dim = b - a, w.shape[1]
         wf = np.ascontiguousarray(w).reshape(-1)
@@ -696,7 +703,7 @@ class TieredEmbedding:
         wk = wf.view(np.uint16) if wf.dtype == np.float16 else wf
         C.global_pass(wk, sa, sb, np.array([0, n * dim], np.int64), np.array([dim], np.int64),
                       np.array([dim], np.int64), np.array([0, n], np.int64), np.array([n], np.int64), ks, ki,
-                      K.rounding_base(e.seed, t, K.SR_PASS_ALL))
+                      K.rounding_base(e.seed, t, K.SR_PASS_ALL), np.arange(a, b, dtype=np.int64) + first_row, True)
         w[...] = wf.reshape(n, dim)
         states[0][a:b] = sa.reshape(n, dim)
         if len(states) > 1 and states[1].ndim == 2:

@@ -36,9 +36,8 @@ Differences, on purpose or not yet implemented (each raises or warns where it ma
     FBGEMM caches only on CUDA; numbactr also on the cpu device (a RAM cache over host memory). When some
     tables are MANAGED_CACHING the other tables are cached whole (their slots = their rows).
     split_embedding_weights() / split_optimizer_states() flush the cache first (FBGEMM returns the UVM
-    rows as they are, stale where the cache holds newer ones). Stochastic rounding of FP16 weights is
-    refused with MANAGED_CACHING (its random bits hash the row's position), and cache_precision must equal
-    weights_precision.
+    rows as they are, stale where the cache holds newer ones). cache_precision must equal weights_precision
+    (FP16 weights are cached as FP16, stochastic rounding included: the same bits as uncached).
   * per-sample weights with MEAN pooling scale by 1/L in forward and backward (FBGEMM's GPU kernels;
     FBGEMM's CPU backward skips the 1/L there).
   * EXACT_ADAGRAD / EXACT_ROWWISE_ADAGRAD on a table read by several features sum the row's gradients of
@@ -341,10 +340,6 @@ class TBECore:
         self.record_cache_metrics = cfg.record_cache_metrics or RecordCacheMetrics(False, False)
         self.gather_uvm_cache_stats = bool(cfg.gather_uvm_cache_stats)
         if caching:
-            if self.stochastic_rounding and self.weights_precision == SparseType.FP16:
-                raise NotImplementedError(f"{WHO}: MANAGED_CACHING with FP16 weights needs stochastic_rounding="
-                                          "False in numbactr (stochastic rounding hashes the row's position, which "
-                                          "a cache slot is not, so cached training would not equal uncached)")
             cache = CacheConfig(self.cache_algorithm.name.lower(),
                                 capacities=self._cache_slots(cfg, rows, dims, caching, engine_args["optimizer"]),
                                 prefetch_thread=bool(cfg.prefetch_pipeline))
