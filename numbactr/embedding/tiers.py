@@ -151,6 +151,7 @@ class LmdbStore:
         import lmdb
         self._tmp = tempfile.TemporaryDirectory(prefix="numbactr-lmdb-") if path is None else None
         self.path = self._tmp.name if path is None else os.fspath(path)
+        os.makedirs(self.path, exist_ok=True)
         self.buffers = list(buffers)
         self.rows = [int(r) for r in rows]
         self.dims = [int(d) for d in dims]
