@@ -61,6 +61,7 @@ import re
 import secrets
 import shutil
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -530,6 +531,14 @@ def _read_sparse(e, folder: str, with_vectors: bool = True) -> _SparseModel:
             raise DataFormatError(what + " keys", kpath, 8 * i, f"key -1 at position {i} is reserved (it marks "
                                   "empty hash-table slots)")
     return _SparseModel(folder, keys, vectors, slots)
+
+
+def read_sparse_model(folder: str, name: str, vec: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys (n,) uint64, vectors (n, D) float32) of a sparse model folder without a model to load it into
+    (the inference parameter server), with load_sparse_weights' checks: manifest, sizes, reserved key."""
+    table = SimpleNamespace(name=name, vec=int(vec), slots=2 ** 63, table=True)    # any slot id is known
+    sm = _read_sparse(table, folder)
+    return sm.keys, sm.vectors
 
 
 def _owners(e, sm: _SparseModel, ranks: int) -> np.ndarray:
