@@ -15,6 +15,7 @@ from .enums import *  # noqa: F401,F403  (the enum classes)
 from .model import Model, ModelError
 from .optim import LearningRateScheduler
 from . import tools  # noqa: F401  (hugectr.tools.DataGenerator)
+from . import inference  # noqa: F401,E402  (hugectr.inference.InferenceParams, ...)
 
 globals().update(_enums.exported_members())    # pybind export_values(): hugectr.Adam, hugectr.Norm, ...
 

@@ -1,0 +1,384 @@
+"""HugeCTR's inference sessions: InferenceSession (CreateInferenceSession) and InferenceModel.
+
+    params = InferenceParams(model_name="dcn", max_batchsize=1024, hit_rate_threshold=1.0,
+                             dense_model_file="dcn_dense_2000.model", sparse_model_files=["dcn0_sparse_2000.model"],
+                             use_gpu_embedding_cache=True, cache_size_percentage=0.2, i64_input_key=False)
+    session = CreateInferenceSession("dcn.json", params)          # the graph JSON graph_to_json wrote
+    session.predict(dense_feature, embeddingcolumns, row_ptrs)    # CSR request -> [prediction per sample]
+    session.predict(num_batches, source, DataReaderType_t.Norm, Check_t.Sum)    # from a file list
+    model = InferenceModel("dcn.json", params); model.predict(...); model.evaluate(...) (AUC)
+
+What runs (shapes: B samples, T tables, S_t slots, N_t keys, D_t width, P predictions per sample):
+  * the graph JSON is read by numbactr.graph_json (errors name the file, layer and key); its dense layers
+    are numbactr's layers, weights from dense_model_file in HugeCTR's layout (numbactr.checkpoint, with the
+    BatchNorm .ntp.json), run forward on the current numbactr device (gpu kernels, sim, cpu compiled ops);
+  * each loss layer is replaced by its activation, as HugeCTR's inference does: BinaryCrossEntropyLoss and
+    MultiCrossEntropyLoss by a sigmoid, CrossEntropyLoss by the softmax; the prediction (B, P) is the loss
+    layers' activations side by side in graph order (HugeCTR's multi_task_combined_pred);
+  * table t's keys (N_t,) are made distinct, their vectors come from the parameter server
+    (numbactr.inference.hps: embedding cache -> volatile -> persistent database -> default value) into the
+    rows of a table-batched embedding engine, which pools the bags (sum / mean, the graph's combiner)
+    exactly as training's evaluation does: the predictions equal Model.export_predictions of the model
+    that wrote the files.
+CSR requests (InferenceSession.predict(dense_feature, embeddingcolumns, row_ptrs)), HugeCTR's layout:
+  dense_feature (n * dense_dim,), row_ptrs the tables' row pointers one after the other, table t's
+  n * S_t + 1 of them starting at 0 (slot-major per sample: bag b * S_t + s), embeddingcolumns the tables'
+  keys one after the other; n = (len(row_ptrs) - T) / sum_t S_t <= max_batchsize.
+Tables are the graph's embeddings in graph order; sparse_model_files[t] is table t's folder.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import checkpoint, device, graph_json, log
+from ..autograd import Tensor
+from ..config import DataReaderParams, DenseLayer, Input, SparseEmbedding, warn_ignored
+from ..embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, TableBatchedEmbedding, TableSpec)
+from ..embedding.sparse_embedding import POOLING
+from ..enums import DataReaderType_t, MetricsType
+from ..layers import LayerError, RunInfo, build
+from ..layers.losses import sigmoid, softmax2
+from ..metrics import MetricAccumulator
+from ..ops import sigmoid as bce_sigmoid
+from .hps import ParameterServer, check_keys, lane_stride
+from .params import InferenceParams, ParameterServerConfig
+
+__all__ = ["InferenceSession", "InferenceModel", "CreateInferenceSession", "InferenceGraph"]
+
+# each loss layer's activation, as the loss layer's own predictions() computes it in training's evaluation
+ACTIVATIONS = {"BinaryCrossEntropyLoss": bce_sigmoid, "CrossEntropyLoss": softmax2, "MultiCrossEntropyLoss": sigmoid}
+
+
+class InferenceGraph:
+    """A graph JSON as inference runs it: graph_json.construct adds the Input, the embeddings (configs only:
+    their vectors come from the parameter server) and the dense layers, built for batch `batch`; the dense
+    weights are one flat float32 vector in HugeCTR's file order (spec §7.2), each layer's parameters views
+    of it, so numbactr.checkpoint loads the dense model file into it."""
+
+    def __init__(self, path: str, batch: int):
+        self.path, self.batch = path, batch
+        self.input: Input | None = None
+        self.embeddings: list[SparseEmbedding] = []
+        self.layers: list = []
+        self.shapes: dict[str, tuple] = {}
+        self.sparse_inputs: dict[str, int] = {}
+        graph_json.construct(self, path, True)
+        if self.input is None:
+            raise ValueError(f"graph JSON {path!r}: no Data layer")
+        self.losses = [layer for layer in self.layers if layer.is_loss]
+        if not self.losses:
+            raise ValueError(f"graph JSON {path!r}: no loss layer, so nothing says which tensor is the prediction")
+        self.dense_layers = [layer for layer in self.layers if not layer.is_loss]
+        xp = device.xp()
+        self.n_params = sum(math.prod(s) for layer in self.layers for s in layer.param_shapes())
+        self.weights = xp.zeros(self.n_params, np.float32)
+        off = 0
+        for layer in self.layers:
+            layer.params = []
+            for i, s in enumerate(layer.param_shapes()):
+                n = math.prod(s)
+                layer.params.append(Tensor(self.weights[off:off + n].reshape(s), name=f"{layer.cfg.top_names[0]}.w{i}"))
+                off += n
+        # label columns in the reader's block: alphabetical order of the label names (Model._add_input)
+        self.label_columns, col = {}, 0
+        for i in sorted(range(len(self.input.label_names)), key=lambda i: self.input.label_names[i]):
+            self.label_columns[self.input.label_names[i]] = (col, col + self.input.label_dims[i])
+            col += self.input.label_dims[i]
+
+    def add(self, item) -> None:
+        """graph_json.construct's callback (Model.add's role): records configs, infers shapes."""
+        B = self.batch
+        if isinstance(item, Input):
+            self.input = item
+            for name, dim in zip(item.label_names, item.label_dims):
+                self.shapes[name] = (B, dim)
+            self.shapes[item.dense_name] = (B, item.dense_dim)
+            for i, p in enumerate(item.sparse):
+                self.sparse_inputs[p.top_name] = i
+            return
+        if isinstance(item, SparseEmbedding):
+            if item.bottom_name not in self.sparse_inputs:
+                raise ValueError(f"embedding {item.sparse_embedding_name!r}: bottom {item.bottom_name!r} is not a "
+                                 f"sparse input of the Data layer ({sorted(self.sparse_inputs)})")
+            slots = self.input.sparse[self.sparse_inputs[item.bottom_name]].slot_num
+            self.shapes[item.sparse_embedding_name] = (B, slots, item.embedding_vec_size)
+            self.embeddings.append(item)
+            return
+        if not isinstance(item, DenseLayer):
+            raise TypeError(f"InferenceGraph.add: unexpected {type(item).__name__}")
+        for b in item.bottom_names:
+            if b not in self.shapes:
+                raise ValueError(f"bottom tensor {b!r} does not exist; known tensors: {sorted(self.shapes)}")
+        try:
+            layer = build(item, [self.shapes[b] for b in item.bottom_names])
+        except LayerError as e:
+            raise ValueError(str(e)) from None
+        labels = set(self.input.label_names)
+        if not layer.is_loss and labels & set(item.bottom_names):
+            raise ValueError(f"{item.layer_type.name} reads a label tensor; inference has no labels")
+        for t, s in zip(item.top_names, layer.out_shapes):
+            self.shapes[t] = tuple(s)
+        self.layers.append(layer)
+
+    def sparse_param(self, e: SparseEmbedding):
+        return self.input.sparse[self.sparse_inputs[e.bottom_name]]
+
+    def ps_config(self, params: InferenceParams) -> ParameterServerConfig:
+        """The parameter server's view of this graph: table t = embedding t (name, width, most keys a
+        sample queries)."""
+        if len(params.sparse_model_files) != len(self.embeddings):
+            raise ValueError(f"InferenceParams: {len(params.sparse_model_files)} sparse_model_files for the "
+                             f"{len(self.embeddings)} embedding tables of graph {self.path!r} "
+                             f"({[e.sparse_embedding_name for e in self.embeddings]})")
+        name = params.model_name
+        return ParameterServerConfig(
+            {name: [e.sparse_embedding_name for e in self.embeddings]},
+            {name: [e.embedding_vec_size for e in self.embeddings]},
+            {name: [self.sparse_param(e).max_feature_num for e in self.embeddings]},
+            [params], params.volatile_db, params.persistent_db, params.update_source)
+
+
+class _Pooler:
+    """Table t's pooling: an embedding engine with one unkeyed table whose rows are the request's vectors
+    (rows grow to the largest request; the engine is rebuilt then)."""
+
+    def __init__(self, e: SparseEmbedding, slots: int):
+        self.e, self.slots, self.dim = e, slots, e.embedding_vec_size
+        self.rows = 0
+        self.engine = None
+
+    def block(self, rows: int):
+        """(>= rows, stride) view of the engine's weights, rebuilt larger when needed."""
+        if rows > self.rows:
+            self.rows = max(1024, 1 << (rows - 1).bit_length())
+            self.engine = TableBatchedEmbedding(
+                [TableSpec(self.rows, self.dim)], [0] * self.slots, pooling=POOLING[self.e.combiner],
+                layout=Layout.SAMPLE_MAJOR, optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.NONE)
+        return self.engine.weights[:self.rows * lane_stride(self.dim)].reshape(self.rows, lane_stride(self.dim))
+
+    def pool(self, rows: np.ndarray, offsets: np.ndarray, batch: int):
+        """(B, S, D) pooled bags of occurrences reading block rows (N,) (-1: nothing), CSR offsets (B*S + 1,)."""
+        xp = device.xp()
+        out, _ = self.engine.forward(xp.asarray(rows), xp.asarray(offsets.astype(np.int64)), training=False)
+        return out.reshape(batch, self.slots, self.dim)
+
+
+class InferenceSession:
+    """``hugectr.inference.InferenceSession`` (module docstring); made by CreateInferenceSession. A session
+    that made its parameter server closes it with close() (or when it is collected)."""
+
+    def __init__(self, model_config_path: str, inference_params: InferenceParams,
+                 parameter_server: ParameterServer | None = None):
+        if not isinstance(inference_params, InferenceParams):
+            raise TypeError(f"inference_params must be an InferenceParams, got {inference_params!r}")
+        p = self.params = inference_params
+        self.graph = g = InferenceGraph(str(model_config_path), p.max_batchsize)
+        config = g.ps_config(p)
+        ntp = {"ntp_path": p.non_trainable_params_file} if p.non_trainable_params_file else {}
+        checkpoint.load_dense_weights(g, p.dense_model_file, **ntp)
+        self._own_ps = parameter_server is None
+        self.ps = ParameterServer(config) if parameter_server is None else parameter_server
+        self.cache = self.ps.cache(p.model_name)
+        self.poolers = [_Pooler(e, g.sparse_param(e).slot_num) for e in g.embeddings]
+        self.tensors: dict[str, Tensor] = {}
+
+    def close(self) -> None:
+        if self._own_ps:
+            self.ps.close()
+
+    # ---- the forward ---------------------------------------------------------------------------------
+    def _run(self, dense: np.ndarray, sparse: list, n: int):
+        """Predictions (n, P) of n samples: dense (n, dense_dim), sparse [(keys (N_t,), offsets (n*S_t + 1,))]
+        per table; every tensor of the forward is kept (check_out_tensor)."""
+        g, xp = self.graph, device.xp()
+        t: dict[str, Tensor] = {g.input.dense_name: Tensor(xp.asarray(np.ascontiguousarray(dense, np.float32)))}
+        for tab, (e, pooler, (keys, offsets)) in enumerate(zip(g.embeddings, self.poolers, sparse)):
+            uniq, inv = np.unique(keys, return_inverse=True)
+            block = pooler.block(uniq.shape[0] + 1)        # + 1: the row of a non-zero default value
+            rows = self.cache.lookup(tab, uniq, block)
+            t[e.sparse_embedding_name] = Tensor(pooler.pool(rows[inv.reshape(-1)], offsets, n))
+        run = RunInfo(training=False, valid=n)
+        for layer in g.dense_layers:
+            outs = layer.forward(None, [t[b] for b in layer.cfg.bottom_names], run)
+            t.update(zip(layer.cfg.top_names, outs))
+        preds = []
+        for layer in g.losses:
+            p = ACTIVATIONS[layer.type_name](t[layer.cfg.bottom_names[0]].data).reshape(n, -1)
+            t[layer.cfg.top_names[0]] = Tensor(p)
+            preds.append(p)
+        self.tensors = t
+        return device.to_host(xp.concatenate(preds, axis=1) if len(preds) > 1 else preds[0])
+
+    # ---- CSR requests --------------------------------------------------------------------------------
+    def predict(self, *args, **kwargs):
+        """predict(dense_feature, embeddingcolumns, row_ptrs) -> [float] (n * P, row-major), or
+        predict(num_batches, source, data_reader_type, check_type, slot_size_array=[], num_samples=0,
+        data_source_params=None) -> (num_batches * max_batchsize,) array, (.., P) when P > 1."""
+        if "dense_feature" in kwargs or (args and not isinstance(args[0], (int, np.integer))):
+            return self._predict_csr(*args, **kwargs)
+        preds = self._predict_files(*args, **kwargs)[0]
+        return preds[:, 0] if preds.shape[1] == 1 else preds
+
+    def _predict_csr(self, dense_feature, embeddingcolumns, row_ptrs) -> list:
+        g = self.graph
+        slots = [g.sparse_param(e).slot_num for e in g.embeddings]
+        rp = np.asarray(row_ptrs).reshape(-1)
+        if rp.size and rp.dtype.kind not in "iu":
+            raise ValueError(f"InferenceSession.predict: row_ptrs must be integers, got {rp.dtype}")
+        rp = rp.astype(np.int64)
+        n, rem = divmod(rp.size - len(slots), sum(slots)) if slots else (0, 0)
+        if not slots:
+            n = len(dense_feature) // max(g.input.dense_dim, 1)
+        if rem or n < 0:
+            raise ValueError(f"InferenceSession.predict: {rp.size} row_ptrs do not describe whole samples: "
+                             f"table t needs n * S_t + 1 of them, slots per table {slots}")
+        if n > self.params.max_batchsize:
+            raise ValueError(f"InferenceSession.predict: {n} samples exceed max_batchsize {self.params.max_batchsize}")
+        dense = np.asarray(dense_feature, np.float32).reshape(-1)
+        if dense.size != n * g.input.dense_dim:
+            raise ValueError(f"InferenceSession.predict: dense_feature has {dense.size} values; {n} samples x "
+                             f"dense_dim {g.input.dense_dim} = {n * g.input.dense_dim}")
+        keys = check_keys(embeddingcolumns, self.params.i64_input_key, "InferenceSession.predict embeddingcolumns")
+        sparse, r0, k0 = [], 0, 0
+        for t, s in enumerate(slots):
+            off = rp[r0:r0 + n * s + 1]
+            name = g.embeddings[t].sparse_embedding_name
+            if off[0] != 0 or (np.diff(off) < 0).any():
+                j = 0 if off[0] != 0 else int(np.argmax(np.diff(off) < 0)) + 1
+                raise ValueError(f"InferenceSession.predict: row_ptrs of table {t} ({name!r}) must start at 0 and "
+                                 f"never decrease; entry {j} of the table (row_ptrs[{r0 + j}]) is {int(off[j])}")
+            end = int(off[-1])
+            if k0 + end > keys.size:
+                raise ValueError(f"InferenceSession.predict: the row_ptrs of tables 0..{t} need {k0 + end} keys; "
+                                 f"embeddingcolumns has {keys.size}")
+            most = n * g.sparse_param(g.embeddings[t]).max_feature_num
+            if end > most:
+                raise ValueError(f"InferenceSession.predict: table {t} ({name!r}) gets {end} keys; its samples take "
+                                 f"at most {most} (nnz_per_slot of the graph's Data layer)")
+            sparse.append((keys[k0:k0 + end], off))
+            r0, k0 = r0 + n * s + 1, k0 + end
+        if k0 != keys.size:
+            raise ValueError(f"InferenceSession.predict: embeddingcolumns has {keys.size} keys; the row_ptrs "
+                             f"account for {k0}")
+        if n == 0:
+            return []
+        return self._run(dense.reshape(n, -1), sparse, n).reshape(-1).tolist()
+
+    # ---- files ---------------------------------------------------------------------------------------
+    def _batches(self, num_batches: int, source: str, data_reader_type, check_type, slot_size_array=(),
+                 num_samples: int = 0, data_source_params=None, reading_file_sequentially: bool = False):
+        """num_batches full batches of max_batchsize samples from the start of source (the reader repeats the
+        data, as HugeCTR's inference reader does); yields (batch, predictions (B, P))."""
+        from ..data import make_reader
+        if not isinstance(num_batches, (int, np.integer)) or num_batches < 0:
+            raise ValueError(f"predict: num_batches must be an int >= 0, got {num_batches!r}")
+        g = self.graph
+        if data_source_params is not None:
+            warn_ignored("InferenceSession.predict", "data_source_params", data_source_params,
+                         "numbactr reads local files only", stacklevel=4)
+        params = DataReaderParams(data_reader_type=data_reader_type, source=[source], eval_source=source,
+                                  check_type=check_type, slot_size_array=list(slot_size_array),
+                                  num_samples=num_samples, read_file_sequentially=bool(
+                                      reading_file_sequentially and data_reader_type == DataReaderType_t.Parquet))
+        inp = g.input
+        reader = make_reader(params, source, self.params.max_batchsize, inp.label_dim, inp.dense_dim,
+                             [sp.slot_num for sp in inp.sparse], [sp.nnz_per_slot for sp in inp.sparse],
+                             self.params.i64_input_key, repeat=True)
+        batches = iter(reader)
+        try:
+            with log.progress(total=int(num_batches), desc="inference", unit="batch") as bar:
+                for _ in range(int(num_batches)):
+                    batch = next(batches)
+                    sparse = [batch.sparse[g.sparse_inputs[e.bottom_name]] for e in g.embeddings]
+                    sparse = [(check_keys(k, self.params.i64_input_key, f"{source}: keys"), o) for k, o in sparse]
+                    yield batch, self._run(batch.dense, sparse, batch.batch_size)
+                    bar.update(1)
+        finally:
+            reader.close()
+
+    def _predict_files(self, num_batches, source, data_reader_type, check_type, slot_size_array=(),
+                       num_samples=0, data_source_params=None, reading_file_sequentially=False):
+        """(predictions (num_batches * B, P), labels per loss layer)."""
+        preds, labels = [], []
+        for batch, p in self._batches(num_batches, source, data_reader_type, check_type, slot_size_array,
+                                      num_samples, data_source_params, reading_file_sequentially):
+            preds.append(p)
+            labels.append(batch.label)
+        if not preds:
+            return np.zeros((0, self._width()), np.float32), np.zeros((0, self.graph.input.label_dim), np.float32)
+        return np.concatenate(preds), np.concatenate(labels)
+
+    def _width(self) -> int:
+        """P: predictions per sample."""
+        g = self.graph
+        return sum(2 if layer.type_name == "CrossEntropyLoss" else g.shapes[layer.cfg.bottom_names[0]][-1]
+                   for layer in g.losses)
+
+    def evaluate(self, num_batches, source, data_reader_type, check_type, slot_size_array=(), num_samples=0,
+                 data_source_params=None, reading_file_sequentially=False) -> float:
+        """AUC of num_batches batches (each loss layer against its label columns; several columns: the mean
+        of their AUCs, as HugeCTR's AUC of label_dim > 1)."""
+        preds, labels = self._predict_files(num_batches, source, data_reader_type, check_type, slot_size_array,
+                                            num_samples, data_source_params, reading_file_sequentially)
+        g, cols, p_cols, c = self.graph, [], [], 0
+        for layer in g.losses:
+            c0, c1 = g.label_columns[layer.cfg.bottom_names[1]]
+            width = 2 if layer.type_name == "CrossEntropyLoss" else c1 - c0
+            p = preds[:, c:c + width]
+            if width == 2 and c1 - c0 == 1:            # CrossEntropy with class labels: P(class 1)
+                p = p[:, 1:]
+            p_cols.append(p)
+            cols.append(labels[:, c0:c1])
+            c += width
+        acc = MetricAccumulator({MetricsType.AUC: 1.0})
+        acc.add(np.concatenate(p_cols, axis=1), np.concatenate(cols, axis=1), 0.0)
+        return float(acc.finalize()[0][1])
+
+    def refresh_embedding_cache(self) -> None:
+        """HugeCTR's refresh: the cached vectors read again from the databases (numbactr.inference.hps)."""
+        self.cache.refresh()
+
+    def check_out_tensor(self, tensor_name: str) -> np.ndarray:
+        """A host float32 copy of a tensor of the last forward (the dense input, an embedding output, a layer
+        output, a loss layer's activation under the loss's top name)."""
+        if tensor_name not in self.tensors:
+            if not self.tensors:
+                raise ValueError(f"check_out_tensor: nothing has been predicted yet, so {tensor_name!r} holds nothing")
+            raise ValueError(f"check_out_tensor: cannot find tensor with name {tensor_name!r}; tensors: "
+                             f"{sorted(self.tensors)}")
+        return np.array(device.to_host(self.tensors[tensor_name].data), np.float32)
+
+
+def CreateInferenceSession(model_config_path: str, inference_params: InferenceParams) -> InferenceSession:  # noqa: N802
+    """``hugectr.inference.CreateInferenceSession``: a parameter server for the model and a session on it."""
+    return InferenceSession(model_config_path, inference_params)
+
+
+class InferenceModel:
+    """``hugectr.inference.InferenceModel(model_config_path, inference_params)``: offline inference over
+    files. HugeCTR splits each batch over deployed_devices; numbactr runs it on the current device.
+
+    predict(num_batches, source, data_reader_type, check_type, slot_size_array=[], data_source_params=None,
+    reading_file_sequentially=True) -> (num_batches * max_batchsize, P) float32; evaluate(...) -> AUC;
+    check_out_tensor(tensor_name) -> the last batch's tensor."""
+
+    def __init__(self, model_config_path: str, inference_params: InferenceParams):
+        self.session = InferenceSession(model_config_path, inference_params)
+
+    def predict(self, num_batches, source, data_reader_type, check_type, slot_size_array=(),
+                data_source_params=None, reading_file_sequentially=True) -> np.ndarray:
+        return self.session._predict_files(num_batches, source, data_reader_type, check_type, slot_size_array, 0,
+                                           data_source_params, reading_file_sequentially)[0]
+
+    def evaluate(self, num_batches, source, data_reader_type, check_type, slot_size_array=(),
+                 data_source_params=None, reading_file_sequentially=True) -> float:
+        return self.session.evaluate(num_batches, source, data_reader_type, check_type, slot_size_array, 0,
+                                     data_source_params, reading_file_sequentially)
+
+    def check_out_tensor(self, tensor_name: str) -> np.ndarray:
+        return self.session.check_out_tensor(tensor_name)
+
+    def close(self) -> None:
+        self.session.close()
