@@ -246,7 +246,7 @@ class ModelCache:
         return rows_of
 
     def _dev(self, a):
-        return device.xp().asarray(a) if self.kernels else a
+        return device.xp().asarray(a)
 
     def _touch(self, t: int, lin) -> None:
         """The hits of a request are used now (LRU): a placement of rows all cached moves nothing."""
