@@ -10,6 +10,8 @@
     numbactr bench cache      a table 4-50x larger than its cache's byte budget, trained through the cache
                               on a memory-mapped file: hit rate and samples/s against cache size, LRU and
                               LFU, and a plot (--plot; numbactr/bench_cache.py says more)
+    numbactr bench sok        SOK's seed benchmark: a PyTorch model with its native nn.Embedding vs numbactr.sok's
+                              All2AllDenseEmbedding, 1 rank and mpiexec -n 2 (numbactr/sok/bench.py)
     --quick                   small shapes (seconds; the smoke test uses it)
     --threads 1,2             thread counts of the embedding and dlrm runs (cpu; default 1,2)
 
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache")
+SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache", "sok")
 
 HASH_COLUMNS = ["impl", "keys", "op", "batch keys", "distinct", "capacity", "ms", "Mkeys/s"]
 EMBEDDING_FWD_COLUMNS = ["impl", "threads", "pooling", "B", "features", "L", "D", "rows", "fwd ms", "fwd GB/s"]
@@ -742,6 +744,17 @@ def _torch_dlrm(env, host_batches, sizes, slot_offsets, dense_dim, vec, lr, min_
     return t
 
 
+# ---- SOK ---------------------------------------------------------------------------------------
+SOK_FULL = dict(batch=8192, reps=5)             # SOK's batch per GPU
+SOK_QUICK = dict(batch=64, reps=2, threads=(1,), shape=dict(layers=2, width=64), timeout=180)
+
+
+def _bench_sok(env: Env, **kwargs) -> Table:
+    """SOK's seed benchmark (numbactr/sok/bench.py; needs torch)."""
+    from .sok.bench import bench_sok
+    return bench_sok(env, **kwargs)
+
+
 # ---- command line ------------------------------------------------------------------------------
 FULL = dict(hash=dict(n=1_000_000),
             embedding=dict(batch=8192, features=26, hots=(1, 20), dims=(16, 64, 128), rows=1_000_000),
@@ -765,6 +778,8 @@ def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = N
     names = list(fns) if which == "all" else [which]
     fns["cache"] = bench_cache.bench_cache
     sizes = {**sizes, "cache": bench_cache.QUICK if quick else bench_cache.FULL}
+    fns["sok"] = _bench_sok                     # not in 'all': it launches mpiexec itself
+    sizes = {**sizes, "sok": SOK_QUICK if quick else SOK_FULL}
     tables = []
     with log.progress(total=len(names), desc="numbactr bench", unit="benchmark") as bar:
         for name in names:
@@ -794,7 +809,8 @@ def main(argv=None) -> int:
     env = Env(use_torch=not args.no_torch)
     if env.torch is None:
         print(f"numbactr bench: {env.torch_why}", flush=True)
-    options = {} if args.threads is None else {k: {"threads": args.threads} for k in ("embedding", "dlrm", "cache")}
+    options = {} if args.threads is None else {k: {"threads": args.threads}
+                                                for k in ("embedding", "dlrm", "cache", "sok")}
     options.setdefault("cache", {})["plot"] = args.plot
     run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed, options=options)
     return 0

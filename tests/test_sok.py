@@ -302,3 +302,21 @@ def test_init_restarts_the_table_seeds():
     assert a.table.seed == b.table.seed == 7 and SETTINGS.tables == 1
     ids = torch.tensor([[5, 6]])
     assert torch.equal(sok.lookup_sparse(a, ids), sok.lookup_sparse(b, ids))
+
+
+def test_the_simulators_kernels_train_as_the_cpu_path():
+    """The same SOK steps on the sim device (the engine's numba.cuda kernels) and on cpu."""
+    got = {}
+    for kind in ("cpu", "sim"):
+        device.set_device(kind)
+        sok.init(seed=1, set_torch_threads=False)
+        emb = sok.DistributedEmbedding("mean", 16, 4, 2, 2)
+        opt = sok.OptimizerWrapper(torch.optim.Adam(emb.parameters(), lr=0.1))
+        for keys, offsets in (([3, 5, 5, 9], [0, 2, 3, 3, 4]), ([9, 2, 3], [0, 1, 1, 3, 3])):
+            opt.zero_grad()
+            (emb((torch.tensor(keys), torch.tensor(offsets))) ** 2).sum().backward()
+            opt.step()
+        got[kind] = dict(zip(emb.keys().tolist(), emb.weight.numpy().copy()))
+    assert got["sim"].keys() == got["cpu"].keys()
+    for k, row in got["cpu"].items():
+        np.testing.assert_allclose(got["sim"][k], row, rtol=1e-5, atol=1e-7)

@@ -51,3 +51,23 @@ def test_sharded_sok_model_equals_one_rank(tmp_path):
                 np.testing.assert_array_equal(have, want, err_msg=f"{ranks} ranks: {name}")
             else:
                 np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6, err_msg=f"{ranks} ranks: {name}")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'numbactr[mpi]')")
+def test_the_example_learns_and_two_ranks_print_one_ranks_losses():
+    """examples/sok_demo.py: the loss falls, and mpiexec -n 2 prints the one-rank run's losses."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBACTR_DEVICE"] = "cpu"
+    example = str(HERE.parent / "examples" / "sok_demo.py")
+    printed = {}
+    for ranks in (1, 2):
+        r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, example], capture_output=True, text=True,
+                           env=env, timeout=240, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0 and "Warning" not in r.stderr, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        printed[ranks] = [float(line.split("loss ")[1]) for line in r.stdout.splitlines() if line.startswith("step ")]
+        last = r.stdout.splitlines()[-1]
+        first, final = (float(x.split()[0]) for x in last.split("loss ")[1].split("->"))
+        assert last.startswith(f"{ranks} rank(s)") and final < first - 0.05
+    assert len(printed[1]) == 4
+    np.testing.assert_allclose(printed[2], printed[1], atol=2e-4)      # printed with 4 decimals
