@@ -20,7 +20,7 @@ Backward, dy = dLoss/dout
                 (the only order; no float atomics), for every touched row and only those
     weights     dp_k = s_j <dy[b, c_f:c_f + D_f], W_t[rows[k]]>   (NONE: <dy[k], W_t[rows[k]]>)
 Update (fused: each touched row is reduced and updated once, no dense (V, D) gradient anywhere)
-    g = G_t[r] (optionally clipped to [-max_gradient, max_gradient]); t = update step (1, 2, ...)
+    g = G_t[r]; t = update step (1, 2, ...)
     EXACT_SGD              w -= lr g
     EXACT_ADAGRAD          m += g^2;  w -= lr g / (sqrt(m) + eps)                          m (V, D)
     EXACT_ROWWISE_ADAGRAD  g' = g + wd w (L2) else g;  m += mean_d(g'^2)                    m (V,)
@@ -111,21 +111,15 @@ class EmbeddingBoundsError(IndexError):
 
 # ---- hyper-parameters ------------------------------------------------------------------------------
 #: float hyper-parameters in the order the kernels receive them (one float32 array, HP_*)
-HP_FIELDS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum", "max_gradient",
-             "max_norm", "scaler")
-HP = {name: i for i, name in enumerate(HP_FIELDS)}
-#: integer parameters (one int64 array, IP_*)
-IP_FIELDS = ("kind", "update_type", "weight_decay_mode", "gradient_clipping", "step", "seed",
-             "stochastic_rounding")
-IP = {name: i for i, name in enumerate(IP_FIELDS)}
+HP_FIELDS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum", "max_norm", "scaler")
 
 
 def kernel_scalars(hp: dict, step: int) -> np.ndarray:
     """The packed float32 scalars (tbe_math.KS_*) of the compiled paths for hyper-parameters hp at step t."""
     ks = np.zeros(M.N_KS, np.float32)
     for name, at in (("learning_rate", M.KS_LR), ("eps", M.KS_EPS), ("beta1", M.KS_B1), ("beta2", M.KS_B2),
-                     ("weight_decay", M.KS_WD), ("momentum", M.KS_MOM), ("max_gradient", M.KS_MAXG),
-                     ("max_norm", M.KS_MAXN), ("scaler", M.KS_SCALER)):
+                     ("weight_decay", M.KS_WD), ("momentum", M.KS_MOM), ("max_norm", M.KS_MAXN),
+                     ("scaler", M.KS_SCALER)):
         ks[at] = hp[name]
     b1, b2 = _f32(hp["beta1"]), _f32(hp["beta2"])
     ks[M.KS_BC1], ks[M.KS_BC2] = 1.0 - b1 ** step, 1.0 - b2 ** step
@@ -141,11 +135,10 @@ def as_scalars(packed: np.ndarray) -> tuple:
     return tuple(packed)                                  # numpy scalars: float32 / int64 as packed
 
 
-def kernel_ints(kind, update, wd_mode, clip: bool, step: int, stochastic: bool, pooling, layout,
-                batch: int) -> np.ndarray:
+def kernel_ints(kind, update, wd_mode, step: int, stochastic: bool, pooling, layout, batch: int) -> np.ndarray:
     """The packed int64 parameters (tbe_math.KI_*) of the compiled paths."""
     ki = np.zeros(M.N_KI, np.int64)
-    ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE], ki[M.KI_CLIP] = int(kind), int(update), int(wd_mode), clip
+    ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE] = int(kind), int(update), int(wd_mode)
     ki[M.KI_STEP], ki[M.KI_SR], ki[M.KI_POOLING], ki[M.KI_LAYOUT] = step, stochastic, int(pooling), int(layout)
     ki[M.KI_BATCH] = batch
     return ki
@@ -383,7 +376,7 @@ def _row_norm(x):
 
 
 def optimizer_update_ref(kind: int, hp: dict, w, g, states: list, step: int, update_type: int = 0,
-                         weight_decay_mode: int = 0, gradient_clipping: bool = False):
+                         weight_decay_mode: int = 0):
     """New (w (U, D), [states]) in float64 for U touched rows with summed gradients g (U, D).
 
     w, g and per-element states are (U, D); per-row states (U,). hp: the HP_FIELDS values (rounded to
@@ -396,8 +389,6 @@ def optimizer_update_ref(kind: int, hp: dict, w, g, states: list, step: int, upd
     w = np.array(w, np.float64)
     g = np.array(g, np.float64)
     s = [np.array(x, np.float64) for x in states]
-    if gradient_clipping:
-        g = np.clip(g, -h["max_gradient"], h["max_gradient"])
     kind = Optim(kind)
     width = max(w.shape[1], 1)
     if kind == Optim.EXACT_SGD:
@@ -515,7 +506,6 @@ lazy_scalars = _device(M.lazy_scalars)
 elem_update = _device(M.elem_update)
 global_elem = _device(M.global_elem)
 lamb_ratio = _device(M.lamb_ratio)
-clip = _device(M.clip)
 max_norm_scale = _device(M.max_norm_scale)
 elem_state_count = _device(M.elem_state_count)
 
@@ -777,9 +767,6 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
                         if d < grad_vals.shape[1]:
                             grad_vals[s, d] = g[v] if d < width else float32(0.0)
                 continue
-            if ki[M.KI_CLIP] != 0:
-                for v in range(per_lane):
-                    g[v] = clip(g[v], ks[M.KS_MAXG])
             # 2. row scalars (rowwise states, HugeCTR's lazy catch-up)
             c0 = float32(0.0)
             c1 = float32(0.0)

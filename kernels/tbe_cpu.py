@@ -40,7 +40,6 @@ elem_update = njit(inline="always", **_JIT)(M.elem_update)
 global_elem = njit(**_JIT)(M.global_elem)
 lamb_ratio = njit(**_JIT)(M.lamb_ratio)
 elem_state_count = njit(**_JIT)(M.elem_state_count)
-clip = njit(**_JIT)(M.clip)
 max_norm_scale = njit(**_JIT)(M.max_norm_scale)
 
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -409,9 +408,6 @@ def row_update(w, sa, sb, srow, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, b
     lr, eps, b1, b2, wd = ks[M.KS_LR], ks[M.KS_EPS], ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_WD]
     n_states = elem_state_count(kind)
     n_a, n_b = n_states >= 1, n_states >= 2
-    if ki[M.KI_CLIP] != 0:
-        for d in range(width):
-            g[d] = clip(g[d], ks[M.KS_MAXG])
     c0, c1, c2 = float32(0.0), float32(0.0), float32(0.0)
     if kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB:
         sumsq = float32(0.0)
@@ -477,8 +473,8 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
     dmax = 0
     for t in range(dims.shape[0]):
         dmax = max(dmax, dims[t])
-    # plain SGD (no clipping, max_norm or stochastic rounding): w -= lr g straight from the reduction
-    plain_sgd = ki[M.KI_KIND] == M._SGD and ki[M.KI_SR] == 0 and ki[M.KI_CLIP] == 0 and ks[M.KS_MAXN] == 0
+    # plain SGD (no max_norm or stochastic rounding): w -= lr g straight from the reduction
+    plain_sgd = ki[M.KI_KIND] == M._SGD and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0
     lr = ks[M.KS_LR]
     n_chunks = (n_seg + _CHUNK - 1) // _CHUNK
     for c in prange(n_chunks):

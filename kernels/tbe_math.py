@@ -87,12 +87,12 @@ _GLOBAL, _LAZY = int(UpdateType.GLOBAL), int(UpdateType.LAZY_GLOBAL)
 _L2, _DECOUPLE = int(WeightDecay.L2), int(WeightDecay.DECOUPLE)
 
 # packed kernel scalars: one float32 array KS (host-computed from the hyper-parameters and the step)
-KS_LR, KS_EPS, KS_B1, KS_B2, KS_WD, KS_MOM, KS_MAXG, KS_MAXN, KS_SCALER = range(9)
-KS_BC1, KS_BC2, KS_ALPHA, KS_LAZY = 9, 10, 11, 12       # 1 - b1^t, 1 - b2^t, HugeCTR alpha_t, lr / (1 - b1)
-N_KS = 13
+KS_LR, KS_EPS, KS_B1, KS_B2, KS_WD, KS_MOM, KS_MAXN, KS_SCALER = range(8)
+KS_BC1, KS_BC2, KS_ALPHA, KS_LAZY = 8, 9, 10, 11        # 1 - b1^t, 1 - b2^t, HugeCTR alpha_t, lr / (1 - b1)
+N_KS = 12
 # packed integers: one int64 array KI
-KI_KIND, KI_UPDATE, KI_WD_MODE, KI_CLIP, KI_STEP, KI_SR, KI_POOLING, KI_LAYOUT, KI_BATCH = range(9)
-N_KI = 9
+KI_KIND, KI_UPDATE, KI_WD_MODE, KI_STEP, KI_SR, KI_POOLING, KI_LAYOUT, KI_BATCH = range(8)
+N_KI = 8
 
 
 # ---- float16 <-> float32 ----------------------------------------------------------------------------
@@ -276,11 +276,6 @@ def lamb_ratio(w_sumsq, r_sumsq):
     if r_sumsq > float32(0.0):
         return float32(math.sqrt(w_sumsq)) / float32(math.sqrt(r_sumsq))
     return float32(0.0)
-
-
-def clip(g, max_gradient):
-    """g clamped to [-max_gradient, max_gradient]."""
-    return min(max(g, -max_gradient), max_gradient)
 
 
 def max_norm_scale(w_sumsq, max_norm):

@@ -144,11 +144,20 @@ def test_lamb_scales_the_adam_direction_by_the_trust_ratio():
     np.testing.assert_array_equal(w0, 0)                     # |w| = 0: FBGEMM's LAMB leaves the row
 
 
-def test_max_norm_and_gradient_clipping():
+def test_max_norm():
     w, _ = upd(Optim.EXACT_SGD, [], hp=dict(HP, max_norm=1.0))
     np.testing.assert_allclose(np.linalg.norm(w), 1.0, rtol=1e-6)
-    w, _ = upd(Optim.EXACT_SGD, [], hp=dict(HP, max_gradient=0.5), gradient_clipping=True)
-    np.testing.assert_allclose(w, W - 0.1 * np.array([[0.5, -0.5]]), rtol=1e-6)
+
+
+def test_gradient_clipping_clamps_dloss_dout_not_the_row_sum():
+    """FBGEMM's rule: each bag's gradient is clamped, then a row sums its (clamped) occurrences."""
+    opt = OptimizerSpec(Optim.EXACT_SGD, learning_rate=1.0, gradient_clipping=True, max_gradient=0.5)
+    e = TableBatchedEmbedding([(2, 2)], [0], optimizer=opt, impl="ref")
+    e.split_weights()[0][...] = 0
+    _, ctx = e.forward(np.array([1, 1, 1]), np.array([0, 1, 2, 3]))       # row 1 read by 3 bags
+    e.backward(ctx, np.array([[0.4, -2.0], [0.4, -2.0], [0.4, -2.0]], np.float32))
+    np.testing.assert_allclose(e.split_weights()[0][1], [-1.2, 1.5])     # 3 x clamp(g), not clamp(3 g)
+    np.testing.assert_array_equal(e.split_weights()[0][0], 0)
 
 
 @pytest.mark.parametrize("decay", [0.0, 0.01])

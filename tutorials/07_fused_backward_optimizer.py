@@ -149,7 +149,7 @@ want_w, (want_m,) = K.optimizer_update_ref(Optim.EXACT_ROWWISE_ADAGRAD, hp, befo
                                            [np.zeros(len(r0))], 1)
 # the kernel's scalars travel as two tuples, by value in the launch (a device array would cost a copy)
 ks = K.as_scalars(K.kernel_scalars(hp, 1))
-ki = K.as_scalars(K.kernel_ints(Optim.EXACT_ROWWISE_ADAGRAD, 0, 0, False, 1, False, Pooling.SUM, eng.layout,
+ki = K.as_scalars(K.kernel_ints(Optim.EXACT_ROWWISE_ADAGRAD, 0, 0, 1, False, Pooling.SUM, eng.layout,
                                 ctx.batch))
 lanes, items, per_lane = K.lanes_items(int(eng.dims.max()))
 print(f"block = ({lanes} lanes, {items} runs): run s -> threadIdx.y = s % {items}, columns d -> lanes")

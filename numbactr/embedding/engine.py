@@ -96,7 +96,8 @@ class OptimizerSpec:
     momentum: HugeCTR's momentum_factor (MomentumSGD, Nesterov). initial_accumulator: HugeCTR AdaGrad's
     initial_accu_value. scaler: HugeCTR's loss scaler (HugeCTR kinds divide the gradient by it).
     update_type: HugeCTR's Update_t (LOCAL, GLOBAL, LAZY_GLOBAL (Adam only)); FBGEMM's kinds are LOCAL.
-    gradient_clipping: clamp each summed row gradient to [-max_gradient, max_gradient].
+    gradient_clipping: clamp dLoss/dout elementwise to [-max_gradient, max_gradient] before the backward
+    (FBGEMM's rule: the bags' gradients are clipped, not the rows' sums).
     max_norm > 0: rescale every updated row whose L2 norm exceeds it (FBGEMM applies it for
     EXACT_ROWWISE_ADAGRAD only; the engine for every kind, the face passes 0 where FBGEMM ignores it).
     """
@@ -491,6 +492,9 @@ class TableBatchedEmbedding:
         if dy.dtype.kind != "f":
             raise TypeError(f"grad_output must be float, got {dy.dtype}")
         dy = xp.ascontiguousarray(dy.astype(np.float32, copy=False))
+        if self.optimizer.gradient_clipping:            # FBGEMM clips dLoss/dout, not the row sums
+            m = np.float32(self.optimizer.max_gradient)
+            dy = xp.clip(dy, -m, m)
         grads = Grads()
         if ctx.per_sample_weights is not None:      # before the update: it reads the old weights
             grads.per_sample_weights = self._impl.psw_grad(ctx, dy)
@@ -526,8 +530,8 @@ class TableBatchedEmbedding:
         sr = self.weights_precision == Precision.FP16 and self.stochastic_rounding
         pooling, batch = (self.pooling, 0) if ctx is None else (ctx.pooling, ctx.batch)
         return (K.kernel_scalars(opt.hp(), t),
-                K.kernel_ints(opt.kind, opt.update_type, opt.weight_decay_mode, opt.gradient_clipping, t, sr,
-                              pooling, self.layout, batch))
+                K.kernel_ints(opt.kind, opt.update_type, opt.weight_decay_mode, t, sr, pooling, self.layout,
+                              batch))
 
     def _scratch(self, name: str, n: int, dtype):
         """A reused device buffer of n elements (grown by half when too small): the per-step scratch pool."""
@@ -612,7 +616,7 @@ class _RefImpl:
             w = device.to_host(weights[tb][idx])
             s = [device.to_host(st[idx]) for st in states[tb]]
             new_w, new_s = K.optimizer_update_ref(opt.kind, opt.hp(), w, g, s, t, opt.update_type,
-                                                  opt.weight_decay_mode, opt.gradient_clipping)
+                                                  opt.weight_decay_mode)
             self._store(weights[tb], idx, new_w, rows + e.row_offsets[tb], t, K.SR_PASS_HOT)
             for view, val, (_, _, dtype) in zip(states[tb], new_s, specs):
                 view[idx] = xp.asarray(val.astype(dtype))

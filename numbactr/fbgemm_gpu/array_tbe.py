@@ -463,13 +463,13 @@ class TBECore:
         opt = self.optimizer
         mode = _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode")
         rowwise = opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD
-        # gradient clipping is done here on dLoss/dout (FBGEMM's rule), never by the engine on row sums
         return OptimizerSpec(
             _ENGINE_OPTIM[opt], learning_rate=float(cfg.learning_rate), eps=float(cfg.eps),
             beta1=float(cfg.beta1), beta2=float(cfg.beta2),
             weight_decay=float(cfg.weight_decay) if opt in _DECAYS else 0.0,
             weight_decay_mode=_WEIGHT_DECAY[mode] if rowwise else WeightDecay.NONE,
-            max_norm=float(cfg.max_norm) if rowwise else 0.0, gradient_clipping=False)
+            max_norm=float(cfg.max_norm) if rowwise else 0.0,
+            gradient_clipping=bool(cfg.gradient_clipping), max_gradient=float(cfg.max_gradient))
 
     @property
     def counts_iterations(self) -> bool:
@@ -523,8 +523,6 @@ class TBECore:
             full = xp.zeros(lookup.vbe.batch * self.total_D, np.float32)
             full[xp.asarray(lookup.vbe.out_index)] = dy
             dy = full.reshape(lookup.vbe.batch, self.total_D)
-        if self.config.gradient_clipping:
-            dy = xp.clip(dy, -float(self.config.max_gradient), float(self.config.max_gradient))
         if self.counts_iterations:
             self.engine.step = lookup.iteration - 1         # the engine's update uses t = step + 1
         return self.engine.backward(lookup.ctx, dy)
