@@ -1,7 +1,8 @@
 """The ``numbactr`` command: ``numbactr [--version] [--debug] <command> ...``.
 
 Commands: demo (the main job), bench (kernel/step benchmarks, or `bench data` for the readers), data
-(converters: criteo), device (which device and threads numbactr would use, and why). Every command has
+(converters: criteo), export-onnx (a trained model to ONNX), device (which device and threads numbactr would
+use, and why). Every command has
 ``--help``. An error is one line on stderr (exit status 1) unless ``--debug`` (anywhere on the line) or
 NUMBACTR_DEBUG=1 asks for the traceback.
 """
@@ -24,6 +25,7 @@ BENCH_HELP = """benchmarks (markdown tables; not tests):
   dlrm                 one DLRM training step, samples/s
   all                  the three above
   data                 data-reader throughput: Norm, Raw, Parquet with 1, 2, 4 workers
+  inference            InferenceSession vs onnxruntime: predictions/s, p50/p99 latency, cache hit rate
 Each runs on the device numbactr picks, with the thread plan of the start-up line, and beside PyTorch
 when torch is installed. `numbactr bench data --help` / `numbactr bench hash --help` for the options."""
 
@@ -72,6 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, text) in CONVERTERS.items():
         _delegate(conv, name, text)
 
+    from .onnx_converter import command as export_onnx
+    p = sub.add_parser("export-onnx", help="convert a trained model (graph JSON + model files) to ONNX",
+                       description=export_onnx.DESCRIPTION, epilog=export_onnx.EPILOG)
+    export_onnx.add_arguments(p)
+
+    from .inference import predict
+    p = sub.add_parser("predict", help="predict a file list or Parquet folder with a trained model (HugeCTR's "
+                                       "inference API) and write the predictions (CSV or Parquet)",
+                       description=predict.__doc__.split("\n\n")[0])
+    predict.add_arguments(p)
+
     ap.commands = sub.choices                                  # name -> parser, for error messages
     sub.add_parser("device", help="print which device (gpu, sim, cpu) and threads numbactr would use, and why",
                    description="Resolve the device as `import numbactr` would (NUMBACTR_DEVICE, the simulator, "
@@ -82,11 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench(rest: list) -> int:
     if not rest or rest[0] in ("-h", "--help"):
-        print("usage: numbactr bench {hash,embedding,dlrm,all,data} [options]\n\n" + BENCH_HELP)
+        print("usage: numbactr bench {hash,embedding,dlrm,all,data,inference} [options]\n\n" + BENCH_HELP)
         return 0
     if rest[0] == "data":
         from .data.bench import main as bench_data
         return bench_data(rest[1:])
+    if rest[0] == "inference":
+        from .inference.bench import main as bench_inference
+        return bench_inference(rest[1:])
     from .bench import main as bench
     return bench(rest)
 
@@ -100,6 +116,12 @@ def _run(args) -> int:
     if args.command == "data":
         import importlib
         return importlib.import_module(CONVERTERS[args.converter][0]).main(args.rest)
+    if args.command == "export-onnx":
+        from .onnx_converter.command import run
+        return run(args)
+    if args.command == "predict":
+        from .inference.predict import run
+        return run(args)
     if args.command == "device":
         from . import device
         device.kind()

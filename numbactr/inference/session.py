@@ -270,9 +270,11 @@ class InferenceSession:
     def _batches(self, num_batches: int, source: str, data_reader_type, check_type, slot_size_array=(),
                  num_samples: int = 0, data_source_params=None, reading_file_sequentially: bool = False):
         """num_batches full batches of max_batchsize samples from the start of source (the reader repeats the
-        data, as HugeCTR's inference reader does); yields (batch, predictions (B, P))."""
+        data, as HugeCTR's inference reader does), or with num_batches None every sample once (the last
+        batch may be partial); yields (batch, predictions (B, P) of its valid rows)."""
         from ..data import make_reader
-        if not isinstance(num_batches, (int, np.integer)) or num_batches < 0:
+        once = num_batches is None
+        if not once and (not isinstance(num_batches, (int, np.integer)) or num_batches < 0):
             raise ValueError(f"predict: num_batches must be an int >= 0, got {num_batches!r}")
         g = self.graph
         if data_source_params is not None:
@@ -285,15 +287,19 @@ class InferenceSession:
         inp = g.input
         reader = make_reader(params, source, self.params.max_batchsize, inp.label_dim, inp.dense_dim,
                              [sp.slot_num for sp in inp.sparse], [sp.nnz_per_slot for sp in inp.sparse],
-                             self.params.i64_input_key, repeat=True)
+                             self.params.i64_input_key, repeat=not once)
         batches = iter(reader)
         try:
-            with log.progress(total=int(num_batches), desc="inference", unit="batch") as bar:
-                for _ in range(int(num_batches)):
-                    batch = next(batches)
+            with log.progress(total=None if once else int(num_batches), desc="inference", unit="batch") as bar:
+                done = 0
+                while once or done < num_batches:
+                    batch = next(batches, None)
+                    if batch is None or batch.size == 0:
+                        break
                     sparse = [batch.sparse[g.sparse_inputs[e.bottom_name]] for e in g.embeddings]
                     sparse = [(check_keys(k, self.params.i64_input_key, f"{source}: keys"), o) for k, o in sparse]
-                    yield batch, self._run(batch.dense, sparse, batch.batch_size)
+                    yield batch, self._run(batch.dense, sparse, batch.batch_size)[:batch.size]
+                    done += 1
                     bar.update(1)
         finally:
             reader.close()
@@ -309,6 +315,23 @@ class InferenceSession:
         if not preds:
             return np.zeros((0, self._width()), np.float32), np.zeros((0, self.graph.input.label_dim), np.float32)
         return np.concatenate(preds), np.concatenate(labels)
+
+    def predict_source(self, source: str, data_reader_type, check_type, slot_size_array=()) -> np.ndarray:
+        """numbactr extra (``numbactr predict``): (n, P) predictions of every sample of source, once each, in
+        file order."""
+        return self._predict_files(None, source, data_reader_type, check_type, slot_size_array)[0]
+
+    def prediction_names(self) -> list:
+        """A name per prediction column: ``prediction`` for one, else ``<label>`` or ``<label>_<k>`` per loss
+        layer (its label tensor's name)."""
+        if self._width() == 1:
+            return ["prediction"]
+        names = []
+        for layer in self.graph.losses:
+            label = layer.cfg.bottom_names[1]
+            k = 2 if layer.type_name == "CrossEntropyLoss" else self.graph.shapes[layer.cfg.bottom_names[0]][-1]
+            names += [label] if k == 1 else [f"{label}_{i}" for i in range(k)]
+        return names
 
     def _width(self) -> int:
         """P: predictions per sample."""
