@@ -401,11 +401,15 @@ def norm_layers(model) -> list:
     return [layer for layer in model.layers if hasattr(layer, "ntp_entry")]
 
 
-def load_dense_weights(model, path: str, allow_missing_ntp: bool = False) -> None:
-    """The flat weight vector and the BatchNorm running statistics (``path + ".ntp.json"``)."""
+def load_dense_weights(model, path: str, allow_missing_ntp: bool = False, ntp_path: str | None = None) -> None:
+    """The flat weight vector and the BatchNorm running statistics (``ntp_path``, by default
+    ``path + ".ntp.json"``, where save() writes them; another path is verified against its own snapshot)."""
     snap = _Snapshot.of(path)
     weights = _array(snap.read(path, "dense model"), "<f4", path, "dense model", model.n_params)
-    stats = _read_ntp(model, path + ".ntp.json", snap, allow_missing_ntp)
+    if ntp_path is None:
+        stats = _read_ntp(model, path + ".ntp.json", snap, allow_missing_ntp)
+    else:
+        stats = _read_ntp(model, ntp_path, _Snapshot.of(ntp_path), allow_missing_ntp)
     model.weights[...] = device.xp().asarray(weights)      # everything checked: assign
     for b, (mean, var) in zip(norm_layers(model), stats):
         b.load_ntp_entry({"mean": mean, "var": var})
