@@ -12,6 +12,7 @@ Implementations, each the same PyTorch model with a different embedding:
                               a sparse gradient is not averaged over ranks)
   numbactr.sok                sok.All2AllDenseEmbedding(8192, 4, 100, 10) (keyed, SOK's default), trained by
                               sok.OptimizerWrapper(torch.optim.Adam) (the engine's fused Adam on the rows in use)
+  numbactr.sok no hash        the same with use_hashtable=False (keys are rows: no hash-table work)
 Ranks: 1, and ``mpiexec -n 2`` launched by the benchmark (the global batch split over the ranks; the dense
 gradients averaged with numbactr.sok.average_gradients; SOK's table model-parallel, the native table
 replicated). Figures: the median over ``reps`` of the whole training step (forward, backward, allreduce,
@@ -37,7 +38,7 @@ from .. import device
 SEED_SHAPE = dict(slots=100, nnz=10, vocab=8192, dim=4, layers=6, width=1024)
 COLUMNS = ["impl", "ranks", "threads/rank", "global batch", "step ms", "samples/s", "x native step",
            "embedding ms", "x native embedding"]
-IMPLS = ("torch nn.Embedding", "torch nn.Embedding sparse", "numbactr.sok")
+IMPLS = ("torch nn.Embedding", "torch nn.Embedding sparse", "numbactr.sok", "numbactr.sok no hash")
 
 
 def _model(torch, impl: str, shape: dict):
@@ -45,15 +46,15 @@ def _model(torch, impl: str, shape: dict):
     import numbactr.sok as sok
     nn = torch.nn
     slots, nnz, dim, width = shape["slots"], shape["nnz"], shape["dim"], shape["width"]
-    if impl == "numbactr.sok":
-        emb = sok.All2AllDenseEmbedding(shape["vocab"], dim, slots, nnz)
+    if impl.startswith("numbactr.sok"):
+        emb = sok.All2AllDenseEmbedding(shape["vocab"], dim, slots, nnz, use_hashtable=not impl.endswith("no hash"))
     else:
         emb = nn.Embedding(shape["vocab"], dim, sparse=impl.endswith("sparse"))
     layers = []
     for i in range(shape["layers"]):
         layers += [nn.Linear(slots * nnz * dim if i == 0 else width, width), nn.ReLU()]
     model = nn.ModuleDict(dict(emb=emb, mlp=nn.Sequential(*layers, nn.Linear(width, 1))))
-    if impl == "numbactr.sok":
+    if impl.startswith("numbactr.sok"):
         opts = [sok.OptimizerWrapper(torch.optim.Adam(model.parameters(), lr=1e-3))]
         emb_opt = sok.OptimizerWrapper(torch.optim.Adam(emb.parameters(), lr=1e-3))
     elif impl.endswith("sparse"):
