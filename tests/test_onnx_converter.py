@@ -236,11 +236,13 @@ def zoo_batch(rng, keys, rows=ZOO_ROWS):
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["numbactr", "hugectr_exact"])
-def test_every_other_layer_type_predicts_the_same(tmp_path, cpu, exact):
+def test_every_other_layer_type_predicts_the_same(tmp_path, cpu, capfd, exact):
     compat.set_hugectr_exact(exact)
     try:
         m, keys = zoo_model(str(tmp_path))
+        capfd.readouterr()
         predictor = convert(m, str(tmp_path))
+        assert "onnxruntime" not in capfd.readouterr().err
         rng = np.random.default_rng(2)
         for _ in range(3):
             assert_same(m, predictor, zoo_batch(rng, keys))
@@ -413,3 +415,19 @@ def test_mismatched_shapes_are_clear_errors(tmp_path, cpu):
         predictor.predict(batch.dense, [np.zeros((32, 4, 3), np.int64)])
     with pytest.raises(ValueError, match="expected 1 sparse inputs"):
         predictor.predict(batch.dense, [])
+
+
+@pytest.mark.parametrize("name", ["dcn", "dlrm"])
+def test_kernel_forward_on_sim_predicts_the_same(tmp_path, on_device, name):
+    """numbactr's numba.cuda kernels (in the simulator) on the reloaded files == the exported model."""
+    if not device._numba_simulated():
+        pytest.skip("needs the simulator")
+    on_device("cpu")
+    m = trained(name, str(tmp_path))
+    graph, dense, sparse = save(m, str(tmp_path))
+    predictor = convert(m, str(tmp_path))
+    rng = np.random.default_rng(6)
+    batch = ragged_batch(m, rng, 5)
+    on_device("sim")
+    reloaded = export.load_trained_model(graph, dense, sparse)
+    assert_same(reloaded, predictor, batch)

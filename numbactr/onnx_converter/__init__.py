@@ -22,9 +22,14 @@ The ONNX model (opset 17; ai.onnx.ml 2 for tables whose keys need a hash map):
            convert_embedding=False, per embedding ``<embedding name>`` float (batch, slots, width) instead.
   outputs  one per loss layer, named after its label: (batch, 1) for BinaryCrossEntropyLoss, (batch, 2)
            for CrossEntropyLoss, (batch, T) for MultiCrossEntropyLoss, in the Data layer's label order.
+  metadata numbactr.dense, numbactr.sparse ([name, slots, max nnz] per input), numbactr.tables (the
+           embeddings' inputs in graph order), numbactr.outputs, numbactr.embedding_inputs: what
+           numbactr.onnx_converter.runtime reads to feed the model.
 A key the table does not hold gives a zero vector that still counts in a mean (numbactr's evaluation
-and HugeCTR's default_value_for_each_table = 0). Predictions equal numbactr's eval forward within 1e-5
-(tests/test_onnx_converter.py, every layer type numbactr has).
+and HugeCTR's default_value_for_each_table = 0); a one-hot key outside its table, an error in numbactr,
+reads a zero vector too. Predictions equal numbactr's eval forward within 1e-5 (tests/test_onnx_converter.py,
+every layer type numbactr has). Under numbactr.compat.hugectr_exact() the export follows the exact
+forward (GRU's seq-major layout and h0 = 0); onnxruntime's Softmax always subtracts the row max.
 
 onnxruntime (numbactr.onnx_converter.runtime): ``onnxruntime_predictor(graph_config, dense_model,
 sparse_models, threads=...)`` builds a session from a trained model's files; its ``predict(dense, sparse)``
