@@ -13,6 +13,7 @@ from .config import (CreateOptimizer, CreateSolver, DataReaderParams, DataReader
                      IgnoredArgumentWarning, Input, OptParamsPy, Solver, SparseEmbedding)
 from .enums import *  # noqa: F401,F403  (the enum classes)
 from .model import Model, ModelError
+from .embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
 from .optim import LearningRateScheduler
 from . import tools  # noqa: F401  (hugectr.tools.DataGenerator)
 from . import inference  # noqa: F401,E402  (hugectr.inference.InferenceParams, ...)
@@ -22,5 +23,5 @@ globals().update(_enums.exported_members())    # pybind export_values(): hugectr
 __version__ = "0.1.0"
 
 __all__ = ["CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
-           "IgnoredArgumentWarning", "Input", "LearningRateScheduler", "Model", "ModelError", "OptParamsPy", "Solver",
+           "IgnoredArgumentWarning", "Input", "LearningRateScheduler", "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "CommunicationStrategy", "OptParamsPy", "Solver",
            "SparseEmbedding", "tools"]

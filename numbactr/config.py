@@ -95,7 +95,6 @@ _SOLVER_IGNORED = {
     "train_inter_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option (the results are the same)"),
     "eval_intra_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option (the results are the same)"),
     "eval_inter_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option (the results are the same)"),
-    "use_embedding_collection": ((False,), "numbactr has no EmbeddingCollection yet"),
     "all_reduce_algo": ((None, "NCCL"), "numbactr's ranks reduce through MPI (distributed/comm.py)"),
     "grouped_all_reduce": ((False,), "numbactr reduces the dense gradients in one call anyway"),
     "device_layout": ((None, "LocalFirst"), "deprecated in HugeCTR; numbactr has one device per process"),

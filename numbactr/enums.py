@@ -43,6 +43,9 @@ AllReduceAlgo = _make("AllReduceAlgo", "OneShot NCCL")
 Distribution_t = _make("Distribution_t", "Uniform PowerLaw")
 PowerLaw_t = _make("PowerLaw_t", "Long Medium Short Specific")
 Tensor_t = _make("Tensor_t", "Train Evaluate")
+#: EmbeddingCollectionConfig's comm_strategy. Not in ALL: exporting its members at module level would make
+#: hugectr.Uniform this enum's instead of Distribution_t's (the DataGenerator's)
+CommunicationStrategy = _make("CommunicationStrategy", "Uniform Hierarchical")
 
 #: every enum, in pybind registration order (later names win on module-level collisions, as in HugeCTR)
 ALL = [Check_t, DataReaderType_t, DataReaderSparse_t, SourceType_t, FileSystemType_t, Embedding_t,
@@ -58,4 +61,4 @@ def exported_members() -> dict:
             out[m.name] = m
     return out
 
-__all__ = [e.__name__ for e in ALL]
+__all__ = [e.__name__ for e in ALL] + ["CommunicationStrategy"]

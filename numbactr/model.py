@@ -15,6 +15,7 @@ from . import checkpoint, compat, device, graph_json, log
 from .autograd import Tape, Tensor
 from .distributed.comm import world
 from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding, warn_ignored
+from .embedding import collection as ebc
 from .embedding.sparse_embedding import HashEmbedding, make_embedding
 from .enums import Embedding_t, MetricsType, Tensor_t
 from .layers import LayerError, RunInfo, build
@@ -51,6 +52,7 @@ class Model:
         self.rng = np.random.default_rng(solver.seed)
         self.input: Input | None = None
         self.embeddings: list[HashEmbedding] = []
+        self.collections: list[ebc.EmbeddingCollection] = []     # added EmbeddingCollectionConfigs
         self.layers: list = []                         # built Layer objects, add order
         self.shapes: dict[str, tuple] = {}             # tensor name -> full shape (B first)
         self.sparse_inputs: dict[str, int] = {}        # sparse input name -> index in the batch
@@ -77,6 +79,8 @@ class Model:
             raise ModelError(f"Model.add({type(item).__name__}): add the Input first")
         if isinstance(item, SparseEmbedding):
             return self._add_embedding(item)
+        if isinstance(item, ebc.EmbeddingCollectionConfig):
+            return self._add_collection(item)
         if isinstance(item, DenseLayer):
             return self._add_dense(item)
         raise ModelError(f"Model.add: cannot add a {type(item).__name__}; expected Input, SparseEmbedding "
@@ -120,6 +124,27 @@ class Model:
         self._new_tensor(cfg.sparse_embedding_name, emb.output_shape(self.batch), who)
         self.embeddings.append(emb)
 
+    def _add_collection(self, cfg) -> None:
+        """An EmbeddingCollectionConfig: its tables on this job's ranks, its lookups' tops."""
+        who = f"EmbeddingCollection{len(self.collections)}"
+        if not self.solver.use_embedding_collection:
+            raise ModelError(f"Model.add({who}): needs CreateSolver(use_embedding_collection=True), as in HugeCTR")
+        if self.layers:
+            raise ModelError(f"{who}: embeddings must be added before dense layers")
+        taken = {t.name for c in self.collections for t in c.tables}
+        dup = sorted(taken & {t.name for t in cfg.tables})
+        if dup:
+            raise ModelError(f"{who}: table name(s) {dup} are already in another EmbeddingCollection")
+        params = {p.top_name: p for p in self.input.sparse}
+        try:
+            coll = ebc.EmbeddingCollection(cfg, len(self.collections), params, self.opt_params, self.solver.seed,
+                                           self.comm)
+        except ebc.CollectionError as e:
+            raise ModelError(str(e)) from None
+        for name, shape in coll.tops(self.batch):
+            self._new_tensor(name, shape, who)
+        self.collections.append(coll)
+
     def _add_dense(self, cfg: DenseLayer) -> None:
         who = f"DenseLayer {cfg.layer_type.name} (top {cfg.top_names})"
         for b in cfg.bottom_names:
@@ -143,7 +168,7 @@ class Model:
             raise ModelError("Model.compile: already compiled")
         if self.input is None:
             raise ModelError("Model.compile: the model has no Input")
-        if len(self.layers) + len(self.embeddings) < 2:
+        if len(self.layers) + len(self.embeddings) + len(self.collections) < 2:
             raise ModelError("Model.compile: a model needs at least two layers")
         losses = [layer for layer in self.layers if layer.is_loss]
         if not losses:
@@ -194,6 +219,7 @@ class Model:
         self.dense_optimizer = DenseOptimizer(self.opt_params, self.n_params)
         used = {b for layer in self.layers for b in layer.cfg.bottom_names}
         used |= {e.cfg.bottom_name for e in self.embeddings}
+        used |= {b for c in self.collections for b in c.bottoms}
         loss_tops = {layer.cfg.top_names[0] for layer, _ in self.losses}
         self.unused_tensors = [t for t in self.shapes if t not in used and t not in loss_tops]
         self.compiled = True
@@ -285,6 +311,8 @@ class Model:
         for emb in self.embeddings:
             keys, offsets = batch.sparse[self.sparse_inputs[emb.cfg.bottom_name]]
             t[emb.name] = emb.forward(tape, keys, offsets, rows, training)
+        for c in self.collections:
+            t.update(c.forward(tape, {b: batch.sparse[self.sparse_inputs[b]] for b in c.bottoms}, training))
         run = RunInfo(training=training, valid=batch.size, ranks=self.ranks, scaler=self.solver.scaler,
                       seed=self.solver.seed, step=self.step)
         for layer in self.layers:
@@ -379,6 +407,8 @@ class Model:
         self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
         for emb in self.embeddings:
             emb.update(self.lr, self.solver.scaler)
+        for c in self.collections:
+            c.update(self.lr, self.solver.scaler)
         self.step += 1
         return True
 
@@ -659,6 +689,10 @@ class Model:
         """Write HugeCTR's graph JSON (spec §7.4), auto-Slice layers included."""
         if self.input is None:
             raise ModelError("Model.graph_to_json: the model is empty")
+        if self.collections:
+            raise NotImplementedError("Model.graph_to_json: a model with an EmbeddingCollection has no graph JSON "
+                                      "(HugeCTR's writer has no entry for it either); save it with "
+                                      "save_params_to_files and embedding_dump")
         graph_json.write(self, graph_config_file)
 
     def construct_from_json(self, graph_config_file: str, include_dense_network: bool) -> None:
@@ -672,6 +706,19 @@ class Model:
         rank calls it and returns once all files exist."""
         self._require_compiled("save_params_to_files")
         checkpoint.save(self, prefix, iter)
+        if self.collections:        # the tables: their own atomic dump beside the dense files
+            self.embedding_dump(f"{prefix}_embedding_collection_{iter}")
+
+    def embedding_dump(self, path: str, table_names=()) -> None:
+        """HugeCTR's EmbeddingCollection dump: every named table ([] = all) into folder ``path``
+        (numbactr.embedding.collection: layout, atomic commit). Every rank calls it."""
+        self._require_compiled("embedding_dump")
+        ebc.dump(self.collections, self.comm, path, table_names)
+
+    def embedding_load(self, path: str, table_names=()) -> None:
+        """Load the named tables ([] = all) from an embedding_dump folder; checked before anything changes."""
+        self._require_compiled("embedding_load")
+        ebc.load(self.collections, path, table_names)
 
     def load_dense_weights(self, dense_model_file: str, allow_missing_ntp: bool = False) -> None:
         """Dense weights and, with BatchNorm layers, their running statistics from

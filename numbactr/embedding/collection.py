@@ -1,0 +1,697 @@
+"""HugeCTR's EmbeddingCollection (spec §5.5) on the table-batched engine, one rank or sharded.
+
+The configuration objects keep HugeCTR's names and arguments (HugeCTR v23.08/v23.12
+``embedding_collection_wrapper.hpp`` and ``embeddings/embedding_collection.hpp``):
+
+    EmbeddingTableConfig(name, max_vocabulary_size, ev_size, opt_params_or_empty=None, init_param_or_empty=None)
+    EmbeddingCollectionConfig(use_exclusive_keys=False, comm_strategy=CommunicationStrategy.Uniform)
+        .embedding_lookup(table_config, bottom_name, top_name, combiner)          one lookup, one top
+        .embedding_lookup([table_config], [bottom_name], top_name, [combiner])    HugeCTR's batch-major form
+        .shard(shard_matrix, shard_strategy)
+    model.add(ebc_config)
+
+Lookups. A lookup reads one sparse input (slot_num 1, up to nnz_per_slot = H keys per sample) through one
+table of width D. Its top is (B, 1, D) for "sum" and "average" (numbactr also takes "mean"), and
+(B, 1, H*D) for "concat": the sample's vectors in key order, zero where it has fewer than H keys. The
+batch-major form (a list of lookups, one top name) gives one (B, sum of the lookups' widths) top, the
+lookups side by side. Several lookups may read one table; their gradients meet in ONE update per step.
+
+Tables. Static (max_vocabulary_size = V > 0): row = key, keys must lie in [0, V) (a clear error names the
+key, the lookup and the table otherwise); rows start U(-sqrt(1/V), sqrt(1/V)) as HugeCTR's static tables
+(Initializer_t.Default), drawn from a hash of (seed, table name, row), so every device and every sharding
+starts from the same rows. Dynamic (max_vocabulary_size = -1): a hash table (numbactr.embedding.hash_table)
+that grows: training inserts new keys in order of first occurrence, each starting U(-0.05, 0.05) from a hash
+of (seed, key) (numbactr's choice, as its hash SparseEmbedding; HugeCTR's dynamic table draws its own);
+when the rows run out the table is rebuilt twice as large with every row and optimizer state kept.
+Evaluation never inserts: an unseen key adds a zero vector (and counts in an average's length).
+Each table trains with its own optimizer (opt_params_or_empty) or the model's.
+
+On the engine. Per table ONE TableBatchedEmbedding whose F features are the lookups reading the table, in
+HugeCTR's sample-major CSR (bag b*F + f). The forward looks every occurrence up with pooling NONE; each
+lookup then pools its occurrences (sum/average by a second engine with optimizer NONE that holds the
+vectors as its rows, the engine's own pooling arithmetic; concat by placing them), and the backward turns
+each lookup's dLoss/dtop back into one gradient per occurrence, so that the table's engine applies the
+fused backward + optimizer once, with every lookup's gradients summed row by row in occurrence order.
+
+Ranks (mpiexec). ``shard(shard_matrix, shard_strategy)``: shard_matrix[r] names the tables rank r holds;
+shard_strategy [("mp" | "dp", [table names]), ...] says how. "mp" (model parallel): the table's keys are
+split over the ranks holding it, key % n -> the (key % n)-th of them (one rank: it holds every key), and the
+lookups go through numbactr.embedding.sharded.ShardedTable (keys to their owners, vectors back, gradients to
+the owners in the global batch's order). "dp" (data parallel): every rank holds the whole table (HugeCTR
+requires it on every rank); the ranks' keys are gathered, each rank looks up and updates the global batch
+(the effect of HugeCTR's allreduced gradients: every replica takes the same update). Either way R ranks give
+one rank's outputs, losses and rows (tests/test_embedding_collection_mpi.py). On one rank shard() may be
+left out (every table on rank 0).
+
+Files. ``embedding_dump(path, table_names)`` writes, per table, ``path/<table name>/key`` (int64, ascending
+keys) and ``path/<table name>/emb_vector`` (float32, D per key) through numbactr.checkpoint's atomic commit
+(staged, fsync'd, manifest ``path/embedding_collection_0.manifest.json`` with each file's size and sha256);
+``embedding_load`` checks every file before it changes any table. HugeCTR's own binary layout for these
+files is not reproduced (numbactr's sparse-folder layout instead); optimizer states are not dumped.
+"""
+from __future__ import annotations
+
+import math
+import os
+import zlib
+
+import numpy as np
+
+from .. import device
+from ..autograd import Context, Function, Tensor
+from ..data.errors import DataFormatError
+from ..enums import CommunicationStrategy
+from ..kernels import embedding_init as EI
+from ..optim import sparse_optimizer_spec
+from .engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec)
+from .hash_table import HashTableFullError
+from .sharded import ShardedTable
+
+__all__ = ["EmbeddingTableConfig", "EmbeddingCollectionConfig", "EmbeddingCollection", "CollectionError"]
+
+COMBINERS = {"sum": Pooling.SUM, "average": Pooling.MEAN, "mean": Pooling.MEAN, "concat": Pooling.NONE}
+DYNAMIC_INIT = (-0.05, 0.05)
+DYNAMIC_START_ROWS = 1024          # first size of a dynamic table (doubled whenever it fills)
+MAX_EV = 1024                      # HugeCTR's largest embedding vector
+
+
+class CollectionError(ValueError):
+    """A wrong EmbeddingCollection configuration or input; the message names the table/lookup."""
+
+
+def _name_ok(name) -> bool:
+    """Table names become folder names in embedding_dump."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+class EmbeddingTableConfig:
+    """``hugectr.EmbeddingTableConfig``: one table of ``ev_size``-wide rows; max_vocabulary_size -1 is a
+    dynamic (growing hash) table, V > 0 a static one of V rows indexed by key."""
+
+    def __init__(self, name, max_vocabulary_size, ev_size, opt_params_or_empty=None, init_param_or_empty=None):
+        from ..config import OptParamsPy
+        if not _name_ok(name):
+            raise CollectionError(f"EmbeddingTableConfig: name must be a non-empty string without '/' or '\\' "
+                                  f"(it names the table's folder in embedding_dump), got {name!r}")
+        who = f"EmbeddingTableConfig {name!r}"
+        if isinstance(max_vocabulary_size, bool) or not isinstance(max_vocabulary_size, (int, np.integer)) \
+                or not (max_vocabulary_size == -1 or max_vocabulary_size > 0):
+            raise CollectionError(f"{who}: max_vocabulary_size must be -1 (dynamic table) or a positive row "
+                                  f"count, got {max_vocabulary_size!r}")
+        if isinstance(ev_size, bool) or not isinstance(ev_size, (int, np.integer)) or not 1 <= ev_size <= MAX_EV:
+            raise CollectionError(f"{who}: ev_size must be an integer in 1..{MAX_EV}, got {ev_size!r}")
+        if opt_params_or_empty is not None and (not isinstance(opt_params_or_empty, OptParamsPy)
+                                                or not opt_params_or_empty.initialized):
+            raise CollectionError(f"{who}: opt_params_or_empty must come from CreateOptimizer() or be None (the "
+                                  f"model's optimizer), got {opt_params_or_empty!r}")
+        if init_param_or_empty is not None:
+            raise NotImplementedError(f"{who}: init_param_or_empty is not supported by numbactr (HugeCTR's "
+                                      "Python API has no way to build one either); leave it None")
+        self.name = name
+        self.max_vocabulary_size = int(max_vocabulary_size)
+        self.ev_size = int(ev_size)
+        self.opt_params_or_empty = opt_params_or_empty
+        self.init_param_or_empty = None
+
+    @property
+    def dynamic(self) -> bool:
+        return self.max_vocabulary_size == -1
+
+    def _same(self, other: "EmbeddingTableConfig") -> bool:
+        return (self.max_vocabulary_size, self.ev_size, self.opt_params_or_empty) == \
+            (other.max_vocabulary_size, other.ev_size, other.opt_params_or_empty)
+
+    def __repr__(self):
+        return (f"EmbeddingTableConfig(name={self.name!r}, max_vocabulary_size={self.max_vocabulary_size}, "
+                f"ev_size={self.ev_size})")
+
+
+class EmbeddingCollectionConfig:
+    """``hugectr.EmbeddingCollectionConfig``: lookups, tables (in order of first use) and the sharding.
+    use_exclusive_keys and comm_strategy choose HugeCTR's GPU sort and communication algorithms; they do
+    not change the math, and numbactr accepts them without acting on them."""
+
+    def __init__(self, use_exclusive_keys: bool = False, comm_strategy=CommunicationStrategy.Uniform):
+        if not isinstance(comm_strategy, CommunicationStrategy):
+            raise CollectionError(f"EmbeddingCollectionConfig: comm_strategy must be a CommunicationStrategy "
+                                  f"(Uniform or Hierarchical), got {comm_strategy!r}")
+        self.use_exclusive_keys = bool(use_exclusive_keys)
+        self.comm_strategy = comm_strategy
+        self.tables: list[EmbeddingTableConfig] = []
+        self.lookups: list[tuple[str, str, str, str]] = []     # (table name, bottom, top, combiner)
+        self.batch_major_top: str | None = None
+        self.shard_matrix: list[list[str]] | None = None
+        self.shard_strategy: list[tuple[str, list[str]]] | None = None
+
+    def embedding_lookup(self, table_config, bottom_name, top_name, combiner) -> None:
+        if isinstance(table_config, (list, tuple)):
+            return self._batch_major(table_config, bottom_name, top_name, combiner)
+        if not isinstance(table_config, EmbeddingTableConfig):
+            raise CollectionError(f"embedding_lookup: table_config must be an EmbeddingTableConfig (or a list of "
+                                  f"them), got {type(table_config).__name__}")
+        for what, v in (("bottom_name", bottom_name), ("top_name", top_name)):
+            if not isinstance(v, str) or not v:
+                raise CollectionError(f"embedding_lookup (table {table_config.name!r}): {what} must be a "
+                                      f"non-empty string, got {v!r}")
+        if combiner not in COMBINERS:
+            raise CollectionError(f"embedding_lookup {top_name!r} (table {table_config.name!r}): combiner "
+                                  f"{combiner!r} is not supported; use 'sum', 'average' (or 'mean') or 'concat'")
+        if any(top_name == t for _, _, t, _ in self.lookups):
+            raise CollectionError(f"embedding_lookup: top_name {top_name!r} is already a lookup's top")
+        known = [t for t in self.tables if t.name == table_config.name]
+        if known and not known[0]._same(table_config):
+            raise CollectionError(f"embedding_lookup {top_name!r}: two different tables are named "
+                                  f"{table_config.name!r} ({known[0]} and {table_config})")
+        if not known:
+            self.tables.append(table_config)
+        self.lookups.append((table_config.name, bottom_name, top_name, combiner))
+
+    def _batch_major(self, tables, bottoms, top_name, combiners) -> None:
+        """HugeCTR's list form: lookup i is named top_name + str(i) inside; only top_name is a tensor."""
+        if self.lookups:
+            raise CollectionError("embedding_lookup with lists (one batch-major top) must be the collection's "
+                                  "only embedding_lookup call (HugeCTR: 'empty lookup params required')")
+        if not isinstance(bottoms, (list, tuple)) or not isinstance(combiners, (list, tuple)) \
+                or not len(tables) == len(bottoms) == len(combiners) or not tables:
+            raise CollectionError(f"embedding_lookup {top_name!r}: the list form needs equally long non-empty "
+                                  f"lists of tables, bottom names and combiners, got {len(tables)}, "
+                                  f"{len(bottoms) if isinstance(bottoms, (list, tuple)) else bottoms!r} and "
+                                  f"{len(combiners) if isinstance(combiners, (list, tuple)) else combiners!r}")
+        if not isinstance(top_name, str) or not top_name:
+            raise CollectionError(f"embedding_lookup: top_name must be a non-empty string, got {top_name!r}")
+        for i, (t, b, c) in enumerate(zip(tables, bottoms, combiners)):
+            self.embedding_lookup(t, b, f"{top_name}{i}", c)
+        self.batch_major_top = top_name
+
+    def shard(self, shard_matrix, shard_strategy) -> None:
+        """shard_matrix: one list of table names per rank (GPU); shard_strategy: [("mp"|"dp", [names])]."""
+        try:
+            matrix = [[str(n) for n in row] for row in shard_matrix]
+            strategy = [(str(s), [str(n) for n in names]) for s, names in shard_strategy]
+        except (TypeError, ValueError):
+            raise CollectionError(f"shard: shard_matrix must be a list of lists of table names and shard_strategy "
+                                  f"a list of (\"mp\"|\"dp\", [table names]) pairs, got {shard_matrix!r} and "
+                                  f"{shard_strategy!r}") from None
+        self.shard_matrix, self.shard_strategy = matrix, strategy
+
+
+# ---- the runtime -------------------------------------------------------------------------------
+class _CollectionFn(Function):
+    """The collection's lookups on the tape: forward returns every top; backward hands their dLoss/dtop to
+    the collection, whose update() applies them (no dense gradient)."""
+
+    @staticmethod
+    def forward(ctx: Context, anchor, coll=None, inputs=None, training=True):
+        ctx.coll = coll
+        return tuple(coll.lookup(inputs, training))
+
+    @staticmethod
+    def backward(ctx: Context, *dys):
+        ctx.coll.hold_gradients(dys)
+        return None
+
+
+class _Pooler:
+    """Sum/average of occurrence vectors (n, D) in CSR bags (B + 1,), by an engine holding them as its rows
+    (optimizer NONE: its backward returns one gradient per occurrence): the engine's pooling arithmetic."""
+
+    def __init__(self, dim: int, pooling: Pooling):
+        self.dim, self.pooling, self.engine = dim, pooling, None
+
+    def forward(self, vectors, offsets):
+        n = vectors.shape[0]
+        if self.engine is None or self.engine.rows[0] < n:
+            self.engine = TableBatchedEmbedding([(max(n, 1) * 3 // 2 + 1, self.dim)], [0], pooling=self.pooling,
+                                                optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.FATAL)
+        self.engine.split_weights()[0][:n] = vectors
+        out, ctx = self.engine.forward(device.xp().arange(n, dtype=np.int64), offsets, training=False)
+        return out, (self.engine, ctx)
+
+    def backward(self, saved, dy):
+        """(n, D) gradient of each occurrence of the forward that returned ``saved``."""
+        engine, ctx = saved
+        if ctx.rows.shape[0] == 0:
+            return device.xp().zeros((0, self.dim), np.float32)
+        return engine.backward(ctx, dy).sparse.values[:, :self.dim]
+
+
+def _seed(seed: int, name: str) -> int:
+    """A per-table seed: equal-sized tables must not start equal."""
+    return zlib.crc32(f"{int(seed)}:{name}".encode())
+
+
+class _Table:
+    """One table at run time: its engine (features = the lookups reading it), placement and wires."""
+
+    def __init__(self, cfg: EmbeddingTableConfig, lookups: list, opt, seed: int, comm, strategy: str,
+                 ranks: list[int]):
+        self.cfg, self.name, self.dim = cfg, cfg.name, cfg.ev_size
+        self.lookups = lookups                              # indices into the collection's lookups
+        self.comm, self.strategy, self.ranks = comm, strategy, ranks
+        self.seed = _seed(seed, cfg.name)
+        where = f"EmbeddingTableConfig {cfg.name!r}"
+        if opt.optimizer_type.name == "Ftrl":
+            raise NotImplementedError(f"{where}: Optimizer_t.Ftrl is not available for numbactr's embedding "
+                                      "tables (its engine has no Ftrl update); give the table another optimizer "
+                                      "(opt_params_or_empty), e.g. SGD as HugeCTR's samples/ftrl does by default")
+        self.opt_spec = sparse_optimizer_spec(opt, where)
+        self.engine = self._new_engine(DYNAMIC_START_ROWS if cfg.dynamic else cfg.max_vocabulary_size)
+        if not cfg.dynamic:
+            a = math.sqrt(1.0 / cfg.max_vocabulary_size)
+            self.engine.init_uniform(-a, a, self.seed)
+        self.frozen = False
+        sharded = comm.size > 1 and strategy == "mp"
+        self.wires = ShardedTable(comm, self.dim, len(lookups), Pooling.NONE, self._owner_lookup,
+                                  key_dtype=np.uint64 if cfg.dynamic else np.int64,
+                                  layout=Layout.SAMPLE_MAJOR) if sharded else None
+
+    def _new_engine(self, rows: int) -> TableBatchedEmbedding:
+        spec = TableSpec(rows, self.dim, keyed=self.cfg.dynamic, init_range=DYNAMIC_INIT)
+        return TableBatchedEmbedding([spec], [0] * len(self.lookups), pooling=Pooling.NONE,
+                                     layout=Layout.SAMPLE_MAJOR, optimizer=self.opt_spec,
+                                     bounds_check=BoundsCheck.FATAL, seed=self.seed)
+
+    @property
+    def holds(self) -> bool:
+        return self.comm.rank in self.ranks
+
+    @property
+    def weight(self):
+        """(V, D) this rank's rows (a view into the engine)."""
+        return self.engine.split_weights()[0]
+
+    # ---- lookups ---------------------------------------------------------------------------------
+    def lookup_occurrences(self, keys, offsets, training: bool):
+        """(vectors (N, D), what backward needs) of this rank's occurrences keys (N,) in bags ``offsets``
+        (F*B + 1,), sample-major."""
+        if self.wires is None:
+            return self._engine_lookup(keys, offsets, training)
+        owner = self._owners(keys)
+        return self.wires.lookup(keys, offsets, owner, training, pooling=Pooling.NONE)
+
+    def _owners(self, keys) -> np.ndarray:
+        k = np.asarray(keys).astype(np.uint64)
+        return np.asarray(self.ranks, np.int64)[(k % np.uint64(len(self.ranks))).astype(np.int64)]
+
+    def _owner_lookup(self, keys, offsets, training: bool, payload):
+        return self._engine_lookup(keys, offsets, training)
+
+    def _engine_lookup(self, keys, offsets, training: bool):
+        """The engine's pooling-NONE lookup; a dynamic table that runs out of rows grows and retries."""
+        while True:
+            try:
+                return self.engine.forward(keys, offsets, training=training, pooling=Pooling.NONE)
+            except HashTableFullError as e:
+                self._grow(e.used + e.needed)
+
+    def _grow(self, need: int) -> None:
+        """Rebuild the dynamic table with at least ``need`` rows (doubling): rows, keys, optimizer states and
+        the step counter kept, rows past the old size at their initial state."""
+        old = self.engine
+        rows = int(old.rows[0])
+        while rows < need:
+            rows *= 2
+        new = self._new_engine(rows)
+        n = old.hash_tables[0].size
+        new.hash_tables[0].insert(old.hash_tables[0].keys_by_row())        # unique keys: rows 0..n-1
+        new.split_weights()[0][:n] = old.split_weights()[0][:n]
+        for dst, src in zip(new.split_optimizer_states()[0], old.split_optimizer_states()[0]):
+            dst[:n] = src[:n]
+        new.step = old.step
+        new.set_hyper_parameters(learning_rate=old.learning_rate, scaler=old.optimizer.scaler)
+        self.engine = new
+
+    def apply(self, lookup, grads, lr: float, scaler: float) -> None:
+        """The fused backward + optimizer with the gradients of this rank's occurrences (N, D)."""
+        eng = self.engine
+        lr = 0.0 if self.frozen else float(lr)
+        if self.wires is not None:
+            lookup, grads = self.wires.gradients(lookup, grads)           # every rank takes part
+        if eng.learning_rate != lr or eng.optimizer.scaler != scaler:
+            eng.set_hyper_parameters(learning_rate=lr, scaler=float(scaler))
+        eng.backward(lookup, grads)      # also with no occurrence: the step counts, Global updates run
+
+    # ---- files -----------------------------------------------------------------------------------
+    def local_rows(self):
+        """(keys (n,) int64, vectors (n, D)) this rank contributes to a dump (host copies): the keys it owns."""
+        if not self.holds or (self.strategy == "dp" and self.comm.rank != self.ranks[0]):
+            return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
+        if self.cfg.dynamic:
+            table = self.engine.hash_tables[0]
+            keys = device.to_host(table.keys_by_row()).astype(np.uint64).view(np.int64)
+            return keys, np.array(device.to_host(self.weight[:table.size]))
+        keys = np.arange(self.cfg.max_vocabulary_size, dtype=np.int64)
+        if self.strategy == "mp" and len(self.ranks) > 1:
+            keys = keys[self._owners(keys) == self.comm.rank]
+        return keys, np.array(device.to_host(self.weight))[keys]
+
+    def load_rows(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Write checked (keys (n,) int64, vectors (n, D)) into this rank's rows: the keys this rank holds;
+        other rows keep their values, a dynamic table inserts the keys it lacks (new rows: initial state)."""
+        if not self.holds:
+            return
+        if self.strategy == "mp" and len(self.ranks) > 1:
+            mine = self._owners(keys) == self.comm.rank
+            keys, vectors = keys[mine], vectors[mine]
+        xp = device.xp()
+        if self.cfg.dynamic:
+            table = self.engine.hash_tables[0]
+            k = keys.view(np.uint64)
+            missing = int(np.count_nonzero(device.to_host(table.find(xp.asarray(k))) < 0))
+            if table.size + missing > int(self.engine.rows[0]):
+                self._grow(table.size + missing)
+                table = self.engine.hash_tables[0]
+            rows = table.insert(xp.asarray(k))
+        else:
+            rows = xp.asarray(keys)
+        self.weight[rows] = xp.asarray(vectors.astype(np.float32))
+
+
+class EmbeddingCollection:
+    """An added EmbeddingCollectionConfig: its lookups' tops, tables and step (module docstring).
+
+    Args:
+        cfg: the EmbeddingCollectionConfig.
+        index: this collection's position among the model's collections.
+        sparse_params: {sparse input name: DataReaderSparseParam} of the model's Input.
+        opt: the model's optimizer (for tables without their own).
+        seed: the Solver's seed.
+        comm: the job's Comm.
+    """
+
+    def __init__(self, cfg: EmbeddingCollectionConfig, index: int, sparse_params: dict, opt, seed: int, comm):
+        self.cfg, self.index, self.comm = cfg, index, comm
+        self.name = f"EmbeddingCollection{index}"
+        if not cfg.lookups:
+            raise CollectionError(f"{self.name}: the EmbeddingCollectionConfig has no embedding_lookup")
+        self.lookups = []          # per lookup: dict(table, bottom, top, combiner, hot, width)
+        by_name = {t.name: t for t in cfg.tables}
+        for table, bottom, top, combiner in cfg.lookups:
+            p = sparse_params.get(bottom)
+            if p is None:
+                raise CollectionError(f"{self.name}: lookup {top!r} reads bottom_name {bottom!r}, which is not a "
+                                      f"sparse input; sparse inputs: {sorted(sparse_params)}")
+            if p.slot_num != 1:
+                raise CollectionError(f"{self.name}: lookup {top!r} reads {bottom!r} with slot_num={p.slot_num}; "
+                                      "an EmbeddingCollection lookup reads a sparse input of slot_num=1 (one "
+                                      "DataReaderSparseParam per feature, as HugeCTR requires)")
+            hot = int(p.max_feature_num)
+            dim = by_name[table].ev_size
+            self.lookups.append(dict(table=table, bottom=bottom, top=top, combiner=combiner, hot=hot,
+                                     width=hot * dim if combiner == "concat" else dim, dim=dim))
+        placement = self._placement(by_name)
+        self.tables = []
+        for t in cfg.tables:
+            mine = [i for i, lk in enumerate(self.lookups) if lk["table"] == t.name]
+            strategy, ranks = placement[t.name]
+            table_opt = t.opt_params_or_empty if t.opt_params_or_empty is not None else opt
+            self.tables.append(_Table(t, mine, table_opt, seed, comm, strategy, ranks))
+        self._poolers = {}                  # (dim, pooling) -> _Pooler
+        self._anchor = Tensor(device.xp().zeros(1, np.float32), name=self.name, requires_grad=True)
+        self._saved = None                  # this step's per-table lookups, for update()
+        self._pending = None                # this step's dLoss/dtop, from the tape's backward
+
+    # ---- configuration ---------------------------------------------------------------------------
+    def _placement(self, by_name: dict) -> dict:
+        """{table name: (strategy "mp"|"dp", sorted ranks holding it)} from shard(), checked."""
+        R = self.comm.size
+        cfg, who = self.cfg, f"{self.name} shard()"
+        if cfg.shard_matrix is None:
+            if R > 1:
+                raise CollectionError(f"{self.name}: on {R} ranks the EmbeddingCollectionConfig needs "
+                                      "shard(shard_matrix, shard_strategy) to place its tables")
+            return {n: ("mp", [0]) for n in by_name}
+        if len(cfg.shard_matrix) != R:
+            raise CollectionError(f"{who}: shard_matrix has {len(cfg.shard_matrix)} rows, one per GPU; this job "
+                                  f"has {R} rank(s), one GPU each")
+        strategy = {}
+        for kind, names in cfg.shard_strategy:
+            if kind not in ("mp", "dp"):
+                raise CollectionError(f"{who}: shard_strategy kind {kind!r} is not 'mp' or 'dp'")
+            for n in names:
+                if n not in by_name:
+                    raise CollectionError(f"{who}: shard_strategy names table {n!r}, which no lookup uses; "
+                                          f"tables: {sorted(by_name)}")
+                if n in strategy:
+                    raise CollectionError(f"{who}: table {n!r} appears twice in shard_strategy")
+                strategy[n] = kind
+        missing = sorted(set(by_name) - set(strategy))
+        if missing:
+            raise CollectionError(f"{who}: tables {missing} are in no shard_strategy group ('mp' or 'dp')")
+        ranks = {n: [] for n in by_name}
+        for r, row in enumerate(cfg.shard_matrix):
+            for n in row:
+                if n not in by_name:
+                    raise CollectionError(f"{who}: shard_matrix row {r} names table {n!r}, which no lookup uses; "
+                                          f"tables: {sorted(by_name)}")
+                if r not in ranks[n]:
+                    ranks[n].append(r)
+        out = {}
+        for n in by_name:
+            if not ranks[n]:
+                raise CollectionError(f"{who}: table {n!r} is on no rank (no shard_matrix row names it)")
+            if strategy[n] == "dp" and len(ranks[n]) != R:
+                raise CollectionError(f"{who}: data-parallel table {n!r} must be on every rank; shard_matrix puts "
+                                      f"it on ranks {ranks[n]} of {R}")
+            out[n] = (strategy[n], ranks[n])
+        return out
+
+    def tops(self, batch: int) -> list[tuple[str, tuple]]:
+        """[(top name, shape)] this collection adds to the model, with per-rank batch B."""
+        if self.cfg.batch_major_top is not None:
+            return [(self.cfg.batch_major_top, (batch, sum(lk["width"] for lk in self.lookups)))]
+        return [(lk["top"], (batch, 1, lk["width"])) for lk in self.lookups]
+
+    @property
+    def bottoms(self) -> list[str]:
+        return [lk["bottom"] for lk in self.lookups]
+
+    def table(self, name: str) -> _Table:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    # ---- a step ----------------------------------------------------------------------------------
+    def forward(self, tape, inputs: dict, training: bool) -> dict:
+        """{top name: Tensor} of this rank's batch; inputs: {sparse input name: (keys (N,), offsets (B+1,))}."""
+        if training:
+            self._pending = None
+        outs = _CollectionFn.apply(tape if training else None, self._anchor, coll=self, inputs=inputs,
+                                   training=training, name=self.name)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return {name: o for (name, _), o in zip(self.tops(0), outs)}
+
+    def lookup(self, inputs: dict, training: bool) -> list:
+        """The tops' arrays (see tops()) of this rank's batch."""
+        xp = device.xp()
+        host = {b: (device.to_host(k), device.to_host(o).astype(np.int64)) for b, (k, o) in inputs.items()}
+        batch = next(iter(host.values()))[1].shape[0] - 1
+        rows = (0, batch)
+        if any(t.strategy == "dp" for t in self.tables) and self.comm.size > 1:
+            counts = self.comm.allgather_rows(np.array([batch], np.int64))
+            rows = (int(counts[:self.comm.rank].sum()), int(counts[:self.comm.rank + 1].sum()))
+        per_lookup = [None] * len(self.lookups)
+        saved = []
+        for t in self.tables:
+            gather = t.strategy == "dp" and self.comm.size > 1
+            csrs = [self._csr(host[self.lookups[i]["bottom"]], gather) for i in t.lookups]
+            for i, (keys, _) in zip(t.lookups, csrs):
+                self._check_keys(t, i, keys)
+            keys, offsets, pos = _interleave(csrs)
+            vecs, ctx = t.lookup_occurrences(xp.asarray(keys), xp.asarray(offsets), training)
+            pooled = []
+            for i, (k, o), p in zip(t.lookups, csrs, pos):
+                out, pctx = self._pool(i, vecs[xp.asarray(p)], o)
+                per_lookup[i] = out[rows[0]:rows[1]] if gather else out
+                pooled.append(pctx)
+            saved.append((ctx, pos, pooled, csrs, gather, keys.shape[0]))
+        if training:
+            self._saved = (saved, rows)
+        flat = [o.reshape(o.shape[0], -1) for o in per_lookup]
+        if self.cfg.batch_major_top is not None:
+            return [xp.concatenate(flat, axis=1) if len(flat) > 1 else flat[0]]
+        return [o.reshape(o.shape[0], 1, -1) for o in flat]
+
+    def _csr(self, csr, gather: bool):
+        """(keys (N,) int64-or-uint64, offsets (B+1,) int64) of this rank, or of the global batch."""
+        keys, offsets = csr
+        # int64 keys throughout (uint64 ones by their bits: a dynamic table's hash reads them back as uint64)
+        keys = keys.view(np.int64) if keys.dtype == np.uint64 else keys.astype(np.int64, copy=False)
+        if not gather:
+            return keys, offsets
+        comm = self.comm
+        all_keys = comm.allgather_rows(np.ascontiguousarray(keys))
+        lens = comm.allgather_rows(np.diff(offsets))
+        return all_keys, np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+
+    def _check_keys(self, t: _Table, i: int, keys) -> None:
+        """Static tables: every key in [0, V) (else a clear error); dynamic tables take any key but -1."""
+        if t.cfg.dynamic or keys.shape[0] == 0:
+            return
+        bad = np.flatnonzero((keys < 0) | (keys >= t.cfg.max_vocabulary_size))
+        if bad.size:
+            lk = self.lookups[i]
+            raise CollectionError(f"{self.name}: lookup {lk['top']!r} (bottom {lk['bottom']!r}) has key "
+                                  f"{int(keys[bad[0]])} at position {int(bad[0])}, outside static table "
+                                  f"{t.name!r}'s rows [0, {t.cfg.max_vocabulary_size}) (max_vocabulary_size); "
+                                  f"{bad.size} such key(s) in this batch. Use max_vocabulary_size=-1 (dynamic "
+                                  "table) for arbitrary keys")
+
+    def _pool(self, i: int, vecs, offsets):
+        """(out (B, width), ctx) of lookup i's occurrence vectors (n, D) in bags offsets (B+1,)."""
+        lk = self.lookups[i]
+        xp = device.xp()
+        batch, dim = offsets.shape[0] - 1, lk["dim"]
+        if lk["combiner"] != "concat":
+            key = (dim, COMBINERS[lk["combiner"]])
+            pooler = self._poolers.setdefault(key, _Pooler(*key))
+            out, ctx = pooler.forward(vecs, xp.asarray(offsets))
+            return out, (pooler, ctx)
+        lens = np.diff(offsets)
+        if lens.size and int(lens.max()) > lk["hot"]:
+            b = int(np.argmax(lens))
+            raise CollectionError(f"{self.name}: concat lookup {lk['top']!r}: sample {b} of {lk['bottom']!r} has "
+                                  f"{int(lens[b])} keys, more than its nnz_per_slot {lk['hot']}")
+        place = np.repeat(np.arange(batch, dtype=np.int64) * lk["hot"] - offsets[:-1], lens) + \
+            np.arange(offsets[-1], dtype=np.int64)                     # (n,) slot in (B*H) of each occurrence
+        out = xp.zeros((batch * lk["hot"], dim), np.float32)
+        out[xp.asarray(place)] = vecs
+        return out.reshape(batch, lk["hot"] * dim), (None, xp.asarray(place))
+
+    def hold_gradients(self, dys) -> None:
+        self._pending = dys
+
+    def update(self, lr: float, scaler: float) -> None:
+        """Each table's fused backward + optimizer over every lookup's gradient of this step (nothing if the
+        step ran no backward); every rank calls it (sharded tables exchange gradients)."""
+        pending, self._pending = self._pending, None
+        saved, self._saved = self._saved, None
+        if pending is None or saved is None:
+            return
+        saved, rows = saved
+        xp = device.xp()
+        batch = rows[1] - rows[0]
+        dys = self._per_lookup_grads(pending, batch)
+        for t, (ctx, pos, pooled, csrs, gather, n) in zip(self.tables, saved):
+            grads = xp.zeros((n, t.dim), np.float32)
+            for i, p, (pooler, pctx), (_, offsets) in zip(t.lookups, pos, pooled, csrs):
+                dy = dys[i]
+                if gather:                                  # every rank's dLoss/dtop rows, rank order
+                    dy = xp.asarray(self.comm.allgather_rows(np.ascontiguousarray(device.to_host(dy))))
+                if pooler is not None:
+                    g = pooler.backward(pctx, xp.ascontiguousarray(dy))
+                else:
+                    g = dy.reshape(-1, t.dim)[pctx]
+                grads[xp.asarray(p)] = g
+            t.apply(ctx, grads, lr, scaler)
+
+    def _per_lookup_grads(self, pending, batch: int) -> list:
+        """[dLoss/dtop of lookup i as (B, width)] (zeros where a top got no gradient)."""
+        xp = device.xp()
+        if self.cfg.batch_major_top is not None:
+            whole = pending[0]
+            cols = np.concatenate([[0], np.cumsum([lk["width"] for lk in self.lookups])])
+            return [xp.zeros((batch, lk["width"]), np.float32) if whole is None
+                    else whole.reshape(batch, -1)[:, cols[i]:cols[i + 1]] for i, lk in enumerate(self.lookups)]
+        return [xp.zeros((batch, lk["width"]), np.float32) if d is None else d.reshape(batch, -1)
+                for d, lk in zip(pending, self.lookups)]
+
+
+def _interleave(csrs):
+    """Sample-major CSR of F lookups' bags: (keys (N,), offsets (B*F + 1,), [positions (N_f,) of lookup f's
+    occurrences in the result]); bag b*F + f holds lookup f's keys of sample b."""
+    F = len(csrs)
+    batch = csrs[0][1].shape[0] - 1
+    lens = np.stack([np.diff(o) for _, o in csrs], axis=1) if batch else np.zeros((0, F), np.int64)  # (B, F)
+    offsets = np.concatenate([[0], np.cumsum(lens.reshape(-1))]).astype(np.int64)
+    starts = offsets[:-1].reshape(batch, F)
+    keys = np.empty(int(offsets[-1]), np.int64)
+    pos = []
+    for f, (k, o) in enumerate(csrs):
+        p = np.repeat(starts[:, f] - o[:-1], np.diff(o)) + np.arange(o[-1], dtype=np.int64)
+        keys[p] = k
+        pos.append(p)
+    return keys, offsets, pos
+
+
+# ---- embedding_dump / embedding_load --------------------------------------------------------------
+DUMP_BASE = "embedding_collection"       # the manifest's name in a dump folder: {DUMP_BASE}_0.manifest.json
+
+
+def _selected(collections, table_names, what: str) -> list:
+    """[(collection, _Table)] named by table_names ([] = all), in the model's order."""
+    everything = [(c, t) for c in collections for t in c.tables]
+    if not everything:
+        raise CollectionError(f"{what}: the model has no EmbeddingCollection")
+    names = list(table_names or [])
+    known = {t.name for _, t in everything}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise CollectionError(f"{what}: no table named {unknown} in the model; tables: {sorted(known)}")
+    return [(c, t) for c, t in everything if not names or t.name in names]
+
+
+def dump(collections, comm, path: str, table_names=()) -> None:
+    """``Model.embedding_dump``: every rank calls it; rank 0 writes (module docstring: layout, atomicity)."""
+    from .. import checkpoint
+    chosen = _selected(collections, table_names, "embedding_dump")
+    parts = []
+    for _, t in chosen:                                   # collectives, every rank in the same order
+        keys, vecs = t.local_rows()
+        parts.append((t, comm.gather_rows(keys), comm.gather_rows(np.ascontiguousarray(vecs, np.float32))))
+    error = None
+    if comm.rank == 0:
+        try:
+            outs = []
+            for t, keys, vecs in parts:
+                order = np.argsort(keys, kind="stable")
+                outs += [(f"{t.name}/key", checkpoint._raw(keys[order], "<i8")),
+                         (f"{t.name}/emb_vector", checkpoint._raw(vecs[order], "<f4"))]
+            os.makedirs(path, exist_ok=True)
+            tables = [{"name": t.name, "ev_size": t.dim, "max_vocabulary_size": t.cfg.max_vocabulary_size,
+                       "keys": int(keys.shape[0])} for t, keys, _ in parts]
+            checkpoint._commit(path, DUMP_BASE, 0, outs, {"ranks": comm.size, "embeddings": [], "tables": tables})
+        except Exception as e:           # every rank must hear of it
+            error = e
+    told = comm.bcast(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if told is not None:
+        raise RuntimeError(f"embedding_dump({path!r}): rank 0 could not write the tables: {told}")
+
+
+def load(collections, path: str, table_names=()) -> None:
+    """``Model.embedding_load``: read and check every named table's files (verified against the dump's
+    manifest when there is one), then write them into the tables; a failed load changes nothing."""
+    from .. import checkpoint
+    chosen = _selected(collections, table_names, "embedding_load")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"embedding_load: folder {path!r} does not exist")
+    mpath = os.path.join(path, f"{DUMP_BASE}_0.manifest.json")
+    snap = checkpoint._Snapshot(path, mpath, checkpoint._read_manifest(mpath)) if os.path.exists(mpath) \
+        else checkpoint._Snapshot(path)
+    loaded = []
+    for _, t in chosen:
+        what = f"embedding_load table {t.name!r}"
+        kpath, vpath = os.path.join(path, t.name, "key"), os.path.join(path, t.name, "emb_vector")
+        keys = checkpoint._array(snap.read(kpath, what + " keys"), "<i8", kpath, what + " keys")
+        n = keys.shape[0]
+        vecs = checkpoint._array(snap.read(vpath, what + " vectors"), "<f4", vpath, what + " vectors", n * t.dim,
+                                 f": {n} keys in {kpath!r} x ev_size {t.dim}").reshape(n, t.dim)
+        uniq, first = np.unique(keys, return_index=True)
+        if uniq.shape[0] != n:
+            dup = np.setdiff1d(np.arange(n), first)[0]
+            raise DataFormatError(what + " keys", kpath, 8 * int(dup), f"key {int(keys[dup])} appears twice")
+        if t.cfg.dynamic:
+            bad = np.flatnonzero(keys == -1)
+            why = "-1 is reserved (it marks empty hash-table slots)"
+        else:
+            bad = np.flatnonzero((keys < 0) | (keys >= t.cfg.max_vocabulary_size))
+            why = f"outside the static table's rows [0, {t.cfg.max_vocabulary_size})"
+        if bad.size:
+            i = int(bad[0])
+            raise DataFormatError(what + " keys", kpath, 8 * i, f"key {int(keys[i])} at position {i} is {why}")
+        loaded.append((t, keys.copy(), vecs.copy()))
+    for t, keys, vecs in loaded:
+        t.load_rows(keys, vecs)
