@@ -10,7 +10,8 @@ from .distributed.comm import guard_launch as _guard_launch
 _guard_launch()
 from . import enums as _enums
 from .config import (CreateOptimizer, CreateSolver, DataReaderParams, DataReaderSparseParam, DenseLayer,
-                     IgnoredArgumentWarning, Input, OptParamsPy, Solver, SparseEmbedding)
+                     DenseLayerComputeConfig, GroupDenseLayer, IgnoredArgumentWarning, Input, OptParamsPy, Solver,
+                     SparseEmbedding)
 from .enums import *  # noqa: F401,F403  (the enum classes)
 from .model import Model, ModelError
 from .embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig

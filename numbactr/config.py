@@ -16,8 +16,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from .enums import (Activation_t, Check_t, DataReaderType_t, Embedding_t, FcPosition_t, Initializer_t,
-                    Layer_t, LrPolicy_t, MetricsType, Optimizer_t, Regularizer_t, Update_t)
+from .enums import (Activation_t, Check_t, DataReaderType_t, Embedding_t, FcPosition_t, GroupLayer_t,
+                    Initializer_t, Layer_t, LrPolicy_t, MetricsType, Optimizer_t, Regularizer_t, Update_t)
 
 
 class IgnoredArgumentWarning(UserWarning):
@@ -391,6 +391,33 @@ class SparseEmbedding:
                      "its keys: its size comes from workspace_size_per_gpu_in_mb", stacklevel=2)
 
 
+@dataclass(frozen=True)
+class DenseLayerComputeConfig:
+    """``hugectr.DenseLayerComputeConfig(async_wgrad=False, fuse_wb=False)``: how HugeCTR schedules a
+    dense layer's backward, never what it computes (spec §6.0). HugeCTR reads it in MLP (both),
+    MultiCross (async_wgrad) and the fp16 FusedInnerProduct / two-top Interaction (async_wgrad).
+
+    * ``async_wgrad``: the weight-gradient GEMMs run on a second CUDA stream, overlapping the
+      data-gradient GEMMs of the layers below. numbactr runs every layer on one stream (cupy's
+      current stream), so there is nothing to overlap: accepted, no effect.
+    * ``fuse_wb``: each layer's bias gradient comes from its own wgrad GEMM's epilogue (cuBLASLt
+      BGRADB) instead of the dReLU epilogue of the layer above. numbactr has no cuBLASLt epilogues and
+      always computes the bias gradient in the one kernel that applies the ReLU mask
+      (kernels/fused_bias_act.py), the fusion HugeCTR's default already makes: accepted, no effect.
+
+    Both give the same numbers either way, so numbactr keeps them (graph JSON, summary) without a
+    warning; HugeCTR's graph JSON writer drops them and numbactr writes them as an extra
+    ``compute_config`` object only when one is True.
+    """
+    async_wgrad: bool = False
+    fuse_wb: bool = False
+
+    def __post_init__(self):
+        for name in ("async_wgrad", "fuse_wb"):
+            v = getattr(self, name)
+            _expect(isinstance(v, bool), f"DenseLayerComputeConfig: {name} must be a bool, got {v!r}")
+
+
 _DENSE_DEFAULTS = dict(
     factor=1.0, eps=1e-5, gamma_init_type=Initializer_t.Default, beta_init_type=Initializer_t.Default,
     dropout_rate=0.5, elu_alpha=1.0, num_output=1, weight_init_type=Initializer_t.Default,
@@ -399,7 +426,8 @@ _DENSE_DEFAULTS = dict(
     projection_dim=0, out_dim=0, axis=1, max_sequence_len_from=1, max_sequence_len_to=1,
     num_attention_heads=1, transpose_b=False, target_weight_vec=(), use_regularizer=False,
     regularizer_type=Regularizer_t.L1, pos_type=FcPosition_t.Non, act_type=Activation_t.Relu,
-    num_outputs=(), use_bias=True, activations=(), biases=(), compute_config=None, shape=(), dim=0, index=(),
+    num_outputs=(), use_bias=True, activations=(), biases=(), compute_config=DenseLayerComputeConfig(),
+    shape=(), dim=0, index=(),
 )
 _DENSE_DEFAULTS["lambda"] = 0.0
 
@@ -410,9 +438,10 @@ _LOSS = ("use_regularizer", "regularizer_type", "lambda")
 # against the layer classes); any other parameter set to a non-default value warns as ignored
 _LAYER_PARAMS = {
     "InnerProduct": ("num_output",) + _INITS,
-    "FusedInnerProduct": ("num_output", "pos_type", "act_type") + _INITS,
-    "MLP": ("num_outputs", "num_output", "use_bias", "biases", "act_type", "activations") + _INITS,
-    "MultiCross": ("num_layers", "projection_dim") + _INITS,
+    "FusedInnerProduct": ("num_output", "pos_type", "act_type", "compute_config") + _INITS,
+    "MLP": ("num_outputs", "num_output", "use_bias", "biases", "act_type", "activations", "compute_config") + _INITS,
+    "MultiCross": ("num_layers", "projection_dim", "compute_config") + _INITS,
+    "Interaction": ("compute_config",),
     "BatchNorm": ("factor", "eps", "gamma_init_type", "beta_init_type"),
     "LayerNorm": ("eps", "gamma_init_type", "beta_init_type"),
     "PReLU_Dice": ("elu_alpha", "eps"),
@@ -459,13 +488,71 @@ class DenseLayer:
                 f"DenseLayer {layer_type.name}: bottom_names and top_names must not be empty")
         for k, v in _DENSE_DEFAULTS.items():
             setattr(self, "lambda_" if k == "lambda" else k, params.get(k, v))
+        _expect(isinstance(self.compute_config, DenseLayerComputeConfig),
+                f"DenseLayer {layer_type.name} {self.top_names!r}: compute_config must be a "
+                f"DenseLayerComputeConfig, got {self.compute_config!r}")
         self.given = dict(params)   # what the user set explicitly (for graph JSON)
         used = _LAYER_PARAMS.get(layer_type.name, ())
         for k, v in params.items():
             if k not in used and not _same(v, _DENSE_DEFAULTS[k]):
-                why = ("a HugeCTR performance setting" if k == "compute_config"
-                       else f"Layer_t.{layer_type.name} does not use it")
+                why = f"Layer_t.{layer_type.name} does not use it"
+                if k == "compute_config":
+                    why += " (HugeCTR reads it only in MLP, MultiCross, FusedInnerProduct and Interaction)"
                 warn_ignored(f"DenseLayer {layer_type.name} {self.top_names!r}", k, v, why, stacklevel=2)
+
+
+class GroupDenseLayer:
+    """``hugectr.GroupDenseLayer(group_layer_type, bottom_name_list, top_name_list, num_outputs,
+    last_act_type=Activation_t.Relu)`` (HugeCTR v23.08 and before; spec §6.2).
+
+    GroupLayer_t.GroupFusedInnerProduct is a stack of len(num_outputs) >= 2 FusedInnerProducts that
+    Model.add expands exactly as HugeCTR's Model::add(GroupDenseLayer&) does: a Head (the bottoms of
+    ``bottom_name_list``: one, or two for the fp16 Interaction's mask) with tops ``t0, t0_mask,
+    t0_dRelu, t0_db``, Body layers chaining those four, and a Tail with the last top; every layer ReLU
+    except the Tail, whose activation is ``last_act_type``. Layer i has ``num_outputs[i]`` outputs and
+    tensor ``top_name_list[i]`` is its output. HugeCTR builds it only with use_mixed_precision=True;
+    numbactr builds it in float32 too, as it builds FusedInnerProduct (numbactr/layers/dense.py).
+    """
+
+    def __init__(self, group_layer_type, bottom_name_list, top_name_list, num_outputs,
+                 last_act_type=Activation_t.Relu):
+        who = "GroupDenseLayer"
+        _expect(isinstance(group_layer_type, GroupLayer_t),
+                f"{who}: group_layer_type must be a GroupLayer_t, got {group_layer_type!r}")
+        bottoms = [bottom_name_list] if isinstance(bottom_name_list, str) else list(bottom_name_list)
+        tops = [top_name_list] if isinstance(top_name_list, str) else list(top_name_list)
+        who = f"GroupDenseLayer {tops!r}"
+        _expect(all(isinstance(n, str) and n for n in bottoms + tops),
+                f"{who}: bottom_name_list and top_name_list must hold non-empty strings")
+        _expect(len(bottoms) in (1, 2), f"{who}: bottom_name_list must name 1 tensor (or 2: the fp16 "
+                f"Interaction's output and mask), got {len(bottoms)}")
+        outs = list(num_outputs)
+        _expect(all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n > 0 for n in outs),
+                f"{who}: num_outputs must be positive ints, got {num_outputs!r}")
+        _expect(len(outs) >= 2, f"{who}: there should be at least two layers for GroupDenseLayer "
+                f"(num_outputs has {len(outs)})")
+        _expect(len(tops) == len(outs), f"{who}: top_name_list has {len(tops)} names for {len(outs)} layers "
+                "(num_outputs); give one top per layer")
+        _expect(last_act_type in (Activation_t.Relu, Activation_t.Non),
+                f"{who}: last_act_type must be Activation_t.Relu or Activation_t.Non, got {last_act_type!r}")
+        self.group_layer_type = group_layer_type
+        self.bottom_name_list, self.top_name_list = bottoms, tops
+        self.num_outputs = [int(n) for n in outs]
+        self.last_act_type = last_act_type
+
+    def expand(self) -> list:
+        """The DenseLayers HugeCTR adds for this group, in order (HugeCTR's tensor names)."""
+        n = len(self.num_outputs)
+        # tensor_names[i]: the bottoms of layer i; layer i's tops are tensor_names[i + 1]
+        tensor_names = [self.bottom_name_list] + [[t, t + "_mask", t + "_dRelu", t + "_db"]
+                                                  for t in self.top_name_list[:-1]] + [self.top_name_list[-1:]]
+        layers = []
+        for i, num_output in enumerate(self.num_outputs):
+            pos = FcPosition_t.Head if i == 0 else FcPosition_t.Tail if i == n - 1 else FcPosition_t.Body
+            act = self.last_act_type if i == n - 1 else Activation_t.Relu
+            layers.append(DenseLayer(Layer_t.FusedInnerProduct, tensor_names[i], tensor_names[i + 1],
+                                     num_output=num_output, pos_type=pos, act_type=act))
+        return layers
 
 
 def _same(a, b) -> bool:

@@ -6,15 +6,16 @@ and reading stay mirror images. The writer writes every key HugeCTR's writer (``
 Reshape ``leading_dim`` and ``time_step`` (unless ``selected``), MLP ``num_output`` with ``use_bias`` or
 ``biases`` and ``activation`` or ``activations`` appear even at their defaults, because HugeCTR's own
 tools (its ONNX converter, its MLP reader) index them without a default. HugeCTR forgets Reshape
-``shape``, Select ``dim``/``index`` and MultiCross ``projection_dim`` (spec §10.16); numbactr writes them
-as extra keys, which HugeCTR's reader ignores.
+``shape``, Select ``dim``/``index``, MultiCross ``projection_dim`` (spec §10.16) and every layer's
+``compute_config``; numbactr writes them as extra keys (``compute_config`` as ``{"async_wgrad": .., "fuse_wb":
+..}``, only when one is True), which HugeCTR's reader ignores.
 """
 from __future__ import annotations
 
 import json
 
-from .config import (CreateOptimizer, DataReaderSparseParam, DenseLayer, Input, OptParamsPy, SparseEmbedding,
-                     warn_ignored)
+from .config import (CreateOptimizer, DataReaderSparseParam, DenseLayer, DenseLayerComputeConfig, Input, OptParamsPy,
+                     SparseEmbedding, warn_ignored)
 from .enums import (Activation_t, Embedding_t, FcPosition_t, Initializer_t, Layer_t, Optimizer_t,
                     Regularizer_t, Update_t)
 
@@ -34,6 +35,14 @@ def _unselected(cfg) -> bool:
     return not cfg.selected
 
 
+def _compute_config_set(cfg) -> bool:
+    return cfg.compute_config != DenseLayerComputeConfig()
+
+
+# HugeCTR's writer drops compute_config; numbactr writes it (when not the default) as an extra key
+_COMPUTE = (None, "compute_config", "compute_config", _compute_config_set)
+
+
 # layer type -> [(json group or None for top level, json key, DenseLayer attribute, when written)]. When
 # written: True = always, and required on read; False = only when the user set it (optional on read);
 # a predicate of the DenseLayer = when it holds (optional on read: the format defines the key's absence).
@@ -44,14 +53,14 @@ PARAMS: dict[str, list[tuple]] = {
     "FusedInnerProduct": [("fc_param", "num_output", "num_output", True),
                           ("fc_param", "weight_init", "weight_init_type", False),
                           ("fc_param", "bias_init", "bias_init_type", False), (None, "position", "pos_type", True),
-                          (None, "activation", "act_type", True)],
+                          (None, "activation", "act_type", True), _COMPUTE],
     "MLP": [("mlp_param", "num_output", "num_output", _always), ("mlp_param", "num_outputs", "num_outputs", True),
             ("mlp_param", "use_bias", "use_bias", lambda c: not c.biases),
             ("mlp_param", "biases", "biases", lambda c: bool(c.biases)),
             ("mlp_param", "activation", "act_type", lambda c: not c.activations),
             ("mlp_param", "activations", "activations", lambda c: bool(c.activations)),
             ("mlp_param", "weight_init", "weight_init_type", False),
-            ("mlp_param", "bias_init", "bias_init_type", False)],
+            ("mlp_param", "bias_init", "bias_init_type", False), _COMPUTE],
     "BatchNorm": [("bn_param", "factor", "factor", True), ("bn_param", "eps", "eps", True),
                   ("bn_param", "gamma_init", "gamma_init_type", False),
                   ("bn_param", "beta_init", "beta_init_type", False)],
@@ -62,7 +71,8 @@ PARAMS: dict[str, list[tuple]] = {
     "MultiCross": [("mc_param", "num_layers", "num_layers", True),
                    ("mc_param", "weight_init", "weight_init_type", False),
                    ("mc_param", "bias_init", "bias_init_type", False),
-                   ("mc_param", "projection_dim", "projection_dim", False)],
+                   ("mc_param", "projection_dim", "projection_dim", False), _COMPUTE],
+    "Interaction": [_COMPUTE],
     "Reshape": [(None, "leading_dim", "leading_dim", _unselected), (None, "time_step", "time_step", _unselected),
                 (None, "selected", "selected_slots", _selected), (None, "shape", "shape", False)],
     "Concat": [(None, "axis", "axis", _always)],
@@ -101,6 +111,8 @@ def _encode(attr, value):
         return ["None" if a == Activation_t.Non else a.name for a in value]
     if attr == "selected_slots":
         return list(value) if value else None
+    if attr == "compute_config":
+        return {"async_wgrad": value.async_wgrad, "fuse_wb": value.fuse_wb}
     if attr in ("ranges",):
         return [list(r) for r in value]
     if isinstance(value, tuple):
@@ -116,6 +128,8 @@ def _decode(attr, value):
         return [Activation_t.Non if a == "None" else Activation_t[a] for a in value]
     if attr == "ranges":
         return [tuple(r) for r in value]
+    if attr == "compute_config":
+        return DenseLayerComputeConfig(**value)
     return value
 
 

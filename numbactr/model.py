@@ -14,7 +14,8 @@ import numpy as np
 from . import checkpoint, compat, device, graph_json, log
 from .autograd import Tape, Tensor
 from .distributed.comm import world
-from .config import DataReaderParams, DenseLayer, Input, OptParamsPy, Solver, SparseEmbedding, warn_ignored
+from .config import (DataReaderParams, DenseLayer, GroupDenseLayer, Input, OptParamsPy, Solver, SparseEmbedding,
+                     warn_ignored)
 from .embedding import collection as ebc
 from .embedding.sparse_embedding import HashEmbedding, make_embedding
 from .enums import Embedding_t, MetricsType, Tensor_t
@@ -83,8 +84,10 @@ class Model:
             return self._add_collection(item)
         if isinstance(item, DenseLayer):
             return self._add_dense(item)
-        raise ModelError(f"Model.add: cannot add a {type(item).__name__}; expected Input, SparseEmbedding "
-                         "or DenseLayer")
+        if isinstance(item, GroupDenseLayer):
+            return self._add_group(item)
+        raise ModelError(f"Model.add: cannot add a {type(item).__name__}; expected Input, SparseEmbedding, "
+                         "DenseLayer or GroupDenseLayer")
 
     def _new_tensor(self, name: str, shape: tuple, who: str) -> None:
         if name in self.shapes:
@@ -161,6 +164,20 @@ class Model:
         for t, s in zip(cfg.top_names, layer.out_shapes):
             self._new_tensor(t, s, who)
         self.layers.append(layer)
+
+    def _add_group(self, group: GroupDenseLayer) -> None:
+        """Add the layers the group expands into (HugeCTR's names), all or none: a layer that fails
+        leaves the model as it was before the group."""
+        n_layers, tensors = len(self.layers), set(self.shapes)
+        try:
+            for cfg in group.expand():
+                self._add_dense(cfg)
+        except ModelError as e:
+            del self.layers[n_layers:]
+            for t in set(self.shapes) - tensors:
+                del self.shapes[t]
+            raise ModelError(f"GroupDenseLayer {group.group_layer_type.name} (tops {group.top_name_list}): "
+                             f"{e}") from None
 
     # ---- compile -------------------------------------------------------------------------------
     def compile(self, loss_names=None, loss_weights=None) -> None:

@@ -131,6 +131,9 @@ class Interaction(Layer):
 
     def infer(self):
         self.expect_counts(2)
+        if self.cfg.compute_config.async_wgrad:     # HugeCTR's check (the one-top form has no dgrad split)
+            self.fail("compute_config async_wgrad=True needs the two-top (fp16) Interaction; the one-top "
+                      "form has no separate gradient output to overlap")
         d, e = self.in_shapes
         names = self.cfg.bottom_names
         if len(d) != 2 or len(e) != 3:
