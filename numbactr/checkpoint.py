@@ -702,3 +702,21 @@ def _infer_layout(e, sm: _SparseModel, nbytes: int, n_states: int, path: str):
     raise DataFormatError(what, path, None, f"{nbytes} bytes match no rank count of this embedding's layout "
                           f"({n_states} states x R ranks x per-rank rows x {e.vec}; tried {cands}"
                           + (f": {'; '.join(why)}" if why else "") + ")")
+
+
+def sparse_models_beside(graph_config: str, dense_model: str, who: str) -> list[str]:
+    """HugeCTR's sparse model folders of the snapshot ``dense_model`` belongs to, one per embedding layer
+    of ``graph_config`` (export-onnx and predict read them when none are given). who: the caller, for errors."""
+    from .enums import Embedding_t
+    m = re.fullmatch(r"(.*)_dense_(\d+)\.model", os.path.basename(dense_model))
+    if m is None:
+        raise ValueError(f"{who}: {dense_model!r} is not named <prefix>_dense_<iter>.model, so its sparse "
+                         "models cannot be found: give them on the command line")
+    try:
+        with open(graph_config, "rb") as f:
+            layers = json.loads(f.read().decode("utf-8"))["layers"]
+        count = sum(1 for d in layers if isinstance(d, dict) and d.get("type") in Embedding_t.__members__)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{who}: graph JSON {graph_config!r} cannot be read ({e})") from None
+    folder = os.path.dirname(dense_model)
+    return [os.path.join(folder, f"{m.group(1)}{i}_sparse_{m.group(2)}.model") for i in range(count)]

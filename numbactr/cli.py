@@ -21,9 +21,11 @@ CONVERTERS = {
 }
 BENCH_HELP = """benchmarks (markdown tables; not tests):
   hash                 hash-table insert/find, Mkeys/s
-  embedding            embedding-bag forward, backward + SGD update, GB/s (FBGEMM's byte count)
+  embedding            table-batched embedding forward, backward + fused update: numbactr, torch, FBGEMM, GB/s
   dlrm                 one DLRM training step, samples/s
   all                  the three above
+  cache                a table larger than its cache's budget on a memory-mapped file: hit rate, samples/s
+  sok                  SOK's seed benchmark: nn.Embedding vs numbactr.sok in PyTorch, 1 and 2 ranks (torch)
   data                 data-reader throughput: Norm, Raw, Parquet with 1, 2, 4 workers
   inference            InferenceSession vs onnxruntime: predictions/s, p50/p99 latency, cache hit rate
 Each runs on the device numbactr picks, with the thread plan of the start-up line, and beside PyTorch
@@ -95,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench(rest: list) -> int:
     if not rest or rest[0] in ("-h", "--help"):
-        print("usage: numbactr bench {hash,embedding,dlrm,all,data,inference} [options]\n\n" + BENCH_HELP)
+        print("usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference} [options]\n\n" + BENCH_HELP)
         return 0
     if rest[0] == "data":
         from .data.bench import main as bench_data

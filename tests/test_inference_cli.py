@@ -34,6 +34,9 @@ def test_predict_command_writes_every_sample_once(tmp_path, capsys):
     assert main(base[:1] + [tr.graph, "--dense", tr.dense, "--sparse", "--source", tr.eval_source, "--output",
                             str(tmp_path / "q.csv")]) == 1
     assert "0 sparse_model_files for the 1 embedding tables" in capsys.readouterr().err
+    # without --sparse: the snapshot's folders beside the dense file, by HugeCTR's names
+    assert main(base[:4] + base[5 + len(tr.sparse):] + ["--output", str(tmp_path / "r.csv")]) == 0
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "r.csv", delimiter=",", skiprows=1), csv)
 
 
 def test_bench_inference_quick(capsys):

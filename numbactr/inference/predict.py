@@ -1,6 +1,6 @@
 """``numbactr predict``: predict every sample of a data set with a trained model and write the predictions.
 
-    numbactr predict GRAPH.json --dense MODEL_dense_N.model --sparse MODEL0_sparse_N.model [...] \\
+    numbactr predict GRAPH.json --dense MODEL_dense_N.model [--sparse MODEL0_sparse_N.model ...] \\
         --source eval/_file_list.txt --format norm --output preds.csv
 
 The model is read as HugeCTR's inference reads it (numbactr.inference.InferenceSession: the graph JSON,
@@ -25,8 +25,9 @@ FORMATS = {"norm": "Norm", "raw": "Raw", "parquet": "Parquet"}
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("graph", help="the model's graph JSON (Model.graph_to_json)")
     ap.add_argument("--dense", required=True, metavar="FILE", help="the dense model file ({prefix}_dense_{iter}.model)")
-    ap.add_argument("--sparse", nargs="*", default=[], metavar="FOLDER",
-                    help="the sparse model folders, one per embedding in graph order ({prefix}{i}_sparse_{iter}.model)")
+    ap.add_argument("--sparse", nargs="*", default=None, metavar="FOLDER",
+                    help="the sparse model folders, one per embedding in graph order ({prefix}{i}_sparse_{iter}.model; "
+                         "default: the ones beside the dense model)")
     ap.add_argument("--source", required=True, metavar="PATH", help="a file list, or a folder of Parquet files")
     ap.add_argument("--format", choices=sorted(FORMATS), default="norm", help="the data format (default: %(default)s)")
     ap.add_argument("--check", choices=("sum", "none"), default="sum",
@@ -63,7 +64,7 @@ def _source(path: str, fmt: str) -> str:
 
 def run(args) -> int:
     import numbactr as hugectr
-    from .. import device, log
+    from .. import checkpoint, device, log
     from .params import InferenceParams
     from .session import InferenceSession
 
@@ -76,7 +77,9 @@ def run(args) -> int:
     device.kind()
     source = _source(args.source, args.format)
     params = InferenceParams(model_name="predict", max_batchsize=args.batch_size, hit_rate_threshold=1.0,
-                             dense_model_file=args.dense, sparse_model_files=list(args.sparse),
+                             dense_model_file=args.dense,
+                             sparse_model_files=(list(args.sparse) if args.sparse is not None else
+                                                 checkpoint.sparse_models_beside(args.graph, args.dense, "predict")),
                              use_gpu_embedding_cache=True, cache_size_percentage=args.cache_size_percentage,
                              i64_input_key=not args.i32_keys)
     session = InferenceSession(args.graph, params)

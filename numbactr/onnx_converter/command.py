@@ -10,11 +10,9 @@ follows the layers; the last line says what the model takes and gives.
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 
-from .. import log
+from .. import checkpoint, log
 
 DESCRIPTION = ("Convert a trained HugeCTR model (its graph JSON, dense model, sparse model folders and BatchNorm "
                "statistics) to an ONNX model whose predictions under onnxruntime equal numbactr's.")
@@ -36,29 +34,12 @@ def add_arguments(p) -> None:
     p.add_argument("--graph-name", default="hugectr", help="the ONNX graph's name (default: hugectr)")
 
 
-def sparse_models_beside(graph_config: str, dense_model: str) -> list[str]:
-    """HugeCTR's sparse model folders of the snapshot ``dense_model`` belongs to, one per embedding layer
-    of ``graph_config``."""
-    from ..enums import Embedding_t
-    m = re.fullmatch(r"(.*)_dense_(\d+)\.model", os.path.basename(dense_model))
-    if m is None:
-        raise ValueError(f"export-onnx: {dense_model!r} is not named <prefix>_dense_<iter>.model, so its sparse "
-                         "models cannot be found: give them on the command line")
-    try:
-        with open(graph_config, "rb") as f:
-            layers = json.loads(f.read().decode("utf-8"))["layers"]
-        count = sum(1 for d in layers if isinstance(d, dict) and d.get("type") in Embedding_t.__members__)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"export-onnx: graph JSON {graph_config!r} cannot be read ({e})") from None
-    folder = os.path.dirname(dense_model)
-    return [os.path.join(folder, f"{m.group(1)}{i}_sparse_{m.group(2)}.model") for i in range(count)]
-
-
 def run(args) -> int:
     from .export import load_trained_model, model_to_onnx, save
     sparse = None
     if not args.dense_only:
-        sparse = args.sparse_models or sparse_models_beside(args.graph_config, args.dense_model)
+        sparse = args.sparse_models or checkpoint.sparse_models_beside(args.graph_config, args.dense_model,
+                                                                         "export-onnx")
     elif args.sparse_models:
         raise ValueError("export-onnx: --dense-only takes no sparse model folders")
     model = load_trained_model(args.graph_config, args.dense_model, sparse, args.ntp_file)
