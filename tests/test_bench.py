@@ -12,13 +12,6 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_FBGEMM = HAVE_TORCH and importlib.util.find_spec("fbgemm_gpu") is not None
 
 
-@pytest.fixture
-def on_device():
-    before = device.kind()
-    yield device.set_device
-    device.set_device(before)
-
-
 def tables_in(text: str) -> list:
     """[(columns, rows)] of every markdown table in text; rows as lists of cell strings."""
     out = []

@@ -10,14 +10,6 @@ from tests.model_util import tiny_data, tiny_dlrm
 from tests.mpi.snapshot_run import build, load_all, state
 
 
-@pytest.fixture
-def cpu():
-    before = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(before)
-
-
 def test_save_then_load_restores_the_model_and_its_optimizer(tmp_path, cpu):
     tr, ev = tiny_data(str(tmp_path))
     a = tiny_dlrm(tr, ev)

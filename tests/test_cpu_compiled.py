@@ -308,14 +308,6 @@ def test_dense_optimizer_compiled_equals_references(t, cpu):
 
 
 # ---- the switch ----------------------------------------------------------------------------------
-@pytest.fixture
-def cpu():
-    before = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(before)
-
-
 def test_reference_switch(cpu, monkeypatch):
     monkeypatch.delenv(device.ENV_REFERENCE, raising=False)
     assert device.compiled_cpu()

@@ -280,7 +280,7 @@ def test_reader_constructor_errors(tmp_path):
         make_reader(norm_params(lst, 1), lst, 2, 1, 2, [2], [[1]], True, False)
     with pytest.raises(ValueError, match="cannot be read"):
         make_reader(norm_params(lst, 1), str(tmp_path / "missing.txt"), 2, 1, 2, [2], None, True, False)
-    with pytest.raises(NotImplementedError, match="RawAsync"):
+    with pytest.raises(DataFormatError, match="RawAsync file .*list.txt.*not a whole"):   # a Raw file, not a list
         make_reader(DataReaderParams(T.RawAsync, lst, lst, SUM), lst, 2, 1, 2, [2], None, True, False)
     with pytest.raises(DataFormatError, match="slot_num=2 but the reader"):
         list(make_reader(norm_params(lst, 1), lst, 2, 1, 2, [3], None, True, False))

@@ -23,12 +23,7 @@ KEYS = np.array([5, 5, 7, 9, 5, 11, 7, 8], np.int64)
 OFFSETS = np.array([0, 2, 2, 3, 4, 7, 8], np.int64)
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    before = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(before)
+pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
 
 
 def embedding(etype=E.DistributedSlotSparseEmbeddingHash, combiner="sum", sizes=(), seed=3, **opt):

@@ -4,19 +4,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from numbactr import device
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, Pooling, Precision,
                                        TableSpec)
 from numbactr.kernels import tbe_cpu as C
 from tests.engine_cases import OPTIMIZER_CASES, Case, assert_same_training, cases, random_steps, run
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    old = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(old)
+pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
 
 
 @pytest.mark.parametrize("kind,update,wd_mode", OPTIMIZER_CASES,

@@ -4,7 +4,6 @@ modes and keyed tables (HugeCTR's sparse optimizers against their references: te
 import numpy as np
 import pytest
 
-from numbactr import device
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, OptimizerSpec, Optim,
                                        Pooling, Precision, TableBatchedEmbedding, TableSpec, UpdateType,
                                        WeightDecay)
@@ -25,12 +24,7 @@ def engine(**kw):
     return TableBatchedEmbedding(**kw)
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    old = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(old)
+pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
 
 
 def test_forward_by_hand_sum_mean_none():

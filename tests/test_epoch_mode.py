@@ -2,16 +2,7 @@
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
 from tests.model_util import tiny_data
-
-
-@pytest.fixture
-def cpu():
-    before = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(before)
 
 
 def build(tr, ev, drop=True):

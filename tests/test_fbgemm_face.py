@@ -23,12 +23,7 @@ from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import (Bound
 HOST = (EmbeddingLocation.HOST, ComputeDevice.CPU)
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    old = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(old)
+pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
 
 
 def tbe(specs, **kw):

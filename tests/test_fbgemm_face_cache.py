@@ -6,7 +6,6 @@ prefetch with tensors, state_dict / load_state_dict through the cache)."""
 import numpy as np
 import pytest
 
-from numbactr import device
 from numbactr.fbgemm_gpu import array_tbe
 from numbactr.fbgemm_gpu.array_tbe import SUPPORTED_OPTIMIZERS, ArrayTBE
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -16,12 +15,7 @@ CACHED, DEV = (EmbeddingLocation.MANAGED_CACHING, ComputeDevice.CUDA), (Embeddin
 SPECS = [(300, 8), (200, 4)]
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    old = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(old)
+pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
 
 
 def batches(rng, n=5, batch=6, rows=(300, 200)):

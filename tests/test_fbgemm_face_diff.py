@@ -21,7 +21,6 @@ with warnings.catch_warnings():             # fbgemm_gpu's import warns about it
     warnings.simplefilter("ignore", DeprecationWarning)
     FB = pytest.importorskip("fbgemm_gpu.split_table_batched_embeddings_ops_training")
 
-from numbactr import device  # noqa: E402
 from numbactr.fbgemm_gpu import split_table_batched_embeddings_ops_training as NB  # noqa: E402
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "fbgemm_dlrm.py"
@@ -29,12 +28,7 @@ NUMBACTR_IMPORT = "from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_t
 FBGEMM_IMPORT = "from fbgemm_gpu.split_table_batched_embeddings_ops_training import ("
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    old = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(old)
+pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
 
 
 def make(mod, specs, enums=(), **kw):

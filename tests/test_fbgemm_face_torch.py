@@ -10,7 +10,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from numbactr import device  # noqa: E402
 from numbactr.fbgemm_gpu.array_tbe import ArrayTBE  # noqa: E402
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: E402
     ComputeDevice, EmbeddingLocation, OptimType, PoolingMode, SparseType, SplitTableBatchedEmbeddingBagsCodegen)
@@ -19,12 +18,7 @@ HOST = (EmbeddingLocation.HOST, ComputeDevice.CPU)
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "fbgemm_dlrm.py"
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    old = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(old)
+pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
 
 
 def pair(specs, **kw):

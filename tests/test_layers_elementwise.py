@@ -16,13 +16,6 @@ B = 6
 
 
 @pytest.fixture
-def on_device():
-    before = device.kind()
-    yield device.set_device
-    device.set_device(before)
-
-
-@pytest.fixture
 def exact():
     before = compat.hugectr_exact()
     yield compat.set_hugectr_exact

@@ -18,13 +18,6 @@ L = hugectr.Layer_t
 
 
 @pytest.fixture
-def on_device():
-    before = device.kind()
-    yield device.set_device
-    device.set_device(before)
-
-
-@pytest.fixture
 def exact_mode():
     before = compat.hugectr_exact()
     yield compat.set_hugectr_exact

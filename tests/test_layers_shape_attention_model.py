@@ -15,13 +15,6 @@ def data(tmp_path_factory):
     return tiny_data(str(tmp_path_factory.mktemp("attn")))
 
 
-@pytest.fixture
-def on_device():
-    before = device.kind()
-    yield device.set_device
-    device.set_device(before)
-
-
 def attention_model(train, evl, batch=16, lr=0.05):
     solver = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, max_eval_batches=2, lr=lr,
                                   vvgpu=[[0]], i64_input_key=True, seed=1)

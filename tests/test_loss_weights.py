@@ -19,13 +19,6 @@ from tests.sample_graphs import GRAPHS, make_data
 DEVICES = ["cpu"] + (["sim"] if device._numba_simulated() else [])
 
 
-@pytest.fixture
-def on_device():
-    before = device.kind()
-    yield device.set_device
-    device.set_device(before)
-
-
 def _cases(rng):
     """(Function, x, y, extra kwargs) for each loss, tiny shapes."""
     b = 5

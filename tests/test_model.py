@@ -13,13 +13,6 @@ def data(tmp_path_factory):
     return tiny_data(str(tmp_path_factory.mktemp("tiny")))
 
 
-@pytest.fixture
-def on_device():
-    before = device.kind()
-    yield device.set_device
-    device.set_device(before)
-
-
 def test_tiny_dlrm_learns_on_cpu(data, on_device):
     on_device("cpu")
     model = tiny_dlrm(*data)

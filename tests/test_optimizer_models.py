@@ -22,13 +22,6 @@ def data(tmp_path_factory):
     return tiny_data(str(tmp_path_factory.mktemp("tiny_opt")))
 
 
-@pytest.fixture
-def on_device():
-    before = device.kind()
-    yield device.set_device
-    device.set_device(before)
-
-
 def _losses(model, steps):
     out = []
     for _ in range(steps):

@@ -92,13 +92,6 @@ def test_reference_gradient_of_rterm_is_wgrad_init(kind):
                       lambda v: np.array(reg.regularizer_term_ref(v, kind, lam, b)), w, np.array(1.0))
 
 
-@pytest.fixture
-def on_device():
-    before = device.kind()
-    yield device.set_device
-    device.set_device(before)
-
-
 @pytest.mark.parametrize("kind", [Regularizer_t.L1, Regularizer_t.L2, "L2", None])
 def test_layer_level_functions_sim_equal_cpu(on_device, kind):
     if not device._numba_simulated():

@@ -6,13 +6,6 @@ from numbactr import device
 from tests.sample_graphs import GRAPHS, build
 
 
-@pytest.fixture
-def on_device():
-    before = device.kind()
-    yield device.set_device
-    device.set_device(before)
-
-
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_graph_trains_on_cpu(tmp_path, on_device, name):
     on_device("cpu")

@@ -16,20 +16,12 @@ import sys
 import numpy as np
 import pytest
 
-from numbactr import checkpoint, device
+from numbactr import checkpoint
 from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
 from tests.mpi.snapshot_run import build, load_all, state
 
 CHILD = pathlib.Path(__file__).parent / "mpi" / "snapshot_run.py"
-
-
-@pytest.fixture
-def cpu():
-    before = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(before)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import sys
 import numpy as np
 import pytest
 
-from numbactr import device
 from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
 from tests.mpi.snapshot_run import OPTIMIZERS, build, load_all, state
@@ -30,14 +29,6 @@ try:
     import mpi4py  # noqa: F401
 except ImportError:
     pytestmark.append(pytest.mark.skip(reason="mpi4py not installed (pip install 'numbactr[mpi]')"))
-
-
-@pytest.fixture
-def cpu():
-    before = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(before)
 
 
 @pytest.fixture(scope="module")

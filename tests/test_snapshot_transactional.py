@@ -15,14 +15,6 @@ from tests.model_util import tiny_data
 from tests.mpi.snapshot_run import build, load_all, state
 
 
-@pytest.fixture
-def cpu():
-    before = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(before)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return tiny_data(str(tmp_path_factory.mktemp("tx")), n_train=240, n_eval=96)

@@ -16,12 +16,7 @@ S, D, B = 3, 4, 4
 SIZES = (40, 30, 50)
 
 
-@pytest.fixture(autouse=True)
-def _cpu():
-    before = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(before)
+pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
 
 
 def embedding(etype, tier=None, **opt):
