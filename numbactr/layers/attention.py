@@ -7,9 +7,9 @@ Differences from HugeCTR (spec §6.2, §10.5):
 * Softmax (1 input) subtracts the row max before exp (same result, no overflow to inf/NaN for
   logits > ~88); HugeCTR computes exp(x)/sum(exp(x)) as is. numbactr.compat.hugectr_exact() restores
   HugeCTR's version.
-* Masked Softmax reads mask[b, 0, i, j] for every row i (a (B, 1, 1, Lt) mask is broadcast over the
-  rows). HugeCTR's kernel indexes the mask as b*Lt + j, which is right only for (B, 1, 1, Lt) masks,
-  and assumes Lf == Lt.
+* Masked Softmax reads mask[b, 0, i, j] for every row i, as HugeCTR v23.08/v23.12's kernel does
+  (offset b*Lf*Lt + i*Lt + j); numbactr also takes a (B, 1, 1, Lt) mask, broadcast over the rows,
+  which HugeCTR would read past. The four-input MultiHeadAttention uses the same masked softmax.
 """
 from __future__ import annotations
 
@@ -216,15 +216,34 @@ class MatrixMultiply(Layer):
 
 
 class MultiHeadAttention(Layer):
-    """Three modes (no weights; H = num_attention_heads, d = size per head):
+    """Four modes (no weights; H = num_attention_heads, d = size per head):
     (i)   Q, K, V (B, L, H*d) -> scores Qh Khᵀ/sqrt(d) (B, H, L, L) and V split into heads (B, H, L, d);
     (ii)  transpose_b=True:  Q (B, H, Lf, d), K (B, H, Lt, d) -> Q Kᵀ/sqrt(d) (B, H, Lf, Lt);
-    (iii) transpose_b=False: scores (B, H, Lf, Lt), V (B, H, Lt, d) -> merged heads (B, Lf, H*d)."""
+    (iii) transpose_b=False: scores (B, H, Lf, Lt), V (B, H, Lt, d) -> merged heads (B, Lf, H*d);
+    (iv)  HugeCTR v23.12's whole attention, 4 bottoms [Q (B, Lf, H*d), K (B, Lt, H*d), V (B, Lt, H*d),
+          mask (B, 1, Lf, Lt)] -> 1 top (B, Lf, H*d):
+              P = softmax(Qh Khᵀ/sqrt(d) - (1 - mask)*10000)    per head, over Lt (+1e-6 in the sum)
+              Y = merge_heads(P Vh)
+          mask 1 keeps a key, 0 drops it (HugeCTR's MaskedSoftmaxLayer, factor 1: SequenceMask's output
+          fits); it gets no gradient, and transpose_b is not read (HugeCTR ignores it too). numbactr also
+          takes a (B, 1, 1, Lt) mask, broadcast over the query rows. The backward is the chain of the
+          pieces' hand-written backwards: merge -> dP, dVh = dO Vhᵀ, Pᵀ dO -> masked-softmax backward ->
+          dQh, dKh = dS Kh/sqrt(d), dSᵀ Qh/sqrt(d) -> split back to (B, L, H*d)."""
     type_name = "MultiHeadAttention"
+
+    def _set_heads(self, hidden: int, who: str) -> None:
+        heads = self.cfg.num_attention_heads
+        if not isinstance(heads, int) or isinstance(heads, bool) or heads <= 0:
+            self.fail(f"num_attention_heads must be a positive int, got {heads!r}")
+        if hidden % heads:
+            self.fail(f"hidden width {hidden} of {who} is not divisible by num_attention_heads={heads}")
+        self.heads, self.d = heads, hidden // heads
 
     def infer(self):
         names, shapes = self.cfg.bottom_names, self.in_shapes
-        heads, tb = self.cfg.num_attention_heads, self.cfg.transpose_b
+        tb = self.cfg.transpose_b
+        if len(shapes) == 4:
+            return self._infer_masked()
         if len(shapes) == 3:
             self.mode = "qkv"
             self.expect_counts(3, 2)
@@ -232,15 +251,10 @@ class MultiHeadAttention(Layer):
             if any(len(s) != 3 for s in shapes) or any(s != q for s in shapes):
                 self.fail("Q, K, V must all be 3-D (B, L, H*d) of one shape; got " +
                           ", ".join(f"{n!r} {s}" for n, s in zip(names, shapes)))
-            if not isinstance(heads, int) or isinstance(heads, bool) or heads <= 0:
-                self.fail(f"num_attention_heads must be a positive int, got {heads!r}")
             b, l, hd = q
-            if hd % heads:
-                self.fail(f"hidden width {hd} of {names[0]!r} {q} is not divisible by "
-                          f"num_attention_heads={heads}")
-            self.heads, self.d = heads, hd // heads
-            return [(b, heads, l, l), (b, heads, l, self.d)]
-        self.expect_counts((2, 3), 1)         # 3 bottoms were handled above: here there are 2
+            self._set_heads(hd, f"{names[0]!r} {q}")
+            return [(b, self.heads, l, l), (b, self.heads, l, self.d)]
+        self.expect_counts((2, 3, 4), 1)      # 3 and 4 bottoms were handled above: here there are 2
         a, v = shapes
         if len(a) != 4 or len(v) != 4 or a[:2] != v[:2]:
             self.fail(f"2 bottoms must be 4-D (B, H, ., .) sharing B and H; got {names[0]!r} {a} "
@@ -259,6 +273,25 @@ class MultiHeadAttention(Layer):
         self.heads, self.d = a[1], v[3]
         return [(a[0], a[2], a[1] * v[3])]
 
+    def _infer_masked(self):
+        names, shapes = self.cfg.bottom_names, self.in_shapes
+        self.mode = "qkvm"
+        self.expect_counts(4, 1)
+        q, k, v, m = shapes
+        listed = ", ".join(f"{n!r} {s}" for n, s in zip(names[:3], shapes[:3]))
+        if any(len(s) != 3 for s in (q, k, v)):
+            self.fail(f"4 bottoms are Q (B, Lf, H*d), K and V (B, Lt, H*d) and a mask; Q, K, V must be 3-D, "
+                      f"got {listed}")
+        if not q[0] == k[0] == v[0] or not q[2] == k[2] == v[2] or k[1] != v[1]:
+            self.fail(f"Q (B, Lf, H*d), K and V (B, Lt, H*d) must share B and H*d, and K and V Lt; got {listed}")
+        b, lf, hd = q
+        lt = k[1]
+        self._set_heads(hd, f"{names[0]!r} {q}")
+        if m not in ((b, 1, lf, lt), (b, 1, 1, lt)):
+            self.fail(f"mask {names[3]!r} {m} does not fit Q {q} and K {k}: need ({b}, 1, {lf}, {lt}) "
+                      f"or ({b}, 1, 1, {lt})")
+        return [(b, lf, hd)]
+
     def forward(self, tape, xs, run):
         tops = self.cfg.top_names
         scale = 1.0 / math.sqrt(self.d)
@@ -266,6 +299,13 @@ class MultiHeadAttention(Layer):
             names = (f"{tops[0]}:q_heads", f"{tops[0]}:k_heads", tops[1])
             q, k, v = (SplitHeadsFn.apply(tape, x, heads=self.heads, name=n) for x, n in zip(xs, names))
             return [ScaledQKFn.apply(tape, q, k, scale=scale, name=tops[0]), v]      # v: (B, H, L, d)
+        if self.mode == "qkvm":
+            q, k, v = (SplitHeadsFn.apply(tape, x, heads=self.heads, name=f"{tops[0]}:{n}_heads")
+                       for x, n in zip(xs[:3], "qkv"))                          # (B, H, L, d)
+            s = ScaledQKFn.apply(tape, q, k, scale=scale, name=f"{tops[0]}:scores")   # (B, H, Lf, Lt)
+            p = MaskedSoftmaxFn.apply(tape, s, xs[3], factor=1.0, name=f"{tops[0]}:softmax")
+            o = MatMulFn.apply(tape, p, v, name=f"{tops[0]}:heads")                  # (B, H, Lf, d)
+            return [MergeHeadsFn.apply(tape, o, name=tops[0])]
         if self.mode == "qk":
             return [ScaledQKFn.apply(tape, xs[0], xs[1], scale=scale, name=tops[0])]
         o = MatMulFn.apply(tape, xs[0], xs[1], name=f"{tops[0]}:heads")          # (B, H, Lf, d)
