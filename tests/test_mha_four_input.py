@@ -244,3 +244,24 @@ def test_bst_v23_12_graph_trains_as_the_v23_08_spelling(bst_data, tmp_path):
     fresh.compile()
     assert _train(again, 3) == _train(fresh, 3)
     assert math.isfinite(new.get_current_loss())
+
+
+def test_onnx_export_predicts_the_same(bst_data, tmp_path, capfd):
+    """numbactr's hugectr2onnx writes the four-input attention as ONNX ops; onnxruntime == numbactr."""
+    pytest.importorskip("onnxruntime")
+    from tests.test_onnx_converter import assert_same, convert, eval_batches, ragged_batch
+    device.set_device("cpu")
+    m = _bst(bst_data, True)
+    m.compile()
+    _train(m, 3)
+    # sharper attention and a steeper head than 3 steps give, so that the mask and the softmax's scale
+    # show in the predictions (a mask ignored moves them by ~1e-2, scores scaled by 1.1 by ~1e-3)
+    for layer in m.layers:
+        if layer.cfg.top_names[0] in ("query_emb", "key_emb", "fc1", "fc2"):
+            for w in layer.params:
+                w.data *= 6.0
+    capfd.readouterr()
+    predictor = convert(m, str(tmp_path))
+    assert "onnxruntime" not in capfd.readouterr().err
+    for batch in eval_batches(m, 1) + [ragged_batch(m, np.random.default_rng(2), 5)]:
+        assert_same(m, predictor, batch)

@@ -205,15 +205,19 @@ def softmax(g, layer, xs, ws, tops):
     if not layer.masked:
         g.op("Softmax", xs, t, out=t, axis=-1)
         return
-    x, mask = xs
-    z = g.op("Mul", [x, g.const(layer.factor, f"{t}/factor")], f"{t}/scaled")
+    _masked_softmax(g, xs[0], xs[1], layer.factor, t, t)
+
+
+def _masked_softmax(g, x: str, mask: str, factor: float, out: str | None, t: str) -> str:
+    """softmax(x*factor - (1 - mask)*10000) over the last dim, +1e-6 in the sum (kernels/softmax.py)."""
+    z = g.op("Mul", [x, g.const(factor, f"{t}/factor")], f"{t}/scaled")
     off = g.op("Mul", [g.op("Sub", [g.const(1.0, f"{t}/one"), mask], f"{t}/masked_out"),
                        g.const(softmax_k.MASK_PENALTY, f"{t}/penalty")], f"{t}/penalty")
     z = g.op("Sub", [z, off], f"{t}/logits")
     e = g.op("Exp", [g.op("Sub", [z, _reduce(g, "ReduceMax", z, -1, True, f"{t}/max")], f"{t}/shifted")], f"{t}/exp")
     den = g.op("Add", [_reduce(g, "ReduceSum", e, -1, True, f"{t}/sum"), g.const(softmax_k.MASKED_EPS, f"{t}/eps")],
                f"{t}/den")
-    g.op("Div", [e, den], t, out=t)
+    return g.op("Div", [e, den], t, out=out)
 
 
 def matrix_multiply(g, layer, xs, ws, tops):
@@ -234,10 +238,18 @@ def _heads(g, x: str, length: int, heads: int, d: int, out: str | None, hint: st
 
 def multi_head_attention(g, layer, xs, ws, tops):
     t = tops[0]
-    if layer.mode == "sv":                        # scores (B, H, Lf, Lt) x V (B, H, Lt, d) -> (B, Lf, H*d)
+    if layer.mode == "qkvm":                      # v23.12: Q (B, Lf, H*d), K, V (B, Lt, H*d), mask -> (B, Lf, H*d)
+        lf, lt = layer.in_shapes[0][1], layer.in_shapes[1][1]
+        q, k, v = (_heads(g, x, n, layer.heads, layer.d, None, f"{t}/{c}")
+                   for x, n, c in zip(xs[:3], (lf, lt, lt), "qkv"))
+        kt = g.op("Transpose", [k], f"{t}/kT", perm=[0, 1, 3, 2])
+        s = g.op("Mul", [g.op("MatMul", [q, kt], f"{t}/qkT"), g.const(1.0 / math.sqrt(layer.d), f"{t}/scale")],
+                 f"{t}/scores")
+        xs = [_masked_softmax(g, s, xs[3], 1.0, None, f"{t}/softmax"), v]
+    if layer.mode in ("sv", "qkvm"):              # scores (B, H, Lf, Lt) x V (B, H, Lt, d) -> (B, Lf, H*d)
         o = g.op("MatMul", xs, f"{t}/heads")
         merged = g.op("Transpose", [o], f"{t}/merge", perm=[0, 2, 1, 3])
-        _reshape(g, merged, [layer.in_shapes[0][2], layer.heads * layer.d], t, t)
+        _reshape(g, merged, [layer.out_shapes[0][1], layer.heads * layer.d], t, t)
         return
     if layer.mode == "qkv":                       # Q, K, V (B, L, H*d): split heads; V's heads are top 2
         length = layer.in_shapes[0][1]
