@@ -13,6 +13,8 @@ from .config import (CreateOptimizer, CreateSolver, DataReaderParams, DataReader
                      DenseLayerComputeConfig, GroupDenseLayer, IgnoredArgumentWarning, Input, OptParamsPy, Solver,
                      SparseEmbedding)
 from .enums import *  # noqa: F401,F403  (the enum classes)
+from .data.raw_async import AsyncParam
+from . import data  # noqa: F401  (hugectr.data.DataSourceParams)
 from .model import Model, ModelError
 from .embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
 from .optim import LearningRateScheduler
@@ -23,6 +25,6 @@ globals().update(_enums.exported_members())    # pybind export_values(): hugectr
 
 __version__ = "0.1.0"
 
-__all__ = ["CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
-           "IgnoredArgumentWarning", "Input", "LearningRateScheduler", "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "CommunicationStrategy", "OptParamsPy", "Solver",
-           "SparseEmbedding", "tools"]
+__all__ = ["AsyncParam", "CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
+           "DenseLayerComputeConfig", "GroupDenseLayer", "IgnoredArgumentWarning", "Input", "LearningRateScheduler",
+           "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "CommunicationStrategy", "OptParamsPy", "Solver", "SparseEmbedding", "tools"]

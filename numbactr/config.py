@@ -16,6 +16,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from .data.raw_async import AsyncParam
+from .data.source import DataSourceParams
 from .enums import (Activation_t, Check_t, DataReaderType_t, Embedding_t, FcPosition_t, GroupLayer_t,
                     Initializer_t, Layer_t, LrPolicy_t, MetricsType, Optimizer_t, Regularizer_t, Update_t)
 
@@ -187,6 +189,11 @@ class DataReaderParams:
         self.slot_size_array = [int(v) for v in self.slot_size_array]
         _expect(all(v >= 0 for v in self.slot_size_array),
                 f"DataReaderParams: slot_size_array entries must be >= 0, got {self.slot_size_array}")
+        _expect(self.async_param is None or isinstance(self.async_param, AsyncParam),
+                f"DataReaderParams: async_param must be a hugectr.AsyncParam, got {self.async_param!r}")
+        _expect(self.data_source_params is None or isinstance(self.data_source_params, DataSourceParams),
+                f"DataReaderParams: data_source_params must be a hugectr.data.DataSourceParams, got "
+                f"{self.data_source_params!r}")
         self._warn_ignored()
 
     def _warn_ignored(self) -> None:
@@ -201,23 +208,24 @@ class DataReaderParams:
         if self.cache_eval_data:
             notes.append(("cache_eval_data", self.cache_eval_data, "numbactr caches no eval batches: every "
                                                                    "evaluation reads on through the eval source"))
-        if t != T.Raw:
+        if t == T.RawAsync:         # num_samples: the RawAsync reader itself compares it with the file
+            if self.float_label_dense:
+                notes.append(("float_label_dense", True, "RawAsync's layout comes from async_param "
+                                                         "(multi_hot_reader, is_dense_float)"))
+        elif t != T.Raw:
             for name in ("num_samples", "eval_num_samples", "float_label_dense"):
                 if getattr(self, name):
                     notes.append((name, getattr(self, name), f"used only by the Raw reader, not {t.name}"))
             if self.slot_size_array and t == T.Norm:
                 notes.append(("slot_size_array", self.slot_size_array, "used only by the Parquet reader (key "
                                                                        "offsets); Norm keys are read verbatim"))
-        elif self.slot_size_array:
+        if self.slot_size_array and t in (T.Raw, T.RawAsync):
             notes.append(("slot_size_array", self.slot_size_array, "used only by the Parquet reader (key "
-                                                                   "offsets); Raw keys are read verbatim"))
+                                                                   f"offsets); {t.name} keys are read verbatim"))
         if self.read_file_sequentially and t != T.Parquet:
             notes.append(("read_file_sequentially", True, f"used only by the Parquet reader, not {t.name}"))
-        if self.data_source_params is not None:
-            notes.append(("data_source_params", self.data_source_params, "numbactr reads local files only"))
-        if self.async_param is not None:
-            notes.append(("async_param", self.async_param, "used only by the RawAsync reader, which numbactr "
-                                                           "does not support"))
+        if self.async_param is not None and t != T.RawAsync:
+            notes.append(("async_param", self.async_param, f"used only by the RawAsync reader, not {t.name}"))
         for name, value, why in notes:
             warn_ignored("DataReaderParams", name, value, why, stacklevel=4)
 

@@ -292,7 +292,7 @@ class Model:
         return make_reader(self.reader_params, source, batch, inp.label_dim, inp.dense_dim,
                            [sp.slot_num for sp in inp.sparse], [sp.nnz_per_slot for sp in inp.sparse],
                            self.solver.i64_input_key, repeat, rank=self.comm.rank, ranks=self.ranks, eval=eval,
-                           key_bound=bounds, label_rules=rules)
+                           key_bound=bounds, label_rules=rules, seed=self.solver.seed)
 
     def start_data_reading(self) -> None:
         self._require_compiled("start_data_reading")

@@ -1,10 +1,12 @@
-"""Reader benchmark: samples/s delivered as training batches, Norm / Raw / Parquet x 1, 2, 4 workers.
+"""Reader benchmark: samples/s delivered as training batches, Norm / Raw / RawAsync / Parquet x 1, 2, 4 workers.
 
     numbactr bench data [--samples 1000000] [--batch-size 16384] [--workers 1,2,4] [--step-ms 20]
 
 Data: Criteo-shaped (1 label, 13 dense float32, 26 one-hot slots), written once to a temporary folder:
 Norm with Check_t.Sum and 32-bit keys in --files files, Raw (int32 label/dense, so the log(x + 1)
-transform runs) in one file, Parquet (int64 key columns, slot_size_array offsets applied by the reader)
+transform runs) in one file, read by the Raw reader and by the one-hot RawAsync reader (workers =
+AsyncParam.num_threads, 4 batches ahead each; raw_async: buffered preadv, raw_async_direct: O_DIRECT, not
+in the default --formats), Parquet (int64 key columns, slot_size_array offsets applied by the reader)
 in --files files. Each cell is the best of --repeats full epoch-mode passes through the numbactr reader
 (decode, validation, batch assembly, queue hand-off); the consumer only counts rows. Parquet normally
 runs one worker per local device; here the worker count is forced (local_devices=W) to show scaling.
@@ -31,6 +33,7 @@ from .file_list import write_file_list
 from .norm import write_norm_file
 from .parquet import ParquetDatasetWriter
 from .raw import write_raw_file
+from .raw_async import AsyncParam
 from .reader import DataReader
 
 __all__ = ["main", "write_bench_data", "measure"]
@@ -73,6 +76,10 @@ def _write_bench_file(d, f, n, rng, pq, raw_path, norm_files) -> None:
 
 
 def _reader(fmt: str, source: str, samples: int, batch: int, workers: int, repeat: bool = False):
+    if fmt.startswith("raw_async"):
+        ap = AsyncParam(workers, 4, 10, 2, 512, False, multi_hot_reader=False, is_dense_float=False)
+        return DataReader(DataReaderType_t.RawAsync, source, batch, 1, DENSE, [SLOTS], [[1] * SLOTS], False, repeat,
+                          async_param=ap, direct_io=fmt == "raw_async_direct")
     t = {"norm": DataReaderType_t.Norm, "raw": DataReaderType_t.Raw, "parquet": DataReaderType_t.Parquet}[fmt]
     return DataReader(t, source, batch, 1, DENSE, [SLOTS], [[1] * SLOTS], False, repeat,
                       num_workers=workers, check_type=Check_t.Sum, num_samples=samples,
@@ -124,7 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=16384, help="batch size (default: %(default)s)")
     ap.add_argument("--workers", default="1,2,4", help="worker counts to measure, comma-separated "
                                                         "(default: %(default)s)")
-    ap.add_argument("--formats", default="norm,raw,parquet", help="formats to measure (default: %(default)s)")
+    ap.add_argument("--formats", default="norm,raw,raw_async,parquet", help="formats to measure: norm, raw, "
+                    "raw_async, raw_async_direct, parquet (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=2, help="passes per cell, the best counts (default: %(default)s)")
     ap.add_argument("--step-ms", type=float, default=0.0, help="also measure waits with an S ms step")
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary folder)")
@@ -134,9 +142,10 @@ def main(argv=None) -> int:
     except ValueError:
         ap.error(f"--workers {a.workers!r}: expected comma-separated whole numbers, e.g. 1,2,4")
     formats = [f.strip().lower() for f in a.formats.split(",")]
-    unknown = sorted(set(formats) - {"norm", "raw", "parquet"})
+    unknown = sorted(set(formats) - {"norm", "raw", "raw_async", "raw_async_direct", "parquet"})
     if unknown:
-        ap.error(f"--formats: unknown format(s) {', '.join(unknown)}; choose from norm, raw, parquet")
+        ap.error(f"--formats: unknown format(s) {', '.join(unknown)}; choose from norm, raw, raw_async, "
+                 f"raw_async_direct, parquet")
     if min(workers) < 1 or a.samples < 1 or a.batch_size < 1 or a.files < 1 or a.repeats < 1:
         ap.error("--samples, --files, --batch-size, --repeats and every worker count must be >= 1")
     if max(workers) > a.files:
@@ -145,6 +154,7 @@ def main(argv=None) -> int:
     try:
         t = time.perf_counter()
         src = write_bench_data(d, a.samples, a.files)
+        src["raw_async"] = src["raw_async_direct"] = src["raw"]
         print(f"wrote {a.samples} samples per format in {time.perf_counter() - t:.1f}s to {d}")
         print(f"\nReader throughput, {datetime.date.today().isoformat()}, {platform.node() or 'host'}: "
               f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, {a.samples} samples, "

@@ -12,17 +12,22 @@ Sample order (HugeCTR's DataReader + DataCollector):
   repeat the sequence continues modulo the file count, forever) and builds whole GLOBAL batches of
   consecutive samples from its own stream (a batch may span two of its files). Raw: worker w takes
   batches w, w+W, ... of the single file, each `batch_size` consecutive samples (so the order is the
-  file order).
+  file order). RawAsync: the same with W = AsyncParam.num_threads, over the batches in file order or, with
+  AsyncParam.shuffle (training only), in one fixed permutation (numbactr.data.raw_async).
 * The batches are collected round-robin: worker 0, 1, ..., W-1, 0, ... In epoch mode (repeat=False)
   each worker ends with a partial batch at its end of data (Raw: the file's last partial batch); the
   round-robin then skips finished workers, and the pass ends when all are finished. In repeat mode Norm
   and Parquet never emit a partial batch (a worker wraps to its next file); Raw emits the file's last
   partial batch every pass, as HugeCTR's MmapOffsetList does.
-* Workers: Norm and Raw use num_workers; Norm needs at least one file per worker (HugeCTR throws,
-  so do we). Parquet uses min(num_workers, #files, local devices) workers (one per local GPU: 1 here;
-  read_file_sequentially=True skips the #files bound as in HugeCTR). num_workers=None (the script
-  set none): numbactr.threads.reader_workers(), sized next to the compute threads, one per file at most.
+* Workers: Norm and Raw use num_workers (RawAsync: num_threads, each num_batches_per_thread ahead); Norm
+  needs at least one file per worker (HugeCTR throws, so do we). Parquet uses min(num_workers, #files,
+  local devices) workers (one per local GPU: 1 here; read_file_sequentially=True skips the #files bound
+  as in HugeCTR). num_workers=None (the script set none): numbactr.threads.reader_workers(), sized next
+  to the compute threads, one per file at most.
 * drop_incomplete_batch is the model's business: the reader hands out every partial batch.
+
+Data paths go through numbactr.data.source: a path with a scheme (hdfs://, s3://, gs://, memory://, ...) or
+one on the remote filesystem DataReaderParams.data_source_params names is fetched through fsspec.
 
 Ranks: the global batch B is split contiguously; rank r of R gets rows [r*B/R, (r+1)*B/R) as a Batch of
 B/R rows. Every rank reads the whole batch's files (as every HugeCTR node does) and keeps its rows.
@@ -66,6 +71,8 @@ from .file_list import read_file_list
 from .norm import _split_inputs, iter_norm_chunks, key_dtype_of, norm_record_offsets, output_key_dtype
 from .parquet import ParquetFile, metadata_path_for, read_parquet_metadata, slot_offsets_of
 from .raw import RawFile
+from .raw_async import AsyncParam, RawAsyncFile, batch_order, check_async_input
+from .source import is_remote, local_copy
 from .validation import slot_ranges, validate_chunk
 
 __all__ = ["make_reader", "DataReader"]
@@ -322,11 +329,18 @@ def _file_worker(cfg, files, w, W, chunk_fn, stop):
             return
 
 
-def _raw_worker(cfg, path, num_samples, w, W, stop):
-    rf = RawFile(path, num_samples, cfg.label_dim, cfg.dense_dim, cfg.slot_num, cfg.float_label_dense,
-                 cfg.i64)
+def _raw_worker(cfg, open_file, w, W, stop, order=None):
+    """Batches w, w+W, ... (modulo the batch count with repeat) of a Raw or RawAsync file, this rank's rows.
+
+    open_file() -> RawFile or RawAsyncFile (opened in the worker thread); order: a permutation of the batch
+    indices (RawAsync shuffle) or None for file order.
+    """
+    rf = open_file()
+    num_samples = rf.num_samples
     B, lo, hi = cfg.batch_size, cfg.lo, cfg.hi
     nb = -(-num_samples // B)
+    nnz = getattr(rf, "nnz", None)                        # RawAsync: static keys per slot
+    key_word = getattr(rf, "key_word", lambda j: cfg.label_dim + cfg.dense_dim + j)
     L, D = cfg.label_dim, cfg.dense_dim
     k = 0
     try:
@@ -337,20 +351,25 @@ def _raw_worker(cfg, path, num_samples, w, W, stop):
                     return
                 b %= nb
             k += 1
+            if order is not None:
+                b = int(order[b])
             a, e = b * B, min(num_samples, (b + 1) * B)
             ra, re = a + lo, max(a + lo, min(a + hi, e))      # this rank's rows of the file
             label, dense, keys = rf.rows(ra, re)
             m = re - ra
 
             def locate(row, kind, j, ra=ra):
-                word = j if kind == "label" else L + j if kind == "dense" else L + D + j
+                word = j if kind == "label" else L + j if kind == "dense" else key_word(j)
                 return ra + row, rf.offset_of(ra + row, word), ""
 
             inputs, s0 = [], 0
             for S in cfg.slots_per_input:
-                inputs.append((np.ascontiguousarray(keys[:, s0:s0 + S]).reshape(-1), _arange(m * S + 1)))
+                if nnz is None or all(v == 1 for v in nnz):
+                    inputs.append((np.ascontiguousarray(keys[:, s0:s0 + S]).reshape(-1), _arange(m * S + 1)))
+                else:                                     # one multi-hot input: keys (m, sum(nnz)) slot-major
+                    inputs.append((keys.reshape(-1), _excl_cumsum(np.tile(np.asarray(nnz, np.int64), m))))
                 s0 += S
-            ch = _Chunk("Raw", rf.path, label, dense, inputs, m, locate)
+            ch = _Chunk(getattr(rf, "fmt", "Raw"), rf.path, label, dense, inputs, m, locate)
             validate_chunk(ch, cfg.key_ranges, cfg.label_rules, cfg.input_slot_offsets)
             # the chunk holds exactly this rank's valid rows: assemble them as rows [0, m) of B/R
             b = _assemble([(ch, 0, m)], m, hi - lo, 0, hi - lo, cfg)
@@ -358,6 +377,14 @@ def _raw_worker(cfg, path, num_samples, w, W, stop):
             yield b
     finally:
         rf.close()
+
+
+def _open_async(cfg, path, num_samples, checked_samples=None):
+    """The RawAsync file of a reader's settings (cfg: the reader or its snapshot)."""
+    ap = cfg.async_param
+    return RawAsyncFile(path, cfg.label_dim, cfg.dense_dim, cfg.async_nnz, ap.multi_hot_reader and ap.is_dense_float,
+                        cfg.i64, ap.multi_hot_reader and cfg.i64, ap.io_alignment, cfg.direct_io,
+                        num_samples=num_samples, checked_samples=checked_samples)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -535,10 +562,10 @@ class DataReader:
                  i64_input_key, repeat, rank=0, ranks=1, *, num_workers=None, check_type=Check_t.Sum,
                  skip_bad_checksum=False, slot_size_array=(), num_samples=0, float_label_dense=False,
                  read_file_sequentially=False, key_bound=None, label_rules=None, local_devices=1,
-                 queue_depth=4):
-        if fmt not in (DataReaderType_t.Norm, DataReaderType_t.Raw, DataReaderType_t.Parquet):
-            raise NotImplementedError(f"DataReaderType_t.{getattr(fmt, 'name', fmt)} is not supported by "
-                                      f"numbactr (Norm, Raw and Parquet are)")
+                 queue_depth=4, async_param=None, data_source_params=None, seed=0, shuffle=True, direct_io=None):
+        if not isinstance(fmt, DataReaderType_t):
+            raise NotImplementedError(f"data reader type {fmt!r} is not supported by numbactr (DataReaderType_t."
+                                      f"Norm, Raw, Parquet and RawAsync are)")
         self.fmt = fmt
         B, R, r = int(batch_size), int(ranks), int(rank)
         if B <= 0:
@@ -598,6 +625,18 @@ class DataReader:
             if fmt == DataReaderType_t.Parquet else None
         self.input_slot_offsets = None if self.slot_offsets is None else \
             np.split(self.slot_offsets, np.cumsum(self.slots_per_input)[:-1])
+        self.data_source_params = data_source_params
+        self.async_param = async_param
+        self.order = None
+        if fmt == DataReaderType_t.RawAsync:
+            if async_param is None:     # DataReaderParams' default (HugeCTR's model_wrapper.hpp)
+                async_param = AsyncParam(16, 4, 512000, 4, 512, False, multi_hot_reader=False, is_dense_float=False)
+            self.async_param = async_param
+            self.async_nnz = check_async_input(async_param, self.slots_per_input, self.nnz_per_slot, self.repeat)
+            self.shuffle = bool(shuffle) and async_param.shuffle
+            self.direct_io = direct_io              # None: NUMBACTR_DIRECT_IO decides (numbactr.data.raw_async)
+            self.seed = int(seed)
+            self.queue_depth = async_param.num_threads * async_param.num_batches_per_thread
         self.stats = _Stats()
         self._pass = None
         self.set_source(source)
@@ -612,13 +651,29 @@ class DataReader:
         """Read another source from the next pass on (HugeCTR's set_source; stops a running pass)."""
         self.close()
         self.source = str(source)
+        dsp = self.data_source_params
         if self.fmt == DataReaderType_t.Raw:
-            self.files = [self.source]
-            RawFile(self.source, self.num_samples, self.label_dim, self.dense_dim, self.slot_num,
+            self.files = [local_copy(self.source, dsp)]
+            RawFile(self.files[0], self.num_samples, self.label_dim, self.dense_dim, self.slot_num,
                     self.float_label_dense, self.i64, warn_unread=True).close()     # size checks up front
             self.num_workers = self.num_workers_requested
             return
-        self.files = read_file_list(self.source)
+        if self.fmt == DataReaderType_t.RawAsync:
+            self.files = [local_copy(self.source, dsp)]
+            rf = _open_async(self, self.files[0], self.num_samples)               # size checks up front
+            self.async_samples = rf.num_samples
+            nb = -(-rf.num_samples // self.batch_size)
+            rf.close()
+            self.order = batch_order(nb, self.shuffle, self.seed)
+            self.num_workers = min(self.async_param.num_threads, nb)          # a thread without batches idles
+            return
+        list_path = local_copy(self.source)                           # a list given as a URI is fetched
+        listed = read_file_list(list_path, check_exists=False)
+        if not any(is_remote(f, dsp) for f in listed):
+            listed = read_file_list(list_path)                        # local files: checked, with line numbers
+        self.files = [local_copy(f, dsp) for f in listed]
+        if self.fmt == DataReaderType_t.Parquet and is_remote(listed[0], dsp):
+            local_copy(metadata_path_for(listed[0]), dsp)             # beside files[0] in the cache
         N = len(self.files)
         if self.fmt == DataReaderType_t.Norm:
             self.num_workers = self.num_workers_requested
@@ -654,8 +709,15 @@ class DataReader:
         # the workers get a snapshot of the settings, never the reader itself: a reader (and its pass)
         # that nobody references any more is collected, and dropping the pass stops the workers
         cfg = SimpleNamespace(**{k: v for k, v in vars(self).items() if k != "_pass"})
+        path = self.files[0]
         if self.fmt == DataReaderType_t.Raw:
-            gens = [_raw_worker(cfg, self.source, self.num_samples, w, W, stop) for w in range(W)]
+            def open_raw():
+                return RawFile(path, cfg.num_samples, cfg.label_dim, cfg.dense_dim, cfg.slot_num,
+                               cfg.float_label_dense, cfg.i64)
+            gens = [_raw_worker(cfg, open_raw, w, W, stop) for w in range(W)]
+        elif self.fmt == DataReaderType_t.RawAsync:
+            gens = [_raw_worker(cfg, lambda: _open_async(cfg, path, 0, cfg.async_samples), w, W, stop, self.order)
+                    for w in range(W)]
         else:
             fn = _norm_chunks if self.fmt == DataReaderType_t.Norm else _parquet_chunks
             gens = [_file_worker(cfg, self.files, w, W, fn, stop) for w in range(W)]
@@ -683,7 +745,8 @@ class DataReader:
 def make_reader(params, source: str, batch_size: int, label_dim: int, dense_dim: int, slots_per_input,
                 nnz_per_slot, i64_input_key: bool, repeat: bool, rank: int = 0, ranks: int = 1,
                 eval: bool = False, *, key_bound=None, label_rules=None,  # noqa: A002
-                skip_bad_checksum: bool = False, local_devices: int = 1, queue_depth: int = 4) -> DataReader:
+                skip_bad_checksum: bool = False, local_devices: int = 1, queue_depth: int = 4,
+                seed: int = 0) -> DataReader:
     """The reader for one source (train: params.source[0], eval: params.eval_source).
 
     params: DataReaderParams (data_reader_type, check_type, num_workers, slot_size_array (Parquet key
@@ -695,6 +758,9 @@ def make_reader(params, source: str, batch_size: int, label_dim: int, dense_dim:
     the model passes each one-hot table's slot_size_array ranges); a single int or None applies to every
     input. label_rules: None or one numbactr.data.validation.LabelRule (or None) per label column.
     local_devices: devices of this process (Parquet uses at most one worker per device).
+    RawAsync: params.async_param (None: DataReaderParams' default AsyncParam); its shuffle applies to the
+    training source only, with the permutation drawn from seed (the solver's: the same on every rank).
+    params.data_source_params: where data paths without a scheme live (numbactr.data.source).
     """
     return DataReader(params.data_reader_type, source, batch_size, label_dim, dense_dim, slots_per_input,
                       nnz_per_slot, i64_input_key, repeat, rank, ranks,
@@ -703,4 +769,6 @@ def make_reader(params, source: str, batch_size: int, label_dim: int, dense_dim:
                       num_samples=params.eval_num_samples if eval else params.num_samples,
                       float_label_dense=params.float_label_dense,
                       read_file_sequentially=params.read_file_sequentially, key_bound=key_bound,
-                      label_rules=label_rules, local_devices=local_devices, queue_depth=queue_depth)
+                      label_rules=label_rules, local_devices=local_devices, queue_depth=queue_depth,
+                      async_param=params.async_param,
+                      data_source_params=params.data_source_params, seed=seed, shuffle=not eval)
