@@ -108,33 +108,29 @@ def _train(m, steps):
 
 
 @pytest.mark.parametrize("dev", ["cpu", "sim"])
-def test_group_equals_hand_expanded_layers(data, tmp_path, dev):
-    before = device.kind()
-    device.set_device(dev)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")                      # nothing about the group warns
-            a, b = dlrm_group(data), dlrm_by_hand(data)
-            assert a.shapes == b.shapes
-            assert a.shapes["fc2_db"] == (1, 6) and a.shapes["fc2_mask"] == (32, 6) and a.shapes["fc8"] == (32, 1)
-            a.compile()
-            b.compile()
-            assert a.n_params == b.n_params
-            np.testing.assert_array_equal(device.to_host(a.weights), device.to_host(b.weights))
-            steps = 2 if dev == "sim" else 6
-            la, lb = _train(a, steps), _train(b, steps)
-        assert la == lb and all(np.isfinite(la))
+def test_group_equals_hand_expanded_layers(data, on_device, dev):
+    on_device(dev)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                          # nothing about the group warns
+        a, b = dlrm_group(data), dlrm_by_hand(data)
+        assert a.shapes == b.shapes
+        assert a.shapes["fc2_db"] == (1, 6) and a.shapes["fc2_mask"] == (32, 6) and a.shapes["fc8"] == (32, 1)
+        a.compile()
+        b.compile()
+        assert a.n_params == b.n_params
         np.testing.assert_array_equal(device.to_host(a.weights), device.to_host(b.weights))
-        for t in ("fc3", "interaction1", "fc8"):
-            np.testing.assert_array_equal(a.check_out_tensor(t, hugectr.Tensor_t.Train),
-                                          b.check_out_tensor(t, hugectr.Tensor_t.Train))
-        if dev == "cpu":
-            assert la[-1] < la[0]                                # it trains
-    finally:
-        device.set_device(before)
+        steps = 2 if dev == "sim" else 6
+        la, lb = _train(a, steps), _train(b, steps)
+    assert la == lb and all(np.isfinite(la))
+    np.testing.assert_array_equal(device.to_host(a.weights), device.to_host(b.weights))
+    for t in ("fc3", "interaction1", "fc8"):
+        np.testing.assert_array_equal(a.check_out_tensor(t, hugectr.Tensor_t.Train),
+                                      b.check_out_tensor(t, hugectr.Tensor_t.Train))
+    if dev == "cpu":
+        assert la[-1] < la[0]                                    # it trains
 
 
-def test_graph_json_and_summary_match_hugectr_expansion(data, tmp_path):
+def test_graph_json_and_summary_match_hugectr_expansion(data, tmp_path, cpu):
     a, b = dlrm_group(data), dlrm_by_hand(data)
     a.compile()
     b.compile()
@@ -162,7 +158,7 @@ def test_graph_json_and_summary_match_hugectr_expansion(data, tmp_path):
     assert _train(c, 3) == _train(a, 3)
 
 
-def test_two_bottom_head_and_two_layer_group(data):
+def test_two_bottom_head_and_two_layer_group(data, cpu):
     """A two-layer group is Head + Tail; a Head may take a second bottom (the fp16 Interaction's mask)."""
     m = _base(data)
     m.add(hugectr.DenseLayer(L.Reshape, ["sparse_embedding1"], ["flat"], leading_dim=SLOTS * VEC))
@@ -174,7 +170,7 @@ def test_two_bottom_head_and_two_layer_group(data):
     assert m.shapes["g1"] == (32, 5) and m.shapes["g2"] == (32, 1)
 
 
-def test_bad_groups_fail_clearly(data):
+def test_bad_groups_fail_clearly(data, cpu):
     P = dict(group_layer_type=GROUP, bottom_name_list=["dense"])
     with pytest.raises(ValueError, match="at least two layers for GroupDenseLayer"):
         hugectr.GroupDenseLayer(top_name_list=["a"], num_outputs=[4], **P)
@@ -205,7 +201,7 @@ def test_bad_groups_fail_clearly(data):
 
 
 # ---- DenseLayerComputeConfig -------------------------------------------------------------------
-def test_compute_config_accepted_and_round_tripped(data, tmp_path):
+def test_compute_config_accepted_and_round_tripped(data, tmp_path, cpu):
     CC = hugectr.DenseLayerComputeConfig
     assert CC() == CC(async_wgrad=False, fuse_wb=False) and CC(True, True).fuse_wb
     with pytest.raises(ValueError, match="async_wgrad must be a bool, got 1"):
@@ -254,7 +250,7 @@ def test_compute_config_accepted_and_round_tripped(data, tmp_path):
         _bare(data).construct_from_json(p, include_dense_network=True)
 
 
-def test_compute_config_on_other_layers(data):
+def test_compute_config_on_other_layers(data, cpu):
     CC = hugectr.DenseLayerComputeConfig
     with pytest.warns(hugectr.IgnoredArgumentWarning, match=r"DenseLayer ReLU \['r'\]: compute_config=.*is ignored: "
                                                             r"Layer_t.ReLU does not use it \(HugeCTR reads it only"):
