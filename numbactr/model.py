@@ -252,6 +252,7 @@ class Model:
                f"{','.join(_fmt(self.shapes[n]) for n in inp.label_names):<40}{_fmt(self.shapes[inp.dense_name]):<30}",
                line, f"{'Layer Type':<40}{'Input Name':<30}{'Output Name':<30}{'Output Shape':<30}", line]
         rows = [(e.cfg.embedding_type.name, [e.cfg.bottom_name], [e.name]) for e in self.embeddings]
+        rows += [(c.name, c.bottoms, [n for n, _ in c.tops(0)]) for c in self.collections]
         # dense layers as HugeCTR lists them, with the Slice copies it inserts for tensors read twice
         shapes = dict(self.shapes)
         for d in graph_json.slice_expanded(self) if self.input is not None else []:

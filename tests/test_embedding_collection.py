@@ -166,7 +166,8 @@ def test_dynamic_table_inserts_grows_and_evaluates(monkeypatch):
     kb, vb = big.table("dyn").local_rows()
     np.testing.assert_array_equal(ks, kb)
     np.testing.assert_array_equal(vs, vb)
-    for a, b in zip(small.table("dyn").engine.split_optimizer_states()[0], big.table("dyn").engine.split_optimizer_states()[0]):
+    states = [t.engine.split_optimizer_states()[0] for t in (small.table("dyn"), big.table("dyn"))]
+    for a, b in zip(*states):
         np.testing.assert_array_equal(host(a)[:len(ks)], host(b)[:len(kb)])
     # evaluation: one seen key and one never-seen key in a bag
     seen = int(ks[0])

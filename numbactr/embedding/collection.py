@@ -61,7 +61,6 @@ from .. import device
 from ..autograd import Context, Function, Tensor
 from ..data.errors import DataFormatError
 from ..enums import CommunicationStrategy
-from ..kernels import embedding_init as EI
 from ..optim import sparse_optimizer_spec
 from .engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec)
 from .hash_table import HashTableFullError
@@ -259,7 +258,6 @@ class _Table:
         if not cfg.dynamic:
             a = math.sqrt(1.0 / cfg.max_vocabulary_size)
             self.engine.init_uniform(-a, a, self.seed)
-        self.frozen = False
         sharded = comm.size > 1 and strategy == "mp"
         self.wires = ShardedTable(comm, self.dim, len(lookups), Pooling.NONE, self._owner_lookup,
                                   key_dtype=np.uint64 if cfg.dynamic else np.int64,
@@ -324,7 +322,7 @@ class _Table:
     def apply(self, lookup, grads, lr: float, scaler: float) -> None:
         """The fused backward + optimizer with the gradients of this rank's occurrences (N, D)."""
         eng = self.engine
-        lr = 0.0 if self.frozen else float(lr)
+        lr = float(lr)
         if self.wires is not None:
             lookup, grads = self.wires.gradients(lookup, grads)           # every rank takes part
         if eng.learning_rate != lr or eng.optimizer.scaler != scaler:
