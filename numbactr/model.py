@@ -704,13 +704,10 @@ class Model:
 
     # ---- graph JSON ----------------------------------------------------------------------------
     def graph_to_json(self, graph_config_file: str) -> None:
-        """Write HugeCTR's graph JSON (spec §7.4), auto-Slice layers included."""
+        """Write HugeCTR's graph JSON (spec §7.4), auto-Slice layers included. An EmbeddingCollection is
+        not written, as HugeCTR's writer writes none (its tables are saved by embedding_dump)."""
         if self.input is None:
             raise ModelError("Model.graph_to_json: the model is empty")
-        if self.collections:
-            raise NotImplementedError("Model.graph_to_json: a model with an EmbeddingCollection has no graph JSON "
-                                      "(HugeCTR's writer has no entry for it either); save it with "
-                                      "save_params_to_files and embedding_dump")
         graph_json.write(self, graph_config_file)
 
     def construct_from_json(self, graph_config_file: str, include_dense_network: bool) -> None:

@@ -2,6 +2,7 @@
 one fused update per table, dynamic tables that grow, training equal to the SparseEmbedding model it
 mirrors, the samples/ftrl DLRM shape on DataGenerator Parquet data, embedding_dump/embedding_load, and
 clear errors for bad configurations and inputs."""
+import json
 import os
 
 import numpy as np
@@ -295,8 +296,13 @@ def test_dump_load_round_trip_and_files(norm_data, tmp_path):
     assert (tmp_path / "snap_dense_5.model").exists()
     np.testing.assert_array_equal(np.fromfile(tmp_path / "snap_embedding_collection_5" / "t" / "emb_vector", "<f4"),
                                   vec.reshape(-1))
-    with pytest.raises(NotImplementedError, match="graph JSON"):
-        m.graph_to_json(str(tmp_path / "g.json"))
+    # graph JSON: as HugeCTR's writer, the Data layer and the dense layers, no entry for the collection
+    m.graph_to_json(str(tmp_path / "g.json"))
+    with open(tmp_path / "g.json") as f:
+        layers = json.load(f)["layers"]
+    assert [x["type"] for x in layers][:3] == ["Data", "Concat", "Reshape"]
+    assert layers[1]["bottom"] == ["e0", "e1", "e2"]
+    assert [s["slot_num"] for s in layers[0]["sparse"]] == [1, 1, 1]
 
 
 def test_dynamic_dump_load(norm_data, tmp_path):
@@ -344,6 +350,7 @@ def test_ftrl_sample_dlrm_shape_on_parquet(tmp_path):
     m.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["interaction1"], top_names=["fc8"],
                              num_output=1))
     m.add(hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc8", "label"], top_names=["loss"]))
+    m.graph_to_json(str(tmp_path / "dlrm.json"))          # before compile, as HugeCTR's dgx_a100 scripts do
     m.compile()
     assert m.shapes["sparse_embedding1"] == (64, 26, 8)
     before = host(m.collections[0].table("0").weight).copy()

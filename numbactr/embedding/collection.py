@@ -48,6 +48,10 @@ keys) and ``path/<table name>/emb_vector`` (float32, D per key) through numbactr
 (staged, fsync'd, manifest ``path/embedding_collection_0.manifest.json`` with each file's size and sha256);
 ``embedding_load`` checks every file before it changes any table. HugeCTR's own binary layout for these
 files is not reproduced (numbactr's sparse-folder layout instead); optimizer states are not dumped.
+HugeCTR's save_params_to_files writes only the dense files of such a model; numbactr's also dumps the
+tables into ``{prefix}_embedding_collection_{iter}`` (a second atomic commit after the dense snapshot), so a
+fit() snapshot is complete; reload them with embedding_load. graph_to_json writes no entry for a collection,
+as HugeCTR's writer (construct_from_json therefore cannot rebuild one).
 """
 from __future__ import annotations
 
