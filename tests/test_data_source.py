@@ -186,3 +186,15 @@ def test_data_reader_params_accepts_it_and_the_model_reads_hdfs_style_paths_via_
                                                          server="namenode", port=9000))
     remote.fit(max_iter=6, display=1, eval_interval=6, snapshot=0)
     assert remote.history["loss"] == local.history["loss"] and remote.history["auc"] == local.history["auc"]
+    # inference reads the same way (InferenceModel.predict(..., data_source_params), as HugeCTR's)
+    from numbactr.inference import InferenceModel, InferenceParams
+    local.graph_to_json(str(tmp_path / "graph.json"))
+    local.save_params_to_files(str(tmp_path / "m"), 6)
+    model = InferenceModel(str(tmp_path / "graph.json"), InferenceParams(
+        model_name="m", max_batchsize=32, hit_rate_threshold=1.0, dense_model_file=str(tmp_path / "m_dense_6.model"),
+        sparse_model_files=[str(tmp_path / "m0_sparse_6.model")], use_gpu_embedding_cache=False, cache_size_percentage=0.5,
+        i64_input_key=True))
+    want = model.predict(2, evl, T.Norm, hugectr.Check_t.Sum)
+    got = model.predict(2, lists["eval"], T.Norm, hugectr.Check_t.Sum,
+                        data_source_params=hugectr.data.DataSourceParams(hugectr.FileSystemType_t.HDFS, "nn", 9000))
+    np.testing.assert_array_equal(got, want)

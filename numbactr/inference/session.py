@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import checkpoint, device, graph_json, log
 from ..autograd import Tensor
-from ..config import DataReaderParams, DenseLayer, Input, SparseEmbedding, warn_ignored
+from ..config import DataReaderParams, DenseLayer, Input, SparseEmbedding
 from ..embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, TableBatchedEmbedding, TableSpec)
 from ..embedding.sparse_embedding import POOLING
 from ..enums import DataReaderType_t, MetricsType
@@ -277,11 +277,10 @@ class InferenceSession:
         if not once and (not isinstance(num_batches, (int, np.integer)) or num_batches < 0):
             raise ValueError(f"predict: num_batches must be an int >= 0, got {num_batches!r}")
         g = self.graph
-        if data_source_params is not None:
-            warn_ignored("InferenceSession.predict", "data_source_params", data_source_params,
-                         "numbactr reads local files only", stacklevel=4)
+        # data_source_params: data paths on a remote filesystem are read as in training (numbactr.data.source)
         params = DataReaderParams(data_reader_type=data_reader_type, source=[source], eval_source=source,
                                   check_type=check_type, slot_size_array=list(slot_size_array),
+                                  data_source_params=data_source_params,
                                   num_samples=num_samples, read_file_sequentially=bool(
                                       reading_file_sequentially and data_reader_type == DataReaderType_t.Parquet))
         inp = g.input
