@@ -60,6 +60,7 @@ def test_collection_sharded_equals_one_rank_bit_for_bit(results, ranks):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_model_sharded_equals_one_rank(results, ranks):
     one, got = results[1], results[ranks]
+    assert got["p2_reloaded"][0] == 1                     # each rank's rows came back from embedding_load
     np.testing.assert_allclose(got["p2_losses"], one["p2_losses"], rtol=1e-5)
     np.testing.assert_allclose(got["p2_eval"], one["p2_eval"], rtol=1e-5, atol=1e-6)
     for t in ("a", "b", "c"):

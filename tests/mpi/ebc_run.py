@@ -125,8 +125,16 @@ def part2(comm, saved, train, evl, dump):
         for t in ("a", "b", "c"):
             for f in ("key", "emb_vector"):
                 saved[f"p2_{t}_{f}"] = np.frombuffer(open(os.path.join(dump, t, f), "rb").read(), np.uint8)
-    m.embedding_load(dump)             # every rank reads its part back: the tables stay as they were
-    m.eval()
+    # every rank reads its keys back into a model trained one more step: the rows return to the dump's
+    tables = {t.name: t.local_rows() for t in m.collections[0].tables}
+    m.train()
+    m.embedding_load(dump)
+    for t in m.collections[0].tables:
+        keys, rows = t.local_rows()
+        want_keys, want_rows = tables[t.name]
+        assert np.array_equal(np.sort(keys), np.sort(want_keys)), t.name
+        assert np.array_equal(rows[np.argsort(keys)], want_rows[np.argsort(want_keys)]), t.name
+    saved["p2_reloaded"] = np.ones(1)
 
 
 def main():
