@@ -336,7 +336,7 @@ def test_fit_on_raw_async_equals_fit_on_raw(cpu, tmp_path, repeat):
         assert loss == raw_loss and auc == raw_auc                  # the same batches, so the same numbers
 
 
-def test_shuffled_training_sees_every_batch_once_per_epoch(cpu, tmp_path):
+def test_shuffle_changes_the_training_order_not_the_batch_count(cpu, tmp_path):
     train, evl = planted_raw(str(tmp_path), 200, 0), planted_raw(str(tmp_path), 70, 1)
     m = build(T.RawAsync, train, evl, 200, 70, False, one_hot(2, shuffle=True))
     m.fit(num_epochs=1, display=1, eval_interval=0, snapshot=0)
@@ -344,6 +344,52 @@ def test_shuffled_training_sees_every_batch_once_per_epoch(cpu, tmp_path):
     plain = build(T.Raw, train, evl, 200, 70, False)
     plain.fit(num_epochs=1, display=1, eval_interval=0, snapshot=0)
     assert m.history["loss"] != plain.history["loss"]                # another batch order trains otherwise
+
+
+def test_multi_hot_fit_equals_the_same_samples_in_norm(cpu, tmp_path):
+    """Multi-hot RawAsync (float dense, 64-bit keys, hotness [2, 1, 3]) trains exactly as Norm holding the
+    same samples (the embedding-collection-style reader of HugeCTR's dlrm train.py, on a hash embedding)."""
+    from numbactr.data.file_list import write_file_list
+    from numbactr.data.norm import NormWriter
+    rng = np.random.default_rng(5)
+    nnz = [2, 1, 3]
+    paths = {}
+    for name, n in (("train", 160), ("eval", 64)):
+        label = rng.integers(0, 2, (n, 1))
+        dense = rng.normal(size=(n, 2)).astype(np.float32)
+        keys = rng.integers(0, 40, (n, sum(nnz))) + np.repeat(np.arange(3) * 40, nnz)
+        raw = str(tmp_path / f"{name}.bin")
+        write_raw_async_file(raw, label, dense, keys, True, wide_keys=True)
+        norm = str(tmp_path / f"{name}.data")
+        cuts = np.cumsum([0] + nnz)
+        with NormWriter(norm, 1, 2, 3, key_dtype=np.int64) as w:
+            w.write(label.astype(np.float32), dense,
+                    [(keys[:, cuts[k]:cuts[k + 1]].reshape(-1), np.full(n, nnz[k])) for k in range(3)])
+        write_file_list(str(tmp_path / f"{name}.txt"), [norm])
+        paths[name] = (raw, str(tmp_path / f"{name}.txt"))
+    losses = []
+    for kind in (T.Norm, T.RawAsync):
+        pick = 0 if kind == T.RawAsync else 1
+        solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.05, vvgpu=[[0]],
+                                      i64_input_key=True, seed=1)
+        reader = hugectr.DataReaderParams(data_reader_type=kind, source=[paths["train"][pick]],
+                                          eval_source=paths["eval"][pick], check_type=hugectr.Check_t.Sum,
+                                          num_workers=1,
+                                          async_param=AsyncParam(2, 2, shuffle=False) if kind == T.RawAsync else None)
+        model = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam))
+        model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
+                                data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", nnz, True, 3)]))
+        model.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "emb",
+                                          "data1"))
+        L = hugectr.Layer_t
+        model.add(hugectr.DenseLayer(L.Reshape, ["emb"], ["flat"], leading_dim=12))
+        model.add(hugectr.DenseLayer(L.Concat, ["flat", "dense"], ["cat"]))
+        model.add(hugectr.DenseLayer(L.InnerProduct, ["cat"], ["fc1"], num_output=1))
+        model.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["fc1", "label"], ["loss"]))
+        model.compile()
+        model.fit(max_iter=8, display=1, eval_interval=8, snapshot=0)
+        losses.append((model.history["loss"], model.history["auc"]))
+    assert losses[0] == losses[1] and len(losses[0][0]) == 8
 
 
 def test_dgx_a100_shaped_script(cpu, tmp_path):
