@@ -38,7 +38,7 @@ def test_path_resolution():
     hdfs = DataSourceParams(F.HDFS, "nn", 9000)
     assert remote_uri("/data/a.bin") is None and remote_uri("rel/a.bin", DataSourceParams()) is None
     assert remote_uri("/data/a.parquet", hdfs) == "hdfs://nn:9000/data/a.parquet"
-    assert remote_uri("data/a.parquet", hdfs) == "hdfs://nn:9000/data/a.parquet"
+    assert remote_uri("data/a.parquet", hdfs) == remote_uri("./data//a.parquet", hdfs) == "hdfs://nn:9000/data/a.parquet"
     assert remote_uri("/bucket/k/a.parquet", DataSourceParams(F.S3, "us-east-1", 9000)) == "s3://bucket/k/a.parquet"
     assert remote_uri("/bucket/a.parquet", DataSourceParams(F.GCS, "", 0)) == "gs://bucket/a.parquet"
     assert remote_uri("S3://bucket/a") == "s3://bucket/a" and remote_uri("GS://b/a") == "gs://b/a"
@@ -137,6 +137,11 @@ def test_raw_and_raw_async_through_file_uris_and_a_changed_remote_file(tmp_path)
     fs.pipe("memory://numbactr-raw/d.bin", pathlib.Path(p).read_bytes()[:20 * 28])       # replaced by 20 samples
     r.set_source("memory://numbactr-raw/d.bin")                                    # fetched again
     assert sum(b.size for b in r) == 20
+    same_size = bytearray(pathlib.Path(p).read_bytes()[:20 * 28])
+    same_size[4] ^= 0x01                                                    # dense[0] of sample 0: 1 bit flipped
+    fs.pipe("memory://numbactr-raw/d.bin", bytes(same_size))                # same size, new content
+    r.set_source("memory://numbactr-raw/d.bin")
+    assert next(iter(r)).dense[0, 0] != want[0][1][0, 0]
 
 
 def test_parquet_on_a_remote_filesystem_with_its_metadata(tmp_path):

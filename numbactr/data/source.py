@@ -14,7 +14,9 @@ which it reads from the local disk) or from a path's scheme. numbactr resolves e
   FileSystemType_t.Other is HugeCTR's "Unsupported filesystem" (ValueError).
 
 The readers memory-map and pread local files, so a remote file is copied once into a private cache folder
-(removed at exit) and read from there; a later pass reuses the copy while the remote size is unchanged. A
+(removed at exit) and read from there; a later pass reuses the copy only while the remote file's size and
+modification stamp (mtime, LastModified, updated or created, whichever the filesystem reports) are unchanged,
+and fetches it again otherwise (also when the filesystem reports no stamp). A
 file list given as a URI is fetched the same way. Missing pieces are clear errors: no fsspec ("pip install
 fsspec"), no backend for the protocol (fsspec's own message names the package, e.g. s3fs, gcsfs, or pyarrow's
 libhdfs), an unknown protocol, and a remote file that does not exist.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import posixpath
 import re
 import shutil
 import tempfile
@@ -77,12 +80,13 @@ def remote_uri(path: str, params: DataSourceParams | None = None) -> str | None:
     if params is None or params.is_local():
         return None
     t = params.source
+    rel = posixpath.normpath(path).lstrip("/")            # "./a/b" and "/a/b" name the same remote path
     if t == FileSystemType_t.HDFS:
-        return f"hdfs://{params.server}:{params.port}/{path.lstrip('/')}"
+        return f"hdfs://{params.server}:{params.port}/{rel}"
     if t == FileSystemType_t.S3:
-        return "s3://" + path.lstrip("/")
+        return "s3://" + rel
     if t == FileSystemType_t.GCS:
-        return "gs://" + path.lstrip("/")
+        return "gs://" + rel
     raise ValueError(f"data path {path!r}: DataSourceParams(source=FileSystemType_t.{t.name}) is not a "
                      f"supported filesystem (HugeCTR: 'Unsupported filesystem'); use Local, HDFS, S3 or GCS, or "
                      f"give the path with its scheme (e.g. hdfs://host:port/path)")
@@ -115,7 +119,9 @@ def _filesystem(uri: str, params: DataSourceParams | None):
 
 
 _CACHE = {"dir": None}
+_FETCHED: dict = {}             # local copy -> (size, modification stamp) of the remote file it holds
 _LOCK = threading.Lock()
+_STAMPS = ("mtime", "LastModified", "last_modified", "updated", "created")
 
 
 def _cache_dir() -> str:
@@ -138,15 +144,18 @@ def local_copy(path: str, params: DataSourceParams | None = None) -> str:
         return os.fspath(path)
     fs, rpath = _filesystem(uri, params)
     try:
-        size = fs.info(rpath)["size"]
+        info = fs.info(rpath)
     except FileNotFoundError:
         raise FileNotFoundError(f"data file {uri!r} does not exist") from None
+    stamp = next((info[k] for k in _STAMPS if info.get(k) is not None), None)
+    version = (info.get("size"), stamp)
     protocol, rest = uri.split("://", 1)
     dest = os.path.join(_cache_dir(), protocol, *[p for p in rest.split("/") if p not in ("", ".", "..")])
     with _LOCK:
-        if not (os.path.isfile(dest) and os.path.getsize(dest) == size):
+        if stamp is None or _FETCHED.get(dest) != version or not os.path.isfile(dest):
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             tmp = f"{dest}.part{threading.get_ident()}"
             fs.get_file(rpath, tmp)
             os.replace(tmp, dest)
+            _FETCHED[dest] = version
     return dest
