@@ -25,7 +25,10 @@ reader) permutes the BATCHES once, with a generator seeded by the solver's seed,
 the samples inside a batch stay consecutive and in file order, the partial batch moves with the
 permutation, and every pass (every epoch, every wrap in repeat mode) uses the same permutation. HugeCTR
 draws that permutation with std::shuffle(mt19937(seed)); numbactr's comes from
-numpy.random.default_rng(seed), so it is a different (equally fixed) permutation.
+numpy.random.default_rng(seed), so it is a different (equally fixed) permutation. In repeat mode numbactr
+repeats the batch order pass after pass; HugeCTR's threads each loop over their own batch list, which gives
+the same stream when the batch count is a multiple of num_threads and a slightly different interleaving
+otherwise.
 
 Threads (num_threads, num_batches_per_thread): batch i of the order goes to thread i % num_threads
 (HugeCTR's round-robin distribution); each thread reads its batches ahead into num_batches_per_thread
@@ -36,15 +39,19 @@ I/O: each thread reads its rows of a batch with one os.preadv into a buffer it r
 the GIL, so threads overlap), after posix_fadvise(SEQUENTIAL) on the file. HugeCTR submits libaio
 requests on an O_DIRECT file; numbactr does the O_DIRECT part when asked (direct_io below, or the
 environment variable NUMBACTR_DIRECT_IO=1): offsets and lengths are widened to io_alignment (at least
-4096 bytes) and read into page-aligned buffers. Measured on the 2-core sandbox (ext4 on a virtual disk,
-256 MiB file, 327 KiB reads): buffered preadv 3.9-10 GB/s from the page cache and 1-2.6 GB/s after
-evicting the file, O_DIRECT 0.3-1.7 GB/s, so buffered reads are the default. A filesystem that refuses
+4096 bytes) and read into page-aligned buffers. Measured on the 2-core sandbox (ext4 on a virtual disk):
+reading a 256 MiB file in 327 KiB pieces, buffered preadv gave 3.9-10 GB/s from the page cache and 1-2.6
+GB/s after evicting the file (posix_fadvise DONTNEED), O_DIRECT 0.3-1.7 GB/s; whole reader passes
+(`numbactr bench data`, 1M Criteo-shaped samples, batch 16384, 1/2/4 threads) gave raw_async 19-20 /
+13-22 / 9-18 M samples/s beside the Raw reader's 13-20 / 21-24 / 19-22 and raw_async_direct's 4-5 / 6-7 /
+6-7 M samples/s. So buffered reads are the default. A filesystem that refuses
 O_DIRECT (tmpfs, some network filesystems: EINVAL) falls back to buffered reads with a log line.
 max_num_requests_per_thread and io_depth size HugeCTR's libaio queues; numbactr has no such queue (one
 request per batch and thread) and only checks them as HugeCTR does. aligned_type=Alignment_t.Auto pads
 HugeCTR's dense tensor with zero columns to a multiple of 8 (for fp16 tensor cores); numbactr keeps the
-dense width D (the padding columns are zero, so they change no output, only the first layer's weight
-count).
+dense width D: the padding columns are zero, so they add nothing to any output, but in HugeCTR they widen
+the first layer that reads the dense input (more weights, and a fan-in-dependent initialiser such as Xavier
+then draws with a slightly different scale).
 
 Rules HugeCTR enforces (add_input.cpp), checked by check_async_input with a clear error: exactly one
 sparse input; the one-hot reader needs is_dense_float=False and max_num_requests_per_thread >
