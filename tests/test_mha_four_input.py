@@ -26,11 +26,11 @@ MHA = L.MultiHeadAttention
 RNG = np.random.default_rng(7)
 
 
-def _inputs(b=2, lf=3, lt=4, heads=2, d=3, mask_rows=True, dtype=np.float32):
-    q = RNG.normal(size=(b, lf, heads * d)).astype(dtype)
-    k = RNG.normal(size=(b, lt, heads * d)).astype(dtype)
-    v = RNG.normal(size=(b, lt, heads * d)).astype(dtype)
-    mask = (RNG.random((b, 1, lf if mask_rows else 1, lt)) < 0.6).astype(dtype)
+def _inputs(b=2, lf=3, lt=4, heads=2, d=3, mask_rows=True, dtype=np.float32, rng=RNG):
+    q = rng.normal(size=(b, lf, heads * d)).astype(dtype)
+    k = rng.normal(size=(b, lt, heads * d)).astype(dtype)
+    v = rng.normal(size=(b, lt, heads * d)).astype(dtype)
+    mask = (rng.random((b, 1, lf if mask_rows else 1, lt)) < 0.6).astype(dtype)
     mask[..., 0] = 1.0                                    # every query row keeps a key ...
     return q, k, v, mask
 
@@ -65,6 +65,21 @@ def test_matches_torch_forward_and_backward(lf, lt, heads, d, mask_rows):
         np.testing.assert_allclose(got, want.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("lf,lt", [(3, 4), (4, 4)])
+def test_three_input_one_top_is_unmasked_attention(lf, lt):
+    """v23.12 with 3 bottoms and 1 top: the same attention without a mask (plain softmax)."""
+    torch = pytest.importorskip("torch")
+    q, k, v, _ = _inputs(lf=lf, lt=lt, heads=2, d=3)
+    layer, (y,), grads = run_layer(MHA, [q, k, v], ["o"], "cpu", num_attention_heads=2)
+    assert layer.out_shapes == [(2, lf, 6)] and layer.mode == "attention" and not layer.masked
+    t, o = _torch_attention(q, k, v, np.ones((2, 1, 1, lt)), 2)      # a mask of ones masks nothing
+    np.testing.assert_allclose(y, o.detach().numpy(), rtol=2e-5, atol=2e-6)
+    o.backward(torch.tensor(np.random.default_rng(0).normal(size=y.shape)))
+    for got, want in zip(grads, t[:3]):
+        np.testing.assert_allclose(got, want.grad.numpy(), rtol=1e-4, atol=1e-5)
+    assert_sim_matches_cpu(MHA, [q[:, :2], k[:, :3], v[:, :3]], ["o"], num_attention_heads=2)
+
+
 def test_masked_keys_take_no_weight():
     """A masked key's value cannot reach the output (its weight exp(-10000) is 0 in float32)."""
     q, k, v, mask = _inputs(lf=3, lt=4, heads=2, d=2)
@@ -97,7 +112,7 @@ def test_fully_masked_row_is_hugectr_s():
 def test_gradient_check_float64_through_the_tape():
     """numbactr's hand-written backwards (split, scaled QK, masked softmax, matmul, merge), chained by
     the tape, against float64 central differences of numbactr's own forward."""
-    q, k, v, mask = _inputs(b=1, lf=2, lt=3, heads=2, d=2, dtype=np.float64)
+    q, k, v, mask = _inputs(b=1, lf=2, lt=3, heads=2, d=2, dtype=np.float64, rng=np.random.default_rng(3))
     device.set_device("cpu")
     cfg = hugectr.DenseLayer(MHA, ["q", "k", "v", "m"], ["o"], num_attention_heads=2)
     layer = REGISTRY[MHA](cfg, [x.shape for x in (q, k, v, mask)])
@@ -118,9 +133,9 @@ def test_gradient_check_float64_through_the_tape():
             xs[i] = x
             return forward(xs)[2].data
         # eps 1e-4: masked scores carry a -10000 offset, so a 1e-6 step would lose digits to cancellation.
-        # atol 1e-6: the softmax backward y*(dy - sum dy*y) (HugeCTR's) is exact for e/sum(e); the 1e-6 HugeCTR
-        # adds to the sum makes the max-shifted forward move by O(1e-6) with the row max, which it ignores
-        assert_grad_close(ts[i].grad, f, [q, k, v][i], dy, rtol=1e-6, atol=1e-6, eps=1e-4)
+        # atol 5e-6: the softmax backward y*(dy - sum dy*y) (HugeCTR's) is exact for e/sum(e); the 1e-6 HugeCTR
+        # adds to the sum makes the max-shifted forward move by O(1e-6 * y) with the row max, which it ignores
+        assert_grad_close(ts[i].grad, f, [q, k, v][i], dy, rtol=1e-5, atol=5e-6, eps=1e-4)
 
 
 @pytest.mark.parametrize("mask_rows", [True, False])
@@ -144,8 +159,12 @@ def test_bad_input_fails_clearly():
     D(m, MHA, ["q", "k", "k", "mask"], ["o"], num_attention_heads=3)
     assert m.shapes["o"] == (8, 4, 6)
     err = hugectr.ModelError
-    with pytest.raises(err, match=r"expects 4 bottom tensor\(s\), got 4|expects 1 top"):
+    with pytest.raises(err, match=r"expects 1 top tensor\(s\), got 2"):
         D(m, MHA, ["q", "k", "k", "mask"], ["o2", "o3"], num_attention_heads=3)
+    D(m, MHA, ["q", "k", "k"], ["o3"], num_attention_heads=3)          # v23.12's unmasked form
+    assert m.shapes["o3"] == (8, 4, 6)
+    with pytest.raises(err, match=r"must share B and H\*d.*'e3' \(8, 2, 8\)"):
+        D(m, MHA, ["q", "e3", "e3"], ["o2"], num_attention_heads=3)
     with pytest.raises(err, match=r"expects \(2, 3, 4\) bottom tensor\(s\), got 5"):
         D(m, MHA, ["q", "k", "k", "mask", "mask"], ["o2"])
     with pytest.raises(err, match=r"width 6 of 'q' \(8, 4, 6\) is not divisible by num_attention_heads=4"):
@@ -167,9 +186,9 @@ def test_bad_input_fails_clearly():
 T, V, H = 4, 4, 2
 
 
-def _bst(data, four_input: bool):
+def _bst(data, four_input: bool, masked: bool = True):
     """test/pybind_test/bst_fp32_1gpu.py (v23.12), shrunk; four_input=False spells the attention as v23.08
-    did (scores, masked Softmax, values)."""
+    did (scores, masked Softmax, values); masked=False drops the mask (v23.12's three-input form)."""
     m = _model(data, BST_IN, 1)
     emb(m, "hist", "hist_emb", V)                                                  # (B, T, V)
     emb(m, "user", "user_emb", V)
@@ -177,7 +196,8 @@ def _bst(data, four_input: bool):
     for name in ("query_emb", "key_emb", "value_emb"):
         D(m, L.InnerProduct, ["hist_emb"], [name], num_output=8)                   # (B, T, 8)
     if four_input:
-        D(m, MHA, ["query_emb", "key_emb", "value_emb", "sequence_mask"], ["attention_out"], num_attention_heads=H)
+        D(m, MHA, ["query_emb", "key_emb", "value_emb"] + ["sequence_mask"] * masked, ["attention_out"],
+          num_attention_heads=H)
     else:
         D(m, MHA, ["query_emb", "key_emb", "value_emb"], ["scores", "v4"], num_attention_heads=H)
         D(m, L.Softmax, ["scores", "sequence_mask"], ["probs"])
@@ -246,12 +266,13 @@ def test_bst_v23_12_graph_trains_as_the_v23_08_spelling(bst_data, tmp_path):
     assert math.isfinite(new.get_current_loss())
 
 
-def test_onnx_export_predicts_the_same(bst_data, tmp_path, capfd):
-    """numbactr's hugectr2onnx writes the four-input attention as ONNX ops; onnxruntime == numbactr."""
+@pytest.mark.parametrize("masked", [True, False])
+def test_onnx_export_predicts_the_same(bst_data, tmp_path, capfd, masked):
+    """numbactr's hugectr2onnx writes the v23.12 attention as ONNX ops; onnxruntime == numbactr."""
     pytest.importorskip("onnxruntime")
     from tests.test_onnx_converter import assert_same, convert, eval_batches, ragged_batch
     device.set_device("cpu")
-    m = _bst(bst_data, True)
+    m = _bst(bst_data, True, masked)
     m.compile()
     _train(m, 3)
     # sharper attention and a steeper head than 3 steps give, so that the mask and the softmax's scale

@@ -217,7 +217,8 @@ class MatrixMultiply(Layer):
 
 class MultiHeadAttention(Layer):
     """Four modes (no weights; H = num_attention_heads, d = size per head):
-    (i)   Q, K, V (B, L, H*d) -> scores Qh Khᵀ/sqrt(d) (B, H, L, L) and V split into heads (B, H, L, d);
+    (i)   Q, K, V (B, L, H*d) -> 2 tops: scores Qh Khᵀ/sqrt(d) (B, H, L, L) and V split into heads
+          (B, H, L, d) (HugeCTR v23.08);
     (ii)  transpose_b=True:  Q (B, H, Lf, d), K (B, H, Lt, d) -> Q Kᵀ/sqrt(d) (B, H, Lf, Lt);
     (iii) transpose_b=False: scores (B, H, Lf, Lt), V (B, H, Lt, d) -> merged heads (B, Lf, H*d);
     (iv)  HugeCTR v23.12's whole attention, 4 bottoms [Q (B, Lf, H*d), K (B, Lt, H*d), V (B, Lt, H*d),
@@ -228,7 +229,10 @@ class MultiHeadAttention(Layer):
           fits); it gets no gradient, and transpose_b is not read (HugeCTR ignores it too). numbactr also
           takes a (B, 1, 1, Lt) mask, broadcast over the query rows. The backward is the chain of the
           pieces' hand-written backwards: merge -> dP, dVh = dO Vhᵀ, Pᵀ dO -> masked-softmax backward ->
-          dQh, dKh = dS Kh/sqrt(d), dSᵀ Qh/sqrt(d) -> split back to (B, L, H*d)."""
+          dQh, dKh = dS Kh/sqrt(d), dSᵀ Qh/sqrt(d) -> split back to (B, L, H*d).
+          With 3 bottoms [Q, K, V] and 1 top, v23.12 computes the same without a mask:
+          P = softmax(Qh Khᵀ/sqrt(d)) (HugeCTR's plain SoftmaxLayer; Softmax's row max and
+          hugectr_exact apply)."""
     type_name = "MultiHeadAttention"
 
     def _set_heads(self, hidden: int, who: str) -> None:
@@ -242,11 +246,13 @@ class MultiHeadAttention(Layer):
     def infer(self):
         names, shapes = self.cfg.bottom_names, self.in_shapes
         tb = self.cfg.transpose_b
-        if len(shapes) == 4:
-            return self._infer_masked()
+        if len(shapes) == 4 or (len(shapes) == 3 and len(self.cfg.top_names) == 1):
+            return self._infer_attention()
         if len(shapes) == 3:
             self.mode = "qkv"
-            self.expect_counts(3, 2)
+            if len(self.cfg.top_names) != 2:
+                self.fail(f"3 bottoms give 1 top (v23.12's attention) or 2 (v23.08's scores and value heads), "
+                          f"got {len(self.cfg.top_names)}")
             q = shapes[0]
             if any(len(s) != 3 for s in shapes) or any(s != q for s in shapes):
                 self.fail("Q, K, V must all be 3-D (B, L, H*d) of one shape; got " +
@@ -273,21 +279,23 @@ class MultiHeadAttention(Layer):
         self.heads, self.d = a[1], v[3]
         return [(a[0], a[2], a[1] * v[3])]
 
-    def _infer_masked(self):
+    def _infer_attention(self):
         names, shapes = self.cfg.bottom_names, self.in_shapes
-        self.mode = "qkvm"
-        self.expect_counts(4, 1)
-        q, k, v, m = shapes
+        self.mode = "attention"
+        self.expect_counts((3, 4), 1)
+        self.masked = len(shapes) == 4
+        q, k, v = shapes[:3]
         listed = ", ".join(f"{n!r} {s}" for n, s in zip(names[:3], shapes[:3]))
         if any(len(s) != 3 for s in (q, k, v)):
-            self.fail(f"4 bottoms are Q (B, Lf, H*d), K and V (B, Lt, H*d) and a mask; Q, K, V must be 3-D, "
+            self.fail(f"the bottoms are Q (B, Lf, H*d), K and V (B, Lt, H*d) (and a mask); Q, K, V must be 3-D, "
                       f"got {listed}")
         if not q[0] == k[0] == v[0] or not q[2] == k[2] == v[2] or k[1] != v[1]:
             self.fail(f"Q (B, Lf, H*d), K and V (B, Lt, H*d) must share B and H*d, and K and V Lt; got {listed}")
         b, lf, hd = q
         lt = k[1]
         self._set_heads(hd, f"{names[0]!r} {q}")
-        if m not in ((b, 1, lf, lt), (b, 1, 1, lt)):
+        m = shapes[3] if self.masked else None
+        if self.masked and m not in ((b, 1, lf, lt), (b, 1, 1, lt)):
             self.fail(f"mask {names[3]!r} {m} does not fit Q {q} and K {k}: need ({b}, 1, {lf}, {lt}) "
                       f"or ({b}, 1, 1, {lt})")
         return [(b, lf, hd)]
@@ -299,11 +307,14 @@ class MultiHeadAttention(Layer):
             names = (f"{tops[0]}:q_heads", f"{tops[0]}:k_heads", tops[1])
             q, k, v = (SplitHeadsFn.apply(tape, x, heads=self.heads, name=n) for x, n in zip(xs, names))
             return [ScaledQKFn.apply(tape, q, k, scale=scale, name=tops[0]), v]      # v: (B, H, L, d)
-        if self.mode == "qkvm":
+        if self.mode == "attention":
             q, k, v = (SplitHeadsFn.apply(tape, x, heads=self.heads, name=f"{tops[0]}:{n}_heads")
                        for x, n in zip(xs[:3], "qkv"))                          # (B, H, L, d)
             s = ScaledQKFn.apply(tape, q, k, scale=scale, name=f"{tops[0]}:scores")   # (B, H, Lf, Lt)
-            p = MaskedSoftmaxFn.apply(tape, s, xs[3], factor=1.0, name=f"{tops[0]}:softmax")
+            if self.masked:
+                p = MaskedSoftmaxFn.apply(tape, s, xs[3], factor=1.0, name=f"{tops[0]}:softmax")
+            else:
+                p = SoftmaxFn.apply(tape, s, subtract_max=not compat.hugectr_exact(), name=f"{tops[0]}:softmax")
             o = MatMulFn.apply(tape, p, v, name=f"{tops[0]}:heads")                  # (B, H, Lf, d)
             return [MergeHeadsFn.apply(tape, o, name=tops[0])]
         if self.mode == "qk":

@@ -238,15 +238,17 @@ def _heads(g, x: str, length: int, heads: int, d: int, out: str | None, hint: st
 
 def multi_head_attention(g, layer, xs, ws, tops):
     t = tops[0]
-    if layer.mode == "qkvm":                      # v23.12: Q (B, Lf, H*d), K, V (B, Lt, H*d), mask -> (B, Lf, H*d)
+    if layer.mode == "attention":                 # v23.12: Q (B, Lf, H*d), K, V (B, Lt, H*d)[, mask] -> (B, Lf, H*d)
         lf, lt = layer.in_shapes[0][1], layer.in_shapes[1][1]
         q, k, v = (_heads(g, x, n, layer.heads, layer.d, None, f"{t}/{c}")
                    for x, n, c in zip(xs[:3], (lf, lt, lt), "qkv"))
         kt = g.op("Transpose", [k], f"{t}/kT", perm=[0, 1, 3, 2])
         s = g.op("Mul", [g.op("MatMul", [q, kt], f"{t}/qkT"), g.const(1.0 / math.sqrt(layer.d), f"{t}/scale")],
                  f"{t}/scores")
-        xs = [_masked_softmax(g, s, xs[3], 1.0, None, f"{t}/softmax"), v]
-    if layer.mode in ("sv", "qkvm"):              # scores (B, H, Lf, Lt) x V (B, H, Lt, d) -> (B, Lf, H*d)
+        p = (_masked_softmax(g, s, xs[3], 1.0, None, f"{t}/softmax") if layer.masked
+             else g.op("Softmax", [s], f"{t}/softmax", axis=-1))
+        xs = [p, v]
+    if layer.mode in ("sv", "attention"):              # scores (B, H, Lf, Lt) x V (B, H, Lt, d) -> (B, Lf, H*d)
         o = g.op("MatMul", xs, f"{t}/heads")
         merged = g.op("Transpose", [o], f"{t}/merge", perm=[0, 2, 1, 3])
         _reshape(g, merged, [layer.out_shapes[0][1], layer.heads * layer.d], t, t)
