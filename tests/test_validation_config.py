@@ -76,7 +76,6 @@ IGNORED = [
     (lambda: hugectr.CreateSolver(enable_tf32_compute=True), "enable_tf32_compute=True"),
     (lambda: hugectr.CreateSolver(train_intra_iteration_overlap=True), "train_intra_iteration_overlap=True"),
     (lambda: hugectr.CreateSolver(eval_inter_iteration_overlap=True), "eval_inter_iteration_overlap=True"),
-    (lambda: hugectr.CreateSolver(use_embedding_collection=True), "use_embedding_collection=True"),
     (lambda: hugectr.CreateSolver(all_reduce_algo=hugectr.AllReduceAlgo.OneShot), "all_reduce_algo="),
     (lambda: hugectr.CreateSolver(grouped_all_reduce=True), "grouped_all_reduce=True"),
     (lambda: hugectr.CreateSolver(device_layout=hugectr.DeviceLayout.NodeFirst), "device_layout="),
@@ -413,3 +412,11 @@ def test_dense_layer_parameter_table_matches_the_layers():
         hugectr.DenseLayer(hugectr.Layer_t.ReLU, ["x"], ["r"], num_output=1, ranges=[])    # defaults: silent
         hugectr.DenseLayer(hugectr.Layer_t.BinaryCrossEntropyLoss, ["x", "y"], ["l"], use_regularizer=True,
                            regularizer_type=hugectr.Regularizer_t.L2, **{"lambda": 0.1})
+
+
+def test_use_embedding_collection_is_accepted_without_a_warning():
+    """EmbeddingCollection is supported (tests/test_embedding_collection.py): its solver flag is used, not ignored."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hugectr.CreateSolver(use_embedding_collection=True).use_embedding_collection
