@@ -12,6 +12,7 @@ verbatim from .ci/run) and the test command itself. The commands that take minut
 sizes run with smaller sizes through their own documented options (SHRINK); everything else runs
 exactly as written.
 """
+import importlib.util
 import os
 import pathlib
 import re
@@ -48,8 +49,15 @@ def test_shrink_puts_options_before_a_comment():
     assert shrink("python train.py   # trains") == "python train.py   # trains"
 
 
+#: a bash block that starts by installing an optional peer (PyTorch): `pip install -q -e ".[extra]"`
+PEER_INSTALL = re.compile(r'^pip install -q -e "\.\[(?P<extras>[\w,]+)\]"$')
+#: what each peer extra brings, by import name
+PEER_MODULES = {"fbgemm": ("torch", "fbgemm_gpu")}
+
+
 def readme_steps():
-    """[(kind, payload)] in README order: ("file", (name, code)) or ("run", command)."""
+    """[(kind, payload)] in README order: ("file", (name, code)), ("run", command), or ("peer", (extras,
+    [commands])) for a bash block that installs a peer first (run by test_readme_blocks_with_a_peer)."""
     steps = []
     for block in fenced_blocks(README):
         if block.lang == "python":
@@ -57,8 +65,20 @@ def readme_steps():
             assert m, f"README line {block.line}: say which file the python block is saved as (as `x.py`)"
             steps.append(("file", (m.group(1), block.code)))
         elif block.lang == "bash":
-            steps.extend(("run", c) for c in commands(block.code))
+            cmds = commands(block.code)
+            m = PEER_INSTALL.match(cmds[0].partition(" # ")[0].strip()) if cmds else None
+            if m:
+                steps.append(("peer", (m["extras"].split(","), cmds[1:])))
+            else:
+                steps.extend(("run", c) for c in cmds)
     return steps
+
+
+def scratch(tmp_path):
+    """tmp_path with the repository's tutorials/, datasets/ and examples/ in it, as a clone has them."""
+    for name in ("tutorials", "datasets", "examples"):
+        os.symlink(ROOT / name, tmp_path / name)
+    return tmp_path
 
 
 def test_readme_has_the_two_commands_first():
@@ -74,17 +94,20 @@ def test_readme_has_the_two_commands_first():
     assert second in (ROOT / ".ci" / "run").read_text(), "CI must run the README's test command verbatim"
     # what the README's commands import is installed by the first command
     deps = " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
-    deps += " " + " ".join(extras[INSTALL.match(first)["extras"] or "mpi"])
-    for pkg in ("numba", "pandas", "pyarrow", "matplotlib", "tqdm", "threadpoolctl", "mpi4py", "mpich"):
+    for extra in (INSTALL.match(first)["extras"] or "").split(","):
+        deps += " " + " ".join(extras.get(extra, []))
+    for pkg in ("numba", "pandas", "pyarrow", "matplotlib", "tqdm", "threadpoolctl", "mpi4py", "mpich", "rocksdict",
+                "onnxruntime"):
         assert pkg in deps, f"the first command does not install {pkg}"
 
 
 @pytest.mark.slow
 def test_every_readme_command_runs(tmp_path):
-    for name in ("tutorials", "datasets"):
-        os.symlink(ROOT / name, tmp_path / name)
+    scratch(tmp_path)
     ran = []
     for kind, payload in readme_steps():
+        if kind == "peer":
+            continue                              # test_readme_blocks_with_a_peer
         if kind == "file":
             name, code = payload
             (tmp_path / name).write_text(code)
@@ -108,3 +131,27 @@ def test_every_readme_command_runs(tmp_path):
             aucs = [float(a) for a in re.findall(r"Evaluation, AUC: ([\d.]+)", r.stdout)]
             assert aucs and aucs[-1] > 0.65, f"{cmd}: eval AUC {aucs} (planted signal should be learned)"
     assert any("train.py" in c for c in ran) and any("numbactr demo" in c for c in ran)
+
+
+@pytest.mark.slow
+def test_readme_blocks_with_a_peer(tmp_path):
+    """The blocks that install an optional peer first (PyTorch) run where that peer is installed: each in a
+    scratch folder of its own, its install line checked against pyproject.toml instead of run."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    blocks = [payload for kind, payload in readme_steps() if kind == "peer"]
+    assert blocks, "the README shows how to use numbactr's embeddings from PyTorch"
+    missing = set()
+    for names, cmds in blocks:
+        for name in names:
+            assert name in extras, f"README: pip install .[{name}]: no such extra in pyproject.toml"
+            missing.update(m for m in PEER_MODULES.get(name, ()) if importlib.util.find_spec(m) is None)
+    if missing:
+        pytest.skip(f"the README's PyTorch blocks need {sorted(missing)} (pip install -e '.[fbgemm]')")
+    for i, (names, cmds) in enumerate(blocks):
+        folder = tmp_path / f"block{i}"
+        folder.mkdir()
+        scratch(folder)
+        for cmd in cmds:
+            cmd = shrink(cmd)
+            assert_clean(run_command(cmd, folder, timeout=600), cmd)
