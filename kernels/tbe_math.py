@@ -1,6 +1,6 @@
 """Scalar math of the table-batched embedding, written once as plain Python and compiled twice.
 
-kernels/tbe.py compiles these functions with ``cuda.jit(device=True, inline=True)`` for its numba.cuda
+kernels/tbe.py compiles these functions as inlined numba.cuda device functions for its
 kernels (gpu, sim), kernels/tbe_cpu.py with ``numba.njit`` for the compiled cpu path, so the optimizer
 rules, the float16 conversions and stochastic rounding are one text whichever device runs them. Each
 function is a leaf (it calls no other function of this module, so each target binds its own copies), works
