@@ -78,12 +78,17 @@ def write_raw_file(path, label, dense, keys, float_label_dense: bool = False, ap
     words[:, :L] = label
     words[:, L:L + D] = dense
     rec[:, L + D:] = keys.astype(np.int64).astype("<u4").view("<i4") if keys.size else 0
+    return write_records(path, rec, append)
+
+
+def write_records(path, rec: np.ndarray, append: bool) -> int:
+    """Write (or append) the fixed-size records rec (n, words) to path, making its folder; returns n."""
     d = os.path.dirname(os.fspath(path))
     if d:
         os.makedirs(d, exist_ok=True)
     with open(path, "ab" if append else "wb") as f:
         f.write(rec.tobytes())
-    return n
+    return rec.shape[0]
 
 
 class RawFile:

@@ -71,7 +71,7 @@ import numpy as np
 from .. import compat, log
 from ..enums import Alignment_t
 from .errors import DataFormatError, DataWarning
-from .raw import decode_raw_rows
+from .raw import decode_raw_rows, write_records
 
 __all__ = ["AsyncParam", "RawAsyncFormatError", "RawAsyncFile", "raw_async_stride", "write_raw_async_file",
            "check_async_input", "batch_order", "DIRECT_IO_ENV"]
@@ -208,12 +208,7 @@ def write_raw_async_file(path, label, dense, keys, is_dense_float: bool, wide_ke
     else:
         rec[:, L:L + D] = dense
     rec[:, L + D:] = keys.astype(np.int64).astype("<i8" if wide_keys else "<u4").view("<i4").reshape(n, kw)
-    d = os.path.dirname(os.fspath(path))
-    if d:
-        os.makedirs(d, exist_ok=True)
-    with open(path, "ab" if append else "wb") as f:
-        f.write(rec.tobytes())
-    return n
+    return write_records(path, rec, append)
 
 
 def batch_order(num_batches: int, shuffle: bool, seed: int) -> np.ndarray | None:
