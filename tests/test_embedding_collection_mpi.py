@@ -8,7 +8,6 @@ summed over ranks in another order); the dumped keys are identical. Each mpiexec
 """
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -16,15 +15,10 @@ import numpy as np
 import pytest
 
 from tests.model_util import tiny_data
+from tests.mpi_util import MPIEXEC, needs_mpi
 
 HERE = pathlib.Path(__file__).parent
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'numbactr[mpi]')")
-
-try:
-    import mpi4py  # noqa: F401
-except ImportError:
-    pytestmark = pytest.mark.skip(reason="mpi4py not installed (pip install 'numbactr[mpi]')")
+pytestmark = needs_mpi
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ change, slots and state moves for snapshots, the simulator's kernels against the
 (mpiexec -n 2, 3) == one rank bit for bit."""
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ from numbactr import device
 from numbactr.autograd import Tape
 from numbactr.embedding.sparse_embedding import make_embedding
 from numbactr.kernels.embedding_init import row_values_ref
+from tests.mpi_util import MPIEXEC, needs_mpi
 
 E, O, U = hugectr.Embedding_t, hugectr.Optimizer_t, hugectr.Update_t
 S, D = 3, 4
@@ -202,16 +202,14 @@ def test_simulator_kernels_equal_the_cpu_path():
 
 # ---- sharded == one rank, bit for bit ------------------------------------------------------------------
 HERE = pathlib.Path(__file__).parent
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'numbactr[mpi]')")
+@needs_mpi
 def test_sharded_equals_one_rank_bit_for_bit(tmp_path):
     """Distributed (mean, Adam Global; sum, Adam LazyGlobal), Localized (mean, MomentumSGD Global) and
     OneHot (sum, Nesterov) on 1, 2 and 3 ranks: every step's pooled output, the evaluation output with
     unseen keys, and every key's vector, states and slot are identical (tests/mpi/embedding_sharded_run.py)."""
-    pytest.importorskip("mpi4py")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBACTR_DEVICE"] = "cpu"
     results = {}

@@ -6,7 +6,6 @@ spread unevenly over 2 ranks (Localized: slots 0,2 on rank 0, slot 1 on rank 1).
 """
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -16,15 +15,10 @@ import pytest
 import numbactr as hugectr
 from numbactr.optim import SUPPORTED
 from tests.model_util import tiny_data
+from tests.mpi_util import MPIEXEC, needs_mpi
 
 HERE = pathlib.Path(__file__).parent
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'numbactr[mpi]')")
-
-try:
-    import mpi4py  # noqa: F401
-except ImportError:
-    pytestmark = pytest.mark.skip(reason="mpi4py not installed (pip install 'numbactr[mpi]')")
+pytestmark = needs_mpi
 
 
 @pytest.fixture(scope="module")

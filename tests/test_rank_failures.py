@@ -9,11 +9,9 @@ Shutdown part: the readers' prefetch threads stop and are joined at the end of f
 readers' place), when a pass is dropped, and at interpreter exit (a Parquet run ending mid-pass used to
 die in pyarrow: "terminate called without an active exception").
 """
-import importlib.util
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,12 +25,10 @@ from numbactr.data import make_reader
 from numbactr.distributed.comm import launched
 from tests.model_util import tiny_data, tiny_dlrm
 from tests.test_data_reader import batch_ids, norm_params, ref_order, write_id_files
+from tests.mpi_util import MPIEXEC, needs_mpi
 
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-HAVE_MPI = MPIEXEC is not None and importlib.util.find_spec("mpi4py") is not None
-needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="needs mpiexec and mpi4py (pip install 'numbactr[mpi]')")
 TIMEOUT = 60        # a run takes ~3 s; a job that is not ended at once sleeps 10 minutes
 HEAD = "numbactr: rank {r} of {n} failed; aborting the job"
 

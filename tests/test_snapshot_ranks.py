@@ -10,7 +10,6 @@ snapshot loadable.
 """
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -20,15 +19,10 @@ import pytest
 from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
 from tests.mpi.snapshot_run import OPTIMIZERS, build, load_all, state
+from tests.mpi_util import MPIEXEC, needs_mpi
 
 CHILD = pathlib.Path(__file__).parent / "mpi" / "snapshot_run.py"
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-pytestmark = [pytest.mark.mpi,
-              pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'numbactr[mpi]')")]
-try:
-    import mpi4py  # noqa: F401
-except ImportError:
-    pytestmark.append(pytest.mark.skip(reason="mpi4py not installed (pip install 'numbactr[mpi]')"))
+pytestmark = [pytest.mark.mpi, needs_mpi]
 
 
 @pytest.fixture(scope="module")

@@ -8,22 +8,21 @@ ranks' gradients are divided by R and averaged, the one-rank run divides once).
 """
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests.mpi_util import MPIEXEC, needs_mpi
+
 pytest.importorskip("torch")
-pytest.importorskip("mpi4py")
 
 HERE = pathlib.Path(__file__).parent
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'numbactr[mpi]')")
+@needs_mpi
 def test_sharded_sok_model_equals_one_rank(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBACTR_DEVICE"] = "cpu"
@@ -54,7 +53,7 @@ def test_sharded_sok_model_equals_one_rank(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'numbactr[mpi]')")
+@needs_mpi
 def test_the_example_learns_and_two_ranks_print_one_ranks_losses():
     """examples/sok_demo.py: the loss falls, and mpiexec -n 2 prints the one-rank run's losses."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
