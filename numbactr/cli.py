@@ -88,10 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_arguments(p)
 
     ap.commands = sub.choices                                  # name -> parser, for error messages
-    sub.add_parser("device", help="print which device (gpu, sim, cpu) and threads numbactr would use, and why",
+    sub.add_parser("device", help="print which device (gpu, sim, cpu) and threads numbactr would use, and why; "
+                                  "the GPU, driver, CUDA, numba-cuda, CuPy, NCCL and MPI found, and what does not fit",
                    description="Resolve the device as `import numbactr` would (NUMBACTR_DEVICE, the simulator, "
                                "a CUDA GPU with cupy, else cpu) and print the start-up line: the device, the "
-                               "reason, and the thread plan (compute threads, reader workers).")
+                               "reason, and the thread plan (compute threads, reader workers). Then report this "
+                               "rank's placement and GPU, the NVIDIA driver and the CUDA version it supports, "
+                               "the GPUs (compute capability, memory), numba-cuda and CuPy with the CUDA majors "
+                               "they are built for, NCCL and MPI, and diagnose what does not fit (exit status "
+                               "1 when something is an error, e.g. a CuPy for CUDA 13 under a CUDA 12 driver).")
     return ap
 
 
@@ -125,9 +130,8 @@ def _run(args) -> int:
         from .inference.predict import run
         return run(args)
     if args.command == "device":
-        from . import device
-        device.kind()
-        return 0
+        from .device_report import main as device_report
+        return device_report()
     raise AssertionError(args.command)
 
 

@@ -143,11 +143,10 @@ def CreateSolver(**kw) -> Solver:  # noqa: N802 (HugeCTR's name)
         v = getattr(s, name)
         if name in kw and v not in fine and getattr(v, "name", None) not in fine:
             warn_ignored(who, name, v, why, stacklevel=2)
-    gpus = sum(len(n) for n in s.vvgpu)
-    if gpus > 1:
-        warn_ignored(who, "vvgpu", [list(n) for n in s.vvgpu], f"numbactr runs one device per process, so the "
-                 f"{gpus} GPUs listed become one device with the whole batch (same math); run "
-                 f"`mpiexec -n {gpus}` with vvgpu=[[0]] for {gpus} ranks", stacklevel=2)
+    from .device import use_vvgpu             # each rank's GPU: vvgpu[node][local rank % len]
+    unused = use_vvgpu(s.vvgpu)
+    if unused:
+        warn_ignored(who, "vvgpu", [list(n) for n in s.vvgpu], f"in part: {unused}", stacklevel=2)
     return s
 
 

@@ -17,6 +17,11 @@ else ``cpu``. ``sim`` must be chosen before numba is first imported, so this mod
 ``NUMBA_ENABLE_CUDASIM`` itself when asked for ``sim``; ``import numbactr`` does that first thing.
 One line on stdout says which device runs, why (numba's own reason when there is no CUDA GPU), and
 the thread plan (numbactr.threads: BLAS/numba threads and reader workers).
+
+On gpu each rank takes one GPU, chosen before any allocation from its local rank on its node
+(numbactr.distributed.placement.choose_gpu: local rank i uses ``vvgpu[node][i % len]`` when CreateSolver
+was given a vvgpu, else visible GPU ``i % visible``); numba and CuPy are both pointed at it.
+``numbactr device`` (numbactr.device_report) prints what was found and what does not fit.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ class DeviceError(RuntimeError):
     """The requested device cannot run here."""
 
 
-_state = {"kind": None, "why": ""}
+_state = {"kind": None, "why": "", "gpu": None, "vvgpu": None}
 
 
 def _asked() -> str | None:
@@ -76,10 +81,58 @@ def _resolve() -> tuple[str, str]:
         if asked == "gpu":
             raise DeviceError("NUMBACTR_DEVICE=gpu needs cupy: pip install 'numbactr[gpu]'") from None
         return "cpu", "a CUDA GPU is present but cupy is not installed (pip install 'numbactr[gpu]')"
+    gpu, how = _select_gpu(cuda, cupy)
     name = cuda.get_current_device().name
     if isinstance(name, bytes):
         name = name.decode()
-    return "gpu", f"numba.cuda kernels on {name}"
+    return "gpu", f"numba.cuda kernels on GPU {gpu} {name} ({how})"
+
+
+def _select_gpu(cuda, cupy) -> tuple[int, str]:
+    """Make this rank's GPU current for numba and CuPy (before anything allocates); (index, why)."""
+    from .distributed.comm import placement
+    from .distributed.placement import PlacementError, choose_gpu
+    try:
+        pl = placement()
+        gpu, why = choose_gpu(pl.local_rank, pl.node, len(cuda.gpus), _state["vvgpu"])
+    except PlacementError as e:
+        raise DeviceError(f"cannot choose this rank's GPU: {e}") from None
+    cuda.select_device(gpu)
+    cupy.cuda.Device(gpu).use()
+    _state["gpu"] = gpu
+    return gpu, why
+
+
+def gpu_index() -> int | None:
+    """The index (among the visible GPUs) of this rank's GPU on the gpu device, else None."""
+    return _state["gpu"] if kind() == "gpu" else None
+
+
+def use_vvgpu(vvgpu) -> str:
+    """Record CreateSolver's vvgpu for the choice of this rank's GPU; returns what the caller should warn
+    about ("" when nothing): GPUs vvgpu lists that no rank of this job uses, or a GPU already chosen
+    before the solver was created that differs from vvgpu's."""
+    from .distributed.comm import placement
+    from .distributed.placement import DEFAULT_VVGPU, choose_gpu, idle_gpus
+    vv = tuple(tuple(int(g) for g in n) for n in vvgpu)
+    _state["vvgpu"] = vv
+    if vv == DEFAULT_VVGPU:
+        return ""
+    pl = placement()
+    notes = []
+    idle = idle_gpus(pl, vv)
+    if idle:
+        notes.append(f"numbactr runs one GPU per process (local rank i of node n uses vvgpu[n][i % len]); this "
+                     f"job has {pl.size} rank(s), {pl.local_size} per node on {pl.nodes} node(s), so "
+                     f"{', '.join(f'node {n} GPU {g}' for n, g in idle)} stay(s) idle; start one rank per "
+                     f"listed GPU (mpiexec -n {sum(len(n) for n in vv)})")
+    if _state["kind"] == "gpu" and _state["gpu"] is not None:
+        from numba import cuda
+        want, _ = choose_gpu(pl.local_rank, pl.node, len(cuda.gpus), vv)
+        if want != _state["gpu"]:
+            notes.append(f"the device was resolved before CreateSolver, on GPU {_state['gpu']}, and stays "
+                         f"there (vvgpu asks for GPU {want}); create the solver before anything uses the device")
+    return "; ".join(notes)
 
 
 def _cpu_ops() -> str:

@@ -1,8 +1,13 @@
 """Collectives between ranks, and how the job ends when a rank fails: the ONLY module importing mpi4py.
 
 ``mpiexec -n N python train.py`` gives N ranks, one device each. A plain ``python train.py`` is one rank
-whose collectives are the identity. Buffers are NumPy arrays; on GPUs the caller stages device arrays
-through the host (NCCL through cupy is not wired yet).
+whose collectives are the identity. ``allreduce_sum`` and ``alltoallv`` take NumPy arrays (MPI) or CuPy
+device arrays: device buffers travel by NCCL (numbactr.distributed.nccl) when every rank has a GPU of its own
+and cupy.cuda.nccl imports, and staged through host memory and MPI otherwise (``transport()`` says which
+and why; ``NUMBACTR_COMM=mpi`` forces the host path, ``=nccl`` makes NCCL's absence an error). The choice
+is ``placement.choose_transport``, made once, on the first device collective, from every rank's facts.
+Each rank's node and local rank (``Comm.placement``) come from MPI's shared-memory split communicator;
+numbactr.device picks the rank's GPU from them before any allocation.
 
 A failing rank ends the whole job within seconds and says which rank and why. Under a multi-rank launch,
 ``import numbactr`` calls ``guard_launch()``: the launcher's environment says so (``PMI_SIZE`` from
@@ -74,6 +79,8 @@ import traceback
 
 import numpy as np
 
+from .placement import Placement, choose_transport, local_from_env, node_of
+
 # the launcher's environment: (size, rank) variables set by MPICH/Intel MPI, Open MPI, MVAPICH2
 _LAUNCH_ENV = (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
                ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"))
@@ -107,9 +114,47 @@ class Comm:
         self.calls = 0
         self.current = ""             # the collective this rank is in (named in abort messages)
         self._guard: _Guard | None = None
+        self.placement = Placement(self.rank, self.size)     # world() fills in node and local rank
+        self._transport: tuple[str, str] | None = None     # ('nccl' | 'mpi', why), on first device use
+        self._nccl = None
 
-    def allreduce_sum(self, x: np.ndarray) -> np.ndarray:
-        """Element-wise sum over ranks, in place; returns x."""
+    # -- device buffers ------------------------------------------------------------------------------
+    def transport(self) -> tuple[str, str]:
+        """('nccl' | 'mpi', why) for device buffers, decided once for the whole job: every rank shares
+        its (node, GPU, NCCL importable) in one allgather, so all ranks take the same path. A collective:
+        every rank calls it at the same point (the first device collective does)."""
+        if self._transport is not None:
+            return self._transport
+        from .. import device
+        kind = device.kind()
+        if self.size == 1:
+            self._transport = choose_transport(1, kind, True, False)
+            return self._transport
+        from . import nccl
+        gpu = device.gpu_index()
+        mine = np.array([self.placement.node, -1 if gpu is None else gpu,
+                         int(kind == "gpu" and nccl.importable())], dtype=np.int64)
+        every = np.empty((self.size, 3), dtype=np.int64)
+        self._enter("transport")
+        self._wait(self._c.Iallgather(mine, every))
+        gpus = {(int(n), int(g)) for n, g, _ in every}
+        own = all(g >= 0 for _, g, _ in every) and len(gpus) == self.size
+        self._transport = choose_transport(self.size, kind, own, bool(every[:, 2].all()),
+                                           os.environ.get("NUMBACTR_COMM", ""))
+        if self._transport[0] == "nccl":
+            self._nccl = nccl.NcclComm(self._c)
+        return self._transport
+
+    def allreduce_sum(self, x):
+        """Element-wise sum over ranks, in place; returns x. x is a NumPy array or a CuPy device array
+        (NCCL or host-staged MPI, ``transport()``)."""
+        if self.size > 1 and _on_device(x):
+            if self.transport()[0] == "nccl":
+                self._enter("allreduce_sum")
+                return self._nccl.allreduce_sum(x)
+            host = self.allreduce_sum(x.get())
+            x.set(host)
+            return x
         if self.size > 1:
             MPI = _mpi()
             self._enter("allreduce_sum")
@@ -154,6 +199,8 @@ class Comm:
         All parts share dtype and trailing shape (rows may differ, also be empty)."""
         if self.size == 1:
             return [parts[0]]
+        if _on_device(parts[0]):
+            return self._device_alltoallv(parts)
         self._enter("alltoallv")
         sample = parts[0]
         tail = sample.shape[1:]
@@ -166,6 +213,20 @@ class Comm:
         send_sizes, recv_sizes = send_counts * width, recv_counts * width
         self._wait(self._c.Ialltoallv([send.reshape(-1), send_sizes], [recv.reshape(-1), recv_sizes]))
         return np.split(recv, np.cumsum(recv_counts)[:-1])
+
+    def _device_alltoallv(self, parts: list) -> list:
+        """alltoallv of CuPy arrays: the row counts over MPI (host integers known from the shapes), the
+        rows over NCCL, or all of it staged through the host."""
+        import cupy
+        if self.transport()[0] != "nccl":
+            return [cupy.asarray(p) for p in self.alltoallv([p.get() for p in parts])]
+        if len(parts) != self.size:
+            raise ValueError(f"alltoallv: {len(parts)} parts for {self.size} ranks")
+        send_counts = np.array([p.shape[0] for p in parts], dtype=np.int64)
+        recv_counts = np.empty(self.size, dtype=np.int64)
+        self._enter("alltoallv")
+        self._wait(self._c.Ialltoall(send_counts, recv_counts))
+        return self._nccl.alltoallv(parts, [int(r) for r in recv_counts])
 
     def bcast(self, obj, root: int = 0):
         """root's obj on every rank (pickled)."""
@@ -225,6 +286,36 @@ def _mpi():
     return MPI
 
 
+def _on_device(x) -> bool:
+    """True for a CuPy array (a device buffer), without importing cupy."""
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+def _placement(comm: Comm, MPI) -> Placement:
+    """This rank's node and local rank from MPI's shared-memory split (ranks that share a node's
+    memory), numbering nodes by their first rank. A collective over COMM_WORLD."""
+    shm = comm._c.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    try:
+        leader = shm.allreduce(comm.rank, op=MPI.MIN)
+        node, nodes = node_of(comm._c.allgather(leader), comm.rank)
+        return Placement(comm.rank, comm.size, shm.Get_rank(), shm.Get_size(), node, nodes,
+                         "MPI shared-memory split")
+    finally:
+        shm.Free()
+
+
+def placement() -> Placement:
+    """This rank's placement: from MPI under a multi-rank launch, else from the launcher's local-rank
+    variables if any (e.g. one process started by srun), else the one-process default."""
+    if launched()[0] > 1:
+        return world().placement
+    local = local_from_env(os.environ)
+    if local is None:
+        return Placement()
+    lr, ls, var = local
+    return Placement(0, 1, lr, ls if ls is not None else lr + 1, 0, 1, var)
+
+
 _world: Comm | None = None
 
 
@@ -251,6 +342,7 @@ def world() -> Comm:
     if comm.size > 1:
         from .. import log
         log.set_rank(comm.rank)
+        comm.placement = _placement(comm, MPI)
         comm._guard = _Guard(comm, MPI)
     _world = comm
     return comm
