@@ -68,6 +68,8 @@ class Solver:
     use_mixed_precision: bool = False
     enable_tf32_compute: bool = False
     scaler: float = 1.0
+    # numbactr only: the half dtype of mixed precision, "float16" (HugeCTR's) or "bfloat16" (ml_dtypes)
+    mixed_precision_dtype: str = "float16"
     metrics_spec: Any = None
     i64_input_key: bool = False
     use_algorithm_search: bool = True
@@ -90,8 +92,6 @@ class Solver:
 
 # Solver options numbactr does not act on: (value(s) that ask for nothing, why a different value is ignored)
 _SOLVER_IGNORED = {
-    "use_mixed_precision": ((False,), "numbactr has no mixed precision yet: it trains in float32"),
-    "enable_tf32_compute": ((False,), "numbactr does not use TF32: matrix products run in float32"),
     "train_intra_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option; numbactr runs each step "
                                                 "in order (the results are the same)"),
     "train_inter_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option (the results are the same)"),
@@ -139,6 +139,10 @@ def CreateSolver(**kw) -> Solver:  # noqa: N802 (HugeCTR's name)
         _number(who, f"metrics_spec[{m!r}]", v)
     _expect(not (s.use_mixed_precision and s.enable_tf32_compute),
             "CreateSolver: use_mixed_precision and enable_tf32_compute cannot both be True")
+    from .precision import HALF_DTYPES, half_dtype       # mixed precision: numbactr/precision.py
+    _expect(s.mixed_precision_dtype in HALF_DTYPES, f"CreateSolver: mixed_precision_dtype must be one of "
+            f"{HALF_DTYPES}, got {s.mixed_precision_dtype!r}")
+    half_dtype(s)                                         # bfloat16 without ml_dtypes: a clear error now
     for name, (fine, why) in _SOLVER_IGNORED.items():
         v = getattr(s, name)
         if name in kw and v not in fine and getattr(v, "name", None) not in fine:

@@ -11,8 +11,9 @@ import time
 
 import numpy as np
 
-from . import checkpoint, compat, device, graph_json, log
+from . import checkpoint, compat, device, graph_json, log, precision
 from .autograd import Tape, Tensor
+from .autograd.tape import autocast
 from .distributed.comm import world
 from .config import (DataReaderParams, DenseLayer, GroupDenseLayer, Input, OptParamsPy, Solver, SparseEmbedding,
                      warn_ignored)
@@ -69,6 +70,14 @@ class Model:
         self.history = {"iter": [], "loss": [], "lr": [], "eval_iter": [], "auc": []}
         self._last_tensors: dict[bool, dict] = {}      # training? -> the last forward's tensors by name
         self._last_eval = None                         # (predictions, labels) of the last eval batch
+        # mixed precision (numbactr/precision.py): the activations' half dtype, None in float32
+        self.half = precision.half_dtype(solver)
+        self.skipped_steps = 0                         # mixed-precision steps skipped for overflow
+        if self.half is not None and self.half != np.float16 and device.kind() == "gpu":
+            raise ModelError("Model: mixed_precision_dtype='bfloat16' runs on the cpu and sim devices only "
+                             "(CuPy has no bfloat16 arrays); use 'float16' on a GPU")
+        if solver.enable_tf32_compute and device.kind() == "gpu":
+            log.info(precision.enable_tf32())
 
     # ---- graph construction --------------------------------------------------------------------
     def add(self, item) -> None:
@@ -322,19 +331,27 @@ class Model:
         """Run the graph on one batch; returns every tensor by name."""
         xp = device.xp()
         inp = self.input
-        t: dict[str, Tensor] = {inp.dense_name: Tensor(xp.asarray(batch.dense))}
+        dense = batch.dense
+        if self.half is not None:                      # HugeCTR's reader hands fp16 dense input
+            precision.check_dense_input(dense, self.half)
+            dense = np.asarray(dense).astype(self.half)
+        t: dict[str, Tensor] = {inp.dense_name: Tensor(xp.asarray(dense))}
         for name, (c0, c1) in self.label_columns.items():
             t[name] = Tensor(xp.asarray(np.ascontiguousarray(batch.label[:, c0:c1])))
         rows = batch.batch_size
-        for emb in self.embeddings:
-            keys, offsets = batch.sparse[self.sparse_inputs[emb.cfg.bottom_name]]
-            t[emb.name] = emb.forward(tape, keys, offsets, rows, training)
-        for c in self.collections:
-            t.update(c.forward(tape, {b: batch.sparse[self.sparse_inputs[b]] for b in c.bottoms}, training))
+        half = self.half
+        with autocast(half):                           # embedding outputs in half precision
+            for emb in self.embeddings:
+                keys, offsets = batch.sparse[self.sparse_inputs[emb.cfg.bottom_name]]
+                t[emb.name] = emb.forward(tape, keys, offsets, rows, training)
+            for c in self.collections:
+                t.update(c.forward(tape, {b: batch.sparse[self.sparse_inputs[b]] for b in c.bottoms},
+                                   training))
         run = RunInfo(training=training, valid=batch.size, ranks=self.ranks, scaler=self.solver.scaler,
                       seed=self.solver.seed, step=self.step)
         for layer in self.layers:
-            outs = layer.forward(tape, [t[b] for b in layer.cfg.bottom_names], run)
+            with autocast(half, keep_outputs=layer.is_loss):    # losses: float32 math and value
+                outs = layer.forward(tape, [t[b] for b in layer.cfg.bottom_names], run)
             for name, o in zip(layer.cfg.top_names, outs):
                 t[name] = o
         self._last_tensors[training] = t            # check_out_tensor reads them
@@ -393,7 +410,7 @@ class Model:
             batch = self._next_batch(self._train_reader)          # HugeCTR skips partial train batches
         if batch is None or batch.global_size == 0:
             return False
-        tape = Tape()
+        tape = Tape(watch_finite=self.half is not None)
         t = self._forward(batch, True, tape)
         xp = device.xp()
         seeds = {}
@@ -421,6 +438,9 @@ class Model:
         # the reported loss uses the weights this step ran with (before the update)
         self.current_loss = self._loss_value(t, rows) if self.solver.gen_loss_summary else 0.0
         self._check_finite_loss(t)                 # stops before a non-finite step updates any weight
+        if self.half is not None and not self._grads_finite(tape):
+            self._skip_step()
+            return True
         lr = 0.0 if self.dense_frozen else self.lr
         self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
         for emb in self.embeddings:
@@ -429,6 +449,29 @@ class Model:
             c.update(self.lr, self.solver.scaler)
         self.step += 1
         return True
+
+    def _grads_finite(self, tape: Tape) -> bool:
+        """Mixed precision: did every gradient of this step stay finite, on every rank? (The ranks agree,
+        so a skipped step skips the model-parallel embedding updates everywhere.)"""
+        ok = tape.grads_finite()
+        if self.ranks > 1:
+            ok = bool(self.comm.allreduce_sum(np.array([0.0 if ok else 1.0]))[0] == 0.0)
+        return ok
+
+    def _skip_step(self) -> None:
+        """Drop this step's dense and sparse gradients without touching weights or optimizer states,
+        count the skip and warn (numbactr/precision.py: HugeCTR would apply the inf/NaN gradients)."""
+        import warnings
+        for e in (*self.embeddings, *self.collections):
+            for held in ("_pending", "_saved"):           # the gradients kept for update()
+                if hasattr(e, held):
+                    setattr(e, held, None)
+        self.wgrads[...] = 0
+        self.skipped_steps += 1
+        self.step += 1
+        warnings.warn(f"mixed precision: iteration {self.step}'s gradients overflowed {self.half.name} at "
+                      f"scaler={self.solver.scaler:g}; its update was skipped ({self.skipped_steps} skipped "
+                      f"so far). A smaller scaler avoids this", precision.GradientOverflowWarning, stacklevel=3)
 
     # how many steps a GPU run with gen_loss_summary=False goes between reads of its non-finite flag
     NONFINITE_CHECK_EVERY = 64

@@ -247,7 +247,7 @@ def test_dense_layers_validate_at_add(data):
         m.add(hugectr.DenseLayer(L.MLP, ["dense"], ["mlp"], num_outputs=[4, 2], activations=[Activation_t.Relu]))
     with pytest.raises(hugectr.ModelError, match=r"MLP.*biases has 3 entries for 2 layers"):
         m.add(hugectr.DenseLayer(L.MLP, ["dense"], ["mlp"], num_outputs=[4, 2], biases=[True] * 3))
-    with pytest.raises(hugectr.ModelError, match=r"MLP.*mixed precision"):
+    with pytest.raises(hugectr.ModelError, match=r"MLP.*second bottom 'label' .* must have the first's shape"):
         m.add(hugectr.DenseLayer(L.MLP, ["dense", "label"], ["mlp"], num_outputs=[4]))
     with pytest.raises(hugectr.ModelError, match=r"FusedInnerProduct.*pos_type Head needs 1 or 2 bottom\(s\) and 4"):
         m.add(hugectr.DenseLayer(L.FusedInnerProduct, ["dense"], ["f"], num_output=4, pos_type=FcPosition_t.Head))

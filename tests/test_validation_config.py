@@ -72,8 +72,6 @@ def _norm(**kw):
 
 
 IGNORED = [
-    (lambda: hugectr.CreateSolver(use_mixed_precision=True), "use_mixed_precision=True"),
-    (lambda: hugectr.CreateSolver(enable_tf32_compute=True), "enable_tf32_compute=True"),
     (lambda: hugectr.CreateSolver(train_intra_iteration_overlap=True), "train_intra_iteration_overlap=True"),
     (lambda: hugectr.CreateSolver(eval_inter_iteration_overlap=True), "eval_inter_iteration_overlap=True"),
     (lambda: hugectr.CreateSolver(all_reduce_algo=hugectr.AllReduceAlgo.OneShot), "all_reduce_algo="),

@@ -4,10 +4,73 @@ Forward: every ``Function.apply`` runs ``forward(ctx, *arrays)`` and appends one
 Backward: the tape is replayed in reverse; each entry's ``backward(ctx, *grads)`` returns one gradient
 per input (or None). A tensor read by several functions receives the SUM of their gradients — this
 replaces HugeCTR's automatically inserted Slice copies (spec §4.2).
+
+Mixed precision (``autocast``): inside an ``autocast(np.float16)`` scope every ``Function.apply``
+upcasts its half-precision input arrays to float32, runs the op in float32 and rounds its floating
+outputs to the half dtype. The tape remembers the scope per entry, so the backward replay does the
+same for gradients: incoming output gradients are upcast to float32, and each input's gradient is
+rounded to that input's own dtype. So activations and activation gradients are STORED in half
+precision between layers while every op computes in float32 (as tensor cores accumulate in float32),
+and float32 tensors (the master weights, labels) get float32 gradients. A loss layer runs under
+``autocast(half, keep_outputs=True)``: float32 math and a float32 loss, but the gradient it hands its
+half-precision logits is rounded to half (where the loss scale matters). ``Tape.watch_finite``
+makes the replay record whether every gradient stayed finite (``Tape.grads_finite``), the test that
+skips a step whose scaled half-precision gradients overflowed.
 """
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
+
+
+class _Policy:
+    """The current autocast scope: ``half`` (None = plain float32) and whether outputs stay float32."""
+    half = None
+    keep_outputs = False
+
+
+_POLICY = _Policy()
+
+
+class autocast:  # noqa: N801 (a context manager, named like torch's)
+    """``with autocast(np.float16):`` ops store half-precision outputs (see the module docstring).
+    ``half=None`` is plain float32 (no casts at all); ``keep_outputs=True`` keeps float32 outputs
+    (losses). Scopes nest; the previous one is restored on exit."""
+
+    def __init__(self, half=None, keep_outputs: bool = False):
+        self.half = None if half is None else np.dtype(half)
+        self.keep_outputs = keep_outputs
+
+    def __enter__(self):
+        self._prev = (_POLICY.half, _POLICY.keep_outputs)
+        _POLICY.half, _POLICY.keep_outputs = self.half, self.keep_outputs
+        return self
+
+    def __exit__(self, *exc):
+        _POLICY.half, _POLICY.keep_outputs = self._prev
+        return False
+
+
+def _up(a, half):
+    """float32 view of a half-precision array (anything else unchanged)."""
+    return a.astype(np.float32) if getattr(a, "dtype", None) == half else a
+
+
+def _down(a, half):
+    """``a`` rounded to ``half`` when it is a float32/float64 array (integers, masks, half unchanged)."""
+    dt = getattr(a, "dtype", None)
+    if dt is not None and dt != half and dt in (np.float32, np.float64):
+        return a.astype(half)
+    return a
+
+
+def _as_dtype_of(g, ref):
+    """Gradient ``g`` in the dtype of the tensor data ``ref`` it belongs to (floating dtypes only)."""
+    dt, want = getattr(g, "dtype", None), getattr(ref, "dtype", None)
+    if dt is None or want is None or dt == want or want.kind not in "fV" or dt.kind != "f":
+        return g
+    return g.astype(want)
 
 
 class Tensor:
@@ -34,6 +97,7 @@ class Context:
 
     def __init__(self):
         self.needs_input_grad: tuple[bool, ...] = ()
+        self.half = None          # the autocast half dtype this call ran under (None: float32)
 
 
 class Function:
@@ -51,8 +115,16 @@ class Function:
     def apply(cls, tape: "Tape | None", *inputs: Tensor, name: str = "", **params: Any):
         ctx = Context()
         ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
-        out = cls.forward(ctx, *(t.data for t in inputs), **params)
-        outs = out if isinstance(out, tuple) else (out,)
+        half = _POLICY.half
+        if half is None:
+            out = cls.forward(ctx, *(t.data for t in inputs), **params)
+            outs = out if isinstance(out, tuple) else (out,)
+        else:                                      # mixed precision: float32 math, half storage
+            ctx.half = half
+            out = cls.forward(ctx, *(_up(t.data, half) for t in inputs), **params)
+            outs = out if isinstance(out, tuple) else (out,)
+            if not _POLICY.keep_outputs:
+                outs = tuple(_down(o, half) for o in outs)
         grad_needed = any(ctx.needs_input_grad)
         tensors = tuple(Tensor(o, name=name if len(outs) == 1 else f"{name}[{i}]",
                                requires_grad=grad_needed) for i, o in enumerate(outs))
@@ -64,15 +136,37 @@ class Function:
 class Tape:
     """A flat list of (function, ctx, inputs, outputs) in execution order."""
 
-    def __init__(self):
+    def __init__(self, watch_finite: bool = False):
         self.entries: list[tuple] = []
+        self.watch_finite = watch_finite   # record whether every gradient of the replay is finite
+        self._finite = None                # AND of np.isfinite(g).all() (a device 0-d array on gpu)
+
+    def _note(self, g) -> None:
+        if self.watch_finite and g is not None and getattr(g, "dtype", None) is not None:
+            ok = np.isfinite(g).all()      # cupy arrays dispatch to cupy: no host read here
+            self._finite = ok if self._finite is None else self._finite & ok
+
+    def grads_finite(self) -> bool:
+        """True when every gradient of the last replay was finite (needs ``watch_finite``; one host
+        read on a GPU). Every gradient is checked once: each entry's incoming (summed) output
+        gradients and each leaf's final gradient, so an overflow anywhere is seen."""
+        if not self.watch_finite:
+            raise RuntimeError("Tape.grads_finite needs Tape(watch_finite=True)")
+        return True if self._finite is None else bool(self._finite)
 
     def backward(self, seeds: dict[int, tuple[Tensor, Any]]) -> None:
         """Replay in reverse from ``seeds`` = {id(tensor): (tensor, dL/dtensor)}.
 
         Tensors with ``requires_grad`` that no function produced (parameters, leaves) end with
-        ``.grad`` set to their summed gradient.
+        ``.grad`` set to their summed gradient. With ``watch_finite`` an overflow is an expected
+        outcome that the caller checks (``grads_finite``), so NumPy's overflow warnings are silenced.
         """
+        if self.watch_finite:
+            with np.errstate(over="ignore", invalid="ignore"):
+                return self._replay(seeds)
+        return self._replay(seeds)
+
+    def _replay(self, seeds: dict[int, tuple[Tensor, Any]]) -> None:
         # The tape holds every tensor until the replay ends, so id() is a safe key throughout.
         grads: dict[int, Any] = {k: g for k, (_, g) in seeds.items()}
         by_id: dict[int, Tensor] = {k: t for k, (t, _) in seeds.items()}
@@ -83,12 +177,20 @@ class Tape:
                 produced.add(id(o))
             if all(g is None for g in out_grads):
                 continue
+            half = ctx.half
+            if half is not None:                   # the mirror of apply(): float32 in, own dtype out
+                out_grads = [None if g is None else _up(g, half) for g in out_grads]
+            for g in out_grads:
+                self._note(g)
             in_grads = fn.backward(ctx, *out_grads)
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
             if len(in_grads) != len(inputs):
                 raise RuntimeError(f"{fn.__name__}.backward returned {len(in_grads)} gradients "
                                    f"for {len(inputs)} inputs")
+            if half is not None:
+                in_grads = tuple(None if g is None else _as_dtype_of(g, t.data)
+                                 for g, t in zip(in_grads, inputs))
             for t, g in zip(inputs, in_grads):
                 if g is None or not t.requires_grad:
                     continue
@@ -97,6 +199,7 @@ class Tape:
                 by_id[id(t)] = t
         for key, g in grads.items():               # what is left: leaves (parameters, inputs)
             if key not in produced:
+                self._note(g)
                 t = by_id[key]
                 t.grad = g if t.grad is None else t.grad + g
         self.entries.clear()

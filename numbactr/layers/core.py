@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import ops
 from ..enums import Layer_t
 from . import init
@@ -126,12 +128,19 @@ class Reshape(Layer):
 
 
 class Interaction(Layer):
-    """DLRM dot interaction: bottoms dense (B, V) and emb (B, S, V) -> (B, V + (S+1)S/2 + 1)."""
+    """DLRM dot interaction: bottoms dense (B, V) and emb (B, S, V) -> (B, V + (S+1)S/2 + 1).
+
+    HugeCTR's fp16 Interaction may have a second top (``["interaction1", "interaction_grad"]`` in the
+    DLRM fp16 samples): a buffer of the same shape through which its backward receives dY from the
+    fused MLP / FusedInnerProduct Head that takes it as second bottom. numbactr's tape carries that
+    gradient on the first top, so the second top is the SAME tensor as the first (its consumers read
+    the output; a gradient sent to it adds to the first's). Accepted in fp32 too, as FusedInnerProduct."""
     type_name = "Interaction"
 
     def infer(self):
-        self.expect_counts(2)
-        if self.cfg.compute_config.async_wgrad:     # HugeCTR's check (the one-top form has no dgrad split)
+        self.expect_counts(2, tops=len(self.cfg.top_names) if len(self.cfg.top_names) in (1, 2) else 1)
+        if self.cfg.compute_config.async_wgrad and len(self.cfg.top_names) == 1:
+            # HugeCTR's check (the one-top form has no dgrad split)
             self.fail("compute_config async_wgrad=True needs the two-top (fp16) Interaction; the one-top "
                       "form has no separate gradient output to overlap")
         d, e = self.in_shapes
@@ -143,10 +152,12 @@ class Interaction(Layer):
             self.fail(f"{names[0]!r} {d} and {names[1]!r} {e} disagree: need dense (B, V) with "
                       f"V == embedding width")
         n = e[1] + 1
-        return [(d[0], d[1] + n * (n - 1) // 2 + 1)]
+        out = (d[0], d[1] + n * (n - 1) // 2 + 1)
+        return [out] * len(self.cfg.top_names)
 
     def forward(self, tape, xs, run):
-        return [ops.Interaction.apply(tape, xs[0], xs[1], name=self.cfg.top_names[0])]
+        y = ops.Interaction.apply(tape, xs[0], xs[1], name=self.cfg.top_names[0])
+        return [y] * len(self.cfg.top_names)
 
 
 class BinaryCrossEntropyLoss(RegularizedLoss, Layer):
@@ -176,8 +187,9 @@ class BinaryCrossEntropyLoss(RegularizedLoss, Layer):
         return self.regularizer_json()
 
     def predictions(self):
-        """sigmoid of the last forward's logits, (B, 1)."""
-        return ops.sigmoid(self.logits.data)
+        """sigmoid of the last forward's logits, (B, 1) (float32 also from mixed precision's fp16 logits)."""
+        z = self.logits.data
+        return ops.sigmoid(z if z.dtype == np.float32 else z.astype(np.float32))
 
 
 LAYERS = {

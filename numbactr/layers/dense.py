@@ -181,17 +181,18 @@ class MLP(Layer):
     Weights per sub-layer i: W_i (in_i, out_i), b_i (out_i,), ALWAYS both (HugeCTR allocates the bias
     even when that sub-layer has no bias; it then stays at its initial value, gradient 0).
     activations (per sub-layer) overrides act_type (all sub-layers); biases overrides use_bias.
-    The second bottom of HugeCTR's MLP (a mask from the fp16 Interaction) exists only in mixed
-    precision, which numbactr does not train: one bottom only."""
+    A second bottom (HugeCTR's mixed-precision form: the two-top Interaction's gradient buffer) is
+    accepted and not read: it is the same tensor as the first (layers.core.Interaction), and the
+    gradient flows through the first bottom."""
     type_name = "MLP"
 
     def infer(self):
         c = self.cfg
-        if len(c.bottom_names) == 2:
-            self.fail("the second bottom (the fp16 Interaction's mask) exists only in mixed precision; "
-                      "numbactr trains fp32: give one bottom")
-        self.expect_counts(1)
-        (shape,) = self.in_shapes
+        self.expect_counts((1, 2))
+        shape = self.in_shapes[0]
+        if len(self.in_shapes) == 2 and self.in_shapes[1] != shape:
+            self.fail(f"the second bottom {c.bottom_names[1]!r} {self.in_shapes[1]} must have the first's "
+                      f"shape {shape} (it is the two-top Interaction's gradient buffer)")
         if len(shape) != 2:
             self.fail(f"input {c.bottom_names[0]!r} must be 2-D (B, K), got shape {shape}")
         outs = list(c.num_outputs)
@@ -266,7 +267,8 @@ class FusedInnerProduct(Layer):
     """Y = act(X·W + b), (B, K) -> (B, num_output); W (K, N), b (N,) as InnerProduct.
 
     HugeCTR builds this layer only in mixed precision ("FusedInnerProduct support half only");
-    numbactr trains fp32 and computes the same math with the fused bias+ReLU kernel. Bottom/top
+    numbactr builds it in both modes with the same math (the fused bias+ReLU kernel; in mixed precision
+    half-precision storage around float32 math, numbactr/precision.py). Bottom/top
     counts follow HugeCTR: None/Isolated 1 -> 1; Head 1 (or 2) -> 4; Body 4 -> 4; Tail 4 -> 1;
     act_type Non only at Tail. Of a Head/Body's 4 tops only the first carries data: tops 2 and 3
     (out_mask, out_dRelu: HugeCTR's fused-backward buffers) are the SAME tensor as top 1, and top 4

@@ -1,0 +1,92 @@
+"""Mixed precision and TF32: the Solver's ``use_mixed_precision``, ``scaler`` and ``enable_tf32_compute``.
+
+Mixed precision (HugeCTR ``use_mixed_precision=True``; spec §1, §3):
+
+* Activations, activation gradients and embedding outputs are STORED in half precision (float16, or
+  bfloat16 with the numbactr-only Solver option ``mixed_precision_dtype="bfloat16"``); every op upcasts
+  its inputs to float32, computes in float32 and rounds its outputs to half (numbactr.autograd.tape's
+  ``autocast``; the model runs each layer and embedding lookup in such a scope). This is what tensor
+  cores do in HugeCTR's fp16 GEMMs (fp16 operands, fp32 accumulation); HugeCTR's fp16 elementwise
+  kernels compute in fp16, so numbactr's rounding happens at fewer places than HugeCTR's.
+* The master weights (dense and embedding) stay float32, and weight gradients are float32.
+* The dense input is float16 (HugeCTR's reader converts it); labels stay float32; losses, metrics and
+  BatchNorm statistics compute in float32.
+* The loss gradient is multiplied by ``scaler`` in the loss layer and every optimizer divides by it
+  (as in fp32 mode); without the scale, gradients below float16's smallest subnormal (~6e-8) flush to 0.
+* Overflow: HugeCTR uses the static scale and applies whatever the gradients hold (an inf/NaN gradient
+  poisons the weights). numbactr checks every gradient of the step; if any is non-finite the step's
+  dense AND embedding updates are skipped (weights and optimizer states unchanged), the skip is counted
+  (``Model.skipped_steps``) and a ``GradientOverflowWarning`` names the step. The scale itself stays
+  static (unlike torch's GradScaler, which also shrinks it). A non-finite LOSS still raises
+  FloatingPointError as in fp32 mode.
+
+TF32 (``enable_tf32_compute=True``): on a GPU, float32 matrix products through CuPy (cuBLAS) use TF32
+tensor cores: CuPy decides a dtype's cuBLAS compute type at its first product, reading the
+``CUPY_TF32`` environment variable then, and ``cupy._core._routines_linalg.set_compute_type`` changes
+it afterwards; ``enable_tf32`` does both. cpu and sim have no TF32: the flag has no effect there.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+
+class GradientOverflowWarning(RuntimeWarning):
+    """A mixed-precision step's scaled gradients overflowed the half dtype: its update was skipped."""
+
+
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def bfloat16_dtype():
+    """numpy's bfloat16 from ml_dtypes, or None when ml_dtypes is not installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def half_dtype(solver):
+    """The storage dtype of activations for ``solver`` (None when it trains in float32)."""
+    if not solver.use_mixed_precision:
+        return None
+    name = getattr(solver, "mixed_precision_dtype", "float16")
+    if name == "float16":
+        return np.dtype(np.float16)
+    bf16 = bfloat16_dtype()
+    if bf16 is None:
+        raise ValueError("CreateSolver: mixed_precision_dtype='bfloat16' needs the ml_dtypes package "
+                         "(NumPy has no bfloat16): pip install ml_dtypes, or use 'float16'")
+    return bf16
+
+
+def check_dense_input(dense: np.ndarray, half) -> None:
+    """ValueError when the host dense input holds finite values the half dtype cannot hold (HugeCTR
+    would silently train on inf): names the largest value and the dtype's range."""
+    if half is None or dense.size == 0:
+        return
+    top = float(np.abs(dense).max())
+    limit = float(np.finfo(np.float16).max) if half == np.float16 else 3.3895e38
+    if np.isfinite(top) and top > limit:
+        raise ValueError(f"mixed precision: the dense input holds |x| = {top:g}, beyond {half.name}'s range "
+                         f"(max {limit:g}); scale or log-transform the dense features")
+
+
+def enable_tf32() -> str:
+    """Make float32 matrix products on the GPU use TF32; returns a line saying what was done."""
+    os.environ["CUPY_TF32"] = "1"                 # read by CuPy at its first float32 product
+    try:
+        import cupy
+        from cupy._core import _routines_linalg as linalg
+    except ImportError:
+        return "enable_tf32_compute: no CuPy, so no TF32 (the numba device arrays' products stay float32)"
+    cap = int(cupy.cuda.Device().compute_capability)
+    if cap < 80:
+        return f"enable_tf32_compute: this GPU (compute capability {cap}) has no TF32; products stay float32"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+    return "enable_tf32_compute: float32 matrix products use TF32 tensor cores (cuBLAS through CuPy)"
