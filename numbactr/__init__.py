@@ -17,6 +17,7 @@ from .data.raw_async import AsyncParam
 from . import data  # noqa: F401  (hugectr.data.DataSourceParams)
 from .model import Model, ModelError
 from .embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
+from .embedding.hybrid import HybridEmbeddingParam
 from .optim import LearningRateScheduler
 from . import tools  # noqa: F401  (hugectr.tools.DataGenerator)
 from . import inference  # noqa: F401,E402  (hugectr.inference.InferenceParams, ...)
@@ -27,4 +28,4 @@ __version__ = "0.1.0"
 
 __all__ = ["AsyncParam", "CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
            "DenseLayerComputeConfig", "GroupDenseLayer", "IgnoredArgumentWarning", "Input", "LearningRateScheduler",
-           "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "CommunicationStrategy", "OptParamsPy", "Solver", "SparseEmbedding", "tools"]
+           "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "HybridEmbeddingParam", "CommunicationStrategy", "OptParamsPy", "Solver", "SparseEmbedding", "tools"]

@@ -100,7 +100,6 @@ _SOLVER_IGNORED = {
     "all_reduce_algo": ((None, "NCCL"), "numbactr's ranks reduce through MPI (distributed/comm.py)"),
     "grouped_all_reduce": ((False,), "numbactr reduces the dense gradients in one call anyway"),
     "device_layout": ((None, "LocalFirst"), "deprecated in HugeCTR; numbactr has one device per process"),
-    "num_iterations_statistics": ((20,), "used only by HybridSparseEmbedding, which numbactr runs as OneHot"),
     "perf_logging": ((False,), "numbactr writes no MLPerf-style logs"),
     "kafka_brockers": (("",), "numbactr has no Kafka model export (embedding training cache)"),
     "training_callbacks": (((),), "numbactr's fit() does not call training callbacks yet"),
@@ -394,9 +393,15 @@ class SparseEmbedding:
                 "(its size is known from workspace_size_per_gpu_in_mb / slot_size_array)")
         self.embedding_cache = embedding_cache
         who = f"SparseEmbedding {sparse_embedding_name!r}"
-        if hybrid_embedding_param is not None:
+        if hybrid_embedding_param is not None and embedding_type != Embedding_t.HybridSparseEmbedding:
             warn_ignored(who, "hybrid_embedding_param", hybrid_embedding_param,
-                     "used only by HybridSparseEmbedding, which numbactr does not support", stacklevel=2)
+                         f"used only by HybridSparseEmbedding, not {embedding_type.name}", stacklevel=2)
+        if embedding_type == Embedding_t.HybridSparseEmbedding:
+            from .embedding.hybrid import HybridEmbeddingParam
+            _expect(hybrid_embedding_param is None or isinstance(hybrid_embedding_param, HybridEmbeddingParam),
+                    f"{who}: hybrid_embedding_param must be a HybridEmbeddingParam, got {hybrid_embedding_param!r}")
+            _expect(bool(self.slot_size_array), f"{who}: HybridSparseEmbedding needs slot_size_array (one "
+                    "vocabulary size per slot)")
         if self.slot_size_array and embedding_type == Embedding_t.DistributedSlotSparseEmbeddingHash:
             warn_ignored(who, "slot_size_array", self.slot_size_array, "DistributedSlotSparseEmbeddingHash hashes "
                      "its keys: its size comes from workspace_size_per_gpu_in_mb", stacklevel=2)

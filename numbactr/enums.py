@@ -40,6 +40,11 @@ MetricsRawType = _make("MetricsRawType", "Loss Pred Label")
 MetricsType = _make("MetricsType", "AUC AverageLoss HitRate NDCG SMAPE")
 DeviceLayout = _make("DeviceLayout", "LocalFirst NodeFirst")
 AllReduceAlgo = _make("AllReduceAlgo", "OneShot NCCL")
+#: HybridSparseEmbedding's (numbactr.embedding.hybrid). Registered before Distribution_t as in HugeCTR's
+#: pybind module, so hugectr.Distributed is HybridEmbeddingType.Distributed there and here (the last
+#: registered wins over DataReaderSparse_t.Distributed)
+HybridEmbeddingType = _make("HybridEmbeddingType", "Distributed")
+CommunicationType = _make("CommunicationType", "IB_NVLink_Hier IB_NVLink NVLink_SingleNode")
 Distribution_t = _make("Distribution_t", "Uniform PowerLaw")
 PowerLaw_t = _make("PowerLaw_t", "Long Medium Short Specific")
 Tensor_t = _make("Tensor_t", "Train Evaluate")
@@ -51,7 +56,7 @@ CommunicationStrategy = _make("CommunicationStrategy", "Uniform Hierarchical")
 ALL = [Check_t, DataReaderType_t, DataReaderSparse_t, SourceType_t, FileSystemType_t, Embedding_t,
        Initializer_t, Layer_t, GroupLayer_t, Alignment_t, LrPolicy_t, Optimizer_t, Update_t,
        Activation_t, FcPosition_t, Regularizer_t, MetricsRawType, MetricsType, DeviceLayout,
-       AllReduceAlgo, Distribution_t, PowerLaw_t, Tensor_t]
+       AllReduceAlgo, HybridEmbeddingType, CommunicationType, Distribution_t, PowerLaw_t, Tensor_t]
 
 
 def exported_members() -> dict:

@@ -133,8 +133,31 @@ class Model:
         param = self.input.sparse[self.sparse_inputs[cfg.bottom_name]]
         opt = cfg.optimizer if cfg.optimizer.initialized else self.opt_params
         emb = make_embedding(cfg, param, opt, self.solver.seed, self.comm)
+        if cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
+            emb.statistics_source = self._hybrid_statistics       # read at its first lookup
         self._new_tensor(cfg.sparse_embedding_name, emb.output_shape(self.batch), who)
         self.embeddings.append(emb)
+
+    def _hybrid_statistics(self, emb) -> None:
+        """A HybridSparseEmbedding's split from the first num_iterations_statistics global batches of the
+        training source (this rank's rows of each), read by a reader of their own so the training stream
+        starts from its first batch (HugeCTR reads them when the model is built)."""
+        n = self.solver.num_iterations_statistics
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ModelError(f"CreateSolver: num_iterations_statistics must be an integer >= 0, got {n!r}")
+        reader = self._make_reader(self.reader_params.source[0], self.solver.batchsize, False)
+        batches = []
+        try:
+            for batch in iter(reader):
+                if len(batches) >= n:
+                    break
+                keys, offsets = batch.sparse[self.sparse_inputs[emb.cfg.bottom_name]]
+                batches.append((keys, offsets, batch.size))
+        finally:
+            close = getattr(reader, "close", None)
+            if close is not None:
+                close()
+        emb.take_statistics(batches, self.solver.batchsize, n)
 
     def _add_collection(self, cfg) -> None:
         """An EmbeddingCollectionConfig: its tables on this job's ranks, its lookups' tops."""
@@ -293,6 +316,11 @@ class Model:
                 bounds[self.sparse_inputs[e.cfg.bottom_name]] = SlotRanges(
                     hi - np.asarray(e.cfg.slot_size_array, np.int64), hi,
                     f"LocalizedSlotSparseEmbeddingOneHot {e.name!r} (slot_size_array)")
+            elif e.cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
+                # the hybrid embedding takes per-slot ids (it adds the slot offsets itself)
+                sizes = np.asarray(e.cfg.slot_size_array, np.int64)
+                bounds[self.sparse_inputs[e.cfg.bottom_name]] = SlotRanges(
+                    np.zeros_like(sizes), sizes, f"HybridSparseEmbedding {e.name!r} (slot_size_array)")
         # each loss layer states what its label columns may hold (numbactr.data.validation.LABEL_KINDS)
         rules = [None] * inp.label_dim
         for layer, _ in self.losses:

@@ -77,7 +77,6 @@ IGNORED = [
     (lambda: hugectr.CreateSolver(all_reduce_algo=hugectr.AllReduceAlgo.OneShot), "all_reduce_algo="),
     (lambda: hugectr.CreateSolver(grouped_all_reduce=True), "grouped_all_reduce=True"),
     (lambda: hugectr.CreateSolver(device_layout=hugectr.DeviceLayout.NodeFirst), "device_layout="),
-    (lambda: hugectr.CreateSolver(num_iterations_statistics=5), "num_iterations_statistics=5"),
     (lambda: hugectr.CreateSolver(perf_logging=True), "perf_logging=True"),
     (lambda: hugectr.CreateSolver(kafka_brockers="host:9092"), "kafka_brockers='host:9092'"),
     (lambda: hugectr.CreateSolver(training_callbacks=[object()]), "training_callbacks="),

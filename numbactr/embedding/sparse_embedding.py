@@ -94,9 +94,8 @@ class HashEmbedding:
     def __init__(self, cfg, sparse_param, opt, seed: int, comm=None):
         if cfg.embedding_type not in (Embedding_t.DistributedSlotSparseEmbeddingHash,
                                       Embedding_t.LocalizedSlotSparseEmbeddingHash):
-            raise NotImplementedError(f"SparseEmbedding {cfg.sparse_embedding_name!r}: {cfg.embedding_type.name} "
-                                      "is not supported by numbactr (HybridSparseEmbedding: use "
-                                      "LocalizedSlotSparseEmbeddingOneHot, the same math)")
+            raise ValueError(f"SparseEmbedding {cfg.sparse_embedding_name!r}: HashEmbedding is for the two hash "
+                             f"embeddings, not {cfg.embedding_type.name} (make_embedding picks the class)")
         self._configure(cfg, sparse_param, opt, seed, comm)
         self.by_slot = cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingHash
         self.max_rows = max_vocabulary_size_per_gpu(cfg.workspace_size_per_gpu_in_mb, self.vec, self.n_states)
@@ -379,4 +378,7 @@ def make_embedding(cfg, sparse_param, opt, seed: int, comm=None):
     """The embedding object for a SparseEmbedding config."""
     if cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingOneHot:
         return OneHotEmbedding(cfg, sparse_param, opt, seed, comm)
+    if cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
+        from .hybrid import HybridEmbedding          # (hybrid imports this module)
+        return HybridEmbedding(cfg, sparse_param, opt, seed, comm)
     return HashEmbedding(cfg, sparse_param, opt, seed, comm)
