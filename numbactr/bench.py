@@ -6,6 +6,11 @@
                               nn.EmbeddingBag and FBGEMM's TBE side by side, GB/s
     numbactr bench dlrm       one DLRM training step: numbactr's HugeCTR model, plain PyTorch, and PyTorch
                               with numbactr's / FBGEMM's TBE for the embeddings, samples/s
+    numbactr bench dlrm --model mlperf
+                              the MLPerf DLRM (26 slots, 13-512-256-D, 1024-1024-512-256-1; batch 64K on a
+                              GPU, 2048 on cpu) with SGD and Adam beside PyTorch's: samples/s and a step-time
+                              breakdown (embedding, dense layers, the rest; numbactr/bench_mlperf.py);
+                              --dim 128,16 --optimizer sgd,adam --batch N --rows N --tf32 --amp
     numbactr bench all        the three above
     numbactr bench cache      a table 4-50x larger than its cache's byte budget, trained through the cache
                               on a memory-mapped file: hit rate and samples/s against cache size, LRU and
@@ -805,15 +810,60 @@ def main(argv=None) -> int:
                     help="bench cache: where to save its chart (default: %(default)s)")
     ap.add_argument("--threads", type=_thread_list, default=None,
                     help="comma-separated thread counts for embedding and dlrm (default 1,2; --quick 1)")
+    ap.add_argument("--model", choices=("demo", "mlperf"), default="demo",
+                    help="bench dlrm: the demo's small DLRM (default) or the MLPerf DLRM shape")
+    ap.add_argument("--dim", type=_dim_list, default=(128,),
+                    help="bench dlrm --model mlperf: embedding widths, 128 and/or 16 (default 128)")
+    ap.add_argument("--optimizer", type=_optimizer_list, default=("sgd", "adam"),
+                    help="bench dlrm --model mlperf: sgd and/or adam (default sgd,adam)")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="bench dlrm --model mlperf: batch size (default 65536 on a GPU, 2048 on cpu)")
+    ap.add_argument("--rows", type=int, default=None,
+                    help="bench dlrm --model mlperf: embedding rows over the 26 tables (default 8M on a GPU, "
+                         "20K on cpu)")
+    ap.add_argument("--tf32", action="store_true", help="bench dlrm --model mlperf: TF32 matrix products")
+    ap.add_argument("--amp", action="store_true", help="bench dlrm --model mlperf: mixed precision")
     args = ap.parse_args(argv)
+    mlperf_only = [f"--{k}" for k in ("batch", "rows") if getattr(args, k) is not None] + \
+        [f"--{k}" for k in ("tf32", "amp") if getattr(args, k)]
+    if mlperf_only and (args.what != "dlrm" or args.model != "mlperf"):
+        ap.error(f"{', '.join(mlperf_only)} only apply to `bench dlrm --model mlperf`")
+    if args.model == "mlperf" and args.what != "dlrm":
+        ap.error("--model mlperf applies to `bench dlrm` only")
     env = Env(use_torch=not args.no_torch)
     if env.torch is None:
         print(f"numbactr bench: {env.torch_why}", flush=True)
+    if args.model == "mlperf":
+        from .bench_mlperf import bench_mlperf
+        quick = dict(batch=256, rows=2_000, batches=1, breakdown_steps=1) if args.quick else {}
+        sizes = {**quick, **{k: getattr(args, k) for k in ("batch", "rows") if getattr(args, k) is not None}}
+        tab = bench_mlperf(env, dims=args.dim, optimizers=args.optimizer, tf32=args.tf32, amp=args.amp,
+                           seed=args.seed, min_time=(0.05 if args.quick else 1.0) if args.min_time is None
+                           else args.min_time, **sizes)
+        print(tab.markdown(), flush=True)
+        return 0
     options = {} if args.threads is None else {k: {"threads": args.threads}
                                                 for k in ("embedding", "dlrm", "cache", "sok")}
     options.setdefault("cache", {})["plot"] = args.plot
     run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed, options=options)
     return 0
+
+
+def _dim_list(text: str) -> tuple:
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or any(d < 1 for d in dims):
+        raise argparse.ArgumentTypeError(f"expected embedding widths like 128,16, got {text!r}")
+    return dims
+
+
+def _optimizer_list(text: str) -> tuple:
+    names = tuple(x.strip().lower() for x in text.split(","))
+    if not names or any(n not in ("sgd", "adam") for n in names):
+        raise argparse.ArgumentTypeError(f"expected sgd and/or adam like sgd,adam, got {text!r}")
+    return names
 
 
 def _thread_list(text: str) -> tuple:
