@@ -93,3 +93,28 @@ def hash_find_cpu(tkeys, trows, keys, rows_out):
 
 #: CPU code only; the numba.cuda kernels of the hash table are in kernels/hash_table.py
 PTX_CHECKS = []
+
+
+@njit(cache=True)
+def first_occurrences(rows, mark, uniq, first, occ):
+    """Distinct rows of rows (N,) int64 (-1: none) in order of first occurrence, in one pass and without a
+    sort: uniq[:U] the distinct rows >= 0, first[:U] the position of each one's first occurrence,
+    occ (N,) <- the index into uniq of each occurrence (-1 for rows -1). mark (R,) int64 is scratch that
+    must hold -1 everywhere on entry and does again on return. Returns U."""
+    u = 0
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        if r < 0:
+            occ[k] = -1
+            continue
+        p = mark[r]
+        if p < 0:
+            p = u
+            mark[r] = u
+            uniq[u] = r
+            first[u] = k
+            u += 1
+        occ[k] = p
+    for i in range(u):
+        mark[uniq[i]] = -1
+    return u

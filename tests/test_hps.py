@@ -274,3 +274,59 @@ def test_missing_or_unreachable_backends_are_clear_errors(dcn, tmp_path):
         InferenceModel(dcn.graph, dcn.params(sparse_model_files=[str(tmp_path)], volatile_db=VolatileDatabaseParams(
             type=DatabaseType_t.Disabled), persistent_db=PersistentDatabaseParams(
             backend=DatabaseType_t.RocksDB, path=str(tmp_path / "r"), initialize_after_startup=False)))
+
+
+@pytest.mark.parametrize("threshold,default", [(1.0, 0.0), (1.0, 0.5), (0.3, 0.25)])
+def test_occurrence_lookup_equals_lookup_of_the_distinct_keys(dcn, threshold, default, tmp_path):
+    """InferenceSession's path (every occurrence found in the key -> row table, de-duplicated in one pass,
+    no sort) answers, counts and moves the cache exactly as lookup() of np.unique(keys) does: a small
+    cache (evictions), duplicates, keys no tier has (default 0 or not), both hit-rate modes."""
+    folder = tmp_path / "big0_sparse_0.model"                 # 1000 keys in HugeCTR's layout: a cache of 10%
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    rng.permutation(1000).astype("<i8").tofile(folder / "key")
+    rng.uniform(-1, 1, (1000, 4)).astype("<f4").tofile(folder / "emb_vector")
+    keys, vectors = read_sparse_model(str(folder), "sparse_embedding1", 4)
+    p = dcn.params(cache_size_percentage=0.1, hit_rate_threshold=threshold, default_value_for_each_table=[default],
+                   sparse_model_files=[str(folder)], max_batchsize=1000)
+    config = ParameterServerConfig({"dcn": ["sparse_embedding1"]}, {"dcn": [4]}, {"dcn": [8]}, [p], p.volatile_db)
+    a, b = HPS(config).ps, HPS(config).ps
+    ca, cb = a.cache("dcn"), b.cache("dcn")
+    pool = np.concatenate([keys, np.array([10 ** 9, 10 ** 9 + 7], np.uint64)])
+    assert ca.capacities[0] < keys.size // 2
+    evictions = 0
+    for step in range(12):
+        req = rng.choice(pool[:rng.integers(10, pool.size + 1)], size=int(rng.integers(1, 200))).astype(np.uint64)
+        if step % 4 == 3:
+            req = np.concatenate([req, pool[-2:], pool[-2:]])        # unknown keys, repeated
+        uniq, inv = np.unique(req, return_inverse=True)
+        blk_a = np.zeros((uniq.size + 1, 4), np.float32)
+        rows_a = ca.lookup(0, uniq, blk_a)[inv.reshape(-1)]
+        blocks = []
+
+        def block_for(n):
+            blocks.append(np.zeros((n, 4), np.float32))
+            return blocks[-1]
+        rows_b = cb.lookup_occurrences(0, req, block_for)
+        va = np.where((rows_a >= 0)[:, None], blk_a[np.maximum(rows_a, 0)], 0)
+        vb = np.where((rows_b >= 0)[:, None], blocks[-1][np.maximum(rows_b, 0)], 0)
+        np.testing.assert_array_equal(va, vb)
+        assert (ca.hits, ca.queried) == (cb.hits, cb.queried)
+        assert ca.cache.clock == cb.cache.clock
+        evictions += int(ca.index[0].size > ca.capacities[0])
+        held_a = {int(k): int(s) for k, s in zip(ca.index[0].keys_by_row(), ca.cache.row_slot[:ca.index[0].size])}
+        held_b = {int(k): int(s) for k, s in zip(cb.index[0].keys_by_row(), cb.cache.row_slot[:cb.index[0].size])}
+        cached_a = {k for k, s in held_a.items() if s >= 0}
+        assert cached_a == {k for k, s in held_b.items() if s >= 0}
+        for k in cached_a:                           # the same LRU clock and LFU count on every cached key
+            sa, sb = held_a[k], held_b[k]
+            assert (ca.cache.stamp[sa], ca.cache.freq[sa]) == (cb.cache.stamp[sb], cb.cache.freq[sb])
+    exact = rows_b >= 0
+    known = np.isin(req, keys)
+    if threshold == 1.0:                             # exact answers: the model's vectors, defaults elsewhere
+        pos = {int(k): i for i, k in enumerate(keys)}
+        want = np.array([vectors[pos[int(k)]] if int(k) in pos else np.full(4, default, np.float32) for k in req])
+        np.testing.assert_array_equal(vb if default else np.where(exact[:, None], vb, 0), want)
+    assert known.any() and evictions
+    a.close()
+    b.close()

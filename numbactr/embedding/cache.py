@@ -166,12 +166,28 @@ class EmbeddingCache:
             self.stamp[s] = self.clock
             self.freq[s] += plan.counts
 
+    def touch_cached(self, rows) -> None:
+        """Host arrays: rows (U,) distinct and all cached are used once more; the same state as
+        finish(place(rows, count=False)) without ranking or sorting anything."""
+        if self.use_kernels:
+            self.finish(self.place(rows, count=False))
+            return
+        slots = self.row_slot[np.asarray(rows, np.int64)]
+        if (slots < 0).any():
+            raise ValueError("touch_cached: a row is not cached")
+        self.clock += 1
+        self.stamp[slots] = self.clock
+        self.freq[slots] += 1
+
     def _place_host(self, rows) -> Placement:
         u, n = K.unique_rows_ref(rows)
         hit = self.row_slot[u]
         misses = u[hit < 0]
-        prio = K.priorities_ref(self.slot_row, self.stamp, self.freq, self.pins, hit, self.policy)
-        victims = K.victims_ref(prio, self.slot_offsets, misses, self.row_offsets)
+        if misses.shape[0]:
+            prio = K.priorities_ref(self.slot_row, self.stamp, self.freq, self.pins, hit, self.policy)
+            victims = K.victims_ref(prio, self.slot_offsets, misses, self.row_offsets)
+        else:                      # every row cached: no priorities to rank (an O(C) pass saved)
+            victims = np.zeros(0, np.int64)
         return self._install_host(rows, u, n, misses, victims)
 
     def _install_host(self, rows, u, n, misses, victims) -> Placement:

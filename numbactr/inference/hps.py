@@ -44,6 +44,7 @@ from ..checkpoint import read_sparse_model
 from ..embedding.cache import EmbeddingCache
 from ..embedding.hash_table import HashTable
 from ..kernels import cache as KC
+from ..kernels.hash_table_cpu import first_occurrences
 from .backends import make_persistent, make_volatile
 from .params import ParameterServerConfig, make_tag_name
 
@@ -214,6 +215,71 @@ class ModelCache:
         lin = self.index[t].find(xp.asarray(keys))
         slot = xp.where(lin >= 0, self.cache.row_slot[xp.maximum(lin, 0) + int(self.cache.row_offsets[t])], -1)
         hit = device.to_host(slot >= 0) if self.kernels else slot >= 0
+        return self._serve(t, keys, lin, slot, hit, block, rows_of)
+
+    def lookup_occurrences(self, t: int, keys: np.ndarray, block_for) -> np.ndarray:
+        """Table t's vectors of a request's keys (N,) uint64 (host, duplicates allowed): block_for(rows) gives
+        a block of at least that many rows (stride_t), which receives the distinct keys' vectors; returns
+        the block row of every occurrence (N,) int64 (-1 as in lookup). The same answer, statistics and
+        cache changes as lookup() of the distinct keys; on the cpu device without a sort of the keys: the
+        cache's key -> row table finds every occurrence and the rows are de-duplicated in one pass in order
+        of first occurrence (only keys the table does not know are sorted, to de-duplicate them)."""
+        if not self.enabled or self.kernels:
+            uniq, inv = np.unique(keys, return_inverse=True)
+            block = block_for(uniq.shape[0] + 1)       # + 1: the row of a non-zero default value
+            return self.lookup(t, uniq, block)[inv.reshape(-1)]
+        n = keys.shape[0]
+        index = self.index[t]
+        lin = index.find(keys)                                           # (N,) index row, -1 unknown key
+        mark = self._marks(t)
+        uniq, first, occ = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        u = int(first_occurrences(lin, mark, uniq, first, occ))
+        uniq, first = uniq[:u], first[:u]
+        slot = self.cache.row_slot[uniq + int(self.cache.row_offsets[t])]
+        unknown = np.flatnonzero(lin < 0)
+        if unknown.size:
+            new_keys, new_inv = np.unique(keys[unknown], return_inverse=True)
+        else:
+            new_keys, new_inv = keys[:0], None
+        # the distinct keys as lookup() orders them where it matters: the misses ascending (which of them
+        # the cache takes when it cannot take all, and the rows they get, follow that order)
+        hit = slot >= 0
+        h = int(hit.sum())
+        miss_keys = np.concatenate([keys[first[~hit]], new_keys])
+        order = np.argsort(miss_keys, kind="stable")
+        d_keys = np.concatenate([keys[first[hit]], miss_keys[order]])
+        d_lin = np.concatenate([uniq[hit], np.concatenate([uniq[~hit], np.full(new_keys.size, -1, np.int64)])[order]])
+        d_slot = np.concatenate([slot[hit], np.full(miss_keys.size, -1, np.int64)])
+        self.queried[t] += int(d_keys.shape[0])
+        block = block_for(d_keys.shape[0] + 1)
+        rows_of = self._serve(t, d_keys, d_lin, d_slot, d_slot >= 0, block, np.full(d_keys.shape[0], -1, np.int64))
+        rank = np.empty(miss_keys.size, np.int64)
+        rank[order] = np.arange(miss_keys.size)                  # position of miss j in d_keys, less h
+        at = np.empty(u, np.int64)                                # position of uniq[i] in d_keys
+        at[hit] = np.arange(h)
+        at[~hit] = h + rank[:u - h]
+        out = np.empty(n, np.int64)
+        known = occ >= 0
+        out[known] = rows_of[at[occ[known]]]
+        if unknown.size:
+            out[unknown] = rows_of[h + rank[u - h + new_inv.reshape(-1)]]
+        return out
+
+    def _marks(self, t: int) -> np.ndarray:
+        """Table t's scratch for first_occurrences: -1 for every row of its key -> row table."""
+        marks = getattr(self, "_mark_arrays", None)
+        if marks is None:
+            marks = self._mark_arrays = {}
+        need = self.index[t].max_rows
+        if t not in marks or marks[t].shape[0] < need:
+            marks[t] = np.full(need, -1, np.int64)
+        return marks[t]
+
+    def _serve(self, t: int, keys, lin, slot, hit, block, rows_of) -> np.ndarray:
+        """The rest of lookup: keys (U,) distinct with their index rows lin, cache slots slot and hit flags;
+        the hits are copied into block rows 0.., the misses answered (and cached) after them."""
+        xp = self.xp
+        u = keys.shape[0]
         h = int(hit.sum())
         self.hits[t] += h
         hit_pos, miss_pos = np.flatnonzero(hit), np.flatnonzero(~hit)
@@ -249,9 +315,12 @@ class ModelCache:
         return device.xp().asarray(a)
 
     def _touch(self, t: int, lin) -> None:
-        """The hits of a request are used now (LRU): a placement of rows all cached moves nothing."""
-        plan = self.cache.place(lin + int(self.cache.row_offsets[t]), count=False)
-        self.cache.finish(plan)
+        """The hits of a request (distinct rows, all cached) are used now (LRU): nothing moves."""
+        rows = lin + int(self.cache.row_offsets[t])
+        if self.kernels:
+            self.cache.finish(self.cache.place(rows, count=False))
+        else:
+            self.cache.touch_cached(rows)
 
     def _insert(self, t: int, keys: np.ndarray, keep=None) -> None:
         """Fetch keys (distinct, not cached) from the databases and cache those found."""

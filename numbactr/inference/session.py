@@ -195,10 +195,8 @@ class InferenceSession:
         g, xp = self.graph, device.xp()
         t: dict[str, Tensor] = {g.input.dense_name: Tensor(xp.asarray(np.ascontiguousarray(dense, np.float32)))}
         for tab, (e, pooler, (keys, offsets)) in enumerate(zip(g.embeddings, self.poolers, sparse)):
-            uniq, inv = np.unique(keys, return_inverse=True)
-            block = pooler.block(uniq.shape[0] + 1)        # + 1: the row of a non-zero default value
-            rows = self.cache.lookup(tab, uniq, block)
-            t[e.sparse_embedding_name] = Tensor(pooler.pool(rows[inv.reshape(-1)], offsets, n))
+            rows = self.cache.lookup_occurrences(tab, keys, pooler.block)   # (N,) block row per key
+            t[e.sparse_embedding_name] = Tensor(pooler.pool(rows, offsets, n))
         run = RunInfo(training=False, valid=n)
         for layer in g.dense_layers:
             outs = layer.forward(None, [t[b] for b in layer.cfg.bottom_names], run)
