@@ -105,7 +105,10 @@ def test_take_statistics_counts_categories_not_ids():
 
 
 # ---- equality with the one-hot embedding ---------------------------------------------------------------
-def test_one_rank_equals_one_hot():
+@pytest.mark.parametrize("dev", ["cpu", "sim"])
+def test_one_rank_equals_one_hot(dev, on_device):
+    """cpu: the compiled CPU engine; sim: the engine's numba.cuda kernels in the simulator."""
+    on_device(dev)
     rng = np.random.default_rng(0)
     hyb, one = build(E.HybridSparseEmbedding, param()), build(E.LocalizedSlotSparseEmbeddingOneHot)
     assert isinstance(hyb, HybridEmbedding)
@@ -147,55 +150,71 @@ def test_snapshot_loads_across_one_hot_and_hybrid():
     np.testing.assert_array_equal(fresh.dump()[1], v2)
 
 
-def test_model_trains_like_one_hot(tmp_path):
-    """Model level: statistics from the training source's first batches (a reader of their own), the same
-    losses and sparse weights as the one-hot model fed the offset keys."""
+def _sources(tmp_path):
+    """Norm training files of the same samples twice: per-slot ids (hybrid) and slot-offset keys (one-hot)."""
     from numbactr.data.norm import write_norm_file
     rng = np.random.default_rng(5)
     n = 256
     ids = np.minimum(rng.geometric(0.3, (n, S)) - 1, np.array(SIZES) - 1).astype(np.int64)
     x = rng.normal(0, 1, (n, 2)).astype(np.float32)
     label = (rng.random(n) < 0.5).astype(np.float32)
-
-    def source(name, keys):
-        p = tmp_path / name / "part0.data"
+    out = {}
+    for etype, keys in ((E.HybridSparseEmbedding, ids), (E.LocalizedSlotSparseEmbeddingOneHot, ids + OFFSET)):
+        p = tmp_path / etype.name / "part0.data"
         p.parent.mkdir()
         write_norm_file(str(p), label, x, keys, key_dtype=np.int64)
-        lst = tmp_path / name / "list.txt"
+        lst = tmp_path / etype.name / "list.txt"
         lst.write_text(f"1\n{p}\n")
-        return str(lst)
+        out[etype] = str(lst)
+    return out
 
+
+def _model(etype, src):
+    solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.5, vvgpu=[[0]],
+                                  i64_input_key=True, seed=7, num_iterations_statistics=4)
+    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[src],
+                                      eval_source=src, check_type=hugectr.Check_t.Sum)
+    model = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=O.SGD))
+    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
+                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, S)]))
+    model.add(hugectr.SparseEmbedding(embedding_type=etype, workspace_size_per_gpu_in_mb=1, embedding_vec_size=D,
+                                      combiner="sum", sparse_embedding_name="emb", bottom_name="data1",
+                                      slot_size_array=SIZES,
+                                      hybrid_embedding_param=param(p_dup_max=1.0)
+                                      if etype == E.HybridSparseEmbedding else None))
+    L = hugectr.Layer_t
+    model.add(hugectr.DenseLayer(L.Reshape, ["emb"], ["flat"], leading_dim=S * D))
+    model.add(hugectr.DenseLayer(L.Concat, ["flat", "dense"], ["cat"]))
+    model.add(hugectr.DenseLayer(L.InnerProduct, ["cat"], ["fc"], num_output=1))
+    model.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["fc", "label"], ["loss"]))
+    model.compile()
+    return model
+
+
+def test_model_trains_like_one_hot_and_shares_its_snapshots(tmp_path):
+    """Model level: statistics from the training source's first batches (a reader of their own), the same
+    losses and sparse weights as the one-hot model fed the offset keys; each model's snapshot loads into a
+    fresh model of the other kind."""
+    src = _sources(tmp_path)
     runs = {}
-    for etype, keys in ((E.HybridSparseEmbedding, ids), (E.LocalizedSlotSparseEmbeddingOneHot, ids + OFFSET)):
-        src = source(etype.name, keys)
-        solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.5, vvgpu=[[0]],
-                                      i64_input_key=True, seed=7, num_iterations_statistics=4)
-        reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[src],
-                                          eval_source=src, check_type=hugectr.Check_t.Sum)
-        model = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=O.SGD))
-        model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                                data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, S)]))
-        model.add(hugectr.SparseEmbedding(embedding_type=etype, workspace_size_per_gpu_in_mb=1, embedding_vec_size=D,
-                                          combiner="sum", sparse_embedding_name="emb", bottom_name="data1",
-                                          slot_size_array=SIZES,
-                                          hybrid_embedding_param=param(p_dup_max=0.1)
-                                          if etype == E.HybridSparseEmbedding else None))
-        L = hugectr.Layer_t
-        model.add(hugectr.DenseLayer(L.Reshape, ["emb"], ["flat"], leading_dim=S * D))
-        model.add(hugectr.DenseLayer(L.Concat, ["flat", "dense"], ["cat"]))
-        model.add(hugectr.DenseLayer(L.InnerProduct, ["cat"], ["fc"], num_output=1))
-        model.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["fc", "label"], ["loss"]))
-        model.compile()
+    for etype in (E.HybridSparseEmbedding, E.LocalizedSlotSparseEmbeddingOneHot):
+        model = _model(etype, src[etype])
         losses = []
         for _ in range(6):
             assert model.train()
             losses.append(model.get_current_loss())
-        emb = model.embeddings[0]
-        runs[etype] = (losses, emb.dump()[1], emb)
+        assert model.eval()
+        model.save_params_to_files(str(tmp_path / etype.name / "snap"), 6)
+        runs[etype] = (losses, model.embeddings[0].dump()[1], model.embeddings[0])
     (lh, vh, hyb), (lo, vo, _) = runs[E.HybridSparseEmbedding], runs[E.LocalizedSlotSparseEmbeddingOneHot]
     assert hyb.ready and 0 < hyb.frequent.shape[0]
     np.testing.assert_allclose(lh, lo, rtol=1e-6)
     np.testing.assert_allclose(vh, vo, rtol=0, atol=1e-6)
+    for saved, loader in ((E.HybridSparseEmbedding, E.LocalizedSlotSparseEmbeddingOneHot),
+                          (E.LocalizedSlotSparseEmbeddingOneHot, E.HybridSparseEmbedding)):
+        fresh = _model(loader, src[loader])
+        fresh.load_sparse_weights([str(tmp_path / saved.name / "snap0_sparse_6.model")])
+        np.testing.assert_array_equal(fresh.embeddings[0].dump()[1], runs[saved][1], err_msg=f"{saved.name} file")
 
 
 # ---- under mpiexec -----------------------------------------------------------------------------------------
@@ -218,6 +237,8 @@ def test_two_ranks_equal_one_hot_and_one_rank(tmp_path):
     assert res[2]["frequent"].size < res[2]["hyb:keys"].size                    # infrequent ones too
     for ranks in (1, 2):
         got = res[ranks]
+        np.testing.assert_array_equal(got["fresh:keys"], got["one:keys"])       # a one-hot snapshot reloaded
+        np.testing.assert_array_equal(got["fresh:vecs"], got["one:vecs"])
         for name in [k[4:] for k in got if k.startswith("hyb:")]:
             a, b = got["hyb:" + name], got["one:" + name]
             if a.dtype.kind == "f":

@@ -89,7 +89,17 @@ def main(path: str) -> None:
         if comm.rank == 0:
             order = np.argsort(k)
             res[f"{tag}:keys"], res[f"{tag}:vecs"], res[f"{tag}:slots"] = k[order], v[order], s[order]
+    # the one-hot table loaded into a fresh hybrid one (each rank gets its share, slot % R, as a snapshot load
+    # hands it out), before its statistics; its dump after them is the same table
+    keys, vecs = one.dump()
+    fresh = build(E.HybridSparseEmbedding, comm, param)
+    fresh.load(keys, vecs)
+    fresh.take_statistics([(b.sparse[0][0], b.sparse[0][1], b.size) for b in stats], B, STAT_ITERS)
+    keys, vecs = fresh.dump()
+    k, v = comm.gather_rows(keys.astype(np.int64)), comm.gather_rows(vecs)
     if comm.rank == 0:
+        order = np.argsort(k)
+        res["fresh:keys"], res["fresh:vecs"] = k[order], v[order]
         np.savez(path, **res)
 
 
