@@ -86,7 +86,11 @@ def enable_tf32() -> str:
     cap = int(cupy.cuda.Device().compute_capability)
     if cap < 80:
         return f"enable_tf32_compute: this GPU (compute capability {cap}) has no TF32; products stay float32"
+    tf32 = getattr(linalg, "COMPUTE_TYPE_TF32", None)
+    if tf32 is None or not hasattr(linalg, "set_compute_type"):
+        return ("enable_tf32_compute: this CuPy has no set_compute_type; CUPY_TF32=1 is set, which CuPy reads "
+                "at its first float32 product")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+        linalg.set_compute_type(np.float32, tf32)
     return "enable_tf32_compute: float32 matrix products use TF32 tensor cores (cuBLAS through CuPy)"

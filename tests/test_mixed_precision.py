@@ -332,3 +332,39 @@ def test_mixed_precision_auc_matches_fp32(planted, cpu):
         aucs[mixed] = dict(m.eval_whole_source())["AUC"]
     assert aucs[False] > 0.70                                    # it learned the planted signal
     assert abs(aucs[True] - aucs[False]) < 0.002, aucs
+
+
+# ---- TF32 ---------------------------------------------------------------------------------------------------
+def _fake_cupy(monkeypatch, capability):
+    """A stand-in for CuPy's modules (this machine has no GPU): records set_compute_type calls."""
+    import sys
+    import types
+    calls = []
+    linalg = types.SimpleNamespace(COMPUTE_TYPE_TF32=7, set_compute_type=lambda dt, ct: calls.append((dt, ct)))
+    core = types.ModuleType("cupy._core")
+    core._routines_linalg = linalg
+    cupy = types.ModuleType("cupy")
+    cupy._core = core
+    cupy.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(compute_capability=capability))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy._core", core)
+    monkeypatch.setitem(sys.modules, "cupy._core._routines_linalg", linalg)
+    return calls
+
+
+def test_enable_tf32_sets_cupys_float32_compute_type(monkeypatch):
+    monkeypatch.delenv("CUPY_TF32", raising=False)
+    calls = _fake_cupy(monkeypatch, "90")
+    assert "TF32 tensor cores" in precision.enable_tf32()
+    assert calls == [(np.float32, 7)] and os.environ["CUPY_TF32"] == "1"
+    calls = _fake_cupy(monkeypatch, "70")                        # Volta: no TF32, nothing set
+    assert "has no TF32" in precision.enable_tf32() and calls == []
+
+
+def test_tf32_has_no_effect_on_cpu(data, cpu, monkeypatch):
+    monkeypatch.setattr(precision, "enable_tf32", lambda: pytest.fail("enable_tf32 called on the cpu device"))
+    m = _model(data, False)
+    assert m.solver.enable_tf32_compute is False
+    solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, vvgpu=[[0]], i64_input_key=True,
+                                  enable_tf32_compute=True)
+    hugectr.Model(solver, m.reader_params, m.opt_params)       # cpu: accepted, nothing to switch
