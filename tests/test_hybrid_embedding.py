@@ -317,3 +317,67 @@ def test_surface_matches_hugectr():
     assert (d.max_num_frequent_categories, d.max_num_infrequent_samples, d.p_dup_max, d.max_all_reduce_bandwidth,
             d.max_all_to_all_bandwidth, d.efficiency_bandwidth_ratio, d.communication_type) == \
         (1, -1, 0.01, 1.3e11, 1.9e11, 1.0, C.IB_NVLink)
+
+
+def test_dgx_a100_shaped_script(tmp_path):
+    """samples/dlrm/dgx_a100.py (HugeCTR v23.08) at toy sizes: RawAsync with per-slot ids, SGD Local atomic,
+    HybridSparseEmbedding with the sample's eight positional HybridEmbeddingParam arguments (max 2 frequent
+    categories: here a cap), num_iterations_statistics=20 from CreateSolver, then fit with evaluation; its
+    fp16 FusedInnerProduct stack is replaced by InnerProduct (not this test's subject)."""
+    from numbactr.data.raw import write_raw_file
+    slots = [5, 7, 3, 4]
+    rng = np.random.default_rng(0)
+
+    def raw(n, name):
+        ids = np.stack([np.minimum(rng.geometric(0.4, n) - 1, s - 1) for s in slots], 1)
+        dense = rng.integers(0, 50, (n, 2))
+        logit = sum(np.linspace(-2, 2, s)[ids[:, k]] for k, s in enumerate(slots)) - 0.5
+        label = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+        p = str(tmp_path / f"{name}.bin")
+        write_raw_file(p, label[:, None], dense, ids)            # per-slot ids: no offsets
+        seen[name] = ids
+        return p
+
+    seen = {}
+
+    batchsize = 32
+    solver = hugectr.CreateSolver(max_eval_batches=3, batchsize_eval=batchsize, batchsize=batchsize, vvgpu=[[0]],
+                                  repeat_dataset=True, lr=0.5, warmup_steps=2, i64_input_key=False,
+                                  num_iterations_statistics=20, metrics_spec={hugectr.MetricsType.AUC: 0.8025},
+                                  drop_incomplete_batch=False)
+    with pytest.warns(hugectr.IgnoredArgumentWarning, match="slot_size_array"):
+        reader = hugectr.DataReaderParams(
+            data_reader_type=hugectr.DataReaderType_t.RawAsync, source=[raw(256, "train")], eval_source=raw(96, "eval"),
+            check_type=hugectr.Check_t.Non, num_samples=256, eval_num_samples=96, slot_size_array=slots,
+            async_param=hugectr.AsyncParam(4, 4, 552960, 2, 512, True, hugectr.Alignment_t.Auto))
+    optimizer = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD, update_type=hugectr.Update_t.Local,
+                                        atomic_update=True)
+    model = hugectr.Model(solver, reader, optimizer)
+    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
+                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True,
+                                                                                          len(slots))]))
+    model.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.HybridSparseEmbedding,
+                                      workspace_size_per_gpu_in_mb=15000, slot_size_array=slots, embedding_vec_size=8,
+                                      combiner="sum", sparse_embedding_name="sparse_embedding1", bottom_name="data1",
+                                      optimizer=optimizer,
+                                      hybrid_embedding_param=hugectr.HybridEmbeddingParam(
+                                          2, -1, 0.01, 1.3e11, 1.9e11, 1.0,
+                                          hugectr.CommunicationType.NVLink_SingleNode,
+                                          hugectr.HybridEmbeddingType.Distributed)))
+    L = hugectr.Layer_t
+    model.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["dense"], top_names=["fc1"], num_output=8))
+    model.add(hugectr.DenseLayer(layer_type=L.ReLU, bottom_names=["fc1"], top_names=["relu1"]))
+    model.add(hugectr.DenseLayer(layer_type=L.Interaction, bottom_names=["relu1", "sparse_embedding1"],
+                                 top_names=["interaction1"]))
+    model.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["interaction1"], top_names=["fc4"],
+                                 num_output=1))
+    model.add(hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc4", "label"],
+                                 top_names=["loss"]))
+    model.compile()
+    model.summary()
+    model.fit(max_iter=16, display=8, eval_interval=8, snapshot=0)
+    # the statistics read the whole file (8 batches < 20): its two most frequent categories (ties: smaller)
+    cats, counts = np.unique(seen["train"] + np.cumsum([0] + slots[:-1]), return_counts=True)
+    assert model.embeddings[0].frequent.tolist() == cats[np.lexsort((cats, -counts))][:2].tolist()
+    assert len(model.history["loss"]) == 2 and all(np.isfinite(model.history["loss"]))
+    assert len(model.history["auc"]) == 2

@@ -8,6 +8,8 @@ Layout.SAMPLE_MAJOR), so all slots are one fused lookup and the pooled (B, S*D) 
       device and every sharding starts from the same vectors. Training inserts unseen keys; evaluation only
       finds them (a missing key adds a zero vector but still counts in the mean's nnz).
   OneHot: an unkeyed table, row = key.
+  HybridSparseEmbedding: a OneHot table whose frequent rows are replicated on every rank and the others
+      owned round-robin (numbactr.embedding.hybrid, a subclass of OneHotEmbedding).
 The engine's fused optimizer is HugeCTR's sparse optimizer (numbactr.optim.sparse_optimizer_spec) and its
 state arrays are the embedding's (``states``: (V, D) each, HugeCTR's file order), which checkpoints save.
 
