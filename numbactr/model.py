@@ -571,6 +571,10 @@ class Model:
         n = batch.size
         preds, labels, outputs = [], [], []
         for layer, _ in self.losses:
+            logits = getattr(layer, "logits", None)
+            if self.half is not None and logits is not None and logits.data.dtype != np.float32:
+                # mixed precision: the metric's sigmoid/softmax runs in float32 on the half logits
+                layer.logits = Tensor(logits.data.astype(np.float32), name=logits.name)
             p = device.to_host(layer.predictions()).reshape(batch.batch_size, -1)[:n]
             y = device.to_host(t[layer.cfg.bottom_names[1]].data).reshape(batch.batch_size, -1)[:n]
             outputs.append(p)

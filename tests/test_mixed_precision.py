@@ -218,6 +218,7 @@ def test_overflow_skips_the_step_and_warns(data, cpu):
     assert ok.skipped_steps == 0 and not np.array_equal(ok.weights, w0)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_nonfinite_loss_still_raises(data, cpu):
     m = fused_dlrm(data, scaler=1024)
     m.weights[...] = np.float32(np.inf)
@@ -368,3 +369,24 @@ def test_tf32_has_no_effect_on_cpu(data, cpu, monkeypatch):
     solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, vvgpu=[[0]], i64_input_key=True,
                                   enable_tf32_compute=True)
     hugectr.Model(solver, m.reader_params, m.opt_params)       # cpu: accepted, nothing to switch
+
+
+# ---- every sample graph --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["dcn", "wdl", "deepfm", "gmf", "din", "bst", "mmoe"])
+def test_sample_graphs_train_in_mixed_precision(name, tmp_path, cpu, monkeypatch):
+    """HugeCTR's sample graphs (tests/sample_graphs.py: MultiCross, FmOrder2, BatchNorm, Dropout, attention,
+    several losses, ...) in mixed precision follow their fp32 losses to fp16 accuracy."""
+    from tests import sample_graphs
+    create = hugectr.CreateSolver
+    losses = {}
+    for mixed in (False, True):
+        if mixed:
+            monkeypatch.setattr(hugectr, "CreateSolver",
+                                lambda **kw: create(**kw, use_mixed_precision=True, scaler=1024))
+        m = sample_graphs.build(name, str(tmp_path / str(mixed)))
+        losses[mixed] = _train(m, 3)
+        assert m.eval() and m.skipped_steps == 0
+        if mixed:
+            tops = [t for layer in m.layers if not layer.is_loss for t in layer.cfg.top_names]
+            assert all(m._last_tensors[False][t].data.dtype == np.float16 for t in tops)
+    np.testing.assert_allclose(losses[True], losses[False], rtol=2e-3, atol=2e-3)
