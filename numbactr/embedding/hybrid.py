@@ -37,6 +37,8 @@ A step, on R ranks (R = 1 runs the same code with the collectives reduced to cop
             owner applies its infrequent gradients, both through the engine's fused SGD (lr / scaler).
 Every row thus moves exactly as in the one-hot embedding; only the order of the frequent rows' sums across
 ranks differs (float rounding). One key per slot (the input's nnz_per_slot = 1) and SGD only, as HugeCTR.
+The routing (which occurrence is frequent, who owns it, the per-category sums) runs on the host with NumPy;
+gathers and updates run in the engine on the device (HugeCTR does all of it in kernels: a speed difference).
 
 Storage: every rank allocates the whole (V, D) table, as numbactr's OneHot does; frequent rows are replicas,
 an infrequent row is current only on its owner. A snapshot first brings every owner's rows to every rank (one
