@@ -45,6 +45,9 @@ an infrequent row is current only on its owner. A snapshot first brings every ow
 allgather), then writes exactly what a OneHot embedding writes (slot s's rows from rank s % R, key = row =
 category, slot_id): a hybrid snapshot loads into a OneHot model and the reverse. Loading gathers the loaded
 rows onto every rank, so a load before the statistics (or on another rank count) needs no split.
+(HugeCTR v23.08's HybridSparseEmbedding leaves dump_parameters/load_parameters unimplemented: its snapshots
+hold no sparse model. numbactr's are an addition.) Initial rows: the one-hot table's (HugeCTR draws its
+hybrid rows per table from curand; same distribution, not the same numbers).
 """
 from __future__ import annotations
 
