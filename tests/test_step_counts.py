@@ -1,0 +1,82 @@
+"""Kernel launches and device-to-host reads per training step of the demo DLRM (numbactr.demo.build_dlrm)
+on the sim device (or the GPU): a launch or a host synchronization added to the step fails this test
+without a GPU. The budgets are today's counts; lower counts pass (then lower the budget here).
+
+Launches: numbactr.kernels.launch.COUNTS["launches"] counts every GPU operation of the kernel modules (the
+launch helpers, the scan's phases, the embedding engine's CuPy sort); on the simulator the test also hooks
+Numba's simulated kernel calls and checks that every numba launch is in that count. Host reads:
+COUNTS["host_reads"] (numbactr.device.to_host and the hash table's reads), plus numba device-array
+copy_to_host calls seen on the simulator. The simulator runs each launch as Python threads, so the model is
+the demo's with 2 slots of width 4 and a batch of 4 (the step's structure does not depend on those)."""
+import sys
+
+import pytest
+from numba import config
+
+import numbactr as hugectr
+from numbactr import device
+from numbactr.demo import build_dlrm
+from numbactr.kernels import launch
+from tests.model_util import tiny_data
+
+#: measured 2026-11-23 on the sim device (launches: 47 numba kernels + the engine's sort)
+BUDGET = {
+    # first step: every key is new (the hash table inserts and records them)
+    "cold": {"launches": 48, "host_reads": 8},
+    # a step whose keys are all in the table already
+    "warm": {"launches": 48, "host_reads": 5},
+}
+NUMBA_LAUNCHES = 47
+
+
+@pytest.fixture
+def sim_hooks(monkeypatch):
+    """Numba launches and copy_to_host calls on the simulator (zeros on a GPU, where the hook is absent)."""
+    seen = {"numba_launches": 0, "copy_to_host": 0}
+    if not config.ENABLE_CUDASIM:
+        return seen
+    from numba.cuda.simulator import cudadrv, kernel
+    call = kernel.FakeCUDAKernel.__call__
+
+    def counted_call(self, *args):
+        if not (self._device or kernel._kernel_context):           # a launch, not a device function
+            seen["numba_launches"] += 1
+        return call(self, *args)
+
+    monkeypatch.setattr(kernel.FakeCUDAKernel, "__call__", counted_call)
+    array = cudadrv.devicearray.FakeCUDAArray
+    copy = array.copy_to_host
+
+    def counted_copy(self, *args, **kwargs):
+        # the simulator copies the host arrays it was handed back after each launch (no GPU does that: the
+        # kernels get CuPy arrays there); only numbactr's own calls are reads
+        if not sys._getframe(1).f_globals.get("__name__", "").startswith("numba"):
+            seen["copy_to_host"] += 1
+        return copy(self, *args, **kwargs)
+
+    monkeypatch.setattr(array, "copy_to_host", counted_copy)
+    return seen
+
+
+@pytest.mark.slow
+def test_demo_dlrm_step_counts(tmp_path, sim_hooks):
+    if device.kind() == "cpu":
+        pytest.skip("counts kernel launches: needs the sim or gpu device")
+    train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=2, dense=13, keys_per_slot=1, files=1)
+    model = build_dlrm(hugectr, train, evl, batch=4, batch_eval=4, eval_batches=1, lr=0.01, workspace_mb=1,
+                       slots=2, vec=4)
+    got = {}
+    for step in ("cold", "warm"):
+        launch.reset_counts()
+        sim_hooks.update(numba_launches=0, copy_to_host=0)
+        model.train()
+        counts = launch.reset_counts()
+        got[step] = {"launches": counts["launches"], "host_reads": counts["host_reads"] + sim_hooks["copy_to_host"]}
+        if config.ENABLE_CUDASIM:
+            # every numba launch of the step went through the central count (which also counts the sort)
+            assert sim_hooks["numba_launches"] <= counts["launches"], (step, sim_hooks, counts)
+            assert sim_hooks["numba_launches"] <= NUMBA_LAUNCHES, (step, sim_hooks)
+    for step, counts in got.items():
+        for what, n in counts.items():
+            assert n <= BUDGET[step][what], (f"{step} step: {n} {what}, budget {BUDGET[step][what]} "
+                                             f"(a regression; all counts: {got})")
