@@ -189,7 +189,7 @@ def _mpi() -> dict | None:
     out = {"mpi4py": mpi4py.__version__, "launched_ranks": size, "library": None}
     if size > 1:                    # MPI is running already (import numbactr started it)
         from mpi4py import MPI
-        out["library"] = MPI.Get_library_version().splitlines()[0].strip()
+        out["library"] = " ".join(MPI.Get_library_version().splitlines()[0].split())
     return out
 
 
