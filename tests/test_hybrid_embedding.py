@@ -381,3 +381,17 @@ def test_dgx_a100_shaped_script(tmp_path):
     assert model.embeddings[0].frequent.tolist() == cats[np.lexsort((cats, -counts))][:2].tolist()
     assert len(model.history["loss"]) == 2 and all(np.isfinite(model.history["loss"]))
     assert len(model.history["auc"]) == 2
+
+
+def test_frozen_embedding_keeps_its_rows():
+    """freeze_embedding: lr 0 for both the frequent and the infrequent rows (the gradients still travel)."""
+    rng = np.random.default_rng(2)
+    emb = build(E.HybridSparseEmbedding, param())
+    emb.take_statistics([(*batch(rng), 12) for _ in range(4)], 12, 4)
+    before = emb.dump()[1]
+    emb.frozen = True
+    step(emb, *batch(rng), np.ones((12, S, D), np.float32))
+    np.testing.assert_array_equal(emb.dump()[1], before)
+    emb.frozen = False
+    step(emb, *batch(rng), np.ones((12, S, D), np.float32))
+    assert not np.array_equal(emb.dump()[1], before)
