@@ -238,7 +238,8 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
     tab.notes = env.header() + [
         f"model: 13 dense -> {'-'.join(map(str, BOTTOM))}-D, {SLOTS} one-hot slots of width D (hash embedding, "
         f"{rows:,} rows in all), dot interaction, top {'-'.join(map(str, TOP))}, BCE; Update_t.Global",
-        f"precision: {'TF32 allowed' if tf32 else 'float32'}{', mixed precision (torch: autocast fp16)' if amp else ''}",
+        "precision: " + ("TF32 allowed" if tf32 else "float32")
+        + (", mixed precision (torch: autocast fp16)" if amp else ""),
         "samples/s = batch / median clean step (forward + backward + update; batches in memory); the ms "
         f"breakdown comes from {breakdown_steps} further steps with a device sync around each phase "
         "(embedding = lookup + gradient hand-over + fused backward/update; dense = the fully connected "
