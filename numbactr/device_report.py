@@ -11,7 +11,8 @@ Two halves, so that a test can check every diagnosis without the hardware it is 
   as installed), "warning" (it runs, not as intended) or "note".
 
 ``report(facts, diagnoses)`` formats both; ``main()`` prints them and returns 1 when a diagnosis is an
-error, else 0 (a machine without a GPU is a note, not an error: numbactr runs on cpu there).
+error, else 0 (a machine without a GPU is a note, not an error: numbactr runs on cpu there); a device
+that cannot be resolved ends the command with its one-line error after the report.
 """
 from __future__ import annotations
 
@@ -73,7 +74,11 @@ def gather() -> dict:
     f["simulator"] = os.environ.get("NUMBA_ENABLE_CUDASIM", "") == "1"
 
     def resolve():
-        device.kind()
+        try:
+            device.kind()
+        except device.DeviceError as e:
+            f["device_exception"] = e
+            raise
         return device.describe()
     probe("device", resolve)
     f["kind"] = device._state["kind"]
@@ -341,8 +346,12 @@ def report(f: dict, diagnoses: list[tuple[str, str]]) -> str:
 
 
 def main() -> int:
-    """Print the report; 1 when a diagnosis is an error, else 0."""
+    """Print the report; 1 when a diagnosis is an error, else 0. A device that cannot be resolved (e.g.
+    NUMBACTR_DEVICE=gpu without a GPU) is re-raised after the report, so that the command line ends with
+    its one-line error as every command does."""
     facts = gather()
     found = diagnose(facts)
     print(report(facts, found), flush=True)
+    if facts.get("device_exception") is not None:
+        raise facts["device_exception"]
     return 1 if any(level == "error" for level, _ in found) else 0

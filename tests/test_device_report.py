@@ -107,3 +107,12 @@ def test_command_on_this_machine(device):
     for head in ("device:", "placement:", "driver:", "numba:", "CuPy:", "NCCL:", "MPI:", "diagnosis:"):
         assert head in out.stdout, out.stdout
     assert f"device={device}" in out.stdout
+
+
+def test_unresolvable_device_reports_then_fails_in_one_line():
+    env = dict(os.environ, NUMBACTR_DEVICE="gpu", NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "numbactr.cli", "device"], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=ROOT)
+    assert out.returncode == 1
+    assert "diagnosis:" in out.stdout and "error: the device cannot be resolved" in out.stdout
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("numbactr device: error: NUMBACTR_DEVICE=gpu")
