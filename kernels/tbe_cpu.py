@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
+import numba
 from numba import float32, int64, njit, prange, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
@@ -184,6 +185,55 @@ def check_indices(indices, offsets, feature_rows, batch, layout, mode, rows):
 
 
 @njit(**_JIT)
+def offsets_valid(offsets, n):
+    """True when check_offsets would change nothing: 0 <= offsets[j] <= n, non-decreasing, last == n.
+    Branch-free counting over the array (vectorizes), so a valid batch costs one streaming read."""
+    m = offsets.shape[0]
+    if m == 0:
+        return False
+    bad = 0
+    for j in range(m):
+        v = int64(offsets[j])
+        bad += int64((v < 0) | (v > n))
+    for j in range(1, m):
+        bad += int64(int64(offsets[j]) < int64(offsets[j - 1]))
+    return bad == 0 and int64(offsets[m - 1]) == n
+
+
+@njit(**_JIT)
+def _bad_in(indices, lo, hi, limit):
+    """Indices k in lo..hi outside [0, limit) other than -1 (limit -1, a keyed feature: none)."""
+    nb = 0
+    if limit >= 0:
+        for k in range(lo, hi):
+            v = int64(indices[k])
+            nb += int64((v != -1) & ((v < 0) | (v >= limit)))
+    return nb
+
+
+@njit(**_PJIT)
+def count_bad_indices(indices, offsets, feature_rows, batch, layout):
+    """The number of indices outside their feature's table (-1 and keyed features, feature_rows -1,
+    excepted), without writing anything: the common clean batch then uses the indices as its rows.
+    Feature-major batches are walked feature by feature (no division per bag). Each prange iteration
+    adds one count from a separate function (numba dropped a prange reduction updated inside a
+    conditional inner loop: the count came back 0)."""
+    n_features = feature_rows.shape[0]
+    bad = 0
+    if layout == 0:
+        for f in prange(n_features):
+            bad += _bad_in(indices, offsets[f * batch], offsets[(f + 1) * batch], feature_rows[f])
+    else:
+        for b in prange(batch):
+            nb = 0
+            for f in range(n_features):
+                j = b * n_features + f
+                nb += _bad_in(indices, offsets[j], offsets[j + 1], feature_rows[f])
+            bad += nb
+    return bad
+
+
+@njit(**_JIT)
 def first_bad_index(indices, offsets, feature_rows, batch, layout):
     """(position, feature, sample, index, rows) of the first index outside its table (there is one)."""
     n_features = feature_rows.shape[0]
@@ -201,6 +251,15 @@ def first_bad_index(indices, offsets, feature_rows, batch, layout):
 def pool_bag(w, rows, psw, has_psw, begin, end, off, stride, width, scale, acc, out, o):
     """out[o:o + width] <- scale * sum of p_k W[rows[k]] over the bag's occurrences k in begin..end."""
     n = rows.shape[0]
+    if end - begin == 1 and not has_psw:              # one-hot: a straight (vectorized) copy, no scratch
+        if begin + _PF < n:
+            prefetch(w, uint64(off + rows[begin + _PF] * stride))
+        r = rows[begin]
+        base = uint64(off + max(r, 0) * stride)
+        s = scale if r >= 0 else float32(0.0)
+        for d in range(width):
+            store(out, o + uint64(d), load(w, base + uint64(d)) * s, uint64(0), False)
+        return
     for d in range(width):
         acc[d] = float32(0.0)
     for k in range(begin, end):
@@ -217,33 +276,64 @@ def pool_bag(w, rows, psw, has_psw, begin, end, off, stride, width, scale, acc, 
         store(out, o + uint64(d), acc[d] * scale, uint64(0), False)
 
 
+@njit(inline="always", **_JIT)
+def pool_one(w, rows, psw, has_psw, offsets, j, off, stride, width, pooling, acc, out, o):
+    """Bag j pooled into out[o:o + width] (SUM, or MEAN: scaled by 1 / its length)."""
+    begin, end = offsets[j], offsets[j + 1]
+    scale = float32(1.0)
+    if pooling == 1 and end > begin:
+        scale = float32(1.0) / float32(end - begin)
+    pool_bag(w, rows, psw, has_psw, begin, end, off, stride, width, scale, acc, out, o)
+
+
+@njit(inline="always", **_JIT)
+def pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, width, total, col, pooling, acc, out):
+    """Bags j0 .. j0 + count - 1 of one feature (samples b0 ..) into their output columns col .."""
+    for i in range(count):
+        pool_one(w, rows, psw, has_psw, offsets, j0 + i, off, stride, width, pooling, acc, out,
+                 uint64(b0 + i) * total + col)
+
+
+@njit(inline="always", **_JIT)
+def pool_dispatch(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, dim, total, col, pooling, acc, out):
+    """pool_run with the common widths compiled as constants: an unrolled row loop without alias checks,
+    measured 1.3-2x faster than the generic loop for one-hot bags."""
+    if dim == 16 and stride == 16:
+        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 16, 16, total, col, pooling, acc, out)
+    elif dim == 32 and stride == 32:
+        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 32, 32, total, col, pooling, acc, out)
+    elif dim == 64 and stride == 64:
+        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 64, 64, total, col, pooling, acc, out)
+    elif dim == 128 and stride == 128:
+        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 128, 128, total, col, pooling, acc, out)
+    else:
+        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, dim, total, col, pooling, acc, out)
+
+
 @njit(**_PJIT)
-def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, batch, layout, pooling, out):
+def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, batch, layout, pooling, out, scratch):
     """out, flat: pooled (B * sum D_f) (float32, or float16 bits), or per occurrence (N * D) for NONE.
 
-    Bags are taken in CSR order (chunks of consecutive bags), so the indices are read front to back and
-    the rows of later occurrences are prefetched whatever the layout; each bag accumulates in a float32
-    scratch row (pool_bag)."""
+    Bags are taken in CSR order, so the indices are read front to back and the rows of later occurrences
+    are prefetched whatever the layout. Feature-major (FBGEMM's layout): chunks of _CHUNK samples of one
+    feature, whose table, width and output column are looked up once per chunk; sample-major: chunks of
+    samples, all features of each. A pooled bag accumulates in a float32 scratch row (pool_bag): row
+    numba.get_thread_id() of scratch (threads, >= max D), allocated once by the caller."""
     n_features = ftable.shape[0]
     n_bags = offsets.shape[0] - 1
     n = rows.shape[0]
     total = uint64(fcols[n_features])
-    dmax = 0
-    for f in range(n_features):
-        dmax = max(dmax, fcols[f + 1] - fcols[f])
-    n_chunks = (n_bags + _CHUNK - 1) // _CHUNK
     zero = float32(0.0)
-    for c in prange(n_chunks):
-        acc = np.empty(dmax, np.float32)
-        lo, hi = _chunk(c, n_chunks, n_bags)
-        for j in range(lo, hi):
-            f, b = bag_fb(j, n_features, batch, layout)
-            t = ftable[f]
-            dim = uint64(fcols[f + 1] - fcols[f])
-            stride, off = strides[t], elem_off[t]
-            begin, end = offsets[j], offsets[j + 1]
-            if pooling == 2:
-                for k in range(begin, end):
+    if pooling == 2:                                   # NONE: one output row per occurrence
+        n_chunks = (n_bags + _CHUNK - 1) // _CHUNK
+        for c in prange(n_chunks):
+            lo, hi = _chunk(c, n_chunks, n_bags)
+            for j in range(lo, hi):
+                f, _ = bag_fb(j, n_features, batch, layout)
+                t = ftable[f]
+                dim = uint64(fcols[f + 1] - fcols[f])
+                stride, off = strides[t], elem_off[t]
+                for k in range(offsets[j], offsets[j + 1]):
                     if k + _PF < n:
                         prefetch(w, uint64(off + rows[k + _PF] * stride))
                     r = rows[k]
@@ -252,23 +342,25 @@ def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, ba
                     base = uint64(off + max(r, 0) * stride)
                     for d in range(dim):
                         store(out, o + d, p * load(w, base + d) if r >= 0 else zero, uint64(0), False)
-                continue
-            o = uint64(b) * total + uint64(fcols[f])
-            scale = float32(1.0)
-            if pooling == 1 and end > begin:
-                scale = float32(1.0) / float32(end - begin)
-            # common widths get their own copy of the loop (a constant trip count: unrolled, no alias
-            # checks), measured 1.3-2x faster than the generic loop for one-hot bags
-            if dim == 16 and stride == 16:
-                pool_bag(w, rows, psw, has_psw, begin, end, off, 16, 16, scale, acc, out, o)
-            elif dim == 32 and stride == 32:
-                pool_bag(w, rows, psw, has_psw, begin, end, off, 32, 32, scale, acc, out, o)
-            elif dim == 64 and stride == 64:
-                pool_bag(w, rows, psw, has_psw, begin, end, off, 64, 64, scale, acc, out, o)
-            elif dim == 128 and stride == 128:
-                pool_bag(w, rows, psw, has_psw, begin, end, off, 128, 128, scale, acc, out, o)
-            else:
-                pool_bag(w, rows, psw, has_psw, begin, end, off, stride, dim, scale, acc, out, o)
+        return
+    per = (batch + _CHUNK - 1) // _CHUNK               # chunks per feature (feature-major) / in all
+    if layout == 0:
+        for c in prange(n_features * per):
+            acc = scratch[numba.get_thread_id()]
+            f = c // per
+            b0 = (c - f * per) * _CHUNK
+            t = ftable[f]
+            pool_dispatch(w, rows, psw, has_psw, offsets, f * batch + b0, min(batch - b0, _CHUNK), b0,
+                          elem_off[t], strides[t], fcols[f + 1] - fcols[f], total, uint64(fcols[f]), pooling,
+                          acc, out)
+    else:
+        for c in prange(per):
+            acc = scratch[numba.get_thread_id()]
+            for b in range(c * _CHUNK, min(batch, (c + 1) * _CHUNK)):
+                for f in range(n_features):
+                    t = ftable[f]
+                    pool_dispatch(w, rows, psw, has_psw, offsets, b * n_features + f, 1, b, elem_off[t],
+                                  strides[t], fcols[f + 1] - fcols[f], total, uint64(fcols[f]), pooling, acc, out)
 
 
 # ---- backward: linearize, sort, segment -------------------------------------------------------------

@@ -126,3 +126,25 @@ def test_compiled_hash_table_gives_the_reference_rows():
     assert full.size == 3                                              # rolled back: unchanged
     np.testing.assert_array_equal(full.find(np.array([1, 2, 3, 4, 5, 6], np.uint64)), [0, 1, 2, -1, -1, -1])
     np.testing.assert_array_equal(full.insert(np.array([6, 3], np.uint64)), [3, 2])
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_count_bad_indices_agrees_with_the_repairing_check(layout):
+    """The write-free count that lets a clean batch be its own rows finds exactly what check_indices
+    repairs: random ragged bags, -1 entries, keyed (unchecked) features, out-of-range on both sides."""
+    from numbactr.kernels import tbe_cpu as C
+    rng = np.random.default_rng(layout)
+    for _ in range(40):
+        n_features, batch = int(rng.integers(1, 5)), int(rng.integers(0, 6))
+        limits = rng.integers(1, 8, n_features)
+        limits[rng.random(n_features) < 0.25] = -1                       # keyed: not checked
+        lengths = rng.integers(0, 4, n_features * batch)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        indices = rng.integers(-3, 10, int(offsets[-1])).astype(np.int64)
+        rows = np.empty_like(indices)
+        want = C.check_indices(indices, offsets, limits, batch, layout, 2, rows)
+        assert C.count_bad_indices(indices, offsets, limits, batch, layout) == want
+        assert C.offsets_valid(offsets, indices.shape[0])
+    assert not C.offsets_valid(np.array([0, 2, 1, 3], np.int64), 3)
+    assert not C.offsets_valid(np.array([0, 2, 4], np.int64), 3)
+    assert not C.offsets_valid(np.array([0, 1, 2], np.int64), 3)

@@ -61,6 +61,7 @@ import mmap
 import warnings
 from dataclasses import dataclass, field, fields, replace
 
+import numba
 import numpy as np
 
 from .. import device
@@ -663,14 +664,21 @@ class _CpuImpl:
         return w.view(np.uint16) if w.dtype == np.float16 else w
 
     def repair_offsets(self, offsets, n: int):
+        if offsets.dtype == np.int64 and offsets.flags.c_contiguous and C.offsets_valid(offsets, n):
+            return offsets, (0, -1)                 # nothing to repair: the caller's array, read only
         fixed = np.empty(offsets.shape[0], np.int64)
         bad, first = C.check_offsets(offsets, n, fixed)
         return fixed, (bad, first)
 
     def check_indices(self, indices, offsets, fixed, pre, batch: int):
         e = self.e
-        rows = np.empty(indices.shape[0], np.int64)
         frows = e._feature_rows()
+        # a clean int64 batch of an engine without keyed tables is its own rows: read, never written
+        # (the backward reads them too, as FBGEMM's autograd keeps the indices tensor)
+        if (indices.dtype == np.int64 and indices.flags.c_contiguous and not e.hash_tables
+                and not C.count_bad_indices(indices, fixed, frows, batch, int(e.layout))):
+            return indices, (*pre, 0, None)
+        rows = np.empty(indices.shape[0], np.int64)
         mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
         bad = C.check_indices(indices, fixed, frows, batch, int(e.layout), int(mode), rows)
         first = tuple(int(v) for v in C.first_bad_index(indices, fixed, frows, batch, int(e.layout))) if bad \
@@ -689,7 +697,7 @@ class _CpuImpl:
         psw = ctx.per_sample_weights
         C.forward(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows, ctx.offsets,
                   self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout),
-                  int(ctx.pooling), flat)
+                  int(ctx.pooling), flat, np.empty((numba.get_num_threads(), int(e.dims.max(initial=1))), np.float32))
         return out
 
     def psw_grad(self, ctx: LookupContext, dy):
