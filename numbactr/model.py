@@ -458,8 +458,11 @@ class Model:
                     p.grad = None
         # data parallel: dense gradients are summed over ranks (each already carries 1/(b*R))
         if self.ranks > 1:
-            summed = self.comm.allreduce_sum(device.to_host(self.wgrads).copy())
-            self.wgrads[...] = device.xp().asarray(summed)
+            if device.kind() == "gpu":                 # in place on the device: NCCL, or staged by Comm
+                self.comm.allreduce_sum(self.wgrads)
+            else:
+                summed = self.comm.allreduce_sum(device.to_host(self.wgrads).copy())
+                self.wgrads[...] = device.xp().asarray(summed)
         rows = batch.batch_size * self.ranks          # HugeCTR's b: the full (padded) batch
         for layer, _ in self.losses:
             self._regularizer(layer, rows, grad=True)
