@@ -283,6 +283,8 @@ def model_to_json(model) -> dict:
             hp["slot_size_array"] = c.slot_size_array
         if c.embedding_type != Embedding_t.DistributedSlotSparseEmbeddingHash:
             data["sparse"][model.sparse_inputs[c.bottom_name]]["type"] = "LocalizedSlot"
+        if c.embedding_type == Embedding_t.HybridSparseEmbedding and c.hybrid_embedding_param is not None:
+            hp.update(_hybrid_json(c.hybrid_embedding_param))
         layers.append({"type": c.embedding_type.name, "bottom": c.bottom_name, "top": c.sparse_embedding_name,
                        "sparse_embedding_hparam": hp, "optimizer": _optimizer_json(e.opt)})
     layers += slice_expanded(model)
@@ -394,6 +396,37 @@ def construct(model, path: str, include_dense_network: bool) -> None:
             raise ValueError(msg if msg.startswith(f"graph JSON {path!r}") else f"{where}: {msg}") from None
 
 
+# HugeCTR's JSON names of the hybrid embedding's parameters (sparse_embedding_hparam); its reader spells
+# CommunicationType.IB_NVLink_Hier "IB_NVLink_Hierarchical"
+_HYBRID_KEYS = ("max_num_frequent_categories", "max_num_infrequent_samples", "p_dup_max", "max_all_reduce_bandwidth",
+                "max_all_to_all_bandwidth", "efficiency_bandwidth_ratio")
+_COMM_JSON = {"IB_NVLink_Hier": "IB_NVLink_Hierarchical", "IB_NVLink": "IB_NVLink",
+              "NVLink_SingleNode": "NVLink_SingleNode"}
+
+
+def _hybrid_json(p) -> dict:
+    out = {k: getattr(p, k) for k in _HYBRID_KEYS}
+    out["communication_type"] = _COMM_JSON[p.communication_type.name]
+    return out
+
+
+def _hybrid_from_json(hp: dict, where: str):
+    from .embedding.hybrid import HybridEmbeddingParam
+    from .enums import CommunicationType
+    kw = {k: hp[k] for k in _HYBRID_KEYS if k in hp}
+    if "communication_type" in hp:
+        names = {v: k for k, v in _COMM_JSON.items()}
+        name = names.get(hp["communication_type"], hp["communication_type"])
+        if name not in _COMM_JSON:
+            raise ValueError(f"{where}: sparse_embedding_hparam.communication_type must be one of "
+                             f"{sorted(names)}, got {hp['communication_type']!r}")
+        kw["communication_type"] = CommunicationType[name]
+    try:
+        return HybridEmbeddingParam(**kw)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 def _embedding_from_json(d: dict, t: str, where: str) -> SparseEmbedding:
     hp = _need(d, "sparse_embedding_hparam", where)
     vec = _need(hp, "embedding_vec_size", where, "sparse_embedding_hparam")
@@ -403,9 +436,12 @@ def _embedding_from_json(d: dict, t: str, where: str) -> SparseEmbedding:
         raise ValueError(f"{where}: missing key 'sparse_embedding_hparam.workspace_size_per_gpu_in_mb' (or "
                          f"'sparse_embedding_hparam.slot_size_array')")
     _warn_unknown(d, _LAYER_KEYS | {"sparse_embedding_hparam", "optimizer"}, where)
+    hybrid = t == "HybridSparseEmbedding"
     _warn_unknown(hp, {"workspace_size_per_gpu_in_mb", "max_vocabulary_size_global", "embedding_vec_size",
-                       "combiner", "slot_size_array"}, where, "sparse_embedding_hparam")
+                       "combiner", "slot_size_array"} | (set(_HYBRID_KEYS) | {"communication_type"} if hybrid else set()),
+                  where, "sparse_embedding_hparam")
     opt = _optimizer_from_json(d["optimizer"], where) if "optimizer" in d else OptParamsPy()
+    extra = {"hybrid_embedding_param": _hybrid_from_json(hp, where)} if hybrid else {}
     return SparseEmbedding(Embedding_t[t], hp.get("workspace_size_per_gpu_in_mb", 0), vec,
                            _need(hp, "combiner", where, "sparse_embedding_hparam"), _need(d, "top", where),
-                           _need(d, "bottom", where), hp.get("slot_size_array", []), opt)
+                           _need(d, "bottom", where), hp.get("slot_size_array", []), opt, **extra)

@@ -395,3 +395,24 @@ def test_frozen_embedding_keeps_its_rows():
     emb.frozen = False
     step(emb, *batch(rng), np.ones((12, S, D), np.float32))
     assert not np.array_equal(emb.dump()[1], before)
+
+
+def test_graph_json_round_trips_the_hybrid_parameters(tmp_path):
+    """graph_to_json writes HugeCTR's hybrid keys in sparse_embedding_hparam (IB_NVLink_Hier spelled as its
+    reader spells it) and reading the JSON back gives the same HybridEmbeddingParam."""
+    import json
+    from numbactr.graph_json import _embedding_from_json
+    model = _model(E.HybridSparseEmbedding, _sources(tmp_path)[E.HybridSparseEmbedding])
+    model.embeddings[0].cfg.hybrid_embedding_param = param(p_dup_max=0.5, max_frequent=7, comm=C.IB_NVLink_Hier)
+    path = tmp_path / "g.json"
+    model.graph_to_json(str(path))
+    layer = next(d for d in json.loads(path.read_text())["layers"] if d["type"] == "HybridSparseEmbedding")
+    hp = layer["sparse_embedding_hparam"]
+    assert hp["communication_type"] == "IB_NVLink_Hierarchical"
+    assert hp["p_dup_max"] == 0.5 and hp["max_num_frequent_categories"] == 7
+    back = _embedding_from_json(layer, "HybridSparseEmbedding", "layer 1").hybrid_embedding_param
+    want = model.embeddings[0].cfg.hybrid_embedding_param
+    assert vars(back) == vars(want)
+    hp["communication_type"] = "Carrier_Pigeon"
+    with pytest.raises(ValueError, match="communication_type"):
+        _embedding_from_json(layer, "HybridSparseEmbedding", "layer 1")

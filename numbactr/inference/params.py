@@ -187,7 +187,7 @@ def _enum(who: str, name: str, value, enum) -> None:
 # InferenceParams arguments numbactr does not act on (the results do not depend on them)
 _GPU_TUNING = "a HugeCTR GPU tuning option; numbactr's results do not depend on it"
 _PARAMS_IGNORED = {
-    "use_mixed_precision": "numbactr has no mixed precision: inference runs in float32",
+    "use_mixed_precision": "numbactr's inference runs in float32 (training's mixed precision is not offered for inference)",
     "scaler": "the loss scaler matters only with mixed precision, which numbactr does not have",
     "use_algorithm_search": _GPU_TUNING, "use_cuda_graph": _GPU_TUNING, "use_context_stream": _GPU_TUNING,
     "number_of_worker_buffers_in_pool": _GPU_TUNING, "number_of_refresh_buffers_in_pool": _GPU_TUNING,

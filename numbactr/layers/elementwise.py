@@ -15,8 +15,9 @@ switches to HugeCTR's):
   reproducible and identical on gpu, sim and cpu; HugeCTR draws cuRAND uniforms from a
   /dev/urandom seed (not reproducible). The keep probability and the 1/(1-r) scaling are the same.
 * ReLUHalf: HugeCTR only lists the enum; here it is the fp32 ReLU.
-* Cast: numbactr trains in fp32, so Cast (HugeCTR: fp32 <-> fp16 for mixed precision) is an
-  identity that keeps graphs written for mixed precision working.
+* Cast: HugeCTR's fp32 <-> fp16 for mixed precision. numbactr's tape already stores every activation
+  in the run's precision (fp16 under use_mixed_precision, rounded between layers), so Cast passes its
+  input on unchanged (no copy, gradient passes through).
 """
 from __future__ import annotations
 
@@ -334,8 +335,9 @@ class ReLUHalf(_SameShape):
 
 
 class Cast(_SameShape):
-    """HugeCTR: fp32 <-> fp16 (direction by mixed-precision mode). numbactr computes in fp32 only,
-    so Cast is an identity (no copy, gradient passes through) that keeps such graphs working."""
+    """HugeCTR: fp32 <-> fp16 (direction by mixed-precision mode). numbactr's tape stores activations in
+    the run's precision already (autocast: fp16 between layers under use_mixed_precision), so Cast passes
+    its input on (no copy, gradient passes through)."""
     type_name = "Cast"
 
     def forward(self, tape, xs, run):
