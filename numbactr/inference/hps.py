@@ -316,11 +316,7 @@ class ModelCache:
 
     def _touch(self, t: int, lin) -> None:
         """The hits of a request (distinct rows, all cached) are used now (LRU): nothing moves."""
-        rows = lin + int(self.cache.row_offsets[t])
-        if self.kernels:
-            self.cache.finish(self.cache.place(rows, count=False))
-        else:
-            self.cache.touch_cached(rows)
+        self.cache.touch_cached(lin + int(self.cache.row_offsets[t]))
 
     def _insert(self, t: int, keys: np.ndarray, keep=None) -> None:
         """Fetch keys (distinct, not cached) from the databases and cache those found."""
