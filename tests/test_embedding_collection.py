@@ -380,8 +380,6 @@ def test_config_errors():
         cfg.embedding_lookup(t, "x", "e", "sum")
     with pytest.raises(ValueError, match="only embedding_lookup call"):
         cfg.embedding_lookup([t], ["x"], "g", ["sum"])
-    with pytest.raises(NotImplementedError, match="Ftrl"):
-        collection(cfg, [sparse_param("x", 1)], opt=dict(optimizer_type=O.Ftrl, update_type=U.Global))
 
 
 @pytest.mark.parametrize("matrix,strategy,match", [

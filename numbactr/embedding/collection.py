@@ -26,12 +26,24 @@ when the rows run out the table is rebuilt twice as large with every row and opt
 Evaluation never inserts: an unseen key adds a zero vector (and counts in an average's length).
 Each table trains with its own optimizer (opt_params_or_empty) or the model's.
 
-On the engine. Per table ONE TableBatchedEmbedding whose F features are the lookups reading the table, in
-HugeCTR's sample-major CSR (bag b*F + f). The forward looks every occurrence up with pooling NONE; each
-lookup then pools its occurrences (sum/average by a second engine with optimizer NONE that holds the
-vectors as its rows, the engine's own pooling arithmetic; concat by placing them), and the backward turns
-each lookup's dLoss/dtop back into one gradient per occurrence, so that the table's engine applies the
-fused backward + optimizer once, with every lookup's gradients summed row by row in occurrence order.
+On the engine. The tables share as few TableBatchedEmbeddings as they can (EmbeddingCollection._group_tables):
+tables on the same rank(s) with the same strategy and optimizer settings are the physical tables of ONE
+engine whose features are the lookups reading them (feature_table_map), in HugeCTR's sample-major CSR
+(bag b*F + f), so one forward and one fused backward + optimizer serve them all, every row summing its
+lookups' gradients in occurrence order (as when each table had its own engine: the results are the same,
+tests/test_embedding_collection.py compares the two bit for bit). Static and dynamic tables get separate
+engines (a hash table in an engine takes its index fast path from the static tables, and a growing table
+rebuilds its engine). A group whose lookups are all sum/average ("pooled") has the engine pool them (SUM; an
+average's columns are scaled by 1/length after the forward and its gradient before the backward, the
+engine's own MEAN arithmetic). Otherwise (a concat lookup, or a table model parallel over ranks) the engine
+looks every occurrence up with pooling NONE (the group's tables have one width) and each lookup pools its
+occurrences (sum/average by a second engine with optimizer NONE holding the vectors as its rows, concat by
+placing them), its backward turning dLoss/dtop back into one gradient per occurrence. A table model parallel
+over several ranks keeps an engine of its own (ShardedTable's owner-side lookup reads one table).
+Optimizer_t.Ftrl (HugeCTR's EmbeddingCollection has it): the engine has no fused Ftrl, so an Ftrl group's
+engine runs optimizer NONE, which returns each touched row's summed gradient, and the group applies
+HugeCTR's Ftrl rule (kernels.optimizers.ftrl_update_ref: the dense formula on the touched rows, z and n
+starting at 0, lambda2 + beta/lr) in NumPy; its z, n are not dumped (as no optimizer state is).
 
 Ranks (mpiexec). ``shard(shard_matrix, shard_strategy)``: shard_matrix[r] names the tables rank r holds;
 shard_strategy [("mp" | "dp", [table names]), ...] says how. "mp" (model parallel): the table's keys are
@@ -58,6 +70,7 @@ from __future__ import annotations
 import math
 import os
 import zlib
+from dataclasses import fields
 
 import numpy as np
 
@@ -65,6 +78,8 @@ from .. import device
 from ..autograd import Context, Function, Tensor
 from ..data.errors import DataFormatError
 from ..enums import CommunicationStrategy
+from ..kernels import embedding_init as EI
+from ..kernels import optimizers as OK
 from ..optim import sparse_optimizer_spec
 from .engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec)
 from .hash_table import HashTableFullError
@@ -76,6 +91,7 @@ COMBINERS = {"sum": Pooling.SUM, "average": Pooling.MEAN, "mean": Pooling.MEAN, 
 DYNAMIC_INIT = (-0.05, 0.05)
 DYNAMIC_START_ROWS = 1024          # first size of a dynamic table (doubled whenever it fills)
 MAX_EV = 1024                      # HugeCTR's largest embedding vector
+GROUP_TABLES = True                # False: one engine per table (the layout before grouping; tests compare)
 
 
 class CollectionError(ValueError):
@@ -243,49 +259,90 @@ def _seed(seed: int, name: str) -> int:
     return zlib.crc32(f"{int(seed)}:{name}".encode())
 
 
-class _Table:
-    """One table at run time: its engine (features = the lookups reading it), placement and wires."""
+class _Engine(TableBatchedEmbedding):
+    """A group's engine: a keyed table's new rows start from a hash of (that table's seed, key), as when
+    every table had an engine of its own (seeded with the table's seed), not of one seed for the group."""
 
-    def __init__(self, cfg: EmbeddingTableConfig, lookups: list, opt, seed: int, comm, strategy: str,
-                 ranks: list[int]):
-        self.cfg, self.name, self.dim = cfg, cfg.name, cfg.ev_size
-        self.lookups = lookups                              # indices into the collection's lookups
-        self.comm, self.strategy, self.ranks = comm, strategy, ranks
-        self.seed = _seed(seed, cfg.name)
-        where = f"EmbeddingTableConfig {cfg.name!r}"
-        if opt.optimizer_type.name == "Ftrl":
-            raise NotImplementedError(f"{where}: Optimizer_t.Ftrl is not available for numbactr's embedding "
-                                      "tables (its engine has no Ftrl update); give the table another optimizer "
-                                      "(opt_params_or_empty), e.g. SGD as HugeCTR's samples/ftrl does by default")
-        self.opt_spec = sparse_optimizer_spec(opt, where)
-        self.engine = self._new_engine(DYNAMIC_START_ROWS if cfg.dynamic else cfg.max_vocabulary_size)
-        if not cfg.dynamic:
-            a = math.sqrt(1.0 / cfg.max_vocabulary_size)
-            self.engine.init_uniform(-a, a, self.seed)
-        sharded = comm.size > 1 and strategy == "mp"
-        self.wires = ShardedTable(comm, self.dim, len(lookups), Pooling.NONE, self._owner_lookup,
-                                  key_dtype=np.uint64 if cfg.dynamic else np.int64,
+    key_seeds: dict = {}
+
+    def _insert_or_find(self, t: int, table, keys, training: bool):
+        if not training:
+            return table.find(keys)
+        before = table.size
+        rows = table.insert(keys)
+        if table.size > before:
+            spec, xp = self.tables[t], device.xp()
+            new = device.to_host(rows) >= before
+            k64 = device.to_host(keys).astype(np.uint64)[new]
+            vals = EI.row_values_ref(k64, spec.dim, self.key_seeds.get(t, self.seed), *spec.init_range)
+            view = self._table_view(self.weights, t, False)
+            view[xp.asarray(device.to_host(rows)[new])] = xp.asarray(vals.astype(view.dtype))
+        return rows
+
+
+def _opt_key(opt, where: str):
+    """(what groups tables by optimizer, the engine's OptimizerSpec, Ftrl's (beta, lambda1, lambda2) or None).
+    Ftrl: the engine runs optimizer NONE (it has no fused Ftrl) and the group applies Ftrl to the rows'
+    summed gradients it returns (HugeCTR's EmbeddingCollection Ftrl: the dense rule on the touched rows)."""
+    if opt.optimizer_type.name == "Ftrl":
+        ftrl = (float(opt.beta), float(opt.lambda1), float(opt.lambda2))
+        return ("Ftrl",) + ftrl, OptimizerSpec(Optim.NONE), ftrl
+    spec = sparse_optimizer_spec(opt, where)
+    return ("engine", tuple(sorted((f.name, str(getattr(spec, f.name))) for f in fields(spec)))), spec, None
+
+
+class _Group:
+    """Tables sharing one TableBatchedEmbedding: the same ranks and strategy, the same optimizer settings,
+    static or dynamic alike, and one mode. pooled: one rank's (or data-parallel) tables read only by sum/average
+    lookups; the engine pools every lookup (SUM; an average's columns scaled by 1/length after, its gradient
+    before). Otherwise (a concat lookup, or model parallel over ranks) the engine looks every occurrence up
+    (pooling NONE: one width) and the collection pools; a model-parallel table over ranks is its own group
+    (its keys travel to their owners through ShardedTable, whose owner lookup reads one table)."""
+
+    def __init__(self, tables: list, comm, pooled: bool):
+        self.tables, self.comm, self.pooled = tables, comm, pooled
+        first = tables[0]
+        self.strategy, self.ranks = first.strategy, first.ranks
+        self.opt_spec, self.ftrl = first.opt_spec, first.ftrl
+        self.lookups = [i for t in tables for i in t.lookups]            # the engine's features, in this order
+        self.feature_table = [j for j, t in enumerate(tables) for _ in t.lookups]
+        self.seed = first.seed
+        for j, t in enumerate(tables):
+            t.group, t.index = self, j
+        self.engine = self._new_engine([DYNAMIC_START_ROWS if t.cfg.dynamic else t.cfg.max_vocabulary_size
+                                        for t in tables])
+        for j, t in enumerate(tables):
+            if not t.cfg.dynamic:                 # U(-sqrt(1/V), sqrt(1/V)) from (table seed, row): its own rows
+                V, a = t.cfg.max_vocabulary_size, math.sqrt(1.0 / t.cfg.max_vocabulary_size)
+                vals = EI.row_values_ref(np.arange(V, dtype=np.uint64), t.dim, t.seed, -a, a)
+                self.engine.split_weights()[j][...] = device.xp().asarray(vals)
+        xp = device.xp()
+        self.ftrl_states = [[xp.zeros((int(r), t.dim), np.float32) for _ in range(2)]        # [z, n] per table
+                            for t, r in zip(tables, self.engine.rows)] if self.ftrl else None
+        sharded = comm.size > 1 and self.strategy == "mp"
+        if sharded and len(tables) != 1:
+            raise AssertionError("a model-parallel group over ranks holds one table")
+        self.wires = ShardedTable(comm, first.dim, len(self.lookups), Pooling.NONE, self._owner_lookup,
+                                  key_dtype=np.uint64 if first.cfg.dynamic else np.int64,
                                   layout=Layout.SAMPLE_MAJOR) if sharded else None
 
-    def _new_engine(self, rows: int) -> TableBatchedEmbedding:
-        spec = TableSpec(rows, self.dim, keyed=self.cfg.dynamic, init_range=DYNAMIC_INIT)
-        return TableBatchedEmbedding([spec], [0] * len(self.lookups), pooling=Pooling.NONE,
-                                     layout=Layout.SAMPLE_MAJOR, optimizer=self.opt_spec,
-                                     bounds_check=BoundsCheck.FATAL, seed=self.seed)
+    def _new_engine(self, rows: list) -> TableBatchedEmbedding:
+        specs = [TableSpec(int(r), t.dim, keyed=t.cfg.dynamic, init_range=DYNAMIC_INIT)
+                 for r, t in zip(rows, self.tables)]
+        eng = _Engine(specs, self.feature_table, pooling=Pooling.SUM if self.pooled else Pooling.NONE,
+                      layout=Layout.SAMPLE_MAJOR, optimizer=self.opt_spec, bounds_check=BoundsCheck.FATAL,
+                      seed=self.seed)
+        eng.key_seeds = {j: t.seed for j, t in enumerate(self.tables)}
+        return eng
 
     @property
     def holds(self) -> bool:
         return self.comm.rank in self.ranks
 
-    @property
-    def weight(self):
-        """(V, D) this rank's rows (a view into the engine)."""
-        return self.engine.split_weights()[0]
-
     # ---- lookups ---------------------------------------------------------------------------------
-    def lookup_occurrences(self, keys, offsets, training: bool):
-        """(vectors (N, D), what backward needs) of this rank's occurrences keys (N,) in bags ``offsets``
-        (F*B + 1,), sample-major."""
+    def lookup(self, keys, offsets, training: bool):
+        """pooled: ((B, sum of widths) SUM of each lookup's bags, ctx); else ((N, D) one vector per
+        occurrence, ctx); keys (N,) in the group's sample-major bags ``offsets`` (B*F + 1,)."""
         if self.wires is None:
             return self._engine_lookup(keys, offsets, training)
         owner = self._owners(keys)
@@ -299,39 +356,108 @@ class _Table:
         return self._engine_lookup(keys, offsets, training)
 
     def _engine_lookup(self, keys, offsets, training: bool):
-        """The engine's pooling-NONE lookup; a dynamic table that runs out of rows grows and retries."""
+        """The engine's lookup; a dynamic table that runs out of rows grows and the lookup runs again (the
+        keys already inserted keep their rows, so the result is that of a table that never filled)."""
         while True:
             try:
-                return self.engine.forward(keys, offsets, training=training, pooling=Pooling.NONE)
+                return self.engine.forward(keys, offsets, training=training)
             except HashTableFullError as e:
-                self._grow(e.used + e.needed)
+                full = [j for j, h in self.engine.hash_tables.items()
+                        if h.size == e.used and int(self.engine.rows[j]) == e.max_rows]
+                if not full:
+                    raise
+                for j in full:
+                    self.grow(j, e.used + e.needed)
 
-    def _grow(self, need: int) -> None:
-        """Rebuild the dynamic table with at least ``need`` rows (doubling): rows, keys, optimizer states and
-        the step counter kept, rows past the old size at their initial state."""
+    def grow(self, j: int, need: int) -> None:
+        """Rebuild the engine with table j's rows doubled until they hold ``need``: every table's rows, keys
+        and optimizer states and the step counter kept, table j's new rows at their initial state."""
         old = self.engine
-        rows = int(old.rows[0])
-        while rows < need:
-            rows *= 2
+        rows = [int(r) for r in old.rows]
+        while rows[j] < need:
+            rows[j] *= 2
         new = self._new_engine(rows)
-        n = old.hash_tables[0].size
-        new.hash_tables[0].insert(old.hash_tables[0].keys_by_row())        # unique keys: rows 0..n-1
-        new.split_weights()[0][:n] = old.split_weights()[0][:n]
-        for dst, src in zip(new.split_optimizer_states()[0], old.split_optimizer_states()[0]):
-            dst[:n] = src[:n]
+        w_old, w_new = old.split_weights(), new.split_weights()
+        s_old, s_new = old.split_optimizer_states(), new.split_optimizer_states()
+        for i in range(len(self.tables)):
+            n = old.live_rows(i)
+            if i in old.hash_tables:
+                new.hash_tables[i].insert(old.hash_tables[i].keys_by_row())      # unique keys: rows 0..n-1
+            w_new[i][:n] = w_old[i][:n]
+            for dst, src in zip(s_new[i], s_old[i]):
+                dst[:n] = src[:n]
+            if self.ftrl_states is not None and rows[i] != int(old.rows[i]):
+                grown = []
+                for st in self.ftrl_states[i]:
+                    bigger = device.xp().zeros((rows[i], st.shape[1]), np.float32)
+                    bigger[:st.shape[0]] = st
+                    grown.append(bigger)
+                self.ftrl_states[i] = grown
         new.step = old.step
         new.set_hyper_parameters(learning_rate=old.learning_rate, scaler=old.optimizer.scaler)
         self.engine = new
 
-    def apply(self, lookup, grads, lr: float, scaler: float) -> None:
-        """The fused backward + optimizer with the gradients of this rank's occurrences (N, D)."""
+    def apply(self, ctx, grads, lr: float, scaler: float) -> None:
+        """The fused backward + optimizer with this rank's gradients: (B, sum of widths) of the pooled
+        lookup, or (N, D) of its occurrences (Ftrl: the engine sums each row's gradient, then Ftrl)."""
         eng = self.engine
         lr = float(lr)
         if self.wires is not None:
-            lookup, grads = self.wires.gradients(lookup, grads)           # every rank takes part
+            ctx, grads = self.wires.gradients(ctx, grads)           # every rank takes part
         if eng.learning_rate != lr or eng.optimizer.scaler != scaler:
             eng.set_hyper_parameters(learning_rate=lr, scaler=float(scaler))
-        eng.backward(lookup, grads)      # also with no occurrence: the step counts, Global updates run
+        out = eng.backward(ctx, grads)   # also with no occurrence: the step counts, Global updates run
+        if self.ftrl is not None:
+            self._ftrl(out.sparse, lr, float(scaler))
+
+    def _ftrl(self, sparse, lr: float, scaler: float) -> None:
+        """HugeCTR's Ftrl (kernels.optimizers.ftrl_update_ref) on each table's touched rows, from their summed
+        gradients, in float32 as HugeCTR's embedding optimizer."""
+        xp = device.xp()
+        beta, l1, l2 = self.ftrl
+        weights = self.engine.split_weights()
+        for j, (rows, vals) in enumerate(sparse.per_table()):
+            if rows.size == 0:
+                continue
+            dim = self.tables[j].dim
+            idx = xp.asarray(rows)
+            z, n = self.ftrl_states[j]
+            w, zz, nn = OK.ftrl_update_ref(device.to_host(weights[j][idx]), device.to_host(z[idx]),
+                                           device.to_host(n[idx]), np.ascontiguousarray(vals[:, :dim]),
+                                           lr, beta, l1, l2, scaler)
+            weights[j][idx], z[idx], n[idx] = xp.asarray(w), xp.asarray(zz), xp.asarray(nn)
+
+
+class _Table:
+    """One table at run time: its lookups, placement, optimizer, and its place in a group's engine."""
+
+    def __init__(self, cfg: EmbeddingTableConfig, lookups: list, opt, seed: int, comm, strategy: str,
+                 ranks: list[int]):
+        self.cfg, self.name, self.dim = cfg, cfg.name, cfg.ev_size
+        self.lookups = lookups                              # indices into the collection's lookups
+        self.comm, self.strategy, self.ranks = comm, strategy, ranks
+        self.seed = _seed(seed, cfg.name)
+        self.opt_key, self.opt_spec, self.ftrl = _opt_key(opt, f"EmbeddingTableConfig {cfg.name!r}")
+        self.group: _Group | None = None                    # set by the group
+        self.index = 0                                      # this table's number in the group's engine
+
+    @property
+    def engine(self) -> TableBatchedEmbedding:
+        """The engine holding this table (shared with the other tables of its group)."""
+        return self.group.engine
+
+    @property
+    def holds(self) -> bool:
+        return self.comm.rank in self.ranks
+
+    @property
+    def weight(self):
+        """(V, D) this rank's rows (a view into the engine)."""
+        return self.engine.split_weights()[self.index]
+
+    def _owners(self, keys) -> np.ndarray:
+        k = np.asarray(keys).astype(np.uint64)
+        return np.asarray(self.ranks, np.int64)[(k % np.uint64(len(self.ranks))).astype(np.int64)]
 
     # ---- files -----------------------------------------------------------------------------------
     def local_rows(self):
@@ -339,7 +465,7 @@ class _Table:
         if not self.holds or (self.strategy == "dp" and self.comm.rank != self.ranks[0]):
             return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
         if self.cfg.dynamic:
-            table = self.engine.hash_tables[0]
+            table = self.engine.hash_tables[self.index]
             keys = device.to_host(table.keys_by_row()).astype(np.uint64).view(np.int64)
             return keys, np.array(device.to_host(self.weight[:table.size]))
         keys = np.arange(self.cfg.max_vocabulary_size, dtype=np.int64)
@@ -357,12 +483,12 @@ class _Table:
             keys, vectors = keys[mine], vectors[mine]
         xp = device.xp()
         if self.cfg.dynamic:
-            table = self.engine.hash_tables[0]
+            table = self.engine.hash_tables[self.index]
             k = keys.view(np.uint64)
             missing = int(np.count_nonzero(device.to_host(table.find(xp.asarray(k))) < 0))
-            if table.size + missing > int(self.engine.rows[0]):
-                self._grow(table.size + missing)
-                table = self.engine.hash_tables[0]
+            if table.size + missing > int(self.engine.rows[self.index]):
+                self.group.grow(self.index, table.size + missing)
+                table = self.engine.hash_tables[self.index]
             rows = table.insert(xp.asarray(k))
         else:
             rows = xp.asarray(keys)
@@ -408,12 +534,33 @@ class EmbeddingCollection:
             strategy, ranks = placement[t.name]
             table_opt = t.opt_params_or_empty if t.opt_params_or_empty is not None else opt
             self.tables.append(_Table(t, mine, table_opt, seed, comm, strategy, ranks))
+        self._table_of = {i: t for t in self.tables for i in t.lookups}
+        self.groups = self._group_tables()
         self._poolers = {}                  # (dim, pooling) -> _Pooler
         self._anchor = Tensor(device.xp().zeros(1, np.float32), name=self.name, requires_grad=True)
         self._saved = None                  # this step's per-table lookups, for update()
         self._pending = None                # this step's dLoss/dtop, from the tape's backward
 
     # ---- configuration ---------------------------------------------------------------------------
+    def _group_tables(self) -> list:
+        """The tables in as few engines (_Group) as one forward and one fused backward can serve: tables on
+        the same ranks with the same strategy and optimizer settings share one, static ones apart from dynamic
+        ones (a hash table in an engine takes the engine's index fast path away from its static tables, and
+        a growing table rebuilds its whole engine), pooled groups (sum/average lookups only) apart from
+        occurrence groups (a concat lookup, or model parallel over ranks), the latter by width (pooling NONE
+        returns one width). A table model parallel over several ranks keeps an engine of its own (its keys
+        go to their owners by ShardedTable, whose owner-side lookup reads a single table)."""
+        groups: dict = {}
+        for t in self.tables:
+            sharded = self.comm.size > 1 and t.strategy == "mp"
+            pooled = not sharded and all(self.lookups[i]["combiner"] != "concat" for i in t.lookups)
+            key = ("own", t.name) if sharded else \
+                (t.strategy, tuple(t.ranks), t.opt_key, t.cfg.dynamic, pooled, None if pooled else t.dim)
+            groups.setdefault(key, (pooled, []))[1].append(t)
+        if not GROUP_TABLES:
+            return [_Group([t], self.comm, pooled) for pooled, members in groups.values() for t in members]
+        return [_Group(members, self.comm, pooled) for pooled, members in groups.values()]
+
     def _placement(self, by_name: dict) -> dict:
         """{table name: (strategy "mp"|"dp", sorted ranks holding it)} from shard(), checked."""
         R = self.comm.size
@@ -495,17 +642,31 @@ class EmbeddingCollection:
             rows = (int(counts[:self.comm.rank].sum()), int(counts[:self.comm.rank + 1].sum()))
         per_lookup = [None] * len(self.lookups)
         saved = []
-        for t in self.tables:
-            gather = t.strategy == "dp" and self.comm.size > 1
-            csrs = [self._csr(host[self.lookups[i]["bottom"]], gather) for i in t.lookups]
-            for i, (keys, _) in zip(t.lookups, csrs):
-                self._check_keys(t, i, keys)
+        for g in self.groups:
+            gather = g.strategy == "dp" and self.comm.size > 1
+            csrs = [self._csr(host[self.lookups[i]["bottom"]], gather) for i in g.lookups]
+            for i, (keys, _) in zip(g.lookups, csrs):
+                self._check_keys(self._table_of[i], i, keys)
             keys, offsets, pos = _interleave(csrs)
-            vecs, ctx = t.lookup_occurrences(xp.asarray(keys), xp.asarray(offsets), training)
+            out, ctx = g.lookup(xp.asarray(keys), xp.asarray(offsets), training)
+            if g.pooled:                            # out: (B, sum of widths), every lookup's SUM side by side
+                scales, col = [], 0
+                for i, (_, o) in zip(g.lookups, csrs):
+                    dim = self.lookups[i]["dim"]
+                    part = out[:, col:col + dim]
+                    scale = None
+                    if self.lookups[i]["combiner"] != "sum":           # average: times 1/length (float32)
+                        scale = xp.asarray(np.float32(1.0) / np.maximum(np.diff(o), 1).astype(np.float32))
+                        part = part * scale[:, None]
+                    per_lookup[i] = xp.ascontiguousarray(part[rows[0]:rows[1]] if gather else part)
+                    scales.append(scale)
+                    col += dim
+                saved.append((ctx, scales, gather))
+                continue
             pooled = []
-            for i, (k, o), p in zip(t.lookups, csrs, pos):
-                out, pctx = self._pool(i, vecs[xp.asarray(p)], o)
-                per_lookup[i] = out[rows[0]:rows[1]] if gather else out
+            for i, (k, o), p in zip(g.lookups, csrs, pos):
+                res, pctx = self._pool(i, out[xp.asarray(p)], o)
+                per_lookup[i] = res[rows[0]:rows[1]] if gather else res
                 pooled.append(pctx)
             saved.append((ctx, pos, pooled, csrs, gather, keys.shape[0]))
         if training:
@@ -575,18 +736,32 @@ class EmbeddingCollection:
         xp = device.xp()
         batch = rows[1] - rows[0]
         dys = self._per_lookup_grads(pending, batch)
-        for t, (ctx, pos, pooled, csrs, gather, n) in zip(self.tables, saved):
-            grads = xp.zeros((n, t.dim), np.float32)
-            for i, p, (pooler, pctx), (_, offsets) in zip(t.lookups, pos, pooled, csrs):
+        for g, kept in zip(self.groups, saved):
+            if g.pooled:
+                ctx, scales, gather = kept
+                dy = xp.concatenate([xp.asarray(dys[i], dtype=np.float32) for i in g.lookups], axis=1)   # a copy
+                if gather:                                  # every rank's dLoss/dtop rows, rank order
+                    dy = xp.asarray(self.comm.allgather_rows(np.ascontiguousarray(device.to_host(dy))))
+                col = 0
+                for i, scale in zip(g.lookups, scales):
+                    dim = self.lookups[i]["dim"]
+                    if scale is not None:
+                        dy[:, col:col + dim] *= scale[:, None]
+                    col += dim
+                g.apply(ctx, dy, lr, scaler)
+                continue
+            ctx, pos, pooled, csrs, gather, n = kept
+            grads = xp.zeros((n, g.tables[0].dim), np.float32)
+            for i, p, (pooler, pctx), (_, offsets) in zip(g.lookups, pos, pooled, csrs):
                 dy = dys[i]
                 if gather:                                  # every rank's dLoss/dtop rows, rank order
                     dy = xp.asarray(self.comm.allgather_rows(np.ascontiguousarray(device.to_host(dy))))
                 if pooler is not None:
-                    g = pooler.backward(pctx, xp.ascontiguousarray(dy))
+                    res = pooler.backward(pctx, xp.ascontiguousarray(dy))
                 else:
-                    g = dy.reshape(-1, t.dim)[pctx]
-                grads[xp.asarray(p)] = g
-            t.apply(ctx, grads, lr, scaler)
+                    res = dy.reshape(-1, g.tables[0].dim)[pctx]
+                grads[xp.asarray(p)] = res
+            g.apply(ctx, grads, lr, scaler)
 
     def _per_lookup_grads(self, pending, batch: int) -> list:
         """[dLoss/dtop of lookup i as (B, width)] (zeros where a top got no gradient)."""
