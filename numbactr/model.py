@@ -64,7 +64,10 @@ class Model:
                                                   solver.decay_steps, solver.decay_power, solver.end_lr)
         self.dense_frozen = False
         self.step = 0
-        self.current_loss = float("nan")
+        self._current_loss = float("nan")
+        # gpu/sim, one rank, no regularizer: the step's losses kept on the device (one (k,) array) with
+        # their weights, read only when current_loss is asked for (display, evaluation, a user's call)
+        self._pending_loss = None
         self.metrics = MetricAccumulator(solver.metrics_spec)
         self._train_reader = self._eval_reader = None
         self.history = {"iter": [], "loss": [], "lr": [], "eval_iter": [], "auc": []}
@@ -403,6 +406,38 @@ class Model:
             total += self._regularizer(layer, valid, grad=False)
         return total
 
+    @property
+    def current_loss(self) -> float:
+        """The last training step's reported loss; a loss kept on the device is read here, once."""
+        if self._pending_loss is not None:
+            losses, weights = self._pending_loss
+            host = device.to_host(losses)
+            total = 0.0
+            for i, w in enumerate(weights):            # the order and float math of _loss_value
+                total += w * float(host[i])
+            self._pending_loss = None
+            self._current_loss = total
+        return self._current_loss
+
+    @current_loss.setter
+    def current_loss(self, value: float) -> None:
+        self._pending_loss = None
+        self._current_loss = value
+
+    def _lazy_loss(self) -> bool:
+        """Keep the training loss on the device (read lazily)? On gpu and sim with one rank and no
+        regularizer term. Several ranks average the loss with a host collective every rank must join,
+        and a regularizer term is read from the device with the weights of the step (before the update);
+        the cpu device's arrays are host memory (nothing to save there, and its path stays as it was)."""
+        return (self.ranks == 1 and device.kind() != "cpu"
+                and not any(getattr(layer, "regularizer", None) for layer, _ in self.losses))
+
+    def _keep_loss(self, t: dict) -> None:
+        """Hold this step's losses as one device array (a copy: the loss tensors' buffers may be reused)."""
+        xp = device.xp()
+        losses = xp.concatenate([t[layer.cfg.top_names[0]].data.reshape(1) for layer, _ in self.losses])
+        self._pending_loss = (losses, tuple(w for _, w in self.losses))
+
     def _regularizer(self, loss_layer, batch_rows: int, grad: bool) -> float:
         """L1/L2 on every trainable weight of the layers added before ``loss_layer`` (spec §6.3), with
         b = the batch's row count. Those weights are one contiguous slice of the flat weight vector.
@@ -467,7 +502,12 @@ class Model:
         for layer, _ in self.losses:
             self._regularizer(layer, rows, grad=True)
         # the reported loss uses the weights this step ran with (before the update)
-        self.current_loss = self._loss_value(t, rows) if self.solver.gen_loss_summary else 0.0
+        if not self.solver.gen_loss_summary:
+            self.current_loss = 0.0
+        elif self._lazy_loss():
+            self._keep_loss(t)                    # no host read in the step: read when asked for
+        else:
+            self.current_loss = self._loss_value(t, rows)
         self._check_finite_loss(t)                 # stops before a non-finite step updates any weight
         if self.half is not None and not self._grads_finite(tape):
             self._skip_step()
@@ -504,24 +544,29 @@ class Model:
                       f"scaler={self.solver.scaler:g}; its update was skipped ({self.skipped_steps} skipped "
                       f"so far). A smaller scaler avoids this", precision.GradientOverflowWarning, stacklevel=3)
 
-    # how many steps a GPU run with gen_loss_summary=False goes between reads of its non-finite flag
+    # how many steps a GPU run goes between reads of its non-finite flag (when no loss is read per step)
     NONFINITE_CHECK_EVERY = 64
 
     def _check_finite_loss(self, t: dict) -> None:
         """FloatingPointError when this step's loss is non-finite, naming the step, the loss layer and
         the first layer whose output went non-finite (found only then).
 
-        gen_loss_summary=True: the loss value the step already read to the host is checked. Otherwise
-        no value is read each step on a GPU: a device-side flag keeps the first non-finite step and is
-        read every NONFINITE_CHECK_EVERY steps, so training stops up to that many steps late but names
-        the step where it began (cpu/sim arrays are host memory: checked every step)."""
+        A loss value the step already read to the host (gen_loss_summary=True on cpu, with several ranks
+        or with a regularizer) is checked. Otherwise no value is read each step on a GPU (the loss is
+        kept on the device, _keep_loss, or not summarized at all): a device-side flag keeps the first
+        non-finite step and is read every NONFINITE_CHECK_EVERY steps, so training stops up to that many
+        steps late but names the step where it began (cpu/sim arrays are host memory: checked every
+        step). fit() also stops at a display whose loss is NaN."""
         step = self.step + 1                       # 1-based, as fit() counts iterations
-        if self.solver.gen_loss_summary:
+        if self.solver.gen_loss_summary and self._pending_loss is None:    # the value was read already
             if not math.isfinite(self.current_loss):
                 raise self._nonfinite_loss(t, step, step)
             return
         xp = device.xp()
-        losses = xp.concatenate([t[layer.cfg.top_names[0]].data.reshape(1) for layer, _ in self.losses])
+        if self._pending_loss is not None:         # kept on the device (_keep_loss): checked there
+            losses = self._pending_loss[0]
+        else:
+            losses = xp.concatenate([t[layer.cfg.top_names[0]].data.reshape(1) for layer, _ in self.losses])
         if _host_memory(losses):
             if not np.isfinite(losses).all():
                 raise self._nonfinite_loss(t, step, step)
@@ -559,7 +604,9 @@ class Model:
         if now == step:
             where = f"at iteration {step}: {what}; {first}. Training stopped before this iteration's update"
         else:
-            where = (f"first at iteration {step}, found at iteration {now} (with gen_loss_summary=False a GPU run "
+            why = ("keeping the loss on the device, a GPU run" if self.solver.gen_loss_summary
+                   else "with gen_loss_summary=False a GPU run")
+            where = (f"first at iteration {step}, found at iteration {now} ({why} "
                      f"checks every {self.NONFINITE_CHECK_EVERY} iterations): now {what}; {first}")
         return FloatingPointError(f"non-finite training loss {where} (check the lr, the data, the initialization)")
 

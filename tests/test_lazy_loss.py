@@ -1,0 +1,98 @@
+"""The training loss kept on the device and read when asked for (numbactr/model.py: Model._keep_loss,
+Model.current_loss): on gpu and sim with one rank and no regularizer a step reads no loss to the host.
+The lazy path is array-library code only, so it is forced on here on every device (cpu included) and
+compared with the eager read of the same steps."""
+import numpy as np
+import pytest
+
+import numbactr as hugectr
+import numbactr.model as model_mod
+from numbactr.kernels import launch
+from tests.model_util import tiny_data, tiny_dlrm
+
+
+def _pair(tmp_path, monkeypatch, n_train=256):
+    tr, ev = tiny_data(str(tmp_path), n_train=n_train, n_eval=64)
+    eager = tiny_dlrm(tr, ev, batch=32, optimizer=hugectr.Optimizer_t.SGD)
+    lazy = tiny_dlrm(tr, ev, batch=32, optimizer=hugectr.Optimizer_t.SGD)
+    monkeypatch.setattr(eager, "_lazy_loss", lambda: False)
+    monkeypatch.setattr(lazy, "_lazy_loss", lambda: True)
+    return eager, lazy
+
+
+def test_lazy_loss_equals_eager_and_reads_once(tmp_path, monkeypatch):
+    eager, lazy = _pair(tmp_path, monkeypatch)
+    for _ in range(3):
+        launch.reset_counts()
+        assert eager.train()
+        eager_reads = launch.reset_counts()["host_reads"]
+        assert lazy.train()
+        lazy_reads = launch.reset_counts()["host_reads"]
+        assert lazy_reads == eager_reads - 1, (lazy_reads, eager_reads)     # the loss is not read in the step
+        assert lazy._pending_loss is not None
+        loss = lazy.get_current_loss()
+        assert launch.reset_counts()["host_reads"] == 1                   # read when asked for
+        assert loss == eager.get_current_loss() and np.isfinite(loss)      # same float math, same value
+        assert lazy.get_current_loss() == loss
+        assert launch.reset_counts()["host_reads"] == 0                   # and only once
+    np.testing.assert_array_equal(np.asarray(lazy.weights), np.asarray(eager.weights))
+
+
+def test_unread_lazy_loss_is_replaced_by_the_next_step(tmp_path, monkeypatch):
+    eager, lazy = _pair(tmp_path, monkeypatch)
+    for _ in range(2):
+        assert eager.train() and lazy.train()       # step 1's loss is never read on the lazy model
+    assert lazy.get_current_loss() == eager.get_current_loss()
+    lazy.current_loss = 1.5                          # a value set by hand drops a pending one
+    assert lazy._pending_loss is None and lazy.get_current_loss() == 1.5
+
+
+def _poison(model):
+    fc2 = next(layer for layer in model.layers if layer.cfg.top_names == ["fc2"])
+    fc2.params[0].data[0, 0] = np.inf
+
+
+def test_lazy_non_finite_loss_stops_at_its_step_in_host_memory(tmp_path, monkeypatch):
+    _, lazy = _pair(tmp_path, monkeypatch)
+    assert lazy.train() and lazy.train()
+    _poison(lazy)
+    before = np.array(lazy.weights).copy()
+    with pytest.raises(FloatingPointError, match=r"non-finite training loss at iteration 3: BinaryCrossEntropyLoss "
+                                                 r"'loss' = nan"), np.errstate(all="ignore"):
+        lazy.train()
+    assert lazy.step == 2
+    np.testing.assert_array_equal(np.array(lazy.weights), before)
+
+
+def test_lazy_non_finite_loss_on_a_gpu_uses_the_device_flag(tmp_path, monkeypatch):
+    """Device memory (emulated): the kept loss feeds the device-side non-finite flag, read every
+    NONFINITE_CHECK_EVERY iterations, and the error names the first bad iteration."""
+    monkeypatch.setattr(model_mod, "_host_memory", lambda a: False)
+    monkeypatch.setattr(model_mod.Model, "NONFINITE_CHECK_EVERY", 4)
+    _, lazy = _pair(tmp_path, monkeypatch, n_train=512)
+    for _ in range(5):
+        assert lazy.train()
+    _poison(lazy)
+    with np.errstate(all="ignore"):
+        assert lazy.train() and lazy.train()        # 6 (first non-finite) and 7: not read yet
+        assert np.isnan(lazy.get_current_loss())    # a display would see it
+        with pytest.raises(FloatingPointError, match=r"first at iteration 6, found at iteration 8 \(keeping the "
+                                                     r"loss on the device, a GPU run checks every 4 iterations\)"):
+            lazy.train()
+
+
+def test_lazy_loss_choice():
+    """gpu/sim, one rank, no regularizer: lazy; cpu, several ranks, a regularizer: read in the step."""
+    class Layer:
+        regularizer = None
+    m = model_mod.Model.__new__(model_mod.Model)
+    m.ranks, m.losses = 1, [(Layer(), 1.0)]
+    kind = model_mod.device.kind()
+    assert m._lazy_loss() == (kind != "cpu")
+    m.ranks = 2
+    assert not m._lazy_loss()
+    m.ranks = 1
+    reg = Layer()
+    reg.regularizer = ("L2", 0.1)
+    m.losses = [(reg, 1.0)]
+    assert not m._lazy_loss()
