@@ -6,7 +6,8 @@ once per job: rank 0 makes the unique id, MPI broadcasts it, every rank joins wi
 its current GPU (chosen by numbactr.device before any allocation). Collectives run on CuPy's current
 stream, so they are ordered with the kernels around them and need no host synchronization of their own.
 
-* ``allreduce_sum(x)``: in place, float32/float16/float64/int32/int64 (bfloat16 has no CuPy dtype).
+* ``allreduce_sum(x)``: in place, float32/float16/float64/int32/int64 (bfloat16 has no CuPy dtype);
+  alltoallv also moves uint32/uint64 (hash keys), int8/uint8.
 * ``alltoallv(parts, recv_rows)``: parts[d] (a device array) to rank d as grouped send/recv; the row
   counts travel over MPI beforehand (small host integers the caller knows from shapes), so each receive
   buffer is allocated at its exact size without reading the device.
@@ -26,10 +27,15 @@ def importable() -> bool:
 
 
 def _dtypes(nccl) -> dict:
-    return {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float16): nccl.NCCL_FLOAT16,
-            np.dtype(np.float64): nccl.NCCL_FLOAT64, np.dtype(np.int32): nccl.NCCL_INT32,
-            np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
-            np.dtype(np.int8): nccl.NCCL_INT8}
+    types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float16): nccl.NCCL_FLOAT16,
+             np.dtype(np.float64): nccl.NCCL_FLOAT64, np.dtype(np.int32): nccl.NCCL_INT32,
+             np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
+             np.dtype(np.int8): nccl.NCCL_INT8}
+    # hash keys travel as uint64 (numbactr.embedding.sharded); NCCL has the unsigned types since 2.0
+    for dt, name in ((np.uint32, "NCCL_UINT32"), (np.uint64, "NCCL_UINT64")):
+        if hasattr(nccl, name):
+            types[np.dtype(dt)] = getattr(nccl, name)
+    return types
 
 
 class NcclComm:

@@ -28,6 +28,14 @@ into one gradient per occurrence (dY / L for MEAN, times the per-sample weight),
 owner, which receives rank 0's occurrences first, then rank 1's, ..., each in batch order: the global
 batch's order, so every row sums its gradients in the one-rank run's order (sharded == one rank, bit for
 bit, when each rank's dY is the one-rank dY's rows). Embedding gradients are never allreduced.
+
+Two paths, the same wires (``exchange_on_device``): when every rank has a GPU of its own and NCCL is usable
+(``Comm.transport()`` is 'nccl' on the gpu device) keys, payloads, vectors and gradients stay device arrays
+and travel by NCCL (Comm.alltoallv with CuPy arrays; only the owners (N,), a host array the caller made,
+and the per-rank row counts are host data); otherwise (cpu, sim, ranks sharing a GPU, NUMBACTR_COMM=mpi)
+they are staged through host memory and MPI as NumPy arrays. The device path uses the array library only
+(gathers, a scatter, concatenations), so with NumPy arrays it computes what it computes on a GPU:
+tests/test_sharded_exchange.py runs it under mpiexec on the cpu device against the one-rank run.
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ import numpy as np
 from .. import device
 from .engine import BoundsCheck, Layout, LookupContext, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
 
-__all__ = ["ShardedTable", "ShardedLookup", "owner_offsets"]
+__all__ = ["ShardedTable", "ShardedLookup", "owner_offsets", "exchange_on_device"]
 
 
 @dataclass
@@ -50,6 +58,21 @@ class ShardedLookup:
     order: np.ndarray
     cuts: np.ndarray
     pooled: LookupContext | None
+    order_on_device: object = None      # order as a device array when the exchange runs on the device
+
+
+def exchange_on_device(comm) -> bool:
+    """Do a sharded table's exchanges pass device arrays to ``comm`` (NCCL between GPUs)? Only on the gpu
+    device with several ranks whose ``transport()`` is NCCL (every rank has its own GPU, cupy.cuda.nccl
+    imports); else the host path. transport() is a collective decided once per job, so every rank takes the
+    same path; it is not called at all off the gpu device."""
+    return comm.size > 1 and device.kind() == "gpu" and comm.transport()[0] == "nccl"
+
+
+def _split(a, cuts) -> list:
+    """a cut into consecutive row blocks at the host integers ``cuts`` (any array library)."""
+    edges = [0, *(int(c) for c in cuts), a.shape[0]]
+    return [a[edges[i]:edges[i + 1]] for i in range(len(edges) - 1)]
 
 
 def owner_offsets(m: int, features: int):
@@ -89,6 +112,8 @@ class ShardedTable:
         pooling; pooling overrides the table's for this lookup."""
         xp, comm = device.xp(), self.comm
         pooling = self.pooling if pooling is None else Pooling(pooling)
+        if exchange_on_device(comm):
+            return self._lookup_on_device(keys, offsets, owner, training, payload, per_sample_weights, pooling)
         keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
         owner = np.asarray(owner, np.int64)
         n = keys_h.shape[0]
@@ -124,8 +149,46 @@ class ShardedTable:
             per_key = dy                                                            # (N, D)
         else:                                       # row k of the pooling engine = occurrence k's gradient
             per_key = self._poolers[lookup.pooled.pooling].backward(lookup.pooled, dy).sparse.values
+        if lookup.order_on_device is not None:          # the device path (exchange_on_device)
+            xp = device.xp()
+            parts = self.comm.alltoallv(_split(xp.asarray(per_key)[lookup.order_on_device], lookup.cuts))
+            return lookup.owned, xp.concatenate(parts)
         parts = self.comm.alltoallv(np.split(device.to_host(per_key)[lookup.order], lookup.cuts))
         return lookup.owned, device.xp().asarray(np.concatenate(parts))
+
+    def _lookup_on_device(self, keys, offsets, owner, training: bool, payload, per_sample_weights, pooling):
+        """lookup() with every exchanged array a device array (exchange_on_device): the host path's steps
+        and arithmetic, nothing read back to the host. owner (N,) is a host array (the caller's); the
+        grouping by owner is computed on the host from it and copied to the device once."""
+        xp, comm = device.xp(), self.comm
+        owner = np.asarray(owner, np.int64)
+        order = np.concatenate([np.flatnonzero(owner == r) for r in range(comm.size)])
+        cuts = np.cumsum(np.bincount(owner, minlength=comm.size))[:-1]
+        order_d = xp.asarray(order)
+        keys = xp.asarray(keys)
+        n = keys.shape[0]
+        if order.shape[0] != n:
+            raise ValueError(f"ShardedTable.lookup: {owner.shape[0]} owners for {n} keys")
+        # 1. input_dist
+        send = xp.ascontiguousarray(keys[order_d].astype(self.key_dtype))
+        if payload is not None:
+            sent = xp.asarray(payload)[order_d].astype(self.key_dtype)
+            send = xp.ascontiguousarray(xp.stack([send, sent], axis=1))                        # (N, 2)
+        parts = comm.alltoallv(_split(send, cuts))
+        got = xp.concatenate(parts)
+        got_keys, got_payload = (xp.ascontiguousarray(got[:, 0]), got[:, 1].astype(np.int64)) \
+            if payload is not None else (got, None)
+        # 2. lookup on the owner, pooling NONE: (M, D)
+        vecs, owned = self.owner_lookup(got_keys, owner_offsets(got_keys.shape[0], self.features), training,
+                                        got_payload)
+        # 3. output_dist
+        back = comm.alltoallv(_split(xp.ascontiguousarray(vecs), np.cumsum([p.shape[0] for p in parts])[:-1]))
+        mine = xp.empty((n, self.dim), np.float32)
+        mine[order_d] = xp.concatenate(back)
+        if pooling == Pooling.NONE:
+            return mine, ShardedLookup(owned, order, cuts, None, order_d)
+        out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling)
+        return out, ShardedLookup(owned, order, cuts, pooled, order_d)
 
     def _pool(self, vectors, offsets, per_sample_weights, pooling):
         """(pooled (B, F*D), LookupContext) of this rank's occurrence vectors (N, D) in its bags, by an engine
