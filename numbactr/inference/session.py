@@ -19,7 +19,8 @@ What runs (shapes: B samples, T tables, S_t slots, N_t keys, D_t width, P predic
     (numbactr.inference.hps: embedding cache -> volatile -> persistent database -> default value) into the
     rows of a table-batched embedding engine, which pools the bags (sum / mean, the graph's combiner)
     exactly as training's evaluation does: the predictions equal Model.export_predictions of the model
-    that wrote the files.
+    that wrote the files. A HybridSparseEmbedding is the plain one-hot table its snapshot holds: its
+    per-slot ids become categories (key + the slot's offset from slot_size_array, hybrid_categories).
 CSR requests (InferenceSession.predict(dense_feature, embeddingcolumns, row_ptrs)), HugeCTR's layout:
   dense_feature (n * dense_dim,), row_ptrs the tables' row pointers one after the other, table t's
   n * S_t + 1 of them starting at 0 (slot-major per sample: bag b * S_t + s), embeddingcolumns the tables'
@@ -37,7 +38,7 @@ from ..autograd import Tensor
 from ..config import DataReaderParams, DenseLayer, Input, SparseEmbedding
 from ..embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, TableBatchedEmbedding, TableSpec)
 from ..embedding.sparse_embedding import POOLING
-from ..enums import DataReaderType_t, MetricsType
+from ..enums import DataReaderType_t, Embedding_t, MetricsType
 from ..layers import LayerError, RunInfo, build
 from ..layers.losses import sigmoid, softmax2
 from ..metrics import MetricAccumulator
@@ -140,6 +141,29 @@ class InferenceGraph:
             [params], params.volatile_db, params.persistent_db, params.update_source)
 
 
+def hybrid_categories(e: SparseEmbedding, keys, offsets, slots: int) -> np.ndarray:
+    """A HybridSparseEmbedding's keys (N,) as its table's keys: at inference it is the plain one-hot table its
+    snapshot holds (row = category), and, as in training, its input holds per-slot ids: key + the offset of
+    its slot (slot_size_array) is the category. ValueError naming the key, slot and sample for a key outside
+    its slot's vocabulary. offsets (n*S + 1,): bag b*S + s is sample b's slot s."""
+    keys_h = np.asarray(device.to_host(keys)).astype(np.int64)
+    off = np.asarray(device.to_host(offsets)).astype(np.int64)
+    sizes = np.asarray(e.slot_size_array, np.int64)
+    if sizes.shape != (slots,):
+        raise ValueError(f"HybridSparseEmbedding {e.sparse_embedding_name!r}: slot_size_array has {sizes.size} "
+                         f"entries for its {slots} slots (graph JSON)")
+    bag = np.repeat(np.arange(off.shape[0] - 1, dtype=np.int64), np.diff(off))
+    slot = bag % slots
+    bad = (keys_h < 0) | (keys_h >= sizes[slot])
+    if bad.any():
+        at = int(np.argmax(bad))
+        raise ValueError(f"HybridSparseEmbedding {e.sparse_embedding_name!r}: key {int(keys_h[at])} of slot "
+                         f"{int(slot[at])} (sample {int(bag[at]) // slots}) is outside the slot's vocabulary [0, "
+                         f"{int(sizes[slot[at]])}) given by slot_size_array (the hybrid embedding takes per-slot "
+                         "ids and adds the slot offsets itself)")
+    return keys_h + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)[slot]
+
+
 class _Pooler:
     """Table t's pooling: an embedding engine with one unkeyed table whose rows are the request's vectors
     (rows grow to the largest request; the engine is rebuilt then)."""
@@ -195,6 +219,8 @@ class InferenceSession:
         g, xp = self.graph, device.xp()
         t: dict[str, Tensor] = {g.input.dense_name: Tensor(xp.asarray(np.ascontiguousarray(dense, np.float32)))}
         for tab, (e, pooler, (keys, offsets)) in enumerate(zip(g.embeddings, self.poolers, sparse)):
+            if e.embedding_type == Embedding_t.HybridSparseEmbedding:
+                keys = hybrid_categories(e, keys, offsets, pooler.slots)
             rows = self.cache.lookup_occurrences(tab, keys, pooler.block)   # (N,) block row per key
             t[e.sparse_embedding_name] = Tensor(pooler.pool(rows, offsets, n))
         run = RunInfo(training=False, valid=n)

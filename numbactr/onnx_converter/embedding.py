@@ -12,6 +12,8 @@ in the sparse model's order. A key's row, 1 + its position in the table or 0:
 The lookup array keeps such models in the default ONNX domain (runtimes without ai.onnx.ml run them) at
 4 bytes per key where LabelEncoder's attributes take 16; onnxruntime runs both about equally fast
 (1M keys, DLRM, batch 1024: 277k and 293k predictions/s on one core).
+HybridSparseEmbedding: its input holds per-slot ids; hybrid_keys adds each slot's offset first (its
+snapshot is the one-hot table of categories).
 Pooling: sum over W (missing keys add zeros); mean divides by the keys present, missing ones counted,
 padding not: numbactr's evaluation (kernels/embedding_bag.py: a missing key adds nothing and counts in
 nnz; bags of 0 or 1 keys are not scaled). W = 1 skips the reduction.
@@ -40,12 +42,29 @@ def key_rows(g, keys: str, table_keys: np.ndarray, hint: str) -> str:
                 values_int64s=list(range(1, n + 1)), default_int64=0)
 
 
+def hybrid_keys(g, keys: str, slot_size_array, hint: str) -> str:
+    """A HybridSparseEmbedding's per-slot ids (B, S, W) as its one-hot table's keys (categories): key + the
+    offset of its slot (slot_size_array), as in training; a key outside [0, size_s) (and padding) becomes
+    PAD_KEY, which reads the zero row (training stops on such a key instead)."""
+    sizes = np.asarray(slot_size_array, np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64).reshape(1, -1, 1)      # (1, S, 1)
+    inside = g.op("And", [g.op("Not", [g.op("Less", [keys, g.const(0, f"{hint}/zero", np.int64)], f"{hint}/neg")],
+                               f"{hint}/nonneg"),
+                          g.op("Less", [keys, g.const(sizes.reshape(1, -1, 1), f"{hint}/sizes", np.int64)],
+                               f"{hint}/below")], f"{hint}/inside")
+    cats = g.op("Add", [keys, g.const(starts, f"{hint}/starts", np.int64)], f"{hint}/shifted")
+    return g.op("Where", [inside, cats, g.const(PAD_KEY, f"{hint}/padkey", np.int64)], f"{hint}/categories")
+
+
 def emit_embedding(g, emb, keys: str, width: int, out: str) -> None:
     """Nodes defining ``out`` (B, S, D), the pooled lookup of ``keys`` (B, S, width) in embedding ``emb``
     (a numbactr HashEmbedding or OneHotEmbedding holding the trained table)."""
     table_keys, vectors = emb.dump()                                              # (n,), (n, D)
     table = np.concatenate([np.zeros((1, emb.vec), np.float32), np.asarray(vectors, np.float32)])
     t = g.const(table, f"{out}/table")
+    pad = keys
+    if getattr(emb.cfg, "embedding_type", None) is not None and emb.cfg.embedding_type.name == "HybridSparseEmbedding":
+        keys = hybrid_keys(g, keys, emb.cfg.slot_size_array, out)
     rows = key_rows(g, keys, table_keys, out)
     if width == 1:                                # one key per slot: no bag to pool
         flat = g.op("Squeeze", [rows, g.ints([2], f"{out}/ax")], f"{out}/rows2")  # (B, S)
@@ -57,7 +76,7 @@ def emit_embedding(g, emb, keys: str, width: int, out: str) -> None:
         g.op("ReduceSum", [vecs, axis], out, out=out, keepdims=0)
         return
     total = g.op("ReduceSum", [vecs, axis], f"{out}/sum", keepdims=0)            # (B, S, D)
-    present = g.op("Cast", [g.op("Not", [g.op("Equal", [keys, g.const(PAD_KEY, f"{out}/pad", np.int64)],
+    present = g.op("Cast", [g.op("Not", [g.op("Equal", [pad, g.const(PAD_KEY, f"{out}/pad", np.int64)],
                                               f"{out}/is_pad")], f"{out}/is_key")],
                    f"{out}/present", to=g.onnx.TensorProto.FLOAT)
     nnz = g.op("ReduceSum", [present, axis], f"{out}/nnz", keepdims=1)           # (B, S, 1)
