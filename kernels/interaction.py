@@ -12,6 +12,16 @@ column is a 0.0 pad that gets no gradient.
 HugeCTR: HugeCTR/src/layers/interaction_layer.cu (fp32 path; it never writes the pad, numbactr
 writes 0.0 as the fp16 path does).
 
+Kernels (gpu, sim): one block per sample with shared memory (the default, ``method="block"``): the block
+copies Z of its sample into shared memory once (coalesced reads of dense[b] and emb[b], rows padded to V + 1
+floats so a warp reading Z_j of consecutive pairs hits different banks), then its threads write the output
+row (consecutive columns: coalesced) with every dot product read from shared memory; the backward also
+stages dy's P pair values there and gives each thread one (i, v) of dZ. Each output element sums the same
+products in the same order as the elementwise kernels (``method="elementwise"``, one thread per output
+element reading Z from global memory), so the two give the same bits on the simulator. A sample whose Z
+(and pairs) do not fit BLOCK_SMEM_BYTES falls back to the elementwise kernels. One launch each way, no
+scratch memory.
+
 Compiled CPU versions (numba.njit, the cpu device's path): one sample at a time, over fixed chunks of
 samples (kernels/parallel_cpu.py), so any thread count gives the same bits. The forward's dot products are compiled with
 the 'reassoc' fast-math flag alone, which lets LLVM sum the V products in vector lanes (another float32
@@ -25,7 +35,7 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int64, njit, prange
 
-from .launch import launch_1d
+from .launch import SIMULATED, _sm_count, count_launch, launch_1d
 from .parallel_cpu import PARALLEL_MIN
 
 
@@ -118,7 +128,124 @@ def interaction_backward_kernel(dense, emb, dy, d_dense, d_emb):
             d_emb[b, i - 1, v] = acc
 
 
+#: dynamic shared memory one block of the block kernels may use (the limit without an opt-in on every GPU)
+BLOCK_SMEM_BYTES = 48 * 1024
+
+
+def block_smem_bytes(num_slots: int, width: int, backward: bool) -> int:
+    """Shared memory of one block: Z (n rows of V + 1 floats), and in backward dy's P pair values."""
+    n = num_slots + 1
+    return 4 * (n * (width + 1) + (n * (n - 1) // 2 if backward else 0))
+
+
+@cuda.jit
+def interaction_forward_block_kernel(dense, emb, out):
+    # One block per sample (grid-stride over samples); dynamic shared memory z: n rows of V + 1 floats.
+    z = cuda.shared.array(0, float32)
+    width = dense.shape[1]
+    stride = width + 1
+    n = emb.shape[1] + 1
+    npairs = n * (n - 1) // 2
+    ncols = out.shape[1]
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    for b in range(cuda.blockIdx.x, dense.shape[0], cuda.gridDim.x):
+        for k in range(tid, n * width, nt):
+            i = k // width
+            v = k - i * width
+            if i == 0:
+                z[v] = dense[b, v]
+            else:
+                z[i * stride + v] = emb[b, i - 1, v]
+        cuda.syncthreads()
+        for c in range(tid, ncols, nt):
+            if c < width:
+                out[b, c] = z[c]
+            elif c < width + npairs:
+                p = c - width                  # invert p = i(i-1)/2 + j as the elementwise kernel does
+                i = int64((float64(1.0) + math.sqrt(float64(1.0) + float64(8.0) * p)) * float64(0.5))
+                while i * (i - 1) // 2 > p:
+                    i -= 1
+                while (i + 1) * i // 2 <= p:
+                    i += 1
+                j = p - i * (i - 1) // 2
+                acc = float32(0.0)
+                for v in range(width):
+                    acc += z[i * stride + v] * z[j * stride + v]
+                out[b, c] = acc
+            else:
+                out[b, c] = float32(0.0)
+        cuda.syncthreads()                     # z is overwritten by the block's next sample
+
+
+@cuda.jit
+def interaction_backward_block_kernel(dense, emb, dy, d_dense, d_emb):
+    # One block per sample; shared: z (n rows of V + 1 floats), then g (the P pair values of dy[b]).
+    sm = cuda.shared.array(0, float32)
+    width = dense.shape[1]
+    stride = width + 1
+    n = emb.shape[1] + 1
+    npairs = n * (n - 1) // 2
+    g0 = n * stride
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    for b in range(cuda.blockIdx.x, dense.shape[0], cuda.gridDim.x):
+        for k in range(tid, n * width, nt):
+            i = k // width
+            v = k - i * width
+            if i == 0:
+                sm[v] = dense[b, v]
+            else:
+                sm[i * stride + v] = emb[b, i - 1, v]
+        for p in range(tid, npairs, nt):
+            sm[g0 + p] = dy[b, width + p]
+        cuda.syncthreads()
+        for k in range(tid, n * width, nt):   # one (i, v) of dZ per thread: one writer per element
+            i = k // width
+            v = k - i * width
+            acc = float32(0.0)
+            for j in range(n):
+                if j != i:
+                    hi = max(i, j)
+                    lo = min(i, j)
+                    acc += sm[g0 + hi * (hi - 1) // 2 + lo] * sm[j * stride + v]
+            if i == 0:
+                d_dense[b, v] = dy[b, v] + acc
+            else:
+                d_emb[b, i - 1, v] = acc
+        cuda.syncthreads()
+
+
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
+METHODS = ("block", "elementwise")
+
+
+def _method(method, num_slots: int, width: int, backward: bool) -> str:
+    """The kernel to run: 'block' unless its shared memory does not fit (then 'elementwise')."""
+    if method is None:
+        fits = block_smem_bytes(num_slots, width, backward) <= BLOCK_SMEM_BYTES
+        return "block" if fits else "elementwise"
+    if method not in METHODS:
+        raise ValueError(f"interaction: method must be one of {METHODS}, got {method!r}")
+    if method == "block" and block_smem_bytes(num_slots, width, backward) > BLOCK_SMEM_BYTES:
+        raise ValueError(f"interaction: method 'block' needs {block_smem_bytes(num_slots, width, backward)} "
+                         f"bytes of shared memory for {num_slots} slots of width {width}; the limit is "
+                         f"{BLOCK_SMEM_BYTES} (use method 'elementwise')")
+    return method
+
+
+def _launch_blocks(kernel, samples: int, smem: int, threads: int | None, *args) -> None:
+    """One block per sample (grid-stride over samples), ``smem`` bytes of dynamic shared memory each."""
+    if samples <= 0:
+        return
+    tpb = threads or (32 if SIMULATED else 128)
+    if not 0 < tpb <= 1024:
+        raise ValueError(f"threads per block must be in 1..1024, got {tpb}")
+    cap = 2 if SIMULATED else 32 * _sm_count()
+    count_launch()
+    kernel[max(1, min(samples, cap)), tpb, 0, smem](*args)
+
+
 def _check_shapes(dense, emb, wide) -> None:
     bsz, width = dense.shape
     if emb.ndim != 3 or emb.shape[0] != bsz or emb.shape[2] != width:
@@ -128,18 +255,30 @@ def _check_shapes(dense, emb, wide) -> None:
         raise ValueError(f"interaction: output/grad shape {wide.shape}, expected {expect}")
 
 
-def interaction_forward(dense, emb, out, threads: int | None = None) -> None:
-    """out (B, V + P + 1) = [dense, pair dots, 0]; out must not alias dense or emb."""
+def interaction_forward(dense, emb, out, threads: int | None = None, method: str | None = None) -> None:
+    """out (B, V + P + 1) = [dense, pair dots, 0]; out must not alias dense or emb.
+    method: 'block' (one block per sample, shared memory; the default where it fits) or 'elementwise'."""
     _check_shapes(dense, emb, out)
-    launch_1d(interaction_forward_kernel, out.size, dense, emb, out, threads=threads)
+    slots, width = emb.shape[1], dense.shape[1]
+    if _method(method, slots, width, False) == "block":
+        _launch_blocks(interaction_forward_block_kernel, dense.shape[0], block_smem_bytes(slots, width, False),
+                       threads, dense, emb, out)
+    else:
+        launch_1d(interaction_forward_kernel, out.size, dense, emb, out, threads=threads)
 
 
-def interaction_backward(dense, emb, dy, d_dense, d_emb, threads: int | None = None) -> None:
+def interaction_backward(dense, emb, dy, d_dense, d_emb, threads: int | None = None,
+                         method: str | None = None) -> None:
     """Overwrite d_dense (B, V) and d_emb (B, S, V) from dy; they must not alias dense or emb
-    (other threads still read the forward inputs)."""
+    (other threads still read the forward inputs). method as in interaction_forward."""
     _check_shapes(dense, emb, dy)
-    launch_1d(interaction_backward_kernel, dense.shape[0] * (emb.shape[1] + 1) * dense.shape[1],
-              dense, emb, dy, d_dense, d_emb, threads=threads)
+    slots, width = emb.shape[1], dense.shape[1]
+    if _method(method, slots, width, True) == "block":
+        _launch_blocks(interaction_backward_block_kernel, dense.shape[0], block_smem_bytes(slots, width, True),
+                       threads, dense, emb, dy, d_dense, d_emb)
+    else:
+        launch_1d(interaction_backward_kernel, dense.shape[0] * (emb.shape[1] + 1) * dense.shape[1],
+                  dense, emb, dy, d_dense, d_emb, threads=threads)
 
 
 # ---- compiled CPU versions (numba.njit; the cpu device; work split by parallel_cpu) ----------------
@@ -240,4 +379,7 @@ PTX_CHECKS = [
     (interaction_forward_kernel, "void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1])"),
     (interaction_backward_kernel, "void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1], "
                                   "float32[:, ::1], float32[:, :, ::1])"),
+    (interaction_forward_block_kernel, "void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1])"),
+    (interaction_backward_block_kernel, "void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1], "
+                                        "float32[:, ::1], float32[:, :, ::1])"),
 ]
