@@ -38,8 +38,10 @@ average's columns are scaled by 1/length after the forward and its gradient befo
 engine's own MEAN arithmetic). Otherwise (a concat lookup, or a table model parallel over ranks) the engine
 looks every occurrence up with pooling NONE (the group's tables have one width) and each lookup pools its
 occurrences (sum/average by a second engine with optimizer NONE holding the vectors as its rows, concat by
-placing them), its backward turning dLoss/dtop back into one gradient per occurrence. A table model parallel
-over several ranks keeps an engine of its own (ShardedTable's owner-side lookup reads one table).
+placing them), its backward turning dLoss/dtop back into one gradient per occurrence. Tables model parallel
+over the same ranks share an engine too: each occurrence's table travels beside its key (ShardedTable's
+payload) and the owner groups what it receives by table, stably, so every row still sums its gradients in
+the global batch's order.
 Optimizer_t.Ftrl (HugeCTR's EmbeddingCollection has it): the engine has no fused Ftrl, so an Ftrl group's
 engine runs optimizer NONE, which returns each touched row's summed gradient, and the group applies
 HugeCTR's Ftrl rule (kernels.optimizers.ftrl_update_ref: the dense formula on the touched rows, z and n
@@ -296,8 +298,8 @@ class _Group:
     static or dynamic alike, and one mode. pooled: one rank's (or data-parallel) tables read only by sum/average
     lookups; the engine pools every lookup (SUM; an average's columns scaled by 1/length after, its gradient
     before). Otherwise (a concat lookup, or model parallel over ranks) the engine looks every occurrence up
-    (pooling NONE: one width) and the collection pools; a model-parallel table over ranks is its own group
-    (its keys travel to their owners through ShardedTable, whose owner lookup reads one table)."""
+    (pooling NONE: one width) and the collection pools; model parallel over ranks, the keys travel to their
+    owners through ShardedTable with their table beside them (_owner_lookup)."""
 
     def __init__(self, tables: list, comm, pooled: bool):
         self.tables, self.comm, self.pooled = tables, comm, pooled
@@ -319,9 +321,9 @@ class _Group:
         xp = device.xp()
         self.ftrl_states = [[xp.zeros((int(r), t.dim), np.float32) for _ in range(2)]        # [z, n] per table
                             for t, r in zip(tables, self.engine.rows)] if self.ftrl else None
+        # the first feature of each table: an owner puts the occurrences it receives of table j in its bag
+        self.first_feature = np.array([self.feature_table.index(j) for j in range(len(tables))], np.int64)
         sharded = comm.size > 1 and self.strategy == "mp"
-        if sharded and len(tables) != 1:
-            raise AssertionError("a model-parallel group over ranks holds one table")
         self.wires = ShardedTable(comm, first.dim, len(self.lookups), Pooling.NONE, self._owner_lookup,
                                   key_dtype=np.uint64 if first.cfg.dynamic else np.int64,
                                   layout=Layout.SAMPLE_MAJOR) if sharded else None
@@ -345,15 +347,35 @@ class _Group:
         occurrence, ctx); keys (N,) in the group's sample-major bags ``offsets`` (B*F + 1,)."""
         if self.wires is None:
             return self._engine_lookup(keys, offsets, training)
-        owner = self._owners(keys)
-        return self.wires.lookup(keys, offsets, owner, training, pooling=Pooling.NONE)
+        owner, table = self._owners(keys), None
+        if len(self.tables) > 1:                  # each occurrence's table travels beside its key
+            off = np.asarray(device.to_host(offsets)).astype(np.int64)
+            bag = np.repeat(np.arange(off.shape[0] - 1, dtype=np.int64), np.diff(off))
+            table = np.asarray(self.feature_table, np.int64)[bag % len(self.lookups)]
+        return self.wires.lookup(keys, offsets, owner, training, payload=table, pooling=Pooling.NONE)
 
     def _owners(self, keys) -> np.ndarray:
         k = np.asarray(keys).astype(np.uint64)
         return np.asarray(self.ranks, np.int64)[(k % np.uint64(len(self.ranks))).astype(np.int64)]
 
     def _owner_lookup(self, keys, offsets, training: bool, payload):
-        return self._engine_lookup(keys, offsets, training)
+        """The owner's lookup of the occurrences it received, in their order (rank 0's, then rank 1's, ...,
+        each in batch order): with several tables (payload: each occurrence's table) they are grouped by
+        table, stably, into the bag of the table's first feature, looked up, and put back in received order;
+        each row thus sums its gradients in the one-rank order."""
+        if payload is None:
+            return self._engine_lookup(keys, offsets, training)
+        xp = device.xp()
+        table = np.asarray(device.to_host(payload)).astype(np.int64)
+        order = np.argsort(table, kind="stable")
+        lens = np.zeros(len(self.lookups), np.int64)
+        lens[self.first_feature] = np.bincount(table, minlength=len(self.tables))
+        bags = xp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+        order_d = xp.asarray(order)
+        vecs, ctx = self._engine_lookup(xp.asarray(keys)[order_d], bags, training)
+        out = xp.empty_like(vecs)
+        out[order_d] = vecs
+        return out, (ctx, order_d)
 
     def _engine_lookup(self, keys, offsets, training: bool):
         """The engine's lookup; a dynamic table that runs out of rows grows and the lookup runs again (the
@@ -404,6 +426,9 @@ class _Group:
         lr = float(lr)
         if self.wires is not None:
             ctx, grads = self.wires.gradients(ctx, grads)           # every rank takes part
+            if isinstance(ctx, tuple):                              # several tables: the owner's grouped order
+                ctx, order = ctx
+                grads = device.xp().asarray(grads)[order]
         if eng.learning_rate != lr or eng.optimizer.scaler != scaler:
             eng.set_hyper_parameters(learning_rate=lr, scaler=float(scaler))
         out = eng.backward(ctx, grads)   # also with no occurrence: the step counts, Global updates run
@@ -548,14 +573,12 @@ class EmbeddingCollection:
         ones (a hash table in an engine takes the engine's index fast path away from its static tables, and
         a growing table rebuilds its whole engine), pooled groups (sum/average lookups only) apart from
         occurrence groups (a concat lookup, or model parallel over ranks), the latter by width (pooling NONE
-        returns one width). A table model parallel over several ranks keeps an engine of its own (its keys
-        go to their owners by ShardedTable, whose owner-side lookup reads a single table)."""
+        returns one width)."""
         groups: dict = {}
         for t in self.tables:
             sharded = self.comm.size > 1 and t.strategy == "mp"
             pooled = not sharded and all(self.lookups[i]["combiner"] != "concat" for i in t.lookups)
-            key = ("own", t.name) if sharded else \
-                (t.strategy, tuple(t.ranks), t.opt_key, t.cfg.dynamic, pooled, None if pooled else t.dim)
+            key = (t.strategy, tuple(t.ranks), t.opt_key, t.cfg.dynamic, pooled, None if pooled else t.dim)
             groups.setdefault(key, (pooled, []))[1].append(t)
         if not GROUP_TABLES:
             return [_Group([t], self.comm, pooled) for pooled, members in groups.values() for t in members]
