@@ -36,9 +36,9 @@ VOCAB = 11
 
 
 def mixed_config():
-    """Static tables of widths 4 and 3 with the model's optimizer (sum / average: one pooled group), a static table read by a concat
-    lookup, a static table with its own Adam, two dynamic tables (sum / average: one pooled dynamic group) and
-    a dynamic Ftrl table with its own optimizer."""
+    """Static tables of widths 4 and 3 with the model's optimizer (sum / average: one pooled group), a static
+    table read by a concat lookup, a static table with its own Adam, two dynamic tables (sum / average: one
+    pooled dynamic group) and a dynamic Ftrl table with its own optimizer."""
     ftrl = hugectr.CreateOptimizer(optimizer_type=O.Ftrl, update_type=U.Global, beta=0.5, lambda1=0.01,
                                    lambda2=0.1)
     adam = hugectr.CreateOptimizer(optimizer_type=O.Adam, update_type=U.Global)

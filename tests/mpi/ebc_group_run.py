@@ -8,7 +8,7 @@ rows, and runs lookup -> gradients -> update on two collections of the same conf
 one engine per table (collection.GROUP_TABLES = False). Tables: "p" and "q" static, model parallel over every
 rank (key % R), the model's Adam, width 4 (one engine: their keys travel with their table beside them), read by
 sum, average and concat lookups (p twice); "r" static, model parallel on rank 0 only; "d1", "d2" dynamic, model
-parallel over every rank, their own SGD, width 3 (one engine); "u", "v" static, data parallel, average and sum
+parallel over every rank, their own Ftrl, width 3 (one engine); "u", "v" static, data parallel, average and sum
 (one pooled engine). Saved per collection: every step's tops (gathered over the ranks), evaluation tops, and
 every table's keys and rows (gathered from their owners, sorted by key).
 """
@@ -31,11 +31,11 @@ B, STEPS, HOT, V = 12, 4, 3, 10
 
 
 def config(comm):
-    sgd = hugectr.CreateOptimizer(optimizer_type=O.SGD, update_type=U.Local)
+    ftrl = hugectr.CreateOptimizer(optimizer_type=O.Ftrl, update_type=U.Global, beta=0.2, lambda1=0.001, lambda2=0.01)
     t = {"p": hugectr.EmbeddingTableConfig("p", V, 4), "q": hugectr.EmbeddingTableConfig("q", V, 4),
          "r": hugectr.EmbeddingTableConfig("r", V, 4),
-         "d1": hugectr.EmbeddingTableConfig("d1", -1, 3, opt_params_or_empty=sgd),
-         "d2": hugectr.EmbeddingTableConfig("d2", -1, 3, opt_params_or_empty=sgd),
+         "d1": hugectr.EmbeddingTableConfig("d1", -1, 3, opt_params_or_empty=ftrl),
+         "d2": hugectr.EmbeddingTableConfig("d2", -1, 3, opt_params_or_empty=ftrl),
          "u": hugectr.EmbeddingTableConfig("u", V, 2), "v": hugectr.EmbeddingTableConfig("v", V, 5)}
     cfg = hugectr.EmbeddingCollectionConfig()
     for table, bottom, top, comb in [("p", "x", "p_sum", "sum"), ("q", "y", "q_cat", "concat"),
