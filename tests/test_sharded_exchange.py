@@ -74,6 +74,17 @@ def test_device_path_equals_one_rank_bit_for_bit(tmp_path):
     _same(two, one, "2 ranks, device path")
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+@needs_mpi
+def test_device_path_with_simulated_kernels_equals_one_rank(tmp_path):
+    """The same on the sim device (the owners' engines run their kernels in the simulator; ~2 minutes)."""
+    _, one = _run("embedding_sharded_run.py", tmp_path / "one.npz", 1, "cpu")
+    out, two = _run("sharded_device_run.py", tmp_path / "two.npz", 2, "sim", "force", timeout=600)
+    assert out.count("device-path lookups 20") == 2, out
+    _same(two, one, "2 ranks on sim, device path")
+
+
 @pytest.mark.gpu
 @needs_mpi
 def test_device_path_by_nccl_on_gpus(tmp_path):
