@@ -136,3 +136,20 @@ def test_block_on_gpu(b, s, v, tpb, seed):
     got = _backward(dense, emb, dy, threads=tpb, method="block")
     for g, w in zip(got, ia.interaction_backward_ref(*_f64(dense, emb, dy))):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-3)
+
+
+def test_block_dlrm_shape_both_ways():
+    # 26 slots of width 8, 3 samples: block == elementwise (bit for bit on the simulator) == reference
+    rng = np.random.default_rng(3)
+    dense = rng.normal(size=(3, 8)).astype(np.float32)
+    emb = rng.normal(size=(3, 26, 8)).astype(np.float32)
+    dy = rng.normal(size=(3, ia.interaction_out_width(26, 8))).astype(np.float32)
+    got = _forward(dense, emb, method="block")
+    np.testing.assert_allclose(got, ia.interaction_forward_ref(*_f64(dense, emb)), rtol=1e-5, atol=1e-5)
+    grads = _backward(dense, emb, dy, method="block")
+    for g, w in zip(grads, ia.interaction_backward_ref(*_f64(dense, emb, dy))):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    if SIMULATED:
+        np.testing.assert_array_equal(got, _forward(dense, emb, method="elementwise"))
+        for g, e in zip(grads, _backward(dense, emb, dy, method="elementwise")):
+            np.testing.assert_array_equal(g, e)
