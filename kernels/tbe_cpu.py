@@ -26,6 +26,7 @@ import numba
 from numba import float32, int64, njit, prange, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
+from numba.np.arrayobj import make_array, populate_array
 
 from . import tbe_math as M
 
@@ -65,6 +66,7 @@ def splitmix64(x):
 # Hot loops index with uint64: a signed index makes numba test every access for a negative (wraparound)
 # value, which keeps LLVM from vectorizing the row loops (measured 3x slower gathers).
 _PF = 16                  # occurrences / rows to prefetch ahead (FBGEMM's CPU kernels prefetch 16 too)
+_PF_DY = 32               # backward: sorted occurrences ahead whose dy row is prefetched
 
 
 @intrinsic
@@ -82,6 +84,26 @@ def prefetch(typingctx, arr, idx):
         builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
         return context.get_dummy_value()
     return sig, codegen
+
+
+@intrinsic
+def stack_f32(typingctx, size):
+    """A float32 array of a literal length on the stack of the compiled function (its entry block): the
+    per-row accumulators of the common widths, which LLVM then keeps in vector registers (a heap array's
+    elements it must reload and store around every read of dy, since they might alias)."""
+    if not isinstance(size, types.IntegerLiteral):
+        return None
+    n = size.literal_value
+    arrty = types.Array(types.float32, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        ptr = cgutils.alloca_once(builder, ir.FloatType(), size=n)
+        ary = make_array(arrty)(context, builder)
+        itemsize = context.get_constant(types.intp, 4)
+        populate_array(ary, data=ptr, shape=[context.get_constant(types.intp, n)], strides=[itemsize],
+                       itemsize=itemsize, meminfo=None)
+        return ary._getvalue()
+    return arrty(size), codegen
 
 
 # ---- float32 / float16 (uint16 bits) element access -------------------------------------------------
@@ -297,15 +319,20 @@ def pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, width, 
 @njit(inline="always", **_JIT)
 def pool_dispatch(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, dim, total, col, pooling, acc, out):
     """pool_run with the common widths compiled as constants: an unrolled row loop without alias checks,
-    measured 1.3-2x faster than the generic loop for one-hot bags."""
+    measured 1.3-2x faster than the generic loop for one-hot bags; their accumulators are stack arrays,
+    which LLVM keeps in registers across a bag (acc, the caller's scratch row, serves the other widths)."""
     if dim == 16 and stride == 16:
-        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 16, 16, total, col, pooling, acc, out)
+        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 16, 16, total, col, pooling,
+                 stack_f32(16), out)
     elif dim == 32 and stride == 32:
-        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 32, 32, total, col, pooling, acc, out)
+        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 32, 32, total, col, pooling,
+                 stack_f32(32), out)
     elif dim == 64 and stride == 64:
-        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 64, 64, total, col, pooling, acc, out)
+        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 64, 64, total, col, pooling,
+                 stack_f32(64), out)
     elif dim == 128 and stride == 128:
-        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 128, 128, total, col, pooling, acc, out)
+        pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, 128, 128, total, col, pooling,
+                 stack_f32(128), out)
     else:
         pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, dim, total, col, pooling, acc, out)
 
@@ -365,32 +392,47 @@ def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, ba
 
 # ---- backward: linearize, sort, segment -------------------------------------------------------------
 @njit(**_PJIT)
-def linearize(rows, offsets, ftable, row_off, fcols, batch, layout, pooling, by_bag, sentinel, lin, pay, bag_of,
-              bag_src, bag_scale):
+def linearize(rows, offsets, ftable, row_off, fcols, batch, layout, pooling, by_bag, sentinel, dy, dys, lin, pay,
+              bag_of, bag_src, bag_scale):
     """Per occurrence k: lin[k] <- row_off[table] + row (the sentinel for -1 rows and positions outside every
-    bag), bag_of[k] <- its bag, pay[k] <- the payload the sort carries: its bag (by_bag) or k itself.
-    Per bag j of a pooled lookup: bag_src[j] <- where its dy row starts, bag_scale[j] <- 1/L for MEAN, else 1.
-    Carrying the bag through the sort lets the reduction read the small per-bag arrays instead of looking
-    up every occurrence in the N-long bag_of."""
+    bag) and pay[k] <- the payload the sort carries.
+
+    by_bag (pooled, no per-sample weights): pay[k] <- where its bag's dy row starts in the flat dy, so the
+    reduction reads dy straight from the sorted payload (one random read per occurrence, no lookup of the
+    bag first); for MEAN the bag's dy row is written pre-scaled by 1/L into dys (else dys is unused).
+    Otherwise pay[k] <- k, bag_of[k] <- its bag, and per bag j of a pooled lookup bag_src[j] <- where its dy
+    row starts, bag_scale[j] <- 1/L for MEAN, else 1."""
     n_features = ftable.shape[0]
     n_bags = offsets.shape[0] - 1
     total = fcols[n_features]
     for k in range(offsets[0]):
         lin[k] = sentinel
-        bag_of[k] = -1
         pay[k] = -1 if by_bag else k
+        if not by_bag:
+            bag_of[k] = -1
     for j in prange(n_bags):
         f, b = bag_fb(j, n_features, batch, layout)
         base = row_off[ftable[f]]
         begin, end = offsets[j], offsets[j + 1]
-        if pooling != 2:
-            bag_src[j] = b * total + fcols[f]
-            bag_scale[j] = float32(1.0) / float32(end - begin) if pooling == 1 and end > begin else float32(1.0)
-        for k in range(begin, end):
-            r = rows[k]
-            lin[k] = base + r if r >= 0 else sentinel
-            bag_of[k] = j
-            pay[k] = j if by_bag else k
+        src = b * total + fcols[f]
+        scale = float32(1.0) / float32(end - begin) if pooling == 1 and end > begin else float32(1.0)
+        if by_bag:
+            if pooling == 1:
+                for d in range(fcols[f + 1] - fcols[f]):
+                    dys[src + d] = dy[src + d] * scale
+            for k in range(begin, end):
+                r = rows[k]
+                lin[k] = base + r if r >= 0 else sentinel
+                pay[k] = src
+        else:
+            if pooling != 2:
+                bag_src[j] = src
+                bag_scale[j] = scale
+            for k in range(begin, end):
+                r = rows[k]
+                lin[k] = base + r if r >= 0 else sentinel
+                bag_of[k] = j
+                pay[k] = k
 
 
 @njit(**_PJIT)
@@ -462,30 +504,35 @@ def segments(sorted_keys, sentinel, seg_start):
 @njit(inline="always", **_JIT)
 def reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, width, g):
     """g[:width] <- sum over the sorted positions i0..i1 of the occurrence gradients, in order. pay[i] is
-    the bag (by_bag: pooled, no per-sample weights) or the occurrence; dy is flat."""
+    the start of the bag's (pre-scaled) dy row (by_bag: pooled, no per-sample weights) or the occurrence;
+    dy is flat."""
     n = pay.shape[0]
-    if i1 + _PF < n and pay[i1 + _PF] >= 0:              # the dy row of a later occurrence
-        later = pay[i1 + _PF]
-        if by_bag:
-            prefetch(dy, uint64(bag_src[later]))
-        elif pooling == 2:
-            prefetch(dy, uint64(later) * uint64(width))
     for d in range(width):
         g[d] = 0.0
     for i in range(i0, i1):
+        # the dy row of the occurrence _PF_DY sorted positions ahead: one prefetch per occurrence read, so
+        # every random dy row is requested long before the reduction reaches it
+        ahead = i + _PF_DY
+        if ahead < n:
+            later = pay[ahead]
+            if later >= 0:
+                if by_bag:
+                    prefetch(dy, uint64(later))
+                elif pooling == 2:
+                    prefetch(dy, uint64(later) * uint64(width))
         if by_bag:
-            j = pay[i]
-            o = uint64(bag_src[j])
-            s = bag_scale[j]
+            o = uint64(pay[i])
+            for d in range(width):
+                g[d] += dy[o + uint64(d)]
+            continue
+        k = pay[i]
+        s = psw[k] if has_psw else float32(1.0)
+        if pooling == 2:
+            o = uint64(k) * uint64(width)
         else:
-            k = pay[i]
-            s = psw[k] if has_psw else float32(1.0)
-            if pooling == 2:
-                o = uint64(k) * uint64(width)
-            else:
-                j = bag_of[k]
-                o = uint64(bag_src[j])
-                s *= bag_scale[j]
+            j = bag_of[k]
+            o = uint64(bag_src[j])
+            s *= bag_scale[j]
         for d in range(width):
             g[d] += s * dy[o + uint64(d)]
 
@@ -553,59 +600,99 @@ def row_update(w, sa, sb, srow, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, b
         store(w, e0 + d, buf[d] * scale, splitmix64(sr_key(sr_lin, d) ^ base) if sr else uint64(0), sr)
 
 
+@njit(inline="always", **_JIT)
+def update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw, has_psw, dy,
+                   ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, g, buf):
+    """Segment s (linear row lin, weights at element e0): reduce its gradient into g, then update the row
+    (kind NONE: record it). Inlined with a literal width for the common widths, so g and buf can live in
+    registers. (Under 30 arguments: CPython passes more as *args, which Numba cannot inline.)"""
+    pooling = ki[M.KI_POOLING]
+    reduce_row(seg_start[s], seg_start[s + 1], pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling,
+               width, g)
+    wu = uint64(width)                                 # element offsets stay unsigned (e0 + d)
+    if ki[M.KI_KIND] == M._SGD and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0:     # plain SGD: w -= lr g
+        lr = ks[M.KS_LR]
+        for d in range(wu):
+            store(w, e0 + d, load(w, e0 + d) - lr * g[d], uint64(0), False)
+    elif ki[M.KI_KIND] == M._RW_ADAGRAD and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0:
+        # rowwise AdaGrad, the common case, inline (row_update's rule and rounding, without its branches)
+        wd_mode, wd = ki[M.KI_WD_MODE], ks[M.KS_WD]
+        sumsq = float32(0.0)
+        for d in range(wu):
+            gd = g[d]
+            if wd_mode == M._L2:
+                gd += wd * load(w, e0 + d)
+            sumsq += gd * gd
+        rnew, c0, c1 = row_scalars(M._RW_ADAGRAD, wd_mode, sumsq, wu, srow[lin], ks[M.KS_LR], ks[M.KS_EPS],
+                                   ks[M.KS_B2], wd, ks[M.KS_BC2])
+        srow[lin] = rnew
+        for d in range(wu):
+            store(w, e0 + d, c1 * load(w, e0 + d) - c0 * g[d], uint64(0), False)
+    elif ki[M.KI_KIND] == 0:
+        grad_rows[s] = lin
+        for d in range(grad_vals.shape[1]):
+            grad_vals[s, d] = g[d] if d < width else float32(0.0)
+    else:
+        row_update_call(w, sa, sb, srow, sprev, e0, lin, sr_lin, wu, g, buf, ks, ki, base)
+
+
+# the optimizer rule as one compiled function called per row (inlining it into each width's copy of
+# update_segment multiplied the compile time by five for no measurable gain: the row's memory dominates)
+row_update_call = njit(**_JIT)(row_update.py_func)
+
+
 @njit(**_PJIT)
 def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorted_keys, pay, by_bag, seg_start,
                  n_seg, bag_of, bag_src, bag_scale, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_rows,
                  has_sr_rows):
     """Every touched row: its gradient summed in occurrence order, then the optimizer's rule (kind NONE:
     grad_rows[s], grad_vals[s] <- linear row and summed gradient of segment s). has_sr_rows: stochastic
-    rounding hashes row sr_rows[lin] instead of lin (a tiered table's slots)."""
+    rounding hashes row sr_rows[lin] instead of lin (a tiered table's slots). dy: the pre-scaled copy for
+    a MEAN lookup by bag (see linearize)."""
     pooling = ki[M.KI_POOLING]
     dy = dy.reshape(-1)
     dmax = 0
     for t in range(dims.shape[0]):
         dmax = max(dmax, dims[t])
-    # plain SGD (no max_norm or stochastic rounding): w -= lr g straight from the reduction
-    plain_sgd = ki[M.KI_KIND] == M._SGD and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0
-    lr = ks[M.KS_LR]
+    kind = ki[M.KI_KIND]
+    rowwise = kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB
     n_chunks = (n_seg + _CHUNK - 1) // _CHUNK
     for c in prange(n_chunks):
-        g = np.empty(dmax, np.float32)
+        g = np.empty(dmax, np.float32)            # the other widths' accumulators (heap)
         buf = np.empty(dmax, np.float32)
         lo, hi = _chunk(c, n_chunks, n_seg)
         for s in range(lo, hi):
-            i0, i1 = seg_start[s], seg_start[s + 1]
-            lin = sorted_keys[i0]
+            lin = sorted_keys[seg_start[s]]
             t = table_of(lin, row_off)
-            width = uint64(dims[t])
+            width = dims[t]
             if s + _PF < n_seg:                          # the weights row of a later run
                 later = sorted_keys[seg_start[s + _PF]]
                 t_later = table_of(later, row_off)
                 prefetch(w, uint64(elem_off[t_later] + (later - row_off[t_later]) * strides[t_later]))
-            # the common widths get their own copy of the reduction (a constant trip count)
-            if width == 16:
-                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, 16, g)
-            elif width == 32:
-                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, 32, g)
-            elif width == 64:
-                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, 64, g)
-            elif width == 128:
-                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, 128, g)
-            else:
-                reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling, width, g)
-            if plain_sgd:
-                e0 = uint64(elem_off[t] + (lin - row_off[t]) * strides[t])
-                for d in range(width):
-                    store(w, e0 + d, load(w, e0 + d) - lr * g[d], uint64(0), False)
-                continue
-            if ki[M.KI_KIND] == 0:
-                grad_rows[s] = lin
-                for d in range(grad_vals.shape[1]):
-                    grad_vals[s, d] = g[d] if d < width else float32(0.0)
-                continue
+                if rowwise:
+                    prefetch(srow, uint64(later))
             e0 = uint64(elem_off[t] + (lin - row_off[t]) * strides[t])
-            row_update(w, sa, sb, srow, sprev, e0, lin, sr_rows[lin] if has_sr_rows else lin, width, g, buf, ks,
-                       ki, base)
+            sr_lin = sr_rows[lin] if has_sr_rows else lin
+            # the common widths get their own copy (a literal trip count, accumulators on the stack)
+            if width == 16:
+                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 16, stack_f32(16),
+                               stack_f32(16))
+            elif width == 32:
+                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 32, stack_f32(32),
+                               stack_f32(32))
+            elif width == 64:
+                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 64, stack_f32(64),
+                               stack_f32(64))
+            elif width == 128:
+                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 128, stack_f32(128),
+                               stack_f32(128))
+            else:
+                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, g, buf)
 
 
 @njit(**_PJIT)

@@ -68,7 +68,9 @@ def test_bounds_modes_on_the_kernels(mode):
             a = run(case, "ref")
         with pytest.warns(RuntimeWarning, match="outside its table") as w_k:
             b = run(case, "kernels")
-        assert str(w_ref[0].message) == str(w_k[0].message)
+        # the bounds warnings themselves (a cold compile may warn first, e.g. numba's own warnings)
+        mine = [[str(x.message) for x in ws if "outside its table" in str(x.message)] for ws in (w_ref, w_k)]
+        assert mine[0] and mine[0] == mine[1]
     else:
         a, b = run(case, "ref"), run(case, "kernels")
     assert_same_training(case, a, b)

@@ -719,12 +719,22 @@ class _CpuImpl:
         n_bags = ctx.offsets.shape[0] - 1
         # 32-bit sort keys and payloads when they fit: the sort moves half the bytes
         kt = np.int32 if sentinel < 2 ** 31 - 1 else np.int64
-        pt = np.int32 if max(n, n_bags) < 2 ** 31 - 1 else np.int64
+        # payloads: dy offsets (by_bag) or occurrence numbers
+        pt = np.int32 if max(n, n_bags, dy.size) < 2 ** 31 - 1 else np.int64
         lin, pay = e._scratch("lin", n, kt), e._scratch("pay", n, pt)
-        bag_of = e._scratch("bag_of", n, np.int64)
-        bag_src, bag_scale = e._scratch("bag_src", n_bags, np.int64), e._scratch("bag_scale", n_bags, np.float32)
+        flat = dy.reshape(-1)
+        if by_bag:          # the sorted payload is the bag's dy row itself; MEAN reads a pre-scaled copy
+            bag_of, bag_src, bag_scale = self.no_i64, self.no_i64, self.no_f32
+            dys = e._scratch("dy_scaled", flat.shape[0], np.float32) if ctx.pooling == Pooling.MEAN else self.no_f32
+        else:
+            bag_of = e._scratch("bag_of", n, np.int64)
+            bag_src = e._scratch("bag_src", n_bags, np.int64)
+            bag_scale = e._scratch("bag_scale", n_bags, np.float32)
+            dys = self.no_f32
         C.linearize(ctx.rows, ctx.offsets, self.ftable, e.row_offsets, e.feature_cols, ctx.batch, int(e.layout),
-                    int(ctx.pooling), by_bag, sentinel, lin, pay, bag_of, bag_src, bag_scale)
+                    int(ctx.pooling), by_bag, sentinel, flat, dys, lin, pay, bag_of, bag_src, bag_scale)
+        if by_bag and ctx.pooling == Pooling.MEAN:
+            dy = dys
         keys, vals = e._scratch("keys", n, kt), e._scratch("vals", n, pt)
         C.radix_sort(lin, pay, C.radix_bits(sentinel), keys, vals, e._scratch("keys_tmp", n, kt),
                      e._scratch("vals_tmp", n, pt))
