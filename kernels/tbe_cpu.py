@@ -145,9 +145,11 @@ def bag_fb(j, n_features, batch, layout):
     return j - (j // n_features) * n_features, j // n_features
 
 
-@njit(**_JIT)
+@njit(inline="always", **_JIT)
 def table_of(lin, row_offsets):
     """The table holding linear row lin (binary search over row_offsets (T + 1,))."""
+    if row_offsets.shape[0] == 2:
+        return 0
     lo, hi = 0, row_offsets.shape[0] - 2
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -602,10 +604,11 @@ def row_update(w, sa, sb, srow, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, b
 
 @njit(inline="always", **_JIT)
 def update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw, has_psw, dy,
-                   ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, g, buf):
+                   ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, g, gh, bh):
     """Segment s (linear row lin, weights at element e0): reduce its gradient into g, then update the row
-    (kind NONE: record it). Inlined with a literal width for the common widths, so g and buf can live in
-    registers. (Under 30 arguments: CPython passes more as *args, which Numba cannot inline.)"""
+    (kind NONE: record it). Inlined with a literal width for the common widths, so the accumulator g can
+    live in registers: it must never escape to a called function, so the general rule gets a copy in the
+    heap rows gh, bh. (Under 30 arguments: CPython passes more as *args, which Numba cannot inline.)"""
     pooling = ki[M.KI_POOLING]
     reduce_row(seg_start[s], seg_start[s + 1], pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling,
                width, g)
@@ -633,7 +636,9 @@ def update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, ba
         for d in range(grad_vals.shape[1]):
             grad_vals[s, d] = g[d] if d < width else float32(0.0)
     else:
-        row_update_call(w, sa, sb, srow, sprev, e0, lin, sr_lin, wu, g, buf, ks, ki, base)
+        for d in range(wu):
+            gh[d] = g[d]
+        row_update_call(w, sa, sb, srow, sprev, e0, lin, sr_lin, wu, gh, bh, ks, ki, base)
 
 
 # the optimizer rule as one compiled function called per row (inlining it into each width's copy of
@@ -658,7 +663,8 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
     rowwise = kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB
     n_chunks = (n_seg + _CHUNK - 1) // _CHUNK
     for c in prange(n_chunks):
-        g = np.empty(dmax, np.float32)            # the other widths' accumulators (heap)
+        acc = np.empty(dmax, np.float32)          # the other widths' accumulators (heap)
+        g = np.empty(dmax, np.float32)            # the gradient row and scratch the general rule reads
         buf = np.empty(dmax, np.float32)
         lo, hi = _chunk(c, n_chunks, n_seg)
         for s in range(lo, hi):
@@ -676,23 +682,23 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
             # the common widths get their own copy (a literal trip count, accumulators on the stack)
             if width == 16:
                 update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
-                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 16, stack_f32(16),
-                               stack_f32(16))
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 16, stack_f32(16), g,
+                               buf)
             elif width == 32:
                 update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
-                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 32, stack_f32(32),
-                               stack_f32(32))
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 32, stack_f32(32), g,
+                               buf)
             elif width == 64:
                 update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
-                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 64, stack_f32(64),
-                               stack_f32(64))
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 64, stack_f32(64), g,
+                               buf)
             elif width == 128:
                 update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
-                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 128, stack_f32(128),
-                               stack_f32(128))
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 128, stack_f32(128), g,
+                               buf)
             else:
                 update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
-                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, g, buf)
+                               has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, acc, g, buf)
 
 
 @njit(**_PJIT)
