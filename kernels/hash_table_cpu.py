@@ -17,7 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, uint64
 
+from .tbe_cpu import prefetch
+
 _EMPTY = 0xFFFFFFFFFFFFFFFF
+_FIND_PF = 16             # keys ahead whose home slot a find prefetches
 
 
 @njit(cache=True, inline="always")
@@ -86,8 +89,15 @@ def _find_one(tkeys, trows, key):
 
 @njit(cache=True, parallel=True)
 def hash_find_cpu(tkeys, trows, keys, rows_out):
-    """rows_out (N,) int64 <- row of each key (N,) uint64, -1 when absent; in parallel."""
-    for i in prange(keys.shape[0]):
+    """rows_out (N,) int64 <- row of each key (N,) uint64, -1 when absent; in parallel. The home slot of
+    the key _FIND_PF ahead is prefetched (its key and row), so the random probes overlap."""
+    n = keys.shape[0]
+    cap = tkeys.shape[0]
+    for i in prange(n):
+        if i + _FIND_PF < n:
+            s = _home_slot(keys[i + _FIND_PF], cap)
+            prefetch(tkeys, s)
+            prefetch(trows, s)
         rows_out[i] = _find_one(tkeys, trows, keys[i])
 
 

@@ -413,6 +413,13 @@ class TableBatchedEmbedding:
         ctx = LookupContext(rows, fixed, psw, batch, pooling, feature_requires_grad)
         return self._impl.forward(ctx), ctx
 
+    def forward_rows(self, rows, offsets, batch: int):
+        """Pooled (B, sum D_f) embeddings of rows the caller made itself: rows (N,) int64 storage rows of
+        the engine's tables (-1: nothing), offsets (F*B + 1,) int64 valid CSR offsets, both on the device.
+        No bounds check and no hash table: inference's pooler reads the block rows its cache lookup just
+        wrote (numbactr.inference.session), where checking N indices again costs as much as the lookup."""
+        return self._impl.forward(LookupContext(rows, offsets, None, batch, self.pooling, None))
+
     def _storage_rows(self, indices, rows, offsets, batch: int, training: bool):
         """(N,) where each occurrence's row is stored: the row itself. A tiered table's engine
         (numbactr.embedding.tiered) overrides this to place the rows in its cache slots."""

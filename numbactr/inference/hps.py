@@ -364,7 +364,7 @@ class ModelCache:
         if self.kernels:
             KC.gather_rows(buf, self.xp.ascontiguousarray(idx), out)
         else:
-            out[...] = buf[idx]
+            np.take(buf, idx, axis=0, out=out)          # no temporary of the gathered rows
 
     def _rows_to(self, buf, idx: np.ndarray, src: np.ndarray) -> None:
         """buf[idx] <- src (n, stride) host rows."""

@@ -185,7 +185,9 @@ class _Pooler:
     def pool(self, rows: np.ndarray, offsets: np.ndarray, batch: int):
         """(B, S, D) pooled bags of occurrences reading block rows (N,) (-1: nothing), CSR offsets (B*S + 1,)."""
         xp = device.xp()
-        out, _ = self.engine.forward(xp.asarray(rows), xp.asarray(offsets.astype(np.int64)), training=False)
+        # the rows come from the cache lookup (block rows or -1) and the offsets were checked with the
+        # request: the engine's bounds check would only repeat that work
+        out = self.engine.forward_rows(xp.asarray(rows, dtype=np.int64), xp.asarray(offsets, dtype=np.int64), batch)
         return out.reshape(batch, self.slots, self.dim)
 
 
