@@ -104,8 +104,12 @@ def timed(fn, requests: list, min_time: float) -> np.ndarray:
 def timed_pair(fn_a, fn_b, requests: list, min_time: float) -> tuple[np.ndarray, np.ndarray]:
     """timed() of two answerers interleaved call by call (a, b, a, b, ...), so both see the same machine:
     on a shared machine, load that comes and goes then lands on both columns alike."""
-    fn_a(*requests[0])
-    fn_b(*requests[0])
+    # warm-up: two rounds of every request, alternately, so both have made their big allocations in the
+    # shared process (the first calls page memory in: with few repetitions at 16K that would be the p99)
+    for _ in range(2):
+        for r in requests:
+            fn_a(*r)
+            fn_b(*r)
     ta, tb, start, i = [], [], time.perf_counter(), 0
     while len(ta) < 3 or time.perf_counter() - start < 2 * min_time:
         r = requests[i % len(requests)]
