@@ -294,11 +294,14 @@ def test_occurrence_lookup_equals_lookup_of_the_distinct_keys(dcn, threshold, de
     ca, cb = a.cache("dcn"), b.cache("dcn")
     pool = np.concatenate([keys, np.array([10 ** 9, 10 ** 9 + 7], np.uint64)])
     assert ca.capacities[0] < keys.size // 2
-    evictions = 0
-    for step in range(12):
+    evictions, all_hit, cached_a = 0, 0, set()
+    for step in range(16):
         req = rng.choice(pool[:rng.integers(10, pool.size + 1)], size=int(rng.integers(1, 200))).astype(np.uint64)
         if step % 4 == 3:
             req = np.concatenate([req, pool[-2:], pool[-2:]])        # unknown keys, repeated
+        if step >= 12:                 # only keys the cache holds, repeated: the all-hit path
+            req = rng.choice(np.array(sorted(cached_a), np.uint64), size=60)
+        hits_before = cb.hits[0]
         uniq, inv = np.unique(req, return_inverse=True)
         blk_a = np.zeros((uniq.size + 1, 4), np.float32)
         rows_a = ca.lookup(0, uniq, blk_a)[inv.reshape(-1)]
@@ -321,12 +324,13 @@ def test_occurrence_lookup_equals_lookup_of_the_distinct_keys(dcn, threshold, de
         for k in cached_a:                           # the same LRU clock and LFU count on every cached key
             sa, sb = held_a[k], held_b[k]
             assert (ca.cache.stamp[sa], ca.cache.freq[sa]) == (cb.cache.stamp[sb], cb.cache.freq[sb])
+        all_hit += int(cb.hits[0] - hits_before == np.unique(req).size)
     exact = rows_b >= 0
     known = np.isin(req, keys)
     if threshold == 1.0:                             # exact answers: the model's vectors, defaults elsewhere
         pos = {int(k): i for i, k in enumerate(keys)}
         want = np.array([vectors[pos[int(k)]] if int(k) in pos else np.full(4, default, np.float32) for k in req])
         np.testing.assert_array_equal(vb if default else np.where(exact[:, None], vb, 0), want)
-    assert known.any() and evictions
+    assert known.any() and evictions and all_hit >= 4
     a.close()
     b.close()
