@@ -107,6 +107,26 @@ def test_reference_placement_matches_brute_force_lru_lfu(case):
             assert new["row_freq"][old] == s["freq"][v]
 
 
+@settings(max_examples=60)
+@given(cache_states(), st.booleans())
+def test_host_cache_placement_matches_brute_force(case, filling):
+    """EmbeddingCache's host path, including its shortcut for a cache with enough empty slots
+    (_empty_victims), picks the brute-force victims; `filling` empties most slots so the shortcut runs."""
+    caps, rows, s, batch, policy = case
+    if filling:
+        s = {k: v.copy() for k, v in s.items()}
+        gone = np.flatnonzero((s["slot_row"] >= 0) & (np.arange(s["slot_row"].size) % 3 != 0))
+        s["row_slot"][s["slot_row"][gone]] = -1
+        s["slot_row"][gone] = -1
+    want = brute_force_victims(s, caps, rows, batch, policy)
+    c = _cache(caps, rows, s, policy, False)
+    if want is None:
+        with pytest.raises(CacheCapacityError):
+            c.place(batch)
+        return
+    np.testing.assert_array_equal(c.place(batch).victims, want)
+
+
 def _cache(caps, rows, s, policy, use_kernels):
     c = EmbeddingCache(caps, rows, "lfu" if policy == K.LFU else "lru", use_kernels=use_kernels)
     for name, key in zip(STATE, ("slot_row", "row_slot", "stamp", "freq", "pin", "dirty")):

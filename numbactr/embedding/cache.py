@@ -184,11 +184,31 @@ class EmbeddingCache:
         hit = self.row_slot[u]
         misses = u[hit < 0]
         if misses.shape[0]:
-            prio = K.priorities_ref(self.slot_row, self.stamp, self.freq, self.pins, hit, self.policy)
-            victims = K.victims_ref(prio, self.slot_offsets, misses, self.row_offsets)
+            victims = self._empty_victims(misses)
+            if victims is None:
+                prio = K.priorities_ref(self.slot_row, self.stamp, self.freq, self.pins, hit, self.policy)
+                victims = K.victims_ref(prio, self.slot_offsets, misses, self.row_offsets)
         else:                      # every row cached: no priorities to rank (an O(C) pass saved)
             victims = np.zeros(0, np.int64)
         return self._install_host(rows, u, n, misses, victims)
+
+    def _empty_victims(self, misses):
+        """victims_ref's answer when every table with misses has enough empty, unpinned slots (a cache
+        still filling up): empty slots have the lowest priority and ties go to the lower slot, so the
+        victims are each table's first empty slots in slot order; None otherwise. Saves ranking all C
+        priorities (a partition of the whole cache) for every batch with misses."""
+        starts = np.searchsorted(misses, self.row_offsets)
+        victims = np.empty(misses.shape[0], np.int64)
+        for t in range(self.capacities.size):
+            m0, m1 = int(starts[t]), int(starts[t + 1])
+            if m1 == m0:
+                continue
+            lo, hi = int(self.slot_offsets[t]), int(self.slot_offsets[t + 1])
+            empty = np.flatnonzero(self.slot_row[lo:hi] < 0)[:m1 - m0]
+            if empty.shape[0] < m1 - m0 or self.pins[lo + empty].any():
+                return None
+            victims[m0:m1] = lo + empty
+        return victims
 
     def _install_host(self, rows, u, n, misses, victims) -> Placement:
         evicted = self.slot_row[victims]
