@@ -69,6 +69,31 @@ def interaction_backward_ref(dense: np.ndarray, emb: np.ndarray, dy: np.ndarray)
 
 
 # ---- kernels ---------------------------------------------------------------------------------
+@cuda.jit(device=True, inline=True)
+def _pair_of(p):
+    """(i, j) of pair column p = i(i-1)/2 + j (0 <= j < i): a float guess, then fixed up exactly."""
+    i = int64((float64(1.0) + math.sqrt(float64(1.0) + float64(8.0) * p)) * float64(0.5))
+    while i * (i - 1) // 2 > p:
+        i -= 1
+    while (i + 1) * i // 2 <= p:
+        i += 1
+    return i, p - i * (i - 1) // 2
+
+
+@cuda.jit(device=True, inline=True)
+def _stage(dense, emb, z, b, stride, tid, nt):
+    """Sample b's Z rows (dense, then its S embeddings) into shared z, row i at i * stride, by the block's
+    nt threads (coalesced reads)."""
+    width = dense.shape[1]
+    for k in range(tid, (emb.shape[1] + 1) * width, nt):
+        i = k // width
+        v = k - i * width
+        if i == 0:
+            z[v] = dense[b, v]
+        else:
+            z[i * stride + v] = emb[b, i - 1, v]
+
+
 @cuda.jit
 def interaction_forward_kernel(dense, emb, out):
     # dense (B, V), emb (B, S, V), out (B, V + P + 1); one thread per output element.
@@ -82,14 +107,7 @@ def interaction_forward_kernel(dense, emb, out):
         if c < width:
             out[b, c] = dense[b, c]
         elif c < width + npairs:
-            # invert p = i(i-1)/2 + j (0 <= j < i); the float guess is fixed up exactly.
-            p = c - width
-            i = int64((float64(1.0) + math.sqrt(float64(1.0) + float64(8.0) * p)) * float64(0.5))
-            while i * (i - 1) // 2 > p:
-                i -= 1
-            while (i + 1) * i // 2 <= p:
-                i += 1
-            j = p - i * (i - 1) // 2
+            i, j = _pair_of(c - width)
             # Z_i = emb[b, i-1] (i >= 1); Z_j = dense[b] when j == 0 else emb[b, j-1]
             acc = float32(0.0)
             if j == 0:
@@ -150,25 +168,13 @@ def interaction_forward_block_kernel(dense, emb, out):
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     for b in range(cuda.blockIdx.x, dense.shape[0], cuda.gridDim.x):
-        for k in range(tid, n * width, nt):
-            i = k // width
-            v = k - i * width
-            if i == 0:
-                z[v] = dense[b, v]
-            else:
-                z[i * stride + v] = emb[b, i - 1, v]
+        _stage(dense, emb, z, b, stride, tid, nt)
         cuda.syncthreads()
         for c in range(tid, ncols, nt):
             if c < width:
                 out[b, c] = z[c]
             elif c < width + npairs:
-                p = c - width                  # invert p = i(i-1)/2 + j as the elementwise kernel does
-                i = int64((float64(1.0) + math.sqrt(float64(1.0) + float64(8.0) * p)) * float64(0.5))
-                while i * (i - 1) // 2 > p:
-                    i -= 1
-                while (i + 1) * i // 2 <= p:
-                    i += 1
-                j = p - i * (i - 1) // 2
+                i, j = _pair_of(c - width)
                 acc = float32(0.0)
                 for v in range(width):
                     acc += z[i * stride + v] * z[j * stride + v]
@@ -190,13 +196,7 @@ def interaction_backward_block_kernel(dense, emb, dy, d_dense, d_emb):
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     for b in range(cuda.blockIdx.x, dense.shape[0], cuda.gridDim.x):
-        for k in range(tid, n * width, nt):
-            i = k // width
-            v = k - i * width
-            if i == 0:
-                sm[v] = dense[b, v]
-            else:
-                sm[i * stride + v] = emb[b, i - 1, v]
+        _stage(dense, emb, sm, b, stride, tid, nt)
         for p in range(tid, npairs, nt):
             sm[g0 + p] = dy[b, width + p]
         cuda.syncthreads()
