@@ -698,14 +698,15 @@ class _CpuImpl:
         e = self.e
         none = ctx.pooling == Pooling.NONE
         shape = (ctx.rows.shape[0], int(e.feature_dims[0])) if none else (ctx.batch, e.total_dim)
-        fp16 = e.output_dtype == Precision.FP16
-        out = np.empty(shape, np.float16 if fp16 else np.float32)
-        flat = out.reshape(-1).view(np.uint16) if fp16 else out.reshape(-1)
+        out = np.empty(shape, np.float32)
         psw = ctx.per_sample_weights
         C.forward(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows, ctx.offsets,
                   self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout),
-                  int(ctx.pooling), flat, np.empty((numba.get_num_threads(), int(e.dims.max(initial=1))), np.float32))
-        return out
+                  int(ctx.pooling), out.reshape(-1),
+                  np.empty((numba.get_num_threads(), int(e.dims.max(initial=1))), np.float32))
+        # FP16 output: rounded (to nearest even) after the float32 pooling, so the compiled forward has one
+        # output type (each of its signatures costs a long compile)
+        return out.astype(np.float16) if e.output_dtype == Precision.FP16 else out
 
     def psw_grad(self, ctx: LookupContext, dy):
         e = self.e
@@ -740,8 +741,8 @@ class _CpuImpl:
             dys = self.no_f32
         C.linearize(ctx.rows, ctx.offsets, self.ftable, e.row_offsets, e.feature_cols, ctx.batch, int(e.layout),
                     int(ctx.pooling), by_bag, sentinel, flat, dys, lin, pay, bag_of, bag_src, bag_scale)
-        if by_bag and ctx.pooling == Pooling.MEAN:
-            dy = dys
+        # the gradient rows the update reads, always flat (one signature of the compiled update, not two)
+        dy = dys if by_bag and ctx.pooling == Pooling.MEAN else flat
         keys, vals = e._scratch("keys", n, kt), e._scratch("vals", n, pt)
         C.radix_sort(lin, pay, C.radix_bits(sentinel), keys, vals, e._scratch("keys_tmp", n, kt),
                      e._scratch("vals_tmp", n, pt))
