@@ -1,0 +1,88 @@
+"""Compile numbactr's CPU kernels ahead of use: ``python -m numbactr.tools.warm_cache``.
+
+The cpu device's hot ops are Numba functions compiled on first use and cached on disk (``cache=True``,
+next to their sources or under ``NUMBA_CACHE_DIR``). A fresh install pays that compile in the first
+steps: about 30-40 s for each type signature of the embedding engine's forward and fused update, a few
+minutes in all. This runs those first uses on tiny inputs (the engine in every weights precision, index
+type, pooling and layout; the hash table; the dot interaction), so that a container image, a CI job or a
+test run finds them compiled. It changes no state but Numba's cache; running it twice costs seconds.
+
+tests/conftest.py starts it in a background process when a test session begins, so a fresh clone's
+test run compiles on the second core while its first tests run.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+
+import numpy as np
+
+
+def _engine_cases():
+    from ..embedding.engine import (Layout, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding,
+                                    UpdateType)
+    rng = np.random.default_rng(0)
+    for wp, itype, pooling, layout, psw in itertools.product(
+            (Precision.FP32, Precision.FP16), (np.int64, np.int32), (Pooling.SUM, Pooling.MEAN, Pooling.NONE),
+            (Layout.FEATURE_MAJOR, Layout.SAMPLE_MAJOR), (False, True)):
+        eng = TableBatchedEmbedding([(50, 8), (40, 8)], [0, 1, 1], pooling=pooling, layout=layout,
+                                    weights_precision=wp,
+                                    optimizer=OptimizerSpec(Optim.EXACT_ROWWISE_ADAGRAD, 0.01))
+        batch = 4
+        lengths = rng.integers(0, 3, 3 * batch)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(itype)
+        indices = rng.integers(0, 40, int(offsets[-1])).astype(itype)
+        weights = rng.random(indices.shape[0]).astype(np.float32) if psw else None
+        out, ctx = eng.forward(indices, offsets, weights)
+        eng.backward(ctx, np.ones_like(out, dtype=np.float32))
+    for kind, update in ((Optim.HUGECTR_ADAM, UpdateType.GLOBAL), (Optim.HUGECTR_ADAM, UpdateType.LAZY_GLOBAL),
+                         (Optim.NONE, UpdateType.LOCAL)):
+        eng = TableBatchedEmbedding([(30, 4)], [0, 0], optimizer=OptimizerSpec(kind, 0.01, update_type=update))
+        out, ctx = eng.forward(np.arange(8, dtype=np.int64), np.arange(0, 9, 2, dtype=np.int64))
+        eng.backward(ctx, np.ones_like(out))
+
+
+def _hash_and_dense_cases():
+    from ..embedding.hash_table import HashTable
+    from ..kernels import interaction
+    table = HashTable(100, use_kernels=False, compiled=True)
+    for dtype in (np.int64, np.uint64, np.int32):
+        keys = np.arange(1, 21, dtype=dtype)
+        table.insert(keys)
+        table.find(keys)
+    b, s, v = 3, 4, 8
+    dense = np.ones((b, v), np.float32)
+    emb = np.ones((b, s, v), np.float32)
+    out = np.empty((b, interaction.interaction_out_width(s, v)), np.float32)
+    interaction.interaction_forward_cpu(dense, emb, out)
+    interaction.interaction_backward_cpu(dense, emb, out, np.empty_like(dense), np.empty_like(emb))
+
+
+STEPS = (("embedding engine", _engine_cases), ("hash table, interaction", _hash_and_dense_cases))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m numbactr.tools.warm_cache", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quiet", action="store_true", help="print nothing")
+    args = ap.parse_args(argv)
+    import warnings
+    from .. import device
+    before = device.kind()
+    device.set_device("cpu")                 # the compiled CPU ops, whatever the process's default device
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the bounds-check warnings of random tiny inputs are not news
+            for name, step in STEPS:
+                t = time.time()
+                step()
+                if not args.quiet:
+                    print(f"warm_cache: {name} compiled ({time.time() - t:.1f} s)", flush=True)
+    finally:
+        device.set_device(before)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
