@@ -373,28 +373,25 @@ def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, ba
                         store(out, o + d, p * load(w, base + d) if r >= 0 else zero, uint64(0), False)
         return
     per = (batch + _CHUNK - 1) // _CHUNK               # chunks per feature (feature-major) / in all
-    # One call site of pool_dispatch for both layouts (each inlined copy holds five widths' code, and
-    # Numba's compile time grows with every copy): a feature-major chunk is one run of up to _CHUNK bags
-    # of one feature; a sample-major chunk is runs of one bag, every feature of each of its samples.
-    n_items = n_features * per if layout == 0 else per
-    for c in prange(n_items):
-        acc = scratch[numba.get_thread_id()]
-        if layout == 0:
-            f_lo = c // per
-            f_hi = f_lo + 1
-            b_lo = (c - f_lo * per) * _CHUNK
-            b_hi = b_lo + 1                            # one pass of the sample loop ...
-            count = min(batch - b_lo, _CHUNK)          # ... over a run of count bags
-        else:
-            f_lo, f_hi = 0, n_features
-            b_lo, b_hi = c * _CHUNK, min(batch, (c + 1) * _CHUNK)
-            count = 1
-        for b in range(b_lo, b_hi):
-            for f in range(f_lo, f_hi):
-                t = ftable[f]
-                j0 = f * batch + b if layout == 0 else b * n_features + f
-                pool_dispatch(w, rows, psw, has_psw, offsets, j0, count, b, elem_off[t], strides[t],
-                              fcols[f + 1] - fcols[f], total, uint64(fcols[f]), pooling, acc, out)
+    # (One call site of pool_dispatch for both layouts compiled in half the time but made a multi-hot
+    # D = 64 forward 13-16% slower in an interleaved A/B: each layout keeps its own copy.)
+    if layout == 0:
+        for c in prange(n_features * per):
+            acc = scratch[numba.get_thread_id()]
+            f = c // per
+            b0 = (c - f * per) * _CHUNK
+            t = ftable[f]
+            pool_dispatch(w, rows, psw, has_psw, offsets, f * batch + b0, min(batch - b0, _CHUNK), b0,
+                          elem_off[t], strides[t], fcols[f + 1] - fcols[f], total, uint64(fcols[f]), pooling,
+                          acc, out)
+    else:
+        for c in prange(per):
+            acc = scratch[numba.get_thread_id()]
+            for b in range(c * _CHUNK, min(batch, (c + 1) * _CHUNK)):
+                for f in range(n_features):
+                    t = ftable[f]
+                    pool_dispatch(w, rows, psw, has_psw, offsets, b * n_features + f, 1, b, elem_off[t],
+                                  strides[t], fcols[f + 1] - fcols[f], total, uint64(fcols[f]), pooling, acc, out)
 
 
 # ---- backward: linearize, sort, segment -------------------------------------------------------------
