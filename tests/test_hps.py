@@ -334,3 +334,60 @@ def test_occurrence_lookup_equals_lookup_of_the_distinct_keys(dcn, threshold, de
     assert known.any() and evictions and all_hit >= 4
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_warm_request_fast_path_equals_the_block_path(dcn, combiner, tmp_path):
+    """The session's one-pass warm path (ModelCache.serve_pooled: find, read the cache's vectors, pool,
+    stamp) pools, counts and moves the LRU state exactly as lookup_occurrences + the pooling engine; it
+    answers only when every key is known and cached and otherwise returns None with nothing changed.
+    Multi-hot bags with duplicates and empty bags, a cache of 10% with evictions between."""
+    from types import SimpleNamespace
+
+    from numbactr.inference.session import _Pooler
+    folder = tmp_path / "big0_sparse_0.model"
+    folder.mkdir()
+    rng = np.random.default_rng(7)
+    rng.permutation(1000).astype("<i8").tofile(folder / "key")
+    rng.uniform(-1, 1, (1000, 4)).astype("<f4").tofile(folder / "emb_vector")
+    keys, _ = read_sparse_model(str(folder), "sparse_embedding1", 4)
+    p = dcn.params(cache_size_percentage=0.1, hit_rate_threshold=1.0, sparse_model_files=[str(folder)],
+                   max_batchsize=1000)
+    config = ParameterServerConfig({"dcn": ["sparse_embedding1"]}, {"dcn": [4]}, {"dcn": [8]}, [p], p.volatile_db)
+    a, b = HPS(config).ps, HPS(config).ps
+    ca, cb = a.cache("dcn"), b.cache("dcn")
+    pooler = _Pooler(SimpleNamespace(embedding_vec_size=4, combiner=combiner), 3)
+    fast = declined = 0
+    for step in range(24):
+        n = int(rng.integers(1, 40))
+        lengths = rng.integers(0, 4, n * 3)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        held = [int(k) for k, s in zip(cb.index[0].keys_by_row(), cb.cache.row_slot[:cb.index[0].size]) if s >= 0]
+        source = np.array(held, np.uint64) if step % 3 and held else keys[:rng.integers(50, 1000)]
+        req = rng.choice(source, size=int(offsets[-1])).astype(np.uint64)
+        if step % 6 == 5:
+            req[-1:] = 10 ** 9                                    # a key no tier has
+        rows = ca.lookup_occurrences(0, req, pooler.block)
+        want = np.asarray(pooler.pool(rows, offsets, n))
+        before = (cb.cache.stamp.copy(), cb.cache.freq.copy(), cb.cache.clock, list(cb.hits), list(cb.queried))
+        got = cb.serve_pooled(0, req, offsets, combiner == "mean")
+        if got is None:
+            declined += 1
+            after = (cb.cache.stamp, cb.cache.freq, cb.cache.clock, cb.hits, cb.queried)
+            for x, y in zip(before, after):
+                np.testing.assert_array_equal(x, y)
+            got = np.asarray(pooler.pool(cb.lookup_occurrences(0, req, pooler.block), offsets, n))
+        else:
+            fast += 1
+            got = got.reshape(n, 3, 4)
+        np.testing.assert_array_equal(got, want)
+        assert (ca.hits, ca.queried, ca.cache.clock) == (cb.hits, cb.queried, cb.cache.clock)
+        sa = {int(k): int(s) for k, s in zip(ca.index[0].keys_by_row(), ca.cache.row_slot[:ca.index[0].size])}
+        sb = {int(k): int(s) for k, s in zip(cb.index[0].keys_by_row(), cb.cache.row_slot[:cb.index[0].size])}
+        assert {k for k, s in sa.items() if s >= 0} == {k for k, s in sb.items() if s >= 0}
+        for k, s in sa.items():
+            if s >= 0:
+                assert (ca.cache.stamp[s], ca.cache.freq[s]) == (cb.cache.stamp[sb[k]], cb.cache.freq[sb[k]])
+    assert fast >= 6 and declined >= 4
+    a.close()
+    b.close()

@@ -15,4 +15,5 @@ def test_warm_cache_compiles_the_engine_in_both_weight_types():
     assert "int32" in {str(sig[0].dtype) for sig in tbe_cpu.check_indices.signatures}
     assert "int64" in {str(sig[0].dtype) for sig in tbe_cpu.count_bad_indices.signatures}
     assert hash_table_cpu.hash_find_cpu.signatures and hash_table_cpu.hash_insert_cpu.signatures
+    assert hash_table_cpu.serve_cached_cpu.signatures
     assert interaction._forward_cpu.signatures and interaction._backward_cpu.signatures

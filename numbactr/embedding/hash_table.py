@@ -105,6 +105,11 @@ class HashTable:
         _k.hash_find(self._tkeys, self._trows, keys, rows)
         return rows
 
+    def probe_arrays(self):
+        """(keys (C,) uint64, rows (C,) int64): the open-addressing arrays themselves, for compiled code
+        that probes the table inside a larger pass (kernels/hash_table_cpu.serve_cached_cpu). Read only."""
+        return self._tkeys, self._trows
+
     def keys_by_row(self):
         """keys (size,) uint64 with keys[r] = the key stored in row r (for dumping the table)."""
         out = self.xp.empty(self._size, dtype=numpy.uint64)

@@ -223,8 +223,16 @@ class InferenceSession:
         for tab, (e, pooler, (keys, offsets)) in enumerate(zip(g.embeddings, self.poolers, sparse)):
             if e.embedding_type == Embedding_t.HybridSparseEmbedding:
                 keys = hybrid_categories(e, keys, offsets, pooler.slots)
-            rows = self.cache.lookup_occurrences(tab, keys, pooler.block)   # (N,) block row per key
-            t[e.sparse_embedding_name] = Tensor(pooler.pool(rows, offsets, n))
+            # a warm request on the cpu device: found, pooled from the cache and its rows marked used in
+            # one compiled pass; otherwise (GPU, a miss, a new key) the block path below
+            pooled = self.cache.serve_pooled(tab, np.ascontiguousarray(keys, np.uint64), offsets,
+                                             pooler.e.combiner == "mean")
+            if pooled is None:
+                rows = self.cache.lookup_occurrences(tab, keys, pooler.block)   # (N,) block row per key
+                pooled = pooler.pool(rows, offsets, n)
+            else:
+                pooled = xp.asarray(pooled).reshape(n, pooler.slots, pooler.dim)
+            t[e.sparse_embedding_name] = Tensor(pooled)
         run = RunInfo(training=False, valid=n)
         for layer in g.dense_layers:
             outs = layer.forward(None, [t[b] for b in layer.cfg.bottom_names], run)
