@@ -500,15 +500,16 @@ def check_keys(keys, i64: bool, what: str) -> np.ndarray:
         return np.zeros(0, np.uint64)
     if a.dtype.kind not in "iu":
         raise ValueError(f"{what}: keys must be integers, got {a.dtype}")
-    signed = a.dtype.kind == "i"
-    bad = (a < 0) if signed and not i64 else np.zeros(a.shape, bool)
     if not i64:
-        bad |= a.astype(np.uint64) >= 2 ** 32
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ValueError(f"{what}: key {int(a[i])} at position {i} does not fit the 32-bit keys of "
-                         "i64_input_key=False")
-    k = a.astype(np.uint64)
+        bad = a.astype(np.uint64) >= 2 ** 32
+        if a.dtype.kind == "i":
+            bad |= a < 0
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"{what}: key {int(a[i])} at position {i} does not fit the 32-bit keys of "
+                             "i64_input_key=False")
+    # 64-bit keys keep their bits (int64 -1 is 2**64 - 1), so a view serves; narrower ones are widened
+    k = a.view(np.uint64) if a.dtype.itemsize == 8 and a.dtype.isnative else a.astype(np.uint64)
     reserved = k == np.uint64(2 ** 64 - 1)
     if reserved.any():
         i = int(np.argmax(reserved))

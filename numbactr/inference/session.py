@@ -261,7 +261,7 @@ class InferenceSession:
         rp = np.asarray(row_ptrs).reshape(-1)
         if rp.size and rp.dtype.kind not in "iu":
             raise ValueError(f"InferenceSession.predict: row_ptrs must be integers, got {rp.dtype}")
-        rp = rp.astype(np.int64)
+        rp = rp.astype(np.int64, copy=False)
         n, rem = divmod(rp.size - len(slots), sum(slots)) if slots else (0, 0)
         if not slots:
             n = len(dense_feature) // max(g.input.dense_dim, 1)
@@ -279,7 +279,7 @@ class InferenceSession:
         for t, s in enumerate(slots):
             off = rp[r0:r0 + n * s + 1]
             name = g.embeddings[t].sparse_embedding_name
-            if off[0] != 0 or (np.diff(off) < 0).any():
+            if off[0] != 0 or (off[1:] < off[:-1]).any():
                 j = 0 if off[0] != 0 else int(np.argmax(np.diff(off) < 0)) + 1
                 raise ValueError(f"InferenceSession.predict: row_ptrs of table {t} ({name!r}) must start at 0 and "
                                  f"never decrease; entry {j} of the table (row_ptrs[{r0 + j}]) is {int(off[j])}")
