@@ -41,7 +41,7 @@ def bias_add_kernel(y, b):
     # y: flat (M*N,) view, b: (N,); element i sits in column i % N (row-major).
     n = b.shape[0]
     for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
-        y[i] += b[i % n]
+        y[i] = float32(y[i]) + b[i % n]          # a float16 y (mixed precision): added in float32
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,7 +64,7 @@ def make_bias_grad_kernel(tpb: int):
         for col in range(cuda.blockIdx.x, dy.shape[1], cuda.gridDim.x):
             acc = float32(0.0)
             for m in range(t, rows, tpb):
-                acc += dy[m, col]
+                acc += float32(dy[m, col])
             partial[t] = acc
             block_sum(partial, t, tpb)
             if t == 0:
@@ -158,4 +158,6 @@ def bias_grad_cpu(dy, db) -> None:
 PTX_CHECKS = [
     (bias_add_kernel, "void(float32[::1], float32[::1])"),
     (make_bias_grad_kernel(256), "void(float32[:, ::1], float32[::1])"),
+    (bias_add_kernel, "void(float16[::1], float32[::1])"),                 # mixed precision on gpu/sim
+    (make_bias_grad_kernel(256), "void(float16[:, ::1], float32[::1])"),
 ]

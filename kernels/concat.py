@@ -89,4 +89,6 @@ def concat_backward(dy, dxs, axis: int = 1, threads: int | None = None) -> None:
 PTX_CHECKS = [
     (concat_copy_in_kernel, "void(float32[:, ::1], float32[:, ::1], int64)"),
     (concat_copy_out_kernel, "void(float32[:, ::1], float32[:, ::1], int64)"),
+    (concat_copy_in_kernel, "void(float16[:, ::1], float16[:, ::1], int64)"),     # mixed precision on gpu/sim
+    (concat_copy_out_kernel, "void(float16[:, ::1], float16[:, ::1], int64)"),
 ]

@@ -47,7 +47,7 @@ def bias_act_forward_kernel(y, b, has_bias, relu):
     # y: flat (M*N,) view, b: (N,) (may be empty when has_bias == 0)
     n = b.shape[0]
     for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
-        v = y[i]
+        v = float32(y[i])                   # a float16 y (mixed precision): computed in float32
         if has_bias != 0:
             v += b[i % n]
         if relu != 0 and v < float32(0.0):
@@ -68,8 +68,8 @@ def make_bias_act_backward_kernel(tpb: int):
         for c in range(cuda.blockIdx.x, y.shape[1], cuda.gridDim.x):   # uniform per block
             acc = float32(0.0)
             for m in range(t, rows, tpb):
-                g = dy[m, c]
-                if relu != 0 and not (y[m, c] > float32(0.0)):
+                g = float32(dy[m, c])
+                if relu != 0 and not (float32(y[m, c]) > float32(0.0)):
                     g = float32(0.0)
                 d[m, c] = g
                 acc += g
@@ -191,4 +191,8 @@ PTX_CHECKS = [
     (bias_act_forward_kernel, "void(float32[::1], float32[::1], int32, int32)"),
     (make_bias_act_backward_kernel(256),
      "void(float32[:, ::1], float32[:, ::1], int32, int32, float32[:, ::1], float32[::1])"),
+    # mixed precision on gpu/sim: float16 activations and gradients, float32 bias and its gradient
+    (bias_act_forward_kernel, "void(float16[::1], float32[::1], int32, int32)"),
+    (make_bias_act_backward_kernel(256),
+     "void(float16[:, ::1], float16[:, ::1], int32, int32, float16[:, ::1], float32[::1])"),
 ]

@@ -112,10 +112,10 @@ def interaction_forward_kernel(dense, emb, out):
             acc = float32(0.0)
             if j == 0:
                 for v in range(width):
-                    acc += emb[b, i - 1, v] * dense[b, v]
+                    acc += float32(emb[b, i - 1, v]) * float32(dense[b, v])
             else:
                 for v in range(width):
-                    acc += emb[b, i - 1, v] * emb[b, j - 1, v]
+                    acc += float32(emb[b, i - 1, v]) * float32(emb[b, j - 1, v])
             out[b, c] = acc
         else:
             out[b, c] = float32(0.0)
@@ -138,10 +138,10 @@ def interaction_backward_kernel(dense, emb, dy, d_dense, d_emb):
             if j != i:
                 hi = max(i, j)
                 lo = min(i, j)
-                zj = dense[b, v] if j == 0 else emb[b, j - 1, v]
-                acc += dy[b, width + hi * (hi - 1) // 2 + lo] * zj
+                zj = float32(dense[b, v]) if j == 0 else float32(emb[b, j - 1, v])
+                acc += float32(dy[b, width + hi * (hi - 1) // 2 + lo]) * zj
         if i == 0:
-            d_dense[b, v] = dy[b, v] + acc
+            d_dense[b, v] = float32(dy[b, v]) + acc
         else:
             d_emb[b, i - 1, v] = acc
 
@@ -210,7 +210,7 @@ def interaction_backward_block_kernel(dense, emb, dy, d_dense, d_emb):
                     lo = min(i, j)
                     acc += sm[g0 + hi * (hi - 1) // 2 + lo] * sm[j * stride + v]
             if i == 0:
-                d_dense[b, v] = dy[b, v] + acc
+                d_dense[b, v] = float32(dy[b, v]) + acc
             else:
                 d_emb[b, i - 1, v] = acc
         cuda.syncthreads()
@@ -382,4 +382,11 @@ PTX_CHECKS = [
     (interaction_forward_block_kernel, "void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1])"),
     (interaction_backward_block_kernel, "void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1], "
                                         "float32[:, ::1], float32[:, :, ::1])"),
+    # mixed precision on gpu/sim: float16 tensors in and out, float32 arithmetic inside
+    (interaction_forward_kernel, "void(float16[:, ::1], float16[:, :, ::1], float16[:, ::1])"),
+    (interaction_backward_kernel, "void(float16[:, ::1], float16[:, :, ::1], float16[:, ::1], "
+                                  "float16[:, ::1], float16[:, :, ::1])"),
+    (interaction_forward_block_kernel, "void(float16[:, ::1], float16[:, :, ::1], float16[:, ::1])"),
+    (interaction_backward_block_kernel, "void(float16[:, ::1], float16[:, :, ::1], float16[:, ::1], "
+                                        "float16[:, ::1], float16[:, :, ::1])"),
 ]

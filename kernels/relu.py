@@ -30,14 +30,14 @@ def relu_backward_ref(y: np.ndarray, dy: np.ndarray) -> np.ndarray:
 @cuda.jit
 def relu_forward_kernel(x, y):
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
-        v = x[i]
+        v = float32(x[i])                   # float16 tensors (mixed precision): compared in float32
         y[i] = v if v > float32(0.0) else float32(0.0)
 
 
 @cuda.jit
 def relu_backward_kernel(y, dy, dx):
     for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
-        dx[i] = dy[i] if y[i] > float32(0.0) else float32(0.0)
+        dx[i] = float32(dy[i]) if float32(y[i]) > float32(0.0) else float32(0.0)
 
 
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
@@ -98,4 +98,6 @@ def relu_backward_cpu(y, dy, dx) -> None:
 PTX_CHECKS = [
     (relu_forward_kernel, "void(float32[::1], float32[::1])"),
     (relu_backward_kernel, "void(float32[::1], float32[::1], float32[::1])"),
+    (relu_forward_kernel, "void(float16[::1], float16[::1])"),             # mixed precision on gpu/sim
+    (relu_backward_kernel, "void(float16[::1], float16[::1], float16[::1])"),
 ]

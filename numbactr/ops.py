@@ -15,11 +15,31 @@ from .kernels import bce, bias, concat, embedding_bag, interaction, relu
 from .device import compiled_cpu as _compiled, contig as _contig, uses_kernels as _kernels, xp as _xp  # noqa: F401
 
 
+def _half_mm(a, b):
+    """a @ b of float16 matrices with float32 accumulation and a float16 result (mixed precision on gpu and
+    sim): cuBLAS's tensor-core GEMM through CuPy on a GPU (CuPy's default compute type for float16 inputs
+    is float32); on the simulator NumPy in float32, rounded to float16 once (NumPy's own float16 product
+    would round every partial sum)."""
+    if _xp() is np:
+        return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    return a @ b
+
+
 # ---- InnerProduct: y = x W + b ---------------------------------------------------------------
 class Linear(Function):
+    # mixed precision on gpu/sim: float16 x and y, the GEMMs in float16 with float32 accumulation on a
+    # float16 copy of the float32 master weights (HugeCTR's layers keep one too), the bias added in float32
+    half_native = True
+
     @staticmethod
     def forward(ctx: Context, x, w, b):
         x2 = x.reshape(-1, x.shape[-1])                          # (B*, K): applied to the last dim
+        if ctx.native_half:
+            x2, w16 = _contig(x2.astype(np.float16, copy=False)), w.astype(np.float16)
+            y = _half_mm(x2, w16)                                # (B*, N) float16
+            bias.bias_add(y, b)
+            ctx.x2, ctx.w, ctx.in_shape = x2, w16, x.shape
+            return y.reshape(*x.shape[:-1], w.shape[1])
         y = x2 @ w                                               # (B*, N)
         if _kernels():
             bias.bias_add(y, b)
@@ -33,6 +53,13 @@ class Linear(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         dy2 = dy.reshape(-1, dy.shape[-1])                       # (B*, N)
+        if ctx.native_half:
+            dy2 = _contig(dy2.astype(np.float16, copy=False))
+            dw = _half_mm(ctx.x2.T, dy2).astype(np.float32)      # (K, N): float16 GEMM, float32 for the update
+            db = _xp().empty((dy2.shape[1],), np.float32)
+            bias.bias_grad(dy2, db)
+            dx = _half_mm(dy2, ctx.w.T).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
+            return dx, dw, db
         dw = ctx.x2.T @ dy2                                      # (K, N)
         if _kernels():
             db = _xp().empty((dy2.shape[1],), np.float32)
@@ -47,6 +74,8 @@ class Linear(Function):
 
 
 class ReLU(Function):
+    half_native = True                 # gpu/sim kernels load float16, compare in float32, store float16
+
     @staticmethod
     def forward(ctx: Context, x):
         if _kernels():
@@ -74,31 +103,40 @@ class ReLU(Function):
 class Concat(Function):
     """Concatenate along ``axis`` (2-D: axis 1; 3-D: axis 1 or 2)."""
 
+    half_native = True                 # gpu/sim: float16 copied as float16
+
     @staticmethod
     def forward(ctx: Context, *xs, axis: int = 1):
         ctx.axis, ctx.widths = axis, [x.shape[axis] for x in xs]
+        dtype = np.float16 if ctx.native_half else np.float32
+        if ctx.native_half:
+            xs = tuple(x.astype(np.float16, copy=False) for x in xs)
         if _kernels():
             shape = list(xs[0].shape)
             shape[axis] = sum(ctx.widths)
-            out = _xp().empty(tuple(shape), np.float32)
+            out = _xp().empty(tuple(shape), dtype)
             concat.concat_forward([_contig(x) for x in xs], out, axis=axis)
             return out
         return concat.concat_forward_ref(xs, axis=axis)
 
     @staticmethod
     def backward(ctx: Context, dy):
+        if ctx.native_half:
+            dy = dy.astype(np.float16, copy=False)
         if _kernels():
             dxs = []
             for w in ctx.widths:
                 shape = list(dy.shape)
                 shape[ctx.axis] = w
-                dxs.append(_xp().empty(tuple(shape), np.float32))
+                dxs.append(_xp().empty(tuple(shape), dy.dtype if ctx.native_half else np.float32))
             concat.concat_backward(_contig(dy), dxs, axis=ctx.axis)
             return tuple(dxs)
         return tuple(concat.concat_backward_ref(dy, ctx.widths, axis=ctx.axis))
 
 
 class Reshape(Function):
+    half_native = True                 # a view: any dtype
+
     @staticmethod
     def forward(ctx: Context, x, shape: tuple = ()):
         ctx.in_shape = x.shape
@@ -112,19 +150,25 @@ class Reshape(Function):
 class Interaction(Function):
     """DLRM dot interaction, HugeCTR layout: [dense, strict lower triangle of Z Zᵀ, 0 pad]."""
 
+    half_native = True                 # gpu/sim kernels: float16 in and out, float32 dot products
+
     @staticmethod
     def forward(ctx: Context, dense, emb):
+        if ctx.native_half:
+            dense, emb = dense.astype(np.float16, copy=False), emb.astype(np.float16, copy=False)
         dense, emb = _contig(dense), _contig(emb)
         ctx.dense, ctx.emb = dense, emb
         if _kernels() or _compiled():
             out = _xp().empty((dense.shape[0], interaction.interaction_out_width(emb.shape[1], dense.shape[1])),
-                              np.float32)
+                              np.float16 if ctx.native_half else np.float32)
             (interaction.interaction_forward if _kernels() else interaction.interaction_forward_cpu)(dense, emb, out)
             return out
         return interaction.interaction_forward_ref(dense, emb)
 
     @staticmethod
     def backward(ctx: Context, dy):
+        if ctx.native_half:
+            dy = dy.astype(np.float16, copy=False)
         if _kernels() or _compiled():
             d_dense, d_emb = _xp().empty_like(ctx.dense), _xp().empty_like(ctx.emb)
             (interaction.interaction_backward if _kernels() else interaction.interaction_backward_cpu)(

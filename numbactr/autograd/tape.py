@@ -19,6 +19,7 @@ skips a step whose scaled half-precision gradients overflowed.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,18 @@ class autocast:  # noqa: N801 (a context manager, named like torch's)
     def __exit__(self, *exc):
         _POLICY.half, _POLICY.keep_outputs = self._prev
         return False
+
+
+def _native_half(half) -> bool:
+    """Whether half_native ops take half tensors directly: float16 on the gpu and sim devices (their
+    kernels take float16), unless NUMBACTR_HALF_KERNELS=0."""
+    from .. import device
+    if half != np.float16 or not device.uses_kernels():
+        return False
+    raw = os.environ.get("NUMBACTR_HALF_KERNELS", "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"NUMBACTR_HALF_KERNELS={raw!r}: expected 1 (float16 kernels, the default) or 0")
+    return raw == "1"
 
 
 def _up(a, half):
@@ -98,10 +111,20 @@ class Context:
     def __init__(self):
         self.needs_input_grad: tuple[bool, ...] = ()
         self.half = None          # the autocast half dtype this call ran under (None: float32)
+        self.native_half = False  # the op took and gave half tensors itself (Function.half_native)
 
 
 class Function:
-    """One differentiable op. Subclasses define static ``forward`` and ``backward`` on raw arrays."""
+    """One differentiable op. Subclasses define static ``forward`` and ``backward`` on raw arrays.
+
+    Under mixed precision an op gets float32 copies of its half-precision inputs and its outputs are
+    rounded to half afterwards, unless it is ``half_native``: then, on the gpu and sim devices with
+    float16, it gets the float16 tensors themselves and returns float16 activations (its kernels load
+    float16, compute in float32 and round once on the store, its matrix products run in float16 with
+    float32 accumulation, as tensor cores do), and its backward gets float16 gradients. No float32 copy
+    of an activation is made. NUMBACTR_HALF_KERNELS=0 turns this off (every op converts, as on cpu)."""
+
+    half_native = False
 
     @staticmethod
     def forward(ctx: Context, *args: Any, **params: Any):  # -> array or tuple of arrays
@@ -117,6 +140,10 @@ class Function:
         ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
         half = _POLICY.half
         if half is None:
+            out = cls.forward(ctx, *(t.data for t in inputs), **params)
+            outs = out if isinstance(out, tuple) else (out,)
+        elif cls.half_native and not _POLICY.keep_outputs and _native_half(half):
+            ctx.half, ctx.native_half = half, True
             out = cls.forward(ctx, *(t.data for t in inputs), **params)
             outs = out if isinstance(out, tuple) else (out,)
         else:                                      # mixed precision: float32 math, half storage
@@ -178,7 +205,7 @@ class Tape:
             if all(g is None for g in out_grads):
                 continue
             half = ctx.half
-            if half is not None:                   # the mirror of apply(): float32 in, own dtype out
+            if half is not None and not ctx.native_half:   # the mirror of apply(): float32 in, own dtype out
                 out_grads = [None if g is None else _up(g, half) for g in out_grads]
             for g in out_grads:
                 self._note(g)

@@ -13,6 +13,7 @@ from ..autograd import Context, Function, Tensor
 from ..enums import Activation_t, FcPosition_t, Initializer_t, Layer_t
 from ..kernels import bias as bias_kernels
 from ..kernels import fused_bias_act, multi_cross
+from ..ops import _half_mm
 from . import init
 from .base import Layer
 from ..device import xp as _xp, contig as _contig  # noqa: F401
@@ -20,12 +21,20 @@ from ..device import xp as _xp, contig as _contig  # noqa: F401
 
 # ---- Functions -------------------------------------------------------------------------------
 class FcBiasAct(Function):
-    """y = act(x @ w + b): x (B, K), w (K, N), b (N,) (absent when has_bias is False)."""
+    """y = act(x @ w + b): x (B, K), w (K, N), b (N,) (absent when has_bias is False).
+
+    Mixed precision on gpu/sim (half_native): float16 x, y and gradients, the GEMMs in float16 with
+    float32 accumulation on a float16 copy of the float32 master weights, bias and activation in float32
+    inside the fused kernels; the weight gradient comes out of a float16 GEMM, as in HugeCTR's fp16 layers."""
+
+    half_native = True
 
     @staticmethod
     def forward(ctx: Context, x, w, *b, relu: bool = True):
+        if ctx.native_half:
+            x, w = x.astype(np.float16, copy=False), w.astype(np.float16)
         x = _contig(x)
-        y = x @ w                                                   # (B, N)
+        y = _half_mm(x, w) if ctx.native_half else x @ w            # (B, N)
         bvec = b[0].reshape(-1) if b else None
         if device.uses_kernels():
             fused_bias_act.bias_act_forward(y, bvec, relu)
@@ -39,7 +48,7 @@ class FcBiasAct(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
-        dy = _contig(dy)
+        dy = _contig(dy.astype(np.float16, copy=False) if ctx.native_half else dy)
         if device.uses_kernels() or device.compiled_cpu():
             xp = _xp()
             if ctx.relu or ctx.has_bias:
@@ -51,8 +60,13 @@ class FcBiasAct(Function):
                 d, db = dy, None
         else:
             d, db = fused_bias_act.bias_act_backward_ref(ctx.y, dy, ctx.relu, ctx.has_bias)
-        dw = ctx.x.T @ d                                            # (K, N)
-        dx = d @ ctx.w.T if ctx.needs_input_grad[0] else None       # (B, K)
+        if ctx.native_half:
+            d = d.astype(np.float16, copy=False)
+            dw = _half_mm(ctx.x.T, d).astype(np.float32)            # (K, N), for the float32 update
+            dx = _half_mm(d, ctx.w.T) if ctx.needs_input_grad[0] else None
+        else:
+            dw = ctx.x.T @ d                                        # (K, N)
+            dx = d @ ctx.w.T if ctx.needs_input_grad[0] else None   # (B, K)
         if ctx.has_bias:
             return dx, dw, db.reshape(ctx.b_shape)
         return dx, dw

@@ -1,0 +1,134 @@
+"""Mixed precision's float16 kernels on the sim device (issue 13, item 1): the ops marked half_native
+(InnerProduct, FusedInnerProduct/MLP's FcBiasAct, ReLU, Interaction) take float16 tensors themselves,
+compute in float32 inside their kernels, round once on the store, and run their matrix products in
+float16 with float32 accumulation on a float16 copy of the float32 master weights. Each op's forward and
+backward equal a NumPy model of exactly that rounding, bit for bit; the kernels' float16 signatures
+compile to PTX (tests/test_ptx.py, from each module's PTX_CHECKS)."""
+import numpy as np
+import pytest
+
+from numbactr import device, ops
+from numbactr.autograd import Tape, Tensor
+from numbactr.autograd.tape import autocast
+from numbactr.kernels import bias, fused_bias_act, interaction, relu
+from numbactr.layers.dense import FcBiasAct
+
+F16, F32 = np.float16, np.float32
+
+
+def r16(a):
+    return np.asarray(a, F32).astype(F16)
+
+
+def mm16(a, b):
+    """The GEMM model: float16 operands, float32 products and sums, one rounding."""
+    return (np.asarray(a, F16).astype(F32) @ np.asarray(b, F16).astype(F32)).astype(F16)
+
+
+def run(fn, arrays, grad_of_out, **params):
+    """fn under autocast(float16) on a tape: (output, input gradients) as host arrays, and its Context."""
+    tape = Tape()
+    ts = [Tensor(device.xp().asarray(a), requires_grad=True) for a in arrays]
+    with autocast(F16):
+        y = fn.apply(tape, *ts, **params)
+    ctx = tape.entries[0][1]
+    tape.backward({id(y): (y, device.xp().asarray(grad_of_out(y.data)))})
+    return np.asarray(device.to_host(y.data)), [np.asarray(device.to_host(t.grad)) for t in ts], ctx
+
+
+@pytest.fixture
+def sim(on_device, monkeypatch):
+    monkeypatch.delenv("NUMBACTR_HALF_KERNELS", raising=False)
+    on_device("sim")
+
+
+def test_linear_runs_in_float16_with_float32_accumulation(sim):
+    rng = np.random.default_rng(0)
+    x, w, b = r16(rng.normal(size=(6, 5))), rng.normal(size=(5, 3)).astype(F32), rng.normal(size=3).astype(F32)
+    dy = r16(rng.normal(size=(6, 3)))
+    y, (dx, dw, db), ctx = run(ops.Linear, [x, w, b], lambda y: dy)
+    assert ctx.native_half and y.dtype == F16 and dx.dtype == F16 and dw.dtype == F32 and db.dtype == F32
+    np.testing.assert_array_equal(y, r16(mm16(x, w).astype(F32) + b))
+    np.testing.assert_array_equal(dx, mm16(dy, r16(w).T))
+    np.testing.assert_array_equal(dw, mm16(x.T, dy).astype(F32))
+    np.testing.assert_allclose(db, dy.astype(F32).sum(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("act,has_bias", [(True, True), (False, True), (True, False)])
+def test_fc_bias_act_runs_in_float16(sim, act, has_bias):
+    rng = np.random.default_rng(1)
+    x, w = r16(rng.normal(size=(7, 4))), rng.normal(size=(4, 5)).astype(F32)
+    b = [rng.normal(size=(1, 5)).astype(F32)] if has_bias else []
+    dy = r16(rng.normal(size=(7, 5)))
+    y, grads, _ = run(FcBiasAct, [x, w, *b], lambda y: dy, relu=act)
+    pre = mm16(x, w).astype(F32) + (b[0].reshape(-1) if has_bias else 0)
+    want = r16(np.maximum(pre, 0) if act else pre)
+    assert y.dtype == F16
+    np.testing.assert_array_equal(y, want)
+    d = np.where(want > 0, dy, F16(0)) if act else dy
+    np.testing.assert_array_equal(grads[0], mm16(d, r16(w).T))
+    np.testing.assert_array_equal(grads[1], mm16(x.T, d).astype(F32))
+    if has_bias:
+        np.testing.assert_allclose(grads[2].reshape(-1), d.astype(F32).sum(0), rtol=1e-6)
+
+
+def test_relu_and_interaction_equal_their_float32_kernels_rounded_once(sim, monkeypatch):
+    """ReLU and Interaction do their float32 arithmetic on the float16 values, in the same order as the
+    float32 kernels on float32 copies (NUMBACTR_HALF_KERNELS=0): the results are those rounded once."""
+    rng = np.random.default_rng(2)
+    dense, emb = r16(rng.normal(size=(3, 4))), r16(rng.normal(size=(3, 5, 4)))
+    width = interaction.interaction_out_width(5, 4)
+    dy = r16(rng.normal(size=(3, width)))
+    native = run(ops.Interaction, [dense, emb], lambda y: dy)
+    monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
+    converted = run(ops.Interaction, [dense, emb], lambda y: dy)
+    assert native[2].native_half and not converted[2].native_half
+    assert native[0].dtype == native[1][0].dtype == native[1][1].dtype == F16
+    np.testing.assert_array_equal(native[0], converted[0])
+    for a, b in zip(native[1], converted[1]):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "1")
+    x = r16(rng.normal(size=(4, 6)))
+    g = r16(rng.normal(size=(4, 6)))
+    y, (dx,), ctx = run(ops.ReLU, [x], lambda y: g)
+    assert ctx.native_half and y.dtype == dx.dtype == F16
+    np.testing.assert_array_equal(y, np.maximum(x, F16(0)))
+    np.testing.assert_array_equal(dx, np.where(x > 0, g, F16(0)))
+
+
+@pytest.mark.parametrize("axis", [1, 2])
+def test_concat_and_reshape_copy_float16(sim, axis):
+    rng = np.random.default_rng(3)
+    a, b = r16(rng.normal(size=(2, 3, 4))), r16(rng.normal(size=(2, 3, 2)) if axis == 2 else rng.normal(size=(2, 1, 4)))
+    dy = r16(rng.normal(size=np.concatenate([a, b], axis=axis).shape))
+    y, (da, db), ctx = run(ops.Concat, [a, b], lambda y: dy, axis=axis)
+    assert ctx.native_half and y.dtype == da.dtype == db.dtype == F16
+    np.testing.assert_array_equal(y, np.concatenate([a, b], axis=axis))
+    np.testing.assert_array_equal(np.concatenate([da, db], axis=axis), dy)
+    y, (dx,), ctx = run(ops.Reshape, [a], lambda y: y * F16(2), shape=(-1, 12))
+    assert ctx.native_half and y.dtype == dx.dtype == F16 and dx.shape == a.shape
+    np.testing.assert_array_equal(dx, a * F16(2))
+
+
+def test_switch_and_devices(on_device, monkeypatch):
+    """float16 kernels only where kernels run (gpu, sim) and only for float16; NUMBACTR_HALF_KERNELS=0
+    turns them off, and a bad value is a clear error."""
+    from numbactr.autograd.tape import _native_half
+    on_device("cpu")
+    assert not _native_half(np.dtype(F16))
+    on_device("sim")
+    monkeypatch.delenv("NUMBACTR_HALF_KERNELS", raising=False)
+    assert _native_half(np.dtype(F16))
+    assert not _native_half(np.dtype("float32"))
+    monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
+    assert not _native_half(np.dtype(F16))
+    monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "yes")
+    with pytest.raises(ValueError, match="NUMBACTR_HALF_KERNELS='yes'"):
+        _native_half(np.dtype(F16))
+
+
+def test_float16_signatures_are_in_the_ptx_checks():
+    for mod, kernel in ((relu, relu.relu_forward_kernel), (bias, bias.bias_add_kernel),
+                        (fused_bias_act, fused_bias_act.bias_act_forward_kernel),
+                        (interaction, interaction.interaction_forward_block_kernel)):
+        assert any(k is kernel and "float16" in sig for k, sig in mod.PTX_CHECKS), mod.__name__
