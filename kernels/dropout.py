@@ -76,7 +76,7 @@ def dropout_kernel(x, y, seed, step, layer_id, threshold, scale):
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
         h = splitmix64_mix(add64(k, mul64(uint64(i) + uint64(1), uint64(GAMMA))))
         if (h >> uint64(32)) >= threshold:
-            y[i] = x[i] * scale
+            y[i] = float32(x[i]) * scale            # a float16 x (mixed precision): float32 product
         else:
             y[i] = float32(0.0)
 
@@ -93,4 +93,5 @@ def dropout_apply(x, y, rate: float, seed: int, step: int, layer_id: int) -> Non
 
 PTX_CHECKS = [
     (dropout_kernel, "void(float32[::1], float32[::1], uint64, uint64, uint64, uint64, float32)"),
+    (dropout_kernel, "void(float16[::1], float16[::1], uint64, uint64, uint64, uint64, float32)"),
 ]

@@ -110,16 +110,16 @@ def stack_row_kernel(x, out, k):
 def add_forward_kernel(xs, y):
     # xs (K, M) -> y (M,)
     for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
-        acc = xs[0, i]
+        acc = float32(xs[0, i])
         for k in range(1, xs.shape[0]):
-            acc += xs[k, i]
+            acc += float32(xs[k, i])
         y[i] = acc
 
 
 @cuda.jit
 def sub_forward_kernel(a, b, y):
     for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
-        y[i] = a[i] - b[i]
+        y[i] = float32(a[i]) - float32(b[i])
 
 
 @cuda.jit
@@ -134,9 +134,9 @@ def sub_backward_kernel(dy, da, db):
 def multiply_forward_kernel(xs, y):
     # xs (K, M) -> y (M,)
     for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
-        acc = xs[0, i]
+        acc = float32(xs[0, i])
         for k in range(1, xs.shape[0]):
-            acc *= xs[k, i]
+            acc *= float32(xs[k, i])
         y[i] = acc
 
 
@@ -150,7 +150,7 @@ def multiply_backward_kernel(xs, dy, dxs):
         for k in range(kk):
             dxs[k, i] = p
             p *= xs[k, i]
-        s = dy[i]
+        s = float32(dy[i])
         for k in range(kk - 1, -1, -1):
             dxs[k, i] *= s
             s *= xs[k, i]
@@ -160,18 +160,18 @@ def multiply_backward_kernel(xs, dy, dxs):
 def multiply_backward_exact_kernel(xs, y, dy, dxs):
     # HugeCTR: dx_k = dy * (y / x_k), and 0 for every k where y == 0.
     for i in range(cuda.grid(1), dy.shape[0], cuda.gridsize(1)):
-        v = y[i]
+        v = float32(y[i])
         for k in range(xs.shape[0]):
             if v == float32(0.0):
                 dxs[k, i] = float32(0.0)
             else:
-                dxs[k, i] = dy[i] * (v / xs[k, i])
+                dxs[k, i] = float32(dy[i]) * (v / float32(xs[k, i]))
 
 
 @cuda.jit
 def elu_forward_kernel(x, y, alpha):
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
-        v = x[i]
+        v = float32(x[i])
         if v >= float32(0.0):
             y[i] = v
         else:
@@ -181,17 +181,17 @@ def elu_forward_kernel(x, y, alpha):
 @cuda.jit
 def elu_backward_kernel(x, dy, dx, alpha):
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
-        v = x[i]
+        v = float32(x[i])
         if v >= float32(0.0):
             dx[i] = dy[i]
         else:
-            dx[i] = alpha * math.exp(v) * dy[i]
+            dx[i] = alpha * math.exp(v) * float32(dy[i])
 
 
 @cuda.jit
 def sigmoid_forward_kernel(x, y):
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
-        v = x[i]
+        v = float32(x[i])
         e = math.exp(-abs(v))
         if v >= float32(0.0):
             y[i] = float32(1.0) / (float32(1.0) + e)
@@ -202,8 +202,8 @@ def sigmoid_forward_kernel(x, y):
 @cuda.jit
 def sigmoid_backward_kernel(y, dy, dx):
     for i in range(cuda.grid(1), y.shape[0], cuda.gridsize(1)):
-        v = y[i]
-        dx[i] = dy[i] * v * (float32(1.0) - v)
+        v = float32(y[i])
+        dx[i] = float32(dy[i]) * v * (float32(1.0) - v)
 
 
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
@@ -266,6 +266,7 @@ def sigmoid_backward(y, dy, dx) -> None:
 
 
 _V = "float32[::1]"
+_H = "float16[::1]"
 _M = "float32[:, ::1]"
 PTX_CHECKS = [
     (stack_row_kernel, f"void({_V}, {_M}, int64)"),
@@ -279,4 +280,16 @@ PTX_CHECKS = [
     (elu_backward_kernel, f"void({_V}, {_V}, {_V}, float32)"),
     (sigmoid_forward_kernel, f"void({_V}, {_V})"),
     (sigmoid_backward_kernel, f"void({_V}, {_V}, {_V})"),
+    # mixed precision on gpu/sim: float16 tensors, float32 arithmetic (the (K, M) stacks stay float32)
+    (stack_row_kernel, f"void({_H}, {_M}, int64)"),
+    (add_forward_kernel, f"void({_M}, {_H})"),
+    (sub_forward_kernel, f"void({_H}, {_H}, {_H})"),
+    (sub_backward_kernel, f"void({_H}, {_H}, {_H})"),
+    (multiply_forward_kernel, f"void({_M}, {_H})"),
+    (multiply_backward_kernel, f"void({_M}, {_H}, {_M})"),
+    (multiply_backward_exact_kernel, f"void({_M}, {_H}, {_H}, {_M})"),
+    (elu_forward_kernel, f"void({_H}, {_H}, float32)"),
+    (elu_backward_kernel, f"void({_H}, {_H}, {_H}, float32)"),
+    (sigmoid_forward_kernel, f"void({_H}, {_H})"),
+    (sigmoid_backward_kernel, f"void({_H}, {_H}, {_H})"),
 ]

@@ -14,7 +14,7 @@ HugeCTR: HugeCTR/src/layers/scale_layer.cu (upscale_kernel / downscale_kernel).
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 from .launch import launch_1d
 
@@ -54,14 +54,14 @@ def scale_backward_kernel(dy, dx, n, factor, axis, copies):
     for i in range(cuda.grid(1), dx.shape[0], cuda.gridsize(1)):
         if axis == 0:
             base = i * factor
-            acc = dy[base]
+            acc = float32(dy[base])
             for j in range(1, copies):
-                acc += dy[base + j]
+                acc += float32(dy[base + j])
         else:
             base = (i // n) * factor * n + i % n           # (b*f)*n + c
-            acc = dy[base]
+            acc = float32(dy[base])
             for j in range(1, copies):
-                acc += dy[base + j * n]
+                acc += float32(dy[base + j * n])
         dx[i] = acc
 
 
@@ -91,4 +91,6 @@ def scale_backward(dy, dx, axis: int, factor: int, first_only: bool = False) -> 
 PTX_CHECKS = [
     (scale_forward_kernel, "void(float32[::1], float32[::1], int64, int64, int64)"),
     (scale_backward_kernel, "void(float32[::1], float32[::1], int64, int64, int64, int64)"),
+    (scale_forward_kernel, "void(float16[::1], float16[::1], int64, int64, int64)"),    # mixed precision
+    (scale_backward_kernel, "void(float16[::1], float16[::1], int64, int64, int64, int64)"),
 ]

@@ -132,3 +132,41 @@ def test_float16_signatures_are_in_the_ptx_checks():
                         (fused_bias_act, fused_bias_act.bias_act_forward_kernel),
                         (interaction, interaction.interaction_forward_block_kernel)):
         assert any(k is kernel and "float16" in sig for k, sig in mod.PTX_CHECKS), mod.__name__
+
+
+def _elementwise_cases():
+    from numbactr.layers import elementwise as E
+    rng = np.random.default_rng(4)
+    x = [r16(rng.normal(size=(4, 6))) for _ in range(3)]
+    pos = [r16(rng.uniform(0.5, 1.5, size=(4, 6))) for _ in range(2)]
+    return [(E.AddFn, x, {}), (E.SubFn, x[:2], {}), (E.MultiplyFn, x, {}), (E.MultiplyFn, pos, {"exact": True}),
+            (E.ELUFn, x[:1], {"alpha": 0.7}), (E.SigmoidFn, x[:1], {}),
+            (E.ScaleFn, x[:1], {"axis": 0, "factor": 3}), (E.ScaleFn, x[:1], {"axis": 1, "factor": 2}),
+            (E.DropoutFn, x[:1], {"rate": 0.5, "seed": 7, "step": 3, "layer_id": 2})]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_elementwise_ops_equal_their_float32_kernels_rounded_once(sim, monkeypatch, case):
+    """Add, Sub, ElementwiseMultiply (both gradients), ELU, Sigmoid, Scale and Dropout: float16 in and out,
+    the same float32 arithmetic as on float32 copies (NUMBACTR_HALF_KERNELS=0), rounded once; a backward
+    that reads the op's output (Sigmoid, HugeCTR's quotient rule) reads it stored in float16, as HugeCTR."""
+    fn, xs, params = _elementwise_cases()[case]
+    dy = None
+
+    def grad(y):
+        nonlocal dy
+        if dy is None:
+            dy = r16(np.random.default_rng(5).normal(size=y.shape))
+        return dy
+    native = run(fn, xs, grad, **params)
+    monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
+    converted = run(fn, xs, grad, **params)
+    assert native[2].native_half and not converted[2].native_half
+    assert native[0].dtype == F16 and all(g.dtype == F16 for g in native[1])
+    np.testing.assert_array_equal(native[0], converted[0])
+    for a, b in zip(native[1], converted[1]):
+        if params.get("exact") or fn.__name__ == "SigmoidFn":
+            # these backwards read the op's own output y: float16 here, float32 when converting
+            np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=2e-3)
+        else:
+            np.testing.assert_array_equal(a, b)

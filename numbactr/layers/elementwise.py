@@ -52,6 +52,19 @@ class Identity(Function):
         return dy
 
 
+def _half(ctx, *arrays):
+    """The arrays as float16 when the op runs its float16 kernels (Function.half_native on gpu/sim under
+    mixed precision), else unchanged."""
+    if not ctx.native_half:
+        return arrays
+    return tuple(a.astype(np.float16, copy=False) for a in arrays)
+
+
+def _out(ctx):
+    """The dtype an op's kernels write: float16 under its float16 kernels, else float32."""
+    return np.float16 if ctx.native_half else np.float32
+
+
 def _stacked(xs):
     """(K, M) copy of K same-shape inputs, written by a kernel (one row per input)."""
     out = _xp().empty((len(xs), xs[0].size), np.float32)
@@ -62,10 +75,13 @@ def _stacked(xs):
 class AddFn(Function):
     """y = sum of K >= 2 same-shape inputs; every input's gradient is dY (shared, never written)."""
 
+    half_native = True
+
     @staticmethod
     def forward(ctx: Context, *xs):
+        xs = _half(ctx, *xs)
         if _kernels():
-            y = _xp().empty(xs[0].shape, np.float32)
+            y = _xp().empty(xs[0].shape, _out(ctx))
             ew.add_forward(_stacked(xs), y)
             return y
         return ew.add_forward_ref(xs)
@@ -76,16 +92,20 @@ class AddFn(Function):
 
 
 class SubFn(Function):
+    half_native = True
+
     @staticmethod
     def forward(ctx: Context, a, b):
+        a, b = _half(ctx, a, b)
         if _kernels():
-            y = _xp().empty(a.shape, np.float32)
+            y = _xp().empty(a.shape, _out(ctx))
             ew.sub_forward(_contig(a), _contig(b), y)
             return y
         return ew.sub_forward_ref(a, b)
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
             da, db = _xp().empty_like(dy), _xp().empty_like(dy)
             ew.sub_backward(_contig(dy), da, db)
@@ -96,12 +116,15 @@ class SubFn(Function):
 class MultiplyFn(Function):
     """y = product of K >= 2 same-shape inputs; ``exact`` picks HugeCTR's quotient gradient."""
 
+    half_native = True                 # gpu/sim: float16 in and out, the (K, M) stacks float32
+
     @staticmethod
     def forward(ctx: Context, *xs, exact: bool = False):
+        xs = _half(ctx, *xs)
         ctx.exact, ctx.shape = exact, xs[0].shape
         if _kernels():
             stacked = _stacked(xs)                             # (K, M)
-            y = _xp().empty(xs[0].shape, np.float32)
+            y = _xp().empty(xs[0].shape, _out(ctx))
             ew.multiply_forward(stacked, y)
             ctx.stacked = stacked
         else:
@@ -112,6 +135,7 @@ class MultiplyFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
             dxs = _xp().empty(ctx.stacked.shape, np.float32)  # (K, M)
             ew.multiply_backward(ctx.stacked, _contig(dy), dxs, exact=ctx.exact, y=ctx.y)
@@ -120,8 +144,11 @@ class MultiplyFn(Function):
 
 
 class ELUFn(Function):
+    half_native = True
+
     @staticmethod
     def forward(ctx: Context, x, alpha: float = 1.0):
+        (x,) = _half(ctx, x)
         ctx.x, ctx.alpha = _contig(x), alpha
         if _kernels():
             y = _xp().empty_like(ctx.x)
@@ -131,6 +158,7 @@ class ELUFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
             dx = _xp().empty_like(ctx.x)
             ew.elu_backward(ctx.x, _contig(dy), dx, ctx.alpha)
@@ -139,10 +167,13 @@ class ELUFn(Function):
 
 
 class SigmoidFn(Function):
+    half_native = True
+
     @staticmethod
     def forward(ctx: Context, x):
+        (x,) = _half(ctx, x)
         if _kernels():
-            y = _xp().empty(x.shape, np.float32)
+            y = _xp().empty(x.shape, _out(ctx))
             ew.sigmoid_forward(_contig(x), y)
         else:
             y = ew.sigmoid_forward_ref(x)
@@ -151,6 +182,7 @@ class SigmoidFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
             dx = _xp().empty_like(ctx.y)
             ew.sigmoid_backward(ctx.y, _contig(dy), dx)
@@ -161,20 +193,24 @@ class SigmoidFn(Function):
 class ScaleFn(Function):
     """Repeat elements (axis 0) or rows (axis 1) ``factor`` times; see kernels/scale.py."""
 
+    half_native = True
+
     @staticmethod
     def forward(ctx: Context, x, axis: int = 0, factor: int = 1, first_only: bool = False):
+        (x,) = _half(ctx, x)
         ctx.axis, ctx.factor, ctx.first_only, ctx.in_shape = axis, factor, first_only, x.shape
         if _kernels():
             b, n = x.shape
-            y = _xp().empty((b, n * factor) if axis == 0 else (b * factor, n), np.float32)
+            y = _xp().empty((b, n * factor) if axis == 0 else (b * factor, n), _out(ctx))
             scale_k.scale_forward(_contig(x), y, axis, factor)
             return y
         return scale_k.scale_forward_ref(x, axis, factor)
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
-            dx = _xp().empty(ctx.in_shape, np.float32)
+            dx = _xp().empty(ctx.in_shape, _out(ctx))
             scale_k.scale_backward(_contig(dy), dx, ctx.axis, ctx.factor, ctx.first_only)
             return dx
         return scale_k.scale_backward_ref(dy, ctx.axis, ctx.factor, ctx.first_only)
@@ -183,19 +219,23 @@ class ScaleFn(Function):
 class DropoutFn(Function):
     """Training-mode dropout; the backward recomputes the same hash mask (nothing is stored)."""
 
+    half_native = True
+
     @staticmethod
     def forward(ctx: Context, x, rate: float = 0.5, seed: int = 0, step: int = 0, layer_id: int = 0):
+        (x,) = _half(ctx, x)
         ctx.args = (rate, seed, step, layer_id)
         if _kernels():
-            y = _xp().empty(x.shape, np.float32)
+            y = _xp().empty(x.shape, _out(ctx))
             dropout_k.dropout_apply(_contig(x), y, *ctx.args)
             return y
         return dropout_k.dropout_forward_ref(x, *ctx.args)
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
-            dx = _xp().empty(dy.shape, np.float32)
+            dx = _xp().empty(dy.shape, _out(ctx))
             dropout_k.dropout_apply(_contig(dy), dx, *ctx.args)
             return dx
         return dropout_k.dropout_backward_ref(dy, *ctx.args)
