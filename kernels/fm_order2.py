@@ -44,7 +44,7 @@ def fm_order2_forward_kernel(x, y):
         s1 = float32(0.0)
         s2 = float32(0.0)
         for s in range(slots):
-            e = x[b, s * v_dim + v]
+            e = float32(x[b, s * v_dim + v])
             s1 += e
             s2 += e * e
         y[b, v] = float32(0.5) * (s1 * s1 - s2)
@@ -60,10 +60,10 @@ def fm_order2_backward_kernel(x, dy, dx):
         v = t % v_dim
         s1 = float32(0.0)
         for s in range(slots):
-            s1 += x[b, s * v_dim + v]
-        g = dy[b, v]
+            s1 += float32(x[b, s * v_dim + v])
+        g = float32(dy[b, v])
         for s in range(slots):
-            dx[b, s * v_dim + v] = g * (s1 - x[b, s * v_dim + v])
+            dx[b, s * v_dim + v] = g * (s1 - float32(x[b, s * v_dim + v]))
 
 
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
@@ -84,4 +84,6 @@ def fm_order2_backward(x, dy, dx) -> None:
 PTX_CHECKS = [
     (fm_order2_forward_kernel, "void(float32[:, ::1], float32[:, ::1])"),
     (fm_order2_backward_kernel, "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"),
+    (fm_order2_forward_kernel, "void(float16[:, ::1], float16[:, ::1])"),                 # mixed precision
+    (fm_order2_backward_kernel, "void(float16[:, ::1], float16[:, ::1], float16[:, ::1])"),
 ]

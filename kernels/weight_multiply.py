@@ -44,7 +44,7 @@ def weight_multiply_forward_kernel(x, w, y):
         b = o // sv
         r = o % sv
         s = r // v_dim
-        y[b, r] = x[b, s] * w[s, r % v_dim]
+        y[b, r] = float32(x[b, s]) * float32(w[s, r % v_dim])
 
 
 @cuda.jit
@@ -57,7 +57,7 @@ def weight_multiply_dgrad_kernel(dy, w, dx):
         s = t % s_dim
         acc = float32(0.0)
         for v in range(v_dim):
-            acc += dy[b, s * v_dim + v] * w[s, v]
+            acc += float32(dy[b, s * v_dim + v]) * float32(w[s, v])
         dx[b, s] = acc
 
 
@@ -69,7 +69,7 @@ def weight_multiply_wgrad_kernel(dy, x, dw):
         s = r // v_dim
         acc = float32(0.0)
         for b in range(x.shape[0]):
-            acc += dy[b, r] * x[b, s]
+            acc += float32(dy[b, r]) * float32(x[b, s])
         dw[s, r % v_dim] = acc
 
 
@@ -98,4 +98,8 @@ PTX_CHECKS = [
     (weight_multiply_forward_kernel, "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"),
     (weight_multiply_dgrad_kernel, "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"),
     (weight_multiply_wgrad_kernel, "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"),
+    # mixed precision on gpu/sim: float16 x, y, dy, dx; float32 W and dW
+    (weight_multiply_forward_kernel, "void(float16[:, ::1], float32[:, ::1], float16[:, ::1])"),
+    (weight_multiply_dgrad_kernel, "void(float16[:, ::1], float32[:, ::1], float16[:, ::1])"),
+    (weight_multiply_wgrad_kernel, "void(float16[:, ::1], float16[:, ::1], float32[:, ::1])"),
 ]

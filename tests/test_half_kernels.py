@@ -142,12 +142,15 @@ def _elementwise_cases():
     return [(E.AddFn, x, {}), (E.SubFn, x[:2], {}), (E.MultiplyFn, x, {}), (E.MultiplyFn, pos, {"exact": True}),
             (E.ELUFn, x[:1], {"alpha": 0.7}), (E.SigmoidFn, x[:1], {}),
             (E.ScaleFn, x[:1], {"axis": 0, "factor": 3}), (E.ScaleFn, x[:1], {"axis": 1, "factor": 2}),
-            (E.DropoutFn, x[:1], {"rate": 0.5, "seed": 7, "step": 3, "layer_id": 2})]
+            (E.DropoutFn, x[:1], {"rate": 0.5, "seed": 7, "step": 3, "layer_id": 2}),
+            (E.FmOrder2Fn, [r16(rng.normal(size=(4, 12)))], {"out_dim": 3}),
+            (E.WeightMultiplyFn, [x[0], rng.normal(size=(6, 3)).astype(F32)], {})]
 
 
-@pytest.mark.parametrize("case", range(9))
+@pytest.mark.parametrize("case", range(11))
 def test_elementwise_ops_equal_their_float32_kernels_rounded_once(sim, monkeypatch, case):
-    """Add, Sub, ElementwiseMultiply (both gradients), ELU, Sigmoid, Scale and Dropout: float16 in and out,
+    """Add, Sub, ElementwiseMultiply (both gradients), ELU, Sigmoid, Scale, Dropout, FmOrder2 and
+    WeightMultiply: float16 in and out (WeightMultiply's W and dW float32),
     the same float32 arithmetic as on float32 copies (NUMBACTR_HALF_KERNELS=0), rounded once; a backward
     that reads the op's output (Sigmoid, HugeCTR's quotient rule) reads it stored in float16, as HugeCTR."""
     fn, xs, params = _elementwise_cases()[case]
@@ -162,7 +165,8 @@ def test_elementwise_ops_equal_their_float32_kernels_rounded_once(sim, monkeypat
     monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
     converted = run(fn, xs, grad, **params)
     assert native[2].native_half and not converted[2].native_half
-    assert native[0].dtype == F16 and all(g.dtype == F16 for g in native[1])
+    assert native[0].dtype == F16
+    assert [g.dtype for g in native[1]] == [x.dtype for x in xs]      # float16 activations, float32 weights
     np.testing.assert_array_equal(native[0], converted[0])
     for a, b in zip(native[1], converted[1]):
         if params.get("exact") or fn.__name__ == "SigmoidFn":

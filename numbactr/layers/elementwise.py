@@ -244,17 +244,21 @@ class DropoutFn(Function):
 class WeightMultiplyFn(Function):
     """x (B, S), W (S, V) -> (B, S*V)."""
 
+    half_native = True                 # gpu/sim: float16 x and y, float32 W and dW
+
     @staticmethod
     def forward(ctx: Context, x, w):
+        (x,) = _half(ctx, x)
         ctx.x, ctx.w = _contig(x), _contig(w)
         if _kernels():
-            y = _xp().empty((x.shape[0], w.size), np.float32)
+            y = _xp().empty((x.shape[0], w.size), _out(ctx))
             wm_k.weight_multiply_forward(ctx.x, ctx.w, y)
             return y
         return wm_k.weight_multiply_forward_ref(ctx.x, ctx.w)
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
             xp = _xp()
             dx = xp.empty_like(ctx.x) if ctx.needs_input_grad[0] else None
@@ -268,17 +272,21 @@ class WeightMultiplyFn(Function):
 class FmOrder2Fn(Function):
     """x (B, S*V) -> (B, V)."""
 
+    half_native = True
+
     @staticmethod
     def forward(ctx: Context, x, out_dim: int = 1):
+        (x,) = _half(ctx, x)
         ctx.x, ctx.out_dim = _contig(x), out_dim
         if _kernels():
-            y = _xp().empty((x.shape[0], out_dim), np.float32)
+            y = _xp().empty((x.shape[0], out_dim), _out(ctx))
             fm_k.fm_order2_forward(ctx.x, y)
             return y
         return fm_k.fm_order2_forward_ref(ctx.x, out_dim)
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
             dx = _xp().empty_like(ctx.x)
             fm_k.fm_order2_backward(ctx.x, _contig(dy), dx)
