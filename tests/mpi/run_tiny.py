@@ -1,6 +1,11 @@
 """Train the tiny DLRM for a few steps on this rank and save what the equality tests compare.
 
     mpiexec -n R python tests/mpi/run_tiny.py OUT.npz TRAIN_LIST EVAL_LIST EMB OPT UPDATE STEPS [FAIL_AT]
+    mpiexec -n R python tests/mpi/run_tiny.py OUT_DIR TRAIN_LIST EVAL_LIST EMB,EMB.. OPT,OPT.. UPDATE,UPDATE.. STEPS
+
+The second form trains one fresh model per (EMB, OPT, UPDATE) of the comma-separated lists, one after the
+other in this one job (the interpreter, MPI and the compiled code start once), and writes
+OUT_DIR/EMB_OPT_UPDATE.npz for each.
 
 Rank 0 writes: the loss of every step, the dense weights after the last step, the dense gradient and
 the embedding output (whole global batch, gathered from all ranks) of the first step, and every
@@ -21,8 +26,17 @@ from tests.model_util import tiny_dlrm  # noqa: E402
 
 
 def main():
-    out, train, evl, emb, opt, update, steps = sys.argv[1:8]
+    out, train, evl, embs, opts, updates, steps = sys.argv[1:8]
     fail_at = int(sys.argv[8]) if len(sys.argv) > 8 else -1
+    combos = list(zip(embs.split(","), opts.split(","), updates.split(",")))
+    if len(combos) == 1 and out.endswith(".npz"):
+        train_one(out, train, evl, *combos[0], steps, fail_at)
+        return
+    for emb, opt, update in combos:
+        train_one(os.path.join(out, f"{emb}_{opt}_{update}.npz"), train, evl, emb, opt, update, steps, fail_at)
+
+
+def train_one(out, train, evl, emb, opt, update, steps, fail_at):
     comm = world()
     model = tiny_dlrm(train, evl, batch=12, lr=0.05, optimizer=hugectr.Optimizer_t[opt],
                       update=hugectr.Update_t[update], embedding=hugectr.Embedding_t[emb])
