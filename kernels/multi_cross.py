@@ -104,13 +104,13 @@ def make_v1_forward_kernel(tpb: int):
         for r in range(cuda.blockIdx.x, x0.shape[0], cuda.gridDim.x):    # uniform per block
             acc = float32(0.0)
             for j in range(t, width, tpb):
-                acc += xl[r, j] * w[j]
+                acc += float32(xl[r, j]) * w[j]
             part[t] = acc
             block_sum(part, t, tpb)
             dot = part[0]
             cuda.syncthreads()
             for j in range(t, width, tpb):
-                out[r, j] = x0[r, j] * dot + xl[r, j] + b[j]
+                out[r, j] = float32(x0[r, j]) * dot + float32(xl[r, j]) + b[j]
             if t == 0:
                 h[r] = dot
 
@@ -130,18 +130,18 @@ def make_v1_backward_rows_kernel(tpb: int):
         for r in range(cuda.blockIdx.x, x0.shape[0], cuda.gridDim.x):
             acc = float32(0.0)
             for j in range(t, width, tpb):
-                acc += g[r, j] * x0[r, j]
+                acc += float32(g[r, j]) * float32(x0[r, j])
             part[t] = acc
             block_sum(part, t, tpb)
             d = part[0]
             cuda.syncthreads()
             hr = h[r]
             for j in range(t, width, tpb):
-                gj = g[r, j]
+                gj = float32(g[r, j])
                 if first != 0:
                     dx0[r, j] = gj * hr
                 else:
-                    dx0[r, j] += gj * hr
+                    dx0[r, j] = float32(dx0[r, j]) + gj * hr
                 dxl[r, j] = gj + d * w[j]
             if t == 0:
                 dh[r] = d
@@ -164,8 +164,8 @@ def make_v1_param_grad_kernel(tpb: int):
             a1 = float32(0.0)
             a2 = float32(0.0)
             for m in range(t, rows, tpb):
-                a1 += dh[m] * xl[m, c]
-                a2 += g[m, c]
+                a1 += dh[m] * float32(xl[m, c])
+                a2 += float32(g[m, c])
             s_w[t] = a1
             s_b[t] = a2
             block_sum2(s_w, s_b, t, tpb)
@@ -182,7 +182,7 @@ def mc_v2_forward_kernel(x0, xl, z, b, out):
     # flat (B*D,) views; b (D,): out = x0 * (z + b) + xl
     n = b.shape[0]
     for i in range(cuda.grid(1), x0.shape[0], cuda.gridsize(1)):
-        out[i] = x0[i] * (z[i] + b[i % n]) + xl[i]
+        out[i] = float32(x0[i]) * (float32(z[i]) + b[i % n]) + float32(xl[i])
 
 
 @cuda.jit
@@ -190,20 +190,20 @@ def mc_v2_backward_kernel(g, x0, z, b, first, dz, dx0):
     # flat (B*D,) views: dz = g * x0; dx0 (+)= g * (z + b)
     n = b.shape[0]
     for i in range(cuda.grid(1), g.shape[0], cuda.gridsize(1)):
-        gi = g[i]
-        dz[i] = gi * x0[i]
-        v = gi * (z[i] + b[i % n])
+        gi = float32(g[i])
+        dz[i] = gi * float32(x0[i])
+        v = gi * (float32(z[i]) + b[i % n])
         if first != 0:
             dx0[i] = v
         else:
-            dx0[i] += v
+            dx0[i] = float32(dx0[i]) + v
 
 
 @cuda.jit
 def mc_add_kernel(a, b, out):
     # flat views: out = a + b (the input's two gradient paths)
     for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
-        out[i] = a[i] + b[i]
+        out[i] = float32(a[i]) + float32(b[i])
 
 
 # ---- launch wrappers (contiguous float32; allocate nothing) ----------------------------------
@@ -238,6 +238,7 @@ def add(a, b, out) -> None:
 
 
 _M, _V = "float32[:, ::1]", "float32[::1]"
+_MH, _VH = "float16[:, ::1]", "float16[::1]"
 PTX_CHECKS = [
     (make_v1_forward_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, {_M}, {_V})"),
     (make_v1_backward_rows_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, int32, {_M}, {_M}, {_V})"),
@@ -245,4 +246,11 @@ PTX_CHECKS = [
     (mc_v2_forward_kernel, f"void({_V}, {_V}, {_V}, {_V}, {_V})"),
     (mc_v2_backward_kernel, f"void({_V}, {_V}, {_V}, {_V}, int32, {_V}, {_V})"),
     (mc_add_kernel, f"void({_V}, {_V}, {_V})"),
+    # mixed precision on gpu/sim: float16 x0, x_l, z and their gradients; float32 weights, h and dh
+    (make_v1_forward_kernel(256), f"void({_MH}, {_MH}, {_V}, {_V}, {_MH}, {_V})"),
+    (make_v1_backward_rows_kernel(256), f"void({_MH}, {_MH}, {_V}, {_V}, int32, {_MH}, {_MH}, {_V})"),
+    (make_v1_param_grad_kernel(256), f"void({_MH}, {_MH}, {_V}, {_V}, {_V})"),
+    (mc_v2_forward_kernel, f"void({_VH}, {_VH}, {_VH}, {_V}, {_VH})"),
+    (mc_v2_backward_kernel, f"void({_VH}, {_VH}, {_VH}, {_V}, int32, {_VH}, {_VH})"),
+    (mc_add_kernel, f"void({_VH}, {_VH}, {_VH})"),
 ]

@@ -174,3 +174,32 @@ def test_elementwise_ops_equal_their_float32_kernels_rounded_once(sim, monkeypat
             np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=2e-3)
         else:
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_multicross_runs_in_float16(sim, monkeypatch, version):
+    """MultiCross v1/v2 (3 layers): float16 x_l and gradients, float32 parameter gradients; each layer's
+    output is rounded to float16 (HugeCTR's fp16 MultiCross), so the result stays within float16's
+    precision of the same stack computed in float32 on converted copies."""
+    from numbactr.layers.dense import MultiCrossV1, MultiCrossV2
+    rng = np.random.default_rng(6)
+    x0 = r16(rng.normal(size=(5, 8)) * 0.5)
+    if version == 1:
+        fn, params = MultiCrossV1, [rng.normal(size=(1, 8)).astype(F32) * 0.3 for _ in range(6)]
+    else:
+        fn = MultiCrossV2
+        params = []
+        for _ in range(3):
+            params += [rng.normal(size=(8, 3)).astype(F32) * 0.3, rng.normal(size=(3, 8)).astype(F32) * 0.3,
+                       rng.normal(size=(1, 8)).astype(F32) * 0.3]
+    dy = r16(rng.normal(size=(5, 8)))
+    native = run(fn, [x0, *params], lambda y: dy)
+    monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
+    converted = run(fn, [x0, *params], lambda y: dy)
+    assert native[2].native_half and native[0].dtype == F16
+    assert [g.dtype for g in native[1]] == [F16] + [F32] * len(params)
+    np.testing.assert_allclose(native[0].astype(F32), converted[0].astype(F32), rtol=1e-2, atol=1e-2)
+    for a, b in zip(native[1], converted[1]):
+        scale = max(1.0, float(np.abs(b.astype(F32)).max()))
+        np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=2e-2, atol=1e-2 * scale)
+    assert not np.array_equal(native[1][1], converted[1][1])       # the float16 path did run

@@ -73,11 +73,14 @@ class FcBiasAct(Function):
 
 
 class MultiCrossV1(Function):
-    """DCNv1 stack: x0 (B, D), params [w0, b0, w1, b1, ...] each (1, D) -> x_L (B, D)."""
+    """DCNv1 stack: x0 (B, D), params [w0, b0, w1, b1, ...] each (1, D) -> x_L (B, D). Mixed precision on
+    gpu/sim: float16 x_l and gradients, float32 arithmetic inside the kernels, float32 parameters."""
+
+    half_native = True
 
     @staticmethod
     def forward(ctx: Context, x0, *params):
-        x0 = _contig(x0)
+        x0 = _contig(x0.astype(np.float16, copy=False) if ctx.native_half else x0)
         ws = [p.reshape(-1) for p in params[0::2]]
         bs = [p.reshape(-1) for p in params[1::2]]
         ctx.x0, ctx.ws, ctx.pshape = x0, ws, params[0].shape
@@ -98,7 +101,7 @@ class MultiCrossV1(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
-        g = _contig(dy)
+        g = _contig(dy.astype(np.float16, copy=False) if ctx.native_half else dy)
         x0, ws, xs, hs = ctx.x0, ctx.ws, ctx.xs, ctx.hs
         if device.uses_kernels():
             xp = _xp()
@@ -124,19 +127,27 @@ class MultiCrossV1(Function):
 
 
 class MultiCrossV2(Function):
-    """DCNv2 stack: x0 (B, D), params [U0 (D, P), V0 (P, D), b0 (1, D), ...] -> x_L (B, D)."""
+    """DCNv2 stack: x0 (B, D), params [U0 (D, P), V0 (P, D), b0 (1, D), ...] -> x_L (B, D). Mixed precision
+    on gpu/sim: float16 x_l, z and gradients, float16 GEMMs (float32 accumulation) on float16 copies of U
+    and V, float32 arithmetic inside the kernels, float32 parameter gradients."""
+
+    half_native = True
 
     @staticmethod
     def forward(ctx: Context, x0, *params):
-        x0 = _contig(x0)
+        half = ctx.native_half
+        x0 = _contig(x0.astype(np.float16, copy=False) if half else x0)
         us, vs = list(params[0::3]), list(params[1::3])
+        if half:
+            us, vs = [u.astype(np.float16) for u in us], [v.astype(np.float16) for v in vs]
+        mm = _half_mm if half else (lambda a, b: a @ b)
         bs = [p.reshape(-1) for p in params[2::3]]
         ctx.x0, ctx.us, ctx.vs, ctx.bs, ctx.bshape = x0, us, vs, bs, params[2].shape
         if device.uses_kernels():
             xp = _xp()
             xs, zs = [x0], []
             for u, v, b in zip(us, vs, bs):
-                z = _contig((xs[-1] @ u) @ v)                       # (B, D)
+                z = _contig(mm(mm(xs[-1], u), v))                   # (B, D)
                 out = xp.empty_like(x0)
                 multi_cross.v2_forward(x0, xs[-1], z, b, out)
                 xs.append(out)
@@ -149,9 +160,12 @@ class MultiCrossV2(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
-        g = _contig(dy)
+        half = ctx.native_half
+        g = _contig(dy.astype(np.float16, copy=False) if half else dy)
         x0, us, vs, bs, xs, zs = ctx.x0, ctx.us, ctx.vs, ctx.bs, ctx.xs, ctx.zs
         n = len(us)
+        mm = _half_mm if half else (lambda a, b: a @ b)
+        f32 = (lambda a: a.astype(np.float32)) if half else (lambda a: a)
         if device.uses_kernels():
             xp = _xp()
             dus, dvs, dbs = [None] * n, [None] * n, [None] * n
@@ -162,10 +176,10 @@ class MultiCrossV2(Function):
                 multi_cross.v2_backward(g, x0, zs[layer], bs[layer], layer == n - 1, dz, dx0)
                 dbs[layer] = xp.empty((x0.shape[1],), np.float32)
                 bias_kernels.bias_grad(dz, dbs[layer])
-                dvs[layer] = (x @ u).T @ dz                           # (P, D)
-                dt = dz @ v.T                                         # (B, P)
-                dus[layer] = x.T @ dt                                 # (D, P)
-                gl = dt @ u.T                                         # (B, D): the x_l path's matmul part
+                dvs[layer] = f32(mm(mm(x, u).T, dz))                  # (P, D)
+                dt = mm(dz, v.T)                                      # (B, P)
+                dus[layer] = f32(mm(x.T, dt))                         # (D, P)
+                gl = mm(dt, u.T)                                      # (B, D): the x_l path's matmul part
                 nxt = xp.empty_like(x0)
                 multi_cross.add(g, _contig(gl), nxt)                  # dx_l = g + dz V^T U^T
                 g = nxt
