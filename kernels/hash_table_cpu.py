@@ -131,16 +131,21 @@ def first_occurrences(rows, mark, uniq, first, occ):
 
 
 @njit(cache=True)
-def serve_cached_cpu(tkeys, trows, keys, row_slot, row_off, slot_off, stamp, freq, clock, slot_of):
-    """Inference's warm-cache request (numbactr.inference.hps.ModelCache.serve_rows) in one call: the keys
-    (N,) uint64 are found in the key -> row table (tkeys, trows) and slot_of (N,) int64 <- the cache slot
-    of each one's row (row_slot[row + row_off] - slot_off: the row of the table's cache buffer that holds
-    its vector, which the embedding engine then pools). Each distinct slot is stamped used at `clock` (a
-    new tick: no slot holds it yet, so the stamp itself tells a slot's first occurrence) and its frequency
-    counted once, as EmbeddingCache.touch_cached does. Returns U, the number of distinct keys; or -1, with
-    nothing changed, when a key is not in the table or its row is not cached (the caller then takes the
-    general path). Three passes, each prefetching _FIND_PF ahead: a loop whose next address depends on
-    its last load would stall on every cache miss."""
+def serve_cached_cpu(tkeys, trows, keys, offsets, row_slot, row_off, slot_off, buf, stride, dim, mean, slot_of,
+                     stamp, freq, clock, out):
+    """Inference's warm-cache request in one call (numbactr.inference.hps.ModelCache.serve_pooled): the keys
+    (N,) uint64 of bags offsets (J + 1,) are found in the key -> row table (tkeys, trows), their rows'
+    cache slots read from row_slot[row + row_off], and the bags pooled straight from the cache's vectors
+    buf (slots * stride,) float32 (local slot s - slot_off at (s - slot_off) * stride) into out (J, dim):
+    per bag a float32 sum in occurrence order, times 1 / its length for MEAN (mean != 0, non-empty bags),
+    the engine's forward arithmetic (kernels/tbe_cpu.pool_bag), so the result equals copying the rows to a
+    block and pooling there. Each distinct slot is stamped used at `clock` (a new tick: no slot holds it
+    yet, so the stamp itself tells a slot's first occurrence) and its frequency counted once, as
+    EmbeddingCache.touch_cached does. slot_of (N,) int64 is scratch. Returns U, the number of distinct keys;
+    or -1, with nothing changed (out undefined), when a key is not in the table or its row is not cached:
+    the caller then takes the general path.
+    Three passes, each with its loads prefetched _FIND_PF ahead (a fused loop whose next address depends
+    on the last load stalls on every cache miss): find the rows, read their slots, pool and stamp."""
     n = keys.shape[0]
     cap = tkeys.shape[0]
     for k in range(n):
@@ -159,6 +164,27 @@ def serve_cached_cpu(tkeys, trows, keys, row_slot, row_off, slot_off, stamp, fre
         if s < 0:
             return -1
         slot_of[k] = s
+    for j in range(offsets.shape[0] - 1):
+        begin, end = offsets[j], offsets[j + 1]
+        if end - begin == 1:                  # one-hot: a straight copy (the engine's pool_bag does the same)
+            if begin + _FIND_PF < n:
+                prefetch(buf, (slot_of[begin + _FIND_PF] - slot_off) * stride)
+            base = (slot_of[begin] - slot_off) * stride
+            for d in range(dim):
+                out[j, d] = buf[base + d]
+            continue
+        for d in range(dim):
+            out[j, d] = np.float32(0.0)
+        for k in range(begin, end):
+            if k + _FIND_PF < n:
+                prefetch(buf, (slot_of[k + _FIND_PF] - slot_off) * stride)
+            base = (slot_of[k] - slot_off) * stride
+            for d in range(dim):
+                out[j, d] += buf[base + d]
+        if mean and end > begin:
+            scale = np.float32(1.0) / np.float32(end - begin)
+            for d in range(dim):
+                out[j, d] *= scale
     u = 0
     for k in range(n):
         if k + _FIND_PF < n:
@@ -169,5 +195,4 @@ def serve_cached_cpu(tkeys, trows, keys, row_slot, row_off, slot_off, stamp, fre
             stamp[s] = clock
             freq[s] += 1
             u += 1
-        slot_of[k] = s - slot_off
     return u

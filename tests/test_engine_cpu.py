@@ -148,19 +148,3 @@ def test_count_bad_indices_agrees_with_the_repairing_check(layout):
     assert not C.offsets_valid(np.array([0, 2, 1, 3], np.int64), 3)
     assert not C.offsets_valid(np.array([0, 2, 4], np.int64), 3)
     assert not C.offsets_valid(np.array([0, 1, 2], np.int64), 3)
-
-
-def test_use_weights_reads_a_caller_buffer_of_the_engines_layout(cpu):
-    """use_weights: the engine pools (and would update) a caller-owned buffer of its own layout, as the
-    inference pooler does with an embedding cache's buffer; any other buffer is a clear error."""
-    from numbactr.embedding.engine import OptimizerSpec, TableBatchedEmbedding, TableSpec
-    eng = TableBatchedEmbedding([TableSpec(5, 3)], [0, 0], pooling=Pooling.SUM, layout=Layout.SAMPLE_MAJOR,
-                                optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.NONE)
-    buf = np.arange(eng.weights.size, dtype=np.float32)           # rows of stride 4, width 3
-    eng.use_weights(buf)
-    out = np.asarray(eng.forward_rows(np.array([2, 0, 4], np.int64), np.array([0, 1, 3], np.int64), 1))
-    np.testing.assert_array_equal(out.reshape(-1), np.concatenate([buf[8:11], buf[0:3] + buf[16:19]]))
-    for bad in (np.zeros(eng.weights.size + 4, np.float32), np.zeros(eng.weights.size, np.float64),
-                np.zeros((eng.weights.size, 2), np.float32)[:, 0]):
-        with pytest.raises(ValueError, match="use_weights: expected a contiguous"):
-            eng.use_weights(bad)

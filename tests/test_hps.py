@@ -338,11 +338,10 @@ def test_occurrence_lookup_equals_lookup_of_the_distinct_keys(dcn, threshold, de
 
 @pytest.mark.parametrize("combiner", ["sum", "mean"])
 def test_warm_request_fast_path_equals_the_block_path(dcn, combiner, tmp_path):
-    """The session's warm path (ModelCache.serve_rows: find, read the slots and stamp them in one compiled
-    pass; the engine pools straight from the cache's buffer) pools, counts and moves the LRU state exactly
-    as lookup_occurrences + pooling a block; it answers only when every key is known and cached and
-    otherwise returns None with nothing changed. Multi-hot bags with duplicates and empty bags, a cache of
-    10% with evictions between."""
+    """The session's one-pass warm path (ModelCache.serve_pooled: find, read the cache's vectors, pool,
+    stamp) pools, counts and moves the LRU state exactly as lookup_occurrences + the pooling engine; it
+    answers only when every key is known and cached and otherwise returns None with nothing changed.
+    Multi-hot bags with duplicates and empty bags, a cache of 10% with evictions between."""
     from types import SimpleNamespace
 
     from numbactr.inference.session import _Pooler
@@ -371,7 +370,7 @@ def test_warm_request_fast_path_equals_the_block_path(dcn, combiner, tmp_path):
         rows = ca.lookup_occurrences(0, req, pooler.block)
         want = np.asarray(pooler.pool(rows, offsets, n))
         before = (cb.cache.stamp.copy(), cb.cache.freq.copy(), cb.cache.clock, list(cb.hits), list(cb.queried))
-        got = cb.serve_rows(0, req)
+        got = cb.serve_pooled(0, req, offsets, combiner == "mean")
         if got is None:
             declined += 1
             after = (cb.cache.stamp, cb.cache.freq, cb.cache.clock, cb.hits, cb.queried)
@@ -380,7 +379,7 @@ def test_warm_request_fast_path_equals_the_block_path(dcn, combiner, tmp_path):
             got = np.asarray(pooler.pool(cb.lookup_occurrences(0, req, pooler.block), offsets, n))
         else:
             fast += 1
-            got = np.asarray(pooler.pool_cached(cb.buffers[0], got, offsets, n))
+            got = got.reshape(n, 3, 4)
         np.testing.assert_array_equal(got, want)
         assert (ca.hits, ca.queried, ca.cache.clock) == (cb.hits, cb.queried, cb.cache.clock)
         sa = {int(k): int(s) for k, s in zip(ca.index[0].keys_by_row(), ca.cache.row_slot[:ca.index[0].size])}

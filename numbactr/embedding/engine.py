@@ -413,18 +413,6 @@ class TableBatchedEmbedding:
         ctx = LookupContext(rows, fixed, psw, batch, pooling, feature_requires_grad)
         return self._impl.forward(ctx), ctx
 
-    def use_weights(self, buffer) -> None:
-        """Read and write the tables in `buffer` instead of the engine's own weights: a caller-owned array
-        of the same layout (sum V_t * stride_t elements of the weights' dtype, contiguous, on the device).
-        Inference's pooler reads an embedding cache's buffer this way, pooling the rows where they live."""
-        w = self.weights
-        if (getattr(buffer, "shape", None) != w.shape or buffer.dtype != w.dtype
-                or not buffer.flags.c_contiguous or type(buffer) is not type(w)):
-            raise ValueError(f"use_weights: expected a contiguous {type(w).__name__} of {w.shape} {w.dtype} (the "
-                             f"engine's layout), got {type(buffer).__name__} {getattr(buffer, 'shape', None)} "
-                             f"{getattr(buffer, 'dtype', None)}")
-        self.weights = buffer
-
     def forward_rows(self, rows, offsets, batch: int):
         """Pooled (B, sum D_f) embeddings of rows the caller made itself: rows (N,) int64 storage rows of
         the engine's tables (-1: nothing), offsets (F*B + 1,) int64 valid CSR offsets, both on the device.

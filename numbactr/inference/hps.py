@@ -27,9 +27,9 @@ first keys of each file. refresh_embedding_cache() reads every cached key again 
 steps of that percentage of the cache, so a cache follows tiers that another process updated.
 
 On the cpu device a warm request (every key known and cached, the usual case) takes one compiled pass
-instead (serve_rows, kernels/hash_table_cpu.serve_cached_cpu): find the keys, read their slots and stamp
-them used, with the same counts and LRU state as the path above; the session's embedding engine then pools
-straight from the cache's buffer (no copy of the rows into a block).
+instead (serve_pooled, kernels/hash_table_cpu.serve_cached_cpu): find, read the slots, pool the bags
+straight from the cache's buffer and stamp the slots used, with the same sums, counts and LRU state as the
+path above and no copy of the rows into a block.
 
 A key whose vector no tier has and whose default is 0 comes back as row -1: the embedding engine then adds
 nothing for it but still counts it in a mean, exactly what training's evaluation does with an unseen key,
@@ -281,25 +281,32 @@ class ModelCache:
             out[unknown] = rows_of[h + rank[u - h + new_inv.reshape(-1)]]
         return out
 
-    def serve_rows(self, t: int, keys: np.ndarray):
-        """A warm request's fast path on the cpu device: (N,) int64, the row of table t's cache buffer
-        (self.buffers[t]) that holds each key's vector, for keys (N,) uint64 when every one is known and
-        cached, found and stamped used in one compiled pass (kernels/hash_table_cpu.serve_cached_cpu);
-        None otherwise, with nothing changed (the caller takes lookup_occurrences). The same hit statistics
-        and LRU state as that path; the embedding engine pools the rows straight from the buffer."""
+    def serve_pooled(self, t: int, keys: np.ndarray, offsets: np.ndarray, mean: bool):
+        """A warm request's fast path on the cpu device: the pooled bags (J, D_t) float32 of table t's keys
+        (N,) uint64 and CSR offsets (J + 1,) int64, read straight from the cache's vectors in one compiled
+        pass (kernels/hash_table_cpu.serve_cached_cpu), when every key is known and cached; None otherwise
+        (nothing changed: the caller takes lookup_occurrences and pools the block). The same answer, hit
+        statistics and LRU state as that path: sums in occurrence order in float32, as the engine pools."""
         if not self.enabled or self.kernels:
             return None
+        n = keys.shape[0]
+        offsets = np.ascontiguousarray(offsets, np.int64)
         tkeys, trows = self.index[t].probe_arrays()
-        rows = np.empty(keys.shape[0], np.int64)
+        scratch = getattr(self, "_serve_scratch", None)
+        if scratch is None or scratch.shape[0] < n:
+            scratch = self._serve_scratch = np.empty(max(n, 1024), np.int64)
+        out = np.empty((offsets.shape[0] - 1, self.dims[t]), np.float32)
         cache = self.cache
-        u = _serve_cached_cpu(tkeys, trows, keys, cache.row_slot, int(cache.row_offsets[t]),
-                              int(cache.slot_offsets[t]), cache.stamp, cache.freq, cache.clock + 1, rows)
+        u = _serve_cached_cpu(tkeys, trows, keys, offsets, cache.row_slot, int(cache.row_offsets[t]),
+                              int(cache.slot_offsets[t]), self.buffers[t].reshape(-1), self.strides[t], self.dims[t],
+                              bool(mean), scratch, cache.stamp, cache.freq,
+                              cache.clock + 1, out)
         if u < 0:
             return None
         cache.clock += 1                      # the stamp the pass gave the request's rows (touch_cached's tick)
         self.queried[t] += u
         self.hits[t] += u
-        return rows
+        return out
 
     def _marks(self, t: int) -> np.ndarray:
         """Table t's scratch for first_occurrences: -1 for every row of its key -> row table."""

@@ -172,7 +172,6 @@ class _Pooler:
         self.e, self.slots, self.dim = e, slots, e.embedding_vec_size
         self.rows = 0
         self.engine = None
-        self.cached = None                 # (cache buffer, engine over it) for warm requests
 
     def block(self, rows: int):
         """(>= rows, stride) view of the engine's weights, rebuilt larger when needed."""
@@ -182,19 +181,6 @@ class _Pooler:
                 [TableSpec(self.rows, self.dim)], [0] * self.slots, pooling=POOLING[self.e.combiner],
                 layout=Layout.SAMPLE_MAJOR, optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.NONE)
         return self.engine.weights[:self.rows * lane_stride(self.dim)].reshape(self.rows, lane_stride(self.dim))
-
-    def pool_cached(self, buffer, rows: np.ndarray, offsets: np.ndarray, batch: int):
-        """(B, S, D) pooled bags of occurrences reading rows (N,) of an embedding cache's buffer (C, stride)
-        itself (ModelCache.serve_rows): an engine whose table is that buffer, so the pooling is the
-        engine's, with nothing copied."""
-        if self.cached is None or self.cached[0] is not buffer:
-            eng = TableBatchedEmbedding(
-                [TableSpec(buffer.shape[0], self.dim)], [0] * self.slots, pooling=POOLING[self.e.combiner],
-                layout=Layout.SAMPLE_MAJOR, optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.NONE)
-            eng.use_weights(buffer.reshape(-1))
-            self.cached = (buffer, eng)
-        out = self.cached[1].forward_rows(rows, np.ascontiguousarray(offsets, np.int64), batch)
-        return out.reshape(batch, self.slots, self.dim)
 
     def pool(self, rows: np.ndarray, offsets: np.ndarray, batch: int):
         """(B, S, D) pooled bags of occurrences reading block rows (N,) (-1: nothing), CSR offsets (B*S + 1,)."""
@@ -237,14 +223,15 @@ class InferenceSession:
         for tab, (e, pooler, (keys, offsets)) in enumerate(zip(g.embeddings, self.poolers, sparse)):
             if e.embedding_type == Embedding_t.HybridSparseEmbedding:
                 keys = hybrid_categories(e, keys, offsets, pooler.slots)
-            # a warm request on the cpu device: its keys found and marked used in one compiled pass and
-            # pooled straight from the cache's buffer; otherwise (GPU, a miss, a new key) through a block
-            rows = self.cache.serve_rows(tab, np.ascontiguousarray(keys, np.uint64))
-            if rows is not None:
-                pooled = pooler.pool_cached(self.cache.buffers[tab], rows, offsets, n)
-            else:
+            # a warm request on the cpu device: found, pooled from the cache and its rows marked used in
+            # one compiled pass; otherwise (GPU, a miss, a new key) the block path below
+            pooled = self.cache.serve_pooled(tab, np.ascontiguousarray(keys, np.uint64), offsets,
+                                             pooler.e.combiner == "mean")
+            if pooled is None:
                 rows = self.cache.lookup_occurrences(tab, keys, pooler.block)   # (N,) block row per key
                 pooled = pooler.pool(rows, offsets, n)
+            else:
+                pooled = xp.asarray(pooled).reshape(n, pooler.slots, pooler.dim)
             t[e.sparse_embedding_name] = Tensor(pooled)
         run = RunInfo(training=False, valid=n)
         for layer in g.dense_layers:
