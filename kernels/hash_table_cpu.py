@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, uint64
 
-from .tbe_cpu import prefetch
+from .tbe_cpu import pool_dispatch, prefetch
 
 _EMPTY = 0xFFFFFFFFFFFFFFFF
 _FIND_PF = 16             # keys ahead whose home slot a find prefetches
@@ -132,20 +132,19 @@ def first_occurrences(rows, mark, uniq, first, occ):
 
 @njit(cache=True)
 def serve_cached_cpu(tkeys, trows, keys, offsets, row_slot, row_off, slot_off, buf, stride, dim, mean, slot_of,
-                     stamp, freq, clock, out):
+                     stamp, freq, clock, acc, out):
     """Inference's warm-cache request in one call (numbactr.inference.hps.ModelCache.serve_pooled): the keys
     (N,) uint64 of bags offsets (J + 1,) are found in the key -> row table (tkeys, trows), their rows'
-    cache slots read from row_slot[row + row_off], and the bags pooled straight from the cache's vectors
-    buf (slots * stride,) float32 (local slot s - slot_off at (s - slot_off) * stride) into out (J, dim):
-    per bag a float32 sum in occurrence order, times 1 / its length for MEAN (mean != 0, non-empty bags),
-    the engine's forward arithmetic (kernels/tbe_cpu.pool_bag), so the result equals copying the rows to a
-    block and pooling there. Each distinct slot is stamped used at `clock` (a new tick: no slot holds it
-    yet, so the stamp itself tells a slot's first occurrence) and its frequency counted once, as
-    EmbeddingCache.touch_cached does. slot_of (N,) int64 is scratch. Returns U, the number of distinct keys;
-    or -1, with nothing changed (out undefined), when a key is not in the table or its row is not cached:
-    the caller then takes the general path.
-    Three passes, each with its loads prefetched _FIND_PF ahead (a fused loop whose next address depends
-    on the last load stalls on every cache miss): find the rows, read their slots, pool and stamp."""
+    cache slots read from row_slot[row + row_off], each distinct slot stamped used at `clock` (a new tick:
+    no slot holds it yet, so the stamp itself tells a slot's first occurrence) with its frequency counted
+    once, as EmbeddingCache.touch_cached does; then the bags are pooled straight from the cache's vectors
+    buf (slots * stride,) float32 (local slot s - slot_off at (s - slot_off) * stride) into out (J * dim,)
+    by the embedding engine's own compiled pooling (kernels/tbe_cpu.pool_dispatch; SUM, or MEAN when mean),
+    so the result equals copying the rows to a block and pooling there. slot_of (N,) int64 and acc (dim,)
+    float32 are scratch. Returns U, the number of distinct keys; or -1, with nothing changed (out
+    undefined), when a key is not in the table or its row is not cached: the caller then takes the general
+    path. Each pass prefetches _FIND_PF ahead (a fused loop whose next address depends on the last load
+    stalls on every cache miss): find the rows, read their slots, stamp them, pool."""
     n = keys.shape[0]
     cap = tkeys.shape[0]
     for k in range(n):
@@ -164,27 +163,6 @@ def serve_cached_cpu(tkeys, trows, keys, offsets, row_slot, row_off, slot_off, b
         if s < 0:
             return -1
         slot_of[k] = s
-    for j in range(offsets.shape[0] - 1):
-        begin, end = offsets[j], offsets[j + 1]
-        if end - begin == 1:                  # one-hot: a straight copy (the engine's pool_bag does the same)
-            if begin + _FIND_PF < n:
-                prefetch(buf, (slot_of[begin + _FIND_PF] - slot_off) * stride)
-            base = (slot_of[begin] - slot_off) * stride
-            for d in range(dim):
-                out[j, d] = buf[base + d]
-            continue
-        for d in range(dim):
-            out[j, d] = np.float32(0.0)
-        for k in range(begin, end):
-            if k + _FIND_PF < n:
-                prefetch(buf, (slot_of[k + _FIND_PF] - slot_off) * stride)
-            base = (slot_of[k] - slot_off) * stride
-            for d in range(dim):
-                out[j, d] += buf[base + d]
-        if mean and end > begin:
-            scale = np.float32(1.0) / np.float32(end - begin)
-            for d in range(dim):
-                out[j, d] *= scale
     u = 0
     for k in range(n):
         if k + _FIND_PF < n:
@@ -195,4 +173,9 @@ def serve_cached_cpu(tkeys, trows, keys, offsets, row_slot, row_off, slot_off, b
             stamp[s] = clock
             freq[s] += 1
             u += 1
+        slot_of[k] = s - slot_off                      # the vector's row in the table's buffer
+    # the bags, pooled by the embedding engine's own compiled pooling (kernels/tbe_cpu.pool_dispatch:
+    # float32 sums in occurrence order, MEAN scaled after, the common widths unrolled)
+    pool_dispatch(buf, slot_of, acc, False, offsets, 0, offsets.shape[0] - 1, 0, 0, stride, dim, dim, uint64(0),
+                  1 if mean else 0, acc, out)
     return u

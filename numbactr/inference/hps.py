@@ -27,9 +27,9 @@ first keys of each file. refresh_embedding_cache() reads every cached key again 
 steps of that percentage of the cache, so a cache follows tiers that another process updated.
 
 On the cpu device a warm request (every key known and cached, the usual case) takes one compiled pass
-instead (serve_pooled, kernels/hash_table_cpu.serve_cached_cpu): find, read the slots, pool the bags
-straight from the cache's buffer and stamp the slots used, with the same sums, counts and LRU state as the
-path above and no copy of the rows into a block.
+instead (serve_pooled, kernels/hash_table_cpu.serve_cached_cpu): find, read the slots, stamp them used, and
+pool the bags straight from the cache's buffer with the embedding engine's compiled pooling, with the same
+sums, counts and LRU state as the path above and no copy of the rows into a block.
 
 A key whose vector no tier has and whose default is 0 comes back as row -1: the embedding engine then adds
 nothing for it but still counts it in a mean, exactly what training's evaluation does with an unseen key,
@@ -286,7 +286,7 @@ class ModelCache:
         (N,) uint64 and CSR offsets (J + 1,) int64, read straight from the cache's vectors in one compiled
         pass (kernels/hash_table_cpu.serve_cached_cpu), when every key is known and cached; None otherwise
         (nothing changed: the caller takes lookup_occurrences and pools the block). The same answer, hit
-        statistics and LRU state as that path: sums in occurrence order in float32, as the engine pools."""
+        statistics and LRU state as that path: the pooling is the engine's own compiled code."""
         if not self.enabled or self.kernels:
             return None
         n = keys.shape[0]
@@ -299,8 +299,8 @@ class ModelCache:
         cache = self.cache
         u = _serve_cached_cpu(tkeys, trows, keys, offsets, cache.row_slot, int(cache.row_offsets[t]),
                               int(cache.slot_offsets[t]), self.buffers[t].reshape(-1), self.strides[t], self.dims[t],
-                              bool(mean), scratch, cache.stamp, cache.freq,
-                              cache.clock + 1, out)
+                              bool(mean), scratch, cache.stamp, cache.freq, cache.clock + 1,
+                              np.empty(self.dims[t], np.float32), out.reshape(-1))
         if u < 0:
             return None
         cache.clock += 1                      # the stamp the pass gave the request's rows (touch_cached's tick)

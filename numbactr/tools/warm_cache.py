@@ -58,7 +58,7 @@ def _hash_and_dense_cases():
     keys = np.arange(1, 5, dtype=np.uint64)
     serve_cached_cpu(tkeys, trows, keys, np.arange(5, dtype=np.int64), np.arange(100, dtype=np.int64), 0, 0,
                      np.zeros(400, np.float32), 4, 4, False, np.empty(4, np.int64), np.zeros(100, np.int64),
-                     np.zeros(100, np.int64), 1, np.empty((4, 4), np.float32))
+                     np.zeros(100, np.int64), 1, np.empty(4, np.float32), np.empty(16, np.float32))
     b, s, v = 3, 4, 8
     dense = np.ones((b, v), np.float32)
     emb = np.ones((b, s, v), np.float32)
