@@ -72,6 +72,29 @@ def init_new_rows(pool, rows, keys, first_new: int, seed: int, lo: float, hi: fl
               np.uint64(seed), np.float32(lo), np.float32(hi - lo))
 
 
+@cuda.jit
+def init_flagged_rows_kernel(pool, rows, keys, flags, seed, lo, span):
+    """init_new_rows_kernel for the rows of occurrences flagged new (flags[k] != 0, rows[k] >= 0): the
+    deferred hash insert's first occurrences (kernels.hash_table.hash_insert_deferred), no threshold read."""
+    d_size = pool.shape[1]
+    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
+        k = i // d_size
+        d = i - k * d_size
+        r = rows[k]
+        if flags[k] != 0 and r >= 0:
+            base = _splitmix64(keys[k] ^ _splitmix64(seed))
+            h = _splitmix64(add64(base, uint64(d)))
+            u = float32(h >> uint64(40)) * float32(1.0 / 16777216.0)
+            pool[r, d] = lo + span * u
+
+
+def init_flagged_rows(pool, rows, keys, flags, seed: int, lo: float, hi: float) -> None:
+    """In place: pool (V, D) float32 (any row stride), rows (N,) int64, keys (N,) uint64, flags (N,) int64."""
+    launch_1d(init_flagged_rows_kernel, rows.shape[0] * pool.shape[1], pool, rows, keys, flags, np.uint64(seed),
+              np.float32(lo), np.float32(hi - lo))
+
+
 PTX_CHECKS = [
     (init_new_rows_kernel, "void(float32[:, ::1], int64[::1], uint64[::1], int64, uint64, float32, float32)"),
+    (init_flagged_rows_kernel, "void(float32[:, :], int64[::1], uint64[::1], int64[::1], uint64, float32, float32)"),
 ]

@@ -235,6 +235,115 @@ def hash_dump_kernel(tkeys, trows, out):
             out[r] = tkeys[s]
 
 
+# ---- deferred insert: no host read (a GPU training step's path) ----------------------------------
+# The row counter lives on the device (dsize (1,) int64) and every error goes into err (4,) int64, which the
+# caller reads when it chooses to (HashTable.check): err[0] the first error's code (ERR_FULL: rows ran out,
+# ERR_NO_SLOT: no free slot), err[1] the new keys that batch needed, err[2] the rows in use then, err[3] the
+# smallest batch position of a reserved key (EMPTY_KEY), INT64_MAX when none. A batch that does not fit is
+# rolled back on the device exactly as the eager insert rolls it back: its new keys get row -1 (looked up as
+# nothing, never updated) and the table is as before. Occurrences of other tables (occ_table[i] != t, for
+# t >= 0) are skipped: slot SKIP, rows_out left as it was.
+ERR_FULL, ERR_NO_SLOT = 1, 2
+SKIP = -2
+
+
+@cuda.jit
+def hash_claim_masked_kernel(tkeys, trows, tfirst, keys, occ_table, t, slots, status, err):
+    """hash_claim_kernel over the occurrences of table t (all when t < 0); a reserved key takes slot -1
+    and its position goes to err[3] (atomic min)."""
+    empty = uint64(0xFFFFFFFFFFFFFFFF)
+    cap = tkeys.shape[0]
+    for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
+        if t >= 0 and occ_table[i] != t:
+            slots[i] = SKIP
+            continue
+        key = keys[i]
+        if key == empty:
+            slots[i] = -1
+            cuda.atomic.min(err, 3, int64(i))
+            continue
+        s = _home_slot(key, cap)
+        found = int64(-1)
+        for _ in range(cap):
+            here = tkeys[s]
+            if here == key:
+                found = s
+                break
+            if here == empty:
+                old = cuda.atomic.cas(tkeys, s, empty, key)
+                if old == empty or old == key:
+                    found = s
+                    break
+            s += 1
+            if s == cap:
+                s = 0
+        slots[i] = found
+        if found < 0:
+            status[0] = 1
+        elif trows[found] == -1:
+            cuda.atomic.min(tfirst, found, int64(i))
+
+
+@cuda.jit
+def hash_mark_masked_kernel(trows, tfirst, slots, flags):
+    """hash_mark_kernel where skipped and failed occurrences (slot < 0) are never first occurrences."""
+    for i in range(cuda.grid(1), slots.shape[0], cuda.gridsize(1)):
+        s = slots[i]
+        flags[i] = int64(1) if s >= 0 and trows[s] == -1 and tfirst[s] == i else int64(0)
+
+
+@cuda.jit(device=True, inline=True)
+def _over(pos, n, dsize, max_rows, status):
+    """Does this batch fail (no slot for some key, or more new keys than rows left)?"""
+    return status[0] != 0 or dsize[0] + pos[n] > max_rows
+
+
+@cuda.jit
+def hash_assign_deferred_kernel(tkeys, trows, tfirst, slots, flags, pos, dsize, max_rows, status, err):
+    """Rows dsize[0] + pos[i] for the batch's new keys; or, when the batch fails, its claimed slots freed
+    (thread 0 records the first failure in err)."""
+    n = slots.shape[0]
+    over = _over(pos, n, dsize, max_rows, status)
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        s = slots[i]
+        if over:
+            if s >= 0 and trows[s] == -1:           # claimed by this batch: free it (duplicates agree)
+                tkeys[s] = uint64(0xFFFFFFFFFFFFFFFF)
+                tfirst[s] = int64(0x7FFFFFFFFFFFFFFF)
+            if i == 0 and err[0] == 0:
+                err[0] = ERR_NO_SLOT if status[0] != 0 else ERR_FULL
+                err[1] = pos[n]
+                err[2] = dsize[0]
+        elif flags[i] != 0:
+            trows[s] = dsize[0] + pos[i]
+            tfirst[s] = int64(0x7FFFFFFFFFFFFFFF)
+
+
+@cuda.jit
+def hash_gather_deferred_kernel(trows, slots, pos, dsize, max_rows, status, rows):
+    """rows[i] <- trows[slots[i]] (-1 for failed keys; skipped occurrences untouched); thread 0 then moves
+    the row counter past the new keys (when the batch did not fail)."""
+    n = slots.shape[0]
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        s = slots[i]
+        if s >= 0:
+            rows[i] = trows[s]
+        elif s == -1:
+            rows[i] = -1
+    if cuda.grid(1) == 0 and not _over(pos, n, dsize, max_rows, status):
+        dsize[0] = dsize[0] + pos[n]
+
+
+@cuda.jit
+def scatter_flagged_kernel(dst, rows, flags, values):
+    """dst[rows[i]] <- values[i] where flags[i] != 0 and rows[i] >= 0 (e.g. a Localized table's slot of each
+    new row, from its key's first occurrence)."""
+    for i in range(cuda.grid(1), rows.shape[0], cuda.gridsize(1)):
+        r = rows[i]
+        if flags[i] != 0 and r >= 0:
+            dst[r] = values[i]
+
+
 # ---- launch wrappers (allocate nothing but error-path host copies) ----------------------------
 def _host(a) -> np.ndarray:
     if hasattr(a, "get"):               # cupy
@@ -291,6 +400,29 @@ def hash_insert(tkeys, trows, tfirst, keys, base: int, max_rows: int, slots, fla
     return n_new
 
 
+def hash_insert_deferred(tkeys, trows, tfirst, keys, occ_table, t: int, dsize, max_rows: int, slots, flags, pos,
+                         rows_out, status, err, *, scan_threads: int | None = None, partials=None) -> None:
+    """Insert the keys (N,) uint64 of table t's occurrences (occ_table (N,) int64; t < 0: all) with no host
+    read: rows_out[i] <- the row of keys[i] (-1 when the batch failed or the key is reserved; untouched for
+    other tables' occurrences), flags[i] = 1 at each new key's first occurrence, dsize[0] += new keys. See
+    the section comment above for err. Scratch as hash_insert's."""
+    n = keys.shape[0]
+    if n == 0:
+        return
+    status[0] = 0
+    launch_1d(hash_claim_masked_kernel, n, tkeys, trows, tfirst, keys, occ_table, np.int64(t), slots, status, err)
+    launch_1d(hash_mark_masked_kernel, n, trows, tfirst, slots, flags)
+    exclusive_scan(flags, pos, threads=scan_threads, partials=partials)
+    launch_1d(hash_assign_deferred_kernel, n, tkeys, trows, tfirst, slots, flags, pos, dsize, np.int64(max_rows),
+              status, err)
+    launch_1d(hash_gather_deferred_kernel, n, trows, slots, pos, dsize, np.int64(max_rows), status, rows_out)
+
+
+def scatter_flagged(dst, rows, flags, values) -> None:
+    """dst (V,) int64 [rows[i]] <- values[i] at flagged occurrences (see scatter_flagged_kernel)."""
+    launch_1d(scatter_flagged_kernel, rows.shape[0], dst, rows, flags, values)
+
+
 def hash_dump(tkeys, trows, out) -> None:
     """out (size,) uint64 <- the keys in row order (out[r] = key of row r)."""
     launch_1d(hash_dump_kernel, tkeys.shape[0], tkeys, trows, out)
@@ -304,4 +436,11 @@ PTX_CHECKS = [
     (hash_rollback_kernel, "void(uint64[::1], int64[::1], int64[::1], int64[::1])"),
     (hash_find_kernel, "void(uint64[::1], int64[::1], uint64[::1], int64[::1])"),
     (hash_dump_kernel, "void(uint64[::1], int64[::1], uint64[::1])"),
+    (hash_claim_masked_kernel, "void(uint64[::1], int64[::1], int64[::1], uint64[::1], int64[::1], int64, int64[::1], "
+                               "int32[::1], int64[::1])"),
+    (hash_mark_masked_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1])"),
+    (hash_assign_deferred_kernel, "void(uint64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], "
+                                  "int64[::1], int64, int32[::1], int64[::1])"),
+    (scatter_flagged_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1])"),
+    (hash_gather_deferred_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1], int64, int32[::1], int64[::1])"),
 ]

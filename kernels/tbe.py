@@ -576,15 +576,19 @@ def clamp_offsets_kernel(offsets, n, fixed, status):
 
 
 @cuda.jit
-def check_indices_kernel(indices, offsets, fixed, feature_rows, batch, layout, mode, rows, status):
+def check_indices_kernel(indices, offsets, fixed, feature_rows, batch, layout, mode, rows, status, keyed_table,
+                         occ, want_occ):
     """rows[k] <- indices[k] of every bag under the mode (out of range: FATAL kept, WARNING/IGNORE 0,
     NONE -1); positions before the first bag -1; status counts repaired offsets and bad indices and
-    keeps the first of each (atomic min: the same answer whatever the thread order)."""
+    keeps the first of each (atomic min: the same answer whatever the thread order). want_occ: also
+    occ[k] <- keyed_table[feature of k] (-1 outside every bag), the keyed table of each occurrence."""
     n_features = feature_rows.shape[0]
     n_bags = fixed.shape[0] - 1
     fill = int64(-1) if mode == 3 else int64(0)
     for k in range(cuda.grid(1), fixed[0], cuda.gridsize(1)):
         rows[k] = -1
+        if want_occ:
+            occ[k] = -1
     for j in range(cuda.grid(1), n_bags + 1, cuda.gridsize(1)):
         if fixed[j] != offsets[j]:
             cuda.atomic.add(status, ST_BAD_OFFSETS, 1)
@@ -593,6 +597,10 @@ def check_indices_kernel(indices, offsets, fixed, feature_rows, batch, layout, m
             continue
         f, _ = _bag_fb(j, n_features, batch, layout)
         limit = feature_rows[f]                            # -1: a keyed feature, not checked
+        if want_occ:
+            t = keyed_table[f]
+            for k in range(fixed[j], fixed[j + 1]):
+                occ[k] = t
         for k in range(fixed[j], fixed[j + 1]):
             v = int64(indices[k])
             if limit >= 0 and v != int64(-1) and (v < int64(0) or v >= limit):
@@ -601,6 +609,53 @@ def check_indices_kernel(indices, offsets, fixed, feature_rows, batch, layout, m
                 if mode != 0:
                     v = fill
             rows[k] = v
+
+
+#: rec (11,) int64 of deferred bounds checks (a training step on a GPU reads nothing; the caller reads rec
+#: when it chooses to): offsets repaired (sum), first repaired offset's position (-1: none) and value,
+#: indices out of range (sum), the first one's position (-1: none), feature, sample, value and table rows,
+#: and that batch's N and F*B
+REC_SIZE = 11
+
+
+def new_bounds_record(xp):
+    rec = xp.zeros(REC_SIZE, np.int64)
+    rec[1] = rec[4] = -1
+    return rec
+
+
+@cuda.jit
+def record_bounds_kernel(status, indices, offsets, fixed, feature_rows, batch, layout, rec):
+    """One thread: add this batch's bounds-check status to rec, keeping the first offender's details."""
+    if cuda.grid(1) != 0:
+        return
+    n_bags = fixed.shape[0] - 1
+    rec[0] += status[ST_BAD_OFFSETS]
+    rec[3] += status[ST_BAD_INDICES]
+    first = rec[1] < 0 and rec[4] < 0
+    if first and status[ST_BAD_OFFSETS] > 0:
+        j = status[ST_FIRST_OFFSET]
+        rec[1] = j
+        rec[2] = int64(offsets[j])
+    if first and status[ST_BAD_INDICES] > 0:
+        k = status[ST_FIRST_INDEX]
+        lo = 0                                  # the bag holding k: the last j with fixed[j] <= k
+        hi = n_bags - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fixed[mid] <= k:
+                lo = mid
+            else:
+                hi = mid - 1
+        f, b = _bag_fb(lo, feature_rows.shape[0], batch, layout)
+        rec[4] = k
+        rec[5] = f
+        rec[6] = b
+        rec[7] = int64(indices[k])
+        rec[8] = feature_rows[f]
+    if first and (status[ST_BAD_OFFSETS] > 0 or status[ST_BAD_INDICES] > 0):
+        rec[9] = indices.shape[0]
+        rec[10] = n_bags
 
 
 # ---- kernels: forward -------------------------------------------------------------------------------
@@ -930,10 +985,20 @@ def repair_offsets(offsets, n: int, fixed, status, partials) -> None:
     inclusive_max_scan(fixed, fixed, partials)
 
 
-def check_indices(indices, offsets, fixed, feature_rows, batch: int, layout: int, mode: int, rows, status) -> None:
-    """rows (N,) int64 <- the bounds-checked rows; status counts what was wrong (ST_*)."""
+def check_indices(indices, offsets, fixed, feature_rows, batch: int, layout: int, mode: int, rows, status,
+                  keyed_table, occ, want_occ: bool) -> None:
+    """rows (N,) int64 <- the bounds-checked rows; status counts what was wrong (ST_*); want_occ: also occ (N,)
+    int64 <- each occurrence's keyed table from keyed_table (F,) int64 (-1: unkeyed feature; -1 outside every
+    bag). Without want_occ, pass a small device array of its own for each (never an array passed already: the
+    simulator copies every argument back after the launch)."""
     launch_1d(check_indices_kernel, max(fixed.shape[0], 1), indices, offsets, fixed, feature_rows,
-              np.int64(batch), np.int64(layout), np.int64(mode), rows, status)
+              np.int64(batch), np.int64(layout), np.int64(mode), rows, status, keyed_table, occ, bool(want_occ))
+
+
+def record_bounds(status, indices, offsets, fixed, feature_rows, batch: int, layout: int, rec) -> None:
+    """rec += this batch's status (see REC_SIZE); one thread, no host read."""
+    launch_1d(record_bounds_kernel, 1, status, indices, offsets, fixed, feature_rows, np.int64(batch),
+              np.int64(layout), rec)
 
 
 def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw: bool, batch: int, layout: int,
@@ -997,8 +1062,14 @@ def _sig(*types) -> str:
 
 PTX_CHECKS = [
     (clamp_offsets_kernel, _sig(_I1, "int64", _I1, _I1)),
-    (check_indices_kernel, _sig(_I1, _I1, _I1, _I1, "int64", "int64", "int64", _I1, _I1)),
-    (check_indices_kernel, _sig("int32[::1]", "int32[::1]", _I1, _I1, "int64", "int64", "int64", _I1, _I1)),
+    (check_indices_kernel, _sig(_I1, _I1, _I1, _I1, "int64", "int64", "int64", _I1, _I1, _I1, _I1, "boolean")),
+    (check_indices_kernel, _sig("int32[::1]", "int32[::1]", _I1, _I1, "int64", "int64", "int64", _I1, _I1, _I1, _I1,
+                                "boolean")),
+    (check_indices_kernel, _sig("uint64[::1]", _I1, _I1, _I1, "int64", "int64", "int64", _I1, _I1, _I1, _I1,
+                                "boolean")),
+    (record_bounds_kernel, _sig(_I1, _I1, _I1, _I1, _I1, "int64", "int64", _I1)),
+    (record_bounds_kernel, _sig(_I1, "int32[::1]", "int32[::1]", _I1, _I1, "int64", "int64", _I1)),
+    (record_bounds_kernel, _sig(_I1, "uint64[::1]", _I1, _I1, _I1, "int64", "int64", _I1)),
     (linearize_kernel, _sig(_I1, _I1, _I1, _I1, "int64", "int64", "int64", _I1, _I1)),
     (segment_flags_kernel, _sig(_I1, _I1, "int64", _I1)),
     (segment_starts_kernel, _sig(_I1, _I1, "int64", _I1, _I1, _I1)),

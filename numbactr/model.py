@@ -406,6 +406,16 @@ class Model:
             total += self._regularizer(layer, valid, grad=False)
         return total
 
+    def check_deferred(self) -> None:
+        """Raise what the embeddings recorded on the device since the last check instead of reading it back in
+        every step (gpu/sim, one rank: a FATAL bounds check, a full hash table, a reserved key; see
+        SparseEmbedding.check_pending). Called every NONFINITE_CHECK_EVERY steps, at evaluation, snapshots and
+        the end of fit; nothing is read when nothing was deferred."""
+        for emb in self.embeddings:
+            check = getattr(emb, "check_pending", None)
+            if check is not None:
+                check()
+
     @property
     def current_loss(self) -> float:
         """The last training step's reported loss; a loss kept on the device is read here, once."""
@@ -509,6 +519,8 @@ class Model:
         else:
             self.current_loss = self._loss_value(t, rows)
         self._check_finite_loss(t)                 # stops before a non-finite step updates any weight
+        if (self.step + 1) % self.NONFINITE_CHECK_EVERY == 0:
+            self.check_deferred()
         if self.half is not None and not self._grads_finite(tape):
             self._skip_step()
             return True
@@ -613,6 +625,7 @@ class Model:
     def eval(self) -> bool:
         """One evaluation batch; accumulates metrics. False at the end of an epoch-mode eval source."""
         self._require_compiled("eval")
+        self.check_deferred()
         self.start_data_reading()
         batch = self._next_batch(self._eval_reader)
         if batch is None or batch.global_size == 0:
@@ -756,6 +769,7 @@ class Model:
                          "num_epochs passes over the source", stacklevel=2)
         try:
             self._fit_loop(num_epochs, max_iter, display, eval_interval, snapshot, snapshot_prefix)
+            self.check_deferred()
         finally:
             # the readers' prefetch threads stop and are joined here (also on an error); each reader keeps
             # its place, so a later train()/eval()/fit() continues its stream as HugeCTR's readers do
@@ -845,6 +859,7 @@ class Model:
         committed as one unit: a save killed at any point leaves the previous snapshot loadable. Every
         rank calls it and returns once all files exist."""
         self._require_compiled("save_params_to_files")
+        self.check_deferred()
         checkpoint.save(self, prefix, iter)
         if self.collections:        # the tables: their own atomic dump beside the dense files
             self.embedding_dump(f"{prefix}_embedding_collection_{iter}")

@@ -183,19 +183,25 @@ def test_one_hot_rows_are_keys_and_bad_keys_are_named():
         emb.forward(None, np.array([1, 4, 15, 3, 6, 14]), np.arange(7), 2, True)
 
 
-def test_simulator_kernels_equal_the_cpu_path():
-    """The engine's numba.cuda kernels (sim) and its compiled cpu code give one SparseEmbedding step alike."""
+@pytest.mark.parametrize("etype", [E.DistributedSlotSparseEmbeddingHash, E.LocalizedSlotSparseEmbeddingHash])
+def test_simulator_kernels_equal_the_cpu_path(etype):
+    """The engine's numba.cuda kernels (sim) and its compiled cpu code give one SparseEmbedding step alike (on
+    sim with the deferred checks of a GPU step: rows, initial values and a Localized table's key slots are
+    made on the device)."""
     if not device._numba_simulated():
         pytest.skip("needs the simulator")
     dy = np.random.default_rng(3).normal(size=(2, S, D)).astype(np.float32)
     got = {}
     for kind in ("cpu", "sim"):
         device.set_device(kind)
-        emb = embedding(combiner="mean", optimizer_type=O.Adam, update_type=U.Global)
+        emb = embedding(etype, combiner="mean", optimizer_type=O.Adam, update_type=U.Global)
+        assert emb.engine.defer_checks == (kind == "sim")
         outs = [train_step(emb, KEYS, OFFSETS, dy) for _ in range(2)]
         ev = device.to_host(emb.forward(None, np.array([5, 40, 7, 9]), np.array([0, 2, 2, 3, 3, 4, 4]), 2,
                                         False).data)
-        got[kind] = outs + [ev, *emb.dump(), *emb.dump_states()]
+        slots = emb.dump_slots()
+        got[kind] = outs + [ev, *emb.dump(), *emb.dump_states()] + ([] if slots is None else [slots])
+    assert len(got["sim"]) == len(got["cpu"])
     for a, b in zip(got["sim"], got["cpu"]):
         np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-5, atol=1e-7)
 

@@ -312,3 +312,79 @@ def test_hash_table_on_gpu_1m_keys():
     with pytest.raises(HashTableFullError):
         tk.insert(xp().asarray(rng.integers(2**62, 2**63, size=500_000, dtype=np.uint64)))
     check_invariants(tk)
+
+
+# ---- the deferred insert (a GPU training step's path: no host read) ---------------------------------------
+@given(batches=st.lists(st.tuples(BATCH, st.integers(0, 2**70)), min_size=1, max_size=4),
+       max_rows=st.integers(0, 40), load_factor=st.sampled_from([0.5, 1.0]))
+def test_deferred_insert_equals_the_eager_insert(batches, max_rows, load_factor):
+    """insert_deferred over the occurrences of table 0 (occ == 0; the others keep rows_out's values): the rows,
+    the new-key flags, the table and the size equal the spec's; a batch that does not fit gets rows -1 for its
+    new keys and
+    leaves the table as before, and check() raises the first such batch's HashTableFullError."""
+    t = kernel_table(max_rows, load_factor=load_factor)
+    model = DictModel(max_rows)
+    first_error = None
+    for keys, mask_bits in batches:
+        occ = np.array([(mask_bits >> i) & 1 for i in range(keys.shape[0])], np.int64)   # 0: this table
+        mine = occ == 0
+        before = table_state(t)
+        rows_out = np.full(keys.shape[0], 777, np.int64)
+        known = set(model.rows)
+        try:
+            expect = model.insert(keys[mine])
+            failed = False
+        except HashTableFullError as e:
+            failed = True
+            first_error = first_error or (e.needed, e.used, e.max_rows)
+        from tests.kernel_util import dev
+        rows, flags, _ = t.insert_deferred(dev(keys), dev(occ), 0, rows_out=dev(rows_out))
+        rows, flags = host(rows), host(flags)
+        np.testing.assert_array_equal(rows[~mine], 777)                  # other tables' occurrences untouched
+        if failed:                              # known keys keep their rows, new ones get -1
+            np.testing.assert_array_equal(rows[mine], model.find(keys[mine]))
+            after = table_state(t)
+            assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
+        else:
+            np.testing.assert_array_equal(rows[mine], expect)
+            first_new = np.zeros(keys.shape[0], bool)
+            seen = set()
+            for i in np.flatnonzero(mine):
+                k = int(keys[i])
+                if k not in known and k not in seen:
+                    first_new[i] = True
+                    seen.add(k)
+            np.testing.assert_array_equal(flags.astype(bool), first_new)
+        assert t.size == len(model.rows)
+        check_invariants(t)
+    if first_error is None:
+        t.check()
+    else:
+        with pytest.raises(HashTableFullError) as info:
+            t.check()
+        # a batch that found no free slot counts only the keys that claimed one: a lower bound
+        if info.value.max_rows > 0 and "hash slots taken" not in str(info.value):
+            assert (info.value.needed, info.value.used, info.value.max_rows) == first_error
+        t.check()                                                         # the record was cleared
+    np.testing.assert_array_equal(host(t.keys_by_row()), np.array(list(model.rows), dtype=np.uint64))
+
+
+def test_deferred_insert_records_a_reserved_key_and_reads_nothing():
+    from numbactr.kernels import launch
+    from tests.kernel_util import dev
+    t = kernel_table(10)
+    launch.reset_counts()
+    rows, flags, _ = t.insert_deferred(dev(np.array([5, 2**64 - 1, 6, 5], np.uint64)))
+    assert launch.reset_counts()["host_reads"] == 0
+    np.testing.assert_array_equal(host(rows), [0, -1, 1, 0])
+    np.testing.assert_array_equal(host(flags), [1, 0, 1, 0])
+    assert t.size == 2                                                    # one read of the device counter
+    with pytest.raises(ValueError, match=r"position 1 of a batch is reserved"):
+        t.check()
+    t.check()
+    # the eager insert continues from the device's count
+    np.testing.assert_array_equal(host(t.insert(np.array([7, 5], np.uint64))), [2, 0])
+    rows, _, _ = t.insert_deferred(dev(np.array([8, 7], np.uint64)))
+    np.testing.assert_array_equal(host(rows), [3, 2])
+    assert len(t) == 4
+    check_invariants(t)

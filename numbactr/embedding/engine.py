@@ -230,6 +230,11 @@ class TableBatchedEmbedding:
         self.impl = self._pick_impl(impl)
         self.step = 0
         self.bounds_warnings = 0
+        # defer_checks (kernels only, set by a caller that reads them at its own check points, e.g. HugeCTR's
+        # SparseEmbedding in a training step): the bounds check's status and the hash tables' errors and sizes
+        # stay on the device and check_deferred() raises what they recorded, so a lookup reads nothing back
+        self.defer_checks = False
+        self._bounds_rec = None
         # (R,) int64 device array or None: the row number stochastic rounding hashes for each linear row (None:
         # the row itself); a tiered table's engine sets it to the row each cache slot holds, so that FP16
         # training through the cache rounds as training on the whole table does
@@ -404,14 +409,86 @@ class TableBatchedEmbedding:
         # bounds check first (keyed features are not checked: their keys become rows below), so that a
         # FATAL batch raises before a hash table changes
         fixed, pre = self._impl.repair_offsets(offsets, n)
-        rows, status = self._impl.check_indices(indices, offsets, fixed, pre, batch)
-        if self.bounds_check in (BoundsCheck.FATAL, BoundsCheck.WARNING):
+        defer = self.defer_checks and self.impl == "kernels"
+        checked = self.bounds_check in (BoundsCheck.FATAL, BoundsCheck.WARNING)
+        # deferred FATAL: a bad index reads and updates nothing (NONE's -1) until check_deferred raises
+        mode = BoundsCheck.NONE if defer and self.bounds_check == BoundsCheck.FATAL else None
+        rows, status = self._impl.check_indices(indices, offsets, fixed, pre, batch, mode)
+        if checked and defer:
+            if self._bounds_rec is None:
+                self._bounds_rec = K.new_bounds_record(xp)
+            K.record_bounds(status, indices, offsets, fixed, self._impl.feature_rows, batch, int(self.layout),
+                            self._bounds_rec)
+        elif checked:
             self._report(self._impl.report(status, indices, offsets, fixed, batch), offsets, n)
-        if self.hash_tables:
+        new_rows = {}
+        # (an evaluation lookup, and uint64 keys beside unkeyed tables, whose indices are checked on the
+        # host, take the eager path)
+        mixed_u64 = indices.dtype == np.uint64 and len(self.hash_tables) < len(self.tables)
+        if self.hash_tables and defer and training and not mixed_u64:
+            new_rows = self._rows_of_keys_deferred(indices, rows, fixed, batch, training)
+        elif self.hash_tables:
             self._rows_of_keys(indices, rows, fixed, batch, training)
         rows = self._storage_rows(indices, rows, fixed, batch, training)
         ctx = LookupContext(rows, fixed, psw, batch, pooling, feature_requires_grad)
+        if new_rows:
+            ctx.extra["new_rows"] = new_rows
         return self._impl.forward(ctx), ctx
+
+    def check_deferred(self) -> None:
+        """Raise (FATAL, a full or misused hash table) or warn (WARNING) about what the lookups since the last
+        call recorded on the device (defer_checks); one host read per record that was written to."""
+        rec = self._bounds_rec
+        if rec is not None:
+            h = device.to_host(rec).astype(np.int64)
+            if h[0] or h[3]:
+                rec[...] = K.new_bounds_record(device.xp())
+                self._report_record(h)
+        for table in self.hash_tables.values():
+            table.check()
+
+    def _report_record(self, h) -> None:
+        """_report for a bounds record (kernels.tbe.REC_SIZE): the first offender of the lookups since the
+        last check, and the counts summed over them."""
+        bad_off, bad = int(h[0]), int(h[3])
+        first = (int(h[4]), int(h[5]), int(h[6]), int(h[7]), int(h[8])) if h[4] >= 0 else None
+        since = " (in the lookups since the last check; those occurrences were looked up as nothing)"
+        if self.bounds_check == BoundsCheck.FATAL:
+            if h[1] >= 0:
+                raise EmbeddingBoundsError(K.offsets_message(int(h[1]), int(h[2]), int(h[9]), int(h[10])) + since)
+            if first is not None:
+                raise EmbeddingBoundsError(K.bounds_message(first, bad, BoundsCheck.FATAL) + since)
+            raise EmbeddingBoundsError(f"{bad} indices out of range and {bad_off} offsets repaired{since}")
+        self.bounds_warnings += bad + bad_off
+        what = [K.bounds_message(first, bad, BoundsCheck.WARNING)] if first is not None else []
+        if bad_off:
+            what.append(f"{bad_off} offsets repaired (clamped into [0, N], made non-decreasing, last set to N)")
+        warnings.warn(f"TableBatchedEmbedding bounds check (lookups since the last check): {'; '.join(what)}",
+                      RuntimeWarning, stacklevel=3)
+
+    def _rows_of_keys_deferred(self, indices, rows, offsets, batch: int, training: bool) -> dict:
+        """_rows_of_keys of a training lookup with no host read (defer_checks on the kernels): each occurrence's
+        keyed table comes from a kernel, each hash table inserts its own occurrences in place in rows, new rows
+        take their initial values on the device. Returns {table: (rows, flags, keys)} of the inserts (flags: 1
+        at each new key's first occurrence), for callers that record something per new row."""
+        n = rows.shape[0]
+        if n == 0:
+            return {}
+        occ = self._scratch("occ_table", n, np.int64)       # written by the bounds check (check_indices)
+        out = {}
+        for t, table in self.hash_tables.items():
+            _, flags, keys = table.insert_deferred(indices, occ, t, rows_out=rows)
+            spec = self.tables[t]
+            view = self._table_view(self.weights, t, False)
+            if view.dtype == np.float32:
+                EI.init_flagged_rows(view, rows, keys, flags, self.seed, *spec.init_range)
+            else:                   # float16 weights: the new rows' values through the host (reads)
+                new = device.to_host(flags).astype(bool)
+                r = device.to_host(rows)[new]
+                vals = EI.row_values_ref(device.to_host(keys)[new], spec.dim, self.seed, *spec.init_range)
+                view[device.xp().asarray(r[r >= 0])] = device.xp().asarray(vals[r >= 0].astype(view.dtype))
+            out[t] = (rows, flags, keys)
+        return out
 
     def forward_rows(self, rows, offsets, batch: int):
         """Pooled (B, sum D_f) embeddings of rows the caller made itself: rows (N,) int64 storage rows of
@@ -564,7 +641,7 @@ class _RefImpl:
         first = int(np.flatnonzero(fixed != host)[0]) if bad else -1
         return device.xp().asarray(fixed), (bad, first)
 
-    def check_indices(self, indices, offsets, fixed, pre, batch: int):
+    def check_indices(self, indices, offsets, fixed, pre, batch: int, mode=None):
         """(rows, status): FATAL's rows are IGNORE's (the engine raises before anyone reads them)."""
         e = self.e
         mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
@@ -677,7 +754,7 @@ class _CpuImpl:
         bad, first = C.check_offsets(offsets, n, fixed)
         return fixed, (bad, first)
 
-    def check_indices(self, indices, offsets, fixed, pre, batch: int):
+    def check_indices(self, indices, offsets, fixed, pre, batch: int, mode=None):
         e = self.e
         frows = e._feature_rows()
         # a clean int64 batch of an engine without keyed tables is its own rows: read, never written
@@ -784,6 +861,8 @@ class _KernelImpl:
             xp.asarray(a) for a in (eng.elem_offsets, eng.strides, eng.dims, eng.row_offsets, eng.feature_cols))
         self.ftable = xp.asarray(np.asarray(eng.feature_table_map, np.int64))
         self.feature_rows = xp.asarray(eng._feature_rows())
+        self.keyed_table = xp.asarray(np.array([t if eng.tables[t].keyed else -1 for t in eng.feature_table_map],
+                                               np.int64))
         self.max_dim = int(eng.dims.max())
         self.w_half = eng.weights_precision == Precision.FP16
         self.no_f32 = xp.zeros(1, np.float32)           # stands in for an absent float array
@@ -804,11 +883,15 @@ class _KernelImpl:
         K.repair_offsets(offsets, n, fixed, status, e._scratch("scan", scan_partials_size(fixed.shape[0]), np.int64))
         return fixed, status
 
-    def check_indices(self, indices, offsets, fixed, status, batch: int):
+    def check_indices(self, indices, offsets, fixed, status, batch: int, mode=None):
         e = self.e
         rows = device.xp().empty(indices.shape[0], np.int64)
-        mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
-        K.check_indices(indices, offsets, fixed, self.feature_rows, batch, int(e.layout), int(mode), rows, status)
+        if mode is None:
+            mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
+        want = bool(e.defer_checks and e.hash_tables)      # the deferred keyed lookup's occurrence tables
+        occ = e._scratch("occ_table", indices.shape[0], np.int64) if want else self.no_i64
+        K.check_indices(indices, offsets, fixed, self.feature_rows, batch, int(e.layout), int(mode), rows, status,
+                        self.keyed_table, occ, want)
         return rows, status
 
     def report(self, status, indices, offsets, fixed, batch: int):
@@ -891,6 +974,12 @@ class _KernelImpl:
         """The rows in use per table on the device, uploaded again only when a keyed table grew (an
         upload is a host synchronization; a keyed step has one anyway)."""
         e = self.e
+        if e.defer_checks:          # keyed tables' counts copied on the device (device to device: no read)
+            if self._live_dev is None or self._live_host is not None:
+                self._live_host, self._live_dev = None, device.xp().array(np.array(e.rows, np.int64))
+            for tb, table in e.hash_tables.items():
+                self._live_dev[tb:tb + 1] = table.device_size
+            return self._live_dev
         live = tuple(e.live_rows(tb) for tb in range(len(e.tables)))
         if self._live_host != live:
             self._live_host, self._live_dev = live, device.xp().asarray(np.array(live, np.int64))

@@ -48,23 +48,38 @@ class HashTable:
                         if self.use_kernels else None)                         # (C,) kernel scratch
         self._scratch_n = -1       # batch size the kernel scratch below was sized for (grown, reused)
         self._size = 0
+        # the deferred insert's device state (insert_deferred): the row counter and the error record; the
+        # host's _size is stale after a deferred insert until size is read
+        self._dsize = xp.zeros(1, dtype=numpy.int64) if self.use_kernels else None
+        self._err = self._new_err() if self.use_kernels else None
+        self._size_stale = False
+        self._unchecked = False
 
     # ---- properties ---------------------------------------------------------------------------
     @property
     def size(self) -> int:
-        """Rows in use (= distinct keys inserted)."""
+        """Rows in use (= distinct keys inserted); after a deferred insert, one read of the device counter."""
+        if self._size_stale:
+            from numbactr import device
+            self._size = int(device.to_host(self._dsize)[0])
+            self._size_stale = False
         return self._size
+
+    @property
+    def device_size(self):
+        """(1,) int64 device array: the rows in use, kept on the device (kernels only)."""
+        return self._dsize
 
     @property
     def max_rows(self) -> int:
         return self._max_rows
 
     def __len__(self) -> int:
-        return self._size
+        return self.size
 
     def __repr__(self) -> str:
         path = "kernels" if self.use_kernels else "compiled" if self.compiled else "reference"
-        return (f"HashTable(size={self._size}, max_rows={self._max_rows}, capacity={self.capacity}, "
+        return (f"HashTable(size={self.size}, max_rows={self._max_rows}, capacity={self.capacity}, "
                 f"{path})")
 
     # ---- operations ---------------------------------------------------------------------------
@@ -73,6 +88,7 @@ class HashTable:
         in order of first occurrence. HashTableFullError (table unchanged) when rows run out."""
         keys = self._as_keys(keys)
         n = keys.shape[0]
+        self._sync_size()
         if self.compiled:
             rows, n_new = self.xp.empty(n, dtype=numpy.int64), 0
             if n:
@@ -90,7 +106,64 @@ class HashTable:
                                    self._max_rows, slots, flags, pos, rows, status,
                                    scan_threads=self.scan_threads, partials=self._partials)
         self._size += n_new
+        if self.use_kernels and n_new:
+            self._dsize[0] = self._size                 # a host-to-device write: the deferred insert's counter
         return rows
+
+    def insert_deferred(self, keys, occ_table=None, t: int = -1, rows_out=None):
+        """insert() with no host read (kernels only; a GPU training step's path): (rows (N,) int64, flags (N,)
+        int64 = 1 at each new key's first occurrence, keys (N,) uint64 as inserted). With occ_table (N,) int64,
+        only the occurrences with occ_table == t are inserted and rows_out (given) keeps the others' values.
+
+        What insert() raises is recorded on the device instead and raised by check(): a batch that does not
+        fit is rolled back on the device (its new keys get row -1: looked up as nothing, never updated) and a
+        reserved key (2**64-1) gets row -1. The size is read from the device when asked for."""
+        if not self.use_kernels:
+            raise RuntimeError("insert_deferred runs the kernels (gpu/sim); use insert() on the cpu device")
+        xp = self.xp
+        keys = self._as_keys(keys, check_reserved=False)
+        n = keys.shape[0]
+        rows = rows_out if rows_out is not None else xp.empty(n, dtype=numpy.int64)
+        if n == 0:
+            return rows, xp.zeros(0, dtype=numpy.int64), keys
+        slots, flags, pos, status = self._scratch(n)
+        if occ_table is None:
+            occ_table, t = self._no_mask, -1
+        _k.hash_insert_deferred(self._tkeys, self._trows, self._tfirst, keys, occ_table, int(t), self._dsize,
+                                self._max_rows, slots, flags, pos, rows, status, self._err,
+                                scan_threads=self.scan_threads, partials=self._partials)
+        self._size_stale = self._unchecked = True
+        return rows, flags, keys
+
+    def check(self) -> None:
+        """Raise what deferred inserts since the last check recorded (one host read, none when there was no
+        deferred insert): HashTableFullError for the first batch that did not fit (it and the batches after
+        it that did not fit either were dropped: their new keys were looked up as nothing), ValueError for a
+        reserved key. The record is cleared first, so a caller that handles the error can go on."""
+        if not self._unchecked:
+            return
+        from numbactr import device
+        err = device.to_host(self._err).astype(numpy.int64)
+        self._unchecked = False
+        if err[0] == 0 and err[3] == _k.INT64_MAX:
+            return
+        self._err[...] = self.xp.asarray(self._new_err(numpy))
+        if err[0]:
+            hint = f"all {self.capacity} hash slots taken" if err[0] == _k.ERR_NO_SLOT else ""
+            raise HashTableFullError(int(err[1]), int(err[2]), self._max_rows, hint=hint)
+        raise ValueError(f"key 18446744073709551615 (2**64-1, int64 -1) at position {int(err[3])} of a batch is "
+                         "reserved: it marks empty hash-table slots and cannot be used as an embedding key "
+                         "(that occurrence was looked up as nothing)")
+
+    def _new_err(self, xp=None):
+        err = (xp or self.xp).zeros(4, dtype=numpy.int64)
+        err[3] = _k.INT64_MAX
+        return err
+
+    def _sync_size(self) -> None:
+        """Before an eager operation: the host's count equals the device's."""
+        if self._size_stale:
+            self.size                                   # noqa: B018 (reads the device counter)
 
     def find(self, keys):
         """rows (N,) int64 of keys (N,), -1 for keys not in the table; never inserts."""
@@ -112,7 +185,7 @@ class HashTable:
 
     def keys_by_row(self):
         """keys (size,) uint64 with keys[r] = the key stored in row r (for dumping the table)."""
-        out = self.xp.empty(self._size, dtype=numpy.uint64)
+        out = self.xp.empty(self.size, dtype=numpy.uint64)
         if self._size == 0:
             return out
         if self.use_kernels:
@@ -129,17 +202,23 @@ class HashTable:
         if self._tfirst is not None:
             self._tfirst.fill(_k.INT64_MAX)
         self._size = 0
+        if self._dsize is not None:
+            self._dsize.fill(0)
+        self._size_stale = False
 
     # ---- helpers ------------------------------------------------------------------------------
-    def _as_keys(self, keys):
+    def _as_keys(self, keys, check_reserved: bool = True):
         """Any integer array -> contiguous (N,) uint64 on xp (signed keys wrap: int64 -1 -> 2**64-1);
-        the reserved EMPTY_KEY raises ValueError naming the key and its position."""
+        the reserved EMPTY_KEY raises ValueError naming the key and its position (check_reserved=False: the
+        deferred insert's kernel records it instead of a host read here)."""
         xp = self.xp
         keys = xp.asarray(keys)
         if keys.dtype.kind not in "iu":
             raise TypeError(f"hash table keys must be integers (uint32/int64/uint64), got {keys.dtype}")
         flat = keys.reshape(-1)
         k64 = xp.ascontiguousarray(flat.astype(numpy.uint64, copy=False))
+        if not check_reserved:
+            return k64
         reserved = k64 == EMPTY_KEY
         if k64.shape[0] and bool(reserved.any()):
             at = int(xp.argmax(reserved))
@@ -157,5 +236,6 @@ class HashTable:
             self._pos = xp.empty(n + 1, dtype=numpy.int64)
             self._status = xp.zeros(1, dtype=numpy.int32)
             self._partials = xp.empty(scan_partials_size(n, self.scan_threads), dtype=numpy.int64)
+            self._no_mask = xp.zeros(1, dtype=numpy.int64)
             self._scratch_n = n
         return self._slots[:n], self._flags[:n], self._pos[:n + 1], self._status

@@ -42,6 +42,7 @@ from ..distributed.sharding import key_owner
 from ..enums import Embedding_t
 from ..kernels import embedding_bag as EB
 from ..kernels import embedding_init as EI
+from ..kernels import hash_table as _ht
 from ..kernels.tbe import STATES
 from ..optim import sparse_optimizer_spec
 from .engine import BoundsCheck, Layout, Pooling, TableBatchedEmbedding, TableSpec
@@ -138,6 +139,9 @@ class HashEmbedding:
         tier = getattr(self.cfg, "embedding_cache", None)
         if tier is None:
             self.engine = TableBatchedEmbedding([table], [0] * self.slots, **args)
+            # one rank on the kernels (gpu, sim): the step reads no error flag or table size back; the model
+            # reads them at display, evaluation, snapshot and every NONFINITE_CHECK_EVERY steps (check_pending)
+            self.engine.defer_checks = self.comm.size == 1 and self.engine.impl == "kernels"
         elif self.comm.size > 1:
             raise NotImplementedError(f"SparseEmbedding {self.name!r}: embedding_cache (a tiered table) runs on "
                                       "one rank; sharded tiered tables are not implemented")
@@ -202,16 +206,31 @@ class HashEmbedding:
         """(out, LookupContext) of the engine's lookup; in training new keys are inserted and, in a
         Localized table, their slots recorded (``slots`` (N,) of the keys, else bag % S)."""
         table = self.table
-        before = table.size if table is not None else 0
+        deferred = self.engine.defer_checks
+        before = table.size if table is not None and not deferred else 0
         try:
             out, ctx = self.engine.forward(keys, offsets, training=training, pooling=pooling)
         except HashTableFullError as e:
             raise self._full_error(e) from None
-        if training and self.row_slot is not None and table.size > before:
+        new_rows = ctx.extra.get("new_rows")
+        if training and self.row_slot is not None and new_rows:         # deferred: on the device
+            rows, flags, _ = new_rows[0]
+            if slots is None:
+                slots = key_slots(device.xp().asarray(offsets), rows.shape[0], self.slots)
+            _ht.scatter_flagged(self.row_slot, rows, flags, device.contig(slots.astype(np.int64)))
+        elif training and self.row_slot is not None and not deferred and table.size > before:
             if slots is None:
                 slots = key_slots(device.xp().asarray(offsets), ctx.rows.shape[0], self.slots)
             self._record_slots(ctx.extra.get("table_rows", ctx.rows), slots, before)    # tiered: rows, not slots
         return out, ctx
+
+    def check_pending(self) -> None:
+        """Raise what this table's lookups recorded on the device since the last check (a GPU training step
+        reads nothing back: the model calls this at its check points, numbactr.model.Model.check_deferred)."""
+        try:
+            self.engine.check_deferred()
+        except HashTableFullError as e:
+            raise self._full_error(e) from None
 
     def _sharded_lookup(self, keys, offsets, training: bool):
         keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
@@ -332,7 +351,11 @@ class OneHotEmbedding(HashEmbedding):
         self.row_slot = None                      # row = key: the slot of a row is given by slot_size_array
 
     def _check_keys(self, keys) -> None:
-        xp = device.xp()
+        # keys in host memory are checked there; device keys of a deferred step are left to the engine's
+        # FATAL bounds check, which records them on the device (no read in the step; raised at the check point)
+        xp = np if isinstance(keys, np.ndarray) else device.xp()
+        if xp is not np and self.engine.defer_checks:
+            return
         rows = xp.asarray(keys).astype(np.int64)
         bad = (rows < 0) | (rows >= self.max_rows)
         if rows.shape[0] and bool(bad.any()):
