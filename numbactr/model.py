@@ -11,10 +11,11 @@ import time
 
 import numpy as np
 
-from . import checkpoint, compat, device, graph_json, log, precision
+from . import checkpoint, compat, device, graph_json, log, ops, precision
 from .autograd import Tape, Tensor
 from .autograd.tape import autocast
 from .distributed.comm import world
+from .data import staging
 from .config import (DataReaderParams, DenseLayer, GroupDenseLayer, Input, OptParamsPy, Solver, SparseEmbedding,
                      warn_ignored)
 from .embedding import collection as ebc
@@ -72,6 +73,8 @@ class Model:
         self._train_reader = self._eval_reader = None
         self.history = {"iter": [], "loss": [], "lr": [], "eval_iter": [], "auc": []}
         self._last_tensors: dict[bool, dict] = {}      # training? -> the last forward's tensors by name
+        self._fused_tops, self._last_fused = {}, {}       # InnerProduct tops fused with their ReLU (compile)
+        self._stager = None                            # numbactr.data.staging.DeviceStager, made when used
         self._last_eval = None                         # (predictions, labels) of the last eval batch
         # mixed precision (numbactr/precision.py): the activations' half dtype, None in float32
         self.half = precision.half_dtype(solver)
@@ -274,7 +277,27 @@ class Model:
         used |= {b for c in self.collections for b in c.bottoms}
         loss_tops = {layer.cfg.top_names[0] for layer, _ in self.losses}
         self.unused_tensors = [t for t in self.shapes if t not in used and t not in loss_tops]
+        self._fuse_bias_relu()
         self.compiled = True
+
+    def _fuse_bias_relu(self) -> None:
+        """Pair each InnerProduct (2-D) whose output only a ReLU reads with that ReLU: on gpu and sim the
+        InnerProduct then runs bias + ReLU in one epilogue kernel each way (FusedInnerProduct's) and the ReLU
+        passes its input on (numbactr.ops.fuse_bias_relu); its output tensor is then not kept."""
+        readers: dict[str, list] = {}
+        for layer in self.layers:
+            for b in layer.cfg.bottom_names:
+                readers.setdefault(b, []).append(layer)
+        taken = {e.cfg.bottom_name for e in self.embeddings} | {b for c in self.collections for b in c.bottoms}
+        self._fused_tops, self._last_fused = {}, {}
+        for layer in self.layers:
+            if layer.type_name != "InnerProduct" or len(layer.in_shapes[0]) != 2:
+                continue
+            top = layer.cfg.top_names[0]
+            after = readers.get(top, [])
+            if len(after) == 1 and after[0].type_name == "ReLU" and top not in taken:
+                layer.relu_after, after[0].fused_into = after[0], layer
+                self._fused_tops[top] = after[0].cfg.top_names[0]
 
     # ---- summary -------------------------------------------------------------------------------
     def summary(self) -> None:
@@ -363,12 +386,12 @@ class Model:
         xp = device.xp()
         inp = self.input
         dense = batch.dense
-        if self.half is not None:                      # HugeCTR's reader hands fp16 dense input
+        if self.half is not None and dense.dtype != self.half:    # HugeCTR's reader hands fp16 dense input
             precision.check_dense_input(dense, self.half)
             dense = np.asarray(dense).astype(self.half)
         t: dict[str, Tensor] = {inp.dense_name: Tensor(xp.asarray(dense))}
-        for name, (c0, c1) in self.label_columns.items():
-            t[name] = Tensor(xp.asarray(np.ascontiguousarray(batch.label[:, c0:c1])))
+        for name, (c0, c1) in self.label_columns.items():      # (host arrays, or device ones: staged)
+            t[name] = Tensor(xp.ascontiguousarray(xp.asarray(batch.label)[:, c0:c1]))
         rows = batch.batch_size
         half = self.half
         with autocast(half):                           # embedding outputs in half precision
@@ -386,6 +409,7 @@ class Model:
             for name, o in zip(layer.cfg.top_names, outs):
                 t[name] = o
         self._last_tensors[training] = t            # check_out_tensor reads them
+        self._last_fused[training] = bool(self._fused_tops) and ops.fuse_bias_relu()
         return t
 
     def _loss_value(self, t: dict, valid: int, rank_rows: int | None = None) -> float:
@@ -473,14 +497,40 @@ class Model:
             return None
         return batch                             # the reader already hands out this rank's rows
 
+    def _next_train_batch(self):
+        """The next training batch: through the device stager on a GPU-style one-rank step (the batch after
+        it already uploading, numbactr.data.staging), else straight from the reader."""
+        stager = self._stager_for_step()
+        if stager is None:
+            return self._next_batch(self._train_reader)
+        return stager.next(self._train_reader, self._fetch_for_staging)
+
+    def _fetch_for_staging(self, reader):
+        batch = self._next_batch(reader)
+        if batch is not None and self.half is not None:        # checked and converted on the host
+            precision.check_dense_input(batch.dense, self.half)
+            batch.dense = np.asarray(batch.dense).astype(self.half)
+        return batch
+
+    def _stager_for_step(self):
+        """A DeviceStager when batches can live on the device for the whole step: the kernels, one rank, and
+        only SparseEmbeddings whose lookups read nothing back (no collection, no hybrid embedding)."""
+        if not staging.staging_enabled() or self.ranks != 1 or self.collections:
+            return None
+        if not all(getattr(getattr(e, "engine", None), "defer_checks", False) for e in self.embeddings):
+            return None
+        if self._stager is None or self._stager.kind != device.kind():
+            self._stager = staging.DeviceStager()
+        return self._stager
+
     def train(self) -> bool:
         """One training iteration; False when an epoch-mode reader is exhausted."""
         self._require_compiled("train")
         self.start_data_reading()
-        batch = self._next_batch(self._train_reader)
+        batch = self._next_train_batch()
         while (batch is not None and batch.global_size < batch.batch_size * self.ranks
                and self.solver.drop_incomplete_batch):
-            batch = self._next_batch(self._train_reader)          # HugeCTR skips partial train batches
+            batch = self._next_train_batch()                      # HugeCTR skips partial train batches
         if batch is None or batch.global_size == 0:
             return False
         tape = Tape(watch_finite=self.half is not None)
@@ -695,6 +745,10 @@ class Model:
             raise ModelError(f"Model.check_out_tensor: cannot find tensor with name {tensor_name!r}; tensors: "
                              f"{known}")
         training = tensor_type == Tensor_t.Train
+        if tensor_name in self._fused_tops and self._last_fused.get(training):
+            raise ModelError(f"Model.check_out_tensor: {tensor_name!r} is not kept on this device: its InnerProduct "
+                             f"runs fused with the ReLU after it (which gives {self._fused_tops[tensor_name]!r}); "
+                             "set NUMBACTR_FUSE_BIAS_RELU=0 to keep it")
         t = self._last_tensors.get(training)
         if t is None:
             raise ModelError(f"Model.check_out_tensor: no {'training step' if training else 'evaluation batch'} "

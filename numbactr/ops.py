@@ -8,6 +8,8 @@ Shape glossary: B batch, S slots, N keys, D embedding width, K/N_out layer width
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .autograd import Context, Function
@@ -26,6 +28,16 @@ def _half_mm(a, b):
 
 
 # ---- InnerProduct: y = x W + b ---------------------------------------------------------------
+
+def fuse_bias_relu() -> bool:
+    """Fuse an InnerProduct's bias add with the ReLU layer after it (one kernel each way) on the kernel devices
+    (gpu, sim), where every pass over the activations costs a launch and a read and write of memory; the cpu
+    device keeps the two layers (its results are the test oracle). NUMBACTR_FUSE_BIAS_RELU=0 turns it off."""
+    flag = os.environ.get("NUMBACTR_FUSE_BIAS_RELU", "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"NUMBACTR_FUSE_BIAS_RELU must be 0 or 1, got {flag!r}")
+    return flag == "1" and _kernels()
+
 class Linear(Function):
     # mixed precision on gpu/sim: float16 x and y, the GEMMs in float16 with float32 accumulation on a
     # float16 copy of the float32 master weights (HugeCTR's layers keep one too), the bias added in float32

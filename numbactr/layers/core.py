@@ -33,7 +33,14 @@ class InnerProduct(Layer):
         return [init.inner_product_weight(rng, self.k, self.n, self.cfg.weight_init_type),
                 init.inner_product_bias(rng, self.n, self.cfg.bias_init_type)]
 
+    #: the ReLU layer this layer's bias add is fused with (numbactr.model.Model._fuse_bias_relu), or None
+    relu_after = None
+
     def forward(self, tape, xs, run):
+        if self.relu_after is not None and ops.fuse_bias_relu():
+            # one epilogue kernel for bias + ReLU each way (FusedInnerProduct's); the ReLU layer passes it on
+            from .dense import FcBiasAct
+            return [FcBiasAct.apply(tape, xs[0], *self.params, relu=True, name=self.relu_after.cfg.top_names[0])]
         return [ops.Linear.apply(tape, xs[0], *self.params, name=self.cfg.top_names[0])]
 
     def json_params(self):
@@ -51,7 +58,12 @@ class ReLU(Layer):
         self.expect_counts(1)
         return [self.in_shapes[0]]
 
+    #: the InnerProduct whose fused epilogue applies this ReLU (numbactr.model.Model._fuse_bias_relu), or None
+    fused_into = None
+
     def forward(self, tape, xs, run):
+        if self.fused_into is not None and ops.fuse_bias_relu():
+            return [xs[0]]                                   # applied by the InnerProduct before it
         return [ops.ReLU.apply(tape, xs[0], name=self.cfg.top_names[0])]
 
 
