@@ -100,7 +100,23 @@ def _select_gpu(cuda, cupy) -> tuple[int, str]:
     cuda.select_device(gpu)
     cupy.cuda.Device(gpu).use()
     _state["gpu"] = gpu
+    _no_interface_sync()
     return gpu, why
+
+
+def _no_interface_sync() -> None:
+    """Numba synchronizes the producer's stream (a host wait) each time a kernel argument comes in through
+    the CUDA Array Interface, unless NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0. Every numbactr launch takes CuPy
+    arrays made on the stream the kernels also run on (the legacy default stream; the input stager's copy
+    stream is ordered by events), so that wait orders nothing and would put a host synchronization in every
+    launch of a step. Switched off here unless the environment sets it."""
+    if "NUMBA_CUDA_ARRAY_INTERFACE_SYNC" in os.environ:
+        return
+    try:
+        from numba.cuda.core import config as cuda_config
+    except ImportError:                         # older numba-cuda: numba's own config holds it
+        from numba import config as cuda_config
+    cuda_config.CUDA_ARRAY_INTERFACE_SYNC = 0
 
 
 def gpu_index() -> int | None:

@@ -147,3 +147,17 @@ def test_device_collectives_on_gpus():
                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.count(" ok") == 2, out.stdout
+
+
+def test_gpu_device_turns_off_numbas_array_interface_stream_sync(monkeypatch):
+    """Every kernel argument is a CuPy array: numba's default would wait on the host for the producer's stream
+    at each launch. Choosing the GPU switches that off, unless the environment says otherwise."""
+    from numba.cuda.core import config as cuda_config
+    from numbactr import device
+    monkeypatch.setattr(cuda_config, "CUDA_ARRAY_INTERFACE_SYNC", 1)
+    monkeypatch.setenv("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "1")
+    device._no_interface_sync()
+    assert cuda_config.CUDA_ARRAY_INTERFACE_SYNC == 1                  # the user's setting stands
+    monkeypatch.delenv("NUMBA_CUDA_ARRAY_INTERFACE_SYNC")
+    device._no_interface_sync()
+    assert cuda_config.CUDA_ARRAY_INTERFACE_SYNC == 0
