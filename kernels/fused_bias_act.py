@@ -9,8 +9,9 @@ has_bias = 0 skips the bias (MLP's use_bias=False); relu = 0 is the identity (Ac
 HugeCTR: HugeCTR/src/layers/mlp_layer.cu and fused_relu_bias_fully_connected_layer.cu (cuBLASLt GEMM
 with the bias+ReLU epilogue; the backward's dReLU + bias-gradient epilogue).
 
-The backward is one block per column: its threads stride over the rows, write the masked gradient and
-reduce it in shared memory (tpb a power of two <= 1024).
+The backward reads and writes whole rows: a block is TILE_C consecutive columns (coalesced) by TILE_R threads
+down CHUNK rows; it writes the masked gradient and one partial column sum per chunk, and a second kernel adds
+the chunks' partials up in order (deterministic, no atomics; HugeCTR reduces the bias gradient by columns too).
 
 Compiled CPU versions (numba.njit, the cpu device's path), over fixed chunks of rows (kernels/parallel_cpu.py):
 the forward (a NaN stays NaN, as in the reference); the backward's mask and bias gradient in one pass, the
@@ -23,9 +24,8 @@ import functools
 import numpy as np
 from numba import cuda, float32, njit, prange
 
-from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
+from .launch import SIMULATED, _sm_count, count_launch, launch_1d
 from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, sum_partials
-from .block import block_sum
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -55,31 +55,54 @@ def bias_act_forward_kernel(y, b, has_bias, relu):
         y[i] = v
 
 
-@functools.lru_cache(maxsize=None)
-def make_bias_act_backward_kernel(tpb: int):
-    check_block_size(tpb)
+#: the backward's block: TILE_C consecutive columns (threadIdx.x: coalesced rows of y, dy and d) by TILE_R
+#: threads down the rows; a block covers CHUNK rows of its columns and writes one partial column sum per
+#: chunk, which a second kernel adds up in chunk order (deterministic at any grid, no atomics)
+TILE_C = 4 if SIMULATED else 32
+TILE_R = 2 if SIMULATED else 8
+CHUNK = 4 if SIMULATED else 256
 
-    @cuda.jit
-    def bias_act_backward_kernel(y, dy, has_bias, relu, d, db):
-        # y, dy, d: (M, N); db: (N,) (unused when has_bias == 0)
-        part = cuda.shared.array(tpb, float32)
-        t = cuda.threadIdx.x
-        rows = y.shape[0]
-        for c in range(cuda.blockIdx.x, y.shape[1], cuda.gridDim.x):   # uniform per block
+
+@cuda.jit
+def bias_act_backward_kernel(y, dy, has_bias, relu, d, partials, chunk):
+    """d = dy masked by y > 0; partials[k, c] = the sum of d[m, c] over chunk k's rows (when has_bias)."""
+    part = cuda.shared.array((TILE_R, TILE_C), float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    rows = y.shape[0]
+    cols = y.shape[1]
+    n_chunks = (rows + chunk - 1) // chunk
+    for k in range(cuda.blockIdx.y, n_chunks, cuda.gridDim.y):                  # uniform per block
+        lo = k * chunk
+        hi = min(rows, lo + chunk)
+        for c0 in range(cuda.blockIdx.x * TILE_C, cols, cuda.gridDim.x * TILE_C):
+            c = c0 + tx
             acc = float32(0.0)
-            for m in range(t, rows, tpb):
-                g = float32(dy[m, c])
-                if relu != 0 and not (float32(y[m, c]) > float32(0.0)):
-                    g = float32(0.0)
-                d[m, c] = g
-                acc += g
-            part[t] = acc
-            block_sum(part, t, tpb)
-            if t == 0 and has_bias != 0:
-                db[c] = part[0]
-            cuda.syncthreads()      # thread 0 reads part[0] before the next column overwrites it
+            if c < cols:
+                for m in range(lo + ty, hi, TILE_R):
+                    g = float32(dy[m, c])
+                    if relu != 0 and not (float32(y[m, c]) > float32(0.0)):
+                        g = float32(0.0)
+                    d[m, c] = g
+                    acc += g
+            part[ty, tx] = acc
+            cuda.syncthreads()
+            if ty == 0 and c < cols and has_bias != 0:
+                total = float32(0.0)
+                for r in range(TILE_R):
+                    total += part[r, tx]
+                partials[k, c] = total
+            cuda.syncthreads()          # part is read before the next tile overwrites it
 
-    return bias_act_backward_kernel
+
+@cuda.jit
+def bias_partials_sum_kernel(partials, db):
+    """db[c] = sum over chunks k (in order) of partials[k, c]; consecutive threads take consecutive columns."""
+    for c in range(cuda.grid(1), db.shape[0], cuda.gridsize(1)):
+        total = float32(0.0)
+        for k in range(partials.shape[0]):
+            total += partials[k, c]
+        db[c] = total
 
 
 # ---- launch wrappers (contiguous float32; allocate nothing) ----------------------------------
@@ -101,18 +124,49 @@ def bias_act_forward(y, b, relu: bool) -> None:
               np.int32(b is not None), np.int32(bool(relu)))
 
 
-def bias_act_backward(y, dy, relu: bool, d, db=None, threads: int | None = None) -> None:
-    """d (M, N) = dy masked by y > 0 (if relu); db (N,) = column sums of d (if db is given)."""
-    n = y.shape[1]
+def bias_act_backward(y, dy, relu: bool, d, db=None, chunk: int | None = None, grid=None) -> None:
+    """d (M, N) = dy masked by y > 0 (if relu); db (N,) = column sums of d (if db is given). Two launches
+    with a bias over more than `chunk` rows (the tiles, then the chunk partials summed), else one; `chunk`
+    rows per block and `grid`
+    (blocks over columns, blocks over chunks) for tests: any grid gives the same bits."""
+    rows, n = y.shape
     if n == 0:
         return
-    if y.shape[0] == 0:
+    if rows == 0:
         if db is not None:
             db[...] = 0
         return
-    tpb = threads or REDUCE_THREADS
-    launch_rows(make_bias_act_backward_kernel(tpb), n, y, dy, np.int32(db is not None),
-                np.int32(bool(relu)), d, db if db is not None else _placeholder(), threads=tpb)
+    chunk = chunk or CHUNK
+    n_chunks = -(-rows // chunk)
+    if db is None:
+        partials = _placeholder2d()
+    elif n_chunks == 1:                 # one chunk: its partial sums are the bias gradient (one launch)
+        partials = db.reshape(1, n)
+    else:
+        partials = _scratch_like(y, (n_chunks, n))
+    if grid is None:
+        cap = 2 if SIMULATED else 32 * _sm_count()
+        gx = min(-(-n // TILE_C), cap)
+        grid = (gx, max(1, min(n_chunks, cap // gx)))
+    count_launch()
+    bias_act_backward_kernel[grid, (TILE_C, TILE_R)](y, dy, np.int32(db is not None), np.int32(bool(relu)), d,
+                                                      partials, np.int64(chunk))
+    if db is not None and n_chunks > 1:
+        launch_1d(bias_partials_sum_kernel, n, partials, db)
+
+
+def _scratch_like(a, shape):
+    """A float32 scratch array of the array library of `a` (CuPy's pool on a GPU, NumPy in the simulator)."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy.empty(shape, np.float32)
+    return np.empty(shape, np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholder2d():
+    """A (1, 1) device array standing in for absent partials (no bias: never written)."""
+    return cuda.device_array((1, 1), np.float32)
 
 
 # ---- compiled CPU versions (numba.njit; the cpu device) -------------------------------------------
@@ -189,10 +243,11 @@ def bias_act_backward_cpu(y, dy, relu: bool, d, db=None) -> None:
 
 PTX_CHECKS = [
     (bias_act_forward_kernel, "void(float32[::1], float32[::1], int32, int32)"),
-    (make_bias_act_backward_kernel(256),
-     "void(float32[:, ::1], float32[:, ::1], int32, int32, float32[:, ::1], float32[::1])"),
+    (bias_act_backward_kernel,
+     "void(float32[:, ::1], float32[:, ::1], int32, int32, float32[:, ::1], float32[:, ::1], int64)"),
+    (bias_partials_sum_kernel, "void(float32[:, ::1], float32[::1])"),
     # mixed precision on gpu/sim: float16 activations and gradients, float32 bias and its gradient
     (bias_act_forward_kernel, "void(float16[::1], float32[::1], int32, int32)"),
-    (make_bias_act_backward_kernel(256),
-     "void(float16[:, ::1], float16[:, ::1], int32, int32, float16[:, ::1], float32[::1])"),
+    (bias_act_backward_kernel,
+     "void(float16[:, ::1], float16[:, ::1], int32, int32, float16[:, ::1], float32[:, ::1], int64)"),
 ]

@@ -35,25 +35,32 @@ def test_bias_act_forward_kernel_matches_ref(y, relu, has_bias):
     np.testing.assert_allclose(host(d), fba.bias_act_forward_ref(y, b, relu), rtol=1e-6, atol=1e-6)
 
 
-@given(pre=matrices(max_rows=20), relu=st.booleans(), has_bias=st.booleans(), tpb=POW2,
-       blocks=st.integers(1, 3))
-def test_bias_act_backward_kernel_any_grid_matches_ref(pre, relu, has_bias, tpb, blocks):
+@given(pre=matrices(max_rows=20), relu=st.booleans(), has_bias=st.booleans(), chunk=st.integers(1, 7),
+       gx=st.integers(1, 3), gy=st.integers(1, 3))
+def test_bias_act_backward_kernel_any_grid_matches_ref(pre, relu, has_bias, chunk, gx, gy):
+    """The tiled backward (columns coalesced, rows in chunks, chunk partials summed in order): the masked
+    gradient exactly, the bias gradient to rounding, and the same bits whatever the grid."""
     y = fba.bias_act_forward_ref(pre, None, relu)
     dy = np.random.default_rng(pre.size).normal(size=pre.shape).astype(np.float32)
-    d, db = dev(np.full_like(y, np.nan)), dev(np.full(y.shape[1], np.nan, np.float32))
-    fba.make_bias_act_backward_kernel(tpb)[blocks, tpb](dev(y), dev(dy), np.int32(has_bias), np.int32(relu), d, db)
+    got = []
+    for grid in ((gx, gy), (1, 1)):
+        d, db = dev(np.full_like(y, np.nan)), dev(np.full(y.shape[1], np.nan, np.float32))
+        fba.bias_act_backward(dev(y), dev(dy), relu, d, db if has_bias else None, chunk=chunk, grid=grid)
+        got.append((host(d).copy(), host(db).copy()))
     rd, rdb = fba.bias_act_backward_ref(y, dy.astype(np.float64), relu, has_bias)
-    np.testing.assert_allclose(host(d), rd, rtol=1e-6)
+    np.testing.assert_allclose(got[0][0], rd, rtol=1e-6)
+    np.testing.assert_array_equal(got[0][0], got[1][0])
     if has_bias:
-        np.testing.assert_allclose(host(db), rdb, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[0][1], rdb, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[0][1], got[1][1])
     else:
-        assert np.all(np.isnan(host(db)))                   # untouched without a bias
+        assert np.all(np.isnan(got[0][1]))                   # untouched without a bias
 
 
 def test_bias_act_wrappers_edge_cases():
     y = np.array([[0.0, -1.0], [2.0, 0.0]], np.float32)      # exact zeros: ReLU mask is y > 0
     d, db = dev(np.zeros_like(y)), dev(np.zeros(2, np.float32))
-    fba.bias_act_backward(dev(y), dev(np.ones_like(y)), True, d, db, threads=256)
+    fba.bias_act_backward(dev(y), dev(np.ones_like(y)), True, d, db)
     np.testing.assert_array_equal(host(d), [[0, 0], [1, 0]])
     np.testing.assert_array_equal(host(db), [1, 0])
     empty = np.zeros((0, 2), np.float32)
@@ -285,11 +292,11 @@ def test_dcn_trains_through_the_model_on_cpu(data):
 @pytest.mark.gpu
 def test_dense_kernels_on_gpu():
     rng = np.random.default_rng(0)
-    for rows, cols, tpb in [(5000, 7, 1024), (3, 300, 32), (1025, 33, 256)]:
+    for rows, cols, tpb in [(5000, 7, 1024), (3, 300, 32), (1025, 33, 256), (65536, 1024, 256)]:
         y = rng.normal(size=(rows, cols)).astype(np.float32)
         dy = rng.normal(size=(rows, cols)).astype(np.float32)
         d, db = dev(np.zeros_like(y)), dev(np.zeros(cols, np.float32))
-        fba.bias_act_backward(dev(y), dev(dy), True, d, db, threads=tpb)
+        fba.bias_act_backward(dev(y), dev(dy), True, d, db)
         rd, rdb = fba.bias_act_backward_ref(y, dy.astype(np.float64))
         np.testing.assert_allclose(host(d), rd)
         np.testing.assert_allclose(host(db), rdb, rtol=1e-3, atol=1e-3)
