@@ -19,9 +19,8 @@ import functools
 import numpy as np
 from numba import cuda, float32, njit, prange
 
-from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
+from .launch import SIMULATED, _sm_count, count_launch, launch_1d
 from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, sum_partials
-from .block import block_sum
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -44,35 +43,67 @@ def bias_add_kernel(y, b):
         y[i] = float32(y[i]) + b[i % n]          # a float16 y (mixed precision): added in float32
 
 
-@functools.lru_cache(maxsize=None)
-def make_bias_grad_kernel(tpb: int):
-    """Column-sum kernel for blocks of exactly ``tpb`` threads (a power of two, <= 1024).
+#: the column sums' block: TILE_C consecutive columns (threadIdx.x: coalesced reads of each row) by TILE_R
+#: threads down the rows; a block covers CHUNK rows and writes one partial sum per column, and
+#: partials_sum_kernel adds the chunks up in order (deterministic at any grid, no atomics). Shared with the
+#: fused bias+activation backward (kernels/fused_bias_act.py).
+TILE_C = 4 if SIMULATED else 32
+TILE_R = 2 if SIMULATED else 8
+CHUNK = 4 if SIMULATED else 256
 
-    Blocks grid-stride over columns; the threads of a block stride over the rows of that column and
-    then reduce their partial sums in shared memory. Any grid size and any M (including 0) work.
-    """
-    check_block_size(tpb)
 
-    @cuda.jit
-    def bias_grad_kernel(dy, db):
-        # dy: (M, N), db: (N,)
-        partial = cuda.shared.array(tpb, float32)
-        t = cuda.threadIdx.x
-        rows = dy.shape[0]
-        # The column loop depends only on blockIdx, so every thread of a block runs the same number
-        # of iterations and reaches every syncthreads below.
-        for col in range(cuda.blockIdx.x, dy.shape[1], cuda.gridDim.x):
+@cuda.jit
+def column_partials_kernel(dy, partials, chunk):
+    """partials[k, c] = the sum of dy[m, c] over chunk k's rows, in row order per thread, then thread order."""
+    part = cuda.shared.array((TILE_R, TILE_C), float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    rows = dy.shape[0]
+    cols = dy.shape[1]
+    n_chunks = (rows + chunk - 1) // chunk
+    for k in range(cuda.blockIdx.y, n_chunks, cuda.gridDim.y):                  # uniform per block
+        lo = k * chunk
+        hi = min(rows, lo + chunk)
+        for c0 in range(cuda.blockIdx.x * TILE_C, cols, cuda.gridDim.x * TILE_C):
+            c = c0 + tx
             acc = float32(0.0)
-            for m in range(t, rows, tpb):
-                acc += float32(dy[m, col])
-            partial[t] = acc
-            block_sum(partial, t, tpb)
-            if t == 0:
-                db[col] = partial[0]
-            # thread 0 must read partial[0] before anyone overwrites it for the next column
+            if c < cols:
+                for m in range(lo + ty, hi, TILE_R):
+                    acc += float32(dy[m, c])
+            part[ty, tx] = acc
             cuda.syncthreads()
+            if ty == 0 and c < cols:
+                total = float32(0.0)
+                for r in range(TILE_R):
+                    total += part[r, tx]
+                partials[k, c] = total
+            cuda.syncthreads()          # part is read before the next tile overwrites it
 
-    return bias_grad_kernel
+
+@cuda.jit
+def partials_sum_kernel(partials, db):
+    """db[c] = sum over chunks k (in order) of partials[k, c]; consecutive threads take consecutive columns."""
+    for c in range(cuda.grid(1), db.shape[0], cuda.gridsize(1)):
+        total = float32(0.0)
+        for k in range(partials.shape[0]):
+            total += partials[k, c]
+        db[c] = total
+
+
+def tile_grid(rows: int, cols: int, chunk: int) -> tuple[int, int]:
+    """(blocks over column tiles, blocks over row chunks) for the tiled column kernels."""
+    n_chunks = -(-rows // chunk)
+    cap = 2 if SIMULATED else 32 * _sm_count()
+    gx = max(1, min(-(-cols // TILE_C), cap))
+    return gx, max(1, min(n_chunks, cap // gx))
+
+
+def scratch_like(a, shape):
+    """A float32 scratch array of the array library of `a` (CuPy's pool on a GPU, NumPy in the simulator)."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy.empty(shape, np.float32)
+    return np.empty(shape, np.float32)
 
 
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
@@ -85,15 +116,27 @@ def bias_add(y, b, threads: int | None = None) -> None:
     launch_1d(bias_add_kernel, y.size, y.reshape(-1), b.reshape(-1), threads=threads)
 
 
-def bias_grad(dy, db, threads: int | None = None) -> None:
-    """db (N,) = column sums of dy (M, N) (any leading shape, last dim N); overwrites db."""
+def bias_grad(dy, db, chunk: int | None = None, grid=None) -> None:
+    """db (N,) = column sums of dy (M, N) (any leading shape, last dim N); overwrites db. Coalesced tiles
+    (column_partials_kernel), then the chunks' partial sums added in order (one launch when M <= chunk);
+    `chunk` and `grid` for tests: any grid gives the same bits."""
     n = db.size
     if dy.shape[-1] != n:
         raise ValueError(f"bias_grad: dy {dy.shape} does not end in the bias width {n}")
     if n == 0:
         return
-    tpb = threads or REDUCE_THREADS
-    launch_rows(make_bias_grad_kernel(tpb), n, dy.reshape(-1, n), db.reshape(-1), threads=tpb)
+    dy2 = dy.reshape(-1, n)
+    rows = dy2.shape[0]
+    if rows == 0:
+        db[...] = 0
+        return
+    chunk = chunk or CHUNK
+    n_chunks = -(-rows // chunk)
+    partials = db.reshape(1, n) if n_chunks == 1 else scratch_like(dy, (n_chunks, n))
+    count_launch()
+    column_partials_kernel[grid or tile_grid(rows, n, chunk), (TILE_C, TILE_R)](dy2, partials, np.int64(chunk))
+    if n_chunks > 1:
+        launch_1d(partials_sum_kernel, n, partials, db.reshape(-1))
 
 
 # ---- compiled CPU versions (numba.njit; the cpu device; work split by parallel_cpu) ----------------
@@ -157,7 +200,8 @@ def bias_grad_cpu(dy, db) -> None:
 
 PTX_CHECKS = [
     (bias_add_kernel, "void(float32[::1], float32[::1])"),
-    (make_bias_grad_kernel(256), "void(float32[:, ::1], float32[::1])"),
+    (column_partials_kernel, "void(float32[:, ::1], float32[:, ::1], int64)"),
+    (partials_sum_kernel, "void(float32[:, ::1], float32[::1])"),
     (bias_add_kernel, "void(float16[::1], float32[::1])"),                 # mixed precision on gpu/sim
-    (make_bias_grad_kernel(256), "void(float16[:, ::1], float32[::1])"),
+    (column_partials_kernel, "void(float16[:, ::1], float32[:, ::1], int64)"),
 ]

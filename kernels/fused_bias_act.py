@@ -24,7 +24,8 @@ import functools
 import numpy as np
 from numba import cuda, float32, njit, prange
 
-from .launch import SIMULATED, _sm_count, count_launch, launch_1d
+from .bias import CHUNK, TILE_C, TILE_R, partials_sum_kernel, scratch_like, tile_grid
+from .launch import count_launch, launch_1d
 from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, sum_partials
 
 
@@ -53,14 +54,6 @@ def bias_act_forward_kernel(y, b, has_bias, relu):
         if relu != 0 and v < float32(0.0):
             v = float32(0.0)
         y[i] = v
-
-
-#: the backward's block: TILE_C consecutive columns (threadIdx.x: coalesced rows of y, dy and d) by TILE_R
-#: threads down the rows; a block covers CHUNK rows of its columns and writes one partial column sum per
-#: chunk, which a second kernel adds up in chunk order (deterministic at any grid, no atomics)
-TILE_C = 4 if SIMULATED else 32
-TILE_R = 2 if SIMULATED else 8
-CHUNK = 4 if SIMULATED else 256
 
 
 @cuda.jit
@@ -93,16 +86,6 @@ def bias_act_backward_kernel(y, dy, has_bias, relu, d, partials, chunk):
                     total += part[r, tx]
                 partials[k, c] = total
             cuda.syncthreads()          # part is read before the next tile overwrites it
-
-
-@cuda.jit
-def bias_partials_sum_kernel(partials, db):
-    """db[c] = sum over chunks k (in order) of partials[k, c]; consecutive threads take consecutive columns."""
-    for c in range(cuda.grid(1), db.shape[0], cuda.gridsize(1)):
-        total = float32(0.0)
-        for k in range(partials.shape[0]):
-            total += partials[k, c]
-        db[c] = total
 
 
 # ---- launch wrappers (contiguous float32; allocate nothing) ----------------------------------
@@ -143,24 +126,13 @@ def bias_act_backward(y, dy, relu: bool, d, db=None, chunk: int | None = None, g
     elif n_chunks == 1:                 # one chunk: its partial sums are the bias gradient (one launch)
         partials = db.reshape(1, n)
     else:
-        partials = _scratch_like(y, (n_chunks, n))
-    if grid is None:
-        cap = 2 if SIMULATED else 32 * _sm_count()
-        gx = min(-(-n // TILE_C), cap)
-        grid = (gx, max(1, min(n_chunks, cap // gx)))
+        partials = scratch_like(y, (n_chunks, n))
+    grid = grid or tile_grid(rows, n, chunk)
     count_launch()
     bias_act_backward_kernel[grid, (TILE_C, TILE_R)](y, dy, np.int32(db is not None), np.int32(bool(relu)), d,
                                                       partials, np.int64(chunk))
     if db is not None and n_chunks > 1:
-        launch_1d(bias_partials_sum_kernel, n, partials, db)
-
-
-def _scratch_like(a, shape):
-    """A float32 scratch array of the array library of `a` (CuPy's pool on a GPU, NumPy in the simulator)."""
-    if type(a).__module__.split(".")[0] == "cupy":
-        import cupy
-        return cupy.empty(shape, np.float32)
-    return np.empty(shape, np.float32)
+        launch_1d(partials_sum_kernel, n, partials, db)
 
 
 @functools.lru_cache(maxsize=None)
@@ -245,7 +217,6 @@ PTX_CHECKS = [
     (bias_act_forward_kernel, "void(float32[::1], float32[::1], int32, int32)"),
     (bias_act_backward_kernel,
      "void(float32[:, ::1], float32[:, ::1], int32, int32, float32[:, ::1], float32[:, ::1], int64)"),
-    (bias_partials_sum_kernel, "void(float32[:, ::1], float32[::1])"),
     # mixed precision on gpu/sim: float16 activations and gradients, float32 bias and its gradient
     (bias_act_forward_kernel, "void(float16[::1], float32[::1], int32, int32)"),
     (bias_act_backward_kernel,
