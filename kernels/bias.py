@@ -45,16 +45,17 @@ def bias_add_kernel(y, b):
 
 #: the column sums' block: TILE_C consecutive columns (threadIdx.x: coalesced reads of each row) by TILE_R
 #: threads down the rows; a block covers CHUNK rows and writes one partial sum per column, and
-#: partials_sum_kernel adds the chunks up in order (deterministic at any grid, no atomics). Shared with the
-#: fused bias+activation backward (kernels/fused_bias_act.py).
+#: partials_sum_kernel adds the chunks up in order (deterministic at any grid, no atomics). The fused
+#: bias+activation backward (kernels/fused_bias_act.py) is the same pass with the ReLU mask and d written.
 TILE_C = 4 if SIMULATED else 32
 TILE_R = 2 if SIMULATED else 8
 CHUNK = 4 if SIMULATED else 256
 
 
 @cuda.jit
-def column_partials_kernel(dy, partials, chunk):
-    """partials[k, c] = the sum of dy[m, c] over chunk k's rows, in row order per thread, then thread order."""
+def column_partials_kernel(y, dy, relu, d, write_d, partials, want_sums, chunk):
+    """g = dy masked by y > 0 (relu; else dy itself); d = g (write_d); partials[k, c] = the sum of g[m, c]
+    over chunk k's rows (want_sums): in row order per thread, then in thread order."""
     part = cuda.shared.array((TILE_R, TILE_C), float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
@@ -69,10 +70,15 @@ def column_partials_kernel(dy, partials, chunk):
             acc = float32(0.0)
             if c < cols:
                 for m in range(lo + ty, hi, TILE_R):
-                    acc += float32(dy[m, c])
+                    g = float32(dy[m, c])
+                    if relu != 0 and not (float32(y[m, c]) > float32(0.0)):
+                        g = float32(0.0)
+                    if write_d != 0:
+                        d[m, c] = g
+                    acc += g
             part[ty, tx] = acc
             cuda.syncthreads()
-            if ty == 0 and c < cols:
+            if ty == 0 and c < cols and want_sums != 0:
                 total = float32(0.0)
                 for r in range(TILE_R):
                     total += part[r, tx]
@@ -90,22 +96,6 @@ def partials_sum_kernel(partials, db):
         db[c] = total
 
 
-def tile_grid(rows: int, cols: int, chunk: int) -> tuple[int, int]:
-    """(blocks over column tiles, blocks over row chunks) for the tiled column kernels."""
-    n_chunks = -(-rows // chunk)
-    cap = 2 if SIMULATED else 32 * _sm_count()
-    gx = max(1, min(-(-cols // TILE_C), cap))
-    return gx, max(1, min(n_chunks, cap // gx))
-
-
-def scratch_like(a, shape):
-    """A float32 scratch array of the array library of `a` (CuPy's pool on a GPU, NumPy in the simulator)."""
-    if type(a).__module__.split(".")[0] == "cupy":
-        import cupy
-        return cupy.empty(shape, np.float32)
-    return np.empty(shape, np.float32)
-
-
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
 def bias_add(y, b, threads: int | None = None) -> None:
     """In place: y (M, N) += b (N,). y may have any leading shape whose last dim is N."""
@@ -116,27 +106,67 @@ def bias_add(y, b, threads: int | None = None) -> None:
     launch_1d(bias_add_kernel, y.size, y.reshape(-1), b.reshape(-1), threads=threads)
 
 
+def masked_column_sums(y, dy, relu: bool, d, db, chunk: int | None = None, grid=None) -> None:
+    """The tiled pass behind bias_grad and the fused bias+activation backward: g = dy (M, N) masked by
+    y > 0 when relu; d <- g when d is given; db (N,) <- the column sums of g when db is given. One launch,
+    plus one adding the chunks' partial sums when M > chunk; `chunk` and `grid` (blocks over column tiles,
+    over row chunks) for tests: any grid gives the same bits."""
+    rows, n = dy.shape
+    if n == 0 or (d is None and db is None):
+        return
+    if rows == 0:
+        if db is not None:
+            db[...] = 0
+        return
+    chunk = chunk or CHUNK
+    n_chunks = -(-rows // chunk)
+    if db is None:
+        partials = _placeholder2d(0)
+    elif n_chunks == 1:                 # one chunk: its partial sums are the column sums (one launch)
+        partials = db.reshape(1, n)
+    else:
+        partials = _scratch_like(dy, (n_chunks, n))
+    count_launch()
+    column_partials_kernel[grid or _tile_grid(rows, n, chunk), (TILE_C, TILE_R)](
+        y, dy, np.int32(bool(relu)), _placeholder2d(1) if d is None else d, np.int32(d is not None), partials,
+        np.int32(db is not None), np.int64(chunk))
+    if db is not None and n_chunks > 1:
+        launch_1d(partials_sum_kernel, n, partials, db.reshape(-1))
+
+
 def bias_grad(dy, db, chunk: int | None = None, grid=None) -> None:
-    """db (N,) = column sums of dy (M, N) (any leading shape, last dim N); overwrites db. Coalesced tiles
-    (column_partials_kernel), then the chunks' partial sums added in order (one launch when M <= chunk);
-    `chunk` and `grid` for tests: any grid gives the same bits."""
+    """db (N,) = column sums of dy (M, N) (any leading shape, last dim N); overwrites db (see
+    masked_column_sums: coalesced tiles, the chunks' partial sums added in order)."""
     n = db.size
     if dy.shape[-1] != n:
         raise ValueError(f"bias_grad: dy {dy.shape} does not end in the bias width {n}")
     if n == 0:
         return
     dy2 = dy.reshape(-1, n)
-    rows = dy2.shape[0]
-    if rows == 0:
-        db[...] = 0
-        return
-    chunk = chunk or CHUNK
+    masked_column_sums(dy2, dy2, False, None, db, chunk, grid)
+
+
+def _tile_grid(rows: int, cols: int, chunk: int) -> tuple[int, int]:
+    """(blocks over column tiles, blocks over row chunks) for column_partials_kernel."""
     n_chunks = -(-rows // chunk)
-    partials = db.reshape(1, n) if n_chunks == 1 else scratch_like(dy, (n_chunks, n))
-    count_launch()
-    column_partials_kernel[grid or tile_grid(rows, n, chunk), (TILE_C, TILE_R)](dy2, partials, np.int64(chunk))
-    if n_chunks > 1:
-        launch_1d(partials_sum_kernel, n, partials, db.reshape(-1))
+    cap = 2 if SIMULATED else 32 * _sm_count()
+    gx = max(1, min(-(-cols // TILE_C), cap))
+    return gx, max(1, min(n_chunks, cap // gx))
+
+
+def _scratch_like(a, shape):
+    """A float32 scratch array of the array library of `a` (CuPy's pool on a GPU, NumPy in the simulator)."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+        return cupy.empty(shape, np.float32)
+    return np.empty(shape, np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholder2d(which: int):
+    """(1, 1) device arrays standing in for an absent d (1) or partials (0): never written; two distinct ones,
+    since the simulator copies every argument back after a launch."""
+    return cuda.device_array((1, 1), np.float32)
 
 
 # ---- compiled CPU versions (numba.njit; the cpu device; work split by parallel_cpu) ----------------
@@ -200,8 +230,10 @@ def bias_grad_cpu(dy, db) -> None:
 
 PTX_CHECKS = [
     (bias_add_kernel, "void(float32[::1], float32[::1])"),
-    (column_partials_kernel, "void(float32[:, ::1], float32[:, ::1], int64)"),
+    (column_partials_kernel,
+     "void(float32[:, ::1], float32[:, ::1], int32, float32[:, ::1], int32, float32[:, ::1], int32, int64)"),
     (partials_sum_kernel, "void(float32[:, ::1], float32[::1])"),
     (bias_add_kernel, "void(float16[::1], float32[::1])"),                 # mixed precision on gpu/sim
-    (column_partials_kernel, "void(float16[:, ::1], float32[:, ::1], int64)"),
+    (column_partials_kernel,                   # mixed precision: float16 activations and gradients
+     "void(float16[:, ::1], float16[:, ::1], int32, float16[:, ::1], int32, float32[:, ::1], int32, int64)"),
 ]

@@ -24,8 +24,8 @@ import functools
 import numpy as np
 from numba import cuda, float32, njit, prange
 
-from .bias import CHUNK, TILE_C, TILE_R, partials_sum_kernel, scratch_like, tile_grid
-from .launch import count_launch, launch_1d
+from .bias import masked_column_sums
+from .launch import launch_1d
 from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, sum_partials
 
 
@@ -56,38 +56,6 @@ def bias_act_forward_kernel(y, b, has_bias, relu):
         y[i] = v
 
 
-@cuda.jit
-def bias_act_backward_kernel(y, dy, has_bias, relu, d, partials, chunk):
-    """d = dy masked by y > 0; partials[k, c] = the sum of d[m, c] over chunk k's rows (when has_bias)."""
-    part = cuda.shared.array((TILE_R, TILE_C), float32)
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    rows = y.shape[0]
-    cols = y.shape[1]
-    n_chunks = (rows + chunk - 1) // chunk
-    for k in range(cuda.blockIdx.y, n_chunks, cuda.gridDim.y):                  # uniform per block
-        lo = k * chunk
-        hi = min(rows, lo + chunk)
-        for c0 in range(cuda.blockIdx.x * TILE_C, cols, cuda.gridDim.x * TILE_C):
-            c = c0 + tx
-            acc = float32(0.0)
-            if c < cols:
-                for m in range(lo + ty, hi, TILE_R):
-                    g = float32(dy[m, c])
-                    if relu != 0 and not (float32(y[m, c]) > float32(0.0)):
-                        g = float32(0.0)
-                    d[m, c] = g
-                    acc += g
-            part[ty, tx] = acc
-            cuda.syncthreads()
-            if ty == 0 and c < cols and has_bias != 0:
-                total = float32(0.0)
-                for r in range(TILE_R):
-                    total += part[r, tx]
-                partials[k, c] = total
-            cuda.syncthreads()          # part is read before the next tile overwrites it
-
-
 # ---- launch wrappers (contiguous float32; allocate nothing) ----------------------------------
 @functools.lru_cache(maxsize=None)
 def _placeholder():
@@ -108,37 +76,9 @@ def bias_act_forward(y, b, relu: bool) -> None:
 
 
 def bias_act_backward(y, dy, relu: bool, d, db=None, chunk: int | None = None, grid=None) -> None:
-    """d (M, N) = dy masked by y > 0 (if relu); db (N,) = column sums of d (if db is given). Two launches
-    with a bias over more than `chunk` rows (the tiles, then the chunk partials summed), else one; `chunk`
-    rows per block and `grid`
-    (blocks over columns, blocks over chunks) for tests: any grid gives the same bits."""
-    rows, n = y.shape
-    if n == 0:
-        return
-    if rows == 0:
-        if db is not None:
-            db[...] = 0
-        return
-    chunk = chunk or CHUNK
-    n_chunks = -(-rows // chunk)
-    if db is None:
-        partials = _placeholder2d()
-    elif n_chunks == 1:                 # one chunk: its partial sums are the bias gradient (one launch)
-        partials = db.reshape(1, n)
-    else:
-        partials = scratch_like(y, (n_chunks, n))
-    grid = grid or tile_grid(rows, n, chunk)
-    count_launch()
-    bias_act_backward_kernel[grid, (TILE_C, TILE_R)](y, dy, np.int32(db is not None), np.int32(bool(relu)), d,
-                                                      partials, np.int64(chunk))
-    if db is not None and n_chunks > 1:
-        launch_1d(partials_sum_kernel, n, partials, db)
-
-
-@functools.lru_cache(maxsize=None)
-def _placeholder2d():
-    """A (1, 1) device array standing in for absent partials (no bias: never written)."""
-    return cuda.device_array((1, 1), np.float32)
+    """d (M, N) = dy masked by y > 0 (if relu); db (N,) = column sums of d (if db is given): the bias
+    gradient's coalesced tiled pass with the mask and d added (kernels/bias.masked_column_sums)."""
+    masked_column_sums(y, dy, relu, d, db, chunk, grid)
 
 
 # ---- compiled CPU versions (numba.njit; the cpu device) -------------------------------------------
@@ -215,10 +155,6 @@ def bias_act_backward_cpu(y, dy, relu: bool, d, db=None) -> None:
 
 PTX_CHECKS = [
     (bias_act_forward_kernel, "void(float32[::1], float32[::1], int32, int32)"),
-    (bias_act_backward_kernel,
-     "void(float32[:, ::1], float32[:, ::1], int32, int32, float32[:, ::1], float32[:, ::1], int64)"),
     # mixed precision on gpu/sim: float16 activations and gradients, float32 bias and its gradient
     (bias_act_forward_kernel, "void(float16[::1], float32[::1], int32, int32)"),
-    (bias_act_backward_kernel,
-     "void(float16[:, ::1], float16[:, ::1], int32, int32, float16[:, ::1], float32[:, ::1], int64)"),
 ]

@@ -139,45 +139,6 @@ def _home_slot(key, cap):
 
 
 @cuda.jit
-def hash_claim_kernel(tkeys, trows, tfirst, keys, slots, status):
-    """slots[i] <- slot holding keys[i] (claimed by CAS if new); for keys without a row yet,
-    tfirst[slot] <- min batch position; status[0] <- 1 and slots[i] = -1 when the probe visited every
-    slot without success. trows is only read (no kernel writes it during the claim)."""
-    empty = uint64(0xFFFFFFFFFFFFFFFF)
-    cap = tkeys.shape[0]
-    for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
-        key = keys[i]
-        s = _home_slot(key, cap)
-        found = int64(-1)
-        for _ in range(cap):
-            here = tkeys[s]
-            if here == key:
-                found = s
-                break
-            if here == empty:
-                old = cuda.atomic.cas(tkeys, s, empty, key)
-                if old == empty or old == key:      # we won, or another thread inserted this key
-                    found = s
-                    break
-            s += 1
-            if s == cap:
-                s = 0
-        slots[i] = found
-        if found < 0:
-            status[0] = 1                           # every writer stores 1: a benign race
-        elif trows[found] == -1:                    # known keys skip the atomic (hot keys repeat)
-            cuda.atomic.min(tfirst, found, int64(i))
-
-
-@cuda.jit
-def hash_mark_kernel(trows, tfirst, slots, flags):
-    """flags[i] <- 1 where keys[i] is a new key's first occurrence in the batch, else 0."""
-    for i in range(cuda.grid(1), slots.shape[0], cuda.gridsize(1)):
-        s = slots[i]
-        flags[i] = int64(1) if trows[s] == -1 and tfirst[s] == i else int64(0)
-
-
-@cuda.jit
 def hash_assign_kernel(trows, tfirst, slots, flags, pos, base):
     """trows[slot] <- base + pos[i] at each first occurrence; tfirst back to INT64_MAX."""
     for i in range(cuda.grid(1), slots.shape[0], cuda.gridsize(1)):
@@ -235,8 +196,8 @@ def hash_dump_kernel(tkeys, trows, out):
             out[r] = tkeys[s]
 
 
-# ---- deferred insert: no host read (a GPU training step's path) ----------------------------------
-# The row counter lives on the device (dsize (1,) int64) and every error goes into err (4,) int64, which the
+# ---- claim and mark (both inserts), then the deferred insert: no host read (a GPU training step's path) --
+# The deferred insert's row counter lives on the device (dsize (1,) int64) and every error goes into err (4,) int64, which the
 # caller reads when it chooses to (HashTable.check): err[0] the first error's code (ERR_FULL: rows ran out,
 # ERR_NO_SLOT: no free slot), err[1] the new keys that batch needed, err[2] the rows in use then, err[3] the
 # smallest batch position of a reserved key (EMPTY_KEY), INT64_MAX when none. A batch that does not fit is
@@ -248,9 +209,13 @@ SKIP = -2
 
 
 @cuda.jit
-def hash_claim_masked_kernel(tkeys, trows, tfirst, keys, occ_table, t, slots, status, err):
-    """hash_claim_kernel over the occurrences of table t (all when t < 0); a reserved key takes slot -1
-    and its position goes to err[3] (atomic min)."""
+def hash_claim_kernel(tkeys, trows, tfirst, keys, occ_table, t, slots, status, err):
+    """slots[i] <- slot holding keys[i] (claimed by CAS if new); for keys without a row yet,
+    tfirst[slot] <- min batch position; status[0] <- 1 and slots[i] = -1 when the probe visited every
+    slot without success. trows is only read (no kernel writes it during the claim). Only the
+    occurrences of table t (occ_table[i] == t; all when t < 0) take part, the others get slot SKIP; a
+    reserved key (EMPTY_KEY: the eager insert rejects it on the host first) gets slot -1 and its position
+    goes to err[3] (atomic min)."""
     empty = uint64(0xFFFFFFFFFFFFFFFF)
     cap = tkeys.shape[0]
     for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
@@ -271,7 +236,7 @@ def hash_claim_masked_kernel(tkeys, trows, tfirst, keys, occ_table, t, slots, st
                 break
             if here == empty:
                 old = cuda.atomic.cas(tkeys, s, empty, key)
-                if old == empty or old == key:
+                if old == empty or old == key:      # we won, or another thread inserted this key
                     found = s
                     break
             s += 1
@@ -279,14 +244,15 @@ def hash_claim_masked_kernel(tkeys, trows, tfirst, keys, occ_table, t, slots, st
                 s = 0
         slots[i] = found
         if found < 0:
-            status[0] = 1
-        elif trows[found] == -1:
+            status[0] = 1                           # every writer stores 1: a benign race
+        elif trows[found] == -1:                    # known keys skip the atomic (hot keys repeat)
             cuda.atomic.min(tfirst, found, int64(i))
 
 
 @cuda.jit
-def hash_mark_masked_kernel(trows, tfirst, slots, flags):
-    """hash_mark_kernel where skipped and failed occurrences (slot < 0) are never first occurrences."""
+def hash_mark_kernel(trows, tfirst, slots, flags):
+    """flags[i] <- 1 where keys[i] is a new key's first occurrence in the batch, else 0 (skipped and failed
+    occurrences, slot < 0, never are)."""
     for i in range(cuda.grid(1), slots.shape[0], cuda.gridsize(1)):
         s = slots[i]
         flags[i] = int64(1) if s >= 0 and trows[s] == -1 and tfirst[s] == i else int64(0)
@@ -359,11 +325,12 @@ def hash_find(tkeys, trows, keys, rows_out) -> None:
 
 
 def hash_insert(tkeys, trows, tfirst, keys, base: int, max_rows: int, slots, flags, pos, rows_out,
-                status, *, scan_threads: int | None = None, partials=None) -> int:
+                status, occ_table, err, *, scan_threads: int | None = None, partials=None) -> int:
     """Insert keys (N,) uint64; rows_out (N,) int64 <- their rows; returns the number of new keys.
 
     Scratch from the caller: slots (N,) int64, flags (N,) int64, pos (N + 1,) int64, status (1,) int32,
-    and optionally partials (scan.scan_partials_size(N),) int64, which spreads the scan over many blocks.
+    occ_table (any small int64 array: every key takes part) and err (4,) int64 (see the deferred insert;
+    the keys must hold no EMPTY_KEY, which the caller rejects first), and optionally partials (scan.scan_partials_size(N),) int64, which spreads the scan over many blocks.
     Raises HashTableFullError when base + new > max_rows (or no slot is left), after rolling the batch
     back: the table is then exactly as before the call.
     """
@@ -371,7 +338,7 @@ def hash_insert(tkeys, trows, tfirst, keys, base: int, max_rows: int, slots, fla
     if n == 0:
         return 0
     status[0] = 0
-    launch_1d(hash_claim_kernel, n, tkeys, trows, tfirst, keys, slots, status)
+    launch_1d(hash_claim_kernel, n, tkeys, trows, tfirst, keys, occ_table, np.int64(-1), slots, status, err)
     count_host_read(2)                  # status[0] and pos[n] below come back to the host
     if int(status[0]) != 0:
         # the probe of some key found no slot: roll back, then count the distinct new keys for the error
@@ -410,8 +377,8 @@ def hash_insert_deferred(tkeys, trows, tfirst, keys, occ_table, t: int, dsize, m
     if n == 0:
         return
     status[0] = 0
-    launch_1d(hash_claim_masked_kernel, n, tkeys, trows, tfirst, keys, occ_table, np.int64(t), slots, status, err)
-    launch_1d(hash_mark_masked_kernel, n, trows, tfirst, slots, flags)
+    launch_1d(hash_claim_kernel, n, tkeys, trows, tfirst, keys, occ_table, np.int64(t), slots, status, err)
+    launch_1d(hash_mark_kernel, n, trows, tfirst, slots, flags)
     exclusive_scan(flags, pos, threads=scan_threads, partials=partials)
     launch_1d(hash_assign_deferred_kernel, n, tkeys, trows, tfirst, slots, flags, pos, dsize, np.int64(max_rows),
               status, err)
@@ -429,16 +396,14 @@ def hash_dump(tkeys, trows, out) -> None:
 
 
 PTX_CHECKS = [
-    (hash_claim_kernel, "void(uint64[::1], int64[::1], int64[::1], uint64[::1], int64[::1], int32[::1])"),
-    (hash_mark_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1])"),
     (hash_assign_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64)"),
     (hash_gather_kernel, "void(int64[::1], int64[::1], int64[::1])"),
     (hash_rollback_kernel, "void(uint64[::1], int64[::1], int64[::1], int64[::1])"),
     (hash_find_kernel, "void(uint64[::1], int64[::1], uint64[::1], int64[::1])"),
     (hash_dump_kernel, "void(uint64[::1], int64[::1], uint64[::1])"),
-    (hash_claim_masked_kernel, "void(uint64[::1], int64[::1], int64[::1], uint64[::1], int64[::1], int64, int64[::1], "
+    (hash_claim_kernel, "void(uint64[::1], int64[::1], int64[::1], uint64[::1], int64[::1], int64, int64[::1], "
                                "int32[::1], int64[::1])"),
-    (hash_mark_masked_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1])"),
+    (hash_mark_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1])"),
     (hash_assign_deferred_kernel, "void(uint64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], "
                                   "int64[::1], int64, int32[::1], int64[::1])"),
     (scatter_flagged_kernel, "void(int64[::1], int64[::1], int64[::1], int64[::1])"),

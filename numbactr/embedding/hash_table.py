@@ -103,7 +103,7 @@ class HashTable:
             slots, flags, pos, status = self._scratch(n)
             rows = self.xp.empty(n, dtype=numpy.int64)
             n_new = _k.hash_insert(self._tkeys, self._trows, self._tfirst, keys, self._size,
-                                   self._max_rows, slots, flags, pos, rows, status,
+                                   self._max_rows, slots, flags, pos, rows, status, self._no_mask, self._err,
                                    scan_threads=self.scan_threads, partials=self._partials)
         self._size += n_new
         if self.use_kernels and n_new:
