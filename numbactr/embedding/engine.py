@@ -426,7 +426,7 @@ class TableBatchedEmbedding:
         # host, take the eager path)
         mixed_u64 = indices.dtype == np.uint64 and len(self.hash_tables) < len(self.tables)
         if self.hash_tables and defer and training and not mixed_u64:
-            new_rows = self._rows_of_keys_deferred(indices, rows, fixed, batch, training)
+            new_rows = self._rows_of_keys_deferred(indices, rows)
         elif self.hash_tables:
             self._rows_of_keys(indices, rows, fixed, batch, training)
         rows = self._storage_rows(indices, rows, fixed, batch, training)
@@ -466,7 +466,7 @@ class TableBatchedEmbedding:
         warnings.warn(f"TableBatchedEmbedding bounds check (lookups since the last check): {'; '.join(what)}",
                       RuntimeWarning, stacklevel=3)
 
-    def _rows_of_keys_deferred(self, indices, rows, offsets, batch: int, training: bool) -> dict:
+    def _rows_of_keys_deferred(self, indices, rows) -> dict:
         """_rows_of_keys of a training lookup with no host read (defer_checks on the kernels): each occurrence's
         keyed table comes from a kernel, each hash table inserts its own occurrences in place in rows, new rows
         take their initial values on the device. Returns {table: (rows, flags, keys)} of the inserts (flags: 1
