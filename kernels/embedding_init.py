@@ -73,28 +73,31 @@ def init_new_rows(pool, rows, keys, first_new: int, seed: int, lo: float, hi: fl
 
 
 @cuda.jit
-def init_flagged_rows_kernel(pool, rows, keys, flags, seed, lo, span):
+def init_flagged_rows_kernel(w, base, stride, dim, rows, keys, flags, seed, lo, span):
     """init_new_rows_kernel for the rows of occurrences flagged new (flags[k] != 0, rows[k] >= 0): the
-    deferred hash insert's first occurrences (kernels.hash_table.hash_insert_deferred), no threshold read."""
-    d_size = pool.shape[1]
-    for i in range(cuda.grid(1), rows.shape[0] * d_size, cuda.gridsize(1)):
-        k = i // d_size
-        d = i - k * d_size
+    deferred hash insert's first occurrences (kernels.hash_table.hash_insert_deferred), no threshold read.
+    The table is rows of `stride` elements from w[base] (flat: a padded table's rows are not contiguous)."""
+    for i in range(cuda.grid(1), rows.shape[0] * dim, cuda.gridsize(1)):
+        k = i // dim
+        d = i - k * dim
         r = rows[k]
         if flags[k] != 0 and r >= 0:
-            base = _splitmix64(keys[k] ^ _splitmix64(seed))
-            h = _splitmix64(add64(base, uint64(d)))
+            h0 = _splitmix64(keys[k] ^ _splitmix64(seed))
+            h = _splitmix64(add64(h0, uint64(d)))
             u = float32(h >> uint64(40)) * float32(1.0 / 16777216.0)
-            pool[r, d] = lo + span * u
+            w[base + r * stride + d] = lo + span * u
 
 
-def init_flagged_rows(pool, rows, keys, flags, seed: int, lo: float, hi: float) -> None:
-    """In place: pool (V, D) float32 (any row stride), rows (N,) int64, keys (N,) uint64, flags (N,) int64."""
-    launch_1d(init_flagged_rows_kernel, rows.shape[0] * pool.shape[1], pool, rows, keys, flags, np.uint64(seed),
-              np.float32(lo), np.float32(hi - lo))
+def init_flagged_rows(w, base: int, stride: int, dim: int, rows, keys, flags, seed: int, lo: float,
+                      hi: float) -> None:
+    """In place: the flagged occurrences' rows of the table at w[base:] (flat float32, rows of `stride`
+    elements, the first `dim` used); rows (N,) int64, keys (N,) uint64, flags (N,) int64."""
+    launch_1d(init_flagged_rows_kernel, rows.shape[0] * dim, w, np.int64(base), np.int64(stride), np.int64(dim),
+              rows, keys, flags, np.uint64(seed), np.float32(lo), np.float32(hi - lo))
 
 
 PTX_CHECKS = [
     (init_new_rows_kernel, "void(float32[:, ::1], int64[::1], uint64[::1], int64, uint64, float32, float32)"),
-    (init_flagged_rows_kernel, "void(float32[:, :], int64[::1], uint64[::1], int64[::1], uint64, float32, float32)"),
+    (init_flagged_rows_kernel, "void(float32[::1], int64, int64, int64, int64[::1], uint64[::1], int64[::1], uint64, "
+                               "float32, float32)"),
 ]

@@ -203,6 +203,10 @@ def _check_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
 class TableBatchedEmbedding:
     """Many tables, many features, one lookup and one fused update per step. See the module docstring."""
 
+    #: see __init__ (class defaults too: engines built another way, e.g. TieredEmbedding, never defer)
+    defer_checks = False
+    _bounds_rec = None
+
     def __init__(self, tables, feature_table_map=None, *, pooling=Pooling.SUM,
                  optimizer: OptimizerSpec | None = None, weights_precision=Precision.FP32,
                  output_dtype=Precision.FP32, bounds_check=BoundsCheck.WARNING,
@@ -479,10 +483,11 @@ class TableBatchedEmbedding:
         for t, table in self.hash_tables.items():
             _, flags, keys = table.insert_deferred(indices, occ, t, rows_out=rows)
             spec = self.tables[t]
-            view = self._table_view(self.weights, t, False)
-            if view.dtype == np.float32:
-                EI.init_flagged_rows(view, rows, keys, flags, self.seed, *spec.init_range)
+            if self.weights.dtype == np.float32:
+                EI.init_flagged_rows(self.weights, int(self.elem_offsets[t]), int(self.strides[t]), spec.dim, rows,
+                                     keys, flags, self.seed, *spec.init_range)
             else:                   # float16 weights: the new rows' values through the host (reads)
+                view = self._table_view(self.weights, t, False)
                 new = device.to_host(flags).astype(bool)
                 r = device.to_host(rows)[new]
                 vals = EI.row_values_ref(device.to_host(keys)[new], spec.dim, self.seed, *spec.init_range)

@@ -206,7 +206,7 @@ class HashEmbedding:
         """(out, LookupContext) of the engine's lookup; in training new keys are inserted and, in a
         Localized table, their slots recorded (``slots`` (N,) of the keys, else bag % S)."""
         table = self.table
-        deferred = self.engine.defer_checks
+        deferred = self._deferred()
         before = table.size if table is not None and not deferred else 0
         try:
             out, ctx = self.engine.forward(keys, offsets, training=training, pooling=pooling)
@@ -227,10 +227,17 @@ class HashEmbedding:
     def check_pending(self) -> None:
         """Raise what this table's lookups recorded on the device since the last check (a GPU training step
         reads nothing back: the model calls this at its check points, numbactr.model.Model.check_deferred)."""
+        if not self._deferred():
+            return
         try:
             self.engine.check_deferred()
         except HashTableFullError as e:
             raise self._full_error(e) from None
+
+    def _deferred(self) -> bool:
+        """Do this table's lookups defer their checks (a TableBatchedEmbedding with defer_checks; a tiered
+        table's engine never does)?"""
+        return bool(getattr(self.engine, "defer_checks", False))
 
     def _sharded_lookup(self, keys, offsets, training: bool):
         keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
@@ -354,7 +361,7 @@ class OneHotEmbedding(HashEmbedding):
         # keys in host memory are checked there; device keys of a deferred step are left to the engine's
         # FATAL bounds check, which records them on the device (no read in the step; raised at the check point)
         xp = np if isinstance(keys, np.ndarray) else device.xp()
-        if xp is not np and self.engine.defer_checks:
+        if xp is not np and self._deferred():
             return
         rows = xp.asarray(keys).astype(np.int64)
         bad = (rows < 0) | (rows >= self.max_rows)
