@@ -539,17 +539,22 @@ def _bag_fb(j, n_features, batch, layout):
 
 
 @_device
-def _table_of(lin, row_off):
-    """The table holding linear row lin (binary search over row_off (T + 1,))."""
+def _last_at_most(a, hi, v):
+    """The last j in [0, hi] with a[j] <= v (a non-decreasing, a[0] <= v): a binary search."""
     lo = 0
-    hi = row_off.shape[0] - 2
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if row_off[mid] <= lin:
+        if a[mid] <= v:
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+@_device
+def _table_of(lin, row_off):
+    """The table holding linear row lin (row_off (T + 1,))."""
+    return _last_at_most(row_off, row_off.shape[0] - 2, lin)
 
 
 # ---- kernels: bounds check --------------------------------------------------------------------------
@@ -639,15 +644,8 @@ def record_bounds_kernel(status, indices, offsets, fixed, feature_rows, batch, l
         rec[2] = int64(offsets[j])
     if first and status[ST_BAD_INDICES] > 0:
         k = status[ST_FIRST_INDEX]
-        lo = 0                                  # the bag holding k: the last j with fixed[j] <= k
-        hi = n_bags - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fixed[mid] <= k:
-                lo = mid
-            else:
-                hi = mid - 1
-        f, b = _bag_fb(lo, feature_rows.shape[0], batch, layout)
+        j = _last_at_most(fixed, n_bags - 1, k)            # the bag holding k
+        f, b = _bag_fb(j, feature_rows.shape[0], batch, layout)
         rec[4] = k
         rec[5] = f
         rec[6] = b
