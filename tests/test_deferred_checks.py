@@ -9,11 +9,14 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import numbactr as hugectr
 from numbactr import device
-from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Optim, OptimizerSpec, Pooling,
+from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, OptimizerSpec, Pooling,
                                        TableBatchedEmbedding)
+from numbactr.kernels import tbe as K
 from numbactr.embedding.hash_table import HashTableFullError
 from numbactr.kernels import launch
 from tests.model_util import tiny_data, tiny_dlrm
@@ -92,3 +95,31 @@ def test_engine_deferred_bounds_check(on_device, mode):
         assert len(w) == 1 and "index 9 at position 1" in str(w[0].message)
         assert e.bounds_warnings == 3
     e.check_deferred()                                        # cleared: nothing more
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_deferred_bounds_record_matches_the_reference(data):
+    """record_bounds_kernel against check_indices_ref over two random batches: the count of bad indices summed
+    over both and the first offender (the first bad batch's) make the FATAL message."""
+    device.set_device("sim")                         # (conftest's autouse fixture switches back)
+    tables, fmap, batch = [(5, 4), (3, 4)], [0, 1], 2
+    limits = np.array([5, 3])
+    e = TableBatchedEmbedding(tables, fmap, bounds_check=BoundsCheck.FATAL, impl="kernels")
+    e.defer_checks = True
+    first, total = None, 0
+    for _ in range(2):
+        lens = data.draw(st.lists(st.integers(0, 3), min_size=4, max_size=4))
+        offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        idx = np.array(data.draw(st.lists(st.integers(-1, 7), min_size=int(offsets[-1]),
+                                          max_size=int(offsets[-1]))), np.int64)
+        _, bad, at = K.check_indices_ref(idx, offsets, limits, batch, int(Layout.FEATURE_MAJOR), BoundsCheck.NONE)
+        total += bad
+        first = first or at
+        e.forward(idx, offsets)
+    if first is None:
+        e.check_deferred()
+        return
+    with pytest.raises(EmbeddingBoundsError) as info:
+        e.check_deferred()
+    assert str(info.value).startswith(K.bounds_message(first, total, BoundsCheck.FATAL)), (str(info.value), first)

@@ -19,6 +19,29 @@ def test_kernel_matches_reference(keys, width, first_new, seed):
     assert (host(got)[:first_new] == 7.0).all()                 # old rows untouched
 
 
+@given(keys=hnp.arrays(np.uint64, st.integers(1, 30), elements=st.integers(0, 2**64 - 2)),
+       dim=st.integers(1, 6), pad=st.integers(0, 3), base=st.integers(0, 5), seed=st.integers(0, 2**32),
+       data=st.data())
+def test_flagged_kernel_matches_reference_on_a_padded_flat_table(keys, dim, pad, base, seed, data):
+    """init_flagged_rows (the deferred insert's new rows): each flagged occurrence with a row gets
+    row_values_ref of its key in the first `dim` elements of that row; padding, unflagged rows, rows -1 and
+    the elements before the table are untouched."""
+    n = keys.size
+    rows = np.array(data.draw(st.lists(st.integers(-1, n - 1), min_size=n, max_size=n)), np.int64)
+    flags = np.array(data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)), np.int64)
+    rows[flags == 1] = np.arange(n)[flags == 1] % n          # a flagged row is written by its occurrence only
+    rows[(flags == 1) & (np.arange(n) % 5 == 4)] = -1        # ... or is -1 (a rolled-back key)
+    stride = dim + pad
+    w = np.full(base + n * stride, 7.0, np.float32)
+    want = w.copy()
+    for k in np.flatnonzero((flags == 1) & (rows >= 0)):
+        r = rows[k]
+        want[base + r * stride: base + r * stride + dim] = ei.row_values_ref(keys[k:k + 1], dim, seed, -0.05, 0.05)[0]
+    got = dev(w)
+    ei.init_flagged_rows(got, base, stride, dim, dev(rows), dev(keys), dev(flags), seed, -0.05, 0.05)
+    np.testing.assert_allclose(host(got), want, rtol=1e-6, atol=1e-8)
+
+
 def test_values_depend_only_on_seed_key_and_d_and_look_uniform():
     keys = np.arange(200_000, dtype=np.uint64)
     v = ei.row_values_ref(keys, 4, seed=3, lo=-0.05, hi=0.05)
