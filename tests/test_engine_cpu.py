@@ -82,20 +82,27 @@ def test_int32_inputs_and_sample_major_keyed_tables():
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_radix_sort_is_stable_and_thread_count_free(n_threads):
+@pytest.mark.parametrize("top", [1000, 5000, 2 ** 30])      # 1, 2 and 3 passes of up to 11 bits
+def test_radix_sort_is_stable_and_thread_count_free(n_threads, top):
     import numba
     rng = np.random.default_rng(0)
-    keys = rng.integers(0, 5000, size=200_000).astype(np.int64)
-    out = [np.empty_like(keys) for _ in range(4)]
+    keys = rng.integers(0, top, size=200_000).astype(np.int64)
+    keys[:5] = [0, top - 1, top - 1, 0, top // 2]
+    vals = np.arange(keys.size, dtype=np.int64)
+    keys_in, vals_in = keys.copy(), vals.copy()
+    out = [np.full_like(keys, -7) for _ in range(4)]
     old = numba.get_num_threads()
     numba.set_num_threads(n_threads)
     try:
-        C.radix_sort(keys, np.arange(keys.size, dtype=np.int64), C.radix_bits(5000), *out)
+        C.radix_sort(keys, vals, C.radix_bits(top), *out)
     finally:
         numba.set_num_threads(old)
     want = np.argsort(keys, kind="stable")
     np.testing.assert_array_equal(out[1], want)
     np.testing.assert_array_equal(out[0], keys[want])
+    # the input is read, never written (the first pass reads it in place of a copy)
+    np.testing.assert_array_equal(keys, keys_in)
+    np.testing.assert_array_equal(vals, vals_in)
 
 
 def test_fp16_output_and_weights_on_cpu():

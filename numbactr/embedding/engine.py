@@ -57,7 +57,6 @@ so a FATAL batch raises with the hash tables unchanged.
 """
 from __future__ import annotations
 
-import mmap
 import warnings
 from dataclasses import dataclass, field, fields, replace
 
@@ -65,6 +64,7 @@ import numba
 import numpy as np
 
 from .. import device
+from ..hostmem import HUGE_MIN_BYTES, host_zeros, huge_pages_wanted
 from ..kernels import embedding_init as EI
 from ..kernels import tbe as K
 from ..kernels import tbe_cpu as C
@@ -156,19 +156,27 @@ class LookupContext:
     extra: dict = field(default_factory=dict)
 
 
-def _zeros(n: int, dtype):
-    """A zeroed buffer for the tables: device memory on a GPU; on the host an anonymous mapping with
-    transparent huge pages declined. NumPy asks for huge pages on big arrays; on the 2-core VM this was
-    measured on, random row access into such a table was 1.2-1.7x slower than into ordinary 4 KiB pages
-    (the pages FBGEMM's and torch's CPU tables get), e.g. forward L=1, D=16, 26 x 8192 bags of a 1M-row
-    table: 5.9 ms vs 3.6 ms."""
+def _zeros(n: int, dtype, huge: bool = True):
+    """A zeroed buffer for the tables, their states and the step's scratch: device memory on a GPU; on the
+    host numbactr.hostmem.host_zeros (2 MiB-aligned transparent huge pages for big buffers: random row
+    access 1.3-1.5x faster than 4 KiB pages on the measured VM; NUMBACTR_HUGE_PAGES=0 declines them)."""
     xp = device.xp()
     if xp is not np or n == 0:
         return xp.zeros(n, dtype)
-    mem = mmap.mmap(-1, n * np.dtype(dtype).itemsize)       # zero-filled by the kernel
-    if hasattr(mem, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
-        mem.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(mem, dtype)
+    return host_zeros(n, dtype, huge)
+
+
+def _wants_huge_copy(a, reads: int, huge: bool) -> bool:
+    """Whether a host array read at `reads` random rows is worth copying into the scratch pool's huge pages
+    first: when it is big, and read at least once per 64 bytes (each random read costs a page walk in 4 KiB
+    pages; the copy costs its bytes. One-hot bags at D = 64 read a quarter of that: there the 54 MB copy
+    made the backward 29 -> 34 ms, where at D = 16 it made it 24 -> 14 ms)."""
+    return huge and a.dtype == np.float32 and a.nbytes >= HUGE_MIN_BYTES and reads * 64 >= a.nbytes
+
+
+def _copy_to(dst, src):
+    np.copyto(dst, src)
+    return dst
 
 
 def _as_table(t) -> TableSpec:
@@ -259,7 +267,8 @@ class TableBatchedEmbedding:
 
         xp = device.xp()
         wdtype = np.float16 if self.weights_precision == Precision.FP16 else np.float32
-        self.weights = _zeros(int(self.elem_offsets[-1]), wdtype)            # (sum V_t * stride_t,)
+        self.huge_pages = huge_pages_wanted()       # host buffers in huge pages (numbactr.hostmem), read once
+        self.weights = _zeros(int(self.elem_offsets[-1]), wdtype, self.huge_pages)           # (sum V_t * stride_t,)
         self.states = [self._new_state(per_row, dtype, name) for name, per_row, dtype in self._state_specs()]
         self.hash_tables = {t: HashTable(spec.rows, use_kernels=self.impl == "kernels", xp=xp,
                                          compiled=self.impl == "cpu")
@@ -294,7 +303,7 @@ class TableBatchedEmbedding:
 
     def _new_state(self, per_row: bool, dtype, name: str):
         size = int(self.row_offsets[-1] if per_row else self.elem_offsets[-1])
-        buf = _zeros(size, dtype)
+        buf = _zeros(size, dtype, self.huge_pages)
         start = self.initial_state_value(name)
         if start:
             buf.fill(start)
@@ -628,7 +637,7 @@ class TableBatchedEmbedding:
         buf = self._ws.get(name)
         if buf is None or buf.shape[0] < n or buf.dtype != np.dtype(dtype):
             size = n if buf is None else max(n, int(buf.shape[0] * 1.5))
-            buf = _zeros(max(size, 1), dtype)
+            buf = _zeros(max(size, 1), dtype, self.huge_pages)
             self._ws[name] = buf
         return buf[:n]
 
@@ -813,6 +822,11 @@ class _CpuImpl:
         pt = np.int32 if max(n, n_bags, dy.size) < 2 ** 31 - 1 else np.int64
         lin, pay = e._scratch("lin", n, kt), e._scratch("pay", n, pt)
         flat = dy.reshape(-1)
+        if not (by_bag and ctx.pooling == Pooling.MEAN) and _wants_huge_copy(flat, n, e.huge_pages):
+            # the update reads a random dy row per occurrence: from huge pages, not the caller's 4 KiB pages
+            # (L = 20, D = 16, 26 x 8192 bags: the fused update 223 -> 73 ms for a 3 ms copy; the MEAN
+            # lookup's pre-scaled copy is in the scratch pool's huge pages already)
+            flat = _copy_to(e._scratch("dy_huge", flat.shape[0], np.float32), flat)
         if by_bag:          # the sorted payload is the bag's dy row itself; MEAN reads a pre-scaled copy
             bag_of, bag_src, bag_scale = self.no_i64, self.no_i64, self.no_f32
             dys = e._scratch("dy_scaled", flat.shape[0], np.float32) if ctx.pooling == Pooling.MEAN else self.no_f32

@@ -12,6 +12,7 @@ import numpy
 
 from numbactr.kernels import hash_table as _k
 from numbactr.kernels import hash_table_cpu as _cpu
+from numbactr.hostmem import host_full
 from numbactr.kernels.scan import scan_partials_size
 from numbactr.kernels.hash_table import EMPTY_KEY, HashTableFullError
 
@@ -42,8 +43,10 @@ class HashTable:
         self.xp = xp
         self.scan_threads = scan_threads
         self.capacity = max(math.ceil(max_rows / load_factor), 1)
-        self._tkeys = xp.full(self.capacity, EMPTY_KEY, dtype=numpy.uint64)   # (C,)
-        self._trows = xp.full(self.capacity, -1, dtype=numpy.int64)           # (C,)
+        # host slots in huge pages when big (numbactr.hostmem): every probe is a random read
+        full = (lambda n, v, dt: host_full(n, v, dt)) if xp is numpy else (lambda n, v, dt: xp.full(n, v, dtype=dt))
+        self._tkeys = full(self.capacity, EMPTY_KEY, numpy.uint64)            # (C,)
+        self._trows = full(self.capacity, -1, numpy.int64)                    # (C,)
         self._tfirst = (xp.full(self.capacity, _k.INT64_MAX, dtype=numpy.int64)
                         if self.use_kernels else None)                         # (C,) kernel scratch
         self._scratch_n = -1       # batch size the kernel scratch below was sized for (grown, reused)
