@@ -6,6 +6,7 @@ docstring; the scalar math is kernels/tbe_math.py, compiled here with njit), for
     check_offsets   offsets repaired as FBGEMM repairs them (running maximum of the clamped offsets)
     check_indices   rows (N,) int64 of the indices under a bounds-check mode, in parallel over bags
     forward         pooled (B, sum D_f) or per-occurrence (N, D) output, in parallel over samples
+    forward_pooled  forward's feature-major pooled case without per-sample weights, compiled on its own
     linearize       linear row id (table row offset + row) and bag of every occurrence; -1 rows and
                     positions outside every bag get the sentinel V_total (sorted last)
     radix_sort      stable LSD radix sort of the linear ids (per-thread histograms, so 1..n threads
@@ -303,8 +304,12 @@ def pool_bag(w, rows, psw, has_psw, begin, end, off, stride, width, scale, acc, 
                 base = uint64(off + r * stride)
                 for d in range(width):
                     acc[d] += load(w, base + uint64(d))
-    for d in range(width):
-        store(out, o + uint64(d), acc[d] * scale, uint64(0), False)
+    if scale != float32(1.0):            # a MEAN bag of several rows; a sum is stored as it is (a multiply
+        for d in range(width):           # by 1 on every bag measured 15% of a one-hot D = 16 forward)
+            store(out, o + uint64(d), acc[d] * scale, uint64(0), False)
+    else:
+        for d in range(width):
+            store(out, o + uint64(d), acc[d], uint64(0), False)
 
 
 @njit(inline="always", **_JIT)
@@ -399,6 +404,24 @@ def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, ba
                     t = ftable[f]
                     pool_dispatch(w, rows, psw, has_psw, offsets, b * n_features + f, 1, b, elem_off[t],
                                   strides[t], fcols[f + 1] - fcols[f], total, uint64(fcols[f]), pooling, acc, out)
+
+
+@njit(**_PJIT)
+def forward_pooled(w, elem_off, strides, ftable, fcols, rows, offsets, batch, pooling, out, scratch):
+    """forward's common case, FBGEMM's: pooled (SUM or MEAN), feature-major, without per-sample weights,
+    compiled on its own: has_psw is the literal False, so the weighted loops are absent. The same results;
+    measured 1.15-1.3x faster than forward on a one-hot D = 16 lookup (26 x 8192 bags, one thread). (The
+    sample-major layout in here too doubled its compile time, 17 -> 34 s per signature.)"""
+    n_features = ftable.shape[0]
+    total = uint64(fcols[n_features])
+    per = (batch + _CHUNK - 1) // _CHUNK
+    for c in prange(n_features * per):
+        acc = scratch[numba.get_thread_id()]
+        f = c // per
+        b0 = (c - f * per) * _CHUNK
+        t = ftable[f]
+        pool_dispatch(w, rows, acc, False, offsets, f * batch + b0, min(batch - b0, _CHUNK), b0, elem_off[t],
+                      strides[t], fcols[f + 1] - fcols[f], total, uint64(fcols[f]), pooling, acc, out)
 
 
 # ---- backward: linearize, sort, segment -------------------------------------------------------------

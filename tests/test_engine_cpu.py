@@ -155,3 +155,34 @@ def test_count_bad_indices_agrees_with_the_repairing_check(layout):
     assert not C.offsets_valid(np.array([0, 2, 1, 3], np.int64), 3)
     assert not C.offsets_valid(np.array([0, 2, 4], np.int64), 3)
     assert not C.offsets_valid(np.array([0, 1, 2], np.int64), 3)
+
+
+@pytest.mark.parametrize("dims", [(16, 16), (64, 8), (5, 32)])
+@pytest.mark.parametrize("pooling", [0, 1])
+@pytest.mark.parametrize("half", [False, True])
+def test_forward_pooled_equals_the_general_forward(dims, pooling, half):
+    """forward_pooled (feature-major, no per-sample weights) gives forward's bits: ragged and empty bags,
+    rows -1 (skipped), MEAN of one row stored unscaled, widths with and without a compiled copy."""
+    rng = np.random.default_rng(sum(dims) + pooling)
+    rows_per = np.array([40, 30], np.int64)
+    dims_a = np.array(dims, np.int64)
+    lane = 8 if half else 4
+    strides = -(-dims_a // lane) * lane
+    elem_off = np.concatenate([[0], np.cumsum(rows_per * strides)]).astype(np.int64)
+    w = rng.standard_normal(int(elem_off[-1])).astype(np.float32)
+    w = w.astype(np.float16).view(np.uint16) if half else w
+    ftable = np.array([0, 1, 0], np.int64)
+    fcols = np.concatenate([[0], np.cumsum(dims_a[ftable])]).astype(np.int64)
+    batch = 70                                         # > one chunk of 64 samples
+    hot = rng.integers(0, 4, ftable.size * batch)
+    offsets = np.concatenate([[0], np.cumsum(hot)]).astype(np.int64)
+    rows = np.concatenate([rng.integers(-1, rows_per[t], hot[f * batch:(f + 1) * batch].sum())
+                           for f, t in enumerate(ftable)]).astype(np.int64)
+    scratch = np.zeros((4, 64), np.float32)
+    a = np.full(batch * int(fcols[-1]), np.nan, np.float32)
+    b = a.copy()
+    C.forward(w, elem_off, strides, ftable, fcols, rows, offsets, np.zeros(1, np.float32), False, batch, 0,
+              pooling, a, scratch)
+    C.forward_pooled(w, elem_off, strides, ftable, fcols, rows, offsets, batch, pooling, b, scratch)
+    np.testing.assert_array_equal(a, b)
+    assert not np.isnan(b).any()

@@ -791,10 +791,14 @@ class _CpuImpl:
         shape = (ctx.rows.shape[0], int(e.feature_dims[0])) if none else (ctx.batch, e.total_dim)
         out = np.empty(shape, np.float32)
         psw = ctx.per_sample_weights
-        C.forward(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows, ctx.offsets,
-                  self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout),
-                  int(ctx.pooling), out.reshape(-1),
-                  np.empty((numba.get_num_threads(), int(e.dims.max(initial=1))), np.float32))
+        scratch = np.empty((numba.get_num_threads(), int(e.dims.max(initial=1))), np.float32)
+        if not none and psw is None and e.layout == Layout.FEATURE_MAJOR:      # FBGEMM's common case
+            C.forward_pooled(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows,
+                             ctx.offsets, ctx.batch, int(ctx.pooling), out.reshape(-1), scratch)
+        else:
+            C.forward(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows, ctx.offsets,
+                      self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout),
+                      int(ctx.pooling), out.reshape(-1), scratch)
         # FP16 output: rounded (to nearest even) after the float32 pooling, so the compiled forward has one
         # output type (each of its signatures costs a long compile)
         return out.astype(np.float16) if e.output_dtype == Precision.FP16 else out
