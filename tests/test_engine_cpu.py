@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, Pooling, Precision,
+                                       OptimizerSpec, TableBatchedEmbedding,
                                        TableSpec)
 from numbactr.kernels import tbe_cpu as C
 from tests.engine_cases import OPTIMIZER_CASES, Case, assert_same_training, cases, random_steps, run
@@ -186,3 +187,36 @@ def test_forward_pooled_equals_the_general_forward(dims, pooling, half):
     C.forward_pooled(w, elem_off, strides, ftable, fcols, rows, offsets, batch, pooling, b, scratch)
     np.testing.assert_array_equal(a, b)
     assert not np.isnan(b).any()
+
+
+@pytest.mark.parametrize("psw", [False, True])
+def test_mean_of_bags_of_at_most_one_row_trains_as_the_reference(psw):
+    """A MEAN lookup whose bags hold at most one row (the backward then reads dy itself, without the
+    pre-scaled copy) updates the rows as the reference does; empty bags and -1 rows included."""
+    rng = np.random.default_rng(11)
+    tables, fmap, batch = [(40, 16), (25, 8)], [0, 1, 1], 24
+    engines = {impl: TableBatchedEmbedding(tables, fmap, pooling=Pooling.MEAN, impl=impl,
+                                           bounds_check=BoundsCheck.NONE,
+                                           optimizer=OptimizerSpec(Optim.EXACT_ROWWISE_ADAGRAD, 0.1))
+               for impl in ("ref", "cpu")}
+    for eng in engines.values():
+        for t, w in enumerate(eng.split_weights()):
+            w[...] = np.random.default_rng(t).uniform(-1, 1, w.shape)
+    for _ in range(3):
+        hot = rng.integers(0, 2, len(fmap) * batch)
+        offsets = np.concatenate([[0], np.cumsum(hot)]).astype(np.int64)
+        idx = np.concatenate([rng.integers(-1, tables[t][0], hot[f * batch:(f + 1) * batch].sum())
+                              for f, t in enumerate(fmap)]).astype(np.int64)
+        weights = rng.uniform(0.5, 2, idx.size).astype(np.float32) if psw else None
+        dy = rng.standard_normal((batch, 32)).astype(np.float32)
+        outs = []
+        for eng in engines.values():
+            out, ctx = eng.forward(idx, offsets, weights)
+            eng.backward(ctx, dy)
+            outs.append(np.asarray(out, np.float64))
+        np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+    for a, b in zip(engines["ref"].split_weights(), engines["cpu"].split_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    for a, b in zip(engines["ref"].split_optimizer_states(), engines["cpu"].split_optimizer_states()):
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
