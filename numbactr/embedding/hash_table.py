@@ -44,7 +44,7 @@ class HashTable:
         self.scan_threads = scan_threads
         self.capacity = max(math.ceil(max_rows / load_factor), 1)
         # host slots in huge pages when big (numbactr.hostmem): every probe is a random read
-        full = (lambda n, v, dt: host_full(n, v, dt)) if xp is numpy else (lambda n, v, dt: xp.full(n, v, dtype=dt))
+        full = host_full if xp is numpy else (lambda n, v, dt: xp.full(n, v, dtype=dt))
         self._tkeys = full(self.capacity, EMPTY_KEY, numpy.uint64)            # (C,)
         self._trows = full(self.capacity, -1, numpy.int64)                    # (C,)
         self._tfirst = (xp.full(self.capacity, _k.INT64_MAX, dtype=numpy.int64)
