@@ -55,3 +55,22 @@ def test_epoch_end_partial_batch_and_a_new_source(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBACTR_STAGE_INPUTS", "yes")
     with pytest.raises(ValueError, match="NUMBACTR_STAGE_INPUTS must be 0 or 1"):
         staged.train()
+
+
+def test_reader_workers_write_the_pinned_buffers(tmp_path, monkeypatch):
+    # after the first batches (queued before the stager gave the reader's pass its arena), every array is
+    # uploaded from the block a worker wrote it in: no copy on the training thread, and blocks are reused
+    staged, s_steps = _run(tmp_path / "a", monkeypatch, "1", n_train=24, calls=6)
+    st = staged._stager
+    copies_then, direct_then = st.host_copies, st.direct_uploads
+    assert staged.train() and staged.train()
+    plain, p_steps = _run(tmp_path / "b", monkeypatch, "0", n_train=24, calls=8)    # (the flag is global)
+    assert s_steps + [True] * 2 == p_steps == [True] * 8
+    state = (st.host_copies, st.direct_uploads, st.arena.blocks, st.arena.reused)
+    assert st.host_copies == copies_then, state          # none since: each batch came in arena blocks
+    assert st.direct_uploads == direct_then + 2 * 3, state   # label, dense, keys (offsets made on the device)
+    # label, dense, keys and offsets per batch, for the batches in flight (queued, held, staged)
+    assert st.arena.reused > 0 and st.arena.blocks <= 4 * 10, state
+    np.testing.assert_array_equal(np.asarray(staged.weights), np.asarray(plain.weights))
+    np.testing.assert_array_equal(np.asarray(staged.embeddings[0].weight.data),
+                                  np.asarray(plain.embeddings[0].weight.data))

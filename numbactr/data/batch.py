@@ -26,6 +26,9 @@ class Batch:
     sparse: list = field(default_factory=list)   # [(keys (N,), offsets (B*S+1,) int64), ...]
     size: int = -1                          # valid rows; -1 in the constructor means "all B rows"
     global_size: int = -1                   # valid rows of the global batch; -1 means "= size"
+    #: the host blocks the arrays live in when a reader worker assembled the batch in a stager's pinned
+    #: arena (numbactr.data.staging.PinnedArena); None for ordinary arrays
+    memory: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.size < 0:

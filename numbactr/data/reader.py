@@ -37,7 +37,9 @@ Batch.global_size = s on every rank, so all ranks agree on "end of data" and "in
 
 Prefetch: each worker runs ahead into a bounded queue (depth max(1, 4 // W) batches, so about W + 4
 batches are buffered in all); decoding, validation and batch assembly happen in the workers, so the
-training step only takes a ready Batch. NumPy and pyarrow release the GIL for the heavy work.
+training step only takes a ready Batch. NumPy and pyarrow release the GIL for the heavy work. A pass's
+``memory.arena``, when a device stager sets it (numbactr.data.staging.PinnedArena), makes the workers
+assemble each batch straight into pinned host blocks that the stager uploads from.
 
 Threads: a pass's worker threads are stopped and joined when the pass ends, is closed, replaced
 (iter() again, set_source) or dropped, and at interpreter exit, so none runs while Python shuts down (a
@@ -248,11 +250,21 @@ def _parquet_chunks(cfg, path, stop):
 # batch assembly
 
 def _assemble(pieces, have, B, lo, hi, cfg) -> Batch:
-    """Rows [lo, hi) of a global batch made of `pieces` [(chunk, a, b)] covering global rows [0, have)."""
+    """Rows [lo, hi) of a global batch made of `pieces` [(chunk, a, b)] covering global rows [0, have).
+
+    When a device stager has given the reader its pinned arena (cfg.memory.arena, numbactr.data.staging),
+    every array is written into the arena's blocks here, in the worker thread, so the training thread
+    uploads them to the device without a host copy of its own."""
+    arena = getattr(getattr(cfg, "memory", None), "arena", None)
+    mem = arena.batch_memory() if arena is not None else None
     Bl = hi - lo
     size = max(0, min(Bl, have - lo))
-    label = np.zeros((Bl, cfg.label_dim), np.float32)
-    dense = np.zeros((Bl, cfg.dense_dim), np.float32)
+    if mem is None:
+        label = np.zeros((Bl, cfg.label_dim), np.float32)
+        dense = np.zeros((Bl, cfg.dense_dim), np.float32)
+    else:                                      # reused blocks: the padding rows are zeroed below
+        label = mem.empty((Bl, cfg.label_dim), np.float32)
+        dense = mem.empty((Bl, cfg.dense_dim), np.float32)
     mine = []                                  # (chunk, a, b) restricted to [lo, hi)
     g = 0
     for c, a, b in pieces:
@@ -265,6 +277,9 @@ def _assemble(pieces, have, B, lo, hi, cfg) -> Batch:
         label[r:r + b - a] = c.label[a:b]
         dense[r:r + b - a] = c.dense[a:b]
         r += b - a
+    if mem is not None:
+        label[r:] = 0
+        dense[r:] = 0
     sparse = []
     for i, S in enumerate(cfg.slots_per_input):
         key_parts, off_parts = [], []
@@ -276,10 +291,18 @@ def _assemble(pieces, have, B, lo, hi, cfg) -> Batch:
             off_parts.append(off[a * S:b * S] - (k0 - base))
             base += k1 - k0
         off_parts.append(np.full((Bl - size) * S + 1, base, dtype=np.int64))   # padding: empty bags
+        if mem is not None:
+            keys = mem.empty((base,), cfg.out_key_dtype)
+            if key_parts:
+                np.concatenate(key_parts, out=keys)
+            offsets = mem.empty((Bl * S + 1,), np.int64)
+            np.concatenate(off_parts, out=offsets)
+            sparse.append((keys, offsets))
+            continue
         keys = key_parts[0] if len(key_parts) == 1 else (np.concatenate(key_parts) if key_parts
                                                          else np.zeros(0, cfg.out_key_dtype))
         sparse.append((np.ascontiguousarray(keys), np.concatenate(off_parts)))
-    return Batch(label, dense, sparse, size, have)
+    return Batch(label, dense, sparse, size, have, memory=mem)
 
 
 def _file_worker(cfg, files, w, W, chunk_fn, stop):
@@ -452,6 +475,7 @@ class _Pass:
         self.counter = 0
         self.done = False
         self.paused = True
+        self.memory = SimpleNamespace(arena=None)   # the workers' (DataReader.__iter__ shares its own)
         _PASSES.add(self)
         self._start()
 
@@ -709,6 +733,9 @@ class DataReader:
         # the workers get a snapshot of the settings, never the reader itself: a reader (and its pass)
         # that nobody references any more is collected, and dropping the pass stops the workers
         cfg = SimpleNamespace(**{k: v for k, v in vars(self).items() if k != "_pass"})
+        # shared by the workers and the pass: a device stager puts its pinned arena here (even while the
+        # workers run) and the batches assembled after that are written into its blocks
+        cfg.memory = SimpleNamespace(arena=None)
         path = self.files[0]
         if self.fmt == DataReaderType_t.Raw:
             def open_raw():
@@ -722,6 +749,7 @@ class DataReader:
             fn = _norm_chunks if self.fmt == DataReaderType_t.Norm else _parquet_chunks
             gens = [_file_worker(cfg, self.files, w, W, fn, stop) for w in range(W)]
         self._pass = _Pass(gens, max(1, self.queue_depth // W), stop)
+        self._pass.memory = cfg.memory
         return self._pass
 
     def close(self) -> None:

@@ -11,6 +11,14 @@ runs on the compute stream and the host waits for it. ``DeviceStager`` instead, 
    of step k-1 on the compute stream (the last user of that slot);
 3. returns, and step k's kernels are queued behind batch k's copy only, overlapping batch k+1's upload.
 
+The host memcpy of step 2 is skipped when the reader's workers already wrote the batch into pinned memory:
+the stager gives the reader's pass its ``PinnedArena`` (``pass.memory.arena``), the workers assemble every batch
+after that in the arena's blocks (numbactr.data.reader._assemble), and the upload reads those blocks directly.
+A batch's blocks go back to the arena once its upload event has completed, so the arena holds about as many
+batches as are in flight (the reader's queues and the two staged ones); an array that is not in the batch's
+blocks (the float16 dense that Model makes under mixed precision) takes the copy path. ``host_copies`` and
+``direct_uploads`` count the two paths.
+
 Offsets of one-hot inputs (one key per bag, the usual Criteo/MLPerf slot) are not uploaded: the device keeps
 one ``arange(B*S + 1)`` per shape. Batches are handed out as ``Batch`` objects whose arrays are views of the
 slot's device buffers, valid until the step after next (the model reads them within its step).
@@ -22,7 +30,9 @@ kernels (numbactr.model.Model._stager_for_step); NUMBACTR_STAGE_INPUTS=0 turns i
 """
 from __future__ import annotations
 
+import collections
 import os
+import threading
 
 import numpy as np
 
@@ -39,9 +49,92 @@ def staging_enabled() -> bool:
     return flag == "1" and device.uses_kernels()
 
 
+class PinnedArena:
+    """Host blocks that reader workers assemble batches in (numbactr.data.reader._assemble): page-locked on a
+    GPU, so an upload from them is a DMA with no host copy; plain NumPy memory on the simulator. Blocks come in
+    power-of-two sizes (at least MIN_BLOCK bytes); ``release(memory, event)`` returns a batch's blocks once the
+    event (the upload that read them) has completed. Thread-safe: workers take blocks, the training thread
+    releases them. Blocks that are never released are ordinary garbage (their batch was dropped)."""
+
+    MIN_BLOCK = 4096
+
+    def __init__(self, gpu: bool):
+        self.gpu = gpu
+        self.device_id = None
+        if gpu:
+            import cupy
+            self.device_id = cupy.cuda.runtime.getDevice()   # the rank's GPU, for allocations in worker threads
+        self._lock = threading.Lock()
+        self._free: dict[int, list] = collections.defaultdict(list)
+        self._waiting: collections.deque = collections.deque()   # (event or None, [blocks]) in upload order
+        self.blocks = 0                 # blocks made (statistics)
+        self.reused = 0                 # blocks handed out again
+
+    def batch_memory(self) -> "BatchMemory":
+        return BatchMemory(self)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A uint8 block of at least nbytes (its own power-of-two size)."""
+        size = max(self.MIN_BLOCK, 1 << (max(int(nbytes), 1) - 1).bit_length())
+        with self._lock:
+            self._reclaim()
+            free = self._free.get(size)
+            if free:
+                self.reused += 1
+                return free.pop()
+            self.blocks += 1
+        return self._new(size)
+
+    def _new(self, size: int) -> np.ndarray:
+        if not self.gpu:
+            return np.empty(size, np.uint8)
+        import cupy
+        with cupy.cuda.Device(self.device_id):     # a worker thread's current device may be another one
+            mem = cupy.cuda.alloc_pinned_memory(size)
+        return np.frombuffer(mem, np.uint8, size)
+
+    def release(self, memory: "BatchMemory", event=None) -> None:
+        """Give memory's blocks back once `event` (a cupy Event; None: now) has completed."""
+        blocks, memory.blocks = memory.blocks, []
+        if blocks:
+            with self._lock:
+                self._waiting.append((event, blocks))
+
+    def _reclaim(self) -> None:
+        while self._waiting:
+            event, blocks = self._waiting[0]
+            if event is not None and not event.done:   # uploads complete in order (one stream)
+                return
+            self._waiting.popleft()
+            for b in blocks:
+                self._free[b.shape[0]].append(b)
+
+
+class BatchMemory:
+    """The arena blocks of one batch: ``empty(shape, dtype)`` hands out arrays in new blocks,
+    ``owns(a)`` says whether an array lies in one of them."""
+
+    def __init__(self, arena: PinnedArena):
+        self.arena = arena
+        self.blocks: list = []
+        self._spans: list = []          # (address, bytes) of each block
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64))
+        block = self.arena.take(n * dtype.itemsize)
+        self.blocks.append(block)
+        self._spans.append((block.__array_interface__["data"][0], block.shape[0]))
+        return block[:n * dtype.itemsize].view(dtype).reshape(shape)
+
+    def owns(self, a: np.ndarray) -> bool:
+        p = a.__array_interface__["data"][0]
+        return any(s <= p and p + a.nbytes <= s + n for s, n in self._spans)
+
+
 class _Slot:
-    """One buffer set: pinned host arrays and device arrays per (name, dtype), grown as needed, plus the
-    event of its last upload."""
+    """One buffer set: pinned host arrays (the copy path) and device arrays per (name, dtype), grown as
+    needed, plus the event of its last upload."""
 
     def __init__(self, gpu: bool):
         self.gpu = gpu
@@ -49,17 +142,23 @@ class _Slot:
         self.dev: dict = {}
         self.uploaded = None            # cupy Event of the last upload (gpu)
 
-    def buffers(self, name: str, dtype, n: int):
-        """(pinned host (n,), device (n,)) flat views for `name`."""
+    def device_buffer(self, name: str, dtype, n: int):
+        """The device (n,) flat view for `name`."""
+        dtype = np.dtype(dtype)
+        key = (name, dtype.str)
+        d = self.dev.get(key)
+        if d is None or d.shape[0] < n:
+            d = self.dev[key] = device.xp().empty(max(n, 1 if d is None else int(d.shape[0] * 1.25)), dtype)
+        return d[:n]
+
+    def host_buffer(self, name: str, dtype, n: int):
+        """The pinned host (n,) flat view for `name` (the copy path)."""
         dtype = np.dtype(dtype)
         key = (name, dtype.str)
         h = self.host.get(key)
         if h is None or h.shape[0] < n:
-            size = max(n, 1 if h is None else int(h.shape[0] * 1.25))
-            h = self._pinned(size, dtype)
-            self.host[key] = h
-            self.dev[key] = device.xp().empty(size, dtype)
-        return h[:n], self.dev[key][:n]
+            h = self.host[key] = self._pinned(max(n, 1 if h is None else int(h.shape[0] * 1.25)), dtype)
+        return h[:n]
 
     def _pinned(self, n: int, dtype):
         if not self.gpu:
@@ -86,8 +185,13 @@ class DeviceStager:
             import cupy
             self.stream = cupy.cuda.Stream(non_blocking=True)
         self.uploads = self.device_offsets = 0       # counts, for tests and benchmarks
+        self.host_copies = self.direct_uploads = 0   # arrays copied into pinned buffers / uploaded as they came
+        self.arena = PinnedArena(self.gpu)
 
     def next(self, reader, fetch):
+        memory = getattr(reader, "memory", None)     # a reader pass: its workers write into the arena
+        if memory is not None and getattr(memory, "arena", None) is None:
+            memory.arena = self.arena
         if self.pending is not None and self.pending[0] is reader:
             staged = self.pending[1]
         else:                            # the first step, or the source changed: stage now
@@ -117,17 +221,18 @@ class DeviceStager:
             after = cupy.cuda.Event(disable_timing=True)
             after.record(cupy.cuda.Stream.null)   # the compute queued so far: the slot's last user included
             self.stream.wait_event(after)
-        label = self._upload(slot, "label", batch.label)
-        dense = self._upload(slot, "dense", batch.dense)
+        mem = batch.memory if getattr(batch.memory, "arena", None) is self.arena else None
+        label = self._upload(slot, "label", batch.label, mem)
+        dense = self._upload(slot, "dense", batch.dense, mem)
         sparse = []
         for i, (keys, offsets) in enumerate(batch.sparse):
-            k = self._upload(slot, f"keys{i}", keys)
+            k = self._upload(slot, f"keys{i}", keys, mem)
             n_bags = offsets.shape[0] - 1
             if keys.shape[0] == n_bags and offsets[0] == 0 and np.array_equal(offsets, self._host_arange(n_bags + 1)):
                 o = self._arange(n_bags + 1)
                 self.device_offsets += 1
             else:
-                o = self._upload(slot, f"offsets{i}", offsets)
+                o = self._upload(slot, f"offsets{i}", offsets, mem)
             sparse.append((k, o))
         event = None
         if self.gpu:
@@ -135,14 +240,22 @@ class DeviceStager:
             event = cupy.cuda.Event(disable_timing=True)
             event.record(self.stream)
             slot.uploaded = event
+        if mem is not None:
+            self.arena.release(mem, event)      # the blocks return once the upload has read them
         self.uploads += 1
         return (Batch(label=label, dense=dense, sparse=sparse, size=batch.size, global_size=batch.global_size),
                 event)
 
-    def _upload(self, slot: _Slot, name: str, a):
+    def _upload(self, slot: _Slot, name: str, a, mem=None):
         a = np.ascontiguousarray(a)
-        host, dev = slot.buffers(name, a.dtype, a.size)
-        np.copyto(host, a.reshape(-1))
+        dev = slot.device_buffer(name, a.dtype, a.size)
+        if mem is not None and mem.owns(a):     # a worker wrote it into pinned memory: upload it as it is
+            host = a.reshape(-1)
+            self.direct_uploads += 1
+        else:
+            host = slot.host_buffer(name, a.dtype, a.size)
+            np.copyto(host, a.reshape(-1))
+            self.host_copies += 1
         if self.gpu:
             dev.set(host, stream=self.stream)
         else:
