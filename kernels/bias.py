@@ -19,7 +19,7 @@ import functools
 import numpy as np
 from numba import cuda, float32, njit, prange
 
-from .launch import SIMULATED, _sm_count, count_launch, launch_1d
+from .launch import SIMULATED, _sm_count, launch, launch_1d
 from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, sum_partials
 
 
@@ -126,9 +126,8 @@ def masked_column_sums(y, dy, relu: bool, d, db, chunk: int | None = None, grid=
         partials = db.reshape(1, n)
     else:
         partials = _scratch_like(dy, (n_chunks, n))
-    count_launch()
-    column_partials_kernel[grid or _tile_grid(rows, n, chunk), (TILE_C, TILE_R)](
-        y, dy, np.int32(bool(relu)), _placeholder2d(1) if d is None else d, np.int32(d is not None), partials,
+    launch(column_partials_kernel, grid or _tile_grid(rows, n, chunk), (TILE_C, TILE_R),
+           y, dy, np.int32(bool(relu)), _placeholder2d(1) if d is None else d, np.int32(d is not None), partials,
         np.int32(db is not None), np.int64(chunk))
     if db is not None and n_chunks > 1:
         launch_1d(partials_sum_kernel, n, partials, db.reshape(-1))

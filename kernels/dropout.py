@@ -67,11 +67,13 @@ def dropout_backward_ref(dy: np.ndarray, rate: float, seed: int, step: int, laye
 
 # ---- kernel (flat views, grid-stride) --------------------------------------------------------
 @cuda.jit
-def dropout_kernel(x, y, seed, step, layer_id, threshold, scale):
+def dropout_kernel(x, y, seed, stepv, layer_id, threshold, scale):
     # Per-launch key from (seed, step, layer_id): three SplitMix64 finalizer rounds (same per thread).
     # The arithmetic wraps explicitly (wrapping.py): the same bits, no overflow warning in the simulator.
+    # The step comes from device memory (stepv[0]): it changes every step, a launch argument would not
+    # (what a CUDA graph replays).
     k = splitmix64_mix(seed ^ uint64(SEED_SALT))
-    k = splitmix64_mix(k ^ step)
+    k = splitmix64_mix(k ^ stepv[0])
     k = splitmix64_mix(k ^ layer_id)
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
         h = splitmix64_mix(add64(k, mul64(uint64(i) + uint64(1), uint64(GAMMA))))
@@ -82,16 +84,18 @@ def dropout_kernel(x, y, seed, step, layer_id, threshold, scale):
 
 
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
-def dropout_apply(x, y, rate: float, seed: int, step: int, layer_id: int) -> None:
-    """y = x * mask / (1 - rate). Forward: x = input; backward: x = dy, y = dx (same mask)."""
+def dropout_apply(x, y, rate: float, seed: int, step, layer_id: int) -> None:
+    """y = x * mask / (1 - rate). Forward: x = input; backward: x = dy, y = dx (same mask). step: an int,
+    or a (1,) uint64 device array holding it (the model's per-step array, numbactr.step_values)."""
     if x.size != y.size:
         raise ValueError(f"dropout: input has {x.size} elements, output {y.size}")
+    if isinstance(step, (int, np.integer)):
+        step = cuda.to_device(np.array([int(step) & MASK64], np.uint64))
     launch_1d(dropout_kernel, x.size, x.reshape(-1), y.reshape(-1), np.uint64(seed & MASK64),
-              np.uint64(step & MASK64), np.uint64(layer_id & MASK64), np.uint64(dropout_threshold(rate)),
-              dropout_scale(rate))
+              step, np.uint64(layer_id & MASK64), np.uint64(dropout_threshold(rate)), dropout_scale(rate))
 
 
 PTX_CHECKS = [
-    (dropout_kernel, "void(float32[::1], float32[::1], uint64, uint64, uint64, uint64, float32)"),
-    (dropout_kernel, "void(float16[::1], float16[::1], uint64, uint64, uint64, uint64, float32)"),
+    (dropout_kernel, "void(float32[::1], float32[::1], uint64, uint64[::1], uint64, uint64, float32)"),
+    (dropout_kernel, "void(float16[::1], float16[::1], uint64, uint64[::1], uint64, uint64, float32)"),
 ]

@@ -35,7 +35,7 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int64, njit, prange
 
-from .launch import SIMULATED, _sm_count, count_launch, launch_1d
+from .launch import SIMULATED, _sm_count, launch, launch_1d
 from .parallel_cpu import PARALLEL_MIN
 
 
@@ -242,8 +242,7 @@ def _launch_blocks(kernel, samples: int, smem: int, threads: int | None, *args) 
     if not 0 < tpb <= 1024:
         raise ValueError(f"threads per block must be in 1..1024, got {tpb}")
     cap = 2 if SIMULATED else 32 * _sm_count()
-    count_launch()
-    kernel[max(1, min(samples, cap)), tpb, 0, smem](*args)
+    launch(kernel, max(1, min(samples, cap)), tpb, *args, shared=smem)
 
 
 def _check_shapes(dense, emb, wide) -> None:

@@ -18,6 +18,37 @@ SIMULATED = bool(config.ENABLE_CUDASIM)
 COUNTS = {"launches": 0, "host_reads": 0}
 
 
+#: the stream every launch of the kernel modules goes to: 0 (the default stream) unless ``on_stream``
+#: names another (numbactr.cuda_graphs captures a training step on its own stream)
+_STREAM = [0]
+
+
+def current_stream():
+    return _STREAM[0]
+
+
+class on_stream:
+    """``with on_stream(s):`` launches go to the numba stream s (e.g. ``cuda.external_stream(cupy_stream.ptr)``)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        self.prev, _STREAM[0] = _STREAM[0], self.stream
+        return self.stream
+
+    def __exit__(self, *exc):
+        _STREAM[0] = self.prev
+        return False
+
+
+def launch(kernel, grid, block, *args, shared: int = 0) -> None:
+    """``kernel[grid, block, stream, shared](*args)`` on the current stream, counted: for kernels whose grid
+    the helpers below do not size."""
+    count_launch()
+    kernel[grid, block, _STREAM[0], shared](*args)
+
+
 def count_launch(n: int = 1) -> None:
     COUNTS["launches"] += n
 
@@ -68,7 +99,7 @@ def launch_1d(kernel, n: int, *args, threads: int | None = None) -> None:
         return
     blocks, tpb = grid_1d(n, threads)
     count_launch()
-    kernel[blocks, tpb](*args)
+    kernel[blocks, tpb, _STREAM[0]](*args)
 
 
 def launch_rows(kernel, rows: int, *args, threads: int | None = None) -> None:
@@ -78,7 +109,7 @@ def launch_rows(kernel, rows: int, *args, threads: int | None = None) -> None:
     tpb = threads or REDUCE_THREADS
     cap = 2 if SIMULATED else 32 * _sm_count()
     count_launch()
-    kernel[max(1, min(rows, cap)), tpb](*args)
+    kernel[max(1, min(rows, cap)), tpb, _STREAM[0]](*args)
 
 
 def lanes_for(width: int) -> int:
@@ -104,4 +135,4 @@ def launch_lanes(kernel, items: int, lanes: int, *args) -> None:
     rows = block_rows(lanes)
     cap = 2 if SIMULATED else 32 * _sm_count()
     count_launch()
-    kernel[max(1, min(math.ceil(items / rows), cap)), (lanes, rows)](*args)
+    kernel[max(1, min(math.ceil(items / rows), cap)), (lanes, rows), _STREAM[0]](*args)

@@ -269,13 +269,15 @@ def sparse_nesterov_global_hot_ref(table, a, rows, grads, lr, mu, scaler):
 
 # ---- kernels: dense over P elements (grid-stride) ---------------------------------------------
 @cuda.jit
-def sgd_update_kernel(w, g, lr, scaler):
+def sgd_update_kernel(w, g, hp, scaler):
+    lr = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         w[i] -= lr * (g[i] / scaler)
 
 
 @cuda.jit
-def momentum_sgd_update_kernel(w, m, g, lr, factor, scaler):
+def momentum_sgd_update_kernel(w, m, g, hp, factor, scaler):
+    lr = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         mi = factor * m[i] - lr * (g[i] / scaler)
         m[i] = mi
@@ -283,7 +285,8 @@ def momentum_sgd_update_kernel(w, m, g, lr, factor, scaler):
 
 
 @cuda.jit
-def nesterov_update_kernel(w, a, g, lr, mu, scaler):
+def nesterov_update_kernel(w, a, g, hp, mu, scaler):
+    lr = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         a_old = a[i]
         a_new = mu * a_old - lr * (g[i] / scaler)
@@ -292,7 +295,8 @@ def nesterov_update_kernel(w, a, g, lr, mu, scaler):
 
 
 @cuda.jit
-def adam_update_kernel(w, m, v, g, alpha_t, beta1, beta2, eps, scaler):
+def adam_update_kernel(w, m, v, g, hp, beta1, beta2, eps, scaler):
+    alpha_t = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         gi = g[i] / scaler
         mi = beta1 * m[i] + (float32(1.0) - beta1) * gi
@@ -303,7 +307,8 @@ def adam_update_kernel(w, m, v, g, alpha_t, beta1, beta2, eps, scaler):
 
 
 @cuda.jit
-def adagrad_update_kernel(w, acc, g, lr, eps, scaler):
+def adagrad_update_kernel(w, acc, g, hp, eps, scaler):
+    lr = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         gi = g[i] / scaler
         ai = acc[i] + gi * gi
@@ -312,7 +317,8 @@ def adagrad_update_kernel(w, acc, g, lr, eps, scaler):
 
 
 @cuda.jit
-def ftrl_update_kernel(w, z, n, g, lr, lambda1, lambda2p, scaler):
+def ftrl_update_kernel(w, z, n, g, hp, lambda1, scaler):
+    lr, lambda2p = hp[0], hp[1]
     eps = float32(1.1920928955078125e-07)                  # FLT_EPSILON
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         gi = g[i] / scaler
@@ -331,42 +337,61 @@ def ftrl_update_kernel(w, z, n, g, lr, lambda1, lambda2p, scaler):
                 w[i] = float32(0.0)
 
 
-# ---- launch wrappers (in place; allocate nothing; scalars passed to kernels as float32) -------
+# ---- launch wrappers (in place; allocate nothing) ------------------------------------------------------
+# The values that change from step to step (lr, Adam's alpha_t, Ftrl's l2') reach the kernels in a small
+# float32 device array ``hp`` (HP_VALUES below), never as launch arguments: a CUDA graph replays a launch's
+# arguments as captured. The model hands in its per-step array (numbactr.step_values.StepValues); without
+# one (a direct call) the wrapper uploads the values itself (a host-to-device copy).
 _f = np.float32
 
 
-def sgd_update(w, g, lr, scaler) -> None:
-    launch_1d(sgd_update_kernel, w.shape[0], w, g, _f(lr), _f(scaler))
+def step_values(kind: str, lr, beta1=0.9, beta2=0.999, t=1, beta=0.0, lambda2=0.0) -> np.ndarray:
+    """The per-step float32 values (``hp``) of a dense update: [lr] (SGD, MomentumSGD, Nesterov, AdaGrad),
+    [alpha_t] (Adam, t >= 1), [lr, l2'] (Ftrl)."""
+    if kind == "adam":
+        return np.array([adam_alpha_t(lr, beta1, beta2, t)], np.float32)
+    if kind == "ftrl":
+        return np.array([lr, ftrl_lambda2(lr, beta, lambda2)], np.float32)
+    return np.array([lr], np.float32)
 
 
-def momentum_sgd_update(w, m, g, lr, factor, scaler) -> None:
-    launch_1d(momentum_sgd_update_kernel, w.shape[0], w, m, g, _f(lr), _f(factor), _f(scaler))
+def _hp(hp, values):
+    return cuda.to_device(values) if hp is None else hp
 
 
-def nesterov_update(w, a, g, lr, mu, scaler) -> None:
-    launch_1d(nesterov_update_kernel, w.shape[0], w, a, g, _f(lr), _f(mu), _f(scaler))
+def sgd_update(w, g, lr, scaler, hp=None) -> None:
+    launch_1d(sgd_update_kernel, w.shape[0], w, g, _hp(hp, step_values("sgd", lr)), _f(scaler))
 
 
-def adam_update(w, m, v, g, lr, beta1, beta2, eps, t, scaler) -> None:
-    launch_1d(adam_update_kernel, w.shape[0], w, m, v, g, adam_alpha_t(lr, beta1, beta2, t),
+def momentum_sgd_update(w, m, g, lr, factor, scaler, hp=None) -> None:
+    launch_1d(momentum_sgd_update_kernel, w.shape[0], w, m, g, _hp(hp, step_values("sgd", lr)), _f(factor),
+              _f(scaler))
+
+
+def nesterov_update(w, a, g, lr, mu, scaler, hp=None) -> None:
+    launch_1d(nesterov_update_kernel, w.shape[0], w, a, g, _hp(hp, step_values("sgd", lr)), _f(mu), _f(scaler))
+
+
+def adam_update(w, m, v, g, lr, beta1, beta2, eps, t, scaler, hp=None) -> None:
+    launch_1d(adam_update_kernel, w.shape[0], w, m, v, g, _hp(hp, step_values("adam", lr, beta1, beta2, t)),
               _f(beta1), _f(beta2), _f(eps), _f(scaler))
 
 
-def adagrad_update(w, acc, g, lr, eps, scaler) -> None:
-    launch_1d(adagrad_update_kernel, w.shape[0], w, acc, g, _f(lr), _f(eps), _f(scaler))
+def adagrad_update(w, acc, g, lr, eps, scaler, hp=None) -> None:
+    launch_1d(adagrad_update_kernel, w.shape[0], w, acc, g, _hp(hp, step_values("sgd", lr)), _f(eps), _f(scaler))
 
 
-def ftrl_update(w, z, n, g, lr, beta, lambda1, lambda2, scaler) -> None:
-    launch_1d(ftrl_update_kernel, w.shape[0], w, z, n, g, _f(lr), _f(lambda1),
-              ftrl_lambda2(lr, beta, lambda2), _f(scaler))
+def ftrl_update(w, z, n, g, lr, beta, lambda1, lambda2, scaler, hp=None) -> None:
+    launch_1d(ftrl_update_kernel, w.shape[0], w, z, n, g,
+              _hp(hp, step_values("ftrl", lr, beta=beta, lambda2=lambda2)), _f(lambda1), _f(scaler))
 
 
 _F1 = "float32[::1]"
 PTX_CHECKS = [
-    (sgd_update_kernel, f"void({_F1}, {_F1}, float32, float32)"),
-    (momentum_sgd_update_kernel, f"void({_F1}, {_F1}, {_F1}, float32, float32, float32)"),
-    (nesterov_update_kernel, f"void({_F1}, {_F1}, {_F1}, float32, float32, float32)"),
-    (adam_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, float32, float32, float32, float32, float32)"),
-    (adagrad_update_kernel, f"void({_F1}, {_F1}, {_F1}, float32, float32, float32)"),
-    (ftrl_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, float32, float32, float32, float32)"),
+    (sgd_update_kernel, f"void({_F1}, {_F1}, {_F1}, float32)"),
+    (momentum_sgd_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, float32, float32)"),
+    (nesterov_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, float32, float32)"),
+    (adam_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, {_F1}, float32, float32, float32, float32)"),
+    (adagrad_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, float32, float32)"),
+    (ftrl_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, {_F1}, float32, float32)"),
 ]

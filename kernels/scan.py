@@ -27,7 +27,7 @@ import math
 import numpy as np
 from numba import cuda, int64
 
-from .launch import REDUCE_THREADS, SIMULATED, _sm_count, check_block_size, count_launch
+from .launch import REDUCE_THREADS, SIMULATED, _sm_count, check_block_size, launch
 
 SUM = 0
 MAX = 1
@@ -148,18 +148,16 @@ def _scan(x, out, partials, op: int, shift: int, threads: int | None) -> None:
     tpb = threads or REDUCE_THREADS
     empty = x[:0]
     if partials is None:                              # one block: phase 3 only
-        count_launch()
-        make_scan_kernel(tpb, op, False)[1, tpb](x, out, empty, max(n, 1), shift)
+        launch(make_scan_kernel(tpb, op, False), 1, tpb, x, out, empty, max(n, 1), shift)
         return
     g, chunk = _blocks(n, tpb)
     if partials.shape[0] < 2 * g + 1 or partials.dtype != np.int64:
         raise ValueError(f"scan: partials must be int64 with at least {2 * g + 1} entries "
                          f"(scan_partials_size), got {partials.dtype} {partials.shape}")
     totals, pre = partials[:g], partials[g:2 * g + 1]
-    count_launch(3)
-    make_scan_kernel(tpb, op, True)[g, tpb](x, totals, empty, chunk, 0)
-    make_scan_kernel(tpb, op, False)[1, tpb](totals, pre, empty, g, 1)       # pre[b]: the blocks before b
-    make_scan_kernel(tpb, op, False)[g, tpb](x, out, pre, chunk, shift)
+    launch(make_scan_kernel(tpb, op, True), g, tpb, x, totals, empty, chunk, 0)
+    launch(make_scan_kernel(tpb, op, False), 1, tpb, totals, pre, empty, g, 1)       # pre[b]: the blocks before b
+    launch(make_scan_kernel(tpb, op, False), g, tpb, x, out, pre, chunk, shift)
 
 
 def _check(x, out, want: int, what: str) -> None:

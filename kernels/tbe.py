@@ -129,12 +129,6 @@ def kernel_scalars(hp: dict, step: int) -> np.ndarray:
     return ks
 
 
-def as_scalars(packed: np.ndarray) -> tuple:
-    """A packed KS / KI array as a tuple of scalars: a kernel receives a tuple by value in its launch, where
-    a device array would need a host-to-device copy (a synchronization) every step."""
-    return tuple(packed)                                  # numpy scalars: float32 / int64 as packed
-
-
 def kernel_ints(kind, update, wd_mode, step: int, stochastic: bool, pooling, layout, batch: int) -> np.ndarray:
     """The packed int64 parameters (tbe_math.KI_*) of the compiled paths."""
     ki = np.zeros(M.N_KI, np.int64)
@@ -761,7 +755,7 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
 
     @cuda.jit
     def update_kernel(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols, lin_of, perm, seg_start,
-                      pos, bag_of, offsets, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_rows,
+                      pos, bag_of, offsets, psw, has_psw, dy, ks, ki, kb, grad_rows, grad_vals, sr_rows,
                       has_sr_rows):
         sh = cuda.shared.array((items, lanes), float32)
         g = cuda.local.array(per_lane, float32)
@@ -776,6 +770,7 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
         batch, layout, pooling = ki[M.KI_BATCH], ki[M.KI_LAYOUT], ki[M.KI_POOLING]
         step, sr = ki[M.KI_STEP], ki[M.KI_SR] != 0
         lr, eps, b1, b2, wd = ks[M.KS_LR], ks[M.KS_EPS], ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_WD]
+        base = kb[0]
         n_states = elem_state_count(kind)
         for first in range(cuda.blockIdx.x * items, n, cuda.gridDim.x * items):
             if first >= n_seg:                           # the same for the whole block
@@ -899,8 +894,9 @@ def make_global_kernel(w_half: bool):
     store = _store16 if w_half else _store32
 
     @cuda.jit
-    def global_kernel(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, sr_rows, has_sr_rows):
+    def global_kernel(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, kb, sr_rows, has_sr_rows):
         kind, sr = ki[M.KI_KIND], ki[M.KI_SR] != 0
+        base = kb[0]
         two = elem_state_count(kind) >= 2
         items = cuda.blockDim.y
         for lin in range(cuda.blockIdx.x * items + cuda.threadIdx.y, row_off[row_off.shape[0] - 1],
@@ -1023,23 +1019,28 @@ def segment_rows(rows, offsets, ftable, row_off, sentinel: int, batch: int, layo
 
 
 def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos,
-                 bag_of, offsets, psw, has_psw: bool, dy, ks, ki, base, grad_rows, grad_vals, w_half: bool,
+                 bag_of, offsets, psw, has_psw: bool, dy, ks, ki, kb, grad_rows, grad_vals, w_half: bool,
                  max_dim: int, sr_rows=None) -> None:
     """Every touched row reduced and updated (or, for optimizer NONE, its gradient into grad_rows /
     grad_vals) in one launch sized for N rows; the real count U = pos[N] stays on the device. sr_rows (R,):
-    the row number stochastic rounding hashes for each linear row (None: the linear row itself)."""
+    the row number stochastic rounding hashes for each linear row (None: the linear row itself).
+
+    The step's scalars are device arrays: ks (N_KS,) float32 (kernel_scalars), ki (N_KI,) int64
+    (kernel_ints) and kb (1,) uint64 (rounding_base), uploaded once per step (numbactr.step_values), so a
+    launch's arguments are the same every step (what a CUDA graph replays)."""
     lanes, items, per_lane = lanes_items(max_dim)
     launch_lanes(make_update_kernel(w_half, lanes, items, per_lane), perm.shape[0], lanes, w, sa, sb, srow,
                  sprev, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos, bag_of, offsets, psw,
-                 has_psw, dy, ks, ki, np.uint64(base), grad_rows, grad_vals, lin if sr_rows is None else sr_rows,
+                 has_psw, dy, ks, ki, kb, grad_rows, grad_vals, lin if sr_rows is None else sr_rows,
                  sr_rows is not None)
 
 
-def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, w_half: bool, max_dim: int,
-                sr_rows=None) -> None:
-    """HugeCTR's all-rows pass (sr_rows as in fused_update)."""
-    launch_lanes(make_global_kernel(w_half), int(row_off[-1]), lanes_items(max_dim)[0], w, sa, sb, elem_off,
-                 strides, dims, row_off, live, ks, ki, np.uint64(base), live if sr_rows is None else sr_rows,
+def global_pass(w, sa, sb, elem_off, strides, dims, row_off, total_rows: int, live, ks, ki, kb, w_half: bool,
+                max_dim: int, sr_rows=None) -> None:
+    """HugeCTR's all-rows pass (sr_rows, ks, ki and kb as in fused_update). total_rows = row_off[-1], given by the caller
+    from its host copy: reading it from the device array would be a host synchronization every step."""
+    launch_lanes(make_global_kernel(w_half), int(total_rows), lanes_items(max_dim)[0], w, sa, sb, elem_off,
+                 strides, dims, row_off, live, ks, ki, kb, live if sr_rows is None else sr_rows,
                  sr_rows is not None)
 
 
@@ -1051,7 +1052,7 @@ def psw_grad(w, elem_off, strides, ftable, fcols, rows, offsets, bag_of, dy, wan
 
 
 _F1, _U16, _I1, _F2 = "float32[::1]", "uint16[::1]", "int64[::1]", "float32[:, ::1]"
-_KS, _KI = f"UniTuple(float32, {M.N_KS})", f"UniTuple(int64, {M.N_KI})"      # as_scalars tuples
+_KS, _KI, _KB = "float32[::1]", "int64[::1]", "uint64[::1]"        # the step's scalars (device arrays)
 
 
 def _sig(*types) -> str:
@@ -1077,11 +1078,11 @@ PTX_CHECKS = [
     for wh in (False, True) for oh in (False, True)
 ] + [
     (make_update_kernel(wh, 32, 8, 4), _sig(_U16 if wh else _F1, _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _I1, _I1,
-                                            _I1, _I1, _I1, _I1, _I1, _F1, "boolean", _F1, _KS, _KI, "uint64", _I1,
+                                            _I1, _I1, _I1, _I1, _I1, _F1, "boolean", _F1, _KS, _KI, _KB, _I1,
                                             _F2, _I1, "boolean"))
     for wh in (False, True)
 ] + [
-    (make_global_kernel(wh), _sig(_U16 if wh else _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _KS, _KI, "uint64", _I1,
+    (make_global_kernel(wh), _sig(_U16 if wh else _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _KS, _KI, _KB, _I1,
                                   "boolean"))
     for wh in (False, True)
 ] + [

@@ -44,8 +44,9 @@ COLUMNS = ["impl", "optimizer", "D", "batch", "rows", "step ms", "samples/s", "e
 
 def build_mlperf_dlrm(hugectr, train_list: str, eval_list: str, *, batch: int, dim: int = 128,
                       optimizer: str = "sgd", lr: float = 0.01, workspace_mb: int = 64, bottom=BOTTOM, top=TOP,
-                      tf32: bool = False, amp: bool = False, seed: int = 0):
-    """The MLPerf DLRM through the HugeCTR API (module docstring); compiled."""
+                      tf32: bool = False, amp: bool = False, seed: int = 0, dropout: float = 0.0):
+    """The MLPerf DLRM through the HugeCTR API (module docstring); compiled. dropout > 0 adds a Dropout after
+    each ReLU of the top MLP (MLPerf's model has none; the tests use it)."""
     opt = optimizer.lower()
     if opt not in ("sgd", "adam"):
         raise ValueError(f"bench mlperf: optimizer must be sgd or adam, got {optimizer!r}")
@@ -82,6 +83,9 @@ def build_mlperf_dlrm(hugectr, train_list: str, eval_list: str, *, batch: int, d
         if i < n + len(top) - 1:
             model.add(hugectr.DenseLayer(L.ReLU, [f"fc{i}"], [f"relu{i}"]))
             below = f"relu{i}"
+            if dropout:
+                model.add(hugectr.DenseLayer(L.Dropout, [below], [f"dropout{i}"], dropout_rate=dropout))
+                below = f"dropout{i}"
     model.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, [f"fc{n + len(top) - 1}", "label"], ["loss"]))
     model.compile()
     return model

@@ -75,6 +75,7 @@ class Model:
         self._last_tensors: dict[bool, dict] = {}      # training? -> the last forward's tensors by name
         self._fused_tops, self._last_fused = {}, {}       # InnerProduct tops fused with their ReLU (compile)
         self._stager = None                            # numbactr.data.staging.DeviceStager, made when used
+        self._graphs = None                            # numbactr.cuda_graphs.StepGraphs, made when used
         self._last_eval = None                         # (predictions, labels) of the last eval batch
         # mixed precision (numbactr/precision.py): the activations' half dtype, None in float32
         self.half = precision.half_dtype(solver)
@@ -533,24 +534,15 @@ class Model:
             batch = self._next_train_batch()                      # HugeCTR skips partial train batches
         if batch is None or batch.global_size == 0:
             return False
+        graphs = self._graphs_for_step(batch)
+        if graphs is not None:                        # the device half captured once, then replayed
+            from . import cuda_graphs
+            graphs.step(batch, cuda_graphs.batch_key(self, batch), self._device_step, self._replay_run(),
+                        self._host_snapshot)
+            self._after_device_step()
+            return True
         tape = Tape(watch_finite=self.half is not None)
-        t = self._forward(batch, True, tape)
-        xp = device.xp()
-        seeds = {}
-        for layer, w in self.losses:
-            loss = t[layer.cfg.top_names[0]]
-            # HugeCTR lets loss weights scale only the reported loss (spec §10.3); numbactr's gradient
-            # is the gradient of the reported loss unless HugeCTR's exact behaviour is asked for.
-            scale = 1.0 if compat.hugectr_exact() else w
-            seeds[id(loss)] = (loss, xp.full((1,), scale, np.float32))
-        tape.backward(seeds)
-        for layer in self.layers:
-            for p, gview in zip(layer.params, layer.grad_views):
-                if p.grad is None:
-                    gview[...] = 0
-                else:
-                    gview[...] = p.grad
-                    p.grad = None
+        t = self._forward_backward(batch, tape)
         # data parallel: dense gradients are summed over ranks (each already carries 1/(b*R))
         if self.ranks > 1:
             if device.kind() == "gpu":                 # in place on the device: NCCL, or staged by Comm
@@ -574,14 +566,96 @@ class Model:
         if self.half is not None and not self._grads_finite(tape):
             self._skip_step()
             return True
+        self._apply_updates()
+        self.step += 1
+        return True
+
+    def _forward_backward(self, batch, tape: Tape) -> dict:
+        """Forward, backward from the losses, and every layer's gradient into the flat wgrads; the tensors."""
+        t = self._forward(batch, True, tape)
+        xp = device.xp()
+        seeds = {}
+        for layer, w in self.losses:
+            loss = t[layer.cfg.top_names[0]]
+            # HugeCTR lets loss weights scale only the reported loss (spec §10.3); numbactr's gradient
+            # is the gradient of the reported loss unless HugeCTR's exact behaviour is asked for.
+            scale = 1.0 if compat.hugectr_exact() else w
+            seeds[id(loss)] = (loss, xp.full((1,), scale, np.float32))
+        tape.backward(seeds)
+        for layer in self.layers:
+            for p, gview in zip(layer.params, layer.grad_views):
+                if p.grad is None:
+                    gview[...] = 0
+                else:
+                    gview[...] = p.grad
+                    p.grad = None
+        return t
+
+    def _apply_updates(self) -> None:
         lr = 0.0 if self.dense_frozen else self.lr
         self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
         for emb in self.embeddings:
             emb.update(self.lr, self.solver.scaler)
         for c in self.collections:
             c.update(self.lr, self.solver.scaler)
+
+    # ---- CUDA graphs of the training step (numbactr.cuda_graphs) ----------------------------------------
+    def _graphs_for_step(self, batch):
+        """The StepGraphs runner when this step can be a replayed CUDA graph (numbactr.cuda_graphs.eligible),
+        else None (an eager step; captured graphs are dropped, since eager work may move their buffers)."""
+        from . import cuda_graphs
+        why = cuda_graphs.ineligible(self, batch)
+        if why is not None:
+            if self._graphs is not None:
+                self._graphs.drop(why)
+            return None
+        if self._graphs is None:
+            self._graphs = cuda_graphs.StepGraphs()
+        return self._graphs
+
+    def _replay_run(self) -> dict:
+        """What a replayed step's host halves need (numbactr.step_values.on_replay): this step's number
+        (0-based, as RunInfo.step), learning rates and the loss scaler."""
+        return {"step": self.step, "lr": self.lr, "dense_lr": 0.0 if self.dense_frozen else self.lr,
+                "scaler": self.solver.scaler}
+
+    def _host_snapshot(self):
+        """Save what a graph step's Python changes on the host before its device work (the counters its
+        replay hooks advance); returns the function that puts it back (a failed capture)."""
+        dense_t = self.dense_optimizer.t
+        engines = [(e.engine, e.engine.step) for e in self.embeddings]
+
+        def restore():
+            self.dense_optimizer.t = dense_t
+            for eng, step in engines:
+                eng.step = step
+        return restore
+
+    def _device_step(self, batch) -> None:
+        """The device half of a graph-eligible step (one rank, float32, the loss kept on the device): what
+        a CUDA graph captures. Everything it does on the host is registered for replays."""
+        from . import step_values
+        t = self._forward_backward(batch, Tape())
+        rows = batch.batch_size * self.ranks
+        for layer, _ in self.losses:
+            self._regularizer(layer, rows, grad=True)
+        if self.solver.gen_loss_summary:
+            self._keep_loss(t)
+            kept = self._pending_loss
+            step_values.on_replay(("loss", id(self)), lambda run: setattr(self, "_pending_loss", kept))
+        else:
+            self.current_loss = 0.0
+        self._note_nonfinite_loss(self._pending_loss[0] if self._pending_loss is not None else
+                                  self._losses_array(t), self.step + 1)
+        self._apply_updates()
+
+    def _after_device_step(self) -> None:
+        """The host half of a graph step: the step count and the periodic reads of the device flags (after
+        the step's work was queued, where the eager step reads them before its update)."""
         self.step += 1
-        return True
+        if self.step % self.NONFINITE_CHECK_EVERY == 0:
+            self.check_deferred()
+            self._read_nonfinite_flag(self._last_tensors.get(True, {}), self.step)
 
     def _grads_finite(self, tape: Tape) -> bool:
         """Mixed precision: did every gradient of this step stay finite, on every rank? (The ranks agree,
@@ -624,23 +698,40 @@ class Model:
             if not math.isfinite(self.current_loss):
                 raise self._nonfinite_loss(t, step, step)
             return
-        xp = device.xp()
-        if self._pending_loss is not None:         # kept on the device (_keep_loss): checked there
-            losses = self._pending_loss[0]
-        else:
-            losses = xp.concatenate([t[layer.cfg.top_names[0]].data.reshape(1) for layer, _ in self.losses])
+        losses = self._pending_loss[0] if self._pending_loss is not None else self._losses_array(t)
         if _host_memory(losses):
             if not np.isfinite(losses).all():
                 raise self._nonfinite_loss(t, step, step)
             return
+        self._note_nonfinite_loss(losses, step)
+        if step % self.NONFINITE_CHECK_EVERY == 0:
+            self._read_nonfinite_flag(t, step)
+
+    def _losses_array(self, t: dict):
+        xp = device.xp()
+        return xp.concatenate([t[layer.cfg.top_names[0]].data.reshape(1) for layer, _ in self.losses])
+
+    def _note_nonfinite_loss(self, losses, step: int) -> None:
+        """The device flag keeps the first step (1-based) whose loss was non-finite; the step number comes
+        from device memory (numbactr.step_values), so the same operation serves every step of a graph."""
+        from . import step_values
+        xp = device.xp()
         flag = getattr(self, "_nonfinite_flag", None)
         if flag is None:
             flag = self._nonfinite_flag = xp.full((1,), -1, np.int64)
-        flag[...] = xp.where((flag < 0) & ~xp.isfinite(losses).all(), step, flag)
-        if step % self.NONFINITE_CHECK_EVERY == 0:
-            first = int(device.to_host(flag)[0])
-            if first >= 0:
-                raise self._nonfinite_loss(t, first, step)
+        sv = getattr(self, "_step_value", None)
+        if sv is None:
+            sv = self._step_value = step_values.StepValues(1, np.int64)
+        flag[...] = xp.where((flag < 0) & ~xp.isfinite(losses).all(), sv.put(step), flag)
+        step_values.on_replay(("nonfinite", id(self)), lambda run: sv.put(run["step"] + 1))
+
+    def _read_nonfinite_flag(self, t: dict, step: int) -> None:
+        flag = getattr(self, "_nonfinite_flag", None)
+        if flag is None:
+            return
+        first = int(device.to_host(flag)[0])
+        if first >= 0:
+            raise self._nonfinite_loss(t, first, step)
 
     def _nonfinite_loss(self, t: dict, step: int, now: int) -> FloatingPointError:
         """The error for a non-finite loss that appeared at `step` (detected at step `now`)."""

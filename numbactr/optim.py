@@ -130,8 +130,13 @@ class DenseOptimizer:
     def step(self, w, g, lr: float, scaler: float) -> None:
         o, s = self.opt, self.states
         t = o.optimizer_type
+        if t == O.Adam:
+            self.t += 1
         # the numba.cuda kernels (gpu, sim), the compiled CPU update (cpu; Ftrl has none) or the reference
-        fast = K if device.uses_kernels() else C if device.compiled_cpu() and t != O.Ftrl else None
+        if device.uses_kernels():
+            self._kernel_step(w, g, lr, scaler)
+            return
+        fast = C if device.compiled_cpu() and t != O.Ftrl else None
         f = o.momentum_factor
         if t == O.SGD:
             if fast is not None:
@@ -149,7 +154,6 @@ class DenseOptimizer:
             else:
                 w[...], s[0][...] = K.nesterov_update_ref(w, s[0], g, lr, f, scaler)
         elif t == O.Adam:
-            self.t += 1
             args = (lr, o.beta1, o.beta2, o.epsilon, self.t, scaler)
             if fast is not None:
                 fast.adam_update(w, s[0], s[1], g, *args)
@@ -166,6 +170,42 @@ class DenseOptimizer:
                 fast.ftrl_update(w, s[0], s[1], g, *args)
             else:
                 w[...], s[0][...], s[1][...] = K.ftrl_update_ref(w, s[0], s[1], g, *args)
+
+    def _step_values(self, lr: float) -> np.ndarray:
+        o, t = self.opt, self.opt.optimizer_type
+        kind = "adam" if t == O.Adam else "ftrl" if t == O.Ftrl else "sgd"
+        return K.step_values(kind, lr, o.beta1, o.beta2, self.t, o.beta, o.lambda2)
+
+    def _replay(self, run: dict) -> None:
+        """The host half of a replayed step (numbactr.step_values): Adam's t, this step's values."""
+        if self.opt.optimizer_type == O.Adam:
+            self.t += 1
+        self._values.put(self._step_values(run["dense_lr"]))
+
+    def _kernel_step(self, w, g, lr: float, scaler: float) -> None:
+        """The kernels, with this step's lr / alpha_t / l2' in a device array of fixed address
+        (numbactr.step_values): the launch's arguments are the same every step."""
+        from . import step_values
+        o, s, t = self.opt, self.states, self.opt.optimizer_type
+        values = self._step_values(lr)
+        sv = getattr(self, "_values", None)
+        if sv is None:
+            sv = self._values = step_values.StepValues(values.shape[0], np.float32)
+        hp = sv.put(values)
+        step_values.on_replay(("dense", id(self)), self._replay)
+        f = o.momentum_factor
+        if t == O.SGD:
+            K.sgd_update(w, g, lr, scaler, hp=hp)
+        elif t == O.MomentumSGD:
+            K.momentum_sgd_update(w, s[0], g, lr, f, scaler, hp=hp)
+        elif t == O.Nesterov:
+            K.nesterov_update(w, s[0], g, lr, f, scaler, hp=hp)
+        elif t == O.Adam:
+            K.adam_update(w, s[0], s[1], g, lr, o.beta1, o.beta2, o.epsilon, self.t, scaler, hp=hp)
+        elif t == O.AdaGrad:
+            K.adagrad_update(w, s[0], g, lr, o.epsilon, scaler, hp=hp)
+        else:
+            K.ftrl_update(w, s[0], s[1], g, lr, o.beta, o.lambda1, o.lambda2, scaler, hp=hp)
 
 
 #: HugeCTR's sparse optimizers as the engine's fused kinds

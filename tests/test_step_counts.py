@@ -39,7 +39,7 @@ NUMBA_LAUNCHES = 39
 @pytest.fixture
 def sim_hooks(monkeypatch):
     """Numba launches and copy_to_host calls on the simulator (zeros on a GPU, where the hook is absent)."""
-    seen = {"numba_launches": 0, "copy_to_host": 0}
+    seen = {"numba_launches": 0, "copy_to_host": 0, "record": None}
     if not config.ENABLE_CUDASIM:
         return seen
     from numba.cuda.simulator import cudadrv, kernel
@@ -48,6 +48,9 @@ def sim_hooks(monkeypatch):
     def counted_call(self, *args):
         if not (self._device or kernel._kernel_context):           # a launch, not a device function
             seen["numba_launches"] += 1
+            if seen["record"] is not None:                          # (kernel, grid, block, non-array arguments)
+                seen["record"].append((self.fn.__name__, tuple(self.grid_dim), tuple(self.block_dim),
+                                       tuple(_scalar(a) for a in args)))
         return call(self, *args)
 
     monkeypatch.setattr(kernel.FakeCUDAKernel, "__call__", counted_call)
@@ -96,6 +99,43 @@ def test_mlperf_dlrm_step_counts(tmp_path, sim_hooks, optimizer):
     model = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
                               bottom=(8,), top=(16, 8, 8, 4, 1))
     _check(_count_steps(model, sim_hooks), MLPERF_BUDGET[optimizer], f"{optimizer} ")
+
+
+def _scalar(a):
+    """A launch argument as a CUDA graph would freeze it: a scalar's value; arrays stand for themselves."""
+    if hasattr(a, "__cuda_array_interface__") or hasattr(a, "__array_interface__") and getattr(a, "ndim", 0) > 0:
+        return "array"
+    return repr(a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_launch_arguments_are_the_same_every_step(tmp_path, sim_hooks, optimizer):
+    """What a CUDA graph of the step replays: every launch with the same grid, block and scalar arguments
+    every step, while the learning rate changes (a schedule), Adam's t advances (its bias corrections) and
+    the embedding's stochastic-rounding salt and the dropout mask's step change: those are read from device
+    memory (numbactr.step_values), not passed by value. The MLPerf-shaped DLRM (embedding Global update,
+    dense optimizer, fused bias+ReLU, interaction) with a Dropout after each ReLU of its top MLP."""
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("records the simulator's launches")
+    train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2,
+                           files=1)
+    model = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
+                              bottom=(8,), top=(16, 8, 4, 1), dropout=0.25)
+    steps = []
+    for lr in (0.01, 0.02, 0.005):
+        model.lr = lr
+        sim_hooks["record"] = []
+        model.train()
+        steps.append(sim_hooks["record"])
+    sim_hooks["record"] = None
+    assert len(steps[0]) > 30
+    names = {r[0] for r in steps[0]}
+    assert "dropout_kernel" in names and any(n.startswith("update_kernel") for n in names), names
+    for k in (1, 2):
+        assert len(steps[k]) == len(steps[0])
+        for a, b in zip(steps[0], steps[k]):
+            assert a == b, f"step {k + 1} launches {b} where step 1 launched {a}"
 
 
 def _count_steps(model, sim_hooks) -> dict:

@@ -607,7 +607,20 @@ class TableBatchedEmbedding:
         if glob and not first:
             self._impl.global_pass(t)
         self.step = t
+        if isinstance(self._impl, _KernelImpl):     # what a replayed step (numbactr.cuda_graphs) redoes
+            from .. import step_values
+            step_values.on_replay(("engine", id(self)),
+                                  lambda run, p=ctx.pooling, b=ctx.batch: self._replay_backward(p, b))
         return grads
+
+    def _replay_backward(self, pooling, batch: int) -> None:
+        """The host half of backward's kernel step, for a replayed step: the step's device scalars and the
+        step counter (the kernels' work is in the graph)."""
+        t = self.step + 1
+        self._impl.put_hot(t, pooling, batch)
+        if K.has_global_pass(self.optimizer.kind, self.optimizer.update_type):
+            self._impl.put_global(t)
+        self.step = t
 
     # ---- what the implementations share --------------------------------------------------------------
     def _state_buffers(self) -> tuple:
@@ -623,11 +636,15 @@ class TableBatchedEmbedding:
                 elem.append(buf)
         return tuple(elem + [None] * (2 - len(elem))) + ((rowf or [None])[0], (prev or [None])[0])
 
-    def _ks_ki(self, ctx, t: int):
-        """The packed kernel scalars / integers (kernels.tbe.kernel_scalars / kernel_ints) for step t."""
+    def _ks_ki(self, ctx, t: int, pooling=None, batch: int = 0):
+        """The packed kernel scalars / integers (kernels.tbe.kernel_scalars / kernel_ints) for step t (of a
+        lookup ctx, or of `pooling` and `batch`)."""
         opt = self.optimizer
         sr = self.weights_precision == Precision.FP16 and self.stochastic_rounding
-        pooling, batch = (self.pooling, 0) if ctx is None else (ctx.pooling, ctx.batch)
+        if ctx is not None:
+            pooling, batch = ctx.pooling, ctx.batch
+        elif pooling is None:
+            pooling = self.pooling
         return (K.kernel_scalars(opt.hp(), t),
                 K.kernel_ints(opt.kind, opt.update_type, opt.weight_decay_mode, t, sr, pooling, self.layout,
                               batch))
@@ -897,6 +914,16 @@ class _KernelImpl:
         self.no_f2 = xp.zeros((1, 1), np.float32)
         self.all_features = xp.ones(eng.n_features, np.bool_)
         self._live_host = self._live_dev = None
+        self._step_values: dict = {}           # name -> StepValues: the per-step scalars of a launch
+
+    def _put(self, name: str, values, dtype):
+        """The device array holding this step's ``values`` for one launch (numbactr.step_values): the same
+        array every step, so the launch's arguments do not change from step to step."""
+        sv = self._step_values.get(name)
+        if sv is None:
+            from ..step_values import StepValues
+            sv = self._step_values[name] = StepValues(np.size(values), dtype)
+        return sv.put(values)
 
     def _w(self):
         w = self.e.weights
@@ -975,11 +1002,26 @@ class _KernelImpl:
                    dy.reshape(-1), want, ctx.batch, int(e.layout), int(ctx.pooling), out, self.w_half, self.max_dim)
         return out
 
+    def put_hot(self, t: int, pooling, batch: int) -> tuple:
+        """Step t's scalars of the fused update, in their device arrays (numbactr.step_values)."""
+        e = self.e
+        ks, ki = e._ks_ki(None, t, pooling, batch)
+        return (self._put("hot_ks", ks, np.float32), self._put("hot_ki", ki, np.int64),
+                self._put("hot_kb", K.rounding_base(e.seed, t, K.SR_PASS_HOT), np.uint64))
+
+    def put_global(self, t: int) -> tuple:
+        """Step t's scalars of the all-rows pass, in their device arrays."""
+        e = self.e
+        _, ki = e._ks_ki(None, t)
+        ks = K.kernel_scalars(e.optimizer.hp(), t)
+        return (self._put("all_ks", ks, np.float32), self._put("all_ki", ki, np.int64),
+                self._put("all_kb", K.rounding_base(e.seed, t, K.SR_PASS_ALL), np.uint64))
+
     def backward(self, ctx: LookupContext, dy, t: int):
         e = self.e
         xp = device.xp()
         lin, bag_of, perm, pos, seg = self._segment(ctx)
-        ks, ki = e._ks_ki(ctx, t)
+        ks_d, ki_d, kb_d = self.put_hot(t, ctx.pooling, ctx.batch)
         none = e.optimizer.kind == Optim.NONE
         n = ctx.rows.shape[0]
         grad_rows = xp.empty(n if none else 1, np.int64)
@@ -989,9 +1031,8 @@ class _KernelImpl:
         K.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
                        self.no_f32 if r is None else r, self.no_i64 if p is None else p, self.elem_off, self.strides,
                        self.dims, self.row_off, self.fcols, lin, perm, seg, pos, bag_of, ctx.offsets,
-                       self.no_f32 if psw is None else psw, psw is not None, dy.reshape(-1), K.as_scalars(ks),
-                       K.as_scalars(ki), K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals, self.w_half,
-                       self.max_dim, e.sr_rows)
+                       self.no_f32 if psw is None else psw, psw is not None, dy.reshape(-1), ks_d, ki_d, kb_d,
+                       grad_rows, grad_vals, self.w_half, self.max_dim, e.sr_rows)
         if not none:
             return None
         u = int(device.to_host(pos[n:n + 1])[0])         # NONE hands back U rows: the one host read
@@ -1014,12 +1055,9 @@ class _KernelImpl:
 
     def global_pass(self, t: int) -> None:
         e = self.e
-        _, ki = e._ks_ki(None, t)
-        ks = K.kernel_scalars(e.optimizer.hp(), t)
         a, b, _, _ = e._state_buffers()
         K.global_pass(self._w(), a, self.no_f32 if b is None else b, self.elem_off, self.strides, self.dims,
-                      self.row_off, self._live(), K.as_scalars(ks), K.as_scalars(ki),
-                      K.rounding_base(e.seed, t, K.SR_PASS_ALL),
+                      self.row_off, int(e.row_offsets[-1]), self._live(), *self.put_global(t),
                       self.w_half, self.max_dim, e.sr_rows)
 
 

@@ -136,7 +136,12 @@ class HashTable:
                                 self._max_rows, slots, flags, pos, rows, status, self._err,
                                 scan_threads=self.scan_threads, partials=self._partials)
         self._size_stale = self._unchecked = True
+        from numbactr import step_values            # a replayed step marks the record again (cuda_graphs)
+        step_values.on_replay(("hash", id(self)), self._mark_deferred)
         return rows, flags, keys
+
+    def _mark_deferred(self, run=None) -> None:
+        self._size_stale = self._unchecked = True
 
     def check(self) -> None:
         """Raise what deferred inserts since the last check recorded (one host read, none when there was no

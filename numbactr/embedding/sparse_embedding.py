@@ -193,11 +193,16 @@ class HashEmbedding:
         pending, self._pending = self._pending, None
         if pending is None:
             return
+        self._set_rate(lr, scaler)
+        from .. import step_values                 # a replayed step sets the rate again (cuda_graphs)
+        step_values.on_replay(("sparse", id(self)), lambda run: self._set_rate(run["lr"], run["scaler"]))
+        self.engine.backward(*pending)
+
+    def _set_rate(self, lr: float, scaler: float) -> None:
         eng = self.engine
         lr = 0.0 if self.frozen else float(lr)
         if eng.learning_rate != lr or eng.optimizer.scaler != scaler:
             eng.set_hyper_parameters(learning_rate=lr, scaler=float(scaler))
-        eng.backward(*pending)
 
     def _check_keys(self, keys) -> None:
         """Hash tables take any key (the hash table rejects its reserved empty key)."""

@@ -447,7 +447,15 @@ class Dropout(_SameShape):
         name = self.cfg.top_names[0]
         if not run.training:
             return [Identity.apply(tape, xs[0], name=name)]
-        return [DropoutFn.apply(tape, xs[0], rate=self.rate, seed=int(run.seed), step=int(run.step),
+        step = int(run.step)
+        if _kernels():                    # the step in device memory: the same launch every step
+            from .. import step_values
+            sv = getattr(self, "_step_values", None)
+            if sv is None:
+                sv = self._step_values = step_values.StepValues(1, np.uint64)
+            step = sv.put(step & dropout_k.MASK64)
+            step_values.on_replay(("dropout", id(self)), lambda r: sv.put(int(r["step"]) & dropout_k.MASK64))
+        return [DropoutFn.apply(tape, xs[0], rate=self.rate, seed=int(run.seed), step=step,
                                 layer_id=int(self.layer_id), name=name)]
 
     def json_params(self):

@@ -1,0 +1,168 @@
+"""CUDA graphs of the training step: the device half of a step captured once and replayed every step.
+
+A DLRM step on a GPU is ~40 numba launches, a few CuPy operations and cuBLAS GEMMs, each costing 5-50 µs of
+Python to enqueue; at batch 64K that host time is a large part of the step. A CUDA graph enqueues the whole
+step with one call. ``NUMBACTR_CUDA_GRAPHS=1`` turns it on (``0``, the default, keeps eager steps).
+
+**Not yet run on a GPU** (none has been available to this project): the default stays off until a GPU run
+has compared replayed and eager training (issue 14). What the design rests on, and what is tested without a
+GPU:
+
+* Every launch of a step has the same arguments every step: the values that change (learning rate, Adam's
+  t and bias corrections, stochastic-rounding salts, the dropout step, the step number of the non-finite
+  flag) are read from device arrays (numbactr.step_values), and every launch goes to the stream that
+  ``kernels.launch.on_stream`` names. ``tests/test_step_counts.py`` records the simulator's launches of
+  three steps and checks they are identical while the learning rate changes.
+* What a step does on the host is registered while it is captured (``step_values.on_replay``) and run
+  before each replay (Adam's t, the engines' step counters and learning rates, this step's device values,
+  the kept loss). ``tests/test_cuda_graphs.py`` records a step on the simulator and checks that the
+  registered host halves alone bring the next step's device values and counters to what an eager step
+  brings them to.
+* No host read inside the step (``tests/test_step_counts.py``: 0 reads).
+
+How a step runs (``StepGraphs.step``): the first ``WARMUP`` eligible steps run eagerly (first-call
+allocations, uploads and JIT compilation happen there, never inside a capture). Then, per key (the input
+arrays' addresses and shapes: the stager alternates between two buffer sets, so there are two graphs), one
+step is captured on its own stream with its own CuPy memory pool (the graph's temporaries stay reserved
+for it), its host values uploaded, and the graph launched; later steps with that key run their host halves
+and launch the graph. Any step that is not eligible (a partial batch, another key count, mixed precision,
+several ranks, a loss read every step, frozen flags changed, ...) runs eagerly and drops the graphs: eager
+work may reallocate buffers that a graph points to. A capture that fails (an operation that cannot be
+captured) is logged once and turns graphs off for the run; the step it was in runs eagerly.
+"""
+from __future__ import annotations
+
+import os
+
+from . import device, log, step_values
+
+ENV = "NUMBACTR_CUDA_GRAPHS"
+
+
+def graphs_wanted() -> bool:
+    flag = os.environ.get(ENV, "0").strip()
+    if flag not in ("0", "1"):
+        raise ValueError(f"{ENV} must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
+def _array_key(a) -> tuple:
+    ptr = a.data.ptr if hasattr(a, "data") and hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
+    return int(ptr), tuple(a.shape), str(a.dtype)
+
+
+def batch_key(model, batch) -> tuple:
+    """What a graph is specific to: the input arrays (address, shape, dtype), the frozen flags and the
+    loss scaler (a launch argument)."""
+    arrays = [batch.label, batch.dense] + [x for kv in batch.sparse for x in kv]
+    frozen = (model.dense_frozen,) + tuple(bool(getattr(e, "frozen", False)) for e in model.embeddings)
+    return tuple(_array_key(a) for a in arrays) + (frozen, float(model.solver.scaler))
+
+
+def ineligible(model, batch) -> str | None:
+    """Why this step cannot be a graph (None: it can)."""
+    if not graphs_wanted():
+        return f"{ENV}=0"
+    if device.kind() != "gpu":
+        return "not on a GPU"
+    from .embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
+    if model._graphs is not None and model._graphs.disabled:
+        return model._graphs.disabled
+    if model.half is not None:
+        return "mixed precision reads its overflow flag every step"
+    if model.ranks != 1 or model.collections:
+        return "several ranks or an embedding collection"
+    if model.solver.gen_loss_summary and not model._lazy_loss():
+        return "the loss is read every step (a regularizer)"
+    if not all(type(e) in (HashEmbedding, OneHotEmbedding) for e in model.embeddings):
+        return "an embedding other than a one-rank hash or one-hot SparseEmbedding"
+    if model._stager is None:
+        return "the inputs are not staged on the device"
+    if batch.size != batch.batch_size:
+        return "a partial batch"
+    return None
+
+
+class _Graph:
+    def __init__(self, graph, pool, rec, stream):
+        self.graph, self.pool, self.rec, self.stream = graph, pool, rec, stream
+
+
+class StepGraphs:
+    """The captured steps of one model (see the module docstring)."""
+
+    WARMUP = 2
+
+    def __init__(self):
+        self.graphs: dict = {}
+        self.eager = 0              # eligible steps run eagerly since the graphs were last dropped
+        self.disabled = None        # why graphs are off for this run (a failed capture)
+        self.captures = self.replays = 0
+
+    def drop(self, why: str = "") -> None:
+        if self.graphs:
+            log.info_once(("cuda graphs dropped", why), f"CUDA graphs: an eager step ({why}); captured steps "
+                                                        f"dropped, captured again after {self.WARMUP} steps")
+        self.graphs.clear()
+        self.eager = 0
+
+    def step(self, batch, key, body, run: dict, snapshot) -> None:
+        """One training step's device half ``body(batch)``: replayed, captured, or (warming up) eager.
+        ``snapshot()`` saves the host state a step changes and returns its restore function (used when a
+        capture fails: the step then runs eagerly from where it started)."""
+        g = self.graphs.get(key)
+        if g is not None:
+            g.rec.replay(run)                 # host halves: counters, this step's device values
+            self._launch(g)
+            self.replays += 1
+            return
+        if self.eager < self.WARMUP:
+            self.eager += 1
+            body(batch)
+            return
+        restore = snapshot()
+        try:
+            g = self._capture(batch, body)
+        except Exception as e:        # noqa: BLE001 - any failure: eager from now on, said once
+            self.disabled = f"capture failed ({type(e).__name__}: {e})"
+            self.graphs.clear()
+            log.warn(f"CUDA graphs: {self.disabled}; training goes on with eager steps ({ENV}=0 silences "
+                     f"this)")
+            restore()
+            body(batch)
+            return
+        self.graphs[key] = g
+        self.captures += 1
+        for sv, values in g.rec.uploads:      # the captured step's own values, before its first launch
+            sv.put(values)
+        self._launch(g)
+
+    def _launch(self, g: _Graph) -> None:
+        import cupy
+        g.graph.launch(stream=cupy.cuda.get_current_stream())
+
+    def _capture(self, batch, body) -> _Graph:
+        import cupy
+        from numba import cuda
+
+        from .kernels import launch
+        main = cupy.cuda.get_current_stream()
+        stream = cupy.cuda.Stream(non_blocking=True)
+        ready = cupy.cuda.Event(disable_timing=True)
+        ready.record(main)                    # the capture stream starts behind what main has queued
+        stream.wait_event(ready)
+        pool = cupy.cuda.MemoryPool()         # the graph's temporaries: reserved for its replays
+        rec = step_values.Recording(defer=True)
+        with cupy.cuda.using_allocator(pool.malloc), stream, launch.on_stream(cuda.external_stream(stream.ptr)), \
+                step_values.recording(rec):
+            stream.begin_capture()
+            try:
+                body(batch)
+            except BaseException:
+                try:
+                    stream.end_capture()
+                except Exception:     # noqa: BLE001 - the body's error is the one to report
+                    pass
+                raise
+            graph = stream.end_capture()
+        return _Graph(graph, pool, rec, stream)
