@@ -56,7 +56,7 @@ def batch_key(model, batch) -> tuple:
     loss scaler (a launch argument)."""
     arrays = [batch.label, batch.dense] + [x for kv in batch.sparse for x in kv]
     frozen = (model.dense_frozen,) + tuple(bool(getattr(e, "frozen", False)) for e in model.embeddings)
-    return tuple(_array_key(a) for a in arrays) + (frozen, float(model.solver.scaler))
+    return tuple(_array_key(a) for a in arrays), frozen, float(model.solver.scaler)
 
 
 def ineligible(model, batch) -> str | None:
@@ -93,10 +93,14 @@ class StepGraphs:
 
     WARMUP = 2
 
+    #: graphs kept at once: one per buffer set of the input stager
+    MAX_GRAPHS = 2
+
     def __init__(self):
         self.graphs: dict = {}
         self.eager = 0              # eligible steps run eagerly since the graphs were last dropped
-        self.disabled = None        # why graphs are off for this run (a failed capture)
+        self.disabled = None        # why graphs are off for this run (a failed capture, changing shapes)
+        self.shapes = None          # the input shapes of the captured steps
         self.captures = self.replays = 0
 
     def drop(self, why: str = "") -> None:
@@ -116,8 +120,18 @@ class StepGraphs:
             self._launch(g)
             self.replays += 1
             return
+        shapes = tuple(a[1:] for a in key[0])          # (shape, dtype) of each input array
         if self.eager < self.WARMUP:
             self.eager += 1
+            self.shapes = shapes
+            body(batch)
+            return
+        if shapes != self.shapes or len(self.graphs) >= self.MAX_GRAPHS:
+            # another key count (multi-hot inputs) or more buffer sets than the stager's: a capture per
+            # batch would cost more than it saves, and buffers sized for other shapes may move
+            self.disabled = "the step's input shapes change from batch to batch (multi-hot inputs?)"
+            log.info(f"CUDA graphs: {self.disabled}; training goes on with eager steps")
+            self.graphs.clear()
             body(batch)
             return
         restore = snapshot()
