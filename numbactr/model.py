@@ -370,6 +370,7 @@ class Model:
 
     def set_source(self, source: str, eval_source: str) -> None:
         """Epoch mode: read these file lists from now on (the next train()/eval() start a fresh pass)."""
+        self._drop_graphs("a new source")
         if self.solver.repeat_dataset:
             raise ModelError("Model.set_source is for epoch mode (CreateSolver(repeat_dataset=False))")
         self.reader_params.source, self.reader_params.eval_source = [str(source)], str(eval_source)
@@ -613,6 +614,13 @@ class Model:
             self._graphs = cuda_graphs.StepGraphs()
         return self._graphs
 
+    def _drop_graphs(self, why: str) -> None:
+        """Forget the captured steps before work that may reallocate what they point to (an evaluation
+        batch can grow the embeddings' scratch; a load can replace arrays): they are captured again after
+        the warm-up steps."""
+        if self._graphs is not None:
+            self._graphs.drop(why)
+
     def _replay_run(self) -> dict:
         """What a replayed step's host halves need (numbactr.step_values.on_replay): this step's number
         (0-based, as RunInfo.step), learning rates and the loss scaler."""
@@ -766,6 +774,7 @@ class Model:
     def eval(self) -> bool:
         """One evaluation batch; accumulates metrics. False at the end of an epoch-mode eval source."""
         self._require_compiled("eval")
+        self._drop_graphs("evaluation")
         self.check_deferred()
         self.start_data_reading()
         batch = self._next_batch(self._eval_reader)
@@ -1018,6 +1027,7 @@ class Model:
     def embedding_load(self, path: str, table_names=()) -> None:
         """Load the named tables ([] = all) from an embedding_dump folder; checked before anything changes."""
         self._require_compiled("embedding_load")
+        self._drop_graphs("a load")
         ebc.load(self.collections, path, table_names)
 
     def load_dense_weights(self, dense_model_file: str, allow_missing_ntp: bool = False) -> None:
@@ -1026,22 +1036,26 @@ class Model:
         (numbactr's extra argument), which keeps the current running statistics. Every load_* checks
         all its input before it changes anything, so a failed load leaves the model as it was."""
         self._require_compiled("load_dense_weights")
+        self._drop_graphs("a load")
         checkpoint.load_dense_weights(self, dense_model_file, allow_missing_ntp)
 
     def load_dense_optimizer_states(self, dense_opt_states_file: str) -> None:
         self._require_compiled("load_dense_optimizer_states")
+        self._drop_graphs("a load")
         checkpoint.load_dense_optimizer_states(self, dense_opt_states_file)
 
     def load_sparse_weights(self, sparse_embedding_files) -> None:
         """A list (one folder per embedding, add order) or a dict {sparse_embedding_name: folder}. Keys go
         to the rank that owns them on this run's rank count (key % R, or slot % R from slot_id)."""
         self._require_compiled("load_sparse_weights")
+        self._drop_graphs("a load")
         checkpoint.load_sparse_weights(self, sparse_embedding_files)
 
     def load_sparse_optimizer_states(self, sparse_opt_states_files) -> None:
         """Like load_sparse_weights; each key's states go to the row that holds the key now, so load the
         matching sparse weights first."""
         self._require_compiled("load_sparse_optimizer_states")
+        self._drop_graphs("a load")
         checkpoint.load_sparse_optimizer_states(self, sparse_opt_states_files)
 
     def _require_compiled(self, what: str) -> None:

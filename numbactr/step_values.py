@@ -80,6 +80,11 @@ class StepValues:
     RING = 4
 
     def __init__(self, n: int, dtype):
+        rec = _RECORDING[0]
+        if rec is not None and rec.defer:
+            # its zeroing would be captured into the graph and undo every replay's upload
+            raise RuntimeError("a StepValues was made while a step was being captured; the warm-up steps "
+                               "before a capture make them")
         self.dtype = np.dtype(dtype)
         self.n = int(n)
         xp = device.xp()

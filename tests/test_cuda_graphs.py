@@ -18,7 +18,15 @@ from numbactr import cuda_graphs, step_values
 from numbactr.bench_mlperf import DENSE, SLOTS, build_mlperf_dlrm
 from tests.model_util import tiny_data
 
-pytestmark = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="records the simulator's steps")
+sim_only = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="records the simulator's steps")
+
+
+@pytest.fixture(autouse=True)
+def _sim():
+    """The simulator in a simulator session (an earlier module may have left it on cpu); the GPU on one."""
+    from numbactr import device
+    if config.ENABLE_CUDASIM:
+        device.set_device("sim")             # (conftest's autouse fixture switches back)
 
 
 def _model(tmp_path, optimizer):
@@ -58,6 +66,7 @@ def _device_step(m, lr):
     m._after_device_step()
 
 
+@sim_only
 @pytest.mark.slow
 def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path):
     # Adam: its t and bias corrections (dense and the embedding's Global update, whose all-rows pass has
@@ -89,6 +98,7 @@ def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path):
     assert b._pending_loss is kept            # the captured loss array is the one read at display
 
 
+@sim_only
 def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     m = _model(tmp_path, "sgd")
     assert m.train()
@@ -146,6 +156,7 @@ def _graph_model(tmp_path, monkeypatch, graphs):
     return m
 
 
+@sim_only
 @pytest.mark.slow
 def test_warm_up_capture_replay_and_a_failed_capture(tmp_path, monkeypatch):
     monkeypatch.setattr(cuda_graphs.StepGraphs, "WARMUP", 1)
@@ -169,6 +180,7 @@ def test_warm_up_capture_replay_and_a_failed_capture(tmp_path, monkeypatch):
     assert set(want) < set(got)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert m.eval() and not g.graphs and g.eager == 0   # evaluation may grow buffers a graph points to
     # a capture that fails: the host state goes back to where the step started, the step runs eagerly and
     # graphs stay off for the run
     f = _SimGraphs(fail=True)
@@ -203,3 +215,21 @@ def test_graph_steps_train_like_eager_steps_on_a_gpu(tmp_path, monkeypatch):
     np.testing.assert_allclose(device.to_host(r.embeddings[0].weight.data),
                                device.to_host(e.embeddings[0].weight.data), rtol=1e-5, atol=1e-6)
     assert r.get_current_loss() == pytest.approx(e.get_current_loss(), rel=1e-5)
+
+
+@sim_only
+def test_step_values_record_and_refuse_to_be_made_in_a_capture():
+    sv = step_values.StepValues(2, np.float32)
+    rec = step_values.Recording(defer=True)
+    with step_values.recording(rec):
+        assert sv.put([1.5, 2.5]) is sv.dev
+        step_values.on_replay("k", lambda run: sv.put([run["step"], 0.0]))
+        step_values.on_replay("k", lambda run: None)            # one hook per key: the first stays
+        with pytest.raises(RuntimeError, match="made while a step was being captured"):
+            step_values.StepValues(1, np.int64)
+    assert np.array(sv.dev).tolist() == [0.0, 0.0]              # deferred: the runner uploads it
+    assert [v.tolist() for _, v in rec.uploads] == [[1.5, 2.5]]
+    rec.replay({"step": 7})
+    assert np.array(sv.dev).tolist() == [7.0, 0.0]
+    with pytest.raises(ValueError, match="holds 2 values, got 3"):
+        sv.put([1, 2, 3])

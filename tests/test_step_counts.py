@@ -36,6 +36,16 @@ BUDGET = {
 NUMBA_LAUNCHES = 39
 
 
+@pytest.fixture(autouse=True)
+def kernel_device():
+    """The kernels' device: sim in a simulator session (an earlier test module may have left the session on
+    cpu), the GPU where there is one; cpu skips (no launches to count)."""
+    if config.ENABLE_CUDASIM:
+        device.set_device("sim")                 # (conftest's autouse fixture switches back)
+    elif device.kind() == "cpu":
+        pytest.skip("counts kernel launches: needs the sim or gpu device")
+
+
 @pytest.fixture
 def sim_hooks(monkeypatch):
     """Numba launches and copy_to_host calls on the simulator (zeros on a GPU, where the hook is absent)."""
@@ -70,8 +80,6 @@ def sim_hooks(monkeypatch):
 
 @pytest.mark.slow
 def test_demo_dlrm_step_counts(tmp_path, sim_hooks):
-    if device.kind() == "cpu":
-        pytest.skip("counts kernel launches: needs the sim or gpu device")
     train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=2, dense=13, keys_per_slot=1, files=1)
     model = build_dlrm(hugectr, train, evl, batch=4, batch_eval=4, eval_batches=1, lr=0.01, workspace_mb=1,
                        slots=2, vec=4)
@@ -92,8 +100,6 @@ MLPERF_BUDGET = {opt: {step: {"launches": n, "host_reads": 0} for step in ("cold
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_mlperf_dlrm_step_counts(tmp_path, sim_hooks, optimizer):
-    if device.kind() == "cpu":
-        pytest.skip("counts kernel launches: needs the sim or gpu device")
     train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2,
                            files=1)
     model = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,

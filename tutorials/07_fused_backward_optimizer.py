@@ -147,18 +147,21 @@ print("reference row gradients, table 0 rows", r0.tolist(), ":\n", g0)
 hp = eng.optimizer.hp()
 want_w, (want_m,) = K.optimizer_update_ref(Optim.EXACT_ROWWISE_ADAGRAD, hp, before[0][r0], g0,
                                            [np.zeros(len(r0))], 1)
-# the kernel's scalars travel as two tuples, by value in the launch (a device array would cost a copy)
-ks = K.as_scalars(K.kernel_scalars(hp, 1))
-ki = K.as_scalars(K.kernel_ints(Optim.EXACT_ROWWISE_ADAGRAD, 0, 0, 1, False, Pooling.SUM, eng.layout,
-                                ctx.batch))
+# the step's scalars travel in three small device arrays, not as launch arguments: float32 ks (learning
+# rate, betas, bias corrections), int64 ki (optimizer kind, step, batch) and the uint64 salt of stochastic
+# rounding. The engine writes them once per step (numbactr.step_values), so every launch of a step has the
+# same arguments every step: what a CUDA graph replays. On the sim device "device arrays" are NumPy arrays.
+ks = K.kernel_scalars(hp, 1)
+ki = K.kernel_ints(Optim.EXACT_ROWWISE_ADAGRAD, 0, 0, 1, False, Pooling.SUM, eng.layout, ctx.batch)
+kb = np.array([K.rounding_base(eng.seed, 1, K.SR_PASS_HOT)], np.uint64)
 lanes, items, per_lane = K.lanes_items(int(eng.dims.max()))
 print(f"block = ({lanes} lanes, {items} runs): run s -> threadIdx.y = s % {items}, columns d -> lanes")
 momentum = eng.states[0]                              # the per-row accumulators of every table, (6 + 3,)
 no_f32, no_i64 = np.zeros(1, np.float32), np.zeros(1, np.int64)    # states this optimizer does not keep
 K.fused_update(eng.weights, no_f32, no_f32, momentum, no_i64,
                eng.elem_offsets, eng.strides, eng.dims, eng.row_offsets, eng.feature_cols, lin, perm, seg_start,
-               pos, bag_of, ctx.offsets, no_f32, False, dy.reshape(-1), ks, ki,
-               K.rounding_base(eng.seed, 1, K.SR_PASS_HOT), no_i64, np.zeros((1, 1), np.float32),
+               pos, bag_of, ctx.offsets, no_f32, False, dy.reshape(-1), ks, ki, kb,
+               no_i64, np.zeros((1, 1), np.float32),
                False, int(eng.dims.max()))
 eng.step = 1
 new = eng.split_weights()[0]
