@@ -602,8 +602,9 @@ class Model:
 
     # ---- CUDA graphs of the training step (numbactr.cuda_graphs) ----------------------------------------
     def _graphs_for_step(self, batch):
-        """The StepGraphs runner when this step can be a replayed CUDA graph (numbactr.cuda_graphs.eligible),
-        else None (an eager step; captured graphs are dropped, since eager work may move their buffers)."""
+        """The StepGraphs runner when this step can be a replayed CUDA graph, else None (an eager step, for
+        the reason numbactr.cuda_graphs.ineligible gives; captured graphs are dropped, since eager work may
+        move their buffers)."""
         from . import cuda_graphs
         why = cuda_graphs.ineligible(self, batch)
         if why is not None:

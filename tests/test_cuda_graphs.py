@@ -8,6 +8,7 @@ step 3 would read (learning rate, Adam's t and bias corrections, rounding salts,
 number of the non-finite flag) and the counters must agree. The launches themselves are checked to be the
 same every step in tests/test_step_counts.py."""
 import dataclasses
+import gc
 
 import numpy as np
 import pytest
@@ -23,10 +24,13 @@ sim_only = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="records the sim
 
 @pytest.fixture(autouse=True)
 def _sim():
-    """The simulator in a simulator session (an earlier module may have left it on cpu); the GPU on one."""
+    """The simulator in a simulator session (an earlier module may have left it on cpu); the GPU on one.
+    Afterwards the test's models are collected, which stops their readers' worker threads."""
     from numbactr import device
     if config.ENABLE_CUDASIM:
         device.set_device("sim")             # (conftest's autouse fixture switches back)
+    yield
+    gc.collect()
 
 
 def _model(tmp_path, optimizer):

@@ -2,7 +2,6 @@
 split, set_source, close, prefetch, and bad data found by the reader (non-finite values, key bounds)."""
 import gc
 import os
-import threading
 import time
 
 import numpy as np
@@ -186,8 +185,8 @@ def test_set_source_switches_files_and_close_stops_workers(tmp_path):
     r = make_reader(norm_params(a, 1), a, 2, 1, 2, [2], None, True, True)
     it = iter(r)
     next(it)
-    alive = [t for t in threading.enumerate() if t.name.startswith("numbactr-reader")]
-    assert alive
+    alive = [wk.thread for wk in it.workers]       # this pass's workers (other tests' may still be running)
+    assert alive and all(t.is_alive() and t.name.startswith("numbactr-reader") for t in alive)
     t0 = time.perf_counter()
     r.close()
     assert time.perf_counter() - t0 < 30.0        # no hang (a liveness bound, not a speed target)
@@ -201,8 +200,8 @@ def test_dropping_a_reader_and_its_pass_stops_the_workers(tmp_path):
     a = write_id_files(str(tmp_path), [50])
     it = iter(make_reader(norm_params(a, 1), a, 2, 1, 2, [2], None, True, True))
     next(it)
-    threads = [t for t in threading.enumerate() if t.name.startswith("numbactr-reader")]
-    assert threads
+    threads = [wk.thread for wk in it.workers]     # this pass's workers (other tests' may still be running)
+    assert threads and all(t.is_alive() for t in threads)
     it = iter(make_reader(norm_params(a, 1), a, 2, 1, 2, [2], None, True, True))
     gc.collect()
     deadline = time.time() + 3
