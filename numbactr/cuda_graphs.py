@@ -1,8 +1,11 @@
-"""CUDA graphs of the training step: the device half of a step captured once and replayed every step.
+"""CUDA graphs of the training step (the device half of a step captured once and replayed every step) and of
+the inference forward (ForwardGraphs).
 
 A DLRM step on a GPU is ~40 numba launches, a few CuPy operations and cuBLAS GEMMs, each costing 5-50 µs of
 Python to enqueue; at batch 64K that host time is a large part of the step. A CUDA graph enqueues the whole
-step with one call. ``NUMBACTR_CUDA_GRAPHS=1`` turns it on (``0``, the default, keeps eager steps).
+step with one call. ``NUMBACTR_CUDA_GRAPHS=1`` turns it on (``0``, the default, keeps eager steps);
+HugeCTR's own switches, ``CreateSolver(use_cuda_graph=False)`` and ``InferenceParams(use_cuda_graph=False)``,
+turn it off for one model.
 
 **Not yet run on a GPU** (none has been available to this project): the default stays off until a GPU run
 has compared replayed and eager training (issue 14). What the design rests on, and what is tested without a
@@ -63,6 +66,8 @@ def ineligible(model, batch) -> str | None:
     """Why this step cannot be a graph (None: it can)."""
     if not graphs_wanted():
         return f"{ENV}=0"
+    if not model.solver.use_cuda_graph:
+        return "CreateSolver(use_cuda_graph=False)"
     if device.kind() != "gpu":
         return "not on a GPU"
     from .embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
@@ -156,27 +161,117 @@ class StepGraphs:
         g.graph.launch(stream=cupy.cuda.get_current_stream())
 
     def _capture(self, batch, body) -> _Graph:
-        import cupy
-        from numba import cuda
-
-        from .kernels import launch
-        main = cupy.cuda.get_current_stream()
-        stream = cupy.cuda.Stream(non_blocking=True)
-        ready = cupy.cuda.Event(disable_timing=True)
-        ready.record(main)                    # the capture stream starts behind what main has queued
-        stream.wait_event(ready)
-        pool = cupy.cuda.MemoryPool()         # the graph's temporaries: reserved for its replays
         rec = step_values.Recording(defer=True)
-        with cupy.cuda.using_allocator(pool.malloc), stream, launch.on_stream(cuda.external_stream(stream.ptr)), \
-                step_values.recording(rec):
-            stream.begin_capture()
+        with step_values.recording(rec):
+            g, _ = capture(lambda: body(batch))
+        g.rec = rec
+        return g
+
+
+
+def bucket_rows(n: int, most: int, least: int = 64) -> int:
+    """The rows a forward of n samples runs on: the next power of two, at least ``least``, at most ``most``."""
+    return min(most, max(least, 1 << max(n - 1, 0).bit_length()))
+
+
+class _Forward:
+    """One row bucket of ForwardGraphs: its input buffers, how many of their rows may hold old samples,
+    its eager runs so far, and (once captured) its graph and output arrays."""
+
+    def __init__(self, buffers):
+        self.buffers, self.dirty, self.eager, self.graph, self.out = buffers, 0, 0, None, None
+
+
+class ForwardGraphs:
+    """Captured forwards (the inference session's dense network, HugeCTR's ``use_cuda_graph``).
+
+    A request of n samples runs on ``bucket_rows(n)`` rows: its inputs are copied into that bucket's
+    buffers (fixed addresses, rows n.. zeroed), so every request of a bucket launches the same kernels with
+    the same arguments, and the bucket's first ``WARMUP`` forwards run eagerly, the next is captured and
+    the later ones replay it. The rows are independent in a forward without training (no batch
+    statistics), so the padding changes nothing in rows :n. ``run`` returns the forward's output arrays,
+    padded (the caller reads rows :n); a replay returns the captured ones, overwritten by each replay. A
+    capture that fails turns graphs off for the session (one warning); the forwards are eager from then on.
+    """
+
+    WARMUP = 1
+
+    #: the smallest bucket (requests of fewer samples run on this many rows)
+    LEAST_ROWS = 64
+
+    def __init__(self, most_rows: int):
+        self.most = int(most_rows)
+        self.buckets: dict = {}
+        self.disabled = None
+        self.captures = self.replays = 0
+
+    def run(self, n: int, inputs: list, body) -> dict:
+        """``body(buffers)`` -> {name: device array}: the forward of the bucket's input buffers, one per
+        input array (n rows each) of ``inputs``."""
+        xp = device.xp()
+        rows = bucket_rows(n, self.most, self.LEAST_ROWS)
+        b = self.buckets.get(rows)
+        if b is None:
+            b = self.buckets[rows] = _Forward([xp.zeros((rows,) + tuple(a.shape[1:]), a.dtype) for a in inputs])
+        for buf, a in zip(b.buffers, inputs):
+            if tuple(a.shape[1:]) != tuple(buf.shape[1:]) or a.shape[0] != n or a.dtype != buf.dtype:
+                raise ValueError(f"ForwardGraphs: an input of shape {a.shape} ({a.dtype}) for {n} samples does "
+                                 f"not fit its buffer {buf.shape} ({buf.dtype})")
+            buf[:n] = a
+            if b.dirty > n:
+                buf[n:b.dirty] = 0                # rows an earlier, larger request left there
+        b.dirty = n
+        if b.graph is not None:
+            self._launch(b.graph)
+            self.replays += 1
+            return b.out
+        if self.disabled or b.eager < self.WARMUP:
+            b.eager += 1
+            return body(b.buffers)
+        try:
+            graph, out = self._capture(lambda: body(b.buffers))
+        except Exception as e:        # noqa: BLE001 - any failure: eager from now on, said once
+            self.disabled = f"capture failed ({type(e).__name__}: {e})"
+            log.warn(f"CUDA graphs of the inference forward: {self.disabled}; forwards go on eagerly "
+                     f"(use_cuda_graph=False silences this)")
+            return body(b.buffers)
+        b.graph, b.out = graph, out
+        self.captures += 1
+        self._launch(graph)
+        return out
+
+    def _capture(self, fn):
+        with step_values.recording(step_values.Recording(defer=True)):
+            return capture(fn)
+
+    def _launch(self, g: _Graph) -> None:
+        import cupy
+        g.graph.launch(stream=cupy.cuda.get_current_stream())
+
+def capture(fn):
+    """Capture ``fn()`` into a CUDA graph: (the _Graph, what fn returned). It runs on its own non-blocking
+    stream (behind what the current stream has queued) with its own CuPy memory pool, which keeps the
+    graph's temporaries reserved for its replays; numba launches go to that stream too
+    (``kernels.launch.on_stream``). Nothing runs until the graph is launched."""
+    import cupy
+    from numba import cuda
+
+    from .kernels import launch
+    main = cupy.cuda.get_current_stream()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    ready = cupy.cuda.Event(disable_timing=True)
+    ready.record(main)                    # the capture stream starts behind what main has queued
+    stream.wait_event(ready)
+    pool = cupy.cuda.MemoryPool()         # the graph's temporaries: reserved for its replays
+    with cupy.cuda.using_allocator(pool.malloc), stream, launch.on_stream(cuda.external_stream(stream.ptr)):
+        stream.begin_capture()
+        try:
+            out = fn()
+        except BaseException:
             try:
-                body(batch)
-            except BaseException:
-                try:
-                    stream.end_capture()
-                except Exception:     # noqa: BLE001 - the body's error is the one to report
-                    pass
-                raise
-            graph = stream.end_capture()
-        return _Graph(graph, pool, rec, stream)
+                stream.end_capture()
+            except Exception:     # noqa: BLE001 - fn's error is the one to report
+                pass
+            raise
+        graph = stream.end_capture()
+    return _Graph(graph, pool, None, stream), out

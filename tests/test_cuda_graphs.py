@@ -111,6 +111,10 @@ def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     assert cuda_graphs.ineligible(m, batch) == f"{cuda_graphs.ENV}=0"           # off unless asked for
     monkeypatch.setenv(cuda_graphs.ENV, "1")
     assert cuda_graphs.ineligible(m, batch) == "not on a GPU"
+    solver = m.solver                                         # HugeCTR's switch, CreateSolver's use_cuda_graph
+    m.solver = dataclasses.replace(solver, use_cuda_graph=False)
+    assert cuda_graphs.ineligible(m, batch) == "CreateSolver(use_cuda_graph=False)"
+    m.solver = solver
     assert m.train() and m._graphs is None                                       # sim: eager steps
     monkeypatch.setenv(cuda_graphs.ENV, "yes")
     with pytest.raises(ValueError, match=f"{cuda_graphs.ENV} must be 0 or 1"):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr import cuda_graphs, device
 from numbactr.data import make_reader
 from numbactr.data.errors import DataFormatError
 from numbactr.inference import CreateInferenceSession, InferenceModel, InferenceParams
@@ -310,3 +310,94 @@ def test_bad_inputs_name_what_and_where(trained, tmp_path):
     big = CreateInferenceSession(tr.graph, tr.params(max_batchsize=2))
     with pytest.raises(ValueError, match="exceed max_batchsize 2"):
         big.predict(dense, keys, ptrs)
+
+
+class _SimForwardGraphs(cuda_graphs.ForwardGraphs):
+    """ForwardGraphs with the host standing in for the GPU: a "capture" runs the forward once and keeps its
+    output arrays; a "launch" runs the captured function again, from the bucket's buffers, and writes its
+    results into those same arrays, as a replayed graph writes its captured outputs."""
+
+    LEAST_ROWS = 4
+
+    def _capture(self, fn):
+        out = fn()
+
+        def replay():
+            for k, v in fn().items():
+                out[k][...] = v
+        return replay, out
+
+    def _launch(self, graph):
+        graph()
+
+
+def _cut(tr, request, n):
+    """The first n samples of a CSR request."""
+    dense, keys, ptrs = request
+    m, k0, r0, cut_keys, cut_ptrs = tr.model, 0, 0, [], []
+    for e in m.embeddings:
+        s = m.input.sparse[m.sparse_inputs[e.cfg.bottom_name]].slot_num
+        off = np.asarray(ptrs[r0:r0 + tr.batch * s + 1])
+        cut_ptrs += off[:n * s + 1].tolist()
+        cut_keys += keys[k0:k0 + off[n * s]]
+        k0, r0 = k0 + off[-1], r0 + tr.batch * s + 1
+    return dense[:n * m.input.dense_dim], cut_keys, cut_ptrs
+
+
+@pytest.mark.parametrize("name", ["dcn", "mmoe"])
+def test_forward_graphs_pad_requests_into_buckets_and_replay(trained, name):
+    """use_cuda_graph: requests of n samples run on a bucket of rows whose input buffers keep their
+    addresses; the first forward of a bucket is eager, the second captured, later ones replayed. Every
+    request's predictions and tensors equal an eager session's, whatever larger request used the bucket
+    before (its rows are zeroed)."""
+    tr = trained(name)
+    request = csr_request(tr, eval_batches(tr, 1)[0])
+    eager = CreateInferenceSession(tr.graph, tr.params())
+    graphed = CreateInferenceSession(tr.graph, tr.params())
+    g = graphed._graphs = _SimForwardGraphs(tr.batch)
+    sizes = [32, 7, 5, 7, 3, 32, 5, 6, 32, 1]
+    for n in sizes:
+        req = _cut(tr, request, n)
+        want = np.asarray(eager.predict(*req))
+        got = np.asarray(graphed.predict(*req))
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=f"{n} samples")
+        for t in sorted(eager.tensors):
+            np.testing.assert_allclose(graphed.check_out_tensor(t), eager.check_out_tensor(t), rtol=1e-6,
+                                       atol=1e-7, err_msg=f"{t}, {n} samples")
+    # buckets of 32 rows (3 requests), 8 (7, 5, 7, 5, 6 samples) and 4 (3, 1): each one eager forward, one
+    # capture, the rest replays
+    assert sorted(g.buckets) == [4, 8, 32]
+    assert all((b.eager, b.graph is not None) == (1, True) for b in g.buckets.values())
+    assert (g.captures, g.replays) == (3, 1 + 3)
+    # the 8-row bucket last held 6 samples: rows 6, 7 are zero (7 samples were there before)
+    assert all(not np.asarray(buf[6:]).any() for buf in g.buckets[8].buffers)
+    # use_cuda_graph=False, or off the GPU: eager forwards
+    assert CreateInferenceSession(tr.graph, tr.params(use_cuda_graph=False))._forward_graphs() is None
+    assert eager._forward_graphs() is None
+    for s in (eager, graphed):
+        s.close()
+
+
+def test_bucket_rows():
+    assert [cuda_graphs.bucket_rows(n, 1000) for n in (0, 1, 64, 65, 128, 129, 999, 1000)] == \
+        [64, 64, 64, 128, 128, 256, 1000, 1000]
+    assert cuda_graphs.bucket_rows(5, 32, 4) == 8 and cuda_graphs.bucket_rows(3, 2, 1) == 2
+
+
+@pytest.mark.gpu
+def test_forward_graphs_on_a_gpu(trained, monkeypatch):
+    """On a GPU with NUMBACTR_CUDA_GRAPHS=1: captured and replayed forwards predict what eager ones do."""
+    if device.kind() != "gpu":
+        pytest.skip("needs the gpu device")
+    tr = trained("dlrm")
+    request = csr_request(tr, eval_batches(tr, 1)[0])
+    eager = CreateInferenceSession(tr.graph, tr.params(use_cuda_graph=False))
+    monkeypatch.setenv(cuda_graphs.ENV, "1")
+    graphed = CreateInferenceSession(tr.graph, tr.params())
+    for n in (32, 32, 32, 7, 7, 5, 32):
+        req = _cut(tr, request, n)
+        np.testing.assert_allclose(graphed.predict(*req), eager.predict(*req), rtol=1e-5, atol=1e-6)
+    g = graphed._graphs
+    assert g is not None and g.disabled is None, g.disabled
+    assert g.captures == 2 and g.replays == 2

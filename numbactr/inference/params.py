@@ -189,7 +189,7 @@ _GPU_TUNING = "a HugeCTR GPU tuning option; numbactr's results do not depend on 
 _PARAMS_IGNORED = {
     "use_mixed_precision": "numbactr's inference runs in float32 (training's mixed precision is not offered for inference)",
     "scaler": "the loss scaler matters only with mixed precision, which numbactr does not have",
-    "use_algorithm_search": _GPU_TUNING, "use_cuda_graph": _GPU_TUNING, "use_context_stream": _GPU_TUNING,
+    "use_algorithm_search": _GPU_TUNING, "use_context_stream": _GPU_TUNING,
     "number_of_worker_buffers_in_pool": _GPU_TUNING, "number_of_refresh_buffers_in_pool": _GPU_TUNING,
     "thread_pool_size": "numbactr inserts cache misses in the lookup's own thread",
     "deployed_devices": "numbactr runs one device per process (the current numbactr device)",
@@ -219,7 +219,9 @@ class InferenceParams:
     start), default_value_for_each_table (one value, or one per table: the vector of a key no tier holds),
     volatile_db, persistent_db, update_source, maxnum_catfeature_query_per_table_per_sample,
     embedding_vecsize_per_table and embedding_table_names (the HPS interface's tables),
-    non_trainable_params_file (BatchNorm statistics; default: dense_model_file + ".ntp.json"), init_ec.
+    non_trainable_params_file (BatchNorm statistics; default: dense_model_file + ".ntp.json"), init_ec,
+    use_cuda_graph (the dense forward as CUDA graphs on a GPU, numbactr.cuda_graphs.ForwardGraphs; for now
+    only with NUMBACTR_CUDA_GRAPHS=1 as well).
     """
     model_name: str
     max_batchsize: int

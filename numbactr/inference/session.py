@@ -209,6 +209,8 @@ class InferenceSession:
         self.cache = self.ps.cache(p.model_name)
         self.poolers = [_Pooler(e, g.sparse_param(e).slot_num) for e in g.embeddings]
         self.tensors: dict[str, Tensor] = {}
+        self._rows = (0, 0)             # the last forward's samples, and the rows it ran on (a graph's bucket)
+        self._graphs = None             # numbactr.cuda_graphs.ForwardGraphs once used
 
     def close(self) -> None:
         if self._own_ps:
@@ -219,7 +221,8 @@ class InferenceSession:
         """Predictions (n, P) of n samples: dense (n, dense_dim), sparse [(keys (N_t,), offsets (n*S_t + 1,))]
         per table; every tensor of the forward is kept (check_out_tensor)."""
         g, xp = self.graph, device.xp()
-        t: dict[str, Tensor] = {g.input.dense_name: Tensor(xp.asarray(np.ascontiguousarray(dense, np.float32)))}
+        names = [g.input.dense_name]
+        arrays = [xp.asarray(np.ascontiguousarray(dense, np.float32))]
         for tab, (e, pooler, (keys, offsets)) in enumerate(zip(g.embeddings, self.poolers, sparse)):
             if e.embedding_type == Embedding_t.HybridSparseEmbedding:
                 keys = hybrid_categories(e, keys, offsets, pooler.slots)
@@ -232,18 +235,48 @@ class InferenceSession:
                 pooled = pooler.pool(rows, offsets, n)
             else:
                 pooled = xp.asarray(pooled).reshape(n, pooler.slots, pooler.dim)
-            t[e.sparse_embedding_name] = Tensor(pooled)
-        run = RunInfo(training=False, valid=n)
+            names.append(e.sparse_embedding_name)
+            arrays.append(pooled)
+        graphs = self._forward_graphs()
+        if graphs is None:
+            out = self._forward(names, arrays)
+        else:                             # the dense network as a CUDA graph per row bucket (use_cuda_graph)
+            out = graphs.run(n, arrays, lambda buffers: self._forward(names, buffers))
+        preds = out[self._PREDICTIONS]            # (a replay's dict is the graph's: left as it is)
+        self.tensors = {k: Tensor(v) for k, v in out.items() if k != self._PREDICTIONS}
+        self._rows = (n, preds.shape[0])
+        return device.to_host(preds[:n])
+
+    _PREDICTIONS = "\0predictions"
+
+    def _forward(self, names: list, arrays: list) -> dict:
+        """The dense network on inputs (arrays under the input names, all with the same rows): every
+        tensor by name, and the predictions (rows, P) under _PREDICTIONS."""
+        g = self.graph
+        rows = arrays[0].shape[0]
+        t: dict[str, Tensor] = {k: Tensor(a) for k, a in zip(names, arrays)}
+        run = RunInfo(training=False, valid=rows)
         for layer in g.dense_layers:
             outs = layer.forward(None, [t[b] for b in layer.cfg.bottom_names], run)
             t.update(zip(layer.cfg.top_names, outs))
         preds = []
         for layer in g.losses:
-            p = ACTIVATIONS[layer.type_name](t[layer.cfg.bottom_names[0]].data).reshape(n, -1)
+            p = ACTIVATIONS[layer.type_name](t[layer.cfg.bottom_names[0]].data).reshape(rows, -1)
             t[layer.cfg.top_names[0]] = Tensor(p)
             preds.append(p)
-        self.tensors = t
-        return device.to_host(xp.concatenate(preds, axis=1) if len(preds) > 1 else preds[0])
+        out = {k: v.data for k, v in t.items()}
+        out[self._PREDICTIONS] = device.xp().concatenate(preds, axis=1) if len(preds) > 1 else preds[0]
+        return out
+
+    def _forward_graphs(self):
+        """The CUDA graphs of the dense forward (numbactr.cuda_graphs.ForwardGraphs), or None: eager
+        forwards, off the GPU, with use_cuda_graph=False or without NUMBACTR_CUDA_GRAPHS=1 (off by default
+        until a GPU run has checked replays, as for training)."""
+        if self._graphs is None and self.params.use_cuda_graph and device.kind() == "gpu":
+            from .. import cuda_graphs
+            if cuda_graphs.graphs_wanted():
+                self._graphs = cuda_graphs.ForwardGraphs(self.params.max_batchsize)
+        return self._graphs
 
     # ---- CSR requests --------------------------------------------------------------------------------
     def predict(self, *args, **kwargs):
@@ -404,7 +437,11 @@ class InferenceSession:
                 raise ValueError(f"check_out_tensor: nothing has been predicted yet, so {tensor_name!r} holds nothing")
             raise ValueError(f"check_out_tensor: cannot find tensor with name {tensor_name!r}; tensors: "
                              f"{sorted(self.tensors)}")
-        return np.array(device.to_host(self.tensors[tensor_name].data), np.float32)
+        a = np.array(device.to_host(self.tensors[tensor_name].data), np.float32)
+        n, rows = self._rows
+        if rows != n and a.size % rows == 0:          # a graph's padded bucket: the request's samples only
+            a = a.reshape(rows, -1)[:n].reshape((a.shape[0] * n // rows,) + a.shape[1:])
+        return a
 
 
 def CreateInferenceSession(model_config_path: str, inference_params: InferenceParams) -> InferenceSession:  # noqa: N802
