@@ -270,6 +270,8 @@ def sparse_nesterov_global_hot_ref(table, a, rows, grads, lr, mu, scaler):
 # ---- kernels: dense over P elements (grid-stride) ---------------------------------------------
 @cuda.jit
 def sgd_update_kernel(w, g, hp, scaler):
+    if hp[hp.shape[0] - 1] == float32(0.0):              # the step's gate is shut: skipped
+        return
     lr = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         w[i] -= lr * (g[i] / scaler)
@@ -277,6 +279,8 @@ def sgd_update_kernel(w, g, hp, scaler):
 
 @cuda.jit
 def momentum_sgd_update_kernel(w, m, g, hp, factor, scaler):
+    if hp[hp.shape[0] - 1] == float32(0.0):              # the step's gate is shut: skipped
+        return
     lr = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         mi = factor * m[i] - lr * (g[i] / scaler)
@@ -286,6 +290,8 @@ def momentum_sgd_update_kernel(w, m, g, hp, factor, scaler):
 
 @cuda.jit
 def nesterov_update_kernel(w, a, g, hp, mu, scaler):
+    if hp[hp.shape[0] - 1] == float32(0.0):              # the step's gate is shut: skipped
+        return
     lr = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         a_old = a[i]
@@ -296,6 +302,8 @@ def nesterov_update_kernel(w, a, g, hp, mu, scaler):
 
 @cuda.jit
 def adam_update_kernel(w, m, v, g, hp, beta1, beta2, eps, scaler):
+    if hp[hp.shape[0] - 1] == float32(0.0):              # the step's gate is shut: skipped
+        return
     alpha_t = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         gi = g[i] / scaler
@@ -308,6 +316,8 @@ def adam_update_kernel(w, m, v, g, hp, beta1, beta2, eps, scaler):
 
 @cuda.jit
 def adagrad_update_kernel(w, acc, g, hp, eps, scaler):
+    if hp[hp.shape[0] - 1] == float32(0.0):              # the step's gate is shut: skipped
+        return
     lr = hp[0]
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
         gi = g[i] / scaler
@@ -318,6 +328,8 @@ def adagrad_update_kernel(w, acc, g, hp, eps, scaler):
 
 @cuda.jit
 def ftrl_update_kernel(w, z, n, g, hp, lambda1, scaler):
+    if hp[hp.shape[0] - 1] == float32(0.0):              # the step's gate is shut: skipped
+        return
     lr, lambda2p = hp[0], hp[1]
     eps = float32(1.1920928955078125e-07)                  # FLT_EPSILON
     for i in range(cuda.grid(1), w.shape[0], cuda.gridsize(1)):
@@ -347,12 +359,14 @@ _f = np.float32
 
 def step_values(kind: str, lr, beta1=0.9, beta2=0.999, t=1, beta=0.0, lambda2=0.0) -> np.ndarray:
     """The per-step float32 values (``hp``) of a dense update: [lr] (SGD, MomentumSGD, Nesterov, AdaGrad),
-    [alpha_t] (Adam, t >= 1), [lr, l2'] (Ftrl)."""
+    [alpha_t] (Adam, t >= 1), [lr, l2'] (Ftrl), each followed by the step's gate, 1.0 here. A kernel whose
+    gate is 0 changes nothing: mixed precision shuts it on the device when a gradient overflowed
+    (numbactr.model, Model._gate_updates), so the skip needs no host read."""
     if kind == "adam":
-        return np.array([adam_alpha_t(lr, beta1, beta2, t)], np.float32)
+        return np.array([adam_alpha_t(lr, beta1, beta2, t), 1.0], np.float32)
     if kind == "ftrl":
-        return np.array([lr, ftrl_lambda2(lr, beta, lambda2)], np.float32)
-    return np.array([lr], np.float32)
+        return np.array([lr, ftrl_lambda2(lr, beta, lambda2), 1.0], np.float32)
+    return np.array([lr, 1.0], np.float32)
 
 
 def _hp(hp, values):

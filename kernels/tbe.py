@@ -135,6 +135,7 @@ def kernel_ints(kind, update, wd_mode, step: int, stochastic: bool, pooling, lay
     ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE] = int(kind), int(update), int(wd_mode)
     ki[M.KI_STEP], ki[M.KI_SR], ki[M.KI_POOLING], ki[M.KI_LAYOUT] = step, stochastic, int(pooling), int(layout)
     ki[M.KI_BATCH] = batch
+    ki[M.KI_GO] = 1
     return ki
 
 
@@ -757,6 +758,8 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
     def update_kernel(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols, lin_of, perm, seg_start,
                       pos, bag_of, offsets, psw, has_psw, dy, ks, ki, kb, grad_rows, grad_vals, sr_rows,
                       has_sr_rows):
+        if ki[M.KI_GO] == 0:                             # a skipped step (the same for every thread)
+            return
         sh = cuda.shared.array((items, lanes), float32)
         g = cuda.local.array(per_lane, float32)
         buf = cuda.local.array(per_lane, float32)
@@ -895,6 +898,8 @@ def make_global_kernel(w_half: bool):
 
     @cuda.jit
     def global_kernel(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, kb, sr_rows, has_sr_rows):
+        if ki[M.KI_GO] == 0:                             # a skipped step
+            return
         kind, sr = ki[M.KI_KIND], ki[M.KI_SR] != 0
         base = kb[0]
         two = elem_state_count(kind) >= 2

@@ -714,6 +714,8 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
     grad_rows[s], grad_vals[s] <- linear row and summed gradient of segment s). has_sr_rows: stochastic
     rounding hashes row sr_rows[lin] instead of lin (a tiered table's slots). dy: the pre-scaled copy for
     a MEAN lookup by bag (see linearize)."""
+    if ki[M.KI_GO] == 0:                               # a skipped step (kernels.tbe_math.KI_GO)
+        return
     pooling = ki[M.KI_POOLING]
     dy = dy.reshape(-1)
     dmax = 0
@@ -765,6 +767,8 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
 def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, sr_rows, has_sr_rows):
     """HugeCTR's all-rows pass over rows [0, live[t]) of every table t (stochastic rounding hashes
     sr_rows[lin] when has_sr_rows, as fused_update)."""
+    if ki[M.KI_GO] == 0:
+        return
     kind, sr = ki[M.KI_KIND], ki[M.KI_SR] != 0
     n_b = elem_state_count(kind) >= 2
     for t in range(dims.shape[0]):

@@ -92,7 +92,8 @@ KS_BC1, KS_BC2, KS_ALPHA, KS_LAZY = 8, 9, 10, 11        # 1 - b1^t, 1 - b2^t, Hu
 N_KS = 12
 # packed integers: one int64 array KI
 KI_KIND, KI_UPDATE, KI_WD_MODE, KI_STEP, KI_SR, KI_POOLING, KI_LAYOUT, KI_BATCH = range(8)
-N_KI = 8
+KI_GO = 8            # the step's gate: 0 makes the update kernels change nothing (a skipped mixed-precision step)
+N_KI = 9
 
 
 # ---- float16 <-> float32 ----------------------------------------------------------------------------

@@ -28,9 +28,9 @@ allocations, uploads and JIT compilation happen there, never inside a capture). 
 arrays' addresses and shapes: the stager alternates between two buffer sets, so there are two graphs), one
 step is captured on its own stream with its own CuPy memory pool (the graph's temporaries stay reserved
 for it), its host values uploaded, and the graph launched; later steps with that key run their host halves
-and launch the graph. Any step that is not eligible (a partial batch, another key count, mixed precision,
-several ranks, a loss read every step, frozen flags changed, ...) runs eagerly and drops the graphs: eager
-work may reallocate buffers that a graph points to. A capture that fails (an operation that cannot be
+and launch the graph. Any step that is not eligible (a partial batch, another key count, several ranks, a
+loss read every step, frozen flags changed, mixed precision whose overflow is read on the host, ...) runs
+eagerly and drops the graphs: eager work may reallocate buffers that a graph points to. A capture that fails (an operation that cannot be
 captured) is logged once and turns graphs off for the run; the step it was in runs eagerly.
 """
 from __future__ import annotations
@@ -73,8 +73,8 @@ def ineligible(model, batch) -> str | None:
     from .embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
     if model._graphs is not None and model._graphs.disabled:
         return model._graphs.disabled
-    if model.half is not None:
-        return "mixed precision reads its overflow flag every step"
+    if model.half is not None and not model._overflow_on_device():
+        return "mixed precision reads its overflow flag every step (Adam, or an update the gate cannot skip)"
     if model.ranks != 1 or model.collections:
         return "several ranks or an embedding collection"
     if model.solver.gen_loss_summary and not model._lazy_loss():

@@ -19,7 +19,7 @@ from .data import staging
 from .config import (DataReaderParams, DenseLayer, GroupDenseLayer, Input, OptParamsPy, Solver, SparseEmbedding,
                      warn_ignored)
 from .embedding import collection as ebc
-from .embedding.sparse_embedding import HashEmbedding, make_embedding
+from .embedding.sparse_embedding import HashEmbedding, OneHotEmbedding, make_embedding
 from .enums import Embedding_t, MetricsType, Tensor_t
 from .layers import LayerError, RunInfo, build
 from .metrics import MetricAccumulator
@@ -79,7 +79,9 @@ class Model:
         self._last_eval = None                         # (predictions, labels) of the last eval batch
         # mixed precision (numbactr/precision.py): the activations' half dtype, None in float32
         self.half = precision.half_dtype(solver)
-        self.skipped_steps = 0                         # mixed-precision steps skipped for overflow
+        self._skipped = 0                              # mixed-precision steps skipped for overflow (read)
+        self._skips_dev = None                         # (1,) device count of steps skipped on the device
+        self._skips_seen = 0                           # the part of it already in _skipped
         if self.half is not None and self.half != np.float16 and device.kind() == "gpu":
             raise ModelError("Model: mixed_precision_dtype='bfloat16' runs on the cpu and sim devices only "
                              "(CuPy has no bfloat16 arrays); use 'float16' on a GPU")
@@ -435,12 +437,14 @@ class Model:
     def check_deferred(self) -> None:
         """Raise what the embeddings recorded on the device since the last check instead of reading it back in
         every step (gpu/sim, one rank: a FATAL bounds check, a full hash table, a reserved key; see
-        SparseEmbedding.check_pending). Called every NONFINITE_CHECK_EVERY steps, at evaluation, snapshots and
-        the end of fit; nothing is read when nothing was deferred."""
+        SparseEmbedding.check_pending), and count the mixed-precision steps skipped on the device
+        (_sync_skips). Called every NONFINITE_CHECK_EVERY steps, at evaluation, snapshots and the end of fit;
+        nothing is read when nothing was deferred."""
         for emb in self.embeddings:
             check = getattr(emb, "check_pending", None)
             if check is not None:
                 check()
+        self._sync_skips()
 
     @property
     def current_loss(self) -> float:
@@ -564,6 +568,10 @@ class Model:
         self._check_finite_loss(t)                 # stops before a non-finite step updates any weight
         if (self.step + 1) % self.NONFINITE_CHECK_EVERY == 0:
             self.check_deferred()
+        if self.half is not None and self._overflow_on_device():
+            self._apply_updates(self._gate(tape))      # a skip decided on the device: nothing read
+            self.step += 1
+            return True
         if self.half is not None and not self._grads_finite(tape):
             self._skip_step()
             return True
@@ -592,13 +600,89 @@ class Model:
                     p.grad = None
         return t
 
-    def _apply_updates(self) -> None:
+    def _apply_updates(self, gate=None) -> None:
+        """The step's dense and sparse updates; with a gate (_gate), every update kernel reads it and
+        changes nothing where it is 0."""
         lr = 0.0 if self.dense_frozen else self.lr
-        self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
-        for emb in self.embeddings:
-            emb.update(self.lr, self.solver.scaler)
-        for c in self.collections:
-            c.update(self.lr, self.solver.scaler)
+        holders = [self.dense_optimizer] + [e.engine for e in self.embeddings]
+        for h in holders:
+            h.gate = gate
+        try:
+            self.dense_optimizer.step(self.weights, self.wgrads, lr, self.solver.scaler)
+            for emb in self.embeddings:
+                emb.update(self.lr, self.solver.scaler)
+            for c in self.collections:
+                c.update(self.lr, self.solver.scaler)
+        finally:
+            for h in holders:
+                h.gate = None
+
+    # ---- mixed precision: a step whose gradients overflowed is skipped ---------------------------------
+    #: the sparse optimizers with no step counter: a step skipped on the device leaves them exactly as a
+    #: step never run (Adam's t, dense or sparse, would have to live on the device too)
+    _GATED_SPARSE = ("HUGECTR_SGD", "HUGECTR_MOMENTUM_SGD", "HUGECTR_NESTEROV", "HUGECTR_ADAGRAD")
+
+    def _overflow_on_device(self) -> bool:
+        """Mixed precision: is an overflowed step skipped on the device (a gate the update kernels read,
+        _gate) rather than after a host read of the flag (_grads_finite)? On the kernels' devices (gpu, sim)
+        with one rank, hash or one-hot SparseEmbeddings on the embedding engine's kernels, no stochastic
+        rounding, and optimizers without a step counter (not Adam): their updates are all the step
+        changes, so a shut gate leaves the model as a skipped step does. The host learns of skips at the
+        check points (check_deferred, skipped_steps)."""
+        from .embedding.engine import Optim, Precision
+        from .enums import Optimizer_t
+        if not device.uses_kernels() or self.ranks != 1 or self.collections:
+            return False
+        if self.dense_optimizer.opt.optimizer_type == Optimizer_t.Adam:
+            return False
+        gated = {Optim[k] for k in self._GATED_SPARSE}
+        for e in self.embeddings:
+            eng = getattr(e, "engine", None)
+            if type(e) not in (HashEmbedding, OneHotEmbedding) or eng is None or eng.impl != "kernels":
+                return False
+            if eng.optimizer.kind not in gated or (eng.weights_precision == Precision.FP16 and
+                                                    eng.stochastic_rounding):    # its salts count the steps
+                return False
+        return True
+
+    def _gate(self, tape: Tape):
+        """This step's gate, (1,) int64 on the device: 1 when every gradient stayed finite, else 0; the
+        device count of skipped steps grows by 1 - gate. No host read."""
+        xp = device.xp()
+        if self._skips_dev is None:        # (made by an eager step: never inside a CUDA graph capture)
+            self._skips_dev = xp.zeros(1, np.int64)
+        ok = tape.finite_flag()
+        if ok is None:                     # no gradient was watched: nothing can have overflowed
+            return None
+        gate = xp.asarray(ok).reshape(1).astype(np.int64)
+        self._skips_dev += 1 - gate
+        return gate
+
+    def _sync_skips(self) -> None:
+        """Read the device count of skipped steps (one host read, at a check point) and account for the
+        new ones as _skip_step does: counted, the embedding engines' step counters back to the steps that
+        updated, one GradientOverflowWarning."""
+        if self._skips_dev is None:
+            return
+        total = int(device.to_host(self._skips_dev)[0])
+        new, self._skips_seen = total - self._skips_seen, total
+        if new <= 0:
+            return
+        self._skipped += new
+        for e in self.embeddings:
+            e.engine.step -= new
+        import warnings
+        warnings.warn(f"mixed precision: the gradients of {new} step(s) up to iteration {self.step} overflowed "
+                      f"{self.half.name} at scaler={self.solver.scaler:g}; their updates were skipped "
+                      f"({self._skipped} skipped so far). A smaller scaler avoids this",
+                      precision.GradientOverflowWarning, stacklevel=3)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Mixed-precision steps whose update was skipped because a gradient overflowed (reads the device
+        count when skips are decided there)."""
+        self._sync_skips()
+        return self._skipped
 
     # ---- CUDA graphs of the training step (numbactr.cuda_graphs) ----------------------------------------
     def _graphs_for_step(self, batch):
@@ -644,7 +728,8 @@ class Model:
         """The device half of a graph-eligible step (one rank, float32, the loss kept on the device): what
         a CUDA graph captures. Everything it does on the host is registered for replays."""
         from . import step_values
-        t = self._forward_backward(batch, Tape())
+        tape = Tape(watch_finite=self.half is not None)
+        t = self._forward_backward(batch, tape)
         rows = batch.batch_size * self.ranks
         for layer, _ in self.losses:
             self._regularizer(layer, rows, grad=True)
@@ -656,7 +741,7 @@ class Model:
             self.current_loss = 0.0
         self._note_nonfinite_loss(self._pending_loss[0] if self._pending_loss is not None else
                                   self._losses_array(t), self.step + 1)
-        self._apply_updates()
+        self._apply_updates(self._gate(tape) if self.half is not None else None)
 
     def _after_device_step(self) -> None:
         """The host half of a graph step: the step count and the periodic reads of the device flags (after
@@ -683,10 +768,10 @@ class Model:
                 if hasattr(e, held):
                     setattr(e, held, None)
         self.wgrads[...] = 0
-        self.skipped_steps += 1
+        self._skipped += 1
         self.step += 1
         warnings.warn(f"mixed precision: iteration {self.step}'s gradients overflowed {self.half.name} at "
-                      f"scaler={self.solver.scaler:g}; its update was skipped ({self.skipped_steps} skipped "
+                      f"scaler={self.solver.scaler:g}; its update was skipped ({self._skipped} skipped "
                       f"so far). A smaller scaler avoids this", precision.GradientOverflowWarning, stacklevel=3)
 
     # how many steps a GPU run goes between reads of its non-finite flag (when no loss is read per step)

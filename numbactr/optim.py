@@ -126,6 +126,10 @@ class DenseOptimizer:
         check_supported(opt, "dense optimizer", sparse=False)
         self.opt, self.t = opt, 0
         self.states = _new_states(opt, (n_params,))
+        # None, or a (1,) device array of 1 or 0 for one step (kernels only): 0 leaves w and the states as
+        # they are (the kernels' gate, kernels.optimizers.step_values), a mixed-precision overflow decided
+        # on the device (numbactr.model, Model._gate_updates)
+        self.gate = None
 
     def step(self, w, g, lr: float, scaler: float) -> None:
         o, s = self.opt, self.states
@@ -192,6 +196,8 @@ class DenseOptimizer:
         if sv is None:
             sv = self._values = step_values.StepValues(values.shape[0], np.float32)
         hp = sv.put(values)
+        if self.gate is not None:                   # after the upload, in stream order (a captured copy)
+            hp[hp.shape[0] - 1:] = self.gate
         step_values.on_replay(("dense", id(self)), self._replay)
         f = o.momentum_factor
         if t == O.SGD:

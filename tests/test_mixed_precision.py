@@ -397,3 +397,64 @@ def test_sample_graphs_train_in_mixed_precision(name, tmp_path, cpu, monkeypatch
             tops = [t for layer in m.layers if not layer.is_loss for t in layer.cfg.top_names]
             assert all(m._last_tensors[False][t].data.dtype == np.float16 for t in tops)
     np.testing.assert_allclose(losses[True], losses[False], rtol=2e-3, atol=2e-3)
+
+
+# ---- the overflow skip decided on the device (gpu, sim): no host read in the step ---------------------
+SCALERS = (1024.0, 1e30, 1024.0, 1e30, 1e30, 1024.0)        # 1e30: the scaled gradients overflow float16
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")     # the simulator's inf - inf
+@pytest.mark.parametrize("opt", [hugectr.Optimizer_t.SGD, hugectr.Optimizer_t.MomentumSGD])
+def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device, opt):
+    """On the kernels' devices an overflowed step shuts a gate that every update kernel reads (dense and the
+    embedding's fused update and all-rows pass): no host read in the step, and the model ends exactly where
+    the host's decision (read the flag, skip the update) leaves it; the skips are counted and warned about
+    at the next check point."""
+    import dataclasses
+
+    from numbactr.kernels import launch
+    on_device("sim")
+    dev, host = (plain_dlrm(data, mixed=True, opt=opt, batch=4) for _ in range(2))
+    host._overflow_on_device = lambda: False           # the host's decision: one read of the flag per step
+    assert dev._overflow_on_device()
+    for m in (dev, host):
+        m.start_data_reading()
+    for i, scaler in enumerate(SCALERS):
+        for m in (dev, host):
+            m.solver = dataclasses.replace(m.solver, scaler=scaler)
+        before = np.array(dev.weights, copy=True)
+        launch.reset_counts()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", precision.GradientOverflowWarning)   # none yet: nothing was read
+            assert dev.train()
+        assert launch.reset_counts()["host_reads"] == 0, f"step {i + 1}"
+        # the gate shut: the dense weights did not move (the lookup's new keys took their initial rows)
+        assert np.array_equal(dev.weights, before) == (scaler == 1e30), f"step {i + 1}"
+        with pytest.warns(precision.GradientOverflowWarning) if scaler == 1e30 else warnings.catch_warnings():
+            assert host.train()
+        np.testing.assert_array_equal(dev.weights, host.weights, err_msg=f"step {i + 1}")
+        np.testing.assert_array_equal(_emb_weights(dev), _emb_weights(host), err_msg=f"step {i + 1}")
+    assert dev._skipped == 0                              # not read yet
+    with pytest.warns(precision.GradientOverflowWarning, match=r"the gradients of 3 step\(s\) up to iteration 6 "
+                                                               r"overflowed float16 .* \(3 skipped so far\)"):
+        assert dev.skipped_steps == 3
+    assert host.skipped_steps == 3 and dev.step == host.step == 6
+    np.testing.assert_array_equal(dev.weights, host.weights)
+    np.testing.assert_array_equal(_emb_weights(dev), _emb_weights(host))
+    for a, b in zip(dev.dense_optimizer.states, host.dense_optimizer.states):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert dev.embeddings[0].engine.step == host.embeddings[0].engine.step == 3     # the steps that updated
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", precision.GradientOverflowWarning)
+        dev.check_deferred()                              # nothing new: no second warning
+
+
+def test_overflow_gate_needs_optimizers_without_a_step_counter(data, on_device):
+    """Adam's t (dense, or the embedding's bias corrections) is decided on the host: such models read the
+    flag every step; so do the cpu device (host memory: the read is free) and float32 models."""
+    on_device("sim")
+    assert not plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.Adam, batch=4)._overflow_on_device()
+    assert plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.AdaGrad, batch=4)._overflow_on_device()
+    on_device("cpu")
+    assert not plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.SGD, batch=4)._overflow_on_device()

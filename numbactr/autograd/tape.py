@@ -173,13 +173,23 @@ class Tape:
             ok = np.isfinite(g).all()      # cupy arrays dispatch to cupy: no host read here
             self._finite = ok if self._finite is None else self._finite & ok
 
+    def finite_flag(self):
+        """Whether every gradient of the last replay was finite, as the 0-d (device) boolean array it is
+        computed in (None when no gradient was watched); reads nothing (needs ``watch_finite``)."""
+        if not self.watch_finite:
+            raise RuntimeError("Tape.finite_flag needs Tape(watch_finite=True)")
+        return self._finite
+
     def grads_finite(self) -> bool:
         """True when every gradient of the last replay was finite (needs ``watch_finite``; one host
         read on a GPU). Every gradient is checked once: each entry's incoming (summed) output
         gradients and each leaf's final gradient, so an overflow anywhere is seen."""
         if not self.watch_finite:
             raise RuntimeError("Tape.grads_finite needs Tape(watch_finite=True)")
-        return True if self._finite is None else bool(self._finite)
+        if self._finite is None:
+            return True
+        from .. import device                  # a counted read (kernels.launch.COUNTS)
+        return bool(device.to_host(self._finite))
 
     def backward(self, seeds: dict[int, tuple[Tensor, Any]]) -> None:
         """Replay in reverse from ``seeds`` = {id(tensor): (tensor, dL/dtensor)}.

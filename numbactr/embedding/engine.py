@@ -242,6 +242,10 @@ class TableBatchedEmbedding:
         self.impl = self._pick_impl(impl)
         self.step = 0
         self.bounds_warnings = 0
+        # gate: None, or a (1,) device array holding 1 or 0, set by a caller for one update (kernels only): 0
+        # makes the step's update kernels change nothing (kernels.tbe_math.KI_GO). Mixed precision skips a
+        # step whose gradients overflowed that way, decided on the device (numbactr.model, _gate_updates)
+        self.gate = None
         # defer_checks (kernels only, set by a caller that reads them at its own check points, e.g. HugeCTR's
         # SparseEmbedding in a training step): the bounds check's status and the hash tables' errors and sizes
         # stay on the device and check_deferred() raises what they recorded, so a lookup reads nothing back
@@ -1022,6 +1026,7 @@ class _KernelImpl:
         xp = device.xp()
         lin, bag_of, perm, pos, seg = self._segment(ctx)
         ks_d, ki_d, kb_d = self.put_hot(t, ctx.pooling, ctx.batch)
+        self._gate(ki_d)
         none = e.optimizer.kind == Optim.NONE
         n = ctx.rows.shape[0]
         grad_rows = xp.empty(n if none else 1, np.int64)
@@ -1056,9 +1061,17 @@ class _KernelImpl:
     def global_pass(self, t: int) -> None:
         e = self.e
         a, b, _, _ = e._state_buffers()
+        ks_d, ki_d, kb_d = self.put_global(t)
+        self._gate(ki_d)
         K.global_pass(self._w(), a, self.no_f32 if b is None else b, self.elem_off, self.strides, self.dims,
-                      self.row_off, int(e.row_offsets[-1]), self._live(), *self.put_global(t),
+                      self.row_off, int(e.row_offsets[-1]), self._live(), ks_d, ki_d, kb_d,
                       self.w_half, self.max_dim, e.sr_rows)
+
+    def _gate(self, ki_d) -> None:
+        """The caller's gate into the step's KI_GO (a device copy after the upload, in stream order: part
+        of a captured step)."""
+        if self.e.gate is not None:
+            ki_d[K.M.KI_GO:K.M.KI_GO + 1] = self.e.gate
 
 
 _IMPLS = {"ref": _RefImpl, "cpu": _CpuImpl, "kernels": _KernelImpl}
