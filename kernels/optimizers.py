@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, float64
 
 from .launch import launch_1d
 
@@ -367,6 +367,24 @@ def step_values(kind: str, lr, beta1=0.9, beta2=0.999, t=1, beta=0.0, lambda2=0.
     if kind == "ftrl":
         return np.array([lr, ftrl_lambda2(lr, beta, lambda2), 1.0], np.float32)
     return np.array([lr, 1.0], np.float32)
+
+
+@cuda.jit
+def adam_gate_kernel(hp, go, skips, tv, fv):
+    """A gated Adam step's values on the device (one thread): the gate into hp's last value and, when it is
+    open, alpha_t for t = the host's step count tv[0] less the skips the host has not seen yet (skips[0] -
+    tv[1]), from fv = (lr, beta1, beta2) in float64 exactly as adam_alpha_t computes it on the host."""
+    if cuda.grid(1) != 0:
+        return
+    hp[hp.shape[0] - 1] = float32(go[0])
+    if go[0] == 0:
+        return
+    t = float64(tv[0] - (skips[0] - tv[1]))
+    hp[0] = float32(fv[0] * math.sqrt(1.0 - math.pow(fv[2], t)) / (1.0 - math.pow(fv[1], t)))
+
+
+def adam_gate(hp, go, skips, tv, fv) -> None:
+    launch_1d(adam_gate_kernel, 1, hp, go, skips, tv, fv)
 
 
 def _hp(hp, values):

@@ -70,9 +70,10 @@ embedding_bounds_check_*). Their formulas, our code.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
-from numba import cuda, float32, int64, uint64
+from numba import cuda, float32, float64, int64, uint64
 
 from . import optimizers as OPT
 from . import tbe_math as M
@@ -888,6 +889,31 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
                     store(w, e0 + d, buf[v] * scale, h, sr)
 
     return update_kernel
+
+
+@cuda.jit
+def gate_scalars_kernel(ks, ki, go, skips, tv, fv):
+    """A gated step's scalars on the device (one thread): the gate into KI_GO and, when it is open, the
+    step-dependent values of kernel_scalars / kernel_ints for t = the host's step tv[0] less the skips the
+    host has not seen yet (skips[0] - tv[1]): 1 - b1^t, 1 - b2^t (float32 betas, float64 math), Adam's
+    alpha_t from fv = (lr, beta1, beta2) and KI_STEP, computed as the host computes them."""
+    if cuda.grid(1) != 0:
+        return
+    ki[M.KI_GO] = go[0]
+    if go[0] == 0:
+        return
+    step = tv[0] - (skips[0] - tv[1])
+    t = float64(step)
+    b1 = float64(ks[M.KS_B1])
+    ks[M.KS_BC1] = float32(1.0 - math.pow(b1, t))
+    ks[M.KS_BC2] = float32(1.0 - math.pow(float64(ks[M.KS_B2]), t))
+    if b1 != 1.0:
+        ks[M.KS_ALPHA] = float32(fv[0] * math.sqrt(1.0 - math.pow(fv[2], t)) / (1.0 - math.pow(fv[1], t)))
+    ki[M.KI_STEP] = step
+
+
+def gate_scalars(ks, ki, go, skips, tv, fv) -> None:
+    launch_1d(gate_scalars_kernel, 1, ks, ki, go, skips, tv, fv)
 
 
 @functools.lru_cache(maxsize=None)

@@ -74,7 +74,8 @@ def ineligible(model, batch) -> str | None:
     if model._graphs is not None and model._graphs.disabled:
         return model._graphs.disabled
     if model.half is not None and not model._overflow_on_device():
-        return "mixed precision reads its overflow flag every step (Adam, or an update the gate cannot skip)"
+        return ("mixed precision reads its overflow flag every step (stochastic rounding, or an update the "
+                "device-side gate does not cover)")
     if model.ranks != 1 or model.collections:
         return "several ranks or an embedding collection"
     if model.solver.gen_loss_summary and not model._lazy_loss():

@@ -618,22 +618,20 @@ class Model:
                 h.gate = None
 
     # ---- mixed precision: a step whose gradients overflowed is skipped ---------------------------------
-    #: the sparse optimizers with no step counter: a step skipped on the device leaves them exactly as a
-    #: step never run (Adam's t, dense or sparse, would have to live on the device too)
-    _GATED_SPARSE = ("HUGECTR_SGD", "HUGECTR_MOMENTUM_SGD", "HUGECTR_NESTEROV", "HUGECTR_ADAGRAD")
+    #: HugeCTR's sparse optimizers, whose gated updates the engine skips exactly (Adam's step-dependent
+    #: scalars computed on the device for the steps that update)
+    _GATED_SPARSE = ("HUGECTR_SGD", "HUGECTR_MOMENTUM_SGD", "HUGECTR_NESTEROV", "HUGECTR_ADAGRAD", "HUGECTR_ADAM")
 
     def _overflow_on_device(self) -> bool:
         """Mixed precision: is an overflowed step skipped on the device (a gate the update kernels read,
         _gate) rather than after a host read of the flag (_grads_finite)? On the kernels' devices (gpu, sim)
         with one rank, hash or one-hot SparseEmbeddings on the embedding engine's kernels, no stochastic
-        rounding, and optimizers without a step counter (not Adam): their updates are all the step
-        changes, so a shut gate leaves the model as a skipped step does. The host learns of skips at the
-        check points (check_deferred, skipped_steps)."""
+        rounding (its salts count every step) and HugeCTR's optimizers: their updates are all the step
+        changes, so a shut gate leaves the model as a skipped step does (Adam's t is then counted on the
+        device: precision.Gate). The host learns of skips at the check points (check_deferred,
+        skipped_steps)."""
         from .embedding.engine import Optim, Precision
-        from .enums import Optimizer_t
-        if not device.uses_kernels() or self.ranks != 1 or self.collections:
-            return False
-        if self.dense_optimizer.opt.optimizer_type == Optimizer_t.Adam:
+        if self.half is None or not device.uses_kernels() or self.ranks != 1 or self.collections:
             return False
         gated = {Optim[k] for k in self._GATED_SPARSE}
         for e in self.embeddings:
@@ -646,17 +644,17 @@ class Model:
         return True
 
     def _gate(self, tape: Tape):
-        """This step's gate, (1,) int64 on the device: 1 when every gradient stayed finite, else 0; the
-        device count of skipped steps grows by 1 - gate. No host read."""
+        """This step's gate (precision.Gate): go, (1,) int64 on the device, 1 when every gradient stayed
+        finite, else 0; the device count of skipped steps grows by 1 - go. No host read."""
         xp = device.xp()
         if self._skips_dev is None:        # (made by an eager step: never inside a CUDA graph capture)
             self._skips_dev = xp.zeros(1, np.int64)
         ok = tape.finite_flag()
         if ok is None:                     # no gradient was watched: nothing can have overflowed
             return None
-        gate = xp.asarray(ok).reshape(1).astype(np.int64)
-        self._skips_dev += 1 - gate
-        return gate
+        go = xp.asarray(ok).reshape(1).astype(np.int64)
+        self._skips_dev += 1 - go
+        return precision.Gate(go, self._skips_dev, self)
 
     def _sync_skips(self) -> None:
         """Read the device count of skipped steps (one host read, at a check point) and account for the
@@ -671,6 +669,9 @@ class Model:
         self._skipped += new
         for e in self.embeddings:
             e.engine.step -= new
+        from .enums import Optimizer_t
+        if self.dense_optimizer.opt.optimizer_type == Optimizer_t.Adam:
+            self.dense_optimizer.t -= new
         import warnings
         warnings.warn(f"mixed precision: the gradients of {new} step(s) up to iteration {self.step} overflowed "
                       f"{self.half.name} at scaler={self.solver.scaler:g}; their updates were skipped "
@@ -698,6 +699,12 @@ class Model:
         if self._graphs is None:
             self._graphs = cuda_graphs.StepGraphs()
         return self._graphs
+
+    def _before_load(self) -> None:
+        """A load replaces counters and arrays: the skips counted on the device are accounted for first
+        (the loaded step counters are then the host's), and the captured steps dropped."""
+        self._sync_skips()
+        self._drop_graphs("a load")
 
     def _drop_graphs(self, why: str) -> None:
         """Forget the captured steps before work that may reallocate what they point to (an evaluation
@@ -1113,7 +1120,7 @@ class Model:
     def embedding_load(self, path: str, table_names=()) -> None:
         """Load the named tables ([] = all) from an embedding_dump folder; checked before anything changes."""
         self._require_compiled("embedding_load")
-        self._drop_graphs("a load")
+        self._before_load()
         ebc.load(self.collections, path, table_names)
 
     def load_dense_weights(self, dense_model_file: str, allow_missing_ntp: bool = False) -> None:
@@ -1122,26 +1129,26 @@ class Model:
         (numbactr's extra argument), which keeps the current running statistics. Every load_* checks
         all its input before it changes anything, so a failed load leaves the model as it was."""
         self._require_compiled("load_dense_weights")
-        self._drop_graphs("a load")
+        self._before_load()
         checkpoint.load_dense_weights(self, dense_model_file, allow_missing_ntp)
 
     def load_dense_optimizer_states(self, dense_opt_states_file: str) -> None:
         self._require_compiled("load_dense_optimizer_states")
-        self._drop_graphs("a load")
+        self._before_load()
         checkpoint.load_dense_optimizer_states(self, dense_opt_states_file)
 
     def load_sparse_weights(self, sparse_embedding_files) -> None:
         """A list (one folder per embedding, add order) or a dict {sparse_embedding_name: folder}. Keys go
         to the rank that owns them on this run's rank count (key % R, or slot % R from slot_id)."""
         self._require_compiled("load_sparse_weights")
-        self._drop_graphs("a load")
+        self._before_load()
         checkpoint.load_sparse_weights(self, sparse_embedding_files)
 
     def load_sparse_optimizer_states(self, sparse_opt_states_files) -> None:
         """Like load_sparse_weights; each key's states go to the row that holds the key now, so load the
         matching sparse weights first."""
         self._require_compiled("load_sparse_optimizer_states")
-        self._drop_graphs("a load")
+        self._before_load()
         checkpoint.load_sparse_optimizer_states(self, sparse_opt_states_files)
 
     def _require_compiled(self, what: str) -> None:

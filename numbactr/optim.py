@@ -126,9 +126,9 @@ class DenseOptimizer:
         check_supported(opt, "dense optimizer", sparse=False)
         self.opt, self.t = opt, 0
         self.states = _new_states(opt, (n_params,))
-        # None, or a (1,) device array of 1 or 0 for one step (kernels only): 0 leaves w and the states as
-        # they are (the kernels' gate, kernels.optimizers.step_values), a mixed-precision overflow decided
-        # on the device (numbactr.model, Model._gate_updates)
+        # None, or a precision.Gate for one step (kernels only): its go = 0 leaves w and the states as they
+        # are (the kernels' gate, kernels.optimizers.step_values), a mixed-precision overflow decided on the
+        # device (numbactr.model, Model._gate); Adam then takes its t from the device too
         self.gate = None
 
     def step(self, w, g, lr: float, scaler: float) -> None:
@@ -186,6 +186,16 @@ class DenseOptimizer:
             self.t += 1
         self._values.put(self._step_values(run["dense_lr"]))
 
+    def _gate_values(self, lr: float, gate) -> tuple:
+        """A gated Adam step's host values, on the device: (the host's t, the skips it has seen) and
+        (lr, beta1, beta2) in float64 (kernels.optimizers.adam_gate_kernel)."""
+        from . import step_values
+        if getattr(self, "_gate_t", None) is None:
+            self._gate_t = step_values.StepValues(2, np.int64)
+            self._gate_f = step_values.StepValues(3, np.float64)
+        o = self.opt
+        return (self._gate_t.put([self.t, gate.seen]), self._gate_f.put([lr, o.beta1, o.beta2]))
+
     def _kernel_step(self, w, g, lr: float, scaler: float) -> None:
         """The kernels, with this step's lr / alpha_t / l2' in a device array of fixed address
         (numbactr.step_values): the launch's arguments are the same every step."""
@@ -196,9 +206,13 @@ class DenseOptimizer:
         if sv is None:
             sv = self._values = step_values.StepValues(values.shape[0], np.float32)
         hp = sv.put(values)
-        if self.gate is not None:                   # after the upload, in stream order (a captured copy)
-            hp[hp.shape[0] - 1:] = self.gate
+        gate = self.gate
         step_values.on_replay(("dense", id(self)), self._replay)
+        if gate is not None and t == O.Adam:        # the gate and alpha_t for the device's t
+            K.adam_gate(hp, gate.go, gate.skips, *self._gate_values(lr, gate))
+            step_values.on_replay(("dense gate", id(self)), lambda run: self._gate_values(run["dense_lr"], gate))
+        elif gate is not None:                      # after the upload, in stream order (a captured copy)
+            hp[hp.shape[0] - 1:] = gate.go
         f = o.momentum_factor
         if t == O.SGD:
             K.sgd_update(w, g, lr, scaler, hp=hp)

@@ -46,6 +46,21 @@ class GradientOverflowWarning(RuntimeWarning):
     """A mixed-precision step's scaled gradients overflowed the half dtype: its update was skipped."""
 
 
+class Gate:
+    """A mixed-precision step's overflow gate, decided on the device (numbactr.model, Model._gate): ``go``
+    (1,) int64, 1 when every gradient stayed finite; ``skips`` (1,) int64, the device count of skipped
+    steps; ``seen``, the part of that count the host has accounted for (its step counters already exclude
+    those). An update whose values depend on its step t (Adam) computes t on the device as the host's
+    count less ``skips - seen``."""
+
+    def __init__(self, go, skips, owner):
+        self.go, self.skips, self._owner = go, skips, owner
+
+    @property
+    def seen(self) -> int:
+        return self._owner._skips_seen
+
+
 HALF_DTYPES = ("float16", "bfloat16")
 
 

@@ -33,10 +33,10 @@ def _sim():
     gc.collect()
 
 
-def _model(tmp_path, optimizer):
+def _model(tmp_path, optimizer, amp=False):
     train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2, files=1)
     m = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
-                          bottom=(8,), top=(8, 4, 1), dropout=0.25)
+                          bottom=(8,), top=(8, 4, 1), dropout=0.25, amp=amp)
     m.solver = dataclasses.replace(m.solver, repeat_dataset=True)
     return m
 
@@ -44,6 +44,9 @@ def _model(tmp_path, optimizer):
 def _device_values(m) -> dict:
     """Every per-step device array of the model's consumers, by name."""
     out = {"dense": np.array(m.dense_optimizer._values.dev)}
+    if getattr(m.dense_optimizer, "_gate_t", None) is not None:        # mixed precision: Adam's gated t
+        out["dense.gate_t"] = np.array(m.dense_optimizer._gate_t.dev)
+        out["dense.gate_f"] = np.array(m.dense_optimizer._gate_f.dev)
     for i, e in enumerate(m.embeddings):
         for name, sv in e.engine._impl._step_values.items():
             out[f"emb{i}.{name}"] = np.array(sv.dev)
@@ -72,10 +75,13 @@ def _device_step(m, lr):
 
 @sim_only
 @pytest.mark.slow
-def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path):
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("amp", [False, True])
+def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path, amp):
     # Adam: its t and bias corrections (dense and the embedding's Global update, whose all-rows pass has
-    # its own values) are the counters a replay must advance
-    a, b = _model(tmp_path / "a", "adam"), _model(tmp_path / "b", "adam")
+    # its own values) are the counters a replay must advance; in mixed precision also the host's t and
+    # seen skips that the device-side gate reads
+    a, b = _model(tmp_path / "a", "adam", amp), _model(tmp_path / "b", "adam", amp)
     for m in (a, b):
         assert m.train()                      # step 1 eager (first-call allocations)
     _device_step(a, 0.02)
@@ -88,6 +94,7 @@ def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path):
     b._after_device_step()
     kinds = {k[0] for k in rec.hooks}
     assert {"dense", "sparse", "engine", "dropout", "nonfinite", "loss", "hash"} <= kinds, kinds
+    assert ("dense gate" in kinds) == amp and b._overflow_on_device() == amp
     kept = b._pending_loss
     b.check_deferred()                        # clears the tables' records: the replay must mark them again
     b.lr = 0.005

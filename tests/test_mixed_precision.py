@@ -405,12 +405,14 @@ SCALERS = (1024.0, 1e30, 1024.0, 1e30, 1e30, 1024.0)        # 1e30: the scaled g
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")     # the simulator's inf - inf
-@pytest.mark.parametrize("opt", [hugectr.Optimizer_t.SGD, hugectr.Optimizer_t.MomentumSGD])
+@pytest.mark.parametrize("opt", [hugectr.Optimizer_t.SGD, hugectr.Optimizer_t.MomentumSGD,
+                                 hugectr.Optimizer_t.Adam])
 def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device, opt):
     """On the kernels' devices an overflowed step shuts a gate that every update kernel reads (dense and the
-    embedding's fused update and all-rows pass): no host read in the step, and the model ends exactly where
-    the host's decision (read the flag, skip the update) leaves it; the skips are counted and warned about
-    at the next check point."""
+    embedding's fused update and all-rows pass; Update_t.Global): no host read in the step, and the model
+    ends exactly where the host's decision (read the flag, skip the update) leaves it. Adam's t, dense and
+    sparse (its bias corrections), counts only the steps that updated: on the device, as the host's count
+    less the skips it has not read yet. The skips are counted and warned about at the next check point."""
     import dataclasses
 
     from numbactr.kernels import launch
@@ -445,16 +447,24 @@ def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device
     for a, b in zip(dev.dense_optimizer.states, host.dense_optimizer.states):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert dev.embeddings[0].engine.step == host.embeddings[0].engine.step == 3     # the steps that updated
+    assert dev.dense_optimizer.t == host.dense_optimizer.t == (3 if opt == hugectr.Optimizer_t.Adam else 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", precision.GradientOverflowWarning)
         dev.check_deferred()                              # nothing new: no second warning
+    # a second round after the read: the device's t goes on from the host's corrected count
+    for scaler in (1e30, 1024.0):
+        for m in (dev, host):
+            m.solver = dataclasses.replace(m.solver, scaler=scaler)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", precision.GradientOverflowWarning)
+                assert m.train()
+    np.testing.assert_array_equal(dev.weights, host.weights)
+    np.testing.assert_array_equal(_emb_weights(dev), _emb_weights(host))
 
 
-def test_overflow_gate_needs_optimizers_without_a_step_counter(data, on_device):
-    """Adam's t (dense, or the embedding's bias corrections) is decided on the host: such models read the
-    flag every step; so do the cpu device (host memory: the read is free) and float32 models."""
+def test_overflow_gate_is_for_the_kernels_devices(data, on_device):
+    """The cpu device reads the flag (host memory: the read is free); so would several ranks."""
     on_device("sim")
-    assert not plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.Adam, batch=4)._overflow_on_device()
-    assert plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.AdaGrad, batch=4)._overflow_on_device()
+    assert plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.Adam, batch=4)._overflow_on_device()
     on_device("cpu")
     assert not plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.SGD, batch=4)._overflow_on_device()

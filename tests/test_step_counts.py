@@ -107,11 +107,12 @@ def test_mlperf_dlrm_step_counts(tmp_path, sim_hooks, optimizer):
     _check(_count_steps(model, sim_hooks), MLPERF_BUDGET[optimizer], f"{optimizer} ")
 
 
-#: mixed precision (HugeCTR's MLPerf DLRM recipe: SGD, fp16): the overflow skip is a gate the update kernels
-#: read, so the step reads nothing back; with Adam the host reads the flag once (its t). Launch budgets
-#: measured 2026-11-24 on sim.
-AMP_BUDGET = {opt: {step: {"launches": n, "host_reads": reads} for step in ("cold", "warm")}
-              for opt, n, reads in (("sgd", 41, 0), ("adam", 42, 1))}
+#: mixed precision (fp16; HugeCTR's MLPerf DLRM recipe is SGD): the overflow skip is a gate the update
+#: kernels read, decided on the device, so the step reads nothing back; one-thread kernels put the gate
+#: into the embedding's scalars (and, for Adam, compute t's values from the device's count of updating
+#: steps: the embedding's two passes and the dense alpha_t). Launch budgets measured 2026-11-24 on sim.
+AMP_BUDGET = {opt: {step: {"launches": n, "host_reads": 0} for step in ("cold", "warm")}
+              for opt, n in (("sgd", 42), ("adam", 45))}
 
 
 @pytest.mark.slow
@@ -122,11 +123,9 @@ def test_mixed_precision_step_counts(tmp_path, sim_hooks, optimizer):
                            files=1)
     model = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
                               bottom=(8,), top=(16, 8, 8, 4, 1), amp=True)
-    assert model._overflow_on_device() == (optimizer == "sgd")
+    assert model._overflow_on_device()
     got = _count_steps(model, sim_hooks)
     _check(got, AMP_BUDGET[optimizer], f"mixed precision {optimizer} ")
-    if optimizer == "adam":                          # the budget is today's count, not a ceiling far above it
-        assert all(c["host_reads"] == 1 for c in got.values()), got
 
 
 def _scalar(a):
@@ -137,19 +136,21 @@ def _scalar(a):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_launch_arguments_are_the_same_every_step(tmp_path, sim_hooks, optimizer):
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("optimizer,amp", [("sgd", False), ("adam", False), ("adam", True)])
+def test_launch_arguments_are_the_same_every_step(tmp_path, sim_hooks, optimizer, amp):
     """What a CUDA graph of the step replays: every launch with the same grid, block and scalar arguments
     every step, while the learning rate changes (a schedule), Adam's t advances (its bias corrections) and
     the embedding's stochastic-rounding salt and the dropout mask's step change: those are read from device
     memory (numbactr.step_values), not passed by value. The MLPerf-shaped DLRM (embedding Global update,
-    dense optimizer, fused bias+ReLU, interaction) with a Dropout after each ReLU of its top MLP."""
+    dense optimizer, fused bias+ReLU, interaction) with a Dropout after each ReLU of its top MLP; and in
+    mixed precision, whose overflow gate and Adam's t on the device are arrays too."""
     if not config.ENABLE_CUDASIM:
         pytest.skip("records the simulator's launches")
     train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2,
                            files=1)
     model = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
-                              bottom=(8,), top=(16, 8, 4, 1), dropout=0.25)
+                              bottom=(8,), top=(16, 8, 4, 1), dropout=0.25, amp=amp)
     steps = []
     for lr in (0.01, 0.02, 0.005):
         model.lr = lr

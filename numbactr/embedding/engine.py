@@ -242,9 +242,11 @@ class TableBatchedEmbedding:
         self.impl = self._pick_impl(impl)
         self.step = 0
         self.bounds_warnings = 0
-        # gate: None, or a (1,) device array holding 1 or 0, set by a caller for one update (kernels only): 0
-        # makes the step's update kernels change nothing (kernels.tbe_math.KI_GO). Mixed precision skips a
-        # step whose gradients overflowed that way, decided on the device (numbactr.model, _gate_updates)
+        # gate: None, or a numbactr.precision.Gate set by a caller for one update (kernels only): its go = 0
+        # makes the step's update kernels change nothing (kernels.tbe_math.KI_GO), and the step-dependent
+        # scalars (bias corrections, KI_STEP) are computed on the device for the steps that did update
+        # (kernels.tbe.gate_scalars; stochastic rounding's salts still count every step). Mixed precision
+        # skips a step whose gradients overflowed that way, decided on the device (numbactr.model, _gate)
         self.gate = None
         # defer_checks (kernels only, set by a caller that reads them at its own check points, e.g. HugeCTR's
         # SparseEmbedding in a training step): the bounds check's status and the hash tables' errors and sizes
@@ -613,17 +615,21 @@ class TableBatchedEmbedding:
         self.step = t
         if isinstance(self._impl, _KernelImpl):     # what a replayed step (numbactr.cuda_graphs) redoes
             from .. import step_values
-            step_values.on_replay(("engine", id(self)),
-                                  lambda run, p=ctx.pooling, b=ctx.batch: self._replay_backward(p, b))
+            step_values.on_replay(("engine", id(self)), lambda run, p=ctx.pooling, b=ctx.batch, g=self.gate:
+                                  self._replay_backward(p, b, g))
         return grads
 
-    def _replay_backward(self, pooling, batch: int) -> None:
+    def _replay_backward(self, pooling, batch: int, gate=None) -> None:
         """The host half of backward's kernel step, for a replayed step: the step's device scalars and the
         step counter (the kernels' work is in the graph)."""
         t = self.step + 1
         self._impl.put_hot(t, pooling, batch)
+        if gate is not None:
+            self._impl.gate_values(t, "hot", gate)
         if K.has_global_pass(self.optimizer.kind, self.optimizer.update_type):
             self._impl.put_global(t)
+            if gate is not None:
+                self._impl.gate_values(t, "all", gate)
         self.step = t
 
     # ---- what the implementations share --------------------------------------------------------------
@@ -1026,7 +1032,7 @@ class _KernelImpl:
         xp = device.xp()
         lin, bag_of, perm, pos, seg = self._segment(ctx)
         ks_d, ki_d, kb_d = self.put_hot(t, ctx.pooling, ctx.batch)
-        self._gate(ki_d)
+        self._gate(ks_d, ki_d, t, "hot")
         none = e.optimizer.kind == Optim.NONE
         n = ctx.rows.shape[0]
         grad_rows = xp.empty(n if none else 1, np.int64)
@@ -1062,16 +1068,25 @@ class _KernelImpl:
         e = self.e
         a, b, _, _ = e._state_buffers()
         ks_d, ki_d, kb_d = self.put_global(t)
-        self._gate(ki_d)
+        self._gate(ks_d, ki_d, t, "all")
         K.global_pass(self._w(), a, self.no_f32 if b is None else b, self.elem_off, self.strides, self.dims,
                       self.row_off, int(e.row_offsets[-1]), self._live(), ks_d, ki_d, kb_d,
                       self.w_half, self.max_dim, e.sr_rows)
 
-    def _gate(self, ki_d) -> None:
-        """The caller's gate into the step's KI_GO (a device copy after the upload, in stream order: part
-        of a captured step)."""
-        if self.e.gate is not None:
-            ki_d[K.M.KI_GO:K.M.KI_GO + 1] = self.e.gate
+    def _gate(self, ks_d, ki_d, t: int, which: str) -> None:
+        """The caller's gate (TableBatchedEmbedding.gate) into the step's KI_GO and, for the steps that
+        update, t's scalars computed on the device (after the upload, in stream order: part of a captured
+        step)."""
+        g = self.e.gate
+        if g is not None:
+            K.gate_scalars(ks_d, ki_d, g.go, g.skips, *self.gate_values(t, which, g))
+
+    def gate_values(self, t: int, which: str, gate) -> tuple:
+        """The host values gate_scalars reads: (the host's t, the skips it has seen), (lr, beta1, beta2)."""
+        hp = self.e.optimizer.hp()
+        return (self._put(which + "_tv", np.array([t, gate.seen], np.int64), np.int64),
+                self._put(which + "_fv", np.array([hp["learning_rate"], hp["beta1"], hp["beta2"]], np.float64),
+                          np.float64))
 
 
 _IMPLS = {"ref": _RefImpl, "cpu": _CpuImpl, "kernels": _KernelImpl}
