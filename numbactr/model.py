@@ -820,9 +820,7 @@ class Model:
         flag = getattr(self, "_nonfinite_flag", None)
         if flag is None:
             flag = self._nonfinite_flag = xp.full((1,), -1, np.int64)
-        sv = getattr(self, "_step_value", None)
-        if sv is None:
-            sv = self._step_value = step_values.StepValues(1, np.int64)
+        sv = step_values.held(self, "_step_value", 1, np.int64)
         flag[...] = xp.where((flag < 0) & ~xp.isfinite(losses).all(), sv.put(step), flag)
         step_values.on_replay(("nonfinite", id(self)), lambda run: sv.put(run["step"] + 1))
 

@@ -189,12 +189,10 @@ class DenseOptimizer:
     def _gate_values(self, lr: float, gate) -> tuple:
         """A gated Adam step's host values, on the device: (the host's t, the skips it has seen) and
         (lr, beta1, beta2) in float64 (kernels.optimizers.adam_gate_kernel)."""
-        from . import step_values
-        if getattr(self, "_gate_t", None) is None:
-            self._gate_t = step_values.StepValues(2, np.int64)
-            self._gate_f = step_values.StepValues(3, np.float64)
+        from .step_values import held
         o = self.opt
-        return (self._gate_t.put([self.t, gate.seen]), self._gate_f.put([lr, o.beta1, o.beta2]))
+        return (held(self, "_gate_t", 2, np.int64).put([self.t, gate.seen]),
+                held(self, "_gate_f", 3, np.float64).put([lr, o.beta1, o.beta2]))
 
     def _kernel_step(self, w, g, lr: float, scaler: float) -> None:
         """The kernels, with this step's lr / alpha_t / l2' in a device array of fixed address
@@ -202,10 +200,7 @@ class DenseOptimizer:
         from . import step_values
         o, s, t = self.opt, self.states, self.opt.optimizer_type
         values = self._step_values(lr)
-        sv = getattr(self, "_values", None)
-        if sv is None:
-            sv = self._values = step_values.StepValues(values.shape[0], np.float32)
-        hp = sv.put(values)
+        hp = step_values.held(self, "_values", values.shape[0], np.float32).put(values)
         gate = self.gate
         step_values.on_replay(("dense", id(self)), self._replay)
         if gate is not None and t == O.Adam:        # the gate and alpha_t for the device's t

@@ -19,15 +19,18 @@ Mixed precision (HugeCTR ``use_mixed_precision=True``; spec §1, §3):
   (``Model.skipped_steps``) and a ``GradientOverflowWarning`` names the step. The scale itself stays
   static (unlike torch's GradScaler, which also shrinks it). A non-finite LOSS still raises
   FloatingPointError as in fp32 mode.
-* Where the skip is decided: on the cpu device the flag is host memory and is read every step. On the
-  kernels' devices (gpu, sim) with one rank and optimizers that keep no step counter (SGD, MomentumSGD,
-  Nesterov, AdaGrad, dense and sparse; hash or one-hot SparseEmbeddings) it is decided on the device: the
-  flag becomes a gate that every update kernel reads (``kernels.optimizers.step_values``,
-  ``kernels.tbe_math.KI_GO``), so the step reads nothing back and can be a CUDA graph; the skips are
-  counted on the device and reported at the next check point (``Model.check_deferred``: display,
-  evaluation, snapshots, every 64 steps; or reading ``Model.skipped_steps``), one warning for the steps
-  skipped since the last. Adam's step t (its bias corrections, dense and sparse) is decided on the host,
-  so Adam models, like several ranks, read the flag every step.
+* Where the skip is decided: on the cpu device the flag is host memory and is read every step; several
+  ranks read it too (they agree through a collective). On the kernels' devices (gpu, sim) with one rank
+  (hash or one-hot SparseEmbeddings, HugeCTR's optimizers, no stochastic rounding) it is decided on the
+  device: the flag becomes a gate (``Gate``) that every update kernel reads
+  (``kernels.optimizers.step_values``, ``kernels.tbe_math.KI_GO``), so the step reads nothing back and can
+  be a CUDA graph. Adam's step t (dense alpha_t; the embedding's bias corrections and KI_STEP) must count
+  only the steps that updated: one-thread kernels compute those values from the host's count less the
+  skips the host has not read yet (``kernels.optimizers.adam_gate_kernel``,
+  ``kernels.tbe.gate_scalars_kernel``). The skips are counted on the device and reported at the next check
+  point (``Model.check_deferred``: display, evaluation, snapshots, loads, every 64 steps; or reading
+  ``Model.skipped_steps``), one warning for the steps skipped since the last; the host's counters are then
+  corrected.
 
 TF32 (``enable_tf32_compute=True``): on a GPU, float32 matrix products through CuPy (cuBLAS) use TF32
 tensor cores: CuPy decides a dtype's cuBLAS compute type at its first product, reading the

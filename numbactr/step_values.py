@@ -65,6 +65,15 @@ def on_replay(key, fn) -> None:
         rec.hooks[key] = fn
 
 
+def held(owner, attr: str, n: int, dtype) -> "StepValues":
+    """The StepValues ``owner.attr``, made (n values of dtype) the first time it is asked for."""
+    sv = getattr(owner, attr, None)
+    if sv is None:
+        sv = StepValues(n, dtype)
+        setattr(owner, attr, sv)
+    return sv
+
+
 _ALL: "weakref.WeakSet" = weakref.WeakSet()
 
 

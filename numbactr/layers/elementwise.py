@@ -450,9 +450,7 @@ class Dropout(_SameShape):
         step = int(run.step)
         if _kernels():                    # the step in device memory: the same launch every step
             from .. import step_values
-            sv = getattr(self, "_step_values", None)
-            if sv is None:
-                sv = self._step_values = step_values.StepValues(1, np.uint64)
+            sv = step_values.held(self, "_step_values", 1, np.uint64)
             step = sv.put(step & dropout_k.MASK64)
             step_values.on_replay(("dropout", id(self)), lambda r: sv.put(int(r["step"]) & dropout_k.MASK64))
         return [DropoutFn.apply(tape, xs[0], rate=self.rate, seed=int(run.seed), step=step,
