@@ -426,4 +426,5 @@ PTX_CHECKS = [
     (adam_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, {_F1}, float32, float32, float32, float32)"),
     (adagrad_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, float32, float32)"),
     (ftrl_update_kernel, f"void({_F1}, {_F1}, {_F1}, {_F1}, {_F1}, float32, float32)"),
+    (adam_gate_kernel, f"void({_F1}, int64[::1], int64[::1], int64[::1], float64[::1])"),
 ]

@@ -1103,6 +1103,7 @@ PTX_CHECKS = [
     (linearize_kernel, _sig(_I1, _I1, _I1, _I1, "int64", "int64", "int64", _I1, _I1)),
     (segment_flags_kernel, _sig(_I1, _I1, "int64", _I1)),
     (segment_starts_kernel, _sig(_I1, _I1, "int64", _I1, _I1, _I1)),
+    (gate_scalars_kernel, _sig(_KS, _KI, _I1, _I1, _I1, "float64[::1]")),
 ] + [
     (make_forward_kernel(wh, oh), _sig(_U16 if wh else _F1, _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean", "int64",
                                        "int64", "int64", _U16 if oh else _F1))
