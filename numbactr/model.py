@@ -636,7 +636,8 @@ class Model:
         gated = {Optim[k] for k in self._GATED_SPARSE}
         for e in self.embeddings:
             eng = getattr(e, "engine", None)
-            if type(e) not in (HashEmbedding, OneHotEmbedding) or eng is None or eng.impl != "kernels":
+            # (a tiered table's engine has no gate: it reads the flag)
+            if type(e) not in (HashEmbedding, OneHotEmbedding) or getattr(eng, "impl", None) != "kernels":
                 return False
             if eng.optimizer.kind not in gated or (eng.weights_precision == Precision.FP16 and
                                                     eng.stochastic_rounding):    # its salts count the steps
