@@ -145,6 +145,43 @@ def test_known_peak_bandwidth(name, gbs):
     assert bench.known_peak_bandwidth(name)[0] == gbs
 
 
+def test_peak_bandwidth_is_the_measured_copy_with_the_spec_sheet_beside(monkeypatch):
+    # issue 14's goals are fractions of the measured bandwidth: the copy comes first, the spec sheet is noted
+    monkeypatch.setattr(bench, "measure_copy_bandwidth", lambda: 3012.5)
+    gbs, src = bench.peak_bandwidth("NVIDIA H100 80GB HBM3")
+    assert gbs == 3012.5 and "measured" in src and "3350" in src
+
+    def no_gpu():
+        raise RuntimeError("no device")
+    monkeypatch.setattr(bench, "measure_copy_bandwidth", no_gpu)
+    assert bench.peak_bandwidth("NVIDIA H100 80GB HBM3")[0] == 3350.0         # the spec sheet alone
+    gbs, src = bench.peak_bandwidth("NVIDIA GeForce RTX 4090")
+    assert gbs is None and "no device" in src
+
+
+def test_profiled_step_runs_only_on_a_gpu_when_asked(monkeypatch):
+    from numbactr import bench_mlperf
+
+    class Model:
+        steps = 0
+
+        def train(self):
+            self.steps += 1
+
+    class Env:
+        kind = "cpu"
+
+        def sync(self):
+            pass
+    m = Model()
+    monkeypatch.setenv("NUMBACTR_PROFILE_STEP", "1")
+    bench_mlperf._profiled_step(m, Env())              # cpu: nothing to profile
+    monkeypatch.setenv("NUMBACTR_PROFILE_STEP", "0")
+    Env.kind = "gpu"
+    bench_mlperf._profiled_step(m, Env())              # not asked for
+    assert m.steps == 0
+
+
 def test_embedding_bytes_is_fbgemms_count():
     # rows read B*L*D*4 + output written B*D*4
     assert bench.embedding_bytes(8192 * 26, 20, 128) == 8192 * 26 * 20 * 128 * 4 + 8192 * 26 * 128 * 4
