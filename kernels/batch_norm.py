@@ -95,7 +95,7 @@ def make_bn_forward_train_kernel(tpb: int):
             g = gamma[f]
             bt = beta[f]
             for m in range(t, rows, tpb):
-                y[m, f] = g * (x[m, f] - mu) * inv + bt
+                y[m, f] = g * (float32(x[m, f]) - mu) * inv + bt
             if t == 0:
                 mean_out[f] = mu
                 inv_out[f] = inv
@@ -113,7 +113,7 @@ def bn_forward_eval_kernel(x, gamma, beta, rmean, rvar, eps, y, inv_out):
     for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
         f = i % nf
         inv = float32(1.0) / math.sqrt(rvar[f] + eps)
-        y[i] = gamma[f] * (x[i] - rmean[f]) * inv + beta[f]
+        y[i] = gamma[f] * (float32(x[i]) - rmean[f]) * inv + beta[f]
         if i < nf:                      # row 0 writes the per-feature value once
             inv_out[f] = inv
 
@@ -137,9 +137,9 @@ def make_bn_backward_kernel(tpb: int):
             a1 = float32(0.0)
             a2 = float32(0.0)
             for m in range(t, rows, tpb):
-                g = dy[m, f]
+                g = float32(dy[m, f])             # (float16 tensors are read in float32)
                 a1 += g
-                a2 += g * (x[m, f] - mu) * iv
+                a2 += g * (float32(x[m, f]) - mu) * iv
             s_dy[t] = a1
             s_dyx[t] = a2
             block_sum2(s_dy, s_dyx, t, tpb)
@@ -152,10 +152,10 @@ def make_bn_backward_kernel(tpb: int):
             scale = gamma[f] * iv
             for m in range(t, rows, tpb):
                 if batch_stats != 0:
-                    xhat = (x[m, f] - mu) * iv
-                    dx[m, f] = scale / nb * (nb * dy[m, f] - sdy - xhat * sdyx)
+                    xhat = (float32(x[m, f]) - mu) * iv
+                    dx[m, f] = scale / nb * (nb * float32(dy[m, f]) - sdy - xhat * sdyx)
                 else:
-                    dx[m, f] = scale * dy[m, f]
+                    dx[m, f] = scale * float32(dy[m, f])
 
     return bn_backward_kernel
 
@@ -190,10 +190,15 @@ def batch_norm_backward(x, dy, gamma, mean, inv, training, dx, dgamma, dbeta,
                 np.int32(1 if training else 0), dx, dgamma, dbeta, threads=tpb)
 
 
-_M, _V = "float32[:, ::1]", "float32[::1]"
+_M, _V, _H, _HV = "float32[:, ::1]", "float32[::1]", "float16[:, ::1]", "float16[::1]"
 PTX_CHECKS = [
     (make_bn_forward_train_kernel(256),
      f"void({_M}, {_V}, {_V}, float32, float32, {_M}, {_V}, {_V}, {_V}, {_V})"),
     (bn_forward_eval_kernel, f"void({_V}, {_V}, {_V}, {_V}, {_V}, float32, {_V}, {_V})"),
     (make_bn_backward_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, {_V}, int32, {_M}, {_V}, {_V})"),
+    # mixed precision on gpu/sim: float16 x, y, dy, dx; float32 parameters, statistics and their gradients
+    (make_bn_forward_train_kernel(256),
+     f"void({_H}, {_V}, {_V}, float32, float32, {_H}, {_V}, {_V}, {_V}, {_V})"),
+    (bn_forward_eval_kernel, f"void({_HV}, {_V}, {_V}, {_V}, {_V}, float32, {_HV}, {_V})"),
+    (make_bn_backward_kernel(256), f"void({_H}, {_H}, {_V}, {_V}, {_V}, int32, {_H}, {_V}, {_V})"),
 ]

@@ -79,14 +79,14 @@ def column_mean_var(x, f, part, t, tpb):
     n = float32(rows)
     acc = float32(0.0)
     for m in range(t, rows, tpb):          # thread t sums rows t, t + tpb, ...
-        acc += x[m, f]
+        acc += float32(x[m, f])            # (float16 tensors are read in float32)
     part[t] = acc
     block_sum(part, t, tpb)
     mu = part[0] / n
     cuda.syncthreads()                     # everyone has read part[0] before it is overwritten
     acc = float32(0.0)
     for m in range(t, rows, tpb):
-        d = x[m, f] - mu
+        d = float32(x[m, f]) - mu
         acc += d * d
     part[t] = acc
     block_sum(part, t, tpb)
@@ -101,14 +101,14 @@ def row_mean_var(x, r, part, t, tpb):
     n = float32(width)
     acc = float32(0.0)
     for j in range(t, width, tpb):
-        acc += x[r, j]
+        acc += float32(x[r, j])
     part[t] = acc
     block_sum(part, t, tpb)
     mu = part[0] / n
     cuda.syncthreads()
     acc = float32(0.0)
     for j in range(t, width, tpb):
-        d = x[r, j] - mu
+        d = float32(x[r, j]) - mu
         acc += d * d
     part[t] = acc
     block_sum(part, t, tpb)

@@ -64,7 +64,7 @@ def make_ln_forward_kernel(tpb: int):
             mu, var = row_mean_var(x, r, part, t, tpb)
             inv = float32(1.0) / math.sqrt(var + eps)
             for j in range(t, width, tpb):
-                y[r, j] = gamma[j] * (x[r, j] - mu) * inv + beta[j]
+                y[r, j] = gamma[j] * (float32(x[r, j]) - mu) * inv + beta[j]
             if t == 0:
                 mean_out[r] = mu
                 inv_out[r] = inv
@@ -90,9 +90,9 @@ def make_ln_backward_dx_kernel(tpb: int):
             a1 = float32(0.0)
             a2 = float32(0.0)
             for j in range(t, width, tpb):
-                g = dy[r, j] * gamma[j]
+                g = float32(dy[r, j]) * gamma[j]
                 a1 += g
-                a2 += g * (x[r, j] - mu) * iv
+                a2 += g * (float32(x[r, j]) - mu) * iv
             s_g[t] = a1
             s_gx[t] = a2
             block_sum2(s_g, s_gx, t, tpb)
@@ -100,8 +100,8 @@ def make_ln_backward_dx_kernel(tpb: int):
             sgx = s_gx[0]
             cuda.syncthreads()
             for j in range(t, width, tpb):
-                xhat = (x[r, j] - mu) * iv
-                dx[r, j] = iv / nh * (nh * dy[r, j] * gamma[j] - sg - xhat * sgx)
+                xhat = (float32(x[r, j]) - mu) * iv
+                dx[r, j] = iv / nh * (nh * float32(dy[r, j]) * gamma[j] - sg - xhat * sgx)
 
     return ln_backward_dx_kernel
 
@@ -121,9 +121,9 @@ def make_ln_param_grad_kernel(tpb: int):
             a1 = float32(0.0)
             a2 = float32(0.0)
             for m in range(t, rows, tpb):
-                g = dy[m, c]
+                g = float32(dy[m, c])
                 a1 += g
-                a2 += g * (x[m, c] - mean[m]) * inv[m]
+                a2 += g * (float32(x[m, c]) - mean[m]) * inv[m]
             s_b[t] = a1
             s_g[t] = a2
             block_sum2(s_b, s_g, t, tpb)
@@ -153,9 +153,13 @@ def layer_norm_backward(x, dy, gamma, mean, inv, dx, dgamma, dbeta, threads: int
     launch_rows(make_ln_param_grad_kernel(tpb), x.shape[1], x, dy, mean, inv, dgamma, dbeta, threads=tpb)
 
 
-_M, _V = "float32[:, ::1]", "float32[::1]"
+_M, _V, _H = "float32[:, ::1]", "float32[::1]", "float16[:, ::1]"
 PTX_CHECKS = [
     (make_ln_forward_kernel(256), f"void({_M}, {_V}, {_V}, float32, {_M}, {_V}, {_V})"),
     (make_ln_backward_dx_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, {_V}, {_M})"),
     (make_ln_param_grad_kernel(256), f"void({_M}, {_M}, {_V}, {_V}, {_V}, {_V})"),
+    # mixed precision on gpu/sim: float16 x, y, dy, dx; float32 gamma, beta, statistics and their gradients
+    (make_ln_forward_kernel(256), f"void({_H}, {_V}, {_V}, float32, {_H}, {_V}, {_V})"),
+    (make_ln_backward_dx_kernel(256), f"void({_H}, {_H}, {_V}, {_V}, {_V}, {_H})"),
+    (make_ln_param_grad_kernel(256), f"void({_H}, {_H}, {_V}, {_V}, {_V}, {_V})"),
 ]

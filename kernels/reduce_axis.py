@@ -64,7 +64,7 @@ def make_reduce_axis_kernel(tpb: int):
             i = e - o * inner
             acc = float32(0.0)
             for j in range(t, n, tpb):
-                acc += x[o, j, i]
+                acc += float32(x[o, j, i])        # float16 tensors (mixed precision): summed in float32
             part[t] = acc
             block_sum(part, t, tpb)
             if t == 0:
@@ -82,7 +82,7 @@ def reduce_axis_backward_kernel(dy, dx, scale):
     for k in range(cuda.grid(1), dx.shape[0] * n * inner, cuda.gridsize(1)):
         o = k // (n * inner)
         i = k - (k // inner) * inner
-        dx[o, (k // inner) - o * n, i] = dy[o, i] * scale
+        dx[o, (k // inner) - o * n, i] = float32(dy[o, i]) * scale
 
 
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
@@ -111,4 +111,6 @@ def reduce_axis_backward(dy, dx, axis: int, mean: bool = False, threads: int | N
 PTX_CHECKS = [
     (make_reduce_axis_kernel(256), "void(float32[:, :, ::1], float32[:, ::1], float32)"),
     (reduce_axis_backward_kernel, "void(float32[:, ::1], float32[:, :, ::1], float32)"),
+    (make_reduce_axis_kernel(256), "void(float16[:, :, ::1], float16[:, ::1], float32)"),   # mixed precision
+    (reduce_axis_backward_kernel, "void(float16[:, ::1], float16[:, :, ::1], float32)"),
 ]

@@ -86,7 +86,7 @@ def slice_add_kernel(dy, dx, a):
     for k in range(cuda.grid(1), dy.shape[0] * w, cuda.gridsize(1)):
         r = k // w
         c = k - r * w
-        dx[r, a + c] += dy[r, c]
+        dx[r, a + c] = float32(dx[r, a + c]) + float32(dy[r, c])     # float16 pieces: added in float32
 
 
 @cuda.jit
@@ -172,4 +172,8 @@ PTX_CHECKS = [
     (slice_add_kernel, "void(float32[:, ::1], float32[:, ::1], int64)"),
     (select_gather_kernel, "void(float32[:, :, ::1], int64[::1], float32[:, :, ::1])"),
     (select_scatter_add_kernel, "void(float32[:, :, ::1], int64[::1], float32[:, :, ::1])"),
+    # mixed precision on gpu/sim: Slice takes float16 tensors
+    (fill_zero_kernel, "void(float16[::1])"),
+    (slice_copy_kernel, "void(float16[:, ::1], float16[:, ::1], int64)"),
+    (slice_add_kernel, "void(float16[:, ::1], float16[:, ::1], int64)"),
 ]

@@ -81,20 +81,20 @@ def make_softmax_forward_kernel(tpb: int):
             if subtract_max != 0:                       # uniform across the block
                 m = float32(-math.inf)
                 for j in range(t, n, tpb):
-                    m = max(m, x[r, j])
+                    m = max(m, float32(x[r, j]))        # (float16 tensors are read in float32)
                 buf[t] = m
                 block_max(buf, t, tpb)
                 shift = buf[0]
                 cuda.syncthreads()                      # all read buf[0] before it is reused
             acc = float32(0.0)
             for j in range(t, n, tpb):
-                acc += math.exp(x[r, j] - shift)
+                acc += math.exp(float32(x[r, j]) - shift)
             buf[t] = acc
             block_sum(buf, t, tpb)
             inv = float32(1.0) / (buf[0] + eps)
             cuda.syncthreads()                          # all read buf[0] before the next row
             for j in range(t, n, tpb):
-                y[r, j] = math.exp(x[r, j] - shift) * inv
+                y[r, j] = math.exp(float32(x[r, j]) - shift) * inv
 
     return softmax_forward_kernel
 
@@ -112,13 +112,13 @@ def make_softmax_backward_kernel(tpb: int):
         for r in range(cuda.blockIdx.x, y.shape[0], cuda.gridDim.x):
             acc = float32(0.0)
             for j in range(t, n, tpb):
-                acc += dy[r, j] * y[r, j]
+                acc += float32(dy[r, j]) * float32(y[r, j])
             buf[t] = acc
             block_sum(buf, t, tpb)
             dot = buf[0]
             cuda.syncthreads()                          # all read buf[0] before the next row
             for j in range(t, n, tpb):
-                dx[r, j] = factor * y[r, j] * (dy[r, j] - dot)
+                dx[r, j] = factor * float32(y[r, j]) * (float32(dy[r, j]) - dot)
 
     return softmax_backward_kernel
 
@@ -177,5 +177,8 @@ def masked_softmax_forward(x, mask, y, factor: float, threads: int | None = None
 PTX_CHECKS = [
     (make_softmax_forward_kernel(256), "void(float32[:, ::1], float32[:, ::1], int64, float32)"),
     (make_softmax_backward_kernel(256), "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32)"),
+    # mixed precision on gpu/sim: the plain Softmax takes float16 tensors
+    (make_softmax_forward_kernel(256), "void(float16[:, ::1], float16[:, ::1], int64, float32)"),
+    (make_softmax_backward_kernel(256), "void(float16[:, ::1], float16[:, ::1], float16[:, ::1], float32)"),
     (masked_logits_kernel, "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32, int64, int64)"),
 ]

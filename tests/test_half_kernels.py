@@ -203,3 +203,99 @@ def test_multicross_runs_in_float16(sim, monkeypatch, version):
         scale = max(1.0, float(np.abs(b.astype(F32)).max()))
         np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=2e-2, atol=1e-2 * scale)
     assert not np.array_equal(native[1][1], converted[1][1])       # the float16 path did run
+
+
+def _norm_layer(features):
+    """What BatchNormFn reads from its layer: eps, factor and the running statistics (updated in place)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(eps=1e-5, factor=0.1, running_mean=device.xp().zeros(features, F32),
+                           running_var=device.xp().ones(features, F32))
+
+
+def _norm_and_reduce_cases():
+    from numbactr.layers.attention import SoftmaxFn
+    from numbactr.layers.norm import BatchNormFn, LayerNormFn
+    from numbactr.layers.shape import ReduceAxis
+    rng = np.random.default_rng(7)
+    x3 = r16(rng.normal(size=(3, 4, 5)))
+    x2 = r16(rng.normal(size=(6, 5)) * 2 + 1)
+    gamma, beta = (rng.normal(size=5) * 0.5 + 1).astype(F32), rng.normal(size=5).astype(F32)
+    return [("ReduceSum", ReduceAxis, [x3], {"axis": 1}), ("ReduceMean", ReduceAxis, [x3], {"axis": 2, "mean": True}),
+            ("LayerNorm", LayerNormFn, [x3, gamma, beta], {"eps": 1e-5}),
+            ("BatchNorm train", BatchNormFn, [x2, gamma, beta], {"training": True}),
+            ("BatchNorm eval", BatchNormFn, [x2, gamma, beta], {"training": False}),
+            ("Softmax", SoftmaxFn, [x3], {}), ("Softmax no max", SoftmaxFn, [x2], {"subtract_max": False})]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_norms_softmax_and_reductions_equal_their_float32_kernels_rounded_once(sim, monkeypatch, case):
+    """ReduceSum/Mean, LayerNorm, BatchNorm (training and eval) and the plain Softmax take float16 tensors
+    on gpu/sim: float16 x, y and gradients, float32 parameters, statistics and parameter gradients, the
+    float32 kernels' arithmetic on the float16 values, rounded once. Softmax's backward reads its own
+    output y, stored in float16 here and float32 when converting (as Sigmoid's)."""
+    name, fn, xs, params = _norm_and_reduce_cases()[case]
+    dy = {}
+
+    def grad(y):
+        if "dy" not in dy:
+            dy["dy"] = r16(np.random.default_rng(8).normal(size=y.shape))
+        return dy["dy"]
+
+    def once():
+        extra = {"layer": _norm_layer(xs[0].shape[1])} if fn.__name__ == "BatchNormFn" else {}
+        out = run(fn, xs, grad, **params, **extra)
+        return out, extra.get("layer")
+    (native, n_layer) = once()
+    monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
+    (converted, c_layer) = once()
+    assert native[2].native_half and not converted[2].native_half, name
+    assert native[0].dtype == F16
+    assert [g.dtype for g in native[1]] == [x.dtype for x in xs]     # float16 activations, float32 parameters
+    np.testing.assert_array_equal(native[0], converted[0])
+    for a, b in zip(native[1], converted[1]):
+        if fn.__name__ == "SoftmaxFn":
+            np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=5e-3, atol=1e-4)
+        else:
+            np.testing.assert_array_equal(a, b)
+    if n_layer is not None:                                           # the running statistics too
+        np.testing.assert_array_equal(device.to_host(n_layer.running_mean), device.to_host(c_layer.running_mean))
+        np.testing.assert_array_equal(device.to_host(n_layer.running_var), device.to_host(c_layer.running_var))
+
+
+@pytest.mark.parametrize("ranges", [((0, 2), (2, 5)), ((0, 4), (1, 3)), ((1, 3),)])
+def test_slice_copies_float16_and_adds_overlaps_in_float32(sim, monkeypatch, ranges):
+    """Slice on gpu/sim: float16 pieces; backward zero-fills dX and adds each piece's gradient in float32,
+    rounded on the store: with two overlapping pieces that is the float32 sum rounded once, what the
+    converting path gives (an unused or missing column gets 0)."""
+    from numbactr.layers.shape import SliceFn
+    rng = np.random.default_rng(9)
+    x = r16(rng.normal(size=(4, 5)))
+    dys = [r16(rng.normal(size=(4, b - a))) for a, b in ranges]
+
+    def once():
+        tape = Tape()
+        t = Tensor(device.xp().asarray(x), requires_grad=True)
+        with autocast(F16):
+            ys = SliceFn.apply(tape, t, ranges=ranges)
+        ctx = tape.entries[0][1]
+        tape.backward({id(y): (y, device.xp().asarray(d)) for y, d in zip(ys, dys)})
+        return [np.asarray(device.to_host(y.data)) for y in ys], np.asarray(device.to_host(t.grad)), ctx
+    ys, dx, ctx = once()
+    monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
+    ys32, dx32, ctx32 = once()
+    assert ctx.native_half and not ctx32.native_half and dx.dtype == F16
+    for (a, b), y, y32 in zip(ranges, ys, ys32):
+        assert y.dtype == F16
+        np.testing.assert_array_equal(y, x[:, a:b])
+        np.testing.assert_array_equal(y, y32)
+    np.testing.assert_array_equal(dx, dx32)
+    want = np.zeros((4, 5), F32)
+    for (a, b), d in zip(ranges, dys):
+        want[:, a:b] += d.astype(F32)
+    np.testing.assert_array_equal(dx, want.astype(F16))
+
+
+def test_norm_and_reduce_float16_signatures_are_in_the_ptx_checks():
+    from numbactr.kernels import batch_norm, layer_norm, reduce_axis, slice_select, softmax
+    for mod in (batch_norm, layer_norm, reduce_axis, slice_select, softmax):
+        assert any("float16" in sig for _, sig in mod.PTX_CHECKS), mod.__name__

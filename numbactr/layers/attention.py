@@ -23,6 +23,7 @@ from ..enums import Layer_t
 from ..kernels import attention as att
 from ..kernels import softmax as sm
 from .base import Layer
+from .elementwise import _half, _out
 from ..device import contig as _contig, empty as _empty, uses_kernels as _kernels
 
 
@@ -30,10 +31,13 @@ from ..device import contig as _contig, empty as _empty, uses_kernels as _kernel
 class SoftmaxFn(Function):
     """Softmax over the last dim; ``subtract_max`` False is HugeCTR's overflow-prone form."""
 
+    half_native = True                 # gpu/sim: float16 in and out, float32 exp and sums
+
     @staticmethod
     def forward(ctx: Context, x, subtract_max: bool = True):
+        (x,) = _half(ctx, x)
         if _kernels():
-            y = _empty(x.shape)
+            y = _empty(x.shape, _out(ctx))
             sm.softmax_forward(_contig(x), y, subtract_max)
         else:
             y = sm.softmax_forward_ref(x, subtract_max)
@@ -42,8 +46,9 @@ class SoftmaxFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
-            dx = _empty(dy.shape)
+            dx = _empty(dy.shape, _out(ctx))
             sm.softmax_backward(ctx.y, _contig(dy), dx)
             return dx
         return sm.softmax_backward_ref(ctx.y, dy)

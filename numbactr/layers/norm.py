@@ -20,6 +20,7 @@ from ..enums import Initializer_t, Layer_t
 from ..kernels import batch_norm, layer_norm, prelu_dice
 from . import init
 from .base import Layer
+from .elementwise import _half
 from ..device import xp as _xp, contig as _contig  # noqa: F401
 
 
@@ -31,9 +32,11 @@ def _init_name(kind) -> str:
 class BatchNormFn(Function):
     """x (B, F), gamma, beta (F,) -> y (B, F). ``layer`` holds running_mean/running_var."""
 
+    half_native = True                 # gpu/sim: float16 x, y and gradients; float32 parameters and statistics
+
     @staticmethod
     def forward(ctx: Context, x, gamma, beta, layer=None, training: bool = True):
-        x = _contig(x)
+        x = _contig(_half(ctx, x)[0])
         eps, factor = layer.eps, layer.factor
         ctx.x, ctx.gamma, ctx.training = x, gamma, training
         if device.uses_kernels():
@@ -62,7 +65,7 @@ class BatchNormFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
-        dy = _contig(dy)
+        dy = _contig(_half(ctx, dy)[0])
         if device.uses_kernels():
             xp = _xp()
             dx = xp.empty_like(dy)
@@ -77,8 +80,11 @@ class BatchNormFn(Function):
 class LayerNormFn(Function):
     """x (..., H), gamma, beta (H,) -> y (..., H)."""
 
+    half_native = True                 # gpu/sim: float16 x, y and gradients; float32 parameters and statistics
+
     @staticmethod
     def forward(ctx: Context, x, gamma, beta, eps: float = 1e-5):
+        (x,) = _half(ctx, x)
         shape = x.shape
         x2 = _contig(x).reshape(-1, shape[-1])                       # (M, H)
         ctx.x2, ctx.gamma, ctx.shape = x2, gamma, shape
@@ -94,7 +100,7 @@ class LayerNormFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
-        dy2 = _contig(dy).reshape(ctx.x2.shape)
+        dy2 = _contig(_half(ctx, dy)[0]).reshape(ctx.x2.shape)
         if device.uses_kernels():
             xp = _xp()
             dx = xp.empty_like(dy2)

@@ -20,6 +20,7 @@ from ..enums import Layer_t
 from ..kernels import fused_reshape_concat as frc
 from ..kernels import reduce_axis, sequence_mask, slice_select
 from .base import Layer
+from .elementwise import _half, _out
 from ..device import uses_kernels as _kernels, xp as _xp, contig as _contig, empty as _empty  # noqa: F401
 
 MAX_SLICES = 5      # HugeCTR's Slice has at most 5 tops
@@ -47,21 +48,25 @@ class _Index:
 class ReduceAxis(Function):
     """Sum (mean=False) or mean over ``axis``, keeping it as size 1."""
 
+    half_native = True                 # gpu/sim: float16 in and out, summed in float32
+
     @staticmethod
     def forward(ctx: Context, x, axis: int = 1, mean: bool = False):
+        (x,) = _half(ctx, x)
         ctx.in_shape, ctx.axis, ctx.mean = x.shape, axis, mean
         if _kernels():
             out = list(x.shape)
             out[axis] = 1
-            y = _empty(out)
+            y = _empty(out, _out(ctx))
             reduce_axis.reduce_axis_forward(_contig(x), y, axis, mean)
             return y
         return reduce_axis.reduce_axis_forward_ref(x, axis, mean)
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
-            dx = _empty(ctx.in_shape)
+            dx = _empty(ctx.in_shape, _out(ctx))
             reduce_axis.reduce_axis_backward(_contig(dy), dx, ctx.axis, ctx.mean)
             return dx
         return reduce_axis.reduce_axis_backward_ref(dy, ctx.in_shape, ctx.axis, ctx.mean)
@@ -70,11 +75,14 @@ class ReduceAxis(Function):
 class SliceFn(Function):
     """Column ranges [a, b) of the last dim, one output each (a tuple, even for one range)."""
 
+    half_native = True                 # gpu/sim: float16 copied as float16 (overlaps add in float32)
+
     @staticmethod
     def forward(ctx: Context, x, ranges: tuple = ()):
+        (x,) = _half(ctx, x)
         ctx.in_shape, ctx.ranges = x.shape, ranges
         if _kernels():
-            ys = [_empty(x.shape[:-1] + (b - a,)) for a, b in ranges]
+            ys = [_empty(x.shape[:-1] + (b - a,), _out(ctx)) for a, b in ranges]
             slice_select.slice_forward(_contig(x), ys, [a for a, _ in ranges])
             return tuple(ys)
         return tuple(slice_select.slice_forward_ref(x, ranges))
@@ -82,8 +90,9 @@ class SliceFn(Function):
     @staticmethod
     def backward(ctx: Context, *dys):
         if _kernels():
-            dx = _empty(ctx.in_shape)
-            slice_select.slice_backward([None if d is None else _contig(d) for d in dys], dx,
+            dx = _empty(ctx.in_shape, _out(ctx))
+            dys = [None if d is None else _contig(_half(ctx, d)[0]) for d in dys]
+            slice_select.slice_backward(dys, dx,
                                         [a for a, _ in ctx.ranges])
             return dx
         used = [(d, r) for d, r in zip(dys, ctx.ranges) if d is not None]   # an unused top adds 0
