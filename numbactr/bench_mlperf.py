@@ -17,7 +17,8 @@ bracketed by a device synchronization, so the phases add up to a slightly longer
 The embedding's bytes follow FBGEMM's count (bench embedding): forward reads B*26*D*4 and writes as
 much, backward + update twice that; its GB/s is those bytes over the embedding phase's time, and on a
 GPU also as a share of the device's peak memory bandwidth. PyTorch (when installed): the same widths with
-one nn.EmbeddingBag per slot, torch.optim.SGD/Adam, on CUDA when numbactr runs on a GPU; ``--tf32``
+one nn.EmbeddingBag per slot, torch.optim.SGD/Adam, on CUDA when numbactr runs on a GPU (there also
+its whole step captured as one CUDA graph, the "+graph" row, unless --amp); ``--tf32``
 allows TF32 matrix products (numbactr: enable_tf32_compute) and ``--amp`` runs torch under autocast
 float16 with a GradScaler (numbactr: use_mixed_precision). No breakdown is measured for torch.
 """
@@ -190,16 +191,65 @@ def torch_mlperf_dlrm(torch, slot_sizes, dim: int, bottom=BOTTOM, top=TOP):
     return DLRM()
 
 
-def _time_torch(env, prepared, sizes, dim, optimizer, lr, min_time, seed, tf32, amp) -> float:
-    from .bench import measure
+def _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32, capturable=False):
     torch, dev = env.torch, env.torch_dev
     torch.manual_seed(seed)
     if dev == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
         torch.backends.cudnn.allow_tf32 = bool(tf32)
     model = torch_mlperf_dlrm(torch, sizes, dim).to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-7) if optimizer == "adam" \
-        else torch.optim.SGD(model.parameters(), lr=lr)
+    extra = {"capturable": True} if capturable else {}
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-7, **extra) \
+        if optimizer == "adam" else torch.optim.SGD(model.parameters(), lr=lr)
+    return model, opt
+
+
+def _time_torch_graph(env, prepared, sizes, dim, optimizer, lr, min_time, seed, tf32) -> float:
+    """PyTorch's step captured whole as one CUDA graph (forward, backward and the optimizer step; Adam
+    with capturable=True), replayed on static input tensors that each step's batch is copied into: the
+    recipe of torch.cuda.graphs' "whole network capture", as NVIDIA's MLPerf DLRM runs. float32/TF32
+    only (GradScaler's unscale and skip read the host)."""
+    from .bench import measure
+    torch = env.torch
+    model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32, capturable=True)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    dense, idx, offs, label = (t.clone() if not isinstance(t, list) else [i.clone() for i in t]
+                               for t in prepared[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                     # warm-up on a side stream, as capture requires
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(dense, idx, offs), label).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = loss_fn(model(dense, idx, offs), label)
+        static_loss.backward()
+        opt.step()
+    it = itertools.cycle(prepared)
+
+    def step():
+        d, i, o, y = next(it)
+        dense.copy_(d, non_blocking=True)
+        for a, b in zip(idx, i):
+            a.copy_(b, non_blocking=True)
+        offs.copy_(o, non_blocking=True)
+        label.copy_(y, non_blocking=True)
+        graph.replay()
+
+    t = measure(step, sync=env.torch_sync, min_time=min_time)
+    if not torch.isfinite(static_loss).item():
+        raise AssertionError("bench mlperf: torch (CUDA graph) loss is not finite")
+    return t
+
+
+def _time_torch(env, prepared, sizes, dim, optimizer, lr, min_time, seed, tf32, amp) -> float:
+    from .bench import measure
+    torch, dev = env.torch, env.torch_dev
+    model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     use_amp = bool(amp) and dev == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
@@ -311,4 +361,11 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
                 label = env.torch_label + ("+tf32" if tf32 else "") + ("+amp" if amp and env.torch_dev == "cuda"
                                                                        else "")
                 tab.add(label, opt, dim, batch, rows, 1e3 * tt, batch / tt, "-", "-", "-", "-")
+                if env.torch_dev == "cuda" and not amp:          # torch's step as one CUDA graph too
+                    try:
+                        tg = _time_torch_graph(env, prepared, sizes, dim, opt, step_lr, min_time, seed, tf32)
+                    except Exception as e:   # noqa: BLE001 (a baseline that cannot capture is noted, not fatal)
+                        tab.notes.append(f"torch CUDA graph ({opt}, D={dim}) not measured: {type(e).__name__}: {e}")
+                    else:
+                        tab.add(label + "+graph", opt, dim, batch, rows, 1e3 * tg, batch / tg, "-", "-", "-", "-")
     return tab

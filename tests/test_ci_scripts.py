@@ -19,5 +19,5 @@ def test_gpu_script_lists_its_stages(tmp_path):
     done = subprocess.run(["bash", str(ROOT / ".ci" / "gpu"), "nope"], capture_output=True, text=True,
                           timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
     assert done.returncode == 2
-    for stage in ("wheels", "check", "suite", "bench", "profile"):
+    for stage in ("wheels", "resolve", "check", "suite", "bench", "profile"):
         assert f"{stage} " in done.stdout
