@@ -11,7 +11,7 @@ skips it (exp(x) overflows to inf for x > ~88, giving NaN). eps = 0, factor = 1 
 
 Masked (x (B, H, Lf, Lt), mask (B, 1, Lf, Lt) or (B, 1, 1, Lt) broadcast over the rows):
 
-    z = x * factor - (1 - mask) * 10000          # masked_logits
+    z = x * factor - (1 - mask) * 10000          # masked_logits (one kernel computes z where it reads it)
     y = softmax of z with the max subtracted and eps = 1e-6
     dx = factor * y * (dy - sum dy*y)            # exact for the eps'd softmax too: y_j = e_j/(S+eps)
 
@@ -32,7 +32,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .block import block_max, block_sum
-from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
+from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_rows
 
 MASK_PENALTY = 10000.0      # subtracted from masked-out logits
 MASKED_EPS = 1e-6           # added to the masked softmax's denominator
@@ -123,17 +123,42 @@ def make_softmax_backward_kernel(tpb: int):
     return softmax_backward_kernel
 
 
-@cuda.jit
-def masked_logits_kernel(x, mask, z, factor, lf, rows_per_batch):
-    # x, z (R, Lt) with R = B*H*Lf, row r = (b*H + h)*Lf + i; mask (B*M, Lt) with M = Lf or 1
-    lt = x.shape[1]
-    m_rows = mask.shape[0] // (x.shape[0] // rows_per_batch)      # M
-    for e in range(cuda.grid(1), x.shape[0] * lt, cuda.gridsize(1)):
-        r = e // lt
-        j = e - r * lt
-        b = r // rows_per_batch
-        mr = b * m_rows + (r % lf) % m_rows
-        z[r, j] = x[r, j] * factor - (float32(1.0) - mask[mr, j]) * float32(MASK_PENALTY)
+@functools.lru_cache(maxsize=None)
+def make_masked_softmax_kernel(tpb: int):
+    """The masked softmax in one pass over each row, for blocks of exactly ``tpb`` threads: the logits
+    z = x*factor - (1-mask)*10000 are computed in float32 where each of the three row walks (max, sum,
+    write) reads them, never stored (a float16 x is rounded only in y)."""
+    _check_tpb(tpb)
+
+    @cuda.jit
+    def masked_softmax_kernel(x, mask, y, factor, lf, rows_per_batch):
+        # x, y (R, Lt) with R = B*H*Lf, row r = (b*H + h)*Lf + i; mask (B*M, Lt) with M = Lf or 1
+        buf = cuda.shared.array(tpb, float32)
+        t = cuda.threadIdx.x
+        n = x.shape[1]
+        m_rows = mask.shape[0] // (x.shape[0] // rows_per_batch)      # M
+        penalty = float32(MASK_PENALTY)
+        one = float32(1.0)
+        for r in range(cuda.blockIdx.x, x.shape[0], cuda.gridDim.x):  # uniform per block
+            mr = (r // rows_per_batch) * m_rows + (r % lf) % m_rows
+            m = float32(-math.inf)
+            for j in range(t, n, tpb):
+                m = max(m, float32(x[r, j]) * factor - (one - float32(mask[mr, j])) * penalty)
+            buf[t] = m
+            block_max(buf, t, tpb)
+            shift = buf[0]
+            cuda.syncthreads()                          # all read buf[0] before it is reused
+            acc = float32(0.0)
+            for j in range(t, n, tpb):
+                acc += math.exp(float32(x[r, j]) * factor - (one - float32(mask[mr, j])) * penalty - shift)
+            buf[t] = acc
+            block_sum(buf, t, tpb)
+            inv = one / (buf[0] + float32(MASKED_EPS))
+            cuda.syncthreads()                          # all read buf[0] before the next row
+            for j in range(t, n, tpb):
+                y[r, j] = math.exp(float32(x[r, j]) * factor - (one - float32(mask[mr, j])) * penalty - shift) * inv
+
+    return masked_softmax_kernel
 
 
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
@@ -162,16 +187,17 @@ def softmax_backward(y, dy, dx, factor: float = 1.0, threads: int | None = None)
 
 
 def masked_softmax_forward(x, mask, y, factor: float, threads: int | None = None) -> None:
-    """y = softmax(x*factor - (1-mask)*10000) with eps 1e-6: x, y (B, H, Lf, Lt), mask (B, 1, Lf|1, Lt)."""
+    """y = softmax(x*factor - (1-mask)*10000) with eps 1e-6: x, y (B, H, Lf, Lt), mask (B, 1, Lf|1, Lt).
+    One launch (make_masked_softmax_kernel); y may be x."""
     b, h, lf, lt = x.shape
     if mask.shape not in ((b, 1, lf, lt), (b, 1, 1, lt)):
         raise ValueError(f"masked_softmax: mask {mask.shape} does not fit x {x.shape}")
     if x.size == 0:
         return
-    x2, y2 = _rows(x), _rows(y)
-    launch_1d(masked_logits_kernel, x.size, x2, _rows(mask), y2, np.float32(factor), lf, h * lf,
-              threads=threads)
-    softmax_forward(y2, y2, True, MASKED_EPS, threads=threads)
+    tpb = threads or REDUCE_THREADS
+    x2 = _rows(x)
+    launch_rows(make_masked_softmax_kernel(tpb), x2.shape[0], x2, _rows(mask), _rows(y), np.float32(factor),
+                lf, h * lf, threads=tpb)
 
 
 PTX_CHECKS = [
@@ -180,5 +206,10 @@ PTX_CHECKS = [
     # mixed precision on gpu/sim: the plain Softmax takes float16 tensors
     (make_softmax_forward_kernel(256), "void(float16[:, ::1], float16[:, ::1], int64, float32)"),
     (make_softmax_backward_kernel(256), "void(float16[:, ::1], float16[:, ::1], float16[:, ::1], float32)"),
-    (masked_logits_kernel, "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32, int64, int64)"),
+    (make_masked_softmax_kernel(256),
+     "void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32, int64, int64)"),
+    (make_masked_softmax_kernel(256),                   # mixed precision: float16 x and y (and mask)
+     "void(float16[:, ::1], float16[:, ::1], float16[:, ::1], float32, int64, int64)"),
+    (make_masked_softmax_kernel(256),
+     "void(float16[:, ::1], float32[:, ::1], float16[:, ::1], float32, int64, int64)"),
 ]

@@ -33,7 +33,8 @@ def run(fn, arrays, grad_of_out, **params):
         y = fn.apply(tape, *ts, **params)
     ctx = tape.entries[0][1]
     tape.backward({id(y): (y, device.xp().asarray(grad_of_out(y.data)))})
-    return np.asarray(device.to_host(y.data)), [np.asarray(device.to_host(t.grad)) for t in ts], ctx
+    return (np.asarray(device.to_host(y.data)),
+            [None if t.grad is None else np.asarray(device.to_host(t.grad)) for t in ts], ctx)
 
 
 @pytest.fixture
@@ -213,23 +214,25 @@ def _norm_layer(features):
 
 
 def _norm_and_reduce_cases():
-    from numbactr.layers.attention import SoftmaxFn
+    from numbactr.layers.attention import MaskedSoftmaxFn, SoftmaxFn
     from numbactr.layers.norm import BatchNormFn, LayerNormFn
     from numbactr.layers.shape import ReduceAxis
     rng = np.random.default_rng(7)
     x3 = r16(rng.normal(size=(3, 4, 5)))
     x2 = r16(rng.normal(size=(6, 5)) * 2 + 1)
+    mask = (rng.random(size=(2, 1, 3, 4)) < 0.7).astype(F16)       # (B, 1, Lf, Lt): a float16 input tensor
     gamma, beta = (rng.normal(size=5) * 0.5 + 1).astype(F32), rng.normal(size=5).astype(F32)
     return [("ReduceSum", ReduceAxis, [x3], {"axis": 1}), ("ReduceMean", ReduceAxis, [x3], {"axis": 2, "mean": True}),
             ("LayerNorm", LayerNormFn, [x3, gamma, beta], {"eps": 1e-5}),
             ("BatchNorm train", BatchNormFn, [x2, gamma, beta], {"training": True}),
             ("BatchNorm eval", BatchNormFn, [x2, gamma, beta], {"training": False}),
-            ("Softmax", SoftmaxFn, [x3], {}), ("Softmax no max", SoftmaxFn, [x2], {"subtract_max": False})]
+            ("Softmax", SoftmaxFn, [x3], {}), ("Softmax no max", SoftmaxFn, [x2], {"subtract_max": False}),
+            ("masked Softmax", MaskedSoftmaxFn, [r16(rng.normal(size=(2, 2, 3, 4)) * 3), mask], {"factor": 0.5})]
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(8))
 def test_norms_softmax_and_reductions_equal_their_float32_kernels_rounded_once(sim, monkeypatch, case):
-    """ReduceSum/Mean, LayerNorm, BatchNorm (training and eval) and the plain Softmax take float16 tensors
+    """ReduceSum/Mean, LayerNorm, BatchNorm (training and eval) and Softmax (plain and masked) take float16 tensors
     on gpu/sim: float16 x, y and gradients, float32 parameters, statistics and parameter gradients, the
     float32 kernels' arithmetic on the float16 values, rounded once. Softmax's backward reads its own
     output y, stored in float16 here and float32 when converting (as Sigmoid's)."""
@@ -250,10 +253,14 @@ def test_norms_softmax_and_reductions_equal_their_float32_kernels_rounded_once(s
     (converted, c_layer) = once()
     assert native[2].native_half and not converted[2].native_half, name
     assert native[0].dtype == F16
-    assert [g.dtype for g in native[1]] == [x.dtype for x in xs]     # float16 activations, float32 parameters
+    # float16 activations, float32 parameters (a mask gets no gradient)
+    assert [None if g is None else g.dtype for g in native[1]] == \
+        [None if fn.__name__ == "MaskedSoftmaxFn" and i == 1 else x.dtype for i, x in enumerate(xs)]
     np.testing.assert_array_equal(native[0], converted[0])
     for a, b in zip(native[1], converted[1]):
-        if fn.__name__ == "SoftmaxFn":
+        if a is None:
+            assert b is None
+        elif fn.__name__ in ("SoftmaxFn", "MaskedSoftmaxFn"):
             np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=5e-3, atol=1e-4)
         else:
             np.testing.assert_array_equal(a, b)

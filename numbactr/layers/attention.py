@@ -57,10 +57,13 @@ class SoftmaxFn(Function):
 class MaskedSoftmaxFn(Function):
     """x (B, H, Lf, Lt), mask (B, 1, Lf|1, Lt): softmax(x*factor - (1-mask)*10000); mask gets no grad."""
 
+    half_native = True                 # gpu/sim: float16 x and y, the logits and sums in float32
+
     @staticmethod
     def forward(ctx: Context, x, mask, factor: float = 1.0):
+        (x,) = _half(ctx, x)
         if _kernels():
-            y = _empty(x.shape)
+            y = _empty(x.shape, _out(ctx))
             sm.masked_softmax_forward(_contig(x), _contig(mask), y, factor)
         else:
             y = sm.masked_softmax_forward_ref(x, mask, factor)
@@ -69,8 +72,9 @@ class MaskedSoftmaxFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         if _kernels():
-            dx = _empty(dy.shape)
+            dx = _empty(dy.shape, _out(ctx))
             sm.softmax_backward(ctx.y, _contig(dy), dx, ctx.factor)
             return dx, None
         return sm.softmax_backward_ref(ctx.y, dy, ctx.factor), None
