@@ -101,4 +101,6 @@ def merge_heads(x, y, threads: int | None = None) -> None:
 PTX_CHECKS = [
     (split_heads_kernel, "void(float32[:, :, ::1], float32[:, :, :, ::1])"),
     (merge_heads_kernel, "void(float32[:, :, :, ::1], float32[:, :, ::1])"),
+    (split_heads_kernel, "void(float16[:, :, ::1], float16[:, :, :, ::1])"),       # mixed precision on gpu/sim
+    (merge_heads_kernel, "void(float16[:, :, :, ::1], float16[:, :, ::1])"),
 ]

@@ -302,7 +302,40 @@ def test_slice_copies_float16_and_adds_overlaps_in_float32(sim, monkeypatch, ran
     np.testing.assert_array_equal(dx, want.astype(F16))
 
 
+def _attention_cases():
+    from numbactr.layers.attention import MatMulFn, MergeHeadsFn, ScaledQKFn, SplitHeadsFn
+    rng = np.random.default_rng(10)
+    q, k = r16(rng.normal(size=(2, 2, 3, 4))), r16(rng.normal(size=(2, 2, 5, 4)))
+    return [("MatMul batched", MatMulFn, [q, r16(rng.normal(size=(2, 2, 4, 3)))], {}),
+            ("MatMul flat rhs", MatMulFn, [r16(rng.normal(size=(3, 4))), r16(rng.normal(size=(4, 2, 5)))], {}),
+            ("ScaledQK", ScaledQKFn, [q, k], {"scale": 0.5}),
+            ("SplitHeads", SplitHeadsFn, [r16(rng.normal(size=(2, 3, 8)))], {"heads": 2}),
+            ("MergeHeads", MergeHeadsFn, [q], {})]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_attention_ops_equal_their_float32_forms_rounded_once(sim, monkeypatch, case):
+    """MatrixMultiply and MultiHeadAttention's products (float16 GEMMs with float32 accumulation; the
+    simulator's model rounds once, the scale of Q Kᵀ included) and head reshuffles (copies) take float16
+    tensors on gpu/sim and equal the float32 forms on float32 copies, rounded once."""
+    name, fn, xs, params = _attention_cases()[case]
+    dy = {}
+
+    def grad(y):
+        if "dy" not in dy:
+            dy["dy"] = r16(np.random.default_rng(11).normal(size=y.shape))
+        return dy["dy"]
+    native = run(fn, xs, grad, **params)
+    monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
+    converted = run(fn, xs, grad, **params)
+    assert native[2].native_half and not converted[2].native_half, name
+    assert native[0].dtype == F16 and all(g.dtype == F16 for g in native[1])
+    np.testing.assert_array_equal(native[0], converted[0])
+    for a, b in zip(native[1], converted[1]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_norm_and_reduce_float16_signatures_are_in_the_ptx_checks():
-    from numbactr.kernels import batch_norm, layer_norm, reduce_axis, slice_select, softmax
-    for mod in (batch_norm, layer_norm, reduce_axis, slice_select, softmax):
+    from numbactr.kernels import attention, batch_norm, layer_norm, reduce_axis, slice_select, softmax
+    for mod in (attention, batch_norm, layer_norm, reduce_axis, slice_select, softmax):
         assert any("float16" in sig for _, sig in mod.PTX_CHECKS), mod.__name__

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 
 from .. import compat
 from ..autograd import Context, Function
@@ -24,7 +25,8 @@ from ..kernels import attention as att
 from ..kernels import softmax as sm
 from .base import Layer
 from .elementwise import _half, _out
-from ..device import contig as _contig, empty as _empty, uses_kernels as _kernels
+from ..device import contig as _contig, empty as _empty, uses_kernels as _kernels, xp as _xp
+from ..ops import _half_mm
 
 
 # ---- autograd Functions ----------------------------------------------------------------------
@@ -80,34 +82,53 @@ class MaskedSoftmaxFn(Function):
         return sm.softmax_backward_ref(ctx.y, dy, ctx.factor), None
 
 
+def _mm(ctx, a, b, scale: float = 1.0):
+    """a @ b (batched over leading dims), times ``scale``: under the float16 kernels a float16 GEMM with
+    float32 accumulation (ops._half_mm; on the simulator the scale is applied before its one rounding, on a
+    GPU to the GEMM's float16 result), else the array library's product in the operands' dtype."""
+    if not ctx.native_half:
+        y = a @ b
+        return y * y.dtype.type(scale) if scale != 1.0 else y
+    if scale != 1.0 and _xp().__name__ == "numpy":
+        return ((a.astype(np.float32) @ b.astype(np.float32)) * np.float32(scale)).astype(np.float16)
+    y = _half_mm(a, b)
+    return y * np.float16(scale) if scale != 1.0 else y
+
+
 class MatMulFn(Function):
     """Y = A @ B for same-rank operands (batched over leading dims), or (m, n) x (n, g, h) -> (m, g, h)."""
 
+    half_native = True                 # gpu/sim: float16 GEMMs with float32 accumulation
+
     @staticmethod
     def forward(ctx: Context, a, b):
+        a, b = _half(ctx, a, b)
         ctx.b_shape = b.shape
         flat_rhs = a.ndim == 2 and b.ndim == 3
         if flat_rhs:
             b = b.reshape(b.shape[0], -1)                        # (n, g*h)
         ctx.a, ctx.b = a, b
-        y = att.matmul_forward_ref(a, b)
+        y = _mm(ctx, a, b)
         return y.reshape((a.shape[0],) + ctx.b_shape[1:]) if flat_rhs else y
 
     @staticmethod
     def backward(ctx: Context, dy):
+        (dy,) = _half(ctx, dy)
         dy = dy.reshape(ctx.a.shape[:-1] + ctx.b.shape[-1:])
-        da, db = att.matmul_backward_ref(ctx.a, ctx.b, dy)
+        da, db = _mm(ctx, dy, ctx.b.swapaxes(-1, -2)), _mm(ctx, ctx.a.swapaxes(-1, -2), dy)
         return da, db.reshape(ctx.b_shape)
 
 
 class SplitHeadsFn(Function):
     """(B, L, H*d) -> (B, H, L, d)."""
 
+    half_native = True                 # gpu/sim: a copy, float16 as float16
+
     @staticmethod
     def forward(ctx: Context, x, heads: int = 1):
         if _kernels():
             b, l, hd = x.shape
-            y = _empty((b, heads, l, hd // heads))
+            y = _empty((b, heads, l, hd // heads), x.dtype)
             att.split_heads(_contig(x), y)
             return y
         return att.split_heads_ref(x, heads)
@@ -120,6 +141,8 @@ class SplitHeadsFn(Function):
 class MergeHeadsFn(Function):
     """(B, H, L, d) -> (B, L, H*d)."""
 
+    half_native = True                 # gpu/sim: a copy, float16 as float16
+
     @staticmethod
     def forward(ctx: Context, x):
         ctx.heads = x.shape[1]
@@ -129,7 +152,7 @@ class MergeHeadsFn(Function):
     def backward(ctx: Context, dy):
         if _kernels():
             b, l, hd = dy.shape
-            dx = _empty((b, ctx.heads, l, hd // ctx.heads))
+            dx = _empty((b, ctx.heads, l, hd // ctx.heads), dy.dtype)
             att.split_heads(_contig(dy), dx)
             return dx
         return att.split_heads_ref(dy, ctx.heads)
@@ -138,7 +161,7 @@ class MergeHeadsFn(Function):
 def _merge(x):
     if _kernels():
         b, h, l, d = x.shape
-        y = _empty((b, l, h * d))
+        y = _empty((b, l, h * d), x.dtype)
         att.merge_heads(_contig(x), y)
         return y
     return att.merge_heads_ref(x)
@@ -147,13 +170,21 @@ def _merge(x):
 class ScaledQKFn(Function):
     """Q (.., Lf, d), K (.., Lt, d) -> (Q @ Kᵀ) * scale (.., Lf, Lt); the scale is the GEMM's alpha."""
 
+    half_native = True                 # gpu/sim: float16 GEMMs with float32 accumulation
+
     @staticmethod
     def forward(ctx: Context, q, k, scale: float = 1.0):
+        q, k = _half(ctx, q, k)
         ctx.q, ctx.k, ctx.scale = q, k, scale
+        if ctx.native_half:
+            return _mm(ctx, q, k.swapaxes(-1, -2), scale)
         return att.scaled_qk_forward_ref(q, k, scale)
 
     @staticmethod
     def backward(ctx: Context, ds):
+        if ctx.native_half:
+            (ds,) = _half(ctx, ds)
+            return _mm(ctx, ds, ctx.k, ctx.scale), _mm(ctx, ds.swapaxes(-1, -2), ctx.q, ctx.scale)
         return att.scaled_qk_backward_ref(ctx.q, ctx.k, ds, ctx.scale)
 
 
