@@ -123,12 +123,6 @@ def make_softmax_backward_kernel(tpb: int):
     return softmax_backward_kernel
 
 
-@cuda.jit(device=True, inline=True)
-def _masked_logit(x, mask, r, mr, j, factor):
-    """z = x*factor - (1-mask)*10000 of row r, column j (mask row mr), in float32."""
-    return float32(x[r, j]) * factor - (float32(1.0) - float32(mask[mr, j])) * float32(MASK_PENALTY)
-
-
 @functools.lru_cache(maxsize=None)
 def make_masked_softmax_kernel(tpb: int):
     """The masked softmax in one pass over each row, for blocks of exactly ``tpb`` threads: the logits
@@ -143,25 +137,26 @@ def make_masked_softmax_kernel(tpb: int):
         t = cuda.threadIdx.x
         n = x.shape[1]
         m_rows = mask.shape[0] // (x.shape[0] // rows_per_batch)      # M
+        penalty = float32(MASK_PENALTY)
         one = float32(1.0)
         for r in range(cuda.blockIdx.x, x.shape[0], cuda.gridDim.x):  # uniform per block
             mr = (r // rows_per_batch) * m_rows + (r % lf) % m_rows
             m = float32(-math.inf)
             for j in range(t, n, tpb):
-                m = max(m, _masked_logit(x, mask, r, mr, j, factor))
+                m = max(m, float32(x[r, j]) * factor - (one - float32(mask[mr, j])) * penalty)
             buf[t] = m
             block_max(buf, t, tpb)
             shift = buf[0]
             cuda.syncthreads()                          # all read buf[0] before it is reused
             acc = float32(0.0)
             for j in range(t, n, tpb):
-                acc += math.exp(_masked_logit(x, mask, r, mr, j, factor) - shift)
+                acc += math.exp(float32(x[r, j]) * factor - (one - float32(mask[mr, j])) * penalty - shift)
             buf[t] = acc
             block_sum(buf, t, tpb)
             inv = one / (buf[0] + float32(MASKED_EPS))
             cuda.syncthreads()                          # all read buf[0] before the next row
             for j in range(t, n, tpb):
-                y[r, j] = math.exp(_masked_logit(x, mask, r, mr, j, factor) - shift) * inv
+                y[r, j] = math.exp(float32(x[r, j]) * factor - (one - float32(mask[mr, j])) * penalty - shift) * inv
 
     return masked_softmax_kernel
 
