@@ -206,6 +206,18 @@ def test_multicross_runs_in_float16(sim, monkeypatch, version):
     assert not np.array_equal(native[1][1], converted[1][1])       # the float16 path did run
 
 
+def same_grad(seed):
+    """grad_of_out for run(): one float16 gradient drawn for the output's shape, the same on every call (so
+    the float16-kernel and converting runs get the same dY)."""
+    held = {}
+
+    def grad(y):
+        if "dy" not in held:
+            held["dy"] = r16(np.random.default_rng(seed).normal(size=y.shape))
+        return held["dy"]
+    return grad
+
+
 def _norm_layer(features):
     """What BatchNormFn reads from its layer: eps, factor and the running statistics (updated in place)."""
     from types import SimpleNamespace
@@ -237,12 +249,7 @@ def test_norms_softmax_and_reductions_equal_their_float32_kernels_rounded_once(s
     float32 kernels' arithmetic on the float16 values, rounded once. Softmax's backward reads its own
     output y, stored in float16 here and float32 when converting (as Sigmoid's)."""
     name, fn, xs, params = _norm_and_reduce_cases()[case]
-    dy = {}
-
-    def grad(y):
-        if "dy" not in dy:
-            dy["dy"] = r16(np.random.default_rng(8).normal(size=y.shape))
-        return dy["dy"]
+    grad = same_grad(8)
 
     def once():
         extra = {"layer": _norm_layer(xs[0].shape[1])} if fn.__name__ == "BatchNormFn" else {}
@@ -319,12 +326,7 @@ def test_attention_ops_equal_their_float32_forms_rounded_once(sim, monkeypatch, 
     simulator's model rounds once, the scale of Q Kᵀ included) and head reshuffles (copies) take float16
     tensors on gpu/sim and equal the float32 forms on float32 copies, rounded once."""
     name, fn, xs, params = _attention_cases()[case]
-    dy = {}
-
-    def grad(y):
-        if "dy" not in dy:
-            dy["dy"] = r16(np.random.default_rng(11).normal(size=y.shape))
-        return dy["dy"]
+    grad = same_grad(11)
     native = run(fn, xs, grad, **params)
     monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
     converted = run(fn, xs, grad, **params)
