@@ -65,6 +65,19 @@ def _native_half(half) -> bool:
     return raw == "1"
 
 
+def native_inputs(ctx: "Context", *arrays) -> tuple:
+    """The arrays as float16 when the op runs its float16 kernels (``ctx.native_half``: a half_native
+    Function on gpu/sim under mixed precision), else unchanged."""
+    if not ctx.native_half:
+        return arrays
+    return tuple(a.astype(np.float16, copy=False) for a in arrays)
+
+
+def native_dtype(ctx: "Context"):
+    """The dtype an op's kernels write: float16 under its float16 kernels, else float32."""
+    return np.float16 if ctx.native_half else np.float32
+
+
 def _up(a, half):
     """float32 view of a half-precision array (anything else unchanged)."""
     return a.astype(np.float32) if getattr(a, "dtype", None) == half else a

@@ -24,7 +24,7 @@ from ..enums import Layer_t
 from ..kernels import attention as att
 from ..kernels import softmax as sm
 from .base import Layer
-from .elementwise import _half, _out
+from ..autograd.tape import native_dtype as _out, native_inputs as _half
 from ..device import contig as _contig, empty as _empty, uses_kernels as _kernels, xp as _xp
 from ..ops import _half_mm
 

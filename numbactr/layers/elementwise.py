@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import compat, ops
 from ..autograd import Context, Function
+from ..autograd.tape import native_dtype as _out, native_inputs as _half
 from ..enums import Initializer_t, Layer_t
 from ..kernels import dropout as dropout_k
 from ..kernels import elementwise as ew
@@ -50,19 +51,6 @@ class Identity(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         return dy
-
-
-def _half(ctx, *arrays):
-    """The arrays as float16 when the op runs its float16 kernels (Function.half_native on gpu/sim under
-    mixed precision), else unchanged."""
-    if not ctx.native_half:
-        return arrays
-    return tuple(a.astype(np.float16, copy=False) for a in arrays)
-
-
-def _out(ctx):
-    """The dtype an op's kernels write: float16 under its float16 kernels, else float32."""
-    return np.float16 if ctx.native_half else np.float32
 
 
 def _stacked(xs):

@@ -20,7 +20,7 @@ from ..enums import Initializer_t, Layer_t
 from ..kernels import batch_norm, layer_norm, prelu_dice
 from . import init
 from .base import Layer
-from .elementwise import _half
+from ..autograd.tape import native_inputs as _half
 from ..device import xp as _xp, contig as _contig  # noqa: F401
 
 

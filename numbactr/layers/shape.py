@@ -20,7 +20,7 @@ from ..enums import Layer_t
 from ..kernels import fused_reshape_concat as frc
 from ..kernels import reduce_axis, sequence_mask, slice_select
 from .base import Layer
-from .elementwise import _half, _out
+from ..autograd.tape import native_dtype as _out, native_inputs as _half
 from ..device import uses_kernels as _kernels, xp as _xp, contig as _contig, empty as _empty  # noqa: F401
 
 MAX_SLICES = 5      # HugeCTR's Slice has at most 5 tops
