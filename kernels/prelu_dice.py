@@ -82,7 +82,7 @@ def make_dice_forward_kernel(tpb: int):
             ve = var + eps
             inv = float32(0.0) if ve < float32(TINY) else float32(1.0) / math.sqrt(ve)
             for m in range(t, rows, tpb):
-                v = x[m, f]
+                v = float32(x[m, f])            # (float16 tensors are read in float32)
                 s = (v - mu) * inv
                 e = math.exp(-abs(s))
                 p = float32(1.0) / (float32(1.0) + e) if s >= float32(0.0) else e / (float32(1.0) + e)
@@ -113,11 +113,11 @@ def make_dice_backward_kernel(tpb: int):
             a1 = float32(0.0)
             a2 = float32(0.0)
             for m in range(t, rows, tpb):
-                v = x[m, f]
+                v = float32(x[m, f])
                 s = (v - mu) * iv
                 e = math.exp(-abs(s))
                 p = one / (one + e) if s >= float32(0.0) else e / (one + e)
-                a = dy[m, f] * (one - alpha) * v * p * (one - p)
+                a = float32(dy[m, f]) * (one - alpha) * v * p * (one - p)
                 a1 += a
                 a2 += a * s
             s_a[t] = a1
@@ -127,8 +127,8 @@ def make_dice_backward_kernel(tpb: int):
             mean_as = s_as[0] / nb
             cuda.syncthreads()
             for m in range(t, rows, tpb):
-                v = x[m, f]
-                g = dy[m, f]
+                v = float32(x[m, f])
+                g = float32(dy[m, f])
                 s = (v - mu) * iv
                 e = math.exp(-abs(s))
                 p = one / (one + e) if s >= float32(0.0) else e / (one + e)
@@ -160,8 +160,10 @@ def prelu_dice_backward(x, dy, alpha, mean, inv, hugectr_exact, dx, threads: int
                 np.int32(1 if hugectr_exact else 0), dx, threads=tpb)
 
 
-_M, _V = "float32[:, ::1]", "float32[::1]"
+_M, _V, _H = "float32[:, ::1]", "float32[::1]", "float16[:, ::1]"
 PTX_CHECKS = [
     (make_dice_forward_kernel(256), f"void({_M}, float32, float32, {_M}, {_V}, {_V})"),
     (make_dice_backward_kernel(256), f"void({_M}, {_M}, float32, {_V}, {_V}, int32, {_M})"),
+    (make_dice_forward_kernel(256), f"void({_H}, float32, float32, {_H}, {_V}, {_V})"),     # mixed precision
+    (make_dice_backward_kernel(256), f"void({_H}, {_H}, float32, {_V}, {_V}, int32, {_H})"),
 ]

@@ -227,7 +227,7 @@ def _norm_layer(features):
 
 def _norm_and_reduce_cases():
     from numbactr.layers.attention import MaskedSoftmaxFn, SoftmaxFn
-    from numbactr.layers.norm import BatchNormFn, LayerNormFn
+    from numbactr.layers.norm import BatchNormFn, LayerNormFn, PReLUDiceFn
     from numbactr.layers.shape import ReduceAxis
     rng = np.random.default_rng(7)
     x3 = r16(rng.normal(size=(3, 4, 5)))
@@ -239,12 +239,13 @@ def _norm_and_reduce_cases():
             ("BatchNorm train", BatchNormFn, [x2, gamma, beta], {"training": True}),
             ("BatchNorm eval", BatchNormFn, [x2, gamma, beta], {"training": False}),
             ("Softmax", SoftmaxFn, [x3], {}), ("Softmax no max", SoftmaxFn, [x2], {"subtract_max": False}),
+            ("PReLU_Dice", PReLUDiceFn, [x2], {"alpha": 0.25, "eps": 1e-5}),
             ("masked Softmax", MaskedSoftmaxFn, [r16(rng.normal(size=(2, 2, 3, 4)) * 3), mask], {"factor": 0.5})]
 
 
-@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("case", range(9))
 def test_norms_softmax_and_reductions_equal_their_float32_kernels_rounded_once(sim, monkeypatch, case):
-    """ReduceSum/Mean, LayerNorm, BatchNorm (training and eval) and Softmax (plain and masked) take float16 tensors
+    """ReduceSum/Mean, LayerNorm, BatchNorm (training and eval), PReLU_Dice and Softmax (plain and masked) take float16 tensors
     on gpu/sim: float16 x, y and gradients, float32 parameters, statistics and parameter gradients, the
     float32 kernels' arithmetic on the float16 values, rounded once. Softmax's backward reads its own
     output y, stored in float16 here and float32 when converting (as Sigmoid's)."""
@@ -338,6 +339,6 @@ def test_attention_ops_equal_their_float32_forms_rounded_once(sim, monkeypatch, 
 
 
 def test_norm_and_reduce_float16_signatures_are_in_the_ptx_checks():
-    from numbactr.kernels import attention, batch_norm, layer_norm, reduce_axis, slice_select, softmax
-    for mod in (attention, batch_norm, layer_norm, reduce_axis, slice_select, softmax):
+    from numbactr.kernels import attention, batch_norm, layer_norm, prelu_dice, reduce_axis, slice_select, softmax
+    for mod in (attention, batch_norm, layer_norm, prelu_dice, reduce_axis, slice_select, softmax):
         assert any("float16" in sig for _, sig in mod.PTX_CHECKS), mod.__name__

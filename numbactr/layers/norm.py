@@ -114,8 +114,11 @@ class LayerNormFn(Function):
 class PReLUDiceFn(Function):
     """x (B, ...) viewed as (B, F) -> y of x's shape. Batch statistics in train and eval alike."""
 
+    half_native = True                 # gpu/sim: float16 x, y and gradients; float32 statistics
+
     @staticmethod
     def forward(ctx: Context, x, alpha: float = 1.0, eps: float = 1e-5):
+        (x,) = _half(ctx, x)
         shape = x.shape
         x2 = _contig(x).reshape(shape[0], -1)                         # (B, F)
         ctx.x2, ctx.shape, ctx.alpha = x2, shape, alpha
@@ -131,7 +134,7 @@ class PReLUDiceFn(Function):
 
     @staticmethod
     def backward(ctx: Context, dy):
-        dy2 = _contig(dy).reshape(ctx.x2.shape)
+        dy2 = _contig(_half(ctx, dy)[0]).reshape(ctx.x2.shape)
         exact = compat.hugectr_exact()
         if device.uses_kernels():
             dx = _xp().empty_like(dy2)
