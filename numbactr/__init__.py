@@ -22,9 +22,12 @@ from .optim import LearningRateScheduler
 from . import tools  # noqa: F401  (hugectr.tools.DataGenerator)
 from . import inference  # noqa: F401,E402  (hugectr.inference.InferenceParams, ...)
 
+from . import alias as _alias
+
 globals().update(_enums.exported_members())    # pybind export_values(): hugectr.Adam, hugectr.Norm, ...
 
 __version__ = "0.1.0"
+_alias.install()                    # `from hugectr.inference import ...` after `import numbactr as hugectr`
 
 __all__ = ["AsyncParam", "CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
            "DenseLayerComputeConfig", "GroupDenseLayer", "IgnoredArgumentWarning", "Input", "LearningRateScheduler",
