@@ -203,3 +203,70 @@ def test_data_reader_params_accepts_it_and_the_model_reads_hdfs_style_paths_via_
     got = model.predict(2, lists["eval"], T.Norm, hugectr.Check_t.Sum,
                         data_source_params=hugectr.data.DataSourceParams(hugectr.FileSystemType_t.HDFS, "nn", 9000))
     np.testing.assert_array_equal(got, want)
+
+
+def test_older_data_source_params_forms():
+    # v3.5-v3.7: DataSourceParams(use_hdfs, namenode, port), positionally or by keyword
+    a = DataSourceParams(True, "nn", 9000)
+    b = hugectr.data.DataSourceParams(use_hdfs=True, namenode="nn", port=9000)
+    assert a == b == DataSourceParams(F.HDFS, "nn", 9000) and a.use_hdfs and a.namenode == "nn"
+    b.use_hdfs, b.namenode = False, "other"
+    assert (b.source, b.server) == (F.Local, "other")
+    # v3.4: the paths DataSource.move_to_local copies (test/pybind_test/data_source_test.py)
+    p = DataSourceParams(use_hdfs=True, namenode="localhost", port=9000, hdfs_train_source="/data/train/",
+                         local_train_filelist="./wdl/file_list.txt", hdfs_sparse_model=["/m/0_sparse.model/"])
+    assert p.hdfs_train_source == "/data/train/" and p.local_train_filelist == "./wdl/file_list.txt"
+    assert p.hdfs_sparse_model == ["/m/0_sparse.model/"] and p.local_sparse_model == [] and p.hdfs_eval_source == ""
+    with pytest.raises(TypeError, match="unexpected argument"):
+        DataSourceParams(hdfs_train_sources="/x")
+    with pytest.raises(ValueError, match="use_hdfs"):
+        DataSourceParams(use_hdfs="yes")
+    with pytest.raises(ValueError, match="hdfs_sparse_model must be a list"):
+        DataSourceParams(hdfs_sparse_model="/m/")
+
+
+def test_data_source_move_to_local(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    remote = tmp_path / "remote"
+    (remote / "train").mkdir(parents=True)
+    (remote / "train" / "sub").mkdir()                      # folders inside a source folder are not copied
+    for i in range(2):
+        (remote / "train" / f"part{i}.parquet").write_bytes(bytes([i]) * 10)
+    (remote / "file_list.txt").write_text("2\n")
+    (remote / "dense.model").write_bytes(b"d" * 8)
+    (remote / "0_sparse.model").mkdir()
+    (remote / "0_sparse.model" / "key").write_bytes(b"k" * 8)
+    (remote / "0_opt_sparse.model").write_bytes(b"o" * 4)
+    url = f"file://{remote}"
+    p = hugectr.data.DataSourceParams(use_hdfs=True, namenode="unused", port=9000,
+                                      hdfs_train_source=url + "/train/", local_train_source="./wdl/train/",
+                                      hdfs_train_filelist=url + "/file_list.txt",
+                                      local_train_filelist="./wdl/file_list.txt",
+                                      hdfs_dense_model=url + "/dense.model", local_dense_model="./model/",
+                                      hdfs_sparse_model=[url + "/0_sparse.model/"],
+                                      local_sparse_model=["./model/0_sparse.model/"],
+                                      hdfs_sparse_opt_states=[url + "/0_opt_sparse.model"],
+                                      local_sparse_opt_states=["./model/0_opt_sparse.model"])
+    got = hugectr.data.DataSource(p).move_to_local()
+    assert sorted(os.path.relpath(g) for g in got) == sorted(
+        ["wdl/train/part0.parquet", "wdl/train/part1.parquet", "wdl/file_list.txt", "model/dense.model",
+         "model/0_sparse.model/key", "model/0_opt_sparse.model"])
+    assert (tmp_path / "wdl/train/part1.parquet").read_bytes() == b"\x01" * 10
+    assert not (tmp_path / "wdl/train/sub").exists()
+    assert (tmp_path / "model/0_sparse.model/key").read_bytes() == b"k" * 8
+    # v3.7's form: one file
+    out = hugectr.data.DataSource(p).move_to_local(url + "/dense.model", "./one/dense.model")
+    assert out == ["./one/dense.model"] and (tmp_path / "one/dense.model").read_bytes() == b"d" * 8
+    # a path without a scheme is on the namenode the params name
+    assert hugectr.data.DataSource(p)._uri("/data/train/") == "hdfs://unused:9000/data/train"
+    # errors: a missing remote file, unequal lists, half a pair
+    bad = DataSourceParams(hdfs_dense_model=url + "/nope.model", local_dense_model="./m")
+    with pytest.raises(FileNotFoundError, match="nope.model"):
+        hugectr.data.DataSource(bad).move_to_local()
+    bad = DataSourceParams(hdfs_sparse_model=[url + "/0_sparse.model/"] * 2, local_sparse_model=["./a/"])
+    with pytest.raises(ValueError, match="2 HDFS and 1 local sparse models"):
+        hugectr.data.DataSource(bad).move_to_local()
+    with pytest.raises(ValueError, match="give both paths"):
+        hugectr.data.DataSource(p).move_to_local(url + "/dense.model")
+    with pytest.raises(IsADirectoryError):
+        hugectr.data.DataSource(p).move_to_local(url + "/train", "./x")

@@ -34,10 +34,17 @@ import threading
 
 from ..enums import FileSystemType_t
 
-__all__ = ["DataSourceParams", "remote_uri", "local_copy", "is_remote"]
+__all__ = ["DataSource", "DataSourceParams", "remote_uri", "local_copy", "is_remote"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _ALIASES = {"S3": "s3", "GS": "gs"}          # HugeCTR's upper-case spellings (get_path_scheme)
+
+
+_PATH_ARGS = ("hdfs_train_source", "hdfs_train_filelist", "hdfs_eval_source", "hdfs_eval_filelist",
+              "hdfs_dense_model", "hdfs_dense_opt_states", "local_train_source", "local_train_filelist",
+              "local_eval_source", "local_eval_filelist", "local_dense_model", "local_dense_opt_states",
+              "hdfs_model_home", "local_model_home")
+_LIST_ARGS = ("hdfs_sparse_model", "hdfs_sparse_opt_states", "local_sparse_model", "local_sparse_opt_states")
 
 
 class DataSourceParams:
@@ -48,9 +55,24 @@ class DataSourceParams:
         source: FileSystemType_t (Local, HDFS, S3, GCS, Other).
         server: HDFS namenode host, or the AWS region for S3.
         port: HDFS namenode port.
+
+    HugeCTR's older forms are accepted too, for scripts written against them: v3.5-v3.7's
+    ``DataSourceParams(use_hdfs=False, namenode="localhost", port=9000)`` (``use_hdfs=True`` is
+    ``source=FileSystemType_t.HDFS``, ``namenode`` is ``server``; both stay readable and writable as
+    attributes), and v3.4's paths for :class:`DataSource.move_to_local` (``hdfs_train_source``,
+    ``local_train_source``, ``hdfs_sparse_model`` [a list], ...; each a read-write attribute, "" or [] by default).
     """
 
-    def __init__(self, source=FileSystemType_t.Local, server: str = "localhost", port: int = 9000):
+    def __init__(self, source=FileSystemType_t.Local, server: str = "localhost", port: int = 9000, *,
+                 use_hdfs=None, namenode=None, **paths):
+        if isinstance(source, bool):                # v3.5-v3.7 positional form: (use_hdfs, namenode, port)
+            use_hdfs, source = source, FileSystemType_t.Local
+        if use_hdfs is not None:
+            if not isinstance(use_hdfs, bool):
+                raise ValueError(f"DataSourceParams: use_hdfs must be True or False, got {use_hdfs!r}")
+            source = FileSystemType_t.HDFS if use_hdfs else FileSystemType_t.Local
+        if namenode is not None:
+            server = namenode
         if not isinstance(source, FileSystemType_t):
             raise ValueError(f"DataSourceParams: source must be a FileSystemType_t (Local, HDFS, S3, GCS, Other), "
                              f"got {source!r}")
@@ -59,6 +81,36 @@ class DataSourceParams:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"DataSourceParams: port must be an integer in [0, 65535], got {port!r}")
         self.source, self.server, self.port = source, server, port
+        unknown = sorted(set(paths) - set(_PATH_ARGS) - set(_LIST_ARGS))
+        if unknown:
+            raise TypeError(f"DataSourceParams: unexpected argument(s) {unknown}; it takes source, server, port "
+                            f"(or use_hdfs, namenode, port) and the paths {list(_PATH_ARGS + _LIST_ARGS)}")
+        for name in _PATH_ARGS:
+            v = paths.get(name, "")
+            if not isinstance(v, str):
+                raise ValueError(f"DataSourceParams: {name} must be a string, got {v!r}")
+            setattr(self, name, v)
+        for name in _LIST_ARGS:
+            v = paths.get(name, [])
+            if isinstance(v, str) or not all(isinstance(x, str) for x in v):
+                raise ValueError(f"DataSourceParams: {name} must be a list of strings, got {v!r}")
+            setattr(self, name, list(v))
+
+    @property
+    def use_hdfs(self) -> bool:
+        return self.source == FileSystemType_t.HDFS
+
+    @use_hdfs.setter
+    def use_hdfs(self, value: bool) -> None:
+        self.source = FileSystemType_t.HDFS if value else FileSystemType_t.Local
+
+    @property
+    def namenode(self) -> str:
+        return self.server
+
+    @namenode.setter
+    def namenode(self, value: str) -> None:
+        self.server = value
 
     def is_local(self) -> bool:
         return self.source == FileSystemType_t.Local
@@ -68,6 +120,97 @@ class DataSourceParams:
 
     def __eq__(self, other):
         return isinstance(other, DataSourceParams) and vars(self) == vars(other)
+
+
+class DataSource:
+    """``hugectr.data.DataSource(data_source_params)`` of HugeCTR v3.4-v3.7: copies files from HDFS to the
+    local disk before training (later HugeCTR versions read remote paths directly, as numbactr's readers do).
+
+    ``move_to_local()`` copies every pair the params name (v3.4): the train and eval source folders (their
+    files, not sub-folders) and file lists, the dense model and its optimizer states, each sparse model
+    folder and sparse optimizer-state file, to the matching ``local_*`` path; a pair whose HDFS path is empty is
+    skipped. ``move_to_local(hdfs_path, local_path)`` copies one file (v3.7's form). A path without a scheme is
+    on ``hdfs://namenode:port``; one with a scheme (``hdfs://``, ``s3://``, ``file://``, ``memory://``, ...) is
+    read through that fsspec filesystem. A local path that is a folder, or ends with "/", receives the file
+    under its own name. Missing remote files and mismatched list lengths are errors (HugeCTR exits).
+    """
+
+    def __init__(self, data_source_params: DataSourceParams):
+        if not isinstance(data_source_params, DataSourceParams):
+            raise ValueError(f"DataSource: data_source_params must be a hugectr.data.DataSourceParams, got "
+                             f"{data_source_params!r}")
+        self.data_source_params = data_source_params
+
+    def _uri(self, path: str) -> str:
+        p = self.data_source_params
+        if _SCHEME.match(path):
+            return remote_uri(path)
+        return f"hdfs://{p.server}:{p.port}/" + posixpath.normpath(path).lstrip("/")
+
+    def _copy_file(self, remote: str, local: str) -> str:
+        uri = self._uri(remote)
+        fs, rpath = _filesystem(uri, None)
+        if not fs.exists(rpath):
+            raise FileNotFoundError(f"DataSource.move_to_local: {uri!r} does not exist")
+        if fs.isdir(rpath):
+            raise IsADirectoryError(f"DataSource.move_to_local: {uri!r} is a folder; name a file")
+        if os.path.isdir(local) or local.endswith(("/", os.sep)):
+            os.makedirs(local, exist_ok=True)
+            local = os.path.join(local, posixpath.basename(rpath.rstrip("/")))
+        os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+        tmp = f"{local}.part{os.getpid()}"
+        fs.get_file(rpath, tmp)
+        os.replace(tmp, local)
+        return local
+
+    def _copy_folder(self, remote: str, local: str) -> list:
+        uri = self._uri(remote)
+        fs, rpath = _filesystem(uri, None)
+        if not fs.exists(rpath):
+            raise FileNotFoundError(f"DataSource.move_to_local: {uri!r} does not exist")
+        if not fs.isdir(rpath):
+            raise NotADirectoryError(f"DataSource.move_to_local: {uri!r} is a file, not a folder")
+        os.makedirs(local, exist_ok=True)
+        out = []
+        for entry in fs.ls(rpath, detail=True):
+            if entry.get("type") == "file":
+                name = posixpath.basename(entry["name"].rstrip("/"))
+                dest = os.path.join(local, name)
+                tmp = f"{dest}.part{os.getpid()}"
+                fs.get_file(entry["name"], tmp)
+                os.replace(tmp, dest)
+                out.append(dest)
+        return out
+
+    def move_to_local(self, hdfs_path: str | None = None, local_path: str | None = None) -> list:
+        """Copy to the local disk; returns the local paths written."""
+        if hdfs_path is not None or local_path is not None:
+            if not (isinstance(hdfs_path, str) and hdfs_path and isinstance(local_path, str) and local_path):
+                raise ValueError("DataSource.move_to_local(hdfs_path, local_path): give both paths, or neither to "
+                                 "copy every path the DataSourceParams names")
+            return [self._copy_file(hdfs_path, local_path)]
+        p = self.data_source_params
+        out = []
+        for kind, h, loc in (("folder", p.hdfs_train_source, p.local_train_source),
+                             ("file", p.hdfs_train_filelist, p.local_train_filelist),
+                             ("folder", p.hdfs_eval_source, p.local_eval_source),
+                             ("file", p.hdfs_eval_filelist, p.local_eval_filelist),
+                             ("file", p.hdfs_dense_model, p.local_dense_model),
+                             ("file", p.hdfs_dense_opt_states, p.local_dense_opt_states)):
+            if h:
+                if not loc:
+                    raise ValueError(f"DataSource.move_to_local: {h!r} has no local path to copy to")
+                out += self._copy_folder(h, loc) if kind == "folder" else [self._copy_file(h, loc)]
+        for kind, hs, ls in (("folder", p.hdfs_sparse_model, p.local_sparse_model),
+                             ("file", p.hdfs_sparse_opt_states, p.local_sparse_opt_states)):
+            if hs and ls:
+                if len(hs) != len(ls):
+                    raise ValueError(f"DataSource.move_to_local: {len(hs)} HDFS and {len(ls)} local "
+                                     f"{'sparse models' if kind == 'folder' else 'sparse optimizer states'}; "
+                                     "give one local path per HDFS path")
+                for h, loc in zip(hs, ls):
+                    out += self._copy_folder(h, loc) if kind == "folder" else [self._copy_file(h, loc)]
+        return out
 
 
 def remote_uri(path: str, params: DataSourceParams | None = None) -> str | None:
