@@ -20,6 +20,7 @@ HUGE_MIN_BYTES, systems without ``madvise`` and device arrays are unaffected.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 
@@ -41,6 +42,33 @@ def huge_pages_wanted() -> bool:
     return value == "1"
 
 
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def available_bytes() -> int | None:
+    """Host memory a new allocation can still fill: MemAvailable + SwapFree from /proc/meminfo (None where
+    the system does not say)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in f if ln.split()[1:2]}
+    except (OSError, ValueError, IndexError):
+        return None
+    if "MemAvailable" not in info:
+        return None
+    return info["MemAvailable"] + info.get("SwapFree", 0)
+
+
+def check_fits(nbytes: int, what: str, hint: str = "") -> None:
+    """MemoryError naming `what` when filling nbytes of fresh host memory would exceed what is available
+    (Linux hands out memory lazily, so an oversized table would otherwise be killed by the kernel while it is
+    initialized, with no message at all)."""
+    avail = available_bytes()
+    if avail is not None and nbytes > avail:
+        raise MemoryError(f"{what} needs {_gb(nbytes)} of host memory but only {_gb(avail)} are available"
+                          + (f"; {hint}" if hint else ""))
+
+
 def host_zeros(n: int, dtype, huge: bool | None = None) -> np.ndarray:
     """A zeroed 1-D host array of n elements, in huge pages when it is big (see the module docstring) and
     huge is True (None: as NUMBACTR_HUGE_PAGES says).
@@ -54,6 +82,17 @@ def host_zeros(n: int, dtype, huge: bool | None = None) -> np.ndarray:
         huge = huge_pages_wanted()
     huge = (huge and nbytes >= HUGE_MIN_BYTES and hasattr(mmap, "MADV_HUGEPAGE")
             and hasattr(mmap.mmap, "madvise"))
+    try:
+        return _host_zeros(nbytes, dtype, huge)
+    except OSError as e:
+        if e.errno != errno.ENOMEM:
+            raise
+        avail = available_bytes()
+        raise MemoryError(f"cannot map {_gb(nbytes)} of host memory ({n} x {dtype.name})"
+                          + (f"; {_gb(avail)} are available" if avail is not None else "")) from None
+
+
+def _host_zeros(nbytes: int, dtype, huge: bool) -> np.ndarray:
     if not huge:
         mem = mmap.mmap(-1, nbytes, flags=_PRIVATE)  # zero-filled by the kernel
         if hasattr(mmap, "MADV_NOHUGEPAGE") and hasattr(mem, "madvise"):

@@ -91,3 +91,40 @@ def test_engine_bits_do_not_depend_on_huge_pages(monkeypatch, pooling, psw):
     np.testing.assert_array_equal(o1, o0)
     for a, b in zip(w1 + [x for st in s1 for x in st], w0 + [x for st in s0 for x in st]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_oversized_buffers_and_tables_are_clear_memory_errors(monkeypatch):
+    # a mapping the kernel refuses: MemoryError with the size, not OSError ENOMEM
+    with pytest.raises(MemoryError, match=r"cannot map .* GB of host memory"):
+        hostmem.host_zeros(1 << 58, np.float32)
+    # a table that would be initialized past the available memory: refused before a page is touched
+    monkeypatch.setattr(hostmem, "available_bytes", lambda: 1 << 20)
+    with pytest.raises(MemoryError, match=r"initializing SparseEmbedding 'big' \(1200000 rows x 16\) needs "
+                                          r"0\.08 GB of host memory but only 0\.00 GB are available"):
+        _onehot("big", [600000, 600000])
+
+
+def test_whole_table_fill_in_chunks_equals_one_piece(monkeypatch):
+    from numbactr.embedding import engine as E
+    from numbactr.kernels import embedding_init as EI
+    monkeypatch.setattr(E, "FILL_CHUNK_ELEMS", 100)            # 6 rows of 16 per chunk
+    view = np.zeros((45, 16), np.float32)
+    scale = np.linspace(0.1, 1.0, 45).astype(np.float32)
+    E.fill_uniform_rows(view, 7, 3, -0.5, 0.5, row_scale=scale)
+    want = EI.row_values_ref(np.arange(7, 52, dtype=np.uint64), 16, 3, -0.5, 0.5) * scale[:, None]
+    assert np.array_equal(view, want)
+    # the one-hot embedding's initial table is the same as before the fill was chunked
+    e = _onehot("small", [30, 15])
+    bound = np.repeat(np.sqrt(1.0 / np.array([30, 15], np.float64)), [30, 15]).astype(np.float32)
+    want = EI.row_values_ref(np.arange(45, dtype=np.uint64), 16, e.seed, -1.0, 1.0) * bound[:, None]
+    assert np.array_equal(np.asarray(e.weight.data), want)
+
+
+def _onehot(name, sizes):
+    import numbactr as hugectr
+    from numbactr.embedding.sparse_embedding import make_embedding
+    cfg = hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot,
+                                  slot_size_array=sizes, embedding_vec_size=16, sparse_embedding_name=name,
+                                  bottom_name="data1", workspace_size_per_gpu_in_mb=1)
+    param = hugectr.DataReaderSparseParam("data1", 1, True, len(sizes))
+    return make_embedding(cfg, param, hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD), 0)

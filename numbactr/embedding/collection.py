@@ -83,7 +83,8 @@ from ..enums import CommunicationStrategy
 from ..kernels import embedding_init as EI
 from ..kernels import optimizers as OK
 from ..optim import sparse_optimizer_spec
-from .engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec)
+from .engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec,
+                     fill_uniform_rows)
 from .hash_table import HashTableFullError
 from .sharded import ShardedTable
 
@@ -315,9 +316,9 @@ class _Group:
                                         for t in tables])
         for j, t in enumerate(tables):
             if not t.cfg.dynamic:                 # U(-sqrt(1/V), sqrt(1/V)) from (table seed, row): its own rows
-                V, a = t.cfg.max_vocabulary_size, math.sqrt(1.0 / t.cfg.max_vocabulary_size)
-                vals = EI.row_values_ref(np.arange(V, dtype=np.uint64), t.dim, t.seed, -a, a)
-                self.engine.split_weights()[j][...] = device.xp().asarray(vals)
+                a = math.sqrt(1.0 / t.cfg.max_vocabulary_size)
+                fill_uniform_rows(self.engine.split_weights()[j], 0, t.seed, -a, a,
+                                  what=f"EmbeddingTableConfig {t.cfg.name!r}")
         xp = device.xp()
         self.ftrl_states = [[xp.zeros((int(r), t.dim), np.float32) for _ in range(2)]        # [z, n] per table
                             for t, r in zip(tables, self.engine.rows)] if self.ftrl else None

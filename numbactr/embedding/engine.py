@@ -64,7 +64,7 @@ import numba
 import numpy as np
 
 from .. import device
-from ..hostmem import HUGE_MIN_BYTES, host_zeros, huge_pages_wanted
+from ..hostmem import HUGE_MIN_BYTES, check_fits, host_zeros, huge_pages_wanted
 from ..kernels import embedding_init as EI
 from ..kernels import tbe as K
 from ..kernels import tbe_cpu as C
@@ -164,6 +164,31 @@ def _zeros(n: int, dtype, huge: bool = True):
     if xp is not np or n == 0:
         return xp.zeros(n, dtype)
     return host_zeros(n, dtype, huge)
+
+
+FILL_CHUNK_ELEMS = 1 << 22         # values per chunk of fill_uniform_rows: its temporaries stay near 200 MB
+
+
+def fill_uniform_rows(view, first_lin: int, seed: int, lo: float, hi: float, row_scale=None,
+                      what: str = "an embedding table") -> None:
+    """view (V, D) = U(lo, hi) from the hash of (seed, first_lin + row, d) (kernels.embedding_init), times
+    row_scale[row] ((V,) float32) where given: the same values on every device. It runs in chunks of rows,
+    because the hash's NumPy reference holds several 8-byte temporaries per value (a whole table at once
+    needed 6x the table's size), and first checks that the host memory it will touch is there (a table
+    initialized past the machine's memory is otherwise killed by the kernel without a word)."""
+    V, D = view.shape
+    xp = device.xp()
+    if xp is np:
+        check_fits(V * D * view.dtype.itemsize, f"initializing {what} ({V} rows x {D})",
+                   "shrink the table (slot_size_array, max_vocabulary_size) or keep it in a tiered store "
+                   "(numbactr.embedding.tiered)")
+    step = max(1, FILL_CHUNK_ELEMS // max(D, 1))
+    for a in range(0, V, step):
+        b = min(V, a + step)
+        vals = EI.row_values_ref(np.arange(first_lin + a, first_lin + b, dtype=np.uint64), D, seed, lo, hi)
+        if row_scale is not None:
+            vals *= row_scale[a:b, None]
+        view[a:b] = xp.asarray(vals.astype(view.dtype, copy=False))
 
 
 def _wants_huge_copy(a, reads: int, huge: bool) -> bool:
@@ -274,8 +299,12 @@ class TableBatchedEmbedding:
         xp = device.xp()
         wdtype = np.float16 if self.weights_precision == Precision.FP16 else np.float32
         self.huge_pages = huge_pages_wanted()       # host buffers in huge pages (numbactr.hostmem), read once
-        self.weights = _zeros(int(self.elem_offsets[-1]), wdtype, self.huge_pages)           # (sum V_t * stride_t,)
-        self.states = [self._new_state(per_row, dtype, name) for name, per_row, dtype in self._state_specs()]
+        try:
+            self.weights = _zeros(int(self.elem_offsets[-1]), wdtype, self.huge_pages)       # (sum V_t * stride_t,)
+            self.states = [self._new_state(per_row, dtype, name) for name, per_row, dtype in self._state_specs()]
+        except MemoryError as e:
+            raise MemoryError(f"embedding tables of {int(rows.sum())} rows in all (widths {sorted(set(dims.tolist()))}, "
+                              f"{self.optimizer.kind.name} with {len(self._state_specs())} state buffer(s)): {e}") from None
         self.hash_tables = {t: HashTable(spec.rows, use_kernels=self.impl == "kernels", xp=xp,
                                          compiled=self.impl == "cpu")
                             for t, spec in enumerate(self.tables) if spec.keyed}
@@ -388,10 +417,8 @@ class TableBatchedEmbedding:
     def init_uniform(self, lo: float, hi: float, seed: int | None = None) -> None:
         """Every weight U(lo, hi), drawn from a hash of (seed, linear row, d): the same on every device."""
         seed = self.seed if seed is None else int(seed)
-        xp = device.xp()
         for t, view in enumerate(self.split_weights()):
-            lin = np.arange(self.row_offsets[t], self.row_offsets[t + 1], dtype=np.uint64)
-            view[...] = xp.asarray(EI.row_values_ref(lin, int(self.dims[t]), seed, lo, hi).astype(view.dtype))
+            fill_uniform_rows(view, int(self.row_offsets[t]), seed, lo, hi, what=f"table {t}")
 
     # ---- forward ------------------------------------------------------------------------------------
     def forward(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,

@@ -41,11 +41,10 @@ from ..distributed.comm import world
 from ..distributed.sharding import key_owner
 from ..enums import Embedding_t
 from ..kernels import embedding_bag as EB
-from ..kernels import embedding_init as EI
 from ..kernels import hash_table as _ht
 from ..kernels.tbe import STATES
 from ..optim import sparse_optimizer_spec
-from .engine import BoundsCheck, Layout, Pooling, TableBatchedEmbedding, TableSpec
+from .engine import BoundsCheck, Layout, Pooling, TableBatchedEmbedding, TableSpec, fill_uniform_rows
 from .hash_table import HashTableFullError
 from .tiered import TieredEmbedding
 from .sharded import ShardedLookup, ShardedTable
@@ -357,8 +356,8 @@ class OneHotEmbedding(HashEmbedding):
         self.max_rows = int(sum(sizes))
         self._make_engine(TableSpec(self.max_rows, self.vec))
         bound = np.repeat(np.sqrt(1.0 / np.asarray(sizes, np.float64)), sizes).astype(np.float32)   # (V,)
-        host = EI.row_values_ref(np.arange(self.max_rows, dtype=np.uint64), self.vec, self.seed, -1.0, 1.0)
-        self.weight.data[...] = device.xp().asarray(host * bound[:, None])
+        fill_uniform_rows(self.weight.data, 0, self.seed, -1.0, 1.0, row_scale=bound,
+                          what=f"SparseEmbedding {self.name!r}")
         self.table = None
         self.row_slot = None                      # row = key: the slot of a row is given by slot_size_array
 
