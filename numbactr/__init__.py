@@ -18,6 +18,7 @@ from . import data  # noqa: F401  (hugectr.data.DataSourceParams)
 from .model import Model, ModelError
 from .embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
 from .embedding.hybrid import HybridEmbeddingParam
+from .etc import CreateETC, CreateHMemCache, EmbeddingTrainingCacheParams, HMemCacheConfig  # noqa: F401
 from .optim import LearningRateScheduler
 from . import tools  # noqa: F401  (hugectr.tools.DataGenerator)
 from . import inference  # noqa: F401,E402  (hugectr.inference.InferenceParams, ...)
@@ -29,6 +30,6 @@ globals().update(_enums.exported_members())    # pybind export_values(): hugectr
 __version__ = "0.1.0"
 _alias.install()                    # `from hugectr.inference import ...` after `import numbactr as hugectr`
 
-__all__ = ["AsyncParam", "CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
+__all__ = ["AsyncParam", "CreateETC", "CreateHMemCache", "CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
            "DenseLayerComputeConfig", "GroupDenseLayer", "IgnoredArgumentWarning", "Input", "LearningRateScheduler",
            "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "HybridEmbeddingParam", "CommunicationStrategy", "OptParamsPy", "Solver", "SparseEmbedding", "tools"]

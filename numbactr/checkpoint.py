@@ -78,14 +78,15 @@ _STAGING = re.compile(r"\.[^/\\]*\.staging-\d+-[0-9a-f]+")
 
 
 # ---- saving ------------------------------------------------------------------------------------
-def save(model, prefix: str, it: int) -> None:
-    """Write the snapshot of ``model`` (every rank calls this; rank 0 writes, see the module doc)."""
+def save(model, prefix: str, it: int, with_sparse: bool = True) -> None:
+    """Write the snapshot of ``model`` (every rank calls this; rank 0 writes, see the module doc); without
+    with_sparse only the dense files (the embedding training cache writes the tables elsewhere)."""
     it = int(it)
     if it < 0:
         raise ValueError(f"save_params_to_files: iter must be >= 0, got {it}")
     comm = model.comm
     d, base = os.path.split(str(prefix))
-    sparse = [_gather_embedding(e, comm) for e in model.embeddings]          # collectives
+    sparse = [_gather_embedding(e, comm) for e in model.embeddings] if with_sparse else None   # collectives
     error = None
     if comm.rank == 0:
         try:
@@ -141,7 +142,7 @@ def _snapshot_files(model, base: str, it: int, sparse) -> tuple[list, list]:
         doc = {"layers": [b.ntp_entry() for b in bns]}
         outs.append((dense + ".ntp.json", json.dumps(doc, indent=2).encode()))
     records = []
-    for i, (e, (counts, keys, vecs, slots, blocks)) in enumerate(zip(model.embeddings, sparse)):
+    for i, (e, (counts, keys, vecs, slots, blocks)) in enumerate(zip(model.embeddings, sparse or [])):
         folder, opt = f"{base}{i}_sparse_{it}.model", f"{base}{i}_opt_sparse_{it}.model"
         outs += [(folder + "/key", _raw(keys, "<i8")), (folder + "/emb_vector", _raw(vecs, "<f4"))]
         if slots is not None:

@@ -201,12 +201,6 @@ class DataReaderParams:
     def _warn_ignored(self) -> None:
         t, T = self.data_reader_type, DataReaderType_t
         notes = []
-        if len(self.source) > 1:
-            notes.append(("source[1:]", self.source[1:], "only source[0] is read (HugeCTR reads the others only with "
-                                                 "the embedding training cache); use Model.set_source for epochs"))
-        if self.keyset not in ("", [], ()):
-            notes.append(("keyset", self.keyset, "used only by the embedding training cache, which numbactr "
-                                                 "does not implement"))
         if self.cache_eval_data:
             notes.append(("cache_eval_data", self.cache_eval_data, "numbactr caches no eval batches: every "
                                                                    "evaluation reads on through the eval source"))
@@ -439,7 +433,7 @@ _DENSE_DEFAULTS = dict(
     dropout_rate=0.5, elu_alpha=1.0, num_output=1, weight_init_type=Initializer_t.Default,
     bias_init_type=Initializer_t.Default, num_layers=0, leading_dim=0, time_step=0, batchsize=1,
     SeqLength=1, vector_size=1, selected=False, selected_slots=(), ranges=(), indices=(), weight_dims=(),
-    projection_dim=0, out_dim=0, axis=1, max_sequence_len_from=1, max_sequence_len_to=1,
+    projection_dim=0, out_dim=0, axis=1, max_sequence_len_from=1, max_sequence_len_to=1, max_sequence_len=1,
     num_attention_heads=1, transpose_b=False, target_weight_vec=(), use_regularizer=False,
     regularizer_type=Regularizer_t.L1, pos_type=FcPosition_t.Non, act_type=Activation_t.Relu,
     num_outputs=(), use_bias=True, activations=(), biases=(), compute_config=DenseLayerComputeConfig(),
@@ -473,7 +467,8 @@ _LAYER_PARAMS = {
     "Slice": ("ranges",),
     "Select": ("dim", "index"),
     "Gather": ("indices",),
-    "SequenceMask": ("max_sequence_len_from", "max_sequence_len_to"),
+    # max_sequence_len: HugeCTR v23.06's one-bottom form
+    "SequenceMask": ("max_sequence_len_from", "max_sequence_len_to", "max_sequence_len"),
     "MultiHeadAttention": ("num_attention_heads", "transpose_b"),
     "Softmax": ("factor",),
     "GRU": ("num_output", "batchsize", "SeqLength", "vector_size") + _INITS,

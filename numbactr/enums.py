@@ -48,6 +48,7 @@ CommunicationType = _make("CommunicationType", "IB_NVLink_Hier IB_NVLink NVLink_
 Distribution_t = _make("Distribution_t", "Uniform PowerLaw")
 PowerLaw_t = _make("PowerLaw_t", "Long Medium Short Specific")
 Tensor_t = _make("Tensor_t", "Train Evaluate")
+TrainPSType_t = _make("TrainPSType_t", "Staged Cached")       # the embedding training cache (numbactr/etc.py)
 #: EmbeddingCollectionConfig's comm_strategy. Not in ALL: exporting its members at module level would make
 #: hugectr.Uniform this enum's instead of Distribution_t's (the DataGenerator's)
 CommunicationStrategy = _make("CommunicationStrategy", "Uniform Hierarchical")
@@ -56,7 +57,7 @@ CommunicationStrategy = _make("CommunicationStrategy", "Uniform Hierarchical")
 ALL = [Check_t, DataReaderType_t, DataReaderSparse_t, SourceType_t, FileSystemType_t, Embedding_t,
        Initializer_t, Layer_t, GroupLayer_t, Alignment_t, LrPolicy_t, Optimizer_t, Update_t,
        Activation_t, FcPosition_t, Regularizer_t, MetricsRawType, MetricsType, DeviceLayout,
-       AllReduceAlgo, HybridEmbeddingType, CommunicationType, Distribution_t, PowerLaw_t, Tensor_t]
+       AllReduceAlgo, HybridEmbeddingType, CommunicationType, Distribution_t, PowerLaw_t, Tensor_t, TrainPSType_t]
 
 
 def exported_members() -> dict:

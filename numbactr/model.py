@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from . import checkpoint, compat, device, graph_json, log, ops, precision
+from . import checkpoint, compat, device, etc, graph_json, log, ops, precision
 from .autograd import Tape, Tensor
 from .autograd.tape import autocast
 from .distributed.comm import world
@@ -39,10 +39,26 @@ class Model:
             raise ModelError("Model: second argument must be a DataReaderParams")
         if not isinstance(opt_params, OptParamsPy) or not opt_params.initialized:
             raise ModelError("Model: third argument must come from CreateOptimizer()")
-        if etc_params is not None:
-            warn_ignored("Model", "etc_params", etc_params, "numbactr has no embedding training cache "
-                         "(deprecated in HugeCTR)", stacklevel=2)
         self.solver, self.reader_params, self.opt_params = solver, reader_params, opt_params
+        # HugeCTR's embedding training cache (numbactr/etc.py): checked here, applied as embeddings are added
+        self.etc = etc_params
+        self._etc_cache = None
+        self._etc_inc_files: list[str] = []           # keyset files behind the next get_incremental_model()
+        self._etc_reader_keysets_pending = True        # the reader's own keysets not yet added to them
+        if etc_params is not None:
+            try:
+                etc.check_model(self, etc_params)
+            except etc.ETCError as e:
+                raise ModelError(str(e)) from None
+            self._etc_cache = etc.EmbeddingTrainingCache(self)
+        else:
+            if len(reader_params.source) > 1:
+                warn_ignored("DataReaderParams", "source[1:]", reader_params.source[1:], "only source[0] is read "
+                             "(HugeCTR reads the others only with the embedding training cache, Model(..., "
+                             "CreateETC(...))); use Model.set_source for epochs", stacklevel=2)
+            if reader_params.keyset not in ("", [], ()):
+                warn_ignored("DataReaderParams", "keyset", reader_params.keyset, "used only by the embedding "
+                             "training cache (Model(..., CreateETC(...)))", stacklevel=2)
         device.kind()                                  # announce the device once, up front
         self.comm = world()
         self.ranks = self.comm.size
@@ -141,6 +157,10 @@ class Model:
             raise ModelError(f"{who}: sparse input {cfg.bottom_name!r} already feeds an embedding")
         param = self.input.sparse[self.sparse_inputs[cfg.bottom_name]]
         opt = cfg.optimizer if cfg.optimizer.initialized else self.opt_params
+        if self.etc is not None:          # a Cached parameter server: the table tiered on the local path
+            tier = etc.tier_for(self.etc, len(self.embeddings), self.comm.rank, self.comm.size)
+            if tier is not None:
+                cfg.embedding_cache = tier
         emb = make_embedding(cfg, param, opt, self.solver.seed, self.comm)
         if cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
             emb.statistics_source = self._hybrid_statistics       # read at its first lookup
@@ -281,7 +301,14 @@ class Model:
         loss_tops = {layer.cfg.top_names[0] for layer, _ in self.losses}
         self.unused_tensors = [t for t in self.shapes if t not in used and t not in loss_tops]
         self._fuse_bias_relu()
+        if self.etc is not None:          # one PS per embedding; existing sparse models are trained further
+            try:
+                etc.check_embeddings(self, self.etc)
+            except etc.ETCError as e:
+                raise ModelError(str(e)) from None
         self.compiled = True
+        if self.etc is not None:
+            etc.load_existing(self, self.etc)
 
     def _fuse_bias_relu(self) -> None:
         """Pair each InnerProduct (2-D) whose output only a ReLU reads with that ReLU: on gpu and sim the
@@ -370,13 +397,58 @@ class Model:
             self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval,
                                                        self.solver.repeat_dataset, eval=True))
 
-    def set_source(self, source: str, eval_source: str) -> None:
-        """Epoch mode: read these file lists from now on (the next train()/eval() start a fresh pass)."""
-        self._drop_graphs("a new source")
+    def set_source(self, source, keyset=None, eval_source=None) -> None:
+        """Epoch mode: read these file lists from now on (the next train()/eval() start a fresh pass).
+
+        HugeCTR's two forms: ``set_source(source: str, eval_source: str)`` (epoch mode), and with the
+        embedding training cache ``set_source(source: list, keyset: list, eval_source: str)``."""
+        if self.etc is None and eval_source is None and isinstance(keyset, str):
+            keyset, eval_source = None, keyset                # set_source(source, eval_source) positionally
         if self.solver.repeat_dataset:
             raise ModelError("Model.set_source is for epoch mode (CreateSolver(repeat_dataset=False))")
-        self.reader_params.source, self.reader_params.eval_source = [str(source)], str(eval_source)
+        if eval_source is None:
+            raise ModelError("Model.set_source: eval_source is required")
+        self._drop_graphs("a new source")
+        if self.etc is None:
+            if keyset is not None:
+                raise ModelError("Model.set_source: keyset files are for the embedding training cache "
+                                 "(Model(..., etc=CreateETC(...))); use set_source(source, eval_source)")
+            self.reader_params.source, self.reader_params.eval_source = [str(source)], str(eval_source)
+        else:
+            if isinstance(source, str) or isinstance(keyset, str) or keyset is None:
+                raise ModelError("Model.set_source with the embedding training cache takes lists: "
+                                 "set_source(source=[file lists], keyset=[keyset files], eval_source=...)")
+            source, keyset = [str(x) for x in source], [str(x) for x in keyset]
+            if len(source) != len(keyset):
+                raise ModelError(f"Model.set_source: {len(source)} sources but {len(keyset)} keyset files; "
+                                 "give one keyset file per source")
+            self._etc_take_reader_keysets()
+            self.reader_params.source, self.reader_params.keyset = source, keyset
+            self.reader_params.eval_source = str(eval_source)
+            self._etc_inc_files += keyset
         self._train_reader = self._eval_reader = None
+
+    def _etc_take_reader_keysets(self) -> None:
+        if self._etc_reader_keysets_pending:
+            self._etc_inc_files += list(self.reader_params.keyset)
+            self._etc_reader_keysets_pending = False
+
+    def get_embedding_training_cache(self) -> "etc.EmbeddingTrainingCache":
+        if self.etc is None:
+            raise ModelError("Model.get_embedding_training_cache: the model has no embedding training cache "
+                             "(Model(solver, reader, optimizer, CreateETC(...)))")
+        return self._etc_cache
+
+    def get_incremental_model(self) -> list:
+        """ETC: per embedding, (keys (n,) int64, vectors (n, D) float32) of the keys in the keyset files
+        of the sources trained since the last call (this rank's part of the table)."""
+        self._require_compiled("get_incremental_model")
+        if self.etc is None:
+            raise ModelError("Model.get_incremental_model is only supported with the embedding training cache")
+        self.check_deferred()
+        self._etc_take_reader_keysets()
+        files, self._etc_inc_files = self._etc_inc_files, []
+        return self._etc_cache.incremental(files)
 
     def get_data_reader_train(self) -> "ReaderHandle":
         return ReaderHandle(self, train=True)
@@ -1005,7 +1077,7 @@ class Model:
         s = self.solver
         if s.repeat_dataset and max_iter <= 0:
             raise ModelError("fit: max_iter must be > 0 when repeat_dataset=True")
-        if not s.repeat_dataset and num_epochs <= 0:
+        if not s.repeat_dataset and num_epochs <= 0 and self.etc is None:
             raise ModelError("fit: num_epochs must be > 0 when repeat_dataset=False (epoch mode)")
         if s.repeat_dataset and num_epochs:
             warn_ignored("Model.fit", "num_epochs", num_epochs, "with repeat_dataset=True fit runs max_iter "
@@ -1034,9 +1106,18 @@ class Model:
         t_display = time.time()
         it = 0
         epochs = 1 if s.repeat_dataset else num_epochs
-        for epoch in range(epochs):
+        passes = [(self.reader_params.source[0], None)]
+        if self.etc is not None:             # every file list in turn, its keyset first (HugeCTR's ETC mode)
+            epochs = max(1, num_epochs)
+            passes = list(zip(self.reader_params.source, self.reader_params.keyset))
+            log.info(f"Use embedding training cache mode with number of training sources: {len(passes)}, "
+                     f"number of epochs: {epochs}")
+        for epoch, (source, keyset) in ((e, p) for e in range(epochs) for p in passes):
             if not s.repeat_dataset:
-                self._train_reader = iter(self._make_reader(self.reader_params.source[0], self.solver.batchsize, False))
+                self._train_reader = iter(self._make_reader(source, self.solver.batchsize, False))
+                if keyset is not None:
+                    self._etc_cache.update(keyset)
+                    log.info(f"Training source file: {source}, keyset file: {keyset}")
                 log.info(f"-----------------------------------Epoch {epoch}-----------------------------------")
             while True:
                 if s.repeat_dataset and it >= max_iter:
@@ -1106,6 +1187,10 @@ class Model:
         rank calls it and returns once all files exist."""
         self._require_compiled("save_params_to_files")
         self.check_deferred()
+        if self.etc is not None:      # ETC: the tables go to their sparse model folders, the rest under prefix
+            etc.save_sparse_models(self, self.etc)
+            checkpoint.save(self, prefix, iter, with_sparse=False)
+            return
         checkpoint.save(self, prefix, iter)
         if self.collections:        # the tables: their own atomic dump beside the dense files
             self.embedding_dump(f"{prefix}_embedding_collection_{iter}")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import IgnoredArgumentWarning
+from numbactr import IgnoredArgumentWarning, ModelError
 from numbactr.embedding.hash_table import HashTableFullError
 from tests import sample_graphs
 from tests.model_util import tiny_data, tiny_dlrm
@@ -81,8 +81,9 @@ IGNORED = [
     (lambda: hugectr.CreateSolver(kafka_brockers="host:9092"), "kafka_brockers='host:9092'"),
     (lambda: hugectr.CreateSolver(training_callbacks=[object()]), "training_callbacks="),
     (lambda: hugectr.CreateSolver(vvgpu=[[0, 1], [2]]), "vvgpu=[[0, 1], [2]]"),
-    (lambda: _norm(source=["a", "b", "c"]), "source[1:]=['b', 'c']"),
-    (lambda: _norm(keyset=["k"]), "keyset=['k']"),
+    (lambda: hugectr.Model(hugectr.CreateSolver(), _norm(source=["a", "b", "c"]), hugectr.CreateOptimizer()),
+     "source[1:]=['b', 'c']"),
+    (lambda: hugectr.Model(hugectr.CreateSolver(), _norm(keyset=["k"]), hugectr.CreateOptimizer()), "keyset=['k']"),
     (lambda: _norm(cache_eval_data=10), "cache_eval_data=10"),
     (lambda: _norm(num_samples=100), "num_samples=100"),
     (lambda: _norm(eval_num_samples=100), "eval_num_samples=100"),
@@ -147,7 +148,7 @@ def test_fit_warns_about_the_other_modes_argument(tmp_path):
     m = tiny_dlrm(tr, ev, batch=32)
     with pytest.warns(IgnoredArgumentWarning, match=r"Model.fit: num_epochs=3 is ignored"):
         m.fit(num_epochs=3, max_iter=1, display=0, eval_interval=0, snapshot=0)
-    with pytest.warns(IgnoredArgumentWarning, match=r"Model: etc_params="):
+    with pytest.raises(ModelError, match=r"must come from CreateETC\(\)"):
         hugectr.Model(m.solver, m.reader_params, m.opt_params, etc_params=object())
 
 
@@ -246,7 +247,7 @@ def test_non_finite_loss_device_flag_names_the_first_step(tmp_path, monkeypatch)
 
 
 # ---- hash table full -----------------------------------------------------------------------------
-def test_hash_table_full_states_the_workspace_needed(tmp_path):
+def test_hash_table_full_states_the_workspace_needed(tmp_path, cpu):   # cpu: raised at the step itself
     tr, ev = tiny_data(str(tmp_path), n_train=64, n_eval=64, keys_per_slot=40)
     s = hugectr.CreateSolver(batchsize=64, batchsize_eval=64, i64_input_key=True)
     m = hugectr.Model(s, _norm(source=[tr], eval_source=ev), hugectr.CreateOptimizer())   # Adam: 2 states
