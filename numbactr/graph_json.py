@@ -52,8 +52,11 @@ PARAMS: dict[str, list[tuple]] = {
                      ("fc_param", "bias_init", "bias_init_type", False)],
     "FusedInnerProduct": [("fc_param", "num_output", "num_output", True),
                           ("fc_param", "weight_init", "weight_init_type", False),
-                          ("fc_param", "bias_init", "bias_init_type", False), (None, "position", "pos_type", True),
-                          (None, "activation", "act_type", True), _COMPUTE],
+                          ("fc_param", "bias_init", "bias_init_type", False),
+                          # HugeCTR's parser: position absent = None, activation absent = Relu (its own
+                          # test/scripts/dlrm_fp16_1gpu.json leaves both out); numbactr writes both
+                          (None, "position", "pos_type", _always), (None, "activation", "act_type", _always),
+                          _COMPUTE],
     "MLP": [("mlp_param", "num_output", "num_output", _always), ("mlp_param", "num_outputs", "num_outputs", True),
             ("mlp_param", "use_bias", "use_bias", lambda c: not c.biases),
             ("mlp_param", "biases", "biases", lambda c: bool(c.biases)),
@@ -92,6 +95,7 @@ PARAMS: dict[str, list[tuple]] = {
     "Softmax": [(None, "factor", "factor", _always)],
     "SequenceMask": [(None, "max_sequence_len_from", "max_sequence_len_from", True),
                      (None, "max_sequence_len_to", "max_sequence_len_to", True)],
+    "SequenceMask/1": [(None, "max_sequence_len", "max_sequence_len", True)],       # v23.06: one bottom
     "MultiHeadAttention": [(None, "num_attention_heads", "num_attention_heads", True),
                            (None, "transpose_b", "transpose_b", True)],
     "MultiCrossEntropyLoss": [(None, "target_weight", "target_weight_vec", True)],
@@ -144,7 +148,7 @@ def _as_list(x):
 def dense_layer_json(cfg) -> dict:
     t = cfg.layer_type.name
     out = {"type": t, "bottom": _one_or_list(cfg.bottom_names), "top": _one_or_list(cfg.top_names)}
-    for group, key, attr, when in PARAMS.get(t, []):
+    for group, key, attr, when in _params(t, cfg.bottom_names):
         if not (when(cfg) if callable(when) else when or attr in cfg.given):
             continue
         v = _encode(attr, getattr(cfg, attr))
@@ -191,13 +195,20 @@ def _warn_unknown(obj, known, where: str, path: str = "") -> None:
                              "numbactr does not read it", stacklevel=5)
 
 
+def _params(t: str, bottoms) -> list:
+    """PARAMS of layer type t; HugeCTR v23.06's one-bottom SequenceMask has its own key."""
+    if t == "SequenceMask" and len(_as_list(bottoms)) == 1:
+        return PARAMS["SequenceMask/1"]
+    return PARAMS.get(t, [])
+
+
 def dense_layer_from_json(d: dict, where: str = "graph JSON dense layer") -> DenseLayer:
     """A DenseLayer from its JSON object; ValueError naming `where` and the missing or bad key."""
     t = _need(d, "type", f"{where} (top {d.get('top')!r})" if isinstance(d, dict) else where)
     layer_type = _enum(Layer_t, t, where, "layer type")
     where = f"{where} ({t}, top {d.get('top')!r})"
     kw = {}
-    for group, key, attr, when in PARAMS.get(t, []):
+    for group, key, attr, when in _params(t, d.get("bottom", [])):
         required = when is True
         src = d
         if group:
@@ -219,7 +230,7 @@ def dense_layer_from_json(d: dict, where: str = "graph JSON dense layer") -> Den
     if t in _LOSSES and "regularizer" in d:
         kw.update(use_regularizer=True, regularizer_type=_enum(Regularizer_t, d["regularizer"], where, "regularizer"))
         kw["lambda"] = _need(d, "lambda", where)
-    params = PARAMS.get(t, [])
+    params = _params(t, d.get("bottom", []))
     _warn_unknown(d, _LAYER_KEYS | {g or k for g, k, _, _ in params} | ({"regularizer", "lambda"} if t in _LOSSES
                                                                          else set()), where)
     for group in {g for g, _, _, _ in params if g}:

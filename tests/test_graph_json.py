@@ -68,3 +68,31 @@ def test_bad_graph_json_is_a_clear_error(tmp_path):
     p.write_text("{nope")
     with pytest.raises(ValueError, match="not valid JSON"):
         m.construct_from_json(str(p), True)
+
+
+def test_fused_inner_product_position_and_activation_default_as_in_hugectr(tmp_path):
+    # HugeCTR's parser reads both keys only when present (test/scripts/dlrm_fp16_1gpu.json leaves them out)
+    import json
+    layers = [{"name": "data", "type": "Data", "source": "./x", "eval_source": "./y", "check": "Sum",
+               "label": {"top": "label", "label_dim": 1}, "dense": {"top": "dense", "dense_dim": 13},
+               "sparse": [{"top": "data1", "slot_num": 2, "is_fixed_length": False, "nnz_per_slot": 1}]},
+              {"name": "e", "type": "DistributedSlotSparseEmbeddingHash", "bottom": "data1", "top": "e",
+               "sparse_embedding_hparam": {"embedding_vec_size": 4, "combiner": "sum",
+                                           "workspace_size_per_gpu_in_mb": 1}},
+              {"name": "fc1", "type": "FusedInnerProduct", "bottom": "dense", "top": "fc1",
+               "fc_param": {"num_output": 8}},
+              {"name": "fc2", "type": "InnerProduct", "bottom": "fc1", "top": "fc2", "fc_param": {"num_output": 1}},
+              {"name": "loss", "type": "BinaryCrossEntropyLoss", "bottom": ["fc2", "label"], "top": "loss"}]
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps({"layers": layers}))
+    m = hugectr.Model(hugectr.CreateSolver(batchsize=8), hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=["x"], eval_source="y",
+        check_type=hugectr.Check_t.Sum), hugectr.CreateOptimizer())
+    m.construct_from_json(str(p), True)
+    fc1 = next(layer for layer in m.layers if layer.cfg.top_names == ["fc1"])
+    assert (fc1.cfg.pos_type, fc1.cfg.act_type) == (hugectr.FcPosition_t.Non, hugectr.Activation_t.Relu)
+    layers[2]["position"] = "Sideways"
+    p.write_text(json.dumps({"layers": layers}))
+    m2 = hugectr.Model(m.solver, m.reader_params, m.opt_params)
+    with pytest.raises(ValueError, match="Sideways"):
+        m2.construct_from_json(str(p), True)

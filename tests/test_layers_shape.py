@@ -75,6 +75,18 @@ def test_sequence_mask_layer_has_no_gradient():
     assert layer.json_params() == {"max_sequence_len_from": 4, "max_sequence_len_to": 3}
 
 
+def test_one_bottom_sequence_mask_of_hugectr_v23_06():
+    lt = np.array([[3], [0], [5]], np.float32)
+    layer, (m,), grads = assert_sim_matches_cpu(L.SequenceMask, [lt], ["mask"], max_sequence_len=4)
+    assert m.shape == (3, 1, 1, 4) and grads == [None]
+    np.testing.assert_array_equal(m[:, 0, 0], [[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    assert layer.json_params() == {"max_sequence_len": 4}
+    from numbactr import graph_json
+    d = graph_json.dense_layer_json(layer.cfg)
+    assert d["max_sequence_len"] == 4 and "max_sequence_len_to" not in d
+    assert graph_json.dense_layer_from_json(d).max_sequence_len == 4
+
+
 def test_reshape_selected_gathers_slots_and_zero_fills_the_rest():
     x = _x(2, 4, 3)
     layer, (y,), (dx,) = assert_sim_matches_cpu(L.Reshape, [x], ["y"], cls=ReshapeSelected, selected=True,

@@ -15,7 +15,7 @@ import numbers
 
 import numpy as np
 
-from ..autograd import Context, Function
+from ..autograd import Context, Function, Tensor
 from ..enums import Layer_t
 from ..kernels import fused_reshape_concat as frc
 from ..kernels import reduce_axis, sequence_mask, slice_select
@@ -383,10 +383,24 @@ class FusedReshapeConcatGeneral(Layer):
 
 
 class SequenceMask(Layer):
-    """Bottoms [len_from (B, 1), len_to (B, 1)] (float lengths) -> mask (B, 1, Lf, Lt); no gradient."""
+    """Bottoms [len_from (B, 1), len_to (B, 1)] (float lengths) -> mask (B, 1, Lf, Lt); no gradient.
+
+    HugeCTR v23.06's form, one bottom [lengths (B, 1)] with ``max_sequence_len`` L, gives (B, 1, 1, L): 1 where
+    the key position is below the length (the two-bottom mask with Lf = 1 and every len_from 1)."""
     type_name = "SequenceMask"
 
     def infer(self):
+        if len(self.cfg.bottom_names) == 1:
+            self.expect_counts(1)
+            (t,) = self.in_shapes
+            if len(t) != 2 or t[1] != 1:
+                self.fail(f"bottom {self.cfg.bottom_names[0]!r} must be lengths (B, 1), got {t}")
+            L = self.cfg.max_sequence_len
+            if not _is_int(L) or L <= 0:
+                self.fail(f"max_sequence_len must be a positive int, got {L!r}")
+            self.one_bottom, self.lf, self.lt = True, 1, int(L)
+            return [(t[0], 1, 1, self.lt)]
+        self.one_bottom = False
         self.expect_counts(2)
         names, (f, t) = self.cfg.bottom_names, self.in_shapes
         if len(f) != 2 or f[1] != 1 or t != f:
@@ -399,9 +413,14 @@ class SequenceMask(Layer):
         return [(f[0], 1, self.lf, self.lt)]
 
     def forward(self, tape, xs, run):
+        if self.one_bottom:
+            ones = Tensor(_xp().ones(xs[0].data.shape, xs[0].data.dtype))
+            return [SequenceMaskFn.apply(tape, ones, xs[0], lf=1, lt=self.lt, name=self.cfg.top_names[0])]
         return [SequenceMaskFn.apply(tape, xs[0], xs[1], lf=self.lf, lt=self.lt, name=self.cfg.top_names[0])]
 
     def json_params(self):
+        if self.one_bottom:
+            return {"max_sequence_len": self.lt}
         return {"max_sequence_len_from": self.lf, "max_sequence_len_to": self.lt}
 
 
