@@ -12,7 +12,8 @@ numbactr keeps the API and its contract, and maps the two parameter servers onto
 
 * ``Staged``: the embedding's whole table in memory, as every numbactr table is (host memory on cpu/sim).
 * ``Cached``: the embedding as a tiered table (numbactr.embedding.tiered): a cache in memory in front of a
-  memory-mapped backing file in ``local_paths[rank]`` (one rank; a sharded tiered table is not built).
+  memory-mapped backing file in a scratch folder under ``local_paths[rank]``, removed at exit. A sharded
+  tiered table is not built: with several ranks a Cached PS runs as Staged, with a warning.
   Rows enter the cache on demand at each batch rather than in one pass per keyset.
 
 ``update(keyset)`` reads and checks the keyset file(s) (32-bit unsigned keys, or 64-bit with
@@ -25,9 +26,11 @@ that the table holds, with their current vectors: [(keys (n,) int64, vectors (n,
 """
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -196,11 +199,15 @@ def tier_for(etc: EmbeddingTrainingCacheParams, index: int, rank: int, ranks: in
     if index >= len(etc.ps_types) or etc.ps_types[index] != TrainPSType_t.Cached:
         return None
     from .embedding.tiered import TierSpec
-    if ranks > 1:
-        raise NotImplementedError("CreateETC: a Cached PS is a tiered table, which runs on one rank; use "
-                                  "TrainPSType_t.Staged with several ranks")
+    if ranks > 1:       # same training results, only the storage differs: run it as Staged and say so
+        from .config import warn_ignored
+        warn_ignored("CreateETC", f"ps_types[{index}]", TrainPSType_t.Cached, "numbactr's tiered tables run on one "
+                     "rank, so on several ranks this embedding's table is held in memory (as Staged)", stacklevel=4)
+        return None
     local = etc.local_paths[rank % len(etc.local_paths)]
-    path = os.path.join(local, f"numbactr_etc_{os.getpid()}_{index}")
+    os.makedirs(local, exist_ok=True)
+    path = tempfile.mkdtemp(prefix=f"numbactr_etc_{index}_", dir=local)     # scratch: removed at exit, as the
+    atexit.register(shutil.rmtree, path, True)                             # table lives on in its sparse model
     return TierSpec(backing="memmap", path=path)
 
 

@@ -10,6 +10,7 @@ from numbactr import device
 from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import write_norm_file
 from numbactr.model import ModelError
+from tests.mpi_util import needs_mpi
 
 L = hugectr.Layer_t
 SLOTS, DENSE, VEC = 3, 2, 4
@@ -186,3 +187,35 @@ def test_etc_only_methods_and_the_epoch_set_source(cpu, tmp_path):
         m.set_source(source=parts[0][0], keyset=[parts[0][1]], eval_source=evl)
     m.set_source(parts[0][0], evl)                       # HugeCTR's epoch-mode form, positionally
     assert m.reader_params.source == [parts[0][0]]
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_etc_under_mpiexec_equals_one_rank(tmp_path):
+    """tests/mpi/etc_run.py on 1 and 2 ranks: the same dense weights and saved table (to float32 rounding); each rank's incremental
+    model is its own keys (together all of them); the second model loads the whole saved table."""
+    import subprocess
+    import sys
+    from tests.mpi_util import MPIEXEC
+    _data(str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBACTR_DEVICE"] = "cpu"
+    got = {}
+    for ranks in (1, 2):
+        out = tmp_path / f"r{ranks}"
+        out.mkdir()
+        cmd = [MPIEXEC, "-n", str(ranks), sys.executable, os.path.join(os.path.dirname(__file__), "mpi", "etc_run.py"),
+               str(tmp_path), str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, f"mpiexec -n {ranks} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        got[ranks] = dict(np.load(out / "result.npz"))
+        assert not [p for p in os.listdir(out) if p.startswith("numbactr_etc_")]      # scratch removed
+    one, two = got[1], got[2]
+    assert not one["cached_warned"][0] and two["cached_warned"][0]
+    np.testing.assert_array_equal(two["saved_keys"], one["saved_keys"])
+    for k in ("weights", "saved_vecs"):           # the dense gradients are summed over the ranks in another order
+        np.testing.assert_allclose(two[k], one[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    for g in (one, two):
+        np.testing.assert_array_equal(g["loaded_keys"], g["saved_keys"])
+        np.testing.assert_array_equal(g["loaded_vecs"], g["saved_vecs"])
+    assert two["n_inc"].size == 2 and two["n_inc"].sum() == one["n_inc"].sum() == one["saved_keys"].size
