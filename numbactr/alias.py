@@ -4,8 +4,9 @@ A HugeCTR script becomes a numbactr script by one change, ``import hugectr`` -> 
 Many also write ``from hugectr.inference import InferenceParams``, ``from hugectr.tools import DataGenerator``
 or ``from hugectr.data import DataSourceParams``: an ``import ... as`` binds a name, not a module path, so
 Python would look for a package called ``hugectr`` and fail. Importing numbactr therefore adds a finder that
-resolves ``hugectr`` and ``hugectr.X`` to ``numbactr`` and ``numbactr.X`` (the same module objects), unless a
-real ``hugectr`` package is importable (then nothing is added) or ``NUMBACTR_HUGECTR_ALIAS=0``.
+resolves ``hugectr`` and ``hugectr.X`` to ``numbactr`` and ``numbactr.X`` (the same module objects), and
+HugeCTR's separately installed ONNX converter ``hugectr2onnx`` to ``numbactr.onnx_converter.hugectr2onnx``,
+each unless a real package of that name is importable, or ``NUMBACTR_HUGECTR_ALIAS=0``.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import importlib.util
 import os
 import sys
 
-_PREFIX = "hugectr"
+_ALIASES = {"hugectr": "numbactr", "hugectr2onnx": "numbactr.onnx_converter.hugectr2onnx"}
 
 
 class _Loader(importlib.abc.Loader):
@@ -33,12 +34,16 @@ class _Loader(importlib.abc.Loader):
 
 
 class HugeCTRAlias(importlib.abc.MetaPathFinder):
-    """Finds ``hugectr[.X]`` as the already importable ``numbactr[.X]``."""
+    """Finds ``hugectr[.X]`` as the already importable ``numbactr[.X]`` (and ``hugectr2onnx[.X]``)."""
+
+    def __init__(self, names):
+        self.names = dict(names)                  # alias top-level name -> numbactr module
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != _PREFIX and not fullname.startswith(_PREFIX + "."):
+        top = fullname.split(".", 1)[0]
+        if top not in self.names:
             return None
-        real = "numbactr" + fullname[len(_PREFIX):]
+        real = self.names[top] + fullname[len(top):]
         if real not in sys.modules and importlib.util.find_spec(real) is None:
             return None                     # hugectr.X with no numbactr.X: the usual ModuleNotFoundError
         is_pkg = hasattr(sys.modules.get(real) or importlib.import_module(real), "__path__")
@@ -51,7 +56,10 @@ def install() -> bool:
         return True
     if os.environ.get("NUMBACTR_HUGECTR_ALIAS", "1").strip() == "0":
         return False
-    if _PREFIX in sys.modules or importlib.machinery.PathFinder.find_spec(_PREFIX) is not None:
-        return False                        # NVIDIA's hugectr is installed: leave it alone
-    sys.meta_path.insert(0, HugeCTRAlias())  # before PathFinder, which would find numbactr/X under hugectr
+    # a name whose real package is installed (NVIDIA's hugectr, its hugectr2onnx) is left alone
+    names = {a: r for a, r in _ALIASES.items()
+             if a not in sys.modules and importlib.machinery.PathFinder.find_spec(a) is None}
+    if not names:
+        return False
+    sys.meta_path.insert(0, HugeCTRAlias(names))  # before PathFinder, which would find numbactr/X under hugectr
     return True

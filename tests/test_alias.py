@@ -33,14 +33,15 @@ def test_a_script_with_only_the_import_changed():
         from hugectr.inference import InferenceModel, InferenceParams
         from hugectr.tools import DataGeneratorParams, DataGenerator
         import hugectr.data
-        print(InferenceParams.__module__, hugectr.data.DataSourceParams.__module__)
+        import hugectr2onnx                      # HugeCTR's separately installed ONNX converter
+        print(InferenceParams.__module__, hugectr.data.DataSourceParams.__module__, hugectr2onnx.converter.__name__)
         try:
             import hugectr.no_such_module
         except ModuleNotFoundError as e:
             print("missing:", e.name)
     """)
     assert r.returncode == 0, r.stderr
-    assert "numbactr.inference.params numbactr.data.source" in r.stdout
+    assert "numbactr.inference.params numbactr.data.source numbactr.onnx_converter.hugectr2onnx.converter" in r.stdout
     assert "missing: hugectr.no_such_module" in r.stdout
 
 
