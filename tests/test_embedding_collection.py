@@ -382,8 +382,20 @@ def test_config_errors():
         cfg.embedding_lookup([t], ["x"], "g", ["sum"])
 
 
+def test_a_shard_matrix_for_more_gpus_than_ranks_folds_onto_the_ranks():
+    # HugeCTR's scripts shard over every GPU one process drives (8 rows on one node); numbactr runs one GPU
+    # per rank, so GPU g's tables go to rank g * R // G (here all to rank 0), with a warning
+    cfg = hugectr.EmbeddingCollectionConfig()
+    cfg.embedding_lookup(hugectr.EmbeddingTableConfig("t", 10, 4), "x", "e", "sum")
+    cfg.embedding_lookup(hugectr.EmbeddingTableConfig("u", 10, 4), "y", "f", "sum")
+    cfg.shard([["t"], [], ["u"], ["u"]], [("mp", ["t"]), ("dp", ["u"])])
+    with pytest.warns(hugectr.IgnoredArgumentWarning, match="shard_matrix rows=4 is ignored: numbactr runs one GPU "
+                                                            "per rank: this job has 1 rank"):
+        c = collection(cfg, [sparse_param("x", 1), sparse_param("y", 1)])
+    assert c._placement({"t": None, "u": None}) == {"t": ("mp", [0]), "u": ("dp", [0])}
+
+
 @pytest.mark.parametrize("matrix,strategy,match", [
-    ([["t"], ["t"]], [("mp", ["t"])], "shard_matrix has 2 rows"),
     ([["t", "zz"]], [("mp", ["t"])], "names table 'zz'"),
     ([["t"]], [("mp", ["t", "zz"])], "shard_strategy names table 'zz'"),
     ([["t"]], [("xp", ["t"])], "kind 'xp'"),

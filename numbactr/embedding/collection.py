@@ -594,9 +594,17 @@ class EmbeddingCollection:
                 raise CollectionError(f"{self.name}: on {R} ranks the EmbeddingCollectionConfig needs "
                                       "shard(shard_matrix, shard_strategy) to place its tables")
             return {n: ("mp", [0]) for n in by_name}
-        if len(cfg.shard_matrix) != R:
-            raise CollectionError(f"{who}: shard_matrix has {len(cfg.shard_matrix)} rows, one per GPU; this job "
-                                  f"has {R} rank(s), one GPU each")
+        G = len(cfg.shard_matrix)
+        if G != R:
+            # a script written for G GPUs (HugeCTR drives several GPUs from one process) on R ranks, one GPU
+            # each: GPU g's tables go to rank g * R // G (the GPUs of one node to one rank); where a table lives
+            # changes no result (model-parallel tables equal one rank's, data-parallel ones are everywhere)
+            if G < R or G % R:
+                raise CollectionError(f"{who}: shard_matrix has {G} rows, one per GPU; this job has {R} rank(s), one "
+                                      f"GPU each (give one row per rank, or a multiple of the rank count)")
+            from ..config import warn_ignored
+            warn_ignored(who, "shard_matrix rows", G, f"numbactr runs one GPU per rank: this job has {R} rank(s), so "
+                         f"the tables of GPUs {G // R} at a time are placed together on one rank", stacklevel=4)
         strategy = {}
         for kind, names in cfg.shard_strategy:
             if kind not in ("mp", "dp"):
@@ -612,10 +620,11 @@ class EmbeddingCollection:
         if missing:
             raise CollectionError(f"{who}: tables {missing} are in no shard_strategy group ('mp' or 'dp')")
         ranks = {n: [] for n in by_name}
-        for r, row in enumerate(cfg.shard_matrix):
+        for g, row in enumerate(cfg.shard_matrix):
+            r = g * R // G
             for n in row:
                 if n not in by_name:
-                    raise CollectionError(f"{who}: shard_matrix row {r} names table {n!r}, which no lookup uses; "
+                    raise CollectionError(f"{who}: shard_matrix row {g} names table {n!r}, which no lookup uses; "
                                           f"tables: {sorted(by_name)}")
                 if r not in ranks[n]:
                     ranks[n].append(r)
