@@ -87,20 +87,29 @@ def save(model, prefix: str, it: int, with_sparse: bool = True) -> None:
     comm = model.comm
     d, base = os.path.split(str(prefix))
     sparse = [_gather_embedding(e, comm) for e in model.embeddings] if with_sparse else None   # collectives
+
+    def write():
+        outs, records = _snapshot_files(model, base, it, sparse)
+        _commit(d or ".", base, it, outs, {"ranks": model.ranks, "embeddings": records})
+
+    on_rank0(comm, write, f"save_params_to_files({str(prefix)!r}, {it}): rank 0 could not write the snapshot")
+
+
+def on_rank0(comm, write, failed: str) -> None:
+    """Run write() on rank 0 only; every rank returns after it and raises if it failed (rank 0 its own
+    error, the others RuntimeError(f"{failed}: <error>")), so no rank goes on as if the files were there.
+    The broadcast of the outcome is the barrier."""
     error = None
     if comm.rank == 0:
         try:
-            outs, records = _snapshot_files(model, base, it, sparse)
-            _commit(d or ".", base, it, outs, {"ranks": model.ranks, "embeddings": records})
-        except Exception as e:      # every rank must hear of it, or the others would return as if saved
+            write()
+        except Exception as e:      # noqa: BLE001 (every rank must hear of it)
             error = e
-    # the broadcast is the barrier: no rank returns before rank 0 has committed (or failed)
     told = comm.bcast(None if error is None else f"{type(error).__name__}: {error}")
     if error is not None:
         raise error
     if told is not None:
-        raise RuntimeError(f"save_params_to_files({str(prefix)!r}, {it}): rank 0 could not write the "
-                           f"snapshot: {told}")
+        raise RuntimeError(f"{failed}: {told}")
 
 
 def _gather_embedding(e, comm):

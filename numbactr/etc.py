@@ -231,34 +231,27 @@ def load_existing(model, etc: EmbeddingTrainingCacheParams) -> None:
 
 def save_sparse_models(model, etc: EmbeddingTrainingCacheParams) -> None:
     """Each embedding's table into its sparse model folder: written beside it, then renamed into place."""
-    from .checkpoint import _gather_embedding, _raw, _write_durable
+    from .checkpoint import _gather_embedding, _raw, _write_durable, on_rank0
     comm = model.comm
     gathered = [_gather_embedding(e, comm) for e in model.embeddings]     # collectives
-    error = None
-    if comm.rank == 0:
-        try:
-            for (counts, keys, vecs, slots, _), folder in zip(gathered, etc.sparse_models):
-                folder = os.path.abspath(folder)
-                parent = os.path.dirname(folder)
-                os.makedirs(parent, exist_ok=True)
-                token = secrets.token_hex(4)
-                tmp = f"{folder}.tmp-{token}"
-                os.makedirs(tmp)
-                _write_durable(os.path.join(tmp, "key"), _raw(keys, "<i8"))
-                _write_durable(os.path.join(tmp, "emb_vector"), _raw(vecs, "<f4"))
-                if slots is not None:
-                    _write_durable(os.path.join(tmp, "slot_id"), _raw(slots, "<u8"))
-                old = None
-                if os.path.exists(folder):
-                    old = f"{folder}.old-{token}"
-                    os.replace(folder, old)
-                os.replace(tmp, folder)
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
-        except Exception as e:      # noqa: BLE001 (every rank must hear of it)
-            error = e
-    told = comm.bcast(None if error is None else f"{type(error).__name__}: {error}")
-    if error is not None:
-        raise error
-    if told is not None:
-        raise RuntimeError(f"save_params_to_files: rank 0 could not write the ETC sparse models: {told}")
+
+    def write():
+        for (_, keys, vecs, slots, _), folder in zip(gathered, etc.sparse_models):
+            folder = os.path.abspath(folder)
+            os.makedirs(os.path.dirname(folder), exist_ok=True)
+            token = secrets.token_hex(4)
+            tmp = f"{folder}.tmp-{token}"
+            os.makedirs(tmp)
+            _write_durable(os.path.join(tmp, "key"), _raw(keys, "<i8"))
+            _write_durable(os.path.join(tmp, "emb_vector"), _raw(vecs, "<f4"))
+            if slots is not None:
+                _write_durable(os.path.join(tmp, "slot_id"), _raw(slots, "<u8"))
+            old = None
+            if os.path.exists(folder):
+                old = f"{folder}.old-{token}"
+                os.replace(folder, old)
+            os.replace(tmp, folder)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+
+    on_rank0(comm, write, "save_params_to_files: rank 0 could not write the ETC sparse models")

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
 from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import write_norm_file
 from numbactr.model import ModelError
@@ -14,14 +13,6 @@ from tests.mpi_util import needs_mpi
 
 L = hugectr.Layer_t
 SLOTS, DENSE, VEC = 3, 2, 4
-
-
-@pytest.fixture
-def cpu():
-    before = device.kind()
-    device.set_device("cpu")
-    yield
-    device.set_device(before)
 
 
 def _data(folder, parts=3, n=192, seed=0):

@@ -850,25 +850,18 @@ def dump(collections, comm, path: str, table_names=()) -> None:
     for _, t in chosen:                                   # collectives, every rank in the same order
         keys, vecs = t.local_rows()
         parts.append((t, comm.gather_rows(keys), comm.gather_rows(np.ascontiguousarray(vecs, np.float32))))
-    error = None
-    if comm.rank == 0:
-        try:
-            outs = []
-            for t, keys, vecs in parts:
-                order = np.argsort(keys, kind="stable")
-                outs += [(f"{t.name}/key", checkpoint._raw(keys[order], "<i8")),
-                         (f"{t.name}/emb_vector", checkpoint._raw(vecs[order], "<f4"))]
-            os.makedirs(path, exist_ok=True)
-            tables = [{"name": t.name, "ev_size": t.dim, "max_vocabulary_size": t.cfg.max_vocabulary_size,
-                       "keys": int(keys.shape[0])} for t, keys, _ in parts]
-            checkpoint._commit(path, DUMP_BASE, 0, outs, {"ranks": comm.size, "embeddings": [], "tables": tables})
-        except Exception as e:           # every rank must hear of it
-            error = e
-    told = comm.bcast(None if error is None else f"{type(error).__name__}: {error}")
-    if error is not None:
-        raise error
-    if told is not None:
-        raise RuntimeError(f"embedding_dump({path!r}): rank 0 could not write the tables: {told}")
+    def write():
+        outs = []
+        for t, keys, vecs in parts:
+            order = np.argsort(keys, kind="stable")
+            outs += [(f"{t.name}/key", checkpoint._raw(keys[order], "<i8")),
+                     (f"{t.name}/emb_vector", checkpoint._raw(vecs[order], "<f4"))]
+        os.makedirs(path, exist_ok=True)
+        tables = [{"name": t.name, "ev_size": t.dim, "max_vocabulary_size": t.cfg.max_vocabulary_size,
+                   "keys": int(keys.shape[0])} for t, keys, _ in parts]
+        checkpoint._commit(path, DUMP_BASE, 0, outs, {"ranks": comm.size, "embeddings": [], "tables": tables})
+
+    checkpoint.on_rank0(comm, write, f"embedding_dump({path!r}): rank 0 could not write the tables")
 
 
 def load(collections, path: str, table_names=()) -> None:
