@@ -249,6 +249,24 @@ def test_two_ranks_equal_one_hot_and_one_rank(tmp_path):
 
 
 # ---- what it does not take ------------------------------------------------------------------------------------
+def test_padding_rows_of_a_partial_batch_read_zeros_and_train_nothing():
+    """drop_incomplete_batch=False: the last batch's padding rows have empty bags; they read zeros and pass no
+    gradient, so the step equals the same step on the valid rows alone."""
+    rng = np.random.default_rng(1)
+    stats = [(*batch(rng), 12) for _ in range(3)]
+    a, b = build(E.HybridSparseEmbedding, param()), build(E.HybridSparseEmbedding, param())
+    a.take_statistics(stats, 12, 3)
+    b.take_statistics(stats, 12, 3)
+    keys, _ = batch(rng, 9)                            # 9 valid rows of a 12-row batch
+    padded_offs = np.concatenate([np.arange(9 * S + 1), np.full(3 * S, 9 * S)]).astype(np.int64)
+    dy = rng.normal(0, 1, (12, S, D)).astype(np.float32)
+    out_a = step(a, keys, padded_offs, dy)
+    out_b = step(b, keys, np.arange(9 * S + 1, dtype=np.int64), dy[:9])
+    np.testing.assert_array_equal(out_a[:9], out_b)
+    assert not out_a[9:].any()
+    np.testing.assert_array_equal(device.to_host(a.weight.data), device.to_host(b.weight.data))
+
+
 def test_non_sgd_optimizer_is_an_error():
     with pytest.raises(ValueError, match="SGD only.*Adam"):
         build(E.HybridSparseEmbedding, param(), optimizer=O.Adam)

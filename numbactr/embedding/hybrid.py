@@ -163,8 +163,9 @@ class HybridLookup:
     their index in the frequent list ``freq_slot``) and which infrequent (``infreq``), and the infrequent
     lookup (a ShardedLookup across ranks, the engine's LookupContext on one)."""
 
-    def __init__(self, n: int, freq, freq_slot, infreq, infreq_lookup):
+    def __init__(self, n: int, freq, freq_slot, infreq, infreq_lookup, present=None):
         self.n, self.freq, self.freq_slot, self.infreq, self.infreq_lookup = n, freq, freq_slot, infreq, infreq_lookup
+        self.present = present          # None, or the bags (of all bags) that had their key: the rest were empty
 
 
 class HybridEmbedding(OneHotEmbedding):
@@ -214,9 +215,10 @@ class HybridEmbedding(OneHotEmbedding):
     def ready(self) -> bool:
         return self.frequent is not None
 
-    def categories(self, keys, offsets) -> np.ndarray:
+    def categories(self, keys, offsets, slot=None) -> np.ndarray:
         """(N,) int64 host categories of one-hot keys (N,) in CSR bags ``offsets`` (B*S + 1,): key + the offset
-        of its slot; an error names the first bag without exactly one key or the first key outside its slot."""
+        of its slot (bag % S, or ``slot`` (N,) where given); an error names the first bag without exactly one
+        key or the first key outside its slot."""
         keys_h = np.asarray(device.to_host(keys)).astype(np.int64)
         offsets_h = np.asarray(device.to_host(offsets)).astype(np.int64)
         n, bags = keys_h.shape[0], offsets_h.shape[0] - 1
@@ -226,7 +228,7 @@ class HybridEmbedding(OneHotEmbedding):
             raise ValueError(f"{self.who}: takes exactly one key per slot, but bag {bad} (sample "
                              f"{bad // self.slots}, slot {bad % self.slots}) of this batch has "
                              f"{int(nnz[bad]) if bad < bags else n - bags} key(s)")
-        slot = np.arange(n, dtype=np.int64) % self.slots
+        slot = np.arange(n, dtype=np.int64) % self.slots if slot is None else np.asarray(slot, np.int64)
         bad = (keys_h < 0) | (keys_h >= self.slot_sizes[slot])
         if bad.any():
             at = int(np.argmax(bad))
@@ -293,12 +295,29 @@ class HybridEmbedding(OneHotEmbedding):
 
     # ---- a step -----------------------------------------------------------------------------------------
     def lookup(self, keys, offsets, training: bool):
-        """(out (B, S*D), HybridLookup) of this rank's one-hot batch; a collective across ranks."""
+        """(out (B, S*D), HybridLookup) of this rank's one-hot batch; a collective across ranks.
+
+        Empty bags (the padding rows of a partial batch, drop_incomplete_batch=False) read zeros and pass no
+        gradient; every other bag holds exactly one key."""
+        offsets_h = np.asarray(device.to_host(offsets)).astype(np.int64)
+        nnz = np.diff(offsets_h)
+        if (nnz == 0).any() and not (nnz > 1).any():
+            present = np.flatnonzero(nnz == 1)
+            out, lookup = self._lookup(keys, np.arange(present.shape[0] + 1, dtype=np.int64), training,
+                                       slot=present % self.slots)
+            full = device.xp().zeros((nnz.shape[0], self.vec), np.float32)
+            full[device.xp().asarray(present)] = out
+            lookup.present = present
+            return full.reshape(-1, self.slots * self.vec), lookup
+        out, lookup = self._lookup(keys, offsets, training)
+        return out.reshape(-1, self.slots * self.vec), lookup
+
+    def _lookup(self, keys, offsets, training: bool, slot=None):
+        """(out (n, D), HybridLookup) of n one-key bags; slot (n,): each bag's slot (default: bag % S)."""
         self._ensure_split()
         xp = device.xp()
-        cats = self.categories(keys, offsets)
+        cats = self.categories(keys, offsets, slot)
         n = cats.shape[0]
-        batch = n // self.slots
         fi = self.frequent_index(cats)
         freq, infreq = np.flatnonzero(fi >= 0), np.flatnonzero(fi < 0)
         p = self.param
@@ -321,12 +340,14 @@ class HybridEmbedding(OneHotEmbedding):
                                                 training=training, pooling=Pooling.NONE)
         if infreq.shape[0]:
             out[xp.asarray(infreq)] = vecs
-        return out.reshape(batch, self.slots * self.vec), HybridLookup(n, freq, fi[freq], infreq, ilookup)
+        return out, HybridLookup(n, freq, fi[freq], infreq, ilookup)
 
     def hold_gradient(self, lookup: HybridLookup, dy) -> None:
         """Route this step's gradients (a collective across ranks): infrequent occurrences' to their owners,
         frequent ones summed per category here and allreduced; update() applies them."""
-        g = np.asarray(device.to_host(dy)).reshape(lookup.n, self.vec).astype(np.float32, copy=False)
+        g = np.asarray(device.to_host(dy)).reshape(-1, self.vec).astype(np.float32, copy=False)
+        if lookup.present is not None:                  # the empty bags' rows take no gradient
+            g = g[lookup.present]
         # infrequent: to the owner (global batch order), or kept (one rank)
         if isinstance(lookup.infreq_lookup, ShardedLookup):
             owned, owned_grads = self._sharded.gradients(lookup.infreq_lookup, g[lookup.infreq])
