@@ -147,6 +147,28 @@ def test_multi_hot_layout_decoded_by_hand(tmp_path, dense_float, i64, threads):
         assert not bag[b.size * 3:].any() and off.shape == (B * 3 + 1,)
 
 
+def test_multi_hot_reader_splits_several_sparse_inputs(tmp_path):
+    """One sparse input per table (HugeCTR's DLRM-DCNv2 scripts): a sample's keys are the inputs' slots in order."""
+    rng = np.random.default_rng(4)
+    n, B, L, D = 21, 8, 1, 2
+    nnz_in = [[2, 1], [3], [1, 1]]                                  # three inputs: 2, 1 and 2 slots
+    flat = [v for per in nnz_in for v in per]
+    keys = rng.integers(0, 1000, (n, sum(flat)))
+    p = str(tmp_path / "m.bin")
+    write_raw_async_file(p, rng.integers(0, 2, (n, L)), rng.normal(0, 1, (n, D)).astype(np.float32), keys, True)
+    r = DataReader(T.RawAsync, p, B, L, D, [2, 1, 2], nnz_in, False, False,
+                   async_param=AsyncParam(2, 2, shuffle=False, is_dense_float=True))
+    got = list(r)
+    assert [b.size for b in got] == [8, 8, 5]
+    cols = np.cumsum([0] + [sum(per) for per in nnz_in])
+    for i, b in enumerate(got):
+        rows = keys[i * B:i * B + b.size]
+        for j, per in enumerate(nnz_in):
+            k, off = b.sparse[j]
+            np.testing.assert_array_equal(k, rows[:, cols[j]:cols[j + 1]].reshape(-1).astype(k.dtype))
+            np.testing.assert_array_equal(np.diff(off)[:b.size * len(per)], np.tile(per, b.size))
+
+
 # --- shuffle ------------------------------------------------------------------------------------------
 
 def test_shuffle_permutes_whole_batches_once_and_every_rank_agrees(tmp_path):
@@ -247,7 +269,7 @@ def test_errors_name_the_file_and_the_byte_offset(tmp_path):
         warnings.simplefilter("error")
         async_reader(p, 4, 1, 2, 3, one_hot(), num_samples=10)      # agreeing: no warning
     # HugeCTR's rules (add_input.cpp)
-    with pytest.raises(ValueError, match="exactly one sparse input"):
+    with pytest.raises(ValueError, match=r"multi_hot_reader=False\) reads exactly one sparse input"):
         DataReader(T.RawAsync, p, 4, 1, 2, [2, 1], None, False, False, async_param=one_hot())
     with pytest.raises(ValueError, match="set is_dense_float=False"):
         async_reader(p, 4, 1, 2, 3, AsyncParam(2, 2, 10, 2, 512, False, multi_hot_reader=False))

@@ -147,11 +147,13 @@ def check_async_input(ap: AsyncParam, slots_per_input, nnz_per_slot, repeat: boo
     """HugeCTR's RawAsync rules for the model's Input (add_input.cpp); returns the keys per slot.
 
     slots_per_input: [S_i] per sparse input; nnz_per_slot: [[nnz per slot] per input] or None (1 each).
+    The multi-hot reader takes several sparse inputs (one per table, as HugeCTR's DLRM-DCNv2 scripts have):
+    a sample's keys are every input's slots in order. The one-hot reader takes exactly one.
     """
-    if len(slots_per_input) != 1:
-        raise ValueError(f"RawAsync reads exactly one sparse input (HugeCTR: 'Only one sparse input is "
-                         f"supported'), the Input has {len(slots_per_input)}")
-    S = int(slots_per_input[0])
+    S = int(sum(slots_per_input))
+    if not ap.multi_hot_reader and len(slots_per_input) != 1:
+        raise ValueError(f"RawAsync with AsyncParam(multi_hot_reader=False) reads exactly one sparse input "
+                         f"(HugeCTR: 'Only one sparse input is supported'), the Input has {len(slots_per_input)}")
     if not ap.multi_hot_reader:
         if ap.is_dense_float:
             raise ValueError("RawAsync with AsyncParam(multi_hot_reader=False) reads int32 dense values only: "
@@ -165,7 +167,7 @@ def check_async_input(ap: AsyncParam, slots_per_input, nnz_per_slot, repeat: boo
             raise ValueError("Epoch mode cannot be used with the one-hot RawAsync reader (HugeCTR); set "
                              "repeat_dataset=True")
         return [1] * S
-    nnz = [1] * S if nnz_per_slot is None else [int(v) for v in nnz_per_slot[0]]
+    nnz = [1] * S if nnz_per_slot is None else [int(v) for per_input in nnz_per_slot for v in per_input]
     if len(nnz) != S or min(nnz, default=1) < 1:
         raise ValueError(f"RawAsync multi-hot: nnz_per_slot must give a hotness >= 1 for each of the {S} "
                          f"slots (the static hotness of every sample), got {nnz}")

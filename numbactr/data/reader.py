@@ -385,12 +385,16 @@ def _raw_worker(cfg, open_file, w, W, stop, order=None):
                 word = j if kind == "label" else L + j if kind == "dense" else key_word(j)
                 return ra + row, rf.offset_of(ra + row, word), ""
 
-            inputs, s0 = [], 0
+            inputs, s0, c0 = [], 0, 0                   # keys (m, sum(nnz)): every input's slots in order
             for S in cfg.slots_per_input:
                 if nnz is None or all(v == 1 for v in nnz):
                     inputs.append((np.ascontiguousarray(keys[:, s0:s0 + S]).reshape(-1), _arange(m * S + 1)))
-                else:                                     # one multi-hot input: keys (m, sum(nnz)) slot-major
-                    inputs.append((keys.reshape(-1), _excl_cumsum(np.tile(np.asarray(nnz, np.int64), m))))
+                    c0 += S
+                else:                                     # multi-hot: this input's columns, slot-major
+                    nz = np.asarray(nnz[s0:s0 + S], np.int64)
+                    c1 = c0 + int(nz.sum())
+                    inputs.append((np.ascontiguousarray(keys[:, c0:c1]).reshape(-1), _excl_cumsum(np.tile(nz, m))))
+                    c0 = c1
                 s0 += S
             ch = _Chunk(getattr(rf, "fmt", "Raw"), rf.path, label, dense, inputs, m, locate)
             validate_chunk(ch, cfg.key_ranges, cfg.label_rules, cfg.input_slot_offsets)
