@@ -88,6 +88,7 @@ class Solver:
     drop_incomplete_batch: bool = True
     kafka_brockers: str = ""
     training_callbacks: tuple = ()
+    data_source_params: Any = None          # HugeCTR v3.5-v3.7: where its model files lived (HDFS)
 
 
 # Solver options numbactr does not act on: (value(s) that ask for nothing, why a different value is ignored)
@@ -146,6 +147,15 @@ def CreateSolver(**kw) -> Solver:  # noqa: N802 (HugeCTR's name)
         v = getattr(s, name)
         if name in kw and v not in fine and getattr(v, "name", None) not in fine:
             warn_ignored(who, name, v, why, stacklevel=2)
+    if s.data_source_params is not None:
+        from .data.source import DataSourceParams
+        _expect(isinstance(s.data_source_params, DataSourceParams), "CreateSolver: data_source_params must be a "
+                f"hugectr.data.DataSourceParams, got {s.data_source_params!r}")
+        if not s.data_source_params.is_local():
+            warn_ignored(who, "data_source_params", s.data_source_params, "HugeCTR v3.5-v3.7 kept its model files "
+                         "on HDFS through it; numbactr writes and reads them on the local disk (copy them with "
+                         "hugectr.data.DataSource(...).move_to_local(); training data on HDFS is read through "
+                         "DataReaderParams(data_source_params=...))", stacklevel=2)
     from .device import use_vvgpu             # each rank's GPU: vvgpu[node][local rank % len]
     unused = use_vvgpu(s.vvgpu)
     if unused:

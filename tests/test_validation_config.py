@@ -81,6 +81,8 @@ IGNORED = [
     (lambda: hugectr.CreateSolver(kafka_brockers="host:9092"), "kafka_brockers='host:9092'"),
     (lambda: hugectr.CreateSolver(training_callbacks=[object()]), "training_callbacks="),
     (lambda: hugectr.CreateSolver(vvgpu=[[0, 1], [2]]), "vvgpu=[[0, 1], [2]]"),
+    (lambda: hugectr.CreateSolver(data_source_params=hugectr.data.DataSourceParams(use_hdfs=True)),
+     "data_source_params=DataSourceParams(source=FileSystemType_t.HDFS"),
     (lambda: hugectr.Model(hugectr.CreateSolver(), _norm(source=["a", "b", "c"]), hugectr.CreateOptimizer()),
      "source[1:]=['b', 'c']"),
     (lambda: hugectr.Model(hugectr.CreateSolver(), _norm(keyset=["k"]), hugectr.CreateOptimizer()), "keyset=['k']"),
