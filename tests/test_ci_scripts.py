@@ -21,3 +21,47 @@ def test_gpu_script_lists_its_stages(tmp_path):
     assert done.returncode == 2
     for stage in ("wheels", "resolve", "check", "suite", "bench", "profile"):
         assert f"{stage} " in done.stdout
+
+
+HUGECTR_STYLE = '''
+import hugectr
+from hugectr.tools import DataGeneratorParams          # the other imports of HugeCTR's scripts resolve too
+solver = hugectr.CreateSolver(max_eval_batches=300, batchsize_eval=2048, batchsize=16384, lr=0.001,
+                              vvgpu=[[0]], repeat_dataset=True)
+reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Parquet,
+                                  source=["/data/train/_file_list.txt"], eval_source="/data/val/_file_list.txt",
+                                  check_type=hugectr.Check_t.Non, slot_size_array=[100, 50, 20])
+optimizer = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam)
+model = hugectr.Model(solver, reader, optimizer)
+model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=3, dense_name="dense",
+                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("a", 1, True, 2),
+                                                        hugectr.DataReaderSparseParam("b", 2, False, 1)]))
+for name, bottom in (("ea", "a"), ("eb", "b")):
+    model.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+                                      workspace_size_per_gpu_in_mb=1, embedding_vec_size=4, combiner="sum",
+                                      sparse_embedding_name=name, bottom_name=bottom, optimizer=optimizer))
+model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape, bottom_names=["ea"], top_names=["ra"], leading_dim=8))
+model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Reshape, bottom_names=["eb"], top_names=["rb"], leading_dim=4))
+model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.Concat, bottom_names=["ra", "rb", "dense"], top_names=["c"]))
+model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.InnerProduct, bottom_names=["c"], top_names=["fc"],
+                             num_output=1))
+model.add(hugectr.DenseLayer(layer_type=hugectr.Layer_t.BinaryCrossEntropyLoss, bottom_names=["fc", "label"],
+                             top_names=["loss"]))
+model.compile()
+model.fit(max_iter=100000, display=1000, eval_interval=1000)
+print("trained", model.step)
+'''
+
+
+def test_hugectr_script_runner_writes_the_data_and_shrinks_the_run(tmp_path):
+    """.ci/hugectr_scripts.py on a script shaped like HugeCTR's samples (absolute data paths, a long run)."""
+    import sys
+    script = tmp_path / "sample.py"
+    script.write_text(HUGECTR_STYLE)
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run([sys.executable, str(ROOT / ".ci" / "hugectr_scripts.py"), str(script)], cwd=work,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "trained 60" in done.stdout and "HUGECTR-SCRIPT: OK" in done.stdout
+    assert (work / "data" / "train" / "_file_list.txt").exists() and (work / "data" / "val" / "_metadata.json").exists()
