@@ -173,8 +173,8 @@ class Runner:
                 write_raw_file(src, lab.astype(np.float32) if f else lab, dense, np.stack(keys(n), axis=1),
                                float_label_dense=f)
             elif kind == "RawAsync":
-                ap = reader.async_param
-                wide, fl = bool(getattr(ap, "wide_keys", False)), bool(getattr(ap, "is_dense_float", False))
+                ap = reader.async_param           # 64-bit keys with i64_input_key, as the reader reads them
+                wide, fl = bool(self.solver_kw.get("i64_input_key")), bool(getattr(ap, "is_dense_float", False))
                 n = max(rows, 8192)
                 dense = rng.random((n, D), np.float32) if fl else rng.integers(0, 100, (n, D))
                 write_raw_async_file(src, rng.integers(0, 2, (n, L)), dense,
