@@ -191,12 +191,15 @@ def bst_dense(rng, n):
     return rng.integers(1, 5, (n, 1)).astype(np.float32)
 
 
-def bst(data, **kw):
+def bst(data, one_bottom_mask=False, **kw):
     T, V, H = 4, 4, 2
     m = _model(data, BST_IN, 1, **kw)
     emb(m, "hist", "hist_emb", V)                                                  # (B, T, V)
     emb(m, "user", "user_emb", V)
-    D(m, L.SequenceMask, ["dense", "dense"], ["mask"], max_sequence_len_from=T, max_sequence_len_to=T)
+    if one_bottom_mask:        # HugeCTR v23.06's form: (B, 1, 1, T), broadcast over the query rows
+        D(m, L.SequenceMask, ["dense"], ["mask"], max_sequence_len=T)
+    else:
+        D(m, L.SequenceMask, ["dense", "dense"], ["mask"], max_sequence_len_from=T, max_sequence_len_to=T)
     for name in ("q", "k", "v"):
         D(m, L.InnerProduct, ["hist_emb"], [name], num_output=8)                   # (B, T, 8)
     D(m, L.MultiHeadAttention, ["q", "k", "v"], ["scores", "v4"], num_attention_heads=H)

@@ -127,6 +127,16 @@ TRAINED = sorted(sample_graphs.GRAPHS) + ["dlrm", "dlrm_onehot", "mean"]
 
 
 # ---- trained sample graphs ---------------------------------------------------------------------------
+def test_one_bottom_sequence_mask_exports(tmp_path, cpu):
+    """BST with HugeCTR v23.06's one-bottom SequenceMask (its ONNX converter test script's form)."""
+    m = sample_graphs.build("bst", str(tmp_path), one_bottom_mask=True)
+    for _ in range(2):
+        assert m.train()
+    predictor = convert(m, str(tmp_path))
+    for batch in eval_batches(m):
+        assert_same(m, predictor, batch)
+
+
 @pytest.mark.parametrize("name", TRAINED)
 def test_trained_graph_predicts_the_same_under_onnxruntime(tmp_path, cpu, capfd, name):
     m = trained(name, str(tmp_path))

@@ -189,14 +189,17 @@ def fused_reshape_concat(g, layer, xs, ws, tops):
 
 def sequence_mask(g, layer, xs, ws, tops):
     # i < trunc(len) <=> i + 1 <= len for the integers i >= 0 (the reference truncates the float length)
+    # v23.06's one-bottom form: lengths (B, 1) -> (B, 1, 1, L), the "to" mask alone (every from-length is 1)
     t = tops[0]
+    pairs = [(xs[0], layer.lt, [-1, 1, 1, layer.lt], "to")] if layer.one_bottom else \
+        [(xs[0], layer.lf, [-1, 1, layer.lf, 1], "from"), (xs[1], layer.lt, [-1, 1, 1, layer.lt], "to")]
     masks = []
-    for x, count, shape, what in ((xs[0], layer.lf, [-1, 1, layer.lf, 1], "from"),
-                                  (xs[1], layer.lt, [-1, 1, 1, layer.lt], "to")):
+    for x, count, shape, what in pairs:
         steps = g.const(np.arange(1, count + 1).reshape(shape[1:]), f"{t}/{what}_steps")
         lens = g.op("Reshape", [x, g.ints([-1, 1, 1, 1], f"{t}/{what}_shape")], f"{t}/{what}_len")
         masks.append(g.op("LessOrEqual", [steps, lens], f"{t}/{what}_mask"))
-    g.op("Cast", [g.op("And", masks, f"{t}/both")], t, out=t, to=g.onnx.TensorProto.FLOAT)
+    both = masks[0] if len(masks) == 1 else g.op("And", masks, f"{t}/both")
+    g.op("Cast", [both], t, out=t, to=g.onnx.TensorProto.FLOAT)
 
 
 # ---- attention -------------------------------------------------------------------------------
