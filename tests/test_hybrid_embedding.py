@@ -265,6 +265,10 @@ def test_padding_rows_of_a_partial_batch_read_zeros_and_train_nothing():
     np.testing.assert_array_equal(out_a[:9], out_b)
     assert not out_a[9:].any()
     np.testing.assert_array_equal(device.to_host(a.weight.data), device.to_host(b.weight.data))
+    # a bad key among them is named by its sample in the whole batch
+    keys[7 * S + 2] = 99
+    with pytest.raises(ValueError, match=r"key 99 of slot 2 \(sample 7\)"):
+        a.lookup(keys, padded_offs, True)
 
 
 def test_non_sgd_optimizer_is_an_error():

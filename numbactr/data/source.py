@@ -158,9 +158,7 @@ class DataSource:
             os.makedirs(local, exist_ok=True)
             local = os.path.join(local, posixpath.basename(rpath.rstrip("/")))
         os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
-        tmp = f"{local}.part{os.getpid()}"
-        fs.get_file(rpath, tmp)
-        os.replace(tmp, local)
+        _fetch(fs, rpath, local)
         return local
 
     def _copy_folder(self, remote: str, local: str) -> list:
@@ -176,9 +174,7 @@ class DataSource:
             if entry.get("type") == "file":
                 name = posixpath.basename(entry["name"].rstrip("/"))
                 dest = os.path.join(local, name)
-                tmp = f"{dest}.part{os.getpid()}"
-                fs.get_file(entry["name"], tmp)
-                os.replace(tmp, dest)
+                _fetch(fs, entry["name"], dest)
                 out.append(dest)
         return out
 
@@ -261,6 +257,13 @@ def _filesystem(uri: str, params: DataSourceParams | None):
         raise OSError(f"reading {uri!r}: cannot open the {protocol}:// filesystem ({type(e).__name__}: {e})") from None
 
 
+def _fetch(fs, rpath: str, dest: str) -> None:
+    """Copy remote rpath to dest through a temporary name beside it: dest is whole or absent."""
+    tmp = f"{dest}.part{os.getpid()}-{threading.get_ident()}"
+    fs.get_file(rpath, tmp)
+    os.replace(tmp, dest)
+
+
 _CACHE = {"dir": None}
 _FETCHED: dict = {}             # local copy -> (size, modification stamp) of the remote file it holds
 _LOCK = threading.Lock()
@@ -297,8 +300,6 @@ def local_copy(path: str, params: DataSourceParams | None = None) -> str:
     with _LOCK:
         if stamp is None or _FETCHED.get(dest) != version or not os.path.isfile(dest):
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            tmp = f"{dest}.part{threading.get_ident()}"
-            fs.get_file(rpath, tmp)
-            os.replace(tmp, dest)
+            _fetch(fs, rpath, dest)
             _FETCHED[dest] = version
     return dest

@@ -215,10 +215,10 @@ class HybridEmbedding(OneHotEmbedding):
     def ready(self) -> bool:
         return self.frequent is not None
 
-    def categories(self, keys, offsets, slot=None) -> np.ndarray:
+    def categories(self, keys, offsets, bag=None) -> np.ndarray:
         """(N,) int64 host categories of one-hot keys (N,) in CSR bags ``offsets`` (B*S + 1,): key + the offset
-        of its slot (bag % S, or ``slot`` (N,) where given); an error names the first bag without exactly one
-        key or the first key outside its slot."""
+        of its slot (bag % S; ``bag`` (N,): each key's bag in the whole batch where the bags are a subset); an
+        error names the first bag without exactly one key or the first key outside its slot."""
         keys_h = np.asarray(device.to_host(keys)).astype(np.int64)
         offsets_h = np.asarray(device.to_host(offsets)).astype(np.int64)
         n, bags = keys_h.shape[0], offsets_h.shape[0] - 1
@@ -228,12 +228,13 @@ class HybridEmbedding(OneHotEmbedding):
             raise ValueError(f"{self.who}: takes exactly one key per slot, but bag {bad} (sample "
                              f"{bad // self.slots}, slot {bad % self.slots}) of this batch has "
                              f"{int(nnz[bad]) if bad < bags else n - bags} key(s)")
-        slot = np.arange(n, dtype=np.int64) % self.slots if slot is None else np.asarray(slot, np.int64)
+        bag = np.arange(n, dtype=np.int64) if bag is None else np.asarray(bag, np.int64)
+        slot = bag % self.slots
         bad = (keys_h < 0) | (keys_h >= self.slot_sizes[slot])
         if bad.any():
             at = int(np.argmax(bad))
             raise ValueError(f"{self.who}: key {int(keys_h[at])} of slot {int(slot[at])} (sample "
-                             f"{at // self.slots}) is outside the slot's vocabulary [0, "
+                             f"{int(bag[at]) // self.slots}) is outside the slot's vocabulary [0, "
                              f"{int(self.slot_sizes[slot[at]])}) given by slot_size_array (the hybrid embedding "
                              "takes per-slot ids and adds the slot offsets itself)")
         return keys_h + self.slot_offset[slot]
@@ -304,7 +305,7 @@ class HybridEmbedding(OneHotEmbedding):
         if (nnz == 0).any() and not (nnz > 1).any():
             present = np.flatnonzero(nnz == 1)
             out, lookup = self._lookup(keys, np.arange(present.shape[0] + 1, dtype=np.int64), training,
-                                       slot=present % self.slots)
+                                       bag=present)
             full = device.xp().zeros((nnz.shape[0], self.vec), np.float32)
             full[device.xp().asarray(present)] = out
             lookup.present = present
@@ -312,11 +313,11 @@ class HybridEmbedding(OneHotEmbedding):
         out, lookup = self._lookup(keys, offsets, training)
         return out.reshape(-1, self.slots * self.vec), lookup
 
-    def _lookup(self, keys, offsets, training: bool, slot=None):
-        """(out (n, D), HybridLookup) of n one-key bags; slot (n,): each bag's slot (default: bag % S)."""
+    def _lookup(self, keys, offsets, training: bool, bag=None):
+        """(out (n, D), HybridLookup) of n one-key bags; bag (n,): their places in the batch (default 0..n-1)."""
         self._ensure_split()
         xp = device.xp()
-        cats = self.categories(keys, offsets, slot)
+        cats = self.categories(keys, offsets, bag)
         n = cats.shape[0]
         fi = self.frequent_index(cats)
         freq, infreq = np.flatnonzero(fi >= 0), np.flatnonzero(fi < 0)
