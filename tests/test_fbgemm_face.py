@@ -318,7 +318,8 @@ def test_managed_caching_runs_cached_with_the_same_results():
           counter_based_regularization=object()), NotImplementedError, "COUNTER"),
     (dict(weight_decay_mode=WeightDecayMode.COUNTER), ValueError, "counter_based_regularization"),
     (dict(weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL), ValueError, "DECOUPLE_GLOBAL"),
-    (dict(preallocated_host_buffers={}), NotImplementedError, "preallocated_host_buffers"),
+    (dict(preallocated_host_buffers={"momentum1": np.zeros(32, np.float32)}), AssertionError, "not consumed"),
+    (dict(preallocated_host_buffers={"weights": np.zeros(31, np.float32)}), ValueError, "size mismatch"),
     (dict(enable_raw_embedding_streaming=True), NotImplementedError, "raw_embedding"),
     (dict(optimizer_state_dtypes={"momentum1": SparseType.FP16}), NotImplementedError, "optimizer_state_dtypes"),
     (dict(embedding_table_index_type="int16"), ValueError, "int32 or int64"),
@@ -398,3 +399,24 @@ def test_sim_device_runs_the_same_face():
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6)
     for a, b in zip(results[1][1], results[0][1]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_preallocated_host_buffers_are_the_tables_storage():
+    specs = [(5, 4, EmbeddingLocation.HOST, ComputeDevice.CPU), (3, 8, EmbeddingLocation.HOST, ComputeDevice.CPU)]
+    w = np.arange(5 * 4 + 3 * 8, dtype=np.float32)                    # contents kept: FBGEMM's rule
+    m = np.zeros(5 + 3, np.float32)
+    face = ArrayTBE(specs, optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.1,
+                    preallocated_host_buffers={"weights": w, "momentum1": m})
+    np.testing.assert_array_equal(face.split_embedding_weights()[1], w[20:].reshape(3, 8))
+    out = face(np.array([1, 2]), np.array([0, 1, 2]))
+    np.testing.assert_array_equal(out, np.concatenate([w[4:8], w[20 + 16:20 + 24]])[None])
+    before = w.copy()
+    face.backward(np.ones((1, 12), np.float32))
+    changed = np.flatnonzero(w != before)
+    assert set(changed) == set(range(4, 8)) | set(range(36, 44))   # row 1 of table 0, row 2 of table 1
+    assert m[1] > 0 and m[5 + 2] > 0 and np.count_nonzero(m) == 2
+    with pytest.raises(NotImplementedError, match="multiple of 4"):
+        ArrayTBE([(5, 6, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                 preallocated_host_buffers={"weights": np.zeros(30, np.float32)})
+    with pytest.raises(AssertionError, match="dtype"):
+        ArrayTBE(specs, preallocated_host_buffers={"weights": np.zeros(44, np.float64)})

@@ -155,3 +155,122 @@ def test_example_dlrm_equals_fbgemm_with_only_the_import_changed():
         exec(compile(text, str(EXAMPLE), "exec"), module.__dict__)
         losses[name], _ = module.main(steps=25, batch=64, table_rows=(50, 20, 80), dim=8, log_every=0)
     np.testing.assert_allclose(losses["numbactr"], losses["fbgemm"], rtol=1e-4)
+
+
+# ---- FBGEMM's writeback (use_writeback_bwd_prehook), preallocated host buffers, static helpers ----------------
+def writeback_run(mod, specs, pooling, first_feature_only=False, steps=3, batch=12, seed=3):
+    """EXACT_SGD with FBGEMM's writeback on one-hot bags (some empty) with many repeated indices."""
+    extra = mod.UserEnabledConfigDefinition(use_writeback_bwd_prehook=True,
+                                           writeback_first_feature_only=first_feature_only)
+    tbe = make(mod, specs, enums={OPT: ("OptimType", "EXACT_SGD"), "pooling_mode": ("PoolingMode", pooling)},
+               learning_rate=0.5, extra_optimizer_config=extra)
+    rng = np.random.default_rng(seed)
+    outs = []
+    for _ in range(steps):
+        lens = rng.integers(0, 2, len(specs) * batch) if pooling != "NONE" else np.ones(len(specs) * batch, int)
+        off = np.concatenate([[0], np.cumsum(lens)])
+        feat = np.repeat(np.repeat(np.arange(len(specs)), batch), lens)
+        idx = rng.integers(0, 3, off[-1]) % np.array([r for r, _ in specs])[feat]     # few rows: many repeats
+        out = tbe(torch.from_numpy(idx), torch.from_numpy(off))
+        out.backward(torch.from_numpy(rng.standard_normal(tuple(out.shape)).astype(np.float32)))
+        outs.append(out.detach().numpy())
+    return outs, [w.detach().numpy().copy() for w in tbe.split_embedding_weights()]
+
+
+@pytest.mark.parametrize("first_feature_only", [False, True])
+def test_writeback_sequence_embeddings_like_fbgemm(first_feature_only):
+    specs = [(5, 8), (4, 8)]
+    theirs, ours = (writeback_run(m, specs, "NONE", first_feature_only) for m in (FB, NB))
+    for x, y in zip(theirs[0] + theirs[1], ours[0] + ours[1]):
+        np.testing.assert_allclose(y, x, rtol=1e-6, atol=1e-6)
+
+
+def test_writeback_pooled_one_table_like_fbgemm_and_each_feature_alone():
+    theirs, ours = (writeback_run(m, [(5, 8)], "SUM") for m in (FB, NB))
+    for x, y in zip(theirs[0] + theirs[1], ours[0] + ours[1]):
+        np.testing.assert_allclose(y, x, rtol=1e-6, atol=1e-6)
+    # FBGEMM's pooled writeback indexes dLoss/doutput's rows by bag number, so it only runs one feature; numbactr
+    # masks each feature's columns: each (feature, row) moves by -lr x its first bag's gradient, nothing else
+    specs, batch, lr = [(4, 8), (4, 4)], 6, 0.5
+    tbe = make(NB, specs, enums={OPT: ("OptimType", "EXACT_SGD")}, learning_rate=lr,
+               extra_optimizer_config=NB.UserEnabledConfigDefinition(use_writeback_bwd_prehook=True))
+    before = [w.detach().numpy().copy() for w in tbe.split_embedding_weights()]
+    lens = np.array([1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1])
+    idx = np.array([2, 2, 0, 2, 1, 3, 3, 1, 1, 3])                   # samples 0-5: feature 0 2 2 - 0 2 1, feature 1 3 - 3 1 1 3
+    off = np.concatenate([[0], np.cumsum(lens)])
+    dy = np.random.default_rng(0).standard_normal((batch, 12)).astype(np.float32)
+    tbe(torch.from_numpy(idx), torch.from_numpy(off)).backward(torch.from_numpy(dy))
+    expected = [b.copy() for b in before]
+    for (f, cols), firsts in (((0, slice(0, 8)), {2: 0, 0: 3, 1: 5}), ((1, slice(8, 12)), {3: 0, 1: 3})):
+        for row, b in firsts.items():
+            expected[f][row] -= lr * dy[b, cols]
+    for w, e in zip(tbe.split_embedding_weights(), expected):
+        np.testing.assert_allclose(w.detach().numpy(), e, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="at most one index"):
+        tbe(torch.tensor([1, 2, 3]), torch.tensor([0, 3] + [3] * 11))
+
+
+def test_writeback_is_exact_sgd_only_like_fbgemm():
+    for mod in (FB, NB):
+        with pytest.raises(AssertionError, match="EXACT_SGD"):
+            make(mod, [(5, 8)], enums={OPT: ("OptimType", "EXACT_ROWWISE_ADAGRAD")},
+                 extra_optimizer_config=FB.UserEnabledConfigDefinition(use_writeback_bwd_prehook=True))
+
+
+def prealloc_buffers(opt, specs):
+    sizes = {"weights": sum(r * d for r, d in specs)}
+    if opt != "EXACT_SGD":
+        sizes["momentum1"] = sum(r * d for r, d in specs) if opt in ("EXACT_ADAGRAD", "ADAM") else sum(r for r, _ in specs)
+    if opt == "ADAM":
+        sizes["momentum2"] = sum(r * d for r, d in specs)
+    return {k: torch.full((n,), 0.0) for k, n in sizes.items()}
+
+
+@pytest.mark.parametrize("opt", ["EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD"])
+def test_preallocated_host_buffers_train_in_place_like_fbgemm(opt):
+    specs = [(10, 8), (7, 4)]
+    bufs = {m: prealloc_buffers(opt, specs) for m in ("FB", "NB")}
+    results = {}
+    for name, mod in (("FB", FB), ("NB", NB)):
+        tbe = make(mod, specs, enums={OPT: ("OptimType", opt)}, learning_rate=0.1,
+                   preallocated_host_buffers=bufs[name])
+        assert tbe.weights_host.data_ptr() == bufs[name]["weights"].data_ptr()
+        if "momentum1" in bufs[name]:
+            assert tbe.momentum1_host.data_ptr() == bufs[name]["momentum1"].data_ptr()
+        rng = np.random.default_rng(2)
+        for _ in range(3):
+            off = np.concatenate([[0], np.cumsum(rng.integers(0, 4, 2 * 6))])
+            idx = rng.integers(0, 7, off[-1])
+            tbe(torch.from_numpy(idx), torch.from_numpy(off)).sum().backward()
+        results[name] = bufs[name]
+    for key in results["FB"]:
+        np.testing.assert_allclose(results["NB"][key].numpy(), results["FB"][key].numpy(), rtol=1e-5, atol=1e-6)
+        assert results["NB"][key].abs().sum() > 0                       # trained through the caller's buffer
+
+
+@pytest.mark.parametrize("bad", ["size", "dtype", "2d", "strided", "key"])
+def test_preallocated_host_buffers_refused_like_fbgemm(bad):
+    specs = [(10, 8), (7, 4)]
+    n = sum(r * d for r, d in specs)
+    buf = {"size": torch.zeros(n + 1), "dtype": torch.zeros(n, dtype=torch.float64),
+           "2d": torch.zeros(n // 2, 2), "strided": torch.zeros(2 * n)[::2], "key": torch.zeros(n)}[bad]
+    key = "momentum1" if bad == "key" else "weights"                       # EXACT_SGD has no momentum1
+    for mod in (FB, NB):
+        with pytest.raises(AssertionError):
+            mod.SplitTableBatchedEmbeddingBagsCodegen(
+                [(r, d, mod.EmbeddingLocation.HOST, mod.ComputeDevice.CPU) for r, d in specs],
+                optimizer=mod.OptimType.EXACT_SGD, preallocated_host_buffers={key: buf})
+
+
+def test_static_helpers_like_fbgemm():
+    for names in (None, [], ["t1"], ["t1", "t1"], ["t2", "t1", "t2"]):
+        assert (NB.SplitTableBatchedEmbeddingBagsCodegen.get_table_name_for_logging(names)
+                == FB.SplitTableBatchedEmbeddingBagsCodegen.get_table_name_for_logging(names))
+    x, y = torch.arange(23), torch.arange(23) * 2
+    assert NB.MultiPassPrefetchConfig() == tuple(FB.MultiPassPrefetchConfig())
+    for conf in (None, FB.MultiPassPrefetchConfig(num_passes=4, min_splitable_pass_size=3),
+                 FB.MultiPassPrefetchConfig(num_passes=5, min_splitable_pass_size=7),
+                 FB.MultiPassPrefetchConfig(num_passes=30, min_splitable_pass_size=1)):
+        ours = NB.SplitTableBatchedEmbeddingBagsCodegen.get_prefetch_passes(conf, x, y)
+        theirs = FB.SplitTableBatchedEmbeddingBagsCodegen.get_prefetch_passes(conf, x, y)
+        assert [(a.tolist(), b.tolist(), s) for a, b, s in ours] == [(a.tolist(), b.tolist(), s) for a, b, s in theirs]

@@ -401,6 +401,27 @@ class TableBatchedEmbedding:
         """Rows of table t in use: every row, or the keys inserted so far for a keyed table."""
         table = self.hash_tables.get(t)
         return table.size if table is not None else int(self.rows[t])
+    def adopt_host_buffers(self, weights=None, states=None) -> None:
+        """Use caller-owned host arrays as storage, as they are (FBGEMM's preallocated_host_buffers): weights
+        (sum V_t * stride_t,) and states {i: array} (self.states[i]'s size), each 1-D, C-contiguous, of the
+        buffer's dtype. Their contents are kept: nothing is zeroed. Host impls only ("cpu", "ref")."""
+        if self.impl == "kernels":
+            raise NotImplementedError("adopt_host_buffers: the engine's buffers live on the GPU (impl 'kernels')")
+        pairs = [("weights", self.weights, weights)]
+        pairs += [(f"state {i}", self.states[i], buf) for i, buf in sorted((states or {}).items())]
+        for what, own, buf in pairs:
+            if buf is None:
+                continue
+            if not isinstance(buf, np.ndarray) or buf.ndim != 1 or not buf.flags.c_contiguous:
+                raise ValueError(f"adopt_host_buffers: {what} must be a 1-D C-contiguous NumPy array")
+            if buf.dtype != own.dtype or buf.shape != own.shape:
+                raise ValueError(f"adopt_host_buffers: {what} must be ({own.shape[0]},) {own.dtype}, got "
+                                 f"{buf.shape} {buf.dtype}")
+        if weights is not None:
+            self.weights = weights
+        for i, buf in (states or {}).items():
+            self.states[i] = buf
+
 
     def take_state_rows(self, t: int, src) -> None:
         """Renumber table t's optimizer states after its rows were rebuilt (a checkpoint load): row i takes

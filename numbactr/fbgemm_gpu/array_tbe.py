@@ -137,7 +137,7 @@ class TBEConfig:
     multipass_prefetch_config: object = None            # prefetch in several passes: warns when set
     global_weight_decay: object = None                  # WeightDecayMode.DECOUPLE_GLOBAL only: unused
     uvm_host_mapped: bool = False                       # UVM allocation: warns when set
-    extra_optimizer_config: object = None               # rowwise bias correction / writeback: not implemented
+    extra_optimizer_config: object = None               # writeback (EXACT_SGD); rowwise bias correction: not implemented
     tbe_input_multiplexer_config: object = None         # FBGEMM's monitoring hooks: warn when set
     embedding_table_index_type: object = None           # int32 | int64 (None: int64); numbactr reads both
     embedding_table_offset_type: object = None          #   kinds of indices and offsets as they come
@@ -145,7 +145,8 @@ class TBEConfig:
     enable_raw_embedding_streaming: bool = False        # not implemented
     res_params: object = None                           # raw embedding streaming only: unused
     is_qr_tbe: bool = False                             # unused
-    preallocated_host_buffers: object = None            # not implemented (the engine owns its buffers)
+    preallocated_host_buffers: object = None            # {"weights"/"momentum1"/"momentum2": 1-D host array}: the
+                                                        #   tables' storage (HOST tables, dims a multiple of 16 bytes)
 
 
 #: arguments accepted but without effect in numbactr: a non-default value warns (IgnoredArgumentWarning)
@@ -193,6 +194,46 @@ def _dtype_name(dtype, what: str) -> str:
     if name not in ("int32", "int64"):
         raise ValueError(f"{WHO}: {what} must be int32 or int64, got {dtype}")
     return name
+
+
+class FBGEMMAssertion(ValueError, AssertionError):
+    """An argument FBGEMM rejects with an AssertionError (so `except AssertionError` code keeps working); a
+    ValueError too, as numbactr's other argument errors are."""
+
+
+def consumed_preallocated_keys(optimizer) -> set:
+    """The preallocated_host_buffers keys an optimizer uses (FBGEMM's rule): weights always, momentum1 for
+    every optimizer with a state, momentum2 for the two-state ones."""
+    opt = _enum(EmbOptimType, optimizer, "optimizer")
+    names = {"weights"}
+    if opt not in (EmbOptimType.NONE, EmbOptimType.EXACT_SGD):
+        names.add("momentum1")
+    if opt in (EmbOptimType.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM, EmbOptimType.LAMB,
+               EmbOptimType.PARTIAL_ROWWISE_LAMB, EmbOptimType.ENSEMBLE_ROWWISE_ADAGRAD):
+        names.add("momentum2")
+    return names
+
+
+def table_name_for_logging(table_names) -> str:
+    """FBGEMM's get_table_name_for_logging: one name, or "<n tables>: [sorted distinct names]"."""
+    if table_names is None:
+        return "<Unknown>"
+    names = sorted(set(table_names))
+    return names[0] if len(names) == 1 else f"<{len(names)} tables>: {names}"
+
+
+def prefetch_passes(multipass_prefetch_config, input_tensor, output_tensor) -> list:
+    """FBGEMM's get_prefetch_passes: [(input[s:e], output[s:e], s)] covering the inputs in order, in at most
+    num_passes passes of at least min_splitable_pass_size (the last may be shorter); one pass without a
+    config. (numbactr's own prefetch places a batch in one pass; this is FBGEMM's helper for callers.)"""
+    if multipass_prefetch_config is None:
+        return [(input_tensor, output_tensor, 0)]
+    n_passes = int(multipass_prefetch_config.num_passes)
+    n = int(input_tensor.shape[0])
+    if n <= n_passes or n_passes == 1:
+        return [(input_tensor, output_tensor, 0)]
+    size = max(-(-n // n_passes), int(multipass_prefetch_config.min_splitable_pass_size))
+    return [(input_tensor[s:s + size], output_tensor[s:s + size], s) for s in range(0, n, size)]
 
 
 def _specs(embedding_specs) -> list:
@@ -270,6 +311,7 @@ class Lookup:
     ctx: LookupContext
     iteration: int
     vbe: _VBE | None = None
+    writeback: object = None    # use_writeback_bwd_prehook: the 0/1 mask of dLoss/doutput (its shape)
 
 
 class TBECore:
@@ -305,6 +347,12 @@ class TBECore:
         self.feature_table_map = ftm
 
         self.optimizer = _enum(EmbOptimType, cfg.optimizer, "optimizer")
+        if cfg.preallocated_host_buffers is not None:
+            unconsumed = set(cfg.preallocated_host_buffers) - consumed_preallocated_keys(self.optimizer)
+            if unconsumed:
+                raise FBGEMMAssertion(
+                    f"{WHO}: preallocated_host_buffers contains keys not consumed by optimizer={self.optimizer}: "
+                    f"{sorted(unconsumed)}; this optimizer's keys: {sorted(consumed_preallocated_keys(self.optimizer))}")
         self.pooling_mode = _enum(PoolingMode, cfg.pooling_mode, "pooling_mode")
         self.weights_precision = _enum(SparseType, cfg.weights_precision, "weights_precision")
         out_dtype = _enum(SparseType, cfg.output_dtype, "output_dtype")
@@ -347,6 +395,11 @@ class TBECore:
         else:
             self.engine = TableBatchedEmbedding(list(zip(rows, dims)), ftm, **engine_args)
         self.cached = bool(caching)
+        extra = cfg.extra_optimizer_config
+        self.writeback = bool(getattr(extra, "use_writeback_bwd_prehook", False))
+        self.writeback_first_feature_only = self.writeback and bool(getattr(extra, "writeback_first_feature_only", False))
+        if cfg.preallocated_host_buffers and all(loc == EmbeddingLocation.HOST for loc in locations):
+            self._adopt_host_buffers(cfg.preallocated_host_buffers)   # FBGEMM: only HOST tables have host buffers
         self._cache_base = None              # stats at the last reset_cache_miss_counter / reset_uvm_cache_stats
         self._uvm_base = None
 
@@ -413,12 +466,15 @@ class TBECore:
                                       "(NONE, L2 or DECOUPLE)")
         not_implemented = {
             "enable_raw_embedding_streaming": bool(cfg.enable_raw_embedding_streaming),
-            "preallocated_host_buffers": cfg.preallocated_host_buffers is not None,
             "optimizer_state_dtypes": any(_enum(SparseType, v, "optimizer_state_dtypes") != SparseType.FP32
                                           for v in (cfg.optimizer_state_dtypes or {}).values()),
-            "extra_optimizer_config": any(bool(getattr(cfg.extra_optimizer_config, a, False)) for a in
-                                          ("use_rowwise_bias_correction", "use_writeback_bwd_prehook")),
+            "extra_optimizer_config": bool(getattr(cfg.extra_optimizer_config, "use_rowwise_bias_correction", False)),
         }
+        extra = cfg.extra_optimizer_config
+        if getattr(extra, "use_rowwise_bias_correction", False) and opt != EmbOptimType.ADAM:
+            raise FBGEMMAssertion(f"{WHO}: `use_rowwise_bias_correction` is only supported for OptimType.ADAM")
+        if getattr(extra, "use_writeback_bwd_prehook", False) and opt != EmbOptimType.EXACT_SGD:
+            raise FBGEMMAssertion(f"{WHO}: `use_writeback_bwd_prehook` is only supported for OptimType.EXACT_SGD")
         for name, used in not_implemented.items():
             if used:
                 raise NotImplementedError(f"{WHO}: {name}={getattr(cfg, name)!r} is not implemented in numbactr")
@@ -444,6 +500,41 @@ class TBECore:
         for t in caching:
             slots[t] = int(min(rows[t], max(1, total * rows[t] // max(total_rows, 1))))
         return slots
+
+    def _adopt_host_buffers(self, buffers: dict) -> None:
+        """FBGEMM's preallocated_host_buffers: caller-owned 1-D arrays become the weights ("weights") and
+        optimizer states ("momentum1", "momentum2") as they are (their contents are kept, nothing is zeroed),
+        so the caller's array and the module's weights_host / momentum*_host share memory. FBGEMM's checks:
+        size, contiguity, 1-D, dtype, host memory."""
+        eng = self.engine
+        if eng.impl == "kernels":
+            raise NotImplementedError(f"{WHO}: preallocated_host_buffers need host tables, but numbactr's "
+                                      f"{device.kind()} device keeps them in device memory")
+        if any(int(s) != int(d) for s, d in zip(eng.strides, eng.dims)):
+            lane = 4 if eng.weights.dtype == np.float32 else 8
+            raise NotImplementedError(f"{WHO}: preallocated_host_buffers need every table's dim to be a multiple of "
+                                      f"{lane} for {self.weights_precision.name} weights (numbactr pads rows to 16 "
+                                      f"bytes, so other dims do not have FBGEMM's layout; dims {list(map(int, eng.dims))})")
+        named = {"weights": eng.weights}
+        named.update({f"momentum{i + 1}": state for i, state in enumerate(eng.states[:2])})
+        adopted = {}
+        for key, buf in buffers.items():
+            own = named[key]
+            where = f"{WHO}: preallocated_host_buffer for '{key}_host'"
+            if not isinstance(buf, np.ndarray):
+                raise FBGEMMAssertion(f"{where} must be in host memory (the module runs on cpu), got "
+                                              f"{type(buf).__name__}")
+            if buf.size != own.size:
+                raise FBGEMMAssertion(f"{where}: size mismatch, expected {own.size}, got {buf.size}")
+            if not buf.flags.c_contiguous:
+                raise FBGEMMAssertion(f"{where} must be contiguous")
+            if buf.ndim != 1:
+                raise FBGEMMAssertion(f"{where} must be 1D, got {buf.ndim}D with shape {buf.shape}")
+            if buf.dtype != own.dtype:
+                raise FBGEMMAssertion(f"{where}: dtype mismatch, expected {own.dtype}, got {buf.dtype}")
+            adopted[key] = buf
+        eng.adopt_host_buffers(weights=adopted.get("weights"),
+                               states={i: adopted[f"momentum{i + 1}"] for i in range(2) if f"momentum{i + 1}" in adopted})
 
     def _resolve_device(self, wanted, compute_device) -> str:
         """'cuda' on the gpu device, else 'cpu' (see the class docstring)."""
@@ -504,11 +595,47 @@ class TBECore:
                 raise ValueError(f"{WHO}: offsets must be 1-D with sum(B) + 1 entries, got shape {offsets.shape}")
             vbe = _vbe_layout(batch_size_per_feature_per_rank, self.feature_dims, int(offsets.shape[0]) - 1)
             offsets = offsets[xp.asarray(vbe.offset_src)]
+        if self.writeback and vbe is not None:
+            raise FBGEMMAssertion(f"{WHO}: VBE is not supported with writeback_bwd_prehook (FBGEMM's rule)")
         out, ctx = self.engine.forward(indices, offsets, per_sample_weights,
                                        feature_requires_grad=feature_requires_grad)
         if vbe is not None:
             out = out.reshape(-1)[xp.asarray(vbe.out_index)]
-        return out, Lookup(ctx, int(iteration), vbe)
+        keep = self._writeback_mask(indices, offsets) if self.writeback else None
+        return out, Lookup(ctx, int(iteration), vbe, keep)
+
+    def _writeback_mask(self, indices, offsets):
+        """FBGEMM's writeback (use_writeback_bwd_prehook, EXACT_SGD): SGD with lr 1 and a gradient of
+        (old - new) "assigns" a row, so only the first occurrence of each (feature, index) in the batch keeps
+        its gradient; the others' dLoss/doutput are zeroed. writeback_first_feature_only: only feature 0's
+        first occurrences keep theirs (the other features are read-only). Returns the 0/1 float32 mask of
+        dLoss/doutput: (N, 1) for PoolingMode.NONE, else (B, total_D), whose bags must hold at most one index
+        (FBGEMM's writeback is for one-hot bags; it would misplace longer ones)."""
+        xp = device.xp()
+        idx, off = indices.astype(np.int64), offsets.astype(np.int64)
+        n_feat = len(self.feature_table_map)
+        n_bags = int(off.shape[0]) - 1
+        batch = n_bags // n_feat
+        lengths = xp.maximum(off[1:] - off[:-1], 0)
+        bag = xp.repeat(xp.arange(n_bags, dtype=np.int64), lengths)[:idx.shape[0]]      # each index's bag
+        considered = bag < batch if self.writeback_first_feature_only else xp.ones(bag.shape[0], bool)
+        keep = xp.zeros(bag.shape[0], bool)
+        if bag.shape[0]:
+            span = int(idx.max()) + 1
+            key = xp.where(considered, (bag // batch) * span + idx, -1)
+            _, first = xp.unique(key, return_index=True)
+            keep[first] = True
+            keep &= considered
+        if self.pooling_mode == PoolingMode.NONE:
+            return keep.astype(np.float32)[:, None]
+        if bag.shape[0] and int(lengths.max()) > 1:
+            raise ValueError(f"{WHO}: use_writeback_bwd_prehook with pooling needs bags of at most one index "
+                             f"(one-hot features); a bag here holds {int(lengths.max())}")
+        bag_keep = xp.ones(n_bags, np.float32)
+        bag_keep[bag[~keep]] = 0.0
+        if self.writeback_first_feature_only:
+            bag_keep[batch:] = 0.0
+        return xp.repeat(bag_keep.reshape(n_feat, batch).T, xp.asarray(self.feature_dims), axis=1)
 
     def update(self, lookup: Lookup, grad_output) -> Grads:
         """The fused backward + optimizer of one lookup with dLoss/doutput (the output's shape); returns the
@@ -523,6 +650,8 @@ class TBECore:
             full = xp.zeros(lookup.vbe.batch * self.total_D, np.float32)
             full[xp.asarray(lookup.vbe.out_index)] = dy
             dy = full.reshape(lookup.vbe.batch, self.total_D)
+        if lookup.writeback is not None:
+            dy = dy * lookup.writeback.astype(dy.dtype)
         if self.counts_iterations:
             self.engine.step = lookup.iteration - 1         # the engine's update uses t = step + 1
         return self.engine.backward(lookup.ctx, dy)
@@ -643,6 +772,9 @@ class ArrayTBE(TBECore):
     `iter` (a (1,) int64 array) and `step` count forwards as in FBGEMM. backward(grad, lookup) takes a
     Lookup from forward(..., return_lookup=True) when several forwards precede their backwards.
     """
+
+    get_table_name_for_logging = staticmethod(table_name_for_logging)
+    get_prefetch_passes = staticmethod(prefetch_passes)
 
     def __init__(self, embedding_specs, feature_table_map=None, *args, **kwargs):
         super().__init__(embedding_specs, feature_table_map, *args, **kwargs)

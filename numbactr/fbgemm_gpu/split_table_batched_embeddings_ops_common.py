@@ -10,7 +10,7 @@ import enum
 from typing import NamedTuple
 
 __all__ = ["EmbeddingLocation", "ComputeDevice", "PoolingMode", "BoundsCheckMode", "CacheAlgorithm",
-           "RecordCacheMetrics", "WeightDecayMode", "round_up"]
+           "RecordCacheMetrics", "WeightDecayMode", "MultiPassPrefetchConfig", "round_up"]
 
 
 class EmbeddingLocation(enum.IntEnum):
@@ -73,6 +73,13 @@ class RecordCacheMetrics(NamedTuple):
     """Which cache counters a MANAGED_CACHING TBE keeps (get_cache_miss_counter, get_table_wise_cache_miss)."""
     record_cache_miss_counter: bool = False
     record_tablewise_cache_miss: bool = False
+
+
+class MultiPassPrefetchConfig(NamedTuple):
+    """FBGEMM's multi-pass prefetch: split a prefetch's indices into up to num_passes passes of at least
+    min_splitable_pass_size (get_prefetch_passes computes them; numbactr's own prefetch is one pass)."""
+    num_passes: int = 12
+    min_splitable_pass_size: int = 6 * 1024 * 1024
 
 
 class WeightDecayMode(enum.IntEnum):

@@ -11,13 +11,18 @@ FBGEMM's module exports are importable from here too, as in FBGEMM.
 from __future__ import annotations
 
 from .. import device
-from .array_tbe import ArrayTBE, SUPPORTED_OPTIMIZERS, TBECore
+from .array_tbe import ArrayTBE, SUPPORTED_OPTIMIZERS, TBECore, consumed_preallocated_keys
 from .split_embedding_configs import EmbOptimType, SparseType
+from .optimizer_config import (CounterBasedRegularizationDefinition, CounterWeightDecayMode, CowClipDefinition,
+                               EmainplaceModeDefinition, EnsembleModeDefinition, GlobalWeightDecayDefinition,
+                               GradSumDecay, LearningRateMode, StepMode, TailIdThreshold,
+                               UserEnabledConfigDefinition)
 from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
-                                                        EmbeddingLocation, PoolingMode, RecordCacheMetrics,
-                                                        WeightDecayMode)
+                                                        EmbeddingLocation, MultiPassPrefetchConfig, PoolingMode,
+                                                        RecordCacheMetrics, WeightDecayMode)
 
 OptimType = EmbOptimType
+_get_consumed_preallocated_keys = consumed_preallocated_keys        # FBGEMM's (private) name
 
 try:
     import torch  # noqa: F401  (optional: decides which face this module exports)
@@ -28,7 +33,10 @@ else:
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen", "ArrayTBE", "TBECore", "SUPPORTED_OPTIMIZERS",
            "EmbOptimType", "OptimType", "SparseType", "BoundsCheckMode", "CacheAlgorithm", "RecordCacheMetrics",
-           "ComputeDevice", "EmbeddingLocation", "PoolingMode", "WeightDecayMode", "get_available_compute_device"]
+           "ComputeDevice", "EmbeddingLocation", "PoolingMode", "WeightDecayMode", "get_available_compute_device",
+           "MultiPassPrefetchConfig", "UserEnabledConfigDefinition", "CounterBasedRegularizationDefinition",
+           "CowClipDefinition", "GlobalWeightDecayDefinition", "EnsembleModeDefinition", "EmainplaceModeDefinition",
+           "CounterWeightDecayMode", "LearningRateMode", "GradSumDecay", "TailIdThreshold", "StepMode"]
 
 
 def get_available_compute_device() -> ComputeDevice:

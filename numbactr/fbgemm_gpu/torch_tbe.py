@@ -25,7 +25,7 @@ from torch import nn
 from .. import device
 from ..torch_bridge import as_array as _as_array
 from ..torch_bridge import as_tensor as _as_tensor
-from .array_tbe import SIGNATURE, WHO, TBECore
+from .array_tbe import SIGNATURE, WHO, FBGEMMAssertion, TBECore, prefetch_passes, table_name_for_logging
 from .split_embedding_configs import EmbOptimType
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen"]
@@ -57,6 +57,20 @@ class _Lookup(torch.autograd.Function):
         return None, None, None, None, d_weights, d_psw
 
 
+def _host_array(key: str, buf):
+    """A preallocated host buffer as a NumPy view of the same memory (FBGEMM's checks follow in TBECore)."""
+    if not isinstance(buf, torch.Tensor):
+        return buf
+    if buf.device.type != "cpu":
+        raise FBGEMMAssertion(f"{WHO}: preallocated_host_buffer device mismatch for '{key}_host': "
+                                      f"expected cpu, got {buf.device}")
+    try:
+        return buf.detach().numpy()
+    except TypeError:                        # a dtype NumPy lacks (bfloat16, ...)
+        raise FBGEMMAssertion(f"{WHO}: preallocated_host_buffer dtype mismatch for '{key}_host': "
+                                      f"got {buf.dtype}") from None
+
+
 class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
     """FBGEMM's Table Batched Embedding (TBE) on numbactr's engine; FBGEMM's constructor arguments (see
     numbactr/fbgemm_gpu/array_tbe.py for what each does here and where numbactr differs).
@@ -66,8 +80,14 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
     draws them with torch's generator, in FBGEMM's order.
     """
 
+    get_table_name_for_logging = staticmethod(table_name_for_logging)
+    get_prefetch_passes = staticmethod(prefetch_passes)
+
     def __init__(self, embedding_specs, feature_table_map=None, *args, seed: int | None = None, **kwargs):
         super().__init__()
+        if kwargs.get("preallocated_host_buffers"):
+            kwargs["preallocated_host_buffers"] = {k: _host_array(k, v)
+                                                   for k, v in kwargs["preallocated_host_buffers"].items()}
         core = TBECore(embedding_specs, feature_table_map, *args,
                        seed=torch.initial_seed() % 2 ** 63 if seed is None else seed, **kwargs)
         self._core = core
@@ -138,8 +158,9 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
                       feature_requires_grad=_as_array(feature_requires_grad),
                       batch_size_per_feature_per_rank=batch_size_per_feature_per_rank,
                       total_unique_indices=total_unique_indices)
-        unsupported = dict(hash_zch_identities=hash_zch_identities, hash_zch_runtime_meta=hash_zch_runtime_meta,
-                           vbe_output=vbe_output, vbe_output_offsets=vbe_output_offsets)
+        # hash_zch_identities / hash_zch_runtime_meta: FBGEMM keeps them only for raw embedding streaming (which
+        # numbactr does not offer: the constructor rejects it); they never change the lookup, so they are ignored.
+        unsupported = dict(vbe_output=vbe_output, vbe_output_offsets=vbe_output_offsets)
         given = sorted(k for k, v in unsupported.items() if v is not None)
         if given:
             raise NotImplementedError(f"{WHO}.forward: {', '.join(given)} not implemented in numbactr")
