@@ -274,3 +274,66 @@ def test_static_helpers_like_fbgemm():
         ours = NB.SplitTableBatchedEmbeddingBagsCodegen.get_prefetch_passes(conf, x, y)
         theirs = FB.SplitTableBatchedEmbeddingBagsCodegen.get_prefetch_passes(conf, x, y)
         assert [(a.tolist(), b.tolist(), s) for a, b, s in ours] == [(a.tolist(), b.tolist(), s) for a, b, s in theirs]
+
+
+# ---- FBGEMM's dense TBE (DenseTableBatchedEmbeddingBagsCodegen): dense gradients, any torch optimizer ----------
+def dense_run(mod, specs, pooling="SUM", ftm=None, weighted=False, output="FP32", steps=3, batch=5):
+    torch.manual_seed(4)
+    tbe = mod.DenseTableBatchedEmbeddingBagsCodegen(specs, feature_table_map=ftm, use_cpu=True,
+                                                    pooling_mode=getattr(mod.PoolingMode, pooling),
+                                                    output_dtype=getattr(mod.SparseType, output))
+    init = tbe.weights.detach().clone()                         # FBGEMM's torch.randn draw
+    opt = torch.optim.Adagrad(tbe.parameters(), lr=0.1)
+    rng = np.random.default_rng(5)
+    ftm = ftm or list(range(len(specs)))
+    rows = np.array([specs[t][0] for t in ftm])
+    outs, grads = [], []
+    for _ in range(steps):
+        lens = rng.integers(1 if pooling == "NONE" else 0, 4, len(ftm) * batch)
+        off = np.concatenate([[0], np.cumsum(lens)])
+        feat = np.repeat(np.repeat(np.arange(len(ftm)), batch), lens)
+        idx = (rng.random(off[-1]) * rows[feat]).astype(np.int64)
+        psw = torch.from_numpy(rng.random(off[-1]).astype(np.float32)).requires_grad_() if weighted else None
+        out = tbe(torch.from_numpy(idx), torch.from_numpy(off), psw)
+        opt.zero_grad()
+        out.float().backward(torch.from_numpy(rng.standard_normal(tuple(out.shape)).astype(np.float32)))
+        grads.append((tbe.weights.grad.numpy().copy(), None if psw is None else psw.grad.numpy().copy()))
+        opt.step()
+        outs.append(out.detach().float().numpy())
+    return init.numpy(), outs, grads, [w.numpy().copy() for w in tbe.split_embedding_weights()]
+
+
+@pytest.mark.parametrize("case", [dict(), dict(pooling="MEAN"), dict(weighted=True), dict(ftm=[0, 1, 0]),
+                                  dict(output="BF16")])
+def test_dense_tbe_like_fbgemm(case):
+    specs = case.pop("specs", [(9, 8), (6, 4)])
+    theirs, ours = dense_run(FB, specs, **case), dense_run(NB, specs, **case)
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    tol = dict(rtol=1e-2, atol=1e-2) if case.get("output") == "BF16" else dict(rtol=1e-5, atol=1e-6)
+    for x, y in zip(theirs[1], ours[1]):
+        np.testing.assert_allclose(y, x, **tol)
+    for (gx, px), (gy, py) in zip(theirs[2], ours[2]):
+        np.testing.assert_allclose(gy, gx, **tol)
+        if px is not None:
+            np.testing.assert_allclose(py, px, rtol=1e-5, atol=1e-5)
+    for x, y in zip(theirs[3], ours[3]):
+        np.testing.assert_allclose(y, x, **tol)
+
+
+def test_dense_tbe_sequence_embeddings_as_fbgemm_gpu():
+    # FBGEMM's CPU build pools even with PoolingMode.NONE (its own tests skip that case on the CPU); numbactr
+    # gives the GPU kernels' (N, D) rows, here against torch's nn.functional.embedding on the same weights
+    torch.manual_seed(0)
+    tbe = NB.DenseTableBatchedEmbeddingBagsCodegen([(9, 8), (6, 8)], feature_table_map=[0, 1, 0], use_cpu=True,
+                                                   pooling_mode=NB.PoolingMode.NONE)
+    off = torch.tensor([0, 2, 3, 3, 5, 6, 8])                     # 3 features x batch 2
+    idx = torch.tensor([1, 8, 4, 0, 5, 2, 2, 7])
+    table_of = torch.tensor([0, 0, 0, 1, 1, 0, 0, 0])            # the table of each index (feature 0, 1, 2)
+    out = tbe(idx, off)
+    views = [w.clone().requires_grad_() for w in tbe.split_embedding_weights()]
+    ref = torch.stack([torch.nn.functional.embedding(i, views[t]) for i, t in zip(idx, table_of)])
+    torch.testing.assert_close(out, ref)
+    dy = torch.randn(out.shape)
+    out.backward(dy)
+    ref.backward(dy)
+    torch.testing.assert_close(tbe.weights.grad, torch.cat([v.grad.reshape(-1) for v in views]))

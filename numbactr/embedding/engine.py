@@ -244,7 +244,7 @@ class TableBatchedEmbedding:
                  optimizer: OptimizerSpec | None = None, weights_precision=Precision.FP32,
                  output_dtype=Precision.FP32, bounds_check=BoundsCheck.WARNING,
                  stochastic_rounding: bool = True, layout=Layout.FEATURE_MAJOR, seed: int = 0,
-                 impl: str | None = None):
+                 impl: str | None = None, pad_rows: bool = True):
         self.tables = [_as_table(t) for t in tables]
         if not self.tables:
             raise ValueError("TableBatchedEmbedding needs at least one table")
@@ -288,7 +288,9 @@ class TableBatchedEmbedding:
         # layout of the buffers (host numpy metadata; kernels get device copies)
         dims = np.array([t.dim for t in self.tables], np.int64)
         rows = np.array([t.rows for t in self.tables], np.int64)
-        lane = 8 if self.weights_precision == Precision.FP16 else 4          # 16 bytes of weights
+        # rows padded to 16 bytes of weights (aligned reads); pad_rows=False keeps rows of D_t values, for a
+        # caller whose buffers must have FBGEMM's unpadded layout (the dense TBE's flat parameter)
+        lane = (8 if self.weights_precision == Precision.FP16 else 4) if pad_rows else 1
         self.strides = -(-dims // lane) * lane                               # (T,) padded widths
         self.elem_offsets = np.concatenate([[0], np.cumsum(rows * self.strides)]).astype(np.int64)
         self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)

@@ -4,7 +4,8 @@
  -> from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
 With torch installed SplitTableBatchedEmbeddingBagsCodegen is a torch.nn.Module (numbactr/fbgemm_gpu/
-torch_tbe.py); without torch it is ArrayTBE, the same face on NumPy/CuPy arrays with an explicit
+torch_tbe.py), and DenseTableBatchedEmbeddingBagsCodegen, the dense-gradient TBE, is here too
+(numbactr/fbgemm_gpu/dense_tbe.py); without torch it is ArrayTBE, the same face on NumPy/CuPy arrays with an explicit
 backward() (numbactr/fbgemm_gpu/array_tbe.py, which also lists what each argument does here). The enums
 FBGEMM's module exports are importable from here too, as in FBGEMM.
 """
@@ -29,6 +30,7 @@ try:
 except ImportError:
     SplitTableBatchedEmbeddingBagsCodegen = ArrayTBE
 else:
+    from .dense_tbe import DenseTableBatchedEmbeddingBagsCodegen
     from .torch_tbe import SplitTableBatchedEmbeddingBagsCodegen
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen", "ArrayTBE", "TBECore", "SUPPORTED_OPTIMIZERS",
@@ -37,6 +39,8 @@ __all__ = ["SplitTableBatchedEmbeddingBagsCodegen", "ArrayTBE", "TBECore", "SUPP
            "MultiPassPrefetchConfig", "UserEnabledConfigDefinition", "CounterBasedRegularizationDefinition",
            "CowClipDefinition", "GlobalWeightDecayDefinition", "EnsembleModeDefinition", "EmainplaceModeDefinition",
            "CounterWeightDecayMode", "LearningRateMode", "GradSumDecay", "TailIdThreshold", "StepMode"]
+if "DenseTableBatchedEmbeddingBagsCodegen" in globals():                   # with torch only
+    __all__.append("DenseTableBatchedEmbeddingBagsCodegen")
 
 
 def get_available_compute_device() -> ComputeDevice:
