@@ -1,8 +1,10 @@
 """The CI scripts parse, and .ci/gpu (a GPU session's stages, README "A GPU session's checks") names its stages
 when asked for none; its stages themselves need a GPU machine."""
+import os
 import pathlib
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -65,3 +67,32 @@ def test_hugectr_script_runner_writes_the_data_and_shrinks_the_run(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "trained 60" in done.stdout and "HUGECTR-SCRIPT: OK" in done.stdout
     assert (work / "data" / "train" / "_file_list.txt").exists() and (work / "data" / "val" / "_metadata.json").exists()
+
+
+FBGEMM_STYLE_TEST = '''
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
+    DenseTableBatchedEmbeddingBagsCodegen, SplitTableBatchedEmbeddingBagsCodegen)
+
+
+def test_tbe_classes_come_from_numbactr():
+    cc = SplitTableBatchedEmbeddingBagsCodegen([(10, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)])
+    out = cc(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
+    assert out.shape == (2, 4)
+    assert type(cc).__module__.startswith("numbactr.")
+    assert DenseTableBatchedEmbeddingBagsCodegen.__module__.startswith("numbactr.")
+'''
+
+
+def test_fbgemm_tests_runner_swaps_in_numbactrs_tbe(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("fbgemm_gpu")
+    (tmp_path / "tbe_test.py").write_text(FBGEMM_STYLE_TEST)
+    runner = [sys.executable, str(ROOT / ".ci" / "fbgemm_tests.py"), str(tmp_path), "-q"]
+    done = subprocess.run(runner, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+    baseline = subprocess.run(runner, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "NUMBACTR_FBGEMM_SWAP": "0"})
+    assert baseline.returncode != 0 and "1 failed" in baseline.stdout      # FBGEMM's own class: not numbactr's
