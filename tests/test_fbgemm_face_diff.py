@@ -206,8 +206,9 @@ def test_writeback_pooled_one_table_like_fbgemm_and_each_feature_alone():
             expected[f][row] -= lr * dy[b, cols]
     for w, e in zip(tbe.split_embedding_weights(), expected):
         np.testing.assert_allclose(w.detach().numpy(), e, rtol=1e-6, atol=1e-6)
+    multi_hot = tbe(torch.tensor([1, 2, 3]), torch.tensor([0, 3] + [3] * 11))    # a forward alone is fine
     with pytest.raises(ValueError, match="at most one index"):
-        tbe(torch.tensor([1, 2, 3]), torch.tensor([0, 3] + [3] * 11))
+        multi_hot.sum().backward()
 
 
 def test_writeback_is_exact_sgd_only_like_fbgemm():

@@ -311,7 +311,7 @@ class Lookup:
     ctx: LookupContext
     iteration: int
     vbe: _VBE | None = None
-    writeback: object = None    # use_writeback_bwd_prehook: the 0/1 mask of dLoss/doutput (its shape)
+    writeback: object = None    # use_writeback_bwd_prehook: (indices, offsets), for the backward's mask
 
 
 class TBECore:
@@ -601,8 +601,7 @@ class TBECore:
                                        feature_requires_grad=feature_requires_grad)
         if vbe is not None:
             out = out.reshape(-1)[xp.asarray(vbe.out_index)]
-        keep = self._writeback_mask(indices, offsets) if self.writeback else None
-        return out, Lookup(ctx, int(iteration), vbe, keep)
+        return out, Lookup(ctx, int(iteration), vbe, (indices, offsets) if self.writeback else None)
 
     def _writeback_mask(self, indices, offsets):
         """FBGEMM's writeback (use_writeback_bwd_prehook, EXACT_SGD): SGD with lr 1 and a gradient of
@@ -650,8 +649,8 @@ class TBECore:
             full = xp.zeros(lookup.vbe.batch * self.total_D, np.float32)
             full[xp.asarray(lookup.vbe.out_index)] = dy
             dy = full.reshape(lookup.vbe.batch, self.total_D)
-        if lookup.writeback is not None:
-            dy = dy * lookup.writeback.astype(dy.dtype)
+        if lookup.writeback is not None:                      # FBGEMM's writeback hook acts on dLoss/doutput
+            dy = dy * self._writeback_mask(*lookup.writeback).astype(dy.dtype)
         if self.counts_iterations:
             self.engine.step = lookup.iteration - 1         # the engine's update uses t = step + 1
         return self.engine.backward(lookup.ctx, dy)
