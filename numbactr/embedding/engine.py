@@ -403,6 +403,7 @@ class TableBatchedEmbedding:
         """Rows of table t in use: every row, or the keys inserted so far for a keyed table."""
         table = self.hash_tables.get(t)
         return table.size if table is not None else int(self.rows[t])
+
     def adopt_host_buffers(self, weights=None, states=None) -> None:
         """Use caller-owned host arrays as storage, as they are (FBGEMM's preallocated_host_buffers): weights
         (sum V_t * stride_t,) and states {i: array} (self.states[i]'s size), each 1-D, C-contiguous, of the
@@ -423,7 +424,6 @@ class TableBatchedEmbedding:
             self.weights = weights
         for i, buf in (states or {}).items():
             self.states[i] = buf
-
 
     def take_state_rows(self, t: int, src) -> None:
         """Renumber table t's optimizer states after its rows were rebuilt (a checkpoint load): row i takes

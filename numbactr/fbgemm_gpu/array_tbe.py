@@ -523,7 +523,7 @@ class TBECore:
             where = f"{WHO}: preallocated_host_buffer for '{key}_host'"
             if not isinstance(buf, np.ndarray):
                 raise FBGEMMAssertion(f"{where} must be in host memory (the module runs on cpu), got "
-                                              f"{type(buf).__name__}")
+                                      f"{type(buf).__name__}")
             if buf.size != own.size:
                 raise FBGEMMAssertion(f"{where}: size mismatch, expected {own.size}, got {buf.size}")
             if not buf.flags.c_contiguous:

@@ -63,12 +63,12 @@ def _host_array(key: str, buf):
         return buf
     if buf.device.type != "cpu":
         raise FBGEMMAssertion(f"{WHO}: preallocated_host_buffer device mismatch for '{key}_host': "
-                                      f"expected cpu, got {buf.device}")
+                              f"expected cpu, got {buf.device}")
     try:
         return buf.detach().numpy()
     except TypeError:                        # a dtype NumPy lacks (bfloat16, ...)
         raise FBGEMMAssertion(f"{WHO}: preallocated_host_buffer dtype mismatch for '{key}_host': "
-                                      f"got {buf.dtype}") from None
+                              f"got {buf.dtype}") from None
 
 
 class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
