@@ -26,8 +26,11 @@ Update (fused: each touched row is reduced and updated once, no dense (V, D) gra
     EXACT_ROWWISE_ADAGRAD  g' = g + wd w (L2) else g;  m += mean_d(g'^2)                    m (V,)
                            u = lr / (sqrt(m) + eps);  c = 1 - u wd (L2) | 1 - lr wd (DECOUPLE) | 1
                            w = c w - u g
+      with COUNTER/COWCLIP the same w = c w - u g, u and c from the row's counter  + prev_iter, row_counter (V,)
+                           (tbe_math.counter_row_scalars: FBGEMM's rowwise_adagrad_with_counter)
     ADAM                   m1 = b1 m1 + (1 - b1) g;  m2 = b2 m2 + (1 - b2) g^2          m1, m2 (V, D)
                            w -= lr (m1 / (1 - b1^t) / (sqrt(m2 / (1 - b2^t)) + eps) + wd w)
+      rowwise bias correction: t = n, the row's own update count (row_counter (V,) = n)
     PARTIAL_ROWWISE_ADAM   as ADAM with m2 (V,) = b2 m2 + (1 - b2) mean_d(g^2)
     LAMB                   r = m1 / (1 - b1^t) / (sqrt(m2 / (1 - b2^t)) + eps) + wd w  (ADAM's m1, m2)
                            w -= lr (|w| / |r|) r        (|.| the row's L2 norm; ratio 0 when |r| = 0)
@@ -71,6 +74,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32, float64, int64, uint64
@@ -80,7 +84,8 @@ from . import tbe_math as M
 from .embedding_init import _splitmix64, _splitmix64_ref
 from .launch import block_rows, count_launch, launch_1d, launch_lanes, lanes_for
 from .scan import exclusive_scan, inclusive_max_scan
-from .tbe_math import BoundsCheck, Layout, Optim, Pooling, Precision, UpdateType, WeightDecay  # noqa: F401
+from .tbe_math import (BoundsCheck, CounterWeightDecay, Layout, Optim, Pooling, Precision, UpdateType,  # noqa: F401
+                       WeightDecay)
 
 
 # the engine's enums live in the lowest layer, tbe_math (numbactr.embedding.engine re-exports them)
@@ -104,6 +109,32 @@ STATES = {
     Optim.HUGECTR_ADAGRAD: (("accum", False, np.float32),),
 }
 LAZY_PREV_STEP = ("prev_step", True, np.int64)
+#: EXACT_ROWWISE_ADAGRAD with WeightDecay.COUNTER / COWCLIP adds these after momentum1 (FBGEMM's order and
+#: dtypes); ADAM with rowwise bias correction adds ROW_COUNTER after its moments
+PREV_ITER = ("prev_iter", True, np.float32)
+ROW_COUNTER = ("row_counter", True, np.float32)
+
+
+@dataclass(frozen=True)
+class CounterRegularization:
+    """The settings of WeightDecay.COUNTER / COWCLIP (FBGEMM's CounterBasedRegularizationDefinition and
+    CowClipDefinition, flattened; tbe_math.counter_row_scalars has the rules). max_counter_update_freq > 0:
+    at every step t that is a multiple of it, max_counter becomes 1 + the largest row counter of every
+    table (before the step's update); it starts at 1."""
+    weight_decay_mode: CounterWeightDecay = CounterWeightDecay.NONE
+    halflife: int = -1
+    adjustment_iter: int = -1
+    adjustment_ub: float = 1.0
+    learning_rate_mode: int = -1             # FBGEMM's LearningRateMode: -1 EQUAL, 0 increase, 1 decrease, 2 SGD
+    tail_id_threshold: float = 0.0
+    tail_id_threshold_is_ratio: bool = False
+    max_counter_update_freq: int = 1000
+    weight_norm_coefficient: float = 0.0     # COWCLIP
+    lower_bound: float = 0.0                 # COWCLIP
+
+    def uses_max_counter(self) -> bool:
+        """Whether max_counter can change an update (tail-id learning-rate modes, a ratio threshold)."""
+        return self.learning_rate_mode in (0, 1) or (self.learning_rate_mode >= 0 and self.tail_id_threshold_is_ratio)
 
 
 class EmbeddingBoundsError(IndexError):
@@ -115,9 +146,16 @@ class EmbeddingBoundsError(IndexError):
 HP_FIELDS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum", "max_norm", "scaler")
 
 
-def kernel_scalars(hp: dict, step: int) -> np.ndarray:
-    """The packed float32 scalars (tbe_math.KS_*) of the compiled paths for hyper-parameters hp at step t."""
+def kernel_scalars(hp: dict, step: int, counter: CounterRegularization | None = None, max_counter: float = 1.0,
+                   refresh: bool = False) -> np.ndarray:
+    """The packed float32 scalars (tbe_math.KS_*) of the compiled paths for hyper-parameters hp at step t
+    (counter: the COUNTER / COWCLIP settings, max_counter this step's value, refresh whether it is renewed
+    at this step)."""
     ks = np.zeros(M.N_KS, np.float32)
+    if counter is not None:
+        ks[M.KS_CNT_UB], ks[M.KS_CNT_TAIL] = counter.adjustment_ub, counter.tail_id_threshold
+        ks[M.KS_CNT_WNC], ks[M.KS_CNT_LB] = counter.weight_norm_coefficient, counter.lower_bound
+    ks[M.KS_MAXC], ks[M.KS_REFRESH] = max_counter, float(refresh)
     for name, at in (("learning_rate", M.KS_LR), ("eps", M.KS_EPS), ("beta1", M.KS_B1), ("beta2", M.KS_B2),
                      ("weight_decay", M.KS_WD), ("momentum", M.KS_MOM), ("max_norm", M.KS_MAXN),
                      ("scaler", M.KS_SCALER)):
@@ -130,9 +168,15 @@ def kernel_scalars(hp: dict, step: int) -> np.ndarray:
     return ks
 
 
-def kernel_ints(kind, update, wd_mode, step: int, stochastic: bool, pooling, layout, batch: int) -> np.ndarray:
+def kernel_ints(kind, update, wd_mode, step: int, stochastic: bool, pooling, layout, batch: int,
+                counter: CounterRegularization | None = None, rowwise_bias_correction: bool = False) -> np.ndarray:
     """The packed int64 parameters (tbe_math.KI_*) of the compiled paths."""
     ki = np.zeros(M.N_KI, np.int64)
+    if counter is not None:
+        ki[M.KI_CNT_WD], ki[M.KI_CNT_HALF] = int(counter.weight_decay_mode), counter.halflife
+        ki[M.KI_CNT_ADJ], ki[M.KI_CNT_LRM] = counter.adjustment_iter, int(counter.learning_rate_mode)
+        ki[M.KI_CNT_RATIO] = bool(counter.tail_id_threshold_is_ratio)
+    ki[M.KI_RBC] = bool(rowwise_bias_correction)
     ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE] = int(kind), int(update), int(wd_mode)
     ki[M.KI_STEP], ki[M.KI_SR], ki[M.KI_POOLING], ki[M.KI_LAYOUT] = step, stochastic, int(pooling), int(layout)
     ki[M.KI_BATCH] = batch
@@ -371,14 +415,76 @@ def _row_norm(x):
     return np.sqrt(np.sum(x * x, axis=1, keepdims=True))
 
 
+def counter_update_ref(mode: int, c: CounterRegularization, hp: dict, w, g, states: list, step: int,
+                       max_counter: float):
+    """FBGEMM's rowwise AdaGrad with a counter (WeightDecay.COUNTER / COWCLIP) on U touched rows, float64:
+    new (w, [momentum1, prev_iter, row_counter]); tbe_math.counter_row_scalars has the rules."""
+    lr, eps, wd = hp["learning_rate"], hp["eps"], hp["weight_decay"]
+    m, prev, cnt = (np.array(x, np.float64) for x in states)
+    width = max(w.shape[1], 1)
+    half, cwd = c.halflife, CounterWeightDecay(c.weight_decay_mode)
+    tail = math.floor(_f32(c.tail_id_threshold) * max_counter) if c.tail_id_threshold_is_ratio \
+        else _f32(c.tail_id_threshold)
+    delta = np.where(prev == 0, 1.0, step - prev)
+    if half > 0:
+        cnt = 1.0 + np.exp(-delta * math.log(2.0) / half) * cnt
+    elif half == 0:
+        cnt = np.ones_like(cnt)
+    else:
+        cnt = cnt + 1.0
+    freq = half / cnt
+    gd = g + wd * w if cwd == CounterWeightDecay.L2 else g
+    gsq = np.sum(gd * gd, axis=1)
+    m = m + gsq / width
+    mult = lr / (np.sqrt(m) + eps)
+    on = c.adjustment_iter <= 0 or step > c.adjustment_iter
+    u, corr = mult.copy(), np.ones_like(mult)
+    ub = _f32(c.adjustment_ub)
+    if mode == WeightDecay.COUNTER:
+        if c.learning_rate_mode >= 0 and on:
+            adj = {0: lambda: mult * np.clip((max_counter / (cnt + 1.0)) ** ub, 1.0, 10.0),
+                   1: lambda: mult * np.clip(((cnt + 1.0) / max_counter) ** ub, 0.1, 1.0),
+                   2: lambda: lr / (np.sqrt(ub * cnt) + eps)}.get(int(c.learning_rate_mode))
+            if adj is not None:
+                u = np.where(cnt > tail, adj(), u)
+        if on:
+            if cwd == CounterWeightDecay.ADAGRADW:
+                if half == -1:
+                    u = mult * np.sqrt(cnt)
+                elif half == -2:
+                    u = np.minimum(lr * cnt, ub) / (np.sqrt(m) + eps)
+                lazy = (1.0 - wd * lr) ** (np.minimum(delta, step - c.adjustment_iter) - 1.0)
+                u, corr = u * lazy, (1.0 - wd * lr) * lazy
+            elif cwd == CounterWeightDecay.DECOUPLE:
+                corr = 1.0 - freq * wd * lr
+            elif cwd == CounterWeightDecay.L2:
+                corr = 1.0 - freq * wd * mult
+    else:                                                   # COWCLIP
+        clip = cnt * np.maximum(_f32(c.weight_norm_coefficient) * np.sqrt(np.sum(w * w, axis=1)),
+                                _f32(c.lower_bound))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(gsq > 0, np.minimum(1.0, clip / np.sqrt(gsq)), 1.0)
+        u = ratio * mult
+        if cwd == CounterWeightDecay.DECOUPLE:
+            corr = 1.0 - wd * lr
+        elif cwd == CounterWeightDecay.L2:
+            corr = 1.0 - wd * u
+    corr = np.broadcast_to(np.asarray(corr, np.float64), u.shape)
+    w = corr[:, None] * w - u[:, None] * g
+    return w, [m, np.full_like(m, float(step)), cnt]
+
+
 def optimizer_update_ref(kind: int, hp: dict, w, g, states: list, step: int, update_type: int = 0,
-                         weight_decay_mode: int = 0):
+                         weight_decay_mode: int = 0, counter: CounterRegularization | None = None,
+                         max_counter: float = 1.0, rowwise_bias_correction: bool = False):
     """New (w (U, D), [states]) in float64 for U touched rows with summed gradients g (U, D).
 
     w, g and per-element states are (U, D); per-row states (U,). hp: the HP_FIELDS values (rounded to
     float32 first, the values the kernels receive). `step` is this update's t (>= 1). For HugeCTR's
     GLOBAL kinds this is the touched-row part only; global_pass_ref is the all-rows pass (the engine
-    runs them in HugeCTR's order). max_norm is applied here.
+    runs them in HugeCTR's order). max_norm is applied here. weight_decay_mode COUNTER / COWCLIP take
+    `counter` and this step's max_counter (states: momentum1, prev_iter, row_counter);
+    rowwise_bias_correction (ADAM): t is each row's own update count, its row_counter (the third state) + 1.
     """
     h = {k: _f32(v) for k, v in hp.items()}
     lr, eps, b1, b2, wd = h["learning_rate"], h["eps"], h["beta1"], h["beta2"], h["weight_decay"]
@@ -392,6 +498,8 @@ def optimizer_update_ref(kind: int, hp: dict, w, g, states: list, step: int, upd
     elif kind == Optim.EXACT_ADAGRAD:
         s[0] = s[0] + g * g
         w = w - lr * g / (np.sqrt(s[0]) + eps)
+    elif kind == Optim.EXACT_ROWWISE_ADAGRAD and weight_decay_mode in (WeightDecay.COUNTER, WeightDecay.COWCLIP):
+        w, s = counter_update_ref(weight_decay_mode, counter, h, w, g, s, step, max_counter)
     elif kind == Optim.EXACT_ROWWISE_ADAGRAD:
         gd = g + wd * w if weight_decay_mode == WeightDecay.L2 else g
         s[0] = s[0] + np.sum(gd * gd, axis=1) / width
@@ -401,6 +509,9 @@ def optimizer_update_ref(kind: int, hp: dict, w, g, states: list, step: int, upd
         w = c * w - u * g
     elif kind in (Optim.ADAM, Optim.PARTIAL_ROWWISE_ADAM, Optim.LAMB, Optim.PARTIAL_ROWWISE_LAMB):
         bc1, bc2 = 1.0 - b1 ** step, 1.0 - b2 ** step
+        if rowwise_bias_correction:
+            s[2] = s[2] + 1.0
+            bc1, bc2 = (1.0 - b1 ** s[2])[:, None], (1.0 - b2 ** s[2])[:, None]
         s[0] = b1 * s[0] + (1.0 - b1) * g
         if kind in (Optim.ADAM, Optim.LAMB):
             s[1] = b2 * s[1] + (1.0 - b2) * g * g
@@ -498,6 +609,8 @@ half_to_float = _device(M.half_to_float)
 float_to_half_bits = _device(M.float_to_half_bits)
 sr_key = _device(M.sr_key)
 row_scalars = _device(M.row_scalars)
+counter_row_scalars = _device(M.counter_row_scalars)
+row_bias_corrections = _device(M.row_bias_corrections)
 lazy_scalars = _device(M.lazy_scalars)
 elem_update = _device(M.elem_update)
 global_elem = _device(M.global_elem)
@@ -756,8 +869,8 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
         return sh[ty, 0]
 
     @cuda.jit
-    def update_kernel(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols, lin_of, perm, seg_start,
-                      pos, bag_of, offsets, psw, has_psw, dy, ks, ki, kb, grad_rows, grad_vals, sr_rows,
+    def update_kernel(w, sa, sb, srow, sprev, spit, scnt, elem_off, strides, dims, row_off, fcols, lin_of, perm,
+                      seg_start, pos, bag_of, offsets, psw, has_psw, dy, ks, ki, kb, grad_rows, grad_vals, sr_rows,
                       has_sr_rows):
         if ki[M.KI_GO] == 0:                             # a skipped step (the same for every thread)
             return
@@ -823,7 +936,36 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
             c0 = float32(0.0)
             c1 = float32(0.0)
             c2 = float32(0.0)
-            if kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB:
+            bc1 = ks[M.KS_BC1]
+            bc2 = ks[M.KS_BC2]
+            if kind == M._RW_ADAGRAD and (wd_mode == M._COUNTER or wd_mode == M._COWCLIP):
+                cwd = ki[M.KI_CNT_WD]
+                gpart = float32(0.0)
+                wpart = float32(0.0)
+                for v in range(per_lane):
+                    d = tx + v * lanes
+                    if d < width:
+                        wv = load(w, e0 + d)
+                        gd = g[v]
+                        if cwd == 1:
+                            gd += wd * wv
+                        gpart += gd * gd
+                        wpart += wv * wv
+                gsum = lane_sum(sh, ty, tx, gpart)
+                wsum = lane_sum(sh, ty, tx, wpart)
+                mnew = float32(0.0)
+                cnew = float32(0.0)
+                if active:
+                    mnew, cnew, c0, c1 = counter_row_scalars(
+                        wd_mode, cwd, srow[lin], scnt[lin], spit[lin], step, gsum, wsum, width, lr, eps, wd,
+                        ki[M.KI_CNT_HALF], ki[M.KI_CNT_ADJ], ks[M.KS_CNT_UB], ki[M.KI_CNT_LRM], ks[M.KS_MAXC],
+                        ks[M.KS_CNT_TAIL], ki[M.KI_CNT_RATIO], ks[M.KS_CNT_WNC], ks[M.KS_CNT_LB])
+                cuda.syncthreads()                       # every lane has read the row's states
+                if active and tx == 0:
+                    srow[lin] = mnew
+                    scnt[lin] = cnew
+                    spit[lin] = float32(step)
+            elif kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB:
                 part = float32(0.0)
                 for v in range(per_lane):
                     d = tx + v * lanes
@@ -846,6 +988,13 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
                 cuda.syncthreads()
                 if active and tx == 0:
                     sprev[lin] = step
+            elif kind == M._ADAM and ki[M.KI_RBC] != 0:         # the row's own step count
+                n_upd = float32(0.0)
+                if active:
+                    n_upd, bc1, bc2 = row_bias_corrections(scnt[lin], b1, b2)
+                cuda.syncthreads()
+                if active and tx == 0:
+                    scnt[lin] = n_upd
             # 3. the element rule
             lamb = kind == M._LAMB or kind == M._PR_LAMB
             wpart = float32(0.0)
@@ -857,8 +1006,7 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
                     av = sa[e0 + d] if n_states >= 1 else float32(0.0)
                     bv = sb[e0 + d] if n_states >= 2 else float32(0.0)
                     wn, an, bn, rv = elem_update(kind, update, g[v], wv, av, bv, c0, c1, c2, lr, eps, b1, b2, wd,
-                                                 ks[M.KS_MOM], ks[M.KS_SCALER], ks[M.KS_BC1], ks[M.KS_BC2],
-                                                 ks[M.KS_ALPHA])
+                                                 ks[M.KS_MOM], ks[M.KS_SCALER], bc1, bc2, ks[M.KS_ALPHA])
                     if n_states >= 1:
                         sa[e0 + d] = an
                     if n_states >= 2:
@@ -1049,20 +1197,22 @@ def segment_rows(rows, offsets, ftable, row_off, sentinel: int, batch: int, layo
     launch_1d(segment_starts_kernel, lin.shape[0], lin, perm, sentinel, flags, pos, seg_start)
 
 
-def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos,
-                 bag_of, offsets, psw, has_psw: bool, dy, ks, ki, kb, grad_rows, grad_vals, w_half: bool,
+def fused_update(w, sa, sb, srow, sprev, spit, scnt, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start,
+                 pos, bag_of, offsets, psw, has_psw: bool, dy, ks, ki, kb, grad_rows, grad_vals, w_half: bool,
                  max_dim: int, sr_rows=None) -> None:
     """Every touched row reduced and updated (or, for optimizer NONE, its gradient into grad_rows /
     grad_vals) in one launch sized for N rows; the real count U = pos[N] stays on the device. sr_rows (R,):
-    the row number stochastic rounding hashes for each linear row (None: the linear row itself).
+    the row number stochastic rounding hashes for each linear row (None: the linear row itself). srow, sprev,
+    spit, scnt: the per-row states (the rowwise kinds' float state, HugeCTR's prev step, prev_iter and
+    row_counter; a stand-in array where the optimizer keeps none).
 
     The step's scalars are device arrays: ks (N_KS,) float32 (kernel_scalars), ki (N_KI,) int64
     (kernel_ints) and kb (1,) uint64 (rounding_base), uploaded once per step (numbactr.step_values), so a
     launch's arguments are the same every step (what a CUDA graph replays)."""
     lanes, items, per_lane = lanes_items(max_dim)
     launch_lanes(make_update_kernel(w_half, lanes, items, per_lane), perm.shape[0], lanes, w, sa, sb, srow,
-                 sprev, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos, bag_of, offsets, psw,
-                 has_psw, dy, ks, ki, kb, grad_rows, grad_vals, lin if sr_rows is None else sr_rows,
+                 sprev, spit, scnt, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos, bag_of,
+                 offsets, psw, has_psw, dy, ks, ki, kb, grad_rows, grad_vals, lin if sr_rows is None else sr_rows,
                  sr_rows is not None)
 
 
@@ -1109,8 +1259,8 @@ PTX_CHECKS = [
                                        "int64", "int64", _U16 if oh else _F1))
     for wh in (False, True) for oh in (False, True)
 ] + [
-    (make_update_kernel(wh, 32, 8, 4), _sig(_U16 if wh else _F1, _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _I1, _I1,
-                                            _I1, _I1, _I1, _I1, _I1, _F1, "boolean", _F1, _KS, _KI, _KB, _I1,
+    (make_update_kernel(wh, 32, 8, 4), _sig(_U16 if wh else _F1, _F1, _F1, _F1, _I1, _F1, _F1, _I1, _I1, _I1, _I1, _I1,
+                                            _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean", _F1, _KS, _KI, _KB, _I1,
                                             _F2, _I1, "boolean"))
     for wh in (False, True)
 ] + [

@@ -31,14 +31,16 @@ from numba.np.arrayobj import make_array, populate_array
 
 from . import tbe_math as M
 
-_JIT = dict(cache=True)
-_PJIT = dict(cache=True, parallel=True)
+_JIT = dict(cache=True, error_model="numpy")       # x / 0 is inf / nan, as in the kernels
+_PJIT = dict(cache=True, parallel=True, error_model="numpy")
 
 half_to_float = njit(**_JIT)(M.half_to_float)
 float_to_half_bits = njit(**_JIT)(M.float_to_half_bits)
 sr_key = njit(**_JIT)(M.sr_key)
 row_scalars = njit(**_JIT)(M.row_scalars)
 lazy_scalars = njit(**_JIT)(M.lazy_scalars)
+counter_row_scalars = njit(**_JIT)(M.counter_row_scalars)
+row_bias_corrections = njit(**_JIT)(M.row_bias_corrections)
 elem_update = njit(inline="always", **_JIT)(M.elem_update)
 global_elem = njit(**_JIT)(M.global_elem)
 lamb_ratio = njit(**_JIT)(M.lamb_ratio)
@@ -600,17 +602,35 @@ def reduce_row(i0, i1, pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy
 
 
 @njit(inline="always", **_JIT)
-def row_update(w, sa, sb, srow, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, base):
+def row_update(w, sa, sb, srows, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, base):
     """The optimizer's rule on one touched row (weights and per-element states at e0, per-row states at
     lin), from its summed gradient g; buf is scratch of the row's width; sr_lin: the row number stochastic
-    rounding hashes (lin, or the row a tiered table's slot holds)."""
+    rounding hashes (lin, or the row a tiered table's slot holds). srows: the per-row float states (the
+    rowwise kinds' state, prev_iter, row_counter; fused_update's docstring)."""
     kind, update, wd_mode = ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE]
     step, sr = ki[M.KI_STEP], ki[M.KI_SR] != 0
     lr, eps, b1, b2, wd = ks[M.KS_LR], ks[M.KS_EPS], ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_WD]
     n_states = elem_state_count(kind)
     n_a, n_b = n_states >= 1, n_states >= 2
     c0, c1, c2 = float32(0.0), float32(0.0), float32(0.0)
-    if kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB:
+    srow, spit, scnt = srows[0], srows[1], srows[2]
+    bc1, bc2 = ks[M.KS_BC1], ks[M.KS_BC2]
+    if kind == M._RW_ADAGRAD and (wd_mode == M._COUNTER or wd_mode == M._COWCLIP):
+        cwd = ki[M.KI_CNT_WD]
+        gsum, wsum = float32(0.0), float32(0.0)
+        for d in range(width):
+            wv = load(w, e0 + d)
+            gd = g[d]
+            if cwd == 1:
+                gd += wd * wv
+            gsum += gd * gd
+            wsum += wv * wv
+        mnew, cnew, c0, c1 = counter_row_scalars(
+            wd_mode, cwd, srow[lin], scnt[lin], spit[lin], step, gsum, wsum, width, lr, eps, wd, ki[M.KI_CNT_HALF],
+            ki[M.KI_CNT_ADJ], ks[M.KS_CNT_UB], ki[M.KI_CNT_LRM], ks[M.KS_MAXC], ks[M.KS_CNT_TAIL],
+            ki[M.KI_CNT_RATIO], ks[M.KS_CNT_WNC], ks[M.KS_CNT_LB])
+        srow[lin], scnt[lin], spit[lin] = mnew, cnew, float32(step)
+    elif kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB:
         sumsq = float32(0.0)
         for d in range(width):
             gd = g[d]
@@ -622,6 +642,9 @@ def row_update(w, sa, sb, srow, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, b
     elif kind == M._H_ADAM and update == M._LAZY:
         c0, c1, c2 = lazy_scalars(sprev[lin], step, b1, b2, ks[M.KS_LAZY])
         sprev[lin] = step
+    elif kind == M._ADAM and ki[M.KI_RBC] != 0:             # the row's own step count
+        n_upd, bc1, bc2 = row_bias_corrections(scnt[lin], b1, b2)
+        scnt[lin] = n_upd
     if kind == M._SGD:                                  # the common cases without the general rule's branches
         for d in range(width):
             buf[d] = load(w, e0 + d) - lr * g[d]
@@ -637,7 +660,7 @@ def row_update(w, sa, sb, srow, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, b
             av = sa[e0 + d] if n_a else float32(0.0)
             bv = sb[e0 + d] if n_b else float32(0.0)
             wn, an, bn, rv = elem_update(kind, update, g[d], wv, av, bv, c0, c1, c2, lr, eps, b1, b2, wd,
-                                         ks[M.KS_MOM], ks[M.KS_SCALER], ks[M.KS_BC1], ks[M.KS_BC2], ks[M.KS_ALPHA])
+                                         ks[M.KS_MOM], ks[M.KS_SCALER], bc1, bc2, ks[M.KS_ALPHA])
             if n_a:
                 sa[e0 + d] = an
             if n_b:
@@ -663,7 +686,7 @@ def row_update(w, sa, sb, srow, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, b
 
 
 @njit(inline="always", **_JIT)
-def update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw, has_psw, dy,
+def update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw, has_psw, dy,
                    ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, g, gh, bh):
     """Segment s (linear row lin, weights at element e0): reduce its gradient into g, then update the row
     (kind NONE: record it). Inlined with a literal width for the common widths, so the accumulator g can
@@ -677,7 +700,7 @@ def update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, ba
         lr = ks[M.KS_LR]
         for d in range(wu):
             store(w, e0 + d, load(w, e0 + d) - lr * g[d], uint64(0), False)
-    elif ki[M.KI_KIND] == M._RW_ADAGRAD and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0:
+    elif ki[M.KI_KIND] == M._RW_ADAGRAD and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0 and ki[M.KI_WD_MODE] <= M._DECOUPLE:
         # rowwise AdaGrad, the common case, inline (row_update's rule and rounding, without its branches)
         wd_mode, wd = ki[M.KI_WD_MODE], ks[M.KS_WD]
         sumsq = float32(0.0)
@@ -686,6 +709,7 @@ def update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, ba
             if wd_mode == M._L2:
                 gd += wd * load(w, e0 + d)
             sumsq += gd * gd
+        srow = srows[0]
         rnew, c0, c1 = row_scalars(M._RW_ADAGRAD, wd_mode, sumsq, wu, srow[lin], ks[M.KS_LR], ks[M.KS_EPS],
                                    ks[M.KS_B2], wd, ks[M.KS_BC2])
         srow[lin] = rnew
@@ -698,7 +722,7 @@ def update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, ba
     else:
         for d in range(wu):
             gh[d] = g[d]
-        row_update_call(w, sa, sb, srow, sprev, e0, lin, sr_lin, wu, gh, bh, ks, ki, base)
+        row_update_call(w, sa, sb, srows, sprev, e0, lin, sr_lin, wu, gh, bh, ks, ki, base)
 
 
 # the optimizer rule as one compiled function called per row (inlining it into each width's copy of
@@ -707,13 +731,14 @@ row_update_call = njit(**_JIT)(row_update.py_func)
 
 
 @njit(**_PJIT)
-def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorted_keys, pay, by_bag, seg_start,
+def fused_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, sorted_keys, pay, by_bag, seg_start,
                  n_seg, bag_of, bag_src, bag_scale, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_rows,
                  has_sr_rows):
     """Every touched row: its gradient summed in occurrence order, then the optimizer's rule (kind NONE:
     grad_rows[s], grad_vals[s] <- linear row and summed gradient of segment s). has_sr_rows: stochastic
     rounding hashes row sr_rows[lin] instead of lin (a tiered table's slots). dy: the pre-scaled copy for
-    a MEAN lookup by bag (see linearize)."""
+    a MEAN lookup by bag (see linearize). srows: a tuple of the per-row float32 states (the rowwise kinds'
+    momentum, prev_iter, row_counter; a stand-in array where the optimizer keeps none)."""
     if ki[M.KI_GO] == 0:                               # a skipped step (kernels.tbe_math.KI_GO)
         return
     pooling = ki[M.KI_POOLING]
@@ -738,28 +763,28 @@ def fused_update(w, sa, sb, srow, sprev, elem_off, strides, dims, row_off, sorte
                 t_later = table_of(later, row_off)
                 prefetch_row(w, elem_off[t_later] + (later - row_off[t_later]) * strides[t_later], dims[t_later])
                 if rowwise:
-                    prefetch(srow, uint64(later))
+                    prefetch(srows[0], uint64(later))
             e0 = uint64(elem_off[t] + (lin - row_off[t]) * strides[t])
             sr_lin = sr_rows[lin] if has_sr_rows else lin
             # the common widths get their own copy (a literal trip count, accumulators on the stack)
             if width == 16:
-                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
                                has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 16, stack_f32(16), g,
                                buf)
             elif width == 32:
-                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
                                has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 32, stack_f32(32), g,
                                buf)
             elif width == 64:
-                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
                                has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 64, stack_f32(64), g,
                                buf)
             elif width == 128:
-                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
                                has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, 128, stack_f32(128), g,
                                buf)
             else:
-                update_segment(w, sa, sb, srow, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
+                update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, bag_src, bag_scale, psw,
                                has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, acc, g, buf)
 
 

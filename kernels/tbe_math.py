@@ -52,6 +52,15 @@ class WeightDecay(enum.IntEnum):
     NONE = 0               # FBGEMM's WeightDecayMode values
     L2 = 1
     DECOUPLE = 2
+    COUNTER = 3            # EXACT_ROWWISE_ADAGRAD with a per-row counter (counter_row_scalars)
+    COWCLIP = 4
+
+
+class CounterWeightDecay(enum.IntEnum):
+    NONE = 0               # FBGEMM's CounterWeightDecayMode values: the decay inside COUNTER / COWCLIP
+    L2 = 1
+    DECOUPLE = 2
+    ADAGRADW = 3
 
 
 class UpdateType(enum.IntEnum):
@@ -85,15 +94,22 @@ _H_SGD, _H_MOM, _H_NES, _H_ADAM, _H_ADAGRAD = (int(Optim.HUGECTR_SGD), int(Optim
                                                int(Optim.HUGECTR_ADAGRAD))
 _GLOBAL, _LAZY = int(UpdateType.GLOBAL), int(UpdateType.LAZY_GLOBAL)
 _L2, _DECOUPLE = int(WeightDecay.L2), int(WeightDecay.DECOUPLE)
+_COUNTER, _COWCLIP = int(WeightDecay.COUNTER), int(WeightDecay.COWCLIP)
 
 # packed kernel scalars: one float32 array KS (host-computed from the hyper-parameters and the step)
 KS_LR, KS_EPS, KS_B1, KS_B2, KS_WD, KS_MOM, KS_MAXN, KS_SCALER = range(8)
 KS_BC1, KS_BC2, KS_ALPHA, KS_LAZY = 8, 9, 10, 11        # 1 - b1^t, 1 - b2^t, HugeCTR alpha_t, lr / (1 - b1)
-N_KS = 12
+# counter-based regularization (WeightDecay.COUNTER / COWCLIP): adjustment_ub, tail_id_threshold,
+# weight_norm_coefficient, lower_bound, the step's max_counter and whether this step refreshes it
+KS_CNT_UB, KS_CNT_TAIL, KS_CNT_WNC, KS_CNT_LB, KS_MAXC, KS_REFRESH = 12, 13, 14, 15, 16, 17
+N_KS = 18
 # packed integers: one int64 array KI
 KI_KIND, KI_UPDATE, KI_WD_MODE, KI_STEP, KI_SR, KI_POOLING, KI_LAYOUT, KI_BATCH = range(8)
 KI_GO = 8            # the step's gate: 0 makes the update kernels change nothing (a skipped mixed-precision step)
-N_KI = 9
+# counter-based regularization: CounterWeightDecay, counter_halflife, adjustment_iter, learning_rate_mode,
+# tail_id_threshold.is_ratio; ADAM's rowwise bias correction (1: t is the row's own update count)
+KI_CNT_WD, KI_CNT_HALF, KI_CNT_ADJ, KI_CNT_LRM, KI_CNT_RATIO, KI_RBC = 9, 10, 11, 12, 13, 14
+N_KI = 15
 
 
 # ---- float16 <-> float32 ----------------------------------------------------------------------------
@@ -174,6 +190,83 @@ def row_scalars(kind, wd_mode, sumsq, width, rstate, lr, eps, b2, wd, bc2):
         return m, mult, corr
     v = b2 * rstate + (float32(1.0) - b2) * mean
     return v, float32(math.sqrt(v / bc2)) + eps, float32(0.0)
+
+
+def counter_row_scalars(reg, cwd, m, cnt, prev, it, gsumsq, wsumsq, width, lr, eps, wd, half, adj_iter, adj_ub,
+                        lr_mode, max_counter, tail, is_ratio, wnc, lower):
+    """FBGEMM's rowwise AdaGrad with a counter (rowwise_adagrad_with_counter) for one touched row at
+    iteration it: (new m, new row counter, u, c); the row becomes w = c w - u g (g the raw gradient) and its
+    prev_iter becomes it. reg: WeightDecay.COUNTER or COWCLIP; cwd: CounterWeightDecay; m, cnt, prev the
+    row's momentum1, row_counter and prev_iter before the step; gsumsq = sum_d g'^2 with g' = g + wd w when
+    cwd is L2 (else g); wsumsq = sum_d w^2 (COWCLIP). The rules, in FBGEMM's order:
+      delta = 1 if prev == 0 else it - prev
+      counter: half > 0: cnt = 1 + exp(-delta ln2 / half) cnt;  half == 0: cnt = 1;  half < 0: cnt += 1
+      freq = half / cnt;  m += gsumsq / D;  u0 = lr / (sqrt(m) + eps);  on = adj_iter <= 0 or it > adj_iter
+      COUNTER: u = u0, and when lr_mode >= 0, on and cnt > tail (floor(tail max_counter) when is_ratio):
+                 0: u0 clamp((max_counter / (cnt + 1))^ub, 1, 10)   1: u0 clamp(((cnt + 1) / max_counter)^ub, 0.1, 1)
+                 2: lr / (sqrt(ub cnt) + eps)
+               when on: ADAGRADW: u = u0 sqrt(cnt) (half = -1) | min(lr cnt, ub) / (sqrt(m) + eps) (half = -2);
+                          c = 1 - wd lr; both times c^(min(delta, it - adj_iter) - 1) (the skipped decays)
+                        DECOUPLE: c = 1 - freq wd lr;  L2: c = 1 - freq wd u0
+      COWCLIP: u = u0 min(1, cnt max(wnc |w|, lower) / |g'|);  DECOUPLE: c = 1 - wd lr;  L2: c = 1 - wd u"""
+    one = float32(1.0)
+    itf = float32(it)
+    tail_val = tail
+    if is_ratio != 0:
+        tail_val = float32(math.floor(tail * max_counter))
+    delta = one if prev == float32(0.0) else itf - prev
+    if half > 0:
+        rho = float32(0.6931471805599453) / float32(half)
+        cnt = one + float32(math.exp(-delta * rho)) * cnt
+    elif half == 0:
+        cnt = one
+    else:
+        cnt = cnt + one
+    freq = float32(half) / cnt
+    m = m + gsumsq / float32(width)
+    mult = lr / (float32(math.sqrt(m)) + eps)
+    on = adj_iter <= 0 or it > adj_iter
+    u = mult
+    c = one
+    if reg == _COUNTER:
+        if lr_mode >= 0 and on and cnt > tail_val:
+            if lr_mode == 0:
+                u = mult * min(max(float32(math.pow(max_counter / (cnt + one), adj_ub)), one), float32(10.0))
+            elif lr_mode == 1:
+                u = mult * max(min(float32(math.pow((cnt + one) / max_counter, adj_ub)), one), float32(0.1))
+            elif lr_mode == 2:
+                u = lr / (float32(math.sqrt(adj_ub * cnt)) + eps)
+        if on:
+            if cwd == 3:
+                if half == -1:
+                    u = mult * float32(math.sqrt(cnt))
+                elif half == -2:
+                    u = min(lr * cnt, adj_ub) / (float32(math.sqrt(m)) + eps)
+                c = one - wd * lr
+                lazy = float32(math.pow(c, min(delta, itf - float32(adj_iter)) - one))
+                u = u * lazy
+                c = c * lazy
+            elif cwd == 2:
+                c = one - freq * wd * lr
+            elif cwd == 1:
+                c = one - freq * wd * mult
+    else:
+        clip = cnt * max(wnc * float32(math.sqrt(wsumsq)), lower)
+        ratio = one
+        if gsumsq > float32(0.0):
+            ratio = min(one, clip / float32(math.sqrt(gsumsq)))
+        u = ratio * mult
+        if cwd == 2:
+            c = one - wd * lr
+        elif cwd == 1:
+            c = one - wd * u
+    return m, cnt, u, c
+
+
+def row_bias_corrections(cnt, b1, b2):
+    """ADAM's rowwise bias correction: the row's update count n = cnt + 1 and (1 - b1^n, 1 - b2^n)."""
+    n = cnt + float32(1.0)
+    return n, float32(1.0) - float32(math.pow(b1, n)), float32(1.0) - float32(math.pow(b2, n))
 
 
 def lazy_scalars(prev, step, b1, b2, alpha_common):

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
-from numbactr.embedding.engine import (BoundsCheck, Layout, OptimizerSpec, Optim, Pooling, Precision,
-                                       TableBatchedEmbedding, TableSpec, UpdateType, WeightDecay)
+from numbactr.embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, Layout, OptimizerSpec,
+                                       Optim, Pooling, Precision, TableBatchedEmbedding, TableSpec, UpdateType,
+                                       WeightDecay)
 
 GLOBAL_KINDS = (Optim.HUGECTR_ADAM, Optim.HUGECTR_MOMENTUM_SGD, Optim.HUGECTR_NESTEROV)
 
@@ -25,8 +26,18 @@ def updates_of(kind) -> list:
 
 #: every (optimizer, update type, weight-decay mode) the engine runs
 OPTIMIZER_CASES = [(k, u, m) for k in Optim for u in updates_of(k)
-                   for m in ((WeightDecay.NONE, WeightDecay.L2, WeightDecay.DECOUPLE)
-                             if k == Optim.EXACT_ROWWISE_ADAGRAD else (WeightDecay.NONE,))]
+                   for m in (tuple(WeightDecay) if k == Optim.EXACT_ROWWISE_ADAGRAD else (WeightDecay.NONE,))]
+
+#: the counter settings a Case uses for COUNTER / COWCLIP unless it names its own: COUNTER decoupled decay
+#: with a halflife, the tail-id learning-rate decrease above a ratio threshold of max_counter, renewed every
+#: step, after an adjustment iteration; COWCLIP with L2 decay and an every-step-reset counter
+COUNTER_DEFAULTS = {
+    WeightDecay.COUNTER: CounterRegularization(CounterWeightDecay.DECOUPLE, halflife=2, adjustment_iter=1,
+                                               adjustment_ub=0.5, learning_rate_mode=1, tail_id_threshold=0.3,
+                                               tail_id_threshold_is_ratio=True, max_counter_update_freq=1),
+    WeightDecay.COWCLIP: CounterRegularization(CounterWeightDecay.L2, halflife=0, max_counter_update_freq=-1,
+                                               weight_norm_coefficient=0.5, lower_bound=1e-3),
+}
 
 
 @dataclass
@@ -45,6 +56,8 @@ class Case:
     max_norm: float = 0.0
     clip: bool = False
     steps: list = field(default_factory=list)      # [(indices, offsets, per_sample_weights or None, dy_seed)]
+    counter: CounterRegularization | None = None   # COUNTER / COWCLIP settings (default: COUNTER_DEFAULTS)
+    rowwise_bias_correction: bool = False          # ADAM
 
     def engine(self, impl: str) -> TableBatchedEmbedding:
         decay = 0.01 if self.kind in (Optim.ADAM, Optim.LAMB, Optim.PARTIAL_ROWWISE_ADAM, Optim.PARTIAL_ROWWISE_LAMB) \
@@ -52,7 +65,8 @@ class Case:
         opt = OptimizerSpec(self.kind, learning_rate=0.05, weight_decay=decay, weight_decay_mode=self.wd_mode,
                             update_type=self.update, momentum=0.9, beta2=0.99, scaler=2.0,
                             initial_accumulator=0.1, max_norm=self.max_norm, gradient_clipping=self.clip,
-                            max_gradient=0.5)
+                            max_gradient=0.5, counter=self.counter or COUNTER_DEFAULTS.get(self.wd_mode),
+                            rowwise_bias_correction=self.rowwise_bias_correction)
         e = TableBatchedEmbedding(self.tables, self.fmap, pooling=self.pooling, layout=self.layout, optimizer=opt,
                                   weights_precision=self.weights, output_dtype=self.output,
                                   bounds_check=self.bounds, seed=11, impl=impl)

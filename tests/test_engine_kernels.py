@@ -24,6 +24,14 @@ def test_fused_update_equals_reference_for_every_optimizer(kind, update, wd_mode
     assert_same_training(case, run(case, "ref"), run(case, "kernels"))
 
 
+def test_adam_rowwise_bias_correction_equals_reference():
+    rng = np.random.default_rng(21)
+    tables, fmap = [(6, 5), (4, 3)], [0, 1, 0]
+    case = Case(tables, fmap, kind=Optim.ADAM, rowwise_bias_correction=True,
+                steps=random_steps(rng, tables, fmap, n_steps=3, batch=2))
+    assert_same_training(case, run(case, "ref"), run(case, "kernels"))
+
+
 @pytest.mark.parametrize("pooling,layout,weights,output", [
     (Pooling.SUM, Layout.SAMPLE_MAJOR, Precision.FP16, Precision.FP16),
     (Pooling.NONE, Layout.FEATURE_MAJOR, Precision.FP16, Precision.FP32),

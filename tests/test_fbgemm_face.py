@@ -19,6 +19,7 @@ from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType, OptimType,
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm,
                                                                            ComputeDevice, EmbeddingLocation,
                                                                            PoolingMode, WeightDecayMode)
+from numbactr.fbgemm_gpu.optimizer_config import CowClipDefinition, UserEnabledConfigDefinition
 
 HOST = (EmbeddingLocation.HOST, ComputeDevice.CPU)
 
@@ -315,7 +316,11 @@ def test_managed_caching_runs_cached_with_the_same_results():
     (dict(weights_precision=SparseType.INT8), NotImplementedError, "INT8"),
     (dict(output_dtype=SparseType.BF16), NotImplementedError, "BF16"),
     (dict(optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, weight_decay_mode=WeightDecayMode.COUNTER,
-          counter_based_regularization=object()), NotImplementedError, "COUNTER"),
+          counter_based_regularization=object()), TypeError, "CounterBasedRegularizationDefinition"),
+    (dict(optimizer=EmbOptimType.EXACT_ADAGRAD, weight_decay_mode=WeightDecayMode.COWCLIP,
+          cowclip_regularization=CowClipDefinition()), ValueError, "EXACT_ROWWISE_ADAGRAD"),
+    (dict(optimizer=EmbOptimType.EXACT_SGD, extra_optimizer_config=UserEnabledConfigDefinition(
+        use_rowwise_bias_correction=True)), AssertionError, "only supported for OptimType.ADAM"),
     (dict(weight_decay_mode=WeightDecayMode.COUNTER), ValueError, "counter_based_regularization"),
     (dict(weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL), ValueError, "DECOUPLE_GLOBAL"),
     (dict(preallocated_host_buffers={"momentum1": np.zeros(32, np.float32)}), AssertionError, "not consumed"),

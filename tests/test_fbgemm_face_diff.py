@@ -338,3 +338,81 @@ def test_dense_tbe_sequence_embeddings_as_fbgemm_gpu():
     out.backward(dy)
     ref.backward(dy)
     torch.testing.assert_close(tbe.weights.grad, torch.cat([v.grad.reshape(-1) for v in views]))
+
+
+# ---- counter-based regularization and CowClip (WeightDecayMode.COUNTER / COWCLIP) ------------------------------
+def counter_config(mode, cwd, halflife=-1, lr_mode="EQUAL", adjustment_iter=-1, tail=0.0, ratio=False):
+    """FBGEMM's own config objects (numbactr's face reads them as they are)."""
+    cfg = FB.CounterBasedRegularizationDefinition if mode == "COUNTER" else FB.CowClipDefinition
+    wd = FB.CounterWeightDecayMode[cwd]
+    if mode == "COWCLIP":
+        return dict(cowclip_regularization=cfg(counter_weight_decay_mode=wd, counter_halflife=halflife,
+                                               weight_norm_coefficient=0.5, lower_bound=1e-3))
+    return dict(counter_based_regularization=cfg(
+        counter_weight_decay_mode=wd, counter_halflife=halflife, adjustment_iter=adjustment_iter, adjustment_ub=0.5,
+        learning_rate_mode=FB.LearningRateMode[lr_mode], tail_id_threshold=FB.TailIdThreshold(tail, ratio)))
+
+
+@pytest.mark.parametrize("mode,cwd,halflife,lr_mode,adjustment_iter,tail", [
+    ("COUNTER", "NONE", -1, "EQUAL", -1, 0.0),
+    ("COUNTER", "DECOUPLE", 3, "EQUAL", -1, 0.0),
+    ("COUNTER", "L2", 3, "COUNTER_SGD", -1, 1.0),
+    ("COUNTER", "DECOUPLE", 0, "TAIL_ID_LR_INCREASE", 2, 1.0),
+    ("COUNTER", "L2", -1, "TAIL_ID_LR_DECREASE", -1, 0.0),
+    ("COUNTER", "ADAGRADW", -1, "EQUAL", -1, 0.0),
+    ("COUNTER", "ADAGRADW", -2, "EQUAL", 1, 0.0),
+    ("COWCLIP", "NONE", -1, None, None, None),
+    ("COWCLIP", "L2", 10, None, None, None),
+    ("COWCLIP", "DECOUPLE", 0, None, None, None),
+])
+def test_counter_regularization_like_fbgemm(mode, cwd, halflife, lr_mode, adjustment_iter, tail):
+    """Weights, momentum1, prev_iter and row_counter after 5 steps equal FBGEMM's CPU build's (which keeps
+    max_counter at 1 on the CPU: FBGEMM renews it from its device tables only; the default renewal every 1000
+    steps is not reached here)."""
+    kw = counter_config(mode, cwd, halflife, lr_mode or "EQUAL", adjustment_iter or -1, tail or 0.0)
+    assert_same([(10, 8), (7, 4)], steps=5, learning_rate=0.1, weight_decay=0.05, eps=1e-3, rtol=2e-5, atol=2e-6,
+                enums={OPT: ("OptimType", "EXACT_ROWWISE_ADAGRAD"), "weight_decay_mode": ("WeightDecayMode", mode)},
+                **kw)
+
+
+def test_counter_states_start_values_and_state_names_like_fbgemm():
+    """Row counters and prev_iter set by the caller (FBGEMM's own test fills them) drive the update alike;
+    get_optimizer_state names them as FBGEMM does, with "iter" for ADAGRADW."""
+    enums = {OPT: ("OptimType", "EXACT_ROWWISE_ADAGRAD"), "weight_decay_mode": ("WeightDecayMode", "COUNTER")}
+    results = []
+    for mod in (FB, NB):
+        tbe = make(mod, [(6, 4)], enums=enums, learning_rate=0.1, weight_decay=0.05,
+                   **counter_config("COUNTER", "ADAGRADW", -1))
+        m1, prev_iter, counter = tbe.split_optimizer_states()[0]
+        prev_iter.copy_(torch.tensor([0.0, 1.0, 0.0, 5.0, 0.0, 2.0]))
+        counter.copy_(torch.tensor([0.0, 3.0, 1.0, 7.0, 0.0, 2.0]))
+        m1.fill_(0.5)
+        tbe.set_optimizer_step(6)                   # the forward below is iteration 7
+        out = tbe(torch.tensor([0, 1, 3, 3, 5]), torch.tensor([0, 2, 5]))
+        out.backward(torch.ones_like(out))
+        state = tbe.get_optimizer_state()[0]
+        assert set(state) == {"sum", "prev_iter", "row_counter", "iter"}
+        results.append([tbe.split_embedding_weights()[0].detach().clone()] +
+                       [s.detach().clone() for s in tbe.split_optimizer_states()[0]])
+    for x, y in zip(*results):
+        np.testing.assert_allclose(y.numpy(), x.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_counter_buffers_have_fbgemms_names_and_max_counter_renews():
+    """prev_iter / row_counter / max_counter are buffers under FBGEMM's names; a state_dict round trip restores
+    them. max_counter renews to 1 + the largest row counter (FBGEMM's GPU rule; its CPU build keeps 1)."""
+    kw = dict(weight_decay_mode=FB.WeightDecayMode.COUNTER, optimizer=FB.OptimType.EXACT_ROWWISE_ADAGRAD,
+              counter_based_regularization=FB.CounterBasedRegularizationDefinition(max_counter_update_freq=2))
+    theirs, ours = (make(mod, [(5, 4)], **kw) for mod in (FB, NB))
+    assert set(ours.state_dict()) - {"iter"} <= set(theirs.state_dict())
+    assert {"prev_iter_host", "row_counter_host", "max_counter"} <= set(ours.state_dict())
+    for _ in range(3):
+        out = ours(torch.tensor([0, 1, 1]), torch.tensor([0, 2, 3]))
+        out.sum().backward()
+    assert float(ours.max_counter[0]) == 2.0               # at iteration 2: 1 + the counters (1, 1) of step 1
+    saved = {k: v.clone() for k, v in ours.state_dict().items()}
+    again = make(NB, [(5, 4)], **kw)
+    again.load_state_dict(saved)
+    for a, b in zip(again.split_optimizer_states()[0], ours.split_optimizer_states()[0]):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert float(again.max_counter[0]) == 2.0

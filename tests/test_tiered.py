@@ -10,12 +10,16 @@ import pytest
 
 from numbactr import device
 from numbactr.embedding.cache import CacheCapacityError
-from numbactr.embedding.engine import (BoundsCheck, OptimizerSpec, Optim, Pooling, Precision,
-                                       TableBatchedEmbedding, UpdateType)
+from numbactr.embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, OptimizerSpec, Optim,
+                                       Pooling, Precision, TableBatchedEmbedding, UpdateType, WeightDecay)
 from numbactr.embedding.tiered import CacheConfig, TieredEmbedding, cache_rows
 from tests.engine_cases import OPTIMIZER_CASES, Case
 
 TABLES, FMAP = [(40, 5), (30, 3)], [0, 1, 0]
+#: COUNTER settings a tiered table runs (max_counter is not read): COUNTER_SGD above an absolute threshold,
+#: L2 decay with a halflife
+TIERED_COUNTER = CounterRegularization(CounterWeightDecay.L2, halflife=3, adjustment_iter=1, adjustment_ub=0.5,
+                                       learning_rate_mode=2, tail_id_threshold=1.0, max_counter_update_freq=1)
 
 
 def window_steps(rng, tables, fmap, n_steps=5, batch=3, window=8, max_len=3, psw=True):
@@ -82,12 +86,25 @@ def pair(case: Case, impl: str, cache: CacheConfig, backing="host", tmp_path=Non
 def test_every_optimizer_through_the_cache_equals_the_whole_table(kind, update, wd_mode):
     rng = np.random.default_rng(int(kind) * 7 + int(update) * 3 + int(wd_mode))
     case = Case(TABLES, FMAP, kind=kind, update=update, wd_mode=wd_mode, pooling=Pooling.MEAN, max_norm=0.9,
-                clip=True, steps=window_steps(rng, TABLES, FMAP))
+                clip=True, steps=window_steps(rng, TABLES, FMAP),
+                counter=TIERED_COUNTER if wd_mode == WeightDecay.COUNTER else None)
     policy = "lfu" if int(kind) % 2 else "lru"
     ref, tier = pair(case, "cpu", CacheConfig(policy, load_factor=0.05, min_slots=9))
     a, b = train(ref, case.steps), train(tier, case.steps)
     assert tier.stats.evictions > 0                  # the cache really was too small for the steps
     assert_identical(ref, tier, a, b)
+
+
+def test_counter_settings_that_read_max_counter_are_refused_and_rowwise_bias_correction_is_cached():
+    # max_counter is 1 + the largest row counter of every row; the slots hold some rows only
+    case = Case(TABLES, FMAP, kind=Optim.EXACT_ROWWISE_ADAGRAD, wd_mode=WeightDecay.COUNTER)
+    with pytest.raises(NotImplementedError, match="max_counter"):
+        pair(case, "cpu", CacheConfig("lru", load_factor=0.05, min_slots=9))
+    rng = np.random.default_rng(12)
+    case = Case(TABLES, FMAP, kind=Optim.ADAM, rowwise_bias_correction=True, steps=window_steps(rng, TABLES, FMAP))
+    ref, tier = pair(case, "cpu", CacheConfig("lfu", load_factor=0.05, min_slots=9))
+    assert [n for n, _, _ in tier._specs] == ["momentum1", "momentum2", "row_counter"]
+    assert_identical(ref, tier, train(ref, case.steps), train(tier, case.steps))
 
 
 @pytest.mark.parametrize("kind,update", [(Optim.HUGECTR_ADAM, UpdateType.GLOBAL),

@@ -158,7 +158,7 @@ lanes, items, per_lane = K.lanes_items(int(eng.dims.max()))
 print(f"block = ({lanes} lanes, {items} runs): run s -> threadIdx.y = s % {items}, columns d -> lanes")
 momentum = eng.states[0]                              # the per-row accumulators of every table, (6 + 3,)
 no_f32, no_i64 = np.zeros(1, np.float32), np.zeros(1, np.int64)    # states this optimizer does not keep
-K.fused_update(eng.weights, no_f32, no_f32, momentum, no_i64,
+K.fused_update(eng.weights, no_f32, no_f32, momentum, no_i64, no_f32, no_f32,
                eng.elem_offsets, eng.strides, eng.dims, eng.row_offsets, eng.feature_cols, lin, perm, seg_start,
                pos, bag_of, ctx.offsets, no_f32, False, dy.reshape(-1), ks, ki, kb,
                no_i64, np.zeros((1, 1), np.float32),

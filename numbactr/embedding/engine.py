@@ -68,13 +68,13 @@ from ..hostmem import HUGE_MIN_BYTES, check_fits, host_zeros, huge_pages_wanted
 from ..kernels import embedding_init as EI
 from ..kernels import tbe as K
 from ..kernels import tbe_cpu as C
-from ..kernels.tbe import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, Pooling, Precision,
-                           UpdateType, WeightDecay)
+from ..kernels.tbe import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Layout,
+                           Optim, Pooling, Precision, UpdateType, WeightDecay)
 from .hash_table import HashTable
 
 __all__ = ["TableBatchedEmbedding", "TableSpec", "OptimizerSpec", "LookupContext", "Grads", "SparseRowGrad",
            "Pooling", "Layout", "BoundsCheck", "Precision", "Optim", "UpdateType", "WeightDecay",
-           "EmbeddingBoundsError", "IMPLS"]
+           "CounterRegularization", "CounterWeightDecay", "EmbeddingBoundsError", "IMPLS"]
 
 IMPLS = ("ref", "cpu", "kernels")
 MAX_DIM = 65535            # stochastic rounding hashes (linear row << 16 | d)
@@ -101,6 +101,10 @@ class OptimizerSpec:
     (FBGEMM's rule: the bags' gradients are clipped, not the rows' sums).
     max_norm > 0: rescale every updated row whose L2 norm exceeds it (FBGEMM applies it for
     EXACT_ROWWISE_ADAGRAD only; the engine for every kind, the face passes 0 where FBGEMM ignores it).
+    counter: the settings of weight_decay_mode COUNTER / COWCLIP (EXACT_ROWWISE_ADAGRAD with two more
+    per-row states, prev_iter and row_counter; FBGEMM's rowwise_adagrad_with_counter).
+    rowwise_bias_correction (ADAM): Adam's bias corrections use each row's own update count, kept in a
+    per-row row_counter, instead of the step t (FBGEMM's UserEnabledConfigDefinition).
     """
     kind: Optim = Optim.EXACT_SGD
     learning_rate: float = 0.01
@@ -116,6 +120,8 @@ class OptimizerSpec:
     gradient_clipping: bool = False
     max_gradient: float = 1.0
     max_norm: float = 0.0
+    counter: CounterRegularization | None = None
+    rowwise_bias_correction: bool = False
 
     def hp(self) -> dict:
         """The float hyper-parameters by name (kernels.tbe.HP_FIELDS)."""
@@ -230,7 +236,35 @@ def _check_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
                          "defined for EXACT_ROWWISE_ADAGRAD (ADAM/LAMB kinds take weight_decay as decoupled)")
     if spec.scaler == 0:
         raise ValueError("optimizer scaler must be non-zero (the gradient is divided by it)")
+    counted = spec.weight_decay_mode in (WeightDecay.COUNTER, WeightDecay.COWCLIP)
+    if counted != (spec.counter is not None):
+        raise ValueError(f"weight_decay_mode {spec.weight_decay_mode.name}: the counter settings "
+                         "(OptimizerSpec.counter) go with COUNTER / COWCLIP and only with them")
+    if counted:
+        c = spec.counter
+        if not isinstance(c, CounterRegularization):
+            raise TypeError(f"OptimizerSpec.counter must be a CounterRegularization, got {type(c).__name__}")
+        spec = replace(spec, counter=replace(c, weight_decay_mode=CounterWeightDecay(c.weight_decay_mode)))
+        if c.learning_rate_mode not in (-1, 0, 1, 2):
+            raise ValueError(f"counter learning_rate_mode must be -1, 0, 1 or 2 (FBGEMM's LearningRateMode), "
+                             f"got {c.learning_rate_mode}")
+    if spec.rowwise_bias_correction and k != Optim.ADAM:
+        raise ValueError(f"optimizer {k.name}: rowwise_bias_correction is only defined for ADAM (as in FBGEMM)")
     return spec
+
+
+def state_specs(opt: OptimizerSpec) -> list:
+    """The optimizer's state buffers, [(name, per_row, dtype)] in split_optimizer_states order: the kind's
+    (kernels.tbe.STATES), then HugeCTR LAZY_GLOBAL's prev_step, COUNTER / COWCLIP's prev_iter and row_counter,
+    or rowwise-bias-corrected ADAM's row_counter."""
+    specs = list(K.STATES[opt.kind])
+    if opt.update_type == UpdateType.LAZY_GLOBAL:
+        specs.append(K.LAZY_PREV_STEP)
+    if opt.counter is not None:
+        specs += [K.PREV_ITER, K.ROW_COUNTER]
+    if opt.rowwise_bias_correction:
+        specs.append(K.ROW_COUNTER)
+    return specs
 
 
 class TableBatchedEmbedding:
@@ -307,6 +341,9 @@ class TableBatchedEmbedding:
         except MemoryError as e:
             raise MemoryError(f"embedding tables of {int(rows.sum())} rows in all (widths {sorted(set(dims.tolist()))}, "
                               f"{self.optimizer.kind.name} with {len(self._state_specs())} state buffer(s)): {e}") from None
+        # counter-based regularization's max_counter (1 + the largest row counter, renewed every
+        # max_counter_update_freq steps), on the engine's device: a kernels step never reads it back
+        self.max_counter = xp.ones(1, np.float32)
         self.hash_tables = {t: HashTable(spec.rows, use_kernels=self.impl == "kernels", xp=xp,
                                          compiled=self.impl == "cpu")
                             for t, spec in enumerate(self.tables) if spec.keyed}
@@ -333,10 +370,7 @@ class TableBatchedEmbedding:
             raise ValueError(f"{why} needs every feature's table to have the same dim, got {sorted(dims)}")
 
     def _state_specs(self) -> list:
-        specs = list(K.STATES[self.optimizer.kind])
-        if self.optimizer.update_type == UpdateType.LAZY_GLOBAL:
-            specs.append(K.LAZY_PREV_STEP)
-        return specs
+        return state_specs(self.optimizer)
 
     def _new_state(self, per_row: bool, dtype, name: str):
         size = int(self.row_offsets[-1] if per_row else self.elem_offsets[-1])
@@ -365,13 +399,18 @@ class TableBatchedEmbedding:
     def set_hyper_parameters(self, **values) -> None:
         """Change optimizer hyper-parameters by OptimizerSpec field name. kind, update_type and
         initial_accumulator shape the optimizer states, which exist already: they are fixed."""
-        fixed = {"kind", "update_type", "initial_accumulator"}
+        fixed = {"kind", "update_type", "initial_accumulator", "rowwise_bias_correction"}
         names = {f.name for f in fields(OptimizerSpec)} - fixed
         unknown = sorted(set(values) - names)
         if unknown:
             why = "fixed when the engine is built" if set(unknown) <= fixed else "unknown"
             raise ValueError(f"hyper-parameter(s) {unknown}: {why}; settable: {sorted(names)}")
-        self.optimizer = _check_optimizer(replace(self.optimizer, **values))
+        new = _check_optimizer(replace(self.optimizer, **values))
+        if state_specs(new) != state_specs(self.optimizer):
+            names = ([n for n, _, _ in state_specs(o)] for o in (new, self.optimizer))
+            raise ValueError(f"hyper-parameter(s) {sorted(values)}: the change would need other optimizer states "
+                             "({}, not {})".format(*names))
+        self.optimizer = new
 
     @property
     def n_features(self) -> int:
@@ -684,17 +723,30 @@ class TableBatchedEmbedding:
 
     # ---- what the implementations share --------------------------------------------------------------
     def _state_buffers(self) -> tuple:
-        """(a, b, row, prev): elem_update's per-element states a, b, the per-row float state and the
-        per-row step state, as the engine's flat buffers; None where the optimizer keeps none."""
-        elem, rowf, prev = [], [], []
+        """(a, b, row, prev, prev_iter, row_counter): elem_update's per-element states a, b, the rowwise
+        kinds' per-row float state, HugeCTR's per-row step state and the counter states, as the engine's
+        flat buffers; None where the optimizer keeps none."""
+        elem, rowf, named = [], [], {}
         for buf, (name, per_row, dtype) in zip(self.states, self._state_specs()):
-            if name == "prev_step":
-                prev.append(buf)
+            if name in ("prev_step", "prev_iter", "row_counter"):
+                named[name] = buf
             elif per_row:
                 rowf.append(buf)
             else:
                 elem.append(buf)
-        return tuple(elem + [None] * (2 - len(elem))) + ((rowf or [None])[0], (prev or [None])[0])
+        return (tuple(elem + [None] * (2 - len(elem))) + ((rowf or [None])[0],)
+                + tuple(named.get(n) for n in ("prev_step", "prev_iter", "row_counter")))
+
+    def _max_counter_refresh(self, t: int) -> bool:
+        """Whether step t renews max_counter (COUNTER / COWCLIP: every max_counter_update_freq steps)."""
+        c = self.optimizer.counter
+        return c is not None and c.max_counter_update_freq > 0 and t % c.max_counter_update_freq == 0
+
+    def _renew_max_counter(self, t: int) -> None:
+        """Host impls: max_counter = 1 + the largest row counter (1 without rows) at a renewing step t."""
+        if self._max_counter_refresh(t):
+            cnt = self._state_buffers()[5]
+            self.max_counter[0] = float(cnt.max()) + 1.0 if cnt.size else 1.0
 
     def _ks_ki(self, ctx, t: int, pooling=None, batch: int = 0):
         """The packed kernel scalars / integers (kernels.tbe.kernel_scalars / kernel_ints) for step t (of a
@@ -705,9 +757,11 @@ class TableBatchedEmbedding:
             pooling, batch = ctx.pooling, ctx.batch
         elif pooling is None:
             pooling = self.pooling
-        return (K.kernel_scalars(opt.hp(), t),
+        # the kernels read max_counter from the device (_KernelImpl.backward copies it in): no host read
+        maxc = 1.0 if self.impl == "kernels" else float(self.max_counter[0])
+        return (K.kernel_scalars(opt.hp(), t, opt.counter, maxc, self._max_counter_refresh(t)),
                 K.kernel_ints(opt.kind, opt.update_type, opt.weight_decay_mode, t, sr, pooling, self.layout,
-                              batch))
+                              batch, opt.counter, opt.rowwise_bias_correction))
 
     def _scratch(self, name: str, n: int, dtype):
         """A reused device buffer of n elements (grown by half when too small): the per-step scratch pool."""
@@ -784,6 +838,7 @@ class _RefImpl:
                 at += r.size
             return SparseRowGrad(xp.asarray(lin), xp.asarray(vals), e.row_offsets.copy())
         opt, specs = e.optimizer, e._state_specs()
+        e._renew_max_counter(t)
         weights, states = e.split_weights(), e.split_optimizer_states()
         for tb, (rows, g) in enumerate(per_table):
             if rows.size == 0:
@@ -792,7 +847,8 @@ class _RefImpl:
             w = device.to_host(weights[tb][idx])
             s = [device.to_host(st[idx]) for st in states[tb]]
             new_w, new_s = K.optimizer_update_ref(opt.kind, opt.hp(), w, g, s, t, opt.update_type,
-                                                  opt.weight_decay_mode)
+                                                  opt.weight_decay_mode, opt.counter, float(e.max_counter[0]),
+                                                  opt.rowwise_bias_correction)
             self._store(weights[tb], idx, new_w, rows + e.row_offsets[tb], t, K.SR_PASS_HOT)
             for view, val, (_, _, dtype) in zip(states[tb], new_s, specs):
                 view[idx] = xp.asarray(val.astype(dtype))
@@ -929,13 +985,15 @@ class _CpuImpl:
                      e._scratch("vals_tmp", n, pt))
         seg = e._scratch("seg", n + 1, np.int64)
         n_seg = C.segments(keys, sentinel, seg)
+        e._renew_max_counter(t)
         ks, ki = e._ks_ki(ctx, t)
         none = e.optimizer.kind == Optim.NONE
         grad_rows = np.empty(n_seg if none else 1, np.int64)
         grad_vals = np.empty((n_seg if none else 1, int(e.dims.max())), np.float32)
-        a, b, r, p = e._state_buffers()
+        a, b, r, p, pit, cnt = e._state_buffers()
+        rows = tuple(self.no_f32 if x is None else x for x in (r, pit, cnt))
         C.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
-                       self.no_f32 if r is None else r, self.no_i64 if p is None else p, e.elem_offsets, e.strides,
+                       rows, self.no_i64 if p is None else p, e.elem_offsets, e.strides,
                        e.dims, e.row_offsets, keys, vals, by_bag, seg, n_seg, bag_of, bag_src, bag_scale,
                        self.no_f32 if psw is None else psw, psw is not None, dy, ks, ki,
                        K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals,
@@ -947,7 +1005,7 @@ class _CpuImpl:
         _, ki = e._ks_ki(None, t)
         ks = K.kernel_scalars(e.optimizer.hp(), t)
         live = np.array([e.live_rows(tb) for tb in range(len(e.tables))], np.int64)
-        a, b, _, _ = e._state_buffers()
+        a, b = e._state_buffers()[:2]
         C.global_pass(self._w(), a, self.no_f32 if b is None else b, e.elem_offsets, e.strides, e.dims,
                       e.row_offsets, live, ks, ki, K.rounding_base(e.seed, t, K.SR_PASS_ALL),
                       self.no_i64 if e.sr_rows is None else e.sr_rows, e.sr_rows is not None)
@@ -1087,10 +1145,14 @@ class _KernelImpl:
         n = ctx.rows.shape[0]
         grad_rows = xp.empty(n if none else 1, np.int64)
         grad_vals = xp.empty((n, self.max_dim), np.float32) if none else self.no_f2
-        a, b, r, p = e._state_buffers()
+        a, b, r, p, pit, cnt = e._state_buffers()
+        if e.optimizer.counter is not None:
+            self._max_counter(ks_d, cnt)
         psw = ctx.per_sample_weights
         K.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
-                       self.no_f32 if r is None else r, self.no_i64 if p is None else p, self.elem_off, self.strides,
+                       self.no_f32 if r is None else r, self.no_i64 if p is None else p,
+                       self.no_f32 if pit is None else pit, self.no_f32 if cnt is None else cnt,
+                       self.elem_off, self.strides,
                        self.dims, self.row_off, self.fcols, lin, perm, seg, pos, bag_of, ctx.offsets,
                        self.no_f32 if psw is None else psw, psw is not None, dy.reshape(-1), ks_d, ki_d, kb_d,
                        grad_rows, grad_vals, self.w_half, self.max_dim, e.sr_rows)
@@ -1098,6 +1160,17 @@ class _KernelImpl:
             return None
         u = int(device.to_host(pos[n:n + 1])[0])         # NONE hands back U rows: the one host read
         return SparseRowGrad(grad_rows[:u], grad_vals[:u], e.row_offsets.copy())
+
+    def _max_counter(self, ks_d, cnt) -> None:
+        """COUNTER / COWCLIP's max_counter on the device, in stream order (part of a captured step): renewed
+        to 1 + the largest row counter when the step's KS_REFRESH says so, then copied into the step's
+        scalars (KS_MAXC). Decided on the device, so a replayed step renews it at the right steps."""
+        e = self.e
+        xp = device.xp()
+        if e.optimizer.counter.max_counter_update_freq > 0:
+            top = cnt.max() + np.float32(1.0) if cnt.size else xp.ones((), np.float32)
+            e.max_counter[...] = xp.where(ks_d[K.M.KS_REFRESH] > 0, top, e.max_counter[0])
+        ks_d[K.M.KS_MAXC:K.M.KS_MAXC + 1] = e.max_counter
 
     def _live(self):
         """The rows in use per table on the device, uploaded again only when a keyed table grew (an
@@ -1116,7 +1189,7 @@ class _KernelImpl:
 
     def global_pass(self, t: int) -> None:
         e = self.e
-        a, b, _, _ = e._state_buffers()
+        a, b = e._state_buffers()[:2]
         ks_d, ki_d, kb_d = self.put_global(t)
         self._gate(ks_d, ki_d, t, "all")
         K.global_pass(self._w(), a, self.no_f32 if b is None else b, self.elem_off, self.strides, self.dims,

@@ -55,7 +55,7 @@ from ..kernels import tbe as K
 from ..kernels import tbe_cpu as C
 from .cache import CacheCapacityError, CacheStats, EmbeddingCache
 from .engine import (Grads, LookupContext, Optim, OptimizerSpec, Precision, SparseRowGrad, TableBatchedEmbedding,
-                     TableSpec, _as_table, _check_optimizer)
+                     TableSpec, _as_table, _check_optimizer, state_specs)
 from .hash_table import HashTable, HashTableFullError
 from .tiers import BufferSpec, make_store
 
@@ -143,6 +143,11 @@ class _SlotEngine(TableBatchedEmbedding):
 
     def _storage_rows(self, indices, rows, offsets, batch: int, training: bool):
         return self._tier._place_lookup(rows, offsets, batch, training)
+
+    def _max_counter_refresh(self, t: int) -> bool:
+        # the slots hold some rows' counters only: max_counter stays 1 (TieredEmbedding refuses the
+        # counter settings that would read it)
+        return False
 
 
 class TieredEmbedding:
@@ -246,8 +251,12 @@ class TieredEmbedding:
 
     def _sizes(self, engine_kwargs, feature_table_map) -> list:
         opt = _check_optimizer(engine_kwargs.get("optimizer") or OptimizerSpec())
-        specs = list(K.STATES[opt.kind]) + ([K.LAZY_PREV_STEP] if opt.update_type == K.UpdateType.LAZY_GLOBAL
-                                            else [])
+        if opt.counter is not None and opt.counter.max_counter_update_freq > 0 and opt.counter.uses_max_counter():
+            raise NotImplementedError("a tiered table cannot renew max_counter (1 + the largest row counter of "
+                                      "every row: the backing tier's and the cache's); use learning_rate_mode "
+                                      "EQUAL or COUNTER_SGD with an absolute tail_id_threshold, or "
+                                      "max_counter_update_freq <= 0")
+        specs = state_specs(opt)
         return cache_rows(self.tables, self.config, engine_kwargs.get("weights_precision", Precision.FP32), specs)
 
     # ---- the engine's interface ----------------------------------------------------------------------

@@ -13,7 +13,17 @@ FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_traini
     (FBGEMM's backward clamps grad_output, not the summed row gradient); max_norm applies to
     EXACT_ROWWISE_ADAGRAD only; weight_decay is ignored by EXACT_SGD / EXACT_ADAGRAD, decoupled inside
     ADAM / PARTIAL_ROWWISE_ADAM / LAMB / PARTIAL_ROWWISE_LAMB (weight_decay_mode is ignored there), and
-    NONE / L2 / DECOUPLE for EXACT_ROWWISE_ADAGRAD.
+    NONE / L2 / DECOUPLE / COUNTER / COWCLIP for EXACT_ROWWISE_ADAGRAD.
+  * COUNTER / COWCLIP (FBGEMM's rowwise_adagrad_with_counter): states momentum1, prev_iter, row_counter per
+    row (get_optimizer_state: sum, prev_iter, row_counter, and iter for CounterWeightDecayMode.ADAGRADW);
+    max_counter (a (1,) buffer) becomes 1 + the largest row counter every max_counter_update_freq
+    iterations in COUNTER mode, over every table, as FBGEMM's GPU build computes it over its device tables
+    (FBGEMM's CPU build keeps it at 1: its states are not device tables). max_norm is not applied, as in
+    FBGEMM. A MANAGED_CACHING TBE cannot renew max_counter (its slots hold some rows only): the settings
+    that read it (TAIL_ID learning-rate modes, a ratio tail_id_threshold) are a NotImplementedError there.
+  * ADAM with UserEnabledConfigDefinition(use_rowwise_bias_correction=True): the bias corrections use the
+    row's own update count, a third per-row state row_counter (FBGEMM's GPU kernels; its CPU build has no
+    ADAM).
   * `iter` counts forwards for EXACT_ROWWISE_ADAGRAD and the ADAM / LAMB kinds (their bias correction
     uses the count of the forward whose backward runs the update); `step` counts every forward.
   * variable batch per feature and rank (batch_size_per_feature_per_rank, VBE): offsets hold the bags
@@ -57,10 +67,9 @@ import numpy as np
 
 from .. import device, log
 from ..config import IgnoredArgumentWarning
-from ..embedding.engine import (BoundsCheck, Grads, LookupContext, Optim, OptimizerSpec, Pooling, Precision,
-                                TableBatchedEmbedding, WeightDecay)
+from ..embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, Grads, LookupContext, Optim,
+                                OptimizerSpec, Pooling, Precision, TableBatchedEmbedding, WeightDecay, state_specs)
 from ..embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
-from ..kernels.tbe import STATES as K_STATES
 from .split_embedding_configs import EmbOptimType, SparseType
 from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
                                                         EmbeddingLocation, PoolingMode, RecordCacheMetrics,
@@ -88,7 +97,10 @@ _STATE_NAMES = {EmbOptimType.EXACT_ADAGRAD: ("sum",), EmbOptimType.EXACT_ROWWISE
                 EmbOptimType.EXACT_SGD: ()}
 _PRECISION = {SparseType.FP32: Precision.FP32, SparseType.FP16: Precision.FP16}
 _WEIGHT_DECAY = {WeightDecayMode.NONE: WeightDecay.NONE, WeightDecayMode.L2: WeightDecay.L2,
-                 WeightDecayMode.DECOUPLE: WeightDecay.DECOUPLE}
+                 WeightDecayMode.DECOUPLE: WeightDecay.DECOUPLE, WeightDecayMode.COUNTER: WeightDecay.COUNTER,
+                 WeightDecayMode.COWCLIP: WeightDecay.COWCLIP}
+#: get_optimizer_state()'s names of the states some modes add (kernels.tbe.PREV_ITER / ROW_COUNTER)
+_EXTRA_STATE_NAMES = {"prev_iter": "prev_iter", "row_counter": "row_counter"}
 _V2_BOUNDS = {BoundsCheckMode.V2_IGNORE: BoundsCheckMode.IGNORE, BoundsCheckMode.V2_WARNING: BoundsCheckMode.WARNING,
               BoundsCheckMode.V2_FATAL: BoundsCheckMode.FATAL}
 WHO = "SplitTableBatchedEmbeddingBagsCodegen"
@@ -117,14 +129,14 @@ class TBEConfig:
     eps: float = 1.0e-8
     momentum: float = 0.9                               # LARS_SGD only (not supported): unused
     weight_decay: float = 0.0
-    weight_decay_mode: object = WeightDecayMode.NONE    # NONE | L2 | DECOUPLE (EXACT_ROWWISE_ADAGRAD)
+    weight_decay_mode: object = WeightDecayMode.NONE    # NONE | L2 | DECOUPLE | COUNTER | COWCLIP (rowwise Adagrad)
     eta: float = 0.001                                  # LARS_SGD only: unused
     beta1: float = 0.9
     beta2: float = 0.999
     ensemble_mode: object = None                        # ENSEMBLE/EMAINPLACE_ROWWISE_ADAGRAD only: unused
     emainplace_mode: object = None
-    counter_based_regularization: object = None         # WeightDecayMode.COUNTER / COWCLIP: not implemented
-    cowclip_regularization: object = None
+    counter_based_regularization: object = None         # WeightDecayMode.COUNTER's settings
+    cowclip_regularization: object = None               # WeightDecayMode.COWCLIP's settings
     pooling_mode: object = PoolingMode.SUM              # SUM | MEAN | NONE
     device: object = None                               # must agree with numbactr's device (see TBECore)
     bounds_check_mode: object = BoundsCheckMode.WARNING  # FATAL | WARNING | IGNORE | NONE (+ V2_ forms)
@@ -137,7 +149,7 @@ class TBEConfig:
     multipass_prefetch_config: object = None            # prefetch in several passes: warns when set
     global_weight_decay: object = None                  # WeightDecayMode.DECOUPLE_GLOBAL only: unused
     uvm_host_mapped: bool = False                       # UVM allocation: warns when set
-    extra_optimizer_config: object = None               # writeback (EXACT_SGD); rowwise bias correction: not implemented
+    extra_optimizer_config: object = None               # writeback (EXACT_SGD); rowwise bias correction (ADAM)
     tbe_input_multiplexer_config: object = None         # FBGEMM's monitoring hooks: warn when set
     embedding_table_index_type: object = None           # int32 | int64 (None: int64); numbactr reads both
     embedding_table_offset_type: object = None          #   kinds of indices and offsets as they come
@@ -199,6 +211,39 @@ def _dtype_name(dtype, what: str) -> str:
 class FBGEMMAssertion(ValueError, AssertionError):
     """An argument FBGEMM rejects with an AssertionError (so `except AssertionError` code keeps working); a
     ValueError too, as numbactr's other argument errors are."""
+
+
+def _counter_settings(cfg: TBEConfig, mode) -> CounterRegularization | None:
+    """The engine's CounterRegularization from FBGEMM's CounterBasedRegularizationDefinition (COUNTER) or
+    CowClipDefinition (COWCLIP); FBGEMM renews max_counter in COUNTER mode only. grad_sum_decay is carried
+    by FBGEMM's definition but read by none of its kernels: numbactr ignores it too."""
+    def num(x):
+        return getattr(x, "value", x)
+
+    def settings(name, kind, needs):
+        c = getattr(cfg, name)
+        missing = [n for n in needs if not hasattr(c, n)]
+        if missing:
+            raise TypeError(f"{WHO}: {name} must be a {kind} (FBGEMM's config type), got {type(c).__name__} "
+                            f"without {missing}")
+        return c
+    if mode == WeightDecayMode.COUNTER:
+        c = settings("counter_based_regularization", "CounterBasedRegularizationDefinition",
+                     ("counter_weight_decay_mode", "counter_halflife", "adjustment_iter", "adjustment_ub",
+                      "learning_rate_mode", "tail_id_threshold", "max_counter_update_freq"))
+        tail = c.tail_id_threshold
+        return CounterRegularization(
+            int(num(c.counter_weight_decay_mode)), int(c.counter_halflife), int(c.adjustment_iter),
+            float(c.adjustment_ub), int(num(c.learning_rate_mode)), float(tail.val), bool(tail.is_ratio),
+            int(c.max_counter_update_freq))
+    if mode == WeightDecayMode.COWCLIP:
+        c = settings("cowclip_regularization", "CowClipDefinition",
+                     ("counter_weight_decay_mode", "counter_halflife", "weight_norm_coefficient", "lower_bound"))
+        return CounterRegularization(int(num(c.counter_weight_decay_mode)), int(c.counter_halflife),
+                                     max_counter_update_freq=-1,
+                                     weight_norm_coefficient=float(c.weight_norm_coefficient),
+                                     lower_bound=float(c.lower_bound))
+    return None
 
 
 def consumed_preallocated_keys(optimizer) -> set:
@@ -461,14 +506,16 @@ class TBECore:
                 (mode == WeightDecayMode.COWCLIP) != (cfg.cowclip_regularization is not None):
             raise ValueError(f"{WHO}: weight_decay_mode COUNTER / COWCLIP go together with "
                              "counter_based_regularization / cowclip_regularization (FBGEMM's rule)")
+        if mode in (WeightDecayMode.COUNTER, WeightDecayMode.COWCLIP) and opt != EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+            raise ValueError(f"{WHO}: weight_decay_mode={mode.name} is only supported with "
+                             "OptimType.EXACT_ROWWISE_ADAGRAD (FBGEMM's rule)")
         if opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD and mode not in _WEIGHT_DECAY:
             raise NotImplementedError(f"{WHO}: weight_decay_mode={mode.name} is not implemented in numbactr "
-                                      "(NONE, L2 or DECOUPLE)")
+                                      "(NONE, L2, DECOUPLE, COUNTER or COWCLIP)")
         not_implemented = {
             "enable_raw_embedding_streaming": bool(cfg.enable_raw_embedding_streaming),
             "optimizer_state_dtypes": any(_enum(SparseType, v, "optimizer_state_dtypes") != SparseType.FP32
                                           for v in (cfg.optimizer_state_dtypes or {}).values()),
-            "extra_optimizer_config": bool(getattr(cfg.extra_optimizer_config, "use_rowwise_bias_correction", False)),
         }
         extra = cfg.extra_optimizer_config
         if getattr(extra, "use_rowwise_bias_correction", False) and opt != EmbOptimType.ADAM:
@@ -485,7 +532,7 @@ class TBECore:
         bytes of the fast tier free; split among the caching tables in proportion to their rows (each
         1..V_t); the other tables are cached whole."""
         total_rows = sum(rows[t] for t in caching)
-        per_slot = max(slot_bytes(dims[t], _PRECISION[self.weights_precision], K_STATES[opt.kind]) for t in caching)
+        per_slot = max(slot_bytes(dims[t], _PRECISION[self.weights_precision], state_specs(opt)) for t in caching)
         if int(cfg.cache_sets) > 0:
             total = int(cfg.cache_sets) * ASSOC
         else:
@@ -554,13 +601,17 @@ class TBECore:
         opt = self.optimizer
         mode = _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode")
         rowwise = opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD
+        counter = _counter_settings(cfg, mode) if rowwise else None
         return OptimizerSpec(
             _ENGINE_OPTIM[opt], learning_rate=float(cfg.learning_rate), eps=float(cfg.eps),
             beta1=float(cfg.beta1), beta2=float(cfg.beta2),
             weight_decay=float(cfg.weight_decay) if opt in _DECAYS else 0.0,
             weight_decay_mode=_WEIGHT_DECAY[mode] if rowwise else WeightDecay.NONE,
-            max_norm=float(cfg.max_norm) if rowwise else 0.0,
-            gradient_clipping=bool(cfg.gradient_clipping), max_gradient=float(cfg.max_gradient))
+            # FBGEMM's rowwise_adagrad_with_counter takes no max_norm
+            max_norm=float(cfg.max_norm) if rowwise and counter is None else 0.0,
+            gradient_clipping=bool(cfg.gradient_clipping), max_gradient=float(cfg.max_gradient),
+            counter=counter,
+            rowwise_bias_correction=bool(getattr(cfg.extra_optimizer_config, "use_rowwise_bias_correction", False)))
 
     @property
     def counts_iterations(self) -> bool:
@@ -667,9 +718,25 @@ class TBECore:
         return states if any(states) else []
 
     def optimizer_state_names(self) -> tuple:
-        """get_optimizer_state()'s key of each state (PyTorch's names: sum, exp_avg, exp_avg_sq)."""
+        """get_optimizer_state()'s key of each state (PyTorch's names: sum, exp_avg, exp_avg_sq; then
+        prev_iter, row_counter where the optimizer's mode keeps them)."""
         self._need_optimizer("Getting optimizer state")
-        return _STATE_NAMES[self.optimizer]
+        names = _STATE_NAMES[self.optimizer]
+        extra = [_EXTRA_STATE_NAMES[name] for name, _, _ in state_specs(self.engine.optimizer)[len(names):]]
+        return names + tuple(extra)
+
+    @property
+    def state_wants_iter(self) -> bool:
+        """FBGEMM's get_optimizer_state adds "iter" for COUNTER with CounterWeightDecayMode.ADAGRADW."""
+        opt = self.engine.optimizer
+        return (opt.weight_decay_mode == WeightDecay.COUNTER
+                and int(opt.counter.weight_decay_mode) == int(CounterWeightDecay.ADAGRADW))
+
+    @property
+    def max_counter(self):
+        """COUNTER / COWCLIP's max_counter, a (1,) float32 array of the engine's device (1 elsewhere)."""
+        eng = self.engine
+        return getattr(eng, "engine", eng).max_counter
 
     def set_learning_rate(self, lr: float) -> None:
         self._need_optimizer("Setting learning rate")
@@ -821,7 +888,8 @@ class ArrayTBE(TBECore):
     def get_optimizer_state(self) -> list:
         """Per table, {name: state view} with PyTorch's names (FBGEMM's get_optimizer_state)."""
         names = self.optimizer_state_names()
-        return [dict(zip(names, states)) for states in self.split_optimizer_states()]
+        extra = {"iter": self.iter} if self.state_wants_iter else {}
+        return [dict(zip(names, states), **extra) for states in self.split_optimizer_states()]
 
     def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
         """Every weight U(min_val, max_val) from numbactr's hash of (seed, row, d) (torch's RNG in the

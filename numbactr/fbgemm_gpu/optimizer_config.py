@@ -1,8 +1,9 @@
 """FBGEMM's TBE optimizer configuration types (fbgemm_gpu 1.8: tbe/config/optimizer_config.py, re-exported by
 split_table_batched_embeddings_ops_training), with FBGEMM's names, fields and defaults, so that scripts which
-build them import unchanged. numbactr reads UserEnabledConfigDefinition's writeback switches; the others
-describe optimizer modes numbactr does not run (passing them with their mode is a clear error; see
-array_tbe.py). They stay frozen dataclasses, as in FBGEMM, where config systems expect dataclasses.
+build them import unchanged. numbactr runs UserEnabledConfigDefinition's switches and the counter-based
+modes (CounterBasedRegularizationDefinition, CowClipDefinition); the others describe optimizer modes numbactr
+does not run (passing them with their mode is a clear error; see array_tbe.py). They stay frozen
+dataclasses, as in FBGEMM, where config systems expect dataclasses.
 """
 import enum
 from dataclasses import dataclass, field
@@ -45,7 +46,9 @@ class TailIdThreshold:
 
 @dataclass(frozen=True)
 class CounterBasedRegularizationDefinition:
-    """WeightDecayMode.COUNTER's settings (EXACT_ROWWISE_ADAGRAD with a per-row counter): not run by numbactr."""
+    """WeightDecayMode.COUNTER's settings (EXACT_ROWWISE_ADAGRAD with per-row prev_iter and row_counter states;
+    the rules: numbactr/kernels/tbe_math.py, counter_row_scalars). grad_sum_decay is read by none of FBGEMM's
+    kernels, nor by numbactr's."""
     counter_weight_decay_mode: CounterWeightDecayMode = CounterWeightDecayMode.NONE
     counter_halflife: int = -1
     adjustment_iter: int = -1
@@ -58,7 +61,8 @@ class CounterBasedRegularizationDefinition:
 
 @dataclass(frozen=True)
 class CowClipDefinition:
-    """WeightDecayMode.COWCLIP's settings: not run by numbactr."""
+    """WeightDecayMode.COWCLIP's settings (EXACT_ROWWISE_ADAGRAD; the multiplier clipped by the row counter
+    times max(weight_norm_coefficient |w|, lower_bound) / |g|)."""
     counter_weight_decay_mode: CounterWeightDecayMode = CounterWeightDecayMode.NONE
     counter_halflife: int = -1
     weight_norm_coefficient: float = 0.0
@@ -76,8 +80,9 @@ class GlobalWeightDecayDefinition:
 class UserEnabledConfigDefinition:
     """Opt-in modes. numbactr runs the writeback ones (EXACT_SGD: only the first occurrence of each
     (feature, index) in a batch keeps its gradient; writeback_first_feature_only: only feature 0's);
-    precompute_writeback changes nothing here (numbactr always computes the mask at the forward);
-    use_rowwise_bias_correction (ADAM) is not implemented."""
+    precompute_writeback changes nothing here (numbactr computes the mask in the backward);
+    use_rowwise_bias_correction (ADAM): the bias corrections use each row's own update count (a per-row
+    row_counter state) instead of the iteration."""
     use_rowwise_bias_correction: bool = False
     use_writeback_bwd_prehook: bool = False
     writeback_first_feature_only: bool = False

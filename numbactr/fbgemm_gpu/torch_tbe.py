@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .. import device
+from ..embedding.engine import state_specs
 from ..torch_bridge import as_array as _as_array
 from ..torch_bridge import as_tensor as _as_tensor
 from .array_tbe import SIGNATURE, WHO, FBGEMMAssertion, TBECore, prefetch_passes, table_name_for_logging
@@ -71,6 +72,12 @@ def _host_array(key: str, buf):
                               f"got {buf.dtype}") from None
 
 
+def _state_buffer_names(opt) -> list:
+    """FBGEMM's buffer prefixes of the engine's states: momentum1, momentum2, then prev_iter / row_counter."""
+    names = [name for name, _, _ in state_specs(opt)]
+    return [f"momentum{i + 1}" if name not in ("prev_iter", "row_counter") else name for i, name in enumerate(names)]
+
+
 class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
     """FBGEMM's Table Batched Embedding (TBE) on numbactr's engine; FBGEMM's constructor arguments (see
     numbactr/fbgemm_gpu/array_tbe.py for what each does here and where numbactr differs).
@@ -114,15 +121,20 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         else:
             self.register_buffer(f"weights_{where}", _as_tensor(engine.weights))
         if not core.cached:
-            for i, state in enumerate(engine.states):
-                self.register_buffer(f"momentum{i + 1}_{where}", _as_tensor(state))
+            for name, state in zip(_state_buffer_names(engine.optimizer), engine.states):
+                self.register_buffer(f"{name}_{where}", _as_tensor(state))
+        if self.optimizer != EmbOptimType.NONE:       # FBGEMM's max_counter: kept in COUNTER / COWCLIP mode
+            counted = engine.optimizer.counter is not None
+            self.register_buffer("max_counter", _as_tensor(core.max_counter) if counted
+                                 else torch.ones(1, dtype=torch.float32, device=self.current_device),
+                                 persistent=counted)
 
     def _register_cached_buffers(self, tier) -> None:
         """FBGEMM's names for a cached TBE: the host rows (weights_uvm, momentum*_uvm) and the cache."""
         flat = tier.store.flat                      # weights, the optimizer states, the LFU counts
         self.register_buffer("weights_uvm", _as_tensor(flat[0]))
-        for i, state in enumerate(flat[1:-1]):
-            self.register_buffer(f"momentum{i + 1}_uvm", _as_tensor(state))
+        for name, state in zip(_state_buffer_names(tier.optimizer), flat[1:-1]):
+            self.register_buffer(f"{name}_uvm", _as_tensor(state))
         self.register_buffer("lxu_cache_weights", _as_tensor(tier.engine.weights), persistent=False)
         self.register_load_state_dict_post_hook(lambda module, keys: tier.invalidate(write_back=False))
 
@@ -180,7 +192,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
     def get_optimizer_state(self) -> list:
         """Per table, {name: state view} with PyTorch's names (sum; exp_avg, exp_avg_sq)."""
         names = self._core.optimizer_state_names()
-        return [dict(zip(names, states)) for states in self.split_optimizer_states()]
+        extra = {"iter": self.iter} if self._core.state_wants_iter else {}
+        return [dict(zip(names, states), **extra) for states in self.split_optimizer_states()]
 
     def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
         """Every table's weights U(min_val, max_val) from torch's generator, table by table (FBGEMM's way)."""
