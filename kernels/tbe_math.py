@@ -6,6 +6,9 @@ rules, the float16 conversions and stochastic rounding are one text whichever de
 function is a leaf (it calls no other function of this module, so each target binds its own copies), works
 on float32 scalars and returns float32; kernels/tbe.py's NumPy reference is the oracle they are tested
 against. The enums of the engine are defined here, the lowest layer (numbactr.embedding.engine re-exports).
+Editing this module: Numba's on-disk cache keys a compiled function on its own file's timestamp, not on the
+functions it inlines from here, so delete kernels/__pycache__/tbe_cpu*.nbi and *.nbc (or touch tbe_cpu.py)
+before measuring a change of a rule on the cpu path (a fresh install or clone has no stale cache).
 
 float16 as bits (uint16): value = (-1)^s 2^(e - 15) (1 + m / 1024) for e in 1..30, 2^-24 m for e = 0,
 inf / nan for e = 31. float_to_half_bits rounds a float32 x to those bits:

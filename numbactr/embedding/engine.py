@@ -253,6 +253,10 @@ def _check_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
     return spec
 
 
+#: OptimizerSpec fields that shape the optimizer states: fixed once an engine is built
+FIXED_HYPER_PARAMETERS = ("kind", "update_type", "initial_accumulator", "rowwise_bias_correction")
+
+
 def state_specs(opt: OptimizerSpec) -> list:
     """The optimizer's state buffers, [(name, per_row, dtype)] in split_optimizer_states order: the kind's
     (kernels.tbe.STATES), then HugeCTR LAZY_GLOBAL's prev_step, COUNTER / COWCLIP's prev_iter and row_counter,
@@ -399,7 +403,7 @@ class TableBatchedEmbedding:
     def set_hyper_parameters(self, **values) -> None:
         """Change optimizer hyper-parameters by OptimizerSpec field name. kind, update_type and
         initial_accumulator shape the optimizer states, which exist already: they are fixed."""
-        fixed = {"kind", "update_type", "initial_accumulator", "rowwise_bias_correction"}
+        fixed = set(FIXED_HYPER_PARAMETERS)
         names = {f.name for f in fields(OptimizerSpec)} - fixed
         unknown = sorted(set(values) - names)
         if unknown:

@@ -34,7 +34,8 @@ import numpy as np
 from .. import device
 from ..distributed.comm import world
 from ..distributed.sharding import key_owner
-from ..embedding.engine import BoundsCheck, Layout, OptimizerSpec, Optim, Pooling, TableBatchedEmbedding, TableSpec
+from ..embedding.engine import (FIXED_HYPER_PARAMETERS, BoundsCheck, Layout, OptimizerSpec, Optim, Pooling,
+                               TableBatchedEmbedding, TableSpec)
 from ..embedding.hash_table import EMPTY_KEY, HashTableFullError
 from ..embedding.sharded import ShardedTable
 from ..kernels import embedding_init as EI
@@ -43,7 +44,7 @@ DISTRIBUTED = -1                         # SokTable.target of a distributed tabl
 INIT_RANGE = (-0.05, 0.05)               # SOK's default initializer: random_uniform(-0.05, 0.05)
 #: the engine optimizer a table has before an optimizer takes it (plain SGD keeps no state to lose)
 DEFAULT_OPTIMIZER = OptimizerSpec(Optim.EXACT_SGD, learning_rate=0.0)
-_FIXED = ("kind", "update_type", "initial_accumulator")      # what shapes the optimizer states
+_FIXED = FIXED_HYPER_PARAMETERS           # what shapes the optimizer states
 
 
 @dataclass
