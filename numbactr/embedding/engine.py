@@ -401,8 +401,9 @@ class TableBatchedEmbedding:
         self.optimizer = replace(self.optimizer, learning_rate=float(lr))
 
     def set_hyper_parameters(self, **values) -> None:
-        """Change optimizer hyper-parameters by OptimizerSpec field name. kind, update_type and
-        initial_accumulator shape the optimizer states, which exist already: they are fixed."""
+        """Change optimizer hyper-parameters by OptimizerSpec field name. FIXED_HYPER_PARAMETERS shape the
+        optimizer states, which exist already: they are fixed, and so is any change that would add or drop
+        a state (weight_decay_mode to or from COUNTER / COWCLIP)."""
         fixed = set(FIXED_HYPER_PARAMETERS)
         names = {f.name for f in fields(OptimizerSpec)} - fixed
         unknown = sorted(set(values) - names)
