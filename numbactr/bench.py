@@ -312,6 +312,7 @@ def hash_keys(dist: str, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float = 1.0, seed: int = 0) -> Table:
+    from . import device
     from .embedding.hash_table import HashTable
     tab = Table(f"hash table insert/find ({env.kind})", HASH_COLUMNS)
     tab.notes = env.header() + [
@@ -320,13 +321,19 @@ def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float =
         "insert-new: empty table (cleared outside the timer); insert-known: every key already present "
         "(the steady training state); find: every key present",
         "Mkeys/s = batch keys (duplicates included) / median time",
+        "numbactr: the table the engine's keyed tables use on this device (" +
+        ("numba.cuda kernels" if env.kernels else "compiled CPU code" if device.compiled_cpu()
+         else "the NumPy reference") + ")",
         "torch: torch.unique dedup + sorted keys with searchsorted (re-sorted on insert)"]
     rng = np.random.default_rng(seed)
     for dist in ("uniform", "power-law"):
         keys_h = hash_keys(dist, n, rng)                                # (N,) uint64
         distinct = int(np.unique(keys_h).size)
         keys = env.xp.asarray(keys_h)
-        table = HashTable(distinct, load_factor=load_factor, use_kernels=env.kernels, xp=env.xp)
+        # the path the engine's keyed tables take on this device: the kernels (gpu/sim), else the
+        # compiled CPU table (or the NumPy reference where the cpu device runs its references only)
+        table = HashTable(distinct, load_factor=load_factor, use_kernels=env.kernels, xp=env.xp,
+                          compiled=not env.kernels and device.compiled_cpu())
         inserted = {}
 
         def insert():

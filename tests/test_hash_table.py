@@ -30,6 +30,19 @@ def ref_table(max_rows, **kw):
     return HashTable(max_rows, use_kernels=False, **kw)
 
 
+def compiled_table(max_rows, **kw):
+    """the cpu device's table: numba-compiled CPU code (kernels/hash_table_cpu.py); a small table takes
+    the serial insert"""
+    return HashTable(max_rows, use_kernels=False, compiled=True, **kw)
+
+
+def compiled_parallel_table(max_rows, **kw):
+    """the compiled table forced onto the large tables' insert: a parallel find, then the misses claimed"""
+    t = compiled_table(max_rows, **kw)
+    t.serial_slots = 0
+    return t
+
+
 class DictModel:
     """The spec in plain Python: a new key gets the next row, in order of first occurrence."""
 
@@ -93,9 +106,11 @@ BATCH = st.lists(KEY, max_size=70).map(lambda ks: np.array(ks, dtype=np.uint64))
        load_factor=st.sampled_from([0.5, 0.75, 1.0]))
 def test_insert_kernel_and_reference_match_the_spec(batches, max_rows, load_factor):
     tk, tr = kernel_table(max_rows, load_factor=load_factor), ref_table(max_rows, load_factor=load_factor)
+    tc = compiled_table(max_rows, load_factor=load_factor)
+    tp = compiled_parallel_table(max_rows, load_factor=load_factor)
     model = DictModel(max_rows)
     for keys in batches:
-        kind, res = insert_all([tk, tr], keys)
+        kind, res = insert_all([tk, tr, tc, tp], keys)
         try:
             expect = model.insert(keys)
         except HashTableFullError as e:
@@ -109,9 +124,13 @@ def test_insert_kernel_and_reference_match_the_spec(batches, max_rows, load_fact
     expect = model.find(probe)
     np.testing.assert_array_equal(host(tk.find(probe)), expect)
     np.testing.assert_array_equal(tr.find(probe), expect)
+    np.testing.assert_array_equal(tc.find(probe), expect)
+    np.testing.assert_array_equal(tp.find(probe), expect)
     by_row = np.array(list(model.rows), dtype=np.uint64)
     np.testing.assert_array_equal(host(tk.keys_by_row()), by_row)
     np.testing.assert_array_equal(tr.keys_by_row(), by_row)
+    np.testing.assert_array_equal(tc.keys_by_row(), by_row)
+    np.testing.assert_array_equal(tp.keys_by_row(), by_row)
 
 
 @given(keys=st.lists(st.integers(0, 2**20), min_size=1, max_size=80), max_rows=st.integers(1, 12))
@@ -119,15 +138,19 @@ def test_small_tables_with_heavy_collisions(keys, max_rows):
     # few slots, many distinct keys: long probe chains, wrap-around, and often a full table
     keys = np.array(keys, dtype=np.uint64)
     tk, tr = kernel_table(max_rows, load_factor=1.0), ref_table(max_rows, load_factor=1.0)
+    tc = compiled_table(max_rows, load_factor=1.0)
+    tp = compiled_parallel_table(max_rows, load_factor=1.0)
     model = DictModel(max_rows)
     for part in (keys[: len(keys) // 2], keys[len(keys) // 2:]):
-        kind, res = insert_all([tk, tr], part)
+        kind, res = insert_all([tk, tr, tc, tp], part)
         try:
             np.testing.assert_array_equal(res, model.insert(part))
         except HashTableFullError as e:
             assert (kind, res) == ("full", (e.needed, e.used, e.max_rows))
     np.testing.assert_array_equal(host(tk.find(keys)), model.find(keys))
     np.testing.assert_array_equal(tr.find(keys), model.find(keys))
+    np.testing.assert_array_equal(tc.find(keys), model.find(keys))
+    np.testing.assert_array_equal(tp.find(keys), model.find(keys))
 
 
 @given(present=st.lists(KEY, max_size=60, unique=True), absent=st.lists(KEY, max_size=60))
@@ -196,7 +219,7 @@ def test_compiled_hash_uses_unsigned_64bit_arithmetic():
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table])
+@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
 def test_key_dtypes_uint32_int64_uint64(make):
     t = make(10)
     rows = host(t.insert(np.array([7, 2**32 - 1, 7, 0], dtype=np.uint32)))
@@ -210,7 +233,7 @@ def test_key_dtypes_uint32_int64_uint64(make):
         t.insert(np.array([1.0]))
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table])
+@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
 @pytest.mark.parametrize("bad", [np.array([3, 4, -1], np.int64), np.array([3, 4, 2**64 - 1], np.uint64)])
 def test_reserved_key_is_rejected(make, bad):
     t = make(10)
@@ -223,7 +246,7 @@ def test_reserved_key_is_rejected(make, bad):
     check_invariants(t)
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table])
+@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
 def test_full_table_error_leaves_table_usable(make):
     t = make(5)
     np.testing.assert_array_equal(host(t.insert(np.array([10, 11, 10], np.uint64))), [0, 1, 0])
@@ -245,7 +268,7 @@ def test_full_table_error_leaves_table_usable(make):
         t.insert(np.array([99], np.uint64))
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table])
+@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
 def test_batch_larger_than_every_slot(make):
     # load_factor 1: 40 distinct keys cannot all claim one of 8 slots (kernel: the probe-exhaustion path)
     t = make(8, load_factor=1.0)
@@ -259,7 +282,7 @@ def test_batch_larger_than_every_slot(make):
     np.testing.assert_array_equal(host(t.insert(np.array([9, 1], np.uint64))), [3, 0])
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table])
+@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
 def test_zero_rows_empty_batches_and_clear(make):
     t0 = make(0)
     assert t0.capacity == 1
@@ -286,10 +309,12 @@ def test_constructor_validation_and_capacity():
         ref_table(-1)
 
 
-def test_reference_at_scale_matches_dict_model():
-    # the vectorised reference (the cpu device path) on a realistic batch: Zipf keys, 3 batches
+@pytest.mark.parametrize("make", [ref_table, compiled_table, compiled_parallel_table])
+def test_reference_at_scale_matches_dict_model(make):
+    # the vectorised reference and the compiled table (the cpu device path) on a realistic batch: Zipf
+    # keys, 3 batches; the compiled insert finds in parallel, then inserts the misses in batch order
     rng = np.random.default_rng(7)
-    t, model = ref_table(60_000), DictModel(60_000)
+    t, model = make(60_000), DictModel(60_000)
     for _ in range(3):
         keys = (rng.zipf(1.3, 20_000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
         np.testing.assert_array_equal(t.insert(keys), model.insert(keys))

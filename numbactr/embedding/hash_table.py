@@ -27,6 +27,10 @@ class HashTable:
     the numba-compiled CPU code (kernels/hash_table_cpu.py: the cpu device's fast path, same rows).
     """
 
+    #: the compiled insert's choice (kernels/hash_table_cpu.hash_insert_cpu): tables of up to this many
+    #: slots take a batch in one serial pass, larger ones a parallel find first (tests set 0 to force it)
+    serial_slots = _cpu.SERIAL_SLOTS
+
     def __init__(self, max_rows: int, *, load_factor: float = 0.75, use_kernels: bool, xp=numpy,
                  scan_threads: int | None = None, compiled: bool = False):
         max_rows = int(max_rows)
@@ -96,7 +100,8 @@ class HashTable:
             rows, n_new = self.xp.empty(n, dtype=numpy.int64), 0
             if n:
                 n_new = _cpu.hash_insert_cpu(self._tkeys, self._trows, keys, self._size, self._max_rows, rows,
-                                             numpy.empty(n, dtype=numpy.int64))
+                                             numpy.empty(n, dtype=numpy.int64), numpy.empty(n, dtype=numpy.int64),
+                                             self.serial_slots)
             if n_new < 0:                               # rolled back: count the distinct new keys
                 missing = keys[_k.hash_find_ref(self._tkeys, self._trows, keys) == _k.NO_ROW]
                 raise HashTableFullError(int(numpy.unique(missing).size), self._size, self._max_rows)
