@@ -1199,7 +1199,7 @@ class Model:
         """HugeCTR's EmbeddingCollection dump: every named table ([] = all) into folder ``path``
         (numbactr.embedding.collection: layout, atomic commit). Every rank calls it."""
         self._require_compiled("embedding_dump")
-        ebc.dump(self.collections, self.comm, path, table_names)
+        ebc.dump(self.collections, self.comm, path, table_names, i64_keys=self.solver.i64_input_key)
 
     def embedding_load(self, path: str, table_names=()) -> None:
         """Load the named tables ([] = all) from an embedding_dump folder; checked before anything changes."""

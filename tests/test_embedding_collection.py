@@ -4,6 +4,7 @@ mirrors, the samples/ftrl DLRM shape on DataGenerator Parquet data, embedding_du
 clear errors for bad configurations and inputs."""
 import json
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -258,16 +259,96 @@ def test_training_equals_sparse_embedding(norm_data, opt):
                                se.check_out_tensor("emb", hugectr.Tensor_t.Train), rtol=1e-6)
 
 
+def hugectr_files(folder, c=0):
+    """{name: bytes} of one collection's folder in HugeCTR's dump layout."""
+    d = os.path.join(folder, f"embedding_collection_{c}")
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+
+
+def parse_key_file(data, kind, table_id, dtype):
+    head = np.frombuffer(data[:128], "<i4")
+    assert head[0] == kind and head[1] == table_id and not head[2:].any()
+    return np.frombuffer(data[128:], dtype)
+
+
+def write_hugectr_dump(folder, keys, vecs, key_type=0, table_id=0, ev=4, n_meta=None, heads=(1, 2)):
+    """A dump as HugeCTR v23.08 writes one (parameter_IO.cpp), built here byte by byte: no manifest."""
+    d = os.path.join(folder, "embedding_collection_0")
+    os.makedirs(d, exist_ok=True)
+    n = len(keys) if n_meta is None else n_meta
+    with open(os.path.join(d, "meta_data"), "wb") as f:
+        f.write(struct.pack("<5i", 1, key_type, 0, 0, 0) + struct.pack("<i", table_id) + struct.pack("<Q", n)
+                + struct.pack("<i", ev))
+    kfmt = "<%d%s" % (len(keys), "I" if key_type == 0 else "q")
+    for name, head, body in ((f"key{table_id}", heads[0], struct.pack(kfmt, *keys)),
+                             (f"weight{table_id}", heads[1], np.asarray(vecs, "<f4").tobytes())):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(struct.pack("<2i", head, table_id) + bytes(120) + body)
+
+
+def test_load_reads_a_hugectr_dump_and_says_what_is_wrong_with_a_bad_one(norm_data, tmp_path):
+    """HugeCTR's files, written as HugeCTR writes them (uint32 keys in its table order, no manifest), load into
+    a dynamic table; a dump that does not fit the model or is damaged fails with the file and the reason, and
+    changes nothing."""
+    m = ebc_model(norm_data, SGD)
+    keys = [7, 3, 4000000000]                       # uint32 keys, not sorted (a hash table's order)
+    vecs = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    write_hugectr_dump(tmp_path / "ok", keys, vecs)
+    m.embedding_load(str(tmp_path / "ok"))
+    got_keys, got = m.collections[0].table("t").local_rows()
+    for k, v in zip(keys, vecs):
+        np.testing.assert_array_equal(got[list(got_keys).index(k)], v)
+
+    before = m.collections[0].table("t").local_rows()
+    bad = {"ev": (dict(ev=8), "ev_size 8"),
+           "id": (dict(table_id=3), "lists table ids \\[3\\]"),
+           "count": (dict(n_meta=5), "meta_data says 5 keys"),
+           "head": (dict(heads=(2, 2)), "not a HugeCTR key file"),
+           "dup": (dict(keys=[7, 7, 9]), "appears twice")}
+    for name, (kw, match) in bad.items():
+        args = dict(keys=keys, vecs=vecs)
+        args.update(kw)
+        write_hugectr_dump(tmp_path / name, **args)
+        with pytest.raises(DataFormatError, match=match):
+            m.embedding_load(str(tmp_path / name))
+    with pytest.raises(FileNotFoundError, match="holds no dump"):
+        m.embedding_load(str(tmp_path))
+    after = m.collections[0].table("t").local_rows()
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(after[1], before[1])
+
+
+def test_dump_of_a_uint32_model_writes_uint32_keys(norm_data, tmp_path):
+    """i64_input_key=False: meta_data's key type is 0 and key0 holds uint32 keys (HugeCTR's key_t); a
+    HugeCTR dump loaded and dumped again comes back with its keys sorted and their vectors."""
+    m = ebc_model(norm_data, SGD, sol=solver(i64_input_key=False))
+    keys = [7, 3, 4000000000]
+    vecs = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    write_hugectr_dump(tmp_path / "in", keys, vecs)
+    m.embedding_load(str(tmp_path / "in"))
+    m.embedding_dump(str(tmp_path / "d"))
+    files = hugectr_files(tmp_path / "d")
+    assert files["meta_data"] == struct.pack("<5i", 1, 0, 0, 0, 0) + struct.pack("<iQi", 0, 3, 4)
+    np.testing.assert_array_equal(parse_key_file(files["key0"], 1, 0, "<u4"), [3, 7, 4000000000])
+    np.testing.assert_array_equal(parse_key_file(files["weight0"], 2, 0, "<f4").reshape(3, 4), vecs[[1, 0, 2]])
+
+
 def test_dump_load_round_trip_and_files(norm_data, tmp_path):
-    """embedding_dump writes key/emb_vector per table (ascending keys) with a manifest; a fresh model that
-    loads them evaluates as the trained one; table_names selects; damaged files fail before any change."""
+    """embedding_dump writes HugeCTR's layout (embedding_collection_0/meta_data, key0, weight0: ascending
+    keys) with a manifest; a fresh model that loads them evaluates as the trained one; table_names selects;
+    damaged files fail before any change."""
     m = ebc_model(norm_data, SGD, vocab=18)
     for _ in range(5):
         m.train()
     m.embedding_dump(str(tmp_path / "d"))
-    keys = np.fromfile(tmp_path / "d" / "t" / "key", "<i8")
+    files = hugectr_files(tmp_path / "d")
+    assert sorted(files) == ["key0", "meta_data", "weight0"]
+    # meta_data: [1 table, key type 1 (int64: i64_input_key), value type 0, 0, 0], id 0, 18 keys, ev_size 4
+    assert files["meta_data"] == struct.pack("<5i", 1, 1, 0, 0, 0) + struct.pack("<i", 0) + struct.pack("<Q", 18) + \
+        struct.pack("<i", 4)
+    keys = parse_key_file(files["key0"], 1, 0, "<i8")
     np.testing.assert_array_equal(keys, np.arange(18))
-    vec = np.fromfile(tmp_path / "d" / "t" / "emb_vector", "<f4").reshape(18, 4)
+    vec = parse_key_file(files["weight0"], 2, 0, "<f4").reshape(18, 4)
     np.testing.assert_array_equal(vec, host(m.collections[0].table("t").weight))
     assert (tmp_path / "d" / "embedding_collection_0.manifest.json").exists()
 
@@ -283,9 +364,10 @@ def test_dump_load_round_trip_and_files(norm_data, tmp_path):
 
     with pytest.raises(ValueError, match="no table named"):
         fresh.embedding_load(str(tmp_path / "d"), ["nope"])
-    raw = bytearray((tmp_path / "d" / "t" / "emb_vector").read_bytes())
-    raw[5] ^= 1
-    (tmp_path / "d" / "t" / "emb_vector").write_bytes(bytes(raw))
+    wpath = tmp_path / "d" / "embedding_collection_0" / "weight0"
+    raw = bytearray(wpath.read_bytes())
+    raw[130] ^= 1
+    wpath.write_bytes(bytes(raw))
     fresh.collections[0].table("t").weight[...] = 0
     with pytest.raises(DataFormatError, match="sha256"):
         fresh.embedding_load(str(tmp_path / "d"))
@@ -294,8 +376,8 @@ def test_dump_load_round_trip_and_files(norm_data, tmp_path):
     # save_params_to_files: the dense files and the tables beside them
     m.save_params_to_files(str(tmp_path / "snap"), 5)
     assert (tmp_path / "snap_dense_5.model").exists()
-    np.testing.assert_array_equal(np.fromfile(tmp_path / "snap_embedding_collection_5" / "t" / "emb_vector", "<f4"),
-                                  vec.reshape(-1))
+    np.testing.assert_array_equal(
+        parse_key_file(hugectr_files(tmp_path / "snap_embedding_collection_5")["weight0"], 2, 0, "<f4"), vec.reshape(-1))
     # graph JSON: as HugeCTR's writer, the Data layer and the dense layers, no entry for the collection
     m.graph_to_json(str(tmp_path / "g.json"))
     with open(tmp_path / "g.json") as f:

@@ -121,10 +121,12 @@ def part2(comm, saved, train, evl, dump):
     m.eval()
     saved["p2_eval"] = m.check_out_tensor("fc", hugectr.Tensor_t.Evaluate)
     m.embedding_dump(dump)
-    if comm.rank == 0:
+    if comm.rank == 0:                                    # HugeCTR's layout: key<id>, weight<id> (after 128 bytes)
+        ids = {t.name: j for j, t in enumerate(m.collections[0].tables)}
         for t in ("a", "b", "c"):
-            for f in ("key", "emb_vector"):
-                saved[f"p2_{t}_{f}"] = np.frombuffer(open(os.path.join(dump, t, f), "rb").read(), np.uint8)
+            for f, name in (("key", "key"), ("emb_vector", "weight")):
+                path = os.path.join(dump, "embedding_collection_0", f"{name}{ids[t]}")
+                saved[f"p2_{t}_{f}"] = np.frombuffer(open(path, "rb").read()[128:], np.uint8)
     # every rank reads its keys back into a model trained one more step: the rows return to the dump's
     tables = {t.name: t.local_rows() for t in m.collections[0].tables}
     m.train()
