@@ -49,6 +49,7 @@ class BoundsCheck(enum.IntEnum):
 class Precision(enum.IntEnum):
     FP32 = 0
     FP16 = 1
+    INT8 = 2               # FBGEMM's fused 8-bit rowwise rows (kernels/fused8bit.py): forward only
 
 
 class WeightDecay(enum.IntEnum):

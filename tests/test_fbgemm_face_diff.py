@@ -416,3 +416,38 @@ def test_counter_buffers_have_fbgemms_names_and_max_counter_renews():
     for a, b in zip(again.split_optimizer_states()[0], ours.split_optimizer_states()[0]):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert float(again.max_counter[0]) == 2.0
+
+
+@pytest.mark.parametrize("pooling,weighted", [("SUM", False), ("SUM", True), ("MEAN", False), ("NONE", False)])
+def test_int8_weights_forward_like_fbgemm(pooling, weighted):
+    """weights_precision INT8 (FBGEMM's fused 8-bit rows: D bytes, float scale, float bias): the same
+    (V, D + 8) uint8 split_embedding_weights, the same rows from init_embedding_weights_uniform, the same
+    pooled output of those rows; and a backward is refused by both (FBGEMM's CPU TBE has no INT8 backward).
+    Sequence embeddings (NONE): FBGEMM's CPU build returns the raw bytes as floats (its own forward test
+    skips INT8 there); numbactr returns the dequantized rows, checked with FBGEMM's dequantizing op."""
+    specs = [(9, 8), (6, 8), (11, 8)] if pooling == "NONE" else [(9, 4), (6, 12), (11, 8)]
+    kw = dict(weights_precision=FB.SparseType.INT8, optimizer=FB.OptimType.EXACT_SGD)
+    kw_nb = dict(weights_precision=NB.SparseType.INT8, optimizer=NB.OptimType.EXACT_SGD)
+    fb = make(FB, specs, enums=dict(pooling_mode=("PoolingMode", pooling)), **kw)
+    nb = make(NB, specs, enums=dict(pooling_mode=("PoolingMode", pooling)), **kw_nb)
+    for a, b in zip(fb.split_embedding_weights(), nb.split_embedding_weights()):
+        assert a.dtype == b.dtype == torch.uint8 and a.shape == b.shape
+        torch.testing.assert_close(b, a)                 # torch's uniform values, quantized the same way
+    rng = np.random.default_rng(3)
+    B = 4
+    lens = rng.integers(0, 4, len(specs) * B)
+    feat = np.repeat(np.arange(len(specs)), B)
+    idx = torch.from_numpy(np.concatenate([rng.integers(0, specs[f][0], n) for f, n in zip(feat, lens)]))
+    off = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]))
+    psw = torch.from_numpy(rng.standard_normal(idx.numel()).astype(np.float32)) if weighted else None
+    want, got = fb(idx, off, psw), nb(idx, off, psw)
+    if pooling == "NONE":
+        table = np.repeat(feat, lens)
+        rows = [torch.ops.fbgemm.Fused8BitRowwiseQuantizedToFloat(w) for w in fb.split_embedding_weights()]
+        want = torch.stack([rows[t][i] for t, i in zip(table, idx.tolist())])
+    assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert want.abs().sum() > 0
+    for mod in (fb, nb):
+        with pytest.raises((NotImplementedError, RuntimeError)):
+            mod(idx, off, psw).sum().backward()

@@ -7,7 +7,8 @@ Contract (the math is in numbactr/kernels/tbe.py's docstring; this is the interf
         feature_table_map=None,             # feature f reads table feature_table_map[f]; None: f -> f
         pooling=Pooling.SUM,                # SUM | MEAN | NONE (sequence embeddings, one row per index)
         optimizer=OptimizerSpec(Optim.EXACT_SGD, learning_rate=0.01, ...),
-        weights_precision=Precision.FP32,   # FP32 | FP16 (updates stochastically rounded by default)
+        weights_precision=Precision.FP32,   # FP32 | FP16 (updates stochastically rounded by default) | INT8
+                                            # (FBGEMM's fused 8-bit rows, kernels/fused8bit.py: forward only)
         output_dtype=Precision.FP32,        # FP32 | FP16
         bounds_check=BoundsCheck.WARNING,   # FATAL | WARNING | IGNORE | NONE (FBGEMM's modes)
         stochastic_rounding=True,
@@ -29,7 +30,10 @@ Contract (the math is in numbactr/kernels/tbe.py's docstring; this is the interf
 Storage: one weights buffer for all tables, row r of table t at elem_offset[t] + r * stride[t], the stride
 the width padded to 16 bytes (4 float32 or 8 float16) so every row starts aligned on the kernel path;
 per-element optimizer states (float32) share those offsets, per-row states use row_offset[t] + r. The
-linear row id of (t, r) is row_offset[t] + r (FBGEMM's hash_size_cumsum indexing).
+linear row id of (t, r) is row_offset[t] + r (FBGEMM's hash_size_cumsum indexing). INT8 weights: rows of
+D_t + 8 bytes (D_t uint8, float32 scale, float32 bias; D_t a multiple of 4), unpadded as FBGEMM's; a lookup
+dequantizes the rows it touches into a float32 block of the same layout and pools that (every impl), and a
+backward raises NotImplementedError (as FBGEMM's CPU TBE does for INT8).
 
 Keyed tables (HugeCTR's hash embeddings): the feature's indices are keys; the engine maps them to rows with
 numbactr.embedding.hash_table.HashTable (training inserts: new keys take the next rows in order of first
@@ -66,6 +70,7 @@ import numpy as np
 from .. import device
 from ..hostmem import HUGE_MIN_BYTES, check_fits, host_zeros, huge_pages_wanted
 from ..kernels import embedding_init as EI
+from ..kernels import fused8bit as Q8
 from ..kernels import tbe as K
 from ..kernels import tbe_cpu as C
 from ..kernels.tbe import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Layout,
@@ -147,6 +152,16 @@ class SparseRowGrad:
 class Grads:
     per_sample_weights: object = None
     sparse: SparseRowGrad | None = None
+
+
+@dataclass
+class FloatRows:
+    """Float32 rows standing in for the engine's weights in one forward (INT8 weights, dequantized): the
+    flat buffer, (T + 1,) element offsets and (T,) row strides, in the engine's layout (host arrays for
+    the offsets and strides; the impl moves them where its kernels need them)."""
+    weights: object
+    elem_offsets: np.ndarray
+    strides: np.ndarray
 
 
 @dataclass
@@ -297,6 +312,8 @@ class TableBatchedEmbedding:
         self.pooling = Pooling(pooling)
         self.weights_precision = Precision(weights_precision)
         self.output_dtype = Precision(output_dtype)
+        if self.output_dtype == Precision.INT8:
+            raise ValueError("output_dtype INT8 is not supported: the pooled output is FP32 or FP16")
         self.bounds_check = BoundsCheck(bounds_check)
         self.layout = Layout(layout)
         self.stochastic_rounding = bool(stochastic_rounding)
@@ -326,10 +343,17 @@ class TableBatchedEmbedding:
         # layout of the buffers (host numpy metadata; kernels get device copies)
         dims = np.array([t.dim for t in self.tables], np.int64)
         rows = np.array([t.rows for t in self.tables], np.int64)
-        # rows padded to 16 bytes of weights (aligned reads); pad_rows=False keeps rows of D_t values, for a
-        # caller whose buffers must have FBGEMM's unpadded layout (the dense TBE's flat parameter)
-        lane = (8 if self.weights_precision == Precision.FP16 else 4) if pad_rows else 1
-        self.strides = -(-dims // lane) * lane                               # (T,) padded widths
+        self.int8 = self.weights_precision == Precision.INT8
+        if self.int8:
+            self._check_int8(dims)
+            # FBGEMM's fused 8-bit rows: D bytes, then float32 scale and bias (kernels/fused8bit.py); D is a
+            # multiple of 4, so every row (and its scale) starts 4-byte aligned
+            self.strides = dims + Q8.QPARAM_BYTES
+        else:
+            # rows padded to 16 bytes of weights (aligned reads); pad_rows=False keeps rows of D_t values, for a
+            # caller whose buffers must have FBGEMM's unpadded layout (the dense TBE's flat parameter)
+            lane = (8 if self.weights_precision == Precision.FP16 else 4) if pad_rows else 1
+            self.strides = -(-dims // lane) * lane                           # (T,) padded widths
         self.elem_offsets = np.concatenate([[0], np.cumsum(rows * self.strides)]).astype(np.int64)
         self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
         self.dims, self.rows = dims, rows
@@ -337,7 +361,7 @@ class TableBatchedEmbedding:
         self.feature_cols = np.concatenate([[0], np.cumsum(self.feature_dims)]).astype(np.int64)
 
         xp = device.xp()
-        wdtype = np.float16 if self.weights_precision == Precision.FP16 else np.float32
+        wdtype = {Precision.FP16: np.float16, Precision.INT8: np.uint8}.get(self.weights_precision, np.float32)
         self.huge_pages = huge_pages_wanted()       # host buffers in huge pages (numbactr.hostmem), read once
         try:
             self.weights = _zeros(int(self.elem_offsets[-1]), wdtype, self.huge_pages)       # (sum V_t * stride_t,)
@@ -367,6 +391,15 @@ class TableBatchedEmbedding:
         if impl not in _IMPLS:
             raise NotImplementedError(f"impl {impl!r} is not built yet")
         return impl
+
+    def _check_int8(self, dims) -> None:
+        """INT8 weights (FBGEMM's fused 8-bit rows) are read forward only, by index."""
+        bad = [int(d) for d in dims if d % 4]
+        if bad:
+            raise ValueError(f"INT8 weights need every table's dim to be a multiple of 4 (FBGEMM's rule), got {bad}")
+        if any(t.keyed for t in self.tables):
+            raise NotImplementedError("INT8 weights are not supported for keyed (hash) tables: a new key's row "
+                                      "would be written during a lookup; use FP32 or FP16 weights")
 
     def _check_equal_dims(self, why: str) -> None:
         dims = {self.tables[t].dim for t in self.feature_table_map}
@@ -433,7 +466,12 @@ class TableBatchedEmbedding:
         return buf[lo:hi].reshape(int(self.rows[t]), int(self.strides[t]))[:, :int(self.dims[t])]
 
     def split_weights(self) -> list:
-        """One (V_t, D_t) view per table into the weights buffer (writes go to the engine)."""
+        """One (V_t, D_t) view per table into the weights buffer (writes go to the engine); INT8 weights:
+        (V_t, D_t + 8) uint8 views, each row its D bytes, scale and bias (kernels/fused8bit.py, FBGEMM's)."""
+        if self.int8:
+            return [self.weights[self.elem_offsets[t]:self.elem_offsets[t + 1]].reshape(int(self.rows[t]),
+                                                                                       int(self.strides[t]))
+                    for t in range(len(self.tables))]
         return [self._table_view(self.weights, t, False) for t in range(len(self.tables))]
 
     def split_optimizer_states(self) -> list:
@@ -485,6 +523,11 @@ class TableBatchedEmbedding:
         """Every weight U(lo, hi), drawn from a hash of (seed, linear row, d): the same on every device."""
         seed = self.seed if seed is None else int(seed)
         for t, view in enumerate(self.split_weights()):
+            if self.int8:                   # the same values, each row quantized (FBGEMM's way for INT8)
+                vals = np.empty((int(self.rows[t]), int(self.dims[t])), np.float32)
+                fill_uniform_rows(vals, int(self.row_offsets[t]), seed, lo, hi, what=f"table {t}")
+                view[...] = device.xp().asarray(Q8.quantize_rows_ref(vals))
+                continue
             fill_uniform_rows(view, int(self.row_offsets[t]), seed, lo, hi, what=f"table {t}")
 
     # ---- forward ------------------------------------------------------------------------------------
@@ -546,7 +589,45 @@ class TableBatchedEmbedding:
         ctx = LookupContext(rows, fixed, psw, batch, pooling, feature_requires_grad)
         if new_rows:
             ctx.extra["new_rows"] = new_rows
-        return self._impl.forward(ctx), ctx
+        return self._forward(ctx), ctx
+
+    def _forward(self, ctx: LookupContext):
+        if not self.int8:
+            return self._impl.forward(ctx)
+        block, local = self._int8_rows(ctx)
+        return self._impl.forward(replace(ctx, rows=local, extra={}), block)
+
+    def _int8_rows(self, ctx: LookupContext) -> tuple:
+        """INT8 weights' forward: (FloatRows, rows (N,)): the rows ctx touches, dequantized into a float32
+        block laid out as the engine's own tables are (table t's region holds its occurrences in occurrence
+        order, rows padded to 4 floats), and each occurrence's row in that block (-1 stays -1); the device's
+        forward then pools the block as it pools FP32 weights. One row per occurrence (no dedup): the block
+        is as large as a no-pooling output."""
+        xp = device.xp()
+        rows = ctx.rows
+        n, T = rows.shape[0], len(self.tables)
+        bag = xp.searchsorted(ctx.offsets[1:], xp.arange(n, dtype=np.int64), side="right")    # (N,) bag of k
+        feature = bag // ctx.batch if self.layout == Layout.FEATURE_MAJOR else bag % self.n_features
+        table = xp.asarray(np.asarray(self.feature_table_map, np.int64))[feature]
+        local = xp.full(n, -1, np.int64)
+        strides = -(-self.dims // 4) * 4
+        picks, counts = [], np.zeros(T, np.int64)
+        for t in range(T):
+            occ = xp.flatnonzero(table == t)
+            counts[t] = occ.shape[0]
+            picks.append(occ)
+        elem_off = np.concatenate([[0], np.cumsum(counts * strides)]).astype(np.int64)
+        w = xp.zeros(max(int(elem_off[-1]), 1), np.float32)
+        for t, (occ, view) in enumerate(zip(picks, self.split_weights())):
+            if not occ.shape[0]:
+                continue
+            r = rows[occ]
+            ok = r >= 0
+            at = xp.arange(occ.shape[0], dtype=np.int64)
+            local[occ] = xp.where(ok, at, -1)
+            block = w[elem_off[t]:elem_off[t + 1]].reshape(int(counts[t]), int(strides[t]))
+            block[at[ok], :int(self.dims[t])] = Q8.dequantize_rows(view[r[ok]], int(self.dims[t]), xp)
+        return FloatRows(w, elem_off, strides), local
 
     def check_deferred(self) -> None:
         """Raise (FATAL, a full or misused hash table) or warn (WARNING) about what the lookups since the last
@@ -609,7 +690,7 @@ class TableBatchedEmbedding:
         the engine's tables (-1: nothing), offsets (F*B + 1,) int64 valid CSR offsets, both on the device.
         No bounds check and no hash table: inference's pooler reads the block rows its cache lookup just
         wrote (numbactr.inference.session), where checking N indices again costs as much as the lookup."""
-        return self._impl.forward(LookupContext(rows, offsets, None, batch, self.pooling, None))
+        return self._forward(LookupContext(rows, offsets, None, batch, self.pooling, None))
 
     def _storage_rows(self, indices, rows, offsets, batch: int, training: bool):
         """(N,) where each occurrence's row is stored: the row itself. A tiered table's engine
@@ -680,6 +761,9 @@ class TableBatchedEmbedding:
     # ---- backward -----------------------------------------------------------------------------------
     def backward(self, ctx: LookupContext, grad_output) -> Grads:
         """Apply the fused update for the lookup `ctx` with dLoss/dout; see the module docstring."""
+        if self.int8:
+            raise NotImplementedError("INT8 weights are forward only (FBGEMM's CPU TBE has no INT8 backward "
+                                      "either): train with FP32 or FP16 weights and quantize for serving")
         xp = device.xp()
         dy = xp.asarray(grad_output)
         want = (ctx.rows.shape[0], int(self.feature_dims[0])) if ctx.pooling == Pooling.NONE \
@@ -811,11 +895,14 @@ class _RefImpl:
     def _tables(self) -> list:
         return [device.to_host(w) for w in self.e.split_weights()]
 
-    def forward(self, ctx: LookupContext):
+    def forward(self, ctx: LookupContext, block: FloatRows | None = None):
+        """Pooled output of ctx; block: float32 rows read instead of the weights (INT8, dequantized)."""
         e = self.e
         rows, offs, psw = self._host(ctx)
-        out = K.tbe_forward_ref(self._tables(), e.feature_table_map, rows, offs, ctx.batch, ctx.pooling,
-                                e.layout, psw)
+        tables = self._tables() if block is None else [
+            device.to_host(block.weights)[block.elem_offsets[t]:block.elem_offsets[t + 1]]
+            .reshape(-1, int(block.strides[t]))[:, :int(e.dims[t])] for t in range(len(e.tables))]
+        out = K.tbe_forward_ref(tables, e.feature_table_map, rows, offs, ctx.batch, ctx.pooling, e.layout, psw)
         dtype = np.float16 if e.output_dtype == Precision.FP16 else np.float32
         with np.errstate(over="ignore"):
             return device.xp().asarray(out.astype(np.float32).astype(dtype))
@@ -923,18 +1010,20 @@ class _CpuImpl:
 
     report = _RefImpl.report
 
-    def forward(self, ctx: LookupContext):
+    def forward(self, ctx: LookupContext, block: FloatRows | None = None):
         e = self.e
         none = ctx.pooling == Pooling.NONE
         shape = (ctx.rows.shape[0], int(e.feature_dims[0])) if none else (ctx.batch, e.total_dim)
         out = np.empty(shape, np.float32)
         psw = ctx.per_sample_weights
         scratch = np.empty((numba.get_num_threads(), int(e.dims.max(initial=1))), np.float32)
+        w, eo, st = (self._w(), e.elem_offsets, e.strides) if block is None else \
+            (block.weights, block.elem_offsets, block.strides)
         if not none and psw is None and e.layout == Layout.FEATURE_MAJOR:      # FBGEMM's common case
-            C.forward_pooled(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows,
+            C.forward_pooled(w, eo, st, self.ftable, e.feature_cols, ctx.rows,
                              ctx.offsets, ctx.batch, int(ctx.pooling), out.reshape(-1), scratch)
         else:
-            C.forward(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows, ctx.offsets,
+            C.forward(w, eo, st, self.ftable, e.feature_cols, ctx.rows, ctx.offsets,
                       self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout),
                       int(ctx.pooling), out.reshape(-1), scratch)
         # FP16 output: rounded (to nearest even) after the float32 pooling, so the compiled forward has one
@@ -1086,7 +1175,7 @@ class _KernelImpl:
                      int(self.e._feature_rows()[f[j]]))
         return bad_off, first_off, bad, first
 
-    def forward(self, ctx: LookupContext):
+    def forward(self, ctx: LookupContext, block: FloatRows | None = None):
         e = self.e
         xp = device.xp()
         none = ctx.pooling == Pooling.NONE
@@ -1095,9 +1184,11 @@ class _KernelImpl:
         out = xp.empty(shape, np.float16 if fp16 else np.float32)
         flat = out.reshape(-1).view(np.uint16) if fp16 else out.reshape(-1)
         psw = ctx.per_sample_weights
-        K.forward(self._w(), self.elem_off, self.strides, self.ftable, self.fcols, ctx.rows, ctx.offsets,
+        w, eo, st, half = (self._w(), self.elem_off, self.strides, self.w_half) if block is None else \
+            (block.weights, xp.asarray(block.elem_offsets), xp.asarray(block.strides), False)
+        K.forward(w, eo, st, self.ftable, self.fcols, ctx.rows, ctx.offsets,
                   self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout), int(ctx.pooling),
-                  flat, self.w_half, fp16, self.max_dim)
+                  flat, half, fp16, self.max_dim)
         return out
 
     def _segment(self, ctx: LookupContext):

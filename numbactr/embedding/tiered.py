@@ -167,6 +167,9 @@ class TieredEmbedding:
         if not self.tables:
             raise ValueError("TieredEmbedding needs at least one table")
         self.config = cache or CacheConfig()
+        if Precision(engine_kwargs.get("weights_precision", Precision.FP32)) == Precision.INT8:
+            raise NotImplementedError("TieredEmbedding: INT8 weights are forward only and are not cached; use "
+                                      "FP32 or FP16 weights, or an untiered engine for INT8")
         rows = np.array([t.rows for t in self.tables], np.int64)
         growable = backing == "lmdb" or getattr(backing, "grow", None) is not None
         unbounded = [t for t, spec in enumerate(self.tables) if spec.rows == 0]

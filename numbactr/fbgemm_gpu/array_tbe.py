@@ -95,7 +95,8 @@ _STATE_NAMES = {EmbOptimType.EXACT_ADAGRAD: ("sum",), EmbOptimType.EXACT_ROWWISE
                 EmbOptimType.ADAM: ("exp_avg", "exp_avg_sq"), EmbOptimType.PARTIAL_ROWWISE_ADAM: ("exp_avg", "exp_avg_sq"),
                 EmbOptimType.LAMB: ("exp_avg", "exp_avg_sq"), EmbOptimType.PARTIAL_ROWWISE_LAMB: ("exp_avg", "exp_avg_sq"),
                 EmbOptimType.EXACT_SGD: ()}
-_PRECISION = {SparseType.FP32: Precision.FP32, SparseType.FP16: Precision.FP16}
+_PRECISION = {SparseType.FP32: Precision.FP32, SparseType.FP16: Precision.FP16, SparseType.INT8: Precision.INT8}
+_OUTPUT_DTYPES = (SparseType.FP32, SparseType.FP16)
 _WEIGHT_DECAY = {WeightDecayMode.NONE: WeightDecay.NONE, WeightDecayMode.L2: WeightDecay.L2,
                  WeightDecayMode.DECOUPLE: WeightDecay.DECOUPLE, WeightDecayMode.COUNTER: WeightDecay.COUNTER,
                  WeightDecayMode.COWCLIP: WeightDecay.COWCLIP}
@@ -115,7 +116,7 @@ class TBEConfig:
     cache_sets: int = 0                                 #   > 0: the cache holds cache_sets * 32 rows
     cache_reserved_memory: float = 0.0                  #   bytes of the fast tier the cache leaves free
     cache_precision: object = None                      # None: weights_precision (no other supported)
-    weights_precision: object = SparseType.FP32         # FP32 | FP16
+    weights_precision: object = SparseType.FP32         # FP32 | FP16 | INT8 (forward only, as FBGEMM's CPU)
     output_dtype: object = SparseType.FP32              # FP32 | FP16
     enforce_hbm: bool = False                           # cache placement (as cache_*)
     optimizer: object = EmbOptimType.EXACT_SGD          # SUPPORTED_OPTIMIZERS
@@ -457,9 +458,19 @@ class TBECore:
         if opt not in _ENGINE_OPTIM:
             raise NotImplementedError(f"{WHO}: optimizer {opt.name} is not implemented in numbactr; supported: "
                                       f"{', '.join(o.name for o in SUPPORTED_OPTIMIZERS)}")
-        for what, p in (("weights_precision", self.weights_precision), ("output_dtype", out_dtype)):
-            if p not in _PRECISION:
-                raise NotImplementedError(f"{WHO}: {what}={p.name} is not implemented in numbactr (FP32 or FP16)")
+        if self.weights_precision not in _PRECISION:
+            raise NotImplementedError(f"{WHO}: weights_precision={self.weights_precision.name} is not implemented in "
+                                      "numbactr (FP32, FP16, or INT8 forward only)")
+        if out_dtype not in _OUTPUT_DTYPES:
+            raise NotImplementedError(f"{WHO}: output_dtype={out_dtype.name} is not implemented in numbactr (FP32 or "
+                                      "FP16)")
+        if self.weights_precision == SparseType.INT8:
+            if opt == EmbOptimType.NONE:
+                raise NotImplementedError(f"{WHO}: INT8 weights with optimizer NONE (weights as a trainable "
+                                          "parameter) are not supported: INT8 rows are forward only")
+            if EmbeddingLocation.MANAGED_CACHING in locations:
+                raise NotImplementedError(f"{WHO}: INT8 weights in MANAGED_CACHING tables are not supported "
+                                          "(numbactr caches FP32 and FP16 rows only)")
         if len(set(compute_devices)) > 1:
             raise ValueError(f"{WHO}: Heterogenous compute_devices are NOT supported (got "
                              f"{[c.name for c in compute_devices]})")
@@ -557,7 +568,7 @@ class TBECore:
         if eng.impl == "kernels":
             raise NotImplementedError(f"{WHO}: preallocated_host_buffers need host tables, but numbactr's "
                                       f"{device.kind()} device keeps them in device memory")
-        if any(int(s) != int(d) for s, d in zip(eng.strides, eng.dims)):
+        if not eng.int8 and any(int(s) != int(d) for s, d in zip(eng.strides, eng.dims)):
             lane = 4 if eng.weights.dtype == np.float32 else 8
             raise NotImplementedError(f"{WHO}: preallocated_host_buffers need every table's dim to be a multiple of "
                                       f"{lane} for {self.weights_precision.name} weights (numbactr pads rows to 16 "

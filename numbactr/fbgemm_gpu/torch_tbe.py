@@ -196,10 +196,16 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         return [dict(zip(names, states), **extra) for states in self.split_optimizer_states()]
 
     def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
-        """Every table's weights U(min_val, max_val) from torch's generator, table by table (FBGEMM's way)."""
+        """Every table's weights U(min_val, max_val) from torch's generator, table by table (FBGEMM's way);
+        INT8 tables: those values, each row quantized (FBGEMM's FloatToFused8BitRowwiseQuantized)."""
+        from ..kernels.fused8bit import QPARAM_BYTES, quantize_rows_ref
         with torch.no_grad():
             for w in self.split_embedding_weights():
-                w.uniform_(min_val, max_val)
+                if w.dtype == torch.uint8:
+                    vals = torch.empty(w.shape[0], w.shape[1] - QPARAM_BYTES).uniform_(min_val, max_val)
+                    w.copy_(torch.from_numpy(quantize_rows_ref(vals.numpy())).to(w.device))
+                else:
+                    w.uniform_(min_val, max_val)
 
     def set_learning_rate(self, lr: float) -> None:
         self._core.set_learning_rate(lr)
