@@ -316,6 +316,8 @@ def test_managed_caching_runs_cached_with_the_same_results():
     (dict(weights_precision=SparseType.INT4), NotImplementedError, "INT4"),
     (dict(weights_precision=SparseType.INT8, optimizer=EmbOptimType.NONE), NotImplementedError, "forward only"),
     (dict(output_dtype=SparseType.INT8), NotImplementedError, "output_dtype=INT8"),
+    (dict(learning_rate=float("nan")), ValueError, "finite"),
+    (dict(optimizer=EmbOptimType.ADAM, beta2=float("inf")), ValueError, "finite"),
     (dict(output_dtype=SparseType.BF16), NotImplementedError, "BF16"),
     (dict(optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, weight_decay_mode=WeightDecayMode.COUNTER,
           counter_based_regularization=object()), TypeError, "CounterBasedRegularizationDefinition"),
@@ -337,6 +339,13 @@ def test_managed_caching_runs_cached_with_the_same_results():
 def test_bad_arguments_get_clear_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         tbe([(5, 4), (3, 4)], **kwargs)
+
+
+def test_a_non_finite_learning_rate_is_refused_and_changes_nothing():
+    m = tbe([(5, 4)], learning_rate=0.5)
+    with pytest.raises(ValueError, match="finite"):
+        m.set_learning_rate(float("nan"))
+    assert m.get_learning_rate() == 0.5
 
 
 @pytest.mark.parametrize("specs,match", [

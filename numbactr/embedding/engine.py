@@ -61,6 +61,7 @@ so a FATAL batch raises with the hash tables unchanged.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field, fields, replace
 
@@ -239,6 +240,10 @@ def _check_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
     spec = replace(spec, kind=Optim(spec.kind), update_type=UpdateType(spec.update_type),
                    weight_decay_mode=WeightDecay(spec.weight_decay_mode))
     k, u = spec.kind, spec.update_type
+    bad = {f.name: getattr(spec, f.name) for f in fields(spec) if f.type in ("float", float)
+           and not math.isfinite(float(getattr(spec, f.name)))}
+    if bad:
+        raise ValueError(f"optimizer {k.name}: hyper-parameter(s) {bad} must be finite numbers")
     if u != UpdateType.LOCAL and k not in K.HUGECTR_KINDS:
         raise ValueError(f"optimizer {k.name}: update_type {u.name} is HugeCTR's; FBGEMM's optimizers are LOCAL")
     if u == UpdateType.LAZY_GLOBAL and k != Optim.HUGECTR_ADAM:
@@ -431,7 +436,10 @@ class TableBatchedEmbedding:
 
     @learning_rate.setter
     def learning_rate(self, lr: float) -> None:
-        self.optimizer = replace(self.optimizer, learning_rate=float(lr))
+        lr = float(lr)
+        if not math.isfinite(lr):
+            raise ValueError(f"learning_rate must be a finite number, got {lr}")
+        self.optimizer = replace(self.optimizer, learning_rate=lr)
 
     def set_hyper_parameters(self, **values) -> None:
         """Change optimizer hyper-parameters by OptimizerSpec field name. FIXED_HYPER_PARAMETERS shape the
