@@ -4,10 +4,11 @@ The same table layout and the same results as kernels/hash_table.py (open addres
 linear probing from fmix64(key) % C, EMPTY_KEY = 2**64 - 1 marks a free slot, rows handed out in order of
 first occurrence in the batch); see that module for the formulas and the NumPy reference, the oracle.
 
-    insert  the known keys are found in parallel (as find); then the misses, in batch order, claim the
-            first free slot of their probe sequence and take the next row, so rows come out in
-            first-occurrence order by construction. When the rows would run past max_rows (or no slot is free) every slot this
-            batch claimed is emptied again: the table is exactly as before (removing only keys of this
+    insert  the known keys are found in parallel (as find; a table small enough to stay in cache takes one
+            serial pass instead); then the misses, in batch order, claim the first free slot of their probe
+            sequence and take the next row, so rows come out in first-occurrence order by construction.
+            When the rows would run past max_rows (or no slot is free) every slot this batch claimed is
+            emptied again: the table is exactly as before (removing only keys of this
             batch cannot break the probe chain of an older key, which was inserted before them).
     find    in parallel over the keys (threads only read the table).
 The slot a key lands in may differ from the numba.cuda kernels' (their CAS order varies); rows never do.
@@ -39,22 +40,6 @@ def _home_slot(key, cap):
 
 
 @njit(cache=True, inline="always")
-def _find_one(tkeys, trows, key):
-    cap = tkeys.shape[0]
-    s = _home_slot(key, cap)
-    for _ in range(cap):
-        here = tkeys[s]
-        if here == key:
-            return trows[s]
-        if here == uint64(_EMPTY):
-            return np.int64(-1)
-        s += 1
-        if s == cap:
-            s = 0
-    return np.int64(-1)
-
-
-@njit(cache=True, inline="always")
 def _probe_from(tkeys, trows, key, s):
     """Probe for key from slot s on: its row, or -1 - (the first free slot) when it is absent, or
     -1 - s when every slot is taken by other keys."""
@@ -69,6 +54,12 @@ def _probe_from(tkeys, trows, key, s):
         if s == cap:
             s = 0
     return -1 - s
+
+
+@njit(cache=True, inline="always")
+def _find_one(tkeys, trows, key):
+    row = _probe_from(tkeys, trows, key, _home_slot(key, tkeys.shape[0]))
+    return row if row >= 0 else np.int64(-1)
 
 
 @njit(cache=True, inline="always")
