@@ -63,7 +63,8 @@ embedding_storage/weight_io): per collection c (its place among the model's coll
 i64_input_key), value type 0 = float32, two zeros; then the int32 table ids, uint64 key counts and int32
 ev_sizes of the dumped tables) and per table id j (its place in the collection: the order of first lookup)
 ``key<j>`` and ``weight<j>``, each a 128-byte head (int32 1 or 2, the table id, zeros) before the keys
-(ascending) or the float32 vectors. HugeCTR loads these files and numbactr loads HugeCTR's. The files go
+(ascending) or the float32 vectors: the files HugeCTR's embedding_dump writes and its embedding_load reads
+(as its v23.08 source reads them; no HugeCTR ran here), so dumps move between the two. The files go
 through numbactr.checkpoint's atomic commit (staged, fsync'd, manifest
 ``path/embedding_collection_0.manifest.json`` with each file's size and sha256, which HugeCTR ignores);
 ``embedding_load`` checks every file (against the manifest when there is one, and against meta_data) before it
