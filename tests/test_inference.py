@@ -299,6 +299,10 @@ def test_bad_inputs_name_what_and_where(trained, tmp_path):
         session.predict(dense, keys, ptrs[:-1])
     with pytest.raises(ValueError, match="dense_feature has"):
         session.predict(dense[:-1], keys, ptrs)
+    nan, dd = np.array(dense, np.float32), session.graph.input.dense_dim
+    nan[dd + 1] = np.nan
+    with pytest.raises(ValueError, match=rf"dense_feature\[{dd + 1}\] = nan \(sample 1, feature 1\) is not finite"):
+        session.predict(nan, keys, ptrs)
     with pytest.raises(ValueError, match="embeddingcolumns has"):
         session.predict(dense, keys[:-1], ptrs)
     with pytest.raises(ValueError, match=r"key 4294967296 at position 0 does not fit the 32-bit keys"):

@@ -307,6 +307,11 @@ class InferenceSession:
         if dense.size != n * g.input.dense_dim:
             raise ValueError(f"InferenceSession.predict: dense_feature has {dense.size} values; {n} samples x "
                              f"dense_dim {g.input.dense_dim} = {n * g.input.dense_dim}")
+        finite = np.isfinite(dense)
+        if not finite.all():                        # as the data readers refuse them: no NaN predictions
+            i = int(np.argmin(finite))
+            raise ValueError(f"InferenceSession.predict: dense_feature[{i}] = {dense[i]} (sample {i // g.input.dense_dim}"
+                             f", feature {i % g.input.dense_dim}) is not finite")
         keys = check_keys(embeddingcolumns, self.params.i64_input_key, "InferenceSession.predict embeddingcolumns")
         sparse, r0, k0 = [], 0, 0
         for t, s in enumerate(slots):
