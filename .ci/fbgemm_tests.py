@@ -23,6 +23,7 @@ import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
 SWAPPED = ("SplitTableBatchedEmbeddingBagsCodegen", "DenseTableBatchedEmbeddingBagsCodegen")
+SWAPPED_INFERENCE = ("IntNBitTableBatchedEmbeddingBagsCodegen",)
 
 
 def _swap() -> None:
@@ -31,10 +32,13 @@ def _swap() -> None:
     with warnings.catch_warnings():                 # fbgemm_gpu warns about its own missing SSD modules
         warnings.simplefilter("ignore", DeprecationWarning)
         import fbgemm_gpu.split_table_batched_embeddings_ops_training as theirs
+        import fbgemm_gpu.split_table_batched_embeddings_ops_inference as theirs_inference
+    import numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_inference as ours_inference
     import numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training as ours
     for name in SWAPPED:
         setattr(theirs, name, getattr(ours, name))
-    print(f"fbgemm_tests: FBGEMM's {' and '.join(SWAPPED)} are numbactr's", file=sys.stderr)
+    theirs_inference.IntNBitTableBatchedEmbeddingBagsCodegen = ours_inference.IntNBitTableBatchedEmbeddingBagsCodegen
+    print(f"fbgemm_tests: FBGEMM's {', '.join(SWAPPED + SWAPPED_INFERENCE)} are numbactr's", file=sys.stderr)
 
 
 def main(argv) -> int:

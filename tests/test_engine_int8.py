@@ -120,3 +120,30 @@ def test_quantizer_bounds_the_error_by_half_a_step():
     scale = fused[:, 8:12].copy().view(np.float32)
     np.testing.assert_array_equal(fused[:, 12:16].copy().view(np.float32)[:, 0], x.min(1))
     assert (np.abs(Q8.dequantize_rows(fused, 8) - x) <= scale * 0.5 + 1e-6).all()
+
+
+@pytest.mark.parametrize("impl", ["ref", "cpu", "kernels"])
+def test_row_codecs_per_table_read_like_fp32_rows(impl, on_device):
+    """The inference TBE's tables (kernels/nbit_rows.py): one row type per table, rows aligned to 16 bytes and
+    tables to 128; the pooled output equals an FP32 engine holding the decoded rows."""
+    from numbactr.kernels import nbit_rows as NB
+    impl_device(impl, on_device)
+    tables, fmap = [(7, 8), (5, 16), (9, 8), (4, 4)], [0, 1, 2, 3, 0]
+    types = ["int4", "int8", "int2", "fp16"]
+    codecs = [NB.nbit_codec(d, ty, alignment=16) for (_, d), ty in zip(tables, types)]
+    q = TableBatchedEmbedding(tables, fmap, weights_precision=Precision.INT8, row_codecs=codecs, table_align=128,
+                              optimizer=OptimizerSpec(Optim.NONE), impl=impl)
+    f = TableBatchedEmbedding(tables, fmap, optimizer=OptimizerSpec(Optim.NONE), impl=impl)
+    assert all(int(o) % 128 == 0 for o in q.elem_offsets)
+    rng = np.random.default_rng(6)
+    xp = device.xp()
+    for t, ((rows, dim), ty) in enumerate(zip(tables, types)):
+        enc = NB.encode_rows_ref(rng.standard_normal((rows, dim)).astype(np.float32), ty, alignment=16)
+        q.split_weights()[t][...] = xp.asarray(enc)
+        f.split_weights()[t][...] = xp.asarray(NB.decode_rows(enc, dim, ty))
+    idx, offs, w = batch(rng, len(fmap), 3, 3, lambda j: tables[fmap[j // 3]][0])
+    args = (xp.asarray(idx), xp.asarray(offs), xp.asarray(w))
+    np.testing.assert_allclose(device.to_host(q.forward(*args)[0]), device.to_host(f.forward(*args)[0]),
+                               rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="row_codecs"):
+        TableBatchedEmbedding(tables, fmap, row_codecs=codecs)

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from dataclasses import dataclass, field, fields, replace
 
 import numba
@@ -72,6 +73,7 @@ from .. import device
 from ..hostmem import HUGE_MIN_BYTES, check_fits, host_zeros, huge_pages_wanted
 from ..kernels import embedding_init as EI
 from ..kernels import fused8bit as Q8
+from ..kernels import nbit_rows as NB
 from ..kernels import tbe as K
 from ..kernels import tbe_cpu as C
 from ..kernels.tbe import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Layout,
@@ -188,6 +190,7 @@ def _zeros(n: int, dtype, huge: bool = True):
     return host_zeros(n, dtype, huge)
 
 
+DECODE_CHUNK_ELEMS = 1 << 22      # values per chunk an INT8 lookup decodes at a time (its temporaries ~50 MB)
 FILL_CHUNK_ELEMS = 1 << 22         # values per chunk of fill_uniform_rows: its temporaries stay near 200 MB
 
 
@@ -302,7 +305,7 @@ class TableBatchedEmbedding:
                  optimizer: OptimizerSpec | None = None, weights_precision=Precision.FP32,
                  output_dtype=Precision.FP32, bounds_check=BoundsCheck.WARNING,
                  stochastic_rounding: bool = True, layout=Layout.FEATURE_MAJOR, seed: int = 0,
-                 impl: str | None = None, pad_rows: bool = True):
+                 impl: str | None = None, pad_rows: bool = True, row_codecs=None, table_align: int = 1):
         self.tables = [_as_table(t) for t in tables]
         if not self.tables:
             raise ValueError("TableBatchedEmbedding needs at least one table")
@@ -349,17 +352,23 @@ class TableBatchedEmbedding:
         dims = np.array([t.dim for t in self.tables], np.int64)
         rows = np.array([t.rows for t in self.tables], np.int64)
         self.int8 = self.weights_precision == Precision.INT8
+        self.codecs = None
+        if row_codecs is not None and not self.int8:
+            raise ValueError("row_codecs describe byte rows: they go with weights_precision INT8")
         if self.int8:
-            self._check_int8(dims)
-            # FBGEMM's fused 8-bit rows: D bytes, then float32 scale and bias (kernels/fused8bit.py); D is a
-            # multiple of 4, so every row (and its scale) starts 4-byte aligned
-            self.strides = dims + Q8.QPARAM_BYTES
+            self.codecs = self._check_int8(dims, row_codecs)
+            # byte rows, read forward only: FBGEMM's fused 8-bit rows by default (D bytes, then float32 scale
+            # and bias, kernels/fused8bit.py; D is a multiple of 4, so every row starts 4-byte aligned), or the
+            # caller's row codecs (kernels/nbit_rows.py: the inference TBE's per-table types)
+            self.strides = np.array([c.row_bytes for c in self.codecs], np.int64)
         else:
             # rows padded to 16 bytes of weights (aligned reads); pad_rows=False keeps rows of D_t values, for a
             # caller whose buffers must have FBGEMM's unpadded layout (the dense TBE's flat parameter)
             lane = (8 if self.weights_precision == Precision.FP16 else 4) if pad_rows else 1
             self.strides = -(-dims // lane) * lane                           # (T,) padded widths
-        self.elem_offsets = np.concatenate([[0], np.cumsum(rows * self.strides)]).astype(np.int64)
+        # table_align > 1 rounds each table's size up (FBGEMM's inference TBE: 128-byte cache lines)
+        sizes = -(-(rows * self.strides) // int(table_align)) * int(table_align)
+        self.elem_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
         self.dims, self.rows = dims, rows
         self.feature_dims = dims[ftable]
@@ -397,14 +406,21 @@ class TableBatchedEmbedding:
             raise NotImplementedError(f"impl {impl!r} is not built yet")
         return impl
 
-    def _check_int8(self, dims) -> None:
-        """INT8 weights (FBGEMM's fused 8-bit rows) are read forward only, by index."""
-        bad = [int(d) for d in dims if d % 4]
-        if bad:
-            raise ValueError(f"INT8 weights need every table's dim to be a multiple of 4 (FBGEMM's rule), got {bad}")
+    def _check_int8(self, dims, row_codecs) -> list:
+        """INT8 weights (byte rows) are read forward only, by index: the tables' row codecs, checked."""
         if any(t.keyed for t in self.tables):
             raise NotImplementedError("INT8 weights are not supported for keyed (hash) tables: a new key's row "
                                       "would be written during a lookup; use FP32 or FP16 weights")
+        if row_codecs is None:
+            bad = [int(d) for d in dims if d % 4]
+            if bad:
+                raise ValueError(f"INT8 weights need every table's dim to be a multiple of 4 (FBGEMM's rule), got {bad}")
+            return [NB.fused8bit_codec(int(d)) for d in dims]
+        codecs = list(row_codecs)
+        if len(codecs) != len(dims) or any(c.dim != d for c, d in zip(codecs, dims)):
+            raise ValueError(f"row_codecs must give one codec per table with the table's dim {list(map(int, dims))}, "
+                             f"got dims {[c.dim for c in codecs]}")
+        return codecs
 
     def _check_equal_dims(self, why: str) -> None:
         dims = {self.tables[t].dim for t in self.feature_table_map}
@@ -477,9 +493,8 @@ class TableBatchedEmbedding:
         """One (V_t, D_t) view per table into the weights buffer (writes go to the engine); INT8 weights:
         (V_t, D_t + 8) uint8 views, each row its D bytes, scale and bias (kernels/fused8bit.py, FBGEMM's)."""
         if self.int8:
-            return [self.weights[self.elem_offsets[t]:self.elem_offsets[t + 1]].reshape(int(self.rows[t]),
-                                                                                       int(self.strides[t]))
-                    for t in range(len(self.tables))]
+            return [self.weights[self.elem_offsets[t]:self.elem_offsets[t] + self.rows[t] * self.strides[t]]
+                    .reshape(int(self.rows[t]), int(self.strides[t])) for t in range(len(self.tables))]
         return [self._table_view(self.weights, t, False) for t in range(len(self.tables))]
 
     def split_optimizer_states(self) -> list:
@@ -534,7 +549,11 @@ class TableBatchedEmbedding:
             if self.int8:                   # the same values, each row quantized (FBGEMM's way for INT8)
                 vals = np.empty((int(self.rows[t]), int(self.dims[t])), np.float32)
                 fill_uniform_rows(vals, int(self.row_offsets[t]), seed, lo, hi, what=f"table {t}")
-                view[...] = device.xp().asarray(Q8.quantize_rows_ref(vals))
+                c = self.codecs[t]
+                q = Q8.quantize_rows_ref(vals) if c.ty == "fused8bit" else \
+                    NB.encode_rows_ref(vals, c.ty, reverse_qparam=c.reverse_qparam, scale_bias_bytes=c.scale_bias_bytes)
+                view[...] = 0
+                view[:, :q.shape[1]] = device.xp().asarray(q)
                 continue
             fill_uniform_rows(view, int(self.row_offsets[t]), seed, lo, hi, what=f"table {t}")
 
@@ -634,7 +653,10 @@ class TableBatchedEmbedding:
             at = xp.arange(occ.shape[0], dtype=np.int64)
             local[occ] = xp.where(ok, at, -1)
             block = w[elem_off[t]:elem_off[t + 1]].reshape(int(counts[t]), int(strides[t]))
-            block[at[ok], :int(self.dims[t])] = Q8.dequantize_rows(view[r[ok]], int(self.dims[t]), xp)
+            at, r = at[ok], r[ok]
+            step = max(1, DECODE_CHUNK_ELEMS // int(self.dims[t]))     # bounds decode's temporaries
+            for lo in range(0, int(at.shape[0]), step):
+                block[at[lo:lo + step], :int(self.dims[t])] = self.codecs[t].decode(view[r[lo:lo + step]], xp)
         return FloatRows(w, elem_off, strides), local
 
     def check_deferred(self) -> None:
@@ -874,7 +896,7 @@ class _RefImpl:
     """The NumPy reference (kernels/tbe.py): the oracle; simple, vectorized per feature, not fast."""
 
     def __init__(self, eng: TableBatchedEmbedding):
-        self.e = eng
+        self.e = weakref.proxy(eng)        # no engine <-> impl cycle: the tables free with the engine
 
     def repair_offsets(self, offsets, n: int):
         """(repaired offsets, (number repaired, first repaired position))."""
@@ -985,7 +1007,7 @@ class _CpuImpl:
     """The numba-compiled CPU code (kernels/tbe_cpu.py) on host arrays: the cpu device's fast path."""
 
     def __init__(self, eng: TableBatchedEmbedding):
-        self.e = eng
+        self.e = weakref.proxy(eng)        # no engine <-> impl cycle: the tables free with the engine
         self.ftable = np.asarray(eng.feature_table_map, np.int64)
         self.no_f32 = np.zeros(1, np.float32)                 # stands in for an absent float array
         self.no_i64 = np.zeros(1, np.int64)
@@ -1119,7 +1141,7 @@ class _KernelImpl:
     than NONE); scratch buffers from the engine's pool, the rest from the array library's pool."""
 
     def __init__(self, eng: TableBatchedEmbedding):
-        self.e = eng
+        self.e = weakref.proxy(eng)        # no engine <-> impl cycle: the tables free with the engine
         xp = device.xp()
         self.elem_off, self.strides, self.dims, self.row_off, self.fcols = (
             xp.asarray(a) for a in (eng.elem_offsets, eng.strides, eng.dims, eng.row_offsets, eng.feature_cols))
