@@ -91,6 +91,22 @@ def _roll_back(tkeys, trows, claimed, n_new):
         trows[claimed[c]] = -1
 
 
+@njit(cache=True, inline="always")
+def _claim_into(tkeys, trows, keys, i, s, base, n_new, max_rows, claimed, rows_out):
+    """Key i from slot s on (_claim_from, with row base + n_new if it is new): its row into rows_out[i] and
+    a claimed slot into claimed[n_new]. Returns the new n_new, or -1 after undoing the batch's claims when
+    the rows or the slots ran out."""
+    row, slot = _claim_from(tkeys, trows, keys[i], s, base + n_new, max_rows)
+    if row < 0:
+        _roll_back(tkeys, trows, claimed, n_new)
+        return np.int64(-1)
+    if slot >= 0:
+        claimed[n_new] = slot
+        n_new += 1
+    rows_out[i] = row
+    return n_new
+
+
 @njit(cache=True, parallel=True)
 def hash_insert_cpu(tkeys, trows, keys, base, max_rows, rows_out, claimed, miss, serial_slots=SERIAL_SLOTS):
     """rows_out (N,) int64 <- rows of keys (N,) uint64, inserting new keys at rows base, base + 1, ...
@@ -110,14 +126,10 @@ def hash_insert_cpu(tkeys, trows, keys, base, max_rows, rows_out, claimed, miss,
     n_new = 0
     if cap <= serial_slots:
         for i in range(n):
-            row, slot = _claim_from(tkeys, trows, keys[i], _home_slot(keys[i], cap), base + n_new, max_rows)
-            if row < 0:                                 # out of rows or of slots: undo this batch
-                _roll_back(tkeys, trows, claimed, n_new)
+            n_new = _claim_into(tkeys, trows, keys, i, _home_slot(keys[i], cap), base, n_new, max_rows, claimed,
+                                rows_out)
+            if n_new < 0:
                 return -1
-            if slot >= 0:
-                claimed[n_new] = slot
-                n_new += 1
-            rows_out[i] = row
         return n_new
     for i in prange(n):
         miss[i] = _home_slot(keys[i], cap)
@@ -137,14 +149,9 @@ def hash_insert_cpu(tkeys, trows, keys, base, max_rows, rows_out, claimed, miss,
             prefetch(tkeys, ahead)
             prefetch(trows, ahead)
         i = miss[j]
-        row, slot = _claim_from(tkeys, trows, keys[i], -1 - rows_out[i], base + n_new, max_rows)
-        if row < 0:
-            _roll_back(tkeys, trows, claimed, n_new)
+        n_new = _claim_into(tkeys, trows, keys, i, -1 - rows_out[i], base, n_new, max_rows, claimed, rows_out)
+        if n_new < 0:
             return -1
-        if slot >= 0:
-            claimed[n_new] = slot
-            n_new += 1
-        rows_out[i] = row
     return n_new
 
 
