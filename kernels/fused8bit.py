@@ -28,18 +28,23 @@ _EPS = np.float32(1e-8)
 
 def quantize_rows_ref(x) -> np.ndarray:
     """(V, D) float rows -> (V, D + 8) uint8 fused rows (host NumPy; the test oracle is FBGEMM's own op)."""
-    x = np.ascontiguousarray(np.asarray(x, np.float32))
+    return quantize_rows(x, np)
+
+
+def quantize_rows(x, xp=np):
+    """quantize_rows_ref on NumPy or CuPy arrays (the same arithmetic, float32 throughout)."""
+    x = xp.ascontiguousarray(xp.asarray(x, dtype=np.float32))
     if x.ndim != 2:
-        raise ValueError(f"quantize_rows_ref needs (V, D) rows, got shape {x.shape}")
+        raise ValueError(f"quantize_rows needs (V, D) rows, got shape {x.shape}")
     v, d = x.shape
-    out = np.empty((v, d + QPARAM_BYTES), np.uint8)
+    out = xp.empty((v, d + QPARAM_BYTES), np.uint8)
     if v == 0:
         return out
-    lo = x.min(axis=1) if d else np.zeros(v, np.float32)
-    rng = (x.max(axis=1) - lo) if d else np.zeros(v, np.float32)
+    lo = x.min(axis=1) if d else xp.zeros(v, np.float32)
+    rng = (x.max(axis=1) - lo) if d else xp.zeros(v, np.float32)
     inv = np.float32(255) / (rng + _EPS)
-    out[:, :d] = np.clip(np.rint((x - lo[:, None]) * inv[:, None]), 0, 255).astype(np.uint8)
-    qp = np.stack([rng / np.float32(255), lo], axis=1).astype("<f4")            # (V, 2) scale, bias
+    out[:, :d] = xp.clip(xp.rint((x - lo[:, None]) * inv[:, None]), 0, 255).astype(np.uint8)
+    qp = xp.stack([rng / np.float32(255), lo], axis=1).astype("<f4")            # (V, 2) scale, bias
     out[:, d:] = qp.view(np.uint8).reshape(v, QPARAM_BYTES)
     return out
 

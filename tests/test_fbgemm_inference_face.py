@@ -168,8 +168,12 @@ def test_clear_errors():
         m.set_index_remappings([torch.tensor([0, 99])])
     with pytest.raises(NotImplementedError, match="NFP8"):
         build(NI, NS, NL, NP.SUM, [8], types=["NFP8"])
-    with pytest.raises(NotImplementedError, match="output_dtype=INT8"):
-        build(NI, NS, NL, NP.SUM, [8], types=["INT8"], output_dtype=NS.INT8)
+    with pytest.raises(NotImplementedError, match="output_dtype=INT4 is implemented for PoolingMode.NONE"):
+        build(NI, NS, NL, NP.SUM, [8], types=["INT4"], output_dtype=NS.INT4)
+    with pytest.raises(ValueError, match="every table's weights must be INT8"):
+        build(NI, NS, NL, NP.NONE, [8, 8], types=["INT8", "INT4"], output_dtype=NS.INT8)
+    with pytest.raises(NotImplementedError, match="output_dtype=FP8"):
+        build(NI, NS, NL, NP.NONE, [8], types=["FP8"], output_dtype=NS.FP8)
     with pytest.raises(ValueError, match="multiple of 2"):
         build(NI, NS, NL, NP.SUM, [7], types=["INT4"])
     with pytest.raises(NotImplementedError, match="MANAGED_CACHING"):
@@ -205,3 +209,72 @@ def test_pruning_like_fbgemm(use_array):
     off = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)])).int()
     torch.testing.assert_close(nb(idx, off), fb(idx, off), rtol=1e-5, atol=1e-5)
     assert nb.original_rows_per_table == [3 * ROWS[0], 3 * ROWS[1]]
+
+
+@pytest.mark.parametrize("ty,reverse", [("INT8", False), ("INT8", True), ("INT4", False)])
+def test_int8_and_int4_output_of_sequence_embeddings_is_the_stored_rows_like_fbgemm(ty, reverse):
+    """output_dtype INT8 / INT4 with PoolingMode.NONE: each occurrence's stored row bytes (scale, bias and
+    values, row padding left out), byte for byte as FBGEMM's (uint8, or torch.quint4x2 of twice the width);
+    an out-of-range index under WARNING reads row 0 as FBGEMM's does, a pruned index reads zeros (FBGEMM's
+    CPU kernel leaves such rows unset)."""
+    FI = fbgemm()
+    from fbgemm_gpu.split_embedding_configs import SparseType as FS
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation as FL
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode as FP
+    dims, types = [8, 8, 8], [ty] * 3
+    width = NB.unpadded_row_bytes(8, ty.lower())
+    # (FBGEMM's CPU INT4 output writes padded rows past its output's end when row_alignment > 1)
+    kw = dict(row_alignment=16 if ty == "INT8" else 1, reverse_qparam=reverse)
+    fb = build(FI, FS, FL, FP.NONE, dims, types=types, output_dtype=getattr(FS, ty), **kw)
+    nb = build(NI, NS, NL, NP.NONE, dims, types=types, output_dtype=getattr(NS, ty), **kw)
+    fb.initialize_weights()
+    nb.initialize_weights()
+    fill([fb, nb], dims, types)
+    idx, off, _ = batch(dims, weighted=False)
+    idx[0] = 10 ** 6                                     # out of range: WARNING reads row 0
+    want = fb(idx.clone(), off)                          # (FBGEMM's bounds check zeroes the index in place)
+    with pytest.warns(RuntimeWarning, match="outside its table"):
+        got = nb(idx, off)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    as_bytes = (lambda t: np.frombuffer(bytes(t.untyped_storage()), np.uint8).reshape(t.shape[0], -1))
+    assert as_bytes(got).shape == (idx.numel(), width)
+    np.testing.assert_array_equal(as_bytes(got), as_bytes(want))
+    if ty == "INT4":                                     # FBGEMM's own decoder reads it
+        dec = torch.ops.fbgemm.FusedNBitRowwiseQuantizedSBHalfFrontToFloatOrHalf(got, bit_rate=4, output_dtype=0)
+        nb_f = build(NI, NS, NL, NP.NONE, dims, types=types, output_dtype=NS.FP32, **kw)
+        nb_f.initialize_weights()
+        fill([nb_f], dims, types)
+        with pytest.warns(RuntimeWarning, match="outside its table"):
+            want_f = nb_f(idx, off)
+        torch.testing.assert_close(dec, want_f, rtol=1e-3, atol=1e-3)
+    rows = [w for w, _, _ in nb.split_embedding_weights_with_scale_bias(0)]
+    np.testing.assert_array_equal(as_bytes(got)[0], rows[nb.feature_table_map[0]][0, :width].numpy())
+    # pruning: the remapped row's bytes, zeros for a pruned index
+    nb.set_index_remappings([torch.tensor([2, -1, 0], dtype=torch.int32), None, None])
+    got = as_bytes(nb(torch.tensor([0, 1, 2, 5], dtype=torch.int32), torch.tensor([0, 3, 4, 4], dtype=torch.int32)))
+    np.testing.assert_array_equal(got, np.stack([rows[0][2, :width].numpy(), np.zeros(width, np.uint8),
+                                                 rows[0][0, :width].numpy(), rows[1][5, :width].numpy()]))
+
+
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+def test_pooled_int8_output_is_each_features_block_quantized(pooling):
+    """Pooled INT8 output (FBGEMM's GPU kernels; its CPU kernel leaves the bytes unset): per feature, the
+    FP32 pooled block in FBGEMM's fused 8-bit rows, byte for byte FloatToFused8BitRowwiseQuantized of it."""
+    fbgemm()
+    dims, types = [8, 16, 8, 12, 4, 8], TYPES
+    nb8 = build(NI, NS, NL, getattr(NP, pooling), dims, output_dtype=NS.INT8)
+    nb32 = build(NI, NS, NL, getattr(NP, pooling), dims, output_dtype=NS.FP32)
+    for m in (nb8, nb32):
+        m.initialize_weights()
+    fill([nb8, nb32], dims, types)
+    idx, off, _ = batch(dims, weighted=False)
+    got, ref = nb8(idx, off), nb32(idx, off)
+    assert got.dtype == torch.uint8 and got.shape == (4, sum(dims) + 8 * len(dims))
+    want = torch.cat([torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(part.contiguous())
+                      for part in torch.split(ref, dims, dim=1)], dim=1)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    back = torch.cat([torch.ops.fbgemm.Fused8BitRowwiseQuantizedToFloat(part.contiguous())
+                      for part in torch.split(got, [d + 8 for d in dims], dim=1)], dim=1)
+    for part_back, part_ref in zip(torch.split(back, dims, dim=1), torch.split(ref, dims, dim=1)):
+        half_step = (part_ref.max(1).values - part_ref.min(1).values) / 255 / 2          # per row
+        assert ((part_back - part_ref).abs() <= half_step[:, None] * 1.01 + 1e-6).all()

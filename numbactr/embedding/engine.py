@@ -561,6 +561,13 @@ class TableBatchedEmbedding:
     def forward(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
                 feature_requires_grad=None):
         """(out, ctx): pooled (B, sum D_f) or, for NONE, (N, D) embeddings; see the module docstring."""
+        ctx = self._lookup(indices, offsets, per_sample_weights, training=training, pooling=pooling,
+                           feature_requires_grad=feature_requires_grad)
+        return self._forward(ctx), ctx
+
+    def _lookup(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
+                feature_requires_grad=None) -> LookupContext:
+        """forward's checks and row resolution (bounds, hash tables, tiers): the LookupContext of a lookup."""
         xp = device.xp()
         pooling = self.pooling if pooling is None else Pooling(pooling)
         if pooling == Pooling.NONE:
@@ -616,7 +623,38 @@ class TableBatchedEmbedding:
         ctx = LookupContext(rows, fixed, psw, batch, pooling, feature_requires_grad)
         if new_rows:
             ctx.extra["new_rows"] = new_rows
-        return self._forward(ctx), ctx
+        return ctx
+
+    def forward_bytes(self, indices, offsets, width: int):
+        """Byte-row weights (INT8) without pooling: (N, width) uint8, each occurrence's stored row bytes
+        (the first width of them, as stored: quantized values with their scale and bias, undecoded), in
+        occurrence order; an index that reads nothing (pruned, or a bad index under IGNORE) gives zeros.
+        FBGEMM's inference TBE returns this for output_dtype INT8 with PoolingMode.NONE."""
+        if not self.int8:
+            raise ValueError("forward_bytes reads byte-row (INT8) weights; these tables hold "
+                             f"{self.weights_precision.name}")
+        ctx = self._lookup(indices, offsets, None, training=False, pooling=Pooling.NONE)
+        xp = device.xp()
+        width = int(width)
+        short = [t for t, c in enumerate(self.codecs) if c.row_bytes < width]
+        if short:
+            raise ValueError(f"forward_bytes: width {width} is more than table {short[0]}'s "
+                             f"{self.codecs[short[0]].row_bytes} bytes per row")
+        out = xp.zeros((ctx.rows.shape[0], width), np.uint8)
+        for occ, view in zip(self._occurrences_by_table(ctx), self.split_weights()):
+            r = ctx.rows[occ]
+            ok = r >= 0
+            out[occ[ok]] = view[r[ok], :width]
+        return out
+
+    def _occurrences_by_table(self, ctx: LookupContext) -> list:
+        """Per table, the occurrences (positions in ctx.rows) that read it, in occurrence order."""
+        xp = device.xp()
+        n = ctx.rows.shape[0]
+        bag = xp.searchsorted(ctx.offsets[1:], xp.arange(n, dtype=np.int64), side="right")    # (N,) bag of k
+        feature = bag // ctx.batch if self.layout == Layout.FEATURE_MAJOR else bag % self.n_features
+        table = xp.asarray(np.asarray(self.feature_table_map, np.int64))[feature]
+        return [xp.flatnonzero(table == t) for t in range(len(self.tables))]
 
     def _forward(self, ctx: LookupContext):
         if not self.int8:
@@ -632,17 +670,11 @@ class TableBatchedEmbedding:
         is as large as a no-pooling output."""
         xp = device.xp()
         rows = ctx.rows
-        n, T = rows.shape[0], len(self.tables)
-        bag = xp.searchsorted(ctx.offsets[1:], xp.arange(n, dtype=np.int64), side="right")    # (N,) bag of k
-        feature = bag // ctx.batch if self.layout == Layout.FEATURE_MAJOR else bag % self.n_features
-        table = xp.asarray(np.asarray(self.feature_table_map, np.int64))[feature]
+        n = rows.shape[0]
         local = xp.full(n, -1, np.int64)
         strides = -(-self.dims // 4) * 4
-        picks, counts = [], np.zeros(T, np.int64)
-        for t in range(T):
-            occ = xp.flatnonzero(table == t)
-            counts[t] = occ.shape[0]
-            picks.append(occ)
+        picks = self._occurrences_by_table(ctx)
+        counts = np.array([occ.shape[0] for occ in picks], np.int64)
         elem_off = np.concatenate([[0], np.cumsum(counts * strides)]).astype(np.int64)
         w = xp.zeros(max(int(elem_off[-1]), 1), np.float32)
         for t, (occ, view) in enumerate(zip(picks, self.split_weights())):
@@ -742,7 +774,8 @@ class TableBatchedEmbedding:
             if bad_offsets:
                 what.append(f"{bad_offsets} offsets repaired (clamped into [0, {n}], made non-decreasing, "
                             "last set to N)")
-            warnings.warn(f"TableBatchedEmbedding bounds check: {'; '.join(what)}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"TableBatchedEmbedding bounds check: {'; '.join(what)}", RuntimeWarning,
+                          stacklevel=4)                    # _report <- _lookup <- forward <- its caller
 
     def _feature_rows(self) -> np.ndarray:
         """(F,) the rows each feature's indices must stay below; -1 for keyed features (not checked)."""

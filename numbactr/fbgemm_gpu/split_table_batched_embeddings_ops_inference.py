@@ -10,7 +10,10 @@ bytes start on a 128-byte line with cacheline_alignment). The bytes are the engi
 (Precision.INT8 with one row codec per table) and `weights_host` / `weights_dev` is that buffer, so
 `split_embedding_weights()` views write straight into the tables. A lookup decodes the rows it touches to
 float32 and pools them (SUM, MEAN, or NONE for sequence embeddings; per-sample weights) on the device's
-forward; the output is FP16 (FBGEMM's default), FP32 or BF16. There is no backward: this is FBGEMM's
+forward; the output is FP16 (FBGEMM's default), FP32 or BF16. INT8 output of pooled embeddings is each
+feature's block quantized to FBGEMM's fused 8-bit rows (D_f + 8 bytes, as FBGEMM's GPU kernels; its CPU
+kernel leaves those bytes unset); INT8 or INT4 output with PoolingMode.NONE is each row's stored bytes
+(tables of that type only), uint8 or torch.quint4x2 as FBGEMM's. There is no backward: this is FBGEMM's
 inference module.
 
 As in FBGEMM, the weights are allocated by initialize_weights() (or fill_random_weights(), or weight_lists at
@@ -22,7 +25,7 @@ Pruning (index_remapping, set_index_remappings): each table's original indices a
 original rows (bounds_check_mode), then mapped to rows; a pruned index (-1) reads nothing. FBGEMM's hash-map
 remapping (use_array_for_index_remapping=False) maps the same and is kept as an array here.
 
-Not implemented (each a clear error): NFP8 rows, the UVM cache (MANAGED_CACHING), INT8 output,
+Not implemented (each a clear error): NFP8 rows, the UVM cache (MANAGED_CACHING), pooled INT4 output,
 embedding_inplace_update. The table locations follow the training
 face's rule: the module runs on numbactr's device (DEVICE/MANAGED tables without a GPU run on the cpu device,
 said once in the log).
@@ -40,6 +43,7 @@ from .. import device, log
 from ..embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, OptimizerSpec, Pooling, Precision,
                                 TableBatchedEmbedding)
 from ..kernels import tbe as K
+from ..kernels import fused8bit as Q8
 from ..kernels import nbit_rows as NB
 from ..torch_bridge import as_array as _as_array
 from ..torch_bridge import as_tensor as _as_tensor
@@ -112,12 +116,12 @@ class IntNBitTableBatchedEmbeddingBagsCodegen(nn.Module):
             dims.append(int(d))
             tys.append(_enum(SparseType, ty, f"embedding_specs[{t}] weights type"))
             locations.append(_enum(EmbeddingLocation, loc, f"embedding_specs[{t}] location"))
-        self._refuse(locations, output_dtype, tys)
+        self._refuse(locations, output_dtype, tys, pooling_mode)
         self.embedding_specs = specs
         self.feature_names = names
         self.pooling_mode = _enum(PoolingMode, pooling_mode, "pooling_mode")
         self.output_dtype = _enum(SparseType, output_dtype, "output_dtype").as_int()
-        self._out_dtype = _OUTPUTS[SparseType.from_int(self.output_dtype)]
+        self._out_type = SparseType.from_int(self.output_dtype)
         self.scale_bias_size_in_bytes = int(scale_bias_size_in_bytes)
         if self.scale_bias_size_in_bytes != DEFAULT_SCALE_BIAS_SIZE_IN_BYTES:
             raise NotImplementedError(f"{WHO}: scale_bias_size_in_bytes={scale_bias_size_in_bytes}: numbactr reads "
@@ -173,16 +177,26 @@ class IntNBitTableBatchedEmbeddingBagsCodegen(nn.Module):
             self.set_index_remappings(index_remapping, pruning_hash_load_factor, use_array_for_index_remapping)
 
     @staticmethod
-    def _refuse(locations, output_dtype, tys) -> None:
+    def _refuse(locations, output_dtype, tys, pooling_mode) -> None:
         if EmbeddingLocation.MANAGED_CACHING in locations:
             raise NotImplementedError(f"{WHO}: the UVM cache (EmbeddingLocation.MANAGED_CACHING) is not implemented "
                                       "in numbactr's inference TBE")
-        out = _enum(SparseType, output_dtype, "output_dtype")
-        if out not in _OUTPUTS:
-            raise NotImplementedError(f"{WHO}: output_dtype={out.name} is not implemented in numbactr (FP32, FP16, "
-                                      "BF16)")
         for t, ty in enumerate(tys):
             _type(ty, f"embedding_specs[{t}] weights type")
+        out = _enum(SparseType, output_dtype, "output_dtype")
+        pooled = _enum(PoolingMode, pooling_mode, "pooling_mode") != PoolingMode.NONE
+        if out in (SparseType.INT8, SparseType.INT4) and not pooled:
+            # FBGEMM: each row's stored bytes, which needs the tables to hold rows of that type
+            if any(ty != out for ty in tys):
+                raise ValueError(f"{WHO}: output_dtype={out.name} with PoolingMode.NONE returns the stored rows, "
+                                 f"so every table's weights must be {out.name} too (FBGEMM: int8 output are only "
+                                 "supported for int8 weights)")
+        elif out == SparseType.INT4:
+            raise NotImplementedError(f"{WHO}: output_dtype=INT4 is implemented for PoolingMode.NONE (each row's "
+                                      "stored bytes); pooled INT4 output is not")
+        elif out not in _OUTPUTS and out != SparseType.INT8:
+            raise NotImplementedError(f"{WHO}: output_dtype={out.name} is not implemented in numbactr (FP32, FP16, "
+                                      "BF16, INT8, and INT4 with PoolingMode.NONE)")
 
     # ---- weights ---------------------------------------------------------------------------------------
     def initialize_weights(self) -> None:
@@ -270,9 +284,32 @@ class IntNBitTableBatchedEmbeddingBagsCodegen(nn.Module):
         idx, off = _as_array(indices.contiguous()), _as_array(offsets.contiguous())
         if self._remap is not None:
             idx, off = self._pruned(idx, off)
+        ty = self._out_type
+        if ty in (SparseType.INT8, SparseType.INT4) and self.pooling_mode == PoolingMode.NONE:
+            return self._stored_rows(idx, off, ty)
         with torch.no_grad():
             out, _ = self.engine.forward(idx, off, psw, training=False)
-        return _as_tensor(out).to(self._out_dtype)
+        if ty == SparseType.INT8:                           # pooled: each feature's block quantized
+            xp = device.xp()
+            d = self.D_offsets
+            out = xp.concatenate([Q8.quantize_rows(out[:, d[f]:d[f + 1]], xp) for f in range(len(d) - 1)], axis=1)
+            return _as_tensor(out)
+        return _as_tensor(out).to(_OUTPUTS[ty])
+
+    def _stored_rows(self, idx, off, ty):
+        """INT8 / INT4 output of sequence embeddings: each occurrence's stored row bytes (scale and bias, then
+        the values; no row padding), FBGEMM's layout: uint8 (N, row bytes) for INT8, quint4x2 (N, 2 * row
+        bytes) for INT4."""
+        _, _, dim, _, _ = self.embedding_specs[0]
+        width = unpadded_row_size_in_bytes(dim, ty, self.scale_bias_size_in_bytes)
+        rows = _as_tensor(self.engine.forward_bytes(idx, off, width))
+        if ty == SparseType.INT8:
+            return rows
+        packed = torch._empty_affine_quantized((rows.shape[0], 2 * width), scale=1.0, zero_point=0,
+                                               dtype=torch.quint4x2, device=rows.device)
+        if rows.numel():
+            packed.untyped_storage().copy_(rows.contiguous().untyped_storage())
+        return packed
 
     def _pruned(self, idx, off):
         """FBGEMM's pruning: the indices checked against the tables' original rows (bounds_check_mode), then
