@@ -278,3 +278,55 @@ def test_pooled_int8_output_is_each_features_block_quantized(pooling):
     for part_back, part_ref in zip(torch.split(back, dims, dim=1), torch.split(ref, dims, dim=1)):
         half_step = (part_ref.max(1).values - part_ref.min(1).values) / 255 / 2          # per row
         assert ((part_back - part_ref).abs() <= half_step[:, None] * 1.01 + 1e-6).all()
+
+
+@pytest.mark.parametrize("pruned", [False, True])
+def test_embedding_inplace_update_like_fbgemm(pruned):
+    """embedding_inplace_update (per-table rows) and embedding_inplace_update_internal (flat, original
+    indices through the pruning map) write the same bytes as FBGEMM's, and the lookups then agree."""
+    FI = fbgemm()
+    from fbgemm_gpu.split_embedding_configs import SparseType as FS
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation as FL
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode as FP
+    dims, types = [8, 16, 8], ["INT8", "FP16", "INT4"]
+    kw = dict(output_dtype=None, row_alignment=16)
+    if pruned:
+        kw["index_remapping"] = [torch.tensor([3, -1, 0, 1, 2, 5, 4] + [-1] * 13, dtype=torch.int32), None, None]
+    fb = build(FI, FS, FL, FP.SUM, dims, types=types, **{**kw, "output_dtype": FS.FP32})
+    nb = build(NI, NS, NL, NP.SUM, dims, types=types, **{**kw, "output_dtype": NS.FP32})
+    fb.initialize_weights()
+    nb.initialize_weights()
+    fill([fb, nb], dims, types)
+    rng = np.random.default_rng(11)
+    widths = [w.shape[1] for w, _ in nb.split_embedding_weights(False)]
+    rows = [[1, 4], [], [0, 7, 3]]
+    upd = [torch.from_numpy(rng.integers(0, 256, (len(r), widths[t])).astype(np.uint8)) for t, r in enumerate(rows)]
+    # sane qparams for the quantized rows (float16 scale, bias at the front)
+    for t in (0, 2):
+        upd[t][:, :4] = torch.from_numpy(np.tile(np.array([0.05, -0.5], np.float16).view(np.uint8), (len(rows[t]), 1)))
+    for m in (fb, nb):
+        m.embedding_inplace_update([0, 1, 2], rows, upd)
+    for (a, _), (b, _) in zip(fb.split_embedding_weights(False), nb.split_embedding_weights(False)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    tables, originals = [0, 2, 0], [2, 5, 5]
+    flat = torch.from_numpy(rng.integers(0, 256, sum(widths[t] for t in tables)).astype(np.uint8))
+    flat[:4] = torch.from_numpy(np.array([0.02, 0.5], np.float16).view(np.uint8))
+    nb.embedding_inplace_update_internal(tables, originals, flat)
+    # (FBGEMM's flat form is a GPU op; its meaning written out on FBGEMM's views)
+    remap = kw.get("index_remapping", [None] * 3)
+    at = 0
+    for t, i in zip(tables, originals):
+        r = i if remap[t] is None else int(remap[t][i])
+        if r >= 0:
+            fb.split_embedding_weights(False)[t][0][r] = flat[at:at + widths[t]]
+        at += widths[t]
+    for (a, _), (b, _) in zip(fb.split_embedding_weights(False), nb.split_embedding_weights(False)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    idx, off, _ = batch(dims, weighted=False)
+    torch.testing.assert_close(nb(idx, off), fb(idx.clone(), off), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"update_row_indices\[0\] has row 99"):
+        nb.embedding_inplace_update([0], [[99]], [upd[0][:1]])
+    with pytest.raises(ValueError, match=r"update_weights\[0\] must be uint8 of shape"):
+        nb.embedding_inplace_update([0], [[1]], [upd[0]])
+    with pytest.raises(ValueError, match="not a table"):
+        nb.embedding_inplace_update_internal([7], [0], flat[:widths[0]])

@@ -25,10 +25,12 @@ Pruning (index_remapping, set_index_remappings): each table's original indices a
 original rows (bounds_check_mode), then mapped to rows; a pruned index (-1) reads nothing. FBGEMM's hash-map
 remapping (use_array_for_index_remapping=False) maps the same and is kept as an array here.
 
-Not implemented (each a clear error): NFP8 rows, the UVM cache (MANAGED_CACHING), pooled INT4 output,
-embedding_inplace_update. The table locations follow the training
-face's rule: the module runs on numbactr's device (DEVICE/MANAGED tables without a GPU run on the cpu device,
-said once in the log).
+embedding_inplace_update (per-table row lists) and embedding_inplace_update_internal (FBGEMM's flat form,
+through the pruning map) overwrite stored rows for a serving model's updates.
+
+Not implemented (each a clear error): NFP8 rows, the UVM cache (MANAGED_CACHING), pooled INT4 output.
+The table locations follow the training face's rule: the module runs on numbactr's device (DEVICE/MANAGED
+tables without a GPU run on the cpu device, said once in the log).
 """
 from __future__ import annotations
 
@@ -374,9 +376,74 @@ class IntNBitTableBatchedEmbeddingBagsCodegen(nn.Module):
         self.set_index_remappings(index_remapping, use_array_for_index_remapping=True)
 
     # ---- FBGEMM's other methods ------------------------------------------------------------------------
-    def embedding_inplace_update(self, *args, **kwargs) -> None:
-        raise NotImplementedError(f"{WHO}: embedding_inplace_update is not implemented in numbactr; write through "
-                                  "split_embedding_weights() instead")
+    def embedding_inplace_update(self, update_table_indices, update_row_indices, update_weights) -> None:
+        """Overwrite stored rows (a serving model's update): for each i, table update_table_indices[i]'s rows
+        update_row_indices[i] (rows of the table, not pruned indices) get update_weights[i], uint8
+        (len(rows), padded row bytes) in the table's own byte format (split_embedding_weights(False)). All
+        updates are checked before any row changes."""
+        if not (len(update_table_indices) == len(update_row_indices) == len(update_weights)):
+            raise ValueError(f"{WHO}: embedding_inplace_update needs one row list and one weights tensor per table "
+                             f"index, got {len(update_table_indices)}, {len(update_row_indices)} and "
+                             f"{len(update_weights)}")
+        self._need_weights("embedding_inplace_update")
+        views = self.split_embedding_weights(split_scale_shifts=False)
+        todo = []
+        for i, (t, rows, w) in enumerate(zip(update_table_indices, update_row_indices, update_weights)):
+            t = self._table_index(t, f"update_table_indices[{i}]")
+            rows = self._update_rows(rows, t, f"update_row_indices[{i}]")
+            dest = views[t][0]
+            if not isinstance(w, torch.Tensor) or w.dtype != torch.uint8 or tuple(w.shape) != (len(rows),
+                                                                                                dest.shape[1]):
+                raise ValueError(f"{WHO}: update_weights[{i}] must be uint8 of shape ({len(rows)}, {dest.shape[1]}) "
+                                 f"(table {t}'s padded row bytes), got "
+                                 f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+            todo.append((dest, rows, w))
+        for dest, rows, w in todo:
+            if len(rows):
+                dest[torch.as_tensor(rows, device=dest.device)] = w.to(dest.device)
+
+    def embedding_inplace_update_internal(self, update_table_indices, update_row_indices, update_weights) -> None:
+        """FBGEMM's flat form: update_table_indices[k] and update_row_indices[k] (an original index, mapped
+        through the pruning map; a pruned index is skipped) name the k-th row, and update_weights is its
+        padded row bytes, concatenated (uint8, 1-D)."""
+        tables = [self._table_index(t, f"update_table_indices[{k}]") for k, t in enumerate(update_table_indices)]
+        if len(tables) != len(update_row_indices):
+            raise ValueError(f"{WHO}: update_table_indices ({len(tables)}) and update_row_indices "
+                             f"({len(update_row_indices)}) must have the same length")
+        self._need_weights("embedding_inplace_update_internal")
+        views = self.split_embedding_weights(split_scale_shifts=False)
+        widths = [views[t][0].shape[1] for t in tables]
+        w = update_weights
+        if not isinstance(w, torch.Tensor) or w.dtype != torch.uint8 or w.dim() != 1 or w.numel() != sum(widths):
+            raise ValueError(f"{WHO}: update_weights must be 1-D uint8 of {sum(widths)} bytes (the rows' padded "
+                             f"bytes, concatenated), got {getattr(w, 'dtype', type(w).__name__)} "
+                             f"{tuple(getattr(w, 'shape', ()))}")
+        updates, at = [], 0
+        for k, (t, r, width) in enumerate(zip(tables, update_row_indices, widths)):
+            original = self._remap[t].shape[0] if self._remap is not None and self._remap[t] is not None \
+                else self.rows[t]
+            r = int(r)
+            if not 0 <= r < original:
+                raise ValueError(f"{WHO}: update_row_indices[{k}] = {r} is outside table {t}'s {original} indices")
+            if self._remap is not None and self._remap[t] is not None:
+                r = int(self._remap[t][r])
+            if r >= 0:
+                updates.append((views[t][0], r, w[at:at + width]))
+            at += width
+        for dest, r, row in updates:
+            dest[r] = row.to(dest.device)
+
+    def _table_index(self, t, what: str) -> int:
+        if not isinstance(t, (int, np.integer)) or not 0 <= int(t) < len(self.rows):
+            raise ValueError(f"{WHO}: {what} = {t!r} is not a table (0..{len(self.rows) - 1})")
+        return int(t)
+
+    def _update_rows(self, rows, t: int, what: str) -> list:
+        rows = [int(r) for r in (rows.tolist() if isinstance(rows, torch.Tensor) else rows)]
+        bad = [r for r in rows if not 0 <= r < self.rows[t]]
+        if bad:
+            raise ValueError(f"{WHO}: {what} has row {bad[0]}, outside table {t}'s {self.rows[t]} rows")
+        return rows
 
 
 def device_kind() -> str:
