@@ -54,6 +54,26 @@ def test_sharded_sok_model_equals_one_rank(tmp_path):
 
 @pytest.mark.mpi
 @needs_mpi
+def test_two_ranks_resume_from_their_torch_checkpoints_exactly(tmp_path):
+    """mpiexec -n 2: each rank torch.saves its model's and optimizers' state_dicts after step 2, loads them
+    into a fresh model and trains on; every output and table equals the run without a break, bit for bit."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBACTR_DEVICE"] = "cpu"
+    results = []
+    for mode in ([], ["resume"]):
+        out = tmp_path / f"{'-'.join(mode) or 'plain'}.npz"
+        r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(HERE / "mpi" / "sok_run.py"), str(out), *mode],
+                           capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, f"mpiexec -n 2 {mode} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        results.append(dict(np.load(out)))
+    plain, resumed = results
+    assert plain.keys() == resumed.keys()
+    for name, want in plain.items():
+        np.testing.assert_array_equal(resumed[name], want, err_msg=name)
+
+
+@pytest.mark.mpi
+@needs_mpi
 def test_the_example_learns_and_two_ranks_print_one_ranks_losses():
     """examples/sok_demo.py: the loss falls, and mpiexec -n 2 prints the one-rank run's losses."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}

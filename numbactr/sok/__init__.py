@@ -27,8 +27,11 @@ What maps where: layers.py (inputs as tensors: dense ids, CSR (values, offsets),
 table.py (ownership over ranks, initial rows, gradients), optimizer.py (which engine optimizer runs for
 which torch optimizer), dense.py (data parallelism). Differences from SOK: each table's lookup runs on its
 own (SOK fuses several tables into one); a DynamicVariable has a fixed capacity per rank (max_capacity);
-SOK's 'hybrid' backend's N(0, 1) 'random' initializer, mixed precision, dump/load and the low-frequency
-filter are not implemented; TensorFlow is not supported (numbactr's README says why).
+SOK's 'hybrid' backend's N(0, 1) 'random' initializer, mixed precision, SOK's TensorFlow dump/load file
+format and the low-frequency filter are not implemented; TensorFlow is not supported (numbactr's README
+says why). Checkpoints are PyTorch's: a module's state_dict() holds this rank's rows (keys, values) and
+OptimizerWrapper.state_dict() the tables' optimizer states, so torch.save / torch.load of both resume
+training exactly (each rank its own, loaded by as many ranks as saved it).
 """
 from __future__ import annotations
 

@@ -7,6 +7,12 @@ torch.autograd.Function whose backward hands dLoss/dout to the table, which hold
 step() applies the engine's fused backward + optimizer (SOK's apply_gradients); the table never gets a
 dense (V, D) gradient. Tensors and the engine's arrays share memory (numbactr.torch_bridge).
 
+Checkpoints: a module's state_dict() holds the rows this rank holds, "<prefix>keys" (n,) int64 and
+"<prefix>values" (n, D) float32 (sok.export's pair), and load_state_dict() puts them back (a keyed table
+then holds exactly those keys). Each rank saves and loads its own: a checkpoint is loaded by as many
+ranks as saved it (a key on the wrong rank is an error). The tables' optimizer states are in
+OptimizerWrapper.state_dict().
+
 Inputs (PyTorch forms of SOK's TensorFlow inputs; keys are int32/int64 tensors, shapes B batch, S slots):
   All2AllDenseEmbedding   a dense (B, S, nnz_per_slot) tensor -> (B, S, nnz_per_slot, D) (no pooling: the
                           drop-in for nn.Embedding); dynamic_input=True: a 1-D (N,) tensor -> (N, D).
@@ -83,6 +89,34 @@ class _SokModule(nn.Module):
     def keys(self) -> torch.Tensor:
         """(V_local,) int64 the key (global row) of each row of weight."""
         return torch.from_numpy(self.table.keys())
+
+    # torch checkpoints: state_dict() holds this rank's rows as "<prefix>keys" (n,) int64 and "<prefix>values"
+    # (n, D) float32 (sok.export's pair); load_state_dict() puts them back (numbactr.sok.table.SokTable.load_state)
+    _STATE = ("keys", "values")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        keys, values = self.table.state()
+        destination[prefix + "keys"] = torch.from_numpy(keys)
+        destination[prefix + "values"] = torch.from_numpy(values)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        names = [prefix + n for n in self._STATE]
+        for n in names:
+            if n in unexpected_keys:
+                unexpected_keys.remove(n)
+        have = [n in state_dict for n in names]
+        if not all(have):
+            missing_keys.extend(n for n, h in zip(names, have) if not h)
+            return
+        try:
+            self.table.load_state(as_array(state_dict[names[0]].detach().cpu()),
+                                  as_array(state_dict[names[1]].detach().cpu().float()))
+        except ValueError as e:
+            error_msgs.append(str(e))
 
     def _lookup(self, keys, offsets, training, weights=None, pooling=None):
         training = self.training if training is None else bool(training)

@@ -26,7 +26,8 @@ its first API, sok.optimizers.Adam (HugeCTR's Adam over every row, "global"). He
         m / (sqrt(v) + eps)); dense parameters are an error (train them with a torch optimizer).
 
 step() applies the gradients the tables hold since the last step (loss.backward() only holds them) and
-then steps the torch optimizer; zero_grad() drops both. Under mpiexec call numbactr.sok.average_gradients
+then steps the torch optimizer; zero_grad() drops both. state_dict() / load_state_dict() carry the torch
+optimizer's state and the tables' optimizer states (this rank's rows; load the model's state_dict first). Under mpiexec call numbactr.sok.average_gradients
 (model) between backward() and step() for the dense part; the tables are model-parallel already.
 """
 from __future__ import annotations
@@ -86,8 +87,8 @@ def engine_optimizer(optimizer, group: dict) -> OptimizerSpec:
 
 class OptimizerWrapper:
     """SOK's sok.OptimizerWrapper around a torch optimizer (module docstring). Attributes other than step,
-    zero_grad and the wrapped ``optimizer`` are the torch optimizer's (param_groups, state, state_dict...);
-    the tables' optimizer states live in the tables."""
+    zero_grad, state_dict, load_state_dict and the wrapped ``optimizer`` are the torch optimizer's
+    (param_groups, state...); the tables' optimizer states live in the tables."""
 
     def __init__(self, optimizer):
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -117,6 +118,35 @@ class OptimizerWrapper:
         self.optimizer.step()
         return loss
 
+    def state_dict(self) -> dict:
+        """The torch optimizer's state_dict plus "sok_tables": per table this wrapper trains (in parameter
+        order), the engine optimizer's state of the rows this rank holds (keys, states, step count)."""
+        sd = self.optimizer.state_dict()
+        sd["sok_tables"] = [_tensors(table.optimizer_state()) for table, _ in self._tables]
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """state_dict() of the same model and optimizer on this rank; load the model's state_dict first (a
+        keyed table must hold the keys whose states come back). Every table's state is checked before
+        any changes."""
+        sd = dict(state_dict)
+        tables = sd.pop("sok_tables", None)
+        if tables is None:
+            if self._tables:
+                raise ValueError("OptimizerWrapper.load_state_dict: the state has no 'sok_tables' entry, so it "
+                                 f"cannot restore the optimizer states of this wrapper's {len(self._tables)} SOK "
+                                 "table(s)")
+            tables = []
+        if len(tables) != len(self._tables):
+            raise ValueError(f"OptimizerWrapper.load_state_dict: the state has {len(tables)} SOK table(s), this "
+                             f"wrapper trains {len(self._tables)}")
+        states = [_arrays(st) for st in tables]
+        for (table, _), st in zip(self._tables, states):       # checks first (a bad state changes nothing)
+            table.check_optimizer_state(st)
+        self.optimizer.load_state_dict(sd)
+        for (table, _), st in zip(self._tables, states):
+            table.load_optimizer_state(st)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The torch optimizer's zero_grad, and the tables' held gradients dropped."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -127,6 +157,20 @@ class OptimizerWrapper:
         if name in ("optimizer", "_tables"):            # not set yet (during __init__)
             raise AttributeError(name)
         return getattr(self.optimizer, name)
+
+
+def _tensors(st: dict) -> dict:
+    """A table's optimizer_state() with torch tensors in place of arrays (torch.save's usual contents)."""
+    return {**st, "keys": torch.from_numpy(st["keys"]),
+            "states": {k: torch.from_numpy(v) for k, v in st["states"].items()}}
+
+
+def _arrays(st: dict) -> dict:
+    if not isinstance(st, dict) or not {"optimizer", "step", "keys", "states"} <= set(st):
+        raise ValueError("OptimizerWrapper.load_state_dict: each 'sok_tables' entry must hold optimizer, step, keys "
+                         "and states")
+    arr = (lambda v: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)   # noqa: E731
+    return {**st, "keys": arr(st["keys"]), "states": {k: arr(v) for k, v in st["states"].items()}}
 
 
 class SGD(OptimizerWrapper):

@@ -183,6 +183,113 @@ class SokTable:
                                      layout=Layout.SAMPLE_MAJOR, optimizer=spec, bounds_check=BoundsCheck.FATAL,
                                      seed=self.seed)
 
+    # ---- checkpoints (numbactr.sok.layers' state_dict, OptimizerWrapper.state_dict) ------------------
+    def owners(self, keys: np.ndarray) -> np.ndarray:
+        """(n,) the rank that owns each key (int64 keys on the host)."""
+        if self.target != DISTRIBUTED:
+            return np.full(keys.shape, self.target, np.int64)
+        return (keys.astype(np.uint64) % np.uint64(self.comm.size)).astype(np.int64)
+
+    def state(self) -> tuple:
+        """(keys (n,) int64, values (n, D) float32) host copies of the rows this rank holds."""
+        return np.array(self.keys(), np.int64), np.array(device.to_host(self.weights()), np.float32)
+
+    def _state_rows(self, keys: np.ndarray, what: str, insert: bool) -> np.ndarray:
+        """(n,) the local rows of a checkpoint's keys (n,) int64 on this rank, everything checked first: the
+        keys are unique and this rank's; an unkeyed table's are exactly the rows it holds. insert (a keyed
+        table's weights): the table is rebuilt to hold just these keys, in this order, optimizer states
+        following their keys. Raises ValueError naming what is wrong."""
+        who = f"{self.who}{self._where()}: {what}"
+        if keys.ndim != 1:
+            raise ValueError(f"{who}: keys must be 1-D, got shape {keys.shape}")
+        uniq, first = np.unique(keys, return_index=True)
+        if uniq.size != keys.size:
+            dup = np.setdiff1d(np.arange(keys.size), first)[0]
+            raise ValueError(f"{who}: key {keys[dup]} appears twice (position {dup})")
+        foreign = np.flatnonzero(self.owners(keys) != self.comm.rank)
+        if foreign.size:
+            k = foreign[0]
+            raise ValueError(f"{who}: key {keys[k]} (position {k}) belongs to rank {int(self.owners(keys[k:k + 1])[0])}, "
+                             f"not rank {self.comm.rank}: a SOK checkpoint is loaded by the same number of ranks "
+                             "that saved it, each rank its own")
+        xp = device.xp()
+        if not self.keyed:
+            held = self._held_rows()
+            if keys.size != held.size or not np.array_equal(uniq, held):
+                raise ValueError(f"{who}: holds {keys.size} rows; this rank holds {held.size} rows of the "
+                                 f"{self.global_rows}-row table (saved by another number of ranks, or another table?)")
+            return keys // self.comm.size if self.target == DISTRIBUTED else keys
+        self._check_keys(keys)
+        if keys.size > self.capacity:
+            raise ValueError(f"{who}: holds {keys.size} keys; this rank's table holds at most {self.capacity} "
+                             f"(raise {self.option})")
+        table = self.engine.hash_tables[0]
+        k = xp.asarray(keys.astype(np.uint64))
+        if not insert:
+            rows = np.asarray(device.to_host(table.find(k)), np.int64)
+            missing = np.flatnonzero(rows < 0)
+            if missing.size:
+                raise ValueError(f"{who}: key {keys[missing[0]]} is not in the table (load the model's state_dict "
+                                 "before the optimizer's)")
+            return rows
+        old = table.find(k)                               # (n,) each key's row before, -1 if absent
+        table.clear()
+        table.insert(k)                                   # unique keys, empty table: rows 0..n-1
+        self.engine.take_state_rows(0, old)
+        return np.arange(keys.size, dtype=np.int64)
+
+    def load_state(self, keys, values) -> None:
+        """Rows (keys (n,) int64, values (n, D)) of a state() taken on this rank: an unkeyed table's held rows
+        are overwritten; a keyed table then holds exactly these keys (optimizer states follow their keys,
+        new keys start from the initial state). A held gradient is dropped."""
+        keys = np.asarray(keys).astype(np.int64, copy=False).reshape(-1)
+        values = np.asarray(values, np.float32)
+        if values.shape != (keys.size, self.dim):
+            raise ValueError(f"{self.who}{self._where()}: the checkpoint's values must be ({keys.size}, {self.dim}), "
+                             f"got {values.shape}")
+        rows = self._state_rows(keys, "the checkpoint", insert=self.keyed)
+        self.engine.split_weights()[0][device.xp().asarray(rows)] = device.xp().asarray(values)
+        self._pending = None
+
+    def optimizer_state(self) -> dict:
+        """The engine optimizer's state of the rows this rank holds: {"optimizer", "step", "keys",
+        "states": {name: host array (n, ...)}}."""
+        n = self.engine.live_rows(0)
+        names = [name for name, _, _ in self.engine._state_specs()]
+        views = self.engine.split_optimizer_states()[0]
+        return {"optimizer": Optim(self.engine.optimizer.kind).name, "step": int(self.engine.step),
+                "keys": np.array(self.keys(), np.int64),
+                "states": {name: np.array(device.to_host(v[:n])) for name, v in zip(names, views)}}
+
+    def load_optimizer_state(self, st: dict) -> None:
+        """optimizer_state() of this rank, taken with the same optimizer: the states of its keys (which the
+        table must hold) and the step count."""
+        rows, names, views = self.check_optimizer_state(st)
+        xp = device.xp()
+        for name, view in zip(names, views):
+            view[xp.asarray(rows)] = xp.asarray(np.asarray(st["states"][name]).astype(view.dtype, copy=False))
+        self.engine.step = int(st["step"])
+
+    def check_optimizer_state(self, st: dict) -> tuple:
+        """load_optimizer_state's checks (ValueError naming what is wrong): (rows, state names, views)."""
+        kind = Optim(self.engine.optimizer.kind).name
+        if st.get("optimizer") != kind:
+            raise ValueError(f"{self.who}{self._where()}: the checkpoint's table optimizer is {st.get('optimizer')}, "
+                             f"this table's is {kind}")
+        keys = np.asarray(st["keys"]).astype(np.int64, copy=False).reshape(-1)
+        rows = self._state_rows(keys, "the optimizer checkpoint", insert=False)
+        names = [name for name, _, _ in self.engine._state_specs()]
+        if sorted(st["states"]) != sorted(names):
+            raise ValueError(f"{self.who}{self._where()}: the checkpoint has optimizer states {sorted(st['states'])}, "
+                             f"this table's optimizer keeps {sorted(names)}")
+        views = self.engine.split_optimizer_states()[0]
+        for name, view in zip(names, views):
+            want = (keys.size,) + tuple(view.shape[1:])
+            if np.shape(st["states"][name]) != want:
+                raise ValueError(f"{self.who}{self._where()}: optimizer state {name} must be {want}, got "
+                                 f"{np.shape(st['states'][name])}")
+        return rows, names, views
+
     # ---- lookup -------------------------------------------------------------------------------------
     def lookup(self, keys, offsets, training: bool, per_sample_weights=None, pooling=None):
         """(out, what hold() needs): out (B, F*D) pooled, or (N, D) for pooling NONE, of keys (N,) int in

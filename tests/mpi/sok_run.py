@@ -1,6 +1,6 @@
 """A PyTorch model with every kind of numbactr.sok table, trained on R ranks; rank 0 saves the results.
 
-    mpiexec -n R python tests/mpi/sok_run.py OUT.npz
+    mpiexec -n R python tests/mpi/sok_run.py OUT.npz [resume]
 
 Every rank builds the same global batches and takes its contiguous rows of them (batch 12 splits over 1, 2
 and 3 ranks). The model: DistributedEmbedding (keyed, mean, keys beyond 2**32), All2AllDenseEmbedding
@@ -10,8 +10,11 @@ broadcast_parameters must bring rank 0's dense weights; the loss is each rank's 
 averages the dense gradients; an OptimizerWrapper(Adam) trains the dense part, the layers and the localized
 variable, sok.Adam (HugeCTR's global Adam) the other two variables. Saved: each step's embedding outputs,
 logits and global loss, the evaluation logits (unseen keys included), every table's keys and rows (gathered,
-sorted by key) and the dense weights. tests/test_sok_mpi.py compares R = 2, 3 with R = 1.
+sorted by key) and the dense weights. tests/test_sok_mpi.py compares R = 2, 3 with R = 1. With `resume`,
+every rank saves its model's and optimizers' state_dicts (torch.save) after step 2, builds a fresh model and
+optimizers, loads them (torch.load) and trains on: the results must be those of the run without a break.
 """
+import io
 import os
 import sys
 
@@ -87,22 +90,36 @@ def gathered_tables(comm, model) -> dict:
     return out
 
 
-def main():
-    out_path = sys.argv[1]
-    comm = sok.init(seed=3, set_torch_threads=False)
-    torch.set_num_threads(1)
-    r0, r1 = rank_rows(B, comm.rank, comm.size)
+def build(comm):
+    """The model and its two optimizers, fresh (sok.init first: the tables' seeds follow creation order)."""
+    sok.init(seed=3, set_torch_threads=False)
     torch.manual_seed(100 + comm.rank)          # different dense weights on every rank...
     model = Model()
     sok.broadcast_parameters(model)             # ...until rank 0's reach them all
     variables = [model.var.placeholder, model.dyn.placeholder]
     rest = [p for p in model.parameters() if all(p is not v for v in variables)]
-    opt = sok.OptimizerWrapper(torch.optim.Adam(rest, lr=0.05))
-    opt_vars = sok.Adam(variables, learning_rate=0.05)
+    return model, sok.OptimizerWrapper(torch.optim.Adam(rest, lr=0.05)), sok.Adam(variables, learning_rate=0.05)
+
+
+def main():
+    out_path = sys.argv[1]
+    resume = sys.argv[2:] == ["resume"]
+    comm = sok.init(seed=3, set_torch_threads=False)
+    torch.set_num_threads(1)
+    r0, r1 = rank_rows(B, comm.rank, comm.size)
+    model, opt, opt_vars = build(comm)
     bce = torch.nn.BCEWithLogitsLoss()
     rng = np.random.default_rng(7)
     saved = {k: [] for k in ("emb", "logits", "loss")}
-    for _ in range(STEPS):
+    for step in range(STEPS):
+        if resume and step == 2:                # each rank its own checkpoint, into a fresh model
+            buf = io.BytesIO()
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "vars": opt_vars.state_dict()}, buf)
+            model, opt, opt_vars = build(comm)
+            ck = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["opt"])
+            opt_vars.load_state_dict(ck["vars"])
         batch = local(global_batch(rng, vocab=10), r0, r1)
         opt.zero_grad()
         opt_vars.zero_grad()
