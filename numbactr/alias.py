@@ -4,9 +4,10 @@ A HugeCTR script becomes a numbactr script by one change, ``import hugectr`` -> 
 Many also write ``from hugectr.inference import InferenceParams``, ``from hugectr.tools import DataGenerator``
 or ``from hugectr.data import DataSourceParams``: an ``import ... as`` binds a name, not a module path, so
 Python would look for a package called ``hugectr`` and fail. Importing numbactr therefore adds a finder that
-resolves ``hugectr`` and ``hugectr.X`` to ``numbactr`` and ``numbactr.X`` (the same module objects), and
-HugeCTR's separately installed ONNX converter ``hugectr2onnx`` to ``numbactr.onnx_converter.hugectr2onnx``,
-each unless a real package of that name is importable, or ``NUMBACTR_HUGECTR_ALIAS=0``.
+resolves ``hugectr`` and ``hugectr.X`` to ``numbactr`` and ``numbactr.X`` (the same module objects),
+HugeCTR's separately installed ONNX converter ``hugectr2onnx`` to ``numbactr.onnx_converter.hugectr2onnx``
+and its HPS plugin for PyTorch ``hps_torch`` to ``numbactr.hps_torch``, each unless a real package of that
+name is importable, or ``NUMBACTR_HUGECTR_ALIAS=0``.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import importlib.util
 import os
 import sys
 
-_ALIASES = {"hugectr": "numbactr", "hugectr2onnx": "numbactr.onnx_converter.hugectr2onnx"}
+_ALIASES = {"hugectr": "numbactr", "hugectr2onnx": "numbactr.onnx_converter.hugectr2onnx",
+            "hps_torch": "numbactr.hps_torch"}
 
 
 class _Loader(importlib.abc.Loader):
