@@ -200,6 +200,8 @@ def set_device(name: str) -> None:
             if sim or not cuda.is_available():
                 raise DeviceError("device 'gpu' is not available in this process")
     _state["kind"], _state["why"] = name, f"set_device({name!r}) was called"
+    if _held[0] is not None:                     # inside held_choices(): hold the new device's answer
+        _held[0] = _read_compiled()
 
 
 def uses_kernels() -> bool:
@@ -211,15 +213,40 @@ ENV_REFERENCE = "NUMBACTR_CPU_REFERENCE"
 _reference_depth = [0]           # reference_ops() nesting
 
 
+_held = [None]                   # compiled_cpu()'s answer while a held_choices() block is open
+
+
 def compiled_cpu() -> bool:
     """True when ops on the cpu device run their compiled CPU versions (where they have one): the device
     is cpu, NUMBACTR_CPU_REFERENCE is unset or 0, and no reference_ops() block is open."""
-    if kind() != "cpu" or _reference_depth[0]:
+    if _reference_depth[0]:
+        return False
+    held = _held[0]
+    return _read_compiled() if held is None else held
+
+
+def _read_compiled() -> bool:
+    if kind() != "cpu":
         return False
     raw = os.environ.get(ENV_REFERENCE, "").strip()
     if raw not in ("", "0", "1"):
         raise DeviceError(f"{ENV_REFERENCE}={raw!r}: expected 1 (NumPy references only) or 0")
     return raw != "1"
+
+
+@contextlib.contextmanager
+def held_choices():
+    """Inside the block compiled_cpu() answers from one reading of the environment (a whole forward or
+    training step asks it once per op; reading NUMBACTR_CPU_REFERENCE costs about a microsecond, which a
+    one-sample inference request notices). reference_ops() and set_device() still take effect inside."""
+    if _held[0] is not None:
+        yield
+        return
+    _held[0] = _read_compiled()
+    try:
+        yield
+    finally:
+        _held[0] = None
 
 
 @contextlib.contextmanager

@@ -603,6 +603,10 @@ class Model:
 
     def train(self) -> bool:
         """One training iteration; False when an epoch-mode reader is exhausted."""
+        with device.held_choices():                  # the ops' device choices read once per step
+            return self._train()
+
+    def _train(self) -> bool:
         self._require_compiled("train")
         self.start_data_reading()
         batch = self._next_train_batch()
@@ -937,6 +941,10 @@ class Model:
 
     def eval(self) -> bool:
         """One evaluation batch; accumulates metrics. False at the end of an epoch-mode eval source."""
+        with device.held_choices():
+            return self._eval()
+
+    def _eval(self) -> bool:
         self._require_compiled("eval")
         self._drop_graphs("evaluation")
         self.check_deferred()

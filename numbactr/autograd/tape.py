@@ -119,12 +119,12 @@ class Tensor:
 
 
 class Context:
-    """Per-call scratch space: forward stores what backward needs as attributes."""
+    """Per-call scratch space: forward stores what backward needs as attributes. (The defaults are class
+    attributes: a Context is made per op call, and an empty __init__ keeps that cheap.)"""
 
-    def __init__(self):
-        self.needs_input_grad: tuple[bool, ...] = ()
-        self.half = None          # the autocast half dtype this call ran under (None: float32)
-        self.native_half = False  # the op took and gave half tensors itself (Function.half_native)
+    needs_input_grad: tuple = ()
+    half = None          # the autocast half dtype this call ran under (None: float32)
+    native_half = False  # the op took and gave half tensors itself (Function.half_native)
 
 
 class Function:
@@ -149,28 +149,32 @@ class Function:
 
     @classmethod
     def apply(cls, tape: "Tape | None", *inputs: Tensor, name: str = "", **params: Any):
+        # (list displays, not generators, and one Tensor per output: an op call's own cost matters on small
+        # batches, e.g. a one-sample inference request, where it is most of the time)
         ctx = Context()
-        ctx.needs_input_grad = tuple(t.requires_grad for t in inputs)
+        ctx.needs_input_grad = needs = tuple([t.requires_grad for t in inputs])
         half = _POLICY.half
         if half is None:
-            out = cls.forward(ctx, *(t.data for t in inputs), **params)
-            outs = out if isinstance(out, tuple) else (out,)
+            out = cls.forward(ctx, *[t.data for t in inputs], **params)
         elif cls.half_native and not _POLICY.keep_outputs and _native_half(half):
             ctx.half, ctx.native_half = half, True
-            out = cls.forward(ctx, *(t.data for t in inputs), **params)
-            outs = out if isinstance(out, tuple) else (out,)
+            out = cls.forward(ctx, *[t.data for t in inputs], **params)
         else:                                      # mixed precision: float32 math, half storage
             ctx.half = half
-            out = cls.forward(ctx, *(_up(t.data, half) for t in inputs), **params)
-            outs = out if isinstance(out, tuple) else (out,)
+            out = cls.forward(ctx, *[_up(t.data, half) for t in inputs], **params)
             if not _POLICY.keep_outputs:
-                outs = tuple(_down(o, half) for o in outs)
-        grad_needed = any(ctx.needs_input_grad)
-        tensors = tuple(Tensor(o, name=name if len(outs) == 1 else f"{name}[{i}]",
-                               requires_grad=grad_needed) for i, o in enumerate(outs))
+                out = tuple([_down(o, half) for o in out]) if isinstance(out, tuple) else _down(out, half)
+        grad_needed = True in needs
+        if isinstance(out, tuple):
+            tensors = tuple([Tensor(o, name if len(out) == 1 else f"{name}[{i}]", grad_needed)
+                             for i, o in enumerate(out)])
+            result = tensors
+        else:
+            result = Tensor(out, name, grad_needed)
+            tensors = (result,)
         if tape is not None and grad_needed:
             tape.entries.append((cls, ctx, inputs, tensors))
-        return tensors if isinstance(out, tuple) else tensors[0]
+        return result
 
 
 class Tape:

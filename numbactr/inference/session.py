@@ -208,9 +208,14 @@ class InferenceSession:
         self.ps = ParameterServer(config) if parameter_server is None else parameter_server
         self.cache = self.ps.cache(p.model_name)
         self.poolers = [_Pooler(e, g.sparse_param(e).slot_num) for e in g.embeddings]
-        self.tensors: dict[str, Tensor] = {}
+        self._last: dict = {}           # the last forward's arrays by tensor name (the tensors property)
         self._rows = (0, 0)             # the last forward's samples, and the rows it ran on (a graph's bucket)
         self._graphs = None             # numbactr.cuda_graphs.ForwardGraphs once used
+
+    @property
+    def tensors(self) -> dict:
+        """Every tensor of the last forward by name (made on demand: a request does not pay for them)."""
+        return {k: Tensor(v) for k, v in self._last.items() if k != self._PREDICTIONS}
 
     def close(self) -> None:
         if self._own_ps:
@@ -220,6 +225,10 @@ class InferenceSession:
     def _run(self, dense: np.ndarray, sparse: list, n: int):
         """Predictions (n, P) of n samples: dense (n, dense_dim), sparse [(keys (N_t,), offsets (n*S_t + 1,))]
         per table; every tensor of the forward is kept (check_out_tensor)."""
+        with device.held_choices():                     # the ops' device choices read once per request
+            return self._run_held(dense, sparse, n)
+
+    def _run_held(self, dense: np.ndarray, sparse: list, n: int):
         g, xp = self.graph, device.xp()
         names = [g.input.dense_name]
         arrays = [xp.asarray(np.ascontiguousarray(dense, np.float32))]
@@ -243,7 +252,7 @@ class InferenceSession:
         else:                             # the dense network as a CUDA graph per row bucket (use_cuda_graph)
             out = graphs.run(n, arrays, lambda buffers: self._forward(names, buffers))
         preds = out[self._PREDICTIONS]            # (a replay's dict is the graph's: left as it is)
-        self.tensors = {k: Tensor(v) for k, v in out.items() if k != self._PREDICTIONS}
+        self._last = out
         self._rows = (n, preds.shape[0])
         return device.to_host(preds[:n])
 
@@ -438,7 +447,7 @@ class InferenceSession:
         """A host float32 copy of a tensor of the last forward (the dense input, an embedding output, a layer
         output, a loss layer's activation under the loss's top name)."""
         if tensor_name not in self.tensors:
-            if not self.tensors:
+            if not self._last:
                 raise ValueError(f"check_out_tensor: nothing has been predicted yet, so {tensor_name!r} holds nothing")
             raise ValueError(f"check_out_tensor: cannot find tensor with name {tensor_name!r}; tensors: "
                              f"{sorted(self.tensors)}")
