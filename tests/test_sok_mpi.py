@@ -74,6 +74,42 @@ def test_two_ranks_resume_from_their_torch_checkpoints_exactly(tmp_path):
 
 @pytest.mark.mpi
 @needs_mpi
+def test_sok_dump_on_two_ranks_loads_on_two_and_on_one(tmp_path):
+    """mpiexec -n 2: sok.dump writes SOK's files of the trained tables, and each rank's sok.load into a
+    fresh model gives its rows and optimizer states back (checked inside the run); one rank then loads the
+    same folder and holds every row the two ranks held."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBACTR_DEVICE"] = "cpu"
+    out, folder = tmp_path / "r2.npz", tmp_path / "sok_files"
+    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(HERE / "mpi" / "sok_run.py"), str(out), "dump",
+                        str(folder)], capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, f"mpiexec -n 2 dump failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    two = dict(np.load(out))
+    sys.path.insert(0, str(HERE / "mpi"))
+    try:
+        import sok_run
+    finally:
+        sys.path.pop(0)
+    from numbactr import device
+    import numbactr.sok as sok
+    old = device.kind()
+    device.set_device("cpu")
+    try:
+        model, opt, opt_vars = sok_run.build(sok.init(seed=3, set_torch_threads=False))
+        sok.load(str(folder), [model.dist, model.loc], opt)     # (the unkeyed layer's size follows the ranks)
+        sok.load(str(folder), [model.var, model.dyn], opt_vars)
+        for name in ("dist", "var", "dyn", "loc"):
+            module = getattr(model, name)
+            keys, rows = module.keys().numpy(), module.weight.detach().numpy()
+            order = np.argsort(keys, kind="stable")
+            np.testing.assert_array_equal(keys[order], two[f"{name}:keys"], err_msg=name)
+            np.testing.assert_array_equal(rows[order], two[f"{name}:rows"], err_msg=name)
+    finally:
+        device.set_device(old)
+
+
+@pytest.mark.mpi
+@needs_mpi
 def test_the_example_learns_and_two_ranks_print_one_ranks_losses():
     """examples/sok_demo.py: the loss falls, and mpiexec -n 2 prints the one-rank run's losses."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}

@@ -27,9 +27,10 @@ What maps where: layers.py (inputs as tensors: dense ids, CSR (values, offsets),
 table.py (ownership over ranks, initial rows, gradients), optimizer.py (which engine optimizer runs for
 which torch optimizer), dense.py (data parallelism). Differences from SOK: each table's lookup runs on its
 own (SOK fuses several tables into one); a DynamicVariable has a fixed capacity per rank (max_capacity);
-SOK's 'hybrid' backend's N(0, 1) 'random' initializer, mixed precision, SOK's TensorFlow dump/load file
-format and the low-frequency filter are not implemented; TensorFlow is not supported (numbactr's README
-says why). Checkpoints are PyTorch's: a module's state_dict() holds this rank's rows (keys, values) and
+SOK's 'hybrid' backend's N(0, 1) 'random' initializer, mixed precision and the low-frequency filter are
+not implemented; TensorFlow is not supported (numbactr's README says why). sok.dump(path, vars, optimizer)
+/ sok.load(...) read and write SOK's own weight files (numbactr/sok/dump_load.py). Checkpoints are also
+PyTorch's: a module's state_dict() holds this rank's rows (keys, values) and
 OptimizerWrapper.state_dict() the tables' optimizer states, so torch.save / torch.load of both resume
 training exactly (each rank its own, loaded by as many ranks as saved it).
 """
@@ -43,6 +44,7 @@ except ImportError as e:           # the one face of numbactr that needs torch
 from .. import threads
 from ..distributed.comm import world
 from .dense import average_gradients, broadcast_parameters
+from .dump_load import dump, load
 from .layers import (All2AllDenseEmbedding, DistributedEmbedding, DynamicVariable, Variable, assign, export,
                      lookup_sparse)
 from .optimizer import SGD, Adam, OptimizerWrapper, filter_variables, split_embedding_variable_from_others
@@ -51,7 +53,7 @@ from .table import SETTINGS
 __all__ = ["init", "Init", "All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable",
            "lookup_sparse", "export", "assign", "OptimizerWrapper", "SGD", "Adam", "optimizers",
            "filter_variables", "split_embedding_variable_from_others", "average_gradients",
-           "broadcast_parameters", "num_gpus", "global_gpu_id", "rank", "num_ranks"]
+           "broadcast_parameters", "num_gpus", "global_gpu_id", "rank", "num_ranks", "dump", "load"]
 
 
 class optimizers:                  # noqa: N801 (SOK's module name: sok.optimizers.Adam)

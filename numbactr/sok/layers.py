@@ -41,7 +41,7 @@ from ..distributed.comm import world
 from ..embedding.engine import Pooling
 from ..embedding.sharded import owner_offsets
 from ..torch_bridge import as_array, as_tensor
-from .table import DISTRIBUTED, SokTable, init_range
+from .table import DISTRIBUTED, SETTINGS, SokTable, init_range
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable", "lookup_sparse",
            "export", "assign"]
@@ -70,7 +70,10 @@ class _Lookup(torch.autograd.Function):
 class _SokModule(nn.Module):
     """A module over one SokTable: the placeholder parameter and the views every SOK module shares."""
 
-    def _attach(self, table: SokTable) -> None:
+    def _attach(self, table: SokTable, name) -> None:
+        """The module's table and placeholder; ``name`` (SOK's; sok.dump's file names) defaults to the class
+        name and the table's creation index (the same in every process that builds the model alike)."""
+        self.name = str(name) if name else f"{type(self).__name__}_{table.seed - SETTINGS.seed}"
         self.table = table
         self.placeholder = nn.Parameter(torch.zeros(0, device=_torch_device()), requires_grad=table.trainable)
         self.placeholder._sok_table = table
@@ -153,7 +156,7 @@ class All2AllDenseEmbedding(_SokModule):
         if self.nnz_per_slot < 1:
             raise ValueError(f"{who}: nnz_per_slot must be >= 1, got {nnz_per_slot}")
         self._attach(_vocabulary_table(who, self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
-                                       self.slot_num, Pooling.NONE, self.use_hashtable, embedding_initializer))
+                                       self.slot_num, Pooling.NONE, self.use_hashtable, embedding_initializer), name)
 
     def forward(self, inputs, training=None):
         """(B, slot_num, nnz_per_slot, D) vectors of inputs (B, slot_num, nnz_per_slot); with dynamic_input,
@@ -199,7 +202,7 @@ class DistributedEmbedding(_SokModule):
         self.use_hashtable = bool(use_hashtable)
         self._attach(_vocabulary_table(who, self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
                                        self.slot_num, COMBINERS[self.combiner], self.use_hashtable,
-                                       embedding_initializer))
+                                       embedding_initializer), name)
 
     def forward(self, inputs, training=None):
         """(B, slot_num, D) pooled vectors of the ids of B * slot_num bags (module docstring)."""
@@ -268,8 +271,9 @@ class Variable(_SokModule):
         else:
             raise ValueError(f"{who}: give initial_value, or shape (V, D) with an initializer")
         self.global_shape = tuple(int(s) for s in (initial.shape if initial is not None else shape))
-        self._attach(SokTable(who, self.global_shape[1], keyed=False, global_rows=self.global_shape[0],
-                              pooling=Pooling.MEAN, target=target, init=init, initial=initial, trainable=trainable))
+        table = SokTable(who, self.global_shape[1], keyed=False, global_rows=self.global_shape[0],
+                         pooling=Pooling.MEAN, target=target, init=init, initial=initial, trainable=trainable)
+        self._attach(table, name)
 
     @property
     def shape(self) -> tuple:
@@ -313,7 +317,7 @@ class DynamicVariable(_SokModule):
         self.key_type = key_type or torch.int64
         self._attach(SokTable(who, self.dimension, keyed=True, capacity=int(capacity),
                               option="max_capacity (keys per rank)", pooling=Pooling.MEAN, target=target,
-                              init=init_range(initializer, who), trainable=trainable))
+                              init=init_range(initializer, who), trainable=trainable), name)
 
     @property
     def size(self) -> int:

@@ -27,8 +27,9 @@ its first API, sok.optimizers.Adam (HugeCTR's Adam over every row, "global"). He
 
 step() applies the gradients the tables hold since the last step (loss.backward() only holds them) and
 then steps the torch optimizer; zero_grad() drops both. state_dict() / load_state_dict() carry the torch
-optimizer's state and the tables' optimizer states (this rank's rows; load the model's state_dict first). Under mpiexec call numbactr.sok.average_gradients
-(model) between backward() and step() for the dense part; the tables are model-parallel already.
+optimizer's state and the tables' optimizer states (this rank's rows; load the model's state_dict first).
+Under mpiexec call numbactr.sok.average_gradients(model) between backward() and step() for the dense part;
+the tables are model-parallel already.
 """
 from __future__ import annotations
 

@@ -194,11 +194,10 @@ class SokTable:
         """(keys (n,) int64, values (n, D) float32) host copies of the rows this rank holds."""
         return np.array(self.keys(), np.int64), np.array(device.to_host(self.weights()), np.float32)
 
-    def _state_rows(self, keys: np.ndarray, what: str, insert: bool) -> np.ndarray:
-        """(n,) the local rows of a checkpoint's keys (n,) int64 on this rank, everything checked first: the
-        keys are unique and this rank's; an unkeyed table's are exactly the rows it holds. insert (a keyed
-        table's weights): the table is rebuilt to hold just these keys, in this order, optimizer states
-        following their keys. Raises ValueError naming what is wrong."""
+    def check_state(self, keys: np.ndarray, what: str):
+        """A checkpoint's keys (n,) int64 for this rank, checked (ValueError naming what is wrong): unique,
+        this rank's, valid keys (keyed: not -1, at most the capacity; unkeyed: exactly the rows this rank
+        holds). Returns an unkeyed table's local rows of the keys (None for a keyed table)."""
         who = f"{self.who}{self._where()}: {what}"
         if keys.ndim != 1:
             raise ValueError(f"{who}: keys must be 1-D, got shape {keys.shape}")
@@ -209,20 +208,34 @@ class SokTable:
         foreign = np.flatnonzero(self.owners(keys) != self.comm.rank)
         if foreign.size:
             k = foreign[0]
-            raise ValueError(f"{who}: key {keys[k]} (position {k}) belongs to rank {int(self.owners(keys[k:k + 1])[0])}, "
-                             f"not rank {self.comm.rank}: a SOK checkpoint is loaded by the same number of ranks "
-                             "that saved it, each rank its own")
-        xp = device.xp()
+            owner = int(self.owners(keys[k:k + 1])[0])
+            raise ValueError(f"{who}: key {keys[k]} (position {k}) belongs to rank {owner}, not rank "
+                             f"{self.comm.rank}: a torch checkpoint is loaded by the same number of ranks that "
+                             "saved it, each rank its own (sok.dump / sok.load move tables between rank counts)")
         if not self.keyed:
             held = self._held_rows()
             if keys.size != held.size or not np.array_equal(uniq, held):
                 raise ValueError(f"{who}: holds {keys.size} rows; this rank holds {held.size} rows of the "
                                  f"{self.global_rows}-row table (saved by another number of ranks, or another table?)")
             return keys // self.comm.size if self.target == DISTRIBUTED else keys
-        self._check_keys(keys)
+        try:
+            self._check_keys(device.xp().asarray(keys))
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
         if keys.size > self.capacity:
             raise ValueError(f"{who}: holds {keys.size} keys; this rank's table holds at most {self.capacity} "
                              f"(raise {self.option})")
+        return None
+
+    def _state_rows(self, keys: np.ndarray, what: str, insert: bool) -> np.ndarray:
+        """(n,) the local rows of a checkpoint's keys (n,) int64 on this rank, checked first (check_state).
+        insert (a keyed table's weights): the table is rebuilt to hold just these keys, in this order,
+        optimizer states following their keys."""
+        rows = self.check_state(keys, what)
+        if not self.keyed:
+            return rows
+        xp = device.xp()
+        who = f"{self.who}{self._where()}: {what}"
         table = self.engine.hash_tables[0]
         k = xp.asarray(keys.astype(np.uint64))
         if not insert:

@@ -1,6 +1,6 @@
 """A PyTorch model with every kind of numbactr.sok table, trained on R ranks; rank 0 saves the results.
 
-    mpiexec -n R python tests/mpi/sok_run.py OUT.npz [resume]
+    mpiexec -n R python tests/mpi/sok_run.py OUT.npz [resume | dump DIR]
 
 Every rank builds the same global batches and takes its contiguous rows of them (batch 12 splits over 1, 2
 and 3 ranks). The model: DistributedEmbedding (keyed, mean, keys beyond 2**32), All2AllDenseEmbedding
@@ -13,6 +13,8 @@ logits and global loss, the evaluation logits (unseen keys included), every tabl
 sorted by key) and the dense weights. tests/test_sok_mpi.py compares R = 2, 3 with R = 1. With `resume`,
 every rank saves its model's and optimizers' state_dicts (torch.save) after step 2, builds a fresh model and
 optimizers, loads them (torch.load) and trains on: the results must be those of the run without a break.
+With `dump DIR`, the trained tables go to DIR in SOK's files (sok.dump, with their optimizers' states), and
+every rank loads DIR into a fresh model (sok.load) and checks its own rows and states came back.
 """
 import io
 import os
@@ -104,6 +106,7 @@ def build(comm):
 def main():
     out_path = sys.argv[1]
     resume = sys.argv[2:] == ["resume"]
+    dump_dir = sys.argv[3] if sys.argv[2:3] == ["dump"] else None
     comm = sok.init(seed=3, set_torch_threads=False)
     torch.set_num_threads(1)
     r0, r1 = rank_rows(B, comm.rank, comm.size)
@@ -132,6 +135,20 @@ def main():
         saved["emb"].append(comm.allgather_rows(emb.detach().numpy()))
         saved["logits"].append(comm.allgather_rows(logits.detach().numpy()))
         saved["loss"].append(comm.allreduce_sum(np.array([loss.item() * (r1 - r0) / B])))
+    if dump_dir:
+        sok.dump(dump_dir, [model.dist, model.dense, model.loc], opt)
+        sok.dump(dump_dir, [model.var, model.dyn], opt_vars)
+        fresh, fresh_opt, fresh_vars = build(comm)
+        sok.load(dump_dir, [fresh.dist, fresh.dense, fresh.loc], fresh_opt)
+        sok.load(dump_dir, [fresh.var, fresh.dyn], fresh_vars)
+        for name in ("dist", "dense", "var", "dyn", "loc"):
+            a, b = getattr(model, name).table, getattr(fresh, name).table
+            sa, sb = a.optimizer_state(), b.optimizer_state()
+            oa, ob = np.argsort(sa["keys"]), np.argsort(sb["keys"])
+            assert np.array_equal(sa["keys"][oa], sb["keys"][ob]), name
+            assert np.array_equal(a.state()[1][np.argsort(a.state()[0])], b.state()[1][np.argsort(b.state()[0])]), name
+            for k in sa["states"]:
+                assert np.array_equal(sa["states"][k][oa], sb["states"][k][ob]), (name, k)
     model.eval()
     with torch.no_grad():
         _, logits = model(local(global_batch(rng, vocab=14), r0, r1))      # keys 10..13 were never seen
