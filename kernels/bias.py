@@ -20,7 +20,7 @@ import numpy as np
 from numba import cuda, float32, njit, prange
 
 from .launch import SIMULATED, _sm_count, launch, launch_1d
-from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, sum_partials
+from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, pjit, sum_partials
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def _sum_rows(dy, p, c):
             p[k] += row[k]
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def _bias_add_cpu(y, b):
     chunks = (y.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
     if y.size < PARALLEL_MIN:
@@ -196,7 +196,7 @@ def _bias_add_cpu(y, b):
             _add_rows(y, b, c)
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def _bias_grad_cpu(dy, db):
     part = np.zeros(((dy.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK, dy.shape[1]), np.float32)     # (chunks, N)
     if dy.size < PARALLEL_MIN:

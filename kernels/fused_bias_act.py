@@ -26,7 +26,7 @@ from numba import cuda, float32, njit, prange
 
 from .bias import masked_column_sums
 from .launch import launch_1d
-from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, sum_partials
+from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, pjit, sum_partials
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def _backward_rows(y, dy, relu, d, part, has_bias, c):
                 p[k] += dr[k]
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def _bias_act_forward_cpu(y, b, has_bias, relu):
     chunks = (y.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
     if y.size < PARALLEL_MIN:
@@ -124,7 +124,7 @@ def _bias_act_forward_cpu(y, b, has_bias, relu):
             _forward_rows(y, b, has_bias, relu, c)
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def _bias_act_backward_cpu(y, dy, relu, d, db, has_bias):
     chunks = (y.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
     part = np.zeros((chunks if has_bias else 0, y.shape[1]), np.float32)        # (chunks, N)

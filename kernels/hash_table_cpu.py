@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange, uint64
 
+from .parallel_cpu import pjit
+
 from .tbe_cpu import pool_dispatch, prefetch
 
 _EMPTY = 0xFFFFFFFFFFFFFFFF
@@ -107,7 +109,7 @@ def _claim_into(tkeys, trows, keys, i, s, base, n_new, max_rows, claimed, rows_o
     return n_new
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def hash_insert_cpu(tkeys, trows, keys, base, max_rows, rows_out, claimed, miss, serial_slots=SERIAL_SLOTS):
     """rows_out (N,) int64 <- rows of keys (N,) uint64, inserting new keys at rows base, base + 1, ...
     claimed and miss (N,) int64 are scratch. Returns the number of new keys, or -1 when the table could not
@@ -155,7 +157,7 @@ def hash_insert_cpu(tkeys, trows, keys, base, max_rows, rows_out, claimed, miss,
     return n_new
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def hash_find_cpu(tkeys, trows, keys, rows_out):
     """rows_out (N,) int64 <- row of each key (N,) uint64, -1 when absent; in parallel. The home slot of
     the key _FIND_PF ahead is prefetched (its key and row), so the random probes overlap."""

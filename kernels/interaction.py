@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, float32, float64, int64, njit, prange
 
 from .launch import SIMULATED, _sm_count, launch, launch_1d
-from .parallel_cpu import PARALLEL_MIN
+from .parallel_cpu import PARALLEL_MIN, pjit
 
 
 def interaction_out_width(num_slots: int, width: int) -> int:
@@ -340,7 +340,7 @@ def _backward_chunk(dense, emb, dy, d_dense, d_emb, c):
             dd[v] = g[v] + dd[v]
 
 
-@njit(cache=True, parallel=True, fastmath={"reassoc"})
+@pjit(cache=True, fastmath={"reassoc"})
 def _forward_cpu(dense, emb, out):
     chunks = (dense.shape[0] + _CHUNK - 1) // _CHUNK
     if out.size * dense.shape[1] < PARALLEL_MIN:     # ~ the multiply-adds
@@ -351,7 +351,7 @@ def _forward_cpu(dense, emb, out):
             _forward_chunk(dense, emb, out, c)
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def _backward_cpu(dense, emb, dy, d_dense, d_emb):
     chunks = (dense.shape[0] + _CHUNK - 1) // _CHUNK
     if dy.size * dense.shape[1] < PARALLEL_MIN:

@@ -17,7 +17,7 @@ from numba import float32, njit, prange
 
 from . import tbe_math as M
 from .optimizers import adam_alpha_t
-from .parallel_cpu import FLAT_CHUNK, PARALLEL_MIN
+from .parallel_cpu import FLAT_CHUNK, PARALLEL_MIN, pjit
 from .tbe_cpu import elem_state_count, elem_update
 
 _LOCAL = int(M.UpdateType.LOCAL)
@@ -39,7 +39,7 @@ def _update_span(kind, states, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
             b[i] = bi
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def _dense_update(kind, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
     """w, a, b (states by elem_state_count(kind)), g: (P,) float32; scalars float32."""
     n = w.shape[0]

@@ -14,7 +14,7 @@ import numpy as np
 from numba import cuda, float32, njit, prange
 
 from .launch import launch_1d
-from .parallel_cpu import FLAT_CHUNK, PARALLEL_MIN
+from .parallel_cpu import FLAT_CHUNK, PARALLEL_MIN, pjit
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -63,7 +63,7 @@ def _backward_span(y, dy, dx):
         dx[i] = dy[i] if y[i] > float32(0.0) else float32(0.0)
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def _relu_forward_cpu(x, y):
     n = x.shape[0]
     if n < PARALLEL_MIN:
@@ -74,7 +74,7 @@ def _relu_forward_cpu(x, y):
             _forward_span(x[lo:hi], y[lo:hi])
 
 
-@njit(cache=True, parallel=True)
+@pjit(cache=True)
 def _relu_backward_cpu(y, dy, dx):
     n = y.shape[0]
     if n < PARALLEL_MIN:

@@ -30,9 +30,9 @@ from numba.extending import intrinsic, overload
 from numba.np.arrayobj import make_array, populate_array
 
 from . import tbe_math as M
+from .parallel_cpu import pjit
 
 _JIT = dict(cache=True, error_model="numpy")       # x / 0 is inf / nan, as in the kernels
-_PJIT = dict(cache=True, parallel=True, error_model="numpy")
 
 half_to_float = njit(**_JIT)(M.half_to_float)
 float_to_half_bits = njit(**_JIT)(M.float_to_half_bits)
@@ -202,7 +202,7 @@ def check_offsets(offsets, n, out):
     return count, first
 
 
-@njit(**_PJIT)
+@pjit(**_JIT)
 def check_indices(indices, offsets, feature_rows, batch, layout, mode, rows):
     """rows (N,) int64 <- indices under the bounds-check mode (FATAL: unchanged, the caller raises;
     WARNING/IGNORE: 0; NONE: -1 for out-of-range; features with feature_rows -1 (keyed) unchecked);
@@ -252,7 +252,7 @@ def _bad_in(indices, lo, hi, limit):
     return nb
 
 
-@njit(**_PJIT)
+@pjit(**_JIT)
 def count_bad_indices(indices, offsets, feature_rows, batch, layout):
     """The number of indices outside their feature's table (-1 and keyed features, feature_rows -1,
     excepted), without writing anything: the common clean batch then uses the indices as its rows.
@@ -364,7 +364,7 @@ def pool_dispatch(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, di
         pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, dim, total, col, pooling, acc, out)
 
 
-@njit(**_PJIT)
+@njit(parallel=True, **_JIT)             # parallel only (see fused_update)
 def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, batch, layout, pooling, out, scratch):
     """out, flat: pooled (B * sum D_f) (float32, or float16 bits), or per occurrence (N * D) for NONE.
 
@@ -419,7 +419,7 @@ def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, ba
                                   strides[t], fcols[f + 1] - fcols[f], total, uint64(fcols[f]), pooling, acc, out)
 
 
-@njit(**_PJIT)
+@pjit(**_JIT)
 def forward_pooled(w, elem_off, strides, ftable, fcols, rows, offsets, batch, pooling, out, scratch):
     """forward's common case, FBGEMM's: pooled (SUM or MEAN), feature-major, without per-sample weights,
     compiled on its own: has_psw is the literal False, so the weighted loops are absent. The same results;
@@ -438,7 +438,7 @@ def forward_pooled(w, elem_off, strides, ftable, fcols, rows, offsets, batch, po
 
 
 # ---- backward: linearize, sort, segment -------------------------------------------------------------
-@njit(**_PJIT)
+@pjit(**_JIT)
 def linearize(rows, offsets, ftable, row_off, fcols, batch, layout, pooling, by_bag, sentinel, dy, dys, lin, pay,
               bag_of, bag_src, bag_scale):
     """Per occurrence k: lin[k] <- row_off[table] + row (the sentinel for -1 rows and positions outside every
@@ -499,7 +499,7 @@ def longest_bag(offsets):
     return m
 
 
-@njit(**_PJIT)
+@pjit(**_JIT)
 def radix_sort(keys, vals, n_bits, keys_out, vals_out, keys_tmp, vals_tmp):
     """Stable sort of the pairs (keys (N,) in [0, 2^n_bits), vals (N,)) by key into keys_out, vals_out
     (keys_tmp, vals_tmp: scratch of the same size and types; int32 or int64 each).
@@ -730,7 +730,10 @@ def update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, b
 row_update_call = njit(**_JIT)(row_update.py_func)
 
 
-@njit(**_PJIT)
+# Parallel only, as forward and global_pass: compiled serially (parallel_cpu.pjit's twin) these measured
+# 2-11x slower (the DLRM bench's 106k one-hot rows: fused_update 3.5 -> 19 ms, forward 1.1 -> 12 ms,
+# global_pass 0.23 -> 0.44 ms), so a one-thread run pays their one parallel region's ~0.1 ms instead.
+@njit(parallel=True, **_JIT)
 def fused_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, sorted_keys, pay, by_bag, seg_start,
                  n_seg, bag_of, bag_src, bag_scale, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_rows,
                  has_sr_rows):
@@ -788,7 +791,7 @@ def fused_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, sort
                                has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, acc, g, buf)
 
 
-@njit(**_PJIT)
+@njit(parallel=True, **_JIT)             # parallel only (see fused_update)
 def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, sr_rows, has_sr_rows):
     """HugeCTR's all-rows pass over rows [0, live[t]) of every table t (stochastic rounding hashes
     sr_rows[lin] when has_sr_rows, as fused_update)."""
@@ -811,7 +814,7 @@ def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base,
                 store(w, e0 + d, wn, splitmix64(sr_key(srl, d) ^ base), sr)
 
 
-@njit(**_PJIT)
+@pjit(**_JIT)
 def psw_grad(w, elem_off, strides, ftable, fcols, rows, offsets, dy, want, batch, layout, pooling, out):
     """out (N,) <- s_j <dy row of the bag (NONE: of the occurrence), W row> for features with want[f]."""
     n_features = ftable.shape[0]

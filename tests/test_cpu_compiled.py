@@ -406,3 +406,40 @@ def test_training_step_runs_no_reference_op(data, cpu, build, monkeypatch):
             monkeypatch.setattr(mod, name, refuse)
     losses = train_steps(build, data, 2, optimizer=O.Adam, update=U.Global)[1]
     assert np.isfinite(losses).all()
+
+
+def test_parallel_functions_run_their_serial_twin_on_one_thread_with_the_same_bits():
+    """kernels.parallel_cpu.pjit: one numba thread runs the serial twin (no parallel region to wake a
+    worker for), more run the parallel one; chunking does not depend on the thread count, so a reduction
+    (the bias gradient) and the interaction give identical bits either way. The twins keep separate
+    entries in Numba's disk cache (their names differ)."""
+    from numbactr.kernels.parallel_cpu import ParallelTwin
+    from numbactr.kernels import tbe_cpu
+    twin = bias._bias_grad_cpu
+    assert isinstance(twin, ParallelTwin) and twin.serial.py_func.__qualname__ == "_bias_grad_cpu_serial"
+    assert isinstance(tbe_cpu.radix_sort, ParallelTwin) and not isinstance(tbe_cpu.fused_update, ParallelTwin)
+    rng = np.random.default_rng(0)
+    dy = rng.standard_normal((2 * PARALLEL_MIN // 64, 64)).astype(np.float32)      # past PARALLEL_MIN: chunks
+    dense = rng.standard_normal((300, 16)).astype(np.float32)
+    emb = rng.standard_normal((300, 26, 16)).astype(np.float32)
+    got, ran = {}, []
+    serial, parallel = twin.serial, twin.parallel
+    twin.serial = lambda *a: (ran.append("serial"), serial(*a))[1]          # which twin a call runs
+    twin.parallel = lambda *a: (ran.append("parallel"), parallel(*a))[1]
+    before = numba.get_num_threads()
+    try:
+        for n in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(n)
+            db = np.empty(64, np.float32)
+            twin(dy, db)
+            assert ran[-1] == ("serial" if n == 1 else "parallel")
+            out = np.empty((300, interaction.interaction_out_width(26, 16)), np.float32)
+            interaction.interaction_forward_cpu(dense, emb, out)
+            got[n] = (db, out)
+    finally:
+        numba.set_num_threads(before)
+        twin.serial, twin.parallel = serial, parallel
+    first, last = got[1], got[max(got)]
+    np.testing.assert_array_equal(first[0], last[0])
+    np.testing.assert_array_equal(first[1], last[1])
+    np.testing.assert_allclose(first[0], dy.sum(0), rtol=1e-4, atol=1e-3)
