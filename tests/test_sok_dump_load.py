@@ -186,3 +186,6 @@ def test_bad_folders_are_clear_errors_that_change_nothing(tmp_path):
         sok.dump(str(tmp_path), [net.var, sok.Variable(shape=[5, D], name="user_item_0")])
     with pytest.raises(TypeError, match="not a numbactr.sok variable"):
         sok.dump(str(tmp_path), [torch.nn.Linear(2, 2)])
+    with pytest.raises(ValueError, match="'empty' holds no key yet"):
+        sok.dump(str(tmp_path / "new"), [sok.DynamicVariable(dimension=D, name="empty")])
+    assert not (tmp_path / "new").exists()                  # nothing written

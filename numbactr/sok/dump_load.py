@@ -109,6 +109,9 @@ def _trained(optimizer, v, who: str):
     if kind not in OPTIMIZER_NAMES:
         raise NotImplementedError(f"{who}: {kind.name} has no SOK file name")
     states = [n for n, _, _ in v.table.engine._state_specs()]
+    missing = [n for n in states if n not in SLOT_NAMES]
+    if missing:
+        raise NotImplementedError(f"{who}: {v.name!r}'s optimizer keeps {missing}, which SOK's files have no slot for")
     return OPTIMIZER_NAMES[kind], [(n, SLOT_NAMES[n]) for n in states]
 
 
@@ -119,7 +122,7 @@ def dump(path, dump_vars, optimizer=None) -> None:
     items = _vars(dump_vars, who)
     plans = [_trained(optimizer, v, who) for v in items]
     comm = items[0].table.comm if items else None
-    files = {}                                               # file name -> bytes (rank 0)
+    files, errors = {}, []                                   # file name -> bytes (rank 0)
     for v, plan in zip(items, plans):
         keys, values = v.table.state()
         st = v.table.optimizer_state() if plan else None
@@ -135,8 +138,8 @@ def dump(path, dump_vars, optimizer=None) -> None:
         values = comm.gather_rows(np.ascontiguousarray(values))
         states = [comm.gather_rows(np.ascontiguousarray(s, np.float32)) for s in states]
         if comm.rank == 0:
-            if keys.size == 0 and v.table.keyed:
-                raise ValueError(f"{who}: {v.name!r} holds no key yet (SOK refuses to dump an empty dynamic table)")
+            if keys.size == 0 and v.table.keyed:         # raised in write(), so that every rank hears of it
+                errors.append(f"{v.name!r} holds no key yet (SOK refuses to dump an empty dynamic table)")
             base = file_name(v.name)
             files[f"{base}-key"] = head(KEY_FILE, "", key_dtype) + keys.tobytes()
             files[f"{base}-weight"] = head(WEIGHT_FILE, "", np.float32) + values.astype(np.float32).tobytes()
@@ -144,6 +147,8 @@ def dump(path, dump_vars, optimizer=None) -> None:
                 files[f"{base}-{plan[0]}-{slot}"] = head(STATE_FILE, slot, np.float32) + s.tobytes()
 
     def write():
+        if errors:
+            raise ValueError(f"{who}: {errors[0]}")
         os.makedirs(path, exist_ok=True)
         for name, data in files.items():
             final = os.path.join(path, name)
