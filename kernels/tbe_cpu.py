@@ -364,7 +364,7 @@ def pool_dispatch(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, di
         pool_run(w, rows, psw, has_psw, offsets, j0, count, b0, off, stride, dim, total, col, pooling, acc, out)
 
 
-@njit(parallel=True, **_JIT)             # parallel only (see fused_update)
+@pjit(**_JIT)
 def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, batch, layout, pooling, out, scratch):
     """out, flat: pooled (B * sum D_f) (float32, or float16 bits), or per occurrence (N * D) for NONE.
 
@@ -730,9 +730,11 @@ def update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, b
 row_update_call = njit(**_JIT)(row_update.py_func)
 
 
-# Parallel only, as forward and global_pass: compiled serially (parallel_cpu.pjit's twin) these measured
-# 2-11x slower (the DLRM bench's 106k one-hot rows: fused_update 3.5 -> 19 ms, forward 1.1 -> 12 ms,
-# global_pass 0.23 -> 0.44 ms), so a one-thread run pays their one parallel region's ~0.1 ms instead.
+# Parallel only, as global_pass: compiled serially (parallel_cpu.pjit's twin, arguments borrowed) it measured
+# 1.4x slower (26 tables of 7,692 rows, B 4096, one-hot, rowwise AdaGrad, 1 thread: 6.3 against 4.4 ms for
+# the whole backward), so a one-thread run pays its one parallel region's ~0.1 ms instead. (Before the twin
+# borrowed its arguments: 19 ms, half of it in reference counting; the forward's twin is as fast as its
+# parallel version since.)
 @njit(parallel=True, **_JIT)
 def fused_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, sorted_keys, pay, by_bag, seg_start,
                  n_seg, bag_of, bag_src, bag_scale, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_rows,
@@ -791,7 +793,7 @@ def fused_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, sort
                                has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, acc, g, buf)
 
 
-@njit(parallel=True, **_JIT)             # parallel only (see fused_update)
+@njit(parallel=True, **_JIT)             # parallel only: serially a GLOBAL Adam backward took 14.0, not 11.3 ms
 def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, sr_rows, has_sr_rows):
     """HugeCTR's all-rows pass over rows [0, live[t]) of every table t (stochastic rounding hashes
     sr_rows[lin] when has_sr_rows, as fused_update)."""

@@ -418,6 +418,7 @@ def test_parallel_functions_run_their_serial_twin_on_one_thread_with_the_same_bi
     twin = bias._bias_grad_cpu
     assert isinstance(twin, ParallelTwin) and twin.serial.py_func.__qualname__ == "_bias_grad_cpu_serial"
     assert isinstance(tbe_cpu.radix_sort, ParallelTwin) and not isinstance(tbe_cpu.fused_update, ParallelTwin)
+    assert isinstance(tbe_cpu.forward, ParallelTwin)
     rng = np.random.default_rng(0)
     dy = rng.standard_normal((2 * PARALLEL_MIN // 64, 64)).astype(np.float32)      # past PARALLEL_MIN: chunks
     dense = rng.standard_normal((300, 16)).astype(np.float32)
@@ -443,3 +444,35 @@ def test_parallel_functions_run_their_serial_twin_on_one_thread_with_the_same_bi
     np.testing.assert_array_equal(first[0], last[0])
     np.testing.assert_array_equal(first[1], last[1])
     np.testing.assert_allclose(first[0], dy.sum(0), rtol=1e-4, atol=1e-3)
+
+
+def test_serial_twins_borrow_their_arrays_and_return_none_of_them():
+    """kernels.parallel_cpu: the serial twin passes its body every array (and tuple of arrays) without
+    its reference-count handle; results are the same, and a twin that would return an array (a borrowed
+    one could outlive its owner) does not compile."""
+    from numba import prange
+
+    from numbactr.kernels.parallel_cpu import pjit
+
+    @pjit(cache=False)
+    def scale_rows(pair, x, out, k):
+        a, b = pair
+        for i in prange(x.shape[0]):
+            out[i] = k * x[i] + a[i] - b[i]
+        return out.shape[0]
+
+    rng = np.random.default_rng(0)
+    x, a, b = (rng.standard_normal(50).astype(np.float32) for _ in range(3))
+    out = np.zeros(50, np.float32)
+    assert scale_rows.serial((a, b), x, out, np.float32(2.0)) == 50
+    np.testing.assert_array_equal(out, np.float32(2.0) * x + a - b)
+    view = out[10:20]                                     # a view's owner stays alive after the call
+    scale_rows.serial((a[:10], b[:10]), x[:10], view, np.float32(1.0))
+    np.testing.assert_array_equal(out[10:20], x[:10] + a[:10] - b[:10])
+
+    @pjit(cache=False)
+    def leaks(x):
+        return x[1:]
+
+    with pytest.raises(numba.core.errors.TypingError, match="must not return an array"):
+        leaks.serial(x)
