@@ -48,6 +48,27 @@ def _number(who: str, name: str, v, lo=None, hi=None, lo_open=False, hi_open=Fal
     return v
 
 
+def _sizes(who: str, values) -> list:
+    """slot_size_array: whole numbers >= 0 (a float such as 2.7 is refused, not truncated)."""
+    _expect(not isinstance(values, (str, bytes)), f"{who}: slot_size_array must be a list of sizes, got {values!r}")
+    out = []
+    for s, v in enumerate(values):
+        whole = isinstance(v, numbers.Integral) or (isinstance(v, numbers.Real) and float(v).is_integer())
+        _expect(whole and not isinstance(v, bool) and v >= 0,
+                f"{who}: slot_size_array[{s}] must be a whole number >= 0, got {v!r}")
+        out.append(int(v))
+    return out
+
+
+def _flag(who: str, name: str, v) -> bool:
+    """A yes/no argument: True/False (numpy's too, or the integers 0/1); a string such as "False" is refused
+    (it would read as true)."""
+    import numpy as np
+    _expect(isinstance(v, (bool, np.bool_)) or (isinstance(v, numbers.Integral) and v in (0, 1)),
+            f"{who}: {name} must be True or False, got {v!r}")
+    return bool(v)
+
+
 @dataclass(frozen=True)
 class Solver:
     """Read-only solver settings (``hugectr.CreateSolver``). Batch sizes are GLOBAL (all ranks)."""
@@ -122,6 +143,11 @@ def CreateSolver(**kw) -> Solver:  # noqa: N802 (HugeCTR's name)
     kw["training_callbacks"] = tuple(kw.get("training_callbacks", ()))
     s = Solver(**kw)
     who = "CreateSolver"
+    for name, f in Solver.__dataclass_fields__.items():
+        if f.type in ("bool", bool) and name in kw:
+            _flag(who, name, kw[name])
+    _expect(s.lr_policy in tuple(LrPolicy_t), f"CreateSolver: lr_policy must be a hugectr.LrPolicy_t "
+            f"({', '.join(f'LrPolicy_t.{m.name}' for m in LrPolicy_t)}), got {s.lr_policy!r}")
     for name in ("batchsize", "batchsize_eval"):
         _number(who, name, getattr(s, name), 0, lo_open=True, integer=True)
     _number(who, "lr", s.lr, 0.0, lo_open=True)
@@ -198,9 +224,7 @@ class DataReaderParams:
             _number("DataReaderParams", "num_workers", self.num_workers, 1, integer=True)
         for name in ("num_samples", "eval_num_samples", "cache_eval_data"):
             _number("DataReaderParams", name, getattr(self, name), 0, integer=True)
-        self.slot_size_array = [int(v) for v in self.slot_size_array]
-        _expect(all(v >= 0 for v in self.slot_size_array),
-                f"DataReaderParams: slot_size_array entries must be >= 0, got {self.slot_size_array}")
+        self.slot_size_array = _sizes("DataReaderParams", self.slot_size_array)
         _expect(self.async_param is None or isinstance(self.async_param, AsyncParam),
                 f"DataReaderParams: async_param must be a hugectr.AsyncParam, got {self.async_param!r}")
         _expect(self.data_source_params is None or isinstance(self.data_source_params, DataSourceParams),
@@ -348,6 +372,11 @@ class Input:
         _expect(len(self.label_dims) == len(self.label_names) and all(self.label_names),
                 "Input: give one label name per label dim")
         self.label_weights = list(label_weights) if label_weights else [1.0] * len(self.label_dims)
+        _expect(len(self.label_weights) == len(self.label_dims), f"Input: label_weights has "
+                f"{len(self.label_weights)} weight(s) but there are {len(self.label_dims)} label(s) "
+                f"{self.label_names}: give one weight per label")
+        for j, w in enumerate(self.label_weights):
+            _number("Input", f"label_weights[{j}]", w, 0.0)
         _expect(isinstance(dense_dim, int) and dense_dim >= 0, f"Input: dense_dim must be an int >= 0, got {dense_dim!r}")
         self.dense_dim = dense_dim
         self.dense_name = dense_name
@@ -376,15 +405,18 @@ class SparseEmbedding:
                 f"SparseEmbedding {sparse_embedding_name!r}: embedding_vec_size must be in 1..1024")
         _expect(bool(sparse_embedding_name) and bool(bottom_name),
                 "SparseEmbedding: sparse_embedding_name and bottom_name are required")
-        _expect(workspace_size_per_gpu_in_mb >= 0, f"SparseEmbedding {sparse_embedding_name!r}: "
-                "workspace_size_per_gpu_in_mb must be >= 0")
+        _number(f"SparseEmbedding {sparse_embedding_name!r}", "workspace_size_per_gpu_in_mb",
+                workspace_size_per_gpu_in_mb, 0)
+        _expect(optimizer is None or isinstance(optimizer, OptParamsPy), f"SparseEmbedding "
+                f"{sparse_embedding_name!r}: optimizer must be a hugectr.CreateOptimizer(...) result (or None for "
+                f"the model's optimizer), got {optimizer!r}")
         self.embedding_type = embedding_type
         self.workspace_size_per_gpu_in_mb = workspace_size_per_gpu_in_mb
         self.embedding_vec_size = embedding_vec_size
         self.combiner = combiner
         self.sparse_embedding_name = sparse_embedding_name
         self.bottom_name = bottom_name
-        self.slot_size_array = [int(s) for s in slot_size_array]
+        self.slot_size_array = _sizes(f"SparseEmbedding {sparse_embedding_name!r}", slot_size_array)
         self.optimizer = optimizer if optimizer is not None else OptParamsPy()
         self.hybrid_embedding_param = hybrid_embedding_param
         # numbactr's extra: the table in a backing tier behind a cache (numbactr.embedding.tiered.TierSpec)
@@ -509,6 +541,9 @@ class DenseLayer:
                 f"DenseLayer {layer_type.name}: bottom_names and top_names must not be empty")
         for k, v in _DENSE_DEFAULTS.items():
             setattr(self, "lambda_" if k == "lambda" else k, params.get(k, v))
+            if k in params and isinstance(params[k], bool) and not isinstance(v, bool) and isinstance(v, int):
+                raise ValueError(f"DenseLayer {layer_type.name} {list(top_names)!r}: {k} must be an integer, "
+                                 f"got {params[k]!r}")
         _expect(isinstance(self.compute_config, DenseLayerComputeConfig),
                 f"DenseLayer {layer_type.name} {self.top_names!r}: compute_config must be a "
                 f"DenseLayerComputeConfig, got {self.compute_config!r}")

@@ -17,7 +17,7 @@ from .autograd.tape import autocast
 from .distributed.comm import world
 from .data import staging
 from .config import (DataReaderParams, DenseLayer, GroupDenseLayer, Input, OptParamsPy, Solver, SparseEmbedding,
-                     warn_ignored)
+                     _number, warn_ignored)
 from .embedding import collection as ebc
 from .embedding.sparse_embedding import HashEmbedding, OneHotEmbedding, make_embedding
 from .enums import Embedding_t, MetricsType, Tensor_t
@@ -1050,7 +1050,8 @@ class Model:
         return self.lr_scheduler
 
     def set_learning_rate(self, lr: float) -> None:
-        self.lr = float(lr)
+        """The learning rate of the next steps (dense layers and embeddings): a finite number >= 0."""
+        self.lr = float(_number("Model.set_learning_rate", "lr", lr, 0.0))
 
     def reset_learning_rate_scheduler(self, base_lr, warmup_steps=1, decay_start=0, decay_steps=1,
                                       decay_power=2.0, end_lr=0.0) -> None:
@@ -1082,6 +1083,9 @@ class Model:
             snapshot: int = 10000, snapshot_prefix: str = "") -> None:
         """HugeCTR's training loop (spec §4.1): non-epoch mode when the Solver repeats the dataset."""
         self._require_compiled("fit")
+        for name, v in (("num_epochs", num_epochs), ("max_iter", max_iter), ("display", display),
+                        ("eval_interval", eval_interval), ("snapshot", snapshot)):
+            _number("fit", name, v, integer=True)
         s = self.solver
         if s.repeat_dataset and max_iter <= 0:
             raise ModelError("fit: max_iter must be > 0 when repeat_dataset=True")
@@ -1127,13 +1131,18 @@ class Model:
                     self._etc_cache.update(keyset)
                     log.info(f"Training source file: {source}, keyset file: {keyset}")
                 log.info(f"-----------------------------------Epoch {epoch}-----------------------------------")
+            first = True
             while True:
                 if s.repeat_dataset and it >= max_iter:
                     return
                 lr = self.lr_scheduler.get_next()
                 self.set_learning_rate(lr)
                 if not self.train():
+                    if first and not s.repeat_dataset:
+                        raise ModelError(f"fit: epoch {epoch} trained nothing: the training source {source!r} "
+                                         "holds no samples (its files have 0 records)")
                     break
+                first = False
                 if display > 0 and (it + 1) % display == 0:
                     loss = self.get_current_loss()
                     if math.isnan(loss):
@@ -1154,15 +1163,19 @@ class Model:
     def _evaluate(self, it: int) -> bool:
         """Run max_eval_batches eval batches, log metrics; True when the AUC target is hit."""
         t0 = time.time()
-        n = 0
+        n, fresh = 0, False
         while n < self.solver.max_eval_batches:
             if not self.eval():
+                if fresh:           # a reader just made gave no batch: the source holds no samples
+                    raise ModelError(f"evaluation: the eval source {self.reader_params.eval_source!r} holds no "
+                                     "samples (its files have 0 records)")
                 self._eval_reader = iter(self._make_reader(self.reader_params.eval_source, self.solver.batchsize_eval, False,
                                                        eval=True))
                 if n > 0:
                     break
+                fresh = True
                 continue
-            n += 1
+            n, fresh = n + 1, False
         target = self.solver.metrics_spec.get(MetricsType.AUC)
         hit = False
         for name, value in self.get_eval_metrics():

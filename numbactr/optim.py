@@ -86,10 +86,14 @@ class LearningRateScheduler:
     """``get_next()`` as HugeCTR's learning_rate_scheduler.hpp (spec §1.1): warmup, then polynomial decay."""
 
     def __init__(self, base_lr, warmup_steps=1, decay_start=0, decay_steps=1, decay_power=2.0, end_lr=0.0):
-        if decay_power < 1.0:
-            raise ValueError(f"decay_power must be >= 1, got {decay_power}")
-        if warmup_steps < 0 or decay_steps <= 0:
-            raise ValueError("warmup_steps must be >= 0 and decay_steps > 0")
+        from .config import _number
+        who = "learning-rate scheduler"
+        _number(who, "base_lr", base_lr, 0.0)
+        _number(who, "end_lr", end_lr, 0.0)
+        _number(who, "warmup_steps", warmup_steps, 0, integer=True)
+        _number(who, "decay_start", decay_start, 0, integer=True)
+        _number(who, "decay_steps", decay_steps, 1, integer=True)
+        _number(who, "decay_power", decay_power, 1.0)
         self.base_lr, self.warmup_steps, self.decay_start = float(base_lr), int(warmup_steps), int(decay_start)
         self.decay_steps, self.decay_power, self.end_lr = int(decay_steps), float(decay_power), float(end_lr)
         self.step = 0

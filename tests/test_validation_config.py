@@ -60,7 +60,7 @@ def test_reader_params_reject_out_of_range():
     base = dict(data_reader_type=T.Norm, source=["a"], eval_source="b", check_type=hugectr.Check_t.Sum)
     for kw, pattern in [(dict(num_workers=0), "num_workers must lie in"),
                         (dict(data_reader_type=T.Raw, num_samples=-5), "num_samples must lie in"),
-                        (dict(data_reader_type=T.Parquet, slot_size_array=[3, -1]), "slot_size_array entries")]:
+                        (dict(data_reader_type=T.Parquet, slot_size_array=[3, -1]), r"slot_size_array\[1\] must be a whole number >= 0")]:
         with pytest.raises(ValueError, match="DataReaderParams: " + pattern):
             hugectr.DataReaderParams(**{**base, **kw})
 

@@ -617,6 +617,12 @@ def _record_sums(buf, starts):
     return sums, buf[chk]
 
 
+def _width_hint(ks: int) -> str:
+    """The usual cause of a record whose fields do not add up: keys of the other width."""
+    return (f"; keys are read as {8 * ks}-bit (CreateSolver(i64_input_key={ks == 8})): a file written with "
+            f"{32 if ks == 8 else 64}-bit keys reads this way")
+
+
 def _decode_general(buf, pay, end, recno, path, L, D, S, kd):
     """Gather the fields of records whose payloads are buf[pay[i]:end[i]], slot by slot."""
     ks = kd.itemsize
@@ -640,7 +646,7 @@ def _decode_general(buf, pay, end, recno, path, L, D, S, kd):
         if over.any():
             i = int(np.argmax(over))
             raise NormFormatError(path, int(p[i]), f"record ends inside slot {k}'s nnz field "
-                                                   f"(record length disagrees with its contents)",
+                                                   f"(record length disagrees with its contents){_width_hint(ks)}",
                                   int(recno[i]))
         c = _gather_i32(buf, p)
         badc = (c < 0) | (c > MAX_NNZ) | (p + 4 + ks * c > end)
@@ -648,7 +654,7 @@ def _decode_general(buf, pay, end, recno, path, L, D, S, kd):
             i = int(np.argmax(badc))
             v = int(c[i])
             why = "negative" if v < 0 else ("absurd" if v > MAX_NNZ else "beyond the record's end")
-            raise NormFormatError(path, int(p[i]), f"{why} nnz {v} in slot {k}", int(recno[i]))
+            raise NormFormatError(path, int(p[i]), f"{why} nnz {v} in slot {k}{_width_hint(ks)}", int(recno[i]))
         nnz[:, k] = c
         key_at[:, k] = p + 4
         p = p + 4 + ks * c
@@ -656,7 +662,7 @@ def _decode_general(buf, pay, end, recno, path, L, D, S, kd):
     if leftover.any():
         i = int(np.argmax(leftover))
         raise NormFormatError(path, int(pay[i]), f"record length {int(end[i] - pay[i])} disagrees with "
-                                                 f"its contents ({int(p[i] - pay[i])} bytes)",
+                                                 f"its contents ({int(p[i] - pay[i])} bytes){_width_hint(ks)}",
                               int(recno[i]))
     flat = nnz.reshape(-1)
     M = int(flat.sum())

@@ -75,7 +75,7 @@ from .parquet import ParquetFile, metadata_path_for, read_parquet_metadata, slot
 from .raw import RawFile
 from .raw_async import AsyncParam, RawAsyncFile, batch_order, check_async_input
 from .source import is_remote, local_copy
-from .validation import slot_ranges, validate_chunk
+from .validation import SlotRanges, slot_ranges, validate_chunk
 
 __all__ = ["make_reader", "DataReader"]
 
@@ -321,7 +321,7 @@ def _file_worker(cfg, files, w, W, chunk_fn, stop):
             k += 1
             got = False
             for ch in chunk_fn(cfg, files[idx], stop):
-                validate_chunk(ch, cfg.key_ranges, cfg.label_rules, cfg.input_slot_offsets)
+                validate_chunk(ch, cfg.key_ranges, cfg.label_rules, cfg.input_slot_offsets, cfg.max_nnz)
                 if ch.n:
                     got = True
                     yield ch
@@ -653,6 +653,22 @@ class DataReader:
             if fmt == DataReaderType_t.Parquet else None
         self.input_slot_offsets = None if self.slot_offsets is None else \
             np.split(self.slot_offsets, np.cumsum(self.slots_per_input)[:-1])
+        if self.input_slot_offsets is not None and self.slot_size_array:
+            # Parquet keys are offset by slot: a stored key past its slot's size would land in the next
+            # slot's ids (and rows). Inputs without a tighter bound get [offset_s, offset_s + size_s); a size
+            # of 0 bounds nothing.
+            sizes = np.split(np.asarray(self.slot_size_array, np.int64), np.cumsum(self.slots_per_input)[:-1])
+            ranges = self.key_ranges or [None] * len(self.slots_per_input)
+            for i, (lo, size) in enumerate(zip(self.input_slot_offsets, sizes)):
+                if ranges[i] is None and size.size:
+                    hi = np.where(size > 0, lo + size, np.iinfo(np.int64).max)
+                    ranges[i] = SlotRanges(lo.copy(), hi, "DataReaderParams.slot_size_array")
+            self.key_ranges = ranges if any(r is not None for r in ranges) else None
+        # Norm files state each slot's key count: more than the Input's nnz_per_slot is an error (Parquet's
+        # reader checks it while decoding; Raw and RawAsync have fixed counts)
+        self.max_nnz = None
+        if fmt == DataReaderType_t.Norm and self.nnz_per_slot is not None:
+            self.max_nnz = [np.asarray(x, np.int64) for x in self.nnz_per_slot]
         self.data_source_params = data_source_params
         self.async_param = async_param
         self.order = None

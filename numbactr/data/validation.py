@@ -7,6 +7,8 @@ record (sample index in the file) and, for Norm and Raw, the byte offset of the 
 
 Checks, in this order:
   * label and dense values are finite (NaN/inf from a damaged file or log(x + 1) of x <= -1 in Raw);
+  * no slot holds more keys than the Input's nnz_per_slot allows (Norm: a file of more keys per slot than
+    the model was declared with would be pooled silently);
   * label rules (one per label column, derived by the model from its loss layers, see LabelRule):
       "unit"            0 <= y <= 1                 BinaryCrossEntropyLoss
       "unit_or_ignore"  0 <= y <= 1, or y < -0.5    MultiCrossEntropyLoss (y < -0.5 means "no label")
@@ -156,14 +158,32 @@ def _check_keys(ch, ranges, slot_offsets) -> None:
                                                     f"{rg.describe(s)}{desc}", rec)
 
 
-def validate_chunk(ch, key_ranges=None, label_rules=None, slot_offsets=None) -> None:
+def _check_nnz(ch, max_nnz) -> None:
+    for i, ((keys, offs), most) in enumerate(zip(ch.inputs, max_nnz)):
+        if most is None or not ch.n:
+            continue
+        S = most.shape[0]
+        counts = np.diff(offs).reshape(ch.n, S)
+        over = counts > most
+        if over.any():
+            r, s = divmod(int(np.argmax(over)), S)
+            rec, off, desc = ch.locate(r, "key", s)
+            raise DataFormatError(ch.fmt, ch.path, off, f"{int(counts[r, s])} keys in slot {s} of sparse input "
+                                                        f"{i}, but its DataReaderSparseParam allows at most "
+                                                        f"nnz_per_slot = {int(most[s])}{desc}", rec)
+
+
+def validate_chunk(ch, key_ranges=None, label_rules=None, slot_offsets=None, max_nnz=None) -> None:
     """Raise DataFormatError for the first bad value of chunk `ch` (see the module docstring).
 
     key_ranges: per sparse input a SlotRanges or None; label_rules: per label column a LabelRule or
     None; slot_offsets: per sparse input the (S_i,) offsets the Parquet reader added to its keys (for
-    messages), or None.
+    messages), or None; max_nnz: per sparse input the (S_i,) most keys a slot may hold (the Input's
+    nnz_per_slot), or None.
     """
     _check_finite(ch)
+    if max_nnz is not None:
+        _check_nnz(ch, max_nnz)
     if label_rules is not None:
         _check_labels(ch, label_rules)
     if key_ranges is not None:

@@ -193,7 +193,9 @@ class CrossEntropyLoss(RegularizedLoss, Layer):
     0 if its label < 0.5 else 1 (column 0; HugeCTR's buffer read under compat.hugectr_exact())."""
     type_name = "CrossEntropyLoss"
     is_loss = True
-    label_kind = "class"         # labels are class indices 0 or 1, checked by the reader
+    # labels in [0, 1], checked by the reader; the class is label >= 0.5, as HugeCTR's kernel reads it (its
+    # DataGenerator writes float labels: a 0/1-only rule refused HugeCTR's own cross_entropy_loss.py data)
+    label_kind = "unit"
 
     def infer(self):
         self.expect_counts(2)
@@ -249,8 +251,8 @@ class MultiCrossEntropyLoss(RegularizedLoss, Layer):
             weights = [float(v) for v in tw]
         except (TypeError, ValueError):
             self.fail(f"target_weight_vec must hold numbers, got {list(tw)!r}")
-        if not all(math.isfinite(v) for v in weights):
-            self.fail(f"target_weight_vec must be finite, got {weights}")
+        if not all(math.isfinite(v) and v >= 0 for v in weights):
+            self.fail(f"target_weight_vec must be finite and >= 0, got {weights}")
         self.target_weights = weights
         self._tw_dev = None
         self.setup_regularizer()
