@@ -14,8 +14,11 @@ Files of ``save_params_to_files(prefix, it)``, HugeCTR's names and little-endian
     {prefix}{i}_opt_sparse_{it}.model    float32 (K, R, V, D): per state, per rank, HugeCTR's full per-rank
                                          buffer, row j = the state of that rank's j-th key in `key`
     {prefix}_{it}.manifest.json          numbactr's extra file (HugeCTR never reads it): the name, size and
-                                         sha256 of every file above, the rank count, and per embedding the
-                                         rows each rank wrote; its own sha256 covers the rest of it
+                                         sha256 of every file above, the rank count, per embedding its name,
+                                         optimizer and the rows each rank wrote, and for the dense files
+                                         ("dense") each dense layer's parameter shapes (layer order, with
+                                         its name and type) and the dense optimizer's type and state count;
+                                         its own sha256 covers the rest of it
 
 Commit protocol (rank 0 writes; every rank returns once rank 0 has committed or failed):
   1. every file is written into a staging folder ``.{prefix}_{it}.staging-{token}`` beside the snapshot,
@@ -33,7 +36,12 @@ per prefix at a time; other tools that read the files during step 3 (HugeCTR its
 
 Loading verifies: a file's snapshot is the manifest (or journal, which wins) named after a (prefix, iter)
 its name can come from and that lists it; every file read is checked against its size and sha256, and
-the error names the file and which of the two differs. A file no manifest lists (HugeCTR's own
+the error names the file and which of the two differs. What the manifest says of the model that wrote
+it must fit the model loading it: the dense layers' parameter shapes (not just their total count: the
+first layer whose shapes differ is named, with both shapes), the dense and sparse optimizer types, and
+each sparse folder's or state file's embedding name (a folder given for another embedding, e.g. a list
+in the wrong order, is an error naming both). Manifests written before these were recorded are checked
+for what they record. A file no manifest lists (HugeCTR's own
 snapshots) is read as it is. Then everything is parsed and checked on the host (sizes, widths, key
 counts against each rank's table, duplicate and reserved keys, slot ids, .ntp.json structure and widths,
 optimizer-state layout) and only then assigned, so a failed load leaves the model exactly as it was.
@@ -56,6 +64,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import re
 import secrets
@@ -81,18 +90,31 @@ _STAGING = re.compile(r"\.[^/\\]*\.staging-\d+-[0-9a-f]+")
 def save(model, prefix: str, it: int, with_sparse: bool = True) -> None:
     """Write the snapshot of ``model`` (every rank calls this; rank 0 writes, see the module doc); without
     with_sparse only the dense files (the embedding training cache writes the tables elsewhere)."""
-    it = int(it)
-    if it < 0:
-        raise ValueError(f"save_params_to_files: iter must be >= 0, got {it}")
+    it = _iteration(it)
     comm = model.comm
     d, base = os.path.split(str(prefix))
     sparse = [_gather_embedding(e, comm) for e in model.embeddings] if with_sparse else None   # collectives
 
     def write():
-        outs, records = _snapshot_files(model, base, it, sparse)
-        _commit(d or ".", base, it, outs, {"ranks": model.ranks, "embeddings": records})
+        outs, records, dense = _snapshot_files(model, base, it, sparse)
+        _commit(d or ".", base, it, outs, {"ranks": model.ranks, "embeddings": records, "dense": dense})
 
     on_rank0(comm, write, f"save_params_to_files({str(prefix)!r}, {it}): rank 0 could not write the snapshot")
+
+
+def _iteration(it) -> int:
+    """``it`` as the int it is (numpy integers too); a float, even 2.0, a bool or a string is refused, as
+    HugeCTR's size_t argument refuses them (int() would silently turn 2.5 into 2)."""
+    if isinstance(it, (bool, np.bool_)):
+        raise TypeError(f"save_params_to_files: iter must be an integer, got {it!r}")
+    try:
+        value = operator.index(it)
+    except TypeError:
+        raise TypeError(f"save_params_to_files: iter must be an integer (it names the files), got {it!r} "
+                        f"({type(it).__name__})") from None
+    if value < 0:
+        raise ValueError(f"save_params_to_files: iter must be >= 0, got {value}")
+    return value
 
 
 def on_rank0(comm, write, failed: str) -> None:
@@ -139,13 +161,16 @@ def _raw(a, dtype) -> np.ndarray:
     return np.ascontiguousarray(device.to_host(a)).astype(dtype, copy=False).reshape(-1).view(np.uint8)
 
 
-def _snapshot_files(model, base: str, it: int, sparse) -> tuple[list, list]:
-    """[(name relative to the snapshot folder, bytes)] in HugeCTR's layouts, and one manifest record
-    per embedding (on rank 0)."""
+def _snapshot_files(model, base: str, it: int, sparse) -> tuple[list, list, dict]:
+    """[(name relative to the snapshot folder, bytes)] in HugeCTR's layouts, one manifest record per
+    embedding and the manifest's record of the dense files (on rank 0)."""
     dense = f"{base}_dense_{it}.model"
+    opt_dense = f"{base}_opt_dense_{it}.model"
     states = [device.to_host(s) for s in model.dense_optimizer.states]
     outs = [(dense, _raw(model.weights, "<f4")),
-            (f"{base}_opt_dense_{it}.model", _raw(np.concatenate(states) if states else np.zeros(0), "<f4"))]
+            (opt_dense, _raw(np.concatenate(states) if states else np.zeros(0), "<f4"))]
+    dense_record = {"file": dense, "layers": _dense_layers(model), "opt_file": opt_dense,
+                    "optimizer": model.dense_optimizer.opt.optimizer_type.name, "states": len(states)}
     bns = norm_layers(model)
     if bns:
         doc = {"layers": [b.ntp_entry() for b in bns]}
@@ -159,8 +184,17 @@ def _snapshot_files(model, base: str, it: int, sparse) -> tuple[list, list]:
         # blocks[k] is (R*V, D), rank-major: the file is state-major, then rank, then row
         outs.append((opt, _raw(np.concatenate(blocks) if blocks else np.zeros(0), "<f4")))
         records.append({"name": e.name, "folder": folder, "opt_file": opt, "vec": e.vec, "states": len(blocks),
+                        "optimizer": e.opt.optimizer_type.name,
                         "block_rows": _block_rows(e, model.ranks), "rows_per_rank": [int(c) for c in counts]})
-    return outs, records
+    return outs, records, dense_record
+
+
+def _dense_layers(model) -> list:
+    """The manifest's record of the flat weight vector: per dense layer with parameters, in file order,
+    {"name": its (first) top name, "type": its type, "shapes": its parameters' shapes, in order}."""
+    return [{"name": layer.cfg.top_names[0], "type": layer.type_name,
+             "shapes": [[int(n) for n in shape] for shape in layer.param_shapes()]}
+            for layer in model.layers if layer.param_shapes()]
 
 
 def _commit(d: str, base: str, it: int, outs: list, extra: dict) -> None:
@@ -282,10 +316,26 @@ def _read_manifest(path: str) -> dict:
                   and r.get("opt_file") in files and all(_is_int(r.get(k)) for k in ("vec", "states", "block_rows"))
                   and isinstance(r.get("rows_per_rank"), list) and len(r["rows_per_rank"]) == body["ranks"]
                   and all(_is_int(c) for c in r["rows_per_rank"]) for r in embeddings))
+    ok = ok and all(isinstance(r.get("name", ""), str) and isinstance(r.get("optimizer", ""), str)
+                    for r in embeddings) and _dense_record_ok(body.get("dense"), files)
     if not ok:
         raise DataFormatError(what, path, None, "has the right checksum but not the structure of a version-1 "
                                                 "manifest (written by a newer numbactr?)")
     return body
+
+
+def _dense_record_ok(dense, files: dict) -> bool:
+    """Whether the manifest's "dense" record (absent in older manifests and in embedding_dump's) has the
+    structure _snapshot_files writes."""
+    if dense is None:
+        return True
+    return (isinstance(dense, dict) and dense.get("file") in files and dense.get("opt_file") in files
+            and isinstance(dense.get("optimizer"), str) and _is_int(dense.get("states"))
+            and isinstance(dense.get("layers"), list)
+            and all(isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("type"), str)
+                    and isinstance(r.get("shapes"), list)
+                    and all(isinstance(sh, list) and all(_is_int(n) for n in sh) for sh in r["shapes"])
+                    for r in dense["layers"]))
 
 
 def _is_int(x) -> bool:
@@ -356,6 +406,29 @@ class _Snapshot:
                                   f"{self.path!r}, but not as an embedding's optimizer-state file")
         return found[0]
 
+    def dense_record(self, path: str, role: str, what: str) -> dict | None:
+        """The manifest's record of the dense files when ``path`` is its ``role`` ("file": the dense model,
+        "opt_file": the dense optimizer states); None without a manifest or a manifest that predates the
+        record. A path that is the snapshot's other dense file is an error."""
+        dense = None if self.body is None else self.body.get("dense")
+        if dense is None:
+            return None
+        rel = self._rel(path)
+        if dense[role] != rel:
+            other = {"file": "dense model (load_dense_weights)", "opt_file": "dense optimizer states "
+                     "(load_dense_optimizer_states)"}
+            actual = next((other[k] for k in other if dense[k] == rel), "another file")
+            raise DataFormatError(what, path, None, f"is the snapshot's {actual} according to its manifest "
+                                                    f"{self.path!r}, not its {other[role].split(' (')[0]}")
+        return dense
+
+    def sparse_name(self, folder: str) -> str | None:
+        """The embedding name the manifest records for a sparse model folder (None: not recorded)."""
+        if self.body is None:
+            return None
+        rel = self._rel(folder)
+        return next((r.get("name") for r in self.body["embeddings"] if r["folder"] == rel), None)
+
     def read(self, path: str, what: str) -> bytes:
         """The file's bytes; with a manifest, only if size and sha256 match it (an interrupted but
         committed save: from the final name or the staging folder, whichever matches)."""
@@ -415,6 +488,9 @@ def load_dense_weights(model, path: str, allow_missing_ntp: bool = False, ntp_pa
     """The flat weight vector and the BatchNorm running statistics (``ntp_path``, by default
     ``path + ".ntp.json"``, where save() writes them; another path is verified against its own snapshot)."""
     snap = _Snapshot.of(path)
+    dense = snap.dense_record(path, "file", "dense model")
+    if dense is not None:                  # the layers' shapes, not just their total count
+        _check_dense_layers(model, dense["layers"], path, snap.path)
     weights = _array(snap.read(path, "dense model"), "<f4", path, "dense model", model.n_params)
     if ntp_path is None:
         stats = _read_ntp(model, path + ".ntp.json", snap, allow_missing_ntp)
@@ -423,6 +499,27 @@ def load_dense_weights(model, path: str, allow_missing_ntp: bool = False, ntp_pa
     model.weights[...] = device.xp().asarray(weights)      # everything checked: assign
     for b, (mean, var) in zip(norm_layers(model), stats):
         b.load_ntp_entry({"mean": mean, "var": var})
+
+
+def _check_dense_layers(model, saved: list, path: str, manifest: str, what: str = "dense model") -> None:
+    """The manifest's dense layer shapes (in file order) against the model's: the same value count can
+    hold other layers' weights, which would load as nonsense."""
+    mine = _dense_layers(model)
+
+    def show(r):
+        return f"{r['type']} {r['name']!r} with parameter shapes {[tuple(s) for s in r['shapes']]}"
+
+    for j, (a, b) in enumerate(zip(saved, mine)):
+        if a["shapes"] != b["shapes"]:
+            raise DataFormatError(what, path, None, f"was saved by another model: its manifest {manifest!r} "
+                                  f"records the weights of layer {j} (counting layers with weights) as {show(a)}; "
+                                  f"this model's layer {j} is {show(b)}")
+    if len(saved) != len(mine):
+        extra, who = (saved[len(mine)], "the snapshot has") if len(saved) > len(mine) else (mine[len(saved)],
+                                                                                           "this model has")
+        raise DataFormatError(what, path, None, f"was saved by another model: its manifest {manifest!r} "
+                              f"records {len(saved)} layers with weights, this model has {len(mine)}; {who} "
+                              f"layer {min(len(saved), len(mine))}, {show(extra)}, that the other lacks")
 
 
 def _read_ntp(model, ntp: str, snap: _Snapshot, allow_missing: bool) -> list:
@@ -475,6 +572,14 @@ def load_dense_optimizer_states(model, path: str) -> None:
     snap = _Snapshot.of(path)
     states = model.dense_optimizer.states
     what = "dense optimizer states"
+    dense = snap.dense_record(path, "opt_file", what)
+    if dense is not None:
+        mine = model.dense_optimizer.opt.optimizer_type.name
+        if dense["optimizer"] != mine or dense["states"] != len(states):
+            raise DataFormatError(what, path, None, f"holds {dense['optimizer']} optimizer states "
+                                  f"({dense['states']} state arrays, manifest {snap.path!r}); this model's dense "
+                                  f"optimizer is {mine} ({len(states)} state arrays)")
+        _check_dense_layers(model, dense["layers"], path, snap.path, what)
     data = _array(snap.read(path, what), "<f4", path, what, model.n_params * len(states),
                   f": {len(states)} state arrays of {model.n_params} weights")
     xp = device.xp()
@@ -485,6 +590,10 @@ def load_dense_optimizer_states(model, path: str) -> None:
 # ---- sparse ------------------------------------------------------------------------------------
 def _per_embedding(model, files, what: str) -> list:
     names = [e.name for e in model.embeddings]
+    if isinstance(files, (str, bytes, os.PathLike)):
+        kind = "optimizer-state files" if "optimizer" in what else "model folders"
+        raise TypeError(f"{what}: expects a list of sparse {kind}, one per embedding {names} in add order (or a "
+                        f"dict {{sparse_embedding_name: path}}), got the single path {files!r}; write [{files!r}]")
     if isinstance(files, dict):
         unknown = sorted(set(files) - set(names))
         if unknown:
@@ -505,10 +614,15 @@ class _SparseModel:
     slots: np.ndarray | None   # (n,) int64 slot of each key (-1: not known), None without slot_id
 
 
-def _read_sparse(e, folder: str, with_vectors: bool = True) -> _SparseModel:
+def _read_sparse(e, folder: str, with_vectors: bool = True, check_name: bool = True) -> _SparseModel:
     snap = _Snapshot.of(folder)
     kpath, vpath, spath = (os.path.join(folder, f) for f in ("key", "emb_vector", "slot_id"))
     what = f"embedding {e.name!r}"
+    saved = snap.sparse_name(folder) if check_name else None
+    if saved is not None and saved != e.name:
+        raise DataFormatError(what, folder, None, f"is the sparse model of embedding {saved!r} (manifest "
+                              f"{snap.path!r}), not of {e.name!r}, the embedding it is being loaded into: "
+                              "folders in the wrong order? (a dict {sparse_embedding_name: folder} matches by name)")
     keys = _array(snap.read(kpath, what + " keys"), "<i8", kpath, what + " keys").astype(np.uint64)
     n = keys.shape[0]
     vectors = None
@@ -551,7 +665,7 @@ def read_sparse_model(folder: str, name: str, vec: int) -> tuple[np.ndarray, np.
     """(keys (n,) uint64, vectors (n, D) float32) of a sparse model folder without a model to load it into
     (the inference parameter server), with load_sparse_weights' checks: manifest, sizes, reserved key."""
     table = SimpleNamespace(name=name, vec=int(vec), slots=2 ** 63, table=True)    # any slot id is known
-    sm = _read_sparse(table, folder)
+    sm = _read_sparse(table, folder, check_name=False)   # an inference graph may name its tables otherwise
     return sm.keys, sm.vectors
 
 
@@ -626,6 +740,17 @@ def _read_sparse_states(model, e, path: str) -> tuple[np.ndarray, np.ndarray]:
         _array(data, "<f4", path, what, 0, f": {e.opt.optimizer_type.name} keeps no state")
         return np.zeros(0, np.int64), np.zeros((0, 0, width), np.float32)
     rec = snap.record(path)
+    if rec:
+        named = rec.get("name")
+        if named is not None and named != e.name:
+            raise DataFormatError(what, path, None, f"holds the optimizer states of embedding {named!r} (manifest "
+                                  f"{snap.path!r}), not of {e.name!r}, the embedding it is being loaded into: "
+                                  "files in the wrong order? (a dict {sparse_embedding_name: file} matches by name)")
+        kind = rec.get("optimizer")
+        if kind is not None and kind != e.opt.optimizer_type.name:
+            raise DataFormatError(what, path, None, f"holds {kind} optimizer states (manifest "
+                                  f"{snap.path!r}); embedding {e.name!r} is trained with "
+                                  f"{e.opt.optimizer_type.name}")
     folder = os.path.join(snap.dir, rec["folder"]) if rec else _sibling_folder(path)
     if folder is None or not (rec or os.path.isdir(folder)):      # (a manifest's folder may still be staged)
         raise FileNotFoundError(f"{what}: the rows of {path!r} belong to the keys of its sparse model folder "

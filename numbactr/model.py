@@ -1208,6 +1208,7 @@ class Model:
         rank calls it and returns once all files exist."""
         self._require_compiled("save_params_to_files")
         self.check_deferred()
+        iter = checkpoint._iteration(iter)        # noqa: A001 (checked before any file is written)
         if self.etc is not None:      # ETC: the tables go to their sparse model folders, the rest under prefix
             etc.save_sparse_models(self, self.etc)
             checkpoint.save(self, prefix, iter, with_sparse=False)
