@@ -22,14 +22,18 @@ from .etc import CreateETC, CreateHMemCache, EmbeddingTrainingCacheParams, HMemC
 from .optim import LearningRateScheduler
 from . import tools  # noqa: F401  (hugectr.tools.DataGenerator)
 from . import inference  # noqa: F401,E402  (hugectr.inference.InferenceParams, ...)
+# HugeCTR registers these three on the top-level module too (include/pybind/common_wrapper.hpp)
+from .inference.params import DatabaseOverflowPolicy_t, DatabaseType_t, UpdateSourceType_t  # noqa: E402
 
 from . import alias as _alias
 
 globals().update(_enums.exported_members())    # pybind export_values(): hugectr.Adam, hugectr.Norm, ...
+globals().update(inference.params.pybind_members(      # their export_values(): hugectr.redis_cluster, ...
+    DatabaseType_t, DatabaseOverflowPolicy_t, UpdateSourceType_t))
 
 __version__ = "0.1.0"
 _alias.install()                    # `from hugectr.inference import ...` after `import numbactr as hugectr`
 
 __all__ = ["AsyncParam", "CreateETC", "CreateHMemCache", "CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
            "DenseLayerComputeConfig", "GroupDenseLayer", "IgnoredArgumentWarning", "Input", "LearningRateScheduler",
-           "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "HybridEmbeddingParam", "CommunicationStrategy", "OptParamsPy", "Solver", "SparseEmbedding", "tools"]
+           "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "HybridEmbeddingParam", "CommunicationStrategy", "DatabaseOverflowPolicy_t", "DatabaseType_t", "OptParamsPy", "Solver", "SparseEmbedding", "UpdateSourceType_t", "tools"]

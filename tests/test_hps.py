@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -93,9 +94,13 @@ def test_every_tier_combination_predicts_the_same(dcn, redis_address, tmp_path):
             continue                     # no tier at all, or a half-filled volatile tier with nothing behind it
         if vol == "redis":
             _flush(redis_address)
-        p = dcn.params(use_gpu_embedding_cache=cache, cache_size_percentage=0.05,
-                       volatile_db=VolatileDatabaseParams(type=volatile[vol], address=redis_address,
-                                                          initial_cache_rate=rate, num_partitions=3),
+        # a rate below 1 limits the volatile tier only for a table past its capacity (overflow_margin x
+        # num_partitions keys; HugeCTR loads every key otherwise)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", hugectr.IgnoredArgumentWarning)
+            vdb = VolatileDatabaseParams(type=volatile[vol], address=redis_address, initial_cache_rate=rate,
+                                         num_partitions=3, **(dict(overflow_margin=2) if rate < 1 else {}))
+        p = dcn.params(use_gpu_embedding_cache=cache, cache_size_percentage=0.05, volatile_db=vdb,
                        persistent_db=PersistentDatabaseParams(
                            backend=DatabaseType_t.RocksDB if per else DatabaseType_t.Disabled,
                            path=str(tmp_path / f"rocks{k}")))
@@ -110,15 +115,18 @@ def test_every_tier_combination_predicts_the_same(dcn, redis_address, tmp_path):
 
 def test_lookups_fall_through_and_fill_the_tiers(dcn, tmp_path):
     keys, vectors = read_sparse_model(dcn.sparse[0], "sparse_embedding1", 4)
-    p = dcn.params(cache_size_percentage=1.0, volatile_db=VolatileDatabaseParams(
-        initial_cache_rate=0.25, cache_missed_embeddings=True),
-        persistent_db=PersistentDatabaseParams(backend=DatabaseType_t.RocksDB, path=str(tmp_path / "rocks")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hugectr.IgnoredArgumentWarning)
+        vdb = VolatileDatabaseParams(initial_cache_rate=0.25, cache_missed_embeddings=True, overflow_margin=8,
+                                     num_partitions=1)
+    p = dcn.params(cache_size_percentage=1.0, volatile_db=vdb,
+                   persistent_db=PersistentDatabaseParams(backend=DatabaseType_t.RocksDB, path=str(tmp_path / "rocks")))
     config = ParameterServerConfig({"dcn": ["sparse_embedding1"]}, {"dcn": [4]}, {"dcn": [8]}, [p],
                                    p.volatile_db, p.persistent_db)
     hps = HPS(config)
     tag = "hps_et.dcn.sparse_embedding1"
     n = keys.size
-    assert hps.ps.volatile.size(tag) == int(np.ceil(0.25 * n)) and hps.ps.persistent.size(tag) == n
+    assert hps.ps.volatile.size(tag) == 2 and hps.ps.persistent.size(tag) == n     # 0.25 x its 8 keys
     order = np.random.default_rng(0).permutation(n)
     got = hps.lookup(keys[order].astype(np.int64), "dcn", 0)
     np.testing.assert_array_equal(got, vectors[order])

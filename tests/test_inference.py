@@ -289,8 +289,9 @@ def test_bad_inputs_name_what_and_where(trained, tmp_path):
     with pytest.raises(TypeError, match="'i64_input_key' is required"):
         InferenceParams(model_name="m", max_batchsize=4, hit_rate_threshold=1.0, dense_model_file="",
                         sparse_model_files=[], use_gpu_embedding_cache=True, cache_size_percentage=0.5)
-    with pytest.raises(ValueError, match="hit_rate_threshold must lie in"):
-        tr.params(hit_rate_threshold=1.5)
+    assert tr.params(hit_rate_threshold=1.5).hit_rate_threshold == 1.5     # > 1: no asynchronous inserts
+    with pytest.raises(ValueError, match="hit_rate_threshold must be finite"):
+        tr.params(hit_rate_threshold=float("nan"))
     with pytest.raises(ValueError, match="model_name 'a b' is invalid"):
         tr.params(model_name="a b")
     session = CreateInferenceSession(tr.graph, tr.params(i64_input_key=False))

@@ -15,11 +15,12 @@ from .backends import BackendError
 from .hps import HPS, ParameterServer
 from .params import (DatabaseOverflowPolicy_t, DatabaseType_t, EmbeddingCacheType_t, InferenceParams,
                      ParameterServerConfig, PersistentDatabaseParams, UpdateSourceParams, UpdateSourceType_t,
-                     VolatileDatabaseParams)
+                     VolatileDatabaseParams, pybind_members)
 from .session import CreateInferenceSession, InferenceModel, InferenceSession
 
 # pybind's export_values(): the enum members are module attributes too (hugectr.inference.Dynamic)
 globals().update({m.name: m for m in EmbeddingCacheType_t})
+globals().update(pybind_members(EmbeddingCacheType_t))       # and HugeCTR's own names: hugectr.inference.dynamic
 
 __all__ = ["BackendError", "CreateInferenceSession", "DatabaseOverflowPolicy_t", "DatabaseType_t",
            "EmbeddingCacheType_t", "HPS", "InferenceModel", "InferenceParams", "InferenceSession", "ParameterServer",

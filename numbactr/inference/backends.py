@@ -12,7 +12,9 @@ little-endian bytes where a store takes bytes; a vector is D little-endian float
 HashMapBackend (HugeCTR's HashMap / ParallelHashMap): in this process, numbactr's open-addressing HashTable
 (key -> row, compiled CPU code) over a growing (rows, D) array per table.
 RedisClusterBackend (HugeCTR's RedisCluster): a Redis server (or cluster) through the redis client, so
-several inference processes share one table. HugeCTR's layout: table ``tag`` is split into
+several inference processes share one table. The address is HugeCTR's "host[:port][,host[:port]...]", of
+which, as in HugeCTR, the first node is used (a cluster node leads the client to the others), or
+numbactr's "host:port;host:port..." (all a cluster's startup nodes). HugeCTR's layout: table ``tag`` is split into
 ``num_partitions`` hashes ``hps_et{<tag>/p<k>}v`` (k = key % num_partitions; the braces keep a hash on
 one cluster node), field = the key's bytes, value = the vector's bytes. Requests carry at most
 ``max_batch_size`` keys.
@@ -115,12 +117,7 @@ class RedisClusterBackend:
             raise BackendError("volatile_db.type RedisCluster needs the redis client library, which is not "
                                "installed: pip install redis (or numbactr's [hps] extra)") from None
         self.params = params
-        nodes = []
-        for part in params.address.split(";"):
-            host, _, port = part.strip().rpartition(":") if ":" in part else (part.strip(), "", "6379")
-            if not host or not port.isdigit():
-                raise BackendError(f"volatile_db.address {params.address!r}: {part!r} is not host:port")
-            nodes.append((host, int(port)))
+        nodes, seed_only = _redis_nodes(params.address)
         kw = dict(socket_connect_timeout=5, socket_timeout=30)
         if params.password:
             kw.update(username=params.user_name, password=params.password)
@@ -128,13 +125,18 @@ class RedisClusterBackend:
             kw.update(ssl=True, ssl_ca_certs=params.tls_ca_certificate, ssl_certfile=params.tls_client_certificate,
                       ssl_keyfile=params.tls_client_key)
         try:
-            if len(nodes) == 1:
-                self.client = redis.Redis(host=nodes[0][0], port=nodes[0][1],
-                                          max_connections=params.num_node_connections, **kw)
+            if seed_only or len(nodes) == 1:
+                # HugeCTR's form: one node (the first of a ',' list) that a cluster client starts from; a
+                # server not in cluster mode serves as a plain Redis (as numbactr always allowed)
+                host, port = nodes[0]
+                self.client = redis.Redis(host=host, port=port, max_connections=params.num_node_connections, **kw)
+                if int(self.client.info("cluster").get("cluster_enabled", 0)):
+                    self.client.close()
+                    self.client = RedisCluster(startup_nodes=[ClusterNode(host, port)], **kw)
             else:
                 self.client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **kw)
             self.client.ping()
-        except redis.RedisError as e:
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as e:
             raise BackendError(f"volatile_db (RedisCluster) at {params.address!r} cannot be reached: {e} (set "
                                "volatile_db.address to a running redis-server, or volatile_db.type to another "
                                "backend)") from None
@@ -183,6 +185,29 @@ class RedisClusterBackend:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _redis_nodes(address: str) -> tuple[list, bool]:
+    """([(host, port)], seed_only) of volatile_db.address. HugeCTR's form "host[:port][,host[:port]...]"
+    (hps_database_backend.md): like HugeCTR's RedisClusterBackend (src/hps/redis_backend.cpp), only the part
+    before the first ',' is used, the node a cluster client starts from (seed_only True). numbactr's own
+    "host:port;host:port..." (kept): every entry is a startup node of a Redis cluster. A missing port is
+    6379 (redis-plus-plus's default)."""
+    if ";" in address:
+        parts, seed_only = [p for p in address.split(";") if p.strip()], False
+    else:
+        parts, seed_only = [address.split(",", 1)[0]], True
+    nodes = []
+    for part in parts:
+        part = part.strip()
+        host, _, port = part.rpartition(":") if ":" in part else (part, "", "6379")
+        if not host or not port.isdigit():
+            raise BackendError(f"volatile_db.address {address!r}: {part!r} is not host[:port] (the address is "
+                               "'host[:port][,host[:port]...]', of which the first is used)")
+        nodes.append((host, int(port)))
+    if not nodes:
+        raise BackendError(f"volatile_db.address {address!r} names no host[:port]")
+    return nodes, seed_only
 
 
 class RocksDBBackend:

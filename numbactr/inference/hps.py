@@ -6,6 +6,7 @@ volatile and a persistent database.
     rows = cache.lookup(t, keys, block)                 # table t's vectors of keys into block rows
     ps.lookup(model_name, t, keys)                      # the databases alone: (values, found)
     HPS(ps_config | "hps.json").lookup(keys, model_name, table_id)   # HugeCTR's Python HPS: (n, D)
+    HPS(...).lookup_fromdlpack(keys, out_tensor, model_name, table_id)  # into a DLPack tensor, in place
 
 One request for table t with keys (U,) distinct, as HugeCTR's EmbeddingCache::lookup does it:
   1. device cache (use_gpu_embedding_cache; RAM on the cpu device): numbactr.embedding.cache.EmbeddingCache
@@ -16,13 +17,15 @@ One request for table t with keys (U,) distinct, as HugeCTR's EmbeddingCache::lo
      holds). hit rate >= hit_rate_threshold: the misses answer with the table's default value for this
      request (HugeCTR's asynchronous mode) and are fetched and inserted right after it (HugeCTR inserts
      them on a worker thread; numbactr before the next request, so runs are reproducible). With the
-     threshold 1.0, as NVIDIA's tests use it, every answer is exact.
+     threshold 1.0, as NVIDIA's tests use it (or any threshold > 1), every answer is exact.
   3. databases (HierParameterServer::lookup): the volatile tier, then for its misses the persistent tier
      (with cache_missed_embeddings, what it found is copied up into the volatile tier); a key no tier
      holds gets default_value_for_each_table. Such keys are not cached (HugeCTR caches the default).
 At start every table is read from its sparse model folder (numbactr.checkpoint's reader and checks) into
-the tiers whose initialize_after_startup is set (the volatile one takes the first initial_cache_rate of the
-keys); the cache starts empty, or, with cache_refresh_percentage_per_iteration > 0 and init_ec, holds the
+the tiers whose initialize_after_startup is set, every key into each, as HugeCTR does (the volatile one
+takes only the first initial_cache_rate x its capacity of a table larger than its capacity, overflow_margin
+x num_partitions, and only when a persistent tier filled at start holds them all: _volatile_share); the
+cache starts empty, or, with cache_refresh_percentage_per_iteration > 0 and init_ec, holds the
 first keys of each file. refresh_embedding_cache() reads every cached key again from the databases in
 steps of that percentage of the cache, so a cache follows tiers that another process updated.
 
@@ -37,6 +40,7 @@ so predictions equal the trained model's bit for bit.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import weakref
@@ -122,12 +126,36 @@ class ParameterServer:
             first.append(keys)
             tag = make_tag_name(name, table)
             if fill_vol:
-                n = math.ceil(vol.initial_cache_rate * keys.shape[0])
+                n = self._volatile_share(what, keys.shape[0], fill_per)
                 self.volatile.insert(tag, keys[:n], vectors[:n])
             if fill_per:
                 self.persistent.insert(tag, keys, vectors)
         self.key_counts[name] = counts
         return first
+
+    def _volatile_share(self, what: str, num_key: int, home: bool) -> int:
+        """How many of a table's num_key keys (file order) the volatile tier takes at start. HugeCTR
+        (HierParameterServer::update_database_per_model) inserts every key; initial_cache_rate only enters
+        when the table exceeds the tier's capacity (VolatileBackend::capacity: overflow_margin x
+        num_partitions, at least overflow_margin; unlimited by default), as round(rate x capacity) keys,
+        and the tier's overflow handling then keeps about that many. numbactr has no overflow handling, so
+        it takes that share only when a persistent database filled at start (`home`) holds every key;
+        otherwise the volatile tier is the keys' only home and takes them all."""
+        vol = self.config.volatile_db
+        margin = int(vol.overflow_margin)
+        capacity = max(margin * int(vol.num_partitions), margin)
+        if num_key <= capacity:
+            return num_key
+        amount = min(num_key, int(vol.initial_cache_rate * capacity + 0.5))
+        if home:
+            log.info(f"HPS: {what}: {num_key} keys exceed the volatile database's capacity {capacity} "
+                     f"(overflow_margin x num_partitions); it takes the first {amount} (initial_cache_rate "
+                     f"{vol.initial_cache_rate}), the persistent database all of them")
+            return amount
+        log.warn(f"HPS: {what}: {num_key} keys exceed the volatile database's capacity {capacity} "
+                 "(overflow_margin x num_partitions), but no persistent database filled at start holds them: "
+                 "the volatile database keeps every key (numbactr has no overflow handling)")
+        return num_key
 
     def cache(self, model_name: str) -> "ModelCache":
         """The embedding cache of a model (HugeCTR's get_embedding_cache)."""
@@ -450,6 +478,7 @@ class HPS:
     HPS(ps_config) with a ParameterServerConfig, or HPS(hps_json_config_file) with HugeCTR's HPS JSON.
     lookup(h_keys, model_name, table_id, device_id=0) -> (n, D) float32: each key's vector through that
     model's embedding cache and the databases (default_value_for_each_table where none has it).
+    lookup_fromdlpack(keys, out_tensor, model_name, table_id, device_id=0): the same into a DLPack tensor.
     """
 
     def __init__(self, ps_config=None, *, hps_json_config_file: str | None = None):
@@ -463,17 +492,58 @@ class HPS:
         self._blocks: dict = {}
 
     def lookup(self, h_keys, model_name: str, table_id: int, device_id: int = 0) -> np.ndarray:
+        m, t = self._table(model_name, table_id, "HPS.lookup")
+        keys = check_keys(h_keys, m.params.i64_input_key, "HPS.lookup h_keys")
+        return self._lookup(keys, model_name, m, t, "HPS.lookup")
+
+    def lookup_fromdlpack(self, keys, out_tensor, model_name: str, table_id: int, device_id: int = 0) -> None:
+        """HugeCTR's HPS.lookup_fromdlpack (include/pybind/hps_wrapper.hpp): table table_id's vectors of
+        the keys written into out_tensor in place.
+
+        keys and out_tensor are DLPack tensors: the capsules of ``torch.utils.dlpack.to_dlpack`` (HugeCTR's
+        form; they are read, not consumed, so ``from_dlpack(out_capsule)`` afterwards sees the vectors) or
+        objects with ``__dlpack__`` (a torch tensor, a NumPy array, a CuPy array), on the CPU or a CUDA
+        device. keys: integers of any shape, read in row-major order (HugeCTR reads int64); out_tensor:
+        C-contiguous float32 of any shape with at least len(keys) x embedding_vec_size elements, of which
+        the first len(keys) x embedding_vec_size receive the vectors key after key (the rest are left as
+        they are). device_id names HugeCTR's embedding cache of that device; numbactr has one cache.
+        """
+        m, t = self._table(model_name, table_id, "HPS.lookup_fromdlpack")
+        who = "HPS.lookup_fromdlpack"
+        with _DLPackView(keys, f"{who} keys", writable=False) as kv:
+            if kv.array.dtype.kind not in "iu":
+                raise TypeError(f"{who}: keys must be an integer tensor (HugeCTR reads int64), got {kv.array.dtype}")
+            host_keys = kv.to_host()
+        flat = check_keys(host_keys, m.params.i64_input_key, f"{who} keys")
+        with _DLPackView(out_tensor, f"{who} out_tensor", writable=True) as ov:
+            width = m.vec_sizes[t]
+            need = flat.shape[0] * width
+            if ov.array.dtype != np.float32:
+                raise TypeError(f"{who}: out_tensor must be float32, got {ov.array.dtype}")
+            if ov.array.size < need:
+                raise ValueError(f"{who}: out_tensor {tuple(ov.array.shape)} holds {ov.array.size} values; "
+                                 f"{flat.shape[0]} keys x embedding_vec_size {width} of table {t} = {need} needed "
+                                 "(HugeCTR: out_tensor must hold at least number of keys x embedding vector size)")
+            if not ov.contiguous:
+                raise ValueError(f"{who}: out_tensor {tuple(ov.array.shape)} is not C-contiguous; the vectors are "
+                                 "written key after key into its memory (pass a contiguous tensor)")
+            vectors = self._lookup(flat, model_name, m, t, who)
+            ov.write_flat(vectors.reshape(-1))
+
+    def _table(self, model_name: str, table_id, who: str):
         m = self.config.models.get(model_name)
         if m is None:
-            raise KeyError(f"HPS.lookup: the model name {model_name!r} does not exist in HPS; models: "
+            raise KeyError(f"{who}: the model name {model_name!r} does not exist in HPS; models: "
                            f"{sorted(self.config.models)}")
         if not 0 <= int(table_id) < len(m.names):
-            raise IndexError(f"HPS.lookup: model {model_name!r} has tables 0..{len(m.names) - 1}, not {table_id}")
-        t = int(table_id)
-        keys = check_keys(h_keys, m.params.i64_input_key, "HPS.lookup h_keys")
+            raise IndexError(f"{who}: model {model_name!r} has tables 0..{len(m.names) - 1}, not {table_id}")
+        return m, int(table_id)
+
+    def _lookup(self, keys: np.ndarray, model_name: str, m, t: int, who: str) -> np.ndarray:
+        """(n, D) float32 of table t's keys (n,) uint64 (checked)."""
         most = m.max_keys_per_sample[t] * m.params.max_batchsize
         if keys.shape[0] > most:
-            raise ValueError(f"HPS.lookup: {keys.shape[0]} keys; at most maxnum_catfeature_query_per_table_per_sample"
+            raise ValueError(f"{who}: {keys.shape[0]} keys; at most maxnum_catfeature_query_per_table_per_sample"
                              f"[{t}] x max_batchsize = {most} per lookup")
         uniq, inv = np.unique(keys, return_inverse=True)
         cache = self.ps.cache(model_name)
@@ -482,7 +552,7 @@ class HPS:
         out = np.zeros((uniq.shape[0], cache.dims[t]), np.float32)
         have = rows >= 0
         out[have] = device.to_host(block[:uniq.shape[0] + 1])[rows[have], :cache.dims[t]]
-        return out[inv]
+        return out[inv.reshape(-1)]
 
     def _block(self, model: str, t: int, rows: int, stride: int):
         """A reusable (>= rows, stride) device buffer for one table's answers."""
@@ -490,6 +560,140 @@ class HPS:
         if b is None or b.shape[0] < rows:
             b = self._blocks[(model, t)] = device.xp().zeros((max(rows, 1024), stride), np.float32)
         return b
+
+
+# ---- DLPack (HPS.lookup_fromdlpack) -------------------------------------------------------------------
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_DL_CODES = {0: "i", 1: "u", 2: "f"}             # kDLInt, kDLUInt, kDLFloat (bfloat16, complex: refused)
+_DL_READ_ONLY = 1                                # DLPACK_FLAG_BITMASK_READ_ONLY
+
+
+def _capsule_api():
+    api = ctypes.pythonapi
+    api.PyCapsule_IsValid.restype, api.PyCapsule_IsValid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetName.restype, api.PyCapsule_GetName.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    return api
+
+
+class _DLPackView:
+    """A view of a DLPack tensor's memory (a capsule, read without consuming it, or an object with
+    __dlpack__): .array is a NumPy array over host memory, or over a CUDA device's memory a numba device
+    array (.on_gpu). Used inside a with block: the exporter's capsule stays alive until it ends."""
+
+    def __init__(self, obj, what: str, writable: bool):
+        self.what, self.capsule, self.on_gpu, self.contiguous = what, None, False, True
+        if isinstance(obj, np.ndarray):
+            if writable and not obj.flags.writeable:
+                raise ValueError(f"{what}: the array is read-only")
+            self.array, self.contiguous = obj, bool(obj.flags.c_contiguous)
+            return
+        if type(obj).__name__ == "PyCapsule":
+            self.capsule = obj
+        elif hasattr(obj, "__dlpack__"):
+            try:
+                self.capsule = obj.__dlpack__()
+            except Exception as e:          # noqa: BLE001 (each exporter raises its own kind)
+                raise TypeError(f"{what}: {type(obj).__name__} cannot be exported through DLPack: {e}") from None
+        else:
+            raise TypeError(f"{what}: expected a DLPack capsule (torch.utils.dlpack.to_dlpack(t)) or a tensor with "
+                            f"__dlpack__ (torch, NumPy, CuPy), got {type(obj).__name__}")
+        self._parse(writable)
+
+    def _parse(self, writable: bool) -> None:
+        api, cap, what = _capsule_api(), self.capsule, self.what
+        if api.PyCapsule_IsValid(cap, b"dltensor"):
+            dl = _DLManagedTensor.from_address(api.PyCapsule_GetPointer(cap, b"dltensor")).dl_tensor
+        elif api.PyCapsule_IsValid(cap, b"dltensor_versioned"):
+            managed = _DLManagedTensorVersioned.from_address(api.PyCapsule_GetPointer(cap, b"dltensor_versioned"))
+            if writable and managed.flags & _DL_READ_ONLY:
+                raise ValueError(f"{what}: the DLPack tensor is read-only")
+            dl = managed.dl_tensor
+        else:
+            name = api.PyCapsule_GetName(cap)
+            used = name is not None and name.startswith(b"used_")
+            raise ValueError(f"{what}: " + ("the DLPack capsule was already consumed (a capsule can be turned into "
+                                            "a tensor once; pass a fresh to_dlpack() capsule)" if used else
+                                            f"the capsule is not a DLPack tensor (its name is {name!r})"))
+        code, bits, lanes = dl.dtype.code, dl.dtype.bits, dl.dtype.lanes
+        if code not in _DL_CODES or lanes != 1 or bits not in (8, 16, 32, 64):
+            raise TypeError(f"{what}: unsupported DLPack dtype (code {code}, {bits} bits, {lanes} lanes)")
+        dtype = np.dtype(f"<{_DL_CODES[code]}{bits // 8}")
+        shape = tuple(int(dl.shape[i]) for i in range(dl.ndim))
+        compact = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            compact[i] = compact[i + 1] * shape[i + 1]
+        strides = compact if not dl.strides else [int(dl.strides[i]) for i in range(dl.ndim)]
+        if any(s < 0 for s in strides):
+            raise ValueError(f"{what}: negative strides are not supported")
+        n = math.prod(shape)
+        self.contiguous = n == 0 or all(st == c for st, c, d in zip(strides, compact, shape) if d > 1)
+        span = 0 if n == 0 else (sum((d - 1) * st for d, st in zip(shape, strides)) + 1) * dtype.itemsize
+        ptr = (dl.data or 0) + int(dl.byte_offset)
+        kind = dl.device.device_type
+        byte_strides = tuple(st * dtype.itemsize for st in strides)
+        if kind in (_DL_CPU, _DL_CUDA_HOST, _DL_CUDA_MANAGED):
+            buf = (ctypes.c_char * span).from_address(ptr) if span else bytearray(0)
+            self.array = np.ndarray(shape, dtype, buffer=buf, strides=byte_strides if n else None)
+        elif kind == _DL_CUDA:
+            try:
+                from numba import cuda
+                if not cuda.is_available():
+                    raise RuntimeError("no CUDA device")
+            except Exception as e:          # noqa: BLE001
+                raise ValueError(f"{what}: the tensor is on CUDA device {dl.device.device_id}, but this process has "
+                                 f"no CUDA ({e})") from None
+            self.on_gpu = True
+            self.array = cuda.from_cuda_array_interface(
+                {"shape": shape, "typestr": dtype.str, "data": (ptr, not writable), "version": 2,
+                 "strides": byte_strides if n else None}, owner=cap, sync=False)
+        else:
+            raise ValueError(f"{what}: DLPack device type {kind} is not supported (CPU or CUDA)")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.array = self.capsule = None
+
+    def to_host(self) -> np.ndarray:
+        """A host copy (or view) of the tensor, row-major order."""
+        if self.on_gpu:
+            return self.array.copy_to_host()
+        return np.asarray(self.array)
+
+    def write_flat(self, values: np.ndarray) -> None:
+        """The first values.size elements of the (C-contiguous) tensor <- values (host, float32)."""
+        if self.on_gpu:
+            flat = self.array.reshape(self.array.size) if self.array.size else self.array
+            if values.size:
+                flat[:values.size].copy_to_device(np.ascontiguousarray(values))
+            return
+        self.array.reshape(-1)[:values.size] = values
 
 
 def check_keys(keys, i64: bool, what: str) -> np.ndarray:

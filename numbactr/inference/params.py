@@ -14,15 +14,37 @@ import math
 import os
 import re
 import tempfile
+import warnings
 from dataclasses import dataclass, field, fields
 
-from ..config import _number, warn_ignored
-from ..enums import _make
+from ..config import IgnoredArgumentWarning, _number, warn_ignored
+from ..enums import _Enum
 
-DatabaseType_t = _make("DatabaseType_t", "Disabled HashMap ParallelHashMap MultiProcessHashMap RedisCluster RocksDB")
-DatabaseOverflowPolicy_t = _make("DatabaseOverflowPolicy_t", "EvictRandom EvictLeastUsed EvictOldest")
-UpdateSourceType_t = _make("UpdateSourceType_t", "Null KafkaMessageQueue")
-EmbeddingCacheType_t = _make("EmbeddingCacheType_t", "Dynamic Static UVM Stochastic")
+
+def _make_aliased(name: str, members: str, pybind_names: str) -> type:
+    """An enum whose members also answer to HugeCTR's pybind names (hctr_enum_to_c_str: lower case,
+    underscores), e.g. DatabaseType_t.redis_cluster is DatabaseType_t.RedisCluster; iteration and repr
+    use the first names."""
+    first, second = members.split(), pybind_names.split()
+    assert len(first) == len(second)
+    return _Enum(name, [(m, i) for i, m in enumerate(first)] + [(m, i) for i, m in enumerate(second)])
+
+
+DatabaseType_t = _make_aliased("DatabaseType_t",
+                               "Disabled HashMap ParallelHashMap MultiProcessHashMap RedisCluster RocksDB",
+                               "disabled hash_map parallel_hash_map multi_process_hash_map redis_cluster rocks_db")
+DatabaseOverflowPolicy_t = _make_aliased("DatabaseOverflowPolicy_t", "EvictRandom EvictLeastUsed EvictOldest",
+                                         "evict_random evict_least_used evict_oldest")
+UpdateSourceType_t = _make_aliased("UpdateSourceType_t", "Null KafkaMessageQueue", "null kafka_message_queue")
+EmbeddingCacheType_t = _make_aliased("EmbeddingCacheType_t", "Dynamic Static UVM Stochastic",
+                                     "dynamic static uvm stochastic")
+
+
+def pybind_members(*enums) -> dict:
+    """HugeCTR's export_values() of these enums: each member under its pybind (lower-case) name, e.g.
+    hugectr.redis_cluster (HugeCTR registers DatabaseType_t, DatabaseOverflowPolicy_t and
+    UpdateSourceType_t on the top-level module, include/pybind/common_wrapper.hpp)."""
+    return {n: m for e in enums for n, m in e.__members__.items() if n != m.name}
 
 # the names the HPS JSON accepts for each database type (HugeCTR's get_hps_database_type)
 _DB_NAMES = {
@@ -71,12 +93,17 @@ class VolatileDatabaseParams:
     """``hugectr.inference.VolatileDatabaseParams``: the CPU-memory tier.
 
     type: ParallelHashMap / HashMap (numbactr: one in-process hash map, numbactr.inference.backends), or
-    RedisCluster (the redis client against ``address``, "host:port[;host:port...]": one address is a plain
-    Redis server, several a Redis cluster; user_name/password, TLS, num_node_connections (the connection
-    pool), num_partitions (hashes per table) and max_batch_size (keys per request) are honoured), or
-    Disabled. initialize_after_startup fills it from the sparse model files at start, initial_cache_rate
-    the share of each table's keys it then takes (file order), cache_missed_embeddings copies what the
-    persistent tier found into it.
+    RedisCluster (the redis client against ``address``: HugeCTR's "host[:port][,host[:port]...]", of which
+    HugeCTR, and numbactr, connect to the first (a cluster node finds the others itself; a server not in
+    cluster mode is used as a plain Redis); numbactr's older "host:port;host:port..." gives every entry
+    as a cluster's startup node; user_name/password, TLS, num_node_connections (the connection pool),
+    num_partitions (hashes per table) and max_batch_size (keys per request) are honoured), or Disabled.
+    initialize_after_startup fills it with every key of the sparse model files at start (HugeCTR's
+    HierParameterServer). initial_cache_rate matters, as in HugeCTR, only for a table larger than the
+    tier's capacity (overflow_margin x num_partitions; unlimited by default): the tier then takes the
+    first round(initial_cache_rate x capacity) keys of the file, provided a persistent database filled at
+    start holds them all; without one it keeps every key (no row is lost) and warns.
+    cache_missed_embeddings copies what the persistent tier found into it.
     """
     type: object = DatabaseType_t.ParallelHashMap
     address: str = "127.0.0.1:7000"
@@ -119,7 +146,15 @@ class VolatileDatabaseParams:
         kept = "numbactr's volatile tier holds every key it is given (no overflow handling)"
         hashmap = "used by HugeCTR's hash maps' allocator only"
         shm = "used only by MultiProcessHashMap"
-        _ignored(who, self, {"overflow_margin": kept, "overflow_policy": kept, "overflow_resolution_target": kept,
+        if self.overflow_margin != _NO_MARGIN:
+            _number(who, "overflow_margin", self.overflow_margin, 1, integer=True)
+            warnings.warn(f"{who}: overflow_margin={self.overflow_margin!r} is ignored except at start: it only "
+                          "sizes the start-up fill (a table larger than overflow_margin x num_partitions keys puts "
+                          "initial_cache_rate of that many in the volatile tier when a persistent database holds "
+                          "them all); numbactr has no overflow handling, so later inserts (cache_missed_embeddings) "
+                          "are not bounded",
+                          IgnoredArgumentWarning, stacklevel=3)
+        _ignored(who, self, {"overflow_policy": kept, "overflow_resolution_target": kept,
                              "allocation_rate": hashmap, "shared_memory_size": shm, "shared_memory_name": shm,
                              "shared_memory_auto_remove": shm,
                              "update_filters": "numbactr has no Kafka update source"})
@@ -181,7 +216,7 @@ class UpdateSourceParams:
 
 def _enum(who: str, name: str, value, enum) -> None:
     if not isinstance(value, enum):
-        raise ValueError(f"{who}: {name} must be a {enum.__name__} ({', '.join(enum.__members__)}), got {value!r}")
+        raise ValueError(f"{who}: {name} must be a {enum.__name__} ({', '.join(m.name for m in enum)}), got {value!r}")
 
 
 # InferenceParams arguments numbactr does not act on (the results do not depend on them)
@@ -212,11 +247,14 @@ _PARAMS_IGNORED = {
 class InferenceParams:
     """``hugectr.inference.InferenceParams`` (HugeCTR's arguments, order and defaults).
 
-    Honoured: model_name (the databases' table names), max_batchsize, hit_rate_threshold, dense_model_file,
-    sparse_model_files (one folder per embedding table, graph order), use_gpu_embedding_cache (the device
-    cache; a RAM cache on the cpu device), cache_size_percentage, i64_input_key (32-bit keys otherwise),
-    cache_refresh_percentage_per_iteration (keys per refresh step; with init_ec, > 0 also fills the cache at
-    start), default_value_for_each_table (one value, or one per table: the vector of a key no tier holds),
+    Honoured: model_name (the databases' table names), max_batchsize, hit_rate_threshold (any finite
+    number, as in HugeCTR: > 1 turns the asynchronous inserts off), dense_model_file ("" loads no dense
+    weights, as in HugeCTR, with a warning), sparse_model_files (one folder per embedding table, graph
+    order), use_gpu_embedding_cache (the device cache; a RAM cache on the cpu device),
+    cache_size_percentage, i64_input_key (32-bit keys otherwise), cache_refresh_percentage_per_iteration
+    (keys per refresh step; with init_ec, > 0 also fills the cache at start), default_value_for_each_table
+    (one value, or one per table: the vector of a key no tier holds; another count warns and gives every
+    table the first value, as HugeCTR does),
     volatile_db, persistent_db, update_source, maxnum_catfeature_query_per_table_per_sample,
     embedding_vecsize_per_table and embedding_table_names (the HPS interface's tables),
     non_trainable_params_file (BatchNorm statistics; default: dense_model_file + ".ntp.json"), init_ec,
@@ -271,7 +309,10 @@ class InferenceParams:
                 raise TypeError(f"{who}: argument {name!r} is required (HugeCTR's binding gives it no default)")
         make_tag_name(self.model_name, "table")
         _number(who, "max_batchsize", self.max_batchsize, 1, integer=True)
-        _number(who, "hit_rate_threshold", self.hit_rate_threshold, 0.0, 1.0)
+        # HugeCTR takes any float: a request whose cache hit rate (0..1) is >= the threshold answers its
+        # misses with the default value and inserts them after it; > 1 thus always fetches them at once
+        # (asynchronous inserts off), <= 0 never does
+        _number(who, "hit_rate_threshold", self.hit_rate_threshold)
         _number(who, "cache_size_percentage", self.cache_size_percentage, 0.0, 1.0, lo_open=True)
         _number(who, "cache_refresh_percentage_per_iteration", self.cache_refresh_percentage_per_iteration, 0.0, 1.0)
         if isinstance(self.sparse_model_files, str):
@@ -287,18 +328,28 @@ class InferenceParams:
         defaults = [float(v) for v in self.default_value_for_each_table]
         if not all(math.isfinite(v) for v in defaults):
             raise ValueError(f"{who}: default_value_for_each_table must be finite, got {defaults}")
-        self.default_value_for_each_table = defaults
+        self.default_value_for_each_table = _fit_defaults(defaults, len(self.sparse_model_files), 3)
         _ignored(who, self, _PARAMS_IGNORED)
 
     def default_values(self, tables: int) -> list:
-        """The default value of each of ``tables`` tables: one value broadcast, or one per table."""
-        d = self.default_value_for_each_table
-        if len(d) == 1 or (not d and tables == 0):
-            return d * tables
-        if len(d) != tables:
-            raise ValueError(f"InferenceParams: default_value_for_each_table has {len(d)} values for {tables} "
-                             "embedding tables; give one value, or one per table")
+        """The default value of each of ``tables`` tables: one value broadcast, or one per table (any other
+        count: a warning, and the first value, or 0, for every table, as HugeCTR does)."""
+        return _fit_defaults(list(self.default_value_for_each_table), tables, 3)
+
+
+def _fit_defaults(d: list, tables: int, stacklevel: int) -> list:
+    """HugeCTR's InferenceParams constructor (src/hps/inference_utils.cpp): default_value_for_each_table
+    whose size is not the number of tables warns and gives every table its first value (0 when empty).
+    numbactr broadcasts a single value silently (its documented shorthand)."""
+    if len(d) == tables:
         return list(d)
+    if len(d) == 1:
+        return d * tables
+    value = d[0] if d else 0.0
+    warnings.warn(f"InferenceParams: default_value_for_each_table has {len(d)} values for {tables} embedding "
+                  f"tables (sparse_model_files); as in HugeCTR, every table gets its first value ({value})",
+                  IgnoredArgumentWarning, stacklevel=stacklevel + 1)
+    return [value] * tables
 
 
 @dataclass

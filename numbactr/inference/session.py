@@ -191,6 +191,24 @@ class _Pooler:
         return out.reshape(batch, self.slots, self.dim)
 
 
+def _load_dense(g: InferenceGraph, p: InferenceParams) -> None:
+    """The dense weights (and BatchNorm statistics) of the session. dense_model_file "" loads none, as in
+    HugeCTR (src/inference/inference_session.cpp loads it only when the name is not empty): the weights
+    stay zeros, with a warning; a non_trainable_params_file given is still read (HugeCTR reads it on its own)."""
+    if p.dense_model_file:
+        ntp = {"ntp_path": p.non_trainable_params_file} if p.non_trainable_params_file else {}
+        checkpoint.load_dense_weights(g, p.dense_model_file, **ntp)
+        return
+    log.warn(f"InferenceSession {p.model_name!r}: dense_model_file is empty, so no dense weights are loaded (as in "
+             f"HugeCTR): the {g.n_params} dense parameters are uninitialised (zeros) and the predictions are not "
+             "the trained model's")
+    if p.non_trainable_params_file:
+        path = p.non_trainable_params_file
+        stats = checkpoint._read_ntp(g, path, checkpoint._Snapshot.of(path), False)
+        for b, (mean, var) in zip(checkpoint.norm_layers(g), stats):
+            b.load_ntp_entry({"mean": mean, "var": var})
+
+
 class InferenceSession:
     """``hugectr.inference.InferenceSession`` (module docstring); made by CreateInferenceSession. A session
     that made its parameter server closes it with close() (or when it is collected)."""
@@ -202,8 +220,7 @@ class InferenceSession:
         p = self.params = inference_params
         self.graph = g = InferenceGraph(str(model_config_path), p.max_batchsize)
         config = g.ps_config(p)
-        ntp = {"ntp_path": p.non_trainable_params_file} if p.non_trainable_params_file else {}
-        checkpoint.load_dense_weights(g, p.dense_model_file, **ntp)
+        _load_dense(g, p)
         self._own_ps = parameter_server is None
         self.ps = ParameterServer(config) if parameter_server is None else parameter_server
         self.cache = self.ps.cache(p.model_name)
