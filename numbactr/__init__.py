@@ -16,6 +16,8 @@ from .enums import *  # noqa: F401,F403  (the enum classes)
 from .data.raw_async import AsyncParam
 from . import data  # noqa: F401  (hugectr.data.DataSourceParams)
 from .model import Model, ModelError
+from .callbacks import TrainingCallback
+from .etc import EmbeddingTrainingCache
 from .embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
 from .embedding.hybrid import HybridEmbeddingParam
 from .etc import CreateETC, CreateHMemCache, EmbeddingTrainingCacheParams, HMemCacheConfig  # noqa: F401
@@ -36,4 +38,4 @@ _alias.install()                    # `from hugectr.inference import ...` after 
 
 __all__ = ["AsyncParam", "CreateETC", "CreateHMemCache", "CreateOptimizer", "CreateSolver", "DataReaderParams", "DataReaderSparseParam", "DenseLayer",
            "DenseLayerComputeConfig", "GroupDenseLayer", "IgnoredArgumentWarning", "Input", "LearningRateScheduler",
-           "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "HybridEmbeddingParam", "CommunicationStrategy", "DatabaseOverflowPolicy_t", "DatabaseType_t", "OptParamsPy", "Solver", "SparseEmbedding", "UpdateSourceType_t", "tools"]
+           "Model", "ModelError", "EmbeddingCollectionConfig", "EmbeddingTableConfig", "HybridEmbeddingParam", "CommunicationStrategy", "DatabaseOverflowPolicy_t", "DatabaseType_t", "OptParamsPy", "Solver", "SparseEmbedding", "TrainingCallback", "EmbeddingTrainingCache", "UpdateSourceType_t", "tools"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from .data.raw_async import AsyncParam
@@ -112,6 +112,15 @@ class Solver:
     data_source_params: Any = None          # HugeCTR v3.5-v3.7: where its model files lived (HDFS)
 
 
+# CreateSolver's positional order, HugeCTR's (include/pybind/solver_wrapper.hpp)
+_SOLVER_ORDER = ("model_name seed lr_policy lr warmup_steps decay_start decay_steps decay_power end_lr "
+                 "max_eval_batches batchsize_eval batchsize vvgpu repeat_dataset use_mixed_precision "
+                 "enable_tf32_compute scaler metrics_spec i64_input_key use_algorithm_search use_cuda_graph "
+                 "gen_loss_summary train_intra_iteration_overlap train_inter_iteration_overlap "
+                 "eval_intra_iteration_overlap eval_inter_iteration_overlap device_layout use_embedding_collection "
+                 "all_reduce_algo grouped_all_reduce num_iterations_statistics perf_logging drop_incomplete_batch "
+                 "kafka_brockers training_callbacks").split()
+
 # Solver options numbactr does not act on: (value(s) that ask for nothing, why a different value is ignored)
 _SOLVER_IGNORED = {
     "train_intra_iteration_overlap": ((False,), "a HugeCTR GPU-pipelining option; numbactr runs each step "
@@ -124,13 +133,17 @@ _SOLVER_IGNORED = {
     "device_layout": ((None, "LocalFirst"), "deprecated in HugeCTR; numbactr has one device per process"),
     "perf_logging": ((False,), "numbactr writes no MLPerf-style logs"),
     "kafka_brockers": (("",), "numbactr has no Kafka model export (embedding training cache)"),
-    "training_callbacks": (((),), "numbactr's fit() does not call training callbacks yet"),
 }
 
 
-def CreateSolver(**kw) -> Solver:  # noqa: N802 (HugeCTR's name)
-    """``hugectr.CreateSolver``: every argument keyword, HugeCTR's defaults (spec §1). Out-of-range values
-    raise ValueError; options numbactr does not act on warn (IgnoredArgumentWarning) when set."""
+def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
+    """``hugectr.CreateSolver``: HugeCTR's arguments, by keyword or in its positional order (model_name,
+    seed, lr_policy, lr, ...), with its defaults (spec §1). Out-of-range values raise ValueError; options
+    numbactr does not act on warn (IgnoredArgumentWarning) when set."""
+    _expect(len(args) <= len(_SOLVER_ORDER), f"CreateSolver: at most {len(_SOLVER_ORDER)} positional arguments")
+    for name, value in zip(_SOLVER_ORDER, args):
+        _expect(name not in kw, f"CreateSolver: {name} given twice")
+        kw[name] = value
     known = set(Solver.__dataclass_fields__)
     unknown = sorted(set(kw) - known)
     _expect(not unknown, f"CreateSolver: unknown argument(s) {unknown}")
@@ -141,6 +154,10 @@ def CreateSolver(**kw) -> Solver:  # noqa: N802 (HugeCTR's name)
     if kw.get("metrics_spec") is None:
         kw["metrics_spec"] = {MetricsType.AUC: 1.0}
     kw["training_callbacks"] = tuple(kw.get("training_callbacks", ()))
+    from .callbacks import TrainingCallback
+    for j, cb in enumerate(kw["training_callbacks"]):
+        _expect(isinstance(cb, TrainingCallback), f"CreateSolver: training_callbacks[{j}] must be a "
+                f"hugectr.TrainingCallback (a subclass of it), got {cb!r}")
     s = Solver(**kw)
     who = "CreateSolver"
     for name, f in Solver.__dataclass_fields__.items():
@@ -189,9 +206,17 @@ def CreateSolver(**kw) -> Solver:  # noqa: N802 (HugeCTR's name)
     return s
 
 
-@dataclass
+# DataReaderParams' positional order, HugeCTR's (include/pybind/model_wrapper.hpp): keyset comes third
+_READER_ARGS = ("data_reader_type", "source", "keyset", "eval_source", "check_type", "cache_eval_data",
+                "num_samples", "eval_num_samples", "float_label_dense", "read_file_sequentially", "num_workers",
+                "slot_size_array", "data_source_params", "async_param")
+
+
+@dataclass(init=False)
 class DataReaderParams:
-    """``hugectr.DataReaderParams`` (spec §2.1)."""
+    """``hugectr.DataReaderParams`` (spec §2.1). Positional arguments in HugeCTR's order: (data_reader_type,
+    source, keyset, eval_source, check_type, cache_eval_data, ...); the four-argument form (data_reader_type,
+    source, eval_source, check_type), which HugeCTR itself would refuse, is read that way too."""
     data_reader_type: Any
     source: Any
     eval_source: str
@@ -208,6 +233,26 @@ class DataReaderParams:
     slot_size_array: list = field(default_factory=list)
     data_source_params: Any = None
     async_param: Any = None
+
+    def __init__(self, *args, **kw):
+        if len(args) == 4 and isinstance(args[3], Check_t):        # (type, source, eval_source, check_type)
+            args = (args[0], args[1], kw.pop("keyset", ""), args[2], args[3])
+        if len(args) > len(_READER_ARGS):
+            raise TypeError(f"DataReaderParams takes at most {len(_READER_ARGS)} positional arguments, got {len(args)}")
+        for name, value in zip(_READER_ARGS, args):
+            if name in kw:
+                raise TypeError(f"DataReaderParams: got multiple values for argument {name!r}")
+            kw[name] = value
+        unknown = sorted(set(kw) - set(_READER_ARGS))
+        if unknown:
+            raise TypeError(f"DataReaderParams: unexpected argument(s) {unknown}")
+        missing = [n for n in ("data_reader_type", "source", "eval_source", "check_type") if n not in kw]
+        if missing:
+            raise TypeError(f"DataReaderParams: missing required argument(s) {missing}")
+        for f in fields(self):
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            setattr(self, f.name, kw.get(f.name, default))
+        self.__post_init__()
 
     def __post_init__(self):
         _expect(isinstance(self.data_reader_type, DataReaderType_t),
@@ -358,8 +403,16 @@ class Input:
     """``hugectr.Input``: label(s), dense features and sparse inputs (spec §5.1)."""
 
     def __init__(self, label_dim=None, label_name=None, dense_dim=0, dense_name="dense",
-                 data_reader_sparse_param_array=(), *, label_dims=None, label_names=None,
+                 data_reader_sparse_param_array=(), *rest, label_dims=None, label_names=None,
                  label_weights=None):
+        if isinstance(dense_dim, (list, tuple)):
+            # HugeCTR's third overload: (label_dims, label_names, label_weights, dense_dim, dense_name, sparse)
+            _expect(label_weights is None and len(rest) <= 1, "Input: label_weights given twice")
+            label_weights, dense_dim, dense_name = dense_dim, dense_name, data_reader_sparse_param_array
+            data_reader_sparse_param_array = rest[0] if rest else ()
+        elif rest:
+            raise TypeError(f"Input takes at most 5 positional arguments (6 with label_weights third), got "
+                            f"{5 + len(rest)}")
         if label_dims is None:
             label_dims = label_dim
         if label_names is None:
@@ -482,6 +535,12 @@ _DENSE_DEFAULTS = dict(
     shape=(), dim=0, index=(),
 )
 _DENSE_DEFAULTS["lambda"] = 0.0
+# DenseLayer's parameters after (layer_type, bottom_names, top_names) in HugeCTR's positional order
+_DENSE_ORDER = ("factor eps gamma_init_type beta_init_type dropout_rate elu_alpha num_output weight_init_type "
+                "bias_init_type num_layers leading_dim time_step batchsize vector_size selected selected_slots "
+                "ranges indices weight_dims projection_dim out_dim axis max_sequence_len_from max_sequence_len_to "
+                "num_attention_heads transpose_b target_weight_vec use_regularizer regularizer_type lambda pos_type "
+                "act_type num_outputs use_bias activations biases compute_config shape dim index").split()
 
 
 _INITS = ("weight_init_type", "bias_init_type")
@@ -526,8 +585,13 @@ class DenseLayer:
     ``lambda`` is a Python keyword: pass it as ``**{"lambda": 0.1}`` (read back as ``.lambda_``).
     """
 
-    def __init__(self, layer_type, bottom_names, top_names, **params):
+    def __init__(self, layer_type, bottom_names, top_names, *args, **params):
         _expect(isinstance(layer_type, Layer_t), f"DenseLayer: layer_type must be a Layer_t, got {layer_type!r}")
+        _expect(len(args) <= len(_DENSE_ORDER), f"DenseLayer {layer_type.name}: at most {3 + len(_DENSE_ORDER)} "
+                f"positional arguments, got {3 + len(args)}")
+        for name, value in zip(_DENSE_ORDER, args):         # HugeCTR's positional order (model_wrapper.hpp)
+            _expect(name not in params, f"DenseLayer {layer_type.name}: {name} given twice")
+            params[name] = value
         unknown = sorted(set(params) - set(_DENSE_DEFAULTS))
         _expect(not unknown, f"DenseLayer {layer_type.name} {list(top_names)!r}: unknown parameter(s) {unknown}")
         if isinstance(bottom_names, str):

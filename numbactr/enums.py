@@ -48,6 +48,9 @@ CommunicationType = _make("CommunicationType", "IB_NVLink_Hier IB_NVLink NVLink_
 Distribution_t = _make("Distribution_t", "Uniform PowerLaw")
 PowerLaw_t = _make("PowerLaw_t", "Long Medium Short Specific")
 Tensor_t = _make("Tensor_t", "Train Evaluate")
+Error_t = _make("Error_t", "Success FileCannotOpen BrokenFile OutOfMemory OutOfBound WrongInput IllegalCall "
+                           "NotInitialized UnSupportedFormat InvalidEnv MpiError CublasError CudnnError "
+                           "CudaDriverError CudaRuntimeError NcclError DataCheckError UnspecificError EndOfFile")
 TrainPSType_t = _make("TrainPSType_t", "Staged Cached")       # the embedding training cache (numbactr/etc.py)
 #: EmbeddingCollectionConfig's comm_strategy. Not in ALL: exporting its members at module level would make
 #: hugectr.Uniform this enum's instead of Distribution_t's (the DataGenerator's)
@@ -57,7 +60,8 @@ CommunicationStrategy = _make("CommunicationStrategy", "Uniform Hierarchical")
 ALL = [Check_t, DataReaderType_t, DataReaderSparse_t, SourceType_t, FileSystemType_t, Embedding_t,
        Initializer_t, Layer_t, GroupLayer_t, Alignment_t, LrPolicy_t, Optimizer_t, Update_t,
        Activation_t, FcPosition_t, Regularizer_t, MetricsRawType, MetricsType, DeviceLayout,
-       AllReduceAlgo, HybridEmbeddingType, CommunicationType, Distribution_t, PowerLaw_t, Tensor_t, TrainPSType_t]
+       AllReduceAlgo, HybridEmbeddingType, CommunicationType, Distribution_t, PowerLaw_t, Tensor_t, TrainPSType_t,
+       Error_t]
 
 
 def exported_members() -> dict:
@@ -65,6 +69,7 @@ def exported_members() -> dict:
     for e in ALL:
         for m in e:
             out[m.name] = m
+    out["Hierarchical"] = CommunicationStrategy.Hierarchical     # the one member of it no other enum has
     return out
 
 __all__ = [e.__name__ for e in ALL] + ["CommunicationStrategy"]

@@ -151,9 +151,13 @@ class EmbeddingTrainingCache:
         self.model = model
         self.updates = 0
 
-    def update(self, keyset_file):
-        """Before training a file list: its keyset file (one for all embeddings) or one file per embedding.
-        numbactr's tables hold every row already (see the module doc): the files are read and checked."""
+    def update(self, keyset_file=None, *, keyset_file_list=None):
+        """Before training a file list: its keyset file (one for all embeddings) or one file per embedding
+        (HugeCTR's keyword for the list: keyset_file_list). numbactr's tables hold every row already (see the
+        module doc): the files are read and checked."""
+        if (keyset_file is None) == (keyset_file_list is None):
+            raise ETCError("EmbeddingTrainingCache.update: give keyset_file or keyset_file_list")
+        keyset_file = keyset_file if keyset_file is not None else keyset_file_list
         n = len(self.model.embeddings)
         files = [os.fspath(keyset_file)] if isinstance(keyset_file, (str, os.PathLike)) else \
             [os.fspath(f) for f in keyset_file]

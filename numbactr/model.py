@@ -105,7 +105,14 @@ class Model:
             log.info(precision.enable_tf32())
 
     # ---- graph construction --------------------------------------------------------------------
-    def add(self, item) -> None:
+    def add(self, item=None, *, input=None, sparse_embedding=None, dense_layer=None,  # noqa: A002 (HugeCTR's
+            group_dense_layer=None, ebc_config=None) -> None:                   # keyword names, one per overload)
+        given = [x for x in (item, input, sparse_embedding, dense_layer, group_dense_layer, ebc_config)
+                 if x is not None]
+        if len(given) != 1:
+            raise ModelError(f"Model.add takes one Input, SparseEmbedding, DenseLayer, GroupDenseLayer or "
+                             f"EmbeddingCollectionConfig, got {len(given)}")
+        item = given[0]
         if self.compiled:
             raise ModelError("Model.add: the model is already compiled")
         if isinstance(item, Input):
@@ -438,6 +445,14 @@ class Model:
             raise ModelError("Model.get_embedding_training_cache: the model has no embedding training cache "
                              "(Model(solver, reader, optimizer, CreateETC(...)))")
         return self._etc_cache
+
+    def dump_incremental_model_2kafka(self) -> None:
+        """HugeCTR sends the rows changed since the last call to the Kafka brokers of CreateSolver(kafka_brockers)
+        for its inference parameter server. numbactr has no Kafka producer: refused with what to do instead."""
+        raise ModelError("Model.dump_incremental_model_2kafka: numbactr cannot send to Kafka (no Kafka producer; "
+                         "CreateSolver's kafka_brockers is ignored). Get the changed rows with "
+                         "Model.get_incremental_model() and write them to the parameter server's databases "
+                         "(numbactr.inference: the HPS's Redis / RocksDB backends)")
 
     def get_incremental_model(self) -> list:
         """ETC: per embedding, (keys (n,) int64, vectors (n, D) float32) of the keys in the keyset files
@@ -1114,6 +1129,10 @@ class Model:
         s = self.solver
         log.info("Training source file: " + self.reader_params.source[0])
         log.info("Evaluation source file: " + self.reader_params.eval_source)
+        # HugeCTR calls the training callbacks in iteration mode only (numbactr/callbacks.py)
+        callbacks = tuple(s.training_callbacks) if s.repeat_dataset else ()
+        for cb in callbacks:
+            cb.on_training_start()
         self.start_data_reading()
         t_display = time.time()
         it = 0
@@ -1134,6 +1153,8 @@ class Model:
             first = True
             while True:
                 if s.repeat_dataset and it >= max_iter:
+                    for cb in callbacks:
+                        cb.on_training_end(max_iter - 1)
                     return
                 lr = self.lr_scheduler.get_next()
                 self.set_learning_rate(lr)
@@ -1154,14 +1175,17 @@ class Model:
                     self.history["lr"].append(lr)
                     t_display = time.time()
                 if eval_interval > 0 and (it + 1) % eval_interval == 0:
-                    if self._evaluate(it + 1):
+                    if self._evaluate(it + 1, callbacks):
                         return
                 if snapshot > 0 and it % snapshot == 0 and it != 0:
                     self.save_params_to_files(snapshot_prefix, it)
                 it += 1
 
-    def _evaluate(self, it: int) -> bool:
-        """Run max_eval_batches eval batches, log metrics; True when the AUC target is hit."""
+    def _evaluate(self, it: int, callbacks=()) -> bool:
+        """Run max_eval_batches eval batches after `it` steps, log metrics; True when training should stop
+        (the AUC target is hit, or a training callback's on_eval_end asked to stop)."""
+        for cb in callbacks:
+            cb.on_eval_start(it - 1)
         t0 = time.time()
         n, fresh = 0, False
         while n < self.solver.max_eval_batches:
@@ -1178,6 +1202,16 @@ class Model:
             n, fresh = n + 1, False
         target = self.solver.metrics_spec.get(MetricsType.AUC)
         hit = False
+        if callbacks:
+            results = {name: float(value) for name, value in self.get_eval_metrics()}
+            stop = False
+            for cb in callbacks:
+                stop = bool(cb.on_eval_end(it - 1, results)) or stop
+            if stop:
+                log.info(f"A training callback stopped training at iteration {it}")
+                for cb in callbacks:
+                    cb.on_training_end(it - 1)
+                return True
         for name, value in self.get_eval_metrics():
             log.info(f"Evaluation, {name}: {value:.6f}")
             if name == "AUC":
@@ -1243,16 +1277,22 @@ class Model:
         self._before_load()
         checkpoint.load_dense_optimizer_states(self, dense_opt_states_file)
 
-    def load_sparse_weights(self, sparse_embedding_files) -> None:
-        """A list (one folder per embedding, add order) or a dict {sparse_embedding_name: folder}. Keys go
-        to the rank that owns them on this run's rank count (key % R, or slot % R from slot_id)."""
+    def load_sparse_weights(self, sparse_embedding_files=None, *, sparse_embedding_files_map=None) -> None:
+        """A list (one folder per embedding, add order) or a dict {sparse_embedding_name: folder} (HugeCTR's
+        keyword for the dict: sparse_embedding_files_map). Keys go to the rank that owns them on this run's
+        rank count (key % R, or slot % R from slot_id)."""
+        sparse_embedding_files = _one_of("load_sparse_weights", sparse_embedding_files=sparse_embedding_files,
+                                         sparse_embedding_files_map=sparse_embedding_files_map)
         self._require_compiled("load_sparse_weights")
         self._before_load()
         checkpoint.load_sparse_weights(self, sparse_embedding_files)
 
-    def load_sparse_optimizer_states(self, sparse_opt_states_files) -> None:
-        """Like load_sparse_weights; each key's states go to the row that holds the key now, so load the
-        matching sparse weights first."""
+    def load_sparse_optimizer_states(self, sparse_opt_states_files=None, *, sparse_opt_states_files_map=None) -> None:
+        """Like load_sparse_weights (the dict also as sparse_opt_states_files_map); each key's states go to the
+        row that holds the key now, so load the matching sparse weights first."""
+        sparse_opt_states_files = _one_of("load_sparse_optimizer_states",
+                                          sparse_opt_states_files=sparse_opt_states_files,
+                                          sparse_opt_states_files_map=sparse_opt_states_files_map)
         self._require_compiled("load_sparse_optimizer_states")
         self._before_load()
         checkpoint.load_sparse_optimizer_states(self, sparse_opt_states_files)
@@ -1260,6 +1300,14 @@ class Model:
     def _require_compiled(self, what: str) -> None:
         if not self.compiled:
             raise ModelError(f"Model.{what}: call compile() first")
+
+
+def _one_of(who: str, **given):
+    """The one argument given of two names for it (HugeCTR's overloads: a list, or a dict by another name)."""
+    set_ = [(k, v) for k, v in given.items() if v is not None]
+    if len(set_) != 1:
+        raise TypeError(f"Model.{who}: give one of {' or '.join(given)}, got {[k for k, _ in set_] or 'none'}")
+    return set_[0][1]
 
 
 class ReaderHandle:

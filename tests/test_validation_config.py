@@ -79,7 +79,6 @@ IGNORED = [
     (lambda: hugectr.CreateSolver(device_layout=hugectr.DeviceLayout.NodeFirst), "device_layout="),
     (lambda: hugectr.CreateSolver(perf_logging=True), "perf_logging=True"),
     (lambda: hugectr.CreateSolver(kafka_brockers="host:9092"), "kafka_brockers='host:9092'"),
-    (lambda: hugectr.CreateSolver(training_callbacks=[object()]), "training_callbacks="),
     (lambda: hugectr.CreateSolver(vvgpu=[[0, 1], [2]]), "vvgpu=[[0, 1], [2]]"),
     (lambda: hugectr.CreateSolver(data_source_params=hugectr.data.DataSourceParams(use_hdfs=True)),
      "data_source_params=DataSourceParams(source=FileSystemType_t.HDFS"),
