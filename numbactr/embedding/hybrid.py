@@ -190,8 +190,9 @@ class HybridEmbedding(OneHotEmbedding):
         if getattr(cfg, "embedding_cache", None) is not None:
             raise ValueError(f"{who}: embedding_cache (a tiered table) is not available for the hybrid embedding")
         param = cfg.hybrid_embedding_param
-        if param is None:
-            param = HybridEmbeddingParam()
+        if param is None:       # SparseEmbedding's own default in HugeCTR (model_wrapper.hpp), not the class's
+            param = HybridEmbeddingParam(1, -1, 0.01, 1.3e11, 2.6e11, 1.0, CommunicationType.NVLink_SingleNode,
+                                         HybridEmbeddingType.Distributed)
         if not isinstance(param, HybridEmbeddingParam):
             raise ValueError(f"{who}: hybrid_embedding_param must be a HybridEmbeddingParam, got {param!r}")
         self.param = param
