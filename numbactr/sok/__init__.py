@@ -19,20 +19,38 @@ SOK's names (both of its APIs):
   All2AllDenseEmbedding(max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, nnz_per_slot, ...)
   DistributedEmbedding(combiner, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, max_nnz, ...)
   Variable(initial_value | shape + initializer, mode=None | 'localized:t'), DynamicVariable(dimension, ...),
-  lookup_sparse(params, sp_ids, sp_weights=None, combiners=None), export, assign
+  lookup_sparse(params, sp_ids, sp_weights=None, combiners=None), all2all_dense_embedding(param, indices),
+  export, assign, dump, load, incremental_model_dump
   OptimizerWrapper(optimizer), SGD(params, lr), Adam(params, learning_rate, beta_1, beta_2, epsilon)
   (= optimizers.Adam), filter_variables / split_embedding_variable_from_others
   average_gradients(model), broadcast_parameters(model): Horovod's part of a SOK script
+
+Training: a table's gradients are held by backward and applied by the step() of the sok.OptimizerWrapper
+(or sok.SGD / sok.Adam) that holds it; a plain torch optimizer never updates a SOK table (wrap it:
+sok.OptimizerWrapper(torch.optim.Adam(...))). A table may be looked up several times before the step (a
+shared embedding, lookup_sparse([v, v], ...)): the step applies the sum of the lookups' gradients once,
+as SOK's tape does.
+
 What maps where: layers.py (inputs as tensors: dense ids, CSR (values, offsets), torch sparse COO/CSR),
 table.py (ownership over ranks, initial rows, gradients), optimizer.py (which engine optimizer runs for
 which torch optimizer), dense.py (data parallelism). Differences from SOK: each table's lookup runs on its
 own (SOK fuses several tables into one); a DynamicVariable has a fixed capacity per rank (max_capacity);
 SOK's 'hybrid' backend's N(0, 1) 'random' initializer, mixed precision and the low-frequency filter are
-not implemented; TensorFlow is not supported (numbactr's README says why). sok.dump(path, vars, optimizer)
-/ sok.load(...) read and write SOK's own weight files (numbactr/sok/dump_load.py). Checkpoints are also
-PyTorch's: a module's state_dict() holds this rank's rows (keys, values) and
-OptimizerWrapper.state_dict() the tables' optimizer states, so torch.save / torch.load of both resume
-training exactly (each rank its own, loaded by as many ranks as saved it).
+not implemented; sok.sparse_read_and_evict is not either (it returns the keys HierarchicalKV evicts to make
+room; numbactr's keyed tables have a fixed capacity and never evict: a full table is a
+VocabularyFullError); TensorFlow is not supported (numbactr's README says why). sok.dump(path, vars,
+optimizer) / sok.load(...) read and write SOK's own weight files (numbactr/sok/dump_load.py).
+
+Reading a folder that real SOK dumped: SOK's file names come from TensorFlow's variable names, which end
+in ":0": sok.DynamicVariable(name="emb") is "emb:0" in TensorFlow and SOK writes "emb_0-key",
+"emb_0-weight", "emb_0-Adam-m", ... (an unnamed table: "sok_dynamic_Variable_<i>_0-..." or
+"sok_static_Variable_<i>_0-..."). numbactr uses the name= argument as given, so name the table as the
+files are named: sok.DynamicVariable(dimension=16, name="emb_0") (or name="emb:0"), then
+sok.load(path, [table], optimizer).
+
+Checkpoints are also PyTorch's: a module's state_dict() holds this rank's rows (keys, values) and
+OptimizerWrapper.state_dict() the tables' optimizer states and its step count, so torch.save /
+torch.load of both resume training exactly (each rank its own, loaded by as many ranks as saved it).
 """
 from __future__ import annotations
 
@@ -44,16 +62,18 @@ except ImportError as e:           # the one face of numbactr that needs torch
 from .. import threads
 from ..distributed.comm import world
 from .dense import average_gradients, broadcast_parameters
-from .dump_load import dump, load
-from .layers import (All2AllDenseEmbedding, DistributedEmbedding, DynamicVariable, Variable, assign, export,
-                     lookup_sparse)
+from .dump_load import dump, incremental_model_dump, load
+from .layers import (All2AllDenseEmbedding, DistributedEmbedding, DynamicVariable, Variable, all2all_dense_embedding,
+                     assign, export, lookup_sparse)
 from .optimizer import SGD, Adam, OptimizerWrapper, filter_variables, split_embedding_variable_from_others
 from .table import SETTINGS
 
 __all__ = ["init", "Init", "All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable",
-           "lookup_sparse", "export", "assign", "OptimizerWrapper", "SGD", "Adam", "optimizers",
+           "lookup_sparse", "all2all_dense_embedding", "export", "assign", "OptimizerWrapper", "SGD", "Adam",
+           "optimizers",
            "filter_variables", "split_embedding_variable_from_others", "average_gradients",
-           "broadcast_parameters", "num_gpus", "global_gpu_id", "rank", "num_ranks", "dump", "load"]
+           "broadcast_parameters", "num_gpus", "global_gpu_id", "rank", "num_ranks", "dump", "load",
+           "incremental_model_dump"]
 
 
 class optimizers:                  # noqa: N801 (SOK's module name: sok.optimizers.Adam)

@@ -21,9 +21,19 @@ folder dumped by any number of ranks loads on any other. A DynamicVariable then 
 keys; a Variable needs a row for each of its rows. Everything is checked before any table changes
 (missing or short files, heads, widths, duplicate keys, optimizer kinds); a table's step count (Adam's t)
 is not in SOK's files and is kept.
+
+Reading a folder that real SOK dumped: SOK names the files after the TensorFlow variable's name, which
+ends in ":0" (sok.DynamicVariable(name="emb") is "emb:0", its files "emb_0-key", ...; an unnamed one is
+"sok_dynamic_Variable_<i>:0" / "sok_static_Variable_<i>:0", files "sok_dynamic_Variable_<i>_0-..."). Here
+a module's name is used as given, so give the table the name SOK's files carry: name="emb_0" (or
+"emb:0", which file_name() turns into the same "emb_0") finds "emb_0-key" and "emb_0-weight".
+
+incremental_model_dump(sok_vars, time_threshold): SOK's export of the keys a HierarchicalKV table
+(DynamicVariable(var_type="hybrid")) inserted or updated at or after a time, gathered from every rank.
 """
 from __future__ import annotations
 
+import datetime as _datetime
 import os
 import string
 
@@ -41,7 +51,7 @@ DTYPE_INDEX = {np.dtype(v): k for k, v in DTYPES.items()}
 OPTIMIZER_NAMES = {Optim.EXACT_SGD: "SGD", Optim.HUGECTR_ADAM: "Adam", Optim.HUGECTR_ADAGRAD: "Adagrad"}
 SLOT_NAMES = {"m": "m", "v": "v", "accum": "accumulator"}
 
-__all__ = ["dump", "load", "file_name"]
+__all__ = ["dump", "load", "file_name", "incremental_model_dump"]
 
 
 def file_name(name: str) -> str:
@@ -198,3 +208,47 @@ def load(path, load_vars, optimizer=None) -> None:
         if plan:
             v.table.load_optimizer_state({"optimizer": Optim(v.table.engine.optimizer.kind).name,
                                           "step": v.table.engine.step, "keys": keys, "states": states})
+
+
+def incremental_model_dump(sok_vars, time_threshold, sess=None):
+    """SOK's sok.incremental_model_dump(sok_vars, time_threshold, sess=None): per DynamicVariable of
+    var_type 'hybrid' (SOK's HierarchicalKV backend, which keeps a time per key), the keys inserted or
+    updated (looked up in training, assigned, loaded, or updated by an optimizer step) at or after its
+    time threshold, and their vectors, from every rank (a collective: every rank calls it with the same
+    arguments and gets the same arrays).
+
+    Args:
+        sok_vars: one DynamicVariable or a list of them, all var_type='hybrid'.
+        time_threshold: a datetime.datetime (aware, e.g. UTC, or naive local time), or a list of them: one
+            for all variables or one per variable.
+        sess: TensorFlow 1's session; must be None here.
+    Returns: (keys, values): lists of numpy arrays, per variable keys (n,) int64 and values (n, D) float32.
+    """
+    if sess is not None:
+        raise TypeError("sok.incremental_model_dump: sess is TensorFlow 1's session; numbactr has none (give None)")
+    items = list(sok_vars) if isinstance(sok_vars, (list, tuple)) else [sok_vars]
+    times = list(time_threshold) if isinstance(time_threshold, (list, tuple)) else [time_threshold]
+    if len(times) not in (1, len(items)):
+        raise ValueError(f"sok.incremental_model_dump: {len(times)} time thresholds for {len(items)} variables; give "
+                         "one for all of them or one per variable")
+    for i, v in enumerate(items):
+        table = getattr(v, "table", None)
+        if table is None or not table.keyed or not hasattr(v, "backend_type"):
+            raise TypeError(f"sok.incremental_model_dump: variable {i} ({type(v).__name__}) is not a "
+                            "sok.DynamicVariable (SOK supports DynamicVariable with the 'hybrid' backend only)")
+        if table.stamps is None:
+            raise ValueError(f"sok.incremental_model_dump: variable {i} ({v.name!r}) has var_type "
+                             f"{v.backend_type!r}; SOK supports var_type='hybrid' (HierarchicalKV) only, whose "
+                             "tables keep a time per key")
+    for i, t in enumerate(times):
+        if not isinstance(t, _datetime.datetime):
+            raise TypeError(f"sok.incremental_model_dump: time threshold {i} must be a datetime.datetime, got "
+                            f"{type(t).__name__}")
+    keys_out, values_out = [], []
+    for i, v in enumerate(items):
+        threshold = times[0] if len(times) == 1 else times[i]
+        keys, values = v.table.updated_since(int(round(threshold.timestamp() * 1e9)))
+        comm = v.table.comm
+        keys_out.append(comm.allgather_rows(np.ascontiguousarray(keys, np.int64)))
+        values_out.append(comm.allgather_rows(np.ascontiguousarray(values, np.float32)))
+    return keys_out, values_out

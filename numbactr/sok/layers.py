@@ -19,6 +19,7 @@ Inputs (PyTorch forms of SOK's TensorFlow inputs; keys are int32/int64 tensors, 
   DistributedEmbedding    the ids of B*S bags, bag b*S + s = slot s of sample b (SOK's SparseTensor of
                           dense_shape [B * slot_num, max_nnz]) -> (B, S, D) pooled (F.embedding_bag's role).
   lookup_sparse           per variable, the ids of B bags -> (B, D).
+  all2all_dense_embedding a variable and a tensor of keys of any shape -> (*shape, D), no pooling.
   Bags may be given as
     * (values, offsets): values (N,), offsets (bags + 1,) with offsets[-1] = N (CSR; F.embedding_bag's
       include_last_offset=True form);
@@ -38,13 +39,13 @@ from torch import nn
 from .. import device
 from ..config import IgnoredArgumentWarning
 from ..distributed.comm import world
-from ..embedding.engine import Pooling
+from ..embedding.engine import Pooling, UpdateType
 from ..embedding.sharded import owner_offsets
 from ..torch_bridge import as_array, as_tensor
 from .table import DISTRIBUTED, SETTINGS, SokTable, init_range
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable", "lookup_sparse",
-           "export", "assign"]
+           "all2all_dense_embedding", "export", "assign"]
 
 COMBINERS = {"sum": Pooling.SUM, "mean": Pooling.MEAN}
 #: keys a DynamicVariable holds per rank unless init_capacity / max_capacity say otherwise (SOK's hash
@@ -271,8 +272,10 @@ class Variable(_SokModule):
         else:
             raise ValueError(f"{who}: give initial_value, or shape (V, D) with an initializer")
         self.global_shape = tuple(int(s) for s in (initial.shape if initial is not None else shape))
+        # a wrapped torch.optim.Adam runs Keras' Adam, which moves every row of a tf.Variable (optimizer.py)
         table = SokTable(who, self.global_shape[1], keyed=False, global_rows=self.global_shape[0],
-                         pooling=Pooling.MEAN, target=target, init=init, initial=initial, trainable=trainable)
+                         pooling=Pooling.MEAN, target=target, init=init, initial=initial, trainable=trainable,
+                         adam_update=UpdateType.GLOBAL)
         self._attach(table, name)
 
     @property
@@ -297,6 +300,11 @@ class DynamicVariable(_SokModule):
     numbactr does not); var_type 'hbm' or 'hybrid' (both the engine's keyed table here); key_type torch.int64
     or torch.int32; dtype float32; mode; init_capacity / max_capacity: the keys each rank can hold
     (default max_capacity, else init_capacity, else 2**20: the engine's keyed tables do not grow).
+
+    Every lookup inserts the keys it has not seen with the initializer, in evaluation too (module.eval()):
+    SOK's lookups of a DynamicVariable always insert (its hash table's lookup is find-or-insert), so a new
+    key reads its initial vector and a 'mean' combiner counts it as such. A 'hybrid' table also keeps each
+    row's last insertion / update time, for sok.incremental_model_dump.
     """
 
     def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None, trainable=True,
@@ -317,7 +325,12 @@ class DynamicVariable(_SokModule):
         self.key_type = key_type or torch.int64
         self._attach(SokTable(who, self.dimension, keyed=True, capacity=int(capacity),
                               option="max_capacity (keys per rank)", pooling=Pooling.MEAN, target=target,
-                              init=init_range(initializer, who), trainable=trainable), name)
+                              init=init_range(initializer, who), trainable=trainable,
+                              stamps=self.backend_type == "hybrid"), name)
+
+    def _lookup(self, keys, offsets, training, weights=None, pooling=None):
+        # SOK's DynamicVariable inserts new keys in every lookup (class docstring)
+        return super()._lookup(keys, offsets, True, weights, pooling)
 
     @property
     def size(self) -> int:
@@ -361,6 +374,21 @@ def assign(var, indices, values) -> None:
     xp = device.xp()
     rows = table.engine.hash_tables[0].insert(xp.asarray(keys))
     table.engine.split_weights()[0][rows] = xp.asarray(vals)
+    table.stamp(rows)
+
+
+def all2all_dense_embedding(param, indices):
+    """SOK's sok.all2all_dense_embedding(param, indices): the vector of every key of ``indices`` (an integer
+    tensor of any shape) in ``param`` (a Variable or DynamicVariable), no pooling: (*indices.shape, D), the
+    model-parallel tf.nn.embedding_lookup (each key looked up on the rank that owns it). A DynamicVariable
+    inserts new keys. The gradient of every occurrence reaches its row; the optimizer's step applies them."""
+    if not isinstance(param, (Variable, DynamicVariable)):
+        raise TypeError(f"sok.all2all_dense_embedding: param must be a sok.Variable or sok.DynamicVariable, got "
+                        f"{type(param).__name__}")
+    who = param.table.who
+    keys = _keys(indices, who)
+    out = param._lookup(keys, owner_offsets(keys.shape[0], param.table.features), None, None, Pooling.NONE)
+    return out.view(*tuple(indices.shape), param.table.dim)
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequency_filter=False):

@@ -20,13 +20,20 @@ unless initial values are given: the same vectors on every device and every rank
 equal one-rank runs, and use_hashtable=True/False start a key at the same vector.
 
 Updates: backward only holds the gradient (hold); the optimizer's step applies it (apply) with the engine's
-fused backward + optimizer, SOK's apply_gradients. Under R ranks each sender's gradient reaches the owner
-divided by R when gradient division is on (numbactr.sok.init's default, TorchRec's rule): with each rank's
-loss the mean over its own samples and the dense gradients averaged, training then follows the one-rank
-run on the global batch. SOK itself sums the ranks' gradients (init(gradient_division=False)).
+fused backward + optimizer, SOK's apply_gradients. A table used by several lookups before the step (two
+lookup_sparse calls, lookup_sparse([v, v], ...), a shared embedding, gradient accumulation) holds one
+gradient per lookup, as SOK's tape returns one per use; the step applies their sum once, exactly as one
+lookup of the concatenated ids would (a row's occurrences summed in lookup order, the optimizer run once).
+Only an OptimizerWrapper's step applies them: a table that no wrapper holds refuses a second backward (a
+plain torch optimizer never updates it). Under R ranks each sender's gradient reaches the owner divided by R
+when gradient division is on (numbactr.sok.init's default, TorchRec's rule): with each rank's loss the mean
+over its own samples and the dense gradients averaged, training then follows the one-rank run on the
+global batch. SOK itself sums the ranks' gradients (init(gradient_division=False)).
 """
 from __future__ import annotations
 
+import time
+import weakref
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -34,10 +41,10 @@ import numpy as np
 from .. import device
 from ..distributed.comm import world
 from ..distributed.sharding import key_owner
-from ..embedding.engine import (FIXED_HYPER_PARAMETERS, BoundsCheck, Layout, OptimizerSpec, Optim, Pooling,
-                               TableBatchedEmbedding, TableSpec)
+from ..embedding.engine import (FIXED_HYPER_PARAMETERS, BoundsCheck, Layout, LookupContext, OptimizerSpec, Optim,
+                               Pooling, TableBatchedEmbedding, TableSpec, UpdateType)
 from ..embedding.hash_table import EMPTY_KEY, HashTableFullError
-from ..embedding.sharded import ShardedTable
+from ..embedding.sharded import ShardedTable, owner_offsets
 from ..kernels import embedding_init as EI
 
 DISTRIBUTED = -1                         # SokTable.target of a distributed table (else the owning rank)
@@ -110,12 +117,19 @@ class SokTable:
         init: (lo, hi) of new rows (init_range); initial: unkeyed tables: the global (V, D) values instead.
         trainable: False: lookups hold no gradient and the table never changes.
         comm: the job's communicator (default numbactr.distributed.comm.world()).
+        adam_update: the engine's UpdateType for a wrapped torch.optim.Adam (numbactr.sok.optimizer): LOCAL
+            (the touched rows: SOK's OptimizerWrapper on a DynamicVariable, the layers) or GLOBAL (every row:
+            Keras' Adam on a sok.Variable, a tf.Variable).
+        stamps: keep each row's last insertion / update time (HierarchicalKV's scores: sok.incremental_model_dump).
     """
 
     def __init__(self, who: str, dim: int, *, keyed: bool, capacity: int = 0, option: str = "", global_rows: int = 0,
                  features: int = 1, pooling=Pooling.SUM, target: int = DISTRIBUTED, init=INIT_RANGE,
-                 initial=None, trainable: bool = True, comm=None):
+                 initial=None, trainable: bool = True, comm=None, adam_update=UpdateType.LOCAL,
+                 stamps: bool = False):
         self.who, self.dim, self.keyed, self.option = who, int(dim), bool(keyed), option
+        self.adam_update = UpdateType(adam_update)
+        self.wrappers = weakref.WeakSet()     # the OptimizerWrappers training this table (their step applies it)
         self.features, self.pooling, self.target = int(features), Pooling(pooling), int(target)
         self.trainable = bool(trainable)
         self.comm = comm or world()
@@ -146,7 +160,11 @@ class SokTable:
         self.engine = self._new_engine(DEFAULT_OPTIMIZER)
         if not self.keyed and rows:
             self._init_rows(initial)
-        self._pending = None          # (lookup context, gradient) from this step's backward, for apply()
+        self._pending = []            # [(lookup number, lookup context, gradient)] of this step's backwards
+        self._lookups = 0             # lookups so far (orders the held gradients as the lookups ran)
+        self._poolers = {}            # pooling -> optimizer-NONE engine: a pooled lookup's gradient per occurrence
+        # (capacity + 1,) int64 ns: each row's last insertion / update time (the last entry: a sink for -1)
+        self.stamps = device.xp().zeros(self.capacity + 1, np.int64) if stamps and self.keyed else None
         self._sharded = None
         if ranks > 1:
             self._sharded = ShardedTable(self.comm, self.dim, self.features, self.pooling, self._owner_lookup,
@@ -249,6 +267,8 @@ class SokTable:
         table.clear()
         table.insert(k)                                   # unique keys, empty table: rows 0..n-1
         self.engine.take_state_rows(0, old)
+        if self.stamps is not None:
+            self.stamps[...] = 0
         return np.arange(keys.size, dtype=np.int64)
 
     def load_state(self, keys, values) -> None:
@@ -262,7 +282,8 @@ class SokTable:
                              f"got {values.shape}")
         rows = self._state_rows(keys, "the checkpoint", insert=self.keyed)
         self.engine.split_weights()[0][device.xp().asarray(rows)] = device.xp().asarray(values)
-        self._pending = None
+        self.stamp(rows)
+        self._pending = []
 
     def optimizer_state(self) -> dict:
         """The engine optimizer's state of the rows this rank holds: {"optimizer", "step", "keys",
@@ -306,17 +327,21 @@ class SokTable:
     # ---- lookup -------------------------------------------------------------------------------------
     def lookup(self, keys, offsets, training: bool, per_sample_weights=None, pooling=None):
         """(out, what hold() needs): out (B, F*D) pooled, or (N, D) for pooling NONE, of keys (N,) int in
-        CSR bags offsets (F*B + 1,) of this rank's samples. Every rank takes part when R > 1."""
+        CSR bags offsets (F*B + 1,) of this rank's samples. Every rank takes part when R > 1. training: a
+        keyed table inserts new keys (else they read zeros)."""
         self._check_keys(keys)
+        self._lookups += 1
         if self._sharded is None:
-            return self._forward(keys, offsets, training, pooling, per_sample_weights)
+            out, ctx = self._forward(keys, offsets, training, pooling, per_sample_weights)
+            return out, _Numbered(ctx, self._lookups)
         keys_h = device.to_host(keys)
         if self.target == DISTRIBUTED:
             owner = key_owner(keys_h, None, self.comm.size, by_slot=False)               # key % R
         else:
             owner = np.full(keys_h.shape[0], self.target, np.int64)
-        return self._sharded.lookup(keys_h, offsets, owner, training, per_sample_weights=per_sample_weights,
-                                    pooling=pooling)
+        out, sharded = self._sharded.lookup(keys_h, offsets, owner, training, per_sample_weights=per_sample_weights,
+                                            pooling=pooling)
+        return out, _Numbered(sharded, self._lookups)
 
     def _owner_lookup(self, keys, offsets, training: bool, payload):
         """The owner's side of a sharded lookup (pooling NONE); a distributed unkeyed table's key k is its
@@ -327,9 +352,29 @@ class SokTable:
 
     def _forward(self, keys, offsets, training, pooling, per_sample_weights):
         try:
-            return self.engine.forward(keys, offsets, per_sample_weights, training=training, pooling=pooling)
+            out, ctx = self.engine.forward(keys, offsets, per_sample_weights, training=training, pooling=pooling)
         except HashTableFullError as e:
             raise VocabularyFullError(e, self.who + self._where(), self.option) from None
+        if training:
+            self.stamp(ctx.rows)
+        return out, ctx
+
+    def stamp(self, rows) -> None:
+        """Record now as the last insertion / update time of local rows (-1 entries ignored), when kept."""
+        if self.stamps is None:
+            return
+        xp = device.xp()
+        rows = xp.asarray(rows).astype(np.int64, copy=False).reshape(-1)
+        if rows.shape[0]:
+            self.stamps[xp.where(rows >= 0, rows, self.capacity)] = time.time_ns()
+
+    def updated_since(self, ns: int):
+        """(keys (n,) int64, values (n, D) float32) host copies of the rows this rank holds that were inserted
+        or updated at or after time ns (time.time_ns()); needs stamps."""
+        n = self.engine.live_rows(0)
+        mine = np.flatnonzero(device.to_host(self.stamps[:n]) >= ns)
+        keys, values = self.state()
+        return keys[mine], values[mine]
 
     def _check_keys(self, keys) -> None:
         """Every key valid before anything moves (a bad key names its position in this rank's batch)."""
@@ -353,34 +398,74 @@ class SokTable:
 
     # ---- gradients and updates ----------------------------------------------------------------------
     def hold(self, lookup, dy) -> None:
-        """Keep this step's gradient dy (the lookup's output shape) for apply(); under R ranks every rank
-        sends its occurrences' gradients to their owners now (a collective)."""
+        """Keep dy, dLoss/dout of one lookup (its output's shape), for apply(); a table looked up several times
+        before the step keeps one per lookup. Under R ranks every rank sends its occurrences' gradients to
+        their owners now (a collective)."""
         if not self.trainable:
             return
-        if self._pending is not None:
-            raise RuntimeError(f"{self.who}: a second backward before the optimizer step; numbactr.sok applies a "
-                               "table's gradient in its optimizer's step() (OptimizerWrapper, SGD, Adam): call "
-                               "step() or zero_grad() between backward passes")
+        if self._pending and not len(self.wrappers):
+            raise RuntimeError(f"{self.who}: a second backward, and no sok.OptimizerWrapper holds this table: its "
+                               "gradients are applied only by a wrapper's step() (a plain torch optimizer never "
+                               "updates a SOK table); wrap the optimizer: opt = sok.OptimizerWrapper("
+                               "torch.optim.SGD(model.parameters(), lr=...)) (or sok.SGD / sok.Adam), then "
+                               "loss.backward(); opt.step(); opt.zero_grad()")
         xp = device.xp()
         dy = xp.ascontiguousarray(xp.asarray(dy, dtype=np.float32))
         if self._sharded is None:
-            self._pending = (lookup, dy)
+            self._pending.append((lookup.number, lookup.ctx, dy))
             return
         if self.division:
             dy = dy / np.float32(self.comm.size)
-        self._pending = self._sharded.gradients(lookup, dy)
+        self._pending.append((lookup.number, *self._sharded.gradients(lookup.ctx, dy)))
 
     def has_gradient(self) -> bool:
-        return self._pending is not None
+        return bool(self._pending)
 
     def apply(self) -> None:
-        """The engine's fused backward + optimizer over the gradient held since the last step, if any."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self.engine.backward(*pending)
+        """The engine's fused backward + optimizer over the gradients held since the last step, if any: one
+        update with the sum of every held lookup's gradient."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        if len(pending) == 1:
+            _, ctx, dy = pending[0]
+        else:
+            ctx, dy = self._merged(sorted(pending, key=lambda p: p[0]))
+        self.engine.backward(ctx, dy)
+        self.stamp(ctx.rows)
+
+    def _merged(self, pending) -> tuple:
+        """(ctx, dy) of one unpooled lookup holding every occurrence of the held lookups, in lookup order,
+        each with its own gradient: the update of the lookup of the concatenated ids."""
+        xp = device.xp()
+        rows, grads = [], []
+        for _, ctx, dy in pending:
+            rows.append(xp.asarray(ctx.rows).astype(np.int64, copy=False))
+            grads.append(self._per_occurrence(ctx, dy))
+        rows = xp.concatenate(rows)
+        return (LookupContext(rows, owner_offsets(rows.shape[0], self.features), None, 1, Pooling.NONE),
+                xp.ascontiguousarray(xp.concatenate(grads)))
+
+    def _per_occurrence(self, ctx, dy):
+        """(N, D) the gradient of each occurrence of a lookup from its dLoss/dout (pooled: the bag's gradient,
+        / L for MEAN, times the per-sample weight), by the engine's own pooling arithmetic."""
+        xp = device.xp()
+        n = ctx.rows.shape[0]
+        if ctx.pooling == Pooling.NONE:
+            return xp.asarray(dy).reshape(n, self.dim)
+        if not n:
+            return xp.zeros((0, self.dim), np.float32)
+        eng = self._poolers.get(ctx.pooling)
+        if eng is None or eng.rows[0] < n:
+            eng = self._poolers[ctx.pooling] = TableBatchedEmbedding(
+                [(max(n, 1) * 3 // 2 + 1, self.dim)], [0] * self.features, pooling=ctx.pooling,
+                layout=Layout.SAMPLE_MAJOR, optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.FATAL)
+        own = LookupContext(xp.arange(n, dtype=np.int64), ctx.offsets, ctx.per_sample_weights, ctx.batch,
+                            ctx.pooling)
+        return eng.backward(own, dy).sparse.values[:n, :self.dim]
 
     def drop_gradient(self) -> None:
-        self._pending = None
+        self._pending = []
 
     def set_optimizer(self, spec: OptimizerSpec) -> None:
         """Train this table with spec from now on. Hyper-parameters just change; another optimizer kind
@@ -401,3 +486,12 @@ class SokTable:
             new.hash_tables[0].insert(eng.hash_tables[0].keys_by_row())     # rows 0..n-1, in the same order
         new.split_weights()[0][:n] = eng.split_weights()[0][:n]
         self.engine = new
+
+
+class _Numbered:
+    """What a lookup leaves for hold() (the engine's LookupContext, or a sharded table's ShardedLookup) and
+    its number among the table's lookups (apply() sums the held gradients in lookup order)."""
+    __slots__ = ("ctx", "number")
+
+    def __init__(self, ctx, number: int):
+        self.ctx, self.number = ctx, number

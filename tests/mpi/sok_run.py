@@ -149,12 +149,12 @@ def main():
             assert np.array_equal(a.state()[1][np.argsort(a.state()[0])], b.state()[1][np.argsort(b.state()[0])]), name
             for k in sa["states"]:
                 assert np.array_equal(sa["states"][k][oa], sb["states"][k][ob]), (name, k)
+    result = {k: np.stack(v) for k, v in saved.items()}
+    result.update(gathered_tables(comm, model))     # the trained tables (an evaluation lookup inserts keys)
     model.eval()
     with torch.no_grad():
         _, logits = model(local(global_batch(rng, vocab=14), r0, r1))      # keys 10..13 were never seen
-    result = {k: np.stack(v) for k, v in saved.items()}
     result["eval"] = comm.allgather_rows(logits.numpy())
-    result.update(gathered_tables(comm, model))
     result.update({f"mlp:{k}": v.numpy() for k, v in model.mlp.state_dict().items()})
     if comm.rank == 0:
         np.savez(out_path, **result)
