@@ -165,3 +165,22 @@ def test_torch_module_through_the_cache():
     fresh.load_state_dict(sd)
     idx, off = (torch.from_numpy(a) for a in steps[-1])
     torch.testing.assert_close(fresh(idx, off), mods[1](idx, off), rtol=0, atol=0)
+
+
+def test_reset_cache_states_empties_the_cache_and_loses_no_update():
+    """FBGEMM's reset_cache_states (TorchRec's purge): the cache is emptied between steps; numbactr writes its
+    updated rows back first, so training equals the uncached tables'."""
+    rng = np.random.default_rng(5)
+    cached, plain = faces([CACHED, CACHED], optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.05,
+                          cache_load_factor=0.2)
+    steps = batches(rng, n=6, batch=4)
+    for k, (idx, off) in enumerate(steps):
+        a, b = cached(idx, off), plain(idx, off)
+        np.testing.assert_array_equal(a, b)
+        dy = rng.normal(size=a.shape).astype(np.float32)
+        cached.backward(dy)
+        plain.backward(dy)
+        cached.reset_cache_states()
+        assert cached.engine.cache.held()[0].size == 0          # no slot holds a row
+    for x, y in zip(cached.split_embedding_weights(), plain.split_embedding_weights()):
+        np.testing.assert_array_equal(x, y)

@@ -62,6 +62,7 @@ import enum
 import os
 import warnings
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import numpy as np
 
@@ -160,6 +161,39 @@ class TBEConfig:
     is_qr_tbe: bool = False                             # unused
     preallocated_host_buffers: object = None            # {"weights"/"momentum1"/"momentum2": 1-D host array}: the
                                                         #   tables' storage (HOST tables, dims a multiple of 16 bytes)
+
+
+def _value(x):
+    """An enum member's value (FBGEMM passes .value of its enums to OptimizerArgs), or x itself."""
+    return getattr(x, "value", x)
+
+
+class OptimizerArgs(NamedTuple):
+    """FBGEMM's OptimizerArgs (fbgemm_gpu 1.8's fields, its order): what a module's ``optimizer_args`` reads
+    back. The learning rate is not among them (FBGEMM keeps it in learning_rate_tensor)."""
+    stochastic_rounding: bool
+    gradient_clipping: bool
+    max_gradient: float
+    max_norm: float
+    eps: float
+    beta1: float
+    beta2: float
+    weight_decay: float
+    weight_decay_mode: int
+    eta: float
+    momentum: float
+    counter_halflife: int
+    adjustment_iter: int
+    adjustment_ub: float
+    learning_rate_mode: int
+    grad_sum_decay: int
+    tail_id_threshold: float
+    is_tail_id_thresh_ratio: int
+    total_hash_size: int
+    weight_norm_coefficient: float
+    lower_bound: float
+    regularization_mode: int
+    use_rowwise_bias_correction: bool
 
 
 #: arguments accepted but without effect in numbactr: a non-default value warns (IgnoredArgumentWarning)
@@ -659,6 +693,11 @@ class TBECore:
             offsets = offsets[xp.asarray(vbe.offset_src)]
         if self.writeback and vbe is not None:
             raise FBGEMMAssertion(f"{WHO}: VBE is not supported with writeback_bwd_prehook (FBGEMM's rule)")
+        if per_sample_weights is not None and self.pooling_mode == PoolingMode.NONE:
+            # FBGEMM's training TBE returns sequence rows unweighted (its no-pooling kernels take no weights)
+            warnings.warn(f"{WHO}: per_sample_weights are not applied with PoolingMode.NONE (as in FBGEMM): the "
+                          "rows come back unweighted and the weights get no gradient", RuntimeWarning, stacklevel=3)
+            per_sample_weights = None
         out, ctx = self.engine.forward(indices, offsets, per_sample_weights,
                                        feature_requires_grad=feature_requires_grad)
         if vbe is not None:
@@ -753,8 +792,39 @@ class TBECore:
         self._need_optimizer("Setting learning rate")
         self.engine.learning_rate = float(lr)
 
+    def optimizer_args(self) -> OptimizerArgs:
+        """FBGEMM's OptimizerArgs of this module, as its constructor fills them (the current eps, betas and
+        weight decay: update_hyper_parameters changes them)."""
+        from .optimizer_config import CounterBasedRegularizationDefinition, CowClipDefinition, UserEnabledConfigDefinition
+        cfg, hp = self.config, self.engine.optimizer if hasattr(self.engine, "optimizer") else None
+        counter = cfg.counter_based_regularization or CounterBasedRegularizationDefinition()
+        cowclip = cfg.cowclip_regularization or CowClipDefinition()
+        extra = cfg.extra_optimizer_config or UserEnabledConfigDefinition()
+        mode = _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode")
+        counted = self.optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and mode in (WeightDecayMode.COUNTER,
+                                                                                    WeightDecayMode.COWCLIP)
+        if counted:
+            kept = counter if mode == WeightDecayMode.COUNTER else cowclip
+            arg_mode, halflife = int(_value(kept.counter_weight_decay_mode)), int(kept.counter_halflife)
+        else:
+            arg_mode, halflife = int(_value(mode)), -1
+
+        def current(name, default):
+            return float(getattr(hp, name, default)) if hp is not None else float(default)
+
+        return OptimizerArgs(
+            bool(cfg.stochastic_rounding), bool(cfg.gradient_clipping), float(cfg.max_gradient), float(cfg.max_norm),
+            current("eps", cfg.eps), current("beta1", cfg.beta1), current("beta2", cfg.beta2),
+            current("weight_decay", cfg.weight_decay), arg_mode, float(cfg.eta), float(cfg.momentum), halflife,
+            int(counter.adjustment_iter), float(counter.adjustment_ub), int(_value(counter.learning_rate_mode)),
+            int(_value(counter.grad_sum_decay)), float(counter.tail_id_threshold.val),
+            int(counter.tail_id_threshold.is_ratio), int(sum(int(spec[0]) for spec in self.embedding_specs)),
+            float(cowclip.weight_norm_coefficient), float(cowclip.lower_bound), int(_value(mode)),
+            bool(extra.use_rowwise_bias_correction))
+
     def get_learning_rate(self) -> float:
-        return float(self.engine.learning_rate)
+        """The rate as FBGEMM reads it back: float32 (its learning_rate_tensor)."""
+        return float(np.float32(self.engine.learning_rate))
 
     def update_hyper_parameters(self, params_dict: dict) -> None:
         """FBGEMM's names: lr, eps, beta1, beta2, weight_decay (and lower_bound, kept for global weight
@@ -791,6 +861,12 @@ class TBECore:
         """Write every updated cached row back to host memory (FBGEMM's flush)."""
         if self.cached:
             self.engine.flush()
+
+    def reset_cache_states(self) -> None:
+        """Empty the cache (FBGEMM's reset_cache_states, which TorchRec's purge calls); its updated rows are
+        written back first, so nothing trained is lost (FBGEMM leaves that to a flush before)."""
+        if self.cached:
+            self.engine.invalidate(write_back=True)
 
     def _cache_counts(self) -> dict:
         st = self.engine.stats if self.cached else None

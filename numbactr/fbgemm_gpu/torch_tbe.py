@@ -26,7 +26,8 @@ from .. import device
 from ..embedding.engine import state_specs
 from ..torch_bridge import as_array as _as_array
 from ..torch_bridge import as_tensor as _as_tensor
-from .array_tbe import SIGNATURE, WHO, FBGEMMAssertion, TBECore, prefetch_passes, table_name_for_logging
+from .array_tbe import (SIGNATURE, WHO, FBGEMMAssertion, OptimizerArgs, TBECore, prefetch_passes,
+                        table_name_for_logging)
 from .split_embedding_configs import EmbOptimType
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen"]
@@ -109,6 +110,9 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         self.register_buffer("iter", torch.zeros(1, dtype=torch.int64, device=self.current_device),
                              persistent=core.counts_iterations)
         self.iter_cpu = 0                      # FBGEMM's host copy of `iter`: no device read per step
+        # FBGEMM's learning-rate tensor (float32, on the host): a value written into it is the next step's rate
+        self.learning_rate_tensor = torch.tensor(core.get_learning_rate() if self.optimizer != EmbOptimType.NONE
+                                                 else 0.0, dtype=torch.float32)
         self.step = 0
         where = "dev" if self.current_device.type == "cuda" else "host"
         engine = core.engine
@@ -161,6 +165,10 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
                 raise ValueError(f"{WHO}.forward: {name} is on {t.device}, this module runs on "
                                  f"{self.current_device} (numbactr's {device.kind()} device)")
         self.step += 1
+        if self.optimizer != EmbOptimType.NONE:
+            lr = float(self.learning_rate_tensor)
+            if lr != self._core.get_learning_rate():        # written into the tensor, as FBGEMM allows
+                self._core.set_learning_rate(lr)
         if self._core.counts_iterations:
             if self.iter_cpu == 0:             # FBGEMM's rule: pick up a loaded or set `iter`
                 self.iter_cpu = int(self.iter.item())
@@ -209,13 +217,34 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
 
     def set_learning_rate(self, lr: float) -> None:
         self._core.set_learning_rate(lr)
+        self.learning_rate_tensor.fill_(float(lr))
 
     def get_learning_rate(self) -> float:
         return self._core.get_learning_rate()
 
+    @property
+    def optimizer_args(self) -> OptimizerArgs:
+        """FBGEMM's OptimizerArgs of this module (its fields; the values numbactr trains with)."""
+        return self._core.optimizer_args()
+
+    def get_optimizer_buffer(self, state: str) -> torch.Tensor:
+        """The buffer named ``state`` (FBGEMM's names: momentum1_host, momentum2_dev, ...)."""
+        if self.optimizer == EmbOptimType.NONE:
+            raise NotImplementedError(f"Getting optimizer buffer is not supported for {self.optimizer}")
+        for name, buffer in self.named_buffers():
+            if name == state:
+                return buffer
+        raise ValueError(f"Optimizer buffer {state} not found")
+
+    def reset_cache_states(self) -> None:
+        """Empty the cache of MANAGED_CACHING tables (after writing its updated rows back)."""
+        self._core.reset_cache_states()
+
     def update_hyper_parameters(self, params_dict: dict) -> None:
         """FBGEMM's names: lr, eps, beta1, beta2, weight_decay (lower_bound is kept, unused)."""
         self._core.update_hyper_parameters(params_dict)
+        if "lr" in params_dict:
+            self.learning_rate_tensor.fill_(float(params_dict["lr"]))
 
     def set_optimizer_step(self, step: int) -> None:
         """The next forward counts iteration step + 1."""
