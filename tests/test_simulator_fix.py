@@ -1,9 +1,13 @@
 """Numba's simulator gives all threads of a block one cuda.shared.array per source line (kernels/_simulator_fix.py).
 
-The race in the simulator's own code needs a thread switch between "no array yet" and "store mine". These
-tests make every allocation slow (np.empty sleeps, which lets the block's other threads run), so without
-the lock the threads of a block would each see no array and make their own: deterministic, not a timing
-game. test_fix_is_needed shows the simulator's unpatched code failing under the same conditions.
+The race in the simulator's own code needs a thread switch between "no array yet" and "store mine".
+test_fix_is_needed shows the simulator's unpatched code failing: its np.empty waits until every thread of the
+block has called it, so each thread is sure to have seen no array first (a barrier, not a timing game: an
+earlier version slept 2 ms there instead, and on a loaded CI machine the other threads were not scheduled
+within the sleep, so every thread found the first one's array and the test failed). The fixed code cannot
+be tested that way (it calls np.empty once, under its lock, and the barrier would only time out): its
+tests make every allocation slow (np.empty sleeps, which lets the block's other threads run), so any window
+the lock left open would show.
 """
 from __future__ import annotations
 
@@ -33,6 +37,22 @@ class _SlowEmpty:
         return np.empty(*a, **k)
 
 
+class _GatheringEmpty:
+    """Stands in for the numpy module: empty() returns once `n` threads are in it (or after 10 s)."""
+    def __init__(self, n):
+        self.gate = threading.Barrier(n)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def empty(self, *a, **k):
+        try:
+            self.gate.wait(timeout=10)
+        except threading.BrokenBarrierError:
+            pass
+        return np.empty(*a, **k)
+
+
 @pytest.fixture
 def slow_allocation(monkeypatch):
     from numba.cuda.simulator import kernelapi
@@ -48,14 +68,14 @@ def _arrays_seen_by_threads(array_method, n=16):
 
     def run(i):
         go.wait()
-        got[i] = id(array_method(shared, 8, np.float32))
+        got[i] = array_method(shared, 8, np.float32)      # held: a freed array's id could be reused
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=30)
-    return got
+    return [id(a) for a in got]
 
 
 def test_fix_is_installed():
@@ -64,9 +84,12 @@ def test_fix_is_installed():
     assert _simulator_fix.apply() is True                  # idempotent
 
 
-def test_fix_is_needed(slow_allocation):
-    # the simulator's own method under the same slow allocation: the threads disagree
-    assert len(set(_arrays_seen_by_threads(_simulator_fix._original))) > 1
+def test_fix_is_needed(monkeypatch):
+    # the simulator's own method: every thread checks for the array before any stores one, so all 16 make
+    # their own, and the block's threads disagree about its "shared" array
+    from numba.cuda.simulator import kernelapi
+    monkeypatch.setattr(kernelapi, "np", _GatheringEmpty(16))
+    assert len(set(_arrays_seen_by_threads(_simulator_fix._original, n=16))) == 16
 
 
 def test_every_thread_gets_the_one_array(slow_allocation):
