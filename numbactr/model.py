@@ -82,8 +82,9 @@ class Model:
         self.dense_frozen = False
         self.step = 0
         self._current_loss = float("nan")
-        # gpu/sim, one rank, no regularizer: the step's losses kept on the device (one (k,) array) with
-        # their weights, read only when current_loss is asked for (display, evaluation, a user's call)
+        # gpu/sim, no regularizer: the step's losses kept on the device (one (k,) array; on several ranks
+        # summed over them there) with their weights, read only when current_loss is asked for (display,
+        # evaluation, a user's call)
         self._pending_loss = None
         self.metrics = MetricAccumulator(solver.metrics_spec)
         self._train_reader = self._eval_reader = None
@@ -523,7 +524,7 @@ class Model:
 
     def check_deferred(self) -> None:
         """Raise what the embeddings recorded on the device since the last check instead of reading it back in
-        every step (gpu/sim, one rank: a FATAL bounds check, a full hash table, a reserved key; see
+        every step (gpu/sim, every rank its own: a FATAL bounds check, a full hash table, a reserved key; see
         SparseEmbedding.check_pending), and count the mixed-precision steps skipped on the device
         (_sync_skips). Called every NONFINITE_CHECK_EVERY steps, at evaluation, snapshots and the end of fit;
         nothing is read when nothing was deferred."""
@@ -537,11 +538,13 @@ class Model:
     def current_loss(self) -> float:
         """The last training step's reported loss; a loss kept on the device is read here, once."""
         if self._pending_loss is not None:
-            losses, weights = self._pending_loss
+            losses, weights, ranks = self._pending_loss
             host = device.to_host(losses)
             total = 0.0
             for i, w in enumerate(weights):            # the order and float math of _loss_value
                 total += w * float(host[i])
+            if ranks > 1:                              # host[i]: loss i summed over the ranks (_keep_loss)
+                total /= ranks
             self._pending_loss = None
             self._current_loss = total
         return self._current_loss
@@ -552,18 +555,23 @@ class Model:
         self._current_loss = value
 
     def _lazy_loss(self) -> bool:
-        """Keep the training loss on the device (read lazily)? On gpu and sim with one rank and no
-        regularizer term. Several ranks average the loss with a host collective every rank must join,
-        and a regularizer term is read from the device with the weights of the step (before the update);
+        """Keep the training loss on the device (read lazily)? On gpu and sim without a regularizer term (it
+        is read from the device with the weights of the step, before the update), on one rank or several;
         the cpu device's arrays are host memory (nothing to save there, and its path stays as it was)."""
-        return (self.ranks == 1 and device.kind() != "cpu"
+        return (device.kind() != "cpu"
                 and not any(getattr(layer, "regularizer", None) for layer, _ in self.losses))
 
     def _keep_loss(self, t: dict) -> None:
-        """Hold this step's losses as one device array (a copy: the loss tensors' buffers may be reused)."""
+        """Hold this step's losses as one device array (a copy: the loss tensors' buffers may be reused). On
+        several ranks each loss is summed over the ranks on the device, in float64 (NCCL between GPUs of
+        their own: enqueued on the stream, nothing read back; host-staged MPI otherwise), and current_loss
+        divides by the rank count: the mean of the ranks' losses, as _loss_value reports it (which weights
+        each rank's losses before the sum: the same value, to the last bit for one loss of weight 1)."""
         xp = device.xp()
         losses = xp.concatenate([t[layer.cfg.top_names[0]].data.reshape(1) for layer, _ in self.losses])
-        self._pending_loss = (losses, tuple(w for _, w in self.losses))
+        if self.ranks > 1:
+            losses = self.comm.allreduce_sum(xp.ascontiguousarray(losses.astype(np.float64)))
+        self._pending_loss = (losses, tuple(w for _, w in self.losses), self.ranks)
 
     def _regularizer(self, loss_layer, batch_rows: int, grad: bool) -> float:
         """L1/L2 on every trainable weight of the layers added before ``loss_layer`` (spec §6.3), with
@@ -641,11 +649,8 @@ class Model:
         t = self._forward_backward(batch, tape)
         # data parallel: dense gradients are summed over ranks (each already carries 1/(b*R))
         if self.ranks > 1:
-            if device.kind() == "gpu":                 # in place on the device: NCCL, or staged by Comm
-                self.comm.allreduce_sum(self.wgrads)
-            else:
-                summed = self.comm.allreduce_sum(device.to_host(self.wgrads).copy())
-                self.wgrads[...] = device.xp().asarray(summed)
+            # in place: a device array by NCCL (or staged through the host by Comm), a NumPy one by MPI
+            self.comm.allreduce_sum(self.wgrads)
         rows = batch.batch_size * self.ranks          # HugeCTR's b: the full (padded) batch
         for layer, _ in self.losses:
             self._regularizer(layer, rows, grad=True)
@@ -880,8 +885,8 @@ class Model:
         """FloatingPointError when this step's loss is non-finite, naming the step, the loss layer and
         the first layer whose output went non-finite (found only then).
 
-        A loss value the step already read to the host (gen_loss_summary=True on cpu, with several ranks
-        or with a regularizer) is checked. Otherwise no value is read each step on a GPU (the loss is
+        A loss value the step already read to the host (gen_loss_summary=True on cpu, or with a
+        regularizer) is checked. Otherwise no value is read each step on a GPU (the loss is
         kept on the device, _keep_loss, or not summarized at all): a device-side flag keeps the first
         non-finite step and is read every NONFINITE_CHECK_EVERY steps, so training stops up to that many
         steps late but names the step where it began (cpu/sim arrays are host memory: checked every

@@ -170,7 +170,9 @@ class FloatRows:
 @dataclass
 class LookupContext:
     """What a forward leaves for its backward: the bounds-checked rows (N,) int64 (local rows, -1 = none),
-    repaired offsets (F*B + 1,) int64, per-sample weights (N,) float32 or None, batch B, pooling."""
+    repaired offsets (F*B + 1,) int64, per-sample weights (N,) float32 or None, batch B, pooling. extra: what
+    the engine keeps beside (new rows, segments) and what a caller knows: "touched_rows", the number of
+    distinct rows the lookup touched, spares optimizer NONE's backward its one host read."""
     rows: object
     offsets: object
     per_sample_weights: object
@@ -1317,7 +1319,9 @@ class _KernelImpl:
                        grad_rows, grad_vals, self.w_half, self.max_dim, e.sr_rows)
         if not none:
             return None
-        u = int(device.to_host(pos[n:n + 1])[0])         # NONE hands back U rows: the one host read
+        u = ctx.extra.get("touched_rows")                   # a caller that knows U (numbactr.embedding.sharded)
+        if u is None:
+            u = int(device.to_host(pos[n:n + 1])[0])     # NONE hands back U rows: the one host read
         return SparseRowGrad(grad_rows[:u], grad_vals[:u], e.row_offsets.copy())
 
     def _max_counter(self, ks_d, cnt) -> None:

@@ -98,12 +98,20 @@ class ShardedTable:
     """
 
     def __init__(self, comm, dim: int, features: int, pooling, owner_lookup, *, key_dtype=np.uint64,
-                 layout=Layout.SAMPLE_MAJOR):
+                 layout=Layout.SAMPLE_MAJOR, defer_checks: bool = False):
         self.comm, self.dim, self.features = comm, int(dim), int(features)
         self.pooling, self.layout = Pooling(pooling), Layout(layout)
         self.owner_lookup = owner_lookup
         self.key_dtype = key_dtype
+        # the poolers' bounds checks of this rank's bags recorded on the device and raised by check_deferred
+        # (the caller's check points: a GPU step reads nothing back), as the owner's engine does its own
+        self.defer_checks = bool(defer_checks)
         self._poolers = {}          # pooling -> the engine pooling the vectors that came back (grown as needed)
+
+    def check_deferred(self) -> None:
+        """Raise what the poolers' lookups recorded on the device since the last call (defer_checks)."""
+        for eng in self._poolers.values():
+            eng.check_deferred()
 
     def lookup(self, keys, offsets, owner, training: bool, payload=None, per_sample_weights=None, pooling=None):
         """(out, ShardedLookup): out (B, F*D) pooled, or (N, D) for pooling NONE, of this rank's keys (N,) in
@@ -197,8 +205,17 @@ class ShardedTable:
         n = vectors.shape[0]
         eng = self._poolers.get(pooling)
         if eng is None or eng.rows[0] < n:
+            if eng is not None and self.defer_checks:
+                eng.check_deferred()                 # what the old pooler recorded is not lost with it
             eng = self._poolers[pooling] = TableBatchedEmbedding(
                 [(max(n, 1) * 3 // 2 + 1, self.dim)], [0] * self.features, pooling=pooling, layout=self.layout,
                 optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.FATAL)
+            eng.defer_checks = self.defer_checks and eng.impl == "kernels"
         eng.split_weights()[0][:n] = vectors
-        return eng.forward(device.xp().arange(n, dtype=np.int64), offsets, per_sample_weights, training=False)
+        out, ctx = eng.forward(device.xp().arange(n, dtype=np.int64), offsets, per_sample_weights, training=False)
+        host = offsets if isinstance(offsets, np.ndarray) else None
+        if host is not None and host.shape[0] > 0 and host[0] == 0 and host[-1] == n and (np.diff(host) >= 0).all():
+            # every occurrence k is in a bag and is row k: the backward's touched rows are 0..n-1, n of them,
+            # which it then need not read back from the device (engine.LookupContext.extra "touched_rows")
+            ctx.extra["touched_rows"] = n
+        return out, ctx

@@ -138,9 +138,11 @@ class HashEmbedding:
         tier = getattr(self.cfg, "embedding_cache", None)
         if tier is None:
             self.engine = TableBatchedEmbedding([table], [0] * self.slots, **args)
-            # one rank on the kernels (gpu, sim): the step reads no error flag or table size back; the model
-            # reads them at display, evaluation, snapshot and every NONFINITE_CHECK_EVERY steps (check_pending)
-            self.engine.defer_checks = self.comm.size == 1 and self.engine.impl == "kernels"
+            # on the kernels (gpu, sim) the step reads no error flag or table size back, on one rank or several
+            # (each rank its own engine and its sharded lookups' poolers); every rank reads them at display,
+            # evaluation, snapshot and every NONFINITE_CHECK_EVERY steps (check_pending), and a rank that
+            # finds an error raises it (numbactr.distributed.comm's guard then stops the whole job)
+            self.engine.defer_checks = self.engine.impl == "kernels"
         elif self.comm.size > 1:
             raise NotImplementedError(f"SparseEmbedding {self.name!r}: embedding_cache (a tiered table) runs on "
                                       "one rank; sharded tiered tables are not implemented")
@@ -151,7 +153,8 @@ class HashEmbedding:
         self.weight = Tensor(self.engine.split_weights()[0], name=f"{self.name}.pool", requires_grad=True)
         self._pending = None            # (lookup, gradient) from this step's backward, for update()
         self._sharded = ShardedTable(self.comm, self.vec, self.slots, self.engine.pooling, self._owner_lookup,
-                                     key_dtype=self.key_dtype) if self.comm.size > 1 else None
+                                     key_dtype=self.key_dtype, defer_checks=self._deferred()) \
+            if self.comm.size > 1 else None
 
     def output_shape(self, batch: int) -> tuple:
         return (batch, self.slots, self.vec)
@@ -237,6 +240,8 @@ class HashEmbedding:
             self.engine.check_deferred()
         except HashTableFullError as e:
             raise self._full_error(e) from None
+        if self._sharded is not None:
+            self._sharded.check_deferred()
 
     def _deferred(self) -> bool:
         """Do this table's lookups defer their checks (a TableBatchedEmbedding with defer_checks; a tiered

@@ -1,0 +1,89 @@
+"""Host reads and launches of a training step on several ranks, as a GPU job with NCCL runs it: the sharded
+embeddings' exchanges on the device path (numbactr.embedding.sharded.exchange_on_device forced, as
+tests/mpi/sharded_device_run.py does), the kernels in the simulator:
+
+    NUMBACTR_DEVICE=sim mpiexec -n R python tests/mpi/step_counts_run.py OUT.json [full]
+
+Each rank trains the MLPerf-shaped DLRM (numbactr.bench_mlperf) for a few steps and counts, per step, the
+kernel launches and the device-to-host reads (numbactr.kernels.launch.COUNTS). Reads of the batch's own
+arrays are not device reads: on a GPU a rank's unstaged batch is host memory, which the sharded lookup routes
+from (on the simulator every array is host memory, so to_host counts them; they are subtracted by identity).
+After each step every rank also records its reported loss and its own loss tensor, so the test can check the
+reported loss against the mean of the ranks' losses. Rank 0 writes OUT.json.
+
+``full``: the hash table is shrunk so that the second step's keys do not fit; the step must go on (nothing
+read), and Model.check_deferred must then raise the table's error on the rank that owns it, which stops the
+job (its message on stderr)."""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+
+import numpy as np  # noqa: E402
+
+import numbactr as hugectr  # noqa: E402  (first: starts MPI)
+from numbactr import device  # noqa: E402
+from numbactr.bench_mlperf import DENSE, SLOTS, build_mlperf_dlrm  # noqa: E402
+from numbactr.distributed.comm import world  # noqa: E402
+from numbactr.embedding import sharded  # noqa: E402
+from numbactr.kernels import launch  # noqa: E402
+from tests.model_util import tiny_data  # noqa: E402
+
+out_path = sys.argv[1]
+full = len(sys.argv) > 2 and sys.argv[2] == "full"
+sharded.exchange_on_device = lambda comm: comm.size > 1
+comm = world()
+folder = os.path.join(os.path.dirname(out_path), "data")
+files = tiny_data(folder, n_train=64, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=3, files=1) \
+    if comm.rank == 0 else None
+train, evl = comm.bcast(files)
+model = build_mlperf_dlrm(hugectr, train, evl, batch=8, dim=4, optimizer="adam", workspace_mb=1, bottom=(8,),
+                          top=(16, 8, 4, 1))
+emb = model.embeddings[0]
+assert emb.engine.defer_checks and emb._sharded is not None and emb._sharded.defer_checks
+
+batch_arrays = set()
+forward = model._forward
+
+
+def recording_forward(batch, training, tape):
+    batch_arrays.clear()
+    for a in (batch.label, batch.dense, *(x for kv in batch.sparse for x in kv)):
+        batch_arrays.add(id(a))
+    return forward(batch, training, tape)
+
+
+model._forward = recording_forward
+to_host = device.to_host
+batch_reads = [0]
+
+
+def counting_to_host(a):
+    if id(a) in batch_arrays:
+        batch_reads[0] += 1
+    return to_host(a)
+
+
+device.to_host = counting_to_host
+loss_name = model.losses[0][0].cfg.top_names[0]
+steps = []
+for i in range(3):
+    if full and i == 1:
+        emb.table._max_rows = emb.table.size          # no room for the next step's new keys
+    launch.reset_counts()
+    batch_reads[0] = 0
+    assert model.train()
+    counts = launch.reset_counts()
+    own = float(np.asarray(device.to_host(model._last_tensors[True][loss_name].data)).reshape(-1)[0])
+    reported = model.get_current_loss()
+    steps.append(dict(launches=counts["launches"], host_reads=counts["host_reads"] - batch_reads[0],
+                      batch_reads=batch_reads[0], reported=reported, own=comm.allgather_rows(np.array([own])).tolist()))
+if full:
+    model.check_deferred()                            # the owner of the full table raises here
+    print(f"rank {comm.rank}: no error was raised", flush=True)
+    sys.exit(3)
+if comm.rank == 0:
+    with open(out_path, "w") as fh:
+        json.dump(dict(ranks=comm.size, steps=steps), fh)
