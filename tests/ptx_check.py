@@ -30,8 +30,6 @@ import re
 import sys
 import time
 
-os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
-
 # what one streaming multiprocessor of compute capability 8.0 / 9.0 holds (CUDA C Programming Guide,
 # "Technical Specifications per Compute Capability"; the occupancy calculator's allocation units)
 SM_LIMITS = {
@@ -225,4 +223,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # the real compiler, not the simulator (before numba is imported; not at import: tests/test_ptx.py imports
+    # this module into a test session, whose environment must keep its simulator setting)
+    os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
     sys.exit(main())

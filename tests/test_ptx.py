@@ -105,3 +105,12 @@ def test_ptxas_log_is_read_for_the_entry_function():
 ])
 def test_theoretical_occupancy(regs, smem, threads, expect):
     assert ptx_check.occupancy(regs, smem, threads) == pytest.approx(expect)
+
+
+def test_importing_the_check_leaves_the_environment_alone(monkeypatch):
+    """This module imports ptx_check into the test session: the simulator setting of the session (and of the
+    subprocesses its tests start) must survive it (only running ptx_check as a script drops it)."""
+    import importlib
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    importlib.reload(ptx_check)
+    assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
