@@ -1207,8 +1207,9 @@ class Model:
             n, fresh = n + 1, False
         target = self.solver.metrics_spec.get(MetricsType.AUC)
         hit = False
+        metrics = self.get_eval_metrics()          # read once: reading them resets the accumulators
         if callbacks:
-            results = {name: float(value) for name, value in self.get_eval_metrics()}
+            results = {name: float(value) for name, value in metrics}
             stop = False
             for cb in callbacks:
                 stop = bool(cb.on_eval_end(it - 1, results)) or stop
@@ -1217,7 +1218,7 @@ class Model:
                 for cb in callbacks:
                     cb.on_training_end(it - 1)
                 return True
-        for name, value in self.get_eval_metrics():
+        for name, value in metrics:
             log.info(f"Evaluation, {name}: {value:.6f}")
             if name == "AUC":
                 self.history["eval_iter"].append(it)

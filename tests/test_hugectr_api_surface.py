@@ -94,6 +94,25 @@ def test_fit_calls_training_callbacks_as_hugectr(tmp_path):
     assert a.calls == expect and b.calls == expect
 
 
+class Keeper(Recorder):
+    def on_eval_end(self, current_iter, eval_results):
+        self.calls.append(("eval_end", current_iter, dict(eval_results)))
+        return False
+
+
+def test_callbacks_see_the_evaluation_the_log_and_the_target_see(tmp_path):
+    """The metrics are read once per evaluation (a read resets them): the callbacks, the log, the history and
+    the AUC target all get the same values, and the values a run without callbacks gets."""
+    keep = Keeper()
+    with_cb = _model(tmp_path / "a", [keep])
+    with_cb.fit(max_iter=6, display=100, eval_interval=3)
+    plain = _model(tmp_path / "a", [])
+    plain.fit(max_iter=6, display=100, eval_interval=3)
+    seen = [c[2]["AUC"] for c in keep.calls if c[0] == "eval_end"]
+    assert len(seen) == 2 and all(0.0 < v < 1.0 for v in seen), keep.calls
+    assert with_cb.history["auc"] == seen == plain.history["auc"]
+
+
 def test_a_callback_stops_training_early(tmp_path):
     stop, other = Recorder(stop_at=3), Recorder()
     m = _model(tmp_path / "b", [stop, other])
