@@ -633,8 +633,10 @@ class Model:
         self._require_compiled("train")
         self.start_data_reading()
         batch = self._next_train_batch()
+        self._dropped_rows = 0
         while (batch is not None and batch.global_size < batch.batch_size * self.ranks
                and self.solver.drop_incomplete_batch):
+            self._dropped_rows += batch.global_size
             batch = self._next_train_batch()                      # HugeCTR skips partial train batches
         if batch is None or batch.global_size == 0:
             return False
@@ -1165,8 +1167,14 @@ class Model:
                 self.set_learning_rate(lr)
                 if not self.train():
                     if first and not s.repeat_dataset:
-                        raise ModelError(f"fit: epoch {epoch} trained nothing: the training source {source!r} "
-                                         "holds no samples (its files have 0 records)")
+                        dropped = getattr(self, "_dropped_rows", 0)
+                        if not dropped:
+                            raise ModelError(f"fit: epoch {epoch} trained nothing: the training source "
+                                             f"{source!r} holds no samples (its files have 0 records)")
+                        # HugeCTR trains nothing here too: legitimate, but worth saying
+                        log.warn(f"fit: epoch {epoch} trained nothing: the training source {source!r} holds "
+                                    f"{dropped} samples, fewer than one batch ({self.solver.batchsize}), and "
+                                    "drop_incomplete_batch=True drops a partial batch")
                     break
                 first = False
                 if display > 0 and (it + 1) % display == 0:

@@ -88,6 +88,22 @@ def test_epoch_mode_with_an_empty_training_source_is_an_error(tmp_path):
         m.fit(num_epochs=2, display=100, eval_interval=100)
 
 
+def test_epoch_mode_with_fewer_samples_than_a_batch_trains_nothing_as_hugectr(tmp_path, capsys):
+    """20 samples, batch 32, drop_incomplete_batch (the default): HugeCTR drops the partial batch and trains
+    nothing; not an error (the source has samples), but a warning that says why; without dropping, they train."""
+    y, x, k = _data(128)
+    small = _norm_list(str(tmp_path / "train"), y[:20], x[:20], k[:20])
+    evl = _norm_list(str(tmp_path / "eval"), y, x, k)
+    m = _model(small, evl, solver_kw=dict(repeat_dataset=False))
+    m.fit(num_epochs=2, display=100, eval_interval=100)
+    assert m.step == 0
+    err = capsys.readouterr().err
+    assert "epoch 0 trained nothing" in err and "holds 20 samples, fewer than one batch (32)" in err
+    keep = _model(small, evl, solver_kw=dict(repeat_dataset=False, drop_incomplete_batch=False))
+    keep.fit(num_epochs=2, display=100, eval_interval=100)
+    assert keep.step == 2
+
+
 def test_learning_rate_setters_refuse_negative_and_non_finite_rates(tmp_path):
     m = tiny_dlrm(*tiny_data(str(tmp_path), n_train=128, n_eval=64, files=1))
     for bad in (-0.5, float("nan"), float("inf")):
