@@ -598,11 +598,23 @@ def _per_embedding(model, files, what: str) -> list:
         unknown = sorted(set(files) - set(names))
         if unknown:
             raise ValueError(f"{what}: no embedding named {unknown}; embeddings: {names}")
-        return [(e, files[e.name]) for e in model.embeddings if e.name in files]
+        return [(e, files[e.name], frozenset()) for e in model.embeddings if e.name in files]
     files = list(files)
     if len(files) != len(names):
         raise ValueError(f"{what}: {len(files)} files for {len(names)} embeddings {names}")
-    return list(zip(model.embeddings, files))
+    return [(e, f, frozenset(names) - {e.name}) for e, f in zip(model.embeddings, files)]
+
+
+def _refuse_other_embeddings(what: str, path: str, manifest: str, saved, e, others, holds: str) -> None:
+    """A file matched to embedding e by position whose manifest says it was saved from another embedding of
+    this same model (``others``: the model's other embeddings' names; empty for a dict, which names its
+    target): the list is in the wrong order. A name this model does not have is a renamed embedding, which
+    HugeCTR loads by position, so it loads."""
+    if saved is not None and saved != e.name and saved in others:
+        raise DataFormatError(what, path, None, f"{holds} embedding {saved!r} (manifest {manifest!r}), another "
+                              f"embedding of this model, not of {e.name!r}, the embedding it is being loaded "
+                              "into: files in the wrong order? (a dict {sparse_embedding_name: path} matches "
+                              "by name)")
 
 
 @dataclass
@@ -614,15 +626,13 @@ class _SparseModel:
     slots: np.ndarray | None   # (n,) int64 slot of each key (-1: not known), None without slot_id
 
 
-def _read_sparse(e, folder: str, with_vectors: bool = True, check_name: bool = True) -> _SparseModel:
+def _read_sparse(e, folder: str, with_vectors: bool = True, others=frozenset()) -> _SparseModel:
     snap = _Snapshot.of(folder)
     kpath, vpath, spath = (os.path.join(folder, f) for f in ("key", "emb_vector", "slot_id"))
     what = f"embedding {e.name!r}"
-    saved = snap.sparse_name(folder) if check_name else None
-    if saved is not None and saved != e.name:
-        raise DataFormatError(what, folder, None, f"is the sparse model of embedding {saved!r} (manifest "
-                              f"{snap.path!r}), not of {e.name!r}, the embedding it is being loaded into: "
-                              "folders in the wrong order? (a dict {sparse_embedding_name: folder} matches by name)")
+    if others:
+        _refuse_other_embeddings(what, folder, snap.path, snap.sparse_name(folder), e, others,
+                                 "is the sparse model of")
     keys = _array(snap.read(kpath, what + " keys"), "<i8", kpath, what + " keys").astype(np.uint64)
     n = keys.shape[0]
     vectors = None
@@ -665,7 +675,7 @@ def read_sparse_model(folder: str, name: str, vec: int) -> tuple[np.ndarray, np.
     """(keys (n,) uint64, vectors (n, D) float32) of a sparse model folder without a model to load it into
     (the inference parameter server), with load_sparse_weights' checks: manifest, sizes, reserved key."""
     table = SimpleNamespace(name=name, vec=int(vec), slots=2 ** 63, table=True)    # any slot id is known
-    sm = _read_sparse(table, folder, check_name=False)   # an inference graph may name its tables otherwise
+    sm = _read_sparse(table, folder)                 # an inference graph may name its tables otherwise
     return sm.keys, sm.vectors
 
 
@@ -709,8 +719,8 @@ def _check_placement(e, sm: _SparseModel, owner: np.ndarray, ranks: int) -> None
 def load_sparse_weights(model, files) -> None:
     """Each embedding's table becomes the keys (and vectors, slots) its rank owns, in file order."""
     todo = []
-    for e, folder in _per_embedding(model, files, "load_sparse_weights"):
-        sm = _read_sparse(e, folder)
+    for e, folder, others in _per_embedding(model, files, "load_sparse_weights"):
+        sm = _read_sparse(e, folder, others=others)
         owner = _owners(e, sm, model.ranks)
         _check_placement(e, sm, owner, model.ranks)
         mine = owner == model.comm.rank
@@ -721,8 +731,8 @@ def load_sparse_weights(model, files) -> None:
 
 def load_sparse_optimizer_states(model, files) -> None:
     """Each key's states go to the row that holds the key now (load the sparse weights first)."""
-    todo = [(e, *_read_sparse_states(model, e, path))
-            for e, path in _per_embedding(model, files, "load_sparse_optimizer_states")]
+    todo = [(e, *_read_sparse_states(model, e, path, others))
+            for e, path, others in _per_embedding(model, files, "load_sparse_optimizer_states")]
     xp = device.xp()
     for e, rows, states in todo:                          # everything checked: assign
         r = xp.asarray(rows)
@@ -730,7 +740,7 @@ def load_sparse_optimizer_states(model, files) -> None:
             s[r] = xp.asarray(v)
 
 
-def _read_sparse_states(model, e, path: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_sparse_states(model, e, path: str, others=frozenset()) -> tuple[np.ndarray, np.ndarray]:
     """(rows (m,) of this rank's table, states (K, m, D)) for the keys of the matching sparse model."""
     what = f"embedding {e.name!r} optimizer states"
     snap = _Snapshot.of(path)
@@ -741,11 +751,8 @@ def _read_sparse_states(model, e, path: str) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int64), np.zeros((0, 0, width), np.float32)
     rec = snap.record(path)
     if rec:
-        named = rec.get("name")
-        if named is not None and named != e.name:
-            raise DataFormatError(what, path, None, f"holds the optimizer states of embedding {named!r} (manifest "
-                                  f"{snap.path!r}), not of {e.name!r}, the embedding it is being loaded into: "
-                                  "files in the wrong order? (a dict {sparse_embedding_name: file} matches by name)")
+        _refuse_other_embeddings(what, path, snap.path, rec.get("name"), e, others,
+                                 "holds the optimizer states of")
         kind = rec.get("optimizer")
         if kind is not None and kind != e.opt.optimizer_type.name:
             raise DataFormatError(what, path, None, f"holds {kind} optimizer states (manifest "

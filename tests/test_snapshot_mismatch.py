@@ -173,8 +173,6 @@ def test_sparse_folders_in_the_wrong_order_are_refused(tmp_path, cpu):
     with pytest.raises(DataFormatError, match=r"A1_sparse_3\.model.*embedding 'deep'.*not of 'wide'"):
         b.load_sparse_weights([deep, wide])
     assert b.embeddings[0].table.size == 0 and b.embeddings[1].table.size == 0       # nothing loaded
-    with pytest.raises(DataFormatError, match=r"A1_sparse_3\.model.*embedding 'deep'.*not of 'wide'"):
-        b.load_sparse_weights({"wide": deep, "deep": wide})
     b.load_sparse_weights([wide, deep])
     b.load_sparse_weights({"deep": deep, "wide": wide})
     for x, y in zip(a.embeddings, b.embeddings):
@@ -182,6 +180,25 @@ def test_sparse_folders_in_the_wrong_order_are_refused(tmp_path, cpu):
     with pytest.raises(DataFormatError, match=r"A1_opt_sparse_3\.model.*embedding 'deep'.*not of 'wide'"):
         b.load_sparse_optimizer_states([prefix + "1_opt_sparse_3.model", prefix + "0_opt_sparse_3.model"])
     b.load_sparse_optimizer_states([prefix + "0_opt_sparse_3.model", prefix + "1_opt_sparse_3.model"])
+
+
+def test_a_dict_names_its_target_and_a_renamed_embedding_loads(tmp_path, cpu):
+    """A dict says which embedding takes which folder (HugeCTR loads it so, whatever the folder's origin); a
+    list matches by position, and a folder saved from an embedding this model does not have (a renamed one)
+    loads there, as in HugeCTR: only another embedding of this model's own name is taken for a wrong order."""
+    a, prefix, tr, ev = _trained(tmp_path, split=(2, 1))
+    wide, deep = prefix + "0_sparse_3.model", prefix + "1_sparse_3.model"
+    b = _model(tr, ev, split=(2, 1))
+    b.load_sparse_weights({"wide": deep, "deep": wide})
+    assert sorted(b.embeddings[0].dump()[0]) == sorted(a.embeddings[1].dump()[0])
+    b.load_sparse_optimizer_states({"wide": prefix + "1_opt_sparse_3.model", "deep": prefix + "0_opt_sparse_3.model"})
+    one, one_prefix, tr1, ev1 = _trained(tmp_path / "one")
+    renamed = _model(tr1, ev1)
+    renamed.embeddings[0].name = "emb_renamed"
+    for files in ([one_prefix + "0_sparse_3.model"], {"emb_renamed": one_prefix + "0_sparse_3.model"}):
+        renamed.load_sparse_weights(files)
+        assert sorted(renamed.embeddings[0].dump()[0]) == sorted(one.embeddings[0].dump()[0])
+    renamed.load_sparse_optimizer_states([one_prefix + "0_opt_sparse_3.model"])
 
 
 def test_sparse_folders_without_names_load_in_the_order_given(tmp_path, cpu):
