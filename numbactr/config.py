@@ -537,7 +537,7 @@ _DENSE_DEFAULTS = dict(
 _DENSE_DEFAULTS["lambda"] = 0.0
 # DenseLayer's parameters after (layer_type, bottom_names, top_names) in HugeCTR's positional order
 _DENSE_ORDER = ("factor eps gamma_init_type beta_init_type dropout_rate elu_alpha num_output weight_init_type "
-                "bias_init_type num_layers leading_dim time_step batchsize vector_size selected selected_slots "
+                "bias_init_type num_layers leading_dim time_step batchsize SeqLength vector_size selected selected_slots "
                 "ranges indices weight_dims projection_dim out_dim axis max_sequence_len_from max_sequence_len_to "
                 "num_attention_heads transpose_b target_weight_vec use_regularizer regularizer_type lambda pos_type "
                 "act_type num_outputs use_bias activations biases compute_config shape dim index").split()

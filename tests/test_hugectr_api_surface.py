@@ -40,6 +40,19 @@ def test_create_solver_input_and_dense_layer_take_hugectrs_positional_forms():
         hugectr.DenseLayer(hugectr.Layer_t.BatchNorm, ["a"], ["b"], 0.9, factor=0.8)
 
 
+def test_dense_layer_positional_order_is_hugectrs():
+    """model_wrapper.hpp's order (spec §6.0): batchsize, SeqLength, vector_size, ... A GRU written
+    positionally to its 16th argument gets each value in its own field."""
+    from numbactr import config
+    want = ("factor eps gamma_init_type beta_init_type dropout_rate elu_alpha num_output weight_init_type "
+            "bias_init_type num_layers leading_dim time_step batchsize SeqLength vector_size selected").split()
+    assert config._DENSE_ORDER[:len(want)] == want
+    I = hugectr.Initializer_t.Default
+    g = hugectr.DenseLayer(hugectr.Layer_t.GRU, ["x"], ["y"], 1.0, 1e-5, I, I, 0.5, 1.0, 64, I, I, 0, 0, 0,
+                           16, 10, 8)
+    assert (g.num_output, g.batchsize, g.SeqLength, g.vector_size) == (64, 16, 10, 8)
+
+
 def test_module_level_enums():
     assert hugectr.Error_t.EndOfFile.name == "EndOfFile" and hugectr.EndOfFile is hugectr.Error_t.EndOfFile
     assert hugectr.Hierarchical is hugectr.CommunicationStrategy.Hierarchical
