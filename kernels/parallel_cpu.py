@@ -116,13 +116,18 @@ def _borrowing_twin(fn, opts: dict):
                               fn.__closure__)
     body.__qualname__ = fn.__qualname__ + "_serial_body"
     body.__module__ = fn.__module__
-    params = list(inspect.signature(fn).parameters)
+    params = inspect.signature(fn).parameters
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    odd = [p for p in params.values() if p.kind not in plain]
+    if odd:
+        raise TypeError(f"parallel_cpu.pjit {fn.__qualname__}: only plain parameters, not {odd[0]}")
     name = fn.__name__ + "_serial"
     src = (f"def {name}({', '.join(params)}):\n"
            f"    return _no_array(_body({', '.join(f'_borrow({p})' for p in params)}))\n")
     space = {"__name__": fn.__module__, "_body": njit(**opts)(body), "_borrow": borrow, "_no_array": no_array}
     exec(compile(src, fn.__code__.co_filename, "exec"), space)
     caller = space[name]
+    caller.__defaults__ = fn.__defaults__         # the parallel twin's defaults, so both take the same calls
     caller.__qualname__ = fn.__qualname__ + "_serial"
     caller.__module__, caller.__doc__ = fn.__module__, fn.__doc__
     return njit(**opts)(caller)

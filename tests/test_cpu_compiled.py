@@ -476,3 +476,14 @@ def test_serial_twins_borrow_their_arrays_and_return_none_of_them():
 
     with pytest.raises(numba.core.errors.TypingError, match="must not return an array"):
         leaks.serial(x)
+
+    @pjit(cache=False)
+    def shift(x, out, k=np.float32(3.0)):
+        for i in prange(x.shape[0]):
+            out[i] = x[i] + k
+
+    for twin in (shift.serial, shift.parallel):       # the defaults are the same for both twins
+        out[:] = 0
+        twin(x, out)
+        np.testing.assert_array_equal(out, x + np.float32(3.0))
+
