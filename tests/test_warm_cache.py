@@ -17,3 +17,8 @@ def test_warm_cache_compiles_the_engine_in_both_weight_types():
     assert hash_table_cpu.hash_find_cpu.signatures and hash_table_cpu.hash_insert_cpu.signatures
     assert hash_table_cpu.serve_cached_cpu.signatures
     assert interaction._forward_cpu.signatures and interaction._backward_cpu.signatures
+    # both twins of a parallel function: one-thread runs call the serial one (kernels.parallel_cpu.pjit)
+    import numba
+    assert tbe_cpu.forward.serial.signatures
+    if numba.config.NUMBA_NUM_THREADS > 1:
+        assert tbe_cpu.forward.parallel.signatures

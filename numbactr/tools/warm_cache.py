@@ -78,15 +78,23 @@ def main(argv=None) -> int:
     from .. import device
     before = device.kind()
     device.set_device("cpu")                 # the compiled CPU ops, whatever the process's default device
+    import numba
+    threads_before = numba.get_num_threads()
+    # parallel functions have a serial twin for one-thread runs (kernels.parallel_cpu.pjit): compile both
+    counts = sorted({1, numba.config.NUMBA_NUM_THREADS})
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the bounds-check warnings of random tiny inputs are not news
-            for name, step in STEPS:
-                t = time.time()
-                step()
-                if not args.quiet:
-                    print(f"warm_cache: {name} compiled ({time.time() - t:.1f} s)", flush=True)
+            for n in counts:
+                numba.set_num_threads(n)
+                for name, step in STEPS:
+                    t = time.time()
+                    step()
+                    if not args.quiet:
+                        print(f"warm_cache: {name} compiled for {n} thread{'s' if n > 1 else ''} "
+                              f"({time.time() - t:.1f} s)", flush=True)
     finally:
+        numba.set_num_threads(threads_before)
         device.set_device(before)
     return 0
 
