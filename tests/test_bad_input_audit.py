@@ -122,16 +122,27 @@ def test_learning_rate_setters_refuse_negative_and_non_finite_rates(tmp_path):
     assert [round(m.get_learning_rate_scheduler().get_next(), 6) for _ in range(3)] == [0.05, 0.1, 0.1]
 
 
-def test_norm_slots_with_more_keys_than_nnz_per_slot_are_an_error(tmp_path):
+def test_norm_samples_with_more_keys_than_their_sparse_param_holds_are_an_error(tmp_path):
     y, x, k = _data(64)
-    multi = [np.stack([k[:, s]] * 3, 1) for s in range(3)]          # three keys in every slot
+    multi = [np.stack([k[:, s]] * 3, 1) for s in range(3)]          # three keys in every slot: 9 a sample
     lst = _norm_list(str(tmp_path / "d"), y, x, multi)
-    m = _model(lst, lst, nnz=1)
-    with pytest.raises(DataFormatError, match=r"record 0: 3 keys in slot 0 of sparse input 0, but its "
-                                              r"DataReaderSparseParam allows at most nnz_per_slot = 1"):
+    m = _model(lst, lst, nnz=2)                                      # holds 3 x 2 = 6 a sample
+    with pytest.raises(DataFormatError, match=r"record 0: 9 keys in sparse input 0 \(per slot: 3, 3, 3\), but "
+                                              r"its DataReaderSparseParam holds at most 6 a sample"):
         m.fit(max_iter=2, display=100, eval_interval=100)
     ok = _model(lst, lst, nnz=3)                                     # declared as three: fine
     ok.fit(max_iter=2, display=100, eval_interval=100)
+
+
+def test_a_norm_slot_may_hold_more_than_its_own_nnz_per_slot_as_in_hugectr(tmp_path):
+    """HugeCTR's Norm reader bounds a sample's keys by the sum of nnz_per_slot, not each slot by its own: 3 +
+    1 + 1 keys with nnz_per_slot 2 each (5 <= 6) train."""
+    y, x, k = _data(64)
+    uneven = [np.stack([k[:, 0]] * 3, 1), k[:, 1:2], k[:, 2:3]]
+    lst = _norm_list(str(tmp_path / "d"), y, x, uneven)
+    m = _model(lst, lst, nnz=2)
+    m.fit(max_iter=2, display=100, eval_interval=100)
+    assert m.step == 2
 
 
 def test_parquet_keys_past_their_slot_size_are_an_error_for_hash_tables_too(tmp_path):

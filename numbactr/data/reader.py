@@ -664,8 +664,9 @@ class DataReader:
                     hi = np.where(size > 0, lo + size, np.iinfo(np.int64).max)
                     ranges[i] = SlotRanges(lo.copy(), hi, "DataReaderParams.slot_size_array")
             self.key_ranges = ranges if any(r is not None for r in ranges) else None
-        # Norm files state each slot's key count: more than the Input's nnz_per_slot is an error (Parquet's
-        # reader checks it while decoding; Raw and RawAsync have fixed counts)
+        # Norm files state each slot's key count: a sample with more keys in a sparse input than the sum of
+        # its nnz_per_slot is an error, as HugeCTR's buffers hold no more (Parquet's reader checks while
+        # decoding; Raw and RawAsync have fixed counts)
         self.max_nnz = None
         if fmt == DataReaderType_t.Norm and self.nnz_per_slot is not None:
             self.max_nnz = [np.asarray(x, np.int64) for x in self.nnz_per_slot]

@@ -7,8 +7,8 @@ record (sample index in the file) and, for Norm and Raw, the byte offset of the 
 
 Checks, in this order:
   * label and dense values are finite (NaN/inf from a damaged file or log(x + 1) of x <= -1 in Raw);
-  * no slot holds more keys than the Input's nnz_per_slot allows (Norm: a file of more keys per slot than
-    the model was declared with would be pooled silently);
+  * no sample holds more keys in a sparse input than the sum of its nnz_per_slot (Norm: HugeCTR's buffers
+    hold that many a sample; a single slot may exceed its own nnz_per_slot, as in HugeCTR);
   * label rules (one per label column, derived by the model from its loss layers, see LabelRule):
       "unit"            0 <= y <= 1                 BinaryCrossEntropyLoss
       "unit_or_ignore"  0 <= y <= 1, or y < -0.5    MultiCrossEntropyLoss (y < -0.5 means "no label")
@@ -159,18 +159,24 @@ def _check_keys(ch, ranges, slot_offsets) -> None:
 
 
 def _check_nnz(ch, max_nnz) -> None:
+    """A sample's keys of one sparse input against the most its DataReaderSparseParam holds: HugeCTR's Norm
+    reader sizes its buffers by Σ nnz_per_slot per sample and does not bound a slot on its own (a slot may
+    hold more than its nnz_per_slot when others hold fewer)."""
     for i, ((keys, offs), most) in enumerate(zip(ch.inputs, max_nnz)):
         if most is None or not ch.n:
             continue
         S = most.shape[0]
         counts = np.diff(offs).reshape(ch.n, S)
-        over = counts > most
+        total, cap = counts.sum(axis=1), int(most.sum())
+        over = total > cap
         if over.any():
-            r, s = divmod(int(np.argmax(over)), S)
-            rec, off, desc = ch.locate(r, "key", s)
-            raise DataFormatError(ch.fmt, ch.path, off, f"{int(counts[r, s])} keys in slot {s} of sparse input "
-                                                        f"{i}, but its DataReaderSparseParam allows at most "
-                                                        f"nnz_per_slot = {int(most[s])}{desc}", rec)
+            r = int(np.argmax(over))
+            rec, off, desc = ch.locate(r, "key", 0)
+            per_slot = ", ".join(str(int(c)) for c in counts[r])
+            raise DataFormatError(ch.fmt, ch.path, off, f"{int(total[r])} keys in sparse input {i} (per slot: "
+                                                        f"{per_slot}), but its DataReaderSparseParam holds at most "
+                                                        f"{cap} a sample (the sum of nnz_per_slot "
+                                                        f"{[int(m) for m in most]}){desc}", rec)
 
 
 def validate_chunk(ch, key_ranges=None, label_rules=None, slot_offsets=None, max_nnz=None) -> None:
