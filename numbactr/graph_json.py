@@ -294,8 +294,12 @@ def model_to_json(model) -> dict:
             hp["slot_size_array"] = c.slot_size_array
         if c.embedding_type != Embedding_t.DistributedSlotSparseEmbeddingHash:
             data["sparse"][model.sparse_inputs[c.bottom_name]]["type"] = "LocalizedSlot"
-        if c.embedding_type == Embedding_t.HybridSparseEmbedding and c.hybrid_embedding_param is not None:
-            hp.update(_hybrid_json(c.hybrid_embedding_param))
+        if c.embedding_type == Embedding_t.HybridSparseEmbedding:
+            # the parameters in effect (without a hybrid_embedding_param: HugeCTR's SparseEmbedding defaults),
+            # so construct_from_json rebuilds the same embedding
+            param = c.hybrid_embedding_param or getattr(e, "param", None)
+            if param is not None:
+                hp.update(_hybrid_json(param))
         layers.append({"type": c.embedding_type.name, "bottom": c.bottom_name, "top": c.sparse_embedding_name,
                        "sparse_embedding_hparam": hp, "optimizer": _optimizer_json(e.opt)})
     layers += slice_expanded(model)

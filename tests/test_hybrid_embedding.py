@@ -438,3 +438,10 @@ def test_graph_json_round_trips_the_hybrid_parameters(tmp_path):
     hp["communication_type"] = "Carrier_Pigeon"
     with pytest.raises(ValueError, match="communication_type"):
         _embedding_from_json(layer, "HybridSparseEmbedding", "layer 1")
+    # without a hybrid_embedding_param the JSON holds the defaults in effect (HugeCTR's SparseEmbedding
+    # defaults, not HybridEmbeddingParam's), so the rebuilt embedding is the same
+    model.embeddings[0].cfg.hybrid_embedding_param = None
+    model.graph_to_json(str(path))
+    layer = next(d for d in json.loads(path.read_text())["layers"] if d["type"] == "HybridSparseEmbedding")
+    back = _embedding_from_json(layer, "HybridSparseEmbedding", "layer 1").hybrid_embedding_param
+    assert vars(back) == vars(model.embeddings[0].param)
