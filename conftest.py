@@ -78,7 +78,9 @@ def pytest_sessionstart(session):
     import subprocess
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBACTR_DEVICE"] = "cpu"
-    cmd = [sys.executable, "-m", "numbactr.tools.warm_cache", "--quiet"]
+    # one thread: what the suite's tests run (numbactr gives 2 cores 1 compute thread); a test of two threads
+    # compiles its parallel twins itself, and compiling them all here would hold the second core ~3 min more
+    cmd = [sys.executable, "-m", "numbactr.tools.warm_cache", "--quiet", "--threads", "1"]
     try:
         _warmer = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    preexec_fn=(lambda: os.nice(10)) if hasattr(os, "nice") else None)

@@ -73,6 +73,9 @@ STEPS = (("embedding engine", _engine_cases), ("hash table, interaction", _hash_
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m numbactr.tools.warm_cache", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quiet", action="store_true", help="print nothing")
+    ap.add_argument("--threads", type=int, action="append", metavar="N",
+                    help="compile for runs of N numba threads (repeatable; default: 1 and numba's thread count, "
+                         "since one-thread runs call the parallel functions' serial twins)")
     args = ap.parse_args(argv)
     import warnings
     from .. import device
@@ -81,7 +84,9 @@ def main(argv=None) -> int:
     import numba
     threads_before = numba.get_num_threads()
     # parallel functions have a serial twin for one-thread runs (kernels.parallel_cpu.pjit): compile both
-    counts = sorted({1, numba.config.NUMBA_NUM_THREADS})
+    counts = sorted(set(args.threads or (1, numba.config.NUMBA_NUM_THREADS)))
+    if any(n < 1 or n > numba.config.NUMBA_NUM_THREADS for n in counts):
+        ap.error(f"--threads must lie in 1..{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS), got {counts}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the bounds-check warnings of random tiny inputs are not news
