@@ -723,13 +723,13 @@ class Model:
     def _overflow_on_device(self) -> bool:
         """Mixed precision: is an overflowed step skipped on the device (a gate the update kernels read,
         _gate) rather than after a host read of the flag (_grads_finite)? On the kernels' devices (gpu, sim)
-        with one rank, hash or one-hot SparseEmbeddings on the embedding engine's kernels, no stochastic
-        rounding (its salts count every step) and HugeCTR's optimizers: their updates are all the step
-        changes, so a shut gate leaves the model as a skipped step does (Adam's t is then counted on the
-        device: precision.Gate). The host learns of skips at the check points (check_deferred,
-        skipped_steps)."""
+        with hash or one-hot SparseEmbeddings on the embedding engine's kernels (on any number of ranks: the
+        ranks agree on the gate, _gate), no stochastic rounding (its salts count every step) and HugeCTR's
+        optimizers: their updates are all the step changes, so a shut gate leaves the model as a skipped
+        step does (Adam's t is then counted on the device: precision.Gate). The host learns of skips at the
+        check points (check_deferred, skipped_steps)."""
         from .embedding.engine import Optim, Precision
-        if self.half is None or not device.uses_kernels() or self.ranks != 1 or self.collections:
+        if self.half is None or not device.uses_kernels() or self.collections:
             return False
         gated = {Optim[k] for k in self._GATED_SPARSE}
         for e in self.embeddings:
@@ -744,14 +744,22 @@ class Model:
 
     def _gate(self, tape: Tape):
         """This step's gate (precision.Gate): go, (1,) int64 on the device, 1 when every gradient stayed
-        finite, else 0; the device count of skipped steps grows by 1 - go. No host read."""
+        finite, else 0; the device count of skipped steps grows by 1 - go. No host read.
+
+        Several ranks agree on go: a step is skipped on every rank when any rank's gradients overflowed (a
+        rank's flag sees only its own gradients, but its dense gradients were summed with the others' and
+        its embedding rows are updated from every rank's). The ranks sum their 1 - go on the device (NCCL
+        between GPUs; staged through the host by MPI otherwise, as the dense gradients are)."""
         xp = device.xp()
         if self._skips_dev is None:        # (made by an eager step: never inside a CUDA graph capture)
             self._skips_dev = xp.zeros(1, np.int64)
         ok = tape.finite_flag()
-        if ok is None:                     # no gradient was watched: nothing can have overflowed
+        if ok is None and self.ranks == 1:  # no gradient was watched: nothing can have overflowed
             return None
-        go = xp.asarray(ok).reshape(1).astype(np.int64)
+        go = xp.ones(1, np.int64) if ok is None else xp.asarray(ok).reshape(1).astype(np.int64)
+        if self.ranks > 1:                 # every rank takes part, watched gradients or not
+            bad = self.comm.allreduce_sum(1 - go)
+            go = (bad == 0).astype(np.int64)
         self._skips_dev += 1 - go
         return precision.Gate(go, self._skips_dev, self)
 

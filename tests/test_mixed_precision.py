@@ -462,7 +462,8 @@ def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device
 
 
 def test_overflow_gate_is_for_the_kernels_devices(data, on_device):
-    """The cpu device reads the flag (host memory: the read is free); so would several ranks."""
+    """The cpu device reads the flag (host memory: the read is free); several ranks on the kernels' devices
+    agree on a device gate (tests/test_step_counts.py)."""
     on_device("sim")
     assert plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.Adam, batch=4)._overflow_on_device()
     on_device("cpu")

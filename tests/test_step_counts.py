@@ -241,6 +241,39 @@ def test_several_ranks_step_reads_nothing_back(tmp_path):
     assert len({s["reported"] for s in got["steps"]}) == 3          # a new value each step
 
 
+#: the same on 2 ranks in mixed precision (fp16, Adam; top MLP 16-8-1): measured 2026-11-28 on sim, 56
+#: launches (the overflow gate's sum over the ranks on the device is not a kernel launch on sim) and no host
+#: read; before, the ranks agreed on a skip by reading each rank's flag to the host every step
+RANKS_AMP_BUDGET = {"launches": 56, "host_reads": 0}
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_several_ranks_mixed_precision_skip_together_without_a_read(tmp_path):
+    """Mixed precision on 2 ranks: the overflow skip is decided on the device and the ranks agree on it by a
+    device collective, so a step reads nothing back. When one rank alone sees an overflow, every rank skips
+    the step: dense weights, embedding rows and optimizer states unchanged on both, one skipped step (and one
+    warning) on each at the check point; the next step updates everything again and the dense weights stay
+    equal across the ranks."""
+    import json
+
+    from tests.mpi_util import HAVE_MPI
+    if not HAVE_MPI:
+        pytest.skip("needs mpiexec and mpi4py")
+    r, out = _run_ranks(tmp_path, "amp")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    for i, step in enumerate(got["steps"]):
+        for name in ("launches", "host_reads"):
+            assert step[name] <= RANKS_AMP_BUDGET[name], f"step {i + 1}: {step} (budget {RANKS_AMP_BUDGET})"
+    skip = got["skip"]
+    assert skip["host_reads"] == 0, skip
+    assert skip["changed_by_skip"] == [[False, False, False]] * 2, skip      # rank 0 skipped rank 1's overflow
+    assert skip["changed_by_next"] == [[True, True, True]] * 2, skip
+    assert skip["skipped"] == [1, 1] and skip["warned"] == [1, 1], skip
+    assert skip["same_dense"], skip
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_several_ranks_raise_a_full_table_at_the_check_point(tmp_path):
