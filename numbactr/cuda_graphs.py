@@ -79,7 +79,7 @@ def ineligible(model, batch) -> str | None:
     if model.ranks != 1 or model.collections:
         return "several ranks or an embedding collection"
     if model.solver.gen_loss_summary and not model._lazy_loss():
-        return "the loss is read every step (a regularizer)"
+        return "the loss is read every step"
     if not all(type(e) in (HashEmbedding, OneHotEmbedding) for e in model.embeddings):
         return "an embedding other than a one-rank hash or one-hot SparseEmbedding"
     if model._stager is None:

@@ -82,8 +82,8 @@ class Model:
         self.dense_frozen = False
         self.step = 0
         self._current_loss = float("nan")
-        # gpu/sim, no regularizer: the step's losses kept on the device (one (k,) array; on several ranks
-        # summed over them there) with their weights, read only when current_loss is asked for (display,
+        # gpu/sim: the step's losses kept on the device (one array: the k losses, on several ranks summed
+        # over them there, then the regularizer terms) with their weights, read only when current_loss is asked for (display,
         # evaluation, a user's call)
         self._pending_loss = None
         self.metrics = MetricAccumulator(solver.metrics_spec)
@@ -545,6 +545,8 @@ class Model:
                 total += w * float(host[i])
             if ranks > 1:                              # host[i]: loss i summed over the ranks (_keep_loss)
                 total /= ranks
+            for term in host[len(weights):]:           # the regularizer terms, in loss-layer order
+                total += float(term)
             self._pending_loss = None
             self._current_loss = total
         return self._current_loss
@@ -555,39 +557,48 @@ class Model:
         self._current_loss = value
 
     def _lazy_loss(self) -> bool:
-        """Keep the training loss on the device (read lazily)? On gpu and sim without a regularizer term (it
-        is read from the device with the weights of the step, before the update), on one rank or several;
-        the cpu device's arrays are host memory (nothing to save there, and its path stays as it was)."""
-        return (device.kind() != "cpu"
-                and not any(getattr(layer, "regularizer", None) for layer, _ in self.losses))
+        """Keep the training loss on the device (read lazily)? On gpu and sim, on one rank or several, with
+        or without a regularizer (its term is computed on the device from the step's weights, before the
+        update, and kept beside the losses); the cpu device's arrays are host memory (nothing to save
+        there, and its path stays as it was)."""
+        return device.kind() != "cpu"
 
-    def _keep_loss(self, t: dict) -> None:
-        """Hold this step's losses as one device array (a copy: the loss tensors' buffers may be reused). On
-        several ranks each loss is summed over the ranks on the device, in float64 (NCCL between GPUs of
-        their own: enqueued on the stream, nothing read back; host-staged MPI otherwise), and current_loss
-        divides by the rank count: the mean of the ranks' losses, as _loss_value reports it (which weights
-        each rank's losses before the sum: the same value, to the last bit for one loss of weight 1)."""
+    def _keep_loss(self, t: dict, rows: int) -> None:
+        """Hold this step's losses as one device array (a copy: the loss tensors' buffers may be reused),
+        followed by the loss layers' regularizer terms over ``rows`` (the global batch's rows, as
+        _loss_value). On several ranks each loss is summed over the ranks on the device, in float64 (NCCL
+        between GPUs of their own: enqueued on the stream, nothing read back; host-staged MPI otherwise), and
+        current_loss divides by the rank count: the mean of the ranks' losses, as _loss_value reports it
+        (which weights each rank's losses before the sum: the same value, to the last bit for one loss of
+        weight 1). The regularizer terms are not summed (every rank holds the same dense weights)."""
         xp = device.xp()
         losses = xp.concatenate([t[layer.cfg.top_names[0]].data.reshape(1) for layer, _ in self.losses])
         if self.ranks > 1:
             losses = self.comm.allreduce_sum(xp.ascontiguousarray(losses.astype(np.float64)))
+        terms = [self._regularizer(layer, rows, grad=False, kept=True) for layer, _ in self.losses]
+        terms = [r.astype(losses.dtype) for r in terms if r is not None]
+        if terms:
+            losses = xp.concatenate([losses, *terms])
         self._pending_loss = (losses, tuple(w for _, w in self.losses), self.ranks)
 
-    def _regularizer(self, loss_layer, batch_rows: int, grad: bool) -> float:
+    def _regularizer(self, loss_layer, batch_rows: int, grad: bool, kept: bool = False):
         """L1/L2 on every trainable weight of the layers added before ``loss_layer`` (spec §6.3), with
         b = the batch's row count. Those weights are one contiguous slice of the flat weight vector.
-        grad=True adds the regularizer gradient into the flat wgrad; returns the loss term."""
+        grad=True adds the regularizer gradient into the flat wgrad; returns the loss term, or with
+        kept=True (the kernels' devices) the term as a (1,) device array, None for no term, read nothing."""
         reg = getattr(loss_layer, "regularizer", None)
         if not reg:
-            return 0.0
-        from .layers.losses import regularizer_grad, regularizer_term
+            return None if kept else 0.0
+        from .layers.losses import regularizer_grad, regularizer_term, regularizer_term_on_device
         kind, lam = reg
         end = sum(p.data.size for layer in self.layers[:self.layers.index(loss_layer)] for p in layer.params)
         if end == 0:
-            return 0.0
+            return None if kept else 0.0
         if grad:
             regularizer_grad(self.weights[:end], kind, lam, batch_rows, self.wgrads[:end], accumulate=True)
             return 0.0
+        if kept:
+            return regularizer_term_on_device(self.weights[:end], kind, lam, batch_rows)
         return regularizer_term(self.weights[:end], kind, lam, batch_rows)
 
     def _next_batch(self, reader):
@@ -660,7 +671,7 @@ class Model:
         if not self.solver.gen_loss_summary:
             self.current_loss = 0.0
         elif self._lazy_loss():
-            self._keep_loss(t)                    # no host read in the step: read when asked for
+            self._keep_loss(t, rows)              # no host read in the step: read when asked for
         else:
             self.current_loss = self._loss_value(t, rows)
         self._check_finite_loss(t)                 # stops before a non-finite step updates any weight
@@ -848,7 +859,7 @@ class Model:
         for layer, _ in self.losses:
             self._regularizer(layer, rows, grad=True)
         if self.solver.gen_loss_summary:
-            self._keep_loss(t)
+            self._keep_loss(t, rows)
             kept = self._pending_loss
             step_values.on_replay(("loss", id(self)), lambda run: setattr(self, "_pending_loss", kept))
         else:
@@ -895,8 +906,7 @@ class Model:
         """FloatingPointError when this step's loss is non-finite, naming the step, the loss layer and
         the first layer whose output went non-finite (found only then).
 
-        A loss value the step already read to the host (gen_loss_summary=True on cpu, or with a
-        regularizer) is checked. Otherwise no value is read each step on a GPU (the loss is
+        A loss value the step already read to the host (gen_loss_summary=True on cpu) is checked. Otherwise no value is read each step on a GPU (the loss is
         kept on the device, _keep_loss, or not summarized at all): a device-side flag keeps the first
         non-finite step and is read every NONFINITE_CHECK_EVERY steps, so training stops up to that many
         steps late but names the step where it began (cpu/sim arrays are host memory: checked every

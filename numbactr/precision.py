@@ -19,10 +19,10 @@ Mixed precision (HugeCTR ``use_mixed_precision=True``; spec §1, §3):
   (``Model.skipped_steps``) and a ``GradientOverflowWarning`` names the step. The scale itself stays
   static (unlike torch's GradScaler, which also shrinks it). A non-finite LOSS still raises
   FloatingPointError as in fp32 mode.
-* Where the skip is decided: on the cpu device the flag is host memory and is read every step; several
-  ranks read it too (they agree through a collective). On the kernels' devices (gpu, sim) with one rank
-  (hash or one-hot SparseEmbeddings, HugeCTR's optimizers, no stochastic rounding) it is decided on the
-  device: the flag becomes a gate (``Gate``) that every update kernel reads
+* Where the skip is decided: on the cpu device the flag is host memory and is read every step (several
+  ranks agree through a host collective). On the kernels' devices (gpu, sim), on any number of ranks
+  (hash or one-hot SparseEmbeddings, HugeCTR's optimizers, no stochastic rounding), it is decided on the
+  device (several ranks sum their flags there, so all skip when one overflowed): the flag becomes a gate (``Gate``) that every update kernel reads
   (``kernels.optimizers.step_values``, ``kernels.tbe_math.KI_GO``), so the step reads nothing back and can
   be a CUDA graph. Adam's step t (dense alpha_t; the embedding's bias corrections and KI_STEP) must count
   only the steps that updated: one-thread kernels compute those values from the host's count less the

@@ -1,5 +1,6 @@
 """The training loss kept on the device and read when asked for (numbactr/model.py: Model._keep_loss,
-Model.current_loss): on gpu and sim with one rank and no regularizer a step reads no loss to the host.
+Model.current_loss): on gpu and sim (one rank or several, with or without a regularizer) a step reads no
+loss to the host.
 The lazy path is array-library code only, so it is forced on here on every device (cpu included) and
 compared with the eager read of the same steps."""
 import numpy as np
@@ -82,9 +83,9 @@ def test_lazy_non_finite_loss_on_a_gpu_uses_the_device_flag(tmp_path, monkeypatc
 
 
 def test_lazy_loss_choice():
-    """gpu/sim without a regularizer: lazy, on one rank or several (the ranks' sum is kept on the device:
-    tests/test_step_counts.py::test_several_ranks_step_reads_nothing_back); cpu, a regularizer: read in the
-    step."""
+    """gpu/sim: lazy, on one rank or several (the ranks' sum is kept on the device:
+    tests/test_step_counts.py::test_several_ranks_step_reads_nothing_back), with a regularizer too (its term
+    kept beside the losses); cpu: read in the step."""
     class Layer:
         regularizer = None
     m = model_mod.Model.__new__(model_mod.Model)
@@ -97,4 +98,31 @@ def test_lazy_loss_choice():
     reg = Layer()
     reg.regularizer = ("L2", 0.1)
     m.losses = [(reg, 1.0)]
-    assert not m._lazy_loss()
+    assert m._lazy_loss() == (kind != "cpu")
+
+
+@pytest.mark.parametrize("reg", [hugectr.Regularizer_t.L2, hugectr.Regularizer_t.L1])
+def test_regularized_loss_is_kept_on_the_device(tmp_path, on_device, reg):
+    """sim: a loss layer with a regularizer no longer reads its term in the step (the regularizer kernel's
+    block sum is kept beside the loss, from the weights before the update); the value read later is the
+    one the eager read gives, to the last bit, and equals the plain model's loss + the term."""
+    from tests.test_regularized_model import build
+    on_device("sim")
+    data = tiny_data(str(tmp_path))
+    eager, lazy, plain = build(data, reg, 0.5), build(data, reg, 0.5), build(data)
+    eager._lazy_loss = lambda: False
+    assert lazy._lazy_loss()
+    w0 = np.array(lazy.weights, dtype=np.float64)
+    assert eager.train() and lazy.train() and plain.train()
+    b, lam = 16, 0.5
+    term = lam / (2 * b) * np.sum(w0 ** 2) if reg == hugectr.Regularizer_t.L2 else lam / b * np.sum(np.abs(w0))
+    assert lazy.get_current_loss() == pytest.approx(plain.get_current_loss() + term, rel=1e-5)
+    for _ in range(2):
+        launch.reset_counts()
+        assert eager.train()
+        eager_reads = launch.reset_counts()["host_reads"]
+        assert lazy.train()
+        lazy_reads = launch.reset_counts()["host_reads"]
+        assert lazy_reads == eager_reads - 2, (lazy_reads, eager_reads)   # neither the loss nor the term is read
+        assert lazy.get_current_loss() == eager.get_current_loss()       # same float math, same value
+    np.testing.assert_array_equal(np.asarray(lazy.weights), np.asarray(eager.weights))

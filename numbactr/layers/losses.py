@@ -59,12 +59,17 @@ def regularizer_term(w, kind, lam: float, b: int) -> float:
     """
     if kind is None:
         return 0.0
-    name = _kind_name(kind)
     if not _kernels():
-        return reg_kernels.regularizer_term_ref(device.to_host(w), name, lam, b)
+        return reg_kernels.regularizer_term_ref(device.to_host(w), _kind_name(kind), lam, b)
+    return float(device.to_host(regularizer_term_on_device(w, kind, lam, b))[0])
+
+
+def regularizer_term_on_device(w, kind, lam: float, b: int):
+    """regularizer_term as a (1,) float32 device array, nothing read back (gpu/sim: the kernel's block
+    reduction; a training step keeps it beside its loss, numbactr.model.Model._keep_loss)."""
     out = device.xp().zeros((1,), np.float32)
-    reg_kernels.regularizer_term_add(_contig(w), out, name, lam, b)
-    return float(device.to_host(out)[0])
+    reg_kernels.regularizer_term_add(_contig(w), out, _kind_name(kind), lam, b)
+    return out
 
 
 def regularizer_grad(w, kind, lam: float, b: int, out, accumulate: bool = False) -> None:
