@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from numba.extending import intrinsic
 
 import numbactr as hugectr
 from numbactr import device
@@ -446,6 +447,18 @@ def test_parallel_functions_run_their_serial_twin_on_one_thread_with_the_same_bi
     np.testing.assert_allclose(first[0], dy.sum(0), rtol=1e-4, atol=1e-3)
 
 
+@intrinsic
+def _meminfo_address(typingctx, arr):
+    """The address of an array's meminfo (numba's reference-count handle): 0 for a borrowed array."""
+    if not isinstance(arr, numba.types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        held = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.ptrtoint(held.meminfo, context.get_value_type(numba.types.intp))
+    return numba.types.intp(arr), codegen
+
+
 def test_serial_twins_borrow_their_arrays_and_return_none_of_them():
     """kernels.parallel_cpu: the serial twin passes its body every array (and tuple of arrays) without
     its reference-count handle; results are the same, and a twin that would return an array (a borrowed
@@ -469,6 +482,18 @@ def test_serial_twins_borrow_their_arrays_and_return_none_of_them():
     view = out[10:20]                                     # a view's owner stays alive after the call
     scale_rows.serial((a[:10], b[:10]), x[:10], view, np.float32(1.0))
     np.testing.assert_array_equal(out[10:20], x[:10] + a[:10] - b[:10])
+
+    # what the bodies see: the serial twin's arrays carry no reference-count handle (a null meminfo), the
+    # parallel twin's do (numba gives a parallel region's body its arrays borrowed itself, inside)
+    @pjit(cache=False)
+    def handles(pair, x, out):
+        a, b = pair
+        for i in prange(out.shape[0]):
+            out[i] = x[i]
+        return _meminfo_address(x), _meminfo_address(a), _meminfo_address(b)
+
+    assert handles.serial((a, b), x, out) == (0, 0, 0)
+    assert all(h != 0 for h in handles.parallel((a, b), x, out))
 
     @pjit(cache=False)
     def leaks(x):
