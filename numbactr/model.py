@@ -83,8 +83,8 @@ class Model:
         self.step = 0
         self._current_loss = float("nan")
         # gpu/sim: the step's losses kept on the device (one array: the k losses, on several ranks summed
-        # over them there, then the regularizer terms) with their weights, read only when current_loss is asked for (display,
-        # evaluation, a user's call)
+        # over them there, then the regularizer terms) with their weights, read only when current_loss is
+        # asked for (display, evaluation, a user's call)
         self._pending_loss = None
         self.metrics = MetricAccumulator(solver.metrics_spec)
         self._train_reader = self._eval_reader = None
@@ -906,8 +906,9 @@ class Model:
         """FloatingPointError when this step's loss is non-finite, naming the step, the loss layer and
         the first layer whose output went non-finite (found only then).
 
-        A loss value the step already read to the host (gen_loss_summary=True on cpu) is checked. Otherwise no value is read each step on a GPU (the loss is
-        kept on the device, _keep_loss, or not summarized at all): a device-side flag keeps the first
+        A loss value the step already read to the host (gen_loss_summary=True on cpu) is checked.
+        Otherwise no value is read each step on a GPU (the loss is kept on the device, _keep_loss, or
+        not summarized at all): a device-side flag keeps the first
         non-finite step and is read every NONFINITE_CHECK_EVERY steps, so training stops up to that many
         steps late but names the step where it began (cpu/sim arrays are host memory: checked every
         step). fit() also stops at a display whose loss is NaN."""
