@@ -11,10 +11,8 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import warnings
 
 import numpy as np
@@ -25,16 +23,11 @@ from numbactr.checkpoint import read_sparse_model
 from numbactr.inference import (HPS, BackendError, CreateInferenceSession, DatabaseType_t, InferenceModel,
                                 ParameterServerConfig, PersistentDatabaseParams, UpdateSourceParams,
                                 UpdateSourceType_t, VolatileDatabaseParams)
+from tests import redis_util
+from tests.redis_util import REDIS
 from tests.test_inference import csr_request, eval_batches, train
 
-REDIS = shutil.which("redis-server")
 NORM, SUM = hugectr.DataReaderType_t.Norm, hugectr.Check_t.Sum
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,30 +35,10 @@ def redis_address(tmp_path_factory):
     """A redis-server of this test module: 127.0.0.1, a free port, its own folder, no persistence."""
     if REDIS is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run installs it)")
-    import redis
-    port = _free_port()
-    proc = subprocess.Popen([REDIS, "--bind", "127.0.0.1", "--port", str(port), "--dir",
-                             str(tmp_path_factory.mktemp("redis")), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"redis-server on port {port} did not start") from None
-            time.sleep(0.05)
+    proc, port, client = redis_util.start(tmp_path_factory.mktemp("redis"))
     client.close()
     yield f"127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    redis_util.stop(proc)
 
 
 @pytest.fixture(scope="module")

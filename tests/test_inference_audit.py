@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import socket
-import subprocess
 import time
 import warnings
 
@@ -30,8 +27,9 @@ import numbactr as hugectr
 from numbactr.config import IgnoredArgumentWarning
 from numbactr.inference import (HPS, CreateInferenceSession, DatabaseType_t, InferenceParams, ParameterServerConfig,
                                 PersistentDatabaseParams, VolatileDatabaseParams)
+from tests import redis_util
+from tests.redis_util import REDIS
 
-REDIS = shutil.which("redis-server")
 WIDTHS = (4, 8)
 N_KEYS = 300
 
@@ -118,48 +116,14 @@ def test_initial_cache_rate_applies_to_a_table_beyond_the_volatile_capacity(tabl
 
 
 # ---- 2. Redis address --------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_redis(folder, *extra):
-    import redis
-    port = _free_port()
-    proc = subprocess.Popen([REDIS, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(folder), "--save", "",
-                             "--appendonly", "no", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"redis-server on port {port} did not start") from None
-            time.sleep(0.05)
-    return proc, port, client
-
-
-def _stop(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def redis_port(tmp_path_factory):
     if REDIS is None:
         pytest.skip("redis-server is not installed")
-    proc, port, client = _start_redis(tmp_path_factory.mktemp("redis"))
+    proc, port, client = redis_util.start(tmp_path_factory.mktemp("redis"))
     client.close()
     yield port
-    _stop(proc)
+    redis_util.stop(proc)
 
 
 def _redis_hps(tables, address):
@@ -191,7 +155,7 @@ def test_redis_comma_address_of_a_cluster_node(tables, tmp_path):
     redis-plus-plus's RedisCluster)."""
     if REDIS is None:
         pytest.skip("redis-server is not installed")
-    proc, port, client = _start_redis(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file",
+    proc, port, client = redis_util.start(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file",
                                       str(tmp_path / "nodes.conf"))
     try:
         try:
@@ -212,7 +176,7 @@ def test_redis_comma_address_of_a_cluster_node(tables, tmp_path):
             hps.ps.close()
     finally:
         client.close()
-        _stop(proc)
+        redis_util.stop(proc)
 
 
 # ---- 3. lookup_fromdlpack ----------------------------------------------------------------------------------
