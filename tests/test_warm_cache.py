@@ -1,12 +1,17 @@
 """numbactr.tools.warm_cache compiles the cpu device's engine, hash table and interaction signatures."""
+import numpy as np
+import pytest
+
 from numbactr import device
 from numbactr.kernels import hash_table_cpu, interaction, tbe_cpu
 from numbactr.tools import warm_cache
 
 
 def test_warm_cache_compiles_the_engine_in_both_weight_types():
+    """One thread, as the suite runs (the session's background warm-up compiled the same, so this loads them;
+    the parallel twins' compile, ~2 min on a fresh clone, is left to the test below, on a cheap step)."""
     before = device.kind()
-    assert warm_cache.main(["--quiet"]) == 0
+    assert warm_cache.main(["--quiet", "--threads", "1"]) == 0
     assert device.kind() == before                      # the device is restored
     weight_types = {str(sig[0].dtype) for sig in tbe_cpu.forward.signatures}
     assert {"float32", "uint16"} <= weight_types         # FP32 and FP16 (stored as uint16 bits) tables
@@ -17,8 +22,43 @@ def test_warm_cache_compiles_the_engine_in_both_weight_types():
     assert hash_table_cpu.hash_find_cpu.signatures and hash_table_cpu.hash_insert_cpu.signatures
     assert hash_table_cpu.serve_cached_cpu.signatures
     assert interaction._forward_cpu.signatures and interaction._backward_cpu.signatures
-    # both twins of a parallel function: one-thread runs call the serial one (kernels.parallel_cpu.pjit)
-    import numba
+    # one-thread runs call the serial twin of a parallel function (kernels.parallel_cpu.pjit)
     assert tbe_cpu.forward.serial.signatures
-    if numba.config.NUMBA_NUM_THREADS > 1:
-        assert tbe_cpu.forward.parallel.signatures
+
+
+def test_warm_cache_runs_each_step_for_one_thread_and_numbas_count(monkeypatch):
+    """By default every step runs at 1 thread (the serial twins) and at numba's thread count (the parallel
+    ones), --threads picks the counts, a count numba cannot run is refused, and the thread count is
+    restored. The steps are replaced by one that compiles a small twin and records what it ran with."""
+    import numba
+
+    from numbactr.kernels.parallel_cpu import pjit
+
+    @pjit(cache=False)
+    def double(x, out):
+        for i in numba.prange(x.shape[0]):
+            out[i] = 2 * x[i]
+
+    ran = []
+
+    def step():
+        x = np.arange(4, dtype=np.float32)
+        out = np.empty_like(x)
+        double(x, out)
+        assert (out == 2 * x).all()
+        ran.append((numba.get_num_threads(), len(double.serial.signatures), len(double.parallel.signatures)))
+
+    monkeypatch.setattr(warm_cache, "STEPS", (("double", step),))
+    before = numba.get_num_threads()
+    most = numba.config.NUMBA_NUM_THREADS
+    assert warm_cache.main(["--quiet"]) == 0
+    assert [n for n, _, _ in ran] == sorted({1, most})
+    assert ran[0][1:] == (1, 0)                                  # one thread: the serial twin compiled
+    if most > 1:
+        assert ran[-1][2] == 1                                   # then the parallel twin
+    assert numba.get_num_threads() == before
+    ran.clear()
+    assert warm_cache.main(["--quiet", "--threads", "1", "--threads", "1"]) == 0
+    assert [n for n, _, _ in ran] == [1]
+    with pytest.raises(SystemExit):
+        warm_cache.main(["--quiet", "--threads", str(most + 1)])
