@@ -21,14 +21,17 @@ def _pair(tmp_path, monkeypatch, n_train=256):
     return eager, lazy
 
 
+def _step_reads(model) -> int:
+    """The host reads of one training step of model."""
+    launch.reset_counts()
+    assert model.train()
+    return launch.reset_counts()["host_reads"]
+
+
 def test_lazy_loss_equals_eager_and_reads_once(tmp_path, monkeypatch):
     eager, lazy = _pair(tmp_path, monkeypatch)
     for _ in range(3):
-        launch.reset_counts()
-        assert eager.train()
-        eager_reads = launch.reset_counts()["host_reads"]
-        assert lazy.train()
-        lazy_reads = launch.reset_counts()["host_reads"]
+        eager_reads, lazy_reads = _step_reads(eager), _step_reads(lazy)
         assert lazy_reads == eager_reads - 1, (lazy_reads, eager_reads)     # the loss is not read in the step
         assert lazy._pending_loss is not None
         loss = lazy.get_current_loss()
@@ -118,11 +121,7 @@ def test_regularized_loss_is_kept_on_the_device(tmp_path, on_device, reg):
     term = lam / (2 * b) * np.sum(w0 ** 2) if reg == hugectr.Regularizer_t.L2 else lam / b * np.sum(np.abs(w0))
     assert lazy.get_current_loss() == pytest.approx(plain.get_current_loss() + term, rel=1e-5)
     for _ in range(2):
-        launch.reset_counts()
-        assert eager.train()
-        eager_reads = launch.reset_counts()["host_reads"]
-        assert lazy.train()
-        lazy_reads = launch.reset_counts()["host_reads"]
+        eager_reads, lazy_reads = _step_reads(eager), _step_reads(lazy)
         assert lazy_reads == eager_reads - 2, (lazy_reads, eager_reads)   # neither the loss nor the term is read
         assert lazy.get_current_loss() == eager.get_current_loss()       # same float math, same value
     np.testing.assert_array_equal(np.asarray(lazy.weights), np.asarray(eager.weights))
