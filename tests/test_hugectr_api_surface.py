@@ -10,10 +10,9 @@ from numbactr.model import ModelError
 from .model_util import tiny_data, tiny_dlrm
 
 
-@pytest.fixture(autouse=True)
-def _on_cpu(cpu):
-    """API surface and input checks, nothing device-specific: on the cpu device (the session's simulator
-    would run every training step's kernels as Python threads, ~30 s a test)."""
+# API surface and input checks, nothing device-specific: on the cpu device (the session's simulator would run
+# every training step's kernels as Python threads, ~30 s a test)
+pytestmark = pytest.mark.usefixtures("cpu")
 
 T, C = hugectr.DataReaderType_t, hugectr.Check_t
 
