@@ -1,9 +1,9 @@
-"""numbactr.tools.warm_cache compiles the cpu device's engine, hash table and interaction signatures."""
+"""numbactr.tools.warm_cache compiles the cpu device's engine, hash table, interaction and dense-op signatures."""
 import numpy as np
 import pytest
 
 from numbactr import device
-from numbactr.kernels import hash_table_cpu, interaction, tbe_cpu
+from numbactr.kernels import bce, bias, hash_table_cpu, interaction, optimizers_cpu, relu, tbe_cpu
 from numbactr.tools import warm_cache
 
 
@@ -24,6 +24,10 @@ def test_warm_cache_compiles_the_engine_in_both_weight_types():
     assert interaction._forward_cpu.signatures and interaction._backward_cpu.signatures
     # one-thread runs call the serial twin of a parallel function (kernels.parallel_cpu.pjit)
     assert tbe_cpu.forward.serial.signatures
+    # the demo DLRM's training steps: its dense ops' compiled CPU code
+    for fn in (relu._relu_forward_cpu, relu._relu_backward_cpu, bias._bias_add_cpu, bias._bias_grad_cpu,
+               bce._bce_cpu, optimizers_cpu._dense_update):
+        assert fn.signatures, fn.__name__
 
 
 def test_warm_cache_runs_each_step_for_one_thread_and_numbas_count(monkeypatch):

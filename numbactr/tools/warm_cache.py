@@ -4,7 +4,8 @@ The cpu device's hot ops are Numba functions compiled on first use and cached on
 next to their sources or under ``NUMBA_CACHE_DIR``). A fresh install pays that compile in the first
 steps: about 30-40 s for each type signature of the embedding engine's forward and fused update, a few
 minutes in all. This runs those first uses on tiny inputs (the engine in every weights precision, index
-type, pooling and layout; the hash table; the dot interaction), so that a container image, a CI job or a
+type, pooling and layout; the hash table; the dot interaction; two training steps of the demo's DLRM,
+which compile the dense ops), so that a container image, a CI job or a
 test run finds them compiled. It changes no state but Numba's cache; running it twice costs seconds.
 
 tests/conftest.py starts it in a background process when a test session begins, so a fresh clone's
@@ -67,7 +68,30 @@ def _hash_and_dense_cases():
     interaction.interaction_backward_cpu(dense, emb, out, np.empty_like(dense), np.empty_like(emb))
 
 
-STEPS = (("embedding engine", _engine_cases), ("hash table, interaction", _hash_and_dense_cases))
+def _model_cases():
+    """Two training steps and an evaluation of the demo's DLRM on a few generated samples: the dense ops'
+    compiled CPU code as a first training run meets it (fused bias + ReLU, bias, ReLU, the interaction,
+    BCE, the dense Adam update, the AUC), and the engine and hash table in the signatures a model uses."""
+    import contextlib
+    import io
+    import os
+    import tempfile
+
+    import numbactr as hugectr
+
+    from .. import demo
+    from ..data.synthetic import make_planted_dataset
+    with tempfile.TemporaryDirectory(prefix="numbactr-warm-cache-") as tmp:
+        data = make_planted_dataset(os.path.join(tmp, "data"), num_train=64, num_eval=32, slot_sizes=[3] * 26,
+                                    files=(1, 1), calibration_samples=2_000)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            model = demo.build_dlrm(hugectr, data.train_list, data.eval_list, batch=32, batch_eval=32,
+                                    eval_batches=1, lr=1e-3, workspace_mb=1)
+            model.fit(max_iter=2, display=1, eval_interval=2, snapshot=0)
+
+
+STEPS = (("embedding engine", _engine_cases), ("hash table, interaction", _hash_and_dense_cases),
+         ("a DLRM's dense ops", _model_cases))
 
 
 def main(argv=None) -> int:
