@@ -70,8 +70,8 @@ def _hash_and_dense_cases():
 
 def _model_cases():
     """Two training steps and an evaluation of the demo's DLRM on a few generated samples: the dense ops'
-    compiled CPU code as a first training run meets it (fused bias + ReLU, bias, ReLU, the interaction,
-    BCE, the dense Adam update, the AUC), and the engine and hash table in the signatures a model uses."""
+    compiled CPU code as a first training run meets it (bias, ReLU, the interaction, BCE, the dense Adam
+    update), and the engine and hash table in the signatures a model uses."""
     import contextlib
     import io
     import os
