@@ -24,7 +24,7 @@ from tests.doc_util import assert_clean, commands, fenced_blocks, run_command
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 INSTALL = re.compile(r"^python3 -m venv \.venv && \.venv/bin/pip install -q -e \"\.(\[(?P<extras>[\w,]+)\])?\" && (?P<rest>.+)$")
-TEST_COMMAND = ".venv/bin/python -m pytest -q"
+TEST_COMMAND = ".venv/bin/python -m pytest -q -n 2 --dist loadfile"
 #: command prefix -> options appended (all listed in the command's --help), for a test-sized run
 SHRINK = {
     "numbactr demo": "--train-samples 24000 --eval-samples 4000 --rows 20000",
