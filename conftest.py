@@ -54,7 +54,7 @@ def _restore_device():
 def _restore_device_per_module():
     """The same for a test file: a module-scoped fixture that sets the device (a model trained once on cpu
     for the whole file) runs before _restore_device records it, so only this switches back. Without it the
-    next file ran on that device (test_engine_kernel_props failed after test_inference under xdist)."""
+    next file ran on that device (test_engine_kernel_props failed after test_inference_hybrid under xdist)."""
     from numbactr import device
     before = device.kind()
     yield
