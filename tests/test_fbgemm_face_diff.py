@@ -1,7 +1,7 @@
 """numbactr's FBGEMM face against fbgemm_gpu itself (FBGEMM's CPU build, `pip install -e ".[fbgemm]"`):
 the same constructor call, the same inputs and torch seed, then forward outputs at every step, updated
 weights and optimizer states after several steps, per-sample-weight gradients, for each optimizer FBGEMM's
-CPU build runs (EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD), and examples/fbgemm_dlrm.py run with
+CPU build runs (EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD, EMAINPLACE_ROWWISE_ADAGRAD), and examples/fbgemm_dlrm.py run with
 either import line. Skipped where torch or fbgemm_gpu is not installed.
 
 Where FBGEMM's CPU build departs from its own GPU kernels, numbactr follows the GPU (array_tbe.py's
@@ -451,3 +451,56 @@ def test_int8_weights_forward_like_fbgemm(pooling, weighted):
     for mod in (fb, nb):
         with pytest.raises((NotImplementedError, RuntimeError)):
             mod(idx, off, psw).sum().backward()
+
+
+@pytest.mark.parametrize("step_ema,step_start,coef,pooling", [(2, 1, 0.6, "SUM"), (1, 3, 0.3, "MEAN"),
+                                                               (3, 0, 0.5, "NONE")])
+def test_ema_inplace_rowwise_adagrad_like_fbgemm(step_ema, step_start, coef, pooling):
+    """EMAINPLACE_ROWWISE_ADAGRAD (which FBGEMM's CPU build runs): rowwise AdaGrad, and every step_ema training
+    forwards from step_start on each row's second half moves coef of the way to its first half; both
+    lerp branches (coef below and from 0.5) and every pooling."""
+    mode = FB.EmainplaceModeDefinition(step_ema=step_ema, step_start=step_start, step_ema_coef=coef)
+    specs = [(10, 8), (7, 8), (12, 8)] if pooling == "NONE" else [(10, 8), (7, 4), (12, 16)]
+    nb_mode = NB.EmainplaceModeDefinition(step_ema=step_ema, step_start=step_start, step_ema_coef=coef)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        theirs = run(FB, specs, steps=6, enums={OPT: ("OptimType", "EMAINPLACE_ROWWISE_ADAGRAD"),
+                                                "pooling_mode": ("PoolingMode", pooling)},
+                     learning_rate=0.1, emainplace_mode=mode)
+        ours = run(NB, specs, steps=6, enums={OPT: ("OptimType", "EMAINPLACE_ROWWISE_ADAGRAD"),
+                                              "pooling_mode": ("PoolingMode", pooling)},
+                   learning_rate=0.1, emainplace_mode=nb_mode)
+    for name, a, b in zip(("outputs", "psw grads", "weights"), theirs[:3], ours[:3]):
+        for x, y in zip(a, b):
+            if x is not None:
+                np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6, err_msg=name)
+    for x, y in zip(theirs[3], ours[3]):
+        for sx, sy in zip(x, y):
+            np.testing.assert_allclose(sy, sx, rtol=1e-5, atol=1e-6, err_msg="optimizer states")
+    # the EMA really ran: without it the second halves would differ
+    plain = run(NB, specs, steps=6, enums={OPT: ("OptimType", "EXACT_ROWWISE_ADAGRAD"),
+                                           "pooling_mode": ("PoolingMode", pooling)}, learning_rate=0.1)
+    assert not all(np.allclose(p, o) for p, o in zip(plain[2], ours[2]))
+
+
+def test_ema_inplace_counts_iter_skips_eval_and_keeps_fbgemms_state():
+    """iter advances on every forward (a persistent buffer, as FBGEMM's), eval forwards take no EMA step,
+    get_optimizer_state names the rowwise sum, and odd dims are refused."""
+    kw = dict(optimizer=FB.OptimType.EMAINPLACE_ROWWISE_ADAGRAD, learning_rate=0.1,
+              emainplace_mode=NB.EmainplaceModeDefinition(step_ema=1, step_start=0, step_ema_coef=0.5))
+    tbe = make(NB, [(6, 4)], **kw)
+    ref = make(FB, [(6, 4)], **dict(kw, emainplace_mode=FB.EmainplaceModeDefinition(step_ema=1, step_ema_coef=0.5)))
+    assert "iter" in tbe.state_dict() and "iter" in ref.state_dict()
+    for m in (tbe, ref):
+        m.eval()
+        before = m.split_embedding_weights()[0].clone()
+        m(torch.tensor([0, 1]), torch.tensor([0, 1, 2]))
+        assert torch.equal(m.split_embedding_weights()[0], before)
+        assert int(m.iter) == 1
+        m.train()
+        m(torch.tensor([0, 1]), torch.tensor([0, 1, 2])).sum().backward()
+    np.testing.assert_allclose(tbe.split_embedding_weights()[0].numpy(), ref.split_embedding_weights()[0].numpy(),
+                               rtol=1e-6, atol=1e-7)
+    assert list(tbe.get_optimizer_state()[0]) == list(ref.get_optimizer_state()[0]) == ["sum"]
+    with pytest.raises(AssertionError, match="even"):
+        make(NB, [(6, 3)], **kw)

@@ -113,6 +113,9 @@ class OptimizerSpec:
     per-row states, prev_iter and row_counter; FBGEMM's rowwise_adagrad_with_counter).
     rowwise_bias_correction (ADAM): Adam's bias corrections use each row's own update count, kept in a
     per-row row_counter, instead of the step t (FBGEMM's UserEnabledConfigDefinition).
+    prev_iter_state: keep a per-row float32 prev_iter after the kind's states, which the update kernels do
+    not read: FBGEMM's global weight decay (WeightDecayMode.DECOUPLE_GLOBAL, EXACT_ROWWISE_ADAGRAD) records
+    there the iteration each row was last decayed at (numbactr/fbgemm_gpu/array_tbe.py applies the decay).
     """
     kind: Optim = Optim.EXACT_SGD
     learning_rate: float = 0.01
@@ -130,6 +133,7 @@ class OptimizerSpec:
     max_norm: float = 0.0
     counter: CounterRegularization | None = None
     rowwise_bias_correction: bool = False
+    prev_iter_state: bool = False
 
     def hp(self) -> dict:
         """The float hyper-parameters by name (kernels.tbe.HP_FIELDS)."""
@@ -279,13 +283,13 @@ def _check_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
 
 
 #: OptimizerSpec fields that shape the optimizer states: fixed once an engine is built
-FIXED_HYPER_PARAMETERS = ("kind", "update_type", "initial_accumulator", "rowwise_bias_correction")
+FIXED_HYPER_PARAMETERS = ("kind", "update_type", "initial_accumulator", "rowwise_bias_correction", "prev_iter_state")
 
 
 def state_specs(opt: OptimizerSpec) -> list:
     """The optimizer's state buffers, [(name, per_row, dtype)] in split_optimizer_states order: the kind's
     (kernels.tbe.STATES), then HugeCTR LAZY_GLOBAL's prev_step, COUNTER / COWCLIP's prev_iter and row_counter,
-    or rowwise-bias-corrected ADAM's row_counter."""
+    or rowwise-bias-corrected ADAM's row_counter; a prev_iter_state's prev_iter."""
     specs = list(K.STATES[opt.kind])
     if opt.update_type == UpdateType.LAZY_GLOBAL:
         specs.append(K.LAZY_PREV_STEP)
@@ -293,6 +297,8 @@ def state_specs(opt: OptimizerSpec) -> list:
         specs += [K.PREV_ITER, K.ROW_COUNTER]
     if opt.rowwise_bias_correction:
         specs.append(K.ROW_COUNTER)
+    if opt.prev_iter_state and opt.counter is None:
+        specs.append(K.PREV_ITER)
     return specs
 
 

@@ -21,6 +21,16 @@ FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_traini
     (FBGEMM's CPU build keeps it at 1: its states are not device tables). max_norm is not applied, as in
     FBGEMM. A MANAGED_CACHING TBE cannot renew max_counter (its slots hold some rows only): the settings
     that read it (TAIL_ID learning-rate modes, a ratio tail_id_threshold) are a NotImplementedError there.
+  * EMAINPLACE_ROWWISE_ADAGRAD: rowwise AdaGrad (weight decay and max_norm as EXACT_ROWWISE_ADAGRAD's), and each
+    training forward at an iteration that is a multiple of emainplace_mode.step_ema (from step_start on)
+    first moves every row's second half towards its first half: slow += step_ema_coef * (fast - slow),
+    torch.lerp_'s formula (ema_inplace; dims must be even).
+  * WeightDecayMode.DECOUPLE_GLOBAL (EXACT_ROWWISE_ADAGRAD, FBGEMM's GPU kernels; its CPU build has none):
+    a per-row prev_iter state (get_optimizer_state: sum, prev_iter, iter); from global_weight_decay.start_iter
+    on, a training forward decays each row it reads by the iterations the row missed (apply_global_weight_decay:
+    numbactr writes the decay into the rows before the lookup, FBGEMM applies it in the lookup and again before
+    the update, with the same sums and rows), then the update is DECOUPLE's. Not with MANAGED_CACHING tables
+    or PoolingMode.NONE.
   * ADAM with UserEnabledConfigDefinition(use_rowwise_bias_correction=True): the bias corrections use the
     row's own update count, a third per-row state row_counter (FBGEMM's GPU kernels; its CPU build has no
     ADAM).
@@ -84,15 +94,21 @@ _ENGINE_OPTIM = {
     EmbOptimType.EXACT_ADAGRAD: Optim.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD: Optim.EXACT_ROWWISE_ADAGRAD,
     EmbOptimType.ADAM: Optim.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM: Optim.PARTIAL_ROWWISE_ADAM,
     EmbOptimType.LAMB: Optim.LAMB, EmbOptimType.PARTIAL_ROWWISE_LAMB: Optim.PARTIAL_ROWWISE_LAMB,
+    # rowwise AdaGrad whose training forwards also move each row's second half towards its first (ema_inplace)
+    EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD: Optim.EXACT_ROWWISE_ADAGRAD,
 }
+#: FBGEMM's rowwise AdaGrad kinds: rowwise momentum1 and the rowwise weight-decay modes
+_ROWWISE = frozenset({EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD})
 SUPPORTED_OPTIMIZERS = tuple(_ENGINE_OPTIM)
 #: optimizers whose forward advances FBGEMM's `iter` (ADAM and LAMB kinds read it as the step t)
 _COUNTS_ITER = frozenset({EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM,
-                          EmbOptimType.LAMB, EmbOptimType.PARTIAL_ROWWISE_LAMB})
+                          EmbOptimType.LAMB, EmbOptimType.PARTIAL_ROWWISE_LAMB,
+                          EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD})
 #: optimizers that take weight_decay (the rest ignore it, as in FBGEMM)
 _DECAYS = frozenset(_COUNTS_ITER)
 #: get_optimizer_state()'s names of split_optimizer_states()'s entries (PyTorch optimizers' names)
 _STATE_NAMES = {EmbOptimType.EXACT_ADAGRAD: ("sum",), EmbOptimType.EXACT_ROWWISE_ADAGRAD: ("sum",),
+                EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD: ("sum",),
                 EmbOptimType.ADAM: ("exp_avg", "exp_avg_sq"), EmbOptimType.PARTIAL_ROWWISE_ADAM: ("exp_avg", "exp_avg_sq"),
                 EmbOptimType.LAMB: ("exp_avg", "exp_avg_sq"), EmbOptimType.PARTIAL_ROWWISE_LAMB: ("exp_avg", "exp_avg_sq"),
                 EmbOptimType.EXACT_SGD: ()}
@@ -135,8 +151,8 @@ class TBEConfig:
     eta: float = 0.001                                  # LARS_SGD only: unused
     beta1: float = 0.9
     beta2: float = 0.999
-    ensemble_mode: object = None                        # ENSEMBLE/EMAINPLACE_ROWWISE_ADAGRAD only: unused
-    emainplace_mode: object = None
+    ensemble_mode: object = None                        # ENSEMBLE_ROWWISE_ADAGRAD only (not supported): unused
+    emainplace_mode: object = None                      # EMAINPLACE_ROWWISE_ADAGRAD's EmainplaceModeDefinition
     counter_based_regularization: object = None         # WeightDecayMode.COUNTER's settings
     cowclip_regularization: object = None               # WeightDecayMode.COWCLIP's settings
     pooling_mode: object = PoolingMode.SUM              # SUM | MEAN | NONE
@@ -149,7 +165,7 @@ class TBEConfig:
     table_names: object = None                          # kept as .table_names
     optimizer_state_dtypes: object = None               # only FP32 states (else NotImplementedError)
     multipass_prefetch_config: object = None            # prefetch in several passes: warns when set
-    global_weight_decay: object = None                  # WeightDecayMode.DECOUPLE_GLOBAL only: unused
+    global_weight_decay: object = None                  # WeightDecayMode.DECOUPLE_GLOBAL's start_iter, lower_bound
     uvm_host_mapped: bool = False                       # UVM allocation: warns when set
     extra_optimizer_config: object = None               # writeback (EXACT_SGD); rowwise bias correction (ADAM)
     tbe_input_multiplexer_config: object = None         # FBGEMM's monitoring hooks: warn when set
@@ -207,6 +223,26 @@ _IGNORED = {
 }
 #: FBGEMM's cache associativity: the cache holds a multiple of ASSOC rows (cache_sets * ASSOC)
 ASSOC = 32
+
+
+def _emainplace_mode(definition) -> dict:
+    """FBGEMM's dict of an EmainplaceModeDefinition (None: the defaults), its values as floats."""
+    from .optimizer_config import EmainplaceModeDefinition
+    definition = EmainplaceModeDefinition() if definition is None else definition
+    mode = {f.name: float(_value(getattr(definition, f.name))) for f in fields(EmainplaceModeDefinition)}
+    if mode["step_ema"] < 1:
+        raise ValueError(f"{WHO}: emainplace_mode.step_ema must be at least 1, got {mode['step_ema']}")
+    return mode
+
+
+def _lerp_(slow, fast, coef: float) -> None:
+    """slow <- slow + coef * (fast - slow) in place, in float32 and by torch.lerp_'s formula (the other end's
+    form for coef >= 0.5), so the rounding is PyTorch's; float16 rows are computed in float32 and rounded once."""
+    w = np.float32(coef)
+    a, b = slow.astype(np.float32), fast.astype(np.float32)
+    diff = b - a
+    out = a + w * diff if w < 0.5 else b - diff * (np.float32(1.0) - w)
+    slow[...] = out.astype(slow.dtype)
 
 
 def _fast_tier_free_bytes() -> int:
@@ -482,6 +518,19 @@ class TBECore:
             self._adopt_host_buffers(cfg.preallocated_host_buffers)   # FBGEMM: only HOST tables have host buffers
         self._cache_base = None              # stats at the last reset_cache_miss_counter / reset_uvm_cache_stats
         self._uvm_base = None
+        self.emainplace_mode = _emainplace_mode(cfg.emainplace_mode)
+        self.global_weight_decay = (self.optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and
+                                    _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode")
+                                    == WeightDecayMode.DECOUPLE_GLOBAL)
+        gwd_cfg = cfg.global_weight_decay
+        self.gwd_start_iter = int(getattr(gwd_cfg, "start_iter", 0) or 0)
+        self.gwd_lower_bound = float(getattr(gwd_cfg, "lower_bound", 0.0) or 0.0)
+        if self.optimizer == EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD:
+            odd = [t for t, d in enumerate(dims) if d % 2]
+            if odd:
+                raise FBGEMMAssertion(f"{WHO}: EMAINPLACE_ROWWISE_ADAGRAD splits each row into halves, so every "
+                                      f"table's dim must be even; table(s) {odd} have dims "
+                                      f"{[dims[t] for t in odd]}")
 
     # ---- arguments ------------------------------------------------------------------------------------
     def _check_supported(self, cfg: TBEConfig, out_dtype, locations, compute_devices) -> None:
@@ -554,9 +603,17 @@ class TBECore:
         if mode in (WeightDecayMode.COUNTER, WeightDecayMode.COWCLIP) and opt != EmbOptimType.EXACT_ROWWISE_ADAGRAD:
             raise ValueError(f"{WHO}: weight_decay_mode={mode.name} is only supported with "
                              "OptimType.EXACT_ROWWISE_ADAGRAD (FBGEMM's rule)")
-        if opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD and mode not in _WEIGHT_DECAY:
+        gwd = opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD and mode == WeightDecayMode.DECOUPLE_GLOBAL
+        if gwd and any(loc == EmbeddingLocation.MANAGED_CACHING for loc in locations):
+            raise NotImplementedError(f"{WHO}: weight_decay_mode=DECOUPLE_GLOBAL with MANAGED_CACHING tables is not "
+                                      "implemented in numbactr (the decay rewrites a batch's rows before the lookup)")
+        if gwd and self.pooling_mode == PoolingMode.NONE:
+            raise NotImplementedError(f"{WHO}: weight_decay_mode=DECOUPLE_GLOBAL needs pooling: FBGEMM has no global "
+                                      "weight decay kernels for PoolingMode.NONE")
+        if opt in _ROWWISE and mode not in _WEIGHT_DECAY and not gwd:
             raise NotImplementedError(f"{WHO}: weight_decay_mode={mode.name} is not implemented in numbactr "
-                                      "(NONE, L2, DECOUPLE, COUNTER or COWCLIP)")
+                                      "(NONE, L2, DECOUPLE, COUNTER or COWCLIP; DECOUPLE_GLOBAL for "
+                                      "EXACT_ROWWISE_ADAGRAD)")
         not_implemented = {
             "enable_raw_embedding_streaming": bool(cfg.enable_raw_embedding_streaming),
             "optimizer_state_dtypes": any(_enum(SparseType, v, "optimizer_state_dtypes") != SparseType.FP32
@@ -645,8 +702,11 @@ class TBECore:
     def _optimizer_spec(self, cfg: TBEConfig) -> OptimizerSpec:
         opt = self.optimizer
         mode = _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode")
-        rowwise = opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD
-        counter = _counter_settings(cfg, mode) if rowwise else None
+        rowwise = opt in _ROWWISE
+        counter = _counter_settings(cfg, mode) if opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD else None
+        gwd = opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD and mode == WeightDecayMode.DECOUPLE_GLOBAL
+        if gwd:          # the update is DECOUPLE's (FBGEMM's mode 5); the missed decay is applied per row first
+            mode = WeightDecayMode.DECOUPLE
         return OptimizerSpec(
             _ENGINE_OPTIM[opt], learning_rate=float(cfg.learning_rate), eps=float(cfg.eps),
             beta1=float(cfg.beta1), beta2=float(cfg.beta2),
@@ -656,7 +716,8 @@ class TBECore:
             max_norm=float(cfg.max_norm) if rowwise and counter is None else 0.0,
             gradient_clipping=bool(cfg.gradient_clipping), max_gradient=float(cfg.max_gradient),
             counter=counter,
-            rowwise_bias_correction=bool(getattr(cfg.extra_optimizer_config, "use_rowwise_bias_correction", False)))
+            rowwise_bias_correction=bool(getattr(cfg.extra_optimizer_config, "use_rowwise_bias_correction", False)),
+            prev_iter_state=gwd)
 
     @property
     def counts_iterations(self) -> bool:
@@ -703,6 +764,67 @@ class TBECore:
         if vbe is not None:
             out = out.reshape(-1)[xp.asarray(vbe.out_index)]
         return out, Lookup(ctx, int(iteration), vbe, (indices, offsets) if self.writeback else None)
+
+    def apply_global_weight_decay(self, indices, offsets, iteration: int, batch_size_per_feature_per_rank=None):
+        """FBGEMM's global weight decay (WeightDecayMode.DECOUPLE_GLOBAL), which its training forwards apply
+        from gwd_start_iter on: a row read at iteration `it` that was last updated at prev_iter (> 0) is worth
+        its stored value times f = max(lower_bound, (1 - lr * weight_decay) ** max(it - prev_iter - 1, 0)), the
+        decoupled decay of the iterations it missed. FBGEMM scales the row by f in the forward's pooling and
+        again in the backward, before the update (which decays by 1 - lr * wd once more) and sets prev_iter = it.
+        numbactr writes f * row into the table before the lookup and sets prev_iter = it there: the same
+        forward sums and the same updated rows in float32 (float16 rows round twice: after the decay and
+        after the update). Rows outside their table are left to the lookup's bounds check."""
+        xp = device.xp()
+        idx = xp.asarray(indices).astype(np.int64)
+        off = xp.asarray(offsets).astype(np.int64)
+        n_bags = int(off.shape[0]) - 1
+        n_feat = len(self.feature_table_map)
+        if batch_size_per_feature_per_rank is not None:
+            per_feature = np.array([sum(int(b) for b in f) for f in batch_size_per_feature_per_rank], np.int64)
+        else:
+            per_feature = np.full(n_feat, n_bags // n_feat, np.int64)
+        first_bag = np.concatenate([[0], np.cumsum(per_feature)])
+        if idx.shape[0] == 0 or n_bags <= 0:
+            return
+        lr = np.float32(self.engine.learning_rate)
+        wd = np.float32(self.engine.optimizer.weight_decay)
+        base = np.float32(np.float32(1.0) - lr * wd)
+        it = np.float32(iteration)
+        weights = self.split_embedding_weights()
+        states = self.engine.split_optimizer_states()
+        for f, t in enumerate(self.feature_table_map):
+            a, b = int(off[first_bag[f]]), int(off[min(first_bag[f + 1], n_bags)])
+            if b <= a:
+                continue
+            rows = idx[a:b]
+            rows = rows[(rows >= 0) & (rows < int(self.embedding_specs[t][0]))]
+            if rows.shape[0] == 0:
+                continue
+            prev = states[t][1]
+            p = prev[rows]
+            n = xp.maximum(it - p - np.float32(1.0), np.float32(0.0)).astype(np.float32)
+            factor = xp.maximum(np.float32(self.gwd_lower_bound), xp.power(base, n).astype(np.float32))
+            factor = xp.where(p == 0, np.float32(1.0), factor).astype(np.float32)
+            w = weights[t]
+            scaled = (w[rows].astype(np.float32) * factor[:, None]).astype(w.dtype)
+            w[rows] = scaled             # duplicate rows write the same value (all read before any write)
+            prev[rows] = it
+
+    def ema_inplace(self, iteration: int, emainplace_mode: dict | None = None) -> None:
+        """FBGEMM's EMAINPLACE_ROWWISE_ADAGRAD step, which its training forwards take before the lookup: each
+        row is a fast half (its first D/2 values, trained) and a slow half (the rest), and every step_ema
+        iterations from step_start on, slow += step_ema_coef * (fast - slow) over the whole table.
+        emainplace_mode: FBGEMM's dict of floats (default: this module's EmainplaceModeDefinition)."""
+        mode = self.emainplace_mode if emainplace_mode is None else emainplace_mode
+        iteration = int(iteration)
+        if iteration % int(mode["step_ema"]) or iteration < int(mode["step_start"]):
+            return
+        for t, w in enumerate(self.split_embedding_weights()):      # a cache is flushed and emptied first
+            dim = int(self.embedding_specs[t][1])
+            if dim % 2:
+                raise FBGEMMAssertion(f"{WHO}: table {t}'s dimension {dim} is odd, not supported for "
+                                      "ema_inplace_rowwise_adagrad")
+            _lerp_(w[:, dim // 2:dim], w[:, :dim // 2], float(mode["step_ema_coef"]))
 
     def _writeback_mask(self, indices, offsets):
         """FBGEMM's writeback (use_writeback_bwd_prehook, EXACT_SGD): SGD with lr 1 and a gradient of
@@ -779,8 +901,8 @@ class TBECore:
     def state_wants_iter(self) -> bool:
         """FBGEMM's get_optimizer_state adds "iter" for COUNTER with CounterWeightDecayMode.ADAGRADW."""
         opt = self.engine.optimizer
-        return (opt.weight_decay_mode == WeightDecay.COUNTER
-                and int(opt.counter.weight_decay_mode) == int(CounterWeightDecay.ADAGRADW))
+        return self.global_weight_decay or (opt.weight_decay_mode == WeightDecay.COUNTER
+                                            and int(opt.counter.weight_decay_mode) == int(CounterWeightDecay.ADAGRADW))
 
     @property
     def max_counter(self):
@@ -827,8 +949,7 @@ class TBECore:
         return float(np.float32(self.engine.learning_rate))
 
     def update_hyper_parameters(self, params_dict: dict) -> None:
-        """FBGEMM's names: lr, eps, beta1, beta2, weight_decay (and lower_bound, kept for global weight
-        decay, which numbactr does not implement)."""
+        """FBGEMM's names: lr, eps, beta1, beta2, weight_decay and lower_bound (global weight decay's)."""
         self._need_optimizer("Setting hyper-parameters")
         unknown = sorted(set(params_dict) - {"lr", "eps", "beta1", "beta2", "weight_decay", "lower_bound"})
         if unknown:
@@ -837,7 +958,7 @@ class TBECore:
                   if k != "lower_bound" and not (k == "weight_decay" and self.optimizer not in _DECAYS)}
         self.engine.set_hyper_parameters(**values)
         if "lower_bound" in params_dict:
-            self.gwd_lower_bound = float(params_dict["lower_bound"])
+            self.gwd_lower_bound = float(params_dict["lower_bound"])       # global weight decay's floor
 
     def _need_optimizer(self, what: str) -> None:
         if self.optimizer == EmbOptimType.NONE:
@@ -943,6 +1064,10 @@ class ArrayTBE(TBECore):
         self.step += 1
         if self.counts_iterations:
             self.iter[0] += 1
+        if self.training and self.optimizer == EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD:
+            self.ema_inplace(int(self.iter[0]))
+        if self.training and self.global_weight_decay and int(self.iter[0]) >= self.gwd_start_iter:
+            self.apply_global_weight_decay(indices, offsets, int(self.iter[0]), batch_size_per_feature_per_rank)
         out, lookup = self.lookup(indices, offsets, per_sample_weights, feature_requires_grad,
                                   batch_size_per_feature_per_rank, total_unique_indices,
                                   iteration=int(self.iter[0]), **unsupported)

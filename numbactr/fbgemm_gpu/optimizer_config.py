@@ -101,7 +101,7 @@ class EnsembleModeDefinition:
 
 @dataclass(frozen=True)
 class EmainplaceModeDefinition:
-    """EMAINPLACE_ROWWISE_ADAGRAD's settings: not run by numbactr."""
+    """EMAINPLACE_ROWWISE_ADAGRAD's settings (numbactr.fbgemm_gpu.array_tbe.TBECore.ema_inplace)."""
     step_ema: float = 10
     step_start: float = 0
     step_ema_coef: float = 0.6

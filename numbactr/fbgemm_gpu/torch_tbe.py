@@ -174,6 +174,12 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
                 self.iter_cpu = int(self.iter.item())
             self.iter_cpu += 1
             self.iter.add_(1)
+        if self.training and self.optimizer == EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD:
+            self.ema_inplace(self._core.emainplace_mode)
+        if self.training and self._core.global_weight_decay and self.iter_cpu >= self._core.gwd_start_iter:
+            with torch.no_grad():
+                self._core.apply_global_weight_decay(_as_array(indices), _as_array(offsets), self.iter_cpu,
+                                                     batch_size_per_feature_per_rank)
         inputs = dict(indices=_as_array(indices), offsets=_as_array(offsets),
                       feature_requires_grad=_as_array(feature_requires_grad),
                       batch_size_per_feature_per_rank=batch_size_per_feature_per_rank,
@@ -215,6 +221,12 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
                 else:
                     w.uniform_(min_val, max_val)
 
+    def ema_inplace(self, emainplace_mode: dict) -> None:
+        """FBGEMM's EMA step of EMAINPLACE_ROWWISE_ADAGRAD at this iteration: every step_ema iterations from
+        step_start on, each row's second half moves step_ema_coef of the way to its first half."""
+        with torch.no_grad():
+            self._core.ema_inplace(self.iter_cpu, emainplace_mode)
+
     def set_learning_rate(self, lr: float) -> None:
         self._core.set_learning_rate(lr)
         self.learning_rate_tensor.fill_(float(lr))
@@ -241,7 +253,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         self._core.reset_cache_states()
 
     def update_hyper_parameters(self, params_dict: dict) -> None:
-        """FBGEMM's names: lr, eps, beta1, beta2, weight_decay (lower_bound is kept, unused)."""
+        """FBGEMM's names: lr, eps, beta1, beta2, weight_decay, lower_bound (global weight decay's floor)."""
         self._core.update_hyper_parameters(params_dict)
         if "lr" in params_dict:
             self.learning_rate_tensor.fill_(float(params_dict["lr"]))
