@@ -35,6 +35,8 @@ Update (fused: each touched row is reduced and updated once, no dense (V, D) gra
     LAMB                   r = m1 / (1 - b1^t) / (sqrt(m2 / (1 - b2^t)) + eps) + wd w  (ADAM's m1, m2)
                            w -= lr (|w| / |r|) r        (|.| the row's L2 norm; ratio 0 when |r| = 0)
     PARTIAL_ROWWISE_LAMB   as LAMB with PARTIAL_ROWWISE_ADAM's m2 (V,)
+    LARS_SGD               rate = lr eta |w| / (|g| + wd |w|)  (0 when the denominator is 0)    m (V, D)
+                           m = momentum m + rate (g + wd w);  w -= m
     HugeCTR's sparse optimizers, gradient divided by the loss scaler first (kernels/optimizers.py has
     the formulas): HUGECTR_SGD, HUGECTR_MOMENTUM_SGD, HUGECTR_NESTEROV, HUGECTR_ADAM, HUGECTR_ADAGRAD
     with Update_t LOCAL (touched rows), GLOBAL (touched rows, then/before a pass over every row in
@@ -107,6 +109,7 @@ STATES = {
     Optim.HUGECTR_NESTEROV: (("accum", False, np.float32),),
     Optim.HUGECTR_ADAM: (("m", False, np.float32), ("v", False, np.float32)),
     Optim.HUGECTR_ADAGRAD: (("accum", False, np.float32),),
+    Optim.LARS_SGD: (("momentum1", False, np.float32),),
 }
 LAZY_PREV_STEP = ("prev_step", True, np.int64)
 #: EXACT_ROWWISE_ADAGRAD with WeightDecay.COUNTER / COWCLIP adds these after momentum1 (FBGEMM's order and
@@ -143,7 +146,7 @@ class EmbeddingBoundsError(IndexError):
 
 # ---- hyper-parameters ------------------------------------------------------------------------------
 #: float hyper-parameters in the order the kernels receive them (one float32 array, HP_*)
-HP_FIELDS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum", "max_norm", "scaler")
+HP_FIELDS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum", "max_norm", "scaler", "eta")
 
 
 def kernel_scalars(hp: dict, step: int, counter: CounterRegularization | None = None, max_counter: float = 1.0,
@@ -158,7 +161,7 @@ def kernel_scalars(hp: dict, step: int, counter: CounterRegularization | None = 
     ks[M.KS_MAXC], ks[M.KS_REFRESH] = max_counter, float(refresh)
     for name, at in (("learning_rate", M.KS_LR), ("eps", M.KS_EPS), ("beta1", M.KS_B1), ("beta2", M.KS_B2),
                      ("weight_decay", M.KS_WD), ("momentum", M.KS_MOM), ("max_norm", M.KS_MAXN),
-                     ("scaler", M.KS_SCALER)):
+                     ("scaler", M.KS_SCALER), ("eta", M.KS_ETA)):
         ks[at] = hp[name]
     b1, b2 = _f32(hp["beta1"]), _f32(hp["beta2"])
     ks[M.KS_BC1], ks[M.KS_BC2] = 1.0 - b1 ** step, 1.0 - b2 ** step
@@ -526,6 +529,12 @@ def optimizer_update_ref(kind: int, hp: dict, w, g, states: list, step: int, upd
             wn, rn = _row_norm(w), _row_norm(r)
             ratio = np.where(rn > 0, wn / np.where(rn > 0, rn, 1.0), 0.0)
             w = w - lr * ratio * r
+    elif kind == Optim.LARS_SGD:
+        wn, gn = _row_norm(w), _row_norm(g)
+        den = gn + wd * wn
+        rate = np.where(den > 0, lr * h["eta"] * wn / np.where(den > 0, den, 1.0), 0.0)        # (U, 1)
+        s[0] = h["momentum"] * s[0] + rate * (g + wd * w)
+        w = w - s[0]
     elif kind in HUGECTR_KINDS:
         w, s = _hugectr_hot_ref(kind, h, w, g, s, step, UpdateType(update_type))
     else:
@@ -615,6 +624,7 @@ lazy_scalars = _device(M.lazy_scalars)
 elem_update = _device(M.elem_update)
 global_elem = _device(M.global_elem)
 lamb_ratio = _device(M.lamb_ratio)
+lars_rate = _device(M.lars_rate)
 max_norm_scale = _device(M.max_norm_scale)
 elem_state_count = _device(M.elem_state_count)
 
@@ -982,6 +992,19 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
                 cuda.syncthreads()                       # every lane has read srow[lin] before it changes
                 if active and tx == 0:
                     srow[lin] = rnew
+            elif kind == M._LARS:
+                gpart = float32(0.0)
+                wpart = float32(0.0)
+                for v in range(per_lane):
+                    d = tx + v * lanes
+                    if d < width:
+                        wv = load(w, e0 + d)
+                        gpart += g[v] * g[v]
+                        wpart += wv * wv
+                gsum = lane_sum(sh, ty, tx, gpart)
+                wsum = lane_sum(sh, ty, tx, wpart)
+                if active:
+                    c0 = lars_rate(wsum, gsum, lr, ks[M.KS_ETA], wd)
             elif kind == M._H_ADAM and update == M._LAZY:
                 if active:
                     c0, c1, c2 = lazy_scalars(sprev[lin], step, b1, b2, ks[M.KS_LAZY])

@@ -44,6 +44,7 @@ row_bias_corrections = njit(**_JIT)(M.row_bias_corrections)
 elem_update = njit(inline="always", **_JIT)(M.elem_update)
 global_elem = njit(**_JIT)(M.global_elem)
 lamb_ratio = njit(**_JIT)(M.lamb_ratio)
+lars_rate = njit(**_JIT)(M.lars_rate)
 elem_state_count = njit(**_JIT)(M.elem_state_count)
 max_norm_scale = njit(**_JIT)(M.max_norm_scale)
 
@@ -639,6 +640,13 @@ def row_update(w, sa, sb, srows, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, 
             sumsq += gd * gd
         rnew, c0, c1 = row_scalars(kind, wd_mode, sumsq, width, srow[lin], lr, eps, b2, wd, ks[M.KS_BC2])
         srow[lin] = rnew
+    elif kind == M._LARS:
+        gsum, wsum = float32(0.0), float32(0.0)
+        for d in range(width):
+            wv = load(w, e0 + d)
+            gsum += g[d] * g[d]
+            wsum += wv * wv
+        c0 = lars_rate(wsum, gsum, lr, ks[M.KS_ETA], wd)
     elif kind == M._H_ADAM and update == M._LAZY:
         c0, c1, c2 = lazy_scalars(sprev[lin], step, b1, b2, ks[M.KS_LAZY])
         sprev[lin] = step

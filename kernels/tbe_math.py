@@ -87,6 +87,7 @@ class Optim(enum.IntEnum):
     HUGECTR_NESTEROV = 10
     HUGECTR_ADAM = 11
     HUGECTR_ADAGRAD = 12
+    LARS_SGD = 13          # FBGEMM's (GPU-only there): momentum SGD with a per-row trust-ratio rate
 
 
 # plain ints for compiled code (IntEnum members would be typed as enum members)
@@ -96,6 +97,7 @@ _ADAM, _PR_ADAM, _LAMB, _PR_LAMB = (int(Optim.ADAM), int(Optim.PARTIAL_ROWWISE_A
 _H_SGD, _H_MOM, _H_NES, _H_ADAM, _H_ADAGRAD = (int(Optim.HUGECTR_SGD), int(Optim.HUGECTR_MOMENTUM_SGD),
                                                int(Optim.HUGECTR_NESTEROV), int(Optim.HUGECTR_ADAM),
                                                int(Optim.HUGECTR_ADAGRAD))
+_LARS = int(Optim.LARS_SGD)
 _GLOBAL, _LAZY = int(UpdateType.GLOBAL), int(UpdateType.LAZY_GLOBAL)
 _L2, _DECOUPLE = int(WeightDecay.L2), int(WeightDecay.DECOUPLE)
 _COUNTER, _COWCLIP = int(WeightDecay.COUNTER), int(WeightDecay.COWCLIP)
@@ -106,7 +108,8 @@ KS_BC1, KS_BC2, KS_ALPHA, KS_LAZY = 8, 9, 10, 11        # 1 - b1^t, 1 - b2^t, Hu
 # counter-based regularization (WeightDecay.COUNTER / COWCLIP): adjustment_ub, tail_id_threshold,
 # weight_norm_coefficient, lower_bound, the step's max_counter and whether this step refreshes it
 KS_CNT_UB, KS_CNT_TAIL, KS_CNT_WNC, KS_CNT_LB, KS_MAXC, KS_REFRESH = 12, 13, 14, 15, 16, 17
-N_KS = 18
+KS_ETA = 18                                              # LARS_SGD's eta
+N_KS = 19
 # packed integers: one int64 array KI
 KI_KIND, KI_UPDATE, KI_WD_MODE, KI_STEP, KI_SR, KI_POOLING, KI_LAYOUT, KI_BATCH = range(8)
 KI_GO = 8            # the step's gate: 0 makes the update kernels change nothing (a skipped mixed-precision step)
@@ -302,6 +305,9 @@ def elem_update(kind, update, g, w, a, b, c0, c1, c2, lr, eps, b1, b2, wd, mom, 
         w = w - lr * g / (float32(math.sqrt(a)) + eps)
     elif kind == _RW_ADAGRAD:
         w = c1 * w - c0 * g
+    elif kind == _LARS:                                     # c0: the row's rate (lars_rate)
+        a = mom * a + c0 * (g + wd * w)
+        w = w - a
     elif kind == _ADAM or kind == _LAMB:
         a = b1 * a + (one - b1) * g
         b = b2 * b + (one - b2) * g * g
@@ -367,6 +373,16 @@ def global_elem(kind, w, a, b, b1, b2, eps, mom, alpha):
         a = mom * a
         w = w + mom * a
     return w, a, b
+
+
+def lars_rate(w_sumsq, g_sumsq, lr, eta, wd):
+    """LARS_SGD's rate of a row: lr eta |w| / (|g| + wd |w|) from the row's sums of squares (FBGEMM's
+    formula; 0 where the denominator is 0, which FBGEMM leaves to be 0 / 0)."""
+    wn = float32(math.sqrt(w_sumsq))
+    den = float32(math.sqrt(g_sumsq)) + wd * wn
+    if den == float32(0.0):
+        return float32(0.0)
+    return lr * eta * wn / den
 
 
 def lamb_ratio(w_sumsq, r_sumsq):

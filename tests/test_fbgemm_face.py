@@ -310,7 +310,8 @@ def test_managed_caching_runs_cached_with_the_same_results():
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
-    (dict(optimizer=EmbOptimType.LARS_SGD), NotImplementedError, "LARS_SGD"),
+    (dict(optimizer=EmbOptimType.SHAMPOO), NotImplementedError, "SHAMPOO"),
+    (dict(optimizer=EmbOptimType.ENSEMBLE_ROWWISE_ADAGRAD), NotImplementedError, "ENSEMBLE_ROWWISE_ADAGRAD"),
     (dict(optimizer=EmbOptimType.SGD), ValueError, "deprecated"),
     (dict(optimizer="adagrad_w"), ValueError, "EmbOptimType"),
     (dict(weights_precision=SparseType.INT4), NotImplementedError, "INT4"),

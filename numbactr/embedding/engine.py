@@ -102,7 +102,8 @@ class TableSpec:
 class OptimizerSpec:
     """The fused optimizer and its hyper-parameters (FBGEMM's names; HugeCTR's where FBGEMM has none).
 
-    momentum: HugeCTR's momentum_factor (MomentumSGD, Nesterov). initial_accumulator: HugeCTR AdaGrad's
+    momentum: HugeCTR's momentum_factor (MomentumSGD, Nesterov); LARS_SGD's momentum. eta: LARS_SGD's
+    trust coefficient (its row rate is learning_rate eta |w| / (|g| + weight_decay |w|)). initial_accumulator: HugeCTR AdaGrad's
     initial_accu_value. scaler: HugeCTR's loss scaler (HugeCTR kinds divide the gradient by it).
     update_type: HugeCTR's Update_t (LOCAL, GLOBAL, LAZY_GLOBAL (Adam only)); FBGEMM's kinds are LOCAL.
     gradient_clipping: clamp dLoss/dout elementwise to [-max_gradient, max_gradient] before the backward
@@ -134,6 +135,7 @@ class OptimizerSpec:
     counter: CounterRegularization | None = None
     rowwise_bias_correction: bool = False
     prev_iter_state: bool = False
+    eta: float = 0.001
 
     def hp(self) -> dict:
         """The float hyper-parameters by name (kernels.tbe.HP_FIELDS)."""

@@ -25,6 +25,10 @@ FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_traini
     training forward at an iteration that is a multiple of emainplace_mode.step_ema (from step_start on)
     first moves every row's second half towards its first half: slow += step_ema_coef * (fast - slow),
     torch.lerp_'s formula (ema_inplace; dims must be even).
+  * LARS_SGD (FBGEMM's GPU kernels; its CPU build has none): per touched row, rate = lr eta |w| / (|g| + wd |w|),
+    momentum1 = momentum momentum1 + rate (g + wd w), w -= momentum1 (the engine's Optim.LARS_SGD; a row with
+    |g| + wd |w| = 0 gets rate 0 where FBGEMM computes 0 / 0). No iteration count and no get_optimizer_state
+    names, as in FBGEMM.
   * WeightDecayMode.DECOUPLE_GLOBAL (EXACT_ROWWISE_ADAGRAD, FBGEMM's GPU kernels; its CPU build has none):
     a per-row prev_iter state (get_optimizer_state: sum, prev_iter, iter); from global_weight_decay.start_iter
     on, a training forward decays each row it reads by the iterations the row missed (apply_global_weight_decay:
@@ -96,6 +100,7 @@ _ENGINE_OPTIM = {
     EmbOptimType.LAMB: Optim.LAMB, EmbOptimType.PARTIAL_ROWWISE_LAMB: Optim.PARTIAL_ROWWISE_LAMB,
     # rowwise AdaGrad whose training forwards also move each row's second half towards its first (ema_inplace)
     EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD: Optim.EXACT_ROWWISE_ADAGRAD,
+    EmbOptimType.LARS_SGD: Optim.LARS_SGD,
 }
 #: FBGEMM's rowwise AdaGrad kinds: rowwise momentum1 and the rowwise weight-decay modes
 _ROWWISE = frozenset({EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD})
@@ -105,7 +110,7 @@ _COUNTS_ITER = frozenset({EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.ADAM,
                           EmbOptimType.LAMB, EmbOptimType.PARTIAL_ROWWISE_LAMB,
                           EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD})
 #: optimizers that take weight_decay (the rest ignore it, as in FBGEMM)
-_DECAYS = frozenset(_COUNTS_ITER)
+_DECAYS = _COUNTS_ITER | {EmbOptimType.LARS_SGD}
 #: get_optimizer_state()'s names of split_optimizer_states()'s entries (PyTorch optimizers' names)
 _STATE_NAMES = {EmbOptimType.EXACT_ADAGRAD: ("sum",), EmbOptimType.EXACT_ROWWISE_ADAGRAD: ("sum",),
                 EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD: ("sum",),
@@ -145,10 +150,10 @@ class TBEConfig:
     max_norm: float = 0.0                               # EXACT_ROWWISE_ADAGRAD: cap updated rows' L2 norm
     learning_rate: float = 0.01
     eps: float = 1.0e-8
-    momentum: float = 0.9                               # LARS_SGD only (not supported): unused
+    momentum: float = 0.9                               # LARS_SGD's momentum
     weight_decay: float = 0.0
     weight_decay_mode: object = WeightDecayMode.NONE    # NONE | L2 | DECOUPLE | COUNTER | COWCLIP (rowwise Adagrad)
-    eta: float = 0.001                                  # LARS_SGD only: unused
+    eta: float = 0.001                                  # LARS_SGD's trust coefficient
     beta1: float = 0.9
     beta2: float = 0.999
     ensemble_mode: object = None                        # ENSEMBLE_ROWWISE_ADAGRAD only (not supported): unused
@@ -717,7 +722,8 @@ class TBECore:
             gradient_clipping=bool(cfg.gradient_clipping), max_gradient=float(cfg.max_gradient),
             counter=counter,
             rowwise_bias_correction=bool(getattr(cfg.extra_optimizer_config, "use_rowwise_bias_correction", False)),
-            prev_iter_state=gwd)
+            prev_iter_state=gwd,
+            momentum=float(cfg.momentum) if opt == EmbOptimType.LARS_SGD else 0.0, eta=float(cfg.eta))
 
     @property
     def counts_iterations(self) -> bool:
@@ -893,6 +899,8 @@ class TBECore:
         """get_optimizer_state()'s key of each state (PyTorch's names: sum, exp_avg, exp_avg_sq; then
         prev_iter, row_counter where the optimizer's mode keeps them)."""
         self._need_optimizer("Getting optimizer state")
+        if self.optimizer not in _STATE_NAMES:              # FBGEMM names no states for LARS_SGD either
+            raise NotImplementedError(f"Getting optimizer state {self.optimizer} is not implemented")
         names = _STATE_NAMES[self.optimizer]
         extra = [_EXTRA_STATE_NAMES[name] for name, _, _ in state_specs(self.engine.optimizer)[len(names):]]
         return names + tuple(extra)

@@ -1,12 +1,14 @@
-"""FBGEMM's global weight decay (WeightDecayMode.DECOUPLE_GLOBAL with EXACT_ROWWISE_ADAGRAD) on numbactr's face.
+"""FBGEMM's rules that only its GPU build runs, on numbactr's face: global weight decay
+(WeightDecayMode.DECOUPLE_GLOBAL with EXACT_ROWWISE_ADAGRAD) and LARS_SGD.
 
-FBGEMM runs it on GPUs only (its CPU build has no kernels for it), so the oracle here is FBGEMM's rule as its
+FBGEMM's CPU build has no kernels for them, so the oracle for global weight decay is FBGEMM's rule as its
 CUDA templates write it (embedding_forward_split_kernel_template.cu, the backward's compute_global_weight_decay
 and the rowwise_adagrad optimizer with weight_decay_mode 5), in float64 and in FBGEMM's formulation: the
 stored rows stay undecayed in the forward, which scales each row it reads by
 f = max(lower_bound, (1 - lr wd) ** max(it - prev_iter - 1, 0)) (1 when prev_iter = 0), and the backward
 scales the row by the same f, sets prev_iter = it and applies decoupled rowwise AdaGrad. numbactr writes the
 decay into the rows before the lookup instead; the two must give the same outputs, rows and states.
+LARS_SGD's oracle is its optimizer template (codegen/genscript/optimizers.py, lars_sgd) in float64.
 """
 import numpy as np
 import pytest
@@ -164,3 +166,46 @@ def test_torch_module_global_weight_decay_buffers_and_round_trip():
     again = SplitTableBatchedEmbeddingBagsCodegen([(6, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)], **kw)
     again.load_state_dict(mod.state_dict())
     np.testing.assert_array_equal(again.split_optimizer_states()[0][1].numpy(), arr.split_optimizer_states()[0][1])
+
+
+@pytest.mark.parametrize("pooling,wd", [("SUM", 0.01), ("MEAN", 0.0)])
+def test_lars_sgd_follows_fbgemms_template(pooling, wd):
+    """Per touched row: rate = lr eta |w| / (|g| + wd |w|), m = momentum m + rate (g + wd w), w -= m; the
+    row's g is its summed gradient; FBGEMM's forward counts no iteration for LARS_SGD."""
+    lr, eta, mom = 0.5, 0.01, 0.9
+    specs, ftm = [(7, 8), (5, 4)], [0, 1, 0]
+    face = ArrayTBE([(r, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, d in specs], ftm,
+                    optimizer=OptimType.LARS_SGD, learning_rate=lr, eta=eta, momentum=mom, weight_decay=wd,
+                    pooling_mode=getattr(PoolingMode, pooling))
+    face.init_embedding_weights_uniform(-1, 1)
+    w = [np.array(x, np.float64) for x in face.split_embedding_weights()]
+    m = [np.zeros_like(x) for x in w]
+    rng = np.random.default_rng(3)
+    batch = 4
+    for _ in range(4):
+        lens = rng.integers(0, 3, len(ftm) * batch)
+        offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        feat = np.repeat(np.arange(len(ftm) * batch) // batch, lens)
+        indices = np.array([rng.integers(0, specs[ftm[f]][0]) for f in feat], np.int64)
+        out = face(indices, offsets)
+        dy = rng.standard_normal(out.shape).astype(np.float32)
+        face.backward(dy)
+        grads = [dict() for _ in specs]
+        cols = np.concatenate([[0], np.cumsum([specs[t][1] for t in ftm])])
+        for k, (f, r) in enumerate(zip(feat, indices)):
+            bag = np.searchsorted(offsets, k, side="right") - 1
+            scale = 1.0 / lens[bag] if pooling == "MEAN" else 1.0
+            t = ftm[f]
+            grads[t][r] = grads[t].get(r, 0.0) + scale * dy[bag % batch, cols[f]:cols[f + 1]].astype(np.float64)
+        for t, rows in enumerate(grads):
+            for r, g in rows.items():
+                wn, gn = np.linalg.norm(w[t][r]), np.linalg.norm(g)
+                rate = lr * eta * wn / (gn + wd * wn)
+                m[t][r] = mom * m[t][r] + rate * (g + wd * w[t][r])
+                w[t][r] = w[t][r] - m[t][r]
+    for t in range(len(specs)):
+        np.testing.assert_allclose(face.split_embedding_weights()[t], w[t], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(face.split_optimizer_states()[t][0], m[t], rtol=1e-4, atol=1e-7)
+    assert int(face.iter[0]) == 0                                   # no iteration counted, as FBGEMM
+    with pytest.raises(NotImplementedError, match="(?i)lars_sgd"):
+        face.get_optimizer_state()
