@@ -340,6 +340,41 @@ def test_dense_tbe_sequence_embeddings_as_fbgemm_gpu():
     torch.testing.assert_close(tbe.weights.grad, torch.cat([v.grad.reshape(-1) for v in views]))
 
 
+@pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
+def test_dense_tbe_variable_batch_sizes_as_fbgemm_gpu(pooling):
+    # FBGEMM's CPU build ignores batch_size_per_feature_per_rank; numbactr gives its GPU kernels' 1-D output
+    # (for each rank, each feature's bags), here against torch's embedding_bag per bag on the same weights
+    torch.manual_seed(0)
+    specs, ftm, vbe = [(9, 8), (6, 4)], [0, 1, 0], [[2, 1], [1, 3], [0, 2]]      # B_{f,r}: 3 features, 2 ranks
+    tbe = NB.DenseTableBatchedEmbeddingBagsCodegen(specs, feature_table_map=ftm, use_cpu=True,
+                                                   pooling_mode=getattr(NB.PoolingMode, pooling))
+    rng = np.random.default_rng(2)
+    n_bags = sum(map(sum, vbe))
+    lens = rng.integers(0, 4, n_bags)
+    off = np.concatenate([[0], np.cumsum(lens)])
+    feat = np.repeat(np.repeat(np.arange(3), [sum(b) for b in vbe]), lens)
+    idx = np.array([rng.integers(0, specs[ftm[f]][0]) for f in feat], np.int64)
+    out = tbe(torch.from_numpy(idx), torch.from_numpy(off), batch_size_per_feature_per_rank=vbe)
+    views = [w.clone().requires_grad_() for w in tbe.split_embedding_weights()]
+    first = np.concatenate([[0], np.cumsum([sum(b) for b in vbe])])
+    pieces = []
+    for r in range(2):
+        for f in range(3):
+            for k in range(sum(vbe[f][:r]), sum(vbe[f][:r + 1])):
+                j = first[f] + k                                           # the input bag
+                rows = torch.from_numpy(idx[off[j]:off[j + 1]])
+                emb = torch.nn.functional.embedding(rows, views[ftm[f]])
+                pooled = emb.sum(0) if pooling == "SUM" or len(rows) == 0 else emb.mean(0)
+                pieces.append(pooled)
+    ref = torch.cat(pieces)
+    assert out.dim() == 1 and out.shape == ref.shape
+    torch.testing.assert_close(out, ref)
+    dy = torch.randn(out.shape)
+    out.backward(dy)
+    ref.backward(dy)
+    torch.testing.assert_close(tbe.weights.grad, torch.cat([v.grad.reshape(-1) for v in views]))
+
+
 # ---- counter-based regularization and CowClip (WeightDecayMode.COUNTER / COWCLIP) ------------------------------
 def counter_config(mode, cwd, halflife=-1, lr_mode="EQUAL", adjustment_iter=-1, tail=0.0, ratio=False):
     """FBGEMM's own config objects (numbactr's face reads them as they are)."""

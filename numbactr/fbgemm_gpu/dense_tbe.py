@@ -25,7 +25,7 @@ from .. import device, log
 from ..embedding.engine import BoundsCheck, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding
 from ..torch_bridge import as_array as _as_array
 from ..torch_bridge import as_tensor as _as_tensor
-from .array_tbe import _enum
+from .array_tbe import _enum, _vbe_layout
 from .split_embedding_configs import SparseType
 from .split_table_batched_embeddings_ops_common import PoolingMode
 
@@ -40,17 +40,29 @@ class _DenseLookup(torch.autograd.Function):
     gradients scattered table by table) and the per-sample weights' gradient."""
 
     @staticmethod
-    def forward(ctx, module, indices, offsets, weights, per_sample_weights, feature_requires_grad):
-        out, lookup = module.engine.forward(_as_array(indices), _as_array(offsets), _as_array(per_sample_weights),
+    def forward(ctx, module, indices, offsets, weights, per_sample_weights, feature_requires_grad, vbe):
+        xp = device.xp()
+        offsets = _as_array(offsets)
+        if vbe is not None:                    # every feature padded to vbe.batch bags (empty ones)
+            offsets = offsets[xp.asarray(vbe.offset_src)]
+        out, lookup = module.engine.forward(_as_array(indices), offsets, _as_array(per_sample_weights),
                                             feature_requires_grad=_as_array(feature_requires_grad))
-        ctx.module, ctx.lookup = module, lookup
+        if vbe is not None:                    # FBGEMM's 1-D variable-batch output, rank-major
+            out = out.reshape(-1)[xp.asarray(vbe.out_index)]
+        ctx.module, ctx.lookup, ctx.vbe = module, lookup, vbe
         ctx.psw_dtype = None if per_sample_weights is None else per_sample_weights.dtype
         return _as_tensor(out)
 
     @staticmethod
     def backward(ctx, grad_output):
-        module = ctx.module
-        grads = module.engine.backward(ctx.lookup, _as_array(grad_output.contiguous()))
+        module, vbe = ctx.module, ctx.vbe
+        dy = _as_array(grad_output.contiguous())
+        if vbe is not None:
+            xp = device.xp()
+            full = xp.zeros(vbe.batch * module.total_D, dy.dtype)
+            full[xp.asarray(vbe.out_index)] = dy
+            dy = full.reshape(vbe.batch, module.total_D)
+        grads = module.engine.backward(ctx.lookup, dy)
         d_weights = d_psw = None
         if ctx.needs_input_grad[3]:
             d_weights = torch.zeros_like(module.weights)
@@ -64,7 +76,7 @@ class _DenseLookup(torch.autograd.Function):
                             torch.as_tensor(values[:, :dim], device=view.device).to(view.dtype)
         if ctx.needs_input_grad[4] and grads.per_sample_weights is not None:
             d_psw = _as_tensor(grads.per_sample_weights).to(ctx.psw_dtype)
-        return None, None, None, d_weights, d_psw, None
+        return None, None, None, d_weights, d_psw, None, None
 
 
 class DenseTableBatchedEmbeddingBagsCodegen(nn.Module):
@@ -138,14 +150,23 @@ class DenseTableBatchedEmbeddingBagsCodegen(nn.Module):
 
     def forward(self, indices, offsets, per_sample_weights=None, feature_requires_grad=None,
                 batch_size_per_feature_per_rank=None):
-        """(B, total_D) pooled embeddings ((N, D) for PoolingMode.NONE); `weights` gets a dense gradient."""
+        """(B, total_D) pooled embeddings ((N, D) for PoolingMode.NONE); `weights` gets a dense gradient.
+
+        batch_size_per_feature_per_rank (variable batch sizes, F lists of per-rank counts): the offsets hold
+        the bags feature-major, then rank, then sample, and the output is FBGEMM's 1-D VBE layout (for each
+        rank, each feature's B_{f,r} pooled rows), as the split TBE and FBGEMM's GPU kernels give it (FBGEMM's
+        CPU build ignores the argument)."""
+        vbe = None
         if batch_size_per_feature_per_rank is not None:
-            raise NotImplementedError(f"{WHO}: variable batch sizes (batch_size_per_feature_per_rank) are not "
-                                      "implemented for the dense TBE in numbactr (the split TBE has them)")
+            if self.pooling_mode == PoolingMode.NONE:
+                raise ValueError(f"{WHO}: batch_size_per_feature_per_rank (variable batch) needs pooling; "
+                                 "PoolingMode.NONE has one output row per index already")
+            vbe = _vbe_layout(batch_size_per_feature_per_rank, self.feature_dims.numpy(), int(offsets.shape[0]) - 1)
         self._rebind()
         if per_sample_weights is not None:
             per_sample_weights = per_sample_weights.float()
-        out = _DenseLookup.apply(self, indices, offsets, self.weights, per_sample_weights, feature_requires_grad)
+        out = _DenseLookup.apply(self, indices, offsets, self.weights, per_sample_weights, feature_requires_grad,
+                                 vbe)
         return out if self._cast_to is None else out.to(self._cast_to)
 
     def _rebind(self) -> None:
