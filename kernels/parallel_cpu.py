@@ -34,6 +34,7 @@ from numba import float32, njit
 from numba import types as nt
 from numba.core import cgutils, errors
 from numba.extending import intrinsic, overload
+from numba.np.ufunc import parallel as _numba_parallel
 
 FLAT_CHUNK = 1 << 14      # elements per chunk of a flat elementwise op
 ROW_CHUNK = 256           # rows per chunk of a row-wise op
@@ -133,6 +134,17 @@ def _borrowing_twin(fn, opts: dict):
     return njit(**opts)(caller)
 
 
+def _num_threads() -> int:
+    """numba.get_num_threads() without its per-call lock once numba's threading layer is up: the same value
+    (the calling thread's setting) for a tenth of the cost, which a one-sample inference request pays in
+    every compiled op it calls."""
+    if _numba_parallel._is_initialized:
+        n = _numba_parallel._get_num_threads()
+        if n > 0:
+            return n
+    return numba.get_num_threads()
+
+
 class ParallelTwin:
     """A function compiled twice, ``parallel`` (njit(parallel=True)) and ``serial`` (njit, prange as range,
     its arguments borrowed: see the module's docstring), each compiled on first use; calling it from Python
@@ -147,7 +159,7 @@ class ParallelTwin:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args):
-        return (self.serial if numba.get_num_threads() == 1 else self.parallel)(*args)
+        return (self.serial if _num_threads() == 1 else self.parallel)(*args)
 
     @property
     def signatures(self) -> list:
