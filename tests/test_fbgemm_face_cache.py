@@ -184,3 +184,21 @@ def test_reset_cache_states_empties_the_cache_and_loses_no_update():
         assert cached.engine.cache.held()[0].size == 0          # no slot holds a row
     for x, y in zip(cached.split_embedding_weights(), plain.split_embedding_weights()):
         np.testing.assert_array_equal(x, y)
+
+
+def test_counter_regularization_reading_max_counter_through_the_cache():
+    """COUNTER with a tail-id learning-rate mode and a ratio threshold reads max_counter, renewed every 2
+    iterations over every row: cached training equals DEVICE training bit for bit."""
+    from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        CounterBasedRegularizationDefinition, CounterWeightDecayMode, LearningRateMode, TailIdThreshold,
+        WeightDecayMode)
+    counter = CounterBasedRegularizationDefinition(
+        counter_weight_decay_mode=CounterWeightDecayMode.DECOUPLE, counter_halflife=2, adjustment_iter=1,
+        adjustment_ub=0.5, learning_rate_mode=LearningRateMode.TAIL_ID_LR_DECREASE,
+        tail_id_threshold=TailIdThreshold(val=0.3, is_ratio=True), max_counter_update_freq=2)
+    cached, plain = faces([CACHED, CACHED], optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.05,
+                          weight_decay=0.01, weight_decay_mode=WeightDecayMode.COUNTER,
+                          counter_based_regularization=counter, cache_load_factor=0.1)
+    train_both(cached, plain, batches(np.random.default_rng(5), n=10, batch=4), prefetch=True)
+    assert cached.engine.stats.evictions > 0
+    assert float(cached.max_counter[0]) == float(plain.max_counter[0]) > 1

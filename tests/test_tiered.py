@@ -95,11 +95,23 @@ def test_every_optimizer_through_the_cache_equals_the_whole_table(kind, update, 
     assert_identical(ref, tier, a, b)
 
 
-def test_counter_settings_that_read_max_counter_are_refused_and_rowwise_bias_correction_is_cached():
-    # max_counter is 1 + the largest row counter of every row; the slots hold some rows only
-    case = Case(TABLES, FMAP, kind=Optim.EXACT_ROWWISE_ADAGRAD, wd_mode=WeightDecay.COUNTER)
-    with pytest.raises(NotImplementedError, match="max_counter"):
-        pair(case, "cpu", CacheConfig("lru", load_factor=0.05, min_slots=9))
+@pytest.mark.parametrize("impl", ["cpu", "ref"])
+def test_counter_settings_that_read_max_counter_renew_it_over_every_row(impl):
+    # max_counter is 1 + the largest row counter of every row, cached or not: the tier flushes the cache at a
+    # renewing step and reads the backing tier's counters (COUNTER_DEFAULTS: a ratio tail-id threshold that
+    # reads it, renewed every step)
+    rng = np.random.default_rng(21)
+    case = Case(TABLES, FMAP, kind=Optim.EXACT_ROWWISE_ADAGRAD, wd_mode=WeightDecay.COUNTER, pooling=Pooling.SUM,
+                steps=window_steps(rng, TABLES, FMAP, n_steps=6))
+    assert case.counter is None and case.engine(impl).optimizer.counter.uses_max_counter()
+    ref, tier = pair(case, impl, CacheConfig("lru", load_factor=0.05, min_slots=9))
+    a, b = train(ref, case.steps), train(tier, case.steps)
+    assert tier.stats.evictions > 0
+    assert float(ref.max_counter[0]) > 1 and float(tier.engine.max_counter[0]) == float(ref.max_counter[0])
+    assert_identical(ref, tier, a, b)
+
+
+def test_rowwise_bias_correction_is_cached():
     rng = np.random.default_rng(12)
     case = Case(TABLES, FMAP, kind=Optim.ADAM, rowwise_bias_correction=True, steps=window_steps(rng, TABLES, FMAP))
     ref, tier = pair(case, "cpu", CacheConfig("lfu", load_factor=0.05, min_slots=9))

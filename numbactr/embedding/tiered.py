@@ -145,8 +145,8 @@ class _SlotEngine(TableBatchedEmbedding):
         return self._tier._place_lookup(rows, offsets, batch, training)
 
     def _max_counter_refresh(self, t: int) -> bool:
-        # the slots hold some rows' counters only: max_counter stays 1 (TieredEmbedding refuses the
-        # counter settings that would read it)
+        # the slots hold some rows' counters only: TieredEmbedding.backward renews max_counter over every row
+        # (the cache's and the backing tier's) before the engine's update, which then keeps that value
         return False
 
 
@@ -254,11 +254,6 @@ class TieredEmbedding:
 
     def _sizes(self, engine_kwargs, feature_table_map) -> list:
         opt = _check_optimizer(engine_kwargs.get("optimizer") or OptimizerSpec())
-        if opt.counter is not None and opt.counter.max_counter_update_freq > 0 and opt.counter.uses_max_counter():
-            raise NotImplementedError("a tiered table cannot renew max_counter (1 + the largest row counter of "
-                                      "every row: the backing tier's and the cache's); use learning_rate_mode "
-                                      "EQUAL or COUNTER_SGD with an absolute tail_id_threshold, or "
-                                      "max_counter_update_freq <= 0")
         specs = state_specs(opt)
         return cache_rows(self.tables, self.config, engine_kwargs.get("weights_precision", Precision.FP32), specs)
 
@@ -379,6 +374,8 @@ class TieredEmbedding:
         self._wait()
         e = self.engine
         glob = K.has_global_pass(e.optimizer.kind, e.optimizer.update_type)
+        if TableBatchedEmbedding._max_counter_refresh(e, e.step + 1):
+            self._renew_max_counter()
         grads = e.backward(ctx, grad_output)           # a bad grad_output raises here: the slots stay held
         del ctx.extra["tier_release"]
         release.detach()
@@ -619,6 +616,19 @@ class TieredEmbedding:
             raise exc
 
     # ---- the whole table ---------------------------------------------------------------------------------
+    def _renew_max_counter(self) -> None:
+        """COUNTER / COWCLIP's max_counter at a renewing step, before its update: 1 + the largest row counter
+        of every row of every table (1 without rows), as the untiered engine computes it over its buffer. The
+        cache is flushed first, so the backing tier holds every row's current counter."""
+        self.flush()
+        at = 1 + [name for name, _, _ in self._specs].index("row_counter")
+        top = 0.0
+        for t in range(len(self.tables)):
+            cnt = np.asarray(self.store.views(t)[at])
+            if cnt.size:
+                top = max(top, float(cnt.max()))
+        self.engine.max_counter[...] = top + 1.0 if any(t.rows for t in self.tables) else 1.0
+
     def flush(self) -> None:
         """Write every updated cached row (weights and states) back to the backing tier."""
         self._wait()

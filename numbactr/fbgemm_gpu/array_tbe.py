@@ -19,8 +19,9 @@ FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_traini
     max_counter (a (1,) buffer) becomes 1 + the largest row counter every max_counter_update_freq
     iterations in COUNTER mode, over every table, as FBGEMM's GPU build computes it over its device tables
     (FBGEMM's CPU build keeps it at 1: its states are not device tables). max_norm is not applied, as in
-    FBGEMM. A MANAGED_CACHING TBE cannot renew max_counter (its slots hold some rows only): the settings
-    that read it (TAIL_ID learning-rate modes, a ratio tail_id_threshold) are a NotImplementedError there.
+    FBGEMM. A MANAGED_CACHING TBE renews it over every row too: the cache is flushed at a renewing
+    iteration and the host rows' counters read (numbactr.embedding.tiered; FBGEMM's GPU build reads its
+    device tables only).
   * EMAINPLACE_ROWWISE_ADAGRAD: rowwise AdaGrad (weight decay and max_norm as EXACT_ROWWISE_ADAGRAD's), and each
     training forward at an iteration that is a multiple of emainplace_mode.step_ema (from step_start on)
     first moves every row's second half towards its first half: slow += step_ema_coef * (fast - slow),
