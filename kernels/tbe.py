@@ -161,8 +161,9 @@ def kernel_scalars(hp: dict, step: int, counter: CounterRegularization | None = 
     ks[M.KS_MAXC], ks[M.KS_REFRESH] = max_counter, float(refresh)
     for name, at in (("learning_rate", M.KS_LR), ("eps", M.KS_EPS), ("beta1", M.KS_B1), ("beta2", M.KS_B2),
                      ("weight_decay", M.KS_WD), ("momentum", M.KS_MOM), ("max_norm", M.KS_MAXN),
-                     ("scaler", M.KS_SCALER), ("eta", M.KS_ETA)):
+                     ("scaler", M.KS_SCALER)):
         ks[at] = hp[name]
+    ks[M.KS_ETA] = hp.get("eta", 0.001)                 # LARS_SGD's only (OptimizerSpec's default)
     b1, b2 = _f32(hp["beta1"]), _f32(hp["beta2"])
     ks[M.KS_BC1], ks[M.KS_BC2] = 1.0 - b1 ** step, 1.0 - b2 ** step
     if b1 != 1.0:

@@ -384,3 +384,36 @@ def test_several_lookups_of_a_sharded_table_train_as_on_one_rank(tmp_path):
             np.testing.assert_array_equal(results[2][name], want, err_msg=name)
         else:
             np.testing.assert_allclose(results[2][name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_sok_variable_classes_comm_tool_and_read_and_evict():
+    """SOK's sok.Variable returns a DistributedVariable or a LocalizedVariable by mode (both sok.Variables, with
+    SOK's global_shape / target_gpu / num_gpus / global_gpu_id / key_map); the classes take SOK's own
+    arguments; set_comm_tool takes SOK's tool; sparse_read_and_evict is a clear NotImplementedError."""
+    import numbactr.sok as sok
+    sok.init()
+    v = sok.Variable(np.arange(15, dtype=np.float32).reshape(5, 3))
+    assert type(v) is sok.DistributedVariable and isinstance(v, sok.Variable)
+    assert v.target_gpu == -1 and v.global_shape == (5, 3) and v.num_gpus == 1 and v.global_gpu_id == 0
+    np.testing.assert_array_equal(v.key_map(np.array([0, 4])), [0, 4])
+    loc = sok.Variable(np.ones((4, 2), np.float32), mode="localized:0")
+    assert type(loc) is sok.LocalizedVariable and loc.target_gpu == 0
+    direct = sok.LocalizedVariable(np.ones((4, 2), np.float32), target_gpu=0, validate_shape=True)
+    assert direct.mode == "localized:0"
+    dist = sok.DistributedVariable(shape=(6, 2), initializer="random", name="d", global_gpu_id=0, num_gpus=1)
+    assert dist.shape == (6, 2)
+    with pytest.raises(ValueError, match="num_gpus"):
+        sok.DistributedVariable(shape=(6, 2), num_gpus=4)
+    with pytest.raises(ValueError, match="target_gpu"):
+        sok.LocalizedVariable(np.ones((4, 2), np.float32))
+    sok.set_comm_tool("horovod")
+    with pytest.raises(ValueError, match="tool"):
+        sok.set_comm_tool("nccl")
+    with pytest.raises(NotImplementedError, match="evict"):
+        sok.sparse_read_and_evict(v, torch.tensor([1]))
+    # the subclasses train like any sok.Variable
+    opt = sok.OptimizerWrapper(torch.optim.SGD(list(loc.parameters()), lr=0.5))
+    out = sok.lookup_sparse(loc, torch.tensor([[1, 2]]).to_sparse(), combiners="sum")
+    out.sum().backward()
+    opt.step()
+    assert not np.allclose(loc.table.weights()[1], 1.0)

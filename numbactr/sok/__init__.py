@@ -15,10 +15,12 @@ itself does not import it):
     opt.step(); opt.zero_grad()                            # dense by torch, tables by the engine
 
 SOK's names (both of its APIs):
-  init(comm_tool='horovod', use_legacy_optimizer=True, *, seed=0, gradient_division=True); Init(**kwargs)
+  init(comm_tool='horovod', use_legacy_optimizer=True, *, seed=0, gradient_division=True); Init(**kwargs);
+  set_comm_tool
   All2AllDenseEmbedding(max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, nnz_per_slot, ...)
   DistributedEmbedding(combiner, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, max_nnz, ...)
-  Variable(initial_value | shape + initializer, mode=None | 'localized:t'), DynamicVariable(dimension, ...),
+  Variable(initial_value | shape + initializer, mode=None | 'localized:t') -> DistributedVariable |
+  LocalizedVariable (global_shape, target_gpu, num_gpus, global_gpu_id, key_map), DynamicVariable(dimension, ...),
   lookup_sparse(params, sp_ids, sp_weights=None, combiners=None), all2all_dense_embedding(param, indices),
   export, assign, dump, load, incremental_model_dump
   OptimizerWrapper(optimizer), SGD(params, lr), Adam(params, learning_rate, beta_1, beta_2, epsilon)
@@ -36,9 +38,9 @@ table.py (ownership over ranks, initial rows, gradients), optimizer.py (which en
 which torch optimizer), dense.py (data parallelism). Differences from SOK: each table's lookup runs on its
 own (SOK fuses several tables into one); a DynamicVariable has a fixed capacity per rank (max_capacity);
 SOK's 'hybrid' backend's N(0, 1) 'random' initializer, mixed precision and the low-frequency filter are
-not implemented; sok.sparse_read_and_evict is not either (it returns the keys HierarchicalKV evicts to make
-room; numbactr's keyed tables have a fixed capacity and never evict: a full table is a
-VocabularyFullError); TensorFlow is not supported (numbactr's README says why). sok.dump(path, vars,
+not implemented; sok.sparse_read_and_evict is not either, a clear NotImplementedError (it returns the
+keys HierarchicalKV evicts to make room; numbactr's keyed tables have a fixed capacity and never evict: a
+full table is a VocabularyFullError); TensorFlow is not supported (numbactr's README says why). sok.dump(path, vars,
 optimizer) / sok.load(...) read and write SOK's own weight files (numbactr/sok/dump_load.py).
 
 Reading a folder that real SOK dumped: SOK's file names come from TensorFlow's variable names, which end
@@ -63,12 +65,13 @@ from .. import threads
 from ..distributed.comm import world
 from .dense import average_gradients, broadcast_parameters
 from .dump_load import dump, incremental_model_dump, load
-from .layers import (All2AllDenseEmbedding, DistributedEmbedding, DynamicVariable, Variable, all2all_dense_embedding,
-                     assign, export, lookup_sparse)
+from .layers import (All2AllDenseEmbedding, DistributedEmbedding, DistributedVariable, DynamicVariable,
+                     LocalizedVariable, Variable, all2all_dense_embedding, assign, export, lookup_sparse)
 from .optimizer import SGD, Adam, OptimizerWrapper, filter_variables, split_embedding_variable_from_others
 from .table import SETTINGS
 
 __all__ = ["init", "Init", "All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable",
+           "DistributedVariable", "LocalizedVariable", "set_comm_tool", "sparse_read_and_evict",
            "lookup_sparse", "all2all_dense_embedding", "export", "assign", "OptimizerWrapper", "SGD", "Adam",
            "optimizers",
            "filter_variables", "split_embedding_variable_from_others", "average_gradients",
@@ -105,6 +108,19 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True, *, seed:
     if set_torch_threads:
         torch.set_num_threads(threads.current().compute)
     return comm
+
+
+def set_comm_tool(tool: str) -> None:
+    """SOK's set_comm_tool: 'horovod' (SOK's only tool) or 'mpi'; both are the job's MPI ranks here."""
+    if tool not in ("horovod", "mpi"):
+        raise ValueError(f"sok.set_comm_tool: tool must be 'horovod' or 'mpi', got {tool!r}")
+
+
+def sparse_read_and_evict(var, indices, name=None):
+    """SOK's hybrid-backend read that evicts the rows it returns: not implemented (numbactr's keyed tables
+    have a fixed capacity per rank and never evict; see this package's docstring)."""
+    raise NotImplementedError("sok.sparse_read_and_evict is SOK's HierarchicalKV 'hybrid' backend read-and-evict; "
+                              "numbactr's DynamicVariable never evicts rows (a full table is a VocabularyFullError)")
 
 
 def Init(**kwargs):                # noqa: N802 (SOK's first API)

@@ -74,7 +74,8 @@ class _SokModule(nn.Module):
     def _attach(self, table: SokTable, name) -> None:
         """The module's table and placeholder; ``name`` (SOK's; sok.dump's file names) defaults to the class
         name and the table's creation index (the same in every process that builds the model alike)."""
-        self.name = str(name) if name else f"{type(self).__name__}_{table.seed - SETTINGS.seed}"
+        kind = getattr(type(self), "default_name", type(self).__name__)
+        self.name = str(name) if name else f"{kind}_{table.seed - SETTINGS.seed}"
         self.table = table
         self.placeholder = nn.Parameter(torch.zeros(0, device=_torch_device()), requires_grad=table.trainable)
         self.placeholder._sok_table = table
@@ -243,6 +244,15 @@ class Variable(_SokModule):
     Lookups: lookup_sparse. ``shape`` is this rank's (V_local, D), ``global_shape`` (V, D).
     """
 
+    default_name = "Variable"       # unnamed tables: Variable_<i>, whichever class sok.Variable returned
+
+    def __new__(cls, *args, **kwargs):
+        # SOK's sok.Variable is a function returning a DistributedVariable or a LocalizedVariable by mode
+        if cls is Variable:
+            mode = kwargs.get("mode")
+            cls = LocalizedVariable if isinstance(mode, str) and mode.startswith("localized") else DistributedVariable
+        return super().__new__(cls)
+
     def __init__(self, initial_value=None, trainable=True, name=None, dtype=None, shape=None, initializer=None,
                  mode=None, **kwargs):
         super().__init__()
@@ -289,6 +299,61 @@ class Variable(_SokModule):
     @property
     def num_gpus(self) -> int:
         return self.table.comm.size
+
+    @property
+    def global_gpu_id(self) -> int:
+        return self.table.comm.rank
+
+    def key_map(self, indices):
+        """Global rows -> this rank's rows, as SOK's variables map them: k // R when distributed, k when
+        localized."""
+        return indices // self.num_gpus if self.target_gpu == -1 else indices
+
+
+# SOK's (unused here) tf.Variable arguments, accepted by its variable classes' constructors
+_TF_VARIABLE_ARGS = ("collections", "validate_shape", "caching_device", "variable_def", "import_scope", "constraint",
+                     "distribute_strategy", "synchronization", "aggregation")
+
+
+class DistributedVariable(Variable):
+    """SOK's DistributedVariable: what sok.Variable(mode=None or 'distributed') returns (row k on rank k % R).
+    SOK's global_gpu_id and num_gpus arguments must name this rank and the job's ranks if given."""
+
+    def __init__(self, initial_value=None, trainable=True, *args, name=None, dtype=None, shape=None,
+                 initializer=None, global_gpu_id=None, num_gpus=None, mode=None, **kwargs):
+        for k in _TF_VARIABLE_ARGS:
+            kwargs.pop(k, None)
+        super().__init__(initial_value, trainable if trainable is not None else True, name, dtype, shape,
+                         initializer, mode=mode if mode is not None else "distributed", **kwargs)
+        if self.target_gpu != -1:
+            raise ValueError(f"sok.DistributedVariable {name!r}: mode {mode!r} is not distributed")
+        _check_placement(self, global_gpu_id, num_gpus)
+
+
+class LocalizedVariable(Variable):
+    """SOK's LocalizedVariable: what sok.Variable(mode='localized:t') returns (every row on rank t);
+    LocalizedVariable(..., target_gpu=t) directly."""
+
+    def __init__(self, initial_value=None, trainable=True, *args, name=None, dtype=None, shape=None,
+                 initializer=None, global_gpu_id=None, target_gpu=None, mode=None, **kwargs):
+        for k in _TF_VARIABLE_ARGS:
+            kwargs.pop(k, None)
+        if mode is None:
+            if target_gpu is None:
+                raise ValueError(f"sok.LocalizedVariable {name!r}: give target_gpu (the rank that holds the table)")
+            mode = f"localized:{int(target_gpu)}"
+        super().__init__(initial_value, trainable if trainable is not None else True, name, dtype, shape,
+                         initializer, mode=mode, **kwargs)
+        if target_gpu is not None and int(target_gpu) != self.target_gpu:
+            raise ValueError(f"sok.LocalizedVariable {name!r}: target_gpu={target_gpu} disagrees with mode {mode!r}")
+        _check_placement(self, global_gpu_id, None)
+
+
+def _check_placement(var, global_gpu_id, num_gpus) -> None:
+    if global_gpu_id is not None and int(global_gpu_id) != var.global_gpu_id:
+        raise ValueError(f"sok variable: global_gpu_id={global_gpu_id} but this process is rank {var.global_gpu_id}")
+    if num_gpus is not None and int(num_gpus) != var.num_gpus:
+        raise ValueError(f"sok variable: num_gpus={num_gpus} but the job has {var.num_gpus} rank(s)")
 
 
 class DynamicVariable(_SokModule):
