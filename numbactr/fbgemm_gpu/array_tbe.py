@@ -791,8 +791,11 @@ class TBECore:
         else:
             per_feature = np.full(n_feat, n_bags // n_feat, np.int64)
         first_bag = np.concatenate([[0], np.cumsum(per_feature)])
-        if idx.shape[0] == 0 or n_bags <= 0:
+        if idx.shape[0] == 0 or n_bags <= 0 or int(first_bag[-1]) != n_bags:
             return
+        off_h = np.asarray(device.to_host(off))
+        if off_h[0] != 0 or off_h[-1] != idx.shape[0] or (np.diff(off_h) < 0).any():
+            return                       # malformed offsets: the lookup's bounds check says what is wrong
         lr = np.float32(self.engine.learning_rate)
         wd = np.float32(self.engine.optimizer.weight_decay)
         base = np.float32(np.float32(1.0) - lr * wd)
@@ -800,7 +803,7 @@ class TBECore:
         weights = self.split_embedding_weights()
         states = self.engine.split_optimizer_states()
         for f, t in enumerate(self.feature_table_map):
-            a, b = int(off[first_bag[f]]), int(off[min(first_bag[f + 1], n_bags)])
+            a, b = int(off_h[first_bag[f]]), int(off_h[first_bag[f + 1]])
             if b <= a:
                 continue
             rows = idx[a:b]
