@@ -949,8 +949,9 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
             c2 = float32(0.0)
             bc1 = ks[M.KS_BC1]
             bc2 = ks[M.KS_BC2]
-            if kind == M._RW_ADAGRAD and (wd_mode == M._COUNTER or wd_mode == M._COWCLIP):
-                cwd = ki[M.KI_CNT_WD]
+            counted = kind == M._RW_ADAGRAD and (wd_mode == M._COUNTER or wd_mode == M._COWCLIP)
+            if counted or kind == M._LARS:               # both read the row's |g'|^2 and |w|^2
+                cwd = ki[M.KI_CNT_WD] if counted else 0
                 gpart = float32(0.0)
                 wpart = float32(0.0)
                 for v in range(per_lane):
@@ -964,18 +965,22 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
                         wpart += wv * wv
                 gsum = lane_sum(sh, ty, tx, gpart)
                 wsum = lane_sum(sh, ty, tx, wpart)
-                mnew = float32(0.0)
-                cnew = float32(0.0)
-                if active:
-                    mnew, cnew, c0, c1 = counter_row_scalars(
-                        wd_mode, cwd, srow[lin], scnt[lin], spit[lin], step, gsum, wsum, width, lr, eps, wd,
-                        ki[M.KI_CNT_HALF], ki[M.KI_CNT_ADJ], ks[M.KS_CNT_UB], ki[M.KI_CNT_LRM], ks[M.KS_MAXC],
-                        ks[M.KS_CNT_TAIL], ki[M.KI_CNT_RATIO], ks[M.KS_CNT_WNC], ks[M.KS_CNT_LB])
-                cuda.syncthreads()                       # every lane has read the row's states
-                if active and tx == 0:
-                    srow[lin] = mnew
-                    scnt[lin] = cnew
-                    spit[lin] = float32(step)
+                if kind == M._LARS:
+                    if active:
+                        c0 = lars_rate(wsum, gsum, lr, ks[M.KS_ETA], wd)
+                else:                                    # (kind is the same in every thread of the block)
+                    mnew = float32(0.0)
+                    cnew = float32(0.0)
+                    if active:
+                        mnew, cnew, c0, c1 = counter_row_scalars(
+                            wd_mode, cwd, srow[lin], scnt[lin], spit[lin], step, gsum, wsum, width, lr, eps, wd,
+                            ki[M.KI_CNT_HALF], ki[M.KI_CNT_ADJ], ks[M.KS_CNT_UB], ki[M.KI_CNT_LRM], ks[M.KS_MAXC],
+                            ks[M.KS_CNT_TAIL], ki[M.KI_CNT_RATIO], ks[M.KS_CNT_WNC], ks[M.KS_CNT_LB])
+                    cuda.syncthreads()                   # every lane has read the row's states
+                    if active and tx == 0:
+                        srow[lin] = mnew
+                        scnt[lin] = cnew
+                        spit[lin] = float32(step)
             elif kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB:
                 part = float32(0.0)
                 for v in range(per_lane):
@@ -993,19 +998,6 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
                 cuda.syncthreads()                       # every lane has read srow[lin] before it changes
                 if active and tx == 0:
                     srow[lin] = rnew
-            elif kind == M._LARS:
-                gpart = float32(0.0)
-                wpart = float32(0.0)
-                for v in range(per_lane):
-                    d = tx + v * lanes
-                    if d < width:
-                        wv = load(w, e0 + d)
-                        gpart += g[v] * g[v]
-                        wpart += wv * wv
-                gsum = lane_sum(sh, ty, tx, gpart)
-                wsum = lane_sum(sh, ty, tx, wpart)
-                if active:
-                    c0 = lars_rate(wsum, gsum, lr, ks[M.KS_ETA], wd)
             elif kind == M._H_ADAM and update == M._LAZY:
                 if active:
                     c0, c1, c2 = lazy_scalars(sprev[lin], step, b1, b2, ks[M.KS_LAZY])

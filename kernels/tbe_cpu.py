@@ -616,8 +616,9 @@ def row_update(w, sa, sb, srows, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, 
     c0, c1, c2 = float32(0.0), float32(0.0), float32(0.0)
     srow, spit, scnt = srows[0], srows[1], srows[2]
     bc1, bc2 = ks[M.KS_BC1], ks[M.KS_BC2]
-    if kind == M._RW_ADAGRAD and (wd_mode == M._COUNTER or wd_mode == M._COWCLIP):
-        cwd = ki[M.KI_CNT_WD]
+    counted = kind == M._RW_ADAGRAD and (wd_mode == M._COUNTER or wd_mode == M._COWCLIP)
+    if counted or kind == M._LARS:                     # both read the row's |g'|^2 and |w|^2
+        cwd = ki[M.KI_CNT_WD] if counted else 0
         gsum, wsum = float32(0.0), float32(0.0)
         for d in range(width):
             wv = load(w, e0 + d)
@@ -626,11 +627,14 @@ def row_update(w, sa, sb, srows, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, 
                 gd += wd * wv
             gsum += gd * gd
             wsum += wv * wv
-        mnew, cnew, c0, c1 = counter_row_scalars(
-            wd_mode, cwd, srow[lin], scnt[lin], spit[lin], step, gsum, wsum, width, lr, eps, wd, ki[M.KI_CNT_HALF],
-            ki[M.KI_CNT_ADJ], ks[M.KS_CNT_UB], ki[M.KI_CNT_LRM], ks[M.KS_MAXC], ks[M.KS_CNT_TAIL],
-            ki[M.KI_CNT_RATIO], ks[M.KS_CNT_WNC], ks[M.KS_CNT_LB])
-        srow[lin], scnt[lin], spit[lin] = mnew, cnew, float32(step)
+        if kind == M._LARS:
+            c0 = lars_rate(wsum, gsum, lr, ks[M.KS_ETA], wd)
+        else:
+            mnew, cnew, c0, c1 = counter_row_scalars(
+                wd_mode, cwd, srow[lin], scnt[lin], spit[lin], step, gsum, wsum, width, lr, eps, wd,
+                ki[M.KI_CNT_HALF], ki[M.KI_CNT_ADJ], ks[M.KS_CNT_UB], ki[M.KI_CNT_LRM], ks[M.KS_MAXC],
+                ks[M.KS_CNT_TAIL], ki[M.KI_CNT_RATIO], ks[M.KS_CNT_WNC], ks[M.KS_CNT_LB])
+            srow[lin], scnt[lin], spit[lin] = mnew, cnew, float32(step)
     elif kind == M._RW_ADAGRAD or kind == M._PR_ADAM or kind == M._PR_LAMB:
         sumsq = float32(0.0)
         for d in range(width):
@@ -640,13 +644,6 @@ def row_update(w, sa, sb, srows, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, 
             sumsq += gd * gd
         rnew, c0, c1 = row_scalars(kind, wd_mode, sumsq, width, srow[lin], lr, eps, b2, wd, ks[M.KS_BC2])
         srow[lin] = rnew
-    elif kind == M._LARS:
-        gsum, wsum = float32(0.0), float32(0.0)
-        for d in range(width):
-            wv = load(w, e0 + d)
-            gsum += g[d] * g[d]
-            wsum += wv * wv
-        c0 = lars_rate(wsum, gsum, lr, ks[M.KS_ETA], wd)
     elif kind == M._H_ADAM and update == M._LAZY:
         c0, c1, c2 = lazy_scalars(sprev[lin], step, b1, b2, ks[M.KS_LAZY])
         sprev[lin] = step
