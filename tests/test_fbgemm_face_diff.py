@@ -1,8 +1,8 @@
 """numbactr's FBGEMM face against fbgemm_gpu itself (FBGEMM's CPU build, `pip install -e ".[fbgemm]"`):
 the same constructor call, the same inputs and torch seed, then forward outputs at every step, updated
 weights and optimizer states after several steps, per-sample-weight gradients, for each optimizer FBGEMM's
-CPU build runs (EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD, EMAINPLACE_ROWWISE_ADAGRAD), and examples/fbgemm_dlrm.py run with
-either import line. Skipped where torch or fbgemm_gpu is not installed.
+CPU build runs (EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD, EMAINPLACE_ROWWISE_ADAGRAD), and
+examples/fbgemm_dlrm.py run with either import line. Skipped where torch or fbgemm_gpu is not installed.
 
 Where FBGEMM's CPU build departs from its own GPU kernels, numbactr follows the GPU (array_tbe.py's
 docstring lists these); the cases below stay where both agree: Adagrad kinds on tables read by one

@@ -103,8 +103,9 @@ class OptimizerSpec:
     """The fused optimizer and its hyper-parameters (FBGEMM's names; HugeCTR's where FBGEMM has none).
 
     momentum: HugeCTR's momentum_factor (MomentumSGD, Nesterov); LARS_SGD's momentum. eta: LARS_SGD's
-    trust coefficient (its row rate is learning_rate eta |w| / (|g| + weight_decay |w|)). initial_accumulator: HugeCTR AdaGrad's
-    initial_accu_value. scaler: HugeCTR's loss scaler (HugeCTR kinds divide the gradient by it).
+    trust coefficient (its row rate is learning_rate eta |w| / (|g| + weight_decay |w|)).
+    initial_accumulator: HugeCTR AdaGrad's initial_accu_value. scaler: HugeCTR's loss scaler (HugeCTR kinds
+    divide the gradient by it).
     update_type: HugeCTR's Update_t (LOCAL, GLOBAL, LAZY_GLOBAL (Adam only)); FBGEMM's kinds are LOCAL.
     gradient_clipping: clamp dLoss/dout elementwise to [-max_gradient, max_gradient] before the backward
     (FBGEMM's rule: the bags' gradients are clipped, not the rows' sums).
