@@ -539,3 +539,25 @@ def test_ema_inplace_counts_iter_skips_eval_and_keeps_fbgemms_state():
     assert list(tbe.get_optimizer_state()[0]) == list(ref.get_optimizer_state()[0]) == ["sum"]
     with pytest.raises(AssertionError, match="even"):
         make(NB, [(6, 3)], **kw)
+
+
+@pytest.mark.parametrize("opt", ["EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "EXACT_SGD"])
+def test_get_states_and_layout_attributes_like_fbgemm(opt):
+    """get_states / get_all_states and the placement and offset attributes TorchRec reads, as FBGEMM's CPU build
+    lays them out (HOST tables, table after table); the host buffer is the state itself."""
+    specs, ftm = [(10, 8), (5, 4)], [0, 1, 0]
+    theirs, ours = (make(mod, specs, feature_table_map=ftm, enums={OPT: ("OptimType", opt)}) for mod in (FB, NB))
+    a, b = theirs.get_all_states(), ours.get_all_states()
+    assert len(a) == len(b) == (1 if opt == "EXACT_SGD" else 2)
+    for x, y in zip(a, b):
+        assert [tuple(t.shape) for t in x] == [tuple(t.shape) for t in y]
+        assert x[3].tolist() == y[3].tolist() and x[4].tolist() == y[4].tolist()
+    for name in ("weights_offsets", "weights_placements") + (() if opt == "EXACT_SGD" else ("momentum1_offsets",)):
+        assert getattr(ours, name).tolist() == getattr(theirs, name).tolist(), name
+    assert ours.weights_physical_offsets == theirs.weights_physical_offsets
+    assert ours.get_states("weights")[1].data_ptr() == ours.weights_host.data_ptr()
+    with pytest.raises(NB.DoesNotHavePrefix):
+        ours.get_states("momentum2")
+    with pytest.raises(FB.DoesNotHavePrefix):
+        theirs.get_states("momentum2")
+    assert set(ours.state_dict()) - {"iter"} <= set(theirs.state_dict())      # the empty buffers are not saved

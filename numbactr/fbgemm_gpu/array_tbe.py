@@ -609,6 +609,9 @@ class TBECore:
         if mode in (WeightDecayMode.COUNTER, WeightDecayMode.COWCLIP) and opt != EmbOptimType.EXACT_ROWWISE_ADAGRAD:
             raise ValueError(f"{WHO}: weight_decay_mode={mode.name} is only supported with "
                              "OptimType.EXACT_ROWWISE_ADAGRAD (FBGEMM's rule)")
+        if opt == EmbOptimType.NONE and len(set(self.dims)) > 1:
+            raise FBGEMMAssertion(f"{WHO}: OptimType.NONE does not support mixed embedding dimension (FBGEMM's "
+                                  f"rule; dims {self.dims})")
         gwd = opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD and mode == WeightDecayMode.DECOUPLE_GLOBAL
         if gwd and any(loc == EmbeddingLocation.MANAGED_CACHING for loc in locations):
             raise NotImplementedError(f"{WHO}: weight_decay_mode=DECOUPLE_GLOBAL with MANAGED_CACHING tables is not "

@@ -1,16 +1,19 @@
 """FBGEMM's TBE optimizer configuration types (fbgemm_gpu 1.8: tbe/config/optimizer_config.py, re-exported by
 split_table_batched_embeddings_ops_training), with FBGEMM's names, fields and defaults, so that scripts which
-build them import unchanged. numbactr runs UserEnabledConfigDefinition's switches and the counter-based
-modes (CounterBasedRegularizationDefinition, CowClipDefinition); the others describe optimizer modes numbactr
-does not run (passing them with their mode is a clear error; see array_tbe.py). They stay frozen
-dataclasses, as in FBGEMM, where config systems expect dataclasses.
+build them import unchanged. numbactr runs all of them but EnsembleModeDefinition (ENSEMBLE_ROWWISE_ADAGRAD,
+which FBGEMM gates as inactive; passing it with its optimizer is a clear error, see array_tbe.py). They stay
+frozen dataclasses, as in FBGEMM, where config systems expect dataclasses.
 """
 import enum
 from dataclasses import dataclass, field
 
 __all__ = ["CounterWeightDecayMode", "StepMode", "LearningRateMode", "GradSumDecay", "TailIdThreshold",
            "CounterBasedRegularizationDefinition", "CowClipDefinition", "GlobalWeightDecayDefinition",
-           "UserEnabledConfigDefinition", "EnsembleModeDefinition", "EmainplaceModeDefinition"]
+           "UserEnabledConfigDefinition", "EnsembleModeDefinition", "EmainplaceModeDefinition", "DoesNotHavePrefix"]
+
+
+class DoesNotHavePrefix(Exception):
+    """get_states(prefix) of a state the module does not keep (FBGEMM's exception)."""
 
 
 class CounterWeightDecayMode(enum.IntEnum):
@@ -71,7 +74,7 @@ class CowClipDefinition:
 
 @dataclass(frozen=True)
 class GlobalWeightDecayDefinition:
-    """WeightDecayMode.DECOUPLE_GLOBAL's settings: not run by numbactr."""
+    """WeightDecayMode.DECOUPLE_GLOBAL's settings (numbactr.fbgemm_gpu.array_tbe.TBECore.apply_global_weight_decay)."""
     start_iter: int = 0
     lower_bound: float = 0.0
 

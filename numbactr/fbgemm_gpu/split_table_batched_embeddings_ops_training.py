@@ -15,7 +15,7 @@ from .. import device
 from .array_tbe import ArrayTBE, SUPPORTED_OPTIMIZERS, TBECore, consumed_preallocated_keys
 from .split_embedding_configs import EmbOptimType, SparseType
 from .optimizer_config import (CounterBasedRegularizationDefinition, CounterWeightDecayMode, CowClipDefinition,
-                               EmainplaceModeDefinition, EnsembleModeDefinition, GlobalWeightDecayDefinition,
+                               DoesNotHavePrefix, EmainplaceModeDefinition, EnsembleModeDefinition, GlobalWeightDecayDefinition,
                                GradSumDecay, LearningRateMode, StepMode, TailIdThreshold,
                                UserEnabledConfigDefinition)
 from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
@@ -38,7 +38,8 @@ __all__ = ["SplitTableBatchedEmbeddingBagsCodegen", "ArrayTBE", "TBECore", "SUPP
            "ComputeDevice", "EmbeddingLocation", "PoolingMode", "WeightDecayMode", "get_available_compute_device",
            "MultiPassPrefetchConfig", "UserEnabledConfigDefinition", "CounterBasedRegularizationDefinition",
            "CowClipDefinition", "GlobalWeightDecayDefinition", "EnsembleModeDefinition", "EmainplaceModeDefinition",
-           "CounterWeightDecayMode", "LearningRateMode", "GradSumDecay", "TailIdThreshold", "StepMode"]
+           "CounterWeightDecayMode", "LearningRateMode", "GradSumDecay", "TailIdThreshold", "StepMode",
+           "DoesNotHavePrefix"]
 if "DenseTableBatchedEmbeddingBagsCodegen" in globals():                   # with torch only
     __all__.append("DenseTableBatchedEmbeddingBagsCodegen")
 

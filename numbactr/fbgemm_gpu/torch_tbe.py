@@ -127,11 +127,63 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         if not core.cached:
             for name, state in zip(_state_buffer_names(engine.optimizer), engine.states):
                 self.register_buffer(f"{name}_{where}", _as_tensor(state))
+        self._register_layout(core, where)
         if self.optimizer != EmbOptimType.NONE:       # FBGEMM's max_counter: kept in COUNTER / COWCLIP mode
             counted = engine.optimizer.counter is not None
             self.register_buffer("max_counter", _as_tensor(core.max_counter) if counted
                                  else torch.ones(1, dtype=torch.float32, device=self.current_device),
                                  persistent=counted)
+
+    def _register_layout(self, core, where: str) -> None:
+        """FBGEMM's description of where each state lives, for weights and every optimizer state: the
+        per-table lists {prefix}_physical_placements (PlacementType: 0 DEVICE, 2 MANAGED_CACHING, 3 HOST) and
+        {prefix}_physical_offsets (each table's first element in its flat buffer), the per-feature buffers
+        {prefix}_placements / {prefix}_offsets, and empty {prefix}_dev / _host / _uvm buffers for the places a
+        state does not live in (non-persistent: the state_dict holds the real buffers only)."""
+        engine = core.engine
+        n_tables = len(core.embedding_specs)
+        if core.cached:
+            where, place = "uvm", 2
+            store = engine.store
+            elem, rows = store.elem_offsets, store.row_offsets
+            specs = engine._specs
+        else:
+            if self.optimizer == EmbOptimType.NONE:      # its weights are the parameter weights_dev (FBGEMM: DEVICE)
+                where = "dev"
+            place = 0 if where == "dev" else 3
+            elem, rows = engine.elem_offsets, engine.row_offsets
+            specs = engine._state_specs()
+        prefixes = [("weights", False)]
+        if self.optimizer != EmbOptimType.NONE:
+            prefixes += [(name, per_row) for name, (_, per_row, _) in zip(_state_buffer_names(engine.optimizer), specs)]
+        ftm = list(core.feature_table_map)
+        for prefix, per_row in prefixes:
+            offsets = [int(x) for x in (rows if per_row else elem)[:n_tables]]
+            setattr(self, f"{prefix}_physical_offsets", offsets)
+            setattr(self, f"{prefix}_physical_placements", [place] * n_tables)
+            self.register_buffer(f"{prefix}_offsets", torch.tensor([offsets[t] for t in ftm], dtype=torch.int64,
+                                                                   device=self.current_device), persistent=False)
+            self.register_buffer(f"{prefix}_placements", torch.full((len(ftm),), place, dtype=torch.int32,
+                                                                    device=self.current_device), persistent=False)
+            for other in ("dev", "host", "uvm"):
+                if other != where and not hasattr(self, f"{prefix}_{other}"):
+                    self.register_buffer(f"{prefix}_{other}", torch.zeros(0, device=self.current_device),
+                                         persistent=False)
+
+    def get_states(self, prefix: str) -> tuple:
+        """FBGEMM's (dev, host, uvm, placements, offsets) of one state: weights, momentum1, momentum2,
+        prev_iter or row_counter; DoesNotHavePrefix where the module keeps no such state."""
+        from .optimizer_config import DoesNotHavePrefix
+        if not hasattr(self, f"{prefix}_physical_placements"):
+            raise DoesNotHavePrefix()
+        return (getattr(self, f"{prefix}_dev"), getattr(self, f"{prefix}_host"), getattr(self, f"{prefix}_uvm"),
+                torch.tensor(getattr(self, f"{prefix}_physical_placements"), dtype=torch.int32),
+                torch.tensor(getattr(self, f"{prefix}_physical_offsets"), dtype=torch.int64))
+
+    def get_all_states(self) -> list:
+        """get_states of weights, momentum1, momentum2, prev_iter and row_counter, those the module has."""
+        return [self.get_states(p) for p in ("weights", "momentum1", "momentum2", "prev_iter", "row_counter")
+                if hasattr(self, f"{p}_physical_placements")]
 
     def _register_cached_buffers(self, tier) -> None:
         """FBGEMM's names for a cached TBE: the host rows (weights_uvm, momentum*_uvm) and the cache."""
