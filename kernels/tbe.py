@@ -858,13 +858,20 @@ def segment_starts_kernel(lin, perm, sentinel, flags, pos, seg_start):
 
 
 @functools.lru_cache(maxsize=None)
-def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
+def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int, kind_const: int = -1,
+                       wd_mode_const: int = -1):
     """The fused backward + optimizer: block (lanes, items), threadIdx.y one touched row (segment),
     threadIdx.x columns d = tx + v lanes (v < per_lane, held in registers). Row sums (rowwise states,
     LAMB's norms, max_norm) reduce across the lanes in shared memory; every thread of the block runs the
-    same barriers (rows past the last segment compute with zeros)."""
+    same barriers (rows past the last segment compute with zeros).
+
+    kind_const / wd_mode_const >= 0 compile the kernel for that optimizer kind and weight-decay mode (the
+    values ki holds, which the caller knows on the host): the other optimizers' branches fold away, and
+    with them their registers (one body for every optimizer needs the largest rule's: 94 registers, 25%
+    occupancy at 256 threads on sm_90; ptx_check's report gives each variant's). -1 reads them from ki."""
     load = _load16 if w_half else _load32
     store = _store16 if w_half else _store32
+    KIND, WD_MODE = int(kind_const), int(wd_mode_const)
 
     @_device
     def lane_sum(sh, ty, tx, v):
@@ -879,7 +886,6 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
             step //= 2
         return sh[ty, 0]
 
-    @cuda.jit
     def update_kernel(w, sa, sb, srow, sprev, spit, scnt, elem_off, strides, dims, row_off, fcols, lin_of, perm,
                       seg_start, pos, bag_of, offsets, psw, has_psw, dy, ks, ki, kb, grad_rows, grad_vals, sr_rows,
                       has_sr_rows):
@@ -894,7 +900,9 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
         n_seg = pos[n]                                   # on the device: no host read
         n_features = fcols.shape[0] - 1
         total = fcols[n_features]
-        kind, update, wd_mode = ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE]
+        kind = ki[M.KI_KIND] if KIND < 0 else int64(KIND)            # a constant folds the other kinds away
+        wd_mode = ki[M.KI_WD_MODE] if WD_MODE < 0 else int64(WD_MODE)
+        update = ki[M.KI_UPDATE]
         batch, layout, pooling = ki[M.KI_BATCH], ki[M.KI_LAYOUT], ki[M.KI_POOLING]
         step, sr = ki[M.KI_STEP], ki[M.KI_SR] != 0
         lr, eps, b1, b2, wd = ks[M.KS_LR], ks[M.KS_EPS], ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_WD]
@@ -1052,7 +1060,11 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int):
                     h = _splitmix64(sr_key(sr_rows[lin] if has_sr_rows else lin, d) ^ base) if sr else uint64(0)
                     store(w, e0 + d, buf[v] * scale, h, sr)
 
-    return update_kernel
+    if KIND >= 0:             # named for what it was compiled for (profiles, ptx_check's report)
+        update_kernel.__name__ = update_kernel.__qualname__ = (
+            f"update_kernel_{M.Optim(KIND).name.lower()}" + (f"_{M.WeightDecay(WD_MODE).name.lower()}"
+                                                             if WD_MODE > 0 else ""))
+    return cuda.jit(update_kernel)
 
 
 @cuda.jit
@@ -1215,7 +1227,7 @@ def segment_rows(rows, offsets, ftable, row_off, sentinel: int, batch: int, layo
 
 def fused_update(w, sa, sb, srow, sprev, spit, scnt, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start,
                  pos, bag_of, offsets, psw, has_psw: bool, dy, ks, ki, kb, grad_rows, grad_vals, w_half: bool,
-                 max_dim: int, sr_rows=None) -> None:
+                 max_dim: int, sr_rows=None, kind: int = -1, wd_mode: int = -1) -> None:
     """Every touched row reduced and updated (or, for optimizer NONE, its gradient into grad_rows /
     grad_vals) in one launch sized for N rows; the real count U = pos[N] stays on the device. sr_rows (R,):
     the row number stochastic rounding hashes for each linear row (None: the linear row itself). srow, sprev,
@@ -1224,9 +1236,12 @@ def fused_update(w, sa, sb, srow, sprev, spit, scnt, elem_off, strides, dims, ro
 
     The step's scalars are device arrays: ks (N_KS,) float32 (kernel_scalars), ki (N_KI,) int64
     (kernel_ints) and kb (1,) uint64 (rounding_base), uploaded once per step (numbactr.step_values), so a
-    launch's arguments are the same every step (what a CUDA graph replays)."""
+    launch's arguments are the same every step (what a CUDA graph replays). kind / wd_mode: ki's optimizer
+    kind and weight-decay mode, when the caller knows them on the host (a kernel compiled for them: fewer
+    registers); -1 (the default) launches the kernel that reads them from ki."""
     lanes, items, per_lane = lanes_items(max_dim)
-    launch_lanes(make_update_kernel(w_half, lanes, items, per_lane), perm.shape[0], lanes, w, sa, sb, srow,
+    kernel = make_update_kernel(w_half, lanes, items, per_lane, int(kind), int(wd_mode))
+    launch_lanes(kernel, perm.shape[0], lanes, w, sa, sb, srow,
                  sprev, spit, scnt, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos, bag_of,
                  offsets, psw, has_psw, dy, ks, ki, kb, grad_rows, grad_vals, lin if sr_rows is None else sr_rows,
                  sr_rows is not None)
@@ -1275,10 +1290,15 @@ PTX_CHECKS = [
                                        "int64", "int64", _U16 if oh else _F1))
     for wh in (False, True) for oh in (False, True)
 ] + [
-    (make_update_kernel(wh, 32, 8, 4), _sig(_U16 if wh else _F1, _F1, _F1, _F1, _I1, _F1, _F1, _I1, _I1, _I1, _I1, _I1,
-                                            _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean", _F1, _KS, _KI, _KB, _I1,
-                                            _F2, _I1, "boolean"))
-    for wh in (False, True)
+    # the generic update kernel (kind and weight-decay mode read from ki) and the variants compiled for the
+    # optimizers HugeCTR's and FBGEMM's models train with most (the engine launches the variant of its kind)
+    (make_update_kernel(wh, 32, 8, 4, kind, wd), _sig(_U16 if wh else _F1, _F1, _F1, _F1, _I1, _F1, _F1, _I1, _I1,
+                                                      _I1, _I1, _I1, _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean",
+                                                      _F1, _KS, _KI, _KB, _I1, _F2, _I1, "boolean"))
+    for wh, kind, wd in ((False, -1, -1), (True, -1, -1), (False, int(Optim.HUGECTR_SGD), 0),
+                         (False, int(Optim.HUGECTR_ADAM), 0), (False, int(Optim.EXACT_ROWWISE_ADAGRAD), 0),
+                         (True, int(Optim.EXACT_ROWWISE_ADAGRAD), 0),
+                         (False, int(Optim.EXACT_ROWWISE_ADAGRAD), int(WeightDecay.COUNTER)))
 ] + [
     (make_global_kernel(wh), _sig(_U16 if wh else _F1, _F1, _F1, _I1, _I1, _I1, _I1, _I1, _KS, _KI, _KB, _I1,
                                   "boolean"))

@@ -24,6 +24,38 @@ def test_fused_update_equals_reference_for_every_optimizer(kind, update, wd_mode
     assert_same_training(case, run(case, "ref"), run(case, "kernels"))
 
 
+def _weights_and_states(engine) -> list:
+    return [np.asarray(w).copy() for w in engine.split_weights()] + \
+        [np.asarray(x).copy() for st in engine.split_optimizer_states() for x in st]
+
+
+@pytest.mark.parametrize("kind,update,wd_mode", OPTIMIZER_CASES,
+                         ids=[f"{k.name}-{u.name}-{m.name}" for k, u, m in OPTIMIZER_CASES])
+def test_update_kernel_compiled_for_the_optimizer_equals_the_generic_one(kind, update, wd_mode, monkeypatch):
+    """The engine launches the update kernel compiled for its optimizer kind and weight-decay mode
+    (kernels.tbe.make_update_kernel's kind_const / wd_mode_const: the other kinds' branches folded away);
+    it trains bit for bit as the kernel that reads them from ki."""
+    from numbactr.kernels import tbe
+    rng = np.random.default_rng(int(kind) * 5 + int(update) + 1)
+    tables, fmap = [(6, 5), (4, 3)], [0, 1, 0]
+    case = Case(tables, fmap, kind=kind, update=update, wd_mode=wd_mode, max_norm=0.9,
+                steps=random_steps(rng, tables, fmap, n_steps=2, batch=2))
+    made, real = [], tbe.make_update_kernel
+
+    def recording(*args):
+        made.append(args[4:])
+        return real(*args)
+
+    monkeypatch.setattr(tbe, "make_update_kernel", recording)
+    special = _weights_and_states(run(case, "kernels")[0])
+    assert set(made) == {(int(kind), int(wd_mode))}
+    monkeypatch.setattr(tbe, "make_update_kernel", lambda *args: real(*args[:4], -1, -1))
+    generic = _weights_and_states(run(case, "kernels")[0])
+    assert len(special) == len(generic)
+    for a, b in zip(special, generic):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_adam_rowwise_bias_correction_equals_reference():
     rng = np.random.default_rng(21)
     tables, fmap = [(6, 5), (4, 3)], [0, 1, 0]

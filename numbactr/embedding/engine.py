@@ -1325,7 +1325,8 @@ class _KernelImpl:
                        self.elem_off, self.strides,
                        self.dims, self.row_off, self.fcols, lin, perm, seg, pos, bag_of, ctx.offsets,
                        self.no_f32 if psw is None else psw, psw is not None, dy.reshape(-1), ks_d, ki_d, kb_d,
-                       grad_rows, grad_vals, self.w_half, self.max_dim, e.sr_rows)
+                       grad_rows, grad_vals, self.w_half, self.max_dim, e.sr_rows,
+                       int(e.optimizer.kind), int(e.optimizer.weight_decay_mode))    # the kernel compiled for them
         if not none:
             return None
         u = ctx.extra.get("touched_rows")                   # a caller that knows U (numbactr.embedding.sharded)
