@@ -778,15 +778,19 @@ def record_bounds_kernel(status, indices, offsets, fixed, feature_rows, batch, l
 
 # ---- kernels: forward -------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def make_forward_kernel(w_half: bool, out_half: bool):
+def make_forward_kernel(w_half: bool, out_half: bool, pooling_const: int = -1):
     """Pooled / per-occurrence lookup; block (lanes, items): threadIdx.y a bag, threadIdx.x columns d,
-    d + lanes, ... of it (consecutive threads read consecutive elements of one row: coalesced)."""
+    d + lanes, ... of it (consecutive threads read consecutive elements of one row: coalesced).
+    pooling_const >= 0 compiles it for that pooling (forward() always does: the host knows it), which drops
+    the other poolings' code and its registers (fp32 rows and output: 86 -> 71-76 on sm_90); -1 reads the
+    pooling argument."""
     load = _load16 if w_half else _load32
     store = _store16 if out_half else _store32
+    POOL = int(pooling_const)
 
-    @cuda.jit
     def forward_kernel(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw, batch, layout,
                        pooling, out):
+        pooling = pooling if POOL < 0 else int64(POOL)
         n_features = ftable.shape[0]
         total = fcols[n_features]
         items = cuda.blockDim.y
@@ -816,7 +820,9 @@ def make_forward_kernel(w_half: bool, out_half: bool):
                     acc *= float32(1.0) / float32(end - begin)
                 store(out, b * total + fcols[f] + d, acc, uint64(0), False)
 
-    return forward_kernel
+    if POOL >= 0:
+        forward_kernel.__name__ = forward_kernel.__qualname__ = f"forward_kernel_{M.Pooling(POOL).name.lower()}"
+    return cuda.jit(forward_kernel)
 
 
 # ---- kernels: backward (linearize, segment, fused reduce + update) -----------------------------------
@@ -1206,7 +1212,7 @@ def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw: bo
             pooling: int, out, w_half: bool, out_half: bool, max_dim: int) -> None:
     """out (flat) <- the lookup (see the module docstring); w / out as float32 or uint16 (float16 bits)."""
     lanes = lanes_items(max_dim)[0]
-    launch_lanes(make_forward_kernel(w_half, out_half), offsets.shape[0] - 1, lanes, w, elem_off, strides, ftable,
+    launch_lanes(make_forward_kernel(w_half, out_half, int(pooling)), offsets.shape[0] - 1, lanes, w, elem_off, strides, ftable,
                  fcols, rows, offsets, psw, has_psw, np.int64(batch), np.int64(layout), np.int64(pooling), out)
 
 
@@ -1286,9 +1292,10 @@ PTX_CHECKS = [
     (segment_starts_kernel, _sig(_I1, _I1, "int64", _I1, _I1, _I1)),
     (gate_scalars_kernel, _sig(_KS, _KI, _I1, _I1, _I1, "float64[::1]")),
 ] + [
-    (make_forward_kernel(wh, oh), _sig(_U16 if wh else _F1, _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean", "int64",
-                                       "int64", "int64", _U16 if oh else _F1))
-    for wh in (False, True) for oh in (False, True)
+    # the variants forward() launches: one per pooling (compiled for it) and weight / output precision
+    (make_forward_kernel(wh, oh, int(pool)), _sig(_U16 if wh else _F1, _I1, _I1, _I1, _I1, _I1, _I1, _F1, "boolean",
+                                                  "int64", "int64", "int64", _U16 if oh else _F1))
+    for wh in (False, True) for oh in (False, True) for pool in Pooling
 ] + [
     # the generic update kernel (kind and weight-decay mode read from ki) and the variants compiled for the
     # optimizers HugeCTR's and FBGEMM's models train with most (the engine launches the variant of its kind)
