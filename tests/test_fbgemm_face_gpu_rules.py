@@ -6,8 +6,10 @@ CUDA templates write it (embedding_forward_split_kernel_template.cu, the backwar
 and the rowwise_adagrad optimizer with weight_decay_mode 5), in float64 and in FBGEMM's formulation: the
 stored rows stay undecayed in the forward, which scales each row it reads by
 f = max(lower_bound, (1 - lr wd) ** max(it - prev_iter - 1, 0)) (1 when prev_iter = 0), and the backward
-scales the row by the same f, sets prev_iter = it and applies decoupled rowwise AdaGrad. numbactr writes the
-decay into the rows before the lookup instead; the two must give the same outputs, rows and states.
+scales the row by the same f, sets prev_iter = it and applies decoupled rowwise AdaGrad. numbactr's forward
+reads the decayed rows and puts the stored ones back; its backward decays them before the update. The two
+must give the same outputs, rows and states, also for a forward no backward follows, a forward that raises
+and an index the bounds check repairs.
 LARS_SGD's oracle is its optimizer template (codegen/genscript/optimizers.py, lars_sgd) in float64.
 """
 import numpy as np
@@ -142,6 +144,77 @@ def test_global_weight_decay_state_names_eval_and_refusals():
         ArrayTBE([(6, 4, EmbeddingLocation.MANAGED_CACHING, ComputeDevice.CUDA)],
                  optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL,
                  global_weight_decay=GlobalWeightDecayDefinition())
+
+
+def _gwd_face(n_features=1, bounds="WARNING", lr=0.1, wd=0.5):
+    from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import BoundsCheckMode
+    face = ArrayTBE([(4, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)], [0] * n_features,
+                    optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=lr, weight_decay=wd, eps=1e-8,
+                    weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL,
+                    bounds_check_mode=getattr(BoundsCheckMode, bounds),
+                    global_weight_decay=GlobalWeightDecayDefinition(start_iter=0, lower_bound=0.0))
+    face.split_embedding_weights()[0][...] = 1.0
+    return face
+
+
+def _gwd_step(face, idx, backward=True):
+    """One forward of one bag per feature (idx: a row per feature) and, by default, its backward with a zero
+    gradient (the update then only decays: DECOUPLE's (1 - lr wd) and the global decay)."""
+    out = np.array(face(np.array(idx, np.int64), np.arange(len(idx) + 1, dtype=np.int64)))
+    if backward:
+        face.backward(np.zeros(out.shape, np.float32))
+    return out
+
+
+def test_global_weight_decay_forward_without_backward_changes_no_table():
+    """FBGEMM's forward only scales the rows it reads; the backward decays the rows and sets prev_iter. A
+    training forward that no backward follows (a no_grad pass in training mode) must leave the tables and
+    prev_iter as they were."""
+    base = 1 - 0.1 * 0.5
+    face = _gwd_face()
+    _gwd_step(face, [0])                              # it 1: row 0 updated (prev_iter 1), w = base
+    for _ in range(3):
+        _gwd_step(face, [1])                          # its 2..4: row 0 not read
+    rows, prev = np.array(face.split_embedding_weights()[0]), np.array(face.split_optimizer_states()[0][1])
+    out5 = _gwd_step(face, [0], backward=False)       # it 5: forward only
+    np.testing.assert_allclose(out5[0], base * base ** 3, rtol=1e-6)
+    np.testing.assert_array_equal(face.split_embedding_weights()[0], rows)
+    np.testing.assert_array_equal(face.split_optimizer_states()[0][1], prev)
+    out6 = _gwd_step(face, [0])                       # it 6: row 0 missed iterations 2..5
+    np.testing.assert_allclose(out6[0], base * base ** 4, rtol=1e-6)
+    np.testing.assert_allclose(face.split_embedding_weights()[0][0], base ** 6, rtol=1e-6)
+    assert face.split_optimizer_states()[0][1][0] == 6
+
+
+def test_global_weight_decay_reads_the_rows_the_bounds_check_repairs():
+    """Under WARNING an index outside its table reads row 0 (FBGEMM's bounds check rewrites it): row 0 is read
+    with its missed decay, decayed and updated, and its prev_iter set, as for an index of 0."""
+    base = 1 - 0.1 * 0.5
+    face = _gwd_face(bounds="WARNING")
+    _gwd_step(face, [0])
+    for _ in range(3):
+        _gwd_step(face, [1])
+    with pytest.warns(Warning):
+        out5 = _gwd_step(face, [99])                  # it 5: 99 -> row 0
+    np.testing.assert_allclose(out5[0], base * base ** 3, rtol=1e-6)
+    np.testing.assert_allclose(face.split_embedding_weights()[0][0], base ** 5, rtol=1e-6)
+    assert face.split_optimizer_states()[0][1][0] == 5
+    np.testing.assert_allclose(_gwd_step(face, [0])[0], base ** 5, rtol=1e-6)     # it 6: nothing missed
+
+
+def test_global_weight_decay_failed_forward_leaves_the_tables_untouched():
+    """FATAL: a bad index in the second feature raises; the first feature's rows and prev_iter stay as they
+    were (FBGEMM checks before any kernel reads or writes)."""
+    from numbactr.embedding.engine import EmbeddingBoundsError
+    face = _gwd_face(n_features=2, bounds="FATAL")
+    _gwd_step(face, [0, 1])
+    for _ in range(3):
+        _gwd_step(face, [2, 2])
+    rows, prev = np.array(face.split_embedding_weights()[0]), np.array(face.split_optimizer_states()[0][1])
+    with pytest.raises(EmbeddingBoundsError):
+        face(np.array([0, 99], np.int64), np.array([0, 1, 2], np.int64))
+    np.testing.assert_array_equal(face.split_embedding_weights()[0], rows)
+    np.testing.assert_array_equal(face.split_optimizer_states()[0][1], prev)
 
 
 def test_torch_module_global_weight_decay_buffers_and_round_trip():

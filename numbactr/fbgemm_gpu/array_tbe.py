@@ -32,9 +32,10 @@ FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_traini
     names, as in FBGEMM.
   * WeightDecayMode.DECOUPLE_GLOBAL (EXACT_ROWWISE_ADAGRAD, FBGEMM's GPU kernels; its CPU build has none):
     a per-row prev_iter state (get_optimizer_state: sum, prev_iter, iter); from global_weight_decay.start_iter
-    on, a training forward decays each row it reads by the iterations the row missed (apply_global_weight_decay:
-    numbactr writes the decay into the rows before the lookup, FBGEMM applies it in the lookup and again before
-    the update, with the same sums and rows), then the update is DECOUPLE's. Not with MANAGED_CACHING tables
+    on, a training forward reads each row scaled by the decay of the iterations it missed,
+    f = max(lower_bound, (1 - lr wd) ** max(iter - prev_iter - 1, 0)), and leaves the tables as they were; its
+    backward scales the rows by f, sets prev_iter = iter and then runs DECOUPLE's update (TBECore._global_decay;
+    the rows are those the lookup reads after the bounds check's repairs). Not with MANAGED_CACHING tables
     or PoolingMode.NONE.
   * ADAM with UserEnabledConfigDefinition(use_rowwise_bias_correction=True): the bias corrections use the
     row's own update count, a third per-row state row_counter (FBGEMM's GPU kernels; its CPU build has no
@@ -83,9 +84,11 @@ import numpy as np
 
 from .. import device, log
 from ..config import IgnoredArgumentWarning
-from ..embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, Grads, LookupContext, Optim,
-                                OptimizerSpec, Pooling, Precision, TableBatchedEmbedding, WeightDecay, state_specs)
+from ..embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Grads,
+                                LookupContext, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding,
+                                WeightDecay, state_specs)
 from ..embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
+from ..kernels import tbe as K
 from .split_embedding_configs import EmbOptimType, SparseType
 from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
                                                         EmbeddingLocation, PoolingMode, RecordCacheMetrics,
@@ -434,6 +437,7 @@ class Lookup:
     iteration: int
     vbe: _VBE | None = None
     writeback: object = None    # use_writeback_bwd_prehook: (indices, offsets), for the backward's mask
+    global_decay: object = None  # DECOUPLE_GLOBAL: per table, the rows the backward decays (_global_decay_rows)
 
 
 class TBECore:
@@ -737,11 +741,13 @@ class TBECore:
     # ---- lookup and update -------------------------------------------------------------------------------
     def lookup(self, indices, offsets, per_sample_weights=None, feature_requires_grad=None,
                batch_size_per_feature_per_rank=None, total_unique_indices=None, *, iteration: int = 0,
-               **unsupported):
+               global_decay: bool = False, **unsupported):
         """(output, Lookup): output (B, total_D), (N, D) for PoolingMode.NONE, or 1-D for VBE input.
 
         indices (N,) and offsets (F*B + 1,) int32/int64 arrays of this device; per_sample_weights (N,)
         float; feature_requires_grad (F,); iteration: FBGEMM's iter of this forward (the update's t).
+        global_decay (a training forward of WeightDecayMode.DECOUPLE_GLOBAL from its start_iter on): the lookup
+        reads each row scaled by its global weight decay (_global_decay) and its backward applies the decay.
         FBGEMM's hash_zch_*, vbe_output* arguments are not implemented (an error when given).
         """
         given = sorted(k for k, v in unsupported.items() if v is not None)
@@ -769,59 +775,78 @@ class TBECore:
             warnings.warn(f"{WHO}: per_sample_weights are not applied with PoolingMode.NONE (as in FBGEMM): the "
                           "rows come back unweighted and the weights get no gradient", RuntimeWarning, stacklevel=3)
             per_sample_weights = None
-        out, ctx = self.engine.forward(indices, offsets, per_sample_weights,
-                                       feature_requires_grad=feature_requires_grad)
+        plan = self._global_decay_rows(indices, offsets) if global_decay else None
+        saved = self._global_decay(plan, int(iteration), commit=False) if plan is not None else None
+        try:
+            out, ctx = self.engine.forward(indices, offsets, per_sample_weights,
+                                           feature_requires_grad=feature_requires_grad)
+        finally:                 # the forward read the decayed rows; the tables change only in the backward
+            if saved is not None:
+                self._restore_rows(saved)
         if vbe is not None:
             out = out.reshape(-1)[xp.asarray(vbe.out_index)]
-        return out, Lookup(ctx, int(iteration), vbe, (indices, offsets) if self.writeback else None)
+        return out, Lookup(ctx, int(iteration), vbe, (indices, offsets) if self.writeback else None, plan)
 
-    def apply_global_weight_decay(self, indices, offsets, iteration: int, batch_size_per_feature_per_rank=None):
-        """FBGEMM's global weight decay (WeightDecayMode.DECOUPLE_GLOBAL), which its training forwards apply
-        from gwd_start_iter on: a row read at iteration `it` that was last updated at prev_iter (> 0) is worth
-        its stored value times f = max(lower_bound, (1 - lr * weight_decay) ** max(it - prev_iter - 1, 0)), the
-        decoupled decay of the iterations it missed. FBGEMM scales the row by f in the forward's pooling and
-        again in the backward, before the update (which decays by 1 - lr * wd once more) and sets prev_iter = it.
-        numbactr writes f * row into the table before the lookup and sets prev_iter = it there: the same
-        forward sums and the same updated rows in float32 (float16 rows round twice: after the decay and
-        after the update). Rows outside their table are left to the lookup's bounds check."""
-        xp = device.xp()
-        idx = xp.asarray(indices).astype(np.int64)
-        off = xp.asarray(offsets).astype(np.int64)
-        n_bags = int(off.shape[0]) - 1
+    def _global_decay_rows(self, indices, offsets) -> list | None:
+        """Global weight decay's rows of one lookup (offsets in the engine's layout, VBE padded): per table, the
+        distinct rows the lookup reads, after the bounds check's repairs (an index outside its table is row 0
+        under WARNING and IGNORE, as the lookup reads it; NONE reads nothing there). None when the check would
+        raise (FATAL): the lookup raises, and nothing was decayed."""
+        idx = np.asarray(device.to_host(indices)).astype(np.int64).reshape(-1)
+        mode = self.engine.bounds_check
         n_feat = len(self.feature_table_map)
-        if batch_size_per_feature_per_rank is not None:
-            per_feature = np.array([sum(int(b) for b in f) for f in batch_size_per_feature_per_rank], np.int64)
-        else:
-            per_feature = np.full(n_feat, n_bags // n_feat, np.int64)
-        first_bag = np.concatenate([[0], np.cumsum(per_feature)])
-        if idx.shape[0] == 0 or n_bags <= 0 or int(first_bag[-1]) != n_bags:
-            return
-        off_h = np.asarray(device.to_host(off))
-        if off_h[0] != 0 or off_h[-1] != idx.shape[0] or (np.diff(off_h) < 0).any():
-            return                       # malformed offsets: the lookup's bounds check says what is wrong
+        feature_rows = np.array([int(self.embedding_specs[t][0]) for t in self.feature_table_map], np.int64)
+        try:
+            fixed, _ = K.check_offsets_ref(np.asarray(device.to_host(offsets)), idx.shape[0], mode)
+            batch = (fixed.shape[0] - 1) // max(n_feat, 1)
+            rows, _, _ = K.check_indices_ref(idx, fixed, feature_rows, batch, int(self.engine.layout), mode)
+        except EmbeddingBoundsError:
+            return None
+        _, feat, _ = K._occurrences(fixed, n_feat, batch, int(self.engine.layout))
+        table = np.asarray(self.feature_table_map, np.int64)[np.maximum(feat, 0)]
+        read = (feat >= 0) & (rows >= 0)
+        return [np.unique(rows[read & (table == t)]) for t in range(len(self.embedding_specs))]
+
+    def _global_decay(self, plan: list, iteration: int, commit: bool) -> list:
+        """Scale each row of `plan` (from _global_decay_rows) by its global weight decay at `iteration`,
+        f = max(lower_bound, (1 - lr wd) ** max(iteration - prev_iter - 1, 0)) (1 for a row never updated,
+        prev_iter = 0): FBGEMM's factor. commit=False (the forward): returns the rows' stored values, to put
+        back after the lookup, so that a forward changes no table (FBGEMM's forward only scales what it reads).
+        commit=True (the backward, before the update): keeps the scaled rows and sets prev_iter = iteration, as
+        FBGEMM's backward does before its DECOUPLE update; float16 rows round after the decay (FBGEMM scales in
+        registers) and again after the update."""
+        xp = device.xp()
         lr = np.float32(self.engine.learning_rate)
-        wd = np.float32(self.engine.optimizer.weight_decay)
-        base = np.float32(np.float32(1.0) - lr * wd)
+        base = np.float32(np.float32(1.0) - lr * np.float32(self.engine.optimizer.weight_decay))
         it = np.float32(iteration)
-        weights = self.split_embedding_weights()
-        states = self.engine.split_optimizer_states()
-        for f, t in enumerate(self.feature_table_map):
-            a, b = int(off_h[first_bag[f]]), int(off_h[first_bag[f + 1]])
-            if b <= a:
-                continue
-            rows = idx[a:b]
-            rows = rows[(rows >= 0) & (rows < int(self.embedding_specs[t][0]))]
+        weights, states = self.split_embedding_weights(), self.engine.split_optimizer_states()
+        saved = []
+        for t, rows in enumerate(plan):
             if rows.shape[0] == 0:
+                saved.append(None)
                 continue
-            prev = states[t][1]
-            p = prev[rows]
+            rows_d = xp.asarray(rows)
+            prev, w = states[t][1], weights[t]
+            p = prev[rows_d]
             n = xp.maximum(it - p - np.float32(1.0), np.float32(0.0)).astype(np.float32)
             factor = xp.maximum(np.float32(self.gwd_lower_bound), xp.power(base, n).astype(np.float32))
             factor = xp.where(p == 0, np.float32(1.0), factor).astype(np.float32)
-            w = weights[t]
-            scaled = (w[rows].astype(np.float32) * factor[:, None]).astype(w.dtype)
-            w[rows] = scaled             # duplicate rows write the same value (all read before any write)
-            prev[rows] = it
+            old = w[rows_d]
+            saved.append((rows_d, old))
+            w[rows_d] = (old.astype(np.float32) * factor[:, None]).astype(w.dtype)
+            if commit:
+                prev[rows_d] = it
+        return saved
+
+    def _restore_rows(self, saved: list) -> None:
+        for w, kept in zip(self.split_embedding_weights(), saved):
+            if kept is not None:
+                w[kept[0]] = kept[1]
+
+    def decays_globally(self, iteration: int, training: bool) -> bool:
+        """Whether a forward at `iteration` applies global weight decay: in training, DECOUPLE_GLOBAL, from
+        global_weight_decay.start_iter on."""
+        return bool(training and self.global_weight_decay and iteration >= self.gwd_start_iter)
 
     def ema_inplace(self, iteration: int, emainplace_mode: dict | None = None) -> None:
         """FBGEMM's EMAINPLACE_ROWWISE_ADAGRAD step, which its training forwards take before the lookup: each
@@ -889,6 +914,8 @@ class TBECore:
             dy = dy * self._writeback_mask(*lookup.writeback).astype(dy.dtype)
         if self.counts_iterations:
             self.engine.step = lookup.iteration - 1         # the engine's update uses t = step + 1
+        if lookup.global_decay is not None:       # the rows' decay from their prev_iter now, then the update
+            self._global_decay(lookup.global_decay, lookup.iteration, commit=True)
         return self.engine.backward(lookup.ctx, dy)
 
     # ---- state ------------------------------------------------------------------------------------------
@@ -1081,11 +1108,10 @@ class ArrayTBE(TBECore):
             self.iter[0] += 1
         if self.training and self.optimizer == EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD:
             self.ema_inplace(int(self.iter[0]))
-        if self.training and self.global_weight_decay and int(self.iter[0]) >= self.gwd_start_iter:
-            self.apply_global_weight_decay(indices, offsets, int(self.iter[0]), batch_size_per_feature_per_rank)
         out, lookup = self.lookup(indices, offsets, per_sample_weights, feature_requires_grad,
                                   batch_size_per_feature_per_rank, total_unique_indices,
-                                  iteration=int(self.iter[0]), **unsupported)
+                                  iteration=int(self.iter[0]), global_decay=self.decays_globally(int(self.iter[0]), self.training),
+                                  **unsupported)
         if self.training:
             self._pending = lookup
         return (out, lookup) if return_lookup else out

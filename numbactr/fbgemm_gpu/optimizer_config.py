@@ -74,7 +74,7 @@ class CowClipDefinition:
 
 @dataclass(frozen=True)
 class GlobalWeightDecayDefinition:
-    """WeightDecayMode.DECOUPLE_GLOBAL's settings (numbactr.fbgemm_gpu.array_tbe.TBECore.apply_global_weight_decay)."""
+    """WeightDecayMode.DECOUPLE_GLOBAL's settings (numbactr.fbgemm_gpu.array_tbe.TBECore._global_decay)."""
     start_iter: int = 0
     lower_bound: float = 0.0
 

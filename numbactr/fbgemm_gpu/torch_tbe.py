@@ -228,14 +228,11 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
             self.iter.add_(1)
         if self.training and self.optimizer == EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD:
             self.ema_inplace(self._core.emainplace_mode)
-        if self.training and self._core.global_weight_decay and self.iter_cpu >= self._core.gwd_start_iter:
-            with torch.no_grad():
-                self._core.apply_global_weight_decay(_as_array(indices), _as_array(offsets), self.iter_cpu,
-                                                     batch_size_per_feature_per_rank)
         inputs = dict(indices=_as_array(indices), offsets=_as_array(offsets),
                       feature_requires_grad=_as_array(feature_requires_grad),
                       batch_size_per_feature_per_rank=batch_size_per_feature_per_rank,
-                      total_unique_indices=total_unique_indices)
+                      total_unique_indices=total_unique_indices,
+                      global_decay=self._core.decays_globally(self.iter_cpu, self.training))
         # hash_zch_identities / hash_zch_runtime_meta: FBGEMM keeps them only for raw embedding streaming (which
         # numbactr does not offer: the constructor rejects it); they never change the lookup, so they are ignored.
         unsupported = dict(vbe_output=vbe_output, vbe_output_offsets=vbe_output_offsets)
