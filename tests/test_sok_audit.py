@@ -406,6 +406,13 @@ def test_sok_variable_classes_comm_tool_and_read_and_evict():
         sok.DistributedVariable(shape=(6, 2), num_gpus=4)
     with pytest.raises(ValueError, match="target_gpu"):
         sok.LocalizedVariable(np.ones((4, 2), np.float32))
+    # SOK's positional order: (initial_value, trainable, collections, validate_shape, caching_device, name, ...)
+    named = sok.Variable(np.ones((4, 2), np.float32), False, None, True, None, "pos_name")
+    assert named.name == "pos_name" and not named.table.trainable
+    with pytest.raises(ValueError, match="collections"):
+        sok.Variable(np.ones((4, 2), np.float32), True, "my_table")     # a name where SOK has collections
+    with pytest.raises(TypeError):
+        sok.DistributedVariable(np.ones((4, 2), np.float32), *([None] * 17))    # more than SOK's arguments
     sok.set_comm_tool("horovod")
     with pytest.raises(ValueError, match="tool"):
         sok.set_comm_tool("nccl")

@@ -310,19 +310,18 @@ class Variable(_SokModule):
         return indices // self.num_gpus if self.target_gpu == -1 else indices
 
 
-# SOK's (unused here) tf.Variable arguments, accepted by its variable classes' constructors
-_TF_VARIABLE_ARGS = ("collections", "validate_shape", "caching_device", "variable_def", "import_scope", "constraint",
-                     "distribute_strategy", "synchronization", "aggregation")
-
-
 class DistributedVariable(Variable):
     """SOK's DistributedVariable: what sok.Variable(mode=None or 'distributed') returns (row k on rank k % R).
-    SOK's global_gpu_id and num_gpus arguments must name this rank and the job's ranks if given."""
+    SOK's constructor, positional order included; tf.Variable's graph arguments (collections, validate_shape,
+    caching_device, variable_def, import_scope, constraint, distribute_strategy, synchronization,
+    aggregation) are accepted and have no effect. global_gpu_id and num_gpus must name this rank and the
+    job's ranks if given."""
 
-    def __init__(self, initial_value=None, trainable=True, *args, name=None, dtype=None, shape=None,
-                 initializer=None, global_gpu_id=None, num_gpus=None, mode=None, **kwargs):
-        for k in _TF_VARIABLE_ARGS:
-            kwargs.pop(k, None)
+    def __init__(self, initial_value=None, trainable=None, collections=None, validate_shape=True,
+                 caching_device=None, name=None, dtype=None, variable_def=None, import_scope=None, constraint=None,
+                 distribute_strategy=None, synchronization=None, aggregation=None, shape=None, initializer=None,
+                 global_gpu_id=None, num_gpus=None, *, mode=None, **kwargs):
+        _check_collections(collections, name)
         super().__init__(initial_value, trainable if trainable is not None else True, name, dtype, shape,
                          initializer, mode=mode if mode is not None else "distributed", **kwargs)
         if self.target_gpu != -1:
@@ -332,12 +331,14 @@ class DistributedVariable(Variable):
 
 class LocalizedVariable(Variable):
     """SOK's LocalizedVariable: what sok.Variable(mode='localized:t') returns (every row on rank t);
-    LocalizedVariable(..., target_gpu=t) directly."""
+    LocalizedVariable(..., target_gpu=t) directly. SOK's constructor, positional order included (the graph
+    arguments as DistributedVariable's)."""
 
-    def __init__(self, initial_value=None, trainable=True, *args, name=None, dtype=None, shape=None,
-                 initializer=None, global_gpu_id=None, target_gpu=None, mode=None, **kwargs):
-        for k in _TF_VARIABLE_ARGS:
-            kwargs.pop(k, None)
+    def __init__(self, initial_value=None, trainable=None, collections=None, validate_shape=True,
+                 caching_device=None, name=None, dtype=None, variable_def=None, import_scope=None, constraint=None,
+                 distribute_strategy=None, synchronization=None, aggregation=None, shape=None, initializer=None,
+                 global_gpu_id=None, target_gpu=None, *, mode=None, **kwargs):
+        _check_collections(collections, name)
         if mode is None:
             if target_gpu is None:
                 raise ValueError(f"sok.LocalizedVariable {name!r}: give target_gpu (the rank that holds the table)")
@@ -347,6 +348,13 @@ class LocalizedVariable(Variable):
         if target_gpu is not None and int(target_gpu) != self.target_gpu:
             raise ValueError(f"sok.LocalizedVariable {name!r}: target_gpu={target_gpu} disagrees with mode {mode!r}")
         _check_placement(self, global_gpu_id, None)
+
+
+def _check_collections(collections, name) -> None:
+    # tf.Variable's rule; it also catches an older positional call Variable(value, trainable, name)
+    if collections is not None and not isinstance(collections, (list, tuple, set)):
+        raise ValueError(f"sok variable {name!r}: collections (the third positional argument, as in SOK) must be "
+                         f"a list, tuple or set, got {collections!r}; pass name= by keyword")
 
 
 def _check_placement(var, global_gpu_id, num_gpus) -> None:
