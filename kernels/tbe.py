@@ -1212,8 +1212,9 @@ def forward(w, elem_off, strides, ftable, fcols, rows, offsets, psw, has_psw: bo
             pooling: int, out, w_half: bool, out_half: bool, max_dim: int) -> None:
     """out (flat) <- the lookup (see the module docstring); w / out as float32 or uint16 (float16 bits)."""
     lanes = lanes_items(max_dim)[0]
-    launch_lanes(make_forward_kernel(w_half, out_half, int(pooling)), offsets.shape[0] - 1, lanes, w, elem_off, strides, ftable,
-                 fcols, rows, offsets, psw, has_psw, np.int64(batch), np.int64(layout), np.int64(pooling), out)
+    launch_lanes(make_forward_kernel(w_half, out_half, int(pooling)), offsets.shape[0] - 1, lanes, w, elem_off,
+                 strides, ftable, fcols, rows, offsets, psw, has_psw, np.int64(batch), np.int64(layout),
+                 np.int64(pooling), out)
 
 
 def segment_rows(rows, offsets, ftable, row_off, sentinel: int, batch: int, layout: int, lin, bag_of, perm, flags,

@@ -377,7 +377,7 @@ def global_elem(kind, w, a, b, b1, b2, eps, mom, alpha):
 
 def lars_rate(w_sumsq, g_sumsq, lr, eta, wd):
     """LARS_SGD's rate of a row: lr eta |w| / (|g| + wd |w|) from the row's sums of squares (FBGEMM's
-    formula; 0 where the denominator is 0, which FBGEMM leaves to be 0 / 0)."""
+    formula; 0 where the denominator is 0, where FBGEMM divides by 0: its row then turns NaN through inf * 0)."""
     wn = float32(math.sqrt(w_sumsq))
     den = float32(math.sqrt(g_sumsq)) + wd * wn
     if den == float32(0.0):

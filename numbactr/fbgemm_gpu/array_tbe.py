@@ -28,8 +28,8 @@ FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_traini
     torch.lerp_'s formula (ema_inplace; dims must be even).
   * LARS_SGD (FBGEMM's GPU kernels; its CPU build has none): per touched row, rate = lr eta |w| / (|g| + wd |w|),
     momentum1 = momentum momentum1 + rate (g + wd w), w -= momentum1 (the engine's Optim.LARS_SGD; a row with
-    |g| + wd |w| = 0 gets rate 0 where FBGEMM computes 0 / 0). No iteration count and no get_optimizer_state
-    names, as in FBGEMM.
+    |g| + wd |w| = 0 gets rate 0 where FBGEMM divides by 0, which makes the row NaN). No iteration count and no
+    get_optimizer_state names, as in FBGEMM.
   * WeightDecayMode.DECOUPLE_GLOBAL (EXACT_ROWWISE_ADAGRAD, FBGEMM's GPU kernels; its CPU build has none):
     a per-row prev_iter state (get_optimizer_state: sum, prev_iter, iter); from global_weight_decay.start_iter
     on, a training forward reads each row scaled by the decay of the iterations it missed,
@@ -250,7 +250,7 @@ def _lerp_(slow, fast, coef: float) -> None:
     w = np.float32(coef)
     a, b = slow.astype(np.float32), fast.astype(np.float32)
     diff = b - a
-    out = a + w * diff if w < 0.5 else b - diff * (np.float32(1.0) - w)
+    out = a + w * diff if abs(w) < 0.5 else b - diff * (np.float32(1.0) - w)
     slow[...] = out.astype(slow.dtype)
 
 
@@ -1110,7 +1110,8 @@ class ArrayTBE(TBECore):
             self.ema_inplace(int(self.iter[0]))
         out, lookup = self.lookup(indices, offsets, per_sample_weights, feature_requires_grad,
                                   batch_size_per_feature_per_rank, total_unique_indices,
-                                  iteration=int(self.iter[0]), global_decay=self.decays_globally(int(self.iter[0]), self.training),
+                                  iteration=int(self.iter[0]),
+                                  global_decay=self.decays_globally(int(self.iter[0]), self.training),
                                   **unsupported)
         if self.training:
             self._pending = lookup
