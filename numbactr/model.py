@@ -610,8 +610,8 @@ class Model:
         return batch                             # the reader already hands out this rank's rows
 
     def _next_train_batch(self):
-        """The next training batch: through the device stager on a GPU-style one-rank step (the batch after
-        it already uploading, numbactr.data.staging), else straight from the reader."""
+        """The next training batch: through the device stager on a GPU-style step (the batch after it
+        already uploading, numbactr.data.staging), else straight from the reader."""
         stager = self._stager_for_step()
         if stager is None:
             return self._next_batch(self._train_reader)
@@ -625,14 +625,17 @@ class Model:
         return batch
 
     def _stager_for_step(self):
-        """A DeviceStager when batches can live on the device for the whole step: the kernels, one rank, and
-        only SparseEmbeddings whose lookups read nothing back (no collection, no hybrid embedding)."""
-        if not staging.staging_enabled() or self.ranks != 1 or self.collections:
+        """A DeviceStager when batches can live on the device for the whole step: the kernels and only
+        SparseEmbeddings whose lookups read nothing back (no collection, no hybrid embedding). On several ranks
+        the stager keeps each batch's host arrays as mirrors of its device arrays: the sharded embeddings
+        route the keys on the host from them, without a device read."""
+        if not staging.staging_enabled() or self.collections:
             return None
         if not all(getattr(getattr(e, "engine", None), "defer_checks", False) for e in self.embeddings):
             return None
-        if self._stager is None or self._stager.kind != device.kind():
-            self._stager = staging.DeviceStager()
+        mirrors = self.ranks > 1
+        if self._stager is None or self._stager.kind != device.kind() or self._stager.host_mirrors != mirrors:
+            self._stager = staging.DeviceStager(host_mirrors=mirrors)
         return self._stager
 
     def train(self) -> bool:

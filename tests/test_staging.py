@@ -74,3 +74,43 @@ def test_reader_workers_write_the_pinned_buffers(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(staged.weights), np.asarray(plain.weights))
     np.testing.assert_array_equal(np.asarray(staged.embeddings[0].weight.data),
                                   np.asarray(plain.embeddings[0].weight.data))
+
+
+def test_host_mirrors_serve_the_batch_handed_out_and_hold_its_blocks(tmp_path, monkeypatch):
+    """Several ranks route keys on the host: a stager with host_mirrors registers the handed-out batch's host
+    arrays, so device.to_host of its device arrays reads nothing back (and returns read-only values equal to
+    the device's); the previous batch's mirrors go when the next batch is handed out, and its arena blocks are
+    released only then (a worker may not overwrite them while the step still reads them)."""
+    from numbactr.kernels import launch
+    monkeypatch.setenv("NUMBACTR_STAGE_INPUTS", "1")
+    device.set_device("sim")
+    tr, ev = tiny_data(str(tmp_path), n_train=24, n_eval=8, files=1)
+    m = tiny_dlrm(tr, ev, batch=4, lr=0.05)
+    m.ranks = 2                                  # (the model's own step stays one rank's: only the stager)
+    stager = m._stager_for_step()
+    m.ranks = 1
+    assert stager.host_mirrors
+    m.start_data_reading()
+    previous = None
+    for _ in range(8):
+        batch = stager.next(m._train_reader, m._fetch_for_staging)
+        arrays = [batch.label, batch.dense] + [x for kv in batch.sparse for x in kv]
+        launch.reset_counts()
+        hosts = [device.to_host(a) for a in arrays]
+        assert launch.reset_counts()["host_reads"] == 0
+        for a, h in zip(arrays, hosts):
+            np.testing.assert_array_equal(h, np.asarray(a))
+            assert not h.flags.writeable and h is not a
+        if previous is not None:
+            # the last batch is retired: a read of its arrays (their slot now holds the batch staged after this
+            # one) is a device read again
+            # (a one-hot input's offsets are one device arange for every batch: still the current batch's)
+            stale = [a for a in previous if not any(a is b for b in arrays)]
+            launch.reset_counts()
+            for a in stale:
+                device.to_host(a)
+            assert len(stale) == 3 and launch.reset_counts()["host_reads"] == 3
+        previous = arrays
+    assert stager.direct_uploads > 0 and stager.arena.reused > 0
+    # one-rank stagers keep no mirrors
+    assert not DeviceStager().host_mirrors

@@ -200,14 +200,14 @@ def _check(got: dict, budget: dict, what: str) -> None:
 RANKS_BUDGET = {"launches": 55, "host_reads": 0}
 
 
-def _run_ranks(tmp_path, *extra):
+def _run_ranks(tmp_path, *extra, **env_extra):
     import os
     import subprocess
 
     from tests.mpi_util import MPIEXEC
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     root = str(__import__("pathlib").Path(__file__).parent.parent)
-    env.update(NUMBACTR_DEVICE="sim", PYTHONPATH=root)
+    env.update(NUMBACTR_DEVICE="sim", PYTHONPATH=root, **env_extra)
     out = tmp_path / "counts.json"
     r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/step_counts_run.py", str(out), *extra],
                        capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL, cwd=root)
@@ -221,7 +221,8 @@ def test_several_ranks_step_reads_nothing_back(tmp_path):
     summed over the ranks on the device and read at display (get_current_loss: the mean of the ranks' own
     losses, as before), the dense gradients are reduced in place, the embeddings' checks are deferred on
     every rank (owner engines and the poolers of the returned vectors), and the embedding gradients' row
-    count is known without a read."""
+    count is known without a read. The batches are staged on the device, and the routing reads their host
+    mirrors; staged training equals unstaged training bit for bit."""
     import json
 
     from tests.mpi_util import HAVE_MPI
@@ -232,13 +233,22 @@ def test_several_ranks_step_reads_nothing_back(tmp_path):
     got = json.loads(out.read_text())
     assert got["ranks"] == 2 and len(got["steps"]) == 3
     for i, step in enumerate(got["steps"]):
-        assert step["batch_reads"] > 0, step                # the routing read the host batch (not counted)
+        # staged, with host mirrors: the routing read the batch's host copies, never the device
+        assert step["staged"] and step["mirrored_reads"] > 0 and step["batch_reads"] == 0, step
         for name in ("launches", "host_reads"):
             assert step[name] <= RANKS_BUDGET[name], f"step {i + 1}: {step} (budget {RANKS_BUDGET})"
         own = step["own"]
         assert len(own) == 2
         assert step["reported"] == (own[0] + own[1]) / 2, step      # float64 sum of the float32 losses
     assert len({s["reported"] for s in got["steps"]}) == 3          # a new value each step
+    # the same steps unstaged (each rank's batch straight from its reader, host arrays): the same losses,
+    # dense weights and embedding rows, bit for bit
+    r, out = _run_ranks(tmp_path / "unstaged", NUMBACTR_STAGE_INPUTS="0")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    plain = json.loads(out.read_text())
+    assert not any(s["staged"] for s in plain["steps"])
+    assert [s["reported"] for s in plain["steps"]] == [s["reported"] for s in got["steps"]]
+    assert plain["trained"] == got["trained"] and len(got["trained"]) == 2
 
 
 #: the same on 2 ranks in mixed precision (fp16, Adam; top MLP 16-8-1): measured 2026-11-28 on sim, 56

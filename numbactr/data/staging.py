@@ -25,8 +25,11 @@ slot's device buffers, valid until the step after next (the model reads them wit
 
 On the simulator the same slots are plain NumPy buffers and the copies ``np.copyto`` (there are no streams):
 the order, the reader's semantics and the contents are what the tests there check; the streams and events
-are the GPU's. Model.train uses a stager on one rank when every embedding is a SparseEmbedding on the
-kernels (numbactr.model.Model._stager_for_step); NUMBACTR_STAGE_INPUTS=0 turns it off.
+are the GPU's. Model.train uses a stager when every embedding is a SparseEmbedding on the kernels
+(numbactr.model.Model._stager_for_step); NUMBACTR_STAGE_INPUTS=0 turns it off. On several ranks the
+sharded embeddings read each batch's keys on the host to route them to their owners: the stager then keeps
+the batch's host arrays as read-only mirrors of its device arrays (host_mirrors), which
+numbactr.device.to_host returns without a device read.
 """
 from __future__ import annotations
 
@@ -170,9 +173,16 @@ class _Slot:
 
 class DeviceStager:
     """See the module docstring. ``next(reader, fetch)``: the next batch of `reader` on the device (None at
-    the end of an epoch-mode source), with the one after it already uploading."""
+    the end of an epoch-mode source), with the one after it already uploading.
 
-    def __init__(self):
+    host_mirrors (several ranks: the sharded embeddings route each key to its owner on the host): the batch
+    handed out keeps its host arrays, registered with numbactr.device.add_host_mirrors, so that
+    device.to_host of its device arrays reads nothing back; they stay valid (a reader's arena blocks are
+    released, a slot's pinned buffers restaged) only once the next batch is handed out."""
+
+    def __init__(self, host_mirrors: bool = False):
+        self.host_mirrors = bool(host_mirrors)
+        self._out = None                # (mirror pairs, arena memory) of the batch handed out last
         self.kind = device.kind()
         self.gpu = self.kind == "gpu"
         self.slots = [_Slot(self.gpu), _Slot(self.gpu)]
@@ -197,8 +207,12 @@ class DeviceStager:
         else:                            # the first step, or the source changed: stage now
             staged = self._stage(fetch(reader))
         self.pending = None
+        self._retire()
         if staged is not _END:
             self._ready(staged)
+            if self.host_mirrors:
+                self._out = (staged[2], staged[3])
+                device.add_host_mirrors(staged[2])
         # the next batch starts uploading now, behind what the compute stream has queued so far
         self.pending = (reader, self._stage(fetch(reader)))
         return None if staged is _END else staged[0]
@@ -206,6 +220,17 @@ class DeviceStager:
     def drop(self) -> None:
         """Forget a staged batch (its reader is being replaced)."""
         self.pending = None
+
+    def _retire(self) -> None:
+        """The batch handed out last is done with (its step has run on the host): its host mirrors go and
+        its arena blocks return."""
+        if self._out is None:
+            return
+        pairs, (mem, event) = self._out
+        self._out = None
+        device.remove_host_mirrors(pairs)
+        if mem is not None:
+            self.arena.release(mem, event)
 
     # ---- internals ----------------------------------------------------------------------------------
     def _stage(self, batch):
@@ -222,17 +247,19 @@ class DeviceStager:
             after.record(cupy.cuda.Stream.null)   # the compute queued so far: the slot's last user included
             self.stream.wait_event(after)
         mem = batch.memory if getattr(batch.memory, "arena", None) is self.arena else None
-        label = self._upload(slot, "label", batch.label, mem)
-        dense = self._upload(slot, "dense", batch.dense, mem)
+        pairs = []                      # (device array, host array), for host_mirrors
+        label = self._upload(slot, "label", batch.label, mem, pairs)
+        dense = self._upload(slot, "dense", batch.dense, mem, pairs)
         sparse = []
         for i, (keys, offsets) in enumerate(batch.sparse):
-            k = self._upload(slot, f"keys{i}", keys, mem)
+            k = self._upload(slot, f"keys{i}", keys, mem, pairs)
             n_bags = offsets.shape[0] - 1
             if keys.shape[0] == n_bags and offsets[0] == 0 and np.array_equal(offsets, self._host_arange(n_bags + 1)):
                 o = self._arange(n_bags + 1)
+                pairs.append((o, self._host_arange(n_bags + 1)))
                 self.device_offsets += 1
             else:
-                o = self._upload(slot, f"offsets{i}", offsets, mem)
+                o = self._upload(slot, f"offsets{i}", offsets, mem, pairs)
             sparse.append((k, o))
         event = None
         if self.gpu:
@@ -240,13 +267,13 @@ class DeviceStager:
             event = cupy.cuda.Event(disable_timing=True)
             event.record(self.stream)
             slot.uploaded = event
-        if mem is not None:
+        if mem is not None and not self.host_mirrors:
             self.arena.release(mem, event)      # the blocks return once the upload has read them
         self.uploads += 1
         return (Batch(label=label, dense=dense, sparse=sparse, size=batch.size, global_size=batch.global_size),
-                event)
+                event, pairs if self.host_mirrors else [], (mem if self.host_mirrors else None, event))
 
-    def _upload(self, slot: _Slot, name: str, a, mem=None):
+    def _upload(self, slot: _Slot, name: str, a, mem=None, pairs=None):
         a = np.ascontiguousarray(a)
         dev = slot.device_buffer(name, a.dtype, a.size)
         if mem is not None and mem.owns(a):     # a worker wrote it into pinned memory: upload it as it is
@@ -260,7 +287,10 @@ class DeviceStager:
             dev.set(host, stream=self.stream)
         else:
             np.copyto(dev, host)
-        return dev.reshape(a.shape)
+        dev = dev.reshape(a.shape)
+        if pairs is not None:
+            pairs.append((dev, host.reshape(a.shape)))
+        return dev
 
     def _host_arange(self, n: int):
         h = self._offsets_host.get(n)
@@ -276,7 +306,7 @@ class DeviceStager:
 
     def _ready(self, staged) -> None:
         """The compute stream waits for the batch's upload (a device-side wait)."""
-        _, event = staged
+        event = staged[1]
         if event is not None:
             import cupy
             cupy.cuda.Stream.null.wait_event(event)

@@ -253,7 +253,8 @@ class HashEmbedding:
         slot = key_slots(offsets_h, keys_h.shape[0], self.slots)                     # (N,)
         owner = key_owner(keys_h, slot, self.comm.size, self.by_slot)
         record = training and self.row_slot is not None       # a Localized table sends the slots of its keys
-        return self._sharded.lookup(keys_h, offsets_h, owner, training, payload=slot if record else None)
+        # the keys and offsets as they came (device arrays, when staged): the device path gathers them there
+        return self._sharded.lookup(keys, offsets, owner, training, payload=slot if record else None)
 
     def _owner_lookup(self, keys, offsets, training: bool, slots):
         """The owner's side of a sharded lookup: the received occurrences, pooling NONE."""

@@ -5,9 +5,10 @@ tests/mpi/sharded_device_run.py does), the kernels in the simulator:
     NUMBACTR_DEVICE=sim mpiexec -n R python tests/mpi/step_counts_run.py OUT.json [full]
 
 Each rank trains the MLPerf-shaped DLRM (numbactr.bench_mlperf) for a few steps and counts, per step, the
-kernel launches and the device-to-host reads (numbactr.kernels.launch.COUNTS). Reads of the batch's own
-arrays are not device reads: on a GPU a rank's unstaged batch is host memory, which the sharded lookup routes
-from (on the simulator every array is host memory, so to_host counts them; they are subtracted by identity).
+kernel launches and the device-to-host reads (numbactr.kernels.launch.COUNTS). The batches are staged on the
+device (numbactr.data.staging) with host mirrors, which the sharded lookup routes from without a device read
+(mirrored_reads counts those). Without staging (NUMBACTR_STAGE_INPUTS=0) a rank's batch is host memory on a
+GPU; on the simulator every array is host memory, so to_host counts those reads: batch_reads, subtracted.
 After each step every rank also records its reported loss and its own loss tensor, so the test can check the
 reported loss against the mean of the ranks' losses. Rank 0 writes OUT.json.
 
@@ -68,10 +69,13 @@ def recording_forward(batch, training, tape):
 model._forward = recording_forward
 to_host = device.to_host
 batch_reads = [0]
+mirrored_reads = [0]
 
 
 def counting_to_host(a):
-    if id(a) in batch_arrays:
+    if device.host_mirror(a) is not None:       # a staged batch's host copy: no device read (not counted)
+        mirrored_reads[0] += 1
+    elif id(a) in batch_arrays:
         batch_reads[0] += 1
     return to_host(a)
 
@@ -83,18 +87,29 @@ for i in range(3):
     if full and i == 1:
         emb.table._max_rows = emb.table.size          # no room for the next step's new keys
     launch.reset_counts()
-    batch_reads[0] = 0
+    batch_reads[0] = mirrored_reads[0] = 0
     assert model.train()
     counts = launch.reset_counts()
     own = float(np.asarray(device.to_host(model._last_tensors[True][loss_name].data)).reshape(-1)[0])
     reported = model.get_current_loss()
     steps.append(dict(launches=counts["launches"], host_reads=counts["host_reads"] - batch_reads[0],
-                      batch_reads=batch_reads[0], reported=reported, own=comm.allgather_rows(np.array([own])).tolist()))
+                      batch_reads=batch_reads[0], mirrored_reads=mirrored_reads[0], reported=reported,
+                      staged=model._stager is not None, own=comm.allgather_rows(np.array([own])).tolist()))
 if full:
     model.check_deferred()                            # the owner of the full table raises here
     print(f"rank {comm.rank}: no error was raised", flush=True)
     sys.exit(3)
 result = dict(ranks=comm.size, steps=steps)
+if not amp:
+    # what the steps trained, bit for bit (tests compare staged with unstaged runs): the dense weights and this
+    # rank's embedding rows in key order, hashed on each rank
+    import hashlib
+    keys, vecs = emb.dump()
+    order = np.argsort(keys, kind="stable")
+    digest = hashlib.sha256(np.ascontiguousarray(device.to_host(model.weights)).tobytes())
+    digest.update(np.ascontiguousarray(keys[order]).tobytes())
+    digest.update(np.ascontiguousarray(vecs[order]).tobytes())
+    result["trained"] = comm.allgather_rows(np.frombuffer(digest.digest(), np.uint8).reshape(1, -1)).tolist()
 if amp:
     from numbactr.autograd import tape as tape_mod
 
