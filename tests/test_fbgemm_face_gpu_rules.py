@@ -215,6 +215,12 @@ def test_global_weight_decay_failed_forward_leaves_the_tables_untouched():
         face(np.array([0, 99], np.int64), np.array([0, 1, 2], np.int64))
     np.testing.assert_array_equal(face.split_embedding_weights()[0], rows)
     np.testing.assert_array_equal(face.split_optimizer_states()[0][1], prev)
+    # a backward whose gradient has the wrong shape fails before any row or prev_iter changes
+    face(np.array([0, 1], np.int64), np.array([0, 1, 2], np.int64))
+    with pytest.raises(Exception):
+        face.backward(np.zeros((1, 3), np.float32))
+    np.testing.assert_array_equal(face.split_embedding_weights()[0], rows)
+    np.testing.assert_array_equal(face.split_optimizer_states()[0][1], prev)
 
 
 def test_torch_module_global_weight_decay_buffers_and_round_trip():

@@ -832,16 +832,20 @@ class TBECore:
             factor = xp.maximum(np.float32(self.gwd_lower_bound), xp.power(base, n).astype(np.float32))
             factor = xp.where(p == 0, np.float32(1.0), factor).astype(np.float32)
             old = w[rows_d]
-            saved.append((rows_d, old))
+            saved.append((rows_d, old, p.copy()))
             w[rows_d] = (old.astype(np.float32) * factor[:, None]).astype(w.dtype)
             if commit:
                 prev[rows_d] = it
         return saved
 
     def _restore_rows(self, saved: list) -> None:
-        for w, kept in zip(self.split_embedding_weights(), saved):
+        """Put back what _global_decay changed (the rows, and prev_iter)."""
+        states = self.engine.split_optimizer_states()
+        for t, (w, kept) in enumerate(zip(self.split_embedding_weights(), saved)):
             if kept is not None:
-                w[kept[0]] = kept[1]
+                rows_d, old, prev = kept
+                w[rows_d] = old
+                states[t][1][rows_d] = prev
 
     def decays_globally(self, iteration: int, training: bool) -> bool:
         """Whether a forward at `iteration` applies global weight decay: in training, DECOUPLE_GLOBAL, from
@@ -914,9 +918,16 @@ class TBECore:
             dy = dy * self._writeback_mask(*lookup.writeback).astype(dy.dtype)
         if self.counts_iterations:
             self.engine.step = lookup.iteration - 1         # the engine's update uses t = step + 1
-        if lookup.global_decay is not None:       # the rows' decay from their prev_iter now, then the update
-            self._global_decay(lookup.global_decay, lookup.iteration, commit=True)
-        return self.engine.backward(lookup.ctx, dy)
+        if lookup.global_decay is None:
+            return self.engine.backward(lookup.ctx, dy)
+        # the rows' decay from their prev_iter now, then the update; an update that fails (a gradient of the
+        # wrong shape) leaves the rows and prev_iter as they were
+        saved = self._global_decay(lookup.global_decay, lookup.iteration, commit=True)
+        try:
+            return self.engine.backward(lookup.ctx, dy)
+        except BaseException:
+            self._restore_rows(saved)
+            raise
 
     # ---- state ------------------------------------------------------------------------------------------
     def split_embedding_weights(self) -> list:
