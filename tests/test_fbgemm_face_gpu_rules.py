@@ -223,6 +223,21 @@ def test_global_weight_decay_failed_forward_leaves_the_tables_untouched():
     np.testing.assert_array_equal(face.split_optimizer_states()[0][1], prev)
 
 
+def test_global_weight_decay_needs_a_weight_decay():
+    """FBGEMM takes the global-decay path only with weight_decay > 0: with 0, prev_iter is never written, so
+    rows are not decayed later for iterations before a weight decay was set."""
+    face = _gwd_face(wd=0.0)
+    _gwd_step(face, [0])
+    assert not np.any(face.split_optimizer_states()[0][1])
+    face.update_hyper_parameters({"weight_decay": 0.5})
+    for _ in range(3):
+        _gwd_step(face, [1])
+    # row 0 was never recorded: read undecayed at iteration 5, then decayed by the update's (1 - lr wd) only
+    np.testing.assert_allclose(_gwd_step(face, [0])[0], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(face.split_embedding_weights()[0][0], 1 - 0.1 * 0.5, rtol=1e-6)
+    assert face.split_optimizer_states()[0][1][0] == 5
+
+
 def test_torch_module_global_weight_decay_buffers_and_round_trip():
     torch = pytest.importorskip("torch")
     from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen

@@ -35,8 +35,10 @@ FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_traini
     on, a training forward reads each row scaled by the decay of the iterations it missed,
     f = max(lower_bound, (1 - lr wd) ** max(iter - prev_iter - 1, 0)), and leaves the tables as they were; its
     backward scales the rows by f, sets prev_iter = iter and then runs DECOUPLE's update (TBECore._global_decay;
-    the rows are those the lookup reads after the bounds check's repairs). Not with MANAGED_CACHING tables
-    or PoolingMode.NONE.
+    the rows are those the lookup reads after the bounds check's repairs; with weight_decay 0 nothing, as in
+    FBGEMM). Two differences: per-sample weights get the gradient of what the forward computed, dout . (f w)
+    (FBGEMM's uses the stored rows, dout . w), and float16 rows are read as float16(f w) (FBGEMM scales them
+    in float32 registers). Not with MANAGED_CACHING tables or PoolingMode.NONE.
   * ADAM with UserEnabledConfigDefinition(use_rowwise_bias_correction=True): the bias corrections use the
     row's own update count, a third per-row state row_counter (FBGEMM's GPU kernels; its CPU build has no
     ADAM).
@@ -848,9 +850,11 @@ class TBECore:
                 states[t][1][rows_d] = prev
 
     def decays_globally(self, iteration: int, training: bool) -> bool:
-        """Whether a forward at `iteration` applies global weight decay: in training, DECOUPLE_GLOBAL, from
+        """Whether a forward at `iteration` applies global weight decay: in training, DECOUPLE_GLOBAL with a
+        weight_decay above 0 (FBGEMM's condition: with 0, prev_iter is never written), from
         global_weight_decay.start_iter on."""
-        return bool(training and self.global_weight_decay and iteration >= self.gwd_start_iter)
+        return bool(training and self.global_weight_decay and iteration >= self.gwd_start_iter
+                    and self.engine.optimizer.weight_decay > 0)
 
     def ema_inplace(self, iteration: int, emainplace_mode: dict | None = None) -> None:
         """FBGEMM's EMAINPLACE_ROWWISE_ADAGRAD step, which its training forwards take before the lookup: each
