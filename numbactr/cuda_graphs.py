@@ -55,11 +55,14 @@ def _array_key(a) -> tuple:
 
 
 def batch_key(model, batch) -> tuple:
-    """What a graph is specific to: the input arrays (address, shape, dtype), the frozen flags and the
-    loss scaler (a launch argument)."""
+    """What a graph is specific to: the input arrays (address, shape, dtype), the frozen flags, the loss
+    scaler (a launch argument) and each embedding engine's optimizer kind and weight-decay mode (the update
+    kernel a step launches is compiled for them: kernels.tbe.make_update_kernel)."""
     arrays = [batch.label, batch.dense] + [x for kv in batch.sparse for x in kv]
     frozen = (model.dense_frozen,) + tuple(bool(getattr(e, "frozen", False)) for e in model.embeddings)
-    return tuple(_array_key(a) for a in arrays), frozen, float(model.solver.scaler)
+    kinds = tuple((int(o.kind), int(o.weight_decay_mode)) for o in
+                  (getattr(getattr(e, "engine", None), "optimizer", None) for e in model.embeddings) if o is not None)
+    return tuple(_array_key(a) for a in arrays), frozen, float(model.solver.scaler), kinds
 
 
 def ineligible(model, batch) -> str | None:

@@ -130,6 +130,13 @@ def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     k1 = cuda_graphs.batch_key(m, batch)
     m.freeze_dense()
     assert cuda_graphs.batch_key(m, batch) != k1
+    # and each embedding engine's optimizer kind and weight-decay mode (the update kernel is compiled for them)
+    from numbactr.embedding.engine import WeightDecay
+    k2 = cuda_graphs.batch_key(m, batch)
+    engine = m.embeddings[0].engine
+    assert (int(engine.optimizer.kind), int(engine.optimizer.weight_decay_mode)) in k2[-1]
+    engine.optimizer = dataclasses.replace(engine.optimizer, weight_decay_mode=WeightDecay.L2)
+    assert cuda_graphs.batch_key(m, batch) != k2
 
 
 class _SimGraphs(cuda_graphs.StepGraphs):
