@@ -368,8 +368,11 @@ class OneHotEmbedding(HashEmbedding):
         self.row_slot = None                      # row = key: the slot of a row is given by slot_size_array
 
     def _check_keys(self, keys) -> None:
-        # keys in host memory are checked there; device keys of a deferred step are left to the engine's
-        # FATAL bounds check, which records them on the device (no read in the step; raised at the check point)
+        # keys in host memory (or a staged batch's host mirror) are checked there; device keys of a deferred
+        # step are left to the engine's FATAL bounds check, which records them on the device (no read in the
+        # step; raised at the check point)
+        mirror = device.host_mirror(keys)
+        keys = keys if mirror is None else mirror
         xp = np if isinstance(keys, np.ndarray) else device.xp()
         if xp is not np and self._deferred():
             return
