@@ -635,6 +635,8 @@ class Model:
             return None
         mirrors = self.ranks > 1
         if self._stager is None or self._stager.kind != device.kind() or self._stager.host_mirrors != mirrors:
+            if self._stager is not None:
+                self._stager.close()
             self._stager = staging.DeviceStager(host_mirrors=mirrors)
         return self._stager
 

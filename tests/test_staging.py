@@ -112,5 +112,7 @@ def test_host_mirrors_serve_the_batch_handed_out_and_hold_its_blocks(tmp_path, m
             assert len(stale) == 3 and launch.reset_counts()["host_reads"] == 3
         previous = arrays
     assert stager.direct_uploads > 0 and stager.arena.reused > 0
+    stager.close()                               # (a model replacing its stager): the mirrors go
+    assert all(device.host_mirror(a) is None for a in arrays)
     # one-rank stagers keep no mirrors
     assert not DeviceStager().host_mirrors

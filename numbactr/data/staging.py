@@ -221,6 +221,11 @@ class DeviceStager:
         """Forget a staged batch (its reader is being replaced)."""
         self.pending = None
 
+    def close(self) -> None:
+        """Done with this stager (the model makes another): the last batch's host mirrors are removed."""
+        self.pending = None
+        self._retire()
+
     def _retire(self) -> None:
         """The batch handed out last is done with (its step has run on the host): its host mirrors go and
         its arena blocks return."""
