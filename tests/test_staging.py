@@ -69,7 +69,12 @@ def test_reader_workers_write_the_pinned_buffers(tmp_path, monkeypatch):
     state = (st.host_copies, st.direct_uploads, st.arena.blocks, st.arena.reused)
     assert st.host_copies == copies_then, state          # none since: each batch came in arena blocks
     assert st.direct_uploads == direct_then + 2 * 3, state   # label, dense, keys (offsets made on the device)
-    # label, dense, keys and offsets per batch, for the batches in flight (queued, held, staged)
+    # label, dense, keys and offsets per batch, for the batches in flight (queued, held, staged); the reader's
+    # worker reuses released blocks for the batches it prefetches after them (it runs on its own: wait for it)
+    import time
+    deadline = time.monotonic() + 30
+    while st.arena.reused == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert st.arena.reused > 0 and st.arena.blocks <= 4 * 10, state
     np.testing.assert_array_equal(np.asarray(staged.weights), np.asarray(plain.weights))
     np.testing.assert_array_equal(np.asarray(staged.embeddings[0].weight.data),
@@ -111,8 +116,45 @@ def test_host_mirrors_serve_the_batch_handed_out_and_hold_its_blocks(tmp_path, m
                 device.to_host(a)
             assert len(stale) == 3 and launch.reset_counts()["host_reads"] == 3
         previous = arrays
-    assert stager.direct_uploads > 0 and stager.arena.reused > 0
     stager.close()                               # (a model replacing its stager): the mirrors go
     assert all(device.host_mirror(a) is None for a in arrays)
     # one-rank stagers keep no mirrors
     assert not DeviceStager().host_mirrors
+
+
+def test_host_mirrored_batches_keep_their_arena_blocks_until_retired():
+    """With host_mirrors, a batch's arena blocks (where a reader worker wrote it) are released when the next
+    batch is handed out, not when its upload is done: the step reads their host mirrors until then. A
+    synthetic reader whose every batch lies in arena blocks (a real reader's first batches may be queued
+    before the stager hands it the arena, so how many use it depends on thread timing)."""
+    from types import SimpleNamespace
+
+    from numbactr.data.batch import Batch
+    device.set_device("sim")
+    stager = DeviceStager(host_mirrors=True)
+    reader = SimpleNamespace(memory=SimpleNamespace(arena=None))
+    rng = np.random.default_rng(0)
+
+    def fetch(_reader):
+        mem = reader.memory.arena.batch_memory()
+        label, dense = mem.empty((4, 1), np.float32), mem.empty((4, 3), np.float32)
+        keys = mem.empty((6,), np.int64)
+        label[:], dense[:], keys[:] = rng.random((4, 1)), rng.random((4, 3)), rng.integers(0, 9, 6)
+        offsets = np.array([0, 2, 3, 3, 6], np.int64)            # not one-hot: uploaded as well (a copy)
+        return Batch(label, dense, [(keys, offsets)], 4, memory=mem)
+
+    held = []
+    for step in range(6):
+        batch = stager.next(reader, fetch)
+        pairs, (mem, _event) = stager._out
+        assert mem is not None and len(mem.blocks) == 3      # label, dense, keys: still the batch's
+        for d, h in pairs:
+            np.testing.assert_array_equal(device.to_host(d), h)
+        if held:
+            assert held[-1].blocks == []                     # the batch before it: released on hand-over
+        held.append(mem)
+        assert stager.pending[1][3][0].blocks                # the batch staged behind it keeps its blocks too
+    assert stager.direct_uploads == 3 * 7 and stager.host_copies == 7    # 6 handed out, 1 staged; offsets copied
+    assert stager.arena.reused > 0                           # released blocks went to later batches
+    stager.close()
+    assert held[-1].blocks == []
