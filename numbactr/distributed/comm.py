@@ -112,6 +112,7 @@ class Comm:
         self.rank = mpi_comm.Get_rank() if mpi_comm is not None else 0
         self.size = mpi_comm.Get_size() if mpi_comm is not None else 1
         self.calls = 0
+        self.count_exchanges = 0       # alltoallv row counts exchanged before the rows (statistics, tests)
         self.current = ""             # the collective this rank is in (named in abort messages)
         self._guard: _Guard | None = None
         self.placement = Placement(self.rank, self.size)     # world() fills in node and local rank
@@ -194,38 +195,52 @@ class Comm:
         self._wait(self._c.Igatherv(x.reshape(-1), [out.reshape(-1), sizes], root=root))
         return out
 
-    def alltoallv(self, parts: list[np.ndarray]) -> list[np.ndarray]:
+    def alltoallv(self, parts: list[np.ndarray], recv_rows=None) -> list[np.ndarray]:
         """parts[d] goes to rank d; returns what every rank sent here, in rank order.
-        All parts share dtype and trailing shape (rows may differ, also be empty)."""
+        All parts share dtype and trailing shape (rows may differ, also be empty).
+
+        recv_rows: the rows each rank sends here, when the caller knows them (the reverse of an earlier
+        exchange, or a fixed exchange plan: numbactr.embedding.sharded); else they are exchanged first, one
+        more collective (``count_exchanges`` counts those)."""
         if self.size == 1:
             return [parts[0]]
+        if recv_rows is not None and len(recv_rows) != self.size:
+            raise ValueError(f"alltoallv: {len(recv_rows)} receive counts for {self.size} ranks")
         if _on_device(parts[0]):
-            return self._device_alltoallv(parts)
+            return self._device_alltoallv(parts, recv_rows)
         self._enter("alltoallv")
         sample = parts[0]
         tail = sample.shape[1:]
         width = int(np.prod(tail, dtype=np.int64))
         send_counts = np.array([p.shape[0] for p in parts], dtype=np.int64)
-        recv_counts = np.empty(self.size, dtype=np.int64)
-        self._wait(self._c.Ialltoall(send_counts, recv_counts))
+        recv_counts = self._recv_counts(send_counts, recv_rows)
         send = np.ascontiguousarray(np.concatenate([p.reshape(-1, *tail) for p in parts]))
         recv = np.empty((int(recv_counts.sum()),) + tail, dtype=sample.dtype)
         send_sizes, recv_sizes = send_counts * width, recv_counts * width
         self._wait(self._c.Ialltoallv([send.reshape(-1), send_sizes], [recv.reshape(-1), recv_sizes]))
         return np.split(recv, np.cumsum(recv_counts)[:-1])
 
-    def _device_alltoallv(self, parts: list) -> list:
-        """alltoallv of CuPy arrays: the row counts over MPI (host integers known from the shapes), the
-        rows over NCCL, or all of it staged through the host."""
+    def _recv_counts(self, send_counts: np.ndarray, recv_rows) -> np.ndarray:
+        """The rows each rank sends here: recv_rows as given, or exchanged (MPI alltoall of the counts)."""
+        if recv_rows is not None:
+            return np.asarray([int(r) for r in recv_rows], dtype=np.int64)
+        recv_counts = np.empty(self.size, dtype=np.int64)
+        self._wait(self._c.Ialltoall(send_counts, recv_counts))
+        self.count_exchanges += 1
+        return recv_counts
+
+    def _device_alltoallv(self, parts: list, recv_rows=None) -> list:
+        """alltoallv of CuPy arrays: the row counts over MPI (host integers known from the shapes; none when
+        the caller gives recv_rows, so a captured step enqueues NCCL work only), the rows over NCCL, or all of
+        it staged through the host."""
         import cupy
         if self.transport()[0] != "nccl":
-            return [cupy.asarray(p) for p in self.alltoallv([p.get() for p in parts])]
+            return [cupy.asarray(p) for p in self.alltoallv([p.get() for p in parts], recv_rows)]
         if len(parts) != self.size:
             raise ValueError(f"alltoallv: {len(parts)} parts for {self.size} ranks")
         send_counts = np.array([p.shape[0] for p in parts], dtype=np.int64)
-        recv_counts = np.empty(self.size, dtype=np.int64)
         self._enter("alltoallv")
-        self._wait(self._c.Ialltoall(send_counts, recv_counts))
+        recv_counts = self._recv_counts(send_counts, recv_rows)
         return self._nccl.alltoallv(parts, [int(r) for r in recv_counts])
 
     def bcast(self, obj, root: int = 0):
