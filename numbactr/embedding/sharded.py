@@ -29,6 +29,15 @@ owner, which receives rank 0's occurrences first, then rank 1's, ..., each in ba
 batch's order, so every row sums its gradients in the one-rank run's order (sharded == one rank, bit for
 bit, when each rank's dY is the one-rank dY's rows). Embedding gradients are never allreduced.
 
+Row counts: a receiver must know how many rows each rank sends it. The output_dist and the backward's
+exchange are the reverse of the input_dist, so their counts are known; the input_dist's are exchanged first
+(one MPI alltoall of R integers), except under a fixed exchange plan: when the caller (numbactr.model, once
+per step, all ranks together) names the step's ``fixed_key``, a key that fixes every rank's owners (a
+slot-owned table whose bags hold one key each: the owners then follow from the bag count alone), the first
+lookup with that key exchanges the counts and keeps them with the grouping (order, cuts, their device copies,
+the payload's), and later lookups with it reuse all of it: no count exchange and no host-to-device copy, so
+the lookup enqueues device work only (what a CUDA graph of a step on several ranks captures).
+
 Two paths, the same wires (``exchange_on_device``): when every rank has a GPU of its own and NCCL is usable
 (``Comm.transport()`` is 'nccl' on the gpu device) keys, payloads, vectors and gradients stay device arrays
 and travel by NCCL (Comm.alltoallv with CuPy arrays; only the owners (N,), a host array the caller made,
@@ -59,6 +68,21 @@ class ShardedLookup:
     cuts: np.ndarray
     pooled: LookupContext | None
     order_on_device: object = None      # order as a device array when the exchange runs on the device
+    recv: tuple | None = None           # rows each rank sent this one in the input_dist (the backward's counts)
+
+
+@dataclass
+class ExchangePlan:
+    """A lookup's grouping by owner and input_dist receive counts, kept under a fixed key (module
+    docstring): owner (N,) host, order (N,) and cuts (R-1,) host, their device copy, the rows each rank
+    sends here, and the payload sent in order (device), once one was sent."""
+    owner: np.ndarray
+    order: np.ndarray
+    cuts: np.ndarray
+    order_on_device: object
+    recv: tuple
+    payload: object = None
+    payload_host: np.ndarray | None = None
 
 
 def exchange_on_device(comm) -> bool:
@@ -73,6 +97,19 @@ def _split(a, cuts) -> list:
     """a cut into consecutive row blocks at the host integers ``cuts`` (any array library)."""
     edges = [0, *(int(c) for c in cuts), a.shape[0]]
     return [a[edges[i]:edges[i + 1]] for i in range(len(edges) - 1)]
+
+
+def _group(owner: np.ndarray, ranks: int):
+    """(order (N,), cuts (R-1,)): occurrences grouped by owner, in batch order within each group (a stable
+    sort by owner, one pass per rank: ~3x faster than argsort for millions of occurrences)."""
+    order = np.concatenate([np.flatnonzero(owner == r) for r in range(ranks)])
+    return order, np.cumsum(np.bincount(owner, minlength=ranks))[:-1]
+
+
+def _sent(cuts, n: int) -> list:
+    """Rows sent to each rank by an input_dist cut at ``cuts`` (of n occurrences)."""
+    edges = [0, *(int(c) for c in cuts), int(n)]
+    return [edges[i + 1] - edges[i] for i in range(len(edges) - 1)]
 
 
 def owner_offsets(m: int, features: int):
@@ -107,6 +144,12 @@ class ShardedTable:
         # (the caller's check points: a GPU step reads nothing back), as the owner's engine does its own
         self.defer_checks = bool(defer_checks)
         self._poolers = {}          # pooling -> the engine pooling the vectors that came back (grown as needed)
+        #: the next lookup's fixed exchange key (module docstring), set by the caller for one lookup on every
+        #: rank at once, None for an exchange of the counts
+        self.fixed_key = None
+        self.plans: dict = {}       # fixed key -> ExchangePlan
+        self.plan_hits = 0          # lookups that reused a plan (statistics, tests)
+        self._bags: dict = {}       # m -> owner_offsets(m, F) on the device (made once per m)
 
     def check_deferred(self) -> None:
         """Raise what the poolers' lookups recorded on the device since the last call (defer_checks)."""
@@ -120,34 +163,65 @@ class ShardedTable:
         pooling; pooling overrides the table's for this lookup."""
         xp, comm = device.xp(), self.comm
         pooling = self.pooling if pooling is None else Pooling(pooling)
-        if exchange_on_device(comm):
-            return self._lookup_on_device(keys, offsets, owner, training, payload, per_sample_weights, pooling)
-        keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
+        key, self.fixed_key = self.fixed_key, None            # (for this lookup only)
         owner = np.asarray(owner, np.int64)
+        plan = self._plan(key, owner, payload)
+        if exchange_on_device(comm):
+            return self._lookup_on_device(keys, offsets, owner, training, payload, per_sample_weights, pooling,
+                                          key, plan)
+        keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
         n = keys_h.shape[0]
-        # occurrences grouped by owner, in batch order within each group (a stable sort by owner, one pass
-        # per rank: ~3x faster than argsort for millions of occurrences)
-        order = np.concatenate([np.flatnonzero(owner == r) for r in range(comm.size)])
-        cuts = np.cumsum(np.bincount(owner, minlength=comm.size))[:-1]
+        if owner.shape[0] != n:
+            raise ValueError(f"ShardedTable.lookup: {owner.shape[0]} owners for {n} keys")
+        order, cuts = (plan.order, plan.cuts) if plan is not None else _group(owner, comm.size)
         # 1. input_dist: keys (+ payload) to their owners
         send = keys_h[order].astype(self.key_dtype)
         if payload is not None:
             send = np.stack([send, np.asarray(payload)[order].astype(self.key_dtype)], axis=1)   # (N, 2)
-        parts = comm.alltoallv(np.split(send, cuts))
+        parts = comm.alltoallv(np.split(send, cuts), None if plan is None else plan.recv)
+        recv = tuple(int(p.shape[0]) for p in parts)
+        if plan is None and key is not None:
+            self.plans[key] = ExchangePlan(owner.copy(), order, cuts, None, recv)
         got = np.concatenate(parts)
         got_keys, got_payload = (got[:, 0], xp.asarray(got[:, 1].astype(np.int64))) if payload is not None \
             else (got, None)
         # 2. lookup on the owner, pooling NONE: (M, D)
-        vecs, owned = self.owner_lookup(xp.asarray(got_keys), owner_offsets(got_keys.shape[0], self.features),
+        vecs, owned = self.owner_lookup(xp.asarray(got_keys), self._owner_offsets(got_keys.shape[0]),
                                         training, got_payload)
-        # 3. output_dist: each vector back to its sender, which pools its bags
-        back = comm.alltoallv(np.split(device.to_host(vecs), np.cumsum([p.shape[0] for p in parts])[:-1]))
+        # 3. output_dist: each vector back to its sender (who sent it: the counts are known), which pools
+        back = comm.alltoallv(np.split(device.to_host(vecs), np.cumsum(recv)[:-1]), _sent(cuts, n))
         mine = np.empty((n, self.dim), np.float32)
         mine[order] = np.concatenate(back)
         if pooling == Pooling.NONE:
-            return xp.asarray(mine), ShardedLookup(owned, order, cuts, None)
-        out, pooled = self._pool(xp.asarray(mine), xp.asarray(offsets_h), per_sample_weights, pooling)
-        return out, ShardedLookup(owned, order, cuts, pooled)
+            return xp.asarray(mine), ShardedLookup(owned, order, cuts, None, recv=recv)
+        out, pooled = self._pool(xp.asarray(mine), xp.asarray(offsets_h), per_sample_weights, pooling, offsets_h)
+        return out, ShardedLookup(owned, order, cuts, pooled, recv=recv)
+
+    def _plan(self, key, owner: np.ndarray, payload) -> ExchangePlan | None:
+        """The fixed exchange plan of ``key`` (None: no key, or its first lookup, which makes it). A key
+        promises the owners (and the payload) its first lookup had: checked here on the host, since a plan
+        used with other owners would send rows where no rank expects them."""
+        if key is None:
+            return None
+        plan = self.plans.get(key)
+        if plan is None:
+            return None
+        if not np.array_equal(plan.owner, owner) or (
+                payload is not None and plan.payload_host is not None
+                and not np.array_equal(plan.payload_host, np.asarray(payload))):
+            raise RuntimeError(f"ShardedTable: the exchange plan {key!r} was made for other owners than this "
+                               "lookup's (a fixed key must fix every rank's owners; numbactr.model's keys do)")
+        self.plan_hits += 1
+        return plan
+
+    def _owner_offsets(self, m: int):
+        """owner_offsets(m, F) on the device, made once per m (no host-to-device copy in a later step)."""
+        bags = self._bags.get(m)
+        if bags is None:
+            if len(self._bags) > 8:
+                self._bags.clear()
+            bags = self._bags[m] = owner_offsets(m, self.features)
+        return bags
 
     def gradients(self, lookup: ShardedLookup, dy):
         """(owned LookupContext, grads (M, D)): every rank sends each of its occurrences' gradient to the
@@ -157,51 +231,68 @@ class ShardedTable:
             per_key = dy                                                            # (N, D)
         else:                                       # row k of the pooling engine = occurrence k's gradient
             per_key = self._poolers[lookup.pooled.pooling].backward(lookup.pooled, dy).sparse.values
+        # the gradients take the input_dist's way: each rank receives as many rows as it did then
         if lookup.order_on_device is not None:          # the device path (exchange_on_device)
             xp = device.xp()
-            parts = self.comm.alltoallv(_split(xp.asarray(per_key)[lookup.order_on_device], lookup.cuts))
+            parts = self.comm.alltoallv(_split(xp.asarray(per_key)[lookup.order_on_device], lookup.cuts),
+                                        lookup.recv)
             return lookup.owned, xp.concatenate(parts)
-        parts = self.comm.alltoallv(np.split(device.to_host(per_key)[lookup.order], lookup.cuts))
+        parts = self.comm.alltoallv(np.split(device.to_host(per_key)[lookup.order], lookup.cuts), lookup.recv)
         return lookup.owned, device.xp().asarray(np.concatenate(parts))
 
-    def _lookup_on_device(self, keys, offsets, owner, training: bool, payload, per_sample_weights, pooling):
+    def _lookup_on_device(self, keys, offsets, owner, training: bool, payload, per_sample_weights, pooling,
+                          key=None, plan=None):
         """lookup() with every exchanged array a device array (exchange_on_device): the host path's steps
         and arithmetic, nothing read back to the host. owner (N,) is a host array (the caller's); the
-        grouping by owner is computed on the host from it and copied to the device once."""
+        grouping by owner is computed on the host from it and copied to the device, once per step, or once
+        for all under a fixed plan (which also keeps the payload's device copy and the receive counts)."""
         xp, comm = device.xp(), self.comm
-        owner = np.asarray(owner, np.int64)
-        order = np.concatenate([np.flatnonzero(owner == r) for r in range(comm.size)])
-        cuts = np.cumsum(np.bincount(owner, minlength=comm.size))[:-1]
-        order_d = xp.asarray(order)
         keys = xp.asarray(keys)
         n = keys.shape[0]
-        if order.shape[0] != n:
+        if owner.shape[0] != n:
             raise ValueError(f"ShardedTable.lookup: {owner.shape[0]} owners for {n} keys")
+        if plan is not None:
+            order, cuts, order_d = plan.order, plan.cuts, plan.order_on_device
+        else:
+            order, cuts = _group(owner, comm.size)
+            order_d = xp.asarray(order)
         # 1. input_dist
         send = xp.ascontiguousarray(keys[order_d].astype(self.key_dtype))
         if payload is not None:
-            sent = xp.asarray(payload)[order_d].astype(self.key_dtype)
+            if plan is not None and plan.payload is not None:
+                sent = plan.payload
+            else:
+                sent = xp.asarray(payload)[order_d].astype(self.key_dtype)
             send = xp.ascontiguousarray(xp.stack([send, sent], axis=1))                        # (N, 2)
-        parts = comm.alltoallv(_split(send, cuts))
+        parts = comm.alltoallv(_split(send, cuts), None if plan is None else plan.recv)
+        recv = tuple(int(p.shape[0]) for p in parts)
+        if key is not None:
+            if plan is None:
+                plan = self.plans[key] = ExchangePlan(owner.copy(), order, cuts, order_d, recv)
+            if payload is not None and plan.payload is None:
+                plan.payload, plan.payload_host = sent, np.array(payload, copy=True)
         got = xp.concatenate(parts)
         got_keys, got_payload = (xp.ascontiguousarray(got[:, 0]), got[:, 1].astype(np.int64)) \
             if payload is not None else (got, None)
         # 2. lookup on the owner, pooling NONE: (M, D)
-        vecs, owned = self.owner_lookup(got_keys, owner_offsets(got_keys.shape[0], self.features), training,
-                                        got_payload)
-        # 3. output_dist
-        back = comm.alltoallv(_split(xp.ascontiguousarray(vecs), np.cumsum([p.shape[0] for p in parts])[:-1]))
+        vecs, owned = self.owner_lookup(got_keys, self._owner_offsets(got_keys.shape[0]), training, got_payload)
+        # 3. output_dist (the counts are what this rank sent)
+        back = comm.alltoallv(_split(xp.ascontiguousarray(vecs), np.cumsum(recv)[:-1]), _sent(cuts, n))
         mine = xp.empty((n, self.dim), np.float32)
         mine[order_d] = xp.concatenate(back)
         if pooling == Pooling.NONE:
-            return mine, ShardedLookup(owned, order, cuts, None, order_d)
-        out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling)
-        return out, ShardedLookup(owned, order, cuts, pooled, order_d)
+            return mine, ShardedLookup(owned, order, cuts, None, order_d, recv)
+        host_offsets = offsets if isinstance(offsets, np.ndarray) else device.host_mirror(offsets)
+        out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling,
+                                 host_offsets)
+        return out, ShardedLookup(owned, order, cuts, pooled, order_d, recv)
 
-    def _pool(self, vectors, offsets, per_sample_weights, pooling):
+    def _pool(self, vectors, offsets, per_sample_weights, pooling, host_offsets=None):
         """(pooled (B, F*D), LookupContext) of this rank's occurrence vectors (N, D) in its bags, by an engine
         holding them as its rows (grown as batches need): the one-rank lookup's own pooling. Its optimizer
-        NONE makes its backward return each occurrence's gradient."""
+        NONE makes its backward return each occurrence's gradient. host_offsets: the offsets on the host
+        when the caller has them (a NumPy array, or a staged batch's host mirror), which spare the backward
+        its read of the touched row count."""
         n = vectors.shape[0]
         eng = self._poolers.get(pooling)
         if eng is None or eng.rows[0] < n:
@@ -213,7 +304,7 @@ class ShardedTable:
             eng.defer_checks = self.defer_checks and eng.impl == "kernels"
         eng.split_weights()[0][:n] = vectors
         out, ctx = eng.forward(device.xp().arange(n, dtype=np.int64), offsets, per_sample_weights, training=False)
-        host = offsets if isinstance(offsets, np.ndarray) else None
+        host = host_offsets if host_offsets is not None else offsets if isinstance(offsets, np.ndarray) else None
         if host is not None and host.shape[0] > 0 and host[0] == 0 and host[-1] == n and (np.diff(host) >= 0).all():
             # every occurrence k is in a bag and is row k: the backward's touched rows are 0..n-1, n of them,
             # which it then need not read back from the device (engine.LookupContext.extra "touched_rows")
