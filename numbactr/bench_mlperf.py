@@ -45,9 +45,11 @@ COLUMNS = ["impl", "optimizer", "D", "batch", "rows", "step ms", "samples/s", "e
 
 def build_mlperf_dlrm(hugectr, train_list: str, eval_list: str, *, batch: int, dim: int = 128,
                       optimizer: str = "sgd", lr: float = 0.01, workspace_mb: int = 64, bottom=BOTTOM, top=TOP,
-                      tf32: bool = False, amp: bool = False, seed: int = 0, dropout: float = 0.0):
+                      tf32: bool = False, amp: bool = False, seed: int = 0, dropout: float = 0.0,
+                      embedding_type: str = "DistributedSlotSparseEmbeddingHash"):
     """The MLPerf DLRM through the HugeCTR API (module docstring); compiled. dropout > 0 adds a Dropout after
-    each ReLU of the top MLP (MLPerf's model has none; the tests use it)."""
+    each ReLU of the top MLP (MLPerf's model has none; the tests use it); embedding_type names the
+    hugectr.Embedding_t of its one table (the tests also train a slot-owned Localized one)."""
     opt = optimizer.lower()
     if opt not in ("sgd", "adam"):
         raise ValueError(f"bench mlperf: optimizer must be sgd or adam, got {optimizer!r}")
@@ -66,7 +68,7 @@ def build_mlperf_dlrm(hugectr, train_list: str, eval_list: str, *, batch: int, d
     model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=DENSE, dense_name="dense",
                             data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True,
                                                                                           SLOTS)]))
-    model.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+    model.add(hugectr.SparseEmbedding(embedding_type=getattr(hugectr.Embedding_t, embedding_type),
                                       workspace_size_per_gpu_in_mb=workspace_mb, embedding_vec_size=dim,
                                       combiner="sum", sparse_embedding_name="sparse_embedding1",
                                       bottom_name="data1", optimizer=optimizer_params))

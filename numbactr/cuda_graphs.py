@@ -28,9 +28,22 @@ allocations, uploads and JIT compilation happen there, never inside a capture). 
 arrays' addresses and shapes: the stager alternates between two buffer sets, so there are two graphs), one
 step is captured on its own stream with its own CuPy memory pool (the graph's temporaries stay reserved
 for it), its host values uploaded, and the graph launched; later steps with that key run their host halves
-and launch the graph. Any step that is not eligible (a partial batch, another key count, several ranks, a
-loss read every step, frozen flags changed, mixed precision whose overflow is read on the host, ...) runs
-eagerly and drops the graphs: eager work may reallocate buffers that a graph points to. A capture that fails (an operation that cannot be
+and launch the graph. Any step that is not eligible (a partial batch, another key count, a loss read every
+step, frozen flags changed, mixed precision whose overflow is read on the host, ...) runs eagerly and drops
+the graphs: eager work may reallocate buffers that a graph points to.
+
+Several ranks: a graph then holds the step's NCCL calls (the dense gradients' and the loss's sums, the
+sharded tables' exchanges), so every rank must capture and replay the same steps, and every transfer must
+have the same size in every replay. ``Model._agree_on_step`` makes the decision a collective: one MPI
+allgather per step of each rank's verdict and of its tables' fixed exchange keys, and a step is a graph on
+every rank or on none. The exchanges' sizes are fixed only for slot-owned tables
+(LocalizedSlotSparseEmbeddingHash/OneHot) whose bags hold one key each: the owners then follow from the
+bag count, and numbactr.embedding.sharded keeps the exchange plan (grouping and receive counts) from the
+first step, so a planned step enqueues device work and NCCL calls only. Key-owned (Distributed) tables
+exchange different counts every step (they depend on the keys): their steps stay eager, as do ranks that
+exchange through host memory (no NCCL). The sizes are checked on the simulator (tests/test_step_counts.py:
+the ranks agree, capture and replay together, and every planned step launches the same kernels and the
+same collectives with the same row counts); NCCL inside a captured graph is not yet run on GPUs. A capture that fails (an operation that cannot be
 captured) is logged once and turns graphs off for the run; the step it was in runs eagerly.
 """
 from __future__ import annotations
@@ -56,13 +69,15 @@ def _array_key(a) -> tuple:
 
 def batch_key(model, batch) -> tuple:
     """What a graph is specific to: the input arrays (address, shape, dtype), the frozen flags, the loss
-    scaler (a launch argument) and each embedding engine's optimizer kind and weight-decay mode (the update
-    kernel a step launches is compiled for them: kernels.tbe.make_update_kernel)."""
+    scaler (a launch argument), each embedding engine's optimizer kind and weight-decay mode (the update
+    kernel a step launches is compiled for them: kernels.tbe.make_update_kernel) and, on several ranks,
+    each sharded table's fixed exchange key (the sizes of the NCCL transfers a step enqueues)."""
     arrays = [batch.label, batch.dense] + [x for kv in batch.sparse for x in kv]
     frozen = (model.dense_frozen,) + tuple(bool(getattr(e, "frozen", False)) for e in model.embeddings)
     kinds = tuple((int(o.kind), int(o.weight_decay_mode)) for o in
                   (getattr(getattr(e, "engine", None), "optimizer", None) for e in model.embeddings) if o is not None)
-    return tuple(_array_key(a) for a in arrays), frozen, float(model.solver.scaler), kinds
+    plans = tuple(getattr(getattr(e, "_sharded", None), "fixed_key", None) for e in model.embeddings)
+    return tuple(_array_key(a) for a in arrays), frozen, float(model.solver.scaler), kinds, plans
 
 
 def ineligible(model, batch) -> str | None:
@@ -79,12 +94,18 @@ def ineligible(model, batch) -> str | None:
     if model.half is not None and not model._overflow_on_device():
         return ("mixed precision reads its overflow flag every step (stochastic rounding, or an update the "
                 "device-side gate does not cover)")
-    if model.ranks != 1 or model.collections:
-        return "several ranks or an embedding collection"
+    if model.collections:
+        return "an embedding collection"
     if model.solver.gen_loss_summary and not model._lazy_loss():
         return "the loss is read every step"
     if not all(type(e) in (HashEmbedding, OneHotEmbedding) for e in model.embeddings):
-        return "an embedding other than a one-rank hash or one-hot SparseEmbedding"
+        return "an embedding other than a hash or one-hot SparseEmbedding"
+    if model.ranks > 1:
+        from .embedding.sharded import exchange_on_device
+        if not exchange_on_device(model.comm):
+            return "several ranks exchanging through host memory (MPI), not NCCL between GPUs of their own"
+        if not all(getattr(e, "by_slot", False) for e in model.embeddings if getattr(e, "_sharded", None) is not None):
+            return "a key-owned (Distributed) table on several ranks: its exchange sizes change every step"
     if model._stager is None:
         return "the inputs are not staged on the device"
     if batch.size != batch.batch_size:

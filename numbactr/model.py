@@ -659,12 +659,18 @@ class Model:
         graphs = self._graphs_for_step(batch)
         if graphs is not None:                        # the device half captured once, then replayed
             from . import cuda_graphs
-            graphs.step(batch, cuda_graphs.batch_key(self, batch), self._device_step, self._replay_run(),
-                        self._host_snapshot)
+            try:
+                graphs.step(batch, cuda_graphs.batch_key(self, batch), self._device_step, self._replay_run(),
+                            self._host_snapshot)
+            finally:
+                self._clear_exchange_keys()
             self._after_device_step()
             return True
         tape = Tape(watch_finite=self.half is not None)
-        t = self._forward_backward(batch, tape)
+        try:
+            t = self._forward_backward(batch, tape)
+        finally:
+            self._clear_exchange_keys()
         # data parallel: dense gradients are summed over ranks (each already carries 1/(b*R))
         if self.ranks > 1:
             # in place: a device array by NCCL (or staged through the host by Comm), a NumPy one by MPI
@@ -815,6 +821,8 @@ class Model:
         move their buffers)."""
         from . import cuda_graphs
         why = cuda_graphs.ineligible(self, batch)
+        if self.ranks > 1:
+            why = self._agree_on_step(batch, why)
         if why is not None:
             if self._graphs is not None:
                 self._graphs.drop(why)
@@ -822,6 +830,49 @@ class Model:
         if self._graphs is None:
             self._graphs = cuda_graphs.StepGraphs()
         return self._graphs
+
+    def _agree_on_step(self, batch, why: str | None) -> str | None:
+        """Several ranks, before a training step: one host collective (no device read) in which every rank
+        says whether its step can be a CUDA graph (``why`` is None) and, for each sharded SparseEmbedding,
+        its part of the step's fixed exchange key (HashEmbedding.exchange_key_part). A table whose parts
+        are all known gets the joined key for this step's lookup (numbactr.embedding.sharded: its input_dist
+        counts are then exchanged once per key, not every step). Returns why the step cannot be a graph
+        on every rank (None: it can, on all of them): a graph replays NCCL calls, so the ranks capture and
+        replay together, and only with every exchange's sizes fixed by a plan already made."""
+        from . import cuda_graphs
+        tables = [(e, e._sharded) for e in self.embeddings if getattr(e, "_sharded", None) is not None]
+        plannable = any(getattr(e, "exchange_key_part", None) is not None and getattr(e, "by_slot", False)
+                        for e, _ in tables)
+        if not plannable and (not cuda_graphs.graphs_wanted() or not self.solver.use_cuda_graph
+                              or device.kind() != "gpu"):
+            return why                  # no plan to make, no graph on any rank: no collective needed
+        parts = [0 if why is None else 1]
+        for emb, _ in tables:
+            keys, offsets = batch.sparse[self.sparse_inputs[emb.cfg.bottom_name]]
+            part = getattr(emb, "exchange_key_part", None)
+            parts.append(part(keys, offsets) if part is not None else -1)
+        every = self.comm.allgather_rows(np.array([parts], np.int64))         # (R, 1 + tables)
+        planned = True
+        for t, (_, table) in enumerate(tables):
+            column = every[:, 1 + t]
+            key = ("one key per bag", *(int(v) for v in column)) if (column >= 0).all() else None
+            table.fixed_key = key
+            planned = planned and key is not None and key in table.plans
+        if why is not None:
+            return why
+        if every[:, 0].any():
+            return "another rank's step cannot be a graph"
+        if not planned:
+            return ("a sharded embedding's exchange sizes are not fixed (multi-hot bags or key-owned tables), "
+                    "or its plan is made in this step")
+        return None
+
+    def _clear_exchange_keys(self) -> None:
+        """The step's fixed exchange keys are for its own lookups only (an evaluation's are not planned)."""
+        for e in self.embeddings:
+            table = getattr(e, "_sharded", None)
+            if table is not None:
+                table.fixed_key = None
 
     def _before_load(self) -> None:
         """A load replaces counters and arrays: the skips counted on the device are accounted for first
@@ -855,11 +906,15 @@ class Model:
         return restore
 
     def _device_step(self, batch) -> None:
-        """The device half of a graph-eligible step (one rank, float32, the loss kept on the device): what
-        a CUDA graph captures. Everything it does on the host is registered for replays."""
+        """The device half of a graph-eligible step (the loss kept on the device; on several ranks the dense
+        gradients' and the loss's sums over NCCL and the embeddings' planned exchanges): what a CUDA graph
+        captures. Everything it does on the host is registered for replays."""
         from . import step_values
+        calls = self.comm.calls
         tape = Tape(watch_finite=self.half is not None)
         t = self._forward_backward(batch, tape)
+        if self.ranks > 1:                       # NCCL, enqueued on the step's stream (captured with it)
+            self.comm.allreduce_sum(self.wgrads)
         rows = batch.batch_size * self.ranks
         for layer, _ in self.losses:
             self._regularizer(layer, rows, grad=True)
@@ -872,6 +927,10 @@ class Model:
         self._note_nonfinite_loss(self._pending_loss[0] if self._pending_loss is not None else
                                   self._losses_array(t), self.step + 1)
         self._apply_updates(self._gate(tape) if self.half is not None else None)
+        entered = self.comm.calls - calls
+        if entered:                              # a replay enters the same collectives (the job guard counts them)
+            comm = self.comm
+            step_values.on_replay(("collectives", id(self)), lambda run: setattr(comm, "calls", comm.calls + entered))
 
     def _after_device_step(self) -> None:
         """The host half of a graph step: the step count and the periodic reads of the device flags (after

@@ -256,6 +256,22 @@ class HashEmbedding:
         # the keys and offsets as they came (device arrays, when staged): the device path gathers them there
         return self._sharded.lookup(keys, offsets, owner, training, payload=slot if record else None)
 
+    def exchange_key_part(self, keys, offsets) -> int:
+        """This rank's part of a fixed exchange key (numbactr.embedding.sharded) for a lookup of (keys,
+        offsets): the occurrence count N when the owners and the recorded slots follow from it alone (a
+        slot-owned table whose bags hold one key each: occurrence k is bag k, of slot k % S, owned by rank
+        (k % S) % R), else -1 (owners that depend on the keys: a Distributed table, multi-hot bags, offsets
+        only on the device). numbactr.model joins every rank's parts into the step's key."""
+        if self._sharded is None or not self.by_slot or type(self) not in (HashEmbedding, OneHotEmbedding):
+            return -1
+        host = offsets if isinstance(offsets, np.ndarray) else device.host_mirror(offsets)
+        if host is None:
+            return -1
+        n = int(host.shape[0]) - 1
+        if int(keys.shape[0]) != n or not np.array_equal(host, np.arange(n + 1)):
+            return -1
+        return n
+
     def _owner_lookup(self, keys, offsets, training: bool, slots):
         """The owner's side of a sharded lookup: the received occurrences, pooling NONE."""
         return self._engine_lookup(keys, offsets, training, Pooling.NONE, slots)
