@@ -8,6 +8,7 @@ step 3 would read (learning rate, Adam's t and bias corrections, rounding salts,
 number of the non-finite flag) and the counters must agree. The launches themselves are checked to be the
 same every step in tests/test_step_counts.py."""
 import dataclasses
+import types
 import gc
 
 import numpy as np
@@ -134,9 +135,27 @@ def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     from numbactr.embedding.engine import WeightDecay
     k2 = cuda_graphs.batch_key(m, batch)
     engine = m.embeddings[0].engine
-    assert (int(engine.optimizer.kind), int(engine.optimizer.weight_decay_mode)) in k2[-1]
+    assert (int(engine.optimizer.kind), int(engine.optimizer.weight_decay_mode)) in k2[-2]
     engine.optimizer = dataclasses.replace(engine.optimizer, weight_decay_mode=WeightDecay.L2)
     assert cuda_graphs.batch_key(m, batch) != k2
+    # several ranks (as on a GPU): only with NCCL between GPUs of their own, and only slot-owned tables (whose
+    # exchange sizes a fixed plan holds: numbactr.embedding.sharded); the last part of the key is their plans
+    monkeypatch.setenv(cuda_graphs.ENV, "1")
+    emb = m.embeddings[0]
+    monkeypatch.setattr(cuda_graphs.device, "kind", lambda: "gpu")
+    alone = cuda_graphs.ineligible(m, batch)
+    transport = ["mpi"]
+    monkeypatch.setattr(m, "ranks", 2)
+    monkeypatch.setattr(m, "comm", types.SimpleNamespace(size=2, transport=lambda: (transport[0], "test")))
+    table = types.SimpleNamespace(fixed_key=("one key per bag", 8, 8))
+    monkeypatch.setattr(emb, "_sharded", table)
+    assert "through host memory" in cuda_graphs.ineligible(m, batch)
+    transport[0] = "nccl"
+    monkeypatch.setattr(emb, "by_slot", False)
+    assert "key-owned (Distributed) table" in cuda_graphs.ineligible(m, batch)
+    monkeypatch.setattr(emb, "by_slot", True)
+    assert cuda_graphs.ineligible(m, batch) == alone
+    assert cuda_graphs.batch_key(m, batch)[-1] == (("one key per bag", 8, 8),)
 
 
 class _SimGraphs(cuda_graphs.StepGraphs):

@@ -99,3 +99,40 @@ def test_device_path_by_nccl_on_gpus(tmp_path):
     assert out.count("transport nccl") == 2, out
     assert all(int(line.split("lookups ")[1].split()[0]) > 0 for line in out.splitlines() if "device-path" in line)
     _same(two, one, "2 ranks on GPUs, NCCL")
+
+
+def test_a_fixed_exchange_plan_holds_only_for_the_owners_it_was_made_for():
+    """A plan (numbactr.embedding.sharded: the grouping and receive counts kept under a fixed key) is reused
+    only for the owners it was made with; other owners under the same key are an error, not rows sent where
+    no rank expects them."""
+    table = sharded.ShardedTable(FakeComm(2, "mpi"), 4, 2, sharded.Pooling.SUM, None)
+    owner = np.array([0, 1, 0, 1, 0, 0])
+    order, cuts = sharded._group(owner, 2)
+    assert order.tolist() == [0, 2, 4, 5, 1, 3] and cuts.tolist() == [4]
+    assert sharded._sent(cuts, 6) == [4, 2]
+    key = ("one key per bag", 6, 6)
+    table.plans[key] = sharded.ExchangePlan(owner.copy(), order, cuts, None, (4, 3))
+    assert table._plan(None, owner, None) is None and table.plan_hits == 0      # no key: counts exchanged
+    assert table._plan(("one key per bag", 6, 4), owner, None) is None           # a key not planned yet
+    assert table._plan(key, owner, None) is table.plans[key] and table.plan_hits == 1
+    with pytest.raises(RuntimeError, match="made for other owners"):
+        table._plan(key, np.array([1, 1, 0, 1, 0, 0]), None)
+    table.plans[key].payload_host = np.arange(6)
+    with pytest.raises(RuntimeError, match="made for other owners"):
+        table._plan(key, owner, np.arange(6)[::-1])
+
+
+def test_exchange_key_part_only_for_slot_owned_one_key_bags():
+    """HashEmbedding.exchange_key_part: the occurrence count fixes the owners only for a slot-owned table
+    whose bags hold one key each, offsets known on the host; anything else has no fixed key (-1)."""
+    from numbactr.embedding.sparse_embedding import HashEmbedding
+    emb = object.__new__(HashEmbedding)
+    emb._sharded, emb.by_slot = object(), True
+    keys = np.arange(6, dtype=np.int64)
+    assert emb.exchange_key_part(keys, np.arange(7)) == 6
+    assert emb.exchange_key_part(keys, np.array([0, 2, 3, 4, 5, 6, 6])) == -1        # a multi-hot bag
+    assert emb.exchange_key_part(keys[:5], np.arange(7)) == -1
+    emb.by_slot = False                                                             # Distributed: key-owned
+    assert emb.exchange_key_part(keys, np.arange(7)) == -1
+    emb.by_slot, emb._sharded = True, None                                          # one rank: no exchange
+    assert emb.exchange_key_part(keys, np.arange(7)) == -1

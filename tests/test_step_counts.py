@@ -8,6 +8,7 @@ Numba's simulated kernel calls and checks that every numba launch is in that cou
 COUNTS["host_reads"] (numbactr.device.to_host and the hash table's reads), plus numba device-array
 copy_to_host calls seen on the simulator. The simulator runs each launch as Python threads, so the model is
 the demo's with 2 slots of width 4 and a batch of 4 (the step's structure does not depend on those)."""
+import json
 import sys
 
 import pytest
@@ -298,3 +299,67 @@ def test_several_ranks_raise_a_full_table_at_the_check_point(tmp_path):
     assert "HashTableFullError: embedding table full" in r.stderr, r.stderr[-3000:]
     assert "on rank " in r.stderr and "workspace_size_per_gpu_in_mb" in r.stderr
     assert "failed; aborting the job" in r.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_several_ranks_capture_and_replay_together(tmp_path):
+    """CUDA graphs on 2 ranks (tests/mpi/graph_ranks_run.py: a slot-owned table exchanging on the device
+    path; the simulator stands in for the GPU, a capture records the step, a launch runs nothing). The ranks
+    agree on every step: the first makes the table's exchange plan (its one count exchange), the next two
+    warm up eagerly under it, the next two capture (one per stager buffer set), then replays. Every step
+    that a graph stands for launches the same kernels with the same scalar arguments and enters the same
+    collectives with the same row counts, with no count exchange and no host read; a replay advances the
+    job's collective count as the captured step did. One rank refusing a step makes every rank run it
+    eagerly; NUMBACTR_CUDA_GRAPHS=0 for one step drops the graphs on both."""
+    import os
+    import subprocess
+
+    from tests.mpi_util import HAVE_MPI, MPIEXEC
+    if not HAVE_MPI:
+        pytest.skip("needs mpiexec and mpi4py")
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("records the simulator's launches")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = str(__import__("pathlib").Path(__file__).parent.parent)
+    env.update(NUMBACTR_DEVICE="sim", NUMBACTR_CUDA_GRAPHS="1", PYTHONPATH=root)
+    out = tmp_path / "graphs.json"
+    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out)],
+                       capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL, cwd=root)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["ranks"] == 2
+    ranks = got["every"]
+    assert ranks[0]["loss"] == ranks[1]["loss"]                      # the mean of the ranks' losses on both
+    zero, one = ranks[0]["steps"], ranks[1]["steps"]
+    assert len(zero) == len(one) == 10
+    for i, (a, b) in enumerate(zip(zero, one)):
+        # the same decision on both ranks, every step (a graph replays NCCL calls: both or neither)
+        assert (a["agreed"] is None) == (b["agreed"] is None), (i + 1, a["agreed"], b["agreed"])
+        same = [s["graphs"] and {k: v for k, v in s["graphs"].items() if k != "disabled"} for s in (a, b)]
+        assert same[0] == same[1] and a["calls"] == b["calls"], (i + 1, a["graphs"], b["graphs"])
+    for steps in (zero, one):
+        first, rest = steps[0], steps[1:]
+        assert "plan is made in this step" in first["agreed"] and first["count_exchanges"] == 1
+        assert [s["agreed"] is None for s in steps] == [False] + [True] * 6 + [False, False, True]
+        assert steps[7]["agreed"] in ("rank 1 says no", "another rank's step cannot be a graph")
+        assert steps[8]["agreed"] == "NUMBACTR_CUDA_GRAPHS=0"
+        counters = [(s["graphs"]["eager"], s["graphs"]["captures"], s["graphs"]["replays"], s["graphs"]["kept"])
+                    for s in steps[1:7]]
+        assert counters == [(1, 0, 0, 0), (2, 0, 0, 0), (2, 1, 0, 1), (2, 2, 0, 2), (2, 2, 1, 2), (2, 2, 2, 2)]
+        assert steps[7]["graphs"]["kept"] == 0 and steps[8]["graphs"]["kept"] == 0     # dropped by eager steps
+        assert steps[9]["graphs"]["eager"] == 1                                        # warming up again
+        for s in rest:
+            assert s["count_exchanges"] == 0 and s["host_reads"] == 0, s
+        ran = [s for s in rest if s["launches"]]                  # every step but the two replays
+        assert len(ran) == 7 and [s for s in rest if not s["launches"]] == rest[4:6]
+        for s in ran:
+            assert s["plan_hits"] == 1
+            assert s["launches"] == steps[1]["launches"], "a step's launches changed under a fixed plan"
+            assert s["collectives"] == steps[1]["collectives"]
+        # one agreement, 3 exchanges of the table (in, out, gradients) and the sums of the gradients and loss
+        names = [c[0] for c in steps[1]["collectives"]]
+        assert names == ["allgather_rows", "alltoallv", "alltoallv", "alltoallv", "allreduce_sum", "allreduce_sum"]
+        # a replay enters only the agreement, and the job's collective count moves as in a captured step
+        for s in rest[4:6]:
+            assert [c[0] for c in s["collectives"]] == ["allgather_rows"] and s["calls"] == steps[1]["calls"]
