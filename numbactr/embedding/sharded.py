@@ -181,7 +181,7 @@ class ShardedTable:
         parts = comm.alltoallv(np.split(send, cuts), None if plan is None else plan.recv)
         recv = tuple(int(p.shape[0]) for p in parts)
         if plan is None and key is not None:
-            self.plans[key] = ExchangePlan(owner.copy(), order, cuts, None, recv)
+            self._keep(key, ExchangePlan(owner.copy(), order, cuts, None, recv))
         got = np.concatenate(parts)
         got_keys, got_payload = (got[:, 0], xp.asarray(got[:, 1].astype(np.int64))) if payload is not None \
             else (got, None)
@@ -212,6 +212,15 @@ class ShardedTable:
             raise RuntimeError(f"ShardedTable: the exchange plan {key!r} was made for other owners than this "
                                "lookup's (a fixed key must fix every rank's owners; numbactr.model's keys do)")
         self.plan_hits += 1
+        return plan
+
+    #: plans kept at once (a job sees a few keys: full batches, and the partial last batch of each epoch)
+    MAX_PLANS = 16
+
+    def _keep(self, key, plan: ExchangePlan) -> ExchangePlan:
+        if len(self.plans) >= self.MAX_PLANS:
+            self.plans.clear()
+        self.plans[key] = plan
         return plan
 
     def _owner_offsets(self, m: int):
@@ -268,7 +277,7 @@ class ShardedTable:
         recv = tuple(int(p.shape[0]) for p in parts)
         if key is not None:
             if plan is None:
-                plan = self.plans[key] = ExchangePlan(owner.copy(), order, cuts, order_d, recv)
+                plan = self._keep(key, ExchangePlan(owner.copy(), order, cuts, order_d, recv))
             if payload is not None and plan.payload is None:
                 plan.payload, plan.payload_host = sent, np.array(payload, copy=True)
         got = xp.concatenate(parts)
