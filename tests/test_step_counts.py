@@ -11,6 +11,7 @@ the demo's with 2 slots of width 4 and a batch of 4 (the step's structure does n
 import json
 import sys
 
+import numpy as np
 import pytest
 from numba import config
 
@@ -363,3 +364,40 @@ def test_several_ranks_capture_and_replay_together(tmp_path):
         # a replay enters only the agreement, and the job's collective count moves as in a captured step
         for s in rest[4:6]:
             assert [c[0] for c in s["collectives"]] == ["allgather_rows"] and s["calls"] == steps[1]["calls"]
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+def test_several_ranks_graph_steps_train_like_eager_steps_on_gpus(tmp_path):
+    """Two ranks with a GPU each and NCCL (tests/mpi/graph_ranks_run.py gpu): 8 steps of the slot-owned
+    DLRM with CUDA graphs (captured after the plan and warm-up steps, then replayed, NCCL inside the graph)
+    report the same losses and train the same dense weights and embedding rows as 8 eager steps."""
+    import os
+    import subprocess
+
+    from numba import cuda
+
+    from tests.mpi_util import HAVE_MPI, MPIEXEC
+    if not HAVE_MPI:
+        pytest.skip("needs mpiexec and mpi4py")
+    if config.ENABLE_CUDASIM or len(cuda.gpus) < 2:
+        pytest.skip("needs two GPUs (one per rank) for NCCL")
+    root = str(__import__("pathlib").Path(__file__).parent.parent)
+    runs = {}
+    for flag in ("0", "1"):
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+        env.update(NUMBACTR_DEVICE="gpu", NUMBACTR_CUDA_GRAPHS=flag, PYTHONPATH=root)
+        out = tmp_path / f"graphs{flag}.json"
+        r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out),
+                            "gpu"], capture_output=True, text=True, env=env, timeout=600,
+                           stdin=subprocess.DEVNULL, cwd=root)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        runs[flag] = json.loads(out.read_text())["every"]
+    for rank, (eager, graphs) in enumerate(zip(runs["0"], runs["1"])):
+        captures, replays, disabled = graphs["graphs"]
+        assert disabled is None and captures == 2 and replays == 3, (rank, graphs["graphs"])
+        assert graphs["exchanges"] == 1 and eager["exchanges"] == 1       # one count exchange: the plan's
+        np.testing.assert_allclose(graphs["losses"], eager["losses"], rtol=1e-6, err_msg=f"rank {rank}")
+        np.testing.assert_allclose(graphs["dense"], eager["dense"], rtol=1e-5, atol=1e-7)
+        assert graphs["keys"] == eager["keys"]
+        np.testing.assert_allclose(graphs["rows"], eager["rows"], rtol=1e-5, atol=1e-7)

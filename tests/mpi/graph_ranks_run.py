@@ -15,7 +15,11 @@ arguments: a graph replays them as captured, so the steps it stands for must lau
 collectives it entered (name and row counts: the NCCL transfers a graph replays) and its host reads.
 Then rank 1 alone refuses graphs for one step (StepGraphs.disabled, as after a failed capture: every rank
 must then run that step eagerly), and NUMBACTR_CUDA_GRAPHS is turned off for one step (the graphs dropped
-on both ranks) and on again. Rank 0 writes OUT.json with every rank's records."""
+on both ranks) and on again. Rank 0 writes OUT.json with every rank's records.
+
+``gpu`` (one GPU per rank, NCCL; NUMBACTR_CUDA_GRAPHS as the caller sets it): no stand-ins; each rank
+trains 8 steps and OUT.json holds every rank's reported losses, graph counters, dense weights and
+embedding rows (key order), for tests/test_step_counts.py to compare graph steps with eager ones."""
 import json
 import os
 import sys
@@ -34,7 +38,9 @@ from numbactr.kernels import launch  # noqa: E402
 from tests.model_util import tiny_data  # noqa: E402
 
 out_path = sys.argv[1]
-sharded.exchange_on_device = lambda comm: comm.size > 1
+on_gpu = len(sys.argv) > 2 and sys.argv[2] == "gpu"
+if not on_gpu:
+    sharded.exchange_on_device = lambda comm: comm.size > 1
 
 
 class _GPU:
@@ -48,7 +54,8 @@ class _GPU:
         return "gpu"
 
 
-cuda_graphs.device = _GPU()
+if not on_gpu:
+    cuda_graphs.device = _GPU()
 
 
 class SimGraphs(cuda_graphs.StepGraphs):
@@ -62,7 +69,8 @@ class SimGraphs(cuda_graphs.StepGraphs):
         pass
 
 
-cuda_graphs.StepGraphs = SimGraphs
+if not on_gpu:
+    cuda_graphs.StepGraphs = SimGraphs
 
 comm = world()
 folder = os.path.join(os.path.dirname(out_path), "data")
@@ -75,86 +83,112 @@ emb = model.embeddings[0]
 table = emb._sharded
 assert table is not None and emb.by_slot
 
-agreed = []
-agree = model._agree_on_step
+
+def gathered(obj):
+    """Every rank's JSON-able obj, in rank order (on every rank)."""
+    mine = json.dumps(obj).encode()
+    sizes = comm.allgather_rows(np.array([[len(mine)]]))[:, 0]
+    rows = comm.allgather_rows(np.frombuffer(mine.ljust(int(sizes.max())), np.uint8).reshape(1, -1))
+    return [json.loads(bytes(rows[r, :sizes[r]]).decode()) for r in range(comm.size)]
 
 
-def recording_agree(batch, why):
-    got = agree(batch, why)
-    agreed.append(got)
-    return got
-
-
-model._agree_on_step = recording_agree
-
-collectives = []
-for name in ("alltoallv", "allreduce_sum", "allgather_rows"):
-    real = getattr(comm, name)
-
-    def wrapped(*args, _real=real, _name=name, **kwargs):
-        a = args[0]
-        rows = [int(p.shape[0]) for p in a] if isinstance(a, list) else [int(np.asarray(a).size)]
-        collectives.append([_name, rows])
-        return _real(*args, **kwargs)
-
-    setattr(comm, name, wrapped)
-
-from numba.cuda.simulator import kernel  # noqa: E402
-
-launches = []
-call = kernel.FakeCUDAKernel.__call__
-
-
-def _scalar(a):
-    return a if isinstance(a, (int, float, bool, np.integer, np.floating)) else type(a).__name__
-
-
-def recorded_call(self, *args):
-    if not (self._device or kernel._kernel_context):
-        launches.append([self.fn.__name__, list(self.grid_dim), list(self.block_dim), [repr(_scalar(a)) for a in args]])
-    return call(self, *args)
-
-
-kernel.FakeCUDAKernel.__call__ = recorded_call
-
-steps = []
-
-
-def one_step():
-    agreed.clear()
-    launches.clear()
-    launch.reset_counts()
-    exchanges, hits, calls = comm.count_exchanges, table.plan_hits, comm.calls
-    assert model.train()
-    collected = list(collectives)
-    collectives.clear()
+def run_gpu():
+    """The gpu mode (module docstring)."""
+    assert sharded.exchange_on_device(comm), "the gpu mode needs one GPU per rank and NCCL"
+    losses = []
+    for _ in range(8):
+        assert model.train()
+        losses.append(model.get_current_loss())
+    model.check_deferred()
+    keys, vecs = emb.dump()
+    order = np.argsort(keys, kind="stable")
     g = model._graphs
-    steps.append(dict(
-        agreed=agreed[0] if agreed else "no agreement", host_reads=launch.reset_counts()["host_reads"],
-        count_exchanges=comm.count_exchanges - exchanges, plan_hits=table.plan_hits - hits,
-        calls=comm.calls - calls, launches=list(launches), collectives=collected,
-        graphs=None if g is None else dict(eager=g.eager, captures=g.captures, replays=g.replays,
-                                           disabled=g.disabled, kept=len(g.graphs))))
+    every = gathered(dict(losses=losses, dense=device.to_host(model.weights).tolist(),
+                          keys=keys[order].tolist(), rows=np.asarray(vecs)[order].tolist(),
+                          graphs=None if g is None else [g.captures, g.replays, g.disabled],
+                          exchanges=comm.count_exchanges, hits=table.plan_hits))
+    if comm.rank == 0:
+        with open(out_path, "w") as fh:
+            json.dump(dict(ranks=comm.size, every=every), fh)
 
 
-for _ in range(7):
+def run_sim():
+    """Records of each step on the simulator (module docstring)."""
+    agreed = []
+    agree = model._agree_on_step
+
+    def recording_agree(batch, why):
+        got = agree(batch, why)
+        agreed.append(got)
+        return got
+
+    model._agree_on_step = recording_agree
+
+    collectives = []
+    for name in ("alltoallv", "allreduce_sum", "allgather_rows"):
+        real = getattr(comm, name)
+
+        def wrapped(*args, _real=real, _name=name, **kwargs):
+            a = args[0]
+            rows = [int(p.shape[0]) for p in a] if isinstance(a, list) else [int(np.asarray(a).size)]
+            collectives.append([_name, rows])
+            return _real(*args, **kwargs)
+
+        setattr(comm, name, wrapped)
+
+    from numba.cuda.simulator import kernel  # noqa: E402
+
+    launches = []
+    call = kernel.FakeCUDAKernel.__call__
+
+    def _scalar(a):
+        return a if isinstance(a, (int, float, bool, np.integer, np.floating)) else type(a).__name__
+
+    def recorded_call(self, *args):
+        if not (self._device or kernel._kernel_context):
+            launches.append([self.fn.__name__, list(self.grid_dim), list(self.block_dim), [repr(_scalar(a)) for a in args]])
+        return call(self, *args)
+
+    kernel.FakeCUDAKernel.__call__ = recorded_call
+
+    steps = []
+
+    def one_step():
+        agreed.clear()
+        launches.clear()
+        launch.reset_counts()
+        exchanges, hits, calls = comm.count_exchanges, table.plan_hits, comm.calls
+        assert model.train()
+        collected = list(collectives)
+        collectives.clear()
+        g = model._graphs
+        steps.append(dict(
+            agreed=agreed[0] if agreed else "no agreement", host_reads=launch.reset_counts()["host_reads"],
+            count_exchanges=comm.count_exchanges - exchanges, plan_hits=table.plan_hits - hits,
+            calls=comm.calls - calls, launches=list(launches), collectives=collected,
+            graphs=None if g is None else dict(eager=g.eager, captures=g.captures, replays=g.replays,
+                                               disabled=g.disabled, kept=len(g.graphs))))
+
+    for _ in range(7):
+        one_step()
+    if comm.rank == 1:                        # this rank alone cannot make the next step a graph
+        model._graphs.disabled = "rank 1 says no"
     one_step()
-if comm.rank == 1:                        # this rank alone cannot make the next step a graph
-    model._graphs.disabled = "rank 1 says no"
-one_step()
-if comm.rank == 1:
-    model._graphs.disabled = None
-os.environ[cuda_graphs.ENV] = "0"
-one_step()
-os.environ[cuda_graphs.ENV] = "1"
-one_step()
-model.check_deferred()
-loss = model.get_current_loss()
-mine = json.dumps(dict(steps=steps, loss=loss)).encode()
-sizes = comm.allgather_rows(np.array([[len(mine)]]))[:, 0]
-width = int(sizes.max())
-rows = comm.allgather_rows(np.frombuffer(mine.ljust(width), np.uint8).reshape(1, -1))
-every = [json.loads(bytes(rows[r, :sizes[r]]).decode()) for r in range(comm.size)]
-if comm.rank == 0:
-    with open(out_path, "w") as fh:
-        json.dump(dict(ranks=comm.size, every=every), fh)
+    if comm.rank == 1:
+        model._graphs.disabled = None
+    os.environ[cuda_graphs.ENV] = "0"
+    one_step()
+    os.environ[cuda_graphs.ENV] = "1"
+    one_step()
+    model.check_deferred()
+    loss = model.get_current_loss()
+    every = gathered(dict(steps=steps, loss=loss))
+    if comm.rank == 0:
+        with open(out_path, "w") as fh:
+            json.dump(dict(ranks=comm.size, every=every), fh)
+
+
+if on_gpu:
+    run_gpu()
+else:
+    run_sim()
