@@ -43,7 +43,8 @@ def blocking_allgather_rows(x):
     return out
 
 
-def blocking_alltoallv(parts):
+def blocking_alltoallv(parts, recv_rows=None):
+    # (the counts are exchanged whether or not the caller knows them: they are the same)
     tail = parts[0].shape[1:]
     width = int(np.prod(tail, dtype=np.int64))
     send_counts = np.array([p.shape[0] for p in parts], dtype=np.int64)
