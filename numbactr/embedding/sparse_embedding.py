@@ -268,9 +268,12 @@ class HashEmbedding:
         if host is None:
             return -1
         n = int(host.shape[0]) - 1
-        if int(keys.shape[0]) != n or not np.array_equal(host, np.arange(n + 1)):
+        if int(keys.shape[0]) != n or host[0] != 0 or host[-1] != n:
             return -1
-        return n
+        one_each = getattr(self, "_one_key_offsets", None)       # arange(n + 1), kept (a check every step)
+        if one_each is None or one_each.shape[0] != n + 1:
+            one_each = self._one_key_offsets = np.arange(n + 1, dtype=np.int64)
+        return n if np.array_equal(host, one_each) else -1
 
     def _owner_lookup(self, keys, offsets, training: bool, slots):
         """The owner's side of a sharded lookup: the received occurrences, pooling NONE."""
