@@ -245,6 +245,29 @@ def test_export_predictions_format_and_append(tmp_path, trained):
         tr.model.export_predictions(str(tmp_path / "no" / "dir" / "p"), str(tmp_path / "q"))
 
 
+@pytest.mark.parametrize("name", GRAPHS)
+@pytest.mark.parametrize("where", ["cpu", "sim"])
+def test_the_forward_plan_gives_every_tensor_of_the_layer_forwards(trained, name, where, on_device):
+    """The session's plan (each layer's inference_fn: its op forwards without Tensors or tape) gives every
+    tensor of the layers' own forward(), bit for bit, on the cpu device and on the kernels (sim)."""
+    tr = trained(name)
+    rows = 4 if where == "sim" else tr.batch
+    session = CreateInferenceSession(tr.graph, tr.params(use_gpu_embedding_cache=False))
+    session.predict(*csr_request(tr, eval_batches(tr, 1)[0]))
+    g = session.graph
+    names = [g.input.dense_name] + [e.sparse_embedding_name for e in g.embeddings]
+    arrays = [np.array(session._last[k][:rows]) for k in names]
+    on_device(where)
+    planned = session._forward(names, arrays)
+    layered = session._forward(names, arrays, plan=False)
+    assert planned.keys() == layered.keys()
+    for k in layered:
+        assert planned[k].dtype == layered[k].dtype and np.array_equal(planned[k], layered[k]), k
+    kinds = {type(layer).__name__ for layer, fn in session._plan() if fn is None}
+    assert not kinds & {"InnerProduct", "ReLU", "Interaction", "Concat", "Reshape", "MultiCross", "Dropout",
+                        "Add", "ReduceSum", "FmOrder2", "WeightMultiply", "Slice", "FusedInnerProduct"}, kinds
+
+
 def test_sim_kernels_and_missing_keys_with_a_default(trained, on_device):
     """The sim device (the cache and pooling kernels) gives the cpu predictions; keys no tier holds take
     default_value_for_each_table."""

@@ -33,8 +33,9 @@ import math
 
 import numpy as np
 
-from .. import checkpoint, device, graph_json, log
+from .. import checkpoint, device, graph_json, log, ops
 from ..autograd import Tensor
+from ..autograd.tape import _POLICY as _AUTOCAST
 from ..config import DataReaderParams, DenseLayer, Input, SparseEmbedding
 from ..embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, TableBatchedEmbedding, TableSpec)
 from ..embedding.sparse_embedding import POOLING
@@ -228,6 +229,7 @@ class InferenceSession:
         self._last: dict = {}           # the last forward's arrays by tensor name (the tensors property)
         self._rows = (0, 0)             # the last forward's samples, and the rows it ran on (a graph's bucket)
         self._graphs = None             # numbactr.cuda_graphs.ForwardGraphs once used
+        self._plans: dict = {}          # _plan()'s layer functions by (device, bias/ReLU fusion)
 
     @property
     def tensors(self) -> dict:
@@ -275,24 +277,43 @@ class InferenceSession:
 
     _PREDICTIONS = "\0predictions"
 
-    def _forward(self, names: list, arrays: list) -> dict:
+    def _forward(self, names: list, arrays: list, plan: bool = True) -> dict:
         """The dense network on inputs (arrays under the input names, all with the same rows): every
-        tensor by name, and the predictions (rows, P) under _PREDICTIONS."""
+        tensor by name, and the predictions (rows, P) under _PREDICTIONS. With plan (the default, and
+        without mixed precision) each layer runs its inference_fn where it has one: the same op forwards
+        on the same arrays as layer.forward, without the Tensors and tape bookkeeping around them."""
         g = self.graph
         rows = arrays[0].shape[0]
-        t: dict[str, Tensor] = {k: Tensor(a) for k, a in zip(names, arrays)}
-        run = RunInfo(training=False, valid=rows)
-        for layer in g.dense_layers:
-            outs = layer.forward(None, [t[b] for b in layer.cfg.bottom_names], run)
+        t = dict(zip(names, arrays))
+        run = None
+        for layer, fn in (self._plan() if plan and _AUTOCAST.half is None else self._no_plan()):
+            bottoms = [t[b] for b in layer.cfg.bottom_names]
+            if fn is not None:
+                outs = fn(bottoms)
+            else:
+                if run is None:
+                    run = RunInfo(training=False, valid=rows)
+                outs = [o.data for o in layer.forward(None, [Tensor(a) for a in bottoms], run)]
             t.update(zip(layer.cfg.top_names, outs))
         preds = []
         for layer in g.losses:
-            p = ACTIVATIONS[layer.type_name](t[layer.cfg.bottom_names[0]].data).reshape(rows, -1)
-            t[layer.cfg.top_names[0]] = Tensor(p)
+            p = ACTIVATIONS[layer.type_name](t[layer.cfg.bottom_names[0]]).reshape(rows, -1)
+            t[layer.cfg.top_names[0]] = p
             preds.append(p)
-        out = {k: v.data for k, v in t.items()}
-        out[self._PREDICTIONS] = device.xp().concatenate(preds, axis=1) if len(preds) > 1 else preds[0]
-        return out
+        t[self._PREDICTIONS] = device.xp().concatenate(preds, axis=1) if len(preds) > 1 else preds[0]
+        return t
+
+    def _plan(self) -> list:
+        """[(layer, its inference_fn or None)] for the dense layers, made once per device and bias/ReLU
+        fusion setting (a layer's fn is chosen by them)."""
+        key = (device.kind(), ops.fuse_bias_relu())
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = [(layer, layer.inference_fn()) for layer in self.graph.dense_layers]
+        return plan
+
+    def _no_plan(self) -> list:
+        return [(layer, None) for layer in self.graph.dense_layers]
 
     def _forward_graphs(self):
         """The CUDA graphs of the dense forward (numbactr.cuda_graphs.ForwardGraphs), or None: eager

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..autograd import Tape, Tensor
+from ..autograd import Context, Tape, Tensor
+
+
+def op_fn(op, *params: Tensor, tops: int = 1, **kw):
+    """Layer.inference_fn of a layer whose forward is ``[op.apply(tape, *xs, *params, **kw)] * tops``: the
+    params are read (``.data``) at each call, so weights loaded or refreshed later are the ones used; an op
+    returning a tuple gives its arrays as the tops."""
+    def fn(xs):
+        out = op.forward(Context(), *xs, *[p.data for p in params], **kw)
+        return list(out) if isinstance(out, tuple) else [out] * tops
+    return fn
 
 
 class LayerError(ValueError):
@@ -50,6 +60,13 @@ class Layer:
 
     def json_params(self) -> dict:
         return {}
+
+    def inference_fn(self):
+        """``fn(bottom arrays) -> [top arrays]``: this layer's forward without training, as the inference
+        session's plan runs it (no tape, no Tensors, no RunInfo: on a one-sample request those cost more
+        than the op); the same op forward with the same arguments as forward(), so the same numbers. None
+        (the default): the session calls forward()."""
+        return None
 
     # -- helpers --
     def fail(self, msg: str) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 from .. import ops
 from ..enums import Layer_t
 from . import init
-from .base import Layer
+from .base import Layer, op_fn
 from .losses import RegularizedLoss
 
 class InnerProduct(Layer):
@@ -43,6 +43,12 @@ class InnerProduct(Layer):
             return [FcBiasAct.apply(tape, xs[0], *self.params, relu=True, name=self.relu_after.cfg.top_names[0])]
         return [ops.Linear.apply(tape, xs[0], *self.params, name=self.cfg.top_names[0])]
 
+    def inference_fn(self):
+        if self.relu_after is not None and ops.fuse_bias_relu():
+            from .dense import FcBiasAct
+            return op_fn(FcBiasAct, *self.params, relu=True)
+        return op_fn(ops.Linear, *self.params)
+
     def json_params(self):
         p = {"num_output": self.n}
         for key, attr in (("weight_init", "weight_init_type"), ("bias_init", "bias_init_type")):
@@ -65,6 +71,11 @@ class ReLU(Layer):
         if self.fused_into is not None and ops.fuse_bias_relu():
             return [xs[0]]                                   # applied by the InnerProduct before it
         return [ops.ReLU.apply(tape, xs[0], name=self.cfg.top_names[0])]
+
+    def inference_fn(self):
+        if self.fused_into is not None and ops.fuse_bias_relu():
+            return lambda xs: [xs[0]]
+        return op_fn(ops.ReLU)
 
 
 class Concat(Layer):
@@ -95,6 +106,9 @@ class Concat(Layer):
 
     def forward(self, tape, xs, run):
         return [ops.Concat.apply(tape, *xs, axis=self.axis, name=self.cfg.top_names[0])]
+
+    def inference_fn(self):
+        return op_fn(ops.Concat, axis=self.axis)
 
     def json_params(self):
         return {"axis": self.axis} if self.axis != 1 or "axis" in self.cfg.given else {}
@@ -135,6 +149,9 @@ class Reshape(Layer):
     def forward(self, tape, xs, run):
         return [ops.Reshape.apply(tape, xs[0], shape=(-1,) + self._tail, name=self.cfg.top_names[0])]
 
+    def inference_fn(self):
+        return op_fn(ops.Reshape, shape=(-1,) + self._tail)
+
     def json_params(self):
         return {"leading_dim": self.cfg.leading_dim, "time_step": self.cfg.time_step}
 
@@ -170,6 +187,9 @@ class Interaction(Layer):
     def forward(self, tape, xs, run):
         y = ops.Interaction.apply(tape, xs[0], xs[1], name=self.cfg.top_names[0])
         return [y] * len(self.cfg.top_names)
+
+    def inference_fn(self):
+        return op_fn(ops.Interaction, tops=len(self.cfg.top_names))
 
 
 class BinaryCrossEntropyLoss(RegularizedLoss, Layer):

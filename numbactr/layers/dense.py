@@ -15,7 +15,7 @@ from ..kernels import bias as bias_kernels
 from ..kernels import fused_bias_act, multi_cross
 from ..ops import _half_mm
 from . import init
-from .base import Layer
+from .base import Layer, op_fn
 from ..device import xp as _xp, contig as _contig  # noqa: F401
 
 
@@ -346,6 +346,11 @@ class FusedInnerProduct(Layer):
         db = Tensor(_xp().zeros((1, self.n), np.float32), name=self.cfg.top_names[3])
         return [y, y, y, db]
 
+    def inference_fn(self):
+        if len(self.cfg.top_names) != 1:
+            return None
+        return op_fn(FcBiasAct, *self.params, relu=self.cfg.act_type == Activation_t.Relu)
+
     def json_params(self):
         c = self.cfg
         p = {"num_output": c.num_output}
@@ -400,6 +405,9 @@ class MultiCross(Layer):
     def forward(self, tape, xs, run):
         fn = MultiCrossV1 if self.p == 0 else MultiCrossV2
         return [fn.apply(tape, xs[0], *self.params, name=self.cfg.top_names[0])]
+
+    def inference_fn(self):
+        return op_fn(MultiCrossV1 if self.p == 0 else MultiCrossV2, *self.params)
 
     def json_params(self):
         c = self.cfg

@@ -36,7 +36,7 @@ from ..kernels import fm_order2 as fm_k
 from ..kernels import scale as scale_k
 from ..kernels import weight_multiply as wm_k
 from . import init
-from .base import Layer
+from .base import Layer, op_fn
 from ..device import uses_kernels as _kernels, xp as _xp, contig as _contig  # noqa: F401
 
 
@@ -314,6 +314,9 @@ class Add(_SameShape):
     def forward(self, tape, xs, run):
         return [AddFn.apply(tape, *xs, name=self.cfg.top_names[0])]
 
+    def inference_fn(self):
+        return op_fn(AddFn)
+
 
 class Sub(_SameShape):
     """Y = X0 - X1 (two same-shape bottoms); dX0 = dY, dX1 = -dY."""
@@ -335,6 +338,9 @@ class ElementwiseMultiply(_SameShape):
 
     def forward(self, tape, xs, run):
         return [MultiplyFn.apply(tape, *xs, exact=compat.hugectr_exact(), name=self.cfg.top_names[0])]
+
+    def inference_fn(self):
+        return lambda xs: [MultiplyFn.forward(Context(), *xs, exact=compat.hugectr_exact())]
 
 
 class ELU(_SameShape):
@@ -361,6 +367,9 @@ class Sigmoid(_SameShape):
     def forward(self, tape, xs, run):
         return [SigmoidFn.apply(tape, xs[0], name=self.cfg.top_names[0])]
 
+    def inference_fn(self):
+        return op_fn(SigmoidFn)
+
 
 class ReLUHalf(_SameShape):
     """HugeCTR declares Layer_t.ReLUHalf but builds no layer for it; numbactr runs the fp32 ReLU."""
@@ -368,6 +377,9 @@ class ReLUHalf(_SameShape):
 
     def forward(self, tape, xs, run):
         return [ops.ReLU.apply(tape, xs[0], name=self.cfg.top_names[0])]
+
+    def inference_fn(self):
+        return op_fn(ops.ReLU)
 
 
 class Cast(_SameShape):
@@ -378,6 +390,9 @@ class Cast(_SameShape):
 
     def forward(self, tape, xs, run):
         return [Identity.apply(tape, xs[0], name=self.cfg.top_names[0])]
+
+    def inference_fn(self):
+        return op_fn(Identity)
 
 
 class Scale(Layer):
@@ -444,6 +459,9 @@ class Dropout(_SameShape):
         return [DropoutFn.apply(tape, xs[0], rate=self.rate, seed=int(run.seed), step=step,
                                 layer_id=int(self.layer_id), name=name)]
 
+
+    def inference_fn(self):
+        return op_fn(Identity)                          # no mask without training, as forward()
     def json_params(self):
         return {"rate": self.rate}
 
@@ -484,6 +502,9 @@ class WeightMultiply(Layer):
     def forward(self, tape, xs, run):
         return [WeightMultiplyFn.apply(tape, xs[0], self.params[0], name=self.cfg.top_names[0])]
 
+    def inference_fn(self):
+        return op_fn(WeightMultiplyFn, self.params[0])
+
     def json_params(self):
         p = {"weight_dims": [self.s, self.v]}
         if "weight_init_type" in self.cfg.given and self.cfg.weight_init_type != Initializer_t.Default:
@@ -511,6 +532,9 @@ class FmOrder2(Layer):
 
     def forward(self, tape, xs, run):
         return [FmOrder2Fn.apply(tape, xs[0], out_dim=self.v, name=self.cfg.top_names[0])]
+
+    def inference_fn(self):
+        return op_fn(FmOrder2Fn, out_dim=self.v)
 
     def json_params(self):
         return {"out_dim": self.v}

@@ -19,7 +19,7 @@ from ..autograd import Context, Function, Tensor
 from ..enums import Layer_t
 from ..kernels import fused_reshape_concat as frc
 from ..kernels import reduce_axis, sequence_mask, slice_select
-from .base import Layer
+from .base import Layer, op_fn
 from ..autograd.tape import native_dtype as _out, native_inputs as _half
 from ..device import uses_kernels as _kernels, xp as _xp, contig as _contig, empty as _empty  # noqa: F401
 
@@ -221,6 +221,9 @@ class ReduceSum(Layer):
     def forward(self, tape, xs, run):
         return [ReduceAxis.apply(tape, xs[0], axis=self.axis, mean=self.mean, name=self.cfg.top_names[0])]
 
+    def inference_fn(self):
+        return op_fn(ReduceAxis, axis=self.axis, mean=self.mean)
+
     def json_params(self):
         return {"axis": self.axis}
 
@@ -274,6 +277,9 @@ class Slice(Layer):
 
     def forward(self, tape, xs, run):
         return list(SliceFn.apply(tape, xs[0], ranges=self.ranges, name=self.cfg.top_names[0]))
+
+    def inference_fn(self):
+        return op_fn(SliceFn, ranges=self.ranges)
 
     def json_params(self):
         return {"ranges": [[a, b] for a, b in self.ranges]}
