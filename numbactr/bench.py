@@ -820,7 +820,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", default="runs/bench/cache_hit_rate.png",
                     help="bench cache: where to save its chart (default: %(default)s)")
     ap.add_argument("--threads", type=_thread_list, default=None,
-                    help="comma-separated thread counts for embedding and dlrm (default 1,2; --quick 1)")
+                    help="comma-separated thread counts for embedding and dlrm (default 1,2; --quick 1; --model mlperf: numbactr's compute threads), set for numbactr and torch alike")
     ap.add_argument("--model", choices=("demo", "mlperf"), default="demo",
                     help="bench dlrm: the demo's small DLRM (default) or the MLPerf DLRM shape")
     ap.add_argument("--dim", type=_dim_list, default=(128,),
@@ -850,7 +850,7 @@ def main(argv=None) -> int:
         sizes = {**quick, **{k: getattr(args, k) for k in ("batch", "rows") if getattr(args, k) is not None}}
         tab = bench_mlperf(env, dims=args.dim, optimizers=args.optimizer, tf32=args.tf32, amp=args.amp,
                            seed=args.seed, min_time=(0.05 if args.quick else 1.0) if args.min_time is None
-                           else args.min_time, **sizes)
+                           else args.min_time, threads=args.threads, **sizes)
         print(tab.markdown(), flush=True)
         return 0
     options = {} if args.threads is None else {k: {"threads": args.threads}

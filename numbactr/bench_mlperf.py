@@ -39,7 +39,7 @@ TOP = (1024, 1024, 512, 256, 1)
 #: per device kind: batch, total embedding rows
 SIZES = {"gpu": dict(batch=65536, rows=8_000_000), "cpu": dict(batch=2048, rows=20_000),
          "sim": dict(batch=64, rows=2_000)}
-COLUMNS = ["impl", "optimizer", "D", "batch", "rows", "step ms", "samples/s", "embedding ms", "dense ms",
+COLUMNS = ["impl", "threads", "optimizer", "D", "batch", "rows", "step ms", "samples/s", "embedding ms", "dense ms",
            "rest ms", "embedding GB/s"]
 
 
@@ -293,9 +293,12 @@ def _profiled_step(model, env) -> None:
 
 def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims=(128,),
                  optimizers=("sgd", "adam"), batches: int = 2, min_time: float = 1.0, breakdown_steps: int = 3,
-                 tf32: bool = False, amp: bool = False, seed: int = 0, lr: float | None = None, **_):
-    """One Table: numbactr's MLPerf DLRM step (and PyTorch's) for each D and optimizer (module docstring)."""
+                 tf32: bool = False, amp: bool = False, seed: int = 0, lr: float | None = None, threads=None, **_):
+    """One Table: numbactr's MLPerf DLRM step (and PyTorch's) for each D and optimizer (module docstring).
+    On the cpu device each row runs with numbactr's compute threads and torch's set to the same count:
+    each of ``threads``, or numbactr's current compute threads (a GPU run leaves both as they are)."""
     from . import bench as B
+    from . import threads as T
     from .data.synthetic import criteo_like_slot_sizes, make_planted_dataset
     from .embedding.sparse_embedding import workspace_mb_for
 
@@ -326,48 +329,50 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
                                     dense_dim=DENSE, slot_sizes=sizes, seed=seed, files=(1, 1),
                                     calibration_samples=min(50_000, max(2_000, batch * batches)))
         import numbactr as hugectr
-        for dim, opt in itertools.product(dims, optimizers):
-            step_lr = lr if lr is not None else (0.001 if opt == "adam" else 0.01)
-            with contextlib.redirect_stdout(io.StringIO()):
-                model = build_mlperf_dlrm(hugectr, data.train_list, data.eval_list, batch=batch, dim=dim,
-                                          optimizer=opt, lr=step_lr,
-                                          workspace_mb=workspace_mb_for(rows, dim, 1 if opt == "sgd" else 2) + 1,
-                                          tf32=tf32, amp=amp, seed=seed)
-            reader = iter(model._make_reader(data.train_list, batch, True))
-            host_batches = [next(reader) for _ in range(batches)]
-            model.start_data_reading()
-            model._train_reader = itertools.cycle(host_batches)
-            t = B.measure(model.train, sync=env.sync, min_time=min_time)
-            timer = PhaseTimer(model, env.sync)
-            env.sync()
-            t0 = time.perf_counter()
-            with timer:
-                for _ in range(breakdown_steps):
-                    model.train()
+        counts = (None,) if env.kind == "gpu" else tuple(threads or (T.current().compute,))
+        for dim, opt, n in itertools.product(dims, optimizers, counts):
+            with B.thread_count(env, n):
+                step_lr = lr if lr is not None else (0.001 if opt == "adam" else 0.01)
+                with contextlib.redirect_stdout(io.StringIO()):
+                    model = build_mlperf_dlrm(hugectr, data.train_list, data.eval_list, batch=batch, dim=dim,
+                                              optimizer=opt, lr=step_lr,
+                                              workspace_mb=workspace_mb_for(rows, dim, 1 if opt == "sgd" else 2) + 1,
+                                              tf32=tf32, amp=amp, seed=seed)
+                reader = iter(model._make_reader(data.train_list, batch, True))
+                host_batches = [next(reader) for _ in range(batches)]
+                model.start_data_reading()
+                model._train_reader = itertools.cycle(host_batches)
+                t = B.measure(model.train, sync=env.sync, min_time=min_time)
+                timer = PhaseTimer(model, env.sync)
                 env.sync()
-            whole = (time.perf_counter() - t0) / breakdown_steps
-            _profiled_step(model, env)
-            emb = timer.seconds["embedding"] / breakdown_steps
-            dense = timer.seconds["dense"] / breakdown_steps
-            if not np.isfinite(model.get_current_loss()):
-                raise AssertionError("bench mlperf: numbactr loss is not finite")
-            emb_bytes = 3 * B.embedding_bytes(batch * SLOTS, 1, dim)
-            gbs = emb_bytes / emb / 1e9 if emb > 0 else float("nan")
-            gb_cell = f"{gbs:.1f}" + (f" ({100 * gbs / env.peak_gbs:.0f}% of measured)" if env.peak_gbs else "")
-            tab.add("numbactr", opt, dim, batch, rows, 1e3 * t, batch / t, 1e3 * emb, 1e3 * dense,
-                    1e3 * max(whole - emb - dense, 0.0), gb_cell)
-            del model
-            if env.torch is not None:
-                prepared = _prepare_torch(env.torch, env.torch_dev, host_batches, data.slot_offsets)
-                tt = _time_torch(env, prepared, sizes, dim, opt, step_lr, min_time, seed, tf32, amp)
-                label = env.torch_label + ("+tf32" if tf32 else "") + ("+amp" if amp and env.torch_dev == "cuda"
-                                                                       else "")
-                tab.add(label, opt, dim, batch, rows, 1e3 * tt, batch / tt, "-", "-", "-", "-")
-                if env.torch_dev == "cuda" and not amp:          # torch's step as one CUDA graph too
-                    try:
-                        tg = _time_torch_graph(env, prepared, sizes, dim, opt, step_lr, min_time, seed, tf32)
-                    except Exception as e:   # noqa: BLE001 (a baseline that cannot capture is noted, not fatal)
-                        tab.notes.append(f"torch CUDA graph ({opt}, D={dim}) not measured: {type(e).__name__}: {e}")
-                    else:
-                        tab.add(label + "+graph", opt, dim, batch, rows, 1e3 * tg, batch / tg, "-", "-", "-", "-")
+                t0 = time.perf_counter()
+                with timer:
+                    for _ in range(breakdown_steps):
+                        model.train()
+                    env.sync()
+                whole = (time.perf_counter() - t0) / breakdown_steps
+                _profiled_step(model, env)
+                emb = timer.seconds["embedding"] / breakdown_steps
+                dense = timer.seconds["dense"] / breakdown_steps
+                if not np.isfinite(model.get_current_loss()):
+                    raise AssertionError("bench mlperf: numbactr loss is not finite")
+                emb_bytes = 3 * B.embedding_bytes(batch * SLOTS, 1, dim)
+                gbs = emb_bytes / emb / 1e9 if emb > 0 else float("nan")
+                gb_cell = f"{gbs:.1f}" + (f" ({100 * gbs / env.peak_gbs:.0f}% of measured)" if env.peak_gbs else "")
+                tab.add("numbactr", n or "-", opt, dim, batch, rows, 1e3 * t, batch / t, 1e3 * emb, 1e3 * dense,
+                        1e3 * max(whole - emb - dense, 0.0), gb_cell)
+                del model
+                if env.torch is not None:
+                    prepared = _prepare_torch(env.torch, env.torch_dev, host_batches, data.slot_offsets)
+                    tt = _time_torch(env, prepared, sizes, dim, opt, step_lr, min_time, seed, tf32, amp)
+                    label = env.torch_label + ("+tf32" if tf32 else "") + ("+amp" if amp and env.torch_dev == "cuda"
+                                                                           else "")
+                    tab.add(label, n or "-", opt, dim, batch, rows, 1e3 * tt, batch / tt, "-", "-", "-", "-")
+                    if env.torch_dev == "cuda" and not amp:          # torch's step as one CUDA graph too
+                        try:
+                            tg = _time_torch_graph(env, prepared, sizes, dim, opt, step_lr, min_time, seed, tf32)
+                        except Exception as e:   # noqa: BLE001 (a baseline that cannot capture is noted, not fatal)
+                            tab.notes.append(f"torch CUDA graph ({opt}, D={dim}) not measured: {type(e).__name__}: {e}")
+                        else:
+                            tab.add(label + "+graph", n or "-", opt, dim, batch, rows, 1e3 * tg, batch / tg, "-", "-", "-", "-")
     return tab

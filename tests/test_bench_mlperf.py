@@ -13,15 +13,17 @@ from numbactr import ops
 def test_mlperf_table_on_cpu(cpu, capsys):
     env = bench.Env(use_torch=importlib.util.find_spec("torch") is not None)
     tab = bench_mlperf.bench_mlperf(env, batch=32, rows=300, dims=(16,), optimizers=("sgd", "adam"), batches=1,
-                                    min_time=0.0, breakdown_steps=1)
+                                    min_time=0.0, breakdown_steps=1, threads=(1, 2))
     ours = [r for r in tab.rows if r[0] == "numbactr"]
-    assert [r[1] for r in ours] == ["sgd", "adam"]
+    # each optimizer at each thread count, numbactr's and torch's threads set alike
+    assert [(r[1], r[2]) for r in ours] == [("1", "sgd"), ("2", "sgd"), ("1", "adam"), ("2", "adam")]
     for r in ours:
-        step, emb, dense_ms = (float(r[i].replace(",", "")) for i in (5, 7, 8))
+        step, emb, dense_ms = (float(r[i].replace(",", "")) for i in (6, 8, 9))
         assert step > 0 and emb > 0 and dense_ms > 0
-        assert r[2:5] == ["16", "32", "300"]
+        assert r[3:6] == ["16", "32", "300"]
     if env.torch is not None:
-        assert [r[0] for r in tab.rows] == ["numbactr", "torch-cpu"] * 2
+        assert [r[0] for r in tab.rows] == ["numbactr", "torch-cpu"] * 4
+        assert [r[1] for r in tab.rows] == ["1", "1", "2", "2"] * 2
     assert "512-256-D" in tab.markdown() and "1024-1024-512-256-1" in tab.markdown()
     # the timers are gone: the classes hold their own functions again
     assert dense.FcBiasAct.__dict__["forward"].__func__.__qualname__ == "FcBiasAct.forward"
@@ -42,9 +44,9 @@ def test_mlperf_model_widths(cpu, tmp_path):
 
 def test_mlperf_command_line(cpu, capsys):
     assert bench.main(["dlrm", "--model", "mlperf", "--no-torch", "--batch", "16", "--rows", "200", "--dim", "16",
-                       "--optimizer", "sgd", "--min-time", "0", "--quick"]) == 0
+                       "--optimizer", "sgd", "--min-time", "0", "--quick", "--threads", "2"]) == 0
     out = capsys.readouterr().out
-    assert "MLPerf DLRM training step (cpu)" in out and "| numbactr | sgd | 16 | 16 | 200 |" in out
+    assert "MLPerf DLRM training step (cpu)" in out and "| numbactr | 2 | sgd | 16 | 16 | 200 |" in out
     for bad, words in ((["hash", "--tf32"], "only apply"), (["hash", "--model", "mlperf"], "`bench dlrm` only"),
                        (["dlrm", "--model", "mlperf", "--optimizer", "lamb"], "sgd and/or adam"),
                        (["dlrm", "--model", "mlperf", "--dim", "x"], "embedding widths")):
