@@ -97,6 +97,39 @@ def test_engine_deferred_bounds_check(on_device, mode):
     e.check_deferred()                                        # cleared: nothing more
 
 
+def test_engine_deferred_uint64_indices_read_nothing(on_device):
+    """uint64 indices of unkeyed tables (a one-hot SparseEmbedding fed 32-bit keys, which readers widen to
+    uint64): with a deferred check the step converts them on the device, no host read; one above 2**63 - 1
+    is recorded as out of range and raised at the check point, never wrapped to a negative row or to -1."""
+    on_device("sim")
+    e = TableBatchedEmbedding([(5, 4), (3, 4)], [0, 1], bounds_check=BoundsCheck.FATAL, impl="kernels",
+                              optimizer=OptimizerSpec(Optim.EXACT_SGD, learning_rate=0.1), pooling=Pooling.SUM)
+    e.init_uniform(-1, 1, seed=3)
+    e.defer_checks = True
+    offsets = np.array([0, 2, 3, 4, 6])
+    good = np.array([1, 3, 4, 2, 0, 2])
+    want, _ = e.forward(good.astype(np.int64), offsets)
+    seen = []
+    real = device.to_host
+    try:                                       # every host read of the step would pass here on sim
+        device.to_host = lambda a: seen.append(a) or real(a)
+        launch.reset_counts()
+        got, _ = e.forward(good.astype(np.uint64), offsets)
+        huge = good.astype(np.uint64)
+        huge[4] = np.uint64(2**64 - 1)                         # would view as -1: "missing", silently
+        e.forward(huge, offsets)
+        assert launch.reset_counts()["host_reads"] == 0 and not seen
+    finally:
+        device.to_host = real
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(EmbeddingBoundsError, match=r"index 9223372036854775807 at position 4 \(feature 1, "
+                                                   r"sample 1\) is outside its table of 3 rows"):
+        e.check_deferred()
+    e.defer_checks = False                                     # eager: the host check names the cause
+    with pytest.raises(ValueError, match="must fit int64"):
+        e.forward(huge, offsets)
+
+
 @settings(max_examples=15, deadline=None)
 @given(data=st.data())
 def test_deferred_bounds_record_matches_the_reference(data):

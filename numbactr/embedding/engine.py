@@ -606,7 +606,8 @@ class TableBatchedEmbedding:
                 raise ValueError(f"feature_requires_grad must have one entry per feature ({self.n_features})")
 
         if indices.dtype == np.uint64 and not self.hash_tables:
-            indices = self._as_int64(indices)
+            indices = self._as_int64(indices, on_device=self.defer_checks and self.impl == "kernels" and
+                                     self.bounds_check in (BoundsCheck.FATAL, BoundsCheck.WARNING))
         # bounds check first (keyed features are not checked: their keys become rows below), so that a
         # FATAL batch raises before a hash table changes
         fixed, pre = self._impl.repair_offsets(offsets, n)
@@ -794,8 +795,15 @@ class TableBatchedEmbedding:
                         np.int64)
 
     @staticmethod
-    def _as_int64(indices):
-        if bool((indices > np.uint64(np.iinfo(np.int64).max)).any()):
+    def _as_int64(indices, on_device: bool = False):
+        """uint64 indices of unkeyed tables as int64. on_device (a deferred bounds check will see them): no
+        host read in the step; an index above 2**63 - 1 becomes 2**63 - 1, beyond every table, which the
+        deferred check records (FATAL raises it at the check point, WARNING reads row 0). Otherwise such an
+        index is an error here."""
+        top = np.uint64(np.iinfo(np.int64).max)
+        if on_device:
+            return device.xp().minimum(indices, top).astype(np.int64)
+        if bool((indices > top).any()):
             raise ValueError("indices of unkeyed tables must fit int64; uint64 keys above 2**63 - 1 belong "
                              "to keyed tables")
         return indices.astype(np.int64)
