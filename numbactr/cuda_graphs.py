@@ -62,6 +62,28 @@ def graphs_wanted() -> bool:
     return flag == "1"
 
 
+#: the first CuPy whose sorts enqueue without a host synchronization (thrust's par_nosync policy; CuPy 13's
+#: par policy synchronizes the stream at the end of every sort, which invalidates a stream capture)
+CUPY_NOSYNC_SORT = 14
+
+
+def cupy_sort_synchronizes(version: str | None = None) -> bool:
+    """Does this CuPy (``version``, default the installed one) end every sort with a host synchronization?
+    The embedding's backward sorts each step's rows with CuPy (kernels.tbe), so with such a CuPy a step waits
+    for the GPU once per step and cannot be captured."""
+    if version is None:
+        try:
+            import cupy
+        except ImportError:             # no CuPy: no CuPy sort either (the cpu and sim devices)
+            return False
+        version = cupy.__version__
+    try:
+        major = int(str(version).split(".")[0])
+    except ValueError:
+        return False                    # a source build with an odd version string: assume a current one
+    return major < CUPY_NOSYNC_SORT
+
+
 def _array_key(a) -> tuple:
     ptr = a.data.ptr if hasattr(a, "data") and hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
     return int(ptr), tuple(a.shape), str(a.dtype)
@@ -88,6 +110,9 @@ def ineligible(model, batch) -> str | None:
         return "CreateSolver(use_cuda_graph=False)"
     if device.kind() != "gpu":
         return "not on a GPU"
+    if cupy_sort_synchronizes():
+        return (f"CuPy < {CUPY_NOSYNC_SORT} synchronizes at the end of every sort (the embedding's backward "
+                f"sorts): install cupy-cuda12x/13x >= {CUPY_NOSYNC_SORT}")
     from .embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
     if model._graphs is not None and model._graphs.disabled:
         return model._graphs.disabled

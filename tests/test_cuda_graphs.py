@@ -144,6 +144,12 @@ def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     emb = m.embeddings[0]
     monkeypatch.setattr(cuda_graphs.device, "kind", lambda: "gpu")
     alone = cuda_graphs.ineligible(m, batch)
+    # CuPy 13's sorts end in a host synchronization (the embedding backward sorts every step): no capture
+    assert cuda_graphs.cupy_sort_synchronizes("13.6.0") and cuda_graphs.cupy_sort_synchronizes("12.3.0")
+    assert not cuda_graphs.cupy_sort_synchronizes("14.0.0") and not cuda_graphs.cupy_sort_synchronizes("15.0.0a1")
+    monkeypatch.setattr(cuda_graphs, "cupy_sort_synchronizes", lambda version=None: True)
+    assert "synchronizes at the end of every sort" in cuda_graphs.ineligible(m, batch)
+    monkeypatch.setattr(cuda_graphs, "cupy_sort_synchronizes", lambda version=None: False)
     transport = ["mpi"]
     monkeypatch.setattr(m, "ranks", 2)
     monkeypatch.setattr(m, "comm", types.SimpleNamespace(size=2, transport=lambda: (transport[0], "test")))
