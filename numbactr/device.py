@@ -106,12 +106,15 @@ def _select_gpu(cuda, cupy) -> tuple[int, str]:
 
 def _no_interface_sync() -> None:
     """Numba synchronizes the producer's stream (a host wait) each time a kernel argument comes in through
-    the CUDA Array Interface, unless NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0. Every numbactr launch takes CuPy
-    arrays made on the stream the kernels also run on (the legacy default stream; the input stager's copy
-    stream is ordered by events), so that wait orders nothing and would put a host synchronization in every
-    launch of a step. Switched off here unless the environment sets it."""
+    the CUDA Array Interface with a stream, unless NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0. numba-cuda 0.30 takes
+    CuPy arrays through DLPack first (cudadrv.devicearray._to_strided_memory_view), which orders the streams
+    on the device and never waits on the host, so this covers the other producers (arrays that offer only the
+    interface). Every numbactr launch takes arrays made on the stream its kernels run on, so that wait would
+    order nothing. Switched off here unless the environment sets it, in the environment too, so that numba's
+    reload of its configuration (when a NUMBA_ variable changes) keeps it off."""
     if "NUMBA_CUDA_ARRAY_INTERFACE_SYNC" in os.environ:
         return
+    os.environ["NUMBA_CUDA_ARRAY_INTERFACE_SYNC"] = "0"
     try:
         from numba.cuda.core import config as cuda_config
     except ImportError:                         # older numba-cuda: numba's own config holds it
@@ -122,6 +125,17 @@ def _no_interface_sync() -> None:
 def gpu_index() -> int | None:
     """The index (among the visible GPUs) of this rank's GPU on the gpu device, else None."""
     return _state["gpu"] if kind() == "gpu" else None
+
+
+def bind_thread() -> None:
+    """Make this rank's GPU the calling thread's current device (nothing off the gpu device). A thread
+    starts on GPU 0 in CUDA's runtime and in CuPy: a worker thread's CuPy work would run there, and its
+    first CUDA call would put a context on GPU 0 for every rank."""
+    gpu = gpu_index()
+    if gpu is not None:
+        import cupy
+        if cupy.cuda.runtime.getDevice() != gpu:
+            cupy.cuda.runtime.setDevice(gpu)
 
 
 def use_vvgpu(vvgpu) -> str:

@@ -158,3 +158,41 @@ def test_host_mirrored_batches_keep_their_arena_blocks_until_retired():
     assert stager.arena.reused > 0                           # released blocks went to later batches
     stager.close()
     assert held[-1].blocks == []
+
+
+def test_arena_binds_each_worker_thread_to_the_ranks_gpu(monkeypatch):
+    """A worker thread starts on GPU 0: before its first CUDA call (a pinned allocation, an upload event's
+    query) the arena makes the rank's GPU its device, once per thread, and never sets GPU 0 back (which would
+    put a context on GPU 0 for every rank). CuPy stands in here: no GPU on this machine."""
+    import sys
+    import threading
+    import types
+
+    from numbactr.data.staging import PinnedArena
+    calls = []
+
+    class Runtime:
+        @staticmethod
+        def getDevice():
+            return 3
+
+        @staticmethod
+        def setDevice(i):
+            calls.append((threading.current_thread().name, i))
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=Runtime,
+                                                            alloc_pinned_memory=lambda n: bytearray(n)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    arena = PinnedArena(gpu=True)
+    assert arena.device_id == 3
+
+    def worker():
+        for n in (10, 5000, 10):
+            arena.take(n)
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i for _, i in calls) == [3, 3]                     # each thread once, to GPU 3 only
+    assert len({t for t, _ in calls}) == 2

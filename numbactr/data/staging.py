@@ -67,6 +67,7 @@ class PinnedArena:
         if gpu:
             import cupy
             self.device_id = cupy.cuda.runtime.getDevice()   # the rank's GPU, for allocations in worker threads
+        self._bound = threading.local()   # .id: the GPU this thread was bound to (bind_thread)
         self._lock = threading.Lock()
         self._free: dict[int, list] = collections.defaultdict(list)
         self._waiting: collections.deque = collections.deque()   # (event or None, [blocks]) in upload order
@@ -76,9 +77,20 @@ class PinnedArena:
     def batch_memory(self) -> "BatchMemory":
         return BatchMemory(self)
 
+    def bind_thread(self) -> None:
+        """Make the rank's GPU this thread's current device, once per thread and never undone. A reader worker
+        is a new thread, whose current device is GPU 0: its first CUDA call (an event query, a pinned
+        allocation) would create a context on GPU 0 for every rank, and a ``with Device(id)`` block would set
+        GPU 0 back (creating that context) on leaving."""
+        if self.gpu and getattr(self._bound, "id", None) != self.device_id:
+            import cupy
+            cupy.cuda.runtime.setDevice(self.device_id)
+            self._bound.id = self.device_id
+
     def take(self, nbytes: int) -> np.ndarray:
         """A uint8 block of at least nbytes (its own power-of-two size)."""
         size = max(self.MIN_BLOCK, 1 << (max(int(nbytes), 1) - 1).bit_length())
+        self.bind_thread()
         with self._lock:
             self._reclaim()
             free = self._free.get(size)
@@ -92,8 +104,7 @@ class PinnedArena:
         if not self.gpu:
             return np.empty(size, np.uint8)
         import cupy
-        with cupy.cuda.Device(self.device_id):     # a worker thread's current device may be another one
-            mem = cupy.cuda.alloc_pinned_memory(size)
+        mem = cupy.cuda.alloc_pinned_memory(size)   # on the rank's GPU: take() bound this thread to it
         return np.frombuffer(mem, np.uint8, size)
 
     def release(self, memory: "BatchMemory", event=None) -> None:

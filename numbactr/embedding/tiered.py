@@ -601,6 +601,7 @@ class TieredEmbedding:
     def _guard(self, fn):
         def wrapped():
             try:
+                device.bind_thread()              # the rank's GPU, not GPU 0 (a new thread's device)
                 fn()
             except BaseException as exc:          # handed to the caller's thread by _wait()
                 self._worker_error = exc
