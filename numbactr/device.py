@@ -94,7 +94,8 @@ def _select_gpu(cuda, cupy) -> tuple[int, str]:
     from .distributed.placement import PlacementError, choose_gpu
     try:
         pl = placement()
-        gpu, why = choose_gpu(pl.local_rank, pl.node, len(cuda.gpus), _state["vvgpu"])
+        gpu, why = choose_gpu(pl.local_rank, pl.node, len(cuda.gpus), _state["vvgpu"],
+                              os.environ.get("CUDA_VISIBLE_DEVICES"))
     except PlacementError as e:
         raise DeviceError(f"cannot choose this rank's GPU: {e}") from None
     cuda.select_device(gpu)

@@ -102,6 +102,7 @@ def gather() -> dict:
     probe("nccl", _nccl)
     probe("mpi", _mpi)
     probe("placement", _placement)
+    f["visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     probe("transport_env", lambda: os.environ.get("NUMBACTR_COMM") or None)
     return f
 
@@ -142,10 +143,15 @@ def _driver_cuda() -> str:
 
 def _gpus() -> list[dict]:
     from numba import cuda
+
+    from .distributed.comm import gpu_pci_key
+    from .distributed.placement import pci_text
     out = []
     for g in cuda.gpus:
         name = g.name.decode() if isinstance(g.name, bytes) else g.name
         row = {"index": g.id, "name": name, "cc": "%d.%d" % g.compute_capability, "memory_gib": None}
+        key = gpu_pci_key(g.id)             # what tells ranks' GPUs apart (Comm.transport)
+        row["pci"] = pci_text(key) if key >= 0 else None
         try:
             import cupy
             props = cupy.cuda.runtime.getDeviceProperties(g.id)
@@ -285,9 +291,19 @@ def diagnose(f: dict) -> list[tuple[str, str]]:
             err(f"GPU {g['index']} ({g['name']}, compute capability {g['cc']}) is older than CUDA "
                 f"{tk_for_cc} supports (>= {need[0]}.{need[1]}): use the cu12 extra")
     pl = f.get("placement") or {}
+    from .distributed.placement import pinned_device
+    pinned = pinned_device(f.get("visible_devices"))
     if gpus and pl.get("local_size", 1) > len(gpus):
-        warn(f"{pl['local_size']} ranks on this node share {len(gpus)} GPU(s): ranks wrap around "
-             f"(local rank i uses GPU i % {len(gpus)}) and collectives stage through host MPI, not NCCL")
+        if pinned is not None and len(gpus) == 1:
+            # a per-rank CUDA_VISIBLE_DEVICES (Slurm --gpus-per-task=1, a wrapper script): each rank sees only
+            # its own GPU, so the count says nothing about sharing; Comm.transport compares PCI addresses
+            note(f"CUDA_VISIBLE_DEVICES={pinned} shows this rank one GPU, as a launcher that gives each rank its "
+                 f"own does: it runs on it whatever vvgpu lists; the {pl['local_size']} ranks of this node use "
+                 f"NCCL when their GPUs' PCI addresses differ, host MPI when some share one (decided at the "
+                 f"first device collective)")
+        else:
+            warn(f"{pl['local_size']} ranks on this node share {len(gpus)} GPU(s): ranks wrap around "
+                 f"(local rank i uses GPU i % {len(gpus)}) and collectives stage through host MPI, not NCCL")
     nccl = f.get("nccl")
     if pl.get("size", 1) > 1 and gpus:
         if nccl is None or nccl.get("error"):
@@ -315,7 +331,8 @@ def report(f: dict, diagnoses: list[tuple[str, str]]) -> str:
                  + (f", supports CUDA {f['driver_cuda']}" if f.get("driver_cuda") else ""))
     for g in f.get("gpus") or []:
         mem = f", {g['memory_gib']} GiB" if g.get("memory_gib") is not None else ""
-        lines.append(f"GPU {g['index']}:         {g['name']}, compute capability {g['cc']}{mem}")
+        pci = f", PCI {g['pci']}" if g.get("pci") else ""
+        lines.append(f"GPU {g['index']}:         {g['name']}, compute capability {g['cc']}{mem}{pci}")
     lines.append(f"numba:         {f.get('numba')}; numba-cuda {f.get('numba_cuda')}, cuda-bindings "
                  f"{f.get('cuda_bindings')} (CUDA {_major(f.get('cuda_bindings')) or '?'})")
     tk = f.get("cuda_toolkit_wheels") or {}
@@ -335,6 +352,8 @@ def report(f: dict, diagnoses: list[tuple[str, str]]) -> str:
     lines.append("MPI:           " + ("mpi4py not installed" if mpi is None else
                                       f"mpi4py {mpi['mpi4py']}, {mpi['launched_ranks']} rank(s) launched"
                                       + (f", {mpi['library']}" if mpi.get("library") else "")))
+    if f.get("visible_devices") is not None:
+        lines.append(f"CUDA_VISIBLE_DEVICES: {f['visible_devices']}")
     if f.get("transport_env"):
         lines.append(f"NUMBACTR_COMM: {f['transport_env']}")
     for key, e in sorted((f.get("errors") or {}).items()):

@@ -79,7 +79,7 @@ import traceback
 
 import numpy as np
 
-from .placement import Placement, choose_transport, local_from_env, node_of
+from .placement import Placement, choose_transport, local_from_env, node_of, own_gpus, pci_key, pci_key_from_text
 
 # the launcher's environment: (size, rank) variables set by MPICH/Intel MPI, Open MPI, MVAPICH2
 _LAUNCH_ENV = (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
@@ -99,6 +99,23 @@ def launched() -> tuple[int, int, str]:
         if size.isdigit() and int(size) > 1:
             return int(size), int(rank) if rank.isdigit() else -1, size_var
     return 1, 0, ""
+
+
+def gpu_pci_key(gpu: int) -> int:
+    """placement.pci_key of visible GPU `gpu` (its PCI domain, bus and device: numba-cuda's
+    ``Device.get_device_identity()``, a driver attribute query, else CuPy's ``Device(gpu).pci_bus_id``),
+    or -1 when neither can read it (transport() then stays on host MPI)."""
+    try:
+        from numba import cuda
+        ident = cuda.gpus[gpu].get_device_identity()
+        return pci_key(ident["pci_domain_id"], ident["pci_bus_id"], ident["pci_device_id"])
+    except Exception:           # noqa: BLE001 (an older numba-cuda, a driver error: try CuPy)
+        pass
+    try:
+        import cupy
+        return pci_key_from_text(cupy.cuda.Device(gpu).pci_bus_id)
+    except Exception:           # noqa: BLE001 (PlacementError too: an unreadable bus id)
+        return -1
 
 
 class Comm:
@@ -122,7 +139,9 @@ class Comm:
     # -- device buffers ------------------------------------------------------------------------------
     def transport(self) -> tuple[str, str]:
         """('nccl' | 'mpi', why) for device buffers, decided once for the whole job: every rank shares
-        its (node, GPU, NCCL importable) in one allgather, so all ranks take the same path. A collective:
+        its (node, PCI address of its GPU, NCCL importable) in one allgather, so all ranks take the same
+        path. The PCI address, not the visible index, tells the GPUs apart: under per-rank
+        CUDA_VISIBLE_DEVICES every rank's GPU is its visible GPU 0 (``placement.own_gpus``). A collective:
         every rank calls it at the same point (the first device collective does)."""
         if self._transport is not None:
             return self._transport
@@ -133,17 +152,17 @@ class Comm:
             return self._transport
         from . import nccl
         gpu = device.gpu_index()
-        mine = np.array([self.placement.node, -1 if gpu is None else gpu,
+        mine = np.array([self.placement.node, -1 if gpu is None else gpu_pci_key(gpu),
                          int(kind == "gpu" and nccl.importable())], dtype=np.int64)
         every = np.empty((self.size, 3), dtype=np.int64)
         self._enter("transport")
         self._wait(self._c.Iallgather(mine, every))
-        gpus = {(int(n), int(g)) for n, g, _ in every}
-        own = all(g >= 0 for _, g, _ in every) and len(gpus) == self.size
+        own, why = own_gpus([(int(n), int(k)) for n, k, _ in every])
         self._transport = choose_transport(self.size, kind, own, bool(every[:, 2].all()),
-                                           os.environ.get("NUMBACTR_COMM", ""))
+                                           os.environ.get("NUMBACTR_COMM", ""), why)
         if self._transport[0] == "nccl":
-            self._nccl = nccl.NcclComm(self._c)
+            # the unique id travels by this Comm's bcast: one more guarded collective, on every rank alike
+            self._nccl = nccl.NcclComm(self._c, bcast=self.bcast)
         return self._transport
 
     def allreduce_sum(self, x):

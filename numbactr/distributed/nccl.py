@@ -2,8 +2,8 @@
 
 ``Comm`` (numbactr.distributed.comm) hands device buffers here when ``placement.choose_transport``
 picked NCCL: every rank has a GPU of its own and cupy.cuda.nccl imports. The NCCL communicator is built
-once per job: rank 0 makes the unique id, MPI broadcasts it, every rank joins with ``ncclCommInitRank`` on
-its current GPU (chosen by numbactr.device before any allocation). Collectives run on CuPy's current
+once per job: rank 0 makes the unique id, MPI broadcasts it (``Comm.bcast``, a guarded collective), every
+rank joins with ``ncclCommInitRank`` on its current GPU (chosen by numbactr.device before any allocation). Collectives run on CuPy's current
 stream, so they are ordered with the kernels around them and need no host synchronization of their own.
 
 * ``allreduce_sum(x)``: in place, float32/float16/float64/int32/int64 (bfloat16 has no CuPy dtype);
@@ -20,8 +20,8 @@ import numpy as np
 def importable() -> bool:
     """True when cupy.cuda.nccl imports and reports a NCCL library (the wheels load libnccl lazily)."""
     try:
-        from cupy.cuda import nccl
-        return bool(nccl.get_version())
+        from cupy.cuda import nccl     # imports without NCCL's names (available False) when libnccl is missing
+        return bool(getattr(nccl, "available", True)) and bool(nccl.get_version())
     except Exception:           # noqa: BLE001 (ImportError, or CuPy's error when libnccl cannot load)
         return False
 
@@ -39,18 +39,28 @@ def _dtypes(nccl) -> dict:
 
 
 class NcclComm:
-    """One NCCL communicator over all ranks of an MPI communicator (mpi4py), on this rank's current GPU."""
+    """One NCCL communicator over all ranks of an MPI communicator (mpi4py), on this rank's current GPU.
 
-    def __init__(self, mpi_comm):
+    ``bcast(obj, root=0)`` carries rank 0's unique id to every rank (default: the communicator's own
+    pickling ``bcast``). The id is whatever CuPy's ``get_unique_id`` returns (a tuple of ints before CuPy
+    14, bytes since), handed unchanged to ``NcclCommunicator(ndev, commId, rank)``, which takes that type."""
+
+    def __init__(self, mpi_comm, bcast=None):
         import cupy
         from cupy.cuda import nccl
         self._nccl, self._cupy = nccl, cupy
         self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         uid = nccl.get_unique_id() if self.rank == 0 else None
-        uid = mpi_comm.bcast(uid, root=0)
+        uid = (bcast or mpi_comm.bcast)(uid, root=0)
         self.device = cupy.cuda.Device().id
         self._c = nccl.NcclCommunicator(self.size, uid, self.rank)
         self._types = _dtypes(nccl)
+
+    def close(self) -> None:
+        """Destroy the NCCL communicator now (CuPy also does when the object is collected)."""
+        if self._c is not None:
+            self._c.destroy()
+            self._c = None
 
     def _type(self, a, what: str):
         t = self._types.get(np.dtype(a.dtype))
