@@ -28,7 +28,9 @@ allocations, uploads and JIT compilation happen there, never inside a capture). 
 arrays' addresses and shapes: the stager alternates between two buffer sets, so there are two graphs), one
 step is captured on its own stream with its own CuPy memory pool (the graph's temporaries stay reserved
 for it), its host values uploaded, and the graph launched; later steps with that key run their host halves
-and launch the graph. Any step that is not eligible (a partial batch, another key count, a loss read every
+and launch the graph. A third key after the graphs have replayed (frozen layers, a new scaler, a new source's
+buffers) drops them and is warmed up and captured in turn; a third key before any replay turns graphs off for
+the run (keys that never repeat). Any step that is not eligible (a partial batch, another key count, a loss read every
 step, frozen flags changed, mixed precision whose overflow is read on the host, ...) runs eagerly and drops
 the graphs: eager work may reallocate buffers that a graph points to.
 
@@ -157,6 +159,7 @@ class StepGraphs:
         self.disabled = None        # why graphs are off for this run (a failed capture, changing shapes)
         self.shapes = None          # the input shapes of the captured steps
         self.captures = self.replays = 0
+        self.replayed = False       # has a graph replayed since the graphs were last dropped?
 
     def drop(self, why: str = "") -> None:
         if self.graphs:
@@ -164,6 +167,7 @@ class StepGraphs:
                                                         f"dropped, captured again after {self.WARMUP} steps")
         self.graphs.clear()
         self.eager = 0
+        self.replayed = False
 
     def step(self, batch, key, body, run: dict, snapshot) -> None:
         """One training step's device half ``body(batch)``: replayed, captured, or (warming up) eager.
@@ -174,6 +178,7 @@ class StepGraphs:
             g.rec.replay(run)                 # host halves: counters, this step's device values
             self._launch(g)
             self.replays += 1
+            self.replayed = True
             return
         shapes = tuple(a[1:] for a in key[0])          # (shape, dtype) of each input array
         if self.eager < self.WARMUP:
@@ -181,12 +186,24 @@ class StepGraphs:
             self.shapes = shapes
             body(batch)
             return
-        if shapes != self.shapes or len(self.graphs) >= self.MAX_GRAPHS:
-            # another key count (multi-hot inputs) or more buffer sets than the stager's: a capture per
-            # batch would cost more than it saves, and buffers sized for other shapes may move
-            self.disabled = "the step's input shapes change from batch to batch (multi-hot inputs?)"
+        churn = len(self.graphs) >= self.MAX_GRAPHS and not self.replayed
+        if shapes != self.shapes or churn:
+            # another key count (multi-hot inputs), or a new key before any graph replayed (more buffer sets
+            # than the stager's): a capture per batch would cost more than it saves, and buffers sized for
+            # other shapes may move
+            self.disabled = ("the step's input shapes change from batch to batch (multi-hot inputs?)"
+                             if shapes != self.shapes else
+                             "the step's key (input buffers, frozen flags, scaler, optimizer modes) changes "
+                             "before its graphs replay")
             log.info(f"CUDA graphs: {self.disabled}; training goes on with eager steps")
             self.graphs.clear()
+            body(batch)
+            return
+        if len(self.graphs) >= self.MAX_GRAPHS:
+            # a new key after the graphs served (frozen layers, a new scaler, a new source's buffers): the old
+            # graphs go, and the new key is warmed up and captured like the first
+            self.drop("the step's key changed: input buffers, frozen flags, scaler or optimizer modes")
+            self.eager += 1
             body(batch)
             return
         restore = snapshot()

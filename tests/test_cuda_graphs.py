@@ -164,6 +164,45 @@ def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     assert cuda_graphs.batch_key(m, batch)[-1] == (("one key per bag", 8, 8),)
 
 
+class _ToyGraphs(cuda_graphs.StepGraphs):
+    """StepGraphs whose capture runs the body once and whose launch runs nothing: the runner's decisions."""
+
+    def _capture(self, batch, body):
+        body(batch)
+        return cuda_graphs._Graph(None, None, types.SimpleNamespace(replay=lambda run: None, uploads=[]), None)
+
+    def _launch(self, g):
+        pass
+
+
+def _toy_key(buffer_set: int, frozen=False):
+    return ((1000 + buffer_set, (4, 13), "float32"),), (frozen,), 1.0, (), ()
+
+
+def test_a_new_key_after_replays_recaptures_and_a_churning_key_turns_graphs_off():
+    g, ran = _ToyGraphs(), []
+
+    def body(batch):
+        ran.append(batch)
+
+    def steps(keys):
+        for i, k in enumerate(keys):
+            g.step(i, k, body, {}, lambda: (lambda: None))
+    steps([_toy_key(0), _toy_key(1)] * 3)                       # 2 eager, 2 captures, 2 replays
+    assert (g.captures, g.replays, len(g.graphs), g.disabled) == (2, 2, 2, None)
+    # frozen dense layers (a new key with the same shapes): the old graphs go, the new key warms up again
+    steps([_toy_key(0, True), _toy_key(1, True)] * 3)
+    assert (g.captures, g.replays, g.disabled) == (4, 4, None)
+    assert set(g.graphs) == {_toy_key(0, True), _toy_key(1, True)}
+    # keys that never repeat: no graph ever replays, so capturing stops (the model's ineligible() reads
+    # disabled and runs every later step eagerly)
+    churn = _ToyGraphs()
+    for i in range(5):
+        churn.step(i, _toy_key(10 + i), body, {}, lambda: (lambda: None))
+    assert churn.captures == 2 and churn.replays == 0 and "changes before its graphs replay" in churn.disabled
+    assert not churn.graphs
+
+
 class _SimGraphs(cuda_graphs.StepGraphs):
     """StepGraphs with the simulator standing in for the GPU: a "capture" runs the step (recording its host
     halves) and a "launch" runs nothing, so a replayed step does only what the host halves do."""
