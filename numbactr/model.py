@@ -913,6 +913,9 @@ class Model:
         calls = self.comm.calls
         tape = Tape(watch_finite=self.half is not None)
         t = self._forward_backward(batch, tape)
+        # a replay's tensors are its capture's (check_out_tensor, the non-finite diagnosis), not those of the
+        # graph captured last
+        step_values.on_replay(("tensors", id(self)), lambda run: self._last_tensors.__setitem__(True, t))
         if self.ranks > 1:                       # NCCL, enqueued on the step's stream (captured with it)
             self.comm.allreduce_sum(self.wgrads)
         rows = batch.batch_size * self.ranks

@@ -256,11 +256,14 @@ def test_warm_up_capture_replay_and_a_failed_capture(tmp_path, monkeypatch):
     assert eager.train()
     g = _SimGraphs()
     m = _graph_model(tmp_path / "g", monkeypatch, g)
+    tensors = []
     for lr in lrs:
         m.lr = lr
         assert m.train()
+        tensors.append(m._last_tensors[True])
     # 1 eager step, one capture per input buffer set of the stager (steps 2 and 3), then a replay
     assert (g.eager, g.captures, g.replays, len(g.graphs)) == (1, 2, 1, 2)
+    assert tensors[3] is tensors[1] and tensors[2] is not tensors[1]   # the replayed graph's own tensors
     assert _counters(m) == _counters(eager)
     got, want = _device_values(m), _device_values(eager)
     assert set(want) < set(got)
