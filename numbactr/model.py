@@ -104,6 +104,8 @@ class Model:
                              "(CuPy has no bfloat16 arrays); use 'float16' on a GPU")
         if solver.enable_tf32_compute and device.kind() == "gpu":
             log.info(precision.enable_tf32())
+        elif device.kind() == "gpu" and (undone := precision.disable_tf32()):
+            log.info(undone)
 
     # ---- graph construction --------------------------------------------------------------------
     def add(self, item=None, *, input=None, sparse_embedding=None, dense_layer=None,  # noqa: A002 (HugeCTR's

@@ -102,8 +102,16 @@ def check_dense_input(dense: np.ndarray, half) -> None:
                          f"(max {limit:g}); scale or log-transform the dense features")
 
 
+#: TF32 as enable_tf32 left it: on (by numbactr, for a model that asked), and CUPY_TF32 before that
+_TF32 = {"on": False, "env": None}
+
+
 def enable_tf32() -> str:
-    """Make float32 matrix products on the GPU use TF32; returns a line saying what was done."""
+    """Make float32 matrix products on the GPU use TF32; returns a line saying what was done. CuPy's compute
+    type is the process's: a later model that does not ask for TF32 puts it back (disable_tf32)."""
+    if not _TF32["on"]:
+        _TF32["env"] = os.environ.get("CUPY_TF32")
+    _TF32["on"] = True
     os.environ["CUPY_TF32"] = "1"                 # read by CuPy at its first float32 product
     try:
         import cupy
@@ -121,3 +129,24 @@ def enable_tf32() -> str:
         warnings.simplefilter("ignore")
         linalg.set_compute_type(np.float32, tf32)
     return "enable_tf32_compute: float32 matrix products use TF32 tensor cores (cuBLAS through CuPy)"
+
+
+def disable_tf32() -> str:
+    """Undo enable_tf32 for a model that does not ask for TF32 (CuPy's float32 compute type is global to
+    the process): CUPY_TF32 as it was before and CuPy's float32 compute type undecided again, so CuPy
+    takes it from CUPY_TF32 at the next product. Returns what was done ("" when TF32 was not numbactr's)."""
+    if not _TF32["on"]:
+        return ""
+    _TF32["on"] = False
+    if _TF32["env"] is None:
+        os.environ.pop("CUPY_TF32", None)
+    else:
+        os.environ["CUPY_TF32"] = _TF32["env"]
+    try:
+        from cupy._core import _routines_linalg as linalg
+    except ImportError:
+        return ""
+    if hasattr(linalg, "set_compute_type"):
+        linalg.set_compute_type(np.float32, getattr(linalg, "COMPUTE_TYPE_TBD", 0))
+    return ("enable_tf32_compute=False: float32 matrix products no longer use TF32 (an earlier model of this "
+            "process had turned it on)")

@@ -365,8 +365,18 @@ def test_enable_tf32_sets_cupys_float32_compute_type(monkeypatch):
     calls = _fake_cupy(monkeypatch, "90")
     assert "TF32 tensor cores" in precision.enable_tf32()
     assert calls == [(np.float32, 7)] and os.environ["CUPY_TF32"] == "1"
+    # a later model without enable_tf32_compute: CuPy's float32 compute type is undecided again (it reads
+    # CUPY_TF32 at the next product) and CUPY_TF32 is as it was
+    assert "no longer use TF32" in precision.disable_tf32()
+    assert calls == [(np.float32, 7), (np.float32, 0)] and "CUPY_TF32" not in os.environ
+    assert precision.disable_tf32() == "" and len(calls) == 2     # TF32 was not numbactr's: nothing to undo
+    monkeypatch.setenv("CUPY_TF32", "1")                          # the user's own setting is kept
+    precision.enable_tf32()
+    precision.disable_tf32()
+    assert os.environ["CUPY_TF32"] == "1"
     calls = _fake_cupy(monkeypatch, "70")                        # Volta: no TF32, nothing set
     assert "has no TF32" in precision.enable_tf32() and calls == []
+    precision.disable_tf32()
 
 
 def test_tf32_has_no_effect_on_cpu(data, cpu, monkeypatch):
