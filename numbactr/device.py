@@ -20,7 +20,8 @@ the thread plan (numbactr.threads: BLAS/numba threads and reader workers).
 
 On gpu each rank takes one GPU, chosen before any allocation from its local rank on its node
 (numbactr.distributed.placement.choose_gpu: local rank i uses ``vvgpu[node][i % len]`` when CreateSolver
-was given a vvgpu, else visible GPU ``i % visible``); numba and CuPy are both pointed at it.
+was given a vvgpu, else visible GPU ``i % visible``; a rank whose launcher pinned it to one GPU through
+CUDA_VISIBLE_DEVICES takes that GPU whatever vvgpu lists); numba and CuPy are both pointed at it.
 ``numbactr device`` (numbactr.device_report) prints what was found and what does not fit.
 """
 from __future__ import annotations
@@ -159,7 +160,7 @@ def use_vvgpu(vvgpu) -> str:
                      f"listed GPU (mpiexec -n {sum(len(n) for n in vv)})")
     if _state["kind"] == "gpu" and _state["gpu"] is not None:
         from numba import cuda
-        want, _ = choose_gpu(pl.local_rank, pl.node, len(cuda.gpus), vv)
+        want, _ = choose_gpu(pl.local_rank, pl.node, len(cuda.gpus), vv, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if want != _state["gpu"]:
             notes.append(f"the device was resolved before CreateSolver, on GPU {_state['gpu']}, and stays "
                          f"there (vvgpu asks for GPU {want}); create the solver before anything uses the device")
