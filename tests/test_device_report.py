@@ -70,6 +70,8 @@ def test_errors(over, words):
 @pytest.mark.parametrize("over, words", [
     (dict(cuda_toolkit_wheels={"cuda-toolkit": "13.5.0"}), "compiler wheels for CUDA 13"),
     (dict(cupy_wheels={"cupy-cuda13x": "14.2.0"}, driver_cuda="13.0"), "two CUDA runtimes"),
+    (dict(cupy_wheels={"cupy-cuda12x": "13.6.0"}, cupy={"version": "13.6.0", "runtime": "12.9", "driver": "12.8"}),
+     "CuPy 13.6.0 ends every sort with a host synchronization"),
     (dict(placement={"rank": 0, "size": 4, "local_rank": 0, "local_size": 4, "node": 0, "nodes": 1,
                      "source": "MPI shared-memory split"}), "4 ranks on this node share 1 GPU"),
     (dict(nccl=None, gpus=[H100, dict(H100, index=1)],
