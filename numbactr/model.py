@@ -900,9 +900,11 @@ class Model:
         replay hooks advance); returns the function that puts it back (a failed capture)."""
         dense_t = self.dense_optimizer.t
         engines = [(e.engine, e.engine.step) for e in self.embeddings]
+        calls = self.comm.calls                  # collectives a failed capture entered ran nothing
 
         def restore():
             self.dense_optimizer.t = dense_t
+            self.comm.calls = calls
             for eng, step in engines:
                 eng.step = step
         return restore
