@@ -6,21 +6,50 @@ bottom MLP 13-512-256-D, dot interaction of the 27 vectors, top MLP 1024-1024-51
 (Update_t.Global). On a GPU the batch is 64K (65536) and the tables hold --rows rows in all; on cpu (or
 sim) the batch is 2048 and the tables small, so that CI can smoke-test the command.
 
-Reported per (implementation, optimizer): step time and samples/s (median of clean steps: no timers
-inside), and a step-time breakdown from separate steps with timers around the phases (each phase
-bracketed by a device synchronization, so the phases add up to a slightly longer step than the clean one):
+Reported per (implementation, optimizer):
 
-* embedding: the SparseEmbedding's lookup, its gradient hand-over and its fused backward + update;
-* dense: the fully connected layers' forward and backward (the matrix products with their bias/ReLU);
-* rest: the step minus the two (interaction, loss, the dense optimizer, host work and gaps).
+* **step ms, samples/s**: the median clean step (no timers inside; batches in memory). With CUDA graphs
+  asked for (``NUMBACTR_CUDA_GRAPHS=1``) these are the replayed steps' figures, and the ``graphs`` column
+  says whether they really were: ``replayed (r/n steps)``, or ``not replayed: <why>`` (a failed capture,
+  an ineligible step: numbactr.cuda_graphs' ``StepGraphs.disabled`` or ``ineligible``), in which case the
+  figures are eager steps'; ``partly replayed`` when only some steps were. ``off`` when not asked for.
+* **eager ms** and its **breakdown**, which always comes from eager steps (graphs switched off for them:
+  a replayed step runs none of the Python the phase timers wrap). The four parts add up to eager ms:
 
-The embedding's bytes follow FBGEMM's count (bench embedding): forward reads B*26*D*4 and writes as
-much, backward + update twice that; its GB/s is those bytes over the embedding phase's time, and on a
-GPU also as a share of the device's peak memory bandwidth. PyTorch (when installed): the same widths with
-one nn.EmbeddingBag per slot, torch.optim.SGD/Adam, on CUDA when numbactr runs on a GPU (there also
-its whole step captured as one CUDA graph, the "+graph" row, unless --amp); ``--tf32``
+  - *embedding*: the SparseEmbedding's lookup, its gradient hand-over and its fused backward + update
+    (with Update_t.Global and Adam, the all-rows pass too);
+  - *GEMMs*: the fully connected layers' forward and backward (ops.Linear, layers.dense.FcBiasAct) less
+    the bias / bias+ReLU kernels inside them: the layers' matrix products, with the few copies and casts
+    that feed them (fp16 weight casts under --amp). The interaction's products are not in it;
+  - *rest*: everything else of the step (the bias/ReLU kernels, interaction, loss, the dense optimizer,
+    the input hand-over, Python between the phases);
+  - *host gaps*: on a GPU, the eager step's wall time (its clean median) minus the time the device is busy
+    with the step. The busy time is measured by enqueuing a whole step behind a gate (a one-thread kernel
+    that holds the compute stream until the host has queued the step, then is released from a second
+    stream): the device then runs the step back to back, and CUDA events recorded on the compute stream
+    at the step's ends and at each phase's ends give the busy time and the phases' device times (rest =
+    busy - embedding - GEMMs; the ~70 event records cost the device well under 0.1 ms). A step that makes
+    the host wait for the device (a host read) cannot be enqueued behind the gate: the gate then times
+    out (after 0.2-1 s), the step is discarded, and after two such steps the breakdown falls back to
+    host-clock phases with a device synchronization at each phase's ends, host gaps ``-`` (unmeasured).
+    On cpu (and sim) every operation runs when the host calls it, so the device is never left idle by
+    the host: host gaps are 0 by definition, the phases are host-clock times of the same timed steps and
+    eager ms is those steps' own wall time (Python between operations counts in the phase it runs in).
+
+The embedding's bytes: FBGEMM's count for the rows the batch touches (bench embedding): forward reads
+B*26*D*4 and writes as much, backward + update twice that; plus, where the optimizer has HugeCTR's
+all-rows pass (Update_t.Global with Adam; MomentumSGD, Nesterov), that pass's traffic: every row in use
+read and written with its optimizer states (rows in use x D x (weight bytes + state bytes) x 2; Adam on
+float32: 24 bytes an element). SGD has no such pass. The touched rows' optimizer states are not counted
+(FBGEMM's convention): the figure is a lower bound. GB/s is those bytes over the embedding phase's time,
+and on a GPU also a share of the measured device-to-device copy bandwidth. PyTorch (when installed): the
+same widths with one nn.EmbeddingBag per slot, torch.optim.SGD/Adam, on CUDA when numbactr runs on a GPU
+(there also its whole step captured as one CUDA graph, the "+graph" row, unless --amp); ``--tf32``
 allows TF32 matrix products (numbactr: enable_tf32_compute) and ``--amp`` runs torch under autocast
 float16 with a GradScaler (numbactr: use_mixed_precision). No breakdown is measured for torch.
+
+``bench_mlperf`` also leaves the raw figures (seconds, bytes, the graph status) as ``table.records``, one
+dict per numbactr row.
 """
 from __future__ import annotations
 
@@ -32,6 +61,7 @@ import tempfile
 import time
 
 import numpy as np
+from numba import cuda
 
 SLOTS, DENSE = 26, 13
 BOTTOM = (512, 256)              # then D
@@ -39,8 +69,12 @@ TOP = (1024, 1024, 512, 256, 1)
 #: per device kind: batch, total embedding rows
 SIZES = {"gpu": dict(batch=65536, rows=8_000_000), "cpu": dict(batch=2048, rows=20_000),
          "sim": dict(batch=64, rows=2_000)}
-COLUMNS = ["impl", "threads", "optimizer", "D", "batch", "rows", "step ms", "samples/s", "embedding ms", "dense ms",
-           "rest ms", "embedding GB/s"]
+COLUMNS = ["impl", "threads", "optimizer", "D", "batch", "rows", "graphs", "step ms", "samples/s", "eager ms",
+           "embedding ms", "GEMMs ms", "rest ms", "host gaps ms", "embedding GB/s"]
+#: the gate's polling rounds (an atomic read and a ~1 µs sleep each: 0.2-1 s in all): how long a gated step may take to enqueue
+GATE_ROUNDS = 1 << 19
+#: gated steps that may time out before the breakdown falls back to synchronized host-clock phases
+GATE_FAILURES = 2
 
 
 def build_mlperf_dlrm(hugectr, train_list: str, eval_list: str, *, batch: int, dim: int = 128,
@@ -94,53 +128,303 @@ def build_mlperf_dlrm(hugectr, train_list: str, eval_list: str, *, batch: int, d
     return model
 
 
-class PhaseTimer:
-    """Seconds spent in the embedding and dense phases of a numbactr step, with a device synchronization
-    before and after each phase; installed by wrapping the phases' entry points for the ``with`` block."""
+class WallClock:
+    """Marks for PhaseTimer on cpu and sim (and a GPU whose gated steps failed): a device synchronization,
+    then the host clock."""
 
-    def __init__(self, model, sync):
+    events = False
+
+    def __init__(self, sync=None):
+        self.sync = sync or (lambda: None)
+
+    def mark(self):
+        self.sync()
+        return time.perf_counter()
+
+    @staticmethod
+    def seconds(a, b) -> float:
+        return b - a
+
+
+class EventClock:
+    """Marks for PhaseTimer on a GPU: a CUDA event recorded on the compute stream (no synchronization; the
+    seconds between two marks are read once the device has passed both)."""
+
+    events = True
+
+    def mark(self):
+        import cupy
+        ev = cupy.cuda.Event()
+        ev.record(cupy.cuda.get_current_stream())
+        return ev
+
+    @staticmethod
+    def seconds(a, b) -> float:
+        import cupy
+        return cupy.cuda.get_elapsed_time(a, b) / 1e3
+
+
+class PhaseTimer:
+    """The embedding and GEMM phases of numbactr steps (module docstring), timed by marks of ``clock`` (a
+    WallClock, EventClock, or a sync function: a WallClock of it) around the phases' entry points, which
+    are wrapped for the ``with`` block: the SparseEmbeddings' lookup, hold_gradient and update
+    ("embedding"), ops.Linear's and layers.dense.FcBiasAct's forward and backward ("gemm") and, inside a
+    gemm phase only, the bias and fused bias+activation kernels ("other": taken out of the gemm phase,
+    left to the rest). A phase inside itself counts once; another phase inside one is taken out of it.
+    ``seconds()`` sums each phase's own time over the marked calls since ``reset()``."""
+
+    PHASES = ("embedding", "gemm", "other")
+    #: the kernels' entry points a dense layer calls besides its matrix products (kernels.bias, kernels.fused_bias_act)
+    OTHER = {"bias": ("bias_add", "bias_add_cpu", "bias_add_ref", "bias_grad", "bias_grad_cpu", "bias_grad_ref"),
+             "fused_bias_act": ("bias_act_forward", "bias_act_forward_cpu", "bias_act_forward_ref",
+                                "bias_act_backward", "bias_act_backward_cpu", "bias_act_backward_ref")}
+
+    def __init__(self, model, clock):
         from . import ops
+        from .kernels import bias, fused_bias_act
         from .layers import dense
-        self.sync, self.seconds = sync, {"embedding": 0.0, "dense": 0.0}
-        self._depth = 0
-        self._patches = []              # (owner, name, original, restore-as-staticmethod)
+        self.clock = clock if hasattr(clock, "mark") else WallClock(clock)
+        self.intervals = []             # (phase, mark0, mark1, [(child mark0, child mark1)])
+        self._stack = []                # open frames: [phase, mark0, children]
+        self._patches = []              # (owner, attribute, original, how: "instance" | "static" | "module", phase)
         for emb in model.embeddings:
             for name in ("lookup", "hold_gradient", "update"):
-                self._patches.append((emb, name, getattr(emb, name), False))
+                self._patches.append((emb, name, getattr(emb, name), "instance", "embedding"))
         for cls in (ops.Linear, dense.FcBiasAct):
             for name in ("forward", "backward"):
-                self._patches.append((cls, name, cls.__dict__[name], True))
+                self._patches.append((cls, name, cls.__dict__[name], "static", "gemm"))
+        for mod in (bias, fused_bias_act):
+            for name in self.OTHER[mod.__name__.rsplit(".", 1)[-1]]:
+                self._patches.append((mod, name, getattr(mod, name), "module", "other"))
+
+    def reset(self) -> None:
+        self.intervals.clear()
+
+    def seconds(self) -> dict:
+        """{phase: seconds of its own} over the calls marked since reset() (for an EventClock: once the
+        device has passed the marks)."""
+        out = dict.fromkeys(self.PHASES, 0.0)
+        s = self.clock.seconds
+        for phase, m0, m1, children in self.intervals:
+            out[phase] += s(m0, m1) - sum(s(c0, c1) for c0, c1 in children)
+        return out
 
     def _timed(self, fn, phase):
         def run(*a, **k):
-            if self._depth:             # a phase inside a phase counts once
-                return fn(*a, **k)
-            self._depth += 1
-            self.sync()
-            t0 = time.perf_counter()
+            top = self._stack[-1][0] if self._stack else None
+            if top == phase or (phase == "other" and top != "gemm"):
+                return fn(*a, **k)      # counted by the phase around it (or, outside a gemm phase, the rest)
+            m0 = self.clock.mark()
+            frame = [phase, m0, []]
+            self._stack.append(frame)
             try:
                 return fn(*a, **k)
             finally:
-                self.sync()
-                self.seconds[phase] += time.perf_counter() - t0
-                self._depth -= 1
+                m1 = self.clock.mark()
+                self._stack.pop()
+                self.intervals.append((phase, m0, m1, frame[2]))
+                if self._stack:
+                    self._stack[-1][2].append((m0, m1))
         return run
 
     def __enter__(self):
-        for owner, name, orig, static in self._patches:
-            phase = "dense" if static else "embedding"
-            if static:
+        for owner, name, orig, how, phase in self._patches:
+            if how == "static":
                 setattr(owner, name, staticmethod(self._timed(orig.__func__, phase)))
             else:
                 setattr(owner, name, self._timed(orig, phase))
         return self
 
     def __exit__(self, *exc):
-        for owner, name, orig, static in self._patches:
-            if static:
-                setattr(owner, name, orig)
-            else:
+        for owner, name, orig, how, _ in reversed(self._patches):
+            if how == "instance":
                 delattr(owner, name)    # the instance attribute goes; the class's method shows again
+            else:
+                setattr(owner, name, orig)
+        self._stack.clear()
+
+
+def _gate_kernel(flag, rounds, timed_out):
+    """Hold the stream until flag[0] != 0 (set from another stream), polling with an atomic read (never
+    hoisted out of the loop) every ~1 µs, at most ``rounds`` times; timed_out[0] = 1 when it gave up."""
+    for _ in range(rounds):
+        if cuda.atomic.add(flag, 0, 0) != 0:
+            timed_out[0] = 0
+            return
+        cuda.nanosleep(1000)
+    timed_out[0] = 1
+
+
+class StreamGate:
+    """GPU: ``close()`` queues _gate_kernel on the compute stream, so that what the host queues next waits
+    behind it; ``open()`` releases it from a second, non-blocking stream (a memset of its flag);
+    ``timed_out()`` (after a synchronization) says whether the kernel gave up waiting instead, which it does
+    when the host itself waited for the device in between (the work queued behind the gate then ran with
+    the host's gaps in it)."""
+
+    def __init__(self, rounds: int = GATE_ROUNDS):
+        import cupy
+        from .kernels import launch
+        self.kernel = cuda.jit(_gate_kernel)
+        self.rounds = np.int64(rounds)
+        self.stream = launch.current_stream()          # numbactr's kernels' stream (0: the default one)
+        self.flag = cupy.zeros(1, np.int64)
+        self.out = cupy.zeros(1, np.int64)
+        self.side = cupy.cuda.Stream(non_blocking=True)
+        self.reset_done = cupy.cuda.Event(disable_timing=True)
+        self.close()                                   # compiled and loaded now, not inside a gated step
+        self.open()
+        cupy.cuda.runtime.deviceSynchronize()
+
+    def close(self) -> None:
+        import cupy
+        self.flag.fill(0)
+        self.reset_done.record(cupy.cuda.get_current_stream())    # before the gate: open() waits for this only
+        self.kernel[1, 1, self.stream](self.flag, self.rounds, self.out)
+
+    def open(self) -> None:
+        import cupy
+        self.side.wait_event(self.reset_done)
+        cupy.cuda.runtime.memsetAsync(self.flag.data.ptr, 1, self.flag.nbytes, self.side.ptr)
+
+    def timed_out(self) -> bool:
+        return bool(int(self.out.get()[0]))
+
+    @contextlib.contextmanager
+    def held(self):
+        """What is queued inside waits behind the gate, released on leaving; numba's deallocations (each a
+        device synchronization) are deferred inside."""
+        with cuda.defer_cleanup():
+            self.close()
+            try:
+                yield
+            finally:
+                self.open()
+
+
+def global_pass_bytes(engine) -> int:
+    """Bytes a step's HugeCTR all-rows pass moves in an embedding engine (0 when its optimizer has none:
+    SGD, or a LOCAL update): every element of every row in use read and written with its per-element
+    optimizer states (kernels.tbe.make_global_kernel), rows in use x D x (weight + state bytes) x 2."""
+    from .kernels import tbe as K
+    opt = engine.optimizer
+    if not K.has_global_pass(opt.kind, opt.update_type):
+        return 0
+    states = [s for s in engine._state_buffers()[:2] if s is not None]
+    per_element = engine.weights.dtype.itemsize + sum(s.dtype.itemsize for s in states)
+    elements = sum(int(engine.live_rows(t)) * int(engine.dims[t]) for t in range(len(engine.tables)))
+    return 2 * elements * per_element
+
+
+def embedding_step_bytes(batch: int, dim: int, global_bytes: int = 0) -> int:
+    """The embedding's bytes in one step (module docstring): FBGEMM's count of the touched rows, forward
+    + backward/update (3 x (B*26*D*4 read + B*26*D*4 written)), plus the all-rows pass's global_bytes."""
+    from .bench import embedding_bytes
+    return 3 * embedding_bytes(batch * SLOTS, 1, dim) + int(global_bytes)
+
+
+def graph_status(wanted: bool, graphs, steps: int, replays: int, reasons=()) -> tuple:
+    """(the graphs cell, whether every measured step was a replayed graph). graphs: the model's StepGraphs
+    (or None); steps, replays: the measured steps and how many of them replayed a graph; reasons: what
+    numbactr.cuda_graphs.ineligible said of them (None where a step was eligible)."""
+    if not wanted:
+        return "off", False
+    why = (getattr(graphs, "disabled", None) or next((r for r in reversed(list(reasons)) if r), None)
+           or "no step was captured")
+    if replays <= 0:
+        return f"not replayed: {why}", False
+    if replays < steps:
+        return f"partly replayed ({replays}/{steps} steps; {why})", False
+    captures = getattr(graphs, "captures", 0)
+    return f"replayed ({replays}/{steps} steps, {captures} capture{'s' if captures != 1 else ''})", True
+
+
+@contextlib.contextmanager
+def _graph_reasons():
+    """What numbactr.cuda_graphs.ineligible says of each step inside (a list, None for an eligible step)."""
+    from . import cuda_graphs
+    orig, seen = cuda_graphs.ineligible, []
+
+    def recorded(model, batch):
+        why = orig(model, batch)
+        seen.append(why)
+        return why
+
+    cuda_graphs.ineligible = recorded
+    try:
+        yield seen
+    finally:
+        cuda_graphs.ineligible = orig
+
+
+@contextlib.contextmanager
+def _graphs_off():
+    """Eager steps inside, whatever NUMBACTR_CUDA_GRAPHS says (a step with graphs off drops the model's
+    captured ones; they are captured again after the warm-up steps, should graphs come back on)."""
+    from .cuda_graphs import ENV
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENV]
+        else:
+            os.environ[ENV] = before
+
+
+def breakdown(model, env, steps: int, eager_step: float, gate=None, clock=None) -> dict:
+    """The eager step's breakdown over ``steps`` timed steps (module docstring): seconds per step of
+    embedding, gemm, rest, host_gap (None where unmeasured) and eager (what the four add up to), with
+    busy (the device's busy time: gated steps only), method ("gated events" or "host clock") and why (the
+    reason the gated method was given up, or ""). On a GPU (or given a ``gate``: a StreamGate-like object
+    with held() and timed_out(), and its ``clock``) each step is queued whole behind the gate."""
+    why = ""
+    if gate is not None or env.kind == "gpu":
+        gate = gate or StreamGate()
+        clock = clock or EventClock()
+        timer = PhaseTimer(model, clock)
+        busy, phases, good, failed = 0.0, dict.fromkeys(PhaseTimer.PHASES, 0.0), 0, 0
+        with timer:
+            while good < steps and failed < GATE_FAILURES:
+                env.sync()
+                timer.reset()
+                with gate.held():
+                    start = clock.mark()
+                    try:
+                        model.train()
+                    finally:
+                        end = clock.mark()
+                env.sync()
+                if gate.timed_out():
+                    failed += 1
+                    continue
+                good += 1
+                busy += clock.seconds(start, end)
+                for k, v in timer.seconds().items():
+                    phases[k] += v
+        if good == steps:
+            busy /= steps
+            emb, gemm = phases["embedding"] / steps, phases["gemm"] / steps
+            return dict(embedding=emb, gemm=gemm, rest=max(busy - emb - gemm, 0.0),
+                        host_gap=max(eager_step - busy, 0.0), eager=max(eager_step, busy), busy=busy,
+                        method="gated events", why="")
+        why = (f"{failed} gated step(s) timed out: the step made the host wait for the device (a host read or "
+               f"a synchronizing copy), so its device time could not be told from the host's; host gaps "
+               f"unmeasured")
+    timer = PhaseTimer(model, WallClock(env.sync))
+    env.sync()
+    total = 0.0
+    with timer:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            model.train()
+            env.sync()
+            total += time.perf_counter() - t0
+    ph = timer.seconds()
+    total, emb, gemm = total / steps, ph["embedding"] / steps, ph["gemm"] / steps
+    return dict(embedding=emb, gemm=gemm, rest=max(total - emb - gemm, 0.0),
+                host_gap=None if why else 0.0, eager=total, busy=None, method="host clock", why=why)
 
 
 def _prepare_torch(torch, dev, host_batches, slot_offsets):
@@ -296,8 +580,10 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
                  tf32: bool = False, amp: bool = False, seed: int = 0, lr: float | None = None, threads=None, **_):
     """One Table: numbactr's MLPerf DLRM step (and PyTorch's) for each D and optimizer (module docstring).
     On the cpu device each row runs with numbactr's compute threads and torch's set to the same count:
-    each of ``threads``, or numbactr's current compute threads (a GPU run leaves both as they are)."""
+    each of ``threads``, or numbactr's current compute threads (a GPU run leaves both as they are). The
+    table's ``records`` hold each numbactr row's raw figures (seconds, bytes, graph status)."""
     from . import bench as B
+    from . import cuda_graphs
     from . import threads as T
     from .data.synthetic import criteo_like_slot_sizes, make_planted_dataset
     from .embedding.sparse_embedding import workspace_mb_for
@@ -310,17 +596,33 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
             raise ValueError(f"bench mlperf: {name} must be >= 1, got {v}")
     if rows < SLOTS:
         raise ValueError(f"bench mlperf: rows must be >= {SLOTS} (one per slot at least), got {rows}")
+    wanted = cuda_graphs.graphs_wanted()
     tab = B.Table(f"MLPerf DLRM training step ({env.kind})", COLUMNS)
+    tab.records = []
+    if env.kind == "gpu":
+        eager_note = (f"eager ms = the median clean eager step (= step ms unless graphs replayed; then measured "
+                      f"apart with graphs off); its breakdown from {breakdown_steps} eager step(s), each queued "
+                      "whole behind a gate kernel so that the device runs it back to back: CUDA events at the "
+                      "phases' ends give their device times, host gaps = eager ms - the device's busy time")
+    else:
+        eager_note = (f"eager ms = the wall time of {breakdown_steps} further timed step(s), their phases by the "
+                      f"host clock; host gaps 0 by definition on {env.kind} (every operation runs when called)")
     tab.notes = env.header() + [
         f"model: 13 dense -> {'-'.join(map(str, BOTTOM))}-D, {SLOTS} one-hot slots of width D (hash embedding, "
         f"{rows:,} rows in all), dot interaction, top {'-'.join(map(str, TOP))}, BCE; Update_t.Global",
         "precision: " + ("TF32 allowed" if tf32 else "float32")
         + (", mixed precision (torch: autocast fp16)" if amp else ""),
-        "samples/s = batch / median clean step (forward + backward + update; batches in memory); the ms "
-        f"breakdown comes from {breakdown_steps} further steps with a device sync around each phase "
-        "(embedding = lookup + gradient hand-over + fused backward/update; dense = the fully connected "
-        "layers' forward and backward; rest = step - both)",
-        "embedding GB/s: FBGEMM's count, 3 x (B*26*D*4 read + B*26*D*4 written) over the embedding phase"]
+        "step ms, samples/s: median clean step (forward + backward + update; batches in memory)"
+        + (", CUDA graphs asked for (NUMBACTR_CUDA_GRAPHS=1): the graphs column says whether they replayed"
+           if wanted else "; graphs: off (NUMBACTR_CUDA_GRAPHS=1 asks for CUDA graphs)"),
+        "eager ms = embedding + GEMMs + rest + host gaps: embedding = lookup + gradient hand-over + fused "
+        "backward/update (+ Adam's all-rows pass); GEMMs = the fully connected layers' forward and backward "
+        "less their bias/ReLU kernels; rest = the other work (bias/ReLU, interaction, loss, dense optimizer, "
+        "Python between phases)",
+        eager_note,
+        "embedding GB/s: FBGEMM's count of the touched rows, 3 x (B*26*D*4 read + B*26*D*4 written), plus "
+        "the all-rows pass of Global Adam (rows in use x D x (weight + 2 states) x 4 B x read+write), over "
+        "the embedding phase"]
     if env.peak_gbs:
         tab.notes.append(f"memory bandwidth (the % column): {env.peak_gbs:.0f} GB/s ({env.peak_src})")
     sizes = criteo_like_slot_sizes(SLOTS, rows)
@@ -342,37 +644,70 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
                 host_batches = [next(reader) for _ in range(batches)]
                 model.start_data_reading()
                 model._train_reader = itertools.cycle(host_batches)
-                t = B.measure(model.train, sync=env.sync, min_time=min_time)
-                timer = PhaseTimer(model, env.sync)
-                env.sync()
-                t0 = time.perf_counter()
-                with timer:
-                    for _ in range(breakdown_steps):
-                        model.train()
-                    env.sync()
-                whole = (time.perf_counter() - t0) / breakdown_steps
+                rec = _time_numbactr(model, env, wanted, min_time, breakdown_steps)
                 _profiled_step(model, env)
-                emb = timer.seconds["embedding"] / breakdown_steps
-                dense = timer.seconds["dense"] / breakdown_steps
                 if not np.isfinite(model.get_current_loss()):
                     raise AssertionError("bench mlperf: numbactr loss is not finite")
-                emb_bytes = 3 * B.embedding_bytes(batch * SLOTS, 1, dim)
-                gbs = emb_bytes / emb / 1e9 if emb > 0 else float("nan")
+                global_bytes = sum(global_pass_bytes(e.engine) for e in model.embeddings)
+                nbytes = embedding_step_bytes(batch, dim, global_bytes)
+                emb = rec["embedding"]
+                gbs = nbytes / emb / 1e9 if emb > 0 else float("nan")
                 gb_cell = f"{gbs:.1f}" + (f" ({100 * gbs / env.peak_gbs:.0f}% of measured)" if env.peak_gbs else "")
-                tab.add("numbactr", n or "-", opt, dim, batch, rows, 1e3 * t, batch / t, 1e3 * emb, 1e3 * dense,
-                        1e3 * max(whole - emb - dense, 0.0), gb_cell)
+                rec.update(impl="numbactr", threads=n, optimizer=opt, D=dim, batch=batch, rows=rows,
+                           embedding_bytes=nbytes, global_pass_bytes=global_bytes, embedding_gbs=gbs)
+                tab.records.append(rec)
+                gap = rec["host_gap"]
+                tab.add("numbactr", n or "-", opt, dim, batch, rows, rec["graphs"], 1e3 * rec["step"],
+                        batch / rec["step"], 1e3 * rec["eager"], 1e3 * emb, 1e3 * rec["gemm"], 1e3 * rec["rest"],
+                        None if gap is None else 1e3 * gap, gb_cell)
+                if rec["why"]:
+                    tab.notes.append(f"numbactr ({opt}, D={dim}) breakdown by {rec['method']}: {rec['why']}")
+                elif rec["host_gap"] is not None and rec["busy"] is not None and rec["busy"] > rec["eager_step"]:
+                    tab.notes.append(f"numbactr ({opt}, D={dim}): the gated steps' device time exceeded the clean "
+                                     "eager step (noise between runs); host gaps shown as 0")
                 del model
                 if env.torch is not None:
                     prepared = _prepare_torch(env.torch, env.torch_dev, host_batches, data.slot_offsets)
                     tt = _time_torch(env, prepared, sizes, dim, opt, step_lr, min_time, seed, tf32, amp)
                     label = env.torch_label + ("+tf32" if tf32 else "") + ("+amp" if amp and env.torch_dev == "cuda"
                                                                            else "")
-                    tab.add(label, n or "-", opt, dim, batch, rows, 1e3 * tt, batch / tt, "-", "-", "-", "-")
+                    tab.add(label, n or "-", opt, dim, batch, rows, "off", 1e3 * tt, batch / tt,
+                            "-", "-", "-", "-", "-", "-")
                     if env.torch_dev == "cuda" and not amp:          # torch's step as one CUDA graph too
                         try:
                             tg = _time_torch_graph(env, prepared, sizes, dim, opt, step_lr, min_time, seed, tf32)
                         except Exception as e:   # noqa: BLE001 (a baseline that cannot capture is noted, not fatal)
                             tab.notes.append(f"torch CUDA graph ({opt}, D={dim}) not measured: {type(e).__name__}: {e}")
                         else:
-                            tab.add(label + "+graph", n or "-", opt, dim, batch, rows, 1e3 * tg, batch / tg, "-", "-", "-", "-")
+                            tab.add(label + "+graph", n or "-", opt, dim, batch, rows, "whole step", 1e3 * tg,
+                                    batch / tg, "-", "-", "-", "-", "-", "-")
     return tab
+
+
+def _time_numbactr(model, env, wanted: bool, min_time: float, breakdown_steps: int) -> dict:
+    """One numbactr configuration: its clean steps (replayed graphs when wanted and possible), the eager
+    step and its breakdown (module docstring). Returns the record: seconds per step (step, eager,
+    eager_step, embedding, gemm, rest, host_gap, busy), graphs (the cell), replayed (all steps were),
+    captures, replays, steps, method, why."""
+    from . import bench as B
+    from .cuda_graphs import StepGraphs
+    count = [0]
+
+    def step():
+        count[0] += 1
+        model.train()
+
+    if wanted:                  # warm-up and capture outside the timed steps
+        for _ in range(StepGraphs.WARMUP + 1):
+            model.train()
+    before = model._graphs.replays if model._graphs is not None else 0
+    with _graph_reasons() as reasons:
+        t = B.measure(step, sync=env.sync, min_time=min_time)
+    graphs = model._graphs
+    replays = (graphs.replays if graphs is not None else 0) - before
+    cell, replayed = graph_status(wanted, graphs, count[0], replays, reasons)
+    with _graphs_off():
+        eager_step = B.measure(model.train, sync=env.sync, min_time=min_time) if replays > 0 else t
+        parts = breakdown(model, env, breakdown_steps, eager_step)
+    return dict(step=t, eager_step=eager_step, graphs=cell, replayed=replayed, steps=count[0], replays=replays,
+                captures=getattr(graphs, "captures", 0), **parts)
