@@ -255,6 +255,9 @@ def _gate_kernel(flag, rounds, timed_out):
     timed_out[0] = 1
 
 
+_GATE_KERNEL = []           # the compiled gate, made by the first StreamGate of the process
+
+
 class StreamGate:
     """GPU: ``close()`` queues _gate_kernel on the compute stream, so that what the host queues next waits
     behind it; ``open()`` releases it from a second, non-blocking stream (a memset of its flag);
@@ -265,7 +268,9 @@ class StreamGate:
     def __init__(self, rounds: int = GATE_ROUNDS):
         import cupy
         from .kernels import launch
-        self.kernel = cuda.jit(_gate_kernel)
+        if not _GATE_KERNEL:
+            _GATE_KERNEL.append(cuda.jit(_gate_kernel))
+        self.kernel = _GATE_KERNEL[0]
         self.rounds = np.int64(rounds)
         self.stream = launch.current_stream()          # numbactr's kernels' stream (0: the default one)
         self.flag = cupy.zeros(1, np.int64)
