@@ -38,15 +38,17 @@ Several ranks: a graph then holds the step's NCCL calls (the dense gradients' an
 sharded tables' exchanges), so every rank must capture and replay the same steps, and every transfer must
 have the same size in every replay. ``Model._agree_on_step`` makes the decision a collective: one MPI
 allgather per step of each rank's verdict and of its tables' fixed exchange keys, and a step is a graph on
-every rank or on none. The exchanges' sizes are fixed only for slot-owned tables
-(LocalizedSlotSparseEmbeddingHash/OneHot) whose bags hold one key each: the owners then follow from the
-bag count, and numbactr.embedding.sharded keeps the exchange plan (grouping and receive counts) from the
-first step, so a planned step enqueues device work and NCCL calls only. Key-owned (Distributed) tables
-exchange different counts every step (they depend on the keys): their steps stay eager, as do ranks that
-exchange through host memory (no NCCL). The sizes are checked on the simulator (tests/test_step_counts.py:
-the ranks agree, capture and replay together, and every planned step launches the same kernels and the
-same collectives with the same row counts); NCCL inside a captured graph is not yet run on GPUs. A capture that fails (an operation that cannot be
-captured) is logged once and turns graphs off for the run; the step it was in runs eagerly.
+every rank or on none. The exchanges' sizes are fixed where every bag holds one key: in a slot-owned table
+(LocalizedSlotSparseEmbeddingHash/OneHot) the owners then follow from the bag count, and
+numbactr.embedding.sharded keeps the exchange plan (grouping and receive counts) from the first step; a
+key-owned table (DistributedSlotSparseEmbeddingHash), whose owners depend on the keys, takes the gathered
+exchange instead (allgather of the keys, lookup of the owned ones, reduce-scatter of the vectors: HugeCTR's
+own wires for it, fixed in size), so a planned step enqueues device work and NCCL calls only. Multi-hot
+bags stay eager, as do ranks that exchange through host memory (no NCCL). The sizes are checked on the
+simulator (tests/test_step_counts.py: the ranks agree, capture and replay together, and every planned step
+launches the same kernels and the same collectives with the same row counts); NCCL inside a captured graph is
+not yet run on GPUs. A capture that fails (an operation that cannot be captured) is logged once and turns
+graphs off for the run; the step it was in runs eagerly.
 """
 from __future__ import annotations
 
@@ -84,6 +86,12 @@ def cupy_sort_synchronizes(version: str | None = None) -> bool:
     except ValueError:
         return False                    # a source build with an odd version string: assume a current one
     return major < CUPY_NOSYNC_SORT
+
+
+def may_capture(model) -> bool:
+    """Can this model's steps be graphs at all: asked for (NUMBACTR_CUDA_GRAPHS=1, use_cuda_graph) and on a
+    GPU? (Model._agree_on_step gives key-owned tables their gathered exchange only then.)"""
+    return graphs_wanted() and model.solver.use_cuda_graph and device.kind() == "gpu"
 
 
 def _array_key(a) -> tuple:
@@ -131,8 +139,6 @@ def ineligible(model, batch) -> str | None:
         from .embedding.sharded import exchange_on_device
         if not exchange_on_device(model.comm):
             return "several ranks exchanging through host memory (MPI), not NCCL between GPUs of their own"
-        if not all(getattr(e, "by_slot", False) for e in model.embeddings if getattr(e, "_sharded", None) is not None):
-            return "a key-owned (Distributed) table on several ranks: its exchange sizes change every step"
     if model._stager is None:
         return "the inputs are not staged on the device"
     if batch.size != batch.batch_size:

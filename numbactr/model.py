@@ -845,8 +845,8 @@ class Model:
         tables = [(e, e._sharded) for e in self.embeddings if getattr(e, "_sharded", None) is not None]
         plannable = any(getattr(e, "exchange_key_part", None) is not None and getattr(e, "by_slot", False)
                         for e, _ in tables)
-        if not plannable and (not cuda_graphs.graphs_wanted() or not self.solver.use_cuda_graph
-                              or device.kind() != "gpu"):
+        capturable = cuda_graphs.may_capture(self)
+        if not plannable and not capturable:
             return why                  # no plan to make, no graph on any rank: no collective needed
         parts = [0 if why is None else 1]
         for emb, _ in tables:
@@ -856,17 +856,18 @@ class Model:
         every = self.comm.allgather_rows(np.array([parts], np.int64))         # (R, 1 + tables)
         planned = True
         for t, (_, table) in enumerate(tables):
-            column = every[:, 1 + t]
-            key = ("one key per bag", *(int(v) for v in column)) if (column >= 0).all() else None
+            key = table.step_key(every[:, 1 + t])
+            if key is not None and key[0] == table.GATHERED and not capturable:
+                key = None              # (the gathered exchange moves R times the bytes: for graphs only)
             table.fixed_key = key
-            planned = planned and key is not None and key in table.plans
+            planned = planned and table.ready(key)
         if why is not None:
             return why
         if every[:, 0].any():
             return "another rank's step cannot be a graph"
         if not planned:
-            return ("a sharded embedding's exchange sizes are not fixed (multi-hot bags or key-owned tables), "
-                    "or its plan is made in this step")
+            return ("a sharded embedding's exchange sizes are not fixed (multi-hot bags, or ranks with batches of "
+                    "different sizes), or its plan is made in this step")
         return None
 
     def _clear_exchange_keys(self) -> None:

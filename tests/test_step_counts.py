@@ -366,12 +366,64 @@ def test_several_ranks_capture_and_replay_together(tmp_path):
             assert [c[0] for c in s["collectives"]] == ["allgather_rows"] and s["calls"] == steps[1]["calls"]
 
 
+def test_several_ranks_capture_a_key_owned_table_by_its_gathered_exchange(tmp_path):
+    """tests/mpi/graph_ranks_run.py with a key-owned table (DistributedSlotSparseEmbeddingHash, one key per
+    bag): its steps take the gathered exchange (allgather of the keys, reduce-scatter of the vectors, the
+    gradients allgathered), fixed in size from the first step, so there is no plan to make: the ranks agree on
+    a graph from step 1 (2 warm-ups, 2 captures, then replays), and every step it stands for launches the same
+    kernels and enters the same collectives with the same sizes, with no count exchange and no host read."""
+    import os
+    import subprocess
+
+    from tests.mpi_util import HAVE_MPI, MPIEXEC
+    if not HAVE_MPI:
+        pytest.skip("needs mpiexec and mpi4py")
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("records the simulator's launches")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    root = str(__import__("pathlib").Path(__file__).parent.parent)
+    env.update(NUMBACTR_DEVICE="sim", NUMBACTR_CUDA_GRAPHS="1", PYTHONPATH=root, GRAPH_TABLE="distributed")
+    out = tmp_path / "graphs.json"
+    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out)],
+                       capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL, cwd=root)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    ranks = got["every"]
+    assert ranks[0]["loss"] == ranks[1]["loss"]
+    zero, one = ranks[0]["steps"], ranks[1]["steps"]
+    for i, (a, b) in enumerate(zip(zero, one)):
+        assert (a["agreed"] is None) == (b["agreed"] is None), (i + 1, a["agreed"], b["agreed"])
+        if i != 8:              # (step 9, graphs off: the alltoall exchange, whose sizes follow each rank's keys)
+            assert a["calls"] == b["calls"] and a["collectives"] == b["collectives"], i + 1
+    for steps in (zero, one):
+        assert [s["agreed"] is None for s in steps] == [True] * 7 + [False, False, True]
+        assert "alltoallv" in [c[0] for c in steps[8]["collectives"]] and steps[8]["count_exchanges"] == 1
+        counters = [(s["graphs"]["eager"], s["graphs"]["captures"], s["graphs"]["replays"], s["graphs"]["kept"])
+                    for s in steps[:7]]
+        assert counters == [(1, 0, 0, 0), (2, 0, 0, 0), (2, 1, 0, 1), (2, 2, 0, 2), (2, 2, 1, 2), (2, 2, 2, 2),
+                            (2, 2, 3, 2)]
+        for s in steps[:8] + steps[9:]:
+            assert s["count_exchanges"] == 0 and s["host_reads"] == 0 and s["plan_hits"] == 0, s
+        ran = [s for s in steps[:7] if s["launches"]]             # the two warm-ups and the two captures
+        assert len(ran) == 4 and not any(s["launches"] for s in steps[4:7])
+        for s in ran:
+            assert s["launches"] == steps[0]["launches"], "a step's launches changed under the gathered exchange"
+            assert s["collectives"] == steps[0]["collectives"]
+        names = [c[0] for c in steps[0]["collectives"]]
+        assert names == ["allgather_rows", "allgather", "reduce_scatter_sum", "allgather", "allreduce_sum",
+                         "allreduce_sum"]
+        for s in steps[4:7]:                                       # a replay enters only the agreement
+            assert [c[0] for c in s["collectives"]] == ["allgather_rows"] and s["calls"] == steps[0]["calls"]
+
+
 @pytest.mark.gpu
 @pytest.mark.mpi
-def test_several_ranks_graph_steps_train_like_eager_steps_on_gpus(tmp_path):
-    """Two ranks with a GPU each and NCCL (tests/mpi/graph_ranks_run.py gpu): 8 steps of the slot-owned
-    DLRM with CUDA graphs (captured after the plan and warm-up steps, then replayed, NCCL inside the graph)
-    report the same losses and train the same dense weights and embedding rows as 8 eager steps."""
+@pytest.mark.parametrize("table", ["localized", "distributed"])
+def test_several_ranks_graph_steps_train_like_eager_steps_on_gpus(tmp_path, table):
+    """Two ranks with a GPU each and NCCL (tests/mpi/graph_ranks_run.py gpu): 8 steps of the DLRM with a
+    slot-owned table (its exchange plan) or a key-owned one (the gathered exchange) with CUDA graphs (captured
+    after the plan and warm-up steps, then replayed, NCCL inside the graph) report the same losses and train
+    the same dense weights and embedding rows as 8 eager steps."""
     import os
     import subprocess
 
@@ -386,7 +438,7 @@ def test_several_ranks_graph_steps_train_like_eager_steps_on_gpus(tmp_path):
     runs = {}
     for flag in ("0", "1"):
         env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-        env.update(NUMBACTR_DEVICE="gpu", NUMBACTR_CUDA_GRAPHS=flag, PYTHONPATH=root)
+        env.update(NUMBACTR_DEVICE="gpu", NUMBACTR_CUDA_GRAPHS=flag, PYTHONPATH=root, GRAPH_TABLE=table)
         out = tmp_path / f"graphs{flag}.json"
         r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out),
                             "gpu"], capture_output=True, text=True, env=env, timeout=600,
@@ -395,8 +447,13 @@ def test_several_ranks_graph_steps_train_like_eager_steps_on_gpus(tmp_path):
         runs[flag] = json.loads(out.read_text())["every"]
     for rank, (eager, graphs) in enumerate(zip(runs["0"], runs["1"])):
         captures, replays, disabled = graphs["graphs"]
-        assert disabled is None and captures == 2 and replays == 3, (rank, graphs["graphs"])
-        assert graphs["exchanges"] == 1 and eager["exchanges"] == 1       # one count exchange: the plan's
+        # localized: a plan step, 2 warm-ups, 2 captures, 3 replays; distributed: no plan step, 4 replays
+        assert disabled is None and captures == 2 and replays == (3 if table == "localized" else 4), \
+            (rank, graphs["graphs"])
+        if table == "localized":                 # one count exchange: the plan's
+            assert graphs["exchanges"] == 1 and eager["exchanges"] == 1
+        else:                                     # gathered (fixed sizes) under graphs, alltoall counts eagerly
+            assert graphs["exchanges"] == 0 and eager["exchanges"] == 8
         np.testing.assert_allclose(graphs["losses"], eager["losses"], rtol=1e-6, err_msg=f"rank {rank}")
         np.testing.assert_allclose(graphs["dense"], eager["dense"], rtol=1e-5, atol=1e-7)
         assert graphs["keys"] == eager["keys"]

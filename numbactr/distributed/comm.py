@@ -195,6 +195,45 @@ class Comm:
         self._wait(self._c.Iallgatherv(x.reshape(-1), [out.reshape(-1), sizes]))
         return out
 
+    def allgather(self, x):
+        """Every rank's x (one shape and dtype on every rank) concatenated along the first axis in rank
+        order, (R * n, ...): a NumPy array by MPI, a CuPy array by NCCL (or staged through the host). Fixed
+        sizes, no count exchange: a CUDA graph can hold it (a key-owned table's gathered exchange)."""
+        if self.size == 1:
+            return x
+        if _on_device(x):
+            if self.transport()[0] == "nccl":
+                self._enter("allgather")
+                return self._nccl.allgather(x)
+            import cupy
+            return cupy.asarray(self.allgather(x.get()))
+        self._enter("allgather")
+        x = np.ascontiguousarray(x)
+        out = np.empty((self.size * x.shape[0],) + x.shape[1:], dtype=x.dtype)
+        self._wait(self._c.Iallgather(x.reshape(-1), out.reshape(-1)))
+        return out
+
+    def reduce_scatter_sum(self, x):
+        """x (R * n, ...) on every rank: this rank's block of n rows of the element-wise sum over ranks (rank
+        r gets rows r*n .. (r+1)*n - 1). A NumPy array by MPI, a CuPy array by NCCL (or staged through the
+        host). Fixed sizes, like allgather."""
+        if x.shape[0] % self.size:
+            raise ValueError(f"reduce_scatter_sum: {x.shape[0]} rows do not split over {self.size} ranks")
+        if self.size == 1:
+            return x
+        if _on_device(x):
+            if self.transport()[0] == "nccl":
+                self._enter("reduce_scatter_sum")
+                return self._nccl.reduce_scatter_sum(x)
+            import cupy
+            return cupy.asarray(self.reduce_scatter_sum(x.get()))
+        self._enter("reduce_scatter_sum")
+        MPI = _mpi()
+        x = np.ascontiguousarray(x)
+        out = np.empty((x.shape[0] // self.size,) + x.shape[1:], dtype=x.dtype)
+        self._wait(self._c.Ireduce_scatter_block(x.reshape(-1), out.reshape(-1), op=MPI.SUM))
+        return out
+
     def gather_rows(self, x: np.ndarray, root: int = 0) -> np.ndarray | None:
         """Every rank's rows concatenated in rank order on ``root`` (None on the other ranks); row counts
         may differ. Like allgather_rows, but only one rank holds the whole (e.g. a snapshot's writer)."""

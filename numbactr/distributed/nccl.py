@@ -8,6 +8,8 @@ stream, so they are ordered with the kernels around them and need no host synchr
 
 * ``allreduce_sum(x)``: in place, float32/float16/float64/int32/int64 (bfloat16 has no CuPy dtype);
   alltoallv also moves uint32/uint64 (hash keys), int8/uint8.
+* ``allgather(x)`` and ``reduce_scatter_sum(x)``: fixed sizes (every rank's x has the same shape), what a
+  key-owned table's gathered exchange uses (numbactr.embedding.sharded).
 * ``alltoallv(parts, recv_rows)``: parts[d] (a device array) to rank d as grouped send/recv; the row
   counts travel over MPI beforehand (small host integers the caller knows from shapes), so each receive
   buffer is allocated at its exact size without reading the device.
@@ -108,3 +110,28 @@ class NcclComm:
         finally:
             nccl.groupEnd()
         return out
+
+    def allgather(self, x):
+        """Every rank's x (device arrays of one shape and dtype on every rank) concatenated along the first
+        axis in rank order: (R * x.shape[0], ...). ncclAllGather."""
+        cp = self._cupy
+        x = cp.ascontiguousarray(x)
+        t = self._type(x, "allgather")
+        out = cp.empty((self.size * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype)
+        if x.size:
+            self._c.allGather(x.data.ptr, out.data.ptr, x.size, t, self._stream())
+        return out
+
+    def reduce_scatter_sum(self, x):
+        """x (R * n, ...) on every rank: this rank's block of n rows of the element-wise sum over ranks.
+        ncclReduceScatter."""
+        cp = self._cupy
+        if x.shape[0] % self.size:
+            raise ValueError(f"NCCL reduce_scatter_sum: {x.shape[0]} rows do not split over {self.size} ranks")
+        x = cp.ascontiguousarray(x)
+        t = self._type(x, "reduce_scatter_sum")
+        out = cp.empty((x.shape[0] // self.size,) + tuple(x.shape[1:]), dtype=x.dtype)
+        if out.size:
+            self._c.reduceScatter(x.data.ptr, out.data.ptr, out.size, t, self._nccl.NCCL_SUM, self._stream())
+        return out
+

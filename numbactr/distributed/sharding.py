@@ -34,4 +34,10 @@ def key_owner(keys: np.ndarray, slots: np.ndarray, ranks: int, by_slot: bool) ->
     """(N,) owning rank of every key occurrence: key % R (distributed) or slot % R (localized)."""
     if by_slot:
         return (slots % ranks).astype(np.int64)
-    return (np.asarray(keys).astype(np.uint64) % np.uint64(ranks)).astype(np.int64)
+    return key_owner_of(np.asarray(keys), ranks)
+
+
+def key_owner_of(keys, ranks: int):
+    """(N,) int64 owner of each key of a key-owned (distributed) table, key % R as uint64, in the keys' own
+    array library (NumPy or CuPy: a gathered exchange computes it on the device)."""
+    return (keys.astype(np.uint64) % np.uint64(ranks)).astype(np.int64)

@@ -570,14 +570,17 @@ class TableBatchedEmbedding:
 
     # ---- forward ------------------------------------------------------------------------------------
     def forward(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
-                feature_requires_grad=None):
-        """(out, ctx): pooled (B, sum D_f) or, for NONE, (N, D) embeddings; see the module docstring."""
+                feature_requires_grad=None, skip=None):
+        """(out, ctx): pooled (B, sum D_f) or, for NONE, (N, D) embeddings; see the module docstring.
+        skip (N,) bool, optional: occurrences that read nothing (zeros), are not inserted into a hash table
+        and are not updated (row -1), e.g. the keys another rank owns in a gathered sharded lookup
+        (numbactr.embedding.sharded); computed on the device, no host read."""
         ctx = self._lookup(indices, offsets, per_sample_weights, training=training, pooling=pooling,
-                           feature_requires_grad=feature_requires_grad)
+                           feature_requires_grad=feature_requires_grad, skip=skip)
         return self._forward(ctx), ctx
 
     def _lookup(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
-                feature_requires_grad=None) -> LookupContext:
+                feature_requires_grad=None, skip=None) -> LookupContext:
         """forward's checks and row resolution (bounds, hash tables, tiers): the LookupContext of a lookup."""
         xp = device.xp()
         pooling = self.pooling if pooling is None else Pooling(pooling)
@@ -600,6 +603,10 @@ class TableBatchedEmbedding:
             if psw.shape != (n,) or psw.dtype.kind != "f":
                 raise ValueError(f"per_sample_weights must be float of shape ({n},), got {psw.dtype} {psw.shape}")
             psw = xp.ascontiguousarray(psw.astype(np.float32, copy=False))
+        if skip is not None:
+            skip = xp.asarray(skip)
+            if skip.shape != (n,) or skip.dtype != np.bool_:
+                raise ValueError(f"skip must be bool of shape ({n},), got {skip.dtype} {skip.shape}")
         if feature_requires_grad is not None:
             feature_requires_grad = np.asarray(device.to_host(xp.asarray(feature_requires_grad))).astype(bool)
             if feature_requires_grad.shape != (self.n_features,):
@@ -628,9 +635,11 @@ class TableBatchedEmbedding:
         # host, take the eager path)
         mixed_u64 = indices.dtype == np.uint64 and len(self.hash_tables) < len(self.tables)
         if self.hash_tables and defer and training and not mixed_u64:
-            new_rows = self._rows_of_keys_deferred(indices, rows)
+            new_rows = self._rows_of_keys_deferred(indices, rows, skip)
         elif self.hash_tables:
-            self._rows_of_keys(indices, rows, fixed, batch, training)
+            self._rows_of_keys(indices, rows, fixed, batch, training, skip)
+        if skip is not None:
+            rows[...] = xp.where(skip, -1, rows)          # an element-wise select: no host read
         rows = self._storage_rows(indices, rows, fixed, batch, training)
         ctx = LookupContext(rows, fixed, psw, batch, pooling, feature_requires_grad)
         if new_rows:
@@ -734,7 +743,7 @@ class TableBatchedEmbedding:
         warnings.warn(f"TableBatchedEmbedding bounds check (lookups since the last check): {'; '.join(what)}",
                       RuntimeWarning, stacklevel=3)
 
-    def _rows_of_keys_deferred(self, indices, rows) -> dict:
+    def _rows_of_keys_deferred(self, indices, rows, skip=None) -> dict:
         """_rows_of_keys of a training lookup with no host read (defer_checks on the kernels): each occurrence's
         keyed table comes from a kernel, each hash table inserts its own occurrences in place in rows, new rows
         take their initial values on the device. Returns {table: (rows, flags, keys)} of the inserts (flags: 1
@@ -743,6 +752,8 @@ class TableBatchedEmbedding:
         if n == 0:
             return {}
         occ = self._scratch("occ_table", n, np.int64)       # written by the bounds check (check_indices)
+        if skip is not None:                                  # skipped occurrences belong to no table
+            occ[...] = device.xp().where(skip, -1, occ)
         out = {}
         for t, table in self.hash_tables.items():
             _, flags, keys = table.insert_deferred(indices, occ, t, rows_out=rows)
@@ -808,7 +819,7 @@ class TableBatchedEmbedding:
                              "to keyed tables")
         return indices.astype(np.int64)
 
-    def _rows_of_keys(self, indices, rows, offsets, batch: int, training: bool) -> None:
+    def _rows_of_keys(self, indices, rows, offsets, batch: int, training: bool, skip=None) -> None:
         """rows[k] <- the row of key indices[k] for every occurrence of a keyed feature (inserted in
         training, -1 when missing in evaluation); any integer keys (uint64 included). Host-side
         bookkeeping: a keyed step reads the hash table's new-key count back anyway."""
@@ -819,9 +830,10 @@ class TableBatchedEmbedding:
         keyed[inside] = np.array([self.tables[t].keyed for t in self.feature_table_map])[feat[inside]]
         if indices.dtype == np.uint64 and not keyed.all():
             self._as_int64(indices[xp.asarray(np.flatnonzero(~keyed))])
+        take = np.ones(feat.shape[0], bool) if skip is None else ~device.to_host(skip).astype(bool)
         for t, table in self.hash_tables.items():
             feats = [f for f, ft in enumerate(self.feature_table_map) if ft == t]
-            mine = xp.asarray(np.flatnonzero(np.isin(feat, feats)))
+            mine = xp.asarray(np.flatnonzero(np.isin(feat, feats) & take))
             if mine.shape[0]:
                 rows[mine] = self._insert_or_find(t, table, indices[mine], training)
 

@@ -38,6 +38,18 @@ lookup with that key exchanges the counts and keeps them with the grouping (orde
 the payload's), and later lookups with it reuse all of it: no count exchange and no host-to-device copy, so
 the lookup enqueues device work only (what a CUDA graph of a step on several ranks captures).
 
+The gathered exchange of a key-owned table (DistributedSlot: owner key % R), HugeCTR's own wires for it and
+fixed in size whatever the keys, so that a CUDA graph can hold it: when every rank's bags hold one key each
+and every rank has the same N, the caller names the step's key ``("gathered", N)`` (``step_key``) and
+  1. allgather     every rank gets the global batch's keys (R*N,), rank 0's first (the global batch order);
+  2. lookup        the owner side looks all of them up, skipping (zeros, no insert, no update) the keys
+                   ``owner_of_keys`` gives another rank: an element-wise test on the device;
+  3. reduce-scatter the (R*N, D) vectors are summed over ranks and each rank keeps its own N rows: each
+                   element is one owner's value plus zeros, so exactly the value (no rounding);
+and the backward allgathers the per-occurrence gradients, (R*N, D) in global batch order, for the owner's
+update (its rows sum their gradients in the one-rank order, as the alltoall's do). It moves about R times the
+alltoall's bytes; numbactr.model uses it only where the step may be a CUDA graph.
+
 Two paths, the same wires (``exchange_on_device``): when every rank has a GPU of its own and NCCL is usable
 (``Comm.transport()`` is 'nccl' on the gpu device) keys, payloads, vectors and gradients stay device arrays
 and travel by NCCL (Comm.alltoallv with CuPy arrays; only the owners (N,), a host array the caller made,
@@ -62,13 +74,15 @@ __all__ = ["ShardedTable", "ShardedLookup", "owner_offsets", "exchange_on_device
 class ShardedLookup:
     """What a sharded lookup keeps for its backward: the owner-side lookup of the occurrences this rank
     received, how this rank's N occurrences were sent (order (N,) grouped by owner, cuts (R-1,)) and the
-    sender's pooling of the vectors that came back (None for pooling NONE)."""
+    sender's pooling of the vectors that came back (None for pooling NONE). A gathered lookup (module
+    docstring) has no order or cuts: its owner side looked up the whole global batch."""
     owned: LookupContext
-    order: np.ndarray
-    cuts: np.ndarray
+    order: np.ndarray | None
+    cuts: np.ndarray | None
     pooled: LookupContext | None
     order_on_device: object = None      # order as a device array when the exchange runs on the device
     recv: tuple | None = None           # rows each rank sent this one in the input_dist (the backward's counts)
+    gathered: bool = False              # the gathered exchange (allgather / reduce-scatter)
 
 
 @dataclass
@@ -135,8 +149,11 @@ class ShardedTable:
     """
 
     def __init__(self, comm, dim: int, features: int, pooling, owner_lookup, *, key_dtype=np.uint64,
-                 layout=Layout.SAMPLE_MAJOR, defer_checks: bool = False):
+                 layout=Layout.SAMPLE_MAJOR, defer_checks: bool = False, owner_of_keys=None):
         self.comm, self.dim, self.features = comm, int(dim), int(features)
+        #: keys (M,) (any array library) -> (M,) int64 owning ranks, for a key-owned table: its gathered
+        #: exchange computes the owners on the device (module docstring); None for other tables
+        self.owner_of_keys = owner_of_keys
         self.pooling, self.layout = Pooling(pooling), Layout(layout)
         self.owner_lookup = owner_lookup
         self.key_dtype = key_dtype
@@ -151,6 +168,30 @@ class ShardedTable:
         self.plan_hits = 0          # lookups that reused a plan (statistics, tests)
         self._bags: dict = {}       # m -> owner_offsets(m, F) on the device (made once per m)
 
+    GATHERED = "gathered"
+
+    def step_key(self, parts) -> tuple | None:
+        """A step's fixed exchange key from every rank's part (rank order; HashEmbedding.exchange_key_part:
+        the occurrence count N when every bag holds one key, else -1), None when some part is unknown: a
+        slot-owned table's ``("one key per bag", N_0, ..., N_R-1)`` (its owners follow from the counts: the
+        input_dist's plan, made by the first lookup with it) or a key-owned table's ``("gathered", N)`` (the
+        gathered exchange; every rank's N alike)."""
+        parts = [int(p) for p in parts]
+        if not parts or min(parts) < 0:
+            return None
+        if self.owner_of_keys is not None:
+            return (self.GATHERED, parts[0]) if len(set(parts)) == 1 else None
+        return ("one key per bag", *parts)
+
+    def ready(self, key) -> bool:
+        """Does a lookup with this fixed key enqueue device work and fixed-size transfers only (what a CUDA
+        graph needs)? A gathered key always; a plan's key once its plan is made."""
+        return key is not None and (key[0] == self.GATHERED or key in self.plans)
+
+    def gathers(self) -> bool:
+        """Will the next lookup take the gathered exchange (its fixed key says so)?"""
+        return self.fixed_key is not None and self.fixed_key[0] == self.GATHERED
+
     def check_deferred(self) -> None:
         """Raise what the poolers' lookups recorded on the device since the last call (defer_checks)."""
         for eng in self._poolers.values():
@@ -164,6 +205,8 @@ class ShardedTable:
         xp, comm = device.xp(), self.comm
         pooling = self.pooling if pooling is None else Pooling(pooling)
         key, self.fixed_key = self.fixed_key, None            # (for this lookup only)
+        if key is not None and key[0] == self.GATHERED:
+            return self._lookup_gathered(keys, offsets, training, per_sample_weights, pooling, key[1])
         owner = np.asarray(owner, np.int64)
         plan = self._plan(key, owner, payload)
         if exchange_on_device(comm):
@@ -240,6 +283,9 @@ class ShardedTable:
             per_key = dy                                                            # (N, D)
         else:                                       # row k of the pooling engine = occurrence k's gradient
             per_key = self._poolers[lookup.pooled.pooling].backward(lookup.pooled, dy).sparse.values
+        if lookup.gathered:                 # every rank's gradients, in global batch order, to every owner
+            xp = device.xp()
+            return lookup.owned, self.comm.allgather(xp.ascontiguousarray(xp.asarray(per_key, dtype=np.float32)))
         # the gradients take the input_dist's way: each rank receives as many rows as it did then
         if lookup.order_on_device is not None:          # the device path (exchange_on_device)
             xp = device.xp()
@@ -295,6 +341,27 @@ class ShardedTable:
         out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling,
                                  host_offsets)
         return out, ShardedLookup(owned, order, cuts, pooled, order_d, recv)
+
+    def _lookup_gathered(self, keys, offsets, training: bool, per_sample_weights, pooling, n: int):
+        """lookup() by the gathered exchange (module docstring): fixed sizes, owners computed on the device,
+        the same code for device arrays (NCCL) and host ones (MPI)."""
+        xp, comm = device.xp(), self.comm
+        if self.owner_of_keys is None:
+            raise RuntimeError("ShardedTable: a gathered exchange needs owner_of_keys (a key-owned table)")
+        keys = xp.asarray(keys)
+        if keys.shape[0] != n:
+            raise RuntimeError(f"ShardedTable: the gathered exchange was keyed for {n} occurrences per rank, "
+                               f"this lookup has {keys.shape[0]}")
+        every = comm.allgather(xp.ascontiguousarray(keys.astype(self.key_dtype)))       # (R*N,) global order
+        skip = self.owner_of_keys(every) != comm.rank                                   # another rank's keys
+        vecs, owned = self.owner_lookup(every, self._owner_offsets(every.shape[0]), training, None, skip=skip)
+        mine = comm.reduce_scatter_sum(xp.ascontiguousarray(vecs.astype(np.float32, copy=False)))   # (N, D)
+        if pooling == Pooling.NONE:
+            return mine, ShardedLookup(owned, None, None, None, gathered=True)
+        host_offsets = offsets if isinstance(offsets, np.ndarray) else device.host_mirror(offsets)
+        out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling,
+                                 host_offsets)
+        return out, ShardedLookup(owned, None, None, pooled, gathered=True)
 
     def _pool(self, vectors, offsets, per_sample_weights, pooling, host_offsets=None):
         """(pooled (B, F*D), LookupContext) of this rank's occurrence vectors (N, D) in its bags, by an engine

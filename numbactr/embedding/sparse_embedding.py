@@ -38,7 +38,7 @@ import numpy as np
 from .. import device
 from ..autograd import Context, Function, Tensor
 from ..distributed.comm import world
-from ..distributed.sharding import key_owner
+from ..distributed.sharding import key_owner, key_owner_of
 from ..enums import Embedding_t
 from ..kernels import embedding_bag as EB
 from ..kernels import hash_table as _ht
@@ -152,9 +152,11 @@ class HashEmbedding:
         # (V, D): the engine's rows (a view; its row stride is padded to 16 bytes)
         self.weight = Tensor(self.engine.split_weights()[0], name=f"{self.name}.pool", requires_grad=True)
         self._pending = None            # (lookup, gradient) from this step's backward, for update()
+        ranks = self.comm.size
         self._sharded = ShardedTable(self.comm, self.vec, self.slots, self.engine.pooling, self._owner_lookup,
-                                     key_dtype=self.key_dtype, defer_checks=self._deferred()) \
-            if self.comm.size > 1 else None
+                                     key_dtype=self.key_dtype, defer_checks=self._deferred(),
+                                     owner_of_keys=None if self.by_slot else (lambda k: key_owner_of(k, ranks))) \
+            if ranks > 1 else None
 
     def output_shape(self, batch: int) -> tuple:
         return (batch, self.slots, self.vec)
@@ -209,14 +211,14 @@ class HashEmbedding:
     def _check_keys(self, keys) -> None:
         """Hash tables take any key (the hash table rejects its reserved empty key)."""
 
-    def _engine_lookup(self, keys, offsets, training: bool, pooling, slots=None):
+    def _engine_lookup(self, keys, offsets, training: bool, pooling, slots=None, skip=None):
         """(out, LookupContext) of the engine's lookup; in training new keys are inserted and, in a
         Localized table, their slots recorded (``slots`` (N,) of the keys, else bag % S)."""
         table = self.table
         deferred = self._deferred()
         before = table.size if table is not None and not deferred else 0
         try:
-            out, ctx = self.engine.forward(keys, offsets, training=training, pooling=pooling)
+            out, ctx = self.engine.forward(keys, offsets, training=training, pooling=pooling, skip=skip)
         except HashTableFullError as e:
             raise self._full_error(e) from None
         new_rows = ctx.extra.get("new_rows")
@@ -249,6 +251,8 @@ class HashEmbedding:
         return bool(getattr(self.engine, "defer_checks", False))
 
     def _sharded_lookup(self, keys, offsets, training: bool):
+        if self._sharded.gathers():        # a key-owned table's gathered exchange: its owners on the device
+            return self._sharded.lookup(keys, offsets, None, training)
         keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
         slot = key_slots(offsets_h, keys_h.shape[0], self.slots)                     # (N,)
         owner = key_owner(keys_h, slot, self.comm.size, self.by_slot)
@@ -258,11 +262,12 @@ class HashEmbedding:
 
     def exchange_key_part(self, keys, offsets) -> int:
         """This rank's part of a fixed exchange key (numbactr.embedding.sharded) for a lookup of (keys,
-        offsets): the occurrence count N when the owners and the recorded slots follow from it alone (a
-        slot-owned table whose bags hold one key each: occurrence k is bag k, of slot k % S, owned by rank
-        (k % S) % R), else -1 (owners that depend on the keys: a Distributed table, multi-hot bags, offsets
-        only on the device). numbactr.model joins every rank's parts into the step's key."""
-        if self._sharded is None or not self.by_slot or type(self) not in (HashEmbedding, OneHotEmbedding):
+        offsets): the occurrence count N when every bag holds one key, else -1 (multi-hot bags, offsets only
+        on the device). In a slot-owned table the owners and the recorded slots then follow from N alone
+        (occurrence k is bag k, of slot k % S, owned by rank (k % S) % R): an exchange plan; a key-owned
+        (Distributed) table takes the gathered exchange, whose sizes N fixes. numbactr.model joins every
+        rank's parts into the step's key (ShardedTable.step_key)."""
+        if self._sharded is None or type(self) not in (HashEmbedding, OneHotEmbedding):
             return -1
         host = offsets if isinstance(offsets, np.ndarray) else device.host_mirror(offsets)
         if host is None:
@@ -275,9 +280,10 @@ class HashEmbedding:
             one_each = self._one_key_offsets = np.arange(n + 1, dtype=np.int64)
         return n if np.array_equal(host, one_each) else -1
 
-    def _owner_lookup(self, keys, offsets, training: bool, slots):
-        """The owner's side of a sharded lookup: the received occurrences, pooling NONE."""
-        return self._engine_lookup(keys, offsets, training, Pooling.NONE, slots)
+    def _owner_lookup(self, keys, offsets, training: bool, slots, skip=None):
+        """The owner's side of a sharded lookup: the received occurrences, pooling NONE (skip: occurrences
+        another rank owns, in a gathered exchange)."""
+        return self._engine_lookup(keys, offsets, training, Pooling.NONE, slots, skip=skip)
 
     def _full_error(self, e: HashTableFullError) -> HashTableFullError:
         """The hash table's error with what to change in the SparseEmbedding."""

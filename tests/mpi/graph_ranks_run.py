@@ -3,7 +3,8 @@
     NUMBACTR_DEVICE=sim NUMBACTR_CUDA_GRAPHS=1 mpiexec -n 2 python tests/mpi/graph_ranks_run.py OUT.json
 
 Each rank trains the MLPerf-shaped DLRM (numbactr.bench_mlperf) with a slot-owned table
-(LocalizedSlotSparseEmbeddingHash, one key per bag) whose exchanges take the device path
+(LocalizedSlotSparseEmbeddingHash, one key per bag; GRAPH_TABLE=distributed: a key-owned
+DistributedSlotSparseEmbeddingHash, whose steps take the gathered exchange) whose exchanges take the device path
 (numbactr.embedding.sharded.exchange_on_device forced, as tests/mpi/step_counts_run.py does). The
 simulator stands in for the GPU where cuda_graphs asks for one, and a "capture" runs the step while
 recording its host halves, a "launch" runs nothing (as tests/test_cuda_graphs.py's _SimGraphs): both ranks
@@ -77,11 +78,14 @@ folder = os.path.join(os.path.dirname(out_path), "data")
 files = tiny_data(folder, n_train=96, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=3, files=1) \
     if comm.rank == 0 else None
 train, evl = comm.bcast(files)
+#: the table: slot-owned (an exchange plan) or key-owned (the gathered exchange), GRAPH_TABLE=distributed
+key_owned = os.environ.get("GRAPH_TABLE", "localized") == "distributed"
 model = build_mlperf_dlrm(hugectr, train, evl, batch=8, dim=4, optimizer="adam", workspace_mb=1, bottom=(8,),
-                          top=(16, 8, 1), embedding_type="LocalizedSlotSparseEmbeddingHash")
+                          top=(16, 8, 1), embedding_type="DistributedSlotSparseEmbeddingHash" if key_owned else
+                          "LocalizedSlotSparseEmbeddingHash")
 emb = model.embeddings[0]
 table = emb._sharded
-assert table is not None and emb.by_slot
+assert table is not None and emb.by_slot != key_owned
 
 
 def gathered(obj):
@@ -125,7 +129,7 @@ def run_sim():
     model._agree_on_step = recording_agree
 
     collectives = []
-    for name in ("alltoallv", "allreduce_sum", "allgather_rows"):
+    for name in ("alltoallv", "allreduce_sum", "allgather_rows", "allgather", "reduce_scatter_sum"):
         real = getattr(comm, name)
 
         def wrapped(*args, _real=real, _name=name, **kwargs):
