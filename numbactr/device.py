@@ -30,6 +30,8 @@ import contextlib
 import os
 import sys
 
+from . import sim_strict
+
 DEVICES = ("gpu", "sim", "cpu")
 
 
@@ -277,12 +279,23 @@ def reference_ops():
 
 
 def xp():
-    """The array module of the current device: cupy on gpu, numpy otherwise."""
-    if kind() == "gpu":
+    """The array module of the current device: cupy on gpu, numpy otherwise (on sim inside
+    numbactr.sim_strict.strict(), a numpy whose arrays record implicit host reads)."""
+    k = kind()
+    if k == "gpu":
         import cupy
         return cupy
+    if k == "sim" and sim_strict.active():
+        return sim_strict.XP
     import numpy
     return numpy
+
+
+def is_host_array(a) -> bool:
+    """Is `a` host memory (a NumPy array), reading which costs no device-to-host copy? A sim array made
+    inside numbactr.sim_strict.strict() counts as device memory, as a CuPy array does on a GPU."""
+    import numpy
+    return isinstance(a, numpy.ndarray) and not isinstance(a, sim_strict.DeviceArray)
 
 
 def contig(a):

@@ -1440,7 +1440,7 @@ class ReaderHandle:
 
 def _host_memory(a) -> bool:
     """True when reading `a` costs no device-to-host copy (cpu and sim arrays are NumPy's)."""
-    return isinstance(a, np.ndarray)
+    return device.is_host_array(a)
 
 
 def _names(x) -> list:

@@ -6,8 +6,11 @@ Launches: numbactr.kernels.launch.COUNTS["launches"] counts every GPU operation 
 launch helpers, the scan's phases, the embedding engine's CuPy sort); on the simulator the test also hooks
 Numba's simulated kernel calls and checks that every numba launch is in that count. Host reads:
 COUNTS["host_reads"] (numbactr.device.to_host and the hash table's reads), plus numba device-array
-copy_to_host calls seen on the simulator. The simulator runs each launch as Python threads, so the model is
-the demo's with 2 slots of width 4 and a batch of 4 (the step's structure does not depend on those)."""
+copy_to_host calls seen on the simulator, plus the implicit reads that only a GPU would pay for: on the
+simulator every test here runs inside numbactr.sim_strict.strict(), whose device arrays record ``bool()``,
+``int()``, ``float()``, ``.item()``, ``.tolist()`` and iteration (each a host synchronization on a CuPy
+array). The simulator runs each launch as Python threads, so the model is the demo's with 2 slots of width
+4 and a batch of 4 (the step's structure does not depend on those)."""
 import json
 import sys
 
@@ -16,7 +19,7 @@ import pytest
 from numba import config
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr import device, sim_strict
 from numbactr.bench_mlperf import DENSE, SLOTS, build_mlperf_dlrm
 from numbactr.demo import build_dlrm
 from numbactr.kernels import launch
@@ -46,6 +49,18 @@ def kernel_device():
         device.set_device("sim")                 # (conftest's autouse fixture switches back)
     elif device.kind() == "cpu":
         pytest.skip("counts kernel launches: needs the sim or gpu device")
+
+
+@pytest.fixture(autouse=True)
+def strict_sim():
+    """On the simulator: the model and its steps with device arrays that record implicit host reads."""
+    if not config.ENABLE_CUDASIM:
+        yield
+        return
+    sim_strict.reads()
+    with sim_strict.strict():
+        yield
+    sim_strict.reads()
 
 
 @pytest.fixture
@@ -176,10 +191,13 @@ def _count_steps(model, sim_hooks) -> dict:
     for step in ("cold", "warm"):
         launch.reset_counts()
         sim_hooks.update(numba_launches=0, copy_to_host=0)
+        sim_strict.reads()
         model.train()
         counts = launch.reset_counts()
-        got[step] = {"launches": counts["launches"], "host_reads": counts["host_reads"] + sim_hooks["copy_to_host"],
-                     "numba_launches": sim_hooks["numba_launches"]}
+        implicit = sim_strict.reads()
+        got[step] = {"launches": counts["launches"],
+                     "host_reads": counts["host_reads"] + sim_hooks["copy_to_host"] + len(implicit),
+                     "numba_launches": sim_hooks["numba_launches"], "implicit_reads": implicit}
         if config.ENABLE_CUDASIM:
             assert sim_hooks["numba_launches"] <= counts["launches"], (step, got[step])
     return got

@@ -337,7 +337,7 @@ class ShardedTable:
         mine[order_d] = xp.concatenate(back)
         if pooling == Pooling.NONE:
             return mine, ShardedLookup(owned, order, cuts, None, order_d, recv)
-        host_offsets = offsets if isinstance(offsets, np.ndarray) else device.host_mirror(offsets)
+        host_offsets = offsets if device.is_host_array(offsets) else device.host_mirror(offsets)
         out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling,
                                  host_offsets)
         return out, ShardedLookup(owned, order, cuts, pooled, order_d, recv)
@@ -358,7 +358,7 @@ class ShardedTable:
         mine = comm.reduce_scatter_sum(xp.ascontiguousarray(vecs.astype(np.float32, copy=False)))   # (N, D)
         if pooling == Pooling.NONE:
             return mine, ShardedLookup(owned, None, None, None, gathered=True)
-        host_offsets = offsets if isinstance(offsets, np.ndarray) else device.host_mirror(offsets)
+        host_offsets = offsets if device.is_host_array(offsets) else device.host_mirror(offsets)
         out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling,
                                  host_offsets)
         return out, ShardedLookup(owned, None, None, pooled, gathered=True)
@@ -380,7 +380,7 @@ class ShardedTable:
             eng.defer_checks = self.defer_checks and eng.impl == "kernels"
         eng.split_weights()[0][:n] = vectors
         out, ctx = eng.forward(device.xp().arange(n, dtype=np.int64), offsets, per_sample_weights, training=False)
-        host = host_offsets if host_offsets is not None else offsets if isinstance(offsets, np.ndarray) else None
+        host = host_offsets if host_offsets is not None else offsets if device.is_host_array(offsets) else None
         if host is not None and host.shape[0] > 0 and host[0] == 0 and host[-1] == n and (np.diff(host) >= 0).all():
             # every occurrence k is in a bag and is row k: the backward's touched rows are 0..n-1, n of them,
             # which it then need not read back from the device (engine.LookupContext.extra "touched_rows")

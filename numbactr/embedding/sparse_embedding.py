@@ -71,7 +71,7 @@ class LookupFn(Function):
 
 def key_slots(offsets, n: int, slots: int):
     """(N,) int64 slot of each of the n keys of CSR bags ``offsets`` (B*S + 1,): bag b is slot b % S."""
-    if isinstance(offsets, np.ndarray):
+    if device.is_host_array(offsets):
         bag = np.repeat(np.arange(offsets.shape[0] - 1, dtype=np.int64), np.diff(offsets))
     else:                                                        # device offsets (gpu): a kernel
         bag = device.xp().empty(n, np.int64)
@@ -269,7 +269,7 @@ class HashEmbedding:
         rank's parts into the step's key (ShardedTable.step_key)."""
         if self._sharded is None or type(self) not in (HashEmbedding, OneHotEmbedding):
             return -1
-        host = offsets if isinstance(offsets, np.ndarray) else device.host_mirror(offsets)
+        host = offsets if device.is_host_array(offsets) else device.host_mirror(offsets)
         if host is None:
             return -1
         n = int(host.shape[0]) - 1
@@ -398,7 +398,7 @@ class OneHotEmbedding(HashEmbedding):
         # step; raised at the check point)
         mirror = device.host_mirror(keys)
         keys = keys if mirror is None else mirror
-        xp = np if isinstance(keys, np.ndarray) else device.xp()
+        xp = np if device.is_host_array(keys) else device.xp()
         if xp is not np and self._deferred():
             return
         rows = xp.asarray(keys).astype(np.int64)

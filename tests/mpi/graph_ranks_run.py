@@ -78,12 +78,17 @@ folder = os.path.join(os.path.dirname(out_path), "data")
 files = tiny_data(folder, n_train=96, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=3, files=1) \
     if comm.rank == 0 else None
 train, evl = comm.bcast(files)
+if not on_gpu:                      # device arrays that record implicit host reads (bool(), int(), ...)
+    from numbactr import sim_strict  # noqa: E402
+    STRICT = sim_strict.strict()     # (held: a dropped context manager would close at once)
+    STRICT.__enter__()
 #: the table: slot-owned (an exchange plan) or key-owned (the gathered exchange), GRAPH_TABLE=distributed
 key_owned = os.environ.get("GRAPH_TABLE", "localized") == "distributed"
 model = build_mlperf_dlrm(hugectr, train, evl, batch=8, dim=4, optimizer="adam", workspace_mb=1, bottom=(8,),
                           top=(16, 8, 1), embedding_type="DistributedSlotSparseEmbeddingHash" if key_owned else
                           "LocalizedSlotSparseEmbeddingHash")
 emb = model.embeddings[0]
+assert on_gpu or isinstance(emb.engine.weights, sim_strict.DeviceArray)     # strict arrays
 table = emb._sharded
 assert table is not None and emb.by_slot != key_owned
 
@@ -161,13 +166,16 @@ def run_sim():
         agreed.clear()
         launches.clear()
         launch.reset_counts()
+        sim_strict.reads()
         exchanges, hits, calls = comm.count_exchanges, table.plan_hits, comm.calls
         assert model.train()
+        implicit = sim_strict.reads()
         collected = list(collectives)
         collectives.clear()
         g = model._graphs
         steps.append(dict(
-            agreed=agreed[0] if agreed else "no agreement", host_reads=launch.reset_counts()["host_reads"],
+            agreed=agreed[0] if agreed else "no agreement",
+            host_reads=launch.reset_counts()["host_reads"] + len(implicit), implicit=implicit,
             count_exchanges=comm.count_exchanges - exchanges, plan_hits=table.plan_hits - hits,
             calls=comm.calls - calls, launches=list(launches), collectives=collected,
             graphs=None if g is None else dict(eager=g.eager, captures=g.captures, replays=g.replays,

@@ -47,11 +47,18 @@ folder = os.path.join(os.path.dirname(out_path), "data")
 files = tiny_data(folder, n_train=64, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=3, files=1) \
     if comm.rank == 0 else None
 train, evl = comm.bcast(files)
+if device.kind() == "sim":          # device arrays that record implicit host reads (bool(), int(), ...)
+    from numbactr import sim_strict  # noqa: E402
+    STRICT = sim_strict.strict()     # (held: a dropped context manager would close at once)
+    STRICT.__enter__()
+else:
+    sim_strict = None
 model = build_mlperf_dlrm(hugectr, train, evl, batch=8, dim=4, optimizer="adam", workspace_mb=1, bottom=(8,),
                           top=(16, 8, 1) if amp else (16, 8, 4, 1), amp=amp)
 # (amp checks that the step after a skip updates the embedding: with top (16, 8, 4, 1) at this seed the
 # width-4 layer's ReLU is dead, so no gradient reaches the embedding and only the last bias changes)
 emb = model.embeddings[0]
+assert sim_strict is None or isinstance(emb.engine.weights, sim_strict.DeviceArray)   # strict arrays
 assert emb.engine.defer_checks and emb._sharded is not None and emb._sharded.defer_checks
 assert not amp or model._overflow_on_device()
 
@@ -88,12 +95,17 @@ for i in range(3):
         emb.table._max_rows = emb.table.size          # no room for the next step's new keys
     launch.reset_counts()
     batch_reads[0] = mirrored_reads[0] = 0
+    if sim_strict:
+        sim_strict.reads()
     assert model.train()
     counts = launch.reset_counts()
+    implicit = sim_strict.reads() if sim_strict else []
+    counts["host_reads"] += len(implicit)
     own = float(np.asarray(device.to_host(model._last_tensors[True][loss_name].data)).reshape(-1)[0])
     reported = model.get_current_loss()
     steps.append(dict(launches=counts["launches"], host_reads=counts["host_reads"] - batch_reads[0],
                       batch_reads=batch_reads[0], mirrored_reads=mirrored_reads[0], reported=reported,
+                      implicit=implicit,
                       staged=model._stager is not None, own=comm.allgather_rows(np.array([own])).tolist()))
 if full:
     model.check_deferred()                            # the owner of the full table raises here
