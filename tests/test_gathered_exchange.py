@@ -25,6 +25,7 @@ from numbactr.embedding import sharded
 from numbactr.embedding.engine import (BoundsCheck, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding,
                                        TableSpec)
 from tests.mpi_util import MPIEXEC, needs_mpi
+from tests.test_sharded_exchange import _same
 
 HERE = pathlib.Path(__file__).parent
 ROOT = str(HERE.parent)
@@ -144,12 +145,6 @@ def one_rank(tmp_path_factory):
     got, counts = _run(1, "cpu", tmp_path_factory.mktemp("one") / "one.npz", "alltoall")
     assert counts == [0]
     return got
-
-
-def _same(got, want, what):
-    assert got.keys() == want.keys()
-    for name, w in want.items():
-        np.testing.assert_array_equal(got[name], w, err_msg=f"{what}: {name}")
 
 
 @pytest.mark.mpi

@@ -322,15 +322,9 @@ def test_several_ranks_raise_a_full_table_at_the_check_point(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_several_ranks_capture_and_replay_together(tmp_path):
-    """CUDA graphs on 2 ranks (tests/mpi/graph_ranks_run.py: a slot-owned table exchanging on the device
-    path; the simulator stands in for the GPU, a capture records the step, a launch runs nothing). The ranks
-    agree on every step: the first makes the table's exchange plan (its one count exchange), the next two
-    warm up eagerly under it, the next two capture (one per stager buffer set), then replays. Every step
-    that a graph stands for launches the same kernels with the same scalar arguments and enters the same
-    collectives with the same row counts, with no count exchange and no host read; a replay advances the
-    job's collective count as the captured step did. One rank refusing a step makes every rank run it
-    eagerly; NUMBACTR_CUDA_GRAPHS=0 for one step drops the graphs on both."""
+def _graph_ranks_on_sim(tmp_path, table: str) -> dict:
+    """tests/mpi/graph_ranks_run.py on 2 simulated ranks with NUMBACTR_CUDA_GRAPHS=1 and GRAPH_TABLE=table:
+    its JSON."""
     import os
     import subprocess
 
@@ -341,12 +335,24 @@ def test_several_ranks_capture_and_replay_together(tmp_path):
         pytest.skip("records the simulator's launches")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     root = str(__import__("pathlib").Path(__file__).parent.parent)
-    env.update(NUMBACTR_DEVICE="sim", NUMBACTR_CUDA_GRAPHS="1", PYTHONPATH=root)
+    env.update(NUMBACTR_DEVICE="sim", NUMBACTR_CUDA_GRAPHS="1", PYTHONPATH=root, GRAPH_TABLE=table)
     out = tmp_path / "graphs.json"
     r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out)],
                        capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL, cwd=root)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    got = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_several_ranks_capture_and_replay_together(tmp_path):
+    """CUDA graphs on 2 ranks (tests/mpi/graph_ranks_run.py: a slot-owned table exchanging on the device
+    path; the simulator stands in for the GPU, a capture records the step, a launch runs nothing). The ranks
+    agree on every step: the first makes the table's exchange plan (its one count exchange), the next two
+    warm up eagerly under it, the next two capture (one per stager buffer set), then replays. Every step
+    that a graph stands for launches the same kernels with the same scalar arguments and enters the same
+    collectives with the same row counts, with no count exchange and no host read; a replay advances the
+    job's collective count as the captured step did. One rank refusing a step makes every rank run it
+    eagerly; NUMBACTR_CUDA_GRAPHS=0 for one step drops the graphs on both."""
+    got = _graph_ranks_on_sim(tmp_path, "localized")
     assert got["ranks"] == 2
     ranks = got["every"]
     assert ranks[0]["loss"] == ranks[1]["loss"]                      # the mean of the ranks' losses on both
@@ -390,22 +396,7 @@ def test_several_ranks_capture_a_key_owned_table_by_its_gathered_exchange(tmp_pa
     gradients allgathered), fixed in size from the first step, so there is no plan to make: the ranks agree on
     a graph from step 1 (2 warm-ups, 2 captures, then replays), and every step it stands for launches the same
     kernels and enters the same collectives with the same sizes, with no count exchange and no host read."""
-    import os
-    import subprocess
-
-    from tests.mpi_util import HAVE_MPI, MPIEXEC
-    if not HAVE_MPI:
-        pytest.skip("needs mpiexec and mpi4py")
-    if not config.ENABLE_CUDASIM:
-        pytest.skip("records the simulator's launches")
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    root = str(__import__("pathlib").Path(__file__).parent.parent)
-    env.update(NUMBACTR_DEVICE="sim", NUMBACTR_CUDA_GRAPHS="1", PYTHONPATH=root, GRAPH_TABLE="distributed")
-    out = tmp_path / "graphs.json"
-    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out)],
-                       capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL, cwd=root)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    got = json.loads(out.read_text())
+    got = _graph_ranks_on_sim(tmp_path, "distributed")
     ranks = got["every"]
     assert ranks[0]["loss"] == ranks[1]["loss"]
     zero, one = ranks[0]["steps"], ranks[1]["steps"]

@@ -28,6 +28,7 @@ from numbactr.distributed.comm import world  # noqa: E402
 from numbactr.distributed.sharding import rank_rows, split_batch  # noqa: E402
 from numbactr.embedding import sharded  # noqa: E402
 from numbactr.embedding.sparse_embedding import make_embedding  # noqa: E402
+from tests.mpi.embedding_sharded_run import gathered_table  # noqa: E402  (every key's row, from its owner)
 
 E, O, U = hugectr.Embedding_t, hugectr.Optimizer_t, hugectr.Update_t
 B, S, D, STEPS = 12, 3, 4, 4
@@ -45,17 +46,6 @@ def global_batch(rng, vocab: int) -> Batch:
     keys = (np.arange(S) * (1 << 33) + rng.integers(0, vocab, (B, S))).reshape(-1).astype(np.int64)
     offsets = np.arange(B * S + 1, dtype=np.int64)
     return Batch(np.zeros((B, 1), np.float32), np.zeros((B, 0), np.float32), [(keys, offsets)])
-
-
-def gathered_table(comm, emb) -> dict:
-    keys, vecs = emb.dump()
-    n = keys.shape[0]
-    parts = {"keys": keys, "vecs": vecs}
-    for i, s in enumerate(emb.dump_states()):
-        parts[f"state{i}"] = s[:n]
-    whole = {k: comm.allgather_rows(np.ascontiguousarray(v)) for k, v in parts.items()}
-    order = np.argsort(whole["keys"], kind="stable")
-    return {k: v[order] for k, v in whole.items()}
 
 
 def main():
