@@ -292,10 +292,11 @@ def xp():
 
 
 def is_host_array(a) -> bool:
-    """Is `a` host memory (a NumPy array), reading which costs no device-to-host copy? A sim array made
-    inside numbactr.sim_strict.strict() counts as device memory, as a CuPy array does on a GPU."""
+    """Is `a` host memory (a NumPy array), reading which costs no device-to-host copy? Inside
+    numbactr.sim_strict.strict() a sim array made there counts as device memory, as a CuPy array does on a
+    GPU."""
     import numpy
-    return isinstance(a, numpy.ndarray) and not isinstance(a, sim_strict.DeviceArray)
+    return isinstance(a, numpy.ndarray) and not (sim_strict.active() and isinstance(a, sim_strict.DeviceArray))
 
 
 def contig(a):

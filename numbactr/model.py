@@ -102,10 +102,12 @@ class Model:
         if self.half is not None and self.half != np.float16 and device.kind() == "gpu":
             raise ModelError("Model: mixed_precision_dtype='bfloat16' runs on the cpu and sim devices only "
                              "(CuPy has no bfloat16 arrays); use 'float16' on a GPU")
-        if solver.enable_tf32_compute and device.kind() == "gpu":
-            log.info(precision.enable_tf32())
-        elif device.kind() == "gpu" and (undone := precision.disable_tf32()):
-            log.info(undone)
+        self._tf32 = None                              # the gpu device: TF32 as asked (set before each step)
+        if device.kind() == "gpu":
+            self._tf32 = bool(solver.enable_tf32_compute)
+            said = precision.set_tf32(self._tf32)
+            if said:
+                log.info(said)
 
     # ---- graph construction --------------------------------------------------------------------
     def add(self, item=None, *, input=None, sparse_embedding=None, dense_layer=None,  # noqa: A002 (HugeCTR's
@@ -644,6 +646,8 @@ class Model:
 
     def train(self) -> bool:
         """One training iteration; False when an epoch-mode reader is exhausted."""
+        if self._tf32 is not None:                   # TF32 as this model asked (another may have changed it)
+            precision.set_tf32(self._tf32)
         with device.held_choices():                  # the ops' device choices read once per step
             return self._train()
 
@@ -855,10 +859,11 @@ class Model:
             parts.append(part(keys, offsets) if part is not None else -1)
         every = self.comm.allgather_rows(np.array([parts], np.int64))         # (R, 1 + tables)
         planned = True
+        graph_step = capturable and not every[:, 0].any()        # every rank's step may be a graph
         for t, (_, table) in enumerate(tables):
             key = table.step_key(every[:, 1 + t])
-            if key is not None and key[0] == table.GATHERED and not capturable:
-                key = None              # (the gathered exchange moves R times the bytes: for graphs only)
+            if key is not None and key[0] == table.GATHERED and not graph_step:
+                key = None              # (the gathered exchange moves R times the bytes: for graph steps only)
             table.fixed_key = key
             planned = planned and table.ready(key)
         if why is not None:
@@ -1054,6 +1059,8 @@ class Model:
 
     def eval(self) -> bool:
         """One evaluation batch; accumulates metrics. False at the end of an epoch-mode eval source."""
+        if self._tf32 is not None:
+            precision.set_tf32(self._tf32)
         with device.held_choices():
             return self._eval()
 

@@ -22,7 +22,7 @@ def _half_mm(a, b):
     sim): cuBLAS's tensor-core GEMM through CuPy on a GPU (CuPy's default compute type for float16 inputs
     is float32); on the simulator NumPy in float32, rounded to float16 once (NumPy's own float16 product
     would round every partial sum)."""
-    if _xp() is np:
+    if _xp().__name__ != "cupy":          # (numpy, and the simulator's strict arrays: numbactr.sim_strict)
         return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
     return a @ b
 

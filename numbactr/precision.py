@@ -131,6 +131,16 @@ def enable_tf32() -> str:
     return "enable_tf32_compute: float32 matrix products use TF32 tensor cores (cuBLAS through CuPy)"
 
 
+def set_tf32(on: bool) -> str:
+    """TF32 for float32 products on (enable_tf32) or off (disable_tf32) unless it already is; what was done
+    ("" when nothing). A GPU model calls it before each of its steps, so that TF32 follows the model that
+    runs (CuPy's compute type is one for the process, and CuPy reads it when it enqueues a product, so a
+    captured step keeps the mode it was captured with)."""
+    if bool(on) == _TF32["on"]:
+        return ""
+    return enable_tf32() if on else disable_tf32()
+
+
 def disable_tf32() -> str:
     """Undo enable_tf32 for a model that does not ask for TF32 (CuPy's float32 compute type is global to
     the process): CUPY_TF32 as it was before and CuPy's float32 compute type undecided again, so CuPy

@@ -95,7 +95,16 @@ def _device(x):
 
 
 class StrictNumpy:
-    """numpy as the sim device's array module inside strict(): its functions' arrays are DeviceArrays."""
+    """numpy as the sim device's array module inside strict(): its functions' arrays are DeviceArrays. Code
+    that tells NumPy from CuPy by ``xp.__name__`` or ``xp is numpy`` sees neither (the device branches of
+    ``is numpy`` tests run), and where the two libraries differ in results it gives CuPy's: ``argsort`` is
+    stable (CuPy's always is)."""
+
+    __name__ = "numbactr.sim_strict"
+
+    @staticmethod
+    def argsort(a, axis=-1, kind=None, order=None):
+        return _device(np.argsort(a, axis=axis, kind="stable" if kind is None else kind, order=order))
 
     def __getattr__(self, name):
         obj = getattr(np, name)

@@ -374,6 +374,10 @@ def test_enable_tf32_sets_cupys_float32_compute_type(monkeypatch):
     precision.enable_tf32()
     precision.disable_tf32()
     assert os.environ["CUPY_TF32"] == "1"
+    # set_tf32: what each GPU model calls before its steps, so that TF32 follows the model that runs
+    calls.clear()
+    assert precision.set_tf32(True) and precision.set_tf32(True) == "" and calls == [(np.float32, 7)]
+    assert precision.set_tf32(False) and precision.set_tf32(False) == "" and calls[-1] == (np.float32, 0)
     calls = _fake_cupy(monkeypatch, "70")                        # Volta: no TF32, nothing set
     assert "has no TF32" in precision.enable_tf32() and calls == []
     precision.disable_tf32()

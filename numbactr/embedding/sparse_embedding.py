@@ -218,7 +218,9 @@ class HashEmbedding:
         deferred = self._deferred()
         before = table.size if table is not None and not deferred else 0
         try:
-            out, ctx = self.engine.forward(keys, offsets, training=training, pooling=pooling, skip=skip)
+            # (skip only where given: a gathered exchange's owner side; a tiered engine takes none)
+            extra = {} if skip is None else {"skip": skip}
+            out, ctx = self.engine.forward(keys, offsets, training=training, pooling=pooling, **extra)
         except HashTableFullError as e:
             raise self._full_error(e) from None
         new_rows = ctx.extra.get("new_rows")
