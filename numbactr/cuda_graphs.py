@@ -38,13 +38,14 @@ Several ranks: a graph then holds the step's NCCL calls (the dense gradients' an
 sharded tables' exchanges), so every rank must capture and replay the same steps, and every transfer must
 have the same size in every replay. ``Model._agree_on_step`` makes the decision a collective: one MPI
 allgather per step of each rank's verdict and of its tables' fixed exchange keys, and a step is a graph on
-every rank or on none. The exchanges' sizes are fixed where every bag holds one key: in a slot-owned table
-(LocalizedSlotSparseEmbeddingHash/OneHot) the owners then follow from the bag count, and
-numbactr.embedding.sharded keeps the exchange plan (grouping and receive counts) from the first step; a
+every rank or on none. The exchanges' sizes are fixed: in a slot-owned table
+(LocalizedSlotSparseEmbeddingHash/OneHot) whose bags hold one key each the owners follow from the bag count,
+and numbactr.embedding.sharded keeps the exchange plan (grouping and receive counts) from the first step; a
 key-owned table (DistributedSlotSparseEmbeddingHash), whose owners depend on the keys, takes the gathered
 exchange instead (allgather of the keys, lookup of the owned ones, reduce-scatter of the vectors: HugeCTR's
-own wires for it, fixed in size), so a planned step enqueues device work and NCCL calls only. Multi-hot
-bags stay eager, as do ranks that exchange through host memory (no NCCL). The sizes are checked on the
+own wires for it, fixed in size) when every rank has as many keys, so a planned step enqueues device work
+and NCCL calls only. Multi-hot bags of a slot-owned table, key counts that differ between ranks, and ranks
+that exchange through host memory (no NCCL) stay eager. The sizes are checked on the
 simulator (tests/test_step_counts.py: the ranks agree, capture and replay together, and every planned step
 launches the same kernels and the same collectives with the same row counts); NCCL inside a captured graph is
 not yet run on GPUs. A capture that fails (an operation that cannot be captured) is logged once and turns

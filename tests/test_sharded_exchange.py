@@ -122,10 +122,10 @@ def test_a_fixed_exchange_plan_holds_only_for_the_owners_it_was_made_for():
         table._plan(key, owner, np.arange(6)[::-1])
 
 
-def test_exchange_key_part_only_for_one_key_bags():
-    """HashEmbedding.exchange_key_part: the occurrence count of bags that hold one key each, offsets known on
-    the host (a slot-owned table's owners follow from it; a key-owned table's gathered exchange is fixed by
-    it); anything else has no fixed key (-1)."""
+def test_exchange_key_parts():
+    """HashEmbedding.exchange_key_part: a slot-owned table's occurrence count when its bags hold one key each,
+    offsets known on the host (its owners follow from it), else -1; a key-owned table's occurrence count
+    whatever the bags (its gathered exchange is fixed by it alone)."""
     from numbactr.embedding.sparse_embedding import HashEmbedding
     emb = object.__new__(HashEmbedding)
     emb._sharded, emb.by_slot = object(), True
@@ -135,6 +135,6 @@ def test_exchange_key_part_only_for_one_key_bags():
     assert emb.exchange_key_part(keys[:5], np.arange(7)) == -1
     emb.by_slot = False                                                             # Distributed: key-owned
     assert emb.exchange_key_part(keys, np.arange(7)) == 6
-    assert emb.exchange_key_part(keys, np.array([0, 2, 3, 4, 5, 6, 6])) == -1
+    assert emb.exchange_key_part(keys, np.array([0, 2, 3, 4, 5, 6, 6])) == 6           # multi-hot too
     emb.by_slot, emb._sharded = True, None                                          # one rank: no exchange
     assert emb.exchange_key_part(keys, np.arange(7)) == -1

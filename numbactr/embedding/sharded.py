@@ -39,8 +39,9 @@ the payload's), and later lookups with it reuse all of it: no count exchange and
 the lookup enqueues device work only (what a CUDA graph of a step on several ranks captures).
 
 The gathered exchange of a key-owned table (DistributedSlot: owner key % R), HugeCTR's own wires for it and
-fixed in size whatever the keys, so that a CUDA graph can hold it: when every rank's bags hold one key each
-and every rank has the same N, the caller names the step's key ``("gathered", N)`` (``step_key``) and
+fixed in size whatever the keys, so that a CUDA graph can hold it: when every rank has the same number N of
+key occurrences (one-hot bags, or multi-hot ones of a fixed length: each rank pools its own bags), the
+caller names the step's key ``("gathered", N)`` (``step_key``) and
   1. allgather     every rank gets the global batch's keys (R*N,), rank 0's first (the global batch order);
   2. lookup        the owner side looks all of them up, skipping (zeros, no insert, no update) the keys
                    ``owner_of_keys`` gives another rank: an element-wise test on the device;
@@ -172,7 +173,7 @@ class ShardedTable:
 
     def step_key(self, parts) -> tuple | None:
         """A step's fixed exchange key from every rank's part (rank order; HashEmbedding.exchange_key_part:
-        the occurrence count N when every bag holds one key, else -1), None when some part is unknown: a
+        an occurrence count N, or -1), None when some part is unknown: a
         slot-owned table's ``("one key per bag", N_0, ..., N_R-1)`` (its owners follow from the counts: the
         input_dist's plan, made by the first lookup with it) or a key-owned table's ``("gathered", N)`` (the
         gathered exchange; every rank's N alike)."""

@@ -264,13 +264,16 @@ class HashEmbedding:
 
     def exchange_key_part(self, keys, offsets) -> int:
         """This rank's part of a fixed exchange key (numbactr.embedding.sharded) for a lookup of (keys,
-        offsets): the occurrence count N when every bag holds one key, else -1 (multi-hot bags, offsets only
-        on the device). In a slot-owned table the owners and the recorded slots then follow from N alone
-        (occurrence k is bag k, of slot k % S, owned by rank (k % S) % R): an exchange plan; a key-owned
-        (Distributed) table takes the gathered exchange, whose sizes N fixes. numbactr.model joins every
-        rank's parts into the step's key (ShardedTable.step_key)."""
+        offsets), else -1. A key-owned (Distributed) table takes the gathered exchange, whose sizes the
+        occurrence count N alone fixes, whatever the bags (each rank pools its own): N. A slot-owned table:
+        N when every bag holds one key (offsets known on the host), for then the owners and the recorded
+        slots follow from N alone (occurrence k is bag k, of slot k % S, owned by rank (k % S) % R): an
+        exchange plan; -1 for multi-hot bags. numbactr.model joins every rank's parts into the step's key
+        (ShardedTable.step_key)."""
         if self._sharded is None or type(self) not in (HashEmbedding, OneHotEmbedding):
             return -1
+        if not self.by_slot:
+            return int(keys.shape[0])
         host = offsets if device.is_host_array(offsets) else device.host_mirror(offsets)
         if host is None:
             return -1

@@ -1,4 +1,4 @@
-"""Key-owned (Distributed) SparseEmbeddings whose bags hold one key each, on R ranks, with the gathered exchange
+"""Key-owned (Distributed) SparseEmbeddings whose bags hold one key each (and one table with two), on R ranks, with the gathered exchange
 (numbactr.embedding.sharded: allgather of the keys, lookup of the owned ones, reduce-scatter of the vectors, and
 the gradients allgathered) or the alltoall exchange; rank 0 saves the results.
 
@@ -32,19 +32,20 @@ from tests.mpi.embedding_sharded_run import gathered_table  # noqa: E402  (every
 
 E, O, U = hugectr.Embedding_t, hugectr.Optimizer_t, hugectr.Update_t
 B, S, D, STEPS = 12, 3, 4, 4
-#: name -> (combiner, optimizer)
+#: name -> (combiner, optimizer, keys per bag)
 CONFIGS = {
-    "sgd_sum": ("sum", dict(optimizer_type=O.SGD, update_type=U.Local)),
-    "adam_global_mean": ("mean", dict(optimizer_type=O.Adam, update_type=U.Global)),
-    "adam_lazy_sum": ("sum", dict(optimizer_type=O.Adam, update_type=U.LazyGlobal)),
-    "adagrad_sum": ("sum", dict(optimizer_type=O.AdaGrad, update_type=U.Local)),
+    "sgd_sum": ("sum", dict(optimizer_type=O.SGD, update_type=U.Local), 1),
+    "adam_global_mean": ("mean", dict(optimizer_type=O.Adam, update_type=U.Global), 1),
+    "adam_lazy_sum": ("sum", dict(optimizer_type=O.Adam, update_type=U.LazyGlobal), 1),
+    "adagrad_sum": ("sum", dict(optimizer_type=O.AdaGrad, update_type=U.Local), 1),
+    "multihot_adam_mean": ("mean", dict(optimizer_type=O.Adam, update_type=U.Global), 2),   # fixed length 2
 }
 
 
-def global_batch(rng, vocab: int) -> Batch:
-    """B samples x S slots, one key per bag from a per-slot key range (slot s: s * 2**33 + [0, vocab))."""
-    keys = (np.arange(S) * (1 << 33) + rng.integers(0, vocab, (B, S))).reshape(-1).astype(np.int64)
-    offsets = np.arange(B * S + 1, dtype=np.int64)
+def global_batch(rng, vocab: int, nnz: int = 1) -> Batch:
+    """B samples x S slots, nnz keys per bag from a per-slot key range (slot s: s * 2**33 + [0, vocab))."""
+    keys = (np.arange(S)[:, None] * (1 << 33) + rng.integers(0, vocab, (B, S, nnz))).reshape(-1).astype(np.int64)
+    offsets = np.arange(0, B * S * nnz + 1, nnz, dtype=np.int64)
     return Batch(np.zeros((B, 1), np.float32), np.zeros((B, 0), np.float32), [(keys, offsets)])
 
 
@@ -62,20 +63,20 @@ def main():
 
     sharded.ShardedTable._lookup_gathered = counted
     saved = {}
-    for name, (combiner, opt) in CONFIGS.items():
+    for name, (combiner, opt, nnz) in CONFIGS.items():
         cfg = hugectr.SparseEmbedding(E.DistributedSlotSparseEmbeddingHash, 1, D, combiner, name, "data")
-        emb = make_embedding(cfg, hugectr.DataReaderSparseParam("data", 1, True, S),
+        emb = make_embedding(cfg, hugectr.DataReaderSparseParam("data", nnz, True, S),
                              hugectr.CreateOptimizer(**opt), seed=5, comm=comm)
         rng = np.random.default_rng(7)                          # the same global data on every rank
         outs = []
         for _ in range(STEPS):
-            batch = global_batch(rng, vocab=9)
+            batch = global_batch(rng, vocab=9, nnz=nnz)
             dy = rng.normal(size=(B, S, D)).astype(np.float32)
             keys, offsets = split_batch(batch, comm.rank, comm.size).sparse[0]
             if mode == "gathered" and emb._sharded is not None:
                 part = emb.exchange_key_part(keys, offsets)
                 key = emb._sharded.step_key([part] * comm.size)       # every rank has the same N here
-                assert key == ("gathered", (r1 - r0) * S), key
+                assert key == ("gathered", (r1 - r0) * S * nnz), key
                 emb._sharded.fixed_key = key
             tape = Tape()
             out = emb.forward(tape, keys, offsets, r1 - r0, True)
@@ -83,7 +84,7 @@ def main():
             emb.update(0.05, 2.0)
             outs.append(comm.allgather_rows(device.to_host(out.data)))
         emb.check_pending()
-        keys, offsets = split_batch(global_batch(rng, vocab=12), comm.rank, comm.size).sparse[0]
+        keys, offsets = split_batch(global_batch(rng, vocab=12, nnz=nnz), comm.rank, comm.size).sparse[0]
         evaluated = emb.forward(None, keys, offsets, r1 - r0, False)   # keys 9..11 of each slot are unseen
         saved[f"{name}:outs"] = np.stack(outs)
         saved[f"{name}:eval"] = comm.allgather_rows(device.to_host(evaluated.data))
