@@ -364,7 +364,8 @@ class _Group:
         return self.wires.lookup(keys, offsets, owner, training, payload=table, pooling=Pooling.NONE)
 
     def _owners(self, keys) -> np.ndarray:
-        k = np.asarray(keys).astype(np.uint64)
+        """(N,) int64 owning rank of each key; keys (N,) on the host or the device (a lookup's are device arrays)."""
+        k = np.asarray(keys if device.is_host_array(keys) else device.to_host(keys)).astype(np.uint64)
         return np.asarray(self.ranks, np.int64)[(k % np.uint64(len(self.ranks))).astype(np.int64)]
 
     def _owner_lookup(self, keys, offsets, training: bool, payload):
