@@ -737,7 +737,10 @@ def load_sparse_optimizer_states(model, files) -> None:
     for e, rows, states in todo:                          # everything checked: assign
         r = xp.asarray(rows)
         for s, v in zip(e.states, states):
-            s[r] = xp.asarray(v)
+            if device.is_host_array(s):     # a tiered table's states live in its host backing tier, also on a GPU
+                s[rows] = v
+            else:
+                s[r] = xp.asarray(v)
 
 
 def _read_sparse_states(model, e, path: str, others=frozenset()) -> tuple[np.ndarray, np.ndarray]:
