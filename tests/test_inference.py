@@ -250,6 +250,8 @@ def test_export_predictions_format_and_append(tmp_path, trained):
 def test_the_forward_plan_gives_every_tensor_of_the_layer_forwards(trained, name, where, on_device):
     """The session's plan (each layer's inference_fn: its op forwards without Tensors or tape) gives every
     tensor of the layers' own forward(), bit for bit, on the cpu device and on the kernels (sim)."""
+    if where == "sim" and not device._numba_simulated():
+        pytest.skip("needs the simulator")
     tr = trained(name)
     rows = 4 if where == "sim" else tr.batch
     session = CreateInferenceSession(tr.graph, tr.params(use_gpu_embedding_cache=False))
@@ -271,6 +273,8 @@ def test_the_forward_plan_gives_every_tensor_of_the_layer_forwards(trained, name
 def test_sim_kernels_and_missing_keys_with_a_default(trained, on_device):
     """The sim device (the cache and pooling kernels) gives the cpu predictions; keys no tier holds take
     default_value_for_each_table."""
+    if not device._numba_simulated():
+        pytest.skip("needs the simulator")
     tr = trained("dlrm")
     dense, keys, ptrs = csr_request(tr, eval_batches(tr, 1)[0])
     n = 4

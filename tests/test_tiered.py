@@ -16,6 +16,19 @@ from numbactr.embedding.tiered import CacheConfig, TieredEmbedding, cache_rows
 from tests.engine_cases import OPTIMIZER_CASES, Case
 
 TABLES, FMAP = [(40, 5), (30, 3)], [0, 1, 0]
+KERNEL_TESTS = {"test_kernels_in_the_simulator_through_the_cache_equal_the_whole_table",
+                "test_fp16_stochastic_rounding_of_the_kernels_through_the_cache"}
+
+
+@pytest.fixture(autouse=True)
+def _host_impls_on_the_cpu_device(request):
+    """Engines with impl 'cpu' or 'ref' hold host arrays, which the gpu device refuses (ValueError): on a GPU
+    the tests of those impls run on the cpu device (on sim they run as they are); the kernel tests keep the
+    process's device."""
+    if device.kind() == "gpu" and request.function.__name__ not in KERNEL_TESTS:
+        device.set_device("cpu")
+
+
 #: COUNTER settings a tiered table runs (max_counter is not read): COUNTER_SGD above an absolute threshold,
 #: L2 decay with a halflife
 TIERED_COUNTER = CounterRegularization(CounterWeightDecay.L2, halflife=3, adjustment_iter=1, adjustment_ub=0.5,
