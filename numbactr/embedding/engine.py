@@ -211,7 +211,7 @@ def fill_uniform_rows(view, first_lin: int, seed: int, lo: float, hi: float, row
     needed 6x the table's size), and first checks that the host memory it will touch is there (a table
     initialized past the machine's memory is otherwise killed by the kernel without a word)."""
     V, D = view.shape
-    xp = device.xp()
+    xp = np if device.is_host_array(view) else device.xp()     # (a tiered table's rows are host memory)
     if xp is np:
         check_fits(V * D * view.dtype.itemsize, f"initializing {what} ({V} rows x {D})",
                    "shrink the table (slot_size_array, max_vocabulary_size) or keep it in a tiered store "

@@ -360,7 +360,8 @@ class HashEmbedding:
         old = self.table.find(k)                          # (n,) each key's row before, -1 if absent
         self.table.clear()
         self.table.insert(k)                              # unique keys, empty table: rows 0..n-1
-        self.weight.data[:k.shape[0]] = xp.asarray(vectors.astype(np.float32))
+        w = self.weight.data                  # (a tiered table's rows are host memory on every device)
+        w[:k.shape[0]] = (np if device.is_host_array(w) else xp).asarray(vectors.astype(np.float32))
         if self.row_slot is not None:
             self.row_slot.fill(-1)
             if slots is not None:
@@ -445,8 +446,9 @@ class OneHotEmbedding(HashEmbedding):
         """Rows ``keys`` (n,) (validated in range by the caller) take ``vectors`` (n, D); other rows and
         every optimizer state stay as they are (row = key, so no state moves)."""
         self._write_back()
-        xp = device.xp()
-        self.weight.data[xp.asarray(keys.astype(np.int64))] = xp.asarray(vectors.astype(np.float32))
+        w = self.weight.data                  # (a tiered table's rows are host memory on every device)
+        xp = np if device.is_host_array(w) else device.xp()
+        w[xp.asarray(keys.astype(np.int64))] = xp.asarray(vectors.astype(np.float32))
 
 
 def make_embedding(cfg, sparse_param, opt, seed: int, comm=None):
