@@ -312,3 +312,14 @@ def test_gpu_device_turns_off_numbas_array_interface_stream_sync(monkeypatch):
     monkeypatch.delenv("NUMBA_CUDA_ARRAY_INTERFACE_SYNC")
     device._no_interface_sync()
     assert cuda_config.CUDA_ARRAY_INTERFACE_SYNC == 0
+
+
+def test_asking_for_the_simulator_on_a_gpu_skips_the_test(on_device, monkeypatch):
+    """conftest's on_device: a test that asks for 'sim' in a process whose numba runs real CUDA (the whole
+    suite with NUMBACTR_DEVICE=gpu) is skipped with its reason, not failed by set_device's DeviceError."""
+    from numbactr import device
+    monkeypatch.setattr(device, "_numba_simulated", lambda: False)
+    with pytest.raises(pytest.skip.Exception, match="Numba's simulator"):
+        on_device("sim")
+    on_device("cpu")                                      # the other devices switch as before
+    assert device.kind() == "cpu"
