@@ -17,6 +17,14 @@ OPT = OptimizerSpec(Optim.HUGECTR_ADAM, learning_rate=0.05, update_type=UpdateTy
 FMAP = [1, 0, 1]                       # features 0 and 2 read the keyed table 1
 
 
+@pytest.fixture(autouse=True)
+def _host_impls_on_the_cpu_device(request):
+    """On a GPU (NUMBACTR_DEVICE=gpu) the engines of impl 'cpu' run on the cpu device (the gpu device refuses
+    host impls); the kernel test keeps the process's device (as tests/test_tiered.py does)."""
+    if device.kind() == "gpu" and request.function.__name__ != "test_keyed_tables_in_the_simulator":
+        device.set_device("cpu")
+
+
 def keyed_steps(rng, n_steps=8, batch=3, n_keys=40, evaluate=(5,)):
     """(indices uint64, offsets, training) per step: table 0's rows, table 1's keys (some above 2**63)."""
     keys = rng.integers(0, 2 ** 64 - 2, size=n_keys, dtype=np.uint64)
