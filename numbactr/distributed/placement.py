@@ -167,7 +167,7 @@ def idle_gpus(placement: Placement, vvgpu) -> list[tuple[int, int]]:
 
 def pci_key(domain: int, bus: int, device: int) -> int:
     """A GPU's PCI address (domain:bus:device) as one int64 for an allgather: domain << 16 | bus << 8 |
-    device (bus < 256, device < 32; a domain of up to 32 bits still fits)."""
+    device (bus and device below 256; a domain of up to 32 bits still fits)."""
     domain, bus, device = int(domain), int(bus), int(device)
     if domain < 0 or not 0 <= bus < 256 or not 0 <= device < 256:
         raise PlacementError(f"PCI address {domain}:{bus}:{device} is out of range")
