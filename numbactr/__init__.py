@@ -2,32 +2,32 @@
 
     import numbactr as hugectr      # the one changed line in a HugeCTR training script
 """
-from . import device as _device  # noqa: F401  (first: may switch numba to its simulator)
-from .distributed.comm import guard_launch as _guard_launch
+from numbactr import device as _device  # noqa: F401  (first: may switch numba to its simulator)
+from numbactr.distributed.comm import guard_launch as _guard_launch
 
 # under `mpiexec -n N` (N > 1) MPI starts here, and from the next line on a failing rank ends the whole job
 # (numbactr/distributed/comm.py); a plain run only reads two environment variables
 _guard_launch()
-from . import enums as _enums
-from .config import (CreateOptimizer, CreateSolver, DataReaderParams, DataReaderSparseParam, DenseLayer,
+from numbactr import enums as _enums
+from numbactr.config import (CreateOptimizer, CreateSolver, DataReaderParams, DataReaderSparseParam, DenseLayer,
                      DenseLayerComputeConfig, GroupDenseLayer, IgnoredArgumentWarning, Input, OptParamsPy, Solver,
                      SparseEmbedding)
-from .enums import *  # noqa: F401,F403  (the enum classes)
-from .data.raw_async import AsyncParam
-from . import data  # noqa: F401  (hugectr.data.DataSourceParams)
-from .model import Model, ModelError
-from .callbacks import TrainingCallback
-from .etc import EmbeddingTrainingCache
-from .embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
-from .embedding.hybrid import HybridEmbeddingParam
-from .etc import CreateETC, CreateHMemCache, EmbeddingTrainingCacheParams, HMemCacheConfig  # noqa: F401
-from .optim import LearningRateScheduler
-from . import tools  # noqa: F401  (hugectr.tools.DataGenerator)
-from . import inference  # noqa: F401,E402  (hugectr.inference.InferenceParams, ...)
+from numbactr.enums import *  # noqa: F401,F403  (the enum classes)
+from numbactr.data.raw_async import AsyncParam
+from numbactr import data  # noqa: F401  (hugectr.data.DataSourceParams)
+from numbactr.model import Model, ModelError
+from numbactr.callbacks import TrainingCallback
+from numbactr.etc import EmbeddingTrainingCache
+from numbactr.embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
+from numbactr.embedding.hybrid import HybridEmbeddingParam
+from numbactr.etc import CreateETC, CreateHMemCache, EmbeddingTrainingCacheParams, HMemCacheConfig  # noqa: F401
+from numbactr.optim import LearningRateScheduler
+from numbactr import tools  # noqa: F401  (hugectr.tools.DataGenerator)
+from numbactr import inference  # noqa: F401,E402  (hugectr.inference.InferenceParams, ...)
 # HugeCTR registers these three on the top-level module too (include/pybind/common_wrapper.hpp)
-from .inference.params import DatabaseOverflowPolicy_t, DatabaseType_t, UpdateSourceType_t  # noqa: E402
+from numbactr.inference.params import DatabaseOverflowPolicy_t, DatabaseType_t, UpdateSourceType_t  # noqa: E402
 
-from . import alias as _alias
+from numbactr import alias as _alias
 
 globals().update(_enums.exported_members())    # pybind export_values(): hugectr.Adam, hugectr.Norm, ...
 globals().update(inference.params.pybind_members(      # their export_values(): hugectr.redis_cluster, ...

@@ -120,7 +120,7 @@ class Env:
     """The device numbactr runs on, its array module and synchronisation, and the torch baseline."""
 
     def __init__(self, use_torch: bool = True):
-        from . import device
+        from numbactr import device
         self.kind = device.kind()
         self.kernels = device.uses_kernels()
         self.xp = device.xp()
@@ -159,7 +159,7 @@ class Env:
     def header(self) -> list:
         """Context lines every table starts with: device, date, versions."""
         now = datetime.datetime.now().astimezone()
-        from . import threads
+        from numbactr import threads
         lines = [f"device: {self.kind} ({self.device_name})",
                  f"date: {now.strftime('%Y-%m-%d %H:%M %Z')}",
                  f"numpy {np.__version__}, python {platform.python_version()}",
@@ -307,13 +307,13 @@ def hash_keys(dist: str, n: int, rng: np.random.Generator) -> np.ndarray:
     HugeCTR's generator) — many repeats, like a Criteo slot."""
     if dist == "uniform":
         return rng.integers(0, 2 ** 63 - 1, n, dtype=np.int64).view(np.uint64)
-    from .data.synthetic import power_law_keys
+    from numbactr.data.synthetic import power_law_keys
     return power_law_keys(rng, n, 10 * n, 1.2).astype(np.uint64)
 
 
 def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float = 1.0, seed: int = 0) -> Table:
-    from . import device
-    from .embedding.hash_table import HashTable
+    from numbactr import device
+    from numbactr.embedding.hash_table import HashTable
     tab = Table(f"hash table insert/find ({env.kind})", HASH_COLUMNS)
     tab.notes = env.header() + [
         f"batch of {n:,} keys; table rows = the batch's distinct keys, capacity = rows / {load_factor} "
@@ -369,7 +369,7 @@ def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float =
 
 
 def _host(a) -> np.ndarray:
-    from . import device
+    from numbactr import device
     return device.to_host(a)
 
 
@@ -421,7 +421,7 @@ def thread_count(env: Env, n):
     if n is None:
         yield
         return
-    from . import threads
+    from numbactr import threads
     before = threads.current()
     torch_before = env.torch.get_num_threads() if env.torch is not None else None
     threads.configure(compute=n, reader_workers=before.reader_workers)
@@ -502,7 +502,7 @@ def bench_embedding(env: Env, *, batch: int, features: int, hots, dims, rows: in
 
 
 def _engine_impl() -> str:
-    from .embedding.engine import TableBatchedEmbedding
+    from numbactr.embedding.engine import TableBatchedEmbedding
     return TableBatchedEmbedding([(1, 1)]).impl
 
 
@@ -527,7 +527,7 @@ def _embedding_impls(env, fb) -> list:
 
 def _numbactr_tbe(env, data, features, pooling, opt, min_time, fwd):
     """(forward s or None, backward + update s, forward output (B, F*D) on the host)."""
-    from .embedding.engine import Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
+    from numbactr.embedding.engine import Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
     xp = env.xp
     kind = Optim[EMBEDDING_OPTIMIZERS[opt][0]]
     eng = TableBatchedEmbedding([data["pool"].shape], [0] * features, pooling=Pooling[pooling.upper()],
@@ -611,9 +611,9 @@ def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, threads=(
                seed: int = 0, lr: float = 1e-3) -> Table:
     """One training step of a 26-slot DLRM: numbactr's HugeCTR model, plain PyTorch (nn.EmbeddingBag), and the
     same PyTorch DLRM with its embeddings in one TBE: numbactr's FBGEMM face and FBGEMM (when installed)."""
-    from . import demo
-    from .data.synthetic import criteo_like_slot_sizes, make_planted_dataset
-    from .embedding.sparse_embedding import workspace_mb_for
+    from numbactr import demo
+    from numbactr.data.synthetic import criteo_like_slot_sizes, make_planted_dataset
+    from numbactr.embedding.sparse_embedding import workspace_mb_for
 
     slots, vec, dense_dim = 26, 16, 13
     tab = Table(f"DLRM training step ({env.kind})", DLRM_COLUMNS)
@@ -634,7 +634,7 @@ def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, threads=(
         "of one keyed table, and the update is the engine's fused backward + HugeCTR's Adam (Global)",
         "threads: numbactr.threads' compute threads and torch.set_num_threads set to the column's value"]
     if env.kind == "cpu":
-        from . import device
+        from numbactr import device
         tab.notes.append("numbactr's dense ops on cpu: " + (
             "their compiled CPU versions (numba.njit: interaction, bias, ReLU, BCE, the dense update; matrix "
             "products in BLAS)" if device.compiled_cpu() else
@@ -655,7 +655,7 @@ def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, threads=(
         model._train_reader = itertools.cycle(host_batches)      # the step without file reading
         impls = [("numbactr", lambda: measure(model.train, sync=env.sync, min_time=min_time))]
         if env.torch is not None:
-            from .fbgemm_gpu import split_table_batched_embeddings_ops_training as ours
+            from numbactr.fbgemm_gpu import split_table_batched_embeddings_ops_training as ours
             fb = fbgemm_training_module()
             for label, tbe in [(env.torch_label, None), ("torch+numbactr-tbe", ours)] + \
                     ([("torch+fbgemm-tbe", fb)] if fb is not None else []):
@@ -767,7 +767,7 @@ SOK_QUICK = dict(batch=64, reps=2, threads=(1,), shape=dict(layers=2, width=64),
 
 def _bench_sok(env: Env, **kwargs) -> Table:
     """SOK's seed benchmark (numbactr/sok/bench.py; needs torch)."""
-    from .sok.bench import bench_sok
+    from numbactr.sok.bench import bench_sok
     return bench_sok(env, **kwargs)
 
 
@@ -788,8 +788,8 @@ def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = N
     out = out or sys.stdout
     sizes = QUICK if quick else FULL
     min_time = (0.05 if quick else 1.0) if min_time is None else min_time
-    from . import log
-    from . import bench_cache
+    from numbactr import log
+    from numbactr import bench_cache
     fns = {"hash": bench_hash, "embedding": bench_embedding, "dlrm": bench_dlrm}
     names = list(fns) if which == "all" else [which]
     fns["cache"] = bench_cache.bench_cache
@@ -845,7 +845,7 @@ def main(argv=None) -> int:
     if env.torch is None:
         print(f"numbactr bench: {env.torch_why}", flush=True)
     if args.model == "mlperf":
-        from .bench_mlperf import bench_mlperf
+        from numbactr.bench_mlperf import bench_mlperf
         quick = dict(batch=256, rows=2_000, batches=1, breakdown_steps=1) if args.quick else {}
         sizes = {**quick, **{k: getattr(args, k) for k in ("batch", "rows") if getattr(args, k) is not None}}
         tab = bench_mlperf(env, dims=args.dim, optimizers=args.optimizer, tf32=args.tf32, amp=args.amp,

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from .bench import Env, Table, thread_count
-from .embedding.engine import OptimizerSpec, Optim, Precision, TableBatchedEmbedding
-from .embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
-from .kernels.tbe import STATES
+from numbactr.bench import Env, Table, thread_count
+from numbactr.embedding.engine import OptimizerSpec, Optim, Precision, TableBatchedEmbedding
+from numbactr.embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
+from numbactr.kernels.tbe import STATES
 
 COLUMNS = ["impl", "policy", "cache / table", "cache MiB", "slots", "hit rate", "loads/step", "write-backs/step",
            "step ms", "samples/s"]
@@ -139,7 +139,7 @@ def save_cache_plot(path, results: list, whole_sps: float, title: str) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from .plot import _replace
+    from numbactr.plot import _replace
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig = Figure(figsize=(10, 4.2), dpi=110, layout="constrained")

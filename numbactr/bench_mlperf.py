@@ -180,9 +180,9 @@ class PhaseTimer:
                                 "bias_act_backward", "bias_act_backward_cpu", "bias_act_backward_ref")}
 
     def __init__(self, model, clock):
-        from . import ops
-        from .kernels import bias, fused_bias_act
-        from .layers import dense
+        from numbactr import ops
+        from numbactr.kernels import bias, fused_bias_act
+        from numbactr.layers import dense
         self.clock = clock if hasattr(clock, "mark") else WallClock(clock)
         self.intervals = []             # (phase, mark0, mark1, [(child mark0, child mark1)])
         self._stack = []                # open frames: [phase, mark0, children]
@@ -267,7 +267,7 @@ class StreamGate:
 
     def __init__(self, rounds: int = GATE_ROUNDS):
         import cupy
-        from .kernels import launch
+        from numbactr.kernels import launch
         if not _GATE_KERNEL:
             _GATE_KERNEL.append(cuda.jit(_gate_kernel))
         self.kernel = _GATE_KERNEL[0]
@@ -311,7 +311,7 @@ def global_pass_bytes(engine) -> int:
     """Bytes a step's HugeCTR all-rows pass moves in an embedding engine (0 when its optimizer has none:
     SGD, or a LOCAL update): every element of every row in use read and written with its per-element
     optimizer states (kernels.tbe.make_global_kernel), rows in use x D x (weight + state bytes) x 2."""
-    from .kernels import tbe as K
+    from numbactr.kernels import tbe as K
     opt = engine.optimizer
     if not K.has_global_pass(opt.kind, opt.update_type):
         return 0
@@ -324,7 +324,7 @@ def global_pass_bytes(engine) -> int:
 def embedding_step_bytes(batch: int, dim: int, global_bytes: int = 0) -> int:
     """The embedding's bytes in one step (module docstring): FBGEMM's count of the touched rows, forward
     + backward/update (3 x (B*26*D*4 read + B*26*D*4 written)), plus the all-rows pass's global_bytes."""
-    from .bench import embedding_bytes
+    from numbactr.bench import embedding_bytes
     return 3 * embedding_bytes(batch * SLOTS, 1, dim) + int(global_bytes)
 
 
@@ -347,7 +347,7 @@ def graph_status(wanted: bool, graphs, steps: int, replays: int, reasons=()) -> 
 @contextlib.contextmanager
 def _graph_reasons():
     """What numbactr.cuda_graphs.ineligible says of each step inside (a list, None for an eligible step)."""
-    from . import cuda_graphs
+    from numbactr import cuda_graphs
     orig, seen = cuda_graphs.ineligible, []
 
     def recorded(model, batch):
@@ -366,7 +366,7 @@ def _graph_reasons():
 def _graphs_off():
     """Eager steps inside, whatever NUMBACTR_CUDA_GRAPHS says (a step with graphs off drops the model's
     captured ones; they are captured again after the warm-up steps, should graphs come back on)."""
-    from .cuda_graphs import ENV
+    from numbactr.cuda_graphs import ENV
     before = os.environ.get(ENV)
     os.environ[ENV] = "0"
     try:
@@ -500,7 +500,7 @@ def _time_torch_graph(env, prepared, sizes, dim, optimizer, lr, min_time, seed, 
     with capturable=True), replayed on static input tensors that each step's batch is copied into: the
     recipe of torch.cuda.graphs' "whole network capture", as NVIDIA's MLPerf DLRM runs. float32/TF32
     only (GradScaler's unscale and skip read the host)."""
-    from .bench import measure
+    from numbactr.bench import measure
     torch = env.torch
     model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32, capturable=True)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -538,7 +538,7 @@ def _time_torch_graph(env, prepared, sizes, dim, optimizer, lr, min_time, seed, 
 
 
 def _time_torch(env, prepared, sizes, dim, optimizer, lr, min_time, seed, tf32, amp) -> float:
-    from .bench import measure
+    from numbactr.bench import measure
     torch, dev = env.torch, env.torch_dev
     model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -587,11 +587,11 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
     On the cpu device each row runs with numbactr's compute threads and torch's set to the same count:
     each of ``threads``, or numbactr's current compute threads (a GPU run leaves both as they are). The
     table's ``records`` hold each numbactr row's raw figures (seconds, bytes, graph status)."""
-    from . import bench as B
-    from . import cuda_graphs
-    from . import threads as T
-    from .data.synthetic import criteo_like_slot_sizes, make_planted_dataset
-    from .embedding.sparse_embedding import workspace_mb_for
+    from numbactr import bench as B
+    from numbactr import cuda_graphs
+    from numbactr import threads as T
+    from numbactr.data.synthetic import criteo_like_slot_sizes, make_planted_dataset
+    from numbactr.embedding.sparse_embedding import workspace_mb_for
 
     size = SIZES.get(env.kind, SIZES["cpu"])
     batch = batch or size["batch"]
@@ -694,8 +694,8 @@ def _time_numbactr(model, env, wanted: bool, min_time: float, breakdown_steps: i
     step and its breakdown (module docstring). Returns the record: seconds per step (step, eager,
     eager_step, embedding, gemm, rest, host_gap, busy), graphs (the cell), replayed (all steps were),
     captures, replays, steps, method, why."""
-    from . import bench as B
-    from .cuda_graphs import StepGraphs
+    from numbactr import bench as B
+    from numbactr.cuda_graphs import StepGraphs
     count = [0]
 
     def step():

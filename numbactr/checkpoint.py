@@ -74,10 +74,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import device
-from .data.errors import DataFormatError
-from .distributed.sharding import key_owner
-from .embedding.sparse_embedding import max_vocabulary_size_per_gpu, workspace_mb_for
+from numbactr import device
+from numbactr.data.errors import DataFormatError
+from numbactr.distributed.sharding import key_owner
+from numbactr.embedding.sparse_embedding import max_vocabulary_size_per_gpu, workspace_mb_for
 
 FORMAT = "numbactr snapshot manifest"
 UNKNOWN_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)     # slot_id of a key whose slot is not known
@@ -852,7 +852,7 @@ def _infer_layout(e, sm: _SparseModel, nbytes: int, n_states: int, path: str):
 def sparse_models_beside(graph_config: str, dense_model: str, who: str) -> list[str]:
     """HugeCTR's sparse model folders of the snapshot ``dense_model`` belongs to, one per embedding layer
     of ``graph_config`` (export-onnx and predict read them when none are given). who: the caller, for errors."""
-    from .enums import Embedding_t
+    from numbactr.enums import Embedding_t
     m = re.fullmatch(r"(.*)_dense_(\d+)\.model", os.path.basename(dense_model))
     if m is None:
         raise ValueError(f"{who}: {dense_model!r} is not named <prefix>_dense_<iter>.model, so its sparse "

@@ -37,7 +37,7 @@ def _version() -> str:
     try:
         return version("numbactr")
     except PackageNotFoundError:              # run from a source tree that was never installed
-        from . import __version__
+        from numbactr import __version__
         return __version__
 
 
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = ap.add_subparsers(dest="command", metavar="<command>", required=True)
 
-    from . import demo
+    from numbactr import demo
     p = sub.add_parser("demo", help="train a DLRM on built-in planted-signal data and print its AUC next to "
                                     "the best AUC possible (the main job)",
                        description=demo.__doc__.split("\n\n")[0])
@@ -76,12 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, text) in CONVERTERS.items():
         _delegate(conv, name, text)
 
-    from .onnx_converter import command as export_onnx
+    from numbactr.onnx_converter import command as export_onnx
     p = sub.add_parser("export-onnx", help="convert a trained model (graph JSON + model files) to ONNX",
                        description=export_onnx.DESCRIPTION, epilog=export_onnx.EPILOG)
     export_onnx.add_arguments(p)
 
-    from .inference import predict
+    from numbactr.inference import predict
     p = sub.add_parser("predict", help="predict a file list or Parquet folder with a trained model (HugeCTR's "
                                        "inference API) and write the predictions (CSV or Parquet)",
                        description=predict.__doc__.split("\n\n")[0])
@@ -105,18 +105,18 @@ def _bench(rest: list) -> int:
         print("usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference} [options]\n\n" + BENCH_HELP)
         return 0
     if rest[0] == "data":
-        from .data.bench import main as bench_data
+        from numbactr.data.bench import main as bench_data
         return bench_data(rest[1:])
     if rest[0] == "inference":
-        from .inference.bench import main as bench_inference
+        from numbactr.inference.bench import main as bench_inference
         return bench_inference(rest[1:])
-    from .bench import main as bench
+    from numbactr.bench import main as bench
     return bench(rest)
 
 
 def _run(args) -> int:
     if args.command == "demo":
-        from .demo import run
+        from numbactr.demo import run
         return run(args)
     if args.command == "bench":
         return _bench(args.rest)
@@ -124,13 +124,13 @@ def _run(args) -> int:
         import importlib
         return importlib.import_module(CONVERTERS[args.converter][0]).main(args.rest)
     if args.command == "export-onnx":
-        from .onnx_converter.command import run
+        from numbactr.onnx_converter.command import run
         return run(args)
     if args.command == "predict":
-        from .inference.predict import run
+        from numbactr.inference.predict import run
         return run(args)
     if args.command == "device":
-        from .device_report import main as device_report
+        from numbactr.device_report import main as device_report
         return device_report()
     raise AssertionError(args.command)
 

@@ -16,9 +16,9 @@ import warnings
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from .data.raw_async import AsyncParam
-from .data.source import DataSourceParams
-from .enums import (Activation_t, Check_t, DataReaderType_t, Embedding_t, FcPosition_t, GroupLayer_t,
+from numbactr.data.raw_async import AsyncParam
+from numbactr.data.source import DataSourceParams
+from numbactr.enums import (Activation_t, Check_t, DataReaderType_t, Embedding_t, FcPosition_t, GroupLayer_t,
                     Initializer_t, Layer_t, LrPolicy_t, MetricsType, Optimizer_t, Regularizer_t, Update_t)
 
 
@@ -154,7 +154,7 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
     if kw.get("metrics_spec") is None:
         kw["metrics_spec"] = {MetricsType.AUC: 1.0}
     kw["training_callbacks"] = tuple(kw.get("training_callbacks", ()))
-    from .callbacks import TrainingCallback
+    from numbactr.callbacks import TrainingCallback
     for j, cb in enumerate(kw["training_callbacks"]):
         _expect(isinstance(cb, TrainingCallback), f"CreateSolver: training_callbacks[{j}] must be a "
                 f"hugectr.TrainingCallback (a subclass of it), got {cb!r}")
@@ -182,7 +182,7 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
         _number(who, f"metrics_spec[{m!r}]", v)
     _expect(not (s.use_mixed_precision and s.enable_tf32_compute),
             "CreateSolver: use_mixed_precision and enable_tf32_compute cannot both be True")
-    from .precision import HALF_DTYPES, half_dtype       # mixed precision: numbactr/precision.py
+    from numbactr.precision import HALF_DTYPES, half_dtype       # mixed precision: numbactr/precision.py
     _expect(s.mixed_precision_dtype in HALF_DTYPES, f"CreateSolver: mixed_precision_dtype must be one of "
             f"{HALF_DTYPES}, got {s.mixed_precision_dtype!r}")
     half_dtype(s)                                         # bfloat16 without ml_dtypes: a clear error now
@@ -191,7 +191,7 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
         if name in kw and v not in fine and getattr(v, "name", None) not in fine:
             warn_ignored(who, name, v, why, stacklevel=2)
     if s.data_source_params is not None:
-        from .data.source import DataSourceParams
+        from numbactr.data.source import DataSourceParams
         _expect(isinstance(s.data_source_params, DataSourceParams), "CreateSolver: data_source_params must be a "
                 f"hugectr.data.DataSourceParams, got {s.data_source_params!r}")
         if not s.data_source_params.is_local():
@@ -199,7 +199,7 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
                          "on HDFS through it; numbactr writes and reads them on the local disk (copy them with "
                          "hugectr.data.DataSource(...).move_to_local(); training data on HDFS is read through "
                          "DataReaderParams(data_source_params=...))", stacklevel=2)
-    from .device import use_vvgpu             # each rank's GPU: vvgpu[node][local rank % len]
+    from numbactr.device import use_vvgpu             # each rank's GPU: vvgpu[node][local rank % len]
     unused = use_vvgpu(s.vvgpu)
     if unused:
         warn_ignored(who, "vvgpu", [list(n) for n in s.vvgpu], f"in part: {unused}", stacklevel=2)
@@ -473,7 +473,7 @@ class SparseEmbedding:
         self.optimizer = optimizer if optimizer is not None else OptParamsPy()
         self.hybrid_embedding_param = hybrid_embedding_param
         # numbactr's extra: the table in a backing tier behind a cache (numbactr.embedding.tiered.TierSpec)
-        from .embedding.tiered import TierSpec
+        from numbactr.embedding.tiered import TierSpec
         _expect(embedding_cache is None or isinstance(embedding_cache, TierSpec),
                 f"SparseEmbedding {sparse_embedding_name!r}: embedding_cache must be a "
                 f"numbactr.embedding.tiered.TierSpec, got {embedding_cache!r}")
@@ -486,7 +486,7 @@ class SparseEmbedding:
             warn_ignored(who, "hybrid_embedding_param", hybrid_embedding_param,
                          f"used only by HybridSparseEmbedding, not {embedding_type.name}", stacklevel=2)
         if embedding_type == Embedding_t.HybridSparseEmbedding:
-            from .embedding.hybrid import HybridEmbeddingParam
+            from numbactr.embedding.hybrid import HybridEmbeddingParam
             _expect(hybrid_embedding_param is None or isinstance(hybrid_embedding_param, HybridEmbeddingParam),
                     f"{who}: hybrid_embedding_param must be a HybridEmbeddingParam, got {hybrid_embedding_param!r}")
             _expect(bool(self.slot_size_array), f"{who}: HybridSparseEmbedding needs slot_size_array (one "

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import os
 
-from . import device, log, step_values
+from numbactr import device, log, step_values
 
 ENV = "NUMBACTR_CUDA_GRAPHS"
 
@@ -124,7 +124,7 @@ def ineligible(model, batch) -> str | None:
     if cupy_sort_synchronizes():
         return (f"CuPy < {CUPY_NOSYNC_SORT} synchronizes at the end of every sort (the embedding's backward "
                 f"sorts): install cupy-cuda12x/13x >= {CUPY_NOSYNC_SORT}")
-    from .embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
+    from numbactr.embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
     if model._graphs is not None and model._graphs.disabled:
         return model._graphs.disabled
     if model.half is not None and not model._overflow_on_device():
@@ -137,7 +137,7 @@ def ineligible(model, batch) -> str | None:
     if not all(type(e) in (HashEmbedding, OneHotEmbedding) for e in model.embeddings):
         return "an embedding other than a hash or one-hot SparseEmbedding"
     if model.ranks > 1:
-        from .embedding.sharded import exchange_on_device
+        from numbactr.embedding.sharded import exchange_on_device
         if not exchange_on_device(model.comm):
             return "several ranks exchanging through host memory (MPI), not NCCL between GPUs of their own"
     if model._stager is None:
@@ -330,7 +330,7 @@ def capture(fn):
     import cupy
     from numba import cuda
 
-    from .kernels import launch
+    from numbactr.kernels import launch
     main = cupy.cuda.get_current_stream()
     stream = cupy.cuda.Stream(non_blocking=True)
     ready = cupy.cuda.Event(disable_timing=True)

@@ -30,7 +30,7 @@ import contextlib
 import os
 import sys
 
-from . import sim_strict
+from numbactr import sim_strict
 
 DEVICES = ("gpu", "sim", "cpu")
 
@@ -93,8 +93,8 @@ def _resolve() -> tuple[str, str]:
 
 def _select_gpu(cuda, cupy) -> tuple[int, str]:
     """Make this rank's GPU current for numba and CuPy (before anything allocates); (index, why)."""
-    from .distributed.comm import placement
-    from .distributed.placement import PlacementError, choose_gpu
+    from numbactr.distributed.comm import placement
+    from numbactr.distributed.placement import PlacementError, choose_gpu
     try:
         pl = placement()
         gpu, why = choose_gpu(pl.local_rank, pl.node, len(cuda.gpus), _state["vvgpu"],
@@ -146,8 +146,8 @@ def use_vvgpu(vvgpu) -> str:
     """Record CreateSolver's vvgpu for the choice of this rank's GPU; returns what the caller should warn
     about ("" when nothing): GPUs vvgpu lists that no rank of this job uses, or a GPU already chosen
     before the solver was created that differs from vvgpu's."""
-    from .distributed.comm import placement
-    from .distributed.placement import DEFAULT_VVGPU, choose_gpu, idle_gpus
+    from numbactr.distributed.comm import placement
+    from numbactr.distributed.placement import DEFAULT_VVGPU, choose_gpu, idle_gpus
     vv = tuple(tuple(int(g) for g in n) for n in vvgpu)
     _state["vvgpu"] = vv
     if vv == DEFAULT_VVGPU:
@@ -189,7 +189,7 @@ def kind() -> str:
     The announcement also applies and states the thread plan (numbactr.threads)."""
     if _state["kind"] is None:
         _state["kind"], _state["why"] = _resolve()
-        from . import threads
+        from numbactr import threads
         plan = threads.current()
         print(f"numbactr: device={_state['kind']} ({_state['why']}); {plan.describe()}", flush=True)
     return _state["kind"]
@@ -345,7 +345,7 @@ def to_host(a):
     mirror = host_mirror(a)
     if mirror is not None:
         return mirror
-    from .kernels.launch import count_host_read
+    from numbactr.kernels.launch import count_host_read
     count_host_read()
     if hasattr(a, "get"):
         return a.get()

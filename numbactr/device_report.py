@@ -69,7 +69,7 @@ def gather() -> dict:
             f[key] = None
             f["errors"][key] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
 
-    from . import device
+    from numbactr import device
     f["asked"] = os.environ.get("NUMBACTR_DEVICE", "").strip().lower() or None
     f["simulator"] = os.environ.get("NUMBA_ENABLE_CUDASIM", "") == "1"
 
@@ -129,7 +129,7 @@ def _toolkit_wheels() -> dict[str, str]:
 def _numba_available() -> dict:
     from numba import cuda
 
-    from .device import _cuda_reason
+    from numbactr.device import _cuda_reason
     ok = bool(cuda.is_available())
     return {"available": ok, "reason": "" if ok else _cuda_reason(cuda.cuda_error())}
 
@@ -144,8 +144,8 @@ def _driver_cuda() -> str:
 def _gpus() -> list[dict]:
     from numba import cuda
 
-    from .distributed.comm import gpu_pci_key
-    from .distributed.placement import pci_text
+    from numbactr.distributed.comm import gpu_pci_key
+    from numbactr.distributed.placement import pci_text
     out = []
     for g in cuda.gpus:
         name = g.name.decode() if isinstance(g.name, bytes) else g.name
@@ -195,7 +195,7 @@ def _mpi() -> dict | None:
         import mpi4py
     except ImportError:
         return None
-    from .distributed.comm import launched
+    from numbactr.distributed.comm import launched
     size, rank, var = launched()
     out = {"mpi4py": mpi4py.__version__, "launched_ranks": size, "library": None}
     if size > 1:                    # MPI is running already (import numbactr started it)
@@ -205,7 +205,7 @@ def _mpi() -> dict | None:
 
 
 def _placement() -> dict:
-    from .distributed.comm import placement
+    from numbactr.distributed.comm import placement
     p = placement()
     return {"rank": p.rank, "size": p.size, "local_rank": p.local_rank, "local_size": p.local_size,
             "node": p.node, "nodes": p.nodes, "source": p.source}
@@ -260,7 +260,7 @@ def diagnose(f: dict) -> list[tuple[str, str]]:
             f"{driver}: install cupy-cuda{drv_major}x ('numbactr[cu{drv_major}]') or upgrade the driver")
     if cupy and cupy.get("error"):
         err(f"CuPy imports but cannot talk to the CUDA runtime/driver: {cupy['error']}")
-    from .cuda_graphs import CUPY_NOSYNC_SORT, cupy_sort_synchronizes
+    from numbactr.cuda_graphs import CUPY_NOSYNC_SORT, cupy_sort_synchronizes
     if cupy and cupy.get("version") and cupy_sort_synchronizes(cupy["version"]):
         warn(f"CuPy {cupy['version']} ends every sort with a host synchronization (the embedding's backward "
              f"sorts each step): each training step waits for the GPU and CUDA graphs stay off; install CuPy "
@@ -296,7 +296,7 @@ def diagnose(f: dict) -> list[tuple[str, str]]:
             err(f"GPU {g['index']} ({g['name']}, compute capability {g['cc']}) is older than CUDA "
                 f"{tk_for_cc} supports (>= {need[0]}.{need[1]}): use the cu12 extra")
     pl = f.get("placement") or {}
-    from .distributed.placement import pinned_device
+    from numbactr.distributed.placement import pinned_device
     pinned = pinned_device(f.get("visible_devices"))
     if gpus and pl.get("local_size", 1) > len(gpus):
         if pinned is not None and len(gpus) == 1:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .enums import TrainPSType_t
+from numbactr.enums import TrainPSType_t
 
 __all__ = ["CreateETC", "CreateHMemCache", "EmbeddingTrainingCache", "EmbeddingTrainingCacheParams",
            "HMemCacheConfig", "TrainPSType_t"]
@@ -202,9 +202,9 @@ def tier_for(etc: EmbeddingTrainingCacheParams, index: int, rank: int, ranks: in
     """The TierSpec of the index-th embedding for a Cached PS (None for Staged)."""
     if index >= len(etc.ps_types) or etc.ps_types[index] != TrainPSType_t.Cached:
         return None
-    from .embedding.tiered import TierSpec
+    from numbactr.embedding.tiered import TierSpec
     if ranks > 1:       # same training results, only the storage differs: run it as Staged and say so
-        from .config import warn_ignored
+        from numbactr.config import warn_ignored
         warn_ignored("CreateETC", f"ps_types[{index}]", TrainPSType_t.Cached, "numbactr's tiered tables run on one "
                      "rank, so on several ranks this embedding's table is held in memory (as Staged)", stacklevel=4)
         return None
@@ -227,7 +227,7 @@ def check_embeddings(model, etc: EmbeddingTrainingCacheParams) -> None:
 
 def load_existing(model, etc: EmbeddingTrainingCacheParams) -> None:
     """compile(): the sparse models that exist become the tables (incremental training)."""
-    from . import checkpoint
+    from numbactr import checkpoint
     files = {e.name: p for e, p in zip(model.embeddings, etc.sparse_models) if _check_sparse_model(p)}
     if files:
         checkpoint.load_sparse_weights(model, files)
@@ -235,7 +235,7 @@ def load_existing(model, etc: EmbeddingTrainingCacheParams) -> None:
 
 def save_sparse_models(model, etc: EmbeddingTrainingCacheParams) -> None:
     """Each embedding's table into its sparse model folder: written beside it, then renamed into place."""
-    from .checkpoint import _gather_embedding, _raw, _write_durable, on_rank0
+    from numbactr.checkpoint import _gather_embedding, _raw, _write_durable, on_rank0
     comm = model.comm
     gathered = [_gather_embedding(e, comm) for e in model.embeddings]     # collectives
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 
-from .config import (CreateOptimizer, DataReaderSparseParam, DenseLayer, DenseLayerComputeConfig, Input, OptParamsPy,
+from numbactr.config import (CreateOptimizer, DataReaderSparseParam, DenseLayer, DenseLayerComputeConfig, Input, OptParamsPy,
                      SparseEmbedding, warn_ignored)
-from .enums import (Activation_t, Embedding_t, FcPosition_t, Initializer_t, Layer_t, Optimizer_t,
+from numbactr.enums import (Activation_t, Embedding_t, FcPosition_t, Initializer_t, Layer_t, Optimizer_t,
                     Regularizer_t, Update_t)
 
 _INIT = ("weight_init_type", "bias_init_type", "gamma_init_type", "beta_init_type")
@@ -426,8 +426,8 @@ def _hybrid_json(p) -> dict:
 
 
 def _hybrid_from_json(hp: dict, where: str):
-    from .embedding.hybrid import HybridEmbeddingParam
-    from .enums import CommunicationType
+    from numbactr.embedding.hybrid import HybridEmbeddingParam
+    from numbactr.enums import CommunicationType
     kw = {k: hp[k] for k in _HYBRID_KEYS if k in hp}
     if "communication_type" in hp:
         names = {v: k for k, v in _COMM_JSON.items()}

@@ -36,7 +36,7 @@ def average_loss(losses, rows) -> float:
     of the per-batch losses, which over-weights a partial last batch; numbactr.compat.hugectr_exact()
     gives that. nan when there is no batch.
     """
-    from . import compat
+    from numbactr import compat
     losses = np.asarray(losses, np.float64)
     rows = np.asarray(rows, np.float64)
     if losses.size == 0:
@@ -68,7 +68,7 @@ class MetricAccumulator:
 
     def finalize(self) -> list[tuple[str, float]]:
         """[(name, value)] in MetricsType order (AUC, AverageLoss, HitRate, NDCG, SMAPE), then reset."""
-        from .enums import MetricsType as M
+        from numbactr.enums import MetricsType as M
         out = []
         p = np.concatenate(self.preds) if self.preds else np.zeros((0, 1))
         y = np.concatenate(self.labels) if self.labels else np.zeros((0, 1))

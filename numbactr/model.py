@@ -11,19 +11,19 @@ import time
 
 import numpy as np
 
-from . import checkpoint, compat, device, etc, graph_json, log, ops, precision
-from .autograd import Tape, Tensor
-from .autograd.tape import autocast
-from .distributed.comm import world
-from .data import staging
-from .config import (DataReaderParams, DenseLayer, GroupDenseLayer, Input, OptParamsPy, Solver, SparseEmbedding,
+from numbactr import checkpoint, compat, device, etc, graph_json, log, ops, precision
+from numbactr.autograd import Tape, Tensor
+from numbactr.autograd.tape import autocast
+from numbactr.distributed.comm import world
+from numbactr.data import staging
+from numbactr.config import (DataReaderParams, DenseLayer, GroupDenseLayer, Input, OptParamsPy, Solver, SparseEmbedding,
                      _number, warn_ignored)
-from .embedding import collection as ebc
-from .embedding.sparse_embedding import HashEmbedding, OneHotEmbedding, make_embedding
-from .enums import Embedding_t, MetricsType, Tensor_t
-from .layers import LayerError, RunInfo, build
-from .metrics import MetricAccumulator
-from .optim import DenseOptimizer, LearningRateScheduler
+from numbactr.embedding import collection as ebc
+from numbactr.embedding.sparse_embedding import HashEmbedding, OneHotEmbedding, make_embedding
+from numbactr.enums import Embedding_t, MetricsType, Tensor_t
+from numbactr.layers import LayerError, RunInfo, build
+from numbactr.metrics import MetricAccumulator
+from numbactr.optim import DenseOptimizer, LearningRateScheduler
 
 
 class ModelError(ValueError):
@@ -372,8 +372,8 @@ class Model:
     # ---- data ----------------------------------------------------------------------------------
     def _make_reader(self, source: str, batch: int, repeat: bool, eval: bool = False):  # noqa: A002
         """A reader of this rank's rows of GLOBAL batches of `batch` samples (numbactr.data.make_reader)."""
-        from .data import make_reader
-        from .data.validation import LabelRule, SlotRanges
+        from numbactr.data import make_reader
+        from numbactr.data.validation import LabelRule, SlotRanges
         inp = self.input
         # one-hot tables have no hash: row = key, and slot s owns rows [Σ_{j<s} size_j, Σ_{j<=s} size_j),
         # so a key outside its slot's block would silently train another slot's rows
@@ -593,7 +593,7 @@ class Model:
         reg = getattr(loss_layer, "regularizer", None)
         if not reg:
             return None if kept else 0.0
-        from .layers.losses import regularizer_grad, regularizer_term, regularizer_term_on_device
+        from numbactr.layers.losses import regularizer_grad, regularizer_term, regularizer_term_on_device
         kind, lam = reg
         end = sum(p.data.size for layer in self.layers[:self.layers.index(loss_layer)] for p in layer.params)
         if end == 0:
@@ -664,7 +664,7 @@ class Model:
             return False
         graphs = self._graphs_for_step(batch)
         if graphs is not None:                        # the device half captured once, then replayed
-            from . import cuda_graphs
+            from numbactr import cuda_graphs
             try:
                 graphs.step(batch, cuda_graphs.batch_key(self, batch), self._device_step, self._replay_run(),
                             self._host_snapshot)
@@ -756,7 +756,7 @@ class Model:
         optimizers: their updates are all the step changes, so a shut gate leaves the model as a skipped
         step does (Adam's t is then counted on the device: precision.Gate). The host learns of skips at the
         check points (check_deferred, skipped_steps)."""
-        from .embedding.engine import Optim, Precision
+        from numbactr.embedding.engine import Optim, Precision
         if self.half is None or not device.uses_kernels() or self.collections:
             return False
         gated = {Optim[k] for k in self._GATED_SPARSE}
@@ -804,7 +804,7 @@ class Model:
         self._skipped += new
         for e in self.embeddings:
             e.engine.step -= new
-        from .enums import Optimizer_t
+        from numbactr.enums import Optimizer_t
         if self.dense_optimizer.opt.optimizer_type == Optimizer_t.Adam:
             self.dense_optimizer.t -= new
         import warnings
@@ -825,7 +825,7 @@ class Model:
         """The StepGraphs runner when this step can be a replayed CUDA graph, else None (an eager step, for
         the reason numbactr.cuda_graphs.ineligible gives; captured graphs are dropped, since eager work may
         move their buffers)."""
-        from . import cuda_graphs
+        from numbactr import cuda_graphs
         why = cuda_graphs.ineligible(self, batch)
         if self.ranks > 1:
             why = self._agree_on_step(batch, why)
@@ -845,7 +845,7 @@ class Model:
         counts are then exchanged once per key, not every step). Returns why the step cannot be a graph
         on every rank (None: it can, on all of them): a graph replays NCCL calls, so the ranks capture and
         replay together, and only with every exchange's sizes fixed by a plan already made."""
-        from . import cuda_graphs
+        from numbactr import cuda_graphs
         tables = [(e, e._sharded) for e in self.embeddings if getattr(e, "_sharded", None) is not None]
         plannable = any(getattr(e, "exchange_key_part", None) is not None and getattr(e, "by_slot", False)
                         for e, _ in tables)
@@ -919,7 +919,7 @@ class Model:
         """The device half of a graph-eligible step (the loss kept on the device; on several ranks the dense
         gradients' and the loss's sums over NCCL and the embeddings' planned exchanges): what a CUDA graph
         captures. Everything it does on the host is registered for replays."""
-        from . import step_values
+        from numbactr import step_values
         calls = self.comm.calls
         tape = Tape(watch_finite=self.half is not None)
         t = self._forward_backward(batch, tape)
@@ -1010,7 +1010,7 @@ class Model:
     def _note_nonfinite_loss(self, losses, step: int) -> None:
         """The device flag keeps the first step (1-based) whose loss was non-finite; the step number comes
         from device memory (numbactr.step_values), so the same operation serves every step of a graph."""
-        from . import step_values
+        from numbactr import step_values
         xp = device.xp()
         flag = getattr(self, "_nonfinite_flag", None)
         if flag is None:

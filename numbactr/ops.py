@@ -12,9 +12,9 @@ import os
 
 import numpy as np
 
-from .autograd import Context, Function
-from .kernels import bce, bias, concat, embedding_bag, interaction, relu
-from .device import compiled_cpu as _compiled, contig as _contig, uses_kernels as _kernels, xp as _xp  # noqa: F401
+from numbactr.autograd import Context, Function
+from numbactr.kernels import bce, bias, concat, embedding_bag, interaction, relu
+from numbactr.device import compiled_cpu as _compiled, contig as _contig, uses_kernels as _kernels, xp as _xp  # noqa: F401
 
 
 def _half_mm(a, b):

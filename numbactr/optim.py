@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import compat, device
-from .embedding.engine import Optim, OptimizerSpec, UpdateType
-from .enums import Optimizer_t, Update_t
-from .kernels import optimizers as K
-from .kernels import optimizers_cpu as C
+from numbactr import compat, device
+from numbactr.embedding.engine import Optim, OptimizerSpec, UpdateType
+from numbactr.enums import Optimizer_t, Update_t
+from numbactr.kernels import optimizers as K
+from numbactr.kernels import optimizers_cpu as C
 
 O, U = Optimizer_t, Update_t
 
@@ -86,7 +86,7 @@ class LearningRateScheduler:
     """``get_next()`` as HugeCTR's learning_rate_scheduler.hpp (spec §1.1): warmup, then polynomial decay."""
 
     def __init__(self, base_lr, warmup_steps=1, decay_start=0, decay_steps=1, decay_power=2.0, end_lr=0.0):
-        from .config import _number
+        from numbactr.config import _number
         who = "learning-rate scheduler"
         _number(who, "base_lr", base_lr, 0.0)
         _number(who, "end_lr", end_lr, 0.0)
@@ -193,7 +193,7 @@ class DenseOptimizer:
     def _gate_values(self, lr: float, gate) -> tuple:
         """A gated Adam step's host values, on the device: (the host's t, the skips it has seen) and
         (lr, beta1, beta2) in float64 (kernels.optimizers.adam_gate_kernel)."""
-        from .step_values import held
+        from numbactr.step_values import held
         o = self.opt
         return (held(self, "_gate_t", 2, np.int64).put([self.t, gate.seen]),
                 held(self, "_gate_f", 3, np.float64).put([lr, o.beta1, o.beta2]))
@@ -201,7 +201,7 @@ class DenseOptimizer:
     def _kernel_step(self, w, g, lr: float, scaler: float) -> None:
         """The kernels, with this step's lr / alpha_t / l2' in a device array of fixed address
         (numbactr.step_values): the launch's arguments are the same every step."""
-        from . import step_values
+        from numbactr import step_values
         o, s, t = self.opt, self.states, self.opt.optimizer_type
         values = self._step_values(lr)
         hp = step_values.held(self, "_values", values.shape[0], np.float32).put(values)

@@ -29,7 +29,7 @@ import weakref
 
 import numpy as np
 
-from . import device
+from numbactr import device
 
 
 class Recording:

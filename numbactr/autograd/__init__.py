@@ -1,4 +1,4 @@
 """Tape autograd: Tensor, Context, Function, Tape."""
-from .tape import Context, Function, Tape, Tensor
+from numbactr.autograd.tape import Context, Function, Tape, Tensor
 
 __all__ = ["Context", "Function", "Tape", "Tensor"]

@@ -2,9 +2,9 @@
 lists, the reader the model uses (make_reader), Criteo preprocessing (numbactr.data.criteo) and the reader
 benchmark (numbactr.data.bench).
 """
-from .batch import Batch
-from .errors import DataFormatError
-from .reader import DataReader, make_reader
-from .source import DataSource, DataSourceParams
+from numbactr.data.batch import Batch
+from numbactr.data.errors import DataFormatError
+from numbactr.data.reader import DataReader, make_reader
+from numbactr.data.source import DataSource, DataSourceParams
 
 __all__ = ["Batch", "DataFormatError", "DataReader", "DataSource", "DataSourceParams", "make_reader"]

@@ -27,14 +27,14 @@ import time
 
 import numpy as np
 
-from .. import log, threads
-from ..enums import Check_t, DataReaderType_t
-from .file_list import write_file_list
-from .norm import write_norm_file
-from .parquet import ParquetDatasetWriter
-from .raw import write_raw_file
-from .raw_async import AsyncParam
-from .reader import DataReader
+from numbactr import log, threads
+from numbactr.enums import Check_t, DataReaderType_t
+from numbactr.data.file_list import write_file_list
+from numbactr.data.norm import write_norm_file
+from numbactr.data.parquet import ParquetDatasetWriter
+from numbactr.data.raw import write_raw_file
+from numbactr.data.raw_async import AsyncParam
+from numbactr.data.reader import DataReader
 
 __all__ = ["main", "write_bench_data", "measure"]
 

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import log
-from ..enums import Check_t
-from .file_list import write_file_list
-from .norm import NormWriter
-from .parquet import ParquetDatasetWriter
+from numbactr import log
+from numbactr.enums import Check_t
+from numbactr.data.file_list import write_file_list
+from numbactr.data.norm import NormWriter
+from numbactr.data.parquet import ParquetDatasetWriter
 
 __all__ = ["CRITEO_COLUMNS", "CriteoResult", "preprocess_criteo", "main"]
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..enums import Check_t, DataReaderType_t
-from .batch import Batch
-from .errors import DataFormatError
+from numbactr.enums import Check_t, DataReaderType_t
+from numbactr.data.batch import Batch
+from numbactr.data.errors import DataFormatError
 
 HEADER_BYTES = 64
 MAX_NNZ = 1 << 20          # more keys than this in one slot of one sample is treated as corruption
@@ -894,7 +894,7 @@ class NormReader:
     def __init__(self, file_list_path, batch_size: int, label_dim: int, dense_dim: int,
                  slots_per_input, check=Check_t.Sum, key_dtype=np.uint32, repeat: bool = True,
                  skip_bad_checksum: bool = False):
-        from .reader import DataReader          # reader.py builds on this module: import late
+        from numbactr.data.reader import DataReader          # reader.py builds on this module: import late
         self.file_list_path = os.fspath(file_list_path)
         self.label_dim, self.dense_dim = int(label_dim), int(dense_dim)
         self.slots_per_input = _slot_list(slots_per_input)

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import DataFormatError
-from .file_list import write_file_list
+from numbactr.data.errors import DataFormatError
+from numbactr.data.file_list import write_file_list
 
 __all__ = ["ParquetFormatError", "ParquetMetadata", "read_parquet_metadata", "metadata_path_for",
            "ParquetDatasetWriter", "ParquetFile", "slot_offsets_of"]

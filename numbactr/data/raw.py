@@ -27,7 +27,7 @@ import warnings
 
 import numpy as np
 
-from .errors import DataFormatError, DataWarning
+from numbactr.data.errors import DataFormatError, DataWarning
 
 __all__ = ["RawFormatError", "raw_stride", "write_raw_file", "RawFile", "decode_raw_rows"]
 

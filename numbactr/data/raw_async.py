@@ -68,10 +68,10 @@ import warnings
 
 import numpy as np
 
-from .. import compat, log
-from ..enums import Alignment_t
-from .errors import DataFormatError, DataWarning
-from .raw import decode_raw_rows, write_records
+from numbactr import compat, log
+from numbactr.enums import Alignment_t
+from numbactr.data.errors import DataFormatError, DataWarning
+from numbactr.data.raw import decode_raw_rows, write_records
 
 __all__ = ["AsyncParam", "RawAsyncFormatError", "RawAsyncFile", "raw_async_stride", "write_raw_async_file",
            "check_async_input", "batch_order", "DIRECT_IO_ENV"]

@@ -66,16 +66,16 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .. import compat, log
-from ..enums import Check_t, DataReaderType_t
-from .batch import Batch
-from .file_list import read_file_list
-from .norm import _split_inputs, iter_norm_chunks, key_dtype_of, norm_record_offsets, output_key_dtype
-from .parquet import ParquetFile, metadata_path_for, read_parquet_metadata, slot_offsets_of
-from .raw import RawFile
-from .raw_async import AsyncParam, RawAsyncFile, batch_order, check_async_input
-from .source import is_remote, local_copy
-from .validation import SlotRanges, slot_ranges, validate_chunk
+from numbactr import compat, log
+from numbactr.enums import Check_t, DataReaderType_t
+from numbactr.data.batch import Batch
+from numbactr.data.file_list import read_file_list
+from numbactr.data.norm import _split_inputs, iter_norm_chunks, key_dtype_of, norm_record_offsets, output_key_dtype
+from numbactr.data.parquet import ParquetFile, metadata_path_for, read_parquet_metadata, slot_offsets_of
+from numbactr.data.raw import RawFile
+from numbactr.data.raw_async import AsyncParam, RawAsyncFile, batch_order, check_async_input
+from numbactr.data.source import is_remote, local_copy
+from numbactr.data.validation import SlotRanges, slot_ranges, validate_chunk
 
 __all__ = ["make_reader", "DataReader"]
 
@@ -626,7 +626,7 @@ class DataReader:
         # threads (HugeCTR's default 12 under compat.hugectr_exact()), and fewer files is no warning
         self.num_workers_chosen = num_workers is not None
         if num_workers is None:
-            from .. import threads
+            from numbactr import threads
             num_workers = 12 if compat.hugectr_exact() else threads.reader_workers()
         self.num_workers_requested = int(num_workers)
         if self.num_workers_requested <= 0:

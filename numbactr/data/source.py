@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import threading
 
-from ..enums import FileSystemType_t
+from numbactr.enums import FileSystemType_t
 
 __all__ = ["DataSource", "DataSourceParams", "remote_uri", "local_copy", "is_remote"]
 

@@ -39,8 +39,8 @@ import threading
 
 import numpy as np
 
-from .. import device
-from .batch import Batch
+from numbactr import device
+from numbactr.data.batch import Batch
 
 _END = object()          # the reader's end (an epoch-mode source): handed out as None, once
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DataFormatError
+from numbactr.data.errors import DataFormatError
 
 __all__ = ["SlotRanges", "LabelRule", "LABEL_KINDS", "slot_ranges", "validate_chunk"]
 

@@ -79,7 +79,7 @@ import traceback
 
 import numpy as np
 
-from .placement import Placement, choose_transport, local_from_env, node_of, own_gpus, pci_key, pci_key_from_text
+from numbactr.distributed.placement import Placement, choose_transport, local_from_env, node_of, own_gpus, pci_key, pci_key_from_text
 
 # the launcher's environment: (size, rank) variables set by MPICH/Intel MPI, Open MPI, MVAPICH2
 _LAUNCH_ENV = (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
@@ -145,12 +145,12 @@ class Comm:
         every rank calls it at the same point (the first device collective does)."""
         if self._transport is not None:
             return self._transport
-        from .. import device
+        from numbactr import device
         kind = device.kind()
         if self.size == 1:
             self._transport = choose_transport(1, kind, True, False)
             return self._transport
-        from . import nccl
+        from numbactr.distributed import nccl
         gpu = device.gpu_index()
         mine = np.array([self.placement.node, -1 if gpu is None else gpu_pci_key(gpu),
                          int(kind == "gpu" and nccl.importable())], dtype=np.int64)
@@ -413,7 +413,7 @@ def world() -> Comm:
                            f"{comm.size}: mpi4py's MPI library ({MPI.Get_library_version().splitlines()[0]}) "
                            f"is not the one of this mpiexec")
     if comm.size > 1:
-        from .. import log
+        from numbactr import log
         log.set_rank(comm.rank)
         comm.placement = _placement(comm, MPI)
         comm._guard = _Guard(comm, MPI)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data.batch import Batch
+from numbactr.data.batch import Batch
 
 
 def rank_rows(global_batch: int, rank: int, ranks: int) -> tuple[int, int]:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import device
-from ..kernels import cache as K
-from ..kernels.cache import CacheCapacityError
+from numbactr import device
+from numbactr.kernels import cache as K
+from numbactr.kernels.cache import CacheCapacityError
 
 __all__ = ["EmbeddingCache", "CacheStats", "Placement", "CacheCapacityError", "POLICIES"]
 

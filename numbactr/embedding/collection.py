@@ -84,17 +84,17 @@ from dataclasses import fields
 
 import numpy as np
 
-from .. import device
-from ..autograd import Context, Function, Tensor
-from ..data.errors import DataFormatError
-from ..enums import CommunicationStrategy
-from ..kernels import embedding_init as EI
-from ..kernels import optimizers as OK
-from ..optim import sparse_optimizer_spec
-from .engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec,
+from numbactr import device
+from numbactr.autograd import Context, Function, Tensor
+from numbactr.data.errors import DataFormatError
+from numbactr.enums import CommunicationStrategy
+from numbactr.kernels import embedding_init as EI
+from numbactr.kernels import optimizers as OK
+from numbactr.optim import sparse_optimizer_spec
+from numbactr.embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec,
                      fill_uniform_rows)
-from .hash_table import HashTableFullError
-from .sharded import ShardedTable
+from numbactr.embedding.hash_table import HashTableFullError
+from numbactr.embedding.sharded import ShardedTable
 
 __all__ = ["EmbeddingTableConfig", "EmbeddingCollectionConfig", "EmbeddingCollection", "CollectionError"]
 
@@ -119,7 +119,7 @@ class EmbeddingTableConfig:
     dynamic (growing hash) table, V > 0 a static one of V rows indexed by key."""
 
     def __init__(self, name, max_vocabulary_size, ev_size, opt_params_or_empty=None, init_param_or_empty=None):
-        from ..config import OptParamsPy
+        from numbactr.config import OptParamsPy
         if not _name_ok(name):
             raise CollectionError(f"EmbeddingTableConfig: name must be a non-empty string without '/' or '\\' "
                                   f"(it names the table's folder in embedding_dump), got {name!r}")
@@ -611,7 +611,7 @@ class EmbeddingCollection:
             if G < R or G % R:
                 raise CollectionError(f"{who}: shard_matrix has {G} rows, one per GPU; this job has {R} rank(s), one "
                                       f"GPU each (give one row per rank, or a multiple of the rank count)")
-            from ..config import warn_ignored
+            from numbactr.config import warn_ignored
             warn_ignored(who, "shard_matrix rows", G, f"numbactr runs one GPU per rank: this job has {R} rank(s), so "
                          f"the tables of GPUs {G // R} at a time are placed together on one rank", stacklevel=4)
         strategy = {}
@@ -902,7 +902,7 @@ def parse_meta_data(data: bytes, path: str) -> dict:
 
 def dump(collections, comm, path: str, table_names=(), i64_keys: bool = True) -> None:
     """``Model.embedding_dump``: every rank calls it; rank 0 writes (module docstring: layout, atomicity)."""
-    from .. import checkpoint
+    from numbactr import checkpoint
     chosen = _selected(collections, table_names, "embedding_dump")
     parts = []
     for c, j, t in chosen:                                # collectives, every rank in the same order
@@ -936,7 +936,7 @@ def dump(collections, comm, path: str, table_names=(), i64_keys: bool = True) ->
 def _read_hugectr_table(snap, path: str, c: int, j: int, t, metas: dict):
     """(keys (n,) int64, vectors (n, D), the key file, its key size) of table j of collection c from HugeCTR's
     layout, checked against meta_data (table id, ev_size, key count) and the files' heads."""
-    from .. import checkpoint
+    from numbactr import checkpoint
     folder = os.path.join(path, f"{DUMP_BASE}_{c}")
     mpath = os.path.join(folder, "meta_data")
     if c not in metas:
@@ -969,7 +969,7 @@ def load(collections, path: str, table_names=()) -> None:
     manifest when there is one), then write them into the tables; a failed load changes nothing. Reads
     HugeCTR's layout (embedding_collection_<c>/meta_data, key<id>, weight<id>: what HugeCTR and numbactr
     write) and numbactr's earlier one (<table name>/key and emb_vector)."""
-    from .. import checkpoint
+    from numbactr import checkpoint
     chosen = _selected(collections, table_names, "embedding_load")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"embedding_load: folder {path!r} does not exist")

@@ -69,16 +69,16 @@ from dataclasses import dataclass, field, fields, replace
 import numba
 import numpy as np
 
-from .. import device
-from ..hostmem import HUGE_MIN_BYTES, check_fits, host_zeros, huge_pages_wanted
-from ..kernels import embedding_init as EI
-from ..kernels import fused8bit as Q8
-from ..kernels import nbit_rows as NB
-from ..kernels import tbe as K
-from ..kernels import tbe_cpu as C
-from ..kernels.tbe import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Layout,
+from numbactr import device
+from numbactr.hostmem import HUGE_MIN_BYTES, check_fits, host_zeros, huge_pages_wanted
+from numbactr.kernels import embedding_init as EI
+from numbactr.kernels import fused8bit as Q8
+from numbactr.kernels import nbit_rows as NB
+from numbactr.kernels import tbe as K
+from numbactr.kernels import tbe_cpu as C
+from numbactr.kernels.tbe import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Layout,
                            Optim, Pooling, Precision, UpdateType, WeightDecay)
-from .hash_table import HashTable
+from numbactr.embedding.hash_table import HashTable
 
 __all__ = ["TableBatchedEmbedding", "TableSpec", "OptimizerSpec", "LookupContext", "Grads", "SparseRowGrad",
            "Pooling", "Layout", "BoundsCheck", "Precision", "Optim", "UpdateType", "WeightDecay",
@@ -886,7 +886,7 @@ class TableBatchedEmbedding:
             self._impl.global_pass(t)
         self.step = t
         if isinstance(self._impl, _KernelImpl):     # what a replayed step (numbactr.cuda_graphs) redoes
-            from .. import step_values
+            from numbactr import step_values
             step_values.on_replay(("engine", id(self)), lambda run, p=ctx.pooling, b=ctx.batch, g=self.gate:
                                   self._replay_backward(p, b, g))
         return grads
@@ -1227,7 +1227,7 @@ class _KernelImpl:
         array every step, so the launch's arguments do not change from step to step."""
         sv = self._step_values.get(name)
         if sv is None:
-            from ..step_values import StepValues
+            from numbactr.step_values import StepValues
             sv = self._step_values[name] = StepValues(np.size(values), dtype)
         return sv.put(values)
 
@@ -1236,7 +1236,7 @@ class _KernelImpl:
         return w.view(np.uint16) if self.w_half else w
 
     def repair_offsets(self, offsets, n: int):
-        from ..kernels.scan import scan_partials_size
+        from numbactr.kernels.scan import scan_partials_size
         e = self.e
         fixed = device.xp().empty(offsets.shape[0], np.int64)
         status = e._scratch("status", 4, np.int64)
@@ -1287,7 +1287,7 @@ class _KernelImpl:
 
     def _segment(self, ctx: LookupContext):
         """Linear rows, bags and the sorted segments of the lookup (once per backward)."""
-        from ..kernels.scan import scan_partials_size
+        from numbactr.kernels.scan import scan_partials_size
         e = self.e
         n = ctx.rows.shape[0]
         if "segments" not in ctx.extra:

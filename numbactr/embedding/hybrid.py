@@ -56,11 +56,11 @@ import numbers
 
 import numpy as np
 
-from .. import device, log
-from ..enums import CommunicationType, Embedding_t, HybridEmbeddingType, Optimizer_t
-from .engine import Pooling
-from .sharded import ShardedLookup, ShardedTable, owner_offsets
-from .sparse_embedding import OneHotEmbedding
+from numbactr import device, log
+from numbactr.enums import CommunicationType, Embedding_t, HybridEmbeddingType, Optimizer_t
+from numbactr.embedding.engine import Pooling
+from numbactr.embedding.sharded import ShardedLookup, ShardedTable, owner_offsets
+from numbactr.embedding.sparse_embedding import OneHotEmbedding
 
 __all__ = ["HybridEmbeddingParam", "HybridEmbedding", "frequency_threshold", "hybrid_split", "infrequent_owner"]
 

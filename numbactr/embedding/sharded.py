@@ -65,8 +65,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import device
-from .engine import BoundsCheck, Layout, LookupContext, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
+from numbactr import device
+from numbactr.embedding.engine import BoundsCheck, Layout, LookupContext, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
 
 __all__ = ["ShardedTable", "ShardedLookup", "owner_offsets", "exchange_on_device"]
 

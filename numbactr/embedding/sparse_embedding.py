@@ -35,19 +35,19 @@ import math
 
 import numpy as np
 
-from .. import device
-from ..autograd import Context, Function, Tensor
-from ..distributed.comm import world
-from ..distributed.sharding import key_owner, key_owner_of
-from ..enums import Embedding_t
-from ..kernels import embedding_bag as EB
-from ..kernels import hash_table as _ht
-from ..kernels.tbe import STATES
-from ..optim import sparse_optimizer_spec
-from .engine import BoundsCheck, Layout, Pooling, TableBatchedEmbedding, TableSpec, fill_uniform_rows
-from .hash_table import HashTableFullError
-from .tiered import TieredEmbedding
-from .sharded import ShardedLookup, ShardedTable
+from numbactr import device
+from numbactr.autograd import Context, Function, Tensor
+from numbactr.distributed.comm import world
+from numbactr.distributed.sharding import key_owner, key_owner_of
+from numbactr.enums import Embedding_t
+from numbactr.kernels import embedding_bag as EB
+from numbactr.kernels import hash_table as _ht
+from numbactr.kernels.tbe import STATES
+from numbactr.optim import sparse_optimizer_spec
+from numbactr.embedding.engine import BoundsCheck, Layout, Pooling, TableBatchedEmbedding, TableSpec, fill_uniform_rows
+from numbactr.embedding.hash_table import HashTableFullError
+from numbactr.embedding.tiered import TieredEmbedding
+from numbactr.embedding.sharded import ShardedLookup, ShardedTable
 
 POOLING = {"sum": Pooling.SUM, "mean": Pooling.MEAN}
 INIT_RANGE = (-0.05, 0.05)
@@ -198,7 +198,7 @@ class HashEmbedding:
         if pending is None:
             return
         self._set_rate(lr, scaler)
-        from .. import step_values                 # a replayed step sets the rate again (cuda_graphs)
+        from numbactr import step_values                 # a replayed step sets the rate again (cuda_graphs)
         step_values.on_replay(("sparse", id(self)), lambda run: self._set_rate(run["lr"], run["scaler"]))
         self.engine.backward(*pending)
 
@@ -456,6 +456,6 @@ def make_embedding(cfg, sparse_param, opt, seed: int, comm=None):
     if cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingOneHot:
         return OneHotEmbedding(cfg, sparse_param, opt, seed, comm)
     if cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
-        from .hybrid import HybridEmbedding          # (hybrid imports this module)
+        from numbactr.embedding.hybrid import HybridEmbedding          # (hybrid imports this module)
         return HybridEmbedding(cfg, sparse_param, opt, seed, comm)
     return HashEmbedding(cfg, sparse_param, opt, seed, comm)

@@ -48,16 +48,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import device
-from ..kernels import cache as KC
-from ..kernels import embedding_init as EI
-from ..kernels import tbe as K
-from ..kernels import tbe_cpu as C
-from .cache import CacheCapacityError, CacheStats, EmbeddingCache
-from .engine import (Grads, LookupContext, Optim, OptimizerSpec, Precision, SparseRowGrad, TableBatchedEmbedding,
+from numbactr import device
+from numbactr.kernels import cache as KC
+from numbactr.kernels import embedding_init as EI
+from numbactr.kernels import tbe as K
+from numbactr.kernels import tbe_cpu as C
+from numbactr.embedding.cache import CacheCapacityError, CacheStats, EmbeddingCache
+from numbactr.embedding.engine import (Grads, LookupContext, Optim, OptimizerSpec, Precision, SparseRowGrad, TableBatchedEmbedding,
                      TableSpec, _as_table, _check_optimizer, state_specs)
-from .hash_table import HashTable, HashTableFullError
-from .tiers import BufferSpec, make_store
+from numbactr.embedding.hash_table import HashTable, HashTableFullError
+from numbactr.embedding.tiers import BufferSpec, make_store
 
 __all__ = ["TieredEmbedding", "CacheConfig", "TierSpec", "CacheCapacityError", "CacheStats", "cache_rows",
            "slot_bytes"]

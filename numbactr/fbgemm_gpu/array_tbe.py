@@ -84,15 +84,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import device, log
-from ..config import IgnoredArgumentWarning
-from ..embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Grads,
+from numbactr import device, log
+from numbactr.config import IgnoredArgumentWarning
+from numbactr.embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Grads,
                                 LookupContext, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding,
                                 WeightDecay, state_specs)
-from ..embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
-from ..kernels import tbe as K
-from .split_embedding_configs import EmbOptimType, SparseType
-from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
+from numbactr.embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
+from numbactr.kernels import tbe as K
+from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
                                                         EmbeddingLocation, PoolingMode, RecordCacheMetrics,
                                                         WeightDecayMode)
 
@@ -238,7 +238,7 @@ ASSOC = 32
 
 def _emainplace_mode(definition) -> dict:
     """FBGEMM's dict of an EmainplaceModeDefinition (None: the defaults), its values as floats."""
-    from .optimizer_config import EmainplaceModeDefinition
+    from numbactr.fbgemm_gpu.optimizer_config import EmainplaceModeDefinition
     definition = EmainplaceModeDefinition() if definition is None else definition
     mode = {f.name: float(_value(getattr(definition, f.name))) for f in fields(EmainplaceModeDefinition)}
     if mode["step_ema"] < 1:
@@ -974,7 +974,7 @@ class TBECore:
     def optimizer_args(self) -> OptimizerArgs:
         """FBGEMM's OptimizerArgs of this module, as its constructor fills them (the current eps, betas and
         weight decay: update_hyper_parameters changes them)."""
-        from .optimizer_config import CounterBasedRegularizationDefinition, CowClipDefinition, UserEnabledConfigDefinition
+        from numbactr.fbgemm_gpu.optimizer_config import CounterBasedRegularizationDefinition, CowClipDefinition, UserEnabledConfigDefinition
         cfg, hp = self.config, self.engine.optimizer if hasattr(self.engine, "optimizer") else None
         counter = cfg.counter_based_regularization or CounterBasedRegularizationDefinition()
         cowclip = cfg.cowclip_regularization or CowClipDefinition()

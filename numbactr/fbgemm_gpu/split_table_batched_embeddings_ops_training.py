@@ -11,14 +11,14 @@ FBGEMM's module exports are importable from here too, as in FBGEMM.
 """
 from __future__ import annotations
 
-from .. import device
-from .array_tbe import ArrayTBE, SUPPORTED_OPTIMIZERS, TBECore, consumed_preallocated_keys
-from .split_embedding_configs import EmbOptimType, SparseType
-from .optimizer_config import (CounterBasedRegularizationDefinition, CounterWeightDecayMode, CowClipDefinition,
+from numbactr import device
+from numbactr.fbgemm_gpu.array_tbe import ArrayTBE, SUPPORTED_OPTIMIZERS, TBECore, consumed_preallocated_keys
+from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from numbactr.fbgemm_gpu.optimizer_config import (CounterBasedRegularizationDefinition, CounterWeightDecayMode, CowClipDefinition,
                                DoesNotHavePrefix, EmainplaceModeDefinition, EnsembleModeDefinition, GlobalWeightDecayDefinition,
                                GradSumDecay, LearningRateMode, StepMode, TailIdThreshold,
                                UserEnabledConfigDefinition)
-from .split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
+from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
                                                         EmbeddingLocation, MultiPassPrefetchConfig, PoolingMode,
                                                         RecordCacheMetrics, WeightDecayMode)
 
@@ -30,8 +30,8 @@ try:
 except ImportError:
     SplitTableBatchedEmbeddingBagsCodegen = ArrayTBE
 else:
-    from .dense_tbe import DenseTableBatchedEmbeddingBagsCodegen
-    from .torch_tbe import SplitTableBatchedEmbeddingBagsCodegen
+    from numbactr.fbgemm_gpu.dense_tbe import DenseTableBatchedEmbeddingBagsCodegen
+    from numbactr.fbgemm_gpu.torch_tbe import SplitTableBatchedEmbeddingBagsCodegen
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen", "ArrayTBE", "TBECore", "SUPPORTED_OPTIMIZERS",
            "EmbOptimType", "OptimType", "SparseType", "BoundsCheckMode", "CacheAlgorithm", "RecordCacheMetrics",

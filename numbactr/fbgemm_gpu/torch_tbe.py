@@ -22,13 +22,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import device
-from ..embedding.engine import state_specs
-from ..torch_bridge import as_array as _as_array
-from ..torch_bridge import as_tensor as _as_tensor
-from .array_tbe import (SIGNATURE, WHO, FBGEMMAssertion, OptimizerArgs, TBECore, prefetch_passes,
+from numbactr import device
+from numbactr.embedding.engine import state_specs
+from numbactr.torch_bridge import as_array as _as_array
+from numbactr.torch_bridge import as_tensor as _as_tensor
+from numbactr.fbgemm_gpu.array_tbe import (SIGNATURE, WHO, FBGEMMAssertion, OptimizerArgs, TBECore, prefetch_passes,
                         table_name_for_logging)
-from .split_embedding_configs import EmbOptimType
+from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen"]
 
@@ -173,7 +173,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
     def get_states(self, prefix: str) -> tuple:
         """FBGEMM's (dev, host, uvm, placements, offsets) of one state: weights, momentum1, momentum2,
         prev_iter or row_counter; DoesNotHavePrefix where the module keeps no such state."""
-        from .optimizer_config import DoesNotHavePrefix
+        from numbactr.fbgemm_gpu.optimizer_config import DoesNotHavePrefix
         if not hasattr(self, f"{prefix}_physical_placements"):
             raise DoesNotHavePrefix()
         return (getattr(self, f"{prefix}_dev"), getattr(self, f"{prefix}_host"), getattr(self, f"{prefix}_uvm"),
@@ -261,7 +261,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
     def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
         """Every table's weights U(min_val, max_val) from torch's generator, table by table (FBGEMM's way);
         INT8 tables: those values, each row quantized (FBGEMM's FloatToFused8BitRowwiseQuantized)."""
-        from ..kernels.fused8bit import QPARAM_BYTES, quantize_rows_ref
+        from numbactr.kernels.fused8bit import QPARAM_BYTES, quantize_rows_ref
         with torch.no_grad():
             for w in self.split_embedding_weights():
                 if w.dtype == torch.uint8:

@@ -26,7 +26,7 @@ try:
 except ImportError as e:
     raise ImportError("numbactr.hps_torch is HPS's PyTorch plugin and needs torch: pip install torch") from e
 
-from ..inference.hps import HPS
+from numbactr.inference.hps import HPS
 
 __all__ = ["LookupLayer"]
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..embedding.hash_table import HashTable
-from .params import DatabaseType_t
+from numbactr.embedding.hash_table import HashTable
+from numbactr.inference.params import DatabaseType_t
 
 __all__ = ["HashMapBackend", "RedisClusterBackend", "RocksDBBackend", "make_volatile", "make_persistent",
            "BackendError"]

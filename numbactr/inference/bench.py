@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from .. import device, log, threads
-from ..bench import Table
+from numbactr import device, log, threads
+from numbactr.bench import Table
 
 FULL = dict(batches=(1, 16, 256, 1024, 4096, 16384), keys=10_000, sizes=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0), warm=8,
             measure=8, min_time=1.0)
@@ -38,7 +38,7 @@ SLOTS, DENSE, VEC, ZIPF = 26, 13, 16, 1.1
 def build_model(folder: str, keys_per_slot: int, seed: int = 0) -> dict:
     """Write the benchmark DLRM's graph JSON, dense model and sparse model folder; returns their paths."""
     import numbactr as hugectr
-    from ..embedding.sparse_embedding import workspace_mb_for
+    from numbactr.embedding.sparse_embedding import workspace_mb_for
     L = hugectr.Layer_t
     n_keys = SLOTS * keys_per_slot
     solver = hugectr.CreateSolver(batchsize=1024, batchsize_eval=1024, vvgpu=[[0]], i64_input_key=True, seed=seed)
@@ -124,7 +124,7 @@ def timed_pair(fn_a, fn_b, requests: list, min_time: float) -> tuple[np.ndarray,
 
 
 def _params(files: dict, batch: int, pct: float, **kw):
-    from .params import InferenceParams
+    from numbactr.inference.params import InferenceParams
     return InferenceParams(model_name="dlrm", max_batchsize=batch, hit_rate_threshold=1.0,
                            dense_model_file=files["dense"], sparse_model_files=files["sparse"],
                            use_gpu_embedding_cache=True, cache_size_percentage=pct, i64_input_key=True, **kw)
@@ -135,14 +135,14 @@ def _onnx(files: dict, n_threads: int, use: bool):
     if not use:
         return None, "onnxruntime skipped (--no-onnx)"
     try:
-        from ..onnx_converter.runtime import onnxruntime_predictor
+        from numbactr.onnx_converter.runtime import onnxruntime_predictor
         return onnxruntime_predictor(files["graph"], files["dense"], files["sparse"], threads=n_threads), ""
     except ImportError as e:
         return None, f"no onnxruntime column: {e}"
 
 
 def bench_inference(batches, keys, sizes, warm, measure, min_time, seed=0, use_onnx=True) -> list:
-    from .session import CreateInferenceSession
+    from numbactr.inference.session import CreateInferenceSession
     plan = threads.current()
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-inference-") as folder:

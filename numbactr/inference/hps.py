@@ -48,15 +48,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import device, log
-from ..checkpoint import read_sparse_model
-from ..embedding.cache import EmbeddingCache
-from ..embedding.hash_table import HashTable
-from ..kernels import cache as KC
-from ..kernels.hash_table_cpu import first_occurrences
-from ..kernels.hash_table_cpu import serve_cached_cpu as _serve_cached_cpu
-from .backends import make_persistent, make_volatile
-from .params import ParameterServerConfig, make_tag_name
+from numbactr import device, log
+from numbactr.checkpoint import read_sparse_model
+from numbactr.embedding.cache import EmbeddingCache
+from numbactr.embedding.hash_table import HashTable
+from numbactr.kernels import cache as KC
+from numbactr.kernels.hash_table_cpu import first_occurrences
+from numbactr.kernels.hash_table_cpu import serve_cached_cpu as _serve_cached_cpu
+from numbactr.inference.backends import make_persistent, make_volatile
+from numbactr.inference.params import ParameterServerConfig, make_tag_name
 
 __all__ = ["ParameterServer", "ModelCache", "HPS", "TierStats", "SLAB", "lane_stride"]
 

@@ -17,8 +17,8 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field, fields
 
-from ..config import IgnoredArgumentWarning, _number, warn_ignored
-from ..enums import _Enum
+from numbactr.config import IgnoredArgumentWarning, _number, warn_ignored
+from numbactr.enums import _Enum
 
 
 def _make_aliased(name: str, members: str, pybind_names: str) -> type:

@@ -55,7 +55,7 @@ def _source(path: str, fmt: str) -> str:
     files = sorted(glob.glob(os.path.join(path, "*.parquet")))
     if not files:
         raise FileNotFoundError(f"--source {path!r} holds no _file_list.txt and no *.parquet file")
-    from ..data.file_list import write_file_list
+    from numbactr.data.file_list import write_file_list
     fd, lst = tempfile.mkstemp(prefix="numbactr-predict-", suffix=".txt")
     os.close(fd)
     write_file_list(lst, [os.path.abspath(f) for f in files])
@@ -64,9 +64,9 @@ def _source(path: str, fmt: str) -> str:
 
 def run(args) -> int:
     import numbactr as hugectr
-    from .. import checkpoint, device, log
-    from .params import InferenceParams
-    from .session import InferenceSession
+    from numbactr import checkpoint, device, log
+    from numbactr.inference.params import InferenceParams
+    from numbactr.inference.session import InferenceSession
 
     if args.batch_size <= 0:
         raise ValueError(f"--batch-size must be > 0, got {args.batch_size}")

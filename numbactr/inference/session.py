@@ -33,19 +33,19 @@ import math
 
 import numpy as np
 
-from .. import checkpoint, device, graph_json, log, ops
-from ..autograd import Tensor
-from ..autograd.tape import _POLICY as _AUTOCAST
-from ..config import DataReaderParams, DenseLayer, Input, SparseEmbedding
-from ..embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, TableBatchedEmbedding, TableSpec)
-from ..embedding.sparse_embedding import POOLING
-from ..enums import DataReaderType_t, Embedding_t, MetricsType
-from ..layers import LayerError, RunInfo, build
-from ..layers.losses import sigmoid, softmax2
-from ..metrics import MetricAccumulator
-from ..ops import sigmoid as bce_sigmoid
-from .hps import ParameterServer, check_keys, lane_stride
-from .params import InferenceParams, ParameterServerConfig
+from numbactr import checkpoint, device, graph_json, log, ops
+from numbactr.autograd import Tensor
+from numbactr.autograd.tape import _POLICY as _AUTOCAST
+from numbactr.config import DataReaderParams, DenseLayer, Input, SparseEmbedding
+from numbactr.embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, TableBatchedEmbedding, TableSpec)
+from numbactr.embedding.sparse_embedding import POOLING
+from numbactr.enums import DataReaderType_t, Embedding_t, MetricsType
+from numbactr.layers import LayerError, RunInfo, build
+from numbactr.layers.losses import sigmoid, softmax2
+from numbactr.metrics import MetricAccumulator
+from numbactr.ops import sigmoid as bce_sigmoid
+from numbactr.inference.hps import ParameterServer, check_keys, lane_stride
+from numbactr.inference.params import InferenceParams, ParameterServerConfig
 
 __all__ = ["InferenceSession", "InferenceModel", "CreateInferenceSession", "InferenceGraph"]
 
@@ -320,7 +320,7 @@ class InferenceSession:
         forwards, off the GPU, with use_cuda_graph=False or without NUMBACTR_CUDA_GRAPHS=1 (off by default
         until a GPU run has checked replays, as for training)."""
         if self._graphs is None and self.params.use_cuda_graph and device.kind() == "gpu":
-            from .. import cuda_graphs
+            from numbactr import cuda_graphs
             if cuda_graphs.graphs_wanted():
                 self._graphs = cuda_graphs.ForwardGraphs(self.params.max_batchsize)
         return self._graphs
@@ -391,7 +391,7 @@ class InferenceSession:
         """num_batches full batches of max_batchsize samples from the start of source (the reader repeats the
         data, as HugeCTR's inference reader does), or with num_batches None every sample once (the last
         batch may be partial); yields (batch, predictions (B, P) of its valid rows)."""
-        from ..data import make_reader
+        from numbactr.data import make_reader
         once = num_batches is None
         if not once and (not isinstance(num_batches, (int, np.integer)) or num_batches < 0):
             raise ValueError(f"predict: num_batches must be an int >= 0, got {num_batches!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Layer, LayerError, RunInfo
+from numbactr.layers.base import Layer, LayerError, RunInfo
 
 _MODULES = ("core", "elementwise", "shape", "attention", "norm", "dense", "recurrent", "losses")
 
@@ -20,9 +20,9 @@ for _name in _MODULES:
 
 
 def build(cfg, in_shapes) -> Layer:
-    from ..enums import Layer_t
+    from numbactr.enums import Layer_t
     if cfg.layer_type == Layer_t.Reshape and cfg.selected:
-        from .shape import ReshapeSelected        # slot selection: a gather, not a view
+        from numbactr.layers.shape import ReshapeSelected        # slot selection: a gather, not a view
         return ReshapeSelected(cfg, in_shapes)
     cls = REGISTRY.get(cfg.layer_type)
     if cls is None:

@@ -18,15 +18,15 @@ import numbers
 
 import numpy as np
 
-from .. import compat
-from ..autograd import Context, Function
-from ..enums import Layer_t
-from ..kernels import attention as att
-from ..kernels import softmax as sm
-from .base import Layer
-from ..autograd.tape import native_dtype as _out, native_inputs as _half
-from ..device import contig as _contig, empty as _empty, uses_kernels as _kernels, xp as _xp
-from ..ops import _half_mm
+from numbactr import compat
+from numbactr.autograd import Context, Function
+from numbactr.enums import Layer_t
+from numbactr.kernels import attention as att
+from numbactr.kernels import softmax as sm
+from numbactr.layers.base import Layer
+from numbactr.autograd.tape import native_dtype as _out, native_inputs as _half
+from numbactr.device import contig as _contig, empty as _empty, uses_kernels as _kernels, xp as _xp
+from numbactr.ops import _half_mm
 
 
 # ---- autograd Functions ----------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..autograd import Context, Tape, Tensor
+from numbactr.autograd import Context, Tape, Tensor
 
 
 def op_fn(op, *params: Tensor, tops: int = 1, **kw):

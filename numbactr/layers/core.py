@@ -5,11 +5,11 @@ import math
 
 import numpy as np
 
-from .. import ops
-from ..enums import Layer_t
-from . import init
-from .base import Layer, op_fn
-from .losses import RegularizedLoss
+from numbactr import ops
+from numbactr.enums import Layer_t
+from numbactr.layers import init
+from numbactr.layers.base import Layer, op_fn
+from numbactr.layers.losses import RegularizedLoss
 
 class InnerProduct(Layer):
     """Y = X·W + b on the last dim: (B, K) -> (B, N) or (B, S, K) -> (B, S, N). W (K, N), b (N,)."""
@@ -39,13 +39,13 @@ class InnerProduct(Layer):
     def forward(self, tape, xs, run):
         if self.relu_after is not None and ops.fuse_bias_relu():
             # one epilogue kernel for bias + ReLU each way (FusedInnerProduct's); the ReLU layer passes it on
-            from .dense import FcBiasAct
+            from numbactr.layers.dense import FcBiasAct
             return [FcBiasAct.apply(tape, xs[0], *self.params, relu=True, name=self.relu_after.cfg.top_names[0])]
         return [ops.Linear.apply(tape, xs[0], *self.params, name=self.cfg.top_names[0])]
 
     def inference_fn(self):
         if self.relu_after is not None and ops.fuse_bias_relu():
-            from .dense import FcBiasAct
+            from numbactr.layers.dense import FcBiasAct
             return op_fn(FcBiasAct, *self.params, relu=True)
         return op_fn(ops.Linear, *self.params)
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import compat, device
-from ..autograd import Context, Function, Tensor
-from ..enums import Activation_t, FcPosition_t, Initializer_t, Layer_t
-from ..kernels import bias as bias_kernels
-from ..kernels import fused_bias_act, multi_cross
-from ..ops import _half_mm
-from . import init
-from .base import Layer, op_fn
-from ..device import xp as _xp, contig as _contig  # noqa: F401
+from numbactr import compat, device
+from numbactr.autograd import Context, Function, Tensor
+from numbactr.enums import Activation_t, FcPosition_t, Initializer_t, Layer_t
+from numbactr.kernels import bias as bias_kernels
+from numbactr.kernels import fused_bias_act, multi_cross
+from numbactr.ops import _half_mm
+from numbactr.layers import init
+from numbactr.layers.base import Layer, op_fn
+from numbactr.device import xp as _xp, contig as _contig  # noqa: F401
 
 
 # ---- Functions -------------------------------------------------------------------------------

@@ -26,18 +26,18 @@ import zlib
 
 import numpy as np
 
-from .. import compat, ops
-from ..autograd import Context, Function
-from ..autograd.tape import native_dtype as _out, native_inputs as _half
-from ..enums import Initializer_t, Layer_t
-from ..kernels import dropout as dropout_k
-from ..kernels import elementwise as ew
-from ..kernels import fm_order2 as fm_k
-from ..kernels import scale as scale_k
-from ..kernels import weight_multiply as wm_k
-from . import init
-from .base import Layer, op_fn
-from ..device import uses_kernels as _kernels, xp as _xp, contig as _contig  # noqa: F401
+from numbactr import compat, ops
+from numbactr.autograd import Context, Function
+from numbactr.autograd.tape import native_dtype as _out, native_inputs as _half
+from numbactr.enums import Initializer_t, Layer_t
+from numbactr.kernels import dropout as dropout_k
+from numbactr.kernels import elementwise as ew
+from numbactr.kernels import fm_order2 as fm_k
+from numbactr.kernels import scale as scale_k
+from numbactr.kernels import weight_multiply as wm_k
+from numbactr.layers import init
+from numbactr.layers.base import Layer, op_fn
+from numbactr.device import uses_kernels as _kernels, xp as _xp, contig as _contig  # noqa: F401
 
 
 # ---- autograd Functions ----------------------------------------------------------------------
@@ -452,7 +452,7 @@ class Dropout(_SameShape):
             return [Identity.apply(tape, xs[0], name=name)]
         step = int(run.step)
         if _kernels():                    # the step in device memory: the same launch every step
-            from .. import step_values
+            from numbactr import step_values
             sv = step_values.held(self, "_step_values", 1, np.uint64)
             step = sv.put(step & dropout_k.MASK64)
             step_values.on_replay(("dropout", id(self)), lambda r: sv.put(int(r["step"]) & dropout_k.MASK64))

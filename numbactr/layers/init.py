@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..enums import Initializer_t
+from numbactr.enums import Initializer_t
 
 TRUNC_STD_FIX = 0.87962566103423978   # HugeCTR inflates the 'truncated' normal's sigma, never truncates
 

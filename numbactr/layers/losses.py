@@ -34,13 +34,13 @@ import math
 
 import numpy as np
 
-from .. import compat, device
-from ..autograd import Context, Function
-from ..ops import scale_by_seed
-from ..enums import Layer_t, Regularizer_t
-from ..kernels import bce, cross_entropy, multi_cross_entropy, regularizer as reg_kernels
-from .base import Layer
-from ..device import uses_kernels as _kernels, contig as _contig  # noqa: F401
+from numbactr import compat, device
+from numbactr.autograd import Context, Function
+from numbactr.ops import scale_by_seed
+from numbactr.enums import Layer_t, Regularizer_t
+from numbactr.kernels import bce, cross_entropy, multi_cross_entropy, regularizer as reg_kernels
+from numbactr.layers.base import Layer
+from numbactr.device import uses_kernels as _kernels, contig as _contig  # noqa: F401
 
 
 # ---- regularizer (called by the model) --------------------------------------------------------

@@ -14,14 +14,14 @@ import math
 
 import numpy as np
 
-from .. import compat, device
-from ..autograd import Context, Function
-from ..enums import Initializer_t, Layer_t
-from ..kernels import batch_norm, layer_norm, prelu_dice
-from . import init
-from .base import Layer
-from ..autograd.tape import native_inputs as _half
-from ..device import xp as _xp, contig as _contig  # noqa: F401
+from numbactr import compat, device
+from numbactr.autograd import Context, Function
+from numbactr.enums import Initializer_t, Layer_t
+from numbactr.kernels import batch_norm, layer_norm, prelu_dice
+from numbactr.layers import init
+from numbactr.layers.base import Layer
+from numbactr.autograd.tape import native_inputs as _half
+from numbactr.device import xp as _xp, contig as _contig  # noqa: F401
 
 
 def _init_name(kind) -> str:

@@ -33,14 +33,14 @@ import math
 
 import numpy as np
 
-from .. import compat, device
-from ..autograd import Context, Function
-from ..enums import Initializer_t, Layer_t
-from ..kernels import bias as bias_kernels
-from ..kernels import gru
-from . import init
-from .base import Layer
-from ..device import xp as _xp, contig as _contig  # noqa: F401
+from numbactr import compat, device
+from numbactr.autograd import Context, Function
+from numbactr.enums import Initializer_t, Layer_t
+from numbactr.kernels import bias as bias_kernels
+from numbactr.kernels import gru
+from numbactr.layers import init
+from numbactr.layers.base import Layer
+from numbactr.device import xp as _xp, contig as _contig  # noqa: F401
 
 
 def gru_weight_count(hidden: int, vec: int) -> int:

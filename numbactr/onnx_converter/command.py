@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from .. import checkpoint, log
+from numbactr import checkpoint, log
 
 DESCRIPTION = ("Convert a trained HugeCTR model (its graph JSON, dense model, sparse model folders and BatchNorm "
                "statistics) to an ONNX model whose predictions under onnxruntime equal numbactr's.")
@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from .export import load_trained_model, model_to_onnx, save
+    from numbactr.onnx_converter.export import load_trained_model, model_to_onnx, save
     sparse = None
     if not args.dense_only:
         sparse = args.sparse_models or checkpoint.sparse_models_beside(args.graph_config, args.dense_model,
@@ -54,7 +54,7 @@ def run(args) -> int:
 
 
 def _dims(value_info) -> str:
-    from . import require_onnx
+    from numbactr.onnx_converter import require_onnx
     t = value_info.type.tensor_type
     kind = "int64" if t.elem_type == require_onnx().TensorProto.INT64 else "float"
     return "(" + ", ".join(d.dim_param or str(d.dim_value) for d in t.shape.dim) + f") {kind}"

@@ -17,11 +17,11 @@ import os
 
 import numpy as np
 
-from .. import checkpoint, device, log
-from . import OnnxExportError, require_onnx
-from .embedding import PAD_KEY, emit_embedding
-from .graph import BATCH, OnnxGraph
-from .layers import EMITTERS, PREDICTIONS
+from numbactr import checkpoint, device, log
+from numbactr.onnx_converter import OnnxExportError, require_onnx
+from numbactr.onnx_converter.embedding import PAD_KEY, emit_embedding
+from numbactr.onnx_converter.graph import BATCH, OnnxGraph
+from numbactr.onnx_converter.layers import EMITTERS, PREDICTIONS
 
 # a model whose initializers exceed this is saved with its tensors in "<file>.data" beside it (protobuf
 # cannot serialize a message over 2 GiB)

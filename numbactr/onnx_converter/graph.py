@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import require_onnx
+from numbactr.onnx_converter import require_onnx
 
 OPSET = 17
 ML_OPSET = 2

@@ -26,10 +26,10 @@ import math
 
 import numpy as np
 
-from .. import compat
-from ..enums import Activation_t
-from ..kernels import prelu_dice as dice_k
-from ..kernels import softmax as softmax_k
+from numbactr import compat
+from numbactr.enums import Activation_t
+from numbactr.kernels import prelu_dice as dice_k
+from numbactr.kernels import softmax as softmax_k
 
 
 def _chain(g, x: str, steps: list, out: str) -> None:
@@ -268,7 +268,7 @@ def multi_head_attention(g, layer, xs, ws, tops):
 
 # ---- normalization ---------------------------------------------------------------------------
 def batch_norm(g, layer, xs, ws, tops):
-    from .. import device
+    from numbactr import device
     t = tops[0]
     stats = [g.const(device.to_host(s), f"{t}/{n}") for s, n in ((layer.running_mean, "mean"),
                                                                    (layer.running_var, "var"))]
@@ -346,7 +346,7 @@ def multi_cross(g, layer, xs, ws, tops):
 
 
 def gru(g, layer, xs, ws, tops):
-    from ..layers.recurrent import split_gru_weights
+    from numbactr.layers.recurrent import split_gru_weights
     t = tops[0]
     hid, steps, vec = layer.h, layer.steps, layer.vec
     w, u, b = split_gru_weights(ws[0], hid, vec)            # gates r, z, n; ONNX orders them z, r, n

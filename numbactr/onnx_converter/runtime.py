@@ -27,9 +27,9 @@ import tempfile
 
 import numpy as np
 
-from . import OnnxExportError, require_onnxruntime
-from .export import META_PREFIX, MAX_INLINE_BYTES, _initializer_bytes, load_trained_model, model_to_onnx, save
-from .embedding import PAD_KEY
+from numbactr.onnx_converter import OnnxExportError, require_onnxruntime
+from numbactr.onnx_converter.export import META_PREFIX, MAX_INLINE_BYTES, _initializer_bytes, load_trained_model, model_to_onnx, save
+from numbactr.onnx_converter.embedding import PAD_KEY
 
 
 def pad_bags(keys, offsets, batch: int, slots: int, width: int, name: str = "sparse input") -> np.ndarray:

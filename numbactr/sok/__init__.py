@@ -61,14 +61,14 @@ try:
 except ImportError as e:           # the one face of numbactr that needs torch
     raise ImportError("numbactr.sok is SOK's interface for PyTorch and needs torch: pip install torch") from e
 
-from .. import threads
-from ..distributed.comm import world
-from .dense import average_gradients, broadcast_parameters
-from .dump_load import dump, incremental_model_dump, load
-from .layers import (All2AllDenseEmbedding, DistributedEmbedding, DistributedVariable, DynamicVariable,
+from numbactr import threads
+from numbactr.distributed.comm import world
+from numbactr.sok.dense import average_gradients, broadcast_parameters
+from numbactr.sok.dump_load import dump, incremental_model_dump, load
+from numbactr.sok.layers import (All2AllDenseEmbedding, DistributedEmbedding, DistributedVariable, DynamicVariable,
                      LocalizedVariable, Variable, all2all_dense_embedding, assign, export, lookup_sparse)
-from .optimizer import SGD, Adam, OptimizerWrapper, filter_variables, split_embedding_variable_from_others
-from .table import SETTINGS
+from numbactr.sok.optimizer import SGD, Adam, OptimizerWrapper, filter_variables, split_embedding_variable_from_others
+from numbactr.sok.table import SETTINGS
 
 __all__ = ["init", "Init", "All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable",
            "DistributedVariable", "LocalizedVariable", "set_comm_tool", "sparse_read_and_evict",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..distributed.comm import world
+from numbactr.distributed.comm import world
 
 __all__ = ["average_gradients", "broadcast_parameters"]
 

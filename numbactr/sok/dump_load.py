@@ -39,8 +39,8 @@ import string
 
 import numpy as np
 
-from .. import checkpoint
-from ..embedding.engine import Optim
+from numbactr import checkpoint
+from numbactr.embedding.engine import Optim
 
 HEAD_BYTES = 296
 NAME_BYTES, SLOT_BYTES = 256, 32

@@ -36,13 +36,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import device
-from ..config import IgnoredArgumentWarning
-from ..distributed.comm import world
-from ..embedding.engine import Pooling, UpdateType
-from ..embedding.sharded import owner_offsets
-from ..torch_bridge import as_array, as_tensor
-from .table import DISTRIBUTED, SETTINGS, SokTable, init_range
+from numbactr import device
+from numbactr.config import IgnoredArgumentWarning
+from numbactr.distributed.comm import world
+from numbactr.embedding.engine import Pooling, UpdateType
+from numbactr.embedding.sharded import owner_offsets
+from numbactr.torch_bridge import as_array, as_tensor
+from numbactr.sok.table import DISTRIBUTED, SETTINGS, SokTable, init_range
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable", "lookup_sparse",
            "all2all_dense_embedding", "export", "assign"]

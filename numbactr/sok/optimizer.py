@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import torch
 
-from ..embedding.engine import Optim, OptimizerSpec, UpdateType
+from numbactr.embedding.engine import Optim, OptimizerSpec, UpdateType
 
 __all__ = ["OptimizerWrapper", "SGD", "Adam", "filter_variables", "split_embedding_variable_from_others"]
 

@@ -38,14 +38,14 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .. import device
-from ..distributed.comm import world
-from ..distributed.sharding import key_owner
-from ..embedding.engine import (FIXED_HYPER_PARAMETERS, BoundsCheck, Layout, LookupContext, OptimizerSpec, Optim,
+from numbactr import device
+from numbactr.distributed.comm import world
+from numbactr.distributed.sharding import key_owner
+from numbactr.embedding.engine import (FIXED_HYPER_PARAMETERS, BoundsCheck, Layout, LookupContext, OptimizerSpec, Optim,
                                Pooling, TableBatchedEmbedding, TableSpec, UpdateType)
-from ..embedding.hash_table import EMPTY_KEY, HashTableFullError
-from ..embedding.sharded import ShardedTable, owner_offsets
-from ..kernels import embedding_init as EI
+from numbactr.embedding.hash_table import EMPTY_KEY, HashTableFullError
+from numbactr.embedding.sharded import ShardedTable, owner_offsets
+from numbactr.kernels import embedding_init as EI
 
 DISTRIBUTED = -1                         # SokTable.target of a distributed table (else the owning rank)
 INIT_RANGE = (-0.05, 0.05)               # SOK's default initializer: random_uniform(-0.05, 0.05)

@@ -1,4 +1,4 @@
 """numbactr.tools: hugectr.tools (DataGenerator, DataGeneratorParams)."""
-from .data_generator import DataGenerator, DataGeneratorParams
+from numbactr.tools.data_generator import DataGenerator, DataGeneratorParams
 
 __all__ = ["DataGenerator", "DataGeneratorParams"]

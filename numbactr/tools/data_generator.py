@@ -33,13 +33,13 @@ import os
 
 import numpy as np
 
-from ..data.file_list import write_file_list
-from ..data.norm import NormWriter
-from ..data.parquet import ParquetDatasetWriter
-from ..data.raw import write_raw_file
-from ..data.synthetic import make_planted_model, power_law_keys, uniform_keys
-from .. import log
-from ..enums import Check_t, DataReaderType_t, Distribution_t, PowerLaw_t
+from numbactr.data.file_list import write_file_list
+from numbactr.data.norm import NormWriter
+from numbactr.data.parquet import ParquetDatasetWriter
+from numbactr.data.raw import write_raw_file
+from numbactr.data.synthetic import make_planted_model, power_law_keys, uniform_keys
+from numbactr import log
+from numbactr.enums import Check_t, DataReaderType_t, Distribution_t, PowerLaw_t
 
 __all__ = ["DataGeneratorParams", "DataGenerator"]
 

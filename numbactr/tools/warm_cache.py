@@ -22,7 +22,7 @@ import numpy as np
 
 
 def _engine_cases():
-    from ..embedding.engine import (Layout, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding,
+    from numbactr.embedding.engine import (Layout, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding,
                                     UpdateType)
     rng = np.random.default_rng(0)
     for wp, itype, pooling, layout, psw in itertools.product(
@@ -46,15 +46,15 @@ def _engine_cases():
 
 
 def _hash_and_dense_cases():
-    from ..embedding.hash_table import HashTable
-    from ..kernels import interaction
+    from numbactr.embedding.hash_table import HashTable
+    from numbactr.kernels import interaction
     table = HashTable(100, use_kernels=False, compiled=True)
     for dtype in (np.int64, np.uint64, np.int32):
         keys = np.arange(1, 21, dtype=dtype)
         table.insert(keys)
         table.find(keys)
     # inference's warm-request pass (ModelCache.serve_pooled); its arrays' types are fixed, so one signature
-    from ..kernels.hash_table_cpu import serve_cached_cpu
+    from numbactr.kernels.hash_table_cpu import serve_cached_cpu
     tkeys, trows = table.probe_arrays()
     keys = np.arange(1, 5, dtype=np.uint64)
     serve_cached_cpu(tkeys, trows, keys, np.arange(5, dtype=np.int64), np.arange(100, dtype=np.int64), 0, 0,
@@ -79,8 +79,8 @@ def _model_cases():
 
     import numbactr as hugectr
 
-    from .. import demo
-    from ..data.synthetic import make_planted_dataset
+    from numbactr import demo
+    from numbactr.data.synthetic import make_planted_dataset
     with tempfile.TemporaryDirectory(prefix="numbactr-warm-cache-") as tmp:
         data = make_planted_dataset(os.path.join(tmp, "data"), num_train=64, num_eval=32, slot_sizes=[3] * 26,
                                     files=(1, 1), calibration_samples=2_000)
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
                          "since one-thread runs call the parallel functions' serial twins)")
     args = ap.parse_args(argv)
     import warnings
-    from .. import device
+    from numbactr import device
     before = device.kind()
     device.set_device("cpu")                 # the compiled CPU ops, whatever the process's default device
     import numba

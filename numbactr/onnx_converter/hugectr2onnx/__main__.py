@@ -1,7 +1,7 @@
 """``python -m numbactr.onnx_converter.hugectr2onnx``: HugeCTR's converter command line (its flags)."""
 import argparse
 
-from .converter import convert
+from numbactr.onnx_converter.hugectr2onnx.converter import convert
 
 
 def main(argv=None) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from ... import log
-from .. import OnnxExportError
-from ..export import load_trained_model, model_to_onnx, save
+from numbactr import log
+from numbactr.onnx_converter import OnnxExportError
+from numbactr.onnx_converter.export import load_trained_model, model_to_onnx, save
 
 
 def convert(onnx_model_path, graph_config, dense_model, convert_embedding=False, sparse_models=None,
