@@ -44,7 +44,7 @@ def config_sim() -> bool:
 def _restore_device():
     """Every test leaves the device as it found it: tests switch between cpu and sim (or gpu) with
     device.set_device, and one that forgot to switch back would change the device of the tests after it."""
-    from numbactr import device
+    from numbactr.runtime import device
     before = device.kind()
     yield
     device.set_device(before)
@@ -55,7 +55,7 @@ def _restore_device_per_module():
     """The same for a test file: a module-scoped fixture that sets the device (a model trained once on cpu
     for the whole file) runs before _restore_device records it, so only this switches back. Without it the
     next file ran on that device (test_engine_kernel_props failed after test_inference_hybrid under xdist)."""
-    from numbactr import device
+    from numbactr.runtime import device
     before = device.kind()
     yield
     device.set_device(before)
@@ -67,7 +67,7 @@ def on_device():
     the simulator in a process on a real GPU (NUMBACTR_DEVICE=gpu: numba fixed real CUDA at import, so
     'sim' cannot be had) is skipped, not failed: those tests compare the simulator's kernels with the cpu
     device, and the gpu-marked and gpu-device runs of the suite cover the kernels on the GPU."""
-    from numbactr import device
+    from numbactr.runtime import device
 
     def switch(name):
         if name == "sim" and not device._numba_simulated():
@@ -79,7 +79,7 @@ def on_device():
 @pytest.fixture
 def cpu():
     """Run the test on the cpu device (switched back afterwards by _restore_device)."""
-    from numbactr import device
+    from numbactr.runtime import device
     device.set_device("cpu")
 
 

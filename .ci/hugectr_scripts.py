@@ -6,7 +6,7 @@ A maintainer's check of drop-in compatibility beyond the test suite: HugeCTR's s
 inference tests (fetch NVIDIA-Merlin/HugeCTR; check out a release such as v23.08.00) expect data at their own
 paths, usually absolute ones, and run for hours. This runner
 
-1. maps ``hugectr`` to numbactr (numbactr.alias does this for ``hugectr.X``; the top-level name is the
+1. maps ``hugectr`` to numbactr (numbactr.hugectr_alias does this for ``hugectr.X``; the top-level name is the
    script's own import) and rewrites the script's absolute path literals ("/data/x") to relative ones
    ("./data/x"), creating their folders;
 2. runs the script until ``Model.compile``/``fit``, recording the DataReaderParams, Input and embeddings;

@@ -31,7 +31,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
-from .block import block_sum2, column_mean_var
+from .block_reduce import block_sum2, column_mean_var
 
 MIN_EPS = 1e-5      # cuDNN's CUDNN_BN_MIN_EPSILON
 

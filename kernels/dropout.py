@@ -24,7 +24,7 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from .launch import launch_1d
-from .wrapping import add64, mul64, splitmix64_mix, splitmix64_mix_ref
+from .hash64 import add64, mul64, splitmix64_mix, splitmix64_mix_ref
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15          # SplitMix64 increment (2^64 / golden ratio)
@@ -69,7 +69,7 @@ def dropout_backward_ref(dy: np.ndarray, rate: float, seed: int, step: int, laye
 @cuda.jit
 def dropout_kernel(x, y, seed, stepv, layer_id, threshold, scale):
     # Per-launch key from (seed, step, layer_id): three SplitMix64 finalizer rounds (same per thread).
-    # The arithmetic wraps explicitly (wrapping.py): the same bits, no overflow warning in the simulator.
+    # The arithmetic wraps explicitly (hash64.py): the same bits, no overflow warning in the simulator.
     # The step comes from device memory (stepv[0]): it changes every step, a launch argument would not
     # (what a CUDA graph replays).
     k = splitmix64_mix(seed ^ uint64(SEED_SALT))
@@ -86,7 +86,7 @@ def dropout_kernel(x, y, seed, stepv, layer_id, threshold, scale):
 # ---- launch wrappers (allocate nothing; arrays are contiguous float32) ------------------------
 def dropout_apply(x, y, rate: float, seed: int, step, layer_id: int) -> None:
     """y = x * mask / (1 - rate). Forward: x = input; backward: x = dy, y = dx (same mask). step: an int,
-    or a (1,) uint64 device array holding it (the model's per-step array, numbactr.step_values)."""
+    or a (1,) uint64 device array holding it (the model's per-step array, numbactr.runtime.step_values)."""
     if x.size != y.size:
         raise ValueError(f"dropout: input has {x.size} elements, output {y.size}")
     if isinstance(step, (int, np.integer)):

@@ -14,7 +14,7 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 from .launch import launch_1d
-from .wrapping import add64, splitmix64_mix, splitmix64_mix_ref
+from .hash64 import add64, splitmix64_mix, splitmix64_mix_ref
 
 _GOLDEN = 0x9E3779B97F4A7C15
 

@@ -32,7 +32,7 @@ from numba import cuda, int64, uint64
 
 from .launch import count_host_read, launch_1d
 from .scan import exclusive_scan
-from .wrapping import fmix64, fmix64_ref
+from .hash64 import fmix64, fmix64_ref
 
 EMPTY_KEY = np.uint64(0xFFFFFFFFFFFFFFFF)     # reserved: marks a free slot
 NO_ROW = -1
@@ -54,7 +54,7 @@ class HashTableFullError(RuntimeError):
 
 # ---- NumPy reference (vectorised: probes all unresolved keys at once) -------------------------
 def _home_slots_ref(keys: np.ndarray, capacity: int) -> np.ndarray:
-    """murmur3 fmix64 of each key (wrapping.fmix64_ref) modulo the capacity, keys' shape."""
+    """murmur3 fmix64 of each key (hash64.fmix64_ref) modulo the capacity, keys' shape."""
     keys = np.asarray(keys)
     return (fmix64_ref(keys) % np.uint64(capacity)).astype(np.int64).reshape(keys.shape)
 
@@ -133,7 +133,7 @@ def hash_insert_ref(tkeys: np.ndarray, trows: np.ndarray, keys: np.ndarray, base
 # tests/ptx_check.py without a GPU; non-inline ones ask the driver for the device).
 @cuda.jit(device=True, inline=True)
 def _home_slot(key, cap):
-    """murmur3's fmix64 of the key, modulo the capacity, all in uint64 (see wrapping.fmix64_ref); fmix64
+    """murmur3's fmix64 of the key, modulo the capacity, all in uint64 (see hash64.fmix64_ref); fmix64
     wraps explicitly, so the simulator raises no overflow warning."""
     return int64(fmix64(key) % uint64(cap))
 

@@ -14,12 +14,12 @@ SIMULATED = bool(config.ENABLE_CUDASIM)
 
 #: kernel launches and device-to-host reads since reset_counts(): a training step's counts are tested
 #: on the sim device, so a launch or a host synchronization added to the step shows without a GPU.
-#: Launches go through the helpers below (or count_launch); host reads through numbactr.device.to_host.
+#: Launches go through the helpers below (or count_launch); host reads through numbactr.runtime.device.to_host.
 COUNTS = {"launches": 0, "host_reads": 0}
 
 
 #: the stream every launch of the kernel modules goes to: 0 (the default stream) unless ``on_stream``
-#: names another (numbactr.cuda_graphs captures a training step on its own stream)
+#: names another (numbactr.train.cuda_graphs captures a training step on its own stream)
 _STREAM = [0]
 
 

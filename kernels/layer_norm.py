@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import check_block_size, launch_rows, REDUCE_THREADS
-from .block import block_sum2, row_mean_var
+from .block_reduce import block_sum2, row_mean_var
 
 
 # ---- NumPy reference -------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
-from .block import block_sum, block_sum2
+from .block_reduce import block_sum, block_sum2
 
 
 # ---- NumPy references (whole stack of layers) --------------------------------------------------

@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import check_block_size, launch_1d, REDUCE_THREADS
-from .block import block_sum
+from .block_reduce import block_sum
 
 IGNORE_BELOW = -0.5     # labels below this are "missing"
 

@@ -352,7 +352,7 @@ def ftrl_update_kernel(w, z, n, g, hp, lambda1, scaler):
 # ---- launch wrappers (in place; allocate nothing) ------------------------------------------------------
 # The values that change from step to step (lr, Adam's alpha_t, Ftrl's l2') reach the kernels in a small
 # float32 device array ``hp`` (``step_values`` below), never as launch arguments: a CUDA graph replays a
-# launch's arguments as captured. The model hands in its per-step array (numbactr.step_values.StepValues);
+# launch's arguments as captured. The model hands in its per-step array (numbactr.runtime.step_values.StepValues);
 # without one (a direct call) the wrapper uploads the values itself (a host-to-device copy).
 _f = np.float32
 

@@ -11,7 +11,7 @@ kernels/optimizers_cpu.py:
     wraparound on every access, which keeps LLVM from vectorizing (measured 3-9x slower);
   * every parallel function is a ``pjit`` twin: compiled with parallel=True and, beside it, without; a call
     from Python runs the serial twin when numba runs one thread. Even with one thread a prange loop is a
-    parallel region, and under the workqueue layer (numbactr.threads picks it: its workers sleep) a region
+    parallel region, and under the workqueue layer (numbactr.runtime.threads picks it: its workers sleep) a region
     costs a worker's wake-up: 92 us per region on this sandbox (omp: 1 us), against 0.2 us for the same
     loop compiled serially; the engine's backward opens seven of them. Chunks do not depend on the thread
     count, so both twins give the same bits;

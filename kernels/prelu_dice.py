@@ -9,7 +9,7 @@
 Backward, default (the full derivative, through E and Var):
     a      = dy * (1 - alpha) * x * p * (1 - p)
     dx     = dy * (alpha + (1 - alpha) * p) + inv * (a - mean_b(a) - s * mean_b(a * s))
-Backward under numbactr.compat.hugectr_exact() (HugeCTR's formula, spec §6.2):
+Backward under numbactr.hugectr_exact.hugectr_exact() (HugeCTR's formula, spec §6.2):
     ys = (E - x) * inv;  ys_s = (1/m - 1) * inv - (1/m) * (E - x) * (x - E) * inv^3
     ps = 1 / (1 + e^ys) (= p);  ps_s = -e^ys * ys_s / (1 + e^ys)^2 (= -p (1-p) ys_s)
     dx = ((ps_s * x + ps) * (1 - alpha) + alpha) * dy
@@ -32,7 +32,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import check_block_size, launch_rows, REDUCE_THREADS
-from .block import block_sum2, column_mean_var
+from .block_reduce import block_sum2, column_mean_var
 
 TINY = 1e-8
 

@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .block import block_sum
+from .block_reduce import block_sum
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_1d, launch_rows
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .launch import check_block_size, launch_1d, REDUCE_THREADS
-from .block import block_sum
+from .block_reduce import block_sum
 
 KINDS = {"L1": 0, "L2": 1}
 

@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .block import block_max, block_sum
+from .block_reduce import block_max, block_sum
 from .launch import MAX_THREADS_PER_BLOCK, REDUCE_THREADS, launch_rows
 
 MASK_PENALTY = 10000.0      # subtracted from masked-out logits

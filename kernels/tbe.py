@@ -1242,7 +1242,7 @@ def fused_update(w, sa, sb, srow, sprev, spit, scnt, elem_off, strides, dims, ro
     row_counter; a stand-in array where the optimizer keeps none).
 
     The step's scalars are device arrays: ks (N_KS,) float32 (kernel_scalars), ki (N_KI,) int64
-    (kernel_ints) and kb (1,) uint64 (rounding_base), uploaded once per step (numbactr.step_values), so a
+    (kernel_ints) and kb (1,) uint64 (rounding_base), uploaded once per step (numbactr.runtime.step_values), so a
     launch's arguments are the same every step (what a CUDA graph replays). kind / wd_mode: ki's optimizer
     kind and weight-decay mode, when the caller knows them on the host (a kernel compiled for them: fewer
     registers); -1 (the default) launches the kernel that reads them from ki."""

@@ -2,7 +2,7 @@
 
     import numbactr as hugectr      # the one changed line in a HugeCTR training script
 """
-from numbactr import device as _device  # noqa: F401  (first: may switch numba to its simulator)
+from numbactr.runtime import device as _device  # noqa: F401  (first: may switch numba to its simulator)
 from numbactr.distributed.comm import guard_launch as _guard_launch
 
 # under `mpiexec -n N` (N > 1) MPI starts here, and from the next line on a failing rank ends the whole job
@@ -16,18 +16,18 @@ from numbactr.enums import *  # noqa: F401,F403  (the enum classes)
 from numbactr.data.raw_async import AsyncParam
 from numbactr import data  # noqa: F401  (hugectr.data.DataSourceParams)
 from numbactr.model import Model, ModelError
-from numbactr.callbacks import TrainingCallback
-from numbactr.etc import EmbeddingTrainingCache
+from numbactr.train.callbacks import TrainingCallback
+from numbactr.train.training_cache import EmbeddingTrainingCache
 from numbactr.embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
 from numbactr.embedding.hybrid import HybridEmbeddingParam
-from numbactr.etc import CreateETC, CreateHMemCache, EmbeddingTrainingCacheParams, HMemCacheConfig  # noqa: F401
+from numbactr.train.training_cache import CreateETC, CreateHMemCache, EmbeddingTrainingCacheParams, HMemCacheConfig  # noqa: F401
 from numbactr.optim import LearningRateScheduler
 from numbactr import tools  # noqa: F401  (hugectr.tools.DataGenerator)
 from numbactr import inference  # noqa: F401,E402  (hugectr.inference.InferenceParams, ...)
 # HugeCTR registers these three on the top-level module too (include/pybind/common_wrapper.hpp)
 from numbactr.inference.params import DatabaseOverflowPolicy_t, DatabaseType_t, UpdateSourceType_t  # noqa: E402
 
-from numbactr import alias as _alias
+from numbactr import hugectr_alias as _alias
 
 globals().update(_enums.exported_members())    # pybind export_values(): hugectr.Adam, hugectr.Norm, ...
 globals().update(inference.params.pybind_members(      # their export_values(): hugectr.redis_cluster, ...

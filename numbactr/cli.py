@@ -105,12 +105,12 @@ def _bench(rest: list) -> int:
         print("usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference} [options]\n\n" + BENCH_HELP)
         return 0
     if rest[0] == "data":
-        from numbactr.data.bench import main as bench_data
+        from numbactr.bench.data import main as bench_data
         return bench_data(rest[1:])
     if rest[0] == "inference":
-        from numbactr.inference.bench import main as bench_inference
+        from numbactr.bench.inference import main as bench_inference
         return bench_inference(rest[1:])
-    from numbactr.bench import main as bench
+    from numbactr.bench.cli import main as bench
     return bench(rest)
 
 
@@ -130,7 +130,7 @@ def _run(args) -> int:
         from numbactr.inference.predict import run
         return run(args)
     if args.command == "device":
-        from numbactr.device_report import main as device_report
+        from numbactr.runtime.device_report import main as device_report
         return device_report()
     raise AssertionError(args.command)
 

@@ -154,7 +154,7 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
     if kw.get("metrics_spec") is None:
         kw["metrics_spec"] = {MetricsType.AUC: 1.0}
     kw["training_callbacks"] = tuple(kw.get("training_callbacks", ()))
-    from numbactr.callbacks import TrainingCallback
+    from numbactr.train.callbacks import TrainingCallback
     for j, cb in enumerate(kw["training_callbacks"]):
         _expect(isinstance(cb, TrainingCallback), f"CreateSolver: training_callbacks[{j}] must be a "
                 f"hugectr.TrainingCallback (a subclass of it), got {cb!r}")
@@ -182,7 +182,7 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
         _number(who, f"metrics_spec[{m!r}]", v)
     _expect(not (s.use_mixed_precision and s.enable_tf32_compute),
             "CreateSolver: use_mixed_precision and enable_tf32_compute cannot both be True")
-    from numbactr.precision import HALF_DTYPES, half_dtype       # mixed precision: numbactr/precision.py
+    from numbactr.train.precision import HALF_DTYPES, half_dtype       # mixed precision: numbactr/train/precision.py
     _expect(s.mixed_precision_dtype in HALF_DTYPES, f"CreateSolver: mixed_precision_dtype must be one of "
             f"{HALF_DTYPES}, got {s.mixed_precision_dtype!r}")
     half_dtype(s)                                         # bfloat16 without ml_dtypes: a clear error now
@@ -199,7 +199,7 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
                          "on HDFS through it; numbactr writes and reads them on the local disk (copy them with "
                          "hugectr.data.DataSource(...).move_to_local(); training data on HDFS is read through "
                          "DataReaderParams(data_source_params=...))", stacklevel=2)
-    from numbactr.device import use_vvgpu             # each rank's GPU: vvgpu[node][local rank % len]
+    from numbactr.runtime.device import use_vvgpu             # each rank's GPU: vvgpu[node][local rank % len]
     unused = use_vvgpu(s.vvgpu)
     if unused:
         warn_ignored(who, "vvgpu", [list(n) for n in s.vvgpu], f"in part: {unused}", stacklevel=2)
@@ -227,7 +227,7 @@ class DataReaderParams:
     eval_num_samples: int = 0
     float_label_dense: bool = False
     read_file_sequentially: bool = False
-    # None: not chosen by the script; numbactr.threads sizes it for this machine (HugeCTR's default is 12,
+    # None: not chosen by the script; numbactr.runtime.threads sizes it for this machine (HugeCTR's default is 12,
     # which numbactr uses under compat.hugectr_exact())
     num_workers: int | None = None
     slot_size_array: list = field(default_factory=list)

@@ -85,10 +85,10 @@ def parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     """Generate (or reuse) the data, train one epoch, evaluate all eval samples, plot."""
     import numbactr as hugectr
-    from numbactr import device, log
+    from numbactr.runtime import device, log
     from numbactr.data.synthetic import cached_planted_dataset, criteo_like_slot_sizes, folder_size
     from numbactr.embedding.sparse_embedding import workspace_mb_for
-    from numbactr.plot import save_learning_curve
+    from numbactr.files.plot import save_learning_curve
 
     for name in ("train_samples", "eval_samples", "batch", "rows"):
         if getattr(args, name) <= 0:

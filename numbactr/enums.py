@@ -51,7 +51,7 @@ Tensor_t = _make("Tensor_t", "Train Evaluate")
 Error_t = _make("Error_t", "Success FileCannotOpen BrokenFile OutOfMemory OutOfBound WrongInput IllegalCall "
                            "NotInitialized UnSupportedFormat InvalidEnv MpiError CublasError CudnnError "
                            "CudaDriverError CudaRuntimeError NcclError DataCheckError UnspecificError EndOfFile")
-TrainPSType_t = _make("TrainPSType_t", "Staged Cached")       # the embedding training cache (numbactr/etc.py)
+TrainPSType_t = _make("TrainPSType_t", "Staged Cached")       # the embedding training cache (numbactr/train/training_cache.py)
 #: EmbeddingCollectionConfig's comm_strategy. Not in ALL: exporting its members at module level would make
 #: hugectr.Uniform this enum's instead of Distribution_t's (the DataGenerator's)
 CommunicationStrategy = _make("CommunicationStrategy", "Uniform Hierarchical")

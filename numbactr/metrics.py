@@ -33,10 +33,10 @@ def average_loss(losses, rows) -> float:
     Default: sum(rows_b * loss_b) / sum(rows_b), the mean loss of the evaluated samples (each batch's
     loss is the mean over its valid rows plus the regularizer term, which is the same for every batch,
     so it is added once). HugeCTR (src/metrics.cu, AverageLoss::finalize_metric) returns the plain mean
-    of the per-batch losses, which over-weights a partial last batch; numbactr.compat.hugectr_exact()
+    of the per-batch losses, which over-weights a partial last batch; numbactr.hugectr_exact.hugectr_exact()
     gives that. nan when there is no batch.
     """
-    from numbactr import compat
+    from numbactr import hugectr_exact as compat
     losses = np.asarray(losses, np.float64)
     rows = np.asarray(rows, np.float64)
     if losses.size == 0:

@@ -11,7 +11,10 @@ import time
 
 import numpy as np
 
-from numbactr import checkpoint, compat, device, etc, graph_json, log, ops, precision
+from numbactr.files import checkpoint, graph_json
+from numbactr import hugectr_exact as compat, ops
+from numbactr.runtime import device, log
+from numbactr.train import training_cache as etc, precision
 from numbactr.autograd import Tape, Tensor
 from numbactr.autograd.tape import autocast
 from numbactr.distributed.comm import world
@@ -40,7 +43,7 @@ class Model:
         if not isinstance(opt_params, OptParamsPy) or not opt_params.initialized:
             raise ModelError("Model: third argument must come from CreateOptimizer()")
         self.solver, self.reader_params, self.opt_params = solver, reader_params, opt_params
-        # HugeCTR's embedding training cache (numbactr/etc.py): checked here, applied as embeddings are added
+        # HugeCTR's embedding training cache (numbactr/train/training_cache.py): checked here, applied as embeddings are added
         self.etc = etc_params
         self._etc_cache = None
         self._etc_inc_files: list[str] = []           # keyset files behind the next get_incremental_model()
@@ -92,9 +95,9 @@ class Model:
         self._last_tensors: dict[bool, dict] = {}      # training? -> the last forward's tensors by name
         self._fused_tops, self._last_fused = {}, {}       # InnerProduct tops fused with their ReLU (compile)
         self._stager = None                            # numbactr.data.staging.DeviceStager, made when used
-        self._graphs = None                            # numbactr.cuda_graphs.StepGraphs, made when used
+        self._graphs = None                            # numbactr.train.cuda_graphs.StepGraphs, made when used
         self._last_eval = None                         # (predictions, labels) of the last eval batch
-        # mixed precision (numbactr/precision.py): the activations' half dtype, None in float32
+        # mixed precision (numbactr/train/precision.py): the activations' half dtype, None in float32
         self.half = precision.half_dtype(solver)
         self._skipped = 0                              # mixed-precision steps skipped for overflow (read)
         self._skips_dev = None                         # (1,) device count of steps skipped on the device
@@ -664,7 +667,7 @@ class Model:
             return False
         graphs = self._graphs_for_step(batch)
         if graphs is not None:                        # the device half captured once, then replayed
-            from numbactr import cuda_graphs
+            from numbactr.train import cuda_graphs
             try:
                 graphs.step(batch, cuda_graphs.batch_key(self, batch), self._device_step, self._replay_run(),
                             self._host_snapshot)
@@ -820,12 +823,12 @@ class Model:
         self._sync_skips()
         return self._skipped
 
-    # ---- CUDA graphs of the training step (numbactr.cuda_graphs) ----------------------------------------
+    # ---- CUDA graphs of the training step (numbactr.train.cuda_graphs) ----------------------------------------
     def _graphs_for_step(self, batch):
         """The StepGraphs runner when this step can be a replayed CUDA graph, else None (an eager step, for
-        the reason numbactr.cuda_graphs.ineligible gives; captured graphs are dropped, since eager work may
+        the reason numbactr.train.cuda_graphs.ineligible gives; captured graphs are dropped, since eager work may
         move their buffers)."""
-        from numbactr import cuda_graphs
+        from numbactr.train import cuda_graphs
         why = cuda_graphs.ineligible(self, batch)
         if self.ranks > 1:
             why = self._agree_on_step(batch, why)
@@ -845,7 +848,7 @@ class Model:
         counts are then exchanged once per key, not every step). Returns why the step cannot be a graph
         on every rank (None: it can, on all of them): a graph replays NCCL calls, so the ranks capture and
         replay together, and only with every exchange's sizes fixed by a plan already made."""
-        from numbactr import cuda_graphs
+        from numbactr.train import cuda_graphs
         tables = [(e, e._sharded) for e in self.embeddings if getattr(e, "_sharded", None) is not None]
         plannable = any(getattr(e, "exchange_key_part", None) is not None and getattr(e, "by_slot", False)
                         for e, _ in tables)
@@ -896,7 +899,7 @@ class Model:
             self._graphs.drop(why)
 
     def _replay_run(self) -> dict:
-        """What a replayed step's host halves need (numbactr.step_values.on_replay): this step's number
+        """What a replayed step's host halves need (numbactr.runtime.step_values.on_replay): this step's number
         (0-based, as RunInfo.step), learning rates and the loss scaler."""
         return {"step": self.step, "lr": self.lr, "dense_lr": 0.0 if self.dense_frozen else self.lr,
                 "scaler": self.solver.scaler}
@@ -919,7 +922,7 @@ class Model:
         """The device half of a graph-eligible step (the loss kept on the device; on several ranks the dense
         gradients' and the loss's sums over NCCL and the embeddings' planned exchanges): what a CUDA graph
         captures. Everything it does on the host is registered for replays."""
-        from numbactr import step_values
+        from numbactr.runtime import step_values
         calls = self.comm.calls
         tape = Tape(watch_finite=self.half is not None)
         t = self._forward_backward(batch, tape)
@@ -963,7 +966,7 @@ class Model:
 
     def _skip_step(self) -> None:
         """Drop this step's dense and sparse gradients without touching weights or optimizer states,
-        count the skip and warn (numbactr/precision.py: HugeCTR would apply the inf/NaN gradients)."""
+        count the skip and warn (numbactr/train/precision.py: HugeCTR would apply the inf/NaN gradients)."""
         import warnings
         for e in (*self.embeddings, *self.collections):
             for held in ("_pending", "_saved"):           # the gradients kept for update()
@@ -1009,8 +1012,8 @@ class Model:
 
     def _note_nonfinite_loss(self, losses, step: int) -> None:
         """The device flag keeps the first step (1-based) whose loss was non-finite; the step number comes
-        from device memory (numbactr.step_values), so the same operation serves every step of a graph."""
-        from numbactr import step_values
+        from device memory (numbactr.runtime.step_values), so the same operation serves every step of a graph."""
+        from numbactr.runtime import step_values
         xp = device.xp()
         flag = getattr(self, "_nonfinite_flag", None)
         if flag is None:
@@ -1234,7 +1237,7 @@ class Model:
         s = self.solver
         log.info("Training source file: " + self.reader_params.source[0])
         log.info("Evaluation source file: " + self.reader_params.eval_source)
-        # HugeCTR calls the training callbacks in iteration mode only (numbactr/callbacks.py)
+        # HugeCTR calls the training callbacks in iteration mode only (numbactr/train/callbacks.py)
         callbacks = tuple(s.training_callbacks) if s.repeat_dataset else ()
         for cb in callbacks:
             cb.on_training_start()
@@ -1347,7 +1350,7 @@ class Model:
         """Add the Input, embeddings and (with include_dense_network) dense layers of a graph JSON."""
         graph_json.construct(self, graph_config_file, include_dense_network)
 
-    # ---- files (layouts: numbactr/checkpoint.py) -------------------------------------------------
+    # ---- files (layouts: numbactr/files/checkpoint.py) -------------------------------------------------
     def save_params_to_files(self, prefix: str, iter: int = 0) -> None:  # noqa: A002 (HugeCTR's name)
         """Dense weights and optimizer states, one folder per embedding (spec §7.1-§7.3), plus a manifest,
         committed as one unit: a save killed at any point leaves the previous snapshot loadable. Every

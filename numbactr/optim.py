@@ -28,14 +28,15 @@ Deviations from HugeCTR, each the only sensible result where HugeCTR produces Na
     rows' increment by the factor. Here: all rows m *= 0, then the Local rule on the hot rows, which
     is exactly the Global semantics (every row, cold rows g = 0).
   * Adam Global with beta1 == 0 or beta2 == 0 (same division): rejected with a ValueError.
-AdaGrad's accumulator starts at initial_accu_value; under numbactr.compat.hugectr_exact() it starts
+AdaGrad's accumulator starts at initial_accu_value; under numbactr.hugectr_exact.hugectr_exact() it starts
 at HugeCTR's byte-memset value instead (see kernels.optimizers.adagrad_initial_accumulator).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.embedding.engine import Optim, OptimizerSpec, UpdateType
 from numbactr.enums import Optimizer_t, Update_t
 from numbactr.kernels import optimizers as K
@@ -123,7 +124,7 @@ def _new_states(opt, shape) -> list:
 
 class DenseOptimizer:
     """Updates the flat weight vector w (P,) from the flat gradient g (P,): the kernels on gpu/sim, on cpu
-    the compiled update (numbactr.kernels.optimizers_cpu; Ftrl and numbactr.device.reference_ops() run the
+    the compiled update (numbactr.kernels.optimizers_cpu; Ftrl and numbactr.runtime.device.reference_ops() run the
     NumPy references)."""
 
     def __init__(self, opt, n_params: int):
@@ -185,7 +186,7 @@ class DenseOptimizer:
         return K.step_values(kind, lr, o.beta1, o.beta2, self.t, o.beta, o.lambda2)
 
     def _replay(self, run: dict) -> None:
-        """The host half of a replayed step (numbactr.step_values): Adam's t, this step's values."""
+        """The host half of a replayed step (numbactr.runtime.step_values): Adam's t, this step's values."""
         if self.opt.optimizer_type == O.Adam:
             self.t += 1
         self._values.put(self._step_values(run["dense_lr"]))
@@ -193,15 +194,15 @@ class DenseOptimizer:
     def _gate_values(self, lr: float, gate) -> tuple:
         """A gated Adam step's host values, on the device: (the host's t, the skips it has seen) and
         (lr, beta1, beta2) in float64 (kernels.optimizers.adam_gate_kernel)."""
-        from numbactr.step_values import held
+        from numbactr.runtime.step_values import held
         o = self.opt
         return (held(self, "_gate_t", 2, np.int64).put([self.t, gate.seen]),
                 held(self, "_gate_f", 3, np.float64).put([lr, o.beta1, o.beta2]))
 
     def _kernel_step(self, w, g, lr: float, scaler: float) -> None:
         """The kernels, with this step's lr / alpha_t / l2' in a device array of fixed address
-        (numbactr.step_values): the launch's arguments are the same every step."""
-        from numbactr import step_values
+        (numbactr.runtime.step_values): the launch's arguments are the same every step."""
+        from numbactr.runtime import step_values
         o, s, t = self.opt, self.states, self.opt.optimizer_type
         values = self._step_values(lr)
         hp = step_values.held(self, "_values", values.shape[0], np.float32).put(values)

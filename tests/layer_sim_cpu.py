@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.autograd import Tape, Tensor
 from numbactr.layers import REGISTRY, RunInfo
 

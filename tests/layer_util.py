@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.autograd import Tape, Tensor
 from numbactr.layers import RunInfo, build
 

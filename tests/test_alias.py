@@ -1,4 +1,4 @@
-"""`from hugectr.X import ...` in a script whose only change is `import numbactr as hugectr` (numbactr/alias.py)."""
+"""`from hugectr.X import ...` in a script whose only change is `import numbactr as hugectr` (numbactr/hugectr_alias.py)."""
 import os
 import subprocess
 import sys

@@ -3,7 +3,8 @@ under compat.hugectr_exact() it is HugeCTR's plain mean of the per-batch losses 
 import numpy as np
 import pytest
 
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.enums import MetricsType
 from numbactr.metrics import MetricAccumulator, average_loss
 from tests.model_util import tiny_data, tiny_dlrm

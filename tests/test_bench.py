@@ -6,7 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from numbactr import bench, device
+from numbactr.bench import cli as bench
+from numbactr.runtime import device
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_FBGEMM = HAVE_TORCH and importlib.util.find_spec("fbgemm_gpu") is not None
@@ -160,7 +161,7 @@ def test_peak_bandwidth_is_the_measured_copy_with_the_spec_sheet_beside(monkeypa
 
 
 def test_profiled_step_runs_only_on_a_gpu_when_asked(monkeypatch):
-    from numbactr import bench_mlperf
+    from numbactr.bench import mlperf as bench_mlperf
 
     class Model:
         steps = 0

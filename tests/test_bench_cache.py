@@ -2,7 +2,8 @@
 at each size), hit rates that grow with the cache, the plot written where --plot says; the Zipf batches."""
 import numpy as np
 
-from numbactr import bench, bench_cache, device
+from numbactr.bench import cli as bench, cache as bench_cache
+from numbactr.runtime import device
 
 
 def test_bench_cache_quick_writes_its_table_and_plot(tmp_path, capsys):

@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from numbactr import bench, bench_mlperf
+from numbactr.bench import cli as bench, mlperf as bench_mlperf
 from numbactr.kernels import bias as bias_kernels
 from numbactr.kernels import fused_bias_act
 from numbactr.layers import dense
@@ -218,7 +218,7 @@ def test_embedding_bytes_count_global_adam(tiny_model):
 
 def test_gate_kernel_compiles_for_sm90():
     """The gate a GPU breakdown queues (an atomic poll with nanosleep) compiles for sm_90 without a GPU."""
-    code = ("from numba import cuda\nfrom numbactr.bench_mlperf import _gate_kernel\n"
+    code = ("from numba import cuda\nfrom numbactr.bench.mlperf import _gate_kernel\n"
             "ptx, _ = cuda.compile_ptx(_gate_kernel, 'void(int64[::1], int64, int64[::1])', cc=(9, 0))\n"
             "assert 'atom.global.add.u64' in ptx and 'nanosleep' in ptx, ptx\nprint('ok')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}

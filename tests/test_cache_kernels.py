@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding.cache import CacheCapacityError, EmbeddingCache
 from numbactr.kernels import cache as K
 from tests.kernel_util import dev, host

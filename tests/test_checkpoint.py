@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from tests.model_util import tiny_data, tiny_dlrm
 from tests.mpi.snapshot_run import build, load_all, state
 

@@ -59,8 +59,9 @@ def every_option(parser: argparse.ArgumentParser):
 
 
 def test_every_option_of_the_parsers_has_a_description():
-    from numbactr import bench
-    from numbactr.data import bench as data_bench, criteo
+    from numbactr.bench import cli as bench
+    from numbactr.bench import data as data_bench
+    from numbactr.data import criteo
     parsers = [cli.build_parser()]
     for mod, argv in ((bench, ["hash"]), (data_bench, []), (criteo, ["in", "out"])):
         seen = {}

@@ -3,7 +3,7 @@
 Each compiled op equals its reference (property tests over small shapes, edge cases, non-finite values;
 shapes past kernels.parallel_cpu.PARALLEL_MIN for the parallel branch), with the same bits on 1 and 2
 numba threads; the switch to references only
-(numbactr.device.reference_ops / NUMBACTR_CPU_REFERENCE) works; and whole training steps of small DLRMs
+(numbactr.runtime.device.reference_ops / NUMBACTR_CPU_REFERENCE) works; and whole training steps of small DLRMs
 on the cpu device equal the same steps computed with the references only (dense ops, dense optimizer and
 the embedding engine's reference impl).
 """
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from numba.extending import intrinsic
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.kernels import bce, bias, interaction, relu
 from numbactr.kernels import fused_bias_act as fba
 from numbactr.kernels import optimizers as K

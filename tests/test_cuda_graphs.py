@@ -1,7 +1,7 @@
-"""CUDA graphs of the training step (numbactr.cuda_graphs), what can be checked without a GPU.
+"""CUDA graphs of the training step (numbactr.train.cuda_graphs), what can be checked without a GPU.
 
 A replayed graph runs none of the step's Python: the host halves that the step registered while it was
-recorded (numbactr.step_values.on_replay) must alone bring the host counters and the per-step device values
+recorded (numbactr.runtime.step_values.on_replay) must alone bring the host counters and the per-step device values
 to what an eager step brings them to. Here, on the simulator, model B records its second step and then
 "replays" its third (the host halves only), model A runs both steps eagerly: the values every kernel of
 step 3 would read (learning rate, Adam's t and bias corrections, rounding salts, the dropout step, the step
@@ -16,8 +16,9 @@ import pytest
 from numba import config
 
 import numbactr as hugectr
-from numbactr import cuda_graphs, step_values
-from numbactr.bench_mlperf import DENSE, SLOTS, build_mlperf_dlrm
+from numbactr.train import cuda_graphs
+from numbactr.runtime import step_values
+from numbactr.bench.mlperf import DENSE, SLOTS, build_mlperf_dlrm
 from tests.model_util import tiny_data
 
 sim_only = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="records the simulator's steps")
@@ -27,7 +28,7 @@ sim_only = pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="records the sim
 def _sim():
     """The simulator in a simulator session (an earlier module may have left it on cpu); the GPU on one.
     Afterwards the test's models are collected, which stops their readers' worker threads."""
-    from numbactr import device
+    from numbactr.runtime import device
     if config.ENABLE_CUDASIM:
         device.set_device("sim")             # (conftest's autouse fixture switches back)
     yield
@@ -286,7 +287,7 @@ def test_warm_up_capture_replay_and_a_failed_capture(tmp_path, monkeypatch):
 def test_graph_steps_train_like_eager_steps_on_a_gpu(tmp_path, monkeypatch):
     """On a GPU: 12 steps with NUMBACTR_CUDA_GRAPHS=1 (2 eager, 2 captures, 8 replays) against 12 eager
     steps of the same model and data: the same weights and tables (to float32 atomics' reordering)."""
-    from numbactr import device
+    from numbactr.runtime import device
     if device.kind() != "gpu":
         pytest.skip("needs a GPU")
     models = {}

@@ -1,7 +1,7 @@
-"""numbactr.data.bench runs end to end on a small dataset and prints its markdown tables."""
+"""numbactr.bench.data runs end to end on a small dataset and prints its markdown tables."""
 import re
 
-from numbactr.data.bench import main
+from numbactr.bench.data import main
 
 
 def test_bench_data_small(tmp_path, capsys):

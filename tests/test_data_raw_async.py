@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import compat
+from numbactr import hugectr_exact as compat
 from numbactr.data import DataFormatError
 from numbactr.data.errors import DataWarning
 from numbactr.data.raw import write_raw_file

@@ -125,7 +125,7 @@ def test_round_robin_with_unequal_workers(tmp_path):
 
 
 def test_more_workers_than_files_warns_and_uses_one_worker_per_file(tmp_path):
-    from numbactr import compat
+    from numbactr import hugectr_exact as compat
     lst = write_id_files(str(tmp_path), [3, 3])
     with pytest.warns(UserWarning, match=r"has 2 file\(s\) but num_workers is 3.*using 2 worker"):
         r = make_reader(norm_params(lst, 3), lst, 2, 1, 2, [2], None, True, False)

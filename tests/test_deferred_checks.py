@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, OptimizerSpec, Pooling,
                                        TableBatchedEmbedding)
 from numbactr.kernels import tbe as K

@@ -1,4 +1,4 @@
-"""``numbactr device``: each diagnosis from hand-made facts (numbactr.device_report.diagnose is pure), and
+"""``numbactr device``: each diagnosis from hand-made facts (numbactr.runtime.device_report.diagnose is pure), and
 the real command on this machine (whatever it has: it must print the report and succeed)."""
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from numbactr import device_report as R
+from numbactr.runtime import device_report as R
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.data.errors import DataFormatError
 from numbactr.distributed.comm import world
 from numbactr.embedding import collection as C

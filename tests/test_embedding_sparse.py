@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.autograd import Tape
 from numbactr.embedding.sparse_embedding import make_embedding
 from numbactr.kernels.embedding_init import row_values_ref

@@ -9,7 +9,7 @@ one update, which is the exact gradient. The cases below keep each table's featu
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding.engine import (BoundsCheck, OptimizerSpec, Optim, Pooling, Precision,
                                        TableBatchedEmbedding)
 from tests.engine_cases import assert_weights_close

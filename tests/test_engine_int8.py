@@ -4,7 +4,7 @@ own op where fbgemm-gpu is installed; what INT8 cannot do fails with a clear err
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding.engine import (Layout, OptimizerSpec, Optim, Pooling, Precision, TableBatchedEmbedding,
                                        TableSpec)
 from numbactr.kernels import fused8bit as Q8

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.kernels import scan
 from tests.engine_cases import assert_same_training, cases, run
 from tests.kernel_util import dev, host

@@ -5,7 +5,7 @@ counted so that a new launch or host synchronization shows without a GPU."""
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, OptimizerSpec, Optim, Pooling,
                                        Precision, TableBatchedEmbedding, TableSpec, UpdateType)
 from numbactr.kernels import launch

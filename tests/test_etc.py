@@ -1,4 +1,4 @@
-"""HugeCTR's embedding training cache (numbactr/etc.py): CreateETC's checks, training over several file lists
+"""HugeCTR's embedding training cache (numbactr/train/training_cache.py): CreateETC's checks, training over several file lists
 with their keyset files, the sparse model folders, incremental models, and equality with plain training."""
 import os
 

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.config import IgnoredArgumentWarning
 from numbactr.embedding.engine import EmbeddingBoundsError, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
 from numbactr.fbgemm_gpu import split_table_batched_embeddings_ops_common as common

@@ -19,7 +19,7 @@ import types
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.distributed.comm import Comm
 from numbactr.embedding import sharded
 from numbactr.embedding.engine import (BoundsCheck, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding,

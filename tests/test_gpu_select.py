@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.config import IgnoredArgumentWarning
 from numbactr.distributed import placement as P
 from tests.mpi_util import MPIEXEC, needs_mpi
@@ -214,7 +214,7 @@ def test_gpu_pci_key_reads_numba_identity(monkeypatch):
 def test_device_report_pinned_rank_is_no_sharing_warning():
     """numbactr device under a per-rank CUDA_VISIBLE_DEVICES: one visible GPU for 4 local ranks is the
     launcher's assignment, not 4 ranks on one GPU."""
-    from numbactr import device_report as R
+    from numbactr.runtime import device_report as R
     from tests.test_device_report import facts, levels
     four = {"rank": 1, "size": 4, "local_rank": 1, "local_size": 4, "node": 0, "nodes": 1,
             "source": "MPI shared-memory split"}
@@ -304,7 +304,7 @@ def test_gpu_device_turns_off_numbas_array_interface_stream_sync(monkeypatch):
     """Every kernel argument is a CuPy array: numba's default would wait on the host for the producer's stream
     at each launch. Choosing the GPU switches that off, unless the environment says otherwise."""
     from numba.cuda.core import config as cuda_config
-    from numbactr import device
+    from numbactr.runtime import device
     monkeypatch.setattr(cuda_config, "CUDA_ARRAY_INTERFACE_SYNC", 1)
     monkeypatch.setenv("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "1")
     device._no_interface_sync()
@@ -317,7 +317,7 @@ def test_gpu_device_turns_off_numbas_array_interface_stream_sync(monkeypatch):
 def test_asking_for_the_simulator_on_a_gpu_skips_the_test(on_device, monkeypatch):
     """conftest's on_device: a test that asks for 'sim' in a process whose numba runs real CUDA (the whole
     suite with NUMBACTR_DEVICE=gpu) is skipped with its reason, not failed by set_device's DeviceError."""
-    from numbactr import device
+    from numbactr.runtime import device
     monkeypatch.setattr(device, "_numba_simulated", lambda: False)
     with pytest.raises(pytest.skip.Exception, match="Numba's simulator"):
         on_device("sim")

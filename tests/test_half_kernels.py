@@ -7,7 +7,8 @@ compile to PTX (tests/test_ptx.py, from each module's PTX_CHECKS)."""
 import numpy as np
 import pytest
 
-from numbactr import device, ops
+from numbactr.runtime import device
+from numbactr import ops
 from numbactr.autograd import Tape, Tensor
 from numbactr.autograd.tape import autocast
 from numbactr.kernels import bias, fused_bias_act, interaction, relu
@@ -227,7 +228,7 @@ def _norm_layer(features):
 
 def _norm_and_reduce_cases():
     from numbactr.layers.attention import MaskedSoftmaxFn, SoftmaxFn
-    from numbactr.layers.norm import BatchNormFn, LayerNormFn, PReLUDiceFn
+    from numbactr.layers.normalization import BatchNormFn, LayerNormFn, PReLUDiceFn
     from numbactr.layers.shape import ReduceAxis
     rng = np.random.default_rng(7)
     x3 = r16(rng.normal(size=(3, 4, 5)))

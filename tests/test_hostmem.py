@@ -1,10 +1,10 @@
-"""numbactr.hostmem: host tables in 2 MiB-aligned huge pages, and the engine's results not depending on it."""
+"""numbactr.runtime.hostmem: host tables in 2 MiB-aligned huge pages, and the engine's results not depending on it."""
 import os
 
 import numpy as np
 import pytest
 
-from numbactr import hostmem
+from numbactr.runtime import hostmem
 from numbactr.embedding import engine as engine_mod
 from numbactr.embedding.engine import Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
 

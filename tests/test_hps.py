@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr.checkpoint import read_sparse_model
+from numbactr.files.checkpoint import read_sparse_model
 from numbactr.inference import (HPS, BackendError, CreateInferenceSession, DatabaseType_t, InferenceModel,
                                 ParameterServerConfig, PersistentDatabaseParams, UpdateSourceParams,
                                 UpdateSourceType_t, VolatileDatabaseParams)

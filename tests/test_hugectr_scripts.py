@@ -5,7 +5,7 @@ import os
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 
 
 @pytest.fixture

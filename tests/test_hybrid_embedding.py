@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.autograd import Tape
 from numbactr.embedding.hybrid import (HybridEmbedding, HybridEmbeddingParam, frequency_threshold, hybrid_split,
                                        infrequent_owner)
@@ -425,7 +425,7 @@ def test_graph_json_round_trips_the_hybrid_parameters(tmp_path):
     """graph_to_json writes HugeCTR's hybrid keys in sparse_embedding_hparam (IB_NVLink_Hier spelled as its
     reader spells it) and reading the JSON back gives the same HybridEmbeddingParam."""
     import json
-    from numbactr.graph_json import _embedding_from_json
+    from numbactr.files.graph_json import _embedding_from_json
     model = _model(E.HybridSparseEmbedding, _sources(tmp_path)[E.HybridSparseEmbedding])
     model.embeddings[0].cfg.hybrid_embedding_param = param(p_dup_max=0.5, max_frequent=7, comm=C.IB_NVLink_Hier)
     path = tmp_path / "g.json"

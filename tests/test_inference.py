@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import cuda_graphs, device
+from numbactr.train import cuda_graphs
+from numbactr.runtime import device
 from numbactr.data import make_reader
 from numbactr.data.errors import DataFormatError
 from numbactr.inference import CreateInferenceSession, InferenceModel, InferenceParams

@@ -318,7 +318,7 @@ def test_default_values_of_the_wrong_length_warn_and_use_the_first(tables):
 def test_empty_dense_model_file_loads_no_dense_weights(tmp_path, capsys):
     """HugeCTR's InferenceSession loads the dense model only when its name is not empty: the weights stay as
     created (numbactr: zeros, so every prediction of a sigmoid head is 0.5), with a warning."""
-    from numbactr import device
+    from numbactr.runtime import device
     from tests.test_inference import csr_request, eval_batches, train
     device.set_device("cpu")
     tr = train("multihot_mean", tmp_path)

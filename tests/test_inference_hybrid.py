@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.inference import CreateInferenceSession, InferenceModel, InferenceParams
 
 E, O, L = hugectr.Embedding_t, hugectr.Optimizer_t, hugectr.Layer_t

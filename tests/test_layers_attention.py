@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import compat
+from numbactr import hugectr_exact as compat
 from numbactr.kernels import softmax as sm
 from tests.layer_sim_cpu import assert_sim_matches_cpu, run_layer
 

@@ -73,7 +73,7 @@ def test_bias_act_wrappers_edge_cases():
 
 
 def test_fc_bias_act_reference_gradients_float64():
-    from numbactr import device
+    from numbactr.runtime import device
     from numbactr.layers.dense import FcBiasAct
     from numbactr.autograd import Context
     before = device.kind()
@@ -214,7 +214,7 @@ def test_multicross_param_order_and_init():
 
 def test_fused_inner_product_chain_head_body_tail():
     """Head/Body tops 2-3 alias top 1 and top 4 is (1, N) zeros; a chain computes act(XW+b) per step."""
-    from numbactr import device
+    from numbactr.runtime import device
     from numbactr.autograd import Tape, Tensor
     from numbactr.layers import RunInfo
     device.set_device("cpu")
@@ -275,7 +275,7 @@ def test_dense_layers_validate_at_add(data):
 
 
 def test_dcn_trains_through_the_model_on_cpu(data):
-    from numbactr import device
+    from numbactr.runtime import device
     device.set_device("cpu")
     m = small_model(data)
     L = hugectr.Layer_t

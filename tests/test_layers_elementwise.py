@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.autograd import Tape, Tensor
 from numbactr.kernels import dropout as dropout_k
 from numbactr.layers import RunInfo, build

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.autograd import Tape, Tensor
 from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import write_norm_file

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import numbactr as hugectr
-from numbactr import compat
+from numbactr import hugectr_exact as compat
 from numbactr.config import DenseLayer
 from numbactr.autograd import Tensor
 from numbactr.enums import Layer_t

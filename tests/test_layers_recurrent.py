@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import numbactr as hugectr
-from numbactr import compat
+from numbactr import hugectr_exact as compat
 from numbactr.config import DenseLayer
 from numbactr.enums import Layer_t
 from numbactr.kernels import gru
@@ -136,7 +136,7 @@ def test_gru_validates_at_add(data):
 
 @pytest.mark.gpu
 def test_gru_kernels_on_gpu():
-    from numbactr import device
+    from numbactr.runtime import device
     device.set_device("gpu")
     cfg = DenseLayer(Layer_t.GRU, ["x"], ["g"], num_output=64, batchsize=300, SeqLength=5, vector_size=16)
     _, (y1,), dx1, g1, x, params = run_layer("gpu", cfg, (300, 80))

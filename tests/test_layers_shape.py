@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.autograd import Tape, Tensor
 from numbactr.layers import LayerError, RunInfo
 from numbactr.layers.shape import LAYERS, ReshapeSelected, Slice
@@ -81,7 +81,7 @@ def test_one_bottom_sequence_mask_of_hugectr_v23_06():
     assert m.shape == (3, 1, 1, 4) and grads == [None]
     np.testing.assert_array_equal(m[:, 0, 0], [[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     assert layer.json_params() == {"max_sequence_len": 4}
-    from numbactr import graph_json
+    from numbactr.files import graph_json
     d = graph_json.dense_layer_json(layer.cfg)
     assert d["max_sequence_len"] == 4 and "max_sequence_len_to" not in d
     assert graph_json.dense_layer_from_json(d).max_sequence_len == 4

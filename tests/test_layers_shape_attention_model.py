@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from tests.model_util import tiny_data
 
 L = hugectr.Layer_t

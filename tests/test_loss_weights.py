@@ -4,13 +4,14 @@ A weighted loss Σ w_i·loss_i must have the gradient Σ w_i·∇loss_i. Before 
 backward dropped the seed (``return ctx.dx, None``), so every weight acted as 1 in the gradient while
 the reported loss was weighted. These tests check the gradient THROUGH the seed: at the Function level
 against central differences of the weighted loss value, and at the model level by linearity over the
-two losses of a multi-task graph. Under numbactr.compat.hugectr_exact() the weights scale only the
+two losses of a multi-task graph. Under numbactr.hugectr_exact.hugectr_exact() the weights scale only the
 reported loss, as in HugeCTR.
 """
 import numpy as np
 import pytest
 
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.autograd import Tape, Tensor
 from numbactr.layers.losses import CrossEntropy, MultiCrossEntropy
 from numbactr.ops import BinaryCrossEntropy

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding.sparse_embedding import make_embedding
 from tests.model_util import tiny_data, tiny_dlrm
 

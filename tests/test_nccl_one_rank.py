@@ -69,7 +69,7 @@ class _OneRank:
 def _child(path: str) -> int:
     """The gpu test's child: every part in turn, each result ('ok' or its traceback) into the JSON at `path`."""
     import numbactr  # noqa: F401  (first, as every numbactr script)
-    from numbactr import device
+    from numbactr.runtime import device
     from numbactr.distributed import nccl as N
 
     if not N.importable():
@@ -176,7 +176,7 @@ def _child(path: str) -> int:
     @part("graph")
     def _graph():
         """allreduce_sum and alltoallv captured on a non-blocking stream (relaxed capture mode, the graph's own
-        memory pool, as numbactr.cuda_graphs.capture does) and replayed twice after the inputs change."""
+        memory pool, as numbactr.train.cuda_graphs.capture does) and replayed twice after the inputs change."""
         src = cp.arange(1 << 16, dtype=cp.float32)
         keys = cp.asarray((np.uint64(1) << np.uint64(63)) | np.arange(1000, dtype=np.uint64))
         rows = cp.asarray(rng.standard_normal((1000, 8)).astype(np.float32))

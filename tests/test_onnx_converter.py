@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.data.batch import Batch
 from numbactr.onnx_converter import OnnxExportError, export, hugectr2onnx
 from numbactr.onnx_converter.runtime import OnnxPredictor, onnxruntime_predictor, pad_bags

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.optim import SUPPORTED
 from tests.model_util import tiny_data, tiny_dlrm
 

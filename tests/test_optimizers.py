@@ -128,7 +128,7 @@ def _engine(o, table, live=None, impl=None, **kw):
     """A one-table engine holding `table` (V, D), with HugeCTR's sparse optimizer `o`: a keyed table whose
     first `live` rows (default: all) hold keys 0..live-1 (key = row), so Global's all-rows pass covers
     exactly the rows [0, live) in use. Pooling NONE unless kw (TableBatchedEmbedding's) says otherwise."""
-    from numbactr import device
+    from numbactr.runtime import device
     from numbactr.embedding.engine import Pooling, TableBatchedEmbedding, TableSpec
     from numbactr.optim import sparse_optimizer_spec
     kw.setdefault("pooling", Pooling.NONE)
@@ -144,14 +144,14 @@ def _engine(o, table, live=None, impl=None, **kw):
 
 
 def _set_states(eng, states) -> None:
-    from numbactr import device
+    from numbactr.runtime import device
     for view, s in zip(eng.split_optimizer_states()[0], states):
         view[...] = device.xp().asarray(np.asarray(s))
 
 
 def _engine_step(eng, rows, grads, lr, scaler) -> None:
     """One fused update at the engine's next step: rows (U,) unique (key = row) take grads (U, D)."""
-    from numbactr import device
+    from numbactr.runtime import device
     xp = device.xp()
     eng.set_hyper_parameters(learning_rate=lr, scaler=scaler)
     _, ctx = eng.forward(xp.asarray(np.asarray(rows, np.int64)), xp.asarray(np.array([0, len(rows)], np.int64)))
@@ -162,7 +162,7 @@ def _engine_step(eng, rows, grads, lr, scaler) -> None:
 def _device_for(impl):
     """The device an engine path runs on: cpu for the host paths ('ref', 'cpu'), the kernels' device (the
     simulator, or the GPU of a gpu run) for 'kernels'."""
-    from numbactr import device
+    from numbactr.runtime import device
     before = device.kind()
     device.set_device("cpu" if impl != "kernels" else "sim" if SIMULATED else "gpu")
     try:
@@ -579,7 +579,7 @@ def _hugectr_lazy64(w, steps, lr, b1, b2, eps):
 
 
 def test_lazy_adam_catch_up_after_skipped_steps_matches_hugectr_formula():
-    from numbactr import device
+    from numbactr.runtime import device
     rng = np.random.default_rng(2)
     lr, b1, b2, eps = 0.05, 0.875, 1 - 2.0 ** -10, 1e-7          # exact in float32
     w0 = rng.normal(size=(6, 3)).astype(np.float32)
@@ -628,7 +628,7 @@ def test_adagrad_initial_accumulator_exact_bytes():
 
 
 def test_adagrad_state_follows_compat_switch():
-    from numbactr import compat
+    from numbactr import hugectr_exact as compat
     from numbactr.config import CreateOptimizer
     from numbactr.enums import Optimizer_t, Update_t
     from numbactr.optim import DenseOptimizer
@@ -687,7 +687,7 @@ def test_every_hugectr_combination_builds_and_the_rest_raise_with_names():
 def _one_step(o, sparse, dev_kind, scaler=1.0, gscale=1.0, lr=0.1, steps=1, seed=0):
     """Run `steps` updates of a DenseOptimizer / the engine's sparse optimizer on device `dev_kind`; host
     arrays [w, *states]."""
-    from numbactr import device
+    from numbactr.runtime import device
     from numbactr.optim import DenseOptimizer
     rng = np.random.default_rng(seed)
     before = device.kind()
@@ -725,7 +725,7 @@ def _combo_id(c):
 
 @pytest.mark.parametrize("combo", _all_combos(), ids=_combo_id)
 def test_optimizer_sim_matches_cpu_over_steps(combo):
-    from numbactr import device
+    from numbactr.runtime import device
     if not device._numba_simulated():
         pytest.skip("needs the simulator")
     o, sparse = combo
@@ -736,7 +736,7 @@ def test_optimizer_sim_matches_cpu_over_steps(combo):
 
 @pytest.mark.parametrize("combo", _all_combos(), ids=_combo_id)
 def test_scaler_divides_every_gradient(combo):
-    from numbactr import device
+    from numbactr.runtime import device
     o, sparse = combo
     for kind in ("cpu", device.kind()):
         base = _one_step(o, sparse, kind, steps=2)
@@ -749,7 +749,7 @@ def test_scaler_divides_every_gradient(combo):
 
 @pytest.mark.parametrize("combo", _all_combos(momentum_factor=0.5), ids=_combo_id)
 def test_lr_zero_freezes_weights_but_states_update(combo):
-    from numbactr import device
+    from numbactr.runtime import device
     o, sparse = combo
     from numbactr.optim import DenseOptimizer
     for kind in ("cpu", device.kind()):
@@ -796,7 +796,7 @@ def test_lr_zero_freezes_weights_but_states_update(combo):
 def test_states_in_hugectr_file_order():
     """One step from zero state with w = 0 tells each state apart: Adam [m, v], Ftrl [z, n], ..."""
     CreateOptimizer, O, U, optim = _classes()
-    from numbactr import device
+    from numbactr.runtime import device
     before = device.kind()
     device.set_device("cpu")
     try:
@@ -818,7 +818,7 @@ def test_states_in_hugectr_file_order():
 def test_momentum_global_with_zero_factor_is_every_row_local():
     """momentum_factor = 0 (the default): HugeCTR's two passes would divide by 0; ours give the semantics."""
     CreateOptimizer, O, U, optim = _classes()
-    from numbactr import device
+    from numbactr.runtime import device
     o = CreateOptimizer(optimizer_type=O.MomentumSGD, update_type=U.Global, momentum_factor=0.0)
     rng = np.random.default_rng(8)
     table, m = rng.normal(size=(5, 2)).astype(np.float32), rng.normal(size=(5, 2)).astype(np.float32)

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.data.synthetic import MANIFEST, cached_planted_dataset, planted_dataset_key
 
 SMALL = dict(num_train=600, num_eval=200, slot_sizes=[5, 7, 9], dense_dim=2, seed=3, calibration_samples=2000)

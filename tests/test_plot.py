@@ -1,4 +1,4 @@
-"""numbactr.plot: the matplotlib learning curve (two panels, reference lines) and the CSV history."""
+"""numbactr.files.plot: the matplotlib learning curve (two panels, reference lines) and the CSV history."""
 import warnings
 
 import numpy as np
@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from numbactr import plot
+from numbactr.files import plot
 
 HISTORY = {"iter": [10, 20, 30, 40], "loss": [0.69, 0.55, 0.5, 0.48], "lr": [0.01] * 4,
            "eval_iter": [20, 40], "auc": [0.70, 0.74]}

@@ -20,7 +20,7 @@ import threading
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.data import make_reader
 from numbactr.distributed.comm import launched
 from tests.model_util import tiny_data, tiny_dlrm

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.enums import Regularizer_t
 from numbactr.kernels import regularizer as reg
 from numbactr.layers import losses

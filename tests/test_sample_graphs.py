@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from tests.sample_graphs import GRAPHS, build
 
 

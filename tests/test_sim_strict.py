@@ -1,10 +1,10 @@
-"""numbactr.sim_strict: on the simulator, device arrays that record the implicit host reads a GPU would pay for
+"""numbactr.runtime.sim_strict: on the simulator, device arrays that record the implicit host reads a GPU would pay for
 (each a synchronization on a CuPy array), which tests/test_step_counts.py counts in every step; here, that
 the detector sees what it must and nothing else."""
 import numpy as np
 import pytest
 
-from numbactr import device, sim_strict
+from numbactr.runtime import device, sim_strict
 from numbactr.embedding.engine import BoundsCheck, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
 
 pytestmark = pytest.mark.skipif(not device._numba_simulated(), reason="needs the simulator")

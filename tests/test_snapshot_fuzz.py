@@ -3,7 +3,7 @@ that names the damaged file or the manifest) or values identical to the original
 
 With the manifest every file is covered, a flipped bit inside a float included (sha256). Without it
 (HugeCTR's own snapshots) a flipped bit inside a value, or a changed digit in the .ntp.json, reads as
-another valid value and cannot be detected (numbactr/checkpoint.py says so); truncations and insertions
+another valid value and cannot be detected (numbactr/files/checkpoint.py says so); truncations and insertions
 of the binary files still can, and that is what the second test asserts.
 """
 import os
@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
 from tests.mpi.snapshot_run import build, load_all, state

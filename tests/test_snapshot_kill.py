@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from numbactr import checkpoint
+from numbactr.files import checkpoint
 from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
 from tests.mpi.snapshot_run import build, load_all, state

@@ -1,4 +1,4 @@
-"""Snapshots of another model are refused (numbactr.checkpoint): the manifest records the dense layers'
+"""Snapshots of another model are refused (numbactr.files.checkpoint): the manifest records the dense layers'
 parameter shapes, the optimizer types and each sparse folder's embedding name, and loading checks them
 against the model (not only the value count); files without a manifest, and manifests written before
 these records existed, load as before."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import checkpoint
+from numbactr.files import checkpoint
 from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
 

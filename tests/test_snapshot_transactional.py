@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import checkpoint, device
+from numbactr.files import checkpoint
+from numbactr.runtime import device
 from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
 from tests.mpi.snapshot_run import build, load_all, state

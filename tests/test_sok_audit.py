@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from numbactr import device  # noqa: E402
+from numbactr.runtime import device  # noqa: E402
 
 import numbactr.sok as sok  # noqa: E402
 

@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from numbactr import bench, device  # noqa: E402
+from numbactr.bench import cli as bench
+from numbactr.runtime import device  # noqa: E402
 
 
 @pytest.fixture

@@ -90,7 +90,7 @@ def test_sok_dump_on_two_ranks_loads_on_two_and_on_one(tmp_path):
         import sok_run
     finally:
         sys.path.pop(0)
-    from numbactr import device
+    from numbactr.runtime import device
     import numbactr.sok as sok
     old = device.kind()
     device.set_device("cpu")

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.data.staging import DeviceStager
 from tests.model_util import tiny_data, tiny_dlrm
 

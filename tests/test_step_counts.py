@@ -5,9 +5,9 @@ without a GPU. The budgets are today's counts; lower counts pass (then lower the
 Launches: numbactr.kernels.launch.COUNTS["launches"] counts every GPU operation of the kernel modules (the
 launch helpers, the scan's phases, the embedding engine's CuPy sort); on the simulator the test also hooks
 Numba's simulated kernel calls and checks that every numba launch is in that count. Host reads:
-COUNTS["host_reads"] (numbactr.device.to_host and the hash table's reads), plus numba device-array
+COUNTS["host_reads"] (numbactr.runtime.device.to_host and the hash table's reads), plus numba device-array
 copy_to_host calls seen on the simulator, plus the implicit reads that only a GPU would pay for: on the
-simulator every test here runs inside numbactr.sim_strict.strict(), whose device arrays record ``bool()``,
+simulator every test here runs inside numbactr.runtime.sim_strict.strict(), whose device arrays record ``bool()``,
 ``int()``, ``float()``, ``.item()``, ``.tolist()`` and iteration (each a host synchronization on a CuPy
 array). The simulator runs each launch as Python threads, so the model is the demo's with 2 slots of width
 4 and a batch of 4 (the step's structure does not depend on those)."""
@@ -19,8 +19,8 @@ import pytest
 from numba import config
 
 import numbactr as hugectr
-from numbactr import device, sim_strict
-from numbactr.bench_mlperf import DENSE, SLOTS, build_mlperf_dlrm
+from numbactr.runtime import device, sim_strict
+from numbactr.bench.mlperf import DENSE, SLOTS, build_mlperf_dlrm
 from numbactr.demo import build_dlrm
 from numbactr.kernels import launch
 from tests.model_util import tiny_data
@@ -106,7 +106,7 @@ def test_demo_dlrm_step_counts(tmp_path, sim_hooks):
         assert got[step]["numba_launches"] <= NUMBA_LAUNCHES, (step, got)
     _check(got, BUDGET, "")
 
-#: the MLPerf (HugeCTR-sized) DLRM's structure (numbactr.bench_mlperf: 13 dense, 26 slots, a bottom MLP, the
+#: the MLPerf (HugeCTR-sized) DLRM's structure (numbactr.bench.mlperf: 13 dense, 26 slots, a bottom MLP, the
 #: dot interaction, a top MLP of five layers, Update_t.Global) with narrow layers and a batch of 4: measured
 #: 2026-11-24 on sim (53 and 54 before the bias+ReLU fusion). Adam's global pass adds its kernel; no host
 #: read in either.
@@ -159,7 +159,7 @@ def test_launch_arguments_are_the_same_every_step(tmp_path, sim_hooks, optimizer
     """What a CUDA graph of the step replays: every launch with the same grid, block and scalar arguments
     every step, while the learning rate changes (a schedule), Adam's t advances (its bias corrections) and
     the embedding's stochastic-rounding salt and the dropout mask's step change: those are read from device
-    memory (numbactr.step_values), not passed by value. The MLPerf-shaped DLRM (embedding Global update,
+    memory (numbactr.runtime.step_values), not passed by value. The MLPerf-shaped DLRM (embedding Global update,
     dense optimizer, fused bias+ReLU, interaction) with a Dropout after each ReLU of its top MLP; and in
     mixed precision, whose overflow gate and Adam's t on the device are arrays too."""
     if not config.ENABLE_CUDASIM:

@@ -1,4 +1,4 @@
-"""numbactr.threads: compute threads and reader workers are split so they never exceed the cores,
+"""numbactr.runtime.threads: compute threads and reader workers are split so they never exceed the cores,
 the user's settings win, the plan is really applied (threadpoolctl, numba) and stated at start-up."""
 import os
 import subprocess
@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from numbactr import threads
+from numbactr.runtime import threads
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import gc
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding.cache import CacheCapacityError
 from numbactr.embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, OptimizerSpec, Optim,
                                        Pooling, Precision, TableBatchedEmbedding, UpdateType, WeightDecay)

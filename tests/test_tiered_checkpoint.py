@@ -1,4 +1,4 @@
-"""A snapshot's sparse weights and optimizer states loaded through numbactr.checkpoint into a tiered
+"""A snapshot's sparse weights and optimizer states loaded through numbactr.files.checkpoint into a tiered
 SparseEmbedding (embedding_cache): the rows and states land in the backing tier exactly as in the untiered
 table, on the cpu device and on the kernels (sim here, the GPU on a GPU run, where the tiered table's
 weights and states are host arrays beside the device's)."""
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import numbactr as hugectr
-from numbactr import checkpoint, device
+from numbactr.files import checkpoint
+from numbactr.runtime import device
 from numbactr.distributed.comm import world
 from numbactr.embedding.tiered import CacheConfig, TierSpec, TieredEmbedding
 from tests.test_tiered_sparse_embedding import batches, embedding, train

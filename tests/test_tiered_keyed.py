@@ -5,7 +5,7 @@ size on LMDB grows and reopens with its vocabulary; bounded tables fill with a c
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding import tiered
 from numbactr.embedding.engine import OptimizerSpec, Optim, Pooling, TableBatchedEmbedding, TableSpec, UpdateType
 from numbactr.embedding.hash_table import HashTableFullError

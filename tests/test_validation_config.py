@@ -271,7 +271,7 @@ def test_hash_table_full_states_the_workspace_needed(tmp_path, cpu):   # cpu: ra
 
 
 # ---- graph JSON ----------------------------------------------------------------------------------
-# keys whose absence the format defines (see numbactr.graph_json.construct); every other key is required
+# keys whose absence the format defines (see numbactr.files.graph_json.construct); every other key is required
 OPTIONAL = {"max_vocabulary_size_global", "model_name", "optimizer", "time_step", "axis@Concat", "type@sparse",
             "factor@Softmax", "workspace_size_per_gpu_in_mb@slot_size_array"}
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.kernels import bce, bias, hash_table_cpu, interaction, optimizers_cpu, relu, tbe_cpu
 from numbactr.tools import warm_cache
 

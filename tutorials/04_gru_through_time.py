@@ -26,7 +26,7 @@ os.environ.setdefault("NUMBACTR_DEVICE", "sim")
 
 import numpy as np                                              # noqa: E402
 
-from numbactr import device                                     # noqa: E402
+from numbactr.runtime import device                                     # noqa: E402
 from numbactr.kernels import bias as bias_kernels               # noqa: E402
 from numbactr.kernels import gru                                # noqa: E402  (the real kernels)
 from numbactr.layers.recurrent import gru_weight_count, split_gru_weights  # noqa: E402

@@ -149,7 +149,7 @@ want_w, (want_m,) = K.optimizer_update_ref(Optim.EXACT_ROWWISE_ADAGRAD, hp, befo
                                            [np.zeros(len(r0))], 1)
 # the step's scalars travel in three small device arrays, not as launch arguments: float32 ks (learning
 # rate, betas, bias corrections), int64 ki (optimizer kind, step, batch) and the uint64 salt of stochastic
-# rounding. The engine writes them once per step (numbactr.step_values), so every launch of a step has the
+# rounding. The engine writes them once per step (numbactr.runtime.step_values), so every launch of a step has the
 # same arguments every step: what a CUDA graph replays. On the sim device "device arrays" are NumPy arrays.
 ks = K.kernel_scalars(hp, 1)
 ki = K.kernel_ints(Optim.EXACT_ROWWISE_ADAGRAD, 0, 0, 1, False, Pooling.SUM, eng.layout, ctx.batch)

@@ -56,7 +56,7 @@ class autocast:  # noqa: N801 (a context manager, named like torch's)
 def _native_half(half) -> bool:
     """Whether half_native ops take half tensors directly: float16 on the gpu and sim devices (their
     kernels take float16), unless NUMBACTR_HALF_KERNELS=0."""
-    from numbactr import device
+    from numbactr.runtime import device
     if half != np.float16 or not device.uses_kernels():
         return False
     raw = os.environ.get("NUMBACTR_HALF_KERNELS", "1").strip()
@@ -205,7 +205,7 @@ class Tape:
             raise RuntimeError("Tape.grads_finite needs Tape(watch_finite=True)")
         if self._finite is None:
             return True
-        from numbactr import device                  # a counted read (kernels.launch.COUNTS)
+        from numbactr.runtime import device                  # a counted read (kernels.launch.COUNTS)
         return bool(device.to_host(self._finite))
 
     def backward(self, seeds: dict[int, tuple[Tensor, Any]]) -> None:

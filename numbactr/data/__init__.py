@@ -1,6 +1,6 @@
 """numbactr.data: HugeCTR's data formats (Norm, Raw, RawAsync, Parquet), DataSourceParams and DataSource (hugectr.data), file
 lists, the reader the model uses (make_reader), Criteo preprocessing (numbactr.data.criteo) and the reader
-benchmark (numbactr.data.bench).
+benchmark (numbactr.bench.data).
 """
 from numbactr.data.batch import Batch
 from numbactr.data.errors import DataFormatError

@@ -22,7 +22,7 @@ Sample order (HugeCTR's DataReader + DataCollector):
 * Workers: Norm and Raw use num_workers (RawAsync: num_threads, each num_batches_per_thread ahead); Norm
   needs at least one file per worker (HugeCTR throws, so do we). Parquet uses min(num_workers, #files,
   local devices) workers (one per local GPU: 1 here; read_file_sequentially=True skips the #files bound
-  as in HugeCTR). num_workers=None (the script set none): numbactr.threads.reader_workers(), sized next
+  as in HugeCTR). num_workers=None (the script set none): numbactr.runtime.threads.reader_workers(), sized next
   to the compute threads, one per file at most.
 * drop_incomplete_batch is the model's business: the reader hands out every partial batch.
 
@@ -66,7 +66,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from numbactr import compat, log
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import log
 from numbactr.enums import Check_t, DataReaderType_t
 from numbactr.data.batch import Batch
 from numbactr.data.file_list import read_file_list
@@ -622,11 +623,11 @@ class DataReader:
             self.flat_nnz = [int(v) for x in nnz for v in x]
         self.i64 = bool(i64_input_key)
         self.repeat = bool(repeat)
-        # num_workers=None: the user did not choose; numbactr.threads sizes the workers next to the compute
+        # num_workers=None: the user did not choose; numbactr.runtime.threads sizes the workers next to the compute
         # threads (HugeCTR's default 12 under compat.hugectr_exact()), and fewer files is no warning
         self.num_workers_chosen = num_workers is not None
         if num_workers is None:
-            from numbactr import threads
+            from numbactr.runtime import threads
             num_workers = 12 if compat.hugectr_exact() else threads.reader_workers()
         self.num_workers_requested = int(num_workers)
         if self.num_workers_requested <= 0:

@@ -29,7 +29,7 @@ are the GPU's. Model.train uses a stager when every embedding is a SparseEmbeddi
 (numbactr.model.Model._stager_for_step); NUMBACTR_STAGE_INPUTS=0 turns it off. On several ranks the
 sharded embeddings read each batch's keys on the host to route them to their owners: the stager then keeps
 the batch's host arrays as read-only mirrors of its device arrays (host_mirrors), which
-numbactr.device.to_host returns without a device read.
+numbactr.runtime.device.to_host returns without a device read.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import threading
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.data.batch import Batch
 
 _END = object()          # the reader's end (an epoch-mode source): handed out as None, once
@@ -187,7 +187,7 @@ class DeviceStager:
     the end of an epoch-mode source), with the one after it already uploading.
 
     host_mirrors (several ranks: the sharded embeddings route each key to its owner on the host): the batch
-    handed out keeps its host arrays, registered with numbactr.device.add_host_mirrors, so that
+    handed out keeps its host arrays, registered with numbactr.runtime.device.add_host_mirrors, so that
     device.to_host of its device arrays reads nothing back; they stay valid (a reader's arena blocks are
     released, a slot's pinned buffers restaged) only once the next batch is handed out."""
 

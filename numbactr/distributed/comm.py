@@ -7,7 +7,7 @@ and cupy.cuda.nccl imports, and staged through host memory and MPI otherwise (``
 and why; ``NUMBACTR_COMM=mpi`` forces the host path, ``=nccl`` makes NCCL's absence an error). The choice
 is ``placement.choose_transport``, made once, on the first device collective, from every rank's facts.
 Each rank's node and local rank (``Comm.placement``) come from MPI's shared-memory split communicator;
-numbactr.device picks the rank's GPU from them before any allocation.
+numbactr.runtime.device picks the rank's GPU from them before any allocation.
 
 A failing rank ends the whole job within seconds and says which rank and why. Under a multi-rank launch,
 ``import numbactr`` calls ``guard_launch()``: the launcher's environment says so (``PMI_SIZE`` from
@@ -145,7 +145,7 @@ class Comm:
         every rank calls it at the same point (the first device collective does)."""
         if self._transport is not None:
             return self._transport
-        from numbactr import device
+        from numbactr.runtime import device
         kind = device.kind()
         if self.size == 1:
             self._transport = choose_transport(1, kind, True, False)
@@ -413,7 +413,7 @@ def world() -> Comm:
                            f"{comm.size}: mpi4py's MPI library ({MPI.Get_library_version().splitlines()[0]}) "
                            f"is not the one of this mpiexec")
     if comm.size > 1:
-        from numbactr import log
+        from numbactr.runtime import log
         log.set_rank(comm.rank)
         comm.placement = _placement(comm, MPI)
         comm._guard = _Guard(comm, MPI)

@@ -3,7 +3,7 @@
 ``Comm`` (numbactr.distributed.comm) hands device buffers here when ``placement.choose_transport``
 picked NCCL: every rank has a GPU of its own and cupy.cuda.nccl imports. The NCCL communicator is built
 once per job: rank 0 makes the unique id, MPI broadcasts it (``Comm.bcast``, a guarded collective), every
-rank joins with ``ncclCommInitRank`` on its current GPU (chosen by numbactr.device before any allocation). Collectives run on CuPy's current
+rank joins with ``ncclCommInitRank`` on its current GPU (chosen by numbactr.runtime.device before any allocation). Collectives run on CuPy's current
 stream, so they are ordered with the kernels around them and need no host synchronization of their own.
 
 * ``allreduce_sum(x)``: in place, float32/float16/float64/int32/int64 (bfloat16 has no CuPy dtype);

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.kernels import cache as K
 from numbactr.kernels.cache import CacheCapacityError
 
@@ -85,7 +85,7 @@ class EmbeddingCache:
         capacities: (T,) slots per table, each >= 1.
         table_rows: (T,) rows per table (a keyed table's row count grows: grow_rows).
         policy: "lru" or "lfu" (see numbactr.kernels.cache).
-        use_kernels: launch the numba.cuda kernels (gpu, sim); default: numbactr.device.uses_kernels().
+        use_kernels: launch the numba.cuda kernels (gpu, sim); default: numbactr.runtime.device.uses_kernels().
     """
 
     def __init__(self, capacities, table_rows, policy: str = "lru", *, use_kernels: bool | None = None):

@@ -65,7 +65,7 @@ ev_sizes of the dumped tables) and per table id j (its place in the collection: 
 ``key<j>`` and ``weight<j>``, each a 128-byte head (int32 1 or 2, the table id, zeros) before the keys
 (ascending) or the float32 vectors: the files HugeCTR's embedding_dump writes and its embedding_load reads
 (as its v23.08 source reads them; no HugeCTR ran here), so dumps move between the two. The files go
-through numbactr.checkpoint's atomic commit (staged, fsync'd, manifest
+through numbactr.files.checkpoint's atomic commit (staged, fsync'd, manifest
 ``path/embedding_collection_0.manifest.json`` with each file's size and sha256, which HugeCTR ignores);
 ``embedding_load`` checks every file (against the manifest when there is one, and against meta_data) before it
 changes any table, and still reads numbactr's earlier layout (``path/<table name>/key`` and ``emb_vector``).
@@ -84,7 +84,7 @@ from dataclasses import fields
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.autograd import Context, Function, Tensor
 from numbactr.data.errors import DataFormatError
 from numbactr.enums import CommunicationStrategy
@@ -902,7 +902,7 @@ def parse_meta_data(data: bytes, path: str) -> dict:
 
 def dump(collections, comm, path: str, table_names=(), i64_keys: bool = True) -> None:
     """``Model.embedding_dump``: every rank calls it; rank 0 writes (module docstring: layout, atomicity)."""
-    from numbactr import checkpoint
+    from numbactr.files import checkpoint
     chosen = _selected(collections, table_names, "embedding_dump")
     parts = []
     for c, j, t in chosen:                                # collectives, every rank in the same order
@@ -936,7 +936,7 @@ def dump(collections, comm, path: str, table_names=(), i64_keys: bool = True) ->
 def _read_hugectr_table(snap, path: str, c: int, j: int, t, metas: dict):
     """(keys (n,) int64, vectors (n, D), the key file, its key size) of table j of collection c from HugeCTR's
     layout, checked against meta_data (table id, ev_size, key count) and the files' heads."""
-    from numbactr import checkpoint
+    from numbactr.files import checkpoint
     folder = os.path.join(path, f"{DUMP_BASE}_{c}")
     mpath = os.path.join(folder, "meta_data")
     if c not in metas:
@@ -969,7 +969,7 @@ def load(collections, path: str, table_names=()) -> None:
     manifest when there is one), then write them into the tables; a failed load changes nothing. Reads
     HugeCTR's layout (embedding_collection_<c>/meta_data, key<id>, weight<id>: what HugeCTR and numbactr
     write) and numbactr's earlier one (<table name>/key and emb_vector)."""
-    from numbactr import checkpoint
+    from numbactr.files import checkpoint
     chosen = _selected(collections, table_names, "embedding_load")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"embedding_load: folder {path!r} does not exist")

@@ -69,8 +69,8 @@ from dataclasses import dataclass, field, fields, replace
 import numba
 import numpy as np
 
-from numbactr import device
-from numbactr.hostmem import HUGE_MIN_BYTES, check_fits, host_zeros, huge_pages_wanted
+from numbactr.runtime import device
+from numbactr.runtime.hostmem import HUGE_MIN_BYTES, check_fits, host_zeros, huge_pages_wanted
 from numbactr.kernels import embedding_init as EI
 from numbactr.kernels import fused8bit as Q8
 from numbactr.kernels import nbit_rows as NB
@@ -191,7 +191,7 @@ class LookupContext:
 
 def _zeros(n: int, dtype, huge: bool = True):
     """A zeroed buffer for the tables, their states and the step's scratch: device memory on a GPU; on the
-    host numbactr.hostmem.host_zeros (2 MiB-aligned transparent huge pages for big buffers: random row
+    host numbactr.runtime.hostmem.host_zeros (2 MiB-aligned transparent huge pages for big buffers: random row
     access 1.3-1.5x faster than 4 KiB pages on the measured VM; NUMBACTR_HUGE_PAGES=0 declines them)."""
     xp = device.xp()
     if xp is not np or n == 0:
@@ -341,7 +341,7 @@ class TableBatchedEmbedding:
         self.impl = self._pick_impl(impl)
         self.step = 0
         self.bounds_warnings = 0
-        # gate: None, or a numbactr.precision.Gate set by a caller for one update (kernels only): its go = 0
+        # gate: None, or a numbactr.train.precision.Gate set by a caller for one update (kernels only): its go = 0
         # makes the step's update kernels change nothing (kernels.tbe_math.KI_GO), and the step-dependent
         # scalars (bias corrections, KI_STEP) are computed on the device for the steps that did update
         # (kernels.tbe.gate_scalars; stochastic rounding's salts still count every step). Mixed precision
@@ -387,7 +387,7 @@ class TableBatchedEmbedding:
 
         xp = device.xp()
         wdtype = {Precision.FP16: np.float16, Precision.INT8: np.uint8}.get(self.weights_precision, np.float32)
-        self.huge_pages = huge_pages_wanted()       # host buffers in huge pages (numbactr.hostmem), read once
+        self.huge_pages = huge_pages_wanted()       # host buffers in huge pages (numbactr.runtime.hostmem), read once
         try:
             self.weights = _zeros(int(self.elem_offsets[-1]), wdtype, self.huge_pages)       # (sum V_t * stride_t,)
             self.states = [self._new_state(per_row, dtype, name) for name, per_row, dtype in self._state_specs()]
@@ -405,12 +405,12 @@ class TableBatchedEmbedding:
 
     # ---- configuration ------------------------------------------------------------------------------
     def _pick_impl(self, impl):
-        if impl is None:                 # the cpu device's references only: numbactr.device.reference_ops
+        if impl is None:                 # the cpu device's references only: numbactr.runtime.device.reference_ops
             return ("cpu" if device.compiled_cpu() else "ref") if device.kind() == "cpu" else "kernels"
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         if impl == "kernels" and not device.uses_kernels():
-            raise ValueError("impl 'kernels' needs the gpu or sim device (numbactr.device)")
+            raise ValueError("impl 'kernels' needs the gpu or sim device (numbactr.runtime.device)")
         if impl != "kernels" and device.kind() == "gpu":
             raise ValueError(f"impl {impl!r} runs on host arrays; the gpu device uses impl 'kernels'")
         if impl not in _IMPLS:
@@ -885,8 +885,8 @@ class TableBatchedEmbedding:
         if glob and not first:
             self._impl.global_pass(t)
         self.step = t
-        if isinstance(self._impl, _KernelImpl):     # what a replayed step (numbactr.cuda_graphs) redoes
-            from numbactr import step_values
+        if isinstance(self._impl, _KernelImpl):     # what a replayed step (numbactr.train.cuda_graphs) redoes
+            from numbactr.runtime import step_values
             step_values.on_replay(("engine", id(self)), lambda run, p=ctx.pooling, b=ctx.batch, g=self.gate:
                                   self._replay_backward(p, b, g))
         return grads
@@ -1223,11 +1223,11 @@ class _KernelImpl:
         self._step_values: dict = {}           # name -> StepValues: the per-step scalars of a launch
 
     def _put(self, name: str, values, dtype):
-        """The device array holding this step's ``values`` for one launch (numbactr.step_values): the same
+        """The device array holding this step's ``values`` for one launch (numbactr.runtime.step_values): the same
         array every step, so the launch's arguments do not change from step to step."""
         sv = self._step_values.get(name)
         if sv is None:
-            from numbactr.step_values import StepValues
+            from numbactr.runtime.step_values import StepValues
             sv = self._step_values[name] = StepValues(np.size(values), dtype)
         return sv.put(values)
 
@@ -1311,7 +1311,7 @@ class _KernelImpl:
         return out
 
     def put_hot(self, t: int, pooling, batch: int) -> tuple:
-        """Step t's scalars of the fused update, in their device arrays (numbactr.step_values)."""
+        """Step t's scalars of the fused update, in their device arrays (numbactr.runtime.step_values)."""
         e = self.e
         ks, ki = e._ks_ki(None, t, pooling, batch)
         return (self._put("hot_ks", ks, np.float32), self._put("hot_ki", ki, np.int64),

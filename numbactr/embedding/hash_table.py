@@ -12,7 +12,7 @@ import numpy
 
 from numbactr.kernels import hash_table as _k
 from numbactr.kernels import hash_table_cpu as _cpu
-from numbactr.hostmem import host_full
+from numbactr.runtime.hostmem import host_full
 from numbactr.kernels.scan import scan_partials_size
 from numbactr.kernels.hash_table import EMPTY_KEY, HashTableFullError
 
@@ -47,7 +47,7 @@ class HashTable:
         self.xp = xp
         self.scan_threads = scan_threads
         self.capacity = max(math.ceil(max_rows / load_factor), 1)
-        # host slots in huge pages when big (numbactr.hostmem): every probe is a random read
+        # host slots in huge pages when big (numbactr.runtime.hostmem): every probe is a random read
         full = host_full if xp is numpy else (lambda n, v, dt: xp.full(n, v, dtype=dt))
         self._tkeys = full(self.capacity, EMPTY_KEY, numpy.uint64)            # (C,)
         self._trows = full(self.capacity, -1, numpy.int64)                    # (C,)
@@ -67,7 +67,7 @@ class HashTable:
     def size(self) -> int:
         """Rows in use (= distinct keys inserted); after a deferred insert, one read of the device counter."""
         if self._size_stale:
-            from numbactr import device
+            from numbactr.runtime import device
             self._size = int(device.to_host(self._dsize)[0])
             self._size_stale = False
         return self._size
@@ -141,7 +141,7 @@ class HashTable:
                                 self._max_rows, slots, flags, pos, rows, status, self._err,
                                 scan_threads=self.scan_threads, partials=self._partials)
         self._size_stale = self._unchecked = True
-        from numbactr import step_values            # a replayed step marks the record again (cuda_graphs)
+        from numbactr.runtime import step_values            # a replayed step marks the record again (cuda_graphs)
         step_values.on_replay(("hash", id(self)), self._mark_deferred)
         return rows, flags, keys
 
@@ -155,7 +155,7 @@ class HashTable:
         reserved key. The record is cleared first, so a caller that handles the error can go on."""
         if not self._unchecked:
             return
-        from numbactr import device
+        from numbactr.runtime import device
         err = device.to_host(self._err).astype(numpy.int64)
         self._unchecked = False
         if err[0] == 0 and err[3] == _k.INT64_MAX:

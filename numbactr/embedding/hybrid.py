@@ -56,7 +56,7 @@ import numbers
 
 import numpy as np
 
-from numbactr import device, log
+from numbactr.runtime import device, log
 from numbactr.enums import CommunicationType, Embedding_t, HybridEmbeddingType, Optimizer_t
 from numbactr.embedding.engine import Pooling
 from numbactr.embedding.sharded import ShardedLookup, ShardedTable, owner_offsets

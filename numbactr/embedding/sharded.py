@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding.engine import BoundsCheck, Layout, LookupContext, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
 
 __all__ = ["ShardedTable", "ShardedLookup", "owner_offsets", "exchange_on_device"]

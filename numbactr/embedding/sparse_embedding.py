@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.autograd import Context, Function, Tensor
 from numbactr.distributed.comm import world
 from numbactr.distributed.sharding import key_owner, key_owner_of
@@ -198,7 +198,7 @@ class HashEmbedding:
         if pending is None:
             return
         self._set_rate(lr, scaler)
-        from numbactr import step_values                 # a replayed step sets the rate again (cuda_graphs)
+        from numbactr.runtime import step_values                 # a replayed step sets the rate again (cuda_graphs)
         step_values.on_replay(("sparse", id(self)), lambda run: self._set_rate(run["lr"], run["scaler"]))
         self.engine.backward(*pending)
 
@@ -317,7 +317,7 @@ class HashEmbedding:
     def _where(self) -> str:
         return f" on rank {self.comm.rank}" if self.comm.size > 1 else ""
 
-    # ---- snapshots (numbactr.checkpoint) --------------------------------------------------------------
+    # ---- snapshots (numbactr.files.checkpoint) --------------------------------------------------------------
     def dump(self):
         """(keys (n,) uint64 in row order, vectors (n, D)) held by this rank (host copies: the cpu device's
         arrays would otherwise be views of the live table)."""
@@ -350,7 +350,7 @@ class HashEmbedding:
 
     def load(self, keys: np.ndarray, vectors: np.ndarray, slots: np.ndarray | None = None) -> None:
         """Replace the table by ``keys`` (n,) uint64 in rows 0..n-1 with ``vectors`` (n, D) and, for a
-        Localized table, ``slots`` (n,) int64 (-1: unknown). The caller (numbactr.checkpoint) has already
+        Localized table, ``slots`` (n,) int64 (-1: unknown). The caller (numbactr.files.checkpoint) has already
         checked that they are this rank's keys, unique, not reserved and at most max_rows, so nothing
         here can fail half way. Optimizer states move with their keys; keys new to the table start
         from the initial state."""

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.kernels import cache as KC
 from numbactr.kernels import embedding_init as EI
 from numbactr.kernels import tbe as K

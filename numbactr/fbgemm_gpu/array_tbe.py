@@ -84,7 +84,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numbactr import device, log
+from numbactr.runtime import device, log
 from numbactr.config import IgnoredArgumentWarning
 from numbactr.embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Grads,
                                 LookupContext, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding,
@@ -448,7 +448,7 @@ class TBECore:
     Args: FBGEMM's (embedding_specs, feature_table_map, then TBEConfig's fields), plus numbactr's
     keyword-only `seed` (stochastic rounding's random stream and init_embedding_weights_uniform; default 0).
 
-    Device: the engine runs on numbactr.device's device. ComputeDevice.CUDA specs (or device="cuda") run
+    Device: the engine runs on numbactr.runtime.device's device. ComputeDevice.CUDA specs (or device="cuda") run
     there too when there is no GPU (said once in the log, as a HugeCTR script's vvgpu runs on cpu);
     ComputeDevice.CPU specs on the gpu device are an error (set NUMBACTR_DEVICE=cpu).
     """

@@ -32,7 +32,7 @@ class EmbeddingLocation(enum.IntEnum):
 
 
 class ComputeDevice(enum.IntEnum):
-    """Where the lookup runs. numbactr runs it on numbactr.device's device (gpu: CUDA; cpu/sim: CPU)."""
+    """Where the lookup runs. numbactr runs it on numbactr.runtime.device's device (gpu: CUDA; cpu/sim: CPU)."""
     CPU = 0
     CUDA = 1
     MTIA = 2

@@ -41,14 +41,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from numbactr import device, log
+from numbactr.runtime import device, log
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, OptimizerSpec, Pooling, Precision,
                                 TableBatchedEmbedding)
 from numbactr.kernels import tbe as K
 from numbactr.kernels import fused8bit as Q8
 from numbactr.kernels import nbit_rows as NB
-from numbactr.torch_bridge import as_array as _as_array
-from numbactr.torch_bridge import as_tensor as _as_tensor
+from numbactr.runtime.torch_bridge import as_array as _as_array
+from numbactr.runtime.torch_bridge import as_tensor as _as_tensor
 from numbactr.fbgemm_gpu.array_tbe import _enum
 from numbactr.fbgemm_gpu.split_embedding_configs import SparseType
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, EmbeddingLocation,

@@ -11,7 +11,7 @@ FBGEMM's module exports are importable from here too, as in FBGEMM.
 """
 from __future__ import annotations
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.fbgemm_gpu.array_tbe import ArrayTBE, SUPPORTED_OPTIMIZERS, TBECore, consumed_preallocated_keys
 from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from numbactr.fbgemm_gpu.optimizer_config import (CounterBasedRegularizationDefinition, CounterWeightDecayMode, CowClipDefinition,

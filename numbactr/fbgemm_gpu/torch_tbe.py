@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.embedding.engine import state_specs
-from numbactr.torch_bridge import as_array as _as_array
-from numbactr.torch_bridge import as_tensor as _as_tensor
+from numbactr.runtime.torch_bridge import as_array as _as_array
+from numbactr.runtime.torch_bridge import as_tensor as _as_tensor
 from numbactr.fbgemm_gpu.array_tbe import (SIGNATURE, WHO, FBGEMMAssertion, OptimizerArgs, TBECore, prefetch_passes,
                         table_name_for_logging)
 from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType

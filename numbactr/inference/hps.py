@@ -21,7 +21,7 @@ One request for table t with keys (U,) distinct, as HugeCTR's EmbeddingCache::lo
   3. databases (HierParameterServer::lookup): the volatile tier, then for its misses the persistent tier
      (with cache_missed_embeddings, what it found is copied up into the volatile tier); a key no tier
      holds gets default_value_for_each_table. Such keys are not cached (HugeCTR caches the default).
-At start every table is read from its sparse model folder (numbactr.checkpoint's reader and checks) into
+At start every table is read from its sparse model folder (numbactr.files.checkpoint's reader and checks) into
 the tiers whose initialize_after_startup is set, every key into each, as HugeCTR does (the volatile one
 takes only the first initial_cache_rate x its capacity of a table larger than its capacity, overflow_margin
 x num_partitions, and only when a persistent tier filled at start holds them all: _volatile_share); the
@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbactr import device, log
-from numbactr.checkpoint import read_sparse_model
+from numbactr.runtime import device, log
+from numbactr.files.checkpoint import read_sparse_model
 from numbactr.embedding.cache import EmbeddingCache
 from numbactr.embedding.hash_table import HashTable
 from numbactr.kernels import cache as KC

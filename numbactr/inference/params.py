@@ -258,7 +258,7 @@ class InferenceParams:
     volatile_db, persistent_db, update_source, maxnum_catfeature_query_per_table_per_sample,
     embedding_vecsize_per_table and embedding_table_names (the HPS interface's tables),
     non_trainable_params_file (BatchNorm statistics; default: dense_model_file + ".ntp.json"), init_ec,
-    use_cuda_graph (the dense forward as CUDA graphs on a GPU, numbactr.cuda_graphs.ForwardGraphs; for now
+    use_cuda_graph (the dense forward as CUDA graphs on a GPU, numbactr.train.cuda_graphs.ForwardGraphs; for now
     only with NUMBACTR_CUDA_GRAPHS=1 as well).
     """
     model_name: str

@@ -64,7 +64,8 @@ def _source(path: str, fmt: str) -> str:
 
 def run(args) -> int:
     import numbactr as hugectr
-    from numbactr import checkpoint, device, log
+    from numbactr.files import checkpoint
+    from numbactr.runtime import device, log
     from numbactr.inference.params import InferenceParams
     from numbactr.inference.session import InferenceSession
 

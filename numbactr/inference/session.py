@@ -9,8 +9,8 @@
     model = InferenceModel("dcn.json", params); model.predict(...); model.evaluate(...) (AUC)
 
 What runs (shapes: B samples, T tables, S_t slots, N_t keys, D_t width, P predictions per sample):
-  * the graph JSON is read by numbactr.graph_json (errors name the file, layer and key); its dense layers
-    are numbactr's layers, weights from dense_model_file in HugeCTR's layout (numbactr.checkpoint, with the
+  * the graph JSON is read by numbactr.files.graph_json (errors name the file, layer and key); its dense layers
+    are numbactr's layers, weights from dense_model_file in HugeCTR's layout (numbactr.files.checkpoint, with the
     BatchNorm .ntp.json), run forward on the current numbactr device (gpu kernels, sim, cpu compiled ops);
   * each loss layer is replaced by its activation, as HugeCTR's inference does: BinaryCrossEntropyLoss and
     MultiCrossEntropyLoss by a sigmoid, CrossEntropyLoss by the softmax; the prediction (B, P) is the loss
@@ -33,7 +33,9 @@ import math
 
 import numpy as np
 
-from numbactr import checkpoint, device, graph_json, log, ops
+from numbactr.files import checkpoint, graph_json
+from numbactr.runtime import device, log
+from numbactr import ops
 from numbactr.autograd import Tensor
 from numbactr.autograd.tape import _POLICY as _AUTOCAST
 from numbactr.config import DataReaderParams, DenseLayer, Input, SparseEmbedding
@@ -57,7 +59,7 @@ class InferenceGraph:
     """A graph JSON as inference runs it: graph_json.construct adds the Input, the embeddings (configs only:
     their vectors come from the parameter server) and the dense layers, built for batch `batch`; the dense
     weights are one flat float32 vector in HugeCTR's file order (spec §7.2), each layer's parameters views
-    of it, so numbactr.checkpoint loads the dense model file into it."""
+    of it, so numbactr.files.checkpoint loads the dense model file into it."""
 
     def __init__(self, path: str, batch: int):
         self.path, self.batch = path, batch
@@ -228,7 +230,7 @@ class InferenceSession:
         self.poolers = [_Pooler(e, g.sparse_param(e).slot_num) for e in g.embeddings]
         self._last: dict = {}           # the last forward's arrays by tensor name (the tensors property)
         self._rows = (0, 0)             # the last forward's samples, and the rows it ran on (a graph's bucket)
-        self._graphs = None             # numbactr.cuda_graphs.ForwardGraphs once used
+        self._graphs = None             # numbactr.train.cuda_graphs.ForwardGraphs once used
         self._plans: dict = {}          # _plan()'s layer functions by (device, bias/ReLU fusion)
 
     @property
@@ -316,11 +318,11 @@ class InferenceSession:
         return [(layer, None) for layer in self.graph.dense_layers]
 
     def _forward_graphs(self):
-        """The CUDA graphs of the dense forward (numbactr.cuda_graphs.ForwardGraphs), or None: eager
+        """The CUDA graphs of the dense forward (numbactr.train.cuda_graphs.ForwardGraphs), or None: eager
         forwards, off the GPU, with use_cuda_graph=False or without NUMBACTR_CUDA_GRAPHS=1 (off by default
         until a GPU run has checked replays, as for training)."""
         if self._graphs is None and self.params.use_cuda_graph and device.kind() == "gpu":
-            from numbactr import cuda_graphs
+            from numbactr.train import cuda_graphs
             if cuda_graphs.graphs_wanted():
                 self._graphs = cuda_graphs.ForwardGraphs(self.params.max_batchsize)
         return self._graphs

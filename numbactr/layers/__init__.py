@@ -12,7 +12,7 @@ import importlib
 
 from numbactr.layers.base import Layer, LayerError, RunInfo
 
-_MODULES = ("core", "elementwise", "shape", "attention", "norm", "dense", "recurrent", "losses")
+_MODULES = ("core", "elementwise", "shape", "attention", "normalization", "dense", "recurrent", "losses")
 
 REGISTRY: dict = {}
 for _name in _MODULES:

@@ -5,7 +5,7 @@ and the head split/merge run as numba.cuda kernels on gpu/sim and as NumPy refer
 
 Differences from HugeCTR (spec §6.2, §10.5):
 * Softmax (1 input) subtracts the row max before exp (same result, no overflow to inf/NaN for
-  logits > ~88); HugeCTR computes exp(x)/sum(exp(x)) as is. numbactr.compat.hugectr_exact() restores
+  logits > ~88); HugeCTR computes exp(x)/sum(exp(x)) as is. numbactr.hugectr_exact.hugectr_exact() restores
   HugeCTR's version.
 * Masked Softmax reads mask[b, 0, i, j] for every row i, as HugeCTR v23.08/v23.12's kernel does
   (offset b*Lf*Lt + i*Lt + j); numbactr also takes a (B, 1, 1, Lt) mask, broadcast over the rows,
@@ -18,14 +18,14 @@ import numbers
 
 import numpy as np
 
-from numbactr import compat
+from numbactr import hugectr_exact as compat
 from numbactr.autograd import Context, Function
 from numbactr.enums import Layer_t
 from numbactr.kernels import attention as att
 from numbactr.kernels import softmax as sm
 from numbactr.layers.base import Layer
 from numbactr.autograd.tape import native_dtype as _out, native_inputs as _half
-from numbactr.device import contig as _contig, empty as _empty, uses_kernels as _kernels, xp as _xp
+from numbactr.runtime.device import contig as _contig, empty as _empty, uses_kernels as _kernels, xp as _xp
 from numbactr.ops import _half_mm
 
 

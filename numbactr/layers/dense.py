@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.autograd import Context, Function, Tensor
 from numbactr.enums import Activation_t, FcPosition_t, Initializer_t, Layer_t
 from numbactr.kernels import bias as bias_kernels
@@ -16,7 +17,7 @@ from numbactr.kernels import fused_bias_act, multi_cross
 from numbactr.ops import _half_mm
 from numbactr.layers import init
 from numbactr.layers.base import Layer, op_fn
-from numbactr.device import xp as _xp, contig as _contig  # noqa: F401
+from numbactr.runtime.device import xp as _xp, contig as _contig  # noqa: F401
 
 
 # ---- Functions -------------------------------------------------------------------------------
@@ -296,7 +297,7 @@ class FusedInnerProduct(Layer):
 
     HugeCTR builds this layer only in mixed precision ("FusedInnerProduct support half only");
     numbactr builds it in both modes with the same math (the fused bias+ReLU kernel; in mixed precision
-    half-precision storage around float32 math, numbactr/precision.py). Bottom/top
+    half-precision storage around float32 math, numbactr/train/precision.py). Bottom/top
     counts follow HugeCTR: None/Isolated 1 -> 1; Head 1 (or 2) -> 4; Body 4 -> 4; Tail 4 -> 1;
     act_type Non only at Tail. Of a Head/Body's 4 tops only the first carries data: tops 2 and 3
     (out_mask, out_dRelu: HugeCTR's fused-backward buffers) are the SAME tensor as top 1, and top 4

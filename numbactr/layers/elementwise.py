@@ -4,7 +4,7 @@ Cast, Scale, Dropout, WeightMultiply, FmOrder2.
 Each layer has an autograd Function on raw arrays: numba.cuda kernels on gpu/sim
 (``device.uses_kernels()``), the NumPy references of the same kernel modules on cpu.
 
-Differences from HugeCTR (the corrected form is the default; ``numbactr.compat.hugectr_exact()``
+Differences from HugeCTR (the corrected form is the default; ``numbactr.hugectr_exact.hugectr_exact()``
 switches to HugeCTR's):
 
 * ElementwiseMultiply backward: product rule dX_i = dY * prod_{j!=i} X_j. HugeCTR computes
@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from numbactr import compat, ops
+from numbactr import hugectr_exact as compat, ops
 from numbactr.autograd import Context, Function
 from numbactr.autograd.tape import native_dtype as _out, native_inputs as _half
 from numbactr.enums import Initializer_t, Layer_t
@@ -37,7 +37,7 @@ from numbactr.kernels import scale as scale_k
 from numbactr.kernels import weight_multiply as wm_k
 from numbactr.layers import init
 from numbactr.layers.base import Layer, op_fn
-from numbactr.device import uses_kernels as _kernels, xp as _xp, contig as _contig  # noqa: F401
+from numbactr.runtime.device import uses_kernels as _kernels, xp as _xp, contig as _contig  # noqa: F401
 
 
 # ---- autograd Functions ----------------------------------------------------------------------
@@ -452,7 +452,7 @@ class Dropout(_SameShape):
             return [Identity.apply(tape, xs[0], name=name)]
         step = int(run.step)
         if _kernels():                    # the step in device memory: the same launch every step
-            from numbactr import step_values
+            from numbactr.runtime import step_values
             sv = step_values.held(self, "_step_values", 1, np.uint64)
             step = sv.put(step & dropout_k.MASK64)
             step_values.on_replay(("dropout", id(self)), lambda r: sv.put(int(r["step"]) & dropout_k.MASK64))

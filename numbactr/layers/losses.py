@@ -4,7 +4,7 @@ Loss layers follow BinaryCrossEntropyLoss (core.py): bottoms [logits, label], fo
 [loss (1,)] (mean over the valid rows) and saves dX, computed in the same fused kernel; the tape seeds
 it and ``backward`` hands on dX times the seed: the model seeds each loss with its weight (compile's
 loss_weights or Input label_weights), so a weighted loss has the weighted gradient; under
-numbactr.compat.hugectr_exact() the model seeds 1, HugeCTR's loss-only weighting (spec §4.5). The loss name that
+numbactr.hugectr_exact.hugectr_exact() the model seeds 1, HugeCTR's loss-only weighting (spec §4.5). The loss name that
 ``compile(loss_names)`` refers to is the LABEL tensor's name (``label_name``).
 
 Regularizer. A loss with ``use_regularizer=True`` exposes ``self.regularizer = (Regularizer_t, lambda)``
@@ -22,7 +22,7 @@ in ``infer`` + ``self.regularizer_json()`` in ``json_params``).
 
 CrossEntropyLoss label. HugeCTR's kernel reads ``label[i]`` for row i: the first B floats of the label
 buffer, whatever its width. numbactr reads column 0 of each row (the same floats for a (B, 1) label;
-for a (B, 2) label HugeCTR instead reads row i//2, column i%2); ``numbactr.compat.hugectr_exact()``
+for a (B, 2) label HugeCTR instead reads row i//2, column i%2); ``numbactr.hugectr_exact.hugectr_exact()``
 restores HugeCTR's read. The label may be (B, 1) (a class index per row, as HugeCTR's own unit test
 feeds it) or (B, 2) (the logits' shape).
 
@@ -34,13 +34,14 @@ import math
 
 import numpy as np
 
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.autograd import Context, Function
 from numbactr.ops import scale_by_seed
 from numbactr.enums import Layer_t, Regularizer_t
 from numbactr.kernels import bce, cross_entropy, multi_cross_entropy, regularizer as reg_kernels
 from numbactr.layers.base import Layer
-from numbactr.device import uses_kernels as _kernels, contig as _contig  # noqa: F401
+from numbactr.runtime.device import uses_kernels as _kernels, contig as _contig  # noqa: F401
 
 
 # ---- regularizer (called by the model) --------------------------------------------------------

@@ -16,7 +16,7 @@ biases; CUDNN_RNN_SINGLE_INP_BIAS has no recurrent biases, so n = tanh(W_n x + b
 It has not been checked byte for byte against a cuDNN weight space (no cuDNN here).
 Init: zeros for w and hx whatever the Initializer_t (HugeCTR's base-class default).
 
-Differences from HugeCTR (numbactr.compat.hugectr_exact() restores the first two):
+Differences from HugeCTR (numbactr.hugectr_exact.hugectr_exact() restores the first two):
   * layout: the flat input is read batch-major, x[b, t, :] is sample b's step t. cuDNN (and so
     HugeCTR) reads the same buffer seq-major, [T][B][V], which mixes the samples of a batch-major
     (B*T, V) tensor into one sequence. Exact mode reads and writes seq-major.
@@ -33,14 +33,15 @@ import math
 
 import numpy as np
 
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.autograd import Context, Function
 from numbactr.enums import Initializer_t, Layer_t
 from numbactr.kernels import bias as bias_kernels
 from numbactr.kernels import gru
 from numbactr.layers import init
 from numbactr.layers.base import Layer
-from numbactr.device import xp as _xp, contig as _contig  # noqa: F401
+from numbactr.runtime.device import xp as _xp, contig as _contig  # noqa: F401
 
 
 def gru_weight_count(hidden: int, vec: int) -> int:

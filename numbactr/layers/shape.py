@@ -21,7 +21,7 @@ from numbactr.kernels import fused_reshape_concat as frc
 from numbactr.kernels import reduce_axis, sequence_mask, slice_select
 from numbactr.layers.base import Layer, op_fn
 from numbactr.autograd.tape import native_dtype as _out, native_inputs as _half
-from numbactr.device import uses_kernels as _kernels, xp as _xp, contig as _contig, empty as _empty  # noqa: F401
+from numbactr.runtime.device import uses_kernels as _kernels, xp as _xp, contig as _contig, empty as _empty  # noqa: F401
 
 MAX_SLICES = 5      # HugeCTR's Slice has at most 5 tops
 

@@ -8,7 +8,7 @@ HugeCTR's script changes one import line::
                                    sparse_models=["wdl0_sparse_2000.model", "wdl1_sparse_2000.model"])
 
 How it works (numbactr.onnx_converter.export): the graph JSON is built into a numbactr Model (HugeCTR's
-reader, numbactr.graph_json) and the files are loaded with numbactr.checkpoint's verified loaders, so a
+reader, numbactr.files.graph_json) and the files are loaded with numbactr.files.checkpoint's verified loaders, so a
 file that does not fit the graph stops with the loader's error naming the file. Every layer's eval forward
 is then written as ONNX operators (numbactr.onnx_converter.layers, one emitter per Layer_t; the loss
 becomes its activation as in HugeCTR's inference: BinaryCrossEntropyLoss and MultiCrossEntropyLoss a
@@ -28,7 +28,7 @@ The ONNX model (opset 17; ai.onnx.ml 2 for tables whose keys need a hash map):
 A key the table does not hold gives a zero vector that still counts in a mean (numbactr's evaluation
 and HugeCTR's default_value_for_each_table = 0); a one-hot key outside its table, an error in numbactr,
 reads a zero vector too. Predictions equal numbactr's eval forward within 1e-5 (tests/test_onnx_converter.py,
-every layer type numbactr has). Under numbactr.compat.hugectr_exact() the export follows the exact
+every layer type numbactr has). Under numbactr.hugectr_exact.hugectr_exact() the export follows the exact
 forward (GRU's seq-major layout and h0 = 0); onnxruntime's Softmax always subtracts the row max.
 
 onnxruntime (numbactr.onnx_converter.runtime): ``onnxruntime_predictor(graph_config, dense_model,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-from numbactr import checkpoint, log
+from numbactr.files import checkpoint
+from numbactr.runtime import log
 
 DESCRIPTION = ("Convert a trained HugeCTR model (its graph JSON, dense model, sparse model folders and BatchNorm "
                "statistics) to an ONNX model whose predictions under onnxruntime equal numbactr's.")

@@ -4,8 +4,8 @@
     proto = model_to_onnx(model, convert_embedding=True, graph_name="hugectr")
     save(proto, "model.onnx")
 
-``load_trained_model`` builds the graph JSON with numbactr's reader (numbactr.graph_json, which names the
-layer and key of a malformed file) and loads the files through numbactr.checkpoint (sizes against the
+``load_trained_model`` builds the graph JSON with numbactr's reader (numbactr.files.graph_json, which names the
+layer and key of a malformed file) and loads the files through numbactr.files.checkpoint (sizes against the
 graph, keys, BatchNorm statistics, and the snapshot manifest when there is one), so the ONNX model holds
 exactly the weights numbactr would predict with. ``model_to_onnx`` writes each layer's eval forward
 (numbactr.onnx_converter.layers) and each embedding (numbactr.onnx_converter.embedding) as ONNX.
@@ -17,7 +17,8 @@ import os
 
 import numpy as np
 
-from numbactr import checkpoint, device, log
+from numbactr.files import checkpoint
+from numbactr.runtime import device, log
 from numbactr.onnx_converter import OnnxExportError, require_onnx
 from numbactr.onnx_converter.embedding import PAD_KEY, emit_embedding
 from numbactr.onnx_converter.graph import BATCH, OnnxGraph

@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from numbactr import compat
+from numbactr import hugectr_exact as compat
 from numbactr.enums import Activation_t
 from numbactr.kernels import prelu_dice as dice_k
 from numbactr.kernels import softmax as softmax_k
@@ -268,7 +268,7 @@ def multi_head_attention(g, layer, xs, ws, tops):
 
 # ---- normalization ---------------------------------------------------------------------------
 def batch_norm(g, layer, xs, ws, tops):
-    from numbactr import device
+    from numbactr.runtime import device
     t = tops[0]
     stats = [g.const(device.to_host(s), f"{t}/{n}") for s, n in ((layer.running_mean, "mean"),
                                                                    (layer.running_var, "var"))]

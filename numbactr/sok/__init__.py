@@ -61,7 +61,7 @@ try:
 except ImportError as e:           # the one face of numbactr that needs torch
     raise ImportError("numbactr.sok is SOK's interface for PyTorch and needs torch: pip install torch") from e
 
-from numbactr import threads
+from numbactr.runtime import threads
 from numbactr.distributed.comm import world
 from numbactr.sok.dense import average_gradients, broadcast_parameters
 from numbactr.sok.dump_load import dump, incremental_model_dump, load
@@ -97,7 +97,7 @@ def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True, *, seed:
         gradient_division: under R ranks, divide each rank's table gradient by R (TorchRec's rule: with a
             per-rank mean loss and averaged dense gradients, R ranks train as one on the global batch);
             False sums them as SOK does.
-        set_torch_threads: torch's intra-op threads = numbactr.threads' compute threads (the cores this rank
+        set_torch_threads: torch's intra-op threads = numbactr.runtime.threads' compute threads (the cores this rank
             gets), so that torch and the engine do not oversubscribe the cores.
     Returns: the job's numbactr.distributed.comm.Comm.
     """

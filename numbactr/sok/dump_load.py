@@ -39,7 +39,7 @@ import string
 
 import numpy as np
 
-from numbactr import checkpoint
+from numbactr.files import checkpoint
 from numbactr.embedding.engine import Optim
 
 HEAD_BYTES = 296

@@ -5,7 +5,7 @@ placeholder_autograd_tensor idea): it is what model.parameters() hands to an opt
 for numbactr.sok.OptimizerWrapper, and it makes the lookup's output require grad. A lookup is a
 torch.autograd.Function whose backward hands dLoss/dout to the table, which holds it until the optimizer's
 step() applies the engine's fused backward + optimizer (SOK's apply_gradients); the table never gets a
-dense (V, D) gradient. Tensors and the engine's arrays share memory (numbactr.torch_bridge).
+dense (V, D) gradient. Tensors and the engine's arrays share memory (numbactr.runtime.torch_bridge).
 
 Checkpoints: a module's state_dict() holds the rows this rank holds, "<prefix>keys" (n,) int64 and
 "<prefix>values" (n, D) float32 (sok.export's pair), and load_state_dict() puts them back (a keyed table
@@ -36,12 +36,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.config import IgnoredArgumentWarning
 from numbactr.distributed.comm import world
 from numbactr.embedding.engine import Pooling, UpdateType
 from numbactr.embedding.sharded import owner_offsets
-from numbactr.torch_bridge import as_array, as_tensor
+from numbactr.runtime.torch_bridge import as_array, as_tensor
 from numbactr.sok.table import DISTRIBUTED, SETTINGS, SokTable, init_range
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable", "lookup_sparse",

@@ -38,7 +38,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.distributed.comm import world
 from numbactr.distributed.sharding import key_owner
 from numbactr.embedding.engine import (FIXED_HYPER_PARAMETERS, BoundsCheck, Layout, LookupContext, OptimizerSpec, Optim,

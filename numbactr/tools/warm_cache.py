@@ -102,7 +102,7 @@ def main(argv=None) -> int:
                          "since one-thread runs call the parallel functions' serial twins)")
     args = ap.parse_args(argv)
     import warnings
-    from numbactr import device
+    from numbactr.runtime import device
     before = device.kind()
     device.set_device("cpu")                 # the compiled CPU ops, whatever the process's default device
     import numba

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402
-from numbactr import device  # noqa: E402
+from numbactr.runtime import device  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
 from numbactr.distributed.sharding import rank_rows  # noqa: E402
 from numbactr.embedding.collection import EmbeddingCollection  # noqa: E402

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402  (first: starts MPI)
-from numbactr import device  # noqa: E402
+from numbactr.runtime import device  # noqa: E402
 from numbactr.autograd import Tape  # noqa: E402
 from numbactr.data.batch import Batch  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402

@@ -2,7 +2,7 @@
 
     NUMBACTR_DEVICE=sim NUMBACTR_CUDA_GRAPHS=1 mpiexec -n 2 python tests/mpi/graph_ranks_run.py OUT.json
 
-Each rank trains the MLPerf-shaped DLRM (numbactr.bench_mlperf) with a slot-owned table
+Each rank trains the MLPerf-shaped DLRM (numbactr.bench.mlperf) with a slot-owned table
 (LocalizedSlotSparseEmbeddingHash, one key per bag; GRAPH_TABLE=distributed: a key-owned
 DistributedSlotSparseEmbeddingHash, whose steps take the gathered exchange) whose exchanges take the device path
 (numbactr.embedding.sharded.exchange_on_device forced, as tests/mpi/step_counts_run.py does). The
@@ -31,8 +31,9 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))
 import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402  (first: starts MPI)
-from numbactr import cuda_graphs, device, step_values  # noqa: E402
-from numbactr.bench_mlperf import DENSE, SLOTS, build_mlperf_dlrm  # noqa: E402
+from numbactr.train import cuda_graphs
+from numbactr.runtime import device, step_values  # noqa: E402
+from numbactr.bench.mlperf import DENSE, SLOTS, build_mlperf_dlrm  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
 from numbactr.embedding import sharded  # noqa: E402
 from numbactr.kernels import launch  # noqa: E402
@@ -79,7 +80,7 @@ files = tiny_data(folder, n_train=96, n_eval=8, slots=SLOTS, dense=DENSE, keys_p
     if comm.rank == 0 else None
 train, evl = comm.bcast(files)
 if not on_gpu:                      # device arrays that record implicit host reads (bool(), int(), ...)
-    from numbactr import sim_strict  # noqa: E402
+    from numbactr.runtime import sim_strict  # noqa: E402
     STRICT = sim_strict.strict()     # (held: a dropped context manager would close at once)
     STRICT.__enter__()
 #: the table: slot-owned (an exchange plan) or key-owned (the gathered exchange), GRAPH_TABLE=distributed

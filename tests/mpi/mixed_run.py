@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402
-from numbactr import device, precision  # noqa: E402
+from numbactr.runtime import device
+from numbactr.train import precision  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
 from tests.model_util import tiny_dlrm  # noqa: E402
 

@@ -33,7 +33,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402
-from numbactr import checkpoint, device  # noqa: E402
+from numbactr.files import checkpoint
+from numbactr.runtime import device  # noqa: E402
 from numbactr.distributed import comm as comm_module  # noqa: E402
 
 #: embedding type -> (optimizer, update) used with it in the rank tests

@@ -4,7 +4,7 @@ tests/mpi/sharded_device_run.py does), the kernels in the simulator:
 
     NUMBACTR_DEVICE=sim mpiexec -n R python tests/mpi/step_counts_run.py OUT.json [full]
 
-Each rank trains the MLPerf-shaped DLRM (numbactr.bench_mlperf) for a few steps and counts, per step, the
+Each rank trains the MLPerf-shaped DLRM (numbactr.bench.mlperf) for a few steps and counts, per step, the
 kernel launches and the device-to-host reads (numbactr.kernels.launch.COUNTS). The batches are staged on the
 device (numbactr.data.staging) with host mirrors, which the sharded lookup routes from without a device read
 (mirrored_reads counts those). Without staging (NUMBACTR_STAGE_INPUTS=0) a rank's batch is host memory on a
@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))
 import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402  (first: starts MPI)
-from numbactr import device  # noqa: E402
-from numbactr.bench_mlperf import DENSE, SLOTS, build_mlperf_dlrm  # noqa: E402
+from numbactr.runtime import device  # noqa: E402
+from numbactr.bench.mlperf import DENSE, SLOTS, build_mlperf_dlrm  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
 from numbactr.embedding import sharded  # noqa: E402
 from numbactr.kernels import launch  # noqa: E402
@@ -48,7 +48,7 @@ files = tiny_data(folder, n_train=64, n_eval=8, slots=SLOTS, dense=DENSE, keys_p
     if comm.rank == 0 else None
 train, evl = comm.bcast(files)
 if device.kind() == "sim":          # device arrays that record implicit host reads (bool(), int(), ...)
-    from numbactr import sim_strict  # noqa: E402
+    from numbactr.runtime import sim_strict  # noqa: E402
     STRICT = sim_strict.strict()     # (held: a dropped context manager would close at once)
     STRICT.__enter__()
 else:

@@ -69,7 +69,7 @@ def gather() -> dict:
             f[key] = None
             f["errors"][key] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
 
-    from numbactr import device
+    from numbactr.runtime import device
     f["asked"] = os.environ.get("NUMBACTR_DEVICE", "").strip().lower() or None
     f["simulator"] = os.environ.get("NUMBA_ENABLE_CUDASIM", "") == "1"
 
@@ -129,7 +129,7 @@ def _toolkit_wheels() -> dict[str, str]:
 def _numba_available() -> dict:
     from numba import cuda
 
-    from numbactr.device import _cuda_reason
+    from numbactr.runtime.device import _cuda_reason
     ok = bool(cuda.is_available())
     return {"available": ok, "reason": "" if ok else _cuda_reason(cuda.cuda_error())}
 
@@ -260,7 +260,7 @@ def diagnose(f: dict) -> list[tuple[str, str]]:
             f"{driver}: install cupy-cuda{drv_major}x ('numbactr[cu{drv_major}]') or upgrade the driver")
     if cupy and cupy.get("error"):
         err(f"CuPy imports but cannot talk to the CUDA runtime/driver: {cupy['error']}")
-    from numbactr.cuda_graphs import CUPY_NOSYNC_SORT, cupy_sort_synchronizes
+    from numbactr.train.cuda_graphs import CUPY_NOSYNC_SORT, cupy_sort_synchronizes
     if cupy and cupy.get("version") and cupy_sort_synchronizes(cupy["version"]):
         warn(f"CuPy {cupy['version']} ends every sort with a host synchronization (the embedding's backward "
              f"sorts each step): each training step waits for the GPU and CUDA graphs stay off; install CuPy "

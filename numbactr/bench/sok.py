@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 
 SEED_SHAPE = dict(slots=100, nnz=10, vocab=8192, dim=4, layers=6, width=1024)
 COLUMNS = ["impl", "ranks", "threads/rank", "global batch", "step ms", "samples/s", "x native step",
@@ -124,7 +124,7 @@ def bench_sok(env, *, batch: int, reps: int, threads=(1, 2), ranks=(1, 2), seed:
     """The seed benchmark's table (module docstring): every implementation on 1 rank at each thread count,
     then on the other rank counts through mpiexec (one thread per rank when ranks share the cores; an
     mpiexec run taking more than `timeout` seconds is an error). min_time is not used (`reps` counts)."""
-    from numbactr.bench import Table, thread_count
+    from numbactr.bench.cli import Table, thread_count
     if env.torch is None:
         raise RuntimeError("bench sok needs torch (numbactr.sok is SOK's PyTorch interface): pip install torch")
     if env.kind == "gpu":
@@ -165,7 +165,7 @@ def _add_rows(tab, results: dict, ranks: int, threads: int, batch: int) -> None:
 
 
 def _launch(ranks: int, shape: dict, batch: int, reps: int, seed: int, timeout: float):
-    """(results of `mpiexec -n ranks python -m numbactr.sok.bench --worker`, None) or (None, why not)."""
+    """(results of `mpiexec -n ranks python -m numbactr.bench.sok --worker`, None) or (None, why not)."""
     exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if exe is None or importlib.util.find_spec("mpi4py") is None:
         return None, "mpiexec or mpi4py not found (pip install 'numbactr[mpi]')"
@@ -173,7 +173,7 @@ def _launch(ranks: int, shape: dict, batch: int, reps: int, seed: int, timeout: 
         return None, f"the batch {batch} does not split over {ranks} ranks"
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-sok-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [exe, "-n", str(ranks), sys.executable, "-m", "numbactr.sok.bench", "--worker", out,
+        cmd = [exe, "-n", str(ranks), sys.executable, "-m", "numbactr.bench.sok", "--worker", out,
                "--batch", str(batch), "--reps", str(reps), "--seed", str(seed), "--shape", json.dumps(shape)]
         # the ranks run on this process's device and divide the cores among them
         env = {k: v for k, v in os.environ.items() if k != "NUMBACTR_THREADS"}
@@ -188,7 +188,7 @@ def _launch(ranks: int, shape: dict, batch: int, reps: int, seed: int, timeout: 
 
 def worker(argv=None) -> int:
     """One rank of ``bench sok`` under mpiexec: every rank measures its share, rank 0 writes the JSON."""
-    ap = argparse.ArgumentParser(prog="python -m numbactr.sok.bench")
+    ap = argparse.ArgumentParser(prog="python -m numbactr.bench.sok")
     ap.add_argument("--worker", required=True, help="where rank 0 writes the results (JSON)")
     ap.add_argument("--batch", type=int, required=True, help="the global batch")
     ap.add_argument("--reps", type=int, required=True)

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from numbactr.bench import Env, Table, thread_count
+from numbactr.bench.cli import Env, Table, thread_count
 from numbactr.embedding.engine import OptimizerSpec, Optim, Precision, TableBatchedEmbedding
 from numbactr.embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
 from numbactr.kernels.tbe import STATES
@@ -139,7 +139,7 @@ def save_cache_plot(path, results: list, whole_sps: float, title: str) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from numbactr.plot import _replace
+    from numbactr.files.plot import _replace
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig = Figure(figsize=(10, 4.2), dpi=110, layout="constrained")

@@ -1,6 +1,6 @@
 """One autograd Function per kernel op. Each picks, per device, the numba.cuda kernel launch
-(gpu, sim), the op's compiled CPU version (cpu, numbactr.device.compiled_cpu()) or its NumPy reference
-(cpu under numbactr.device.reference_ops() / NUMBACTR_CPU_REFERENCE=1). Matrix products use the array
+(gpu, sim), the op's compiled CPU version (cpu, numbactr.runtime.device.compiled_cpu()) or its NumPy reference
+(cpu under numbactr.runtime.device.reference_ops() / NUMBACTR_CPU_REFERENCE=1). Matrix products use the array
 library (cuBLAS via cupy on gpu, BLAS on cpu/sim, on contiguous operands or their transposed views:
 no copies); everything else goes through numbactr.kernels.
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from numbactr.autograd import Context, Function
 from numbactr.kernels import bce, bias, concat, embedding_bag, interaction, relu
-from numbactr.device import compiled_cpu as _compiled, contig as _contig, uses_kernels as _kernels, xp as _xp  # noqa: F401
+from numbactr.runtime.device import compiled_cpu as _compiled, contig as _contig, uses_kernels as _kernels, xp as _xp  # noqa: F401
 
 
 def _half_mm(a, b):
@@ -22,7 +22,7 @@ def _half_mm(a, b):
     sim): cuBLAS's tensor-core GEMM through CuPy on a GPU (CuPy's default compute type for float16 inputs
     is float32); on the simulator NumPy in float32, rounded to float16 once (NumPy's own float16 product
     would round every partial sum)."""
-    if _xp().__name__ != "cupy":          # (numpy, and the simulator's strict arrays: numbactr.sim_strict)
+    if _xp().__name__ != "cupy":          # (numpy, and the simulator's strict arrays: numbactr.runtime.sim_strict)
         return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
     return a @ b
 
@@ -195,7 +195,7 @@ class BinaryCrossEntropy(Function):
     HugeCTR semantics (spec §6.3): dX = (sigmoid(x) - y) * scaler / (b * ranks). ``backward`` scales dX
     by the incoming (1,) gradient of the loss value, so a loss weight w seeded by the model (the
     gradient of the reported loss Σ w_i·loss_i) gives w·dX; HugeCTR seeds 1 (weights scale only the
-    reported loss), which the model does under numbactr.compat.hugectr_exact().
+    reported loss), which the model does under numbactr.hugectr_exact.hugectr_exact().
     """
 
     @staticmethod

@@ -16,13 +16,13 @@ Numba's simulator (``NUMBA_ENABLE_CUDASIM=1``); else ``gpu`` when a CUDA GPU and
 else ``cpu``. ``sim`` must be chosen before numba is first imported, so this module sets
 ``NUMBA_ENABLE_CUDASIM`` itself when asked for ``sim``; ``import numbactr`` does that first thing.
 One line on stdout says which device runs, why (numba's own reason when there is no CUDA GPU), and
-the thread plan (numbactr.threads: BLAS/numba threads and reader workers).
+the thread plan (numbactr.runtime.threads: BLAS/numba threads and reader workers).
 
 On gpu each rank takes one GPU, chosen before any allocation from its local rank on its node
 (numbactr.distributed.placement.choose_gpu: local rank i uses ``vvgpu[node][i % len]`` when CreateSolver
 was given a vvgpu, else visible GPU ``i % visible``; a rank whose launcher pinned it to one GPU through
 CUDA_VISIBLE_DEVICES takes that GPU whatever vvgpu lists); numba and CuPy are both pointed at it.
-``numbactr device`` (numbactr.device_report) prints what was found and what does not fit.
+``numbactr device`` (numbactr.runtime.device_report) prints what was found and what does not fit.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import contextlib
 import os
 import sys
 
-from numbactr import sim_strict
+from numbactr.runtime import sim_strict
 
 DEVICES = ("gpu", "sim", "cpu")
 
@@ -186,10 +186,10 @@ def _cuda_reason(err) -> str:
 def kind() -> str:
     """The device in use: 'gpu', 'sim' or 'cpu' (resolved on first call, announced once).
 
-    The announcement also applies and states the thread plan (numbactr.threads)."""
+    The announcement also applies and states the thread plan (numbactr.runtime.threads)."""
     if _state["kind"] is None:
         _state["kind"], _state["why"] = _resolve()
-        from numbactr import threads
+        from numbactr.runtime import threads
         plan = threads.current()
         print(f"numbactr: device={_state['kind']} ({_state['why']}); {plan.describe()}", flush=True)
     return _state["kind"]
@@ -280,7 +280,7 @@ def reference_ops():
 
 def xp():
     """The array module of the current device: cupy on gpu, numpy otherwise (on sim inside
-    numbactr.sim_strict.strict(), a numpy whose arrays record implicit host reads)."""
+    numbactr.runtime.sim_strict.strict(), a numpy whose arrays record implicit host reads)."""
     k = kind()
     if k == "gpu":
         import cupy
@@ -293,7 +293,7 @@ def xp():
 
 def is_host_array(a) -> bool:
     """Is `a` host memory (a NumPy array), reading which costs no device-to-host copy? Inside
-    numbactr.sim_strict.strict() a sim array made there counts as device memory, as a CuPy array does on a
+    numbactr.runtime.sim_strict.strict() a sim array made there counts as device memory, as a CuPy array does on a
     GPU."""
     import numpy
     return isinstance(a, numpy.ndarray) and not (sim_strict.active() and isinstance(a, sim_strict.DeviceArray))

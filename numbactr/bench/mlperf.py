@@ -11,7 +11,7 @@ Reported per (implementation, optimizer):
 * **step ms, samples/s**: the median clean step (no timers inside; batches in memory). With CUDA graphs
   asked for (``NUMBACTR_CUDA_GRAPHS=1``) these are the replayed steps' figures, and the ``graphs`` column
   says whether they really were: ``replayed (r/n steps)``, or ``not replayed: <why>`` (a failed capture,
-  an ineligible step: numbactr.cuda_graphs' ``StepGraphs.disabled`` or ``ineligible``), in which case the
+  an ineligible step: numbactr.train.cuda_graphs' ``StepGraphs.disabled`` or ``ineligible``), in which case the
   figures are eager steps'; ``partly replayed`` when only some steps were. ``off`` when not asked for.
 * **eager ms** and its **breakdown**, which always comes from eager steps (graphs switched off for them:
   a replayed step runs none of the Python the phase timers wrap). The four parts add up to eager ms:
@@ -324,14 +324,14 @@ def global_pass_bytes(engine) -> int:
 def embedding_step_bytes(batch: int, dim: int, global_bytes: int = 0) -> int:
     """The embedding's bytes in one step (module docstring): FBGEMM's count of the touched rows, forward
     + backward/update (3 x (B*26*D*4 read + B*26*D*4 written)), plus the all-rows pass's global_bytes."""
-    from numbactr.bench import embedding_bytes
+    from numbactr.bench.cli import embedding_bytes
     return 3 * embedding_bytes(batch * SLOTS, 1, dim) + int(global_bytes)
 
 
 def graph_status(wanted: bool, graphs, steps: int, replays: int, reasons=()) -> tuple:
     """(the graphs cell, whether every measured step was a replayed graph). graphs: the model's StepGraphs
     (or None); steps, replays: the measured steps and how many of them replayed a graph; reasons: what
-    numbactr.cuda_graphs.ineligible said of them (None where a step was eligible)."""
+    numbactr.train.cuda_graphs.ineligible said of them (None where a step was eligible)."""
     if not wanted:
         return "off", False
     why = (getattr(graphs, "disabled", None) or next((r for r in reversed(list(reasons)) if r), None)
@@ -346,8 +346,8 @@ def graph_status(wanted: bool, graphs, steps: int, replays: int, reasons=()) -> 
 
 @contextlib.contextmanager
 def _graph_reasons():
-    """What numbactr.cuda_graphs.ineligible says of each step inside (a list, None for an eligible step)."""
-    from numbactr import cuda_graphs
+    """What numbactr.train.cuda_graphs.ineligible says of each step inside (a list, None for an eligible step)."""
+    from numbactr.train import cuda_graphs
     orig, seen = cuda_graphs.ineligible, []
 
     def recorded(model, batch):
@@ -366,7 +366,7 @@ def _graph_reasons():
 def _graphs_off():
     """Eager steps inside, whatever NUMBACTR_CUDA_GRAPHS says (a step with graphs off drops the model's
     captured ones; they are captured again after the warm-up steps, should graphs come back on)."""
-    from numbactr.cuda_graphs import ENV
+    from numbactr.train.cuda_graphs import ENV
     before = os.environ.get(ENV)
     os.environ[ENV] = "0"
     try:
@@ -500,7 +500,7 @@ def _time_torch_graph(env, prepared, sizes, dim, optimizer, lr, min_time, seed, 
     with capturable=True), replayed on static input tensors that each step's batch is copied into: the
     recipe of torch.cuda.graphs' "whole network capture", as NVIDIA's MLPerf DLRM runs. float32/TF32
     only (GradScaler's unscale and skip read the host)."""
-    from numbactr.bench import measure
+    from numbactr.bench.cli import measure
     torch = env.torch
     model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32, capturable=True)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -538,7 +538,7 @@ def _time_torch_graph(env, prepared, sizes, dim, optimizer, lr, min_time, seed, 
 
 
 def _time_torch(env, prepared, sizes, dim, optimizer, lr, min_time, seed, tf32, amp) -> float:
-    from numbactr.bench import measure
+    from numbactr.bench.cli import measure
     torch, dev = env.torch, env.torch_dev
     model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -587,9 +587,9 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
     On the cpu device each row runs with numbactr's compute threads and torch's set to the same count:
     each of ``threads``, or numbactr's current compute threads (a GPU run leaves both as they are). The
     table's ``records`` hold each numbactr row's raw figures (seconds, bytes, graph status)."""
-    from numbactr import bench as B
-    from numbactr import cuda_graphs
-    from numbactr import threads as T
+    from numbactr.bench import cli as B
+    from numbactr.train import cuda_graphs
+    from numbactr.runtime import threads as T
     from numbactr.data.synthetic import criteo_like_slot_sizes, make_planted_dataset
     from numbactr.embedding.sparse_embedding import workspace_mb_for
 
@@ -694,8 +694,8 @@ def _time_numbactr(model, env, wanted: bool, min_time: float, breakdown_steps: i
     step and its breakdown (module docstring). Returns the record: seconds per step (step, eager,
     eager_step, embedding, gemm, rest, host_gap, busy), graphs (the cell), replayed (all steps were),
     captures, replays, steps, method, why."""
-    from numbactr import bench as B
-    from numbactr.cuda_graphs import StepGraphs
+    from numbactr.bench import cli as B
+    from numbactr.train.cuda_graphs import StepGraphs
     count = [0]
 
     def step():

@@ -13,7 +13,7 @@ stream: no host synchronization. The ring slot is reused only after its copy has
 steps later; the host waits there only if the GPU lags that many uploads behind). On sim/cpu the device
 array is host memory and ``put`` assigns it.
 
-Replaying a captured step (numbactr.cuda_graphs) runs no Python of the step, so whatever the step does on
+Replaying a captured step (numbactr.train.cuda_graphs) runs no Python of the step, so whatever the step does on
 the host must be done again before each replay: a consumer that puts values also registers, with
 ``on_replay(key, fn)``, the host half of its step, ``fn(run)`` (advance its counters, put its values for
 the step described by ``run``: the model's ``step``, ``lr`` and ``scaler``). Registration is a no-op unless
@@ -29,7 +29,7 @@ import weakref
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 
 
 class Recording:

@@ -1,4 +1,4 @@
-"""kernels/wrapping.py: wrapping uint64 arithmetic equals Python's exact integers mod 2^64, and the
+"""kernels/hash64.py: wrapping uint64 arithmetic equals Python's exact integers mod 2^64, and the
 hash kernels that use it (hash table, embedding row init, dropout) raise no overflow warning in the
 simulator while keeping their exact values (each is compared bit for bit with its NumPy reference).
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numbactr.embedding.hash_table import HashTable
-from numbactr.kernels import dropout, embedding_init, hash_table, wrapping
+from numbactr.kernels import dropout, embedding_init, hash_table, hash64
 from tests.kernel_util import dev, host
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -22,21 +22,21 @@ EDGES = [0, 1, 2, 0xFFFFFFFF, 1 << 32, (1 << 32) + 1, 1 << 63, M64 - 1, M64, 0x9
 
 
 def splitmix_mix_exact(z: int) -> int:
-    z = ((z ^ (z >> 30)) * wrapping.SPLITMIX_M1) & M64
-    z = ((z ^ (z >> 27)) * wrapping.SPLITMIX_M2) & M64
+    z = ((z ^ (z >> 30)) * hash64.SPLITMIX_M1) & M64
+    z = ((z ^ (z >> 27)) * hash64.SPLITMIX_M2) & M64
     return z ^ (z >> 31)
 
 
 def fmix_exact(k: int) -> int:
-    k = ((k ^ (k >> 33)) * wrapping.FMIX_C1) & M64
-    k = ((k ^ (k >> 33)) * wrapping.FMIX_C2) & M64
+    k = ((k ^ (k >> 33)) * hash64.FMIX_C1) & M64
+    k = ((k ^ (k >> 33)) * hash64.FMIX_C2) & M64
     return k ^ (k >> 33)
 
 
 def run_kernel(a, b):
     a, b = np.array(a, np.uint64), np.array(b, np.uint64)
     outs = [dev(np.zeros_like(a)) for _ in range(4)]
-    wrapping.wrapping_apply(dev(a), dev(b), *outs)
+    hash64.wrapping_apply(dev(a), dev(b), *outs)
     return [host(o) for o in outs]
 
 
@@ -54,10 +54,10 @@ def test_kernel_equals_exact_integers_mod_2_64(pairs):
 def test_references_equal_exact_integers():
     a = np.array(EDGES, np.uint64)
     b = a[::-1].copy()
-    assert wrapping.mul64_ref(a, b).tolist() == [(int(x) * int(y)) & M64 for x, y in zip(a, b)]
-    assert wrapping.add64_ref(a, b).tolist() == [(int(x) + int(y)) & M64 for x, y in zip(a, b)]
-    assert wrapping.splitmix64_mix_ref(a).tolist() == [splitmix_mix_exact(int(x)) for x in a]
-    assert wrapping.fmix64_ref(a).tolist() == [fmix_exact(int(x)) for x in a]
+    assert hash64.mul64_ref(a, b).tolist() == [(int(x) * int(y)) & M64 for x, y in zip(a, b)]
+    assert hash64.add64_ref(a, b).tolist() == [(int(x) + int(y)) & M64 for x, y in zip(a, b)]
+    assert hash64.splitmix64_mix_ref(a).tolist() == [splitmix_mix_exact(int(x)) for x in a]
+    assert hash64.fmix64_ref(a).tolist() == [fmix_exact(int(x)) for x in a]
 
 
 def test_hash_kernels_stay_exact_and_quiet():

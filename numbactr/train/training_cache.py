@@ -227,7 +227,7 @@ def check_embeddings(model, etc: EmbeddingTrainingCacheParams) -> None:
 
 def load_existing(model, etc: EmbeddingTrainingCacheParams) -> None:
     """compile(): the sparse models that exist become the tables (incremental training)."""
-    from numbactr import checkpoint
+    from numbactr.files import checkpoint
     files = {e.name: p for e, p in zip(model.embeddings, etc.sparse_models) if _check_sparse_model(p)}
     if files:
         checkpoint.load_sparse_weights(model, files)
@@ -235,7 +235,7 @@ def load_existing(model, etc: EmbeddingTrainingCacheParams) -> None:
 
 def save_sparse_models(model, etc: EmbeddingTrainingCacheParams) -> None:
     """Each embedding's table into its sparse model folder: written beside it, then renamed into place."""
-    from numbactr.checkpoint import _gather_embedding, _raw, _write_durable, on_rank0
+    from numbactr.files.checkpoint import _gather_embedding, _raw, _write_durable, on_rank0
     comm = model.comm
     gathered = [_gather_embedding(e, comm) for e in model.embeddings]     # collectives
 

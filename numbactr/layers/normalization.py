@@ -14,14 +14,15 @@ import math
 
 import numpy as np
 
-from numbactr import compat, device
+from numbactr import hugectr_exact as compat
+from numbactr.runtime import device
 from numbactr.autograd import Context, Function
 from numbactr.enums import Initializer_t, Layer_t
 from numbactr.kernels import batch_norm, layer_norm, prelu_dice
 from numbactr.layers import init
 from numbactr.layers.base import Layer
 from numbactr.autograd.tape import native_inputs as _half
-from numbactr.device import xp as _xp, contig as _contig  # noqa: F401
+from numbactr.runtime.device import xp as _xp, contig as _contig  # noqa: F401
 
 
 def _init_name(kind) -> str:
@@ -257,7 +258,7 @@ class PReLU_Dice(Layer):  # noqa: N801 (HugeCTR's name)
     """Dice: (B, ...) -> same shape, statistics per feature over the batch; no weights.
 
     Parameters: elu_alpha (the negative-side slope alpha), eps. The backward is the full derivative
-    through the batch statistics; numbactr.compat.hugectr_exact() selects HugeCTR's diagonal-only
+    through the batch statistics; numbactr.hugectr_exact.hugectr_exact() selects HugeCTR's diagonal-only
     formula (see numbactr/kernels/prelu_dice.py)."""
     type_name = "PReLU_Dice"
 

@@ -9,18 +9,18 @@
     numbactr bench dlrm --model mlperf
                               the MLPerf DLRM (26 slots, 13-512-256-D, 1024-1024-512-256-1; batch 64K on a
                               GPU, 2048 on cpu) with SGD and Adam beside PyTorch's: samples/s and a step-time
-                              breakdown (embedding, GEMMs, the rest, host gaps; numbactr/bench_mlperf.py);
+                              breakdown (embedding, GEMMs, the rest, host gaps; numbactr/bench/mlperf.py);
                               --dim 128,16 --optimizer sgd,adam --batch N --rows N --tf32 --amp
     numbactr bench all        the three above
     numbactr bench cache      a table 4-50x larger than its cache's byte budget, trained through the cache
                               on a memory-mapped file: hit rate and samples/s against cache size, LRU and
-                              LFU, and a plot (--plot; numbactr/bench_cache.py says more)
+                              LFU, and a plot (--plot; numbactr/bench/cache.py says more)
     numbactr bench sok        SOK's seed benchmark: a PyTorch model with its native nn.Embedding vs numbactr.sok's
-                              All2AllDenseEmbedding, 1 rank and mpiexec -n 2 (numbactr/sok/bench.py)
+                              All2AllDenseEmbedding, 1 rank and mpiexec -n 2 (numbactr/bench/sok.py)
     --quick                   small shapes (seconds; the smoke test uses it)
     --threads 1,2             thread counts of the embedding and dlrm runs (cpu; default 1,2)
 
-Everything runs on the device numbactr picked (``numbactr.device.kind()``): the numba.cuda kernels on
+Everything runs on the device numbactr picked (``numbactr.runtime.device.kind()``): the numba.cuda kernels on
 a GPU (cupy arrays), numbactr's compiled CPU code or NumPy references on cpu. When torch is installed
 each benchmark also runs a plain-PyTorch baseline (on CUDA when this torch build has it and numbactr runs
 on a GPU, else on cpu), and FBGEMM's TBE when fbgemm_gpu is installed (pip install -e ".[fbgemm]").
@@ -34,7 +34,7 @@ Counting (each table says it again):
   dlrm       samples/s = batch / median step time; batches are read into memory first, so the step is
              forward + backward + optimizer update (numbactr's includes its hash-table insert).
 Times are medians over repetitions after one warm-up call (which also absorbs JIT compilation).
-Threads: numbactr's compute threads (BLAS, numba) are those of numbactr.threads (NUMBACTR_THREADS=N);
+Threads: numbactr's compute threads (BLAS, numba) are those of numbactr.runtime.threads (NUMBACTR_THREADS=N);
 torch keeps its own setting (torch.set_num_threads); every table's notes state both. The embedding and
 dlrm benchmarks set both to each of --threads in turn, side by side in one run.
 """
@@ -120,7 +120,7 @@ class Env:
     """The device numbactr runs on, its array module and synchronisation, and the torch baseline."""
 
     def __init__(self, use_torch: bool = True):
-        from numbactr import device
+        from numbactr.runtime import device
         self.kind = device.kind()
         self.kernels = device.uses_kernels()
         self.xp = device.xp()
@@ -159,11 +159,11 @@ class Env:
     def header(self) -> list:
         """Context lines every table starts with: device, date, versions."""
         now = datetime.datetime.now().astimezone()
-        from numbactr import threads
+        from numbactr.runtime import threads
         lines = [f"device: {self.kind} ({self.device_name})",
                  f"date: {now.strftime('%Y-%m-%d %H:%M %Z')}",
                  f"numpy {np.__version__}, python {platform.python_version()}",
-                 f"{threads.current().describe()} (numbactr.threads; NUMBACTR_THREADS=N sets the compute "
+                 f"{threads.current().describe()} (numbactr.runtime.threads; NUMBACTR_THREADS=N sets the compute "
                  f"threads)"]
         if hasattr(os, "getloadavg"):       # other work on the host skews every figure: say how much
             lines.append(f"host load average (1 min) at start: {os.getloadavg()[0]:.1f} on "
@@ -312,7 +312,7 @@ def hash_keys(dist: str, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float = 1.0, seed: int = 0) -> Table:
-    from numbactr import device
+    from numbactr.runtime import device
     from numbactr.embedding.hash_table import HashTable
     tab = Table(f"hash table insert/find ({env.kind})", HASH_COLUMNS)
     tab.notes = env.header() + [
@@ -369,7 +369,7 @@ def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float =
 
 
 def _host(a) -> np.ndarray:
-    from numbactr import device
+    from numbactr.runtime import device
     return device.to_host(a)
 
 
@@ -416,12 +416,12 @@ def fbgemm_training_module():
 
 @contextlib.contextmanager
 def thread_count(env: Env, n):
-    """numbactr's compute threads (numbactr.threads: BLAS + numba) and torch's intra-op threads (which
+    """numbactr's compute threads (numbactr.runtime.threads: BLAS + numba) and torch's intra-op threads (which
     FBGEMM's CPU kernels use) set to n inside; n = None leaves them (a GPU run)."""
     if n is None:
         yield
         return
-    from numbactr import threads
+    from numbactr.runtime import threads
     before = threads.current()
     torch_before = env.torch.get_num_threads() if env.torch is not None else None
     threads.configure(compute=n, reader_workers=before.reader_workers)
@@ -460,7 +460,7 @@ def bench_embedding(env: Env, *, batch: int, features: int, hots, dims, rows: in
         "rowwise AdaGrad) / SparseAdam",
         "GB/s as FBGEMM counts: forward bytes = nbags*L*D*4 (rows read) + nbags*D*4 (output); backward + "
         "update bytes = 2 x forward bytes; 'state B/row' = optimizer-state bytes per table row",
-        "threads: numbactr's compute threads (numbactr.threads: numba + BLAS) and torch.set_num_threads "
+        "threads: numbactr's compute threads (numbactr.runtime.threads: numba + BLAS) and torch.set_num_threads "
         "(torch and FBGEMM's CPU kernels) set to the column's value for that row",
         f"learning rates {EMBEDDING_LR}; FBGEMM's CPU build has no ADAM (CUDA only): no fbgemm adam rows"]
     if env.kind == "gpu":
@@ -632,9 +632,9 @@ def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, threads=(
         "torch.optim.Adam for the MLPs",
         "numbactr's HugeCTR model runs its SparseEmbedding on the same engine: the 26 slots are one fused lookup "
         "of one keyed table, and the update is the engine's fused backward + HugeCTR's Adam (Global)",
-        "threads: numbactr.threads' compute threads and torch.set_num_threads set to the column's value"]
+        "threads: numbactr.runtime.threads' compute threads and torch.set_num_threads set to the column's value"]
     if env.kind == "cpu":
-        from numbactr import device
+        from numbactr.runtime import device
         tab.notes.append("numbactr's dense ops on cpu: " + (
             "their compiled CPU versions (numba.njit: interaction, bias, ReLU, BCE, the dense update; matrix "
             "products in BLAS)" if device.compiled_cpu() else
@@ -766,8 +766,8 @@ SOK_QUICK = dict(batch=64, reps=2, threads=(1,), shape=dict(layers=2, width=64),
 
 
 def _bench_sok(env: Env, **kwargs) -> Table:
-    """SOK's seed benchmark (numbactr/sok/bench.py; needs torch)."""
-    from numbactr.sok.bench import bench_sok
+    """SOK's seed benchmark (numbactr/bench/sok.py; needs torch)."""
+    from numbactr.bench.sok import bench_sok
     return bench_sok(env, **kwargs)
 
 
@@ -788,8 +788,8 @@ def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = N
     out = out or sys.stdout
     sizes = QUICK if quick else FULL
     min_time = (0.05 if quick else 1.0) if min_time is None else min_time
-    from numbactr import log
-    from numbactr import bench_cache
+    from numbactr.runtime import log
+    from numbactr.bench import cache as bench_cache
     fns = {"hash": bench_hash, "embedding": bench_embedding, "dlrm": bench_dlrm}
     names = list(fns) if which == "all" else [which]
     fns["cache"] = bench_cache.bench_cache
@@ -845,7 +845,7 @@ def main(argv=None) -> int:
     if env.torch is None:
         print(f"numbactr bench: {env.torch_why}", flush=True)
     if args.model == "mlperf":
-        from numbactr.bench_mlperf import bench_mlperf
+        from numbactr.bench.mlperf import bench_mlperf
         quick = dict(batch=256, rows=2_000, batches=1, breakdown_steps=1) if args.quick else {}
         sizes = {**quick, **{k: getattr(args, k) for k in ("batch", "rows") if getattr(args, k) is not None}}
         tab = bench_mlperf(env, dims=args.dim, optimizers=args.optimizer, tf32=args.tf32, amp=args.amp,

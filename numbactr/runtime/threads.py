@@ -19,7 +19,7 @@ so 2 cores -> 1 + 1, 8 -> 6 + 2, 16 -> 12 + 4. Overrides, in order:
     OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS, NUMBA_NUM_THREADS set by the user are
     left as they are (the BLAS or numba pool then keeps the user's size; describe() says so).
 A HugeCTR script that sets num_workers keeps it (the sample order depends on it); under
-numbactr.compat.hugectr_exact() the unset default is HugeCTR's 12. The plan is applied when the device is
+numbactr.hugectr_exact.hugectr_exact() the unset default is HugeCTR's 12. The plan is applied when the device is
 first resolved (the start-up line prints it), or by configure().
 """
 from __future__ import annotations

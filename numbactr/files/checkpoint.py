@@ -74,7 +74,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from numbactr import device
+from numbactr.runtime import device
 from numbactr.data.errors import DataFormatError
 from numbactr.distributed.sharding import key_owner
 from numbactr.embedding.sparse_embedding import max_vocabulary_size_per_gpu, workspace_mb_for

@@ -6,7 +6,7 @@ where Y == 0, Softmax skips the max subtraction, AdaGrad's accumulator starts fr
 HugeCTR behaviour is available for result comparisons:
 
     NUMBACTR_HUGECTR_EXACT=1 python train.py         # or
-    numbactr.compat.set_hugectr_exact(True)
+    numbactr.hugectr_exact.set_hugectr_exact(True)
 
 Every place that differs reads ``hugectr_exact()`` and documents both behaviours; the README's
 "Differences from HugeCTR" lists them.

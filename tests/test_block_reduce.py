@@ -1,4 +1,4 @@
-"""kernels/block.py: the shared tree reductions, called from a test kernel in the simulator."""
+"""kernels/block_reduce.py: the shared tree reductions, called from a test kernel in the simulator."""
 import functools
 
 import numpy as np
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda, float32
 
-from numbactr.kernels.block import block_sum, block_sum2, block_sum_ref
+from numbactr.kernels.block_reduce import block_sum, block_sum2, block_sum_ref
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,7 +45,7 @@ def test_block_sums_match_reference(tpb, n, seed):
 
 @functools.lru_cache(maxsize=None)
 def make_mean_var(tpb):
-    from numbactr.kernels.block import column_mean_var, row_mean_var
+    from numbactr.kernels.block_reduce import column_mean_var, row_mean_var
 
     @cuda.jit
     def k(x, col_out, row_out):
@@ -67,7 +67,7 @@ def make_mean_var(tpb):
 @pytest.mark.parametrize("tpb", [1, 4, 32])
 @given(b=st.integers(1, 40), f=st.integers(1, 5), seed=st.integers(0, 9))
 def test_mean_var_helpers_match_reference(tpb, b, f, seed):
-    from numbactr.kernels.block import mean_var_ref
+    from numbactr.kernels.block_reduce import mean_var_ref
     x = np.random.default_rng(seed).normal(2.0, 3.0, (b, f)).astype(np.float32)
     col, row = np.zeros((2, f), np.float32), np.zeros((2, b), np.float32)
     make_mean_var(tpb)[1, tpb](x, col, row)
@@ -77,7 +77,7 @@ def test_mean_var_helpers_match_reference(tpb, b, f, seed):
 
 @functools.lru_cache(maxsize=None)
 def make_sum_max(tpb):
-    from numbactr.kernels.block import block_max
+    from numbactr.kernels.block_reduce import block_max
 
     @cuda.jit
     def k(x, out):

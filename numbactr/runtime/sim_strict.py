@@ -100,7 +100,7 @@ class StrictNumpy:
     ``is numpy`` tests run), and where the two libraries differ in results it gives CuPy's: ``argsort`` is
     stable (CuPy's always is)."""
 
-    __name__ = "numbactr.sim_strict"
+    __name__ = "numbactr.runtime.sim_strict"
 
     @staticmethod
     def argsort(a, axis=-1, kind=None, order=None):

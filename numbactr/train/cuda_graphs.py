@@ -13,7 +13,7 @@ GPU:
 
 * Every launch of a step has the same arguments every step: the values that change (learning rate, Adam's
   t and bias corrections, stochastic-rounding salts, the dropout step, the step number of the non-finite
-  flag) are read from device arrays (numbactr.step_values), and every launch goes to the stream that
+  flag) are read from device arrays (numbactr.runtime.step_values), and every launch goes to the stream that
   ``kernels.launch.on_stream`` names. ``tests/test_step_counts.py`` records the simulator's launches of
   three steps and checks they are identical while the learning rate changes.
 * What a step does on the host is registered while it is captured (``step_values.on_replay``) and run
@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import os
 
-from numbactr import device, log, step_values
+from numbactr.runtime import device, log, step_values
 
 ENV = "NUMBACTR_CUDA_GRAPHS"
 

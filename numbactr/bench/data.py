@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from numbactr import log, threads
+from numbactr.runtime import log, threads
 from numbactr.enums import Check_t, DataReaderType_t
 from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import write_norm_file
@@ -124,7 +124,7 @@ def measure_wait(fmt, source, samples, batch, workers, step_ms, steps=40) -> tup
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="numbactr bench data", description=__doc__.split("\n")[0],
                                  epilog="Explicit worker counts are measured as given; the training default "
-                                        "comes from numbactr.threads (NUMBACTR_READER_WORKERS).")
+                                        "comes from numbactr.runtime.threads (NUMBACTR_READER_WORKERS).")
     ap.add_argument("--samples", type=int, default=1_000_000, help="samples per format (default: %(default)s)")
     ap.add_argument("--files", type=int, default=4, help="Norm/Parquet files (>= the largest worker count; "
                                                           "default: %(default)s)")
