@@ -10,9 +10,7 @@ IgnoredArgumentWarning naming it, raised only when the user set it to something 
 """
 from __future__ import annotations
 
-import math
 import numbers
-import warnings
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -20,32 +18,10 @@ from numbactr.data.raw_async import AsyncParam
 from numbactr.data.source import DataSourceParams
 from numbactr.enums import (Activation_t, Check_t, DataReaderType_t, Embedding_t, FcPosition_t, GroupLayer_t,
                     Initializer_t, Layer_t, LrPolicy_t, MetricsType, Optimizer_t, Regularizer_t, Update_t)
+from numbactr.validate import IgnoredArgumentWarning, warn_ignored  # noqa: F401 (hugectr.IgnoredArgumentWarning)
+from numbactr.validate import expect as _expect, number as _number
 
 
-class IgnoredArgumentWarning(UserWarning):
-    """An argument was accepted but has no effect in numbactr (the message names it and says why)."""
-
-
-def _expect(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
-def warn_ignored(who: str, arg: str, value, why: str, stacklevel: int) -> None:
-    warnings.warn(f"{who}: {arg}={value!r} is ignored: {why}", IgnoredArgumentWarning, stacklevel=stacklevel + 1)
-
-
-def _number(who: str, name: str, v, lo=None, hi=None, lo_open=False, hi_open=False, integer=False):
-    """Check that v is a finite real (an int if integer) in the range given; returns it."""
-    kind = "an integer" if integer else "a number"
-    ok = isinstance(v, numbers.Integral if integer else numbers.Real)
-    _expect(ok and not isinstance(v, bool), f"{who}: {name} must be {kind}, got {v!r}")
-    rng = (f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, "
-           f"{'inf' if hi is None else hi}{')' if hi_open or hi is None else ']'}")
-    _expect(math.isfinite(v), f"{who}: {name} must be finite, got {v!r}")
-    _expect(lo is None or (v > lo if lo_open else v >= lo), f"{who}: {name} must lie in {rng}, got {v!r}")
-    _expect(hi is None or (v < hi if hi_open else v <= hi), f"{who}: {name} must lie in {rng}, got {v!r}")
-    return v
 
 
 def _sizes(who: str, values) -> list:
@@ -182,7 +158,7 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
         _number(who, f"metrics_spec[{m!r}]", v)
     _expect(not (s.use_mixed_precision and s.enable_tf32_compute),
             "CreateSolver: use_mixed_precision and enable_tf32_compute cannot both be True")
-    from numbactr.train.precision import HALF_DTYPES, half_dtype       # mixed precision: numbactr/train/precision.py
+    from numbactr.runtime.precision import HALF_DTYPES, half_dtype       # mixed precision: numbactr/runtime/precision.py
     _expect(s.mixed_precision_dtype in HALF_DTYPES, f"CreateSolver: mixed_precision_dtype must be one of "
             f"{HALF_DTYPES}, got {s.mixed_precision_dtype!r}")
     half_dtype(s)                                         # bfloat16 without ml_dtypes: a clear error now

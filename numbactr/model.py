@@ -22,7 +22,8 @@ from numbactr.data import staging
 from numbactr.config import (DataReaderParams, DenseLayer, GroupDenseLayer, Input, OptParamsPy, Solver, SparseEmbedding,
                      _number, warn_ignored)
 from numbactr.embedding import collection as ebc
-from numbactr.embedding.sparse_embedding import HashEmbedding, OneHotEmbedding, make_embedding
+from numbactr.embedding.factory import make_embedding
+from numbactr.embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
 from numbactr.enums import Embedding_t, MetricsType, Tensor_t
 from numbactr.layers import LayerError, RunInfo, build
 from numbactr.metrics import MetricAccumulator
@@ -97,7 +98,7 @@ class Model:
         self._stager = None                            # numbactr.data.staging.DeviceStager, made when used
         self._graphs = None                            # numbactr.train.cuda_graphs.StepGraphs, made when used
         self._last_eval = None                         # (predictions, labels) of the last eval batch
-        # mixed precision (numbactr/train/precision.py): the activations' half dtype, None in float32
+        # mixed precision (numbactr/runtime/precision.py): the activations' half dtype, None in float32
         self.half = precision.half_dtype(solver)
         self._skipped = 0                              # mixed-precision steps skipped for overflow (read)
         self._skips_dev = None                         # (1,) device count of steps skipped on the device
@@ -966,7 +967,7 @@ class Model:
 
     def _skip_step(self) -> None:
         """Drop this step's dense and sparse gradients without touching weights or optimizer states,
-        count the skip and warn (numbactr/train/precision.py: HugeCTR would apply the inf/NaN gradients)."""
+        count the skip and warn (numbactr/runtime/precision.py: HugeCTR would apply the inf/NaN gradients)."""
         import warnings
         for e in (*self.embeddings, *self.collections):
             for held in ("_pending", "_saved"):           # the gradients kept for update()

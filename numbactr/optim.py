@@ -87,7 +87,7 @@ class LearningRateScheduler:
     """``get_next()`` as HugeCTR's learning_rate_scheduler.hpp (spec §1.1): warmup, then polynomial decay."""
 
     def __init__(self, base_lr, warmup_steps=1, decay_start=0, decay_steps=1, decay_power=2.0, end_lr=0.0):
-        from numbactr.config import _number
+        from numbactr.validate import number as _number
         who = "learning-rate scheduler"
         _number(who, "base_lr", base_lr, 0.0)
         _number(who, "end_lr", end_lr, 0.0)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from numbactr.bench import cli as bench
+from numbactr.bench import common as bench_common, dlrm as bench_dlrm_mod, embedding as bench_embedding_mod, hash as bench_hash_mod
 from numbactr.runtime import device
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -59,7 +60,7 @@ def test_quick_hash(capsys, on_device):
     on_device("cpu")
     out = run_main(capsys, "hash", "--quick")
     [(cols, rows)] = tables_in(out)
-    check_table(cols, rows, bench.HASH_COLUMNS, ["ms", "Mkeys/s"])
+    check_table(cols, rows, bench_common.HASH_COLUMNS, ["ms", "Mkeys/s"])
     ops = {(r[0], r[1], r[2]) for r in rows}
     for dist in ("uniform", "power-law"):
         for op in ("insert-new", "insert-known", "find"):
@@ -78,23 +79,23 @@ def test_quick_embedding(capsys, on_device):
     on_device("cpu")
     out = run_main(capsys, "embedding", "--quick")
     [(fcols, frows), (bcols, brows)] = tables_in(out)
-    check_table(fcols, frows, bench.EMBEDDING_FWD_COLUMNS, ["fwd ms", "fwd GB/s"])
-    check_table(bcols, brows, bench.EMBEDDING_BWD_COLUMNS, ["bwd+upd ms", "bwd+upd GB/s"])
+    check_table(fcols, frows, bench_common.EMBEDDING_FWD_COLUMNS, ["fwd ms", "fwd GB/s"])
+    check_table(bcols, brows, bench_common.EMBEDDING_BWD_COLUMNS, ["bwd+upd ms", "bwd+upd GB/s"])
     for r in frows:     # GB/s is FBGEMM's byte count over the time
         b, f, hot, d = (int(number(r[i])) for i in (3, 4, 5, 6))
-        assert number(r[9]) == pytest.approx(bench.embedding_bytes(b * f, hot, d) / (number(r[8]) * 1e-3) / 1e9,
+        assert number(r[9]) == pytest.approx(bench_embedding_mod.embedding_bytes(b * f, hot, d) / (number(r[8]) * 1e-3) / 1e9,
                                              rel=0.05)
     for r in brows:     # backward + update: twice the forward bytes
         b, f, hot, d = (int(number(r[i])) for i in (5, 6, 7, 8))
-        nbytes = 2 * bench.embedding_bytes(b * f, hot, d)
+        nbytes = 2 * bench_embedding_mod.embedding_bytes(b * f, hot, d)
         assert number(r[11]) == pytest.approx(nbytes / (number(r[10]) * 1e-3) / 1e9, rel=0.05)
-        assert int(number(r[4])) == bench.state_bytes_per_row(r[0], r[3], d)
+        assert int(number(r[4])) == bench_embedding_mod.state_bytes_per_row(r[0], r[3], d)
     assert {r[5] for r in frows} == {"1", "4"} and {r[2] for r in frows} == {"sum", "mean"}
     # every implementation forward per shape and pooling; every optimizer except FBGEMM's CPU-less Adam
     impls = {"numbactr"} | ({"torch-cpu"} if HAVE_TORCH else set()) | ({"fbgemm"} if HAVE_FBGEMM else set())
     assert {r[0] for r in frows} == impls and len(frows) == 4 * len(impls)
     got = {(r[0], r[3]) for r in brows}
-    want = {(i, o) for i in impls for o in bench.EMBEDDING_OPTIMIZERS} - {("fbgemm", "adam")}
+    want = {(i, o) for i in impls for o in bench_embedding_mod.EMBEDDING_OPTIMIZERS} - {("fbgemm", "adam")}
     assert got == want
 
 
@@ -102,7 +103,7 @@ def test_quick_dlrm(capsys, on_device):
     on_device("cpu")
     out = run_main(capsys, "dlrm", "--quick")
     [(cols, rows)] = tables_in(out)
-    check_table(cols, rows, bench.DLRM_COLUMNS, ["step ms", "samples/s"])
+    check_table(cols, rows, bench_common.DLRM_COLUMNS, ["step ms", "samples/s"])
     for r in rows:
         assert number(r[7]) == pytest.approx(number(r[2]) / (number(r[6]) * 1e-3), rel=0.02)
     impls = {r[0] for r in rows}
@@ -119,16 +120,16 @@ def test_threads_option(capsys, on_device):
 
 
 def test_state_bytes_per_row():
-    assert [bench.state_bytes_per_row("numbactr", o, 16) for o in ("sgd", "rowwise_adagrad", "adam")] == [0, 4, 128]
-    assert bench.state_bytes_per_row("torch-cpu", "rowwise_adagrad", 16) == 64       # torch's Adagrad: D values
+    assert [bench_embedding_mod.state_bytes_per_row("numbactr", o, 16) for o in ("sgd", "rowwise_adagrad", "adam")] == [0, 4, 128]
+    assert bench_embedding_mod.state_bytes_per_row("torch-cpu", "rowwise_adagrad", 16) == 64       # torch's Adagrad: D values
 
 
 def test_quick_all_without_torch(capsys, on_device):
     on_device("cpu")
     out = run_main(capsys, "all", "--quick", "--no-torch", "--min-time", "0")
     found = tables_in(out)
-    assert [cols for cols, _ in found] == [bench.HASH_COLUMNS, bench.EMBEDDING_FWD_COLUMNS,
-                                           bench.EMBEDDING_BWD_COLUMNS, bench.DLRM_COLUMNS]
+    assert [cols for cols, _ in found] == [bench_common.HASH_COLUMNS, bench_common.EMBEDDING_FWD_COLUMNS,
+                                           bench_common.EMBEDDING_BWD_COLUMNS, bench_common.DLRM_COLUMNS]
     assert all({r[0] for r in rows} == {"numbactr"} for _, rows in found)
     assert "torch baseline skipped (--no-torch)" in out
 
@@ -143,20 +144,20 @@ def test_bad_subcommand_is_rejected(capsys):
                                       ("NVIDIA H200", 4800.0), ("NVIDIA A100-SXM4-80GB", 2039.0),
                                       ("NVIDIA GeForce RTX 4090", None)])
 def test_known_peak_bandwidth(name, gbs):
-    assert bench.known_peak_bandwidth(name)[0] == gbs
+    assert bench_common.known_peak_bandwidth(name)[0] == gbs
 
 
 def test_peak_bandwidth_is_the_measured_copy_with_the_spec_sheet_beside(monkeypatch):
     # issue 14's goals are fractions of the measured bandwidth: the copy comes first, the spec sheet is noted
-    monkeypatch.setattr(bench, "measure_copy_bandwidth", lambda: 3012.5)
-    gbs, src = bench.peak_bandwidth("NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(bench_common, "measure_copy_bandwidth", lambda: 3012.5)
+    gbs, src = bench_common.peak_bandwidth("NVIDIA H100 80GB HBM3")
     assert gbs == 3012.5 and "measured" in src and "3350" in src
 
     def no_gpu():
         raise RuntimeError("no device")
-    monkeypatch.setattr(bench, "measure_copy_bandwidth", no_gpu)
-    assert bench.peak_bandwidth("NVIDIA H100 80GB HBM3")[0] == 3350.0         # the spec sheet alone
-    gbs, src = bench.peak_bandwidth("NVIDIA GeForce RTX 4090")
+    monkeypatch.setattr(bench_common, "measure_copy_bandwidth", no_gpu)
+    assert bench_common.peak_bandwidth("NVIDIA H100 80GB HBM3")[0] == 3350.0         # the spec sheet alone
+    gbs, src = bench_common.peak_bandwidth("NVIDIA GeForce RTX 4090")
     assert gbs is None and "no device" in src
 
 
@@ -185,12 +186,12 @@ def test_profiled_step_runs_only_on_a_gpu_when_asked(monkeypatch):
 
 def test_embedding_bytes_is_fbgemms_count():
     # rows read B*L*D*4 + output written B*D*4
-    assert bench.embedding_bytes(8192 * 26, 20, 128) == 8192 * 26 * 20 * 128 * 4 + 8192 * 26 * 128 * 4
-    assert bench.embedding_bytes(10, 1, 16) == 2 * 10 * 16 * 4
+    assert bench_embedding_mod.embedding_bytes(8192 * 26, 20, 128) == 8192 * 26 * 20 * 128 * 4 + 8192 * 26 * 128 * 4
+    assert bench_embedding_mod.embedding_bytes(10, 1, 16) == 2 * 10 * 16 * 4
 
 
 def test_table_markdown_and_cells():
-    t = bench.Table("x", ["impl", "n", "v"], notes=["note"])
+    t = bench_common.Table("x", ["impl", "n", "v"], notes=["note"])
     t.add("a", 1234567, 0.012345)
     t.add("b", 5, float("nan"))
     md = t.markdown()
@@ -202,7 +203,7 @@ def test_table_markdown_and_cells():
 
 def test_measure_runs_setup_before_every_call():
     calls = []
-    t = bench.measure(lambda: calls.append("fn"), setup=lambda: calls.append("setup"), min_time=0)
+    t = bench_common.measure(lambda: calls.append("fn"), setup=lambda: calls.append("setup"), min_time=0)
     assert t >= 0 and calls == ["setup", "fn", "setup", "fn"]
 
 
@@ -213,7 +214,7 @@ def test_torch_key_index_agrees_with_the_hash_table():
 
     from numbactr.embedding.hash_table import HashTable
     rng = np.random.default_rng(3)
-    idx, table = bench.TorchKeyIndex(torch, "cpu"), HashTable(500, use_kernels=False)
+    idx, table = bench_hash_mod.TorchKeyIndex(torch, "cpu"), HashTable(500, use_kernels=False)
     for _ in range(3):                   # batches with repeats, some keys known from earlier batches
         keys = rng.integers(0, 400, 300).astype(np.uint64)
         got = idx.insert(torch.from_numpy(keys.view(np.int64))).numpy()
@@ -234,7 +235,7 @@ def test_torch_dlrm_interaction_has_hugectrs_layout():
 
     from numbactr.kernels.interaction import interaction_forward_ref
     sizes = [7, 5, 9]
-    model = bench.torch_dlrm(torch, sizes, dense_dim=4, vec=3)
+    model = bench_dlrm_mod.torch_dlrm(torch, sizes, dense_dim=4, vec=3)
     rng = np.random.default_rng(0)
     dense = torch.from_numpy(rng.standard_normal((6, 4)).astype(np.float32))
     idx = [torch.from_numpy(rng.integers(0, v, 6)) for v in sizes]
@@ -253,11 +254,11 @@ def test_kernel_path_in_the_simulator(on_device):
     if not device._numba_simulated():
         pytest.skip("needs the simulator")
     on_device("sim")
-    env = bench.Env(use_torch=False)
+    env = bench_common.Env(use_torch=False)
     assert env.kernels
-    tab = bench.bench_hash(env, n=48, min_time=0)
+    tab = bench_hash_mod.bench_hash(env, n=48, min_time=0)
     assert len(tab.rows) == 6
-    fwd, bwd = bench.bench_embedding(env, batch=2, features=3, hots=(2,), dims=(4,), rows=40, poolings=("sum",),
+    fwd, bwd = bench_embedding_mod.bench_embedding(env, batch=2, features=3, hots=(2,), dims=(4,), rows=40, poolings=("sum",),
                                      optimizers=("sgd",), threads=(1,), min_time=0)
     assert len(fwd.rows) == len(bwd.rows) == 1 and number(fwd.rows[0][9]) > 0 and number(bwd.rows[0][11]) > 0
 

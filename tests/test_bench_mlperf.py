@@ -13,7 +13,8 @@ import types
 
 import pytest
 
-from numbactr.bench import cli as bench, mlperf as bench_mlperf
+from numbactr.bench import cli as bench
+from numbactr.bench import common as bench_common, mlperf as bench_mlperf
 from numbactr.kernels import bias as bias_kernels
 from numbactr.kernels import fused_bias_act
 from numbactr.layers import dense
@@ -36,7 +37,7 @@ def _check_sums(rec, host_gap_measured=True):
 
 def test_mlperf_table_on_cpu(cpu, monkeypatch):
     monkeypatch.delenv("NUMBACTR_CUDA_GRAPHS", raising=False)
-    env = bench.Env(use_torch=importlib.util.find_spec("torch") is not None)
+    env = bench_common.Env(use_torch=importlib.util.find_spec("torch") is not None)
     tab = bench_mlperf.bench_mlperf(env, batch=32, rows=300, dims=(16,), optimizers=("sgd", "adam"), batches=1,
                                     min_time=0.0, breakdown_steps=1, threads=(1, 2))
     assert tab.columns == bench_mlperf.COLUMNS
@@ -78,7 +79,7 @@ def test_mlperf_graphs_asked_for_but_not_replayed(cpu, monkeypatch):
     """NUMBACTR_CUDA_GRAPHS=1 where no step can be a graph (cpu): the row says so and its figures are the
     eager steps' (a failed capture on a GPU reads the same way, with StepGraphs.disabled as the reason)."""
     monkeypatch.setenv("NUMBACTR_CUDA_GRAPHS", "1")
-    env = bench.Env(use_torch=False)
+    env = bench_common.Env(use_torch=False)
     tab = bench_mlperf.bench_mlperf(env, batch=16, rows=200, dims=(16,), optimizers=("sgd",), batches=1,
                                     min_time=0.0, breakdown_steps=1)
     (rec,) = tab.records

@@ -12,7 +12,7 @@ import pytest
 import numbactr as hugectr
 from numbactr.runtime import device
 from numbactr.autograd import Tape
-from numbactr.embedding.sparse_embedding import make_embedding
+from numbactr.embedding.factory import make_embedding
 from numbactr.kernels.embedding_init import row_values_ref
 from tests.mpi_util import MPIEXEC, needs_mpi
 

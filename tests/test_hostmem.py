@@ -122,7 +122,7 @@ def test_whole_table_fill_in_chunks_equals_one_piece(monkeypatch):
 
 def _onehot(name, sizes):
     import numbactr as hugectr
-    from numbactr.embedding.sparse_embedding import make_embedding
+    from numbactr.embedding.factory import make_embedding
     cfg = hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot,
                                   slot_size_array=sizes, embedding_vec_size=16, sparse_embedding_name=name,
                                   bottom_name="data1", workspace_size_per_gpu_in_mb=1)

@@ -15,7 +15,7 @@ from numbactr.runtime import device
 from numbactr.autograd import Tape
 from numbactr.embedding.hybrid import (HybridEmbedding, HybridEmbeddingParam, frequency_threshold, hybrid_split,
                                        infrequent_owner)
-from numbactr.embedding.sparse_embedding import make_embedding
+from numbactr.embedding.factory import make_embedding
 from tests.mpi_util import MPIEXEC, needs_mpi
 
 HERE = Path(__file__).parent

@@ -1,6 +1,6 @@
-"""numbactr.runtime.log: info_once says a thing once; progress is silent for short tasks off a terminal, writes
+"""numbactr.log: info_once says a thing once; progress is silent for short tasks off a terminal, writes
 periodic lines and a closing line for long ones, and can be turned off."""
-from numbactr.runtime import log
+from numbactr import log
 
 
 def test_info_once(capsys):

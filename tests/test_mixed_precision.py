@@ -14,7 +14,7 @@ import pytest
 
 import numbactr as hugectr
 from numbactr.runtime import device
-from numbactr.train import precision
+from numbactr.runtime import precision
 from numbactr.data.synthetic import make_planted_dataset
 from numbactr.autograd import Tape, Tensor
 from numbactr.autograd.tape import autocast

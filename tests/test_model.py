@@ -4,7 +4,7 @@ import pytest
 
 import numbactr as hugectr
 from numbactr.runtime import device
-from numbactr.embedding.sparse_embedding import make_embedding
+from numbactr.embedding.factory import make_embedding
 from tests.model_util import tiny_data, tiny_dlrm
 
 

@@ -8,7 +8,7 @@ import pytest
 import numbactr as hugectr
 from numbactr.runtime import device
 from numbactr.autograd import Tape
-from numbactr.embedding.sparse_embedding import make_embedding
+from numbactr.embedding.factory import make_embedding
 from numbactr.embedding.tiered import CacheConfig, TierSpec, TieredEmbedding
 
 E, O, U = hugectr.Embedding_t, hugectr.Optimizer_t, hugectr.Update_t

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from numbactr.bench.cli import Env, Table, thread_count
+from numbactr.bench.common import Env, Table, thread_count
 from numbactr.embedding.engine import OptimizerSpec, Optim, Precision, TableBatchedEmbedding
 from numbactr.embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
 from numbactr.kernels.tbe import STATES

@@ -324,7 +324,7 @@ def global_pass_bytes(engine) -> int:
 def embedding_step_bytes(batch: int, dim: int, global_bytes: int = 0) -> int:
     """The embedding's bytes in one step (module docstring): FBGEMM's count of the touched rows, forward
     + backward/update (3 x (B*26*D*4 read + B*26*D*4 written)), plus the all-rows pass's global_bytes."""
-    from numbactr.bench.cli import embedding_bytes
+    from numbactr.bench.embedding import embedding_bytes
     return 3 * embedding_bytes(batch * SLOTS, 1, dim) + int(global_bytes)
 
 
@@ -500,7 +500,7 @@ def _time_torch_graph(env, prepared, sizes, dim, optimizer, lr, min_time, seed, 
     with capturable=True), replayed on static input tensors that each step's batch is copied into: the
     recipe of torch.cuda.graphs' "whole network capture", as NVIDIA's MLPerf DLRM runs. float32/TF32
     only (GradScaler's unscale and skip read the host)."""
-    from numbactr.bench.cli import measure
+    from numbactr.bench.common import measure
     torch = env.torch
     model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32, capturable=True)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -538,7 +538,7 @@ def _time_torch_graph(env, prepared, sizes, dim, optimizer, lr, min_time, seed, 
 
 
 def _time_torch(env, prepared, sizes, dim, optimizer, lr, min_time, seed, tf32, amp) -> float:
-    from numbactr.bench.cli import measure
+    from numbactr.bench.common import measure
     torch, dev = env.torch, env.torch_dev
     model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -587,7 +587,7 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
     On the cpu device each row runs with numbactr's compute threads and torch's set to the same count:
     each of ``threads``, or numbactr's current compute threads (a GPU run leaves both as they are). The
     table's ``records`` hold each numbactr row's raw figures (seconds, bytes, graph status)."""
-    from numbactr.bench import cli as B
+    from numbactr.bench import common as B
     from numbactr.train import cuda_graphs
     from numbactr.runtime import threads as T
     from numbactr.data.synthetic import criteo_like_slot_sizes, make_planted_dataset
@@ -694,7 +694,7 @@ def _time_numbactr(model, env, wanted: bool, min_time: float, breakdown_steps: i
     step and its breakdown (module docstring). Returns the record: seconds per step (step, eager,
     eager_step, embedding, gemm, rest, host_gap, busy), graphs (the cell), replayed (all steps were),
     captures, replays, steps, method, why."""
-    from numbactr.bench import cli as B
+    from numbactr.bench import common as B
     from numbactr.train.cuda_graphs import StepGraphs
     count = [0]
 

@@ -124,7 +124,7 @@ def bench_sok(env, *, batch: int, reps: int, threads=(1, 2), ranks=(1, 2), seed:
     """The seed benchmark's table (module docstring): every implementation on 1 rank at each thread count,
     then on the other rank counts through mpiexec (one thread per rank when ranks share the cores; an
     mpiexec run taking more than `timeout` seconds is an error). min_time is not used (`reps` counts)."""
-    from numbactr.bench.cli import Table, thread_count
+    from numbactr.bench.common import Table, thread_count
     if env.torch is None:
         raise RuntimeError("bench sok needs torch (numbactr.sok is SOK's PyTorch interface): pip install torch")
     if env.kind == "gpu":

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbactr.runtime import log
+from numbactr import log
 from numbactr.enums import Check_t
 from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import NormWriter

@@ -69,7 +69,7 @@ import warnings
 import numpy as np
 
 from numbactr import hugectr_exact as compat
-from numbactr.runtime import log
+from numbactr import log
 from numbactr.enums import Alignment_t
 from numbactr.data.errors import DataFormatError, DataWarning
 from numbactr.data.raw import decode_raw_rows, write_records

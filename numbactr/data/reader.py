@@ -67,7 +67,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from numbactr import hugectr_exact as compat
-from numbactr.runtime import log
+from numbactr import log
 from numbactr.enums import Check_t, DataReaderType_t
 from numbactr.data.batch import Batch
 from numbactr.data.file_list import read_file_list

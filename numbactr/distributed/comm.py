@@ -145,13 +145,11 @@ class Comm:
         every rank calls it at the same point (the first device collective does)."""
         if self._transport is not None:
             return self._transport
-        from numbactr.runtime import device
-        kind = device.kind()
+        kind, gpu = _device_probe()
         if self.size == 1:
             self._transport = choose_transport(1, kind, True, False)
             return self._transport
         from numbactr.distributed import nccl
-        gpu = device.gpu_index()
         mine = np.array([self.placement.node, -1 if gpu is None else gpu_pci_key(gpu),
                          int(kind == "gpu" and nccl.importable())], dtype=np.int64)
         every = np.empty((self.size, 3), dtype=np.int64)
@@ -392,6 +390,21 @@ def placement() -> Placement:
 _world: Comm | None = None
 
 
+def _no_device() -> tuple[str, None]:
+    return "cpu", None
+
+
+#: () -> (device kind, this rank's GPU index or None). distributed knows ranks, not devices: the device
+#: layer hands its probe in (numbactr.runtime.device registers it when imported), so no import points up.
+_device_probe = _no_device
+
+
+def set_device_probe(probe) -> None:
+    """Hand the collectives the function that says which device this rank runs (kind, GPU index)."""
+    global _device_probe
+    _device_probe = probe
+
+
 def world() -> Comm:
     """The job's communicator, created on first use (one rank without MPI). With several ranks it also
     installs the guard that ends the job when a rank fails."""
@@ -413,7 +426,7 @@ def world() -> Comm:
                            f"{comm.size}: mpi4py's MPI library ({MPI.Get_library_version().splitlines()[0]}) "
                            f"is not the one of this mpiexec")
     if comm.size > 1:
-        from numbactr.runtime import log
+        from numbactr import log
         log.set_rank(comm.rank)
         comm.placement = _placement(comm, MPI)
         comm._guard = _Guard(comm, MPI)

@@ -341,7 +341,7 @@ class TableBatchedEmbedding:
         self.impl = self._pick_impl(impl)
         self.step = 0
         self.bounds_warnings = 0
-        # gate: None, or a numbactr.train.precision.Gate set by a caller for one update (kernels only): its go = 0
+        # gate: None, or a numbactr.runtime.precision.Gate set by a caller for one update (kernels only): its go = 0
         # makes the step's update kernels change nothing (kernels.tbe_math.KI_GO), and the step-dependent
         # scalars (bias corrections, KI_STEP) are computed on the device for the steps that did update
         # (kernels.tbe.gate_scalars; stochastic rounding's salts still count every step). Mixed precision

@@ -169,7 +169,7 @@ class HybridLookup:
 
 
 class HybridEmbedding(OneHotEmbedding):
-    """HybridSparseEmbedding (module docstring). Built by make_embedding; the Model gives it
+    """HybridSparseEmbedding (module docstring). Built by embedding.factory.make_embedding; the Model gives it
     ``statistics_source``, a callable returning this rank's first statistics batches, which its first
     forward reads (or call take_statistics yourself)."""
 

@@ -97,7 +97,7 @@ class HashEmbedding:
         if cfg.embedding_type not in (Embedding_t.DistributedSlotSparseEmbeddingHash,
                                       Embedding_t.LocalizedSlotSparseEmbeddingHash):
             raise ValueError(f"SparseEmbedding {cfg.sparse_embedding_name!r}: HashEmbedding is for the two hash "
-                             f"embeddings, not {cfg.embedding_type.name} (make_embedding picks the class)")
+                             f"embeddings, not {cfg.embedding_type.name} (embedding.factory.make_embedding picks the class)")
         self._configure(cfg, sparse_param, opt, seed, comm)
         self.by_slot = cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingHash
         self.max_rows = max_vocabulary_size_per_gpu(cfg.workspace_size_per_gpu_in_mb, self.vec, self.n_states)
@@ -449,13 +449,3 @@ class OneHotEmbedding(HashEmbedding):
         w = self.weight.data                  # (a tiered table's rows are host memory on every device)
         xp = np if device.is_host_array(w) else device.xp()
         w[xp.asarray(keys.astype(np.int64))] = xp.asarray(vectors.astype(np.float32))
-
-
-def make_embedding(cfg, sparse_param, opt, seed: int, comm=None):
-    """The embedding object for a SparseEmbedding config."""
-    if cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingOneHot:
-        return OneHotEmbedding(cfg, sparse_param, opt, seed, comm)
-    if cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
-        from numbactr.embedding.hybrid import HybridEmbedding          # (hybrid imports this module)
-        return HybridEmbedding(cfg, sparse_param, opt, seed, comm)
-    return HashEmbedding(cfg, sparse_param, opt, seed, comm)

@@ -17,7 +17,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field, fields
 
-from numbactr.config import IgnoredArgumentWarning, _number, warn_ignored
+from numbactr.validate import IgnoredArgumentWarning, number as _number, warn_ignored
 from numbactr.enums import _Enum
 
 

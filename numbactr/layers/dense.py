@@ -297,7 +297,7 @@ class FusedInnerProduct(Layer):
 
     HugeCTR builds this layer only in mixed precision ("FusedInnerProduct support half only");
     numbactr builds it in both modes with the same math (the fused bias+ReLU kernel; in mixed precision
-    half-precision storage around float32 math, numbactr/train/precision.py). Bottom/top
+    half-precision storage around float32 math, numbactr/runtime/precision.py). Bottom/top
     counts follow HugeCTR: None/Isolated 1 -> 1; Head 1 (or 2) -> 4; Body 4 -> 4; Tail 4 -> 1;
     act_type Non only at Tail. Of a Head/Body's 4 tops only the first carries data: tops 2 and 3
     (out_mask, out_dRelu: HugeCTR's fused-backward buffers) are the SAME tensor as top 1, and top 4

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from numbactr.files import checkpoint
-from numbactr.runtime import log
+from numbactr import log
 
 DESCRIPTION = ("Convert a trained HugeCTR model (its graph JSON, dense model, sparse model folders and BatchNorm "
                "statistics) to an ONNX model whose predictions under onnxruntime equal numbactr's.")

@@ -355,3 +355,12 @@ def to_host(a):
 # Runs at `import numbactr`, before anything imports numba: the simulator must be chosen first.
 if os.environ.get("NUMBACTR_DEVICE", "").strip().lower() == "sim" and "numba" not in sys.modules:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+def _probe() -> tuple[str, int | None]:
+    return kind(), gpu_index()
+
+
+from numbactr.distributed import comm as _comm  # noqa: E402  (device -> distributed: the rank's placement)
+
+_comm.set_device_probe(_probe)

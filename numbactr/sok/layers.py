@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from numbactr.runtime import device
-from numbactr.config import IgnoredArgumentWarning
+from numbactr.validate import IgnoredArgumentWarning
 from numbactr.distributed.comm import world
 from numbactr.embedding.engine import Pooling, UpdateType
 from numbactr.embedding.sharded import owner_offsets

@@ -38,7 +38,7 @@ from numbactr.data.norm import NormWriter
 from numbactr.data.parquet import ParquetDatasetWriter
 from numbactr.data.raw import write_raw_file
 from numbactr.data.synthetic import make_planted_model, power_law_keys, uniform_keys
-from numbactr.runtime import log
+from numbactr import log
 from numbactr.enums import Check_t, DataReaderType_t, Distribution_t, PowerLaw_t
 
 __all__ = ["DataGeneratorParams", "DataGenerator"]

@@ -22,7 +22,7 @@ from numbactr.autograd import Tape  # noqa: E402
 from numbactr.data.batch import Batch  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
 from numbactr.distributed.sharding import rank_rows, split_batch  # noqa: E402
-from numbactr.embedding.sparse_embedding import make_embedding  # noqa: E402
+from numbactr.embedding.factory import make_embedding  # noqa: E402
 
 E, O, U = hugectr.Embedding_t, hugectr.Optimizer_t, hugectr.Update_t
 B, S, D, STEPS = 12, 3, 4, 4

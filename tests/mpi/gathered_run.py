@@ -27,7 +27,7 @@ from numbactr.data.batch import Batch  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
 from numbactr.distributed.sharding import rank_rows, split_batch  # noqa: E402
 from numbactr.embedding import sharded  # noqa: E402
-from numbactr.embedding.sparse_embedding import make_embedding  # noqa: E402
+from numbactr.embedding.factory import make_embedding  # noqa: E402
 from tests.mpi.embedding_sharded_run import gathered_table  # noqa: E402  (every key's row, from its owner)
 
 E, O, U = hugectr.Embedding_t, hugectr.Optimizer_t, hugectr.Update_t

@@ -23,7 +23,7 @@ from numbactr.autograd import Tape  # noqa: E402
 from numbactr.data.batch import Batch  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
 from numbactr.distributed.sharding import split_batch  # noqa: E402
-from numbactr.embedding.sparse_embedding import make_embedding  # noqa: E402
+from numbactr.embedding.factory import make_embedding  # noqa: E402
 
 E = hugectr.Embedding_t
 B, D, STEPS, STAT_ITERS = 12, 4, 4, 4

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402
 from numbactr.runtime import device
-from numbactr.train import precision  # noqa: E402
+from numbactr.runtime import precision  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
 from tests.model_util import tiny_dlrm  # noqa: E402
 

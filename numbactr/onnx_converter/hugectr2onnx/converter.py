@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from numbactr.runtime import log
+from numbactr import log
 from numbactr.onnx_converter import OnnxExportError
 from numbactr.onnx_converter.export import load_trained_model, model_to_onnx, save
 
