@@ -16,7 +16,7 @@ from numbactr.enums import *  # noqa: F401,F403  (the enum classes)
 from numbactr.data.raw_async import AsyncParam
 from numbactr import data  # noqa: F401  (hugectr.data.DataSourceParams)
 from numbactr.model import Model, ModelError
-from numbactr.train.callbacks import TrainingCallback
+from numbactr.config import TrainingCallback
 from numbactr.train.training_cache import EmbeddingTrainingCache
 from numbactr.embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
 from numbactr.embedding.hybrid import HybridEmbeddingParam

@@ -130,7 +130,6 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
     if kw.get("metrics_spec") is None:
         kw["metrics_spec"] = {MetricsType.AUC: 1.0}
     kw["training_callbacks"] = tuple(kw.get("training_callbacks", ()))
-    from numbactr.train.callbacks import TrainingCallback
     for j, cb in enumerate(kw["training_callbacks"]):
         _expect(isinstance(cb, TrainingCallback), f"CreateSolver: training_callbacks[{j}] must be a "
                 f"hugectr.TrainingCallback (a subclass of it), got {cb!r}")
@@ -449,7 +448,6 @@ class SparseEmbedding:
         self.optimizer = optimizer if optimizer is not None else OptParamsPy()
         self.hybrid_embedding_param = hybrid_embedding_param
         # numbactr's extra: the table in a backing tier behind a cache (numbactr.embedding.tiered.TierSpec)
-        from numbactr.embedding.tiered import TierSpec
         _expect(embedding_cache is None or isinstance(embedding_cache, TierSpec),
                 f"SparseEmbedding {sparse_embedding_name!r}: embedding_cache must be a "
                 f"numbactr.embedding.tiered.TierSpec, got {embedding_cache!r}")
@@ -656,3 +654,63 @@ def _same(a, b) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return list(a) == list(b)
     return a is b or (type(a) is type(b) and a == b)
+
+
+# ---- numbactr's extras -------------------------------------------------------------------------
+class TrainingCallback:
+    """``hugectr.TrainingCallback``: hooks Model.fit calls (HugeCTR's include/training_callback.hpp).
+
+    Subclass it and pass instances as ``CreateSolver(training_callbacks=[...])``. In fit's iteration mode
+    (repeat_dataset=True), as HugeCTR's Model::fit does:
+
+        on_training_start()                    before the first step
+        on_eval_start(iter)                    before each evaluation (iter: the 0-based step just trained)
+        on_eval_end(iter, {"AUC": ..., ...})   after it, with the metrics; True from any callback stops training
+                                               (every callback's on_training_end(iter) is called, then fit returns)
+        on_training_end(iter)                  after the last step (iter = max_iter - 1)
+
+    HugeCTR calls none of them in epoch mode (repeat_dataset=False) and none when the AUC target ends the run;
+    numbactr does the same. A method a subclass does not define is an error when fit calls it (HugeCTR's are
+    pure virtual).
+    """
+
+    def on_training_start(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.on_training_start: a TrainingCallback must define it")
+
+    def on_training_end(self, current_iter: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.on_training_end: a TrainingCallback must define it")
+
+    def on_eval_start(self, current_iter: int) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}.on_eval_start: a TrainingCallback must define it")
+
+    def on_eval_end(self, current_iter: int, eval_results: dict) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}.on_eval_end: a TrainingCallback must define it")
+
+
+@dataclass
+class CacheConfig:
+    """The fast tier's size and policy.
+
+    policy: "lru" or "lfu". load_factor: the fraction of each table's rows the cache holds (FBGEMM's
+    cache_load_factor). budget_bytes: instead, the bytes the cache may use for rows (weights, optimizer
+    states, bookkeeping), shared among the tables in proportion to their rows. capacities: instead, the
+    slots of each table (1..V_t). min_slots: the least slots any table gets (load factor and budget).
+    prefetch_thread: prefetch() stages rows on a worker thread (the next forward waits for it); HugeCTR's
+    GLOBAL kinds prefetch synchronously (their pass touches every slot).
+    """
+    policy: str = "lru"
+    load_factor: float | None = 0.2
+    budget_bytes: int | None = None
+    capacities: list | None = None
+    min_slots: int = 1
+    prefetch_thread: bool = False
+
+
+@dataclass
+class TierSpec:
+    """A tiered table's cache and backing tier in one argument (HugeCTR's SparseEmbedding takes it as its
+    numbactr-only `embedding_cache`): cache (CacheConfig), backing ("host", "memmap" or "lmdb"), path (the
+    memmap / lmdb directory; None: a temporary one)."""
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    backing: str = "host"
+    path: str | None = None

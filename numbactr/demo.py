@@ -85,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     """Generate (or reuse) the data, train one epoch, evaluate all eval samples, plot."""
     import numbactr as hugectr
-    from numbactr.runtime import device, log
+    from numbactr.runtime import device
+    from numbactr import log
     from numbactr.data.synthetic import cached_planted_dataset, criteo_like_slot_sizes, folder_size
     from numbactr.embedding.sparse_embedding import workspace_mb_for
     from numbactr.files.plot import save_learning_curve

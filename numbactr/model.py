@@ -13,8 +13,10 @@ import numpy as np
 
 from numbactr.files import checkpoint, graph_json
 from numbactr import hugectr_exact as compat, ops
-from numbactr.runtime import device, log
-from numbactr.train import training_cache as etc, precision
+from numbactr.runtime import device
+from numbactr import log
+from numbactr.train import training_cache as etc
+from numbactr.runtime import precision
 from numbactr.autograd import Tape, Tensor
 from numbactr.autograd.tape import autocast
 from numbactr.distributed.comm import world
@@ -1238,7 +1240,7 @@ class Model:
         s = self.solver
         log.info("Training source file: " + self.reader_params.source[0])
         log.info("Evaluation source file: " + self.reader_params.eval_source)
-        # HugeCTR calls the training callbacks in iteration mode only (numbactr/train/callbacks.py)
+        # HugeCTR calls the training callbacks in iteration mode only (numbactr/config.py)
         callbacks = tuple(s.training_callbacks) if s.repeat_dataset else ()
         for cb in callbacks:
             cb.on_training_start()

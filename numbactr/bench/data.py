@@ -27,7 +27,8 @@ import time
 
 import numpy as np
 
-from numbactr.runtime import log, threads
+from numbactr import log
+from numbactr.runtime import threads
 from numbactr.enums import Check_t, DataReaderType_t
 from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import write_norm_file

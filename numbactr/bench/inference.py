@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-from numbactr.runtime import device, log, threads
+from numbactr.runtime import device, threads
+from numbactr import log
 from numbactr.bench.common import Table
 
 FULL = dict(batches=(1, 16, 256, 1024, 4096, 16384), keys=10_000, sizes=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0), warm=8,

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from numbactr.data.batch import Batch
-
 
 def rank_rows(global_batch: int, rank: int, ranks: int) -> tuple[int, int]:
     per = global_batch // ranks
     return rank * per, (rank + 1) * per
 
 
-def split_batch(batch: Batch, rank: int, ranks: int) -> Batch:
-    """This rank's rows of a global batch; valid rows are those of the global batch that fall here."""
+def split_batch(batch, rank: int, ranks: int):
+    """This rank's rows of a global batch (a numbactr.data.batch.Batch, of the same type); valid rows are
+    those of the global batch that fall here."""
     if ranks == 1:
         return batch
     r0, r1 = rank_rows(batch.batch_size, rank, ranks)
@@ -27,7 +26,7 @@ def split_batch(batch: Batch, rank: int, ranks: int) -> Batch:
         o = offsets[r0 * slots:r1 * slots + 1]
         sparse.append((keys[o[0]:o[-1]], (o - o[0]).astype(np.int64)))
     valid = int(min(max(batch.size - r0, 0), r1 - r0))
-    return Batch(batch.label[r0:r1], batch.dense[r0:r1], sparse, size=valid)
+    return type(batch)(batch.label[r0:r1], batch.dense[r0:r1], sparse, size=valid)
 
 
 def key_owner(keys: np.ndarray, slots: np.ndarray, ranks: int, by_slot: bool) -> np.ndarray:

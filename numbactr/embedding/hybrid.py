@@ -56,7 +56,8 @@ import numbers
 
 import numpy as np
 
-from numbactr.runtime import device, log
+from numbactr.runtime import device
+from numbactr import log
 from numbactr.enums import CommunicationType, Embedding_t, HybridEmbeddingType, Optimizer_t
 from numbactr.embedding.engine import Pooling
 from numbactr.embedding.sharded import ShardedLookup, ShardedTable, owner_offsets

@@ -44,7 +44,6 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,6 +52,7 @@ from numbactr.kernels import cache as KC
 from numbactr.kernels import embedding_init as EI
 from numbactr.kernels import tbe as K
 from numbactr.kernels import tbe_cpu as C
+from numbactr.config import CacheConfig, TierSpec  # noqa: F401 (their documented home: numbactr.embedding.tiered)
 from numbactr.embedding.cache import CacheCapacityError, CacheStats, EmbeddingCache
 from numbactr.embedding.engine import (Grads, LookupContext, Optim, OptimizerSpec, Precision, SparseRowGrad, TableBatchedEmbedding,
                      TableSpec, _as_table, _check_optimizer, state_specs)
@@ -65,35 +65,6 @@ __all__ = ["TieredEmbedding", "CacheConfig", "TierSpec", "CacheCapacityError", "
 SLOT_BOOKKEEPING_BYTES = 8 + 8 + 8 + 4 + 1     # slot_row, stamp, freq, pin, dirty per slot
 _FIRST_KEYS = 1024                              # rows a growing keyed table starts with (then doubles)
 ROW_MAP_BYTES = 8                               # row_slot per row of the table
-
-
-@dataclass
-class CacheConfig:
-    """The fast tier's size and policy.
-
-    policy: "lru" or "lfu". load_factor: the fraction of each table's rows the cache holds (FBGEMM's
-    cache_load_factor). budget_bytes: instead, the bytes the cache may use for rows (weights, optimizer
-    states, bookkeeping), shared among the tables in proportion to their rows. capacities: instead, the
-    slots of each table (1..V_t). min_slots: the least slots any table gets (load factor and budget).
-    prefetch_thread: prefetch() stages rows on a worker thread (the next forward waits for it); HugeCTR's
-    GLOBAL kinds prefetch synchronously (their pass touches every slot).
-    """
-    policy: str = "lru"
-    load_factor: float | None = 0.2
-    budget_bytes: int | None = None
-    capacities: list | None = None
-    min_slots: int = 1
-    prefetch_thread: bool = False
-
-
-@dataclass
-class TierSpec:
-    """A tiered table's cache and backing tier in one argument (HugeCTR's SparseEmbedding takes it as its
-    numbactr-only `embedding_cache`): cache (CacheConfig), backing ("host", "memmap" or "lmdb"), path (the
-    memmap / lmdb directory; None: a temporary one)."""
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    backing: str = "host"
-    path: str | None = None
 
 
 def slot_bytes(dim: int, precision: Precision, state_specs) -> int:

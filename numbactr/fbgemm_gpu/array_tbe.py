@@ -84,7 +84,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numbactr.runtime import device, log
+from numbactr.runtime import device
+from numbactr import log
 from numbactr.config import IgnoredArgumentWarning
 from numbactr.embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError, Grads,
                                 LookupContext, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding,

@@ -21,7 +21,8 @@ from math import log2
 import torch
 from torch import nn
 
-from numbactr.runtime import device, log
+from numbactr.runtime import device
+from numbactr import log
 from numbactr.embedding.engine import BoundsCheck, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding
 from numbactr.runtime.torch_bridge import as_array as _as_array
 from numbactr.runtime.torch_bridge import as_tensor as _as_tensor

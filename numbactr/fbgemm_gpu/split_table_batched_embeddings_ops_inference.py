@@ -41,7 +41,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from numbactr.runtime import device, log
+from numbactr.runtime import device
+from numbactr import log
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, OptimizerSpec, Pooling, Precision,
                                 TableBatchedEmbedding)
 from numbactr.kernels import tbe as K

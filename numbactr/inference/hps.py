@@ -48,7 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from numbactr.runtime import device, log
+from numbactr.runtime import device
+from numbactr import log
 from numbactr.files.checkpoint import read_sparse_model
 from numbactr.embedding.cache import EmbeddingCache
 from numbactr.embedding.hash_table import HashTable

@@ -65,7 +65,8 @@ def _source(path: str, fmt: str) -> str:
 def run(args) -> int:
     import numbactr as hugectr
     from numbactr.files import checkpoint
-    from numbactr.runtime import device, log
+    from numbactr.runtime import device
+    from numbactr import log
     from numbactr.inference.params import InferenceParams
     from numbactr.inference.session import InferenceSession
 

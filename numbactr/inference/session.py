@@ -34,7 +34,8 @@ import math
 import numpy as np
 
 from numbactr.files import checkpoint, graph_json
-from numbactr.runtime import device, log
+from numbactr.runtime import device
+from numbactr import log
 from numbactr import ops
 from numbactr.autograd import Tensor
 from numbactr.autograd.tape import _POLICY as _AUTOCAST

@@ -18,7 +18,8 @@ import os
 import numpy as np
 
 from numbactr.files import checkpoint
-from numbactr.runtime import device, log
+from numbactr.runtime import device
+from numbactr import log
 from numbactr.onnx_converter import OnnxExportError, require_onnx
 from numbactr.onnx_converter.embedding import PAD_KEY, emit_embedding
 from numbactr.onnx_converter.graph import BATCH, OnnxGraph

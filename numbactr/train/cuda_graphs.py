@@ -55,7 +55,8 @@ from __future__ import annotations
 
 import os
 
-from numbactr.runtime import device, log, step_values
+from numbactr.runtime import device, step_values
+from numbactr import log
 
 ENV = "NUMBACTR_CUDA_GRAPHS"
 

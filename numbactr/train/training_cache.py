@@ -202,7 +202,7 @@ def tier_for(etc: EmbeddingTrainingCacheParams, index: int, rank: int, ranks: in
     """The TierSpec of the index-th embedding for a Cached PS (None for Staged)."""
     if index >= len(etc.ps_types) or etc.ps_types[index] != TrainPSType_t.Cached:
         return None
-    from numbactr.embedding.tiered import TierSpec
+    from numbactr.config import TierSpec
     if ranks > 1:       # same training results, only the storage differs: run it as Staged and say so
         from numbactr.config import warn_ignored
         warn_ignored("CreateETC", f"ps_types[{index}]", TrainPSType_t.Cached, "numbactr's tiered tables run on one "
