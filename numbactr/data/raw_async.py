@@ -39,12 +39,8 @@ I/O: each thread reads its rows of a batch with one os.preadv into a buffer it r
 the GIL, so threads overlap), after posix_fadvise(SEQUENTIAL) on the file. HugeCTR submits libaio
 requests on an O_DIRECT file; numbactr does the O_DIRECT part when asked (direct_io below, or the
 environment variable NUMBACTR_DIRECT_IO=1): offsets and lengths are widened to io_alignment (at least
-4096 bytes) and read into page-aligned buffers. Measured on the 2-core sandbox (ext4 on a virtual disk):
-reading a 256 MiB file in 327 KiB pieces, buffered preadv gave 3.9-10 GB/s from the page cache and 1-2.6
-GB/s after evicting the file (posix_fadvise DONTNEED), O_DIRECT 0.3-1.7 GB/s; whole reader passes
-(`numbactr bench data`, 1M Criteo-shaped samples, batch 16384, 1/2/4 threads) gave raw_async 19-20 /
-13-22 / 9-18 M samples/s beside the Raw reader's 13-20 / 21-24 / 19-22 and raw_async_direct's 4-5 / 6-7 /
-6-7 M samples/s. So buffered reads are the default. A filesystem that refuses
+4096 bytes) and read into page-aligned buffers. Buffered reads are the default: they were faster
+than O_DIRECT wherever measured (`numbactr bench data` compares raw_async and raw_async_direct). A filesystem that refuses
 O_DIRECT (tmpfs, some network filesystems: EINVAL) falls back to buffered reads with a log line.
 max_num_requests_per_thread and io_depth size HugeCTR's libaio queues; numbactr has no such queue (one
 request per batch and thread) and only checks them as HugeCTR does. aligned_type=Alignment_t.Auto pads
@@ -56,7 +52,7 @@ then draws with a slightly different scale).
 Rules HugeCTR enforces (add_input.cpp), checked by check_async_input with a clear error: exactly one
 sparse input; the one-hot reader needs is_dense_float=False and max_num_requests_per_thread >
 2 * num_batches_per_thread. HugeCTR's one-hot reader also refuses epoch mode (repeat_dataset=False);
-numbactr reads epochs with it too (ValueError only under compat.hugectr_exact()).
+numbactr reads epochs with it too (ValueError only under hugectr_exact()).
 HugeCTR: HugeCTR/include/common.hpp (AsyncParam), include/pybind/common_wrapper.hpp,
 src/pybind/add_input.cpp, src/data_readers/async_reader/*, src/data_readers/multi_hot/* (v23.08).
 """

@@ -33,38 +33,9 @@ a guard is installed before the script's next line:
 * An error before ``import numbactr`` is out of reach: the other ranks wait in MPI_Init for every rank
   (measured), so a script should import numbactr first.
 
-Why it is built this way (mpich 5.0.2's hydra and mpi4py 4.1.2, measured; tests/test_rank_failures.py):
-
-* The report must reach the output before the abort. hydra's proxy reads each rank's stderr pipe and
-  its PMI socket in one poll loop, the PMI socket first, and mpiexec exits as soon as it handles an
-  abort: when the proxy finds the abort and unread stderr in the same poll (a busy machine), the abort
-  goes first and the traceback is lost. So the report is written with one ``os.write``, the rank waits
-  (at most 5 s) until the launcher has read its stdout and stderr pipes empty (ioctl FIONREAD), and only
-  then calls MPI_Abort: what the proxy has read is already on its way to mpiexec, ahead of the abort on
-  the same ordered socket. mpich's MPI_Abort may return before the process is killed, and a process
-  that ran on would wait in MPI_Finalize for the others, so ``os._exit`` follows it.
-* ``sys.exit`` never reaches ``sys.excepthook``, and mpi4py's MPI_Finalize at exit waits for every rank,
-  so ``sys.exit(3)`` on one rank hung the job. Under a launch numbactr's ``sys.exit`` raises a SystemExit
-  subclass that records its code only when the interpreter drops it uncaught (no Python frame left on
-  the stack), so a SystemExit that the script or pytest catches changes nothing; ``os._exit`` is wrapped
-  too (forked children are left alone), and so is ``MPI.Finalize``: a script that finalizes MPI itself
-  goes through the exit handshake first, after which no MPI call (the watchdog's) may come.
-* Leaving: a rank sends a note (rank, how, exit code, collectives entered) to every peer on a duplicate
-  of COMM_WORLD, where each rank keeps one receive from any source posted. All ranks enter numbactr's
-  collectives in the same order, so a peer that left after n of them took part in collective m < n (its
-  data may still be in flight: wait on) and will never join m >= n (abort now): no timeout decides,
-  however slow a rank is. The collectives are non-blocking MPI calls completed by MPI_Wait, exactly as a
-  blocking call waits (GIL released, mpich yielding the core in its progress loop), and a watchdog
-  thread tests the note receive every 50 ms and aborts when the collective the rank waits in needs a
-  peer that left (MPI_THREAD_MULTIPLE, mpi4py's default; with less, a rank waits with MPI_Waitany over
-  the collective and the note receive). tests/mpi/guard_bench.py times the tiny DLRM's training step
-  in rounds alternating between ways of waiting (2026-11-23, the 2-core sandbox shared with other jobs,
-  so single medians are noisy): with 2 ranks, this design's median step over the plain blocking calls'
-  was 0.92-1.16 in seven runs of 12-30 rounds (best rounds within 4%, 0.70-0.78 ms a step); with 3 ranks
-  on the 2 cores 0.92-1.04. Rejected on the same runs: polling in the main thread (MPI_Test, then short
-  sleeps) holds the GIL between tests, starving the prefetch threads: 1.3-2.4x with 2 ranks, 3.1-3.5x
-  with 3; and MPI_Waitany, which in mpich spins without yielding the core (MPI_Wait yields): 1.0-2.9x
-  and 4.3-4.9x. The watchdog costs 1.6 ms of CPU per second; the guard adds 0.55 µs to each wait.
+Why: the report must reach the output before the abort, and a rank that left must be noticed without a
+timeout, however slow the others are; docs/decisions/0006-rank-failure-guard.md has the details and the
+measurements behind them (tests/test_rank_failures.py checks each case above).
 """
 from __future__ import annotations
 
