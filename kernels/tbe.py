@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32, float64, int64, uint64
@@ -703,35 +704,91 @@ def segment_rows(rows, offsets, ftable, row_off, sentinel: int, batch: int, layo
     launch_1d(segment_starts_kernel, lin.shape[0], lin, perm, sentinel, flags, pos, seg_start)
 
 
+class RowStates(NamedTuple):
+    """The optimizer states an update reads and writes, flat as the weights are: sa, sb (per element: a
+    kind's first and second state), srow (per row: a rowwise kind's float state), sprev (int64 per row:
+    HugeCTR LAZY_GLOBAL's prev step), spit, scnt (per row: prev_iter, row_counter); a small stand-in
+    array where the optimizer keeps none."""
+    sa: object
+    sb: object
+    srow: object
+    sprev: object
+    spit: object
+    scnt: object
+
+
+class Tables(NamedTuple):
+    """Where every table lives in the flat buffers (device arrays, int64): elem_off (T + 1,) each table's
+    first element, strides (T,) its padded row width, dims (T,) its width, row_off (T + 1,) its first
+    linear row, ftable (F,) each feature's table, fcols (F + 1,) each feature's first output column."""
+    elem_off: object
+    strides: object
+    dims: object
+    row_off: object
+    ftable: object
+    fcols: object
+
+
+class Segments(NamedTuple):
+    """segment_rows' result, the occurrences grouped by linear row: lin and bag_of (N,) per occurrence, perm
+    the stable sort by lin, pos the run number of each sorted position (U = pos[N], left on the device),
+    seg_start (N + 1,) where each run starts."""
+    lin: object
+    bag_of: object
+    perm: object
+    pos: object
+    seg_start: object
+
+
+class StepScalars(NamedTuple):
+    """A step's scalars in device arrays, written once per step (numbactr.runtime.step_values): ks (N_KS,)
+    float32 (kernel_scalars), ki (N_KI,) int64 (kernel_ints), kb (1,) uint64 (rounding_base)."""
+    ks: object
+    ki: object
+    kb: object
+
+
+def update_rows(w, states: RowStates, tables: Tables, segments: Segments, offsets, psw, has_psw: bool, dy,
+                step: StepScalars, grad_rows, grad_vals, w_half: bool, max_dim: int, sr_rows=None,
+                kind: int = -1, wd_mode: int = -1) -> None:
+    """Every touched row reduced and updated (or, for optimizer NONE, its gradient into grad_rows (N,) /
+    grad_vals (N, max_dim)) in one launch sized for N rows; the real count U = pos[N] stays on the device.
+    offsets, psw (a stand-in when not has_psw) and dy (flat): the lookup's. sr_rows (R,): the row number
+    stochastic rounding hashes for each linear row (None: the linear row itself).
+
+    The step's scalars are device arrays (StepScalars), so a launch's arguments are the same every step
+    (what a CUDA graph replays). kind / wd_mode: ki's optimizer kind and weight-decay mode, when the caller
+    knows them on the host (a kernel compiled for them: fewer registers); -1 (the default) launches the
+    kernel that reads them from ki."""
+    lanes, items, per_lane = lanes_items(max_dim)
+    kernel = make_update_kernel(w_half, lanes, items, per_lane, int(kind), int(wd_mode))
+    sa, sb, srow, sprev, spit, scnt = states
+    t = tables
+    g = segments
+    launch_lanes(kernel, g.perm.shape[0], lanes, w, sa, sb, srow, sprev, spit, scnt,
+                 t.elem_off, t.strides, t.dims, t.row_off, t.fcols, g.lin, g.perm, g.seg_start, g.pos, g.bag_of,
+                 offsets, psw, has_psw, dy, step.ks, step.ki, step.kb, grad_rows, grad_vals,
+                 g.lin if sr_rows is None else sr_rows, sr_rows is not None)
+
+
 def fused_update(w, sa, sb, srow, sprev, spit, scnt, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start,
                  pos, bag_of, offsets, psw, has_psw: bool, dy, ks, ki, kb, grad_rows, grad_vals, w_half: bool,
                  max_dim: int, sr_rows=None, kind: int = -1, wd_mode: int = -1) -> None:
-    """Every touched row reduced and updated (or, for optimizer NONE, its gradient into grad_rows /
-    grad_vals) in one launch sized for N rows; the real count U = pos[N] stays on the device. sr_rows (R,):
-    the row number stochastic rounding hashes for each linear row (None: the linear row itself). srow, sprev,
-    spit, scnt: the per-row states (the rowwise kinds' float state, HugeCTR's prev step, prev_iter and
-    row_counter; a stand-in array where the optimizer keeps none).
-
-    The step's scalars are device arrays: ks (N_KS,) float32 (kernel_scalars), ki (N_KI,) int64
-    (kernel_ints) and kb (1,) uint64 (rounding_base), uploaded once per step (numbactr.runtime.step_values), so a
-    launch's arguments are the same every step (what a CUDA graph replays). kind / wd_mode: ki's optimizer
-    kind and weight-decay mode, when the caller knows them on the host (a kernel compiled for them: fewer
-    registers); -1 (the default) launches the kernel that reads them from ki."""
-    lanes, items, per_lane = lanes_items(max_dim)
-    kernel = make_update_kernel(w_half, lanes, items, per_lane, int(kind), int(wd_mode))
-    launch_lanes(kernel, perm.shape[0], lanes, w, sa, sb, srow,
-                 sprev, spit, scnt, elem_off, strides, dims, row_off, fcols, lin, perm, seg_start, pos, bag_of,
-                 offsets, psw, has_psw, dy, ks, ki, kb, grad_rows, grad_vals, lin if sr_rows is None else sr_rows,
-                 sr_rows is not None)
+    """update_rows with every array its own argument (the flat form tutorials/07 launches)."""
+    update_rows(w, RowStates(sa, sb, srow, sprev, spit, scnt), Tables(elem_off, strides, dims, row_off, None, fcols),
+                Segments(lin, bag_of, perm, pos, seg_start), offsets, psw, has_psw, dy, StepScalars(ks, ki, kb),
+                grad_rows, grad_vals, w_half, max_dim, sr_rows, kind, wd_mode)
 
 
-def global_pass(w, sa, sb, elem_off, strides, dims, row_off, total_rows: int, live, ks, ki, kb, w_half: bool,
+def global_pass(w, states: RowStates, tables: Tables, total_rows: int, live, step: StepScalars, w_half: bool,
                 max_dim: int, sr_rows=None) -> None:
-    """HugeCTR's all-rows pass (sr_rows, ks, ki and kb as in fused_update). total_rows = row_off[-1], given by the caller
-    from its host copy: reading it from the device array would be a host synchronization every step."""
-    launch_lanes(make_global_kernel(w_half), int(total_rows), lanes_items(max_dim)[0], w, sa, sb, elem_off,
-                 strides, dims, row_off, live, ks, ki, kb, live if sr_rows is None else sr_rows,
-                 sr_rows is not None)
+    """HugeCTR's all-rows pass over the first live[t] rows of every table t (states.sa, states.sb; sr_rows and
+    step as in update_rows). total_rows = row_off[-1], given by the caller from its host copy: reading it
+    from the device array would be a host synchronization every step."""
+    t = tables
+    launch_lanes(make_global_kernel(w_half), int(total_rows), lanes_items(max_dim)[0], w, states.sa, states.sb,
+                 t.elem_off, t.strides, t.dims, t.row_off, live, step.ks, step.ki, step.kb,
+                 live if sr_rows is None else sr_rows, sr_rows is not None)
 
 
 def psw_grad(w, elem_off, strides, ftable, fcols, rows, offsets, bag_of, dy, want, batch: int, layout: int,

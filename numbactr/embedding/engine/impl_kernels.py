@@ -27,6 +27,7 @@ class _KernelImpl:
         self.elem_off, self.strides, self.dims, self.row_off, self.fcols = (
             xp.asarray(a) for a in (eng.elem_offsets, eng.strides, eng.dims, eng.row_offsets, eng.feature_cols))
         self.ftable = xp.asarray(np.asarray(eng.feature_table_map, np.int64))
+        self.tables = K.Tables(self.elem_off, self.strides, self.dims, self.row_off, self.ftable, self.fcols)
         self.feature_rows = xp.asarray(eng._feature_rows())
         self.keyed_table = xp.asarray(np.array([t if eng.tables[t].keyed else -1 for t in eng.feature_table_map],
                                                np.int64))
@@ -102,7 +103,7 @@ class _KernelImpl:
                   flat, half, fp16, self.max_dim)
         return out
 
-    def _segment(self, ctx: LookupContext):
+    def _segment(self, ctx: LookupContext) -> K.Segments:
         """Linear rows, bags and the sorted segments of the lookup (once per backward)."""
         from numbactr.kernels.scan import scan_partials_size
         e = self.e
@@ -114,7 +115,7 @@ class _KernelImpl:
             K.segment_rows(ctx.rows, ctx.offsets, self.ftable, self.row_off, int(e.row_offsets[-1]), ctx.batch,
                            int(e.layout), lin, bag_of, perm, flags, pos, seg,
                            e._scratch("scan", scan_partials_size(n), np.int64), device.xp())
-            ctx.extra["segments"] = (lin, bag_of, perm, pos, seg)
+            ctx.extra["segments"] = K.Segments(lin, bag_of, perm, pos, seg)
         return ctx.extra["segments"]
 
     def psw_grad(self, ctx: LookupContext, dy):
@@ -127,49 +128,51 @@ class _KernelImpl:
                    dy.reshape(-1), want, ctx.batch, int(e.layout), int(ctx.pooling), out, self.w_half, self.max_dim)
         return out
 
-    def put_hot(self, t: int, pooling, batch: int) -> tuple:
+    def put_hot(self, t: int, pooling, batch: int) -> K.StepScalars:
         """Step t's scalars of the fused update, in their device arrays (numbactr.runtime.step_values)."""
         e = self.e
         ks, ki = e._ks_ki(None, t, pooling, batch)
-        return (self._put("hot_ks", ks, np.float32), self._put("hot_ki", ki, np.int64),
-                self._put("hot_kb", K.rounding_base(e.seed, t, K.SR_PASS_HOT), np.uint64))
+        return K.StepScalars(self._put("hot_ks", ks, np.float32), self._put("hot_ki", ki, np.int64),
+                             self._put("hot_kb", K.rounding_base(e.seed, t, K.SR_PASS_HOT), np.uint64))
 
-    def put_global(self, t: int) -> tuple:
+    def put_global(self, t: int) -> K.StepScalars:
         """Step t's scalars of the all-rows pass, in their device arrays."""
         e = self.e
         _, ki = e._ks_ki(None, t)
         ks = K.kernel_scalars(e.optimizer.hp(), t)
-        return (self._put("all_ks", ks, np.float32), self._put("all_ki", ki, np.int64),
-                self._put("all_kb", K.rounding_base(e.seed, t, K.SR_PASS_ALL), np.uint64))
+        return K.StepScalars(self._put("all_ks", ks, np.float32), self._put("all_ki", ki, np.int64),
+                             self._put("all_kb", K.rounding_base(e.seed, t, K.SR_PASS_ALL), np.uint64))
 
     def backward(self, ctx: LookupContext, dy, t: int):
         e = self.e
         xp = device.xp()
-        lin, bag_of, perm, pos, seg = self._segment(ctx)
-        ks_d, ki_d, kb_d = self.put_hot(t, ctx.pooling, ctx.batch)
-        self._gate(ks_d, ki_d, t, "hot")
+        seg = self._segment(ctx)
+        step = self.put_hot(t, ctx.pooling, ctx.batch)
+        self._gate(step.ks, step.ki, t, "hot")
         none = e.optimizer.kind == Optim.NONE
         n = ctx.rows.shape[0]
         grad_rows = xp.empty(n if none else 1, np.int64)
         grad_vals = xp.empty((n, self.max_dim), np.float32) if none else self.no_f2
-        a, b, r, p, pit, cnt = e._state_buffers()
+        states = self._row_states()
         if e.optimizer.counter is not None:
-            self._max_counter(ks_d, cnt)
+            self._max_counter(step.ks, states.scnt)
         psw = ctx.per_sample_weights
-        K.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
-                       self.no_f32 if r is None else r, self.no_i64 if p is None else p,
-                       self.no_f32 if pit is None else pit, self.no_f32 if cnt is None else cnt,
-                       self.elem_off, self.strides,
-                       self.dims, self.row_off, self.fcols, lin, perm, seg, pos, bag_of, ctx.offsets,
-                       self.no_f32 if psw is None else psw, psw is not None, dy.reshape(-1), ks_d, ki_d, kb_d,
-                       grad_rows, grad_vals, self.w_half, self.max_dim, e.sr_rows,
-                       int(e.optimizer.kind), int(e.optimizer.weight_decay_mode))    # the kernel compiled for them
+        K.update_rows(self._w(), states, self.tables, seg, ctx.offsets, self.no_f32 if psw is None else psw,
+                      psw is not None, dy.reshape(-1), step, grad_rows, grad_vals, self.w_half, self.max_dim,
+                      e.sr_rows, int(e.optimizer.kind), int(e.optimizer.weight_decay_mode))   # compiled for them
         if not none:
             return None
         u = ctx.extra.get("touched_rows")                   # a caller that knows U (numbactr.embedding.sharded)
         if u is None:
-            u = int(device.to_host(pos[n:n + 1])[0])     # NONE hands back U rows: the one host read
+            u = int(device.to_host(seg.pos[n:n + 1])[0])     # NONE hands back U rows: the one host read
         return SparseRowGrad(grad_rows[:u], grad_vals[:u], e.row_offsets.copy())
+
+    def _row_states(self) -> K.RowStates:
+        """The engine's optimizer states as the update kernels take them (a stand-in where there is none)."""
+        f, i = self.no_f32, self.no_i64
+        a, b, r, p, pit, cnt = self.e._state_buffers()
+        return K.RowStates(f if a is None else a, f if b is None else b, f if r is None else r,
+                           i if p is None else p, f if pit is None else pit, f if cnt is None else cnt)
 
     def _max_counter(self, ks_d, cnt) -> None:
         """COUNTER / COWCLIP's max_counter on the device, in stream order (part of a captured step): renewed
@@ -199,11 +202,9 @@ class _KernelImpl:
 
     def global_pass(self, t: int) -> None:
         e = self.e
-        a, b = e._state_buffers()[:2]
-        ks_d, ki_d, kb_d = self.put_global(t)
-        self._gate(ks_d, ki_d, t, "all")
-        K.global_pass(self._w(), a, self.no_f32 if b is None else b, self.elem_off, self.strides, self.dims,
-                      self.row_off, int(e.row_offsets[-1]), self._live(), ks_d, ki_d, kb_d,
+        step = self.put_global(t)
+        self._gate(step.ks, step.ki, t, "all")
+        K.global_pass(self._w(), self._row_states(), self.tables, int(e.row_offsets[-1]), self._live(), step,
                       self.w_half, self.max_dim, e.sr_rows)
 
     def _gate(self, ks_d, ki_d, t: int, which: str) -> None:
