@@ -4,7 +4,8 @@ TableSpec and OptimizerSpec are checked here (_as_table, _check_optimizer) so th
 engine refuse the same bad settings with the same words; state_specs(opt) is the one place that says which
 optimizer state buffers an engine keeps, in split_optimizer_states order. The enums (Pooling, Layout,
 BoundsCheck, Precision, Optim, UpdateType, WeightDecay, CounterWeightDecay) live in the lowest layer,
-numbactr.kernels.tbe_math, and are re-exported here.
+numbactr.kernels.tbe_math, CounterRegularization and EmbeddingBoundsError in numbactr.kernels.tbe_ref; all
+are re-exported here.
 """
 from __future__ import annotations
 
