@@ -16,8 +16,8 @@ import numpy as np
 
 from numbactr.runtime import device
 from numbactr.kernels import tbe as K
-from numbactr.kernels.tbe import (BoundsCheck, CounterRegularization, CounterWeightDecay, EmbeddingBoundsError,  # noqa: F401
-                                  Layout, Optim, Pooling, Precision, UpdateType, WeightDecay)
+from numbactr.kernels.tbe import (BoundsCheck, CounterRegularization, CounterWeightDecay,  # noqa: F401
+                                  EmbeddingBoundsError, Layout, Optim, Pooling, Precision, UpdateType, WeightDecay)
 
 IMPLS = ("ref", "cpu", "kernels")
 MAX_DIM = 65535            # stochastic rounding hashes (linear row << 16 | d)
