@@ -37,13 +37,13 @@ from .scan import exclusive_scan, inclusive_max_scan
 from .tbe_math import (BoundsCheck, CounterWeightDecay, Layout, Optim, Pooling, Precision, UpdateType,  # noqa: F401
                        WeightDecay)
 # the NumPy reference and the host-side definitions it shares with the kernels (tbe_ref.py)
-from .tbe_ref import (HUGECTR_KINDS, STATES, LAZY_PREV_STEP, PREV_ITER, ROW_COUNTER,  # noqa: F401
-                      CounterRegularization, EmbeddingBoundsError, HP_FIELDS, _f32, SR_PASS_HOT, SR_PASS_ALL,
-                      rounding_bits_ref, rounding_base, to_half_ref, bag_feature_sample_ref, check_offsets_ref, offsets_message,
-                      check_indices_ref, bounds_message, _bag_scale, _occurrences, _weights, tbe_forward_ref,
-                      occurrence_grads_ref, tbe_backward_ref, per_sample_weights_grad_ref, _row_norm,
-                      counter_update_ref, optimizer_update_ref, _hugectr_hot_ref, global_pass_ref,
-                      global_pass_first, has_global_pass)
+from .tbe_ref import (HUGECTR_KINDS, STATES, LAZY_PREV_STEP, PREV_ITER, ROW_COUNTER, CounterRegularization,  # noqa: F401
+                      EmbeddingBoundsError, HP_FIELDS, _f32, SR_PASS_HOT, SR_PASS_ALL, rounding_bits_ref,
+                      rounding_base, to_half_ref, bag_feature_sample_ref, check_offsets_ref,
+                      offsets_message, check_indices_ref, bounds_message, _bag_scale, _occurrences,
+                      _weights, tbe_forward_ref, occurrence_grads_ref, tbe_backward_ref,
+                      per_sample_weights_grad_ref, _row_norm, counter_update_ref, optimizer_update_ref,
+                      _hugectr_hot_ref, global_pass_ref, global_pass_first, has_global_pass)
 
 
 # ---- step scalars (packed for the compiled paths) ---------------------------------------------------
