@@ -1,7 +1,8 @@
 """The table-batched embedding compiled for the CPU (numba.njit, parallel over samples / rows).
 
-The same operations and the same results as the numba.cuda kernels of kernels/tbe.py (formulas in its
-docstring; the scalar math is kernels/tbe_math.py, compiled here with njit), for the ``cpu`` device:
+The same operations and the same results as the numba.cuda kernels of kernels/tbe.py (formulas in
+kernels/tbe_ref.py's docstring; the scalar math is kernels/tbe_math.py, compiled here with njit), for the
+``cpu`` device:
 
     check_offsets   offsets repaired as FBGEMM repairs them (running maximum of the clamped offsets)
     check_indices   rows (N,) int64 of the indices under a bounds-check mode, in parallel over bags

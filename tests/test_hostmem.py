@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from numbactr.runtime import hostmem
-from numbactr.embedding import engine as engine_mod
+from numbactr.embedding.engine import impl_cpu as engine_cpu
 from numbactr.embedding.engine import Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
 
 
@@ -65,7 +65,7 @@ def test_huge_page_bytes_reports_within_the_array():
 def test_engine_bits_do_not_depend_on_huge_pages(monkeypatch, pooling, psw):
     """The backward's copy of dy into huge pages (taken from 4 MiB up; forced here for a small batch) and
     the huge-page tables give the same forward output, weights and states, bit for bit."""
-    monkeypatch.setattr(engine_mod, "HUGE_MIN_BYTES", 0)
+    monkeypatch.setattr(engine_cpu, "HUGE_MIN_BYTES", 0)
     rng = np.random.default_rng(3)
     tables, fmap, batch = [(50, 8), (30, 8 if pooling == Pooling.NONE else 4)], [0, 1, 0], 16
     hot = rng.integers(0, 4, len(fmap) * batch)
@@ -105,7 +105,7 @@ def test_oversized_buffers_and_tables_are_clear_memory_errors(monkeypatch):
 
 
 def test_whole_table_fill_in_chunks_equals_one_piece(monkeypatch):
-    from numbactr.embedding import engine as E
+    from numbactr.embedding.engine import buffers as E
     from numbactr.kernels import embedding_init as EI
     monkeypatch.setattr(E, "FILL_CHUNK_ELEMS", 100)            # 6 rows of 16 per chunk
     view = np.zeros((45, 16), np.float32)
