@@ -37,7 +37,6 @@ import numpy as np
 
 from numbactr import hugectr_exact as compat
 from numbactr.runtime import device
-from numbactr.embedding.engine import Optim, OptimizerSpec, UpdateType
 from numbactr.enums import Optimizer_t, Update_t
 from numbactr.kernels import optimizers as K
 from numbactr.kernels import optimizers_cpu as C
@@ -226,21 +225,3 @@ class DenseOptimizer:
             K.adagrad_update(w, s[0], g, lr, o.epsilon, scaler, hp=hp)
         else:
             K.ftrl_update(w, s[0], s[1], g, lr, o.beta, o.lambda1, o.lambda2, scaler, hp=hp)
-
-
-#: HugeCTR's sparse optimizers as the engine's fused kinds
-SPARSE_KINDS = {O.SGD: Optim.HUGECTR_SGD, O.MomentumSGD: Optim.HUGECTR_MOMENTUM_SGD,
-                O.Nesterov: Optim.HUGECTR_NESTEROV, O.Adam: Optim.HUGECTR_ADAM, O.AdaGrad: Optim.HUGECTR_ADAGRAD}
-SPARSE_UPDATES = {U.Local: UpdateType.LOCAL, U.Global: UpdateType.GLOBAL, U.LazyGlobal: UpdateType.LAZY_GLOBAL}
-
-
-def sparse_optimizer_spec(opt, where: str) -> OptimizerSpec:
-    """The engine's fused optimizer for HugeCTR's sparse optimizer ``opt`` (a CreateOptimizer), after
-    check_supported. The learning rate and the loss scaler are set per step by the embedding."""
-    check_supported(opt, where, sparse=True)
-    t = opt.optimizer_type
-    return OptimizerSpec(
-        SPARSE_KINDS[t], learning_rate=0.0, eps=opt.epsilon, beta1=opt.beta1, beta2=opt.beta2,
-        momentum=opt.momentum_factor, update_type=SPARSE_UPDATES[opt.update_type],
-        initial_accumulator=float(K.adagrad_initial_accumulator(opt.initial_accu_value, compat.hugectr_exact()))
-        if t == O.AdaGrad else 0.0)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from numbactr.kernels import optimizers as opt
+from numbactr.embedding.hugectr_optimizers import sparse_optimizer_spec
 from tests.kernel_util import SIMULATED, dev, f32_arrays, host
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -130,7 +131,7 @@ def _engine(o, table, live=None, impl=None, **kw):
     exactly the rows [0, live) in use. Pooling NONE unless kw (TableBatchedEmbedding's) says otherwise."""
     from numbactr.runtime import device
     from numbactr.embedding.engine import Pooling, TableBatchedEmbedding, TableSpec
-    from numbactr.optim import sparse_optimizer_spec
+    from numbactr.embedding.hugectr_optimizers import sparse_optimizer_spec
     kw.setdefault("pooling", Pooling.NONE)
     try:
         eng = TableBatchedEmbedding([TableSpec(*table.shape, keyed=True)], optimizer=sparse_optimizer_spec(o, "test"),
@@ -674,13 +675,13 @@ def test_every_hugectr_combination_builds_and_the_rest_raise_with_names():
                 assert all(a.shape == (3, 2) and a.dtype == np.float32 for a in elem)
             else:
                 with pytest.raises(NotImplementedError, match=rf"SparseEmbedding 'e'.*{t.name} with Update_t.{u.name}"):
-                    optim.sparse_optimizer_spec(o, "SparseEmbedding 'e'")
+                    sparse_optimizer_spec(o, "SparseEmbedding 'e'")
     assert len(optim.SUPPORTED) == 11
     for b1, b2 in ((0.0, 0.999), (0.9, 0.0)):
         o = CreateOptimizer(optimizer_type=O.Adam, update_type=U.Global, beta1=b1, beta2=b2)
         with pytest.raises(ValueError, match="Adam with Update_t.Global needs beta1 > 0 and beta2 > 0"):
-            optim.sparse_optimizer_spec(o, "e")
-        optim.sparse_optimizer_spec(CreateOptimizer(optimizer_type=O.Adam, update_type=U.Local, beta1=b1, beta2=b2),
+            sparse_optimizer_spec(o, "e")
+        sparse_optimizer_spec(CreateOptimizer(optimizer_type=O.Adam, update_type=U.Local, beta1=b1, beta2=b2),
                                     "e")
 
 

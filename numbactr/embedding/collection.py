@@ -90,7 +90,7 @@ from numbactr.data.errors import DataFormatError
 from numbactr.enums import CommunicationStrategy
 from numbactr.kernels import embedding_init as EI
 from numbactr.kernels import optimizers as OK
-from numbactr.optim import sparse_optimizer_spec
+from numbactr.embedding.hugectr_optimizers import sparse_optimizer_spec
 from numbactr.embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec,
                      fill_uniform_rows)
 from numbactr.embedding.hash_table import HashTableFullError

@@ -10,7 +10,7 @@ Layout.SAMPLE_MAJOR), so all slots are one fused lookup and the pooled (B, S*D) 
   OneHot: an unkeyed table, row = key.
   HybridSparseEmbedding: a OneHot table whose frequent rows are replicated on every rank and the others
       owned round-robin (numbactr.embedding.hybrid, a subclass of OneHotEmbedding).
-The engine's fused optimizer is HugeCTR's sparse optimizer (numbactr.optim.sparse_optimizer_spec) and its
+The engine's fused optimizer is HugeCTR's sparse optimizer (numbactr.embedding.hugectr_optimizers.sparse_optimizer_spec) and its
 state arrays are the embedding's (``states``: (V, D) each, HugeCTR's file order), which checkpoints save.
 
 A training step: the forward looks the batch up; the tape's backward only keeps dLoss/dout (or, on an owner
@@ -43,7 +43,7 @@ from numbactr.enums import Embedding_t
 from numbactr.kernels import embedding_bag as EB
 from numbactr.kernels import hash_table as _ht
 from numbactr.kernels.tbe import STATES
-from numbactr.optim import sparse_optimizer_spec
+from numbactr.embedding.hugectr_optimizers import sparse_optimizer_spec
 from numbactr.embedding.engine import BoundsCheck, Layout, Pooling, TableBatchedEmbedding, TableSpec, fill_uniform_rows
 from numbactr.embedding.hash_table import HashTableFullError
 from numbactr.embedding.tiered import TieredEmbedding
