@@ -49,7 +49,7 @@ from numbactr.kernels import fused8bit as Q8
 from numbactr.kernels import nbit_rows as NB
 from numbactr.runtime.torch_bridge import as_array as _as_array
 from numbactr.runtime.torch_bridge import as_tensor as _as_tensor
-from numbactr.fbgemm_gpu.array_tbe import _enum
+from numbactr.fbgemm_gpu.tbe_args import _enum
 from numbactr.fbgemm_gpu.split_embedding_configs import SparseType
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, EmbeddingLocation,
                                                         PoolingMode)
