@@ -319,7 +319,6 @@ class TBECore(TBECache, TBEOptimizerState):
             out = out.reshape(-1)[xp.asarray(vbe.out_index)]
         return out, Lookup(ctx, int(iteration), vbe, (indices, offsets) if self.writeback else None, plan)
 
-
     def update(self, lookup: Lookup, grad_output) -> Grads:
         """The fused backward + optimizer of one lookup with dLoss/doutput (the output's shape); returns the
         engine's Grads (per-sample-weight gradients; the sparse row gradient for OptimType.NONE)."""

@@ -125,4 +125,3 @@ class TBECache:
         names = ("N_called", "N_requested_indices", "N_unique_indices", "N_unique_misses",
                  "N_conflict_unique_misses", "N_conflict_misses")
         log.info(" ".join(f"{n}: {v}" for n, v in zip(names, s)))
-

@@ -25,6 +25,7 @@ from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import Poolin
 from numbactr.fbgemm_gpu.tbe_args import (_DECAYS, _EXTRA_STATE_NAMES, _STATE_NAMES, WHO, FBGEMMAssertion,
                                           OptimizerArgs, _enum, _value)
 
+
 def _lerp_(slow, fast, coef: float) -> None:
     """slow <- slow + coef * (fast - slow) in place, in float32 and by torch.lerp_'s formula (the other end's
     form for coef >= 0.5), so the rounding is PyTorch's; float16 rows are computed in float32 and rounded once."""
