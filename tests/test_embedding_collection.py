@@ -14,7 +14,7 @@ from numbactr.runtime import device
 from numbactr.data.errors import DataFormatError
 from numbactr.distributed.comm import world
 from numbactr.embedding import collection as C
-from numbactr.embedding import collection_tables
+from numbactr.embedding import collection_plan, collection_tables
 from numbactr.kernels import embedding_init as EI
 from numbactr.model import ModelError
 from numbactr.tools import DataGenerator, DataGeneratorParams
@@ -475,7 +475,8 @@ def test_a_shard_matrix_for_more_gpus_than_ranks_folds_onto_the_ranks():
     with pytest.warns(hugectr.IgnoredArgumentWarning, match="shard_matrix rows=4 is ignored: numbactr runs one GPU "
                                                             "per rank: this job has 1 rank"):
         c = collection(cfg, [sparse_param("x", 1), sparse_param("y", 1)])
-    assert c._placement({"t": None, "u": None}) == {"t": ("mp", [0]), "u": ("dp", [0])}
+    assert collection_plan.placement(c.cfg, c.comm, c.name, {"t": None, "u": None}) == \
+        {"t": ("mp", [0]), "u": ("dp", [0])}
 
 
 @pytest.mark.parametrize("matrix,strategy,match", [
