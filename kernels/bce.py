@@ -8,7 +8,8 @@ The caller passes grad_scale = scaler / (b * G) (G ranks), as HugeCTR does; loss
 regularizer term are the caller's business. Labels may be fractional. The loss form and the sigmoid
 are both the overflow-free ones, so logits of +-1e4 give finite results.
 
-Eval: y = sigmoid(x) (the prediction used by metrics), `sigmoid_forward` (may run in place).
+Eval: y = sigmoid(x) (the prediction used by metrics), `sigmoid_forward` (may run in place; the kernel is
+elementwise.sigmoid_forward_kernel, the same overflow-free formula).
 
 HugeCTR: HugeCTR/src/loss.cu (BinaryCrossEntropyLoss::do_compute, fp32).
 
@@ -25,6 +26,7 @@ from numba import cuda, float32, float64, njit
 
 from .launch import check_block_size, launch_1d, REDUCE_THREADS
 from .block_reduce import block_sum
+from .elementwise import sigmoid_forward_kernel as sigmoid_kernel   # the one sigmoid kernel (PTX-checked there)
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -45,17 +47,6 @@ def bce_forward_backward_ref(x: np.ndarray, y: np.ndarray, b: int, grad_scale: f
 
 
 # ---- kernels ---------------------------------------------------------------------------------
-@cuda.jit
-def sigmoid_kernel(x, y):
-    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
-        v = x[i]
-        if v >= float32(0.0):
-            y[i] = float32(1.0) / (float32(1.0) + math.exp(-v))
-        else:
-            e = math.exp(v)
-            y[i] = e / (float32(1.0) + e)
-
-
 @functools.lru_cache(maxsize=None)
 def make_bce_kernel(tpb: int):
     """Fused BCE kernel for blocks of exactly ``tpb`` threads (a power of two, <= 1024).
@@ -145,8 +136,7 @@ def bce_forward_backward_cpu(x, y, dx, b: int, grad_scale: float) -> float:
     return total / b if b > 0 else 0.0
 
 
-PTX_CHECKS = [
-    (sigmoid_kernel, "void(float32[::1], float32[::1])"),
+PTX_CHECKS = [                  # sigmoid_kernel is elementwise.sigmoid_forward_kernel, checked in its list
     (make_bce_kernel(256),
      "void(float32[::1], float32[::1], float32[::1], float32[::1], int64, float32)"),
 ]

@@ -14,6 +14,7 @@ from numbactr.runtime import device
 from numbactr.data.errors import DataFormatError
 from numbactr.distributed.comm import world
 from numbactr.embedding import collection as C
+from numbactr.embedding import collection_plan, collection_tables
 from numbactr.kernels import embedding_init as EI
 from numbactr.model import ModelError
 from numbactr.tools import DataGenerator, DataGeneratorParams
@@ -135,7 +136,7 @@ def test_dynamic_table_inserts_grows_and_evaluates(monkeypatch):
     """max_vocabulary_size=-1: any 64-bit key; rows grow past the first size (rows, states and steps kept:
     the result equals a table that never grew); evaluation does not insert, an unseen key adds zero but counts
     in an average's length."""
-    monkeypatch.setattr(C, "DYNAMIC_START_ROWS", 4)
+    monkeypatch.setattr(collection_tables, "DYNAMIC_START_ROWS", 4)
     rng = np.random.default_rng(2)
     B, D = 8, 4
     adam = dict(optimizer_type=O.Adam, update_type=U.Global)
@@ -148,7 +149,7 @@ def test_dynamic_table_inserts_grows_and_evaluates(monkeypatch):
         return collection(cfg, [sparse_param("x", 3)], opt=adam)
 
     small = build()
-    monkeypatch.setattr(C, "DYNAMIC_START_ROWS", 4096)
+    monkeypatch.setattr(collection_tables, "DYNAMIC_START_ROWS", 4096)
     big = build()
     batches = []
     for step in range(4):
@@ -474,7 +475,8 @@ def test_a_shard_matrix_for_more_gpus_than_ranks_folds_onto_the_ranks():
     with pytest.warns(hugectr.IgnoredArgumentWarning, match="shard_matrix rows=4 is ignored: numbactr runs one GPU "
                                                             "per rank: this job has 1 rank"):
         c = collection(cfg, [sparse_param("x", 1), sparse_param("y", 1)])
-    assert c._placement({"t": None, "u": None}) == {"t": ("mp", [0]), "u": ("dp", [0])}
+    assert collection_plan.placement(c.cfg, c.comm, c.name, {"t": None, "u": None}) == \
+        {"t": ("mp", [0]), "u": ("dp", [0])}
 
 
 @pytest.mark.parametrize("matrix,strategy,match", [

@@ -12,6 +12,7 @@ import numbactr as hugectr
 from numbactr.runtime import device
 from numbactr.distributed.comm import world
 from numbactr.embedding import collection as C
+from numbactr.embedding import collection_tables
 
 O, U = hugectr.Optimizer_t, hugectr.Update_t
 
@@ -88,9 +89,9 @@ def test_grouped_equals_one_engine_per_table(monkeypatch, steps):
     """Every top (training and evaluation), every row and every optimizer state of the grouped collection
     equal those of the one-engine-per-table collection, bit for bit; the grouped dynamic tables start small
     and grow (each when it fills) while the separate ones never fill."""
-    monkeypatch.setattr(C, "DYNAMIC_START_ROWS", 4)
+    monkeypatch.setattr(collection_tables, "DYNAMIC_START_ROWS", 4)
     grouped = build(mixed_config())
-    monkeypatch.setattr(C, "DYNAMIC_START_ROWS", 4096)
+    monkeypatch.setattr(collection_tables, "DYNAMIC_START_ROWS", 4096)
     monkeypatch.setattr(C, "GROUP_TABLES", False)
     separate = build(mixed_config())
     assert len(separate.groups) == len(separate.tables) == 7 and len(grouped.groups) == 5

@@ -6,7 +6,7 @@ prefetch with tensors, state_dict / load_state_dict through the cache)."""
 import numpy as np
 import pytest
 
-from numbactr.fbgemm_gpu import array_tbe
+from numbactr.fbgemm_gpu import tbe_cache
 from numbactr.fbgemm_gpu.array_tbe import SUPPORTED_OPTIMIZERS, ArrayTBE
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     CacheAlgorithm, ComputeDevice, EmbeddingLocation, OptimType, RecordCacheMetrics, SparseType)
@@ -84,7 +84,7 @@ def test_cache_sizes_follow_fbgemm(monkeypatch):
     assert tbe.engine.capacities == [104, 312]               # 400 rows = 12.5 -> 13 sets of 32 = 416, split
     tbe = ArrayTBE([(1000, 4, *CACHED)], cache_sets=2)
     assert tbe.engine.capacities == [64]
-    monkeypatch.setattr(array_tbe, "_fast_tier_free_bytes", lambda: 10_000)
+    monkeypatch.setattr(tbe_cache, "_fast_tier_free_bytes", lambda: 10_000)
     tbe = ArrayTBE([(1000, 4, *CACHED)], cache_load_factor=0.5, cache_reserved_memory=4000.0)
     # 6000 free bytes / (16 bytes of weights + 29 of bookkeeping) = 133 slots -> 4 sets of 32
     assert tbe.engine.capacities == [128]

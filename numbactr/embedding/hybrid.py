@@ -63,7 +63,8 @@ from numbactr.embedding.engine import Pooling
 from numbactr.embedding.sharded import ShardedLookup, ShardedTable, owner_offsets
 from numbactr.embedding.sparse_embedding import OneHotEmbedding
 
-__all__ = ["HybridEmbeddingParam", "HybridEmbedding", "frequency_threshold", "hybrid_split", "infrequent_owner"]
+__all__ = ["HybridEmbeddingParam", "HybridEmbedding", "frequency_threshold", "hybrid_split", "infrequent_owner",
+           "slot_offsets"]
 
 
 class HybridEmbeddingParam:
@@ -159,6 +160,13 @@ def infrequent_owner(cats: np.ndarray, frequent_sorted: np.ndarray, ranks: int) 
     return ((cats - below) % ranks).astype(np.int64)
 
 
+def slot_offsets(slot_size_array) -> np.ndarray:
+    """(S,) int64 first category of each slot, the exclusive prefix sum of slot_size_array: the hybrid
+    embedding's input holds per-slot ids, and key k of slot s is category k + slot_offsets[s]."""
+    sizes = np.asarray(slot_size_array, np.int64)
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+
 class HybridLookup:
     """What a hybrid lookup keeps for its backward: which occurrences were frequent (positions ``freq`` and
     their index in the frequent list ``freq_slot``) and which infrequent (``infreq``), and the infrequent
@@ -203,7 +211,7 @@ class HybridEmbedding(OneHotEmbedding):
         self.who = who
         sizes = np.asarray(cfg.slot_size_array, np.int64)
         self.slot_sizes = sizes                                               # (S,)
-        self.slot_offset = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)   # (S,)
+        self.slot_offset = slot_offsets(sizes)                                # (S,)
         self.statistics_source = None            # () -> [(keys, offsets, valid rows)] of this rank; the Model's
         self.frequent = None                     # (F,) int64 frequent categories, by decreasing count (None: no split yet)
         self._frequent_sorted = None             # (F,) ascending, and where each sits in self.frequent

@@ -26,7 +26,7 @@ from numbactr import log
 from numbactr.embedding.engine import BoundsCheck, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding
 from numbactr.runtime.torch_bridge import as_array as _as_array
 from numbactr.runtime.torch_bridge import as_tensor as _as_tensor
-from numbactr.fbgemm_gpu.array_tbe import _enum, _vbe_layout
+from numbactr.fbgemm_gpu.tbe_args import _enum, _vbe_layout
 from numbactr.fbgemm_gpu.split_embedding_configs import SparseType
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 

@@ -74,7 +74,7 @@ class CowClipDefinition:
 
 @dataclass(frozen=True)
 class GlobalWeightDecayDefinition:
-    """WeightDecayMode.DECOUPLE_GLOBAL's settings (numbactr.fbgemm_gpu.array_tbe.TBECore._global_decay)."""
+    """WeightDecayMode.DECOUPLE_GLOBAL's settings (numbactr.fbgemm_gpu.tbe_optimizer.TBEOptimizerState._global_decay)."""
     start_iter: int = 0
     lower_bound: float = 0.0
 
@@ -104,7 +104,7 @@ class EnsembleModeDefinition:
 
 @dataclass(frozen=True)
 class EmainplaceModeDefinition:
-    """EMAINPLACE_ROWWISE_ADAGRAD's settings (numbactr.fbgemm_gpu.array_tbe.TBECore.ema_inplace)."""
+    """EMAINPLACE_ROWWISE_ADAGRAD's settings (numbactr.fbgemm_gpu.tbe_optimizer.TBEOptimizerState.ema_inplace)."""
     step_ema: float = 10
     step_start: float = 0
     step_ema_coef: float = 0.6

@@ -45,12 +45,12 @@ from numbactr.runtime import device
 from numbactr import log
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, OptimizerSpec, Pooling, Precision,
                                 TableBatchedEmbedding)
-from numbactr.kernels import tbe as K
+from numbactr.kernels import tbe as tbe_kernels
 from numbactr.kernels import fused8bit as Q8
 from numbactr.kernels import nbit_rows as NB
 from numbactr.runtime.torch_bridge import as_array as _as_array
 from numbactr.runtime.torch_bridge import as_tensor as _as_tensor
-from numbactr.fbgemm_gpu.array_tbe import _enum
+from numbactr.fbgemm_gpu.tbe_args import _enum
 from numbactr.fbgemm_gpu.split_embedding_configs import SparseType
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, EmbeddingLocation,
                                                         PoolingMode)
@@ -324,17 +324,18 @@ class IntNBitTableBatchedEmbeddingBagsCodegen(nn.Module):
             raise ValueError(f"{WHO}: offsets has {off.shape[0]} entries; it needs F*B + 1 with F = {F} features")
         batch = (off.shape[0] - 1) // F
         off_h = np.asarray(device.to_host(off)).astype(np.int64)
-        fixed, _ = K.check_offsets_ref(off_h, n, BoundsCheck.IGNORE)
+        fixed, _ = tbe_kernels.check_offsets_ref(off_h, n, BoundsCheck.IGNORE)
         mode = BoundsCheck(self.bounds_check_mode_int)
-        rows, bad, first = K.check_indices_ref(device.to_host(idx), fixed, np.asarray(self.original_rows_per_table),
-                                               batch, int(Layout.FEATURE_MAJOR),
-                                               BoundsCheck.IGNORE if mode == BoundsCheck.FATAL else mode)
+        rows, bad, first = tbe_kernels.check_indices_ref(device.to_host(idx), fixed,
+                                                         np.asarray(self.original_rows_per_table), batch,
+                                                         int(Layout.FEATURE_MAJOR),
+                                                         BoundsCheck.IGNORE if mode == BoundsCheck.FATAL else mode)
         if bad:
             if mode == BoundsCheck.FATAL:
-                raise EmbeddingBoundsError(K.bounds_message(first, bad, mode) + " (before pruning)")
+                raise EmbeddingBoundsError(tbe_kernels.bounds_message(first, bad, mode) + " (before pruning)")
             if mode == BoundsCheck.WARNING:
-                warnings.warn(f"{WHO}: " + K.bounds_message(first, bad, mode) + " (before pruning)", RuntimeWarning,
-                              stacklevel=3)
+                warnings.warn(f"{WHO}: " + tbe_kernels.bounds_message(first, bad, mode) + " (before pruning)",
+                              RuntimeWarning, stacklevel=3)
         for f, t in enumerate(self.feature_table_map):
             remap = self._remap[t]
             if remap is None:

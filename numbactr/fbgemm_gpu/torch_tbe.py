@@ -26,8 +26,8 @@ from numbactr.runtime import device
 from numbactr.embedding.engine import state_specs
 from numbactr.runtime.torch_bridge import as_array as _as_array
 from numbactr.runtime.torch_bridge import as_tensor as _as_tensor
-from numbactr.fbgemm_gpu.array_tbe import (SIGNATURE, WHO, FBGEMMAssertion, OptimizerArgs, TBECore, prefetch_passes,
-                        table_name_for_logging)
+from numbactr.fbgemm_gpu.array_tbe import SIGNATURE, TBECore
+from numbactr.fbgemm_gpu.tbe_args import WHO, FBGEMMAssertion, OptimizerArgs, prefetch_passes, table_name_for_logging
 from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen"]
