@@ -19,7 +19,7 @@ from numbactr.model import Model, ModelError
 from numbactr.config import TrainingCallback
 from numbactr.train.training_cache import EmbeddingTrainingCache
 from numbactr.embedding.collection import EmbeddingCollectionConfig, EmbeddingTableConfig
-from numbactr.embedding.hybrid import HybridEmbeddingParam
+from numbactr.config import HybridEmbeddingParam
 from numbactr.train.training_cache import CreateETC, CreateHMemCache, EmbeddingTrainingCacheParams, HMemCacheConfig  # noqa: F401
 from numbactr.optim import LearningRateScheduler
 from numbactr import tools  # noqa: F401  (hugectr.tools.DataGenerator)

@@ -10,13 +10,15 @@ IgnoredArgumentWarning naming it, raised only when the user set it to something 
 """
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from numbactr.data.raw_async import AsyncParam
 from numbactr.data.source import DataSourceParams
-from numbactr.enums import (Activation_t, Check_t, DataReaderType_t, Embedding_t, FcPosition_t, GroupLayer_t,
+from numbactr.enums import (Activation_t, Check_t, CommunicationType, DataReaderType_t, Embedding_t, FcPosition_t, GroupLayer_t,
+                            HybridEmbeddingType,
                     Initializer_t, Layer_t, LrPolicy_t, MetricsType, Optimizer_t, Regularizer_t, Update_t)
 from numbactr.validate import IgnoredArgumentWarning, warn_ignored  # noqa: F401 (hugectr.IgnoredArgumentWarning)
 from numbactr.validate import expect as _expect, number as _number
@@ -460,7 +462,6 @@ class SparseEmbedding:
             warn_ignored(who, "hybrid_embedding_param", hybrid_embedding_param,
                          f"used only by HybridSparseEmbedding, not {embedding_type.name}", stacklevel=2)
         if embedding_type == Embedding_t.HybridSparseEmbedding:
-            from numbactr.embedding.hybrid import HybridEmbeddingParam
             _expect(hybrid_embedding_param is None or isinstance(hybrid_embedding_param, HybridEmbeddingParam),
                     f"{who}: hybrid_embedding_param must be a HybridEmbeddingParam, got {hybrid_embedding_param!r}")
             _expect(bool(self.slot_size_array), f"{who}: HybridSparseEmbedding needs slot_size_array (one "
@@ -714,3 +715,54 @@ class TierSpec:
     cache: CacheConfig = field(default_factory=CacheConfig)
     backing: str = "host"
     path: str | None = None
+
+
+class HybridEmbeddingParam:
+    """``hugectr.HybridEmbeddingParam`` (HugeCTR v23.08's pybind order; the samples pass the eight positionally).
+
+    Defaults are those HugeCTR's JSON reader uses (HugeCTR's Python binding has none). The two
+    ``use_*_precompute_indices`` switches (newer HugeCTR) only move index computation into the reader thread;
+    they change no result and numbactr accepts and ignores them. ``num_iterations_statistics`` is a
+    CreateSolver argument, as in HugeCTR.
+    """
+
+    def __init__(self, max_num_frequent_categories=1, max_num_infrequent_samples=-1, p_dup_max=0.01,
+                 max_all_reduce_bandwidth=1.3e11, max_all_to_all_bandwidth=1.9e11, efficiency_bandwidth_ratio=1.0,
+                 communication_type=CommunicationType.IB_NVLink,
+                 hybrid_embedding_type=HybridEmbeddingType.Distributed, *, use_train_precompute_indices=False,
+                 use_eval_precompute_indices=False):
+        who = "HybridEmbeddingParam"
+
+        def integer(name, v, lo):
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"{who}: {name} must be an integer >= {lo}, got {v!r}")
+            return int(v)
+
+        def real(name, v, lo_open, hi=None):
+            if (not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v <= lo_open
+                    or (hi is not None and v > hi)):
+                rng = f"({lo_open}, {hi}]" if hi is not None else f"({lo_open}, inf)"
+                raise ValueError(f"{who}: {name} must be a finite number in {rng}, got {v!r}")
+            return float(v)
+
+        self.max_num_frequent_categories = integer("max_num_frequent_categories", max_num_frequent_categories, 0)
+        self.max_num_infrequent_samples = integer("max_num_infrequent_samples", max_num_infrequent_samples, -1)
+        self.p_dup_max = real("p_dup_max", p_dup_max, 0.0, 1.0)
+        self.max_all_reduce_bandwidth = real("max_all_reduce_bandwidth", max_all_reduce_bandwidth, 0.0)
+        self.max_all_to_all_bandwidth = real("max_all_to_all_bandwidth", max_all_to_all_bandwidth, 0.0)
+        self.efficiency_bandwidth_ratio = real("efficiency_bandwidth_ratio", efficiency_bandwidth_ratio, 0.0)
+        if not isinstance(communication_type, CommunicationType):
+            raise ValueError(f"{who}: communication_type must be a CommunicationType (IB_NVLink_Hier, IB_NVLink, "
+                             f"NVLink_SingleNode), got {communication_type!r}")
+        if not isinstance(hybrid_embedding_type, HybridEmbeddingType):
+            raise ValueError(f"{who}: hybrid_embedding_type must be HybridEmbeddingType.Distributed, got "
+                             f"{hybrid_embedding_type!r}")
+        self.communication_type = communication_type
+        self.hybrid_embedding_type = hybrid_embedding_type
+        self.use_train_precompute_indices = bool(use_train_precompute_indices)
+        self.use_eval_precompute_indices = bool(use_eval_precompute_indices)
+
+    def __repr__(self):
+        return (f"HybridEmbeddingParam({self.max_num_frequent_categories}, {self.max_num_infrequent_samples}, "
+                f"{self.p_dup_max}, {self.max_all_reduce_bandwidth}, {self.max_all_to_all_bandwidth}, "
+                f"{self.efficiency_bandwidth_ratio}, {self.communication_type!r}, {self.hybrid_embedding_type!r})")

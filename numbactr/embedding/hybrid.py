@@ -52,7 +52,6 @@ hybrid rows per table from curand; same distribution, not the same numbers).
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
@@ -62,60 +61,10 @@ from numbactr.enums import CommunicationType, Embedding_t, HybridEmbeddingType, 
 from numbactr.embedding.engine import Pooling
 from numbactr.embedding.sharded import ShardedLookup, ShardedTable, owner_offsets
 from numbactr.embedding.sparse_embedding import OneHotEmbedding
+from numbactr.config import HybridEmbeddingParam  # noqa: F401 (importable from here as before)
 
 __all__ = ["HybridEmbeddingParam", "HybridEmbedding", "frequency_threshold", "hybrid_split", "infrequent_owner",
            "slot_offsets"]
-
-
-class HybridEmbeddingParam:
-    """``hugectr.HybridEmbeddingParam`` (HugeCTR v23.08's pybind order; the samples pass the eight positionally).
-
-    Defaults are those HugeCTR's JSON reader uses (HugeCTR's Python binding has none). The two
-    ``use_*_precompute_indices`` switches (newer HugeCTR) only move index computation into the reader thread;
-    they change no result and numbactr accepts and ignores them. ``num_iterations_statistics`` is a
-    CreateSolver argument, as in HugeCTR.
-    """
-
-    def __init__(self, max_num_frequent_categories=1, max_num_infrequent_samples=-1, p_dup_max=0.01,
-                 max_all_reduce_bandwidth=1.3e11, max_all_to_all_bandwidth=1.9e11, efficiency_bandwidth_ratio=1.0,
-                 communication_type=CommunicationType.IB_NVLink,
-                 hybrid_embedding_type=HybridEmbeddingType.Distributed, *, use_train_precompute_indices=False,
-                 use_eval_precompute_indices=False):
-        who = "HybridEmbeddingParam"
-
-        def integer(name, v, lo):
-            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < lo:
-                raise ValueError(f"{who}: {name} must be an integer >= {lo}, got {v!r}")
-            return int(v)
-
-        def real(name, v, lo_open, hi=None):
-            if (not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(v) or v <= lo_open
-                    or (hi is not None and v > hi)):
-                rng = f"({lo_open}, {hi}]" if hi is not None else f"({lo_open}, inf)"
-                raise ValueError(f"{who}: {name} must be a finite number in {rng}, got {v!r}")
-            return float(v)
-
-        self.max_num_frequent_categories = integer("max_num_frequent_categories", max_num_frequent_categories, 0)
-        self.max_num_infrequent_samples = integer("max_num_infrequent_samples", max_num_infrequent_samples, -1)
-        self.p_dup_max = real("p_dup_max", p_dup_max, 0.0, 1.0)
-        self.max_all_reduce_bandwidth = real("max_all_reduce_bandwidth", max_all_reduce_bandwidth, 0.0)
-        self.max_all_to_all_bandwidth = real("max_all_to_all_bandwidth", max_all_to_all_bandwidth, 0.0)
-        self.efficiency_bandwidth_ratio = real("efficiency_bandwidth_ratio", efficiency_bandwidth_ratio, 0.0)
-        if not isinstance(communication_type, CommunicationType):
-            raise ValueError(f"{who}: communication_type must be a CommunicationType (IB_NVLink_Hier, IB_NVLink, "
-                             f"NVLink_SingleNode), got {communication_type!r}")
-        if not isinstance(hybrid_embedding_type, HybridEmbeddingType):
-            raise ValueError(f"{who}: hybrid_embedding_type must be HybridEmbeddingType.Distributed, got "
-                             f"{hybrid_embedding_type!r}")
-        self.communication_type = communication_type
-        self.hybrid_embedding_type = hybrid_embedding_type
-        self.use_train_precompute_indices = bool(use_train_precompute_indices)
-        self.use_eval_precompute_indices = bool(use_eval_precompute_indices)
-
-    def __repr__(self):
-        return (f"HybridEmbeddingParam({self.max_num_frequent_categories}, {self.max_num_infrequent_samples}, "
-                f"{self.p_dup_max}, {self.max_all_reduce_bandwidth}, {self.max_all_to_all_bandwidth}, "
-                f"{self.efficiency_bandwidth_ratio}, {self.communication_type!r}, {self.hybrid_embedding_type!r})")
 
 
 def frequency_threshold(param: HybridEmbeddingParam, batch_size: int, ranks: int, nodes: int,

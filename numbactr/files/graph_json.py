@@ -426,7 +426,7 @@ def _hybrid_json(p) -> dict:
 
 
 def _hybrid_from_json(hp: dict, where: str):
-    from numbactr.embedding.hybrid import HybridEmbeddingParam
+    from numbactr.config import HybridEmbeddingParam
     from numbactr.enums import CommunicationType
     kw = {k: hp[k] for k in _HYBRID_KEYS if k in hp}
     if "communication_type" in hp:
