@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from numbactr.runtime import log
+from numbactr.runtime import atomic, log
 from numbactr.enums import Check_t
 from numbactr.data.file_list import write_file_list
 from numbactr.metrics import roc_auc
@@ -382,10 +382,8 @@ def cached_planted_dataset(cache_dir, regenerate: bool = False, **params) -> tup
             "check": data.check.name, "key_dtype": np.dtype(data.key_dtype).name,
             "train_files": [os.path.relpath(f, d) for f in data.train_files],
             "eval_files": [os.path.relpath(f, d) for f in data.eval_files], "file_sizes": files}
-    tmp = manifest + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic.atomic_write(manifest, "w") as f:
         json.dump(info, f, indent=1)
-    os.replace(tmp, manifest)
     return data, False
 
 
