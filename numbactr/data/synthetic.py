@@ -30,7 +30,7 @@ from numbactr.runtime import atomic, log
 from numbactr.enums import Check_t
 from numbactr.data.file_list import write_file_list
 from numbactr.metrics import roc_auc
-from numbactr.data.norm import NormWriter, key_dtype_of
+from numbactr.data.norm_write import NormWriter, key_dtype_of
 
 __all__ = ["roc_auc", "expected_auc", "criteo_like_slot_sizes", "power_law_keys", "uniform_keys",
            "PlantedModel", "make_planted_model", "PlantedDataset", "make_planted_dataset",
