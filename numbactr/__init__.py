@@ -2,7 +2,7 @@
 
     import numbactr as hugectr      # the one changed line in a HugeCTR training script
 """
-from numbactr.runtime import device as _device  # noqa: F401  (first: may switch numba to its simulator)
+from numbactr.runtime import device  # noqa: F401  (first: may switch numba to its simulator; public: numbactr.device.set_device)
 from numbactr.distributed.comm import guard_launch as _guard_launch
 
 # under `mpiexec -n N` (N > 1) MPI starts here, and from the next line on a failing rank ends the whole job

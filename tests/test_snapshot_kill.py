@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from numbactr.files import checkpoint
+from numbactr.files import snapshot
 from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
 from tests.mpi.snapshot_run import build, load_all, state
@@ -92,9 +92,9 @@ def test_the_commit_order_survives_a_power_loss(tmp_path, data, cpu, monkeypatch
     """What a kill cannot show (the kill test skips fsync): staged files are durable before the journal
     is written, the journal before the first file moves, each move before the manifest appears."""
     events = []
-    real = checkpoint._write_durable, checkpoint._fsync_dir, os.replace
-    monkeypatch.setattr(checkpoint, "_write_durable", lambda p, b: (events.append(("write", p)), real[0](p, b)))
-    monkeypatch.setattr(checkpoint, "_fsync_dir", lambda p: (events.append(("sync", p)), real[1](p)))
+    real = snapshot._write_durable, snapshot._fsync_dir, os.replace
+    monkeypatch.setattr(snapshot, "_write_durable", lambda p, b: (events.append(("write", p)), real[0](p, b)))
+    monkeypatch.setattr(snapshot, "_fsync_dir", lambda p: (events.append(("sync", p)), real[1](p)))
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("move", a, b)), real[2](a, b)))
     model = build(*data)
     model.train()

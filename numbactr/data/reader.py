@@ -41,9 +41,10 @@ training step only takes a ready Batch. NumPy and pyarrow release the GIL for th
 ``memory.arena``, when a device stager sets it (numbactr.data.staging.PinnedArena), makes the workers
 assemble each batch straight into pinned host blocks that the stager uploads from.
 
-Threads: a pass's worker threads are stopped and joined when the pass ends, is closed, replaced
-(iter() again, set_source) or dropped, and at interpreter exit, so none runs while Python shuts down (a
-daemon thread inside pyarrow then aborts the process: "terminate called without an active exception").
+Threads (numbactr.data.reader_threads): a pass's worker threads are stopped and joined when the pass
+ends, is closed, replaced (iter() again, set_source) or dropped, and at interpreter exit, so none runs
+while Python shuts down (a daemon thread inside pyarrow then aborts the process: "terminate called
+without an active exception").
 pass.pause() joins them but keeps the queued batches and each worker's place; the next batch restarts
 them (Model.fit pauses its readers at its end).
 
@@ -56,11 +57,8 @@ counts them in `reader.skipped` (with a RuntimeWarning per file).
 """
 from __future__ import annotations
 
-import atexit
-import queue
 import threading
 import warnings
-import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -71,22 +69,16 @@ from numbactr import log
 from numbactr.enums import Check_t, DataReaderType_t
 from numbactr.data.batch import Batch
 from numbactr.data.file_list import read_file_list
-from numbactr.data.norm import _split_inputs, iter_norm_chunks, key_dtype_of, norm_record_offsets, output_key_dtype
+from numbactr.data.norm_decode import _split_inputs, iter_norm_chunks, norm_record_offsets
+from numbactr.data.norm_write import key_dtype_of, output_key_dtype
 from numbactr.data.parquet import ParquetFile, metadata_path_for, read_parquet_metadata, slot_offsets_of
 from numbactr.data.raw import RawFile
 from numbactr.data.raw_async import AsyncParam, RawAsyncFile, batch_order, check_async_input
+from numbactr.data.reader_threads import _Pass
 from numbactr.data.source import is_remote, local_copy
 from numbactr.data.validation import SlotRanges, slot_ranges, validate_chunk
 
 __all__ = ["make_reader", "DataReader"]
-
-_EOF = object()
-
-
-class _Failure:
-    def __init__(self, exc):
-        self.exc = exc
-
 
 _ARANGE = np.arange(1, dtype=np.int64)
 
@@ -413,172 +405,6 @@ def _open_async(cfg, path, num_samples, checked_samples=None):
     return RawAsyncFile(path, cfg.label_dim, cfg.dense_dim, cfg.async_nnz, ap.multi_hot_reader and ap.is_dense_float,
                         cfg.i64, ap.multi_hot_reader and cfg.i64, ap.io_alignment, cfg.direct_io,
                         num_samples=num_samples, checked_samples=checked_samples)
-
-
-# ---------------------------------------------------------------------------------------------------
-# worker threads and the round-robin consumer
-
-def _put(q, item, stop, halt) -> bool:
-    """Queue item; False if the pass stops or pauses first."""
-    while not (stop.is_set() or halt.is_set()):
-        try:
-            q.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            pass
-    return False
-
-
-def _next_item(gen):
-    """gen's next batch, _EOF at its end, or the _Failure that the consumer re-raises in sample order."""
-    try:
-        return next(gen)
-    except StopIteration:
-        return _EOF
-    except BaseException as e:          # noqa: BLE001
-        return _Failure(e)
-
-
-class _Worker:
-    """One worker: its generator and queue, its thread while it runs, and the item it made but could not
-    queue before a pause (queued first when it resumes). It holds nothing of the pass, so dropping the
-    pass object closes it."""
-
-    def __init__(self, gen, depth: int):
-        self.gen, self.q = gen, queue.Queue(maxsize=depth)
-        self.held = None
-        self.thread: threading.Thread | None = None
-        self.finished = False               # its _EOF or _Failure is queued
-
-
-def _worker_main(wk: _Worker, stop, halt) -> None:
-    try:
-        while not wk.finished:
-            if wk.held is None:
-                wk.held = _next_item(wk.gen)
-            if not _put(wk.q, wk.held, stop, halt):
-                return                      # stopped, or paused with wk.held kept for the next run
-            wk.finished = wk.held is _EOF or isinstance(wk.held, _Failure)
-            wk.held = None
-    finally:
-        if wk.finished or stop.is_set():
-            wk.gen.close()
-
-
-class _Pass:
-    """One pass over the data: W workers, consumed round-robin.
-
-    Its threads are joined when the pass ends, is closed or dropped, and at interpreter exit
-    (_close_all_passes); pause() joins them too but keeps the pass's place, and the next batch restarts
-    them."""
-
-    def __init__(self, gens, depth, stop):
-        self.stop, self.halt = stop, threading.Event()
-        self.workers = [_Worker(g, depth) for g in gens]
-        self.queues = [wk.q for wk in self.workers]
-        self.eof = [False] * len(gens)
-        self.counter = 0
-        self.done = False
-        self.paused = True
-        self.memory = SimpleNamespace(arena=None)   # the workers' (DataReader.__iter__ shares its own)
-        _PASSES.add(self)
-        self._start()
-
-    def _start(self) -> None:
-        for wk in self.workers:             # a pause that timed out: its thread still owns the generator
-            if wk.thread is not None:
-                wk.thread.join()
-        self.halt.clear()
-        for w, wk in enumerate(self.workers):
-            if not wk.finished:
-                wk.thread = threading.Thread(target=_worker_main, args=(wk, self.stop, self.halt), daemon=True,
-                                             name=f"numbactr-reader-{w}")
-                wk.thread.start()
-        self.paused = False
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> Batch:
-        if self.done:
-            raise StopIteration
-        if self.paused:
-            self._start()
-        W = len(self.workers)
-        while True:
-            if all(self.eof):
-                self.close()
-                raise StopIteration
-            w = self.counter
-            if self.eof[w]:
-                self.counter = (w + 1) % W
-                continue
-            item = self._get(w)
-            if item is _EOF:
-                self.eof[w] = True
-                self.counter = (w + 1) % W
-                continue
-            if isinstance(item, _Failure):
-                self.close()
-                raise item.exc
-            self.counter = (w + 1) % W
-            return item
-
-    def _get(self, w):
-        q, t = self.queues[w], self.workers[w].thread
-        while True:
-            try:
-                return q.get(timeout=0.1)
-            except queue.Empty:
-                if self.stop.is_set():
-                    return _Failure(RuntimeError("the data reader was closed"))
-                if not t.is_alive() and q.empty():
-                    return _Failure(RuntimeError(f"data reader worker {w} exited without a result"))
-
-    def pause(self, timeout: float = 10.0) -> None:
-        """Stop and join the workers, keeping the queued batches and each worker's place in its files; the
-        next batch restarts them (Model.fit does this at its end)."""
-        if not (self.done or self.paused):
-            self.halt.set()
-            self._join(timeout)
-            self.paused = True
-
-    def close(self, timeout: float = 10.0) -> None:
-        """End the pass: stop the workers, free the queued batches, join the threads (each finishes at most
-        the chunk it is decoding) and close the generators."""
-        self.done = True
-        self.stop.set()
-        for q in self.queues:               # free buffered batches, unblock puts
-            while True:
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    break
-        self._join(timeout)
-        for wk in self.workers:             # a paused worker's generator (a running thread closes its own)
-            if wk.thread is None or not wk.thread.is_alive():
-                wk.gen.close()
-
-    def _join(self, timeout: float) -> None:
-        for wk in self.workers:
-            if wk.thread is not None and wk.thread is not threading.current_thread():
-                wk.thread.join(timeout)
-
-    def __del__(self):
-        if not self.done:
-            self.close()
-
-
-_PASSES: weakref.WeakSet = weakref.WeakSet()        # passes not yet collected
-
-
-@atexit.register
-def _close_all_passes() -> None:
-    """No reader thread may still run when the interpreter shuts down: a daemon thread inside pyarrow then
-    aborts the process ("terminate called without an active exception", or "PyGILState_Release: thread
-    state must be current")."""
-    for p in list(_PASSES):
-        p.close()
 
 
 # ---------------------------------------------------------------------------------------------------

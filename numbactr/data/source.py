@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import threading
 
+from numbactr.runtime import atomic
 from numbactr.enums import FileSystemType_t
 
 __all__ = ["DataSource", "DataSourceParams", "remote_uri", "local_copy", "is_remote"]
@@ -259,9 +260,9 @@ def _filesystem(uri: str, params: DataSourceParams | None):
 
 def _fetch(fs, rpath: str, dest: str) -> None:
     """Copy remote rpath to dest through a temporary name beside it: dest is whole or absent."""
-    tmp = f"{dest}.part{os.getpid()}-{threading.get_ident()}"
-    fs.get_file(rpath, tmp)
-    os.replace(tmp, dest)
+    # no fsync: the cache is a temporary folder removed at exit, so a power loss takes it anyway
+    with atomic.atomic_path(dest, tmp=f"{dest}.part{os.getpid()}-{threading.get_ident()}", fsync=False) as tmp:
+        fs.get_file(rpath, tmp)
 
 
 _CACHE = {"dir": None}

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from numbactr import log
+from numbactr.runtime import atomic
 from numbactr.enums import Check_t
 from numbactr.data.file_list import write_file_list
 from numbactr.metrics import roc_auc
-from numbactr.data.norm import NormWriter, key_dtype_of
+from numbactr.data.norm_write import NormWriter, key_dtype_of
 
 __all__ = ["roc_auc", "expected_auc", "criteo_like_slot_sizes", "power_law_keys", "uniform_keys",
            "PlantedModel", "make_planted_model", "PlantedDataset", "make_planted_dataset",
@@ -382,10 +383,8 @@ def cached_planted_dataset(cache_dir, regenerate: bool = False, **params) -> tup
             "check": data.check.name, "key_dtype": np.dtype(data.key_dtype).name,
             "train_files": [os.path.relpath(f, d) for f in data.train_files],
             "eval_files": [os.path.relpath(f, d) for f in data.eval_files], "file_sizes": files}
-    tmp = manifest + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic.atomic_write(manifest, "w") as f:
         json.dump(info, f, indent=1)
-    os.replace(tmp, manifest)
     return data, False
 
 

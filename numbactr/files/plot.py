@@ -14,13 +14,16 @@ The chart has two panels on a shared iteration axis: the training loss (top) and
 Empty cells mark values not recorded at that iteration (pandas reads them as NaN); reference lines are
 written as ``# name: value`` comment lines at the top (``pd.read_csv(path, comment="#")``). matplotlib
 runs headless (the Agg canvas, no pyplot, no display needed); both files are written to a temporary
-name and renamed, so a viewer polling them during training never sees half a file.
+name and renamed (numbactr.runtime.atomic), so a viewer polling them during training never sees half a
+file.
 """
 from __future__ import annotations
 
 import csv
 import math
 import os
+
+from numbactr.runtime import atomic
 
 #: model.history key -> (CSV column, chart panel, label); the panels are "loss" and "auc"
 SERIES = {"loss": ("train_loss", "loss", "train loss"), "lr": ("lr", None, "learning rate"),
@@ -43,12 +46,6 @@ def _series(history: dict) -> dict:
     return out
 
 
-def _replace(path: str, write) -> None:
-    tmp = f"{path}.tmp"
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def save_history_csv(path, history: dict, reference: dict | None = None) -> str:
     """Write the history (model.history layout) as the CSV described in the module docstring."""
     path = os.fspath(path)
@@ -56,16 +53,13 @@ def save_history_csv(path, history: dict, reference: dict | None = None) -> str:
     iters = sorted({i for its, _ in series.values() for i in its})
     table = {key: dict(zip(*series[key])) for key in series}
 
-    def write(tmp):
-        with open(tmp, "w", newline="") as f:
-            for name, value in (reference or {}).items():
-                f.write(f"# {name}: {float(value):.6g}\n")
-            w = csv.writer(f)
-            w.writerow(["iteration"] + [SERIES[k][0] for k in series])
-            for it in iters:
-                w.writerow([it] + [_fmt(table[k].get(it)) for k in series])
-
-    _replace(path, write)
+    with atomic.atomic_write(path, "w", newline="") as f:
+        for name, value in (reference or {}).items():
+            f.write(f"# {name}: {float(value):.6g}\n")
+        w = csv.writer(f)
+        w.writerow(["iteration"] + [SERIES[k][0] for k in series])
+        for it in iters:
+            w.writerow([it] + [_fmt(table[k].get(it)) for k in series])
     return path
 
 
@@ -123,6 +117,7 @@ def save_learning_curve(path, history: dict, reference: dict | None = None, titl
             raise ValueError(f"learning curve: reference line {name!r} is {value}")
     fig = learning_curve_figure(history, reference, title)
     FigureCanvasAgg(fig)
-    _replace(path, lambda tmp: fig.savefig(tmp, format="png"))
+    with atomic.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     csv_path = save_history_csv(os.path.splitext(path)[0] + ".csv", history, reference)
     return path, csv_path

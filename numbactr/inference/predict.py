@@ -19,6 +19,8 @@ import tempfile
 
 import numpy as np
 
+from numbactr.runtime import atomic
+
 FORMATS = {"norm": "Norm", "raw": "Raw", "parquet": "Parquet"}
 
 
@@ -91,13 +93,12 @@ def run(args) -> int:
     finally:
         session.close()
     columns = session.prediction_names()
-    tmp = args.output + ".partial"
-    if out_ext == ".csv":
-        np.savetxt(tmp, preds, delimiter=",", header=",".join(columns), comments="", fmt="%.9g")
-    else:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        pq.write_table(pa.table({c: preds[:, i] for i, c in enumerate(columns)}), tmp)
-    os.replace(tmp, args.output)
+    with atomic.atomic_path(args.output, tmp=args.output + ".partial") as tmp:
+        if out_ext == ".csv":
+            np.savetxt(tmp, preds, delimiter=",", header=",".join(columns), comments="", fmt="%.9g")
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            pq.write_table(pa.table({c: preds[:, i] for i, c in enumerate(columns)}), tmp)
     log.info(f"predict: {preds.shape[0]:,} samples -> {args.output} ({', '.join(columns)})")
     return 0

@@ -18,8 +18,8 @@ import os
 import numpy as np
 
 from numbactr.files import checkpoint
-from numbactr.runtime import device
 from numbactr import log
+from numbactr.runtime import atomic, device
 from numbactr.onnx_converter import OnnxExportError, require_onnx
 from numbactr.onnx_converter.embedding import PAD_KEY, emit_embedding
 from numbactr.onnx_converter.graph import BATCH, OnnxGraph
@@ -166,12 +166,11 @@ def save(proto, path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"ONNX export: the folder of {path!r} does not exist")
-    tmp = path + ".partial"
-    if _initializer_bytes(proto) > MAX_INLINE_BYTES:
-        data = os.path.basename(path) + ".data"
-        onnx.save_model(proto, tmp, save_as_external_data=True, all_tensors_to_one_file=True, location=data,
-                        size_threshold=1024)
-        onnx.checker.check_model(tmp, full_check=True)
-    else:
-        onnx.save_model(proto, tmp)
-    os.replace(tmp, path)
+    with atomic.atomic_path(path, tmp=path + ".partial") as tmp:
+        if _initializer_bytes(proto) > MAX_INLINE_BYTES:
+            data = os.path.basename(path) + ".data"
+            onnx.save_model(proto, tmp, save_as_external_data=True, all_tensors_to_one_file=True, location=data,
+                            size_threshold=1024)
+            onnx.checker.check_model(tmp, full_check=True)
+        else:
+            onnx.save_model(proto, tmp)

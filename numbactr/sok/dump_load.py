@@ -39,7 +39,8 @@ import string
 
 import numpy as np
 
-from numbactr.files import checkpoint
+from numbactr.files import snapshot
+from numbactr.runtime import atomic
 from numbactr.embedding.engine import Optim
 
 HEAD_BYTES = 296
@@ -161,16 +162,11 @@ def dump(path, dump_vars, optimizer=None) -> None:
             raise ValueError(f"{who}: {errors[0]}")
         os.makedirs(path, exist_ok=True)
         for name, data in files.items():
-            final = os.path.join(path, name)
-            tmp = final + ".tmp"
-            with open(tmp, "wb") as f:
+            with atomic.atomic_write(os.path.join(path, name)) as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
 
     if comm is not None:
-        checkpoint.on_rank0(comm, write, f"{who}: rank 0 could not write {path}")
+        snapshot.on_rank0(comm, write, f"{who}: rank 0 could not write {path}")
 
 
 def load(path, load_vars, optimizer=None) -> None:

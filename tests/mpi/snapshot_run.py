@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402
-from numbactr.files import checkpoint
+from numbactr.files import checkpoint, snapshot
 from numbactr.runtime import device  # noqa: E402
 from numbactr.distributed import comm as comm_module  # noqa: E402
 
@@ -121,7 +121,7 @@ def arm(kill_at: int, kill_rank: int, hook: str) -> list:
         os.kill(os.getpid(), signal.SIGKILL)
 
     if hook == "files":
-        real_write, real_replace, real_rmtree = checkpoint._write_durable, os.replace, shutil.rmtree
+        real_write, real_replace, real_rmtree = snapshot._write_durable, os.replace, shutil.rmtree
 
         def write(path, data):
             if boundary():
@@ -140,7 +140,7 @@ def arm(kill_at: int, kill_rank: int, hook: str) -> list:
                 die()
             real_rmtree(path, *a, **k)
 
-        checkpoint._write_durable, os.replace, shutil.rmtree = write, replace, rmtree
+        snapshot._write_durable, os.replace, shutil.rmtree = write, replace, rmtree
     else:
         cls = comm_module.Comm
         for name in ("gather_rows", "bcast"):
