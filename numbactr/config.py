@@ -657,6 +657,16 @@ def _same(a, b) -> bool:
     return a is b or (type(a) is type(b) and a == b)
 
 
+# ---- HugeCTR's embedding sizing (workspace_size_per_gpu_in_mb <-> rows) ----------------------------
+def max_vocabulary_size_per_gpu(workspace_mb: float, vec_size: int, n_states: int) -> int:
+    """HugeCTR's sizing: floor(workspace_MB * 2^20 / ((1 + n_states) * 4 * vec_size))."""
+    return int(math.floor(workspace_mb * 2 ** 20 / ((1 + n_states) * 4 * vec_size)))
+
+
+def workspace_mb_for(rows: int, vec_size: int, n_states: int) -> int:
+    return int(math.ceil(rows * (1 + n_states) * 4 * vec_size / 2 ** 20))
+
+
 # ---- numbactr's extras -------------------------------------------------------------------------
 class TrainingCallback:
     """``hugectr.TrainingCallback``: hooks Model.fit calls (HugeCTR's include/training_callback.hpp).

@@ -88,7 +88,7 @@ def run(args) -> int:
     from numbactr.runtime import device
     from numbactr import log
     from numbactr.data.synthetic import cached_planted_dataset, criteo_like_slot_sizes, folder_size
-    from numbactr.embedding.sparse_embedding import workspace_mb_for
+    from numbactr.config import workspace_mb_for
     from numbactr.files.plot import save_learning_curve
 
     for name in ("train_samples", "eval_samples", "batch", "rows"):

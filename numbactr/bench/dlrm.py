@@ -21,7 +21,7 @@ def bench_dlrm(env: Env, *, batch: int, batches: int, total_rows: int, threads=(
     same PyTorch DLRM with its embeddings in one TBE: numbactr's FBGEMM face and FBGEMM (when installed)."""
     from numbactr import demo
     from numbactr.data.synthetic import criteo_like_slot_sizes, make_planted_dataset
-    from numbactr.embedding.sparse_embedding import workspace_mb_for
+    from numbactr.config import workspace_mb_for
 
     slots, vec, dense_dim = 26, 16, 13
     tab = Table(f"DLRM training step ({env.kind})", DLRM_COLUMNS)

@@ -39,7 +39,7 @@ SLOTS, DENSE, VEC, ZIPF = 26, 13, 16, 1.1
 def build_model(folder: str, keys_per_slot: int, seed: int = 0) -> dict:
     """Write the benchmark DLRM's graph JSON, dense model and sparse model folder; returns their paths."""
     import numbactr as hugectr
-    from numbactr.embedding.sparse_embedding import workspace_mb_for
+    from numbactr.config import workspace_mb_for
     L = hugectr.Layer_t
     n_keys = SLOTS * keys_per_slot
     solver = hugectr.CreateSolver(batchsize=1024, batchsize_eval=1024, vvgpu=[[0]], i64_input_key=True, seed=seed)

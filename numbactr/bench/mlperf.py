@@ -591,7 +591,7 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
     from numbactr.train import cuda_graphs
     from numbactr.runtime import threads as T
     from numbactr.data.synthetic import criteo_like_slot_sizes, make_planted_dataset
-    from numbactr.embedding.sparse_embedding import workspace_mb_for
+    from numbactr.config import workspace_mb_for
 
     size = SIZES.get(env.kind, SIZES["cpu"])
     batch = batch or size["batch"]

@@ -31,10 +31,10 @@ never allreduced (model parallel).
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
+from numbactr.config import max_vocabulary_size_per_gpu, workspace_mb_for  # noqa: F401 (importable from here as before)
 from numbactr.runtime import device
 from numbactr.autograd import Context, Function, Tensor
 from numbactr.distributed.comm import world
@@ -77,15 +77,6 @@ def key_slots(offsets, n: int, slots: int):
         bag = device.xp().empty(n, np.int64)
         EB.bag_of_key(offsets, bag)
     return bag % slots
-
-
-def max_vocabulary_size_per_gpu(workspace_mb: float, vec_size: int, n_states: int) -> int:
-    """HugeCTR's sizing: floor(workspace_MB * 2^20 / ((1 + n_states) * 4 * vec_size))."""
-    return int(math.floor(workspace_mb * 2 ** 20 / ((1 + n_states) * 4 * vec_size)))
-
-
-def workspace_mb_for(rows: int, vec_size: int, n_states: int) -> int:
-    return int(math.ceil(rows * (1 + n_states) * 4 * vec_size / 2 ** 20))
 
 
 class HashEmbedding:

@@ -61,7 +61,7 @@ import numpy as np
 from numbactr.runtime import device
 from numbactr.data.errors import DataFormatError
 from numbactr.distributed.sharding import key_owner
-from numbactr.embedding.sparse_embedding import max_vocabulary_size_per_gpu, workspace_mb_for
+from numbactr.config import max_vocabulary_size_per_gpu, workspace_mb_for
 # the transaction's names, used here and (through this module) by embedding_dump, the training cache and tests
 from numbactr.files.snapshot import (FORMAT, _Snapshot, _array, _commit, _fsync_dir, _manifest_bytes,  # noqa: F401
                                      _raw, _read_manifest, _write_durable, on_rank0)
