@@ -135,7 +135,8 @@ class Model:
 
     # ---- data ----------------------------------------------------------------------------------
     def _make_reader(self, source: str, batch: int, repeat: bool, eval: bool = False):  # noqa: A002
-        """A reader of this rank's rows of GLOBAL batches of `batch` samples (graph.make_reader)."""
+        """A reader of this rank's rows of GLOBAL batches of `batch` samples (graph.make_reader; kept on the
+        Model for numbactr.bench, which reads its batches through it)."""
         return graph.make_reader(self, source, batch, repeat, eval)
 
     def start_data_reading(self) -> None:
