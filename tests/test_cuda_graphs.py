@@ -16,7 +16,7 @@ import pytest
 from numba import config
 
 import numbactr as hugectr
-from numbactr.train import cuda_graphs
+from numbactr.train import cuda_graphs, overflow, step
 from numbactr.runtime import step_values
 from numbactr.bench.mlperf import DENSE, SLOTS, build_mlperf_dlrm
 from tests.model_util import tiny_data
@@ -70,9 +70,9 @@ def _counters(m) -> dict:
 
 def _device_step(m, lr):
     m.lr = lr
-    batch = m._next_train_batch()
-    m._device_step(batch)
-    m._after_device_step()
+    batch = step.next_train_batch(m)
+    step.device_step(m, batch)
+    step.after_device_step(m)
 
 
 @sim_only
@@ -89,20 +89,20 @@ def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path, amp):
     _device_step(a, 0.02)
     _device_step(a, 0.005)
     b.lr = 0.02
-    batch = b._next_train_batch()
+    batch = step.next_train_batch(b)
     rec = step_values.Recording(defer=False)
     with step_values.recording(rec):
-        b._device_step(batch)
-    b._after_device_step()
+        step.device_step(b, batch)
+    step.after_device_step(b)
     kinds = {k[0] for k in rec.hooks}
     assert {"dense", "sparse", "engine", "dropout", "nonfinite", "loss", "hash"} <= kinds, kinds
-    assert ("dense gate" in kinds) == amp and b._overflow_on_device() == amp
+    assert ("dense gate" in kinds) == amp and overflow.overflow_on_device(b) == amp
     kept = b._pending_loss
     b.check_deferred()                        # clears the tables' records: the replay must mark them again
     b.lr = 0.005
-    b._next_train_batch()                     # the replayed step's batch (its upload is the stager's)
-    rec.replay(b._replay_run())
-    b._after_device_step()
+    step.next_train_batch(b)                     # the replayed step's batch (its upload is the stager's)
+    rec.replay(step.replay_run(b))
+    step.after_device_step(b)
     assert _counters(b) == _counters(a)
     got, want = _device_values(b), _device_values(a)
     assert got.keys() == want.keys()
@@ -115,14 +115,14 @@ def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path, amp):
 def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     m = _model(tmp_path, "sgd")
     assert m.train()
-    batch = m._next_train_batch()
+    batch = step.next_train_batch(m)
     monkeypatch.delenv(cuda_graphs.ENV, raising=False)
-    assert cuda_graphs.ineligible(m, batch) == f"{cuda_graphs.ENV}=0"           # off unless asked for
+    assert step.ineligible(batch, **step.graph_facts(m)) == f"{cuda_graphs.ENV}=0"           # off unless asked for
     monkeypatch.setenv(cuda_graphs.ENV, "1")
-    assert cuda_graphs.ineligible(m, batch) == "not on a GPU"
+    assert step.ineligible(batch, **step.graph_facts(m)) == "not on a GPU"
     solver = m.solver                                         # HugeCTR's switch, CreateSolver's use_cuda_graph
     m.solver = dataclasses.replace(solver, use_cuda_graph=False)
-    assert cuda_graphs.ineligible(m, batch) == "CreateSolver(use_cuda_graph=False)"
+    assert step.ineligible(batch, **step.graph_facts(m)) == "CreateSolver(use_cuda_graph=False)"
     m.solver = solver
     assert m.train() and m._graphs is None                                       # sim: eager steps
     monkeypatch.setenv(cuda_graphs.ENV, "yes")
@@ -144,24 +144,24 @@ def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     monkeypatch.setenv(cuda_graphs.ENV, "1")
     emb = m.embeddings[0]
     monkeypatch.setattr(cuda_graphs.device, "kind", lambda: "gpu")
-    alone = cuda_graphs.ineligible(m, batch)
+    alone = step.ineligible(batch, **step.graph_facts(m))
     # CuPy 13's sorts end in a host synchronization (the embedding backward sorts every step): no capture
     assert cuda_graphs.cupy_sort_synchronizes("13.6.0") and cuda_graphs.cupy_sort_synchronizes("12.3.0")
     assert not cuda_graphs.cupy_sort_synchronizes("14.0.0") and not cuda_graphs.cupy_sort_synchronizes("15.0.0a1")
     monkeypatch.setattr(cuda_graphs, "cupy_sort_synchronizes", lambda version=None: True)
-    assert "synchronizes at the end of every sort" in cuda_graphs.ineligible(m, batch)
+    assert "synchronizes at the end of every sort" in step.ineligible(batch, **step.graph_facts(m))
     monkeypatch.setattr(cuda_graphs, "cupy_sort_synchronizes", lambda version=None: False)
     transport = ["mpi"]
     monkeypatch.setattr(m, "ranks", 2)
     monkeypatch.setattr(m, "comm", types.SimpleNamespace(size=2, transport=lambda: (transport[0], "test")))
     table = types.SimpleNamespace(fixed_key=("one key per bag", 8, 8))
     monkeypatch.setattr(emb, "_sharded", table)
-    assert "through host memory" in cuda_graphs.ineligible(m, batch)
+    assert "through host memory" in step.ineligible(batch, **step.graph_facts(m))
     transport[0] = "nccl"
     monkeypatch.setattr(emb, "by_slot", False)        # a key-owned table: its gathered exchange is fixed in size
-    assert cuda_graphs.ineligible(m, batch) == alone
+    assert step.ineligible(batch, **step.graph_facts(m)) == alone
     monkeypatch.setattr(emb, "by_slot", True)
-    assert cuda_graphs.ineligible(m, batch) == alone
+    assert step.ineligible(batch, **step.graph_facts(m)) == alone
     assert cuda_graphs.batch_key(m, batch)[-1] == (("one key per bag", 8, 8),)
 
 
@@ -238,7 +238,7 @@ class _SimGraphs(cuda_graphs.StepGraphs):
 
 def _graph_model(tmp_path, monkeypatch, graphs):
     m = _model(tmp_path, "adam")
-    monkeypatch.setattr(cuda_graphs, "ineligible", lambda model, batch: None)     # as on a GPU
+    monkeypatch.setattr(step, "ineligible", lambda batch, **facts: None)          # as on a GPU
     m._graphs, graphs.model = graphs, m
     return m
 

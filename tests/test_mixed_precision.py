@@ -15,6 +15,7 @@ import pytest
 import numbactr as hugectr
 from numbactr.runtime import device
 from numbactr.runtime import precision
+from numbactr.train import overflow
 from numbactr.data.synthetic import make_planted_dataset
 from numbactr.autograd import Tape, Tensor
 from numbactr.autograd.tape import autocast
@@ -421,7 +422,7 @@ SCALERS = (1024.0, 1e30, 1024.0, 1e30, 1e30, 1024.0)        # 1e30: the scaled g
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")     # the simulator's inf - inf
 @pytest.mark.parametrize("opt", [hugectr.Optimizer_t.SGD, hugectr.Optimizer_t.Adam])   # Adam: Global's all-rows pass
-def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device, opt):
+def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device, opt, monkeypatch):
     """On the kernels' devices an overflowed step shuts a gate that every update kernel reads (dense and the
     embedding's fused update and all-rows pass; Update_t.Global): no host read in the step, and the model
     ends exactly where the host's decision (read the flag, skip the update) leaves it. Adam's t, dense and
@@ -432,8 +433,9 @@ def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device
     from numbactr.kernels import launch
     on_device("sim")
     dev, host = (plain_dlrm(data, mixed=True, opt=opt, batch=4) for _ in range(2))
-    host._overflow_on_device = lambda: False           # the host's decision: one read of the flag per step
-    assert dev._overflow_on_device()
+    gated = overflow.overflow_on_device          # the host's decision: one read of the flag per step
+    monkeypatch.setattr(overflow, "overflow_on_device", lambda model: model is not host and gated(model))
+    assert overflow.overflow_on_device(dev)
     for m in (dev, host):
         m.start_data_reading()
     for i, scaler in enumerate(SCALERS):
@@ -480,6 +482,6 @@ def test_overflow_gate_is_for_the_kernels_devices(data, on_device):
     """The cpu device reads the flag (host memory: the read is free); several ranks on the kernels' devices
     agree on a device gate (tests/test_step_counts.py)."""
     on_device("sim")
-    assert plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.Adam, batch=4)._overflow_on_device()
+    assert overflow.overflow_on_device(plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.Adam, batch=4))
     on_device("cpu")
-    assert not plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.SGD, batch=4)._overflow_on_device()
+    assert not overflow.overflow_on_device(plain_dlrm(data, mixed=True, opt=hugectr.Optimizer_t.SGD, batch=4))

@@ -32,6 +32,7 @@ import pytest
 import numbactr as hugectr
 from numbactr import hugectr_exact as compat
 from numbactr.runtime import device
+from numbactr.train import step as train_step
 from numbactr.data.batch import Batch
 from numbactr.onnx_converter import OnnxExportError, export, hugectr2onnx
 from numbactr.onnx_converter.runtime import OnnxPredictor, onnxruntime_predictor, pad_bags
@@ -62,7 +63,7 @@ def convert(m, folder, **kw):
 
 def numbactr_predictions(m, batch) -> dict:
     """{label: (B, k)} of numbactr's eval forward: each loss layer's sigmoid / softmax."""
-    m._forward(batch, False, None)
+    train_step.forward(m, batch, False, None)
     return {layer.cfg.bottom_names[1]: np.asarray(device.to_host(layer.predictions())) for layer, _ in m.losses}
 
 
@@ -311,7 +312,7 @@ def test_dense_only_model_takes_embedding_vectors(tmp_path, cpu):
     predictor = OnnxPredictor(path)
     assert [i.name for i in predictor.session.get_inputs()] == ["dense", "sparse_embedding2", "sparse_embedding1"]
     batch = ragged_batch(m, np.random.default_rng(4), 5)
-    t = m._forward(batch, False, None)
+    t = train_step.forward(m, batch, False, None)
     vectors = [np.asarray(device.to_host(t[e.name].data)) for e in m.embeddings]
     got = predictor.predict(batch.dense, vectors)["label"]
     np.testing.assert_allclose(got, numbactr_predictions(m, batch)["label"], rtol=0, atol=ATOL)

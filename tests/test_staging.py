@@ -8,6 +8,7 @@ import pytest
 
 from numbactr.runtime import device
 from numbactr.data.staging import DeviceStager
+from numbactr.train import step as train_step
 from tests.model_util import tiny_data, tiny_dlrm
 
 pytestmark = pytest.mark.skipif(not device._numba_simulated(), reason="needs the simulator")
@@ -92,13 +93,13 @@ def test_host_mirrors_serve_the_batch_handed_out_and_hold_its_blocks(tmp_path, m
     tr, ev = tiny_data(str(tmp_path), n_train=24, n_eval=8, files=1)
     m = tiny_dlrm(tr, ev, batch=4, lr=0.05)
     m.ranks = 2                                  # (the model's own step stays one rank's: only the stager)
-    stager = m._stager_for_step()
+    stager = train_step.stager_for_step(m)
     m.ranks = 1
     assert stager.host_mirrors
     m.start_data_reading()
     previous = None
     for _ in range(8):
-        batch = stager.next(m._train_reader, m._fetch_for_staging)
+        batch = stager.next(m._train_reader, lambda reader: train_step.fetch_for_staging(m, reader))
         arrays = [batch.label, batch.dense] + [x for kv in batch.sparse for x in kv]
         launch.reset_counts()
         hosts = [device.to_host(a) for a in arrays]

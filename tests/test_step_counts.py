@@ -23,6 +23,7 @@ from numbactr.runtime import device, sim_strict
 from numbactr.bench.mlperf import DENSE, SLOTS, build_mlperf_dlrm
 from numbactr.demo import build_dlrm
 from numbactr.kernels import launch
+from numbactr.train import overflow
 from tests.model_util import tiny_data
 
 #: measured 2026-11-24 on the sim device (launches: 39 numba kernels + the engine's sort; each InnerProduct
@@ -140,7 +141,7 @@ def test_mixed_precision_step_counts(tmp_path, sim_hooks, optimizer):
                            files=1)
     model = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
                               bottom=(8,), top=(16, 8, 8, 4, 1), amp=True)
-    assert model._overflow_on_device()
+    assert overflow.overflow_on_device(model)
     got = _count_steps(model, sim_hooks)
     _check(got, AMP_BUDGET[optimizer], f"mixed precision {optimizer} ")
 

@@ -223,7 +223,8 @@ def test_non_finite_loss_device_flag_names_the_first_step(tmp_path, monkeypatch)
     non-finite iteration and is read every NONFINITE_CHECK_EVERY iterations (emulated here by treating
     the host arrays as device memory)."""
     import numbactr.model as model_mod
-    monkeypatch.setattr(model_mod, "_host_memory", lambda a: False)
+    from numbactr.train import overflow
+    monkeypatch.setattr(overflow, "_host_memory", lambda a: False)
     monkeypatch.setattr(model_mod.Model, "NONFINITE_CHECK_EVERY", 4)
     tr, ev = tiny_data(str(tmp_path), n_train=512, n_eval=64)
     s = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, i64_input_key=True, gen_loss_summary=False)

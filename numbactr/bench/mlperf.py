@@ -11,7 +11,7 @@ Reported per (implementation, optimizer):
 * **step ms, samples/s**: the median clean step (no timers inside; batches in memory). With CUDA graphs
   asked for (``NUMBACTR_CUDA_GRAPHS=1``) these are the replayed steps' figures, and the ``graphs`` column
   says whether they really were: ``replayed (r/n steps)``, or ``not replayed: <why>`` (a failed capture,
-  an ineligible step: numbactr.train.cuda_graphs' ``StepGraphs.disabled`` or ``ineligible``), in which case the
+  an ineligible step: numbactr.train.cuda_graphs' ``StepGraphs.disabled`` or numbactr.train.step's ``ineligible``), in which case the
   figures are eager steps'; ``partly replayed`` when only some steps were. ``off`` when not asked for.
 * **eager ms** and its **breakdown**, which always comes from eager steps (graphs switched off for them:
   a replayed step runs none of the Python the phase timers wrap). The four parts add up to eager ms:
@@ -331,7 +331,7 @@ def embedding_step_bytes(batch: int, dim: int, global_bytes: int = 0) -> int:
 def graph_status(wanted: bool, graphs, steps: int, replays: int, reasons=()) -> tuple:
     """(the graphs cell, whether every measured step was a replayed graph). graphs: the model's StepGraphs
     (or None); steps, replays: the measured steps and how many of them replayed a graph; reasons: what
-    numbactr.train.cuda_graphs.ineligible said of them (None where a step was eligible)."""
+    numbactr.train.step.ineligible said of them (None where a step was eligible)."""
     if not wanted:
         return "off", False
     why = (getattr(graphs, "disabled", None) or next((r for r in reversed(list(reasons)) if r), None)
@@ -346,20 +346,20 @@ def graph_status(wanted: bool, graphs, steps: int, replays: int, reasons=()) -> 
 
 @contextlib.contextmanager
 def _graph_reasons():
-    """What numbactr.train.cuda_graphs.ineligible says of each step inside (a list, None for an eligible step)."""
-    from numbactr.train import cuda_graphs
-    orig, seen = cuda_graphs.ineligible, []
+    """What numbactr.train.step.ineligible says of each step inside (a list, None for an eligible step)."""
+    from numbactr.train import step
+    orig, seen = step.ineligible, []
 
-    def recorded(model, batch):
-        why = orig(model, batch)
+    def recorded(batch, **facts):
+        why = orig(batch, **facts)
         seen.append(why)
         return why
 
-    cuda_graphs.ineligible = recorded
+    step.ineligible = recorded
     try:
         yield seen
     finally:
-        cuda_graphs.ineligible = orig
+        step.ineligible = orig
 
 
 @contextlib.contextmanager

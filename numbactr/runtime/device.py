@@ -357,6 +357,28 @@ if os.environ.get("NUMBACTR_DEVICE", "").strip().lower() == "sim" and "numba" no
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 
+#: the first CuPy whose sorts enqueue without a host synchronization (thrust's par_nosync policy; CuPy 13's
+#: par policy synchronizes the stream at the end of every sort, which invalidates a stream capture)
+CUPY_NOSYNC_SORT = 14
+
+
+def cupy_sort_synchronizes(version: str | None = None) -> bool:
+    """Does this CuPy (``version``, default the installed one) end every sort with a host synchronization?
+    The embedding's backward sorts each step's rows with CuPy (kernels.tbe), so with such a CuPy a step waits
+    for the GPU once per step and cannot be captured."""
+    if version is None:
+        try:
+            import cupy
+        except ImportError:             # no CuPy: no CuPy sort either (the cpu and sim devices)
+            return False
+        version = cupy.__version__
+    try:
+        major = int(str(version).split(".")[0])
+    except ValueError:
+        return False                    # a source build with an odd version string: assume a current one
+    return major < CUPY_NOSYNC_SORT
+
+
 def _probe() -> tuple[str, int | None]:
     return kind(), gpu_index()
 

@@ -260,7 +260,7 @@ def diagnose(f: dict) -> list[tuple[str, str]]:
             f"{driver}: install cupy-cuda{drv_major}x ('numbactr[cu{drv_major}]') or upgrade the driver")
     if cupy and cupy.get("error"):
         err(f"CuPy imports but cannot talk to the CUDA runtime/driver: {cupy['error']}")
-    from numbactr.train.cuda_graphs import CUPY_NOSYNC_SORT, cupy_sort_synchronizes
+    from numbactr.runtime.device import CUPY_NOSYNC_SORT, cupy_sort_synchronizes
     if cupy and cupy.get("version") and cupy_sort_synchronizes(cupy["version"]):
         warn(f"CuPy {cupy['version']} ends every sort with a host synchronization (the embedding's backward "
              f"sorts each step): each training step waits for the GPU and CUDA graphs stay off; install CuPy "

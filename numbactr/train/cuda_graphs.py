@@ -30,13 +30,13 @@ step is captured on its own stream with its own CuPy memory pool (the graph's te
 for it), its host values uploaded, and the graph launched; later steps with that key run their host halves
 and launch the graph. A third key after the graphs have replayed (frozen layers, a new scaler, a new source's
 buffers) drops them and is warmed up and captured in turn; a third key before any replay turns graphs off for
-the run (keys that never repeat). Any step that is not eligible (a partial batch, another key count, a loss read every
-step, frozen flags changed, mixed precision whose overflow is read on the host, ...) runs eagerly and drops
-the graphs: eager work may reallocate buffers that a graph points to.
+the run (keys that never repeat). Any step that is not eligible (numbactr.train.step.ineligible: a partial
+batch, another key count, a loss read every step, frozen flags changed, mixed precision whose overflow is read
+on the host, ...) runs eagerly and drops the graphs: eager work may reallocate buffers that a graph points to.
 
 Several ranks: a graph then holds the step's NCCL calls (the dense gradients' and the loss's sums, the
 sharded tables' exchanges), so every rank must capture and replay the same steps, and every transfer must
-have the same size in every replay. ``Model._agree_on_step`` makes the decision a collective: one MPI
+have the same size in every replay. ``numbactr.train.step.agree_on_step`` makes the decision a collective: one MPI
 allgather per step of each rank's verdict and of its tables' fixed exchange keys, and a step is a graph on
 every rank or on none. The exchanges' sizes are fixed: in a slot-owned table
 (LocalizedSlotSparseEmbeddingHash/OneHot) whose bags hold one key each the owners follow from the bag count,
@@ -56,6 +56,7 @@ from __future__ import annotations
 import os
 
 from numbactr.runtime import device, step_values
+from numbactr.runtime.device import CUPY_NOSYNC_SORT, cupy_sort_synchronizes  # noqa: F401 (patched here by tests)
 from numbactr import log
 
 ENV = "NUMBACTR_CUDA_GRAPHS"
@@ -68,32 +69,26 @@ def graphs_wanted() -> bool:
     return flag == "1"
 
 
-#: the first CuPy whose sorts enqueue without a host synchronization (thrust's par_nosync policy; CuPy 13's
-#: par policy synchronizes the stream at the end of every sort, which invalidates a stream capture)
-CUPY_NOSYNC_SORT = 14
+def unavailable(use_cuda_graph: bool) -> str | None:
+    """Why no step can be captured here at all (None: steps may be): not asked for (NUMBACTR_CUDA_GRAPHS,
+    the solver's ``use_cuda_graph``), not on a GPU, or a CuPy whose sorts synchronize."""
+    if not graphs_wanted():
+        return f"{ENV}=0"
+    if not use_cuda_graph:
+        return "CreateSolver(use_cuda_graph=False)"
+    if device.kind() != "gpu":
+        return "not on a GPU"
+    if cupy_sort_synchronizes():
+        return (f"CuPy < {CUPY_NOSYNC_SORT} synchronizes at the end of every sort (the embedding's backward "
+                f"sorts): install cupy-cuda12x/13x >= {CUPY_NOSYNC_SORT}")
+    return None
 
 
-def cupy_sort_synchronizes(version: str | None = None) -> bool:
-    """Does this CuPy (``version``, default the installed one) end every sort with a host synchronization?
-    The embedding's backward sorts each step's rows with CuPy (kernels.tbe), so with such a CuPy a step waits
-    for the GPU once per step and cannot be captured."""
-    if version is None:
-        try:
-            import cupy
-        except ImportError:             # no CuPy: no CuPy sort either (the cpu and sim devices)
-            return False
-        version = cupy.__version__
-    try:
-        major = int(str(version).split(".")[0])
-    except ValueError:
-        return False                    # a source build with an odd version string: assume a current one
-    return major < CUPY_NOSYNC_SORT
-
-
-def may_capture(model) -> bool:
-    """Can this model's steps be graphs at all: asked for (NUMBACTR_CUDA_GRAPHS=1, use_cuda_graph) and on a
-    GPU? (Model._agree_on_step gives key-owned tables their gathered exchange only then.)"""
-    return graphs_wanted() and model.solver.use_cuda_graph and device.kind() == "gpu"
+def may_capture(use_cuda_graph: bool) -> bool:
+    """Can a model's steps be graphs at all: asked for (NUMBACTR_CUDA_GRAPHS=1, and the solver's
+    ``use_cuda_graph``) and on a GPU? (numbactr.train.step.agree_on_step gives key-owned tables their
+    gathered exchange only then.)"""
+    return graphs_wanted() and use_cuda_graph and device.kind() == "gpu"
 
 
 def _array_key(a) -> tuple:
@@ -112,40 +107,6 @@ def batch_key(model, batch) -> tuple:
                   (getattr(getattr(e, "engine", None), "optimizer", None) for e in model.embeddings) if o is not None)
     plans = tuple(getattr(getattr(e, "_sharded", None), "fixed_key", None) for e in model.embeddings)
     return tuple(_array_key(a) for a in arrays), frozen, float(model.solver.scaler), kinds, plans
-
-
-def ineligible(model, batch) -> str | None:
-    """Why this step cannot be a graph (None: it can)."""
-    if not graphs_wanted():
-        return f"{ENV}=0"
-    if not model.solver.use_cuda_graph:
-        return "CreateSolver(use_cuda_graph=False)"
-    if device.kind() != "gpu":
-        return "not on a GPU"
-    if cupy_sort_synchronizes():
-        return (f"CuPy < {CUPY_NOSYNC_SORT} synchronizes at the end of every sort (the embedding's backward "
-                f"sorts): install cupy-cuda12x/13x >= {CUPY_NOSYNC_SORT}")
-    from numbactr.embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
-    if model._graphs is not None and model._graphs.disabled:
-        return model._graphs.disabled
-    if model.half is not None and not model._overflow_on_device():
-        return ("mixed precision reads its overflow flag every step (stochastic rounding, or an update the "
-                "device-side gate does not cover)")
-    if model.collections:
-        return "an embedding collection"
-    if model.solver.gen_loss_summary and not model._lazy_loss():
-        return "the loss is read every step"
-    if not all(type(e) in (HashEmbedding, OneHotEmbedding) for e in model.embeddings):
-        return "an embedding other than a hash or one-hot SparseEmbedding"
-    if model.ranks > 1:
-        from numbactr.embedding.sharded import exchange_on_device
-        if not exchange_on_device(model.comm):
-            return "several ranks exchanging through host memory (MPI), not NCCL between GPUs of their own"
-    if model._stager is None:
-        return "the inputs are not staged on the device"
-    if batch.size != batch.batch_size:
-        return "a partial batch"
-    return None
 
 
 class _Graph:

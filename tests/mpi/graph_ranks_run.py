@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402  (first: starts MPI)
 from numbactr.train import cuda_graphs
+from numbactr.train import step as train_step  # noqa: E402
 from numbactr.runtime import device, step_values  # noqa: E402
 from numbactr.bench.mlperf import DENSE, SLOTS, build_mlperf_dlrm  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
@@ -125,14 +126,14 @@ def run_gpu():
 def run_sim():
     """Records of each step on the simulator (module docstring)."""
     agreed = []
-    agree = model._agree_on_step
+    agree = train_step.agree_on_step
 
-    def recording_agree(batch, why):
-        got = agree(batch, why)
+    def recording_agree(m, batch, why):
+        got = agree(m, batch, why)
         agreed.append(got)
         return got
 
-    model._agree_on_step = recording_agree
+    train_step.agree_on_step = recording_agree
 
     collectives = []
     for name in ("alltoallv", "allreduce_sum", "allgather_rows", "allgather", "reduce_scatter_sum"):

@@ -36,6 +36,7 @@ from numbactr.bench.mlperf import DENSE, SLOTS, build_mlperf_dlrm  # noqa: E402
 from numbactr.distributed.comm import world  # noqa: E402
 from numbactr.embedding import sharded  # noqa: E402
 from numbactr.kernels import launch  # noqa: E402
+from numbactr.train import overflow, step as train_step  # noqa: E402
 from tests.model_util import tiny_data  # noqa: E402
 
 out_path = sys.argv[1]
@@ -60,20 +61,20 @@ model = build_mlperf_dlrm(hugectr, train, evl, batch=8, dim=4, optimizer="adam",
 emb = model.embeddings[0]
 assert sim_strict is None or isinstance(emb.engine.weights, sim_strict.DeviceArray)   # strict arrays
 assert emb.engine.defer_checks and emb._sharded is not None and emb._sharded.defer_checks
-assert not amp or model._overflow_on_device()
+assert not amp or overflow.overflow_on_device(model)
 
 batch_arrays = set()
-forward = model._forward
+forward = train_step.forward
 
 
-def recording_forward(batch, training, tape):
+def recording_forward(m, batch, training, tape):
     batch_arrays.clear()
     for a in (batch.label, batch.dense, *(x for kv in batch.sparse for x in kv)):
         batch_arrays.add(id(a))
-    return forward(batch, training, tape)
+    return forward(m, batch, training, tape)
 
 
-model._forward = recording_forward
+train_step.forward = recording_forward
 to_host = device.to_host
 batch_reads = [0]
 mirrored_reads = [0]
