@@ -7,9 +7,8 @@ step with one call. ``NUMBACTR_CUDA_GRAPHS=1`` turns it on (``0``, the default, 
 HugeCTR's own switches, ``CreateSolver(use_cuda_graph=False)`` and ``InferenceParams(use_cuda_graph=False)``,
 turn it off for one model.
 
-**Not yet run on a GPU** (none has been available to this project): the default stays off until a GPU run
-has compared replayed and eager training (issue 14). What the design rests on, and what is tested without a
-GPU:
+The default stays off until a GPU run has compared replayed and eager training. What the design rests on,
+each tested without a GPU:
 
 * Every launch of a step has the same arguments every step: the values that change (learning rate, Adam's
   t and bias corrections, stochastic-rounding salts, the dropout step, the step number of the non-finite
