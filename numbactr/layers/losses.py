@@ -42,7 +42,7 @@ from numbactr.enums import Layer_t, Regularizer_t
 from numbactr.layers.base import Layer
 from numbactr.ops.losses import CrossEntropy, MultiCrossEntropy, sigmoid, softmax2
 
-# the regularizer is the model's to call (numbactr.model, numbactr.inference.session import it from here)
+# re-exported: numbactr.model imports the regularizer from here (numbactr.inference.session sigmoid and softmax2)
 from numbactr.ops.regularizer import (  # noqa: F401
     regularizer_grad,
     regularizer_term,
