@@ -12,7 +12,7 @@ from numbactr import ops
 from numbactr.autograd import Tape, Tensor
 from numbactr.autograd.tape import autocast
 from numbactr.kernels import bias, fused_bias_act, interaction, relu
-from numbactr.layers.dense import FcBiasAct
+from numbactr.ops.dense import FcBiasAct
 
 F16, F32 = np.float16, np.float32
 
@@ -137,7 +137,7 @@ def test_float16_signatures_are_in_the_ptx_checks():
 
 
 def _elementwise_cases():
-    from numbactr.layers import elementwise as E
+    from numbactr.ops import elementwise as E
     rng = np.random.default_rng(4)
     x = [r16(rng.normal(size=(4, 6))) for _ in range(3)]
     pos = [r16(rng.uniform(0.5, 1.5, size=(4, 6))) for _ in range(2)]
@@ -183,7 +183,7 @@ def test_multicross_runs_in_float16(sim, monkeypatch, version):
     """MultiCross v1/v2 (3 layers): float16 x_l and gradients, float32 parameter gradients; each layer's
     output is rounded to float16 (HugeCTR's fp16 MultiCross), so the result stays within float16's
     precision of the same stack computed in float32 on converted copies."""
-    from numbactr.layers.dense import MultiCrossV1, MultiCrossV2
+    from numbactr.ops.dense import MultiCrossV1, MultiCrossV2
     rng = np.random.default_rng(6)
     x0 = r16(rng.normal(size=(5, 8)) * 0.5)
     if version == 1:
@@ -227,9 +227,9 @@ def _norm_layer(features):
 
 
 def _norm_and_reduce_cases():
-    from numbactr.layers.attention import MaskedSoftmaxFn, SoftmaxFn
-    from numbactr.layers.normalization import BatchNormFn, LayerNormFn, PReLUDiceFn
-    from numbactr.layers.shape import ReduceAxis
+    from numbactr.ops.attention import MaskedSoftmaxFn, SoftmaxFn
+    from numbactr.ops.normalization import BatchNormFn, LayerNormFn, PReLUDiceFn
+    from numbactr.ops.shape import ReduceAxis
     rng = np.random.default_rng(7)
     x3 = r16(rng.normal(size=(3, 4, 5)))
     x2 = r16(rng.normal(size=(6, 5)) * 2 + 1)
@@ -283,7 +283,7 @@ def test_slice_copies_float16_and_adds_overlaps_in_float32(sim, monkeypatch, ran
     """Slice on gpu/sim: float16 pieces; backward zero-fills dX and adds each piece's gradient in float32,
     rounded on the store: with two overlapping pieces that is the float32 sum rounded once, what the
     converting path gives (an unused or missing column gets 0)."""
-    from numbactr.layers.shape import SliceFn
+    from numbactr.ops.shape import SliceFn
     rng = np.random.default_rng(9)
     x = r16(rng.normal(size=(4, 5)))
     dys = [r16(rng.normal(size=(4, b - a))) for a, b in ranges]
@@ -312,7 +312,7 @@ def test_slice_copies_float16_and_adds_overlaps_in_float32(sim, monkeypatch, ran
 
 
 def _attention_cases():
-    from numbactr.layers.attention import MatMulFn, MergeHeadsFn, ScaledQKFn, SplitHeadsFn
+    from numbactr.ops.attention import MatMulFn, MergeHeadsFn, ScaledQKFn, SplitHeadsFn
     rng = np.random.default_rng(10)
     q, k = r16(rng.normal(size=(2, 2, 3, 4))), r16(rng.normal(size=(2, 2, 5, 4)))
     return [("MatMul batched", MatMulFn, [q, r16(rng.normal(size=(2, 2, 4, 3)))], {}),

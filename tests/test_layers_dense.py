@@ -74,7 +74,7 @@ def test_bias_act_wrappers_edge_cases():
 
 def test_fc_bias_act_reference_gradients_float64():
     from numbactr.runtime import device
-    from numbactr.layers.dense import FcBiasAct
+    from numbactr.ops.dense import FcBiasAct
     from numbactr.autograd import Context
     before = device.kind()
     device.set_device("cpu")

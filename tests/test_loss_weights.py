@@ -13,7 +13,7 @@ import pytest
 from numbactr import hugectr_exact as compat
 from numbactr.runtime import device
 from numbactr.autograd import Tape, Tensor
-from numbactr.layers.losses import CrossEntropy, MultiCrossEntropy
+from numbactr.ops.losses import CrossEntropy, MultiCrossEntropy
 from numbactr.ops import BinaryCrossEntropy
 from tests.sample_graphs import GRAPHS, make_data
 

@@ -19,7 +19,7 @@ from numbactr.train import overflow
 from numbactr.data.synthetic import make_planted_dataset
 from numbactr.autograd import Tape, Tensor
 from numbactr.autograd.tape import autocast
-from numbactr.layers.dense import FcBiasAct
+from numbactr.ops.dense import FcBiasAct
 from tests.model_util import tiny_data
 
 L = hugectr.Layer_t

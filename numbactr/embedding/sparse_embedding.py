@@ -36,7 +36,7 @@ import numpy as np
 
 from numbactr.config import max_vocabulary_size_per_gpu, workspace_mb_for  # noqa: F401 (importable from here as before)
 from numbactr.runtime import device
-from numbactr.autograd import Context, Function, Tensor
+from numbactr.autograd import Tensor
 from numbactr.distributed.comm import world
 from numbactr.distributed.sharding import key_owner, key_owner_of
 from numbactr.enums import Embedding_t
@@ -44,6 +44,7 @@ from numbactr.kernels import embedding_bag as EB
 from numbactr.kernels import hash_table as _ht
 from numbactr.kernels.tbe import STATES
 from numbactr.embedding.hugectr_optimizers import sparse_optimizer_spec
+from numbactr.ops.embedding_bag import LookupFn
 from numbactr.embedding.engine import BoundsCheck, Layout, Pooling, TableBatchedEmbedding, TableSpec, fill_uniform_rows
 from numbactr.embedding.hash_table import HashTableFullError
 from numbactr.embedding.tiered import TieredEmbedding
@@ -51,22 +52,6 @@ from numbactr.embedding.sharded import ShardedLookup, ShardedTable
 
 POOLING = {"sum": Pooling.SUM, "mean": Pooling.MEAN}
 INIT_RANGE = (-0.05, 0.05)
-
-
-class LookupFn(Function):
-    """A SparseEmbedding lookup on the tape: forward pools (B, S, D); backward hands dY to the embedding,
-    whose update() applies it (the pool gets no dense gradient)."""
-
-    @staticmethod
-    def forward(ctx: Context, pool, emb=None, keys=None, offsets=None, training=True, shape=()):
-        ctx.emb = emb
-        out, ctx.lookup = emb.lookup(keys, offsets, training)
-        return out.reshape(shape)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        ctx.emb.hold_gradient(ctx.lookup, dy)
-        return None
 
 
 def key_slots(offsets, n: int, slots: int):

@@ -1,7 +1,9 @@
 """Attention layers: Softmax (plain and masked), MatrixMultiply, MultiHeadAttention. No weights.
 
-Products go to the array library (xp.matmul: cuBLAS via cupy on gpu, BLAS on cpu/sim); softmax rows
-and the head split/merge run as numba.cuda kernels on gpu/sim and as NumPy references on cpu.
+Contract: each layer checks its config and bottoms and chains ops of numbactr.ops.attention (products
+through the array library; softmax rows and the head split/merge through numbactr.ops.dispatch: numba.cuda
+kernels on gpu/sim, NumPy references on cpu). Formula of the whole attention (mode iv below):
+Y = merge_heads(softmax(Qh Khᵀ/sqrt(d) - (1 - mask)·10000) Vh).
 
 Differences from HugeCTR (spec §6.2, §10.5):
 * Softmax (1 input) subtracts the row max before exp (same result, no overflow to inf/NaN for
@@ -16,176 +18,17 @@ from __future__ import annotations
 import math
 import numbers
 
-import numpy as np
-
 from numbactr import hugectr_exact as compat
-from numbactr.autograd import Context, Function
 from numbactr.enums import Layer_t
-from numbactr.kernels import attention as att
-from numbactr.kernels import softmax as sm
 from numbactr.layers.base import Layer
-from numbactr.autograd.tape import native_dtype as _out, native_inputs as _half
-from numbactr.runtime.device import contig as _contig, empty as _empty, uses_kernels as _kernels, xp as _xp
-from numbactr.ops import _half_mm
-
-
-# ---- autograd Functions ----------------------------------------------------------------------
-class SoftmaxFn(Function):
-    """Softmax over the last dim; ``subtract_max`` False is HugeCTR's overflow-prone form."""
-
-    half_native = True                 # gpu/sim: float16 in and out, float32 exp and sums
-
-    @staticmethod
-    def forward(ctx: Context, x, subtract_max: bool = True):
-        (x,) = _half(ctx, x)
-        if _kernels():
-            y = _empty(x.shape, _out(ctx))
-            sm.softmax_forward(_contig(x), y, subtract_max)
-        else:
-            y = sm.softmax_forward_ref(x, subtract_max)
-        ctx.y = y
-        return y
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            dx = _empty(dy.shape, _out(ctx))
-            sm.softmax_backward(ctx.y, _contig(dy), dx)
-            return dx
-        return sm.softmax_backward_ref(ctx.y, dy)
-
-
-class MaskedSoftmaxFn(Function):
-    """x (B, H, Lf, Lt), mask (B, 1, Lf|1, Lt): softmax(x*factor - (1-mask)*10000); mask gets no grad."""
-
-    half_native = True                 # gpu/sim: float16 x and y, the logits and sums in float32
-
-    @staticmethod
-    def forward(ctx: Context, x, mask, factor: float = 1.0):
-        (x,) = _half(ctx, x)
-        if _kernels():
-            y = _empty(x.shape, _out(ctx))
-            sm.masked_softmax_forward(_contig(x), _contig(mask), y, factor)
-        else:
-            y = sm.masked_softmax_forward_ref(x, mask, factor)
-        ctx.y, ctx.factor = y, factor
-        return y
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            dx = _empty(dy.shape, _out(ctx))
-            sm.softmax_backward(ctx.y, _contig(dy), dx, ctx.factor)
-            return dx, None
-        return sm.softmax_backward_ref(ctx.y, dy, ctx.factor), None
-
-
-def _mm(ctx, a, b, scale: float = 1.0):
-    """a @ b (batched over leading dims), times ``scale``: under the float16 kernels a float16 GEMM with
-    float32 accumulation (ops._half_mm; on the simulator the scale is applied before its one rounding, on a
-    GPU to the GEMM's float16 result), else the array library's product in the operands' dtype."""
-    if not ctx.native_half:
-        y = a @ b
-        return y * y.dtype.type(scale) if scale != 1.0 else y
-    if scale != 1.0 and _xp().__name__ == "numpy":
-        return ((a.astype(np.float32) @ b.astype(np.float32)) * np.float32(scale)).astype(np.float16)
-    y = _half_mm(a, b)
-    return y * np.float16(scale) if scale != 1.0 else y
-
-
-class MatMulFn(Function):
-    """Y = A @ B for same-rank operands (batched over leading dims), or (m, n) x (n, g, h) -> (m, g, h)."""
-
-    half_native = True                 # gpu/sim: float16 GEMMs with float32 accumulation
-
-    @staticmethod
-    def forward(ctx: Context, a, b):
-        a, b = _half(ctx, a, b)
-        ctx.b_shape = b.shape
-        flat_rhs = a.ndim == 2 and b.ndim == 3
-        if flat_rhs:
-            b = b.reshape(b.shape[0], -1)                        # (n, g*h)
-        ctx.a, ctx.b = a, b
-        y = _mm(ctx, a, b)
-        return y.reshape((a.shape[0],) + ctx.b_shape[1:]) if flat_rhs else y
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        dy = dy.reshape(ctx.a.shape[:-1] + ctx.b.shape[-1:])
-        da, db = _mm(ctx, dy, ctx.b.swapaxes(-1, -2)), _mm(ctx, ctx.a.swapaxes(-1, -2), dy)
-        return da, db.reshape(ctx.b_shape)
-
-
-class SplitHeadsFn(Function):
-    """(B, L, H*d) -> (B, H, L, d)."""
-
-    half_native = True                 # gpu/sim: a copy, float16 as float16
-
-    @staticmethod
-    def forward(ctx: Context, x, heads: int = 1):
-        if _kernels():
-            b, l, hd = x.shape
-            y = _empty((b, heads, l, hd // heads), x.dtype)
-            att.split_heads(_contig(x), y)
-            return y
-        return att.split_heads_ref(x, heads)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        return _merge(dy)
-
-
-class MergeHeadsFn(Function):
-    """(B, H, L, d) -> (B, L, H*d)."""
-
-    half_native = True                 # gpu/sim: a copy, float16 as float16
-
-    @staticmethod
-    def forward(ctx: Context, x):
-        ctx.heads = x.shape[1]
-        return _merge(x)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        if _kernels():
-            b, l, hd = dy.shape
-            dx = _empty((b, ctx.heads, l, hd // ctx.heads), dy.dtype)
-            att.split_heads(_contig(dy), dx)
-            return dx
-        return att.split_heads_ref(dy, ctx.heads)
-
-
-def _merge(x):
-    if _kernels():
-        b, h, l, d = x.shape
-        y = _empty((b, l, h * d), x.dtype)
-        att.merge_heads(_contig(x), y)
-        return y
-    return att.merge_heads_ref(x)
-
-
-class ScaledQKFn(Function):
-    """Q (.., Lf, d), K (.., Lt, d) -> (Q @ Kᵀ) * scale (.., Lf, Lt); the scale is the GEMM's alpha."""
-
-    half_native = True                 # gpu/sim: float16 GEMMs with float32 accumulation
-
-    @staticmethod
-    def forward(ctx: Context, q, k, scale: float = 1.0):
-        q, k = _half(ctx, q, k)
-        ctx.q, ctx.k, ctx.scale = q, k, scale
-        if ctx.native_half:
-            return _mm(ctx, q, k.swapaxes(-1, -2), scale)
-        return att.scaled_qk_forward_ref(q, k, scale)
-
-    @staticmethod
-    def backward(ctx: Context, ds):
-        if ctx.native_half:
-            (ds,) = _half(ctx, ds)
-            return _mm(ctx, ds, ctx.k, ctx.scale), _mm(ctx, ds.swapaxes(-1, -2), ctx.q, ctx.scale)
-        return att.scaled_qk_backward_ref(ctx.q, ctx.k, ds, ctx.scale)
+from numbactr.ops.attention import (
+    MaskedSoftmaxFn,
+    MatMulFn,
+    MergeHeadsFn,
+    ScaledQKFn,
+    SoftmaxFn,
+    SplitHeadsFn,
+)
 
 
 # ---- layers ----------------------------------------------------------------------------------

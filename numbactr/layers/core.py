@@ -1,4 +1,12 @@
-"""Core DLRM layers: InnerProduct, ReLU, Concat, Reshape, Interaction, BinaryCrossEntropyLoss."""
+"""Core DLRM layers: InnerProduct, ReLU, Concat, Reshape, Interaction, BinaryCrossEntropyLoss.
+
+Contract: each layer checks its config and bottom shapes, declares its tops and weights, and runs one op of
+numbactr.ops per forward (ops.Linear y = x W + b, ops.ReLU, ops.Concat, ops.Reshape, ops.Interaction,
+ops.BinaryCrossEntropy); ``inference_fn`` runs the same op forward without a tape.
+
+Why an InnerProduct may run ops.FcBiasAct: followed by a ReLU layer on the kernel devices, its bias add and
+the ReLU are one fused kernel each way (numbactr.model.Model._fuse_bias_relu, ops.fuse_bias_relu).
+"""
 from __future__ import annotations
 
 import math
@@ -10,6 +18,7 @@ from numbactr.enums import Layer_t
 from numbactr.layers import init
 from numbactr.layers.base import Layer, op_fn
 from numbactr.layers.losses import RegularizedLoss
+
 
 class InnerProduct(Layer):
     """Y = X·W + b on the last dim: (B, K) -> (B, N) or (B, S, K) -> (B, S, N). W (K, N), b (N,)."""
@@ -39,14 +48,12 @@ class InnerProduct(Layer):
     def forward(self, tape, xs, run):
         if self.relu_after is not None and ops.fuse_bias_relu():
             # one epilogue kernel for bias + ReLU each way (FusedInnerProduct's); the ReLU layer passes it on
-            from numbactr.layers.dense import FcBiasAct
-            return [FcBiasAct.apply(tape, xs[0], *self.params, relu=True, name=self.relu_after.cfg.top_names[0])]
+            return [ops.FcBiasAct.apply(tape, xs[0], *self.params, relu=True, name=self.relu_after.cfg.top_names[0])]
         return [ops.Linear.apply(tape, xs[0], *self.params, name=self.cfg.top_names[0])]
 
     def inference_fn(self):
         if self.relu_after is not None and ops.fuse_bias_relu():
-            from numbactr.layers.dense import FcBiasAct
-            return op_fn(FcBiasAct, *self.params, relu=True)
+            return op_fn(ops.FcBiasAct, *self.params, relu=True)
         return op_fn(ops.Linear, *self.params)
 
     def json_params(self):

@@ -1,197 +1,24 @@
-"""Fully connected blocks: MLP, FusedInnerProduct, MultiCross (spec §6.2).
+"""Fully connected blocks: MLP, FusedInnerProduct, MultiCross (spec §6.2): shapes, parameters, HugeCTR's
+configuration.
 
-The matmuls use the array library (cuBLAS through cupy on gpu, BLAS on cpu/sim); the bias add and
-ReLU after each matmul are ONE fused epilogue kernel, and the backward's ReLU mask and bias gradient
-are another (numbactr.kernels.fused_bias_act). MultiCross uses numbactr.kernels.multi_cross.
+Contract: each layer checks its config and bottoms, declares its tops and weights, and runs ops of
+numbactr.ops.dense: MLP and FusedInnerProduct chain FcBiasAct, y = act(x W + b); MultiCross runs
+MultiCrossV1 (x_{l+1} = x0 (x_l · w_l) + x_l + b_l) or MultiCrossV2 (x_{l+1} = x0 (x_l U_l V_l + b_l) + x_l).
+
+Why FcBiasAct (not Linear then ReLU): the bias add and ReLU after each matmul are ONE fused epilogue
+kernel, and the backward's ReLU mask and bias gradient another (numbactr.kernels.fused_bias_act).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from numbactr import hugectr_exact as compat
-from numbactr.runtime import device
-from numbactr.autograd import Context, Function, Tensor
+from numbactr.autograd import Tensor
 from numbactr.enums import Activation_t, FcPosition_t, Initializer_t, Layer_t
-from numbactr.kernels import bias as bias_kernels
-from numbactr.kernels import fused_bias_act, multi_cross
-from numbactr.ops import _half_mm
 from numbactr.layers import init
 from numbactr.layers.base import Layer, op_fn
-from numbactr.runtime.device import xp as _xp, contig as _contig  # noqa: F401
-
-
-# ---- Functions -------------------------------------------------------------------------------
-class FcBiasAct(Function):
-    """y = act(x @ w + b): x (B, K), w (K, N), b (N,) (absent when has_bias is False).
-
-    Mixed precision on gpu/sim (half_native): float16 x, y and gradients, the GEMMs in float16 with
-    float32 accumulation on a float16 copy of the float32 master weights, bias and activation in float32
-    inside the fused kernels; the weight gradient comes out of a float16 GEMM, as in HugeCTR's fp16 layers."""
-
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, x, w, *b, relu: bool = True):
-        if ctx.native_half:
-            x, w = x.astype(np.float16, copy=False), w.astype(np.float16)
-        x = _contig(x)
-        y = _half_mm(x, w) if ctx.native_half else x @ w            # (B, N)
-        bvec = b[0].reshape(-1) if b else None
-        if device.uses_kernels():
-            fused_bias_act.bias_act_forward(y, bvec, relu)
-        elif device.compiled_cpu():
-            fused_bias_act.bias_act_forward_cpu(y, bvec, relu)
-        else:
-            y = fused_bias_act.bias_act_forward_ref(y, bvec, relu)
-        ctx.x, ctx.w, ctx.y, ctx.relu, ctx.has_bias = x, w, y, relu, bool(b)
-        ctx.b_shape = b[0].shape if b else None
-        return y
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        dy = _contig(dy.astype(np.float16, copy=False) if ctx.native_half else dy)
-        if device.uses_kernels() or device.compiled_cpu():
-            xp = _xp()
-            if ctx.relu or ctx.has_bias:
-                d = xp.empty_like(dy)
-                db = xp.empty((dy.shape[1],), np.float32) if ctx.has_bias else None
-                (fused_bias_act.bias_act_backward if device.uses_kernels() else
-                 fused_bias_act.bias_act_backward_cpu)(ctx.y, dy, ctx.relu, d, db)
-            else:
-                d, db = dy, None
-        else:
-            d, db = fused_bias_act.bias_act_backward_ref(ctx.y, dy, ctx.relu, ctx.has_bias)
-        if ctx.native_half:
-            d = d.astype(np.float16, copy=False)
-            dw = _half_mm(ctx.x.T, d).astype(np.float32)            # (K, N), for the float32 update
-            dx = _half_mm(d, ctx.w.T) if ctx.needs_input_grad[0] else None
-        else:
-            dw = ctx.x.T @ d                                        # (K, N)
-            dx = d @ ctx.w.T if ctx.needs_input_grad[0] else None   # (B, K)
-        if ctx.has_bias:
-            return dx, dw, db.reshape(ctx.b_shape)
-        return dx, dw
-
-
-class MultiCrossV1(Function):
-    """DCNv1 stack: x0 (B, D), params [w0, b0, w1, b1, ...] each (1, D) -> x_L (B, D). Mixed precision on
-    gpu/sim: float16 x_l and gradients, float32 arithmetic inside the kernels, float32 parameters."""
-
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, x0, *params):
-        x0 = _contig(x0.astype(np.float16, copy=False) if ctx.native_half else x0)
-        ws = [p.reshape(-1) for p in params[0::2]]
-        bs = [p.reshape(-1) for p in params[1::2]]
-        ctx.x0, ctx.ws, ctx.pshape = x0, ws, params[0].shape
-        if device.uses_kernels():
-            xp = _xp()
-            xs, hs = [x0], []
-            for w, b in zip(ws, bs):
-                out = xp.empty_like(x0)
-                h = xp.empty((x0.shape[0],), np.float32)
-                multi_cross.v1_forward(x0, xs[-1], w, b, out, h)
-                xs.append(out)
-                hs.append(h)
-            y = xs[-1]
-        else:
-            y, xs, hs = multi_cross.multi_cross_v1_forward_ref(x0, ws, bs)
-        ctx.xs, ctx.hs = xs, hs
-        return y
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        g = _contig(dy.astype(np.float16, copy=False) if ctx.native_half else dy)
-        x0, ws, xs, hs = ctx.x0, ctx.ws, ctx.xs, ctx.hs
-        if device.uses_kernels():
-            xp = _xp()
-            n = len(ws)
-            dws, dbs = [None] * n, [None] * n
-            dx0 = xp.empty_like(x0)
-            dh = xp.empty((x0.shape[0],), np.float32)
-            for layer in reversed(range(n)):
-                dxl = xp.empty_like(x0)
-                dws[layer] = xp.empty_like(ws[layer])
-                dbs[layer] = xp.empty_like(ws[layer])
-                multi_cross.v1_backward(g, x0, xs[layer], ws[layer], hs[layer], layer == n - 1,
-                                        dx0, dxl, dh, dws[layer], dbs[layer])
-                g = dxl
-            dx = xp.empty_like(x0)
-            multi_cross.add(dx0, g, dx)
-        else:
-            dx, dws, dbs = multi_cross.multi_cross_v1_backward_ref(g, x0, ws, xs, hs)
-        grads = []
-        for dw, db in zip(dws, dbs):
-            grads += [dw.reshape(ctx.pshape), db.reshape(ctx.pshape)]
-        return (dx, *grads)
-
-
-class MultiCrossV2(Function):
-    """DCNv2 stack: x0 (B, D), params [U0 (D, P), V0 (P, D), b0 (1, D), ...] -> x_L (B, D). Mixed precision
-    on gpu/sim: float16 x_l, z and gradients, float16 GEMMs (float32 accumulation) on float16 copies of U
-    and V, float32 arithmetic inside the kernels, float32 parameter gradients."""
-
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, x0, *params):
-        half = ctx.native_half
-        x0 = _contig(x0.astype(np.float16, copy=False) if half else x0)
-        us, vs = list(params[0::3]), list(params[1::3])
-        if half:
-            us, vs = [u.astype(np.float16) for u in us], [v.astype(np.float16) for v in vs]
-        mm = _half_mm if half else (lambda a, b: a @ b)
-        bs = [p.reshape(-1) for p in params[2::3]]
-        ctx.x0, ctx.us, ctx.vs, ctx.bs, ctx.bshape = x0, us, vs, bs, params[2].shape
-        if device.uses_kernels():
-            xp = _xp()
-            xs, zs = [x0], []
-            for u, v, b in zip(us, vs, bs):
-                z = _contig(mm(mm(xs[-1], u), v))                   # (B, D)
-                out = xp.empty_like(x0)
-                multi_cross.v2_forward(x0, xs[-1], z, b, out)
-                xs.append(out)
-                zs.append(z)
-            y = xs[-1]
-        else:
-            y, xs, zs = multi_cross.multi_cross_v2_forward_ref(x0, us, vs, bs)
-        ctx.xs, ctx.zs = xs, zs
-        return y
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        half = ctx.native_half
-        g = _contig(dy.astype(np.float16, copy=False) if half else dy)
-        x0, us, vs, bs, xs, zs = ctx.x0, ctx.us, ctx.vs, ctx.bs, ctx.xs, ctx.zs
-        n = len(us)
-        mm = _half_mm if half else (lambda a, b: a @ b)
-        f32 = (lambda a: a.astype(np.float32)) if half else (lambda a: a)
-        if device.uses_kernels():
-            xp = _xp()
-            dus, dvs, dbs = [None] * n, [None] * n, [None] * n
-            dx0 = xp.empty_like(x0)
-            for layer in reversed(range(n)):
-                u, v, x = us[layer], vs[layer], xs[layer]
-                dz = xp.empty_like(x0)
-                multi_cross.v2_backward(g, x0, zs[layer], bs[layer], layer == n - 1, dz, dx0)
-                dbs[layer] = xp.empty((x0.shape[1],), np.float32)
-                bias_kernels.bias_grad(dz, dbs[layer])
-                dvs[layer] = f32(mm(mm(x, u).T, dz))                  # (P, D)
-                dt = mm(dz, v.T)                                      # (B, P)
-                dus[layer] = f32(mm(x.T, dt))                         # (D, P)
-                gl = mm(dt, u.T)                                      # (B, D): the x_l path's matmul part
-                nxt = xp.empty_like(x0)
-                multi_cross.add(g, _contig(gl), nxt)                  # dx_l = g + dz V^T U^T
-                g = nxt
-            dx = xp.empty_like(x0)
-            multi_cross.add(dx0, g, dx)
-        else:
-            dx, dus, dvs, dbs = multi_cross.multi_cross_v2_backward_ref(g, x0, us, vs, bs, xs, zs)
-        grads = []
-        for du, dv, db in zip(dus, dvs, dbs):
-            grads += [du, dv, db.reshape(ctx.bshape)]
-        return (dx, *grads)
+from numbactr.ops.dense import FcBiasAct, MultiCrossV1, MultiCrossV2
+from numbactr.runtime.device import xp as _xp
 
 
 # ---- helpers ---------------------------------------------------------------------------------

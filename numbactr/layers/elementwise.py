@@ -1,8 +1,9 @@
 """Elementwise and small fixed-pattern layers: Add, Sub, ElementwiseMultiply, ELU, Sigmoid, ReLUHalf,
 Cast, Scale, Dropout, WeightMultiply, FmOrder2.
 
-Each layer has an autograd Function on raw arrays: numba.cuda kernels on gpu/sim
-(``device.uses_kernels()``), the NumPy references of the same kernel modules on cpu.
+Contract: each layer checks its config and bottoms and runs an op of numbactr.ops.elementwise (the
+formulas are there: Add y = Σ x_i, ELU, Sigmoid, Scale, Dropout y = x·keep/(1 - r), ...), which reaches
+its kernel, compiled CPU version or NumPy reference through numbactr.ops.dispatch.
 
 Differences from HugeCTR (the corrected form is the default; ``numbactr.hugectr_exact.hugectr_exact()``
 switches to HugeCTR's):
@@ -24,262 +25,25 @@ from __future__ import annotations
 import math
 import zlib
 
-import numpy as np
-
-from numbactr import hugectr_exact as compat, ops
-from numbactr.autograd import Context, Function
-from numbactr.autograd.tape import native_dtype as _out, native_inputs as _half
+from numbactr import hugectr_exact as compat
+from numbactr.autograd import Context
 from numbactr.enums import Initializer_t, Layer_t
-from numbactr.kernels import dropout as dropout_k
-from numbactr.kernels import elementwise as ew
-from numbactr.kernels import fm_order2 as fm_k
-from numbactr.kernels import scale as scale_k
-from numbactr.kernels import weight_multiply as wm_k
 from numbactr.layers import init
 from numbactr.layers.base import Layer, op_fn
-from numbactr.runtime.device import uses_kernels as _kernels, xp as _xp, contig as _contig  # noqa: F401
-
-
-# ---- autograd Functions ----------------------------------------------------------------------
-class Identity(Function):
-    """y = x (no copy); the gradient passes through. Cast in fp32 mode, Dropout in eval mode."""
-
-    @staticmethod
-    def forward(ctx: Context, x):
-        return x
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        return dy
-
-
-def _stacked(xs):
-    """(K, M) copy of K same-shape inputs, written by a kernel (one row per input)."""
-    out = _xp().empty((len(xs), xs[0].size), np.float32)
-    ew.stack([_contig(x) for x in xs], out)
-    return out
-
-
-class AddFn(Function):
-    """y = sum of K >= 2 same-shape inputs; every input's gradient is dY (shared, never written)."""
-
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, *xs):
-        xs = _half(ctx, *xs)
-        if _kernels():
-            y = _xp().empty(xs[0].shape, _out(ctx))
-            ew.add_forward(_stacked(xs), y)
-            return y
-        return ew.add_forward_ref(xs)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        return tuple(dy if need else None for need in ctx.needs_input_grad)
-
-
-class SubFn(Function):
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, a, b):
-        a, b = _half(ctx, a, b)
-        if _kernels():
-            y = _xp().empty(a.shape, _out(ctx))
-            ew.sub_forward(_contig(a), _contig(b), y)
-            return y
-        return ew.sub_forward_ref(a, b)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            da, db = _xp().empty_like(dy), _xp().empty_like(dy)
-            ew.sub_backward(_contig(dy), da, db)
-            return da, db
-        return ew.sub_backward_ref(dy)
-
-
-class MultiplyFn(Function):
-    """y = product of K >= 2 same-shape inputs; ``exact`` picks HugeCTR's quotient gradient."""
-
-    half_native = True                 # gpu/sim: float16 in and out, the (K, M) stacks float32
-
-    @staticmethod
-    def forward(ctx: Context, *xs, exact: bool = False):
-        xs = _half(ctx, *xs)
-        ctx.exact, ctx.shape = exact, xs[0].shape
-        if _kernels():
-            stacked = _stacked(xs)                             # (K, M)
-            y = _xp().empty(xs[0].shape, _out(ctx))
-            ew.multiply_forward(stacked, y)
-            ctx.stacked = stacked
-        else:
-            y = ew.multiply_forward_ref(xs)
-            ctx.xs = xs
-        ctx.y = y
-        return y
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            dxs = _xp().empty(ctx.stacked.shape, np.float32)  # (K, M)
-            ew.multiply_backward(ctx.stacked, _contig(dy), dxs, exact=ctx.exact, y=ctx.y)
-            return tuple(dxs[k].reshape(ctx.shape) for k in range(dxs.shape[0]))
-        return tuple(ew.multiply_backward_ref(ctx.xs, dy, exact=ctx.exact, y=ctx.y))
-
-
-class ELUFn(Function):
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, x, alpha: float = 1.0):
-        (x,) = _half(ctx, x)
-        ctx.x, ctx.alpha = _contig(x), alpha
-        if _kernels():
-            y = _xp().empty_like(ctx.x)
-            ew.elu_forward(ctx.x, y, alpha)
-            return y
-        return ew.elu_forward_ref(x, alpha)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            dx = _xp().empty_like(ctx.x)
-            ew.elu_backward(ctx.x, _contig(dy), dx, ctx.alpha)
-            return dx
-        return ew.elu_backward_ref(ctx.x, dy, ctx.alpha)
-
-
-class SigmoidFn(Function):
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, x):
-        (x,) = _half(ctx, x)
-        if _kernels():
-            y = _xp().empty(x.shape, _out(ctx))
-            ew.sigmoid_forward(_contig(x), y)
-        else:
-            y = ew.sigmoid_forward_ref(x)
-        ctx.y = y
-        return y
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            dx = _xp().empty_like(ctx.y)
-            ew.sigmoid_backward(ctx.y, _contig(dy), dx)
-            return dx
-        return ew.sigmoid_backward_ref(ctx.y, dy)
-
-
-class ScaleFn(Function):
-    """Repeat elements (axis 0) or rows (axis 1) ``factor`` times; see kernels/scale.py."""
-
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, x, axis: int = 0, factor: int = 1, first_only: bool = False):
-        (x,) = _half(ctx, x)
-        ctx.axis, ctx.factor, ctx.first_only, ctx.in_shape = axis, factor, first_only, x.shape
-        if _kernels():
-            b, n = x.shape
-            y = _xp().empty((b, n * factor) if axis == 0 else (b * factor, n), _out(ctx))
-            scale_k.scale_forward(_contig(x), y, axis, factor)
-            return y
-        return scale_k.scale_forward_ref(x, axis, factor)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            dx = _xp().empty(ctx.in_shape, _out(ctx))
-            scale_k.scale_backward(_contig(dy), dx, ctx.axis, ctx.factor, ctx.first_only)
-            return dx
-        return scale_k.scale_backward_ref(dy, ctx.axis, ctx.factor, ctx.first_only)
-
-
-class DropoutFn(Function):
-    """Training-mode dropout; the backward recomputes the same hash mask (nothing is stored)."""
-
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, x, rate: float = 0.5, seed: int = 0, step: int = 0, layer_id: int = 0):
-        (x,) = _half(ctx, x)
-        ctx.args = (rate, seed, step, layer_id)
-        if _kernels():
-            y = _xp().empty(x.shape, _out(ctx))
-            dropout_k.dropout_apply(_contig(x), y, *ctx.args)
-            return y
-        return dropout_k.dropout_forward_ref(x, *ctx.args)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            dx = _xp().empty(dy.shape, _out(ctx))
-            dropout_k.dropout_apply(_contig(dy), dx, *ctx.args)
-            return dx
-        return dropout_k.dropout_backward_ref(dy, *ctx.args)
-
-
-class WeightMultiplyFn(Function):
-    """x (B, S), W (S, V) -> (B, S*V)."""
-
-    half_native = True                 # gpu/sim: float16 x and y, float32 W and dW
-
-    @staticmethod
-    def forward(ctx: Context, x, w):
-        (x,) = _half(ctx, x)
-        ctx.x, ctx.w = _contig(x), _contig(w)
-        if _kernels():
-            y = _xp().empty((x.shape[0], w.size), _out(ctx))
-            wm_k.weight_multiply_forward(ctx.x, ctx.w, y)
-            return y
-        return wm_k.weight_multiply_forward_ref(ctx.x, ctx.w)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            xp = _xp()
-            dx = xp.empty_like(ctx.x) if ctx.needs_input_grad[0] else None
-            dw = xp.empty_like(ctx.w)
-            wm_k.weight_multiply_backward(ctx.x, ctx.w, _contig(dy), dx, dw)
-            return dx, dw
-        dx, dw = wm_k.weight_multiply_backward_ref(ctx.x, ctx.w, dy)
-        return (dx if ctx.needs_input_grad[0] else None), dw
-
-
-class FmOrder2Fn(Function):
-    """x (B, S*V) -> (B, V)."""
-
-    half_native = True
-
-    @staticmethod
-    def forward(ctx: Context, x, out_dim: int = 1):
-        (x,) = _half(ctx, x)
-        ctx.x, ctx.out_dim = _contig(x), out_dim
-        if _kernels():
-            y = _xp().empty((x.shape[0], out_dim), _out(ctx))
-            fm_k.fm_order2_forward(ctx.x, y)
-            return y
-        return fm_k.fm_order2_forward_ref(ctx.x, out_dim)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            dx = _xp().empty_like(ctx.x)
-            fm_k.fm_order2_backward(ctx.x, _contig(dy), dx)
-            return dx
-        return fm_k.fm_order2_backward_ref(ctx.x, dy, ctx.out_dim)
+from numbactr.ops.elementwise import (
+    AddFn,
+    DropoutFn,
+    ELUFn,
+    FmOrder2Fn,
+    Identity,
+    MultiplyFn,
+    ScaleFn,
+    SigmoidFn,
+    SubFn,
+    WeightMultiplyFn,
+    dropout_step,
+)
+from numbactr.ops.elementwise import ReLU as ReLUFn
 
 
 # ---- layers ----------------------------------------------------------------------------------
@@ -376,10 +140,10 @@ class ReLUHalf(_SameShape):
     type_name = "ReLUHalf"
 
     def forward(self, tape, xs, run):
-        return [ops.ReLU.apply(tape, xs[0], name=self.cfg.top_names[0])]
+        return [ReLUFn.apply(tape, xs[0], name=self.cfg.top_names[0])]
 
     def inference_fn(self):
-        return op_fn(ops.ReLU)
+        return op_fn(ReLUFn)
 
 
 class Cast(_SameShape):
@@ -450,12 +214,7 @@ class Dropout(_SameShape):
         name = self.cfg.top_names[0]
         if not run.training:
             return [Identity.apply(tape, xs[0], name=name)]
-        step = int(run.step)
-        if _kernels():                    # the step in device memory: the same launch every step
-            from numbactr.runtime import step_values
-            sv = step_values.held(self, "_step_values", 1, np.uint64)
-            step = sv.put(step & dropout_k.MASK64)
-            step_values.on_replay(("dropout", id(self)), lambda r: sv.put(int(r["step"]) & dropout_k.MASK64))
+        step = dropout_step(self, int(run.step))      # on gpu/sim in device memory: the same launch every step
         return [DropoutFn.apply(tape, xs[0], rate=self.rate, seed=int(run.seed), step=step,
                                 layer_id=int(self.layer_id), name=name)]
 

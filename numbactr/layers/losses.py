@@ -26,6 +26,9 @@ for a (B, 2) label HugeCTR instead reads row i//2, column i%2); ``numbactr.hugec
 restores HugeCTR's read. The label may be (B, 1) (a class index per row, as HugeCTR's own unit test
 feeds it) or (B, 2) (the logits' shape).
 
+The ops (the fused loss kernels, the regularizer's term and gradient, the eval activations) live in
+numbactr.ops.losses and numbactr.ops.regularizer; this module keeps the layers and their configuration.
+
 HugeCTR: HugeCTR/src/loss.cu, src/regularizers/*.cu, src/pybind/add_dense_layer.cpp.
 """
 from __future__ import annotations
@@ -35,61 +38,17 @@ import math
 import numpy as np
 
 from numbactr import hugectr_exact as compat
-from numbactr.runtime import device
-from numbactr.autograd import Context, Function
-from numbactr.ops import scale_by_seed
 from numbactr.enums import Layer_t, Regularizer_t
-from numbactr.kernels import bce, cross_entropy, multi_cross_entropy, regularizer as reg_kernels
 from numbactr.layers.base import Layer
-from numbactr.runtime.device import uses_kernels as _kernels, contig as _contig  # noqa: F401
+from numbactr.ops.losses import CrossEntropy, MultiCrossEntropy, sigmoid, softmax2
 
-
-# ---- regularizer (called by the model) --------------------------------------------------------
-def _kind_name(kind) -> str:
-    if isinstance(kind, Regularizer_t):
-        return kind.name
-    if kind in ("L1", "L2"):
-        return kind
-    raise ValueError(f"regularizer kind must be Regularizer_t.L1/L2 (or 'L1'/'L2'), got {kind!r}")
-
-
-def regularizer_term(w, kind, lam: float, b: int) -> float:
-    """rterm over the flat weight vector w (P,): L2 lam/(2b)·Σw², L1 lam/b·Σ|w|; 0.0 when kind is None.
-
-    Kernel (block reduction, float32) on gpu/sim, NumPy (float64 sum) on cpu.
-    """
-    if kind is None:
-        return 0.0
-    if not _kernels():
-        return reg_kernels.regularizer_term_ref(device.to_host(w), _kind_name(kind), lam, b)
-    return float(device.to_host(regularizer_term_on_device(w, kind, lam, b))[0])
-
-
-def regularizer_term_on_device(w, kind, lam: float, b: int):
-    """regularizer_term as a (1,) float32 device array, nothing read back (gpu/sim: the kernel's block
-    reduction; a training step keeps it beside its loss, numbactr.model.Model._keep_loss)."""
-    out = device.xp().zeros((1,), np.float32)
-    reg_kernels.regularizer_term_add(_contig(w), out, _kind_name(kind), lam, b)
-    return out
-
-
-def regularizer_grad(w, kind, lam: float, b: int, out, accumulate: bool = False) -> None:
-    """out := wgrad_init(w) (same size as w): L2 (lam/b)·w, L1 (lam/b)·sign(w) with sign(0) = -1;
-    zeros when kind is None. ``accumulate=True`` ADDS it to out instead (for a model that has already
-    written the layers' gradients into out). ``out`` must be contiguous (it is written in place)."""
-    if kind is None:
-        if not accumulate:
-            out[...] = 0
-        return
-    name = _kind_name(kind)
-    if not _kernels():
-        g = reg_kernels.regularizer_grad_ref(w, name, lam, b).reshape(out.shape)
-        if accumulate:
-            out += g
-        else:
-            out[...] = g
-        return
-    reg_kernels.regularizer_grad_init(_contig(w), out, name, lam, b, accumulate=accumulate)
+# re-exported: numbactr.model imports the regularizer from here (numbactr.inference.session sigmoid and softmax2)
+from numbactr.ops.regularizer import (  # noqa: F401
+    regularizer_grad,
+    regularizer_term,
+    regularizer_term_on_device,
+)
+from numbactr.runtime import device
 
 
 class RegularizedLoss:
@@ -123,74 +82,6 @@ class RegularizedLoss:
     def label_name(self) -> str:
         """The name compile(loss_names) uses for this loss: the label tensor's."""
         return self.cfg.bottom_names[1]
-
-
-# ---- autograd Functions ------------------------------------------------------------------------
-class CrossEntropy(Function):
-    """Softmax over 2 logits + CE in one kernel: returns the mean loss over the valid rows, saves dX
-    = (softmax(x) - onehot) · grad_scale (0 for rows >= valid)."""
-
-    @staticmethod
-    def forward(ctx: Context, x, label, valid: int = 0, grad_scale: float = 1.0,
-                hugectr_label: bool = False):
-        b = valid or x.shape[0]
-        if _kernels():
-            xp = device.xp()
-            dx = xp.empty_like(x)
-            loss = xp.zeros((1,), np.float32)
-            cross_entropy.cross_entropy_forward_backward(_contig(x), _contig(label), dx, loss, b,
-                                                         grad_scale, hugectr_label=hugectr_label)
-            ctx.dx = dx
-            return loss / np.float32(b)
-        loss, dx = cross_entropy.cross_entropy_forward_backward_ref(x, label, b, grad_scale, hugectr_label)
-        ctx.dx = dx.astype(np.float32)
-        return np.asarray([loss], np.float32)
-
-    @staticmethod
-    def backward(ctx: Context, dloss):
-        return scale_by_seed(ctx.dx, dloss), None
-
-
-class MultiCrossEntropy(Function):
-    """Per-target weighted BCE with ignorable labels (< -0.5) in one kernel: returns the loss summed
-    over the used elements / (valid·T), saves dX = tw·(sigmoid(x) - y)·grad_scale."""
-
-    @staticmethod
-    def forward(ctx: Context, x, y, tw=None, valid: int = 0, grad_scale: float = 1.0):
-        b = valid or x.shape[0]
-        if _kernels():
-            xp = device.xp()
-            dx = xp.empty_like(x)
-            loss = xp.zeros((1,), np.float32)
-            multi_cross_entropy.multi_cross_entropy_forward_backward(_contig(x), _contig(y), tw, dx, loss,
-                                                                     b, grad_scale)
-            ctx.dx = dx
-            return loss / np.float32(b * x.shape[1])
-        loss, dx = multi_cross_entropy.multi_cross_entropy_forward_backward_ref(x, y, tw, b, grad_scale)
-        ctx.dx = dx.astype(np.float32)
-        return np.asarray([loss], np.float32)
-
-    @staticmethod
-    def backward(ctx: Context, dloss):
-        return scale_by_seed(ctx.dx, dloss), None
-
-
-def softmax2(x):
-    """Row-wise softmax of (B, 2) logits (eval predictions; no autograd)."""
-    if _kernels():
-        y = device.xp().empty_like(x)
-        cross_entropy.softmax2_forward(_contig(x), y)
-        return y
-    return cross_entropy.softmax2_ref(x)
-
-
-def sigmoid(x):
-    """Elementwise sigmoid (eval predictions; no autograd)."""
-    if _kernels():
-        y = device.xp().empty_like(x)
-        bce.sigmoid_forward(_contig(x), y)
-        return y
-    return bce.sigmoid_ref(x)
 
 
 # ---- layers ------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Normalization layers: BatchNorm, LayerNorm, PReLU_Dice (spec §6.2).
 
-Each op is an autograd Function running the numba.cuda kernels of numbactr.kernels.{batch_norm,
-layer_norm, prelu_dice} on gpu/sim and their NumPy references on cpu.
+Contract: each layer checks its config and bottoms, declares its weights (gamma, beta) and runs an op of
+numbactr.ops.normalization (formulas there: y = γ (x - μ) / sqrt(σ² + eps) + β, Dice), which reaches the
+numba.cuda kernels on gpu/sim and the NumPy references on cpu through numbactr.ops.dispatch.
 
 BatchNorm keeps non-trainable running statistics, ``layer.running_mean`` and ``layer.running_var``
 (F,) device arrays, updated by every training forward and used by eval forwards; HugeCTR saves them
@@ -14,136 +15,17 @@ import math
 
 import numpy as np
 
-from numbactr import hugectr_exact as compat
-from numbactr.runtime import device
-from numbactr.autograd import Context, Function
 from numbactr.enums import Initializer_t, Layer_t
-from numbactr.kernels import batch_norm, layer_norm, prelu_dice
+from numbactr.kernels import batch_norm
 from numbactr.layers import init
 from numbactr.layers.base import Layer
-from numbactr.autograd.tape import native_inputs as _half
-from numbactr.runtime.device import xp as _xp, contig as _contig  # noqa: F401
+from numbactr.ops.normalization import BatchNormFn, LayerNormFn, PReLUDiceFn
+from numbactr.runtime import device
+from numbactr.runtime.device import xp as _xp
 
 
 def _init_name(kind) -> str:
     return kind.name
-
-
-# ---- Functions -------------------------------------------------------------------------------
-class BatchNormFn(Function):
-    """x (B, F), gamma, beta (F,) -> y (B, F). ``layer`` holds running_mean/running_var."""
-
-    half_native = True                 # gpu/sim: float16 x, y and gradients; float32 parameters and statistics
-
-    @staticmethod
-    def forward(ctx: Context, x, gamma, beta, layer=None, training: bool = True):
-        x = _contig(_half(ctx, x)[0])
-        eps, factor = layer.eps, layer.factor
-        ctx.x, ctx.gamma, ctx.training = x, gamma, training
-        if device.uses_kernels():
-            xp = _xp()
-            nf = x.shape[1]
-            y = xp.empty_like(x)
-            inv = xp.empty((nf,), np.float32)
-            if training:
-                mean = xp.empty((nf,), np.float32)
-                batch_norm.batch_norm_forward_train(x, gamma, beta, eps, factor, y, mean, inv,
-                                                    layer.running_mean, layer.running_var)
-            else:
-                mean = layer.running_mean.copy()       # a snapshot: later training steps move it
-                batch_norm.batch_norm_forward_eval(x, gamma, beta, layer.running_mean, layer.running_var,
-                                                   eps, y, inv)
-            ctx.mean, ctx.inv = mean, inv
-            return y
-        y, mean, inv, rm, rv = batch_norm.batch_norm_forward_ref(
-            x, gamma, beta, np.float32(eps), training, layer.running_mean, layer.running_var,
-            np.float32(factor))
-        if training:
-            layer.running_mean[...] = rm
-            layer.running_var[...] = rv
-        ctx.mean, ctx.inv = np.array(mean, np.float32), np.asarray(inv, np.float32)
-        return np.asarray(y, np.float32)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        dy = _contig(_half(ctx, dy)[0])
-        if device.uses_kernels():
-            xp = _xp()
-            dx = xp.empty_like(dy)
-            dgamma = xp.empty_like(ctx.gamma)
-            dbeta = xp.empty_like(ctx.gamma)
-            batch_norm.batch_norm_backward(ctx.x, dy, ctx.gamma, ctx.mean, ctx.inv, ctx.training,
-                                           dx, dgamma, dbeta)
-            return dx, dgamma, dbeta
-        return batch_norm.batch_norm_backward_ref(ctx.x, dy, ctx.gamma, ctx.mean, ctx.inv, ctx.training)
-
-
-class LayerNormFn(Function):
-    """x (..., H), gamma, beta (H,) -> y (..., H)."""
-
-    half_native = True                 # gpu/sim: float16 x, y and gradients; float32 parameters and statistics
-
-    @staticmethod
-    def forward(ctx: Context, x, gamma, beta, eps: float = 1e-5):
-        (x,) = _half(ctx, x)
-        shape = x.shape
-        x2 = _contig(x).reshape(-1, shape[-1])                       # (M, H)
-        ctx.x2, ctx.gamma, ctx.shape = x2, gamma, shape
-        if device.uses_kernels():
-            xp = _xp()
-            y = xp.empty_like(x2)
-            ctx.mean = xp.empty((x2.shape[0],), np.float32)
-            ctx.inv = xp.empty((x2.shape[0],), np.float32)
-            layer_norm.layer_norm_forward(x2, gamma, beta, eps, y, ctx.mean, ctx.inv)
-            return y.reshape(shape)
-        y, ctx.mean, ctx.inv = layer_norm.layer_norm_forward_ref(x2, gamma, beta, np.float32(eps))
-        return y.reshape(shape)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        dy2 = _contig(_half(ctx, dy)[0]).reshape(ctx.x2.shape)
-        if device.uses_kernels():
-            xp = _xp()
-            dx = xp.empty_like(dy2)
-            dgamma, dbeta = xp.empty_like(ctx.gamma), xp.empty_like(ctx.gamma)
-            layer_norm.layer_norm_backward(ctx.x2, dy2, ctx.gamma, ctx.mean, ctx.inv, dx, dgamma, dbeta)
-        else:
-            dx, dgamma, dbeta = layer_norm.layer_norm_backward_ref(ctx.x2, dy2, ctx.gamma, ctx.mean, ctx.inv)
-        return dx.reshape(ctx.shape), dgamma, dbeta
-
-
-class PReLUDiceFn(Function):
-    """x (B, ...) viewed as (B, F) -> y of x's shape. Batch statistics in train and eval alike."""
-
-    half_native = True                 # gpu/sim: float16 x, y and gradients; float32 statistics
-
-    @staticmethod
-    def forward(ctx: Context, x, alpha: float = 1.0, eps: float = 1e-5):
-        (x,) = _half(ctx, x)
-        shape = x.shape
-        x2 = _contig(x).reshape(shape[0], -1)                         # (B, F)
-        ctx.x2, ctx.shape, ctx.alpha = x2, shape, alpha
-        if device.uses_kernels():
-            xp = _xp()
-            y = xp.empty_like(x2)
-            ctx.mean = xp.empty((x2.shape[1],), np.float32)
-            ctx.inv = xp.empty((x2.shape[1],), np.float32)
-            prelu_dice.prelu_dice_forward(x2, alpha, eps, y, ctx.mean, ctx.inv)
-            return y.reshape(shape)
-        y, ctx.mean, ctx.inv = prelu_dice.prelu_dice_forward_ref(x2, np.float32(alpha), np.float32(eps))
-        return y.astype(np.float32, copy=False).reshape(shape)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        dy2 = _contig(_half(ctx, dy)[0]).reshape(ctx.x2.shape)
-        exact = compat.hugectr_exact()
-        if device.uses_kernels():
-            dx = _xp().empty_like(dy2)
-            prelu_dice.prelu_dice_backward(ctx.x2, dy2, ctx.alpha, ctx.mean, ctx.inv, exact, dx)
-        else:
-            dx = prelu_dice.prelu_dice_backward_ref(ctx.x2, dy2, np.float32(ctx.alpha), ctx.mean, ctx.inv,
-                                                    hugectr_exact=exact).astype(np.float32, copy=False)
-        return dx.reshape(ctx.shape)
 
 
 # ---- Layers ----------------------------------------------------------------------------------

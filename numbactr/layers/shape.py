@@ -1,8 +1,9 @@
 """Shape layers: ReduceSum, ReduceMean, Slice, Select, Gather, FusedReshapeConcat,
 FusedReshapeConcatGeneral, SequenceMask, and ReshapeSelected (Reshape with ``selected=True``).
 
-None has weights. Each Function runs the numba.cuda kernels of numbactr.kernels on gpu/sim and their
-NumPy references on cpu (device.uses_kernels()).
+Contract: none has weights; each layer checks its config and bottoms and runs an op of numbactr.ops.shape
+(the formulas are there), which reaches the numba.cuda kernels on gpu/sim and the NumPy references on cpu
+through numbactr.ops.dispatch.
 
 Differences from HugeCTR (spec §6.2): Select / Gather / Reshape(selected) backward zero-fills the
 entries that were not selected and ADDS the gradients of duplicate indices (HugeCTR writes with `=`,
@@ -13,187 +14,25 @@ from __future__ import annotations
 
 import numbers
 
-import numpy as np
-
-from numbactr.autograd import Context, Function, Tensor
+from numbactr.autograd import Tensor
 from numbactr.enums import Layer_t
-from numbactr.kernels import fused_reshape_concat as frc
-from numbactr.kernels import reduce_axis, sequence_mask, slice_select
 from numbactr.layers.base import Layer, op_fn
-from numbactr.autograd.tape import native_dtype as _out, native_inputs as _half
-from numbactr.runtime.device import uses_kernels as _kernels, xp as _xp, contig as _contig, empty as _empty  # noqa: F401
+from numbactr.ops.shape import (
+    FusedReshapeConcatFn,
+    FusedReshapeConcatGeneralFn,
+    Index,
+    ReduceAxis,
+    SelectFn,
+    SequenceMaskFn,
+    SliceFn,
+)
+from numbactr.runtime.device import xp as _xp
 
 MAX_SLICES = 5      # HugeCTR's Slice has at most 5 tops
 
 
 def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-class _Index:
-    """An index list on the host (references) and, once a kernel needs it, on the device."""
-
-    def __init__(self, values):
-        self.host = np.asarray(list(values), dtype=np.int64)
-        self._dev = {}
-
-    def on_device(self):
-        xp = _xp()
-        if xp.__name__ not in self._dev:
-            self._dev[xp.__name__] = xp.ascontiguousarray(xp.asarray(self.host))
-        return self._dev[xp.__name__]
-
-
-# ---- autograd Functions ----------------------------------------------------------------------
-class ReduceAxis(Function):
-    """Sum (mean=False) or mean over ``axis``, keeping it as size 1."""
-
-    half_native = True                 # gpu/sim: float16 in and out, summed in float32
-
-    @staticmethod
-    def forward(ctx: Context, x, axis: int = 1, mean: bool = False):
-        (x,) = _half(ctx, x)
-        ctx.in_shape, ctx.axis, ctx.mean = x.shape, axis, mean
-        if _kernels():
-            out = list(x.shape)
-            out[axis] = 1
-            y = _empty(out, _out(ctx))
-            reduce_axis.reduce_axis_forward(_contig(x), y, axis, mean)
-            return y
-        return reduce_axis.reduce_axis_forward_ref(x, axis, mean)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        (dy,) = _half(ctx, dy)
-        if _kernels():
-            dx = _empty(ctx.in_shape, _out(ctx))
-            reduce_axis.reduce_axis_backward(_contig(dy), dx, ctx.axis, ctx.mean)
-            return dx
-        return reduce_axis.reduce_axis_backward_ref(dy, ctx.in_shape, ctx.axis, ctx.mean)
-
-
-class SliceFn(Function):
-    """Column ranges [a, b) of the last dim, one output each (a tuple, even for one range)."""
-
-    half_native = True                 # gpu/sim: float16 copied as float16 (overlaps add in float32)
-
-    @staticmethod
-    def forward(ctx: Context, x, ranges: tuple = ()):
-        (x,) = _half(ctx, x)
-        ctx.in_shape, ctx.ranges = x.shape, ranges
-        if _kernels():
-            ys = [_empty(x.shape[:-1] + (b - a,), _out(ctx)) for a, b in ranges]
-            slice_select.slice_forward(_contig(x), ys, [a for a, _ in ranges])
-            return tuple(ys)
-        return tuple(slice_select.slice_forward_ref(x, ranges))
-
-    @staticmethod
-    def backward(ctx: Context, *dys):
-        if _kernels():
-            dx = _empty(ctx.in_shape, _out(ctx))
-            dys = [None if d is None else _contig(_half(ctx, d)[0]) for d in dys]
-            slice_select.slice_backward(dys, dx,
-                                        [a for a, _ in ctx.ranges])
-            return dx
-        used = [(d, r) for d, r in zip(dys, ctx.ranges) if d is not None]   # an unused top adds 0
-        return slice_select.slice_backward_ref([d for d, _ in used], [r for _, r in used], ctx.in_shape)
-
-
-class SelectFn(Function):
-    """Entries ``index`` along ``dim`` (Select, Gather, Reshape with selected slots).
-
-    ``out_shape`` (optional) reshapes the (P, K, Q)-ordered result, e.g. (B, K, V) -> (B, K*V).
-    """
-
-    @staticmethod
-    def forward(ctx: Context, x, dim: int = 1, index: _Index = None, out_shape: tuple = ()):
-        sel_shape = x.shape[:dim] + (index.host.size,) + x.shape[dim + 1:]
-        ctx.in_shape, ctx.dim, ctx.index, ctx.sel_shape = x.shape, dim, index, sel_shape
-        if _kernels():
-            y = _empty(sel_shape)
-            slice_select.select_forward(_contig(x), index.on_device(), y, dim)
-        else:
-            y = slice_select.select_forward_ref(x, dim, index.host)
-        return y.reshape(out_shape) if out_shape else y
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        dy = dy.reshape(ctx.sel_shape)
-        if _kernels():
-            dx = _empty(ctx.in_shape)
-            slice_select.select_backward(_contig(dy), ctx.index.on_device(), dx, ctx.dim)
-            return dx
-        return slice_select.select_backward_ref(dy, ctx.in_shape, ctx.dim, ctx.index.host)
-
-
-class FusedReshapeConcatFn(Function):
-    """Inputs (B, S, w_i) -> item (B*(S-1), W), ad (B, W)."""
-
-    @staticmethod
-    def forward(ctx: Context, *xs):
-        b, s = xs[0].shape[:2]
-        ctx.widths, ctx.slots = [x.shape[2] for x in xs], s
-        w = sum(ctx.widths)
-        if _kernels():
-            item, ad = _empty((b * (s - 1), w)), _empty((b, w))
-            frc.fused_reshape_concat_forward([_contig(x) for x in xs], item, ad)
-            return item, ad
-        return frc.fused_reshape_concat_forward_ref(xs)
-
-    @staticmethod
-    def backward(ctx: Context, d_item, d_ad):
-        w = sum(ctx.widths)
-        # an unused top contributes a zero gradient
-        if d_item is None:
-            d_item = _xp().zeros((d_ad.shape[0] * (ctx.slots - 1), w), np.float32)
-        if d_ad is None:
-            d_ad = _xp().zeros((d_item.shape[0] // (ctx.slots - 1), w), np.float32)
-        b = d_ad.shape[0]
-        if _kernels():
-            dxs = [_empty((b, ctx.slots, wi)) for wi in ctx.widths]
-            frc.fused_reshape_concat_backward(_contig(d_item), _contig(d_ad), dxs)
-        else:
-            dxs = frc.fused_reshape_concat_backward_ref(d_item, d_ad, ctx.widths, ctx.slots)
-        return tuple(dxs)
-
-
-class FusedReshapeConcatGeneralFn(Function):
-    """Inputs (B, S, w_i) -> (B*S, W)."""
-
-    @staticmethod
-    def forward(ctx: Context, *xs):
-        b, s = xs[0].shape[:2]
-        ctx.widths, ctx.slots = [x.shape[2] for x in xs], s
-        if _kernels():
-            out = _empty((b * s, sum(ctx.widths)))
-            frc.fused_reshape_concat_general_forward([_contig(x) for x in xs], out)
-            return out
-        return frc.fused_reshape_concat_general_forward_ref(xs)
-
-    @staticmethod
-    def backward(ctx: Context, d_out):
-        if _kernels():
-            b = d_out.shape[0] // ctx.slots
-            dxs = [_empty((b, ctx.slots, wi)) for wi in ctx.widths]
-            frc.fused_reshape_concat_general_backward(_contig(d_out), dxs)
-            return tuple(dxs)
-        return tuple(frc.fused_reshape_concat_general_backward_ref(d_out, ctx.widths, ctx.slots))
-
-
-class SequenceMaskFn(Function):
-    """Lengths (B, 1), (B, 1) -> mask (B, 1, Lf, Lt); no gradient flows back."""
-
-    @staticmethod
-    def forward(ctx: Context, len_from, len_to, lf: int = 1, lt: int = 1):
-        if _kernels():
-            y = _empty((len_from.shape[0], 1, lf, lt))
-            sequence_mask.sequence_mask(_contig(len_from), _contig(len_to), y)
-            return y
-        return sequence_mask.sequence_mask_ref(len_from, len_to, lf, lt)
-
-    @staticmethod
-    def backward(ctx: Context, dy):
-        return None, None
 
 
 # ---- layers ----------------------------------------------------------------------------------
@@ -312,7 +151,7 @@ class Select(Layer):
                       f"(dim 0 is the batch), got {dim!r}")
         self.dim = int(dim)
         idx = _check_indices(self, "index", self.cfg.index, shape[self.dim], f"dim {self.dim} of {name!r} {shape}")
-        self.index = _Index(idx)
+        self.index = Index(idx)
         out = list(shape)
         out[self.dim] = len(idx)
         return [tuple(out)]
@@ -336,7 +175,7 @@ class Gather(Layer):
         if len(shape) != 2:
             self.fail(f"input {name!r} must be 2-D (B, K), got shape {shape}")
         idx = _check_indices(self, "indices", self.cfg.indices, shape[0], f"the rows of {name!r} {shape}")
-        self.index = _Index(idx)
+        self.index = Index(idx)
         return [(len(idx), shape[1])]
 
     def forward(self, tape, xs, run):
@@ -452,7 +291,7 @@ class ReshapeSelected(Layer):
         if len(sel) > s:
             self.fail(f"selected_slots has {len(sel)} entries, more than the {s} slots of {name!r} {shape}")
         idx = _check_indices(self, "selected_slots", sel, s, f"the slots of {name!r} {shape}")
-        self.index = _Index(idx)
+        self.index = Index(idx)
         return [(b, len(idx) * v)]
 
     def forward(self, tape, xs, run):

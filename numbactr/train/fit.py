@@ -15,7 +15,7 @@ import numpy as np
 
 from numbactr import hugectr_exact as compat
 from numbactr.autograd import Tensor
-from numbactr.config import _number, warn_ignored
+from numbactr.validate import number as _number, warn_ignored
 from numbactr.enums import MetricsType, Tensor_t
 from numbactr.runtime import device
 from numbactr import log
