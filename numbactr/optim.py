@@ -132,7 +132,7 @@ class DenseOptimizer:
         self.states = _new_states(opt, (n_params,))
         # None, or a precision.Gate for one step (kernels only): its go = 0 leaves w and the states as they
         # are (the kernels' gate, kernels.optimizers.step_values), a mixed-precision overflow decided on the
-        # device (numbactr.model, Model._gate); Adam then takes its t from the device too
+        # device (numbactr.train.overflow.gate); Adam then takes its t from the device too
         self.gate = None
 
     def step(self, w, g, lr: float, scaler: float) -> None:

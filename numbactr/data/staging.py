@@ -26,7 +26,7 @@ slot's device buffers, valid until the step after next (the model reads them wit
 On the simulator the same slots are plain NumPy buffers and the copies ``np.copyto`` (there are no streams):
 the order, the reader's semantics and the contents are what the tests there check; the streams and events
 are the GPU's. Model.train uses a stager when every embedding is a SparseEmbedding on the kernels
-(numbactr.model.Model._stager_for_step); NUMBACTR_STAGE_INPUTS=0 turns it off. On several ranks the
+(numbactr.train.step.stager_for_step); NUMBACTR_STAGE_INPUTS=0 turns it off. On several ranks the
 sharded embeddings read each batch's keys on the host to route them to their owners: the stager then keeps
 the batch's host arrays as read-only mirrors of its device arrays (host_mirrors), which
 numbactr.runtime.device.to_host returns without a device read.

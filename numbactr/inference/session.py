@@ -86,7 +86,7 @@ class InferenceGraph:
                 n = math.prod(s)
                 layer.params.append(Tensor(self.weights[off:off + n].reshape(s), name=f"{layer.cfg.top_names[0]}.w{i}"))
                 off += n
-        # label columns in the reader's block: alphabetical order of the label names (Model._add_input)
+        # label columns in the reader's block: alphabetical order of the label names (numbactr.train.graph.add_input)
         self.label_columns, col = {}, 0
         for i in sorted(range(len(self.input.label_names)), key=lambda i: self.input.label_names[i]):
             self.label_columns[self.input.label_names[i]] = (col, col + self.input.label_dims[i])

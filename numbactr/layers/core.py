@@ -5,7 +5,7 @@ numbactr.ops per forward (ops.Linear y = x W + b, ops.ReLU, ops.Concat, ops.Resh
 ops.BinaryCrossEntropy); ``inference_fn`` runs the same op forward without a tape.
 
 Why an InnerProduct may run ops.FcBiasAct: followed by a ReLU layer on the kernel devices, its bias add and
-the ReLU are one fused kernel each way (numbactr.model.Model._fuse_bias_relu, ops.fuse_bias_relu).
+the ReLU are one fused kernel each way (numbactr.train.graph.fuse_bias_relu, ops.fuse_bias_relu).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class InnerProduct(Layer):
         return [init.inner_product_weight(rng, self.k, self.n, self.cfg.weight_init_type),
                 init.inner_product_bias(rng, self.n, self.cfg.bias_init_type)]
 
-    #: the ReLU layer this layer's bias add is fused with (numbactr.model.Model._fuse_bias_relu), or None
+    #: the ReLU layer this layer's bias add is fused with (numbactr.train.graph.fuse_bias_relu), or None
     relu_after = None
 
     def forward(self, tape, xs, run):
@@ -71,7 +71,7 @@ class ReLU(Layer):
         self.expect_counts(1)
         return [self.in_shapes[0]]
 
-    #: the InnerProduct whose fused epilogue applies this ReLU (numbactr.model.Model._fuse_bias_relu), or None
+    #: the InnerProduct whose fused epilogue applies this ReLU (numbactr.train.graph.fuse_bias_relu), or None
     fused_into = None
 
     def forward(self, tape, xs, run):

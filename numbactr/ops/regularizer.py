@@ -51,7 +51,7 @@ def regularizer_term(w, kind, lam: float, b: int) -> float:
 
 def regularizer_term_on_device(w, kind, lam: float, b: int):
     """regularizer_term as a (1,) float32 device array, nothing read back (gpu/sim: the kernel's block
-    reduction; a training step keeps it beside its loss, numbactr.model.Model._keep_loss)."""
+    reduction; a training step keeps it beside its loss, numbactr.train.step.keep_loss)."""
     out = device.xp().zeros((1,), np.float32)
     reg_kernels.regularizer_term_add(_contig(w), out, _kind_name(kind), lam, b)
     return out

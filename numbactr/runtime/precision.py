@@ -50,7 +50,7 @@ class GradientOverflowWarning(RuntimeWarning):
 
 
 class Gate:
-    """A mixed-precision step's overflow gate, decided on the device (numbactr.model, Model._gate): ``go``
+    """A mixed-precision step's overflow gate, decided on the device (numbactr.train.overflow.gate): ``go``
     (1,) int64, 1 when every gradient stayed finite; ``skips`` (1,) int64, the device count of skipped
     steps; ``seen``, the part of that count the host has accounted for (its step counters already exclude
     those). An update whose values depend on its step t (Adam) computes t on the device as the host's
