@@ -1,4 +1,4 @@
-"""ONNX export of trained HugeCTR models: HugeCTR's ``hugectr2onnx`` on numbactr (issue 12).
+"""ONNX export of trained HugeCTR models: HugeCTR's ``hugectr2onnx`` on numbactr.
 
 HugeCTR's script changes one import line::
 
