@@ -1,19 +1,19 @@
 """DLRM dot interaction.
 
-    Z = [dense; emb]                          # dense (B, V), emb (B, S, V) -> Z (B, n, V), n = S + 1
-    y = [dense | Z_i . Z_j for i = 1..n-1, j = 0..i-1 | 0]     # (B, V + P + 1), P = n(n-1)/2
+    Z = [dense; emb]                          # dense (B, D), emb (B, S, D) -> Z (B, n, D), n = S + 1
+    y = [dense | Z_i . Z_j for i = 1..n-1, j = 0..i-1 | 0]     # (B, D + P + 1), P = n(n-1)/2
 
-The pair (i, j), j < i, sits in column V + i(i-1)/2 + j (strict lower triangle, row-major); the last
+The pair (i, j), j < i, sits in column D + i(i-1)/2 + j (strict lower triangle, row-major); the last
 column is a 0.0 pad that gets no gradient.
 
-    dZ_i = sum_{j != i} dy[b, pair(i, j)] * Z_j          # (B, n, V), pair(i, j) = pair(j, i)
-    d_dense = dy[:, :V] + dZ_0;   d_emb = dZ_1..n-1      # (B, V), (B, S, V)
+    dZ_i = sum_{j != i} dy[b, pair(i, j)] * Z_j          # (B, n, D), pair(i, j) = pair(j, i)
+    d_dense = dy[:, :D] + dZ_0;   d_emb = dZ_1..n-1      # (B, D), (B, S, D)
 
 HugeCTR: HugeCTR/src/layers/interaction_layer.cu (fp32 path; it never writes the pad, numbactr
 writes 0.0 as the fp16 path does).
 
 Kernels (gpu, sim): one block per sample with shared memory (the default, ``method="block"``): the block
-copies Z of its sample into shared memory once (coalesced reads of dense[b] and emb[b], rows padded to V + 1
+copies Z of its sample into shared memory once (coalesced reads of dense[b] and emb[b], rows padded to D + 1
 floats so a warp reading Z_j of consecutive pairs hits different banks), then its threads write the output
 row (consecutive columns: coalesced) with every dot product read from shared memory; the backward also
 stages dy's P pair values there and gives each thread one (i, v) of dZ. Each output element sums the same
@@ -24,7 +24,7 @@ scratch memory.
 
 Compiled CPU versions (numba.njit, the cpu device's path): one sample at a time, over fixed chunks of
 samples (kernels/parallel_cpu.py), so any thread count gives the same bits. The forward's dot products are compiled with
-the 'reassoc' fast-math flag alone, which lets LLVM sum the V products in vector lanes (another float32
+the 'reassoc' fast-math flag alone, which lets LLVM sum the D products in vector lanes (another float32
 summation order; no other flag, so NaN, inf and signed zeros behave as without it). The backward adds
 G_ij Z_j and G_ij Z_i pair by pair, j in increasing order for every i, as the kernel does: no fast math.
 """
@@ -40,7 +40,7 @@ from .parallel_cpu import PARALLEL_MIN, pjit
 
 
 def interaction_out_width(num_slots: int, width: int) -> int:
-    """V + n(n-1)/2 + 1 for n = S + 1 interacting vectors of width V."""
+    """D + n(n-1)/2 + 1 for n = S + 1 interacting vectors of width D."""
     n = num_slots + 1
     return width + n * (n - 1) // 2 + 1
 
@@ -48,7 +48,7 @@ def interaction_out_width(num_slots: int, width: int) -> int:
 # ---- NumPy reference -------------------------------------------------------------------------
 def interaction_forward_ref(dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
     bsz, width = dense.shape
-    z = np.concatenate([dense[:, None, :], emb], axis=1)           # (B, n, V)
+    z = np.concatenate([dense[:, None, :], emb], axis=1)           # (B, n, D)
     n = z.shape[1]
     m = np.einsum("biv,bjv->bij", z, z)                            # (B, n, n)
     rows, cols = np.tril_indices(n, k=-1)                          # row-major strict lower triangle
@@ -57,14 +57,14 @@ def interaction_forward_ref(dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
 
 
 def interaction_backward_ref(dense: np.ndarray, emb: np.ndarray, dy: np.ndarray):
-    """-> (d_dense (B, V), d_emb (B, S, V))."""
+    """-> (d_dense (B, D), d_emb (B, S, D))."""
     bsz, width = dense.shape
-    z = np.concatenate([dense[:, None, :], emb], axis=1)           # (B, n, V)
+    z = np.concatenate([dense[:, None, :], emb], axis=1)           # (B, n, D)
     n = z.shape[1]
     rows, cols = np.tril_indices(n, k=-1)
     g = np.zeros((bsz, n, n), dtype=dy.dtype)                      # (B, n, n)
     g[:, rows, cols] = dy[:, width:width + rows.size]
-    dz = np.einsum("bij,bjv->biv", g + g.transpose(0, 2, 1), z)     # (B, n, V)
+    dz = np.einsum("bij,bjv->biv", g + g.transpose(0, 2, 1), z)     # (B, n, D)
     return dy[:, :width] + dz[:, 0], dz[:, 1:]
 
 
@@ -96,7 +96,7 @@ def _stage(dense, emb, z, b, stride, tid, nt):
 
 @cuda.jit
 def interaction_forward_kernel(dense, emb, out):
-    # dense (B, V), emb (B, S, V), out (B, V + P + 1); one thread per output element.
+    # dense (B, D), emb (B, S, D), out (B, D + P + 1); one thread per output element.
     width = dense.shape[1]
     n = emb.shape[1] + 1
     npairs = n * (n - 1) // 2
@@ -123,7 +123,7 @@ def interaction_forward_kernel(dense, emb, out):
 
 @cuda.jit
 def interaction_backward_kernel(dense, emb, dy, d_dense, d_emb):
-    # One thread per (b, i, v) of dZ (B, n, V); each loops over the other n-1 vectors, so every
+    # One thread per (b, i, v) of dZ (B, n, D); each loops over the other n-1 vectors, so every
     # gradient element has exactly one writer (no atomics).
     width = dense.shape[1]
     n = emb.shape[1] + 1
@@ -151,14 +151,14 @@ BLOCK_SMEM_BYTES = 48 * 1024
 
 
 def block_smem_bytes(num_slots: int, width: int, backward: bool) -> int:
-    """Shared memory of one block: Z (n rows of V + 1 floats), and in backward dy's P pair values."""
+    """Shared memory of one block: Z (n rows of D + 1 floats), and in backward dy's P pair values."""
     n = num_slots + 1
     return 4 * (n * (width + 1) + (n * (n - 1) // 2 if backward else 0))
 
 
 @cuda.jit
 def interaction_forward_block_kernel(dense, emb, out):
-    # One block per sample (grid-stride over samples); dynamic shared memory z: n rows of V + 1 floats.
+    # One block per sample (grid-stride over samples); dynamic shared memory z: n rows of D + 1 floats.
     z = cuda.shared.array(0, float32)
     width = dense.shape[1]
     stride = width + 1
@@ -186,7 +186,7 @@ def interaction_forward_block_kernel(dense, emb, out):
 
 @cuda.jit
 def interaction_backward_block_kernel(dense, emb, dy, d_dense, d_emb):
-    # One block per sample; shared: z (n rows of V + 1 floats), then g (the P pair values of dy[b]).
+    # One block per sample; shared: z (n rows of D + 1 floats), then g (the P pair values of dy[b]).
     sm = cuda.shared.array(0, float32)
     width = dense.shape[1]
     stride = width + 1
@@ -255,7 +255,7 @@ def _check_shapes(dense, emb, wide) -> None:
 
 
 def interaction_forward(dense, emb, out, threads: int | None = None, method: str | None = None) -> None:
-    """out (B, V + P + 1) = [dense, pair dots, 0]; out must not alias dense or emb.
+    """out (B, D + P + 1) = [dense, pair dots, 0]; out must not alias dense or emb.
     method: 'block' (one block per sample, shared memory; the default where it fits) or 'elementwise'."""
     _check_shapes(dense, emb, out)
     slots, width = emb.shape[1], dense.shape[1]
@@ -268,7 +268,7 @@ def interaction_forward(dense, emb, out, threads: int | None = None, method: str
 
 def interaction_backward(dense, emb, dy, d_dense, d_emb, threads: int | None = None,
                          method: str | None = None) -> None:
-    """Overwrite d_dense (B, V) and d_emb (B, S, V) from dy; they must not alias dense or emb
+    """Overwrite d_dense (B, D) and d_emb (B, S, D) from dy; they must not alias dense or emb
     (other threads still read the forward inputs). method as in interaction_forward."""
     _check_shapes(dense, emb, dy)
     slots, width = emb.shape[1], dense.shape[1]
@@ -293,12 +293,12 @@ def _dot(a, b, width):
 
 
 # The j = 0 term (Z_0 = dense) is written out of the j loops below: choosing the array inside the loop
-# (dense if j == 0 else emb[b, j - 1]) keeps LLVM from vectorizing the V loop (measured 10x slower).
+# (dense if j == 0 else emb[b, j - 1]) keeps LLVM from vectorizing the D loop (measured 10x slower).
 @njit(cache=True, inline="always")
 def _forward_chunk(dense, emb, out, c):
     width, n = dense.shape[1], emb.shape[1] + 1
     for b in range(c * _CHUNK, min(dense.shape[0], (c + 1) * _CHUNK)):
-        d, e, o = dense[b], emb[b], out[b]            # (V,), (S, V), (V + P + 1,)
+        d, e, o = dense[b], emb[b], out[b]            # (D,), (S, D), (D + P + 1,)
         for v in range(width):
             o[v] = d[v]
         p = width                                     # pairs of Z_i sit in columns p .. p + i - 1
@@ -366,13 +366,13 @@ def _backward_cpu(dense, emb, dy, d_dense, d_emb):
 
 
 def interaction_forward_cpu(dense, emb, out) -> None:
-    """interaction_forward compiled for the CPU: out (B, V + P + 1) from dense (B, V), emb (B, S, V)."""
+    """interaction_forward compiled for the CPU: out (B, D + P + 1) from dense (B, D), emb (B, S, D)."""
     _check_shapes(dense, emb, out)
     _forward_cpu(dense, emb, out)
 
 
 def interaction_backward_cpu(dense, emb, dy, d_dense, d_emb) -> None:
-    """interaction_backward compiled for the CPU: overwrite d_dense (B, V) and d_emb (B, S, V)."""
+    """interaction_backward compiled for the CPU: overwrite d_dense (B, D) and d_emb (B, S, D)."""
     _check_shapes(dense, emb, dy)
     _backward_cpu(dense, emb, dy, d_dense, d_emb)
 

@@ -1,10 +1,10 @@
-"""DLRM dot interaction, HugeCTR's layout: dense (B, V), emb (B, S, V) -> (B, V + (S+1)S/2 + 1).
+"""DLRM dot interaction, HugeCTR's layout: dense (B, D), emb (B, S, D) -> (B, D + (S+1)S/2 + 1).
 
 Contract: an autograd Function on raw arrays; numbactr.ops.dispatch.pick sends it to the numba.cuda kernels
 of numbactr.kernels.interaction on gpu/sim, their compiled CPU versions or the NumPy references on cpu.
 
-Formula: Z = [dense; emb] (B, n = S+1, V); y = [dense | Z_i·Z_j for j < i (row-major) | 0];
-dZ_i = Σ_{j≠i} dy[pair(i, j)] Z_j, d_dense = dy[:, :V] + dZ_0, d_emb = dZ_1..n-1.
+Formula: Z = [dense; emb] (B, n = S+1, D); y = [dense | Z_i·Z_j for j < i (row-major) | 0];
+dZ_i = Σ_{j≠i} dy[pair(i, j)] Z_j, d_dense = dy[:, :D] + dZ_0, d_emb = dZ_1..n-1.
 
 Why the last column: HugeCTR's output has it (a pad); numbactr writes 0.0 there, as HugeCTR's fp16 path
 does, and it gets no gradient.
