@@ -62,6 +62,8 @@ def kernel_scalars(hp: dict, step: int, counter: CounterRegularization | None = 
                      ("scaler", M.KS_SCALER)):
         ks[at] = hp[name]
     ks[M.KS_ETA] = hp.get("eta", 0.001)                 # LARS_SGD's only (OptimizerSpec's default)
+    ks[M.KS_L1] = hp.get("lambda1", 0.0)                # HUGECTR_FTRL's lambda1 and float32 l2'
+    ks[M.KS_L2P] = OPT.ftrl_lambda2(hp["learning_rate"], hp.get("beta", 0.0), hp.get("lambda2", 0.0))
     b1, b2 = _f32(hp["beta1"]), _f32(hp["beta2"])
     ks[M.KS_BC1], ks[M.KS_BC2] = 1.0 - b1 ** step, 1.0 - b2 ** step
     if b1 != 1.0:
@@ -490,6 +492,8 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int, kind
                 cuda.syncthreads()
                 if active and tx == 0:
                     sprev[lin] = step
+            elif kind == M._H_FTRL:
+                c0, c1 = ks[M.KS_L1], ks[M.KS_L2P]
             elif kind == M._ADAM and ki[M.KI_RBC] != 0:         # the row's own step count
                 n_upd = float32(0.0)
                 if active:

@@ -648,6 +648,8 @@ def row_update(w, sa, sb, srows, sprev, e0, lin, sr_lin, width, g, buf, ks, ki, 
     elif kind == M._H_ADAM and update == M._LAZY:
         c0, c1, c2 = lazy_scalars(sprev[lin], step, b1, b2, ks[M.KS_LAZY])
         sprev[lin] = step
+    elif kind == M._H_FTRL:
+        c0, c1 = ks[M.KS_L1], ks[M.KS_L2P]
     elif kind == M._ADAM and ki[M.KI_RBC] != 0:             # the row's own step count
         n_upd, bc1, bc2 = row_bias_corrections(scnt[lin], b1, b2)
         scnt[lin] = n_upd

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import math
 
-from numba import float32, int32, uint16, uint64
+from numba import float32, float64, int32, uint16, uint64
 
 
 # ---- enums ------------------------------------------------------------------------------------------
@@ -88,6 +88,7 @@ class Optim(enum.IntEnum):
     HUGECTR_ADAM = 11
     HUGECTR_ADAGRAD = 12
     LARS_SGD = 13          # FBGEMM's (GPU-only there): momentum SGD with a per-row trust-ratio rate
+    HUGECTR_FTRL = 14      # HugeCTR's Ftrl (EmbeddingCollection tables): per-element z, n; LOCAL only
 
 
 # plain ints for compiled code (IntEnum members would be typed as enum members)
@@ -98,6 +99,7 @@ _H_SGD, _H_MOM, _H_NES, _H_ADAM, _H_ADAGRAD = (int(Optim.HUGECTR_SGD), int(Optim
                                                int(Optim.HUGECTR_NESTEROV), int(Optim.HUGECTR_ADAM),
                                                int(Optim.HUGECTR_ADAGRAD))
 _LARS = int(Optim.LARS_SGD)
+_H_FTRL = int(Optim.HUGECTR_FTRL)
 _GLOBAL, _LAZY = int(UpdateType.GLOBAL), int(UpdateType.LAZY_GLOBAL)
 _L2, _DECOUPLE = int(WeightDecay.L2), int(WeightDecay.DECOUPLE)
 _COUNTER, _COWCLIP = int(WeightDecay.COUNTER), int(WeightDecay.COWCLIP)
@@ -109,7 +111,8 @@ KS_BC1, KS_BC2, KS_ALPHA, KS_LAZY = 8, 9, 10, 11        # 1 - b1^t, 1 - b2^t, Hu
 # weight_norm_coefficient, lower_bound, the step's max_counter and whether this step refreshes it
 KS_CNT_UB, KS_CNT_TAIL, KS_CNT_WNC, KS_CNT_LB, KS_MAXC, KS_REFRESH = 12, 13, 14, 15, 16, 17
 KS_ETA = 18                                              # LARS_SGD's eta
-N_KS = 19
+KS_L1, KS_L2P = 19, 20                                   # Ftrl's lambda1 and l2' = lambda2 + beta / lr (float32)
+N_KS = 21
 # packed integers: one int64 array KI
 KI_KIND, KI_UPDATE, KI_WD_MODE, KI_STEP, KI_SR, KI_POOLING, KI_LAYOUT, KI_BATCH = range(8)
 KI_GO = 8            # the step's gate: 0 makes the update kernels change nothing (a skipped mixed-precision step)
@@ -174,7 +177,7 @@ def sr_key(lin_row, d):
 # ---- optimizer rules (float32 scalars) ---------------------------------------------------------------
 def elem_state_count(kind):
     """How many per-element state arrays (a, b of elem_update) the optimizer keeps: 0, 1 or 2."""
-    if kind == _ADAM or kind == _LAMB or kind == _H_ADAM:
+    if kind == _ADAM or kind == _LAMB or kind == _H_ADAM or kind == _H_FTRL:
         return 2
     if kind == _SGD or kind == _RW_ADAGRAD or kind == _H_SGD or kind == 0:
         return 0
@@ -295,6 +298,12 @@ def elem_update(kind, update, g, w, a, b, c0, c1, c2, lr, eps, b1, b2, wd, mom, 
     momentum2/v; unused ones pass through), c0..c2 the row scalars (row_scalars / lazy_scalars), bc1, bc2
     = 1 - b1^t, 1 - b2^t, alpha HugeCTR's alpha_t. r is LAMB's direction (the caller applies the trust
     ratio: w - lr (|w| / |r|) r); for other kinds r = 0 and w is final.
+    HUGECTR_FTRL (a = z, b = n, c0 = lambda1, c1 = l2' = lambda2 + beta / lr, e = FLT_EPSILON), in float64
+    from the float32 values and rounded once, as kernels/optimizers.py's ftrl_update_ref computes it (why:
+    every device then gives that reference's bits, the collection's Ftrl results before the engine had it):
+        g' = g / scaler;  n' = n + g'^2;  lr = 0: z += g', w kept (HugeCTR would divide by 0)
+        z += g' + (sqrt(n + e) - sqrt(n' + e)) w / lr;  w = (lambda1 sign(z) - z) / (sqrt(n' + e) / lr + l2')
+        where |z| > lambda1, else 0
     """
     one = float32(1.0)
     r = float32(0.0)
@@ -355,6 +364,22 @@ def elem_update(kind, update, g, w, a, b, c0, c1, c2, lr, eps, b1, b2, wd, mom, 
             a = b1 * a + (one - b1) * gs
             b = b2 * b + (one - b2) * gs * gs
             w = w - alpha * a / (float32(math.sqrt(b)) + eps)
+    elif kind == _H_FTRL:
+        e64 = float64(1.1920928955078125e-07)              # FLT_EPSILON
+        gd = float64(g) / float64(scaler)
+        nd = float64(b)
+        n_new = nd + gd * gd
+        b = float32(n_new)
+        if lr == float32(0.0):
+            a = float32(float64(a) + gd)
+        else:
+            lrd = float64(lr)
+            zd = float64(a) + gd + (math.sqrt(nd + e64) - math.sqrt(n_new + e64)) * float64(w) / lrd
+            a = float32(zd)
+            wd64 = float64(0.0)
+            if abs(zd) > float64(c0):
+                wd64 = (float64(c0) * math.copysign(1.0, zd) - zd) / (math.sqrt(n_new + e64) / lrd + float64(c1))
+            w = float32(wd64)
     return w, a, b, r
 
 

@@ -45,6 +45,8 @@ Update (fused: each touched row is reduced and updated once, no dense (V, D) gra
     the formulas): HUGECTR_SGD, HUGECTR_MOMENTUM_SGD, HUGECTR_NESTEROV, HUGECTR_ADAM, HUGECTR_ADAGRAD
     with Update_t LOCAL (touched rows), GLOBAL (touched rows, then/before a pass over every row in
     use) and LAZY_GLOBAL (Adam: each row catches up on the steps it skipped; prev step per row (V,)).
+    HUGECTR_FTRL           HugeCTR's Ftrl on the touched rows (EmbeddingCollection's), LOCAL only  z, n (V, D)
+                           (kernels/optimizers.py's ftrl_update_ref, on the float32 values: its bits)
     max_norm > 0 (any optimizer): a row whose new L2 norm n exceeds max_norm is scaled by max_norm / n.
     NONE                   no update: the row gradients G are returned (rows sorted by linear row id)
 FP16 weights: the update runs in float32 and is rounded back to float16, stochastically by default:
@@ -99,6 +101,7 @@ STATES = {
     Optim.HUGECTR_ADAM: (("m", False, np.float32), ("v", False, np.float32)),
     Optim.HUGECTR_ADAGRAD: (("accum", False, np.float32),),
     Optim.LARS_SGD: (("momentum1", False, np.float32),),
+    Optim.HUGECTR_FTRL: (("z", False, np.float32), ("n", False, np.float32)),
 }
 LAZY_PREV_STEP = ("prev_step", True, np.int64)
 #: EXACT_ROWWISE_ADAGRAD with WeightDecay.COUNTER / COWCLIP adds these after momentum1 (FBGEMM's order and
@@ -135,7 +138,8 @@ class EmbeddingBoundsError(IndexError):
 
 # ---- hyper-parameters ------------------------------------------------------------------------------
 #: float hyper-parameters in the order the kernels receive them (one float32 array, HP_*)
-HP_FIELDS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum", "max_norm", "scaler", "eta")
+HP_FIELDS = ("learning_rate", "eps", "beta1", "beta2", "weight_decay", "momentum", "max_norm", "scaler", "eta",
+             "beta", "lambda1", "lambda2")
 
 
 
@@ -489,6 +493,11 @@ def optimizer_update_ref(kind: int, hp: dict, w, g, states: list, step: int, upd
         w = w - s[0]
     elif kind in HUGECTR_KINDS:
         w, s = _hugectr_hot_ref(kind, h, w, g, s, step, UpdateType(update_type))
+    elif kind == Optim.HUGECTR_FTRL:        # on the float32 values the kernels hold (g: their float32 sum)
+        f32 = [np.asarray(x, np.float32) for x in (w, s[0], s[1], g)]
+        w, z, n = (np.asarray(x, np.float64) for x in OPT.ftrl_update_ref(
+            *f32, h["learning_rate"], h["beta"], h["lambda1"], h["lambda2"], h["scaler"]))
+        s = [z, n]
     else:
         raise ValueError(f"optimizer {kind.name} has no row update (NONE returns the gradient)")
     if h["max_norm"] > 0:

@@ -15,9 +15,8 @@ holding the vectors as its rows). Model parallel over ranks, each occurrence's t
 Rows. Static: U(-sqrt(1/V), sqrt(1/V)) from a hash of (table seed, row), as HugeCTR's Initializer_t.Default.
 Dynamic: a hash table whose new keys start U(-0.05, 0.05) from a hash of (table seed, key); when its rows run
 out the engine is rebuilt with the table twice as large (_Group.grow), every row and state kept.
-Optimizer_t.Ftrl: the engine has no fused Ftrl, so an Ftrl group's engine runs optimizer NONE, which returns
-each touched row's summed gradient, and the group applies HugeCTR's rule (kernels.optimizers.ftrl_update_ref,
-z and n starting at 0) in NumPy.
+Optimizer_t.Ftrl: the engine's fused HUGECTR_FTRL (HugeCTR's rule on each touched row's summed gradient, z and n
+starting at 0, per-element states of the engine: _Group.ftrl_states).
 Why the table seed in every hash: equal-sized tables must not start equal, and every device and sharding
 then starts from the same rows.
 """
@@ -31,7 +30,6 @@ import numpy as np
 
 from numbactr.runtime import device
 from numbactr.kernels import embedding_init as EI
-from numbactr.kernels import optimizers as OK
 from numbactr.embedding.hugectr_optimizers import sparse_optimizer_spec
 from numbactr.embedding.collection_config import EmbeddingTableConfig
 from numbactr.embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec,
@@ -95,11 +93,12 @@ class _Engine(TableBatchedEmbedding):
 
 def _opt_key(opt, where: str):
     """(what groups tables by optimizer, the engine's OptimizerSpec, Ftrl's (beta, lambda1, lambda2) or None).
-    Ftrl: the engine runs optimizer NONE (it has no fused Ftrl) and the group applies Ftrl to the rows'
-    summed gradients it returns (HugeCTR's EmbeddingCollection Ftrl: the dense rule on the touched rows)."""
+    Ftrl: the engine's HUGECTR_FTRL (HugeCTR's EmbeddingCollection Ftrl: the dense rule on the touched rows,
+    whatever the update_type); the learning rate and the loss scaler are set per step (_Group.apply)."""
     if opt.optimizer_type.name == "Ftrl":
         ftrl = (float(opt.beta), float(opt.lambda1), float(opt.lambda2))
-        return ("Ftrl",) + ftrl, OptimizerSpec(Optim.NONE), ftrl
+        spec = OptimizerSpec(Optim.HUGECTR_FTRL, learning_rate=0.0, beta=ftrl[0], lambda1=ftrl[1], lambda2=ftrl[2])
+        return ("Ftrl",) + ftrl, spec, ftrl
     spec = sparse_optimizer_spec(opt, where)
     return ("engine", tuple(sorted((f.name, str(getattr(spec, f.name))) for f in fields(spec)))), spec, None
 
@@ -129,9 +128,6 @@ class _Group:
                 a = math.sqrt(1.0 / t.cfg.max_vocabulary_size)
                 fill_uniform_rows(self.engine.split_weights()[j], 0, t.seed, -a, a,
                                   what=f"EmbeddingTableConfig {t.cfg.name!r}")
-        xp = device.xp()
-        self.ftrl_states = [[xp.zeros((int(r), t.dim), np.float32) for _ in range(2)]        # [z, n] per table
-                            for t, r in zip(tables, self.engine.rows)] if self.ftrl else None
         # the first feature of each table: an owner puts the occurrences it receives of table j in its bag
         self.first_feature = np.array([self.feature_table.index(j) for j in range(len(tables))], np.int64)
         sharded = comm.size > 1 and self.strategy == "mp"
@@ -151,6 +147,11 @@ class _Group:
     @property
     def holds(self) -> bool:
         return self.comm.rank in self.ranks
+
+    @property
+    def ftrl_states(self) -> list | None:
+        """Ftrl groups: per table, [z, n] (V, D) views of the engine's states (None for other optimizers)."""
+        return self.engine.split_optimizer_states() if self.ftrl is not None else None
 
     # ---- lookups ---------------------------------------------------------------------------------
     def lookup(self, keys, offsets, training: bool):
@@ -220,20 +221,13 @@ class _Group:
             w_new[i][:n] = w_old[i][:n]
             for dst, src in zip(s_new[i], s_old[i]):
                 dst[:n] = src[:n]
-            if self.ftrl_states is not None and rows[i] != int(old.rows[i]):
-                grown = []
-                for st in self.ftrl_states[i]:
-                    bigger = device.xp().zeros((rows[i], st.shape[1]), np.float32)
-                    bigger[:st.shape[0]] = st
-                    grown.append(bigger)
-                self.ftrl_states[i] = grown
         new.step = old.step
         new.set_hyper_parameters(learning_rate=old.learning_rate, scaler=old.optimizer.scaler)
         self.engine = new
 
     def apply(self, ctx, grads, lr: float, scaler: float) -> None:
         """The fused backward + optimizer with this rank's gradients: (B, sum of widths) of the pooled
-        lookup, or (N, D) of its occurrences (Ftrl: the engine sums each row's gradient, then Ftrl)."""
+        lookup, or (N, D) of its occurrences."""
         eng = self.engine
         lr = float(lr)
         if self.wires is not None:
@@ -243,26 +237,7 @@ class _Group:
                 grads = device.xp().asarray(grads)[order]
         if eng.learning_rate != lr or eng.optimizer.scaler != scaler:
             eng.set_hyper_parameters(learning_rate=lr, scaler=float(scaler))
-        out = eng.backward(ctx, grads)   # also with no occurrence: the step counts, Global updates run
-        if self.ftrl is not None:
-            self._ftrl(out.sparse, lr, float(scaler))
-
-    def _ftrl(self, sparse, lr: float, scaler: float) -> None:
-        """HugeCTR's Ftrl (kernels.optimizers.ftrl_update_ref) on each table's touched rows, from their summed
-        gradients, in float32 as HugeCTR's embedding optimizer."""
-        xp = device.xp()
-        beta, l1, l2 = self.ftrl
-        weights = self.engine.split_weights()
-        for j, (rows, vals) in enumerate(sparse.per_table()):
-            if rows.size == 0:
-                continue
-            dim = self.tables[j].dim
-            idx = xp.asarray(rows)
-            z, n = self.ftrl_states[j]
-            w, zz, nn = OK.ftrl_update_ref(device.to_host(weights[j][idx]), device.to_host(z[idx]),
-                                           device.to_host(n[idx]), np.ascontiguousarray(vals[:, :dim]),
-                                           lr, beta, l1, l2, scaler)
-            weights[j][idx], z[idx], n[idx] = xp.asarray(w), xp.asarray(zz), xp.asarray(nn)
+        eng.backward(ctx, grads)         # also with no occurrence: the step counts, Global updates run
 
 
 class _Table:

@@ -34,7 +34,7 @@ FBGEMM semantics kept (fbgemm_gpu 1.8, split_table_batched_embeddings_ops_traini
     a per-row prev_iter state (get_optimizer_state: sum, prev_iter, iter); from global_weight_decay.start_iter
     on, a training forward reads each row scaled by the decay of the iterations it missed,
     f = max(lower_bound, (1 - lr wd) ** max(iter - prev_iter - 1, 0)), and leaves the tables as they were; its
-    backward scales the rows by f, sets prev_iter = iter and then runs DECOUPLE's update (TBECore._global_decay;
+    backward scales the rows by f, sets prev_iter = iter and then runs DECOUPLE's update (TBECore._decayed_lookup;
     the rows are those the lookup reads after the bounds check's repairs; with weight_decay 0 nothing, as in
     FBGEMM). Two differences: per-sample weights get the gradient of what the forward computed, dout . (f w)
     (FBGEMM's uses the stored rows, dout . w), and float16 rows are read as float16(f w) (FBGEMM scales them
@@ -109,7 +109,7 @@ class Lookup:
     iteration: int
     vbe: _VBE | None = None
     writeback: object = None    # use_writeback_bwd_prehook: (indices, offsets), for the backward's mask
-    global_decay: object = None  # DECOUPLE_GLOBAL: per table, the rows the backward decays (_global_decay_rows)
+    global_decay: object = None  # DECOUPLE_GLOBAL: the linear rows the backward decays (engine.touched_rows)
 
 
 class TBECore(TBECache, TBEOptimizerState):
@@ -280,7 +280,7 @@ class TBECore(TBECache, TBEOptimizerState):
         indices (N,) and offsets (F*B + 1,) int32/int64 arrays of this device; per_sample_weights (N,)
         float; feature_requires_grad (F,); iteration: FBGEMM's iter of this forward (the update's t).
         global_decay (a training forward of WeightDecayMode.DECOUPLE_GLOBAL from its start_iter on): the lookup
-        reads each row scaled by its global weight decay (_global_decay) and its backward applies the decay.
+        reads each row scaled by its global weight decay (_decayed_lookup) and its backward applies the decay.
         FBGEMM's hash_zch_*, vbe_output* arguments are not implemented (an error when given).
         """
         given = sorted(k for k, v in unsupported.items() if v is not None)
@@ -308,17 +308,16 @@ class TBECore(TBECache, TBEOptimizerState):
             warnings.warn(f"{WHO}: per_sample_weights are not applied with PoolingMode.NONE (as in FBGEMM): the "
                           "rows come back unweighted and the weights get no gradient", RuntimeWarning, stacklevel=3)
             per_sample_weights = None
-        plan = self._global_decay_rows(indices, offsets) if global_decay else None
-        saved = self._global_decay(plan, int(iteration), commit=False) if plan is not None else None
-        try:
+        rows = None
+        if global_decay:         # the forward reads the decayed rows; the tables change only in the backward
+            out, ctx, rows = self._decayed_lookup(indices, offsets, per_sample_weights, feature_requires_grad,
+                                                  int(iteration))
+        else:
             out, ctx = self.engine.forward(indices, offsets, per_sample_weights,
                                            feature_requires_grad=feature_requires_grad)
-        finally:                 # the forward read the decayed rows; the tables change only in the backward
-            if saved is not None:
-                self._restore_rows(saved)
         if vbe is not None:
             out = out.reshape(-1)[xp.asarray(vbe.out_index)]
-        return out, Lookup(ctx, int(iteration), vbe, (indices, offsets) if self.writeback else None, plan)
+        return out, Lookup(ctx, int(iteration), vbe, (indices, offsets) if self.writeback else None, rows)
 
     def update(self, lookup: Lookup, grad_output) -> Grads:
         """The fused backward + optimizer of one lookup with dLoss/doutput (the output's shape); returns the
@@ -341,11 +340,11 @@ class TBECore(TBECache, TBEOptimizerState):
             return self.engine.backward(lookup.ctx, dy)
         # the rows' decay from their prev_iter now, then the update; an update that fails (a gradient of the
         # wrong shape) leaves the rows and prev_iter as they were
-        saved = self._global_decay(lookup.global_decay, lookup.iteration, commit=True)
+        saved = self._decay_before_update(lookup.global_decay, lookup.iteration)
         try:
             return self.engine.backward(lookup.ctx, dy)
         except BaseException:
-            self._restore_rows(saved)
+            self._undo_decay(lookup.global_decay, saved)
             raise
 
     # ---- state ------------------------------------------------------------------------------------------

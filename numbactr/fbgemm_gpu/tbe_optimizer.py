@@ -8,16 +8,18 @@ Contract (FBGEMM 1.8's):
     EMAINPLACE         every step_ema iterations from step_start on: slow += step_ema_coef * (fast - slow),
                        fast = a row's first D/2 values, slow = the rest (torch.lerp_'s rounding)
     writeback (SGD)    only the first occurrence of each (feature, index) keeps its dLoss/doutput
-Why outside the engine: these are FBGEMM's rules around its optimizer, not the update itself, so the engine
-stays FBGEMM-agnostic. TBEOptimizerState is mixed into TBECore (array_tbe.py), whose attributes it reads.
+The rows' arithmetic is the engine's (TableBatchedEmbedding.touched_rows, scale_rows, lerp_halves: one op on
+the device each); this module decides when, which rows and which factors (FBGEMM's scalars, computed with the
+device's array library, no host copy). TBEOptimizerState is mixed into TBECore (array_tbe.py), whose
+attributes it reads.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from numbactr.runtime import device
-from numbactr.embedding.engine import CounterWeightDecay, EmbeddingBoundsError, WeightDecay, state_specs
-from numbactr.kernels import tbe as tbe_kernels
+from numbactr.embedding.engine import (CounterWeightDecay, TableBatchedEmbedding, WeightDecay, lerp_halves_of,
+                                       state_specs)
 from numbactr.fbgemm_gpu.optimizer_config import (CounterBasedRegularizationDefinition, CowClipDefinition,
                                                   UserEnabledConfigDefinition)
 from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -26,80 +28,55 @@ from numbactr.fbgemm_gpu.tbe_args import (_DECAYS, _EXTRA_STATE_NAMES, _STATE_NA
                                           OptimizerArgs, _enum, _value)
 
 
-def _lerp_(slow, fast, coef: float) -> None:
-    """slow <- slow + coef * (fast - slow) in place, in float32 and by torch.lerp_'s formula (the other end's
-    form for coef >= 0.5), so the rounding is PyTorch's; float16 rows are computed in float32 and rounded once."""
-    w = np.float32(coef)
-    a, b = slow.astype(np.float32), fast.astype(np.float32)
-    diff = b - a
-    out = a + w * diff if abs(w) < 0.5 else b - diff * (np.float32(1.0) - w)
-    slow[...] = out.astype(slow.dtype)
-
-
 class TBEOptimizerState:
     """TBECore's optimizer methods (FBGEMM's names): states, hyper-parameters, and the rules around the
     fused update (global weight decay, ema_inplace, the writeback mask)."""
 
     # ---- around the update ---------------------------------------------------------------------------
-    def _global_decay_rows(self, indices, offsets) -> list | None:
-        """Global weight decay's rows of one lookup (offsets in the engine's layout, VBE padded): per table, the
-        distinct rows the lookup reads, after the bounds check's repairs (an index outside its table is row 0
-        under WARNING and IGNORE, as the lookup reads it; NONE reads nothing there). None when the check would
-        raise (FATAL): the lookup raises, and nothing was decayed."""
-        idx = np.asarray(device.to_host(indices)).astype(np.int64).reshape(-1)
-        mode = self.engine.bounds_check
-        n_feat = len(self.feature_table_map)
-        feature_rows = np.array([int(self.embedding_specs[t][0]) for t in self.feature_table_map], np.int64)
-        try:
-            fixed, _ = tbe_kernels.check_offsets_ref(np.asarray(device.to_host(offsets)), idx.shape[0], mode)
-            batch = (fixed.shape[0] - 1) // max(n_feat, 1)
-            rows, _, _ = tbe_kernels.check_indices_ref(idx, fixed, feature_rows, batch, int(self.engine.layout), mode)
-        except EmbeddingBoundsError:
-            return None
-        _, feat, _ = tbe_kernels._occurrences(fixed, n_feat, batch, int(self.engine.layout))
-        table = np.asarray(self.feature_table_map, np.int64)[np.maximum(feat, 0)]
-        read = (feat >= 0) & (rows >= 0)
-        return [np.unique(rows[read & (table == t)]) for t in range(len(self.embedding_specs))]
-
-    def _global_decay(self, plan: list, iteration: int, commit: bool) -> list:
-        """Scale each row of `plan` (from _global_decay_rows) by its global weight decay at `iteration`,
-        f = max(lower_bound, (1 - lr wd) ** max(iteration - prev_iter - 1, 0)) (1 for a row never updated,
-        prev_iter = 0): FBGEMM's factor. commit=False (the forward): returns the rows' stored values, to put
-        back after the lookup, so that a forward changes no table (FBGEMM's forward only scales what it reads).
-        commit=True (the backward, before the update): keeps the scaled rows and sets prev_iter = iteration, as
-        FBGEMM's backward does before its DECOUPLE update; float16 rows round after the decay (FBGEMM scales in
-        registers) and again after the update."""
+    def _decay_factors(self, rows, iteration: int):
+        """FBGEMM's global weight decay factor of each linear row of `rows` at `iteration` (arrays of the
+        engine's device): f = max(lower_bound, (1 - lr wd) ** max(iteration - prev_iter - 1, 0)), 1 for a row
+        never updated (prev_iter = 0)."""
         xp = device.xp()
-        lr = np.float32(self.engine.learning_rate)
-        base = np.float32(np.float32(1.0) - lr * np.float32(self.engine.optimizer.weight_decay))
-        it = np.float32(iteration)
-        weights, states = self.split_embedding_weights(), self.engine.split_optimizer_states()
-        saved = []
-        for t, rows in enumerate(plan):
-            if rows.shape[0] == 0:
-                saved.append(None)
-                continue
-            rows_d = xp.asarray(rows)
-            prev, w = states[t][1], weights[t]
-            p = prev[rows_d]
-            n = xp.maximum(it - p - np.float32(1.0), np.float32(0.0)).astype(np.float32)
-            factor = xp.maximum(np.float32(self.gwd_lower_bound), xp.power(base, n).astype(np.float32))
-            factor = xp.where(p == 0, np.float32(1.0), factor).astype(np.float32)
-            old = w[rows_d]
-            saved.append((rows_d, old, p.copy()))
-            w[rows_d] = (old.astype(np.float32) * factor[:, None]).astype(w.dtype)
-            if commit:
-                prev[rows_d] = it
+        eng = self.engine
+        lr = np.float32(eng.learning_rate)
+        base = np.float32(np.float32(1.0) - lr * np.float32(eng.optimizer.weight_decay))
+        p = eng.row_state("prev_iter")[rows]
+        n = xp.maximum(np.float32(iteration) - p - np.float32(1.0), np.float32(0.0)).astype(np.float32)
+        factor = xp.maximum(np.float32(self.gwd_lower_bound), xp.power(base, n).astype(np.float32))
+        return xp.where(p == 0, np.float32(1.0), factor).astype(np.float32)
+
+    def _decayed_lookup(self, indices, offsets, per_sample_weights, feature_requires_grad, iteration: int):
+        """(output, ctx, rows) of a lookup that reads each of its rows scaled by its global weight decay at
+        `iteration` and leaves the tables as they were (FBGEMM's forward only scales what it reads). rows: the
+        distinct linear rows the lookup reads (after the bounds check's repairs), which the backward decays.
+        A FATAL bounds check raises in the engine's lookup, before anything is scaled."""
+        eng = self.engine
+        ctx = eng.lookup(indices, offsets, per_sample_weights, feature_requires_grad=feature_requires_grad)
+        rows = eng.touched_rows(ctx)
+        saved = eng.copy_rows(rows)
+        eng.scale_rows(rows, self._decay_factors(rows, iteration))
+        try:
+            out = eng.pool(ctx)
+        finally:
+            eng.restore_rows(rows, saved)
+        return out, ctx, rows
+
+    def _decay_before_update(self, rows, iteration: int) -> tuple:
+        """The backward's global weight decay, before its DECOUPLE update (as FBGEMM's backward): `rows` scaled
+        by their factors and their prev_iter set to `iteration`; float16 rows round after the decay (FBGEMM
+        scales in registers) and again after the update. Returns what _undo_decay puts back."""
+        eng = self.engine
+        prev = eng.row_state("prev_iter")
+        saved = (eng.copy_rows(rows), prev[rows].copy())
+        eng.scale_rows(rows, self._decay_factors(rows, iteration))
+        prev[rows] = np.float32(iteration)
         return saved
 
-    def _restore_rows(self, saved: list) -> None:
-        """Put back what _global_decay changed (the rows, and prev_iter)."""
-        states = self.engine.split_optimizer_states()
-        for t, (w, kept) in enumerate(zip(self.split_embedding_weights(), saved)):
-            if kept is not None:
-                rows_d, old, prev = kept
-                w[rows_d] = old
-                states[t][1][rows_d] = prev
+    def _undo_decay(self, rows, saved: tuple) -> None:
+        """Put back the rows and prev_iter _decay_before_update changed."""
+        self.engine.restore_rows(rows, saved[0])
+        self.engine.row_state("prev_iter")[rows] = saved[1]
 
     def decays_globally(self, iteration: int, training: bool) -> bool:
         """Whether a forward at `iteration` applies global weight decay: in training, DECOUPLE_GLOBAL with a
@@ -117,12 +94,16 @@ class TBEOptimizerState:
         iteration = int(iteration)
         if iteration % int(mode["step_ema"]) or iteration < int(mode["step_start"]):
             return
-        for t, w in enumerate(self.split_embedding_weights()):      # a cache is flushed and emptied first
-            dim = int(self.embedding_specs[t][1])
+        for t, spec in enumerate(self.embedding_specs):
+            dim = int(spec[1])
             if dim % 2:
                 raise FBGEMMAssertion(f"{WHO}: table {t}'s dimension {dim} is odd, not supported for "
                                       "ema_inplace_rowwise_adagrad")
-            _lerp_(w[:, dim // 2:dim], w[:, :dim // 2], float(mode["step_ema_coef"]))
+        coef = float(mode["step_ema_coef"])
+        if isinstance(self.engine, TableBatchedEmbedding):
+            self.engine.lerp_halves(coef)
+        else:                   # a cache (MANAGED_CACHING): flushed and emptied, the backing tier's host rows
+            lerp_halves_of(self.split_embedding_weights(), coef)
 
     def _writeback_mask(self, indices, offsets):
         """FBGEMM's writeback (use_writeback_bwd_prehook, EXACT_SGD): SGD with lr 1 and a gradient of

@@ -26,6 +26,10 @@ Contract (the math is in numbactr/kernels/tbe_ref.py's docstring; this is the in
     eng.split_weights() -> [(V_t, D_t) views]    eng.split_optimizer_states() -> [[state views] per table]
     eng.learning_rate (settable), eng.step (updates done; settable), eng.set_hyper_parameters(**values),
     eng.init_uniform(lo, hi, seed), eng.bounds_warnings (bad indices/offsets seen under WARNING)
+    ctx = eng.lookup(indices, offsets, ...); out = eng.pool(ctx)     forward in two halves (rows changed between)
+    eng.touched_rows(ctx) -> (U,) distinct linear rows read    eng.row_state(name) -> flat per-row state
+    eng.scale_rows(rows, factors), eng.lerp_halves(coef)   row ops on the device (kernels/tbe_row_ops.py):
+        FBGEMM's global weight decay and EMA in place;  eng.copy_rows(rows) / eng.restore_rows(rows, saved)
 
 Storage: one weights buffer for all tables, row r of table t at elem_offset[t] + r * stride[t], the stride
 the width padded to 16 bytes (4 float32 or 8 float16) so every row starts aligned on the kernel path;
@@ -60,7 +64,7 @@ Bounds check order: offsets are repaired and every unkeyed index checked before 
 so a FATAL batch raises with the hash tables unchanged.
 """
 # the names other modules import from numbactr.embedding.engine (re-exported)
-from numbactr.embedding.engine.buffers import fill_uniform_rows  # noqa: F401
+from numbactr.embedding.engine.buffers import fill_uniform_rows, lerp_halves_of  # noqa: F401
 from numbactr.embedding.engine.core import TableBatchedEmbedding
 from numbactr.embedding.engine.specs import (FIXED_HYPER_PARAMETERS, IMPLS, MAX_DIM, BoundsCheck,  # noqa: F401
                                              CounterRegularization, CounterWeightDecay, EmbeddingBoundsError,

@@ -10,6 +10,7 @@ import numpy as np
 from numbactr.runtime import device
 from numbactr.runtime.hostmem import check_fits, host_zeros
 from numbactr.kernels import embedding_init as EI
+from numbactr.kernels import tbe_row_ops as RO
 
 
 def _zeros(n: int, dtype, huge: bool = True):
@@ -46,3 +47,9 @@ def fill_uniform_rows(view, first_lin: int, seed: int, lo: float, hi: float, row
             vals *= row_scale[a:b, None]
         view[a:b] = xp.asarray(vals.astype(view.dtype, copy=False))
 
+
+def lerp_halves_of(views, coef: float) -> None:
+    """TableBatchedEmbedding.lerp_halves on host (V, D) arrays that are no engine's buffer (a tiered table's
+    backing tier, numbactr.embedding.tiered): each row's second half moves coef of the way to its first."""
+    for view in views:
+        RO.lerp_rows_ref(view, coef)

@@ -306,6 +306,81 @@ class TableBatchedEmbedding:
                            feature_requires_grad=feature_requires_grad, skip=skip)
         return self._forward(ctx), ctx
 
+    def lookup(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
+               feature_requires_grad=None, skip=None) -> LookupContext:
+        """forward without the pooling: the LookupContext (bounds checked, keys made rows; FATAL raises here).
+        pool(ctx) then gives forward's output; a caller changes rows in between (FBGEMM's global weight decay
+        scales the rows a lookup reads before it reads them: touched_rows, scale_rows)."""
+        return self._lookup(indices, offsets, per_sample_weights, training=training, pooling=pooling,
+                            feature_requires_grad=feature_requires_grad, skip=skip)
+
+    def pool(self, ctx: LookupContext):
+        """forward's output of a lookup(): the rows ctx reads, pooled as they are now."""
+        return self._forward(ctx)
+
+    def touched_rows(self, ctx: LookupContext):
+        """(U,) int64 the distinct linear rows (row_offsets[t] + r) that the lookup ctx reads, ascending, on
+        the engine's device."""
+        xp = device.xp()
+        n = ctx.rows.shape[0]
+        k = xp.arange(n, dtype=np.int64)
+        bag = xp.searchsorted(ctx.offsets[1:], k, side="right")
+        inside = (k >= ctx.offsets[0]) & (bag < ctx.offsets.shape[0] - 1) & (ctx.rows >= 0)
+        bag = xp.minimum(bag, max(ctx.offsets.shape[0] - 2, 0))
+        feature = bag // max(ctx.batch, 1) if self.layout == Layout.FEATURE_MAJOR else bag % self.n_features
+        first = xp.asarray(self.row_offsets[:-1][np.asarray(self.feature_table_map, np.int64)])[feature]
+        return xp.unique((first + ctx.rows)[inside])
+
+    def row_state(self, name: str):
+        """The per-row optimizer state `name` (state_specs' names, e.g. "prev_iter") as the engine's flat
+        (sum V_t,) buffer, indexed by linear row; writes reach the engine."""
+        for buf, (n, per_row, _) in zip(self.states, self._state_specs()):
+            if n == name and per_row:
+                return buf
+        raise KeyError(f"the engine keeps no per-row optimizer state {name!r} "
+                       f"({[n for n, _, _ in self._state_specs()]})")
+
+    def _row_elements(self, rows):
+        """(U, max D) int64 flat weight positions of linear rows `rows` (columns past a row's D_t repeat its
+        last element, so a gather and the scatter of what it gathered agree)."""
+        xp = device.xp()
+        t = xp.searchsorted(xp.asarray(self.row_offsets), rows, side="right") - 1
+        base = xp.asarray(self.elem_offsets)[t] + (rows - xp.asarray(self.row_offsets)[t]) * xp.asarray(self.strides)[t]
+        d = xp.arange(int(self.dims.max()), dtype=np.int64)[None, :]
+        return base[:, None] + xp.minimum(d, xp.asarray(self.dims)[t][:, None] - 1)
+
+    def copy_rows(self, rows):
+        """(U, max D) copy of the weights of linear rows `rows` (U,) int64, for restore_rows."""
+        return self.weights[self._row_elements(rows)]
+
+    def restore_rows(self, rows, saved) -> None:
+        """Put back what copy_rows(rows) copied."""
+        self.weights[self._row_elements(rows)] = saved
+
+    def scale_rows(self, rows, factors) -> None:
+        """Every value of linear row rows[i] times factors[i] (rows (U,) int64 distinct, factors (U,) float32,
+        arrays of the engine's device), rounded once to the weights' precision (kernels/tbe_row_ops.py):
+        FBGEMM's global weight decay. One op on the device, no host read."""
+        xp = device.xp()
+        rows = xp.ascontiguousarray(xp.asarray(rows).astype(np.int64, copy=False))
+        factors = xp.ascontiguousarray(xp.asarray(factors).astype(np.float32, copy=False))
+        if rows.ndim != 1 or factors.shape != rows.shape:
+            raise ValueError(f"scale_rows needs rows (U,) and factors (U,), got {rows.shape} and {factors.shape}")
+        if self.int8:
+            raise NotImplementedError("scale_rows: INT8 weights are forward only")
+        if rows.shape[0]:
+            self._impl.scale_rows(rows, factors)
+
+    def lerp_halves(self, coef: float) -> None:
+        """Every row of every table (each D_t even): its second half moves coef of the way to its first,
+        torch.lerp_'s formula in float32, rounded once (kernels/tbe_row_ops.py): FBGEMM's EMA in place."""
+        odd = [t for t, d in enumerate(self.dims) if d % 2]
+        if odd:
+            raise ValueError(f"lerp_halves needs every table's dim to be even; table {odd[0]} has {int(self.dims[odd[0]])}")
+        if self.int8:
+            raise NotImplementedError("lerp_halves: INT8 weights are forward only")
+        self._impl.lerp_halves(float(coef))
+
     def _lookup(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
                 feature_requires_grad=None, skip=None) -> LookupContext:
         """forward's checks and row resolution (bounds, hash tables, tiers): the LookupContext of a lookup."""

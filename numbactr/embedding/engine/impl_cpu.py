@@ -13,6 +13,7 @@ import numpy as np
 from numbactr.runtime.hostmem import HUGE_MIN_BYTES
 from numbactr.kernels import tbe as K
 from numbactr.kernels import tbe_cpu as C
+from numbactr.kernels import tbe_row_ops as RO
 from numbactr.embedding.engine.specs import (BoundsCheck, FloatRows, Layout, LookupContext, Optim, Pooling,
                                              Precision, SparseRowGrad)
 
@@ -160,3 +161,11 @@ class _CpuImpl:
         C.global_pass(self._w(), a, self.no_f32 if b is None else b, e.elem_offsets, e.strides, e.dims,
                       e.row_offsets, live, ks, ki, K.rounding_base(e.seed, t, K.SR_PASS_ALL),
                       self.no_i64 if e.sr_rows is None else e.sr_rows, e.sr_rows is not None)
+
+    def scale_rows(self, rows, factors) -> None:
+        e = self.e
+        RO.scale_rows_cpu(self._w(), e.elem_offsets, e.strides, e.dims, e.row_offsets, rows, factors)
+
+    def lerp_halves(self, coef: float) -> None:
+        e = self.e
+        RO.lerp_halves_cpu(self._w(), e.elem_offsets, e.strides, e.dims, e.row_offsets, np.float32(coef))

@@ -12,6 +12,7 @@ import numpy as np
 
 from numbactr.runtime import device
 from numbactr.kernels import tbe as K
+from numbactr.kernels import tbe_row_ops as RO
 from numbactr.embedding.engine.specs import (BoundsCheck, FloatRows, LookupContext, Optim, Pooling, Precision,
                                              SparseRowGrad)
 
@@ -221,3 +222,11 @@ class _KernelImpl:
         return (self._put(which + "_tv", np.array([t, gate.seen], np.int64), np.int64),
                 self._put(which + "_fv", np.array([hp["learning_rate"], hp["beta1"], hp["beta2"]], np.float64),
                           np.float64))
+
+    def scale_rows(self, rows, factors) -> None:
+        RO.scale_rows(self._w(), self.elem_off, self.strides, self.dims, self.row_off, rows, factors, self.w_half,
+                      self.max_dim)
+
+    def lerp_halves(self, coef: float) -> None:
+        RO.lerp_halves(self._w(), self.elem_off, self.strides, self.dims, self.row_off, int(self.e.row_offsets[-1]),
+                       coef, self.w_half, self.max_dim)

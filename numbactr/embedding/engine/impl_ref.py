@@ -11,6 +11,7 @@ import numpy as np
 
 from numbactr.runtime import device
 from numbactr.kernels import tbe as K
+from numbactr.kernels import tbe_row_ops as RO
 from numbactr.embedding.engine.specs import (BoundsCheck, FloatRows, LookupContext, Optim, Precision,
                                              SparseRowGrad)
 
@@ -124,3 +125,12 @@ class _RefImpl:
                         K.SR_PASS_ALL)
             for st, val in zip(states[tb], new_s):
                 st[:n] = device.xp().asarray(val.astype(np.float32))
+
+    def scale_rows(self, rows, factors) -> None:
+        e = self.e
+        RO.scale_rows_ref(e.weights, e.elem_offsets, e.strides, e.dims, e.row_offsets, device.to_host(rows),
+                          device.to_host(factors))
+
+    def lerp_halves(self, coef: float) -> None:
+        e = self.e
+        RO.lerp_halves_ref(e.weights, e.elem_offsets, e.strides, e.dims, coef)

@@ -52,7 +52,9 @@ class OptimizerSpec:
     per-row row_counter, instead of the step t (FBGEMM's UserEnabledConfigDefinition).
     prev_iter_state: keep a per-row float32 prev_iter after the kind's states, which the update kernels do
     not read: FBGEMM's global weight decay (WeightDecayMode.DECOUPLE_GLOBAL, EXACT_ROWWISE_ADAGRAD) records
-    there the iteration each row was last decayed at (numbactr/fbgemm_gpu/array_tbe.py applies the decay).
+    there the iteration each row was last decayed at (numbactr/fbgemm_gpu/tbe_optimizer.py applies the decay
+    with TableBatchedEmbedding.scale_rows).
+    beta, lambda1, lambda2: HUGECTR_FTRL's (HugeCTR's names; LOCAL only, per-element states z and n).
     """
     kind: Optim = Optim.EXACT_SGD
     learning_rate: float = 0.01
@@ -72,6 +74,9 @@ class OptimizerSpec:
     rowwise_bias_correction: bool = False
     prev_iter_state: bool = False
     eta: float = 0.001
+    beta: float = 0.0
+    lambda1: float = 0.0
+    lambda2: float = 0.0
 
     def hp(self) -> dict:
         """The float hyper-parameters by name (kernels.tbe.HP_FIELDS)."""
@@ -143,7 +148,8 @@ def _check_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
     if bad:
         raise ValueError(f"optimizer {k.name}: hyper-parameter(s) {bad} must be finite numbers")
     if u != UpdateType.LOCAL and k not in K.HUGECTR_KINDS:
-        raise ValueError(f"optimizer {k.name}: update_type {u.name} is HugeCTR's; FBGEMM's optimizers are LOCAL")
+        raise ValueError(f"optimizer {k.name}: update_type {u.name} is HugeCTR's SparseEmbedding's; "
+                         f"{k.name} is LOCAL only")
     if u == UpdateType.LAZY_GLOBAL and k != Optim.HUGECTR_ADAM:
         raise ValueError(f"optimizer {k.name}: LAZY_GLOBAL is only defined for HUGECTR_ADAM (as in HugeCTR)")
     if k == Optim.HUGECTR_ADAM and u == UpdateType.GLOBAL and (spec.beta1 == 0 or spec.beta2 == 0):
