@@ -22,7 +22,7 @@ import numpy as np
 
 from numbactr.data.errors import DataFormatError
 from numbactr.embedding.collection_config import CollectionError
-from numbactr.files import checkpoint
+from numbactr.files import snapshot
 
 DUMP_BASE = "embedding_collection"       # the manifest's name in a dump folder: {DUMP_BASE}_0.manifest.json
 # HugeCTR's layout (v23.08, embedding_storage/weight_io/parameter_IO.cpp and data_info.hpp)
@@ -110,15 +110,15 @@ def dump(collections, comm, path: str, table_names=(), i64_keys: bool = True) ->
             for j, t, keys, vecs in mine:
                 order = np.argsort(keys, kind="stable")
                 outs += [(f"{folder}/key{j}", np.concatenate([_file_head(FILE_KEY, j),
-                                                              checkpoint._raw(keys[order], KEY_TYPES[key_type])])),
+                                                              snapshot._raw(keys[order], KEY_TYPES[key_type])])),
                          (f"{folder}/weight{j}", np.concatenate([_file_head(FILE_WEIGHT, j),
-                                                                 checkpoint._raw(vecs[order], "<f4")]))]
+                                                                 snapshot._raw(vecs[order], "<f4")]))]
                 tables.append({"name": t.name, "collection": c, "table_id": j, "ev_size": t.dim,
                                "max_vocabulary_size": t.cfg.max_vocabulary_size, "keys": int(keys.shape[0])})
         os.makedirs(path, exist_ok=True)
-        checkpoint._commit(path, DUMP_BASE, 0, outs, {"ranks": comm.size, "embeddings": [], "tables": tables})
+        snapshot._commit(path, DUMP_BASE, 0, outs, {"ranks": comm.size, "embeddings": [], "tables": tables})
 
-    checkpoint.on_rank0(comm, write, f"embedding_dump({path!r}): rank 0 could not write the tables")
+    snapshot.on_rank0(comm, write, f"embedding_dump({path!r}): rank 0 could not write the tables")
 
 
 def _read_hugectr_table(snap, path: str, c: int, j: int, t, metas: dict):
@@ -145,7 +145,7 @@ def _read_hugectr_table(snap, path: str, c: int, j: int, t, metas: dict):
         if len(data) < FILE_HEAD_BYTES or int(np.frombuffer(data, "<i4", 1)[0]) != kind:
             raise DataFormatError(what, fpath, 0, f"is not a HugeCTR {('key', 'weight')[kind - 1]} file (its "
                                                   f"{FILE_HEAD_BYTES}-byte head must start with int32 {kind})")
-        arrays.append(checkpoint._array(data[FILE_HEAD_BYTES:], dtype, fpath, f"{what} {name}", count,
+        arrays.append(snapshot._array(data[FILE_HEAD_BYTES:], dtype, fpath, f"{what} {name}", count,
                                         f": meta_data says {n} keys of ev_size {dim}"))
     keys, vecs = arrays
     return keys.astype(np.int64), vecs.reshape(n, dim), os.path.join(folder, f"key{j}"), np.dtype(kdt).itemsize
@@ -160,8 +160,8 @@ def load(collections, path: str, table_names=()) -> None:
     if not os.path.isdir(path):
         raise FileNotFoundError(f"embedding_load: folder {path!r} does not exist")
     mpath = os.path.join(path, f"{DUMP_BASE}_0.manifest.json")
-    snap = checkpoint._Snapshot(path, mpath, checkpoint._read_manifest(mpath)) if os.path.exists(mpath) \
-        else checkpoint._Snapshot(path)
+    snap = snapshot._Snapshot(path, mpath, snapshot._read_manifest(mpath)) if os.path.exists(mpath) \
+        else snapshot._Snapshot(path)
     loaded, metas = [], {}
     for c, j, t in chosen:
         what = f"embedding_load table {t.name!r}"
@@ -175,10 +175,10 @@ def load(collections, path: str, table_names=()) -> None:
             base = FILE_HEAD_BYTES
         else:
             kpath, vpath = old, os.path.join(path, t.name, "emb_vector")
-            keys = checkpoint._array(snap.read(kpath, what + " keys"), "<i8", kpath, what + " keys")
+            keys = snapshot._array(snap.read(kpath, what + " keys"), "<i8", kpath, what + " keys")
             item, base = 8, 0
             n = keys.shape[0]
-            vecs = checkpoint._array(snap.read(vpath, what + " vectors"), "<f4", vpath, what + " vectors", n * t.dim,
+            vecs = snapshot._array(snap.read(vpath, what + " vectors"), "<f4", vpath, what + " vectors", n * t.dim,
                                      f": {n} keys in {kpath!r} x ev_size {t.dim}").reshape(n, t.dim)
         n = keys.shape[0]
         uniq, first = np.unique(keys, return_index=True)

@@ -74,7 +74,7 @@ class CowClipDefinition:
 
 @dataclass(frozen=True)
 class GlobalWeightDecayDefinition:
-    """WeightDecayMode.DECOUPLE_GLOBAL's settings (numbactr.fbgemm_gpu.tbe_optimizer.TBEOptimizerState._global_decay)."""
+    """WeightDecayMode.DECOUPLE_GLOBAL's settings (applied by numbactr.fbgemm_gpu.tbe_optimizer through the engine's scale_rows)."""
     start_iter: int = 0
     lower_bound: float = 0.0
 
