@@ -63,18 +63,24 @@ def import_graph(mods: dict) -> dict:
 
 def circles(edges: dict) -> list:
     """Strongly connected components with more than one module (Tarjan, iterative)."""
-    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    index, low, on, stack, out = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+
     for root in list(edges):
         if root in index:
             continue
         work = [(root, iter(sorted(edges[root])))]
-        index[root] = low[root] = counter[0]; counter[0] += 1; stack.append(root); on.add(root)
+        visit(root)
         while work:
             v, it = work[-1]
             w = next(it, None)
             if w is not None:
                 if w not in index:
-                    index[w] = low[w] = counter[0]; counter[0] += 1; stack.append(w); on.add(w)
+                    visit(w)
                     work.append((w, iter(sorted(edges.get(w, ())))))
                 elif w in on:
                     low[v] = min(low[v], index[w])
@@ -85,7 +91,9 @@ def circles(edges: dict) -> list:
             if low[v] == index[v]:
                 comp = []
                 while True:
-                    w = stack.pop(); on.discard(w); comp.append(w)
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
                     if w == v:
                         break
                 if len(comp) > 1:

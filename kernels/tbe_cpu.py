@@ -754,7 +754,6 @@ def fused_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, sort
     momentum, prev_iter, row_counter; a stand-in array where the optimizer keeps none)."""
     if ki[M.KI_GO] == 0:                               # a skipped step (kernels.tbe_math.KI_GO)
         return
-    pooling = ki[M.KI_POOLING]
     dy = dy.reshape(-1)
     dmax = 0
     for t in range(dims.shape[0]):

@@ -36,12 +36,12 @@ def average_loss(losses, rows) -> float:
     of the per-batch losses, which over-weights a partial last batch; numbactr.hugectr_exact.hugectr_exact()
     gives that. nan when there is no batch.
     """
-    from numbactr import hugectr_exact as compat
+    from numbactr import hugectr_exact
     losses = np.asarray(losses, np.float64)
     rows = np.asarray(rows, np.float64)
     if losses.size == 0:
         return float("nan")
-    if compat.hugectr_exact():
+    if hugectr_exact.hugectr_exact():
         return float(losses.mean())
     if rows.sum() <= 0:
         return float("nan")

@@ -16,7 +16,7 @@ import numpy as np
 
 from numbactr.config import DataReaderParams, Input, OptParamsPy, Solver, _number, warn_ignored
 from numbactr.distributed.comm import world
-from numbactr.embedding import collection as ebc
+from numbactr.embedding import collection
 from numbactr.embedding.sparse_embedding import HashEmbedding
 from numbactr.files import checkpoint, graph_json
 from numbactr.metrics import MetricAccumulator
@@ -25,7 +25,7 @@ from numbactr.runtime import device
 from numbactr import log
 from numbactr.train import fit, graph, io, overflow, step
 from numbactr.runtime import precision
-from numbactr.train import training_cache as etc
+from numbactr.train import training_cache
 from numbactr.train.fit import ReaderHandle
 from numbactr.train.graph import ModelError
 
@@ -49,10 +49,10 @@ class Model:
         self._etc_reader_keysets_pending = True        # the reader's own keysets not yet added to them
         if etc_params is not None:
             try:
-                etc.check_model(self, etc_params)
-            except etc.ETCError as e:
+                training_cache.check_model(self, etc_params)
+            except training_cache.ETCError as e:
                 raise ModelError(str(e)) from None
-            self._etc_cache = etc.EmbeddingTrainingCache(self)
+            self._etc_cache = training_cache.EmbeddingTrainingCache(self)
         else:
             if len(reader_params.source) > 1:
                 warn_ignored("DataReaderParams", "source[1:]", reader_params.source[1:], "only source[0] is read "
@@ -73,7 +73,7 @@ class Model:
         self.rng = np.random.default_rng(solver.seed)
         self.input: Input | None = None
         self.embeddings: list[HashEmbedding] = []
-        self.collections: list[ebc.EmbeddingCollection] = []     # added EmbeddingCollectionConfigs
+        self.collections: list[collection.EmbeddingCollection] = []     # added EmbeddingCollectionConfigs
         self.layers: list = []                         # built Layer objects, add order
         self.shapes: dict[str, tuple] = {}             # tensor name -> full shape (B first)
         self.sparse_inputs: dict[str, int] = {}        # sparse input name -> index in the batch
@@ -158,7 +158,7 @@ class Model:
         return ReaderHandle(self, train=False)
 
     # ---- the embedding training cache (numbactr/train/training_cache.py) ---------------------------
-    def get_embedding_training_cache(self) -> "etc.EmbeddingTrainingCache":
+    def get_embedding_training_cache(self) -> "training_cache.EmbeddingTrainingCache":
         if self.etc is None:
             raise ModelError("Model.get_embedding_training_cache: the model has no embedding training cache "
                              "(Model(solver, reader, optimizer, CreateETC(...)))")
@@ -292,13 +292,13 @@ class Model:
         """HugeCTR's EmbeddingCollection dump: every named table ([] = all) into folder ``path``
         (numbactr.embedding.collection: layout, atomic commit). Every rank calls it."""
         graph.require_compiled(self, "embedding_dump")
-        ebc.dump(self.collections, self.comm, path, table_names, i64_keys=self.solver.i64_input_key)
+        collection.dump(self.collections, self.comm, path, table_names, i64_keys=self.solver.i64_input_key)
 
     def embedding_load(self, path: str, table_names=()) -> None:
         """Load the named tables ([] = all) from an embedding_dump folder; checked before anything changes."""
         graph.require_compiled(self, "embedding_load")
         io.before_load(self)
-        ebc.load(self.collections, path, table_names)
+        collection.load(self.collections, path, table_names)
 
     def load_dense_weights(self, dense_model_file: str, allow_missing_ntp: bool = False) -> None:
         """Dense weights and, with BatchNorm layers, their running statistics from

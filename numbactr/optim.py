@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr.runtime import device
 from numbactr.enums import Optimizer_t, Update_t
-from numbactr.kernels import optimizers as K
+from numbactr.kernels import optimizers
 from numbactr.kernels import optimizers_cpu as C
 
 O, U = Optimizer_t, Update_t
@@ -116,7 +116,7 @@ def _new_states(opt, shape) -> list:
     xp, t = device.xp(), opt.optimizer_type
     count = {O.SGD: 0, O.MomentumSGD: 1, O.Nesterov: 1, O.Adam: 2, O.Ftrl: 2}.get(t)
     if t == O.AdaGrad:
-        init = K.adagrad_initial_accumulator(opt.initial_accu_value, compat.hugectr_exact())
+        init = optimizers.adagrad_initial_accumulator(opt.initial_accu_value, hugectr_exact.hugectr_exact())
         return [xp.full(shape, init, np.float32)]
     return [xp.zeros(shape, np.float32) for _ in range(count)]
 
@@ -150,39 +150,39 @@ class DenseOptimizer:
             if fast is not None:
                 fast.sgd_update(w, g, lr, scaler)
             else:
-                w[...] = K.sgd_update_ref(w, g, lr, scaler)
+                w[...] = optimizers.sgd_update_ref(w, g, lr, scaler)
         elif t == O.MomentumSGD:
             if fast is not None:
                 fast.momentum_sgd_update(w, s[0], g, lr, f, scaler)
             else:
-                w[...], s[0][...] = K.momentum_sgd_update_ref(w, s[0], g, lr, f, scaler)
+                w[...], s[0][...] = optimizers.momentum_sgd_update_ref(w, s[0], g, lr, f, scaler)
         elif t == O.Nesterov:
             if fast is not None:
                 fast.nesterov_update(w, s[0], g, lr, f, scaler)
             else:
-                w[...], s[0][...] = K.nesterov_update_ref(w, s[0], g, lr, f, scaler)
+                w[...], s[0][...] = optimizers.nesterov_update_ref(w, s[0], g, lr, f, scaler)
         elif t == O.Adam:
             args = (lr, o.beta1, o.beta2, o.epsilon, self.t, scaler)
             if fast is not None:
                 fast.adam_update(w, s[0], s[1], g, *args)
             else:
-                w[...], s[0][...], s[1][...] = K.adam_update_ref(w, s[0], s[1], g, *args)
+                w[...], s[0][...], s[1][...] = optimizers.adam_update_ref(w, s[0], s[1], g, *args)
         elif t == O.AdaGrad:
             if fast is not None:
                 fast.adagrad_update(w, s[0], g, lr, o.epsilon, scaler)
             else:
-                w[...], s[0][...] = K.adagrad_update_ref(w, s[0], g, lr, o.epsilon, scaler)
+                w[...], s[0][...] = optimizers.adagrad_update_ref(w, s[0], g, lr, o.epsilon, scaler)
         else:  # Ftrl, states [z, n]
             args = (lr, o.beta, o.lambda1, o.lambda2, scaler)
             if fast is not None:
                 fast.ftrl_update(w, s[0], s[1], g, *args)
             else:
-                w[...], s[0][...], s[1][...] = K.ftrl_update_ref(w, s[0], s[1], g, *args)
+                w[...], s[0][...], s[1][...] = optimizers.ftrl_update_ref(w, s[0], s[1], g, *args)
 
     def _step_values(self, lr: float) -> np.ndarray:
         o, t = self.opt, self.opt.optimizer_type
         kind = "adam" if t == O.Adam else "ftrl" if t == O.Ftrl else "sgd"
-        return K.step_values(kind, lr, o.beta1, o.beta2, self.t, o.beta, o.lambda2)
+        return optimizers.step_values(kind, lr, o.beta1, o.beta2, self.t, o.beta, o.lambda2)
 
     def _replay(self, run: dict) -> None:
         """The host half of a replayed step (numbactr.runtime.step_values): Adam's t, this step's values."""
@@ -208,20 +208,20 @@ class DenseOptimizer:
         gate = self.gate
         step_values.on_replay(("dense", id(self)), self._replay)
         if gate is not None and t == O.Adam:        # the gate and alpha_t for the device's t
-            K.adam_gate(hp, gate.go, gate.skips, *self._gate_values(lr, gate))
+            optimizers.adam_gate(hp, gate.go, gate.skips, *self._gate_values(lr, gate))
             step_values.on_replay(("dense gate", id(self)), lambda run: self._gate_values(run["dense_lr"], gate))
         elif gate is not None:                      # after the upload, in stream order (a captured copy)
             hp[hp.shape[0] - 1:] = gate.go
         f = o.momentum_factor
         if t == O.SGD:
-            K.sgd_update(w, g, lr, scaler, hp=hp)
+            optimizers.sgd_update(w, g, lr, scaler, hp=hp)
         elif t == O.MomentumSGD:
-            K.momentum_sgd_update(w, s[0], g, lr, f, scaler, hp=hp)
+            optimizers.momentum_sgd_update(w, s[0], g, lr, f, scaler, hp=hp)
         elif t == O.Nesterov:
-            K.nesterov_update(w, s[0], g, lr, f, scaler, hp=hp)
+            optimizers.nesterov_update(w, s[0], g, lr, f, scaler, hp=hp)
         elif t == O.Adam:
-            K.adam_update(w, s[0], s[1], g, lr, o.beta1, o.beta2, o.epsilon, self.t, scaler, hp=hp)
+            optimizers.adam_update(w, s[0], s[1], g, lr, o.beta1, o.beta2, o.epsilon, self.t, scaler, hp=hp)
         elif t == O.AdaGrad:
-            K.adagrad_update(w, s[0], g, lr, o.epsilon, scaler, hp=hp)
+            optimizers.adagrad_update(w, s[0], g, lr, o.epsilon, scaler, hp=hp)
         else:
-            K.ftrl_update(w, s[0], s[1], g, lr, o.beta, o.lambda1, o.lambda2, scaler, hp=hp)
+            optimizers.ftrl_update(w, s[0], s[1], g, lr, o.beta, o.lambda1, o.lambda2, scaler, hp=hp)

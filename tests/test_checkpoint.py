@@ -128,8 +128,8 @@ def test_hugectr_two_gpu_optimizer_states_follow_their_keys(tmp_path, cpu):
     got_keys, got_vecs = e.dump()
     np.testing.assert_array_equal(got_keys, keys)          # one rank: file order
     np.testing.assert_array_equal(got_vecs, vecs)
-    for s, state in enumerate(e.states):
-        np.testing.assert_array_equal(state[:5], 1000 * (s + 1) + np.array(keys, np.float32)[:, None].repeat(4, 1))
+    for s, st in enumerate(e.states):
+        np.testing.assert_array_equal(st[:5], 1000 * (s + 1) + np.array(keys, np.float32)[:, None].repeat(4, 1))
 
 
 def test_hugectr_states_that_no_rank_count_explains_are_an_error(tmp_path, cpu):

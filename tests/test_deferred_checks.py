@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import numbactr as hugectr
+import numbactr as hugectr  # noqa: F401  (first: picks the device, as a script's import does)
 from numbactr.runtime import device
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, OptimizerSpec, Pooling,
                                        TableBatchedEmbedding)

@@ -236,7 +236,8 @@ def test_int8_and_int4_output_of_sequence_embeddings_is_the_stored_rows_like_fbg
     with pytest.warns(RuntimeWarning, match="outside its table"):
         got = nb(idx, off)
     assert got.dtype == want.dtype and got.shape == want.shape
-    as_bytes = (lambda t: np.frombuffer(bytes(t.untyped_storage()), np.uint8).reshape(t.shape[0], -1))
+    def as_bytes(t):
+        return np.frombuffer(bytes(t.untyped_storage()), np.uint8).reshape(t.shape[0], -1)
     assert as_bytes(got).shape == (idx.numel(), width)
     np.testing.assert_array_equal(as_bytes(got), as_bytes(want))
     if ty == "INT4":                                     # FBGEMM's own decoder reads it

@@ -216,7 +216,7 @@ def test_graph_json_mutations(tmp_path):
     for kind, data in [*mutations(raw, seed=3, per_kind=40), valid]:
         pathlib.Path(bad).write_bytes(data)
         m2 = hugectr.Model(m.solver, m.reader_params, hugectr.CreateOptimizer())
-        with warnings.catch_warnings(record=True) as warned:
+        with warnings.catch_warnings(record=True):                 # recorded, not raised
             warnings.simplefilter("always", hugectr.IgnoredArgumentWarning)
             try:
                 m2.construct_from_json(bad, include_dense_network=True)

@@ -13,7 +13,7 @@ from numbactr.autograd import Tape, Tensor
 from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import write_norm_file
 from numbactr.layers import RunInfo, build
-from numbactr.layers.losses import CrossEntropyLoss, MultiCrossEntropyLoss, RegularizedLoss
+from numbactr.layers.losses import CrossEntropyLoss, RegularizedLoss
 
 L = hugectr.Layer_t
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-import numbactr as hugectr
+import numbactr as hugectr  # noqa: F401  (first: picks the device, as a script's import does)
 from numbactr.optim import SUPPORTED
 from tests.model_util import tiny_data
 from tests.mpi_util import MPIEXEC, needs_mpi

@@ -110,7 +110,7 @@ def test_raw_batches_in_the_arena(tmp_path):
     args = (params, p, 4, 1, 2, [3], None, False, False)
     plain = list(make_reader(*args))
     it = iter(make_reader(*args))
-    it.memory.arena = arena = PinnedArena(gpu=False)
+    it.memory.arena = PinnedArena(gpu=False)
     got = list(it)
     assert len(got) == len(plain) == 25 and any(b.memory is not None for b in got)
     for g, q in zip(got, plain):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 import time
-import types
 
 import numpy as np
 import pytest

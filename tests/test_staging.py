@@ -146,7 +146,7 @@ def test_host_mirrored_batches_keep_their_arena_blocks_until_retired():
 
     held = []
     for step in range(6):
-        batch = stager.next(reader, fetch)
+        stager.next(reader, fetch)
         pairs, (mem, _event) = stager._out
         assert mem is not None and len(mem.blocks) == 3      # label, dense, keys: still the batch's
         for d, h in pairs:

@@ -114,7 +114,7 @@ def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float =
                 raise AssertionError(f"bench hash: torch key index disagrees with itself ({dist})")
             for op, t in (("insert-new", s_new), ("insert-known", s_known), ("find", s_find)):
                 tab.add(env.torch_label, dist, op, n, distinct, "-", 1e3 * t, n / t / 1e6)
-        del table, keys
+        table = keys = None                      # free this size's table and keys before the next
     return tab
 
 

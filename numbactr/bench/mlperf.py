@@ -311,9 +311,9 @@ def global_pass_bytes(engine) -> int:
     """Bytes a step's HugeCTR all-rows pass moves in an embedding engine (0 when its optimizer has none:
     SGD, or a LOCAL update): every element of every row in use read and written with its per-element
     optimizer states (kernels.tbe.make_global_kernel), rows in use x D x (weight + state bytes) x 2."""
-    from numbactr.kernels import tbe as K
+    from numbactr.kernels import tbe
     opt = engine.optimizer
-    if not K.has_global_pass(opt.kind, opt.update_type):
+    if not tbe.has_global_pass(opt.kind, opt.update_type):
         return 0
     states = [s for s in engine._state_buffers()[:2] if s is not None]
     per_element = engine.weights.dtype.itemsize + sum(s.dtype.itemsize for s in states)
@@ -587,7 +587,7 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
     On the cpu device each row runs with numbactr's compute threads and torch's set to the same count:
     each of ``threads``, or numbactr's current compute threads (a GPU run leaves both as they are). The
     table's ``records`` hold each numbactr row's raw figures (seconds, bytes, graph status)."""
-    from numbactr.bench import common as B
+    from numbactr.bench import common
     from numbactr.train import cuda_graphs
     from numbactr.runtime import threads as T
     from numbactr.data.synthetic import criteo_like_slot_sizes, make_planted_dataset
@@ -602,7 +602,7 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
     if rows < SLOTS:
         raise ValueError(f"bench mlperf: rows must be >= {SLOTS} (one per slot at least), got {rows}")
     wanted = cuda_graphs.graphs_wanted()
-    tab = B.Table(f"MLPerf DLRM training step ({env.kind})", COLUMNS)
+    tab = common.Table(f"MLPerf DLRM training step ({env.kind})", COLUMNS)
     tab.records = []
     if env.kind == "gpu":
         eager_note = (f"eager ms = the median clean eager step (= step ms unless graphs replayed; then measured "
@@ -638,7 +638,7 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
         import numbactr as hugectr
         counts = (None,) if env.kind == "gpu" else tuple(threads or (T.current().compute,))
         for dim, opt, n in itertools.product(dims, optimizers, counts):
-            with B.thread_count(env, n):
+            with common.thread_count(env, n):
                 step_lr = lr if lr is not None else (0.001 if opt == "adam" else 0.01)
                 with contextlib.redirect_stdout(io.StringIO()):
                     model = build_mlperf_dlrm(hugectr, data.train_list, data.eval_list, batch=batch, dim=dim,
@@ -694,7 +694,7 @@ def _time_numbactr(model, env, wanted: bool, min_time: float, breakdown_steps: i
     step and its breakdown (module docstring). Returns the record: seconds per step (step, eager,
     eager_step, embedding, gemm, rest, host_gap, busy), graphs (the cell), replayed (all steps were),
     captures, replays, steps, method, why."""
-    from numbactr.bench import common as B
+    from numbactr.bench import common
     from numbactr.train.cuda_graphs import StepGraphs
     count = [0]
 
@@ -707,12 +707,12 @@ def _time_numbactr(model, env, wanted: bool, min_time: float, breakdown_steps: i
             model.train()
     before = model._graphs.replays if model._graphs is not None else 0
     with _graph_reasons() as reasons:
-        t = B.measure(step, sync=env.sync, min_time=min_time)
+        t = common.measure(step, sync=env.sync, min_time=min_time)
     graphs = model._graphs
     replays = (graphs.replays if graphs is not None else 0) - before
     cell, replayed = graph_status(wanted, graphs, count[0], replays, reasons)
     with _graphs_off():
-        eager_step = B.measure(model.train, sync=env.sync, min_time=min_time) if replays > 0 else t
+        eager_step = common.measure(model.train, sync=env.sync, min_time=min_time) if replays > 0 else t
         parts = breakdown(model, env, breakdown_steps, eager_step)
     return dict(step=t, eager_step=eager_step, graphs=cell, replayed=replayed, steps=count[0], replays=replays,
                 captures=getattr(graphs, "captures", 0), **parts)

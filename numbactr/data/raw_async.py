@@ -64,7 +64,7 @@ import warnings
 
 import numpy as np
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr import log
 from numbactr.enums import Alignment_t
 from numbactr.data.errors import DataFormatError, DataWarning
@@ -160,7 +160,7 @@ def check_async_input(ap: AsyncParam, slots_per_input, nnz_per_slot, repeat: boo
             raise ValueError(f"AsyncParam: max_num_requests_per_thread ({ap.max_num_requests_per_thread}) must "
                              f"exceed 2 * num_batches_per_thread ({2 * ap.num_batches_per_thread}) for the "
                              f"one-hot reader (HugeCTR: 'Too many batches for each thread!')")
-        if not repeat and compat.hugectr_exact():
+        if not repeat and hugectr_exact.hugectr_exact():
             raise ValueError("Epoch mode cannot be used with the one-hot RawAsync reader (HugeCTR); set "
                              "repeat_dataset=True")
         return [1] * S

@@ -64,7 +64,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr import log
 from numbactr.enums import Check_t, DataReaderType_t
 from numbactr.data.batch import Batch
@@ -357,7 +357,7 @@ def _raw_worker(cfg, open_file, w, W, stop, order=None):
     nb = -(-num_samples // B)
     nnz = getattr(rf, "nnz", None)                        # RawAsync: static keys per slot
     key_word = getattr(rf, "key_word", lambda j: cfg.label_dim + cfg.dense_dim + j)
-    L, D = cfg.label_dim, cfg.dense_dim
+    L = cfg.label_dim
     k = 0
     try:
         while not stop.is_set():
@@ -450,11 +450,11 @@ class DataReader:
         self.i64 = bool(i64_input_key)
         self.repeat = bool(repeat)
         # num_workers=None: the user did not choose; numbactr.runtime.threads sizes the workers next to the compute
-        # threads (HugeCTR's default 12 under compat.hugectr_exact()), and fewer files is no warning
+        # threads (HugeCTR's default 12 under hugectr_exact.hugectr_exact()), and fewer files is no warning
         self.num_workers_chosen = num_workers is not None
         if num_workers is None:
             from numbactr.runtime import threads
-            num_workers = 12 if compat.hugectr_exact() else threads.reader_workers()
+            num_workers = 12 if hugectr_exact.hugectr_exact() else threads.reader_workers()
         self.num_workers_requested = int(num_workers)
         if self.num_workers_requested <= 0:
             raise ValueError(f"num_workers must be > 0, got {num_workers}")
@@ -553,7 +553,7 @@ class DataReader:
                 msg = (f"file list {self.source!r} has {N} file(s) but num_workers is "
                        f"{self.num_workers_requested}: HugeCTR's Norm reader gives every worker its own files "
                        f"and needs #files >= num_workers")
-                if compat.hugectr_exact():
+                if hugectr_exact.hugectr_exact():
                     raise ValueError(msg + f"; set DataReaderParams(num_workers=...) to at most {N}")
                 # HugeCTR refuses; numbactr runs with one worker per file (same order as num_workers=N)
                 if self.num_workers_chosen:

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from numbactr.runtime import device
-from numbactr.kernels import cache as K
+from numbactr.kernels import cache
 from numbactr.kernels.cache import CacheCapacityError
 
 __all__ = ["EmbeddingCache", "CacheStats", "Placement", "CacheCapacityError", "POLICIES"]
 
-POLICIES = K.POLICIES
+POLICIES = cache.POLICIES
 
 
 @dataclass
@@ -160,7 +160,7 @@ class EmbeddingCache:
             lf = np.zeros(plan.misses.shape[0], np.int64) if loaded_freq is None else np.asarray(loaded_freq)
             self.freq[xp.asarray(plan.victims)] = xp.asarray(lf.astype(np.int64))
         if self.use_kernels:
-            K.touch(plan.unique_rows, plan.counts, self.row_slot, self.stamp, self.freq, self.clock)
+            cache.touch(plan.unique_rows, plan.counts, self.row_slot, self.stamp, self.freq, self.clock)
         else:
             s = plan.unique_slots
             self.stamp[s] = self.clock
@@ -180,14 +180,14 @@ class EmbeddingCache:
         self.freq[slots] += 1
 
     def _place_host(self, rows) -> Placement:
-        u, n = K.unique_rows_ref(rows)
+        u, n = cache.unique_rows_ref(rows)
         hit = self.row_slot[u]
         misses = u[hit < 0]
         if misses.shape[0]:
             victims = self._empty_victims(misses)
             if victims is None:
-                prio = K.priorities_ref(self.slot_row, self.stamp, self.freq, self.pins, hit, self.policy)
-                victims = K.victims_ref(prio, self.slot_offsets, misses, self.row_offsets)
+                prio = cache.priorities_ref(self.slot_row, self.stamp, self.freq, self.pins, hit, self.policy)
+                victims = cache.victims_ref(prio, self.slot_offsets, misses, self.row_offsets)
         else:                      # every row cached: no priorities to rank (an O(C) pass saved)
             victims = np.zeros(0, np.int64)
         return self._install_host(rows, u, n, misses, victims)
@@ -228,35 +228,35 @@ class EmbeddingCache:
         u, n = xp.unique(valid, return_counts=True)                  # (U,) ascending, cupy / numpy
         u, n = u.astype(np.int64), n.astype(np.int64)
         hit = xp.empty(u.shape[0], np.int64)
-        K.lookup(u, self.row_slot, hit)
+        cache.lookup(u, self.row_slot, hit)
         prio = xp.empty(self.n_slots, np.int64)
-        K.priorities(self.slot_row, self.stamp, self.freq, self.pins, hit, self.policy, prio)
+        cache.priorities(self.slot_row, self.stamp, self.freq, self.pins, hit, self.policy, prio)
         misses = u[hit < 0]
         miss_start = xp.searchsorted(misses, self._dev_row_off)
         # one host read: misses per table and evictable slots per table
-        free = xp.concatenate([xp.zeros(1, np.int64), xp.cumsum((prio != K.BLOCKED).astype(np.int64))])
+        free = xp.concatenate([xp.zeros(1, np.int64), xp.cumsum((prio != cache.BLOCKED).astype(np.int64))])
         counts = device.to_host(xp.concatenate([miss_start, free[self._dev_slot_off]]))
         t1 = self.capacities.size + 1
         miss_start_h, free_h = counts[:t1], np.diff(counts[t1:])
         for t in range(self.capacities.size):
             want = int(miss_start_h[t + 1] - miss_start_h[t])
             if want > free_h[t]:
-                raise CacheCapacityError(K.capacity_message(t, want, int(free_h[t]), int(self.capacities[t])))
+                raise CacheCapacityError(cache.capacity_message(t, want, int(free_h[t]), int(self.capacities[t])))
         order = xp.empty(self.n_slots, np.int64)
         for t in range(self.capacities.size):                           # each table's slots by priority
             if miss_start_h[t + 1] > miss_start_h[t]:
                 lo, hi = int(self.slot_offsets[t]), int(self.slot_offsets[t + 1])
                 order[lo:hi] = lo + xp.argsort(prio[lo:hi], kind="stable")
         victims = xp.empty(misses.shape[0], np.int64)
-        K.victims(misses, self._dev_row_off, miss_start, self._dev_slot_off, order, victims)
+        cache.victims(misses, self._dev_row_off, miss_start, self._dev_slot_off, order, victims)
         evicted_freq = self.freq[victims]
         evicted = xp.empty(misses.shape[0], np.int64)
         evicted_dirty = xp.empty(misses.shape[0], np.int8)
-        K.install(misses, victims, self.slot_row, self.row_slot, self.dirty, evicted, evicted_dirty)
+        cache.install(misses, victims, self.slot_row, self.row_slot, self.dirty, evicted, evicted_dirty)
         slots = xp.empty(rows.shape[0], np.int64)
-        K.occurrence_slots(rows, self.row_slot, slots)
+        cache.occurrence_slots(rows, self.row_slot, slots)
         uslots = xp.empty(u.shape[0], np.int64)
-        K.lookup(u, self.row_slot, uslots)
+        cache.lookup(u, self.row_slot, uslots)
         h = device.to_host
         return Placement(slots, u, uslots, n, h(misses), h(victims), h(evicted), h(evicted_dirty),
                          h(evicted_freq), miss_start_h)
@@ -281,7 +281,7 @@ class EmbeddingCache:
 
     def _pin(self, slots, delta: int, dirty: bool) -> None:
         if self.use_kernels:
-            K.pin(slots, self.pins, delta, self.dirty, dirty)
+            cache.pin(slots, self.pins, delta, self.dirty, dirty)
         else:
             self.pins[slots] += delta
             if dirty:

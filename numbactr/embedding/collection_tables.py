@@ -29,7 +29,7 @@ from dataclasses import fields
 import numpy as np
 
 from numbactr.runtime import device
-from numbactr.kernels import embedding_init as EI
+from numbactr.kernels import embedding_init
 from numbactr.embedding.hugectr_optimizers import sparse_optimizer_spec
 from numbactr.embedding.collection_config import EmbeddingTableConfig
 from numbactr.embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec,
@@ -85,7 +85,7 @@ class _Engine(TableBatchedEmbedding):
             spec, xp = self.tables[t], device.xp()
             new = device.to_host(rows) >= before
             k64 = device.to_host(keys).astype(np.uint64)[new]
-            vals = EI.row_values_ref(k64, spec.dim, self.key_seeds.get(t, self.seed), *spec.init_range)
+            vals = embedding_init.row_values_ref(k64, spec.dim, self.key_seeds.get(t, self.seed), *spec.init_range)
             view = self._table_view(self.weights, t, False)
             view[xp.asarray(device.to_host(rows)[new])] = xp.asarray(vals.astype(view.dtype))
         return rows

@@ -40,7 +40,7 @@ from numbactr.autograd import Tensor
 from numbactr.distributed.comm import world
 from numbactr.distributed.sharding import key_owner, key_owner_of
 from numbactr.enums import Embedding_t
-from numbactr.kernels import embedding_bag as EB
+from numbactr.kernels import embedding_bag
 from numbactr.kernels import hash_table as _ht
 from numbactr.kernels.tbe import STATES
 from numbactr.embedding.hugectr_optimizers import sparse_optimizer_spec
@@ -60,7 +60,7 @@ def key_slots(offsets, n: int, slots: int):
         bag = np.repeat(np.arange(offsets.shape[0] - 1, dtype=np.int64), np.diff(offsets))
     else:                                                        # device offsets (gpu): a kernel
         bag = device.xp().empty(n, np.int64)
-        EB.bag_of_key(offsets, bag)
+        embedding_bag.bag_of_key(offsets, bag)
     return bag % slots
 
 

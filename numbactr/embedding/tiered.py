@@ -49,9 +49,9 @@ import numpy as np
 
 from numbactr.runtime import device
 from numbactr.kernels import cache as KC
-from numbactr.kernels import embedding_init as EI
-from numbactr.kernels import tbe as K
-from numbactr.kernels import tbe_cpu as C
+from numbactr.kernels import embedding_init
+from numbactr.kernels import tbe
+from numbactr.kernels import tbe_cpu
 from numbactr.config import CacheConfig, TierSpec  # noqa: F401 (their documented home: numbactr.embedding.tiered)
 from numbactr.embedding.cache import CacheCapacityError, CacheStats, EmbeddingCache
 from numbactr.embedding.engine import (Grads, LookupContext, Optim, OptimizerSpec, Precision, SparseRowGrad, TableBatchedEmbedding,
@@ -180,7 +180,7 @@ class TieredEmbedding:
                                 pinned=device.kind() == "gpu")
         if hasattr(self.store, "keys"):
             self._reopen_keys()
-        if K.has_global_pass(e.optimizer.kind, e.optimizer.update_type) and not hasattr(self.store, "flat"):
+        if tbe.has_global_pass(e.optimizer.kind, e.optimizer.update_type) and not hasattr(self.store, "flat"):
             raise NotImplementedError("HugeCTR's GLOBAL update passes over every row each step: it needs a backing "
                                       "tier of arrays (backing='host' or 'memmap'), not an LMDB store")
         # per table, its cache buffers: (C_t, D_t) views (host path) and the padded (C_t, stride_t) / (C_t, 1)
@@ -344,7 +344,7 @@ class TieredEmbedding:
                                "lookup (training=False) or its backward already ran")
         self._wait()
         e = self.engine
-        glob = K.has_global_pass(e.optimizer.kind, e.optimizer.update_type)
+        glob = tbe.has_global_pass(e.optimizer.kind, e.optimizer.update_type)
         if TableBatchedEmbedding._max_counter_refresh(e, e.step + 1):
             self._renew_max_counter()
         grads = e.backward(ctx, grad_output)           # a bad grad_output raises here: the slots stay held
@@ -382,17 +382,17 @@ class TieredEmbedding:
         if n_bags < 0 or n_bags % e.n_features:
             return indices
         host_off = device.to_host(offsets).astype(np.int64)
-        fixed, bad = K.check_offsets_ref(host_off, int(indices.shape[0]), K.BoundsCheck.IGNORE)
-        if bad and e.bounds_check == K.BoundsCheck.FATAL:
+        fixed, bad = tbe.check_offsets_ref(host_off, int(indices.shape[0]), tbe.BoundsCheck.IGNORE)
+        if bad and e.bounds_check == tbe.BoundsCheck.FATAL:
             insert = False
-        _, feat, _ = K._occurrences(fixed, e.n_features, n_bags // e.n_features, e.layout)
+        _, feat, _ = tbe._occurrences(fixed, e.n_features, n_bags // e.n_features, e.layout)
         keyed = np.array([t in self.key_index for t in e.feature_table_map])
         is_key = np.zeros(feat.shape[0], bool)
         is_key[feat >= 0] = keyed[feat[feat >= 0]]
         if indices.dtype == np.uint64 and (~is_key).any():
             e._as_int64(indices[xp.asarray(np.flatnonzero(~is_key))])       # unkeyed values must fit int64
         out = indices.astype(np.int64)
-        if e.bounds_check == K.BoundsCheck.FATAL and insert:
+        if e.bounds_check == tbe.BoundsCheck.FATAL and insert:
             plain = np.flatnonzero(~is_key & (feat >= 0))
             limit = e._feature_rows()[feat[plain]]
             vals = device.to_host(out[xp.asarray(plain)]) if plain.size else np.zeros(0, np.int64)
@@ -423,7 +423,7 @@ class TieredEmbedding:
             new_rows, first = np.unique(rows_h[rows_h >= before], return_index=True)
             new_keys = keys_h[rows_h >= before][first]
             spec = self.tables[t]
-            w = EI.row_values_ref(new_keys, spec.dim, self.engine.seed, *spec.init_range)
+            w = embedding_init.row_values_ref(new_keys, spec.dim, self.engine.seed, *spec.init_range)
             with self._lock:
                 if t in self._growing:
                     self.store.grow(t, index.size)
@@ -448,7 +448,7 @@ class TieredEmbedding:
         NONE lets them through: they read and update nothing)."""
         xp = self.cache.xp
         e = self.engine
-        _, feat, _ = K._occurrences(device.to_host(offsets).astype(np.int64), e.n_features, batch, e.layout)
+        _, feat, _ = tbe._occurrences(device.to_host(offsets).astype(np.int64), e.n_features, batch, e.layout)
         tab = np.asarray(e.feature_table_map)[np.maximum(feat, 0)]
         base = xp.asarray(np.where(feat >= 0, self.row_offsets[tab], 0))
         limit = xp.asarray(np.where(feat >= 0, self.row_offsets[tab + 1] - self.row_offsets[tab], 0))
@@ -551,8 +551,8 @@ class TieredEmbedding:
         if indices.ndim != 1 or offsets.ndim != 1 or n_bags < 0 or n_bags % e.n_features:
             raise ValueError(f"prefetch: indices (N,) and offsets (F*B + 1,) with F = {e.n_features} features, "
                              f"got shapes {indices.shape} and {offsets.shape}")
-        fixed, _ = K.check_offsets_ref(device.to_host(offsets).astype(np.int64), int(indices.shape[0]),
-                                       K.BoundsCheck.IGNORE)
+        fixed, _ = tbe.check_offsets_ref(device.to_host(offsets).astype(np.int64), int(indices.shape[0]),
+                                       tbe.BoundsCheck.IGNORE)
         if self.key_index:
             indices = self._keyed_rows(indices, offsets, training=False)
         lin = self._linear_rows(indices, fixed, n_bags // e.n_features)
@@ -562,7 +562,7 @@ class TieredEmbedding:
             self.cache.pin(plan.unique_slots)
             self._prefetched.append(plan.unique_slots)
 
-        glob = K.has_global_pass(e.optimizer.kind, e.optimizer.update_type)
+        glob = tbe.has_global_pass(e.optimizer.kind, e.optimizer.update_type)
         if self.config.prefetch_thread and not glob:
             self._worker = threading.Thread(target=self._guard(run), name="numbactr-prefetch", daemon=True)
             self._worker.start()
@@ -651,7 +651,7 @@ class TieredEmbedding:
             for a in range(0, spec.rows, 1 << 16):
                 b = min(spec.rows, a + (1 << 16))
                 lin = np.arange(self.spec_row_offsets[t] + a, self.spec_row_offsets[t] + b, dtype=np.uint64)
-                w = EI.row_values_ref(lin, spec.dim, seed, lo, hi).astype(self.engine.weights.dtype)
+                w = embedding_init.row_values_ref(lin, spec.dim, seed, lo, hi).astype(self.engine.weights.dtype)
                 self.store.write(t, np.arange(a, b, dtype=np.int64), [w] + keep)
 
     def close(self) -> None:
@@ -673,10 +673,10 @@ class TieredEmbedding:
             for a in range(0, live, 1 << 16):
                 b = min(live, a + (1 << 16))
                 if e.impl == "ref":
-                    new_w, new_s = K.global_pass_ref(opt.kind, opt.hp(), w[a:b], [s[a:b] for s in states], t)
+                    new_w, new_s = tbe.global_pass_ref(opt.kind, opt.hp(), w[a:b], [s[a:b] for s in states], t)
                     lin = np.arange(a, b, dtype=np.int64) + self.spec_row_offsets[tb]
-                    bits = K.rounding_bits_ref(e.seed, t, lin, w.shape[1], K.SR_PASS_ALL) if sr else None
-                    w[a:b] = K.to_half_ref(new_w.astype(np.float32), bits) if w.dtype == np.float16 else \
+                    bits = tbe.rounding_bits_ref(e.seed, t, lin, w.shape[1], tbe.SR_PASS_ALL) if sr else None
+                    w[a:b] = tbe.to_half_ref(new_w.astype(np.float32), bits) if w.dtype == np.float16 else \
                         new_w.astype(np.float32)
                     for s, v in zip(states, new_s):
                         s[a:b] = v.astype(np.float32)
@@ -693,11 +693,11 @@ class TieredEmbedding:
         sb = np.ascontiguousarray(states[1][a:b]).reshape(-1) if len(states) > 1 and states[1].ndim == 2 else \
             np.zeros(1, np.float32)
         _, ki = e._ks_ki(None, t)
-        ks = K.kernel_scalars(e.optimizer.hp(), t)
+        ks = tbe.kernel_scalars(e.optimizer.hp(), t)
         wk = wf.view(np.uint16) if wf.dtype == np.float16 else wf
-        C.global_pass(wk, sa, sb, np.array([0, n * dim], np.int64), np.array([dim], np.int64),
+        tbe_cpu.global_pass(wk, sa, sb, np.array([0, n * dim], np.int64), np.array([dim], np.int64),
                       np.array([dim], np.int64), np.array([0, n], np.int64), np.array([n], np.int64), ks, ki,
-                      K.rounding_base(e.seed, t, K.SR_PASS_ALL), np.arange(a, b, dtype=np.int64) + first_row, True)
+                      tbe.rounding_base(e.seed, t, tbe.SR_PASS_ALL), np.arange(a, b, dtype=np.int64) + first_row, True)
         w[...] = wf.reshape(n, dim)
         states[0][a:b] = sa.reshape(n, dim)
         if len(states) > 1 and states[1].ndim == 2:

@@ -45,9 +45,9 @@ from numbactr.runtime import device
 from numbactr import log
 from numbactr.embedding.engine import (BoundsCheck, EmbeddingBoundsError, Layout, Optim, OptimizerSpec, Pooling, Precision,
                                 TableBatchedEmbedding)
-from numbactr.kernels import tbe as tbe_kernels
-from numbactr.kernels import fused8bit as Q8
-from numbactr.kernels import nbit_rows as NB
+from numbactr.kernels import tbe
+from numbactr.kernels import fused8bit
+from numbactr.kernels import nbit_rows
 from numbactr.runtime.torch_bridge import as_array as _as_array
 from numbactr.runtime.torch_bridge import as_tensor as _as_tensor
 from numbactr.fbgemm_gpu.tbe_args import _enum
@@ -59,7 +59,7 @@ __all__ = ["IntNBitTableBatchedEmbeddingBagsCodegen", "rounded_row_size_in_bytes
            "align_to_cacheline"]
 
 WHO = "IntNBitTableBatchedEmbeddingBagsCodegen"
-DEFAULT_SCALE_BIAS_SIZE_IN_BYTES = NB.SCALE_BIAS_BYTES
+DEFAULT_SCALE_BIAS_SIZE_IN_BYTES = nbit_rows.SCALE_BIAS_BYTES
 _TYPES = {SparseType.FP32: "fp32", SparseType.FP16: "fp16", SparseType.FP8: "fp8", SparseType.INT8: "int8",
           SparseType.INT4: "int4", SparseType.INT2: "int2"}
 _OUTPUTS = {SparseType.FP32: torch.float32, SparseType.FP16: torch.float16, SparseType.BF16: torch.bfloat16}
@@ -67,12 +67,12 @@ _OUTPUTS = {SparseType.FP32: torch.float32, SparseType.FP16: torch.float16, Spar
 
 def unpadded_row_size_in_bytes(dim: int, weight_ty: SparseType,
                                scale_bias_size_in_bytes: int = DEFAULT_SCALE_BIAS_SIZE_IN_BYTES) -> int:
-    return NB.unpadded_row_bytes(dim, _type(weight_ty, "weight_ty"), scale_bias_size_in_bytes)
+    return nbit_rows.unpadded_row_bytes(dim, _type(weight_ty, "weight_ty"), scale_bias_size_in_bytes)
 
 
 def rounded_row_size_in_bytes(dim: int, weight_ty: SparseType, row_alignment: int,
                               scale_bias_size_in_bytes: int = DEFAULT_SCALE_BIAS_SIZE_IN_BYTES) -> int:
-    return NB.row_bytes(dim, _type(weight_ty, "weight_ty"), row_alignment, scale_bias_size_in_bytes)
+    return nbit_rows.row_bytes(dim, _type(weight_ty, "weight_ty"), row_alignment, scale_bias_size_in_bytes)
 
 
 def align_to_cacheline(a: int) -> int:
@@ -152,7 +152,7 @@ class IntNBitTableBatchedEmbeddingBagsCodegen(nn.Module):
         codecs = []
         for t, (d, ty) in enumerate(zip(dims, tys)):
             try:
-                codecs.append(NB.nbit_codec(d, _TYPES[ty], self.row_alignment, self.reverse_qparam,
+                codecs.append(nbit_rows.nbit_codec(d, _TYPES[ty], self.row_alignment, self.reverse_qparam,
                                             self.scale_bias_size_in_bytes, self.fp8_exponent_bits,
                                             self.fp8_exponent_bias))
             except ValueError as e:
@@ -229,7 +229,7 @@ class IntNBitTableBatchedEmbeddingBagsCodegen(nn.Module):
                 raise ValueError(f"{WHO}: split_scale_bias_mode {split_scale_bias_mode} is not 0, 1 or 2")
             _, _, dim, ty, _ = self.embedding_specs[t]
             rows = rows[:, :unpadded_row_size_in_bytes(dim, self.weights_tys_list[t], sb)]
-            if _TYPES[self.weights_tys_list[t]] not in NB.QUANTIZED:
+            if _TYPES[self.weights_tys_list[t]] not in nbit_rows.QUANTIZED:
                 out.append((rows, None, None))
                 continue
             w, qp = (rows[:, :-sb], rows[:, -sb:]) if self.reverse_qparam else (rows[:, sb:], rows[:, :sb])
@@ -295,7 +295,7 @@ class IntNBitTableBatchedEmbeddingBagsCodegen(nn.Module):
         if ty == SparseType.INT8:                           # pooled: each feature's block quantized
             xp = device.xp()
             d = self.D_offsets
-            out = xp.concatenate([Q8.quantize_rows(out[:, d[f]:d[f + 1]], xp) for f in range(len(d) - 1)], axis=1)
+            out = xp.concatenate([fused8bit.quantize_rows(out[:, d[f]:d[f + 1]], xp) for f in range(len(d) - 1)], axis=1)
             return _as_tensor(out)
         return _as_tensor(out).to(_OUTPUTS[ty])
 
@@ -324,17 +324,17 @@ class IntNBitTableBatchedEmbeddingBagsCodegen(nn.Module):
             raise ValueError(f"{WHO}: offsets has {off.shape[0]} entries; it needs F*B + 1 with F = {F} features")
         batch = (off.shape[0] - 1) // F
         off_h = np.asarray(device.to_host(off)).astype(np.int64)
-        fixed, _ = tbe_kernels.check_offsets_ref(off_h, n, BoundsCheck.IGNORE)
+        fixed, _ = tbe.check_offsets_ref(off_h, n, BoundsCheck.IGNORE)
         mode = BoundsCheck(self.bounds_check_mode_int)
-        rows, bad, first = tbe_kernels.check_indices_ref(device.to_host(idx), fixed,
+        rows, bad, first = tbe.check_indices_ref(device.to_host(idx), fixed,
                                                          np.asarray(self.original_rows_per_table), batch,
                                                          int(Layout.FEATURE_MAJOR),
                                                          BoundsCheck.IGNORE if mode == BoundsCheck.FATAL else mode)
         if bad:
             if mode == BoundsCheck.FATAL:
-                raise EmbeddingBoundsError(tbe_kernels.bounds_message(first, bad, mode) + " (before pruning)")
+                raise EmbeddingBoundsError(tbe.bounds_message(first, bad, mode) + " (before pruning)")
             if mode == BoundsCheck.WARNING:
-                warnings.warn(f"{WHO}: " + tbe_kernels.bounds_message(first, bad, mode) + " (before pruning)",
+                warnings.warn(f"{WHO}: " + tbe.bounds_message(first, bad, mode) + " (before pruning)",
                               RuntimeWarning, stacklevel=3)
         for f, t in enumerate(self.feature_table_map):
             remap = self._remap[t]

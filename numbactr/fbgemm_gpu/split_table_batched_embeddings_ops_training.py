@@ -30,7 +30,7 @@ try:
 except ImportError:
     SplitTableBatchedEmbeddingBagsCodegen = ArrayTBE
 else:
-    from numbactr.fbgemm_gpu.dense_tbe import DenseTableBatchedEmbeddingBagsCodegen
+    from numbactr.fbgemm_gpu.dense_tbe import DenseTableBatchedEmbeddingBagsCodegen  # noqa: F401 (FBGEMM's name)
     from numbactr.fbgemm_gpu.torch_tbe import SplitTableBatchedEmbeddingBagsCodegen
 
 __all__ = ["SplitTableBatchedEmbeddingBagsCodegen", "ArrayTBE", "TBECore", "SUPPORTED_OPTIMIZERS",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr.enums import Layer_t
 from numbactr.layers.base import Layer
 from numbactr.ops.attention import (
@@ -65,8 +65,8 @@ class Softmax(Layer):
         name = self.cfg.top_names[0]
         if self.masked:
             return [MaskedSoftmaxFn.apply(tape, xs[0], xs[1], factor=self.factor, name=name)]
-        # read at run time so that compat.set_hugectr_exact() applies to a built model
-        return [SoftmaxFn.apply(tape, xs[0], subtract_max=not compat.hugectr_exact(), name=name)]
+        # read at run time so that hugectr_exact.set_hugectr_exact() applies to a built model
+        return [SoftmaxFn.apply(tape, xs[0], subtract_max=not hugectr_exact.hugectr_exact(), name=name)]
 
     def json_params(self):
         return {"factor": self.cfg.factor}
@@ -197,7 +197,7 @@ class MultiHeadAttention(Layer):
             if self.masked:
                 p = MaskedSoftmaxFn.apply(tape, s, xs[3], factor=1.0, name=f"{tops[0]}:softmax")
             else:
-                p = SoftmaxFn.apply(tape, s, subtract_max=not compat.hugectr_exact(), name=f"{tops[0]}:softmax")
+                p = SoftmaxFn.apply(tape, s, subtract_max=not hugectr_exact.hugectr_exact(), name=f"{tops[0]}:softmax")
             o = MatMulFn.apply(tape, p, v, name=f"{tops[0]}:heads")                  # (B, H, Lf, d)
             return [MergeHeadsFn.apply(tape, o, name=tops[0])]
         if self.mode == "qk":

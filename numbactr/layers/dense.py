@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr.autograd import Tensor
 from numbactr.enums import Activation_t, FcPosition_t, Initializer_t, Layer_t
 from numbactr.layers import init
@@ -77,8 +77,8 @@ class MLP(Layer):
 
     def init_params(self, rng):
         # Default = Uniform = U(+-sqrt(1/fan_in)) for kernel and bias (numbactr.layers.init.mlp_param;
-        # its Xavier fan mode follows HugeCTR's sub-layer-parity quirk under compat.hugectr_exact())
-        out, exact = [], compat.hugectr_exact()
+        # its Xavier fan mode follows HugeCTR's sub-layer-parity quirk under hugectr_exact.hugectr_exact())
+        out, exact = [], hugectr_exact.hugectr_exact()
         for i in range(len(self.dims) - 1):
             k, n = self.dims[i], self.dims[i + 1]
             out.append(init.mlp_param(rng, (k, n), self.cfg.weight_init_type, k, n, sub_layer=i,

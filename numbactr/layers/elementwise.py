@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import zlib
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr.autograd import Context
 from numbactr.enums import Initializer_t, Layer_t
 from numbactr.layers import init
@@ -94,17 +94,17 @@ class Sub(_SameShape):
 class ElementwiseMultiply(_SameShape):
     """Y = prod_i X_i over N >= 2 same-shape bottoms.
 
-    Backward: product rule dX_i = dY * prod_{j!=i} X_j; under compat.hugectr_exact(), HugeCTR's
+    Backward: product rule dX_i = dY * prod_{j!=i} X_j; under hugectr_exact.hugectr_exact(), HugeCTR's
     dX_i = dY * (Y / X_i) with dX_i = 0 for every i wherever Y == 0.
     """
     type_name = "ElementwiseMultiply"
     min_bottoms, max_bottoms = 2, 1 << 30
 
     def forward(self, tape, xs, run):
-        return [MultiplyFn.apply(tape, *xs, exact=compat.hugectr_exact(), name=self.cfg.top_names[0])]
+        return [MultiplyFn.apply(tape, *xs, exact=hugectr_exact.hugectr_exact(), name=self.cfg.top_names[0])]
 
     def inference_fn(self):
-        return lambda xs: [MultiplyFn.forward(Context(), *xs, exact=compat.hugectr_exact())]
+        return lambda xs: [MultiplyFn.forward(Context(), *xs, exact=hugectr_exact.hugectr_exact())]
 
 
 class ELU(_SameShape):
@@ -163,7 +163,7 @@ class Scale(Layer):
     """(B, N) -> (B, N*f) (axis 0: each element repeated f times consecutively) or (B*f, N)
     (axis 1: each row repeated f times); f = int(factor).
 
-    Backward: the sum over the f copies; under compat.hugectr_exact(), only the first copy (HugeCTR).
+    Backward: the sum over the f copies; under hugectr_exact.hugectr_exact(), only the first copy (HugeCTR).
     """
     type_name = "Scale"
 
@@ -185,7 +185,7 @@ class Scale(Layer):
         return [(b, n * f) if axis == 0 else (b * f, n)]
 
     def forward(self, tape, xs, run):
-        return [ScaleFn.apply(tape, xs[0], axis=self.axis, factor=self.f, first_only=compat.hugectr_exact(),
+        return [ScaleFn.apply(tape, xs[0], axis=self.axis, factor=self.f, first_only=hugectr_exact.hugectr_exact(),
                               name=self.cfg.top_names[0])]
 
     def json_params(self):

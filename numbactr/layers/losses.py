@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr.enums import Layer_t, Regularizer_t
 from numbactr.layers.base import Layer
 from numbactr.ops.losses import CrossEntropy, MultiCrossEntropy, sigmoid, softmax2
@@ -87,7 +87,7 @@ class RegularizedLoss:
 # ---- layers ------------------------------------------------------------------------------------
 class CrossEntropyLoss(RegularizedLoss, Layer):
     """bottoms [logits (B, 2), label (B, 1) or (B, 2)] -> loss (1,); softmax fused. Class of row i:
-    0 if its label < 0.5 else 1 (column 0; HugeCTR's buffer read under compat.hugectr_exact())."""
+    0 if its label < 0.5 else 1 (column 0; HugeCTR's buffer read under hugectr_exact.hugectr_exact())."""
     type_name = "CrossEntropyLoss"
     is_loss = True
     # labels in [0, 1], checked by the reader; the class is label >= 0.5, as HugeCTR's kernel reads it (its
@@ -109,7 +109,7 @@ class CrossEntropyLoss(RegularizedLoss, Layer):
     def forward(self, tape, xs, run):
         grad_scale = run.scaler / (run.valid * run.ranks) if run.valid else 0.0
         loss = CrossEntropy.apply(tape, xs[0], xs[1], valid=run.valid, grad_scale=grad_scale,
-                                  hugectr_label=compat.hugectr_exact(), name=self.cfg.top_names[0])
+                                  hugectr_label=hugectr_exact.hugectr_exact(), name=self.cfg.top_names[0])
         self.logits = xs[0]
         return [loss]
 

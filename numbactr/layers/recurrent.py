@@ -34,7 +34,7 @@ import math
 
 import numpy as np
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr.enums import Initializer_t, Layer_t
 from numbactr.layers import init
 from numbactr.layers.base import Layer
@@ -99,7 +99,7 @@ class GRU(Layer):
             out_shape = (rows, bsz * self.steps * self.h // rows) if len(self._tail) == 1 else \
                 (rows, self.steps, self.h)
         return [GRUFn.apply(tape, x, *self.params, hidden=self.h, steps=self.steps, vec=self.vec,
-                            out_shape=out_shape, exact=compat.hugectr_exact(), name=self.cfg.top_names[0])]
+                            out_shape=out_shape, exact=hugectr_exact.hugectr_exact(), name=self.cfg.top_names[0])]
 
     def json_params(self):
         c = self.cfg

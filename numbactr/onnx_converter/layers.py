@@ -18,7 +18,7 @@ of tests/test_onnx_converter.py), in the same order of float operations where ON
   Dropout, Cast                          identity (eval; numbactr computes fp32)
   GRU                                    ONNX GRU, linear_before_reset=1 (cuDNN's single input
                                          bias), h0 = the trained hx (numbactr's layout, or HugeCTR's
-                                         seq-major one with h0 = 0 under compat.hugectr_exact())
+                                         seq-major one with h0 = 0 under hugectr_exact.hugectr_exact())
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr.enums import Activation_t
 from numbactr.kernels import prelu_dice as dice_k
 from numbactr.kernels import softmax as softmax_k
@@ -355,7 +355,7 @@ def gru(g, layer, xs, ws, tops):
         return np.concatenate([a[hid:2 * hid], a[:hid], a[2 * hid:]])
     args = [g.const(zrn(w)[None], f"{t}/W"), g.const(zrn(u)[None], f"{t}/R"),
             g.const(np.concatenate([zrn(b), np.zeros(3 * hid, np.float32)])[None], f"{t}/B")]
-    if compat.hugectr_exact():                    # cuDNN's seq-major buffer [T][B][V], h0 = 0
+    if hugectr_exact.hugectr_exact():                    # cuDNN's seq-major buffer [T][B][V], h0 = 0
         x = g.op("Reshape", [xs[0], g.ints([steps, -1, vec], f"{t}/shape")], f"{t}/x")
         y = g.op("GRU", [x, *args], f"{t}/y", hidden_size=hid, linear_before_reset=1)       # (T, 1, B, H)
     else:                                         # batch-major [B][T][V], h0 = the first B rows of hx

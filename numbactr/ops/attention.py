@@ -20,8 +20,8 @@ import numpy as np
 from numbactr.autograd import Context, Function
 from numbactr.autograd.tape import native_dtype as _out
 from numbactr.autograd.tape import native_inputs as _half
-from numbactr.kernels import attention as att
-from numbactr.kernels import softmax as sm
+from numbactr.kernels import attention
+from numbactr.kernels import softmax
 from numbactr.ops.dense import _half_mm
 from numbactr.ops.dispatch import pick
 from numbactr.runtime.device import contig as _contig
@@ -32,22 +32,22 @@ from numbactr.runtime.device import xp as _xp
 # ---- Softmax ------------------------------------------------------------------------------------
 def _softmax_forward_kernel(ctx, x, subtract_max):
     y = _empty(x.shape, _out(ctx))
-    sm.softmax_forward(_contig(x), y, subtract_max)
+    softmax.softmax_forward(_contig(x), y, subtract_max)
     return y
 
 
 def _softmax_forward_ref(ctx, x, subtract_max):
-    return sm.softmax_forward_ref(x, subtract_max)
+    return softmax.softmax_forward_ref(x, subtract_max)
 
 
 def _softmax_backward_kernel(ctx, dy, factor=1.0):
     dx = _empty(dy.shape, _out(ctx))
-    sm.softmax_backward(ctx.y, _contig(dy), dx, factor)
+    softmax.softmax_backward(ctx.y, _contig(dy), dx, factor)
     return dx
 
 
 def _softmax_backward_ref(ctx, dy, factor=1.0):
-    return sm.softmax_backward_ref(ctx.y, dy, factor)
+    return softmax.softmax_backward_ref(ctx.y, dy, factor)
 
 
 class SoftmaxFn(Function):
@@ -69,12 +69,12 @@ class SoftmaxFn(Function):
 
 def _masked_forward_kernel(ctx, x, mask, factor):
     y = _empty(x.shape, _out(ctx))
-    sm.masked_softmax_forward(_contig(x), _contig(mask), y, factor)
+    softmax.masked_softmax_forward(_contig(x), _contig(mask), y, factor)
     return y
 
 
 def _masked_forward_ref(ctx, x, mask, factor):
-    return sm.masked_softmax_forward_ref(x, mask, factor)
+    return softmax.masked_softmax_forward_ref(x, mask, factor)
 
 
 class MaskedSoftmaxFn(Function):
@@ -137,23 +137,23 @@ class MatMulFn(Function):
 def _split_kernel(x, heads):
     b, l, hd = x.shape
     y = _empty((b, heads, l, hd // heads), x.dtype)
-    att.split_heads(_contig(x), y)
+    attention.split_heads(_contig(x), y)
     return y
 
 
 def _merge_kernel(x):
     b, h, l, d = x.shape
     y = _empty((b, l, h * d), x.dtype)
-    att.merge_heads(_contig(x), y)
+    attention.merge_heads(_contig(x), y)
     return y
 
 
 def _split(x, heads):
-    return pick(kernel=_split_kernel, ref=att.split_heads_ref)(x, heads)
+    return pick(kernel=_split_kernel, ref=attention.split_heads_ref)(x, heads)
 
 
 def _merge(x):
-    return pick(kernel=_merge_kernel, ref=att.merge_heads_ref)(x)
+    return pick(kernel=_merge_kernel, ref=attention.merge_heads_ref)(x)
 
 
 class SplitHeadsFn(Function):
@@ -196,11 +196,11 @@ class ScaledQKFn(Function):
         ctx.q, ctx.k, ctx.scale = q, k, scale
         if ctx.native_half:
             return _mm(ctx, q, k.swapaxes(-1, -2), scale)
-        return att.scaled_qk_forward_ref(q, k, scale)
+        return attention.scaled_qk_forward_ref(q, k, scale)
 
     @staticmethod
     def backward(ctx: Context, ds):
         if ctx.native_half:
             (ds,) = _half(ctx, ds)
             return _mm(ctx, ds, ctx.k, ctx.scale), _mm(ctx, ds.swapaxes(-1, -2), ctx.q, ctx.scale)
-        return att.scaled_qk_backward_ref(ctx.q, ctx.k, ds, ctx.scale)
+        return attention.scaled_qk_backward_ref(ctx.q, ctx.k, ds, ctx.scale)

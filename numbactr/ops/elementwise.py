@@ -22,12 +22,12 @@ import numpy as np
 from numbactr.autograd import Context, Function
 from numbactr.autograd.tape import native_dtype as _out
 from numbactr.autograd.tape import native_inputs as _half
-from numbactr.kernels import dropout as dropout_k
-from numbactr.kernels import elementwise as ew
-from numbactr.kernels import fm_order2 as fm_k
+from numbactr.kernels import dropout
+from numbactr.kernels import elementwise
+from numbactr.kernels import fm_order2
 from numbactr.kernels import relu
-from numbactr.kernels import scale as scale_k
-from numbactr.kernels import weight_multiply as wm_k
+from numbactr.kernels import scale
+from numbactr.kernels import weight_multiply
 from numbactr.ops.dispatch import pick
 from numbactr.runtime import step_values
 from numbactr.runtime.device import contig as _contig
@@ -91,18 +91,18 @@ class Identity(Function):
 def _stacked(xs):
     """(K, M) copy of K same-shape inputs, written by a kernel (one row per input)."""
     out = _xp().empty((len(xs), xs[0].size), np.float32)
-    ew.stack([_contig(x) for x in xs], out)
+    elementwise.stack([_contig(x) for x in xs], out)
     return out
 
 
 def _add_kernel(ctx, xs):
     y = _xp().empty(xs[0].shape, _out(ctx))
-    ew.add_forward(_stacked(xs), y)
+    elementwise.add_forward(_stacked(xs), y)
     return y
 
 
 def _add_ref(ctx, xs):
-    return ew.add_forward_ref(xs)
+    return elementwise.add_forward_ref(xs)
 
 
 class AddFn(Function):
@@ -122,17 +122,17 @@ class AddFn(Function):
 # ---- Sub: y = a - b -----------------------------------------------------------------------------
 def _sub_forward_kernel(ctx, a, b):
     y = _xp().empty(a.shape, _out(ctx))
-    ew.sub_forward(_contig(a), _contig(b), y)
+    elementwise.sub_forward(_contig(a), _contig(b), y)
     return y
 
 
 def _sub_forward_ref(ctx, a, b):
-    return ew.sub_forward_ref(a, b)
+    return elementwise.sub_forward_ref(a, b)
 
 
 def _sub_backward_kernel(dy):
     da, db = _xp().empty_like(dy), _xp().empty_like(dy)
-    ew.sub_backward(_contig(dy), da, db)
+    elementwise.sub_backward(_contig(dy), da, db)
     return da, db
 
 
@@ -147,31 +147,31 @@ class SubFn(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         (dy,) = _half(ctx, dy)
-        return pick(kernel=_sub_backward_kernel, ref=ew.sub_backward_ref)(dy)
+        return pick(kernel=_sub_backward_kernel, ref=elementwise.sub_backward_ref)(dy)
 
 
 # ---- Multiply: y = Π x_i ------------------------------------------------------------------------
 def _multiply_forward_kernel(ctx, xs):
     stacked = _stacked(xs)                             # (K, M)
     y = _xp().empty(xs[0].shape, _out(ctx))
-    ew.multiply_forward(stacked, y)
+    elementwise.multiply_forward(stacked, y)
     ctx.stacked = stacked
     return y
 
 
 def _multiply_forward_ref(ctx, xs):
     ctx.xs = xs
-    return ew.multiply_forward_ref(xs)
+    return elementwise.multiply_forward_ref(xs)
 
 
 def _multiply_backward_kernel(ctx, dy):
     dxs = _xp().empty(ctx.stacked.shape, np.float32)  # (K, M)
-    ew.multiply_backward(ctx.stacked, _contig(dy), dxs, exact=ctx.exact, y=ctx.y)
+    elementwise.multiply_backward(ctx.stacked, _contig(dy), dxs, exact=ctx.exact, y=ctx.y)
     return tuple(dxs[k].reshape(ctx.shape) for k in range(dxs.shape[0]))
 
 
 def _multiply_backward_ref(ctx, dy):
-    return tuple(ew.multiply_backward_ref(ctx.xs, dy, exact=ctx.exact, y=ctx.y))
+    return tuple(elementwise.multiply_backward_ref(ctx.xs, dy, exact=ctx.exact, y=ctx.y))
 
 
 class MultiplyFn(Function):
@@ -195,13 +195,13 @@ class MultiplyFn(Function):
 # ---- ELU: y = x if x >= 0 else α(eˣ - 1) ------------------------------------------------------------
 def _elu_forward_kernel(x, alpha):
     y = _xp().empty_like(x)
-    ew.elu_forward(x, y, alpha)
+    elementwise.elu_forward(x, y, alpha)
     return y
 
 
 def _elu_backward_kernel(x, dy, alpha):
     dx = _xp().empty_like(x)
-    ew.elu_backward(x, _contig(dy), dx, alpha)
+    elementwise.elu_backward(x, _contig(dy), dx, alpha)
     return dx
 
 
@@ -212,28 +212,28 @@ class ELUFn(Function):
     def forward(ctx: Context, x, alpha: float = 1.0):
         (x,) = _half(ctx, x)
         ctx.x, ctx.alpha = _contig(x), alpha
-        return pick(kernel=_elu_forward_kernel, ref=ew.elu_forward_ref)(ctx.x, alpha)
+        return pick(kernel=_elu_forward_kernel, ref=elementwise.elu_forward_ref)(ctx.x, alpha)
 
     @staticmethod
     def backward(ctx: Context, dy):
         (dy,) = _half(ctx, dy)
-        return pick(kernel=_elu_backward_kernel, ref=ew.elu_backward_ref)(ctx.x, dy, ctx.alpha)
+        return pick(kernel=_elu_backward_kernel, ref=elementwise.elu_backward_ref)(ctx.x, dy, ctx.alpha)
 
 
 # ---- Sigmoid: y = 1 / (1 + e⁻ˣ) -----------------------------------------------------------------------
 def _sigmoid_forward_kernel(ctx, x):
     y = _xp().empty(x.shape, _out(ctx))
-    ew.sigmoid_forward(_contig(x), y)
+    elementwise.sigmoid_forward(_contig(x), y)
     return y
 
 
 def _sigmoid_forward_ref(ctx, x):
-    return ew.sigmoid_forward_ref(x)
+    return elementwise.sigmoid_forward_ref(x)
 
 
 def _sigmoid_backward_kernel(y, dy):
     dx = _xp().empty_like(y)
-    ew.sigmoid_backward(y, _contig(dy), dx)
+    elementwise.sigmoid_backward(y, _contig(dy), dx)
     return dx
 
 
@@ -249,29 +249,29 @@ class SigmoidFn(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         (dy,) = _half(ctx, dy)
-        return pick(kernel=_sigmoid_backward_kernel, ref=ew.sigmoid_backward_ref)(ctx.y, dy)
+        return pick(kernel=_sigmoid_backward_kernel, ref=elementwise.sigmoid_backward_ref)(ctx.y, dy)
 
 
 # ---- Scale: repeat elements (axis 0) or rows (axis 1) f times -------------------------------------
 def _scale_forward_kernel(ctx, x):
     b, n = x.shape
     y = _xp().empty((b, n * ctx.factor) if ctx.axis == 0 else (b * ctx.factor, n), _out(ctx))
-    scale_k.scale_forward(_contig(x), y, ctx.axis, ctx.factor)
+    scale.scale_forward(_contig(x), y, ctx.axis, ctx.factor)
     return y
 
 
 def _scale_forward_ref(ctx, x):
-    return scale_k.scale_forward_ref(x, ctx.axis, ctx.factor)
+    return scale.scale_forward_ref(x, ctx.axis, ctx.factor)
 
 
 def _scale_backward_kernel(ctx, dy):
     dx = _xp().empty(ctx.in_shape, _out(ctx))
-    scale_k.scale_backward(_contig(dy), dx, ctx.axis, ctx.factor, ctx.first_only)
+    scale.scale_backward(_contig(dy), dx, ctx.axis, ctx.factor, ctx.first_only)
     return dx
 
 
 def _scale_backward_ref(ctx, dy):
-    return scale_k.scale_backward_ref(dy, ctx.axis, ctx.factor, ctx.first_only)
+    return scale.scale_backward_ref(dy, ctx.axis, ctx.factor, ctx.first_only)
 
 
 class ScaleFn(Function):
@@ -295,16 +295,16 @@ class ScaleFn(Function):
 def _dropout_kernel(ctx, x):
     """Forward and backward alike: the same mask and scale applied to x or dY."""
     y = _xp().empty(x.shape, _out(ctx))
-    dropout_k.dropout_apply(_contig(x), y, *ctx.args)
+    dropout.dropout_apply(_contig(x), y, *ctx.args)
     return y
 
 
 def _dropout_forward_ref(ctx, x):
-    return dropout_k.dropout_forward_ref(x, *ctx.args)
+    return dropout.dropout_forward_ref(x, *ctx.args)
 
 
 def _dropout_backward_ref(ctx, dy):
-    return dropout_k.dropout_backward_ref(dy, *ctx.args)
+    return dropout.dropout_backward_ref(dy, *ctx.args)
 
 
 class DropoutFn(Function):
@@ -326,8 +326,8 @@ class DropoutFn(Function):
 
 def _dropout_step_kernel(owner, step: int):
     sv = step_values.held(owner, "_step_values", 1, np.uint64)
-    step = sv.put(step & dropout_k.MASK64)
-    step_values.on_replay(("dropout", id(owner)), lambda r: sv.put(int(r["step"]) & dropout_k.MASK64))
+    step = sv.put(step & dropout.MASK64)
+    step_values.on_replay(("dropout", id(owner)), lambda r: sv.put(int(r["step"]) & dropout.MASK64))
     return step
 
 
@@ -345,24 +345,24 @@ def dropout_step(owner, step: int):
 # ---- WeightMultiply: y[b, s·V+v] = x[b, s]·W[s, v] ------------------------------------------------------
 def _wm_forward_kernel(ctx):
     y = _xp().empty((ctx.x.shape[0], ctx.w.size), _out(ctx))
-    wm_k.weight_multiply_forward(ctx.x, ctx.w, y)
+    weight_multiply.weight_multiply_forward(ctx.x, ctx.w, y)
     return y
 
 
 def _wm_forward_ref(ctx):
-    return wm_k.weight_multiply_forward_ref(ctx.x, ctx.w)
+    return weight_multiply.weight_multiply_forward_ref(ctx.x, ctx.w)
 
 
 def _wm_backward_kernel(ctx, dy):
     xp = _xp()
     dx = xp.empty_like(ctx.x) if ctx.needs_input_grad[0] else None
     dw = xp.empty_like(ctx.w)
-    wm_k.weight_multiply_backward(ctx.x, ctx.w, _contig(dy), dx, dw)
+    weight_multiply.weight_multiply_backward(ctx.x, ctx.w, _contig(dy), dx, dw)
     return dx, dw
 
 
 def _wm_backward_ref(ctx, dy):
-    dx, dw = wm_k.weight_multiply_backward_ref(ctx.x, ctx.w, dy)
+    dx, dw = weight_multiply.weight_multiply_backward_ref(ctx.x, ctx.w, dy)
     return (dx if ctx.needs_input_grad[0] else None), dw
 
 
@@ -386,22 +386,22 @@ class WeightMultiplyFn(Function):
 # ---- FmOrder2: y = ½((Σ_s x_s)² - Σ_s x_s²) per component --------------------------------------------
 def _fm_forward_kernel(ctx):
     y = _xp().empty((ctx.x.shape[0], ctx.out_dim), _out(ctx))
-    fm_k.fm_order2_forward(ctx.x, y)
+    fm_order2.fm_order2_forward(ctx.x, y)
     return y
 
 
 def _fm_forward_ref(ctx):
-    return fm_k.fm_order2_forward_ref(ctx.x, ctx.out_dim)
+    return fm_order2.fm_order2_forward_ref(ctx.x, ctx.out_dim)
 
 
 def _fm_backward_kernel(ctx, dy):
     dx = _xp().empty_like(ctx.x)
-    fm_k.fm_order2_backward(ctx.x, _contig(dy), dx)
+    fm_order2.fm_order2_backward(ctx.x, _contig(dy), dx)
     return dx
 
 
 def _fm_backward_ref(ctx, dy):
-    return fm_k.fm_order2_backward_ref(ctx.x, dy, ctx.out_dim)
+    return fm_order2.fm_order2_backward_ref(ctx.x, dy, ctx.out_dim)
 
 
 class FmOrder2Fn(Function):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from numbactr.autograd import Context, Function
-from numbactr.kernels import bias as bias_kernels
+from numbactr.kernels import bias
 from numbactr.kernels import gru
 from numbactr.ops.dispatch import pick
 from numbactr.runtime.device import contig as _contig
@@ -72,7 +72,7 @@ def _backward_kernel(dy3, xb, w, u, cache):
     dw = dgx2.T @ xb.reshape(-1, vec)
     du = dgh.reshape(-1, 3 * hidden).T @ _contig(hs[:, :steps]).reshape(-1, hidden)
     db = xp.empty((3 * hidden,), np.float32)
-    bias_kernels.bias_grad(dgx2, db)
+    bias.bias_grad(dgx2, db)
     dx = dgx2 @ w
     return dx, dw, du, db, dh0
 

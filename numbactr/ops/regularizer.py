@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from numbactr.enums import Regularizer_t
-from numbactr.kernels import regularizer as reg_kernels
+from numbactr.kernels import regularizer
 from numbactr.ops.dispatch import pick
 from numbactr.runtime import device
 from numbactr.runtime.device import contig as _contig
@@ -36,7 +36,7 @@ def _term_kernel(w, kind, lam, b):
 
 
 def _term_ref(w, kind, lam, b):
-    return reg_kernels.regularizer_term_ref(device.to_host(w), _kind_name(kind), lam, b)
+    return regularizer.regularizer_term_ref(device.to_host(w), _kind_name(kind), lam, b)
 
 
 def regularizer_term(w, kind, lam: float, b: int) -> float:
@@ -53,16 +53,16 @@ def regularizer_term_on_device(w, kind, lam: float, b: int):
     """regularizer_term as a (1,) float32 device array, nothing read back (gpu/sim: the kernel's block
     reduction; a training step keeps it beside its loss, numbactr.train.step.keep_loss)."""
     out = device.xp().zeros((1,), np.float32)
-    reg_kernels.regularizer_term_add(_contig(w), out, _kind_name(kind), lam, b)
+    regularizer.regularizer_term_add(_contig(w), out, _kind_name(kind), lam, b)
     return out
 
 
 def _grad_kernel(w, name, lam, b, out, accumulate):
-    reg_kernels.regularizer_grad_init(_contig(w), out, name, lam, b, accumulate=accumulate)
+    regularizer.regularizer_grad_init(_contig(w), out, name, lam, b, accumulate=accumulate)
 
 
 def _grad_ref(w, name, lam, b, out, accumulate):
-    g = reg_kernels.regularizer_grad_ref(w, name, lam, b).reshape(out.shape)
+    g = regularizer.regularizer_grad_ref(w, name, lam, b).reshape(out.shape)
     if accumulate:
         out += g
     else:

@@ -21,7 +21,7 @@ from numbactr.autograd import Context, Function
 from numbactr.autograd.tape import native_dtype as _out
 from numbactr.autograd.tape import native_inputs as _half
 from numbactr.kernels import concat, reduce_axis, sequence_mask, slice_select
-from numbactr.kernels import fused_reshape_concat as frc
+from numbactr.kernels import fused_reshape_concat
 from numbactr.ops.dispatch import pick
 from numbactr.runtime.device import contig as _contig
 from numbactr.runtime.device import empty as _empty
@@ -226,22 +226,22 @@ def _frc_forward_kernel(ctx, xs):
     b, s = xs[0].shape[:2]
     w = sum(ctx.widths)
     item, ad = _empty((b * (s - 1), w)), _empty((b, w))
-    frc.fused_reshape_concat_forward([_contig(x) for x in xs], item, ad)
+    fused_reshape_concat.fused_reshape_concat_forward([_contig(x) for x in xs], item, ad)
     return item, ad
 
 
 def _frc_forward_ref(ctx, xs):
-    return frc.fused_reshape_concat_forward_ref(xs)
+    return fused_reshape_concat.fused_reshape_concat_forward_ref(xs)
 
 
 def _frc_backward_kernel(ctx, d_item, d_ad):
     dxs = [_empty((d_ad.shape[0], ctx.slots, wi)) for wi in ctx.widths]
-    frc.fused_reshape_concat_backward(_contig(d_item), _contig(d_ad), dxs)
+    fused_reshape_concat.fused_reshape_concat_backward(_contig(d_item), _contig(d_ad), dxs)
     return tuple(dxs)
 
 
 def _frc_backward_ref(ctx, d_item, d_ad):
-    return tuple(frc.fused_reshape_concat_backward_ref(d_item, d_ad, ctx.widths, ctx.slots))
+    return tuple(fused_reshape_concat.fused_reshape_concat_backward_ref(d_item, d_ad, ctx.widths, ctx.slots))
 
 
 class FusedReshapeConcatFn(Function):
@@ -267,23 +267,23 @@ class FusedReshapeConcatFn(Function):
 def _frcg_forward_kernel(ctx, xs):
     b, s = xs[0].shape[:2]
     out = _empty((b * s, sum(ctx.widths)))
-    frc.fused_reshape_concat_general_forward([_contig(x) for x in xs], out)
+    fused_reshape_concat.fused_reshape_concat_general_forward([_contig(x) for x in xs], out)
     return out
 
 
 def _frcg_forward_ref(ctx, xs):
-    return frc.fused_reshape_concat_general_forward_ref(xs)
+    return fused_reshape_concat.fused_reshape_concat_general_forward_ref(xs)
 
 
 def _frcg_backward_kernel(ctx, d_out):
     b = d_out.shape[0] // ctx.slots
     dxs = [_empty((b, ctx.slots, wi)) for wi in ctx.widths]
-    frc.fused_reshape_concat_general_backward(_contig(d_out), dxs)
+    fused_reshape_concat.fused_reshape_concat_general_backward(_contig(d_out), dxs)
     return tuple(dxs)
 
 
 def _frcg_backward_ref(ctx, d_out):
-    return tuple(frc.fused_reshape_concat_general_backward_ref(d_out, ctx.widths, ctx.slots))
+    return tuple(fused_reshape_concat.fused_reshape_concat_general_backward_ref(d_out, ctx.widths, ctx.slots))
 
 
 class FusedReshapeConcatGeneralFn(Function):

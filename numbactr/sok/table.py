@@ -45,7 +45,7 @@ from numbactr.embedding.engine import (FIXED_HYPER_PARAMETERS, BoundsCheck, Layo
                                Pooling, TableBatchedEmbedding, TableSpec, UpdateType)
 from numbactr.embedding.hash_table import EMPTY_KEY, HashTableFullError
 from numbactr.embedding.sharded import ShardedTable, owner_offsets
-from numbactr.kernels import embedding_init as EI
+from numbactr.kernels import embedding_init
 
 DISTRIBUTED = -1                         # SokTable.target of a distributed table (else the owning rank)
 INIT_RANGE = (-0.05, 0.05)               # SOK's default initializer: random_uniform(-0.05, 0.05)
@@ -181,7 +181,7 @@ class SokTable:
     def _init_rows(self, initial) -> None:
         held = self._held_rows()
         if initial is None:
-            vals = EI.row_values_ref(held.astype(np.uint64), self.dim, self.seed, *self.spec.init_range)
+            vals = embedding_init.row_values_ref(held.astype(np.uint64), self.dim, self.seed, *self.spec.init_range)
         else:
             vals = np.asarray(initial, np.float32)[held]
         self.weights()[...] = device.xp().asarray(vals)

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from numbactr import hugectr_exact as compat
+from numbactr import hugectr_exact
 from numbactr.autograd import Tensor
 from numbactr.validate import number as _number, warn_ignored
 from numbactr.enums import MetricsType, Tensor_t
@@ -188,7 +188,7 @@ def eval_batch(model) -> bool:
         labels.append(y)
     preds, labels = np.concatenate(preds, axis=1), np.concatenate(labels, axis=1)
     outputs = np.concatenate(outputs, axis=1)
-    loss = step.loss_value(model, t, batch.batch_size * model.ranks, None if compat.hugectr_exact() else n)
+    loss = step.loss_value(model, t, batch.batch_size * model.ranks, None if hugectr_exact.hugectr_exact() else n)
     if model.ranks > 1:                      # every rank scores the whole global eval batch
         preds, labels = model.comm.allgather_rows(preds), model.comm.allgather_rows(labels)
         outputs = model.comm.allgather_rows(outputs)

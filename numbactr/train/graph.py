@@ -15,14 +15,14 @@ import numpy as np
 
 from numbactr.autograd import Tensor
 from numbactr.config import DenseLayer, GroupDenseLayer, Input, SparseEmbedding
-from numbactr.embedding import collection as ebc
+from numbactr.embedding import collection
 from numbactr.embedding.factory import make_embedding
 from numbactr.enums import Embedding_t
 from numbactr.files import graph_json
 from numbactr.layers import LayerError, build
 from numbactr.optim import DenseOptimizer
 from numbactr.runtime import device
-from numbactr.train import training_cache as etc
+from numbactr.train import training_cache
 
 
 class ModelError(ValueError):
@@ -49,7 +49,7 @@ def add(model, item=None, input=None, sparse_embedding=None, dense_layer=None,  
         raise ModelError(f"Model.add({type(item).__name__}): add the Input first")
     if isinstance(item, SparseEmbedding):
         return add_embedding(model, item)
-    if isinstance(item, ebc.EmbeddingCollectionConfig):
+    if isinstance(item, collection.EmbeddingCollectionConfig):
         return add_collection(model, item)
     if isinstance(item, DenseLayer):
         return add_dense(model, item)
@@ -96,7 +96,7 @@ def add_embedding(model, cfg: SparseEmbedding) -> None:
     param = model.input.sparse[model.sparse_inputs[cfg.bottom_name]]
     opt = cfg.optimizer if cfg.optimizer.initialized else model.opt_params
     if model.etc is not None:          # a Cached parameter server: the table tiered on the local path
-        tier = etc.tier_for(model.etc, len(model.embeddings), model.comm.rank, model.comm.size)
+        tier = training_cache.tier_for(model.etc, len(model.embeddings), model.comm.rank, model.comm.size)
         if tier is not None:
             cfg.embedding_cache = tier
     emb = make_embedding(cfg, param, opt, model.solver.seed, model.comm)
@@ -141,9 +141,9 @@ def add_collection(model, cfg) -> None:
         raise ModelError(f"{who}: table name(s) {dup} are already in another EmbeddingCollection")
     params = {p.top_name: p for p in model.input.sparse}
     try:
-        coll = ebc.EmbeddingCollection(cfg, len(model.collections), params, model.opt_params, model.solver.seed,
+        coll = collection.EmbeddingCollection(cfg, len(model.collections), params, model.opt_params, model.solver.seed,
                                        model.comm)
-    except ebc.CollectionError as e:
+    except collection.CollectionError as e:
         raise ModelError(str(e)) from None
     for name, shape in coll.tops(model.batch):
         new_tensor(model, name, shape, who)
@@ -245,12 +245,12 @@ def compile(model, loss_names=None, loss_weights=None) -> None:
     fuse_bias_relu(model)
     if model.etc is not None:          # one PS per embedding; existing sparse models are trained further
         try:
-            etc.check_embeddings(model, model.etc)
-        except etc.ETCError as e:
+            training_cache.check_embeddings(model, model.etc)
+        except training_cache.ETCError as e:
             raise ModelError(str(e)) from None
     model.compiled = True
     if model.etc is not None:
-        etc.load_existing(model, model.etc)
+        training_cache.load_existing(model, model.etc)
 
 
 def fuse_bias_relu(model) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from numbactr.files import checkpoint
 from numbactr.train import graph, overflow, step
-from numbactr.train import training_cache as etc
+from numbactr.train import training_cache
 
 
 def save_params(model, prefix: str, iteration) -> None:
@@ -19,7 +19,7 @@ def save_params(model, prefix: str, iteration) -> None:
     model.check_deferred()
     iteration = checkpoint._iteration(iteration)        # checked before any file is written
     if model.etc is not None:      # ETC: the tables go to their sparse model folders, the rest under prefix
-        etc.save_sparse_models(model, model.etc)
+        training_cache.save_sparse_models(model, model.etc)
         checkpoint.save(model, prefix, iteration, with_sparse=False)
         return
     checkpoint.save(model, prefix, iteration)

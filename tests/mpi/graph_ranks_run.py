@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(HERE, "..", ".."))
 import numpy as np  # noqa: E402
 
 import numbactr as hugectr  # noqa: E402  (first: starts MPI)
-from numbactr.train import cuda_graphs
+from numbactr.train import cuda_graphs  # noqa: E402
 from numbactr.train import step as train_step  # noqa: E402
 from numbactr.runtime import device, step_values  # noqa: E402
 from numbactr.bench.mlperf import DENSE, SLOTS, build_mlperf_dlrm  # noqa: E402

@@ -9,8 +9,8 @@ import numpy as np
 
 from numbactr.runtime import device
 from numbactr.runtime.hostmem import check_fits, host_zeros
-from numbactr.kernels import embedding_init as EI
-from numbactr.kernels import tbe_row_ops as RO
+from numbactr.kernels import embedding_init
+from numbactr.kernels import tbe_row_ops
 
 
 def _zeros(n: int, dtype, huge: bool = True):
@@ -42,7 +42,7 @@ def fill_uniform_rows(view, first_lin: int, seed: int, lo: float, hi: float, row
     step = max(1, FILL_CHUNK_ELEMS // max(D, 1))
     for a in range(0, V, step):
         b = min(V, a + step)
-        vals = EI.row_values_ref(np.arange(first_lin + a, first_lin + b, dtype=np.uint64), D, seed, lo, hi)
+        vals = embedding_init.row_values_ref(np.arange(first_lin + a, first_lin + b, dtype=np.uint64), D, seed, lo, hi)
         if row_scale is not None:
             vals *= row_scale[a:b, None]
         view[a:b] = xp.asarray(vals.astype(view.dtype, copy=False))
@@ -52,4 +52,4 @@ def lerp_halves_of(views, coef: float) -> None:
     """TableBatchedEmbedding.lerp_halves on host (V, D) arrays that are no engine's buffer (a tiered table's
     backing tier, numbactr.embedding.tiered): each row's second half moves coef of the way to its first."""
     for view in views:
-        RO.lerp_rows_ref(view, coef)
+        tbe_row_ops.lerp_rows_ref(view, coef)

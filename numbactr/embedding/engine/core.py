@@ -14,10 +14,10 @@ import numpy as np
 
 from numbactr.runtime import device
 from numbactr.runtime.hostmem import huge_pages_wanted
-from numbactr.kernels import embedding_init as EI
-from numbactr.kernels import fused8bit as Q8
-from numbactr.kernels import nbit_rows as NB
-from numbactr.kernels import tbe as K
+from numbactr.kernels import embedding_init
+from numbactr.kernels import fused8bit
+from numbactr.kernels import nbit_rows
+from numbactr.kernels import tbe
 from numbactr.embedding.hash_table import HashTable
 from numbactr.embedding.engine.buffers import _zeros, fill_uniform_rows
 from numbactr.embedding.engine.impl_cpu import _CpuImpl
@@ -153,7 +153,7 @@ class TableBatchedEmbedding:
             bad = [int(d) for d in dims if d % 4]
             if bad:
                 raise ValueError(f"INT8 weights need every table's dim to be a multiple of 4 (FBGEMM's rule), got {bad}")
-            return [NB.fused8bit_codec(int(d)) for d in dims]
+            return [nbit_rows.fused8bit_codec(int(d)) for d in dims]
         codecs = list(row_codecs)
         if len(codecs) != len(dims) or any(c.dim != d for c, d in zip(codecs, dims)):
             raise ValueError(f"row_codecs must give one codec per table with the table's dim {list(map(int, dims))}, "
@@ -288,8 +288,8 @@ class TableBatchedEmbedding:
                 vals = np.empty((int(self.rows[t]), int(self.dims[t])), np.float32)
                 fill_uniform_rows(vals, int(self.row_offsets[t]), seed, lo, hi, what=f"table {t}")
                 c = self.codecs[t]
-                q = Q8.quantize_rows_ref(vals) if c.ty == "fused8bit" else \
-                    NB.encode_rows_ref(vals, c.ty, reverse_qparam=c.reverse_qparam, scale_bias_bytes=c.scale_bias_bytes)
+                q = fused8bit.quantize_rows_ref(vals) if c.ty == "fused8bit" else \
+                    nbit_rows.encode_rows_ref(vals, c.ty, reverse_qparam=c.reverse_qparam, scale_bias_bytes=c.scale_bias_bytes)
                 view[...] = 0
                 view[:, :q.shape[1]] = device.xp().asarray(q)
                 continue
@@ -427,8 +427,8 @@ class TableBatchedEmbedding:
         rows, status = self._impl.check_indices(indices, offsets, fixed, pre, batch, mode)
         if checked and defer:
             if self._bounds_rec is None:
-                self._bounds_rec = K.new_bounds_record(xp)
-            K.record_bounds(status, indices, offsets, fixed, self._impl.feature_rows, batch, int(self.layout),
+                self._bounds_rec = tbe.new_bounds_record(xp)
+            tbe.record_bounds(status, indices, offsets, fixed, self._impl.feature_rows, batch, int(self.layout),
                             self._bounds_rec)
         elif checked:
             self._report(self._impl.report(status, indices, offsets, fixed, batch), offsets, n)
@@ -521,7 +521,7 @@ class TableBatchedEmbedding:
         if rec is not None:
             h = device.to_host(rec).astype(np.int64)
             if h[0] or h[3]:
-                rec[...] = K.new_bounds_record(device.xp())
+                rec[...] = tbe.new_bounds_record(device.xp())
                 self._report_record(h)
         for table in self.hash_tables.values():
             table.check()
@@ -534,12 +534,12 @@ class TableBatchedEmbedding:
         since = " (in the lookups since the last check; those occurrences were looked up as nothing)"
         if self.bounds_check == BoundsCheck.FATAL:
             if h[1] >= 0:
-                raise EmbeddingBoundsError(K.offsets_message(int(h[1]), int(h[2]), int(h[9]), int(h[10])) + since)
+                raise EmbeddingBoundsError(tbe.offsets_message(int(h[1]), int(h[2]), int(h[9]), int(h[10])) + since)
             if first is not None:
-                raise EmbeddingBoundsError(K.bounds_message(first, bad, BoundsCheck.FATAL) + since)
+                raise EmbeddingBoundsError(tbe.bounds_message(first, bad, BoundsCheck.FATAL) + since)
             raise EmbeddingBoundsError(f"{bad} indices out of range and {bad_off} offsets repaired{since}")
         self.bounds_warnings += bad + bad_off
-        what = [K.bounds_message(first, bad, BoundsCheck.WARNING)] if first is not None else []
+        what = [tbe.bounds_message(first, bad, BoundsCheck.WARNING)] if first is not None else []
         if bad_off:
             what.append(f"{bad_off} offsets repaired (clamped into [0, N], made non-decreasing, last set to N)")
         warnings.warn(f"TableBatchedEmbedding bounds check (lookups since the last check): {'; '.join(what)}",
@@ -561,13 +561,13 @@ class TableBatchedEmbedding:
             _, flags, keys = table.insert_deferred(indices, occ, t, rows_out=rows)
             spec = self.tables[t]
             if self.weights.dtype == np.float32:
-                EI.init_flagged_rows(self.weights, int(self.elem_offsets[t]), int(self.strides[t]), spec.dim, rows,
+                embedding_init.init_flagged_rows(self.weights, int(self.elem_offsets[t]), int(self.strides[t]), spec.dim, rows,
                                      keys, flags, self.seed, *spec.init_range)
             else:                   # float16 weights: the new rows' values through the host (reads)
                 view = self._table_view(self.weights, t, False)
                 new = device.to_host(flags).astype(bool)
                 r = device.to_host(rows)[new]
-                vals = EI.row_values_ref(device.to_host(keys)[new], spec.dim, self.seed, *spec.init_range)
+                vals = embedding_init.row_values_ref(device.to_host(keys)[new], spec.dim, self.seed, *spec.init_range)
                 view[device.xp().asarray(r[r >= 0])] = device.xp().asarray(vals[r >= 0].astype(view.dtype))
             out[t] = (rows, flags, keys)
         return out
@@ -590,12 +590,12 @@ class TableBatchedEmbedding:
         if self.bounds_check == BoundsCheck.FATAL:
             if bad_offsets:
                 value = int(device.to_host(offsets[first_offset:first_offset + 1])[0])
-                raise EmbeddingBoundsError(K.offsets_message(first_offset, value, n, offsets.shape[0] - 1))
+                raise EmbeddingBoundsError(tbe.offsets_message(first_offset, value, n, offsets.shape[0] - 1))
             if bad:
-                raise EmbeddingBoundsError(K.bounds_message(first, bad, BoundsCheck.FATAL))
+                raise EmbeddingBoundsError(tbe.bounds_message(first, bad, BoundsCheck.FATAL))
         elif bad or bad_offsets:
             self.bounds_warnings += bad + bad_offsets
-            what = [K.bounds_message(first, bad, BoundsCheck.WARNING)] if bad else []
+            what = [tbe.bounds_message(first, bad, BoundsCheck.WARNING)] if bad else []
             if bad_offsets:
                 what.append(f"{bad_offsets} offsets repaired (clamped into [0, {n}], made non-decreasing, "
                             "last set to N)")
@@ -626,7 +626,7 @@ class TableBatchedEmbedding:
         training, -1 when missing in evaluation); any integer keys (uint64 included). Host-side
         bookkeeping: a keyed step reads the hash table's new-key count back anyway."""
         xp = device.xp()
-        _, feat, _ = K._occurrences(device.to_host(offsets), self.n_features, batch, self.layout)
+        _, feat, _ = tbe._occurrences(device.to_host(offsets), self.n_features, batch, self.layout)
         keyed = np.zeros(feat.shape[0], bool)
         inside = feat >= 0
         keyed[inside] = np.array([self.tables[t].keyed for t in self.feature_table_map])[feat[inside]]
@@ -648,7 +648,7 @@ class TableBatchedEmbedding:
             spec = self.tables[t]
             new = device.to_host(rows) >= before
             k64 = device.to_host(keys).astype(np.uint64)[new]
-            vals = EI.row_values_ref(k64, spec.dim, self.seed, *spec.init_range)
+            vals = embedding_init.row_values_ref(k64, spec.dim, self.seed, *spec.init_range)
             view = self._table_view(self.weights, t, False)
             view[device.xp().asarray(device.to_host(rows)[new])] = device.xp().asarray(vals.astype(view.dtype))
         return rows
@@ -679,8 +679,8 @@ class TableBatchedEmbedding:
             grads.per_sample_weights = self._impl.psw_grad(ctx, dy)
         t = self.step + 1
         opt = self.optimizer
-        glob = K.has_global_pass(opt.kind, opt.update_type)
-        first = glob and K.global_pass_first(opt.kind, opt.hp())
+        glob = tbe.has_global_pass(opt.kind, opt.update_type)
+        first = glob and tbe.global_pass_first(opt.kind, opt.hp())
         if first:
             self._impl.global_pass(t)
         grads.sparse = self._impl.backward(ctx, dy, t)
@@ -700,7 +700,7 @@ class TableBatchedEmbedding:
         self._impl.put_hot(t, pooling, batch)
         if gate is not None:
             self._impl.gate_values(t, "hot", gate)
-        if K.has_global_pass(self.optimizer.kind, self.optimizer.update_type):
+        if tbe.has_global_pass(self.optimizer.kind, self.optimizer.update_type):
             self._impl.put_global(t)
             if gate is not None:
                 self._impl.gate_values(t, "all", gate)
@@ -744,8 +744,8 @@ class TableBatchedEmbedding:
             pooling = self.pooling
         # the kernels read max_counter from the device (_KernelImpl.backward copies it in): no host read
         maxc = 1.0 if self.impl == "kernels" else float(self.max_counter[0])
-        return (K.kernel_scalars(opt.hp(), t, opt.counter, maxc, self._max_counter_refresh(t)),
-                K.kernel_ints(opt.kind, opt.update_type, opt.weight_decay_mode, t, sr, pooling, self.layout,
+        return (tbe.kernel_scalars(opt.hp(), t, opt.counter, maxc, self._max_counter_refresh(t)),
+                tbe.kernel_ints(opt.kind, opt.update_type, opt.weight_decay_mode, t, sr, pooling, self.layout,
                               batch, opt.counter, opt.rowwise_bias_correction))
 
     def _scratch(self, name: str, n: int, dtype):

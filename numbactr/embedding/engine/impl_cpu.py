@@ -11,9 +11,9 @@ import numba
 import numpy as np
 
 from numbactr.runtime.hostmem import HUGE_MIN_BYTES
-from numbactr.kernels import tbe as K
-from numbactr.kernels import tbe_cpu as C
-from numbactr.kernels import tbe_row_ops as RO
+from numbactr.kernels import tbe
+from numbactr.kernels import tbe_cpu
+from numbactr.kernels import tbe_row_ops
 from numbactr.embedding.engine.specs import (BoundsCheck, FloatRows, Layout, LookupContext, Optim, Pooling,
                                              Precision, SparseRowGrad)
 
@@ -44,10 +44,10 @@ class _CpuImpl:
         return w.view(np.uint16) if w.dtype == np.float16 else w
 
     def repair_offsets(self, offsets, n: int):
-        if offsets.dtype == np.int64 and offsets.flags.c_contiguous and C.offsets_valid(offsets, n):
+        if offsets.dtype == np.int64 and offsets.flags.c_contiguous and tbe_cpu.offsets_valid(offsets, n):
             return offsets, (0, -1)                 # nothing to repair: the caller's array, read only
         fixed = np.empty(offsets.shape[0], np.int64)
-        bad, first = C.check_offsets(offsets, n, fixed)
+        bad, first = tbe_cpu.check_offsets(offsets, n, fixed)
         return fixed, (bad, first)
 
     def check_indices(self, indices, offsets, fixed, pre, batch: int, mode=None):
@@ -56,12 +56,12 @@ class _CpuImpl:
         # a clean int64 batch of an engine without keyed tables is its own rows: read, never written
         # (the backward reads them too, as FBGEMM's autograd keeps the indices tensor)
         if (indices.dtype == np.int64 and indices.flags.c_contiguous and not e.hash_tables
-                and not C.count_bad_indices(indices, fixed, frows, batch, int(e.layout))):
+                and not tbe_cpu.count_bad_indices(indices, fixed, frows, batch, int(e.layout))):
             return indices, (*pre, 0, None)
         rows = np.empty(indices.shape[0], np.int64)
         mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
-        bad = C.check_indices(indices, fixed, frows, batch, int(e.layout), int(mode), rows)
-        first = tuple(int(v) for v in C.first_bad_index(indices, fixed, frows, batch, int(e.layout))) if bad \
+        bad = tbe_cpu.check_indices(indices, fixed, frows, batch, int(e.layout), int(mode), rows)
+        first = tuple(int(v) for v in tbe_cpu.first_bad_index(indices, fixed, frows, batch, int(e.layout))) if bad \
             else None
         return rows, (*pre, bad, first)
 
@@ -79,10 +79,10 @@ class _CpuImpl:
         w, eo, st = (self._w(), e.elem_offsets, e.strides) if block is None else \
             (block.weights, block.elem_offsets, block.strides)
         if not none and psw is None and e.layout == Layout.FEATURE_MAJOR:      # FBGEMM's common case
-            C.forward_pooled(w, eo, st, self.ftable, e.feature_cols, ctx.rows,
+            tbe_cpu.forward_pooled(w, eo, st, self.ftable, e.feature_cols, ctx.rows,
                              ctx.offsets, ctx.batch, int(ctx.pooling), out.reshape(-1), scratch)
         else:
-            C.forward(w, eo, st, self.ftable, e.feature_cols, ctx.rows, ctx.offsets,
+            tbe_cpu.forward(w, eo, st, self.ftable, e.feature_cols, ctx.rows, ctx.offsets,
                       self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout),
                       int(ctx.pooling), out.reshape(-1), scratch)
         # FP16 output: rounded (to nearest even) after the float32 pooling, so the compiled forward has one
@@ -94,7 +94,7 @@ class _CpuImpl:
         want = (np.ones(e.n_features, np.bool_) if ctx.feature_requires_grad is None
                 else ctx.feature_requires_grad)
         out = np.empty(ctx.rows.shape[0], np.float32)
-        C.psw_grad(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows, ctx.offsets, dy,
+        tbe_cpu.psw_grad(self._w(), e.elem_offsets, e.strides, self.ftable, e.feature_cols, ctx.rows, ctx.offsets, dy,
                    want, ctx.batch, int(e.layout), int(ctx.pooling), out)
         return out
 
@@ -113,7 +113,7 @@ class _CpuImpl:
         lin, pay = e._scratch("lin", n, kt), e._scratch("pay", n, pt)
         flat = dy.reshape(-1)
         pooling = ctx.pooling
-        if by_bag and pooling == Pooling.MEAN and C.longest_bag(ctx.offsets) <= 1:
+        if by_bag and pooling == Pooling.MEAN and tbe_cpu.longest_bag(ctx.offsets) <= 1:
             pooling = Pooling.SUM           # every bag's mean is its sum: no pre-scaled copy of dy to write
         scaled = by_bag and pooling == Pooling.MEAN
         if not scaled and _wants_huge_copy(flat, n, e.huge_pages):
@@ -128,15 +128,15 @@ class _CpuImpl:
             bag_src = e._scratch("bag_src", n_bags, np.int64)
             bag_scale = e._scratch("bag_scale", n_bags, np.float32)
             dys = self.no_f32
-        C.linearize(ctx.rows, ctx.offsets, self.ftable, e.row_offsets, e.feature_cols, ctx.batch, int(e.layout),
+        tbe_cpu.linearize(ctx.rows, ctx.offsets, self.ftable, e.row_offsets, e.feature_cols, ctx.batch, int(e.layout),
                     int(pooling), by_bag, sentinel, flat, dys, lin, pay, bag_of, bag_src, bag_scale)
         # the gradient rows the update reads, always flat (one signature of the compiled update, not two)
         dy = dys if scaled else flat
         keys, vals = e._scratch("keys", n, kt), e._scratch("vals", n, pt)
-        C.radix_sort(lin, pay, C.radix_bits(sentinel), keys, vals, e._scratch("keys_tmp", n, kt),
+        tbe_cpu.radix_sort(lin, pay, tbe_cpu.radix_bits(sentinel), keys, vals, e._scratch("keys_tmp", n, kt),
                      e._scratch("vals_tmp", n, pt))
         seg = e._scratch("seg", n + 1, np.int64)
-        n_seg = C.segments(keys, sentinel, seg)
+        n_seg = tbe_cpu.segments(keys, sentinel, seg)
         e._renew_max_counter(t)
         ks, ki = e._ks_ki(ctx, t)
         none = e.optimizer.kind == Optim.NONE
@@ -144,28 +144,28 @@ class _CpuImpl:
         grad_vals = np.empty((n_seg if none else 1, int(e.dims.max())), np.float32)
         a, b, r, p, pit, cnt = e._state_buffers()
         rows = tuple(self.no_f32 if x is None else x for x in (r, pit, cnt))
-        C.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
+        tbe_cpu.fused_update(self._w(), self.no_f32 if a is None else a, self.no_f32 if b is None else b,
                        rows, self.no_i64 if p is None else p, e.elem_offsets, e.strides,
                        e.dims, e.row_offsets, keys, vals, by_bag, seg, n_seg, bag_of, bag_src, bag_scale,
                        self.no_f32 if psw is None else psw, psw is not None, dy, ks, ki,
-                       K.rounding_base(e.seed, t, K.SR_PASS_HOT), grad_rows, grad_vals,
+                       tbe.rounding_base(e.seed, t, tbe.SR_PASS_HOT), grad_rows, grad_vals,
                        self.no_i64 if e.sr_rows is None else e.sr_rows, e.sr_rows is not None)
         return SparseRowGrad(grad_rows, grad_vals, e.row_offsets.copy()) if none else None
 
     def global_pass(self, t: int) -> None:
         e = self.e
         _, ki = e._ks_ki(None, t)
-        ks = K.kernel_scalars(e.optimizer.hp(), t)
+        ks = tbe.kernel_scalars(e.optimizer.hp(), t)
         live = np.array([e.live_rows(tb) for tb in range(len(e.tables))], np.int64)
         a, b = e._state_buffers()[:2]
-        C.global_pass(self._w(), a, self.no_f32 if b is None else b, e.elem_offsets, e.strides, e.dims,
-                      e.row_offsets, live, ks, ki, K.rounding_base(e.seed, t, K.SR_PASS_ALL),
+        tbe_cpu.global_pass(self._w(), a, self.no_f32 if b is None else b, e.elem_offsets, e.strides, e.dims,
+                      e.row_offsets, live, ks, ki, tbe.rounding_base(e.seed, t, tbe.SR_PASS_ALL),
                       self.no_i64 if e.sr_rows is None else e.sr_rows, e.sr_rows is not None)
 
     def scale_rows(self, rows, factors) -> None:
         e = self.e
-        RO.scale_rows_cpu(self._w(), e.elem_offsets, e.strides, e.dims, e.row_offsets, rows, factors)
+        tbe_row_ops.scale_rows_cpu(self._w(), e.elem_offsets, e.strides, e.dims, e.row_offsets, rows, factors)
 
     def lerp_halves(self, coef: float) -> None:
         e = self.e
-        RO.lerp_halves_cpu(self._w(), e.elem_offsets, e.strides, e.dims, e.row_offsets, np.float32(coef))
+        tbe_row_ops.lerp_halves_cpu(self._w(), e.elem_offsets, e.strides, e.dims, e.row_offsets, np.float32(coef))

@@ -11,8 +11,8 @@ import weakref
 import numpy as np
 
 from numbactr.runtime import device
-from numbactr.kernels import tbe as K
-from numbactr.kernels import tbe_row_ops as RO
+from numbactr.kernels import tbe
+from numbactr.kernels import tbe_row_ops
 from numbactr.embedding.engine.specs import (BoundsCheck, FloatRows, LookupContext, Optim, Pooling, Precision,
                                              SparseRowGrad)
 
@@ -28,7 +28,7 @@ class _KernelImpl:
         self.elem_off, self.strides, self.dims, self.row_off, self.fcols = (
             xp.asarray(a) for a in (eng.elem_offsets, eng.strides, eng.dims, eng.row_offsets, eng.feature_cols))
         self.ftable = xp.asarray(np.asarray(eng.feature_table_map, np.int64))
-        self.tables = K.Tables(self.elem_off, self.strides, self.dims, self.row_off, self.ftable, self.fcols)
+        self.tables = tbe.Tables(self.elem_off, self.strides, self.dims, self.row_off, self.ftable, self.fcols)
         self.feature_rows = xp.asarray(eng._feature_rows())
         self.keyed_table = xp.asarray(np.array([t if eng.tables[t].keyed else -1 for t in eng.feature_table_map],
                                                np.int64))
@@ -59,7 +59,7 @@ class _KernelImpl:
         e = self.e
         fixed = device.xp().empty(offsets.shape[0], np.int64)
         status = e._scratch("status", 4, np.int64)
-        K.repair_offsets(offsets, n, fixed, status, e._scratch("scan", scan_partials_size(fixed.shape[0]), np.int64))
+        tbe.repair_offsets(offsets, n, fixed, status, e._scratch("scan", scan_partials_size(fixed.shape[0]), np.int64))
         return fixed, status
 
     def check_indices(self, indices, offsets, fixed, status, batch: int, mode=None):
@@ -69,21 +69,21 @@ class _KernelImpl:
             mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
         want = bool(e.defer_checks and e.hash_tables)      # the deferred keyed lookup's occurrence tables
         occ = e._scratch("occ_table", indices.shape[0], np.int64) if want else self.no_i64
-        K.check_indices(indices, offsets, fixed, self.feature_rows, batch, int(e.layout), int(mode), rows, status,
+        tbe.check_indices(indices, offsets, fixed, self.feature_rows, batch, int(e.layout), int(mode), rows, status,
                         self.keyed_table, occ, want)
         return rows, status
 
     def report(self, status, indices, offsets, fixed, batch: int):
         """One host read of the status; the first offender's details only when there is one."""
         st = device.to_host(status)
-        bad_off, bad = int(st[K.ST_BAD_OFFSETS]), int(st[K.ST_BAD_INDICES])
-        first_off = int(st[K.ST_FIRST_OFFSET]) if bad_off else -1
+        bad_off, bad = int(st[tbe.ST_BAD_OFFSETS]), int(st[tbe.ST_BAD_INDICES])
+        first_off = int(st[tbe.ST_FIRST_OFFSET]) if bad_off else -1
         first = None
         if bad:
-            k = int(st[K.ST_FIRST_INDEX])
+            k = int(st[tbe.ST_FIRST_INDEX])
             fx = device.to_host(fixed)
             j = int(np.searchsorted(fx, k, side="right")) - 1
-            f, b = K.bag_feature_sample_ref(self.e.n_features, batch, self.e.layout)
+            f, b = tbe.bag_feature_sample_ref(self.e.n_features, batch, self.e.layout)
             first = (k, int(f[j]), int(b[j]), int(device.to_host(indices[k:k + 1]).astype(np.int64)[0]),
                      int(self.e._feature_rows()[f[j]]))
         return bad_off, first_off, bad, first
@@ -99,12 +99,12 @@ class _KernelImpl:
         psw = ctx.per_sample_weights
         w, eo, st, half = (self._w(), self.elem_off, self.strides, self.w_half) if block is None else \
             (block.weights, xp.asarray(block.elem_offsets), xp.asarray(block.strides), False)
-        K.forward(w, eo, st, self.ftable, self.fcols, ctx.rows, ctx.offsets,
+        tbe.forward(w, eo, st, self.ftable, self.fcols, ctx.rows, ctx.offsets,
                   self.no_f32 if psw is None else psw, psw is not None, ctx.batch, int(e.layout), int(ctx.pooling),
                   flat, half, fp16, self.max_dim)
         return out
 
-    def _segment(self, ctx: LookupContext) -> K.Segments:
+    def _segment(self, ctx: LookupContext) -> tbe.Segments:
         """Linear rows, bags and the sorted segments of the lookup (once per backward)."""
         from numbactr.kernels.scan import scan_partials_size
         e = self.e
@@ -113,10 +113,10 @@ class _KernelImpl:
             lin, bag_of = e._scratch("lin", n, np.int64), e._scratch("bag_of", n, np.int64)
             perm, flags = e._scratch("perm", n, np.int64), e._scratch("flags", n, np.int64)
             pos, seg = e._scratch("pos", n + 1, np.int64), e._scratch("seg", n + 1, np.int64)
-            K.segment_rows(ctx.rows, ctx.offsets, self.ftable, self.row_off, int(e.row_offsets[-1]), ctx.batch,
+            tbe.segment_rows(ctx.rows, ctx.offsets, self.ftable, self.row_off, int(e.row_offsets[-1]), ctx.batch,
                            int(e.layout), lin, bag_of, perm, flags, pos, seg,
                            e._scratch("scan", scan_partials_size(n), np.int64), device.xp())
-            ctx.extra["segments"] = K.Segments(lin, bag_of, perm, pos, seg)
+            ctx.extra["segments"] = tbe.Segments(lin, bag_of, perm, pos, seg)
         return ctx.extra["segments"]
 
     def psw_grad(self, ctx: LookupContext, dy):
@@ -125,24 +125,24 @@ class _KernelImpl:
         _, bag_of, _, _, _ = self._segment(ctx)
         want = self.all_features if ctx.feature_requires_grad is None else xp.asarray(ctx.feature_requires_grad)
         out = xp.empty(ctx.rows.shape[0], np.float32)
-        K.psw_grad(self._w(), self.elem_off, self.strides, self.ftable, self.fcols, ctx.rows, ctx.offsets, bag_of,
+        tbe.psw_grad(self._w(), self.elem_off, self.strides, self.ftable, self.fcols, ctx.rows, ctx.offsets, bag_of,
                    dy.reshape(-1), want, ctx.batch, int(e.layout), int(ctx.pooling), out, self.w_half, self.max_dim)
         return out
 
-    def put_hot(self, t: int, pooling, batch: int) -> K.StepScalars:
+    def put_hot(self, t: int, pooling, batch: int) -> tbe.StepScalars:
         """Step t's scalars of the fused update, in their device arrays (numbactr.runtime.step_values)."""
         e = self.e
         ks, ki = e._ks_ki(None, t, pooling, batch)
-        return K.StepScalars(self._put("hot_ks", ks, np.float32), self._put("hot_ki", ki, np.int64),
-                             self._put("hot_kb", K.rounding_base(e.seed, t, K.SR_PASS_HOT), np.uint64))
+        return tbe.StepScalars(self._put("hot_ks", ks, np.float32), self._put("hot_ki", ki, np.int64),
+                             self._put("hot_kb", tbe.rounding_base(e.seed, t, tbe.SR_PASS_HOT), np.uint64))
 
-    def put_global(self, t: int) -> K.StepScalars:
+    def put_global(self, t: int) -> tbe.StepScalars:
         """Step t's scalars of the all-rows pass, in their device arrays."""
         e = self.e
         _, ki = e._ks_ki(None, t)
-        ks = K.kernel_scalars(e.optimizer.hp(), t)
-        return K.StepScalars(self._put("all_ks", ks, np.float32), self._put("all_ki", ki, np.int64),
-                             self._put("all_kb", K.rounding_base(e.seed, t, K.SR_PASS_ALL), np.uint64))
+        ks = tbe.kernel_scalars(e.optimizer.hp(), t)
+        return tbe.StepScalars(self._put("all_ks", ks, np.float32), self._put("all_ki", ki, np.int64),
+                             self._put("all_kb", tbe.rounding_base(e.seed, t, tbe.SR_PASS_ALL), np.uint64))
 
     def backward(self, ctx: LookupContext, dy, t: int):
         e = self.e
@@ -158,7 +158,7 @@ class _KernelImpl:
         if e.optimizer.counter is not None:
             self._max_counter(step.ks, states.scnt)
         psw = ctx.per_sample_weights
-        K.update_rows(self._w(), states, self.tables, seg, ctx.offsets, self.no_f32 if psw is None else psw,
+        tbe.update_rows(self._w(), states, self.tables, seg, ctx.offsets, self.no_f32 if psw is None else psw,
                       psw is not None, dy.reshape(-1), step, grad_rows, grad_vals, self.w_half, self.max_dim,
                       e.sr_rows, int(e.optimizer.kind), int(e.optimizer.weight_decay_mode))   # compiled for them
         if not none:
@@ -168,11 +168,11 @@ class _KernelImpl:
             u = int(device.to_host(seg.pos[n:n + 1])[0])     # NONE hands back U rows: the one host read
         return SparseRowGrad(grad_rows[:u], grad_vals[:u], e.row_offsets.copy())
 
-    def _row_states(self) -> K.RowStates:
+    def _row_states(self) -> tbe.RowStates:
         """The engine's optimizer states as the update kernels take them (a stand-in where there is none)."""
         f, i = self.no_f32, self.no_i64
         a, b, r, p, pit, cnt = self.e._state_buffers()
-        return K.RowStates(f if a is None else a, f if b is None else b, f if r is None else r,
+        return tbe.RowStates(f if a is None else a, f if b is None else b, f if r is None else r,
                            i if p is None else p, f if pit is None else pit, f if cnt is None else cnt)
 
     def _max_counter(self, ks_d, cnt) -> None:
@@ -183,8 +183,8 @@ class _KernelImpl:
         xp = device.xp()
         if e.optimizer.counter.max_counter_update_freq > 0:
             top = cnt.max() + np.float32(1.0) if cnt.size else xp.ones((), np.float32)
-            e.max_counter[...] = xp.where(ks_d[K.M.KS_REFRESH] > 0, top, e.max_counter[0])
-        ks_d[K.M.KS_MAXC:K.M.KS_MAXC + 1] = e.max_counter
+            e.max_counter[...] = xp.where(ks_d[tbe.M.KS_REFRESH] > 0, top, e.max_counter[0])
+        ks_d[tbe.M.KS_MAXC:tbe.M.KS_MAXC + 1] = e.max_counter
 
     def _live(self):
         """The rows in use per table on the device, uploaded again only when a keyed table grew (an
@@ -205,7 +205,7 @@ class _KernelImpl:
         e = self.e
         step = self.put_global(t)
         self._gate(step.ks, step.ki, t, "all")
-        K.global_pass(self._w(), self._row_states(), self.tables, int(e.row_offsets[-1]), self._live(), step,
+        tbe.global_pass(self._w(), self._row_states(), self.tables, int(e.row_offsets[-1]), self._live(), step,
                       self.w_half, self.max_dim, e.sr_rows)
 
     def _gate(self, ks_d, ki_d, t: int, which: str) -> None:
@@ -214,7 +214,7 @@ class _KernelImpl:
         step)."""
         g = self.e.gate
         if g is not None:
-            K.gate_scalars(ks_d, ki_d, g.go, g.skips, *self.gate_values(t, which, g))
+            tbe.gate_scalars(ks_d, ki_d, g.go, g.skips, *self.gate_values(t, which, g))
 
     def gate_values(self, t: int, which: str, gate) -> tuple:
         """The host values gate_scalars reads: (the host's t, the skips it has seen), (lr, beta1, beta2)."""
@@ -224,9 +224,9 @@ class _KernelImpl:
                           np.float64))
 
     def scale_rows(self, rows, factors) -> None:
-        RO.scale_rows(self._w(), self.elem_off, self.strides, self.dims, self.row_off, rows, factors, self.w_half,
+        tbe_row_ops.scale_rows(self._w(), self.elem_off, self.strides, self.dims, self.row_off, rows, factors, self.w_half,
                       self.max_dim)
 
     def lerp_halves(self, coef: float) -> None:
-        RO.lerp_halves(self._w(), self.elem_off, self.strides, self.dims, self.row_off, int(self.e.row_offsets[-1]),
+        tbe_row_ops.lerp_halves(self._w(), self.elem_off, self.strides, self.dims, self.row_off, int(self.e.row_offsets[-1]),
                        coef, self.w_half, self.max_dim)

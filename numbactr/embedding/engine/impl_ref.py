@@ -10,8 +10,8 @@ import weakref
 import numpy as np
 
 from numbactr.runtime import device
-from numbactr.kernels import tbe as K
-from numbactr.kernels import tbe_row_ops as RO
+from numbactr.kernels import tbe
+from numbactr.kernels import tbe_row_ops
 from numbactr.embedding.engine.specs import (BoundsCheck, FloatRows, LookupContext, Optim, Precision,
                                              SparseRowGrad)
 
@@ -25,7 +25,7 @@ class _RefImpl:
     def repair_offsets(self, offsets, n: int):
         """(repaired offsets, (number repaired, first repaired position))."""
         host = device.to_host(offsets).astype(np.int64)
-        fixed, bad = K.check_offsets_ref(host, n, BoundsCheck.IGNORE)
+        fixed, bad = tbe.check_offsets_ref(host, n, BoundsCheck.IGNORE)
         first = int(np.flatnonzero(fixed != host)[0]) if bad else -1
         return device.xp().asarray(fixed), (bad, first)
 
@@ -33,7 +33,7 @@ class _RefImpl:
         """(rows, status): FATAL's rows are IGNORE's (the engine raises before anyone reads them)."""
         e = self.e
         mode = BoundsCheck.IGNORE if e.bounds_check == BoundsCheck.FATAL else e.bounds_check
-        rows, bad, first = K.check_indices_ref(device.to_host(indices), device.to_host(fixed),
+        rows, bad, first = tbe.check_indices_ref(device.to_host(indices), device.to_host(fixed),
                                                e._feature_rows(), batch, e.layout, mode)
         return device.xp().asarray(rows), (*pre, bad, first)
 
@@ -56,7 +56,7 @@ class _RefImpl:
         tables = self._tables() if block is None else [
             device.to_host(block.weights)[block.elem_offsets[t]:block.elem_offsets[t + 1]]
             .reshape(-1, int(block.strides[t]))[:, :int(e.dims[t])] for t in range(len(e.tables))]
-        out = K.tbe_forward_ref(tables, e.feature_table_map, rows, offs, ctx.batch, ctx.pooling, e.layout, psw)
+        out = tbe.tbe_forward_ref(tables, e.feature_table_map, rows, offs, ctx.batch, ctx.pooling, e.layout, psw)
         dtype = np.float16 if e.output_dtype == Precision.FP16 else np.float32
         with np.errstate(over="ignore"):
             return device.xp().asarray(out.astype(np.float32).astype(dtype))
@@ -64,7 +64,7 @@ class _RefImpl:
     def psw_grad(self, ctx: LookupContext, dy):
         e = self.e
         rows, offs, _ = self._host(ctx)
-        g = K.per_sample_weights_grad_ref(self._tables(), e.feature_table_map, rows, offs, ctx.batch,
+        g = tbe.per_sample_weights_grad_ref(self._tables(), e.feature_table_map, rows, offs, ctx.batch,
                                           ctx.pooling, e.layout, device.to_host(dy), ctx.feature_requires_grad)
         return device.xp().asarray(g.astype(np.float32))
 
@@ -72,7 +72,7 @@ class _RefImpl:
         """The update of every touched row (or, for optimizer NONE, their gradients as a SparseRowGrad)."""
         e = self.e
         rows_h, offs, psw = self._host(ctx)
-        per_table = K.tbe_backward_ref(e.dims, e.feature_table_map, rows_h, offs, ctx.batch, ctx.pooling,
+        per_table = tbe.tbe_backward_ref(e.dims, e.feature_table_map, rows_h, offs, ctx.batch, ctx.pooling,
                                        e.layout, device.to_host(dy), psw)
         xp = device.xp()
         if e.optimizer.kind == Optim.NONE:
@@ -92,10 +92,10 @@ class _RefImpl:
             idx = xp.asarray(rows)
             w = device.to_host(weights[tb][idx])
             s = [device.to_host(st[idx]) for st in states[tb]]
-            new_w, new_s = K.optimizer_update_ref(opt.kind, opt.hp(), w, g, s, t, opt.update_type,
+            new_w, new_s = tbe.optimizer_update_ref(opt.kind, opt.hp(), w, g, s, t, opt.update_type,
                                                   opt.weight_decay_mode, opt.counter, float(e.max_counter[0]),
                                                   opt.rowwise_bias_correction)
-            self._store(weights[tb], idx, new_w, rows + e.row_offsets[tb], t, K.SR_PASS_HOT)
+            self._store(weights[tb], idx, new_w, rows + e.row_offsets[tb], t, tbe.SR_PASS_HOT)
             for view, val, (_, _, dtype) in zip(states[tb], new_s, specs):
                 view[idx] = xp.asarray(val.astype(dtype))
         return None
@@ -106,9 +106,9 @@ class _RefImpl:
         new32 = new64.astype(np.float32)
         if e.weights_precision == Precision.FP16:
             hashed = lin_rows if e.sr_rows is None else device.to_host(e.sr_rows)[lin_rows]
-            bits = (K.rounding_bits_ref(e.seed, t, hashed, new32.shape[1], pass_id)
+            bits = (tbe.rounding_bits_ref(e.seed, t, hashed, new32.shape[1], pass_id)
                     if e.stochastic_rounding else None)
-            new32 = K.to_half_ref(new32, bits)
+            new32 = tbe.to_half_ref(new32, bits)
         view[idx] = device.xp().asarray(new32)
 
     def global_pass(self, t: int) -> None:
@@ -120,17 +120,17 @@ class _RefImpl:
                 continue
             w = device.to_host(view[:n])
             s = [device.to_host(st[:n]) for st in states[tb]]
-            new_w, new_s = K.global_pass_ref(opt.kind, opt.hp(), w, s, t)
+            new_w, new_s = tbe.global_pass_ref(opt.kind, opt.hp(), w, s, t)
             self._store(view, slice(0, n), new_w, np.arange(n, dtype=np.int64) + e.row_offsets[tb], t,
-                        K.SR_PASS_ALL)
+                        tbe.SR_PASS_ALL)
             for st, val in zip(states[tb], new_s):
                 st[:n] = device.xp().asarray(val.astype(np.float32))
 
     def scale_rows(self, rows, factors) -> None:
         e = self.e
-        RO.scale_rows_ref(e.weights, e.elem_offsets, e.strides, e.dims, e.row_offsets, device.to_host(rows),
+        tbe_row_ops.scale_rows_ref(e.weights, e.elem_offsets, e.strides, e.dims, e.row_offsets, device.to_host(rows),
                           device.to_host(factors))
 
     def lerp_halves(self, coef: float) -> None:
         e = self.e
-        RO.lerp_halves_ref(e.weights, e.elem_offsets, e.strides, e.dims, coef)
+        tbe_row_ops.lerp_halves_ref(e.weights, e.elem_offsets, e.strides, e.dims, coef)

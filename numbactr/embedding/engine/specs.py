@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from numbactr.runtime import device
-from numbactr.kernels import tbe as K
+from numbactr.kernels import tbe
 from numbactr.kernels.tbe import (BoundsCheck, CounterRegularization, CounterWeightDecay,  # noqa: F401
                                   EmbeddingBoundsError, Layout, Optim, Pooling, Precision, UpdateType, WeightDecay)
 
@@ -80,7 +80,7 @@ class OptimizerSpec:
 
     def hp(self) -> dict:
         """The float hyper-parameters by name (kernels.tbe.HP_FIELDS)."""
-        return {name: float(getattr(self, name)) for name in K.HP_FIELDS}
+        return {name: float(getattr(self, name)) for name in tbe.HP_FIELDS}
 
 
 @dataclass
@@ -147,7 +147,7 @@ def _check_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
            and not math.isfinite(float(getattr(spec, f.name)))}
     if bad:
         raise ValueError(f"optimizer {k.name}: hyper-parameter(s) {bad} must be finite numbers")
-    if u != UpdateType.LOCAL and k not in K.HUGECTR_KINDS:
+    if u != UpdateType.LOCAL and k not in tbe.HUGECTR_KINDS:
         raise ValueError(f"optimizer {k.name}: update_type {u.name} is HugeCTR's SparseEmbedding's; "
                          f"{k.name} is LOCAL only")
     if u == UpdateType.LAZY_GLOBAL and k != Optim.HUGECTR_ADAM:
@@ -185,13 +185,13 @@ def state_specs(opt: OptimizerSpec) -> list:
     """The optimizer's state buffers, [(name, per_row, dtype)] in split_optimizer_states order: the kind's
     (kernels.tbe.STATES), then HugeCTR LAZY_GLOBAL's prev_step, COUNTER / COWCLIP's prev_iter and row_counter,
     or rowwise-bias-corrected ADAM's row_counter; a prev_iter_state's prev_iter."""
-    specs = list(K.STATES[opt.kind])
+    specs = list(tbe.STATES[opt.kind])
     if opt.update_type == UpdateType.LAZY_GLOBAL:
-        specs.append(K.LAZY_PREV_STEP)
+        specs.append(tbe.LAZY_PREV_STEP)
     if opt.counter is not None:
-        specs += [K.PREV_ITER, K.ROW_COUNTER]
+        specs += [tbe.PREV_ITER, tbe.ROW_COUNTER]
     if opt.rowwise_bias_correction:
-        specs.append(K.ROW_COUNTER)
+        specs.append(tbe.ROW_COUNTER)
     if opt.prev_iter_state and opt.counter is None:
-        specs.append(K.PREV_ITER)
+        specs.append(tbe.PREV_ITER)
     return specs
