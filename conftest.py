@@ -3,25 +3,32 @@
 Kernel tests run in Numba's CUDA simulator unless the process has a real GPU and NUMBACTR_DEVICE=gpu
 (then `pytest -m gpu` runs the same property tests on the GPU).
 """
+
 import os
 import sys
 
 if os.environ.get("NUMBACTR_DEVICE", "").lower() != "gpu":
-    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")        # before ANY numba import
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before ANY numba import
 
 from numba import config  # noqa: E402
 
 if config.ENABLE_CUDASIM:
-    sys.setswitchinterval(1e-4)     # simulator barriers: 3-10x faster (see shared notes §4)
+    sys.setswitchinterval(1e-4)  # simulator barriers: 3-10x faster (see shared notes §4)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-settings.register_profile("ci", settings.get_profile("ci"), max_examples=20,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("dev", max_examples=20, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("gpu", max_examples=300, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "ci",
+    settings.get_profile("ci"),
+    max_examples=20,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.register_profile(
+    "gpu", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 import pytest  # noqa: E402
@@ -29,6 +36,7 @@ import pytest  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     from numba import cuda
+
     on_gpu = (not config_sim()) and cuda.is_available()
     skip_gpu = pytest.mark.skip(reason="needs a real CUDA GPU (NUMBACTR_DEVICE=gpu)")
     for item in items:
@@ -45,6 +53,7 @@ def _restore_device():
     """Every test leaves the device as it found it: tests switch between cpu and sim (or gpu) with
     device.set_device, and one that forgot to switch back would change the device of the tests after it."""
     from numbactr.runtime import device
+
     before = device.kind()
     yield
     device.set_device(before)
@@ -56,6 +65,7 @@ def _restore_device_per_module():
     for the whole file) runs before _restore_device records it, so only this switches back. Without it the
     next file ran on that device (test_engine_kernel_props failed after test_inference_hybrid under xdist)."""
     from numbactr.runtime import device
+
     before = device.kind()
     yield
     device.set_device(before)
@@ -73,6 +83,7 @@ def on_device():
         if name == "sim" and not device._numba_simulated():
             pytest.skip("runs the kernels in Numba's simulator; this process runs them on a real GPU")
         device.set_device(name)
+
     return switch
 
 
@@ -80,6 +91,7 @@ def on_device():
 def cpu():
     """Run the test on the cpu device (switched back afterwards by _restore_device)."""
     from numbactr.runtime import device
+
     device.set_device("cpu")
 
 
@@ -95,14 +107,20 @@ def pytest_sessionstart(session):
     if os.environ.get("NUMBACTR_WARM_CACHE", "1") == "0" or hasattr(session.config, "workerinput"):
         return
     import subprocess
+
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBACTR_DEVICE"] = "cpu"
     # one thread: what the suite's tests run (numbactr gives 2 cores 1 compute thread); a test of two threads
     # compiles its parallel twins itself, and compiling them all here would hold the second core ~3 min more
     cmd = [sys.executable, "-m", "numbactr.tools.warm_cache", "--quiet", "--threads", "1"]
     try:
-        _warmer = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   preexec_fn=(lambda: os.nice(10)) if hasattr(os, "nice") else None)
+        _warmer = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=(lambda: os.nice(10)) if hasattr(os, "nice") else None,
+        )
     except OSError:
         _warmer = None
 

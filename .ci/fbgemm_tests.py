@@ -15,6 +15,7 @@ Set NUMBACTR_FBGEMM_SWAP=0 to run the same tests on FBGEMM itself (the baseline)
 Not part of the test suite (the tests are FBGEMM's; none is copied here); tests/test_ci_scripts.py runs it on
 a small test file of the same shape.
 """
+
 import os
 import pathlib
 import subprocess
@@ -29,12 +30,13 @@ SWAPPED_INFERENCE = ("IntNBitTableBatchedEmbeddingBagsCodegen",)
 def _swap() -> None:
     """Replace FBGEMM's TBE classes by numbactr's in FBGEMM's training module (before any test imports them)."""
     os.environ.setdefault("NUMBACTR_DEVICE", "cpu")
-    with warnings.catch_warnings():                 # fbgemm_gpu warns about its own missing SSD modules
+    with warnings.catch_warnings():  # fbgemm_gpu warns about its own missing SSD modules
         warnings.simplefilter("ignore", DeprecationWarning)
         import fbgemm_gpu.split_table_batched_embeddings_ops_training as theirs
         import fbgemm_gpu.split_table_batched_embeddings_ops_inference as theirs_inference
     import numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_inference as ours_inference
     import numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training as ours
+
     for name in SWAPPED:
         setattr(theirs, name, getattr(ours, name))
     theirs_inference.IntNBitTableBatchedEmbeddingBagsCodegen = ours_inference.IntNBitTableBatchedEmbeddingBagsCodegen
@@ -55,5 +57,5 @@ def main(argv) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-else:                                                # loaded by pytest as the plugin `fbgemm_tests`
+else:  # loaded by pytest as the plugin `fbgemm_tests`
     _swap()

@@ -8,6 +8,7 @@ including those inside functions (what grimp and import-linter read too). A devi
 outside runtime/ and ops/dispatch.py that asks which implementation to run (the numba.cuda kernels, the
 compiled CPU version or the NumPy reference).
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,7 +28,7 @@ def modules(root: pathlib.Path = ROOT) -> dict:
         for p in sorted((root / base).rglob("*.py")):
             rel = p.relative_to(root / base)
             if base == "numbactr" and rel.parts[0] == "kernels":
-                continue                                  # the link to kernels/
+                continue  # the link to kernels/
             parts = [pkg, *rel.with_suffix("").parts]
             is_pkg = parts[-1] == "__init__"
             out[".".join(parts[:-1] if is_pkg else parts)] = (p, is_pkg)
@@ -36,10 +37,12 @@ def modules(root: pathlib.Path = ROOT) -> dict:
 
 def import_graph(mods: dict) -> dict:
     """module -> the numbactr modules it imports (anywhere in the file)."""
+
     def resolve(name):
         while name and name not in mods:
             name = name.rpartition(".")[0]
         return name or None
+
     edges = collections.defaultdict(set)
     for name, (path, is_pkg) in mods.items():
         pkg = name if is_pkg else name.rpartition(".")[0]
@@ -111,18 +114,23 @@ def report(root: pathlib.Path = ROOT) -> dict:
         rel = p.relative_to(pkg).as_posix()
         if rel.startswith("runtime/") or rel == "ops/dispatch.py":
             continue
-        dispatch += sum(1 for line in p.read_text().splitlines() if DISPATCH.search(line)
-                        and not line.lstrip().startswith(("#", "def ")))
+        dispatch += sum(
+            1
+            for line in p.read_text().splitlines()
+            if DISPATCH.search(line) and not line.lstrip().startswith(("#", "def "))
+        )
     docs = {}
     for p in files:
         d = ast.get_docstring(ast.parse(p.read_text()), clean=False)
         if d and d.count("\n") + 1 > 40:
             docs[str(p.relative_to(root))] = d.count("\n") + 1
-    return {"modules_in_numbactr": sorted(p.name for p in pkg.glob("*.py")),
-            "over_800": {k: v for k, v in sorted(lines.items(), key=lambda kv: -kv[1]) if v > 800},
-            "circles": circles(import_graph(mods)),
-            "dispatch_sites": dispatch,
-            "docstrings_over_40_lines": docs}
+    return {
+        "modules_in_numbactr": sorted(p.name for p in pkg.glob("*.py")),
+        "over_800": {k: v for k, v in sorted(lines.items(), key=lambda kv: -kv[1]) if v > 800},
+        "circles": circles(import_graph(mods)),
+        "dispatch_sites": dispatch,
+        "docstrings_over_40_lines": docs,
+    }
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ data by design; those are read by their error, not their exit status. A script t
 around its model (HugeCTR's multi-node tests) swallows the first pass's stop and ends there. Not part of the test suite (the scripts
 are NVIDIA's; none is copied here); tests/test_ci_scripts.py runs it on a small script of the same shape.
 """
+
 import os
 import re
 import sys
@@ -90,7 +91,7 @@ class Runner:
             if run.first_pass:
                 raise _Captured()
             it = k.get("max_iter", 0)
-            if it > 2500 or (it > SHORT_FIT and k.get("snapshot", 10 ** 9) > it):
+            if it > 2500 or (it > SHORT_FIT and k.get("snapshot", 10**9) > it):
                 k["max_iter"] = SHORT_FIT
                 for key in ("display", "eval_interval"):
                     if k.get(key, 0) > SHORT_FIT // 3:
@@ -124,8 +125,13 @@ class Runner:
     def write_data(self, rng):
         reader, inp = self.readers[-1], self.inputs[0]
         kind = reader.data_reader_type.name
-        nnz = [v for p in inp.sparse for v in (list(p.nnz_per_slot) if isinstance(p.nnz_per_slot, (list, tuple))
-                                                 else [p.nnz_per_slot] * p.slot_num)]
+        nnz = [
+            v
+            for p in inp.sparse
+            for v in (
+                list(p.nnz_per_slot) if isinstance(p.nnz_per_slot, (list, tuple)) else [p.nnz_per_slot] * p.slot_num
+            )
+        ]
         emb_sizes, one_hot = None, False
         for layer in self.layers:
             if isinstance(layer, cfg.SparseEmbedding) and layer.slot_size_array:
@@ -134,7 +140,7 @@ class Runner:
         sizes = [int(s) for s in (list(reader.slot_size_array or []) or emb_sizes or [])]
         offsets = np.zeros(len(nnz), np.int64)
         if one_hot and kind in ("Raw", "RawAsync", "Norm") and len(sizes) == len(nnz):
-            offsets[1:] = np.cumsum(sizes)[:-1]        # a one-hot table reads globally offset keys
+            offsets[1:] = np.cumsum(sizes)[:-1]  # a one-hot table reads globally offset keys
         evals = self.solver_kw.get("batchsize_eval", 2048) * self.solver_kw.get("max_eval_batches", 1)
         rows = int(min(max(4096, evals), 40000))
         L, D = inp.label_dim, inp.dense_dim
@@ -154,31 +160,43 @@ class Runner:
             os.makedirs(folder, exist_ok=True)
             label = rng.integers(0, 2, size=(rows, L))
             if kind == "Parquet":
-                w = ParquetDatasetWriter(folder, L, D, len(nnz), list_path=src,
-                                         multi_hot={k for k, z in enumerate(nnz) if z > 1})
-                w.write_file("part_0.parquet", label.astype(np.float32), rng.random((rows, D), np.float32),
-                             keys(rows))
+                w = ParquetDatasetWriter(
+                    folder, L, D, len(nnz), list_path=src, multi_hot={k for k, z in enumerate(nnz) if z > 1}
+                )
+                w.write_file("part_0.parquet", label.astype(np.float32), rng.random((rows, D), np.float32), keys(rows))
                 w.close()
-            elif kind == "Norm":          # one file per list: a batch never spans files (readers differ there)
+            elif kind == "Norm":  # one file per list: a batch never spans files (readers differ there)
                 path = os.path.abspath(os.path.join(folder, os.path.basename(src) + ".data"))
-                write_norm_file(path, label.astype(np.float32), rng.random((rows, D), np.float32), keys(rows),
-                                check=reader.check_type,
-                                key_dtype=np.int64 if self.solver_kw.get("i64_input_key") else np.uint32)
+                write_norm_file(
+                    path,
+                    label.astype(np.float32),
+                    rng.random((rows, D), np.float32),
+                    keys(rows),
+                    check=reader.check_type,
+                    key_dtype=np.int64 if self.solver_kw.get("i64_input_key") else np.uint32,
+                )
                 write_file_list(src, [path])
             elif kind == "Raw":
                 n = min(max(rows, reader.num_samples or 0, reader.eval_num_samples or 0), 60000)
                 f = reader.float_label_dense
                 dense = rng.random((n, D), np.float32) if f else rng.integers(0, 100, (n, D))
                 lab = rng.integers(0, 2, (n, L))
-                write_raw_file(src, lab.astype(np.float32) if f else lab, dense, np.stack(keys(n), axis=1),
-                               float_label_dense=f)
+                write_raw_file(
+                    src, lab.astype(np.float32) if f else lab, dense, np.stack(keys(n), axis=1), float_label_dense=f
+                )
             elif kind == "RawAsync":
-                ap = reader.async_param           # 64-bit keys with i64_input_key, as the reader reads them
+                ap = reader.async_param  # 64-bit keys with i64_input_key, as the reader reads them
                 wide, fl = bool(self.solver_kw.get("i64_input_key")), bool(getattr(ap, "is_dense_float", False))
                 n = max(rows, 8192)
                 dense = rng.random((n, D), np.float32) if fl else rng.integers(0, 100, (n, D))
-                write_raw_async_file(src, rng.integers(0, 2, (n, L)), dense,
-                                     np.concatenate([k.reshape(n, -1) for k in keys(n)], axis=1), fl, wide_keys=wide)
+                write_raw_async_file(
+                    src,
+                    rng.integers(0, 2, (n, L)),
+                    dense,
+                    np.concatenate([k.reshape(n, -1) for k in keys(n)], axis=1),
+                    fl,
+                    wide_keys=wide,
+                )
 
 
 def main(argv):

@@ -11,6 +11,7 @@ Data: 13 dense features and 8 multi-hot sparse features (1-3 ids per bag, Zipf-l
 from a hidden logistic model of the dense features and per-id effects, so the embeddings must learn.
 Shapes: B batch, T tables (one feature each), D embedding width.
 """
+
 import argparse
 
 import numpy as np
@@ -18,7 +19,12 @@ import torch
 from torch import nn
 
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # the one changed line
-    ComputeDevice, EmbeddingLocation, OptimType, PoolingMode, SplitTableBatchedEmbeddingBagsCodegen)
+    ComputeDevice,
+    EmbeddingLocation,
+    OptimType,
+    PoolingMode,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
 
 
 def mlp(sizes, last_relu=True):
@@ -39,8 +45,12 @@ class DLRM(nn.Module):
         location = EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
         self.emb = SplitTableBatchedEmbeddingBagsCodegen(
-            [(rows, dim, location, compute) for rows in table_rows], optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
-            learning_rate=embedding_lr, pooling_mode=PoolingMode.SUM, device=device)
+            [(rows, dim, location, compute) for rows in table_rows],
+            optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=embedding_lr,
+            pooling_mode=PoolingMode.SUM,
+            device=device,
+        )
         self.emb.init_embedding_weights_uniform(-0.05, 0.05)
         self.n_tables, self.dim = len(table_rows), dim
         n = self.n_tables + 1
@@ -49,11 +59,11 @@ class DLRM(nn.Module):
         self.register_buffer("pairs", torch.tril_indices(n, n, offset=-1))
 
     def forward(self, dense, indices, offsets):
-        x = self.bottom(dense)                                                     # (B, D)
-        e = self.emb(indices, offsets).view(-1, self.n_tables, self.dim)           # (B, T, D)
-        z = torch.cat([x.unsqueeze(1), e], dim=1)                                  # (B, T + 1, D)
-        dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]    # (B, (T+1)T/2)
-        return self.top(torch.cat([x, dots], dim=1)).squeeze(1)                    # (B,) logits
+        x = self.bottom(dense)  # (B, D)
+        e = self.emb(indices, offsets).view(-1, self.n_tables, self.dim)  # (B, T, D)
+        z = torch.cat([x.unsqueeze(1), e], dim=1)  # (B, T + 1, D)
+        dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]  # (B, (T+1)T/2)
+        return self.top(torch.cat([x, dots], dim=1)).squeeze(1)  # (B,) logits
 
 
 class Data:
@@ -63,22 +73,26 @@ class Data:
         self.rng = np.random.default_rng(seed)
         self.rows = np.asarray(table_rows)
         self.w_dense = self.rng.normal(0, 0.5, dense_in)
-        self.effects = [self.rng.normal(0, 1.0, r) for r in table_rows]            # per-id log-odds
+        self.effects = [self.rng.normal(0, 1.0, r) for r in table_rows]  # per-id log-odds
         self.dense_in = dense_in
 
     def batch(self, b):
         rng, t = self.rng, len(self.rows)
         dense = rng.normal(size=(b, self.dense_in)).astype(np.float32)
-        lens = rng.integers(1, 4, size=(t, b))                                     # (T, B) ids per bag
+        lens = rng.integers(1, 4, size=(t, b))  # (T, B) ids per bag
         ids = [np.minimum(rng.zipf(1.3, lens[i].sum()) - 1, self.rows[i] - 1) for i in range(t)]
         logit = dense @ self.w_dense
-        for i in range(t):                                                          # mean effect per bag
+        for i in range(t):  # mean effect per bag
             bag = np.repeat(np.arange(b), lens[i])
             logit += np.bincount(bag, self.effects[i][ids[i]], b) / lens[i]
         label = (rng.random(b) < 1 / (1 + np.exp(-logit))).astype(np.float32)
-        offsets = np.concatenate([[0], np.cumsum(lens.reshape(-1))])               # feature-major bags
-        return (torch.from_numpy(dense), torch.from_numpy(np.concatenate(ids).astype(np.int64)),
-                torch.from_numpy(offsets.astype(np.int64)), torch.from_numpy(label))
+        offsets = np.concatenate([[0], np.cumsum(lens.reshape(-1))])  # feature-major bags
+        return (
+            torch.from_numpy(dense),
+            torch.from_numpy(np.concatenate(ids).astype(np.int64)),
+            torch.from_numpy(offsets.astype(np.int64)),
+            torch.from_numpy(label),
+        )
 
 
 def auc(labels, scores):
@@ -87,8 +101,15 @@ def auc(labels, scores):
     return float(((pos > neg).sum() + 0.5 * (pos == neg).sum()) / max(pos.size * neg.size, 1))
 
 
-def main(steps=200, batch=256, table_rows=(1000, 500, 2000, 100, 800, 50, 300, 1500), dim=16, seed=0,
-         log_every=50, device=None):
+def main(
+    steps=200,
+    batch=256,
+    table_rows=(1000, 500, 2000, 100, 800, 50, 300, 1500),
+    dim=16,
+    seed=0,
+    log_every=50,
+    device=None,
+):
     """Train; returns (losses per step, eval AUC)."""
     torch.manual_seed(seed)
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -101,7 +122,7 @@ def main(steps=200, batch=256, table_rows=(1000, 500, 2000, 100, 800, 50, 300, 1
         dense, indices, offsets, label = (t.to(device) for t in data.batch(batch))
         loss = loss_fn(model(dense, indices, offsets), label)
         opt.zero_grad()
-        loss.backward()                      # also updates the embedding tables (fused optimizer)
+        loss.backward()  # also updates the embedding tables (fused optimizer)
         opt.step()
         losses.append(loss.item())
         if log_every and (step + 1) % log_every == 0:

@@ -6,6 +6,7 @@ use, and why). Every command has
 ``--help``. An error is one line on stderr (exit status 1) unless ``--debug`` (anywhere on the line) or
 NUMBACTR_DEBUG=1 asks for the traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,11 @@ DEBUG_ENV = "NUMBACTR_DEBUG"
 
 #: converters under `numbactr data`: name -> (module, one-line description)
 CONVERTERS = {
-    "criteo": ("numbactr.data.criteo", "Criteo TSV click logs -> HugeCTR Norm or Parquet (HugeCTR's pandas "
-                                        "preprocessing, streamed in chunks; prints the slot_size_array)"),
+    "criteo": (
+        "numbactr.data.criteo",
+        "Criteo TSV click logs -> HugeCTR Norm or Parquet (HugeCTR's pandas "
+        "preprocessing, streamed in chunks; prints the slot_size_array)",
+    ),
 }
 BENCH_HELP = """benchmarks (markdown tables; not tests):
   hash                 hash-table insert/find, Mkeys/s
@@ -34,10 +38,12 @@ when torch is installed. `numbactr bench data --help` / `numbactr bench hash --h
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("numbactr")
-    except PackageNotFoundError:              # run from a source tree that was never installed
+    except PackageNotFoundError:  # run from a source tree that was never installed
         from numbactr import __version__
+
         return __version__
 
 
@@ -51,52 +57,72 @@ def _delegate(parser, name: str, help_text: str):
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="numbactr", description="HugeCTR's training API re-implemented in Python with numba.cuda kernels. "
+        prog="numbactr",
+        description="HugeCTR's training API re-implemented in Python with numba.cuda kernels. "
         "A HugeCTR script runs with `import numbactr as hugectr`; these commands are the extras.",
         epilog="`numbactr <command> --help` describes a command. Environment: NUMBACTR_DEVICE=gpu|sim|cpu, "
-               "NUMBACTR_THREADS, NUMBACTR_READER_WORKERS, NUMBACTR_HUGECTR_EXACT=1, NUMBACTR_PROGRESS=0, "
-               "NUMBACTR_DEBUG=1 (see README).")
+        "NUMBACTR_THREADS, NUMBACTR_READER_WORKERS, NUMBACTR_HUGECTR_EXACT=1, NUMBACTR_PROGRESS=0, "
+        "NUMBACTR_DEBUG=1 (see README).",
+    )
     ap.add_argument("--version", action="version", version=f"numbactr {_version()}")
     ap.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = ap.add_subparsers(dest="command", metavar="<command>", required=True)
 
     from numbactr import demo
-    p = sub.add_parser("demo", help="train a DLRM on built-in planted-signal data and print its AUC next to "
-                                    "the best AUC possible (the main job)",
-                       description=demo.__doc__.split("\n\n")[0])
+
+    p = sub.add_parser(
+        "demo",
+        help="train a DLRM on built-in planted-signal data and print its AUC next to "
+        "the best AUC possible (the main job)",
+        description=demo.__doc__.split("\n\n")[0],
+    )
     demo.add_arguments(p)
 
     _delegate(sub, "bench", "kernel, training-step and data-reader benchmarks (see `numbactr bench --help`)")
 
-    p = sub.add_parser("data", help="convert click logs to HugeCTR's data formats (converters: "
-                                    + ", ".join(CONVERTERS) + ")",
-                       description="Convert data sets to HugeCTR's formats. Converters:",
-                       epilog="`numbactr data <converter> --help` lists a converter's options.")
+    p = sub.add_parser(
+        "data",
+        help="convert click logs to HugeCTR's data formats (converters: " + ", ".join(CONVERTERS) + ")",
+        description="Convert data sets to HugeCTR's formats. Converters:",
+        epilog="`numbactr data <converter> --help` lists a converter's options.",
+    )
     conv = p.add_subparsers(dest="converter", metavar="<converter>", required=True)
     for name, (_, text) in CONVERTERS.items():
         _delegate(conv, name, text)
 
     from numbactr.onnx_converter import command as export_onnx
-    p = sub.add_parser("export-onnx", help="convert a trained model (graph JSON + model files) to ONNX",
-                       description=export_onnx.DESCRIPTION, epilog=export_onnx.EPILOG)
+
+    p = sub.add_parser(
+        "export-onnx",
+        help="convert a trained model (graph JSON + model files) to ONNX",
+        description=export_onnx.DESCRIPTION,
+        epilog=export_onnx.EPILOG,
+    )
     export_onnx.add_arguments(p)
 
     from numbactr.inference import predict
-    p = sub.add_parser("predict", help="predict a file list or Parquet folder with a trained model (HugeCTR's "
-                                       "inference API) and write the predictions (CSV or Parquet)",
-                       description=predict.__doc__.split("\n\n")[0])
+
+    p = sub.add_parser(
+        "predict",
+        help="predict a file list or Parquet folder with a trained model (HugeCTR's "
+        "inference API) and write the predictions (CSV or Parquet)",
+        description=predict.__doc__.split("\n\n")[0],
+    )
     predict.add_arguments(p)
 
-    ap.commands = sub.choices                                  # name -> parser, for error messages
-    sub.add_parser("device", help="print which device (gpu, sim, cpu) and threads numbactr would use, and why; "
-                                  "the GPU, driver, CUDA, numba-cuda, CuPy, NCCL and MPI found, and what does not fit",
-                   description="Resolve the device as `import numbactr` would (NUMBACTR_DEVICE, the simulator, "
-                               "a CUDA GPU with cupy, else cpu) and print the start-up line: the device, the "
-                               "reason, and the thread plan (compute threads, reader workers). Then report this "
-                               "rank's placement and GPU, the NVIDIA driver and the CUDA version it supports, "
-                               "the GPUs (compute capability, memory), numba-cuda and CuPy with the CUDA majors "
-                               "they are built for, NCCL and MPI, and diagnose what does not fit (exit status "
-                               "1 when something is an error, e.g. a CuPy for CUDA 13 under a CUDA 12 driver).")
+    ap.commands = sub.choices  # name -> parser, for error messages
+    sub.add_parser(
+        "device",
+        help="print which device (gpu, sim, cpu) and threads numbactr would use, and why; "
+        "the GPU, driver, CUDA, numba-cuda, CuPy, NCCL and MPI found, and what does not fit",
+        description="Resolve the device as `import numbactr` would (NUMBACTR_DEVICE, the simulator, "
+        "a CUDA GPU with cupy, else cpu) and print the start-up line: the device, the "
+        "reason, and the thread plan (compute threads, reader workers). Then report this "
+        "rank's placement and GPU, the NVIDIA driver and the CUDA version it supports, "
+        "the GPUs (compute capability, memory), numba-cuda and CuPy with the CUDA majors "
+        "they are built for, NCCL and MPI, and diagnose what does not fit (exit status "
+        "1 when something is an error, e.g. a CuPy for CUDA 13 under a CUDA 12 driver).",
+    )
     return ap
 
 
@@ -106,31 +132,39 @@ def _bench(rest: list) -> int:
         return 0
     if rest[0] == "data":
         from numbactr.bench.data import main as bench_data
+
         return bench_data(rest[1:])
     if rest[0] == "inference":
         from numbactr.bench.inference import main as bench_inference
+
         return bench_inference(rest[1:])
     from numbactr.bench.cli import main as bench
+
     return bench(rest)
 
 
 def _run(args) -> int:
     if args.command == "demo":
         from numbactr.demo import run
+
         return run(args)
     if args.command == "bench":
         return _bench(args.rest)
     if args.command == "data":
         import importlib
+
         return importlib.import_module(CONVERTERS[args.converter][0]).main(args.rest)
     if args.command == "export-onnx":
         from numbactr.onnx_converter.command import run
+
         return run(args)
     if args.command == "predict":
         from numbactr.inference.predict import run
+
         return run(args)
     if args.command == "device":
         from numbactr.runtime.device_report import main as device_report
+
         return device_report()
     raise AssertionError(args.command)
 
@@ -141,7 +175,7 @@ def main(argv=None) -> int:
     argv = [a for a in argv if a != "--debug"]
     ap = build_parser()
     args, rest = ap.parse_known_args(argv)
-    if rest and not getattr(args, "delegated", False):      # the subcommand's own usage and error
+    if rest and not getattr(args, "delegated", False):  # the subcommand's own usage and error
         ap.commands[args.command].error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     try:
@@ -149,12 +183,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("numbactr: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:          # noqa: BLE001 (the command line reports every error in one line)
+    except Exception as e:  # noqa: BLE001 (the command line reports every error in one line)
         if debug:
             raise
         msg = " ".join(str(e).split()) or type(e).__name__
-        print(f"numbactr {args.command}: error: {msg} ({type(e).__name__}; --debug shows the traceback)",
-              file=sys.stderr)
+        print(
+            f"numbactr {args.command}: error: {msg} ({type(e).__name__}; --debug shows the traceback)", file=sys.stderr
+        )
         return 1
 
 

@@ -9,6 +9,7 @@ HugeCTR's separately installed ONNX converter ``hugectr2onnx`` to ``numbactr.onn
 and its HPS plugin for PyTorch ``hps_torch`` to ``numbactr.hps_torch``, each unless a real package of that
 name is importable, or ``NUMBACTR_HUGECTR_ALIAS=0``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,8 +19,11 @@ import importlib.util
 import os
 import sys
 
-_ALIASES = {"hugectr": "numbactr", "hugectr2onnx": "numbactr.onnx_converter.hugectr2onnx",
-            "hps_torch": "numbactr.hps_torch"}
+_ALIASES = {
+    "hugectr": "numbactr",
+    "hugectr2onnx": "numbactr.onnx_converter.hugectr2onnx",
+    "hps_torch": "numbactr.hps_torch",
+}
 
 
 class _Loader(importlib.abc.Loader):
@@ -28,26 +32,26 @@ class _Loader(importlib.abc.Loader):
 
     def create_module(self, spec):
         module = importlib.import_module(self.target)
-        self.own_spec = module.__spec__     # importlib sets module.__spec__ to the alias spec next
+        self.own_spec = module.__spec__  # importlib sets module.__spec__ to the alias spec next
         return module
 
     def exec_module(self, module):
-        module.__spec__ = self.own_spec     # already executed under its numbactr name: keep that identity
+        module.__spec__ = self.own_spec  # already executed under its numbactr name: keep that identity
 
 
 class HugeCTRAlias(importlib.abc.MetaPathFinder):
     """Finds ``hugectr[.X]`` as the already importable ``numbactr[.X]`` (and ``hugectr2onnx[.X]``)."""
 
     def __init__(self, names):
-        self.names = dict(names)                  # alias top-level name -> numbactr module
+        self.names = dict(names)  # alias top-level name -> numbactr module
 
     def find_spec(self, fullname, path=None, target=None):
         top = fullname.split(".", 1)[0]
         if top not in self.names:
             return None
-        real = self.names[top] + fullname[len(top):]
+        real = self.names[top] + fullname[len(top) :]
         if real not in sys.modules and importlib.util.find_spec(real) is None:
-            return None                     # hugectr.X with no numbactr.X: the usual ModuleNotFoundError
+            return None  # hugectr.X with no numbactr.X: the usual ModuleNotFoundError
         is_pkg = hasattr(sys.modules.get(real) or importlib.import_module(real), "__path__")
         return importlib.machinery.ModuleSpec(fullname, _Loader(real), is_package=is_pkg)
 
@@ -59,8 +63,11 @@ def install() -> bool:
     if os.environ.get("NUMBACTR_HUGECTR_ALIAS", "1").strip() == "0":
         return False
     # a name whose real package is installed (NVIDIA's hugectr, its hugectr2onnx) is left alone
-    names = {a: r for a, r in _ALIASES.items()
-             if a not in sys.modules and importlib.machinery.PathFinder.find_spec(a) is None}
+    names = {
+        a: r
+        for a, r in _ALIASES.items()
+        if a not in sys.modules and importlib.machinery.PathFinder.find_spec(a) is None
+    }
     if not names:
         return False
     sys.meta_path.insert(0, HugeCTRAlias(names))  # before PathFinder, which would find numbactr/X under hugectr

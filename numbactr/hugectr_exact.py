@@ -11,6 +11,7 @@ HugeCTR behaviour is available for result comparisons:
 Every place that differs reads ``hugectr_exact()`` and documents both behaviours; the README's
 "Differences from HugeCTR" lists them.
 """
+
 from __future__ import annotations
 
 import os

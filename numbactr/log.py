@@ -11,6 +11,7 @@ than a second). When output goes to a file, a pipe or CI, it writes a log line e
 NUMBACTR_PROGRESS_INTERVAL seconds (default 10) and a closing line if it wrote any, so short tasks stay
 silent. NUMBACTR_PROGRESS=0 turns both off; only rank 0 reports.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -33,7 +34,7 @@ def _stamp(level: str) -> str:
 
 
 def info(msg: str) -> None:
-    if _rank != 0:                      # one voice per job, like HugeCTR's rank-0 logging
+    if _rank != 0:  # one voice per job, like HugeCTR's rank-0 logging
         return
     print(_stamp("INFO") + msg, flush=True)
 
@@ -116,13 +117,25 @@ def progress(total: int | None = None, desc: str = "", unit: str = "it") -> _Pro
         return _Progress(_NoProgress())
     if sys.stderr.isatty():
         from tqdm import tqdm
+
         # delay: no bar at all for tasks that end within a second; unit_scale: 266k/850k samples (without a
         # total tqdm would write a count as "13.0batch", so counts stay plain)
-        return _Progress(tqdm(total=total, desc=desc, unit=unit, unit_scale=total is not None, delay=1.0,
-                              dynamic_ncols=True, file=sys.stderr))
+        return _Progress(
+            tqdm(
+                total=total,
+                desc=desc,
+                unit=unit,
+                unit_scale=total is not None,
+                delay=1.0,
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
+        )
     try:
         interval = float(os.environ.get("NUMBACTR_PROGRESS_INTERVAL", "10"))
     except ValueError:
-        raise ValueError(f"NUMBACTR_PROGRESS_INTERVAL={os.environ['NUMBACTR_PROGRESS_INTERVAL']!r}: "
-                         f"expected seconds between progress lines") from None
+        raise ValueError(
+            f"NUMBACTR_PROGRESS_INTERVAL={os.environ['NUMBACTR_PROGRESS_INTERVAL']!r}: "
+            f"expected seconds between progress lines"
+        ) from None
     return _Progress(_LogProgress(total, desc, unit, interval))

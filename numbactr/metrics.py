@@ -1,4 +1,5 @@
 """Evaluation metrics as HugeCTR computes them (spec §4.4)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,6 +38,7 @@ def average_loss(losses, rows) -> float:
     gives that. nan when there is no batch.
     """
     from numbactr import hugectr_exact
+
     losses = np.asarray(losses, np.float64)
     rows = np.asarray(rows, np.float64)
     if losses.size == 0:
@@ -69,6 +71,7 @@ class MetricAccumulator:
     def finalize(self) -> list[tuple[str, float]]:
         """[(name, value)] in MetricsType order (AUC, AverageLoss, HitRate, NDCG, SMAPE), then reset."""
         from numbactr.enums import MetricsType as M
+
         out = []
         p = np.concatenate(self.preds) if self.preds else np.zeros((0, 1))
         y = np.concatenate(self.labels) if self.labels else np.zeros((0, 1))

@@ -10,6 +10,7 @@ CUDA graphs), overflow (mixed-precision skips, non-finite losses), fit (the loop
 and io (snapshots). Why a façade: scripts written for HugeCTR see one class, while each part of the
 training can be read on its own.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,7 @@ __all__ = ["Model", "ModelError", "ReaderHandle"]
 
 
 class Model:
-    def __init__(self, solver: Solver, reader_params: DataReaderParams, opt_params: OptParamsPy,
-                 etc_params=None):
+    def __init__(self, solver: Solver, reader_params: DataReaderParams, opt_params: OptParamsPy, etc_params=None):
         if not isinstance(solver, Solver):
             raise ModelError("Model: first argument must come from CreateSolver()")
         if not isinstance(reader_params, DataReaderParams):
@@ -45,8 +45,8 @@ class Model:
         # HugeCTR's embedding training cache (numbactr/train/training_cache.py): checked here, applied as embeddings are added
         self.etc = etc_params
         self._etc_cache = None
-        self._etc_inc_files: list[str] = []           # keyset files behind the next get_incremental_model()
-        self._etc_reader_keysets_pending = True        # the reader's own keysets not yet added to them
+        self._etc_inc_files: list[str] = []  # keyset files behind the next get_incremental_model()
+        self._etc_reader_keysets_pending = True  # the reader's own keysets not yet added to them
         if etc_params is not None:
             try:
                 training_cache.check_model(self, etc_params)
@@ -55,32 +55,46 @@ class Model:
             self._etc_cache = training_cache.EmbeddingTrainingCache(self)
         else:
             if len(reader_params.source) > 1:
-                warn_ignored("DataReaderParams", "source[1:]", reader_params.source[1:], "only source[0] is read "
-                             "(HugeCTR reads the others only with the embedding training cache, Model(..., "
-                             "CreateETC(...))); use Model.set_source for epochs", stacklevel=2)
+                warn_ignored(
+                    "DataReaderParams",
+                    "source[1:]",
+                    reader_params.source[1:],
+                    "only source[0] is read "
+                    "(HugeCTR reads the others only with the embedding training cache, Model(..., "
+                    "CreateETC(...))); use Model.set_source for epochs",
+                    stacklevel=2,
+                )
             if reader_params.keyset not in ("", [], ()):
-                warn_ignored("DataReaderParams", "keyset", reader_params.keyset, "used only by the embedding "
-                             "training cache (Model(..., CreateETC(...)))", stacklevel=2)
-        device.kind()                                  # announce the device once, up front
+                warn_ignored(
+                    "DataReaderParams",
+                    "keyset",
+                    reader_params.keyset,
+                    "used only by the embedding training cache (Model(..., CreateETC(...)))",
+                    stacklevel=2,
+                )
+        device.kind()  # announce the device once, up front
         self.comm = world()
         self.ranks = self.comm.size
         log.set_rank(self.comm.rank)
         if solver.batchsize % self.ranks or solver.batchsize_eval % self.ranks:
-            raise ModelError(f"batchsize {solver.batchsize} / batchsize_eval {solver.batchsize_eval} "
-                             f"must be divisible by the number of ranks ({self.ranks})")
+            raise ModelError(
+                f"batchsize {solver.batchsize} / batchsize_eval {solver.batchsize_eval} "
+                f"must be divisible by the number of ranks ({self.ranks})"
+            )
         self.batch = solver.batchsize // self.ranks
         self.batch_eval = solver.batchsize_eval // self.ranks
         self.rng = np.random.default_rng(solver.seed)
         self.input: Input | None = None
         self.embeddings: list[HashEmbedding] = []
-        self.collections: list[collection.EmbeddingCollection] = []     # added EmbeddingCollectionConfigs
-        self.layers: list = []                         # built Layer objects, add order
-        self.shapes: dict[str, tuple] = {}             # tensor name -> full shape (B first)
-        self.sparse_inputs: dict[str, int] = {}        # sparse input name -> index in the batch
+        self.collections: list[collection.EmbeddingCollection] = []  # added EmbeddingCollectionConfigs
+        self.layers: list = []  # built Layer objects, add order
+        self.shapes: dict[str, tuple] = {}  # tensor name -> full shape (B first)
+        self.sparse_inputs: dict[str, int] = {}  # sparse input name -> index in the batch
         self.compiled = False
         self.lr = solver.lr
-        self.lr_scheduler = LearningRateScheduler(solver.lr, solver.warmup_steps, solver.decay_start,
-                                                  solver.decay_steps, solver.decay_power, solver.end_lr)
+        self.lr_scheduler = LearningRateScheduler(
+            solver.lr, solver.warmup_steps, solver.decay_start, solver.decay_steps, solver.decay_power, solver.end_lr
+        )
         self.dense_frozen = False
         self.step = 0
         self._current_loss = float("nan")
@@ -91,20 +105,22 @@ class Model:
         self.metrics = MetricAccumulator(solver.metrics_spec)
         self._train_reader = self._eval_reader = None
         self.history = {"iter": [], "loss": [], "lr": [], "eval_iter": [], "auc": []}
-        self._last_tensors: dict[bool, dict] = {}      # training? -> the last forward's tensors by name
-        self._fused_tops, self._last_fused = {}, {}    # InnerProduct tops fused with their ReLU (compile)
-        self._stager = None                            # numbactr.data.staging.DeviceStager, made when used
-        self._graphs = None                            # numbactr.train.cuda_graphs.StepGraphs, made when used
-        self._last_eval = None                         # (predictions, labels) of the last eval batch
+        self._last_tensors: dict[bool, dict] = {}  # training? -> the last forward's tensors by name
+        self._fused_tops, self._last_fused = {}, {}  # InnerProduct tops fused with their ReLU (compile)
+        self._stager = None  # numbactr.data.staging.DeviceStager, made when used
+        self._graphs = None  # numbactr.train.cuda_graphs.StepGraphs, made when used
+        self._last_eval = None  # (predictions, labels) of the last eval batch
         # mixed precision (numbactr/runtime/precision.py): the activations' half dtype, None in float32
         self.half = precision.half_dtype(solver)
-        self._skipped = 0                              # mixed-precision steps skipped for overflow (read)
-        self._skips_dev = None                         # (1,) device count of steps skipped on the device
-        self._skips_seen = 0                           # the part of it already in _skipped
+        self._skipped = 0  # mixed-precision steps skipped for overflow (read)
+        self._skips_dev = None  # (1,) device count of steps skipped on the device
+        self._skips_seen = 0  # the part of it already in _skipped
         if self.half is not None and self.half != np.float16 and device.kind() == "gpu":
-            raise ModelError("Model: mixed_precision_dtype='bfloat16' runs on the cpu and sim devices only "
-                             "(CuPy has no bfloat16 arrays); use 'float16' on a GPU")
-        self._tf32 = None                              # the gpu device: TF32 as asked (set before each step)
+            raise ModelError(
+                "Model: mixed_precision_dtype='bfloat16' runs on the cpu and sim devices only "
+                "(CuPy has no bfloat16 arrays); use 'float16' on a GPU"
+            )
+        self._tf32 = None  # the gpu device: TF32 as asked (set before each step)
         if device.kind() == "gpu":
             self._tf32 = bool(solver.enable_tf32_compute)
             said = precision.set_tf32(self._tf32)
@@ -112,8 +128,16 @@ class Model:
                 log.info(said)
 
     # ---- graph ---------------------------------------------------------------------------------
-    def add(self, item=None, *, input=None, sparse_embedding=None, dense_layer=None,  # noqa: A002 (HugeCTR's
-            group_dense_layer=None, ebc_config=None) -> None:                   # keyword names, one per overload)
+    def add(
+        self,
+        item=None,
+        *,
+        input=None,
+        sparse_embedding=None,
+        dense_layer=None,  # noqa: A002 (HugeCTR's
+        group_dense_layer=None,
+        ebc_config=None,
+    ) -> None:  # keyword names, one per overload)
         """One Input, SparseEmbedding, EmbeddingCollectionConfig, DenseLayer or GroupDenseLayer."""
         graph.add(self, item, input, sparse_embedding, dense_layer, group_dense_layer, ebc_config)
 
@@ -160,17 +184,21 @@ class Model:
     # ---- the embedding training cache (numbactr/train/training_cache.py) ---------------------------
     def get_embedding_training_cache(self) -> "training_cache.EmbeddingTrainingCache":
         if self.etc is None:
-            raise ModelError("Model.get_embedding_training_cache: the model has no embedding training cache "
-                             "(Model(solver, reader, optimizer, CreateETC(...)))")
+            raise ModelError(
+                "Model.get_embedding_training_cache: the model has no embedding training cache "
+                "(Model(solver, reader, optimizer, CreateETC(...)))"
+            )
         return self._etc_cache
 
     def dump_incremental_model_2kafka(self) -> None:
         """HugeCTR sends the rows changed since the last call to the Kafka brokers of CreateSolver(kafka_brockers)
         for its inference parameter server. numbactr has no Kafka producer: refused with what to do instead."""
-        raise ModelError("Model.dump_incremental_model_2kafka: numbactr cannot send to Kafka (no Kafka producer; "
-                         "CreateSolver's kafka_brockers is ignored). Get the changed rows with "
-                         "Model.get_incremental_model() and write them to the parameter server's databases "
-                         "(numbactr.inference: the HPS's Redis / RocksDB backends)")
+        raise ModelError(
+            "Model.dump_incremental_model_2kafka: numbactr cannot send to Kafka (no Kafka producer; "
+            "CreateSolver's kafka_brockers is ignored). Get the changed rows with "
+            "Model.get_incremental_model() and write them to the parameter server's databases "
+            "(numbactr.inference: the HPS's Redis / RocksDB backends)"
+        )
 
     def get_incremental_model(self) -> list:
         """ETC: per embedding, (keys (n,) int64, vectors (n, D) float32) of the keys in the keyset files
@@ -183,9 +211,9 @@ class Model:
 
     def train(self) -> bool:
         """One training iteration; False when an epoch-mode reader is exhausted."""
-        if self._tf32 is not None:                   # TF32 as this model asked (another may have changed it)
+        if self._tf32 is not None:  # TF32 as this model asked (another may have changed it)
             precision.set_tf32(self._tf32)
-        with device.held_choices():                  # the ops' device choices read once per step
+        with device.held_choices():  # the ops' device choices read once per step
             return step.train(self)
 
     def eval(self) -> bool:
@@ -195,8 +223,15 @@ class Model:
         with device.held_choices():
             return fit.eval_batch(self)
 
-    def fit(self, num_epochs: int = 0, max_iter: int = 2000, display: int = 200, eval_interval: int = 1000,
-            snapshot: int = 10000, snapshot_prefix: str = "") -> None:
+    def fit(
+        self,
+        num_epochs: int = 0,
+        max_iter: int = 2000,
+        display: int = 200,
+        eval_interval: int = 1000,
+        snapshot: int = 10000,
+        snapshot_prefix: str = "",
+    ) -> None:
         """HugeCTR's training loop (spec §4.1): non-epoch mode when the Solver repeats the dataset."""
         fit.fit(self, num_epochs, max_iter, display, eval_interval, snapshot, snapshot_prefix)
 
@@ -256,10 +291,10 @@ class Model:
         """The learning rate of the next steps (dense layers and embeddings): a finite number >= 0."""
         self.lr = float(_number("Model.set_learning_rate", "lr", lr, 0.0))
 
-    def reset_learning_rate_scheduler(self, base_lr, warmup_steps=1, decay_start=0, decay_steps=1,
-                                      decay_power=2.0, end_lr=0.0) -> None:
-        self.lr_scheduler = LearningRateScheduler(base_lr, warmup_steps, decay_start, decay_steps,
-                                                  decay_power, end_lr)
+    def reset_learning_rate_scheduler(
+        self, base_lr, warmup_steps=1, decay_start=0, decay_steps=1, decay_power=2.0, end_lr=0.0
+    ) -> None:
+        self.lr_scheduler = LearningRateScheduler(base_lr, warmup_steps, decay_start, decay_steps, decay_power, end_lr)
 
     def freeze_dense(self) -> None:
         self.dense_frozen = True
@@ -318,8 +353,11 @@ class Model:
         """A list (one folder per embedding, add order) or a dict {sparse_embedding_name: folder} (HugeCTR's
         keyword for the dict: sparse_embedding_files_map). Keys go to the rank that owns them on this run's
         rank count (key % R, or slot % R from slot_id)."""
-        sparse_embedding_files = io.one_of("load_sparse_weights", sparse_embedding_files=sparse_embedding_files,
-                                           sparse_embedding_files_map=sparse_embedding_files_map)
+        sparse_embedding_files = io.one_of(
+            "load_sparse_weights",
+            sparse_embedding_files=sparse_embedding_files,
+            sparse_embedding_files_map=sparse_embedding_files_map,
+        )
         graph.require_compiled(self, "load_sparse_weights")
         io.before_load(self)
         checkpoint.load_sparse_weights(self, sparse_embedding_files)
@@ -327,9 +365,11 @@ class Model:
     def load_sparse_optimizer_states(self, sparse_opt_states_files=None, *, sparse_opt_states_files_map=None) -> None:
         """Like load_sparse_weights (the dict also as sparse_opt_states_files_map); each key's states go to the
         row that holds the key now, so load the matching sparse weights first."""
-        sparse_opt_states_files = io.one_of("load_sparse_optimizer_states",
-                                            sparse_opt_states_files=sparse_opt_states_files,
-                                            sparse_opt_states_files_map=sparse_opt_states_files_map)
+        sparse_opt_states_files = io.one_of(
+            "load_sparse_optimizer_states",
+            sparse_opt_states_files=sparse_opt_states_files,
+            sparse_opt_states_files_map=sparse_opt_states_files_map,
+        )
         graph.require_compiled(self, "load_sparse_optimizer_states")
         io.before_load(self)
         checkpoint.load_sparse_optimizer_states(self, sparse_opt_states_files)

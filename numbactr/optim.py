@@ -31,6 +31,7 @@ Deviations from HugeCTR, each the only sensible result where HugeCTR produces Na
 AdaGrad's accumulator starts at initial_accu_value; under numbactr.hugectr_exact.hugectr_exact() it starts
 at HugeCTR's byte-memset value instead (see kernels.optimizers.adagrad_initial_accumulator).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,11 +47,21 @@ O, U = Optimizer_t, Update_t
 #: every optimizer HugeCTR's dense network accepts (update_type does not apply to dense weights)
 DENSE_SUPPORTED = frozenset({O.SGD, O.MomentumSGD, O.Nesterov, O.Adam, O.AdaGrad, O.Ftrl})
 #: every (optimizer, update type) HugeCTR's SparseEmbedding accepts
-SUPPORTED = frozenset({(O.SGD, U.Local), (O.SGD, U.Global),
-                       (O.MomentumSGD, U.Local), (O.MomentumSGD, U.Global),
-                       (O.Nesterov, U.Local), (O.Nesterov, U.Global),
-                       (O.AdaGrad, U.Local), (O.AdaGrad, U.Global),
-                       (O.Adam, U.Local), (O.Adam, U.Global), (O.Adam, U.LazyGlobal)})
+SUPPORTED = frozenset(
+    {
+        (O.SGD, U.Local),
+        (O.SGD, U.Global),
+        (O.MomentumSGD, U.Local),
+        (O.MomentumSGD, U.Global),
+        (O.Nesterov, U.Local),
+        (O.Nesterov, U.Global),
+        (O.AdaGrad, U.Local),
+        (O.AdaGrad, U.Global),
+        (O.Adam, U.Local),
+        (O.Adam, U.Global),
+        (O.Adam, U.LazyGlobal),
+    }
+)
 SPARSE_SUPPORTED = SUPPORTED
 
 
@@ -61,25 +72,33 @@ def check_supported(opt, where: str, sparse: bool = True) -> None:
     combo = f"Optimizer_t.{t.name} with Update_t.{u.name}"
     if not sparse:
         if t not in DENSE_SUPPORTED:
-            raise NotImplementedError(f"{where}: Optimizer_t.{t.name} is not a dense optimizer; "
-                                      f"available: {sorted(o.name for o in DENSE_SUPPORTED)}")
+            raise NotImplementedError(
+                f"{where}: Optimizer_t.{t.name} is not a dense optimizer; "
+                f"available: {sorted(o.name for o in DENSE_SUPPORTED)}"
+            )
         return
     if t == O.Ftrl:
         raise NotImplementedError(
             f"{where}: {combo}: Ftrl is not available for SparseEmbedding (HugeCTR: 'Invalid optimizer "
             f"type'); it trains dense weights only. Give the embedding its own optimizer, e.g. "
-            f"SparseEmbedding(..., optimizer=CreateOptimizer(optimizer_type=Optimizer_t.SGD))")
+            f"SparseEmbedding(..., optimizer=CreateOptimizer(optimizer_type=Optimizer_t.SGD))"
+        )
     if u == U.LazyGlobal and t != O.Adam:
         raise NotImplementedError(
             f"{where}: {combo}: lazy global update is only implemented for Adam (as in HugeCTR); "
-            f"use Update_t.Local or Update_t.Global")
+            f"use Update_t.Local or Update_t.Global"
+        )
     if (t, u) not in SUPPORTED:
-        raise NotImplementedError(f"{where}: {combo} is not a sparse optimizer; available: "
-                                  f"{sorted(f'{a.name}/{b.name}' for a, b in SUPPORTED)}")
+        raise NotImplementedError(
+            f"{where}: {combo} is not a sparse optimizer; available: "
+            f"{sorted(f'{a.name}/{b.name}' for a, b in SUPPORTED)}"
+        )
     if t == O.Adam and u == U.Global and (opt.beta1 == 0 or opt.beta2 == 0):
-        raise ValueError(f"{where}: {combo} needs beta1 > 0 and beta2 > 0 (HugeCTR divides the hot rows' "
-                         f"moment increments by them; got beta1={opt.beta1}, beta2={opt.beta2}); "
-                         f"use Update_t.Local")
+        raise ValueError(
+            f"{where}: {combo} needs beta1 > 0 and beta2 > 0 (HugeCTR divides the hot rows' "
+            f"moment increments by them; got beta1={opt.beta1}, beta2={opt.beta2}); "
+            f"use Update_t.Local"
+        )
 
 
 class LearningRateScheduler:
@@ -87,6 +106,7 @@ class LearningRateScheduler:
 
     def __init__(self, base_lr, warmup_steps=1, decay_start=0, decay_steps=1, decay_power=2.0, end_lr=0.0):
         from numbactr.validate import number as _number
+
         who = "learning-rate scheduler"
         _number(who, "base_lr", base_lr, 0.0)
         _number(who, "end_lr", end_lr, 0.0)
@@ -194,24 +214,28 @@ class DenseOptimizer:
         """A gated Adam step's host values, on the device: (the host's t, the skips it has seen) and
         (lr, beta1, beta2) in float64 (kernels.optimizers.adam_gate_kernel)."""
         from numbactr.runtime.step_values import held
+
         o = self.opt
-        return (held(self, "_gate_t", 2, np.int64).put([self.t, gate.seen]),
-                held(self, "_gate_f", 3, np.float64).put([lr, o.beta1, o.beta2]))
+        return (
+            held(self, "_gate_t", 2, np.int64).put([self.t, gate.seen]),
+            held(self, "_gate_f", 3, np.float64).put([lr, o.beta1, o.beta2]),
+        )
 
     def _kernel_step(self, w, g, lr: float, scaler: float) -> None:
         """The kernels, with this step's lr / alpha_t / l2' in a device array of fixed address
         (numbactr.runtime.step_values): the launch's arguments are the same every step."""
         from numbactr.runtime import step_values
+
         o, s, t = self.opt, self.states, self.opt.optimizer_type
         values = self._step_values(lr)
         hp = step_values.held(self, "_values", values.shape[0], np.float32).put(values)
         gate = self.gate
         step_values.on_replay(("dense", id(self)), self._replay)
-        if gate is not None and t == O.Adam:        # the gate and alpha_t for the device's t
+        if gate is not None and t == O.Adam:  # the gate and alpha_t for the device's t
             optimizers.adam_gate(hp, gate.go, gate.skips, *self._gate_values(lr, gate))
             step_values.on_replay(("dense gate", id(self)), lambda run: self._gate_values(run["dense_lr"], gate))
-        elif gate is not None:                      # after the upload, in stream order (a captured copy)
-            hp[hp.shape[0] - 1:] = gate.go
+        elif gate is not None:  # after the upload, in stream order (a captured copy)
+            hp[hp.shape[0] - 1 :] = gate.go
         f = o.momentum_factor
         if t == O.SGD:
             optimizers.sgd_update(w, g, lr, scaler, hp=hp)

@@ -1,6 +1,7 @@
 """Leaf validators shared by every configuration object: a ValueError that names the argument and its range,
 and the IgnoredArgumentWarning for an argument numbactr accepts but does not act on. Imports nothing of numbactr:
 config, optim, inference and the faces all check their arguments the same way."""
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,10 @@ def number(who: str, name: str, v, lo=None, hi=None, lo_open=False, hi_open=Fals
     kind = "an integer" if integer else "a number"
     ok = isinstance(v, numbers.Integral if integer else numbers.Real)
     expect(ok and not isinstance(v, bool), f"{who}: {name} must be {kind}, got {v!r}")
-    rng = (f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, "
-           f"{'inf' if hi is None else hi}{')' if hi_open or hi is None else ']'}")
+    rng = (
+        f"{'(' if lo_open else '['}{'-inf' if lo is None else lo}, "
+        f"{'inf' if hi is None else hi}{')' if hi_open or hi is None else ']'}"
+    )
     expect(math.isfinite(v), f"{who}: {name} must be finite, got {v!r}")
     expect(lo is None or (v > lo if lo_open else v >= lo), f"{who}: {name} must lie in {rng}, got {v!r}")
     expect(hi is None or (v < hi if hi_open else v <= hi), f"{who}: {name} must lie in {rng}, got {v!r}")

@@ -9,6 +9,7 @@ A command runs with this interpreter's bin/ at the front of PATH (what `. .venv/
 The test process's own device choice (NUMBA_ENABLE_CUDASIM set by conftest, NUMBACTR_DEVICE) is removed:
 the commands run in the environment a user has.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,8 @@ FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
 class Block:
     lang: str
     code: str
-    line: int            # 1-based line of the opening fence
-    before: str          # the text between the previous block and this one
+    line: int  # 1-based line of the opening fence
+    before: str  # the text between the previous block and this one
 
 
 def fenced_blocks(text: str) -> list:
@@ -43,7 +44,7 @@ def fenced_blocks(text: str) -> list:
             j += 1
         if j == len(lines):
             raise ValueError(f"unclosed ``` block at line {i + 1}")
-        out.append(Block(m["lang"], "\n".join(lines[i + 1:j]) + "\n", i + 1, "\n".join(lines[last:i])))
+        out.append(Block(m["lang"], "\n".join(lines[i + 1 : j]) + "\n", i + 1, "\n".join(lines[last:i])))
         i = last = j + 1
     return out
 
@@ -64,8 +65,11 @@ def commands(code: str) -> list:
 
 
 def user_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBACTR_DEVICE", "PYTHONBREAKPOINT", "STEP")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBACTR_DEVICE", "PYTHONBREAKPOINT", "STEP")
+    }
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
     env["VIRTUAL_ENV"] = os.path.dirname(BIN)
     env.update(extra)
@@ -75,8 +79,16 @@ def user_env(**extra) -> dict:
 def run_command(cmd: str, cwd, timeout: int = 300, stdin: str = "", **env) -> subprocess.CompletedProcess:
     """bash -c cmd in cwd, in the activated venv; stdout and stderr together in .stdout."""
     cmd = re.sub(r"(?<![\w/.])\.venv/bin/", BIN + "/", cmd)
-    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=user_env(**env), input=stdin, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return subprocess.run(
+        ["bash", "-c", cmd],
+        cwd=cwd,
+        env=user_env(**env),
+        input=stdin,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout,
+    )
 
 
 def assert_clean(r: subprocess.CompletedProcess, cmd: str) -> None:

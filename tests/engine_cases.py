@@ -1,6 +1,7 @@
 """Shared by the engine tests: random lookups, engines built alike under two implementations, and the
 comparisons (float32 to rounding, float16 weights to one float16 step: stochastic rounding of two float32
 values that differ in their last bit may pick different neighbours)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,9 +9,20 @@ from dataclasses import dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
-from numbactr.embedding.engine import (BoundsCheck, CounterRegularization, CounterWeightDecay, Layout, OptimizerSpec,
-                                       Optim, Pooling, Precision, TableBatchedEmbedding, TableSpec, UpdateType,
-                                       WeightDecay)
+from numbactr.embedding.engine import (
+    BoundsCheck,
+    CounterRegularization,
+    CounterWeightDecay,
+    Layout,
+    OptimizerSpec,
+    Optim,
+    Pooling,
+    Precision,
+    TableBatchedEmbedding,
+    TableSpec,
+    UpdateType,
+    WeightDecay,
+)
 
 GLOBAL_KINDS = (Optim.HUGECTR_ADAM, Optim.HUGECTR_MOMENTUM_SGD, Optim.HUGECTR_NESTEROV)
 
@@ -25,24 +37,37 @@ def updates_of(kind) -> list:
 
 
 #: every (optimizer, update type, weight-decay mode) the engine runs
-OPTIMIZER_CASES = [(k, u, m) for k in Optim for u in updates_of(k)
-                   for m in (tuple(WeightDecay) if k == Optim.EXACT_ROWWISE_ADAGRAD else (WeightDecay.NONE,))]
+OPTIMIZER_CASES = [
+    (k, u, m)
+    for k in Optim
+    for u in updates_of(k)
+    for m in (tuple(WeightDecay) if k == Optim.EXACT_ROWWISE_ADAGRAD else (WeightDecay.NONE,))
+]
 
 #: the counter settings a Case uses for COUNTER / COWCLIP unless it names its own: COUNTER decoupled decay
 #: with a halflife, the tail-id learning-rate decrease above a ratio threshold of max_counter, renewed every
 #: step, after an adjustment iteration; COWCLIP with L2 decay and an every-step-reset counter
 COUNTER_DEFAULTS = {
-    WeightDecay.COUNTER: CounterRegularization(CounterWeightDecay.DECOUPLE, halflife=2, adjustment_iter=1,
-                                               adjustment_ub=0.5, learning_rate_mode=1, tail_id_threshold=0.3,
-                                               tail_id_threshold_is_ratio=True, max_counter_update_freq=1),
-    WeightDecay.COWCLIP: CounterRegularization(CounterWeightDecay.L2, halflife=0, max_counter_update_freq=-1,
-                                               weight_norm_coefficient=0.5, lower_bound=1e-3),
+    WeightDecay.COUNTER: CounterRegularization(
+        CounterWeightDecay.DECOUPLE,
+        halflife=2,
+        adjustment_iter=1,
+        adjustment_ub=0.5,
+        learning_rate_mode=1,
+        tail_id_threshold=0.3,
+        tail_id_threshold_is_ratio=True,
+        max_counter_update_freq=1,
+    ),
+    WeightDecay.COWCLIP: CounterRegularization(
+        CounterWeightDecay.L2, halflife=0, max_counter_update_freq=-1, weight_norm_coefficient=0.5, lower_bound=1e-3
+    ),
 }
 
 
 @dataclass
 class Case:
     """An engine configuration and the lookups of a few training steps."""
+
     tables: list
     fmap: list
     pooling: Pooling = Pooling.SUM
@@ -55,21 +80,45 @@ class Case:
     bounds: BoundsCheck = BoundsCheck.IGNORE
     max_norm: float = 0.0
     clip: bool = False
-    steps: list = field(default_factory=list)      # [(indices, offsets, per_sample_weights or None, dy_seed)]
-    counter: CounterRegularization | None = None   # COUNTER / COWCLIP settings (default: COUNTER_DEFAULTS)
-    rowwise_bias_correction: bool = False          # ADAM
+    steps: list = field(default_factory=list)  # [(indices, offsets, per_sample_weights or None, dy_seed)]
+    counter: CounterRegularization | None = None  # COUNTER / COWCLIP settings (default: COUNTER_DEFAULTS)
+    rowwise_bias_correction: bool = False  # ADAM
 
     def engine(self, impl: str) -> TableBatchedEmbedding:
-        decay = 0.01 if self.kind in (Optim.ADAM, Optim.LAMB, Optim.PARTIAL_ROWWISE_ADAM, Optim.PARTIAL_ROWWISE_LAMB) \
-            or self.wd_mode != WeightDecay.NONE else 0.0
-        opt = OptimizerSpec(self.kind, learning_rate=0.05, weight_decay=decay, weight_decay_mode=self.wd_mode,
-                            update_type=self.update, momentum=0.9, beta2=0.99, scaler=2.0,
-                            initial_accumulator=0.1, max_norm=self.max_norm, gradient_clipping=self.clip,
-                            max_gradient=0.5, counter=self.counter or COUNTER_DEFAULTS.get(self.wd_mode),
-                            rowwise_bias_correction=self.rowwise_bias_correction)
-        e = TableBatchedEmbedding(self.tables, self.fmap, pooling=self.pooling, layout=self.layout, optimizer=opt,
-                                  weights_precision=self.weights, output_dtype=self.output,
-                                  bounds_check=self.bounds, seed=11, impl=impl)
+        decay = (
+            0.01
+            if self.kind in (Optim.ADAM, Optim.LAMB, Optim.PARTIAL_ROWWISE_ADAM, Optim.PARTIAL_ROWWISE_LAMB)
+            or self.wd_mode != WeightDecay.NONE
+            else 0.0
+        )
+        opt = OptimizerSpec(
+            self.kind,
+            learning_rate=0.05,
+            weight_decay=decay,
+            weight_decay_mode=self.wd_mode,
+            update_type=self.update,
+            momentum=0.9,
+            beta2=0.99,
+            scaler=2.0,
+            initial_accumulator=0.1,
+            max_norm=self.max_norm,
+            gradient_clipping=self.clip,
+            max_gradient=0.5,
+            counter=self.counter or COUNTER_DEFAULTS.get(self.wd_mode),
+            rowwise_bias_correction=self.rowwise_bias_correction,
+        )
+        e = TableBatchedEmbedding(
+            self.tables,
+            self.fmap,
+            pooling=self.pooling,
+            layout=self.layout,
+            optimizer=opt,
+            weights_precision=self.weights,
+            output_dtype=self.output,
+            bounds_check=self.bounds,
+            seed=11,
+            impl=impl,
+        )
         e.init_uniform(-0.5, 0.5, seed=4)
         return e
 
@@ -83,7 +132,7 @@ def random_steps(rng, tables, fmap, n_steps=2, batch=3, max_len=3, psw=True, bad
         n = int(offsets[-1])
         low = min(TableSpec(*t).rows if not isinstance(t, TableSpec) else t.rows for t in tables)
         hi = low + 2 if bad else max(low, 1)
-        indices = rng.integers(-1, hi, size=n).astype(np.int64)      # few rows: duplicates are frequent
+        indices = rng.integers(-1, hi, size=n).astype(np.int64)  # few rows: duplicates are frequent
         weights = rng.normal(size=n).astype(np.float32) if psw else None
         steps.append((indices, offsets, weights, s))
     return steps
@@ -97,19 +146,32 @@ TRAINED_PRECISIONS = [Precision.FP32, Precision.FP16]
 @st.composite
 def cases(draw, kinds=None, keyed=False):
     """A small random Case for hypothesis."""
-    rng = np.random.default_rng(draw(st.integers(0, 2 ** 31)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     pooling = draw(st.sampled_from(list(Pooling)))
     n_tables = draw(st.integers(1, 3))
-    dims = [draw(st.integers(1, 9))] * n_tables if pooling == Pooling.NONE else \
-        [draw(st.integers(1, 9)) for _ in range(n_tables)]
+    dims = (
+        [draw(st.integers(1, 9))] * n_tables
+        if pooling == Pooling.NONE
+        else [draw(st.integers(1, 9)) for _ in range(n_tables)]
+    )
     tables = [(draw(st.integers(1, 6)), d) for d in dims]
     fmap = draw(st.lists(st.integers(0, n_tables - 1), min_size=1, max_size=4))
-    kind, update, wd = draw(st.sampled_from(OPTIMIZER_CASES if kinds is None else
-                                            [c for c in OPTIMIZER_CASES if c[0] in kinds]))
-    case = Case(tables, fmap, pooling=pooling, layout=draw(st.sampled_from(list(Layout))), kind=kind,
-                update=update, wd_mode=wd, weights=draw(st.sampled_from(TRAINED_PRECISIONS)),
-                output=draw(st.sampled_from(TRAINED_PRECISIONS)), max_norm=draw(st.sampled_from([0.0, 0.7])),
-                clip=draw(st.booleans()))
+    kind, update, wd = draw(
+        st.sampled_from(OPTIMIZER_CASES if kinds is None else [c for c in OPTIMIZER_CASES if c[0] in kinds])
+    )
+    case = Case(
+        tables,
+        fmap,
+        pooling=pooling,
+        layout=draw(st.sampled_from(list(Layout))),
+        kind=kind,
+        update=update,
+        wd_mode=wd,
+        weights=draw(st.sampled_from(TRAINED_PRECISIONS)),
+        output=draw(st.sampled_from(TRAINED_PRECISIONS)),
+        max_norm=draw(st.sampled_from([0.0, 0.7])),
+        clip=draw(st.booleans()),
+    )
     case.steps = random_steps(rng, tables, fmap, psw=draw(st.booleans()))
     return case
 
@@ -117,7 +179,7 @@ def cases(draw, kinds=None, keyed=False):
 def half_ulp(x) -> np.ndarray:
     """The float16 spacing at x (one step to the next float16 away from zero)."""
     a = np.abs(np.asarray(x, np.float16))
-    return (np.nextafter(a, np.float16(np.inf)).astype(np.float64) - a.astype(np.float64))
+    return np.nextafter(a, np.float16(np.inf)).astype(np.float64) - a.astype(np.float64)
 
 
 def assert_weights_close(got, want, precision, rtol=2e-5, atol=2e-6, what="weights", steps=1) -> None:
@@ -152,8 +214,9 @@ def assert_same_training(case: Case, a: tuple, b: tuple) -> None:
         np.testing.assert_allclose(oa, ob, rtol=2e-2 if fp16 else 2e-5, atol=2e-2 if fp16 else 2e-6)
     for ga, gb in zip(grads_a, grads_b):
         if ga.per_sample_weights is not None:
-            np.testing.assert_allclose(ga.per_sample_weights, gb.per_sample_weights, rtol=2e-2 if fp16 else 2e-5,
-                                       atol=5e-2 if fp16 else 2e-5)
+            np.testing.assert_allclose(
+                ga.per_sample_weights, gb.per_sample_weights, rtol=2e-2 if fp16 else 2e-5, atol=5e-2 if fp16 else 2e-5
+            )
         if ga.sparse is not None:
             for (ra, va), (rb, vb) in zip(ga.sparse.per_table(), gb.sparse.per_table()):
                 np.testing.assert_array_equal(ra, rb)

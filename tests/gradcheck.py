@@ -1,4 +1,5 @@
 """Float64 central-difference gradient check for NumPy reference backward passes."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Helpers shared by kernel tests: run on sim (or gpu), compare with references."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +15,7 @@ def dev(a: np.ndarray):
     if SIMULATED:
         return np.ascontiguousarray(a).copy()
     import cupy
+
     return cupy.asarray(a)
 
 
@@ -26,5 +28,4 @@ def empty_like_dev(a):
 
 
 def f32_arrays(shape, lo=-10.0, hi=10.0):
-    return hnp.arrays(np.float32, shape, elements=st.floats(lo, hi, width=32,
-                                                             allow_nan=False, allow_infinity=False))
+    return hnp.arrays(np.float32, shape, elements=st.floats(lo, hi, width=32, allow_nan=False, allow_infinity=False))

@@ -3,6 +3,7 @@
 Used by the layer tests to check that a layer built from a DenseLayer config computes the same on
 ``sim`` (numba.cuda kernels in the simulator) as on ``cpu`` (NumPy references).
 """
+
 from __future__ import annotations
 
 import numpy as np

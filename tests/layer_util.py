@@ -1,4 +1,5 @@
 """Helpers for layer tests: run one layer through the tape on a device; build a tiny model."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,9 +19,15 @@ def run_layer(dev: str, cfg, shape, training=True, seed=1, param_noise=0.1):
     xp = device.xp()
     layer = build(cfg, [shape])
     r = np.random.default_rng(seed)
-    layer.params = [Tensor(xp.asarray(np.asarray(p, np.float32) + np.float32(param_noise) *
-                                      r.normal(size=np.shape(p)).astype(np.float32)), requires_grad=True)
-                    for p in layer.init_params(r)]
+    layer.params = [
+        Tensor(
+            xp.asarray(
+                np.asarray(p, np.float32) + np.float32(param_noise) * r.normal(size=np.shape(p)).astype(np.float32)
+            ),
+            requires_grad=True,
+        )
+        for p in layer.init_params(r)
+    ]
     x = Tensor(xp.asarray(r.normal(size=shape).astype(np.float32)), requires_grad=True)
     tape = Tape()
     outs = layer.forward(tape, [x], RunInfo(training=training, valid=shape[0]))
@@ -28,9 +35,14 @@ def run_layer(dev: str, cfg, shape, training=True, seed=1, param_noise=0.1):
     dy = xp.asarray(r.normal(size=y.shape).astype(np.float32))
     tape.backward({id(y): (y, dy)})
     host = device.to_host
-    return (layer, [host(o.data) for o in outs], host(x.grad), [None if p.grad is None else host(p.grad)
-                                                                for p in layer.params],
-            host(x.data), [host(p.data) for p in layer.params])
+    return (
+        layer,
+        [host(o.data) for o in outs],
+        host(x.grad),
+        [None if p.grad is None else host(p.grad) for p in layer.params],
+        host(x.data),
+        [host(p.data) for p in layer.params],
+    )
 
 
 def assert_sim_matches_cpu(cfg, shape, training=True, rtol=1e-4, atol=1e-5):
@@ -54,9 +66,17 @@ def small_model(data, batch=8, dense=2):
     """A Model with an Input (label, dense (B, dense), data1 3 slots) for add() validation tests."""
     tr, ev = data
     s = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, i64_input_key=True)
-    r = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev,
-                                 check_type=hugectr.Check_t.Sum)
+    r = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev, check_type=hugectr.Check_t.Sum
+    )
     m = hugectr.Model(s, r, hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=dense, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)]))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=dense,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)],
+        )
+    )
     return m

@@ -1,4 +1,5 @@
 """What the multi-rank tests share: the venv's mpiexec and one skip mark for machines without MPI."""
+
 import importlib.util
 import os
 import shutil

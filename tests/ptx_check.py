@@ -19,6 +19,7 @@ Two stages per kernel:
 nvJitLink and NVRTC come with numba-cuda[cu12] (the test extra); without them the link stage is skipped
 and says so (tests/test_ptx.py fails instead on CI).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,8 @@ SM_LIMITS = {
     (8, 0): dict(regs=65536, threads=2048, blocks=32, smem=167936, block_reserved_smem=1024),
     (9, 0): dict(regs=65536, threads=2048, blocks=32, smem=233472, block_reserved_smem=1024),
 }
-REG_UNIT = 256          # registers are allocated per warp in units of 256
-SMEM_UNIT = 128         # shared memory is allocated per block in units of 128 bytes
+REG_UNIT = 256  # registers are allocated per warp in units of 256
+SMEM_UNIT = 128  # shared memory is allocated per block in units of 128 bytes
 #: the block size the launch helpers give most kernels on a GPU (kernels.launch.THREADS, REDUCE_THREADS,
 #: and launch_lanes' lanes x rows); the interaction's one-block-per-sample kernels use 128
 DEFAULT_BLOCK = 256
@@ -96,6 +97,7 @@ def link_available() -> tuple[bool, str]:
     """Whether this machine can link a cubin without a GPU (nvJitLink >= 12.3 and cuda.core's Linker)."""
     try:
         from numba.cuda.cudadrv.driver import _have_nvjitlink
+
         if not _have_nvjitlink():
             return False, "nvJitLink (>= 12.3) not found: pip install 'numba-cuda[cu12]'"
         _linker_api()
@@ -128,16 +130,22 @@ def build(kernel, sig, cc, link: bool):
     common = dict(fastmath=jit.get("fastmath", False), launch_bounds=jit.get("launch_bounds"))
     if not link:
         from numba import cuda
+
         ptx, _ = cuda.compile_ptx(fn, sig, cc=cc, **common)
         if f".target sm_{cc[0]}{cc[1]}" not in ptx:
             raise AssertionError(f"the PTX does not target sm_{cc[0]}{cc[1]}")
         return ptx, None
     from numba.cuda.compiler import compile_all
+
     codes, _ = compile_all(fn, sig, device=False, abi="numba", output="ltoir", cc=cc, **common)
     Linker, LinkerOptions, ObjectCode = _linker_api()
     objs = [c if isinstance(c, ObjectCode) else ObjectCode.from_ltoir(getattr(c, "data", c)) for c in codes]
-    options = LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}", link_time_optimization=True, ptxas_options=["-v"],
-                            max_register_count=jit.get("max_registers"))
+    options = LinkerOptions(
+        arch=f"sm_{cc[0]}{cc[1]}",
+        link_time_optimization=True,
+        ptxas_options=["-v"],
+        max_register_count=jit.get("max_registers"),
+    )
     linker = Linker(*objs, options=options)
     try:
         cubin = linker.link("cubin")
@@ -155,6 +163,7 @@ def build(kernel, sig, cc, link: bool):
 
 def kernel_modules():
     import numbactr.kernels as pkg
+
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if info.name == "launch":
             continue
@@ -172,6 +181,7 @@ def main(argv=None) -> int:
     cc = tuple(int(p) for p in args.cc.split("."))
     shard, shards = (int(p) for p in args.shard.split("/"))
     from numba import config
+
     assert not config.ENABLE_CUDASIM
     link, why = (False, "--no-link") if args.no_link else link_available()
     if not link:
@@ -203,13 +213,17 @@ def main(argv=None) -> int:
                 continue
             linked += 1
             rows.append(dict(module=name, kernel=fn.__name__, sig=str(sig), **res))
-            print(f"ok   {name}.{fn.__name__} {sig} ({time.time() - t:.1f}s) regs {res['regs']} "
-                  f"smem {res['smem']} stack {res['stack']} spills {res['spill_stores']}/{res['spill_loads']} "
-                  f"occupancy {res['occupancy']:.0%}")
+            print(
+                f"ok   {name}.{fn.__name__} {sig} ({time.time() - t:.1f}s) regs {res['regs']} "
+                f"smem {res['smem']} stack {res['stack']} spills {res['spill_stores']}/{res['spill_loads']} "
+                f"occupancy {res['occupancy']:.0%}"
+            )
             if res["spill_stores"] or res["spill_loads"]:
-                failures.append(f"{name}.{fn.__name__} {sig}: spills registers to local memory "
-                                f"({res['spill_stores']} bytes stored, {res['spill_loads']} loaded, "
-                                f"{res['regs']} registers)")
+                failures.append(
+                    f"{name}.{fn.__name__} {sig}: spills registers to local memory "
+                    f"({res['spill_stores']} bytes stored, {res['spill_loads']} loaded, "
+                    f"{res['regs']} registers)"
+                )
     if args.report:
         with open(args.report, "a") as fh:
             for row in rows:

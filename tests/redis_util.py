@@ -1,5 +1,6 @@
 """A real redis-server for the tests (tests/test_hps.py, tests/test_inference_audit.py): 127.0.0.1, a free port,
 its own folder and log, no persistence; stopped by ``stop``."""
+
 from __future__ import annotations
 
 import shutil
@@ -34,12 +35,30 @@ def start(folder, *extra, attempts: int = 3):
     that exits at once (its port was taken between the check and the start) is started again on another
     port; one that does not answer within a minute, or keeps exiting, is an error quoting its log."""
     import redis
+
     for attempt in range(attempts):
         port = free_port(cluster="--cluster-enabled" in extra)
         log = folder / f"redis-{port}.log"
-        proc = subprocess.Popen([REDIS, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(folder),
-                                 "--save", "", "--appendonly", "no", "--logfile", str(log), *extra],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                REDIS,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dir",
+                str(folder),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--logfile",
+                str(log),
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis(port=port)
         deadline = time.monotonic() + 60
         while True:

@@ -1,6 +1,7 @@
 """HugeCTR's sample graphs (spec §8), shrunk to test size and built through the HugeCTR API:
 DCN, Wide&Deep, DeepFM, GMF (NCF), DIN-like, BST-like and MMoE, each on generated Norm data with a
 learnable signal."""
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import NormWriter
 
 L = hugectr.Layer_t
-KEYS = 5                     # keys per slot
+KEYS = 5  # keys per slot
 
 
 def make_data(folder, inputs, dense=3, labels=1, n_train=384, n_eval=128, seed=0, dense_fn=None):
@@ -45,26 +46,55 @@ def make_data(folder, inputs, dense=3, labels=1, n_train=384, n_eval=128, seed=0
     return split(n_train, "train"), split(n_eval, "eval")
 
 
-def _model(data, inputs, dense, label_dims=(1,), label_names=("label",), batch=32, lr=0.01,
-           opt=hugectr.Optimizer_t.Adam, seed=0):
-    solver = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, max_eval_batches=2, lr=lr,
-                                  vvgpu=[[0]], i64_input_key=True, seed=seed)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[data[0]],
-                                      eval_source=data[1], check_type=hugectr.Check_t.Sum)
+def _model(
+    data,
+    inputs,
+    dense,
+    label_dims=(1,),
+    label_names=("label",),
+    batch=32,
+    lr=0.01,
+    opt=hugectr.Optimizer_t.Adam,
+    seed=0,
+):
+    solver = hugectr.CreateSolver(
+        batchsize=batch, batchsize_eval=batch, max_eval_batches=2, lr=lr, vvgpu=[[0]], i64_input_key=True, seed=seed
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[data[0]],
+        eval_source=data[1],
+        check_type=hugectr.Check_t.Sum,
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=opt))
     sparse = [hugectr.DataReaderSparseParam(n, nnz, False, s) for n, s, nnz in inputs]
     if len(label_dims) == 1:
-        m.add(hugectr.Input(label_dim=label_dims[0], label_name=label_names[0], dense_dim=dense,
-                            dense_name="dense", data_reader_sparse_param_array=sparse))
+        m.add(
+            hugectr.Input(
+                label_dim=label_dims[0],
+                label_name=label_names[0],
+                dense_dim=dense,
+                dense_name="dense",
+                data_reader_sparse_param_array=sparse,
+            )
+        )
     else:
-        m.add(hugectr.Input(label_dims=list(label_dims), label_names=list(label_names), dense_dim=dense,
-                            dense_name="dense", data_reader_sparse_param_array=sparse))
+        m.add(
+            hugectr.Input(
+                label_dims=list(label_dims),
+                label_names=list(label_names),
+                dense_dim=dense,
+                dense_name="dense",
+                data_reader_sparse_param_array=sparse,
+            )
+        )
     return m
 
 
 def emb(m, bottom, top, vec, combiner="sum"):
-    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, vec, combiner,
-                                  top, bottom))
+    m.add(
+        hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, vec, combiner, top, bottom)
+    )
 
 
 def D(m, t, bottoms, tops, **kw):
@@ -79,7 +109,7 @@ def dcn(data, **kw):
     m = _model(data, DCN_IN, 3, **kw)
     emb(m, "data1", "sparse_embedding1", 4)
     D(m, L.Reshape, ["sparse_embedding1"], ["reshape1"], leading_dim=16)
-    D(m, L.Concat, ["reshape1", "dense"], ["concat1"])                     # (B, 19), read twice
+    D(m, L.Concat, ["reshape1", "dense"], ["concat1"])  # (B, 19), read twice
     D(m, L.MultiCross, ["concat1"], ["multicross1"], num_layers=2)
     D(m, L.InnerProduct, ["concat1"], ["fc1"], num_output=16)
     D(m, L.ReLU, ["fc1"], ["relu1"])
@@ -116,13 +146,13 @@ DEEPFM_IN = [("data1", 3, 1)]
 def deepfm(data, **kw):
     m = _model(data, DEEPFM_IN, 3, **kw)
     emb(m, "data1", "sparse_embedding1", 5)
-    D(m, L.Reshape, ["sparse_embedding1"], ["reshape1"], leading_dim=5)             # (B*3, 5)
+    D(m, L.Reshape, ["sparse_embedding1"], ["reshape1"], leading_dim=5)  # (B*3, 5)
     D(m, L.Slice, ["reshape1"], ["slice11", "slice12"], ranges=[(0, 4), (4, 5)])
     D(m, L.Reshape, ["slice11"], ["reshape2"], leading_dim=12)
     D(m, L.Reshape, ["slice12"], ["reshape3"], leading_dim=3)
     D(m, L.WeightMultiply, ["dense"], ["weight_multiply1"], weight_dims=[3, 4])
     D(m, L.WeightMultiply, ["dense"], ["weight_multiply2"], weight_dims=[3, 1])
-    D(m, L.Concat, ["reshape2", "weight_multiply1"], ["concat1"])                   # (B, 24)
+    D(m, L.Concat, ["reshape2", "weight_multiply1"], ["concat1"])  # (B, 24)
     D(m, L.InnerProduct, ["concat1"], ["fc1"], num_output=16)
     D(m, L.ReLU, ["fc1"], ["relu1"])
     D(m, L.InnerProduct, ["relu1"], ["fc2"], num_output=1)
@@ -156,24 +186,24 @@ DIN_IN = [("hist", 4, 1), ("ad", 1, 1)]
 def din(data, **kw):
     S, V = 4, 4
     m = _model(data, DIN_IN, 3, **kw)
-    emb(m, "hist", "hist_emb", V)                                                  # (B, S, V)
-    emb(m, "ad", "ad_emb", V)                                                      # (B, 1, V)
-    D(m, L.Reshape, ["hist_emb"], ["hist_rows"], leading_dim=V)                    # (B*S, V)
-    D(m, L.Reshape, ["ad_emb"], ["ad_vec"], leading_dim=V)                         # (B, V)
-    D(m, L.Scale, ["ad_vec"], ["ad_rows"], axis=1, factor=S)                       # (B*S, V)
+    emb(m, "hist", "hist_emb", V)  # (B, S, V)
+    emb(m, "ad", "ad_emb", V)  # (B, 1, V)
+    D(m, L.Reshape, ["hist_emb"], ["hist_rows"], leading_dim=V)  # (B*S, V)
+    D(m, L.Reshape, ["ad_emb"], ["ad_vec"], leading_dim=V)  # (B, V)
+    D(m, L.Scale, ["ad_vec"], ["ad_rows"], axis=1, factor=S)  # (B*S, V)
     D(m, L.Sub, ["hist_rows", "ad_rows"], ["diff"])
     D(m, L.ElementwiseMultiply, ["hist_rows", "ad_rows"], ["prod"])
-    D(m, L.Concat, ["hist_rows", "ad_rows", "diff", "prod"], ["att_in"])           # (B*S, 4V)
+    D(m, L.Concat, ["hist_rows", "ad_rows", "diff", "prod"], ["att_in"])  # (B*S, 4V)
     D(m, L.InnerProduct, ["att_in"], ["att_fc1"], num_output=8)
     D(m, L.PReLU_Dice, ["att_fc1"], ["att_dice"], elu_alpha=0.2, eps=1e-8)
-    D(m, L.InnerProduct, ["att_dice"], ["att_fc2"], num_output=1)                  # (B*S, 1)
-    D(m, L.Reshape, ["att_fc2"], ["att_logits"], leading_dim=S)                    # (B, S)
+    D(m, L.InnerProduct, ["att_dice"], ["att_fc2"], num_output=1)  # (B*S, 1)
+    D(m, L.Reshape, ["att_fc2"], ["att_logits"], leading_dim=S)  # (B, S)
     D(m, L.Softmax, ["att_logits"], ["att_w"])
-    D(m, L.Scale, ["att_w"], ["att_w_rep"], axis=0, factor=V)                      # (B, S*V)
-    D(m, L.Reshape, ["hist_emb"], ["hist_flat"], leading_dim=S * V)                # (B, S*V)
+    D(m, L.Scale, ["att_w"], ["att_w_rep"], axis=0, factor=V)  # (B, S*V)
+    D(m, L.Reshape, ["hist_emb"], ["hist_flat"], leading_dim=S * V)  # (B, S*V)
     D(m, L.ElementwiseMultiply, ["att_w_rep", "hist_flat"], ["weighted"])
     D(m, L.Reshape, ["weighted"], ["weighted3"], shape=[-1, S, V])
-    D(m, L.ReduceSum, ["weighted3"], ["pooled3"], axis=1)                          # (B, 1, V)
+    D(m, L.ReduceSum, ["weighted3"], ["pooled3"], axis=1)  # (B, 1, V)
     D(m, L.Reshape, ["pooled3"], ["pooled"], leading_dim=V)
     D(m, L.Concat, ["pooled", "ad_vec", "dense"], ["top_in"])
     D(m, L.InnerProduct, ["top_in"], ["fc1"], num_output=8)
@@ -194,21 +224,21 @@ def bst_dense(rng, n):
 def bst(data, one_bottom_mask=False, **kw):
     T, V, H = 4, 4, 2
     m = _model(data, BST_IN, 1, **kw)
-    emb(m, "hist", "hist_emb", V)                                                  # (B, T, V)
+    emb(m, "hist", "hist_emb", V)  # (B, T, V)
     emb(m, "user", "user_emb", V)
-    if one_bottom_mask:        # HugeCTR v23.06's form: (B, 1, 1, T), broadcast over the query rows
+    if one_bottom_mask:  # HugeCTR v23.06's form: (B, 1, 1, T), broadcast over the query rows
         D(m, L.SequenceMask, ["dense"], ["mask"], max_sequence_len=T)
     else:
         D(m, L.SequenceMask, ["dense", "dense"], ["mask"], max_sequence_len_from=T, max_sequence_len_to=T)
     for name in ("q", "k", "v"):
-        D(m, L.InnerProduct, ["hist_emb"], [name], num_output=8)                   # (B, T, 8)
+        D(m, L.InnerProduct, ["hist_emb"], [name], num_output=8)  # (B, T, 8)
     D(m, L.MultiHeadAttention, ["q", "k", "v"], ["scores", "v4"], num_attention_heads=H)
     D(m, L.Softmax, ["scores", "mask"], ["probs"])
-    D(m, L.MultiHeadAttention, ["probs", "v4"], ["att"], num_attention_heads=H)    # (B, T, 8)
+    D(m, L.MultiHeadAttention, ["probs", "v4"], ["att"], num_attention_heads=H)  # (B, T, 8)
     D(m, L.InnerProduct, ["hist_emb"], ["res"], num_output=8)
     D(m, L.Add, ["att", "res"], ["att_res"])
     D(m, L.LayerNorm, ["att_res"], ["ln"])
-    D(m, L.ReduceMean, ["ln"], ["pooled3"], axis=1)                                # (B, 1, 8)
+    D(m, L.ReduceMean, ["ln"], ["pooled3"], axis=1)  # (B, 1, 8)
     D(m, L.Reshape, ["pooled3"], ["pooled"], leading_dim=8)
     D(m, L.Reshape, ["user_emb"], ["user_vec"], leading_dim=V)
     D(m, L.Concat, ["pooled", "user_vec"], ["top_in"])

@@ -1,5 +1,6 @@
 """numbactr.runtime.atomic: the file appears whole under its name or not at all; a failed write leaves
 the old content and no temporary behind."""
+
 import os
 
 import pytest
@@ -12,7 +13,7 @@ def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path):
     p.write_bytes(b"old")
     with atomic.atomic_write(p) as f:
         f.write(b"new")
-        assert p.read_bytes() == b"old"                  # not visible before the rename
+        assert p.read_bytes() == b"old"  # not visible before the rename
     assert p.read_bytes() == b"new" and os.listdir(tmp_path) == ["f.bin"]
 
 

@@ -1,4 +1,5 @@
 """Head split/merge kernels and the matrix-product references of MatrixMultiply / MultiHeadAttention."""
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -22,7 +23,7 @@ def test_split_and_merge_kernels_match_ref(b, heads, l, d, data):
 
 
 def test_head_h_takes_columns_h_d_onward():
-    x = np.arange(2 * 6, dtype=np.float32).reshape(1, 2, 6)     # L = 2, H = 3, d = 2
+    x = np.arange(2 * 6, dtype=np.float32).reshape(1, 2, 6)  # L = 2, H = 3, d = 2
     y = dev(np.zeros((1, 3, 2, 2), np.float32))
     att.split_heads(dev(x), y)
     np.testing.assert_array_equal(host(y)[0, 1], [[2, 3], [8, 9]])

@@ -1,4 +1,5 @@
 """Tape autograd: reverse replay, gradients summed for a tensor read twice, no-grad inputs."""
+
 import numpy as np
 
 from numbactr.autograd import Function, Tape, Tensor
@@ -30,8 +31,8 @@ class Split(Function):
 def test_chain_rule_and_read_twice():
     tape = Tape()
     x = Tensor(np.array([3.0]), "x", requires_grad=True)
-    y = Mul.apply(tape, x, x)              # x read twice by one op: dy/dx = 2x
-    z = Mul.apply(tape, y, x)              # and again: z = x^3, dz/dx = 3x^2
+    y = Mul.apply(tape, x, x)  # x read twice by one op: dy/dx = 2x
+    z = Mul.apply(tape, y, x)  # and again: z = x^3, dz/dx = 3x^2
     tape.backward({id(z): (z, np.ones(1))})
     np.testing.assert_allclose(x.grad, [27.0])
     assert tape.entries == []
@@ -41,7 +42,7 @@ def test_no_grad_inputs_get_nothing_and_are_not_recorded():
     tape = Tape()
     a = Tensor(np.array([2.0]), "a")
     b = Tensor(np.array([5.0]), "b", requires_grad=True)
-    c = Mul.apply(tape, a, a)              # no input needs grad: not on the tape
+    c = Mul.apply(tape, a, a)  # no input needs grad: not on the tape
     assert len(tape.entries) == 0 and not c.requires_grad
     d = Mul.apply(tape, c, b)
     tape.backward({id(d): (d, np.ones(1))})

@@ -1,5 +1,6 @@
 """AverageLoss is the mean log loss of the evaluated samples (batches weighted by their valid rows);
 under compat.hugectr_exact() it is HugeCTR's plain mean of the per-batch losses (src/metrics.cu)."""
+
 import numpy as np
 import pytest
 
@@ -29,15 +30,15 @@ def test_accumulator_weights_by_valid_rows(exact_off):
     acc = MetricAccumulator({MetricsType.AverageLoss: 1.0})
     acc.add(np.full((4, 1), 0.5), np.ones((4, 1)), 1.0)
     acc.add(np.full((1, 1), 0.5), np.ones((1, 1)), 6.0)
-    assert acc.finalize() == [("AverageLoss", pytest.approx(2.0))]        # (4 * 1 + 1 * 6) / 5
-    assert acc.rows == [] and acc.losses == []                             # finalize resets
+    assert acc.finalize() == [("AverageLoss", pytest.approx(2.0))]  # (4 * 1 + 1 * 6) / 5
+    assert acc.rows == [] and acc.losses == []  # finalize resets
 
 
 def test_model_average_loss_is_the_exact_mean_log_loss_with_a_partial_last_batch(tmp_path, exact_off):
     device.set_device("cpu")
     train, evl = tiny_data(str(tmp_path), n_train=256, n_eval=200, files=1)
     model = tiny_dlrm(train, evl, batch=64)
-    model.reader_params.num_workers = 1          # HugeCTR's default 12 needs 12 files in exact mode
+    model.reader_params.num_workers = 1  # HugeCTR's default 12 needs 12 files in exact mode
     model.metrics.spec = {MetricsType.AUC: 1.0, MetricsType.AverageLoss: 1.0}
     model.fit(max_iter=6, display=0, eval_interval=0, snapshot=0)
 
@@ -59,7 +60,7 @@ def test_model_average_loss_is_the_exact_mean_log_loss_with_a_partial_last_batch
     assert got == pytest.approx(exact, rel=1e-4)
     hugectr_value, *_ = run_eval(True)
     assert hugectr_value == pytest.approx(np.mean(losses), rel=1e-6)
-    assert abs(hugectr_value - exact) > 1e-4            # the last batch is over-weighted by HugeCTR
+    assert abs(hugectr_value - exact) > 1e-4  # the last batch is over-weighted by HugeCTR
 
 
 def test_two_ranks_report_the_one_rank_average_loss(tmp_path):
@@ -69,6 +70,7 @@ def test_two_ranks_report_the_one_rank_average_loss(tmp_path):
     import shutil
     import subprocess
     import sys
+
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if mpiexec is None:
         pytest.skip("mpiexec not found (pip install 'numbactr[mpi]')")
@@ -78,8 +80,14 @@ def test_two_ranks_report_the_one_rank_average_loss(tmp_path):
     env["NUMBACTR_DEVICE"] = "cpu"
     got = {}
     for ranks in (1, 2):
-        r = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, script, train, evl, "64"], env=env,
-                           capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [mpiexec, "-n", str(ranks), sys.executable, script, train, evl, "64"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         loss, auc = map(float, r.stdout.split("AverageLoss ")[1].split(" AUC "))
         got[ranks] = (loss, auc)

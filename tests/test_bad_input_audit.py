@@ -2,6 +2,7 @@
 
 Each case: what a user could write, and the error that names what and where. (The snapshot cases are in
 tests/test_snapshot_mismatch.py.)"""
+
 from __future__ import annotations
 
 import os
@@ -36,19 +37,44 @@ def _norm_list(folder, label, dense, keys, key_dtype=np.int64):
     return lst
 
 
-def _model(train, evl, *, fmt=hugectr.DataReaderType_t.Norm, nnz=1, reader_kw=None, solver_kw=None,
-           loss=L.BinaryCrossEntropyLoss, label_dim=1, slots=3):
+def _model(
+    train,
+    evl,
+    *,
+    fmt=hugectr.DataReaderType_t.Norm,
+    nnz=1,
+    reader_kw=None,
+    solver_kw=None,
+    loss=L.BinaryCrossEntropyLoss,
+    label_dim=1,
+    slots=3,
+):
     kw = dict(batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.01, vvgpu=[[0]], i64_input_key=True)
     kw.update(solver_kw or {})
     solver = hugectr.CreateSolver(**kw)
-    reader = hugectr.DataReaderParams(data_reader_type=fmt, source=[train], eval_source=evl,
-                                      check_type=hugectr.Check_t.Sum, **(reader_kw or {}))
+    reader = hugectr.DataReaderParams(
+        data_reader_type=fmt, source=[train], eval_source=evl, check_type=hugectr.Check_t.Sum, **(reader_kw or {})
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam))
-    m.add(hugectr.Input(label_dim=label_dim, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", nnz, nnz == 1, slots)]))
-    m.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                  workspace_size_per_gpu_in_mb=1, embedding_vec_size=4, combiner="sum",
-                                  sparse_embedding_name="emb", bottom_name="data1"))
+    m.add(
+        hugectr.Input(
+            label_dim=label_dim,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", nnz, nnz == 1, slots)],
+        )
+    )
+    m.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=4,
+            combiner="sum",
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+        )
+    )
     m.add(hugectr.DenseLayer(L.Reshape, ["emb"], ["flat"], leading_dim=slots * 4))
     m.add(hugectr.DenseLayer(L.Concat, ["flat", "dense"], ["cat"]))
     m.add(hugectr.DenseLayer(L.InnerProduct, ["cat"], ["fc"], num_output=2 if loss == L.CrossEntropyLoss else 1))
@@ -73,7 +99,7 @@ def test_epoch_mode_with_an_empty_eval_source_is_an_error_not_a_hang(tmp_path):
     def fit():
         try:
             m.fit(num_epochs=1, display=100, eval_interval=2)
-        except BaseException as e:          # noqa: BLE001 (handed to the test thread)
+        except BaseException as e:  # noqa: BLE001 (handed to the test thread)
             box["error"] = e
 
     t = threading.Thread(target=fit, daemon=True)
@@ -114,7 +140,7 @@ def test_learning_rate_setters_refuse_negative_and_non_finite_rates(tmp_path):
     for bad in (-0.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="set_learning_rate: lr must"):
             m.set_learning_rate(bad)
-    m.set_learning_rate(0.0)                    # zero is a rate (a frozen step), accepted
+    m.set_learning_rate(0.0)  # zero is a rate (a frozen step), accepted
     with pytest.raises(ValueError, match="base_lr must lie in"):
         m.reset_learning_rate_scheduler(base_lr=-1.0)
     with pytest.raises(ValueError, match="end_lr must lie in"):
@@ -129,13 +155,16 @@ def test_learning_rate_setters_refuse_negative_and_non_finite_rates(tmp_path):
 
 def test_norm_samples_with_more_keys_than_their_sparse_param_holds_are_an_error(tmp_path):
     y, x, k = _data(64)
-    multi = [np.stack([k[:, s]] * 3, 1) for s in range(3)]          # three keys in every slot: 9 a sample
+    multi = [np.stack([k[:, s]] * 3, 1) for s in range(3)]  # three keys in every slot: 9 a sample
     lst = _norm_list(str(tmp_path / "d"), y, x, multi)
-    m = _model(lst, lst, nnz=2)                                      # holds 3 x 2 = 6 a sample
-    with pytest.raises(DataFormatError, match=r"record 0: 9 keys in sparse input 0 \(per slot: 3, 3, 3\), but "
-                                              r"its DataReaderSparseParam holds at most 6 a sample"):
+    m = _model(lst, lst, nnz=2)  # holds 3 x 2 = 6 a sample
+    with pytest.raises(
+        DataFormatError,
+        match=r"record 0: 9 keys in sparse input 0 \(per slot: 3, 3, 3\), but "
+        r"its DataReaderSparseParam holds at most 6 a sample",
+    ):
         m.fit(max_iter=2, display=100, eval_interval=100)
-    ok = _model(lst, lst, nnz=3)                                     # declared as three: fine
+    ok = _model(lst, lst, nnz=3)  # declared as three: fine
     ok.fit(max_iter=2, display=100, eval_interval=100)
 
 
@@ -153,30 +182,45 @@ def test_a_norm_slot_may_hold_more_than_its_own_nnz_per_slot_as_in_hugectr(tmp_p
 def test_parquet_keys_past_their_slot_size_are_an_error_for_hash_tables_too(tmp_path):
     n = 64
     y, x, k = _data(n)
-    local = k - np.arange(3) * 6                                     # per-slot ids in [0, 6)
-    local[5, 0] = 9                                                  # past slot 0's size 6: slot 1's id 3
+    local = k - np.arange(3) * 6  # per-slot ids in [0, 6)
+    local[5, 0] = 9  # past slot 0's size 6: slot 1's id 3
     w = ParquetDatasetWriter(str(tmp_path / "pq"), 1, 2, 3)
     w.write_file("part0.parquet", y, x, [local[:, s] for s in range(3)])
     lst = w.close()
     m = _model(lst, lst, fmt=hugectr.DataReaderType_t.Parquet, reader_kw=dict(slot_size_array=[6, 6, 6]))
-    with pytest.raises(DataFormatError, match=r"record 5: key 9 of sparse input 0 slot 0 is outside slot "
-                                              r"0's range \[0, 6\) of DataReaderParams.slot_size_array"):
+    with pytest.raises(
+        DataFormatError,
+        match=r"record 5: key 9 of sparse input 0 slot 0 is outside slot "
+        r"0's range \[0, 6\) of DataReaderParams.slot_size_array",
+    ):
         m.fit(max_iter=2, display=100, eval_interval=100)
 
 
 def test_input_label_weights_are_checked():
     sp = [hugectr.DataReaderSparseParam("data1", 1, True, 3)]
     with pytest.raises(ValueError, match=r"label_weights has 2 weight\(s\) but there are 1 label"):
-        hugectr.Input(label_dims=[1], label_names=["y"], dense_dim=2, label_weights=[5.0, 7.0],
-                      data_reader_sparse_param_array=sp)
+        hugectr.Input(
+            label_dims=[1], label_names=["y"], dense_dim=2, label_weights=[5.0, 7.0], data_reader_sparse_param_array=sp
+        )
     with pytest.raises(ValueError, match=r"label_weights\[0\] must lie in"):
-        hugectr.Input(label_dims=[1], label_names=["y"], dense_dim=2, label_weights=[-1.0],
-                      data_reader_sparse_param_array=sp)
+        hugectr.Input(
+            label_dims=[1], label_names=["y"], dense_dim=2, label_weights=[-1.0], data_reader_sparse_param_array=sp
+        )
     with pytest.raises(ValueError, match=r"label_weights\[1\] must be finite"):
-        hugectr.Input(label_dims=[1, 1], label_names=["a", "b"], dense_dim=2, label_weights=[1.0, float("nan")],
-                      data_reader_sparse_param_array=sp)
-    assert hugectr.Input(label_dims=[1, 1], label_names=["a", "b"], dense_dim=2, label_weights=[0.5, 2],
-                         data_reader_sparse_param_array=sp).label_weights == [0.5, 2]
+        hugectr.Input(
+            label_dims=[1, 1],
+            label_names=["a", "b"],
+            dense_dim=2,
+            label_weights=[1.0, float("nan")],
+            data_reader_sparse_param_array=sp,
+        )
+    assert hugectr.Input(
+        label_dims=[1, 1],
+        label_names=["a", "b"],
+        dense_dim=2,
+        label_weights=[0.5, 2],
+        data_reader_sparse_param_array=sp,
+    ).label_weights == [0.5, 2]
 
 
 def test_create_solver_refuses_strings_for_yes_no_options_and_unknown_lr_policies():
@@ -193,14 +237,28 @@ def test_create_solver_refuses_strings_for_yes_no_options_and_unknown_lr_policie
 def test_slot_sizes_must_be_whole_numbers():
     T = hugectr.DataReaderType_t
     with pytest.raises(ValueError, match=r"slot_size_array\[1\] must be a whole number >= 0, got 2.7"):
-        hugectr.DataReaderParams(data_reader_type=T.Parquet, source=["a"], eval_source="b",
-                                 check_type=hugectr.Check_t.Non, slot_size_array=[3, 2.7])
-    assert hugectr.DataReaderParams(data_reader_type=T.Parquet, source=["a"], eval_source="b",
-                                    check_type=hugectr.Check_t.Non, slot_size_array=[3, 2.0]).slot_size_array == [3, 2]
+        hugectr.DataReaderParams(
+            data_reader_type=T.Parquet,
+            source=["a"],
+            eval_source="b",
+            check_type=hugectr.Check_t.Non,
+            slot_size_array=[3, 2.7],
+        )
+    assert hugectr.DataReaderParams(
+        data_reader_type=T.Parquet,
+        source=["a"],
+        eval_source="b",
+        check_type=hugectr.Check_t.Non,
+        slot_size_array=[3, 2.0],
+    ).slot_size_array == [3, 2]
     with pytest.raises(ValueError, match=r"SparseEmbedding 'e': slot_size_array\[0\] must be a whole number"):
-        hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot,
-                                embedding_vec_size=4, sparse_embedding_name="e", bottom_name="d",
-                                slot_size_array=[1.5])
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot,
+            embedding_vec_size=4,
+            sparse_embedding_name="e",
+            bottom_name="d",
+            slot_size_array=[1.5],
+        )
 
 
 def test_sparse_embedding_arguments_of_the_wrong_type_are_named():
@@ -217,8 +275,11 @@ def test_sparse_embedding_arguments_of_the_wrong_type_are_named():
 
 
 def test_a_bool_for_a_count_is_refused():
-    with pytest.raises(ValueError, match=r"DenseLayer InnerProduct \['fc'\]: num_output must be an integer, "
-                                         r"got True"):
+    with pytest.raises(
+        ValueError,
+        match=r"DenseLayer InnerProduct \['fc'\]: num_output must be an integer, "
+        r"got True",
+    ):
         hugectr.DenseLayer(L.InnerProduct, ["x"], ["fc"], num_output=True)
     assert hugectr.DenseLayer(L.InnerProduct, ["x"], ["fc"], num_output=3).num_output == 3
 
@@ -235,11 +296,19 @@ def test_negative_target_weights_are_refused(tmp_path):
     y, x, k = _data(64)
     lst = _norm_list(str(tmp_path / "d"), np.stack([y, y], 1), x, k)
     solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, max_eval_batches=1, vvgpu=[[0]], i64_input_key=True)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[lst], eval_source=lst,
-                                      check_type=hugectr.Check_t.Sum)
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[lst], eval_source=lst, check_type=hugectr.Check_t.Sum
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dim=2, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)]))
+    m.add(
+        hugectr.Input(
+            label_dim=2,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)],
+        )
+    )
     m.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc"], num_output=2))
     with pytest.raises(ModelError, match=r"MultiCrossEntropyLoss .*target_weight_vec must be finite and >= 0"):
         m.add(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["fc", "label"], ["loss"], target_weight_vec=[1.0, -0.5]))
@@ -249,7 +318,7 @@ def test_cross_entropy_reads_float_labels_as_hugectr_does(tmp_path):
     """HugeCTR's CrossEntropyLoss takes class 1 for a label >= 0.5 (its DataGenerator writes float labels);
     labels outside [0, 1] are still an error."""
     y, x, k = _data(64)
-    y = np.random.default_rng(3).random(64).astype(np.float32)       # floats in [0, 1)
+    y = np.random.default_rng(3).random(64).astype(np.float32)  # floats in [0, 1)
     lst = _norm_list(str(tmp_path / "d"), y, x, k)
     m = _model(lst, lst, loss=L.CrossEntropyLoss)
     m.fit(max_iter=2, display=100, eval_interval=100)
@@ -262,7 +331,7 @@ def test_cross_entropy_reads_float_labels_as_hugectr_does(tmp_path):
 
 def test_a_key_width_mismatch_says_so(tmp_path):
     y, x, k = _data(64)
-    lst = _norm_list(str(tmp_path / "d"), y, x, k, key_dtype=np.uint32)          # 32-bit keys in the file
-    m = _model(lst, lst)                                                           # i64_input_key=True
+    lst = _norm_list(str(tmp_path / "d"), y, x, k, key_dtype=np.uint32)  # 32-bit keys in the file
+    m = _model(lst, lst)  # i64_input_key=True
     with pytest.raises(DataFormatError, match=r"keys are read as 64-bit \(CreateSolver\(i64_input_key=True\)\)"):
         m.fit(max_iter=2, display=100, eval_interval=100)

@@ -7,15 +7,14 @@ from numbactr.kernels import bce
 from tests.gradcheck import assert_grad_close
 from tests.kernel_util import dev, f32_arrays, host
 
-EXTREMES = np.array([80.0, -80.0, 1e4, -1e4, 0.0, 1e-3, -1e-3, 17.0, -17.0, 88.8, -88.8, 3.4e38],
-                    np.float32)
+EXTREMES = np.array([80.0, -80.0, 1e4, -1e4, 0.0, 1e-3, -1e-3, 17.0, -17.0, 88.8, -88.8, 3.4e38], np.float32)
 
 
 @st.composite
 def batch(draw, max_rows=40):
     n = draw(st.integers(1, max_rows))
     x = draw(f32_arrays((n,), -20.0, 20.0))
-    y = draw(f32_arrays((n,), 0.0, 1.0))                      # fractional labels included
+    y = draw(f32_arrays((n,), 0.0, 1.0))  # fractional labels included
     b = draw(st.integers(0, n))
     scale = draw(st.floats(1e-3, 10.0))
     return x, y, b, scale
@@ -65,7 +64,7 @@ def test_bce_extreme_logits_stay_finite():
 def test_bce_invalid_rows_get_zero_grad_and_no_loss():
     x = np.array([1.0, -2.0, 50.0, -50.0], np.float32)
     y = np.array([1.0, 0.0, 0.0, 1.0], np.float32)
-    got_sum, got_dx = _run(x, y, 2, 1.0)                        # rows 2, 3 would add ~100 loss
+    got_sum, got_dx = _run(x, y, 2, 1.0)  # rows 2, 3 would add ~100 loss
     np.testing.assert_allclose(got_sum, np.log1p(np.exp(-1.0)) + np.log1p(np.exp(-2.0)), rtol=1e-6)
     np.testing.assert_array_equal(got_dx[2:], [0.0, 0.0])
     _, zero_dx = _run(x, y, 0, 1.0)
@@ -73,7 +72,7 @@ def test_bce_invalid_rows_get_zero_grad_and_no_loss():
 
 
 def test_bce_adds_to_loss_out_and_accepts_column_shape():
-    x = np.array([[0.5], [-0.5], [2.0]], np.float32)              # (B, 1) as the layer holds it
+    x = np.array([[0.5], [-0.5], [2.0]], np.float32)  # (B, 1) as the layer holds it
     y = np.array([[1.0], [0.0], [0.3]], np.float32)
     loss_out = dev(np.array([10.0], np.float32))
     dx = dev(np.zeros_like(x))
@@ -93,8 +92,9 @@ def test_bce_in_place_gradient_over_logits():
 
 def test_bce_wrapper_validation_and_empty():
     with pytest.raises(ValueError):
-        bce.bce_forward_backward(np.zeros(3, np.float32), np.zeros(3, np.float32),
-                                 np.zeros(3, np.float32), np.zeros(1, np.float32), 4, 1.0)
+        bce.bce_forward_backward(
+            np.zeros(3, np.float32), np.zeros(3, np.float32), np.zeros(3, np.float32), np.zeros(1, np.float32), 4, 1.0
+        )
     loss_out = np.zeros(1, np.float32)
     e = np.zeros(0, np.float32)
     bce.bce_forward_backward(e, e, e, loss_out, 0, 1.0)
@@ -131,7 +131,7 @@ def test_bce_reference_gradient():
     x = rng.normal(scale=3.0, size=9)
     y = rng.uniform(size=9)
     y[:3] = [0.0, 1.0, 1.0]
-    b = 7                                                     # rows 7, 8 are padding
+    b = 7  # rows 7, 8 are padding
     _, dx = bce.bce_forward_backward_ref(x, y, b, 1.0 / b)
 
     def mean_loss(xx):
@@ -141,8 +141,12 @@ def test_bce_reference_gradient():
 
 
 @pytest.mark.gpu
-@given(n=st.integers(1, 200_000), frac=st.floats(0.0, 1.0), tpb=st.sampled_from([32, 256, 1024]),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    n=st.integers(1, 200_000),
+    frac=st.floats(0.0, 1.0),
+    tpb=st.sampled_from([32, 256, 1024]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_bce_on_gpu(n, frac, tpb, seed):
     rng = np.random.default_rng(seed)
     x = (rng.normal(size=n) * 10).astype(np.float32)

@@ -1,5 +1,6 @@
 """`numbactr bench`: a --quick smoke run of every subcommand on cpu (tables, columns, sane figures),
 the helpers behind the tables, and the torch baselines' correctness when torch is installed."""
+
 import importlib.util
 import re
 
@@ -7,7 +8,12 @@ import numpy as np
 import pytest
 
 from numbactr.bench import cli as bench
-from numbactr.bench import common as bench_common, dlrm as bench_dlrm_mod, embedding as bench_embedding_mod, hash as bench_hash_mod
+from numbactr.bench import (
+    common as bench_common,
+    dlrm as bench_dlrm_mod,
+    embedding as bench_embedding_mod,
+    hash as bench_hash_mod,
+)
 from numbactr.runtime import device
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -22,7 +28,7 @@ def tables_in(text: str) -> list:
         if line.startswith("| impl |") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
             cols = [c.strip() for c in line.strip("|").split("|")]
             rows = []
-            for row in lines[i + 2:]:
+            for row in lines[i + 2 :]:
                 if not row.startswith("|"):
                     break
                 rows.append([c.strip() for c in row.strip("|").split("|")])
@@ -81,11 +87,12 @@ def test_quick_embedding(capsys, on_device):
     [(fcols, frows), (bcols, brows)] = tables_in(out)
     check_table(fcols, frows, bench_common.EMBEDDING_FWD_COLUMNS, ["fwd ms", "fwd GB/s"])
     check_table(bcols, brows, bench_common.EMBEDDING_BWD_COLUMNS, ["bwd+upd ms", "bwd+upd GB/s"])
-    for r in frows:     # GB/s is FBGEMM's byte count over the time
+    for r in frows:  # GB/s is FBGEMM's byte count over the time
         b, f, hot, d = (int(number(r[i])) for i in (3, 4, 5, 6))
-        assert number(r[9]) == pytest.approx(bench_embedding_mod.embedding_bytes(b * f, hot, d) / (number(r[8]) * 1e-3) / 1e9,
-                                             rel=0.05)
-    for r in brows:     # backward + update: twice the forward bytes
+        assert number(r[9]) == pytest.approx(
+            bench_embedding_mod.embedding_bytes(b * f, hot, d) / (number(r[8]) * 1e-3) / 1e9, rel=0.05
+        )
+    for r in brows:  # backward + update: twice the forward bytes
         b, f, hot, d = (int(number(r[i])) for i in (5, 6, 7, 8))
         nbytes = 2 * bench_embedding_mod.embedding_bytes(b * f, hot, d)
         assert number(r[11]) == pytest.approx(nbytes / (number(r[10]) * 1e-3) / 1e9, rel=0.05)
@@ -120,16 +127,26 @@ def test_threads_option(capsys, on_device):
 
 
 def test_state_bytes_per_row():
-    assert [bench_embedding_mod.state_bytes_per_row("numbactr", o, 16) for o in ("sgd", "rowwise_adagrad", "adam")] == [0, 4, 128]
-    assert bench_embedding_mod.state_bytes_per_row("torch-cpu", "rowwise_adagrad", 16) == 64       # torch's Adagrad: D values
+    assert [bench_embedding_mod.state_bytes_per_row("numbactr", o, 16) for o in ("sgd", "rowwise_adagrad", "adam")] == [
+        0,
+        4,
+        128,
+    ]
+    assert (
+        bench_embedding_mod.state_bytes_per_row("torch-cpu", "rowwise_adagrad", 16) == 64
+    )  # torch's Adagrad: D values
 
 
 def test_quick_all_without_torch(capsys, on_device):
     on_device("cpu")
     out = run_main(capsys, "all", "--quick", "--no-torch", "--min-time", "0")
     found = tables_in(out)
-    assert [cols for cols, _ in found] == [bench_common.HASH_COLUMNS, bench_common.EMBEDDING_FWD_COLUMNS,
-                                           bench_common.EMBEDDING_BWD_COLUMNS, bench_common.DLRM_COLUMNS]
+    assert [cols for cols, _ in found] == [
+        bench_common.HASH_COLUMNS,
+        bench_common.EMBEDDING_FWD_COLUMNS,
+        bench_common.EMBEDDING_BWD_COLUMNS,
+        bench_common.DLRM_COLUMNS,
+    ]
     assert all({r[0] for r in rows} == {"numbactr"} for _, rows in found)
     assert "torch baseline skipped (--no-torch)" in out
 
@@ -140,9 +157,16 @@ def test_bad_subcommand_is_rejected(capsys):
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,gbs", [("NVIDIA H100 80GB HBM3", 3350.0), ("NVIDIA H100 PCIe", 2000.0),
-                                      ("NVIDIA H200", 4800.0), ("NVIDIA A100-SXM4-80GB", 2039.0),
-                                      ("NVIDIA GeForce RTX 4090", None)])
+@pytest.mark.parametrize(
+    "name,gbs",
+    [
+        ("NVIDIA H100 80GB HBM3", 3350.0),
+        ("NVIDIA H100 PCIe", 2000.0),
+        ("NVIDIA H200", 4800.0),
+        ("NVIDIA A100-SXM4-80GB", 2039.0),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
 def test_known_peak_bandwidth(name, gbs):
     assert bench_common.known_peak_bandwidth(name)[0] == gbs
 
@@ -155,8 +179,9 @@ def test_peak_bandwidth_is_the_measured_copy_with_the_spec_sheet_beside(monkeypa
 
     def no_gpu():
         raise RuntimeError("no device")
+
     monkeypatch.setattr(bench_common, "measure_copy_bandwidth", no_gpu)
-    assert bench_common.peak_bandwidth("NVIDIA H100 80GB HBM3")[0] == 3350.0         # the spec sheet alone
+    assert bench_common.peak_bandwidth("NVIDIA H100 80GB HBM3")[0] == 3350.0  # the spec sheet alone
     gbs, src = bench_common.peak_bandwidth("NVIDIA GeForce RTX 4090")
     assert gbs is None and "no device" in src
 
@@ -175,12 +200,13 @@ def test_profiled_step_runs_only_on_a_gpu_when_asked(monkeypatch):
 
         def sync(self):
             pass
+
     m = Model()
     monkeypatch.setenv("NUMBACTR_PROFILE_STEP", "1")
-    bench_mlperf._profiled_step(m, Env())              # cpu: nothing to profile
+    bench_mlperf._profiled_step(m, Env())  # cpu: nothing to profile
     monkeypatch.setenv("NUMBACTR_PROFILE_STEP", "0")
     Env.kind = "gpu"
-    bench_mlperf._profiled_step(m, Env())              # not asked for
+    bench_mlperf._profiled_step(m, Env())  # not asked for
     assert m.steps == 0
 
 
@@ -213,9 +239,10 @@ def test_torch_key_index_agrees_with_the_hash_table():
     import torch
 
     from numbactr.embedding.hash_table import HashTable
+
     rng = np.random.default_rng(3)
     idx, table = bench_hash_mod.TorchKeyIndex(torch, "cpu"), HashTable(500, use_kernels=False)
-    for _ in range(3):                   # batches with repeats, some keys known from earlier batches
+    for _ in range(3):  # batches with repeats, some keys known from earlier batches
         keys = rng.integers(0, 400, 300).astype(np.uint64)
         got = idx.insert(torch.from_numpy(keys.view(np.int64))).numpy()
         ref = table.insert(keys)
@@ -234,6 +261,7 @@ def test_torch_dlrm_interaction_has_hugectrs_layout():
     import torch
 
     from numbactr.kernels.interaction import interaction_forward_ref
+
     sizes = [7, 5, 9]
     model = bench_dlrm_mod.torch_dlrm(torch, sizes, dense_dim=4, vec=3)
     rng = np.random.default_rng(0)
@@ -244,8 +272,8 @@ def test_torch_dlrm_interaction_has_hugectrs_layout():
     model.top.register_forward_hook(lambda m, inp, out: seen.setdefault("x", inp[0].detach().numpy()))
     model(dense, idx, offs)
     with torch.no_grad():
-        x = model.bottom(dense).numpy()                                     # (B, 3)
-        emb = np.stack([e(i, o).numpy() for e, i, o in zip(model.emb, idx, offs)], 1)   # (B, S, 3)
+        x = model.bottom(dense).numpy()  # (B, 3)
+        emb = np.stack([e(i, o).numpy() for e, i, o in zip(model.emb, idx, offs)], 1)  # (B, S, 3)
     np.testing.assert_allclose(seen["x"], interaction_forward_ref(x, emb), rtol=1e-5, atol=1e-6)
 
 
@@ -258,14 +286,25 @@ def test_kernel_path_in_the_simulator(on_device):
     assert env.kernels
     tab = bench_hash_mod.bench_hash(env, n=48, min_time=0)
     assert len(tab.rows) == 6
-    fwd, bwd = bench_embedding_mod.bench_embedding(env, batch=2, features=3, hots=(2,), dims=(4,), rows=40, poolings=("sum",),
-                                     optimizers=("sgd",), threads=(1,), min_time=0)
+    fwd, bwd = bench_embedding_mod.bench_embedding(
+        env,
+        batch=2,
+        features=3,
+        hots=(2,),
+        dims=(4,),
+        rows=40,
+        poolings=("sum",),
+        optimizers=("sgd",),
+        threads=(1,),
+        min_time=0,
+    )
     assert len(fwd.rows) == len(bwd.rows) == 1 and number(fwd.rows[0][9]) > 0 and number(bwd.rows[0][11]) > 0
 
 
 def test_runs_and_says_so_without_torch(capsys, on_device, monkeypatch):
     import sys
-    monkeypatch.setitem(sys.modules, "torch", None)          # `import torch` now raises ImportError
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     on_device("cpu")
     out = run_main(capsys, "hash", "--quick", "--min-time", "0")
     assert "torch not installed" in out

@@ -4,6 +4,7 @@ eager step, the GEMMs leave the bias/ReLU kernels to the rest, the embedding's b
 all-rows pass, the graphs column never passes eager steps off as replayed graphs, the gated GPU method's
 arithmetic and fallback hold (a stand-in gate on cpu), and the phase timers leave the model as they found
 it. No timed assertion: figures are checked for being there, finite, non-negative and consistent."""
+
 import importlib.util
 import math
 import os
@@ -38,8 +39,17 @@ def _check_sums(rec, host_gap_measured=True):
 def test_mlperf_table_on_cpu(cpu, monkeypatch):
     monkeypatch.delenv("NUMBACTR_CUDA_GRAPHS", raising=False)
     env = bench_common.Env(use_torch=importlib.util.find_spec("torch") is not None)
-    tab = bench_mlperf.bench_mlperf(env, batch=32, rows=300, dims=(16,), optimizers=("sgd", "adam"), batches=1,
-                                    min_time=0.0, breakdown_steps=1, threads=(1, 2))
+    tab = bench_mlperf.bench_mlperf(
+        env,
+        batch=32,
+        rows=300,
+        dims=(16,),
+        optimizers=("sgd", "adam"),
+        batches=1,
+        min_time=0.0,
+        breakdown_steps=1,
+        threads=(1, 2),
+    )
     assert tab.columns == bench_mlperf.COLUMNS
     for name in ("graphs", "eager ms", "embedding ms", "GEMMs ms", "rest ms", "host gaps ms", "embedding GB/s"):
         assert name in tab.columns
@@ -47,8 +57,7 @@ def test_mlperf_table_on_cpu(cpu, monkeypatch):
     ours = [r for r in tab.rows if r[0] == "numbactr"]
     # each optimizer at each thread count, numbactr's and torch's threads set alike
     assert [(r[1], r[2]) for r in ours] == [("1", "sgd"), ("2", "sgd"), ("1", "adam"), ("2", "adam")]
-    assert [(r["threads"], r["optimizer"]) for r in tab.records] == [(1, "sgd"), (2, "sgd"), (1, "adam"),
-                                                                      (2, "adam")]
+    assert [(r["threads"], r["optimizer"]) for r in tab.records] == [(1, "sgd"), (2, "sgd"), (1, "adam"), (2, "adam")]
     for r, rec in zip(ours, tab.records):
         assert r[3:6] == ["16", "32", "300"]
         assert r[col["graphs"]] == "off" and rec["replayed"] is False
@@ -57,7 +66,7 @@ def test_mlperf_table_on_cpu(cpu, monkeypatch):
         # cpu: the breakdown is of the timed steps themselves, host gaps 0 by definition, parts add up
         _check_sums(rec)
         assert rec["host_gap"] == 0.0 and rec["method"] == "host clock" and rec["busy"] is None
-        assert rec["step"] == rec["eager_step"]              # no graphs: the clean steps were the eager ones
+        assert rec["step"] == rec["eager_step"]  # no graphs: the clean steps were the eager ones
         # bytes: FBGEMM's touched-row count, plus Adam's all-rows pass (SGD has none)
         touched = 3 * 2 * 32 * 26 * 16 * 4
         assert rec["embedding_bytes"] == touched + rec["global_pass_bytes"]
@@ -80,14 +89,15 @@ def test_mlperf_graphs_asked_for_but_not_replayed(cpu, monkeypatch):
     eager steps' (a failed capture on a GPU reads the same way, with StepGraphs.disabled as the reason)."""
     monkeypatch.setenv("NUMBACTR_CUDA_GRAPHS", "1")
     env = bench_common.Env(use_torch=False)
-    tab = bench_mlperf.bench_mlperf(env, batch=16, rows=200, dims=(16,), optimizers=("sgd",), batches=1,
-                                    min_time=0.0, breakdown_steps=1)
+    tab = bench_mlperf.bench_mlperf(
+        env, batch=16, rows=200, dims=(16,), optimizers=("sgd",), batches=1, min_time=0.0, breakdown_steps=1
+    )
     (rec,) = tab.records
     assert rec["graphs"] == "not replayed: not on a GPU" and not rec["replayed"] and rec["replays"] == 0
     assert tab.rows[0][tab.columns.index("graphs")] == "not replayed: not on a GPU"
     assert rec["step"] == rec["eager_step"]
     _check_sums(rec)
-    assert os.environ["NUMBACTR_CUDA_GRAPHS"] == "1"       # the eager steps' switch is put back
+    assert os.environ["NUMBACTR_CUDA_GRAPHS"] == "1"  # the eager steps' switch is put back
 
 
 def test_graph_status():
@@ -97,10 +107,11 @@ def test_graph_status():
     cell, ok = bench_mlperf.graph_status(True, g, 5, 3, [None, "a partial batch", None])
     assert not ok and cell.startswith("partly replayed (3/5 steps") and "a partial batch" in cell
     failed = types.SimpleNamespace(captures=0, replays=0, disabled="capture failed (RuntimeError: x)")
-    assert bench_mlperf.graph_status(True, failed, 5, 0, ["capture failed (RuntimeError: x)"]) == \
-        ("not replayed: capture failed (RuntimeError: x)", False)
-    assert bench_mlperf.graph_status(True, None, 4, 0, ["not on a GPU"] * 4) == ("not replayed: not on a GPU",
-                                                                                 False)
+    assert bench_mlperf.graph_status(True, failed, 5, 0, ["capture failed (RuntimeError: x)"]) == (
+        "not replayed: capture failed (RuntimeError: x)",
+        False,
+    )
+    assert bench_mlperf.graph_status(True, None, 4, 0, ["not on a GPU"] * 4) == ("not replayed: not on a GPU", False)
     assert bench_mlperf.graph_status(True, None, 4, 0)[0] == "not replayed: no step was captured"
 
 
@@ -108,11 +119,14 @@ def test_graph_status():
 def tiny_model(cpu, tmp_path):
     import numbactr as hugectr
     from tests.model_util import tiny_data
+
     tr, ev = tiny_data(str(tmp_path), n_train=16, n_eval=16, slots=26, dense=13, keys_per_slot=2, files=1)
 
     def make(optimizer="sgd"):
-        return bench_mlperf.build_mlperf_dlrm(hugectr, tr, ev, batch=8, dim=16, optimizer=optimizer,
-                                              workspace_mb=1, bottom=(8,), top=(8, 1))
+        return bench_mlperf.build_mlperf_dlrm(
+            hugectr, tr, ev, batch=8, dim=16, optimizer=optimizer, workspace_mb=1, bottom=(8,), top=(8, 1)
+        )
+
     return make
 
 
@@ -143,6 +157,7 @@ def test_gemms_leave_bias_kernels_to_the_rest(tiny_model, monkeypatch):
             calls["n"] += 1
             clock.now += 1.0
             return fn(*a, **k)
+
         return run
 
     for name in ("bias_add_cpu", "bias_grad_cpu"):
@@ -151,11 +166,11 @@ def test_gemms_leave_bias_kernels_to_the_rest(tiny_model, monkeypatch):
     with timer:
         model.train()
     s = timer.seconds()
-    assert calls["n"] == 2 * 4                     # forward and backward of each of the 4 InnerProducts
+    assert calls["n"] == 2 * 4  # forward and backward of each of the 4 InnerProducts
     assert s["gemm"] == 0.0 and s["other"] == calls["n"] and s["embedding"] == 0.0
     gemm = [i for i in timer.intervals if i[0] == "gemm"]
     assert len(gemm) == 8 and all(len(children) == 1 for _, _, _, children in gemm)
-    assert bias_kernels.bias_add_cpu.__name__ == "run"           # the test's own wrapper is back in place
+    assert bias_kernels.bias_add_cpu.__name__ == "run"  # the test's own wrapper is back in place
 
 
 class _StandInGate:
@@ -166,6 +181,7 @@ class _StandInGate:
 
     def held(self):
         import contextlib
+
         self.held_steps += 1
         return contextlib.nullcontext()
 
@@ -186,7 +202,7 @@ def test_gated_breakdown_adds_up(tiny_model):
     assert slow["host_gap"] == pytest.approx(100.0 - slow["busy"]) and slow["eager"] == 100.0
     assert sum(slow[k] for k in PARTS) == pytest.approx(100.0, rel=1e-9)
     fast = bench_mlperf.breakdown(model, env, 1, eager_step=0.0, gate=_StandInGate(), clock=bench_mlperf.WallClock())
-    assert fast["host_gap"] == 0.0 and fast["eager"] == fast["busy"] > 0     # never a negative gap
+    assert fast["host_gap"] == 0.0 and fast["eager"] == fast["busy"] > 0  # never a negative gap
     assert sum(fast[k] for k in PARTS) == pytest.approx(fast["eager"], rel=1e-9)
 
 
@@ -219,9 +235,11 @@ def test_embedding_bytes_count_global_adam(tiny_model):
 
 def test_gate_kernel_compiles_for_sm90():
     """The gate a GPU breakdown queues (an atomic poll with nanosleep) compiles for sm_90 without a GPU."""
-    code = ("from numba import cuda\nfrom numbactr.bench.mlperf import _gate_kernel\n"
-            "ptx, _ = cuda.compile_ptx(_gate_kernel, 'void(int64[::1], int64, int64[::1])', cc=(9, 0))\n"
-            "assert 'atom.global.add.u64' in ptx and 'nanosleep' in ptx, ptx\nprint('ok')")
+    code = (
+        "from numba import cuda\nfrom numbactr.bench.mlperf import _gate_kernel\n"
+        "ptx, _ = cuda.compile_ptx(_gate_kernel, 'void(int64[::1], int64, int64[::1])', cc=(9, 0))\n"
+        "assert 'atom.global.add.u64' in ptx and 'nanosleep' in ptx, ptx\nprint('ok')"
+    )
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     if out.returncode and ("NVVM" in out.stderr or "libnvvm" in out.stderr.lower()):
@@ -232,6 +250,7 @@ def test_gate_kernel_compiles_for_sm90():
 def test_mlperf_model_widths(cpu, tmp_path):
     import numbactr as hugectr
     from tests.model_util import tiny_data
+
     tr, ev = tiny_data(str(tmp_path), n_train=16, n_eval=16, slots=26, dense=13, keys_per_slot=2, files=1)
     m = bench_mlperf.build_mlperf_dlrm(hugectr, tr, ev, batch=8, dim=16, optimizer="adam", workspace_mb=1)
     widths = [m.shapes[f"fc{i}"][-1] for i in range(1, 9)]
@@ -243,14 +262,39 @@ def test_mlperf_model_widths(cpu, tmp_path):
 
 def test_mlperf_command_line(cpu, capsys, monkeypatch):
     monkeypatch.delenv("NUMBACTR_CUDA_GRAPHS", raising=False)
-    assert bench.main(["dlrm", "--model", "mlperf", "--no-torch", "--batch", "16", "--rows", "200", "--dim", "16",
-                       "--optimizer", "sgd", "--min-time", "0", "--quick", "--threads", "2"]) == 0
+    assert (
+        bench.main(
+            [
+                "dlrm",
+                "--model",
+                "mlperf",
+                "--no-torch",
+                "--batch",
+                "16",
+                "--rows",
+                "200",
+                "--dim",
+                "16",
+                "--optimizer",
+                "sgd",
+                "--min-time",
+                "0",
+                "--quick",
+                "--threads",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "MLPerf DLRM training step (cpu)" in out and "| numbactr | 2 | sgd | 16 | 16 | 200 | off |" in out
     assert "| GEMMs ms | rest ms | host gaps ms |" in out
-    for bad, words in ((["hash", "--tf32"], "only apply"), (["hash", "--model", "mlperf"], "`bench dlrm` only"),
-                       (["dlrm", "--model", "mlperf", "--optimizer", "lamb"], "sgd and/or adam"),
-                       (["dlrm", "--model", "mlperf", "--dim", "x"], "embedding widths")):
+    for bad, words in (
+        (["hash", "--tf32"], "only apply"),
+        (["hash", "--model", "mlperf"], "`bench dlrm` only"),
+        (["dlrm", "--model", "mlperf", "--optimizer", "lamb"], "sgd and/or adam"),
+        (["dlrm", "--model", "mlperf", "--dim", "x"], "embedding widths"),
+    ):
         with pytest.raises(SystemExit):
             bench.main(bad)
         assert words in capsys.readouterr().err

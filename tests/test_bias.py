@@ -7,6 +7,7 @@ from numbactr.kernels import bias
 from tests.gradcheck import assert_grad_close
 from tests.kernel_util import dev, f32_arrays, host
 
+
 @st.composite
 def matrix_and_bias(draw, max_rows=12, max_cols=12):
     m = draw(st.integers(0, max_rows))
@@ -22,15 +23,16 @@ def test_bias_add_kernel_matches_ref(yb):
     np.testing.assert_array_equal(host(d_y), bias.bias_add_ref(y, b))
 
 
-@given(yb=matrix_and_bias(max_rows=40, max_cols=11), chunk=st.integers(1, 9), gx=st.integers(1, 3),
-       gy=st.integers(1, 3))
+@given(
+    yb=matrix_and_bias(max_rows=40, max_cols=11), chunk=st.integers(1, 9), gx=st.integers(1, 3), gy=st.integers(1, 3)
+)
 def test_bias_grad_kernel_any_grid_matches_ref(yb, chunk, gx, gy):
     """Coalesced tiles over row chunks, the chunks' partial sums added in order: the column sums to rounding,
     the same bits at any grid."""
     dy, _ = yb
     got = []
     for grid in ((gx, gy), (1, 1)):
-        db = dev(np.full(dy.shape[1], np.nan, np.float32))        # must be overwritten
+        db = dev(np.full(dy.shape[1], np.nan, np.float32))  # must be overwritten
         bias.bias_grad(dev(dy), db, chunk=chunk, grid=grid)
         got.append(host(db).copy())
     np.testing.assert_allclose(got[0], bias.bias_grad_ref(dy.astype(np.float64)), rtol=1e-5, atol=1e-4)
@@ -62,7 +64,7 @@ def test_bias_wrappers_accept_3d_and_empty():
     db = dev(np.zeros(4, np.float32))
     bias.bias_grad(dev(y), db)
     np.testing.assert_array_equal(host(db), np.full(4, 6, np.float32))
-    bias.bias_add(dev(np.zeros((0, 4), np.float32)), dev(b))            # no launch
+    bias.bias_add(dev(np.zeros((0, 4), np.float32)), dev(b))  # no launch
     bias.bias_grad(dev(np.zeros((5, 0), np.float32)), dev(np.zeros(0, np.float32)))
 
 

@@ -1,4 +1,5 @@
 """kernels/block_reduce.py: the shared tree reductions, called from a test kernel in the simulator."""
+
 import functools
 
 import numpy as np
@@ -30,6 +31,7 @@ def make(tpb):
         if t == 0:
             out[0] = a[0]
             out[1] = c
+
     return k
 
 
@@ -61,6 +63,7 @@ def make_mean_var(tpb):
             if t == 0:
                 row_out[0, r] = mu
                 row_out[1, r] = var
+
     return k
 
 
@@ -68,6 +71,7 @@ def make_mean_var(tpb):
 @given(b=st.integers(1, 40), f=st.integers(1, 5), seed=st.integers(0, 9))
 def test_mean_var_helpers_match_reference(tpb, b, f, seed):
     from numbactr.kernels.block_reduce import mean_var_ref
+
     x = np.random.default_rng(seed).normal(2.0, 3.0, (b, f)).astype(np.float32)
     col, row = np.zeros((2, f), np.float32), np.zeros((2, b), np.float32)
     make_mean_var(tpb)[1, tpb](x, col, row)
@@ -97,6 +101,7 @@ def make_sum_max(tpb):
         block_max(a, t, tpb)
         if t == 0:
             out[1] = a[0]
+
     return k
 
 

@@ -2,6 +2,7 @@
 placement against a brute-force model of LRU / LFU victim choice; the numba.cuda kernels (simulator)
 against the reference step by step, with pins, dirty rows, duplicate rows in a batch and batches larger
 than a table's free slots (an error that changes nothing); the row copy kernels against NumPy."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,23 +19,28 @@ STATE = ("slot_row", "row_slot", "stamp", "freq", "pins", "dirty")
 @st.composite
 def cache_states(draw):
     """(caps, rows, state dict with row_freq, batch rows, policy): a consistent random cache and a batch."""
-    rng = np.random.default_rng(draw(st.integers(0, 2 ** 31)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     n_tables = draw(st.integers(1, 3))
     rows = [draw(st.integers(1, 12)) for _ in range(n_tables)]
     caps = [draw(st.integers(1, 6)) for _ in range(n_tables)]
     row_off = np.concatenate([[0], np.cumsum(rows)])
     slot_off = np.concatenate([[0], np.cumsum(caps)])
     C, R = int(slot_off[-1]), int(row_off[-1])
-    s = dict(slot_row=np.full(C, -1, np.int64), row_slot=np.full(R, -1, np.int64),
-             stamp=rng.integers(0, 4, C).astype(np.int64), freq=rng.integers(0, 4, C).astype(np.int64),
-             pin=(rng.random(C) < 0.15).astype(np.int32), dirty=(rng.random(C) < 0.5).astype(np.int8),
-             row_freq=rng.integers(0, 4, R).astype(np.int64))
+    s = dict(
+        slot_row=np.full(C, -1, np.int64),
+        row_slot=np.full(R, -1, np.int64),
+        stamp=rng.integers(0, 4, C).astype(np.int64),
+        freq=rng.integers(0, 4, C).astype(np.int64),
+        pin=(rng.random(C) < 0.15).astype(np.int32),
+        dirty=(rng.random(C) < 0.5).astype(np.int8),
+        row_freq=rng.integers(0, 4, R).astype(np.int64),
+    )
     for t in range(n_tables):
         held = rng.choice(rows[t], size=int(rng.integers(0, min(rows[t], caps[t]) + 1)), replace=False)
         slots = rng.choice(caps[t], size=held.size, replace=False)
         s["slot_row"][slot_off[t] + slots] = row_off[t] + held
         s["row_slot"][row_off[t] + held] = slot_off[t] + slots
-    s["pin"][s["slot_row"] < 0] = 0                       # only held rows are pinned
+    s["pin"][s["slot_row"] < 0] = 0  # only held rows are pinned
     n = draw(st.integers(0, 14))
     batch = rng.integers(-1, R, size=n).astype(np.int64)  # duplicates are frequent
     return np.array(caps), np.array(rows), s, batch, draw(st.sampled_from([K.LRU, K.LFU]))
@@ -62,7 +68,7 @@ def brute_force_victims(s, caps, rows, batch, policy):
             cands.append((key, c))
         if len(misses) > len(cands):
             return None
-        victims += [c for _, c in sorted(cands)[:len(misses)]]
+        victims += [c for _, c in sorted(cands)[: len(misses)]]
     return np.array(victims, np.int64)
 
 
@@ -153,7 +159,7 @@ def test_cache_kernels_equal_reference_over_batches(case, n_batches):
             except CacheCapacityError as e:
                 plans.append(str(e))
         if isinstance(plans[0], str) or isinstance(plans[1], str):
-            assert plans[0] == plans[1]                   # both refuse, with the same message
+            assert plans[0] == plans[1]  # both refuse, with the same message
             a, b = (_snapshot(c) for c in caches)
             for name in STATE:
                 np.testing.assert_array_equal(a[name], b[name])
@@ -179,7 +185,7 @@ def test_cache_kernels_equal_reference_over_batches(case, n_batches):
 
 
 def test_over_capacity_batch_leaves_the_cache_unchanged():
-    for use in ([False, True] if device.uses_kernels() else [False]):
+    for use in [False, True] if device.uses_kernels() else [False]:
         c = EmbeddingCache([3], [10], "lru", use_kernels=use)
         p = c.place(dev(np.array([1, 2])) if use else np.array([1, 2]))
         c.finish(p)
@@ -205,7 +211,7 @@ def test_lru_and_lfu_pick_different_victims():
 
 
 @pytest.mark.skipif(not device.uses_kernels(), reason="needs the sim or gpu device")
-@given(st.integers(1, 6), st.integers(1, 5), st.integers(0, 2 ** 31))
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**31))
 def test_row_copy_kernels_equal_numpy(n_rows, width, seed):
     rng = np.random.default_rng(seed)
     stride = width + int(rng.integers(0, 3))

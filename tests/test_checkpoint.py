@@ -1,4 +1,5 @@
 """save_params_to_files / load_* round trip in HugeCTR's file layouts (spec §7)."""
+
 import os
 
 import numpy as np
@@ -20,23 +21,23 @@ def test_save_then_load_restores_the_model_and_its_optimizer(tmp_path, cpu):
     files = sorted(os.listdir(tmp_path))
     assert {"ck_dense_5.model", "ck_opt_dense_5.model", "ck0_sparse_5.model", "ck0_opt_sparse_5.model"} <= set(files)
     assert os.path.getsize(prefix + "_dense_5.model") == 4 * a.n_params
-    assert os.path.getsize(prefix + "_opt_dense_5.model") == 2 * 4 * a.n_params            # Adam: m, v
+    assert os.path.getsize(prefix + "_opt_dense_5.model") == 2 * 4 * a.n_params  # Adam: m, v
     e = a.embeddings[0]
     keys = np.fromfile(prefix + "0_sparse_5.model/key", "<i8")
     assert keys.size == e.table.size and set(keys) <= set(range(18))
     assert os.path.getsize(prefix + "0_sparse_5.model/emb_vector") == 4 * keys.size * e.vec
 
-    b = tiny_dlrm(tr, ev, seed=7)                 # different initial weights
+    b = tiny_dlrm(tr, ev, seed=7)  # different initial weights
     b.load_dense_weights(prefix + "_dense_5.model")
     b.load_dense_optimizer_states(prefix + "_opt_dense_5.model")
     b.load_sparse_weights([prefix + "0_sparse_5.model"])
     b.load_sparse_optimizer_states({"emb": prefix + "0_opt_sparse_5.model"})
-    b.dense_optimizer.t = a.dense_optimizer.t     # HugeCTR does not store Adam's step either
+    b.dense_optimizer.t = a.dense_optimizer.t  # HugeCTR does not store Adam's step either
     b.embeddings[0].engine.step = e.engine.step
     b._train_reader, a._train_reader = None, None
     np.testing.assert_array_equal(b.weights, a.weights)
     np.testing.assert_array_equal(b.embeddings[0].dump()[1], e.dump()[1])
-    for _ in range(3):                            # both continue from the same state on the same data
+    for _ in range(3):  # both continue from the same state on the same data
         a.train()
         b.train()
         assert b.get_current_loss() == pytest.approx(a.get_current_loss(), rel=1e-6)
@@ -61,8 +62,11 @@ def test_layout_is_hugectrs_slot_id_where_hugectr_writes_it(tmp_path, cpu):
     """Distributed folders hold key + emb_vector; Localized and OneHot add slot_id (uint64 per key, the
     slot each key was first seen in); the manifest is an extra file beside them."""
     tr, ev = tiny_data(str(tmp_path))
-    for emb in ("DistributedSlotSparseEmbeddingHash", "LocalizedSlotSparseEmbeddingHash",
-                "LocalizedSlotSparseEmbeddingOneHot"):
+    for emb in (
+        "DistributedSlotSparseEmbeddingHash",
+        "LocalizedSlotSparseEmbeddingHash",
+        "LocalizedSlotSparseEmbeddingOneHot",
+    ):
         m = tiny_dlrm(tr, ev, embedding=hugectr.Embedding_t[emb])
         for _ in range(3):
             m.train()
@@ -73,7 +77,7 @@ def test_layout_is_hugectrs_slot_id_where_hugectr_writes_it(tmp_path, cpu):
         assert keys.size == 18 and os.path.getsize(folder + "/emb_vector") == 18 * 4 * 4
         if emb.startswith("Distributed"):
             assert sorted(os.listdir(folder)) == ["emb_vector", "key"]
-        else:                                   # tiny_data: slot s holds keys 6s .. 6s+5
+        else:  # tiny_data: slot s holds keys 6s .. 6s+5
             np.testing.assert_array_equal(np.fromfile(folder + "/slot_id", "<u8"), keys // 6)
         assert os.path.exists(prefix + "_3.manifest.json")
         assert not [n for n in os.listdir(tmp_path) if "staging" in n or "pending" in n]
@@ -111,22 +115,22 @@ def _two_gpu_hugectr_files(folder, keys, vec, max_rows, states):
     for i, k in enumerate(keys):
         g = k % 2
         j = sum(1 for q in keys[:i] if q % 2 == g)
-        blocks[:, g, j] = 1000 * np.arange(1, states + 1)[:, None] + k     # distinct per key and state
+        blocks[:, g, j] = 1000 * np.arange(1, states + 1)[:, None] + k  # distinct per key and state
     blocks.tofile(folder + "0_opt_sparse_7.model")
     return vecs
 
 
 def test_hugectr_two_gpu_optimizer_states_follow_their_keys(tmp_path, cpu):
     tr, ev = tiny_data(str(tmp_path))
-    m = tiny_dlrm(tr, ev)                                   # Distributed, Adam: m and v
+    m = tiny_dlrm(tr, ev)  # Distributed, Adam: m and v
     e = m.embeddings[0]
-    keys = [4, 0, 2, 7, 3]                                  # GPU 0: 4, 0, 2; GPU 1: 7, 3
+    keys = [4, 0, 2, 7, 3]  # GPU 0: 4, 0, 2; GPU 1: 7, 3
     prefix = str(tmp_path / "hc")
     vecs = _two_gpu_hugectr_files(prefix, keys, e.vec, e.max_rows, 2)
     m.load_sparse_weights([prefix + "0_sparse_7.model"])
     m.load_sparse_optimizer_states([prefix + "0_opt_sparse_7.model"])
     got_keys, got_vecs = e.dump()
-    np.testing.assert_array_equal(got_keys, keys)          # one rank: file order
+    np.testing.assert_array_equal(got_keys, keys)  # one rank: file order
     np.testing.assert_array_equal(got_vecs, vecs)
     for s, st in enumerate(e.states):
         np.testing.assert_array_equal(st[:5], 1000 * (s + 1) + np.array(keys, np.float32)[:, None].repeat(4, 1))
@@ -137,7 +141,7 @@ def test_hugectr_states_that_no_rank_count_explains_are_an_error(tmp_path, cpu):
     m = tiny_dlrm(tr, ev)
     e = m.embeddings[0]
     prefix = str(tmp_path / "hc")
-    _two_gpu_hugectr_files(prefix, [1, 0], e.vec, e.max_rows, 2)   # key 1 (GPU 1) before key 0 (GPU 0)
+    _two_gpu_hugectr_files(prefix, [1, 0], e.vec, e.max_rows, 2)  # key 1 (GPU 1) before key 0 (GPU 0)
     m.load_sparse_weights([prefix + "0_sparse_7.model"])
     before = [s.copy() for s in e.states]
     with pytest.raises(ValueError, match=r"match no rank count.*tried \[2\].*not grouped by their rank"):
@@ -183,12 +187,12 @@ def test_localized_keys_without_slot_id_load_on_one_rank_and_stay_unknown(tmp_pa
     e = m.embeddings[0]
     np.testing.assert_array_equal(e.dump_slots(), np.full(5, 2**64 - 1, np.uint64))
     m._train_reader = None
-    m.train()                                             # new keys get their slots; old ones stay unknown
+    m.train()  # new keys get their slots; old ones stay unknown
     slots = e.dump_slots()
     assert (slots[:5] == 2**64 - 1).all() and (slots[5:] < 3).all()
-    m.save_params_to_files(str(tmp_path / "re"), 1)       # unknown slots are written as 2**64-1 ...
+    m.save_params_to_files(str(tmp_path / "re"), 1)  # unknown slots are written as 2**64-1 ...
     assert (np.fromfile(str(tmp_path / "re0_sparse_1.model/slot_id"), "<u8")[:5] == 2**64 - 1).all()
-    m.load_sparse_weights([str(tmp_path / "re0_sparse_1.model")])    # ... and read back as unknown
+    m.load_sparse_weights([str(tmp_path / "re0_sparse_1.model")])  # ... and read back as unknown
     np.testing.assert_array_equal(e.dump_slots(), slots)
 
 
@@ -218,7 +222,7 @@ def test_fit_snapshots_are_committed_snapshots(tmp_path, cpu):
     tr, ev = tiny_data(str(tmp_path))
     m = tiny_dlrm(tr, ev)
     m.fit(max_iter=4, display=0, eval_interval=0, snapshot=2, snapshot_prefix=str(tmp_path / "fit"))
-    assert os.path.exists(tmp_path / "fit_2.manifest.json")      # HugeCTR's 0-based it: after 3 steps
+    assert os.path.exists(tmp_path / "fit_2.manifest.json")  # HugeCTR's 0-based it: after 3 steps
     b = tiny_dlrm(tr, ev, seed=4)
     b.load_dense_weights(str(tmp_path / "fit_dense_2.model"))
     b.load_sparse_weights([str(tmp_path / "fit0_sparse_2.model")])

@@ -1,5 +1,6 @@
 """The `numbactr` command line: --version, help for every command and option, converters listed under
 `data --help`, and errors as one line (the traceback only with --debug)."""
+
 import argparse
 import os
 import subprocess
@@ -14,7 +15,7 @@ from numbactr import cli
 def run_main(capsys, *argv):
     try:
         rc = cli.main(list(argv))
-    except SystemExit as e:           # argparse's --help, --version and usage errors
+    except SystemExit as e:  # argparse's --help, --version and usage errors
         rc = e.code
     out = capsys.readouterr()
     return rc, out.out, out.err
@@ -39,11 +40,16 @@ def test_data_help_lists_the_converters(capsys):
     assert rc == 0 and "usage: numbactr data criteo" in out and "--format" in out
 
 
-@pytest.mark.parametrize("argv,usage", [(("device", "--help"), "usage: numbactr device"),
-                                        (("demo", "--help"), "usage: numbactr demo"),
-                                        (("bench", "--help"), "usage: numbactr bench"),
-                                        (("bench", "hash", "--help"), "usage: numbactr bench"),
-                                        (("bench", "data", "--help"), "usage: numbactr bench data")])
+@pytest.mark.parametrize(
+    "argv,usage",
+    [
+        (("device", "--help"), "usage: numbactr device"),
+        (("demo", "--help"), "usage: numbactr demo"),
+        (("bench", "--help"), "usage: numbactr bench"),
+        (("bench", "hash", "--help"), "usage: numbactr bench"),
+        (("bench", "data", "--help"), "usage: numbactr bench data"),
+    ],
+)
 def test_every_command_has_help(capsys, argv, usage):
     rc, out, _ = run_main(capsys, *argv)
     assert rc == 0 and usage in out
@@ -62,6 +68,7 @@ def test_every_option_of_the_parsers_has_a_description():
     from numbactr.bench import cli as bench
     from numbactr.bench import data as data_bench
     from numbactr.data import criteo
+
     parsers = [cli.build_parser()]
     for mod, argv in ((bench, ["hash"]), (data_bench, []), (criteo, ["in", "out"])):
         seen = {}
@@ -69,6 +76,7 @@ def test_every_option_of_the_parsers_has_a_description():
         def capture(self, args=None, namespace=None, _seen=seen):
             _seen["parser"] = self
             raise SystemExit(0)
+
         orig = argparse.ArgumentParser.parse_args
         argparse.ArgumentParser.parse_args = capture
         try:
@@ -77,8 +85,12 @@ def test_every_option_of_the_parsers_has_a_description():
         finally:
             argparse.ArgumentParser.parse_args = orig
         parsers.append(seen["parser"])
-    missing = [f"{prog} {a.option_strings or a.dest}" for p in parsers for prog, a in every_option(p)
-               if not a.help and a.help is not argparse.SUPPRESS]
+    missing = [
+        f"{prog} {a.option_strings or a.dest}"
+        for p in parsers
+        for prog, a in every_option(p)
+        if not a.help and a.help is not argparse.SUPPRESS
+    ]
     assert not missing, missing
 
 
@@ -87,8 +99,9 @@ def test_errors_are_one_line_without_traceback(capsys):
     assert rc == 1 and "Traceback" not in err
     assert err.count("\n") == 1 and "no/such/file.tsv" in err
     rc, _, err = run_main(capsys, "demo", "--batch", "0")
-    assert rc == 1 and err.strip() == ("numbactr demo: error: --batch must be > 0, got 0 (ValueError; --debug "
-                                       "shows the traceback)")
+    assert rc == 1 and err.strip() == (
+        "numbactr demo: error: --batch must be > 0, got 0 (ValueError; --debug shows the traceback)"
+    )
     rc, _, err = run_main(capsys, "demo", "--bogus")
     assert rc == 2 and "numbactr demo: error: unrecognized arguments: --bogus" in err
     with pytest.raises(ValueError, match="--batch must be > 0"):
@@ -98,9 +111,11 @@ def test_errors_are_one_line_without_traceback(capsys):
 def test_missing_gpu_is_one_line_naming_numbas_reason():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBACTR_DEVICE"] = "gpu"
-    r = subprocess.run([sys.executable, "-m", "numbactr.cli", "device"], capture_output=True, text=True,
-                       env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "numbactr.cli", "device"], capture_output=True, text=True, env=env, timeout=120
+    )
     from numba import cuda
+
     if not cuda.is_available() or os.environ.get("NUMBA_ENABLE_CUDASIM"):
         assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
         assert "numbactr device: error: NUMBACTR_DEVICE=gpu, but no CUDA GPU is usable here: " in r.stderr

@@ -48,12 +48,11 @@ def test_concat_3d_axis2_matches_ref(xs):
     _run_both_ways(xs, 2)
 
 
-@given(x=f32_arrays((5, 7)), blocks=st.integers(1, 3), tpb=st.sampled_from([1, 3, 32]),
-       c0=st.integers(0, 4))
+@given(x=f32_arrays((5, 7)), blocks=st.integers(1, 3), tpb=st.sampled_from([1, 3, 32]), c0=st.integers(0, 4))
 def test_copy_kernels_any_grid(x, blocks, tpb, c0):
     out = np.full((5, 11), np.nan, np.float32)
     want = out.copy()
-    want[:, c0:c0 + 7] = x
+    want[:, c0 : c0 + 7] = x
     d_out = dev(out)
     concat.concat_copy_in_kernel[blocks, tpb](dev(x), d_out, c0)
     np.testing.assert_array_equal(host(d_out), want)
@@ -65,7 +64,7 @@ def test_copy_kernels_any_grid(x, blocks, tpb, c0):
 def test_concat_rejects_mismatched_shapes():
     a, b = np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32)
     with pytest.raises(ValueError):
-        concat.concat_forward([a, b], np.zeros((2, 8), np.float32))       # wrong total width
+        concat.concat_forward([a, b], np.zeros((2, 8), np.float32))  # wrong total width
     with pytest.raises(ValueError):
         concat.concat_forward([a, np.zeros((3, 4), np.float32)], np.zeros((2, 7), np.float32))
     with pytest.raises(ValueError):
@@ -78,14 +77,17 @@ def test_concat_reference_gradient():
     dy = rng.normal(size=(3, 6, 2))
     grads = concat.concat_backward_ref(dy, [2, 1, 3], axis=1)
     for i in range(len(xs)):
+
         def f(xi, i=i):
-            return concat.concat_forward_ref(xs[:i] + [xi] + xs[i + 1:], axis=1)
+            return concat.concat_forward_ref(xs[:i] + [xi] + xs[i + 1 :], axis=1)
+
         assert_grad_close(grads[i], f, xs[i], dy)
 
 
 @pytest.mark.gpu
-@given(b=st.integers(0, 4096), widths=st.lists(st.integers(0, 600), min_size=1, max_size=5),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    b=st.integers(0, 4096), widths=st.lists(st.integers(0, 600), min_size=1, max_size=5), seed=st.integers(0, 2**32 - 1)
+)
 def test_concat_on_gpu(b, widths, seed):
     rng = np.random.default_rng(seed)
     xs = [rng.normal(size=(b, k)).astype(np.float32) for k in widths]

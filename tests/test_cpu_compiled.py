@@ -7,6 +7,7 @@ numba threads; the switch to references only
 on the cpu device equal the same steps computed with the references only (dense ops, dense optimizer and
 the embedding engine's reference impl).
 """
+
 import contextlib
 
 import numba
@@ -86,7 +87,7 @@ def test_interaction_matches_reference(b, s, v, seed):
 
 def test_interaction_dlrm_shape_and_non_finite_values():
     rng = np.random.default_rng(3)
-    b, s, v = 200, 26, 16                                  # several parallel chunks; the demo's widths
+    b, s, v = 200, 26, 16  # several parallel chunks; the demo's widths
     dense, emb = f32(rng, (b, v)), f32(rng, (b, s, v))
     dy = f32(rng, (b, interaction.interaction_out_width(s, v)))
     d_dense, d_emb = np.empty_like(dense), np.empty_like(emb)
@@ -101,7 +102,7 @@ def test_interaction_dlrm_shape_and_non_finite_values():
     interaction.interaction_forward_cpu(dense, emb, out)
     np.testing.assert_allclose(out, interaction.interaction_forward_ref(dense, emb), rtol=1e-5, atol=1e-4)
     assert np.isnan(out[2]).any() and np.isinf(out[1]).any()
-    assert out[:, -1].tolist() == [0.0] * b                # the pad
+    assert out[:, -1].tolist() == [0.0] * b  # the pad
 
 
 def test_interaction_wrapper_checks_shapes():
@@ -109,8 +110,9 @@ def test_interaction_wrapper_checks_shapes():
     with pytest.raises(ValueError, match="output/grad shape"):
         interaction.interaction_forward_cpu(dense, emb, np.zeros((2, 5), np.float32))
     with pytest.raises(ValueError, match="does not match dense"):
-        interaction.interaction_backward_cpu(dense, np.zeros((2, 3, 5), np.float32), np.zeros((2, 11), np.float32),
-                                             dense.copy(), emb.copy())
+        interaction.interaction_backward_cpu(
+            dense, np.zeros((2, 3, 5), np.float32), np.zeros((2, 11), np.float32), dense.copy(), emb.copy()
+        )
 
 
 # ---- ReLU, bias, fused bias + activation ---------------------------------------------------------
@@ -137,7 +139,7 @@ def test_relu_matches_reference_exactly(m, n, seed):
         return y, dx
 
     y, dx = each_thread_count(run)
-    np.testing.assert_array_equal(y, relu.relu_forward_ref(x))            # NaN stays NaN, as np.maximum
+    np.testing.assert_array_equal(y, relu.relu_forward_ref(x))  # NaN stays NaN, as np.maximum
     np.testing.assert_array_equal(dx, relu.relu_backward_ref(relu.relu_forward_ref(x), dy))
 
 
@@ -162,8 +164,13 @@ def test_bias_add_and_grad_match_reference(m, n, three_d, seed):
         bias.bias_grad_cpu(dy, np.zeros(n + 1, np.float32))
 
 
-@given(m=st.integers(0, 600), n=st.integers(1, 40), relu_on=st.booleans(), has_bias=st.booleans(),
-       seed=st.integers(0, 2**16))
+@given(
+    m=st.integers(0, 600),
+    n=st.integers(1, 40),
+    relu_on=st.booleans(),
+    has_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_bias_act_matches_reference(m, n, relu_on, has_bias, seed):
     rng = np.random.default_rng(seed)
     pre, dy = with_specials(rng, (m, n)), f32(rng, (m, n))
@@ -183,17 +190,16 @@ def test_bias_act_matches_reference(m, n, relu_on, has_bias, seed):
     np.testing.assert_array_equal(got[0], y)
     np.testing.assert_array_equal(got[1], d)
     if has_bias:
-        assert_column_sums_close(got[2], db, np.where(np.isfinite(d), d, 0))   # NaN where a NaN was summed
+        assert_column_sums_close(got[2], db, np.where(np.isfinite(d), d, 0))  # NaN where a NaN was summed
 
 
 # ---- BCE -----------------------------------------------------------------------------------------
-@given(n=st.integers(0, 300), seed=st.integers(0, 2**16), scale=st.sampled_from([1.0, 30.0, 1e4]),
-       data=st.data())
+@given(n=st.integers(0, 300), seed=st.integers(0, 2**16), scale=st.sampled_from([1.0, 30.0, 1e4]), data=st.data())
 def test_bce_matches_reference(n, seed, scale, data):
     b = data.draw(st.integers(0, n))
     rng = np.random.default_rng(seed)
     x = f32(rng, (n, 1), scale)
-    y = rng.random((n, 1)).astype(np.float32)               # fractional labels too
+    y = rng.random((n, 1)).astype(np.float32)  # fractional labels too
     y[: n // 2] = np.round(y[: n // 2])
     grad_scale = 1.0 / max(b, 1)
     dx = np.full_like(x, np.nan)
@@ -207,12 +213,17 @@ def test_bce_matches_reference(n, seed, scale, data):
 def test_parallel_branches_match_reference():
     """Shapes past PARALLEL_MIN run the prange branch: still the reference, and the same bits on 1 and 2 threads."""
     rng = np.random.default_rng(5)
-    rows = PARALLEL_MIN // 300 + 7                            # (rows, 300) > PARALLEL_MIN, a partial last chunk
+    rows = PARALLEL_MIN // 300 + 7  # (rows, 300) > PARALLEL_MIN, a partial last chunk
     pre, dy, b = with_specials(rng, (rows, 300)), f32(rng, (rows, 300)), f32(rng, (300,))
 
     def dense_ops():
-        y, d, db, db2, act = pre.copy(), np.empty_like(pre), np.empty(300, np.float32), np.empty(300, np.float32), \
-            np.empty_like(pre)
+        y, d, db, db2, act = (
+            pre.copy(),
+            np.empty_like(pre),
+            np.empty(300, np.float32),
+            np.empty(300, np.float32),
+            np.empty_like(pre),
+        )
         bias.bias_add_cpu(y, b)
         bias.bias_grad_cpu(dy, db)
         relu.relu_forward_cpu(y, act)
@@ -234,7 +245,7 @@ def test_parallel_branches_match_reference():
     np.testing.assert_array_equal(d2, ref_d)
     assert_column_sums_close(db2, ref_db, np.where(np.isfinite(ref_d), ref_d, 0))
 
-    bsz, s, v = 300, 26, 16                                   # 300 x 368 outputs x 16 > PARALLEL_MIN
+    bsz, s, v = 300, 26, 16  # 300 x 368 outputs x 16 > PARALLEL_MIN
     dense, emb = f32(rng, (bsz, v)), f32(rng, (bsz, s, v))
     dy = f32(rng, (bsz, interaction.interaction_out_width(s, v)))
 
@@ -258,7 +269,7 @@ def test_bce_checks_valid_rows():
 
 
 # ---- dense optimizers ----------------------------------------------------------------------------
-DENSE_RULES = {   # name: (compiled update, reference, number of states, extra hyper-parameters)
+DENSE_RULES = {  # name: (compiled update, reference, number of states, extra hyper-parameters)
     "sgd": (C.sgd_update, K.sgd_update_ref, 0, ()),
     "momentum": (C.momentum_sgd_update, K.momentum_sgd_update_ref, 1, (0.9,)),
     "nesterov": (C.nesterov_update, K.nesterov_update_ref, 1, (0.9,)),
@@ -285,12 +296,17 @@ def test_dense_update_matches_reference(name, p, lr, scaler):
     for s, r in zip(states, ref_states):
         np.testing.assert_allclose(s, r, rtol=1e-5, atol=1e-7)
     if lr == 0 and name != "momentum" and name != "nesterov":
-        np.testing.assert_array_equal(w, ref_w)              # frozen: the weights do not move at all
+        np.testing.assert_array_equal(w, ref_w)  # frozen: the weights do not move at all
 
 
-HYPER = {O.SGD: {}, O.MomentumSGD: dict(momentum_factor=0.5), O.Nesterov: dict(momentum_factor=0.5),
-         O.Adam: dict(beta1=0.9, beta2=0.999, epsilon=1e-7), O.AdaGrad: dict(initial_accu_value=0.1, epsilon=1e-7),
-         O.Ftrl: dict(beta=0.1, lambda1=0.01, lambda2=0.01)}
+HYPER = {
+    O.SGD: {},
+    O.MomentumSGD: dict(momentum_factor=0.5),
+    O.Nesterov: dict(momentum_factor=0.5),
+    O.Adam: dict(beta1=0.9, beta2=0.999, epsilon=1e-7),
+    O.AdaGrad: dict(initial_accu_value=0.1, epsilon=1e-7),
+    O.Ftrl: dict(beta=0.1, lambda1=0.01, lambda2=0.01),
+}
 
 
 @pytest.mark.parametrize("t", [O.SGD, O.MomentumSGD, O.Nesterov, O.Adam, O.AdaGrad, O.Ftrl])
@@ -345,21 +361,40 @@ def data(tmp_path_factory):
 
 def mlp_dlrm(train, evl, *, optimizer, update, slots=3, dense=2, vec=4):
     """Bottom and top MLP layers (the fused bias + ReLU path) around a dot interaction."""
-    solver = hugectr.CreateSolver(batchsize=64, batchsize_eval=64, max_eval_batches=1, lr=0.01, vvgpu=[[0]],
-                                  i64_input_key=True)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[train],
-                                      eval_source=evl, check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=64, batchsize_eval=64, max_eval_batches=1, lr=0.01, vvgpu=[[0]], i64_input_key=True
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[train], eval_source=evl, check_type=hugectr.Check_t.Sum
+    )
     model = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=optimizer, update_type=update))
-    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=dense, dense_name="dense",
-                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, slots)]))
-    model.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                      workspace_size_per_gpu_in_mb=1, embedding_vec_size=vec, combiner="sum",
-                                      sparse_embedding_name="emb", bottom_name="data1"))
+    model.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=dense,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, slots)],
+        )
+    )
+    model.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=vec,
+            combiner="sum",
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+        )
+    )
     L, A = hugectr.Layer_t, hugectr.Activation_t
     model.add(hugectr.DenseLayer(L.MLP, ["dense"], ["bottom"], num_outputs=[8, vec]))
     model.add(hugectr.DenseLayer(L.Interaction, ["bottom", "emb"], ["inter"]))
-    model.add(hugectr.DenseLayer(L.MLP, ["inter"], ["top"], num_outputs=[8, 1], activations=[A.Relu, A.Non],
-                                 biases=[True, False]))
+    model.add(
+        hugectr.DenseLayer(
+            L.MLP, ["inter"], ["top"], num_outputs=[8, 1], activations=[A.Relu, A.Non], biases=[True, False]
+        )
+    )
     model.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["top", "label"], ["loss"]))
     model.compile()
     return model
@@ -368,6 +403,7 @@ def mlp_dlrm(train, evl, *, optimizer, update, slots=3, dense=2, vec=4):
 def train_steps(build, data, steps, **kw):
     """(losses, dense weights, embedding rows) after ``steps`` training steps of a freshly built model."""
     import io
+
     with contextlib.redirect_stdout(io.StringIO()):
         model = build(*data, **kw)
     losses = []
@@ -378,8 +414,14 @@ def train_steps(build, data, steps, **kw):
     return model, np.array(losses), model.weights.copy(), np.array(emb.weight.data)
 
 
-CASES = [(tiny_dlrm, O.Adam, U.Global), (tiny_dlrm, O.SGD, U.Local), (tiny_dlrm, O.MomentumSGD, U.Local),
-         (tiny_dlrm, O.Nesterov, U.Global), (tiny_dlrm, O.AdaGrad, U.Local), (mlp_dlrm, O.Adam, U.Global)]
+CASES = [
+    (tiny_dlrm, O.Adam, U.Global),
+    (tiny_dlrm, O.SGD, U.Local),
+    (tiny_dlrm, O.MomentumSGD, U.Local),
+    (tiny_dlrm, O.Nesterov, U.Global),
+    (tiny_dlrm, O.AdaGrad, U.Local),
+    (mlp_dlrm, O.Adam, U.Global),
+]
 
 
 @pytest.mark.parametrize("build,optimizer,update", CASES, ids=lambda c: getattr(c, "name", getattr(c, "__name__", c)))
@@ -388,20 +430,26 @@ def test_training_steps_compiled_equal_references(data, cpu, build, optimizer, u
     with device.reference_ops():
         ref = train_steps(build, data, 3, optimizer=optimizer, update=update)
     assert fast[0].embeddings[0].engine.impl == "cpu" and ref[0].embeddings[0].engine.impl == "ref"
-    np.testing.assert_allclose(fast[1], ref[1], rtol=1e-5)                  # losses
-    np.testing.assert_allclose(fast[2], ref[2], rtol=1e-4, atol=1e-6)       # dense weights
-    np.testing.assert_allclose(fast[3], ref[3], rtol=1e-4, atol=1e-6)       # embedding rows
+    np.testing.assert_allclose(fast[1], ref[1], rtol=1e-5)  # losses
+    np.testing.assert_allclose(fast[2], ref[2], rtol=1e-4, atol=1e-6)  # dense weights
+    np.testing.assert_allclose(fast[3], ref[3], rtol=1e-4, atol=1e-6)  # embedding rows
 
 
 @pytest.mark.parametrize("build", [tiny_dlrm, mlp_dlrm])
 def test_training_step_runs_no_reference_op(data, cpu, build, monkeypatch):
     """On the cpu device a DLRM step calls none of the references that have a compiled version."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("a NumPy reference ran where its compiled version should")
 
-    refs = {relu: ["relu_forward_ref", "relu_backward_ref"], bias: ["bias_add_ref", "bias_grad_ref"],
-            fba: ["bias_act_forward_ref", "bias_act_backward_ref"], bce: ["bce_forward_backward_ref"],
-            interaction: ["interaction_forward_ref", "interaction_backward_ref"], K: ["adam_update_ref"]}
+    refs = {
+        relu: ["relu_forward_ref", "relu_backward_ref"],
+        bias: ["bias_add_ref", "bias_grad_ref"],
+        fba: ["bias_act_forward_ref", "bias_act_backward_ref"],
+        bce: ["bce_forward_backward_ref"],
+        interaction: ["interaction_forward_ref", "interaction_backward_ref"],
+        K: ["adam_update_ref"],
+    }
     for mod, names in refs.items():
         for name in names:
             monkeypatch.setattr(mod, name, refuse)
@@ -416,17 +464,18 @@ def test_parallel_functions_run_their_serial_twin_on_one_thread_with_the_same_bi
     entries in Numba's disk cache (their names differ)."""
     from numbactr.kernels.parallel_cpu import ParallelTwin
     from numbactr.kernels import tbe_cpu
+
     twin = bias._bias_grad_cpu
     assert isinstance(twin, ParallelTwin) and twin.serial.py_func.__qualname__ == "_bias_grad_cpu_serial"
     assert isinstance(tbe_cpu.radix_sort, ParallelTwin) and not isinstance(tbe_cpu.fused_update, ParallelTwin)
     assert isinstance(tbe_cpu.forward, ParallelTwin)
     rng = np.random.default_rng(0)
-    dy = rng.standard_normal((2 * PARALLEL_MIN // 64, 64)).astype(np.float32)      # past PARALLEL_MIN: chunks
+    dy = rng.standard_normal((2 * PARALLEL_MIN // 64, 64)).astype(np.float32)  # past PARALLEL_MIN: chunks
     dense = rng.standard_normal((300, 16)).astype(np.float32)
     emb = rng.standard_normal((300, 26, 16)).astype(np.float32)
     got, ran = {}, []
     serial, parallel = twin.serial, twin.parallel
-    twin.serial = lambda *a: (ran.append("serial"), serial(*a))[1]          # which twin a call runs
+    twin.serial = lambda *a: (ran.append("serial"), serial(*a))[1]  # which twin a call runs
     twin.parallel = lambda *a: (ran.append("parallel"), parallel(*a))[1]
     before = numba.get_num_threads()
     try:
@@ -456,6 +505,7 @@ def _meminfo_address(typingctx, arr):
     def codegen(context, builder, signature, args):
         held = context.make_array(signature.args[0])(context, builder, args[0])
         return builder.ptrtoint(held.meminfo, context.get_value_type(numba.types.intp))
+
     return numba.types.intp(arr), codegen
 
 
@@ -479,7 +529,7 @@ def test_serial_twins_borrow_their_arrays_and_return_none_of_them():
     out = np.zeros(50, np.float32)
     assert scale_rows.serial((a, b), x, out, np.float32(2.0)) == 50
     np.testing.assert_array_equal(out, np.float32(2.0) * x + a - b)
-    view = out[10:20]                                     # a view's owner stays alive after the call
+    view = out[10:20]  # a view's owner stays alive after the call
     scale_rows.serial((a[:10], b[:10]), x[:10], view, np.float32(1.0))
     np.testing.assert_array_equal(out[10:20], x[:10] + a[:10] - b[:10])
 
@@ -507,8 +557,7 @@ def test_serial_twins_borrow_their_arrays_and_return_none_of_them():
         for i in prange(x.shape[0]):
             out[i] = x[i] + k
 
-    for twin in (shift.serial, shift.parallel):       # the defaults are the same for both twins
+    for twin in (shift.serial, shift.parallel):  # the defaults are the same for both twins
         out[:] = 0
         twin(x, out)
         np.testing.assert_array_equal(out, x + np.float32(3.0))
-

@@ -7,6 +7,7 @@ to what an eager step brings them to. Here, on the simulator, model B records it
 step 3 would read (learning rate, Adam's t and bias corrections, rounding salts, the dropout step, the step
 number of the non-finite flag) and the counters must agree. The launches themselves are checked to be the
 same every step in tests/test_step_counts.py."""
+
 import dataclasses
 import types
 import gc
@@ -29,16 +30,28 @@ def _sim():
     """The simulator in a simulator session (an earlier module may have left it on cpu); the GPU on one.
     Afterwards the test's models are collected, which stops their readers' worker threads."""
     from numbactr.runtime import device
+
     if config.ENABLE_CUDASIM:
-        device.set_device("sim")             # (conftest's autouse fixture switches back)
+        device.set_device("sim")  # (conftest's autouse fixture switches back)
     yield
     gc.collect()
 
 
 def _model(tmp_path, optimizer, amp=False):
     train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2, files=1)
-    m = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
-                          bottom=(8,), top=(8, 4, 1), dropout=0.25, amp=amp)
+    m = build_mlperf_dlrm(
+        hugectr,
+        train,
+        evl,
+        batch=4,
+        dim=4,
+        optimizer=optimizer,
+        workspace_mb=1,
+        bottom=(8,),
+        top=(8, 4, 1),
+        dropout=0.25,
+        amp=amp,
+    )
     m.solver = dataclasses.replace(m.solver, repeat_dataset=True)
     return m
 
@@ -46,7 +59,7 @@ def _model(tmp_path, optimizer, amp=False):
 def _device_values(m) -> dict:
     """Every per-step device array of the model's consumers, by name."""
     out = {"dense": np.array(m.dense_optimizer._values.dev)}
-    if getattr(m.dense_optimizer, "_gate_t", None) is not None:        # mixed precision: Adam's gated t
+    if getattr(m.dense_optimizer, "_gate_t", None) is not None:  # mixed precision: Adam's gated t
         out["dense.gate_t"] = np.array(m.dense_optimizer._gate_t.dev)
         out["dense.gate_f"] = np.array(m.dense_optimizer._gate_f.dev)
     for i, e in enumerate(m.embeddings):
@@ -56,16 +69,19 @@ def _device_values(m) -> dict:
         sv = getattr(layer, "_step_values", None)
         if sv is not None:
             out[f"{layer.cfg.top_names[0]}.step"] = np.array(sv.dev)
-    if getattr(m, "_step_value", None) is not None:     # (an eager step on sim checks its loss on the host)
+    if getattr(m, "_step_value", None) is not None:  # (an eager step on sim checks its loss on the host)
         out["nonfinite.step"] = np.array(m._step_value.dev)
     return out
 
 
 def _counters(m) -> dict:
-    return {"step": m.step, "dense_t": m.dense_optimizer.t,
-            "engine_steps": [e.engine.step for e in m.embeddings],
-            "engine_lr": [e.engine.learning_rate for e in m.embeddings],
-            "tables_unchecked": [t._unchecked for e in m.embeddings for t in e.engine.hash_tables.values()]}
+    return {
+        "step": m.step,
+        "dense_t": m.dense_optimizer.t,
+        "engine_steps": [e.engine.step for e in m.embeddings],
+        "engine_lr": [e.engine.learning_rate for e in m.embeddings],
+        "tables_unchecked": [t._unchecked for e in m.embeddings for t in e.engine.hash_tables.values()],
+    }
 
 
 def _device_step(m, lr):
@@ -85,7 +101,7 @@ def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path, amp):
     # seen skips that the device-side gate reads
     a, b = _model(tmp_path / "a", "adam", amp), _model(tmp_path / "b", "adam", amp)
     for m in (a, b):
-        assert m.train()                      # step 1 eager (first-call allocations)
+        assert m.train()  # step 1 eager (first-call allocations)
     _device_step(a, 0.02)
     _device_step(a, 0.005)
     b.lr = 0.02
@@ -98,9 +114,9 @@ def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path, amp):
     assert {"dense", "sparse", "engine", "dropout", "nonfinite", "loss", "hash"} <= kinds, kinds
     assert ("dense gate" in kinds) == amp and overflow.overflow_on_device(b) == amp
     kept = b._pending_loss
-    b.check_deferred()                        # clears the tables' records: the replay must mark them again
+    b.check_deferred()  # clears the tables' records: the replay must mark them again
     b.lr = 0.005
-    step.next_train_batch(b)                     # the replayed step's batch (its upload is the stager's)
+    step.next_train_batch(b)  # the replayed step's batch (its upload is the stager's)
     rec.replay(step.replay_run(b))
     step.after_device_step(b)
     assert _counters(b) == _counters(a)
@@ -108,7 +124,7 @@ def test_replay_hooks_do_what_the_step_did_on_the_host(tmp_path, amp):
     assert got.keys() == want.keys()
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
-    assert b._pending_loss is kept            # the captured loss array is the one read at display
+    assert b._pending_loss is kept  # the captured loss array is the one read at display
 
 
 @sim_only
@@ -117,14 +133,14 @@ def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     assert m.train()
     batch = step.next_train_batch(m)
     monkeypatch.delenv(cuda_graphs.ENV, raising=False)
-    assert step.ineligible(batch, **step.graph_facts(m)) == f"{cuda_graphs.ENV}=0"           # off unless asked for
+    assert step.ineligible(batch, **step.graph_facts(m)) == f"{cuda_graphs.ENV}=0"  # off unless asked for
     monkeypatch.setenv(cuda_graphs.ENV, "1")
     assert step.ineligible(batch, **step.graph_facts(m)) == "not on a GPU"
-    solver = m.solver                                         # HugeCTR's switch, CreateSolver's use_cuda_graph
+    solver = m.solver  # HugeCTR's switch, CreateSolver's use_cuda_graph
     m.solver = dataclasses.replace(solver, use_cuda_graph=False)
     assert step.ineligible(batch, **step.graph_facts(m)) == "CreateSolver(use_cuda_graph=False)"
     m.solver = solver
-    assert m.train() and m._graphs is None                                       # sim: eager steps
+    assert m.train() and m._graphs is None  # sim: eager steps
     monkeypatch.setenv(cuda_graphs.ENV, "yes")
     with pytest.raises(ValueError, match=f"{cuda_graphs.ENV} must be 0 or 1"):
         m.train()
@@ -134,6 +150,7 @@ def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     assert cuda_graphs.batch_key(m, batch) != k1
     # and each embedding engine's optimizer kind and weight-decay mode (the update kernel is compiled for them)
     from numbactr.embedding.engine import WeightDecay
+
     k2 = cuda_graphs.batch_key(m, batch)
     engine = m.embeddings[0].engine
     assert (int(engine.optimizer.kind), int(engine.optimizer.weight_decay_mode)) in k2[-2]
@@ -158,7 +175,7 @@ def test_graphs_switch_and_eligibility(tmp_path, monkeypatch):
     monkeypatch.setattr(emb, "_sharded", table)
     assert "through host memory" in step.ineligible(batch, **step.graph_facts(m))
     transport[0] = "nccl"
-    monkeypatch.setattr(emb, "by_slot", False)        # a key-owned table: its gathered exchange is fixed in size
+    monkeypatch.setattr(emb, "by_slot", False)  # a key-owned table: its gathered exchange is fixed in size
     assert step.ineligible(batch, **step.graph_facts(m)) == alone
     monkeypatch.setattr(emb, "by_slot", True)
     assert step.ineligible(batch, **step.graph_facts(m)) == alone
@@ -188,8 +205,9 @@ def test_a_new_key_after_replays_recaptures_and_a_churning_key_turns_graphs_off(
 
     def steps(keys):
         for i, k in enumerate(keys):
-            g.step(i, k, body, {}, lambda: (lambda: None))
-    steps([_toy_key(0), _toy_key(1)] * 3)                       # 2 eager, 2 captures, 2 replays
+            g.step(i, k, body, {}, lambda: lambda: None)
+
+    steps([_toy_key(0), _toy_key(1)] * 3)  # 2 eager, 2 captures, 2 replays
     assert (g.captures, g.replays, len(g.graphs), g.disabled) == (2, 2, 2, None)
     # frozen dense layers (a new key with the same shapes): the old graphs go, the new key warms up again
     steps([_toy_key(0, True), _toy_key(1, True)] * 3)
@@ -199,7 +217,7 @@ def test_a_new_key_after_replays_recaptures_and_a_churning_key_turns_graphs_off(
     # disabled and runs every later step eagerly)
     churn = _ToyGraphs()
     for i in range(5):
-        churn.step(i, _toy_key(10 + i), body, {}, lambda: (lambda: None))
+        churn.step(i, _toy_key(10 + i), body, {}, lambda: lambda: None)
     assert churn.captures == 2 and churn.replays == 0 and "changes before its graphs replay" in churn.disabled
     assert not churn.graphs
 
@@ -224,6 +242,7 @@ class _SimGraphs(cuda_graphs.StepGraphs):
 
                 def failing(*args, **kwargs):
                     raise RuntimeError("operation not permitted when stream is capturing")
+
                 real, optimizers.adam_update = optimizers.adam_update, failing
                 try:
                     body(batch)
@@ -238,7 +257,7 @@ class _SimGraphs(cuda_graphs.StepGraphs):
 
 def _graph_model(tmp_path, monkeypatch, graphs):
     m = _model(tmp_path, "adam")
-    monkeypatch.setattr(step, "ineligible", lambda batch, **facts: None)          # as on a GPU
+    monkeypatch.setattr(step, "ineligible", lambda batch, **facts: None)  # as on a GPU
     m._graphs, graphs.model = graphs, m
     return m
 
@@ -264,13 +283,13 @@ def test_warm_up_capture_replay_and_a_failed_capture(tmp_path, monkeypatch):
         tensors.append(m._last_tensors[True])
     # 1 eager step, one capture per input buffer set of the stager (steps 2 and 3), then a replay
     assert (g.eager, g.captures, g.replays, len(g.graphs)) == (1, 2, 1, 2)
-    assert tensors[3] is tensors[1] and tensors[2] is not tensors[1]   # the replayed graph's own tensors
+    assert tensors[3] is tensors[1] and tensors[2] is not tensors[1]  # the replayed graph's own tensors
     assert _counters(m) == _counters(eager)
     got, want = _device_values(m), _device_values(eager)
     assert set(want) < set(got)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
-    assert m.eval() and not g.graphs and g.eager == 0   # evaluation may grow buffers a graph points to
+    assert m.eval() and not g.graphs and g.eager == 0  # evaluation may grow buffers a graph points to
     # a capture that fails: the host state goes back to where the step started, the step runs eagerly and
     # graphs stay off for the run
     f = _SimGraphs(fail=True)
@@ -288,6 +307,7 @@ def test_graph_steps_train_like_eager_steps_on_a_gpu(tmp_path, monkeypatch):
     """On a GPU: 12 steps with NUMBACTR_CUDA_GRAPHS=1 (2 eager, 2 captures, 8 replays) against 12 eager
     steps of the same model and data: the same weights and tables (to float32 atomics' reordering)."""
     from numbactr.runtime import device
+
     if device.kind() != "gpu":
         pytest.skip("needs a GPU")
     models = {}
@@ -299,11 +319,12 @@ def test_graph_steps_train_like_eager_steps_on_a_gpu(tmp_path, monkeypatch):
             assert m.train()
         models[flag] = m
     g = models["1"]._graphs
-    assert g is not None and g.captures == 2 and g.replays == 8, (g and g.disabled)
+    assert g is not None and g.captures == 2 and g.replays == 8, g and g.disabled
     e, r = models["0"], models["1"]
     np.testing.assert_allclose(device.to_host(r.weights), device.to_host(e.weights), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(device.to_host(r.embeddings[0].weight.data),
-                               device.to_host(e.embeddings[0].weight.data), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        device.to_host(r.embeddings[0].weight.data), device.to_host(e.embeddings[0].weight.data), rtol=1e-5, atol=1e-6
+    )
     assert r.get_current_loss() == pytest.approx(e.get_current_loss(), rel=1e-5)
 
 
@@ -314,10 +335,10 @@ def test_step_values_record_and_refuse_to_be_made_in_a_capture():
     with step_values.recording(rec):
         assert sv.put([1.5, 2.5]) is sv.dev
         step_values.on_replay("k", lambda run: sv.put([run["step"], 0.0]))
-        step_values.on_replay("k", lambda run: None)            # one hook per key: the first stays
+        step_values.on_replay("k", lambda run: None)  # one hook per key: the first stays
         with pytest.raises(RuntimeError, match="made while a step was being captured"):
             step_values.StepValues(1, np.int64)
-    assert np.array(sv.dev).tolist() == [0.0, 0.0]              # deferred: the runner uploads it
+    assert np.array(sv.dev).tolist() == [0.0, 0.0]  # deferred: the runner uploads it
     assert [v.tolist() for _, v in rec.uploads] == [[1.5, 2.5]]
     rec.replay({"step": 7})
     assert np.array(sv.dev).tolist() == [7.0, 0.0]

@@ -1,5 +1,6 @@
 """The Raw format (spec §2.4): byte layout, HugeCTR's log(x+1) for int dense, key widths, batches of
 consecutive samples with a partial last one, num_samples, errors, and random byte damage."""
+
 import contextlib
 import os
 import struct
@@ -16,8 +17,9 @@ from numbactr.enums import DataReaderType_t as T
 
 
 def reader(path, n, B, L=1, D=2, slots=(3,), fld=False, i64=False, repeat=False, W=1, **kw):
-    return DataReader(T.Raw, path, B, L, D, list(slots), None, i64, repeat, num_workers=W, num_samples=n,
-                      float_label_dense=fld, **kw)
+    return DataReader(
+        T.Raw, path, B, L, D, list(slots), None, i64, repeat, num_workers=W, num_samples=n, float_label_dense=fld, **kw
+    )
 
 
 def test_byte_layout_int_and_float(tmp_path):
@@ -43,38 +45,46 @@ def test_int_dense_gets_log1p_in_float32_and_keys_widen(tmp_path):
     np.testing.assert_array_equal(b.dense, np.log(dense.astype(np.float32) + np.float32(1)))
     assert b.dense.dtype == np.float32 and b.label.tolist() == [[1.0], [0.0]]
     keys = b.sparse[0][0]
-    assert keys.dtype == np.uint64 and keys[1] == 2**32 - 2            # uint32 reinterpretation
+    assert keys.dtype == np.uint64 and keys[1] == 2**32 - 2  # uint32 reinterpretation
     b = next(iter(reader(p, 2, 2, i64=True)))
-    assert b.sparse[0][0].dtype == np.int64 and b.sparse[0][0][1] == -2   # sign extension
+    assert b.sparse[0][0].dtype == np.int64 and b.sparse[0][0][1] == -2  # sign extension
     f = str(tmp_path / "f.bin")
     write_raw_file(f, [[0.25]], [[-3.5, 2.0]], [[1, 2, 3]], float_label_dense=True)
     b = next(iter(reader(f, 1, 1, fld=True)))
-    assert b.dense.tolist() == [[-3.5, 2.0]] and b.label.tolist() == [[0.25]]   # used as is
+    assert b.dense.tolist() == [[-3.5, 2.0]] and b.label.tolist() == [[0.25]]  # used as is
 
 
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(1, 30), B=st.integers(1, 8), W=st.integers(1, 3), used=st.integers(0, 5),
-       slots=st.sampled_from([(3,), (1, 2), (2, 0, 1)]))
+@given(
+    n=st.integers(1, 30),
+    B=st.integers(1, 8),
+    W=st.integers(1, 3),
+    used=st.integers(0, 5),
+    slots=st.sampled_from([(3,), (1, 2), (2, 0, 1)]),
+)
 def test_batches_are_consecutive_with_a_partial_last_one(tmp_path_factory, n, B, W, used, slots):
     d = tmp_path_factory.mktemp("raw")
     p = str(d / "r.bin")
-    total = n + used                                      # the file may hold more than num_samples
+    total = n + used  # the file may hold more than num_samples
     ids = np.arange(total)
     S = sum(slots)
     keys = ids[:, None] * 10 + np.arange(S)
     write_raw_file(p, ids.reshape(-1, 1), np.stack([ids, ids], 1), keys)
-    with pytest.warns(DataWarning, match=f"holds {total} samples but num_samples is {n}") if used else \
-            contextlib.nullcontext():
+    with (
+        pytest.warns(DataWarning, match=f"holds {total} samples but num_samples is {n}")
+        if used
+        else contextlib.nullcontext()
+    ):
         got = list(reader(p, n, B, slots=slots, W=W))
     assert len(got) == -(-n // B)
     seen = []
     for b in got:
-        seen += b.label[:b.size, 0].astype(int).tolist()
-        assert b.batch_size == B and (b.label[b.size:] == 0).all()
+        seen += b.label[: b.size, 0].astype(int).tolist()
+        assert b.batch_size == B and (b.label[b.size :] == 0).all()
         s0 = 0
         for i, Si in enumerate(slots):
             k, off = b.sparse[i]
-            rows = np.array(b.label[:b.size, 0], dtype=np.int64)
+            rows = np.array(b.label[: b.size, 0], dtype=np.int64)
             np.testing.assert_array_equal(k, (rows[:, None] * 10 + np.arange(s0, s0 + Si)).reshape(-1))
             assert off.tolist() == list(range(b.size * Si + 1)) + [b.size * Si] * ((B - b.size) * Si)
             s0 += Si
@@ -88,15 +98,14 @@ def test_repeat_mode_emits_the_partial_batch_every_pass(tmp_path):
     it = iter(r)
     sizes = [next(it).size for _ in range(7)]
     r.close()
-    assert sizes == [2, 2, 1, 2, 2, 1, 2]          # as HugeCTR's MmapOffsetList, unlike Norm
+    assert sizes == [2, 2, 1, 2, 2, 1, 2]  # as HugeCTR's MmapOffsetList, unlike Norm
 
 
 def test_rank_split(tmp_path):
     p = str(tmp_path / "r.bin")
     write_raw_file(p, np.arange(7).reshape(-1, 1), np.zeros((7, 1)), np.arange(7).reshape(-1, 1))
     parts = [list(reader(p, 7, 4, D=1, slots=(1,), rank=r, ranks=2)) for r in range(2)]
-    assert [[b.label[:b.size, 0].tolist() for b in part] for part in parts] == \
-        [[[0, 1], [4, 5]], [[2, 3], [6]]]
+    assert [[b.label[: b.size, 0].tolist() for b in part] for part in parts] == [[[0, 1], [4, 5]], [[2, 3], [6]]]
     assert [b.size for b in parts[1]] == [2, 1] and parts[1][1].sparse[0][1].tolist() == [0, 1, 1]
     assert [b.global_size for b in parts[0]] == [b.global_size for b in parts[1]] == [4, 3]
     parts = [list(reader(p, 7, 8, D=1, slots=(1,), rank=r, ranks=4)) for r in range(4)]
@@ -116,9 +125,9 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="num_samples"):
         reader(p, 0, 2)
     with pytest.raises(RawFormatError, match="not a whole number of 20-byte samples") as e:
-        reader(p, 4, 2, slots=(2,))                       # wrong dimensions: 24-byte samples on disk
+        reader(p, 4, 2, slots=(2,))  # wrong dimensions: 24-byte samples on disk
     with open(p, "ab") as f:
-        f.write(b"\x00\x01")                              # a truncated record
+        f.write(b"\x00\x01")  # a truncated record
     with pytest.raises(RawFormatError, match="truncated record") as e:
         reader(p, 4, 2)
     assert e.value.offset == 96
@@ -139,7 +148,7 @@ def test_key_bound(tmp_path):
     assert sum(b.size for b in reader(p, 3, 2, key_bound=100)) == 3
     with pytest.raises(DataFormatError, match=r"byte offset 68, record 2: key 99 of sparse input 0 slot 2"):
         list(reader(p, 3, 2, key_bound=99))
-    with pytest.raises(DataFormatError, match="key 4294967295"):                 # -1 as uint32
+    with pytest.raises(DataFormatError, match="key 4294967295"):  # -1 as uint32
         write_raw_file(p, np.zeros((1, 1)), np.zeros((1, 2)), [[0, -1, 2]])
         list(reader(p, 1, 1, key_bound=10))
 
@@ -159,7 +168,7 @@ def test_random_damage_never_crashes_and_batches_equal_the_bytes(tmp_path_factor
     for pos in rng.integers(0, len(raw), nflips):
         raw[pos] = int(rng.integers(0, 256))
     if cut:
-        raw = raw[:int(rng.integers(0, len(raw)))]
+        raw = raw[: int(rng.integers(0, len(raw)))]
     open(p, "wb").write(bytes(raw))
     m = len(raw) // 24
     try:
@@ -167,11 +176,11 @@ def test_random_damage_never_crashes_and_batches_equal_the_bytes(tmp_path_factor
     except DataFormatError as e:
         assert e.path == p and repr(p) in str(e)
         return
-    assert m == n and len(raw) == 24 * n                  # truncation is always caught
+    assert m == n and len(raw) == 24 * n  # truncation is always caught
     words = np.frombuffer(bytes(raw), "<i4").reshape(n, 6)
-    lab = np.concatenate([b.label[:b.size] for b in got])
-    den = np.concatenate([b.dense[:b.size] for b in got])
-    keys = np.concatenate([b.sparse[0][0][:3 * b.size] for b in got]).reshape(n, 3)
+    lab = np.concatenate([b.label[: b.size] for b in got])
+    den = np.concatenate([b.dense[: b.size] for b in got])
+    keys = np.concatenate([b.sparse[0][0][: 3 * b.size] for b in got]).reshape(n, 3)
     if fld:
         np.testing.assert_array_equal(lab, words[:, :1].view("<f4"))
         np.testing.assert_array_equal(den, words[:, 1:3].view("<f4"))

@@ -1,5 +1,6 @@
 """numbactr.data.make_reader: HugeCTR's sample order with W workers, repeat / epoch mode, the per-rank
 split, set_source, close, prefetch, and bad data found by the reader (non-finite values, key bounds)."""
+
 import gc
 import os
 import time
@@ -27,8 +28,14 @@ def write_id_files(d, sizes, check=SUM, start=0):
     for f, n in enumerate(sizes):
         ids = np.arange(gid, gid + n)
         p = os.path.join(d, f"f{f}.data")
-        write_norm_file(p, ids.reshape(-1, 1), np.stack([ids, -ids], 1).astype(np.float32),
-                        np.stack([ids * 2, ids * 2 + 1], 1), check, np.int64)
+        write_norm_file(
+            p,
+            ids.reshape(-1, 1),
+            np.stack([ids, -ids], 1).astype(np.float32),
+            np.stack([ids * 2, ids * 2 + 1], 1),
+            check,
+            np.int64,
+        )
         files.append(p)
         gid += n
     lst = os.path.join(d, "list.txt")
@@ -78,12 +85,16 @@ def norm_params(lst, W, **kw):
 
 
 def batch_ids(b):
-    return b.label[:b.size, 0].astype(np.int64).tolist()
+    return b.label[: b.size, 0].astype(np.int64).tolist()
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=5), W=st.integers(1, 4), B=st.integers(1, 6),
-       repeat=st.booleans())
+@given(
+    sizes=st.lists(st.integers(0, 9), min_size=1, max_size=5),
+    W=st.integers(1, 4),
+    B=st.integers(1, 6),
+    repeat=st.booleans(),
+)
 def test_sample_order_matches_hugectr(tmp_path_factory, sizes, W, B, repeat):
     if sum(sizes) == 0 and repeat:
         sizes = sizes + [3]
@@ -93,16 +104,16 @@ def test_sample_order_matches_hugectr(tmp_path_factory, sizes, W, B, repeat):
     r = make_reader(norm_params(lst, W), lst, B, 1, 2, [2], [[1, 1]], True, repeat)
     N = len(sizes)
     starved = [w for w in range(W) if all(sizes[(w + k * W) % N] == 0 for k in range(N))]
-    if repeat and starved:       # HugeCTR would spin forever on a worker whose files are all empty
+    if repeat and starved:  # HugeCTR would spin forever on a worker whose files are all empty
         with pytest.raises(ValueError, match=f"worker {starved[0]} found no samples"):
             with r:
-                list(zip(range(10 ** 4), r))
+                list(zip(range(10**4), r))
         return
     want = ref_order(sizes, W, B, repeat, 40)
     got = []
     with r:
         it = iter(r)
-        for _ in range(len(want) if repeat else 10 ** 6):
+        for _ in range(len(want) if repeat else 10**6):
             b = next(it, None)
             if b is None:
                 break
@@ -110,9 +121,9 @@ def test_sample_order_matches_hugectr(tmp_path_factory, sizes, W, B, repeat):
             assert b.batch_size == B
             keys, off = b.sparse[0]
             ids = np.array(batch_ids(b))
-            np.testing.assert_array_equal(keys[:2 * b.size], np.stack([ids * 2, ids * 2 + 1], 1).reshape(-1))
-            assert (np.diff(off)[2 * b.size:] == 0).all() and off[-1] == 2 * b.size     # padding: empty bags
-            assert (b.label[b.size:] == 0).all() and (b.dense[b.size:] == 0).all()
+            np.testing.assert_array_equal(keys[: 2 * b.size], np.stack([ids * 2, ids * 2 + 1], 1).reshape(-1))
+            assert (np.diff(off)[2 * b.size :] == 0).all() and off[-1] == 2 * b.size  # padding: empty bags
+            assert (b.label[b.size :] == 0).all() and (b.dense[b.size :] == 0).all()
     assert got == want
 
 
@@ -121,16 +132,17 @@ def test_round_robin_with_unequal_workers(tmp_path):
     lst = write_id_files(str(tmp_path), [7, 2, 1])
     r = make_reader(norm_params(lst, 2), lst, 3, 1, 2, [2], None, True, False)
     assert [batch_ids(b) for b in r] == [[0, 1, 2], [7, 8], [3, 4, 5], [6, 9]]
-    assert [batch_ids(b) for b in r] == [[0, 1, 2], [7, 8], [3, 4, 5], [6, 9]]     # iter() restarts
+    assert [batch_ids(b) for b in r] == [[0, 1, 2], [7, 8], [3, 4, 5], [6, 9]]  # iter() restarts
 
 
 def test_more_workers_than_files_warns_and_uses_one_worker_per_file(tmp_path):
     from numbactr import hugectr_exact as compat
+
     lst = write_id_files(str(tmp_path), [3, 3])
     with pytest.warns(UserWarning, match=r"has 2 file\(s\) but num_workers is 3.*using 2 worker"):
         r = make_reader(norm_params(lst, 3), lst, 2, 1, 2, [2], None, True, False)
     assert r.num_workers == 2
-    compat.set_hugectr_exact(True)                  # HugeCTR itself refuses
+    compat.set_hugectr_exact(True)  # HugeCTR itself refuses
     try:
         with pytest.raises(ValueError, match=r"has 2 file\(s\) but num_workers is 3"):
             make_reader(norm_params(lst, 3), lst, 2, 1, 2, [2], None, True, False)
@@ -158,8 +170,8 @@ def test_rank_slices_are_the_global_batch_split(tmp_path, ranks, W):
             np.testing.assert_array_equal(p.dense, g.dense[lo:hi])
             gk, go = g.sparse[0]
             pk, po = p.sparse[0]
-            np.testing.assert_array_equal(pk, gk[go[2 * lo]:go[2 * hi]])
-            np.testing.assert_array_equal(po, go[2 * lo:2 * hi + 1] - go[2 * lo])
+            np.testing.assert_array_equal(pk, gk[go[2 * lo] : go[2 * hi]])
+            np.testing.assert_array_equal(po, go[2 * lo : 2 * hi + 1] - go[2 * lo])
     with pytest.raises(ValueError, match="divisible"):
         make_reader(norm_params(lst, 1), lst, 6, 1, 2, [2], None, True, False, rank=0, ranks=4)
 
@@ -185,11 +197,11 @@ def test_set_source_switches_files_and_close_stops_workers(tmp_path):
     r = make_reader(norm_params(a, 1), a, 2, 1, 2, [2], None, True, True)
     it = iter(r)
     next(it)
-    alive = [wk.thread for wk in it.workers]       # this pass's workers (other tests' may still be running)
+    alive = [wk.thread for wk in it.workers]  # this pass's workers (other tests' may still be running)
     assert alive and all(t.is_alive() and t.name.startswith("numbactr-reader") for t in alive)
     t0 = time.perf_counter()
     r.close()
-    assert time.perf_counter() - t0 < 30.0        # no hang (a liveness bound, not a speed target)
+    assert time.perf_counter() - t0 < 30.0  # no hang (a liveness bound, not a speed target)
     assert not any(t.is_alive() for t in alive)
     with pytest.raises(StopIteration):
         next(it)
@@ -200,7 +212,7 @@ def test_dropping_a_reader_and_its_pass_stops_the_workers(tmp_path):
     a = write_id_files(str(tmp_path), [50])
     it = iter(make_reader(norm_params(a, 1), a, 2, 1, 2, [2], None, True, True))
     next(it)
-    threads = [wk.thread for wk in it.workers]     # this pass's workers (other tests' may still be running)
+    threads = [wk.thread for wk in it.workers]  # this pass's workers (other tests' may still be running)
     assert threads and all(t.is_alive() for t in threads)
     it = iter(make_reader(norm_params(a, 1), a, 2, 1, 2, [2], None, True, True))
     gc.collect()
@@ -218,7 +230,7 @@ def test_prefetch_runs_ahead_of_the_consumer(tmp_path):
     deadline = time.time() + 3
     while p.queues[0].qsize() < p.queues[0].maxsize and time.time() < deadline:
         time.sleep(0.01)
-    assert p.queues[0].qsize() == p.queues[0].maxsize == 4       # bounded and full while we "compute"
+    assert p.queues[0].qsize() == p.queues[0].maxsize == 4  # bounded and full while we "compute"
     assert sum(1 for _ in p) == 15
     r.close()
 
@@ -226,11 +238,11 @@ def test_prefetch_runs_ahead_of_the_consumer(tmp_path):
 def test_worker_error_surfaces_in_sample_order(tmp_path):
     lst = write_id_files(str(tmp_path), [4, 4])
     raw = bytearray(open(os.path.join(tmp_path, "f1.data"), "rb").read())
-    raw[-1] ^= 0xFF                                      # bad checksum in the last record of file 1
+    raw[-1] ^= 0xFF  # bad checksum in the last record of file 1
     open(os.path.join(tmp_path, "f1.data"), "wb").write(bytes(raw))
     r = make_reader(norm_params(lst, 2), lst, 2, 1, 2, [2], None, True, False)
     it = iter(r)
-    assert batch_ids(next(it)) == [0, 1]                  # worker 0's batch comes first ...
+    assert batch_ids(next(it)) == [0, 1]  # worker 0's batch comes first ...
     # ... then worker 1's, whose file is decoded (and checked) a piece at a time: the error surfaces at
     # the first batch taken from the damaged piece
     with pytest.raises(DataFormatError, match=r"f1\.data.*record 3: bad checksum"):
@@ -253,21 +265,24 @@ def test_non_finite_dense_is_an_error_naming_record_and_offset(tmp_path, check):
     r = make_reader(DataReaderParams(T.Norm, lst, lst, check, num_workers=1), lst, 4, 1, 2, [2], None, True, False)
     with pytest.raises(DataFormatError, match="non-finite dense") as e:
         list(r)
-    rec = 4 + 4 + 4 + 2 * (4 + 8) + (5 if check is SUM else 0)     # bytes per record
+    rec = 4 + 4 + 4 + 2 * (4 + 8) + (5 if check is SUM else 0)  # bytes per record
     head = 69 if check is SUM else 64
     assert e.value.record == 4 and e.value.path == p
     assert e.value.offset == head + 4 * rec + (4 if check is SUM else 0) + 4 * (1 + 1)
-    got = np.frombuffer(open(p, "rb").read()[e.value.offset:e.value.offset + 4], "<f4")[0]
+    got = np.frombuffer(open(p, "rb").read()[e.value.offset : e.value.offset + 4], "<f4")[0]
     assert np.isnan(got)
 
 
 def test_key_bound_for_one_hot_tables(tmp_path):
-    lst = write_id_files(str(tmp_path), [5])                # keys 0..9
+    lst = write_id_files(str(tmp_path), [5])  # keys 0..9
     r = make_reader(norm_params(lst, 1), lst, 5, 1, 2, [2], None, True, False, key_bound=10)
     assert sum(b.size for b in r) == 5
     r = make_reader(norm_params(lst, 1), lst, 5, 1, 2, [2], None, True, False, key_bound=9)
-    with pytest.raises(DataFormatError, match=r"record 4.*key 9 of sparse input 0 slot 1 is outside the "
-                                              r"table \[0, 9\)"):
+    with pytest.raises(
+        DataFormatError,
+        match=r"record 4.*key 9 of sparse input 0 slot 1 is outside the "
+        r"table \[0, 9\)",
+    ):
         list(r)
 
 
@@ -279,7 +294,7 @@ def test_reader_constructor_errors(tmp_path):
         make_reader(norm_params(lst, 1), lst, 2, 1, 2, [2], [[1]], True, False)
     with pytest.raises(ValueError, match="cannot be read"):
         make_reader(norm_params(lst, 1), str(tmp_path / "missing.txt"), 2, 1, 2, [2], None, True, False)
-    with pytest.raises(DataFormatError, match="RawAsync file .*list.txt.*not a whole"):   # a Raw file, not a list
+    with pytest.raises(DataFormatError, match="RawAsync file .*list.txt.*not a whole"):  # a Raw file, not a list
         make_reader(DataReaderParams(T.RawAsync, lst, lst, SUM), lst, 2, 1, 2, [2], None, True, False)
     with pytest.raises(DataFormatError, match="slot_num=2 but the reader"):
         list(make_reader(norm_params(lst, 1), lst, 2, 1, 2, [3], None, True, False))
@@ -298,7 +313,7 @@ def test_parquet_uses_one_worker_per_local_device(tmp_path):
     r = make_reader(p, lst, 3, 1, 1, [1], None, True, False, local_devices=2)
     assert r.num_workers == 2
     # worker 0: files 0, 2; worker 1: file 1 -> round robin
-    assert [b.label[:b.size, 0].tolist() for b in r] == [[0, 1, 2], [10, 11, 12], [3, 20, 21], [13], [22, 23]]
+    assert [b.label[: b.size, 0].tolist() for b in r] == [[0, 1, 2], [10, 11, 12], [3, 20, 21], [13], [22, 23]]
 
 
 def test_raw_through_make_reader_uses_eval_num_samples(tmp_path):

@@ -1,5 +1,6 @@
 """kernels/dropout.py: the hash mask is bit-identical in kernel and reference, has the right keep
 rate, changes with seed/step/layer, and the backward applies the same mask."""
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -12,10 +13,10 @@ from tests.kernel_util import dev, f32_arrays, host
 
 SHAPES = hnp.array_shapes(min_dims=1, max_dims=3, max_side=12)
 RATES = st.floats(0.05, 0.95)
-U64 = st.integers(0, 2 ** 64 - 1)
+U64 = st.integers(0, 2**64 - 1)
 
 
-@given(x=f32_arrays(SHAPES), rate=RATES, seed=U64, step=st.integers(0, 2 ** 40), layer=st.integers(0, 2 ** 32))
+@given(x=f32_arrays(SHAPES), rate=RATES, seed=U64, step=st.integers(0, 2**40), layer=st.integers(0, 2**32))
 def test_dropout_kernel_is_bit_identical_to_ref(x, rate, seed, step, layer):
     y = dev(np.full_like(x, np.nan))
     dropout.dropout_apply(dev(x), y, rate, seed, step, layer)
@@ -37,11 +38,14 @@ def test_keep_rate_and_scaling():
 def test_mask_depends_on_every_key_word_and_looks_independent():
     n = 4096
     base = dropout.dropout_mask_ref(n, 0.5, 1, 2, 3)
-    for other in (dropout.dropout_mask_ref(n, 0.5, 2, 2, 3), dropout.dropout_mask_ref(n, 0.5, 1, 3, 3),
-                  dropout.dropout_mask_ref(n, 0.5, 1, 2, 4)):
+    for other in (
+        dropout.dropout_mask_ref(n, 0.5, 2, 2, 3),
+        dropout.dropout_mask_ref(n, 0.5, 1, 3, 3),
+        dropout.dropout_mask_ref(n, 0.5, 1, 2, 4),
+    ):
         agree = (other == base).mean()
-        assert 0.45 < agree < 0.55, agree               # unrelated masks agree about half the time
-    np.testing.assert_array_equal(dropout.dropout_mask_ref(n, 0.5, 1, 2, 3), base)   # deterministic
+        assert 0.45 < agree < 0.55, agree  # unrelated masks agree about half the time
+    np.testing.assert_array_equal(dropout.dropout_mask_ref(n, 0.5, 1, 2, 3), base)  # deterministic
     # neighbouring elements are not correlated
     assert abs(np.corrcoef(base[:-1], base[1:])[0, 1]) < 0.06
 
@@ -71,12 +75,13 @@ def test_empty_input_is_a_no_op():
 def test_dropout_reference_gradient():
     rng = np.random.default_rng(2)
     x, dy = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
-    assert_grad_close(dropout.dropout_backward_ref(dy, 0.4, 9, 1, 2),
-                      lambda v: dropout.dropout_forward_ref(v, 0.4, 9, 1, 2), x, dy)
+    assert_grad_close(
+        dropout.dropout_backward_ref(dy, 0.4, 9, 1, 2), lambda v: dropout.dropout_forward_ref(v, 0.4, 9, 1, 2), x, dy
+    )
 
 
 @pytest.mark.gpu
-@given(rate=RATES, seed=U64, step=st.integers(0, 10 ** 6))
+@given(rate=RATES, seed=U64, step=st.integers(0, 10**6))
 def test_dropout_on_gpu_matches_ref(rate, seed, step):
     x = np.random.default_rng(step).normal(size=(2048, 129)).astype(np.float32)
     y = dev(np.zeros_like(x))

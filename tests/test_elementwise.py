@@ -1,4 +1,5 @@
 """kernels/elementwise.py: Add, Sub, ElementwiseMultiply, ELU, Sigmoid kernels vs their references."""
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -60,7 +61,7 @@ def test_sub_forward_backward_match_ref(a, data):
     ew.sub_forward(dev(a), dev(b), y)
     np.testing.assert_array_equal(host(y), ew.sub_forward_ref(a, b))
     da, db = dev(np.zeros_like(a)), dev(np.zeros_like(a))
-    ew.sub_backward(dev(a), da, db)                     # use a as dY
+    ew.sub_backward(dev(a), da, db)  # use a as dY
     wa, wb = ew.sub_backward_ref(a)
     np.testing.assert_array_equal(host(da), wa)
     np.testing.assert_array_equal(host(db), wb)
@@ -115,10 +116,10 @@ def test_multiply_gradient_at_zeros_correct_vs_hugectr():
     x1 = np.array([3.0, 4.0, 0.0], np.float32)
     dy = np.ones(3, np.float32)
     correct = ew.multiply_backward_ref([x0, x1], dy)
-    np.testing.assert_array_equal(correct[0], [3.0, 4.0, 0.0])   # d(x0*x1)/dx0 = x1, even where x0 == 0
+    np.testing.assert_array_equal(correct[0], [3.0, 4.0, 0.0])  # d(x0*x1)/dx0 = x1, even where x0 == 0
     np.testing.assert_array_equal(correct[1], [0.0, 2.0, 0.0])
     hugectr = ew.multiply_backward_ref([x0, x1], dy, exact=True)
-    np.testing.assert_array_equal(hugectr[0], [0.0, 4.0, 0.0])   # zeroed wherever y == 0
+    np.testing.assert_array_equal(hugectr[0], [0.0, 4.0, 0.0])  # zeroed wherever y == 0
     np.testing.assert_array_equal(hugectr[1], [0.0, 2.0, 0.0])
     s, dxs = _stacked([x0, x1]), dev(np.zeros((2, 3), np.float32))
     ew.multiply_backward(s, dev(dy), dxs)
@@ -139,11 +140,13 @@ def test_reference_gradients():
     xs = [rng.normal(size=shape) for _ in range(3)]
     dy = rng.normal(size=shape)
     for k in range(3):
+
         def f(xk, k=k):
-            return ew.add_forward_ref(xs[:k] + [xk] + xs[k + 1:])
+            return ew.add_forward_ref(xs[:k] + [xk] + xs[k + 1 :])
 
         def g(xk, k=k):
-            return ew.multiply_forward_ref(xs[:k] + [xk] + xs[k + 1:])
+            return ew.multiply_forward_ref(xs[:k] + [xk] + xs[k + 1 :])
+
         assert_grad_close(ew.add_backward_ref(dy, 3)[k], f, xs[k], dy)
         assert_grad_close(ew.multiply_backward_ref(xs, dy)[k], g, xs[k], dy)
         # with no zeros the quotient form is the same gradient
@@ -153,7 +156,7 @@ def test_reference_gradients():
     assert_grad_close(da, lambda a_: ew.sub_forward_ref(a_, b), a, dy)
     assert_grad_close(db, lambda b_: ew.sub_forward_ref(a, b_), b, dy)
     x = rng.normal(size=shape)
-    x[np.abs(x) < 1e-3] = 0.5                           # keep away from ELU's kink at 0 (alpha != 1)
+    x[np.abs(x) < 1e-3] = 0.5  # keep away from ELU's kink at 0 (alpha != 1)
     for alpha in (1.0, 0.3):
         assert_grad_close(ew.elu_backward_ref(x, dy, alpha), lambda v: ew.elu_forward_ref(v, alpha), x, dy)
     x = rng.normal(scale=4.0, size=shape)

@@ -45,9 +45,12 @@ def run_backward(dy, rows, offsets, combiner):
 @given(case=bags())
 def test_forward_kernel_matches_ref(case):
     table, rows, offsets, combiner = case
-    np.testing.assert_allclose(run_forward(table, rows, offsets, combiner),
-                               eb.embedding_bag_forward_ref(table, rows, offsets, combiner),
-                               rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(
+        run_forward(table, rows, offsets, combiner),
+        eb.embedding_bag_forward_ref(table, rows, offsets, combiner),
+        rtol=RTOL,
+        atol=ATOL,
+    )
 
 
 @given(lens=st.lists(st.integers(0, 6), max_size=20))
@@ -69,17 +72,16 @@ def test_backward_kernel_matches_ref(case, data):
 
 
 # ---- explicit cases (numbers worked out by hand) ----------------------------------------------
-TABLE = np.array([[1, 2], [10, 20], [100, 200]], np.float32)         # (V=3, D=2)
-ROWS = np.array([2, 0, 0, -1, 1, 1, 2], np.int64)                    # (N=7,)
-OFFSETS = np.array([0, 1, 1, 4, 7], np.int64)                         # bags: [2] [] [0,0,-1] [1,1,2]
+TABLE = np.array([[1, 2], [10, 20], [100, 200]], np.float32)  # (V=3, D=2)
+ROWS = np.array([2, 0, 0, -1, 1, 1, 2], np.int64)  # (N=7,)
+OFFSETS = np.array([0, 1, 1, 4, 7], np.int64)  # bags: [2] [] [0,0,-1] [1,1,2]
 
 
 def test_forward_by_hand():
     want_sum = np.array([[100, 200], [0, 0], [2, 4], [120, 240]], np.float32)
     want_mean = np.array([[100, 200], [0, 0], [2 / 3, 4 / 3], [40, 80]], np.float32)
     for combiner, want in ((eb.SUM, want_sum), (eb.MEAN, want_mean)):
-        np.testing.assert_allclose(eb.embedding_bag_forward_ref(TABLE, ROWS, OFFSETS, combiner), want,
-                                   rtol=1e-6)
+        np.testing.assert_allclose(eb.embedding_bag_forward_ref(TABLE, ROWS, OFFSETS, combiner), want, rtol=1e-6)
         np.testing.assert_allclose(run_forward(TABLE, ROWS, OFFSETS, combiner), want, rtol=1e-6)
 
 
@@ -91,11 +93,10 @@ def test_first_occurrence_index():
 
 
 def test_backward_by_hand_duplicates_accumulate():
-    dy = np.array([[1, 1], [5, 5], [3, 6], [30, 60]], np.float32)     # (nbags=4, D=2)
+    dy = np.array([[1, 1], [5, 5], [3, 6], [30, 60]], np.float32)  # (nbags=4, D=2)
     # unique rows in first-seen order: 2, 0, 1.  sum: row 2 <- bag0 + bag3; row 0 <- 2 x bag2;
     # row 1 <- 2 x bag3.  mean: bag2 scaled 1/3 (the missing key counts), bag3 scaled 1/3.
-    cases = {eb.SUM: [[31, 61], [6, 12], [60, 120]],
-             eb.MEAN: [[11, 21], [2, 4], [20, 40]]}
+    cases = {eb.SUM: [[31, 61], [6, 12], [60, 120]], eb.MEAN: [[11, 21], [2, 4], [20, 40]]}
     for combiner, want in cases.items():
         uniq, grad = eb.embedding_bag_backward_ref(dy, ROWS, OFFSETS, combiner)
         np.testing.assert_array_equal(uniq, [2, 0, 1])
@@ -130,9 +131,11 @@ def test_extreme_values_and_long_bag():
     rows = np.zeros(300, np.int64)
     offsets = np.array([0, 300], np.int64)
     for combiner in (eb.SUM, eb.MEAN):
-        np.testing.assert_allclose(run_forward(table, rows, offsets, combiner),
-                                   eb.embedding_bag_forward_ref(table.astype(np.float64), rows, offsets,
-                                                                combiner), rtol=1e-4)
+        np.testing.assert_allclose(
+            run_forward(table, rows, offsets, combiner),
+            eb.embedding_bag_forward_ref(table.astype(np.float64), rows, offsets, combiner),
+            rtol=1e-4,
+        )
 
 
 def test_bad_combiner_rejected():
@@ -161,12 +164,12 @@ def test_reference_gradient(combiner):
     rng = np.random.default_rng(0)
     v, d = 6, 3
     table = rng.normal(size=(v, d))
-    rows = np.array([4, 1, 1, -1, 0, 4, 2, 2, 2, 5], np.int64)        # row 3 never used
-    offsets = np.array([0, 3, 3, 5, 6, 10], np.int64)                  # one empty bag, one missing key
+    rows = np.array([4, 1, 1, -1, 0, 4, 2, 2, 2, 5], np.int64)  # row 3 never used
+    offsets = np.array([0, 3, 3, 5, 6, 10], np.int64)  # one empty bag, one missing key
     dy = rng.normal(size=(len(offsets) - 1, d))
     uniq, grad = eb.embedding_bag_backward_ref(dy, rows, offsets, combiner)
     full = np.zeros((v, d))
-    full[uniq] = grad                                                  # scatter to the whole table
+    full[uniq] = grad  # scatter to the whole table
     assert_grad_close(full, lambda t: eb.embedding_bag_forward_ref(t, rows, offsets, combiner), table, dy)
 
 
@@ -181,9 +184,12 @@ def test_embedding_bag_on_gpu(combiner):
     rows = rng.integers(-1, v, size=int(offsets[-1])).astype(np.int64)
     table = rng.normal(size=(v, d)).astype(np.float32)
     dy = rng.normal(size=(nbags, d)).astype(np.float32)
-    np.testing.assert_allclose(run_forward(table, rows, offsets, combiner),
-                               eb.embedding_bag_forward_ref(table, rows, offsets, combiner),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        run_forward(table, rows, offsets, combiner),
+        eb.embedding_bag_forward_ref(table, rows, offsets, combiner),
+        rtol=1e-4,
+        atol=1e-4,
+    )
     uniq, grad = run_backward(dy, rows, offsets, combiner)
     ref_uniq, ref_grad = eb.embedding_bag_backward_ref(dy, rows, offsets, combiner)
     np.testing.assert_array_equal(uniq, ref_uniq)

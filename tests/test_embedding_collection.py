@@ -2,6 +2,7 @@
 one fused update per table, dynamic tables that grow, training equal to the SparseEmbedding model it
 mirrors, the samples/ftrl DLRM shape on DataGenerator Parquet data, embedding_dump/embedding_load, and
 clear errors for bad configurations and inputs."""
+
 import json
 import os
 import struct
@@ -36,8 +37,7 @@ def sparse_param(name, hot):
 
 
 def collection(cfg, params, opt=SGD, seed=3):
-    return C.EmbeddingCollection(cfg, 0, {p.top_name: p for p in params}, hugectr.CreateOptimizer(**opt), seed,
-                                 world())
+    return C.EmbeddingCollection(cfg, 0, {p.top_name: p for p in params}, hugectr.CreateOptimizer(**opt), seed, world())
 
 
 def csr(rng, batch, hot, vocab, empty=True):
@@ -51,9 +51,9 @@ def pooled_ref(table, keys, offsets, combiner, hot):
     B, D = offsets.shape[0] - 1, table.shape[1]
     out = np.zeros((B, hot * D if combiner == "concat" else D), np.float32)
     for b in range(B):
-        v = table[keys[offsets[b]:offsets[b + 1]]]
+        v = table[keys[offsets[b] : offsets[b + 1]]]
         if combiner == "concat":
-            out[b, :v.size] = v.reshape(-1)
+            out[b, : v.size] = v.reshape(-1)
         elif v.shape[0]:
             out[b] = v.sum(0) / (v.shape[0] if combiner in ("average", "mean") else 1)
     return out
@@ -84,7 +84,7 @@ def test_static_lookups_and_one_update_per_shared_table(kind):
     inputs = {"x": csr(rng, B, 3, V), "y": csr(rng, B, 2, 5)}
     a0, b0 = host(coll.table("a").weight).copy(), host(coll.table("b").weight).copy()
     bound = np.sqrt(1 / V)
-    assert (np.abs(a0) <= bound).all() and a0.std() > bound / 4            # HugeCTR's static init range
+    assert (np.abs(a0) <= bound).all() and a0.std() > bound / 4  # HugeCTR's static init range
     outs = dict(zip([n for n, _ in coll.tops(B)], coll.lookup(inputs, training=True)))
     assert [s for _, s in coll.tops(B)] == [(B, 1, D), (B, 1, D), (B, 1, 2 * 3)]
     np.testing.assert_allclose(host(outs["sum_a"])[:, 0], pooled_ref(a0, *inputs["x"], "sum", 3), rtol=1e-6)
@@ -97,13 +97,13 @@ def test_static_lookups_and_one_update_per_shared_table(kind):
     coll.update(lr, 1.0)
     want_a, want_b = a0.copy(), b0.copy()
     for b in range(B):
-        kx, ky = (inputs[n][0][inputs[n][1][b]:inputs[n][1][b + 1]] for n in ("x", "y"))
+        kx, ky = (inputs[n][0][inputs[n][1][b] : inputs[n][1][b + 1]] for n in ("x", "y"))
         for k in kx:
             want_a[k] -= lr * dys[0][b, 0]
         for k in ky:
             want_a[k] -= lr * dys[1][b, 0] / len(ky)
         for j, k in enumerate(ky):
-            want_b[k] -= lr * dys[2][b, 0, j * 3:(j + 1) * 3]
+            want_b[k] -= lr * dys[2][b, 0, j * 3 : (j + 1) * 3]
     np.testing.assert_allclose(host(coll.table("a").weight), want_a, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(host(coll.table("b").weight), want_b, rtol=1e-5, atol=1e-6)
     assert coll.table("a").engine.step == 1 and coll.table("b").engine.step == 1
@@ -125,7 +125,7 @@ def test_batch_major_list_form():
     want = np.concatenate([pooled_ref(w1, *inputs["x"], "sum", 2), pooled_ref(w2, *inputs["y"], "concat", 2)], 1)
     np.testing.assert_allclose(host(out), want, rtol=1e-6)
     dy = np.zeros((B, 8), np.float32)
-    dy[:, :2] = 1.0                                       # only t1's part has a gradient
+    dy[:, :2] = 1.0  # only t1's part has a gradient
     coll.hold_gradients([device.xp().asarray(dy)])
     coll.update(0.1, 1.0)
     np.testing.assert_array_equal(host(coll.table("t2").weight), w2)
@@ -154,7 +154,7 @@ def test_dynamic_table_inserts_grows_and_evaluates(monkeypatch):
     batches = []
     for step in range(4):
         keys, off = csr(rng, B, 3, 40, empty=False)
-        keys = keys * (1 << 40) + 7                       # keys far beyond 32 bits
+        keys = keys * (1 << 40) + 7  # keys far beyond 32 bits
         batches.append({"x": (keys, off)})
         dys = [device.xp().asarray(rng.normal(size=(B, 1, D)).astype(np.float32)) for _ in range(2)]
         outs = []
@@ -164,14 +164,14 @@ def test_dynamic_table_inserts_grows_and_evaluates(monkeypatch):
             coll.update(0.05, 1.0)
         for a, b in zip(*outs):
             np.testing.assert_array_equal(a, b)
-    assert int(small.table("dyn").engine.rows[0]) > 4                      # it grew
+    assert int(small.table("dyn").engine.rows[0]) > 4  # it grew
     ks, vs = small.table("dyn").local_rows()
     kb, vb = big.table("dyn").local_rows()
     np.testing.assert_array_equal(ks, kb)
     np.testing.assert_array_equal(vs, vb)
     states = [t.engine.split_optimizer_states()[0] for t in (small.table("dyn"), big.table("dyn"))]
     for a, b in zip(*states):
-        np.testing.assert_array_equal(host(a)[:len(ks)], host(b)[:len(kb)])
+        np.testing.assert_array_equal(host(a)[: len(ks)], host(b)[: len(kb)])
     # evaluation: one seen key and one never-seen key in a bag
     seen = int(ks[0])
     before = small.table("dyn").engine.hash_tables[0].size
@@ -190,15 +190,27 @@ def norm_data(tmp_path_factory):
 
 
 def solver(**kw):
-    args = dict(batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.05, vvgpu=[[0]], i64_input_key=True,
-                use_embedding_collection=True, seed=11)
+    args = dict(
+        batchsize=32,
+        batchsize_eval=32,
+        max_eval_batches=2,
+        lr=0.05,
+        vvgpu=[[0]],
+        i64_input_key=True,
+        use_embedding_collection=True,
+        seed=11,
+    )
     args.update(kw)
     return hugectr.CreateSolver(**args)
 
 
 def norm_reader(data):
-    return hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[data[0]],
-                                    eval_source=data[1], check_type=hugectr.Check_t.Sum)
+    return hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[data[0]],
+        eval_source=data[1],
+        check_type=hugectr.Check_t.Sum,
+    )
 
 
 def dense_head(model, bottom):
@@ -207,15 +219,22 @@ def dense_head(model, bottom):
     model.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["x"], top_names=["fc1"], num_output=8))
     model.add(hugectr.DenseLayer(layer_type=L.ReLU, bottom_names=["fc1"], top_names=["r1"]))
     model.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["r1"], top_names=["fc2"], num_output=1))
-    model.add(hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc2", "label"],
-                                 top_names=["loss"]))
+    model.add(
+        hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc2", "label"], top_names=["loss"])
+    )
 
 
 def ebc_model(data, opt, table="t", vocab=-1, sol=None):
     m = hugectr.Model(sol or solver(), norm_reader(data), hugectr.CreateOptimizer(**opt))
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(f"s{i}", 1, True, 1)
-                                                        for i in range(3)]))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(f"s{i}", 1, True, 1) for i in range(3)],
+        )
+    )
     t = hugectr.EmbeddingTableConfig(table, vocab, 4)
     cfg = hugectr.EmbeddingCollectionConfig(use_exclusive_keys=True)
     for i in range(3):
@@ -232,10 +251,16 @@ def test_training_equals_sparse_embedding(norm_data, opt):
     """A dynamic table read by three sum lookups (Concat -> (B, 3, D)) trains as the Distributed hash
     SparseEmbedding of one 3-slot input, from the same starting vectors: same losses, dense weights, rows."""
     se = hugectr.Model(solver(use_embedding_collection=False), norm_reader(norm_data), hugectr.CreateOptimizer(**opt))
-    se.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                         data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data", 1, True, 3)]))
-    se.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "emb",
-                                   "data"))
+    se.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data", 1, True, 3)],
+        )
+    )
+    se.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "emb", "data"))
     dense_head(se, "emb")
     se.compile()
     eb = ebc_model(norm_data, opt)
@@ -254,10 +279,14 @@ def test_training_equals_sparse_embedding(norm_data, opt):
     k_se, v_se = se.embeddings[0].dump()
     k_eb, v_eb = eb.collections[0].table("t").local_rows()
     order = np.argsort(k_se)
-    np.testing.assert_allclose(v_eb[np.searchsorted(k_eb.view(np.uint64), k_se[order])], v_se[order], rtol=1e-5,
-                               atol=1e-7)
-    np.testing.assert_allclose(eb.check_out_tensor("emb", hugectr.Tensor_t.Train),
-                               se.check_out_tensor("emb", hugectr.Tensor_t.Train), rtol=1e-6)
+    np.testing.assert_allclose(
+        v_eb[np.searchsorted(k_eb.view(np.uint64), k_se[order])], v_se[order], rtol=1e-5, atol=1e-7
+    )
+    np.testing.assert_allclose(
+        eb.check_out_tensor("emb", hugectr.Tensor_t.Train),
+        se.check_out_tensor("emb", hugectr.Tensor_t.Train),
+        rtol=1e-6,
+    )
 
 
 def hugectr_files(folder, c=0):
@@ -278,11 +307,17 @@ def write_hugectr_dump(folder, keys, vecs, key_type=0, table_id=0, ev=4, n_meta=
     os.makedirs(d, exist_ok=True)
     n = len(keys) if n_meta is None else n_meta
     with open(os.path.join(d, "meta_data"), "wb") as f:
-        f.write(struct.pack("<5i", 1, key_type, 0, 0, 0) + struct.pack("<i", table_id) + struct.pack("<Q", n)
-                + struct.pack("<i", ev))
+        f.write(
+            struct.pack("<5i", 1, key_type, 0, 0, 0)
+            + struct.pack("<i", table_id)
+            + struct.pack("<Q", n)
+            + struct.pack("<i", ev)
+        )
     kfmt = "<%d%s" % (len(keys), "I" if key_type == 0 else "q")
-    for name, head, body in ((f"key{table_id}", heads[0], struct.pack(kfmt, *keys)),
-                             (f"weight{table_id}", heads[1], np.asarray(vecs, "<f4").tobytes())):
+    for name, head, body in (
+        (f"key{table_id}", heads[0], struct.pack(kfmt, *keys)),
+        (f"weight{table_id}", heads[1], np.asarray(vecs, "<f4").tobytes()),
+    ):
         with open(os.path.join(d, name), "wb") as f:
             f.write(struct.pack("<2i", head, table_id) + bytes(120) + body)
 
@@ -292,7 +327,7 @@ def test_load_reads_a_hugectr_dump_and_says_what_is_wrong_with_a_bad_one(norm_da
     a dynamic table; a dump that does not fit the model or is damaged fails with the file and the reason, and
     changes nothing."""
     m = ebc_model(norm_data, SGD)
-    keys = [7, 3, 4000000000]                       # uint32 keys, not sorted (a hash table's order)
+    keys = [7, 3, 4000000000]  # uint32 keys, not sorted (a hash table's order)
     vecs = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
     write_hugectr_dump(tmp_path / "ok", keys, vecs)
     m.embedding_load(str(tmp_path / "ok"))
@@ -301,11 +336,13 @@ def test_load_reads_a_hugectr_dump_and_says_what_is_wrong_with_a_bad_one(norm_da
         np.testing.assert_array_equal(got[list(got_keys).index(k)], v)
 
     before = m.collections[0].table("t").local_rows()
-    bad = {"ev": (dict(ev=8), "ev_size 8"),
-           "id": (dict(table_id=3), "lists table ids \\[3\\]"),
-           "count": (dict(n_meta=5), "meta_data says 5 keys"),
-           "head": (dict(heads=(2, 2)), "not a HugeCTR key file"),
-           "dup": (dict(keys=[7, 7, 9]), "appears twice")}
+    bad = {
+        "ev": (dict(ev=8), "ev_size 8"),
+        "id": (dict(table_id=3), "lists table ids \\[3\\]"),
+        "count": (dict(n_meta=5), "meta_data says 5 keys"),
+        "head": (dict(heads=(2, 2)), "not a HugeCTR key file"),
+        "dup": (dict(keys=[7, 7, 9]), "appears twice"),
+    }
     for name, (kw, match) in bad.items():
         args = dict(keys=keys, vecs=vecs)
         args.update(kw)
@@ -345,8 +382,9 @@ def test_dump_load_round_trip_and_files(norm_data, tmp_path):
     files = hugectr_files(tmp_path / "d")
     assert sorted(files) == ["key0", "meta_data", "weight0"]
     # meta_data: [1 table, key type 1 (int64: i64_input_key), value type 0, 0, 0], id 0, 18 keys, ev_size 4
-    assert files["meta_data"] == struct.pack("<5i", 1, 1, 0, 0, 0) + struct.pack("<i", 0) + struct.pack("<Q", 18) + \
-        struct.pack("<i", 4)
+    assert files["meta_data"] == struct.pack("<5i", 1, 1, 0, 0, 0) + struct.pack("<i", 0) + struct.pack(
+        "<Q", 18
+    ) + struct.pack("<i", 4)
     keys = parse_key_file(files["key0"], 1, 0, "<i8")
     np.testing.assert_array_equal(keys, np.arange(18))
     vec = parse_key_file(files["weight0"], 2, 0, "<f4").reshape(18, 4)
@@ -354,14 +392,15 @@ def test_dump_load_round_trip_and_files(norm_data, tmp_path):
     assert (tmp_path / "d" / "embedding_collection_0.manifest.json").exists()
 
     fresh = ebc_model(norm_data, SGD, vocab=18)
-    fresh.weights[...] = m.weights                        # the dense part; the tables come from the dump
+    fresh.weights[...] = m.weights  # the dense part; the tables come from the dump
     assert not np.array_equal(host(fresh.collections[0].table("t").weight), vec)
     fresh.embedding_load(str(tmp_path / "d"), ["t"])
     np.testing.assert_array_equal(host(fresh.collections[0].table("t").weight), vec)
     m.eval()
     fresh.eval()
-    np.testing.assert_array_equal(fresh.check_out_tensor("fc2", hugectr.Tensor_t.Evaluate),
-                                  m.check_out_tensor("fc2", hugectr.Tensor_t.Evaluate))
+    np.testing.assert_array_equal(
+        fresh.check_out_tensor("fc2", hugectr.Tensor_t.Evaluate), m.check_out_tensor("fc2", hugectr.Tensor_t.Evaluate)
+    )
 
     with pytest.raises(ValueError, match="no table named"):
         fresh.embedding_load(str(tmp_path / "d"), ["nope"])
@@ -372,13 +411,14 @@ def test_dump_load_round_trip_and_files(norm_data, tmp_path):
     fresh.collections[0].table("t").weight[...] = 0
     with pytest.raises(DataFormatError, match="sha256"):
         fresh.embedding_load(str(tmp_path / "d"))
-    assert not host(fresh.collections[0].table("t").weight).any()          # nothing changed
+    assert not host(fresh.collections[0].table("t").weight).any()  # nothing changed
 
     # save_params_to_files: the dense files and the tables beside them
     m.save_params_to_files(str(tmp_path / "snap"), 5)
     assert (tmp_path / "snap_dense_5.model").exists()
     np.testing.assert_array_equal(
-        parse_key_file(hugectr_files(tmp_path / "snap_embedding_collection_5")["weight0"], 2, 0, "<f4"), vec.reshape(-1))
+        parse_key_file(hugectr_files(tmp_path / "snap_embedding_collection_5")["weight0"], 2, 0, "<f4"), vec.reshape(-1)
+    )
     # graph JSON: as HugeCTR's writer, the Data layer and the dense layers, no entry for the collection
     m.graph_to_json(str(tmp_path / "g.json"))
     with open(tmp_path / "g.json") as f:
@@ -407,33 +447,62 @@ def test_ftrl_sample_dlrm_shape_on_parquet(tmp_path):
     tables (one per feature, sized by the generator's slot sizes), sum lookups, Concat -> (B, 26, D),
     Interaction with the bottom MLP, BCE; trains and evaluates."""
     sizes = [3 + i for i in range(26)]
-    p = DataGeneratorParams(hugectr.DataReaderType_t.Parquet, 1, 13, 26, True,
-                            str(tmp_path / "pq" / "_file_list.txt"), str(tmp_path / "pq" / "_file_list_eval.txt"),
-                            sizes, num_files=1, eval_num_files=1, num_samples_per_file=256, seed=0)
+    p = DataGeneratorParams(
+        hugectr.DataReaderType_t.Parquet,
+        1,
+        13,
+        26,
+        True,
+        str(tmp_path / "pq" / "_file_list.txt"),
+        str(tmp_path / "pq" / "_file_list_eval.txt"),
+        sizes,
+        num_files=1,
+        eval_num_files=1,
+        num_samples_per_file=256,
+        seed=0,
+    )
     DataGenerator(p).generate()
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Parquet, source=[p.source],
-                                      eval_source=p.eval_source, check_type=hugectr.Check_t.Non)
-    m = hugectr.Model(solver(batchsize=64, batchsize_eval=64, metrics_spec={hugectr.MetricsType.AverageLoss: 0.0}),
-                      reader, hugectr.CreateOptimizer(optimizer_type=O.SGD, update_type=U.Local, atomic_update=True))
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=13, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(f"data{i}", 1, False, 1)
-                                                        for i in range(26)]))
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Parquet,
+        source=[p.source],
+        eval_source=p.eval_source,
+        check_type=hugectr.Check_t.Non,
+    )
+    m = hugectr.Model(
+        solver(batchsize=64, batchsize_eval=64, metrics_spec={hugectr.MetricsType.AverageLoss: 0.0}),
+        reader,
+        hugectr.CreateOptimizer(optimizer_type=O.SGD, update_type=U.Local, atomic_update=True),
+    )
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=13,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(f"data{i}", 1, False, 1) for i in range(26)],
+        )
+    )
     tables = [hugectr.EmbeddingTableConfig(name=str(i), max_vocabulary_size=sizes[i], ev_size=8) for i in range(26)]
     cfg = hugectr.EmbeddingCollectionConfig(use_exclusive_keys=True)
     for i in range(26):
         cfg.embedding_lookup(table_config=tables[i], bottom_name=f"data{i}", top_name=f"emb_vec{i}", combiner="sum")
     cfg.shard(shard_matrix=[[str(i) for i in range(26)]], shard_strategy=[("mp", [str(i) for i in range(26)])])
     m.add(cfg)
-    m.add(hugectr.DenseLayer(layer_type=L.Concat, bottom_names=[f"emb_vec{i}" for i in range(26)],
-                             top_names=["sparse_embedding1"]))
+    m.add(
+        hugectr.DenseLayer(
+            layer_type=L.Concat, bottom_names=[f"emb_vec{i}" for i in range(26)], top_names=["sparse_embedding1"]
+        )
+    )
     m.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["dense"], top_names=["fc1"], num_output=8))
     m.add(hugectr.DenseLayer(layer_type=L.ReLU, bottom_names=["fc1"], top_names=["relu1"]))
-    m.add(hugectr.DenseLayer(layer_type=L.Interaction, bottom_names=["relu1", "sparse_embedding1"],
-                             top_names=["interaction1"]))
-    m.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["interaction1"], top_names=["fc8"],
-                             num_output=1))
+    m.add(
+        hugectr.DenseLayer(
+            layer_type=L.Interaction, bottom_names=["relu1", "sparse_embedding1"], top_names=["interaction1"]
+        )
+    )
+    m.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["interaction1"], top_names=["fc8"], num_output=1))
     m.add(hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc8", "label"], top_names=["loss"]))
-    m.graph_to_json(str(tmp_path / "dlrm.json"))          # before compile, as HugeCTR's dgx_a100 scripts do
+    m.graph_to_json(str(tmp_path / "dlrm.json"))  # before compile, as HugeCTR's dgx_a100 scripts do
     m.compile()
     assert m.shapes["sparse_embedding1"] == (64, 26, 8)
     before = host(m.collections[0].table("0").weight).copy()
@@ -472,21 +541,28 @@ def test_a_shard_matrix_for_more_gpus_than_ranks_folds_onto_the_ranks():
     cfg.embedding_lookup(hugectr.EmbeddingTableConfig("t", 10, 4), "x", "e", "sum")
     cfg.embedding_lookup(hugectr.EmbeddingTableConfig("u", 10, 4), "y", "f", "sum")
     cfg.shard([["t"], [], ["u"], ["u"]], [("mp", ["t"]), ("dp", ["u"])])
-    with pytest.warns(hugectr.IgnoredArgumentWarning, match="shard_matrix rows=4 is ignored: numbactr runs one GPU "
-                                                            "per rank: this job has 1 rank"):
+    with pytest.warns(
+        hugectr.IgnoredArgumentWarning,
+        match="shard_matrix rows=4 is ignored: numbactr runs one GPU per rank: this job has 1 rank",
+    ):
         c = collection(cfg, [sparse_param("x", 1), sparse_param("y", 1)])
-    assert collection_plan.placement(c.cfg, c.comm, c.name, {"t": None, "u": None}) == \
-        {"t": ("mp", [0]), "u": ("dp", [0])}
+    assert collection_plan.placement(c.cfg, c.comm, c.name, {"t": None, "u": None}) == {
+        "t": ("mp", [0]),
+        "u": ("dp", [0]),
+    }
 
 
-@pytest.mark.parametrize("matrix,strategy,match", [
-    ([["t", "zz"]], [("mp", ["t"])], "names table 'zz'"),
-    ([["t"]], [("mp", ["t", "zz"])], "shard_strategy names table 'zz'"),
-    ([["t"]], [("xp", ["t"])], "kind 'xp'"),
-    ([[]], [("mp", ["t"])], "table 't' is on no rank"),
-    ([["t"]], [], r"tables \['t'\] are in no shard_strategy"),
-    ([["t"]], [("mp", ["t"]), ("dp", ["t"])], "appears twice"),
-])
+@pytest.mark.parametrize(
+    "matrix,strategy,match",
+    [
+        ([["t", "zz"]], [("mp", ["t"])], "names table 'zz'"),
+        ([["t"]], [("mp", ["t", "zz"])], "shard_strategy names table 'zz'"),
+        ([["t"]], [("xp", ["t"])], "kind 'xp'"),
+        ([[]], [("mp", ["t"])], "table 't' is on no rank"),
+        ([["t"]], [], r"tables \['t'\] are in no shard_strategy"),
+        ([["t"]], [("mp", ["t"]), ("dp", ["t"])], "appears twice"),
+    ],
+)
 def test_shard_errors(matrix, strategy, match):
     cfg = hugectr.EmbeddingCollectionConfig()
     cfg.embedding_lookup(hugectr.EmbeddingTableConfig("t", 10, 4), "x", "e", "sum")
@@ -498,9 +574,18 @@ def test_shard_errors(matrix, strategy, match):
 def test_model_errors(norm_data):
     def start(sol=None):
         m = hugectr.Model(sol or solver(), norm_reader(norm_data), hugectr.CreateOptimizer(**SGD))
-        m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("s0", 1, True, 1),
-                                                            hugectr.DataReaderSparseParam("multi", 1, True, 2)]))
+        m.add(
+            hugectr.Input(
+                label_dim=1,
+                label_name="label",
+                dense_dim=2,
+                dense_name="dense",
+                data_reader_sparse_param_array=[
+                    hugectr.DataReaderSparseParam("s0", 1, True, 1),
+                    hugectr.DataReaderSparseParam("multi", 1, True, 2),
+                ],
+            )
+        )
         return m
 
     def one(bottom="s0", name="t", vocab=6):

@@ -5,6 +5,7 @@ Grouping: the tables of one placement and optimizer share one TableBatchedEmbedd
 gives the same tops, rows and optimizer states as the same collection with one engine per table
 (collection.GROUP_TABLES = False), bit for bit, over steps in which dynamic tables grow at different times.
 Ftrl: one step equals a float64 NumPy rendering of HugeCTR's rule on the touched rows."""
+
 import numpy as np
 import pytest
 
@@ -40,22 +41,31 @@ def mixed_config():
     """Static tables of widths 4 and 3 with the model's optimizer (sum / average: one pooled group), a static
     table read by a concat lookup, a static table with its own Adam, two dynamic tables (sum / average: one
     pooled dynamic group) and a dynamic Ftrl table with its own optimizer."""
-    ftrl = hugectr.CreateOptimizer(optimizer_type=O.Ftrl, update_type=U.Global, beta=0.5, lambda1=0.01,
-                                   lambda2=0.1)
+    ftrl = hugectr.CreateOptimizer(optimizer_type=O.Ftrl, update_type=U.Global, beta=0.5, lambda1=0.01, lambda2=0.1)
     adam = hugectr.CreateOptimizer(optimizer_type=O.Adam, update_type=U.Global)
-    t = {"s4": hugectr.EmbeddingTableConfig("s4", VOCAB, 4),
-         "s3": hugectr.EmbeddingTableConfig("s3", VOCAB, 3),
-         "cat": hugectr.EmbeddingTableConfig("cat", VOCAB, 4),
-         "adam": hugectr.EmbeddingTableConfig("adam", VOCAB, 4, opt_params_or_empty=adam),
-         "d1": hugectr.EmbeddingTableConfig("d1", -1, 4),
-         "d2": hugectr.EmbeddingTableConfig("d2", -1, 2),
-         "dftrl": hugectr.EmbeddingTableConfig("dftrl", -1, 3, opt_params_or_empty=ftrl)}
+    t = {
+        "s4": hugectr.EmbeddingTableConfig("s4", VOCAB, 4),
+        "s3": hugectr.EmbeddingTableConfig("s3", VOCAB, 3),
+        "cat": hugectr.EmbeddingTableConfig("cat", VOCAB, 4),
+        "adam": hugectr.EmbeddingTableConfig("adam", VOCAB, 4, opt_params_or_empty=adam),
+        "d1": hugectr.EmbeddingTableConfig("d1", -1, 4),
+        "d2": hugectr.EmbeddingTableConfig("d2", -1, 2),
+        "dftrl": hugectr.EmbeddingTableConfig("dftrl", -1, 3, opt_params_or_empty=ftrl),
+    }
     cfg = hugectr.EmbeddingCollectionConfig()
-    for table, bottom, top, comb in [("s4", "x", "s4x", "sum"), ("d1", "x", "d1x", "sum"), ("s3", "y", "s3y", "mean"),
-                                     ("s4", "y", "s4y", "average"), ("cat", "y", "caty", "concat"),
-                                     ("adam", "z", "adamz", "sum"), ("d2", "y", "d2y", "average"),
-                                     ("d1", "z", "d1z", "mean"), ("dftrl", "x", "fx", "sum"),
-                                     ("dftrl", "y", "fy", "average"), ("s3", "x", "s3x", "sum")]:
+    for table, bottom, top, comb in [
+        ("s4", "x", "s4x", "sum"),
+        ("d1", "x", "d1x", "sum"),
+        ("s3", "y", "s3y", "mean"),
+        ("s4", "y", "s4y", "average"),
+        ("cat", "y", "caty", "concat"),
+        ("adam", "z", "adamz", "sum"),
+        ("d2", "y", "d2y", "average"),
+        ("d1", "z", "d1z", "mean"),
+        ("dftrl", "x", "fx", "sum"),
+        ("dftrl", "y", "fy", "average"),
+        ("s3", "x", "s3x", "sum"),
+    ]:
         cfg.embedding_lookup(t[table], bottom, top, comb)
     return cfg
 
@@ -63,8 +73,9 @@ def mixed_config():
 def build(cfg):
     """The model's optimizer: Adam Local (states to keep when a dynamic table grows)."""
     params = {n: hugectr.DataReaderSparseParam(n, h, False, 1) for n, h in HOT.items()}
-    return C.EmbeddingCollection(cfg, 0, params, hugectr.CreateOptimizer(optimizer_type=O.Adam,
-                                                                         update_type=U.Local), 7, world())
+    return C.EmbeddingCollection(
+        cfg, 0, params, hugectr.CreateOptimizer(optimizer_type=O.Adam, update_type=U.Local), 7, world()
+    )
 
 
 def test_groups_share_engines():
@@ -75,7 +86,7 @@ def test_groups_share_engines():
     assert coll.table("d1").engine is coll.table("d2").engine
     assert coll.table("s4").engine is not coll.table("cat").engine
     eng = coll.table("s4").engine
-    assert eng.n_features == 4 and len(eng.tables) == 2                # s4x, s3y, s4y, s3x on two tables
+    assert eng.n_features == 4 and len(eng.tables) == 2  # s4x, s3y, s4y, s3x on two tables
     # equal-sized dynamic tables in one engine still start from their own rows (a hash of their own seed)
     rng = np.random.default_rng(0)
     keys, off = csr(rng, 5, 1, VOCAB, empty=False)
@@ -100,8 +111,8 @@ def test_grouped_equals_one_engine_per_table(monkeypatch, steps):
     widths = [s[-1] for _, s in grouped.tops(B)]
     for step in range(steps + 1):
         training = step < steps
-        vocab = min(VOCAB, 3 + 2 * step)             # more keys each step: the dynamic tables grow after updates
-        inputs = {n: csr(rng, B, h, vocab) for n, h in HOT.items()}     # keys valid for the static tables too
+        vocab = min(VOCAB, 3 + 2 * step)  # more keys each step: the dynamic tables grow after updates
+        inputs = {n: csr(rng, B, h, vocab) for n, h in HOT.items()}  # keys valid for the static tables too
         outs = [[host(o) for o in coll.lookup(inputs, training)] for coll in (grouped, separate)]
         for (name, _), a, b in zip(grouped.tops(B), *outs):
             np.testing.assert_array_equal(a, b, err_msg=f"step {step} top {name}")
@@ -110,7 +121,7 @@ def test_grouped_equals_one_engine_per_table(monkeypatch, steps):
             for coll in (grouped, separate):
                 coll.hold_gradients(dys)
                 coll.update(0.05, 2.0)
-    assert int(grouped.table("dftrl").engine.rows[grouped.table("dftrl").index]) > 4        # they grew
+    assert int(grouped.table("dftrl").engine.rows[grouped.table("dftrl").index]) > 4  # they grew
     assert int(grouped.table("d1").engine.rows[grouped.table("d1").index]) > 4
     for t in grouped.tables:
         u = separate.table(t.name)
@@ -132,7 +143,7 @@ def test_grouped_equals_one_engine_per_table(monkeypatch, steps):
 def ftrl_ref(w, z, n, g, lr, beta, l1, l2):
     """HugeCTR's Ftrl on rows (float64): n' = n + g^2; z += g + (sqrt(n + e) - sqrt(n' + e)) w / lr;
     w = (l1 sign(z) - z) / (sqrt(n' + e) / lr + l2 + beta / lr) where |z| > l1, else 0."""
-    e = 2.0 ** -23
+    e = 2.0**-23
     n2 = n + g * g
     z = z + g + (np.sqrt(n + e) - np.sqrt(n2 + e)) * w / lr
     w = np.where(np.abs(z) > l1, (l1 * np.where(z < 0, -1.0, 1.0) - z) / (np.sqrt(n2 + e) / lr + l2 + beta / lr), 0.0)
@@ -164,15 +175,15 @@ def test_ftrl_equals_reference():
         touched = np.zeros(V, bool)
         for (keys, off), dy, mean in zip((inputs["x"], inputs["y"]), dys, (False, True)):
             for b in range(B):
-                ks = keys[off[b]:off[b + 1]]
+                ks = keys[off[b] : off[b + 1]]
                 for k in ks:
                     g[k] += dy[b, 0] / (len(ks) if mean else 1)
                     touched[k] = True
         nw, nz, nn = ftrl_ref(w, z, n, g / scaler, lr, beta, l1, l2)
         w[touched], z[touched], n[touched] = nw[touched], nz[touched], nn[touched]
-        assert 0 < touched.sum() < V                                   # untouched rows must stay
+        assert 0 < touched.sum() < V  # untouched rows must stay
         np.testing.assert_allclose(host(coll.table("t").weight), w, rtol=2e-5, atol=1e-6)
-        w = host(coll.table("t").weight).astype(np.float64)              # follow the float32 trajectory
+        w = host(coll.table("t").weight).astype(np.float64)  # follow the float32 trajectory
     zs, ns = coll.table("t").group.ftrl_states[0]
     np.testing.assert_allclose(host(ns), n, rtol=1e-5, atol=1e-9)
 
@@ -181,16 +192,35 @@ def test_model_with_ftrl_tables(tmp_path):
     """samples/ftrl's choice of a model Ftrl without table optimizers: the tables train with Ftrl too (they
     share one engine), the loss stays finite and only touched rows move."""
     from tests.model_util import tiny_data
+
     train, evl = tiny_data(str(tmp_path), n_train=96, n_eval=32, slots=3, keys_per_slot=6)
-    solver = hugectr.CreateSolver(batchsize=16, batchsize_eval=16, max_eval_batches=1, lr=0.1, vvgpu=[[0]],
-                                  i64_input_key=True, use_embedding_collection=True, seed=2)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[train],
-                                      eval_source=evl, check_type=hugectr.Check_t.Sum)
-    m = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=O.Ftrl, update_type=U.Global,
-                                                              beta=0.1, lambda1=0.001, lambda2=0.01))
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(f"s{i}", 1, True, 1)
-                                                        for i in range(3)]))
+    solver = hugectr.CreateSolver(
+        batchsize=16,
+        batchsize_eval=16,
+        max_eval_batches=1,
+        lr=0.1,
+        vvgpu=[[0]],
+        i64_input_key=True,
+        use_embedding_collection=True,
+        seed=2,
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[train], eval_source=evl, check_type=hugectr.Check_t.Sum
+    )
+    m = hugectr.Model(
+        solver,
+        reader,
+        hugectr.CreateOptimizer(optimizer_type=O.Ftrl, update_type=U.Global, beta=0.1, lambda1=0.001, lambda2=0.01),
+    )
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(f"s{i}", 1, True, 1) for i in range(3)],
+        )
+    )
     cfg = hugectr.EmbeddingCollectionConfig()
     for i in range(3):
         cfg.embedding_lookup(hugectr.EmbeddingTableConfig(f"t{i}", 64, 4), f"s{i}", f"e{i}", "sum")
@@ -200,8 +230,7 @@ def test_model_with_ftrl_tables(tmp_path):
     m.add(hugectr.DenseLayer(layer_type=L.Reshape, bottom_names=["emb"], top_names=["flat"], leading_dim=12))
     m.add(hugectr.DenseLayer(layer_type=L.Concat, bottom_names=["flat", "dense"], top_names=["x"]))
     m.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["x"], top_names=["fc"], num_output=1))
-    m.add(hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc", "label"],
-                             top_names=["loss"]))
+    m.add(hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc", "label"], top_names=["loss"]))
     m.compile()
     coll = m.collections[0]
     assert len(coll.groups) == 1 and coll.groups[0].ftrl == (0.1, 0.001, 0.01)
@@ -212,5 +241,5 @@ def test_model_with_ftrl_tables(tmp_path):
     for i in range(3):
         w = host(coll.table(f"t{i}").weight)
         moved = (w != before[i]).any(axis=1)
-        assert moved.any() and not moved.all()                 # keys 0..5 of 64 rows: the rest untouched
-        assert host(coll.groups[0].ftrl_states[i][1])[moved].min() > 0      # n = sum of g^2 on moved rows
+        assert moved.any() and not moved.all()  # keys 0..5 of 64 rows: the rest untouched
+        assert host(coll.groups[0].ftrl_states[i][1])[moved].min() > 0  # n = sum of g^2 on moved rows

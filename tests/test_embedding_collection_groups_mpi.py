@@ -2,6 +2,7 @@
 tables on the same ranks share one engine (each key's table travels beside it), and every top (training and
 evaluation) and every row equals, bit for bit, one engine per table on the same ranks and the grouped
 collection on one rank."""
+
 import os
 import pathlib
 import subprocess
@@ -37,7 +38,7 @@ def test_grouped_equals_separate_and_one_rank(results, ranks):
     got, one = results[ranks], results[1]
     # one rank: {p, r} (pooled), {q}, {d1}, {d2}, {u, v}; R ranks: {p, q}, {r}, {d1, d2}, {u, v}
     assert got["grouped_groups"][0] == (5 if ranks == 1 else 4) and got["separate_groups"][0] == 7
-    names = sorted(k[len("grouped_"):] for k in got if k.startswith("grouped_") and not k.endswith("_groups"))
+    names = sorted(k[len("grouped_") :] for k in got if k.startswith("grouped_") and not k.endswith("_groups"))
     assert "eval_p_avg" in names and "d1_keys" in names and "q_rows" in names
     for k in names:
         np.testing.assert_array_equal(got[f"grouped_{k}"], got[f"separate_{k}"], err_msg=f"{ranks} ranks: {k}")

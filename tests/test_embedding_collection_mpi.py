@@ -6,6 +6,7 @@ tops and every row equal one rank's bit for bit. A Model with the same placement
 evaluation output and the embedding_dump files equal one rank's to float rounding (the dense gradients are
 summed over ranks in another order); the dumped keys are identical. Each mpiexec has its own timeout.
 """
+
 import os
 import pathlib
 import subprocess
@@ -44,7 +45,7 @@ def test_collection_sharded_equals_one_rank_bit_for_bit(results, ranks):
     names = sorted(k for k in one if k.startswith("p1_"))
     assert names == sorted(k for k in got if k.startswith("p1_"))
     assert any("eval" in k for k in names) and "p1_b_keys" in names
-    np.testing.assert_array_equal(one["p1_b_keys"], np.arange(8))     # dynamic: the keys trained (8, 9: eval only)
+    np.testing.assert_array_equal(one["p1_b_keys"], np.arange(8))  # dynamic: the keys trained (8, 9: eval only)
     assert one["p1_a_keys"].shape[0] == 10
     for k in names:
         np.testing.assert_array_equal(got[k], one[k], err_msg=k)
@@ -54,10 +55,11 @@ def test_collection_sharded_equals_one_rank_bit_for_bit(results, ranks):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_model_sharded_equals_one_rank(results, ranks):
     one, got = results[1], results[ranks]
-    assert got["p2_reloaded"][0] == 1                     # each rank's rows came back from embedding_load
+    assert got["p2_reloaded"][0] == 1  # each rank's rows came back from embedding_load
     np.testing.assert_allclose(got["p2_losses"], one["p2_losses"], rtol=1e-5)
     np.testing.assert_allclose(got["p2_eval"], one["p2_eval"], rtol=1e-5, atol=1e-6)
     for t in ("a", "b", "c"):
         np.testing.assert_array_equal(got[f"p2_{t}_key"], one[f"p2_{t}_key"])
-        np.testing.assert_allclose(got[f"p2_{t}_emb_vector"].view("<f4"), one[f"p2_{t}_emb_vector"].view("<f4"),
-                                   rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(
+            got[f"p2_{t}_emb_vector"].view("<f4"), one[f"p2_{t}_emb_vector"].view("<f4"), rtol=1e-4, atol=1e-6
+        )

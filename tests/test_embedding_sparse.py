@@ -1,6 +1,7 @@
 """HugeCTR's SparseEmbedding on the engine: lookups, the fused update a step applies, what a step must not
 change, slots and state moves for snapshots, the simulator's kernels against the cpu path, and sharded
 (mpiexec -n 2, 3) == one rank bit for bit."""
+
 import os
 import pathlib
 import subprocess
@@ -23,14 +24,15 @@ KEYS = np.array([5, 5, 7, 9, 5, 11, 7, 8], np.int64)
 OFFSETS = np.array([0, 2, 2, 3, 4, 7, 8], np.int64)
 
 
-pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
+pytestmark = pytest.mark.usefixtures("cpu")  # conftest.py: the cpu device for every test
 
 
 def embedding(etype=E.DistributedSlotSparseEmbeddingHash, combiner="sum", sizes=(), seed=3, **opt):
     opt.setdefault("optimizer_type", O.SGD)
     cfg = hugectr.SparseEmbedding(etype, 1, D, combiner, "e", "data", slot_size_array=list(sizes))
-    return make_embedding(cfg, hugectr.DataReaderSparseParam("data", 3, False, S), hugectr.CreateOptimizer(**opt),
-                          seed=seed)
+    return make_embedding(
+        cfg, hugectr.DataReaderSparseParam("data", 3, False, S), hugectr.CreateOptimizer(**opt), seed=seed
+    )
 
 
 def train_step(emb, keys, offsets, dy, lr=0.1, scaler=1.0):
@@ -48,14 +50,14 @@ def vectors(emb) -> dict:
 
 
 def bags(keys, offsets):
-    return [keys[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
+    return [keys[offsets[j] : offsets[j + 1]] for j in range(len(offsets) - 1)]
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean"])
 def test_lookup_pools_every_slot_and_evaluation_counts_missing_keys(combiner):
     emb = embedding(combiner=combiner)
-    out = emb.forward(None, KEYS, OFFSETS, 2, True)              # training inserts (no tape: no update)
-    assert emb.table.size == 5 and list(emb.dump()[0]) == [5, 7, 9, 11, 8]     # rows in first-seen order
+    out = emb.forward(None, KEYS, OFFSETS, 2, True)  # training inserts (no tape: no update)
+    assert emb.table.size == 5 and list(emb.dump()[0]) == [5, 7, 9, 11, 8]  # rows in first-seen order
     vec = vectors(emb)
     np.testing.assert_array_equal(vec[11], row_values_ref(np.array([11], np.uint64), D, 3, -0.05, 0.05)[0])
 
@@ -67,11 +69,11 @@ def test_lookup_pools_every_slot_and_evaluation_counts_missing_keys(combiner):
         return np.stack(rows).reshape(-1, S, D)
 
     np.testing.assert_allclose(out.data, pooled(KEYS, OFFSETS), rtol=1e-6, atol=1e-8)
-    unseen = np.array([5, 40, 41, 7], np.int64)                    # 40, 41 were never inserted
+    unseen = np.array([5, 40, 41, 7], np.int64)  # 40, 41 were never inserted
     ev = emb.forward(None, unseen, np.array([0, 2, 3, 3, 4, 4, 4]), 2, False)
     np.testing.assert_allclose(ev.data, pooled(unseen, np.array([0, 2, 3, 3, 4, 4, 4])), rtol=1e-6, atol=1e-8)
-    assert emb.table.size == 5                                    # evaluation never inserts
-    if combiner == "mean":                                        # [5, 40]: 40 adds 0 but counts
+    assert emb.table.size == 5  # evaluation never inserts
+    if combiner == "mean":  # [5, 40]: 40 adds 0 but counts
         np.testing.assert_allclose(ev.data[0, 0], vec[5] / 2, rtol=1e-6)
 
 
@@ -87,7 +89,7 @@ def test_update_is_sgd_on_each_rows_summed_gradient(combiner):
         for k in bag:
             grad[int(k)] += dy.reshape(-1, D)[j] / (len(bag) if combiner == "mean" else 1)
     after = vectors(emb)
-    for k in before:                                              # HugeCTR's SGD: w -= lr * g / scaler
+    for k in before:  # HugeCTR's SGD: w -= lr * g / scaler
         np.testing.assert_allclose(after[k], before[k] - 0.5 * grad[k] / 4.0, rtol=1e-5, atol=1e-7)
 
 
@@ -99,9 +101,9 @@ def test_update_needs_this_steps_backward():
     dy = np.ones((2, S, D), np.float32)
     tape = Tape()
     out = emb.forward(tape, KEYS, OFFSETS, 2, True)
-    tape.backward({id(out): (out, dy)})                           # ... and the step stops here
+    tape.backward({id(out): (out, dy)})  # ... and the step stops here
     before = vectors(emb)
-    emb.forward(Tape(), KEYS, OFFSETS, 2, True)                   # the next step, whose backward never runs
+    emb.forward(Tape(), KEYS, OFFSETS, 2, True)  # the next step, whose backward never runs
     emb.update(0.1, 1.0)
     emb.update(0.1, 1.0)
     for k, v in vectors(emb).items():
@@ -114,7 +116,7 @@ def test_frozen_keeps_the_weights_while_adams_states_move(update):
     dy = np.random.default_rng(1).normal(size=(2, S, D)).astype(np.float32)
     train_step(emb, KEYS, OFFSETS, dy)
     weights, states = vectors(emb), [s.copy() for s in emb.dump_states()]
-    emb.frozen = True                                             # Model.freeze_embedding: HugeCTR's lr = 0
+    emb.frozen = True  # Model.freeze_embedding: HugeCTR's lr = 0
     train_step(emb, KEYS, OFFSETS, dy)
     for k, v in vectors(emb).items():
         np.testing.assert_array_equal(v, weights[k])
@@ -130,41 +132,45 @@ def test_global_moves_every_row_in_use_and_no_row_beyond():
     dy = np.ones((2, S, D), np.float32)
     train_step(emb, KEYS, OFFSETS, dy)
     after_first = vectors(emb)
-    train_step(emb, np.array([9], np.int64), np.array([0, 1, 1, 1, 1, 1, 1]), dy)    # only key 9 is hot
+    train_step(emb, np.array([9], np.int64), np.array([0, 1, 1, 1, 1, 1, 1]), dy)  # only key 9 is hot
     for k, v in vectors(emb).items():
-        assert not np.array_equal(v, after_first[k]), k           # cold rows drift on their moments
-    np.testing.assert_array_equal(device.to_host(emb.weight.data)[emb.table.size:], 0)
+        assert not np.array_equal(v, after_first[k]), k  # cold rows drift on their moments
+    np.testing.assert_array_equal(device.to_host(emb.weight.data)[emb.table.size :], 0)
 
 
 def test_localized_records_the_slot_of_each_keys_first_occurrence():
     emb = embedding(E.LocalizedSlotSparseEmbeddingHash)
-    emb.forward(None, KEYS, OFFSETS, 2, True)                     # 5: slot 0, 7: slot 2, 9: 0, 11: 1, 8: 2
+    emb.forward(None, KEYS, OFFSETS, 2, True)  # 5: slot 0, 7: slot 2, 9: 0, 11: 1, 8: 2
     np.testing.assert_array_equal(emb.dump_slots(), [0, 2, 0, 1, 2])
     emb.forward(None, np.array([5, 30], np.int64), np.array([0, 0, 0, 2, 2, 2, 2]), 2, True)
-    np.testing.assert_array_equal(emb.dump_slots(), [0, 2, 0, 1, 2, 2])   # 5 keeps slot 0; 30 is new in slot 2
-    assert embedding().dump_slots() is None                       # a Distributed table records none
+    np.testing.assert_array_equal(emb.dump_slots(), [0, 2, 0, 1, 2, 2])  # 5 keeps slot 0; 30 is new in slot 2
+    assert embedding().dump_slots() is None  # a Distributed table records none
 
 
 def test_a_load_moves_the_optimizer_states_with_their_keys():
     emb = embedding(optimizer_type=O.Adam, update_type=U.LazyGlobal)
     rng = np.random.default_rng(2)
     train_step(emb, KEYS, OFFSETS, rng.normal(size=(2, S, D)).astype(np.float32))
-    train_step(emb, np.array([5, 9], np.int64), np.array([0, 1, 1, 1, 2, 2, 2]),     # 5, 9: previous step 2
-               rng.normal(size=(2, S, D)).astype(np.float32))
+    train_step(
+        emb,
+        np.array([5, 9], np.int64),
+        np.array([0, 1, 1, 1, 2, 2, 2]),  # 5, 9: previous step 2
+        rng.normal(size=(2, S, D)).astype(np.float32),
+    )
     keys, vecs = emb.dump()
-    m, v = (s[:keys.size].copy() for s in emb.dump_states())
-    prev = device.to_host(emb.engine.split_optimizer_states()[0][2])[:keys.size].copy()
-    new_keys = np.concatenate([keys[::-1], [77]]).astype(np.uint64)          # reversed, plus a key new here
+    m, v = (s[: keys.size].copy() for s in emb.dump_states())
+    prev = device.to_host(emb.engine.split_optimizer_states()[0][2])[: keys.size].copy()
+    new_keys = np.concatenate([keys[::-1], [77]]).astype(np.uint64)  # reversed, plus a key new here
     emb.load(new_keys, np.concatenate([vecs[::-1], np.ones((1, D), np.float32)]))
     got_keys, got_vecs = emb.dump()
     np.testing.assert_array_equal(got_keys, new_keys)
     np.testing.assert_array_equal(got_vecs[:-1], vecs[::-1])
     m2, v2 = emb.dump_states()
     prev2 = device.to_host(emb.engine.split_optimizer_states()[0][2])
-    np.testing.assert_array_equal(m2[:keys.size], m[::-1])
-    np.testing.assert_array_equal(v2[:keys.size], v[::-1])
-    np.testing.assert_array_equal(prev2[:keys.size], prev[::-1])
-    assert (m2[keys.size:] == 0).all() and (v2[keys.size:] == 0).all() and (prev2[keys.size:] == 1).all()
+    np.testing.assert_array_equal(m2[: keys.size], m[::-1])
+    np.testing.assert_array_equal(v2[: keys.size], v[::-1])
+    np.testing.assert_array_equal(prev2[: keys.size], prev[::-1])
+    assert (m2[keys.size :] == 0).all() and (v2[keys.size :] == 0).all() and (prev2[keys.size :] == 1).all()
 
 
 def test_one_hot_rows_are_keys_and_bad_keys_are_named():
@@ -172,8 +178,8 @@ def test_one_hot_rows_are_keys_and_bad_keys_are_named():
     emb = embedding(E.LocalizedSlotSparseEmbeddingOneHot, sizes=sizes)
     w = device.to_host(emb.weight.data)
     assert emb.table is None and w.shape == (15, D)
-    bound = np.repeat(np.sqrt(1.0 / np.array(sizes)), sizes)[:, None]             # U(+-sqrt(1/size_s))
-    unit = row_values_ref(np.arange(15, dtype=np.uint64), D, 3, -1.0, 1.0)         # U(-1, 1) from (seed, row)
+    bound = np.repeat(np.sqrt(1.0 / np.array(sizes)), sizes)[:, None]  # U(+-sqrt(1/size_s))
+    unit = row_values_ref(np.arange(15, dtype=np.uint64), D, 3, -1.0, 1.0)  # U(-1, 1) from (seed, row)
     assert (np.abs(w) <= bound).all()
     np.testing.assert_allclose(w, unit * bound, rtol=1e-6)
     keys = np.array([1, 4, 9, 3, 6, 14], np.int64)
@@ -197,8 +203,7 @@ def test_simulator_kernels_equal_the_cpu_path(etype):
         emb = embedding(etype, combiner="mean", optimizer_type=O.Adam, update_type=U.Global)
         assert emb.engine.defer_checks == (kind == "sim")
         outs = [train_step(emb, KEYS, OFFSETS, dy) for _ in range(2)]
-        ev = device.to_host(emb.forward(None, np.array([5, 40, 7, 9]), np.array([0, 2, 2, 3, 3, 4, 4]), 2,
-                                        False).data)
+        ev = device.to_host(emb.forward(None, np.array([5, 40, 7, 9]), np.array([0, 2, 2, 3, 3, 4, 4]), 2, False).data)
         slots = emb.dump_slots()
         got[kind] = outs + [ev, *emb.dump(), *emb.dump_states()] + ([] if slots is None else [slots])
     assert len(got["sim"]) == len(got["cpu"])
@@ -221,13 +226,23 @@ def test_sharded_equals_one_rank_bit_for_bit(tmp_path):
     results = {}
     for ranks in (1, 2, 3):
         out = tmp_path / f"r{ranks}.npz"
-        r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "embedding_sharded_run.py"),
-                            str(out)], capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "embedding_sharded_run.py"), str(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, f"mpiexec -n {ranks} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         results[ranks] = dict(np.load(out))
     one = results[1]
-    assert {k.split(":")[0] for k in one} == {"dist_adam_global_mean", "dist_adam_lazy_sum",
-                                              "local_momentum_global_mean", "onehot_nesterov_sum"}
+    assert {k.split(":")[0] for k in one} == {
+        "dist_adam_global_mean",
+        "dist_adam_lazy_sum",
+        "local_momentum_global_mean",
+        "onehot_nesterov_sum",
+    }
     assert one["local_momentum_global_mean:slots"].size == one["local_momentum_global_mean:keys"].size > 0
     for ranks in (2, 3):
         assert results[ranks].keys() == one.keys()

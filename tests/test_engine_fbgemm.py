@@ -6,12 +6,12 @@ rowwise kernel fails inside FBGEMM with several tables). Skipped when fbgemm_gpu
 FBGEMM's CPU backward treats features of one table that are not next to each other in
 feature_table_map as separate tables (one update each); the engine sums every feature of a table into
 one update, which is the exact gradient. The cases below keep each table's features together."""
+
 import numpy as np
 import pytest
 
 from numbactr.runtime import device
-from numbactr.embedding.engine import (BoundsCheck, OptimizerSpec, Optim, Pooling, Precision,
-                                       TableBatchedEmbedding)
+from numbactr.embedding.engine import BoundsCheck, OptimizerSpec, Optim, Pooling, Precision, TableBatchedEmbedding
 from tests.engine_cases import assert_weights_close
 
 torch = pytest.importorskip("torch")
@@ -19,8 +19,11 @@ fbgemm = pytest.importorskip("fbgemm_gpu.split_table_batched_embeddings_ops_trai
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType  # noqa: E402
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, PoolingMode  # noqa: E402
 
-OPTIMS = {Optim.EXACT_SGD: EmbOptimType.EXACT_SGD, Optim.EXACT_ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
-          Optim.EXACT_ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+OPTIMS = {
+    Optim.EXACT_SGD: EmbOptimType.EXACT_SGD,
+    Optim.EXACT_ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
+    Optim.EXACT_ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+}
 POOLS = {Pooling.SUM: PoolingMode.SUM, Pooling.MEAN: PoolingMode.MEAN}
 
 
@@ -36,13 +39,26 @@ def _cpu():
 def _pair(tables, fmap, kind, pooling, impl, precision=Precision.FP32):
     specs = [(v, d, fbgemm.EmbeddingLocation.HOST, fbgemm.ComputeDevice.CPU) for v, d in tables]
     theirs = fbgemm.SplitTableBatchedEmbeddingBagsCodegen(
-        specs, feature_table_map=fmap, optimizer=OPTIMS[kind], learning_rate=0.05, eps=1e-6,
-        pooling_mode=POOLS[pooling], bounds_check_mode=BoundsCheckMode.FATAL,
+        specs,
+        feature_table_map=fmap,
+        optimizer=OPTIMS[kind],
+        learning_rate=0.05,
+        eps=1e-6,
+        pooling_mode=POOLS[pooling],
+        bounds_check_mode=BoundsCheckMode.FATAL,
         weights_precision=SparseType.FP16 if precision == Precision.FP16 else SparseType.FP32,
-        stochastic_rounding=False)
-    ours = TableBatchedEmbedding(tables, fmap, pooling=pooling, bounds_check=BoundsCheck.FATAL, impl=impl,
-                                 optimizer=OptimizerSpec(kind, learning_rate=0.05, eps=1e-6),
-                                 weights_precision=precision, stochastic_rounding=False)
+        stochastic_rounding=False,
+    )
+    ours = TableBatchedEmbedding(
+        tables,
+        fmap,
+        pooling=pooling,
+        bounds_check=BoundsCheck.FATAL,
+        impl=impl,
+        optimizer=OptimizerSpec(kind, learning_rate=0.05, eps=1e-6),
+        weights_precision=precision,
+        stochastic_rounding=False,
+    )
     rng = np.random.default_rng(1)
     for w_ours, w_theirs in zip(ours.split_weights(), theirs.split_embedding_weights()):
         init = rng.uniform(-0.5, 0.5, size=w_ours.shape).astype(w_ours.dtype)
@@ -60,17 +76,20 @@ def _batch(rng, tables, fmap, batch, max_len, dtype):
     return indices, offsets
 
 
-CASES = [(Optim.EXACT_SGD, [(40, 8), (25, 4)], [0, 0, 1], Pooling.SUM),
-         (Optim.EXACT_SGD, [(40, 8), (25, 4)], [0, 1, 1], Pooling.MEAN),
-         (Optim.EXACT_ADAGRAD, [(30, 12), (9, 4)], [0, 1, 1, 1], Pooling.SUM),
-         (Optim.EXACT_ADAGRAD, [(30, 12), (9, 4)], [0, 0, 1], Pooling.MEAN),
-         (Optim.EXACT_ROWWISE_ADAGRAD, [(50, 16)], [0, 0, 0], Pooling.SUM),
-         (Optim.EXACT_ROWWISE_ADAGRAD, [(50, 16)], [0, 0], Pooling.MEAN)]
+CASES = [
+    (Optim.EXACT_SGD, [(40, 8), (25, 4)], [0, 0, 1], Pooling.SUM),
+    (Optim.EXACT_SGD, [(40, 8), (25, 4)], [0, 1, 1], Pooling.MEAN),
+    (Optim.EXACT_ADAGRAD, [(30, 12), (9, 4)], [0, 1, 1, 1], Pooling.SUM),
+    (Optim.EXACT_ADAGRAD, [(30, 12), (9, 4)], [0, 0, 1], Pooling.MEAN),
+    (Optim.EXACT_ROWWISE_ADAGRAD, [(50, 16)], [0, 0, 0], Pooling.SUM),
+    (Optim.EXACT_ROWWISE_ADAGRAD, [(50, 16)], [0, 0], Pooling.MEAN),
+]
 
 
 @pytest.mark.parametrize("impl", ["cpu", "ref"])
-@pytest.mark.parametrize("kind,tables,fmap,pooling", CASES,
-                         ids=[f"{k.name}-{p.name}-{len(t)}t{len(f)}f" for k, t, f, p in CASES])
+@pytest.mark.parametrize(
+    "kind,tables,fmap,pooling", CASES, ids=[f"{k.name}-{p.name}-{len(t)}t{len(f)}f" for k, t, f, p in CASES]
+)
 def test_matches_fbgemm_over_several_steps(kind, tables, fmap, pooling, impl):
     ours, theirs = _pair(tables, fmap, kind, pooling, impl)
     rng = np.random.default_rng(7)
@@ -104,8 +123,9 @@ def test_per_sample_weights_and_their_gradient_match_fbgemm():
     out_theirs.backward(torch.from_numpy(dy))
     grads = ours.backward(ctx, dy)
     np.testing.assert_allclose(grads.per_sample_weights, psw_t.grad.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(ours.split_weights()[0], theirs.split_embedding_weights()[0].numpy(), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        ours.split_weights()[0], theirs.split_embedding_weights()[0].numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_fp16_weights_round_to_nearest_like_fbgemm():
@@ -120,5 +140,4 @@ def test_fp16_weights_round_to_nearest_like_fbgemm():
         out_theirs.backward(torch.from_numpy(dy))
         ours.backward(ctx, dy)
     # each update rounds once; float32 sums in another order may land on the other side of a tie
-    assert_weights_close(ours.split_weights()[0], theirs.split_embedding_weights()[0].numpy(), Precision.FP16,
-                         steps=3)
+    assert_weights_close(ours.split_weights()[0], theirs.split_embedding_weights()[0].numpy(), Precision.FP16, steps=3)

@@ -1,21 +1,29 @@
 """The engine's HUGECTR_FTRL (HugeCTR's Ftrl on the touched rows, EmbeddingCollection's): its fused update on
 every device is kernels/optimizers.py's ftrl_update_ref applied to the rows' summed gradients, bit for bit
 (the numba.cuda kernels in the simulator, the compiled CPU code, the NumPy reference), lr = 0 included."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numbactr.runtime import device
-from numbactr.embedding.engine import (Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, UpdateType,
-                                       state_specs)
+from numbactr.embedding.engine import (
+    Layout,
+    Optim,
+    OptimizerSpec,
+    Pooling,
+    TableBatchedEmbedding,
+    UpdateType,
+    state_specs,
+)
 from numbactr.kernels import optimizers as OPT
 
 
 def _batch(rng, n_features: int, batch: int, rows: list, ftm: list):
     lens = rng.integers(0, 4, n_features * batch)
     off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    bag_feature = np.arange(n_features * batch) % n_features           # SAMPLE_MAJOR: bag b*F + f
+    bag_feature = np.arange(n_features * batch) % n_features  # SAMPLE_MAJOR: bag b*F + f
     idx = np.concatenate([rng.integers(0, rows[ftm[f]], n) for f, n in zip(bag_feature, lens)] + [[]])
     return idx.astype(np.int64), off
 
@@ -36,8 +44,13 @@ def _train_against_reference(impl: str, seed: int, lr: float, pooling, steps: in
     tables, ftm = [(6, 3), (4, 5)], [0, 1, 0]
     if pooling == Pooling.NONE:
         tables = [(6, 4), (4, 4)]
-    hp = dict(learning_rate=lr, beta=float(rng.uniform(0, 1)), lambda1=float(rng.uniform(0, 0.05)),
-              lambda2=float(rng.uniform(0, 0.1)), scaler=float(rng.choice([1.0, 4.0])))
+    hp = dict(
+        learning_rate=lr,
+        beta=float(rng.uniform(0, 1)),
+        lambda1=float(rng.uniform(0, 0.05)),
+        lambda2=float(rng.uniform(0, 0.1)),
+        scaler=float(rng.choice([1.0, 4.0])),
+    )
     ftrl, grads = _engines(impl, tables, ftm, pooling, hp, seed)
     xp = device.xp()
     w = [np.array(device.to_host(v)) for v in grads.split_weights()]
@@ -56,9 +69,17 @@ def _train_against_reference(impl: str, seed: int, lr: float, pooling, steps: in
             if rows.size:
                 d = tables[t][1]
                 w[t][rows], zn[t][0][rows], zn[t][1][rows] = OPT.ftrl_update_ref(
-                    w[t][rows], zn[t][0][rows], zn[t][1][rows], np.ascontiguousarray(vals[:, :d]), hp["learning_rate"],
-                    hp["beta"], hp["lambda1"], hp["lambda2"], hp["scaler"])
-        for t, v in enumerate(grads.split_weights()):          # the NONE engine follows the same rows
+                    w[t][rows],
+                    zn[t][0][rows],
+                    zn[t][1][rows],
+                    np.ascontiguousarray(vals[:, :d]),
+                    hp["learning_rate"],
+                    hp["beta"],
+                    hp["lambda1"],
+                    hp["lambda2"],
+                    hp["scaler"],
+                )
+        for t, v in enumerate(grads.split_weights()):  # the NONE engine follows the same rows
             v[...] = xp.asarray(w[t])
     for t, (got_w, got_s) in enumerate(zip(ftrl.split_weights(), ftrl.split_optimizer_states())):
         np.testing.assert_array_equal(np.array(device.to_host(got_w)).view(np.uint32), w[t].view(np.uint32))
@@ -74,20 +95,20 @@ POOLINGS = [Pooling.SUM, Pooling.MEAN, Pooling.NONE]
 @pytest.mark.skipif(not device.uses_kernels(), reason="needs the sim or gpu device")
 @pytest.mark.skipif(device.kind() == "gpu", reason="bit for bit in the simulator (a GPU may contract to FMA)")
 @settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 2 ** 16), lr=st.sampled_from(LRS), pooling=st.sampled_from(POOLINGS))
+@given(seed=st.integers(0, 2**16), lr=st.sampled_from(LRS), pooling=st.sampled_from(POOLINGS))
 def test_kernels_equal_ftrl_reference_on_summed_gradients(seed, lr, pooling):
     _train_against_reference("kernels", seed, lr, pooling)
 
 
 @settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 2 ** 16), lr=st.sampled_from(LRS), pooling=st.sampled_from(POOLINGS))
+@given(seed=st.integers(0, 2**16), lr=st.sampled_from(LRS), pooling=st.sampled_from(POOLINGS))
 def test_compiled_cpu_equals_ftrl_reference_on_summed_gradients(seed, lr, pooling):
-    device.set_device("cpu")                  # (the autouse _restore_device switches back)
+    device.set_device("cpu")  # (the autouse _restore_device switches back)
     _train_against_reference("cpu", seed, lr, pooling)
 
 
 @settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 2 ** 16), lr=st.sampled_from(LRS), pooling=st.sampled_from(POOLINGS))
+@given(seed=st.integers(0, 2**16), lr=st.sampled_from(LRS), pooling=st.sampled_from(POOLINGS))
 def test_engine_reference_equals_ftrl_reference_on_summed_gradients(seed, lr, pooling):
     """impl "ref" (its NONE and its Ftrl both take the float64 row sums rounded to float32)."""
     device.set_device("cpu")
@@ -96,8 +117,12 @@ def test_engine_reference_equals_ftrl_reference_on_summed_gradients(seed, lr, po
 
 def test_frozen_lr_keeps_weights_and_sums_states():
     """lr = 0: the weights stay (HugeCTR would divide by 0), z += g / scaler, n += (g / scaler)^2."""
-    eng = TableBatchedEmbedding([(3, 2)], optimizer=OptimizerSpec(Optim.HUGECTR_FTRL, learning_rate=0.0, beta=0.1,
-                                                                  lambda1=0.01, lambda2=0.01, scaler=2.0))
+    eng = TableBatchedEmbedding(
+        [(3, 2)],
+        optimizer=OptimizerSpec(
+            Optim.HUGECTR_FTRL, learning_rate=0.0, beta=0.1, lambda1=0.01, lambda2=0.01, scaler=2.0
+        ),
+    )
     eng.init_uniform(-1, 1, 2)
     xp = device.xp()
     before = np.array(device.to_host(eng.split_weights()[0]))

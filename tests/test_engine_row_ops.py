@@ -2,22 +2,37 @@
 and EMA in place) and what the FBGEMM face reads around them (touched_rows, row_state, copy_rows /
 restore_rows): the numba.cuda kernels in the simulator and the compiled CPU code against the NumPy
 reference, bit for bit, on random tiny tables of both precisions."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numbactr.runtime import device
-from numbactr.embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Precision, TableBatchedEmbedding,
-                                       WeightDecay, lerp_halves_of)
+from numbactr.embedding.engine import (
+    BoundsCheck,
+    Layout,
+    Optim,
+    OptimizerSpec,
+    Precision,
+    TableBatchedEmbedding,
+    WeightDecay,
+    lerp_halves_of,
+)
 from numbactr.kernels import tbe_row_ops as RO
 
 PRECISIONS = [Precision.FP32, Precision.FP16]
 
 
 def _engine(dims, rows, precision, impl, seed=3, **kw):
-    eng = TableBatchedEmbedding(list(zip(rows, dims)), weights_precision=precision, impl=impl, seed=seed,
-                                optimizer=OptimizerSpec(Optim.EXACT_SGD), **kw)
+    eng = TableBatchedEmbedding(
+        list(zip(rows, dims)),
+        weights_precision=precision,
+        impl=impl,
+        seed=seed,
+        optimizer=OptimizerSpec(Optim.EXACT_SGD),
+        **kw,
+    )
     eng.init_uniform(-2.0, 2.0, seed)
     return eng
 
@@ -28,15 +43,16 @@ def _weights(eng) -> list:
 
 def _assert_same_bits(a: list, b: list) -> None:
     for x, y in zip(a, b):
-        np.testing.assert_array_equal(x.view(np.uint16 if x.dtype == np.float16 else np.uint32),
-                                      y.view(np.uint16 if y.dtype == np.float16 else np.uint32))
+        np.testing.assert_array_equal(
+            x.view(np.uint16 if x.dtype == np.float16 else np.uint32),
+            y.view(np.uint16 if y.dtype == np.float16 else np.uint32),
+        )
 
 
 @st.composite
 def tables(draw, even: bool = False):
     n = draw(st.integers(1, 3))
-    dims = [draw(st.integers(1, 5)) * (2 if even else 1) + (0 if even else draw(st.integers(0, 1)))
-            for _ in range(n)]
+    dims = [draw(st.integers(1, 5)) * (2 if even else 1) + (0 if even else draw(st.integers(0, 1))) for _ in range(n)]
     rows = [draw(st.integers(0, 5)) for _ in range(n)]
     if sum(rows) == 0:
         rows[0] = 1
@@ -45,9 +61,9 @@ def tables(draw, even: bool = False):
 
 def _scale_case(total: int, seed: int):
     rng = np.random.default_rng(seed)
-    rows = rng.permutation(total)[:rng.integers(0, total + 1)].astype(np.int64)
+    rows = rng.permutation(total)[: rng.integers(0, total + 1)].astype(np.int64)
     factors = rng.uniform(-3.0, 3.0, rows.shape[0]).astype(np.float32)
-    factors[rng.random(rows.shape[0]) < 0.2] = np.float32(1e5)          # float16 overflow: inf, as NumPy's cast
+    factors[rng.random(rows.shape[0]) < 0.2] = np.float32(1e5)  # float16 overflow: inf, as NumPy's cast
     return rows, factors
 
 
@@ -74,7 +90,7 @@ kernels_only = pytest.mark.skipif(not device.uses_kernels(), reason="needs the s
 
 @kernels_only
 @settings(max_examples=12, deadline=None)
-@given(case=tables(), seed=st.integers(0, 2 ** 16))
+@given(case=tables(), seed=st.integers(0, 2**16))
 def test_scale_rows_kernel_matches_reference(case, seed):
     _check_scale("kernels", *case, seed)
 
@@ -88,9 +104,9 @@ def test_lerp_halves_kernel_matches_reference(case, coef):
 
 # ---- compiled CPU against the reference -------------------------------------------------------------
 @settings(max_examples=12, deadline=None)
-@given(case=tables(), seed=st.integers(0, 2 ** 16))
+@given(case=tables(), seed=st.integers(0, 2**16))
 def test_scale_rows_cpu_matches_reference(case, seed):
-    device.set_device("cpu")                  # (the autouse _restore_device switches back)
+    device.set_device("cpu")  # (the autouse _restore_device switches back)
     _check_scale("cpu", *case, seed)
 
 
@@ -105,7 +121,7 @@ def test_lerp_halves_cpu_matches_reference(case, coef):
 def test_references_by_hand():
     """scale_rows multiplies each listed row (and nothing else) in float32; lerp_halves is torch.lerp_'s
     formula: a + c (b - a) below 1/2, b - (b - a)(1 - c) from 1/2 on."""
-    w = np.arange(12, dtype=np.float32)                   # two tables: 2 rows of 2 (stride 4), 1 row of 4
+    w = np.arange(12, dtype=np.float32)  # two tables: 2 rows of 2 (stride 4), 1 row of 4
     elem_off, strides, dims, row_off = (np.array(x, np.int64) for x in ([0, 8, 12], [4, 4], [2, 4], [0, 2, 3]))
     RO.scale_rows_ref(w, elem_off, strides, dims, row_off, np.array([2, 0]), np.array([0.5, -1.0], np.float32))
     np.testing.assert_array_equal(w, [-0.0, -1, 2, 3, 4, 5, 6, 7, 4, 4.5, 5, 5.5])
@@ -126,21 +142,29 @@ def test_touched_rows_state_and_copy_restore(impl, layout):
         pytest.skip("needs the sim or gpu device")
     if impl != "kernels" and device.kind() == "gpu":
         pytest.skip("host impls")
-    eng = TableBatchedEmbedding([(5, 3), (4, 6)], [0, 1, 0], layout=layout, impl=impl,
-                                bounds_check=BoundsCheck.IGNORE,
-                                optimizer=OptimizerSpec(Optim.EXACT_ROWWISE_ADAGRAD, weight_decay_mode=WeightDecay.DECOUPLE,
-                                                        prev_iter_state=True))
+    eng = TableBatchedEmbedding(
+        [(5, 3), (4, 6)],
+        [0, 1, 0],
+        layout=layout,
+        impl=impl,
+        bounds_check=BoundsCheck.IGNORE,
+        optimizer=OptimizerSpec(
+            Optim.EXACT_ROWWISE_ADAGRAD, weight_decay_mode=WeightDecay.DECOUPLE, prev_iter_state=True
+        ),
+    )
     eng.init_uniform(-1, 1, 5)
     xp = device.xp()
     # B = 2: bags in the layout's order; feature 1 reads table 1 (rows 5..8), features 0 and 2 table 0
     per_bag = {(0, 0): [1, 1], (0, 1): [4], (1, 0): [3, 9], (1, 1): [], (2, 0): [-1], (2, 1): [2, 1]}
-    order = sorted(per_bag, key=(lambda fb: fb[0] * 2 + fb[1]) if layout == Layout.FEATURE_MAJOR
-                   else (lambda fb: fb[1] * 3 + fb[0]))
+    order = sorted(
+        per_bag,
+        key=(lambda fb: fb[0] * 2 + fb[1]) if layout == Layout.FEATURE_MAJOR else (lambda fb: fb[1] * 3 + fb[0]),
+    )
     idx = [i for fb in order for i in per_bag[fb]]
     off = np.concatenate([[0], np.cumsum([len(per_bag[fb]) for fb in order])])
     ctx = eng.lookup(xp.asarray(np.array(idx, np.int64)), xp.asarray(off.astype(np.int64)))
     got = device.to_host(eng.touched_rows(ctx))
-    np.testing.assert_array_equal(got, [1, 2, 4, 5 + 0, 5 + 3])   # index 9 of table 1 (4 rows) reads row 0
+    np.testing.assert_array_equal(got, [1, 2, 4, 5 + 0, 5 + 3])  # index 9 of table 1 (4 rows) reads row 0
     out = eng.pool(ctx)
     want, _ = eng.forward(xp.asarray(np.array(idx, np.int64)), xp.asarray(off.astype(np.int64)))
     np.testing.assert_array_equal(device.to_host(out), device.to_host(want))

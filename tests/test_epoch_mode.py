@@ -1,4 +1,5 @@
 """Epoch mode (repeat_dataset=False): train() returns False at the end, set_source restarts, fit(num_epochs)."""
+
 import pytest
 
 import numbactr as hugectr
@@ -6,15 +7,32 @@ from tests.model_util import tiny_data
 
 
 def build(tr, ev, drop=True):
-    s = hugectr.CreateSolver(batchsize=100, batchsize_eval=100, max_eval_batches=10, i64_input_key=True,
-                             repeat_dataset=False, drop_incomplete_batch=drop)
-    r = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev,
-                                 check_type=hugectr.Check_t.Sum, num_workers=1)
+    s = hugectr.CreateSolver(
+        batchsize=100,
+        batchsize_eval=100,
+        max_eval_batches=10,
+        i64_input_key=True,
+        repeat_dataset=False,
+        drop_incomplete_batch=drop,
+    )
+    r = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[tr],
+        eval_source=ev,
+        check_type=hugectr.Check_t.Sum,
+        num_workers=1,
+    )
     m = hugectr.Model(s, r, hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)]))
-    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "emb",
-                                  "data1"))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)],
+        )
+    )
+    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "emb", "data1"))
     m.add(hugectr.DenseLayer(hugectr.Layer_t.Reshape, ["emb"], ["flat"], leading_dim=12))
     m.add(hugectr.DenseLayer(hugectr.Layer_t.InnerProduct, ["flat"], ["fc"], num_output=1))
     m.add(hugectr.DenseLayer(hugectr.Layer_t.BinaryCrossEntropyLoss, ["fc", "label"], ["loss"]))
@@ -22,7 +40,7 @@ def build(tr, ev, drop=True):
     return m
 
 
-@pytest.mark.parametrize("drop,steps", [(True, 5), (False, 6)])      # 512 samples, batch 100
+@pytest.mark.parametrize("drop,steps", [(True, 5), (False, 6)])  # 512 samples, batch 100
 def test_train_returns_false_at_the_end_of_the_epoch(tmp_path, cpu, drop, steps):
     tr, ev = tiny_data(str(tmp_path), n_train=512, files=1)
     m = build(tr, ev, drop)
@@ -30,7 +48,7 @@ def test_train_returns_false_at_the_end_of_the_epoch(tmp_path, cpu, drop, steps)
     while m.train():
         n += 1
     assert n == steps
-    assert not m.train()                                  # stays at the end until set_source
+    assert not m.train()  # stays at the end until set_source
     m.get_data_reader_train().set_source()
     assert m.train()
     m.set_source(tr, ev)

@@ -12,14 +12,21 @@ must give the same outputs, rows and states, also for a forward no backward foll
 and an index the bounds check repairs.
 LARS_SGD's oracle is its optimizer template (codegen/genscript/optimizers.py, lars_sgd) in float64.
 """
+
 import numpy as np
 import pytest
 
 from numbactr.fbgemm_gpu.array_tbe import ArrayTBE
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-    ComputeDevice, EmbeddingLocation, GlobalWeightDecayDefinition, OptimType, PoolingMode, WeightDecayMode)
+    ComputeDevice,
+    EmbeddingLocation,
+    GlobalWeightDecayDefinition,
+    OptimType,
+    PoolingMode,
+    WeightDecayMode,
+)
 
-pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
+pytestmark = pytest.mark.usefixtures("cpu")  # conftest.py: the cpu device for every test
 
 LR, WD, EPS = 0.05, 0.2, 1e-8
 
@@ -50,7 +57,7 @@ def fbgemm_gwd_reference(weights, batches, grads, start_iter, lower_bound, pooli
                 scale = 1.0 / len(rows) if pooling == "MEAN" and rows else 1.0
                 for r in rows:
                     out_f[b] += scale * factor(t, r) * w[t][r]
-                    gsum[t][r] = gsum[t].get(r, 0.0) + scale * dy[b, col:col + dim]
+                    gsum[t][r] = gsum[t].get(r, 0.0) + scale * dy[b, col : col + dim]
             cols.append(out_f)
             col += dim
         outs.append(np.concatenate(cols, axis=1))
@@ -66,10 +73,17 @@ def fbgemm_gwd_reference(weights, batches, grads, start_iter, lower_bound, pooli
 
 
 def make(specs, ftm, start_iter, lower_bound, pooling):
-    face = ArrayTBE([(r, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, d in specs], ftm,
-                    optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=LR, weight_decay=WD, eps=EPS,
-                    weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL, pooling_mode=getattr(PoolingMode, pooling),
-                    global_weight_decay=GlobalWeightDecayDefinition(start_iter=start_iter, lower_bound=lower_bound))
+    face = ArrayTBE(
+        [(r, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, d in specs],
+        ftm,
+        optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=LR,
+        weight_decay=WD,
+        eps=EPS,
+        weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL,
+        pooling_mode=getattr(PoolingMode, pooling),
+        global_weight_decay=GlobalWeightDecayDefinition(start_iter=start_iter, lower_bound=lower_bound),
+    )
     face.init_embedding_weights_uniform(-1, 1)
     return face
 
@@ -84,8 +98,9 @@ def test_global_weight_decay_follows_fbgemms_rule(start_iter, lower_bound, pooli
     for step in range(8):
         batch = 3
         # rows come and go, so that some miss several iterations (the decay they catch up on)
-        per_feature = [[list(rng.integers(0, 3 if step % 3 else 5, rng.integers(0, 3))) for _ in range(batch)]
-                       for _ in ftm]
+        per_feature = [
+            [list(rng.integers(0, 3 if step % 3 else 5, rng.integers(0, 3))) for _ in range(batch)] for _ in ftm
+        ]
         lens = [len(bag) for bags in per_feature for bag in bags]
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         indices = np.array([r for bags in per_feature for bag in bags for r in bag], np.int64)
@@ -95,8 +110,7 @@ def test_global_weight_decay_follows_fbgemms_rule(start_iter, lower_bound, pooli
         batches.append((per_feature, ftm))
         grads.append(dy.astype(np.float64))
         outs.append(np.array(out))
-    want_outs, want_w, want_m, want_p = fbgemm_gwd_reference(weights0, batches, grads, start_iter, lower_bound,
-                                                             pooling)
+    want_outs, want_w, want_m, want_p = fbgemm_gwd_reference(weights0, batches, grads, start_iter, lower_bound, pooling)
     for got, want in zip(outs, want_outs):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     for t, (w, (m, p)) in enumerate(zip(face.split_embedding_weights(), face.split_optimizer_states())):
@@ -105,15 +119,24 @@ def test_global_weight_decay_follows_fbgemms_rule(start_iter, lower_bound, pooli
         np.testing.assert_array_equal(p, want_p[t])
     assert any(np.any(p > 0) for _, p in face.split_optimizer_states()) == (start_iter <= 8)
     # the decay matters: plain DECOUPLE (decay on updates only) ends elsewhere
-    plain = ArrayTBE([(r, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, d in specs], ftm,
-                     optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=LR, weight_decay=WD, eps=EPS,
-                     weight_decay_mode=WeightDecayMode.DECOUPLE, pooling_mode=getattr(PoolingMode, pooling))
+    plain = ArrayTBE(
+        [(r, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, d in specs],
+        ftm,
+        optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=LR,
+        weight_decay=WD,
+        eps=EPS,
+        weight_decay_mode=WeightDecayMode.DECOUPLE,
+        pooling_mode=getattr(PoolingMode, pooling),
+    )
     for a, b in zip(plain.split_embedding_weights(), weights0):
         a[...] = b
     for (per_feature, _), dy in zip(batches, grads):
         lens = [len(bag) for bags in per_feature for bag in bags]
-        plain(np.array([r for bags in per_feature for bag in bags for r in bag], np.int64),
-              np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+        plain(
+            np.array([r for bags in per_feature for bag in bags for r in bag], np.int64),
+            np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+        )
         plain.backward(dy.astype(np.float32))
     assert not all(np.allclose(a, b) for a, b in zip(plain.split_embedding_weights(), face.split_embedding_weights()))
 
@@ -125,34 +148,48 @@ def test_global_weight_decay_state_names_eval_and_refusals():
     idx, off = np.array([1, 2]), np.array([0, 1, 2])
     face(idx, off)
     face.backward(np.ones((2, 4), np.float32))
-    face.iter[0] = 9                                   # rows 1, 2 were updated at iteration 1
+    face.iter[0] = 9  # rows 1, 2 were updated at iteration 1
     face.eval()
     before = np.array(face.split_embedding_weights()[0])
-    out = face(idx, off)                               # iteration 10: an eval forward applies no decay
+    out = face(idx, off)  # iteration 10: an eval forward applies no decay
     np.testing.assert_array_equal(out, before[[1, 2]])
     face.train()
-    out = face(idx, off)                               # iteration 11: the 9 iterations 2..10 missed
+    out = face(idx, off)  # iteration 11: the 9 iterations 2..10 missed
     np.testing.assert_allclose(out, before[[1, 2]] * (1 - LR * WD) ** 9, rtol=1e-5)
     face.update_hyper_parameters({"lower_bound": 0.5})
     assert face.gwd_lower_bound == 0.5
     with pytest.raises(ValueError, match="DECOUPLE_GLOBAL"):
-        ArrayTBE([(6, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=OptimType.EXACT_ADAGRAD,
-                 weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL, global_weight_decay=GlobalWeightDecayDefinition())
+        ArrayTBE(
+            [(6, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+            optimizer=OptimType.EXACT_ADAGRAD,
+            weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL,
+            global_weight_decay=GlobalWeightDecayDefinition(),
+        )
     with pytest.raises(NotImplementedError, match="PoolingMode.NONE"):
         make([(6, 4)], [0], 0, 0.0, "NONE")
     with pytest.raises(NotImplementedError, match="MANAGED_CACHING"):
-        ArrayTBE([(6, 4, EmbeddingLocation.MANAGED_CACHING, ComputeDevice.CUDA)],
-                 optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL,
-                 global_weight_decay=GlobalWeightDecayDefinition())
+        ArrayTBE(
+            [(6, 4, EmbeddingLocation.MANAGED_CACHING, ComputeDevice.CUDA)],
+            optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
+            weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL,
+            global_weight_decay=GlobalWeightDecayDefinition(),
+        )
 
 
 def _gwd_face(n_features=1, bounds="WARNING", lr=0.1, wd=0.5):
     from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import BoundsCheckMode
-    face = ArrayTBE([(4, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)], [0] * n_features,
-                    optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=lr, weight_decay=wd, eps=1e-8,
-                    weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL,
-                    bounds_check_mode=getattr(BoundsCheckMode, bounds),
-                    global_weight_decay=GlobalWeightDecayDefinition(start_iter=0, lower_bound=0.0))
+
+    face = ArrayTBE(
+        [(4, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+        [0] * n_features,
+        optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=lr,
+        weight_decay=wd,
+        eps=1e-8,
+        weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL,
+        bounds_check_mode=getattr(BoundsCheckMode, bounds),
+        global_weight_decay=GlobalWeightDecayDefinition(start_iter=0, lower_bound=0.0),
+    )
     face.split_embedding_weights()[0][...] = 1.0
     return face
 
@@ -172,17 +209,17 @@ def test_global_weight_decay_forward_without_backward_changes_no_table():
     prev_iter as they were."""
     base = 1 - 0.1 * 0.5
     face = _gwd_face()
-    _gwd_step(face, [0])                              # it 1: row 0 updated (prev_iter 1), w = base
+    _gwd_step(face, [0])  # it 1: row 0 updated (prev_iter 1), w = base
     for _ in range(3):
-        _gwd_step(face, [1])                          # its 2..4: row 0 not read
+        _gwd_step(face, [1])  # its 2..4: row 0 not read
     rows, prev = np.array(face.split_embedding_weights()[0]), np.array(face.split_optimizer_states()[0][1])
-    out5 = _gwd_step(face, [0], backward=False)       # it 5: forward only
-    np.testing.assert_allclose(out5[0], base * base ** 3, rtol=1e-6)
+    out5 = _gwd_step(face, [0], backward=False)  # it 5: forward only
+    np.testing.assert_allclose(out5[0], base * base**3, rtol=1e-6)
     np.testing.assert_array_equal(face.split_embedding_weights()[0], rows)
     np.testing.assert_array_equal(face.split_optimizer_states()[0][1], prev)
-    out6 = _gwd_step(face, [0])                       # it 6: row 0 missed iterations 2..5
-    np.testing.assert_allclose(out6[0], base * base ** 4, rtol=1e-6)
-    np.testing.assert_allclose(face.split_embedding_weights()[0][0], base ** 6, rtol=1e-6)
+    out6 = _gwd_step(face, [0])  # it 6: row 0 missed iterations 2..5
+    np.testing.assert_allclose(out6[0], base * base**4, rtol=1e-6)
+    np.testing.assert_allclose(face.split_embedding_weights()[0][0], base**6, rtol=1e-6)
     assert face.split_optimizer_states()[0][1][0] == 6
 
 
@@ -195,17 +232,18 @@ def test_global_weight_decay_reads_the_rows_the_bounds_check_repairs():
     for _ in range(3):
         _gwd_step(face, [1])
     with pytest.warns(Warning):
-        out5 = _gwd_step(face, [99])                  # it 5: 99 -> row 0
-    np.testing.assert_allclose(out5[0], base * base ** 3, rtol=1e-6)
-    np.testing.assert_allclose(face.split_embedding_weights()[0][0], base ** 5, rtol=1e-6)
+        out5 = _gwd_step(face, [99])  # it 5: 99 -> row 0
+    np.testing.assert_allclose(out5[0], base * base**3, rtol=1e-6)
+    np.testing.assert_allclose(face.split_embedding_weights()[0][0], base**5, rtol=1e-6)
     assert face.split_optimizer_states()[0][1][0] == 5
-    np.testing.assert_allclose(_gwd_step(face, [0])[0], base ** 5, rtol=1e-6)     # it 6: nothing missed
+    np.testing.assert_allclose(_gwd_step(face, [0])[0], base**5, rtol=1e-6)  # it 6: nothing missed
 
 
 def test_global_weight_decay_failed_forward_leaves_the_tables_untouched():
     """FATAL: a bad index in the second feature raises; the first feature's rows and prev_iter stay as they
     were (FBGEMM checks before any kernel reads or writes)."""
     from numbactr.embedding.engine import EmbeddingBoundsError
+
     face = _gwd_face(n_features=2, bounds="FATAL")
     _gwd_step(face, [0, 1])
     for _ in range(3):
@@ -241,8 +279,14 @@ def test_global_weight_decay_needs_a_weight_decay():
 def test_torch_module_global_weight_decay_buffers_and_round_trip():
     torch = pytest.importorskip("torch")
     from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
-    kw = dict(optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=LR, weight_decay=WD,
-              weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL, global_weight_decay=GlobalWeightDecayDefinition())
+
+    kw = dict(
+        optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=LR,
+        weight_decay=WD,
+        weight_decay_mode=WeightDecayMode.DECOUPLE_GLOBAL,
+        global_weight_decay=GlobalWeightDecayDefinition(),
+    )
     mod = SplitTableBatchedEmbeddingBagsCodegen([(6, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)], **kw)
     mod.init_embedding_weights_uniform(-1, 1)
     arr = make([(6, 4)], [0], 0, 0.0, "SUM")
@@ -268,9 +312,16 @@ def test_lars_sgd_follows_fbgemms_template(pooling, wd):
     row's g is its summed gradient; FBGEMM's forward counts no iteration for LARS_SGD."""
     lr, eta, mom = 0.5, 0.01, 0.9
     specs, ftm = [(7, 8), (5, 4)], [0, 1, 0]
-    face = ArrayTBE([(r, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, d in specs], ftm,
-                    optimizer=OptimType.LARS_SGD, learning_rate=lr, eta=eta, momentum=mom, weight_decay=wd,
-                    pooling_mode=getattr(PoolingMode, pooling))
+    face = ArrayTBE(
+        [(r, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, d in specs],
+        ftm,
+        optimizer=OptimType.LARS_SGD,
+        learning_rate=lr,
+        eta=eta,
+        momentum=mom,
+        weight_decay=wd,
+        pooling_mode=getattr(PoolingMode, pooling),
+    )
     face.init_embedding_weights_uniform(-1, 1)
     w = [np.array(x, np.float64) for x in face.split_embedding_weights()]
     m = [np.zeros_like(x) for x in w]
@@ -290,7 +341,7 @@ def test_lars_sgd_follows_fbgemms_template(pooling, wd):
             bag = np.searchsorted(offsets, k, side="right") - 1
             scale = 1.0 / lens[bag] if pooling == "MEAN" else 1.0
             t = ftm[f]
-            grads[t][r] = grads[t].get(r, 0.0) + scale * dy[bag % batch, cols[f]:cols[f + 1]].astype(np.float64)
+            grads[t][r] = grads[t].get(r, 0.0) + scale * dy[bag % batch, cols[f] : cols[f + 1]].astype(np.float64)
         for t, rows in enumerate(grads):
             for r, g in rows.items():
                 wn, gn = np.linalg.norm(w[t][r]), np.linalg.norm(g)
@@ -300,6 +351,6 @@ def test_lars_sgd_follows_fbgemms_template(pooling, wd):
     for t in range(len(specs)):
         np.testing.assert_allclose(face.split_embedding_weights()[t], w[t], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(face.split_optimizer_states()[t][0], m[t], rtol=1e-4, atol=1e-7)
-    assert int(face.iter[0]) == 0                                   # no iteration counted, as FBGEMM
+    assert int(face.iter[0]) == 0  # no iteration counted, as FBGEMM
     with pytest.raises(NotImplementedError, match="(?i)lars_sgd"):
         face.get_optimizer_state()

@@ -2,6 +2,7 @@
 fused update in place (no dense weight gradient), per-sample-weight gradients, OptimType.NONE's sparse
 gradient, memory shared between tensors and the engine, state_dict, FBGEMM's iteration counting, and
 examples/fbgemm_dlrm.py (a PyTorch DLRM written for FBGEMM, one import changed) trains."""
+
 import importlib.util
 import pathlib
 
@@ -12,13 +13,19 @@ torch = pytest.importorskip("torch")
 
 from numbactr.fbgemm_gpu.array_tbe import ArrayTBE  # noqa: E402
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: E402
-    ComputeDevice, EmbeddingLocation, OptimType, PoolingMode, SparseType, SplitTableBatchedEmbeddingBagsCodegen)
+    ComputeDevice,
+    EmbeddingLocation,
+    OptimType,
+    PoolingMode,
+    SparseType,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
 
 HOST = (EmbeddingLocation.HOST, ComputeDevice.CPU)
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "fbgemm_dlrm.py"
 
 
-pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
+pytestmark = pytest.mark.usefixtures("cpu")  # conftest.py: the cpu device for every test
 
 
 def pair(specs, **kw):
@@ -35,7 +42,7 @@ def pair(specs, **kw):
 def test_module_shape_parameters_and_fbgemm_attributes():
     mod = SplitTableBatchedEmbeddingBagsCodegen([(5, 4, *HOST), (3, 8, *HOST)], feature_table_map=[0, 1, 0])
     assert isinstance(mod, torch.nn.Module)
-    assert [p.shape for p in mod.parameters()] == [torch.Size([0])]        # FBGEMM's placeholder only
+    assert [p.shape for p in mod.parameters()] == [torch.Size([0])]  # FBGEMM's placeholder only
     assert (mod.total_D, mod.max_D, mod.D_offsets.tolist()) == (16, 8, [0, 4, 12, 16])
     assert mod.current_device == torch.device("cpu")
 
@@ -43,8 +50,7 @@ def test_module_shape_parameters_and_fbgemm_attributes():
 @pytest.mark.parametrize("opt", [OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.LAMB])
 def test_autograd_backward_runs_the_fused_update(opt):
     specs, ftm = [(9, 8), (5, 4)], [0, 1, 0]
-    mod, arr = pair(specs, feature_table_map=ftm, optimizer=opt, learning_rate=0.05,
-                    pooling_mode=PoolingMode.MEAN)
+    mod, arr = pair(specs, feature_table_map=ftm, optimizer=opt, learning_rate=0.05, pooling_mode=PoolingMode.MEAN)
     rng = np.random.default_rng(0)
     for _ in range(3):
         lens = rng.integers(0, 3, 3 * 4)
@@ -59,7 +65,7 @@ def test_autograd_backward_runs_the_fused_update(opt):
         (out * torch.from_numpy(dy)).sum().backward()
         grads = arr.backward(dy)
         np.testing.assert_array_equal(t_psw.grad.numpy(), grads.per_sample_weights)
-        assert mod.placeholder_autograd_tensor.grad is None                  # no dense weight gradient
+        assert mod.placeholder_autograd_tensor.grad is None  # no dense weight gradient
     for a, b in zip(mod.split_embedding_weights(), arr.split_embedding_weights()):
         np.testing.assert_array_equal(a.numpy(), b)
     for sa, sb in zip(mod.split_optimizer_states(), arr.split_optimizer_states()):
@@ -111,8 +117,9 @@ def test_state_dict_round_trip_and_loaded_iter():
     out.sum().backward()
     state = mod.state_dict()
     assert {"weights_host", "momentum1_host", "momentum2_host", "iter"} <= set(state)
-    fresh = SplitTableBatchedEmbeddingBagsCodegen([(5, 4, *HOST), (3, 8, *HOST)],
-                                                  optimizer=OptimType.PARTIAL_ROWWISE_ADAM)
+    fresh = SplitTableBatchedEmbeddingBagsCodegen(
+        [(5, 4, *HOST), (3, 8, *HOST)], optimizer=OptimType.PARTIAL_ROWWISE_ADAM
+    )
     fresh.load_state_dict(state)
     for a, b in zip(fresh.split_embedding_weights(), mod.split_embedding_weights()):
         assert torch.equal(a, b)
@@ -120,7 +127,7 @@ def test_state_dict_round_trip_and_loaded_iter():
         for a, b in zip(sa, sb):
             assert torch.equal(a, b)
     fresh(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
-    assert fresh.iter_cpu == 2                    # continues from the loaded iter, as FBGEMM's iter_cpu does
+    assert fresh.iter_cpu == 2  # continues from the loaded iter, as FBGEMM's iter_cpu does
     fresh.set_optimizer_step(7)
     fresh(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
     assert (fresh.iter_cpu, int(fresh.iter.item())) == (8, 8)
@@ -135,13 +142,14 @@ def test_optimizer_none_gives_weights_dev_a_sparse_gradient():
     assert grad.is_sparse and grad.indices().tolist() == [[1, 7]]
     assert grad.values().tolist() == [[0, 2, 4, 6], [4, 5, 6, 7]]
     sgd = torch.optim.SGD([mod.weights_dev], lr=1.0)
-    sgd.step()                                         # a torch optimizer updates the engine's rows
+    sgd.step()  # a torch optimizer updates the engine's rows
     np.testing.assert_array_equal(mod.engine.split_weights()[0][1], [0, -2, -4, -6])
 
 
 def test_fp16_output_and_weights():
-    mod = SplitTableBatchedEmbeddingBagsCodegen([(5, 8, *HOST)], weights_precision=SparseType.FP16,
-                                                output_dtype=SparseType.FP16)
+    mod = SplitTableBatchedEmbeddingBagsCodegen(
+        [(5, 8, *HOST)], weights_precision=SparseType.FP16, output_dtype=SparseType.FP16
+    )
     mod.init_embedding_weights_uniform(-1, 1)
     out = mod(torch.tensor([1, 2]), torch.tensor([0, 2]))
     assert out.dtype == torch.float16 and mod.split_embedding_weights()[0].dtype == torch.float16

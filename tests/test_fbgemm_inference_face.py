@@ -2,6 +2,7 @@
 split_embedding_weights views as fbgemm_gpu's IntNBitTableBatchedEmbeddingBagsCodegen and the same outputs
 for every row type (FP32, FP16, INT8, INT4, INT2) and pooling, where fbgemm_gpu's CPU build is installed; the
 row formats round-trip (kernels/nbit_rows.py); what is not implemented is a clear error."""
+
 import warnings
 
 import numpy as np
@@ -15,7 +16,7 @@ from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import Embedd
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode as NP  # noqa: E402
 from numbactr.kernels import nbit_rows as NB  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("cpu")     # conftest.py: the cpu device for every test
+pytestmark = pytest.mark.usefixtures("cpu")  # conftest.py: the cpu device for every test
 
 TYPES = ["INT8", "INT4", "INT2", "FP16", "FP32", "FP8"]
 ROWS = [20, 30, 15, 25, 10, 12]
@@ -38,18 +39,21 @@ def fill(modules, dims, types=TYPES, seed=1):
     splits = [m.split_embedding_weights() for m in modules]
     for t, ty in enumerate(types):
         w0 = splits[0][t][0]
-        if ty == "FP8":                                  # any byte is a finite HFP8 value
+        if ty == "FP8":  # any byte is a finite HFP8 value
             src, qp = torch.from_numpy(rng.integers(0, 256, (w0.shape[0], dims[t])).astype(np.uint8)), None
         elif ty in ("FP16", "FP32"):
             vals = rng.standard_normal((w0.shape[0], dims[t])).astype(np.float16 if ty == "FP16" else np.float32)
             src, qp = torch.from_numpy(vals.view(np.uint8).reshape(w0.shape[0], -1)), None
         else:
             src = torch.from_numpy(rng.integers(0, 256, tuple(w0.shape)).astype(np.uint8))
-            qp = torch.from_numpy(np.stack([rng.uniform(0.01, 0.1, w0.shape[0]), rng.uniform(-1, 1, w0.shape[0])],
-                                           1).astype(np.float16).view(np.uint8))
+            qp = torch.from_numpy(
+                np.stack([rng.uniform(0.01, 0.1, w0.shape[0]), rng.uniform(-1, 1, w0.shape[0])], 1)
+                .astype(np.float16)
+                .view(np.uint8)
+            )
         for split in splits:
             w, s = split[t]
-            w[:, :src.shape[1]].copy_(src)
+            w[:, : src.shape[1]].copy_(src)
             if qp is not None:
                 s.copy_(qp)
 
@@ -65,13 +69,16 @@ def batch(dims, seed=2, weighted=True):
     return idx, off, psw
 
 
-@pytest.mark.parametrize("pooling,weighted,out", [("SUM", True, "FP32"), ("SUM", False, "FP16"),
-                                                  ("MEAN", False, "FP32"), ("NONE", False, "FP32")])
+@pytest.mark.parametrize(
+    "pooling,weighted,out",
+    [("SUM", True, "FP32"), ("SUM", False, "FP16"), ("MEAN", False, "FP32"), ("NONE", False, "FP32")],
+)
 def test_outputs_equal_fbgemm_for_every_row_type(pooling, weighted, out):
     FI = fbgemm()
     from fbgemm_gpu.split_embedding_configs import SparseType as FS
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation as FL
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode as FP
+
     dims = [8] * 6 if pooling == "NONE" else [8, 16, 8, 12, 4, 8]
     fb = build(FI, FS, FL, getattr(FP, pooling), dims, output_dtype=getattr(FS, out))
     nb = build(NI, NS, NL, getattr(NP, pooling), dims, output_dtype=getattr(NS, out))
@@ -96,13 +103,16 @@ def test_scale_bias_views_and_row_alignment_like_fbgemm():
     from fbgemm_gpu.split_embedding_configs import SparseType as FS
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation as FL
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode as FP
+
     dims = [8, 16, 8, 12, 4, 8]
     fb = build(FI, FS, FL, FP.SUM, dims, row_alignment=16)
     nb = build(NI, NS, NL, NP.SUM, dims, row_alignment=16)
     fb.initialize_weights()
     nb.initialize_weights()
     for mode in (0, 1, 2):
-        for a, b in zip(fb.split_embedding_weights_with_scale_bias(mode), nb.split_embedding_weights_with_scale_bias(mode)):
+        for a, b in zip(
+            fb.split_embedding_weights_with_scale_bias(mode), nb.split_embedding_weights_with_scale_bias(mode)
+        ):
             for x, y in zip(a, b):
                 assert (x is None) == (y is None)
                 if x is not None:
@@ -123,8 +133,8 @@ def test_row_formats_round_trip(ty, reverse):
         np.testing.assert_array_equal(back, x)
     elif ty == "fp16":
         np.testing.assert_array_equal(back, x.astype(np.float16).astype(np.float32))
-    elif ty == "fp8":                                   # 3 mantissa bits: within 1/16 relative, or subnormal
-        assert (np.abs(back - x) <= np.abs(x) / 16 + 2.0 ** -9).all()
+    elif ty == "fp8":  # 3 mantissa bits: within 1/16 relative, or subnormal
+        assert (np.abs(back - x) <= np.abs(x) / 16 + 2.0**-9).all()
     else:
         levels = (1 << NB.BITS[ty]) - 1
         step = (x.max(1) - x.min(1)) / levels
@@ -148,8 +158,11 @@ def test_per_sample_weights_of_sequence_embeddings_warn_and_are_not_applied():
     m.initialize_weights()
     m.split_embedding_weights()[0][0].copy_(torch.ones(ROWS[0], 8).view(torch.uint8))
     with pytest.warns(RuntimeWarning, match="not applied"):
-        out = m(torch.tensor([1, 2], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32),
-                torch.tensor([3.0, 4.0]))
+        out = m(
+            torch.tensor([1, 2], dtype=torch.int32),
+            torch.tensor([0, 1, 2], dtype=torch.int32),
+            torch.tensor([3.0, 4.0]),
+        )
     np.testing.assert_array_equal(out.numpy(), np.ones((2, 8)))
 
 
@@ -190,10 +203,11 @@ def test_pruning_like_fbgemm(use_array):
     from fbgemm_gpu.split_embedding_configs import SparseType as FS
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation as FL
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode as FP
+
     dims, types = [8, 16], ["INT8", "FP16"]
     rng = np.random.default_rng(8)
     remap = []
-    for r in ROWS[:2]:                                   # 3 r original indices, r of them kept
+    for r in ROWS[:2]:  # 3 r original indices, r of them kept
         m = -np.ones(3 * r, np.int32)
         m[rng.choice(3 * r, r, replace=False)] = np.arange(r, dtype=np.int32)
         remap.append(torch.from_numpy(m))
@@ -221,6 +235,7 @@ def test_int8_and_int4_output_of_sequence_embeddings_is_the_stored_rows_like_fbg
     from fbgemm_gpu.split_embedding_configs import SparseType as FS
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation as FL
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode as FP
+
     dims, types = [8, 8, 8], [ty] * 3
     width = NB.unpadded_row_bytes(8, ty.lower())
     # (FBGEMM's CPU INT4 output writes padded rows past its output's end when row_alignment > 1)
@@ -231,16 +246,18 @@ def test_int8_and_int4_output_of_sequence_embeddings_is_the_stored_rows_like_fbg
     nb.initialize_weights()
     fill([fb, nb], dims, types)
     idx, off, _ = batch(dims, weighted=False)
-    idx[0] = 10 ** 6                                     # out of range: WARNING reads row 0
-    want = fb(idx.clone(), off)                          # (FBGEMM's bounds check zeroes the index in place)
+    idx[0] = 10**6  # out of range: WARNING reads row 0
+    want = fb(idx.clone(), off)  # (FBGEMM's bounds check zeroes the index in place)
     with pytest.warns(RuntimeWarning, match="outside its table"):
         got = nb(idx, off)
     assert got.dtype == want.dtype and got.shape == want.shape
+
     def as_bytes(t):
         return np.frombuffer(bytes(t.untyped_storage()), np.uint8).reshape(t.shape[0], -1)
+
     assert as_bytes(got).shape == (idx.numel(), width)
     np.testing.assert_array_equal(as_bytes(got), as_bytes(want))
-    if ty == "INT4":                                     # FBGEMM's own decoder reads it
+    if ty == "INT4":  # FBGEMM's own decoder reads it
         dec = torch.ops.fbgemm.FusedNBitRowwiseQuantizedSBHalfFrontToFloatOrHalf(got, bit_rate=4, output_dtype=0)
         nb_f = build(NI, NS, NL, NP.NONE, dims, types=types, output_dtype=NS.FP32, **kw)
         nb_f.initialize_weights()
@@ -253,8 +270,17 @@ def test_int8_and_int4_output_of_sequence_embeddings_is_the_stored_rows_like_fbg
     # pruning: the remapped row's bytes, zeros for a pruned index
     nb.set_index_remappings([torch.tensor([2, -1, 0], dtype=torch.int32), None, None])
     got = as_bytes(nb(torch.tensor([0, 1, 2, 5], dtype=torch.int32), torch.tensor([0, 3, 4, 4], dtype=torch.int32)))
-    np.testing.assert_array_equal(got, np.stack([rows[0][2, :width].numpy(), np.zeros(width, np.uint8),
-                                                 rows[0][0, :width].numpy(), rows[1][5, :width].numpy()]))
+    np.testing.assert_array_equal(
+        got,
+        np.stack(
+            [
+                rows[0][2, :width].numpy(),
+                np.zeros(width, np.uint8),
+                rows[0][0, :width].numpy(),
+                rows[1][5, :width].numpy(),
+            ]
+        ),
+    )
 
 
 @pytest.mark.parametrize("pooling", ["SUM", "MEAN"])
@@ -271,13 +297,23 @@ def test_pooled_int8_output_is_each_features_block_quantized(pooling):
     idx, off, _ = batch(dims, weighted=False)
     got, ref = nb8(idx, off), nb32(idx, off)
     assert got.dtype == torch.uint8 and got.shape == (4, sum(dims) + 8 * len(dims))
-    want = torch.cat([torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(part.contiguous())
-                      for part in torch.split(ref, dims, dim=1)], dim=1)
+    want = torch.cat(
+        [
+            torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(part.contiguous())
+            for part in torch.split(ref, dims, dim=1)
+        ],
+        dim=1,
+    )
     np.testing.assert_array_equal(got.numpy(), want.numpy())
-    back = torch.cat([torch.ops.fbgemm.Fused8BitRowwiseQuantizedToFloat(part.contiguous())
-                      for part in torch.split(got, [d + 8 for d in dims], dim=1)], dim=1)
+    back = torch.cat(
+        [
+            torch.ops.fbgemm.Fused8BitRowwiseQuantizedToFloat(part.contiguous())
+            for part in torch.split(got, [d + 8 for d in dims], dim=1)
+        ],
+        dim=1,
+    )
     for part_back, part_ref in zip(torch.split(back, dims, dim=1), torch.split(ref, dims, dim=1)):
-        half_step = (part_ref.max(1).values - part_ref.min(1).values) / 255 / 2          # per row
+        half_step = (part_ref.max(1).values - part_ref.min(1).values) / 255 / 2  # per row
         assert ((part_back - part_ref).abs() <= half_step[:, None] * 1.01 + 1e-6).all()
 
 
@@ -289,6 +325,7 @@ def test_embedding_inplace_update_like_fbgemm(pruned):
     from fbgemm_gpu.split_embedding_configs import SparseType as FS
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation as FL
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode as FP
+
     dims, types = [8, 16, 8], ["INT8", "FP16", "INT4"]
     kw = dict(output_dtype=None, row_alignment=16)
     if pruned:
@@ -319,7 +356,7 @@ def test_embedding_inplace_update_like_fbgemm(pruned):
     for t, i in zip(tables, originals):
         r = i if remap[t] is None else int(remap[t][i])
         if r >= 0:
-            fb.split_embedding_weights(False)[t][0][r] = flat[at:at + widths[t]]
+            fb.split_embedding_weights(False)[t][0][r] = flat[at : at + widths[t]]
         at += widths[t]
     for (a, _), (b, _) in zip(fb.split_embedding_weights(False), nb.split_embedding_weights(False)):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -330,4 +367,4 @@ def test_embedding_inplace_update_like_fbgemm(pruned):
     with pytest.raises(ValueError, match=r"update_weights\[0\] must be uint8 of shape"):
         nb.embedding_inplace_update([0], [[1]], [upd[0]])
     with pytest.raises(ValueError, match="not a table"):
-        nb.embedding_inplace_update_internal([7], [0], flat[:widths[0]])
+        nb.embedding_inplace_update_internal([7], [0], flat[: widths[0]])

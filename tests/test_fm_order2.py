@@ -1,4 +1,5 @@
 """kernels/fm_order2.py: FM second-order term per embedding component, kernels vs references."""
+
 import numpy as np
 import pytest
 from hypothesis import given

@@ -1,6 +1,7 @@
 """An InnerProduct whose output only a ReLU reads runs bias + ReLU in one fused kernel each way on the kernel
 devices (numbactr.model.Model._fuse_bias_relu, numbactr.ops.fuse_bias_relu): the same training as the two
 layers apart, one launch fewer each way, and the unkept pre-activation tensor refused by check_out_tensor."""
+
 import numpy as np
 import pytest
 
@@ -34,8 +35,9 @@ def test_fused_training_equals_the_two_layers(tmp_path, monkeypatch):
     assert sorted(fused._fused_tops.items()) == [("fc1", "relu1"), ("fc2", "relu2")]
     np.testing.assert_allclose(np.asarray(fused.weights), np.asarray(plain.weights), rtol=1e-5, atol=1e-7)
     assert fused.get_current_loss() == pytest.approx(plain.get_current_loss(), rel=1e-6)
-    np.testing.assert_array_equal(fused.check_out_tensor("relu1", hugectr.Tensor_t.Train),
-                                  plain.check_out_tensor("relu1", hugectr.Tensor_t.Train))
+    np.testing.assert_array_equal(
+        fused.check_out_tensor("relu1", hugectr.Tensor_t.Train), plain.check_out_tensor("relu1", hugectr.Tensor_t.Train)
+    )
     with pytest.raises(ModelError, match="'fc1' is not kept on this device.*NUMBACTR_FUSE_BIAS_RELU=0"):
         fused.check_out_tensor("fc1", hugectr.Tensor_t.Train)
     monkeypatch.setenv("NUMBACTR_FUSE_BIAS_RELU", "2")
@@ -48,18 +50,26 @@ def test_an_output_read_twice_is_not_fused(tmp_path, monkeypatch):
     device.set_device("sim")
     tr, ev = tiny_data(str(tmp_path), n_train=32, n_eval=32, slots=2)
     s = hugectr.CreateSolver(batchsize=16, batchsize_eval=16, lr=0.05, i64_input_key=True)
-    r = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev,
-                                 check_type=hugectr.Check_t.Sum)
+    r = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev, check_type=hugectr.Check_t.Sum
+    )
     m = hugectr.Model(s, r, hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 2)]))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 2)],
+        )
+    )
     m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "emb", "data1"))
     L = hugectr.Layer_t
     m.add(hugectr.DenseLayer(L.Reshape, ["emb"], ["flat"], leading_dim=8))
     m.add(hugectr.DenseLayer(L.Concat, ["flat", "dense"], ["cat"]))
     m.add(hugectr.DenseLayer(L.InnerProduct, ["cat"], ["fc1"], num_output=4))
     m.add(hugectr.DenseLayer(L.ReLU, ["fc1"], ["relu1"]))
-    m.add(hugectr.DenseLayer(L.Add, ["fc1", "relu1"], ["sum"]))                 # fc1 read twice: kept
+    m.add(hugectr.DenseLayer(L.Add, ["fc1", "relu1"], ["sum"]))  # fc1 read twice: kept
     m.add(hugectr.DenseLayer(L.InnerProduct, ["sum"], ["fc2"], num_output=1))
     m.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["fc2", "label"], ["loss"]))
     m.compile()

@@ -40,13 +40,13 @@ def test_general_kernels_match_ref(xs):
     frc.fused_reshape_concat_general_forward([dev(x) for x in xs], out)
     np.testing.assert_array_equal(host(out), ref)
     dxs = [dev(np.full(x.shape, np.nan, np.float32)) for x in xs]
-    frc.fused_reshape_concat_general_backward(dev(ref), dxs)       # backward of the forward = inputs
+    frc.fused_reshape_concat_general_backward(dev(ref), dxs)  # backward of the forward = inputs
     for dx, x in zip(dxs, xs):
         np.testing.assert_array_equal(host(dx), x)
 
 
 def test_last_slot_goes_to_ad_in_order():
-    x = np.arange(2 * 3 * 1, dtype=np.float32).reshape(2, 3, 1)    # values = b*3 + s
+    x = np.arange(2 * 3 * 1, dtype=np.float32).reshape(2, 3, 1)  # values = b*3 + s
     item, ad = dev(np.zeros((4, 1), np.float32)), dev(np.zeros((2, 1), np.float32))
     frc.fused_reshape_concat_forward([dev(x)], item, ad)
     np.testing.assert_array_equal(host(item).ravel(), [0, 1, 3, 4])
@@ -65,15 +65,21 @@ def test_reference_gradients():
     dxs = frc.fused_reshape_concat_backward_ref(d_item, d_ad, [2, 1], 3)
     flat_dy = np.concatenate([d_item.ravel(), d_ad.ravel()])
     for i in range(2):
+
         def f(z, i=i):
             item, ad = frc.fused_reshape_concat_forward_ref([z if j == i else xs[j] for j in range(2)])
             return np.concatenate([item.ravel(), ad.ravel()])
+
         assert_grad_close(dxs[i], f, xs[i], flat_dy)
     d_out = rng.normal(size=(6, 3))
     gxs = frc.fused_reshape_concat_general_backward_ref(d_out, [2, 1], 3)
     for i in range(2):
-        assert_grad_close(gxs[i], lambda z, i=i: frc.fused_reshape_concat_general_forward_ref(
-            [z if j == i else xs[j] for j in range(2)]), xs[i], d_out)
+        assert_grad_close(
+            gxs[i],
+            lambda z, i=i: frc.fused_reshape_concat_general_forward_ref([z if j == i else xs[j] for j in range(2)]),
+            xs[i],
+            d_out,
+        )
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ has no integrity check, the test states what it cannot detect and checks that no
     that other model; the model then equals what the mutated file says, never a silent default.
 Seeded loops: deterministic and a few seconds per format.
 """
+
 import json
 import pathlib
 import warnings
@@ -38,14 +39,14 @@ def mutations(raw: bytes, seed: int, per_kind: int):
         done = 0
         while done < per_kind:
             b = bytearray(raw)
-            if kind == "flip":                                   # one bit
+            if kind == "flip":  # one bit
                 b[int(rng.integers(len(b)))] ^= 1 << int(rng.integers(8))
-            elif kind == "bytes":                                # 2-4 bytes anywhere set to random values
+            elif kind == "bytes":  # 2-4 bytes anywhere set to random values
                 for pos in rng.integers(0, len(b), int(rng.integers(2, 5))):
                     b[int(pos)] = int(rng.integers(0, 256))
             elif kind == "truncate":
-                b = b[:int(rng.integers(len(b)))]
-            else:                                                # 1-8 random bytes inserted anywhere
+                b = b[: int(rng.integers(len(b)))]
+            else:  # 1-8 random bytes inserted anywhere
                 pos = int(rng.integers(len(b) + 1))
                 b[pos:pos] = rng.integers(0, 256, int(rng.integers(1, 9)), dtype=np.uint8).tobytes()
             if bytes(b) != raw:
@@ -56,15 +57,15 @@ def mutations(raw: bytes, seed: int, per_kind: int):
 def read_all(prm, src, B, L, D, slots, nnz=None, i64=True):
     """(label, dense, [(keys, offsets) per input]) of the valid rows of every batch, concatenated."""
     with warnings.catch_warnings():
-        warnings.simplefilter("error", DataWarning)       # a mutation must not hide behind a warning
+        warnings.simplefilter("error", DataWarning)  # a mutation must not hide behind a warning
         batches = list(make_reader(prm, src, B, L, D, slots, nnz, i64, False))
-    label = np.concatenate([b.label[:b.size] for b in batches])
-    dense = np.concatenate([b.dense[:b.size] for b in batches])
+    label = np.concatenate([b.label[: b.size] for b in batches])
+    dense = np.concatenate([b.dense[: b.size] for b in batches])
     bags = [[] for _ in slots]
     for b in batches:
         for i, S in enumerate(slots):
             k, o = b.sparse[i]
-            bags[i] += [k[o[j]:o[j + 1]].astype(np.int64).tolist() for j in range(b.size * S)]
+            bags[i] += [k[o[j] : o[j + 1]].astype(np.int64).tolist() for j in range(b.size * S)]
     return label, dense, bags
 
 
@@ -74,6 +75,7 @@ def assert_names_file(e: Exception, path: str):
 
 # ---------------------------------------------------------------------------------------------------
 # Norm
+
 
 @pytest.mark.parametrize("check", [Check_t.Sum, Check_t.Non])
 @pytest.mark.parametrize("fixed", [True, False])
@@ -97,9 +99,12 @@ def test_norm_mutations(tmp_path, check, fixed):
         except DataFormatError as e:
             assert_names_file(e, path)
             continue
-        if got[0].shape == ref[0].shape and all(np.array_equal(a, b) for a, b in zip(got[:2], ref[:2])) \
-                and got[2] == ref[2]:
-            continue                                             # identical values
+        if (
+            got[0].shape == ref[0].shape
+            and all(np.array_equal(a, b) for a, b in zip(got[:2], ref[:2]))
+            and got[2] == ref[2]
+        ):
+            continue  # identical values
         # only Check_t.Non, only a changed value: the same records, the same key counts
         assert check is Check_t.Non and kind in ("flip", "bytes"), (kind, "checksummed Norm read damaged data")
         assert got[0].shape == ref[0].shape and [len(x) for x in got[2][0]] == [len(x) for x in ref[2][0]]
@@ -110,6 +115,7 @@ def test_norm_mutations(tmp_path, check, fixed):
 
 # ---------------------------------------------------------------------------------------------------
 # Raw
+
 
 @pytest.mark.parametrize("fld", [False, True])
 def test_raw_mutations(tmp_path, fld):
@@ -122,13 +128,13 @@ def test_raw_mutations(tmp_path, fld):
     raw = pathlib.Path(path).read_bytes()
     stride = 4 * (L + D + S)
 
-    def from_bytes(data):                     # what the bytes say, decoded independently of the reader
-        w = np.frombuffer(data[:n * stride], "<i4").reshape(n, L + D + S)
+    def from_bytes(data):  # what the bytes say, decoded independently of the reader
+        w = np.frombuffer(data[: n * stride], "<i4").reshape(n, L + D + S)
         if fld:
-            label, dense = w[:, :L].view("<f4"), w[:, L:L + D].view("<f4")
+            label, dense = w[:, :L].view("<f4"), w[:, L : L + D].view("<f4")
         else:
-            label, dense = w[:, :L].astype(np.float32), np.log(w[:, L:L + D].astype(np.float32) + np.float32(1))
-        return label, dense, w[:, L + D:].view("<u4").astype(np.int64)
+            label, dense = w[:, :L].astype(np.float32), np.log(w[:, L : L + D].astype(np.float32) + np.float32(1))
+        return label, dense, w[:, L + D :].view("<u4").astype(np.int64)
 
     for kind, data in mutations(raw, seed=int(fld), per_kind=40):
         pathlib.Path(path).write_bytes(data)
@@ -145,7 +151,7 @@ def test_raw_mutations(tmp_path, fld):
         np.testing.assert_array_equal(np.array(bags[0]).reshape(n, S), want[2])
         assert np.isfinite(dense).all() and np.isfinite(label).all()
     # a whole sample inserted: still a whole number of samples, so the data shifts; the unread tail warns
-    data = raw[:stride * 2] + bytes(range(stride)) + raw[stride * 2:]
+    data = raw[: stride * 2] + bytes(range(stride)) + raw[stride * 2 :]
     pathlib.Path(path).write_bytes(data)
     with pytest.warns(DataWarning, match=f"holds {n + 1} samples but num_samples is {n}: the last 1"):
         batches = list(make_reader(prm, path, 4, L, D, [S], None, False, False))
@@ -154,6 +160,7 @@ def test_raw_mutations(tmp_path, fld):
 
 # ---------------------------------------------------------------------------------------------------
 # Parquet
+
 
 @pytest.mark.parametrize("compression", ["none", "snappy"])
 @pytest.mark.parametrize("target", ["a.parquet", "_metadata.json"])
@@ -164,8 +171,12 @@ def test_parquet_mutations(tmp_path, compression, target):
     n = 12
     w = ParquetDatasetWriter(str(tmp_path), 1, 2, 2, multi_hot={1}, compression=compression)
     lens = rng.integers(0, 3, n)
-    w.write_file("a.parquet", rng.integers(0, 2, n), rng.random((n, 2)),
-                 [rng.integers(0, 9, n), (rng.integers(0, 9, int(lens.sum())), lens)])
+    w.write_file(
+        "a.parquet",
+        rng.integers(0, 2, n),
+        rng.random((n, 2)),
+        [rng.integers(0, 9, n), (rng.integers(0, 9, int(lens.sum())), lens)],
+    )
     lst = w.close()
     prm = DataReaderParams(T.Parquet, lst, lst, Check_t.Non, slot_size_array=[9, 9])
     path = str(tmp_path / target)
@@ -180,17 +191,19 @@ def test_parquet_mutations(tmp_path, compression, target):
             assert_names_file(e, path)
             errors += 1
             continue
-        except ValueError as e:                                  # _metadata.json problems
+        except ValueError as e:  # _metadata.json problems
             assert target == "_metadata.json" and "_metadata.json" in str(e), str(e)
             errors += 1
             continue
-        assert all(np.array_equal(a, b) for a, b in zip(got[:2], ref[:2])) and got[2] == ref[2], \
+        assert all(np.array_equal(a, b) for a, b in zip(got[:2], ref[:2])) and got[2] == ref[2], (
             f"{kind} mutation of {target} changed the values read without an error"
+        )
     assert errors > 100
 
 
 # ---------------------------------------------------------------------------------------------------
 # graph JSON
+
 
 def _comparable(graph: dict) -> dict:
     """A graph with the informational max_vocabulary_size_global removed (the writer recomputes it)."""
@@ -216,22 +229,22 @@ def test_graph_json_mutations(tmp_path):
     for kind, data in [*mutations(raw, seed=3, per_kind=40), valid]:
         pathlib.Path(bad).write_bytes(data)
         m2 = hugectr.Model(m.solver, m.reader_params, hugectr.CreateOptimizer())
-        with warnings.catch_warnings(record=True):                 # recorded, not raised
+        with warnings.catch_warnings(record=True):  # recorded, not raised
             warnings.simplefilter("always", hugectr.IgnoredArgumentWarning)
             try:
                 m2.construct_from_json(bad, include_dense_network=True)
                 m2.compile()
-            except hugectr.ModelError as e:                      # a graph the file describes but that is wrong
+            except hugectr.ModelError as e:  # a graph the file describes but that is wrong
                 assert "Model.compile" in str(e) or repr(bad) in str(e), str(e)
                 continue
-            except ValueError as e:                              # never a bare KeyError/TypeError/...
+            except ValueError as e:  # never a bare KeyError/TypeError/...
                 assert_names_file(e, bad)
                 continue
         built += 1
         m2.graph_to_json(out)
         rebuilt = _comparable(json.loads(pathlib.Path(out).read_text()))
         if rebuilt == _comparable(original):
-            continue                                             # whitespace, an unread key (which warned)
+            continue  # whitespace, an unread key (which warned)
         # valid JSON with another valid value: the model is exactly what the mutated file says
         assert rebuilt == _comparable(json.loads(data)), f"{kind}: the model is neither the original nor the file"
     assert built >= 1

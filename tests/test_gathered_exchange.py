@@ -9,6 +9,7 @@ allgathered. Fixed in size whatever the keys, so a CUDA graph of a step on sever
 * under mpiexec (2 and 3 ranks on cpu, 2 on sim): training and evaluation equal the one-rank run bit for bit,
   every training lookup having taken the gathered exchange.
 """
+
 import os
 import pathlib
 import re
@@ -22,8 +23,7 @@ import pytest
 from numbactr.runtime import device
 from numbactr.distributed.comm import Comm
 from numbactr.embedding import sharded
-from numbactr.embedding.engine import (BoundsCheck, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding,
-                                       TableSpec)
+from numbactr.embedding.engine import BoundsCheck, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec
 from tests.mpi_util import MPIEXEC, needs_mpi
 from tests.test_sharded_exchange import _same
 
@@ -38,9 +38,13 @@ def test_engine_skip_reads_inserts_and_updates_nothing(on_device, dev):
         pytest.skip("needs the simulator")
 
     def engine():
-        e = TableBatchedEmbedding([TableSpec(100, 4, keyed=True)], [0], pooling=Pooling.NONE,
-                                  optimizer=OptimizerSpec(Optim.EXACT_SGD, learning_rate=0.5),
-                                  bounds_check=BoundsCheck.FATAL)
+        e = TableBatchedEmbedding(
+            [TableSpec(100, 4, keyed=True)],
+            [0],
+            pooling=Pooling.NONE,
+            optimizer=OptimizerSpec(Optim.EXACT_SGD, learning_rate=0.5),
+            bounds_check=BoundsCheck.FATAL,
+        )
         e.defer_checks = e.impl == "kernels"
         return e
 
@@ -56,14 +60,14 @@ def test_engine_skip_reads_inserts_and_updates_nothing(on_device, dev):
     assert (device.to_host(ctx.rows)[skip] == -1).all()
     e.check_deferred()
     table = e.hash_tables[0]
-    assert int(table.size) == 2                                   # 7 and 5: 3 and 11 were never inserted
+    assert int(table.size) == 2  # 7 and 5: 3 and 11 were never inserted
     assert int(device.to_host(table.find(device.xp().asarray(np.array([3, 11], np.uint64)))).max()) == -1
     before = device.to_host(e.weights).copy()
     e.backward(ctx, device.xp().asarray(np.ones((6, 4), np.float32)))
     after = device.to_host(e.weights)
     rows = device.to_host(ctx.rows)
     changed = np.flatnonzero((after != before).reshape(-1, after.size // 100).any(axis=1))
-    assert set(changed) == set(rows[~skip].tolist())              # only the rows of 7 and 5 moved
+    assert set(changed) == set(rows[~skip].tolist())  # only the rows of 7 and 5 moved
     with pytest.raises(ValueError, match="skip must be bool"):
         e.forward(keys, offsets, skip=device.xp().asarray(skip.astype(np.int64)))
 
@@ -80,6 +84,7 @@ def test_nccl_allgather_and_reduce_scatter_calls():
     (cupy_backends/cuda/libs/nccl.pyx: allGather(sendbuf, recvbuf, count, datatype, stream),
     reduceScatter(sendbuf, recvbuf, recvcount, datatype, op, stream)), on one rank: counts in elements."""
     from numbactr.distributed import nccl as N
+
     calls = []
 
     class Buf(np.ndarray):
@@ -90,8 +95,11 @@ def test_nccl_allgather_and_reduce_scatter_calls():
     def arr(a):
         return np.ascontiguousarray(a).view(Buf)
 
-    fake_cp = types.SimpleNamespace(ascontiguousarray=arr, empty=lambda shape, dtype: arr(np.empty(shape, dtype)),
-                                    cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0)))
+    fake_cp = types.SimpleNamespace(
+        ascontiguousarray=arr,
+        empty=lambda shape, dtype: arr(np.empty(shape, dtype)),
+        cuda=types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0)),
+    )
 
     class Communicator:
         def allGather(self, sendbuf, recvbuf, count, datatype, stream):
@@ -119,7 +127,7 @@ def test_step_keys():
     dist = sharded.ShardedTable(comm, 4, 3, Pooling.SUM, None, owner_of_keys=lambda k: k % 2)
     assert local.step_key([6, 4]) == ("one key per bag", 6, 4) and not local.ready(("one key per bag", 6, 4))
     assert dist.step_key([6, 6]) == ("gathered", 6) and dist.ready(("gathered", 6))
-    assert dist.step_key([6, 4]) is None and not dist.ready(None)          # allgather needs equal sizes
+    assert dist.step_key([6, 4]) is None and not dist.ready(None)  # allgather needs equal sizes
     assert dist.step_key([6, -1]) is None and local.step_key([-1, 6]) is None
     dist.fixed_key = ("gathered", 6)
     assert dist.gathers() and not local.gathers()
@@ -133,8 +141,9 @@ def _run(ranks, dev, out, mode, timeout=600):
     cmd = [sys.executable, str(HERE / "mpi" / "gathered_run.py"), str(out), mode]
     if ranks > 1:
         cmd = [MPIEXEC, "-n", str(ranks)] + cmd
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL,
-                       cwd=ROOT)
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL, cwd=ROOT
+    )
     assert r.returncode == 0, f"{ranks} ranks, {dev}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     counts = [int(c) for c in re.search(r"gathered lookups per rank: \[([\d, ]+)\]", r.stdout).group(1).split(",")]
     return dict(np.load(out)), counts
@@ -152,7 +161,7 @@ def one_rank(tmp_path_factory):
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_gathered_exchange_equals_one_rank_bit_for_bit(tmp_path, one_rank, ranks):
     got, counts = _run(ranks, "cpu", tmp_path / "g.npz", "gathered")
-    assert counts == [20] * ranks                     # 5 tables x 4 training steps, on every rank
+    assert counts == [20] * ranks  # 5 tables x 4 training steps, on every rank
     _same(got, one_rank, f"{ranks} ranks, gathered")
 
 

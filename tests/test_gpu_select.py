@@ -1,5 +1,6 @@
 """One GPU per rank and the choice between NCCL and host-staged MPI (numbactr.distributed.placement):
 the pure decisions on cpu, the MPI placement under mpiexec, and the NCCL path on GPUs (gpu mark)."""
+
 import os
 import subprocess
 import sys
@@ -18,32 +19,38 @@ ROOT = os.path.dirname(HERE)
 
 
 # -- local rank from the launcher's environment ---------------------------------------------------------
-@pytest.mark.parametrize("env, want", [
-    ({}, None),
-    ({"OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, (3, 4, "OMPI_COMM_WORLD_LOCAL_RANK")),
-    ({"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, (1, 2, "MPI_LOCALRANKID")),
-    ({"PMI_LOCAL_RANK": "0"}, (0, None, "PMI_LOCAL_RANK")),
-    ({"SLURM_LOCALID": "5", "SLURM_NTASKS_PER_NODE": "8(x2)"}, (5, 8, "SLURM_LOCALID")),
-    # Open MPI's variable wins over Slurm's when both are set (mpirun inside an allocation)
-    ({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "2"}, (2, None, "OMPI_COMM_WORLD_LOCAL_RANK")),
-])
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({}, None),
+        ({"OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, (3, 4, "OMPI_COMM_WORLD_LOCAL_RANK")),
+        ({"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, (1, 2, "MPI_LOCALRANKID")),
+        ({"PMI_LOCAL_RANK": "0"}, (0, None, "PMI_LOCAL_RANK")),
+        ({"SLURM_LOCALID": "5", "SLURM_NTASKS_PER_NODE": "8(x2)"}, (5, 8, "SLURM_LOCALID")),
+        # Open MPI's variable wins over Slurm's when both are set (mpirun inside an allocation)
+        ({"SLURM_LOCALID": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "2"}, (2, None, "OMPI_COMM_WORLD_LOCAL_RANK")),
+    ],
+)
 def test_local_from_env(env, want):
     assert P.local_from_env(env) == want
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"MPI_LOCALRANKID": "x1"}, "MPI_LOCALRANKID='x1'"),
-    ({"OMPI_COMM_WORLD_LOCAL_RANK": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, "not below"),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"MPI_LOCALRANKID": "x1"}, "MPI_LOCALRANKID='x1'"),
+        ({"OMPI_COMM_WORLD_LOCAL_RANK": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, "not below"),
+    ],
+)
 def test_local_from_env_rejects(env, words):
     with pytest.raises(P.PlacementError, match=words):
         P.local_from_env(env)
 
 
 def test_node_of_numbers_nodes_by_first_rank():
-    leaders = [0, 0, 2, 2, 4, 4]          # three nodes of two ranks
+    leaders = [0, 0, 2, 2, 4, 4]  # three nodes of two ranks
     assert [P.node_of(leaders, r) for r in range(6)] == [(0, 3), (0, 3), (1, 3), (1, 3), (2, 3), (2, 3)]
-    leaders = [0, 1, 0, 1]                # round-robin placement over two nodes
+    leaders = [0, 1, 0, 1]  # round-robin placement over two nodes
     assert [P.node_of(leaders, r)[0] for r in range(4)] == [0, 1, 0, 1]
     with pytest.raises(P.PlacementError, match="rank 4"):
         P.node_of(leaders, 4)
@@ -52,7 +59,7 @@ def test_node_of_numbers_nodes_by_first_rank():
 # -- the GPU of a rank ----------------------------------------------------------------------------------
 def test_choose_gpu_default_spreads_local_ranks():
     assert [P.choose_gpu(i, 0, 4)[0] for i in range(6)] == [0, 1, 2, 3, 0, 1]
-    assert [P.choose_gpu(i, 1, 2, [[0]])[0] for i in range(3)] == [0, 1, 0]      # HugeCTR's default vvgpu
+    assert [P.choose_gpu(i, 1, 2, [[0]])[0] for i in range(3)] == [0, 1, 0]  # HugeCTR's default vvgpu
     with pytest.raises(P.PlacementError, match="no visible"):
         P.choose_gpu(0, 0, 0)
 
@@ -61,27 +68,38 @@ def test_choose_gpu_honours_vvgpu():
     vv = [[2, 3], [1, 0, 3]]
     assert [P.choose_gpu(i, 0, 4, vv)[0] for i in range(3)] == [2, 3, 2]
     assert [P.choose_gpu(i, 1, 4, vv)[0] for i in range(4)] == [1, 0, 3, 1]
-    assert [P.choose_gpu(i, 5, 4, [[3, 1]])[0] for i in range(2)] == [3, 1]       # one list for every node
+    assert [P.choose_gpu(i, 5, 4, [[3, 1]])[0] for i in range(2)] == [3, 1]  # one list for every node
     gpu, why = P.choose_gpu(1, 1, 4, vv)
     assert "vvgpu[1][1] = GPU 0" in why
 
 
-@pytest.mark.parametrize("args, words", [
-    ((0, 2, 4, [[0], [1]]), "2 nodes but this rank runs on node 2"),
-    ((1, 0, 2, [[0, 5]]), "GPU 5, but only 2 GPU"),
-    ((0, 0, 2, [[0], []]), "empty node list"),
-    ((0, 0, 2, [[-1]]), "negative"),
-    ((0, 0, 2, 7), "list of per-node GPU lists"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        ((0, 2, 4, [[0], [1]]), "2 nodes but this rank runs on node 2"),
+        ((1, 0, 2, [[0, 5]]), "GPU 5, but only 2 GPU"),
+        ((0, 0, 2, [[0], []]), "empty node list"),
+        ((0, 0, 2, [[-1]]), "negative"),
+        ((0, 0, 2, 7), "list of per-node GPU lists"),
+    ],
+)
 def test_choose_gpu_rejects(args, words):
     with pytest.raises(P.PlacementError, match=words):
         P.choose_gpu(*args)
 
 
-@pytest.mark.parametrize("value, want", [
-    (None, None), ("", None), ("3", "3"), (" 2 ", "2"), ("0,1", None), ("1,", "1"),
-    ("GPU-8f2c1a52-6d0b-4e49-9d3f-0a1b2c3d4e5f", "GPU-8f2c1a52-6d0b-4e49-9d3f-0a1b2c3d4e5f"),
-])
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        (None, None),
+        ("", None),
+        ("3", "3"),
+        (" 2 ", "2"),
+        ("0,1", None),
+        ("1,", "1"),
+        ("GPU-8f2c1a52-6d0b-4e49-9d3f-0a1b2c3d4e5f", "GPU-8f2c1a52-6d0b-4e49-9d3f-0a1b2c3d4e5f"),
+    ],
+)
 def test_pinned_device(value, want):
     assert P.pinned_device(value) == want
 
@@ -95,17 +113,17 @@ def test_choose_gpu_launcher_pinned_rank_uses_its_one_gpu():
         gpu, why = P.choose_gpu(lr, 0, 1, vv, str(lr))
         assert gpu == 0
         assert f"CUDA_VISIBLE_DEVICES={lr}" in why and "launcher assigned" in why and "vvgpu not applied" in why
-    gpu, why = P.choose_gpu(3, 1, 1, None, "GPU-8f2c1a52")      # default vvgpu: the same GPU, the reason said
+    gpu, why = P.choose_gpu(3, 1, 1, None, "GPU-8f2c1a52")  # default vvgpu: the same GPU, the reason said
     assert gpu == 0 and "CUDA_VISIBLE_DEVICES=GPU-8f2c1a52" in why and "vvgpu" not in why
-    assert P.choose_gpu(1, 5, 1, [[0], [1]], "7")[0] == 0       # node beyond vvgpu's lists: the launcher decides
+    assert P.choose_gpu(1, 5, 1, [[0], [1]], "7")[0] == 0  # node beyond vvgpu's lists: the launcher decides
     # not pinned: vvgpu is checked as before
     with pytest.raises(P.PlacementError, match="GPU 1, but only 1 GPU"):
-        P.choose_gpu(1, 0, 1, vv)                                # CUDA_VISIBLE_DEVICES unset, one GPU
+        P.choose_gpu(1, 0, 1, vv)  # CUDA_VISIBLE_DEVICES unset, one GPU
     with pytest.raises(P.PlacementError, match="GPU 1, but only 1 GPU"):
-        P.choose_gpu(1, 0, 1, vv, "0,5")                         # two named (one invalid): not a per-rank pin
-    assert P.choose_gpu(1, 0, 4, vv, "2")[0] == 1                # a pin must show exactly one GPU
+        P.choose_gpu(1, 0, 1, vv, "0,5")  # two named (one invalid): not a per-rank pin
+    assert P.choose_gpu(1, 0, 4, vv, "2")[0] == 1  # a pin must show exactly one GPU
     with pytest.raises(P.PlacementError, match="negative"):
-        P.choose_gpu(0, 0, 1, [[-1]], "0")                       # a malformed vvgpu is still an error
+        P.choose_gpu(0, 0, 1, [[-1]], "0")  # a malformed vvgpu is still an error
 
 
 # -- which GPU a rank has: its PCI address, never the visible index ---------------------------------------
@@ -114,7 +132,7 @@ def test_pci_key_round_trip():
     assert P.pci_text(k) == "0000:3b:00"
     assert P.pci_key_from_text("0000:3b:00.0") == k == P.pci_key_from_text("00000000:3B:00.0")
     assert P.pci_key_from_text("0001:c1:1f.0") == P.pci_key(1, 0xC1, 0x1F)
-    big = P.pci_key(0xABCD1234, 0xFF, 0x1F)                      # 32-bit domains (some VMs) fit an int64
+    big = P.pci_key(0xABCD1234, 0xFF, 0x1F)  # 32-bit domains (some VMs) fit an int64
     assert 0 < big < 2**63 and P.pci_text(big) == "abcd1234:ff:1f"
     with pytest.raises(P.PlacementError, match="not a PCI bus id"):
         P.pci_key_from_text("GPU-8f2c1a52")
@@ -165,6 +183,7 @@ def test_transport_tells_gpus_apart_by_pci_address(monkeypatch, buses, want):
     MPI. Everything but the decision is stubbed: the device, NCCL, and the allgather."""
     from numbactr.distributed import comm as C
     from numbactr.distributed import nccl
+
     made = []
 
     class _Nccl:
@@ -182,9 +201,9 @@ def test_transport_tells_gpus_apart_by_pci_address(monkeypatch, buses, want):
     c = C.Comm(fake)
     transport, why = c.transport()
     assert transport == want, why
-    assert c.calls == 1 and c.transport() == (transport, why)          # decided once
+    assert c.calls == 1 and c.transport() == (transport, why)  # decided once
     if want == "nccl":
-        assert made == [(fake, c.bcast)]                               # the unique id by the guarded bcast
+        assert made == [(fake, c.bcast)]  # the unique id by the guarded bcast
     else:
         assert made == [] and "ranks 0 and 1 share a GPU (PCI 0000:1b:00 on node 0)" in why
 
@@ -207,7 +226,7 @@ def test_gpu_pci_key_reads_numba_identity(monkeypatch):
 
     monkeypatch.setattr(cuda, "gpus", _Gpus(), raising=False)
     assert C.gpu_pci_key(0) == P.pci_key(0, 0x3B, 0)
-    monkeypatch.setitem(sys.modules, "cupy", None)                     # no CuPy to fall back on
+    monkeypatch.setitem(sys.modules, "cupy", None)  # no CuPy to fall back on
     assert C.gpu_pci_key(1) == -1
 
 
@@ -216,12 +235,20 @@ def test_device_report_pinned_rank_is_no_sharing_warning():
     launcher's assignment, not 4 ranks on one GPU."""
     from numbactr.runtime import device_report as R
     from tests.test_device_report import facts, levels
-    four = {"rank": 1, "size": 4, "local_rank": 1, "local_size": 4, "node": 0, "nodes": 1,
-            "source": "MPI shared-memory split"}
+
+    four = {
+        "rank": 1,
+        "size": 4,
+        "local_rank": 1,
+        "local_size": 4,
+        "node": 0,
+        "nodes": 1,
+        "source": "MPI shared-memory split",
+    }
     found = R.diagnose(facts(placement=four, visible_devices="1"))
     assert not any("share" in m for m in levels(found, "warning")), found
     assert any("CUDA_VISIBLE_DEVICES=1 shows this rank one GPU" in m for m in levels(found, "note")), found
-    for visible in (None, "0,1"):                  # unset, or several named: one GPU for four ranks is shared
+    for visible in (None, "0,1"):  # unset, or several named: one GPU for four ranks is shared
         found = R.diagnose(facts(placement=four, visible_devices=visible))
         assert any("4 ranks on this node share 1 GPU" in m for m in levels(found, "warning")), found
     gpu = dict(facts()["gpus"][0], pci="0000:3b:00")
@@ -239,7 +266,7 @@ def test_idle_gpus():
 def test_create_solver_warns_only_about_idle_gpus(cpu):
     with warnings.catch_warnings():
         warnings.simplefilter("error", IgnoredArgumentWarning)
-        hugectr.CreateSolver(vvgpu=[[1]])            # one process, one GPU listed: used, no warning
+        hugectr.CreateSolver(vvgpu=[[1]])  # one process, one GPU listed: used, no warning
     with pytest.warns(IgnoredArgumentWarning, match=r"node 0 GPU 3 stay\(s\) idle.*mpiexec -n 2"):
         hugectr.CreateSolver(vvgpu=[[2, 3]])
     assert device._state["vvgpu"] == ((2, 3),)
@@ -248,16 +275,19 @@ def test_create_solver_warns_only_about_idle_gpus(cpu):
 
 
 # -- NCCL or host-staged MPI ------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, want", [
-    ((1, "gpu", True, True), "mpi"),
-    ((2, "gpu", True, True), "nccl"),
-    ((2, "gpu", False, True), "mpi"),
-    ((2, "gpu", True, False), "mpi"),
-    ((4, "cpu", True, True), "mpi"),
-    ((2, "sim", True, True), "mpi"),
-    ((2, "gpu", True, True, "mpi"), "mpi"),
-    ((2, "gpu", True, True, "NCCL"), "nccl"),
-])
+@pytest.mark.parametrize(
+    "args, want",
+    [
+        ((1, "gpu", True, True), "mpi"),
+        ((2, "gpu", True, True), "nccl"),
+        ((2, "gpu", False, True), "mpi"),
+        ((2, "gpu", True, False), "mpi"),
+        ((4, "cpu", True, True), "mpi"),
+        ((2, "sim", True, True), "mpi"),
+        ((2, "gpu", True, True, "mpi"), "mpi"),
+        ((2, "gpu", True, True, "NCCL"), "nccl"),
+    ],
+)
 def test_choose_transport(args, want):
     assert P.choose_transport(*args)[0] == want
 
@@ -270,9 +300,11 @@ def test_choose_transport_says_why_and_rejects():
         P.choose_transport(2, "gpu", True, True, "gloo")
 
 
-_PLACE = ("import sys; from numbactr.distributed.comm import world; c = world(); p = c.placement; "
-          "open(f'{sys.argv[1]}/{c.rank}.txt', 'w').write(repr((p.rank, p.local_rank, p.local_size, p.node, "
-          "p.nodes, p.source, c.transport()[0])))")
+_PLACE = (
+    "import sys; from numbactr.distributed.comm import world; c = world(); p = c.placement; "
+    "open(f'{sys.argv[1]}/{c.rank}.txt', 'w').write(repr((p.rank, p.local_rank, p.local_size, p.node, "
+    "p.nodes, p.source, c.transport()[0])))"
+)
 
 
 @needs_mpi
@@ -280,8 +312,14 @@ def test_placement_and_transport_under_mpiexec(tmp_path):
     """Two ranks on this machine: local ranks 0 and 1 of one node from MPI's shared-memory split, and
     the cpu device's collectives stay on host MPI."""
     env = dict(os.environ, NUMBACTR_DEVICE="cpu", PYTHONPATH=ROOT)
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", _PLACE, str(tmp_path)], capture_output=True,
-                         text=True, timeout=120, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, "-c", _PLACE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [eval((tmp_path / f"{r}.txt").read_text()) for r in range(2)]
     split = "MPI shared-memory split"
@@ -294,8 +332,14 @@ def test_device_collectives_on_gpus():
     """NCCL with one GPU per rank (two GPUs or more), host-staged MPI when the ranks share one GPU: the
     same sums and exchanges either way (tests/mpi/nccl_run.py)."""
     env = dict(os.environ, NUMBACTR_DEVICE="gpu", PYTHONPATH=ROOT)
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "mpi", "nccl_run.py")],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "mpi", "nccl_run.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.count(" ok") == 2, out.stdout
 
@@ -305,10 +349,11 @@ def test_gpu_device_turns_off_numbas_array_interface_stream_sync(monkeypatch):
     at each launch. Choosing the GPU switches that off, unless the environment says otherwise."""
     from numba.cuda.core import config as cuda_config
     from numbactr.runtime import device
+
     monkeypatch.setattr(cuda_config, "CUDA_ARRAY_INTERFACE_SYNC", 1)
     monkeypatch.setenv("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "1")
     device._no_interface_sync()
-    assert cuda_config.CUDA_ARRAY_INTERFACE_SYNC == 1                  # the user's setting stands
+    assert cuda_config.CUDA_ARRAY_INTERFACE_SYNC == 1  # the user's setting stands
     monkeypatch.delenv("NUMBA_CUDA_ARRAY_INTERFACE_SYNC")
     device._no_interface_sync()
     assert cuda_config.CUDA_ARRAY_INTERFACE_SYNC == 0
@@ -318,8 +363,9 @@ def test_asking_for_the_simulator_on_a_gpu_skips_the_test(on_device, monkeypatch
     """conftest's on_device: a test that asks for 'sim' in a process whose numba runs real CUDA (the whole
     suite with NUMBACTR_DEVICE=gpu) is skipped with its reason, not failed by set_device's DeviceError."""
     from numbactr.runtime import device
+
     monkeypatch.setattr(device, "_numba_simulated", lambda: False)
     with pytest.raises(pytest.skip.Exception, match="Numba's simulator"):
         on_device("sim")
-    on_device("cpu")                                      # the other devices switch as before
+    on_device("cpu")  # the other devices switch as before
     assert device.kind() == "cpu"

@@ -1,4 +1,5 @@
 """graph_to_json / construct_from_json round trip (spec §7.4)."""
+
 import copy
 import json
 
@@ -34,13 +35,14 @@ def test_dlrm_graph_json_layout_and_round_trip(tmp_path):
 
     # rebuild: Input + embedding only, then the dense network too
     s = hugectr.CreateSolver(batchsize=64, batchsize_eval=64, i64_input_key=True)
-    r = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev,
-                                 check_type=hugectr.Check_t.Sum)
+    r = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev, check_type=hugectr.Check_t.Sum
+    )
     m2 = hugectr.Model(s, r, hugectr.CreateOptimizer())
     m2.construct_from_json(str(path), include_dense_network=False)
     assert [e.name for e in m2.embeddings] == ["emb"] and not m2.layers
     graph_wo_slices = copy.deepcopy(dict(g, layers=[layer for layer in g["layers"] if layer["type"] != "Slice"]))
-    for layer in graph_wo_slices["layers"]:      # readers of the auto-Slice read the original again
+    for layer in graph_wo_slices["layers"]:  # readers of the auto-Slice read the original again
         if isinstance(layer.get("bottom"), list):
             layer["bottom"] = [b.replace("emb_slice0", "emb").replace("emb_slice1", "emb") for b in layer["bottom"]]
         elif isinstance(layer.get("bottom"), str):
@@ -60,8 +62,9 @@ def test_bad_graph_json_is_a_clear_error(tmp_path):
     p = tmp_path / "bad.json"
     p.write_text('{"layers": [{"type": "Dense"}]}')
     s = hugectr.CreateSolver(batchsize=8)
-    r = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=["x"], eval_source="y",
-                                 check_type=hugectr.Check_t.Sum)
+    r = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=["x"], eval_source="y", check_type=hugectr.Check_t.Sum
+    )
     m = hugectr.Model(s, r, hugectr.CreateOptimizer())
     with pytest.raises(ValueError, match="starting with the Data layer"):
         m.construct_from_json(str(p), True)
@@ -73,21 +76,41 @@ def test_bad_graph_json_is_a_clear_error(tmp_path):
 def test_fused_inner_product_position_and_activation_default_as_in_hugectr(tmp_path):
     # HugeCTR's parser reads both keys only when present (test/scripts/dlrm_fp16_1gpu.json leaves them out)
     import json
-    layers = [{"name": "data", "type": "Data", "source": "./x", "eval_source": "./y", "check": "Sum",
-               "label": {"top": "label", "label_dim": 1}, "dense": {"top": "dense", "dense_dim": 13},
-               "sparse": [{"top": "data1", "slot_num": 2, "is_fixed_length": False, "nnz_per_slot": 1}]},
-              {"name": "e", "type": "DistributedSlotSparseEmbeddingHash", "bottom": "data1", "top": "e",
-               "sparse_embedding_hparam": {"embedding_vec_size": 4, "combiner": "sum",
-                                           "workspace_size_per_gpu_in_mb": 1}},
-              {"name": "fc1", "type": "FusedInnerProduct", "bottom": "dense", "top": "fc1",
-               "fc_param": {"num_output": 8}},
-              {"name": "fc2", "type": "InnerProduct", "bottom": "fc1", "top": "fc2", "fc_param": {"num_output": 1}},
-              {"name": "loss", "type": "BinaryCrossEntropyLoss", "bottom": ["fc2", "label"], "top": "loss"}]
+
+    layers = [
+        {
+            "name": "data",
+            "type": "Data",
+            "source": "./x",
+            "eval_source": "./y",
+            "check": "Sum",
+            "label": {"top": "label", "label_dim": 1},
+            "dense": {"top": "dense", "dense_dim": 13},
+            "sparse": [{"top": "data1", "slot_num": 2, "is_fixed_length": False, "nnz_per_slot": 1}],
+        },
+        {
+            "name": "e",
+            "type": "DistributedSlotSparseEmbeddingHash",
+            "bottom": "data1",
+            "top": "e",
+            "sparse_embedding_hparam": {"embedding_vec_size": 4, "combiner": "sum", "workspace_size_per_gpu_in_mb": 1},
+        },
+        {"name": "fc1", "type": "FusedInnerProduct", "bottom": "dense", "top": "fc1", "fc_param": {"num_output": 8}},
+        {"name": "fc2", "type": "InnerProduct", "bottom": "fc1", "top": "fc2", "fc_param": {"num_output": 1}},
+        {"name": "loss", "type": "BinaryCrossEntropyLoss", "bottom": ["fc2", "label"], "top": "loss"},
+    ]
     p = tmp_path / "g.json"
     p.write_text(json.dumps({"layers": layers}))
-    m = hugectr.Model(hugectr.CreateSolver(batchsize=8), hugectr.DataReaderParams(
-        data_reader_type=hugectr.DataReaderType_t.Norm, source=["x"], eval_source="y",
-        check_type=hugectr.Check_t.Sum), hugectr.CreateOptimizer())
+    m = hugectr.Model(
+        hugectr.CreateSolver(batchsize=8),
+        hugectr.DataReaderParams(
+            data_reader_type=hugectr.DataReaderType_t.Norm,
+            source=["x"],
+            eval_source="y",
+            check_type=hugectr.Check_t.Sum,
+        ),
+        hugectr.CreateOptimizer(),
+    )
     m.construct_from_json(str(p), True)
     fc1 = next(layer for layer in m.layers if layer.cfg.top_names == ["fc1"])
     assert (fc1.cfg.pos_type, fc1.cfg.act_type) == (hugectr.FcPosition_t.Non, hugectr.Activation_t.Relu)

@@ -6,6 +6,7 @@ out by hand: same tensors and shapes, same weights, same losses step for step (b
 JSON and summary. The DLRM graph is the one of HugeCTR's test/group_fc_test/dlrm_fp16.py (v23.08), in
 float32 and shrunk.
 """
+
 import contextlib
 import io
 import json
@@ -30,23 +31,48 @@ def data(tmp_path_factory):
 
 def _bare(data, seed=3):
     """A Model with no layers (construct_from_json adds the Input and embedding)."""
-    solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.01, vvgpu=[[0]],
-                                  i64_input_key=True, seed=seed)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[data[0]],
-                                      eval_source=data[1], check_type=hugectr.Check_t.Sum)
-    opt = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam, update_type=hugectr.Update_t.Global,
-                                  beta1=0.9, beta2=0.999, epsilon=0.0001)
+    solver = hugectr.CreateSolver(
+        batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.01, vvgpu=[[0]], i64_input_key=True, seed=seed
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[data[0]],
+        eval_source=data[1],
+        check_type=hugectr.Check_t.Sum,
+    )
+    opt = hugectr.CreateOptimizer(
+        optimizer_type=hugectr.Optimizer_t.Adam,
+        update_type=hugectr.Update_t.Global,
+        beta1=0.9,
+        beta2=0.999,
+        epsilon=0.0001,
+    )
     return hugectr.Model(solver, reader, opt)
 
 
 def _base(data):
     m = _bare(data)
     opt = m.opt_params
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=DENSE, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, SLOTS)]))
-    m.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                  workspace_size_per_gpu_in_mb=1, embedding_vec_size=VEC, combiner="sum",
-                                  sparse_embedding_name="sparse_embedding1", bottom_name="data1", optimizer=opt))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=DENSE,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, SLOTS)],
+        )
+    )
+    m.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=VEC,
+            combiner="sum",
+            sparse_embedding_name="sparse_embedding1",
+            bottom_name="data1",
+            optimizer=opt,
+        )
+    )
     return m
 
 
@@ -62,16 +88,30 @@ def dlrm_group(data):
     """test/group_fc_test/dlrm_fp16.py's graph (bottom MLP 512-256-128 -> 8-6-VEC, top MLP 1024-1024-512-256-1
     -> 16-16-8-4-1), written with GroupDenseLayer."""
     m = _base(data)
-    m.add(hugectr.GroupDenseLayer(group_layer_type=GROUP, bottom_name_list=["dense"],
-                                  top_name_list=["fc1", "fc2", "fc3"], num_outputs=[8, 6, VEC],
-                                  last_act_type=hugectr.Activation_t.Relu))
-    m.add(hugectr.DenseLayer(layer_type=L.Interaction, bottom_names=["fc3", "sparse_embedding1"],
-                             top_names=["interaction1"]))
-    m.add(hugectr.GroupDenseLayer(group_layer_type=GROUP, bottom_name_list=["interaction1"],
-                                  top_name_list=["fc4", "fc5", "fc6", "fc7", "fc8"], num_outputs=[16, 16, 8, 4, 1],
-                                  last_act_type=hugectr.Activation_t.Non))
-    m.add(hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc8", "label"],
-                             top_names=["loss"]))
+    m.add(
+        hugectr.GroupDenseLayer(
+            group_layer_type=GROUP,
+            bottom_name_list=["dense"],
+            top_name_list=["fc1", "fc2", "fc3"],
+            num_outputs=[8, 6, VEC],
+            last_act_type=hugectr.Activation_t.Relu,
+        )
+    )
+    m.add(
+        hugectr.DenseLayer(
+            layer_type=L.Interaction, bottom_names=["fc3", "sparse_embedding1"], top_names=["interaction1"]
+        )
+    )
+    m.add(
+        hugectr.GroupDenseLayer(
+            group_layer_type=GROUP,
+            bottom_name_list=["interaction1"],
+            top_name_list=["fc4", "fc5", "fc6", "fc7", "fc8"],
+            num_outputs=[16, 16, 8, 4, 1],
+            last_act_type=hugectr.Activation_t.Non,
+        )
+    )
+    m.add(hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc8", "label"], top_names=["loss"]))
     return m
 
 
@@ -111,7 +151,7 @@ def _train(m, steps):
 def test_group_equals_hand_expanded_layers(data, on_device, dev):
     on_device(dev)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")                          # nothing about the group warns
+        warnings.simplefilter("error")  # nothing about the group warns
         a, b = dlrm_group(data), dlrm_by_hand(data)
         assert a.shapes == b.shapes
         assert a.shapes["fc2_db"] == (1, 6) and a.shapes["fc2_mask"] == (32, 6) and a.shapes["fc8"] == (32, 1)
@@ -124,10 +164,11 @@ def test_group_equals_hand_expanded_layers(data, on_device, dev):
     assert la == lb and all(np.isfinite(la))
     np.testing.assert_array_equal(device.to_host(a.weights), device.to_host(b.weights))
     for t in ("fc3", "interaction1", "fc8"):
-        np.testing.assert_array_equal(a.check_out_tensor(t, hugectr.Tensor_t.Train),
-                                      b.check_out_tensor(t, hugectr.Tensor_t.Train))
+        np.testing.assert_array_equal(
+            a.check_out_tensor(t, hugectr.Tensor_t.Train), b.check_out_tensor(t, hugectr.Tensor_t.Train)
+        )
     if dev == "cpu":
-        assert la[-1] < la[0]                                    # it trains
+        assert la[-1] < la[0]  # it trains
 
 
 def test_graph_json_and_summary_match_hugectr_expansion(data, tmp_path, cpu):
@@ -166,7 +207,8 @@ def test_two_bottom_head_and_two_layer_group(data, cpu):
     cfgs = [layer.cfg for layer in m.layers[1:]]
     assert [(c.pos_type, c.bottom_names, c.top_names) for c in cfgs] == [
         (hugectr.FcPosition_t.Head, ["dense", "flat"], _four("g1")),
-        (hugectr.FcPosition_t.Tail, _four("g1"), ["g2"])]
+        (hugectr.FcPosition_t.Tail, _four("g1"), ["g2"]),
+    ]
     assert m.shapes["g1"] == (32, 5) and m.shapes["g2"] == (32, 1)
 
 
@@ -185,8 +227,11 @@ def test_bad_groups_fail_clearly(data, cpu):
     with pytest.raises(ValueError, match="bottom_name_list must name 1 tensor"):
         hugectr.GroupDenseLayer(GROUP, ["dense", "dense", "dense"], ["a", "b"], [4, 1])
     m = _base(data)
-    with pytest.raises(hugectr.ModelError, match=r"GroupDenseLayer GroupFusedInnerProduct.*bottom tensor 'nope' "
-                                                 r"does not exist"):
+    with pytest.raises(
+        hugectr.ModelError,
+        match=r"GroupDenseLayer GroupFusedInnerProduct.*bottom tensor 'nope' "
+        r"does not exist",
+    ):
         m.add(hugectr.GroupDenseLayer(GROUP, ["nope"], ["a", "b"], [4, 1]))
     # a failure inside the group (the third layer's top exists already) adds none of its layers
     m.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["c"], num_output=2))
@@ -194,7 +239,7 @@ def test_bad_groups_fail_clearly(data, cpu):
     with pytest.raises(hugectr.ModelError, match=r"top tensor name 'c' already exists"):
         m.add(hugectr.GroupDenseLayer(GROUP, ["dense"], ["a", "b", "c"], [4, 3, 1]))
     assert len(m.layers) == n and m.shapes == tensors
-    m.add(hugectr.GroupDenseLayer(GROUP, ["dense"], ["a", "b", "d"], [4, 3, 1]))     # the names are free again
+    m.add(hugectr.GroupDenseLayer(GROUP, ["dense"], ["a", "b", "d"], [4, 3, 1]))  # the names are free again
     assert m.shapes["d"] == (32, 1)
     with pytest.raises(hugectr.ModelError, match="expected Input, SparseEmbedding, DenseLayer or GroupDenseLayer"):
         m.add(hugectr.GroupLayer_t.GroupFusedInnerProduct)
@@ -212,18 +257,25 @@ def test_compute_config_accepted_and_round_tripped(data, tmp_path, cpu):
     def build(cc_mlp, cc_cross):
         m = _base(data)
         m.add(hugectr.DenseLayer(L.MultiCross, ["dense"], ["cross"], num_layers=2, compute_config=cc_cross))
-        m.add(hugectr.DenseLayer(L.MLP, ["cross"], ["mlp"], num_outputs=[6, 1],
-                                 activations=[hugectr.Activation_t.Relu, hugectr.Activation_t.Non],
-                                 compute_config=cc_mlp))
+        m.add(
+            hugectr.DenseLayer(
+                L.MLP,
+                ["cross"],
+                ["mlp"],
+                num_outputs=[6, 1],
+                activations=[hugectr.Activation_t.Relu, hugectr.Activation_t.Non],
+                compute_config=cc_mlp,
+            )
+        )
         m.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["mlp", "label"], ["loss"]))
         m.compile()
         return m
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error")                     # layers that read it: no warning
+        warnings.simplefilter("error")  # layers that read it: no warning
         on = build(CC(async_wgrad=True, fuse_wb=True), CC(async_wgrad=True))
     off = build(CC(), CC())
-    assert _train(on, 4) == _train(off, 4)                 # speed settings: the same numbers
+    assert _train(on, 4) == _train(off, 4)  # speed settings: the same numbers
     np.testing.assert_array_equal(device.to_host(on.weights), device.to_host(off.weights))
     p = str(tmp_path / "cc.json")
     on.graph_to_json(p)
@@ -252,14 +304,17 @@ def test_compute_config_accepted_and_round_tripped(data, tmp_path, cpu):
 
 def test_compute_config_on_other_layers(data, cpu):
     CC = hugectr.DenseLayerComputeConfig
-    with pytest.warns(hugectr.IgnoredArgumentWarning, match=r"DenseLayer ReLU \['r'\]: compute_config=.*is ignored: "
-                                                            r"Layer_t.ReLU does not use it \(HugeCTR reads it only"):
+    with pytest.warns(
+        hugectr.IgnoredArgumentWarning,
+        match=r"DenseLayer ReLU \['r'\]: compute_config=.*is ignored: "
+        r"Layer_t.ReLU does not use it \(HugeCTR reads it only",
+    ):
         hugectr.DenseLayer(L.ReLU, ["x"], ["r"], compute_config=CC(async_wgrad=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        hugectr.DenseLayer(L.ReLU, ["x"], ["r"], compute_config=CC())             # the default: silent
+        hugectr.DenseLayer(L.ReLU, ["x"], ["r"], compute_config=CC())  # the default: silent
     m = _base(data)
     m.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc"], num_output=VEC))
-    with pytest.raises(hugectr.ModelError, match="async_wgrad=True needs the two-top"):     # as HugeCTR
+    with pytest.raises(hugectr.ModelError, match="async_wgrad=True needs the two-top"):  # as HugeCTR
         m.add(hugectr.DenseLayer(L.Interaction, ["fc", "sparse_embedding1"], ["i"], compute_config=CC(True)))
     m.add(hugectr.DenseLayer(L.Interaction, ["fc", "sparse_embedding1"], ["i"], compute_config=CC(fuse_wb=True)))

@@ -4,6 +4,7 @@ compute in float32 inside their kernels, round once on the store, and run their 
 float16 with float32 accumulation on a float16 copy of the float32 master weights. Each op's forward and
 backward equal a NumPy model of exactly that rounding, bit for bit; the kernels' float16 signatures
 compile to PTX (tests/test_ptx.py, from each module's PTX_CHECKS)."""
+
 import numpy as np
 import pytest
 
@@ -34,8 +35,11 @@ def run(fn, arrays, grad_of_out, **params):
         y = fn.apply(tape, *ts, **params)
     ctx = tape.entries[0][1]
     tape.backward({id(y): (y, device.xp().asarray(grad_of_out(y.data)))})
-    return (np.asarray(device.to_host(y.data)),
-            [None if t.grad is None else np.asarray(device.to_host(t.grad)) for t in ts], ctx)
+    return (
+        np.asarray(device.to_host(y.data)),
+        [None if t.grad is None else np.asarray(device.to_host(t.grad)) for t in ts],
+        ctx,
+    )
 
 
 @pytest.fixture
@@ -116,6 +120,7 @@ def test_switch_and_devices(on_device, monkeypatch):
     """float16 kernels only where kernels run (gpu, sim) and only for float16; NUMBACTR_HALF_KERNELS=0
     turns them off, and a bad value is a clear error."""
     from numbactr.autograd.tape import _native_half
+
     on_device("cpu")
     assert not _native_half(np.dtype(F16))
     on_device("sim")
@@ -130,23 +135,34 @@ def test_switch_and_devices(on_device, monkeypatch):
 
 
 def test_float16_signatures_are_in_the_ptx_checks():
-    for mod, kernel in ((relu, relu.relu_forward_kernel), (bias, bias.bias_add_kernel),
-                        (fused_bias_act, fused_bias_act.bias_act_forward_kernel),
-                        (interaction, interaction.interaction_forward_block_kernel)):
+    for mod, kernel in (
+        (relu, relu.relu_forward_kernel),
+        (bias, bias.bias_add_kernel),
+        (fused_bias_act, fused_bias_act.bias_act_forward_kernel),
+        (interaction, interaction.interaction_forward_block_kernel),
+    ):
         assert any(k is kernel and "float16" in sig for k, sig in mod.PTX_CHECKS), mod.__name__
 
 
 def _elementwise_cases():
     from numbactr.ops import elementwise as E
+
     rng = np.random.default_rng(4)
     x = [r16(rng.normal(size=(4, 6))) for _ in range(3)]
     pos = [r16(rng.uniform(0.5, 1.5, size=(4, 6))) for _ in range(2)]
-    return [(E.AddFn, x, {}), (E.SubFn, x[:2], {}), (E.MultiplyFn, x, {}), (E.MultiplyFn, pos, {"exact": True}),
-            (E.ELUFn, x[:1], {"alpha": 0.7}), (E.SigmoidFn, x[:1], {}),
-            (E.ScaleFn, x[:1], {"axis": 0, "factor": 3}), (E.ScaleFn, x[:1], {"axis": 1, "factor": 2}),
-            (E.DropoutFn, x[:1], {"rate": 0.5, "seed": 7, "step": 3, "layer_id": 2}),
-            (E.FmOrder2Fn, [r16(rng.normal(size=(4, 12)))], {"out_dim": 3}),
-            (E.WeightMultiplyFn, [x[0], rng.normal(size=(6, 3)).astype(F32)], {})]
+    return [
+        (E.AddFn, x, {}),
+        (E.SubFn, x[:2], {}),
+        (E.MultiplyFn, x, {}),
+        (E.MultiplyFn, pos, {"exact": True}),
+        (E.ELUFn, x[:1], {"alpha": 0.7}),
+        (E.SigmoidFn, x[:1], {}),
+        (E.ScaleFn, x[:1], {"axis": 0, "factor": 3}),
+        (E.ScaleFn, x[:1], {"axis": 1, "factor": 2}),
+        (E.DropoutFn, x[:1], {"rate": 0.5, "seed": 7, "step": 3, "layer_id": 2}),
+        (E.FmOrder2Fn, [r16(rng.normal(size=(4, 12)))], {"out_dim": 3}),
+        (E.WeightMultiplyFn, [x[0], rng.normal(size=(6, 3)).astype(F32)], {}),
+    ]
 
 
 @pytest.mark.parametrize("case", range(11))
@@ -163,12 +179,13 @@ def test_elementwise_ops_equal_their_float32_kernels_rounded_once(sim, monkeypat
         if dy is None:
             dy = r16(np.random.default_rng(5).normal(size=y.shape))
         return dy
+
     native = run(fn, xs, grad, **params)
     monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
     converted = run(fn, xs, grad, **params)
     assert native[2].native_half and not converted[2].native_half
     assert native[0].dtype == F16
-    assert [g.dtype for g in native[1]] == [x.dtype for x in xs]      # float16 activations, float32 weights
+    assert [g.dtype for g in native[1]] == [x.dtype for x in xs]  # float16 activations, float32 weights
     np.testing.assert_array_equal(native[0], converted[0])
     for a, b in zip(native[1], converted[1]):
         if params.get("exact") or fn.__name__ == "SigmoidFn":
@@ -184,6 +201,7 @@ def test_multicross_runs_in_float16(sim, monkeypatch, version):
     output is rounded to float16 (HugeCTR's fp16 MultiCross), so the result stays within float16's
     precision of the same stack computed in float32 on converted copies."""
     from numbactr.ops.dense import MultiCrossV1, MultiCrossV2
+
     rng = np.random.default_rng(6)
     x0 = r16(rng.normal(size=(5, 8)) * 0.5)
     if version == 1:
@@ -192,8 +210,11 @@ def test_multicross_runs_in_float16(sim, monkeypatch, version):
         fn = MultiCrossV2
         params = []
         for _ in range(3):
-            params += [rng.normal(size=(8, 3)).astype(F32) * 0.3, rng.normal(size=(3, 8)).astype(F32) * 0.3,
-                       rng.normal(size=(1, 8)).astype(F32) * 0.3]
+            params += [
+                rng.normal(size=(8, 3)).astype(F32) * 0.3,
+                rng.normal(size=(3, 8)).astype(F32) * 0.3,
+                rng.normal(size=(1, 8)).astype(F32) * 0.3,
+            ]
     dy = r16(rng.normal(size=(5, 8)))
     native = run(fn, [x0, *params], lambda y: dy)
     monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
@@ -204,7 +225,7 @@ def test_multicross_runs_in_float16(sim, monkeypatch, version):
     for a, b in zip(native[1], converted[1]):
         scale = max(1.0, float(np.abs(b.astype(F32)).max()))
         np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=2e-2, atol=1e-2 * scale)
-    assert not np.array_equal(native[1][1], converted[1][1])       # the float16 path did run
+    assert not np.array_equal(native[1][1], converted[1][1])  # the float16 path did run
 
 
 def same_grad(seed):
@@ -216,32 +237,40 @@ def same_grad(seed):
         if "dy" not in held:
             held["dy"] = r16(np.random.default_rng(seed).normal(size=y.shape))
         return held["dy"]
+
     return grad
 
 
 def _norm_layer(features):
     """What BatchNormFn reads from its layer: eps, factor and the running statistics (updated in place)."""
     from types import SimpleNamespace
-    return SimpleNamespace(eps=1e-5, factor=0.1, running_mean=device.xp().zeros(features, F32),
-                           running_var=device.xp().ones(features, F32))
+
+    return SimpleNamespace(
+        eps=1e-5, factor=0.1, running_mean=device.xp().zeros(features, F32), running_var=device.xp().ones(features, F32)
+    )
 
 
 def _norm_and_reduce_cases():
     from numbactr.ops.attention import MaskedSoftmaxFn, SoftmaxFn
     from numbactr.ops.normalization import BatchNormFn, LayerNormFn, PReLUDiceFn
     from numbactr.ops.shape import ReduceAxis
+
     rng = np.random.default_rng(7)
     x3 = r16(rng.normal(size=(3, 4, 5)))
     x2 = r16(rng.normal(size=(6, 5)) * 2 + 1)
-    mask = (rng.random(size=(2, 1, 3, 4)) < 0.7).astype(F16)       # (B, 1, Lf, Lt): a float16 input tensor
+    mask = (rng.random(size=(2, 1, 3, 4)) < 0.7).astype(F16)  # (B, 1, Lf, Lt): a float16 input tensor
     gamma, beta = (rng.normal(size=5) * 0.5 + 1).astype(F32), rng.normal(size=5).astype(F32)
-    return [("ReduceSum", ReduceAxis, [x3], {"axis": 1}), ("ReduceMean", ReduceAxis, [x3], {"axis": 2, "mean": True}),
-            ("LayerNorm", LayerNormFn, [x3, gamma, beta], {"eps": 1e-5}),
-            ("BatchNorm train", BatchNormFn, [x2, gamma, beta], {"training": True}),
-            ("BatchNorm eval", BatchNormFn, [x2, gamma, beta], {"training": False}),
-            ("Softmax", SoftmaxFn, [x3], {}), ("Softmax no max", SoftmaxFn, [x2], {"subtract_max": False}),
-            ("PReLU_Dice", PReLUDiceFn, [x2], {"alpha": 0.25, "eps": 1e-5}),
-            ("masked Softmax", MaskedSoftmaxFn, [r16(rng.normal(size=(2, 2, 3, 4)) * 3), mask], {"factor": 0.5})]
+    return [
+        ("ReduceSum", ReduceAxis, [x3], {"axis": 1}),
+        ("ReduceMean", ReduceAxis, [x3], {"axis": 2, "mean": True}),
+        ("LayerNorm", LayerNormFn, [x3, gamma, beta], {"eps": 1e-5}),
+        ("BatchNorm train", BatchNormFn, [x2, gamma, beta], {"training": True}),
+        ("BatchNorm eval", BatchNormFn, [x2, gamma, beta], {"training": False}),
+        ("Softmax", SoftmaxFn, [x3], {}),
+        ("Softmax no max", SoftmaxFn, [x2], {"subtract_max": False}),
+        ("PReLU_Dice", PReLUDiceFn, [x2], {"alpha": 0.25, "eps": 1e-5}),
+        ("masked Softmax", MaskedSoftmaxFn, [r16(rng.normal(size=(2, 2, 3, 4)) * 3), mask], {"factor": 0.5}),
+    ]
 
 
 @pytest.mark.parametrize("case", range(9))
@@ -257,14 +286,16 @@ def test_norms_softmax_and_reductions_equal_their_float32_kernels_rounded_once(s
         extra = {"layer": _norm_layer(xs[0].shape[1])} if fn.__name__ == "BatchNormFn" else {}
         out = run(fn, xs, grad, **params, **extra)
         return out, extra.get("layer")
+
     (native, n_layer) = once()
     monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
     (converted, c_layer) = once()
     assert native[2].native_half and not converted[2].native_half, name
     assert native[0].dtype == F16
     # float16 activations, float32 parameters (a mask gets no gradient)
-    assert [None if g is None else g.dtype for g in native[1]] == \
-        [None if fn.__name__ == "MaskedSoftmaxFn" and i == 1 else x.dtype for i, x in enumerate(xs)]
+    assert [None if g is None else g.dtype for g in native[1]] == [
+        None if fn.__name__ == "MaskedSoftmaxFn" and i == 1 else x.dtype for i, x in enumerate(xs)
+    ]
     np.testing.assert_array_equal(native[0], converted[0])
     for a, b in zip(native[1], converted[1]):
         if a is None:
@@ -273,7 +304,7 @@ def test_norms_softmax_and_reductions_equal_their_float32_kernels_rounded_once(s
             np.testing.assert_allclose(a.astype(F32), b.astype(F32), rtol=5e-3, atol=1e-4)
         else:
             np.testing.assert_array_equal(a, b)
-    if n_layer is not None:                                           # the running statistics too
+    if n_layer is not None:  # the running statistics too
         np.testing.assert_array_equal(device.to_host(n_layer.running_mean), device.to_host(c_layer.running_mean))
         np.testing.assert_array_equal(device.to_host(n_layer.running_var), device.to_host(c_layer.running_var))
 
@@ -284,6 +315,7 @@ def test_slice_copies_float16_and_adds_overlaps_in_float32(sim, monkeypatch, ran
     rounded on the store: with two overlapping pieces that is the float32 sum rounded once, what the
     converting path gives (an unused or missing column gets 0)."""
     from numbactr.ops.shape import SliceFn
+
     rng = np.random.default_rng(9)
     x = r16(rng.normal(size=(4, 5)))
     dys = [r16(rng.normal(size=(4, b - a))) for a, b in ranges]
@@ -296,6 +328,7 @@ def test_slice_copies_float16_and_adds_overlaps_in_float32(sim, monkeypatch, ran
         ctx = tape.entries[0][1]
         tape.backward({id(y): (y, device.xp().asarray(d)) for y, d in zip(ys, dys)})
         return [np.asarray(device.to_host(y.data)) for y in ys], np.asarray(device.to_host(t.grad)), ctx
+
     ys, dx, ctx = once()
     monkeypatch.setenv("NUMBACTR_HALF_KERNELS", "0")
     ys32, dx32, ctx32 = once()
@@ -313,13 +346,16 @@ def test_slice_copies_float16_and_adds_overlaps_in_float32(sim, monkeypatch, ran
 
 def _attention_cases():
     from numbactr.ops.attention import MatMulFn, MergeHeadsFn, ScaledQKFn, SplitHeadsFn
+
     rng = np.random.default_rng(10)
     q, k = r16(rng.normal(size=(2, 2, 3, 4))), r16(rng.normal(size=(2, 2, 5, 4)))
-    return [("MatMul batched", MatMulFn, [q, r16(rng.normal(size=(2, 2, 4, 3)))], {}),
-            ("MatMul flat rhs", MatMulFn, [r16(rng.normal(size=(3, 4))), r16(rng.normal(size=(4, 2, 5)))], {}),
-            ("ScaledQK", ScaledQKFn, [q, k], {"scale": 0.5}),
-            ("SplitHeads", SplitHeadsFn, [r16(rng.normal(size=(2, 3, 8)))], {"heads": 2}),
-            ("MergeHeads", MergeHeadsFn, [q], {})]
+    return [
+        ("MatMul batched", MatMulFn, [q, r16(rng.normal(size=(2, 2, 4, 3)))], {}),
+        ("MatMul flat rhs", MatMulFn, [r16(rng.normal(size=(3, 4))), r16(rng.normal(size=(4, 2, 5)))], {}),
+        ("ScaledQK", ScaledQKFn, [q, k], {"scale": 0.5}),
+        ("SplitHeads", SplitHeadsFn, [r16(rng.normal(size=(2, 3, 8)))], {"heads": 2}),
+        ("MergeHeads", MergeHeadsFn, [q], {}),
+    ]
 
 
 @pytest.mark.parametrize("case", range(5))
@@ -341,5 +377,6 @@ def test_attention_ops_equal_their_float32_forms_rounded_once(sim, monkeypatch, 
 
 def test_norm_and_reduce_float16_signatures_are_in_the_ptx_checks():
     from numbactr.kernels import attention, batch_norm, layer_norm, prelu_dice, reduce_axis, slice_select, softmax
+
     for mod in (attention, batch_norm, layer_norm, prelu_dice, reduce_axis, slice_select, softmax):
         assert any("float16" in sig for _, sig in mod.PTX_CHECKS), mod.__name__

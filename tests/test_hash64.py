@@ -5,6 +5,7 @@ simulator while keeping their exact values (each is compared bit for bit with it
 Warnings raised inside simulated kernel threads turn into errors here (filterwarnings is global), so
 a wrapped scalar product left in a kernel fails these tests.
 """
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -61,20 +62,19 @@ def test_references_equal_exact_integers():
 
 
 def test_hash_kernels_stay_exact_and_quiet():
-    keys = np.array([0, 1, 5, 2 ** 63 + 7, M64 - 1, 123456789012345, 5], np.uint64)
+    keys = np.array([0, 1, 5, 2**63 + 7, M64 - 1, 123456789012345, 5], np.uint64)
     # hash table: rows in first-occurrence order, identical to the reference
     table = HashTable(16, use_kernels=True, xp=np)
     assert host(table.insert(dev(keys))).tolist() == [0, 1, 2, 3, 4, 5, 2]
     assert host(table.find(dev(keys))).tolist() == [0, 1, 2, 3, 4, 5, 2]
-    np.testing.assert_array_equal(hash_table._home_slots_ref(keys, 97),
-                                  [fmix_exact(int(k)) % 97 for k in keys])
+    np.testing.assert_array_equal(hash_table._home_slots_ref(keys, 97), [fmix_exact(int(k)) % 97 for k in keys])
     # embedding rows drawn from a hash of (seed, key, d)
     pool = dev(np.zeros((7, 3), np.float32))
     rows = np.arange(7, dtype=np.int64)
-    embedding_init.init_new_rows(pool, dev(rows), dev(keys), 0, 2 ** 64 - 3, -0.05, 0.05)
-    np.testing.assert_array_equal(host(pool), embedding_init.row_values_ref(keys, 3, 2 ** 64 - 3, -0.05, 0.05))
+    embedding_init.init_new_rows(pool, dev(rows), dev(keys), 0, 2**64 - 3, -0.05, 0.05)
+    np.testing.assert_array_equal(host(pool), embedding_init.row_values_ref(keys, 3, 2**64 - 3, -0.05, 0.05))
     # dropout mask
     x = np.ones(37, np.float32)
     y = dev(np.zeros_like(x))
-    dropout.dropout_apply(dev(x), y, 0.5, M64, 2 ** 40, 3)
-    np.testing.assert_array_equal(host(y), dropout.dropout_forward_ref(x, 0.5, M64, 2 ** 40, 3))
+    dropout.dropout_apply(dev(x), y, 0.5, M64, 2**40, 3)
+    np.testing.assert_array_equal(host(y), dropout.dropout_forward_ref(x, 0.5, M64, 2**40, 3))

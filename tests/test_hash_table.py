@@ -11,7 +11,7 @@ from numbactr.embedding.hash_table import EMPTY_KEY, HashTable, HashTableFullErr
 from numbactr.kernels import hash_table as hk
 from tests.kernel_util import SIMULATED, host
 
-TOP = 2**64 - 2            # the largest usable key (2**64 - 1 is reserved)
+TOP = 2**64 - 2  # the largest usable key (2**64 - 1 is reserved)
 EXTREMES = [0, 1, 2, TOP, TOP - 1, 2**63, 2**63 - 1, 2**32 - 1, 2**32, 2**53 + 1]
 
 
@@ -19,6 +19,7 @@ def xp():
     if SIMULATED:
         return np
     import cupy
+
     return cupy
 
 
@@ -84,8 +85,9 @@ def insert_all(tables, keys):
         except HashTableFullError as e:
             results.append(("full", (e.needed, e.used, e.max_rows)))
             after = table_state(t)
-            assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1]), \
+            assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1]), (
                 "a failed insert must leave the table unchanged"
+            )
         check_invariants(t)
     kinds = {r[0] for r in results}
     assert len(kinds) == 1, results
@@ -102,8 +104,11 @@ KEY = st.one_of(st.integers(0, 12), st.sampled_from(EXTREMES), st.integers(0, TO
 BATCH = st.lists(KEY, max_size=70).map(lambda ks: np.array(ks, dtype=np.uint64))
 
 
-@given(batches=st.lists(BATCH, min_size=1, max_size=3), max_rows=st.integers(0, 150),
-       load_factor=st.sampled_from([0.5, 0.75, 1.0]))
+@given(
+    batches=st.lists(BATCH, min_size=1, max_size=3),
+    max_rows=st.integers(0, 150),
+    load_factor=st.sampled_from([0.5, 0.75, 1.0]),
+)
 def test_insert_kernel_and_reference_match_the_spec(batches, max_rows, load_factor):
     tk, tr = kernel_table(max_rows, load_factor=load_factor), ref_table(max_rows, load_factor=load_factor)
     tc = compiled_table(max_rows, load_factor=load_factor)
@@ -141,7 +146,7 @@ def test_small_tables_with_heavy_collisions(keys, max_rows):
     tc = compiled_table(max_rows, load_factor=1.0)
     tp = compiled_parallel_table(max_rows, load_factor=1.0)
     model = DictModel(max_rows)
-    for part in (keys[: len(keys) // 2], keys[len(keys) // 2:]):
+    for part in (keys[: len(keys) // 2], keys[len(keys) // 2 :]):
         kind, res = insert_all([tk, tr, tc, tp], part)
         try:
             np.testing.assert_array_equal(res, model.insert(part))
@@ -178,7 +183,7 @@ def test_keys_colliding_on_one_home_slot():
         np.testing.assert_array_equal(rows[:40], np.arange(40))
         np.testing.assert_array_equal(rows[40:80], np.arange(40)[::-1])
         tkeys, _ = table_state(t)
-        np.testing.assert_array_equal(np.sort(tkeys[3:43]), np.sort(keys))   # contiguous chain
+        np.testing.assert_array_equal(np.sort(tkeys[3:43]), np.sort(keys))  # contiguous chain
         np.testing.assert_array_equal(host(t.find(keys)), np.arange(40)[::-1])
 
 
@@ -193,7 +198,7 @@ def test_kernel_hash_matches_reference_home_slot(key):
     assert np.count_nonzero(tkeys != EMPTY_KEY) == 1
 
 
-PTX_SCRIPT = '''
+PTX_SCRIPT = """
 import os
 os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
 from numba import cuda
@@ -205,17 +210,17 @@ for kernel, sig in probing:
     assert "rem.u64" in ptx and "rem.s64" not in ptx, "home slot must use an unsigned 64-bit modulus"
     assert "cvt.rn.f64" not in ptx and ".f64" not in ptx, "hash arithmetic must not go through float64"
 print("ok")
-'''
+"""
 
 
 def test_compiled_hash_uses_unsigned_64bit_arithmetic():
     # the simulator cannot see numba's GPU integer typing (u64 % i64 -> signed int64): check the PTX
     from tests.test_ptx import _nvvm_available
+
     if not _nvvm_available():
         pytest.skip("NVVM not installed (pip install 'numba-cuda[cu12]')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    r = subprocess.run([sys.executable, "-c", PTX_SCRIPT], capture_output=True, text=True, env=env,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", PTX_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 
@@ -251,7 +256,7 @@ def test_full_table_error_leaves_table_usable(make):
     t = make(5)
     np.testing.assert_array_equal(host(t.insert(np.array([10, 11, 10], np.uint64))), [0, 1, 0])
     with pytest.raises(HashTableFullError) as info:
-        t.insert(np.array([11, 12, 13, 14, 15, 12], np.uint64))      # 4 new keys, 3 rows free
+        t.insert(np.array([11, 12, 13, 14, 15, 12], np.uint64))  # 4 new keys, 3 rows free
     err = info.value
     assert isinstance(err, RuntimeError)
     assert (err.needed, err.used, err.max_rows) == (4, 2, 5)
@@ -316,7 +321,7 @@ def test_reference_at_scale_matches_dict_model(make):
     rng = np.random.default_rng(7)
     t, model = make(60_000), DictModel(60_000)
     for _ in range(3):
-        keys = (rng.zipf(1.3, 20_000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        keys = rng.zipf(1.3, 20_000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         np.testing.assert_array_equal(t.insert(keys), model.insert(keys))
     check_invariants(t)
     np.testing.assert_array_equal(t.keys_by_row(), np.array(list(model.rows), dtype=np.uint64))
@@ -326,7 +331,7 @@ def test_reference_at_scale_matches_dict_model(make):
 def test_hash_table_on_gpu_1m_keys():
     rng = np.random.default_rng(0)
     keys = rng.integers(0, 2**62, size=600_000, dtype=np.uint64)
-    batch = rng.choice(keys, size=1_000_000)                     # 1M keys with duplicates
+    batch = rng.choice(keys, size=1_000_000)  # 1M keys with duplicates
     batch[:10] = [0, TOP, TOP - 1, 1, 2, 3, 0, TOP, 5, 5]
     tk, tr = kernel_table(1_000_000), ref_table(1_000_000)
     for part in (batch[:400_000], batch):
@@ -342,8 +347,11 @@ def test_hash_table_on_gpu_1m_keys():
 
 
 # ---- the deferred insert (a GPU training step's path: no host read) ---------------------------------------
-@given(batches=st.lists(st.tuples(BATCH, st.integers(0, 2**70)), min_size=1, max_size=4),
-       max_rows=st.integers(0, 40), load_factor=st.sampled_from([0.5, 1.0]))
+@given(
+    batches=st.lists(st.tuples(BATCH, st.integers(0, 2**70)), min_size=1, max_size=4),
+    max_rows=st.integers(0, 40),
+    load_factor=st.sampled_from([0.5, 1.0]),
+)
 def test_deferred_insert_equals_the_eager_insert(batches, max_rows, load_factor):
     """insert_deferred over the occurrences of table 0 (occ == 0; the others keep rows_out's values): the rows,
     the new-key flags, the table and the size equal the spec's; a batch that does not fit gets rows -1 for its
@@ -353,7 +361,7 @@ def test_deferred_insert_equals_the_eager_insert(batches, max_rows, load_factor)
     model = DictModel(max_rows)
     first_error = None
     for keys, mask_bits in batches:
-        occ = np.array([(mask_bits >> i) & 1 for i in range(keys.shape[0])], np.int64)   # 0: this table
+        occ = np.array([(mask_bits >> i) & 1 for i in range(keys.shape[0])], np.int64)  # 0: this table
         mine = occ == 0
         before = table_state(t)
         rows_out = np.full(keys.shape[0], 777, np.int64)
@@ -365,10 +373,11 @@ def test_deferred_insert_equals_the_eager_insert(batches, max_rows, load_factor)
             failed = True
             first_error = first_error or (e.needed, e.used, e.max_rows)
         from tests.kernel_util import dev
+
         rows, flags, _ = t.insert_deferred(dev(keys), dev(occ), 0, rows_out=dev(rows_out))
         rows, flags = host(rows), host(flags)
-        np.testing.assert_array_equal(rows[~mine], 777)                  # other tables' occurrences untouched
-        if failed:                              # known keys keep their rows, new ones get -1
+        np.testing.assert_array_equal(rows[~mine], 777)  # other tables' occurrences untouched
+        if failed:  # known keys keep their rows, new ones get -1
             np.testing.assert_array_equal(rows[mine], model.find(keys[mine]))
             after = table_state(t)
             assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
@@ -392,20 +401,21 @@ def test_deferred_insert_equals_the_eager_insert(batches, max_rows, load_factor)
         # a batch that found no free slot counts only the keys that claimed one: a lower bound
         if info.value.max_rows > 0 and "hash slots taken" not in str(info.value):
             assert (info.value.needed, info.value.used, info.value.max_rows) == first_error
-        t.check()                                                         # the record was cleared
+        t.check()  # the record was cleared
     np.testing.assert_array_equal(host(t.keys_by_row()), np.array(list(model.rows), dtype=np.uint64))
 
 
 def test_deferred_insert_records_a_reserved_key_and_reads_nothing():
     from numbactr.kernels import launch
     from tests.kernel_util import dev
+
     t = kernel_table(10)
     launch.reset_counts()
     rows, flags, _ = t.insert_deferred(dev(np.array([5, 2**64 - 1, 6, 5], np.uint64)))
     assert launch.reset_counts()["host_reads"] == 0
     np.testing.assert_array_equal(host(rows), [0, -1, 1, 0])
     np.testing.assert_array_equal(host(flags), [1, 0, 1, 0])
-    assert t.size == 2                                                    # one read of the device counter
+    assert t.size == 2  # one read of the device counter
     with pytest.raises(ValueError, match=r"position 1 of a batch is reserved"):
         t.check()
     t.check()

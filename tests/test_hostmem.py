@@ -1,4 +1,5 @@
 """numbactr.runtime.hostmem: host tables in 2 MiB-aligned huge pages, and the engine's results not depending on it."""
+
 import os
 
 import numpy as np
@@ -45,7 +46,7 @@ def test_a_forked_child_writes_its_own_copy(huge):
     a = hostmem.host_zeros(hostmem.HUGE_MIN_BYTES // 4, np.float32, huge=huge)
     a[:3] = 1.0
     pid = os.fork()
-    if pid == 0:                                   # the child: write, then leave without cleanup
+    if pid == 0:  # the child: write, then leave without cleanup
         a[:] = 9.0
         os._exit(0)
     _, status = os.waitpid(pid, 0)
@@ -57,7 +58,7 @@ def test_huge_page_bytes_reports_within_the_array():
     a = hostmem.host_zeros(hostmem.HUGE_MIN_BYTES // 4, np.float32, huge=True)
     a[:] = 1.0
     got = hostmem.huge_page_bytes(a)
-    assert 0 <= got <= a.nbytes + hostmem.HUGE_PAGE      # what the kernel granted; 0 where THP is off
+    assert 0 <= got <= a.nbytes + hostmem.HUGE_PAGE  # what the kernel granted; 0 where THP is off
 
 
 @pytest.mark.parametrize("pooling", [Pooling.SUM, Pooling.MEAN, Pooling.NONE])
@@ -71,22 +72,25 @@ def test_engine_bits_do_not_depend_on_huge_pages(monkeypatch, pooling, psw):
     hot = rng.integers(0, 4, len(fmap) * batch)
     offsets = np.concatenate([[0], np.cumsum(hot)]).astype(np.int64)
     n = int(offsets[-1])
-    indices = np.concatenate([rng.integers(0, tables[t][0], hot[f * batch:(f + 1) * batch].sum())
-                              for f, t in enumerate(fmap)]).astype(np.int64)
+    indices = np.concatenate(
+        [rng.integers(0, tables[t][0], hot[f * batch : (f + 1) * batch].sum()) for f, t in enumerate(fmap)]
+    ).astype(np.int64)
     weights = rng.uniform(0.5, 1.5, n).astype(np.float32) if psw else None
     results = []
     for huge in ("1", "0"):
         monkeypatch.setenv(hostmem.ENV, huge)
-        eng = TableBatchedEmbedding(tables, fmap, pooling=pooling,
-                                    optimizer=OptimizerSpec(Optim.EXACT_ROWWISE_ADAGRAD, 0.1))
+        eng = TableBatchedEmbedding(
+            tables, fmap, pooling=pooling, optimizer=OptimizerSpec(Optim.EXACT_ROWWISE_ADAGRAD, 0.1)
+        )
         assert eng.huge_pages == (huge == "1")
         for t, w in enumerate(eng.split_weights()):
             w[...] = np.random.default_rng(t).uniform(-1, 1, w.shape)
         for _ in range(2):
             out, ctx = eng.forward(indices, offsets, weights)
             eng.backward(ctx, np.random.default_rng(7).standard_normal(out.shape).astype(np.float32))
-        results.append((out.copy(), [w.copy() for w in eng.split_weights()],
-                        [s.copy() for s in eng.split_optimizer_states()]))
+        results.append(
+            (out.copy(), [w.copy() for w in eng.split_weights()], [s.copy() for s in eng.split_optimizer_states()])
+        )
     (o1, w1, s1), (o0, w0, s0) = results
     np.testing.assert_array_equal(o1, o0)
     for a, b in zip(w1 + [x for st in s1 for x in st], w0 + [x for st in s0 for x in st]):
@@ -99,15 +103,19 @@ def test_oversized_buffers_and_tables_are_clear_memory_errors(monkeypatch):
         hostmem.host_zeros(1 << 58, np.float32)
     # a table that would be initialized past the available memory: refused before a page is touched
     monkeypatch.setattr(hostmem, "available_bytes", lambda: 1 << 20)
-    with pytest.raises(MemoryError, match=r"initializing SparseEmbedding 'big' \(1200000 rows x 16\) needs "
-                                          r"0\.08 GB of host memory but only 0\.00 GB are available"):
+    with pytest.raises(
+        MemoryError,
+        match=r"initializing SparseEmbedding 'big' \(1200000 rows x 16\) needs "
+        r"0\.08 GB of host memory but only 0\.00 GB are available",
+    ):
         _onehot("big", [600000, 600000])
 
 
 def test_whole_table_fill_in_chunks_equals_one_piece(monkeypatch):
     from numbactr.embedding.engine import buffers as E
     from numbactr.kernels import embedding_init as EI
-    monkeypatch.setattr(E, "FILL_CHUNK_ELEMS", 100)            # 6 rows of 16 per chunk
+
+    monkeypatch.setattr(E, "FILL_CHUNK_ELEMS", 100)  # 6 rows of 16 per chunk
     view = np.zeros((45, 16), np.float32)
     scale = np.linspace(0.1, 1.0, 45).astype(np.float32)
     E.fill_uniform_rows(view, 7, 3, -0.5, 0.5, row_scale=scale)
@@ -123,8 +131,14 @@ def test_whole_table_fill_in_chunks_equals_one_piece(monkeypatch):
 def _onehot(name, sizes):
     import numbactr as hugectr
     from numbactr.embedding.factory import make_embedding
-    cfg = hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot,
-                                  slot_size_array=sizes, embedding_vec_size=16, sparse_embedding_name=name,
-                                  bottom_name="data1", workspace_size_per_gpu_in_mb=1)
+
+    cfg = hugectr.SparseEmbedding(
+        embedding_type=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot,
+        slot_size_array=sizes,
+        embedding_vec_size=16,
+        sparse_embedding_name=name,
+        bottom_name="data1",
+        workspace_size_per_gpu_in_mb=1,
+    )
     param = hugectr.DataReaderSparseParam("data1", 1, True, len(sizes))
     return make_embedding(cfg, param, hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD), 0)

@@ -2,12 +2,13 @@
 file outside kernels/ over 800 lines, no import circle (imports inside functions included), and every package
 in pyproject.toml's list so that a built wheel holds it. `python3 .ci/house.py` prints the same figures;
 .ci/run also runs ruff and import-linter's layer contracts."""
+
 import importlib.util
 import pathlib
 
 import pytest
 
-tomllib = pytest.importorskip("tomllib")           # Python 3.11+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("house", ROOT / ".ci" / "house.py")
@@ -44,7 +45,9 @@ def test_circles_are_found_through_imports_inside_functions(tmp_path):
 def test_every_package_is_listed_for_the_wheel():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     have = {"numbactr", "numbactr.kernels"} | {
-        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "numbactr").rglob("__init__.py")
-        if p.parent.relative_to(ROOT / "numbactr").parts[:1] != ("kernels",)}
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "numbactr").rglob("__init__.py")
+        if p.parent.relative_to(ROOT / "numbactr").parts[:1] != ("kernels",)
+    }
     assert have - listed == set(), "packages missing from pyproject.toml's [tool.setuptools] packages"
     assert listed - have == set(), "pyproject.toml lists packages that do not exist"

@@ -2,6 +2,7 @@
 model files written key by key, the plugin's HPS JSON) returns each key's vector for keys of any shape, a
 key no table holds gets the default value, one JSON's parameter server is shared by its layers, `import
 hps_torch` works after `import numbactr`, and bad arguments are clear errors."""
+
 import json
 import os
 import subprocess
@@ -35,15 +36,29 @@ def setup(tmp_path, monkeypatch):
     tables = [rng.random((VOCAB, D), dtype=np.float32), rng.random((VOCAB, 8), dtype=np.float32)]
     for i, t in enumerate(tables):
         write_table(f"embeddings/table{i}", np.arange(i * VOCAB, (i + 1) * VOCAB), t)
-    config = {"supportlonglong": True, "fuse_embedding_table": False,
-              "models": [{"model": "2_table", "sparse_files": ["embeddings/table0", "embeddings/table1"],
-                          "num_of_worker_buffer_in_pool": 2, "embedding_table_names": ["table0", "table1"],
-                          "embedding_vecsize_per_table": [D, 8],
-                          "maxnum_catfeature_query_per_table_per_sample": [QUERY, QUERY],
-                          "default_value_for_each_table": [0.5, 0.0], "deployed_device_list": [0],
-                          "max_batch_size": MAX_BATCH, "cache_refresh_percentage_per_iteration": 1.0,
-                          "hit_rate_threshold": 1.0, "gpucacheper": 1.0, "gpucache": True,
-                          "embedding_cache_type": "static", "use_context_stream": True}]}
+    config = {
+        "supportlonglong": True,
+        "fuse_embedding_table": False,
+        "models": [
+            {
+                "model": "2_table",
+                "sparse_files": ["embeddings/table0", "embeddings/table1"],
+                "num_of_worker_buffer_in_pool": 2,
+                "embedding_table_names": ["table0", "table1"],
+                "embedding_vecsize_per_table": [D, 8],
+                "maxnum_catfeature_query_per_table_per_sample": [QUERY, QUERY],
+                "default_value_for_each_table": [0.5, 0.0],
+                "deployed_device_list": [0],
+                "max_batch_size": MAX_BATCH,
+                "cache_refresh_percentage_per_iteration": 1.0,
+                "hit_rate_threshold": 1.0,
+                "gpucacheper": 1.0,
+                "gpucache": True,
+                "embedding_cache_type": "static",
+                "use_context_stream": True,
+            }
+        ],
+    }
     path = tmp_path / "2_table.json"
     path.write_text(json.dumps(config, indent=4))
     return str(path), tables
@@ -60,9 +75,9 @@ def test_lookup_layer_returns_each_keys_vector_in_the_keys_shape(setup):
     second = hps_torch.LookupLayer(path, "2_table", 1, 8)
     k1 = torch.tensor([[VOCAB + 3, VOCAB + 7], [2 * VOCAB - 1, VOCAB]])
     np.testing.assert_array_equal(second(k1).numpy(), tables[1][k1.numpy() - VOCAB])
-    assert second._hps is layer._hps                      # one parameter server per JSON and process
+    assert second._hps is layer._hps  # one parameter server per JSON and process
     # a key no table holds: default_value_for_each_table
-    out = layer(torch.tensor([5, 10 ** 9]))
+    out = layer(torch.tensor([5, 10**9]))
     np.testing.assert_array_equal(out[0].numpy(), tables[0][5])
     np.testing.assert_array_equal(out[1].numpy(), np.full(D, 0.5, np.float32))
     assert layer(torch.zeros((0, 3), dtype=torch.int64)).shape == (0, 3, D)
@@ -90,14 +105,17 @@ def test_bad_arguments_are_clear_errors(setup):
 def test_import_hps_torch_after_numbactr(setup):
     """HugeCTR's plugin scripts say `import hps_torch`: after `import numbactr` that is numbactr's."""
     path, tables = setup
-    code = ("import numbactr, torch, numpy as np\n"
-            "import hps_torch\n"
-            f"layer = hps_torch.LookupLayer({path!r}, '2_table', 0, {D})\n"
-            "print(hps_torch.__name__, float(layer(torch.tensor([[4]])).sum()))\n")
+    code = (
+        "import numbactr, torch, numpy as np\n"
+        "import hps_torch\n"
+        f"layer = hps_torch.LookupLayer({path!r}, '2_table', 0, {D})\n"
+        "print(hps_torch.__name__, float(layer(torch.tensor([[4]])).sum()))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBACTR_DEVICE"] = "cpu"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                       cwd=os.path.dirname(path))
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=os.path.dirname(path)
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     name, total = r.stdout.strip().splitlines()[-1].split()
     assert name == "numbactr.hps_torch"

@@ -1,5 +1,6 @@
 """HugeCTR's Python API as its pybind definitions state it (v23.08 include/pybind/*_wrapper.hpp): positional
 orders, keyword names of the overloads, TrainingCallback, enums registered on the module."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,12 +20,18 @@ T, C = hugectr.DataReaderType_t, hugectr.Check_t
 
 def test_data_reader_params_positional_order_is_hugectrs():
     p = hugectr.DataReaderParams(T.Norm, ["train.txt"], ["keyset"], "eval.txt", C.Sum, 0, 0, 0, False, False, 3)
-    assert (p.source, p.keyset, p.eval_source, p.check_type, p.num_workers) == (["train.txt"], ["keyset"],
-                                                                                "eval.txt", C.Sum, 3)
-    short = hugectr.DataReaderParams(T.Norm, "train.txt", "eval.txt", C.Sum)      # the four-argument form
+    assert (p.source, p.keyset, p.eval_source, p.check_type, p.num_workers) == (
+        ["train.txt"],
+        ["keyset"],
+        "eval.txt",
+        C.Sum,
+        3,
+    )
+    short = hugectr.DataReaderParams(T.Norm, "train.txt", "eval.txt", C.Sum)  # the four-argument form
     assert (short.eval_source, short.check_type, short.keyset) == ("eval.txt", C.Sum, "")
-    assert short == hugectr.DataReaderParams(data_reader_type=T.Norm, source="train.txt", eval_source="eval.txt",
-                                             check_type=C.Sum)
+    assert short == hugectr.DataReaderParams(
+        data_reader_type=T.Norm, source="train.txt", eval_source="eval.txt", check_type=C.Sum
+    )
     with pytest.raises(TypeError, match=r"missing required argument\(s\) \['eval_source', 'check_type'\]"):
         hugectr.DataReaderParams(T.Norm, "train.txt")
     with pytest.raises(TypeError, match="multiple values for argument 'source'"):
@@ -35,7 +42,7 @@ def test_create_solver_input_and_dense_layer_take_hugectrs_positional_forms():
     s = hugectr.CreateSolver("m", 42, hugectr.LrPolicy_t.fixed, 0.5)
     assert (s.model_name, s.seed, s.lr) == ("m", 42, 0.5)
     sp = [hugectr.DataReaderSparseParam("data1", 1, True, 3)]
-    inp = hugectr.Input([1, 1], ["a", "b"], [0.3, 0.7], 3, "dense", sp)    # the label_weights overload
+    inp = hugectr.Input([1, 1], ["a", "b"], [0.3, 0.7], 3, "dense", sp)  # the label_weights overload
     assert (inp.label_weights, inp.dense_dim, inp.dense_name, inp.sparse) == ([0.3, 0.7], 3, "dense", sp)
     inp = hugectr.Input(1, "label", 3, "dense", sp)
     assert (inp.label_dims, inp.dense_dim) == ([1], 3)
@@ -49,12 +56,14 @@ def test_dense_layer_positional_order_is_hugectrs():
     """model_wrapper.hpp's order (spec §6.0): batchsize, SeqLength, vector_size, ... A GRU written
     positionally to its 16th argument gets each value in its own field."""
     from numbactr import config
-    want = ("factor eps gamma_init_type beta_init_type dropout_rate elu_alpha num_output weight_init_type "
-            "bias_init_type num_layers leading_dim time_step batchsize SeqLength vector_size selected").split()
-    assert config._DENSE_ORDER[:len(want)] == want
+
+    want = (
+        "factor eps gamma_init_type beta_init_type dropout_rate elu_alpha num_output weight_init_type "
+        "bias_init_type num_layers leading_dim time_step batchsize SeqLength vector_size selected"
+    ).split()
+    assert config._DENSE_ORDER[: len(want)] == want
     I = hugectr.Initializer_t.Default
-    g = hugectr.DenseLayer(hugectr.Layer_t.GRU, ["x"], ["y"], 1.0, 1e-5, I, I, 0.5, 1.0, 64, I, I, 0, 0, 0,
-                           16, 10, 8)
+    g = hugectr.DenseLayer(hugectr.Layer_t.GRU, ["x"], ["y"], 1.0, 1e-5, I, I, 0.5, 1.0, 64, I, I, 0, 0, 0, 16, 10, 8)
     assert (g.num_output, g.batchsize, g.SeqLength, g.vector_size) == (64, 16, 10, 8)
 
 
@@ -86,15 +95,35 @@ class Recorder(hugectr.TrainingCallback):
 
 def _model(tmp_path, callbacks):
     train, evl = tiny_data(str(tmp_path), n_train=256, n_eval=128, files=1)
-    solver = hugectr.CreateSolver(batchsize=64, batchsize_eval=64, max_eval_batches=2, lr=0.01, vvgpu=[[0]],
-                                  i64_input_key=True, training_callbacks=callbacks,
-                                  metrics_spec={hugectr.MetricsType.AUC: 1.0})
+    solver = hugectr.CreateSolver(
+        batchsize=64,
+        batchsize_eval=64,
+        max_eval_batches=2,
+        lr=0.01,
+        vvgpu=[[0]],
+        i64_input_key=True,
+        training_callbacks=callbacks,
+        metrics_spec={hugectr.MetricsType.AUC: 1.0},
+    )
     m = hugectr.Model(solver, hugectr.DataReaderParams(T.Norm, [train], evl, C.Sum), hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)]))
-    m.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                  workspace_size_per_gpu_in_mb=1, embedding_vec_size=4, sparse_embedding_name="emb",
-                                  bottom_name="data1"))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)],
+        )
+    )
+    m.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=4,
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+        )
+    )
     m.add(hugectr.DenseLayer(hugectr.Layer_t.Reshape, ["emb"], ["flat"], leading_dim=12))
     m.add(hugectr.DenseLayer(hugectr.Layer_t.Concat, ["flat", "dense"], ["cat"]))
     m.add(hugectr.DenseLayer(hugectr.Layer_t.InnerProduct, ["cat"], ["fc"], num_output=1))
@@ -107,8 +136,14 @@ def test_fit_calls_training_callbacks_as_hugectr(tmp_path):
     a, b = Recorder(), Recorder()
     m = _model(tmp_path, [a, b])
     m.fit(max_iter=6, display=100, eval_interval=3)
-    expect = [("start",), ("eval_start", 2), ("eval_end", 2, ["AUC"]), ("eval_start", 5),
-              ("eval_end", 5, ["AUC"]), ("end", 5)]
+    expect = [
+        ("start",),
+        ("eval_start", 2),
+        ("eval_end", 2, ["AUC"]),
+        ("eval_start", 5),
+        ("eval_end", 5, ["AUC"]),
+        ("end", 5),
+    ]
     assert a.calls == expect and b.calls == expect
 
 
@@ -136,7 +171,7 @@ def test_a_callback_stops_training_early(tmp_path):
     m = _model(tmp_path / "b", [stop, other])
     m.fit(max_iter=20, display=100, eval_interval=2)
     assert stop.calls[-2:] == [("eval_end", 3, ["AUC"]), ("end", 3)]
-    assert other.calls[-1] == ("end", 3)              # every callback hears the end
+    assert other.calls[-1] == ("end", 3)  # every callback hears the end
     assert m.step == 4
 
 
@@ -173,13 +208,28 @@ def test_model_add_takes_hugectrs_keyword_names(tmp_path):
     solver = hugectr.CreateSolver(batchsize=64, batchsize_eval=64, vvgpu=[[0]], i64_input_key=True)
     reader = hugectr.DataReaderParams(T.Norm, [train], evl, C.Sum)
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer())
-    m.add(input=hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                              data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)]))
-    m.add(sparse_embedding=hugectr.SparseEmbedding(
-        embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, workspace_size_per_gpu_in_mb=1,
-        embedding_vec_size=4, sparse_embedding_name="emb", bottom_name="data1"))
+    m.add(
+        input=hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)],
+        )
+    )
+    m.add(
+        sparse_embedding=hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=4,
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+        )
+    )
     m.add(dense_layer=hugectr.DenseLayer(hugectr.Layer_t.Reshape, ["emb"], ["flat"], leading_dim=12))
     with pytest.raises(ModelError, match="Model.add takes one"):
-        m.add(hugectr.DenseLayer(hugectr.Layer_t.Concat, ["flat", "dense"], ["c"]),
-              dense_layer=hugectr.DenseLayer(hugectr.Layer_t.Concat, ["flat", "dense"], ["c"]))
+        m.add(
+            hugectr.DenseLayer(hugectr.Layer_t.Concat, ["flat", "dense"], ["c"]),
+            dense_layer=hugectr.DenseLayer(hugectr.Layer_t.Concat, ["flat", "dense"], ["c"]),
+        )
     assert "flat" in m.shapes

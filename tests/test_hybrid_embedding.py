@@ -1,6 +1,7 @@
 """HybridSparseEmbedding (numbactr/embedding/hybrid.py): HugeCTR's frequent/infrequent split, equality with
 LocalizedSlotSparseEmbeddingOneHot on one rank and under mpiexec -n 2, the snapshot format shared with the
 one-hot embedding, and the errors for what HugeCTR's hybrid embedding does not take."""
+
 import math
 import os
 import subprocess
@@ -13,8 +14,13 @@ import pytest
 import numbactr as hugectr
 from numbactr.runtime import device
 from numbactr.autograd import Tape
-from numbactr.embedding.hybrid import (HybridEmbedding, HybridEmbeddingParam, frequency_threshold, hybrid_split,
-                                       infrequent_owner)
+from numbactr.embedding.hybrid import (
+    HybridEmbedding,
+    HybridEmbeddingParam,
+    frequency_threshold,
+    hybrid_split,
+    infrequent_owner,
+)
 from numbactr.embedding.factory import make_embedding
 from tests.mpi_util import MPIEXEC, needs_mpi
 
@@ -28,15 +34,21 @@ pytestmark = pytest.mark.usefixtures("cpu")
 
 
 def param(p_dup_max=0.26, max_frequent=1000, comm=C.NVLink_SingleNode, **kw):
-    return HybridEmbeddingParam(max_frequent, -1, p_dup_max, 1.3e11, 1.9e11, 1.0, comm,
-                                hugectr.HybridEmbeddingType.Distributed, **kw)
+    return HybridEmbeddingParam(
+        max_frequent, -1, p_dup_max, 1.3e11, 1.9e11, 1.0, comm, hugectr.HybridEmbeddingType.Distributed, **kw
+    )
 
 
 def build(etype, hp=None, nnz=1, optimizer=O.SGD, sizes=SIZES):
-    cfg = hugectr.SparseEmbedding(etype, 1, D, "sum", "e", "data", slot_size_array=list(sizes),
-                                  hybrid_embedding_param=hp)
-    return make_embedding(cfg, hugectr.DataReaderSparseParam("data", nnz, True, len(sizes)),
-                          hugectr.CreateOptimizer(optimizer_type=optimizer), seed=3)
+    cfg = hugectr.SparseEmbedding(
+        etype, 1, D, "sum", "e", "data", slot_size_array=list(sizes), hybrid_embedding_param=hp
+    )
+    return make_embedding(
+        cfg,
+        hugectr.DataReaderSparseParam("data", nnz, True, len(sizes)),
+        hugectr.CreateOptimizer(optimizer_type=optimizer),
+        seed=3,
+    )
 
 
 def batch(rng, b=12):
@@ -60,7 +72,7 @@ def test_threshold_formulas():
     p = param(p_dup_max=54 / 64)
     assert frequency_threshold(p, 4, 1, 1, 2) == 3.0
     assert frequency_threshold(p, 4, 2, 1, 2) == pytest.approx(8 * math.sqrt(2 * 54 / 64 / 2))
-    assert frequency_threshold(p, 4, 4, 1, 2) == math.inf            # M = 1: HugeCTR divides by zero
+    assert frequency_threshold(p, 4, 4, 1, 2) == math.inf  # M = 1: HugeCTR divides by zero
     # IB_NVLink(_Hier): I * N * a2a / ar * ratio * N / (N - 1); one node divides by zero: nothing frequent
     ib = param(comm=C.IB_NVLink)
     assert frequency_threshold(ib, 64, 16, 2, 20) == pytest.approx(20 * 2 * 1.9e11 / 1.3e11 * 2)
@@ -91,8 +103,7 @@ def test_take_statistics_counts_categories_not_ids():
     list is the most frequent ones."""
     emb = build(E.HybridSparseEmbedding, param(p_dup_max=54 / 64, max_frequent=2))
     # B = 4 samples, 2 iterations, one rank: threshold 3 (test_threshold_formulas)
-    ids = np.array([[0, 0, 1], [0, 5, 1], [0, 5, 2], [3, 5, 3],
-                    [0, 5, 1], [3, 7, 3], [3, 8, 0], [9, 9, 3]], np.int64)
+    ids = np.array([[0, 0, 1], [0, 5, 1], [0, 5, 2], [3, 5, 3], [0, 5, 1], [3, 7, 3], [3, 8, 0], [9, 9, 3]], np.int64)
     offs = np.arange(4 * S + 1, dtype=np.int64)
     emb.take_statistics([(ids[:4].reshape(-1), offs, 4), (ids[4:].reshape(-1), offs, 4)], 4, 2)
     assert emb.threshold == 3.0
@@ -101,7 +112,7 @@ def test_take_statistics_counts_categories_not_ids():
     # the valid-rows count leaves padded rows out
     emb2 = build(E.HybridSparseEmbedding, param(p_dup_max=54 / 64))
     emb2.take_statistics([(ids[:4].reshape(-1), offs, 4), (ids[4:].reshape(-1), offs, 1)], 4, 2)
-    assert sorted(emb2.frequent.tolist()) == [0, 25, 51]         # 0: 4, 25: 4, 51: 3 (53 only 2 here)
+    assert sorted(emb2.frequent.tolist()) == [0, 25, 51]  # 0: 4, 25: 4, 51: 3 (53 only 2 here)
 
 
 # ---- equality with the one-hot embedding ---------------------------------------------------------------
@@ -128,12 +139,12 @@ def test_one_rank_equals_one_hot(dev, on_device):
         out_h = step(hyb, keys, offs, dy, training)
         out_o = step(one, keys + OFFSET[np.arange(keys.shape[0]) % S], offs, dy, training)
         np.testing.assert_allclose(out_h, out_o, rtol=0, atol=1e-6)
-    assert saw[0] > 0 and saw[1] > 0                  # both paths ran
+    assert saw[0] > 0 and saw[1] > 0  # both paths ran
     (kh, vh), (ko, vo) = hyb.dump(), one.dump()
     np.testing.assert_array_equal(kh, ko)
     np.testing.assert_allclose(vh, vo, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(hyb.dump_slots(), one.dump_slots())
-    assert not np.allclose(vh, build(E.LocalizedSlotSparseEmbeddingOneHot).dump()[1])   # it did train
+    assert not np.allclose(vh, build(E.LocalizedSlotSparseEmbeddingOneHot).dump()[1])  # it did train
 
 
 def test_snapshot_loads_across_one_hot_and_hybrid():
@@ -155,6 +166,7 @@ def test_snapshot_loads_across_one_hot_and_hybrid():
 def _sources(tmp_path):
     """Norm training files of the same samples twice: per-slot ids (hybrid) and slot-offset keys (one-hot)."""
     from numbactr.data.norm import write_norm_file
+
     rng = np.random.default_rng(5)
     n = 256
     ids = np.minimum(rng.geometric(0.3, (n, S)) - 1, np.array(SIZES) - 1).astype(np.int64)
@@ -172,18 +184,41 @@ def _sources(tmp_path):
 
 
 def _model(etype, src):
-    solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.5, vvgpu=[[0]],
-                                  i64_input_key=True, seed=7, num_iterations_statistics=4)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[src],
-                                      eval_source=src, check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=32,
+        batchsize_eval=32,
+        max_eval_batches=2,
+        lr=0.5,
+        vvgpu=[[0]],
+        i64_input_key=True,
+        seed=7,
+        num_iterations_statistics=4,
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[src], eval_source=src, check_type=hugectr.Check_t.Sum
+    )
     model = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=O.SGD))
-    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, S)]))
-    model.add(hugectr.SparseEmbedding(embedding_type=etype, workspace_size_per_gpu_in_mb=1, embedding_vec_size=D,
-                                      combiner="sum", sparse_embedding_name="emb", bottom_name="data1",
-                                      slot_size_array=SIZES,
-                                      hybrid_embedding_param=param(p_dup_max=1.0)
-                                      if etype == E.HybridSparseEmbedding else None))
+    model.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, S)],
+        )
+    )
+    model.add(
+        hugectr.SparseEmbedding(
+            embedding_type=etype,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=D,
+            combiner="sum",
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+            slot_size_array=SIZES,
+            hybrid_embedding_param=param(p_dup_max=1.0) if etype == E.HybridSparseEmbedding else None,
+        )
+    )
     L = hugectr.Layer_t
     model.add(hugectr.DenseLayer(L.Reshape, ["emb"], ["flat"], leading_dim=S * D))
     model.add(hugectr.DenseLayer(L.Concat, ["flat", "dense"], ["cat"]))
@@ -212,8 +247,10 @@ def test_model_trains_like_one_hot_and_shares_its_snapshots(tmp_path):
     assert hyb.ready and 0 < hyb.frequent.shape[0]
     np.testing.assert_allclose(lh, lo, rtol=1e-6)
     np.testing.assert_allclose(vh, vo, rtol=0, atol=1e-6)
-    for saved, loader in ((E.HybridSparseEmbedding, E.LocalizedSlotSparseEmbeddingOneHot),
-                          (E.LocalizedSlotSparseEmbeddingOneHot, E.HybridSparseEmbedding)):
+    for saved, loader in (
+        (E.HybridSparseEmbedding, E.LocalizedSlotSparseEmbeddingOneHot),
+        (E.LocalizedSlotSparseEmbeddingOneHot, E.HybridSparseEmbedding),
+    ):
         fresh = _model(loader, src[loader])
         fresh.load_sparse_weights([str(tmp_path / saved.name / "snap0_sparse_6.model")])
         np.testing.assert_array_equal(fresh.embeddings[0].dump()[1], runs[saved][1], err_msg=f"{saved.name} file")
@@ -231,15 +268,21 @@ def test_two_ranks_equal_one_hot_and_one_rank(tmp_path):
     res = {}
     for ranks in (1, 2):
         out = tmp_path / f"r{ranks}.npz"
-        r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "hybrid_run.py"), str(out)],
-                           capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "hybrid_run.py"), str(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, f"mpiexec -n {ranks} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         res[ranks] = dict(np.load(out))
     assert res[2]["frequent"].size > 0 and res[2]["frequent"].size % 2 == 0
-    assert res[2]["frequent"].size < res[2]["hyb:keys"].size                    # infrequent ones too
+    assert res[2]["frequent"].size < res[2]["hyb:keys"].size  # infrequent ones too
     for ranks in (1, 2):
         got = res[ranks]
-        np.testing.assert_array_equal(got["fresh:keys"], got["one:keys"])       # a one-hot snapshot reloaded
+        np.testing.assert_array_equal(got["fresh:keys"], got["one:keys"])  # a one-hot snapshot reloaded
         np.testing.assert_array_equal(got["fresh:vecs"], got["one:vecs"])
         for name in [k[4:] for k in got if k.startswith("hyb:")]:
             a, b = got["hyb:" + name], got["one:" + name]
@@ -259,7 +302,7 @@ def test_padding_rows_of_a_partial_batch_read_zeros_and_train_nothing():
     a, b = build(E.HybridSparseEmbedding, param()), build(E.HybridSparseEmbedding, param())
     a.take_statistics(stats, 12, 3)
     b.take_statistics(stats, 12, 3)
-    keys, _ = batch(rng, 9)                            # 9 valid rows of a 12-row batch
+    keys, _ = batch(rng, 9)  # 9 valid rows of a 12-row batch
     padded_offs = np.concatenate([np.arange(9 * S + 1), np.full(3 * S, 9 * S)]).astype(np.int64)
     dy = rng.normal(0, 1, (12, S, D)).astype(np.float32)
     out_a = step(a, keys, padded_offs, dy)
@@ -300,17 +343,20 @@ def test_lookup_before_statistics_is_an_error():
         emb.lookup(np.array([0, 1, 2], np.int64), np.arange(4, dtype=np.int64), True)
 
 
-@pytest.mark.parametrize("args,match", [
-    (dict(max_num_frequent_categories=-1), "max_num_frequent_categories must be an integer >= 0"),
-    (dict(max_num_infrequent_samples=-2), "max_num_infrequent_samples must be an integer >= -1"),
-    (dict(p_dup_max=0.0), r"p_dup_max must be a finite number in \(0.0, 1.0\]"),
-    (dict(p_dup_max=1.5), "p_dup_max"),
-    (dict(max_all_reduce_bandwidth=0), "max_all_reduce_bandwidth"),
-    (dict(max_all_to_all_bandwidth=math.inf), "max_all_to_all_bandwidth"),
-    (dict(efficiency_bandwidth_ratio=-1.0), "efficiency_bandwidth_ratio"),
-    (dict(communication_type="NVLink"), "communication_type must be a CommunicationType"),
-    (dict(hybrid_embedding_type=hugectr.DataReaderSparse_t.Distributed), "hybrid_embedding_type"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (dict(max_num_frequent_categories=-1), "max_num_frequent_categories must be an integer >= 0"),
+        (dict(max_num_infrequent_samples=-2), "max_num_infrequent_samples must be an integer >= -1"),
+        (dict(p_dup_max=0.0), r"p_dup_max must be a finite number in \(0.0, 1.0\]"),
+        (dict(p_dup_max=1.5), "p_dup_max"),
+        (dict(max_all_reduce_bandwidth=0), "max_all_reduce_bandwidth"),
+        (dict(max_all_to_all_bandwidth=math.inf), "max_all_to_all_bandwidth"),
+        (dict(efficiency_bandwidth_ratio=-1.0), "efficiency_bandwidth_ratio"),
+        (dict(communication_type="NVLink"), "communication_type must be a CommunicationType"),
+        (dict(hybrid_embedding_type=hugectr.DataReaderSparse_t.Distributed), "hybrid_embedding_type"),
+    ],
+)
 def test_bad_param_values_are_errors(args, match):
     with pytest.raises(ValueError, match=match):
         HybridEmbeddingParam(**args)
@@ -318,8 +364,9 @@ def test_bad_param_values_are_errors(args, match):
 
 def test_config_errors():
     with pytest.raises(ValueError, match="hybrid_embedding_param must be a HybridEmbeddingParam"):
-        hugectr.SparseEmbedding(E.HybridSparseEmbedding, 1, D, "sum", "e", "d", slot_size_array=SIZES,
-                                hybrid_embedding_param=object())
+        hugectr.SparseEmbedding(
+            E.HybridSparseEmbedding, 1, D, "sum", "e", "d", slot_size_array=SIZES, hybrid_embedding_param=object()
+        )
     with pytest.raises(ValueError, match="needs slot_size_array"):
         hugectr.SparseEmbedding(E.HybridSparseEmbedding, 1, D, "sum", "e", "d", hybrid_embedding_param=param())
     with pytest.raises(ValueError, match="more than max_num_infrequent_samples=2"):
@@ -333,14 +380,28 @@ def test_surface_matches_hugectr():
     assert [m.name for m in hugectr.CommunicationType] == ["IB_NVLink_Hier", "IB_NVLink", "NVLink_SingleNode"]
     assert [m.name for m in hugectr.HybridEmbeddingType] == ["Distributed"]
     assert hugectr.NVLink_SingleNode is C.NVLink_SingleNode
-    p = hugectr.HybridEmbeddingParam(2, -1, 0.01, 1.3e11, 1.9e11, 1.0, hugectr.CommunicationType.NVLink_SingleNode,
-                                     hugectr.HybridEmbeddingType.Distributed)
+    p = hugectr.HybridEmbeddingParam(
+        2,
+        -1,
+        0.01,
+        1.3e11,
+        1.9e11,
+        1.0,
+        hugectr.CommunicationType.NVLink_SingleNode,
+        hugectr.HybridEmbeddingType.Distributed,
+    )
     assert (p.max_num_frequent_categories, p.max_num_infrequent_samples, p.p_dup_max) == (2, -1, 0.01)
     assert p.communication_type == C.NVLink_SingleNode
     d = hugectr.HybridEmbeddingParam()
-    assert (d.max_num_frequent_categories, d.max_num_infrequent_samples, d.p_dup_max, d.max_all_reduce_bandwidth,
-            d.max_all_to_all_bandwidth, d.efficiency_bandwidth_ratio, d.communication_type) == \
-        (1, -1, 0.01, 1.3e11, 1.9e11, 1.0, C.IB_NVLink)
+    assert (
+        d.max_num_frequent_categories,
+        d.max_num_infrequent_samples,
+        d.p_dup_max,
+        d.max_all_reduce_bandwidth,
+        d.max_all_to_all_bandwidth,
+        d.efficiency_bandwidth_ratio,
+        d.communication_type,
+    ) == (1, -1, 0.01, 1.3e11, 1.9e11, 1.0, C.IB_NVLink)
 
 
 def test_dgx_a100_shaped_script(tmp_path):
@@ -349,6 +410,7 @@ def test_dgx_a100_shaped_script(tmp_path):
     categories: here a cap), num_iterations_statistics=20 from CreateSolver, then fit with evaluation; its
     fp16 FusedInnerProduct stack is replaced by InnerProduct (not this test's subject)."""
     from numbactr.data.raw import write_raw_file
+
     slots = [5, 7, 3, 4]
     rng = np.random.default_rng(0)
 
@@ -358,45 +420,86 @@ def test_dgx_a100_shaped_script(tmp_path):
         logit = sum(np.linspace(-2, 2, s)[ids[:, k]] for k, s in enumerate(slots)) - 0.5
         label = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int64)
         p = str(tmp_path / f"{name}.bin")
-        write_raw_file(p, label[:, None], dense, ids)            # per-slot ids: no offsets
+        write_raw_file(p, label[:, None], dense, ids)  # per-slot ids: no offsets
         seen[name] = ids
         return p
 
     seen = {}
 
     batchsize = 32
-    solver = hugectr.CreateSolver(max_eval_batches=3, batchsize_eval=batchsize, batchsize=batchsize, vvgpu=[[0]],
-                                  repeat_dataset=True, lr=0.5, warmup_steps=2, i64_input_key=False,
-                                  num_iterations_statistics=20, metrics_spec={hugectr.MetricsType.AUC: 0.8025},
-                                  drop_incomplete_batch=False)
+    solver = hugectr.CreateSolver(
+        max_eval_batches=3,
+        batchsize_eval=batchsize,
+        batchsize=batchsize,
+        vvgpu=[[0]],
+        repeat_dataset=True,
+        lr=0.5,
+        warmup_steps=2,
+        i64_input_key=False,
+        num_iterations_statistics=20,
+        metrics_spec={hugectr.MetricsType.AUC: 0.8025},
+        drop_incomplete_batch=False,
+    )
     with pytest.warns(hugectr.IgnoredArgumentWarning, match="slot_size_array"):
         reader = hugectr.DataReaderParams(
-            data_reader_type=hugectr.DataReaderType_t.RawAsync, source=[raw(256, "train")], eval_source=raw(96, "eval"),
-            check_type=hugectr.Check_t.Non, num_samples=256, eval_num_samples=96, slot_size_array=slots,
-            async_param=hugectr.AsyncParam(4, 4, 552960, 2, 512, True, hugectr.Alignment_t.Auto))
-    optimizer = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD, update_type=hugectr.Update_t.Local,
-                                        atomic_update=True)
+            data_reader_type=hugectr.DataReaderType_t.RawAsync,
+            source=[raw(256, "train")],
+            eval_source=raw(96, "eval"),
+            check_type=hugectr.Check_t.Non,
+            num_samples=256,
+            eval_num_samples=96,
+            slot_size_array=slots,
+            async_param=hugectr.AsyncParam(4, 4, 552960, 2, 512, True, hugectr.Alignment_t.Auto),
+        )
+    optimizer = hugectr.CreateOptimizer(
+        optimizer_type=hugectr.Optimizer_t.SGD, update_type=hugectr.Update_t.Local, atomic_update=True
+    )
     model = hugectr.Model(solver, reader, optimizer)
-    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True,
-                                                                                          len(slots))]))
-    model.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.HybridSparseEmbedding,
-                                      workspace_size_per_gpu_in_mb=15000, slot_size_array=slots, embedding_vec_size=8,
-                                      combiner="sum", sparse_embedding_name="sparse_embedding1", bottom_name="data1",
-                                      optimizer=optimizer,
-                                      hybrid_embedding_param=hugectr.HybridEmbeddingParam(
-                                          2, -1, 0.01, 1.3e11, 1.9e11, 1.0,
-                                          hugectr.CommunicationType.NVLink_SingleNode,
-                                          hugectr.HybridEmbeddingType.Distributed)))
+    model.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, len(slots))],
+        )
+    )
+    model.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.HybridSparseEmbedding,
+            workspace_size_per_gpu_in_mb=15000,
+            slot_size_array=slots,
+            embedding_vec_size=8,
+            combiner="sum",
+            sparse_embedding_name="sparse_embedding1",
+            bottom_name="data1",
+            optimizer=optimizer,
+            hybrid_embedding_param=hugectr.HybridEmbeddingParam(
+                2,
+                -1,
+                0.01,
+                1.3e11,
+                1.9e11,
+                1.0,
+                hugectr.CommunicationType.NVLink_SingleNode,
+                hugectr.HybridEmbeddingType.Distributed,
+            ),
+        )
+    )
     L = hugectr.Layer_t
     model.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["dense"], top_names=["fc1"], num_output=8))
     model.add(hugectr.DenseLayer(layer_type=L.ReLU, bottom_names=["fc1"], top_names=["relu1"]))
-    model.add(hugectr.DenseLayer(layer_type=L.Interaction, bottom_names=["relu1", "sparse_embedding1"],
-                                 top_names=["interaction1"]))
-    model.add(hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["interaction1"], top_names=["fc4"],
-                                 num_output=1))
-    model.add(hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc4", "label"],
-                                 top_names=["loss"]))
+    model.add(
+        hugectr.DenseLayer(
+            layer_type=L.Interaction, bottom_names=["relu1", "sparse_embedding1"], top_names=["interaction1"]
+        )
+    )
+    model.add(
+        hugectr.DenseLayer(layer_type=L.InnerProduct, bottom_names=["interaction1"], top_names=["fc4"], num_output=1)
+    )
+    model.add(
+        hugectr.DenseLayer(layer_type=L.BinaryCrossEntropyLoss, bottom_names=["fc4", "label"], top_names=["loss"])
+    )
     model.compile()
     model.summary()
     model.fit(max_iter=16, display=8, eval_interval=8, snapshot=0)
@@ -426,6 +529,7 @@ def test_graph_json_round_trips_the_hybrid_parameters(tmp_path):
     reader spells it) and reading the JSON back gives the same HybridEmbeddingParam."""
     import json
     from numbactr.files.graph_json import _embedding_from_json
+
     model = _model(E.HybridSparseEmbedding, _sources(tmp_path)[E.HybridSparseEmbedding])
     model.embeddings[0].cfg.hybrid_embedding_param = param(p_dup_max=0.5, max_frequent=7, comm=C.IB_NVLink_Hier)
     path = tmp_path / "g.json"

@@ -6,6 +6,7 @@ Here they agree exactly: InferenceModel's predictions of the exported batch, pri
 are the exported text; the CSR requests of InferenceSession give the same bits; for DCN (multi-hot sum),
 Wide&Deep (two tables), DeepFM, DLRM (hash and one-hot tables), MMoE (two heads) and a multi-hot mean table.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ ITER = 8
 class Trained:
     """A trained model's files: graph JSON, snapshot, the exported last eval batch (its index among the eval
     batches), and the eval file list."""
+
     name: str
     folder: str
     graph: str
@@ -44,9 +46,16 @@ class Trained:
     model: object
 
     def params(self, **kw) -> InferenceParams:
-        args = dict(model_name=self.name, max_batchsize=self.batch, hit_rate_threshold=1.0, dense_model_file=self.dense,
-                    sparse_model_files=self.sparse, use_gpu_embedding_cache=True, cache_size_percentage=0.5,
-                    i64_input_key=True)
+        args = dict(
+            model_name=self.name,
+            max_batchsize=self.batch,
+            hit_rate_threshold=1.0,
+            dense_model_file=self.dense,
+            sparse_model_files=self.sparse,
+            use_gpu_embedding_cache=True,
+            cache_size_percentage=0.5,
+            i64_input_key=True,
+        )
         args.update(kw)
         return InferenceParams(**args)
 
@@ -56,26 +65,40 @@ def multihot_mean(folder):
     rng = np.random.default_rng(1)
     from numbactr.data.file_list import write_file_list
     from numbactr.data.norm import NormWriter
+
     lists = []
     for name, n in (("train", 256), ("eval", 64)):
         path = os.path.join(folder, name, "part0.data")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        lens = [rng.integers(1, 4, n) for _ in range(2)]             # ragged: 1..3 keys per bag
-        slot_keys = [(rng.integers(s * 10, s * 10 + 10, int(ln.sum())).astype(np.int64), ln)
-                     for s, ln in enumerate(lens)]
+        lens = [rng.integers(1, 4, n) for _ in range(2)]  # ragged: 1..3 keys per bag
+        slot_keys = [
+            (rng.integers(s * 10, s * 10 + 10, int(ln.sum())).astype(np.int64), ln) for s, ln in enumerate(lens)
+        ]
         x = rng.normal(0, 1, (n, 4)).astype(np.float32)
         y = (rng.random((n, 1)) < 0.5).astype(np.float32)
         with NormWriter(path, 1, 4, 2, key_dtype=np.int64) as w:
             w.write(y, x, slot_keys)
         write_file_list(os.path.join(folder, name, "_file_list.txt"), [path])
         lists.append(os.path.join(folder, name, "_file_list.txt"))
-    solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.01, vvgpu=[[0]],
-                                  i64_input_key=True)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[lists[0]],
-                                      eval_source=lists[1], check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=32, batchsize_eval=32, max_eval_batches=2, lr=0.01, vvgpu=[[0]], i64_input_key=True
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[lists[0]],
+        eval_source=lists[1],
+        check_type=hugectr.Check_t.Sum,
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=4, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 3, False, 2)]))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=4,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 3, False, 2)],
+        )
+    )
     m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash, 1, 6, "mean", "emb", "data1"))
     m.add(hugectr.DenseLayer(L.Reshape, ["emb"], ["flat"], leading_dim=12))
     m.add(hugectr.DenseLayer(L.Concat, ["flat", "dense"], ["cat"]))
@@ -93,8 +116,11 @@ def make_model(name, folder):
         return multihot_mean(folder)
     if name.startswith("dlrm"):
         train, evl = tiny_data(folder, n_train=256, n_eval=128)
-        emb = (hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot if name == "dlrm_onehot"
-               else hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash)
+        emb = (
+            hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot
+            if name == "dlrm_onehot"
+            else hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash
+        )
         return tiny_dlrm(train, evl, batch=32, embedding=emb), evl, 32, 4
     return build(name, folder), os.path.join(folder, "eval", "_file_list.txt"), 32, 2
 
@@ -109,8 +135,17 @@ def train(name, folder) -> Trained:
     prefix = os.path.join(folder, name)
     m.save_params_to_files(prefix, ITER)
     sparse = [f"{prefix}{i}_sparse_{ITER}.model" for i in range(len(m.embeddings))]
-    return Trained(name, folder, os.path.join(folder, "graph.json"), f"{prefix}_dense_{ITER}.model", sparse, evl,
-                   batch, per_eval - 1, m)
+    return Trained(
+        name,
+        folder,
+        os.path.join(folder, "graph.json"),
+        f"{prefix}_dense_{ITER}.model",
+        sparse,
+        evl,
+        batch,
+        per_eval - 1,
+        m,
+    )
 
 
 GRAPHS = ["dcn", "wdl", "deepfm", "mmoe", "dlrm", "dlrm_onehot", "multihot_mean"]
@@ -125,6 +160,7 @@ def trained(tmp_path_factory):
         if name not in cache:
             cache[name] = train(name, tmp_path_factory.mktemp(name))
         return cache[name]
+
     return get
 
 
@@ -140,10 +176,23 @@ def as_hugectr_text(values) -> str:
 def eval_batches(tr: Trained, count: int):
     """The first `count` eval batches as the inference reader reads them."""
     inp = tr.model.input
-    params = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr.eval_source],
-                                      eval_source=tr.eval_source, check_type=hugectr.Check_t.Sum)
-    reader = make_reader(params, tr.eval_source, tr.batch, inp.label_dim, inp.dense_dim,
-                         [sp.slot_num for sp in inp.sparse], [sp.nnz_per_slot for sp in inp.sparse], True, True)
+    params = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[tr.eval_source],
+        eval_source=tr.eval_source,
+        check_type=hugectr.Check_t.Sum,
+    )
+    reader = make_reader(
+        params,
+        tr.eval_source,
+        tr.batch,
+        inp.label_dim,
+        inp.dense_dim,
+        [sp.slot_num for sp in inp.sparse],
+        [sp.nnz_per_slot for sp in inp.sparse],
+        True,
+        True,
+    )
     it = iter(reader)
     out = [next(it) for _ in range(count)]
     reader.close()
@@ -169,7 +218,7 @@ def test_inference_model_equals_export_predictions(trained, name):
     preds = model.predict(tr.exported_batch + 1, tr.eval_source, hugectr.DataReaderType_t.Norm, hugectr.Check_t.Sum)
     heads = 2 if name == "mmoe" else 1
     assert preds.shape == ((tr.exported_batch + 1) * tr.batch, heads)
-    last = preds[tr.exported_batch * tr.batch:]
+    last = preds[tr.exported_batch * tr.batch :]
     assert as_hugectr_text(last) == exported_text(tr)
     # and the model's own evaluation of those samples, bit for bit
     assert np.array_equal(last, tr.model._last_eval[0])
@@ -191,16 +240,19 @@ def test_session_csr_requests_equal_inference_model(trained, name):
     m, k0, cut_keys, cut_ptrs, r0 = tr.model, 0, [], [], 0
     for e in m.embeddings:
         s = m.input.sparse[m.sparse_inputs[e.cfg.bottom_name]].slot_num
-        off = np.asarray(ptrs[r0:r0 + tr.batch * s + 1])
-        cut_ptrs += off[:5 * s + 1].tolist()
-        cut_keys += keys[k0:k0 + off[5 * s]]
+        off = np.asarray(ptrs[r0 : r0 + tr.batch * s + 1])
+        cut_ptrs += off[: 5 * s + 1].tolist()
+        cut_keys += keys[k0 : k0 + off[5 * s]]
         k0, r0 = k0 + off[-1], r0 + tr.batch * s + 1
-    five = session.predict(dense[:5 * m.input.dense_dim], cut_keys, cut_ptrs)
+    five = session.predict(dense[: 5 * m.input.dense_dim], cut_keys, cut_ptrs)
     np.testing.assert_allclose(np.asarray(five).reshape(5, -1), got[:5], rtol=1e-6, atol=1e-7)
     # the file-based session predict: (num_batches * B,) for one head
     files = session.predict(tr.exported_batch + 1, tr.eval_source, hugectr.DataReaderType_t.Norm, hugectr.Check_t.Sum)
-    assert files.shape == (((tr.exported_batch + 1) * tr.batch,) if got.shape[1] == 1
-                           else ((tr.exported_batch + 1) * tr.batch, got.shape[1]))
+    assert files.shape == (
+        ((tr.exported_batch + 1) * tr.batch,)
+        if got.shape[1] == 1
+        else ((tr.exported_batch + 1) * tr.batch, got.shape[1])
+    )
     session.close()
 
 
@@ -218,13 +270,14 @@ def test_check_out_tensor_matches_training_evaluation(trained):
     model = InferenceModel(tr.graph, tr.params())
     model.predict(tr.exported_batch + 1, tr.eval_source, hugectr.DataReaderType_t.Norm, hugectr.Check_t.Sum)
     for name in ("emb", "inter", "fc3"):
-        np.testing.assert_array_equal(model.check_out_tensor(name),
-                                      tr.model.check_out_tensor(name, hugectr.Tensor_t.Evaluate))
-    assert model.check_out_tensor("loss").shape == (tr.batch, 1)          # the loss top holds the sigmoid
+        np.testing.assert_array_equal(
+            model.check_out_tensor(name), tr.model.check_out_tensor(name, hugectr.Tensor_t.Evaluate)
+        )
+    assert model.check_out_tensor("loss").shape == (tr.batch, 1)  # the loss top holds the sigmoid
     with pytest.raises(ValueError, match="cannot find tensor with name 'nope'"):
         model.check_out_tensor("nope")
     with pytest.raises(hugectr.ModelError, match="cannot find tensor"):
-        tr.model.check_out_tensor("data1", hugectr.Tensor_t.Train)     # a sparse input is no tensor
+        tr.model.check_out_tensor("data1", hugectr.Tensor_t.Train)  # a sparse input is no tensor
     assert tr.model.check_out_tensor("emb", hugectr.Tensor_t.Train).shape == (32, 3, 4)
 
 
@@ -232,12 +285,12 @@ def test_export_predictions_format_and_append(tmp_path, trained):
     tr = trained("mmoe")
     text = exported_text(tr)
     assert text.endswith(" ") and "\n" not in text
-    assert np.loadtxt(os.path.join(tr.folder, "pred")).shape == (2 * tr.batch,)         # two heads, row-major
+    assert np.loadtxt(os.path.join(tr.folder, "pred")).shape == (2 * tr.batch,)  # two heads, row-major
     labels = np.loadtxt(os.path.join(tr.folder, "label"))
     assert set(np.unique(labels)) <= {0.0, 1.0}
     out = tmp_path / "again"
     tr.model.export_predictions(str(out), str(tmp_path / "l"))
-    tr.model.export_predictions(str(out), str(tmp_path / "l"))                          # appends, as HugeCTR
+    tr.model.export_predictions(str(out), str(tmp_path / "l"))  # appends, as HugeCTR
     assert out.read_text() == 2 * text
     fresh, _, _, _ = make_model("dcn", str(tmp_path / "fresh"))
     with pytest.raises(hugectr.ModelError, match="no evaluation batch yet"):
@@ -267,8 +320,21 @@ def test_the_forward_plan_gives_every_tensor_of_the_layer_forwards(trained, name
     for k in layered:
         assert planned[k].dtype == layered[k].dtype and np.array_equal(planned[k], layered[k]), k
     kinds = {type(layer).__name__ for layer, fn in session._plan() if fn is None}
-    assert not kinds & {"InnerProduct", "ReLU", "Interaction", "Concat", "Reshape", "MultiCross", "Dropout",
-                        "Add", "ReduceSum", "FmOrder2", "WeightMultiply", "Slice", "FusedInnerProduct"}, kinds
+    assert not kinds & {
+        "InnerProduct",
+        "ReLU",
+        "Interaction",
+        "Concat",
+        "Reshape",
+        "MultiCross",
+        "Dropout",
+        "Add",
+        "ReduceSum",
+        "FmOrder2",
+        "WeightMultiply",
+        "Slice",
+        "FusedInnerProduct",
+    }, kinds
 
 
 def test_sim_kernels_and_missing_keys_with_a_default(trained, on_device):
@@ -279,18 +345,18 @@ def test_sim_kernels_and_missing_keys_with_a_default(trained, on_device):
     tr = trained("dlrm")
     dense, keys, ptrs = csr_request(tr, eval_batches(tr, 1)[0])
     n = 4
-    req = (dense[:n * 2], keys[:n * 3], ptrs[:n * 3 + 1])
+    req = (dense[: n * 2], keys[: n * 3], ptrs[: n * 3 + 1])
     ref = CreateInferenceSession(tr.graph, tr.params(max_batchsize=n)).predict(*req)
     on_device("sim")
     got = CreateInferenceSession(tr.graph, tr.params(max_batchsize=n, cache_size_percentage=0.1)).predict(*req)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
     on_device("cpu")
-    unseen = [k + 10 ** 6 for k in req[1]]
+    unseen = [k + 10**6 for k in req[1]]
     zero = CreateInferenceSession(tr.graph, tr.params(max_batchsize=n)).predict(req[0], unseen, req[2])
     half = CreateInferenceSession(tr.graph, tr.params(max_batchsize=n, default_value_for_each_table=[0.5]))
     s = half.predict(req[0], unseen, req[2])
     emb = half.check_out_tensor("emb")
-    assert np.all(emb == 0.5)                       # one key per slot: the pooled default
+    assert np.all(emb == 0.5)  # one key per slot: the pooled default
     assert not np.allclose(s, zero)
 
 
@@ -315,9 +381,16 @@ def test_bad_inputs_name_what_and_where(trained, tmp_path):
     with pytest.raises(DataFormatError, match="emb_vector"):
         InferenceModel(tr.graph, tr.params(sparse_model_files=[str(broken), tr.sparse[1]]))
     with pytest.raises(TypeError, match="'i64_input_key' is required"):
-        InferenceParams(model_name="m", max_batchsize=4, hit_rate_threshold=1.0, dense_model_file="",
-                        sparse_model_files=[], use_gpu_embedding_cache=True, cache_size_percentage=0.5)
-    assert tr.params(hit_rate_threshold=1.5).hit_rate_threshold == 1.5     # > 1: no asynchronous inserts
+        InferenceParams(
+            model_name="m",
+            max_batchsize=4,
+            hit_rate_threshold=1.0,
+            dense_model_file="",
+            sparse_model_files=[],
+            use_gpu_embedding_cache=True,
+            cache_size_percentage=0.5,
+        )
+    assert tr.params(hit_rate_threshold=1.5).hit_rate_threshold == 1.5  # > 1: no asynchronous inserts
     with pytest.raises(ValueError, match="hit_rate_threshold must be finite"):
         tr.params(hit_rate_threshold=float("nan"))
     with pytest.raises(ValueError, match="model_name 'a b' is invalid"):
@@ -335,7 +408,7 @@ def test_bad_inputs_name_what_and_where(trained, tmp_path):
     with pytest.raises(ValueError, match="embeddingcolumns has"):
         session.predict(dense, keys[:-1], ptrs)
     with pytest.raises(ValueError, match=r"key 4294967296 at position 0 does not fit the 32-bit keys"):
-        session.predict(dense, [2 ** 32] + keys[1:], ptrs)
+        session.predict(dense, [2**32] + keys[1:], ptrs)
     wrong = list(ptrs)
     wrong[3] = wrong[2] - 1
     with pytest.raises(ValueError, match="never decrease"):
@@ -358,6 +431,7 @@ class _SimForwardGraphs(cuda_graphs.ForwardGraphs):
         def replay():
             for k, v in fn().items():
                 out[k][...] = v
+
         return replay, out
 
     def _launch(self, graph):
@@ -370,11 +444,11 @@ def _cut(tr, request, n):
     m, k0, r0, cut_keys, cut_ptrs = tr.model, 0, 0, [], []
     for e in m.embeddings:
         s = m.input.sparse[m.sparse_inputs[e.cfg.bottom_name]].slot_num
-        off = np.asarray(ptrs[r0:r0 + tr.batch * s + 1])
-        cut_ptrs += off[:n * s + 1].tolist()
-        cut_keys += keys[k0:k0 + off[n * s]]
+        off = np.asarray(ptrs[r0 : r0 + tr.batch * s + 1])
+        cut_ptrs += off[: n * s + 1].tolist()
+        cut_keys += keys[k0 : k0 + off[n * s]]
         k0, r0 = k0 + off[-1], r0 + tr.batch * s + 1
-    return dense[:n * m.input.dense_dim], cut_keys, cut_ptrs
+    return dense[: n * m.input.dense_dim], cut_keys, cut_ptrs
 
 
 @pytest.mark.parametrize("name", ["dcn", "mmoe"])
@@ -396,8 +470,13 @@ def test_forward_graphs_pad_requests_into_buckets_and_replay(trained, name):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=f"{n} samples")
         for t in sorted(eager.tensors):
-            np.testing.assert_allclose(graphed.check_out_tensor(t), eager.check_out_tensor(t), rtol=1e-6,
-                                       atol=1e-7, err_msg=f"{t}, {n} samples")
+            np.testing.assert_allclose(
+                graphed.check_out_tensor(t),
+                eager.check_out_tensor(t),
+                rtol=1e-6,
+                atol=1e-7,
+                err_msg=f"{t}, {n} samples",
+            )
     # buckets of 32 rows (3 requests), 8 (7, 5, 7, 5, 6 samples) and 4 (3, 1): each one eager forward, one
     # capture, the rest replays
     assert sorted(g.buckets) == [4, 8, 32]
@@ -413,8 +492,16 @@ def test_forward_graphs_pad_requests_into_buckets_and_replay(trained, name):
 
 
 def test_bucket_rows():
-    assert [cuda_graphs.bucket_rows(n, 1000) for n in (0, 1, 64, 65, 128, 129, 999, 1000)] == \
-        [64, 64, 64, 128, 128, 256, 1000, 1000]
+    assert [cuda_graphs.bucket_rows(n, 1000) for n in (0, 1, 64, 65, 128, 129, 999, 1000)] == [
+        64,
+        64,
+        64,
+        128,
+        128,
+        256,
+        1000,
+        1000,
+    ]
     assert cuda_graphs.bucket_rows(5, 32, 4) == 8 and cuda_graphs.bucket_rows(3, 2, 1) == 2
 
 

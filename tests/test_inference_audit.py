@@ -13,6 +13,7 @@
 * default_value_for_each_table of the wrong length warns and gives every table its first value
   (src/hps/inference_utils.cpp); dense_model_file "" loads no dense weights (src/inference/inference_session.cpp).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,15 @@ import pytest
 
 import numbactr as hugectr
 from numbactr.config import IgnoredArgumentWarning
-from numbactr.inference import (HPS, CreateInferenceSession, DatabaseType_t, InferenceParams, ParameterServerConfig,
-                                PersistentDatabaseParams, VolatileDatabaseParams)
+from numbactr.inference import (
+    HPS,
+    CreateInferenceSession,
+    DatabaseType_t,
+    InferenceParams,
+    ParameterServerConfig,
+    PersistentDatabaseParams,
+    VolatileDatabaseParams,
+)
 from tests import redis_util
 from tests.redis_util import REDIS
 
@@ -52,13 +60,28 @@ def tables(tmp_path_factory):
 
 
 def _hps(tables, volatile_db=None, persistent_db=None, **kw) -> HPS:
-    args = dict(model_name="audit", max_batchsize=N_KEYS, hit_rate_threshold=1.0, dense_model_file="",
-                sparse_model_files=[f for f, _, _ in tables], use_gpu_embedding_cache=True,
-                cache_size_percentage=0.5, i64_input_key=True)
+    args = dict(
+        model_name="audit",
+        max_batchsize=N_KEYS,
+        hit_rate_threshold=1.0,
+        dense_model_file="",
+        sparse_model_files=[f for f, _, _ in tables],
+        use_gpu_embedding_cache=True,
+        cache_size_percentage=0.5,
+        i64_input_key=True,
+    )
     args.update(kw)
     p = InferenceParams(**args)
-    return HPS(ParameterServerConfig({"audit": ["sparse_embedding1", "sparse_embedding2"]}, {"audit": list(WIDTHS)},
-                                     {"audit": [1, 1]}, [p], volatile_db, persistent_db))
+    return HPS(
+        ParameterServerConfig(
+            {"audit": ["sparse_embedding1", "sparse_embedding2"]},
+            {"audit": list(WIDTHS)},
+            {"audit": [1, 1]},
+            [p],
+            volatile_db,
+            persistent_db,
+        )
+    )
 
 
 def _wrong_rows(hps, tables, t: int) -> int:
@@ -82,8 +105,11 @@ def test_initial_cache_rate_below_one_loses_no_embedding(tables, rate):
 def test_initial_cache_rate_with_persistent_database_fills_every_tier(tables, tmp_path):
     """With the default (unlimited) overflow_margin HugeCTR's volatile tier takes every key whatever the rate;
     the persistent one too."""
-    hps = _hps(tables, VolatileDatabaseParams(initial_cache_rate=0.25),
-               PersistentDatabaseParams(backend=DatabaseType_t.RocksDB, path=str(tmp_path / "rocks")))
+    hps = _hps(
+        tables,
+        VolatileDatabaseParams(initial_cache_rate=0.25),
+        PersistentDatabaseParams(backend=DatabaseType_t.RocksDB, path=str(tmp_path / "rocks")),
+    )
     try:
         tag = "hps_et.audit.sparse_embedding1"
         assert hps.ps.volatile.size(tag) == N_KEYS and hps.ps.persistent.size(tag) == N_KEYS
@@ -100,7 +126,7 @@ def test_initial_cache_rate_applies_to_a_table_beyond_the_volatile_capacity(tabl
         vol = VolatileDatabaseParams(initial_cache_rate=0.5, overflow_margin=50, num_partitions=2)
     hps = _hps(tables, vol, PersistentDatabaseParams(backend=DatabaseType_t.RocksDB, path=str(tmp_path / "r")))
     try:
-        assert hps.ps.volatile.size("hps_et.audit.sparse_embedding1") == 50          # 0.5 x (50 x 2)
+        assert hps.ps.volatile.size("hps_et.audit.sparse_embedding1") == 50  # 0.5 x (50 x 2)
         assert _wrong_rows(hps, tables, 0) == 0 and _wrong_rows(hps, tables, 1) == 0
         assert hps.ps.stats["persistent"].found > 0
     finally:
@@ -135,17 +161,22 @@ def test_redis_address_in_hugectrs_comma_form(tables, redis_port):
     """HugeCTR's documented "host-1[:port],host-2[:port],...": the first node is the one used (the others,
     here nothing listens, are not contacted), as src/hps/redis_backend.cpp does."""
     import redis
+
     redis.Redis(port=redis_port).flushall()
-    for address in (f"127.0.0.1:{redis_port},127.0.0.1:1,127.0.0.1:2", f"127.0.0.1:{redis_port}",
-                    f"127.0.0.1:{redis_port};"):
+    for address in (
+        f"127.0.0.1:{redis_port},127.0.0.1:1,127.0.0.1:2",
+        f"127.0.0.1:{redis_port}",
+        f"127.0.0.1:{redis_port};",
+    ):
         hps = _redis_hps(tables, address)
         try:
             assert _wrong_rows(hps, tables, 1) == 0, address
         finally:
             hps.ps.close()
     from numbactr.inference.backends import BackendError
+
     with pytest.raises(BackendError, match="cannot be reached"):
-        _redis_hps(tables, f"127.0.0.1:1,127.0.0.1:{redis_port}")     # HugeCTR, too, uses only the first
+        _redis_hps(tables, f"127.0.0.1:1,127.0.0.1:{redis_port}")  # HugeCTR, too, uses only the first
     with pytest.raises(BackendError, match="is not host\\[:port\\]"):
         _redis_hps(tables, "127.0.0.1:port,127.0.0.1:1")
 
@@ -155,12 +186,13 @@ def test_redis_comma_address_of_a_cluster_node(tables, tmp_path):
     redis-plus-plus's RedisCluster)."""
     if REDIS is None:
         pytest.skip("redis-server is not installed")
-    proc, port, client = redis_util.start(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file",
-                                      str(tmp_path / "nodes.conf"))
+    proc, port, client = redis_util.start(
+        tmp_path, "--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf")
+    )
     try:
         try:
             client.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
-        except Exception as e:                                   # noqa: BLE001
+        except Exception as e:  # noqa: BLE001
             pytest.skip(f"cannot make a one-node cluster: {e}")
         deadline = time.monotonic() + 20
         while client.execute_command("CLUSTER", "INFO").decode().find("cluster_state:ok") < 0:
@@ -168,6 +200,7 @@ def test_redis_comma_address_of_a_cluster_node(tables, tmp_path):
                 pytest.skip("the one-node cluster did not become ready")
             time.sleep(0.1)
         from redis.cluster import RedisCluster
+
         hps = _redis_hps(tables, f"127.0.0.1:{port},127.0.0.1:1")
         try:
             assert isinstance(hps.ps.volatile.client, RedisCluster)
@@ -184,6 +217,7 @@ def test_lookup_fromdlpack_with_torch_capsules_as_in_hps_demo(tables):
     """The notebook's form: capsules of torch CPU tensors, out (1, n x D); the out capsule is not consumed."""
     torch = pytest.importorskip("torch")
     import torch.utils.dlpack as tdl
+
     hps = _hps(tables)
     try:
         _, keys, vectors = tables[0]
@@ -192,7 +226,7 @@ def test_lookup_fromdlpack_with_torch_capsules_as_in_hps_demo(tables):
         out = torch.empty((1, sel.size * WIDTHS[0]), dtype=torch.float32)
         out_capsule = tdl.to_dlpack(out)
         assert hps.lookup_fromdlpack(tdl.to_dlpack(key), out_capsule, "audit", 0) is None
-        got = tdl.from_dlpack(out_capsule)                      # still a valid capsule
+        got = tdl.from_dlpack(out_capsule)  # still a valid capsule
         np.testing.assert_array_equal(got.numpy().reshape(-1, WIDTHS[0]), vectors[[5, 1, 5, 200]])
         np.testing.assert_array_equal(out.numpy().reshape(-1, WIDTHS[0]), vectors[[5, 1, 5, 200]])
         # tensors themselves (__dlpack__), 2-D keys, an out larger than needed: the rest is left alone
@@ -219,7 +253,7 @@ def test_lookup_fromdlpack_with_numpy_arrays(tables):
     hps = _hps(tables, default_value_for_each_table=[0.0, 0.5])
     try:
         _, keys, vectors = tables[1]
-        sel = np.array([keys[3], 10 ** 9, keys[0]], np.int64)       # a key no tier has: the default value
+        sel = np.array([keys[3], 10**9, keys[0]], np.int64)  # a key no tier has: the default value
         out = np.zeros((3, WIDTHS[1]), np.float32)
         hps.lookup_fromdlpack(sel, out, "audit", 1)
         np.testing.assert_array_equal(out, np.stack([vectors[3], np.full(WIDTHS[1], 0.5, np.float32), vectors[0]]))
@@ -248,15 +282,29 @@ def test_hit_rate_threshold_above_one_disables_asynchronous_inserts(tables):
     cannot hold is answered exactly; 0 (and a negative value, which HugeCTR accepts alike) answers a cold
     request's misses with the default value."""
     for thr in (1.5, 2, 1e9):
-        p = InferenceParams(model_name="m", max_batchsize=8, hit_rate_threshold=thr, dense_model_file="",
-                            sparse_model_files=["x"], use_gpu_embedding_cache=True, cache_size_percentage=0.5,
-                            i64_input_key=True)
+        p = InferenceParams(
+            model_name="m",
+            max_batchsize=8,
+            hit_rate_threshold=thr,
+            dense_model_file="",
+            sparse_model_files=["x"],
+            use_gpu_embedding_cache=True,
+            cache_size_percentage=0.5,
+            i64_input_key=True,
+        )
         assert p.hit_rate_threshold == thr
     for bad in (math.nan, math.inf, "1"):
         with pytest.raises(ValueError, match="hit_rate_threshold"):
-            InferenceParams(model_name="m", max_batchsize=8, hit_rate_threshold=bad, dense_model_file="",
-                            sparse_model_files=["x"], use_gpu_embedding_cache=True, cache_size_percentage=0.5,
-                            i64_input_key=True)
+            InferenceParams(
+                model_name="m",
+                max_batchsize=8,
+                hit_rate_threshold=bad,
+                dense_model_file="",
+                sparse_model_files=["x"],
+                use_gpu_embedding_cache=True,
+                cache_size_percentage=0.5,
+                i64_input_key=True,
+            )
     _, keys, vectors = tables[0]
     for thr, exact in ((2.0, True), (0.0, False), (-1.0, False)):
         hps = _hps(tables, hit_rate_threshold=thr, cache_size_percentage=0.1, default_value_for_each_table=[0.25])
@@ -275,8 +323,9 @@ def test_hit_rate_threshold_above_one_disables_asynchronous_inserts(tables):
 
 # ---- 5. top-level enums ------------------------------------------------------------------------------------
 def test_database_enums_on_the_top_level_module():
-    import hugectr as hc                                       # numbactr's alias
+    import hugectr as hc  # numbactr's alias
     from hugectr import DatabaseOverflowPolicy_t, DatabaseType_t as DT, UpdateSourceType_t  # noqa: F401
+
     assert hc.DatabaseType_t.redis_cluster is DT.RedisCluster is hugectr.inference.DatabaseType_t.RedisCluster
     assert hc.DatabaseType_t.rocks_db is DT.RocksDB and hc.DatabaseType_t.parallel_hash_map is DT.ParallelHashMap
     assert hc.DatabaseOverflowPolicy_t.evict_least_used is DatabaseOverflowPolicy_t.EvictLeastUsed
@@ -285,12 +334,21 @@ def test_database_enums_on_the_top_level_module():
     assert hc.redis_cluster is DT.RedisCluster and hc.hash_map is DT.HashMap and hc.null is UpdateSourceType_t.Null
     assert hc.evict_oldest is DatabaseOverflowPolicy_t.EvictOldest
     assert hugectr.inference.dynamic is hugectr.inference.EmbeddingCacheType_t.Dynamic
-    assert [m.name for m in DT] == ["Disabled", "HashMap", "ParallelHashMap", "MultiProcessHashMap", "RedisCluster",
-                                    "RocksDB"]
+    assert [m.name for m in DT] == [
+        "Disabled",
+        "HashMap",
+        "ParallelHashMap",
+        "MultiProcessHashMap",
+        "RedisCluster",
+        "RocksDB",
+    ]
     vol = VolatileDatabaseParams(type=hc.DatabaseType_t.redis_cluster, overflow_policy=hc.evict_random)
     assert vol.type is DT.RedisCluster
-    with pytest.raises(ValueError, match=r"\(Disabled, HashMap, ParallelHashMap, MultiProcessHashMap, "
-                                         r"RedisCluster, RocksDB\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"\(Disabled, HashMap, ParallelHashMap, MultiProcessHashMap, "
+        r"RedisCluster, RocksDB\)",
+    ):
         PersistentDatabaseParams(backend="rocks_db")
 
 
@@ -301,8 +359,9 @@ def test_default_values_of_the_wrong_length_warn_and_use_the_first(tables):
     try:
         assert hps.config.models["audit"].params.default_value_for_each_table == [0.5, 0.5]
         for t in range(2):
-            np.testing.assert_array_equal(hps.lookup(np.array([10 ** 9]), "audit", t),
-                                          np.full((1, WIDTHS[t]), 0.5, np.float32))
+            np.testing.assert_array_equal(
+                hps.lookup(np.array([10**9]), "audit", t), np.full((1, WIDTHS[t]), 0.5, np.float32)
+            )
     finally:
         hps.ps.close()
     with pytest.warns(IgnoredArgumentWarning, match="0 values for 2"):
@@ -310,7 +369,7 @@ def test_default_values_of_the_wrong_length_warn_and_use_the_first(tables):
     hps.ps.close()
     assert hps.config.models["audit"].params.default_value_for_each_table == [0.0, 0.0]
     with warnings.catch_warnings():
-        warnings.simplefilter("error")                        # one value for every table: no warning
+        warnings.simplefilter("error")  # one value for every table: no warning
         hps = _hps(tables, default_value_for_each_table=[0.3])
     hps.ps.close()
 
@@ -320,6 +379,7 @@ def test_empty_dense_model_file_loads_no_dense_weights(tmp_path, capsys):
     created (numbactr: zeros, so every prediction of a sigmoid head is 0.5), with a warning."""
     from numbactr.runtime import device
     from tests.test_inference import csr_request, eval_batches, train
+
     device.set_device("cpu")
     tr = train("multihot_mean", tmp_path)
     request = csr_request(tr, eval_batches(tr, 1)[0])

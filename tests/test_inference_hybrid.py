@@ -5,6 +5,7 @@ slot offsets (slot_size_array), as training reads them.
 InferenceModel's predictions of the exported batch print as Model.export_predictions wrote them and equal the
 model's own evaluation bit for bit; a CSR request gives the same bits; a key outside its slot is a clear error;
 the ONNX model run by onnxruntime predicts the exported values (float rounding)."""
+
 from __future__ import annotations
 
 import os
@@ -24,6 +25,7 @@ S, D, B, ITER = len(SIZES), 4, 32, 8
 def norm_source(folder):
     """Per-slot ids (slot s in [0, SIZES[s])), skewed so that some categories are frequent."""
     from numbactr.data.norm import write_norm_file
+
     rng = np.random.default_rng(3)
     n = 256
     ids = np.minimum(rng.geometric(0.3, (n, S)) - 1, np.array(SIZES) - 1).astype(np.int64)
@@ -43,19 +45,50 @@ def trained(tmp_path_factory):
     device.set_device("cpu")
     folder = str(tmp_path_factory.mktemp("hybrid_inference"))
     src = norm_source(folder)
-    solver = hugectr.CreateSolver(batchsize=B, batchsize_eval=B, max_eval_batches=2, lr=0.5, vvgpu=[[0]],
-                                  i64_input_key=True, seed=7, num_iterations_statistics=4)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[src], eval_source=src,
-                                      check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=B,
+        batchsize_eval=B,
+        max_eval_batches=2,
+        lr=0.5,
+        vvgpu=[[0]],
+        i64_input_key=True,
+        seed=7,
+        num_iterations_statistics=4,
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[src], eval_source=src, check_type=hugectr.Check_t.Sum
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=O.SGD))
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, S)]))
-    m.add(hugectr.SparseEmbedding(embedding_type=E.HybridSparseEmbedding, workspace_size_per_gpu_in_mb=1,
-                                  embedding_vec_size=D, combiner="sum", sparse_embedding_name="emb",
-                                  bottom_name="data1", slot_size_array=SIZES,
-                                  hybrid_embedding_param=hugectr.HybridEmbeddingParam(
-                                      1000, -1, 1.0, 1.3e11, 1.9e11, 1.0, hugectr.CommunicationType.NVLink_SingleNode,
-                                      hugectr.HybridEmbeddingType.Distributed)))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, S)],
+        )
+    )
+    m.add(
+        hugectr.SparseEmbedding(
+            embedding_type=E.HybridSparseEmbedding,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=D,
+            combiner="sum",
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+            slot_size_array=SIZES,
+            hybrid_embedding_param=hugectr.HybridEmbeddingParam(
+                1000,
+                -1,
+                1.0,
+                1.3e11,
+                1.9e11,
+                1.0,
+                hugectr.CommunicationType.NVLink_SingleNode,
+                hugectr.HybridEmbeddingType.Distributed,
+            ),
+        )
+    )
     m.add(hugectr.DenseLayer(L.Reshape, ["emb"], ["flat"], leading_dim=S * D))
     m.add(hugectr.DenseLayer(L.Concat, ["flat", "dense"], ["cat"]))
     m.add(hugectr.DenseLayer(L.InnerProduct, ["cat"], ["fc1"], num_output=4))
@@ -65,20 +98,34 @@ def trained(tmp_path_factory):
     m.compile()
     m.fit(max_iter=ITER, display=0, eval_interval=ITER, snapshot=0)
     emb = m.embeddings[0]
-    assert emb.ready and 0 < emb.frequent.size < sum(SIZES)           # a real split: frequent and infrequent
+    assert emb.ready and 0 < emb.frequent.size < sum(SIZES)  # a real split: frequent and infrequent
     m.export_predictions(os.path.join(folder, "pred"), os.path.join(folder, "label"))
     graph = os.path.join(folder, "graph.json")
     m.graph_to_json(graph)
     prefix = os.path.join(folder, "hyb")
     m.save_params_to_files(prefix, ITER)
-    params = InferenceParams(model_name="hyb", max_batchsize=B, hit_rate_threshold=1.0,
-                             dense_model_file=f"{prefix}_dense_{ITER}.model",
-                             sparse_model_files=[f"{prefix}0_sparse_{ITER}.model"], use_gpu_embedding_cache=True,
-                             cache_size_percentage=0.5, i64_input_key=True)
+    params = InferenceParams(
+        model_name="hyb",
+        max_batchsize=B,
+        hit_rate_threshold=1.0,
+        dense_model_file=f"{prefix}_dense_{ITER}.model",
+        sparse_model_files=[f"{prefix}0_sparse_{ITER}.model"],
+        use_gpu_embedding_cache=True,
+        cache_size_percentage=0.5,
+        i64_input_key=True,
+    )
     with open(os.path.join(folder, "pred")) as f:
         exported = f.read()
-    return dict(model=m, src=src, graph=graph, params=params, exported=exported, folder=folder,
-                dense=f"{prefix}_dense_{ITER}.model", sparse=[f"{prefix}0_sparse_{ITER}.model"])
+    return dict(
+        model=m,
+        src=src,
+        graph=graph,
+        params=params,
+        exported=exported,
+        folder=folder,
+        dense=f"{prefix}_dense_{ITER}.model",
+        sparse=[f"{prefix}0_sparse_{ITER}.model"],
+    )
 
 
 def as_text(values) -> str:
@@ -105,11 +152,12 @@ def test_csr_request_and_bad_keys(trained):
     batch = last_eval_batch(trained)
     keys, off = batch.sparse[0]
     session = CreateInferenceSession(trained["graph"], trained["params"])
-    out = session.predict(batch.dense.reshape(-1).tolist(), np.asarray(keys, np.int64).tolist(),
-                          np.asarray(off, np.int64).tolist())
+    out = session.predict(
+        batch.dense.reshape(-1).tolist(), np.asarray(keys, np.int64).tolist(), np.asarray(off, np.int64).tolist()
+    )
     assert np.array_equal(np.asarray(out, np.float32).reshape(B, 1), trained["model"]._last_eval[0])
     bad = np.asarray(keys, np.int64).copy()
-    bad[S * 3 + 2] = SIZES[2]                                  # sample 3, slot 2: one past its vocabulary
+    bad[S * 3 + 2] = SIZES[2]  # sample 3, slot 2: one past its vocabulary
     with pytest.raises(ValueError, match=r"key 4 of slot 2 \(sample 3\) is outside the slot's vocabulary \[0, 4\)"):
         session.predict(batch.dense.reshape(-1).tolist(), bad.tolist(), np.asarray(off, np.int64).tolist())
     session.close()
@@ -119,6 +167,7 @@ def test_onnx_export_predicts_the_exported_values(trained):
     pytest.importorskip("onnxruntime")
     from numbactr.onnx_converter import hugectr2onnx
     from numbactr.onnx_converter.runtime import OnnxPredictor
+
     path = os.path.join(trained["folder"], "hyb.onnx")
     hugectr2onnx.converter.convert(path, trained["graph"], trained["dense"], True, trained["sparse"])
     got = OnnxPredictor(path, threads=1).predict_batch(last_eval_batch(trained))["label"][:, 0]

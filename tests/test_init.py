@@ -1,4 +1,5 @@
 """Initializer distributions (spec §6.1): mean / spread / range over large draws."""
+
 import math
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from numbactr.enums import Initializer_t as I
 from numbactr.layers import init
 
-N = 200_000          # draws per check: std of a sample std ~ sigma/sqrt(2N) = 0.16% of sigma
+N = 200_000  # draws per check: std of a sample std ~ sigma/sqrt(2N) = 0.16% of sigma
 FIX = init.TRUNC_STD_FIX
 
 
@@ -21,7 +22,7 @@ def assert_normal(a, std, mean=0.0):
     assert a.std() == pytest.approx(std, rel=6 / math.sqrt(2 * a.size))
     # a normal, not a uniform: excess kurtosis ~ 0 (a uniform gives -1.2); nothing truncated at 2 sigma
     z = (a - a.mean()) / a.std()
-    assert abs((z ** 4).mean() - 3.0) < 0.1
+    assert abs((z**4).mean() - 3.0) < 0.1
     assert np.abs(z).max() > 3.0
 
 
@@ -37,24 +38,26 @@ def test_variance_scaling_modes_and_floor():
     assert init.variance_scale(10, 30) == pytest.approx(1 / 20)
     assert init.variance_scale(10, 30, "fan_in") == pytest.approx(1 / 10)
     assert init.variance_scale(10, 30, "fan_out") == pytest.approx(1 / 30)
-    assert init.variance_scale(0, 1) == 1.0                             # max(1, 0.5)
+    assert init.variance_scale(0, 1) == 1.0  # max(1, 0.5)
     assert init.variance_scale(4, 4, scale=2.0) == pytest.approx(0.5)
     with pytest.raises(ValueError):
         init.variance_scale(1, 1, "fan_max")
     assert_uniform(init.variance_scaling(_rng(), (N,), 10, 30), math.sqrt(3 / 20))
     assert_normal(init.variance_scaling(_rng(), (N,), 10, 30, distribution="norm"), math.sqrt(1 / 20) / FIX)
-    assert_normal(init.variance_scaling(_rng(), (N,), 10, 30, distribution="norm", truncated=False),
-                  math.sqrt(1 / 20))
+    assert_normal(init.variance_scaling(_rng(), (N,), 10, 30, distribution="norm", truncated=False), math.sqrt(1 / 20))
     with pytest.raises(ValueError):
         init.variance_scaling(_rng(), (3,), 1, 1, distribution="cauchy")
 
 
-@pytest.mark.parametrize("kind,check", [
-    (I.Default, lambda a, k, n: assert_normal(a, math.sqrt(2 / (k + n)) / FIX)),
-    (I.XavierNorm, lambda a, k, n: assert_normal(a, math.sqrt(2 / (k + n)) / FIX)),
-    (I.XavierUniform, lambda a, k, n: assert_uniform(a, math.sqrt(6 / (k + n)))),
-    (I.Uniform, lambda a, k, n: assert_uniform(a, 1 / (k + n))),
-])
+@pytest.mark.parametrize(
+    "kind,check",
+    [
+        (I.Default, lambda a, k, n: assert_normal(a, math.sqrt(2 / (k + n)) / FIX)),
+        (I.XavierNorm, lambda a, k, n: assert_normal(a, math.sqrt(2 / (k + n)) / FIX)),
+        (I.XavierUniform, lambda a, k, n: assert_uniform(a, math.sqrt(6 / (k + n)))),
+        (I.Uniform, lambda a, k, n: assert_uniform(a, 1 / (k + n))),
+    ],
+)
 def test_inner_product_weight(kind, check):
     k, n = 400, 500
     w = init.inner_product_weight(_rng(), k, n, kind)
@@ -62,12 +65,15 @@ def test_inner_product_weight(kind, check):
     check(w, k, n)
 
 
-@pytest.mark.parametrize("kind,check", [
-    (I.Default, lambda a, n: assert_normal(a, math.sqrt(1 / n))),
-    (I.XavierNorm, lambda a, n: assert_normal(a, math.sqrt(2 / n) / FIX)),
-    (I.XavierUniform, lambda a, n: assert_uniform(a, math.sqrt(6 / n))),
-    (I.Uniform, lambda a, n: assert_uniform(a, 1 / n)),
-])
+@pytest.mark.parametrize(
+    "kind,check",
+    [
+        (I.Default, lambda a, n: assert_normal(a, math.sqrt(1 / n))),
+        (I.XavierNorm, lambda a, n: assert_normal(a, math.sqrt(2 / n) / FIX)),
+        (I.XavierUniform, lambda a, n: assert_uniform(a, math.sqrt(6 / n))),
+        (I.Uniform, lambda a, n: assert_uniform(a, 1 / n)),
+    ],
+)
 def test_inner_product_bias(kind, check):
     b = init.inner_product_bias(_rng(), N, kind)
     assert b.shape == (N,)
@@ -82,10 +88,15 @@ def test_inner_product_bias_of_one_output_uses_the_variance_floor():
 
 def test_zero_everywhere():
     rng = _rng()
-    for a in (init.inner_product_weight(rng, 3, 4, I.Zero), init.inner_product_bias(rng, 4, I.Zero),
-              init.mlp_param(rng, (3, 4), I.Zero, 3, 4), init.multicross_kernel(rng, (1, 5), I.Zero, 5),
-              init.weight_multiply_weight(rng, 3, 4, I.Zero), init.norm_gamma(rng, (6,), I.Zero),
-              init.gru_param(rng, (7,), I.Zero)):
+    for a in (
+        init.inner_product_weight(rng, 3, 4, I.Zero),
+        init.inner_product_bias(rng, 4, I.Zero),
+        init.mlp_param(rng, (3, 4), I.Zero, 3, 4),
+        init.multicross_kernel(rng, (1, 5), I.Zero, 5),
+        init.weight_multiply_weight(rng, 3, 4, I.Zero),
+        init.norm_gamma(rng, (6,), I.Zero),
+        init.gru_param(rng, (7,), I.Zero),
+    ):
         assert not a.any()
 
 
@@ -111,7 +122,7 @@ def test_draw_dispatch_falls_back_to_default():
 
 
 def test_generic_weight_default_argument():
-    a = init.weight(_rng(), (N,), I.Default, 10, 30)                       # XavierNorm when None
+    a = init.weight(_rng(), (N,), I.Default, 10, 30)  # XavierNorm when None
     assert_normal(a, math.sqrt(2 / 40) / FIX)
     b = init.weight(_rng(), (N,), I.Default, 10, 30, default=lambda r, s: np.zeros(s))
     assert not b.any()
@@ -143,19 +154,22 @@ def test_mlp_xavier_fan_modes(exact, sub_layer, is_bias):
 @pytest.mark.parametrize("kind", [I.Default, I.Uniform, I.XavierNorm, I.XavierUniform])
 def test_multicross(kind):
     d, p = 16, 8
-    w = init.multicross_kernel(_rng(), (N // d, d), kind, d)                # v1: N(0, sqrt(1/D)) untruncated
+    w = init.multicross_kernel(_rng(), (N // d, d), kind, d)  # v1: N(0, sqrt(1/D)) untruncated
     assert_normal(w, math.sqrt(1 / d))
-    u = init.multicross_kernel(_rng(), (N // p, p), kind, d, projection_dim=p)   # v2 U / V
+    u = init.multicross_kernel(_rng(), (N // p, p), kind, d, projection_dim=p)  # v2 U / V
     assert_normal(u, math.sqrt(2 / (d + p)))
     assert not init.multicross_bias(_rng(), (1, d), kind).any()
 
 
-@pytest.mark.parametrize("kind,check", [
-    (I.Default, lambda a, s, v: assert_uniform(a, math.sqrt(6 / (s + s * v)))),
-    (I.XavierUniform, lambda a, s, v: assert_uniform(a, math.sqrt(6 / (s + s * v)))),
-    (I.XavierNorm, lambda a, s, v: assert_normal(a, math.sqrt(2 / (s + s * v)) / FIX)),
-    (I.Uniform, lambda a, s, v: assert_uniform(a, 1 / (s + s * v))),
-])
+@pytest.mark.parametrize(
+    "kind,check",
+    [
+        (I.Default, lambda a, s, v: assert_uniform(a, math.sqrt(6 / (s + s * v)))),
+        (I.XavierUniform, lambda a, s, v: assert_uniform(a, math.sqrt(6 / (s + s * v)))),
+        (I.XavierNorm, lambda a, s, v: assert_normal(a, math.sqrt(2 / (s + s * v)) / FIX)),
+        (I.Uniform, lambda a, s, v: assert_uniform(a, 1 / (s + s * v))),
+    ],
+)
 def test_weight_multiply(kind, check):
     s, v = 400, 500
     w = init.weight_multiply_weight(_rng(), s, v, kind)

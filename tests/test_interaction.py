@@ -18,8 +18,9 @@ def inputs(draw):
 
 
 def _forward(dense, emb, **kw):
-    out = dev(np.full((dense.shape[0], ia.interaction_out_width(emb.shape[1], dense.shape[1])),
-                      np.nan, np.float32))                         # the pad must be written too
+    out = dev(
+        np.full((dense.shape[0], ia.interaction_out_width(emb.shape[1], dense.shape[1])), np.nan, np.float32)
+    )  # the pad must be written too
     ia.interaction_forward(dev(dense), dev(emb), out, **kw)
     return host(out)
 
@@ -88,7 +89,7 @@ def test_interaction_no_slots_is_dense_plus_pad():
 def test_interaction_rejects_bad_shapes():
     dense, emb = np.zeros((2, 3), np.float32), np.zeros((2, 2, 3), np.float32)
     with pytest.raises(ValueError):
-        ia.interaction_forward(dense, emb, np.zeros((2, 3 + 3), np.float32))      # width 7 expected
+        ia.interaction_forward(dense, emb, np.zeros((2, 3 + 3), np.float32))  # width 7 expected
     with pytest.raises(ValueError):
         ia.interaction_forward(dense, np.zeros((2, 2, 4), np.float32), np.zeros((2, 7), np.float32))
 
@@ -104,15 +105,20 @@ def test_interaction_reference_gradient():
 
 
 @pytest.mark.gpu
-@given(b=st.integers(0, 512), s=st.sampled_from([0, 1, 26]), v=st.sampled_from([1, 16, 128]),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    b=st.integers(0, 512),
+    s=st.sampled_from([0, 1, 26]),
+    v=st.sampled_from([1, 16, 128]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_interaction_on_gpu(b, s, v, seed):
     rng = np.random.default_rng(seed)
     dense = rng.normal(size=(b, v)).astype(np.float32)
     emb = rng.normal(size=(b, s, v)).astype(np.float32)
     dy = rng.normal(size=(b, ia.interaction_out_width(s, v))).astype(np.float32)
-    np.testing.assert_allclose(_forward(dense, emb), ia.interaction_forward_ref(*_f64(dense, emb)),
-                               rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(
+        _forward(dense, emb), ia.interaction_forward_ref(*_f64(dense, emb)), rtol=1e-4, atol=1e-3
+    )
     got = _backward(dense, emb, dy)
     for g, w in zip(got, ia.interaction_backward_ref(*_f64(dense, emb, dy))):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-3)

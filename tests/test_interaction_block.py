@@ -1,6 +1,7 @@
 """The interaction's one-block-per-sample kernels (shared memory; kernels/interaction.py, method='block'):
 equal to the NumPy reference, and on the simulator bit for bit equal to the elementwise kernels (the same
 products summed in the same order); the choice between them and the fallback when shared memory is short."""
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -22,8 +23,9 @@ def inputs(draw):
 
 
 def _forward(dense, emb, **kw):
-    out = dev(np.full((dense.shape[0], ia.interaction_out_width(emb.shape[1], dense.shape[1])),
-                      np.nan, np.float32))                         # every element must be written
+    out = dev(
+        np.full((dense.shape[0], ia.interaction_out_width(emb.shape[1], dense.shape[1])), np.nan, np.float32)
+    )  # every element must be written
     ia.interaction_forward(dev(dense), dev(emb), out, **kw)
     return host(out)
 
@@ -65,8 +67,8 @@ def test_block_backward_matches_ref_and_elementwise(data, tpb):
 def test_block_is_the_default_where_it_fits():
     assert ia.block_smem_bytes(26, 128, False) == 4 * 27 * 129
     assert ia.block_smem_bytes(26, 128, True) == 4 * (27 * 129 + 351)
-    assert ia._method(None, 26, 128, False) == ia._method(None, 26, 128, True) == "block"   # DLRM, V = 128
-    assert ia._method(None, 100, 512, False) == "elementwise"                              # 200 KB: too big
+    assert ia._method(None, 26, 128, False) == ia._method(None, 26, 128, True) == "block"  # DLRM, V = 128
+    assert ia._method(None, 100, 512, False) == "elementwise"  # 200 KB: too big
     assert ia._method("elementwise", 2, 4, True) == "elementwise"
     with pytest.raises(ValueError, match=r"method 'block' needs 207252 bytes .* 100 slots of width 512"):
         ia._method("block", 100, 512, False)
@@ -80,21 +82,26 @@ def test_fallback_when_shared_memory_is_short(monkeypatch):
     emb = rng.normal(size=(3, 2, 4)).astype(np.float32)
     dy = rng.normal(size=(3, ia.interaction_out_width(2, 4))).astype(np.float32)
     used = []
-    for name in ("interaction_forward_kernel", "interaction_backward_kernel",
-                 "interaction_forward_block_kernel", "interaction_backward_block_kernel"):
+    for name in (
+        "interaction_forward_kernel",
+        "interaction_backward_kernel",
+        "interaction_forward_block_kernel",
+        "interaction_backward_block_kernel",
+    ):
         kernel = getattr(ia, name)
 
         class Spy:
             def __getitem__(self, config, kernel=kernel, name=name):
                 used.append(name)
                 return kernel[config]
+
         monkeypatch.setattr(ia, name, Spy())
     launch.reset_counts()
     want = ia.interaction_forward_ref(dense, emb)
     np.testing.assert_allclose(_forward(dense, emb), want, rtol=1e-6, atol=1e-6)
     _backward(dense, emb, dy)
     assert used == ["interaction_forward_block_kernel", "interaction_backward_block_kernel"]
-    assert launch.reset_counts()["launches"] == 2                   # one launch each way
+    assert launch.reset_counts()["launches"] == 2  # one launch each way
     monkeypatch.setattr(ia, "BLOCK_SMEM_BYTES", 16)
     used.clear()
     np.testing.assert_allclose(_forward(dense, emb), want, rtol=1e-6, atol=1e-6)
@@ -124,15 +131,24 @@ def test_block_pair_order_for_dlrm_slot_count():
 
 
 @pytest.mark.gpu
-@given(b=st.integers(0, 2048), s=st.sampled_from([0, 1, 26]), v=st.sampled_from([1, 16, 64, 128]),
-       tpb=st.sampled_from([None, 32, 256]), seed=st.integers(0, 2**32 - 1))
+@given(
+    b=st.integers(0, 2048),
+    s=st.sampled_from([0, 1, 26]),
+    v=st.sampled_from([1, 16, 64, 128]),
+    tpb=st.sampled_from([None, 32, 256]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_block_on_gpu(b, s, v, tpb, seed):
     rng = np.random.default_rng(seed)
     dense = rng.normal(size=(b, v)).astype(np.float32)
     emb = rng.normal(size=(b, s, v)).astype(np.float32)
     dy = rng.normal(size=(b, ia.interaction_out_width(s, v))).astype(np.float32)
-    np.testing.assert_allclose(_forward(dense, emb, threads=tpb, method="block"),
-                               ia.interaction_forward_ref(*_f64(dense, emb)), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(
+        _forward(dense, emb, threads=tpb, method="block"),
+        ia.interaction_forward_ref(*_f64(dense, emb)),
+        rtol=1e-4,
+        atol=1e-3,
+    )
     got = _backward(dense, emb, dy, threads=tpb, method="block")
     for g, w in zip(got, ia.interaction_backward_ref(*_f64(dense, emb, dy))):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-3)

@@ -1,5 +1,6 @@
 """MLP, FusedInnerProduct, MultiCross: fused bias+act and cross kernels (sim) vs references, float64
 gradient checks (inputs and weights), layer sim == cpu, init distributions, validation at add()."""
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -35,8 +36,14 @@ def test_bias_act_forward_kernel_matches_ref(y, relu, has_bias):
     np.testing.assert_allclose(host(d), fba.bias_act_forward_ref(y, b, relu), rtol=1e-6, atol=1e-6)
 
 
-@given(pre=matrices(max_rows=20), relu=st.booleans(), has_bias=st.booleans(), chunk=st.integers(1, 7),
-       gx=st.integers(1, 3), gy=st.integers(1, 3))
+@given(
+    pre=matrices(max_rows=20),
+    relu=st.booleans(),
+    has_bias=st.booleans(),
+    chunk=st.integers(1, 7),
+    gx=st.integers(1, 3),
+    gy=st.integers(1, 3),
+)
 def test_bias_act_backward_kernel_any_grid_matches_ref(pre, relu, has_bias, chunk, gx, gy):
     """The tiled backward (columns coalesced, rows in chunks, chunk partials summed in order): the masked
     gradient exactly, the bias gradient to rounding, and the same bits whatever the grid."""
@@ -54,11 +61,11 @@ def test_bias_act_backward_kernel_any_grid_matches_ref(pre, relu, has_bias, chun
         np.testing.assert_allclose(got[0][1], rdb, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got[0][1], got[1][1])
     else:
-        assert np.all(np.isnan(got[0][1]))                   # untouched without a bias
+        assert np.all(np.isnan(got[0][1]))  # untouched without a bias
 
 
 def test_bias_act_wrappers_edge_cases():
-    y = np.array([[0.0, -1.0], [2.0, 0.0]], np.float32)      # exact zeros: ReLU mask is y > 0
+    y = np.array([[0.0, -1.0], [2.0, 0.0]], np.float32)  # exact zeros: ReLU mask is y > 0
     d, db = dev(np.zeros_like(y)), dev(np.zeros(2, np.float32))
     fba.bias_act_backward(dev(y), dev(np.ones_like(y)), True, d, db)
     np.testing.assert_array_equal(host(d), [[0, 0], [1, 0]])
@@ -76,6 +83,7 @@ def test_fc_bias_act_reference_gradients_float64():
     from numbactr.runtime import device
     from numbactr.ops.dense import FcBiasAct
     from numbactr.autograd import Context
+
     before = device.kind()
     device.set_device("cpu")
     try:
@@ -84,7 +92,7 @@ def test_fc_bias_act_reference_gradients_float64():
         dy = rng.normal(size=(5, 3))
         ctx = Context()
         ctx.needs_input_grad = (True, True, True)
-        with device.reference_ops():               # the float64 references, not the float32 compiled ops
+        with device.reference_ops():  # the float64 references, not the float32 compiled ops
             FcBiasAct.forward(ctx, x, w, b, relu=True)
             dx, dw, db = FcBiasAct.backward(ctx, dy)
 
@@ -149,11 +157,13 @@ def test_multicross_v1_reference_gradients_float64():
     dx, dws, dbs = mc.multi_cross_v1_backward_ref(dy, x0, ws, xs, hs)
     assert_grad_close(dx, lambda v: mc.multi_cross_v1_forward_ref(v, ws, bs)[0], x0, dy)
     for layer in range(n):
+
         def fw(v, layer=layer):
-            return mc.multi_cross_v1_forward_ref(x0, ws[:layer] + [v] + ws[layer + 1:], bs)[0]
+            return mc.multi_cross_v1_forward_ref(x0, ws[:layer] + [v] + ws[layer + 1 :], bs)[0]
 
         def fb(v, layer=layer):
-            return mc.multi_cross_v1_forward_ref(x0, ws, bs[:layer] + [v] + bs[layer + 1:])[0]
+            return mc.multi_cross_v1_forward_ref(x0, ws, bs[:layer] + [v] + bs[layer + 1 :])[0]
+
         assert_grad_close(dws[layer], fw, ws[layer], dy)
         assert_grad_close(dbs[layer], fb, bs[layer], dy)
 
@@ -170,21 +180,41 @@ def test_multicross_v2_reference_gradients_float64():
     assert_grad_close(dx, lambda v: mc.multi_cross_v2_forward_ref(v, us, vs, bs)[0], x0, dy)
 
     def swap(lst, i, v):
-        return lst[:i] + [v] + lst[i + 1:]
+        return lst[:i] + [v] + lst[i + 1 :]
+
     for i in range(n):
-        assert_grad_close(dus[i], lambda v, i=i: mc.multi_cross_v2_forward_ref(x0, swap(us, i, v), vs, bs)[0], us[i], dy)
-        assert_grad_close(dvs[i], lambda v, i=i: mc.multi_cross_v2_forward_ref(x0, us, swap(vs, i, v), bs)[0], vs[i], dy)
-        assert_grad_close(dbs[i], lambda v, i=i: mc.multi_cross_v2_forward_ref(x0, us, vs, swap(bs, i, v))[0], bs[i], dy)
+        assert_grad_close(
+            dus[i], lambda v, i=i: mc.multi_cross_v2_forward_ref(x0, swap(us, i, v), vs, bs)[0], us[i], dy
+        )
+        assert_grad_close(
+            dvs[i], lambda v, i=i: mc.multi_cross_v2_forward_ref(x0, us, swap(vs, i, v), bs)[0], vs[i], dy
+        )
+        assert_grad_close(
+            dbs[i], lambda v, i=i: mc.multi_cross_v2_forward_ref(x0, us, vs, swap(bs, i, v))[0], bs[i], dy
+        )
 
 
 # ---- layer level: sim == cpu -------------------------------------------------------------------------
-@pytest.mark.parametrize("cfg,shape", [
-    (DenseLayer(Layer_t.MLP, ["a"], ["b"], num_outputs=[5, 4, 2], biases=[True, False, True],
-                activations=[Activation_t.Relu, Activation_t.Relu, Activation_t.Non]), (6, 3)),
-    (DenseLayer(Layer_t.FusedInnerProduct, ["a"], ["b"], num_output=3), (5, 4)),
-    (DenseLayer(Layer_t.MultiCross, ["a"], ["b"], num_layers=3), (4, 6)),
-    (DenseLayer(Layer_t.MultiCross, ["a"], ["b"], num_layers=2, projection_dim=2), (4, 6)),
-], ids=["mlp", "fused-ip", "dcn-v1", "dcn-v2"])
+@pytest.mark.parametrize(
+    "cfg,shape",
+    [
+        (
+            DenseLayer(
+                Layer_t.MLP,
+                ["a"],
+                ["b"],
+                num_outputs=[5, 4, 2],
+                biases=[True, False, True],
+                activations=[Activation_t.Relu, Activation_t.Relu, Activation_t.Non],
+            ),
+            (6, 3),
+        ),
+        (DenseLayer(Layer_t.FusedInnerProduct, ["a"], ["b"], num_output=3), (5, 4)),
+        (DenseLayer(Layer_t.MultiCross, ["a"], ["b"], num_layers=3), (4, 6)),
+        (DenseLayer(Layer_t.MultiCross, ["a"], ["b"], num_layers=2, projection_dim=2), (4, 6)),
+    ],
+    ids=["mlp", "fused-ip", "dcn-v1", "dcn-v2"],
+)
 def test_layer_sim_matches_cpu(cfg, shape):
     assert_sim_matches_cpu(cfg, shape)
 
@@ -192,7 +222,7 @@ def test_layer_sim_matches_cpu(cfg, shape):
 def test_mlp_params_order_and_default_init_distribution():
     layer = build(DenseLayer(Layer_t.MLP, ["a"], ["b"], num_outputs=[400, 3], use_bias=False), [(2, 100)])
     assert layer.out_shapes == [(2, 3)]
-    assert layer.param_shapes() == [(100, 400), (400,), (400, 3), (3,)]       # biases allocated anyway
+    assert layer.param_shapes() == [(100, 400), (400,), (400, 3), (3,)]  # biases allocated anyway
     w0, b0, w1, b1 = layer.init_params(np.random.default_rng(0))
     for a, fan_in in ((w0, 100), (b0, 100), (w1, 400), (b1, 400)):
         lim = np.sqrt(1.0 / fan_in)
@@ -217,13 +247,25 @@ def test_fused_inner_product_chain_head_body_tail():
     from numbactr.runtime import device
     from numbactr.autograd import Tape, Tensor
     from numbactr.layers import RunInfo
+
     device.set_device("cpu")
     x = Tensor(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), requires_grad=True)
-    head = build(DenseLayer(Layer_t.FusedInnerProduct, ["x"], ["h", "hm", "hd", "hb"], num_output=5,
-                            pos_type=FcPosition_t.Head), [(4, 3)])
+    head = build(
+        DenseLayer(Layer_t.FusedInnerProduct, ["x"], ["h", "hm", "hd", "hb"], num_output=5, pos_type=FcPosition_t.Head),
+        [(4, 3)],
+    )
     assert head.out_shapes == [(4, 5), (4, 5), (4, 5), (1, 5)]
-    tail = build(DenseLayer(Layer_t.FusedInnerProduct, ["h", "hm", "hd", "hb"], ["t"], num_output=2,
-                            pos_type=FcPosition_t.Tail, act_type=Activation_t.Non), head.out_shapes)
+    tail = build(
+        DenseLayer(
+            Layer_t.FusedInnerProduct,
+            ["h", "hm", "hd", "hb"],
+            ["t"],
+            num_output=2,
+            pos_type=FcPosition_t.Tail,
+            act_type=Activation_t.Non,
+        ),
+        head.out_shapes,
+    )
     rng = np.random.default_rng(1)
     for layer in (head, tail):
         layer.params = [Tensor(np.asarray(p, np.float32), requires_grad=True) for p in layer.init_params(rng)]
@@ -264,24 +306,38 @@ def test_dense_layers_validate_at_add(data):
         m.add(hugectr.DenseLayer(L.MultiCross, ["dense"], ["mc"], num_layers=0))
     with pytest.raises(hugectr.ModelError, match=r"MultiCross.*projection_dim must be an int >= 0.*-2"):
         m.add(hugectr.DenseLayer(L.MultiCross, ["dense"], ["mc"], num_layers=1, projection_dim=-2))
-    m.add(hugectr.DenseLayer(L.MLP, ["dense"], ["mlp"], num_outputs=[4, 3], use_bias=False,
-                             weight_init_type=Initializer_t.XavierUniform))
+    m.add(
+        hugectr.DenseLayer(
+            L.MLP, ["dense"], ["mlp"], num_outputs=[4, 3], use_bias=False, weight_init_type=Initializer_t.XavierUniform
+        )
+    )
     m.add(hugectr.DenseLayer(L.FusedInnerProduct, ["mlp"], ["f"], num_output=4))
     m.add(hugectr.DenseLayer(L.MultiCross, ["f"], ["mc"], num_layers=2))
     assert (m.shapes["mlp"], m.shapes["f"], m.shapes["mc"]) == ((8, 3), (8, 4), (8, 4))
-    assert m.layers[0].json_params() == {"mlp_param": {"num_output": 1, "num_outputs": [4, 3], "use_bias": False,
-                                                       "activation": "Relu", "weight_init": "XavierUniform"}}
+    assert m.layers[0].json_params() == {
+        "mlp_param": {
+            "num_output": 1,
+            "num_outputs": [4, 3],
+            "use_bias": False,
+            "activation": "Relu",
+            "weight_init": "XavierUniform",
+        }
+    }
     assert m.layers[1].json_params() == {"position": "None", "activation": "Relu", "fc_param": {"num_output": 4}}
 
 
 def test_dcn_trains_through_the_model_on_cpu(data):
     from numbactr.runtime import device
+
     device.set_device("cpu")
     m = small_model(data)
     L = hugectr.Layer_t
     m.add(hugectr.DenseLayer(L.MultiCross, ["dense"], ["mc"], num_layers=2))
-    m.add(hugectr.DenseLayer(L.MLP, ["mc"], ["mlp"], num_outputs=[4, 1],
-                             activations=[Activation_t.Relu, Activation_t.Non]))
+    m.add(
+        hugectr.DenseLayer(
+            L.MLP, ["mc"], ["mlp"], num_outputs=[4, 1], activations=[Activation_t.Relu, Activation_t.Non]
+        )
+    )
     m.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["mlp", "label"], ["loss"]))
     m.compile()
     before = np.array(m.weights)

@@ -1,5 +1,6 @@
 """numbactr/layers/elementwise.py: each layer through the tape on sim equals cpu; HugeCTR-exact
 switches; Dropout eval/seed/step behaviour; WeightMultiply init; graph-JSON keys; add() validation."""
+
 import math
 
 import numpy as np
@@ -72,8 +73,9 @@ def test_n_ary_layers_sim_equals_cpu(on_device, layer_type, n_in):
         np.testing.assert_allclose(grads[1], -grads[0])
 
 
-@pytest.mark.parametrize("layer_type,params", [(L.ELU, {"elu_alpha": 0.7}), (L.Sigmoid, {}), (L.ReLUHalf, {}),
-                                               (L.Cast, {})])
+@pytest.mark.parametrize(
+    "layer_type,params", [(L.ELU, {"elu_alpha": 0.7}), (L.Sigmoid, {}), (L.ReLUHalf, {}), (L.Cast, {})]
+)
 def test_activation_layers_sim_equals_cpu(on_device, layer_type, params):
     x = _rand(B, 3, 4, lo=-5.0, hi=5.0)
     y, (g,), _ = assert_sim_equals_cpu(layer_type, [x], **params)
@@ -91,10 +93,10 @@ def test_scale_layer_sim_equals_cpu(on_device, axis, factor):
 
 
 def test_dropout_layer_sim_equals_cpu(on_device):
-    x = _rand(B, 7, lo=0.5, hi=2.0)                    # no zeros: dropped elements are exactly the 0s
+    x = _rand(B, 7, lo=0.5, hi=2.0)  # no zeros: dropped elements are exactly the 0s
     y, (g,), _ = assert_sim_equals_cpu(L.Dropout, [x], dropout_rate=0.4, seed=5, step=3)
     assert 0 < (y == 0).sum() < y.size
-    np.testing.assert_array_equal(g == 0, y == 0)      # the backward uses the forward's mask
+    np.testing.assert_array_equal(g == 0, y == 0)  # the backward uses the forward's mask
 
 
 def test_weight_multiply_layer_sim_equals_cpu(on_device):
@@ -117,17 +119,17 @@ def test_multiply_gradient_switches_with_compat(on_device, exact):
     for dev in ("cpu", "sim") if device._numba_simulated() else ("cpu",):
         exact(False)
         _, (g0, g1), _ = run_layer(dev, L.ElementwiseMultiply, [x0, x1], dy)
-        np.testing.assert_array_equal(g0, [[3.0, 5.0]])        # product rule
+        np.testing.assert_array_equal(g0, [[3.0, 5.0]])  # product rule
         np.testing.assert_array_equal(g1, [[0.0, 2.0]])
         exact(True)
         _, (g0, g1), _ = run_layer(dev, L.ElementwiseMultiply, [x0, x1], dy)
-        np.testing.assert_array_equal(g0, [[0.0, 5.0]])        # HugeCTR: 0 wherever y == 0
+        np.testing.assert_array_equal(g0, [[0.0, 5.0]])  # HugeCTR: 0 wherever y == 0
         np.testing.assert_array_equal(g1, [[0.0, 2.0]])
 
 
 def test_scale_gradient_switches_with_compat(on_device, exact):
     x = np.array([[1.0, 2.0]], np.float32)
-    dy = np.array([[1.0, 10.0, 100.0, 1000.0]], np.float32)   # axis 0, factor 2
+    dy = np.array([[1.0, 10.0, 100.0, 1000.0]], np.float32)  # axis 0, factor 2
     for dev in ("cpu", "sim") if device._numba_simulated() else ("cpu",):
         exact(False)
         _, (g,), _ = run_layer(dev, L.Scale, [x], dy, axis=0, factor=2)
@@ -171,14 +173,19 @@ def test_weight_multiply_params_and_initializers():
     assert w.shape == (s, v)
     big = build(hugectr.DenseLayer(L.WeightMultiply, ["x"], ["y"], weight_dims=[200, 50]), [(B, 200)])
     fan = 200 + 200 * 50
-    (w,) = big.init_params(rng)                                           # Default = XavierUniform
+    (w,) = big.init_params(rng)  # Default = XavierUniform
     assert np.abs(w).max() <= math.sqrt(6.0 / fan) and np.abs(w).max() > 0.9 * math.sqrt(6.0 / fan)
-    for kind, check in [(hugectr.Initializer_t.Uniform, lambda w: 0.9 / fan < np.abs(w).max() <= 1.0 / fan),
-                        (hugectr.Initializer_t.Zero, lambda w: not w.any()),
-                        (hugectr.Initializer_t.XavierNorm,
-                         lambda w: abs(w.std() - math.sqrt(2.0 / fan) / 0.87962566103423978) < 0.05 * w.std())]:
-        layer = build(hugectr.DenseLayer(L.WeightMultiply, ["x"], ["y"], weight_dims=[200, 50],
-                                         weight_init_type=kind), [(B, 200)])
+    for kind, check in [
+        (hugectr.Initializer_t.Uniform, lambda w: 0.9 / fan < np.abs(w).max() <= 1.0 / fan),
+        (hugectr.Initializer_t.Zero, lambda w: not w.any()),
+        (
+            hugectr.Initializer_t.XavierNorm,
+            lambda w: abs(w.std() - math.sqrt(2.0 / fan) / 0.87962566103423978) < 0.05 * w.std(),
+        ),
+    ]:
+        layer = build(
+            hugectr.DenseLayer(L.WeightMultiply, ["x"], ["y"], weight_dims=[200, 50], weight_init_type=kind), [(B, 200)]
+        )
         (w,) = layer.init_params(rng)
         assert check(w), kind
 
@@ -191,8 +198,10 @@ def test_json_params():
     assert _layer(L.Scale, [(B, 4)], axis=0, factor=3).json_params() == {"scale_param": {"axis": 0, "factor": 3.0}}
     assert _layer(L.FmOrder2, [(B, 8)], out_dim=4).json_params() == {"out_dim": 4}
     assert _layer(L.WeightMultiply, [(B, 2)], weight_dims=[2, 3]).json_params() == {"weight_dims": [2, 3]}
-    assert _layer(L.WeightMultiply, [(B, 2)], weight_dims=[2, 3], weight_init_type=I.Uniform).json_params() == \
-        {"weight_dims": [2, 3], "weight_init": "Uniform"}
+    assert _layer(L.WeightMultiply, [(B, 2)], weight_dims=[2, 3], weight_init_type=I.Uniform).json_params() == {
+        "weight_dims": [2, 3],
+        "weight_init": "Uniform",
+    }
     for t, n in [(L.Add, 2), (L.Sub, 2), (L.ElementwiseMultiply, 2), (L.Sigmoid, 1), (L.Cast, 1), (L.ReLUHalf, 1)]:
         assert _layer(t, [(B, 4)] * n).json_params() == {}
 
@@ -200,11 +209,22 @@ def test_json_params():
 # ---- validation at add() through the real API -----------------------------------------------
 def _model():
     solver = hugectr.CreateSolver(batchsize=8, batchsize_eval=8, i64_input_key=True)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=["train.txt"],
-                                      eval_source="eval.txt", check_type=hugectr.Check_t.Sum)
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=["train.txt"],
+        eval_source="eval.txt",
+        check_type=hugectr.Check_t.Sum,
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=12, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)]))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=12,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)],
+        )
+    )
     m.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc4"], num_output=4))
     m.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc3"], num_output=3))
     m.add(hugectr.DenseLayer(L.Reshape, ["dense"], ["r3d"], leading_dim=4, time_step=3))
@@ -224,8 +244,12 @@ BAD = [
     (L.Scale, ["fc4"], {"axis": 2, "factor": 2}, r"axis must be 0 .* or 1 .*, got 2"),
     (L.Scale, ["fc4"], {"axis": 0, "factor": 0.5}, r"factor must be >= 1 after the cast to int, got factor=0.5 -> 0"),
     (L.WeightMultiply, ["fc4"], {}, r"weight_dims must be two positive ints \[S, V\], got \(\)"),
-    (L.WeightMultiply, ["fc4"], {"weight_dims": [5, 2]},
-     r"weight_dims\[0\] = 5 must equal the width S = 4 of input 'fc4' \(8, 4\)"),
+    (
+        L.WeightMultiply,
+        ["fc4"],
+        {"weight_dims": [5, 2]},
+        r"weight_dims\[0\] = 5 must equal the width S = 4 of input 'fc4' \(8, 4\)",
+    ),
     (L.WeightMultiply, ["r3d"], {"weight_dims": [3, 2]}, r"input 'r3d' must be 2-D \(B, S\)"),
     (L.FmOrder2, ["dense"], {"out_dim": 5}, r"width 12 of input 'dense' \(8, 12\) is not a multiple of out_dim = 5"),
     (L.FmOrder2, ["dense"], {}, r"out_dim must be a positive int .*, got 0"),
@@ -252,7 +276,7 @@ def test_good_layers_get_their_shapes_at_add():
         (L.Cast, ["rh"], "cast", {}, (8, 3, 4)),
         (L.Dropout, ["cast"], "drop", {"dropout_rate": 0.2}, (8, 3, 4)),
         (L.Scale, ["fc3"], "sc0", {"axis": 0, "factor": 2.5}, (8, 6)),
-        (L.Scale, ["fc3"], "sc1", {"factor": 4}, (32, 3)),                  # default axis is 1
+        (L.Scale, ["fc3"], "sc1", {"factor": 4}, (32, 3)),  # default axis is 1
         (L.WeightMultiply, ["fc3"], "wm", {"weight_dims": [3, 5]}, (8, 15)),
         (L.FmOrder2, ["dense"], "fm", {"out_dim": 4}, (8, 4)),
     ]:
@@ -262,16 +286,32 @@ def test_good_layers_get_their_shapes_at_add():
 
 # ---- a model built from these layers: one training step on sim equals cpu -------------------
 def _mixed_model(train, evl, batch=16):
-    solver = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, lr=0.05, vvgpu=[[0]],
-                                  i64_input_key=True, seed=3)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[train],
-                                      eval_source=evl, check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=batch, batchsize_eval=batch, lr=0.05, vvgpu=[[0]], i64_input_key=True, seed=3
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[train], eval_source=evl, check_type=hugectr.Check_t.Sum
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam))
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)]))
-    m.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                  workspace_size_per_gpu_in_mb=1, embedding_vec_size=4, combiner="sum",
-                                  sparse_embedding_name="emb", bottom_name="data1"))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)],
+        )
+    )
+    m.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=4,
+            combiner="sum",
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+        )
+    )
     for layer_type, bottoms, top, params in [
         (L.Reshape, ["emb"], "flat", {"leading_dim": 12}),
         (L.FmOrder2, ["flat"], "fm", {"out_dim": 4}),
@@ -299,15 +339,15 @@ def test_model_with_these_layers_trains_one_step_on_sim_like_cpu(tmp_path, on_de
     if not device._numba_simulated():
         pytest.skip("needs the simulator")
     from tests.model_util import tiny_data
+
     data = tiny_data(str(tmp_path), n_train=64, n_eval=32)
     states = {}
     for dev in ("cpu", "sim"):
         on_device(dev)
         model = _mixed_model(*data)
-        assert model.train() and model.train()                   # two steps: two dropout masks
+        assert model.train() and model.train()  # two steps: two dropout masks
         states[dev] = (model.get_current_loss(), np.array(model.weights))
     (l0, w0), (l1, w1) = states["cpu"], states["sim"]
     assert math.isfinite(l0)
     assert l1 == pytest.approx(l0, rel=1e-5)
     np.testing.assert_allclose(w1, w0, rtol=1e-4, atol=1e-6)
-

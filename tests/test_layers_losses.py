@@ -1,6 +1,7 @@
 """CrossEntropyLoss / MultiCrossEntropyLoss layers through the HugeCTR API: add()-time validation,
 tape forward/backward on sim equal to cpu, predictions, regularizer settings, graph-JSON keys, and a
 tiny model that learns with each loss."""
+
 import os
 
 import numpy as np
@@ -27,11 +28,22 @@ def exact_mode():
 
 def _model(label_dim=2, dense_dim=3, source=("/nonexistent/_file_list.txt",), batch=8, lr=0.001):
     s = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, i64_input_key=True, lr=lr)
-    r = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=list(source),
-                                 eval_source=source[0], check_type=hugectr.Check_t.Sum)
+    r = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=list(source),
+        eval_source=source[0],
+        check_type=hugectr.Check_t.Sum,
+    )
     m = hugectr.Model(s, r, hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD))
-    m.add(hugectr.Input(label_dim=label_dim, label_name="label", dense_dim=dense_dim, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 2)]))
+    m.add(
+        hugectr.Input(
+            label_dim=label_dim,
+            label_name="label",
+            dense_dim=dense_dim,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 2)],
+        )
+    )
     return m
 
 
@@ -47,11 +59,20 @@ def test_cross_entropy_validation():
     with pytest.raises(hugectr.ModelError, match="expects 2 bottom"):
         m.add(hugectr.DenseLayer(L.CrossEntropyLoss, ["fc2"], ["loss"]))
     with pytest.raises(hugectr.ModelError, match=r"lambda must be a finite number >= 0, got -0.5"):
-        m.add(hugectr.DenseLayer(L.CrossEntropyLoss, ["fc2", "label"], ["loss"], use_regularizer=True,
-                                 **{"lambda": -0.5}))
+        m.add(
+            hugectr.DenseLayer(L.CrossEntropyLoss, ["fc2", "label"], ["loss"], use_regularizer=True, **{"lambda": -0.5})
+        )
     with pytest.raises(hugectr.ModelError, match=r"regularizer_type must be Regularizer_t.L1 or .*'L3'"):
-        m.add(hugectr.DenseLayer(L.CrossEntropyLoss, ["fc2", "label"], ["loss"], use_regularizer=True,
-                                 regularizer_type="L3", **{"lambda": 0.1}))
+        m.add(
+            hugectr.DenseLayer(
+                L.CrossEntropyLoss,
+                ["fc2", "label"],
+                ["loss"],
+                use_regularizer=True,
+                regularizer_type="L3",
+                **{"lambda": 0.1},
+            )
+        )
     m.add(hugectr.DenseLayer(L.CrossEntropyLoss, ["fc2", "label"], ["loss"]))
     assert m.layers[-1].regularizer is None
 
@@ -69,19 +90,33 @@ def test_multi_cross_entropy_validation():
     m.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc2"], num_output=2))
     with pytest.raises(hugectr.ModelError, match=r"target_weight_vec is required.*3 for logits 'fc3' \(8, 3\)"):
         m.add(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["fc3", "label"], ["loss"]))
-    with pytest.raises(hugectr.ModelError, match=r"target_weight_vec has 2 weights, but logits 'fc3' \(8, 3\) "
-                                                 r"have 3 targets"):
+    with pytest.raises(
+        hugectr.ModelError,
+        match=r"target_weight_vec has 2 weights, but logits 'fc3' \(8, 3\) "
+        r"have 3 targets",
+    ):
         m.add(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["fc3", "label"], ["loss"], target_weight_vec=[1, 2]))
     with pytest.raises(hugectr.ModelError, match=r"label 'label' \(8, 3\) must have the shape of logits 'fc2'"):
         m.add(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["fc2", "label"], ["loss"], target_weight_vec=[1, 1]))
     with pytest.raises(hugectr.ModelError, match="target_weight_vec must be finite"):
-        m.add(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["fc3", "label"], ["loss"],
-                                 target_weight_vec=[1, float("nan"), 1]))
+        m.add(
+            hugectr.DenseLayer(
+                L.MultiCrossEntropyLoss, ["fc3", "label"], ["loss"], target_weight_vec=[1, float("nan"), 1]
+            )
+        )
     with pytest.raises(hugectr.ModelError, match="target_weight_vec must hold numbers"):
-        m.add(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["fc3", "label"], ["loss"],
-                                 target_weight_vec=[1, "a", 1]))
-    m.add(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["fc3", "label"], ["loss"], target_weight_vec=[1, 0.5, 2],
-                             use_regularizer=True, regularizer_type=hugectr.Regularizer_t.L1, **{"lambda": 0.01}))
+        m.add(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["fc3", "label"], ["loss"], target_weight_vec=[1, "a", 1]))
+    m.add(
+        hugectr.DenseLayer(
+            L.MultiCrossEntropyLoss,
+            ["fc3", "label"],
+            ["loss"],
+            target_weight_vec=[1, 0.5, 2],
+            use_regularizer=True,
+            regularizer_type=hugectr.Regularizer_t.L1,
+            **{"lambda": 0.01},
+        )
+    )
     layer = m.layers[-1]
     assert layer.regularizer == (hugectr.Regularizer_t.L1, 0.01)
     assert layer.label_name == "label"
@@ -89,8 +124,14 @@ def test_multi_cross_entropy_validation():
 
 
 def test_json_params_and_mixin():
-    cfg = hugectr.DenseLayer(L.CrossEntropyLoss, ["x", "y"], ["loss"], use_regularizer=True,
-                             regularizer_type=hugectr.Regularizer_t.L2, **{"lambda": 2})
+    cfg = hugectr.DenseLayer(
+        L.CrossEntropyLoss,
+        ["x", "y"],
+        ["loss"],
+        use_regularizer=True,
+        regularizer_type=hugectr.Regularizer_t.L2,
+        **{"lambda": 2},
+    )
     layer = build(cfg, [(4, 2), (4, 2)])
     assert isinstance(layer, CrossEntropyLoss) and isinstance(layer, RegularizedLoss) and layer.is_loss
     assert layer.regularizer == (hugectr.Regularizer_t.L2, 2.0)
@@ -132,6 +173,7 @@ def test_cross_entropy_layer_sim_equals_cpu(on_device, exact_mode, exact):
     layer = build(hugectr.DenseLayer(L.CrossEntropyLoss, ["x", "y"], ["loss"]), [(12, 2), (12, 2)])
     loss, grad, pred = _both_devices(on_device, layer, x, y, valid=10, scaler=4.0, ranks=2)
     from numbactr.kernels import cross_entropy as ce
+
     want_loss, want_dx = ce.cross_entropy_forward_backward_ref(x, y, 10, 4.0 / (10 * 2), hugectr_label=exact)
     assert loss == pytest.approx(want_loss, rel=1e-6)
     np.testing.assert_allclose(grad, want_dx, rtol=1e-6)
@@ -142,14 +184,14 @@ def test_cross_entropy_layer_sim_equals_cpu(on_device, exact_mode, exact):
 def test_cross_entropy_exact_mode_reads_the_label_buffer(on_device, exact_mode):
     on_device("cpu")
     x = np.zeros((3, 2), np.float32)
-    y = np.array([[0.0, 1.0], [0.0, 0.0], [1.0, 1.0]], np.float32)     # flat 0 1 0 0 1 1
+    y = np.array([[0.0, 1.0], [0.0, 0.0], [1.0, 1.0]], np.float32)  # flat 0 1 0 0 1 1
     layer = build(hugectr.DenseLayer(L.CrossEntropyLoss, ["x", "y"], ["loss"]), [(3, 2), (3, 2)])
     exact_mode(False)
     _, g_col, _ = _run_layer(layer, x, y, 3)
     exact_mode(True)
     _, g_buf, _ = _run_layer(layer, x, y, 3)
-    np.testing.assert_allclose(g_col[:, 1] * 3, [0.5, 0.5, -0.5])      # classes 0 0 1 (column 0)
-    np.testing.assert_allclose(g_buf[:, 1] * 3, [0.5, -0.5, 0.5])      # classes 0 1 0 (first 3 floats)
+    np.testing.assert_allclose(g_col[:, 1] * 3, [0.5, 0.5, -0.5])  # classes 0 0 1 (column 0)
+    np.testing.assert_allclose(g_buf[:, 1] * 3, [0.5, -0.5, 0.5])  # classes 0 1 0 (first 3 floats)
 
 
 def test_multi_cross_entropy_layer_sim_equals_cpu(on_device):
@@ -158,12 +200,13 @@ def test_multi_cross_entropy_layer_sim_equals_cpu(on_device):
     y = rng.uniform(size=(9, 3)).astype(np.float32)
     y[rng.uniform(size=(9, 3)) < 0.25] = -1.0
     tw = [1.0, 0.5, 2.0]
-    layer = build(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["x", "y"], ["loss"], target_weight_vec=tw),
-                  [(9, 3), (9, 3)])
+    layer = build(
+        hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["x", "y"], ["loss"], target_weight_vec=tw), [(9, 3), (9, 3)]
+    )
     loss, grad, pred = _both_devices(on_device, layer, x, y, valid=7, scaler=2.0)
     from numbactr.kernels import multi_cross_entropy as mce
-    want_loss, want_dx = mce.multi_cross_entropy_forward_backward_ref(x, y, np.array(tw, np.float32), 7,
-                                                                      2.0 / (7 * 3))
+
+    want_loss, want_dx = mce.multi_cross_entropy_forward_backward_ref(x, y, np.array(tw, np.float32), 7, 2.0 / (7 * 3))
     assert loss == pytest.approx(want_loss, rel=1e-6)
     np.testing.assert_allclose(grad, want_dx, rtol=1e-6)
     assert not grad[7:].any() and not grad[y < -0.5].any()
@@ -177,10 +220,10 @@ def _data(folder, n, label_dim, kind):
     score = dense @ np.array([1.5, -2.0, 1.0])
     if kind == "ce":
         cls = (score > 0).astype(np.float32)
-        label = np.stack([cls, 1 - cls], axis=1)                      # column 0 is the class
+        label = np.stack([cls, 1 - cls], axis=1)  # column 0 is the class
     else:
         label = np.stack([(score > 0), (score < 0.5), (dense[:, 0] > 0)], axis=1).astype(np.float32)
-        label[rng.uniform(size=label.shape) < 0.1] = -1.0              # some labels missing
+        label[rng.uniform(size=label.shape) < 0.1] = -1.0  # some labels missing
     keys = rng.integers(0, 4, (n, 2)).astype(np.int64)
     path = os.path.join(folder, "part0.data")
     write_norm_file(path, label, dense, keys, key_dtype=np.int64)
@@ -201,8 +244,9 @@ def test_tiny_model_learns(tmp_path, on_device, kind):
     if kind == "ce":
         m.add(hugectr.DenseLayer(L.CrossEntropyLoss, ["out", "label"], ["loss"]))
     else:
-        m.add(hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["out", "label"], ["loss"],
-                                 target_weight_vec=[1.0, 1.0, 0.5]))
+        m.add(
+            hugectr.DenseLayer(L.MultiCrossEntropyLoss, ["out", "label"], ["loss"], target_weight_vec=[1.0, 1.0, 0.5])
+        )
     m.compile()
     losses = []
     for _ in range(80):

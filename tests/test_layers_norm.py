@@ -1,5 +1,6 @@
 """BatchNorm, LayerNorm, PReLU_Dice: kernels (sim) vs references, float64 gradient checks, eval mode,
 running stats, layer sim == cpu, and validation at Model.add()."""
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -42,10 +43,10 @@ def test_bn_train_kernels_any_grid_match_ref(x, tpb, blocks, factor):
     rm0, rv0 = rng.normal(size=f).astype(np.float32), rng.random(f).astype(np.float32) + 0.5
     y, mean, inv, rm, rv = (dev(np.full_like(a, np.nan)) for a in (x, gamma, gamma, gamma, gamma))
     rm, rv = dev(rm0), dev(rv0)
-    bn.make_bn_forward_train_kernel(tpb)[blocks, tpb](dev(x), dev(gamma), dev(beta), np.float32(1e-5),
-                                                      np.float32(factor), y, mean, inv, rm, rv)
-    ry, rmean, rinv, rrm, rrv = bn.batch_norm_forward_ref(*_f64(x, gamma, beta), 1e-5, True, *_f64(rm0, rv0),
-                                                          factor)
+    bn.make_bn_forward_train_kernel(tpb)[blocks, tpb](
+        dev(x), dev(gamma), dev(beta), np.float32(1e-5), np.float32(factor), y, mean, inv, rm, rv
+    )
+    ry, rmean, rinv, rrm, rrv = bn.batch_norm_forward_ref(*_f64(x, gamma, beta), 1e-5, True, *_f64(rm0, rv0), factor)
     np.testing.assert_allclose(host(mean), rmean, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(host(y), ry, rtol=2e-4, atol=2e-3)
     np.testing.assert_allclose(host(rm), rrm, rtol=1e-5, atol=1e-5)
@@ -88,7 +89,7 @@ def test_bn_at_256_threads_more_rows_than_threads_and_single_row():
         bn.batch_norm_forward_train(dev(x), dev(g), dev(b), 1e-5, 1.0, y, mean, inv, rm, rv, threads=256)
         ry, _, _, rrm, rrv = bn.batch_norm_forward_ref(*_f64(x, g, b), 1e-5, True, *_f64(np.zeros(2), np.ones(2)))
         np.testing.assert_allclose(host(y), ry, rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(host(rv), rrv, rtol=1e-4, atol=1e-6)     # unbiased; B=1: biased (0)
+        np.testing.assert_allclose(host(rv), rrv, rtol=1e-4, atol=1e-6)  # unbiased; B=1: biased (0)
 
 
 def test_bn_empty_batch_is_a_no_op():
@@ -132,8 +133,8 @@ def test_bn_layer_running_stats_eval_mode_and_ntp_roundtrip():
     layer2.params = [Tensor(gamma), Tensor(beta)]
     out = host(layer2.forward(None, [Tensor(x)], RunInfo(training=False, valid=8))[0].data)
     np.testing.assert_allclose(out, gamma * (x - rm) / np.sqrt(rv + 1e-5) + beta, rtol=1e-4, atol=1e-5)
-    assert not np.allclose(out, y_train, rtol=1e-3)                  # unbiased vs biased variance
-    np.testing.assert_allclose(host(layer2.running_mean), rm)       # eval does not move the stats
+    assert not np.allclose(out, y_train, rtol=1e-3)  # unbiased vs biased variance
+    np.testing.assert_allclose(host(layer2.running_mean), rm)  # eval does not move the stats
     with pytest.raises(LayerError, match="does not fit"):
         layer2.load_ntp_entry({"type": "BatchNorm", "mean": [0.0], "var": [1.0]})
 
@@ -143,8 +144,9 @@ def test_bn_running_average_with_factor():
     for dev_name in ("cpu", "sim"):
         layer, _, _, _, x, _ = run_layer(dev_name, cfg, (5, 2))
         np.testing.assert_allclose(host(layer.running_mean), 0.25 * x.mean(axis=0), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(host(layer.running_var), 0.75 + 0.25 * x.astype(np.float64).var(axis=0, ddof=1),
-                                   rtol=1e-5)
+        np.testing.assert_allclose(
+            host(layer.running_var), 0.75 + 0.25 * x.astype(np.float64).var(axis=0, ddof=1), rtol=1e-5
+        )
 
 
 # ---- LayerNorm kernels -------------------------------------------------------------------------
@@ -153,7 +155,11 @@ def test_ln_kernels_any_grid_match_ref(x, tpb, blocks):
     h = x.shape[1]
     rng = np.random.default_rng(h)
     gamma, beta = rng.normal(size=h).astype(np.float32), rng.normal(size=h).astype(np.float32)
-    y, mean, inv = dev(np.full_like(x, np.nan)), dev(np.zeros(x.shape[0], np.float32)), dev(np.zeros(x.shape[0], np.float32))
+    y, mean, inv = (
+        dev(np.full_like(x, np.nan)),
+        dev(np.zeros(x.shape[0], np.float32)),
+        dev(np.zeros(x.shape[0], np.float32)),
+    )
     ln.make_ln_forward_kernel(tpb)[blocks, tpb](dev(x), dev(gamma), dev(beta), np.float32(1e-5), y, mean, inv)
     ry, rmean, rinv = ln.layer_norm_forward_ref(*_f64(x, gamma, beta), 1e-5)
     np.testing.assert_allclose(host(y), ry, rtol=2e-4, atol=2e-3)
@@ -183,18 +189,20 @@ def test_ln_reference_gradients_float64():
 
 
 # ---- PReLU_Dice --------------------------------------------------------------------------------
-@given(x=matrices(), tpb=POW2, blocks=st.integers(1, 3), alpha=st.sampled_from([0.0, 0.25, 1.0]),
-       exact=st.booleans())
+@given(x=matrices(), tpb=POW2, blocks=st.integers(1, 3), alpha=st.sampled_from([0.0, 0.25, 1.0]), exact=st.booleans())
 def test_dice_kernels_any_grid_match_ref(x, tpb, blocks, alpha, exact):
-    y, mean, inv = dev(np.full_like(x, np.nan)), dev(np.zeros(x.shape[1], np.float32)), dev(np.zeros(x.shape[1], np.float32))
+    y, mean, inv = (
+        dev(np.full_like(x, np.nan)),
+        dev(np.zeros(x.shape[1], np.float32)),
+        dev(np.zeros(x.shape[1], np.float32)),
+    )
     dice.make_dice_forward_kernel(tpb)[blocks, tpb](dev(x), np.float32(alpha), np.float32(1e-3), y, mean, inv)
     ry, rmean, rinv = dice.prelu_dice_forward_ref(*_f64(x), alpha, 1e-3)
     np.testing.assert_allclose(host(y), ry, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(host(inv), rinv, rtol=1e-4, atol=1e-4)
     dy = np.random.default_rng(x.shape[0]).normal(size=x.shape).astype(np.float32)
     dx = dev(np.full_like(x, np.nan))
-    dice.make_dice_backward_kernel(tpb)[blocks, tpb](dev(x), dev(dy), np.float32(alpha), mean, inv,
-                                                     np.int32(exact), dx)
+    dice.make_dice_backward_kernel(tpb)[blocks, tpb](dev(x), dev(dy), np.float32(alpha), mean, inv, np.int32(exact), dx)
     rdx = dice.prelu_dice_backward_ref(*_f64(x, dy), alpha, *_f64(host(mean), host(inv)), hugectr_exact=exact)
     np.testing.assert_allclose(host(dx), rdx, rtol=1e-3, atol=1e-3)
 
@@ -203,7 +211,7 @@ def test_dice_constant_feature_uses_the_guard():
     x = np.full((5, 2), 3.0, np.float32)
     y, mean, inv = dev(np.zeros_like(x)), dev(np.zeros(2, np.float32)), dev(np.ones(2, np.float32))
     dice.prelu_dice_forward(dev(x), 0.1, 0.0, y, mean, inv)
-    assert np.all(host(inv) == 0)                         # Var + eps < 1e-8: inv = 0, p = 1/2
+    assert np.all(host(inv) == 0)  # Var + eps < 1e-8: inv = 0, p = 1/2
     np.testing.assert_allclose(host(y), x * (0.1 + 0.9 * 0.5), rtol=1e-6)
 
 
@@ -225,7 +233,9 @@ def test_dice_default_backward_is_the_gradient_and_hugectr_formula_is_not():
         e = np.zeros_like(x)
         e[i, j] = 1.0
         diag = numeric_grad(fwd, x, e)[i, j]
-        assert dice.prelu_dice_backward_ref(x, e, alpha, mean, inv, hugectr_exact=True)[i, j] == pytest.approx(diag, rel=1e-5)
+        assert dice.prelu_dice_backward_ref(x, e, alpha, mean, inv, hugectr_exact=True)[i, j] == pytest.approx(
+            diag, rel=1e-5
+        )
 
 
 def test_dice_layer_uses_hugectr_formula_under_compat():
@@ -234,19 +244,23 @@ def test_dice_layer_uses_hugectr_formula_under_compat():
     compat.set_hugectr_exact(True)
     try:
         dx_exact = run_layer("cpu", cfg, (6, 2))[2]
-        assert_sim_matches_cpu(cfg, (6, 2))                 # the kernel's exact branch as well
+        assert_sim_matches_cpu(cfg, (6, 2))  # the kernel's exact branch as well
     finally:
         compat.set_hugectr_exact(False)
     assert not np.allclose(dx_default, dx_exact)
 
 
 # ---- layer level: sim == cpu ---------------------------------------------------------------------
-@pytest.mark.parametrize("cfg,shape,training", [
-    (DenseLayer(Layer_t.BatchNorm, ["a"], ["b"], factor=0.9), (7, 3), True),
-    (DenseLayer(Layer_t.BatchNorm, ["a"], ["b"]), (7, 3), False),
-    (DenseLayer(Layer_t.LayerNorm, ["a"], ["b"]), (3, 2, 5), True),
-    (DenseLayer(Layer_t.PReLU_Dice, ["a"], ["b"], elu_alpha=0.2, eps=1e-6), (9, 2, 2), True),
-], ids=["bn-train", "bn-eval", "ln-3d", "dice"])
+@pytest.mark.parametrize(
+    "cfg,shape,training",
+    [
+        (DenseLayer(Layer_t.BatchNorm, ["a"], ["b"], factor=0.9), (7, 3), True),
+        (DenseLayer(Layer_t.BatchNorm, ["a"], ["b"]), (7, 3), False),
+        (DenseLayer(Layer_t.LayerNorm, ["a"], ["b"]), (3, 2, 5), True),
+        (DenseLayer(Layer_t.PReLU_Dice, ["a"], ["b"], elu_alpha=0.2, eps=1e-6), (9, 2, 2), True),
+    ],
+    ids=["bn-train", "bn-eval", "ln-3d", "dice"],
+)
 def test_layer_sim_matches_cpu(cfg, shape, training):
     assert_sim_matches_cpu(cfg, shape, training)
 
@@ -264,8 +278,7 @@ def test_norm_layers_validate_at_add(data):
         m.add(hugectr.DenseLayer(L.BatchNorm, ["dense"], ["bn"], eps=1e-6))
     with pytest.raises(hugectr.ModelError, match=r"BatchNorm.*factor.*\[0, 1\].*1.5"):
         m.add(hugectr.DenseLayer(L.BatchNorm, ["dense"], ["bn"], factor=1.5))
-    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "emb",
-                                  "data1"))
+    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "emb", "data1"))
     with pytest.raises(hugectr.ModelError, match=r"BatchNorm.*'emb' must be 2-D \(B, F\).*\(8, 3, 4\)"):
         m.add(hugectr.DenseLayer(L.BatchNorm, ["emb"], ["bn"]))
     with pytest.raises(hugectr.ModelError, match=r"LayerNorm.*eps must be a positive number"):
@@ -292,8 +305,19 @@ def test_norm_kernels_on_gpu():
         x = (rng.normal(size=(rows, cols)) * 2 + 1).astype(np.float32)
         g, b = rng.normal(size=cols).astype(np.float32), rng.normal(size=cols).astype(np.float32)
         y, mean, inv = dev(np.zeros_like(x)), dev(np.zeros(cols, np.float32)), dev(np.zeros(cols, np.float32))
-        bn.batch_norm_forward_train(dev(x), dev(g), dev(b), 1e-5, 1.0, y, mean, inv,
-                                    dev(np.zeros(cols, np.float32)), dev(np.ones(cols, np.float32)), threads=tpb)
+        bn.batch_norm_forward_train(
+            dev(x),
+            dev(g),
+            dev(b),
+            1e-5,
+            1.0,
+            y,
+            mean,
+            inv,
+            dev(np.zeros(cols, np.float32)),
+            dev(np.ones(cols, np.float32)),
+            threads=tpb,
+        )
         np.testing.assert_allclose(host(y), bn.batch_norm_forward_ref(*_f64(x, g, b), 1e-5)[0], rtol=1e-3, atol=1e-3)
         yd = dev(np.zeros_like(x))
         dice.prelu_dice_forward(dev(x), 0.2, 1e-5, yd, mean, inv, threads=tpb)
@@ -301,6 +325,16 @@ def test_norm_kernels_on_gpu():
         xt = np.ascontiguousarray(x.T)
         gl, bl = rng.normal(size=rows).astype(np.float32), rng.normal(size=rows).astype(np.float32)
         yl = dev(np.zeros_like(xt))
-        ln.layer_norm_forward(dev(xt), dev(gl), dev(bl), 1e-5, yl, dev(np.zeros(cols, np.float32)),
-                              dev(np.zeros(cols, np.float32)), threads=tpb)
-        np.testing.assert_allclose(host(yl), ln.layer_norm_forward_ref(*_f64(xt, gl, bl), 1e-5)[0], rtol=1e-3, atol=1e-3)
+        ln.layer_norm_forward(
+            dev(xt),
+            dev(gl),
+            dev(bl),
+            1e-5,
+            yl,
+            dev(np.zeros(cols, np.float32)),
+            dev(np.zeros(cols, np.float32)),
+            threads=tpb,
+        )
+        np.testing.assert_allclose(
+            host(yl), ln.layer_norm_forward_ref(*_f64(xt, gl, bl), 1e-5)[0], rtol=1e-3, atol=1e-3
+        )

@@ -1,6 +1,7 @@
 """GRU: per-step kernels (sim) vs the step formulas, whole-sequence float64 gradient check of the
 reference BPTT (input, W, U, b, h0), layer sim == cpu in every input layout, HugeCTR-exact mode,
 weight layout/init, validation at Model.add()."""
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -35,10 +36,10 @@ def test_gru_step_kernels_match_step_formulas(b, h, steps, seed):
     gru.gru_step_forward(dev(gx), dev(bias), dev(gh), hs, gates, t)
     a = gx[:, t].astype(np.float64) + bias
     r = _sig(a[:, :h] + gh[:, :h])
-    z = _sig(a[:, h:2 * h] + gh[:, h:2 * h])
-    n = np.tanh(a[:, 2 * h:] + r * gh[:, 2 * h:])
+    z = _sig(a[:, h : 2 * h] + gh[:, h : 2 * h])
+    n = np.tanh(a[:, 2 * h :] + r * gh[:, 2 * h :])
     np.testing.assert_allclose(host(hs)[:, t + 1], (1 - z) * n + z * hs0[:, t], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(host(gates)[:, t], np.concatenate([r, z, n, gh[:, 2 * h:]], 1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(host(gates)[:, t], np.concatenate([r, z, n, gh[:, 2 * h :]], 1), rtol=1e-5, atol=1e-6)
     # backward step with a random carry
     dy = rng.normal(size=(b, steps, h)).astype(np.float32)
     mm, dr0 = rng.normal(size=(b, h)).astype(np.float32), rng.normal(size=(b, h)).astype(np.float32)
@@ -48,7 +49,7 @@ def test_gru_step_kernels_match_step_formulas(b, h, steps, seed):
     dh = dy[:, t].astype(np.float64) + mm + dr0
     a_n = dh * (1 - z) * (1 - n * n)
     a_z = dh * (hs0[:, t] - n) * z * (1 - z)
-    a_r = a_n * gh[:, 2 * h:] * r * (1 - r)
+    a_r = a_n * gh[:, 2 * h :] * r * (1 - r)
     np.testing.assert_allclose(host(dgx)[:, t], np.concatenate([a_r, a_z, a_n], 1), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(host(dgh)[:, t], np.concatenate([a_r, a_z, a_n * r], 1), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(host(d_dir), dh * z, rtol=1e-5, atol=1e-6)
@@ -87,9 +88,9 @@ def test_gru_layer_sim_matches_cpu(shape):
 def test_gru_layer_shapes_weights_and_zero_init():
     layer = build(_cfg(), [(4, 6)])
     assert layer.out_shapes == [(4, 9)]
-    assert build(_cfg(), [(12, 2)]).out_shapes == [(12, 3)]          # HugeCTR's (rows, num_output)
+    assert build(_cfg(), [(12, 2)]).out_shapes == [(12, 3)]  # HugeCTR's (rows, num_output)
     assert layer.param_shapes() == [(1, gru_weight_count(3, 2)), (1, 12)]
-    assert gru_weight_count(3, 2) == 3 * 3 * (2 + 3 + 1)               # single input bias
+    assert gru_weight_count(3, 2) == 3 * 3 * (2 + 3 + 1)  # single input bias
     assert all(not np.any(p) for p in layer.init_params(np.random.default_rng(0)))
     assert layer.json_params() == {"gru_param": {"num_output": 3, "batchsize": 4, "SeqLength": 3, "vector_size": 2}}
 
@@ -111,7 +112,7 @@ def test_gru_hugectr_exact_mode_is_seq_major_with_zero_h0():
     finally:
         compat.set_hugectr_exact(False)
     w, u, b = split_gru_weights(wflat, 3, 2)
-    xb = x.reshape(3, 4, 2).transpose(1, 0, 2)                          # cuDNN's [T][B][V]
+    xb = x.reshape(3, 4, 2).transpose(1, 0, 2)  # cuDNN's [T][B][V]
     want, _ = gru.gru_forward_ref(xb, w, u, b, np.zeros((4, 3)))
     np.testing.assert_allclose(y, want.transpose(1, 0, 2).reshape(12, 3), rtol=1e-5, atol=1e-6)
     assert not np.any(dhx)
@@ -127,8 +128,11 @@ def test_gru_validates_at_add(data):
     L = hugectr.Layer_t
     with pytest.raises(hugectr.ModelError, match=r"GRU.*SeqLength must be a positive int, got 0"):
         m.add(hugectr.DenseLayer(L.GRU, ["dense"], ["g"], num_output=2, batchsize=8, SeqLength=0, vector_size=2))
-    with pytest.raises(hugectr.ModelError, match=r"GRU.*'dense' \(8, 6\) must be 2-D or 3-D holding "
-                                                 r"batchsize\*SeqLength\*vector_size = 8\*2\*2 = 32 floats, got 48"):
+    with pytest.raises(
+        hugectr.ModelError,
+        match=r"GRU.*'dense' \(8, 6\) must be 2-D or 3-D holding "
+        r"batchsize\*SeqLength\*vector_size = 8\*2\*2 = 32 floats, got 48",
+    ):
         m.add(hugectr.DenseLayer(L.GRU, ["dense"], ["g"], num_output=2, batchsize=8, SeqLength=2, vector_size=2))
     m.add(hugectr.DenseLayer(L.GRU, ["dense"], ["g"], num_output=5, batchsize=8, SeqLength=3, vector_size=2))
     assert m.shapes["g"] == (8, 15)
@@ -137,6 +141,7 @@ def test_gru_validates_at_add(data):
 @pytest.mark.gpu
 def test_gru_kernels_on_gpu():
     from numbactr.runtime import device
+
     device.set_device("gpu")
     cfg = DenseLayer(Layer_t.GRU, ["x"], ["g"], num_output=64, batchsize=300, SeqLength=5, vector_size=16)
     _, (y1,), dx1, g1, x, params = run_layer("gpu", cfg, (300, 80))

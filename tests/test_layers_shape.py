@@ -1,4 +1,5 @@
 """Shape layers through the tape (sim == cpu), their validation at Model.add(), JSON keys."""
+
 import numpy as np
 import pytest
 
@@ -68,8 +69,9 @@ def test_fused_reshape_concat_layers():
 
 def test_sequence_mask_layer_has_no_gradient():
     lf, lt = np.array([[2], [0], [5]], np.float32), np.array([[3], [1], [1]], np.float32)
-    layer, (m,), grads = assert_sim_matches_cpu(L.SequenceMask, [lf, lt], ["mask"],
-                                                max_sequence_len_from=4, max_sequence_len_to=3)
+    layer, (m,), grads = assert_sim_matches_cpu(
+        L.SequenceMask, [lf, lt], ["mask"], max_sequence_len_from=4, max_sequence_len_to=3
+    )
     assert m.shape == (3, 1, 4, 3) and m[0, 0].sum() == 6 and m[1].sum() == 0 and m[2, 0].sum() == 4
     assert grads == [None, None]
     assert layer.json_params() == {"max_sequence_len_from": 4, "max_sequence_len_to": 3}
@@ -82,6 +84,7 @@ def test_one_bottom_sequence_mask_of_hugectr_v23_06():
     np.testing.assert_array_equal(m[:, 0, 0], [[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     assert layer.json_params() == {"max_sequence_len": 4}
     from numbactr.files import graph_json
+
     d = graph_json.dense_layer_json(layer.cfg)
     assert d["max_sequence_len"] == 4 and "max_sequence_len_to" not in d
     assert graph_json.dense_layer_from_json(d).max_sequence_len == 4
@@ -89,13 +92,14 @@ def test_one_bottom_sequence_mask_of_hugectr_v23_06():
 
 def test_reshape_selected_gathers_slots_and_zero_fills_the_rest():
     x = _x(2, 4, 3)
-    layer, (y,), (dx,) = assert_sim_matches_cpu(L.Reshape, [x], ["y"], cls=ReshapeSelected, selected=True,
-                                                selected_slots=[3, 1])
+    layer, (y,), (dx,) = assert_sim_matches_cpu(
+        L.Reshape, [x], ["y"], cls=ReshapeSelected, selected=True, selected_slots=[3, 1]
+    )
     assert layer.type_name == "Reshape" and layer.out_shapes == [(2, 6)]
     np.testing.assert_array_equal(y, x[:, [3, 1]].reshape(2, 6))
     assert not dx[:, [0, 2]].any()
     assert layer.json_params() == {"selected": [3, 1]}
-    assert L.Reshape not in LAYERS                              # core.Reshape dispatches to it
+    assert L.Reshape not in LAYERS  # core.Reshape dispatches to it
 
 
 def test_unused_top_of_a_multi_top_layer_adds_nothing():
@@ -117,25 +121,40 @@ def test_unused_top_of_a_multi_top_layer_adds_nothing():
 # ---- validation at Model.add() ---------------------------------------------------------------
 def _model():
     solver = hugectr.CreateSolver(batchsize=8, batchsize_eval=8, i64_input_key=True)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=["unused.txt"],
-                                      eval_source="unused.txt", check_type=hugectr.Check_t.Sum)
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=["unused.txt"],
+        eval_source="unused.txt",
+        check_type=hugectr.Check_t.Sum,
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=6, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)]))
-    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum",
-                                  "emb", "data1"))                        # emb (8, 3, 4)
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=6,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)],
+        )
+    )
+    m.add(
+        hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "emb", "data1")
+    )  # emb (8, 3, 4)
     return m
 
 
-@pytest.mark.parametrize("params,match", [
-    (dict(ranges=[]), "ranges must not be empty"),
-    (dict(ranges=[(0, 1)] * 6), "at most 5 ranges"),
-    (dict(ranges=[(3, 2)]), r"range \(3, 2\) is reversed"),
-    (dict(ranges=[(-1, 2)]), "negative"),
-    (dict(ranges=[(2, 4), (1, 5)]), "out of order or included"),
-    (dict(ranges=[(0, 4), (1, 3)]), "out of order or included"),
-    (dict(ranges=[(0, 7)]), r"exceeds the width 6 of input 'dense' \(8, 6\)"),
-])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        (dict(ranges=[]), "ranges must not be empty"),
+        (dict(ranges=[(0, 1)] * 6), "at most 5 ranges"),
+        (dict(ranges=[(3, 2)]), r"range \(3, 2\) is reversed"),
+        (dict(ranges=[(-1, 2)]), "negative"),
+        (dict(ranges=[(2, 4), (1, 5)]), "out of order or included"),
+        (dict(ranges=[(0, 4), (1, 3)]), "out of order or included"),
+        (dict(ranges=[(0, 7)]), r"exceeds the width 6 of input 'dense' \(8, 6\)"),
+    ],
+)
 def test_slice_validation(params, match):
     with pytest.raises(hugectr.ModelError, match=match):
         _model().add(hugectr.DenseLayer(L.Slice, ["dense"], ["s"], **params))
@@ -174,16 +193,23 @@ def test_shape_layer_validation_messages():
     m.add(hugectr.DenseLayer(L.ReduceSum, ["emb"], ["rs"], axis=1))
     m.add(hugectr.DenseLayer(L.Slice, ["dense"], ["s0", "s1"], ranges=[(0, 4), (2, 6)]))
     m.add(hugectr.DenseLayer(L.FusedReshapeConcat, ["emb", "emb"], ["item", "ad"]))
-    m.add(hugectr.DenseLayer(L.SequenceMask, ["label", "label"], ["mask"], max_sequence_len_from=2,
-                             max_sequence_len_to=5))
-    assert (m.shapes["rs"], m.shapes["s1"], m.shapes["item"], m.shapes["ad"], m.shapes["mask"]) == \
-        ((8, 1, 4), (8, 4), (16, 8), (8, 8), (8, 1, 2, 5))
+    m.add(
+        hugectr.DenseLayer(L.SequenceMask, ["label", "label"], ["mask"], max_sequence_len_from=2, max_sequence_len_to=5)
+    )
+    assert (m.shapes["rs"], m.shapes["s1"], m.shapes["item"], m.shapes["ad"], m.shapes["mask"]) == (
+        (8, 1, 4),
+        (8, 4),
+        (16, 8),
+        (8, 8),
+        (8, 1, 2, 5),
+    )
 
 
 def test_reshape_selected_validation():
     def build(shape, **kw):
         cfg = hugectr.DenseLayer(L.Reshape, ["emb"], ["r"], **kw)
         return ReshapeSelected(cfg, [shape])
+
     with pytest.raises(LayerError, match="only selected=True"):
         build((8, 3, 4), leading_dim=12)
     with pytest.raises(LayerError, match=r"3-D input \(B, S, V\)"):

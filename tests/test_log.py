@@ -1,5 +1,6 @@
 """numbactr.log: info_once says a thing once; progress is silent for short tasks off a terminal, writes
 periodic lines and a closing line for long ones, and can be turned off."""
+
 from numbactr import log
 
 
@@ -16,7 +17,7 @@ def test_progress_off_a_terminal(capsys, monkeypatch):
     monkeypatch.setenv("NUMBACTR_PROGRESS_INTERVAL", "3600")
     with log.progress(total=10, desc="short", unit="sample") as bar:
         bar.update(10)
-    assert capsys.readouterr().out == ""                     # short task: nothing at all
+    assert capsys.readouterr().out == ""  # short task: nothing at all
     monkeypatch.setenv("NUMBACTR_PROGRESS_INTERVAL", "0")
     with log.progress(total=4, desc="long", unit="sample") as bar:
         bar.update(1)

@@ -7,6 +7,7 @@ against central differences of the weighted loss value, and at the model level b
 two losses of a multi-task graph. Under numbactr.hugectr_exact.hugectr_exact() the weights scale only the
 reported loss, as in HugeCTR.
 """
+
 import numpy as np
 import pytest
 
@@ -62,8 +63,8 @@ def test_seed_scales_the_gradient_to_the_weighted_loss(on_device, dev, which):
         num[i] = seed * (lp - lm) / (2 * h)
     np.testing.assert_allclose(g, num, rtol=2e-2, atol=2e-4)
     _, g1 = _loss_and_grad(fn, x, y, kw, 1.0)
-    np.testing.assert_array_equal(_loss_and_grad(fn, x, y, kw, 1.0)[1], g1)   # seed 1: dX itself
-    assert not np.allclose(g, g1)                                              # the seed matters
+    np.testing.assert_array_equal(_loss_and_grad(fn, x, y, kw, 1.0)[1], g1)  # seed 1: dX itself
+    assert not np.allclose(g, g1)  # the seed matters
 
 
 def _mmoe_step(folder, weights, exact):
@@ -72,7 +73,7 @@ def _mmoe_step(folder, weights, exact):
     data = make_data(folder, inputs, dense=dense, labels=labels)
     m = fn(data, batch=8, lr=0.01)
     m.compile(loss_names=["income", "married"], loss_weights=list(weights))
-    m.start_data_reading()              # the readers as usual: exact mode below is about the step only
+    m.start_data_reading()  # the readers as usual: exact mode below is about the step only
     compat.set_hugectr_exact(exact)
     try:
         assert m.train()
@@ -96,5 +97,5 @@ def test_hugectr_exact_weights_scale_only_the_reported_loss(tmp_path, on_device)
     on_device("cpu")
     g_one, loss_one = _mmoe_step(str(tmp_path / "a"), (1.0, 1.0), True)
     g, loss = _mmoe_step(str(tmp_path / "b"), (0.25, 2.0), True)
-    np.testing.assert_array_equal(g, g_one)                  # gradients ignore the weights
-    assert loss != pytest.approx(loss_one)                   # the reported loss does not
+    np.testing.assert_array_equal(g, g_one)  # gradients ignore the weights
+    assert loss != pytest.approx(loss_one)  # the reported loss does not

@@ -6,6 +6,7 @@ float64 central differences through numbactr's own tape, sim == cpu, and at mode
 v23.08 spelling of the same attention (3-input MHA, masked Softmax, 2-input MHA): the v23.12 BST graph
 (test/pybind_test/bst_fp32_1gpu.py, shrunk) trains bit for bit as that one does.
 """
+
 import json
 import math
 import warnings
@@ -31,7 +32,7 @@ def _inputs(b=2, lf=3, lt=4, heads=2, d=3, mask_rows=True, dtype=np.float32, rng
     k = rng.normal(size=(b, lt, heads * d)).astype(dtype)
     v = rng.normal(size=(b, lt, heads * d)).astype(dtype)
     mask = (rng.random((b, 1, lf if mask_rows else 1, lt)) < 0.6).astype(dtype)
-    mask[..., 0] = 1.0                                    # every query row keeps a key ...
+    mask[..., 0] = 1.0  # every query row keeps a key ...
     return q, k, v, mask
 
 
@@ -43,7 +44,7 @@ def _torch_attention(q, k, v, mask, heads):
     b, lf, hd = q.shape
     d = hd // heads
 
-    def split(x):                                         # (B, L, H*d) -> (B, H, L, d)
+    def split(x):  # (B, L, H*d) -> (B, H, L, d)
         return x.reshape(x.shape[0], x.shape[1], heads, d).transpose(1, 2)
 
     o = F.scaled_dot_product_attention(split(t[0]), split(t[1]), split(t[2]), attn_mask=-(1.0 - t[3]) * 10000.0)
@@ -56,10 +57,10 @@ def test_matches_torch_forward_and_backward(lf, lt, heads, d, mask_rows):
     torch = pytest.importorskip("torch")
     q, k, v, mask = _inputs(lf=lf, lt=lt, heads=heads, d=d, mask_rows=mask_rows)
     layer, (y,), grads = run_layer(MHA, [q, k, v, mask], ["o"], "cpu", num_attention_heads=heads)
-    assert layer.out_shapes == [(2, lf, heads * d)] and grads[3] is None      # the mask gets no gradient
+    assert layer.out_shapes == [(2, lf, heads * d)] and grads[3] is None  # the mask gets no gradient
     t, o = _torch_attention(q, k, v, mask, heads)
     np.testing.assert_allclose(y, o.detach().numpy(), rtol=2e-5, atol=2e-6)
-    dy = np.random.default_rng(0).normal(size=y.shape)    # run_layer's upstream gradient (seed 0)
+    dy = np.random.default_rng(0).normal(size=y.shape)  # run_layer's upstream gradient (seed 0)
     o.backward(torch.tensor(dy))
     for got, want in zip(grads[:3], t[:3]):
         np.testing.assert_allclose(got, want.grad.numpy(), rtol=1e-4, atol=1e-5)
@@ -72,7 +73,7 @@ def test_three_input_one_top_is_unmasked_attention(lf, lt):
     q, k, v, _ = _inputs(lf=lf, lt=lt, heads=2, d=3)
     layer, (y,), grads = run_layer(MHA, [q, k, v], ["o"], "cpu", num_attention_heads=2)
     assert layer.out_shapes == [(2, lf, 6)] and layer.mode == "attention" and not layer.masked
-    t, o = _torch_attention(q, k, v, np.ones((2, 1, 1, lt)), 2)      # a mask of ones masks nothing
+    t, o = _torch_attention(q, k, v, np.ones((2, 1, 1, lt)), 2)  # a mask of ones masks nothing
     np.testing.assert_allclose(y, o.detach().numpy(), rtol=2e-5, atol=2e-6)
     o.backward(torch.tensor(np.random.default_rng(0).normal(size=y.shape)))
     for got, want in zip(grads, t[:3]):
@@ -128,10 +129,12 @@ def test_gradient_check_float64_through_the_tape():
     assert o.data.dtype == np.float64
     tape.backward({id(o): (o, dy)})
     for i in range(3):
+
         def f(x, i=i):
             xs = [q, k, v, mask]
             xs[i] = x
             return forward(xs)[2].data
+
         # eps 1e-4: masked scores carry a -10000 offset, so a 1e-6 step would lose digits to cancellation.
         # atol 5e-6: the softmax backward y*(dy - sum dy*y) (HugeCTR's) is exact for e/sum(e); the 1e-6 HugeCTR
         # adds to the sum makes the max-shifted forward move by O(1e-6 * y) with the row max, which it ignores
@@ -147,11 +150,11 @@ def test_sim_kernels_match_cpu(mask_rows):
 def test_bad_input_fails_clearly():
     def model():
         m = _model(("unused", "unused"), [("hist", 4, 1)], 1, batch=8)
-        emb(m, "hist", "e", 4)                                            # (8, 4, 4)
+        emb(m, "hist", "e", 4)  # (8, 4, 4)
         D(m, L.SequenceMask, ["dense", "dense"], ["mask"], max_sequence_len_from=4, max_sequence_len_to=4)
-        D(m, L.InnerProduct, ["e"], ["q"], num_output=6)                  # (8, 4, 6)
+        D(m, L.InnerProduct, ["e"], ["q"], num_output=6)  # (8, 4, 6)
         D(m, L.InnerProduct, ["e"], ["k"], num_output=6)
-        D(m, L.Reshape, ["e"], ["e3"], shape=[-1, 2, 8])                  # (8, 2, 8)
+        D(m, L.Reshape, ["e"], ["e3"], shape=[-1, 2, 8])  # (8, 2, 8)
         D(m, L.SequenceMask, ["dense", "dense"], ["m43"], max_sequence_len_from=4, max_sequence_len_to=3)
         return m
 
@@ -161,7 +164,7 @@ def test_bad_input_fails_clearly():
     err = hugectr.ModelError
     with pytest.raises(err, match=r"expects 1 top tensor\(s\), got 2"):
         D(m, MHA, ["q", "k", "k", "mask"], ["o2", "o3"], num_attention_heads=3)
-    D(m, MHA, ["q", "k", "k"], ["o3"], num_attention_heads=3)          # v23.12's unmasked form
+    D(m, MHA, ["q", "k", "k"], ["o3"], num_attention_heads=3)  # v23.12's unmasked form
     assert m.shapes["o3"] == (8, 4, 6)
     with pytest.raises(err, match=r"must share B and H\*d.*'e3' \(8, 2, 8\)"):
         D(m, MHA, ["q", "e3", "e3"], ["o2"], num_attention_heads=3)
@@ -173,8 +176,11 @@ def test_bad_input_fails_clearly():
         D(m, MHA, ["q", "mask", "k", "mask"], ["o2"], num_attention_heads=3)
     with pytest.raises(err, match=r"must share B and H\*d.*'e3' \(8, 2, 8\)"):
         D(m, MHA, ["q", "k", "e3", "mask"], ["o2"], num_attention_heads=3)
-    with pytest.raises(err, match=r"mask 'm43' \(8, 1, 4, 3\) does not fit Q \(8, 4, 6\) and K \(8, 4, 6\): "
-                                  r"need \(8, 1, 4, 4\) or \(8, 1, 1, 4\)"):
+    with pytest.raises(
+        err,
+        match=r"mask 'm43' \(8, 1, 4, 3\) does not fit Q \(8, 4, 6\) and K \(8, 4, 6\): "
+        r"need \(8, 1, 4, 4\) or \(8, 1, 1, 4\)",
+    ):
         D(m, MHA, ["q", "k", "k", "m43"], ["o2"], num_attention_heads=3)
     with pytest.raises(err, match=r"mask 'e' \(8, 4, 4\) does not fit"):
         D(m, MHA, ["q", "k", "k", "e"], ["o2"], num_attention_heads=3)
@@ -190,14 +196,19 @@ def _bst(data, four_input: bool, masked: bool = True):
     """test/pybind_test/bst_fp32_1gpu.py (v23.12), shrunk; four_input=False spells the attention as v23.08
     did (scores, masked Softmax, values); masked=False drops the mask (v23.12's three-input form)."""
     m = _model(data, BST_IN, 1)
-    emb(m, "hist", "hist_emb", V)                                                  # (B, T, V)
+    emb(m, "hist", "hist_emb", V)  # (B, T, V)
     emb(m, "user", "user_emb", V)
     D(m, L.SequenceMask, ["dense", "dense"], ["sequence_mask"], max_sequence_len_from=T, max_sequence_len_to=T)
     for name in ("query_emb", "key_emb", "value_emb"):
-        D(m, L.InnerProduct, ["hist_emb"], [name], num_output=8)                   # (B, T, 8)
+        D(m, L.InnerProduct, ["hist_emb"], [name], num_output=8)  # (B, T, 8)
     if four_input:
-        D(m, MHA, ["query_emb", "key_emb", "value_emb"] + ["sequence_mask"] * masked, ["attention_out"],
-          num_attention_heads=H)
+        D(
+            m,
+            MHA,
+            ["query_emb", "key_emb", "value_emb"] + ["sequence_mask"] * masked,
+            ["attention_out"],
+            num_attention_heads=H,
+        )
     else:
         D(m, MHA, ["query_emb", "key_emb", "value_emb"], ["scores", "v4"], num_attention_heads=H)
         D(m, L.Softmax, ["scores", "sequence_mask"], ["probs"])
@@ -208,7 +219,7 @@ def _bst(data, four_input: bool, masked: bool = True):
     D(m, L.InnerProduct, ["attention_ffn1"], ["attention_ffn2"], num_output=8)
     D(m, L.Add, ["attention_ffn2", "attention_layer_norm"], ["attention_ffn_shortcut"])
     D(m, L.LayerNorm, ["attention_ffn_shortcut"], ["attention_ffn_layer_norm"])
-    D(m, L.ReduceMean, ["attention_ffn_layer_norm"], ["reduce"], axis=1)          # (B, 1, 8)
+    D(m, L.ReduceMean, ["attention_ffn_layer_norm"], ["reduce"], axis=1)  # (B, 1, 8)
     D(m, L.Reshape, ["reduce"], ["reshape_attention_out"], leading_dim=8)
     D(m, L.Reshape, ["user_emb"], ["reshape_user"], leading_dim=V)
     D(m, L.Concat, ["reshape_attention_out", "reshape_user"], ["concat"])
@@ -243,8 +254,10 @@ def test_bst_v23_12_graph_trains_as_the_v23_08_spelling(bst_data, tmp_path):
         ln, lo = _train(new, 5), _train(old, 5)
     assert ln == lo and np.isfinite(ln).all()
     np.testing.assert_array_equal(device.to_host(new.weights), device.to_host(old.weights))
-    np.testing.assert_array_equal(new.check_out_tensor("attention_out", hugectr.Tensor_t.Train),
-                                  old.check_out_tensor("attention_out", hugectr.Tensor_t.Train))
+    np.testing.assert_array_equal(
+        new.check_out_tensor("attention_out", hugectr.Tensor_t.Train),
+        old.check_out_tensor("attention_out", hugectr.Tensor_t.Train),
+    )
     # graph JSON: HugeCTR's keys; read back, the same graph trains the same
     p = str(tmp_path / "bst.json")
     new.graph_to_json(p)
@@ -252,9 +265,18 @@ def test_bst_v23_12_graph_trains_as_the_v23_08_spelling(bst_data, tmp_path):
     assert att["num_attention_heads"] == H and att["transpose_b"] is False and att["top"] == "attention_out"
     assert len(att["bottom"]) == 4 and att["bottom"][3] == "sequence_mask"
     s = new.solver
-    again = hugectr.Model(hugectr.CreateSolver(batchsize=s.batchsize, batchsize_eval=s.batchsize_eval, lr=s.lr,
-                                               vvgpu=[[0]], i64_input_key=True, seed=s.seed),
-                          new.reader_params, new.opt_params)
+    again = hugectr.Model(
+        hugectr.CreateSolver(
+            batchsize=s.batchsize,
+            batchsize_eval=s.batchsize_eval,
+            lr=s.lr,
+            vvgpu=[[0]],
+            i64_input_key=True,
+            seed=s.seed,
+        ),
+        new.reader_params,
+        new.opt_params,
+    )
     again.construct_from_json(p, include_dense_network=True)
     again.compile()
     p2 = str(tmp_path / "again.json")
@@ -271,6 +293,7 @@ def test_onnx_export_predicts_the_same(bst_data, tmp_path, capfd, masked):
     """numbactr's hugectr2onnx writes the v23.12 attention as ONNX ops; onnxruntime == numbactr."""
     pytest.importorskip("onnxruntime")
     from tests.test_onnx_converter import assert_same, convert, eval_batches, ragged_batch
+
     device.set_device("cpu")
     m = _bst(bst_data, True, masked)
     m.compile()

@@ -6,6 +6,7 @@ addition); the fp16-only graph forms of HugeCTR's DLRM fp16 samples (FusedInnerP
 two-top Interaction, the two-bottom MLP, GroupDenseLayer); and a model trained in mixed precision reaching
 the fp32 model's AUC on planted-signal data.
 """
+
 import os
 import warnings
 
@@ -34,18 +35,46 @@ def data(tmp_path_factory):
 
 
 def _model(data, mixed, scaler=1.0, opt=hugectr.Optimizer_t.Adam, lr=0.01, batch=32, dtype="float16"):
-    solver = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, max_eval_batches=2, lr=lr, vvgpu=[[0]],
-                                  i64_input_key=True, seed=3, use_mixed_precision=mixed, scaler=scaler,
-                                  mixed_precision_dtype=dtype)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[data[0]],
-                                      eval_source=data[1], check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=batch,
+        batchsize_eval=batch,
+        max_eval_batches=2,
+        lr=lr,
+        vvgpu=[[0]],
+        i64_input_key=True,
+        seed=3,
+        use_mixed_precision=mixed,
+        scaler=scaler,
+        mixed_precision_dtype=dtype,
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[data[0]],
+        eval_source=data[1],
+        check_type=hugectr.Check_t.Sum,
+    )
     o = hugectr.CreateOptimizer(optimizer_type=opt, update_type=hugectr.Update_t.Global)
     m = hugectr.Model(solver, reader, o)
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=DENSE, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, SLOTS)]))
-    m.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                  workspace_size_per_gpu_in_mb=1, embedding_vec_size=VEC, combiner="sum",
-                                  sparse_embedding_name="emb", bottom_name="data1", optimizer=o))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=DENSE,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, SLOTS)],
+        )
+    )
+    m.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=VEC,
+            combiner="sum",
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+            optimizer=o,
+        )
+    )
     return m
 
 
@@ -64,8 +93,11 @@ def fused_dlrm(data, mixed=True, **kw):
     m.add(hugectr.DenseLayer(L.Interaction, ["fc3", "emb"], ["inter", "inter_grad"]))
     m.add(hugectr.DenseLayer(fc, ["inter", "inter_grad"], _four("fc4"), num_output=16, pos_type=P.Head))
     m.add(hugectr.DenseLayer(fc, _four("fc4"), ["fc5"], num_output=8, pos_type=P.Tail))
-    m.add(hugectr.GroupDenseLayer(hugectr.GroupLayer_t.GroupFusedInnerProduct, ["fc5"], ["fc6", "fc7"], [4, 1],
-                                  last_act_type=A.Non))
+    m.add(
+        hugectr.GroupDenseLayer(
+            hugectr.GroupLayer_t.GroupFusedInnerProduct, ["fc5"], ["fc6", "fc7"], [4, 1], last_act_type=A.Non
+        )
+    )
     m.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["fc7", "label"], ["loss"]))
     m.compile()
     return m
@@ -107,7 +139,7 @@ def _emb_weights(m):
 # ---- the Solver ------------------------------------------------------------------------------------
 def test_solver_accepts_mixed_precision_and_tf32():
     with warnings.catch_warnings():
-        warnings.simplefilter("error")              # no "numbactr has no mixed precision" warning any more
+        warnings.simplefilter("error")  # no "numbactr has no mixed precision" warning any more
         hugectr.CreateSolver(use_mixed_precision=True, scaler=1024)
         hugectr.CreateSolver(enable_tf32_compute=True)
     with pytest.raises(ValueError, match="use_mixed_precision and enable_tf32_compute cannot both be True"):
@@ -123,7 +155,7 @@ def test_activations_half_master_weights_float32(data, cpu):
     t = m._last_tensors[True]
     for name in ("dense", "fc1", "fc3", "emb", "inter", "inter_grad", "fc5", "fc7"):
         assert t[name].data.dtype == np.float16, name
-    assert t["inter_grad"] is t["inter"]                         # the two-top Interaction's second top
+    assert t["inter_grad"] is t["inter"]  # the two-top Interaction's second top
     assert t["label"].data.dtype == np.float32 and t["loss"].data.dtype == np.float32
     assert m.weights.dtype == np.float32 and m.wgrads.dtype == np.float32
     assert m.embeddings[0].weight.data.dtype == np.float32
@@ -189,13 +221,13 @@ def test_loss_scale_prevents_fp16_gradient_underflow(data, cpu):
         _train(m, 1)
         deltas[(mixed, scaler)] = m.weights[fc1_w] - before
     ref = deltas[(False, 1.0)]
-    assert np.abs(ref).max() > 1e-9                      # fp32: fc1 moves (by ~1e-8-sized steps)
-    assert np.all(deltas[(True, 1.0)] == 0)              # unscaled fp16: the gradient flushed to zero
+    assert np.abs(ref).max() > 1e-9  # fp32: fc1 moves (by ~1e-8-sized steps)
+    assert np.all(deltas[(True, 1.0)] == 0)  # unscaled fp16: the gradient flushed to zero
     np.testing.assert_allclose(deltas[(True, 1024.0)], ref, rtol=2e-2, atol=1e-3 * np.abs(ref).max())
 
 
 def test_overflow_skips_the_step_and_warns(data, cpu):
-    m = fused_dlrm(data, scaler=1e30)                   # scaled loss gradient beyond float16's 65504
+    m = fused_dlrm(data, scaler=1e30)  # scaled loss gradient beyond float16's 65504
     m.start_data_reading()
     w0 = np.array(m.weights, copy=True)
     # what the table holds after the step's lookup inserted its new keys but no update ran: the same model
@@ -204,14 +236,17 @@ def test_overflow_skips_the_step_and_warns(data, cpu):
     frozen.freeze_embedding()
     _train(frozen, 1)
     e0 = _emb_weights(frozen)
-    with pytest.warns(precision.GradientOverflowWarning, match=r"iteration 1's gradients overflowed float16 "
-                                                               r"at scaler=1e\+30; its update was skipped"):
+    with pytest.warns(
+        precision.GradientOverflowWarning,
+        match=r"iteration 1's gradients overflowed float16 "
+        r"at scaler=1e\+30; its update was skipped",
+    ):
         assert m.train()
     assert m.skipped_steps == 1 and m.step == 1
-    assert np.isfinite(m.get_current_loss())            # the loss itself was fine: no FloatingPointError
+    assert np.isfinite(m.get_current_loss())  # the loss itself was fine: no FloatingPointError
     np.testing.assert_array_equal(m.weights, w0)
     np.testing.assert_array_equal(_emb_weights(m), e0)
-    assert m.dense_optimizer.t == 0                      # Adam's step count (bias correction) did not move
+    assert m.dense_optimizer.t == 0  # Adam's step count (bias correction) did not move
     # the same model at a sane scale trains normally (nothing skipped, weights move)
     ok = fused_dlrm(data, scaler=1024)
     with warnings.catch_warnings():
@@ -233,14 +268,18 @@ def test_nonfinite_loss_still_raises(data, cpu):
 def test_fp16_graph_forms_equal_fp32_layers(data, cpu):
     fused, plain = fused_dlrm(data, mixed=True), plain_dlrm(data, mixed=False)
     assert fused.n_params == plain.n_params
-    np.testing.assert_array_equal(fused.weights, plain.weights)     # same layers, same init order
+    np.testing.assert_array_equal(fused.weights, plain.weights)  # same layers, same init order
     lf, lp = _train(fused, 4), _train(plain, 4)
     np.testing.assert_allclose(lf, lp, rtol=1e-2, atol=2e-3)
     np.testing.assert_allclose(fused.weights, plain.weights, rtol=2e-2, atol=2e-3)
     for name in ("fc3", "inter", "fc7"):
-        np.testing.assert_allclose(fused.check_out_tensor(name, hugectr.Tensor_t.Train),
-                                   plain.check_out_tensor(name, hugectr.Tensor_t.Train), rtol=2e-2, atol=2e-2)
-    assert lf[-1] < lf[0]                                            # it trains
+        np.testing.assert_allclose(
+            fused.check_out_tensor(name, hugectr.Tensor_t.Train),
+            plain.check_out_tensor(name, hugectr.Tensor_t.Train),
+            rtol=2e-2,
+            atol=2e-2,
+        )
+    assert lf[-1] < lf[0]  # it trains
 
 
 def test_two_bottom_mlp_equals_one_bottom(data, cpu):
@@ -248,11 +287,19 @@ def test_two_bottom_mlp_equals_one_bottom(data, cpu):
         m = _model(data, mixed, scaler=1024 if mixed else 1.0)
         m.add(hugectr.DenseLayer(L.MLP, ["dense"], ["bot"], num_outputs=[6, VEC]))
         m.add(hugectr.DenseLayer(L.Interaction, ["bot", "emb"], ["inter", "inter_grad"] if two else ["inter"]))
-        m.add(hugectr.DenseLayer(L.MLP, ["inter", "inter_grad"] if two else ["inter"], ["top"],
-                                 num_outputs=[8, 1], activations=[A.Relu, A.Non]))
+        m.add(
+            hugectr.DenseLayer(
+                L.MLP,
+                ["inter", "inter_grad"] if two else ["inter"],
+                ["top"],
+                num_outputs=[8, 1],
+                activations=[A.Relu, A.Non],
+            )
+        )
         m.add(hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["top", "label"], ["loss"]))
         m.compile()
         return m
+
     two, one = build(True, True), build(False, False)
     np.testing.assert_allclose(_train(two, 3), _train(one, 3), rtol=1e-2, atol=2e-3)
     with pytest.raises(hugectr.ModelError, match="second bottom 'fc' .* must have the first's shape"):
@@ -294,36 +341,73 @@ def test_mixed_precision_on_sim_matches_cpu(data, on_device, monkeypatch):
         monkeypatch.setenv("NUMBACTR_HALF_KERNELS", native)
         on_device(dev)
         m = fused_dlrm(data, scaler=1024, batch=16)
-        res[dev + native] = (_train(m, 2), np.array(device.to_host(m.weights)),
-                             m._last_tensors[True]["inter"].data.dtype)
+        res[dev + native] = (
+            _train(m, 2),
+            np.array(device.to_host(m.weights)),
+            m._last_tensors[True]["inter"].data.dtype,
+        )
     assert res["sim0"][2] == res["sim1"][2] == np.float16
     np.testing.assert_allclose(res["sim0"][0], res["cpu0"][0], rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(res["sim0"][1], res["cpu0"][1], rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(res["sim1"][0], res["sim0"][0], rtol=5e-3, atol=5e-4)
     np.testing.assert_allclose(res["sim1"][1], res["sim0"][1], rtol=1e-2, atol=1e-3)
-    assert not np.array_equal(res["sim1"][1], res["sim0"][1])     # the float16 kernels did run
+    assert not np.array_equal(res["sim1"][1], res["sim0"][1])  # the float16 kernels did run
 
 
 # ---- AUC on planted-signal data ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    return make_planted_dataset(str(tmp_path_factory.mktemp("mp_planted")), 16384, 4096, dense_dim=4,
-                                slot_sizes=[50, 30, 20, 40], files=(1, 1), calibration_samples=5000)
+    return make_planted_dataset(
+        str(tmp_path_factory.mktemp("mp_planted")),
+        16384,
+        4096,
+        dense_dim=4,
+        slot_sizes=[50, 30, 20, 40],
+        files=(1, 1),
+        calibration_samples=5000,
+    )
 
 
 def _planted_model(ds, mixed):
-    solver = hugectr.CreateSolver(batchsize=256, batchsize_eval=1024, max_eval_batches=4, lr=0.01, vvgpu=[[0]],
-                                  i64_input_key=True, seed=1, use_mixed_precision=mixed,
-                                  scaler=1024 if mixed else 1.0)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[ds.train_list],
-                                      eval_source=ds.eval_list, check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=256,
+        batchsize_eval=1024,
+        max_eval_batches=4,
+        lr=0.01,
+        vvgpu=[[0]],
+        i64_input_key=True,
+        seed=1,
+        use_mixed_precision=mixed,
+        scaler=1024 if mixed else 1.0,
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[ds.train_list],
+        eval_source=ds.eval_list,
+        check_type=hugectr.Check_t.Sum,
+    )
     opt = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.Adam)
     m = hugectr.Model(solver, reader, opt)
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=4, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 4)]))
-    m.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                  workspace_size_per_gpu_in_mb=1, embedding_vec_size=8, combiner="sum",
-                                  sparse_embedding_name="emb", bottom_name="data1", optimizer=opt))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=4,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 4)],
+        )
+    )
+    m.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=8,
+            combiner="sum",
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+            optimizer=opt,
+        )
+    )
     m.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc1"], num_output=8))
     m.add(hugectr.DenseLayer(L.ReLU, ["fc1"], ["r1"]))
     m.add(hugectr.DenseLayer(L.Interaction, ["r1", "emb"], ["inter"]))
@@ -340,7 +424,7 @@ def test_mixed_precision_auc_matches_fp32(planted, cpu):
         m.fit(max_iter=192, display=1000, eval_interval=10000)
         assert m.skipped_steps == 0
         aucs[mixed] = dict(m.eval_whole_source())["AUC"]
-    assert aucs[False] > 0.70                                    # it learned the planted signal
+    assert aucs[False] > 0.70  # it learned the planted signal
     assert abs(aucs[True] - aucs[False]) < 0.002, aucs
 
 
@@ -349,6 +433,7 @@ def _fake_cupy(monkeypatch, capability):
     """A stand-in for CuPy's modules (this machine has no GPU): records set_compute_type calls."""
     import sys
     import types
+
     calls = []
     linalg = types.SimpleNamespace(COMPUTE_TYPE_TF32=7, set_compute_type=lambda dt, ct: calls.append((dt, ct)))
     core = types.ModuleType("cupy._core")
@@ -371,8 +456,8 @@ def test_enable_tf32_sets_cupys_float32_compute_type(monkeypatch):
     # CUPY_TF32 at the next product) and CUPY_TF32 is as it was
     assert "no longer use TF32" in precision.disable_tf32()
     assert calls == [(np.float32, 7), (np.float32, 0)] and "CUPY_TF32" not in os.environ
-    assert precision.disable_tf32() == "" and len(calls) == 2     # TF32 was not numbactr's: nothing to undo
-    monkeypatch.setenv("CUPY_TF32", "1")                          # the user's own setting is kept
+    assert precision.disable_tf32() == "" and len(calls) == 2  # TF32 was not numbactr's: nothing to undo
+    monkeypatch.setenv("CUPY_TF32", "1")  # the user's own setting is kept
     precision.enable_tf32()
     precision.disable_tf32()
     assert os.environ["CUPY_TF32"] == "1"
@@ -380,7 +465,7 @@ def test_enable_tf32_sets_cupys_float32_compute_type(monkeypatch):
     calls.clear()
     assert precision.set_tf32(True) and precision.set_tf32(True) == "" and calls == [(np.float32, 7)]
     assert precision.set_tf32(False) and precision.set_tf32(False) == "" and calls[-1] == (np.float32, 0)
-    calls = _fake_cupy(monkeypatch, "70")                        # Volta: no TF32, nothing set
+    calls = _fake_cupy(monkeypatch, "70")  # Volta: no TF32, nothing set
     assert "has no TF32" in precision.enable_tf32() and calls == []
     precision.disable_tf32()
 
@@ -389,9 +474,10 @@ def test_tf32_has_no_effect_on_cpu(data, cpu, monkeypatch):
     monkeypatch.setattr(precision, "enable_tf32", lambda: pytest.fail("enable_tf32 called on the cpu device"))
     m = _model(data, False)
     assert m.solver.enable_tf32_compute is False
-    solver = hugectr.CreateSolver(batchsize=32, batchsize_eval=32, vvgpu=[[0]], i64_input_key=True,
-                                  enable_tf32_compute=True)
-    hugectr.Model(solver, m.reader_params, m.opt_params)       # cpu: accepted, nothing to switch
+    solver = hugectr.CreateSolver(
+        batchsize=32, batchsize_eval=32, vvgpu=[[0]], i64_input_key=True, enable_tf32_compute=True
+    )
+    hugectr.Model(solver, m.reader_params, m.opt_params)  # cpu: accepted, nothing to switch
 
 
 # ---- every sample graph --------------------------------------------------------------------------------------
@@ -400,12 +486,14 @@ def test_sample_graphs_train_in_mixed_precision(name, tmp_path, cpu, monkeypatch
     """HugeCTR's sample graphs (tests/sample_graphs.py: MultiCross, FmOrder2, BatchNorm, Dropout, attention,
     several losses, ...) in mixed precision follow their fp32 losses to fp16 accuracy."""
     from tests import sample_graphs
+
     create = hugectr.CreateSolver
     losses = {}
     for mixed in (False, True):
         if mixed:
-            monkeypatch.setattr(hugectr, "CreateSolver",
-                                lambda **kw: create(**kw, use_mixed_precision=True, scaler=1024))
+            monkeypatch.setattr(
+                hugectr, "CreateSolver", lambda **kw: create(**kw, use_mixed_precision=True, scaler=1024)
+            )
         m = sample_graphs.build(name, str(tmp_path / str(mixed)))
         losses[mixed] = _train(m, 3)
         assert m.eval() and m.skipped_steps == 0
@@ -416,12 +504,12 @@ def test_sample_graphs_train_in_mixed_precision(name, tmp_path, cpu, monkeypatch
 
 
 # ---- the overflow skip decided on the device (gpu, sim): no host read in the step ---------------------
-SCALERS = (1024.0, 1e30, 1024.0, 1e30, 1e30, 1024.0)        # 1e30: the scaled gradients overflow float16
+SCALERS = (1024.0, 1e30, 1024.0, 1e30, 1e30, 1024.0)  # 1e30: the scaled gradients overflow float16
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")     # the simulator's inf - inf
-@pytest.mark.parametrize("opt", [hugectr.Optimizer_t.SGD, hugectr.Optimizer_t.Adam])   # Adam: Global's all-rows pass
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the simulator's inf - inf
+@pytest.mark.parametrize("opt", [hugectr.Optimizer_t.SGD, hugectr.Optimizer_t.Adam])  # Adam: Global's all-rows pass
 def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device, opt, monkeypatch):
     """On the kernels' devices an overflowed step shuts a gate that every update kernel reads (dense and the
     embedding's fused update and all-rows pass; Update_t.Global): no host read in the step, and the model
@@ -431,9 +519,10 @@ def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device
     import dataclasses
 
     from numbactr.kernels import launch
+
     on_device("sim")
     dev, host = (plain_dlrm(data, mixed=True, opt=opt, batch=4) for _ in range(2))
-    gated = overflow.overflow_on_device          # the host's decision: one read of the flag per step
+    gated = overflow.overflow_on_device  # the host's decision: one read of the flag per step
     monkeypatch.setattr(overflow, "overflow_on_device", lambda model: model is not host and gated(model))
     assert overflow.overflow_on_device(dev)
     for m in (dev, host):
@@ -444,7 +533,7 @@ def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device
         before = np.array(dev.weights, copy=True)
         launch.reset_counts()
         with warnings.catch_warnings():
-            warnings.simplefilter("error", precision.GradientOverflowWarning)   # none yet: nothing was read
+            warnings.simplefilter("error", precision.GradientOverflowWarning)  # none yet: nothing was read
             assert dev.train()
         assert launch.reset_counts()["host_reads"] == 0, f"step {i + 1}"
         # the gate shut: the dense weights did not move (the lookup's new keys took their initial rows)
@@ -453,20 +542,23 @@ def test_overflow_skipped_on_the_device_equals_the_host_decision(data, on_device
             assert host.train()
         np.testing.assert_array_equal(dev.weights, host.weights, err_msg=f"step {i + 1}")
         np.testing.assert_array_equal(_emb_weights(dev), _emb_weights(host), err_msg=f"step {i + 1}")
-    assert dev._skipped == 0                              # not read yet
-    with pytest.warns(precision.GradientOverflowWarning, match=r"the gradients of 3 step\(s\) up to iteration 6 "
-                                                               r"overflowed float16 .* \(3 skipped so far\)"):
+    assert dev._skipped == 0  # not read yet
+    with pytest.warns(
+        precision.GradientOverflowWarning,
+        match=r"the gradients of 3 step\(s\) up to iteration 6 "
+        r"overflowed float16 .* \(3 skipped so far\)",
+    ):
         assert dev.skipped_steps == 3
     assert host.skipped_steps == 3 and dev.step == host.step == 6
     np.testing.assert_array_equal(dev.weights, host.weights)
     np.testing.assert_array_equal(_emb_weights(dev), _emb_weights(host))
     for a, b in zip(dev.dense_optimizer.states, host.dense_optimizer.states):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert dev.embeddings[0].engine.step == host.embeddings[0].engine.step == 3     # the steps that updated
+    assert dev.embeddings[0].engine.step == host.embeddings[0].engine.step == 3  # the steps that updated
     assert dev.dense_optimizer.t == host.dense_optimizer.t == (3 if opt == hugectr.Optimizer_t.Adam else 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", precision.GradientOverflowWarning)
-        dev.check_deferred()                              # nothing new: no second warning
+        dev.check_deferred()  # nothing new: no second warning
     # a second round after the read: the device's t goes on from the host's corrected count
     for scaler in (1e30, 1024.0):
         for m in (dev, host):

@@ -2,6 +2,7 @@
 and an overflowed step is skipped on EVERY rank (the ranks agree through one allreduce), so no rank applies
 a sparse update the others dropped. Each run is its own mpiexec process with a timeout (tests/mpi/mixed_run.py).
 """
+
 import os
 import pathlib
 import subprocess

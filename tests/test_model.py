@@ -1,4 +1,5 @@
 """Model level: a tiny DLRM through the HugeCTR API trains on cpu; sim (real kernels) matches cpu."""
+
 import numpy as np
 import pytest
 
@@ -23,8 +24,10 @@ def test_tiny_dlrm_learns_on_cpu(data, on_device):
     assert auc > 0.8, auc
 
 
-@pytest.mark.parametrize("optimizer,update", [(hugectr.Optimizer_t.Adam, hugectr.Update_t.Global),
-                                              (hugectr.Optimizer_t.SGD, hugectr.Update_t.Local)])
+@pytest.mark.parametrize(
+    "optimizer,update",
+    [(hugectr.Optimizer_t.Adam, hugectr.Update_t.Global), (hugectr.Optimizer_t.SGD, hugectr.Update_t.Local)],
+)
 def test_one_step_on_sim_matches_cpu(data, on_device, optimizer, update):
     if not device._numba_simulated():
         pytest.skip("needs the simulator")
@@ -34,10 +37,15 @@ def test_one_step_on_sim_matches_cpu(data, on_device, optimizer, update):
         model = tiny_dlrm(*data, batch=16, optimizer=optimizer, update=update, lr=0.05)
         assert model.train()
         emb = model.embeddings[0]
-        states[dev] = (model.get_current_loss(), np.array(model.weights), np.array(emb.weight.data),
-                       emb.table.size, np.array(emb.table.find(np.arange(9))))
+        states[dev] = (
+            model.get_current_loss(),
+            np.array(model.weights),
+            np.array(emb.weight.data),
+            emb.table.size,
+            np.array(emb.table.find(np.arange(9))),
+        )
     (l0, w0, p0, n0, r0), (l1, w1, p1, n1, r1) = states["cpu"], states["sim"]
-    assert n0 == n1 and np.array_equal(r0, r1)            # same keys -> same rows
+    assert n0 == n1 and np.array_equal(r0, r1)  # same keys -> same rows
     assert l0 == pytest.approx(l1, rel=1e-5)
     np.testing.assert_allclose(w1, w0, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(p1, p0, rtol=1e-4, atol=1e-6)
@@ -58,11 +66,19 @@ def test_loss_falls_through_the_real_kernels_on_sim(data, on_device):
 def _model(tmp, **solver):
     tr, ev = tmp
     s = hugectr.CreateSolver(batchsize=8, batchsize_eval=8, i64_input_key=True, **solver)
-    r = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev,
-                                 check_type=hugectr.Check_t.Sum)
+    r = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev, check_type=hugectr.Check_t.Sum
+    )
     m = hugectr.Model(s, r, hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)]))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, 3)],
+        )
+    )
     return m
 
 
@@ -70,8 +86,9 @@ def test_bad_graphs_fail_at_add_with_names(data):
     m = _model(data)
     L = hugectr.Layer_t
     with pytest.raises(hugectr.ModelError, match="SparseEmbedding 'e'.*bottom_name 'dense' is not a sparse input"):
-        m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum",
-                                      "e", "dense"))
+        m.add(
+            hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 1, 4, "sum", "e", "dense")
+        )
     with pytest.raises(hugectr.ModelError, match="bottom tensor 'nope' does not exist"):
         m.add(hugectr.DenseLayer(L.ReLU, ["nope"], ["r"]))
     with pytest.raises(hugectr.ModelError, match="is a sparse input"):
@@ -112,20 +129,22 @@ def test_workspace_too_small_for_the_keys_names_the_workspace_needed(data):
     tr, ev = data
     m = _model(data)
     # 3 slots x 6 keys = 18 rows needed; 300 bytes of workspace holds 2 rows of width 4 with Adam
-    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 300 / 2 ** 20, 4,
-                                  "sum", "emb", "data1"))
+    m.add(
+        hugectr.SparseEmbedding(
+            hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash, 300 / 2**20, 4, "sum", "emb", "data1"
+        )
+    )
     m.add(hugectr.DenseLayer(hugectr.Layer_t.Reshape, ["emb"], ["flat"], leading_dim=12))
     m.add(hugectr.DenseLayer(hugectr.Layer_t.InnerProduct, ["flat"], ["fc"], num_output=1))
     m.add(hugectr.DenseLayer(hugectr.Layer_t.BinaryCrossEntropyLoss, ["fc", "label"], ["loss"]))
     m.compile()
     with pytest.raises(RuntimeError, match=r"embedding table full.*'emb'.*workspace_size_per_gpu_in_mb"):
         m.train()
-        m.check_deferred()        # a kernel device (sim, gpu) keeps the error until its next check point
+        m.check_deferred()  # a kernel device (sim, gpu) keeps the error until its next check point
 
 
 def test_lr_schedule_matches_hugectr_formula():
-    s = hugectr.LearningRateScheduler(1.0, warmup_steps=2, decay_start=4, decay_steps=2, decay_power=2.0,
-                                      end_lr=0.1)
+    s = hugectr.LearningRateScheduler(1.0, warmup_steps=2, decay_start=4, decay_steps=2, decay_power=2.0, end_lr=0.1)
     got = [s.get_next() for _ in range(7)]
     assert got == pytest.approx([0.5, 1.0, 1.0, 1.0, 0.25, 0.1, 0.1])
 
@@ -133,32 +152,44 @@ def test_lr_schedule_matches_hugectr_formula():
 def test_localized_slot_size_array_sets_the_capacity(data, on_device):
     on_device("cpu")
     m = _model(data)
-    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash, 0, 4, "sum", "emb",
-                                  "data1", slot_size_array=[6, 6, 6]))
-    assert m.embeddings[0].max_rows == 18                      # wins over workspace_size_per_gpu_in_mb=0
+    m.add(
+        hugectr.SparseEmbedding(
+            hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash, 0, 4, "sum", "emb", "data1", slot_size_array=[6, 6, 6]
+        )
+    )
+    assert m.embeddings[0].max_rows == 18  # wins over workspace_size_per_gpu_in_mb=0
     with pytest.raises(ValueError, match="slot_size_array needs one positive size per slot"):
         m2 = _model(data)
-        m2.add(hugectr.SparseEmbedding(hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash, 0, 4, "sum", "e",
-                                       "data1", slot_size_array=[6, 6]))
+        m2.add(
+            hugectr.SparseEmbedding(
+                hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash, 0, 4, "sum", "e", "data1", slot_size_array=[6, 6]
+            )
+        )
 
 
 def test_several_embeddings_each_with_its_own_optimizer_and_freeze(tmp_path, on_device):
     """Wide&Deep-style: two embeddings, one with its own SGD; freezing one leaves its rows unchanged."""
     from tests.sample_graphs import make_data, wdl
+
     on_device("cpu")
     data = make_data(str(tmp_path), [("wide_data", 2, 1), ("deep_data", 3, 1)])
     m = wdl(data)
-    wide = m.embeddings[0]                  # rebuilt with its own SGD, as SparseEmbedding(optimizer=...) builds it
-    m.embeddings[0] = make_embedding(wide.cfg, m.input.sparse[m.sparse_inputs[wide.cfg.bottom_name]],
-                                     hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD), m.solver.seed)
+    wide = m.embeddings[0]  # rebuilt with its own SGD, as SparseEmbedding(optimizer=...) builds it
+    m.embeddings[0] = make_embedding(
+        wide.cfg,
+        m.input.sparse[m.sparse_inputs[wide.cfg.bottom_name]],
+        hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD),
+        m.solver.seed,
+    )
     m.compile()
     m.train()
     m.freeze_embedding("sparse_embedding2")
     before = np.array(m.embeddings[0].weight.data)
     deep_before = np.array(m.embeddings[1].weight.data)
     m.train()
-    np.testing.assert_array_equal(m.embeddings[0].weight.data[:m.embeddings[0].table.size],
-                                  before[:m.embeddings[0].table.size])
+    np.testing.assert_array_equal(
+        m.embeddings[0].weight.data[: m.embeddings[0].table.size], before[: m.embeddings[0].table.size]
+    )
     assert not np.array_equal(m.embeddings[1].weight.data, deep_before)
     m.unfreeze_embedding()
     m.train()
@@ -176,8 +207,11 @@ def test_one_step_on_gpu_matches_cpu(data, on_device):
         model = tiny_dlrm(*data, batch=64, lr=0.05)
         for _ in range(3):
             assert model.train()
-        states[dev] = (model.get_current_loss(), device.to_host(model.weights),
-                       device.to_host(model.embeddings[0].weight.data))
+        states[dev] = (
+            model.get_current_loss(),
+            device.to_host(model.weights),
+            device.to_host(model.embeddings[0].weight.data),
+        )
     (l0, w0, p0), (l1, w1, p1) = states["cpu"], states["gpu"]
     assert l1 == pytest.approx(l0, rel=1e-4)
     np.testing.assert_allclose(w1, w0, rtol=1e-3, atol=1e-5)

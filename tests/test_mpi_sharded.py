@@ -4,6 +4,7 @@ Each run is its own mpiexec process (tests/mpi/run_tiny.py), so a failure or han
 timeout; the comparison happens here. Batch 12 splits evenly over 2 and 3 ranks; 3 slots and 18 keys
 spread unevenly over 2 ranks (Localized: slots 0,2 on rank 0, slot 1 on rank 1).
 """
+
 import os
 import pathlib
 import subprocess
@@ -30,8 +31,20 @@ def run(tmp, ranks, data, emb, opt, update, steps=5, fail_at=-1, timeout=240):
     out = tmp / f"r{ranks}_{emb}_{opt}_{update}.npz"
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM",)}
     env["NUMBACTR_DEVICE"] = "cpu"
-    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "run_tiny.py"), str(out), *data,
-           emb, opt, update, str(steps), str(fail_at)]
+    cmd = [
+        MPIEXEC,
+        "-n",
+        str(ranks),
+        sys.executable,
+        str(HERE / "mpi" / "run_tiny.py"),
+        str(out),
+        *data,
+        emb,
+        opt,
+        update,
+        str(steps),
+        str(fail_at),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
     return r, out
 
@@ -40,7 +53,9 @@ def run(tmp, ranks, data, emb, opt, update, steps=5, fail_at=-1, timeout=240):
 # optimizer code, so two representative optimizers each keep the suite short
 COMBOS = [("DistributedSlotSparseEmbeddingHash", o.name, u.name) for o, u in sorted(SUPPORTED, key=str)]
 COMBOS += [(emb, "SGD", "Local") for emb in ("LocalizedSlotSparseEmbeddingHash", "LocalizedSlotSparseEmbeddingOneHot")]
-COMBOS += [(emb, "Adam", "Global") for emb in ("LocalizedSlotSparseEmbeddingHash", "LocalizedSlotSparseEmbeddingOneHot")]
+COMBOS += [
+    (emb, "Adam", "Global") for emb in ("LocalizedSlotSparseEmbeddingHash", "LocalizedSlotSparseEmbeddingOneHot")
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +69,21 @@ def all_combos(tmp_path_factory, data):
         folder = tmp_path_factory.mktemp(f"combos{ranks}")
         env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM",)}
         env["NUMBACTR_DEVICE"] = "cpu"
-        cmd = [MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "run_tiny.py"), str(folder), *data,
-               *lists, "5"]
-        runs[ranks] = (subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900,
-                                      stdin=subprocess.DEVNULL), folder)
+        cmd = [
+            MPIEXEC,
+            "-n",
+            str(ranks),
+            sys.executable,
+            str(HERE / "mpi" / "run_tiny.py"),
+            str(folder),
+            *data,
+            *lists,
+            "5",
+        ]
+        runs[ranks] = (
+            subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, stdin=subprocess.DEVNULL),
+            folder,
+        )
     return runs
 
 
@@ -68,25 +94,25 @@ def test_sharded_equals_one_rank(all_combos, emb, opt, update):
     for ranks in (1, 2, 3):
         r, folder = all_combos[ranks]
         out = folder / f"{emb}_{opt}_{update}.npz"
-        assert out.exists(), (f"mpiexec -n {ranks} (exit {r.returncode}) wrote no {out.name}:\n"
-                              f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+        assert out.exists(), (
+            f"mpiexec -n {ranks} (exit {r.returncode}) wrote no {out.name}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        )
         results[ranks] = dict(np.load(out))
     one = results[1]
     for ranks in (2, 3):
         got = results[ranks]
-        np.testing.assert_allclose(got["emb_out"], one["emb_out"], rtol=1e-6, atol=1e-7)     # forward
-        np.testing.assert_allclose(got["wgrad"], one["wgrad"], rtol=1e-4, atol=1e-7)         # dense grads
-        np.testing.assert_allclose(got["losses"], one["losses"], rtol=1e-5)                  # loss per step
-        np.testing.assert_allclose(got["weights"], one["weights"], rtol=1e-4, atol=1e-6)     # dense weights
-        np.testing.assert_array_equal(got["keys"], one["keys"])                             # same keys...
-        np.testing.assert_allclose(got["vecs"], one["vecs"], rtol=1e-4, atol=1e-6)           # ...same rows
-        assert got["auc"] == pytest.approx(float(one["auc"]), abs=1e-3)       # preds equal to ~1e-6
+        np.testing.assert_allclose(got["emb_out"], one["emb_out"], rtol=1e-6, atol=1e-7)  # forward
+        np.testing.assert_allclose(got["wgrad"], one["wgrad"], rtol=1e-4, atol=1e-7)  # dense grads
+        np.testing.assert_allclose(got["losses"], one["losses"], rtol=1e-5)  # loss per step
+        np.testing.assert_allclose(got["weights"], one["weights"], rtol=1e-4, atol=1e-6)  # dense weights
+        np.testing.assert_array_equal(got["keys"], one["keys"])  # same keys...
+        np.testing.assert_allclose(got["vecs"], one["vecs"], rtol=1e-4, atol=1e-6)  # ...same rows
+        assert got["auc"] == pytest.approx(float(one["auc"]), abs=1e-3)  # preds equal to ~1e-6
 
 
 @pytest.mark.mpi
 def test_one_rank_dying_aborts_the_job_promptly(tmp_path, data):
-    r, _ = run(tmp_path, 2, data, "DistributedSlotSparseEmbeddingHash", "SGD", "Local", steps=4, fail_at=2,
-               timeout=120)
+    r, _ = run(tmp_path, 2, data, "DistributedSlotSparseEmbeddingHash", "SGD", "Local", steps=4, fail_at=2, timeout=120)
     assert r.returncode != 0
     assert "planted failure on rank 1 at step 2" in r.stderr
     assert "aborting the job" in r.stderr

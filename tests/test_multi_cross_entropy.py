@@ -7,8 +7,7 @@ from numbactr.kernels import multi_cross_entropy as mce
 from tests.gradcheck import assert_grad_close
 from tests.kernel_util import dev, f32_arrays, host
 
-EXTREMES = np.array([80.0, -80.0, 1e4, -1e4, 0.0, 1e-3, -1e-3, 17.0, -17.0, 88.8, -88.8, 1e30],
-                    np.float32)
+EXTREMES = np.array([80.0, -80.0, 1e4, -1e4, 0.0, 1e-3, -1e-3, 17.0, -17.0, 88.8, -88.8, 1e30], np.float32)
 
 
 @st.composite
@@ -18,7 +17,7 @@ def batch(draw, max_rows=16, max_targets=5):
     x = draw(f32_arrays((n, t), -20.0, 20.0))
     y = draw(f32_arrays((n, t), 0.0, 1.0))
     ignored = draw(f32_arrays((n, t), 0.0, 1.0)) < 0.3
-    y = np.where(ignored, np.float32(-1.0), y).astype(np.float32)        # some labels missing
+    y = np.where(ignored, np.float32(-1.0), y).astype(np.float32)  # some labels missing
     tw = draw(f32_arrays((t,), 0.0, 3.0))
     b = draw(st.integers(0, n))
     scale = draw(st.floats(1e-3, 10.0))
@@ -31,14 +30,22 @@ def _run(x, y, tw, b, scale, kernel=None, grid=None):
     if kernel is None:
         mce.multi_cross_entropy_forward_backward(dev(x), dev(y), dev(tw), dx, loss_out, b, scale)
     else:
-        kernel[grid](dev(x).reshape(-1), dev(y).reshape(-1), dev(tw), dx.reshape(-1), loss_out,
-                     np.int64(b * x.shape[1]), np.float32(scale))
+        kernel[grid](
+            dev(x).reshape(-1),
+            dev(y).reshape(-1),
+            dev(tw),
+            dx.reshape(-1),
+            loss_out,
+            np.int64(b * x.shape[1]),
+            np.float32(scale),
+        )
     return float(host(loss_out)[0]), host(dx)
 
 
 def _check(x, y, tw, b, scale, got_sum, got_dx, rtol=1e-5):
-    mean, dx = mce.multi_cross_entropy_forward_backward_ref(x.astype(np.float64), y.astype(np.float64),
-                                                            tw.astype(np.float64), b, scale)
+    mean, dx = mce.multi_cross_entropy_forward_backward_ref(
+        x.astype(np.float64), y.astype(np.float64), tw.astype(np.float64), b, scale
+    )
     np.testing.assert_allclose(got_sum, mean * b * x.shape[1], rtol=rtol, atol=1e-4)
     np.testing.assert_allclose(got_dx, dx, rtol=rtol, atol=1e-7 * scale * max(1.0, float(tw.max())))
     assert np.all(got_dx[b:] == 0.0)
@@ -60,11 +67,11 @@ def test_mce_known_values_ignored_labels_count_in_normalization():
     y = np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -0.6]], np.float32)
     tw = np.array([1.0, 2.0, 0.5], np.float32)
     got_sum, got_dx = _run(x, y, tw, 2, 1.0 / 6)
-    softplus = lambda v: np.log1p(np.exp(v))                                   # noqa: E731
+    softplus = lambda v: np.log1p(np.exp(v))  # noqa: E731
     want = softplus(0.0) + 0.5 * softplus(-3.0) + softplus(1.0) + 2.0 * softplus(-1.0)
     np.testing.assert_allclose(got_sum, want, rtol=1e-6)
     mean, _ = mce.multi_cross_entropy_forward_backward_ref(x, y, tw, 2, 1.0)
-    np.testing.assert_allclose(mean, want / 6, rtol=1e-6)                     # / (b*T), ignored included
+    np.testing.assert_allclose(mean, want / 6, rtol=1e-6)  # / (b*T), ignored included
     assert got_dx[0, 1] == 0.0 and got_dx[1, 2] == 0.0
     np.testing.assert_allclose(got_dx[0, 0], (0.5 - 1.0) / 6, rtol=1e-6)
     # label -0.5 itself is NOT ignored (HugeCTR: label < -0.5)
@@ -87,8 +94,7 @@ def test_mce_in_place_and_wrapper_validation():
     tw = np.array([1.0, 2.0], np.float32)
     buf = dev(x)
     mce.multi_cross_entropy_forward_backward(buf, dev(y), dev(tw), buf, dev(np.zeros(1, np.float32)), 1, 0.5)
-    np.testing.assert_allclose(host(buf), mce.multi_cross_entropy_forward_backward_ref(x, y, tw, 1, 0.5)[1],
-                               rtol=1e-6)
+    np.testing.assert_allclose(host(buf), mce.multi_cross_entropy_forward_backward_ref(x, y, tw, 1, 0.5)[1], rtol=1e-6)
     z = np.zeros((2, 3), np.float32)
     with pytest.raises(ValueError, match="valid rows"):
         mce.multi_cross_entropy_forward_backward(z, z, np.ones(3, np.float32), z, np.zeros(1, np.float32), 3, 1.0)
@@ -106,9 +112,9 @@ def test_mce_reference_gradient():
     rng = np.random.default_rng(2)
     x = rng.normal(scale=3.0, size=(6, 3))
     y = rng.uniform(size=(6, 3))
-    y[0, 1] = y[3, 2] = -1.0                                  # ignored
+    y[0, 1] = y[3, 2] = -1.0  # ignored
     tw = np.array([1.0, 0.3, 2.0])
-    b = 5                                                     # row 5 is padding
+    b = 5  # row 5 is padding
     _, dx = mce.multi_cross_entropy_forward_backward_ref(x, y, tw, b, 1.0 / (b * 3))
 
     def mean_loss(xx):
@@ -118,8 +124,13 @@ def test_mce_reference_gradient():
 
 
 @pytest.mark.gpu
-@given(n=st.integers(1, 20_000), t=st.integers(1, 16), frac=st.floats(0.0, 1.0),
-       tpb=st.sampled_from([32, 256, 1024]), seed=st.integers(0, 2**32 - 1))
+@given(
+    n=st.integers(1, 20_000),
+    t=st.integers(1, 16),
+    frac=st.floats(0.0, 1.0),
+    tpb=st.sampled_from([32, 256, 1024]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_mce_on_gpu(n, t, frac, tpb, seed):
     rng = np.random.default_rng(seed)
     x = (rng.normal(size=(n, t)) * 10).astype(np.float32)
@@ -131,7 +142,8 @@ def test_mce_on_gpu(n, t, frac, tpb, seed):
     dx = dev(np.full((n, t), np.nan, np.float32))
     loss_out = dev(np.zeros(1, np.float32))
     mce.multi_cross_entropy_forward_backward(dev(x), dev(y), dev(tw), dx, loss_out, b, scale, threads=tpb)
-    mean, want = mce.multi_cross_entropy_forward_backward_ref(x.astype(np.float64), y.astype(np.float64),
-                                                              tw.astype(np.float64), b, scale)
+    mean, want = mce.multi_cross_entropy_forward_backward_ref(
+        x.astype(np.float64), y.astype(np.float64), tw.astype(np.float64), b, scale
+    )
     np.testing.assert_allclose(float(host(loss_out)[0]), mean * b * t, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(host(dx), want, rtol=1e-4, atol=1e-9)

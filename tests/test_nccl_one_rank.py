@@ -13,6 +13,7 @@ two GPUs or more) cannot reach on a one-GPU machine.
   ``recv(recvbuf, count, datatype, peer, stream)``, ``groupStart()`` / ``groupEnd()``) and that moves the bytes
   the calls describe: argument order, element counts and data types are checked here without a GPU.
 """
+
 import ctypes
 import json
 import os
@@ -27,7 +28,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PARTS = ("init", "allreduce", "alltoallv", "stream", "errors", "graph")
-SKIP = 77                       # the child's exit code when NCCL is not there to test
+SKIP = 77  # the child's exit code when NCCL is not there to test
 
 
 # -- on a GPU ---------------------------------------------------------------------------------------------------
@@ -37,11 +38,17 @@ def gpu_run(tmp_path_factory):
     env = dict(os.environ, NUMBACTR_DEVICE="gpu", PYTHONPATH=ROOT)
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     env.setdefault("NCCL_DEBUG", "WARN")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), str(out)], capture_output=True, text=True,
-                       timeout=300, env=env, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     if p.returncode == SKIP:
         pytest.skip(p.stdout.strip().splitlines()[-1])
-    parts = json.loads(out.read_text()) if out.exists() else {}      # written after each part: a crash keeps them
+    parts = json.loads(out.read_text()) if out.exists() else {}  # written after each part: a crash keeps them
     tail = f"rc {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
     return {k: parts.get(k, f"not reached: the child ended (rc {p.returncode})") for k in PARTS}, tail
 
@@ -81,11 +88,15 @@ def _child(path: str) -> int:
 
     try:
         from mpi4py import MPI
+
         mpi, how = MPI.COMM_SELF, "mpi4py COMM_SELF"
     except ImportError:
         mpi, how = _OneRank(), "one-rank stub (no mpi4py)"
-    print(f"NCCL {nccl.get_version()} (built {nccl.get_build_version()}), CuPy {cp.__version__}, {how}, "
-          f"{device.describe()}", flush=True)
+    print(
+        f"NCCL {nccl.get_version()} (built {nccl.get_build_version()}), CuPy {cp.__version__}, {how}, "
+        f"{device.describe()}",
+        flush=True,
+    )
     results = {}
     state = {}
 
@@ -94,10 +105,11 @@ def _child(path: str) -> int:
             try:
                 fn()
                 results[name] = "ok"
-            except BaseException:       # noqa: BLE001 (every part reports)
+            except BaseException:  # noqa: BLE001 (every part reports)
                 results[name] = traceback.format_exc()[-3000:]
             print(f"part {name}: {'ok' if results[name] == 'ok' else 'FAILED'}", flush=True)
             _write(path, results)
+
         return run
 
     @part("init")
@@ -121,7 +133,7 @@ def _child(path: str) -> int:
             for shape in ((1001,), (37, 5), (1,), (0,)):
                 host = (rng.standard_normal(shape) * 100).astype(dt)
                 if dt == np.int64:
-                    host = host * (1 << 40)             # beyond 32 bits: the count and type are right
+                    host = host * (1 << 40)  # beyond 32 bits: the count and type are right
                 x = cp.asarray(host)
                 assert nc.allreduce_sum(x) is x
                 cp.cuda.get_current_stream().synchronize()
@@ -131,8 +143,14 @@ def _child(path: str) -> int:
     def _alltoallv():
         keys_h = (np.uint64(1) << np.uint64(63)) | rng.integers(0, 2**62, 4099, dtype=np.uint64)
         rows_h = rng.standard_normal((4099, 16)).astype(np.float32)
-        for host in (keys_h, rows_h, rows_h[:0], keys_h[:0], rows_h.astype(np.float16),
-                     rng.integers(-128, 127, (33, 3), dtype=np.int8)):
+        for host in (
+            keys_h,
+            rows_h,
+            rows_h[:0],
+            keys_h[:0],
+            rows_h.astype(np.float16),
+            rng.integers(-128, 127, (33, 3), dtype=np.int8),
+        ):
             got = nc.alltoallv([cp.asarray(host)], [host.shape[0]])
             assert len(got) == 1 and isinstance(got[0], cp.ndarray)
             assert got[0].shape == host.shape and got[0].dtype == host.dtype
@@ -148,7 +166,7 @@ def _child(path: str) -> int:
         cp.cuda.get_current_stream().synchronize()
         with s:
             assert cp.cuda.get_current_stream().ptr == s.ptr == nc._stream()
-            y = src * 2                                  # queued on s, before the NCCL calls on s
+            y = src * 2  # queued on s, before the NCCL calls on s
             nc.allreduce_sum(y)
             got = nc.alltoallv([y], [y.shape[0]])[0]
         s.synchronize()
@@ -156,9 +174,11 @@ def _child(path: str) -> int:
 
     @part("errors")
     def _errors():
-        for bad, kind, words in ((cp.zeros(4, dtype=cp.bool_), TypeError, "dtype bool"),
-                                 (cp.zeros(4, dtype=cp.complex64), TypeError, "dtype complex64"),
-                                 (cp.zeros((4, 4), dtype=cp.float32)[:, 1], ValueError, "C-contiguous")):
+        for bad, kind, words in (
+            (cp.zeros(4, dtype=cp.bool_), TypeError, "dtype bool"),
+            (cp.zeros(4, dtype=cp.complex64), TypeError, "dtype complex64"),
+            (cp.zeros((4, 4), dtype=cp.float32)[:, 1], ValueError, "C-contiguous"),
+        ):
             try:
                 nc.allreduce_sum(bad)
             except kind as e:
@@ -180,7 +200,7 @@ def _child(path: str) -> int:
         src = cp.arange(1 << 16, dtype=cp.float32)
         keys = cp.asarray((np.uint64(1) << np.uint64(63)) | np.arange(1000, dtype=np.uint64))
         rows = cp.asarray(rng.standard_normal((1000, 8)).astype(np.float32))
-        (src * 2).sum()                                  # the kernels compiled and loaded before the capture
+        (src * 2).sum()  # the kernels compiled and loaded before the capture
         cp.cuda.get_current_stream().synchronize()
         s = cp.cuda.Stream(non_blocking=True)
         pool = cp.cuda.MemoryPool()
@@ -190,7 +210,7 @@ def _child(path: str) -> int:
                 y = src * 2
                 nc.allreduce_sum(y)
                 got_keys = nc.alltoallv([keys], [1000])[0]
-                got_empty = nc.alltoallv([rows[:0]], [0])[0]        # no NCCL call: nothing captured
+                got_empty = nc.alltoallv([rows[:0]], [0])[0]  # no NCCL call: nothing captured
                 got_rows = nc.alltoallv([rows], [1000])[0]
             finally:
                 graph = s.end_capture()
@@ -234,9 +254,20 @@ def _fake_cupy(calls):
     """(cupy, cupy.cuda.nccl) stand-ins: NCCL's enum values from cupy_backends/cuda/libs/nccl.pxd, the methods
     with CuPy's argument lists, p2p queued in a group and moved at groupEnd (as NCCL does)."""
     sizes = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8}
-    nccl = types.SimpleNamespace(NCCL_SUM=0, NCCL_INT8=0, NCCL_UINT8=1, NCCL_INT32=2, NCCL_UINT32=3, NCCL_INT64=4,
-                                 NCCL_UINT64=5, NCCL_FLOAT16=6, NCCL_FLOAT32=7, NCCL_FLOAT64=8, NCCL_BFLOAT16=9,
-                                 available=True)
+    nccl = types.SimpleNamespace(
+        NCCL_SUM=0,
+        NCCL_INT8=0,
+        NCCL_UINT8=1,
+        NCCL_INT32=2,
+        NCCL_UINT32=3,
+        NCCL_INT64=4,
+        NCCL_UINT64=5,
+        NCCL_FLOAT16=6,
+        NCCL_FLOAT32=7,
+        NCCL_FLOAT64=8,
+        NCCL_BFLOAT16=9,
+        available=True,
+    )
     group = {"depth": 0, "sends": [], "recvs": []}
 
     def check(stream, datatype, count, *ptrs):
@@ -254,7 +285,7 @@ def _fake_cupy(calls):
             check(stream, datatype, count, sendbuf, recvbuf)
             assert op == nccl.NCCL_SUM
             calls.append(("allReduce", count, datatype))
-            ctypes.memmove(recvbuf, sendbuf, count * sizes[datatype])   # one rank: the sum is the input
+            ctypes.memmove(recvbuf, sendbuf, count * sizes[datatype])  # one rank: the sum is the input
 
         def send(self, sendbuf, count, datatype, peer, stream):
             check(stream, datatype, count, sendbuf)
@@ -287,11 +318,15 @@ def _fake_cupy(calls):
     nccl.get_unique_id = lambda: b"uid" * 43
     nccl.get_version = lambda: 22703
     cuda = types.SimpleNamespace(
-        nccl=nccl, get_current_stream=lambda: types.SimpleNamespace(ptr=1234),
-        Device=lambda *a: types.SimpleNamespace(id=0))
+        nccl=nccl,
+        get_current_stream=lambda: types.SimpleNamespace(ptr=1234),
+        Device=lambda *a: types.SimpleNamespace(id=0),
+    )
     cupy = types.SimpleNamespace(
-        cuda=cuda, ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_Arr),
-        empty=lambda shape, dtype: np.empty(shape, dtype).view(_Arr))
+        cuda=cuda,
+        ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_Arr),
+        empty=lambda shape, dtype: np.empty(shape, dtype).view(_Arr),
+    )
     return cupy, nccl
 
 
@@ -307,6 +342,7 @@ def fake_nccl(monkeypatch):
 
 def test_nccl_calls_follow_cupys_signatures(fake_nccl):
     from numbactr.distributed import nccl as N
+
     assert N.importable()
     ids = []
     nc = N.NcclComm(_OneRank(), bcast=lambda obj, root: ids.append((obj, root)) or obj)
@@ -315,31 +351,31 @@ def test_nccl_calls_follow_cupys_signatures(fake_nccl):
     want = x.copy()
     assert nc.allreduce_sum(x) is x
     np.testing.assert_array_equal(x, want)
-    assert fake_nccl[-1] == ("allReduce", 1001, 4)               # count in elements, NCCL_INT64
-    nc.allreduce_sum(np.zeros((0,), np.float32).view(_Arr))      # nothing to reduce: no call
+    assert fake_nccl[-1] == ("allReduce", 1001, 4)  # count in elements, NCCL_INT64
+    nc.allreduce_sum(np.zeros((0,), np.float32).view(_Arr))  # nothing to reduce: no call
     assert fake_nccl[-1] == ("allReduce", 1001, 4)
     keys = ((np.uint64(1) << np.uint64(63)) | np.arange(77, dtype=np.uint64)).view(_Arr)
     got = nc.alltoallv([keys], [77])
     np.testing.assert_array_equal(got[0], keys)
-    assert fake_nccl[-2:] == [("send", 77, 5, 0), ("recv", 77, 5, 0)]   # NCCL_UINT64
+    assert fake_nccl[-2:] == [("send", 77, 5, 0), ("recv", 77, 5, 0)]  # NCCL_UINT64
     rows = np.arange(77 * 16, dtype=np.float32).reshape(77, 16).view(_Arr)
     got = nc.alltoallv([rows], [77])
     assert got[0].shape == (77, 16)
     np.testing.assert_array_equal(got[0], rows)
-    assert fake_nccl[-2:] == [("send", 77 * 16, 7, 0), ("recv", 77 * 16, 7, 0)]   # elements, NCCL_FLOAT32
+    assert fake_nccl[-2:] == [("send", 77 * 16, 7, 0), ("recv", 77 * 16, 7, 0)]  # elements, NCCL_FLOAT32
     n = len(fake_nccl)
-    got = nc.alltoallv([rows[:0]], [0])                          # a zero-row part: no send, no receive
+    got = nc.alltoallv([rows[:0]], [0])  # a zero-row part: no send, no receive
     assert got[0].shape == (0, 16) and len(fake_nccl) == n
     half = rows.astype(np.float16).view(_Arr)
     np.testing.assert_array_equal(nc.alltoallv([half], [77])[0], half)
-    assert fake_nccl[-1] == ("recv", 77 * 16, 6, 0)              # NCCL_FLOAT16
+    assert fake_nccl[-1] == ("recv", 77 * 16, 6, 0)  # NCCL_FLOAT16
     with pytest.raises(TypeError, match="dtype bool"):
         nc.allreduce_sum(np.zeros(3, bool).view(_Arr))
     with pytest.raises(ValueError, match="C-contiguous"):
         nc.allreduce_sum(np.zeros((4, 4), np.float32).view(_Arr)[:, 1])
     nc.close()
     assert fake_nccl[-1] == ("destroy",)
-    nc.close()                                                   # once only
+    nc.close()  # once only
     assert fake_nccl.count(("destroy",)) == 1
 
 

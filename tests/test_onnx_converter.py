@@ -23,6 +23,7 @@ layer numbactr builds):
 Batches: the model's eval batches, and ragged ones of another size with keys the tables do not hold
 and empty bags (padded with -1).
 """
+
 import json
 import os
 
@@ -92,10 +93,13 @@ def ragged_batch(m, rng, rows, unseen=True):
         keys = rng.choice(known, int(nnz.sum()))
         if unseen and e.table is not None:
             miss = rng.random(keys.shape[0]) < 0.2
-            keys[miss] = 10 ** 7 + rng.integers(0, 100, int(miss.sum()))
+            keys[miss] = 10**7 + rng.integers(0, 100, int(miss.sum()))
         sparse.append((keys, np.concatenate([[0], np.cumsum(nnz)]).astype(np.int64)))
-    return Batch(np.zeros((rows, m.input.label_dim), np.float32),
-                 rng.normal(0, 1, (rows, m.input.dense_dim)).astype(np.float32), sparse)
+    return Batch(
+        np.zeros((rows, m.input.label_dim), np.float32),
+        rng.normal(0, 1, (rows, m.input.dense_dim)).astype(np.float32),
+        sparse,
+    )
 
 
 def mean_graph(data):
@@ -113,8 +117,11 @@ def trained(name, folder):
     """A tiny model of graph ``name`` after a few training steps."""
     if name.startswith("dlrm"):
         tr, ev = tiny_data(folder, n_train=128, n_eval=64)
-        emb = (hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot if name == "dlrm_onehot"
-               else hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash)
+        emb = (
+            hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot
+            if name == "dlrm_onehot"
+            else hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash
+        )
         m = tiny_dlrm(tr, ev, batch=32, embedding=emb)
     elif name == "mean":
         m = mean_graph(sample_graphs.make_data(folder, [("data1", 2, 3)], dense=3))
@@ -144,7 +151,7 @@ def test_trained_graph_predicts_the_same_under_onnxruntime(tmp_path, cpu, capfd,
     m = trained(name, str(tmp_path))
     capfd.readouterr()
     predictor = convert(m, str(tmp_path))
-    assert "onnxruntime" not in capfd.readouterr().err          # no onnxruntime warning (unused initializers, ...)
+    assert "onnxruntime" not in capfd.readouterr().err  # no onnxruntime warning (unused initializers, ...)
     for batch in eval_batches(m):
         assert_same(m, predictor, batch)
     rng = np.random.default_rng(1)
@@ -157,70 +164,104 @@ def test_export_predictions_equal_onnxruntime(tmp_path, cpu):
     m = trained("dcn", str(tmp_path))
     predictor = convert(m, str(tmp_path))
     batch = eval_batches(m, 1)[0]
-    m._eval_reader = None                          # eval() reads the same first batch
+    m._eval_reader = None  # eval() reads the same first batch
     assert m.eval()
     m.export_predictions(str(tmp_path / "pred.txt"), str(tmp_path / "label.txt"))
     exported = np.array((tmp_path / "pred.txt").read_text().split(), np.float64)
-    got = predictor.predict_batch(batch)["label"][:batch.size, 0]
+    got = predictor.predict_batch(batch)["label"][: batch.size, 0]
     np.testing.assert_allclose(got, exported, rtol=1e-5, atol=1e-6)
 
 
 # ---- every other layer type ------------------------------------------------------------------------
-ZOO_ROWS = 4            # GRU's batchsize and the rows Gather reads
+ZOO_ROWS = 4  # GRU's batchsize and the rows Gather reads
 
 
 def zoo_model(folder):
     """Every layer type the sample graphs leave out, on random weights (no training: set below)."""
     solver = hugectr.CreateSolver(batchsize=ZOO_ROWS, batchsize_eval=ZOO_ROWS, i64_input_key=True, vvgpu=[[0]])
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=["unused"],
-                                      eval_source="unused", check_type=hugectr.Check_t.Sum)
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=["unused"],
+        eval_source="unused",
+        check_type=hugectr.Check_t.Sum,
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer())
-    m.add(hugectr.Input(label_dims=[1, 1, 2], label_names=["y_bce", "y_ce", "y_mce"], dense_dim=6, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("keys", 3, False, 3),
-                                                        hugectr.DataReaderSparseParam("onehot", 1, True, 2)]))
+    m.add(
+        hugectr.Input(
+            label_dims=[1, 1, 2],
+            label_names=["y_bce", "y_ce", "y_mce"],
+            dense_dim=6,
+            dense_name="dense",
+            data_reader_sparse_param_array=[
+                hugectr.DataReaderSparseParam("keys", 3, False, 3),
+                hugectr.DataReaderSparseParam("onehot", 1, True, 2),
+            ],
+        )
+    )
     m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.LocalizedSlotSparseEmbeddingHash, 1, 4, "mean", "emb", "keys"))
-    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot, 1, 4, "sum", "oh", "onehot",
-                                  slot_size_array=[5, 7]))
+    m.add(
+        hugectr.SparseEmbedding(
+            hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot, 1, 4, "sum", "oh", "onehot", slot_size_array=[5, 7]
+        )
+    )
 
     def d(t, bottoms, tops, **kw):
         m.add(hugectr.DenseLayer(t, bottoms, tops, **kw))
-    d(L.Reshape, ["emb"], ["sel"], selected=True, selected_slots=[2, 0])              # (B, 8)
-    d(L.Reshape, ["emb"], ["steps"], leading_dim=4, time_step=3)                       # (B, 3, 4)
-    d(L.Concat, ["emb", "steps"], ["wide3"], axis=2)                                  # (B, 3, 8)
-    d(L.Concat, ["emb", "oh"], ["tall3"], axis=1)                                     # (B, 5, 4)
-    d(L.FusedReshapeConcat, ["emb", "steps"], ["item", "ad"])                         # (B*2, 8), (B, 8)
-    d(L.FusedReshapeConcatGeneral, ["steps", "wide3"], ["rows12"])                    # (B*3, 12)
-    d(L.Select, ["tall3"], ["picked"], dim=1, index=[4, 0, 0])                         # (B, 3, 4)
-    d(L.Reshape, ["wide3"], ["rhs"], shape=[-1, 4, 6])                                # (B, 4, 6)
-    d(L.MatrixMultiply, ["picked", "rhs"], ["mm"])                                    # (B, 3, 6)
-    d(L.ReduceMean, ["mm"], ["mm_mean"], axis=2)                                      # (B, 3, 1)
-    d(L.Reshape, ["mm_mean"], ["mm_flat"], leading_dim=3)                             # (B, 3)
-    d(L.ReduceSum, ["rows12"], ["rows_sum"], axis=1)                                  # (B*3, 1)
-    d(L.Reshape, ["rows_sum"], ["rows_flat"], leading_dim=3)                          # (B, 3)
-    d(L.Reshape, ["item"], ["item_flat"], leading_dim=16)                             # (B, 16)
-    d(L.InnerProduct, ["dense"], ["lhs"], num_output=4)                               # (B, 4)
-    d(L.Reshape, ["tall3"], ["tall_t"], shape=[-1, 4, 5])                             # (B, 4, 5): rhs of a 2-D x 3-D
-    d(L.Reshape, ["lhs"], ["lhs4"], shape=[-1, ZOO_ROWS])                             # (B, B): needs B rows of rhs
-    d(L.MatrixMultiply, ["lhs4", "tall_t"], ["mm23"])                                 # (B, 4, 5)
+
+    d(L.Reshape, ["emb"], ["sel"], selected=True, selected_slots=[2, 0])  # (B, 8)
+    d(L.Reshape, ["emb"], ["steps"], leading_dim=4, time_step=3)  # (B, 3, 4)
+    d(L.Concat, ["emb", "steps"], ["wide3"], axis=2)  # (B, 3, 8)
+    d(L.Concat, ["emb", "oh"], ["tall3"], axis=1)  # (B, 5, 4)
+    d(L.FusedReshapeConcat, ["emb", "steps"], ["item", "ad"])  # (B*2, 8), (B, 8)
+    d(L.FusedReshapeConcatGeneral, ["steps", "wide3"], ["rows12"])  # (B*3, 12)
+    d(L.Select, ["tall3"], ["picked"], dim=1, index=[4, 0, 0])  # (B, 3, 4)
+    d(L.Reshape, ["wide3"], ["rhs"], shape=[-1, 4, 6])  # (B, 4, 6)
+    d(L.MatrixMultiply, ["picked", "rhs"], ["mm"])  # (B, 3, 6)
+    d(L.ReduceMean, ["mm"], ["mm_mean"], axis=2)  # (B, 3, 1)
+    d(L.Reshape, ["mm_mean"], ["mm_flat"], leading_dim=3)  # (B, 3)
+    d(L.ReduceSum, ["rows12"], ["rows_sum"], axis=1)  # (B*3, 1)
+    d(L.Reshape, ["rows_sum"], ["rows_flat"], leading_dim=3)  # (B, 3)
+    d(L.Reshape, ["item"], ["item_flat"], leading_dim=16)  # (B, 16)
+    d(L.InnerProduct, ["dense"], ["lhs"], num_output=4)  # (B, 4)
+    d(L.Reshape, ["tall3"], ["tall_t"], shape=[-1, 4, 5])  # (B, 4, 5): rhs of a 2-D x 3-D
+    d(L.Reshape, ["lhs"], ["lhs4"], shape=[-1, ZOO_ROWS])  # (B, B): needs B rows of rhs
+    d(L.MatrixMultiply, ["lhs4", "tall_t"], ["mm23"])  # (B, 4, 5)
     d(L.Reshape, ["mm23"], ["mm23_flat"], leading_dim=20)
     d(L.BatchNorm, ["dense"], ["bn"], factor=0.5, eps=1e-4)
     d(L.ELU, ["bn"], ["elu"], elu_alpha=0.7)
     d(L.Sigmoid, ["elu"], ["sig"])
     d(L.Cast, ["sig"], ["cast"])
     d(L.ReLUHalf, ["dense"], ["rh"])
-    d(L.Concat, ["sel", "cast", "rh", "ad", "mm_flat", "rows_flat", "item_flat", "mm23_flat"], ["feat"])   # (B, 70)
-    d(L.MLP, ["feat"], ["mlp"], num_outputs=[12, 8], activations=[hugectr.Activation_t.Relu,
-                                                                  hugectr.Activation_t.Non], biases=[True, False])
+    d(L.Concat, ["sel", "cast", "rh", "ad", "mm_flat", "rows_flat", "item_flat", "mm23_flat"], ["feat"])  # (B, 70)
+    d(
+        L.MLP,
+        ["feat"],
+        ["mlp"],
+        num_outputs=[12, 8],
+        activations=[hugectr.Activation_t.Relu, hugectr.Activation_t.Non],
+        biases=[True, False],
+    )
     d(L.FusedInnerProduct, ["mlp"], ["h0", "h1", "h2", "h3"], num_output=8, pos_type=hugectr.FcPosition_t.Head)
-    d(L.FusedInnerProduct, ["h0", "h1", "h2", "h3"], ["b0", "b1", "b2", "b3"], num_output=8,
-      pos_type=hugectr.FcPosition_t.Body)
-    d(L.FusedInnerProduct, ["b0", "b1", "b2", "b3"], ["tail"], num_output=6, pos_type=hugectr.FcPosition_t.Tail,
-      act_type=hugectr.Activation_t.Non)
+    d(
+        L.FusedInnerProduct,
+        ["h0", "h1", "h2", "h3"],
+        ["b0", "b1", "b2", "b3"],
+        num_output=8,
+        pos_type=hugectr.FcPosition_t.Body,
+    )
+    d(
+        L.FusedInnerProduct,
+        ["b0", "b1", "b2", "b3"],
+        ["tail"],
+        num_output=6,
+        pos_type=hugectr.FcPosition_t.Tail,
+        act_type=hugectr.Activation_t.Non,
+    )
     d(L.MultiCross, ["tail"], ["mc2"], num_layers=2, projection_dim=3)
     d(L.GRU, ["steps"], ["gru"], num_output=3, batchsize=ZOO_ROWS, SeqLength=3, vector_size=4)  # (B, 3, 3)
     d(L.Reshape, ["gru"], ["gru_flat"], leading_dim=9)
-    d(L.Gather, ["gru_flat"], ["reordered"], indices=[3, 2, 1, 0])                     # (4, 9)
-    d(L.Concat, ["mc2", "reordered"], ["head_in"])                                   # (B, 15)
+    d(L.Gather, ["gru_flat"], ["reordered"], indices=[3, 2, 1, 0])  # (4, 9)
+    d(L.Concat, ["mc2", "reordered"], ["head_in"])  # (B, 15)
     d(L.InnerProduct, ["head_in"], ["logit1"], num_output=1)
     d(L.InnerProduct, ["head_in"], ["logit2"], num_output=2)
     d(L.InnerProduct, ["head_in"], ["logit3"], num_output=2)
@@ -229,7 +270,7 @@ def zoo_model(folder):
     d(L.MultiCrossEntropyLoss, ["logit3", "y_mce"], ["l3"], target_weight_vec=[1.0, 0.5])
     m.compile()
     rng = np.random.default_rng(0)
-    m.weights[...] = rng.normal(0, 0.5, m.weights.shape).astype(np.float32)        # every weight non-trivial
+    m.weights[...] = rng.normal(0, 0.5, m.weights.shape).astype(np.float32)  # every weight non-trivial
     bn = next(layer for layer in m.layers if layer.type_name == "BatchNorm")
     bn.load_ntp_entry({"mean": rng.normal(0, 1, 6).tolist(), "var": rng.uniform(0.5, 2, 6).tolist()})
     keys = np.arange(100, 130, dtype=np.uint64)
@@ -240,11 +281,16 @@ def zoo_model(folder):
 def zoo_batch(rng, keys, rows=ZOO_ROWS):
     nnz = rng.integers(0, 4, rows * 3)
     k = rng.choice(keys.astype(np.int64), int(nnz.sum()))
-    k[rng.random(k.shape[0]) < 0.2] = 7                                       # not in the table
+    k[rng.random(k.shape[0]) < 0.2] = 7  # not in the table
     onehot = np.stack([rng.integers(0, 5, rows), rng.integers(5, 12, rows)], 1).reshape(-1)
-    return Batch(np.zeros((rows, 4), np.float32), rng.normal(0, 1, (rows, 6)).astype(np.float32),
-                 [(k, np.concatenate([[0], np.cumsum(nnz)]).astype(np.int64)),
-                  (onehot, np.arange(rows * 2 + 1, dtype=np.int64))])
+    return Batch(
+        np.zeros((rows, 4), np.float32),
+        rng.normal(0, 1, (rows, 6)).astype(np.float32),
+        [
+            (k, np.concatenate([[0], np.cumsum(nnz)]).astype(np.int64)),
+            (onehot, np.arange(rows * 2 + 1, dtype=np.int64)),
+        ],
+    )
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["numbactr", "hugectr_exact"])
@@ -265,6 +311,7 @@ def test_every_other_layer_type_predicts_the_same(tmp_path, cpu, capfd, exact):
 def test_every_layer_type_is_covered(tmp_path, cpu):
     """The graphs above use every layer type numbactr builds, and the converter writes each of them."""
     from numbactr.layers import REGISTRY
+
     used = set()
     for name in TRAINED:
         folder = tmp_path / name
@@ -288,18 +335,19 @@ def test_hashed_uint64_keys_use_a_hash_map(tmp_path, cpu):
     m = trained("wdl", str(tmp_path))
     rng = np.random.default_rng(3)
     e = m.embeddings[1]
-    keys = rng.integers(2 ** 40, 2 ** 63, 15, dtype=np.int64).astype(np.uint64)
-    keys[0] = np.uint64(2 ** 64 - 2)                                     # a key whose int64 is negative
+    keys = rng.integers(2**40, 2**63, 15, dtype=np.int64).astype(np.uint64)
+    keys[0] = np.uint64(2**64 - 2)  # a key whose int64 is negative
     e.load(keys, rng.normal(0, 1, (15, e.vec)).astype(np.float32), None)
     predictor = convert(m, str(tmp_path))
     ops = {n.op_type for n in predictor_model(tmp_path).graph.node}
-    assert "LabelEncoder" in ops and "Clip" in ops                        # one table each way
+    assert "LabelEncoder" in ops and "Clip" in ops  # one table each way
     batch = ragged_batch(m, rng, 9)
     assert_same(m, predictor, batch)
 
 
 def predictor_model(folder):
     import onnx
+
     return onnx.load(str(folder / "m.onnx"))
 
 
@@ -340,7 +388,7 @@ def test_large_models_keep_their_tensors_beside_the_file(tmp_path, cpu, monkeypa
     m = trained("dcn", str(tmp_path))
     monkeypatch.setattr(export, "MAX_INLINE_BYTES", 1024)
     predictor = convert(m, str(tmp_path))
-    assert (tmp_path / "m.onnx.data").stat().st_size >= 1024                 # the tables went there
+    assert (tmp_path / "m.onnx.data").stat().st_size >= 1024  # the tables went there
     assert_same(m, predictor, eval_batches(m, 1)[0])
 
 
@@ -375,17 +423,19 @@ def test_clear_errors_for_missing_and_malformed_files(tmp_path, cpu):
     bad.write_text("{nope")
     with pytest.raises(ValueError, match="bad.json.*not valid JSON"):
         conv(out, str(bad), dense, True, sparse)
-    short = tmp_path / "short_dense.model"                   # a file that is not this graph's weights
+    short = tmp_path / "short_dense.model"  # a file that is not this graph's weights
     short.write_bytes(open(dense, "rb").read()[:-8])
-    with pytest.raises(ValueError, match=f"short_dense.model.*holds {os.path.getsize(short)} bytes; this model "
-                                         f"needs exactly {m.n_params * 4}"):
+    with pytest.raises(
+        ValueError,
+        match=f"short_dense.model.*holds {os.path.getsize(short)} bytes; this model needs exactly {m.n_params * 4}",
+    ):
         conv(out, graph, str(short), True, sparse)
-    vec = os.path.join(sparse[0], "emb_vector")              # a table one float short
+    vec = os.path.join(sparse[0], "emb_vector")  # a table one float short
     with open(vec, "rb+") as f:
         f.truncate(os.path.getsize(vec) - 4)
     with pytest.raises(ValueError, match="emb_vector"):
         conv(out, graph, dense, True, sparse)
-    assert not os.path.exists(out)                           # nothing half-written
+    assert not os.path.exists(out)  # nothing half-written
 
 
 def test_a_missing_batchnorm_statistics_file_is_named(tmp_path, cpu):
@@ -395,16 +445,21 @@ def test_a_missing_batchnorm_statistics_file_is_named(tmp_path, cpu):
     with pytest.raises(FileNotFoundError, match=r"BatchNorm statistics.*\.ntp\.json' does not exist"):
         hugectr2onnx.converter.convert(str(tmp_path / "x.onnx"), graph, dense, True, sparse)
     with pytest.raises(FileNotFoundError, match="elsewhere.ntp.json' does not exist"):
-        hugectr2onnx.converter.convert(str(tmp_path / "x.onnx"), graph, dense, True, sparse,
-                                       ntp_file=str(tmp_path / "elsewhere.ntp.json"))
+        hugectr2onnx.converter.convert(
+            str(tmp_path / "x.onnx"), graph, dense, True, sparse, ntp_file=str(tmp_path / "elsewhere.ntp.json")
+        )
 
 
 def test_an_unsupported_layer_type_is_named(tmp_path, cpu, monkeypatch):
     m = trained("dlrm", str(tmp_path))
     from numbactr.onnx_converter import layers
+
     monkeypatch.delitem(layers.EMITTERS, "Interaction")
-    with pytest.raises(OnnxExportError, match=r"Interaction layer \(bottom \['relu1', 'emb_slice0'\] -> top "
-                                              r"\['inter'\]\): layer type Interaction is not supported"):
+    with pytest.raises(
+        OnnxExportError,
+        match=r"Interaction layer \(bottom \['relu1', 'emb_slice0'\] -> top "
+        r"\['inter'\]\): layer type Interaction is not supported",
+    ):
         convert(m, str(tmp_path))
 
 
@@ -413,7 +468,7 @@ def test_mismatched_shapes_are_clear_errors(tmp_path, cpu):
     graph, dense, sparse = save(m, str(tmp_path))
     g = json.loads(open(graph).read())
     concat = next(d for d in g["layers"] if d.get("top") == "concat2")
-    concat["type"] = "Add"                                    # (B, 16) + (B, 19): shapes differ
+    concat["type"] = "Add"  # (B, 16) + (B, 19): shapes differ
     del concat["axis"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(g))

@@ -1,6 +1,7 @@
 """`numbactr export-onnx`, HugeCTR's converter command line (``python -m numbactr.onnx_converter.hugectr2onnx``),
 and the graph JSON keys HugeCTR's own tools index: graph_to_json writes every key HugeCTR's writer writes
 (HugeCTR's converter stopped with KeyError: 'axis' on numbactr's graphs before)."""
+
 import json
 import os
 import re
@@ -46,8 +47,19 @@ def test_export_onnx_dense_only_and_hugectrs_command_line(tmp_path, cpu, capsys)
     assert "inputs dense (batch, 3) float, sparse_embedding1 (batch, 4, 4) float" in stdout
     assert OnnxPredictor(out).session.get_modelmeta().graph_name == "dcn"
     out2 = str(tmp_path / "hugectr.onnx")
-    hugectr2onnx_main(["--onnx_model_path", out2, "--graph_config", graph, "--dense_model", dense,
-                       "--convert_embedding", "--sparse_models", *sparse])
+    hugectr2onnx_main(
+        [
+            "--onnx_model_path",
+            out2,
+            "--graph_config",
+            graph,
+            "--dense_model",
+            dense,
+            "--convert_embedding",
+            "--sparse_models",
+            *sparse,
+        ]
+    )
     assert_same(m, OnnxPredictor(out2), eval_batches(m, 1)[0])
 
 
@@ -76,17 +88,31 @@ def test_export_onnx_errors_are_one_line(tmp_path, cpu, capsys):
 # save_graph_to_json (HugeCTR src/pybind/add_dense_layer.cpp): the keys it writes for each layer type,
 # whatever their values; "a|b" = one of the two (MLP), Reshape: "selected" or leading_dim + time_step
 HUGECTR_WRITES = {
-    "BatchNorm": ["bn_param.factor", "bn_param.eps"], "LayerNorm": ["ln_param.eps"], "Dropout": ["rate"],
-    "SequenceMask": ["max_sequence_len_from", "max_sequence_len_to"], "ELU": ["elu_param.alpha"],
+    "BatchNorm": ["bn_param.factor", "bn_param.eps"],
+    "LayerNorm": ["ln_param.eps"],
+    "Dropout": ["rate"],
+    "SequenceMask": ["max_sequence_len_from", "max_sequence_len_to"],
+    "ELU": ["elu_param.alpha"],
     "MultiHeadAttention": ["num_attention_heads", "transpose_b"],
-    "MLP": ["mlp_param.num_output", "mlp_param.num_outputs", "mlp_param.use_bias|mlp_param.biases",
-            "mlp_param.activation|mlp_param.activations"],
-    "InnerProduct": ["fc_param.num_output"], "MultiCross": ["mc_param.num_layers"], "Concat": ["axis"],
-    "Slice": ["ranges"], "WeightMultiply": ["weight_dims"], "FmOrder2": ["out_dim"], "ReduceSum": ["axis"],
-    "ReduceMean": ["axis"], "Gather": ["indices"],
+    "MLP": [
+        "mlp_param.num_output",
+        "mlp_param.num_outputs",
+        "mlp_param.use_bias|mlp_param.biases",
+        "mlp_param.activation|mlp_param.activations",
+    ],
+    "InnerProduct": ["fc_param.num_output"],
+    "MultiCross": ["mc_param.num_layers"],
+    "Concat": ["axis"],
+    "Slice": ["ranges"],
+    "WeightMultiply": ["weight_dims"],
+    "FmOrder2": ["out_dim"],
+    "ReduceSum": ["axis"],
+    "ReduceMean": ["axis"],
+    "Gather": ["indices"],
     "GRU": ["gru_param.num_output", "gru_param.batchsize", "gru_param.SeqLength", "gru_param.vector_size"],
     "PReLU_Dice": ["prelu_dice_param.alpha", "prelu_dice_param.eps"],
-    "Scale": ["scale_param.axis", "scale_param.factor"], "Softmax": ["factor"],
+    "Scale": ["scale_param.axis", "scale_param.factor"],
+    "Softmax": ["factor"],
 }
 
 
@@ -124,7 +150,7 @@ def test_graph_to_json_writes_every_key_hugectr_writes(tmp_path, cpu):
                 want = ["selected"] if "selected" in layer else ["leading_dim", "time_step"]
             for key in want:
                 assert any(_has(layer, k) for k in key.split("|")), (name, t, key, layer)
-            if "sparse_embedding_hparam" in layer:              # what HugeCTR's converter reads of a table
+            if "sparse_embedding_hparam" in layer:  # what HugeCTR's converter reads of a table
                 for k in ("max_vocabulary_size_global", "embedding_vec_size", "combiner"):
                     assert k in layer["sparse_embedding_hparam"], (name, k)
         data = g["layers"][0]
@@ -152,8 +178,12 @@ def test_reshape_forms_and_defaults_are_written(tmp_path, cpu):
     assert (by_top["rhs"]["leading_dim"], by_top["rhs"]["time_step"], by_top["rhs"]["shape"]) == (0, 0, [-1, 4, 6])
     assert by_top["mm_flat"]["time_step"] == 0
     assert by_top["feat"]["axis"] == 1
-    assert by_top["mlp"]["mlp_param"] == {"num_output": 1, "num_outputs": [12, 8], "biases": [True, False],
-                                          "activations": ["Relu", "None"]}
+    assert by_top["mlp"]["mlp_param"] == {
+        "num_output": 1,
+        "num_outputs": [12, 8],
+        "biases": [True, False],
+        "activations": ["Relu", "None"],
+    }
     s = sample_graphs
     data = s.make_data(str(tmp_path / "d"), [("data1", 2, 1)], n_train=32, n_eval=32)
     m = s._model(data, [("data1", 2, 1)], 3)
@@ -166,7 +196,11 @@ def test_reshape_forms_and_defaults_are_written(tmp_path, cpu):
     m.compile()
     m.graph_to_json(str(path))
     by_top = {str(d["top"]): d for d in json.loads(path.read_text())["layers"][1:]}
-    assert by_top["mlp"]["mlp_param"] == {"num_output": 1, "num_outputs": [4, 2], "use_bias": True,
-                                          "activation": "Relu"}
+    assert by_top["mlp"]["mlp_param"] == {
+        "num_output": 1,
+        "num_outputs": [4, 2],
+        "use_bias": True,
+        "activation": "Relu",
+    }
     assert by_top["probs"]["factor"] == 1.0
     assert np.isclose(by_top["flat"]["time_step"], 0)

@@ -1,4 +1,5 @@
 """Model level, per optimizer x update type: a tiny DLRM learns on cpu; one sim step equals cpu."""
+
 import numpy as np
 import pytest
 
@@ -45,18 +46,35 @@ def test_loss_falls_on_cpu(data, on_device, combo):
 
 def _ftrl_dlrm(train, evl, lr, batch=32, slots=3, dense=2, vec=4):
     """tiny_dlrm's graph with Ftrl on the dense weights and SGD on the embedding (as HugeCTR's ftrl sample)."""
-    solver = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, max_eval_batches=4, lr=lr,
-                                  vvgpu=[[0]], i64_input_key=True, seed=0)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[train],
-                                      eval_source=evl, check_type=hugectr.Check_t.Sum)
-    model = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=O.Ftrl, beta=0.1,
-                                                                  lambda1=0.001, lambda2=0.001))
-    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=dense, dense_name="dense",
-                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, slots)]))
-    model.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                      workspace_size_per_gpu_in_mb=1, embedding_vec_size=vec, combiner="sum",
-                                      sparse_embedding_name="emb", bottom_name="data1",
-                                      optimizer=hugectr.CreateOptimizer(optimizer_type=O.SGD)))
+    solver = hugectr.CreateSolver(
+        batchsize=batch, batchsize_eval=batch, max_eval_batches=4, lr=lr, vvgpu=[[0]], i64_input_key=True, seed=0
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[train], eval_source=evl, check_type=hugectr.Check_t.Sum
+    )
+    model = hugectr.Model(
+        solver, reader, hugectr.CreateOptimizer(optimizer_type=O.Ftrl, beta=0.1, lambda1=0.001, lambda2=0.001)
+    )
+    model.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=dense,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, slots)],
+        )
+    )
+    model.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=vec,
+            combiner="sum",
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+            optimizer=hugectr.CreateOptimizer(optimizer_type=O.SGD),
+        )
+    )
     L = hugectr.Layer_t
     model.add(hugectr.DenseLayer(L.Reshape, ["emb"], ["flat"], leading_dim=slots * vec))
     model.add(hugectr.DenseLayer(L.Concat, ["dense", "flat"], ["cat"]))
@@ -92,8 +110,13 @@ def _state_after_steps(build, steps):
     for _ in range(steps):
         assert model.train()
     emb = model.embeddings[0]
-    return (model.get_current_loss(), np.array(model.weights), np.array(emb.weight.data),
-            [np.array(s) for s in model.dense_optimizer.states], [np.array(s) for s in emb.states])
+    return (
+        model.get_current_loss(),
+        np.array(model.weights),
+        np.array(emb.weight.data),
+        [np.array(s) for s in model.dense_optimizer.states],
+        [np.array(s) for s in emb.states],
+    )
 
 
 def _sim_equals_cpu(on_device, build, steps=2):

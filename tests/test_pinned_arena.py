@@ -2,6 +2,7 @@
 numbactr.data.reader._assemble): the batches are the same as without it (ragged bags, partial batches padded
 with zeros, rank slices, Raw and Norm), blocks come back only after their upload's event and are reused, and
 the arena is set while the workers already run."""
+
 import os
 
 import numpy as np
@@ -56,13 +57,13 @@ def _same(a, b):
 
 @pytest.mark.parametrize("W,B,rank,ranks", [(1, 4, 0, 1), (2, 6, 0, 1), (2, 6, 1, 2)])
 def test_norm_batches_in_the_arena_equal_plain_ones(tmp_path, W, B, rank, ranks):
-    lst = _ragged_norm(str(tmp_path), [41, 29])   # more batches than the queues hold before the arena
+    lst = _ragged_norm(str(tmp_path), [41, 29])  # more batches than the queues hold before the arena
     params = DataReaderParams(T.Norm, lst, lst, Check_t.Sum, num_workers=W)
     args = (params, lst, B, 1, 3, [2], None, True, False)
     plain = list(make_reader(*args, rank=rank, ranks=ranks))
     arena = _Poisoning(gpu=False)
     p = iter(make_reader(*args, rank=rank, ranks=ranks))
-    p.memory.arena = arena                  # set while the workers already run: some batches predate it
+    p.memory.arena = arena  # set while the workers already run: some batches predate it
     got = []
     for b in p:
         if b.memory is not None:
@@ -74,7 +75,7 @@ def test_norm_batches_in_the_arena_equal_plain_ones(tmp_path, W, B, rank, ranks)
     for g, q in zip(got, plain):
         _same(g, q)
         if g.memory is not None:
-            arena.release(g.memory)         # poisoned, then reused by the batches after
+            arena.release(g.memory)  # poisoned, then reused by the batches after
             assert g.memory.blocks == []
 
 
@@ -94,12 +95,12 @@ def test_reused_blocks_keep_later_batches_right(tmp_path):
             arena.release(b.memory)
     for (size, label, dense, sparse), q in zip(got, plain):
         assert size == q.size
-        np.testing.assert_array_equal(label, q.label)           # the partial batch's padding rows are zero
+        np.testing.assert_array_equal(label, q.label)  # the partial batch's padding rows are zero
         np.testing.assert_array_equal(dense, q.dense)
         for (k, o), (kq, oq) in zip(sparse, q.sparse):
             np.testing.assert_array_equal(k, kq)
             np.testing.assert_array_equal(o, oq)
-    assert arena.reused > 0 and arena.blocks <= 4 * 5        # a few batches' blocks, handed out again
+    assert arena.reused > 0 and arena.blocks <= 4 * 5  # a few batches' blocks, handed out again
 
 
 def test_raw_batches_in_the_arena(tmp_path):
@@ -130,11 +131,11 @@ def test_blocks_return_only_after_their_event():
     ev = _Event()
     arena.release(m1, ev)
     m2 = BatchMemory(arena)
-    b = m2.empty((3, 3), np.int64)                          # same size class, but the upload is not done
+    b = m2.empty((3, 3), np.int64)  # same size class, but the upload is not done
     assert arena.blocks == 2 and not np.shares_memory(a, b)
     ev.done = True
     c = m2.empty((5,), np.float64)
-    assert arena.reused == 1 and np.shares_memory(a, c)     # given back after its event, then reused
+    assert arena.reused == 1 and np.shares_memory(a, c)  # given back after its event, then reused
     assert m2.owns(b) and m2.owns(c) and not m2.owns(np.zeros(3))
-    big = m2.empty((3000,), np.float32)                     # 12000 bytes: a 16 KiB block
+    big = m2.empty((3000,), np.float32)  # 12000 bytes: a 16 KiB block
     assert big.base is not None and arena.blocks == 3

@@ -1,4 +1,5 @@
 """numbactr.files.plot: the matplotlib learning curve (two panels, reference lines) and the CSV history."""
+
 import warnings
 
 import numpy as np
@@ -8,19 +9,25 @@ from matplotlib.image import imread
 
 from numbactr.files import plot
 
-HISTORY = {"iter": [10, 20, 30, 40], "loss": [0.69, 0.55, 0.5, 0.48], "lr": [0.01] * 4,
-           "eval_iter": [20, 40], "auc": [0.70, 0.74]}
+HISTORY = {
+    "iter": [10, 20, 30, 40],
+    "loss": [0.69, 0.55, 0.5, 0.48],
+    "lr": [0.01] * 4,
+    "eval_iter": [20, 40],
+    "auc": [0.70, 0.74],
+}
 
 
 def test_png_and_csv_are_written_with_two_panels(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        png, csv = plot.save_learning_curve(tmp_path / "curve.png", HISTORY,
-                                            reference={"Bayes-optimal AUC": 0.77}, title="t")
+        png, csv = plot.save_learning_curve(
+            tmp_path / "curve.png", HISTORY, reference={"Bayes-optimal AUC": 0.77}, title="t"
+        )
     assert png == str(tmp_path / "curve.png") and csv == str(tmp_path / "curve.csv")
-    img = imread(png)                                               # (H, W, 4) floats
+    img = imread(png)  # (H, W, 4) floats
     assert img.shape[0] > 400 and img.shape[1] > 600
-    assert (img[..., :3] < 0.5).any()                               # something drawn on white
+    assert (img[..., :3] < 0.5).any()  # something drawn on white
     assert not list(tmp_path.glob("*.tmp"))
     fig = plot.learning_curve_figure(HISTORY, {"Bayes-optimal AUC": 0.77})
     loss_ax, auc_ax = fig.axes

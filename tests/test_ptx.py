@@ -1,5 +1,6 @@
 """Chain of trust, link 3: every kernel compiles for sm_90 on a machine without a GPU: to PTX, and linked into
 the cubin a GPU would load (nvJitLink's ptxas), with no register spilled (tests/ptx_check.py)."""
+
 import json
 import os
 import pathlib
@@ -20,9 +21,7 @@ def _probe(code: str) -> subprocess.CompletedProcess:
 
 
 def _nvvm_available() -> bool:
-    code = ("from numba import cuda\n"
-            "def k(x):\n    x[0] = 1\n"
-            "cuda.compile_ptx(k, 'void(float32[:])', cc=(9, 0))")
+    code = "from numba import cuda\ndef k(x):\n    x[0] = 1\ncuda.compile_ptx(k, 'void(float32[:])', cc=(9, 0))"
     return _probe(code).returncode == 0
 
 
@@ -43,10 +42,17 @@ def test_every_kernel_compiles_and_links_for_sm90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     report = tmp_path / "resources.jsonl"
     # two processes share the checks (the suite itself runs on one core)
-    procs = [subprocess.Popen([sys.executable, str(HERE / "ptx_check.py"), "--cc", "9.0", "--shard", f"{i}/2",
-                               "--report", str(report)] + ([] if link else ["--no-link"]),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "ptx_check.py"), "--cc", "9.0", "--shard", f"{i}/2", "--report", str(report)]
+            + ([] if link else ["--no-link"]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
     try:
         outs = [p.communicate(timeout=900) for p in procs]
     finally:
@@ -84,25 +90,29 @@ ptxas info    : Compile time = 12.0 ms
 def test_ptxas_log_is_read_for_the_entry_function():
     res = ptx_check.parse_ptxas_log(_LOG)
     assert res == dict(regs=86, barriers=1, smem=1024, stack=16, spill_stores=4, spill_loads=12)
-    plain = ("ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
-             "ptxas info    : Function properties for k\n"
-             "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-             "ptxas info    : Used 26 registers, used 0 barriers\n")
-    assert ptx_check.parse_ptxas_log(plain) == dict(regs=26, barriers=0, smem=0, stack=0, spill_stores=0,
-                                                    spill_loads=0)
+    plain = (
+        "ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
+        "ptxas info    : Function properties for k\n"
+        "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used 26 registers, used 0 barriers\n"
+    )
+    assert ptx_check.parse_ptxas_log(plain) == dict(regs=26, barriers=0, smem=0, stack=0, spill_stores=0, spill_loads=0)
     with pytest.raises(ValueError, match="no entry function"):
         ptx_check.parse_ptxas_log("ptxas info    : 0 bytes gmem\n")
 
 
-@pytest.mark.parametrize("regs, smem, threads, expect", [
-    (32, 0, 256, 1.0),        # 8 blocks of 8 warps: 64 warps, the whole SM
-    (40, 0, 256, 0.75),       # 40 x 32 = 1280 registers a warp: 51 warps fit, 6 blocks of 8
-    (64, 0, 256, 0.5),
-    (86, 0, 256, 0.25),       # 88 registers a thread after rounding: 23 warps, 2 blocks
-    (255, 0, 256, 0.125),     # 8 warps: one block
-    (32, 48 * 1024, 128, 4 * 4 / 64),  # shared memory limits it to 4 blocks of 4 warps
-    (16, 0, 32, 0.5),         # at most 32 blocks an SM: 32 warps of 64
-])
+@pytest.mark.parametrize(
+    "regs, smem, threads, expect",
+    [
+        (32, 0, 256, 1.0),  # 8 blocks of 8 warps: 64 warps, the whole SM
+        (40, 0, 256, 0.75),  # 40 x 32 = 1280 registers a warp: 51 warps fit, 6 blocks of 8
+        (64, 0, 256, 0.5),
+        (86, 0, 256, 0.25),  # 88 registers a thread after rounding: 23 warps, 2 blocks
+        (255, 0, 256, 0.125),  # 8 warps: one block
+        (32, 48 * 1024, 128, 4 * 4 / 64),  # shared memory limits it to 4 blocks of 4 warps
+        (16, 0, 32, 0.5),  # at most 32 blocks an SM: 32 warps of 64
+    ],
+)
 def test_theoretical_occupancy(regs, smem, threads, expect):
     assert ptx_check.occupancy(regs, smem, threads) == pytest.approx(expect)
 
@@ -111,6 +121,7 @@ def test_importing_the_check_leaves_the_environment_alone(monkeypatch):
     """This module imports ptx_check into the test session: the simulator setting of the session (and of the
     subprocesses its tests start) must survive it (only running ptx_check as a script drops it)."""
     import importlib
+
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
     importlib.reload(ptx_check)
     assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"

@@ -9,6 +9,7 @@ Shutdown part: the readers' prefetch threads stop and are joined at the end of f
 readers' place), when a pass is dropped, and at interpreter exit (a Parquet run ending mid-pass used to
 die in pyarrow: "terminate called without an active exception").
 """
+
 import os
 import pathlib
 import re
@@ -29,7 +30,7 @@ from tests.mpi_util import MPIEXEC, needs_mpi
 
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
-TIMEOUT = 60        # a run takes ~3 s; a job that is not ended at once sleeps 10 minutes
+TIMEOUT = 60  # a run takes ~3 s; a job that is not ended at once sleeps 10 minutes
 HEAD = "numbactr: rank {r} of {n} failed; aborting the job"
 
 
@@ -46,10 +47,20 @@ def data(tmp_path_factory):
 
 def job(data, fault, rank, step, others, ranks=2, threads="multiple"):
     """Run the job; returns the CompletedProcess (a hang raises TimeoutExpired and fails the test)."""
-    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "rank_fault.py"), *data, fault,
-           str(rank), str(step), others, threads]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=TIMEOUT,
-                          stdin=subprocess.DEVNULL)
+    cmd = [
+        MPIEXEC,
+        "-n",
+        str(ranks),
+        sys.executable,
+        str(HERE / "mpi" / "rank_fault.py"),
+        *data,
+        fault,
+        str(rank),
+        str(step),
+        others,
+        threads,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=TIMEOUT, stdin=subprocess.DEVNULL)
 
 
 def explain(r) -> str:
@@ -74,8 +85,9 @@ def test_an_exception_aborts_at_once_with_its_traceback(data, step):
 def test_a_non_zero_exit_aborts_at_once_with_its_code(data, fault, code, what):
     r = job(data, fault, 1, 1, "away")
     assert r.returncode == code, explain(r)
-    assert f"numbactr: rank 1 of 2 called {what} while the other ranks may still need it; aborting the job" \
-        in r.stderr, explain(r)
+    assert (
+        f"numbactr: rank 1 of 2 called {what} while the other ranks may still need it; aborting the job" in r.stderr
+    ), explain(r)
 
 
 @pytest.mark.mpi
@@ -85,8 +97,10 @@ def test_a_zero_exit_mid_run_ends_the_ranks_that_need_it(data, ranks, who, threa
     """Found by the watchdog thread, or (MPI without thread support) while waiting with MPI_Waitany."""
     r = job(data, "exit0", who, 2, "train", ranks=ranks, threads=threads)
     assert r.returncode == 1, explain(r)
-    pattern = (rf"numbactr: rank {who} of {ranks} has left the job \(sys\.exit\(0\)\) after \d+ collectives, "
-               rf"but rank \d waits for it in \w+ \(collective \d+\); aborting the job")
+    pattern = (
+        rf"numbactr: rank {who} of {ranks} has left the job \(sys\.exit\(0\)\) after \d+ collectives, "
+        rf"but rank \d waits for it in \w+ \(collective \d+\); aborting the job"
+    )
     assert re.search(pattern, r.stderr), explain(r)
 
 
@@ -95,8 +109,11 @@ def test_a_zero_exit_mid_run_ends_the_ranks_that_need_it(data, ranks, who, threa
 def test_one_collective_too_many_is_named(data):
     r = job(data, "extra", 1, 99, "train")
     assert r.returncode == 1, explain(r)
-    m = re.search(r"rank 0 of 2 has left the job \(its script ended\) after (\d+) collectives, but rank 1 "
-                  r"waits for it in allreduce_sum \(collective (\d+)\)", r.stderr)
+    m = re.search(
+        r"rank 0 of 2 has left the job \(its script ended\) after (\d+) collectives, but rank 1 "
+        r"waits for it in allreduce_sum \(collective (\d+)\)",
+        r.stderr,
+    )
     assert m and int(m.group(2)) == int(m.group(1)) + 1, explain(r)
 
 
@@ -106,9 +123,9 @@ def test_a_killed_rank_ends_the_job_and_its_pid_names_the_rank(data):
     r = job(data, "sigkill", 1, 2, "train")
     assert r.returncode != 0, explain(r)
     table = re.search(r"numbactr: 2 ranks \(rank: pid@host\) 0: (\d+)@\S+, 1: (\d+)@", r.stdout)
-    killed = re.search(r"PID (\d+) RUNNING AT", r.stdout)          # hydra's report
+    killed = re.search(r"PID (\d+) RUNNING AT", r.stdout)  # hydra's report
     assert table and killed and "Killed (signal 9)" in r.stdout, explain(r)
-    assert killed.group(1) == table.group(2), explain(r)             # the PID hydra names is rank 1's
+    assert killed.group(1) == table.group(2), explain(r)  # the PID hydra names is rank 1's
 
 
 @pytest.mark.mpi
@@ -144,11 +161,17 @@ def test_the_traceback_always_arrives_on_a_busy_machine(data):
 
 # ---- the launch, seen from a plain process --------------------------------------------------------------
 def test_the_launch_is_read_from_the_environment(monkeypatch):
-    for var in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
-                "MV2_COMM_WORLD_RANK"):
+    for var in (
+        "PMI_SIZE",
+        "PMI_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_SIZE",
+        "MV2_COMM_WORLD_RANK",
+    ):
         monkeypatch.delenv(var, raising=False)
     assert launched() == (1, 0, "")
-    monkeypatch.setenv("PMI_SIZE", "1")                      # mpiexec -n 1: nothing to guard
+    monkeypatch.setenv("PMI_SIZE", "1")  # mpiexec -n 1: nothing to guard
     assert launched() == (1, 0, "")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
@@ -172,8 +195,9 @@ def test_sys_exit_tells_its_code_only_when_it_ends_the_script():
         print("after the catch:", guard.exit_code)
         raise _ScriptExit(guard, 3)
         """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), timeout=120,
-                       cwd=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env(), timeout=120, cwd=str(ROOT)
+    )
     assert r.returncode == 3, explain(r)
     assert r.stdout.splitlines() == ["mpi4py imported: False", "caught 5", "after the catch: None", "at exit: 3"]
 
@@ -195,7 +219,7 @@ def test_a_paused_pass_joins_its_threads_and_keeps_its_place(tmp_path):
     assert len(threads) == 3
     p.pause()
     assert not any(t.is_alive() for t in threads)
-    got += [batch_ids(next(p)) for _ in range(4)]       # the workers resume (new threads)
+    got += [batch_ids(next(p)) for _ in range(4)]  # the workers resume (new threads)
     assert len(started_since(before)) == 3
     p.pause()
     got += [batch_ids(next(p)) for _ in range(3)]
@@ -211,7 +235,7 @@ def test_a_dropped_pass_joins_its_threads_at_once(tmp_path):
     next(it)
     threads = started_since(before)
     assert threads
-    it = iter(make_reader(norm_params(lst, 1), lst, 2, 1, 2, [2], None, True, True))   # the old one is dropped
+    it = iter(make_reader(norm_params(lst, 1), lst, 2, 1, 2, [2], None, True, True))  # the old one is dropped
     assert not any(t.is_alive() for t in threads)
     del it
     assert not started_since(before)
@@ -228,7 +252,7 @@ def test_fit_stops_the_readers_and_training_goes_on_where_it_stopped(tmp_path):
         assert not started_since(before)
         for _ in range(3):
             assert a.train()
-        for _ in range(7):                              # b: the same 7 steps with no pause
+        for _ in range(7):  # b: the same 7 steps with no pause
             assert b.train()
         np.testing.assert_array_equal(a.weights, b.weights)
     finally:
@@ -241,12 +265,14 @@ def test_no_reader_thread_runs_when_the_interpreter_shuts_down(tmp_path):
     therefore runs after it), and the process exits cleanly."""
     pytest.importorskip("pyarrow")
     from numbactr.data.parquet import ParquetDatasetWriter
+
     rng = np.random.default_rng(0)
     w = ParquetDatasetWriter(str(tmp_path), 1, 13, 26, row_group_size=5000, multi_hot={0, 1})
     n = 20000
     for f in range(4):
-        slots = [(rng.integers(0, 1000, 3 * n), np.full(n, 3)) if k < 2 else rng.integers(0, 1000, n)
-                 for k in range(26)]
+        slots = [
+            (rng.integers(0, 1000, 3 * n), np.full(n, 3)) if k < 2 else rng.integers(0, 1000, n) for k in range(26)
+        ]
         w.write_file(f"p{f}.parquet", rng.random((n, 1)) < 0.3, rng.random((n, 13)), slots)
     w.close()
     script = textwrap.dedent(f"""
@@ -264,8 +290,9 @@ def test_no_reader_thread_runs_when_the_interpreter_shuts_down(tmp_path):
             next(p)
         """)
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env(),
-                           timeout=120, cwd=str(ROOT))
+        r = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env(), timeout=120, cwd=str(ROOT)
+        )
         assert r.returncode == 0, explain(r)
         assert "reader threads alive after numbactr's exit handler: []" in r.stdout, explain(r)
         assert "terminate called" not in r.stderr and "Fatal Python error" not in r.stderr, explain(r)

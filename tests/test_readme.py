@@ -12,6 +12,7 @@ verbatim from .ci/run) and the test command itself. The commands that take minut
 sizes run with smaller sizes through their own documented options (SHRINK); everything else runs
 exactly as written.
 """
+
 import importlib.util
 import os
 import pathlib
@@ -23,7 +24,9 @@ from tests.doc_util import assert_clean, commands, fenced_blocks, run_command
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-INSTALL = re.compile(r"^python3 -m venv \.venv && \.venv/bin/pip install -q -e \"\.(\[(?P<extras>[\w,]+)\])?\" && (?P<rest>.+)$")
+INSTALL = re.compile(
+    r"^python3 -m venv \.venv && \.venv/bin/pip install -q -e \"\.(\[(?P<extras>[\w,]+)\])?\" && (?P<rest>.+)$"
+)
 TEST_COMMAND = ".venv/bin/python -m pytest -q -n 2 --dist loadfile"
 #: command prefix -> options appended (all listed in the command's --help), for a test-sized run
 SHRINK = {
@@ -84,7 +87,7 @@ def scratch(tmp_path):
 
 
 def test_readme_has_the_two_commands_first():
-    tomllib = pytest.importorskip("tomllib")          # Python >= 3.11
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     cmds = [c for kind, c in readme_steps() if kind == "run"]
     first, second = cmds[0], cmds[1]
     assert INSTALL.match(first) and first.endswith(".venv/bin/numbactr demo"), first
@@ -98,8 +101,18 @@ def test_readme_has_the_two_commands_first():
     deps = " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
     for extra in (INSTALL.match(first)["extras"] or "").split(","):
         deps += " " + " ".join(extras.get(extra, []))
-    for pkg in ("numba", "pandas", "pyarrow", "matplotlib", "tqdm", "threadpoolctl", "mpi4py", "mpich", "rocksdict",
-                "onnxruntime"):
+    for pkg in (
+        "numba",
+        "pandas",
+        "pyarrow",
+        "matplotlib",
+        "tqdm",
+        "threadpoolctl",
+        "mpi4py",
+        "mpich",
+        "rocksdict",
+        "onnxruntime",
+    ):
         assert pkg in deps, f"the first command does not install {pkg}"
 
 
@@ -109,7 +122,7 @@ def test_every_readme_command_runs(tmp_path):
     ran = []
     for kind, payload in readme_steps():
         if kind == "peer":
-            continue                              # test_readme_blocks_with_a_peer
+            continue  # test_readme_blocks_with_a_peer
         if kind == "file":
             name, code = payload
             (tmp_path / name).write_text(code)
@@ -118,15 +131,17 @@ def test_every_readme_command_runs(tmp_path):
         m = INSTALL.match(cmd)
         if m:
             if m["rest"] == TEST_COMMAND:
-                continue                          # the test suite itself: CI runs it
-            cmd = m["rest"]                       # already installed: this test runs in that venv
+                continue  # the test suite itself: CI runs it
+            cmd = m["rest"]  # already installed: this test runs in that venv
         cmd = shrink(cmd)
         stdin = "c\n" * 20 if "STEP=1" in cmd else ""
         r = run_command(cmd, tmp_path, timeout=600, stdin=stdin)
         assert_clean(r, cmd)
         ran.append(cmd)
         if "numbactr demo" in cmd:
-            assert re.search(r"final eval AUC [\d.]+\s+Bayes-optimal AUC [\d.]+\s+gap closed", r.stdout), r.stdout[-2000:]
+            assert re.search(r"final eval AUC [\d.]+\s+Bayes-optimal AUC [\d.]+\s+gap closed", r.stdout), r.stdout[
+                -2000:
+            ]
             assert (tmp_path / "runs" / "demo" / "learning_curve.png").exists()
             assert (tmp_path / "runs" / "demo" / "learning_curve.csv").exists()
         if "train.py" in cmd:

@@ -25,8 +25,9 @@ def _forward(x, axis, mean, threads):
 def test_forward_kernel_matches_ref(sa, mean, threads, data):
     shape, axis = sa
     x = data.draw(f32_arrays(shape))
-    np.testing.assert_allclose(_forward(x, axis, mean, threads), ra.reduce_axis_forward_ref(x, axis, mean),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        _forward(x, axis, mean, threads), ra.reduce_axis_forward_ref(x, axis, mean), rtol=1e-5, atol=1e-5
+    )
 
 
 @given(sa=shape_and_axis(), mean=st.booleans(), data=st.data())
@@ -65,8 +66,9 @@ def test_reference_gradient(axis, mean):
     rng = np.random.default_rng(axis)
     x = rng.normal(size=(3, 4, 2))
     dy = rng.normal(size=ra.reduce_axis_forward_ref(x, axis).shape)
-    assert_grad_close(ra.reduce_axis_backward_ref(dy, x.shape, axis, mean),
-                      lambda z: ra.reduce_axis_forward_ref(z, axis, mean), x, dy)
+    assert_grad_close(
+        ra.reduce_axis_backward_ref(dy, x.shape, axis, mean), lambda z: ra.reduce_axis_forward_ref(z, axis, mean), x, dy
+    )
 
 
 @pytest.mark.gpu
@@ -74,5 +76,6 @@ def test_reference_gradient(axis, mean):
 def test_reduce_on_gpu(sa, mean, seed):
     shape, axis = sa
     x = np.random.default_rng(seed).normal(size=shape).astype(np.float32)
-    np.testing.assert_allclose(_forward(x, axis, mean, None), ra.reduce_axis_forward_ref(x, axis, mean),
-                               rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(
+        _forward(x, axis, mean, None), ra.reduce_axis_forward_ref(x, axis, mean), rtol=1e-4, atol=1e-3
+    )

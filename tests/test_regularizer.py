@@ -21,7 +21,7 @@ def case(draw, max_size=600):
 
 
 def _term(w, kind, lam, b, kernel=None, grid=None):
-    out = dev(np.array([0.25], np.float32))                  # the kernel ADDS: start from non-zero
+    out = dev(np.array([0.25], np.float32))  # the kernel ADDS: start from non-zero
     if kernel is None:
         reg.regularizer_term_add(dev(w), out, kind, lam, b)
     else:
@@ -64,7 +64,7 @@ def test_known_values_and_sign_of_zero():
     np.testing.assert_array_equal(reg.regularizer_grad_ref(w, "L1", 2.0, 4), [0.5, -0.5, -0.5, 0.5])
     out = dev(np.zeros_like(w))
     reg.regularizer_grad_init(dev(w), out, "L1", 2.0, 4)
-    np.testing.assert_array_equal(host(out), [0.5, -0.5, -0.5, 0.5])      # sign(0) = -1 (HugeCTR)
+    np.testing.assert_array_equal(host(out), [0.5, -0.5, -0.5, 0.5])  # sign(0) = -1 (HugeCTR)
     np.testing.assert_allclose(_term(w, "L2", 2.0, 4), 2.0 / 8 * 25.25, rtol=1e-6)
 
 
@@ -86,10 +86,14 @@ def test_validation_and_empty():
 def test_reference_gradient_of_rterm_is_wgrad_init(kind):
     rng = np.random.default_rng(3)
     w = rng.normal(size=12)
-    w[np.abs(w) < 1e-2] = 0.3                                 # away from L1's kink at 0
+    w[np.abs(w) < 1e-2] = 0.3  # away from L1's kink at 0
     lam, b = 0.7, 5
-    assert_grad_close(reg.regularizer_grad_ref(w, kind, lam, b),
-                      lambda v: np.array(reg.regularizer_term_ref(v, kind, lam, b)), w, np.array(1.0))
+    assert_grad_close(
+        reg.regularizer_grad_ref(w, kind, lam, b),
+        lambda v: np.array(reg.regularizer_term_ref(v, kind, lam, b)),
+        w,
+        np.array(1.0),
+    )
 
 
 @pytest.mark.parametrize("kind", [Regularizer_t.L1, Regularizer_t.L2, "L2", None])
@@ -120,8 +124,7 @@ def test_layer_level_functions_sim_equal_cpu(on_device, kind):
 
 
 @pytest.mark.gpu
-@given(n=st.integers(1, 3_000_000), kind=KINDS, tpb=st.sampled_from([32, 256, 1024]),
-       seed=st.integers(0, 2**32 - 1))
+@given(n=st.integers(1, 3_000_000), kind=KINDS, tpb=st.sampled_from([32, 256, 1024]), seed=st.integers(0, 2**32 - 1))
 def test_regularizer_on_gpu(n, kind, tpb, seed):
     rng = np.random.default_rng(seed)
     w = rng.normal(size=n).astype(np.float32)

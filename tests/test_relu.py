@@ -29,7 +29,7 @@ def test_relu_backward_kernel_matches_ref(x, data):
 def test_relu_reference_gradient():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(5, 7))
-    x[np.abs(x) < 1e-3] = 0.5            # keep away from the kink at 0
+    x[np.abs(x) < 1e-3] = 0.5  # keep away from the kink at 0
     dy = rng.normal(size=x.shape)
     assert_grad_close(relu.relu_backward_ref(relu.relu_forward_ref(x), dy), relu.relu_forward_ref, x, dy)
 

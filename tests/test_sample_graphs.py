@@ -1,4 +1,5 @@
 """Issue 3, model level: HugeCTR's sample graphs train on cpu, and one step on sim matches cpu."""
+
 import numpy as np
 import pytest
 
@@ -44,6 +45,7 @@ def test_graph_json_round_trip(tmp_path, on_device, name):
     import json
 
     import numbactr as hugectr
+
     on_device("cpu")
     m = build(name, str(tmp_path))
     first = tmp_path / "a.json"

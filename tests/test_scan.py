@@ -9,13 +9,14 @@ from tests.kernel_util import dev, host
 
 
 def run_scan(x: np.ndarray, tpb: int, fill: int = -7) -> np.ndarray:
-    out = dev(np.full(x.shape[0] + 1, fill, dtype=np.int64))   # garbage: every entry must be written
+    out = dev(np.full(x.shape[0] + 1, fill, dtype=np.int64))  # garbage: every entry must be written
     scan.exclusive_scan(dev(x), out, threads=tpb)
     return host(out)
 
 
-@given(x=hnp.arrays(np.int64, st.integers(0, 300), elements=st.integers(-10**6, 10**6)),
-       tpb=st.sampled_from([32, 64]))
+@given(
+    x=hnp.arrays(np.int64, st.integers(0, 300), elements=st.integers(-(10**6), 10**6)), tpb=st.sampled_from([32, 64])
+)
 def test_scan_kernel_matches_ref(x, tpb):
     np.testing.assert_array_equal(run_scan(x, tpb), scan.exclusive_scan_ref(x))
 
@@ -23,7 +24,7 @@ def test_scan_kernel_matches_ref(x, tpb):
 @pytest.mark.parametrize("tpb", [1, 2, 32, 64, 128])
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 63, 64, 65, 127, 128, 129, 257])
 def test_scan_sizes_around_tile_edges(n, tpb):
-    x = np.arange(1, n + 1, dtype=np.int64) * 3 - 5          # mixed signs, distinct values
+    x = np.arange(1, n + 1, dtype=np.int64) * 3 - 5  # mixed signs, distinct values
     np.testing.assert_array_equal(run_scan(x, tpb), scan.exclusive_scan_ref(x))
 
 

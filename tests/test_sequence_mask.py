@@ -15,7 +15,7 @@ def _mask(lf_len, lt_len, lf, lt):
 
 @given(b=st.integers(1, 4), lf=st.integers(1, 6), lt=st.integers(1, 6), data=st.data())
 def test_kernel_matches_ref(b, lf, lt, data):
-    len_from = data.draw(f32_arrays((b, 1), lo=-1.0, hi=lf + 1.5))      # fractional and negative too
+    len_from = data.draw(f32_arrays((b, 1), lo=-1.0, hi=lf + 1.5))  # fractional and negative too
     len_to = data.draw(f32_arrays((b, 1), lo=-1.0, hi=lt + 1.5))
     np.testing.assert_array_equal(_mask(len_from, len_to, lf, lt), sqm.sequence_mask_ref(len_from, len_to, lf, lt))
 

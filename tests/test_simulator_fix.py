@@ -9,6 +9,7 @@ be tested that way (it calls np.empty once, under its lock, and the barrier woul
 tests make every allocation slow (np.empty sleeps, which lets the block's other threads run), so any window
 the lock left open would show.
 """
+
 from __future__ import annotations
 
 import threading
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.skipif(not SIMULATED, reason="a fix for Numba's CUDA si
 
 class _SlowEmpty:
     """Stands in for the numpy module: empty() sleeps first, everything else is numpy's."""
+
     def __getattr__(self, name):
         return getattr(np, name)
 
@@ -38,6 +40,7 @@ class _SlowEmpty:
 
 class _GatheringEmpty:
     """Stands in for the numpy module: empty() returns once `n` threads are in it (or after 10 s)."""
+
     def __init__(self, n):
         self.gate = threading.Barrier(n)
 
@@ -55,19 +58,21 @@ class _GatheringEmpty:
 @pytest.fixture
 def slow_allocation(monkeypatch):
     from numba.cuda.simulator import kernelapi
+
     monkeypatch.setattr(kernelapi, "np", _SlowEmpty())
     monkeypatch.setattr(_simulator_fix, "np", _SlowEmpty())
 
 
 def _arrays_seen_by_threads(array_method, n=16):
     from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
     shared = FakeCUDAShared(0)
     got = [None] * n
     go = threading.Barrier(n)
 
     def run(i):
         go.wait()
-        got[i] = array_method(shared, 8, np.float32)      # held: a freed array's id could be reused
+        got[i] = array_method(shared, 8, np.float32)  # held: a freed array's id could be reused
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
@@ -79,27 +84,30 @@ def _arrays_seen_by_threads(array_method, n=16):
 
 def test_fix_is_installed():
     from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
     assert FakeCUDAShared.array is _simulator_fix._locked_shared_array
-    assert _simulator_fix.apply() is True                  # idempotent
+    assert _simulator_fix.apply() is True  # idempotent
 
 
 def test_fix_is_needed(monkeypatch):
     # the simulator's own method: every thread checks for the array before any stores one, so all 16 make
     # their own, and the block's threads disagree about its "shared" array
     from numba.cuda.simulator import kernelapi
+
     monkeypatch.setattr(kernelapi, "np", _GatheringEmpty(16))
     assert len(set(_arrays_seen_by_threads(_simulator_fix._original, n=16))) == 16
 
 
 def test_every_thread_gets_the_one_array(slow_allocation):
     from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
     assert len(set(_arrays_seen_by_threads(FakeCUDAShared.array))) == 1
 
 
 @cuda.jit
 def _reverse_through_shared(x, out):
     a = cuda.shared.array(32, float32)
-    b = cuda.shared.array(32, float32)     # another line: another array
+    b = cuda.shared.array(32, float32)  # another line: another array
     t = cuda.threadIdx.x
     a[t] = x[cuda.blockIdx.x, t]
     b[t] = -x[cuda.blockIdx.x, t]

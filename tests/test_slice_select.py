@@ -36,7 +36,7 @@ def test_slice_forward_and_backward_kernels_match_ref(case):
     for y, ref in zip(ys, ss.slice_forward_ref(x, ranges)):
         np.testing.assert_array_equal(host(y), ref)
     dys = [np.random.default_rng(i).normal(size=host(y).shape).astype(np.float32) for i, y in enumerate(ys)]
-    dx = dev(np.full(x.shape, 123.0, np.float32))            # garbage: backward must zero it first
+    dx = dev(np.full(x.shape, 123.0, np.float32))  # garbage: backward must zero it first
     ss.slice_backward([dev(d) for d in dys], dx, starts)
     np.testing.assert_allclose(host(dx), ss.slice_backward_ref(dys, ranges, x.shape), rtol=1e-6, atol=1e-6)
 
@@ -54,7 +54,7 @@ def test_slice_backward_sums_overlaps_and_skips_unused_tops():
 def select_case(draw):
     shape = draw(hnp.array_shapes(min_dims=2, max_dims=3, min_side=1, max_side=5))
     dim = draw(st.integers(0, len(shape) - 1))
-    index = draw(st.lists(st.integers(0, shape[dim] - 1), min_size=1, max_size=6))   # duplicates allowed
+    index = draw(st.lists(st.integers(0, shape[dim] - 1), min_size=1, max_size=6))  # duplicates allowed
     return draw(f32_arrays(shape)), dim, np.asarray(index, np.int64)
 
 
@@ -72,7 +72,7 @@ def test_select_forward_and_backward_kernels_match_ref(case):
 
 
 def test_select_backward_zero_fills_unselected_and_adds_duplicates():
-    dy = np.array([[1.0, 2.0, 4.0]], np.float32)                # (1, 3) from index [2, 0, 2] of 4 columns
+    dy = np.array([[1.0, 2.0, 4.0]], np.float32)  # (1, 3) from index [2, 0, 2] of 4 columns
     dx = dev(np.full((1, 4), 7.0, np.float32))
     ss.select_backward(dev(dy), dev(np.array([2, 0, 2], np.int64)), dx, 1)
     np.testing.assert_array_equal(host(dx), [[2, 0, 5, 0]])
@@ -94,8 +94,9 @@ def test_slice_reference_gradient():
     analytic = ss.slice_backward_ref(dys, ranges, x.shape)
     # the Jacobian of the stacked outputs: flatten them against the flattened dY_i
     flat_dy = np.concatenate([d.reshape(-1) for d in dys])
-    assert_grad_close(analytic, lambda z: np.concatenate([p.reshape(-1) for p in ss.slice_forward_ref(z, ranges)]),
-                      x, flat_dy)
+    assert_grad_close(
+        analytic, lambda z: np.concatenate([p.reshape(-1) for p in ss.slice_forward_ref(z, ranges)]), x, flat_dy
+    )
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2])
@@ -104,8 +105,9 @@ def test_select_reference_gradient_with_duplicates(dim):
     x = rng.normal(size=(3, 4, 2))
     index = [1, 0, 1]
     dy = rng.normal(size=ss.select_forward_ref(x, dim, index).shape)
-    assert_grad_close(ss.select_backward_ref(dy, x.shape, dim, index),
-                      lambda z: ss.select_forward_ref(z, dim, index), x, dy)
+    assert_grad_close(
+        ss.select_backward_ref(dy, x.shape, dim, index), lambda z: ss.select_forward_ref(z, dim, index), x, dy
+    )
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@ With the manifest every file is covered, a flipped bit inside a float included (
 another valid value and cannot be detected (numbactr/files/checkpoint.py says so); truncations and insertions
 of the binary files still can, and that is what the second test asserts.
 """
+
 import os
 
 import numpy as np
@@ -16,8 +17,15 @@ from numbactr.data.errors import DataFormatError
 from tests.model_util import tiny_data
 from tests.mpi.snapshot_run import build, load_all, state
 
-FILES = ["ck_dense_3.model", "ck_opt_dense_3.model", "ck_dense_3.model.ntp.json", "ck0_sparse_3.model/key",
-         "ck0_sparse_3.model/emb_vector", "ck0_sparse_3.model/slot_id", "ck0_opt_sparse_3.model"]
+FILES = [
+    "ck_dense_3.model",
+    "ck_opt_dense_3.model",
+    "ck_dense_3.model.ntp.json",
+    "ck0_sparse_3.model/key",
+    "ck0_sparse_3.model/emb_vector",
+    "ck0_sparse_3.model/slot_id",
+    "ck0_opt_sparse_3.model",
+]
 MANIFEST = "ck_3.manifest.json"
 
 
@@ -76,8 +84,9 @@ def check(snapshot, files, **kinds):
                 if isinstance(got, Exception):
                     errors += 1
                     continue
-                assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want), \
+                assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want), (
                     f"{name} ({what}) loaded other values"
+                )
         finally:
             file.write_bytes(raw)
     return tried, errors
@@ -85,7 +94,7 @@ def check(snapshot, files, **kinds):
 
 def test_with_the_manifest_every_mutation_is_an_error_or_harmless(snapshot):
     tried, errors = check(snapshot, FILES + [MANIFEST])
-    assert tried >= 90 and errors >= tried - 3         # only JSON whitespace changes can be harmless
+    assert tried >= 90 and errors >= tried - 3  # only JSON whitespace changes can be harmless
 
 
 def test_without_it_truncation_and_insertion_are_still_caught(snapshot):

@@ -6,6 +6,7 @@ before an os.replace or the removal of the staging folder. Here, for every k: th
 loads exactly as it was saved, the interrupted one loads completely new or fails with a clear error
 (never a mix, never half of one), and the next save finishes or clears what the killed one left.
 """
+
 import os
 import pathlib
 import re
@@ -32,8 +33,14 @@ def data(tmp_path_factory):
 def child(*args, timeout=120):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBACTR_DEVICE"] = "cpu"
-    return subprocess.run([sys.executable, str(CHILD), *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, str(CHILD), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def loads(data, prefix, it):
@@ -47,8 +54,7 @@ def loads(data, prefix, it):
 
 
 def equal(got, want) -> bool:
-    return (isinstance(got, dict) and set(got) == set(want)
-            and all(np.array_equal(got[k], want[k]) for k in want))
+    return isinstance(got, dict) and set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
 
 
 def leftovers(folder):
@@ -57,7 +63,7 @@ def leftovers(folder):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the child forks one process per kill point")
 def test_kill_at_every_boundary_leaves_a_loadable_snapshot(tmp_path, data, cpu, monkeypatch):
-    monkeypatch.setattr(os, "fsync", lambda fd: None)      # as in the child: see kill_each
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # as in the child: see kill_each
     os.makedirs(tmp_path / "count")
     r = child("kill", tmp_path / "count", *data, 0, 0, "files")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -72,11 +78,12 @@ def test_kill_at_every_boundary_leaves_a_loadable_snapshot(tmp_path, data, cpu, 
         folder = tmp_path / f"k{k}"
         s1, s2 = (dict(np.load(folder / f"S{i}.npz")) for i in (1, 2))
         one, two = loads(data, folder / "ck", 1), loads(data, folder / "ck", 2)
-        if k <= first:                  # killed while saving ck@2: ck@1 untouched
+        if k <= first:  # killed while saving ck@2: ck@1 untouched
             assert equal(one, s1), f"k={k}: the previous snapshot changed: {one!r}"
-            assert equal(two, s2) or (isinstance(two, FileNotFoundError) and "ck_dense_2.model" in str(two)), \
+            assert equal(two, s2) or (isinstance(two, FileNotFoundError) and "ck_dense_2.model" in str(two)), (
                 f"k={k}: the interrupted snapshot is neither complete nor absent: {two!r}"
-        else:                           # killed while overwriting ck@1 (ck@2 complete)
+            )
+        else:  # killed while overwriting ck@1 (ck@2 complete)
             assert equal(one, s1) or equal(one, s2), f"k={k}: ck@1 loads as neither the old nor the new: {one!r}"
             assert equal(two, s2), f"k={k}: {two!r}"
         # the next save of the prefix finishes a committed save and removes uncommitted leftovers
@@ -104,9 +111,9 @@ def test_the_commit_order_survives_a_power_loss(tmp_path, data, cpu, monkeypatch
     assert events[journal][2].endswith("ck_1.manifest.pending.json") and len(files) == 7
     assert events[manifest][2].endswith("ck_1.manifest.json")
     staged = [i for i, e in enumerate(events) if e[0] == "write" and ".staging-" in e[1]]
-    synced = {e[1] for e in events[staged[-1]:journal] if e[0] == "sync"}
+    synced = {e[1] for e in events[staged[-1] : journal] if e[0] == "sync"}
     assert len(staged) == 7 and {os.path.dirname(events[i][1]) for i in staged} <= synced
-    assert ("sync", str(tmp_path)) in events[journal:files[0]]                       # the commit point
-    for i in files:                         # each moved file's folder is synced before the manifest
+    assert ("sync", str(tmp_path)) in events[journal : files[0]]  # the commit point
+    for i in files:  # each moved file's folder is synced before the manifest
         assert ("sync", os.path.dirname(events[i][2])) in events[i:manifest]
     assert ("sync", str(tmp_path)) in events[manifest:]

@@ -2,6 +2,7 @@
 parameter shapes, the optimizer types and each sparse folder's embedding name, and loading checks them
 against the model (not only the value count); files without a manifest, and manifests written before
 these records existed, load as before."""
+
 import json
 import os
 
@@ -20,28 +21,45 @@ def _model(tr, ev, fc=(3, 5), optimizer=O.Adam, sparse_optimizer=O.Adam, split=N
     """tiny_data's 3 slots (12 embedding values + 2 dense = 14 inputs) into InnerProducts 14->fc[0]->fc[1]->1.
     fc (3, 5) and (2, 10) both have 71 parameters. split=(a, b): two embeddings "wide" (a slots) and
     "deep" (b slots) of the same width instead of one "emb"."""
-    solver = hugectr.CreateSolver(batchsize=64, batchsize_eval=64, max_eval_batches=2, lr=0.01, vvgpu=[[0]],
-                                  i64_input_key=True, seed=seed)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr],
-                                      eval_source=ev, check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=64, batchsize_eval=64, max_eval_batches=2, lr=0.01, vvgpu=[[0]], i64_input_key=True, seed=seed
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[tr], eval_source=ev, check_type=hugectr.Check_t.Sum
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=optimizer))
     tables = [("emb", 3)] if split is None else [("wide", split[0]), ("deep", split[1])]
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(n + "_in", 1, True, s)
-                                                        for n, s in tables]))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(n + "_in", 1, True, s) for n, s in tables],
+        )
+    )
     for name, _ in tables:
-        m.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                      workspace_size_per_gpu_in_mb=1, embedding_vec_size=4, combiner="sum",
-                                      sparse_embedding_name=name, bottom_name=name + "_in",
-                                      optimizer=hugectr.CreateOptimizer(optimizer_type=sparse_optimizer)))
+        m.add(
+            hugectr.SparseEmbedding(
+                embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+                workspace_size_per_gpu_in_mb=1,
+                embedding_vec_size=4,
+                combiner="sum",
+                sparse_embedding_name=name,
+                bottom_name=name + "_in",
+                optimizer=hugectr.CreateOptimizer(optimizer_type=sparse_optimizer),
+            )
+        )
     D = hugectr.DenseLayer
     for name, s in tables:
         m.add(D(L.Reshape, [name], [name + "_flat"], leading_dim=4 * s))
-    for layer in [D(L.Concat, [n + "_flat" for n, _ in tables] + ["dense"], ["cat"]),
-                  D(L.InnerProduct, ["cat"], ["fa"], num_output=fc[0]),
-                  D(L.InnerProduct, ["fa"], ["fb"], num_output=fc[1]),
-                  D(L.InnerProduct, ["fb"], ["fc"], num_output=1),
-                  D(L.BinaryCrossEntropyLoss, ["fc", "label"], ["loss"])]:
+    for layer in [
+        D(L.Concat, [n + "_flat" for n, _ in tables] + ["dense"], ["cat"]),
+        D(L.InnerProduct, ["cat"], ["fa"], num_output=fc[0]),
+        D(L.InnerProduct, ["fa"], ["fb"], num_output=fc[1]),
+        D(L.InnerProduct, ["fb"], ["fc"], num_output=1),
+        D(L.BinaryCrossEntropyLoss, ["fc", "label"], ["loss"]),
+    ]:
         m.add(layer)
     m.compile()
     return m
@@ -80,14 +98,17 @@ def test_dense_weights_of_another_model_with_the_same_count_are_refused(tmp_path
     b = _model(tr, ev, fc=(2, 10))
     assert a.n_params == b.n_params == 71
     before = np.array(b.weights)
-    with pytest.raises(DataFormatError, match=r"A_dense_3\.model.*another model.*InnerProduct 'fa'.*"
-                                              r"\(14, 3\), \(3,\).*\(14, 2\), \(2,\)") as err:
+    with pytest.raises(
+        DataFormatError,
+        match=r"A_dense_3\.model.*another model.*InnerProduct 'fa'.*"
+        r"\(14, 3\), \(3,\).*\(14, 2\), \(2,\)",
+    ) as err:
         b.load_dense_weights(prefix + "_dense_3.model")
     assert "A_3.manifest.json" in str(err.value)
     with pytest.raises(DataFormatError, match=r"A_opt_dense_3\.model.*another model.*'fa'.*\(14, 3\).*\(14, 2\)"):
         b.load_dense_optimizer_states(prefix + "_opt_dense_3.model")
-    np.testing.assert_array_equal(b.weights, before)            # nothing changed
-    c = _model(tr, ev, seed=5)                                  # the same architecture loads
+    np.testing.assert_array_equal(b.weights, before)  # nothing changed
+    c = _model(tr, ev, seed=5)  # the same architecture loads
     c.load_dense_weights(prefix + "_dense_3.model")
     c.load_dense_optimizer_states(prefix + "_opt_dense_3.model")
     np.testing.assert_array_equal(c.weights, a.weights)
@@ -99,18 +120,20 @@ def test_the_manifest_records_each_dense_layers_shapes(tmp_path, cpu):
         dense = json.load(f)["dense"]
     assert dense["file"] == "A_dense_3.model" and dense["opt_file"] == "A_opt_dense_3.model"
     assert dense["optimizer"] == "Adam" and dense["states"] == 2
-    assert dense["layers"] == [{"name": "fa", "type": "InnerProduct", "shapes": [[14, 3], [3]]},
-                               {"name": "fb", "type": "InnerProduct", "shapes": [[3, 5], [5]]},
-                               {"name": "fc", "type": "InnerProduct", "shapes": [[5, 1], [1]]}]
+    assert dense["layers"] == [
+        {"name": "fa", "type": "InnerProduct", "shapes": [[14, 3], [3]]},
+        {"name": "fb", "type": "InnerProduct", "shapes": [[3, 5], [5]]},
+        {"name": "fc", "type": "InnerProduct", "shapes": [[5, 1], [1]]},
+    ]
 
 
 def test_without_a_manifest_or_with_an_older_one_only_the_count_is_checked(tmp_path, cpu):
     a, prefix, tr, ev = _trained(tmp_path)
-    _strip_manifest(prefix, 3, "dense")                         # an older manifest: no shapes recorded
+    _strip_manifest(prefix, 3, "dense")  # an older manifest: no shapes recorded
     b = _model(tr, ev, fc=(2, 10))
-    b.load_dense_weights(prefix + "_dense_3.model")             # today's behaviour: the count fits
+    b.load_dense_weights(prefix + "_dense_3.model")  # today's behaviour: the count fits
     np.testing.assert_array_equal(b.weights, a.weights)
-    os.remove(prefix + "_3.manifest.json")                      # HugeCTR's own files: raw float32
+    os.remove(prefix + "_3.manifest.json")  # HugeCTR's own files: raw float32
     c = _model(tr, ev, fc=(2, 10), seed=3)
     c.load_dense_weights(prefix + "_dense_3.model")
     c.load_dense_optimizer_states(prefix + "_opt_dense_3.model")
@@ -129,11 +152,19 @@ def test_the_optimizer_state_file_is_not_taken_for_the_dense_model(tmp_path, cpu
 
 def test_inference_refuses_the_dense_model_of_another_model(tmp_path, cpu):
     from numbactr.inference import InferenceModel, InferenceParams
+
     _, prefix, tr, ev = _trained(tmp_path)
     _model(tr, ev, fc=(2, 10)).graph_to_json(str(tmp_path / "b.json"))
-    p = InferenceParams(model_name="b", max_batchsize=64, hit_rate_threshold=1.0,
-                        dense_model_file=prefix + "_dense_3.model", sparse_model_files=[prefix + "0_sparse_3.model"],
-                        use_gpu_embedding_cache=False, cache_size_percentage=0.5, i64_input_key=True)
+    p = InferenceParams(
+        model_name="b",
+        max_batchsize=64,
+        hit_rate_threshold=1.0,
+        dense_model_file=prefix + "_dense_3.model",
+        sparse_model_files=[prefix + "0_sparse_3.model"],
+        use_gpu_embedding_cache=False,
+        cache_size_percentage=0.5,
+        i64_input_key=True,
+    )
     with pytest.raises(DataFormatError, match=r"A_dense_3\.model.*'fa'.*\(14, 3\).*\(14, 2\)"):
         InferenceModel(str(tmp_path / "b.json"), p)
 
@@ -144,12 +175,15 @@ def test_dense_states_of_another_optimizer_are_refused(tmp_path, cpu):
     _, prefix, tr, ev = _trained(tmp_path)
     b = _model(tr, ev, optimizer=O.Ftrl)
     before = [np.array(s) for s in b.dense_optimizer.states]
-    with pytest.raises(DataFormatError, match=r"A_opt_dense_3\.model.*Adam optimizer states.*A_3\.manifest\.json"
-                                              r".*dense optimizer is Ftrl"):
+    with pytest.raises(
+        DataFormatError,
+        match=r"A_opt_dense_3\.model.*Adam optimizer states.*A_3\.manifest\.json"
+        r".*dense optimizer is Ftrl",
+    ):
         b.load_dense_optimizer_states(prefix + "_opt_dense_3.model")
     for s, old in zip(b.dense_optimizer.states, before):
         np.testing.assert_array_equal(s, old)
-    _strip_manifest(prefix, 3, "dense")                         # older manifest: only the count
+    _strip_manifest(prefix, 3, "dense")  # older manifest: only the count
     b.load_dense_optimizer_states(prefix + "_opt_dense_3.model")
 
 
@@ -158,8 +192,11 @@ def test_sparse_states_of_another_optimizer_are_refused(tmp_path, cpu):
     _, prefix, tr, ev = _trained(tmp_path, sparse_optimizer=O.MomentumSGD)
     b = _model(tr, ev, sparse_optimizer=O.AdaGrad)
     b.load_sparse_weights([prefix + "0_sparse_3.model"])
-    with pytest.raises(DataFormatError, match=r"A0_opt_sparse_3\.model.*MomentumSGD optimizer states.*"
-                                              r"'emb' is trained with AdaGrad"):
+    with pytest.raises(
+        DataFormatError,
+        match=r"A0_opt_sparse_3\.model.*MomentumSGD optimizer states.*"
+        r"'emb' is trained with AdaGrad",
+    ):
         b.load_sparse_optimizer_states([prefix + "0_opt_sparse_3.model"])
     _strip_manifest(prefix, 3, "embeddings.optimizer")
     b.load_sparse_optimizer_states([prefix + "0_opt_sparse_3.model"])
@@ -172,7 +209,7 @@ def test_sparse_folders_in_the_wrong_order_are_refused(tmp_path, cpu):
     b = _model(tr, ev, split=(2, 1))
     with pytest.raises(DataFormatError, match=r"A1_sparse_3\.model.*embedding 'deep'.*not of 'wide'"):
         b.load_sparse_weights([deep, wide])
-    assert b.embeddings[0].table.size == 0 and b.embeddings[1].table.size == 0       # nothing loaded
+    assert b.embeddings[0].table.size == 0 and b.embeddings[1].table.size == 0  # nothing loaded
     b.load_sparse_weights([wide, deep])
     b.load_sparse_weights({"deep": deep, "wide": wide})
     for x, y in zip(a.embeddings, b.embeddings):
@@ -207,7 +244,7 @@ def test_sparse_folders_without_names_load_in_the_order_given(tmp_path, cpu):
     os.remove(prefix + "_3.manifest.json")
     b = _model(tr, ev, split=(2, 1))
     b.load_sparse_weights([prefix + "1_sparse_3.model", prefix + "0_sparse_3.model"])
-    assert set(b.embeddings[0].dump()[0]) == set(range(12, 18))       # "deep"'s keys: the files decide
+    assert set(b.embeddings[0].dump()[0]) == set(range(12, 18))  # "deep"'s keys: the files decide
 
 
 # ---- smaller argument checks --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ and are found there only if the reload places them by their slot_id. The same sn
 manifests (HugeCTR's own files) reload too, and killing one rank during a save leaves the previous
 snapshot loadable.
 """
+
 import os
 import pathlib
 import subprocess
@@ -33,12 +34,18 @@ def data(tmp_path_factory):
 def mpirun(ranks, *args, timeout=240):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBACTR_DEVICE"] = "cpu"
-    return subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, str(CHILD), *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [MPIEXEC, "-n", str(ranks), sys.executable, str(CHILD), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def assert_state(got, want, where, exact=True, prefix=""):
-    names = [k[len(prefix):] for k in want if k.startswith(prefix) and k != "auc" and (prefix or "cont_" not in k)]
+    names = [k[len(prefix) :] for k in want if k.startswith(prefix) and k != "auc" and (prefix or "cont_" not in k)]
     assert names, where
     for k in names:
         if exact:
@@ -58,12 +65,12 @@ def test_save_on_R_ranks_reloads_exactly_on_R_prime(tmp_path, data, cpu):
         for saved in (1, 2, 3):
             folder = tmp_path / f"{emb}_R{saved}"
             ref = dict(np.load(folder / "ref.npz"))
-            if "Localized" in emb and saved > 1:       # the keys really are spread by slot
+            if "Localized" in emb and saved > 1:  # the keys really are spread by slot
                 assert set(ref["slots"].tolist()) == {0, 1, 2}
             for loaded in (1, 2, 3):
                 got = dict(np.load(folder / f"load_R{loaded}.npz"))
                 where = f"{emb} saved on {saved}, loaded on {loaded}"
-                assert_state(got, ref, where)                               # bit for bit
+                assert_state(got, ref, where)  # bit for bit
                 # predictions agree to rounding; a near-tie may still swap (test_mpi_sharded: the same)
                 assert float(got["auc"]) == pytest.approx(float(ref["auc"]), abs=1e-3), where
                 assert_state(got, ref, where + ", 2 steps later", exact=False, prefix="cont_")
@@ -88,7 +95,7 @@ def test_killing_one_rank_during_a_save_leaves_the_previous_snapshot(tmp_path, d
     try:
         load_all(two, str(tmp_path / "ck"), 2)
     except (DataFormatError, FileNotFoundError) as e:
-        assert at != 12 and "ck_dense_2.model" in str(e), e       # after the commit point it must load
+        assert at != 12 and "ck_dense_2.model" in str(e), e  # after the commit point it must load
     else:
         assert_state(state(two), s2, "the interrupted snapshot")
 

@@ -19,8 +19,9 @@ def _forward(x, subtract_max=True, threads=8):
 
 @given(x=f32_arrays(ROWS), subtract_max=st.booleans(), threads=st.sampled_from([4, 8]))
 def test_forward_kernel_matches_ref(x, subtract_max, threads):
-    np.testing.assert_allclose(_forward(x, subtract_max, threads), sm.softmax_forward_ref(x, subtract_max),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        _forward(x, subtract_max, threads), sm.softmax_forward_ref(x, subtract_max), rtol=1e-5, atol=1e-7
+    )
 
 
 @given(y_logits=f32_arrays(ROWS), factor=st.sampled_from([1.0, 0.125]), data=st.data())
@@ -46,11 +47,11 @@ def test_rows_longer_than_the_block_and_odd_block_sizes(threads):
 
 
 def test_max_subtraction_avoids_overflow_that_hugectr_form_hits():
-    x = np.array([[100.0, 101.0, 99.0]], np.float32)            # exp(100) overflows float32
+    x = np.array([[100.0, 101.0, 99.0]], np.float32)  # exp(100) overflows float32
     stable = _forward(x, True)
     np.testing.assert_allclose(stable, sm.softmax_forward_ref(x.astype(np.float64)), rtol=1e-5)
-    assert not np.isfinite(_forward(x, False)).all()             # HugeCTR's exp(x)/sum(exp(x))
-    small = np.array([[0.5, -1.0, 2.0]], np.float32)             # without overflow both forms agree
+    assert not np.isfinite(_forward(x, False)).all()  # HugeCTR's exp(x)/sum(exp(x))
+    small = np.array([[0.5, -1.0, 2.0]], np.float32)  # without overflow both forms agree
     np.testing.assert_allclose(_forward(small, False), _forward(small, True), rtol=1e-6)
 
 
@@ -86,7 +87,7 @@ def test_masked_forward_kernel_matches_ref(case, factor):
 
 def test_masked_entries_get_no_weight_and_the_mask_is_per_row():
     x = np.zeros((1, 1, 2, 3), np.float32)
-    mask = np.array([[[[1, 1, 0], [1, 0, 0]]]], np.float32)      # row 0 sees 2 keys, row 1 sees 1
+    mask = np.array([[[[1, 1, 0], [1, 0, 0]]]], np.float32)  # row 0 sees 2 keys, row 1 sees 1
     y = dev(np.zeros_like(x))
     sm.masked_softmax_forward(dev(x), dev(mask), y, 1.0, threads=4)
     np.testing.assert_allclose(host(y)[0, 0], [[0.5, 0.5, 0], [1, 0, 0]], atol=1e-6)
@@ -97,15 +98,17 @@ def test_reference_gradients():
     x = rng.normal(size=(2, 5))
     dy = rng.normal(size=x.shape)
     assert_grad_close(sm.softmax_backward_ref(sm.softmax_forward_ref(x), dy), sm.softmax_forward_ref, x, dy)
-    assert_grad_close(sm.softmax_backward_ref(sm.softmax_forward_ref(x, False), dy),
-                      lambda z: sm.softmax_forward_ref(z, False), x, dy)
+    assert_grad_close(
+        sm.softmax_backward_ref(sm.softmax_forward_ref(x, False), dy), lambda z: sm.softmax_forward_ref(z, False), x, dy
+    )
     # masked: z = x*factor - penalty, eps in the denominator; dX = factor * y * (dY - sum dY*y) is exact
     xm = rng.normal(size=(2, 2, 3, 4))
     mask = (rng.random((2, 1, 3, 4)) < 0.7).astype(np.float64)
     dym = rng.normal(size=xm.shape)
     y = sm.masked_softmax_forward_ref(xm, mask, 0.5)
-    assert_grad_close(sm.softmax_backward_ref(y, dym, 0.5), lambda z: sm.masked_softmax_forward_ref(z, mask, 0.5),
-                      xm, dym, atol=1e-6)
+    assert_grad_close(
+        sm.softmax_backward_ref(y, dym, 0.5), lambda z: sm.masked_softmax_forward_ref(z, mask, 0.5), xm, dym, atol=1e-6
+    )
 
 
 @pytest.mark.gpu

@@ -2,6 +2,7 @@
 forward and training, a PyTorch model with SOK layers reaches the same losses as with nn.EmbeddingBag, the
 optimizer wrappers apply torch's rules (and SOK's global Adam), every input form gives the same bags, and
 bad input is a clear error. Sharded runs: tests/test_sok_mpi.py."""
+
 import warnings
 
 import numpy as np
@@ -52,8 +53,9 @@ def test_all2all_dense_is_nn_embedding_per_key(use_hashtable):
     dyn = sok.All2AllDenseEmbedding(40, D, S, nnz, dynamic_input=True, use_hashtable=use_hashtable)
     got = dyn(uniq)
     assert got.shape == (uniq.shape[0], D)
-    np.testing.assert_array_equal(got.detach().numpy(), row_values_ref(uniq.numpy().astype(np.uint64), D,
-                                                                       dyn.table.seed, -0.05, 0.05))
+    np.testing.assert_array_equal(
+        got.detach().numpy(), row_values_ref(uniq.numpy().astype(np.uint64), D, dyn.table.seed, -0.05, 0.05)
+    )
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean"])
@@ -68,10 +70,11 @@ def test_distributed_embedding_is_embedding_bag_in_every_input_form(combiner):
     rows = torch.repeat_interleave(torch.arange(B * S), torch.diff(offs))
     cols = torch.cat([torch.arange(int(n)) for n in torch.diff(offs)])
     coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (B * S, max_nnz), check_invariants=True)
-    perm = torch.randperm(vals.shape[0], generator=torch.Generator().manual_seed(3))     # uncoalesced order
-    shuffled = torch.sparse_coo_tensor(torch.stack([rows, cols])[:, perm], vals[perm], (B * S, max_nnz),
-                                       check_invariants=True)
-    with warnings.catch_warnings():              # torch says its CSR tensors are beta, on their first use
+    perm = torch.randperm(vals.shape[0], generator=torch.Generator().manual_seed(3))  # uncoalesced order
+    shuffled = torch.sparse_coo_tensor(
+        torch.stack([rows, cols])[:, perm], vals[perm], (B * S, max_nnz), check_invariants=True
+    )
+    with warnings.catch_warnings():  # torch says its CSR tensors are beta, on their first use
         warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
         csr = torch.sparse_csr_tensor(offs, cols, vals, (B * S, max_nnz), check_invariants=True)
     for form in (coo, shuffled, csr):
@@ -82,9 +85,9 @@ def test_distributed_embedding_is_embedding_bag_in_every_input_form(combiner):
 
 def test_evaluation_finds_only_and_a_missing_key_counts_in_the_mean():
     emb = sok.DistributedEmbedding("mean", 10, 4, 1, 2)
-    emb((torch.tensor([7]), torch.tensor([0, 1])))                  # key 7 inserted in training
+    emb((torch.tensor([7]), torch.tensor([0, 1])))  # key 7 inserted in training
     emb.eval()
-    out = emb((torch.tensor([7, 9]), torch.tensor([0, 2])))         # 9 was never seen: zeros, counted
+    out = emb((torch.tensor([7, 9]), torch.tensor([0, 2])))  # 9 was never seen: zeros, counted
     np.testing.assert_array_equal(out.detach().numpy()[0, 0], emb.weight.numpy()[0] / 2)
     assert emb.keys().tolist() == [7]
 
@@ -115,10 +118,11 @@ def test_sgd_and_adam_steps_equal_torch_on_the_touched_rows():
                 o.zero_grad()
                 out = module((vals, offs)) if module is emb else module(vals, offs[:-1])
                 ((out.view(B, S, D) - target) ** 2).sum().backward()
-                with torch.sparse.check_sparse_tensor_invariants(enable=True):   # (torch warns when unsaid)
+                with torch.sparse.check_sparse_tensor_invariants(enable=True):  # (torch warns when unsaid)
                     o.step()
-            np.testing.assert_allclose(emb.weight.numpy(), ref.weight.detach().numpy(), rtol=1e-5, atol=1e-6,
-                                       err_msg=kind)
+            np.testing.assert_allclose(
+                emb.weight.numpy(), ref.weight.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=kind
+            )
 
 
 class MLP(torch.nn.Module):
@@ -178,13 +182,13 @@ def test_sok_global_adam_moves_every_row_in_use():
         emb((torch.tensor(keys), torch.tensor([0, len(keys)]))).sum().backward()
         opt.step()
         rows[step] = dict(zip(emb.keys().tolist(), emb.weight.numpy().copy()))
-    assert not np.array_equal(rows[1][2], rows[0][2])          # key 2 was not in step 1's batch but moved
+    assert not np.array_equal(rows[1][2], rows[0][2])  # key 2 was not in step 1's batch but moved
     # HugeCTR's global Adam by hand for key 2 (hot at step 1 only, g = 1; eps 1e-7): m, v decay afterwards
     w = row_values_ref(np.array([2], np.uint64), 2, emb.table.seed, -0.05, 0.05)[0].astype(np.float64)
     m = v = 0.0
     for t, g in ((1, 1.0), (2, 0.0), (3, 0.0)):
         m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
-        w = w - 0.1 * np.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t) * m / (np.sqrt(v) + 1e-7)
+        w = w - 0.1 * np.sqrt(1 - 0.999**t) / (1 - 0.9**t) * m / (np.sqrt(v) + 1e-7)
     np.testing.assert_allclose(rows[2][2], w, rtol=1e-5)
     with pytest.raises(ValueError, match="SOK tables only"):
         sok.Adam(list(emb.parameters()) + [torch.nn.Parameter(torch.zeros(3))])
@@ -193,21 +197,21 @@ def test_sok_global_adam_moves_every_row_in_use():
 def test_the_learning_rate_of_the_group_is_read_at_every_step_and_rebinding_keeps_rows():
     emb = sok.DistributedEmbedding("sum", 10, 2, 1, 2)
     ids = (torch.tensor([4]), torch.tensor([0, 1]))
-    emb(ids)                                            # a key inserted before any optimizer exists
+    emb(ids)  # a key inserted before any optimizer exists
     before = emb.weight.clone()
-    opt = sok.OptimizerWrapper(torch.optim.Adam(emb.parameters(), lr=0.5))    # rebuilds the engine's states
+    opt = sok.OptimizerWrapper(torch.optim.Adam(emb.parameters(), lr=0.5))  # rebuilds the engine's states
     assert emb.keys().tolist() == [4] and torch.equal(emb.weight, before)
     sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=1, gamma=0.0)
     opt.zero_grad()
     emb(ids).sum().backward()
     opt.step()
-    sched.step()                                        # the group's lr: 0.5 -> 0
+    sched.step()  # the group's lr: 0.5 -> 0
     first = emb.weight.clone()
     assert not torch.equal(first, before)
     opt.zero_grad()
     emb(ids).sum().backward()
     opt.step()
-    assert torch.equal(emb.weight, first)               # lr 0 reached the table: no change
+    assert torch.equal(emb.weight, first)  # lr 0 reached the table: no change
     with pytest.raises(ValueError, match="updated by HUGECTR_ADAM already"):
         sok.SGD(emb.parameters(), lr=0.1)
 
@@ -216,10 +220,10 @@ def test_lookup_sparse_variables_combiners_and_weights():
     v = sok.Variable(np.arange(24, dtype=np.float32).reshape(6, 4))
     dv = sok.DynamicVariable(dimension=4, initializer="13")
     assert v.shape == v.global_shape == (6, 4) and v.target_gpu == -1 and dv.target_gpu == -1
-    ids_v = (torch.tensor([0, 5, 5, 2]), torch.tensor([0, 3, 3, 4]))          # bags [0,5,5] [] [2]
-    ids_d = torch.tensor([[2 ** 40, 3], [3, 3], [7, 8]])
+    ids_v = (torch.tensor([0, 5, 5, 2]), torch.tensor([0, 3, 3, 4]))  # bags [0,5,5] [] [2]
+    ids_d = torch.tensor([[2**40, 3], [3, 3], [7, 8]])
     w_v = (torch.tensor([1.0, 2.0, 1.0, 0.5]), ids_v[1])
-    one = sok.lookup_sparse(v, ids_v)                          # a single param: a tensor, combiner 'mean'
+    one = sok.lookup_sparse(v, ids_v)  # a single param: a tensor, combiner 'mean'
     assert isinstance(one, torch.Tensor)
     W = torch.arange(24, dtype=torch.float32).reshape(6, 4)
     np.testing.assert_allclose(one.detach().numpy(), F.embedding_bag(ids_v[0], W, ids_v[1][:-1], mode="mean").numpy())
@@ -227,10 +231,10 @@ def test_lookup_sparse_variables_combiners_and_weights():
     want = F.embedding_bag(ids_v[0], W, ids_v[1][:-1], mode="sum", per_sample_weights=w_v[0])
     np.testing.assert_allclose(s.detach().numpy(), want.numpy())
     np.testing.assert_array_equal(d.detach().numpy(), np.full((3, 4), 13, np.float32))
-    assert dv.size == 4 and sorted(sok.export(dv)[0].tolist()) == [3, 7, 8, 2 ** 40]
+    assert dv.size == 4 and sorted(sok.export(dv)[0].tolist()) == [3, 7, 8, 2**40]
     wm = sok.lookup_sparse([v], [ids_v], sp_weights=[w_v], combiners=["mean"])[0]
     np.testing.assert_allclose(wm.detach().numpy()[0], (W[0] + 2 * W[5] + W[5]).numpy() / 4)
-    np.testing.assert_allclose(wm.detach().numpy()[2], W[2].numpy())          # 0.5 W[2] / 0.5
+    np.testing.assert_allclose(wm.detach().numpy()[2], W[2].numpy())  # 0.5 W[2] / 0.5
     sok.assign(dv, torch.tensor([3, 99]), torch.ones(2, 4))
     np.testing.assert_array_equal(sok.lookup_sparse(dv, torch.tensor([[99, 3]])).detach().numpy(), np.ones((1, 4)))
     frozen = sok.Variable(shape=(5, 2), initializer=torch.nn.init.ones_, trainable=False)
@@ -261,8 +265,9 @@ def test_bad_input_is_a_clear_error():
     with pytest.raises(TypeError, match="integer"):
         emb(torch.zeros(2, 2))
     with pytest.raises(ValueError, match="twice"):
-        emb(torch.sparse_coo_tensor(torch.tensor([[0, 0], [1, 1]]), torch.tensor([1, 2]), (2, 2),
-                                    check_invariants=True))
+        emb(
+            torch.sparse_coo_tensor(torch.tensor([[0, 0], [1, 1]]), torch.tensor([1, 2]), (2, 2), check_invariants=True)
+        )
     keyed = sok.DistributedEmbedding("sum", 8, 2, 1, 2)
     with pytest.raises(ValueError, match="key -1 at position 0 .* reserved"):
         keyed((torch.tensor([-1]), torch.tensor([0, 1])))
@@ -272,7 +277,7 @@ def test_bad_input_is_a_clear_error():
     full = sok.DynamicVariable(2, max_capacity=3)
     with pytest.raises(VocabularyFullError, match="raise max_capacity .* to at least 5"):
         sok.lookup_sparse(full, torch.tensor([[1, 2, 3, 4, 5]]))
-    assert full.size == 0                                   # the table is unchanged
+    assert full.size == 0  # the table is unchanged
     with pytest.raises(ValueError, match="only 1 rank"):
         sok.Variable(shape=(3, 2), mode="localized:1")
     with pytest.raises(ValueError, match="initializer 'normal' is not supported"):
@@ -286,7 +291,7 @@ def test_a_second_backward_before_the_step_and_unsupported_optimizers_are_errors
     with pytest.raises(RuntimeError, match="a second backward, and no sok.OptimizerWrapper holds this table"):
         emb(ids).sum().backward()
     opt = sok.SGD(emb.parameters(), lr=0.1)
-    opt.zero_grad()                                        # drops the held gradient
+    opt.zero_grad()  # drops the held gradient
     emb(ids).sum().backward()
     opt.step()
     for bad in (torch.optim.SGD(emb.parameters(), lr=0.1, momentum=0.9), torch.optim.RMSprop(emb.parameters())):

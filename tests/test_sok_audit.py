@@ -4,6 +4,7 @@ Adam's t is the wrapper's step count for every table; a wrapped torch.optim.Adam
 of a sok.Variable, the touched rows of a DynamicVariable); a DynamicVariable inserts new keys in
 evaluation too; all2all_dense_embedding, incremental_model_dump, filter_variables and SOK's optimizers on
 SOK's variables; a plain torch optimizer's mistake names the fix. Each test fails on the code before."""
+
 import datetime
 import io
 import time
@@ -139,7 +140,7 @@ def lazy_adam(steps, dim, lr, init, t_of):
             W.setdefault(k, np.full(dim, init))
             m[k] = B1 * m.get(k, 0) + (1 - B1) * gk
             s[k] = B2 * s.get(k, 0) + (1 - B2) * gk * gk
-            W[k] = W[k] - lr * np.sqrt(1 - B2 ** t) / (1 - B1 ** t) * m[k] / (np.sqrt(s[k]) + EPS)
+            W[k] = W[k] - lr * np.sqrt(1 - B2**t) / (1 - B1**t) * m[k] / (np.sqrt(s[k]) + EPS)
     return W
 
 
@@ -155,8 +156,9 @@ def test_adam_counts_the_wrappers_steps_for_every_table():
         opt.zero_grad()
         loss = (sok.lookup_sparse(a, csr(bags), combiners="sum") * torch.tensor(C, dtype=torch.float32)).sum()
         if i > 0:
-            loss = loss + (sok.lookup_sparse(b, csr(bags), combiners="sum")
-                           * torch.tensor(C, dtype=torch.float32)).sum()
+            loss = (
+                loss + (sok.lookup_sparse(b, csr(bags), combiners="sum") * torch.tensor(C, dtype=torch.float32)).sum()
+            )
         loss.backward()
         opt.step()
     steps_b = [grads(bags, "sum", C, D) for bags, C in zip(batches[1:], Cs[1:])]
@@ -191,16 +193,21 @@ def test_wrapped_adam_moves_every_row_of_a_variable_and_the_touched_rows_of_a_dy
     rng = np.random.default_rng(3)
     V, D, lr = 6, 2, 0.05
     T0 = rng.standard_normal((V, D)).astype(np.float32)
-    batches = [([[1, 2], [2]], rng.standard_normal((2, D))), ([[4]], rng.standard_normal((1, D))),
-               ([[1, 5, 5]], rng.standard_normal((1, D)))]
+    batches = [
+        ([[1, 2], [2]], rng.standard_normal((2, D))),
+        ([[4]], rng.standard_normal((1, D))),
+        ([[1, 5, 5]], rng.standard_normal((1, D))),
+    ]
     var = sok.Variable(T0.copy())
     dyn = sok.DynamicVariable(dimension=D, initializer="0")
     opt = sok.OptimizerWrapper(torch.optim.Adam([var.placeholder, dyn.placeholder], lr=lr, eps=EPS))
     for bags, C in batches:
         opt.zero_grad()
         c = torch.tensor(C, dtype=torch.float32)
-        ((sok.lookup_sparse(var, csr(bags), combiners="sum") * c).sum()
-         + (sok.lookup_sparse(dyn, csr(bags), combiners="sum") * c).sum()).backward()
+        (
+            (sok.lookup_sparse(var, csr(bags), combiners="sum") * c).sum()
+            + (sok.lookup_sparse(dyn, csr(bags), combiners="sum") * c).sum()
+        ).backward()
         opt.step()
     W, m, s = T0.astype(np.float64), np.zeros((V, D)), np.zeros((V, D))
     for t, (bags, C) in enumerate(batches, 1):
@@ -208,10 +215,10 @@ def test_wrapped_adam_moves_every_row_of_a_variable_and_the_touched_rows_of_a_dy
         for k, gk in grads(bags, "sum", C, D).items():
             g[k] = gk
         m, s = B1 * m + (1 - B1) * g, B2 * s + (1 - B2) * g * g
-        W = W - lr * np.sqrt(1 - B2 ** t) / (1 - B1 ** t) * m / (np.sqrt(s) + EPS)
+        W = W - lr * np.sqrt(1 - B2**t) / (1 - B1**t) * m / (np.sqrt(s) + EPS)
     np.testing.assert_allclose(var.weight.numpy(), W, rtol=1e-5, atol=1e-6)
     touched_rule = lazy_adam([grads(b, "sum", C, D) for b, C in batches], D, lr, 0.0, lambda i: i + 1)
-    moved = T0[2] + touched_rule[2]                  # row 2, touched at step 1 only: moved on by its momentum
+    moved = T0[2] + touched_rule[2]  # row 2, touched at step 1 only: moved on by its momentum
     assert np.abs(var.weight.numpy()[2] - moved).max() > 1e-3
     want = lazy_adam([grads(b, "sum", C, D) for b, C in batches], D, lr, 0.0, lambda i: i + 1)
     got = rows_of(dyn)
@@ -249,7 +256,7 @@ def test_all2all_dense_embedding_reads_every_key_and_trains_its_rows():
     out = sok.all2all_dense_embedding(v, ids)
     assert out.shape == (2, 3, 2)
     np.testing.assert_array_equal(out.detach().numpy(), T0[ids.numpy()])
-    opt = sok.SGD([v], lr=0.5)                              # SOK's optimizers take the variables themselves
+    opt = sok.SGD([v], lr=0.5)  # SOK's optimizers take the variables themselves
     out.sum().backward()
     opt.step()
     want = T0.copy()
@@ -257,7 +264,7 @@ def test_all2all_dense_embedding_reads_every_key_and_trains_its_rows():
         want[k] -= 0.5 * n
     np.testing.assert_array_equal(v.weight.numpy(), want)
     d = sok.DynamicVariable(dimension=2, initializer="2")
-    got = sok.all2all_dense_embedding(d, torch.tensor([2 ** 40, 7, 7]))
+    got = sok.all2all_dense_embedding(d, torch.tensor([2**40, 7, 7]))
     np.testing.assert_array_equal(got.detach().numpy(), np.full((3, 2), 2.0))
     with pytest.raises(TypeError, match="sok.Variable or sok.DynamicVariable"):
         sok.all2all_dense_embedding(torch.nn.Embedding(3, 2), torch.tensor([1]))
@@ -312,7 +319,7 @@ def test_a_table_no_wrapper_holds_says_how_to_wrap_the_optimizer():
 
 
 # ---- several lookups of a table under mpiexec ----------------------------------------------------------
-_SHARDED_RUN = r'''
+_SHARDED_RUN = r"""
 import os, sys
 os.environ.setdefault("NUMBACTR_DEVICE", "cpu")
 sys.path.insert(0, sys.argv[2])
@@ -352,7 +359,7 @@ for name, m in (("v", v), ("d", d), ("loc", loc)):
     out[name + ":keys"], out[name + ":rows"] = k[order], w[order]
 if comm.rank == 0:
     np.savez(sys.argv[1], **out)
-'''
+"""
 
 
 @pytest.mark.mpi
@@ -365,6 +372,7 @@ def test_several_lookups_of_a_sharded_table_train_as_on_one_rank(tmp_path):
     import sys
 
     from tests.mpi_util import HAVE_MPI, MPIEXEC
+
     if not HAVE_MPI:
         pytest.skip("needs mpiexec and mpi4py")
     script = tmp_path / "run.py"
@@ -375,8 +383,14 @@ def test_several_lookups_of_a_sharded_table_train_as_on_one_rank(tmp_path):
     results = {}
     for ranks in (1, 2):
         out = tmp_path / f"r{ranks}.npz"
-        r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, str(script), str(out), root],
-                           capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [MPIEXEC, "-n", str(ranks), sys.executable, str(script), str(out), root],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, f"mpiexec -n {ranks} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         results[ranks] = dict(np.load(out))
     for name, want in results[1].items():
@@ -391,6 +405,7 @@ def test_sok_variable_classes_comm_tool_and_read_and_evict():
     SOK's global_shape / target_gpu / num_gpus / global_gpu_id / key_map); the classes take SOK's own
     arguments; set_comm_tool takes SOK's tool; sparse_read_and_evict is a clear NotImplementedError."""
     import numbactr.sok as sok
+
     sok.init()
     v = sok.Variable(np.arange(15, dtype=np.float32).reshape(5, 3))
     assert type(v) is sok.DistributedVariable and isinstance(v, sok.Variable)
@@ -410,9 +425,9 @@ def test_sok_variable_classes_comm_tool_and_read_and_evict():
     named = sok.Variable(np.ones((4, 2), np.float32), False, None, True, None, "pos_name")
     assert named.name == "pos_name" and not named.table.trainable
     with pytest.raises(ValueError, match="collections"):
-        sok.Variable(np.ones((4, 2), np.float32), True, "my_table")     # a name where SOK has collections
+        sok.Variable(np.ones((4, 2), np.float32), True, "my_table")  # a name where SOK has collections
     with pytest.raises(TypeError):
-        sok.DistributedVariable(np.ones((4, 2), np.float32), *([None] * 17))    # more than SOK's arguments
+        sok.DistributedVariable(np.ones((4, 2), np.float32), *([None] * 17))  # more than SOK's arguments
     sok.set_comm_tool("horovod")
     with pytest.raises(ValueError, match="tool"):
         sok.set_comm_tool("nccl")

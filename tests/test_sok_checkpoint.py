@@ -2,6 +2,7 @@
 OptimizerWrapper's state_dict() their optimizer states, so torch.save / torch.load of both, in a fresh model
 and optimizer, resumes training exactly where it stopped (the same losses and rows as training on without a
 break); bad checkpoints are clear errors that change nothing. Two ranks: tests/test_sok_mpi.py."""
+
 import io
 
 import numpy as np
@@ -55,21 +56,26 @@ class Net(torch.nn.Module):
 
 
 def make(kind: str, opt: str):
-    sok.init(seed=3, set_torch_threads=False)       # a fresh process: tables created in the same order
+    sok.init(seed=3, set_torch_threads=False)  # a fresh process: tables created in the same order
     torch.manual_seed(0)
     net = Net(kind)
     tables, dense = sok.filter_variables(net)
     if opt == "sok_adam":
         return net, [sok.optimizers.Adam(tables, learning_rate=0.05), torch.optim.SGD(dense, lr=0.1)]
-    make_opt = {"sgd": lambda p: torch.optim.SGD(p, lr=0.2), "adam": lambda p: torch.optim.Adam(p, lr=0.05),
-                "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1)}[opt]
+    make_opt = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.2),
+        "adam": lambda p: torch.optim.Adam(p, lr=0.05),
+        "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1),
+    }[opt]
     return net, [sok.OptimizerWrapper(make_opt(net.parameters()))]
 
 
 def batches(n: int, seed: int = 5):
     rng = np.random.default_rng(seed)
-    return [(torch.from_numpy(rng.integers(0, 64, (B, S, NNZ))), torch.from_numpy(rng.integers(0, 2, B)).float())
-            for _ in range(n)]
+    return [
+        (torch.from_numpy(rng.integers(0, 64, (B, S, NNZ))), torch.from_numpy(rng.integers(0, 2, B)).float())
+        for _ in range(n)
+    ]
 
 
 def train(net, opts, data) -> list:
@@ -112,7 +118,7 @@ def test_torch_save_and_load_resume_training_exactly(kind, opt):
     want_losses = train(net, opts, data[3:])
     want_rows = rows(net)
 
-    net2, opts2 = make(kind, opt)                    # a fresh model: other rows until the load
+    net2, opts2 = make(kind, opt)  # a fresh model: other rows until the load
     load(blob, net2, opts2)
     assert train(net2, opts2, data[3:]) == want_losses
     got_rows = rows(net2)
@@ -190,9 +196,15 @@ def test_bad_checkpoints_are_clear_errors_that_change_nothing():
     wrong = {**osd, "sok_tables": [{**osd["sok_tables"][0], "optimizer": "EXACT_SGD"}]}
     with pytest.raises(ValueError, match="optimizer is EXACT_SGD, this table's is HUGECTR_ADAM"):
         opts[0].load_state_dict(wrong)
-    short = {**osd, "sok_tables": [{**osd["sok_tables"][0],
-                                    "states": {**osd["sok_tables"][0]["states"],
-                                               "v": osd["sok_tables"][0]["states"]["v"][:, :1]}}]}
+    short = {
+        **osd,
+        "sok_tables": [
+            {
+                **osd["sok_tables"][0],
+                "states": {**osd["sok_tables"][0]["states"], "v": osd["sok_tables"][0]["states"]["v"][:, :1]},
+            }
+        ],
+    }
     step_before = net.emb.table.engine.step
     with pytest.raises(ValueError, match="optimizer state v must be"):
         opts[0].load_state_dict(short)

@@ -3,6 +3,7 @@ layout by hand: 296-byte heads, <name>-key / -weight / -<Optimizer>-<slot>), fil
 dump loads back into a fresh model with the same rows and optimizer states (training then goes on as
 without the break for SGD and Adagrad), and bad folders are clear errors that change nothing. Two ranks:
 tests/test_sok_mpi.py."""
+
 import os
 
 import numpy as np
@@ -35,14 +36,17 @@ def sok_head(kind: int, slot: str, dtype_index: int) -> bytes:
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.var = sok.Variable(shape=[20, D], name="user/item:0")         # SOK's file name: user_item_0
+        self.var = sok.Variable(shape=[20, D], name="user/item:0")  # SOK's file name: user_item_0
         self.dyn = sok.DynamicVariable(dimension=D, name="dyn")
         self.loc = sok.Variable(shape=[7, D], mode="localized:0", name="loc")
         self.top = torch.nn.Linear(3 * D, 1)
 
     def forward(self, ids):
-        parts = sok.lookup_sparse([self.var, self.dyn, self.loc], [ids[:, :2] % 20, ids[:, 2:] * 1000, ids[:, :1] % 7],
-                                  combiners=["sum", "mean", "sum"])
+        parts = sok.lookup_sparse(
+            [self.var, self.dyn, self.loc],
+            [ids[:, :2] % 20, ids[:, 2:] * 1000, ids[:, :1] % 7],
+            combiners=["sum", "mean", "sum"],
+        )
         return self.top(torch.cat(parts, 1)).squeeze(1)
 
 
@@ -51,15 +55,20 @@ def make(opt: str):
     torch.manual_seed(0)
     net = Net()
     tables, dense = sok.filter_variables(net)
-    rule = {"sgd": lambda p: torch.optim.SGD(p, lr=0.3), "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.2),
-            "adam": lambda p: torch.optim.Adam(p, lr=0.05)}[opt]
+    rule = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.3),
+        "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.2),
+        "adam": lambda p: torch.optim.Adam(p, lr=0.05),
+    }[opt]
     return net, sok.OptimizerWrapper(rule(tables)), torch.optim.SGD(dense, lr=0.1)
 
 
 def batches(n, seed=2):
     rng = np.random.default_rng(seed)
-    return [(torch.from_numpy(rng.integers(0, 30, (B, 4))), torch.from_numpy(rng.integers(0, 2, B)).float())
-            for _ in range(n)]
+    return [
+        (torch.from_numpy(rng.integers(0, 30, (B, 4))), torch.from_numpy(rng.integers(0, 2, B)).float())
+        for _ in range(n)
+    ]
 
 
 def train(net, opts, data):
@@ -88,8 +97,11 @@ def test_dump_then_load_gives_the_rows_and_states_back(tmp_path, opt):
     sok.dump(str(tmp_path), tables, wrap)
     slots = {"sgd": [], "adagrad": ["accumulator"], "adam": ["m", "v"]}[opt]
     name = {"sgd": "SGD", "adagrad": "Adagrad", "adam": "Adam"}[opt]
-    assert sorted(os.listdir(tmp_path)) == sorted(f"{base}-{what}" for base in ("user_item_0", "dyn", "loc")
-                                                  for what in ["key", "weight"] + [f"{name}-{s}" for s in slots])
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        f"{base}-{what}"
+        for base in ("user_item_0", "dyn", "loc")
+        for what in ["key", "weight"] + [f"{name}-{s}" for s in slots]
+    )
     dense_state = dense.state_dict()
     top = {k: v.clone() for k, v in net.top.state_dict().items()}
     want_states = [m.table.optimizer_state() for m in tables]
@@ -103,12 +115,15 @@ def test_dump_then_load_gives_the_rows_and_states_back(tmp_path, opt):
     for m, want in zip([net2.var, net2.dyn, net2.loc], want_states):
         got = m.table.optimizer_state()
         assert sorted(got["keys"].tolist()) == sorted(want["keys"].tolist())
-        assert sorted(got["states"]) == sorted(want["states"]) == sorted({"sgd": [], "adagrad": ["accum"],
-                                                                          "adam": ["m", "v"]}[opt])
-        for k, v in want["states"].items():              # each key's state, whatever row it landed in
+        assert (
+            sorted(got["states"])
+            == sorted(want["states"])
+            == sorted({"sgd": [], "adagrad": ["accum"], "adam": ["m", "v"]}[opt])
+        )
+        for k, v in want["states"].items():  # each key's state, whatever row it landed in
             np.testing.assert_array_equal(got["states"][k][np.argsort(got["keys"])], v[np.argsort(want["keys"])])
     losses = train(net2, [wrap2, dense2], data[3:])
-    if opt != "adam":                       # Adam's step count is not in SOK's files (it restarts at 0)
+    if opt != "adam":  # Adam's step count is not in SOK's files (it restarts at 0)
         assert losses == want_losses
         for m, want in zip([net2.var, net2.dyn, net2.loc], want_rows):
             got = table_rows(m)
@@ -137,7 +152,7 @@ def test_the_files_are_soks_byte_for_byte(tmp_path):
 def test_files_written_the_soks_way_load(tmp_path):
     """A folder written by hand as SOK writes it (keys in any order, an int32 key file) loads."""
     rng = np.random.default_rng(3)
-    keys = np.array([7000, 3, 2 ** 40, 12], np.int64)
+    keys = np.array([7000, 3, 2**40, 12], np.int64)
     vals = rng.standard_normal((4, D)).astype(np.float32)
     (tmp_path / "dyn-key").write_bytes(sok_head(0, "", 1) + keys.tobytes())
     (tmp_path / "dyn-weight").write_bytes(sok_head(1, "", 5) + vals.tobytes())
@@ -188,4 +203,4 @@ def test_bad_folders_are_clear_errors_that_change_nothing(tmp_path):
         sok.dump(str(tmp_path), [torch.nn.Linear(2, 2)])
     with pytest.raises(ValueError, match="'empty' holds no key yet"):
         sok.dump(str(tmp_path / "new"), [sok.DynamicVariable(dimension=D, name="empty")])
-    assert not (tmp_path / "new").exists()                  # nothing written
+    assert not (tmp_path / "new").exists()  # nothing written

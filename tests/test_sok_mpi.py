@@ -6,6 +6,7 @@ broadcast_parameters and average_gradients; each mpiexec run is its own subproce
 first step's embeddings are identical (the lookups are exact); later steps agree to float32 rounding (the
 ranks' gradients are divided by R and averaged, the one-rank run divides once).
 """
+
 import os
 import pathlib
 import subprocess
@@ -29,23 +30,29 @@ def test_sharded_sok_model_equals_one_rank(tmp_path):
     results = {}
     for ranks in (1, 2, 3):
         out = tmp_path / f"r{ranks}.npz"
-        r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "sok_run.py"), str(out)],
-                           capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [MPIEXEC, "-n", str(ranks), sys.executable, str(HERE / "mpi" / "sok_run.py"), str(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, f"mpiexec -n {ranks} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         assert "Warning" not in r.stderr, r.stderr[-3000:]
         results[ranks] = dict(np.load(out))
     one = results[1]
-    assert one["loss"][-1] != one["loss"][0] and one["dyn:keys"].max() >= 2 ** 30
+    assert one["loss"][-1] != one["loss"][0] and one["dyn:keys"].max() >= 2**30
     for ranks in (2, 3):
         got = results[ranks]
         assert got.keys() == one.keys()
-        np.testing.assert_array_equal(got["emb"][0], one["emb"][0])          # first lookups: exact
+        np.testing.assert_array_equal(got["emb"][0], one["emb"][0])  # first lookups: exact
         for name, want in one.items():
             have = got[name]
-            if name.startswith("dense:"):       # an unkeyed layer holds max_vocabulary_size_per_gpu rows per rank
+            if name.startswith("dense:"):  # an unkeyed layer holds max_vocabulary_size_per_gpu rows per rank
                 assert have.shape[0] == ranks * want.shape[0]
                 np.testing.assert_array_equal(got["dense:keys"][:16], one["dense:keys"])
-                have = have[:want.shape[0]]
+                have = have[: want.shape[0]]
             if name.endswith(":keys"):
                 np.testing.assert_array_equal(have, want, err_msg=f"{ranks} ranks: {name}")
             else:
@@ -62,8 +69,14 @@ def test_two_ranks_resume_from_their_torch_checkpoints_exactly(tmp_path):
     results = []
     for mode in ([], ["resume"]):
         out = tmp_path / f"{'-'.join(mode) or 'plain'}.npz"
-        r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(HERE / "mpi" / "sok_run.py"), str(out), *mode],
-                           capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [MPIEXEC, "-n", "2", sys.executable, str(HERE / "mpi" / "sok_run.py"), str(out), *mode],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, f"mpiexec -n 2 {mode} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         results.append(dict(np.load(out)))
     plain, resumed = results
@@ -81,8 +94,14 @@ def test_sok_dump_on_two_ranks_loads_on_two_and_on_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBACTR_DEVICE"] = "cpu"
     out, folder = tmp_path / "r2.npz", tmp_path / "sok_files"
-    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(HERE / "mpi" / "sok_run.py"), str(out), "dump",
-                        str(folder)], capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, str(HERE / "mpi" / "sok_run.py"), str(out), "dump", str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, f"mpiexec -n 2 dump failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     two = dict(np.load(out))
     sys.path.insert(0, str(HERE / "mpi"))
@@ -92,11 +111,12 @@ def test_sok_dump_on_two_ranks_loads_on_two_and_on_one(tmp_path):
         sys.path.pop(0)
     from numbactr.runtime import device
     import numbactr.sok as sok
+
     old = device.kind()
     device.set_device("cpu")
     try:
         model, opt, opt_vars = sok_run.build(sok.init(seed=3, set_torch_threads=False))
-        sok.load(str(folder), [model.dist, model.loc], opt)     # (the unkeyed layer's size follows the ranks)
+        sok.load(str(folder), [model.dist, model.loc], opt)  # (the unkeyed layer's size follows the ranks)
         sok.load(str(folder), [model.var, model.dyn], opt_vars)
         for name in ("dist", "var", "dyn", "loc"):
             module = getattr(model, name)
@@ -117,12 +137,18 @@ def test_the_example_learns_and_two_ranks_print_one_ranks_losses():
     example = str(HERE.parent / "examples" / "sok_demo.py")
     printed = {}
     for ranks in (1, 2):
-        r = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, example], capture_output=True, text=True,
-                           env=env, timeout=240, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [MPIEXEC, "-n", str(ranks), sys.executable, example],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0 and "Warning" not in r.stderr, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         printed[ranks] = [float(line.split("loss ")[1]) for line in r.stdout.splitlines() if line.startswith("step ")]
         last = r.stdout.splitlines()[-1]
         first, final = (float(x.split()[0]) for x in last.split("loss ")[1].split("->"))
         assert last.startswith(f"{ranks} rank(s)") and final < first - 0.05
     assert len(printed[1]) == 4
-    np.testing.assert_allclose(printed[2], printed[1], atol=2e-4)      # printed with 4 decimals
+    np.testing.assert_allclose(printed[2], printed[1], atol=2e-4)  # printed with 4 decimals

@@ -1,6 +1,7 @@
 """Training batches staged on the device one step ahead (numbactr.data.staging.DeviceStager): on sim the same
 slots and hand-over as on a GPU (without its streams). Staged training equals unstaged training, the reader's
 stream (epoch ends, partial batches, a new source) is unchanged, and one-hot offsets are made on the device."""
+
 import dataclasses
 
 import numpy as np
@@ -31,11 +32,12 @@ def test_staged_training_equals_unstaged(tmp_path, monkeypatch):
     plain, p_steps = _run(tmp_path / "b", monkeypatch, "0", calls=3)
     assert s_steps == p_steps == [True] * 3
     assert isinstance(staged._stager, DeviceStager) and plain._stager is None
-    assert staged._stager.uploads == 4                            # each step stages the next batch
-    assert staged._stager.device_offsets == 4                     # one key per slot: offsets made on the device
+    assert staged._stager.uploads == 4  # each step stages the next batch
+    assert staged._stager.device_offsets == 4  # one key per slot: offsets made on the device
     np.testing.assert_array_equal(np.asarray(staged.weights), np.asarray(plain.weights))
-    np.testing.assert_array_equal(np.asarray(staged.embeddings[0].weight.data),
-                                  np.asarray(plain.embeddings[0].weight.data))
+    np.testing.assert_array_equal(
+        np.asarray(staged.embeddings[0].weight.data), np.asarray(plain.embeddings[0].weight.data)
+    )
     assert staged.get_current_loss() == plain.get_current_loss()
 
 
@@ -46,7 +48,7 @@ def test_epoch_end_partial_batch_and_a_new_source(tmp_path, monkeypatch):
     plain, p_steps = _run(tmp_path / "b", monkeypatch, "0", n_train=10, repeat=False, calls=4)
     assert s_steps == p_steps == [True, True, True, False]
     st = staged._stager
-    assert st.uploads == 3 and st.device_offsets == 2             # the padded batch's offsets were uploaded
+    assert st.uploads == 3 and st.device_offsets == 2  # the padded batch's offsets were uploaded
     np.testing.assert_array_equal(np.asarray(staged.weights), np.asarray(plain.weights))
     # a new source: the new reader starts from its first row (a batch staged from the old one is dropped)
     for m in (staged, plain):
@@ -65,21 +67,23 @@ def test_reader_workers_write_the_pinned_buffers(tmp_path, monkeypatch):
     st = staged._stager
     copies_then, direct_then = st.host_copies, st.direct_uploads
     assert staged.train() and staged.train()
-    plain, p_steps = _run(tmp_path / "b", monkeypatch, "0", n_train=24, calls=8)    # (the flag is global)
+    plain, p_steps = _run(tmp_path / "b", monkeypatch, "0", n_train=24, calls=8)  # (the flag is global)
     assert s_steps + [True] * 2 == p_steps == [True] * 8
     state = (st.host_copies, st.direct_uploads, st.arena.blocks, st.arena.reused)
-    assert st.host_copies == copies_then, state          # none since: each batch came in arena blocks
-    assert st.direct_uploads == direct_then + 2 * 3, state   # label, dense, keys (offsets made on the device)
+    assert st.host_copies == copies_then, state  # none since: each batch came in arena blocks
+    assert st.direct_uploads == direct_then + 2 * 3, state  # label, dense, keys (offsets made on the device)
     # label, dense, keys and offsets per batch, for the batches in flight (queued, held, staged); the reader's
     # worker reuses released blocks for the batches it prefetches after them (it runs on its own: wait for it)
     import time
+
     deadline = time.monotonic() + 30
     while st.arena.reused == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert st.arena.reused > 0 and st.arena.blocks <= 4 * 10, state
     np.testing.assert_array_equal(np.asarray(staged.weights), np.asarray(plain.weights))
-    np.testing.assert_array_equal(np.asarray(staged.embeddings[0].weight.data),
-                                  np.asarray(plain.embeddings[0].weight.data))
+    np.testing.assert_array_equal(
+        np.asarray(staged.embeddings[0].weight.data), np.asarray(plain.embeddings[0].weight.data)
+    )
 
 
 def test_host_mirrors_serve_the_batch_handed_out_and_hold_its_blocks(tmp_path, monkeypatch):
@@ -88,11 +92,12 @@ def test_host_mirrors_serve_the_batch_handed_out_and_hold_its_blocks(tmp_path, m
     the device's); the previous batch's mirrors go when the next batch is handed out, and its arena blocks are
     released only then (a worker may not overwrite them while the step still reads them)."""
     from numbactr.kernels import launch
+
     monkeypatch.setenv("NUMBACTR_STAGE_INPUTS", "1")
     device.set_device("sim")
     tr, ev = tiny_data(str(tmp_path), n_train=24, n_eval=8, files=1)
     m = tiny_dlrm(tr, ev, batch=4, lr=0.05)
-    m.ranks = 2                                  # (the model's own step stays one rank's: only the stager)
+    m.ranks = 2  # (the model's own step stays one rank's: only the stager)
     stager = train_step.stager_for_step(m)
     m.ranks = 1
     assert stager.host_mirrors
@@ -117,7 +122,7 @@ def test_host_mirrors_serve_the_batch_handed_out_and_hold_its_blocks(tmp_path, m
                 device.to_host(a)
             assert len(stale) == 3 and launch.reset_counts()["host_reads"] == 3
         previous = arrays
-    stager.close()                               # (a model replacing its stager): the mirrors go
+    stager.close()  # (a model replacing its stager): the mirrors go
     assert all(device.host_mirror(a) is None for a in arrays)
     # one-rank stagers keep no mirrors
     assert not DeviceStager().host_mirrors
@@ -131,6 +136,7 @@ def test_host_mirrored_batches_keep_their_arena_blocks_until_retired():
     from types import SimpleNamespace
 
     from numbactr.data.batch import Batch
+
     device.set_device("sim")
     stager = DeviceStager(host_mirrors=True)
     reader = SimpleNamespace(memory=SimpleNamespace(arena=None))
@@ -141,22 +147,22 @@ def test_host_mirrored_batches_keep_their_arena_blocks_until_retired():
         label, dense = mem.empty((4, 1), np.float32), mem.empty((4, 3), np.float32)
         keys = mem.empty((6,), np.int64)
         label[:], dense[:], keys[:] = rng.random((4, 1)), rng.random((4, 3)), rng.integers(0, 9, 6)
-        offsets = np.array([0, 2, 3, 3, 6], np.int64)            # not one-hot: uploaded as well (a copy)
+        offsets = np.array([0, 2, 3, 3, 6], np.int64)  # not one-hot: uploaded as well (a copy)
         return Batch(label, dense, [(keys, offsets)], 4, memory=mem)
 
     held = []
     for step in range(6):
         stager.next(reader, fetch)
         pairs, (mem, _event) = stager._out
-        assert mem is not None and len(mem.blocks) == 3      # label, dense, keys: still the batch's
+        assert mem is not None and len(mem.blocks) == 3  # label, dense, keys: still the batch's
         for d, h in pairs:
             np.testing.assert_array_equal(device.to_host(d), h)
         if held:
-            assert held[-1].blocks == []                     # the batch before it: released on hand-over
+            assert held[-1].blocks == []  # the batch before it: released on hand-over
         held.append(mem)
-        assert stager.pending[1][3][0].blocks                # the batch staged behind it keeps its blocks too
-    assert stager.direct_uploads == 3 * 7 and stager.host_copies == 7    # 6 handed out, 1 staged; offsets copied
-    assert stager.arena.reused > 0                           # released blocks went to later batches
+        assert stager.pending[1][3][0].blocks  # the batch staged behind it keeps its blocks too
+    assert stager.direct_uploads == 3 * 7 and stager.host_copies == 7  # 6 handed out, 1 staged; offsets copied
+    assert stager.arena.reused > 0  # released blocks went to later batches
     stager.close()
     assert held[-1].blocks == []
 
@@ -170,6 +176,7 @@ def test_arena_binds_each_worker_thread_to_the_ranks_gpu(monkeypatch):
     import types
 
     from numbactr.data.staging import PinnedArena
+
     calls = []
 
     class Runtime:
@@ -181,8 +188,9 @@ def test_arena_binds_each_worker_thread_to_the_ranks_gpu(monkeypatch):
         def setDevice(i):
             calls.append((threading.current_thread().name, i))
 
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=Runtime,
-                                                            alloc_pinned_memory=lambda n: bytearray(n)))
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=Runtime, alloc_pinned_memory=lambda n: bytearray(n))
+    )
     monkeypatch.setitem(sys.modules, "cupy", fake)
     arena = PinnedArena(gpu=True)
     assert arena.device_id == 3
@@ -190,10 +198,11 @@ def test_arena_binds_each_worker_thread_to_the_ranks_gpu(monkeypatch):
     def worker():
         for n in (10, 5000, 10):
             arena.take(n)
+
     threads = [threading.Thread(target=worker) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(i for _, i in calls) == [3, 3]                     # each thread once, to GPU 3 only
+    assert sorted(i for _, i in calls) == [3, 3]  # each thread once, to GPU 3 only
     assert len({t for t, _ in calls}) == 2

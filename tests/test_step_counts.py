@@ -11,6 +11,7 @@ simulator every test here runs inside numbactr.runtime.sim_strict.strict(), whos
 ``int()``, ``float()``, ``.item()``, ``.tolist()`` and iteration (each a host synchronization on a CuPy
 array). The simulator runs each launch as Python threads, so the model is the demo's with 2 slots of width
 4 and a batch of 4 (the step's structure does not depend on those)."""
+
 import json
 import sys
 
@@ -47,7 +48,7 @@ def kernel_device():
     """The kernels' device: sim in a simulator session (an earlier test module may have left the session on
     cpu), the GPU where there is one; cpu skips (no launches to count)."""
     if config.ENABLE_CUDASIM:
-        device.set_device("sim")                 # (conftest's autouse fixture switches back)
+        device.set_device("sim")  # (conftest's autouse fixture switches back)
     elif device.kind() == "cpu":
         pytest.skip("counts kernel launches: needs the sim or gpu device")
 
@@ -71,14 +72,16 @@ def sim_hooks(monkeypatch):
     if not config.ENABLE_CUDASIM:
         return seen
     from numba.cuda.simulator import cudadrv, kernel
+
     call = kernel.FakeCUDAKernel.__call__
 
     def counted_call(self, *args):
-        if not (self._device or kernel._kernel_context):           # a launch, not a device function
+        if not (self._device or kernel._kernel_context):  # a launch, not a device function
             seen["numba_launches"] += 1
-            if seen["record"] is not None:                          # (kernel, grid, block, non-array arguments)
-                seen["record"].append((self.fn.__name__, tuple(self.grid_dim), tuple(self.block_dim),
-                                       tuple(_scalar(a) for a in args)))
+            if seen["record"] is not None:  # (kernel, grid, block, non-array arguments)
+                seen["record"].append(
+                    (self.fn.__name__, tuple(self.grid_dim), tuple(self.block_dim), tuple(_scalar(a) for a in args))
+                )
         return call(self, *args)
 
     monkeypatch.setattr(kernel.FakeCUDAKernel, "__call__", counted_call)
@@ -99,29 +102,32 @@ def sim_hooks(monkeypatch):
 @pytest.mark.slow
 def test_demo_dlrm_step_counts(tmp_path, sim_hooks):
     train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=2, dense=13, keys_per_slot=1, files=1)
-    model = build_dlrm(hugectr, train, evl, batch=4, batch_eval=4, eval_batches=1, lr=0.01, workspace_mb=1,
-                       slots=2, vec=4)
+    model = build_dlrm(
+        hugectr, train, evl, batch=4, batch_eval=4, eval_batches=1, lr=0.01, workspace_mb=1, slots=2, vec=4
+    )
     got = _count_steps(model, sim_hooks)
     for step in got:
         # every numba launch of the step went through the central count (which also counts the sort)
         assert got[step]["numba_launches"] <= NUMBA_LAUNCHES, (step, got)
     _check(got, BUDGET, "")
 
+
 #: the MLPerf (HugeCTR-sized) DLRM's structure (numbactr.bench.mlperf: 13 dense, 26 slots, a bottom MLP, the
 #: dot interaction, a top MLP of five layers, Update_t.Global) with narrow layers and a batch of 4: measured
 #: 2026-11-24 on sim (53 and 54 before the bias+ReLU fusion). Adam's global pass adds its kernel; no host
 #: read in either.
-MLPERF_BUDGET = {opt: {step: {"launches": n, "host_reads": 0} for step in ("cold", "warm")}
-                 for opt, n in (("sgd", 41), ("adam", 42))}
+MLPERF_BUDGET = {
+    opt: {step: {"launches": n, "host_reads": 0} for step in ("cold", "warm")} for opt, n in (("sgd", 41), ("adam", 42))
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_mlperf_dlrm_step_counts(tmp_path, sim_hooks, optimizer):
-    train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2,
-                           files=1)
-    model = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
-                              bottom=(8,), top=(16, 8, 8, 4, 1))
+    train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2, files=1)
+    model = build_mlperf_dlrm(
+        hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1, bottom=(8,), top=(16, 8, 8, 4, 1)
+    )
     _check(_count_steps(model, sim_hooks), MLPERF_BUDGET[optimizer], f"{optimizer} ")
 
 
@@ -129,18 +135,28 @@ def test_mlperf_dlrm_step_counts(tmp_path, sim_hooks, optimizer):
 #: kernels read, decided on the device, so the step reads nothing back; one-thread kernels put the gate
 #: into the embedding's scalars (and, for Adam, compute t's values from the device's count of updating
 #: steps: the embedding's two passes and the dense alpha_t). Launch budgets measured 2026-11-24 on sim.
-AMP_BUDGET = {opt: {step: {"launches": n, "host_reads": 0} for step in ("cold", "warm")}
-              for opt, n in (("sgd", 42), ("adam", 45))}
+AMP_BUDGET = {
+    opt: {step: {"launches": n, "host_reads": 0} for step in ("cold", "warm")} for opt, n in (("sgd", 42), ("adam", 45))
+}
 
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_mixed_precision_step_counts(tmp_path, sim_hooks, optimizer):
-    train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2,
-                           files=1)
-    model = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
-                              bottom=(8,), top=(16, 8, 8, 4, 1), amp=True)
+    train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2, files=1)
+    model = build_mlperf_dlrm(
+        hugectr,
+        train,
+        evl,
+        batch=4,
+        dim=4,
+        optimizer=optimizer,
+        workspace_mb=1,
+        bottom=(8,),
+        top=(16, 8, 8, 4, 1),
+        amp=True,
+    )
     assert overflow.overflow_on_device(model)
     got = _count_steps(model, sim_hooks)
     _check(got, AMP_BUDGET[optimizer], f"mixed precision {optimizer} ")
@@ -165,10 +181,20 @@ def test_launch_arguments_are_the_same_every_step(tmp_path, sim_hooks, optimizer
     mixed precision, whose overflow gate and Adam's t on the device are arrays too."""
     if not config.ENABLE_CUDASIM:
         pytest.skip("records the simulator's launches")
-    train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2,
-                           files=1)
-    model = build_mlperf_dlrm(hugectr, train, evl, batch=4, dim=4, optimizer=optimizer, workspace_mb=1,
-                              bottom=(8,), top=(16, 8, 4, 1), dropout=0.25, amp=amp)
+    train, evl = tiny_data(str(tmp_path), n_train=16, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=2, files=1)
+    model = build_mlperf_dlrm(
+        hugectr,
+        train,
+        evl,
+        batch=4,
+        dim=4,
+        optimizer=optimizer,
+        workspace_mb=1,
+        bottom=(8,),
+        top=(16, 8, 4, 1),
+        dropout=0.25,
+        amp=amp,
+    )
     steps = []
     for lr in (0.01, 0.02, 0.005):
         model.lr = lr
@@ -196,9 +222,12 @@ def _count_steps(model, sim_hooks) -> dict:
         model.train()
         counts = launch.reset_counts()
         implicit = sim_strict.reads()
-        got[step] = {"launches": counts["launches"],
-                     "host_reads": counts["host_reads"] + sim_hooks["copy_to_host"] + len(implicit),
-                     "numba_launches": sim_hooks["numba_launches"], "implicit_reads": implicit}
+        got[step] = {
+            "launches": counts["launches"],
+            "host_reads": counts["host_reads"] + sim_hooks["copy_to_host"] + len(implicit),
+            "numba_launches": sim_hooks["numba_launches"],
+            "implicit_reads": implicit,
+        }
         if config.ENABLE_CUDASIM:
             assert sim_hooks["numba_launches"] <= counts["launches"], (step, got[step])
     return got
@@ -209,7 +238,8 @@ def _check(got: dict, budget: dict, what: str) -> None:
         for name in ("launches", "host_reads"):
             assert counts[name] <= budget[step][name], (
                 f"{what}{step} step: {counts[name]} {name}, budget {budget[step][name]} (a regression; all counts: "
-                f"{got})")
+                f"{got})"
+            )
 
 
 # ---- several ranks ----------------------------------------------------------------------------------
@@ -226,12 +256,20 @@ def _run_ranks(tmp_path, *extra, **env_extra):
     import subprocess
 
     from tests.mpi_util import MPIEXEC
+
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     root = str(__import__("pathlib").Path(__file__).parent.parent)
     env.update(NUMBACTR_DEVICE="sim", PYTHONPATH=root, **env_extra)
     out = tmp_path / "counts.json"
-    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/step_counts_run.py", str(out), *extra],
-                       capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL, cwd=root)
+    r = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/step_counts_run.py", str(out), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        cwd=root,
+    )
     return r, out
 
 
@@ -247,6 +285,7 @@ def test_several_ranks_step_reads_nothing_back(tmp_path):
     import json
 
     from tests.mpi_util import HAVE_MPI
+
     if not HAVE_MPI:
         pytest.skip("needs mpiexec and mpi4py")
     r, out = _run_ranks(tmp_path)
@@ -260,8 +299,8 @@ def test_several_ranks_step_reads_nothing_back(tmp_path):
             assert step[name] <= RANKS_BUDGET[name], f"step {i + 1}: {step} (budget {RANKS_BUDGET})"
         own = step["own"]
         assert len(own) == 2
-        assert step["reported"] == (own[0] + own[1]) / 2, step      # float64 sum of the float32 losses
-    assert len({s["reported"] for s in got["steps"]}) == 3          # a new value each step
+        assert step["reported"] == (own[0] + own[1]) / 2, step  # float64 sum of the float32 losses
+    assert len({s["reported"] for s in got["steps"]}) == 3  # a new value each step
     # the same steps unstaged (each rank's batch straight from its reader, host arrays): the same losses,
     # dense weights and embedding rows, bit for bit
     r, out = _run_ranks(tmp_path / "unstaged", NUMBACTR_STAGE_INPUTS="0")
@@ -289,6 +328,7 @@ def test_several_ranks_mixed_precision_skip_together_without_a_read(tmp_path):
     import json
 
     from tests.mpi_util import HAVE_MPI
+
     if not HAVE_MPI:
         pytest.skip("needs mpiexec and mpi4py")
     r, out = _run_ranks(tmp_path, "amp")
@@ -299,7 +339,7 @@ def test_several_ranks_mixed_precision_skip_together_without_a_read(tmp_path):
             assert step[name] <= RANKS_AMP_BUDGET[name], f"step {i + 1}: {step} (budget {RANKS_AMP_BUDGET})"
     skip = got["skip"]
     assert skip["host_reads"] == 0, skip
-    assert skip["changed_by_skip"] == [[False, False, False]] * 2, skip      # rank 0 skipped rank 1's overflow
+    assert skip["changed_by_skip"] == [[False, False, False]] * 2, skip  # rank 0 skipped rank 1's overflow
     assert skip["changed_by_next"] == [[True, True, True]] * 2, skip
     assert skip["skipped"] == [1, 1] and skip["warned"] == [1, 1], skip
     assert skip["same_dense"], skip
@@ -312,6 +352,7 @@ def test_several_ranks_raise_a_full_table_at_the_check_point(tmp_path):
     nothing), and the model's next check point raises the cpu device's error on the ranks that own the
     table's rows, naming the rank; the job stops."""
     from tests.mpi_util import HAVE_MPI
+
     if not HAVE_MPI:
         pytest.skip("needs mpiexec and mpi4py")
     r, _ = _run_ranks(tmp_path, "full")
@@ -330,6 +371,7 @@ def _graph_ranks_on_sim(tmp_path, table: str) -> dict:
     import subprocess
 
     from tests.mpi_util import HAVE_MPI, MPIEXEC
+
     if not HAVE_MPI:
         pytest.skip("needs mpiexec and mpi4py")
     if not config.ENABLE_CUDASIM:
@@ -338,8 +380,15 @@ def _graph_ranks_on_sim(tmp_path, table: str) -> dict:
     root = str(__import__("pathlib").Path(__file__).parent.parent)
     env.update(NUMBACTR_DEVICE="sim", NUMBACTR_CUDA_GRAPHS="1", PYTHONPATH=root, GRAPH_TABLE=table)
     out = tmp_path / "graphs.json"
-    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out)],
-                       capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL, cwd=root)
+    r = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        cwd=root,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -356,7 +405,7 @@ def test_several_ranks_capture_and_replay_together(tmp_path):
     got = _graph_ranks_on_sim(tmp_path, "localized")
     assert got["ranks"] == 2
     ranks = got["every"]
-    assert ranks[0]["loss"] == ranks[1]["loss"]                      # the mean of the ranks' losses on both
+    assert ranks[0]["loss"] == ranks[1]["loss"]  # the mean of the ranks' losses on both
     zero, one = ranks[0]["steps"], ranks[1]["steps"]
     assert len(zero) == len(one) == 10
     for i, (a, b) in enumerate(zip(zero, one)):
@@ -370,14 +419,16 @@ def test_several_ranks_capture_and_replay_together(tmp_path):
         assert [s["agreed"] is None for s in steps] == [False] + [True] * 6 + [False, False, True]
         assert steps[7]["agreed"] in ("rank 1 says no", "another rank's step cannot be a graph")
         assert steps[8]["agreed"] == "NUMBACTR_CUDA_GRAPHS=0"
-        counters = [(s["graphs"]["eager"], s["graphs"]["captures"], s["graphs"]["replays"], s["graphs"]["kept"])
-                    for s in steps[1:7]]
+        counters = [
+            (s["graphs"]["eager"], s["graphs"]["captures"], s["graphs"]["replays"], s["graphs"]["kept"])
+            for s in steps[1:7]
+        ]
         assert counters == [(1, 0, 0, 0), (2, 0, 0, 0), (2, 1, 0, 1), (2, 2, 0, 2), (2, 2, 1, 2), (2, 2, 2, 2)]
-        assert steps[7]["graphs"]["kept"] == 0 and steps[8]["graphs"]["kept"] == 0     # dropped by eager steps
-        assert steps[9]["graphs"]["eager"] == 1                                        # warming up again
+        assert steps[7]["graphs"]["kept"] == 0 and steps[8]["graphs"]["kept"] == 0  # dropped by eager steps
+        assert steps[9]["graphs"]["eager"] == 1  # warming up again
         for s in rest:
             assert s["count_exchanges"] == 0 and s["host_reads"] == 0, s
-        ran = [s for s in rest if s["launches"]]                  # every step but the two replays
+        ran = [s for s in rest if s["launches"]]  # every step but the two replays
         assert len(ran) == 7 and [s for s in rest if not s["launches"]] == rest[4:6]
         for s in ran:
             assert s["plan_hits"] == 1
@@ -403,27 +454,42 @@ def test_several_ranks_capture_a_key_owned_table_by_its_gathered_exchange(tmp_pa
     zero, one = ranks[0]["steps"], ranks[1]["steps"]
     for i, (a, b) in enumerate(zip(zero, one)):
         assert (a["agreed"] is None) == (b["agreed"] is None), (i + 1, a["agreed"], b["agreed"])
-        if i not in (7, 8):     # (steps 8 and 9, not graphs: the alltoall exchange, sized by each rank's keys)
+        if i not in (7, 8):  # (steps 8 and 9, not graphs: the alltoall exchange, sized by each rank's keys)
             assert a["calls"] == b["calls"] and a["collectives"] == b["collectives"], i + 1
     for steps in (zero, one):
         assert [s["agreed"] is None for s in steps] == [True] * 7 + [False, False, True]
-        for s in steps[7:9]:    # a step that is no graph (one rank said no; graphs off) keeps the alltoall
+        for s in steps[7:9]:  # a step that is no graph (one rank said no; graphs off) keeps the alltoall
             assert "alltoallv" in [c[0] for c in s["collectives"]] and s["count_exchanges"] == 1
-        counters = [(s["graphs"]["eager"], s["graphs"]["captures"], s["graphs"]["replays"], s["graphs"]["kept"])
-                    for s in steps[:7]]
-        assert counters == [(1, 0, 0, 0), (2, 0, 0, 0), (2, 1, 0, 1), (2, 2, 0, 2), (2, 2, 1, 2), (2, 2, 2, 2),
-                            (2, 2, 3, 2)]
+        counters = [
+            (s["graphs"]["eager"], s["graphs"]["captures"], s["graphs"]["replays"], s["graphs"]["kept"])
+            for s in steps[:7]
+        ]
+        assert counters == [
+            (1, 0, 0, 0),
+            (2, 0, 0, 0),
+            (2, 1, 0, 1),
+            (2, 2, 0, 2),
+            (2, 2, 1, 2),
+            (2, 2, 2, 2),
+            (2, 2, 3, 2),
+        ]
         for s in steps[:7] + steps[9:]:
             assert s["count_exchanges"] == 0 and s["host_reads"] == 0 and s["plan_hits"] == 0, s
-        ran = [s for s in steps[:7] if s["launches"]]             # the two warm-ups and the two captures
+        ran = [s for s in steps[:7] if s["launches"]]  # the two warm-ups and the two captures
         assert len(ran) == 4 and not any(s["launches"] for s in steps[4:7])
         for s in ran:
             assert s["launches"] == steps[0]["launches"], "a step's launches changed under the gathered exchange"
             assert s["collectives"] == steps[0]["collectives"]
         names = [c[0] for c in steps[0]["collectives"]]
-        assert names == ["allgather_rows", "allgather", "reduce_scatter_sum", "allgather", "allreduce_sum",
-                         "allreduce_sum"]
-        for s in steps[4:7]:                                       # a replay enters only the agreement
+        assert names == [
+            "allgather_rows",
+            "allgather",
+            "reduce_scatter_sum",
+            "allgather",
+            "allreduce_sum",
+            "allreduce_sum",
+        ]
+        for s in steps[4:7]:  # a replay enters only the agreement
             assert [c[0] for c in s["collectives"]] == ["allgather_rows"] and s["calls"] == steps[0]["calls"]
 
 
@@ -441,6 +507,7 @@ def test_several_ranks_graph_steps_train_like_eager_steps_on_gpus(tmp_path, tabl
     from numba import cuda
 
     from tests.mpi_util import HAVE_MPI, MPIEXEC
+
     if not HAVE_MPI:
         pytest.skip("needs mpiexec and mpi4py")
     if config.ENABLE_CUDASIM or len(cuda.gpus) < 2:
@@ -451,19 +518,27 @@ def test_several_ranks_graph_steps_train_like_eager_steps_on_gpus(tmp_path, tabl
         env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
         env.update(NUMBACTR_DEVICE="gpu", NUMBACTR_CUDA_GRAPHS=flag, PYTHONPATH=root, GRAPH_TABLE=table)
         out = tmp_path / f"graphs{flag}.json"
-        r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out),
-                            "gpu"], capture_output=True, text=True, env=env, timeout=600,
-                           stdin=subprocess.DEVNULL, cwd=root)
+        r = subprocess.run(
+            [MPIEXEC, "-n", "2", sys.executable, f"{root}/tests/mpi/graph_ranks_run.py", str(out), "gpu"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+            cwd=root,
+        )
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         runs[flag] = json.loads(out.read_text())["every"]
     for rank, (eager, graphs) in enumerate(zip(runs["0"], runs["1"])):
         captures, replays, disabled = graphs["graphs"]
         # localized: a plan step, 2 warm-ups, 2 captures, 3 replays; distributed: no plan step, 4 replays
-        assert disabled is None and captures == 2 and replays == (3 if table == "localized" else 4), \
-            (rank, graphs["graphs"])
-        if table == "localized":                 # one count exchange: the plan's
+        assert disabled is None and captures == 2 and replays == (3 if table == "localized" else 4), (
+            rank,
+            graphs["graphs"],
+        )
+        if table == "localized":  # one count exchange: the plan's
             assert graphs["exchanges"] == 1 and eager["exchanges"] == 1
-        else:                                     # gathered (fixed sizes) under graphs, alltoall counts eagerly
+        else:  # gathered (fixed sizes) under graphs, alltoall counts eagerly
             assert graphs["exchanges"] == 0 and eager["exchanges"] == 8
         np.testing.assert_allclose(graphs["losses"], eager["losses"], rtol=1e-6, err_msg=f"rank {rank}")
         np.testing.assert_allclose(graphs["dense"], eager["dense"], rtol=1e-5, atol=1e-7)

@@ -1,5 +1,6 @@
 """numbactr.runtime.threads: compute threads and reader workers are split so they never exceed the cores,
 the user's settings win, the plan is really applied (threadpoolctl, numba) and stated at start-up."""
+
 import os
 import subprocess
 import sys
@@ -13,12 +14,17 @@ from numbactr.runtime import threads
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for k in (threads.ENV_COMPUTE, threads.ENV_READERS, "NUMBA_NUM_THREADS", *threads.BLAS_ENV,
-              *threads.LOCAL_RANKS_ENV):
+    for k in (
+        threads.ENV_COMPUTE,
+        threads.ENV_READERS,
+        "NUMBA_NUM_THREADS",
+        *threads.BLAS_ENV,
+        *threads.LOCAL_RANKS_ENV,
+    ):
         monkeypatch.delenv(k, raising=False)
     yield monkeypatch
     monkeypatch.undo()
-    threads.configure()             # leave the process with the default plan
+    threads.configure()  # leave the process with the default plan
 
 
 @pytest.mark.parametrize("cores,compute,readers", [(1, 1, 1), (2, 1, 1), (4, 3, 1), (8, 6, 2), (16, 12, 4)])
@@ -52,6 +58,7 @@ def test_mpi_ranks_on_one_host_share_the_cores(clean_env):
 def test_configure_applies_blas_and_numba_limits(clean_env):
     import numba
     from threadpoolctl import threadpool_info
+
     p = threads.configure(compute=1, reader_workers=1)
     blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
     assert blas and all(i["num_threads"] == 1 for i in blas)
@@ -72,9 +79,11 @@ def test_default_reader_workers_never_warn(clean_env, tmp_path):
     from numbactr.data.file_list import write_file_list
     from numbactr.data.reader import DataReader
     from numbactr.enums import Check_t, DataReaderType_t
+
     path = str(tmp_path / "a.data")
-    write_norm_file(path, np.zeros((4, 1)), np.zeros((4, 1), np.float32), np.zeros((4, 1), np.int64),
-                    Check_t.Sum, np.int64)
+    write_norm_file(
+        path, np.zeros((4, 1)), np.zeros((4, 1), np.float32), np.zeros((4, 1), np.int64), Check_t.Sum, np.int64
+    )
     lst = str(tmp_path / "list.txt")
     write_file_list(lst, [path])
     threads.configure(compute=1, reader_workers=3)
@@ -83,15 +92,16 @@ def test_default_reader_workers_never_warn(clean_env, tmp_path):
         r = DataReader(DataReaderType_t.Norm, lst, 2, 1, 1, [1], None, True, False)
     assert r.num_workers == 1 and not r.num_workers_chosen
     assert sum(b.size for b in r) == 4
-    with pytest.warns(UserWarning, match="num_workers is 3"):      # the user's own choice still warns
+    with pytest.warns(UserWarning, match="num_workers is 3"):  # the user's own choice still warns
         DataReader(DataReaderType_t.Norm, lst, 2, 1, 1, [1], None, True, False, num_workers=3)
 
 
 def test_startup_line_states_device_reason_and_threads():
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", threads.ENV_COMPUTE)}
     env["NUMBACTR_DEVICE"] = "cpu"
-    r = subprocess.run([sys.executable, "-m", "numbactr.cli", "device"], capture_output=True, text=True,
-                       env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "numbactr.cli", "device"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert "numbactr: device=cpu (NUMBACTR_DEVICE=cpu: compiled CPU ops); threads: compute " in r.stdout
     assert "reader workers" in r.stdout and r.stderr == ""

@@ -2,6 +2,7 @@
 SparseEmbedding (embedding_cache): the rows and states land in the backing tier exactly as in the untiered
 table, on the cpu device and on the kernels (sim here, the GPU on a GPU run, where the tiered table's
 weights and states are host arrays beside the device's)."""
+
 import os
 
 import numpy as np
@@ -29,8 +30,9 @@ def write_snapshot(e, folder: str, opt_file: str) -> None:
         f.write(checkpoint._raw(np.concatenate(blocks), "<f4").tobytes())
 
 
-@pytest.mark.parametrize("etype", [E.DistributedSlotSparseEmbeddingHash, E.LocalizedSlotSparseEmbeddingHash],
-                         ids=lambda e: e.name)
+@pytest.mark.parametrize(
+    "etype", [E.DistributedSlotSparseEmbeddingHash, E.LocalizedSlotSparseEmbeddingHash], ids=lambda e: e.name
+)
 @pytest.mark.parametrize("where", ["cpu", "kernels"])
 def test_checkpoint_loads_weights_and_optimizer_states_into_a_tiered_table(etype, where, on_device, tmp_path):
     on_device("cpu" if where == "cpu" else "sim" if device._numba_simulated() else "gpu")
@@ -39,12 +41,14 @@ def test_checkpoint_loads_weights_and_optimizer_states_into_a_tiered_table(etype
     train(source, steps[:3], np.random.default_rng(6))
     folder, opt_file = str(tmp_path / "t0_sparse_3.model"), str(tmp_path / "t0_opt_sparse_3.model")
     write_snapshot(source, folder, opt_file)
-    plain, cached = embedding(etype, optimizer_type=O.Adam), embedding(
-        etype, TierSpec(CacheConfig(capacities=[24])), optimizer_type=O.Adam)
+    plain, cached = (
+        embedding(etype, optimizer_type=O.Adam),
+        embedding(etype, TierSpec(CacheConfig(capacities=[24])), optimizer_type=O.Adam),
+    )
     assert isinstance(cached.engine, TieredEmbedding)
     assert (cached.engine.engine.impl == "kernels") == (where == "kernels")
     for emb in (plain, cached):
-        train(emb, steps[:1], np.random.default_rng(8))             # rows and states to be replaced
+        train(emb, steps[:1], np.random.default_rng(8))  # rows and states to be replaced
         model = type("M", (), {"embeddings": [emb], "ranks": 1, "comm": world()})()
         checkpoint.load_sparse_weights(model, [folder])
         checkpoint.load_sparse_optimizer_states(model, [opt_file])
@@ -53,8 +57,9 @@ def test_checkpoint_loads_weights_and_optimizer_states_into_a_tiered_table(etype
         np.testing.assert_array_equal(emb.dump()[1], source.dump()[1])
         for x, y in zip(emb.dump_states(), source.dump_states()):
             np.testing.assert_array_equal(x, y)
-    for a, b in zip(train(plain, steps[3:], np.random.default_rng(9)), train(cached, steps[3:],
-                                                                              np.random.default_rng(9))):
+    for a, b in zip(
+        train(plain, steps[3:], np.random.default_rng(9)), train(cached, steps[3:], np.random.default_rng(9))
+    ):
         np.testing.assert_array_equal(a, b)
     for x, y in zip(plain.dump_states(), cached.dump_states()):
         np.testing.assert_array_equal(x, y)

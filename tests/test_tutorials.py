@@ -8,6 +8,7 @@ A `STEP=1` command stops in pdb: it gets `c` (continue) on stdin, as a user woul
 also runs as a notebook would run it: its code cells executed in order in one namespace, from
 tutorials/, with no `__file__`.
 """
+
 import pathlib
 import re
 

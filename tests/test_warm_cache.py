@@ -1,4 +1,5 @@
 """numbactr.tools.warm_cache compiles the cpu device's engine, hash table, interaction and dense-op signatures."""
+
 import numpy as np
 import pytest
 
@@ -12,9 +13,9 @@ def test_warm_cache_compiles_the_engine_in_both_weight_types():
     the parallel twins' compile, ~2 min on a fresh clone, is left to the test below, on a cheap step)."""
     before = device.kind()
     assert warm_cache.main(["--quiet", "--threads", "1"]) == 0
-    assert device.kind() == before                      # the device is restored
+    assert device.kind() == before  # the device is restored
     weight_types = {str(sig[0].dtype) for sig in tbe_cpu.forward.signatures}
-    assert {"float32", "uint16"} <= weight_types         # FP32 and FP16 (stored as uint16 bits) tables
+    assert {"float32", "uint16"} <= weight_types  # FP32 and FP16 (stored as uint16 bits) tables
     assert {str(sig[0].dtype) for sig in tbe_cpu.fused_update.signatures} >= {"float32", "uint16"}
     # int32 indices are checked into int64 rows; a clean int64 batch is only counted (it is its own rows)
     assert "int32" in {str(sig[0].dtype) for sig in tbe_cpu.check_indices.signatures}
@@ -25,8 +26,14 @@ def test_warm_cache_compiles_the_engine_in_both_weight_types():
     # one-thread runs call the serial twin of a parallel function (kernels.parallel_cpu.pjit)
     assert tbe_cpu.forward.serial.signatures
     # the demo DLRM's training steps: its dense ops' compiled CPU code
-    for fn in (relu._relu_forward_cpu, relu._relu_backward_cpu, bias._bias_add_cpu, bias._bias_grad_cpu,
-               bce._bce_cpu, optimizers_cpu._dense_update):
+    for fn in (
+        relu._relu_forward_cpu,
+        relu._relu_backward_cpu,
+        bias._bias_add_cpu,
+        bias._bias_grad_cpu,
+        bce._bce_cpu,
+        optimizers_cpu._dense_update,
+    ):
         assert fn.signatures, fn.__name__
 
 
@@ -57,9 +64,9 @@ def test_warm_cache_runs_each_step_for_one_thread_and_numbas_count(monkeypatch):
     most = numba.config.NUMBA_NUM_THREADS
     assert warm_cache.main(["--quiet"]) == 0
     assert [n for n, _, _ in ran] == sorted({1, most})
-    assert ran[0][1:] == (1, 0)                                  # one thread: the serial twin compiled
+    assert ran[0][1:] == (1, 0)  # one thread: the serial twin compiled
     if most > 1:
-        assert ran[-1][2] == 1                                   # then the parallel twin
+        assert ran[-1][2] == 1  # then the parallel twin
     assert numba.get_num_threads() == before
     ran.clear()
     assert warm_cache.main(["--quiet", "--threads", "1", "--threads", "1"]) == 0

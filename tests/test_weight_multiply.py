@@ -1,4 +1,5 @@
 """kernels/weight_multiply.py: X (B, S) * W (S, V) -> (B, S*V), dX and dW kernels vs references."""
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -12,8 +13,11 @@ from tests.kernel_util import dev, f32_arrays, host
 @st.composite
 def wm_inputs(draw, max_b=10, max_s=8, max_v=8):
     b, s, v = draw(st.integers(0, max_b)), draw(st.integers(1, max_s)), draw(st.integers(1, max_v))
-    return (draw(f32_arrays((b, s), -3.0, 3.0)), draw(f32_arrays((s, v), -3.0, 3.0)),
-            draw(f32_arrays((b, s * v), -3.0, 3.0)))
+    return (
+        draw(f32_arrays((b, s), -3.0, 3.0)),
+        draw(f32_arrays((s, v), -3.0, 3.0)),
+        draw(f32_arrays((b, s * v), -3.0, 3.0)),
+    )
 
 
 @given(args=wm_inputs())
@@ -50,8 +54,9 @@ def test_weight_multiply_layout_by_hand():
 
 def test_weight_multiply_rejects_mismatched_weight():
     with pytest.raises(ValueError, match="do not fit"):
-        wm.weight_multiply_forward(np.zeros((2, 3), np.float32), np.zeros((4, 2), np.float32),
-                                   np.zeros((2, 8), np.float32))
+        wm.weight_multiply_forward(
+            np.zeros((2, 3), np.float32), np.zeros((4, 2), np.float32), np.zeros((2, 8), np.float32)
+        )
 
 
 def test_weight_multiply_reference_gradients():

@@ -10,6 +10,7 @@ logistic model over a few categorical slots and dense counts (CTR about 0.25), s
 the file beats a coin flip. Nothing here is real Criteo data; the generator is self-contained (NumPy
 only) and the output is byte-identical for a given --lines and --seed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def make_lines(n: int, seed: int = 2024) -> list[str]:
     rng = np.random.default_rng(seed)
-    vocab_sizes = rng.integers(3, 120, 26)                          # categories per slot
+    vocab_sizes = rng.integers(3, 120, 26)  # categories per slot
     hashes = [rng.integers(0, 1 << 32, int(v), dtype=np.uint64) for v in vocab_sizes]
-    miss_cat = rng.uniform(0.0, 0.25, 26) * (rng.random(26) < 0.5)   # half the slots have missing values
+    miss_cat = rng.uniform(0.0, 0.25, 26) * (rng.random(26) < 0.5)  # half the slots have missing values
     # power-law category index per slot: P(i) ~ (i + 1)^-1.2
     cats = np.empty((n, 26), dtype=np.int64)
     for k, v in enumerate(vocab_sizes):
@@ -32,7 +33,7 @@ def make_lines(n: int, seed: int = 2024) -> list[str]:
         cats[:, k] = rng.choice(int(v), size=n, p=p / p.sum())
     mu = rng.uniform(0.0, 4.0, 13)
     counts = np.floor(np.exp(mu + rng.standard_normal((n, 13)))).astype(np.int64)
-    counts[:, 1] -= 3                                               # I2 goes negative, as in Criteo
+    counts[:, 1] -= 3  # I2 goes negative, as in Criteo
     miss_dense = rng.random((n, 13)) < rng.uniform(0.0, 0.4, 13)
     # the hidden model: three slots and two dense counts carry signal
     w = [rng.standard_normal(int(v)) * 1.5 for v in vocab_sizes]

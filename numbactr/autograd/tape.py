@@ -17,6 +17,7 @@ half-precision logits is rounded to half (where the loss scale matters). ``Tape.
 makes the replay record whether every gradient stayed finite (``Tape.grads_finite``), the test that
 skips a step whose scaled half-precision gradients overflowed.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ import numpy as np
 
 class _Policy:
     """The current autocast scope: ``half`` (None = plain float32) and whether outputs stay float32."""
+
     half = None
     keep_outputs = False
 
@@ -57,6 +59,7 @@ def _native_half(half) -> bool:
     """Whether half_native ops take half tensors directly: float16 on the gpu and sim devices (their
     kernels take float16), unless NUMBACTR_HALF_KERNELS=0."""
     from numbactr.runtime import device
+
     if half != np.float16 or not device.uses_kernels():
         return False
     raw = os.environ.get("NUMBACTR_HALF_KERNELS", "1").strip()
@@ -123,7 +126,7 @@ class Context:
     attributes: a Context is made per op call, and an empty __init__ keeps that cheap.)"""
 
     needs_input_grad: tuple = ()
-    half = None          # the autocast half dtype this call ran under (None: float32)
+    half = None  # the autocast half dtype this call ran under (None: float32)
     native_half = False  # the op took and gave half tensors itself (Function.half_native)
 
 
@@ -159,15 +162,16 @@ class Function:
         elif cls.half_native and not _POLICY.keep_outputs and _native_half(half):
             ctx.half, ctx.native_half = half, True
             out = cls.forward(ctx, *[t.data for t in inputs], **params)
-        else:                                      # mixed precision: float32 math, half storage
+        else:  # mixed precision: float32 math, half storage
             ctx.half = half
             out = cls.forward(ctx, *[_up(t.data, half) for t in inputs], **params)
             if not _POLICY.keep_outputs:
                 out = tuple([_down(o, half) for o in out]) if isinstance(out, tuple) else _down(out, half)
         grad_needed = True in needs
         if isinstance(out, tuple):
-            tensors = tuple([Tensor(o, name if len(out) == 1 else f"{name}[{i}]", grad_needed)
-                             for i, o in enumerate(out)])
+            tensors = tuple(
+                [Tensor(o, name if len(out) == 1 else f"{name}[{i}]", grad_needed) for i, o in enumerate(out)]
+            )
             result = tensors
         else:
             result = Tensor(out, name, grad_needed)
@@ -182,12 +186,12 @@ class Tape:
 
     def __init__(self, watch_finite: bool = False):
         self.entries: list[tuple] = []
-        self.watch_finite = watch_finite   # record whether every gradient of the replay is finite
-        self._finite = None                # AND of np.isfinite(g).all() (a device 0-d array on gpu)
+        self.watch_finite = watch_finite  # record whether every gradient of the replay is finite
+        self._finite = None  # AND of np.isfinite(g).all() (a device 0-d array on gpu)
 
     def _note(self, g) -> None:
         if self.watch_finite and g is not None and getattr(g, "dtype", None) is not None:
-            ok = np.isfinite(g).all()      # cupy arrays dispatch to cupy: no host read here
+            ok = np.isfinite(g).all()  # cupy arrays dispatch to cupy: no host read here
             self._finite = ok if self._finite is None else self._finite & ok
 
     def finite_flag(self):
@@ -205,7 +209,8 @@ class Tape:
             raise RuntimeError("Tape.grads_finite needs Tape(watch_finite=True)")
         if self._finite is None:
             return True
-        from numbactr.runtime import device                  # a counted read (kernels.launch.COUNTS)
+        from numbactr.runtime import device  # a counted read (kernels.launch.COUNTS)
+
         return bool(device.to_host(self._finite))
 
     def backward(self, seeds: dict[int, tuple[Tensor, Any]]) -> None:
@@ -232,7 +237,7 @@ class Tape:
             if all(g is None for g in out_grads):
                 continue
             half = ctx.half
-            if half is not None and not ctx.native_half:   # the mirror of apply(): float32 in, own dtype out
+            if half is not None and not ctx.native_half:  # the mirror of apply(): float32 in, own dtype out
                 out_grads = [None if g is None else _up(g, half) for g in out_grads]
             for g in out_grads:
                 self._note(g)
@@ -240,18 +245,18 @@ class Tape:
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
             if len(in_grads) != len(inputs):
-                raise RuntimeError(f"{fn.__name__}.backward returned {len(in_grads)} gradients "
-                                   f"for {len(inputs)} inputs")
+                raise RuntimeError(
+                    f"{fn.__name__}.backward returned {len(in_grads)} gradients for {len(inputs)} inputs"
+                )
             if half is not None:
-                in_grads = tuple(None if g is None else _as_dtype_of(g, t.data)
-                                 for g, t in zip(in_grads, inputs))
+                in_grads = tuple(None if g is None else _as_dtype_of(g, t.data) for g, t in zip(in_grads, inputs))
             for t, g in zip(inputs, in_grads):
                 if g is None or not t.requires_grad:
                     continue
                 prev = grads.get(id(t))
-                grads[id(t)] = g if prev is None else prev + g   # read twice: gradients add
+                grads[id(t)] = g if prev is None else prev + g  # read twice: gradients add
                 by_id[id(t)] = t
-        for key, g in grads.items():               # what is left: leaves (parameters, inputs)
+        for key, g in grads.items():  # what is left: leaves (parameters, inputs)
             if key not in produced:
                 self._note(g)
                 t = by_id[key]

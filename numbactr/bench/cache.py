@@ -12,6 +12,7 @@ and bookkeeping, as a fraction of what the whole table takes; the backing tier i
 in a temporary directory, so the operating system's page cache sits between it and the disk (on a
 machine whose RAM holds the file, a miss costs a memory copy, not a disk read).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,12 +26,40 @@ from numbactr.embedding.engine import OptimizerSpec, Optim, Precision, TableBatc
 from numbactr.embedding.tiered import CacheConfig, TieredEmbedding, slot_bytes
 from numbactr.kernels.tbe import STATES
 
-COLUMNS = ["impl", "policy", "cache / table", "cache MiB", "slots", "hit rate", "loads/step", "write-backs/step",
-           "step ms", "samples/s"]
-FULL = dict(rows=2_000_000, dim=64, batch=2048, features=8, hot=4, batches=24, alpha=1.05,
-            fractions=(0.02, 0.05, 0.1, 0.25), policies=("lru", "lfu"))
-QUICK = dict(rows=20_000, dim=16, batch=64, features=4, hot=2, batches=6, alpha=1.05, fractions=(0.1, 0.25),
-             policies=("lru", "lfu"))
+COLUMNS = [
+    "impl",
+    "policy",
+    "cache / table",
+    "cache MiB",
+    "slots",
+    "hit rate",
+    "loads/step",
+    "write-backs/step",
+    "step ms",
+    "samples/s",
+]
+FULL = dict(
+    rows=2_000_000,
+    dim=64,
+    batch=2048,
+    features=8,
+    hot=4,
+    batches=24,
+    alpha=1.05,
+    fractions=(0.02, 0.05, 0.1, 0.25),
+    policies=("lru", "lfu"),
+)
+QUICK = dict(
+    rows=20_000,
+    dim=16,
+    batch=64,
+    features=4,
+    hot=2,
+    batches=6,
+    alpha=1.05,
+    fractions=(0.1, 0.25),
+    policies=("lru", "lfu"),
+)
 OPTIMIZER = Optim.EXACT_ROWWISE_ADAGRAD
 
 
@@ -42,8 +71,10 @@ def zipf_batches(rng, rows: int, batches: int, batch: int, features: int, hot: i
     perm = rng.permutation(rows)
     n = features * batch * hot
     offsets = np.arange(0, n + 1, hot, dtype=np.int64)
-    return [(perm[np.minimum(np.searchsorted(cdf, rng.random(n)), rows - 1)].astype(np.int64), offsets)
-            for _ in range(batches)]
+    return [
+        (perm[np.minimum(np.searchsorted(cdf, rng.random(n)), rows - 1)].astype(np.int64), offsets)
+        for _ in range(batches)
+    ]
 
 
 def _run(e, data, dy, prefetch: bool) -> float:
@@ -57,9 +88,23 @@ def _run(e, data, dy, prefetch: bool) -> float:
     return time.perf_counter() - t0
 
 
-def bench_cache(env: Env, *, rows: int, dim: int, batch: int, features: int, hot: int, batches: int, alpha: float,
-                fractions, policies, min_time: float = 1.0, seed: int = 0, plot: str | None = None,
-                threads=None) -> Table:
+def bench_cache(
+    env: Env,
+    *,
+    rows: int,
+    dim: int,
+    batch: int,
+    features: int,
+    hot: int,
+    batches: int,
+    alpha: float,
+    fractions,
+    policies,
+    min_time: float = 1.0,
+    seed: int = 0,
+    plot: str | None = None,
+    threads=None,
+) -> Table:
     """The table described in the module docstring; `plot`: where to save the hit-rate / samples/s chart
     (PNG; None: no chart). min_time is unused (each configuration runs a fixed number of batches)."""
     del min_time
@@ -74,8 +119,11 @@ def bench_cache(env: Env, *, rows: int, dim: int, batch: int, features: int, hot
     dy = np.random.default_rng(seed + 1).normal(size=(batch, features * dim)).astype(np.float32)
     uniq = max(np.unique(i).size for i, _ in warm + data)
     n_threads = None if threads is None else threads[0]
-    tab = Table(f"Embedding cache: a {rows:,} x {dim} table ({table_bytes / 2 ** 20:,.0f} MiB with its "
-                f"{OPTIMIZER.name} state) behind a cache of a fraction of it", COLUMNS)
+    tab = Table(
+        f"Embedding cache: a {rows:,} x {dim} table ({table_bytes / 2**20:,.0f} MiB with its "
+        f"{OPTIMIZER.name} state) behind a cache of a fraction of it",
+        COLUMNS,
+    )
     tab.notes += env.header() + [
         f"workload: {features} features x batch {batch} x {hot} indices, Zipf alpha {alpha} over the rows "
         f"(scattered), {batches} warm-up then {batches} measured batches, at most {uniq:,} distinct rows "
@@ -86,33 +134,38 @@ def bench_cache(env: Env, *, rows: int, dim: int, batch: int, features: int, hot
         "hit rate, loads (rows read from the backing tier) and write-backs (updated rows written to it) over "
         "the measured batches",
         "cache / table: the cache's byte budget (weights, optimizer state and 29 bytes of bookkeeping per "
-        f"slot) over the table's {table_bytes / 2 ** 20:,.0f} MiB; the row -> slot map adds 8 bytes per table "
-        f"row ({rows * 8 / 2 ** 20:,.1f} MiB) beside it"]
+        f"slot) over the table's {table_bytes / 2**20:,.0f} MiB; the row -> slot map adds 8 bytes per table "
+        f"row ({rows * 8 / 2**20:,.1f} MiB) beside it",
+    ]
     results = []
     with thread_count(env, n_threads), tempfile.TemporaryDirectory(prefix="numbactr-bench-cache-") as tmp:
         whole = TableBatchedEmbedding([(rows, dim)], ftm, optimizer=opt)
         whole.init_uniform(-0.05, 0.05)
         _run(whole, warm, dy, False)
         secs = _run(whole, data, dy, False)
-        tab.add("in memory", "-", "1", table_bytes / 2 ** 20, rows, 1.0, 0, 0, 1e3 * secs / batches,
-                batch * batches / secs)
+        tab.add(
+            "in memory", "-", "1", table_bytes / 2**20, rows, 1.0, 0, 0, 1e3 * secs / batches, batch * batches / secs
+        )
         del whole
         per_slot = slot_bytes(dim, Precision.FP32, state_specs)
         for frac in fractions:
             for policy in policies:
-                for prefetch in ((False, True) if policy == policies[0] else (False,)):
+                for prefetch in (False, True) if policy == policies[0] else (False,):
                     cfg = CacheConfig(policy, budget_bytes=int(frac * table_bytes), prefetch_thread=prefetch)
                     path = os.path.join(tmp, f"{policy}-{frac}-{prefetch}")
                     try:
-                        tier = TieredEmbedding([(rows, dim)], ftm, cache=cfg, backing="memmap", path=path,
-                                               optimizer=opt)
+                        tier = TieredEmbedding(
+                            [(rows, dim)], ftm, cache=cfg, backing="memmap", path=path, optimizer=opt
+                        )
                     except ValueError as e:
                         tab.notes.append(f"cache {frac}: {e}")
                         continue
                     slots = tier.capacities[0]
                     if slots < (2 if prefetch else 1) * uniq:
-                        tab.notes.append(f"cache {frac:g} ({slots:,} slots) skipped with {policy}"
-                                         f"{' + prefetch' if prefetch else ''}: a batch needs up to {uniq:,}")
+                        tab.notes.append(
+                            f"cache {frac:g} ({slots:,} slots) skipped with {policy}"
+                            f"{' + prefetch' if prefetch else ''}: a batch needs up to {uniq:,}"
+                        )
                         tier.close()
                         continue
                     tier.init_uniform(-0.05, 0.05)
@@ -121,9 +174,18 @@ def bench_cache(env: Env, *, rows: int, dim: int, batch: int, features: int, hot
                     secs = _run(tier, data, dy, prefetch)
                     st = tier.stats
                     label = "cached+prefetch" if prefetch else "cached"
-                    tab.add(label, policy, f"{frac:g}", slots * per_slot / 2 ** 20, slots, st.hit_rate,
-                            st.unique_misses / batches, st.writebacks / batches, 1e3 * secs / batches,
-                            batch * batches / secs)
+                    tab.add(
+                        label,
+                        policy,
+                        f"{frac:g}",
+                        slots * per_slot / 2**20,
+                        slots,
+                        st.hit_rate,
+                        st.unique_misses / batches,
+                        st.writebacks / batches,
+                        1e3 * secs / batches,
+                        batch * batches / secs,
+                    )
                     results.append((label, policy, frac, st.hit_rate, batch * batches / secs))
                     tier.close()
     if plot:
@@ -140,6 +202,7 @@ def save_cache_plot(path, results: list, whole_sps: float, title: str) -> str:
     from matplotlib.figure import Figure
 
     from numbactr.files.plot import _replace
+
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig = Figure(figsize=(10, 4.2), dpi=110, layout="constrained")

@@ -52,27 +52,40 @@ SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache", "sok")
 
 
 # ---- SOK ---------------------------------------------------------------------------------------
-SOK_FULL = dict(batch=8192, reps=5)             # SOK's batch per GPU
+SOK_FULL = dict(batch=8192, reps=5)  # SOK's batch per GPU
 SOK_QUICK = dict(batch=64, reps=2, threads=(1,), shape=dict(layers=2, width=64), timeout=180)
 
 
 def _bench_sok(env: Env, **kwargs) -> Table:
     """SOK's seed benchmark (numbactr/bench/sok.py; needs torch)."""
     from numbactr.bench.sok import bench_sok
+
     return bench_sok(env, **kwargs)
 
 
 # ---- command line ------------------------------------------------------------------------------
-FULL = dict(hash=dict(n=1_000_000),
-            embedding=dict(batch=8192, features=26, hots=(1, 20), dims=(16, 64, 128), rows=1_000_000),
-            dlrm=dict(batch=4096, batches=8, total_rows=200_000))
-QUICK = dict(hash=dict(n=20_000),
-             embedding=dict(batch=64, features=26, hots=(1, 4), dims=(16,), rows=10_000, threads=(1,)),
-             dlrm=dict(batch=128, batches=2, total_rows=5_000, threads=(1,)))
+FULL = dict(
+    hash=dict(n=1_000_000),
+    embedding=dict(batch=8192, features=26, hots=(1, 20), dims=(16, 64, 128), rows=1_000_000),
+    dlrm=dict(batch=4096, batches=8, total_rows=200_000),
+)
+QUICK = dict(
+    hash=dict(n=20_000),
+    embedding=dict(batch=64, features=26, hots=(1, 4), dims=(16,), rows=10_000, threads=(1,)),
+    dlrm=dict(batch=128, batches=2, total_rows=5_000, threads=(1,)),
+)
 
 
-def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = None, seed: int = 0,
-        out=None, options: dict | None = None) -> list:
+def run(
+    which: str,
+    env: Env,
+    *,
+    quick: bool = False,
+    min_time: float | None = None,
+    seed: int = 0,
+    out=None,
+    options: dict | None = None,
+) -> list:
     """Run one benchmark ('hash', 'embedding', 'dlrm') or 'all'; print and return the Tables.
 
     options: per benchmark, keyword arguments over the sizes (e.g. {'embedding': {'threads': (1,)}})."""
@@ -81,17 +94,18 @@ def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = N
     min_time = (0.05 if quick else 1.0) if min_time is None else min_time
     from numbactr import log
     from numbactr.bench import cache as bench_cache
+
     fns = {"hash": bench_hash, "embedding": bench_embedding, "dlrm": bench_dlrm}
     names = list(fns) if which == "all" else [which]
     fns["cache"] = bench_cache.bench_cache
     sizes = {**sizes, "cache": bench_cache.QUICK if quick else bench_cache.FULL}
-    fns["sok"] = _bench_sok                     # not in 'all': it launches mpiexec itself
+    fns["sok"] = _bench_sok  # not in 'all': it launches mpiexec itself
     sizes = {**sizes, "sok": SOK_QUICK if quick else SOK_FULL}
     tables = []
     with log.progress(total=len(names), desc="numbactr bench", unit="benchmark") as bar:
         for name in names:
             made = fns[name](env, min_time=min_time, seed=seed, **{**sizes[name], **(options or {}).get(name, {})})
-            for tab in made if isinstance(made, list) else [made]:      # embedding: forward, backward
+            for tab in made if isinstance(made, list) else [made]:  # embedding: forward, backward
                 print(tab.markdown(), file=out, flush=True)
                 tables.append(tab)
             bar.update(1)
@@ -99,35 +113,66 @@ def run(which: str, env: Env, *, quick: bool = False, min_time: float | None = N
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="numbactr bench", description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap = argparse.ArgumentParser(
+        prog="numbactr bench",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
     ap.add_argument("what", choices=SUBCOMMANDS, help="which benchmark (all: the three, one table each)")
     ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run, seconds)")
-    ap.add_argument("--min-time", type=float, default=None,
-                    help="seconds of repetitions per measurement (default 1, --quick 0.05)")
+    ap.add_argument(
+        "--min-time", type=float, default=None, help="seconds of repetitions per measurement (default 1, --quick 0.05)"
+    )
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument("--seed", type=int, default=0, help="seed of the generated keys and data (default: %(default)s)")
-    ap.add_argument("--plot", default="runs/bench/cache_hit_rate.png",
-                    help="bench cache: where to save its chart (default: %(default)s)")
-    ap.add_argument("--threads", type=_thread_list, default=None,
-                    help="comma-separated thread counts for embedding and dlrm (default 1,2; --quick 1; --model mlperf: numbactr's compute threads), set for numbactr and torch alike")
-    ap.add_argument("--model", choices=("demo", "mlperf"), default="demo",
-                    help="bench dlrm: the demo's small DLRM (default) or the MLPerf DLRM shape")
-    ap.add_argument("--dim", type=_dim_list, default=(128,),
-                    help="bench dlrm --model mlperf: embedding widths, 128 and/or 16 (default 128)")
-    ap.add_argument("--optimizer", type=_optimizer_list, default=("sgd", "adam"),
-                    help="bench dlrm --model mlperf: sgd and/or adam (default sgd,adam)")
-    ap.add_argument("--batch", type=int, default=None,
-                    help="bench dlrm --model mlperf: batch size (default 65536 on a GPU, 2048 on cpu)")
-    ap.add_argument("--rows", type=int, default=None,
-                    help="bench dlrm --model mlperf: embedding rows over the 26 tables (default 8M on a GPU, "
-                         "20K on cpu)")
+    ap.add_argument(
+        "--plot",
+        default="runs/bench/cache_hit_rate.png",
+        help="bench cache: where to save its chart (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=_thread_list,
+        default=None,
+        help="comma-separated thread counts for embedding and dlrm (default 1,2; --quick 1; --model mlperf: numbactr's compute threads), set for numbactr and torch alike",
+    )
+    ap.add_argument(
+        "--model",
+        choices=("demo", "mlperf"),
+        default="demo",
+        help="bench dlrm: the demo's small DLRM (default) or the MLPerf DLRM shape",
+    )
+    ap.add_argument(
+        "--dim",
+        type=_dim_list,
+        default=(128,),
+        help="bench dlrm --model mlperf: embedding widths, 128 and/or 16 (default 128)",
+    )
+    ap.add_argument(
+        "--optimizer",
+        type=_optimizer_list,
+        default=("sgd", "adam"),
+        help="bench dlrm --model mlperf: sgd and/or adam (default sgd,adam)",
+    )
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="bench dlrm --model mlperf: batch size (default 65536 on a GPU, 2048 on cpu)",
+    )
+    ap.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="bench dlrm --model mlperf: embedding rows over the 26 tables (default 8M on a GPU, 20K on cpu)",
+    )
     ap.add_argument("--tf32", action="store_true", help="bench dlrm --model mlperf: TF32 matrix products")
     ap.add_argument("--amp", action="store_true", help="bench dlrm --model mlperf: mixed precision")
     args = ap.parse_args(argv)
-    mlperf_only = [f"--{k}" for k in ("batch", "rows") if getattr(args, k) is not None] + \
-        [f"--{k}" for k in ("tf32", "amp") if getattr(args, k)]
+    mlperf_only = [f"--{k}" for k in ("batch", "rows") if getattr(args, k) is not None] + [
+        f"--{k}" for k in ("tf32", "amp") if getattr(args, k)
+    ]
     if mlperf_only and (args.what != "dlrm" or args.model != "mlperf"):
         ap.error(f"{', '.join(mlperf_only)} only apply to `bench dlrm --model mlperf`")
     if args.model == "mlperf" and args.what != "dlrm":
@@ -137,15 +182,25 @@ def main(argv=None) -> int:
         print(f"numbactr bench: {env.torch_why}", flush=True)
     if args.model == "mlperf":
         from numbactr.bench.mlperf import bench_mlperf
+
         quick = dict(batch=256, rows=2_000, batches=1, breakdown_steps=1) if args.quick else {}
         sizes = {**quick, **{k: getattr(args, k) for k in ("batch", "rows") if getattr(args, k) is not None}}
-        tab = bench_mlperf(env, dims=args.dim, optimizers=args.optimizer, tf32=args.tf32, amp=args.amp,
-                           seed=args.seed, min_time=(0.05 if args.quick else 1.0) if args.min_time is None
-                           else args.min_time, threads=args.threads, **sizes)
+        tab = bench_mlperf(
+            env,
+            dims=args.dim,
+            optimizers=args.optimizer,
+            tf32=args.tf32,
+            amp=args.amp,
+            seed=args.seed,
+            min_time=(0.05 if args.quick else 1.0) if args.min_time is None else args.min_time,
+            threads=args.threads,
+            **sizes,
+        )
         print(tab.markdown(), flush=True)
         return 0
-    options = {} if args.threads is None else {k: {"threads": args.threads}
-                                                for k in ("embedding", "dlrm", "cache", "sok")}
+    options = (
+        {} if args.threads is None else {k: {"threads": args.threads} for k in ("embedding", "dlrm", "cache", "sok")}
+    )
     options.setdefault("cache", {})["plot"] = args.plot
     run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed, options=options)
     return 0

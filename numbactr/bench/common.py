@@ -12,9 +12,21 @@ import numpy as np
 
 HASH_COLUMNS = ["impl", "keys", "op", "batch keys", "distinct", "capacity", "ms", "Mkeys/s"]
 EMBEDDING_FWD_COLUMNS = ["impl", "threads", "pooling", "B", "features", "L", "D", "rows", "fwd ms", "fwd GB/s"]
-EMBEDDING_BWD_COLUMNS = ["impl", "threads", "pooling", "optimizer", "state B/row", "B", "features", "L", "D",
-                         "rows", "bwd+upd ms", "bwd+upd GB/s"]
-EMBEDDING_PEAK_COLUMNS = ["fwd % peak", "bwd+upd % peak"]      # appended on a GPU (peak: peak_bandwidth)
+EMBEDDING_BWD_COLUMNS = [
+    "impl",
+    "threads",
+    "pooling",
+    "optimizer",
+    "state B/row",
+    "B",
+    "features",
+    "L",
+    "D",
+    "rows",
+    "bwd+upd ms",
+    "bwd+upd GB/s",
+]
+EMBEDDING_PEAK_COLUMNS = ["fwd % peak", "bwd+upd % peak"]  # appended on a GPU (peak: peak_bandwidth)
 DLRM_COLUMNS = ["impl", "threads", "batch", "slots", "rows", "D", "step ms", "samples/s"]
 
 #: peak memory bandwidth in GB/s by device-name fragments; the first entry whose fragments all occur
@@ -33,6 +45,7 @@ KNOWN_GPU_BANDWIDTH = [
 @dataclass
 class Table:
     """One benchmark's result: a title, context lines and a markdown table."""
+
     title: str
     columns: list
     rows: list = field(default_factory=list)
@@ -46,8 +59,11 @@ class Table:
     def markdown(self) -> str:
         out = [f"### {self.title}", ""]
         out += [f"- {n}" for n in self.notes]
-        out += ["", "| " + " | ".join(self.columns) + " |",
-                "|" + "|".join("---" if i == 0 else "---:" for i in range(len(self.columns))) + "|"]
+        out += [
+            "",
+            "| " + " | ".join(self.columns) + " |",
+            "|" + "|".join("---" if i == 0 else "---:" for i in range(len(self.columns))) + "|",
+        ]
         out += ["| " + " | ".join(r) + " |" for r in self.rows]
         return "\n".join(out) + "\n"
 
@@ -73,6 +89,7 @@ class Env:
 
     def __init__(self, use_torch: bool = True):
         from numbactr.runtime import device
+
         self.kind = device.kind()
         self.kernels = device.uses_kernels()
         self.xp = device.xp()
@@ -98,6 +115,7 @@ class Env:
     def sync(self) -> None:
         if self.kind == "gpu":
             import cupy
+
             cupy.cuda.runtime.deviceSynchronize()
 
     def torch_sync(self) -> None:
@@ -112,19 +130,22 @@ class Env:
         """Context lines every table starts with: device, date, versions."""
         now = datetime.datetime.now().astimezone()
         from numbactr.runtime import threads
-        lines = [f"device: {self.kind} ({self.device_name})",
-                 f"date: {now.strftime('%Y-%m-%d %H:%M %Z')}",
-                 f"numpy {np.__version__}, python {platform.python_version()}",
-                 f"{threads.current().describe()} (numbactr.runtime.threads; NUMBACTR_THREADS=N sets the compute "
-                 f"threads)"]
-        if hasattr(os, "getloadavg"):       # other work on the host skews every figure: say how much
-            lines.append(f"host load average (1 min) at start: {os.getloadavg()[0]:.1f} on "
-                         f"{os.cpu_count()} cores")
+
+        lines = [
+            f"device: {self.kind} ({self.device_name})",
+            f"date: {now.strftime('%Y-%m-%d %H:%M %Z')}",
+            f"numpy {np.__version__}, python {platform.python_version()}",
+            f"{threads.current().describe()} (numbactr.runtime.threads; NUMBACTR_THREADS=N sets the compute threads)",
+        ]
+        if hasattr(os, "getloadavg"):  # other work on the host skews every figure: say how much
+            lines.append(f"host load average (1 min) at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         if self.kind == "sim":
             lines.append("WARNING: device=sim times Numba's CUDA simulator; these are not performance figures")
         if self.torch is not None:
-            lines.append(f"torch {self.torch.__version__} on {self.torch_dev}"
-                         + (f" ({self.torch.get_num_threads()} threads)" if self.torch_dev == "cpu" else ""))
+            lines.append(
+                f"torch {self.torch.__version__} on {self.torch_dev}"
+                + (f" ({self.torch.get_num_threads()} threads)" if self.torch_dev == "cpu" else "")
+            )
         else:
             lines.append(self.torch_why)
         return lines
@@ -133,6 +154,7 @@ class Env:
 def _device_name(kind: str) -> str:
     if kind == "gpu":
         from numba import cuda
+
         name = cuda.get_current_device().name
         return name.decode() if isinstance(name, bytes) else str(name)
     cpu = platform.processor() or platform.machine()
@@ -159,6 +181,7 @@ def known_peak_bandwidth(name: str):
 def measure_copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> float:
     """GB/s of a cupy device-to-device copy (read + write counted)."""
     import cupy
+
     src = cupy.ones(nbytes // 4, dtype=cupy.float32)
     dst = cupy.empty_like(src)
     dst[...] = src
@@ -179,7 +202,7 @@ def peak_bandwidth(name: str):
     spec = f"; {label} spec sheet: {gbs:g} GB/s" if gbs is not None else ""
     try:
         return measure_copy_bandwidth(), "measured cupy device-to-device copy, read + write counted" + spec
-    except Exception as e:     # noqa: BLE001 (a benchmark keeps going without the fraction)
+    except Exception as e:  # noqa: BLE001 (a benchmark keeps going without the fraction)
         if gbs is not None:
             return gbs, f"{label} spec sheet (the copy failed: {type(e).__name__}: {e})"
         return None, f"unknown ({type(e).__name__}: {e})"
@@ -193,7 +216,7 @@ def measure(fn, *, sync=None, setup=None, min_time: float = 1.0, max_reps: int =
     sync = sync or (lambda: None)
     if setup:
         setup()
-    fn()                                          # warm-up: JIT compilation, first-touch page faults
+    fn()  # warm-up: JIT compilation, first-touch page faults
     sync()
     times = []
     start = time.perf_counter()
@@ -210,6 +233,7 @@ def measure(fn, *, sync=None, setup=None, min_time: float = 1.0, max_reps: int =
 
 def _host(a) -> np.ndarray:
     from numbactr.runtime import device
+
     return device.to_host(a)
 
 
@@ -221,6 +245,7 @@ def thread_count(env: Env, n):
         yield
         return
     from numbactr.runtime import threads
+
     before = threads.current()
     torch_before = env.torch.get_num_threads() if env.torch is not None else None
     threads.configure(compute=n, reader_workers=before.reader_workers)

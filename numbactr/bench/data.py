@@ -15,6 +15,7 @@ runs one worker per local device; here the worker count is forced (local_devices
 device training step, during which the host thread waits) and reports the mean time the loop waited
 for data per step after a warm-up of 3 steps: about 0 means reading overlaps the step completely.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,13 +80,36 @@ def _write_bench_file(d, f, n, rng, pq, raw_path, norm_files) -> None:
 def _reader(fmt: str, source: str, samples: int, batch: int, workers: int, repeat: bool = False):
     if fmt.startswith("raw_async"):
         ap = AsyncParam(workers, 4, 10, 2, 512, False, multi_hot_reader=False, is_dense_float=False)
-        return DataReader(DataReaderType_t.RawAsync, source, batch, 1, DENSE, [SLOTS], [[1] * SLOTS], False, repeat,
-                          async_param=ap, direct_io=fmt == "raw_async_direct")
+        return DataReader(
+            DataReaderType_t.RawAsync,
+            source,
+            batch,
+            1,
+            DENSE,
+            [SLOTS],
+            [[1] * SLOTS],
+            False,
+            repeat,
+            async_param=ap,
+            direct_io=fmt == "raw_async_direct",
+        )
     t = {"norm": DataReaderType_t.Norm, "raw": DataReaderType_t.Raw, "parquet": DataReaderType_t.Parquet}[fmt]
-    return DataReader(t, source, batch, 1, DENSE, [SLOTS], [[1] * SLOTS], False, repeat,
-                      num_workers=workers, check_type=Check_t.Sum, num_samples=samples,
-                      slot_size_array=[SLOT_SIZE] * SLOTS if fmt == "parquet" else (),
-                      local_devices=workers)
+    return DataReader(
+        t,
+        source,
+        batch,
+        1,
+        DENSE,
+        [SLOTS],
+        [[1] * SLOTS],
+        False,
+        repeat,
+        num_workers=workers,
+        check_type=Check_t.Sum,
+        num_samples=samples,
+        slot_size_array=[SLOT_SIZE] * SLOTS if fmt == "parquet" else (),
+        local_devices=workers,
+    )
 
 
 def measure(fmt, source, samples, batch, workers, repeats=2) -> float:
@@ -123,17 +147,25 @@ def measure_wait(fmt, source, samples, batch, workers, step_ms, steps=40) -> tup
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="numbactr bench data", description=__doc__.split("\n")[0],
-                                 epilog="Explicit worker counts are measured as given; the training default "
-                                        "comes from numbactr.runtime.threads (NUMBACTR_READER_WORKERS).")
+    ap = argparse.ArgumentParser(
+        prog="numbactr bench data",
+        description=__doc__.split("\n")[0],
+        epilog="Explicit worker counts are measured as given; the training default "
+        "comes from numbactr.runtime.threads (NUMBACTR_READER_WORKERS).",
+    )
     ap.add_argument("--samples", type=int, default=1_000_000, help="samples per format (default: %(default)s)")
-    ap.add_argument("--files", type=int, default=4, help="Norm/Parquet files (>= the largest worker count; "
-                                                          "default: %(default)s)")
+    ap.add_argument(
+        "--files", type=int, default=4, help="Norm/Parquet files (>= the largest worker count; default: %(default)s)"
+    )
     ap.add_argument("--batch-size", type=int, default=16384, help="batch size (default: %(default)s)")
-    ap.add_argument("--workers", default="1,2,4", help="worker counts to measure, comma-separated "
-                                                        "(default: %(default)s)")
-    ap.add_argument("--formats", default="norm,raw,raw_async,parquet", help="formats to measure: norm, raw, "
-                    "raw_async, raw_async_direct, parquet (default: %(default)s)")
+    ap.add_argument(
+        "--workers", default="1,2,4", help="worker counts to measure, comma-separated (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--formats",
+        default="norm,raw,raw_async,parquet",
+        help="formats to measure: norm, raw, raw_async, raw_async_direct, parquet (default: %(default)s)",
+    )
     ap.add_argument("--repeats", type=int, default=2, help="passes per cell, the best counts (default: %(default)s)")
     ap.add_argument("--step-ms", type=float, default=0.0, help="also measure waits with an S ms step")
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary folder)")
@@ -145,8 +177,10 @@ def main(argv=None) -> int:
     formats = [f.strip().lower() for f in a.formats.split(",")]
     unknown = sorted(set(formats) - {"norm", "raw", "raw_async", "raw_async_direct", "parquet"})
     if unknown:
-        ap.error(f"--formats: unknown format(s) {', '.join(unknown)}; choose from norm, raw, raw_async, "
-                 f"raw_async_direct, parquet")
+        ap.error(
+            f"--formats: unknown format(s) {', '.join(unknown)}; choose from norm, raw, raw_async, "
+            f"raw_async_direct, parquet"
+        )
     if min(workers) < 1 or a.samples < 1 or a.batch_size < 1 or a.files < 1 or a.repeats < 1:
         ap.error("--samples, --files, --batch-size, --repeats and every worker count must be >= 1")
     if max(workers) > a.files:
@@ -157,10 +191,12 @@ def main(argv=None) -> int:
         src = write_bench_data(d, a.samples, a.files)
         src["raw_async"] = src["raw_async_direct"] = src["raw"]
         print(f"wrote {a.samples} samples per format in {time.perf_counter() - t:.1f}s to {d}")
-        print(f"\nReader throughput, {datetime.date.today().isoformat()}, {platform.node() or 'host'}: "
-              f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, {a.samples} samples, "
-              f"batch {a.batch_size}, 13 dense + 26 one-hot slots; workers as in each column, "
-              f"{threads.current().describe()}\n")
+        print(
+            f"\nReader throughput, {datetime.date.today().isoformat()}, {platform.node() or 'host'}: "
+            f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, {a.samples} samples, "
+            f"batch {a.batch_size}, 13 dense + 26 one-hot slots; workers as in each column, "
+            f"{threads.current().describe()}\n"
+        )
         print("| format | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in workers) + " |")
         print("|---|" + "---:|" * len(workers))
         with log.progress(total=len(formats) * len(workers), desc="bench data", unit="cell") as bar:
@@ -171,8 +207,7 @@ def main(argv=None) -> int:
                     bar.update(1)
                 print(f"| {fmt} | " + " | ".join(f"{c / 1e6:.2f} M/s" for c in cells) + " |", flush=True)
         if a.step_ms > 0:
-            print(f"\nWait for data per step with a {a.step_ms:g} ms step (after 3 warm-up steps), "
-                  f"mean / max ms:\n")
+            print(f"\nWait for data per step with a {a.step_ms:g} ms step (after 3 warm-up steps), mean / max ms:\n")
             print("| format | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in workers) + " |")
             print("|---|" + "---:|" * len(workers))
             for fmt in formats:

@@ -1,6 +1,5 @@
 """`numbactr bench hash`: hash-table insert/find in Mkeys/s, numbactr's table beside a torch key index."""
 
-
 import numpy as np
 
 from numbactr.bench.common import HASH_COLUMNS, Env, Table, _host, measure
@@ -21,23 +20,25 @@ class TorchKeyIndex:
 
     def clear(self) -> None:
         t = self.torch
-        self.keys = t.empty(0, dtype=t.int64, device=self.dev)     # (size,) sorted
-        self.rows = t.empty(0, dtype=t.int64, device=self.dev)     # (size,) row of each key
+        self.keys = t.empty(0, dtype=t.int64, device=self.dev)  # (size,) sorted
+        self.rows = t.empty(0, dtype=t.int64, device=self.dev)  # (size,) row of each key
         self.size = 0
 
     def _lookup(self, keys):
         """(rows (N,) with -1 for absent keys, hit (N,) bool)."""
         t = self.torch
         if self.size == 0:
-            return (t.full(keys.shape, -1, dtype=t.int64, device=self.dev),
-                    t.zeros(keys.shape, dtype=t.bool, device=self.dev))
+            return (
+                t.full(keys.shape, -1, dtype=t.int64, device=self.dev),
+                t.zeros(keys.shape, dtype=t.bool, device=self.dev),
+            )
         pos = t.searchsorted(self.keys, keys).clamp_(max=self.size - 1)
         hit = self.keys[pos] == keys
         return t.where(hit, self.rows[pos], t.full_like(pos, -1)), hit
 
     def insert(self, keys):
         t = self.torch
-        uniq, inverse = t.unique(keys, return_inverse=True)      # (U,) sorted, (N,)
+        uniq, inverse = t.unique(keys, return_inverse=True)  # (U,) sorted, (N,)
         urows, hit = self._lookup(uniq)
         new = ~hit
         n_new = int(new.sum())
@@ -56,14 +57,16 @@ def hash_keys(dist: str, n: int, rng: np.random.Generator) -> np.ndarray:
     """(n,) uint64 batch keys: 'uniform' over [0, 2**63), or 'power-law' (alpha 1.2 over 10 n keys,
     HugeCTR's generator) — many repeats, like a Criteo slot."""
     if dist == "uniform":
-        return rng.integers(0, 2 ** 63 - 1, n, dtype=np.int64).view(np.uint64)
+        return rng.integers(0, 2**63 - 1, n, dtype=np.int64).view(np.uint64)
     from numbactr.data.synthetic import power_law_keys
+
     return power_law_keys(rng, n, 10 * n, 1.2).astype(np.uint64)
 
 
 def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float = 1.0, seed: int = 0) -> Table:
     from numbactr.runtime import device
     from numbactr.embedding.hash_table import HashTable
+
     tab = Table(f"hash table insert/find ({env.kind})", HASH_COLUMNS)
     tab.notes = env.header() + [
         f"batch of {n:,} keys; table rows = the batch's distinct keys, capacity = rows / {load_factor} "
@@ -71,19 +74,31 @@ def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float =
         "insert-new: empty table (cleared outside the timer); insert-known: every key already present "
         "(the steady training state); find: every key present",
         "Mkeys/s = batch keys (duplicates included) / median time",
-        "numbactr: the table the engine's keyed tables use on this device (" +
-        ("numba.cuda kernels" if env.kernels else "compiled CPU code" if device.compiled_cpu()
-         else "the NumPy reference") + ")",
-        "torch: torch.unique dedup + sorted keys with searchsorted (re-sorted on insert)"]
+        "numbactr: the table the engine's keyed tables use on this device ("
+        + (
+            "numba.cuda kernels"
+            if env.kernels
+            else "compiled CPU code"
+            if device.compiled_cpu()
+            else "the NumPy reference"
+        )
+        + ")",
+        "torch: torch.unique dedup + sorted keys with searchsorted (re-sorted on insert)",
+    ]
     rng = np.random.default_rng(seed)
     for dist in ("uniform", "power-law"):
-        keys_h = hash_keys(dist, n, rng)                                # (N,) uint64
+        keys_h = hash_keys(dist, n, rng)  # (N,) uint64
         distinct = int(np.unique(keys_h).size)
         keys = env.xp.asarray(keys_h)
         # the path the engine's keyed tables take on this device: the kernels (gpu/sim), else the
         # compiled CPU table (or the NumPy reference where the cpu device runs its references only)
-        table = HashTable(distinct, load_factor=load_factor, use_kernels=env.kernels, xp=env.xp,
-                          compiled=not env.kernels and device.compiled_cpu())
+        table = HashTable(
+            distinct,
+            load_factor=load_factor,
+            use_kernels=env.kernels,
+            xp=env.xp,
+            compiled=not env.kernels and device.compiled_cpu(),
+        )
         inserted = {}
 
         def insert():
@@ -114,7 +129,5 @@ def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float =
                 raise AssertionError(f"bench hash: torch key index disagrees with itself ({dist})")
             for op, t in (("insert-new", s_new), ("insert-known", s_known), ("find", s_find)):
                 tab.add(env.torch_label, dist, op, n, distinct, "-", 1e3 * t, n / t / 1e6)
-        table = keys = None                      # free this size's table and keys before the next
+        table = keys = None  # free this size's table and keys before the next
     return tab
-
-

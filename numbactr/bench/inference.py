@@ -17,6 +17,7 @@ The second table is the cache: a fresh session per cache_size_percentage, warmed
 samples, then the share of the distinct keys of the next requests found in the cache, and the throughput
 at that size (HugeCTR counts its hit rate over a request's distinct keys, as here).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,14 @@ from numbactr.runtime import device, threads
 from numbactr import log
 from numbactr.bench.common import Table
 
-FULL = dict(batches=(1, 16, 256, 1024, 4096, 16384), keys=10_000, sizes=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0), warm=8,
-            measure=8, min_time=1.0)
+FULL = dict(
+    batches=(1, 16, 256, 1024, 4096, 16384),
+    keys=10_000,
+    sizes=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0),
+    warm=8,
+    measure=8,
+    min_time=1.0,
+)
 QUICK = dict(batches=(1, 64, 512), keys=500, sizes=(0.05, 0.5), warm=2, measure=2, min_time=0.05)
 SLOTS, DENSE, VEC, ZIPF = 26, 13, 16, 1.1
 
@@ -40,35 +47,54 @@ def build_model(folder: str, keys_per_slot: int, seed: int = 0) -> dict:
     """Write the benchmark DLRM's graph JSON, dense model and sparse model folder; returns their paths."""
     import numbactr as hugectr
     from numbactr.config import workspace_mb_for
+
     L = hugectr.Layer_t
     n_keys = SLOTS * keys_per_slot
     solver = hugectr.CreateSolver(batchsize=1024, batchsize_eval=1024, vvgpu=[[0]], i64_input_key=True, seed=seed)
     lst = os.path.join(folder, "unused_file_list.txt")
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[lst], eval_source=lst,
-                                      check_type=hugectr.Check_t.Sum)
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[lst], eval_source=lst, check_type=hugectr.Check_t.Sum
+    )
     opt = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD)
     m = hugectr.Model(solver, reader, opt)
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=DENSE, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, SLOTS)]))
-    m.add(hugectr.SparseEmbedding(hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                  workspace_mb_for(n_keys, VEC, 0), VEC, "sum", "sparse_embedding1", "data1"))
-    for layer in [hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc1"], num_output=64),
-                  hugectr.DenseLayer(L.ReLU, ["fc1"], ["relu1"]),
-                  hugectr.DenseLayer(L.InnerProduct, ["relu1"], ["fc2"], num_output=VEC),
-                  hugectr.DenseLayer(L.ReLU, ["fc2"], ["relu2"]),
-                  hugectr.DenseLayer(L.Interaction, ["relu2", "sparse_embedding1"], ["inter"]),
-                  hugectr.DenseLayer(L.InnerProduct, ["inter"], ["fc3"], num_output=128),
-                  hugectr.DenseLayer(L.ReLU, ["fc3"], ["relu3"]),
-                  hugectr.DenseLayer(L.InnerProduct, ["relu3"], ["fc4"], num_output=64),
-                  hugectr.DenseLayer(L.ReLU, ["fc4"], ["relu4"]),
-                  hugectr.DenseLayer(L.InnerProduct, ["relu4"], ["fc5"], num_output=1),
-                  hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["fc5", "label"], ["loss"])]:
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=DENSE,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, SLOTS)],
+        )
+    )
+    m.add(
+        hugectr.SparseEmbedding(
+            hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+            workspace_mb_for(n_keys, VEC, 0),
+            VEC,
+            "sum",
+            "sparse_embedding1",
+            "data1",
+        )
+    )
+    for layer in [
+        hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc1"], num_output=64),
+        hugectr.DenseLayer(L.ReLU, ["fc1"], ["relu1"]),
+        hugectr.DenseLayer(L.InnerProduct, ["relu1"], ["fc2"], num_output=VEC),
+        hugectr.DenseLayer(L.ReLU, ["fc2"], ["relu2"]),
+        hugectr.DenseLayer(L.Interaction, ["relu2", "sparse_embedding1"], ["inter"]),
+        hugectr.DenseLayer(L.InnerProduct, ["inter"], ["fc3"], num_output=128),
+        hugectr.DenseLayer(L.ReLU, ["fc3"], ["relu3"]),
+        hugectr.DenseLayer(L.InnerProduct, ["relu3"], ["fc4"], num_output=64),
+        hugectr.DenseLayer(L.ReLU, ["fc4"], ["relu4"]),
+        hugectr.DenseLayer(L.InnerProduct, ["relu4"], ["fc5"], num_output=1),
+        hugectr.DenseLayer(L.BinaryCrossEntropyLoss, ["fc5", "label"], ["loss"]),
+    ]:
         m.add(layer)
     m.compile()
     prefix = os.path.join(folder, "dlrm")
-    m.save_params_to_files(prefix, 0)                  # the dense model (the table is written below)
+    m.save_params_to_files(prefix, 0)  # the dense model (the table is written below)
     m.graph_to_json(os.path.join(folder, "dlrm.json"))
-    sparse = os.path.join(folder, "table", "dlrm0_sparse_0.model")   # HugeCTR's layout, no manifest
+    sparse = os.path.join(folder, "table", "dlrm0_sparse_0.model")  # HugeCTR's layout, no manifest
     os.makedirs(sparse)
     rng = np.random.default_rng(seed)
     np.arange(n_keys, dtype="<i8").tofile(os.path.join(sparse, "key"))
@@ -79,20 +105,25 @@ def build_model(folder: str, keys_per_slot: int, seed: int = 0) -> dict:
 def make_requests(batch: int, count: int, keys_per_slot: int, rng) -> list:
     """count CSR requests of `batch` samples: (dense (B*13,), keys (B*26,), row_ptrs (B*26 + 1,))."""
     ranks = np.arange(1, keys_per_slot + 1, dtype=np.float64)
-    p = ranks ** -ZIPF
+    p = ranks**-ZIPF
     p /= p.sum()
     out = []
     for _ in range(count):
         k = rng.choice(keys_per_slot, size=(batch, SLOTS), p=p) + np.arange(SLOTS) * keys_per_slot
-        out.append((rng.normal(0, 1, batch * DENSE).astype(np.float32), k.reshape(-1).astype(np.int64),
-                    np.arange(batch * SLOTS + 1, dtype=np.int64)))
+        out.append(
+            (
+                rng.normal(0, 1, batch * DENSE).astype(np.float32),
+                k.reshape(-1).astype(np.int64),
+                np.arange(batch * SLOTS + 1, dtype=np.int64),
+            )
+        )
     return out
 
 
 def timed(fn, requests: list, min_time: float) -> np.ndarray:
     """Wall seconds of each call fn(*request), cycling through requests for at least min_time (3 calls
     at least)."""
-    fn(*requests[0])                                  # warm-up (compilation, first allocations)
+    fn(*requests[0])  # warm-up (compilation, first allocations)
     times, start, i = [], time.perf_counter(), 0
     while len(times) < 3 or time.perf_counter() - start < min_time:
         t = time.perf_counter()
@@ -126,9 +157,18 @@ def timed_pair(fn_a, fn_b, requests: list, min_time: float) -> tuple[np.ndarray,
 
 def _params(files: dict, batch: int, pct: float, **kw):
     from numbactr.inference.params import InferenceParams
-    return InferenceParams(model_name="dlrm", max_batchsize=batch, hit_rate_threshold=1.0,
-                           dense_model_file=files["dense"], sparse_model_files=files["sparse"],
-                           use_gpu_embedding_cache=True, cache_size_percentage=pct, i64_input_key=True, **kw)
+
+    return InferenceParams(
+        model_name="dlrm",
+        max_batchsize=batch,
+        hit_rate_threshold=1.0,
+        dense_model_file=files["dense"],
+        sparse_model_files=files["sparse"],
+        use_gpu_embedding_cache=True,
+        cache_size_percentage=pct,
+        i64_input_key=True,
+        **kw,
+    )
 
 
 def _onnx(files: dict, n_threads: int, use: bool):
@@ -137,6 +177,7 @@ def _onnx(files: dict, n_threads: int, use: bool):
         return None, "onnxruntime skipped (--no-onnx)"
     try:
         from numbactr.onnx_converter.runtime import onnxruntime_predictor
+
         return onnxruntime_predictor(files["graph"], files["dense"], files["sparse"], threads=n_threads), ""
     except ImportError as e:
         return None, f"no onnxruntime column: {e}"
@@ -144,24 +185,39 @@ def _onnx(files: dict, n_threads: int, use: bool):
 
 def bench_inference(batches, keys, sizes, warm, measure, min_time, seed=0, use_onnx=True) -> list:
     from numbactr.inference.session import CreateInferenceSession
+
     plan = threads.current()
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-inference-") as folder:
         files = build_model(folder, keys, seed)
         ort, why = _onnx(files, plan.compute, use_onnx)
         where = f"{device.describe()}; onnxruntime: CPU, {plan.compute} intra-op thread(s)"
-        lat = Table("InferenceSession vs onnxruntime: one CSR request (DLRM, 26 power-law keys + 13 dense per "
-                    "sample)", ["batch", "numbactr preds/s", "numbactr p50 ms", "numbactr p99 ms",
-                                "onnxruntime preds/s", "ort p50 ms", "ort p99 ms", "max abs diff"],
-                    notes=[where, f"{SLOTS} x {keys:,} keys, cache 100%, filled at start (init_ec); " + (why or "same requests")])
+        lat = Table(
+            "InferenceSession vs onnxruntime: one CSR request (DLRM, 26 power-law keys + 13 dense per sample)",
+            [
+                "batch",
+                "numbactr preds/s",
+                "numbactr p50 ms",
+                "numbactr p99 ms",
+                "onnxruntime preds/s",
+                "ort p50 ms",
+                "ort p99 ms",
+                "max abs diff",
+            ],
+            notes=[
+                where,
+                f"{SLOTS} x {keys:,} keys, cache 100%, filled at start (init_ec); " + (why or "same requests"),
+            ],
+        )
         # the whole table in the cache from the start (HugeCTR's init_ec with a refresh percentage), so the
         # latency table measures a warm cache, not the first sight of each power-law key
-        session = CreateInferenceSession(files["graph"], _params(files, max(batches), 1.0, init_ec=True,
-                                                                 cache_refresh_percentage_per_iteration=0.1))
+        session = CreateInferenceSession(
+            files["graph"], _params(files, max(batches), 1.0, init_ec=True, cache_refresh_percentage_per_iteration=0.1)
+        )
         with log.progress(total=len(batches) + len(sizes), desc="bench inference", unit="measurement") as bar:
             for b in batches:
                 reqs = make_requests(b, 4, keys, rng)
-                for r in reqs:                                           # a warm cache
+                for r in reqs:  # a warm cache
                     session.predict(*r)
                 if ort is not None:
                     t, to = timed_pair(session.predict, ort.predict_csr, reqs, min_time)
@@ -176,10 +232,15 @@ def bench_inference(batches, keys, sizes, warm, measure, min_time, seed=0, use_o
                 lat.add(*row)
                 bar.update(1)
             session.close()
-            hit = Table("Embedding cache: hit rate against cache size (power-law keys, batch 1024)",
-                        ["cache % of table", "slots", "hit rate", "numbactr preds/s", "onnxruntime preds/s"],
-                        notes=[where, f"warm-up: {warm} requests, then {measure} measured; the ONNX model holds the "
-                                      "whole table (no cache)"])
+            hit = Table(
+                "Embedding cache: hit rate against cache size (power-law keys, batch 1024)",
+                ["cache % of table", "slots", "hit rate", "numbactr preds/s", "onnxruntime preds/s"],
+                notes=[
+                    where,
+                    f"warm-up: {warm} requests, then {measure} measured; the ONNX model holds the "
+                    "whole table (no cache)",
+                ],
+            )
             reqs = make_requests(1024, warm + measure, keys, rng)
             ort_rate = None
             if ort is not None:
@@ -194,8 +255,13 @@ def bench_inference(batches, keys, sizes, warm, measure, min_time, seed=0, use_o
                     t0 = time.perf_counter()
                     s.predict(*r)
                     t.append(time.perf_counter() - t0)
-                hit.add(f"{100 * pct:g}%", s.cache.capacities[0], (s.cache.hits[0] - h0) / (s.cache.queried[0] - q0),
-                        1024 / np.mean(t), ort_rate)
+                hit.add(
+                    f"{100 * pct:g}%",
+                    s.cache.capacities[0],
+                    (s.cache.hits[0] - h0) / (s.cache.queried[0] - q0),
+                    1024 / np.mean(t),
+                    ort_rate,
+                )
                 s.close()
                 bar.update(1)
     return [lat, hit]
@@ -212,16 +278,28 @@ def _ints(text: str) -> tuple:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="numbactr bench inference", description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap = argparse.ArgumentParser(
+        prog="numbactr bench inference",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
     ap.add_argument("--quick", action="store_true", help="small model and batches (a smoke run, seconds)")
-    ap.add_argument("--min-time", type=float, default=None, help="seconds of repetitions per measurement "
-                                                                  "(default 1, --quick 0.05)")
-    ap.add_argument("--batches", type=_ints, default=None, help="comma-separated batch sizes (default "
-                                                                 "1,16,256,1024,4096,16384; --quick 1,64,512)")
-    ap.add_argument("--threads", type=int, default=None, help="compute threads of numbactr and onnxruntime "
-                                                               "(default: numbactr's thread plan)")
+    ap.add_argument(
+        "--min-time", type=float, default=None, help="seconds of repetitions per measurement (default 1, --quick 0.05)"
+    )
+    ap.add_argument(
+        "--batches",
+        type=_ints,
+        default=None,
+        help="comma-separated batch sizes (default 1,16,256,1024,4096,16384; --quick 1,64,512)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="compute threads of numbactr and onnxruntime (default: numbactr's thread plan)",
+    )
     ap.add_argument("--no-onnx", action="store_true", help="skip the onnxruntime column")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and requests (default: %(default)s)")
     args = ap.parse_args(argv)

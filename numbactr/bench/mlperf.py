@@ -51,6 +51,7 @@ float16 with a GradScaler (numbactr: use_mixed_precision). No breakdown is measu
 ``bench_mlperf`` also leaves the raw figures (seconds, bytes, the graph status) as ``table.records``, one
 dict per numbactr row.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,23 +65,55 @@ import numpy as np
 from numba import cuda
 
 SLOTS, DENSE = 26, 13
-BOTTOM = (512, 256)              # then D
+BOTTOM = (512, 256)  # then D
 TOP = (1024, 1024, 512, 256, 1)
 #: per device kind: batch, total embedding rows
-SIZES = {"gpu": dict(batch=65536, rows=8_000_000), "cpu": dict(batch=2048, rows=20_000),
-         "sim": dict(batch=64, rows=2_000)}
-COLUMNS = ["impl", "threads", "optimizer", "D", "batch", "rows", "graphs", "step ms", "samples/s", "eager ms",
-           "embedding ms", "GEMMs ms", "rest ms", "host gaps ms", "embedding GB/s"]
+SIZES = {
+    "gpu": dict(batch=65536, rows=8_000_000),
+    "cpu": dict(batch=2048, rows=20_000),
+    "sim": dict(batch=64, rows=2_000),
+}
+COLUMNS = [
+    "impl",
+    "threads",
+    "optimizer",
+    "D",
+    "batch",
+    "rows",
+    "graphs",
+    "step ms",
+    "samples/s",
+    "eager ms",
+    "embedding ms",
+    "GEMMs ms",
+    "rest ms",
+    "host gaps ms",
+    "embedding GB/s",
+]
 #: the gate's polling rounds (an atomic read and a ~1 µs sleep each: 0.2-1 s in all): how long a gated step may take to enqueue
 GATE_ROUNDS = 1 << 19
 #: gated steps that may time out before the breakdown falls back to synchronized host-clock phases
 GATE_FAILURES = 2
 
 
-def build_mlperf_dlrm(hugectr, train_list: str, eval_list: str, *, batch: int, dim: int = 128,
-                      optimizer: str = "sgd", lr: float = 0.01, workspace_mb: int = 64, bottom=BOTTOM, top=TOP,
-                      tf32: bool = False, amp: bool = False, seed: int = 0, dropout: float = 0.0,
-                      embedding_type: str = "DistributedSlotSparseEmbeddingHash"):
+def build_mlperf_dlrm(
+    hugectr,
+    train_list: str,
+    eval_list: str,
+    *,
+    batch: int,
+    dim: int = 128,
+    optimizer: str = "sgd",
+    lr: float = 0.01,
+    workspace_mb: int = 64,
+    bottom=BOTTOM,
+    top=TOP,
+    tf32: bool = False,
+    amp: bool = False,
+    seed: int = 0,
+    dropout: float = 0.0,
+    embedding_type: str = "DistributedSlotSparseEmbeddingHash",
+):
     """The MLPerf DLRM through the HugeCTR API (module docstring); compiled. dropout > 0 adds a Dropout after
     each ReLU of the top MLP (MLPerf's model has none; the tests use it); embedding_type names the
     hugectr.Embedding_t of its one table (the tests also train a slot-owned Localized one)."""
@@ -90,22 +123,50 @@ def build_mlperf_dlrm(hugectr, train_list: str, eval_list: str, *, batch: int, d
     kw = dict(enable_tf32_compute=True) if tf32 else {}
     if amp:
         kw["use_mixed_precision"] = True
-    solver = hugectr.CreateSolver(max_eval_batches=1, batchsize_eval=batch, batchsize=batch, lr=lr, vvgpu=[[0]],
-                                  repeat_dataset=True, i64_input_key=True, seed=seed, **kw)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[train_list],
-                                      eval_source=eval_list, check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        max_eval_batches=1,
+        batchsize_eval=batch,
+        batchsize=batch,
+        lr=lr,
+        vvgpu=[[0]],
+        repeat_dataset=True,
+        i64_input_key=True,
+        seed=seed,
+        **kw,
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[train_list],
+        eval_source=eval_list,
+        check_type=hugectr.Check_t.Sum,
+    )
     otype = hugectr.Optimizer_t.Adam if opt == "adam" else hugectr.Optimizer_t.SGD
-    optimizer_params = hugectr.CreateOptimizer(optimizer_type=otype, update_type=hugectr.Update_t.Global,
-                                               **(dict(beta1=0.9, beta2=0.999, epsilon=1e-7) if opt == "adam"
-                                                  else {}))
+    optimizer_params = hugectr.CreateOptimizer(
+        optimizer_type=otype,
+        update_type=hugectr.Update_t.Global,
+        **(dict(beta1=0.9, beta2=0.999, epsilon=1e-7) if opt == "adam" else {}),
+    )
     model = hugectr.Model(solver, reader, optimizer_params)
-    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=DENSE, dense_name="dense",
-                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True,
-                                                                                          SLOTS)]))
-    model.add(hugectr.SparseEmbedding(embedding_type=getattr(hugectr.Embedding_t, embedding_type),
-                                      workspace_size_per_gpu_in_mb=workspace_mb, embedding_vec_size=dim,
-                                      combiner="sum", sparse_embedding_name="sparse_embedding1",
-                                      bottom_name="data1", optimizer=optimizer_params))
+    model.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=DENSE,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, SLOTS)],
+        )
+    )
+    model.add(
+        hugectr.SparseEmbedding(
+            embedding_type=getattr(hugectr.Embedding_t, embedding_type),
+            workspace_size_per_gpu_in_mb=workspace_mb,
+            embedding_vec_size=dim,
+            combiner="sum",
+            sparse_embedding_name="sparse_embedding1",
+            bottom_name="data1",
+            optimizer=optimizer_params,
+        )
+    )
     L = hugectr.Layer_t
     below = "dense"
     for i, width in enumerate(tuple(bottom) + (dim,), start=1):
@@ -154,6 +215,7 @@ class EventClock:
 
     def mark(self):
         import cupy
+
         ev = cupy.cuda.Event()
         ev.record(cupy.cuda.get_current_stream())
         return ev
@@ -161,6 +223,7 @@ class EventClock:
     @staticmethod
     def seconds(a, b) -> float:
         import cupy
+
         return cupy.cuda.get_elapsed_time(a, b) / 1e3
 
 
@@ -175,18 +238,27 @@ class PhaseTimer:
 
     PHASES = ("embedding", "gemm", "other")
     #: the kernels' entry points a dense layer calls besides its matrix products (kernels.bias, kernels.fused_bias_act)
-    OTHER = {"bias": ("bias_add", "bias_add_cpu", "bias_add_ref", "bias_grad", "bias_grad_cpu", "bias_grad_ref"),
-             "fused_bias_act": ("bias_act_forward", "bias_act_forward_cpu", "bias_act_forward_ref",
-                                "bias_act_backward", "bias_act_backward_cpu", "bias_act_backward_ref")}
+    OTHER = {
+        "bias": ("bias_add", "bias_add_cpu", "bias_add_ref", "bias_grad", "bias_grad_cpu", "bias_grad_ref"),
+        "fused_bias_act": (
+            "bias_act_forward",
+            "bias_act_forward_cpu",
+            "bias_act_forward_ref",
+            "bias_act_backward",
+            "bias_act_backward_cpu",
+            "bias_act_backward_ref",
+        ),
+    }
 
     def __init__(self, model, clock):
         from numbactr import ops
         from numbactr.kernels import bias, fused_bias_act
         from numbactr.layers import dense
+
         self.clock = clock if hasattr(clock, "mark") else WallClock(clock)
-        self.intervals = []             # (phase, mark0, mark1, [(child mark0, child mark1)])
-        self._stack = []                # open frames: [phase, mark0, children]
-        self._patches = []              # (owner, attribute, original, how: "instance" | "static" | "module", phase)
+        self.intervals = []  # (phase, mark0, mark1, [(child mark0, child mark1)])
+        self._stack = []  # open frames: [phase, mark0, children]
+        self._patches = []  # (owner, attribute, original, how: "instance" | "static" | "module", phase)
         for emb in model.embeddings:
             for name in ("lookup", "hold_gradient", "update"):
                 self._patches.append((emb, name, getattr(emb, name), "instance", "embedding"))
@@ -213,7 +285,7 @@ class PhaseTimer:
         def run(*a, **k):
             top = self._stack[-1][0] if self._stack else None
             if top == phase or (phase == "other" and top != "gemm"):
-                return fn(*a, **k)      # counted by the phase around it (or, outside a gemm phase, the rest)
+                return fn(*a, **k)  # counted by the phase around it (or, outside a gemm phase, the rest)
             m0 = self.clock.mark()
             frame = [phase, m0, []]
             self._stack.append(frame)
@@ -225,6 +297,7 @@ class PhaseTimer:
                 self.intervals.append((phase, m0, m1, frame[2]))
                 if self._stack:
                     self._stack[-1][2].append((m0, m1))
+
         return run
 
     def __enter__(self):
@@ -238,7 +311,7 @@ class PhaseTimer:
     def __exit__(self, *exc):
         for owner, name, orig, how, _ in reversed(self._patches):
             if how == "instance":
-                delattr(owner, name)    # the instance attribute goes; the class's method shows again
+                delattr(owner, name)  # the instance attribute goes; the class's method shows again
             else:
                 setattr(owner, name, orig)
         self._stack.clear()
@@ -255,7 +328,7 @@ def _gate_kernel(flag, rounds, timed_out):
     timed_out[0] = 1
 
 
-_GATE_KERNEL = []           # the compiled gate, made by the first StreamGate of the process
+_GATE_KERNEL = []  # the compiled gate, made by the first StreamGate of the process
 
 
 class StreamGate:
@@ -268,27 +341,30 @@ class StreamGate:
     def __init__(self, rounds: int = GATE_ROUNDS):
         import cupy
         from numbactr.kernels import launch
+
         if not _GATE_KERNEL:
             _GATE_KERNEL.append(cuda.jit(_gate_kernel))
         self.kernel = _GATE_KERNEL[0]
         self.rounds = np.int64(rounds)
-        self.stream = launch.current_stream()          # numbactr's kernels' stream (0: the default one)
+        self.stream = launch.current_stream()  # numbactr's kernels' stream (0: the default one)
         self.flag = cupy.zeros(1, np.int64)
         self.out = cupy.zeros(1, np.int64)
         self.side = cupy.cuda.Stream(non_blocking=True)
         self.reset_done = cupy.cuda.Event(disable_timing=True)
-        self.close()                                   # compiled and loaded now, not inside a gated step
+        self.close()  # compiled and loaded now, not inside a gated step
         self.open()
         cupy.cuda.runtime.deviceSynchronize()
 
     def close(self) -> None:
         import cupy
+
         self.flag.fill(0)
-        self.reset_done.record(cupy.cuda.get_current_stream())    # before the gate: open() waits for this only
+        self.reset_done.record(cupy.cuda.get_current_stream())  # before the gate: open() waits for this only
         self.kernel[1, 1, self.stream](self.flag, self.rounds, self.out)
 
     def open(self) -> None:
         import cupy
+
         self.side.wait_event(self.reset_done)
         cupy.cuda.runtime.memsetAsync(self.flag.data.ptr, 1, self.flag.nbytes, self.side.ptr)
 
@@ -312,6 +388,7 @@ def global_pass_bytes(engine) -> int:
     SGD, or a LOCAL update): every element of every row in use read and written with its per-element
     optimizer states (kernels.tbe.make_global_kernel), rows in use x D x (weight + state bytes) x 2."""
     from numbactr.kernels import tbe
+
     opt = engine.optimizer
     if not tbe.has_global_pass(opt.kind, opt.update_type):
         return 0
@@ -325,6 +402,7 @@ def embedding_step_bytes(batch: int, dim: int, global_bytes: int = 0) -> int:
     """The embedding's bytes in one step (module docstring): FBGEMM's count of the touched rows, forward
     + backward/update (3 x (B*26*D*4 read + B*26*D*4 written)), plus the all-rows pass's global_bytes."""
     from numbactr.bench.embedding import embedding_bytes
+
     return 3 * embedding_bytes(batch * SLOTS, 1, dim) + int(global_bytes)
 
 
@@ -334,8 +412,11 @@ def graph_status(wanted: bool, graphs, steps: int, replays: int, reasons=()) -> 
     numbactr.train.step.ineligible said of them (None where a step was eligible)."""
     if not wanted:
         return "off", False
-    why = (getattr(graphs, "disabled", None) or next((r for r in reversed(list(reasons)) if r), None)
-           or "no step was captured")
+    why = (
+        getattr(graphs, "disabled", None)
+        or next((r for r in reversed(list(reasons)) if r), None)
+        or "no step was captured"
+    )
     if replays <= 0:
         return f"not replayed: {why}", False
     if replays < steps:
@@ -348,6 +429,7 @@ def graph_status(wanted: bool, graphs, steps: int, replays: int, reasons=()) -> 
 def _graph_reasons():
     """What numbactr.train.step.ineligible says of each step inside (a list, None for an eligible step)."""
     from numbactr.train import step
+
     orig, seen = step.ineligible, []
 
     def recorded(batch, **facts):
@@ -367,6 +449,7 @@ def _graphs_off():
     """Eager steps inside, whatever NUMBACTR_CUDA_GRAPHS says (a step with graphs off drops the model's
     captured ones; they are captured again after the warm-up steps, should graphs come back on)."""
     from numbactr.train.cuda_graphs import ENV
+
     before = os.environ.get(ENV)
     os.environ[ENV] = "0"
     try:
@@ -411,12 +494,21 @@ def breakdown(model, env, steps: int, eager_step: float, gate=None, clock=None) 
         if good == steps:
             busy /= steps
             emb, gemm = phases["embedding"] / steps, phases["gemm"] / steps
-            return dict(embedding=emb, gemm=gemm, rest=max(busy - emb - gemm, 0.0),
-                        host_gap=max(eager_step - busy, 0.0), eager=max(eager_step, busy), busy=busy,
-                        method="gated events", why="")
-        why = (f"{failed} gated step(s) timed out: the step made the host wait for the device (a host read or "
-               f"a synchronizing copy), so its device time could not be told from the host's; host gaps "
-               f"unmeasured")
+            return dict(
+                embedding=emb,
+                gemm=gemm,
+                rest=max(busy - emb - gemm, 0.0),
+                host_gap=max(eager_step - busy, 0.0),
+                eager=max(eager_step, busy),
+                busy=busy,
+                method="gated events",
+                why="",
+            )
+        why = (
+            f"{failed} gated step(s) timed out: the step made the host wait for the device (a host read or "
+            f"a synchronizing copy), so its device time could not be told from the host's; host gaps "
+            f"unmeasured"
+        )
     timer = PhaseTimer(model, WallClock(env.sync))
     env.sync()
     total = 0.0
@@ -428,21 +520,28 @@ def breakdown(model, env, steps: int, eager_step: float, gate=None, clock=None) 
             total += time.perf_counter() - t0
     ph = timer.seconds()
     total, emb, gemm = total / steps, ph["embedding"] / steps, ph["gemm"] / steps
-    return dict(embedding=emb, gemm=gemm, rest=max(total - emb - gemm, 0.0),
-                host_gap=None if why else 0.0, eager=total, busy=None, method="host clock", why=why)
+    return dict(
+        embedding=emb,
+        gemm=gemm,
+        rest=max(total - emb - gemm, 0.0),
+        host_gap=None if why else 0.0,
+        eager=total,
+        busy=None,
+        method="host clock",
+        why=why,
+    )
 
 
 def _prepare_torch(torch, dev, host_batches, slot_offsets):
     """Per batch: dense, per-slot indices (slot-local rows), per-slot offsets, labels as torch tensors."""
     out = []
     for b in host_batches:
-        keys, offsets = b.sparse[0]                          # bag j = sample * S + slot, one key per bag
+        keys, offsets = b.sparse[0]  # bag j = sample * S + slot, one key per bag
         keys = np.asarray(keys, dtype=np.int64)
         if (np.diff(offsets) != 1).any():
             raise AssertionError("bench mlperf: the generated data must be one-hot")
         per_slot = keys[offsets[:-1]].reshape(b.batch_size, SLOTS)
-        idx = [torch.from_numpy(np.ascontiguousarray(per_slot[:, s] - slot_offsets[s])).to(dev)
-               for s in range(SLOTS)]
+        idx = [torch.from_numpy(np.ascontiguousarray(per_slot[:, s] - slot_offsets[s])).to(dev) for s in range(SLOTS)]
         offs = torch.arange(b.batch_size, dtype=torch.int64, device=dev)
         out.append((torch.from_numpy(b.dense).to(dev), idx, offs, torch.from_numpy(b.label).to(dev)))
     return out
@@ -490,8 +589,11 @@ def _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32, captu
         torch.backends.cudnn.allow_tf32 = bool(tf32)
     model = torch_mlperf_dlrm(torch, sizes, dim).to(dev)
     extra = {"capturable": True} if capturable else {}
-    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-7, **extra) \
-        if optimizer == "adam" else torch.optim.SGD(model.parameters(), lr=lr)
+    opt = (
+        torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-7, **extra)
+        if optimizer == "adam"
+        else torch.optim.SGD(model.parameters(), lr=lr)
+    )
     return model, opt
 
 
@@ -501,14 +603,14 @@ def _time_torch_graph(env, prepared, sizes, dim, optimizer, lr, min_time, seed, 
     recipe of torch.cuda.graphs' "whole network capture", as NVIDIA's MLPerf DLRM runs. float32/TF32
     only (GradScaler's unscale and skip read the host)."""
     from numbactr.bench.common import measure
+
     torch = env.torch
     model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32, capturable=True)
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    dense, idx, offs, label = (t.clone() if not isinstance(t, list) else [i.clone() for i in t]
-                               for t in prepared[0])
+    dense, idx, offs, label = (t.clone() if not isinstance(t, list) else [i.clone() for i in t] for t in prepared[0])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                     # warm-up on a side stream, as capture requires
+    with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
         for _ in range(3):
             opt.zero_grad(set_to_none=True)
             loss_fn(model(dense, idx, offs), label).backward()
@@ -539,6 +641,7 @@ def _time_torch_graph(env, prepared, sizes, dim, optimizer, lr, min_time, seed, 
 
 def _time_torch(env, prepared, sizes, dim, optimizer, lr, min_time, seed, tf32, amp) -> float:
     from numbactr.bench.common import measure
+
     torch, dev = env.torch, env.torch_dev
     model, opt = _torch_model_and_optimizer(env, sizes, dim, optimizer, lr, seed, tf32)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -571,6 +674,7 @@ def _profiled_step(model, env) -> None:
     if env.kind != "gpu" or os.environ.get("NUMBACTR_PROFILE_STEP", "0") in ("", "0"):
         return
     import cupy
+
     env.sync()
     cupy.cuda.profiler.start()
     try:
@@ -580,9 +684,23 @@ def _profiled_step(model, env) -> None:
         cupy.cuda.profiler.stop()
 
 
-def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims=(128,),
-                 optimizers=("sgd", "adam"), batches: int = 2, min_time: float = 1.0, breakdown_steps: int = 3,
-                 tf32: bool = False, amp: bool = False, seed: int = 0, lr: float | None = None, threads=None, **_):
+def bench_mlperf(
+    env,
+    *,
+    batch: int | None = None,
+    rows: int | None = None,
+    dims=(128,),
+    optimizers=("sgd", "adam"),
+    batches: int = 2,
+    min_time: float = 1.0,
+    breakdown_steps: int = 3,
+    tf32: bool = False,
+    amp: bool = False,
+    seed: int = 0,
+    lr: float | None = None,
+    threads=None,
+    **_,
+):
     """One Table: numbactr's MLPerf DLRM step (and PyTorch's) for each D and optimizer (module docstring).
     On the cpu device each row runs with numbactr's compute threads and torch's set to the same count:
     each of ``threads``, or numbactr's current compute threads (a GPU run leaves both as they are). The
@@ -605,21 +723,29 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
     tab = common.Table(f"MLPerf DLRM training step ({env.kind})", COLUMNS)
     tab.records = []
     if env.kind == "gpu":
-        eager_note = (f"eager ms = the median clean eager step (= step ms unless graphs replayed; then measured "
-                      f"apart with graphs off); its breakdown from {breakdown_steps} eager step(s), each queued "
-                      "whole behind a gate kernel so that the device runs it back to back: CUDA events at the "
-                      "phases' ends give their device times, host gaps = eager ms - the device's busy time")
+        eager_note = (
+            f"eager ms = the median clean eager step (= step ms unless graphs replayed; then measured "
+            f"apart with graphs off); its breakdown from {breakdown_steps} eager step(s), each queued "
+            "whole behind a gate kernel so that the device runs it back to back: CUDA events at the "
+            "phases' ends give their device times, host gaps = eager ms - the device's busy time"
+        )
     else:
-        eager_note = (f"eager ms = the wall time of {breakdown_steps} further timed step(s), their phases by the "
-                      f"host clock; host gaps 0 by definition on {env.kind} (every operation runs when called)")
+        eager_note = (
+            f"eager ms = the wall time of {breakdown_steps} further timed step(s), their phases by the "
+            f"host clock; host gaps 0 by definition on {env.kind} (every operation runs when called)"
+        )
     tab.notes = env.header() + [
         f"model: 13 dense -> {'-'.join(map(str, BOTTOM))}-D, {SLOTS} one-hot slots of width D (hash embedding, "
         f"{rows:,} rows in all), dot interaction, top {'-'.join(map(str, TOP))}, BCE; Update_t.Global",
-        "precision: " + ("TF32 allowed" if tf32 else "float32")
+        "precision: "
+        + ("TF32 allowed" if tf32 else "float32")
         + (", mixed precision (torch: autocast fp16)" if amp else ""),
         "step ms, samples/s: median clean step (forward + backward + update; batches in memory)"
-        + (", CUDA graphs asked for (NUMBACTR_CUDA_GRAPHS=1): the graphs column says whether they replayed"
-           if wanted else "; graphs: off (NUMBACTR_CUDA_GRAPHS=1 asks for CUDA graphs)"),
+        + (
+            ", CUDA graphs asked for (NUMBACTR_CUDA_GRAPHS=1): the graphs column says whether they replayed"
+            if wanted
+            else "; graphs: off (NUMBACTR_CUDA_GRAPHS=1 asks for CUDA graphs)"
+        ),
         "eager ms = embedding + GEMMs + rest + host gaps: embedding = lookup + gradient hand-over + fused "
         "backward/update (+ Adam's all-rows pass); GEMMs = the fully connected layers' forward and backward "
         "less their bias/ReLU kernels; rest = the other work (bias/ReLU, interaction, loss, dense optimizer, "
@@ -627,24 +753,42 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
         eager_note,
         "embedding GB/s: FBGEMM's count of the touched rows, 3 x (B*26*D*4 read + B*26*D*4 written), plus "
         "the all-rows pass of Global Adam (rows in use x D x (weight + 2 states) x 4 B x read+write), over "
-        "the embedding phase"]
+        "the embedding phase",
+    ]
     if env.peak_gbs:
         tab.notes.append(f"memory bandwidth (the % column): {env.peak_gbs:.0f} GB/s ({env.peak_src})")
     sizes = criteo_like_slot_sizes(SLOTS, rows)
     with tempfile.TemporaryDirectory(prefix="numbactr-mlperf-") as tmp:
-        data = make_planted_dataset(os.path.join(tmp, "data"), num_train=batch * batches, num_eval=batch,
-                                    dense_dim=DENSE, slot_sizes=sizes, seed=seed, files=(1, 1),
-                                    calibration_samples=min(50_000, max(2_000, batch * batches)))
+        data = make_planted_dataset(
+            os.path.join(tmp, "data"),
+            num_train=batch * batches,
+            num_eval=batch,
+            dense_dim=DENSE,
+            slot_sizes=sizes,
+            seed=seed,
+            files=(1, 1),
+            calibration_samples=min(50_000, max(2_000, batch * batches)),
+        )
         import numbactr as hugectr
+
         counts = (None,) if env.kind == "gpu" else tuple(threads or (T.current().compute,))
         for dim, opt, n in itertools.product(dims, optimizers, counts):
             with common.thread_count(env, n):
                 step_lr = lr if lr is not None else (0.001 if opt == "adam" else 0.01)
                 with contextlib.redirect_stdout(io.StringIO()):
-                    model = build_mlperf_dlrm(hugectr, data.train_list, data.eval_list, batch=batch, dim=dim,
-                                              optimizer=opt, lr=step_lr,
-                                              workspace_mb=workspace_mb_for(rows, dim, 1 if opt == "sgd" else 2) + 1,
-                                              tf32=tf32, amp=amp, seed=seed)
+                    model = build_mlperf_dlrm(
+                        hugectr,
+                        data.train_list,
+                        data.eval_list,
+                        batch=batch,
+                        dim=dim,
+                        optimizer=opt,
+                        lr=step_lr,
+                        workspace_mb=workspace_mb_for(rows, dim, 1 if opt == "sgd" else 2) + 1,
+                        tf32=tf32,
+                        amp=amp,
+                        seed=seed,
+                    )
                 reader = iter(model._make_reader(data.train_list, batch, True))
                 host_batches = [next(reader) for _ in range(batches)]
                 model.start_data_reading()
@@ -658,34 +802,92 @@ def bench_mlperf(env, *, batch: int | None = None, rows: int | None = None, dims
                 emb = rec["embedding"]
                 gbs = nbytes / emb / 1e9 if emb > 0 else float("nan")
                 gb_cell = f"{gbs:.1f}" + (f" ({100 * gbs / env.peak_gbs:.0f}% of measured)" if env.peak_gbs else "")
-                rec.update(impl="numbactr", threads=n, optimizer=opt, D=dim, batch=batch, rows=rows,
-                           embedding_bytes=nbytes, global_pass_bytes=global_bytes, embedding_gbs=gbs)
+                rec.update(
+                    impl="numbactr",
+                    threads=n,
+                    optimizer=opt,
+                    D=dim,
+                    batch=batch,
+                    rows=rows,
+                    embedding_bytes=nbytes,
+                    global_pass_bytes=global_bytes,
+                    embedding_gbs=gbs,
+                )
                 tab.records.append(rec)
                 gap = rec["host_gap"]
-                tab.add("numbactr", n or "-", opt, dim, batch, rows, rec["graphs"], 1e3 * rec["step"],
-                        batch / rec["step"], 1e3 * rec["eager"], 1e3 * emb, 1e3 * rec["gemm"], 1e3 * rec["rest"],
-                        None if gap is None else 1e3 * gap, gb_cell)
+                tab.add(
+                    "numbactr",
+                    n or "-",
+                    opt,
+                    dim,
+                    batch,
+                    rows,
+                    rec["graphs"],
+                    1e3 * rec["step"],
+                    batch / rec["step"],
+                    1e3 * rec["eager"],
+                    1e3 * emb,
+                    1e3 * rec["gemm"],
+                    1e3 * rec["rest"],
+                    None if gap is None else 1e3 * gap,
+                    gb_cell,
+                )
                 if rec["why"]:
                     tab.notes.append(f"numbactr ({opt}, D={dim}) breakdown by {rec['method']}: {rec['why']}")
                 elif rec["host_gap"] is not None and rec["busy"] is not None and rec["busy"] > rec["eager_step"]:
-                    tab.notes.append(f"numbactr ({opt}, D={dim}): the gated steps' device time exceeded the clean "
-                                     "eager step (noise between runs); host gaps shown as 0")
+                    tab.notes.append(
+                        f"numbactr ({opt}, D={dim}): the gated steps' device time exceeded the clean "
+                        "eager step (noise between runs); host gaps shown as 0"
+                    )
                 del model
                 if env.torch is not None:
                     prepared = _prepare_torch(env.torch, env.torch_dev, host_batches, data.slot_offsets)
                     tt = _time_torch(env, prepared, sizes, dim, opt, step_lr, min_time, seed, tf32, amp)
-                    label = env.torch_label + ("+tf32" if tf32 else "") + ("+amp" if amp and env.torch_dev == "cuda"
-                                                                           else "")
-                    tab.add(label, n or "-", opt, dim, batch, rows, "off", 1e3 * tt, batch / tt,
-                            "-", "-", "-", "-", "-", "-")
-                    if env.torch_dev == "cuda" and not amp:          # torch's step as one CUDA graph too
+                    label = (
+                        env.torch_label
+                        + ("+tf32" if tf32 else "")
+                        + ("+amp" if amp and env.torch_dev == "cuda" else "")
+                    )
+                    tab.add(
+                        label,
+                        n or "-",
+                        opt,
+                        dim,
+                        batch,
+                        rows,
+                        "off",
+                        1e3 * tt,
+                        batch / tt,
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                    )
+                    if env.torch_dev == "cuda" and not amp:  # torch's step as one CUDA graph too
                         try:
                             tg = _time_torch_graph(env, prepared, sizes, dim, opt, step_lr, min_time, seed, tf32)
-                        except Exception as e:   # noqa: BLE001 (a baseline that cannot capture is noted, not fatal)
+                        except Exception as e:  # noqa: BLE001 (a baseline that cannot capture is noted, not fatal)
                             tab.notes.append(f"torch CUDA graph ({opt}, D={dim}) not measured: {type(e).__name__}: {e}")
                         else:
-                            tab.add(label + "+graph", n or "-", opt, dim, batch, rows, "whole step", 1e3 * tg,
-                                    batch / tg, "-", "-", "-", "-", "-", "-")
+                            tab.add(
+                                label + "+graph",
+                                n or "-",
+                                opt,
+                                dim,
+                                batch,
+                                rows,
+                                "whole step",
+                                1e3 * tg,
+                                batch / tg,
+                                "-",
+                                "-",
+                                "-",
+                                "-",
+                                "-",
+                                "-",
+                            )
     return tab
 
 
@@ -696,13 +898,14 @@ def _time_numbactr(model, env, wanted: bool, min_time: float, breakdown_steps: i
     captures, replays, steps, method, why."""
     from numbactr.bench import common
     from numbactr.train.cuda_graphs import StepGraphs
+
     count = [0]
 
     def step():
         count[0] += 1
         model.train()
 
-    if wanted:                  # warm-up and capture outside the timed steps
+    if wanted:  # warm-up and capture outside the timed steps
         for _ in range(StepGraphs.WARMUP + 1):
             model.train()
     before = model._graphs.replays if model._graphs is not None else 0
@@ -714,5 +917,13 @@ def _time_numbactr(model, env, wanted: bool, min_time: float, breakdown_steps: i
     with _graphs_off():
         eager_step = common.measure(model.train, sync=env.sync, min_time=min_time) if replays > 0 else t
         parts = breakdown(model, env, breakdown_steps, eager_step)
-    return dict(step=t, eager_step=eager_step, graphs=cell, replayed=replayed, steps=count[0], replays=replays,
-                captures=getattr(graphs, "captures", 0), **parts)
+    return dict(
+        step=t,
+        eager_step=eager_step,
+        graphs=cell,
+        replayed=replayed,
+        steps=count[0],
+        replays=replays,
+        captures=getattr(graphs, "captures", 0),
+        **parts,
+    )

@@ -18,6 +18,7 @@ gradients averaged with numbactr.sok.average_gradients; SOK's table model-parall
 replicated). Figures: the median over ``reps`` of the whole training step (forward, backward, allreduce,
 update) and of the embedding alone (its forward, backward with a fixed dY and update), after one warm-up.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,14 +37,24 @@ import numpy as np
 from numbactr.runtime import device
 
 SEED_SHAPE = dict(slots=100, nnz=10, vocab=8192, dim=4, layers=6, width=1024)
-COLUMNS = ["impl", "ranks", "threads/rank", "global batch", "step ms", "samples/s", "x native step",
-           "embedding ms", "x native embedding"]
+COLUMNS = [
+    "impl",
+    "ranks",
+    "threads/rank",
+    "global batch",
+    "step ms",
+    "samples/s",
+    "x native step",
+    "embedding ms",
+    "x native embedding",
+]
 IMPLS = ("torch nn.Embedding", "torch nn.Embedding sparse", "numbactr.sok", "numbactr.sok no hash")
 
 
 def _model(torch, impl: str, shape: dict):
     """The DenseDemo model with the embedding of `impl`, and its optimizers."""
     import numbactr.sok as sok
+
     nn = torch.nn
     slots, nnz, dim, width = shape["slots"], shape["nnz"], shape["dim"], shape["width"]
     if impl.startswith("numbactr.sok"):
@@ -72,6 +83,7 @@ def measure_impl(impl: str, shape: dict, batch: int, reps: int, seed: int = 0) -
     import torch
 
     import numbactr.sok as sok
+
     comm = sok.num_gpus(), sok.global_gpu_id()
     torch.manual_seed(seed)
     model, opts, emb_opt = _model(torch, impl, shape)
@@ -108,28 +120,42 @@ def measure_impl(impl: str, shape: dict, batch: int, reps: int, seed: int = 0) -
 
 def _median(fn, reps: int) -> float:
     from numbactr.distributed.comm import world
+
     comm = world()
-    fn()                                          # warm-up: JIT compilation, first touches, key insertion
+    fn()  # warm-up: JIT compilation, first touches, key insertion
     times = []
     for _ in range(reps):
-        comm.barrier()                            # ranks start each step together
+        comm.barrier()  # ranks start each step together
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def bench_sok(env, *, batch: int, reps: int, threads=(1, 2), ranks=(1, 2), seed: int = 0, min_time=None,
-              shape: dict | None = None, timeout: float = 3600):
+def bench_sok(
+    env,
+    *,
+    batch: int,
+    reps: int,
+    threads=(1, 2),
+    ranks=(1, 2),
+    seed: int = 0,
+    min_time=None,
+    shape: dict | None = None,
+    timeout: float = 3600,
+):
     """The seed benchmark's table (module docstring): every implementation on 1 rank at each thread count,
     then on the other rank counts through mpiexec (one thread per rank when ranks share the cores; an
     mpiexec run taking more than `timeout` seconds is an error). min_time is not used (`reps` counts)."""
     from numbactr.bench.common import Table, thread_count
+
     if env.torch is None:
         raise RuntimeError("bench sok needs torch (numbactr.sok is SOK's PyTorch interface): pip install torch")
     if env.kind == "gpu":
-        raise NotImplementedError("bench sok runs on the cpu device: the torch baseline would run on the GPU "
-                                  "and numbactr.sok's tables there too, not yet compared (NUMBACTR_DEVICE=cpu)")
+        raise NotImplementedError(
+            "bench sok runs on the cpu device: the torch baseline would run on the GPU "
+            "and numbactr.sok's tables there too, not yet compared (NUMBACTR_DEVICE=cpu)"
+        )
     shape = {**SEED_SHAPE, **(shape or {})}
     tab = Table(f"SOK's seed benchmark: PyTorch's native embedding vs numbactr.sok ({env.kind})", COLUMNS)
     tab.notes = env.header() + [
@@ -143,7 +169,8 @@ def bench_sok(env, *, batch: int, reps: int, threads=(1, 2), ranks=(1, 2), seed:
         "ranks > 1: mpiexec -n R, the global batch split over the ranks, dense gradients averaged by "
         "numbactr.sok.average_gradients (SOK's table model-parallel, nn.Embedding's replicated); ranks on "
         "one host share its cores",
-        f"{reps} timed repetitions after one warm-up; the machine may be shared: compare rows of one run"]
+        f"{reps} timed repetitions after one warm-up; the machine may be shared: compare rows of one run",
+    ]
     for n_threads in tuple(threads):
         with thread_count(env, n_threads):
             results = {impl: measure_impl(impl, shape, batch, reps, seed) for impl in IMPLS}
@@ -160,8 +187,17 @@ def bench_sok(env, *, batch: int, reps: int, threads=(1, 2), ranks=(1, 2), seed:
 def _add_rows(tab, results: dict, ranks: int, threads: int, batch: int) -> None:
     native = results["torch nn.Embedding"]
     for impl, t in results.items():
-        tab.add(impl, ranks, threads, batch, 1e3 * t["step"], batch / t["step"], native["step"] / t["step"],
-                1e3 * t["embedding"], native["embedding"] / t["embedding"])
+        tab.add(
+            impl,
+            ranks,
+            threads,
+            batch,
+            1e3 * t["step"],
+            batch / t["step"],
+            native["step"] / t["step"],
+            1e3 * t["embedding"],
+            native["embedding"] / t["embedding"],
+        )
 
 
 def _launch(ranks: int, shape: dict, batch: int, reps: int, seed: int, timeout: float):
@@ -173,13 +209,28 @@ def _launch(ranks: int, shape: dict, batch: int, reps: int, seed: int, timeout: 
         return None, f"the batch {batch} does not split over {ranks} ranks"
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-sok-") as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [exe, "-n", str(ranks), sys.executable, "-m", "numbactr.bench.sok", "--worker", out,
-               "--batch", str(batch), "--reps", str(reps), "--seed", str(seed), "--shape", json.dumps(shape)]
+        cmd = [
+            exe,
+            "-n",
+            str(ranks),
+            sys.executable,
+            "-m",
+            "numbactr.bench.sok",
+            "--worker",
+            out,
+            "--batch",
+            str(batch),
+            "--reps",
+            str(reps),
+            "--seed",
+            str(seed),
+            "--shape",
+            json.dumps(shape),
+        ]
         # the ranks run on this process's device and divide the cores among them
         env = {k: v for k, v in os.environ.items() if k != "NUMBACTR_THREADS"}
         env["NUMBACTR_DEVICE"] = device.kind()
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                           env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"bench sok: mpiexec -n {ranks} failed (exit {r.returncode}): {r.stderr[-2000:]}")
         with open(out) as f:
@@ -196,12 +247,15 @@ def worker(argv=None) -> int:
     ap.add_argument("--shape", type=json.loads, default={})
     args = ap.parse_args(argv)
     import numbactr.sok as sok
-    comm = sok.init(seed=args.seed)                 # torch's threads: this rank's share of the cores
+
+    comm = sok.init(seed=args.seed)  # torch's threads: this rank's share of the cores
     import torch
+
     per_rank = args.batch // comm.size
     shape = {**SEED_SHAPE, **args.shape}
-    results = {impl: measure_impl(impl, shape, per_rank, args.reps, args.seed) for impl in IMPLS
-               if not impl.endswith("sparse")}
+    results = {
+        impl: measure_impl(impl, shape, per_rank, args.reps, args.seed) for impl in IMPLS if not impl.endswith("sparse")
+    }
     if comm.rank == 0:
         with open(args.worker, "w") as f:
             json.dump({"results": results, "threads": torch.get_num_threads()}, f)

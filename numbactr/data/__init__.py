@@ -2,6 +2,7 @@
 lists, the reader the model uses (make_reader), Criteo preprocessing (numbactr.data.criteo) and the reader
 benchmark (numbactr.bench.data).
 """
+
 from numbactr.data.batch import Batch
 from numbactr.data.errors import DataFormatError
 from numbactr.data.reader import DataReader, make_reader

@@ -12,6 +12,7 @@ Shapes (B = batch size, S_i = slots of sparse input i, N_i = keys of input i in 
          one rank it equals size). A rank's slice may be empty (size 0) while the global batch is not:
          "end of data" is global_size == 0, "incomplete batch" is global_size < B * ranks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,11 +22,11 @@ import numpy as np
 
 @dataclass
 class Batch:
-    label: np.ndarray                       # (B, label_dim) float32
-    dense: np.ndarray                       # (B, dense_dim) float32
-    sparse: list = field(default_factory=list)   # [(keys (N,), offsets (B*S+1,) int64), ...]
-    size: int = -1                          # valid rows; -1 in the constructor means "all B rows"
-    global_size: int = -1                   # valid rows of the global batch; -1 means "= size"
+    label: np.ndarray  # (B, label_dim) float32
+    dense: np.ndarray  # (B, dense_dim) float32
+    sparse: list = field(default_factory=list)  # [(keys (N,), offsets (B*S+1,) int64), ...]
+    size: int = -1  # valid rows; -1 in the constructor means "all B rows"
+    global_size: int = -1  # valid rows of the global batch; -1 means "= size"
     #: the host blocks the arrays live in when a reader worker assembled the batch in a stager's pinned
     #: arena (numbactr.data.staging.PinnedArena); None for ordinary arrays
     memory: object = field(default=None, repr=False, compare=False)
@@ -56,4 +57,4 @@ class Batch:
         keys, offsets = self.sparse[i]
         s = self.num_slots(i)
         j = sample * s + slot
-        return keys[offsets[j]:offsets[j + 1]]
+        return keys[offsets[j] : offsets[j + 1]]

@@ -23,6 +23,7 @@ and are skipped: they hold no sample): a line with more or fewer than 40 fields 
 number, a non-hex category, a label other than 0/1.
 HugeCTR: tools/criteo_script/preprocess.py, tools/criteo_script/criteo2hugectr.cpp, tools/preprocess.sh.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,13 +47,13 @@ __all__ = ["CRITEO_COLUMNS", "CriteoResult", "preprocess_criteo", "main"]
 DENSE = [f"I{i}" for i in range(1, 14)]
 CATS = [f"C{i}" for i in range(1, 27)]
 CRITEO_COLUMNS = ["label"] + DENSE + CATS
-MISSING = -1                      # the hash value that stands for an empty categorical field
+MISSING = -1  # the hash value that stands for an empty categorical field
 
 
 @dataclass
 class CriteoResult:
     out_dir: str
-    format: str                   # "norm" or "parquet"
+    format: str  # "norm" or "parquet"
     train_list: str
     eval_list: str | None
     slot_size_array: list
@@ -80,11 +81,12 @@ def _hex_column(col, path, lines, name) -> np.ndarray:
     strs = col.to_numpy(dtype=object)
     strs[miss] = ""
     try:
-        b = np.array(strs, dtype="S17")                # up to 16 hex digits; 17 bytes detects longer ones
+        b = np.array(strs, dtype="S17")  # up to 16 hex digits; 17 bytes detects longer ones
     except UnicodeEncodeError:
         bad = next(i for i, x in enumerate(strs) if not str(x).isascii())
-        raise ValueError(f"Criteo file {path!r}, line {lines[bad]}: column {name} holds a non-ASCII "
-                         f"value {strs[bad]!r}") from None
+        raise ValueError(
+            f"Criteo file {path!r}, line {lines[bad]}: column {name} holds a non-ASCII value {strs[bad]!r}"
+        ) from None
     u = b.view(np.uint8).reshape(len(b), 17)
     lens = (u != 0).sum(axis=1)
     val = np.zeros(len(b), dtype=np.uint64)
@@ -96,14 +98,16 @@ def _hex_column(col, path, lines, name) -> np.ndarray:
         val = np.where(act, val * np.uint64(16) + c.astype(np.uint64), val)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"Criteo file {path!r}, line {lines[i]}: column {name} value {strs[i]!r} is not "
-                         f"a hex hash of at most 16 digits")
-    out = (val & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)   # keep it non-negative: MISSING is -1
+        raise ValueError(
+            f"Criteo file {path!r}, line {lines[i]}: column {name} value {strs[i]!r} is not "
+            f"a hex hash of at most 16 digits"
+        )
+    out = (val & np.uint64(0x7FFFFFFFFFFFFFFF)).astype(np.int64)  # keep it non-negative: MISSING is -1
     out[lens == 0] = MISSING
     return out
 
 
-FIELDS = len(CRITEO_COLUMNS)      # 40
+FIELDS = len(CRITEO_COLUMNS)  # 40
 
 
 def _field_counts(block: bytes, path: str, first_line: int, lenient: bool):
@@ -114,24 +118,25 @@ def _field_counts(block: bytes, path: str, first_line: int, lenient: bool):
     line numbers. A line with more than 40 fields, or fewer without `lenient`, raises ValueError
     naming the file and the line."""
     buf = np.frombuffer(block, dtype=np.uint8)
-    ends = np.flatnonzero(buf == 10)                                  # (m,) position of each '\n'
+    ends = np.flatnonzero(buf == 10)  # (m,) position of each '\n'
     starts = np.r_[0, ends[:-1] + 1]
-    length = ends - starts                                            # without the newline
+    length = ends - starts  # without the newline
     has_cr = length > 0
     has_cr[has_cr] = buf[ends[has_cr] - 1] == 13
-    blank = length - has_cr == 0                                      # "" or "\r"
+    blank = length - has_cr == 0  # "" or "\r"
     tabs = np.add.reduceat(buf == 9, starts, dtype=np.int64) if len(starts) else np.zeros(0, np.int64)
-    tabs[length == 0] = 0                                             # reduceat of an empty line: 1 item
+    tabs[length == 0] = 0  # reduceat of an empty line: 1 item
     fields = tabs + 1
     bad = ~blank & ((fields > FIELDS) | ((fields < FIELDS) & (not lenient)))
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"Criteo file {path!r}, line {first_line + i}: {int(fields[i])} tab-separated fields, "
-                         f"expected {FIELDS} (label, I1..I13, C1..C26)"
-                         + ("" if fields[i] > FIELDS else "; lenient=True (--pad-short-lines) pads short "
-                                                          "lines with missing values"))
+        raise ValueError(
+            f"Criteo file {path!r}, line {first_line + i}: {int(fields[i])} tab-separated fields, "
+            f"expected {FIELDS} (label, I1..I13, C1..C26)"
+            + ("" if fields[i] > FIELDS else "; lenient=True (--pad-short-lines) pads short lines with missing values")
+        )
     short = np.flatnonzero(~blank & (fields < FIELDS))
-    if len(short):                                      # lenient: append the missing (empty) fields
+    if len(short):  # lenient: append the missing (empty) fields
         pieces, a = [], 0
         for i in short:
             e = int(ends[i]) - int(has_cr[i])
@@ -162,7 +167,7 @@ def _chunks(path: str, chunk_size: int, lenient: bool = False, stats: dict | Non
                 return
             block = b"".join(raw_lines)
             if not block.endswith(b"\n"):
-                block += b"\n"                                            # a last line without newline
+                block += b"\n"  # a last line without newline
             block, lines, padded = _field_counts(block, path, first, lenient)
             if stats is not None:
                 stats["padded"] = stats.get("padded", 0) + padded
@@ -176,8 +181,10 @@ def _chunks(path: str, chunk_size: int, lenient: bool = False, stats: dict | Non
                 dense = df[DENSE].to_numpy(dtype=np.float64)
                 if np.isinf(dense).any():
                     i, j = np.unravel_index(int(np.argmax(np.isinf(dense))), dense.shape)
-                    raise ValueError(f"Criteo file {path!r}, line {lines[i]}: column {DENSE[j]} value "
-                                     f"{dense[i, j]} is not a finite count")
+                    raise ValueError(
+                        f"Criteo file {path!r}, line {lines[i]}: column {DENSE[j]} value "
+                        f"{dense[i, j]} is not a finite count"
+                    )
                 cats = np.empty((len(lines), 26), dtype=np.int64)
                 for k, c in enumerate(CATS):
                     cats[:, k] = _hex_column(df[c], path, lines, c)
@@ -187,8 +194,9 @@ def _chunks(path: str, chunk_size: int, lenient: bool = False, stats: dict | Non
 
 def _parse(pd, block: bytes, dtypes: dict, path: str, lines: np.ndarray):
     """DataFrame of the non-blank lines of `block` (every line has 40 fields: checked before)."""
-    opts = dict(sep="\t", header=None, names=CRITEO_COLUMNS, keep_default_na=False, na_values=[""],
-                quoting=3, engine="c")
+    opts = dict(
+        sep="\t", header=None, names=CRITEO_COLUMNS, keep_default_na=False, na_values=[""], quoting=3, engine="c"
+    )
     try:
         return pd.read_csv(io.BytesIO(block), dtype=dtypes, **opts)
     except ValueError:
@@ -200,8 +208,9 @@ def _parse(pd, block: bytes, dtypes: dict, path: str, lines: np.ndarray):
         bad = (num.isna() & df[c].notna()).to_numpy()
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"Criteo file {path!r}, line {lines[i]}: column {c} value {df[c].iloc[i]!r} is "
-                             f"not a number") from None
+            raise ValueError(
+                f"Criteo file {path!r}, line {lines[i]}: column {c} value {df[c].iloc[i]!r} is not a number"
+            ) from None
     raise ValueError(f"Criteo file {path!r}, lines {lines[0]}-{lines[-1]}: cannot be parsed")
 
 
@@ -216,6 +225,7 @@ def transform_dense(dense: np.ndarray, log: bool = True) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------
 # pass 1: category counts
+
 
 class _Counter:
     """Per slot sorted (values, counts), merged lazily so a chunk costs one np.unique."""
@@ -244,6 +254,7 @@ class _Counter:
 # ---------------------------------------------------------------------------------------------------
 # writers that rotate files every samples_per_file rows
 
+
 class _NormSplit:
     def __init__(self, d, samples_per_file, check, i64, offsets):
         self.d, self.spf, self.check = d, samples_per_file, check
@@ -252,7 +263,7 @@ class _NormSplit:
         self.files, self.w, self.rows = [], None, 0
 
     def write(self, label, dense, ids):
-        keys = ids + self.offsets                          # (n, 26) globally offset
+        keys = ids + self.offsets  # (n, 26) globally offset
         a = 0
         while a < len(label):
             if self.w is None or self.rows == self.spf:
@@ -307,10 +318,21 @@ class _ParquetSplit:
 
 # ---------------------------------------------------------------------------------------------------
 
-def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_count: int = 6,
-                      eval_fraction: float = 0.1, chunk_size: int = 500_000,
-                      samples_per_file: int = 1_000_000, log_dense: bool = True, check=Check_t.Sum,
-                      i64_keys: bool = True, verbose: bool = True, lenient: bool = False) -> CriteoResult:
+
+def preprocess_criteo(
+    input_path: str,
+    out_dir: str,
+    fmt: str = "parquet",
+    min_count: int = 6,
+    eval_fraction: float = 0.1,
+    chunk_size: int = 500_000,
+    samples_per_file: int = 1_000_000,
+    log_dense: bool = True,
+    check=Check_t.Sum,
+    i64_keys: bool = True,
+    verbose: bool = True,
+    lenient: bool = False,
+) -> CriteoResult:
     """Convert a Criteo TSV file; see the module docstring. Returns the lists and slot_size_array.
     lenient=True pads lines with fewer than 40 fields with missing values instead of failing."""
     fmt = fmt.lower()
@@ -334,17 +356,19 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
     vocab, sizes = [], []
     for k in range(26):
         u, c = counter.result(k)
-        frequent = u[c >= min_count]                       # sorted ascending (np.unique)
+        frequent = u[c >= min_count]  # sorted ascending (np.unique)
         vocab.append(frequent)
-        sizes.append(int(len(frequent)) + 1)               # + the shared rare bucket, id 0
+        sizes.append(int(len(frequent)) + 1)  # + the shared rare bucket, id 0
     n_eval = int(round(total * eval_fraction))
     if eval_fraction > 0:
         n_eval = min(max(n_eval, 1), total - 1)
     n_train = total - n_eval
     if n_train < 1:
         raise ValueError(f"Criteo file {input_path!r}: {total} sample(s) leave none for training")
-    say(f"[numbactr] Criteo {input_path}: {total} samples, train {n_train}, eval {n_eval}, "
-        f"min_count {min_count}" + (f", {stats['padded']} short line(s) padded" if lenient else ""))
+    say(
+        f"[numbactr] Criteo {input_path}: {total} samples, train {n_train}, eval {n_eval}, "
+        f"min_count {min_count}" + (f", {stats['padded']} short line(s) padded" if lenient else "")
+    )
 
     # pass 2: encode and write
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -355,8 +379,11 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
     for name in ("train", "eval"):
         d = os.path.join(out_dir, name)
         os.makedirs(d, exist_ok=True)
-        splits[name] = _NormSplit(d, samples_per_file, check, i64_keys, offsets) if fmt == "norm" \
+        splits[name] = (
+            _NormSplit(d, samples_per_file, check, i64_keys, offsets)
+            if fmt == "norm"
             else _ParquetSplit(d, samples_per_file)
+        )
     row = 0
     bar = log.progress(total=total, desc=f"criteo pass 2/2: write {fmt}", unit="line")
     for _, label, dense, cats in _chunks(input_path, chunk_size, lenient):
@@ -369,7 +396,7 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
             hit[hit] = v[pos[hit]] == cats[hit, k]
             ids[:, k] = np.where(hit, pos + 1, 0)
         d = transform_dense(dense, log_dense)
-        cut = min(max(n_train - row, 0), len(label))       # rows [0, cut) of this chunk are train
+        cut = min(max(n_train - row, 0), len(label))  # rows [0, cut) of this chunk are train
         if cut:
             splits["train"].write(label[:cut], d[:cut], ids[:cut])
         if cut < len(label):
@@ -386,31 +413,54 @@ def preprocess_criteo(input_path: str, out_dir: str, fmt: str = "parquet", min_c
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="numbactr data criteo",
-                                 description="Criteo TSV -> HugeCTR Norm or Parquet (HugeCTR's pandas "
-                                             "preprocessing, streamed in chunks).")
+    ap = argparse.ArgumentParser(
+        prog="numbactr data criteo",
+        description="Criteo TSV -> HugeCTR Norm or Parquet (HugeCTR's pandas preprocessing, streamed in chunks).",
+    )
     ap.add_argument("input", help="Criteo TSV file (label, I1..I13, C1..C26)")
     ap.add_argument("out_dir", help="output folder: OUT/train, OUT/eval, OUT/slot_size_array.json")
-    ap.add_argument("--format", choices=["parquet", "norm"], default="parquet",
-                    help="HugeCTR data format to write (default: %(default)s)")
-    ap.add_argument("--min-count", type=int, default=6,
-                    help="categories seen fewer times share id 0 (default 6, as HugeCTR)")
+    ap.add_argument(
+        "--format",
+        choices=["parquet", "norm"],
+        default="parquet",
+        help="HugeCTR data format to write (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--min-count", type=int, default=6, help="categories seen fewer times share id 0 (default 6, as HugeCTR)"
+    )
     ap.add_argument("--eval-fraction", type=float, default=0.1, help="last fraction of lines for eval")
     ap.add_argument("--chunk-size", type=int, default=500_000, help="lines per chunk")
-    ap.add_argument("--samples-per-file", type=int, default=1_000_000,
-                    help="samples per output file (default: %(default)s)")
+    ap.add_argument(
+        "--samples-per-file", type=int, default=1_000_000, help="samples per output file (default: %(default)s)"
+    )
     ap.add_argument("--no-log-dense", action="store_true", help="keep raw counts (missing -> 0)")
     ap.add_argument("--check", choices=["sum", "non"], default="sum", help="Norm checksum framing")
-    ap.add_argument("--key-type", choices=["i64", "u32"], default="i64",
-                    help="Norm key type (i64_input_key=True / False); Parquet keys are always int64")
-    ap.add_argument("--pad-short-lines", action="store_true",
-                    help="pad lines with fewer than 40 fields with missing values (default: an error)")
+    ap.add_argument(
+        "--key-type",
+        choices=["i64", "u32"],
+        default="i64",
+        help="Norm key type (i64_input_key=True / False); Parquet keys are always int64",
+    )
+    ap.add_argument(
+        "--pad-short-lines",
+        action="store_true",
+        help="pad lines with fewer than 40 fields with missing values (default: an error)",
+    )
     a = ap.parse_args(argv)
     try:
-        preprocess_criteo(a.input, a.out_dir, a.format, a.min_count, a.eval_fraction, a.chunk_size,
-                          a.samples_per_file, not a.no_log_dense,
-                          Check_t.Sum if a.check == "sum" else Check_t.Non, a.key_type == "i64",
-                          lenient=a.pad_short_lines)
+        preprocess_criteo(
+            a.input,
+            a.out_dir,
+            a.format,
+            a.min_count,
+            a.eval_fraction,
+            a.chunk_size,
+            a.samples_per_file,
+            not a.no_log_dense,
+            Check_t.Sum if a.check == "sum" else Check_t.Non,
+            a.key_type == "i64",
+            lenient=a.pad_short_lines,
+        )
     except ValueError as e:
         print(f"numbactr data criteo: error: {e}", file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ into the file where the problem sits, so a user can `xxd -s OFFSET file` to look
 name the row group, row and column instead of a byte offset (values are encoded; see
 numbactr.data.parquet).
 """
+
 from __future__ import annotations
 
 __all__ = ["DataFormatError", "DataWarning"]

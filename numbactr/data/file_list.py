@@ -4,6 +4,7 @@ Text format: the first line is an integer N (> 0), then N lines, each a data fil
 (relative paths resolve against the current working directory, as in HugeCTR).
 HugeCTR: HugeCTR/include/data_readers/file_list.hpp
 """
+
 from __future__ import annotations
 
 import os
@@ -28,21 +29,21 @@ def read_file_list(path: str, check_exists: bool = True) -> list[str]:
     try:
         n = int(first)
     except ValueError:
-        raise ValueError(f"file list {path!r}, line {count_line}: expected the file count N, "
-                         f"got {first!r}") from None
+        raise ValueError(f"file list {path!r}, line {count_line}: expected the file count N, got {first!r}") from None
     if n <= 0:
         raise ValueError(f"file list {path!r}, line {count_line}: file count must be > 0, got {n}")
     paths = entries[1:]
     if len(paths) != n:
         where = paths[n][0] if len(paths) > n else (paths[-1][0] + 1 if paths else count_line + 1)
-        raise ValueError(f"file list {path!r}, line {where}: header says {n} files but the list "
-                         f"has {len(paths)} paths")
+        raise ValueError(f"file list {path!r}, line {where}: header says {n} files but the list has {len(paths)} paths")
     if check_exists:
         for line_no, p in paths:
             if not os.path.isfile(p):
-                raise ValueError(f"file list {path!r}, line {line_no}: data file {p!r} does not exist "
-                                 f"(paths are used verbatim, relative to the working directory "
-                                 f"{os.getcwd()!r})")
+                raise ValueError(
+                    f"file list {path!r}, line {line_no}: data file {p!r} does not exist "
+                    f"(paths are used verbatim, relative to the working directory "
+                    f"{os.getcwd()!r})"
+                )
     return [p for _, p in paths]
 
 

@@ -25,6 +25,7 @@ Deviations: a bad-checksum sample raises NormFormatError unless skip_bad_checksu
 and skips it); label_dim and dense_dim are checked separately (HugeCTR checks their sum); a header
 number_of_records that disagrees with the file length is an error.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,21 +33,56 @@ import os
 import numpy as np
 
 from numbactr.enums import Check_t, DataReaderType_t
-from numbactr.data.norm_decode import (CHUNK_ROWS, NormFormatError, NormHeader, _Decoded, _is_sum,  # noqa: F401
-                                       _slot_list, _split_inputs, _warn_skips, decode_norm_file, iter_norm_chunks,
-                                       norm_record_offsets, read_norm_file, read_norm_header)
-from numbactr.data.norm_write import (HEADER_BYTES, MAX_NNZ, NormWriter, encode_header, encode_samples,  # noqa: F401
-                                      key_dtype_of, output_key_dtype, write_norm_file)
+from numbactr.data.norm_decode import (
+    CHUNK_ROWS as CHUNK_ROWS,
+    NormFormatError,
+    NormHeader,
+    _Decoded,
+    _is_sum,  # noqa: F401
+    _slot_list,
+    _split_inputs as _split_inputs,
+    _warn_skips,
+    decode_norm_file,
+    iter_norm_chunks,
+    norm_record_offsets,
+    read_norm_file,
+    read_norm_header,
+)
+from numbactr.data.norm_write import (
+    HEADER_BYTES,
+    MAX_NNZ,
+    NormWriter,
+    encode_header,
+    encode_samples,  # noqa: F401
+    key_dtype_of,
+    output_key_dtype,
+    write_norm_file,
+)
 from numbactr.data.reader import DataReader
 
-__all__ = ["NormFormatError", "NormHeader", "NormWriter", "NormReader", "HEADER_BYTES", "MAX_NNZ",
-           "encode_header", "encode_samples", "read_norm_header", "decode_norm_file",
-           "read_norm_file", "write_norm_file", "key_dtype_of", "output_key_dtype", "norm_record_offsets",
-           "iter_norm_chunks"]
+__all__ = [
+    "NormFormatError",
+    "NormHeader",
+    "NormWriter",
+    "NormReader",
+    "HEADER_BYTES",
+    "MAX_NNZ",
+    "encode_header",
+    "encode_samples",
+    "read_norm_header",
+    "decode_norm_file",
+    "read_norm_file",
+    "write_norm_file",
+    "key_dtype_of",
+    "output_key_dtype",
+    "norm_record_offsets",
+    "iter_norm_chunks",
+]
 
 
 # ---------------------------------------------------------------------------------------------------
 # the batch reader
+
 
 class NormReader:
     """Iterates Batch objects from a Norm file list in HugeCTR's one-worker order.
@@ -60,9 +96,18 @@ class NormReader:
     It is numbactr.data.reader.DataReader with one worker and one rank: the batching code is there.
     """
 
-    def __init__(self, file_list_path, batch_size: int, label_dim: int, dense_dim: int,
-                 slots_per_input, check=Check_t.Sum, key_dtype=np.uint32, repeat: bool = True,
-                 skip_bad_checksum: bool = False):
+    def __init__(
+        self,
+        file_list_path,
+        batch_size: int,
+        label_dim: int,
+        dense_dim: int,
+        slots_per_input,
+        check=Check_t.Sum,
+        key_dtype=np.uint32,
+        repeat: bool = True,
+        skip_bad_checksum: bool = False,
+    ):
         self.file_list_path = os.fspath(file_list_path)
         self.label_dim, self.dense_dim = int(label_dim), int(dense_dim)
         self.slots_per_input = _slot_list(slots_per_input)
@@ -71,10 +116,20 @@ class NormReader:
         _is_sum(check)
         self.key_dtype = key_dtype_of(key_dtype)
         self.skip_bad_checksum = bool(skip_bad_checksum)
-        self._reader = DataReader(DataReaderType_t.Norm, self.file_list_path, batch_size, self.label_dim,
-                                  self.dense_dim, self.slots_per_input, None,
-                                  self.key_dtype == np.dtype(np.int64), repeat, num_workers=1,
-                                  check_type=check, skip_bad_checksum=self.skip_bad_checksum)
+        self._reader = DataReader(
+            DataReaderType_t.Norm,
+            self.file_list_path,
+            batch_size,
+            self.label_dim,
+            self.dense_dim,
+            self.slots_per_input,
+            None,
+            self.key_dtype == np.dtype(np.int64),
+            repeat,
+            num_workers=1,
+            check_type=check,
+            skip_bad_checksum=self.skip_bad_checksum,
+        )
         self.files, self.batch_size, self.repeat = self._reader.files, self._reader.batch_size, bool(repeat)
 
     @property
@@ -82,8 +137,9 @@ class NormReader:
         return self._reader.skipped
 
     def read_file(self, path) -> _Decoded:
-        dec = decode_norm_file(path, self.label_dim, self.dense_dim, self.slot_num, self.check,
-                               self.key_dtype, self.skip_bad_checksum)
+        dec = decode_norm_file(
+            path, self.label_dim, self.dense_dim, self.slot_num, self.check, self.key_dtype, self.skip_bad_checksum
+        )
         if dec.skipped:
             _warn_skips(path, dec)
         return dec

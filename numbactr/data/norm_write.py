@@ -9,6 +9,7 @@ strided views of one (n, R) byte array; otherwise every field is scattered to it
 here and not beside the decoder: the writer and the small format helpers sit below the decoder and the
 reader, which use key_dtype_of and the header layout but never write.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,15 +20,24 @@ import numpy as np
 from numbactr.enums import Check_t
 
 HEADER_BYTES = 64
-MAX_NNZ = 1 << 20          # more keys than this in one slot of one sample is treated as corruption
+MAX_NNZ = 1 << 20  # more keys than this in one slot of one sample is treated as corruption
 _U8 = np.uint8
 
-__all__ = ["NormWriter", "write_norm_file", "encode_header", "encode_samples", "key_dtype_of", "output_key_dtype",
-           "HEADER_BYTES", "MAX_NNZ"]
+__all__ = [
+    "NormWriter",
+    "write_norm_file",
+    "encode_header",
+    "encode_samples",
+    "key_dtype_of",
+    "output_key_dtype",
+    "HEADER_BYTES",
+    "MAX_NNZ",
+]
 
 
 # ---------------------------------------------------------------------------------------------------
 # small helpers
+
 
 def _is_sum(check) -> bool:
     if check is Check_t.Sum:
@@ -75,8 +85,8 @@ def _as_2d_f32(x, n_cols: int, name: str) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------
 # encoding
 
-def encode_header(number_of_records: int, label_dim: int, dense_dim: int, slot_num: int,
-                  check=Check_t.Sum) -> bytes:
+
+def encode_header(number_of_records: int, label_dim: int, dense_dim: int, slot_num: int, check=Check_t.Sum) -> bytes:
     """Header record bytes: 64 (Non) or 69 (Sum: int32 64 | header | checksum)."""
     s = _is_sum(check)
     h = struct.pack("<8q", 1 if s else 0, number_of_records, label_dim, dense_dim, slot_num, 0, 0, 0)
@@ -85,8 +95,9 @@ def encode_header(number_of_records: int, label_dim: int, dense_dim: int, slot_n
     return struct.pack("<i", len(h)) + h + bytes([sum(h) & 0xFF])
 
 
-def encode_samples(label: np.ndarray, dense: np.ndarray, nnz: np.ndarray, keys: np.ndarray,
-                   check=Check_t.Sum, key_dtype=np.uint32) -> np.ndarray:
+def encode_samples(
+    label: np.ndarray, dense: np.ndarray, nnz: np.ndarray, keys: np.ndarray, check=Check_t.Sum, key_dtype=np.uint32
+) -> np.ndarray:
     """Bytes (uint8 array) of n sample records.
 
     label (n, L) float32, dense (n, D) float32, nnz (n, S) key counts, keys (sum(nnz),) in
@@ -116,33 +127,34 @@ def encode_samples(label: np.ndarray, dense: np.ndarray, nnz: np.ndarray, keys: 
         if s:
             view("<i4", 0, ())[...] = P
         view("<f4", pre, (L + D,), (4,))[...] = np.concatenate([label, dense], axis=1)
-        kmat = np.asarray(keys).reshape(n, -1)                # (n, sum(nnz0)) sample-major
+        kmat = np.asarray(keys).reshape(n, -1)  # (n, sum(nnz0)) sample-major
         col, kc = pre + 4 * (L + D), 0
         for k in range(S):
             view("<i4", col, ())[...] = nnz0[k]
-            view(kd, col + 4, (nnz0[k],), (ks,))[...] = kmat[:, kc:kc + nnz0[k]]
+            view(kd, col + 4, (nnz0[k],), (ks,))[...] = kmat[:, kc : kc + nnz0[k]]
             col += 4 + ks * nnz0[k]
             kc += nnz0[k]
         if s:
             rows = out.reshape(n, R)
-            rows[:, R - 1] = rows[:, pre:pre + P].sum(axis=1, dtype=_U8)   # uint8 sum wraps mod 256
+            rows[:, R - 1] = rows[:, pre : pre + P].sum(axis=1, dtype=_U8)  # uint8 sum wraps mod 256
         return out
 
     # Variable layout: scatter every field to its byte position.
-    ld_bytes = np.ascontiguousarray(np.concatenate([label, dense], axis=1), dtype="<f4") \
-        .view(_U8).reshape(n, 4 * (L + D))
-    key_bytes = np.ascontiguousarray(keys, dtype=kd).view(_U8).reshape(-1, ks)   # (M, ks)
-    payload = 4 * (L + D) + 4 * S + ks * nnz.sum(axis=1)                  # (n,)
+    ld_bytes = (
+        np.ascontiguousarray(np.concatenate([label, dense], axis=1), dtype="<f4").view(_U8).reshape(n, 4 * (L + D))
+    )
+    key_bytes = np.ascontiguousarray(keys, dtype=kd).view(_U8).reshape(-1, ks)  # (M, ks)
+    payload = 4 * (L + D) + 4 * S + ks * nnz.sum(axis=1)  # (n,)
     rec_len = payload + (5 if s else 0)
-    starts = _excl_cumsum(rec_len)                                       # (n+1,)
+    starts = _excl_cumsum(rec_len)  # (n+1,)
     out = np.zeros(int(starts[-1]), dtype=_U8)
     starts = starts[:-1]
     if s:
         out[starts[:, None] + np.arange(4)] = payload.astype("<i4").view(_U8).reshape(n, 4)
     base = starts + pre
     out[base[:, None] + np.arange(ld_bytes.shape[1])] = ld_bytes
-    cum = np.cumsum(nnz, axis=1) - nnz                                   # keys before slot k, (n, S)
-    pos = base[:, None] + 4 * (L + D) + 4 * np.arange(S) + ks * cum      # nnz field of (i, k)
+    cum = np.cumsum(nnz, axis=1) - nnz  # keys before slot k, (n, S)
+    pos = base[:, None] + 4 * (L + D) + 4 * np.arange(S) + ks * cum  # nnz field of (i, k)
     out[pos[..., None] + np.arange(4)] = nnz.astype("<i4").view(_U8).reshape(n, S, 4)
     flat_nnz = nnz.reshape(-1)
     M = key_bytes.shape[0]
@@ -153,7 +165,7 @@ def encode_samples(label: np.ndarray, dense: np.ndarray, nnz: np.ndarray, keys: 
     if s:
         chk = starts + 4 + payload
         idx = np.stack([base, chk], axis=1).reshape(-1)
-        sums = np.add.reduceat(out, idx, dtype=_U8)[::2]              # uint8 sums wrap mod 256
+        sums = np.add.reduceat(out, idx, dtype=_U8)[::2]  # uint8 sums wrap mod 256
         out[chk] = np.where(payload == 0, 0, sums)
     return out
 
@@ -163,23 +175,24 @@ def _slots_to_csr(slots, n: int, slot_num: int):
     (n, k) k keys per sample, or a pair (keys (M,), lengths (n,)) for ragged slots."""
     if isinstance(slots, np.ndarray):
         if slots.ndim != 2 or slots.shape != (n, slot_num):
-            raise ValueError(f"a key matrix must be (n, slot_num) = ({n}, {slot_num}) one-hot keys, "
-                             f"got {slots.shape}; pass a list of per-slot arrays for multi-hot slots")
-        return np.ones((n, slot_num), dtype=np.int64), slots.reshape(-1)   # (n, S) one-hot matrix
+            raise ValueError(
+                f"a key matrix must be (n, slot_num) = ({n}, {slot_num}) one-hot keys, "
+                f"got {slots.shape}; pass a list of per-slot arrays for multi-hot slots"
+            )
+        return np.ones((n, slot_num), dtype=np.int64), slots.reshape(-1)  # (n, S) one-hot matrix
     slots = list(slots)
     if len(slots) != slot_num:
         raise ValueError(f"expected {slot_num} slots, got {len(slots)}")
     nnz = np.zeros((n, slot_num), dtype=np.int64)
-    pieces = []           # per slot: (n, k) matrix or (values, row offsets)
+    pieces = []  # per slot: (n, k) matrix or (values, row offsets)
     fixed = True
     for k, sl in enumerate(slots):
         if isinstance(sl, tuple):
             vals, lens = np.asarray(sl[0]).reshape(-1), np.asarray(sl[1], dtype=np.int64).reshape(-1)
             if vals.size == 0:
-                vals = vals.astype(np.int64)        # np.asarray([]) is float64
+                vals = vals.astype(np.int64)  # np.asarray([]) is float64
             if lens.shape[0] != n or (lens < 0).any() or lens.sum() != vals.shape[0]:
-                raise ValueError(f"slot {k}: ragged (keys, lengths) needs {n} lengths >= 0 summing "
-                                 f"to len(keys)")
+                raise ValueError(f"slot {k}: ragged (keys, lengths) needs {n} lengths >= 0 summing to len(keys)")
             nnz[:, k] = lens
             pieces.append((vals, _excl_cumsum(lens)))
             fixed = False
@@ -202,8 +215,9 @@ def _slots_to_csr(slots, n: int, slot_num: int):
         if isinstance(p, tuple):
             vals, off = p
             lens = np.diff(off)
-            dst = np.repeat(out_off[:-1].reshape(n, slot_num)[:, k], lens) \
-                + (np.arange(vals.shape[0]) - np.repeat(off[:-1], lens))
+            dst = np.repeat(out_off[:-1].reshape(n, slot_num)[:, k], lens) + (
+                np.arange(vals.shape[0]) - np.repeat(off[:-1], lens)
+            )
             keys[dst] = vals
         else:
             w = p.shape[1]
@@ -220,8 +234,10 @@ def _check_key_range(keys: np.ndarray, kd: np.dtype):
     lo, hi = int(keys.min()), int(keys.max())
     info = np.iinfo(kd)
     if lo < info.min or hi > info.max:
-        raise ValueError(f"keys [{lo}, {hi}] do not fit the file's key type {kd.name} "
-                         f"(use key_dtype=np.int64 / i64_input_key=True for wider keys)")
+        raise ValueError(
+            f"keys [{lo}, {hi}] do not fit the file's key type {kd.name} "
+            f"(use key_dtype=np.int64 / i64_input_key=True for wider keys)"
+        )
 
 
 class NormWriter:
@@ -231,12 +247,13 @@ class NormWriter:
         w.write(label (n, 1), dense (n, 13), [slot_0 (n,), ..., slot_25 (n,)])
     """
 
-    def __init__(self, path, label_dim: int, dense_dim: int, slot_num: int, check=Check_t.Sum,
-                 key_dtype=np.uint32):
+    def __init__(self, path, label_dim: int, dense_dim: int, slot_num: int, check=Check_t.Sum, key_dtype=np.uint32):
         self.path = os.fspath(path)
         self.label_dim, self.dense_dim, self.slot_num = int(label_dim), int(dense_dim), int(slot_num)
-        if min(self.label_dim, self.dense_dim, self.slot_num) < 0 or \
-                self.label_dim + self.dense_dim + self.slot_num == 0:
+        if (
+            min(self.label_dim, self.dense_dim, self.slot_num) < 0
+            or self.label_dim + self.dense_dim + self.slot_num == 0
+        ):
             raise ValueError("label_dim, dense_dim and slot_num must be >= 0, not all 0")
         self.check = check
         self._sum = _is_sum(check)
@@ -274,8 +291,9 @@ class NormWriter:
         dense = self._dense(dense, n)
         offsets = np.asarray(offsets, dtype=np.int64)
         if offsets.shape != (n * self.slot_num + 1,) or offsets[0] != 0 or (np.diff(offsets) < 0).any():
-            raise ValueError(f"offsets must be a non-decreasing (n*slot_num+1,) = ({n * self.slot_num + 1},)"
-                             f" array starting at 0")
+            raise ValueError(
+                f"offsets must be a non-decreasing (n*slot_num+1,) = ({n * self.slot_num + 1},) array starting at 0"
+            )
         keys = np.asarray(keys)
         if keys.shape != (int(offsets[-1]),):
             raise ValueError(f"keys must have shape ({int(offsets[-1])},), got {keys.shape}")
@@ -297,7 +315,7 @@ class NormWriter:
         if self._f is None:
             return
         self._f.seek(0)
-        self._f.write(self._header())     # patch number_of_records (and the header checksum)
+        self._f.write(self._header())  # patch number_of_records (and the header checksum)
         self._f.close()
         self._f = None
 
@@ -321,6 +339,5 @@ def write_norm_file(path, label, dense, slots, check=Check_t.Sum, key_dtype=np.u
     label = label.reshape(-1, 1) if label.ndim == 1 else label
     dense = np.asarray(dense, np.float32)
     n_slots = slots.shape[1] if isinstance(slots, np.ndarray) and slots.ndim == 2 else len(slots)
-    with NormWriter(path, label.shape[1], dense.shape[1] if dense.ndim == 2 else 0, n_slots,
-                    check, key_dtype) as w:
+    with NormWriter(path, label.shape[1], dense.shape[1] if dense.ndim == 2 else 0, n_slots, check, key_dtype) as w:
         w.write(label, dense, slots)

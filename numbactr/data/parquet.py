@@ -34,6 +34,7 @@ Deviations: HugeCTR ignores col_name and does not check nulls, key signs or nnz 
 HugeCTR: HugeCTR/src/data_readers/metadata.cpp, src/pybind/add_input.cpp, include/data_readers/
 parquet_data_reader_worker.hpp, src/data_readers/parquet_data_converter.cu, src/data_generator.cpp.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,15 @@ import numpy as np
 from numbactr.data.errors import DataFormatError
 from numbactr.data.file_list import write_file_list
 
-__all__ = ["ParquetFormatError", "ParquetMetadata", "read_parquet_metadata", "metadata_path_for",
-           "ParquetDatasetWriter", "ParquetFile", "slot_offsets_of"]
+__all__ = [
+    "ParquetFormatError",
+    "ParquetMetadata",
+    "read_parquet_metadata",
+    "metadata_path_for",
+    "ParquetDatasetWriter",
+    "ParquetFile",
+    "slot_offsets_of",
+]
 
 
 class ParquetFormatError(DataFormatError):
@@ -66,18 +74,23 @@ def _pa():
 # ---------------------------------------------------------------------------------------------------
 # metadata
 
+
 @dataclass
 class ParquetMetadata:
     path: str
-    file_stats: dict                         # basename -> num_rows
-    labels: list                             # [(col_name, index)] sorted by index
+    file_stats: dict  # basename -> num_rows
+    labels: list  # [(col_name, index)] sorted by index
     conts: list
     cats: list
 
     def to_json(self) -> dict:
-        cols = lambda group: [{"col_name": n, "index": i} for n, i in group]   # noqa: E731
-        return {"file_stats": [{"file_name": f, "num_rows": n} for f, n in self.file_stats.items()],
-                "labels": cols(self.labels), "conts": cols(self.conts), "cats": cols(self.cats)}
+        cols = lambda group: [{"col_name": n, "index": i} for n, i in group]  # noqa: E731
+        return {
+            "file_stats": [{"file_name": f, "num_rows": n} for f, n in self.file_stats.items()],
+            "labels": cols(self.labels),
+            "conts": cols(self.conts),
+            "cats": cols(self.cats),
+        }
 
 
 def metadata_path_for(first_file: str) -> str:
@@ -91,8 +104,9 @@ def read_parquet_metadata(path: str) -> ParquetMetadata:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise ValueError(f"Parquet metadata {path!r} cannot be read ({e}); it must sit next to the "
-                         f"first file of the file list") from None
+        raise ValueError(
+            f"Parquet metadata {path!r} cannot be read ({e}); it must sit next to the first file of the file list"
+        ) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -108,22 +122,36 @@ def read_parquet_metadata(path: str) -> ParquetMetadata:
             raise ValueError(f"Parquet metadata {path!r}: missing or non-list {key!r}")
     stats = {}
     for k, e in enumerate(j["file_stats"]):
-        if not isinstance(e, dict) or not isinstance(e.get("file_name"), str) or \
-                not isinstance(e.get("num_rows"), int) or e["num_rows"] < 0:
-            raise ValueError(f"Parquet metadata {path!r}: file_stats[{k}] must be "
-                             f"{{\"file_name\": str, \"num_rows\": int >= 0}}, got {e!r}")
+        if (
+            not isinstance(e, dict)
+            or not isinstance(e.get("file_name"), str)
+            or not isinstance(e.get("num_rows"), int)
+            or e["num_rows"] < 0
+        ):
+            raise ValueError(
+                f"Parquet metadata {path!r}: file_stats[{k}] must be "
+                f'{{"file_name": str, "num_rows": int >= 0}}, got {e!r}'
+            )
         stats[os.path.basename(e["file_name"])] = int(e["num_rows"])
     groups, seen = {}, {}
     for key in ("labels", "conts", "cats"):
         out = []
         for k, e in enumerate(j[key]):
-            if not isinstance(e, dict) or not isinstance(e.get("col_name"), str) or \
-                    not isinstance(e.get("index"), int) or isinstance(e.get("index"), bool) or e["index"] < 0:
-                raise ValueError(f"Parquet metadata {path!r}: {key}[{k}] must be "
-                                 f"{{\"col_name\": str, \"index\": int >= 0}}, got {e!r}")
+            if (
+                not isinstance(e, dict)
+                or not isinstance(e.get("col_name"), str)
+                or not isinstance(e.get("index"), int)
+                or isinstance(e.get("index"), bool)
+                or e["index"] < 0
+            ):
+                raise ValueError(
+                    f'Parquet metadata {path!r}: {key}[{k}] must be {{"col_name": str, "index": int >= 0}}, got {e!r}'
+                )
             if e["index"] in seen:
-                raise ValueError(f"Parquet metadata {path!r}: column index {e['index']} is used twice "
-                                 f"({seen[e['index']]} and {key}[{k}])")
+                raise ValueError(
+                    f"Parquet metadata {path!r}: column index {e['index']} is used twice "
+                    f"({seen[e['index']]} and {key}[{k}])"
+                )
             seen[e["index"]] = f"{key}[{k}]"
             out.append((e["col_name"], int(e["index"])))
         groups[key] = sorted(out, key=lambda t: t[1])
@@ -136,8 +164,9 @@ def slot_offsets_of(slot_size_array, slot_num: int) -> np.ndarray:
     if not sizes:
         return np.zeros(slot_num, dtype=np.int64)
     if len(sizes) != slot_num:
-        raise ValueError(f"slot_size_array has {len(sizes)} entries but the sparse inputs have {slot_num} "
-                         f"slots in total")
+        raise ValueError(
+            f"slot_size_array has {len(sizes)} entries but the sparse inputs have {slot_num} slots in total"
+        )
     if min(sizes) < 0:
         raise ValueError(f"slot_size_array entries must be >= 0, got {sizes}")
     out = np.zeros(slot_num, dtype=np.int64)
@@ -147,6 +176,7 @@ def slot_offsets_of(slot_size_array, slot_num: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------------
 # writer
+
 
 @dataclass
 class ParquetDatasetWriter:
@@ -160,6 +190,7 @@ class ParquetDatasetWriter:
     become list<int64> columns. Default names follow HugeCTR's DataGenerator: label{i}, C{L+i} for
     conts and C{L+D+k} for cats; columns are laid out labels, conts, cats, index = position.
     """
+
     out_dir: str
     label_dim: int
     dense_dim: int
@@ -168,7 +199,7 @@ class ParquetDatasetWriter:
     dense_names: list = None
     cat_names: list = None
     multi_hot: set = field(default_factory=set)
-    list_path: str = None                      # default <out_dir>/_file_list.txt
+    list_path: str = None  # default <out_dir>/_file_list.txt
     row_group_size: int = None
     compression: str = "snappy"
 
@@ -199,7 +230,7 @@ class ParquetDatasetWriter:
         """Start a file written in pieces with append() (one row group per append) and end_file()."""
         if getattr(self, "_open", None) is not None:
             raise ValueError("ParquetDatasetWriter: end_file() the previous file first")
-        self._open = [os.path.join(self.out_dir, name), None, 0]      # path, pq.ParquetWriter, rows
+        self._open = [os.path.join(self.out_dir, name), None, 0]  # path, pq.ParquetWriter, rows
 
     def append(self, label, dense, slots) -> None:
         _, pq = _pa()
@@ -208,8 +239,9 @@ class ParquetDatasetWriter:
         table = self._table(label, dense, slots)
         if self._open[1] is None:
             # page checksums (CRC-32 of every data page), verified by ParquetFile on read
-            self._open[1] = pq.ParquetWriter(self._open[0], table.schema, compression=self.compression,
-                                             write_page_checksum=True)
+            self._open[1] = pq.ParquetWriter(
+                self._open[0], table.schema, compression=self.compression, write_page_checksum=True
+            )
         self._open[1].write_table(table, row_group_size=self.row_group_size)
         self._open[2] += table.num_rows
 
@@ -260,10 +292,13 @@ class ParquetDatasetWriter:
 
     def metadata(self) -> ParquetMetadata:
         L, D = self.label_dim, self.dense_dim
-        return ParquetMetadata(os.path.join(self.out_dir, "_metadata.json"), dict(self.stats),
-                               [(nm, i) for i, nm in enumerate(self.label_names)],
-                               [(nm, L + i) for i, nm in enumerate(self.dense_names)],
-                               [(nm, L + D + k) for k, nm in enumerate(self.cat_names)])
+        return ParquetMetadata(
+            os.path.join(self.out_dir, "_metadata.json"),
+            dict(self.stats),
+            [(nm, i) for i, nm in enumerate(self.label_names)],
+            [(nm, L + i) for i, nm in enumerate(self.dense_names)],
+            [(nm, L + D + k) for k, nm in enumerate(self.cat_names)],
+        )
 
     def close(self) -> str:
         """Write _metadata.json and the file list; returns the file list path."""
@@ -284,6 +319,7 @@ def _rows_of(slots) -> int:
 # ---------------------------------------------------------------------------------------------------
 # reading
 
+
 def _is_int(t, pa) -> bool:
     return pa.types.is_integer(t)
 
@@ -296,8 +332,16 @@ class ParquetFile:
     """One Parquet file checked against the dataset metadata; chunks() yields one decoded row group at a
     time as (row_start, label (m, L), dense (m, D), slots [(values, offsets (m+1,) or None)])."""
 
-    def __init__(self, path: str, meta: ParquetMetadata, label_dim: int, dense_dim: int, slot_num: int,
-                 nnz_per_slot=None, i64_input_key: bool = True):
+    def __init__(
+        self,
+        path: str,
+        meta: ParquetMetadata,
+        label_dim: int,
+        dense_dim: int,
+        slot_num: int,
+        nnz_per_slot=None,
+        i64_input_key: bool = True,
+    ):
         pa, pq = _pa()
         self.path = path
         self.meta = meta
@@ -306,59 +350,79 @@ class ParquetFile:
             self.pf = pq.ParquetFile(path, page_checksum_verification=True)
         except FileNotFoundError:
             raise ParquetFormatError(path, None, "file does not exist") from None
-        except Exception as e:          # pyarrow raises ArrowInvalid/OSError for a broken footer
-            raise ParquetFormatError(path, None, f"not a readable Parquet file ({type(e).__name__}: {e})") \
-                from None
+        except Exception as e:  # pyarrow raises ArrowInvalid/OSError for a broken footer
+            raise ParquetFormatError(path, None, f"not a readable Parquet file ({type(e).__name__}: {e})") from None
         md = self.pf.metadata
         base = os.path.basename(path)
         if base not in meta.file_stats:
-            raise ParquetFormatError(path, None, f"file {base!r} is not listed in the file_stats of "
-                                                 f"{meta.path!r}")
+            raise ParquetFormatError(path, None, f"file {base!r} is not listed in the file_stats of {meta.path!r}")
         if meta.file_stats[base] != md.num_rows:
-            raise ParquetFormatError(path, None, f"{meta.path!r} says num_rows={meta.file_stats[base]} but "
-                                                 f"the file has {md.num_rows} rows")
+            raise ParquetFormatError(
+                path, None, f"{meta.path!r} says num_rows={meta.file_stats[base]} but the file has {md.num_rows} rows"
+            )
         if len(meta.labels) != label_dim or len(meta.conts) != dense_dim or len(meta.cats) != slot_num:
-            raise ParquetFormatError(path, None, f"{meta.path!r} lists {len(meta.labels)} labels, "
-                                                 f"{len(meta.conts)} conts, {len(meta.cats)} cats but the "
-                                                 f"model's Input has label_dim {label_dim}, dense_dim "
-                                                 f"{dense_dim} and {slot_num} slots")
+            raise ParquetFormatError(
+                path,
+                None,
+                f"{meta.path!r} lists {len(meta.labels)} labels, "
+                f"{len(meta.conts)} conts, {len(meta.cats)} cats but the "
+                f"model's Input has label_dim {label_dim}, dense_dim "
+                f"{dense_dim} and {slot_num} slots",
+            )
         schema = self.pf.schema_arrow
         names = schema.names
-        self.cols = []                     # (group, name, index, is_list)
+        self.cols = []  # (group, name, index, is_list)
         for group, items in (("label", meta.labels), ("cont", meta.conts), ("cat", meta.cats)):
             for nm, idx in items:
                 if idx >= len(names):
-                    raise ParquetFormatError(path, None, f"missing column: {meta.path!r} lists {group} "
-                                                         f"{nm!r} at index {idx} but the file has only "
-                                                         f"{len(names)} columns {names}")
+                    raise ParquetFormatError(
+                        path,
+                        None,
+                        f"missing column: {meta.path!r} lists {group} "
+                        f"{nm!r} at index {idx} but the file has only "
+                        f"{len(names)} columns {names}",
+                    )
                 if names[idx] != nm:
-                    raise ParquetFormatError(path, None, f"{meta.path!r} says column {idx} is {group} "
-                                                         f"{nm!r} but the file's column {idx} is "
-                                                         f"{names[idx]!r} (columns: {names})")
+                    raise ParquetFormatError(
+                        path,
+                        None,
+                        f"{meta.path!r} says column {idx} is {group} "
+                        f"{nm!r} but the file's column {idx} is "
+                        f"{names[idx]!r} (columns: {names})",
+                    )
                 if names.count(nm) > 1:
                     raise ParquetFormatError(path, None, f"column name {nm!r} appears twice")
                 t = schema.field(idx).type
                 is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
                 if group == "cat":
                     if not (_is_int(t, pa) or (is_list and _is_int(t.value_type, pa))):
-                        raise ParquetFormatError(path, None, f"cat column {nm!r} (index {idx}) has type {t}; "
-                                                             f"expected an integer or list<integer> column")
+                        raise ParquetFormatError(
+                            path,
+                            None,
+                            f"cat column {nm!r} (index {idx}) has type {t}; "
+                            f"expected an integer or list<integer> column",
+                        )
                 elif not _is_numeric(t, pa):
-                    raise ParquetFormatError(path, None, f"{group} column {nm!r} (index {idx}) has type {t}; "
-                                                         f"expected a numeric column")
+                    raise ParquetFormatError(
+                        path, None, f"{group} column {nm!r} (index {idx}) has type {t}; expected a numeric column"
+                    )
                 self.cols.append((group, nm, idx, is_list))
         self.nnz_per_slot = list(nnz_per_slot) if nnz_per_slot is not None else None
         self.num_rows = md.num_rows
         rg_rows = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-        if sum(rg_rows) != md.num_rows:             # a damaged footer: pyarrow would read sum(rg_rows)
-            raise ParquetFormatError(path, None, f"the footer's row groups hold {sum(rg_rows)} rows {rg_rows} "
-                                                 f"but its num_rows is {md.num_rows} (damaged footer)")
+        if sum(rg_rows) != md.num_rows:  # a damaged footer: pyarrow would read sum(rg_rows)
+            raise ParquetFormatError(
+                path,
+                None,
+                f"the footer's row groups hold {sum(rg_rows)} rows {rg_rows} "
+                f"but its num_rows is {md.num_rows} (damaged footer)",
+            )
         self.max_rows = 65536
 
     def _fail(self, rg, row_start, row, name, msg):
-        raise ParquetFormatError(self.path, None,
-                                 f"row group {rg}, column {name!r}: {msg}",
-                                 None if row is None else row_start + row)
+        raise ParquetFormatError(
+            self.path, None, f"row group {rg}, column {name!r}: {msg}", None if row is None else row_start + row
+        )
 
     def _bad_column(self, rg: int, wanted: list) -> str:
         """The first of `wanted` whose column chunk in row group rg fails to decode alone (failure path
@@ -366,7 +430,7 @@ class ParquetFile:
         for nm in wanted:
             try:
                 self.pf.read_row_group(rg, columns=[nm], use_threads=False)
-            except Exception:               # noqa: BLE001
+            except Exception:  # noqa: BLE001
                 return nm
         return ", ".join(wanted)
 
@@ -381,13 +445,14 @@ class ParquetFile:
             m = md.row_group(rg).num_rows
             try:
                 table = self.pf.read_row_group(rg, columns=wanted, use_threads=True)
-            except Exception as e:          # noqa: BLE001 (pyarrow: OSError, ArrowInvalid, ...)
+            except Exception as e:  # noqa: BLE001 (pyarrow: OSError, ArrowInvalid, ...)
                 why = " ".join(str(e).split())
                 what = "page checksum mismatch, the data is damaged" if "CRC" in why else "cannot be decoded"
                 self._fail(rg, row_start, None, self._bad_column(rg, wanted), f"{what} ({type(e).__name__}: {why})")
             if table.num_rows != m:
-                self._fail(rg, row_start, None, wanted[0] if wanted else "",
-                           f"decoded {table.num_rows} rows, footer says {m}")
+                self._fail(
+                    rg, row_start, None, wanted[0] if wanted else "", f"decoded {table.num_rows} rows, footer says {m}"
+                )
             # hand the row group out in slices of at most max_rows rows (zero-copy in Arrow): small
             # NumPy arrays are reused by the allocator, huge fresh ones page-fault
             for a in range(0, max(m, 1), self.max_rows):
@@ -414,18 +479,28 @@ class ParquetFile:
             if is_list:
                 offs = np.asarray(arr.offsets, dtype=np.int64)
                 offs = offs - offs[0]
-                vals_arr = arr.flatten()                  # this slice's keys only
+                vals_arr = arr.flatten()  # this slice's keys only
                 if vals_arr.null_count:
                     pos = int(np.argmax(np.asarray(vals_arr.is_null())))
-                    self._fail(rg, row_start, int(np.searchsorted(offs, pos, "right") - 1), nm,
-                               "null key inside a list (nulls are not allowed)")
+                    self._fail(
+                        rg,
+                        row_start,
+                        int(np.searchsorted(offs, pos, "right") - 1),
+                        nm,
+                        "null key inside a list (nulls are not allowed)",
+                    )
                 vals = np.asarray(vals_arr.to_numpy(zero_copy_only=False))
                 lens = np.diff(offs)
                 k = len(slots)
                 if self.nnz_per_slot is not None and lens.size and lens.max() > self.nnz_per_slot[k]:
                     r = int(np.argmax(lens > self.nnz_per_slot[k]))
-                    self._fail(rg, row_start, r, nm, f"{int(lens[r])} keys in one row but nnz_per_slot "
-                                                     f"of slot {k} is {self.nnz_per_slot[k]}")
+                    self._fail(
+                        rg,
+                        row_start,
+                        r,
+                        nm,
+                        f"{int(lens[r])} keys in one row but nnz_per_slot of slot {k} is {self.nnz_per_slot[k]}",
+                    )
             else:
                 vals = arr.to_numpy(zero_copy_only=False)
                 offs = None
@@ -443,5 +518,4 @@ class ParquetFile:
         if not self.i64 and vals.max() > np.iinfo(np.uint32).max:
             pos = int(np.argmax(vals > np.iinfo(np.uint32).max))
             row = pos if offs is None else int(np.searchsorted(offs, pos, "right") - 1)
-            self._fail(rg, row_start, row, nm, f"key {int(vals[pos])} does not fit 32 bits "
-                                               f"(i64_input_key=False)")
+            self._fail(rg, row_start, row, nm, f"key {int(vals[pos])} does not fit 32 bits (i64_input_key=False)")

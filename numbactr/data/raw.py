@@ -20,6 +20,7 @@ samples) is read as data without an error.
 HugeCTR: HugeCTR/include/data_readers/data_reader_worker_raw.hpp, mmap_offset_list.hpp,
 tools/raw_script/criteo2raw.cpp (writer side).
 """
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,9 @@ def write_raw_file(path, label, dense, keys, float_label_dense: bool = False, ap
     dense = np.asarray(dense) if dense is not None else np.zeros((n, 0))
     dense = dense.reshape(n, -1) if dense.size else np.zeros((n, 0))
     if label.shape[0] != n or dense.shape[0] != n:
-        raise ValueError(f"label, dense and keys must have the same number of rows, got "
-                         f"{label.shape[0]}, {dense.shape[0]}, {n}")
+        raise ValueError(
+            f"label, dense and keys must have the same number of rows, got {label.shape[0]}, {dense.shape[0]}, {n}"
+        )
     if keys.size and not np.issubdtype(keys.dtype, np.integer):
         raise TypeError(f"keys must be integers, got {keys.dtype}")
     if keys.size and (int(keys.min()) < -(1 << 31) or int(keys.max()) >= (1 << 32)):
@@ -68,16 +70,18 @@ def write_raw_file(path, label, dense, keys, float_label_dense: bool = False, ap
         for name, a in (("label", label), ("dense", dense)):
             if a.size and not np.issubdtype(a.dtype, np.integer):
                 if not np.all(a == np.round(a)):
-                    raise ValueError(f"float_label_dense=False stores {name} as int32; got non-integer "
-                                     f"values (pass float_label_dense=True for float data)")
+                    raise ValueError(
+                        f"float_label_dense=False stores {name} as int32; got non-integer "
+                        f"values (pass float_label_dense=True for float data)"
+                    )
             if a.size and (a.min() < -(1 << 31) or a.max() >= (1 << 31)):
                 raise ValueError(f"{name} values do not fit int32")
     L, D, S = label.shape[1], dense.shape[1], keys.shape[1]
-    rec = np.empty((n, L + D + S), dtype="<i4")                # one int32/float32 word per field
+    rec = np.empty((n, L + D + S), dtype="<i4")  # one int32/float32 word per field
     words = rec.view(ld_type)
     words[:, :L] = label
-    words[:, L:L + D] = dense
-    rec[:, L + D:] = keys.astype(np.int64).astype("<u4").view("<i4") if keys.size else 0
+    words[:, L : L + D] = dense
+    rec[:, L + D :] = keys.astype(np.int64).astype("<u4").view("<i4") if keys.size else 0
     return write_records(path, rec, append)
 
 
@@ -94,8 +98,17 @@ def write_records(path, rec: np.ndarray, append: bool) -> int:
 class RawFile:
     """A Raw file mapped read-only; rows(a, b) decodes samples [a, b)."""
 
-    def __init__(self, path, num_samples: int, label_dim: int, dense_dim: int, slot_num: int,
-                 float_label_dense: bool, i64_input_key: bool, warn_unread: bool = False):
+    def __init__(
+        self,
+        path,
+        num_samples: int,
+        label_dim: int,
+        dense_dim: int,
+        slot_num: int,
+        float_label_dense: bool,
+        i64_input_key: bool,
+        warn_unread: bool = False,
+    ):
         self.path = os.fspath(path)
         self.L, self.D, self.S = int(label_dim), int(dense_dim), int(slot_num)
         self.float_label_dense, self.i64 = bool(float_label_dense), bool(i64_input_key)
@@ -104,38 +117,48 @@ class RawFile:
             raise ValueError("Raw: label_dim + dense_dim + slot_num must be > 0")
         self.num_samples = int(num_samples)
         if self.num_samples <= 0:
-            raise ValueError(f"Raw file {self.path!r}: num_samples (eval_num_samples for the eval "
-                             f"source) must be > 0, got {num_samples}; the Raw format does not store "
-                             f"the sample count")
+            raise ValueError(
+                f"Raw file {self.path!r}: num_samples (eval_num_samples for the eval "
+                f"source) must be > 0, got {num_samples}; the Raw format does not store "
+                f"the sample count"
+            )
         try:
             size = os.path.getsize(self.path)
         except OSError as e:
             raise RawFormatError(self.path, None, f"cannot be read ({e})") from None
         if size % self.stride:
             whole = size // self.stride
-            raise RawFormatError(self.path, whole * self.stride,
-                                 f"file length {size} is not a whole number of {self.stride}-byte "
-                                 f"samples (label_dim {self.L} + dense_dim {self.D} + {self.S} slots, 4 "
-                                 f"bytes each): truncated record, or the reader's dimensions are wrong",
-                                 whole)
+            raise RawFormatError(
+                self.path,
+                whole * self.stride,
+                f"file length {size} is not a whole number of {self.stride}-byte "
+                f"samples (label_dim {self.L} + dense_dim {self.D} + {self.S} slots, 4 "
+                f"bytes each): truncated record, or the reader's dimensions are wrong",
+                whole,
+            )
         if size < self.num_samples * self.stride:
             have = size // self.stride
-            raise RawFormatError(self.path, size, f"num_samples is {self.num_samples} but the file holds "
-                                                  f"only {have} samples of {self.stride} bytes", have)
+            raise RawFormatError(
+                self.path,
+                size,
+                f"num_samples is {self.num_samples} but the file holds only {have} samples of {self.stride} bytes",
+                have,
+            )
         if warn_unread and size > self.num_samples * self.stride:
-            warnings.warn(f"Raw file {self.path!r} holds {size // self.stride} samples but num_samples is "
-                          f"{self.num_samples}: the last {size // self.stride - self.num_samples} are never read",
-                          DataWarning, stacklevel=3)
-        self._mm = np.memmap(self.path, dtype="<i4", mode="r",
-                             shape=(self.num_samples, self.stride // 4))
+            warnings.warn(
+                f"Raw file {self.path!r} holds {size // self.stride} samples but num_samples is "
+                f"{self.num_samples}: the last {size // self.stride - self.num_samples} are never read",
+                DataWarning,
+                stacklevel=3,
+            )
+        self._mm = np.memmap(self.path, dtype="<i4", mode="r", shape=(self.num_samples, self.stride // 4))
 
     def offset_of(self, record: int, word: int = 0) -> int:
         return record * self.stride + 4 * word
 
     def rows(self, a: int, b: int):
         """label (m, L) f32, dense (m, D) f32, keys (m, S) (int64 or uint64) for samples [a, b)."""
-        return decode_raw_rows(np.asarray(self._mm[a:b]), self.L, self.D, self.float_label_dense,
-                               self.i64)
+        return decode_raw_rows(np.asarray(self._mm[a:b]), self.L, self.D, self.float_label_dense, self.i64)
 
     def close(self):
         self._mm = None
@@ -144,14 +167,14 @@ class RawFile:
 def decode_raw_rows(words: np.ndarray, L: int, D: int, float_label_dense: bool, i64: bool):
     """words (m, L+D+S) int32 -> label (m, L) f32, dense (m, D) f32, keys (m, S)."""
     if float_label_dense:
-        ld = words[:, :L + D].view("<f4")
+        ld = words[:, : L + D].view("<f4")
         label = np.array(ld[:, :L], dtype=np.float32)
         dense = np.array(ld[:, L:], dtype=np.float32)
     else:
         label = words[:, :L].astype(np.float32)
         # HugeCTR: log(int + 1.f) in float precision
-        with np.errstate(divide="ignore", invalid="ignore"):     # x <= -1: reported by the reader
-            dense = np.log(words[:, L:L + D].astype(np.float32) + np.float32(1.0))
-    k = words[:, L + D:]
+        with np.errstate(divide="ignore", invalid="ignore"):  # x <= -1: reported by the reader
+            dense = np.log(words[:, L : L + D].astype(np.float32) + np.float32(1.0))
+    k = words[:, L + D :]
     keys = k.astype(np.int64) if i64 else k.view("<u4").astype(np.uint64)
     return label, dense, keys

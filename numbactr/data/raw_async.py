@@ -56,6 +56,7 @@ numbactr reads epochs with it too (ValueError only under hugectr_exact()).
 HugeCTR: HugeCTR/include/common.hpp (AsyncParam), include/pybind/common_wrapper.hpp,
 src/pybind/add_input.cpp, src/data_readers/async_reader/*, src/data_readers/multi_hot/* (v23.08).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -70,8 +71,16 @@ from numbactr.enums import Alignment_t
 from numbactr.data.errors import DataFormatError, DataWarning
 from numbactr.data.raw import decode_raw_rows, write_records
 
-__all__ = ["AsyncParam", "RawAsyncFormatError", "RawAsyncFile", "raw_async_stride", "write_raw_async_file",
-           "check_async_input", "batch_order", "DIRECT_IO_ENV"]
+__all__ = [
+    "AsyncParam",
+    "RawAsyncFormatError",
+    "RawAsyncFile",
+    "raw_async_stride",
+    "write_raw_async_file",
+    "check_async_input",
+    "batch_order",
+    "DIRECT_IO_ENV",
+]
 
 DIRECT_IO_ENV = "NUMBACTR_DIRECT_IO"
 _PAGE = mmap.PAGESIZE
@@ -109,9 +118,18 @@ class AsyncParam:
         is_dense_float: dense values stored as float32 (else int32, read as log(x + 1)).
     """
 
-    def __init__(self, num_threads, num_batches_per_thread, max_num_requests_per_thread=0, io_depth=0,
-                 io_alignment=0, shuffle=None, aligned_type=Alignment_t.Non, multi_hot_reader=True,
-                 is_dense_float=True):
+    def __init__(
+        self,
+        num_threads,
+        num_batches_per_thread,
+        max_num_requests_per_thread=0,
+        io_depth=0,
+        io_alignment=0,
+        shuffle=None,
+        aligned_type=Alignment_t.Non,
+        multi_hot_reader=True,
+        is_dense_float=True,
+    ):
         if shuffle is None:
             raise TypeError("AsyncParam: shuffle is required (HugeCTR gives it no default)")
         self.num_threads = _int_arg("num_threads", num_threads, 1)
@@ -120,21 +138,26 @@ class AsyncParam:
         self.io_depth = _int_arg("io_depth", io_depth, 0)
         self.io_alignment = _int_arg("io_alignment", io_alignment, 0)
         if self.io_alignment & (self.io_alignment - 1):
-            raise ValueError(f"AsyncParam: io_alignment must be 0 or a power of two (a sector size such as 512 "
-                             f"or 4096), got {io_alignment}")
+            raise ValueError(
+                f"AsyncParam: io_alignment must be 0 or a power of two (a sector size such as 512 "
+                f"or 4096), got {io_alignment}"
+            )
         self.shuffle = _bool_arg("shuffle", shuffle)
         if not isinstance(aligned_type, Alignment_t):
-            raise ValueError(f"AsyncParam: aligned_type must be Alignment_t.Auto or Alignment_t.Non, got "
-                             f"{aligned_type!r}")
+            raise ValueError(
+                f"AsyncParam: aligned_type must be Alignment_t.Auto or Alignment_t.Non, got {aligned_type!r}"
+            )
         self.aligned_type = aligned_type
         self.multi_hot_reader = _bool_arg("multi_hot_reader", multi_hot_reader)
         self.is_dense_float = _bool_arg("is_dense_float", is_dense_float)
 
     def __repr__(self):
-        return (f"AsyncParam(num_threads={self.num_threads}, num_batches_per_thread={self.num_batches_per_thread}, "
-                f"max_num_requests_per_thread={self.max_num_requests_per_thread}, io_depth={self.io_depth}, "
-                f"io_alignment={self.io_alignment}, shuffle={self.shuffle}, aligned_type={self.aligned_type!r}, "
-                f"multi_hot_reader={self.multi_hot_reader}, is_dense_float={self.is_dense_float})")
+        return (
+            f"AsyncParam(num_threads={self.num_threads}, num_batches_per_thread={self.num_batches_per_thread}, "
+            f"max_num_requests_per_thread={self.max_num_requests_per_thread}, io_depth={self.io_depth}, "
+            f"io_alignment={self.io_alignment}, shuffle={self.shuffle}, aligned_type={self.aligned_type!r}, "
+            f"multi_hot_reader={self.multi_hot_reader}, is_dense_float={self.is_dense_float})"
+        )
 
     def __eq__(self, other):
         return isinstance(other, AsyncParam) and vars(self) == vars(other)
@@ -149,25 +172,34 @@ def check_async_input(ap: AsyncParam, slots_per_input, nnz_per_slot, repeat: boo
     """
     S = int(sum(slots_per_input))
     if not ap.multi_hot_reader and len(slots_per_input) != 1:
-        raise ValueError(f"RawAsync with AsyncParam(multi_hot_reader=False) reads exactly one sparse input "
-                         f"(HugeCTR: 'Only one sparse input is supported'), the Input has {len(slots_per_input)}")
+        raise ValueError(
+            f"RawAsync with AsyncParam(multi_hot_reader=False) reads exactly one sparse input "
+            f"(HugeCTR: 'Only one sparse input is supported'), the Input has {len(slots_per_input)}"
+        )
     if not ap.multi_hot_reader:
         if ap.is_dense_float:
-            raise ValueError("RawAsync with AsyncParam(multi_hot_reader=False) reads int32 dense values only: "
-                             "set is_dense_float=False (HugeCTR: 'One-hot RawAsync Reader only supports int32 "
-                             "dense type')")
+            raise ValueError(
+                "RawAsync with AsyncParam(multi_hot_reader=False) reads int32 dense values only: "
+                "set is_dense_float=False (HugeCTR: 'One-hot RawAsync Reader only supports int32 "
+                "dense type')"
+            )
         if ap.max_num_requests_per_thread <= 2 * ap.num_batches_per_thread:
-            raise ValueError(f"AsyncParam: max_num_requests_per_thread ({ap.max_num_requests_per_thread}) must "
-                             f"exceed 2 * num_batches_per_thread ({2 * ap.num_batches_per_thread}) for the "
-                             f"one-hot reader (HugeCTR: 'Too many batches for each thread!')")
+            raise ValueError(
+                f"AsyncParam: max_num_requests_per_thread ({ap.max_num_requests_per_thread}) must "
+                f"exceed 2 * num_batches_per_thread ({2 * ap.num_batches_per_thread}) for the "
+                f"one-hot reader (HugeCTR: 'Too many batches for each thread!')"
+            )
         if not repeat and hugectr_exact.hugectr_exact():
-            raise ValueError("Epoch mode cannot be used with the one-hot RawAsync reader (HugeCTR); set "
-                             "repeat_dataset=True")
+            raise ValueError(
+                "Epoch mode cannot be used with the one-hot RawAsync reader (HugeCTR); set repeat_dataset=True"
+            )
         return [1] * S
     nnz = [1] * S if nnz_per_slot is None else [int(v) for per_input in nnz_per_slot for v in per_input]
     if len(nnz) != S or min(nnz, default=1) < 1:
-        raise ValueError(f"RawAsync multi-hot: nnz_per_slot must give a hotness >= 1 for each of the {S} "
-                         f"slots (the static hotness of every sample), got {nnz}")
+        raise ValueError(
+            f"RawAsync multi-hot: nnz_per_slot must give a hotness >= 1 for each of the {S} "
+            f"slots (the static hotness of every sample), got {nnz}"
+        )
     return nnz
 
 
@@ -176,8 +208,9 @@ def raw_async_stride(label_dim: int, dense_dim: int, nnz_per_slot, wide_keys: bo
     return 4 * (int(label_dim) + int(dense_dim)) + (8 if wide_keys else 4) * int(sum(nnz_per_slot))
 
 
-def write_raw_async_file(path, label, dense, keys, is_dense_float: bool, wide_keys: bool = False,
-                         append: bool = False) -> int:
+def write_raw_async_file(
+    path, label, dense, keys, is_dense_float: bool, wide_keys: bool = False, append: bool = False
+) -> int:
     """Write samples in the multi-hot RawAsync layout; returns the number written.
 
     label (n, L) integers (int32), dense (n, D) float32 if is_dense_float else integer counts (int32),
@@ -196,17 +229,19 @@ def write_raw_async_file(path, label, dense, keys, is_dense_float: bool, wide_ke
         raise TypeError(f"keys must be integers, got {keys.dtype}")
     lo, hi = (-(1 << 63), 1 << 63) if wide_keys else (-(1 << 31), 1 << 32)
     if keys.size and (int(keys.min()) < lo or int(keys.max()) >= hi):
-        raise ValueError(f"RawAsync keys must lie in [{lo}, {hi}) (wide_keys={wide_keys}); got "
-                         f"[{int(keys.min())}, {int(keys.max())}]")
+        raise ValueError(
+            f"RawAsync keys must lie in [{lo}, {hi}) (wide_keys={wide_keys}); got "
+            f"[{int(keys.min())}, {int(keys.max())}]"
+        )
     L, D = label.shape[1], dense.shape[1]
     kw = keys.shape[1] * (2 if wide_keys else 1)
     rec = np.empty((n, L + D + kw), dtype="<i4")
     rec[:, :L] = label
     if is_dense_float:
-        rec[:, L:L + D].view("<f4")[:] = dense
+        rec[:, L : L + D].view("<f4")[:] = dense
     else:
-        rec[:, L:L + D] = dense
-    rec[:, L + D:] = keys.astype(np.int64).astype("<i8" if wide_keys else "<u4").view("<i4").reshape(n, kw)
+        rec[:, L : L + D] = dense
+    rec[:, L + D :] = keys.astype(np.int64).astype("<i8" if wide_keys else "<u4").view("<i4").reshape(n, kw)
     return write_records(path, rec, append)
 
 
@@ -234,10 +269,23 @@ class RawAsyncFile:
         checked_samples: the sample count found when the reader was set up (its batches are cut from it): the
             size checks are skipped, and a file cut short since then fails at the first read past its end.
     """
+
     fmt = "RawAsync"
 
-    def __init__(self, path, label_dim, dense_dim, nnz_per_slot, is_dense_float, i64_input_key, wide_keys,
-                 io_alignment=0, direct_io=None, num_samples=0, checked_samples=None):
+    def __init__(
+        self,
+        path,
+        label_dim,
+        dense_dim,
+        nnz_per_slot,
+        is_dense_float,
+        i64_input_key,
+        wide_keys,
+        io_alignment=0,
+        direct_io=None,
+        num_samples=0,
+        checked_samples=None,
+    ):
         self.fd = -1
         self.path = os.fspath(path)
         self.L, self.D = int(label_dim), int(dense_dim)
@@ -255,17 +303,24 @@ class RawAsyncFile:
             self.num_samples = int(checked_samples)
         elif size % self.stride or size == 0:
             whole = size // self.stride
-            raise RawAsyncFormatError(self.path, whole * self.stride,
-                                      f"file length {size} is not a whole, non-zero number of {self.stride}-byte "
-                                      f"samples (label_dim {self.L} + dense_dim {self.D} words of 4 bytes, "
-                                      f"{sum(self.nnz)} keys of {4 * self.key_words} bytes): truncated sample, or "
-                                      f"the reader's dimensions are wrong", whole)
+            raise RawAsyncFormatError(
+                self.path,
+                whole * self.stride,
+                f"file length {size} is not a whole, non-zero number of {self.stride}-byte "
+                f"samples (label_dim {self.L} + dense_dim {self.D} words of 4 bytes, "
+                f"{sum(self.nnz)} keys of {4 * self.key_words} bytes): truncated sample, or "
+                f"the reader's dimensions are wrong",
+                whole,
+            )
         else:
             self.num_samples = size // self.stride
         if num_samples and int(num_samples) != self.num_samples:
-            warnings.warn(f"RawAsync file {self.path!r} holds {self.num_samples} samples but num_samples is "
-                          f"{num_samples}: RawAsync reads the whole file (as HugeCTR does)", DataWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"RawAsync file {self.path!r} holds {self.num_samples} samples but num_samples is "
+                f"{num_samples}: RawAsync reads the whole file (as HugeCTR does)",
+                DataWarning,
+                stacklevel=3,
+            )
         if direct_io is None:
             direct_io = os.environ.get(DIRECT_IO_ENV, "0") not in ("", "0")
         self.align = max(int(io_alignment), 4096)
@@ -275,8 +330,10 @@ class RawAsyncFile:
                 self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
                 self.direct = True
             except OSError as e:
-                log.info_once(("raw_async no O_DIRECT", self.path), f"RawAsync: O_DIRECT refused for {self.path!r} "
-                              f"({e.strerror}); reading through the page cache")
+                log.info_once(
+                    ("raw_async no O_DIRECT", self.path),
+                    f"RawAsync: O_DIRECT refused for {self.path!r} ({e.strerror}); reading through the page cache",
+                )
         if self.fd < 0:
             self.fd = os.open(self.path, os.O_RDONLY)
             if hasattr(os, "posix_fadvise"):
@@ -306,22 +363,29 @@ class RawAsyncFile:
         got, need = 0, start + nbytes - a0
         while got < need:
             try:
-                n = os.preadv(self.fd, [buf[got:end - a0]], a0 + got)
+                n = os.preadv(self.fd, [buf[got : end - a0]], a0 + got)
             except OSError as e:
                 if not (self.direct and got == 0):
                     raise RawAsyncFormatError(self.path, a0 + got, f"read failed ({e.strerror})") from None
-                self._fall_back(e)                        # O_DIRECT refused at the first read (e.g. EINVAL)
+                self._fall_back(e)  # O_DIRECT refused at the first read (e.g. EINVAL)
                 return self._read(start, nbytes)
             if n == 0:
-                raise RawAsyncFormatError(self.path, a0 + got, f"file ends at byte {a0 + got} while reading samples "
-                                          f"up to byte {start + nbytes} (it was {self.size} bytes when opened: "
-                                          f"truncated while being read)", (a0 + got) // self.stride)
+                raise RawAsyncFormatError(
+                    self.path,
+                    a0 + got,
+                    f"file ends at byte {a0 + got} while reading samples "
+                    f"up to byte {start + nbytes} (it was {self.size} bytes when opened: "
+                    f"truncated while being read)",
+                    (a0 + got) // self.stride,
+                )
             got += n
         return np.frombuffer(buf, dtype="<i4", count=nbytes // 4, offset=start - a0)
 
     def _fall_back(self, err: OSError) -> None:
-        log.info_once(("raw_async no O_DIRECT", self.path), f"RawAsync: direct reads of {self.path!r} refused "
-                      f"({err.strerror}); reading through the page cache")
+        log.info_once(
+            ("raw_async no O_DIRECT", self.path),
+            f"RawAsync: direct reads of {self.path!r} refused ({err.strerror}); reading through the page cache",
+        )
         os.close(self.fd)
         self.fd = os.open(self.path, os.O_RDONLY)
         self.direct = False
@@ -333,12 +397,12 @@ class RawAsyncFile:
         words = self._read(a * self.stride, m * self.stride).reshape(m, self.words)
         if self.is_dense_float:
             label = words[:, :L].astype(np.float32)
-            dense = np.array(words[:, L:L + D].view("<f4"), dtype=np.float32)
-        elif not self.wide:                     # the Raw layout (int label/dense, 32-bit keys)
+            dense = np.array(words[:, L : L + D].view("<f4"), dtype=np.float32)
+        elif not self.wide:  # the Raw layout (int label/dense, 32-bit keys)
             return decode_raw_rows(words, L, D, False, self.i64)
         else:
-            label, dense, _ = decode_raw_rows(words[:, :L + D], L, D, False, self.i64)
-        k = words[:, L + D:]
+            label, dense, _ = decode_raw_rows(words[:, : L + D], L, D, False, self.i64)
+        k = words[:, L + D :]
         if self.wide:
             keys = np.ascontiguousarray(k).view("<i8").astype(np.int64)
         else:

@@ -55,6 +55,7 @@ loss layers need) and key_bound (each slot's key range of a one-hot table).
 Norm's bad-checksum records raise unless skip_bad_checksum=True, which skips them as HugeCTR does and
 counts them in `reader.skipped` (with a RuntimeWarning per file).
 """
+
 from __future__ import annotations
 
 import threading
@@ -104,10 +105,12 @@ def _excl_cumsum(a) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------
 # decoded pieces of data
 
+
 @dataclass
 class _Chunk:
     """n consecutive samples of one file: label (n, L), dense (n, D), inputs [(keys, offsets (n*S_i+1,))].
     locate(row, kind, j) -> (record, byte offset, description) for error messages."""
+
     fmt: str
     path: str
     label: np.ndarray
@@ -115,25 +118,29 @@ class _Chunk:
     inputs: list
     n: int
     locate: object
-    row: int = 0            # cursor: next unread row
+    row: int = 0  # cursor: next unread row
 
 
 def _slots_to_inputs(slots, m, slots_per_input, slot_offsets, out_dtype, fail):
     """Parquet row group slots [(values, offsets or None)] -> per input (keys, offsets (m*S_i+1,))."""
     out, s0 = [], 0
     for S in slots_per_input:
-        group = slots[s0:s0 + S]
-        offs_k = slot_offsets[s0:s0 + S]
-        if all(o is None for _, o in group):                  # all one-hot: an (m, S) key matrix
+        group = slots[s0 : s0 + S]
+        offs_k = slot_offsets[s0 : s0 + S]
+        if all(o is None for _, o in group):  # all one-hot: an (m, S) key matrix
             keys = np.empty((m, S), dtype=out_dtype)
             for k, (vals, _) in enumerate(group):
-                keys[:, k] = vals                                # (non-negative: checked by the file)
+                keys[:, k] = vals  # (non-negative: checked by the file)
             if S and offs_k.any():
-                keys += offs_k.astype(out_dtype)                 # (S,) broadcast over rows
+                keys += offs_k.astype(out_dtype)  # (S,) broadcast over rows
                 if out_dtype == np.uint64 and m and int(keys.max()) > 0xFFFFFFFF:
                     r, k = np.unravel_index(int(np.argmax(keys > 0xFFFFFFFF)), keys.shape)
-                    fail(s0 + int(k), int(r), f"key {int(keys[r, k])} (after the slot offset {int(offs_k[k])}) "
-                                              f"does not fit 32 bits (i64_input_key=False)")
+                    fail(
+                        s0 + int(k),
+                        int(r),
+                        f"key {int(keys[r, k])} (after the slot offset {int(offs_k[k])}) "
+                        f"does not fit 32 bits (i64_input_key=False)",
+                    )
             out.append((keys.reshape(-1), _arange(m * S + 1)))
         else:
             lens = np.ones((m, S), dtype=np.int64)
@@ -164,13 +171,15 @@ def _offset_keys(vals, row_offsets, off, out_dtype, fail, slot):
         if out_dtype == np.uint64 and v.size and int(v.max()) > 0xFFFFFFFF:
             pos = int(np.argmax(v > 0xFFFFFFFF))
             row = pos if row_offsets is None else int(np.searchsorted(row_offsets, pos, "right") - 1)
-            fail(slot, row, f"key {int(v[pos])} (after the slot offset {off}) does not fit 32 bits "
-                            f"(i64_input_key=False)")
+            fail(
+                slot, row, f"key {int(v[pos])} (after the slot offset {off}) does not fit 32 bits (i64_input_key=False)"
+            )
     return v
 
 
 # ---------------------------------------------------------------------------------------------------
 # per-format chunk sources
+
 
 class _Stats:
     def __init__(self):
@@ -182,8 +191,9 @@ def _norm_chunks(cfg, path, stop):
     L = cfg.label_dim
     row0 = 0
     skipped, first_bad = 0, -1
-    for dec in iter_norm_chunks(path, cfg.label_dim, cfg.dense_dim, cfg.slot_num, cfg.check_type,
-                                cfg.key_dtype, cfg.skip_bad_checksum):
+    for dec in iter_norm_chunks(
+        path, cfg.label_dim, cfg.dense_dim, cfg.slot_num, cfg.check_type, cfg.key_dtype, cfg.skip_bad_checksum
+    ):
         if dec.skipped:
             with cfg.stats.lock:
                 cfg.stats.skipped += dec.skipped
@@ -191,8 +201,9 @@ def _norm_chunks(cfg, path, stop):
             skipped += dec.skipped
 
         def locate(row, kind, j, row0=row0):
-            pay, recno = norm_record_offsets(path, cfg.check_type, cfg.label_dim, cfg.dense_dim,
-                                             cfg.slot_num, cfg.key_dtype, cfg.skip_bad_checksum)
+            pay, recno = norm_record_offsets(
+                path, cfg.check_type, cfg.label_dim, cfg.dense_dim, cfg.slot_num, cfg.key_dtype, cfg.skip_bad_checksum
+            )
             r = row0 + row
             if kind == "label":
                 return int(recno[r]), int(pay[r]) + 4 * j, ""
@@ -201,10 +212,12 @@ def _norm_chunks(cfg, path, stop):
             return int(recno[r]), int(pay[r]), f" (record payload at the byte offset; slot {j})"
 
         n = dec.label.shape[0]
-        if dec.nnz0 is not None and all(c == 1 for c in dec.nnz0):     # one-hot: keys are an (n, S) matrix
+        if dec.nnz0 is not None and all(c == 1 for c in dec.nnz0):  # one-hot: keys are an (n, S) matrix
             kmat, inputs, s0 = dec.keys.reshape(n, -1), [], 0
             for S in cfg.slots_per_input:
-                keys = kmat.reshape(-1) if S == kmat.shape[1] else np.ascontiguousarray(kmat[:, s0:s0 + S]).reshape(-1)
+                keys = (
+                    kmat.reshape(-1) if S == kmat.shape[1] else np.ascontiguousarray(kmat[:, s0 : s0 + S]).reshape(-1)
+                )
                 inputs.append((keys, _arange(n * S + 1)))
                 s0 += S
         else:
@@ -214,8 +227,11 @@ def _norm_chunks(cfg, path, stop):
         if stop.is_set():
             return
     if skipped:
-        warnings.warn(f"Norm file {path!r}: skipped {skipped} sample(s) with a bad checksum (first at "
-                      f"byte offset {first_bad})", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"Norm file {path!r}: skipped {skipped} sample(s) with a bad checksum (first at byte offset {first_bad})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _parquet_chunks(cfg, path, stop):
@@ -228,8 +244,7 @@ def _parquet_chunks(cfg, path, stop):
         m = label.shape[0]
 
         def locate(row, kind, j, rg=rg, row_start=row_start):
-            name = names[j] if kind == "label" else names[n_lab + j] if kind == "dense" \
-                else names[n_lab + n_den + j]
+            name = names[j] if kind == "label" else names[n_lab + j] if kind == "dense" else names[n_lab + n_den + j]
             return row_start + row, None, f" (row group {rg}, column {name!r})"
 
         def fail(slot, row, msg, rg=rg, row_start=row_start):
@@ -241,6 +256,7 @@ def _parquet_chunks(cfg, path, stop):
 
 # ---------------------------------------------------------------------------------------------------
 # batch assembly
+
 
 def _assemble(pieces, have, B, lo, hi, cfg) -> Batch:
     """Rows [lo, hi) of a global batch made of `pieces` [(chunk, a, b)] covering global rows [0, have).
@@ -255,10 +271,10 @@ def _assemble(pieces, have, B, lo, hi, cfg) -> Batch:
     if mem is None:
         label = np.zeros((Bl, cfg.label_dim), np.float32)
         dense = np.zeros((Bl, cfg.dense_dim), np.float32)
-    else:                                      # reused blocks: the padding rows are zeroed below
+    else:  # reused blocks: the padding rows are zeroed below
         label = mem.empty((Bl, cfg.label_dim), np.float32)
         dense = mem.empty((Bl, cfg.dense_dim), np.float32)
-    mine = []                                  # (chunk, a, b) restricted to [lo, hi)
+    mine = []  # (chunk, a, b) restricted to [lo, hi)
     g = 0
     for c, a, b in pieces:
         s, e = max(g, lo), min(g + b - a, hi)
@@ -267,8 +283,8 @@ def _assemble(pieces, have, B, lo, hi, cfg) -> Batch:
         g += b - a
     r = 0
     for c, a, b in mine:
-        label[r:r + b - a] = c.label[a:b]
-        dense[r:r + b - a] = c.dense[a:b]
+        label[r : r + b - a] = c.label[a:b]
+        dense[r : r + b - a] = c.dense[a:b]
         r += b - a
     if mem is not None:
         label[r:] = 0
@@ -281,9 +297,9 @@ def _assemble(pieces, have, B, lo, hi, cfg) -> Batch:
             keys, off = c.inputs[i]
             k0, k1 = int(off[a * S]), int(off[b * S])
             key_parts.append(keys[k0:k1])
-            off_parts.append(off[a * S:b * S] - (k0 - base))
+            off_parts.append(off[a * S : b * S] - (k0 - base))
             base += k1 - k0
-        off_parts.append(np.full((Bl - size) * S + 1, base, dtype=np.int64))   # padding: empty bags
+        off_parts.append(np.full((Bl - size) * S + 1, base, dtype=np.int64))  # padding: empty bags
         if mem is not None:
             keys = mem.empty((base,), cfg.out_key_dtype)
             if key_parts:
@@ -292,8 +308,11 @@ def _assemble(pieces, have, B, lo, hi, cfg) -> Batch:
             np.concatenate(off_parts, out=offsets)
             sparse.append((keys, offsets))
             continue
-        keys = key_parts[0] if len(key_parts) == 1 else (np.concatenate(key_parts) if key_parts
-                                                         else np.zeros(0, cfg.out_key_dtype))
+        keys = (
+            key_parts[0]
+            if len(key_parts) == 1
+            else (np.concatenate(key_parts) if key_parts else np.zeros(0, cfg.out_key_dtype))
+        )
         sparse.append((np.ascontiguousarray(keys), np.concatenate(off_parts)))
     return Batch(label, dense, sparse, size, have, memory=mem)
 
@@ -321,9 +340,10 @@ def _file_worker(cfg, files, w, W, chunk_fn, stop):
                 if stop.is_set():
                     return
             since_data = 0 if got else since_data + 1
-            if since_data > N:                          # a whole cycle without one sample
-                raise ValueError(f"file list {cfg.source!r}: worker {w} found no samples in any of its "
-                                 f"files, cannot repeat")
+            if since_data > N:  # a whole cycle without one sample
+                raise ValueError(
+                    f"file list {cfg.source!r}: worker {w} found no samples in any of its files, cannot repeat"
+                )
 
     stream = chunks()
     cur = None
@@ -355,7 +375,7 @@ def _raw_worker(cfg, open_file, w, W, stop, order=None):
     num_samples = rf.num_samples
     B, lo, hi = cfg.batch_size, cfg.lo, cfg.hi
     nb = -(-num_samples // B)
-    nnz = getattr(rf, "nnz", None)                        # RawAsync: static keys per slot
+    nnz = getattr(rf, "nnz", None)  # RawAsync: static keys per slot
     key_word = getattr(rf, "key_word", lambda j: cfg.label_dim + cfg.dense_dim + j)
     L = cfg.label_dim
     k = 0
@@ -370,7 +390,7 @@ def _raw_worker(cfg, open_file, w, W, stop, order=None):
             if order is not None:
                 b = int(order[b])
             a, e = b * B, min(num_samples, (b + 1) * B)
-            ra, re = a + lo, max(a + lo, min(a + hi, e))      # this rank's rows of the file
+            ra, re = a + lo, max(a + lo, min(a + hi, e))  # this rank's rows of the file
             label, dense, keys = rf.rows(ra, re)
             m = re - ra
 
@@ -378,13 +398,13 @@ def _raw_worker(cfg, open_file, w, W, stop, order=None):
                 word = j if kind == "label" else L + j if kind == "dense" else key_word(j)
                 return ra + row, rf.offset_of(ra + row, word), ""
 
-            inputs, s0, c0 = [], 0, 0                   # keys (m, sum(nnz)): every input's slots in order
+            inputs, s0, c0 = [], 0, 0  # keys (m, sum(nnz)): every input's slots in order
             for S in cfg.slots_per_input:
                 if nnz is None or all(v == 1 for v in nnz):
-                    inputs.append((np.ascontiguousarray(keys[:, s0:s0 + S]).reshape(-1), _arange(m * S + 1)))
+                    inputs.append((np.ascontiguousarray(keys[:, s0 : s0 + S]).reshape(-1), _arange(m * S + 1)))
                     c0 += S
-                else:                                     # multi-hot: this input's columns, slot-major
-                    nz = np.asarray(nnz[s0:s0 + S], np.int64)
+                else:  # multi-hot: this input's columns, slot-major
+                    nz = np.asarray(nnz[s0 : s0 + S], np.int64)
                     c1 = c0 + int(nz.sum())
                     inputs.append((np.ascontiguousarray(keys[:, c0:c1]).reshape(-1), _excl_cumsum(np.tile(nz, m))))
                     c0 = c1
@@ -402,25 +422,64 @@ def _raw_worker(cfg, open_file, w, W, stop, order=None):
 def _open_async(cfg, path, num_samples, checked_samples=None):
     """The RawAsync file of a reader's settings (cfg: the reader or its snapshot)."""
     ap = cfg.async_param
-    return RawAsyncFile(path, cfg.label_dim, cfg.dense_dim, cfg.async_nnz, ap.multi_hot_reader and ap.is_dense_float,
-                        cfg.i64, ap.multi_hot_reader and cfg.i64, ap.io_alignment, cfg.direct_io,
-                        num_samples=num_samples, checked_samples=checked_samples)
+    return RawAsyncFile(
+        path,
+        cfg.label_dim,
+        cfg.dense_dim,
+        cfg.async_nnz,
+        ap.multi_hot_reader and ap.is_dense_float,
+        cfg.i64,
+        ap.multi_hot_reader and cfg.i64,
+        ap.io_alignment,
+        cfg.direct_io,
+        num_samples=num_samples,
+        checked_samples=checked_samples,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
 # the reader
 
+
 class DataReader:
     """Iterable of Batch objects (this rank's rows); see the module docstring. Construct via make_reader."""
 
-    def __init__(self, fmt, source, batch_size, label_dim, dense_dim, slots_per_input, nnz_per_slot,
-                 i64_input_key, repeat, rank=0, ranks=1, *, num_workers=None, check_type=Check_t.Sum,
-                 skip_bad_checksum=False, slot_size_array=(), num_samples=0, float_label_dense=False,
-                 read_file_sequentially=False, key_bound=None, label_rules=None, local_devices=1,
-                 queue_depth=4, async_param=None, data_source_params=None, seed=0, shuffle=True, direct_io=None):
+    def __init__(
+        self,
+        fmt,
+        source,
+        batch_size,
+        label_dim,
+        dense_dim,
+        slots_per_input,
+        nnz_per_slot,
+        i64_input_key,
+        repeat,
+        rank=0,
+        ranks=1,
+        *,
+        num_workers=None,
+        check_type=Check_t.Sum,
+        skip_bad_checksum=False,
+        slot_size_array=(),
+        num_samples=0,
+        float_label_dense=False,
+        read_file_sequentially=False,
+        key_bound=None,
+        label_rules=None,
+        local_devices=1,
+        queue_depth=4,
+        async_param=None,
+        data_source_params=None,
+        seed=0,
+        shuffle=True,
+        direct_io=None,
+    ):
         if not isinstance(fmt, DataReaderType_t):
-            raise NotImplementedError(f"data reader type {fmt!r} is not supported by numbactr (DataReaderType_t."
-                                      f"Norm, Raw, Parquet and RawAsync are)")
+            raise NotImplementedError(
+                f"data reader type {fmt!r} is not supported by numbactr (DataReaderType_t."
+                f"Norm, Raw, Parquet and RawAsync are)"
+            )
         self.fmt = fmt
         B, R, r = int(batch_size), int(ranks), int(rank)
         if B <= 0:
@@ -435,16 +494,14 @@ class DataReader:
         self.label_dim, self.dense_dim = int(label_dim), int(dense_dim)
         self.slots_per_input = [int(s) for s in slots_per_input]
         if not self.slots_per_input or min(self.slots_per_input) < 0:
-            raise ValueError(f"slots_per_input must be a non-empty list of slot counts >= 0, got "
-                             f"{slots_per_input}")
+            raise ValueError(f"slots_per_input must be a non-empty list of slot counts >= 0, got {slots_per_input}")
         self.slot_num = sum(self.slots_per_input)
         # nnz_per_slot: the most keys one slot of one sample may hold (Parquet checks it); None: unchecked
         self.nnz_per_slot = self.flat_nnz = None
         if nnz_per_slot is not None:
             nnz = [list(x) for x in nnz_per_slot]
             if [len(x) for x in nnz] != self.slots_per_input:
-                raise ValueError(f"nnz_per_slot must give one entry per slot of every input, got "
-                                 f"{nnz_per_slot}")
+                raise ValueError(f"nnz_per_slot must give one entry per slot of every input, got {nnz_per_slot}")
             self.nnz_per_slot = nnz
             self.flat_nnz = [int(v) for x in nnz for v in x]
         self.i64 = bool(i64_input_key)
@@ -454,6 +511,7 @@ class DataReader:
         self.num_workers_chosen = num_workers is not None
         if num_workers is None:
             from numbactr.runtime import threads
+
             num_workers = 12 if hugectr_exact.hugectr_exact() else threads.reader_workers()
         self.num_workers_requested = int(num_workers)
         if self.num_workers_requested <= 0:
@@ -476,10 +534,12 @@ class DataReader:
         self.label_rules = list(label_rules) if label_rules is not None else None
         if self.label_rules is not None and len(self.label_rules) != self.label_dim:
             raise ValueError(f"label_rules: give one rule (or None) per label column ({self.label_dim})")
-        self.slot_offsets = slot_offsets_of(self.slot_size_array, self.slot_num) \
-            if fmt == DataReaderType_t.Parquet else None
-        self.input_slot_offsets = None if self.slot_offsets is None else \
-            np.split(self.slot_offsets, np.cumsum(self.slots_per_input)[:-1])
+        self.slot_offsets = (
+            slot_offsets_of(self.slot_size_array, self.slot_num) if fmt == DataReaderType_t.Parquet else None
+        )
+        self.input_slot_offsets = (
+            None if self.slot_offsets is None else np.split(self.slot_offsets, np.cumsum(self.slots_per_input)[:-1])
+        )
         if self.input_slot_offsets is not None and self.slot_size_array:
             # Parquet keys are offset by slot: a stored key past its slot's size would land in the next
             # slot's ids (and rows). Inputs without a tighter bound get [offset_s, offset_s + size_s); a size
@@ -501,12 +561,12 @@ class DataReader:
         self.async_param = async_param
         self.order = None
         if fmt == DataReaderType_t.RawAsync:
-            if async_param is None:     # DataReaderParams' default (HugeCTR's model_wrapper.hpp)
+            if async_param is None:  # DataReaderParams' default (HugeCTR's model_wrapper.hpp)
                 async_param = AsyncParam(16, 4, 512000, 4, 512, False, multi_hot_reader=False, is_dense_float=False)
             self.async_param = async_param
             self.async_nnz = check_async_input(async_param, self.slots_per_input, self.nnz_per_slot, self.repeat)
             self.shuffle = bool(shuffle) and async_param.shuffle
-            self.direct_io = direct_io              # None: NUMBACTR_DIRECT_IO decides (numbactr.data.raw_async)
+            self.direct_io = direct_io  # None: NUMBACTR_DIRECT_IO decides (numbactr.data.raw_async)
             self.seed = int(seed)
             self.queue_depth = async_param.num_threads * async_param.num_batches_per_thread
         self.stats = _Stats()
@@ -526,49 +586,62 @@ class DataReader:
         dsp = self.data_source_params
         if self.fmt == DataReaderType_t.Raw:
             self.files = [local_copy(self.source, dsp)]
-            RawFile(self.files[0], self.num_samples, self.label_dim, self.dense_dim, self.slot_num,
-                    self.float_label_dense, self.i64, warn_unread=True).close()     # size checks up front
+            RawFile(
+                self.files[0],
+                self.num_samples,
+                self.label_dim,
+                self.dense_dim,
+                self.slot_num,
+                self.float_label_dense,
+                self.i64,
+                warn_unread=True,
+            ).close()  # size checks up front
             self.num_workers = self.num_workers_requested
             return
         if self.fmt == DataReaderType_t.RawAsync:
             self.files = [local_copy(self.source, dsp)]
-            rf = _open_async(self, self.files[0], self.num_samples)               # size checks up front
+            rf = _open_async(self, self.files[0], self.num_samples)  # size checks up front
             self.async_samples = rf.num_samples
             nb = -(-rf.num_samples // self.batch_size)
             rf.close()
             self.order = batch_order(nb, self.shuffle, self.seed)
-            self.num_workers = min(self.async_param.num_threads, nb)          # a thread without batches idles
+            self.num_workers = min(self.async_param.num_threads, nb)  # a thread without batches idles
             return
-        list_path = local_copy(self.source)                           # a list given as a URI is fetched
+        list_path = local_copy(self.source)  # a list given as a URI is fetched
         listed = read_file_list(list_path, check_exists=False)
         if not any(is_remote(f, dsp) for f in listed):
-            listed = read_file_list(list_path)                        # local files: checked, with line numbers
+            listed = read_file_list(list_path)  # local files: checked, with line numbers
         self.files = [local_copy(f, dsp) for f in listed]
         if self.fmt == DataReaderType_t.Parquet and is_remote(listed[0], dsp):
-            local_copy(metadata_path_for(listed[0]), dsp)             # beside files[0] in the cache
+            local_copy(metadata_path_for(listed[0]), dsp)  # beside files[0] in the cache
         N = len(self.files)
         if self.fmt == DataReaderType_t.Norm:
             self.num_workers = self.num_workers_requested
             if N < self.num_workers_requested:
-                msg = (f"file list {self.source!r} has {N} file(s) but num_workers is "
-                       f"{self.num_workers_requested}: HugeCTR's Norm reader gives every worker its own files "
-                       f"and needs #files >= num_workers")
+                msg = (
+                    f"file list {self.source!r} has {N} file(s) but num_workers is "
+                    f"{self.num_workers_requested}: HugeCTR's Norm reader gives every worker its own files "
+                    f"and needs #files >= num_workers"
+                )
                 if hugectr_exact.hugectr_exact():
                     raise ValueError(msg + f"; set DataReaderParams(num_workers=...) to at most {N}")
                 # HugeCTR refuses; numbactr runs with one worker per file (same order as num_workers=N)
                 if self.num_workers_chosen:
                     warnings.warn(msg + f"; using {N} worker(s)", stacklevel=3)
                 else:
-                    log.info_once(("reader workers", self.source), f"reader: {N} worker(s) for the {N} "
-                                  f"file(s) of {self.source!r}")
+                    log.info_once(
+                        ("reader workers", self.source), f"reader: {N} worker(s) for the {N} file(s) of {self.source!r}"
+                    )
                 self.num_workers = N
         else:
             self.meta = read_parquet_metadata(metadata_path_for(self.files[0]))
             m = self.meta
             if (len(m.labels), len(m.conts), len(m.cats)) != (self.label_dim, self.dense_dim, self.slot_num):
-                raise ValueError(f"Parquet metadata {m.path!r} lists {len(m.labels)} labels, {len(m.conts)} "
-                                 f"conts and {len(m.cats)} cats, but the model's Input has label_dim "
-                                 f"{self.label_dim}, dense_dim {self.dense_dim} and {self.slot_num} slots")
+                raise ValueError(
+                    f"Parquet metadata {m.path!r} lists {len(m.labels)} labels, {len(m.conts)} "
+                    f"conts and {len(m.cats)} cats, but the model's Input has label_dim "
+                    f"{self.label_dim}, dense_dim {self.dense_dim} and {self.slot_num} slots"
+                )
             W = self.num_workers_requested if self.read_file_sequentially else min(self.num_workers_requested, N)
             self.num_workers = min(W, self.local_devices)
 
@@ -586,13 +659,18 @@ class DataReader:
         cfg.memory = SimpleNamespace(arena=None)
         path = self.files[0]
         if self.fmt == DataReaderType_t.Raw:
+
             def open_raw():
-                return RawFile(path, cfg.num_samples, cfg.label_dim, cfg.dense_dim, cfg.slot_num,
-                               cfg.float_label_dense, cfg.i64)
+                return RawFile(
+                    path, cfg.num_samples, cfg.label_dim, cfg.dense_dim, cfg.slot_num, cfg.float_label_dense, cfg.i64
+                )
+
             gens = [_raw_worker(cfg, open_raw, w, W, stop) for w in range(W)]
         elif self.fmt == DataReaderType_t.RawAsync:
-            gens = [_raw_worker(cfg, lambda: _open_async(cfg, path, 0, cfg.async_samples), w, W, stop, self.order)
-                    for w in range(W)]
+            gens = [
+                _raw_worker(cfg, lambda: _open_async(cfg, path, 0, cfg.async_samples), w, W, stop, self.order)
+                for w in range(W)
+            ]
         else:
             fn = _norm_chunks if self.fmt == DataReaderType_t.Norm else _parquet_chunks
             gens = [_file_worker(cfg, self.files, w, W, fn, stop) for w in range(W)]
@@ -614,15 +692,33 @@ class DataReader:
         return False
 
     def __repr__(self):
-        return (f"DataReader({self.fmt.name}, source={self.source!r}, batch_size={self.batch_size}, "
-                f"rank={self.rank}/{self.ranks}, workers={self.num_workers}, repeat={self.repeat})")
+        return (
+            f"DataReader({self.fmt.name}, source={self.source!r}, batch_size={self.batch_size}, "
+            f"rank={self.rank}/{self.ranks}, workers={self.num_workers}, repeat={self.repeat})"
+        )
 
 
-def make_reader(params, source: str, batch_size: int, label_dim: int, dense_dim: int, slots_per_input,
-                nnz_per_slot, i64_input_key: bool, repeat: bool, rank: int = 0, ranks: int = 1,
-                eval: bool = False, *, key_bound=None, label_rules=None,  # noqa: A002
-                skip_bad_checksum: bool = False, local_devices: int = 1, queue_depth: int = 4,
-                seed: int = 0) -> DataReader:
+def make_reader(
+    params,
+    source: str,
+    batch_size: int,
+    label_dim: int,
+    dense_dim: int,
+    slots_per_input,
+    nnz_per_slot,
+    i64_input_key: bool,
+    repeat: bool,
+    rank: int = 0,
+    ranks: int = 1,
+    eval: bool = False,
+    *,
+    key_bound=None,
+    label_rules=None,  # noqa: A002
+    skip_bad_checksum: bool = False,
+    local_devices: int = 1,
+    queue_depth: int = 4,
+    seed: int = 0,
+) -> DataReader:
     """The reader for one source (train: params.source[0], eval: params.eval_source).
 
     params: DataReaderParams (data_reader_type, check_type, num_workers, slot_size_array (Parquet key
@@ -638,13 +734,31 @@ def make_reader(params, source: str, batch_size: int, label_dim: int, dense_dim:
     training source only, with the permutation drawn from seed (the solver's: the same on every rank).
     params.data_source_params: where data paths without a scheme live (numbactr.data.source).
     """
-    return DataReader(params.data_reader_type, source, batch_size, label_dim, dense_dim, slots_per_input,
-                      nnz_per_slot, i64_input_key, repeat, rank, ranks,
-                      num_workers=params.num_workers, check_type=params.check_type,
-                      skip_bad_checksum=skip_bad_checksum, slot_size_array=params.slot_size_array,
-                      num_samples=params.eval_num_samples if eval else params.num_samples,
-                      float_label_dense=params.float_label_dense,
-                      read_file_sequentially=params.read_file_sequentially, key_bound=key_bound,
-                      label_rules=label_rules, local_devices=local_devices, queue_depth=queue_depth,
-                      async_param=params.async_param,
-                      data_source_params=params.data_source_params, seed=seed, shuffle=not eval)
+    return DataReader(
+        params.data_reader_type,
+        source,
+        batch_size,
+        label_dim,
+        dense_dim,
+        slots_per_input,
+        nnz_per_slot,
+        i64_input_key,
+        repeat,
+        rank,
+        ranks,
+        num_workers=params.num_workers,
+        check_type=params.check_type,
+        skip_bad_checksum=skip_bad_checksum,
+        slot_size_array=params.slot_size_array,
+        num_samples=params.eval_num_samples if eval else params.num_samples,
+        float_label_dense=params.float_label_dense,
+        read_file_sequentially=params.read_file_sequentially,
+        key_bound=key_bound,
+        label_rules=label_rules,
+        local_devices=local_devices,
+        queue_depth=queue_depth,
+        async_param=params.async_param,
+        data_source_params=params.data_source_params,
+        seed=seed,
+        shuffle=not eval,
+    )

@@ -11,6 +11,7 @@ in the sample order. Why every pass is tracked until collected: no reader thread
 interpreter shuts down (a daemon thread inside pyarrow then aborts the process), so _close_all_passes
 joins them at exit.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -46,7 +47,7 @@ def _next_item(gen):
         return next(gen)
     except StopIteration:
         return _EOF
-    except BaseException as e:          # noqa: BLE001
+    except BaseException as e:  # noqa: BLE001
         return _Failure(e)
 
 
@@ -59,7 +60,7 @@ class _Worker:
         self.gen, self.q = gen, queue.Queue(maxsize=depth)
         self.held = None
         self.thread: threading.Thread | None = None
-        self.finished = False               # its _EOF or _Failure is queued
+        self.finished = False  # its _EOF or _Failure is queued
 
 
 def _worker_main(wk: _Worker, stop, halt) -> None:
@@ -68,7 +69,7 @@ def _worker_main(wk: _Worker, stop, halt) -> None:
             if wk.held is None:
                 wk.held = _next_item(wk.gen)
             if not _put(wk.q, wk.held, stop, halt):
-                return                      # stopped, or paused with wk.held kept for the next run
+                return  # stopped, or paused with wk.held kept for the next run
             wk.finished = wk.held is _EOF or isinstance(wk.held, _Failure)
             wk.held = None
     finally:
@@ -91,19 +92,20 @@ class _Pass:
         self.counter = 0
         self.done = False
         self.paused = True
-        self.memory = SimpleNamespace(arena=None)   # the workers' (DataReader.__iter__ shares its own)
+        self.memory = SimpleNamespace(arena=None)  # the workers' (DataReader.__iter__ shares its own)
         _PASSES.add(self)
         self._start()
 
     def _start(self) -> None:
-        for wk in self.workers:             # a pause that timed out: its thread still owns the generator
+        for wk in self.workers:  # a pause that timed out: its thread still owns the generator
             if wk.thread is not None:
                 wk.thread.join()
         self.halt.clear()
         for w, wk in enumerate(self.workers):
             if not wk.finished:
-                wk.thread = threading.Thread(target=_worker_main, args=(wk, self.stop, self.halt), daemon=True,
-                                             name=f"numbactr-reader-{w}")
+                wk.thread = threading.Thread(
+                    target=_worker_main, args=(wk, self.stop, self.halt), daemon=True, name=f"numbactr-reader-{w}"
+                )
                 wk.thread.start()
         self.paused = False
 
@@ -159,14 +161,14 @@ class _Pass:
         the chunk it is decoding) and close the generators."""
         self.done = True
         self.stop.set()
-        for q in self.queues:               # free buffered batches, unblock puts
+        for q in self.queues:  # free buffered batches, unblock puts
             while True:
                 try:
                     q.get_nowait()
                 except queue.Empty:
                     break
         self._join(timeout)
-        for wk in self.workers:             # a paused worker's generator (a running thread closes its own)
+        for wk in self.workers:  # a paused worker's generator (a running thread closes its own)
             if wk.thread is None or not wk.thread.is_alive():
                 wk.gen.close()
 
@@ -180,7 +182,7 @@ class _Pass:
             self.close()
 
 
-_PASSES: weakref.WeakSet = weakref.WeakSet()        # passes not yet collected
+_PASSES: weakref.WeakSet = weakref.WeakSet()  # passes not yet collected
 
 
 @atexit.register

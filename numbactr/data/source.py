@@ -22,6 +22,7 @@ fsspec"), no backend for the protocol (fsspec's own message names the package, e
 libhdfs), an unknown protocol, and a remote file that does not exist.
 HugeCTR: HugeCTR/include/io/filesystem.hpp, src/io/filesystem.cpp, include/pybind/data_source_wrapper.hpp.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -38,13 +39,25 @@ from numbactr.enums import FileSystemType_t
 __all__ = ["DataSource", "DataSourceParams", "remote_uri", "local_copy", "is_remote"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
-_ALIASES = {"S3": "s3", "GS": "gs"}          # HugeCTR's upper-case spellings (get_path_scheme)
+_ALIASES = {"S3": "s3", "GS": "gs"}  # HugeCTR's upper-case spellings (get_path_scheme)
 
 
-_PATH_ARGS = ("hdfs_train_source", "hdfs_train_filelist", "hdfs_eval_source", "hdfs_eval_filelist",
-              "hdfs_dense_model", "hdfs_dense_opt_states", "local_train_source", "local_train_filelist",
-              "local_eval_source", "local_eval_filelist", "local_dense_model", "local_dense_opt_states",
-              "hdfs_model_home", "local_model_home")
+_PATH_ARGS = (
+    "hdfs_train_source",
+    "hdfs_train_filelist",
+    "hdfs_eval_source",
+    "hdfs_eval_filelist",
+    "hdfs_dense_model",
+    "hdfs_dense_opt_states",
+    "local_train_source",
+    "local_train_filelist",
+    "local_eval_source",
+    "local_eval_filelist",
+    "local_dense_model",
+    "local_dense_opt_states",
+    "hdfs_model_home",
+    "local_model_home",
+)
 _LIST_ARGS = ("hdfs_sparse_model", "hdfs_sparse_opt_states", "local_sparse_model", "local_sparse_opt_states")
 
 
@@ -64,9 +77,17 @@ class DataSourceParams:
     ``local_train_source``, ``hdfs_sparse_model`` [a list], ...; each a read-write attribute, "" or [] by default).
     """
 
-    def __init__(self, source=FileSystemType_t.Local, server: str = "localhost", port: int = 9000, *,
-                 use_hdfs=None, namenode=None, **paths):
-        if isinstance(source, bool):                # v3.5-v3.7 positional form: (use_hdfs, namenode, port)
+    def __init__(
+        self,
+        source=FileSystemType_t.Local,
+        server: str = "localhost",
+        port: int = 9000,
+        *,
+        use_hdfs=None,
+        namenode=None,
+        **paths,
+    ):
+        if isinstance(source, bool):  # v3.5-v3.7 positional form: (use_hdfs, namenode, port)
             use_hdfs, source = source, FileSystemType_t.Local
         if use_hdfs is not None:
             if not isinstance(use_hdfs, bool):
@@ -75,8 +96,9 @@ class DataSourceParams:
         if namenode is not None:
             server = namenode
         if not isinstance(source, FileSystemType_t):
-            raise ValueError(f"DataSourceParams: source must be a FileSystemType_t (Local, HDFS, S3, GCS, Other), "
-                             f"got {source!r}")
+            raise ValueError(
+                f"DataSourceParams: source must be a FileSystemType_t (Local, HDFS, S3, GCS, Other), got {source!r}"
+            )
         if not isinstance(server, str):
             raise ValueError(f"DataSourceParams: server must be a string, got {server!r}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -84,8 +106,10 @@ class DataSourceParams:
         self.source, self.server, self.port = source, server, port
         unknown = sorted(set(paths) - set(_PATH_ARGS) - set(_LIST_ARGS))
         if unknown:
-            raise TypeError(f"DataSourceParams: unexpected argument(s) {unknown}; it takes source, server, port "
-                            f"(or use_hdfs, namenode, port) and the paths {list(_PATH_ARGS + _LIST_ARGS)}")
+            raise TypeError(
+                f"DataSourceParams: unexpected argument(s) {unknown}; it takes source, server, port "
+                f"(or use_hdfs, namenode, port) and the paths {list(_PATH_ARGS + _LIST_ARGS)}"
+            )
         for name in _PATH_ARGS:
             v = paths.get(name, "")
             if not isinstance(v, str):
@@ -138,8 +162,9 @@ class DataSource:
 
     def __init__(self, data_source_params: DataSourceParams):
         if not isinstance(data_source_params, DataSourceParams):
-            raise ValueError(f"DataSource: data_source_params must be a hugectr.data.DataSourceParams, got "
-                             f"{data_source_params!r}")
+            raise ValueError(
+                f"DataSource: data_source_params must be a hugectr.data.DataSourceParams, got {data_source_params!r}"
+            )
         self.data_source_params = data_source_params
 
     def _uri(self, path: str) -> str:
@@ -183,28 +208,36 @@ class DataSource:
         """Copy to the local disk; returns the local paths written."""
         if hdfs_path is not None or local_path is not None:
             if not (isinstance(hdfs_path, str) and hdfs_path and isinstance(local_path, str) and local_path):
-                raise ValueError("DataSource.move_to_local(hdfs_path, local_path): give both paths, or neither to "
-                                 "copy every path the DataSourceParams names")
+                raise ValueError(
+                    "DataSource.move_to_local(hdfs_path, local_path): give both paths, or neither to "
+                    "copy every path the DataSourceParams names"
+                )
             return [self._copy_file(hdfs_path, local_path)]
         p = self.data_source_params
         out = []
-        for kind, h, loc in (("folder", p.hdfs_train_source, p.local_train_source),
-                             ("file", p.hdfs_train_filelist, p.local_train_filelist),
-                             ("folder", p.hdfs_eval_source, p.local_eval_source),
-                             ("file", p.hdfs_eval_filelist, p.local_eval_filelist),
-                             ("file", p.hdfs_dense_model, p.local_dense_model),
-                             ("file", p.hdfs_dense_opt_states, p.local_dense_opt_states)):
+        for kind, h, loc in (
+            ("folder", p.hdfs_train_source, p.local_train_source),
+            ("file", p.hdfs_train_filelist, p.local_train_filelist),
+            ("folder", p.hdfs_eval_source, p.local_eval_source),
+            ("file", p.hdfs_eval_filelist, p.local_eval_filelist),
+            ("file", p.hdfs_dense_model, p.local_dense_model),
+            ("file", p.hdfs_dense_opt_states, p.local_dense_opt_states),
+        ):
             if h:
                 if not loc:
                     raise ValueError(f"DataSource.move_to_local: {h!r} has no local path to copy to")
                 out += self._copy_folder(h, loc) if kind == "folder" else [self._copy_file(h, loc)]
-        for kind, hs, ls in (("folder", p.hdfs_sparse_model, p.local_sparse_model),
-                             ("file", p.hdfs_sparse_opt_states, p.local_sparse_opt_states)):
+        for kind, hs, ls in (
+            ("folder", p.hdfs_sparse_model, p.local_sparse_model),
+            ("file", p.hdfs_sparse_opt_states, p.local_sparse_opt_states),
+        ):
             if hs and ls:
                 if len(hs) != len(ls):
-                    raise ValueError(f"DataSource.move_to_local: {len(hs)} HDFS and {len(ls)} local "
-                                     f"{'sparse models' if kind == 'folder' else 'sparse optimizer states'}; "
-                                     "give one local path per HDFS path")
+                    raise ValueError(
+                        f"DataSource.move_to_local: {len(hs)} HDFS and {len(ls)} local "
+                        f"{'sparse models' if kind == 'folder' else 'sparse optimizer states'}; "
+                        "give one local path per HDFS path"
+                    )
                 for h, loc in zip(hs, ls):
                     out += self._copy_folder(h, loc) if kind == "folder" else [self._copy_file(h, loc)]
         return out
@@ -216,20 +249,22 @@ def remote_uri(path: str, params: DataSourceParams | None = None) -> str | None:
     m = _SCHEME.match(path)
     if m:
         scheme = m.group(1)
-        return _ALIASES.get(scheme, scheme) + path[len(scheme):]
+        return _ALIASES.get(scheme, scheme) + path[len(scheme) :]
     if params is None or params.is_local():
         return None
     t = params.source
-    rel = posixpath.normpath(path).lstrip("/")            # "./a/b" and "/a/b" name the same remote path
+    rel = posixpath.normpath(path).lstrip("/")  # "./a/b" and "/a/b" name the same remote path
     if t == FileSystemType_t.HDFS:
         return f"hdfs://{params.server}:{params.port}/{rel}"
     if t == FileSystemType_t.S3:
         return "s3://" + rel
     if t == FileSystemType_t.GCS:
         return "gs://" + rel
-    raise ValueError(f"data path {path!r}: DataSourceParams(source=FileSystemType_t.{t.name}) is not a "
-                     f"supported filesystem (HugeCTR: 'Unsupported filesystem'); use Local, HDFS, S3 or GCS, or "
-                     f"give the path with its scheme (e.g. hdfs://host:port/path)")
+    raise ValueError(
+        f"data path {path!r}: DataSourceParams(source=FileSystemType_t.{t.name}) is not a "
+        f"supported filesystem (HugeCTR: 'Unsupported filesystem'); use Local, HDFS, S3 or GCS, or "
+        f"give the path with its scheme (e.g. hdfs://host:port/path)"
+    )
 
 
 def is_remote(path: str, params: DataSourceParams | None = None) -> bool:
@@ -245,16 +280,18 @@ def _filesystem(uri: str, params: DataSourceParams | None):
         raise ImportError(f"reading {uri!r} needs the fsspec package (pip install fsspec)") from None
     protocol = uri.split("://", 1)[0]
     if protocol not in known_implementations and protocol not in fsspec.available_protocols():
-        raise ValueError(f"data path {uri!r}: unknown filesystem scheme {protocol + '://'!r} (fsspec knows "
-                         f"hdfs, s3, gs, file, memory, http, ...)")
+        raise ValueError(
+            f"data path {uri!r}: unknown filesystem scheme {protocol + '://'!r} (fsspec knows "
+            f"hdfs, s3, gs, file, memory, http, ...)"
+        )
     options = {}
     if protocol == "s3" and params is not None and params.source == FileSystemType_t.S3 and params.server:
         options["client_kwargs"] = {"region_name": params.server}
     try:
         return fsspec.core.url_to_fs(uri, **options)
-    except ImportError as e:            # fsspec names the backend package to install
+    except ImportError as e:  # fsspec names the backend package to install
         raise ImportError(f"reading {uri!r}: the {protocol}:// filesystem is not installed ({e})") from None
-    except Exception as e:              # noqa: BLE001 (a backend that cannot connect: libhdfs, credentials)
+    except Exception as e:  # noqa: BLE001 (a backend that cannot connect: libhdfs, credentials)
         raise OSError(f"reading {uri!r}: cannot open the {protocol}:// filesystem ({type(e).__name__}: {e})") from None
 
 
@@ -266,7 +303,7 @@ def _fetch(fs, rpath: str, dest: str) -> None:
 
 
 _CACHE = {"dir": None}
-_FETCHED: dict = {}             # local copy -> (size, modification stamp) of the remote file it holds
+_FETCHED: dict = {}  # local copy -> (size, modification stamp) of the remote file it holds
 _LOCK = threading.Lock()
 _STAMPS = ("mtime", "LastModified", "last_modified", "updated", "created")
 

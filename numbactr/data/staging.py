@@ -31,6 +31,7 @@ sharded embeddings read each batch's keys on the host to route them to their own
 the batch's host arrays as read-only mirrors of its device arrays (host_mirrors), which
 numbactr.runtime.device.to_host returns without a device read.
 """
+
 from __future__ import annotations
 
 import collections
@@ -42,7 +43,7 @@ import numpy as np
 from numbactr.runtime import device
 from numbactr.data.batch import Batch
 
-_END = object()          # the reader's end (an epoch-mode source): handed out as None, once
+_END = object()  # the reader's end (an epoch-mode source): handed out as None, once
 
 
 def staging_enabled() -> bool:
@@ -66,13 +67,14 @@ class PinnedArena:
         self.device_id = None
         if gpu:
             import cupy
-            self.device_id = cupy.cuda.runtime.getDevice()   # the rank's GPU, for allocations in worker threads
-        self._bound = threading.local()   # .id: the GPU this thread was bound to (bind_thread)
+
+            self.device_id = cupy.cuda.runtime.getDevice()  # the rank's GPU, for allocations in worker threads
+        self._bound = threading.local()  # .id: the GPU this thread was bound to (bind_thread)
         self._lock = threading.Lock()
         self._free: dict[int, list] = collections.defaultdict(list)
-        self._waiting: collections.deque = collections.deque()   # (event or None, [blocks]) in upload order
-        self.blocks = 0                 # blocks made (statistics)
-        self.reused = 0                 # blocks handed out again
+        self._waiting: collections.deque = collections.deque()  # (event or None, [blocks]) in upload order
+        self.blocks = 0  # blocks made (statistics)
+        self.reused = 0  # blocks handed out again
 
     def batch_memory(self) -> "BatchMemory":
         return BatchMemory(self)
@@ -84,6 +86,7 @@ class PinnedArena:
         GPU 0 back (creating that context) on leaving."""
         if self.gpu and getattr(self._bound, "id", None) != self.device_id:
             import cupy
+
             cupy.cuda.runtime.setDevice(self.device_id)
             self._bound.id = self.device_id
 
@@ -104,7 +107,8 @@ class PinnedArena:
         if not self.gpu:
             return np.empty(size, np.uint8)
         import cupy
-        mem = cupy.cuda.alloc_pinned_memory(size)   # on the rank's GPU: take() bound this thread to it
+
+        mem = cupy.cuda.alloc_pinned_memory(size)  # on the rank's GPU: take() bound this thread to it
         return np.frombuffer(mem, np.uint8, size)
 
     def release(self, memory: "BatchMemory", event=None) -> None:
@@ -117,7 +121,7 @@ class PinnedArena:
     def _reclaim(self) -> None:
         while self._waiting:
             event, blocks = self._waiting[0]
-            if event is not None and not event.done:   # uploads complete in order (one stream)
+            if event is not None and not event.done:  # uploads complete in order (one stream)
                 return
             self._waiting.popleft()
             for b in blocks:
@@ -131,7 +135,7 @@ class BatchMemory:
     def __init__(self, arena: PinnedArena):
         self.arena = arena
         self.blocks: list = []
-        self._spans: list = []          # (address, bytes) of each block
+        self._spans: list = []  # (address, bytes) of each block
 
     def empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -139,7 +143,7 @@ class BatchMemory:
         block = self.arena.take(n * dtype.itemsize)
         self.blocks.append(block)
         self._spans.append((block.__array_interface__["data"][0], block.shape[0]))
-        return block[:n * dtype.itemsize].view(dtype).reshape(shape)
+        return block[: n * dtype.itemsize].view(dtype).reshape(shape)
 
     def owns(self, a: np.ndarray) -> bool:
         p = a.__array_interface__["data"][0]
@@ -154,7 +158,7 @@ class _Slot:
         self.gpu = gpu
         self.host: dict = {}
         self.dev: dict = {}
-        self.uploaded = None            # cupy Event of the last upload (gpu)
+        self.uploaded = None  # cupy Event of the last upload (gpu)
 
     def device_buffer(self, name: str, dtype, n: int):
         """The device (n,) flat view for `name`."""
@@ -178,6 +182,7 @@ class _Slot:
         if not self.gpu:
             return np.empty(n, dtype)
         import cupy
+
         mem = cupy.cuda.alloc_pinned_memory(max(n * dtype.itemsize, 1))
         return np.frombuffer(mem, dtype, n)
 
@@ -193,29 +198,30 @@ class DeviceStager:
 
     def __init__(self, host_mirrors: bool = False):
         self.host_mirrors = bool(host_mirrors)
-        self._out = None                # (mirror pairs, arena memory) of the batch handed out last
+        self._out = None  # (mirror pairs, arena memory) of the batch handed out last
         self.kind = device.kind()
         self.gpu = self.kind == "gpu"
         self.slots = [_Slot(self.gpu), _Slot(self.gpu)]
-        self.turn = 0                   # the slot the next staged batch goes to
-        self.pending = None             # (reader, staged batch or _END)
-        self._offsets: dict = {}        # (B*S + 1) -> device arange, one-hot inputs' offsets
-        self._offsets_host: dict = {}   # the same on the host, to recognise them
+        self.turn = 0  # the slot the next staged batch goes to
+        self.pending = None  # (reader, staged batch or _END)
+        self._offsets: dict = {}  # (B*S + 1) -> device arange, one-hot inputs' offsets
+        self._offsets_host: dict = {}  # the same on the host, to recognise them
         self.stream = None
         if self.gpu:
             import cupy
+
             self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.uploads = self.device_offsets = 0       # counts, for tests and benchmarks
-        self.host_copies = self.direct_uploads = 0   # arrays copied into pinned buffers / uploaded as they came
+        self.uploads = self.device_offsets = 0  # counts, for tests and benchmarks
+        self.host_copies = self.direct_uploads = 0  # arrays copied into pinned buffers / uploaded as they came
         self.arena = PinnedArena(self.gpu)
 
     def next(self, reader, fetch):
-        memory = getattr(reader, "memory", None)     # a reader pass: its workers write into the arena
+        memory = getattr(reader, "memory", None)  # a reader pass: its workers write into the arena
         if memory is not None and getattr(memory, "arena", None) is None:
             memory.arena = self.arena
         if self.pending is not None and self.pending[0] is reader:
             staged = self.pending[1]
-        else:                            # the first step, or the source changed: stage now
+        else:  # the first step, or the source changed: stage now
             staged = self._stage(fetch(reader))
         self.pending = None
         self._retire()
@@ -257,13 +263,14 @@ class DeviceStager:
         after = None
         if self.gpu:
             import cupy
+
             if slot.uploaded is not None:
-                slot.uploaded.synchronize()     # the pinned buffers' previous upload has left them
+                slot.uploaded.synchronize()  # the pinned buffers' previous upload has left them
             after = cupy.cuda.Event(disable_timing=True)
-            after.record(cupy.cuda.Stream.null)   # the compute queued so far: the slot's last user included
+            after.record(cupy.cuda.Stream.null)  # the compute queued so far: the slot's last user included
             self.stream.wait_event(after)
         mem = batch.memory if getattr(batch.memory, "arena", None) is self.arena else None
-        pairs = []                      # (device array, host array), for host_mirrors
+        pairs = []  # (device array, host array), for host_mirrors
         label = self._upload(slot, "label", batch.label, mem, pairs)
         dense = self._upload(slot, "dense", batch.dense, mem, pairs)
         sparse = []
@@ -280,19 +287,24 @@ class DeviceStager:
         event = None
         if self.gpu:
             import cupy
+
             event = cupy.cuda.Event(disable_timing=True)
             event.record(self.stream)
             slot.uploaded = event
         if mem is not None and not self.host_mirrors:
-            self.arena.release(mem, event)      # the blocks return once the upload has read them
+            self.arena.release(mem, event)  # the blocks return once the upload has read them
         self.uploads += 1
-        return (Batch(label=label, dense=dense, sparse=sparse, size=batch.size, global_size=batch.global_size),
-                event, pairs if self.host_mirrors else [], (mem if self.host_mirrors else None, event))
+        return (
+            Batch(label=label, dense=dense, sparse=sparse, size=batch.size, global_size=batch.global_size),
+            event,
+            pairs if self.host_mirrors else [],
+            (mem if self.host_mirrors else None, event),
+        )
 
     def _upload(self, slot: _Slot, name: str, a, mem=None, pairs=None):
         a = np.ascontiguousarray(a)
         dev = slot.device_buffer(name, a.dtype, a.size)
-        if mem is not None and mem.owns(a):     # a worker wrote it into pinned memory: upload it as it is
+        if mem is not None and mem.owns(a):  # a worker wrote it into pinned memory: upload it as it is
             host = a.reshape(-1)
             self.direct_uploads += 1
         else:
@@ -325,4 +337,5 @@ class DeviceStager:
         event = staged[1]
         if event is not None:
             import cupy
+
             cupy.cuda.Stream.null.wait_event(event)

@@ -16,6 +16,7 @@ HugeCTR power-law key sampler used by tools.DataGenerator, and `cached_planted_d
 dataset once per parameter set into a folder named by a hash of the parameters and reuses it after.
 HugeCTR: the key sampler mirrors IntPowerLawDataSimulator in HugeCTR/include/data_generator.hpp.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,21 +34,59 @@ from numbactr.data.file_list import write_file_list
 from numbactr.metrics import roc_auc
 from numbactr.data.norm_write import NormWriter, key_dtype_of
 
-__all__ = ["roc_auc", "expected_auc", "criteo_like_slot_sizes", "power_law_keys", "uniform_keys",
-           "PlantedModel", "make_planted_model", "PlantedDataset", "make_planted_dataset",
-           "cached_planted_dataset", "planted_dataset_key", "folder_size", "CRITEO_KAGGLE_SLOT_SIZES"]
+__all__ = [
+    "roc_auc",
+    "expected_auc",
+    "criteo_like_slot_sizes",
+    "power_law_keys",
+    "uniform_keys",
+    "PlantedModel",
+    "make_planted_model",
+    "PlantedDataset",
+    "make_planted_dataset",
+    "cached_planted_dataset",
+    "planted_dataset_key",
+    "folder_size",
+    "CRITEO_KAGGLE_SLOT_SIZES",
+]
 
 #: cardinalities of the 26 categorical columns of Criteo Kaggle (HugeCTR's DCN/WDL samples)
 #: samples drawn and written per block by make_planted_dataset
 _BLOCK = 1 << 16
 
-CRITEO_KAGGLE_SLOT_SIZES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
-                            3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
-                            142572]
+CRITEO_KAGGLE_SLOT_SIZES = [
+    1460,
+    583,
+    10131227,
+    2202608,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8351593,
+    3194,
+    27,
+    14992,
+    5461306,
+    10,
+    5652,
+    2173,
+    4,
+    7046547,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+]
 
 
 # ---------------------------------------------------------------------------------------------------
 # AUC
+
 
 def expected_auc(p) -> float:
     """Expected AUC of scores p against labels ~ Bernoulli(p) (pairs i != j, ties counted half)."""
@@ -59,7 +98,7 @@ def expected_auc(p) -> float:
     cq = np.concatenate([[0.0], np.cumsum(q)])
     run = np.repeat(np.arange(starts.shape[0]), ends - starts)
     below = cq[starts[run]]
-    tie_q = cq[ends[run]] - below - q            # other members of the run (self excluded)
+    tie_q = cq[ends[run]] - below - q  # other members of the run (self excluded)
     num = float((p * (below + 0.5 * tie_q)).sum())
     den = float(p.sum() * q.sum() - (p * q).sum())
     return num / den if den > 0 else 0.5
@@ -67,6 +106,7 @@ def expected_auc(p) -> float:
 
 # ---------------------------------------------------------------------------------------------------
 # cardinalities and key samplers
+
 
 def criteo_like_slot_sizes(num_slots: int = 26, total_rows: int = 1_000_000) -> list[int]:
     """num_slots deterministic cardinalities summing to total_rows, shaped like Criteo's: sizes are the
@@ -87,14 +127,14 @@ def criteo_like_slot_sizes(num_slots: int = 26, total_rows: int = 1_000_000) -> 
         return np.maximum(2, np.round(np.exp(g * logs))).astype(np.int64)
 
     lo, hi = 0.0, 4.0
-    for _ in range(100):                          # sum(sizes(g)) is non-decreasing in g
+    for _ in range(100):  # sum(sizes(g)) is non-decreasing in g
         mid = 0.5 * (lo + hi)
         if sizes(mid).sum() > total_rows:
             hi = mid
         else:
             lo = mid
     out = sizes(lo)
-    out[int(np.argmax(out))] += total_rows - int(out.sum())      # absorb rounding in the largest slot
+    out[int(np.argmax(out))] += total_rows - int(out.sum())  # absorb rounding in the largest slot
     return [int(v) for v in out]
 
 
@@ -117,6 +157,7 @@ def uniform_keys(rng: np.random.Generator, shape, size: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------
 # planted model
 
+
 def _sigmoid(z):
     return 1.0 / (1.0 + np.exp(-z))
 
@@ -129,15 +170,16 @@ def _as_slot_mats(slot_keys, n):
 @dataclass
 class PlantedModel:
     """Hidden logistic model over local (per-slot, 0-based) keys; see the module docstring."""
-    slot_sizes: np.ndarray                     # (S,)
-    slot_weights: list                         # S arrays (V_k,)
-    dense_weights: np.ndarray                  # (D,) unit-norm direction u
-    pairs: list                                # [(a, b), ...] slot pairs with a latent cross
-    latent: dict                               # slot -> (V_k, R) latent vectors
-    dense_center: np.ndarray = None            # (D,)
-    dense_scale: np.ndarray = None             # (D,)
-    shares: tuple = (0.5, 0.25, 0.25)          # variance shares: slots, dense, crosses
-    weights: np.ndarray = field(default_factory=lambda: np.ones(3))   # (a_s, a_d, a_i)
+
+    slot_sizes: np.ndarray  # (S,)
+    slot_weights: list  # S arrays (V_k,)
+    dense_weights: np.ndarray  # (D,) unit-norm direction u
+    pairs: list  # [(a, b), ...] slot pairs with a latent cross
+    latent: dict  # slot -> (V_k, R) latent vectors
+    dense_center: np.ndarray = None  # (D,)
+    dense_scale: np.ndarray = None  # (D,)
+    shares: tuple = (0.5, 0.25, 0.25)  # variance shares: slots, dense, crosses
+    weights: np.ndarray = field(default_factory=lambda: np.ones(3))  # (a_s, a_d, a_i)
     bias: float = 0.0
 
     def components(self, dense, slot_keys) -> np.ndarray:
@@ -153,7 +195,7 @@ class PlantedModel:
             out[:, 1] = ((dense - self.dense_center) / self.dense_scale) @ self.dense_weights
         for a, b in self.pairs:
             if mats[a].shape[1] and mats[b].shape[1]:
-                va = self.latent[a][mats[a]].mean(axis=1)           # (n, R)
+                va = self.latent[a][mats[a]].mean(axis=1)  # (n, R)
                 vb = self.latent[b][mats[b]].mean(axis=1)
                 out[:, 2] += (va * vb).sum(axis=1)
         return out
@@ -173,12 +215,11 @@ class PlantedModel:
             self.dense_scale = np.where(dense.std(axis=0) > 0, dense.std(axis=0), 1.0)
         c = self.components(dense, slot_keys)
         sd = c.std(axis=0)
-        unit = np.where(sd > 0, np.sqrt(np.asarray(self.shares, dtype=np.float64)) / np.where(sd > 0, sd, 1),
-                        0.0)
-        z = (c - c.mean(axis=0)) @ unit                              # ~ unit variance
+        unit = np.where(sd > 0, np.sqrt(np.asarray(self.shares, dtype=np.float64)) / np.where(sd > 0, sd, 1), 0.0)
+        z = (c - c.mean(axis=0)) @ unit  # ~ unit variance
         mean_shift = float(c.mean(axis=0) @ unit)
 
-        def bias_for(scale):                                          # mean sigmoid(b + scale z) = ctr
+        def bias_for(scale):  # mean sigmoid(b + scale z) = ctr
             lo, hi = -30.0, 30.0
             for _ in range(60):
                 mid = 0.5 * (lo + hi)
@@ -189,7 +230,7 @@ class PlantedModel:
             return 0.5 * (lo + hi)
 
         lo, hi = 0.0, 20.0
-        for _ in range(40):                                           # expected AUC grows with scale
+        for _ in range(40):  # expected AUC grows with scale
             mid = 0.5 * (lo + hi)
             if expected_auc(_sigmoid(bias_for(mid) + mid * z)) > target_auc:
                 hi = mid
@@ -206,8 +247,15 @@ def _rarity_scale(size: int, head: float) -> np.ndarray:
     return (1.0 + np.arange(size) / head) ** -0.5 if head > 0 else np.ones(size)
 
 
-def make_planted_model(slot_sizes, dense_dim: int, rng: np.random.Generator, num_pairs: int = 3,
-                       latent_dim: int = 4, shares=(0.5, 0.25, 0.25), head: float = 50.0) -> PlantedModel:
+def make_planted_model(
+    slot_sizes,
+    dense_dim: int,
+    rng: np.random.Generator,
+    num_pairs: int = 3,
+    latent_dim: int = 4,
+    shares=(0.5, 0.25, 0.25),
+    head: float = 50.0,
+) -> PlantedModel:
     """Draw the hidden weights (uncalibrated; call .calibrate on a sample of the data).
 
     Key k of a slot (k = popularity rank under the power law) gets weights scaled by
@@ -220,14 +268,15 @@ def make_planted_model(slot_sizes, dense_dim: int, rng: np.random.Generator, num
     u = rng.standard_normal(dense_dim)
     u = u / np.linalg.norm(u) if dense_dim else u
     cand = [(a, b) for a in range(S) for b in range(a + 1, S)]
-    pick = rng.permutation(len(cand))[:min(num_pairs, len(cand))] if cand else []
+    pick = rng.permutation(len(cand))[: min(num_pairs, len(cand))] if cand else []
     pairs = [cand[i] for i in sorted(pick)]
     latent = {}
     for a, b in pairs:
         for k in (a, b):
             if k not in latent:
-                latent[k] = rng.standard_normal((int(sizes[k]), latent_dim)) * \
-                    _rarity_scale(int(sizes[k]), head)[:, None]
+                latent[k] = (
+                    rng.standard_normal((int(sizes[k]), latent_dim)) * _rarity_scale(int(sizes[k]), head)[:, None]
+                )
     shares = tuple(float(x) for x in shares)
     if not dense_dim:
         shares = (shares[0], 0.0, shares[2])
@@ -239,20 +288,21 @@ def make_planted_model(slot_sizes, dense_dim: int, rng: np.random.Generator, num
 # ---------------------------------------------------------------------------------------------------
 # planted Criteo-like dataset on disk
 
+
 @dataclass
 class PlantedDataset:
     out_dir: str
-    train_list: str                 # <out_dir>/train/_file_list.txt
-    eval_list: str                  # <out_dir>/eval/_file_list.txt
+    train_list: str  # <out_dir>/train/_file_list.txt
+    eval_list: str  # <out_dir>/eval/_file_list.txt
     train_files: list
     eval_files: list
-    slot_size_array: list           # per-slot cardinalities; keys are globally offset by their prefix sum
+    slot_size_array: list  # per-slot cardinalities; keys are globally offset by their prefix sum
     dense_dim: int
     num_train: int
     num_eval: int
-    bayes_auc: float                # roc_auc(eval labels, true eval probabilities)
-    eval_probs: np.ndarray          # (num_eval,) true P(label = 1) of every eval sample, file order
-    eval_labels: np.ndarray         # (num_eval,) drawn labels
+    bayes_auc: float  # roc_auc(eval labels, true eval probabilities)
+    eval_probs: np.ndarray  # (num_eval,) true P(label = 1) of every eval sample, file order
+    eval_labels: np.ndarray  # (num_eval,) drawn labels
     train_ctr: float
     eval_ctr: float
     check: object = Check_t.Sum
@@ -268,7 +318,7 @@ def _sample_features(rng, n, dense_mu, dense_sigma, dense_zero_p, sizes, alpha):
     """dense (n, D) float32 log1p(counts) and local keys (n, S) int64, power-law per slot."""
     D = dense_mu.shape[0]
     counts = np.floor(np.exp(dense_mu + dense_sigma * rng.standard_normal((n, D))))
-    counts[rng.random((n, D)) < dense_zero_p] = 0.0              # Criteo's many missing/zero counts
+    counts[rng.random((n, D)) < dense_zero_p] = 0.0  # Criteo's many missing/zero counts
     dense = np.log1p(counts).astype(np.float32)
     keys = np.empty((n, sizes.shape[0]), dtype=np.int64)
     for k, v in enumerate(sizes):
@@ -276,11 +326,23 @@ def _sample_features(rng, n, dense_mu, dense_sigma, dense_zero_p, sizes, alpha):
     return dense, keys
 
 
-def make_planted_dataset(out_dir, num_train: int, num_eval: int, dense_dim: int = 13, slot_sizes=None,
-                         total_rows: int = 100_000, seed: int = 0, files=(4, 1), alpha: float = 1.2,
-                         target_auc: float = 0.775, target_ctr: float = 0.25, num_pairs: int = 3,
-                         check=Check_t.Sum, key_dtype=np.int64,
-                         calibration_samples: int = 50_000) -> PlantedDataset:
+def make_planted_dataset(
+    out_dir,
+    num_train: int,
+    num_eval: int,
+    dense_dim: int = 13,
+    slot_sizes=None,
+    total_rows: int = 100_000,
+    seed: int = 0,
+    files=(4, 1),
+    alpha: float = 1.2,
+    target_auc: float = 0.775,
+    target_ctr: float = 0.25,
+    num_pairs: int = 3,
+    check=Check_t.Sum,
+    key_dtype=np.int64,
+    calibration_samples: int = 50_000,
+) -> PlantedDataset:
     """Write a Criteo-like Norm dataset (one-hot slots, label_dim 1) with a planted logistic signal.
 
     slot_sizes defaults to criteo_like_slot_sizes(26, total_rows). files = (train files, eval files)
@@ -300,8 +362,7 @@ def make_planted_dataset(out_dir, num_train: int, num_eval: int, dense_dim: int 
     dense_sigma = rng.uniform(0.5, 1.5, dense_dim)
     dense_zero_p = rng.uniform(0.0, 0.4, dense_dim)
     model = make_planted_model(sizes, dense_dim, rng, num_pairs=num_pairs)
-    cal_dense, cal_keys = _sample_features(rng, calibration_samples, dense_mu, dense_sigma, dense_zero_p,
-                                           sizes, alpha)
+    cal_dense, cal_keys = _sample_features(rng, calibration_samples, dense_mu, dense_sigma, dense_zero_p, sizes, alpha)
     model.calibrate(cal_dense, list(cal_keys.T), target_auc, target_ctr)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
@@ -315,12 +376,12 @@ def make_planted_dataset(out_dir, num_train: int, num_eval: int, dense_dim: int 
             for f, n in enumerate(np.diff(np.linspace(0, num, nf + 1).astype(np.int64))):
                 path = os.path.join(d, f"part_{f}.data")
                 with NormWriter(path, 1, dense_dim, sizes.shape[0], check, key_dtype) as w:
-                    for lo in range(0, int(n), _BLOCK):           # blocks: bounded memory, live progress
+                    for lo in range(0, int(n), _BLOCK):  # blocks: bounded memory, live progress
                         m = min(_BLOCK, int(n) - lo)
                         dense, keys = _sample_features(rng, m, dense_mu, dense_sigma, dense_zero_p, sizes, alpha)
                         p = model.probs(dense, list(keys.T))
                         label = (rng.random(m) < p).astype(np.float32)
-                        w.write(label.reshape(-1, 1), dense, keys + offsets)       # (m, S) global keys
+                        w.write(label.reshape(-1, 1), dense, keys + offsets)  # (m, S) global keys
                         probs_all.append(p)
                         labels_all.append(label)
                         bar.update(m)
@@ -330,10 +391,25 @@ def make_planted_dataset(out_dir, num_train: int, num_eval: int, dense_dim: int 
             result[split] = (lst, paths, np.concatenate(probs_all), np.concatenate(labels_all))
     ev_probs, ev_labels = result["eval"][2], result["eval"][3]
     bayes = roc_auc(ev_labels, ev_probs) if 0 < ev_labels.sum() < ev_labels.shape[0] else float("nan")
-    return PlantedDataset(out_dir, result["train"][0], result["eval"][0], result["train"][1],
-                          result["eval"][1], [int(v) for v in sizes], dense_dim, num_train, num_eval,
-                          bayes, ev_probs, ev_labels, float(result["train"][3].mean()),
-                          float(ev_labels.mean()), check, key_dtype_of(key_dtype), model)
+    return PlantedDataset(
+        out_dir,
+        result["train"][0],
+        result["eval"][0],
+        result["train"][1],
+        result["eval"][1],
+        [int(v) for v in sizes],
+        dense_dim,
+        num_train,
+        num_eval,
+        bayes,
+        ev_probs,
+        ev_labels,
+        float(result["train"][3].mean()),
+        float(ev_labels.mean()),
+        check,
+        key_dtype_of(key_dtype),
+        model,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -377,12 +453,22 @@ def cached_planted_dataset(cache_dir, regenerate: bool = False, **params) -> tup
     np.save(os.path.join(d, "eval_probs.npy"), data.eval_probs)
     np.save(os.path.join(d, "eval_labels.npy"), data.eval_labels)
     files = {os.path.relpath(f, d): os.path.getsize(f) for f in data.train_files + data.eval_files}
-    info = {"params": key_params, "version": PLANTED_VERSION, "bayes_auc": data.bayes_auc,
-            "slot_size_array": data.slot_size_array, "dense_dim": data.dense_dim, "num_train": data.num_train,
-            "num_eval": data.num_eval, "train_ctr": data.train_ctr, "eval_ctr": data.eval_ctr,
-            "check": data.check.name, "key_dtype": np.dtype(data.key_dtype).name,
-            "train_files": [os.path.relpath(f, d) for f in data.train_files],
-            "eval_files": [os.path.relpath(f, d) for f in data.eval_files], "file_sizes": files}
+    info = {
+        "params": key_params,
+        "version": PLANTED_VERSION,
+        "bayes_auc": data.bayes_auc,
+        "slot_size_array": data.slot_size_array,
+        "dense_dim": data.dense_dim,
+        "num_train": data.num_train,
+        "num_eval": data.num_eval,
+        "train_ctr": data.train_ctr,
+        "eval_ctr": data.eval_ctr,
+        "check": data.check.name,
+        "key_dtype": np.dtype(data.key_dtype).name,
+        "train_files": [os.path.relpath(f, d) for f in data.train_files],
+        "eval_files": [os.path.relpath(f, d) for f in data.eval_files],
+        "file_sizes": files,
+    }
     with atomic.atomic_write(manifest, "w") as f:
         json.dump(info, f, indent=1)
     return data, False
@@ -402,12 +488,25 @@ def _load_planted(d: str, manifest: str) -> PlantedDataset | None:
         labels = np.load(os.path.join(d, "eval_labels.npy"))
     except (OSError, ValueError, KeyError):
         return None
-    return PlantedDataset(d, os.path.join(d, "train", "_file_list.txt"), os.path.join(d, "eval", "_file_list.txt"),
-                          [os.path.join(d, r) for r in info["train_files"]],
-                          [os.path.join(d, r) for r in info["eval_files"]], info["slot_size_array"],
-                          info["dense_dim"], info["num_train"], info["num_eval"], info["bayes_auc"], probs,
-                          labels, info["train_ctr"], info["eval_ctr"], Check_t[info["check"]],
-                          np.dtype(info["key_dtype"]), None)
+    return PlantedDataset(
+        d,
+        os.path.join(d, "train", "_file_list.txt"),
+        os.path.join(d, "eval", "_file_list.txt"),
+        [os.path.join(d, r) for r in info["train_files"]],
+        [os.path.join(d, r) for r in info["eval_files"]],
+        info["slot_size_array"],
+        info["dense_dim"],
+        info["num_train"],
+        info["num_eval"],
+        info["bayes_auc"],
+        probs,
+        labels,
+        info["train_ctr"],
+        info["eval_ctr"],
+        Check_t[info["check"]],
+        np.dtype(info["key_dtype"]),
+        None,
+    )
 
 
 def folder_size(path) -> int:

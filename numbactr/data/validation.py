@@ -23,6 +23,7 @@ Checks, in this order:
 Cost: a few vectorized passes over the chunk (each key once: an unsigned subtract and a compare),
 run in the worker threads, off the training thread; `numbactr bench data` figures are in the README.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ LABEL_KINDS = {
     "class": "must be a class index 0 or 1",
 }
 
-_ROWS = 4096          # rows per block of the key check: its two temporaries stay small and are reused
+_ROWS = 4096  # rows per block of the key check: its two temporaries stay small and are reused
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class SlotRanges:
     """Allowed keys of one sparse input: slot s takes keys in [lo[s], hi[s]). lo, hi: (S,) int64 with
     0 <= lo <= hi; what: who needs the ranges (e.g. the embedding), for messages; per_slot=False for a
     single bound over the whole table (lo = 0 and the same hi for every slot)."""
+
     lo: np.ndarray
     hi: np.ndarray
     what: str = ""
@@ -62,6 +64,7 @@ class SlotRanges:
 @dataclass(frozen=True)
 class LabelRule:
     """One label column's constraint: kind in LABEL_KINDS; what: who needs it (the loss layer)."""
+
     kind: str
     what: str = ""
 
@@ -95,8 +98,7 @@ def _check_finite(ch) -> None:
             if not fin.all():
                 r, j = np.unravel_index(int(np.argmin(fin)), arr.shape)
                 rec, off, desc = ch.locate(int(r), kind, int(j))
-                raise DataFormatError(ch.fmt, ch.path, off, f"non-finite {kind}[{j}] = {arr[r, j]}{desc}",
-                                      rec)
+                raise DataFormatError(ch.fmt, ch.path, off, f"non-finite {kind}[{j}] = {arr[r, j]}{desc}", rec)
 
 
 def _check_labels(ch, rules) -> None:
@@ -114,8 +116,9 @@ def _check_labels(ch, rules) -> None:
             r = int(np.argmax(bad))
             rec, off, desc = ch.locate(r, "label", j)
             who = f" by {rule.what}" if rule.what else ""
-            raise DataFormatError(ch.fmt, ch.path, off, f"label[{j}] = {str(y[r])} {LABEL_KINDS[rule.kind]}"
-                                                        f" (required{who}){desc}", rec)
+            raise DataFormatError(
+                ch.fmt, ch.path, off, f"label[{j}] = {str(y[r])} {LABEL_KINDS[rule.kind]} (required{who}){desc}", rec
+            )
 
 
 def _bad_keys(keys, offs, n, S, lo, size):
@@ -123,18 +126,18 @@ def _bad_keys(keys, offs, n, S, lo, size):
     offs (n*S + 1,). Unsigned arithmetic: (key - lo) mod 2^64 < size  <=>  lo <= key < lo + size
     (a negative int64 key wraps to a huge value), one subtract and one compare per key."""
     u = keys.view(np.uint64) if keys.dtype == np.int64 else keys
-    if keys.shape[0] == n * S and bool((np.diff(offs) == 1).all()):     # one key per bag: an (n, S) matrix
+    if keys.shape[0] == n * S and bool((np.diff(offs) == 1).all()):  # one key per bag: an (n, S) matrix
         m = u.reshape(n, S)
         R = min(_ROWS, n)
-        diff, bad = np.empty((R, S), np.uint64), np.empty((R, S), bool)     # reused: no page faults
+        diff, bad = np.empty((R, S), np.uint64), np.empty((R, S), bool)  # reused: no page faults
         for a in range(0, n, R):
             k = min(R, n - a)
-            np.subtract(m[a:a + k], lo, out=diff[:k])
+            np.subtract(m[a : a + k], lo, out=diff[:k])
             np.greater_equal(diff[:k], size, out=bad[:k])
             if bad[:k].any():
                 return a * S + int(np.argmax(bad[:k]))  # flat position = row * S + slot
         return -1
-    slot = np.repeat(np.tile(np.arange(S), n), np.diff(offs))   # (N,) slot of every key
+    slot = np.repeat(np.tile(np.arange(S), n), np.diff(offs))  # (N,) slot of every key
     bad = (u - lo[slot]) >= size[slot]
     return int(np.argmax(bad)) if bad.any() else -1
 
@@ -147,15 +150,16 @@ def _check_keys(ch, ranges, slot_offsets) -> None:
         pos = _bad_keys(keys, offs, ch.n, S, rg.lo.astype(np.uint64), (rg.hi - rg.lo).astype(np.uint64))
         if pos < 0:
             continue
-        r, s = divmod(int(np.searchsorted(offs, pos, "right") - 1), S)     # bag -> (row, slot)
+        r, s = divmod(int(np.searchsorted(offs, pos, "right") - 1), S)  # bag -> (row, slot)
         rec, off, desc = ch.locate(r, "key", s)
         key = int(keys[pos])
         stored = ""
         if slot_offsets is not None and slot_offsets[i] is not None and int(slot_offsets[i][s]):
             so = int(slot_offsets[i][s])
             stored = f" (stored key {key - so} + slot offset {so} from DataReaderParams.slot_size_array)"
-        raise DataFormatError(ch.fmt, ch.path, off, f"key {key} of sparse input {i} slot {s}{stored} is "
-                                                    f"{rg.describe(s)}{desc}", rec)
+        raise DataFormatError(
+            ch.fmt, ch.path, off, f"key {key} of sparse input {i} slot {s}{stored} is {rg.describe(s)}{desc}", rec
+        )
 
 
 def _check_nnz(ch, max_nnz) -> None:
@@ -173,10 +177,16 @@ def _check_nnz(ch, max_nnz) -> None:
             r = int(np.argmax(over))
             rec, off, desc = ch.locate(r, "key", 0)
             per_slot = ", ".join(str(int(c)) for c in counts[r])
-            raise DataFormatError(ch.fmt, ch.path, off, f"{int(total[r])} keys in sparse input {i} (per slot: "
-                                                        f"{per_slot}), but its DataReaderSparseParam holds at most "
-                                                        f"{cap} a sample (the sum of nnz_per_slot "
-                                                        f"{[int(m) for m in most]}){desc}", rec)
+            raise DataFormatError(
+                ch.fmt,
+                ch.path,
+                off,
+                f"{int(total[r])} keys in sparse input {i} (per slot: "
+                f"{per_slot}), but its DataReaderSparseParam holds at most "
+                f"{cap} a sample (the sum of nnz_per_slot "
+                f"{[int(m) for m in most]}){desc}",
+                rec,
+            )
 
 
 def validate_chunk(ch, key_ranges=None, label_rules=None, slot_offsets=None, max_nnz=None) -> None:

@@ -37,6 +37,7 @@ Why: the report must reach the output before the abort, and a rank that left mus
 timeout, however slow the others are; docs/decisions/0006-rank-failure-guard.md has the details and the
 measurements behind them (tests/test_rank_failures.py checks each case above).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -50,15 +51,26 @@ import traceback
 
 import numpy as np
 
-from numbactr.distributed.placement import Placement, choose_transport, local_from_env, node_of, own_gpus, pci_key, pci_key_from_text
+from numbactr.distributed.placement import (
+    Placement,
+    choose_transport,
+    local_from_env,
+    node_of,
+    own_gpus,
+    pci_key,
+    pci_key_from_text,
+)
 
 # the launcher's environment: (size, rank) variables set by MPICH/Intel MPI, Open MPI, MVAPICH2
-_LAUNCH_ENV = (("PMI_SIZE", "PMI_RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
-               ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"))
+_LAUNCH_ENV = (
+    ("PMI_SIZE", "PMI_RANK"),
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+    ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"),
+)
 _NAP_SHARE, _NAP_MAX_S = 0.1, 10e-3  # exit handshake: sleep this share of the time waited, at most 10 ms
-_WATCH_S = 0.05                  # the watchdog tests for notes of leaving peers this often
-_DRAIN_S = 5.0                   # longest wait for the launcher to read a failing rank's report
-_LEFT = 1                        # tag of the "I am leaving" note on the guard's communicator
+_WATCH_S = 0.05  # the watchdog tests for notes of leaving peers this often
+_DRAIN_S = 5.0  # longest wait for the launcher to read a failing rank's report
+_LEFT = 1  # tag of the "I am leaving" note on the guard's communicator
 _HOW = {0: "its script ended", 1: "sys.exit", 2: "os._exit", 3: "MPI.Finalize"}
 
 
@@ -78,14 +90,16 @@ def gpu_pci_key(gpu: int) -> int:
     or -1 when neither can read it (transport() then stays on host MPI)."""
     try:
         from numba import cuda
+
         ident = cuda.gpus[gpu].get_device_identity()
         return pci_key(ident["pci_domain_id"], ident["pci_bus_id"], ident["pci_device_id"])
-    except Exception:           # noqa: BLE001 (an older numba-cuda, a driver error: try CuPy)
+    except Exception:  # noqa: BLE001 (an older numba-cuda, a driver error: try CuPy)
         pass
     try:
         import cupy
+
         return pci_key_from_text(cupy.cuda.Device(gpu).pci_bus_id)
-    except Exception:           # noqa: BLE001 (PlacementError too: an unreadable bus id)
+    except Exception:  # noqa: BLE001 (PlacementError too: an unreadable bus id)
         return -1
 
 
@@ -100,11 +114,11 @@ class Comm:
         self.rank = mpi_comm.Get_rank() if mpi_comm is not None else 0
         self.size = mpi_comm.Get_size() if mpi_comm is not None else 1
         self.calls = 0
-        self.count_exchanges = 0       # alltoallv row counts exchanged before the rows (statistics, tests)
-        self.current = ""             # the collective this rank is in (named in abort messages)
+        self.count_exchanges = 0  # alltoallv row counts exchanged before the rows (statistics, tests)
+        self.current = ""  # the collective this rank is in (named in abort messages)
         self._guard: _Guard | None = None
-        self.placement = Placement(self.rank, self.size)     # world() fills in node and local rank
-        self._transport: tuple[str, str] | None = None     # ('nccl' | 'mpi', why), on first device use
+        self.placement = Placement(self.rank, self.size)  # world() fills in node and local rank
+        self._transport: tuple[str, str] | None = None  # ('nccl' | 'mpi', why), on first device use
         self._nccl = None
 
     # -- device buffers ------------------------------------------------------------------------------
@@ -121,14 +135,18 @@ class Comm:
             self._transport = choose_transport(1, kind, True, False)
             return self._transport
         from numbactr.distributed import nccl
-        mine = np.array([self.placement.node, -1 if gpu is None else gpu_pci_key(gpu),
-                         int(kind == "gpu" and nccl.importable())], dtype=np.int64)
+
+        mine = np.array(
+            [self.placement.node, -1 if gpu is None else gpu_pci_key(gpu), int(kind == "gpu" and nccl.importable())],
+            dtype=np.int64,
+        )
         every = np.empty((self.size, 3), dtype=np.int64)
         self._enter("transport")
         self._wait(self._c.Iallgather(mine, every))
         own, why = own_gpus([(int(n), int(k)) for n, k, _ in every])
-        self._transport = choose_transport(self.size, kind, own, bool(every[:, 2].all()),
-                                           os.environ.get("NUMBACTR_COMM", ""), why)
+        self._transport = choose_transport(
+            self.size, kind, own, bool(every[:, 2].all()), os.environ.get("NUMBACTR_COMM", ""), why
+        )
         if self._transport[0] == "nccl":
             # the unique id travels by this Comm's bcast: one more guarded collective, on every rank alike
             self._nccl = nccl.NcclComm(self._c, bcast=self.bcast)
@@ -175,6 +193,7 @@ class Comm:
                 self._enter("allgather")
                 return self._nccl.allgather(x)
             import cupy
+
             return cupy.asarray(self.allgather(x.get()))
         self._enter("allgather")
         x = np.ascontiguousarray(x)
@@ -195,6 +214,7 @@ class Comm:
                 self._enter("reduce_scatter_sum")
                 return self._nccl.reduce_scatter_sum(x)
             import cupy
+
             return cupy.asarray(self.reduce_scatter_sum(x.get()))
         self._enter("reduce_scatter_sum")
         MPI = _mpi()
@@ -261,6 +281,7 @@ class Comm:
         the caller gives recv_rows, so a captured step enqueues NCCL work only), the rows over NCCL, or all of
         it staged through the host."""
         import cupy
+
         if self.transport()[0] != "nccl":
             return [cupy.asarray(p) for p in self.alltoallv([p.get() for p in parts], recv_rows)]
         if len(parts) != self.size:
@@ -275,8 +296,7 @@ class Comm:
         if self.size == 1:
             return obj
         self._enter("bcast")
-        data = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dtype=np.uint8) \
-            if self.rank == root else None
+        data = np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), dtype=np.uint8) if self.rank == root else None
         n = np.array([0 if data is None else data.size], dtype=np.int64)
         self._wait(self._c.Ibcast(n, root=root))
         buf = data.copy() if data is not None else np.empty(int(n[0]), dtype=np.uint8)
@@ -308,14 +328,14 @@ class Comm:
         g = self._guard
         if g is None:
             req.Wait()
-        elif g.watchdog is None:                # MPI without thread support: watch in this thread
+        elif g.watchdog is None:  # MPI without thread support: watch in this thread
             g.check()
             while g.MPI.Request.Waitany([req, g.note_req]) != 0:
                 g.take_note()
                 g.check()
         else:
             with g.lock:
-                g.check()                       # a peer that left before this collective began
+                g.check()  # a peer that left before this collective began
                 g.waiting = True
             try:
                 req.Wait()
@@ -325,6 +345,7 @@ class Comm:
 
 def _mpi():
     from mpi4py import MPI
+
     return MPI
 
 
@@ -340,8 +361,7 @@ def _placement(comm: Comm, MPI) -> Placement:
     try:
         leader = shm.allreduce(comm.rank, op=MPI.MIN)
         node, nodes = node_of(comm._c.allgather(leader), comm.rank)
-        return Placement(comm.rank, comm.size, shm.Get_rank(), shm.Get_size(), node, nodes,
-                         "MPI shared-memory split")
+        return Placement(comm.rank, comm.size, shm.Get_rank(), shm.Get_size(), node, nodes, "MPI shared-memory split")
     finally:
         shm.Free()
 
@@ -386,18 +406,23 @@ def world() -> Comm:
     try:
         MPI = _mpi()
     except ImportError:
-        if size > 1:        # each rank would train alone on its own copy: refuse
-            raise ImportError(f"numbactr: this process was started as rank {rank} of {size} ({var}={size}) "
-                              f"but mpi4py is not installed: pip install 'numbactr[mpi]'") from None
+        if size > 1:  # each rank would train alone on its own copy: refuse
+            raise ImportError(
+                f"numbactr: this process was started as rank {rank} of {size} ({var}={size}) "
+                f"but mpi4py is not installed: pip install 'numbactr[mpi]'"
+            ) from None
         _world = Comm(None)
         return _world
     comm = Comm(MPI.COMM_WORLD)
     if size > 1 and comm.size != size:
-        raise RuntimeError(f"numbactr: the launcher started {size} processes ({var}={size}) but MPI sees "
-                           f"{comm.size}: mpi4py's MPI library ({MPI.Get_library_version().splitlines()[0]}) "
-                           f"is not the one of this mpiexec")
+        raise RuntimeError(
+            f"numbactr: the launcher started {size} processes ({var}={size}) but MPI sees "
+            f"{comm.size}: mpi4py's MPI library ({MPI.Get_library_version().splitlines()[0]}) "
+            f"is not the one of this mpiexec"
+        )
     if comm.size > 1:
         from numbactr import log
+
         log.set_rank(comm.rank)
         comm.placement = _placement(comm, MPI)
         comm._guard = _Guard(comm, MPI)
@@ -414,6 +439,7 @@ def guard_launch() -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # the guard
+
 
 class _ScriptExit(SystemExit):
     """What sys.exit raises under a launch. The interpreter drops an uncaught SystemExit after the script
@@ -445,15 +471,15 @@ class _Guard:
     def __init__(self, comm: Comm, MPI):
         self.comm, self.MPI = comm, MPI
         self.pid = os.getpid()
-        self.ctl = comm._c.Dup()            # its notes never meet numbactr's or the script's messages
+        self.ctl = comm._c.Dup()  # its notes never meet numbactr's or the script's messages
         self.peers = [p for p in range(comm.size) if p != comm.rank]
-        self.note = np.zeros(4, dtype=np.int64)     # a leaving peer's rank, how, exit code, collectives entered
+        self.note = np.zeros(4, dtype=np.int64)  # a leaving peer's rank, how, exit code, collectives entered
         self.note_req = self.ctl.Irecv(self.note, source=MPI.ANY_SOURCE, tag=_LEFT)
-        self.left: dict[int, tuple[int, int, int]] = {}     # peer -> (how, exit code, collectives entered)
-        self.exit_code: int | None = None   # the code of the sys.exit that ended the script
+        self.left: dict[int, tuple[int, int, int]] = {}  # peer -> (how, exit code, collectives entered)
+        self.exit_code: int | None = None  # the code of the sys.exit that ended the script
         self.leaving = False
-        self.lock = threading.Lock()        # the watchdog's notes and checks against the main thread's waits
-        self.waiting = False                # the main thread waits in collective number comm.calls
+        self.lock = threading.Lock()  # the watchdog's notes and checks against the main thread's waits
+        self.waiting = False  # the main thread waits in collective number comm.calls
         self.stop_watching = threading.Event()
         self.watchdog = None
         if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
@@ -462,8 +488,11 @@ class _Guard:
         self.real_exit, self.real_finalize = os._exit, MPI.Finalize
         where = self.ctl.gather((self.pid, socket.gethostname()), root=0)
         if comm.rank == 0:
-            print(f"numbactr: {comm.size} ranks (rank: pid@host) "
-                  + ", ".join(f"{r}: {pid}@{host}" for r, (pid, host) in enumerate(where)), flush=True)
+            print(
+                f"numbactr: {comm.size} ranks (rank: pid@host) "
+                + ", ".join(f"{r}: {pid}@{host}" for r, (pid, host) in enumerate(where)),
+                flush=True,
+            )
         sys.excepthook = self.excepthook
         sys.exit = self.sys_exit
         os._exit = self.os_exit
@@ -486,23 +515,26 @@ class _Guard:
             self.real_exit(code)
 
     def excepthook(self, kind, value, tb) -> None:
-        if os.getpid() != self.pid:             # a forked child is no rank
+        if os.getpid() != self.pid:  # a forked child is no rank
             sys.__excepthook__(kind, value, tb)
             return
         c = self.comm
-        self.abort(f"numbactr: rank {c.rank} of {c.size} failed; aborting the job\n"
-                   + "".join(traceback.format_exception(kind, value, tb)), 1)
+        self.abort(
+            f"numbactr: rank {c.rank} of {c.size} failed; aborting the job\n"
+            + "".join(traceback.format_exception(kind, value, tb)),
+            1,
+        )
 
     def sys_exit(self, status=None):
         if os.getpid() != self.pid or threading.current_thread() is not threading.main_thread():
-            raise SystemExit(status)            # a thread's SystemExit ends only the thread
+            raise SystemExit(status)  # a thread's SystemExit ends only the thread
         raise _ScriptExit(self, status)
 
     def os_exit(self, status: int):
         if os.getpid() == self.pid:
             self.leave(2, _exit_code(status))
             if not self.MPI.Is_finalized():
-                self.real_finalize()            # so that the launcher does not kill the ranks still exiting
+                self.real_finalize()  # so that the launcher does not kill the ranks still exiting
         self.real_exit(status)
 
     def finalize(self) -> None:
@@ -516,8 +548,8 @@ class _Guard:
             return
         try:
             self.leave(0 if self.exit_code is None else 1, self.exit_code or 0)
-        except BaseException:               # (Ctrl-C in the handshake) Python would only print it, then hang
-            self.excepthook(*sys.exc_info())   # in MPI_Finalize: abort with the report instead
+        except BaseException:  # (Ctrl-C in the handshake) Python would only print it, then hang
+            self.excepthook(*sys.exc_info())  # in MPI_Finalize: abort with the report instead
 
     def leave(self, how: int, code: int) -> None:
         """This rank ends: abort at once for a non-zero code; else tell every peer and wait until all have
@@ -528,14 +560,17 @@ class _Guard:
         self.leaving = True
         c = self.comm
         if code != 0:
-            self.abort(f"numbactr: rank {c.rank} of {c.size} called {_HOW[how]}({code}) while the other ranks "
-                       f"may still need it; aborting the job\n", code)
+            self.abort(
+                f"numbactr: rank {c.rank} of {c.size} called {_HOW[how]}({code}) while the other ranks "
+                f"may still need it; aborting the job\n",
+                code,
+            )
         if self.watchdog is not None and self.watchdog is not threading.current_thread():
-            self.stop_watching.set()            # from here on this thread takes the notes
+            self.stop_watching.set()  # from here on this thread takes the notes
             self.watchdog.join()
         note = np.array([c.rank, how, code, c.calls], dtype=np.int64)
         sends = [self.ctl.Isend(note, dest=p, tag=_LEFT) for p in self.peers]
-        t0 = time.perf_counter()        # sleeping, not spinning: the peers may need the cores for hours
+        t0 = time.perf_counter()  # sleeping, not spinning: the peers may need the cores for hours
         while len(self.left) < len(self.peers):
             if self.note_req.Test():
                 self.take_note()
@@ -555,34 +590,40 @@ class _Guard:
                         self.take_note()
                     if self.waiting:
                         self.check()
-        except BaseException:               # a watchdog that died would watch no more: end the job, say why
+        except BaseException:  # a watchdog that died would watch no more: end the job, say why
             self.excepthook(*sys.exc_info())
 
     def take_note(self) -> None:
         """Record the note note_req has received, and post the receive of the next one."""
         p, how, code, n = (int(v) for v in self.note)
         self.left[p] = (how, code, n)
-        self.note_req = self.ctl.Irecv(self.note, source=self.MPI.ANY_SOURCE, tag=_LEFT) \
-            if len(self.left) < len(self.peers) else self.MPI.REQUEST_NULL
+        self.note_req = (
+            self.ctl.Irecv(self.note, source=self.MPI.ANY_SOURCE, tag=_LEFT)
+            if len(self.left) < len(self.peers)
+            else self.MPI.REQUEST_NULL
+        )
 
     def check(self) -> None:
         """Abort the job if a peer has left that the collective this rank waits in still needs."""
         c = self.comm
         for p, (how, code, n) in self.left.items():
-            if n < c.calls:       # p entered n collectives; this is collective number c.calls
+            if n < c.calls:  # p entered n collectives; this is collective number c.calls
                 what = _HOW[how] if how == 0 else f"{_HOW[how]}({code})"
-                self.abort(f"numbactr: rank {p} of {c.size} has left the job ({what}) after {n} collective"
-                           f"{'' if n == 1 else 's'}, "
-                           f"but rank {c.rank} waits for it in {c.current} (collective {c.calls}); "
-                           f"aborting the job\n", 1)
+                self.abort(
+                    f"numbactr: rank {p} of {c.size} has left the job ({what}) after {n} collective"
+                    f"{'' if n == 1 else 's'}, "
+                    f"but rank {c.rank} waits for it in {c.current} (collective {c.calls}); "
+                    f"aborting the job\n",
+                    1,
+                )
 
 
 def _write_all(fd: int, text: str) -> None:
     data = text.encode("utf-8", "replace")
     try:
         while data:
-            data = data[os.write(fd, data):]
-    except OSError:                     # stderr closed: nothing to tell, the abort still happens
+            data = data[os.write(fd, data) :]
+    except OSError:  # stderr closed: nothing to tell, the abort still happens
         pass
 
 
@@ -593,13 +634,13 @@ def _drain(fds, limit_s: float) -> None:
         import stat
         import struct
         import termios
-    except ImportError:                 # not a POSIX system: nothing to wait for
+    except ImportError:  # not a POSIX system: nothing to wait for
         return
 
     def unread(fd: int) -> int:
         try:
             if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-                return 0                # a terminal or a file has the bytes already
+                return 0  # a terminal or a file has the bytes already
             return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
         except OSError:
             return 0

@@ -14,6 +14,7 @@ stream, so they are ordered with the kernels around them and need no host synchr
   counts travel over MPI beforehand (small host integers the caller knows from shapes), so each receive
   buffer is allocated at its exact size without reading the device.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,17 +23,23 @@ import numpy as np
 def importable() -> bool:
     """True when cupy.cuda.nccl imports and reports a NCCL library (the wheels load libnccl lazily)."""
     try:
-        from cupy.cuda import nccl     # imports without NCCL's names (available False) when libnccl is missing
+        from cupy.cuda import nccl  # imports without NCCL's names (available False) when libnccl is missing
+
         return bool(getattr(nccl, "available", True)) and bool(nccl.get_version())
-    except Exception:           # noqa: BLE001 (ImportError, or CuPy's error when libnccl cannot load)
+    except Exception:  # noqa: BLE001 (ImportError, or CuPy's error when libnccl cannot load)
         return False
 
 
 def _dtypes(nccl) -> dict:
-    types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float16): nccl.NCCL_FLOAT16,
-             np.dtype(np.float64): nccl.NCCL_FLOAT64, np.dtype(np.int32): nccl.NCCL_INT32,
-             np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.uint8): nccl.NCCL_UINT8,
-             np.dtype(np.int8): nccl.NCCL_INT8}
+    types = {
+        np.dtype(np.float32): nccl.NCCL_FLOAT32,
+        np.dtype(np.float16): nccl.NCCL_FLOAT16,
+        np.dtype(np.float64): nccl.NCCL_FLOAT64,
+        np.dtype(np.int32): nccl.NCCL_INT32,
+        np.dtype(np.int64): nccl.NCCL_INT64,
+        np.dtype(np.uint8): nccl.NCCL_UINT8,
+        np.dtype(np.int8): nccl.NCCL_INT8,
+    }
     # hash keys travel as uint64 (numbactr.embedding.sharded); NCCL has the unsigned types since 2.0
     for dt, name in ((np.uint32, "NCCL_UINT32"), (np.uint64, "NCCL_UINT64")):
         if hasattr(nccl, name):
@@ -50,6 +57,7 @@ class NcclComm:
     def __init__(self, mpi_comm, bcast=None):
         import cupy
         from cupy.cuda import nccl
+
         self._nccl, self._cupy = nccl, cupy
         self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
         uid = nccl.get_unique_id() if self.rank == 0 else None
@@ -67,8 +75,7 @@ class NcclComm:
     def _type(self, a, what: str):
         t = self._types.get(np.dtype(a.dtype))
         if t is None:
-            raise TypeError(f"NCCL {what}: dtype {a.dtype} is not one of "
-                            f"{', '.join(str(d) for d in self._types)}")
+            raise TypeError(f"NCCL {what}: dtype {a.dtype} is not one of {', '.join(str(d) for d in self._types)}")
         if not a.flags.c_contiguous:
             raise ValueError(f"NCCL {what}: the buffer must be C-contiguous")
         return t
@@ -87,8 +94,9 @@ class NcclComm:
         """parts[d] (device arrays sharing dtype and trailing shape) go to rank d; returns the arrays rank
         s sent here (recv_rows[s] rows each), in rank order. One NCCL group of sends and receives."""
         if len(parts) != self.size or len(recv_rows) != self.size:
-            raise ValueError(f"NCCL alltoallv: {len(parts)} parts / {len(recv_rows)} receive counts for "
-                             f"{self.size} ranks")
+            raise ValueError(
+                f"NCCL alltoallv: {len(parts)} parts / {len(recv_rows)} receive counts for {self.size} ranks"
+            )
         cp, nccl = self._cupy, self._nccl
         sample = parts[0]
         tail = sample.shape[1:]
@@ -96,8 +104,10 @@ class NcclComm:
         t = self._type(parts[0], "alltoallv")
         for d, p in enumerate(parts):
             if p.dtype != sample.dtype or p.shape[1:] != tail:
-                raise ValueError(f"NCCL alltoallv: part {d} is {p.dtype}{p.shape}, part 0 {sample.dtype}"
-                                 f"{sample.shape}: dtype and trailing shape must match")
+                raise ValueError(
+                    f"NCCL alltoallv: part {d} is {p.dtype}{p.shape}, part 0 {sample.dtype}"
+                    f"{sample.shape}: dtype and trailing shape must match"
+                )
         out = [cp.empty((int(r),) + tail, dtype=sample.dtype) for r in recv_rows]
         stream = self._stream()
         nccl.groupStart()
@@ -134,4 +144,3 @@ class NcclComm:
         if out.size:
             self._c.reduceScatter(x.data.ptr, out.data.ptr, out.size, t, self._nccl.NCCL_SUM, self._stream())
         return out
-

@@ -18,20 +18,21 @@ Pure decisions over plain values, so that the cpu test suite exercises exactly t
 * ``choose_transport(...)``: NCCL (through CuPy) when every rank of the job has a GPU of its own and
   ``cupy.cuda.nccl`` imports; host-staged MPI otherwise.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 #: (local rank, local size) variables of the launchers, in the order they are trusted
 LOCAL_ENV = (
-    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),     # Open MPI
-    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),                           # MPICH hydra, Intel MPI
-    ("PMI_LOCAL_RANK", "PMI_LOCAL_SIZE"),                             # PMI-2/PMIx launchers
-    ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),       # MVAPICH2
-    ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),                       # srun
+    ("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # Open MPI
+    ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # MPICH hydra, Intel MPI
+    ("PMI_LOCAL_RANK", "PMI_LOCAL_SIZE"),  # PMI-2/PMIx launchers
+    ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),  # MVAPICH2
+    ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),  # srun
 )
 
-DEFAULT_VVGPU = ((0,),)          # HugeCTR's default: "GPU 0", which numbactr reads as "not chosen"
+DEFAULT_VVGPU = ((0,),)  # HugeCTR's default: "GPU 0", which numbactr reads as "not chosen"
 
 
 class PlacementError(ValueError):
@@ -42,6 +43,7 @@ class PlacementError(ValueError):
 class Placement:
     """This rank's place in the job: world rank/size, local rank/size on its node, node index/count,
     and where the local values came from (for the device report)."""
+
     rank: int = 0
     size: int = 1
     local_rank: int = 0
@@ -93,8 +95,7 @@ def _vvgpu_tuple(vvgpu) -> tuple[tuple[int, ...], ...]:
     try:
         out = tuple(tuple(int(g) for g in node) for node in vvgpu)
     except TypeError:
-        raise PlacementError(f"vvgpu must be a list of per-node GPU lists such as [[0, 1]], got {vvgpu!r}") \
-            from None
+        raise PlacementError(f"vvgpu must be a list of per-node GPU lists such as [[0, 1]], got {vvgpu!r}") from None
     if not out or any(len(n) == 0 for n in out):
         raise PlacementError(f"vvgpu={vvgpu!r} has an empty node list")
     if any(g < 0 for n in out for g in n):
@@ -112,8 +113,9 @@ def pinned_device(visible_devices: str | None) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-def choose_gpu(local_rank: int, node: int, visible: int, vvgpu=None,
-               visible_devices: str | None = None) -> tuple[int, str]:
+def choose_gpu(
+    local_rank: int, node: int, visible: int, vvgpu=None, visible_devices: str | None = None
+) -> tuple[int, str]:
     """(GPU index among the visible ones, why) for local rank `local_rank` of node `node`.
 
     vvgpu None or HugeCTR's default [[0]]: GPU ``local_rank % visible``. An explicit vvgpu: node n's
@@ -132,8 +134,10 @@ def choose_gpu(local_rank: int, node: int, visible: int, vvgpu=None,
     vv = DEFAULT_VVGPU if vvgpu is None else _vvgpu_tuple(vvgpu)
     pinned = pinned_device(visible_devices)
     if visible == 1 and pinned is not None:
-        return 0, (f"CUDA_VISIBLE_DEVICES={pinned}: the launcher assigned this rank (local rank {local_rank}) "
-                   f"its one visible GPU -> GPU 0" + ("" if vv == DEFAULT_VVGPU else ", vvgpu not applied"))
+        return 0, (
+            f"CUDA_VISIBLE_DEVICES={pinned}: the launcher assigned this rank (local rank {local_rank}) "
+            f"its one visible GPU -> GPU 0" + ("" if vv == DEFAULT_VVGPU else ", vvgpu not applied")
+        )
     if vv == DEFAULT_VVGPU:
         gpu = local_rank % visible
         return gpu, f"local rank {local_rank} of {visible} visible GPU(s) -> GPU {gpu}"
@@ -142,12 +146,15 @@ def choose_gpu(local_rank: int, node: int, visible: int, vvgpu=None,
     elif node < len(vv):
         gpus, which = vv[node], f"vvgpu[{node}]"
     else:
-        raise PlacementError(f"vvgpu lists {len(vv)} nodes but this rank runs on node {node}: give one GPU "
-                             f"list per node")
+        raise PlacementError(
+            f"vvgpu lists {len(vv)} nodes but this rank runs on node {node}: give one GPU list per node"
+        )
     gpu = gpus[local_rank % len(gpus)]
     if gpu >= visible:
-        raise PlacementError(f"{which}={list(gpus)} asks local rank {local_rank} for GPU {gpu}, but only "
-                             f"{visible} GPU(s) are visible (0..{visible - 1}; CUDA_VISIBLE_DEVICES renumbers)")
+        raise PlacementError(
+            f"{which}={list(gpus)} asks local rank {local_rank} for GPU {gpu}, but only "
+            f"{visible} GPU(s) are visible (0..{visible - 1}; CUDA_VISIBLE_DEVICES renumbers)"
+        )
     return gpu, f"local rank {local_rank} -> {which}[{local_rank % len(gpus)}] = GPU {gpu}"
 
 
@@ -187,7 +194,7 @@ def pci_key_from_text(bus_id: str) -> int:
 
 def pci_text(key: int) -> str:
     """A pci_key as ``dddd:bb:dd`` (hexadecimal, as CUDA writes it)."""
-    return f"{key >> 16:04x}:{(key >> 8) & 0xff:02x}:{key & 0xff:02x}"
+    return f"{key >> 16:04x}:{(key >> 8) & 0xFF:02x}:{key & 0xFF:02x}"
 
 
 def own_gpus(rows) -> tuple[bool, str]:
@@ -205,14 +212,14 @@ def own_gpus(rows) -> tuple[bool, str]:
         if key < 0:
             return False, f"rank {r} has no GPU whose PCI address could be read"
         if (node, key) in seen:
-            return False, (f"ranks {seen[(node, key)]} and {r} share a GPU (PCI {pci_text(key)} on node "
-                           f"{node})")
+            return False, (f"ranks {seen[(node, key)]} and {r} share a GPU (PCI {pci_text(key)} on node {node})")
         seen[(node, key)] = r
     return True, ""
 
 
-def choose_transport(size: int, device_kind: str, gpu_per_rank: bool, nccl_importable: bool,
-                     forced: str = "", shared_why: str = "") -> tuple[str, str]:
+def choose_transport(
+    size: int, device_kind: str, gpu_per_rank: bool, nccl_importable: bool, forced: str = "", shared_why: str = ""
+) -> tuple[str, str]:
     """('nccl' | 'mpi', why): how device buffers travel between ranks.
 
     NCCL needs several ranks, the gpu device, a GPU of its own on every rank (``gpu_per_rank``,

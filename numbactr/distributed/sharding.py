@@ -4,6 +4,7 @@
 - DistributedSlotSparseEmbeddingHash = row-wise sharding: key k lives on rank k % R.
 - LocalizedSlotSparseEmbeddingHash = table-wise sharding: every key of slot s lives on rank s % R.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,8 @@ def split_batch(batch, rank: int, ranks: int):
     sparse = []
     for keys, offsets in batch.sparse:
         slots = (len(offsets) - 1) // batch.batch_size
-        o = offsets[r0 * slots:r1 * slots + 1]
-        sparse.append((keys[o[0]:o[-1]], (o - o[0]).astype(np.int64)))
+        o = offsets[r0 * slots : r1 * slots + 1]
+        sparse.append((keys[o[0] : o[-1]], (o - o[0]).astype(np.int64)))
     valid = int(min(max(batch.size - r0, 0), r1 - r0))
     return type(batch)(batch.label[r0:r1], batch.dense[r0:r1], sparse, size=valid)
 

@@ -15,6 +15,7 @@ On the cpu device the state is NumPy arrays updated with the reference's vectori
 sim the kernels update device arrays, and a placement reads back only the per-table miss counts and the
 misses / victims / evicted rows the data movement needs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,15 +35,16 @@ POLICIES = cache.POLICIES
 class CacheStats:
     """Counters since the cache was made (or reset()). Occurrence counts (lookups, hits) count every index
     of every placed batch; unique counts, FBGEMM's uvm_cache_stats, count distinct rows per batch."""
-    batches: int = 0                # placements (FBGEMM's N_calls)
-    lookups: int = 0                # row occurrences placed (N_requested_indices)
-    hits: int = 0                   # occurrences whose row was already cached
-    unique_rows: int = 0            # distinct rows per batch, summed (N_unique_indices)
-    unique_misses: int = 0          # distinct rows loaded from the backing tier (N_unique_misses)
-    batches_with_misses: int = 0    # FBGEMM's cache_miss_counter[0]
-    evictions: int = 0              # rows pushed out of their slot
-    writebacks: int = 0             # evicted (or flushed) rows written back because they were updated
-    table_misses: list = field(default_factory=list)   # (T,) unique misses per table
+
+    batches: int = 0  # placements (FBGEMM's N_calls)
+    lookups: int = 0  # row occurrences placed (N_requested_indices)
+    hits: int = 0  # occurrences whose row was already cached
+    unique_rows: int = 0  # distinct rows per batch, summed (N_unique_indices)
+    unique_misses: int = 0  # distinct rows loaded from the backing tier (N_unique_misses)
+    batches_with_misses: int = 0  # FBGEMM's cache_miss_counter[0]
+    evictions: int = 0  # rows pushed out of their slot
+    writebacks: int = 0  # evicted (or flushed) rows written back because they were updated
+    table_misses: list = field(default_factory=list)  # (T,) unique misses per table
 
     @property
     def misses(self) -> int:
@@ -66,6 +68,7 @@ class Placement:
     unique_rows (U,), unique_slots (U,), counts (U,) occurrences. Host arrays (M,): misses, victims, evicted,
     evicted_dirty,
     evicted_freq; miss_start (T + 1,) the misses of table t are misses[miss_start[t]:miss_start[t+1]]."""
+
     slots: object
     unique_rows: object
     unique_slots: object
@@ -106,13 +109,13 @@ class EmbeddingCache:
         self.table_rows = rows.copy()
         self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
         xp, n = self.xp, int(self.slot_offsets[-1])
-        self.slot_row = xp.full(n, -1, np.int64)                     # (C,)
-        self.row_slot = xp.full(int(self.row_offsets[-1]), -1, np.int64)   # (R,)
+        self.slot_row = xp.full(n, -1, np.int64)  # (C,)
+        self.row_slot = xp.full(int(self.row_offsets[-1]), -1, np.int64)  # (R,)
         self.stamp = xp.zeros(n, np.int64)
         self.freq = xp.zeros(n, np.int64)
         self.pins = xp.zeros(n, np.int32)
         self.dirty = xp.zeros(n, np.int8)
-        self.slot_table = np.repeat(np.arange(caps.size), caps)      # (C,) host: table of each slot
+        self.slot_table = np.repeat(np.arange(caps.size), caps)  # (C,) host: table of each slot
         self.clock = 0
         self.stats = CacheStats(table_misses=[0] * caps.size)
         if self.use_kernels:
@@ -188,7 +191,7 @@ class EmbeddingCache:
             if victims is None:
                 prio = cache.priorities_ref(self.slot_row, self.stamp, self.freq, self.pins, hit, self.policy)
                 victims = cache.victims_ref(prio, self.slot_offsets, misses, self.row_offsets)
-        else:                      # every row cached: no priorities to rank (an O(C) pass saved)
+        else:  # every row cached: no priorities to rank (an O(C) pass saved)
             victims = np.zeros(0, np.int64)
         return self._install_host(rows, u, n, misses, victims)
 
@@ -204,7 +207,7 @@ class EmbeddingCache:
             if m1 == m0:
                 continue
             lo, hi = int(self.slot_offsets[t]), int(self.slot_offsets[t + 1])
-            empty = np.flatnonzero(self.slot_row[lo:hi] < 0)[:m1 - m0]
+            empty = np.flatnonzero(self.slot_row[lo:hi] < 0)[: m1 - m0]
             if empty.shape[0] < m1 - m0 or self.pins[lo + empty].any():
                 return None
             victims[m0:m1] = lo + empty
@@ -219,13 +222,23 @@ class EmbeddingCache:
         self.row_slot[misses] = victims
         self.dirty[victims] = 0
         slots = np.where(rows >= 0, self.row_slot[np.maximum(rows, 0)], -1)
-        return Placement(slots, u, self.row_slot[u], n, misses, victims, evicted, evicted_dirty, evicted_freq,
-                         np.searchsorted(misses, self.row_offsets))
+        return Placement(
+            slots,
+            u,
+            self.row_slot[u],
+            n,
+            misses,
+            victims,
+            evicted,
+            evicted_dirty,
+            evicted_freq,
+            np.searchsorted(misses, self.row_offsets),
+        )
 
     def _place_kernels(self, rows) -> Placement:
         xp = self.xp
         valid = rows[rows >= 0]
-        u, n = xp.unique(valid, return_counts=True)                  # (U,) ascending, cupy / numpy
+        u, n = xp.unique(valid, return_counts=True)  # (U,) ascending, cupy / numpy
         u, n = u.astype(np.int64), n.astype(np.int64)
         hit = xp.empty(u.shape[0], np.int64)
         cache.lookup(u, self.row_slot, hit)
@@ -243,7 +256,7 @@ class EmbeddingCache:
             if want > free_h[t]:
                 raise CacheCapacityError(cache.capacity_message(t, want, int(free_h[t]), int(self.capacities[t])))
         order = xp.empty(self.n_slots, np.int64)
-        for t in range(self.capacities.size):                           # each table's slots by priority
+        for t in range(self.capacities.size):  # each table's slots by priority
             if miss_start_h[t + 1] > miss_start_h[t]:
                 lo, hi = int(self.slot_offsets[t]), int(self.slot_offsets[t + 1])
                 order[lo:hi] = lo + xp.argsort(prio[lo:hi], kind="stable")
@@ -258,8 +271,9 @@ class EmbeddingCache:
         uslots = xp.empty(u.shape[0], np.int64)
         cache.lookup(u, self.row_slot, uslots)
         h = device.to_host
-        return Placement(slots, u, uslots, n, h(misses), h(victims), h(evicted), h(evicted_dirty),
-                         h(evicted_freq), miss_start_h)
+        return Placement(
+            slots, u, uslots, n, h(misses), h(victims), h(evicted), h(evicted_dirty), h(evicted_freq), miss_start_h
+        )
 
     def _miss_occurrences(self, plan: Placement) -> int:
         """Occurrences of the batch's missing rows (their counts)."""
@@ -306,8 +320,10 @@ class EmbeddingCache:
     def invalidate(self) -> None:
         """Forget every row (the caller wrote the dirty ones back first); pins must be released."""
         if int(self.pins.sum()):
-            raise RuntimeError("the embedding cache cannot be emptied while a training lookup waits for its "
-                               "backward (its rows are pinned)")
+            raise RuntimeError(
+                "the embedding cache cannot be emptied while a training lookup waits for its "
+                "backward (its rows are pinned)"
+            )
         self.row_slot[...] = -1
         self.slot_row[...] = -1
         self.stamp[...] = 0
@@ -323,7 +339,7 @@ class EmbeddingCache:
         add = rows - int(self.table_rows[t])
         at = int(self.row_offsets[t + 1])
         self.row_slot = xp.concatenate([self.row_slot[:at], xp.full(add, -1, np.int64), self.row_slot[at:]])
-        shifted = self.slot_row >= at                                  # rows of later tables move up
+        shifted = self.slot_row >= at  # rows of later tables move up
         self.slot_row[shifted] += add
         self.table_rows[t] = rows
         self.row_offsets = np.concatenate([[0], np.cumsum(self.table_rows)]).astype(np.int64)

@@ -24,6 +24,7 @@ snapshot is complete. graph_to_json writes no entry for a collection, as HugeCTR
 Why one module per concept: the configuration, the plan, the engines and the files change for different
 reasons; this module only runs a step over them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,16 +34,26 @@ from numbactr.autograd import Context, Function, Tensor
 from numbactr.embedding.collection_config import COMBINERS, CollectionError, EmbeddingCollectionConfig
 from numbactr.embedding.collection_plan import group_plan, placement
 from numbactr.embedding.collection_tables import _Group, _Pooler, _Table
+
 # names importable from here before the module was split
 from numbactr.embedding.collection_config import MAX_EV, EmbeddingTableConfig  # noqa: F401
-from numbactr.embedding.collection_files import (DUMP_BASE, FILE_HEAD_BYTES, FILE_KEY, FILE_WEIGHT,  # noqa: F401
-                                                 KEY_TYPES, META_HEAD_INTS, dump, load, meta_data_bytes,
-                                                 parse_meta_data)
+from numbactr.embedding.collection_files import (
+    DUMP_BASE as DUMP_BASE,
+    FILE_HEAD_BYTES as FILE_HEAD_BYTES,
+    FILE_KEY as FILE_KEY,
+    FILE_WEIGHT,  # noqa: F401
+    KEY_TYPES as KEY_TYPES,
+    META_HEAD_INTS as META_HEAD_INTS,
+    dump as dump,
+    load as load,
+    meta_data_bytes as meta_data_bytes,
+    parse_meta_data as parse_meta_data,
+)
 from numbactr.embedding.collection_tables import DYNAMIC_INIT  # noqa: F401
 
 __all__ = ["EmbeddingTableConfig", "EmbeddingCollectionConfig", "EmbeddingCollection", "CollectionError"]
 
-GROUP_TABLES = True                # False: one engine per table (tests compare the two bit for bit)
+GROUP_TABLES = True  # False: one engine per table (tests compare the two bit for bit)
 
 
 # ---- the runtime -------------------------------------------------------------------------------
@@ -78,21 +89,34 @@ class EmbeddingCollection:
         self.name = f"EmbeddingCollection{index}"
         if not cfg.lookups:
             raise CollectionError(f"{self.name}: the EmbeddingCollectionConfig has no embedding_lookup")
-        self.lookups = []          # per lookup: dict(table, bottom, top, combiner, hot, width)
+        self.lookups = []  # per lookup: dict(table, bottom, top, combiner, hot, width)
         by_name = {t.name: t for t in cfg.tables}
         for table, bottom, top, combiner in cfg.lookups:
             p = sparse_params.get(bottom)
             if p is None:
-                raise CollectionError(f"{self.name}: lookup {top!r} reads bottom_name {bottom!r}, which is not a "
-                                      f"sparse input; sparse inputs: {sorted(sparse_params)}")
+                raise CollectionError(
+                    f"{self.name}: lookup {top!r} reads bottom_name {bottom!r}, which is not a "
+                    f"sparse input; sparse inputs: {sorted(sparse_params)}"
+                )
             if p.slot_num != 1:
-                raise CollectionError(f"{self.name}: lookup {top!r} reads {bottom!r} with slot_num={p.slot_num}; "
-                                      "an EmbeddingCollection lookup reads a sparse input of slot_num=1 (one "
-                                      "DataReaderSparseParam per feature, as HugeCTR requires)")
+                raise CollectionError(
+                    f"{self.name}: lookup {top!r} reads {bottom!r} with slot_num={p.slot_num}; "
+                    "an EmbeddingCollection lookup reads a sparse input of slot_num=1 (one "
+                    "DataReaderSparseParam per feature, as HugeCTR requires)"
+                )
             hot = int(p.max_feature_num)
             dim = by_name[table].ev_size
-            self.lookups.append(dict(table=table, bottom=bottom, top=top, combiner=combiner, hot=hot,
-                                     width=hot * dim if combiner == "concat" else dim, dim=dim))
+            self.lookups.append(
+                dict(
+                    table=table,
+                    bottom=bottom,
+                    top=top,
+                    combiner=combiner,
+                    hot=hot,
+                    width=hot * dim if combiner == "concat" else dim,
+                    dim=dim,
+                )
+            )
         placement_ = placement(cfg, comm, self.name, by_name)
         self.tables = []
         for t in cfg.tables:
@@ -102,10 +126,10 @@ class EmbeddingCollection:
             self.tables.append(_Table(t, mine, table_opt, seed, comm, strategy, ranks))
         self._table_of = {i: t for t in self.tables for i in t.lookups}
         self.groups = self._group_tables()
-        self._poolers = {}                  # (dim, pooling) -> _Pooler
+        self._poolers = {}  # (dim, pooling) -> _Pooler
         self._anchor = Tensor(device.xp().zeros(1, np.float32), name=self.name, requires_grad=True)
-        self._saved = None                  # this step's per-table lookups, for update()
-        self._pending = None                # this step's dLoss/dtop, from the tape's backward
+        self._saved = None  # this step's per-table lookups, for update()
+        self._pending = None  # this step's dLoss/dtop, from the tape's backward
 
     # ---- configuration ---------------------------------------------------------------------------
     def _group_tables(self) -> list:
@@ -137,8 +161,9 @@ class EmbeddingCollection:
         """{top name: Tensor} of this rank's batch; inputs: {sparse input name: (keys (N,), offsets (B+1,))}."""
         if training:
             self._pending = None
-        outs = _CollectionFn.apply(tape if training else None, self._anchor, coll=self, inputs=inputs,
-                                   training=training, name=self.name)
+        outs = _CollectionFn.apply(
+            tape if training else None, self._anchor, coll=self, inputs=inputs, training=training, name=self.name
+        )
         outs = outs if isinstance(outs, tuple) else (outs,)
         return {name: o for (name, _), o in zip(self.tops(0), outs)}
 
@@ -150,7 +175,7 @@ class EmbeddingCollection:
         rows = (0, batch)
         if any(t.strategy == "dp" for t in self.tables) and self.comm.size > 1:
             counts = self.comm.allgather_rows(np.array([batch], np.int64))
-            rows = (int(counts[:self.comm.rank].sum()), int(counts[:self.comm.rank + 1].sum()))
+            rows = (int(counts[: self.comm.rank].sum()), int(counts[: self.comm.rank + 1].sum()))
         per_lookup = [None] * len(self.lookups)
         saved = []
         for g in self.groups:
@@ -160,16 +185,16 @@ class EmbeddingCollection:
                 self._check_keys(self._table_of[i], i, keys)
             keys, offsets, pos = _interleave(csrs)
             out, ctx = g.lookup(xp.asarray(keys), xp.asarray(offsets), training)
-            if g.pooled:                            # out: (B, sum of widths), every lookup's SUM side by side
+            if g.pooled:  # out: (B, sum of widths), every lookup's SUM side by side
                 scales, col = [], 0
                 for i, (_, o) in zip(g.lookups, csrs):
                     dim = self.lookups[i]["dim"]
-                    part = out[:, col:col + dim]
+                    part = out[:, col : col + dim]
                     scale = None
-                    if self.lookups[i]["combiner"] != "sum":           # average: times 1/length (float32)
+                    if self.lookups[i]["combiner"] != "sum":  # average: times 1/length (float32)
                         scale = xp.asarray(np.float32(1.0) / np.maximum(np.diff(o), 1).astype(np.float32))
                         part = part * scale[:, None]
-                    per_lookup[i] = xp.ascontiguousarray(part[rows[0]:rows[1]] if gather else part)
+                    per_lookup[i] = xp.ascontiguousarray(part[rows[0] : rows[1]] if gather else part)
                     scales.append(scale)
                     col += dim
                 saved.append((ctx, scales, gather))
@@ -177,7 +202,7 @@ class EmbeddingCollection:
             pooled = []
             for i, (k, o), p in zip(g.lookups, csrs, pos):
                 res, pctx = self._pool(i, out[xp.asarray(p)], o)
-                per_lookup[i] = res[rows[0]:rows[1]] if gather else res
+                per_lookup[i] = res[rows[0] : rows[1]] if gather else res
                 pooled.append(pctx)
             saved.append((ctx, pos, pooled, csrs, gather, keys.shape[0]))
         if training:
@@ -206,11 +231,13 @@ class EmbeddingCollection:
         bad = np.flatnonzero((keys < 0) | (keys >= t.cfg.max_vocabulary_size))
         if bad.size:
             lk = self.lookups[i]
-            raise CollectionError(f"{self.name}: lookup {lk['top']!r} (bottom {lk['bottom']!r}) has key "
-                                  f"{int(keys[bad[0]])} at position {int(bad[0])}, outside static table "
-                                  f"{t.name!r}'s rows [0, {t.cfg.max_vocabulary_size}) (max_vocabulary_size); "
-                                  f"{bad.size} such key(s) in this batch. Use max_vocabulary_size=-1 (dynamic "
-                                  "table) for arbitrary keys")
+            raise CollectionError(
+                f"{self.name}: lookup {lk['top']!r} (bottom {lk['bottom']!r}) has key "
+                f"{int(keys[bad[0]])} at position {int(bad[0])}, outside static table "
+                f"{t.name!r}'s rows [0, {t.cfg.max_vocabulary_size}) (max_vocabulary_size); "
+                f"{bad.size} such key(s) in this batch. Use max_vocabulary_size=-1 (dynamic "
+                "table) for arbitrary keys"
+            )
 
     def _pool(self, i: int, vecs, offsets):
         """(out (B, width), ctx) of lookup i's occurrence vectors (n, D) in bags offsets (B+1,)."""
@@ -225,10 +252,13 @@ class EmbeddingCollection:
         lens = np.diff(offsets)
         if lens.size and int(lens.max()) > lk["hot"]:
             b = int(np.argmax(lens))
-            raise CollectionError(f"{self.name}: concat lookup {lk['top']!r}: sample {b} of {lk['bottom']!r} has "
-                                  f"{int(lens[b])} keys, more than its nnz_per_slot {lk['hot']}")
-        place = np.repeat(np.arange(batch, dtype=np.int64) * lk["hot"] - offsets[:-1], lens) + \
-            np.arange(offsets[-1], dtype=np.int64)                     # (n,) slot in (B*H) of each occurrence
+            raise CollectionError(
+                f"{self.name}: concat lookup {lk['top']!r}: sample {b} of {lk['bottom']!r} has "
+                f"{int(lens[b])} keys, more than its nnz_per_slot {lk['hot']}"
+            )
+        place = np.repeat(np.arange(batch, dtype=np.int64) * lk["hot"] - offsets[:-1], lens) + np.arange(
+            offsets[-1], dtype=np.int64
+        )  # (n,) slot in (B*H) of each occurrence
         out = xp.zeros((batch * lk["hot"], dim), np.float32)
         out[xp.asarray(place)] = vecs
         return out.reshape(batch, lk["hot"] * dim), (None, xp.asarray(place))
@@ -250,14 +280,14 @@ class EmbeddingCollection:
         for g, kept in zip(self.groups, saved):
             if g.pooled:
                 ctx, scales, gather = kept
-                dy = xp.concatenate([xp.asarray(dys[i], dtype=np.float32) for i in g.lookups], axis=1)   # a copy
-                if gather:                                  # every rank's dLoss/dtop rows, rank order
+                dy = xp.concatenate([xp.asarray(dys[i], dtype=np.float32) for i in g.lookups], axis=1)  # a copy
+                if gather:  # every rank's dLoss/dtop rows, rank order
                     dy = xp.asarray(self.comm.allgather_rows(np.ascontiguousarray(device.to_host(dy))))
                 col = 0
                 for i, scale in zip(g.lookups, scales):
                     dim = self.lookups[i]["dim"]
                     if scale is not None:
-                        dy[:, col:col + dim] *= scale[:, None]
+                        dy[:, col : col + dim] *= scale[:, None]
                     col += dim
                 g.apply(ctx, dy, lr, scaler)
                 continue
@@ -265,7 +295,7 @@ class EmbeddingCollection:
             grads = xp.zeros((n, g.tables[0].dim), np.float32)
             for i, p, (pooler, pctx), (_, offsets) in zip(g.lookups, pos, pooled, csrs):
                 dy = dys[i]
-                if gather:                                  # every rank's dLoss/dtop rows, rank order
+                if gather:  # every rank's dLoss/dtop rows, rank order
                     dy = xp.asarray(self.comm.allgather_rows(np.ascontiguousarray(device.to_host(dy))))
                 if pooler is not None:
                     res = pooler.backward(pctx, xp.ascontiguousarray(dy))
@@ -280,10 +310,16 @@ class EmbeddingCollection:
         if self.cfg.batch_major_top is not None:
             whole = pending[0]
             cols = np.concatenate([[0], np.cumsum([lk["width"] for lk in self.lookups])])
-            return [xp.zeros((batch, lk["width"]), np.float32) if whole is None
-                    else whole.reshape(batch, -1)[:, cols[i]:cols[i + 1]] for i, lk in enumerate(self.lookups)]
-        return [xp.zeros((batch, lk["width"]), np.float32) if d is None else d.reshape(batch, -1)
-                for d, lk in zip(pending, self.lookups)]
+            return [
+                xp.zeros((batch, lk["width"]), np.float32)
+                if whole is None
+                else whole.reshape(batch, -1)[:, cols[i] : cols[i + 1]]
+                for i, lk in enumerate(self.lookups)
+            ]
+        return [
+            xp.zeros((batch, lk["width"]), np.float32) if d is None else d.reshape(batch, -1)
+            for d, lk in zip(pending, self.lookups)
+        ]
 
 
 def _interleave(csrs):

@@ -12,6 +12,7 @@ A table is static (max_vocabulary_size = V > 0: row = key) or dynamic (-1: a gro
 is "sum", "average" (or "mean") or "concat". Why checked here and not at model.add: the error then points at
 the line of the script that made the mistake. What the objects do at run time: collection.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,7 @@ from numbactr.embedding.engine import Pooling
 __all__ = ["EmbeddingTableConfig", "EmbeddingCollectionConfig", "CollectionError", "COMBINERS", "MAX_EV"]
 
 COMBINERS = {"sum": Pooling.SUM, "average": Pooling.MEAN, "mean": Pooling.MEAN, "concat": Pooling.NONE}
-MAX_EV = 1024                      # HugeCTR's largest embedding vector
+MAX_EV = 1024  # HugeCTR's largest embedding vector
 
 
 class CollectionError(ValueError):
@@ -41,22 +42,34 @@ class EmbeddingTableConfig:
 
     def __init__(self, name, max_vocabulary_size, ev_size, opt_params_or_empty=None, init_param_or_empty=None):
         if not _name_ok(name):
-            raise CollectionError(f"EmbeddingTableConfig: name must be a non-empty string without '/' or '\\' "
-                                  f"(it names the table's folder in embedding_dump), got {name!r}")
+            raise CollectionError(
+                f"EmbeddingTableConfig: name must be a non-empty string without '/' or '\\' "
+                f"(it names the table's folder in embedding_dump), got {name!r}"
+            )
         who = f"EmbeddingTableConfig {name!r}"
-        if isinstance(max_vocabulary_size, bool) or not isinstance(max_vocabulary_size, (int, np.integer)) \
-                or not (max_vocabulary_size == -1 or max_vocabulary_size > 0):
-            raise CollectionError(f"{who}: max_vocabulary_size must be -1 (dynamic table) or a positive row "
-                                  f"count, got {max_vocabulary_size!r}")
+        if (
+            isinstance(max_vocabulary_size, bool)
+            or not isinstance(max_vocabulary_size, (int, np.integer))
+            or not (max_vocabulary_size == -1 or max_vocabulary_size > 0)
+        ):
+            raise CollectionError(
+                f"{who}: max_vocabulary_size must be -1 (dynamic table) or a positive row "
+                f"count, got {max_vocabulary_size!r}"
+            )
         if isinstance(ev_size, bool) or not isinstance(ev_size, (int, np.integer)) or not 1 <= ev_size <= MAX_EV:
             raise CollectionError(f"{who}: ev_size must be an integer in 1..{MAX_EV}, got {ev_size!r}")
-        if opt_params_or_empty is not None and (not isinstance(opt_params_or_empty, OptParamsPy)
-                                                or not opt_params_or_empty.initialized):
-            raise CollectionError(f"{who}: opt_params_or_empty must come from CreateOptimizer() or be None (the "
-                                  f"model's optimizer), got {opt_params_or_empty!r}")
+        if opt_params_or_empty is not None and (
+            not isinstance(opt_params_or_empty, OptParamsPy) or not opt_params_or_empty.initialized
+        ):
+            raise CollectionError(
+                f"{who}: opt_params_or_empty must come from CreateOptimizer() or be None (the "
+                f"model's optimizer), got {opt_params_or_empty!r}"
+            )
         if init_param_or_empty is not None:
-            raise NotImplementedError(f"{who}: init_param_or_empty is not supported by numbactr (HugeCTR's "
-                                      "Python API has no way to build one either); leave it None")
+            raise NotImplementedError(
+                f"{who}: init_param_or_empty is not supported by numbactr (HugeCTR's "
+                "Python API has no way to build one either); leave it None"
+            )
         self.name = name
         self.max_vocabulary_size = int(max_vocabulary_size)
         self.ev_size = int(ev_size)
@@ -68,12 +81,17 @@ class EmbeddingTableConfig:
         return self.max_vocabulary_size == -1
 
     def _same(self, other: "EmbeddingTableConfig") -> bool:
-        return (self.max_vocabulary_size, self.ev_size, self.opt_params_or_empty) == \
-            (other.max_vocabulary_size, other.ev_size, other.opt_params_or_empty)
+        return (self.max_vocabulary_size, self.ev_size, self.opt_params_or_empty) == (
+            other.max_vocabulary_size,
+            other.ev_size,
+            other.opt_params_or_empty,
+        )
 
     def __repr__(self):
-        return (f"EmbeddingTableConfig(name={self.name!r}, max_vocabulary_size={self.max_vocabulary_size}, "
-                f"ev_size={self.ev_size})")
+        return (
+            f"EmbeddingTableConfig(name={self.name!r}, max_vocabulary_size={self.max_vocabulary_size}, "
+            f"ev_size={self.ev_size})"
+        )
 
 
 class EmbeddingCollectionConfig:
@@ -83,12 +101,14 @@ class EmbeddingCollectionConfig:
 
     def __init__(self, use_exclusive_keys: bool = False, comm_strategy=CommunicationStrategy.Uniform):
         if not isinstance(comm_strategy, CommunicationStrategy):
-            raise CollectionError(f"EmbeddingCollectionConfig: comm_strategy must be a CommunicationStrategy "
-                                  f"(Uniform or Hierarchical), got {comm_strategy!r}")
+            raise CollectionError(
+                f"EmbeddingCollectionConfig: comm_strategy must be a CommunicationStrategy "
+                f"(Uniform or Hierarchical), got {comm_strategy!r}"
+            )
         self.use_exclusive_keys = bool(use_exclusive_keys)
         self.comm_strategy = comm_strategy
         self.tables: list[EmbeddingTableConfig] = []
-        self.lookups: list[tuple[str, str, str, str]] = []     # (table name, bottom, top, combiner)
+        self.lookups: list[tuple[str, str, str, str]] = []  # (table name, bottom, top, combiner)
         self.batch_major_top: str | None = None
         self.shard_matrix: list[list[str]] | None = None
         self.shard_strategy: list[tuple[str, list[str]]] | None = None
@@ -97,21 +117,28 @@ class EmbeddingCollectionConfig:
         if isinstance(table_config, (list, tuple)):
             return self._batch_major(table_config, bottom_name, top_name, combiner)
         if not isinstance(table_config, EmbeddingTableConfig):
-            raise CollectionError(f"embedding_lookup: table_config must be an EmbeddingTableConfig (or a list of "
-                                  f"them), got {type(table_config).__name__}")
+            raise CollectionError(
+                f"embedding_lookup: table_config must be an EmbeddingTableConfig (or a list of "
+                f"them), got {type(table_config).__name__}"
+            )
         for what, v in (("bottom_name", bottom_name), ("top_name", top_name)):
             if not isinstance(v, str) or not v:
-                raise CollectionError(f"embedding_lookup (table {table_config.name!r}): {what} must be a "
-                                      f"non-empty string, got {v!r}")
+                raise CollectionError(
+                    f"embedding_lookup (table {table_config.name!r}): {what} must be a non-empty string, got {v!r}"
+                )
         if combiner not in COMBINERS:
-            raise CollectionError(f"embedding_lookup {top_name!r} (table {table_config.name!r}): combiner "
-                                  f"{combiner!r} is not supported; use 'sum', 'average' (or 'mean') or 'concat'")
+            raise CollectionError(
+                f"embedding_lookup {top_name!r} (table {table_config.name!r}): combiner "
+                f"{combiner!r} is not supported; use 'sum', 'average' (or 'mean') or 'concat'"
+            )
         if any(top_name == t for _, _, t, _ in self.lookups):
             raise CollectionError(f"embedding_lookup: top_name {top_name!r} is already a lookup's top")
         known = [t for t in self.tables if t.name == table_config.name]
         if known and not known[0]._same(table_config):
-            raise CollectionError(f"embedding_lookup {top_name!r}: two different tables are named "
-                                  f"{table_config.name!r} ({known[0]} and {table_config})")
+            raise CollectionError(
+                f"embedding_lookup {top_name!r}: two different tables are named "
+                f"{table_config.name!r} ({known[0]} and {table_config})"
+            )
         if not known:
             self.tables.append(table_config)
         self.lookups.append((table_config.name, bottom_name, top_name, combiner))
@@ -119,14 +146,22 @@ class EmbeddingCollectionConfig:
     def _batch_major(self, tables, bottoms, top_name, combiners) -> None:
         """HugeCTR's list form: lookup i is named top_name + str(i) inside; only top_name is a tensor."""
         if self.lookups:
-            raise CollectionError("embedding_lookup with lists (one batch-major top) must be the collection's "
-                                  "only embedding_lookup call (HugeCTR: 'empty lookup params required')")
-        if not isinstance(bottoms, (list, tuple)) or not isinstance(combiners, (list, tuple)) \
-                or not len(tables) == len(bottoms) == len(combiners) or not tables:
-            raise CollectionError(f"embedding_lookup {top_name!r}: the list form needs equally long non-empty "
-                                  f"lists of tables, bottom names and combiners, got {len(tables)}, "
-                                  f"{len(bottoms) if isinstance(bottoms, (list, tuple)) else bottoms!r} and "
-                                  f"{len(combiners) if isinstance(combiners, (list, tuple)) else combiners!r}")
+            raise CollectionError(
+                "embedding_lookup with lists (one batch-major top) must be the collection's "
+                "only embedding_lookup call (HugeCTR: 'empty lookup params required')"
+            )
+        if (
+            not isinstance(bottoms, (list, tuple))
+            or not isinstance(combiners, (list, tuple))
+            or not len(tables) == len(bottoms) == len(combiners)
+            or not tables
+        ):
+            raise CollectionError(
+                f"embedding_lookup {top_name!r}: the list form needs equally long non-empty "
+                f"lists of tables, bottom names and combiners, got {len(tables)}, "
+                f"{len(bottoms) if isinstance(bottoms, (list, tuple)) else bottoms!r} and "
+                f"{len(combiners) if isinstance(combiners, (list, tuple)) else combiners!r}"
+            )
         if not isinstance(top_name, str) or not top_name:
             raise CollectionError(f"embedding_lookup: top_name must be a non-empty string, got {top_name!r}")
         for i, (t, b, c) in enumerate(zip(tables, bottoms, combiners)):
@@ -139,7 +174,9 @@ class EmbeddingCollectionConfig:
             matrix = [[str(n) for n in row] for row in shard_matrix]
             strategy = [(str(s), [str(n) for n in names]) for s, names in shard_strategy]
         except (TypeError, ValueError):
-            raise CollectionError(f"shard: shard_matrix must be a list of lists of table names and shard_strategy "
-                                  f"a list of (\"mp\"|\"dp\", [table names]) pairs, got {shard_matrix!r} and "
-                                  f"{shard_strategy!r}") from None
+            raise CollectionError(
+                f"shard: shard_matrix must be a list of lists of table names and shard_strategy "
+                f'a list of ("mp"|"dp", [table names]) pairs, got {shard_matrix!r} and '
+                f"{shard_strategy!r}"
+            ) from None
         self.shard_matrix, self.shard_strategy = matrix, strategy

@@ -12,6 +12,7 @@ dynamic kind, and mode (pooled: sum/average lookups only, not model parallel ove
 Why keep static and dynamic apart: a hash table in an engine takes the engine's index fast path away from its
 static tables, and a growing table rebuilds its whole engine.
 """
+
 from __future__ import annotations
 
 from numbactr.validate import warn_ignored
@@ -24,8 +25,10 @@ def placement(cfg, comm, name: str, by_name: dict) -> dict:
     who = f"{name} shard()"
     if cfg.shard_matrix is None:
         if R > 1:
-            raise CollectionError(f"{name}: on {R} ranks the EmbeddingCollectionConfig needs "
-                                  "shard(shard_matrix, shard_strategy) to place its tables")
+            raise CollectionError(
+                f"{name}: on {R} ranks the EmbeddingCollectionConfig needs "
+                "shard(shard_matrix, shard_strategy) to place its tables"
+            )
         return {n: ("mp", [0]) for n in by_name}
     G = len(cfg.shard_matrix)
     if G != R:
@@ -33,18 +36,27 @@ def placement(cfg, comm, name: str, by_name: dict) -> dict:
         # each: GPU g's tables go to rank g * R // G (the GPUs of one node to one rank); where a table lives
         # changes no result (model-parallel tables equal one rank's, data-parallel ones are everywhere)
         if G < R or G % R:
-            raise CollectionError(f"{who}: shard_matrix has {G} rows, one per GPU; this job has {R} rank(s), one "
-                                  f"GPU each (give one row per rank, or a multiple of the rank count)")
-        warn_ignored(who, "shard_matrix rows", G, f"numbactr runs one GPU per rank: this job has {R} rank(s), so "
-                     f"the tables of GPUs {G // R} at a time are placed together on one rank", stacklevel=4)
+            raise CollectionError(
+                f"{who}: shard_matrix has {G} rows, one per GPU; this job has {R} rank(s), one "
+                f"GPU each (give one row per rank, or a multiple of the rank count)"
+            )
+        warn_ignored(
+            who,
+            "shard_matrix rows",
+            G,
+            f"numbactr runs one GPU per rank: this job has {R} rank(s), so "
+            f"the tables of GPUs {G // R} at a time are placed together on one rank",
+            stacklevel=4,
+        )
     strategy = {}
     for kind, names in cfg.shard_strategy:
         if kind not in ("mp", "dp"):
             raise CollectionError(f"{who}: shard_strategy kind {kind!r} is not 'mp' or 'dp'")
         for n in names:
             if n not in by_name:
-                raise CollectionError(f"{who}: shard_strategy names table {n!r}, which no lookup uses; "
-                                      f"tables: {sorted(by_name)}")
+                raise CollectionError(
+                    f"{who}: shard_strategy names table {n!r}, which no lookup uses; tables: {sorted(by_name)}"
+                )
             if n in strategy:
                 raise CollectionError(f"{who}: table {n!r} appears twice in shard_strategy")
             strategy[n] = kind
@@ -56,8 +68,9 @@ def placement(cfg, comm, name: str, by_name: dict) -> dict:
         r = g * R // G
         for n in row:
             if n not in by_name:
-                raise CollectionError(f"{who}: shard_matrix row {g} names table {n!r}, which no lookup uses; "
-                                      f"tables: {sorted(by_name)}")
+                raise CollectionError(
+                    f"{who}: shard_matrix row {g} names table {n!r}, which no lookup uses; tables: {sorted(by_name)}"
+                )
             if r not in ranks[n]:
                 ranks[n].append(r)
     out = {}
@@ -65,8 +78,10 @@ def placement(cfg, comm, name: str, by_name: dict) -> dict:
         if not ranks[n]:
             raise CollectionError(f"{who}: table {n!r} is on no rank (no shard_matrix row names it)")
         if strategy[n] == "dp" and len(ranks[n]) != R:
-            raise CollectionError(f"{who}: data-parallel table {n!r} must be on every rank; shard_matrix puts "
-                                  f"it on ranks {ranks[n]} of {R}")
+            raise CollectionError(
+                f"{who}: data-parallel table {n!r} must be on every rank; shard_matrix puts "
+                f"it on ranks {ranks[n]} of {R}"
+            )
         out[n] = (strategy[n], ranks[n])
     return out
 

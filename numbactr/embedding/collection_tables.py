@@ -20,6 +20,7 @@ starting at 0, per-element states of the engine: _Group.ftrl_states).
 Why the table seed in every hash: equal-sized tables must not start equal, and every device and sharding
 then starts from the same rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,13 +33,21 @@ from numbactr.runtime import device
 from numbactr.kernels import embedding_init
 from numbactr.embedding.hugectr_optimizers import sparse_optimizer_spec
 from numbactr.embedding.collection_config import EmbeddingTableConfig
-from numbactr.embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding, TableSpec,
-                     fill_uniform_rows)
+from numbactr.embedding.engine import (
+    BoundsCheck,
+    Layout,
+    Optim,
+    OptimizerSpec,
+    Pooling,
+    TableBatchedEmbedding,
+    TableSpec,
+    fill_uniform_rows,
+)
 from numbactr.embedding.hash_table import HashTableFullError
 from numbactr.embedding.sharded import ShardedTable
 
 DYNAMIC_INIT = (-0.05, 0.05)
-DYNAMIC_START_ROWS = 1024          # first size of a dynamic table (doubled whenever it fills)
+DYNAMIC_START_ROWS = 1024  # first size of a dynamic table (doubled whenever it fills)
 
 
 class _Pooler:
@@ -51,8 +60,13 @@ class _Pooler:
     def forward(self, vectors, offsets):
         n = vectors.shape[0]
         if self.engine is None or self.engine.rows[0] < n:
-            self.engine = TableBatchedEmbedding([(max(n, 1) * 3 // 2 + 1, self.dim)], [0], pooling=self.pooling,
-                                                optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.FATAL)
+            self.engine = TableBatchedEmbedding(
+                [(max(n, 1) * 3 // 2 + 1, self.dim)],
+                [0],
+                pooling=self.pooling,
+                optimizer=OptimizerSpec(Optim.NONE),
+                bounds_check=BoundsCheck.FATAL,
+            )
         self.engine.split_weights()[0][:n] = vectors
         out, ctx = self.engine.forward(device.xp().arange(n, dtype=np.int64), offsets, training=False)
         return out, (self.engine, ctx)
@@ -62,7 +76,7 @@ class _Pooler:
         engine, ctx = saved
         if ctx.rows.shape[0] == 0:
             return device.xp().zeros((0, self.dim), np.float32)
-        return engine.backward(ctx, dy).sparse.values[:, :self.dim]
+        return engine.backward(ctx, dy).sparse.values[:, : self.dim]
 
 
 def _seed(seed: int, name: str) -> int:
@@ -116,31 +130,50 @@ class _Group:
         first = tables[0]
         self.strategy, self.ranks = first.strategy, first.ranks
         self.opt_spec, self.ftrl = first.opt_spec, first.ftrl
-        self.lookups = [i for t in tables for i in t.lookups]            # the engine's features, in this order
+        self.lookups = [i for t in tables for i in t.lookups]  # the engine's features, in this order
         self.feature_table = [j for j, t in enumerate(tables) for _ in t.lookups]
         self.seed = first.seed
         for j, t in enumerate(tables):
             t.group, t.index = self, j
-        self.engine = self._new_engine([DYNAMIC_START_ROWS if t.cfg.dynamic else t.cfg.max_vocabulary_size
-                                        for t in tables])
+        self.engine = self._new_engine(
+            [DYNAMIC_START_ROWS if t.cfg.dynamic else t.cfg.max_vocabulary_size for t in tables]
+        )
         for j, t in enumerate(tables):
-            if not t.cfg.dynamic:                 # U(-sqrt(1/V), sqrt(1/V)) from (table seed, row): its own rows
+            if not t.cfg.dynamic:  # U(-sqrt(1/V), sqrt(1/V)) from (table seed, row): its own rows
                 a = math.sqrt(1.0 / t.cfg.max_vocabulary_size)
-                fill_uniform_rows(self.engine.split_weights()[j], 0, t.seed, -a, a,
-                                  what=f"EmbeddingTableConfig {t.cfg.name!r}")
+                fill_uniform_rows(
+                    self.engine.split_weights()[j], 0, t.seed, -a, a, what=f"EmbeddingTableConfig {t.cfg.name!r}"
+                )
         # the first feature of each table: an owner puts the occurrences it receives of table j in its bag
         self.first_feature = np.array([self.feature_table.index(j) for j in range(len(tables))], np.int64)
         sharded = comm.size > 1 and self.strategy == "mp"
-        self.wires = ShardedTable(comm, first.dim, len(self.lookups), Pooling.NONE, self._owner_lookup,
-                                  key_dtype=np.uint64 if first.cfg.dynamic else np.int64,
-                                  layout=Layout.SAMPLE_MAJOR) if sharded else None
+        self.wires = (
+            ShardedTable(
+                comm,
+                first.dim,
+                len(self.lookups),
+                Pooling.NONE,
+                self._owner_lookup,
+                key_dtype=np.uint64 if first.cfg.dynamic else np.int64,
+                layout=Layout.SAMPLE_MAJOR,
+            )
+            if sharded
+            else None
+        )
 
     def _new_engine(self, rows: list) -> TableBatchedEmbedding:
-        specs = [TableSpec(int(r), t.dim, keyed=t.cfg.dynamic, init_range=DYNAMIC_INIT)
-                 for r, t in zip(rows, self.tables)]
-        eng = _Engine(specs, self.feature_table, pooling=Pooling.SUM if self.pooled else Pooling.NONE,
-                      layout=Layout.SAMPLE_MAJOR, optimizer=self.opt_spec, bounds_check=BoundsCheck.FATAL,
-                      seed=self.seed)
+        specs = [
+            TableSpec(int(r), t.dim, keyed=t.cfg.dynamic, init_range=DYNAMIC_INIT) for r, t in zip(rows, self.tables)
+        ]
+        eng = _Engine(
+            specs,
+            self.feature_table,
+            pooling=Pooling.SUM if self.pooled else Pooling.NONE,
+            layout=Layout.SAMPLE_MAJOR,
+            optimizer=self.opt_spec,
+            bounds_check=BoundsCheck.FATAL,
+            seed=self.seed,
+        )
         eng.key_seeds = {j: t.seed for j, t in enumerate(self.tables)}
         return eng
 
@@ -160,7 +193,7 @@ class _Group:
         if self.wires is None:
             return self._engine_lookup(keys, offsets, training)
         owner, table = self._owners(keys), None
-        if len(self.tables) > 1:                  # each occurrence's table travels beside its key
+        if len(self.tables) > 1:  # each occurrence's table travels beside its key
             off = np.asarray(device.to_host(offsets)).astype(np.int64)
             bag = np.repeat(np.arange(off.shape[0] - 1, dtype=np.int64), np.diff(off))
             table = np.asarray(self.feature_table, np.int64)[bag % len(self.lookups)]
@@ -197,8 +230,11 @@ class _Group:
             try:
                 return self.engine.forward(keys, offsets, training=training)
             except HashTableFullError as e:
-                full = [j for j, h in self.engine.hash_tables.items()
-                        if h.size == e.used and int(self.engine.rows[j]) == e.max_rows]
+                full = [
+                    j
+                    for j, h in self.engine.hash_tables.items()
+                    if h.size == e.used and int(self.engine.rows[j]) == e.max_rows
+                ]
                 if not full:
                     raise
                 for j in full:
@@ -217,7 +253,7 @@ class _Group:
         for i in range(len(self.tables)):
             n = old.live_rows(i)
             if i in old.hash_tables:
-                new.hash_tables[i].insert(old.hash_tables[i].keys_by_row())      # unique keys: rows 0..n-1
+                new.hash_tables[i].insert(old.hash_tables[i].keys_by_row())  # unique keys: rows 0..n-1
             w_new[i][:n] = w_old[i][:n]
             for dst, src in zip(s_new[i], s_old[i]):
                 dst[:n] = src[:n]
@@ -231,27 +267,26 @@ class _Group:
         eng = self.engine
         lr = float(lr)
         if self.wires is not None:
-            ctx, grads = self.wires.gradients(ctx, grads)           # every rank takes part
-            if isinstance(ctx, tuple):                              # several tables: the owner's grouped order
+            ctx, grads = self.wires.gradients(ctx, grads)  # every rank takes part
+            if isinstance(ctx, tuple):  # several tables: the owner's grouped order
                 ctx, order = ctx
                 grads = device.xp().asarray(grads)[order]
         if eng.learning_rate != lr or eng.optimizer.scaler != scaler:
             eng.set_hyper_parameters(learning_rate=lr, scaler=float(scaler))
-        eng.backward(ctx, grads)         # also with no occurrence: the step counts, Global updates run
+        eng.backward(ctx, grads)  # also with no occurrence: the step counts, Global updates run
 
 
 class _Table:
     """One table at run time: its lookups, placement, optimizer, and its place in a group's engine."""
 
-    def __init__(self, cfg: EmbeddingTableConfig, lookups: list, opt, seed: int, comm, strategy: str,
-                 ranks: list[int]):
+    def __init__(self, cfg: EmbeddingTableConfig, lookups: list, opt, seed: int, comm, strategy: str, ranks: list[int]):
         self.cfg, self.name, self.dim = cfg, cfg.name, cfg.ev_size
-        self.lookups = lookups                              # indices into the collection's lookups
+        self.lookups = lookups  # indices into the collection's lookups
         self.comm, self.strategy, self.ranks = comm, strategy, ranks
         self.seed = _seed(seed, cfg.name)
         self.opt_key, self.opt_spec, self.ftrl = _opt_key(opt, f"EmbeddingTableConfig {cfg.name!r}")
-        self.group: _Group | None = None                    # set by the group
-        self.index = 0                                      # this table's number in the group's engine
+        self.group: _Group | None = None  # set by the group
+        self.index = 0  # this table's number in the group's engine
 
     @property
     def engine(self) -> TableBatchedEmbedding:
@@ -279,7 +314,7 @@ class _Table:
         if self.cfg.dynamic:
             table = self.engine.hash_tables[self.index]
             keys = device.to_host(table.keys_by_row()).astype(np.uint64).view(np.int64)
-            return keys, np.array(device.to_host(self.weight[:table.size]))
+            return keys, np.array(device.to_host(self.weight[: table.size]))
         keys = np.arange(self.cfg.max_vocabulary_size, dtype=np.int64)
         if self.strategy == "mp" and len(self.ranks) > 1:
             keys = keys[self._owners(keys) == self.comm.rank]

@@ -3,6 +3,7 @@
 Its own module because it sits above every kind it builds (sparse_embedding, hybrid), which import each other
 in one direction only (hybrid builds on sparse_embedding's OneHotEmbedding).
 """
+
 from __future__ import annotations
 
 from numbactr.embedding.hybrid import HybridEmbedding

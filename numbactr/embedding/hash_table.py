@@ -4,6 +4,7 @@
 row counter: a new key gets the next free row, in order of its first occurrence in the batch, exactly
 as the NumPy reference (cpu device) and the numba.cuda kernels (gpu/sim) both compute it.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,16 @@ class HashTable:
     #: slots take a batch in one serial pass, larger ones a parallel find first (tests set 0 to force it)
     serial_slots = _cpu.SERIAL_SLOTS
 
-    def __init__(self, max_rows: int, *, load_factor: float = 0.75, use_kernels: bool, xp=numpy,
-                 scan_threads: int | None = None, compiled: bool = False):
+    def __init__(
+        self,
+        max_rows: int,
+        *,
+        load_factor: float = 0.75,
+        use_kernels: bool,
+        xp=numpy,
+        scan_threads: int | None = None,
+        compiled: bool = False,
+    ):
         max_rows = int(max_rows)
         if max_rows < 0:
             raise ValueError(f"max_rows must be >= 0, got {max_rows}")
@@ -49,11 +58,12 @@ class HashTable:
         self.capacity = max(math.ceil(max_rows / load_factor), 1)
         # host slots in huge pages when big (numbactr.runtime.hostmem): every probe is a random read
         full = host_full if xp is numpy else (lambda n, v, dt: xp.full(n, v, dtype=dt))
-        self._tkeys = full(self.capacity, EMPTY_KEY, numpy.uint64)            # (C,)
-        self._trows = full(self.capacity, -1, numpy.int64)                    # (C,)
-        self._tfirst = (xp.full(self.capacity, _k.INT64_MAX, dtype=numpy.int64)
-                        if self.use_kernels else None)                         # (C,) kernel scratch
-        self._scratch_n = -1       # batch size the kernel scratch below was sized for (grown, reused)
+        self._tkeys = full(self.capacity, EMPTY_KEY, numpy.uint64)  # (C,)
+        self._trows = full(self.capacity, -1, numpy.int64)  # (C,)
+        self._tfirst = (
+            xp.full(self.capacity, _k.INT64_MAX, dtype=numpy.int64) if self.use_kernels else None
+        )  # (C,) kernel scratch
+        self._scratch_n = -1  # batch size the kernel scratch below was sized for (grown, reused)
         self._size = 0
         # the deferred insert's device state (insert_deferred): the row counter and the error record; the
         # host's _size is stale after a deferred insert until size is read
@@ -68,6 +78,7 @@ class HashTable:
         """Rows in use (= distinct keys inserted); after a deferred insert, one read of the device counter."""
         if self._size_stale:
             from numbactr.runtime import device
+
             self._size = int(device.to_host(self._dsize)[0])
             self._size_stale = False
         return self._size
@@ -86,8 +97,7 @@ class HashTable:
 
     def __repr__(self) -> str:
         path = "kernels" if self.use_kernels else "compiled" if self.compiled else "reference"
-        return (f"HashTable(size={self.size}, max_rows={self._max_rows}, capacity={self.capacity}, "
-                f"{path})")
+        return f"HashTable(size={self.size}, max_rows={self._max_rows}, capacity={self.capacity}, {path})"
 
     # ---- operations ---------------------------------------------------------------------------
     def insert(self, keys):
@@ -99,10 +109,18 @@ class HashTable:
         if self.compiled:
             rows, n_new = self.xp.empty(n, dtype=numpy.int64), 0
             if n:
-                n_new = _cpu.hash_insert_cpu(self._tkeys, self._trows, keys, self._size, self._max_rows, rows,
-                                             numpy.empty(n, dtype=numpy.int64), numpy.empty(n, dtype=numpy.int64),
-                                             self.serial_slots)
-            if n_new < 0:                               # rolled back: count the distinct new keys
+                n_new = _cpu.hash_insert_cpu(
+                    self._tkeys,
+                    self._trows,
+                    keys,
+                    self._size,
+                    self._max_rows,
+                    rows,
+                    numpy.empty(n, dtype=numpy.int64),
+                    numpy.empty(n, dtype=numpy.int64),
+                    self.serial_slots,
+                )
+            if n_new < 0:  # rolled back: count the distinct new keys
                 missing = keys[_k.hash_find_ref(self._tkeys, self._trows, keys) == _k.NO_ROW]
                 raise HashTableFullError(int(numpy.unique(missing).size), self._size, self._max_rows)
         elif not self.use_kernels:
@@ -110,12 +128,26 @@ class HashTable:
         else:
             slots, flags, pos, status = self._scratch(n)
             rows = self.xp.empty(n, dtype=numpy.int64)
-            n_new = _k.hash_insert(self._tkeys, self._trows, self._tfirst, keys, self._size,
-                                   self._max_rows, slots, flags, pos, rows, status, self._no_mask, self._err,
-                                   scan_threads=self.scan_threads, partials=self._partials)
+            n_new = _k.hash_insert(
+                self._tkeys,
+                self._trows,
+                self._tfirst,
+                keys,
+                self._size,
+                self._max_rows,
+                slots,
+                flags,
+                pos,
+                rows,
+                status,
+                self._no_mask,
+                self._err,
+                scan_threads=self.scan_threads,
+                partials=self._partials,
+            )
         self._size += n_new
         if self.use_kernels and n_new:
-            self._dsize[0] = self._size                 # a host-to-device write: the deferred insert's counter
+            self._dsize[0] = self._size  # a host-to-device write: the deferred insert's counter
         return rows
 
     def insert_deferred(self, keys, occ_table=None, t: int = -1, rows_out=None):
@@ -137,11 +169,27 @@ class HashTable:
         slots, flags, pos, status = self._scratch(n)
         if occ_table is None:
             occ_table, t = self._no_mask, -1
-        _k.hash_insert_deferred(self._tkeys, self._trows, self._tfirst, keys, occ_table, int(t), self._dsize,
-                                self._max_rows, slots, flags, pos, rows, status, self._err,
-                                scan_threads=self.scan_threads, partials=self._partials)
+        _k.hash_insert_deferred(
+            self._tkeys,
+            self._trows,
+            self._tfirst,
+            keys,
+            occ_table,
+            int(t),
+            self._dsize,
+            self._max_rows,
+            slots,
+            flags,
+            pos,
+            rows,
+            status,
+            self._err,
+            scan_threads=self.scan_threads,
+            partials=self._partials,
+        )
         self._size_stale = self._unchecked = True
-        from numbactr.runtime import step_values            # a replayed step marks the record again (cuda_graphs)
+        from numbactr.runtime import step_values  # a replayed step marks the record again (cuda_graphs)
+
         step_values.on_replay(("hash", id(self)), self._mark_deferred)
         return rows, flags, keys
 
@@ -156,6 +204,7 @@ class HashTable:
         if not self._unchecked:
             return
         from numbactr.runtime import device
+
         err = device.to_host(self._err).astype(numpy.int64)
         self._unchecked = False
         if err[0] == 0 and err[3] == _k.INT64_MAX:
@@ -164,9 +213,11 @@ class HashTable:
         if err[0]:
             hint = f"all {self.capacity} hash slots taken" if err[0] == _k.ERR_NO_SLOT else ""
             raise HashTableFullError(int(err[1]), int(err[2]), self._max_rows, hint=hint)
-        raise ValueError(f"key 18446744073709551615 (2**64-1, int64 -1) at position {int(err[3])} of a batch is "
-                         "reserved: it marks empty hash-table slots and cannot be used as an embedding key "
-                         "(that occurrence was looked up as nothing)")
+        raise ValueError(
+            f"key 18446744073709551615 (2**64-1, int64 -1) at position {int(err[3])} of a batch is "
+            "reserved: it marks empty hash-table slots and cannot be used as an embedding key "
+            "(that occurrence was looked up as nothing)"
+        )
 
     def _new_err(self, xp=None):
         err = (xp or self.xp).zeros(4, dtype=numpy.int64)
@@ -176,7 +227,7 @@ class HashTable:
     def _sync_size(self) -> None:
         """Before an eager operation: the host's count equals the device's."""
         if self._size_stale:
-            self.size                                   # noqa: B018 (reads the device counter)
+            self.size  # noqa: B018 (reads the device counter)
 
     def find(self, keys):
         """rows (N,) int64 of keys (N,), -1 for keys not in the table; never inserts."""
@@ -235,8 +286,10 @@ class HashTable:
         reserved = k64 == EMPTY_KEY
         if k64.shape[0] and bool(reserved.any()):
             at = int(xp.argmax(reserved))
-            raise ValueError(f"key {int(flat[at])} at position {at} is reserved: 2**64-1 (int64 -1) "
-                             "marks empty hash-table slots and cannot be used as an embedding key")
+            raise ValueError(
+                f"key {int(flat[at])} at position {at} is reserved: 2**64-1 (int64 -1) "
+                "marks empty hash-table slots and cannot be used as an embedding key"
+            )
         return k64
 
     def _scratch(self, n: int):
@@ -251,4 +304,4 @@ class HashTable:
             self._partials = xp.empty(scan_partials_size(n, self.scan_threads), dtype=numpy.int64)
             self._no_mask = xp.zeros(1, dtype=numpy.int64)
             self._scratch_n = n
-        return self._slots[:n], self._flags[:n], self._pos[:n + 1], self._status
+        return self._slots[:n], self._flags[:n], self._pos[: n + 1], self._status

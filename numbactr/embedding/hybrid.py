@@ -49,6 +49,7 @@ rows onto every rank, so a load before the statistics (or on another rank count)
 hold no sparse model. numbactr's are an addition.) Initial rows: the one-hot table's (HugeCTR draws its
 hybrid rows per table from curand; same distribution, not the same numbers).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,12 +64,17 @@ from numbactr.embedding.sharded import ShardedLookup, ShardedTable, owner_offset
 from numbactr.embedding.sparse_embedding import OneHotEmbedding
 from numbactr.config import HybridEmbeddingParam  # noqa: F401 (importable from here as before)
 
-__all__ = ["HybridEmbeddingParam", "HybridEmbedding", "frequency_threshold", "hybrid_split", "infrequent_owner",
-           "slot_offsets"]
+__all__ = [
+    "HybridEmbeddingParam",
+    "HybridEmbedding",
+    "frequency_threshold",
+    "hybrid_split",
+    "infrequent_owner",
+    "slot_offsets",
+]
 
 
-def frequency_threshold(param: HybridEmbeddingParam, batch_size: int, ranks: int, nodes: int,
-                        iterations: int) -> float:
+def frequency_threshold(param: HybridEmbeddingParam, batch_size: int, ranks: int, nodes: int, iterations: int) -> float:
     """HugeCTR's count threshold (module docstring, step 2): a category seen at least this often in the
     statistics batches is frequent. ``batch_size`` is the global batch; infinite where HugeCTR divides by 0."""
     if param.communication_type == CommunicationType.NVLink_SingleNode:
@@ -78,26 +84,34 @@ def frequency_threshold(param: HybridEmbeddingParam, batch_size: int, ranks: int
         return batch_size * iterations * math.sqrt(2.0 * param.p_dup_max / (m * (m - 1)))
     if nodes <= 1:
         return math.inf
-    return (iterations * nodes * param.max_all_to_all_bandwidth / param.max_all_reduce_bandwidth
-            * param.efficiency_bandwidth_ratio * nodes / (nodes - 1))
+    return (
+        iterations
+        * nodes
+        * param.max_all_to_all_bandwidth
+        / param.max_all_reduce_bandwidth
+        * param.efficiency_bandwidth_ratio
+        * nodes
+        / (nodes - 1)
+    )
 
 
-def hybrid_split(categories: np.ndarray, counts: np.ndarray, threshold: float, ranks: int,
-                 max_frequent: int) -> tuple[np.ndarray, bool]:
+def hybrid_split(
+    categories: np.ndarray, counts: np.ndarray, threshold: float, ranks: int, max_frequent: int
+) -> tuple[np.ndarray, bool]:
     """(frequent categories (F,) int64 by decreasing count, capped): HugeCTR's choice (module docstring,
     step 3) from the distinct ``categories`` (n,) seen and their ``counts`` (n,); the bool says whether
     max_frequent cut the list."""
     categories = np.asarray(categories, np.int64)
     counts = np.asarray(counts, np.int64)
-    order = np.lexsort((categories, -counts))                    # count descending, then category ascending
+    order = np.lexsort((categories, -counts))  # count descending, then category ascending
     ranked, ranked_counts = categories[order], counts[order]
-    f = int(np.count_nonzero(ranked_counts >= threshold))        # counts are sorted: a prefix
+    f = int(np.count_nonzero(ranked_counts >= threshold))  # counts are sorted: a prefix
     if f > 0:
-        f = ((f - 1) // ranks + 1) * ranks                       # a multiple of the rank count
+        f = ((f - 1) // ranks + 1) * ranks  # a multiple of the rank count
     if f > ranked.shape[0]:
         f -= ranks
     capped = f > max_frequent
-    return ranked[:min(f, max_frequent)], capped
+    return ranked[: min(f, max_frequent)], capped
 
 
 def infrequent_owner(cats: np.ndarray, frequent_sorted: np.ndarray, ranks: int) -> np.ndarray:
@@ -105,7 +119,7 @@ def infrequent_owner(cats: np.ndarray, frequent_sorted: np.ndarray, ranks: int) 
     table in ascending order is on rank i % R (HugeCTR's category_location); ``frequent_sorted`` (F,) the
     frequent categories, ascending."""
     cats = np.asarray(cats, np.int64)
-    below = np.searchsorted(frequent_sorted, cats)                # frequent categories smaller than each
+    below = np.searchsorted(frequent_sorted, cats)  # frequent categories smaller than each
     return ((cats - below) % ranks).astype(np.int64)
 
 
@@ -123,7 +137,7 @@ class HybridLookup:
 
     def __init__(self, n: int, freq, freq_slot, infreq, infreq_lookup, present=None):
         self.n, self.freq, self.freq_slot, self.infreq, self.infreq_lookup = n, freq, freq_slot, infreq, infreq_lookup
-        self.present = present          # None, or the bags (of all bags) that had their key: the rest were empty
+        self.present = present  # None, or the bags (of all bags) that had their key: the rest were empty
 
 
 class HybridEmbedding(OneHotEmbedding):
@@ -136,21 +150,26 @@ class HybridEmbedding(OneHotEmbedding):
         if cfg.embedding_type != Embedding_t.HybridSparseEmbedding:
             raise ValueError("HybridEmbedding is for HybridSparseEmbedding")
         if opt.optimizer_type != Optimizer_t.SGD:
-            raise ValueError(f"{who}: trains with SGD only, as HugeCTR's hybrid embedding does; got "
-                             f"optimizer_type {opt.optimizer_type.name} (give the embedding "
-                             "optimizer=CreateOptimizer(optimizer_type=Optimizer_t.SGD), or use "
-                             "LocalizedSlotSparseEmbeddingOneHot for other optimizers)")
+            raise ValueError(
+                f"{who}: trains with SGD only, as HugeCTR's hybrid embedding does; got "
+                f"optimizer_type {opt.optimizer_type.name} (give the embedding "
+                "optimizer=CreateOptimizer(optimizer_type=Optimizer_t.SGD), or use "
+                "LocalizedSlotSparseEmbeddingOneHot for other optimizers)"
+            )
         nnz = sparse_param.nnz_per_slot
         nnz = list(nnz) if isinstance(nnz, (list, tuple)) else [nnz] * sparse_param.slot_num
         if any(int(k) != 1 for k in nnz):
-            raise ValueError(f"{who}: takes one-hot input (one key per slot), but its sparse input "
-                             f"{sparse_param.top_name!r} has nnz_per_slot {sparse_param.nnz_per_slot}; set it to 1")
+            raise ValueError(
+                f"{who}: takes one-hot input (one key per slot), but its sparse input "
+                f"{sparse_param.top_name!r} has nnz_per_slot {sparse_param.nnz_per_slot}; set it to 1"
+            )
         if getattr(cfg, "embedding_cache", None) is not None:
             raise ValueError(f"{who}: embedding_cache (a tiered table) is not available for the hybrid embedding")
         param = cfg.hybrid_embedding_param
-        if param is None:       # SparseEmbedding's own default in HugeCTR (model_wrapper.hpp), not the class's
-            param = HybridEmbeddingParam(1, -1, 0.01, 1.3e11, 2.6e11, 1.0, CommunicationType.NVLink_SingleNode,
-                                         HybridEmbeddingType.Distributed)
+        if param is None:  # SparseEmbedding's own default in HugeCTR (model_wrapper.hpp), not the class's
+            param = HybridEmbeddingParam(
+                1, -1, 0.01, 1.3e11, 2.6e11, 1.0, CommunicationType.NVLink_SingleNode, HybridEmbeddingType.Distributed
+            )
         if not isinstance(param, HybridEmbeddingParam):
             raise ValueError(f"{who}: hybrid_embedding_param must be a HybridEmbeddingParam, got {param!r}")
         self.param = param
@@ -159,15 +178,18 @@ class HybridEmbedding(OneHotEmbedding):
         self.cfg = cfg
         self.who = who
         sizes = np.asarray(cfg.slot_size_array, np.int64)
-        self.slot_sizes = sizes                                               # (S,)
-        self.slot_offset = slot_offsets(sizes)                                # (S,)
-        self.statistics_source = None            # () -> [(keys, offsets, valid rows)] of this rank; the Model's
-        self.frequent = None                     # (F,) int64 frequent categories, by decreasing count (None: no split yet)
-        self._frequent_sorted = None             # (F,) ascending, and where each sits in self.frequent
+        self.slot_sizes = sizes  # (S,)
+        self.slot_offset = slot_offsets(sizes)  # (S,)
+        self.statistics_source = None  # () -> [(keys, offsets, valid rows)] of this rank; the Model's
+        self.frequent = None  # (F,) int64 frequent categories, by decreasing count (None: no split yet)
+        self._frequent_sorted = None  # (F,) ascending, and where each sits in self.frequent
         self._frequent_pos = None
         self.threshold = None
-        self._sharded = ShardedTable(self.comm, self.vec, self.slots, Pooling.NONE, self._owner_lookup,
-                                     key_dtype=np.int64) if self.comm.size > 1 else None
+        self._sharded = (
+            ShardedTable(self.comm, self.vec, self.slots, Pooling.NONE, self._owner_lookup, key_dtype=np.int64)
+            if self.comm.size > 1
+            else None
+        )
 
     # ---- the split ------------------------------------------------------------------------------------
     @property
@@ -184,18 +206,22 @@ class HybridEmbedding(OneHotEmbedding):
         nnz = np.diff(offsets_h)
         if n != bags or (nnz != 1).any():
             bad = int(np.argmax(nnz != 1)) if (nnz != 1).any() else bags
-            raise ValueError(f"{self.who}: takes exactly one key per slot, but bag {bad} (sample "
-                             f"{bad // self.slots}, slot {bad % self.slots}) of this batch has "
-                             f"{int(nnz[bad]) if bad < bags else n - bags} key(s)")
+            raise ValueError(
+                f"{self.who}: takes exactly one key per slot, but bag {bad} (sample "
+                f"{bad // self.slots}, slot {bad % self.slots}) of this batch has "
+                f"{int(nnz[bad]) if bad < bags else n - bags} key(s)"
+            )
         bag = np.arange(n, dtype=np.int64) if bag is None else np.asarray(bag, np.int64)
         slot = bag % self.slots
         bad = (keys_h < 0) | (keys_h >= self.slot_sizes[slot])
         if bad.any():
             at = int(np.argmax(bad))
-            raise ValueError(f"{self.who}: key {int(keys_h[at])} of slot {int(slot[at])} (sample "
-                             f"{int(bag[at]) // self.slots}) is outside the slot's vocabulary [0, "
-                             f"{int(self.slot_sizes[slot[at]])}) given by slot_size_array (the hybrid embedding "
-                             "takes per-slot ids and adds the slot offsets itself)")
+            raise ValueError(
+                f"{self.who}: key {int(keys_h[at])} of slot {int(slot[at])} (sample "
+                f"{int(bag[at]) // self.slots}) is outside the slot's vocabulary [0, "
+                f"{int(self.slot_sizes[slot[at]])}) given by slot_size_array (the hybrid embedding "
+                "takes per-slot ids and adds the slot offsets itself)"
+            )
         return keys_h + self.slot_offset[slot]
 
     def take_statistics(self, batches, batch_size: int, iterations: int) -> None:
@@ -204,28 +230,33 @@ class HybridEmbedding(OneHotEmbedding):
         ``iterations`` the number of statistics batches asked for (HugeCTR's threshold uses both)."""
         seen = [np.zeros(0, np.int64)]
         for keys, offsets, valid in batches:
-            offsets = np.asarray(device.to_host(offsets)).astype(np.int64)[:int(valid) * self.slots + 1]
-            keys = np.asarray(device.to_host(keys))[:int(offsets[-1]) if offsets.shape[0] else 0]
+            offsets = np.asarray(device.to_host(offsets)).astype(np.int64)[: int(valid) * self.slots + 1]
+            keys = np.asarray(device.to_host(keys))[: int(offsets[-1]) if offsets.shape[0] else 0]
             seen.append(self.categories(keys, offsets))
         cats, counts = np.unique(np.concatenate(seen), return_counts=True)
-        if self.comm.size > 1:                              # every rank's (category, count) pairs, summed
+        if self.comm.size > 1:  # every rank's (category, count) pairs, summed
             both = self.comm.allgather_rows(np.stack([cats, counts.astype(np.int64)], axis=1))
             cats, inv = np.unique(both[:, 0], return_inverse=True)
             counts = np.bincount(inv, weights=both[:, 1]).astype(np.int64)
         nodes = int(getattr(self.comm.placement, "nodes", 1) or 1)
         self.threshold = frequency_threshold(self.param, int(batch_size), self.comm.size, nodes, int(iterations))
-        freq, capped = hybrid_split(cats, counts, self.threshold, self.comm.size,
-                                    self.param.max_num_frequent_categories)
+        freq, capped = hybrid_split(
+            cats, counts, self.threshold, self.comm.size, self.param.max_num_frequent_categories
+        )
         if capped:
-            log.info(f"{self.who}: more categories reach the frequency threshold {self.threshold:.6g} than "
-                     f"max_num_frequent_categories={self.param.max_num_frequent_categories}; the "
-                     f"{freq.shape[0]} most frequent are frequent (HugeCTR stops with 'Found too many frequent "
-                     "categories' instead)")
+            log.info(
+                f"{self.who}: more categories reach the frequency threshold {self.threshold:.6g} than "
+                f"max_num_frequent_categories={self.param.max_num_frequent_categories}; the "
+                f"{freq.shape[0]} most frequent are frequent (HugeCTR stops with 'Found too many frequent "
+                "categories' instead)"
+            )
         self._set_frequent(freq)
         seen_n = int(counts.sum())
         share = float(counts[np.isin(cats, freq)].sum()) / seen_n if seen_n else 0.0
-        log.info(f"{self.who}: {freq.shape[0]} frequent categories of {self.max_rows} (threshold "
-                 f"{self.threshold:.6g} over {seen_n} statistics samples); {share:.1%} of those samples are frequent")
+        log.info(
+            f"{self.who}: {freq.shape[0]} frequent categories of {self.max_rows} (threshold "
+            f"{self.threshold:.6g} over {seen_n} statistics samples); {share:.1%} of those samples are frequent"
+        )
 
     def _set_frequent(self, frequent: np.ndarray) -> None:
         self.frequent = np.asarray(frequent, np.int64)
@@ -248,9 +279,11 @@ class HybridEmbedding(OneHotEmbedding):
         if self.ready:
             return
         if self.statistics_source is None:
-            raise RuntimeError(f"{self.who}: the frequent/infrequent split is not known yet: call "
-                               "take_statistics(batches, batch_size, iterations) before the first lookup (a "
-                               "Model does this from its training source)")
+            raise RuntimeError(
+                f"{self.who}: the frequent/infrequent split is not known yet: call "
+                "take_statistics(batches, batch_size, iterations) before the first lookup (a "
+                "Model does this from its training source)"
+            )
         self.statistics_source(self)
 
     # ---- a step -----------------------------------------------------------------------------------------
@@ -263,8 +296,7 @@ class HybridEmbedding(OneHotEmbedding):
         nnz = np.diff(offsets_h)
         if (nnz == 0).any() and not (nnz > 1).any():
             present = np.flatnonzero(nnz == 1)
-            out, lookup = self._lookup(keys, np.arange(present.shape[0] + 1, dtype=np.int64), training,
-                                       bag=present)
+            out, lookup = self._lookup(keys, np.arange(present.shape[0] + 1, dtype=np.int64), training, bag=present)
             full = device.xp().zeros((nnz.shape[0], self.vec), np.float32)
             full[device.xp().asarray(present)] = out
             lookup.present = present
@@ -281,23 +313,37 @@ class HybridEmbedding(OneHotEmbedding):
         fi = self.frequent_index(cats)
         freq, infreq = np.flatnonzero(fi >= 0), np.flatnonzero(fi < 0)
         p = self.param
-        if (p.communication_type == CommunicationType.IB_NVLink_Hier and p.max_num_infrequent_samples >= 0
-                and infreq.shape[0] > p.max_num_infrequent_samples):
-            raise ValueError(f"{self.who}: this rank's batch holds {infreq.shape[0]} infrequent samples, more than "
-                             f"max_num_infrequent_samples={p.max_num_infrequent_samples} (IB_NVLink_Hier's fixed "
-                             "exchange buffers in HugeCTR); raise it or set it to -1")
+        if (
+            p.communication_type == CommunicationType.IB_NVLink_Hier
+            and p.max_num_infrequent_samples >= 0
+            and infreq.shape[0] > p.max_num_infrequent_samples
+        ):
+            raise ValueError(
+                f"{self.who}: this rank's batch holds {infreq.shape[0]} infrequent samples, more than "
+                f"max_num_infrequent_samples={p.max_num_infrequent_samples} (IB_NVLink_Hier's fixed "
+                "exchange buffers in HugeCTR); raise it or set it to -1"
+            )
         out = xp.empty((n, self.vec), np.float32)
         if freq.shape[0]:
-            vecs, _ = self.engine.forward(xp.asarray(cats[freq]), owner_offsets(freq.shape[0], self.slots),
-                                          training=training, pooling=Pooling.NONE)
+            vecs, _ = self.engine.forward(
+                xp.asarray(cats[freq]),
+                owner_offsets(freq.shape[0], self.slots),
+                training=training,
+                pooling=Pooling.NONE,
+            )
             out[xp.asarray(freq)] = vecs
         infreq_cats = cats[infreq]
         if self._sharded is not None:
-            vecs, ilookup = self._sharded.lookup(infreq_cats, np.zeros(1, np.int64), self.owner_of(infreq_cats),
-                                                 training)
+            vecs, ilookup = self._sharded.lookup(
+                infreq_cats, np.zeros(1, np.int64), self.owner_of(infreq_cats), training
+            )
         else:
-            vecs, ilookup = self.engine.forward(xp.asarray(infreq_cats), owner_offsets(infreq.shape[0], self.slots),
-                                                training=training, pooling=Pooling.NONE)
+            vecs, ilookup = self.engine.forward(
+                xp.asarray(infreq_cats),
+                owner_offsets(infreq.shape[0], self.slots),
+                training=training,
+                pooling=Pooling.NONE,
+            )
         if infreq.shape[0]:
             out[xp.asarray(infreq)] = vecs
         return out, HybridLookup(n, freq, fi[freq], infreq, ilookup)
@@ -306,7 +352,7 @@ class HybridEmbedding(OneHotEmbedding):
         """Route this step's gradients (a collective across ranks): infrequent occurrences' to their owners,
         frequent ones summed per category here and allreduced; update() applies them."""
         g = np.asarray(device.to_host(dy)).reshape(-1, self.vec).astype(np.float32, copy=False)
-        if lookup.present is not None:                  # the empty bags' rows take no gradient
+        if lookup.present is not None:  # the empty bags' rows take no gradient
             g = g[lookup.present]
         # infrequent: to the owner (global batch order), or kept (one rank)
         if isinstance(lookup.infreq_lookup, ShardedLookup):
@@ -317,12 +363,12 @@ class HybridEmbedding(OneHotEmbedding):
         F = self.frequent.shape[0]
         summed = np.zeros((F, self.vec + 1), np.float32)
         if lookup.freq.shape[0]:
-            np.add.at(summed[:, :self.vec], lookup.freq_slot, g[lookup.freq])
+            np.add.at(summed[:, : self.vec], lookup.freq_slot, g[lookup.freq])
             np.add.at(summed[:, self.vec], lookup.freq_slot, np.float32(1))
         if self.comm.size > 1 and F:
             self.comm.allreduce_sum(summed)
         touched = np.flatnonzero(summed[:, self.vec] > 0)
-        self._pending = (self.frequent[touched], np.ascontiguousarray(summed[touched, :self.vec]), owned, owned_grads)
+        self._pending = (self.frequent[touched], np.ascontiguousarray(summed[touched, : self.vec]), owned, owned_grads)
 
     def update(self, lr: float, scaler: float) -> None:
         """SGD on the touched frequent rows (same on every rank) and on this rank's infrequent rows."""
@@ -373,6 +419,7 @@ class HybridEmbedding(OneHotEmbedding):
 def _as_one_hot(cfg):
     """A copy of a HybridSparseEmbedding config that OneHotEmbedding's constructor accepts (same table)."""
     import copy
+
     ocfg = copy.copy(cfg)
     ocfg.embedding_type = Embedding_t.LocalizedSlotSparseEmbeddingOneHot
     return ocfg

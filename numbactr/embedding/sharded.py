@@ -59,6 +59,7 @@ they are staged through host memory and MPI as NumPy arrays. The device path use
 (gathers, a scatter, concatenations), so with NumPy arrays it computes what it computes on a GPU:
 tests/test_sharded_exchange.py runs it under mpiexec on the cpu device against the one-rank run.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,7 +67,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from numbactr.runtime import device
-from numbactr.embedding.engine import BoundsCheck, Layout, LookupContext, Optim, OptimizerSpec, Pooling, TableBatchedEmbedding
+from numbactr.embedding.engine import (
+    BoundsCheck,
+    Layout,
+    LookupContext,
+    Optim,
+    OptimizerSpec,
+    Pooling,
+    TableBatchedEmbedding,
+)
 
 __all__ = ["ShardedTable", "ShardedLookup", "owner_offsets", "exchange_on_device"]
 
@@ -77,13 +86,14 @@ class ShardedLookup:
     received, how this rank's N occurrences were sent (order (N,) grouped by owner, cuts (R-1,)) and the
     sender's pooling of the vectors that came back (None for pooling NONE). A gathered lookup (module
     docstring) has no order or cuts: its owner side looked up the whole global batch."""
+
     owned: LookupContext
     order: np.ndarray | None
     cuts: np.ndarray | None
     pooled: LookupContext | None
-    order_on_device: object = None      # order as a device array when the exchange runs on the device
-    recv: tuple | None = None           # rows each rank sent this one in the input_dist (the backward's counts)
-    gathered: bool = False              # the gathered exchange (allgather / reduce-scatter)
+    order_on_device: object = None  # order as a device array when the exchange runs on the device
+    recv: tuple | None = None  # rows each rank sent this one in the input_dist (the backward's counts)
+    gathered: bool = False  # the gathered exchange (allgather / reduce-scatter)
 
 
 @dataclass
@@ -91,6 +101,7 @@ class ExchangePlan:
     """A lookup's grouping by owner and input_dist receive counts, kept under a fixed key (module
     docstring): owner (N,) host, order (N,) and cuts (R-1,) host, their device copy, the rows each rank
     sends here, and the payload sent in order (device), once one was sent."""
+
     owner: np.ndarray
     order: np.ndarray
     cuts: np.ndarray
@@ -111,7 +122,7 @@ def exchange_on_device(comm) -> bool:
 def _split(a, cuts) -> list:
     """a cut into consecutive row blocks at the host integers ``cuts`` (any array library)."""
     edges = [0, *(int(c) for c in cuts), a.shape[0]]
-    return [a[edges[i]:edges[i + 1]] for i in range(len(edges) - 1)]
+    return [a[edges[i] : edges[i + 1]] for i in range(len(edges) - 1)]
 
 
 def _group(owner: np.ndarray, ranks: int):
@@ -149,8 +160,19 @@ class ShardedTable:
         layout: the CSR bag order of the caller's offsets (HugeCTR's SAMPLE_MAJOR: bag b*F + f).
     """
 
-    def __init__(self, comm, dim: int, features: int, pooling, owner_lookup, *, key_dtype=np.uint64,
-                 layout=Layout.SAMPLE_MAJOR, defer_checks: bool = False, owner_of_keys=None):
+    def __init__(
+        self,
+        comm,
+        dim: int,
+        features: int,
+        pooling,
+        owner_lookup,
+        *,
+        key_dtype=np.uint64,
+        layout=Layout.SAMPLE_MAJOR,
+        defer_checks: bool = False,
+        owner_of_keys=None,
+    ):
         self.comm, self.dim, self.features = comm, int(dim), int(features)
         #: keys (M,) (any array library) -> (M,) int64 owning ranks, for a key-owned table: its gathered
         #: exchange computes the owners on the device (module docstring); None for other tables
@@ -161,13 +183,13 @@ class ShardedTable:
         # the poolers' bounds checks of this rank's bags recorded on the device and raised by check_deferred
         # (the caller's check points: a GPU step reads nothing back), as the owner's engine does its own
         self.defer_checks = bool(defer_checks)
-        self._poolers = {}          # pooling -> the engine pooling the vectors that came back (grown as needed)
+        self._poolers = {}  # pooling -> the engine pooling the vectors that came back (grown as needed)
         #: the next lookup's fixed exchange key (module docstring), set by the caller for one lookup on every
         #: rank at once, None for an exchange of the counts
         self.fixed_key = None
-        self.plans: dict = {}       # fixed key -> ExchangePlan
-        self.plan_hits = 0          # lookups that reused a plan (statistics, tests)
-        self._bags: dict = {}       # m -> owner_offsets(m, F) on the device (made once per m)
+        self.plans: dict = {}  # fixed key -> ExchangePlan
+        self.plan_hits = 0  # lookups that reused a plan (statistics, tests)
+        self._bags: dict = {}  # m -> owner_offsets(m, F) on the device (made once per m)
 
     GATHERED = "gathered"
 
@@ -205,14 +227,15 @@ class ShardedTable:
         pooling; pooling overrides the table's for this lookup."""
         xp, comm = device.xp(), self.comm
         pooling = self.pooling if pooling is None else Pooling(pooling)
-        key, self.fixed_key = self.fixed_key, None            # (for this lookup only)
+        key, self.fixed_key = self.fixed_key, None  # (for this lookup only)
         if key is not None and key[0] == self.GATHERED:
             return self._lookup_gathered(keys, offsets, training, per_sample_weights, pooling, key[1])
         owner = np.asarray(owner, np.int64)
         plan = self._plan(key, owner, payload)
         if exchange_on_device(comm):
-            return self._lookup_on_device(keys, offsets, owner, training, payload, per_sample_weights, pooling,
-                                          key, plan)
+            return self._lookup_on_device(
+                keys, offsets, owner, training, payload, per_sample_weights, pooling, key, plan
+            )
         keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
         n = keys_h.shape[0]
         if owner.shape[0] != n:
@@ -221,17 +244,19 @@ class ShardedTable:
         # 1. input_dist: keys (+ payload) to their owners
         send = keys_h[order].astype(self.key_dtype)
         if payload is not None:
-            send = np.stack([send, np.asarray(payload)[order].astype(self.key_dtype)], axis=1)   # (N, 2)
+            send = np.stack([send, np.asarray(payload)[order].astype(self.key_dtype)], axis=1)  # (N, 2)
         parts = comm.alltoallv(np.split(send, cuts), None if plan is None else plan.recv)
         recv = tuple(int(p.shape[0]) for p in parts)
         if plan is None and key is not None:
             self._keep(key, ExchangePlan(owner.copy(), order, cuts, None, recv))
         got = np.concatenate(parts)
-        got_keys, got_payload = (got[:, 0], xp.asarray(got[:, 1].astype(np.int64))) if payload is not None \
-            else (got, None)
+        got_keys, got_payload = (
+            (got[:, 0], xp.asarray(got[:, 1].astype(np.int64))) if payload is not None else (got, None)
+        )
         # 2. lookup on the owner, pooling NONE: (M, D)
-        vecs, owned = self.owner_lookup(xp.asarray(got_keys), self._owner_offsets(got_keys.shape[0]),
-                                        training, got_payload)
+        vecs, owned = self.owner_lookup(
+            xp.asarray(got_keys), self._owner_offsets(got_keys.shape[0]), training, got_payload
+        )
         # 3. output_dist: each vector back to its sender (who sent it: the counts are known), which pools
         back = comm.alltoallv(np.split(device.to_host(vecs), np.cumsum(recv)[:-1]), _sent(cuts, n))
         mine = np.empty((n, self.dim), np.float32)
@@ -251,10 +276,14 @@ class ShardedTable:
         if plan is None:
             return None
         if not np.array_equal(plan.owner, owner) or (
-                payload is not None and plan.payload_host is not None
-                and not np.array_equal(plan.payload_host, np.asarray(payload))):
-            raise RuntimeError(f"ShardedTable: the exchange plan {key!r} was made for other owners than this "
-                               "lookup's (a fixed key must fix every rank's owners; numbactr.model's keys do)")
+            payload is not None
+            and plan.payload_host is not None
+            and not np.array_equal(plan.payload_host, np.asarray(payload))
+        ):
+            raise RuntimeError(
+                f"ShardedTable: the exchange plan {key!r} was made for other owners than this "
+                "lookup's (a fixed key must fix every rank's owners; numbactr.model's keys do)"
+            )
         self.plan_hits += 1
         return plan
 
@@ -281,23 +310,23 @@ class ShardedTable:
         occurrence's owner and gets back those of the occurrences it owns, for its engine's backward.
         dy: dLoss/dout of this rank's lookup, (B, F*D) pooled or (N, D) for pooling NONE."""
         if lookup.pooled is None:
-            per_key = dy                                                            # (N, D)
-        else:                                       # row k of the pooling engine = occurrence k's gradient
+            per_key = dy  # (N, D)
+        else:  # row k of the pooling engine = occurrence k's gradient
             per_key = self._poolers[lookup.pooled.pooling].backward(lookup.pooled, dy).sparse.values
-        if lookup.gathered:                 # every rank's gradients, in global batch order, to every owner
+        if lookup.gathered:  # every rank's gradients, in global batch order, to every owner
             xp = device.xp()
             return lookup.owned, self.comm.allgather(xp.ascontiguousarray(xp.asarray(per_key, dtype=np.float32)))
         # the gradients take the input_dist's way: each rank receives as many rows as it did then
-        if lookup.order_on_device is not None:          # the device path (exchange_on_device)
+        if lookup.order_on_device is not None:  # the device path (exchange_on_device)
             xp = device.xp()
-            parts = self.comm.alltoallv(_split(xp.asarray(per_key)[lookup.order_on_device], lookup.cuts),
-                                        lookup.recv)
+            parts = self.comm.alltoallv(_split(xp.asarray(per_key)[lookup.order_on_device], lookup.cuts), lookup.recv)
             return lookup.owned, xp.concatenate(parts)
         parts = self.comm.alltoallv(np.split(device.to_host(per_key)[lookup.order], lookup.cuts), lookup.recv)
         return lookup.owned, device.xp().asarray(np.concatenate(parts))
 
-    def _lookup_on_device(self, keys, offsets, owner, training: bool, payload, per_sample_weights, pooling,
-                          key=None, plan=None):
+    def _lookup_on_device(
+        self, keys, offsets, owner, training: bool, payload, per_sample_weights, pooling, key=None, plan=None
+    ):
         """lookup() with every exchanged array a device array (exchange_on_device): the host path's steps
         and arithmetic, nothing read back to the host. owner (N,) is a host array (the caller's); the
         grouping by owner is computed on the host from it and copied to the device, once per step, or once
@@ -319,7 +348,7 @@ class ShardedTable:
                 sent = plan.payload
             else:
                 sent = xp.asarray(payload)[order_d].astype(self.key_dtype)
-            send = xp.ascontiguousarray(xp.stack([send, sent], axis=1))                        # (N, 2)
+            send = xp.ascontiguousarray(xp.stack([send, sent], axis=1))  # (N, 2)
         parts = comm.alltoallv(_split(send, cuts), None if plan is None else plan.recv)
         recv = tuple(int(p.shape[0]) for p in parts)
         if key is not None:
@@ -328,8 +357,9 @@ class ShardedTable:
             if payload is not None and plan.payload is None:
                 plan.payload, plan.payload_host = sent, np.array(payload, copy=True)
         got = xp.concatenate(parts)
-        got_keys, got_payload = (xp.ascontiguousarray(got[:, 0]), got[:, 1].astype(np.int64)) \
-            if payload is not None else (got, None)
+        got_keys, got_payload = (
+            (xp.ascontiguousarray(got[:, 0]), got[:, 1].astype(np.int64)) if payload is not None else (got, None)
+        )
         # 2. lookup on the owner, pooling NONE: (M, D)
         vecs, owned = self.owner_lookup(got_keys, self._owner_offsets(got_keys.shape[0]), training, got_payload)
         # 3. output_dist (the counts are what this rank sent)
@@ -339,8 +369,7 @@ class ShardedTable:
         if pooling == Pooling.NONE:
             return mine, ShardedLookup(owned, order, cuts, None, order_d, recv)
         host_offsets = offsets if device.is_host_array(offsets) else device.host_mirror(offsets)
-        out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling,
-                                 host_offsets)
+        out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling, host_offsets)
         return out, ShardedLookup(owned, order, cuts, pooled, order_d, recv)
 
     def _lookup_gathered(self, keys, offsets, training: bool, per_sample_weights, pooling, n: int):
@@ -351,17 +380,18 @@ class ShardedTable:
             raise RuntimeError("ShardedTable: a gathered exchange needs owner_of_keys (a key-owned table)")
         keys = xp.asarray(keys)
         if keys.shape[0] != n:
-            raise RuntimeError(f"ShardedTable: the gathered exchange was keyed for {n} occurrences per rank, "
-                               f"this lookup has {keys.shape[0]}")
-        every = comm.allgather(xp.ascontiguousarray(keys.astype(self.key_dtype)))       # (R*N,) global order
-        skip = self.owner_of_keys(every) != comm.rank                                   # another rank's keys
+            raise RuntimeError(
+                f"ShardedTable: the gathered exchange was keyed for {n} occurrences per rank, "
+                f"this lookup has {keys.shape[0]}"
+            )
+        every = comm.allgather(xp.ascontiguousarray(keys.astype(self.key_dtype)))  # (R*N,) global order
+        skip = self.owner_of_keys(every) != comm.rank  # another rank's keys
         vecs, owned = self.owner_lookup(every, self._owner_offsets(every.shape[0]), training, None, skip=skip)
-        mine = comm.reduce_scatter_sum(xp.ascontiguousarray(vecs.astype(np.float32, copy=False)))   # (N, D)
+        mine = comm.reduce_scatter_sum(xp.ascontiguousarray(vecs.astype(np.float32, copy=False)))  # (N, D)
         if pooling == Pooling.NONE:
             return mine, ShardedLookup(owned, None, None, None, gathered=True)
         host_offsets = offsets if device.is_host_array(offsets) else device.host_mirror(offsets)
-        out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling,
-                                 host_offsets)
+        out, pooled = self._pool(mine, xp.asarray(offsets).astype(np.int64), per_sample_weights, pooling, host_offsets)
         return out, ShardedLookup(owned, None, None, pooled, gathered=True)
 
     def _pool(self, vectors, offsets, per_sample_weights, pooling, host_offsets=None):
@@ -374,10 +404,15 @@ class ShardedTable:
         eng = self._poolers.get(pooling)
         if eng is None or eng.rows[0] < n:
             if eng is not None and self.defer_checks:
-                eng.check_deferred()                 # what the old pooler recorded is not lost with it
+                eng.check_deferred()  # what the old pooler recorded is not lost with it
             eng = self._poolers[pooling] = TableBatchedEmbedding(
-                [(max(n, 1) * 3 // 2 + 1, self.dim)], [0] * self.features, pooling=pooling, layout=self.layout,
-                optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.FATAL)
+                [(max(n, 1) * 3 // 2 + 1, self.dim)],
+                [0] * self.features,
+                pooling=pooling,
+                layout=self.layout,
+                optimizer=OptimizerSpec(Optim.NONE),
+                bounds_check=BoundsCheck.FATAL,
+            )
             eng.defer_checks = self.defer_checks and eng.impl == "kernels"
         eng.split_weights()[0][:n] = vectors
         out, ctx = eng.forward(device.xp().arange(n, dtype=np.int64), offsets, per_sample_weights, training=False)

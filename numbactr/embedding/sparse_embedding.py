@@ -29,6 +29,7 @@ the senders pool the vectors that come back, and the owner's update() applies th
 returned, summed in the global batch's order: sharded == one rank, bit for bit. Embedding gradients are
 never allreduced (model parallel).
 """
+
 from __future__ import annotations
 
 
@@ -58,7 +59,7 @@ def key_slots(offsets, n: int, slots: int):
     """(N,) int64 slot of each of the n keys of CSR bags ``offsets`` (B*S + 1,): bag b is slot b % S."""
     if device.is_host_array(offsets):
         bag = np.repeat(np.arange(offsets.shape[0] - 1, dtype=np.int64), np.diff(offsets))
-    else:                                                        # device offsets (gpu): a kernel
+    else:  # device offsets (gpu): a kernel
         bag = device.xp().empty(n, np.int64)
         embedding_bag.bag_of_key(offsets, bag)
     return bag % slots
@@ -67,13 +68,17 @@ def key_slots(offsets, n: int, slots: int):
 class HashEmbedding:
     """DistributedSlotSparseEmbeddingHash / LocalizedSlotSparseEmbeddingHash (identical on one rank)."""
 
-    key_dtype = np.uint64                        # keys on the wire between ranks
+    key_dtype = np.uint64  # keys on the wire between ranks
 
     def __init__(self, cfg, sparse_param, opt, seed: int, comm=None):
-        if cfg.embedding_type not in (Embedding_t.DistributedSlotSparseEmbeddingHash,
-                                      Embedding_t.LocalizedSlotSparseEmbeddingHash):
-            raise ValueError(f"SparseEmbedding {cfg.sparse_embedding_name!r}: HashEmbedding is for the two hash "
-                             f"embeddings, not {cfg.embedding_type.name} (embedding.factory.make_embedding picks the class)")
+        if cfg.embedding_type not in (
+            Embedding_t.DistributedSlotSparseEmbeddingHash,
+            Embedding_t.LocalizedSlotSparseEmbeddingHash,
+        ):
+            raise ValueError(
+                f"SparseEmbedding {cfg.sparse_embedding_name!r}: HashEmbedding is for the two hash "
+                f"embeddings, not {cfg.embedding_type.name} (embedding.factory.make_embedding picks the class)"
+            )
         self._configure(cfg, sparse_param, opt, seed, comm)
         self.by_slot = cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingHash
         self.max_rows = max_vocabulary_size_per_gpu(cfg.workspace_size_per_gpu_in_mb, self.vec, self.n_states)
@@ -82,20 +87,24 @@ class HashEmbedding:
             # over the workspace), padded to the largest share over ranks as HugeCTR does
             sizes = list(cfg.slot_size_array)
             if len(sizes) != self.slots or any(v <= 0 for v in sizes):
-                raise ValueError(f"SparseEmbedding {self.name!r}: slot_size_array needs one positive size per "
-                                 f"slot ({self.slots} slots), got {sizes}")
+                raise ValueError(
+                    f"SparseEmbedding {self.name!r}: slot_size_array needs one positive size per "
+                    f"slot ({self.slots} slots), got {sizes}"
+                )
             R = self.comm.size
             self.max_rows = max(sum(sizes[s] for s in range(r, self.slots, R)) for r in range(R))
         if self.max_rows <= 0:
-            raise ValueError(f"SparseEmbedding {self.name!r}: workspace_size_per_gpu_in_mb="
-                             f"{cfg.workspace_size_per_gpu_in_mb} holds no row of width {self.vec} with "
-                             f"{opt.optimizer_type.name} ({self.n_states} state arrays); each row needs "
-                             f"{(1 + self.n_states) * 4 * self.vec} bytes")
+            raise ValueError(
+                f"SparseEmbedding {self.name!r}: workspace_size_per_gpu_in_mb="
+                f"{cfg.workspace_size_per_gpu_in_mb} holds no row of width {self.vec} with "
+                f"{opt.optimizer_type.name} ({self.n_states} state arrays); each row needs "
+                f"{(1 + self.n_states) * 4 * self.vec} bytes"
+            )
         self._make_engine(TableSpec(self.max_rows, self.vec, keyed=True, init_range=INIT_RANGE))
         self.table = self.engine.hash_tables[0]
         # Localized: the slot of each row's key, recorded at insertion (HugeCTR's slot_id), so a snapshot
         # reloaded on R' ranks puts every key on rank slot % R', where lookups look for it; -1 = unknown
-        self.row_slot = device.xp().full(self.max_rows, -1, np.int64) if self.by_slot else None     # (V,)
+        self.row_slot = device.xp().full(self.max_rows, -1, np.int64) if self.by_slot else None  # (V,)
 
     def _configure(self, cfg, sparse_param, opt, seed: int, comm) -> None:
         self.cfg, self.opt, self.seed = cfg, opt, int(seed)
@@ -108,9 +117,13 @@ class HashEmbedding:
     def _make_engine(self, table: TableSpec) -> None:
         """The engine: one table, the S slots its features in sample-major order, HugeCTR's optimizer; with
         numbactr's embedding_cache, the table in a backing tier behind a cache (numbactr.embedding.tiered)."""
-        args = dict(pooling=POOLING[self.cfg.combiner], layout=Layout.SAMPLE_MAJOR,
-                    optimizer=sparse_optimizer_spec(self.opt, f"SparseEmbedding {self.name!r}"),
-                    bounds_check=BoundsCheck.FATAL, seed=self.seed)
+        args = dict(
+            pooling=POOLING[self.cfg.combiner],
+            layout=Layout.SAMPLE_MAJOR,
+            optimizer=sparse_optimizer_spec(self.opt, f"SparseEmbedding {self.name!r}"),
+            bounds_check=BoundsCheck.FATAL,
+            seed=self.seed,
+        )
         tier = getattr(self.cfg, "embedding_cache", None)
         if tier is None:
             self.engine = TableBatchedEmbedding([table], [0] * self.slots, **args)
@@ -120,19 +133,32 @@ class HashEmbedding:
             # finds an error raises it (numbactr.distributed.comm's guard then stops the whole job)
             self.engine.defer_checks = self.engine.impl == "kernels"
         elif self.comm.size > 1:
-            raise NotImplementedError(f"SparseEmbedding {self.name!r}: embedding_cache (a tiered table) runs on "
-                                      "one rank; sharded tiered tables are not implemented")
+            raise NotImplementedError(
+                f"SparseEmbedding {self.name!r}: embedding_cache (a tiered table) runs on "
+                "one rank; sharded tiered tables are not implemented"
+            )
         else:
-            self.engine = TieredEmbedding([table], [0] * self.slots, cache=tier.cache, backing=tier.backing,
-                                          path=tier.path, **args)
+            self.engine = TieredEmbedding(
+                [table], [0] * self.slots, cache=tier.cache, backing=tier.backing, path=tier.path, **args
+            )
         # (V, D): the engine's rows (a view; its row stride is padded to 16 bytes)
         self.weight = Tensor(self.engine.split_weights()[0], name=f"{self.name}.pool", requires_grad=True)
-        self._pending = None            # (lookup, gradient) from this step's backward, for update()
+        self._pending = None  # (lookup, gradient) from this step's backward, for update()
         ranks = self.comm.size
-        self._sharded = ShardedTable(self.comm, self.vec, self.slots, self.engine.pooling, self._owner_lookup,
-                                     key_dtype=self.key_dtype, defer_checks=self._deferred(),
-                                     owner_of_keys=None if self.by_slot else (lambda k: key_owner_of(k, ranks))) \
-            if ranks > 1 else None
+        self._sharded = (
+            ShardedTable(
+                self.comm,
+                self.vec,
+                self.slots,
+                self.engine.pooling,
+                self._owner_lookup,
+                key_dtype=self.key_dtype,
+                defer_checks=self._deferred(),
+                owner_of_keys=None if self.by_slot else (lambda k: key_owner_of(k, ranks)),
+            )
+            if ranks > 1
+            else None
+        )
 
     def output_shape(self, batch: int) -> tuple:
         return (batch, self.slots, self.vec)
@@ -141,7 +167,7 @@ class HashEmbedding:
     def states(self) -> list:
         """The optimizer's state arrays, (V, D) views of the engine's, in HugeCTR's file order (LazyGlobal
         Adam's per-row previous step, which HugeCTR's files do not hold, is left out)."""
-        return self.engine.split_optimizer_states()[0][:len(STATES[self.engine.optimizer.kind])]
+        return self.engine.split_optimizer_states()[0][: len(STATES[self.engine.optimizer.kind])]
 
     # ---- a step ---------------------------------------------------------------------------------------
     def forward(self, tape, keys, offsets, batch: int, training: bool) -> Tensor:
@@ -149,8 +175,16 @@ class HashEmbedding:
         training the lookup goes on the tape."""
         if training:
             self._pending = None
-        return LookupFn.apply(tape if training else None, self.weight, emb=self, keys=keys, offsets=offsets,
-                              training=training, shape=self.output_shape(batch), name=self.name)
+        return LookupFn.apply(
+            tape if training else None,
+            self.weight,
+            emb=self,
+            keys=keys,
+            offsets=offsets,
+            training=training,
+            shape=self.output_shape(batch),
+            name=self.name,
+        )
 
     def lookup(self, keys, offsets, training: bool):
         """(pooled (B, S*D), what hold_gradient needs)."""
@@ -163,9 +197,9 @@ class HashEmbedding:
         """Keep this step's gradient for update(): dY (B, S, D) of a one-rank lookup; across ranks, one
         gradient per key occurrence goes to its owner (every rank takes part) and the owner keeps those."""
         if not isinstance(lookup, ShardedLookup):
-            self._pending = (lookup, device.contig(dy.reshape(dy.shape[0], -1)))        # (B, S*D)
+            self._pending = (lookup, device.contig(dy.reshape(dy.shape[0], -1)))  # (B, S*D)
             return
-        self._pending = self._sharded.gradients(lookup, dy.reshape(dy.shape[0], -1))   # (owned, (M, D))
+        self._pending = self._sharded.gradients(lookup, dy.reshape(dy.shape[0], -1))  # (owned, (M, D))
 
     def update(self, lr: float, scaler: float) -> None:
         """The engine's fused backward + optimizer over the gradient held since this step's backward, with
@@ -174,7 +208,8 @@ class HashEmbedding:
         if pending is None:
             return
         self._set_rate(lr, scaler)
-        from numbactr.runtime import step_values                 # a replayed step sets the rate again (cuda_graphs)
+        from numbactr.runtime import step_values  # a replayed step sets the rate again (cuda_graphs)
+
         step_values.on_replay(("sparse", id(self)), lambda run: self._set_rate(run["lr"], run["scaler"]))
         self.engine.backward(*pending)
 
@@ -200,7 +235,7 @@ class HashEmbedding:
         except HashTableFullError as e:
             raise self._full_error(e) from None
         new_rows = ctx.extra.get("new_rows")
-        if training and self.row_slot is not None and new_rows:         # deferred: on the device
+        if training and self.row_slot is not None and new_rows:  # deferred: on the device
             rows, flags, _ = new_rows[0]
             if slots is None:
                 slots = key_slots(device.xp().asarray(offsets), rows.shape[0], self.slots)
@@ -208,7 +243,7 @@ class HashEmbedding:
         elif training and self.row_slot is not None and not deferred and table.size > before:
             if slots is None:
                 slots = key_slots(device.xp().asarray(offsets), ctx.rows.shape[0], self.slots)
-            self._record_slots(ctx.extra.get("table_rows", ctx.rows), slots, before)    # tiered: rows, not slots
+            self._record_slots(ctx.extra.get("table_rows", ctx.rows), slots, before)  # tiered: rows, not slots
         return out, ctx
 
     def check_pending(self) -> None:
@@ -229,12 +264,12 @@ class HashEmbedding:
         return bool(getattr(self.engine, "defer_checks", False))
 
     def _sharded_lookup(self, keys, offsets, training: bool):
-        if self._sharded.gathers():        # a key-owned table's gathered exchange: its owners on the device
+        if self._sharded.gathers():  # a key-owned table's gathered exchange: its owners on the device
             return self._sharded.lookup(keys, offsets, None, training)
         keys_h, offsets_h = device.to_host(keys), device.to_host(offsets).astype(np.int64)
-        slot = key_slots(offsets_h, keys_h.shape[0], self.slots)                     # (N,)
+        slot = key_slots(offsets_h, keys_h.shape[0], self.slots)  # (N,)
         owner = key_owner(keys_h, slot, self.comm.size, self.by_slot)
-        record = training and self.row_slot is not None       # a Localized table sends the slots of its keys
+        record = training and self.row_slot is not None  # a Localized table sends the slots of its keys
         # the keys and offsets as they came (device arrays, when staged): the device path gathers them there
         return self._sharded.lookup(keys, offsets, owner, training, payload=slot if record else None)
 
@@ -256,7 +291,7 @@ class HashEmbedding:
         n = int(host.shape[0]) - 1
         if int(keys.shape[0]) != n or host[0] != 0 or host[-1] != n:
             return -1
-        one_each = getattr(self, "_one_key_offsets", None)       # arange(n + 1), kept (a check every step)
+        one_each = getattr(self, "_one_key_offsets", None)  # arange(n + 1), kept (a check every step)
         if one_each is None or one_each.shape[0] != n + 1:
             one_each = self._one_key_offsets = np.arange(n + 1, dtype=np.int64)
         return n if np.array_equal(host, one_each) else -1
@@ -268,27 +303,34 @@ class HashEmbedding:
 
     def _full_error(self, e: HashTableFullError) -> HashTableFullError:
         """The hash table's error with what to change in the SparseEmbedding."""
-        need = e.used + e.needed             # distinct keys seen so far, this batch's included
+        need = e.used + e.needed  # distinct keys seen so far, this batch's included
         if self.by_slot and self.cfg.slot_size_array:
-            fix = (f"its size is the sum of this rank's slot_size_array entries ({self.max_rows}), so some "
-                   f"slot holds more distinct keys than its entry: raise the entries")
+            fix = (
+                f"its size is the sum of this rank's slot_size_array entries ({self.max_rows}), so some "
+                f"slot holds more distinct keys than its entry: raise the entries"
+            )
         else:
             mb = workspace_mb_for(need, self.vec, self.n_states)
-            fix = (f"workspace_size_per_gpu_in_mb={self.cfg.workspace_size_per_gpu_in_mb} holds {self.max_rows}; "
-                   f"those {need} rows need ceil(rows * (1 + {self.n_states} {self.opt.optimizer_type.name} "
-                   f"state arrays) * 4 bytes * embedding_vec_size {self.vec} / 2^20) = {mb} MB (HugeCTR's "
-                   f"sizing): set workspace_size_per_gpu_in_mb to at least {mb}")
+            fix = (
+                f"workspace_size_per_gpu_in_mb={self.cfg.workspace_size_per_gpu_in_mb} holds {self.max_rows}; "
+                f"those {need} rows need ceil(rows * (1 + {self.n_states} {self.opt.optimizer_type.name} "
+                f"state arrays) * 4 bytes * embedding_vec_size {self.vec} / 2^20) = {mb} MB (HugeCTR's "
+                f"sizing): set workspace_size_per_gpu_in_mb to at least {mb}"
+            )
         return HashTableFullError(
-            e.needed, e.used, e.max_rows,
+            e.needed,
+            e.used,
+            e.max_rows,
             hint=f"SparseEmbedding {self.name!r}{self._where()}: the keys seen so far need {need} rows "
-                 f"({e.used} in use + {e.needed} new in this batch); {fix}")
+            f"({e.used} in use + {e.needed} new in this batch); {fix}",
+        )
 
     def _record_slots(self, rows, slots, first_new: int) -> None:
         """row_slot of the rows just handed out = the slot of their key's first occurrence."""
         xp = device.xp()
-        new = xp.nonzero(rows >= first_new)[0]                   # occurrences of new keys, batch order
-        _, first = xp.unique(rows[new], return_index=True)       # rows first_new.. in order, first sighting
-        self.row_slot[first_new:self.table.size] = xp.asarray(slots)[new[first]]
+        new = xp.nonzero(rows >= first_new)[0]  # occurrences of new keys, batch order
+        _, first = xp.unique(rows[new], return_index=True)  # rows first_new.. in order, first sighting
+        self.row_slot[first_new : self.table.size] = xp.asarray(slots)[new[first]]
 
     def _where(self) -> str:
         return f" on rank {self.comm.rank}" if self.comm.size > 1 else ""
@@ -299,15 +341,17 @@ class HashEmbedding:
         arrays would otherwise be views of the live table)."""
         self._write_back()
         n = self.table.size
-        return (device.to_host(self.table.keys_by_row()).astype(np.uint64),
-                np.array(device.to_host(self.weight.data[:n])))
+        return (
+            device.to_host(self.table.keys_by_row()).astype(np.uint64),
+            np.array(device.to_host(self.weight.data[:n])),
+        )
 
     def dump_slots(self):
         """(n,) uint64 slot of each key in dump() order (HugeCTR's slot_id; 2**64-1 where unknown: keys
         loaded from a file without slot_id), or None for a Distributed table (HugeCTR writes none)."""
         if self.row_slot is None:
             return None
-        return device.to_host(self.row_slot[:self.table.size]).astype(np.uint64)
+        return device.to_host(self.row_slot[: self.table.size]).astype(np.uint64)
 
     def dump_states(self) -> list:
         """The sparse optimizer's state arrays on the host, HugeCTR's per-rank file layout: (V, D) each,
@@ -333,15 +377,15 @@ class HashEmbedding:
         self._write_back()
         xp = device.xp()
         k = xp.asarray(keys.astype(np.uint64))
-        old = self.table.find(k)                          # (n,) each key's row before, -1 if absent
+        old = self.table.find(k)  # (n,) each key's row before, -1 if absent
         self.table.clear()
-        self.table.insert(k)                              # unique keys, empty table: rows 0..n-1
-        w = self.weight.data                  # (a tiered table's rows are host memory on every device)
-        w[:k.shape[0]] = (np if device.is_host_array(w) else xp).asarray(vectors.astype(np.float32))
+        self.table.insert(k)  # unique keys, empty table: rows 0..n-1
+        w = self.weight.data  # (a tiered table's rows are host memory on every device)
+        w[: k.shape[0]] = (np if device.is_host_array(w) else xp).asarray(vectors.astype(np.float32))
         if self.row_slot is not None:
             self.row_slot.fill(-1)
             if slots is not None:
-                self.row_slot[:k.shape[0]] = xp.asarray(slots.astype(np.int64))
+                self.row_slot[: k.shape[0]] = xp.asarray(slots.astype(np.int64))
         self.engine.take_state_rows(0, old)
 
 
@@ -364,15 +408,18 @@ class OneHotEmbedding(HashEmbedding):
         self.by_slot = True
         sizes = list(cfg.slot_size_array)
         if len(sizes) != self.slots or any(s <= 0 for s in sizes):
-            raise ValueError(f"SparseEmbedding {self.name!r} (LocalizedSlotSparseEmbeddingOneHot): needs "
-                             f"slot_size_array with one positive size per slot ({self.slots} slots), got {sizes}")
+            raise ValueError(
+                f"SparseEmbedding {self.name!r} (LocalizedSlotSparseEmbeddingOneHot): needs "
+                f"slot_size_array with one positive size per slot ({self.slots} slots), got {sizes}"
+            )
         self.max_rows = int(sum(sizes))
         self._make_engine(TableSpec(self.max_rows, self.vec))
-        bound = np.repeat(np.sqrt(1.0 / np.asarray(sizes, np.float64)), sizes).astype(np.float32)   # (V,)
-        fill_uniform_rows(self.weight.data, 0, self.seed, -1.0, 1.0, row_scale=bound,
-                          what=f"SparseEmbedding {self.name!r}")
+        bound = np.repeat(np.sqrt(1.0 / np.asarray(sizes, np.float64)), sizes).astype(np.float32)  # (V,)
+        fill_uniform_rows(
+            self.weight.data, 0, self.seed, -1.0, 1.0, row_scale=bound, what=f"SparseEmbedding {self.name!r}"
+        )
         self.table = None
-        self.row_slot = None                      # row = key: the slot of a row is given by slot_size_array
+        self.row_slot = None  # row = key: the slot of a row is given by slot_size_array
 
     def _check_keys(self, keys) -> None:
         # keys in host memory (or a staged batch's host mirror) are checked there; device keys of a deferred
@@ -387,9 +434,11 @@ class OneHotEmbedding(HashEmbedding):
         bad = (rows < 0) | (rows >= self.max_rows)
         if rows.shape[0] and bool(bad.any()):
             at = int(xp.argmax(bad))
-            raise ValueError(f"SparseEmbedding {self.name!r} (OneHot): key {int(rows[at])} at position {at} of "
-                             f"this batch is outside the table [0, {self.max_rows}) given by slot_size_array; "
-                             "one-hot keys must be globally offset per slot")
+            raise ValueError(
+                f"SparseEmbedding {self.name!r} (OneHot): key {int(rows[at])} at position {at} of "
+                f"this batch is outside the table [0, {self.max_rows}) given by slot_size_array; "
+                "one-hot keys must be globally offset per slot"
+            )
 
     def slot_of_keys(self, keys: np.ndarray) -> np.ndarray:
         """(n,) int64 slot whose block of rows holds each key (n,) in [0, V)."""
@@ -422,6 +471,6 @@ class OneHotEmbedding(HashEmbedding):
         """Rows ``keys`` (n,) (validated in range by the caller) take ``vectors`` (n, D); other rows and
         every optimizer state stay as they are (row = key, so no state moves)."""
         self._write_back()
-        w = self.weight.data                  # (a tiered table's rows are host memory on every device)
+        w = self.weight.data  # (a tiered table's rows are host memory on every device)
         xp = np if device.is_host_array(w) else device.xp()
         w[xp.asarray(keys.astype(np.int64))] = xp.asarray(vectors.astype(np.float32))

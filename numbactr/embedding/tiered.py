@@ -39,6 +39,7 @@ What happens (shapes: T tables, V_t rows, C_t cache slots, N occurrences):
 Not supported through the cache (an error says so): HugeCTR's GLOBAL kinds on an LMDB tier (their pass
 needs the rows as arrays).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,17 +55,27 @@ from numbactr.kernels import tbe
 from numbactr.kernels import tbe_cpu
 from numbactr.config import CacheConfig, TierSpec  # noqa: F401 (their documented home: numbactr.embedding.tiered)
 from numbactr.embedding.cache import CacheCapacityError, CacheStats, EmbeddingCache
-from numbactr.embedding.engine import (Grads, LookupContext, Optim, OptimizerSpec, Precision, SparseRowGrad, TableBatchedEmbedding,
-                     TableSpec, _as_table, _check_optimizer, state_specs)
+from numbactr.embedding.engine import (
+    Grads,
+    LookupContext,
+    Optim,
+    OptimizerSpec,
+    Precision,
+    SparseRowGrad,
+    TableBatchedEmbedding,
+    TableSpec,
+    _as_table,
+    _check_optimizer,
+    state_specs,
+)
 from numbactr.embedding.hash_table import HashTable, HashTableFullError
 from numbactr.embedding.tiers import BufferSpec, make_store
 
-__all__ = ["TieredEmbedding", "CacheConfig", "TierSpec", "CacheCapacityError", "CacheStats", "cache_rows",
-           "slot_bytes"]
+__all__ = ["TieredEmbedding", "CacheConfig", "TierSpec", "CacheCapacityError", "CacheStats", "cache_rows", "slot_bytes"]
 
-SLOT_BOOKKEEPING_BYTES = 8 + 8 + 8 + 4 + 1     # slot_row, stamp, freq, pin, dirty per slot
-_FIRST_KEYS = 1024                              # rows a growing keyed table starts with (then doubles)
-ROW_MAP_BYTES = 8                               # row_slot per row of the table
+SLOT_BOOKKEEPING_BYTES = 8 + 8 + 8 + 4 + 1  # slot_row, stamp, freq, pin, dirty per slot
+_FIRST_KEYS = 1024  # rows a growing keyed table starts with (then doubles)
+ROW_MAP_BYTES = 8  # row_slot per row of the table
 
 
 def slot_bytes(dim: int, precision: Precision, state_specs) -> int:
@@ -85,8 +96,10 @@ def cache_rows(tables, config: CacheConfig, precision=Precision.FP32, state_spec
     if config.capacities is not None:
         caps = [int(c) for c in config.capacities]
         if len(caps) != rows.size or any(c < 1 or (r and c > r) for c, r in zip(caps, rows)):
-            raise ValueError(f"cache capacities {caps} must give each of the {rows.size} tables 1..rows slots "
-                             f"(rows {rows.tolist()}; a growing table, rows=0, any number >= 1)")
+            raise ValueError(
+                f"cache capacities {caps} must give each of the {rows.size} tables 1..rows slots "
+                f"(rows {rows.tolist()}; a growing table, rows=0, any number >= 1)"
+            )
         return caps
     if config.budget_bytes is not None:
         per_row = np.array([slot_bytes(t.dim, Precision(precision), state_specs) for t in specs], np.int64)
@@ -132,26 +145,40 @@ class TieredEmbedding:
         **engine_kwargs: the engine's keyword arguments (pooling, optimizer, weights_precision, ...).
     """
 
-    def __init__(self, tables, feature_table_map=None, *, cache: CacheConfig | None = None, backing="host",
-                 path=None, **engine_kwargs):
+    def __init__(
+        self,
+        tables,
+        feature_table_map=None,
+        *,
+        cache: CacheConfig | None = None,
+        backing="host",
+        path=None,
+        **engine_kwargs,
+    ):
         self.tables = [_as_table(t) for t in tables]
         if not self.tables:
             raise ValueError("TieredEmbedding needs at least one table")
         self.config = cache or CacheConfig()
         if Precision(engine_kwargs.get("weights_precision", Precision.FP32)) == Precision.INT8:
-            raise NotImplementedError("TieredEmbedding: INT8 weights are forward only and are not cached; use "
-                                      "FP32 or FP16 weights, or an untiered engine for INT8")
+            raise NotImplementedError(
+                "TieredEmbedding: INT8 weights are forward only and are not cached; use "
+                "FP32 or FP16 weights, or an untiered engine for INT8"
+            )
         rows = np.array([t.rows for t in self.tables], np.int64)
         growable = backing == "lmdb" or getattr(backing, "grow", None) is not None
         unbounded = [t for t, spec in enumerate(self.tables) if spec.rows == 0]
         if unbounded and not (growable and all(self.tables[t].keyed for t in unbounded)):
-            raise ValueError(f"tables {unbounded} have rows=0: only keyed tables on a growable backing tier "
-                             "(backing='lmdb') may start empty and grow; give the others rows >= 1")
+            raise ValueError(
+                f"tables {unbounded} have rows=0: only keyed tables on a growable backing tier "
+                "(backing='lmdb') may start empty and grow; give the others rows >= 1"
+            )
         if unbounded and self.config.capacities is None:
-            raise ValueError(f"tables {unbounded} grow without a bound: give their cache sizes as "
-                             "CacheConfig(capacities=[...]) (a load factor of an unknown size means nothing)")
+            raise ValueError(
+                f"tables {unbounded} grow without a bound: give their cache sizes as "
+                "CacheConfig(capacities=[...]) (a load factor of an unknown size means nothing)"
+            )
         self._lock = threading.Lock()
-        self._prefetched = []          # FIFO of the unique slots prefetch() staged (and pinned) for a forward
+        self._prefetched = []  # FIFO of the unique slots prefetch() staged (and pinned) for a forward
         self._worker = None
         self._worker_error = None
         # linear rows of the tables as declared: init_uniform's hash (the untiered engine's numbering)
@@ -164,37 +191,45 @@ class TieredEmbedding:
         self.engine = _SlotEngine(self, bounds, slot_tables, feature_table_map, **engine_kwargs)
         e = self.engine
         kernels = e.impl == "kernels"
-        self.key_index = {t: self._new_index(spec.rows or _FIRST_KEYS, kernels)
-                          for t, spec in enumerate(self.tables) if spec.keyed}
+        self.key_index = {
+            t: self._new_index(spec.rows or _FIRST_KEYS, kernels) for t, spec in enumerate(self.tables) if spec.keyed
+        }
         self._growing = set(unbounded)
         space = [self.key_index[t].max_rows if t in self._growing else int(r) for t, r in enumerate(rows)]
         self.cache = EmbeddingCache(slots, space, self.config.policy, use_kernels=kernels)
         if e.weights_precision == Precision.FP16 and e.stochastic_rounding:
-            e.sr_rows = self.cache.xp.arange(self.cache.n_slots, dtype=np.int64)   # slot -> the row it holds
+            e.sr_rows = self.cache.xp.arange(self.cache.n_slots, dtype=np.int64)  # slot -> the row it holds
         self._specs = e._state_specs()
         buffers = [BufferSpec("weights", False, e.weights.dtype)]
-        buffers += [BufferSpec(name, per_row, dtype, e.initial_state_value(name))
-                    for name, per_row, dtype in self._specs]
+        buffers += [
+            BufferSpec(name, per_row, dtype, e.initial_state_value(name)) for name, per_row, dtype in self._specs
+        ]
         buffers.append(BufferSpec("freq", True, np.int64))
-        self.store = make_store(backing, buffers, rows, [t.dim for t in self.tables], path=path,
-                                pinned=device.kind() == "gpu")
+        self.store = make_store(
+            backing, buffers, rows, [t.dim for t in self.tables], path=path, pinned=device.kind() == "gpu"
+        )
         if hasattr(self.store, "keys"):
             self._reopen_keys()
         if tbe.has_global_pass(e.optimizer.kind, e.optimizer.update_type) and not hasattr(self.store, "flat"):
-            raise NotImplementedError("HugeCTR's GLOBAL update passes over every row each step: it needs a backing "
-                                      "tier of arrays (backing='host' or 'memmap'), not an LMDB store")
+            raise NotImplementedError(
+                "HugeCTR's GLOBAL update passes over every row each step: it needs a backing "
+                "tier of arrays (backing='host' or 'memmap'), not an LMDB store"
+            )
         # per table, its cache buffers: (C_t, D_t) views (host path) and the padded (C_t, stride_t) / (C_t, 1)
         # contiguous blocks they live in (the row kernels' arguments)
         self._cache_views = [[w] + list(s) for w, s in zip(e.split_weights(), e.split_optimizer_states())]
-        self._cache_blocks = [[_block(e, e.weights, t, False)] + [_block(e, buf, t, per_row) for buf, (_, per_row, _)
-                                                                  in zip(e.states, self._specs)]
-                              for t in range(len(self.tables))]
+        self._cache_blocks = [
+            [_block(e, e.weights, t, False)]
+            + [_block(e, buf, t, per_row) for buf, (_, per_row, _) in zip(e.states, self._specs)]
+            for t in range(len(self.tables))
+        ]
         self.weights_precision = e.weights_precision
 
     def _new_index(self, max_rows: int, kernels: bool) -> HashTable:
         """A key -> row hash table as the engine's keyed tables have (rows in order of first occurrence)."""
-        return HashTable(max_rows, use_kernels=kernels, xp=device.xp() if kernels else np,
-                         compiled=self.engine.impl == "cpu")
+        return HashTable(
+            max_rows, use_kernels=kernels, xp=device.xp() if kernels else np, compiled=self.engine.impl == "cpu"
+        )
 
     def _reopen_keys(self) -> None:
         """An LMDB store that already holds keys: the key -> row tables take them back, rows as recorded."""
@@ -204,8 +239,10 @@ class TieredEmbedding:
                 self._grow_keys(t, keys.size)
                 rows = device.to_host(self.key_index[t].insert(self.cache.xp.asarray(keys)))
                 if not np.array_equal(rows, np.arange(keys.size)):
-                    raise ValueError(f"{self.store.path}: table {t}'s recorded keys are not a row-ordered "
-                                     "vocabulary (duplicate keys?)")
+                    raise ValueError(
+                        f"{self.store.path}: table {t}'s recorded keys are not a row-ordered "
+                        "vocabulary (duplicate keys?)"
+                    )
                 self.store.grow(t, keys.size)
 
     def _grow_keys(self, t: int, need: int) -> None:
@@ -219,7 +256,7 @@ class TieredEmbedding:
         bigger = self._new_index(cap, self.engine.impl == "kernels")
         keys = index.keys_by_row()
         if keys.shape[0]:
-            bigger.insert(keys)                  # row order in, row order out: every key keeps its row
+            bigger.insert(keys)  # row order in, row order out: every key keeps its row
         self.key_index[t] = bigger
         self.cache.grow_rows(t, cap)
 
@@ -259,10 +296,10 @@ class TieredEmbedding:
         self.invalidate()
         src = np.asarray(device.to_host(src), np.int64)
         hit = src >= 0
-        for view, (name, _, _) in zip(self.store.views(t)[1:1 + len(self._specs)], self._specs):
+        for view, (name, _, _) in zip(self.store.views(t)[1 : 1 + len(self._specs)], self._specs):
             kept = view[src[hit]]
             view[...] = self.engine.initial_state_value(name)
-            view[:src.shape[0]][hit] = kept
+            view[: src.shape[0]][hit] = kept
 
     @property
     def feature_table_map(self) -> list:
@@ -313,18 +350,32 @@ class TieredEmbedding:
         """Cache slots per table (C_t)."""
         return [int(c) for c in self.cache.capacities]
 
-    def forward(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
-                feature_requires_grad=None):
+    def forward(
+        self,
+        indices,
+        offsets,
+        per_sample_weights=None,
+        *,
+        training: bool = True,
+        pooling=None,
+        feature_requires_grad=None,
+    ):
         """The engine's forward through the cache: (out, ctx) as TableBatchedEmbedding.forward."""
         self._wait()
         self._held = None
         if self.key_index:
             indices = self._keyed_rows(indices, offsets, training)
         try:
-            out, ctx = self.engine.forward(indices, offsets, per_sample_weights, training=training,
-                                           pooling=pooling, feature_requires_grad=feature_requires_grad)
+            out, ctx = self.engine.forward(
+                indices,
+                offsets,
+                per_sample_weights,
+                training=training,
+                pooling=pooling,
+                feature_requires_grad=feature_requires_grad,
+            )
         except BaseException:
-            if self._held is not None:                 # placed and pinned, but no lookup came of it
+            if self._held is not None:  # placed and pinned, but no lookup came of it
                 self.cache.unpin(self._held, dirty=False)
             raise
         # the table rows of the occurrences (ctx.rows are cache slots): what HugeCTR's Localized tables record
@@ -340,14 +391,16 @@ class TieredEmbedding:
         gradients with the tables' linear rows (ascending), as the untiered engine does."""
         release = ctx.extra.get("tier_release")
         if release is None or not release.alive:
-            raise RuntimeError("this lookup has no cache slots held for a backward: it was an evaluation "
-                               "lookup (training=False) or its backward already ran")
+            raise RuntimeError(
+                "this lookup has no cache slots held for a backward: it was an evaluation "
+                "lookup (training=False) or its backward already ran"
+            )
         self._wait()
         e = self.engine
         glob = tbe.has_global_pass(e.optimizer.kind, e.optimizer.update_type)
         if TableBatchedEmbedding._max_counter_refresh(e, e.step + 1):
             self._renew_max_counter()
-        grads = e.backward(ctx, grad_output)           # a bad grad_output raises here: the slots stay held
+        grads = e.backward(ctx, grad_output)  # a bad grad_output raises here: the slots stay held
         del ctx.extra["tier_release"]
         release.detach()
         self.cache.unpin(ctx.extra["tier_slots"], dirty=e.optimizer.kind != Optim.NONE)
@@ -377,7 +430,7 @@ class TieredEmbedding:
         e = self.engine
         indices, offsets = xp.asarray(indices), xp.asarray(offsets)
         if indices.ndim != 1 or offsets.ndim != 1 or indices.dtype.kind not in "iu":
-            return indices                                  # the engine's checks say what is wrong
+            return indices  # the engine's checks say what is wrong
         n_bags = offsets.shape[0] - 1
         if n_bags < 0 or n_bags % e.n_features:
             return indices
@@ -390,7 +443,7 @@ class TieredEmbedding:
         is_key = np.zeros(feat.shape[0], bool)
         is_key[feat >= 0] = keyed[feat[feat >= 0]]
         if indices.dtype == np.uint64 and (~is_key).any():
-            e._as_int64(indices[xp.asarray(np.flatnonzero(~is_key))])       # unkeyed values must fit int64
+            e._as_int64(indices[xp.asarray(np.flatnonzero(~is_key))])  # unkeyed values must fit int64
         out = indices.astype(np.int64)
         if e.bounds_check == tbe.BoundsCheck.FATAL and insert:
             plain = np.flatnonzero(~is_key & (feat >= 0))
@@ -409,15 +462,16 @@ class TieredEmbedding:
         if not insert:
             return index.find(keys)
         before = index.size
-        if t in self._growing:                  # room for the batch's distinct new keys first
+        if t in self._growing:  # room for the batch's distinct new keys first
             new = keys[index.find(keys) < 0]
             self._grow_keys(t, before + int(self.cache.xp.unique(new).shape[0]))
             index = self.key_index[t]
         try:
             rows = index.insert(keys)
         except HashTableFullError as err:
-            raise HashTableFullError(err.needed, err.used, err.max_rows,
-                                     hint=f"tiered table {t} holds at most rows={err.max_rows} keys") from None
+            raise HashTableFullError(
+                err.needed, err.used, err.max_rows, hint=f"tiered table {t} holds at most rows={err.max_rows} keys"
+            ) from None
         if index.size > before:
             rows_h, keys_h = device.to_host(rows), device.to_host(keys).astype(np.uint64)
             new_rows, first = np.unique(rows_h[rows_h >= before], return_index=True)
@@ -494,12 +548,15 @@ class TieredEmbedding:
             evicted = plan.evicted[m0:m1]
             held = evicted >= 0
             dirty = held & (plan.evicted_dirty[m0:m1] != 0)
-            if dirty.any():                    # weights and optimizer states of the updated rows
+            if dirty.any():  # weights and optimizer states of the updated rows
                 self._write(t, evicted[dirty] - self.row_offsets[t], self._gather(t, victims[dirty]) + [None])
                 cache.stats.writebacks += int(dirty.sum())
-            if held.any():                     # every evicted row's LFU count
-                self._write(t, evicted[held] - self.row_offsets[t],
-                            [None] * len(self._cache_views[t]) + [plan.evicted_freq[m0:m1][held]])
+            if held.any():  # every evicted row's LFU count
+                self._write(
+                    t,
+                    evicted[held] - self.row_offsets[t],
+                    [None] * len(self._cache_views[t]) + [plan.evicted_freq[m0:m1][held]],
+                )
             misses = plan.misses[m0:m1] - self.row_offsets[t]
             if self.engine.sr_rows is not None:  # stochastic rounding hashes the row the slot now holds
                 xp = self.cache.xp
@@ -549,10 +606,13 @@ class TieredEmbedding:
         indices, offsets = xp.asarray(indices), xp.asarray(offsets)
         n_bags = offsets.shape[0] - 1
         if indices.ndim != 1 or offsets.ndim != 1 or n_bags < 0 or n_bags % e.n_features:
-            raise ValueError(f"prefetch: indices (N,) and offsets (F*B + 1,) with F = {e.n_features} features, "
-                             f"got shapes {indices.shape} and {offsets.shape}")
-        fixed, _ = tbe.check_offsets_ref(device.to_host(offsets).astype(np.int64), int(indices.shape[0]),
-                                       tbe.BoundsCheck.IGNORE)
+            raise ValueError(
+                f"prefetch: indices (N,) and offsets (F*B + 1,) with F = {e.n_features} features, "
+                f"got shapes {indices.shape} and {offsets.shape}"
+            )
+        fixed, _ = tbe.check_offsets_ref(
+            device.to_host(offsets).astype(np.int64), int(indices.shape[0]), tbe.BoundsCheck.IGNORE
+        )
         if self.key_index:
             indices = self._keyed_rows(indices, offsets, training=False)
         lin = self._linear_rows(indices, fixed, n_bags // e.n_features)
@@ -572,10 +632,11 @@ class TieredEmbedding:
     def _guard(self, fn):
         def wrapped():
             try:
-                device.bind_thread()              # the rank's GPU, not GPU 0 (a new thread's device)
+                device.bind_thread()  # the rank's GPU, not GPU 0 (a new thread's device)
                 fn()
-            except BaseException as exc:          # handed to the caller's thread by _wait()
+            except BaseException as exc:  # handed to the caller's thread by _wait()
                 self._worker_error = exc
+
         return wrapped
 
     def _wait(self) -> None:
@@ -615,8 +676,9 @@ class TieredEmbedding:
                     self.cache.stats.writebacks += int(sel.sum())
                 if mine.any():
                     freq = self.cache.freq[self.cache.xp.asarray(slots[mine])]
-                    self._write(t, rows[mine] - self.row_offsets[t],
-                                [None] * len(self._cache_views[t]) + [device.to_host(freq)])
+                    self._write(
+                        t, rows[mine] - self.row_offsets[t], [None] * len(self._cache_views[t]) + [device.to_host(freq)]
+                    )
             self.cache.clean()
             self.store.flush()
 
@@ -640,7 +702,7 @@ class TieredEmbedding:
         """Per table, its optimizer state arrays in kernels.tbe.STATES order, from the backing tier."""
         self.invalidate()
         n = len(self._specs)
-        return [self.store.views(t)[1:1 + n] for t in range(len(self.tables))]
+        return [self.store.views(t)[1 : 1 + n] for t in range(len(self.tables))]
 
     def init_uniform(self, lo: float, hi: float, seed: int | None = None) -> None:
         """Every weight U(lo, hi) from the hash of (seed, linear row, d): the engine's init_uniform."""
@@ -668,7 +730,7 @@ class TieredEmbedding:
         sr = e.weights_precision == Precision.FP16 and e.stochastic_rounding
         for tb in range(len(self.tables)):
             views = self.store.views(tb)
-            w, states = views[0], views[1:1 + len(self._specs)]
+            w, states = views[0], views[1 : 1 + len(self._specs)]
             live = self.live_rows(tb)
             for a in range(0, live, 1 << 16):
                 b = min(live, a + (1 << 16))
@@ -676,8 +738,11 @@ class TieredEmbedding:
                     new_w, new_s = tbe.global_pass_ref(opt.kind, opt.hp(), w[a:b], [s[a:b] for s in states], t)
                     lin = np.arange(a, b, dtype=np.int64) + self.spec_row_offsets[tb]
                     bits = tbe.rounding_bits_ref(e.seed, t, lin, w.shape[1], tbe.SR_PASS_ALL) if sr else None
-                    w[a:b] = tbe.to_half_ref(new_w.astype(np.float32), bits) if w.dtype == np.float16 else \
-                        new_w.astype(np.float32)
+                    w[a:b] = (
+                        tbe.to_half_ref(new_w.astype(np.float32), bits)
+                        if w.dtype == np.float16
+                        else new_w.astype(np.float32)
+                    )
                     for s, v in zip(states, new_s):
                         s[a:b] = v.astype(np.float32)
                 else:
@@ -690,14 +755,29 @@ class TieredEmbedding:
         n, dim = b - a, w.shape[1]
         wf = np.ascontiguousarray(w).reshape(-1)
         sa = np.ascontiguousarray(states[0][a:b]).reshape(-1)
-        sb = np.ascontiguousarray(states[1][a:b]).reshape(-1) if len(states) > 1 and states[1].ndim == 2 else \
-            np.zeros(1, np.float32)
+        sb = (
+            np.ascontiguousarray(states[1][a:b]).reshape(-1)
+            if len(states) > 1 and states[1].ndim == 2
+            else np.zeros(1, np.float32)
+        )
         _, ki = e._ks_ki(None, t)
         ks = tbe.kernel_scalars(e.optimizer.hp(), t)
         wk = wf.view(np.uint16) if wf.dtype == np.float16 else wf
-        tbe_cpu.global_pass(wk, sa, sb, np.array([0, n * dim], np.int64), np.array([dim], np.int64),
-                      np.array([dim], np.int64), np.array([0, n], np.int64), np.array([n], np.int64), ks, ki,
-                      tbe.rounding_base(e.seed, t, tbe.SR_PASS_ALL), np.arange(a, b, dtype=np.int64) + first_row, True)
+        tbe_cpu.global_pass(
+            wk,
+            sa,
+            sb,
+            np.array([0, n * dim], np.int64),
+            np.array([dim], np.int64),
+            np.array([dim], np.int64),
+            np.array([0, n], np.int64),
+            np.array([n], np.int64),
+            ks,
+            ki,
+            tbe.rounding_base(e.seed, t, tbe.SR_PASS_ALL),
+            np.arange(a, b, dtype=np.int64) + first_row,
+            True,
+        )
         w[...] = wf.reshape(n, dim)
         states[0][a:b] = sa.reshape(n, dim)
         if len(states) > 1 and states[1].ndim == 2:
@@ -708,7 +788,7 @@ def _block(e: TableBatchedEmbedding, buf, t: int, per_row: bool):
     """Table t's contiguous block of an engine buffer: (C_t, stride_t), or (C_t, 1) for a per-row state;
     float16 as uint16 (the row kernels copy bits)."""
     if per_row:
-        block = buf[e.row_offsets[t]:e.row_offsets[t + 1]].reshape(-1, 1)
+        block = buf[e.row_offsets[t] : e.row_offsets[t + 1]].reshape(-1, 1)
     else:
-        block = buf[e.elem_offsets[t]:e.elem_offsets[t + 1]].reshape(int(e.rows[t]), int(e.strides[t]))
+        block = buf[e.elem_offsets[t] : e.elem_offsets[t + 1]].reshape(int(e.rows[t]), int(e.strides[t]))
     return block.view(np.uint16) if block.dtype == np.float16 else block

@@ -23,6 +23,7 @@ RocksDB (rocksdict) measured about the same per key on this path (both are bound
 cost, ~5 us) and SQLite's batched writes were 3-4x slower (numbers in the README). The row data of a
 table whose size IS known belongs in a memmap, which copies rows with one vectorized NumPy operation.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,13 +34,14 @@ import numpy as np
 
 __all__ = ["BufferSpec", "HostStore", "MemmapStore", "LmdbStore", "make_store"]
 
-_CHUNK = 1 << 22               # elements per step when filling a buffer (bounds the temporary memory)
+_CHUNK = 1 << 22  # elements per step when filling a buffer (bounds the temporary memory)
 
 
 @dataclass(frozen=True)
 class BufferSpec:
     """One buffer of a table: name, per_row (one value per row) or per element (D_t values), dtype, the
     value new rows start from."""
+
     name: str
     per_row: bool
     dtype: object
@@ -63,25 +65,28 @@ class HostStore:
         rows_, dims_ = np.array(self.rows, np.int64), np.array(self.dims, np.int64)
         self.row_offsets = np.concatenate([[0], np.cumsum(rows_)]).astype(np.int64)
         self.elem_offsets = np.concatenate([[0], np.cumsum(rows_ * dims_)]).astype(np.int64)
-        self.flat = [self._new(b, int((self.row_offsets if b.per_row else self.elem_offsets)[-1]))
-                     for b in self.buffers]
-        self.arrays = [[self._view(flat, b, t) for flat, b in zip(self.flat, self.buffers)]
-                       for t in range(len(self.rows))]
+        self.flat = [
+            self._new(b, int((self.row_offsets if b.per_row else self.elem_offsets)[-1])) for b in self.buffers
+        ]
+        self.arrays = [
+            [self._view(flat, b, t) for flat, b in zip(self.flat, self.buffers)] for t in range(len(self.rows))
+        ]
 
     def _new(self, b: BufferSpec, size: int) -> np.ndarray:
         if self.pinned:
             import cupyx
+
             a = cupyx.empty_pinned(size, b.dtype)
         else:
             a = np.empty(size, b.dtype)
         for lo in range(0, size, _CHUNK):
-            a[lo:lo + _CHUNK] = b.initial
+            a[lo : lo + _CHUNK] = b.initial
         return a
 
     def _view(self, flat, b: BufferSpec, t: int) -> np.ndarray:
         if b.per_row:
-            return flat[self.row_offsets[t]:self.row_offsets[t + 1]]
-        return flat[self.elem_offsets[t]:self.elem_offsets[t + 1]].reshape(self.rows[t], self.dims[t])
+            return flat[self.row_offsets[t] : self.row_offsets[t + 1]]
+        return flat[self.elem_offsets[t] : self.elem_offsets[t + 1]].reshape(self.rows[t], self.dims[t])
 
     @property
     def nbytes(self) -> int:
@@ -125,7 +130,7 @@ class MemmapStore(HostStore):
         a = np.memmap(os.path.join(self.path, f"{b.name}.bin"), dtype=b.dtype, mode="w+", shape=(size,))
         if b.initial:
             for lo in range(0, size, _CHUNK):
-                a[lo:lo + _CHUNK] = b.initial
+                a[lo : lo + _CHUNK] = b.initial
         return a
 
     def flush(self) -> None:
@@ -149,6 +154,7 @@ class LmdbStore:
 
     def __init__(self, buffers, rows, dims, *, path=None, map_size: int = 1 << 40):
         import lmdb
+
         self._tmp = tempfile.TemporaryDirectory(prefix="numbactr-lmdb-") if path is None else None
         self.path = self._tmp.name if path is None else os.fspath(path)
         os.makedirs(self.path, exist_ok=True)
@@ -156,8 +162,15 @@ class LmdbStore:
         self.rows = [int(r) for r in rows]
         self.dims = [int(d) for d in dims]
         # writemap + no sync per commit: commits are cheap and flush() makes the file durable
-        self.env = lmdb.open(self.path, map_size=map_size, max_dbs=2 * len(self.rows) + 1, writemap=True,
-                             sync=False, metasync=False, readahead=False)
+        self.env = lmdb.open(
+            self.path,
+            map_size=map_size,
+            max_dbs=2 * len(self.rows) + 1,
+            writemap=True,
+            sync=False,
+            metasync=False,
+            readahead=False,
+        )
         self._rows_db = [self.env.open_db(f"rows{t}".encode()) for t in range(len(self.rows))]
         self._keys_db = [self.env.open_db(f"keys{t}".encode()) for t in range(len(self.rows))]
         self.records = [np.dtype([(b.name, b.dtype, b.shape(1, d)[1:]) for b in self.buffers]) for d in self.dims]
@@ -166,7 +179,7 @@ class LmdbStore:
     def _row_keys(rows) -> list:
         """LMDB keys of rows: 8 bytes big-endian each (numeric order = byte order)."""
         raw = np.asarray(rows, np.int64).astype(">i8").tobytes()
-        return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+        return [raw[i : i + 8] for i in range(0, len(raw), 8)]
 
     def _initial(self, t: int, n: int) -> np.ndarray:
         rec = np.empty(n, self.records[t])
@@ -178,11 +191,12 @@ class LmdbStore:
         rec = self._initial(t, len(rows))
         with self.env.begin(db=self._rows_db[t]) as txn, txn.cursor() as cur:
             found = cur.getmulti(self._row_keys(rows))
-        if found:                                   # the rows that have a record, in any order
+        if found:  # the rows that have a record, in any order
             have = np.frombuffer(b"".join(k for k, _ in found), ">i8").astype(np.int64)
             order = np.argsort(rows)
-            rec[order[np.searchsorted(rows, have, sorter=order)]] = np.frombuffer(b"".join(v for _, v in found),
-                                                                                  self.records[t])
+            rec[order[np.searchsorted(rows, have, sorter=order)]] = np.frombuffer(
+                b"".join(v for _, v in found), self.records[t]
+            )
         return rec
 
     def read(self, t: int, rows: np.ndarray) -> list:
@@ -201,7 +215,7 @@ class LmdbStore:
                 rec[b.name] = np.asarray(v).reshape(rec[b.name].shape)
         data = rec.tobytes()
         size = self.records[t].itemsize
-        pairs = [(k, data[i * size:(i + 1) * size]) for i, k in enumerate(self._row_keys(rows))]
+        pairs = [(k, data[i * size : (i + 1) * size]) for i, k in enumerate(self._row_keys(rows))]
         with self.env.begin(write=True, db=self._rows_db[t]) as txn, txn.cursor() as cur:
             cur.putmulti(pairs)
 
@@ -216,7 +230,7 @@ class LmdbStore:
     def put_keys(self, t: int, rows: np.ndarray, keys: np.ndarray) -> None:
         """Record the keys of new rows of keyed table t."""
         raw = np.asarray(keys, np.uint64).astype("<u8").tobytes()
-        pairs = list(zip(self._row_keys(rows), [raw[i:i + 8] for i in range(0, len(raw), 8)]))
+        pairs = list(zip(self._row_keys(rows), [raw[i : i + 8] for i in range(0, len(raw), 8)]))
         with self.env.begin(write=True, db=self._keys_db[t]) as txn, txn.cursor() as cur:
             cur.putmulti(pairs)
 

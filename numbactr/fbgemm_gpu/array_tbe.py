@@ -74,6 +74,7 @@ Differences, on purpose or not yet implemented (each raises or warns where it ma
   * set_optimizer_step(step) makes the next forward count step + 1 (FBGEMM's host copy of `iter` only
     picks a new value up while it is 0).
 """
+
 from __future__ import annotations
 
 import os
@@ -87,15 +88,37 @@ from numbactr import log
 from numbactr.embedding.engine import BoundsCheck, Grads, LookupContext, Pooling, TableBatchedEmbedding
 from numbactr.embedding.tiered import CacheConfig, TieredEmbedding
 from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import (BoundsCheckMode, CacheAlgorithm, ComputeDevice,
-                                                                           EmbeddingLocation, PoolingMode,
-                                                                           RecordCacheMetrics, WeightDecayMode)
-from numbactr.fbgemm_gpu.tbe_args import (_COUNTS_ITER, _PRECISION, _V2_BOUNDS, WHO, FBGEMMAssertion, TBEConfig,
-                                          _dtype_name, _emainplace_mode, _enum, _specs, _VBE, _vbe_layout,
-                                          check_supported, consumed_preallocated_keys, optimizer_spec,
-                                          prefetch_passes, table_name_for_logging)
+from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+    BoundsCheckMode,
+    CacheAlgorithm,
+    ComputeDevice,
+    EmbeddingLocation,
+    PoolingMode,
+    RecordCacheMetrics,
+    WeightDecayMode,
+)
+from numbactr.fbgemm_gpu.tbe_args import (
+    _COUNTS_ITER,
+    _PRECISION,
+    _V2_BOUNDS,
+    WHO,
+    FBGEMMAssertion,
+    TBEConfig,
+    _dtype_name,
+    _emainplace_mode,
+    _enum,
+    _specs,
+    _VBE,
+    _vbe_layout,
+    check_supported,
+    consumed_preallocated_keys,
+    optimizer_spec,
+    prefetch_passes,
+    table_name_for_logging,
+)
 from numbactr.fbgemm_gpu.tbe_cache import TBECache, cache_slots
 from numbactr.fbgemm_gpu.tbe_optimizer import TBEOptimizerState
+
 # names importable from here before the module was split (tbe_args holds them)
 from numbactr.fbgemm_gpu.tbe_args import SUPPORTED_OPTIMIZERS, OptimizerArgs  # noqa: F401
 
@@ -105,10 +128,11 @@ __all__ = ["TBEConfig", "TBECore", "ArrayTBE", "Lookup", "SUPPORTED_OPTIMIZERS"]
 @dataclass
 class Lookup:
     """One forward, for its backward: the engine's context, FBGEMM's iteration, the VBE layout if any."""
+
     ctx: LookupContext
     iteration: int
     vbe: _VBE | None = None
-    writeback: object = None    # use_writeback_bwd_prehook: (indices, offsets), for the backward's mask
+    writeback: object = None  # use_writeback_bwd_prehook: (indices, offsets), for the backward's mask
     global_decay: object = None  # DECOUPLE_GLOBAL: the linear rows the backward decays (engine.touched_rows)
 
 
@@ -140,8 +164,10 @@ class TBECore(TBECache, TBEOptimizerState):
             raise ValueError(f"{WHO}: feature_table_map={feature_table_map!r} must name tables 0..{n_tables - 1}")
         unread = sorted(set(range(n_tables)) - set(ftm))
         if unread:
-            raise ValueError(f"{WHO}: every table must be read by at least one feature (FBGEMM's rule); "
-                             f"table(s) {unread} are not in feature_table_map")
+            raise ValueError(
+                f"{WHO}: every table must be read by at least one feature (FBGEMM's rule); "
+                f"table(s) {unread} are not in feature_table_map"
+            )
         self.feature_table_map = ftm
 
         self.optimizer = _enum(EmbOptimType, cfg.optimizer, "optimizer")
@@ -150,71 +176,92 @@ class TBECore(TBECache, TBEOptimizerState):
             if unconsumed:
                 raise FBGEMMAssertion(
                     f"{WHO}: preallocated_host_buffers contains keys not consumed by optimizer={self.optimizer}: "
-                    f"{sorted(unconsumed)}; this optimizer's keys: {sorted(consumed_preallocated_keys(self.optimizer))}")
+                    f"{sorted(unconsumed)}; this optimizer's keys: {sorted(consumed_preallocated_keys(self.optimizer))}"
+                )
         self.pooling_mode = _enum(PoolingMode, cfg.pooling_mode, "pooling_mode")
         self.weights_precision = _enum(SparseType, cfg.weights_precision, "weights_precision")
         out_dtype = _enum(SparseType, cfg.output_dtype, "output_dtype")
-        self.output_dtype = out_dtype.as_int()         # FBGEMM keeps the int code
+        self.output_dtype = out_dtype.as_int()  # FBGEMM keeps the int code
         self.stochastic_rounding = bool(cfg.stochastic_rounding)
         self.table_names = cfg.table_names
         self.embedding_table_index_type = _dtype_name(cfg.embedding_table_index_type, "embedding_table_index_type")
         self.embedding_table_offset_type = _dtype_name(cfg.embedding_table_offset_type, "embedding_table_offset_type")
         self.mixed_D = len(set(dims)) > 1
         if self.mixed_D and self.pooling_mode == PoolingMode.NONE:
-            raise ValueError(f"{WHO}: mixed dimension tables are only supported with pooling "
-                             f"(PoolingMode.NONE needs equal dims, got {dims})")
-        bounds = _enum(BoundsCheckMode, int(os.environ.get("FBGEMM_TBE_BOUNDS_CHECK_MODE",
-                                                           _enum(BoundsCheckMode, cfg.bounds_check_mode,
-                                                                 "bounds_check_mode").value)),
-                       "bounds_check_mode (FBGEMM_TBE_BOUNDS_CHECK_MODE)")
+            raise ValueError(
+                f"{WHO}: mixed dimension tables are only supported with pooling "
+                f"(PoolingMode.NONE needs equal dims, got {dims})"
+            )
+        bounds = _enum(
+            BoundsCheckMode,
+            int(
+                os.environ.get(
+                    "FBGEMM_TBE_BOUNDS_CHECK_MODE",
+                    _enum(BoundsCheckMode, cfg.bounds_check_mode, "bounds_check_mode").value,
+                )
+            ),
+            "bounds_check_mode (FBGEMM_TBE_BOUNDS_CHECK_MODE)",
+        )
         bounds = _V2_BOUNDS.get(bounds, bounds)
         self.bounds_check_mode_int = int(bounds)
-        check_supported(cfg, self.optimizer, self.weights_precision, out_dtype, self.pooling_mode, dims,
-                        locations, compute_devices)
+        check_supported(
+            cfg, self.optimizer, self.weights_precision, out_dtype, self.pooling_mode, dims, locations, compute_devices
+        )
         self.current_device = self._resolve_device(cfg.device, compute_devices[0])
 
         feature_dims = [dims[t] for t in ftm]
         self.total_D = int(sum(feature_dims))
         self.max_D = int(max(dims))
-        self.D_offsets = np.concatenate([[0], np.cumsum(feature_dims)]).astype(np.int32)   # (F + 1,)
+        self.D_offsets = np.concatenate([[0], np.cumsum(feature_dims)]).astype(np.int32)  # (F + 1,)
         self.feature_dims = np.asarray(feature_dims, np.int64)
-        engine_args = dict(pooling=Pooling(int(self.pooling_mode)), optimizer=optimizer_spec(cfg, self.optimizer),
-                           weights_precision=_PRECISION[self.weights_precision], output_dtype=_PRECISION[out_dtype],
-                           bounds_check=BoundsCheck(int(bounds)), stochastic_rounding=self.stochastic_rounding,
-                           seed=0 if seed is None else int(seed))
+        engine_args = dict(
+            pooling=Pooling(int(self.pooling_mode)),
+            optimizer=optimizer_spec(cfg, self.optimizer),
+            weights_precision=_PRECISION[self.weights_precision],
+            output_dtype=_PRECISION[out_dtype],
+            bounds_check=BoundsCheck(int(bounds)),
+            stochastic_rounding=self.stochastic_rounding,
+            seed=0 if seed is None else int(seed),
+        )
         caching = [t for t, loc in enumerate(locations) if loc == EmbeddingLocation.MANAGED_CACHING]
         self.cache_algorithm = _enum(CacheAlgorithm, cfg.cache_algorithm, "cache_algorithm")
         self.record_cache_metrics = cfg.record_cache_metrics or RecordCacheMetrics(False, False)
         self.gather_uvm_cache_stats = bool(cfg.gather_uvm_cache_stats)
         if caching:
-            cache = CacheConfig(self.cache_algorithm.name.lower(),
-                                capacities=cache_slots(cfg, self.weights_precision, rows, dims, caching,
-                                                       engine_args["optimizer"]),
-                                prefetch_thread=bool(cfg.prefetch_pipeline))
+            cache = CacheConfig(
+                self.cache_algorithm.name.lower(),
+                capacities=cache_slots(cfg, self.weights_precision, rows, dims, caching, engine_args["optimizer"]),
+                prefetch_thread=bool(cfg.prefetch_pipeline),
+            )
             self.engine = TieredEmbedding(list(zip(rows, dims)), ftm, cache=cache, **engine_args)
         else:
             self.engine = TableBatchedEmbedding(list(zip(rows, dims)), ftm, **engine_args)
         self.cached = bool(caching)
         extra = cfg.extra_optimizer_config
         self.writeback = bool(getattr(extra, "use_writeback_bwd_prehook", False))
-        self.writeback_first_feature_only = self.writeback and bool(getattr(extra, "writeback_first_feature_only", False))
+        self.writeback_first_feature_only = self.writeback and bool(
+            getattr(extra, "writeback_first_feature_only", False)
+        )
         if cfg.preallocated_host_buffers and all(loc == EmbeddingLocation.HOST for loc in locations):
-            self._adopt_host_buffers(cfg.preallocated_host_buffers)   # FBGEMM: only HOST tables have host buffers
-        self._cache_base = None              # stats at the last reset_cache_miss_counter / reset_uvm_cache_stats
+            self._adopt_host_buffers(cfg.preallocated_host_buffers)  # FBGEMM: only HOST tables have host buffers
+        self._cache_base = None  # stats at the last reset_cache_miss_counter / reset_uvm_cache_stats
         self._uvm_base = None
         self.emainplace_mode = _emainplace_mode(cfg.emainplace_mode)
-        self.global_weight_decay = (self.optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and
-                                    _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode")
-                                    == WeightDecayMode.DECOUPLE_GLOBAL)
+        self.global_weight_decay = (
+            self.optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD
+            and _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode") == WeightDecayMode.DECOUPLE_GLOBAL
+        )
         gwd_cfg = cfg.global_weight_decay
         self.gwd_start_iter = int(getattr(gwd_cfg, "start_iter", 0) or 0)
         self.gwd_lower_bound = float(getattr(gwd_cfg, "lower_bound", 0.0) or 0.0)
         if self.optimizer == EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD:
             odd = [t for t, d in enumerate(dims) if d % 2]
             if odd:
-                raise FBGEMMAssertion(f"{WHO}: EMAINPLACE_ROWWISE_ADAGRAD splits each row into halves, so every "
-                                      f"table's dim must be even; table(s) {odd} have dims "
-                                      f"{[dims[t] for t in odd]}")
+                raise FBGEMMAssertion(
+                    f"{WHO}: EMAINPLACE_ROWWISE_ADAGRAD splits each row into halves, so every "
+                    f"table's dim must be even; table(s) {odd} have dims "
+                    f"{[dims[t] for t in odd]}"
+                )
 
     # ---- arguments ------------------------------------------------------------------------------------
     def _adopt_host_buffers(self, buffers: dict) -> None:
@@ -224,13 +271,17 @@ class TBECore(TBECache, TBEOptimizerState):
         size, contiguity, 1-D, dtype, host memory."""
         eng = self.engine
         if eng.impl == "kernels":
-            raise NotImplementedError(f"{WHO}: preallocated_host_buffers need host tables, but numbactr's "
-                                      f"{device.kind()} device keeps them in device memory")
+            raise NotImplementedError(
+                f"{WHO}: preallocated_host_buffers need host tables, but numbactr's "
+                f"{device.kind()} device keeps them in device memory"
+            )
         if not eng.int8 and any(int(s) != int(d) for s, d in zip(eng.strides, eng.dims)):
             lane = 4 if eng.weights.dtype == np.float32 else 8
-            raise NotImplementedError(f"{WHO}: preallocated_host_buffers need every table's dim to be a multiple of "
-                                      f"{lane} for {self.weights_precision.name} weights (numbactr pads rows to 16 "
-                                      f"bytes, so other dims do not have FBGEMM's layout; dims {list(map(int, eng.dims))})")
+            raise NotImplementedError(
+                f"{WHO}: preallocated_host_buffers need every table's dim to be a multiple of "
+                f"{lane} for {self.weights_precision.name} weights (numbactr pads rows to 16 "
+                f"bytes, so other dims do not have FBGEMM's layout; dims {list(map(int, eng.dims))})"
+            )
         named = {"weights": eng.weights}
         named.update({f"momentum{i + 1}": state for i, state in enumerate(eng.states[:2])})
         adopted = {}
@@ -238,8 +289,9 @@ class TBECore(TBECache, TBEOptimizerState):
             own = named[key]
             where = f"{WHO}: preallocated_host_buffer for '{key}_host'"
             if not isinstance(buf, np.ndarray):
-                raise FBGEMMAssertion(f"{where} must be in host memory (the module runs on cpu), got "
-                                      f"{type(buf).__name__}")
+                raise FBGEMMAssertion(
+                    f"{where} must be in host memory (the module runs on cpu), got {type(buf).__name__}"
+                )
             if buf.size != own.size:
                 raise FBGEMMAssertion(f"{where}: size mismatch, expected {own.size}, got {buf.size}")
             if not buf.flags.c_contiguous:
@@ -249,8 +301,10 @@ class TBECore(TBECache, TBEOptimizerState):
             if buf.dtype != own.dtype:
                 raise FBGEMMAssertion(f"{where}: dtype mismatch, expected {own.dtype}, got {buf.dtype}")
             adopted[key] = buf
-        eng.adopt_host_buffers(weights=adopted.get("weights"),
-                               states={i: adopted[f"momentum{i + 1}"] for i in range(2) if f"momentum{i + 1}" in adopted})
+        eng.adopt_host_buffers(
+            weights=adopted.get("weights"),
+            states={i: adopted[f"momentum{i + 1}"] for i in range(2) if f"momentum{i + 1}" in adopted},
+        )
 
     def _resolve_device(self, wanted, compute_device) -> str:
         """'cuda' on the gpu device, else 'cpu' (see the class docstring)."""
@@ -258,12 +312,17 @@ class TBECore(TBECache, TBEOptimizerState):
         wants_cpu = name.startswith("cpu") or (not name and compute_device == ComputeDevice.CPU)
         if device.kind() == "gpu":
             if wants_cpu:
-                raise ValueError(f"{WHO}: ComputeDevice.CPU / device='cpu' asked for, but numbactr runs on the gpu "
-                                 "device in this process; set NUMBACTR_DEVICE=cpu to run the TBE on the CPU")
+                raise ValueError(
+                    f"{WHO}: ComputeDevice.CPU / device='cpu' asked for, but numbactr runs on the gpu "
+                    "device in this process; set NUMBACTR_DEVICE=cpu to run the TBE on the CPU"
+                )
             return "cuda"
         if not wants_cpu:
-            log.info_once("fbgemm-cuda-on-cpu", f"{WHO}: ComputeDevice.CUDA / device={name or 'cuda'} runs on "
-                                                f"numbactr's {device.kind()} device ({device.describe()})")
+            log.info_once(
+                "fbgemm-cuda-on-cpu",
+                f"{WHO}: ComputeDevice.CUDA / device={name or 'cuda'} runs on "
+                f"numbactr's {device.kind()} device ({device.describe()})",
+            )
         return "cpu"
 
     @property
@@ -272,9 +331,19 @@ class TBECore(TBECache, TBEOptimizerState):
         return self.optimizer in _COUNTS_ITER
 
     # ---- lookup and update -------------------------------------------------------------------------------
-    def lookup(self, indices, offsets, per_sample_weights=None, feature_requires_grad=None,
-               batch_size_per_feature_per_rank=None, total_unique_indices=None, *, iteration: int = 0,
-               global_decay: bool = False, **unsupported):
+    def lookup(
+        self,
+        indices,
+        offsets,
+        per_sample_weights=None,
+        feature_requires_grad=None,
+        batch_size_per_feature_per_rank=None,
+        total_unique_indices=None,
+        *,
+        iteration: int = 0,
+        global_decay: bool = False,
+        **unsupported,
+    ):
         """(output, Lookup): output (B, total_D), (N, D) for PoolingMode.NONE, or 1-D for VBE input.
 
         indices (N,) and offsets (F*B + 1,) int32/int64 arrays of this device; per_sample_weights (N,)
@@ -288,15 +357,20 @@ class TBECore(TBECache, TBEOptimizerState):
             raise NotImplementedError(f"{WHO}.forward: {', '.join(given)} not implemented in numbactr")
         xp = device.xp()
         indices, offsets = xp.asarray(indices), xp.asarray(offsets)
-        if self.optimizer == EmbOptimType.NONE and (total_unique_indices is None or
-                                                     int(total_unique_indices) > indices.size):
-            raise ValueError(f"{WHO}: OptimType.NONE requires total_unique_indices <= the number of indices "
-                             f"({indices.size}), got {total_unique_indices!r}")
+        if self.optimizer == EmbOptimType.NONE and (
+            total_unique_indices is None or int(total_unique_indices) > indices.size
+        ):
+            raise ValueError(
+                f"{WHO}: OptimType.NONE requires total_unique_indices <= the number of indices "
+                f"({indices.size}), got {total_unique_indices!r}"
+            )
         vbe = None
         if batch_size_per_feature_per_rank is not None:
             if self.pooling_mode == PoolingMode.NONE:
-                raise ValueError(f"{WHO}: batch_size_per_feature_per_rank (variable batch) needs pooling; "
-                                 "PoolingMode.NONE has one output row per index already")
+                raise ValueError(
+                    f"{WHO}: batch_size_per_feature_per_rank (variable batch) needs pooling; "
+                    "PoolingMode.NONE has one output row per index already"
+                )
             if offsets.ndim != 1 or offsets.shape[0] < 1:
                 raise ValueError(f"{WHO}: offsets must be 1-D with sum(B) + 1 entries, got shape {offsets.shape}")
             vbe = _vbe_layout(batch_size_per_feature_per_rank, self.feature_dims, int(offsets.shape[0]) - 1)
@@ -305,16 +379,22 @@ class TBECore(TBECache, TBEOptimizerState):
             raise FBGEMMAssertion(f"{WHO}: VBE is not supported with writeback_bwd_prehook (FBGEMM's rule)")
         if per_sample_weights is not None and self.pooling_mode == PoolingMode.NONE:
             # FBGEMM's training TBE returns sequence rows unweighted (its no-pooling kernels take no weights)
-            warnings.warn(f"{WHO}: per_sample_weights are not applied with PoolingMode.NONE (as in FBGEMM): the "
-                          "rows come back unweighted and the weights get no gradient", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{WHO}: per_sample_weights are not applied with PoolingMode.NONE (as in FBGEMM): the "
+                "rows come back unweighted and the weights get no gradient",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             per_sample_weights = None
         rows = None
-        if global_decay:         # the forward reads the decayed rows; the tables change only in the backward
-            out, ctx, rows = self._decayed_lookup(indices, offsets, per_sample_weights, feature_requires_grad,
-                                                  int(iteration))
+        if global_decay:  # the forward reads the decayed rows; the tables change only in the backward
+            out, ctx, rows = self._decayed_lookup(
+                indices, offsets, per_sample_weights, feature_requires_grad, int(iteration)
+            )
         else:
-            out, ctx = self.engine.forward(indices, offsets, per_sample_weights,
-                                           feature_requires_grad=feature_requires_grad)
+            out, ctx = self.engine.forward(
+                indices, offsets, per_sample_weights, feature_requires_grad=feature_requires_grad
+            )
         if vbe is not None:
             out = out.reshape(-1)[xp.asarray(vbe.out_index)]
         return out, Lookup(ctx, int(iteration), vbe, (indices, offsets) if self.writeback else None, rows)
@@ -327,15 +407,16 @@ class TBECore(TBECache, TBEOptimizerState):
         if lookup.vbe is not None:
             want = lookup.vbe.out_index.shape
             if dy.shape != want:
-                raise ValueError(f"{WHO}: the gradient of a variable-batch output must have shape {want}, "
-                                 f"got {dy.shape}")
+                raise ValueError(
+                    f"{WHO}: the gradient of a variable-batch output must have shape {want}, got {dy.shape}"
+                )
             full = xp.zeros(lookup.vbe.batch * self.total_D, np.float32)
             full[xp.asarray(lookup.vbe.out_index)] = dy
             dy = full.reshape(lookup.vbe.batch, self.total_D)
-        if lookup.writeback is not None:                      # FBGEMM's writeback hook acts on dLoss/doutput
+        if lookup.writeback is not None:  # FBGEMM's writeback hook acts on dLoss/doutput
             dy = dy * self._writeback_mask(*lookup.writeback).astype(dy.dtype)
         if self.counts_iterations:
-            self.engine.step = lookup.iteration - 1         # the engine's update uses t = step + 1
+            self.engine.step = lookup.iteration - 1  # the engine's update uses t = step + 1
         if lookup.global_decay is None:
             return self.engine.backward(lookup.ctx, dy)
         # the rows' decay from their prev_iter now, then the update; an update that fails (a gradient of the
@@ -374,20 +455,35 @@ class ArrayTBE(TBECore):
         self.training = True
         self._pending = None
 
-    def forward(self, indices, offsets, per_sample_weights=None, feature_requires_grad=None,
-                batch_size_per_feature_per_rank=None, total_unique_indices=None, *, return_lookup: bool = False,
-                **unsupported):
+    def forward(
+        self,
+        indices,
+        offsets,
+        per_sample_weights=None,
+        feature_requires_grad=None,
+        batch_size_per_feature_per_rank=None,
+        total_unique_indices=None,
+        *,
+        return_lookup: bool = False,
+        **unsupported,
+    ):
         """The lookup (see TBECore.lookup); in training mode its context waits for backward()."""
         self.step += 1
         if self.counts_iterations:
             self.iter[0] += 1
         if self.training and self.optimizer == EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD:
             self.ema_inplace(int(self.iter[0]))
-        out, lookup = self.lookup(indices, offsets, per_sample_weights, feature_requires_grad,
-                                  batch_size_per_feature_per_rank, total_unique_indices,
-                                  iteration=int(self.iter[0]),
-                                  global_decay=self.decays_globally(int(self.iter[0]), self.training),
-                                  **unsupported)
+        out, lookup = self.lookup(
+            indices,
+            offsets,
+            per_sample_weights,
+            feature_requires_grad,
+            batch_size_per_feature_per_rank,
+            total_unique_indices,
+            iteration=int(self.iter[0]),
+            global_decay=self.decays_globally(int(self.iter[0]), self.training),
+            **unsupported,
+        )
         if self.training:
             self._pending = lookup
         return (out, lookup) if return_lookup else out
@@ -429,10 +525,14 @@ class ArrayTBE(TBECore):
 # FBGEMM's constructor signature on both faces (help() and inspect show it)
 def _signature():
     import inspect
-    params = [inspect.Parameter("embedding_specs", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-              inspect.Parameter("feature_table_map", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
-    params += [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default)
-               for f in fields(TBEConfig)]
+
+    params = [
+        inspect.Parameter("embedding_specs", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("feature_table_map", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+    ]
+    params += [
+        inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default) for f in fields(TBEConfig)
+    ]
     params.append(inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=None))
     return inspect.Signature(params)
 

@@ -4,12 +4,24 @@ build them import unchanged. numbactr runs all of them but EnsembleModeDefinitio
 which FBGEMM gates as inactive; passing it with its optimizer is a clear error, see array_tbe.py). They stay
 frozen dataclasses, as in FBGEMM, where config systems expect dataclasses.
 """
+
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["CounterWeightDecayMode", "StepMode", "LearningRateMode", "GradSumDecay", "TailIdThreshold",
-           "CounterBasedRegularizationDefinition", "CowClipDefinition", "GlobalWeightDecayDefinition",
-           "UserEnabledConfigDefinition", "EnsembleModeDefinition", "EmainplaceModeDefinition", "DoesNotHavePrefix"]
+__all__ = [
+    "CounterWeightDecayMode",
+    "StepMode",
+    "LearningRateMode",
+    "GradSumDecay",
+    "TailIdThreshold",
+    "CounterBasedRegularizationDefinition",
+    "CowClipDefinition",
+    "GlobalWeightDecayDefinition",
+    "UserEnabledConfigDefinition",
+    "EnsembleModeDefinition",
+    "EmainplaceModeDefinition",
+    "DoesNotHavePrefix",
+]
 
 
 class DoesNotHavePrefix(Exception):
@@ -52,6 +64,7 @@ class CounterBasedRegularizationDefinition:
     """WeightDecayMode.COUNTER's settings (EXACT_ROWWISE_ADAGRAD with per-row prev_iter and row_counter states;
     the rules: numbactr/kernels/tbe_math.py, counter_row_scalars). grad_sum_decay is read by none of FBGEMM's
     kernels, nor by numbactr's."""
+
     counter_weight_decay_mode: CounterWeightDecayMode = CounterWeightDecayMode.NONE
     counter_halflife: int = -1
     adjustment_iter: int = -1
@@ -66,6 +79,7 @@ class CounterBasedRegularizationDefinition:
 class CowClipDefinition:
     """WeightDecayMode.COWCLIP's settings (EXACT_ROWWISE_ADAGRAD; the multiplier clipped by the row counter
     times max(weight_norm_coefficient |w|, lower_bound) / |g|)."""
+
     counter_weight_decay_mode: CounterWeightDecayMode = CounterWeightDecayMode.NONE
     counter_halflife: int = -1
     weight_norm_coefficient: float = 0.0
@@ -75,6 +89,7 @@ class CowClipDefinition:
 @dataclass(frozen=True)
 class GlobalWeightDecayDefinition:
     """WeightDecayMode.DECOUPLE_GLOBAL's settings (applied by numbactr.fbgemm_gpu.tbe_optimizer through the engine's scale_rows)."""
+
     start_iter: int = 0
     lower_bound: float = 0.0
 
@@ -86,6 +101,7 @@ class UserEnabledConfigDefinition:
     precompute_writeback changes nothing here (numbactr computes the mask in the backward);
     use_rowwise_bias_correction (ADAM): the bias corrections use each row's own update count (a per-row
     row_counter state) instead of the iteration."""
+
     use_rowwise_bias_correction: bool = False
     use_writeback_bwd_prehook: bool = False
     writeback_first_feature_only: bool = False
@@ -95,6 +111,7 @@ class UserEnabledConfigDefinition:
 @dataclass(frozen=True)
 class EnsembleModeDefinition:
     """ENSEMBLE_ROWWISE_ADAGRAD's settings: not run by numbactr."""
+
     step_ema: float = 10000
     step_swap: float = 10000
     step_start: float = 0
@@ -105,6 +122,7 @@ class EnsembleModeDefinition:
 @dataclass(frozen=True)
 class EmainplaceModeDefinition:
     """EMAINPLACE_ROWWISE_ADAGRAD's settings (numbactr.fbgemm_gpu.tbe_optimizer.TBEOptimizerState.ema_inplace)."""
+
     step_ema: float = 10
     step_start: float = 0
     step_ema_coef: float = 0.6

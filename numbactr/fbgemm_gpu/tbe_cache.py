@@ -7,6 +7,7 @@ TBECore (array_tbe.py) that drives the cache (numbactr.embedding.tiered.TieredEm
 every method is a no-op (or zeros) without MANAGED_CACHING tables. Why FBGEMM's sizing rule although the cache
 is fully associative: a script's cache_load_factor then buys the same number of device rows as on FBGEMM.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ def _fast_tier_free_bytes() -> int:
     """Free memory where the cache lives: the GPU's on the gpu device, else the host's available RAM."""
     if device.kind() == "gpu":
         import cupy
+
         return int(cupy.cuda.runtime.memGetInfo()[0])
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
@@ -44,8 +46,7 @@ def cache_slots(cfg: TBEConfig, weights_precision, rows, dims, caching, opt: Opt
         total = max(1, (int(total_rows * float(cfg.cache_load_factor)) + ASSOC - 1) // ASSOC) * ASSOC
         free = _fast_tier_free_bytes() - int(cfg.cache_reserved_memory)
         if free <= 0:
-            raise ValueError(f"{WHO}: cache_reserved_memory={cfg.cache_reserved_memory} leaves no memory "
-                             "for the cache")
+            raise ValueError(f"{WHO}: cache_reserved_memory={cfg.cache_reserved_memory} leaves no memory for the cache")
         if total * per_slot > free:
             total = max(1, (free // per_slot) // ASSOC) * ASSOC
     slots = [int(r) for r in rows]
@@ -84,8 +85,9 @@ class TBECache:
     def _cache_counts(self) -> dict:
         st = self.engine.stats if self.cached else None
         table = np.array(st.table_misses if st else [0] * len(self.embedding_specs), np.int64)
-        miss = np.array([st.batches_with_misses, st.unique_misses, st.unique_rows, st.lookups] if st else [0] * 4,
-                        np.int64)
+        miss = np.array(
+            [st.batches_with_misses, st.unique_misses, st.unique_rows, st.lookups] if st else [0] * 4, np.int64
+        )
         uvm = np.array([st.batches, st.lookups, st.unique_rows, st.unique_misses, 0, 0] if st else [0] * 6, np.int64)
         return dict(miss=miss, table=table, uvm=uvm)
 
@@ -123,6 +125,12 @@ class TBECache:
 
     def print_uvm_cache_stats(self) -> None:
         s = self.get_uvm_cache_stats().tolist()
-        names = ("N_called", "N_requested_indices", "N_unique_indices", "N_unique_misses",
-                 "N_conflict_unique_misses", "N_conflict_misses")
+        names = (
+            "N_called",
+            "N_requested_indices",
+            "N_unique_indices",
+            "N_unique_misses",
+            "N_conflict_unique_misses",
+            "N_conflict_misses",
+        )
         log.info(" ".join(f"{n}: {v}" for n, v in zip(names, s)))

@@ -13,19 +13,36 @@ the device each); this module decides when, which rows and which factors (FBGEMM
 device's array library, no host copy). TBEOptimizerState is mixed into TBECore (array_tbe.py), whose
 attributes it reads.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from numbactr.runtime import device
-from numbactr.embedding.engine import (CounterWeightDecay, TableBatchedEmbedding, WeightDecay, lerp_halves_of,
-                                       state_specs)
-from numbactr.fbgemm_gpu.optimizer_config import (CounterBasedRegularizationDefinition, CowClipDefinition,
-                                                  UserEnabledConfigDefinition)
+from numbactr.embedding.engine import (
+    CounterWeightDecay,
+    TableBatchedEmbedding,
+    WeightDecay,
+    lerp_halves_of,
+    state_specs,
+)
+from numbactr.fbgemm_gpu.optimizer_config import (
+    CounterBasedRegularizationDefinition,
+    CowClipDefinition,
+    UserEnabledConfigDefinition,
+)
 from numbactr.fbgemm_gpu.split_embedding_configs import EmbOptimType
 from numbactr.fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode, WeightDecayMode
-from numbactr.fbgemm_gpu.tbe_args import (_DECAYS, _EXTRA_STATE_NAMES, _STATE_NAMES, WHO, FBGEMMAssertion,
-                                          OptimizerArgs, _enum, _value)
+from numbactr.fbgemm_gpu.tbe_args import (
+    _DECAYS,
+    _EXTRA_STATE_NAMES,
+    _STATE_NAMES,
+    WHO,
+    FBGEMMAssertion,
+    OptimizerArgs,
+    _enum,
+    _value,
+)
 
 
 class TBEOptimizerState:
@@ -82,8 +99,12 @@ class TBEOptimizerState:
         """Whether a forward at `iteration` applies global weight decay: in training, DECOUPLE_GLOBAL with a
         weight_decay above 0 (FBGEMM's condition: with 0, prev_iter is never written), from
         global_weight_decay.start_iter on."""
-        return bool(training and self.global_weight_decay and iteration >= self.gwd_start_iter
-                    and self.engine.optimizer.weight_decay > 0)
+        return bool(
+            training
+            and self.global_weight_decay
+            and iteration >= self.gwd_start_iter
+            and self.engine.optimizer.weight_decay > 0
+        )
 
     def ema_inplace(self, iteration: int, emainplace_mode: dict | None = None) -> None:
         """FBGEMM's EMAINPLACE_ROWWISE_ADAGRAD step, which its training forwards take before the lookup: each
@@ -97,12 +118,13 @@ class TBEOptimizerState:
         for t, spec in enumerate(self.embedding_specs):
             dim = int(spec[1])
             if dim % 2:
-                raise FBGEMMAssertion(f"{WHO}: table {t}'s dimension {dim} is odd, not supported for "
-                                      "ema_inplace_rowwise_adagrad")
+                raise FBGEMMAssertion(
+                    f"{WHO}: table {t}'s dimension {dim} is odd, not supported for ema_inplace_rowwise_adagrad"
+                )
         coef = float(mode["step_ema_coef"])
         if isinstance(self.engine, TableBatchedEmbedding):
             self.engine.lerp_halves(coef)
-        else:                   # a cache (MANAGED_CACHING): flushed and emptied, the backing tier's host rows
+        else:  # a cache (MANAGED_CACHING): flushed and emptied, the backing tier's host rows
             lerp_halves_of(self.split_embedding_weights(), coef)
 
     def _writeback_mask(self, indices, offsets):
@@ -118,7 +140,7 @@ class TBEOptimizerState:
         n_bags = int(off.shape[0]) - 1
         batch = n_bags // n_feat
         lengths = xp.maximum(off[1:] - off[:-1], 0)
-        bag = xp.repeat(xp.arange(n_bags, dtype=np.int64), lengths)[:idx.shape[0]]      # each index's bag
+        bag = xp.repeat(xp.arange(n_bags, dtype=np.int64), lengths)[: idx.shape[0]]  # each index's bag
         considered = bag < batch if self.writeback_first_feature_only else xp.ones(bag.shape[0], bool)
         keep = xp.zeros(bag.shape[0], bool)
         if bag.shape[0]:
@@ -130,8 +152,10 @@ class TBEOptimizerState:
         if self.pooling_mode == PoolingMode.NONE:
             return keep.astype(np.float32)[:, None]
         if bag.shape[0] and int(lengths.max()) > 1:
-            raise ValueError(f"{WHO}: use_writeback_bwd_prehook with pooling needs bags of at most one index "
-                             f"(one-hot features); a bag here holds {int(lengths.max())}")
+            raise ValueError(
+                f"{WHO}: use_writeback_bwd_prehook with pooling needs bags of at most one index "
+                f"(one-hot features); a bag here holds {int(lengths.max())}"
+            )
         bag_keep = xp.ones(n_bags, np.float32)
         bag_keep[bag[~keep]] = 0.0
         if self.writeback_first_feature_only:
@@ -149,18 +173,20 @@ class TBEOptimizerState:
         """get_optimizer_state()'s key of each state (PyTorch's names: sum, exp_avg, exp_avg_sq; then
         prev_iter, row_counter where the optimizer's mode keeps them)."""
         self._need_optimizer("Getting optimizer state")
-        if self.optimizer not in _STATE_NAMES:              # FBGEMM names no states for LARS_SGD either
+        if self.optimizer not in _STATE_NAMES:  # FBGEMM names no states for LARS_SGD either
             raise NotImplementedError(f"Getting optimizer state {self.optimizer} is not implemented")
         names = _STATE_NAMES[self.optimizer]
-        extra = [_EXTRA_STATE_NAMES[name] for name, _, _ in state_specs(self.engine.optimizer)[len(names):]]
+        extra = [_EXTRA_STATE_NAMES[name] for name, _, _ in state_specs(self.engine.optimizer)[len(names) :]]
         return names + tuple(extra)
 
     @property
     def state_wants_iter(self) -> bool:
         """FBGEMM's get_optimizer_state adds "iter" for COUNTER with CounterWeightDecayMode.ADAGRADW."""
         opt = self.engine.optimizer
-        return self.global_weight_decay or (opt.weight_decay_mode == WeightDecay.COUNTER
-                                            and int(opt.counter.weight_decay_mode) == int(CounterWeightDecay.ADAGRADW))
+        return self.global_weight_decay or (
+            opt.weight_decay_mode == WeightDecay.COUNTER
+            and int(opt.counter.weight_decay_mode) == int(CounterWeightDecay.ADAGRADW)
+        )
 
     @property
     def max_counter(self):
@@ -180,8 +206,10 @@ class TBEOptimizerState:
         cowclip = cfg.cowclip_regularization or CowClipDefinition()
         extra = cfg.extra_optimizer_config or UserEnabledConfigDefinition()
         mode = _enum(WeightDecayMode, cfg.weight_decay_mode, "weight_decay_mode")
-        counted = self.optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and mode in (WeightDecayMode.COUNTER,
-                                                                                    WeightDecayMode.COWCLIP)
+        counted = self.optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD and mode in (
+            WeightDecayMode.COUNTER,
+            WeightDecayMode.COWCLIP,
+        )
         if counted:
             kept = counter if mode == WeightDecayMode.COUNTER else cowclip
             arg_mode, halflife = int(_value(kept.counter_weight_decay_mode)), int(kept.counter_halflife)
@@ -192,14 +220,30 @@ class TBEOptimizerState:
             return float(getattr(hp, name, default)) if hp is not None else float(default)
 
         return OptimizerArgs(
-            bool(cfg.stochastic_rounding), bool(cfg.gradient_clipping), float(cfg.max_gradient), float(cfg.max_norm),
-            current("eps", cfg.eps), current("beta1", cfg.beta1), current("beta2", cfg.beta2),
-            current("weight_decay", cfg.weight_decay), arg_mode, float(cfg.eta), float(cfg.momentum), halflife,
-            int(counter.adjustment_iter), float(counter.adjustment_ub), int(_value(counter.learning_rate_mode)),
-            int(_value(counter.grad_sum_decay)), float(counter.tail_id_threshold.val),
-            int(counter.tail_id_threshold.is_ratio), int(sum(int(spec[0]) for spec in self.embedding_specs)),
-            float(cowclip.weight_norm_coefficient), float(cowclip.lower_bound), int(_value(mode)),
-            bool(extra.use_rowwise_bias_correction))
+            bool(cfg.stochastic_rounding),
+            bool(cfg.gradient_clipping),
+            float(cfg.max_gradient),
+            float(cfg.max_norm),
+            current("eps", cfg.eps),
+            current("beta1", cfg.beta1),
+            current("beta2", cfg.beta2),
+            current("weight_decay", cfg.weight_decay),
+            arg_mode,
+            float(cfg.eta),
+            float(cfg.momentum),
+            halflife,
+            int(counter.adjustment_iter),
+            float(counter.adjustment_ub),
+            int(_value(counter.learning_rate_mode)),
+            int(_value(counter.grad_sum_decay)),
+            float(counter.tail_id_threshold.val),
+            int(counter.tail_id_threshold.is_ratio),
+            int(sum(int(spec[0]) for spec in self.embedding_specs)),
+            float(cowclip.weight_norm_coefficient),
+            float(cowclip.lower_bound),
+            int(_value(mode)),
+            bool(extra.use_rowwise_bias_correction),
+        )
 
     def get_learning_rate(self) -> float:
         """The rate as FBGEMM reads it back: float32 (its learning_rate_tensor)."""
@@ -211,11 +255,14 @@ class TBEOptimizerState:
         unknown = sorted(set(params_dict) - {"lr", "eps", "beta1", "beta2", "weight_decay", "lower_bound"})
         if unknown:
             raise NotImplementedError(f"Setting hyper-parameter {unknown[0]} is not supported")
-        values = {("learning_rate" if k == "lr" else k): float(v) for k, v in params_dict.items()
-                  if k != "lower_bound" and not (k == "weight_decay" and self.optimizer not in _DECAYS)}
+        values = {
+            ("learning_rate" if k == "lr" else k): float(v)
+            for k, v in params_dict.items()
+            if k != "lower_bound" and not (k == "weight_decay" and self.optimizer not in _DECAYS)
+        }
         self.engine.set_hyper_parameters(**values)
         if "lower_bound" in params_dict:
-            self.gwd_lower_bound = float(params_dict["lower_bound"])       # global weight decay's floor
+            self.gwd_lower_bound = float(params_dict["lower_bound"])  # global weight decay's floor
 
     def _need_optimizer(self, what: str) -> None:
         if self.optimizer == EmbOptimType.NONE:

@@ -17,6 +17,7 @@ weights_uvm / momentum*_uvm are those host arrays (table after table, rows of D_
 lxu_cache_weights the cache's slots; state_dict() flushes the cache first, and a load_state_dict() empties
 it, so that saved and loaded tables are whole.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,9 @@ class _Lookup(torch.autograd.Function):
             rows, values = _as_tensor(grads.sparse.rows), _as_tensor(grads.sparse.values)
             n_rows, dim = int(ctx.core.engine.row_offsets[-1]), ctx.core.max_D
             # the engine's rows are ascending and distinct: a coalesced tensor, no invariant check needed
-            d_weights = torch.sparse_coo_tensor(rows.reshape(1, -1), values[:, :dim], (n_rows, dim),
-                                                check_invariants=False, is_coalesced=True)
+            d_weights = torch.sparse_coo_tensor(
+                rows.reshape(1, -1), values[:, :dim], (n_rows, dim), check_invariants=False, is_coalesced=True
+            )
         return None, None, None, None, d_weights, d_psw
 
 
@@ -64,13 +66,15 @@ def _host_array(key: str, buf):
     if not isinstance(buf, torch.Tensor):
         return buf
     if buf.device.type != "cpu":
-        raise FBGEMMAssertion(f"{WHO}: preallocated_host_buffer device mismatch for '{key}_host': "
-                              f"expected cpu, got {buf.device}")
+        raise FBGEMMAssertion(
+            f"{WHO}: preallocated_host_buffer device mismatch for '{key}_host': expected cpu, got {buf.device}"
+        )
     try:
         return buf.detach().numpy()
-    except TypeError:                        # a dtype NumPy lacks (bfloat16, ...)
-        raise FBGEMMAssertion(f"{WHO}: preallocated_host_buffer dtype mismatch for '{key}_host': "
-                              f"got {buf.dtype}") from None
+    except TypeError:  # a dtype NumPy lacks (bfloat16, ...)
+        raise FBGEMMAssertion(
+            f"{WHO}: preallocated_host_buffer dtype mismatch for '{key}_host': got {buf.dtype}"
+        ) from None
 
 
 def _state_buffer_names(opt) -> list:
@@ -94,25 +98,47 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
     def __init__(self, embedding_specs, feature_table_map=None, *args, seed: int | None = None, **kwargs):
         super().__init__()
         if kwargs.get("preallocated_host_buffers"):
-            kwargs["preallocated_host_buffers"] = {k: _host_array(k, v)
-                                                   for k, v in kwargs["preallocated_host_buffers"].items()}
-        core = TBECore(embedding_specs, feature_table_map, *args,
-                       seed=torch.initial_seed() % 2 ** 63 if seed is None else seed, **kwargs)
+            kwargs["preallocated_host_buffers"] = {
+                k: _host_array(k, v) for k, v in kwargs["preallocated_host_buffers"].items()
+            }
+        core = TBECore(
+            embedding_specs,
+            feature_table_map,
+            *args,
+            seed=torch.initial_seed() % 2**63 if seed is None else seed,
+            **kwargs,
+        )
         self._core = core
-        for name in ("embedding_specs", "feature_table_map", "optimizer", "pooling_mode", "weights_precision",
-                     "output_dtype", "stochastic_rounding", "bounds_check_mode_int", "table_names", "dims",
-                     "mixed_D", "total_D", "max_D", "embedding_table_index_type", "embedding_table_offset_type"):
+        for name in (
+            "embedding_specs",
+            "feature_table_map",
+            "optimizer",
+            "pooling_mode",
+            "weights_precision",
+            "output_dtype",
+            "stochastic_rounding",
+            "bounds_check_mode_int",
+            "table_names",
+            "dims",
+            "mixed_D",
+            "total_D",
+            "max_D",
+            "embedding_table_index_type",
+            "embedding_table_offset_type",
+        ):
             setattr(self, name, getattr(core, name))
         self.current_device = torch.device(core.current_device)
         self.is_nobag = not core.pooling_mode.do_pooling()
         self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, device=self.current_device))
         self.register_buffer("D_offsets", torch.from_numpy(core.D_offsets).to(self.current_device), persistent=False)
-        self.register_buffer("iter", torch.zeros(1, dtype=torch.int64, device=self.current_device),
-                             persistent=core.counts_iterations)
-        self.iter_cpu = 0                      # FBGEMM's host copy of `iter`: no device read per step
+        self.register_buffer(
+            "iter", torch.zeros(1, dtype=torch.int64, device=self.current_device), persistent=core.counts_iterations
+        )
+        self.iter_cpu = 0  # FBGEMM's host copy of `iter`: no device read per step
         # FBGEMM's learning-rate tensor (float32, on the host): a value written into it is the next step's rate
-        self.learning_rate_tensor = torch.tensor(core.get_learning_rate() if self.optimizer != EmbOptimType.NONE
-                                                 else 0.0, dtype=torch.float32)
+        self.learning_rate_tensor = torch.tensor(
+            core.get_learning_rate() if self.optimizer != EmbOptimType.NONE else 0.0, dtype=torch.float32
+        )
         self.step = 0
         where = "dev" if self.current_device.type == "cuda" else "host"
         engine = core.engine
@@ -120,19 +146,23 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
             self._register_cached_buffers(engine)
         elif self.optimizer == EmbOptimType.NONE:
             # all dims are equal (FBGEMM's rule for NONE), so every table has the same padded row stride
-            flat = _as_tensor(engine.weights).view(-1, int(engine.strides[0]))[:, :self.max_D]
-            self.weights_dev = nn.Parameter(flat)                                  # (sum V, D)
+            flat = _as_tensor(engine.weights).view(-1, int(engine.strides[0]))[:, : self.max_D]
+            self.weights_dev = nn.Parameter(flat)  # (sum V, D)
         else:
             self.register_buffer(f"weights_{where}", _as_tensor(engine.weights))
         if not core.cached:
             for name, state in zip(_state_buffer_names(engine.optimizer), engine.states):
                 self.register_buffer(f"{name}_{where}", _as_tensor(state))
         self._register_layout(core, where)
-        if self.optimizer != EmbOptimType.NONE:       # FBGEMM's max_counter: kept in COUNTER / COWCLIP mode
+        if self.optimizer != EmbOptimType.NONE:  # FBGEMM's max_counter: kept in COUNTER / COWCLIP mode
             counted = engine.optimizer.counter is not None
-            self.register_buffer("max_counter", _as_tensor(core.max_counter) if counted
-                                 else torch.ones(1, dtype=torch.float32, device=self.current_device),
-                                 persistent=counted)
+            self.register_buffer(
+                "max_counter",
+                _as_tensor(core.max_counter)
+                if counted
+                else torch.ones(1, dtype=torch.float32, device=self.current_device),
+                persistent=counted,
+            )
 
     def _register_layout(self, core, where: str) -> None:
         """FBGEMM's description of where each state lives, for weights and every optimizer state: the
@@ -148,7 +178,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
             elem, rows = store.elem_offsets, store.row_offsets
             specs = engine._specs
         else:
-            if self.optimizer == EmbOptimType.NONE:      # its weights are the parameter weights_dev (FBGEMM: DEVICE)
+            if self.optimizer == EmbOptimType.NONE:  # its weights are the parameter weights_dev (FBGEMM: DEVICE)
                 where = "dev"
             place = 0 if where == "dev" else 3
             elem, rows = engine.elem_offsets, engine.row_offsets
@@ -161,33 +191,48 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
             offsets = [int(x) for x in (rows if per_row else elem)[:n_tables]]
             setattr(self, f"{prefix}_physical_offsets", offsets)
             setattr(self, f"{prefix}_physical_placements", [place] * n_tables)
-            self.register_buffer(f"{prefix}_offsets", torch.tensor([offsets[t] for t in ftm], dtype=torch.int64,
-                                                                   device=self.current_device), persistent=False)
-            self.register_buffer(f"{prefix}_placements", torch.full((len(ftm),), place, dtype=torch.int32,
-                                                                    device=self.current_device), persistent=False)
+            self.register_buffer(
+                f"{prefix}_offsets",
+                torch.tensor([offsets[t] for t in ftm], dtype=torch.int64, device=self.current_device),
+                persistent=False,
+            )
+            self.register_buffer(
+                f"{prefix}_placements",
+                torch.full((len(ftm),), place, dtype=torch.int32, device=self.current_device),
+                persistent=False,
+            )
             for other in ("dev", "host", "uvm"):
                 if other != where and not hasattr(self, f"{prefix}_{other}"):
-                    self.register_buffer(f"{prefix}_{other}", torch.zeros(0, device=self.current_device),
-                                         persistent=False)
+                    self.register_buffer(
+                        f"{prefix}_{other}", torch.zeros(0, device=self.current_device), persistent=False
+                    )
 
     def get_states(self, prefix: str) -> tuple:
         """FBGEMM's (dev, host, uvm, placements, offsets) of one state: weights, momentum1, momentum2,
         prev_iter or row_counter; DoesNotHavePrefix where the module keeps no such state."""
         from numbactr.fbgemm_gpu.optimizer_config import DoesNotHavePrefix
+
         if not hasattr(self, f"{prefix}_physical_placements"):
             raise DoesNotHavePrefix()
-        return (getattr(self, f"{prefix}_dev"), getattr(self, f"{prefix}_host"), getattr(self, f"{prefix}_uvm"),
-                torch.tensor(getattr(self, f"{prefix}_physical_placements"), dtype=torch.int32),
-                torch.tensor(getattr(self, f"{prefix}_physical_offsets"), dtype=torch.int64))
+        return (
+            getattr(self, f"{prefix}_dev"),
+            getattr(self, f"{prefix}_host"),
+            getattr(self, f"{prefix}_uvm"),
+            torch.tensor(getattr(self, f"{prefix}_physical_placements"), dtype=torch.int32),
+            torch.tensor(getattr(self, f"{prefix}_physical_offsets"), dtype=torch.int64),
+        )
 
     def get_all_states(self) -> list:
         """get_states of weights, momentum1, momentum2, prev_iter and row_counter, those the module has."""
-        return [self.get_states(p) for p in ("weights", "momentum1", "momentum2", "prev_iter", "row_counter")
-                if hasattr(self, f"{p}_physical_placements")]
+        return [
+            self.get_states(p)
+            for p in ("weights", "momentum1", "momentum2", "prev_iter", "row_counter")
+            if hasattr(self, f"{p}_physical_placements")
+        ]
 
     def _register_cached_buffers(self, tier) -> None:
         """FBGEMM's names for a cached TBE: the host rows (weights_uvm, momentum*_uvm) and the cache."""
-        flat = tier.store.flat                      # weights, the optimizer states, the LFU counts
+        flat = tier.store.flat  # weights, the optimizer states, the LFU counts
         self.register_buffer("weights_uvm", _as_tensor(flat[0]))
         for name, state in zip(_state_buffer_names(tier.optimizer), flat[1:-1]):
             self.register_buffer(f"{name}_uvm", _as_tensor(state))
@@ -204,9 +249,19 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         """numbactr's TableBatchedEmbedding under this module."""
         return self._core.engine
 
-    def forward(self, indices, offsets, per_sample_weights=None, feature_requires_grad=None,
-                batch_size_per_feature_per_rank=None, total_unique_indices=None, hash_zch_identities=None,
-                hash_zch_runtime_meta=None, vbe_output=None, vbe_output_offsets=None):
+    def forward(
+        self,
+        indices,
+        offsets,
+        per_sample_weights=None,
+        feature_requires_grad=None,
+        batch_size_per_feature_per_rank=None,
+        total_unique_indices=None,
+        hash_zch_identities=None,
+        hash_zch_runtime_meta=None,
+        vbe_output=None,
+        vbe_output_offsets=None,
+    ):
         """(B, total_D) pooled embeddings ((N, D) for PoolingMode.NONE, 1-D for variable batch sizes).
 
         indices (N,) and offsets (F*B + 1,) int32/int64 on this module's device; per_sample_weights (N,);
@@ -214,25 +269,30 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         """
         for name, t in (("indices", indices), ("offsets", offsets), ("per_sample_weights", per_sample_weights)):
             if isinstance(t, torch.Tensor) and t.device.type != self.current_device.type:
-                raise ValueError(f"{WHO}.forward: {name} is on {t.device}, this module runs on "
-                                 f"{self.current_device} (numbactr's {device.kind()} device)")
+                raise ValueError(
+                    f"{WHO}.forward: {name} is on {t.device}, this module runs on "
+                    f"{self.current_device} (numbactr's {device.kind()} device)"
+                )
         self.step += 1
         if self.optimizer != EmbOptimType.NONE:
             lr = float(self.learning_rate_tensor)
-            if lr != self._core.get_learning_rate():        # written into the tensor, as FBGEMM allows
+            if lr != self._core.get_learning_rate():  # written into the tensor, as FBGEMM allows
                 self._core.set_learning_rate(lr)
         if self._core.counts_iterations:
-            if self.iter_cpu == 0:             # FBGEMM's rule: pick up a loaded or set `iter`
+            if self.iter_cpu == 0:  # FBGEMM's rule: pick up a loaded or set `iter`
                 self.iter_cpu = int(self.iter.item())
             self.iter_cpu += 1
             self.iter.add_(1)
         if self.training and self.optimizer == EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD:
             self.ema_inplace(self._core.emainplace_mode)
-        inputs = dict(indices=_as_array(indices), offsets=_as_array(offsets),
-                      feature_requires_grad=_as_array(feature_requires_grad),
-                      batch_size_per_feature_per_rank=batch_size_per_feature_per_rank,
-                      total_unique_indices=total_unique_indices,
-                      global_decay=self._core.decays_globally(self.iter_cpu, self.training))
+        inputs = dict(
+            indices=_as_array(indices),
+            offsets=_as_array(offsets),
+            feature_requires_grad=_as_array(feature_requires_grad),
+            batch_size_per_feature_per_rank=batch_size_per_feature_per_rank,
+            total_unique_indices=total_unique_indices,
+            global_decay=self._core.decays_globally(self.iter_cpu, self.training),
+        )
         # hash_zch_identities / hash_zch_runtime_meta: FBGEMM keeps them only for raw embedding streaming (which
         # numbactr does not offer: the constructor rejects it); they never change the lookup, so they are ignored.
         unsupported = dict(vbe_output=vbe_output, vbe_output_offsets=vbe_output_offsets)
@@ -240,8 +300,9 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         if given:
             raise NotImplementedError(f"{WHO}.forward: {', '.join(given)} not implemented in numbactr")
         weights = self.weights_dev if self.optimizer == EmbOptimType.NONE else None
-        return _Lookup.apply(self._core, inputs, self.iter_cpu, self.placeholder_autograd_tensor, weights,
-                             per_sample_weights)
+        return _Lookup.apply(
+            self._core, inputs, self.iter_cpu, self.placeholder_autograd_tensor, weights, per_sample_weights
+        )
 
     # ---- FBGEMM's methods ---------------------------------------------------------------------------------
     def split_embedding_weights(self) -> list:
@@ -262,6 +323,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(nn.Module):
         """Every table's weights U(min_val, max_val) from torch's generator, table by table (FBGEMM's way);
         INT8 tables: those values, each row quantized (FBGEMM's FloatToFused8BitRowwiseQuantized)."""
         from numbactr.kernels.fused8bit import QPARAM_BYTES, quantize_rows_ref
+
         with torch.no_grad():
             for w in self.split_embedding_weights():
                 if w.dtype == torch.uint8:

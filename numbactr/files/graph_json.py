@@ -10,14 +10,31 @@ tools (its ONNX converter, its MLP reader) index them without a default. HugeCTR
 ``compute_config``; numbactr writes them as extra keys (``compute_config`` as ``{"async_wgrad": .., "fuse_wb":
 ..}``, only when one is True), which HugeCTR's reader ignores.
 """
+
 from __future__ import annotations
 
 import json
 
-from numbactr.config import (CreateOptimizer, DataReaderSparseParam, DenseLayer, DenseLayerComputeConfig, Input, OptParamsPy,
-                     SparseEmbedding, warn_ignored)
-from numbactr.enums import (Activation_t, Embedding_t, FcPosition_t, Initializer_t, Layer_t, Optimizer_t,
-                    Regularizer_t, Update_t)
+from numbactr.config import (
+    CreateOptimizer,
+    DataReaderSparseParam,
+    DenseLayer,
+    DenseLayerComputeConfig,
+    Input,
+    OptParamsPy,
+    SparseEmbedding,
+    warn_ignored,
+)
+from numbactr.enums import (
+    Activation_t,
+    Embedding_t,
+    FcPosition_t,
+    Initializer_t,
+    Layer_t,
+    Optimizer_t,
+    Regularizer_t,
+    Update_t,
+)
 
 _INIT = ("weight_init_type", "bias_init_type", "gamma_init_type", "beta_init_type")
 
@@ -47,37 +64,59 @@ _COMPUTE = (None, "compute_config", "compute_config", _compute_config_set)
 # written: True = always, and required on read; False = only when the user set it (optional on read);
 # a predicate of the DenseLayer = when it holds (optional on read: the format defines the key's absence).
 PARAMS: dict[str, list[tuple]] = {
-    "InnerProduct": [("fc_param", "num_output", "num_output", True),
-                     ("fc_param", "weight_init", "weight_init_type", False),
-                     ("fc_param", "bias_init", "bias_init_type", False)],
-    "FusedInnerProduct": [("fc_param", "num_output", "num_output", True),
-                          ("fc_param", "weight_init", "weight_init_type", False),
-                          ("fc_param", "bias_init", "bias_init_type", False),
-                          # HugeCTR's parser: position absent = None, activation absent = Relu (its own
-                          # test/scripts/dlrm_fp16_1gpu.json leaves both out); numbactr writes both
-                          (None, "position", "pos_type", _always), (None, "activation", "act_type", _always),
-                          _COMPUTE],
-    "MLP": [("mlp_param", "num_output", "num_output", _always), ("mlp_param", "num_outputs", "num_outputs", True),
-            ("mlp_param", "use_bias", "use_bias", lambda c: not c.biases),
-            ("mlp_param", "biases", "biases", lambda c: bool(c.biases)),
-            ("mlp_param", "activation", "act_type", lambda c: not c.activations),
-            ("mlp_param", "activations", "activations", lambda c: bool(c.activations)),
-            ("mlp_param", "weight_init", "weight_init_type", False),
-            ("mlp_param", "bias_init", "bias_init_type", False), _COMPUTE],
-    "BatchNorm": [("bn_param", "factor", "factor", True), ("bn_param", "eps", "eps", True),
-                  ("bn_param", "gamma_init", "gamma_init_type", False),
-                  ("bn_param", "beta_init", "beta_init_type", False)],
-    "LayerNorm": [("ln_param", "eps", "eps", True), ("ln_param", "gamma_init", "gamma_init_type", False),
-                  ("ln_param", "beta_init", "beta_init_type", False)],
+    "InnerProduct": [
+        ("fc_param", "num_output", "num_output", True),
+        ("fc_param", "weight_init", "weight_init_type", False),
+        ("fc_param", "bias_init", "bias_init_type", False),
+    ],
+    "FusedInnerProduct": [
+        ("fc_param", "num_output", "num_output", True),
+        ("fc_param", "weight_init", "weight_init_type", False),
+        ("fc_param", "bias_init", "bias_init_type", False),
+        # HugeCTR's parser: position absent = None, activation absent = Relu (its own
+        # test/scripts/dlrm_fp16_1gpu.json leaves both out); numbactr writes both
+        (None, "position", "pos_type", _always),
+        (None, "activation", "act_type", _always),
+        _COMPUTE,
+    ],
+    "MLP": [
+        ("mlp_param", "num_output", "num_output", _always),
+        ("mlp_param", "num_outputs", "num_outputs", True),
+        ("mlp_param", "use_bias", "use_bias", lambda c: not c.biases),
+        ("mlp_param", "biases", "biases", lambda c: bool(c.biases)),
+        ("mlp_param", "activation", "act_type", lambda c: not c.activations),
+        ("mlp_param", "activations", "activations", lambda c: bool(c.activations)),
+        ("mlp_param", "weight_init", "weight_init_type", False),
+        ("mlp_param", "bias_init", "bias_init_type", False),
+        _COMPUTE,
+    ],
+    "BatchNorm": [
+        ("bn_param", "factor", "factor", True),
+        ("bn_param", "eps", "eps", True),
+        ("bn_param", "gamma_init", "gamma_init_type", False),
+        ("bn_param", "beta_init", "beta_init_type", False),
+    ],
+    "LayerNorm": [
+        ("ln_param", "eps", "eps", True),
+        ("ln_param", "gamma_init", "gamma_init_type", False),
+        ("ln_param", "beta_init", "beta_init_type", False),
+    ],
     "Dropout": [(None, "rate", "dropout_rate", True)],
     "ELU": [("elu_param", "alpha", "elu_alpha", True)],
-    "MultiCross": [("mc_param", "num_layers", "num_layers", True),
-                   ("mc_param", "weight_init", "weight_init_type", False),
-                   ("mc_param", "bias_init", "bias_init_type", False),
-                   ("mc_param", "projection_dim", "projection_dim", False), _COMPUTE],
+    "MultiCross": [
+        ("mc_param", "num_layers", "num_layers", True),
+        ("mc_param", "weight_init", "weight_init_type", False),
+        ("mc_param", "bias_init", "bias_init_type", False),
+        ("mc_param", "projection_dim", "projection_dim", False),
+        _COMPUTE,
+    ],
     "Interaction": [_COMPUTE],
-    "Reshape": [(None, "leading_dim", "leading_dim", _unselected), (None, "time_step", "time_step", _unselected),
-                (None, "selected", "selected_slots", _selected), (None, "shape", "shape", False)],
+    "Reshape": [
+        (None, "leading_dim", "leading_dim", _unselected),
+        (None, "time_step", "time_step", _unselected),
+        (None, "selected", "selected_slots", _selected),
+        (None, "shape", "shape", False),
+    ],
     "Concat": [(None, "axis", "axis", _always)],
     "ReduceSum": [(None, "axis", "axis", True)],
     "ReduceMean": [(None, "axis", "axis", True)],
@@ -86,18 +125,26 @@ PARAMS: dict[str, list[tuple]] = {
     "Gather": [(None, "indices", "indices", True)],
     "WeightMultiply": [(None, "weight_dims", "weight_dims", True), (None, "weight_init", "weight_init_type", False)],
     "FmOrder2": [(None, "out_dim", "out_dim", True)],
-    "GRU": [("gru_param", "num_output", "num_output", True), ("gru_param", "batchsize", "batchsize", True),
-            ("gru_param", "SeqLength", "SeqLength", True), ("gru_param", "vector_size", "vector_size", True),
-            ("gru_param", "weight_init", "weight_init_type", False),
-            ("gru_param", "bias_init", "bias_init_type", False)],
+    "GRU": [
+        ("gru_param", "num_output", "num_output", True),
+        ("gru_param", "batchsize", "batchsize", True),
+        ("gru_param", "SeqLength", "SeqLength", True),
+        ("gru_param", "vector_size", "vector_size", True),
+        ("gru_param", "weight_init", "weight_init_type", False),
+        ("gru_param", "bias_init", "bias_init_type", False),
+    ],
     "PReLU_Dice": [("prelu_dice_param", "alpha", "elu_alpha", True), ("prelu_dice_param", "eps", "eps", True)],
     "Scale": [("scale_param", "axis", "axis", True), ("scale_param", "factor", "factor", True)],
     "Softmax": [(None, "factor", "factor", _always)],
-    "SequenceMask": [(None, "max_sequence_len_from", "max_sequence_len_from", True),
-                     (None, "max_sequence_len_to", "max_sequence_len_to", True)],
-    "SequenceMask/1": [(None, "max_sequence_len", "max_sequence_len", True)],       # v23.06: one bottom
-    "MultiHeadAttention": [(None, "num_attention_heads", "num_attention_heads", True),
-                           (None, "transpose_b", "transpose_b", True)],
+    "SequenceMask": [
+        (None, "max_sequence_len_from", "max_sequence_len_from", True),
+        (None, "max_sequence_len_to", "max_sequence_len_to", True),
+    ],
+    "SequenceMask/1": [(None, "max_sequence_len", "max_sequence_len", True)],  # v23.06: one bottom
+    "MultiHeadAttention": [
+        (None, "num_attention_heads", "num_attention_heads", True),
+        (None, "transpose_b", "transpose_b", True),
+    ],
     "MultiCrossEntropyLoss": [(None, "target_weight", "target_weight_vec", True)],
 }
 _LOSSES = ("BinaryCrossEntropyLoss", "CrossEntropyLoss", "MultiCrossEntropyLoss")
@@ -191,8 +238,13 @@ def _warn_unknown(obj, known, where: str, path: str = "") -> None:
     if isinstance(obj, dict):
         for k in obj:
             if k not in known:
-                warn_ignored(where, f"unknown key {(path + '.' if path else '') + k!r}", obj[k],
-                             "numbactr does not read it", stacklevel=5)
+                warn_ignored(
+                    where,
+                    f"unknown key {(path + '.' if path else '') + k!r}",
+                    obj[k],
+                    "numbactr does not read it",
+                    stacklevel=5,
+                )
 
 
 def _params(t: str, bottoms) -> list:
@@ -223,16 +275,20 @@ def dense_layer_from_json(d: dict, where: str = "graph JSON dense layer") -> Den
         try:
             kw[attr] = _decode(attr, src[key])
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise ValueError(f"{where}: bad value {json.dumps(src[key])[:60]} for key "
-                             f"{(group + '.' if group else '') + key!r}") from None
+            raise ValueError(
+                f"{where}: bad value {json.dumps(src[key])[:60]} for key {(group + '.' if group else '') + key!r}"
+            ) from None
     if t == "Reshape" and not any(k in d for k in _RESHAPE_FORMS):
         raise ValueError(f"{where}: missing key 'leading_dim' (or 'selected' / 'shape')")
     if t in _LOSSES and "regularizer" in d:
         kw.update(use_regularizer=True, regularizer_type=_enum(Regularizer_t, d["regularizer"], where, "regularizer"))
         kw["lambda"] = _need(d, "lambda", where)
     params = _params(t, d.get("bottom", []))
-    _warn_unknown(d, _LAYER_KEYS | {g or k for g, k, _, _ in params} | ({"regularizer", "lambda"} if t in _LOSSES
-                                                                         else set()), where)
+    _warn_unknown(
+        d,
+        _LAYER_KEYS | {g or k for g, k, _, _ in params} | ({"regularizer", "lambda"} if t in _LOSSES else set()),
+        where,
+    )
     for group in {g for g, _, _, _ in params if g}:
         _warn_unknown(d.get(group), {k for g, k, _, _ in params if g == group}, where, group)
     return DenseLayer(layer_type, _as_list(_need(d, "bottom", where)), _as_list(_need(d, "top", where)), **kw)
@@ -260,8 +316,10 @@ def _optimizer_json(opt: OptParamsPy) -> dict:
 def _optimizer_from_json(d: dict, where: str) -> OptParamsPy:
     """Every key the writer writes is required: no hyperparameter silently takes a default."""
     t = _enum(Optimizer_t, _need(d, "type", where, "optimizer"), where, "optimizer type")
-    kw = dict(optimizer_type=t, update_type=_enum(Update_t, _need(d, "update_type", where, "optimizer"), where,
-                                                  "optimizer update_type"))
+    kw = dict(
+        optimizer_type=t,
+        update_type=_enum(Update_t, _need(d, "update_type", where, "optimizer"), where, "optimizer update_type"),
+    )
     if t in _OPT_HPARAMS:
         group, keys = _OPT_HPARAMS[t]
         h = _need(d, group, where, "optimizer")
@@ -278,18 +336,33 @@ def _optimizer_from_json(d: dict, where: str) -> OptParamsPy:
 def model_to_json(model) -> dict:
     inp = model.input
     multi = len(inp.label_dims) > 1
-    data = {"type": "Data",
-            "label": {"top": inp.label_names if multi else inp.label_names[0],
-                      "label_dim": inp.label_dims if multi else inp.label_dims[0]},
-            "dense": {"top": inp.dense_name, "dense_dim": inp.dense_dim},
-            "sparse": [{"top": p.top_name, "type": "DistributedSlot", "nnz_per_slot": p.nnz_per_slot,
-                        "is_fixed_length": p.is_fixed_length, "slot_num": p.slot_num} for p in inp.sparse]}
+    data = {
+        "type": "Data",
+        "label": {
+            "top": inp.label_names if multi else inp.label_names[0],
+            "label_dim": inp.label_dims if multi else inp.label_dims[0],
+        },
+        "dense": {"top": inp.dense_name, "dense_dim": inp.dense_dim},
+        "sparse": [
+            {
+                "top": p.top_name,
+                "type": "DistributedSlot",
+                "nnz_per_slot": p.nnz_per_slot,
+                "is_fixed_length": p.is_fixed_length,
+                "slot_num": p.slot_num,
+            }
+            for p in inp.sparse
+        ],
+    }
     layers = [data]
     for e in model.embeddings:
         c = e.cfg
-        hp = {"workspace_size_per_gpu_in_mb": c.workspace_size_per_gpu_in_mb,
-              "max_vocabulary_size_global": e.max_rows * model.ranks,
-              "embedding_vec_size": c.embedding_vec_size, "combiner": c.combiner}
+        hp = {
+            "workspace_size_per_gpu_in_mb": c.workspace_size_per_gpu_in_mb,
+            "max_vocabulary_size_global": e.max_rows * model.ranks,
+            "embedding_vec_size": c.embedding_vec_size,
+            "combiner": c.combiner,
+        }
         if c.slot_size_array:
             hp["slot_size_array"] = c.slot_size_array
         if c.embedding_type != Embedding_t.DistributedSlotSparseEmbeddingHash:
@@ -300,8 +373,15 @@ def model_to_json(model) -> dict:
             param = c.hybrid_embedding_param or getattr(e, "param", None)
             if param is not None:
                 hp.update(_hybrid_json(param))
-        layers.append({"type": c.embedding_type.name, "bottom": c.bottom_name, "top": c.sparse_embedding_name,
-                       "sparse_embedding_hparam": hp, "optimizer": _optimizer_json(e.opt)})
+        layers.append(
+            {
+                "type": c.embedding_type.name,
+                "bottom": c.bottom_name,
+                "top": c.sparse_embedding_name,
+                "sparse_embedding_hparam": hp,
+                "optimizer": _optimizer_json(e.opt),
+            }
+        )
     layers += slice_expanded(model)
     out = {"layers": layers}
     if model.solver.model_name:
@@ -323,8 +403,14 @@ def slice_expanded(model) -> list[dict]:
         for b in c.bottom_names:
             if readers[b] > 1 and b not in used:
                 width = model.shapes[b][-1]
-                out.append({"type": "Slice", "bottom": b, "top": [f"{b}_slice{i}" for i in range(readers[b])],
-                            "ranges": [[0, width]] * readers[b]})
+                out.append(
+                    {
+                        "type": "Slice",
+                        "bottom": b,
+                        "top": [f"{b}_slice{i}" for i in range(readers[b])],
+                        "ranges": [[0, width]] * readers[b],
+                    }
+                )
                 used[b] = 0
         d = dense_layer_json(c)
         bottoms = []
@@ -368,8 +454,7 @@ def construct(model, path: str, include_dense_network: bool) -> None:
     except json.JSONDecodeError as e:
         raise ValueError(f"graph JSON {path!r}: not valid JSON ({e})") from None
     layers = graph.get("layers") if isinstance(graph, dict) else None
-    if not isinstance(layers, list) or not layers or not isinstance(layers[0], dict) or \
-            layers[0].get("type") != "Data":
+    if not isinstance(layers, list) or not layers or not isinstance(layers[0], dict) or layers[0].get("type") != "Data":
         raise ValueError(f"graph JSON {path!r}: 'layers' must be a list starting with the Data layer")
     where = f"graph JSON {path!r}, layer 0 (Data)"
     data = layers[0]
@@ -378,8 +463,14 @@ def construct(model, path: str, include_dense_network: bool) -> None:
         sparse = []
         for k, sp in enumerate(_need(data, "sparse", where)):
             w = f"{where}, sparse[{k}]"
-            sparse.append(DataReaderSparseParam(_need(sp, "top", w), _need(sp, "nnz_per_slot", w),
-                                                _need(sp, "is_fixed_length", w), _need(sp, "slot_num", w)))
+            sparse.append(
+                DataReaderSparseParam(
+                    _need(sp, "top", w),
+                    _need(sp, "nnz_per_slot", w),
+                    _need(sp, "is_fixed_length", w),
+                    _need(sp, "slot_num", w),
+                )
+            )
         _warn_unknown(data, {"type", "label", "dense", "sparse", "name"}, where)
         _warn_unknown(lab, {"top", "label_dim"}, where, "label")
         _warn_unknown(dense, {"top", "dense_dim"}, where, "dense")
@@ -388,11 +479,13 @@ def construct(model, path: str, include_dense_network: bool) -> None:
         top, dims = _need(lab, "top", where, "label"), _need(lab, "label_dim", where, "label")
         dd, dn = _need(dense, "dense_dim", where, "dense"), _need(dense, "top", where, "dense")
         if isinstance(top, list):
-            inp = Input(label_dims=dims, label_names=top, dense_dim=dd, dense_name=dn,
-                        data_reader_sparse_param_array=sparse)
+            inp = Input(
+                label_dims=dims, label_names=top, dense_dim=dd, dense_name=dn, data_reader_sparse_param_array=sparse
+            )
         else:
-            inp = Input(label_dim=dims, label_name=top, dense_dim=dd, dense_name=dn,
-                        data_reader_sparse_param_array=sparse)
+            inp = Input(
+                label_dim=dims, label_name=top, dense_dim=dd, dense_name=dn, data_reader_sparse_param_array=sparse
+            )
         model.add(inp)
     except (ValueError, TypeError) as e:
         raise ValueError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
@@ -413,10 +506,19 @@ def construct(model, path: str, include_dense_network: bool) -> None:
 
 # HugeCTR's JSON names of the hybrid embedding's parameters (sparse_embedding_hparam); its reader spells
 # CommunicationType.IB_NVLink_Hier "IB_NVLink_Hierarchical"
-_HYBRID_KEYS = ("max_num_frequent_categories", "max_num_infrequent_samples", "p_dup_max", "max_all_reduce_bandwidth",
-                "max_all_to_all_bandwidth", "efficiency_bandwidth_ratio")
-_COMM_JSON = {"IB_NVLink_Hier": "IB_NVLink_Hierarchical", "IB_NVLink": "IB_NVLink",
-              "NVLink_SingleNode": "NVLink_SingleNode"}
+_HYBRID_KEYS = (
+    "max_num_frequent_categories",
+    "max_num_infrequent_samples",
+    "p_dup_max",
+    "max_all_reduce_bandwidth",
+    "max_all_to_all_bandwidth",
+    "efficiency_bandwidth_ratio",
+)
+_COMM_JSON = {
+    "IB_NVLink_Hier": "IB_NVLink_Hierarchical",
+    "IB_NVLink": "IB_NVLink",
+    "NVLink_SingleNode": "NVLink_SingleNode",
+}
 
 
 def _hybrid_json(p) -> dict:
@@ -428,13 +530,16 @@ def _hybrid_json(p) -> dict:
 def _hybrid_from_json(hp: dict, where: str):
     from numbactr.config import HybridEmbeddingParam
     from numbactr.enums import CommunicationType
+
     kw = {k: hp[k] for k in _HYBRID_KEYS if k in hp}
     if "communication_type" in hp:
         names = {v: k for k, v in _COMM_JSON.items()}
         name = names.get(hp["communication_type"], hp["communication_type"])
         if name not in _COMM_JSON:
-            raise ValueError(f"{where}: sparse_embedding_hparam.communication_type must be one of "
-                             f"{sorted(names)}, got {hp['communication_type']!r}")
+            raise ValueError(
+                f"{where}: sparse_embedding_hparam.communication_type must be one of "
+                f"{sorted(names)}, got {hp['communication_type']!r}"
+            )
         kw["communication_type"] = CommunicationType[name]
     try:
         return HybridEmbeddingParam(**kw)
@@ -448,15 +553,35 @@ def _embedding_from_json(d: dict, t: str, where: str) -> SparseEmbedding:
     if isinstance(vec, bool) or not isinstance(vec, int) or not 0 < vec <= 1024:
         raise ValueError(f"{where}: embedding_vec_size must be in 1..1024, got {vec!r}")
     if "workspace_size_per_gpu_in_mb" not in hp and "slot_size_array" not in hp:
-        raise ValueError(f"{where}: missing key 'sparse_embedding_hparam.workspace_size_per_gpu_in_mb' (or "
-                         f"'sparse_embedding_hparam.slot_size_array')")
+        raise ValueError(
+            f"{where}: missing key 'sparse_embedding_hparam.workspace_size_per_gpu_in_mb' (or "
+            f"'sparse_embedding_hparam.slot_size_array')"
+        )
     _warn_unknown(d, _LAYER_KEYS | {"sparse_embedding_hparam", "optimizer"}, where)
     hybrid = t == "HybridSparseEmbedding"
-    _warn_unknown(hp, {"workspace_size_per_gpu_in_mb", "max_vocabulary_size_global", "embedding_vec_size",
-                       "combiner", "slot_size_array"} | (set(_HYBRID_KEYS) | {"communication_type"} if hybrid else set()),
-                  where, "sparse_embedding_hparam")
+    _warn_unknown(
+        hp,
+        {
+            "workspace_size_per_gpu_in_mb",
+            "max_vocabulary_size_global",
+            "embedding_vec_size",
+            "combiner",
+            "slot_size_array",
+        }
+        | (set(_HYBRID_KEYS) | {"communication_type"} if hybrid else set()),
+        where,
+        "sparse_embedding_hparam",
+    )
     opt = _optimizer_from_json(d["optimizer"], where) if "optimizer" in d else OptParamsPy()
     extra = {"hybrid_embedding_param": _hybrid_from_json(hp, where)} if hybrid else {}
-    return SparseEmbedding(Embedding_t[t], hp.get("workspace_size_per_gpu_in_mb", 0), vec,
-                           _need(hp, "combiner", where, "sparse_embedding_hparam"), _need(d, "top", where),
-                           _need(d, "bottom", where), hp.get("slot_size_array", []), opt, **extra)
+    return SparseEmbedding(
+        Embedding_t[t],
+        hp.get("workspace_size_per_gpu_in_mb", 0),
+        vec,
+        _need(hp, "combiner", where, "sparse_embedding_hparam"),
+        _need(d, "top", where),
+        _need(d, "bottom", where),
+        hp.get("slot_size_array", []),
+        opt,
+        **extra,
+    )

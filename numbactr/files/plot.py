@@ -17,6 +17,7 @@ runs headless (the Agg canvas, no pyplot, no display needed); both files are wri
 name and renamed (numbactr.runtime.atomic), so a viewer polling them during training never sees half a
 file.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,8 +27,11 @@ import os
 from numbactr.runtime import atomic
 
 #: model.history key -> (CSV column, chart panel, label); the panels are "loss" and "auc"
-SERIES = {"loss": ("train_loss", "loss", "train loss"), "lr": ("lr", None, "learning rate"),
-          "auc": ("eval_auc", "auc", "eval AUC")}
+SERIES = {
+    "loss": ("train_loss", "loss", "train loss"),
+    "lr": ("lr", None, "learning rate"),
+    "auc": ("eval_auc", "auc", "eval AUC"),
+}
 #: the iteration key of each history series
 ITER_KEY = {"loss": "iter", "lr": "iter", "auc": "eval_iter"}
 
@@ -40,8 +44,10 @@ def _series(history: dict) -> dict:
             continue
         its, vals = list(history[ITER_KEY[key]]), list(history[key])
         if len(its) != len(vals):
-            raise ValueError(f"learning curve: history[{ITER_KEY[key]!r}] has {len(its)} entries but "
-                             f"history[{key!r}] has {len(vals)}")
+            raise ValueError(
+                f"learning curve: history[{ITER_KEY[key]!r}] has {len(its)} entries but "
+                f"history[{key!r}] has {len(vals)}"
+            )
         out[key] = ([int(i) for i in its], [float(v) for v in vals])
     return out
 
@@ -85,12 +91,14 @@ def learning_curve_figure(history: dict, reference: dict | None = None, title: s
             drawn = True
         if panel == "auc":
             for k, (name, value) in enumerate((reference or {}).items()):
-                ax.axhline(float(value), linestyle="--", color=f"C{k + 3}", linewidth=1.2,
-                           label=f"{name} {float(value):.4f}")
+                ax.axhline(
+                    float(value), linestyle="--", color=f"C{k + 3}", linewidth=1.2, label=f"{name} {float(value):.4f}"
+                )
                 drawn = True
         if not drawn:
-            ax.text(0.5, 0.5, "nothing recorded", transform=ax.transAxes, ha="center", va="center",
-                    color="0.4", fontsize=11)
+            ax.text(
+                0.5, 0.5, "nothing recorded", transform=ax.transAxes, ha="center", va="center", color="0.4", fontsize=11
+            )
         ax.set_ylabel(ylabel, fontsize=12)
         ax.grid(True, color="0.9")
         ax.tick_params(labelsize=10)

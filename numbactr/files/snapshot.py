@@ -29,6 +29,7 @@ file's snapshot is the manifest (or journal, which wins) named after a (prefix, 
 from and that lists it; every file read is checked against its size and sha256, and the error names the
 file and which of the two differs. A file no manifest lists (HugeCTR's own snapshots) is read as it is.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,7 +45,7 @@ from numbactr.runtime import atomic, device
 from numbactr.data.errors import DataFormatError
 
 FORMAT = "numbactr snapshot manifest"
-_SAFE_REL = re.compile(r"[^/\\]+(/[^/\\]+)?")    # "file" or "folder/file", nothing else
+_SAFE_REL = re.compile(r"[^/\\]+(/[^/\\]+)?")  # "file" or "folder/file", nothing else
 _STAGING = re.compile(r"\.[^/\\]*\.staging-\d+-[0-9a-f]+")
 
 
@@ -56,7 +57,7 @@ def on_rank0(comm, write, failed: str) -> None:
     if comm.rank == 0:
         try:
             write()
-        except Exception as e:      # noqa: BLE001 (every rank must hear of it)
+        except Exception as e:  # noqa: BLE001 (every rank must hear of it)
             error = e
     told = comm.bcast(None if error is None else f"{type(error).__name__}: {error}")
     if error is not None:
@@ -87,10 +88,11 @@ def _commit(d: str, base: str, it: int, outs: list, extra: dict) -> None:
         _fsync_dir(folder)
     body = {"format": FORMAT, "version": 1, "prefix": base, "iter": it, **extra, "staging": staging, "files": files}
     journal = os.path.join(d, _journal_name(base, it))
-    with atomic.atomic_path(journal, tmp=os.path.join(d, f".{_journal_name(base, it)}.tmp-{token}"),
-                            fsync=False) as tmp:                   # _write_durable fsyncs it
+    with atomic.atomic_path(
+        journal, tmp=os.path.join(d, f".{_journal_name(base, it)}.tmp-{token}"), fsync=False
+    ) as tmp:  # _write_durable fsyncs it
         _write_durable(tmp, _manifest_bytes(body))
-    _fsync_dir(d)                                                  # committed
+    _fsync_dir(d)  # committed
     _roll_forward(d, journal)
 
 
@@ -106,8 +108,10 @@ def _roll_forward(d: str, journal: str) -> None:
             os.replace(src, dst)
             touched.add(os.path.dirname(dst))
         elif not os.path.exists(dst):
-            raise FileNotFoundError(f"cannot finish the interrupted save recorded in {journal!r}: {rel!r} is "
-                                    f"neither staged in {staging!r} nor in place")
+            raise FileNotFoundError(
+                f"cannot finish the interrupted save recorded in {journal!r}: {rel!r} is "
+                f"neither staged in {staging!r} nor in place"
+            )
     for folder in touched:
         _fsync_dir(folder)
     os.replace(journal, os.path.join(d, _manifest_name(body["prefix"], body["iter"])))
@@ -121,7 +125,7 @@ def _recover(d: str, base: str) -> None:
     for name in sorted(os.listdir(d)):
         if re.fullmatch(b + r"_\d+\.manifest\.pending\.json", name):
             _roll_forward(d, os.path.join(d, name))
-    for name in os.listdir(d):          # no journal refers to these any more: a save killed before its commit
+    for name in os.listdir(d):  # no journal refers to these any more: a save killed before its commit
         path = os.path.join(d, name)
         if re.fullmatch(r"\." + b + r"_\d+\.staging-\d+-[0-9a-f]+", name):
             shutil.rmtree(path, ignore_errors=True)
@@ -161,28 +165,58 @@ def _read_manifest(path: str) -> dict:
     except ValueError as e:
         raise DataFormatError(what, path, None, f"is not valid JSON ({e})") from None
     if not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise DataFormatError(what, path, None, f"is not a numbactr snapshot manifest (no \"format\": {FORMAT!r})")
+        raise DataFormatError(what, path, None, f'is not a numbactr snapshot manifest (no "format": {FORMAT!r})')
     stored = body.pop("manifest_sha256", None)
     if stored != hashlib.sha256(_canonical(body)).hexdigest():
-        raise DataFormatError(what, path, None, "its own sha256 does not match its content: the manifest was "
-                                                "damaged or edited, so it cannot vouch for the snapshot")
+        raise DataFormatError(
+            what,
+            path,
+            None,
+            "its own sha256 does not match its content: the manifest was "
+            "damaged or edited, so it cannot vouch for the snapshot",
+        )
     files, embeddings = body.get("files"), body.get("embeddings")
-    ok = (body.get("version") == 1 and isinstance(body.get("prefix"), str) and _is_int(body.get("iter"))
-          and _is_int(body.get("ranks")) and isinstance(body.get("staging"), str)
-          and _STAGING.fullmatch(body["staging"]) is not None and isinstance(files, dict)
-          and all(isinstance(rel, str) and _SAFE_REL.fullmatch(rel) and ".." not in rel.split("/")
-                  and isinstance(f, dict) and _is_int(f.get("size")) and isinstance(f.get("sha256"), str)
-                  for rel, f in files.items())
-          and isinstance(embeddings, list)
-          and all(isinstance(r, dict) and r.get("folder") in {p.split("/")[0] for p in files}
-                  and r.get("opt_file") in files and all(_is_int(r.get(k)) for k in ("vec", "states", "block_rows"))
-                  and isinstance(r.get("rows_per_rank"), list) and len(r["rows_per_rank"]) == body["ranks"]
-                  and all(_is_int(c) for c in r["rows_per_rank"]) for r in embeddings))
-    ok = ok and all(isinstance(r.get("name", ""), str) and isinstance(r.get("optimizer", ""), str)
-                    for r in embeddings) and _dense_record_ok(body.get("dense"), files)
+    ok = (
+        body.get("version") == 1
+        and isinstance(body.get("prefix"), str)
+        and _is_int(body.get("iter"))
+        and _is_int(body.get("ranks"))
+        and isinstance(body.get("staging"), str)
+        and _STAGING.fullmatch(body["staging"]) is not None
+        and isinstance(files, dict)
+        and all(
+            isinstance(rel, str)
+            and _SAFE_REL.fullmatch(rel)
+            and ".." not in rel.split("/")
+            and isinstance(f, dict)
+            and _is_int(f.get("size"))
+            and isinstance(f.get("sha256"), str)
+            for rel, f in files.items()
+        )
+        and isinstance(embeddings, list)
+        and all(
+            isinstance(r, dict)
+            and r.get("folder") in {p.split("/")[0] for p in files}
+            and r.get("opt_file") in files
+            and all(_is_int(r.get(k)) for k in ("vec", "states", "block_rows"))
+            and isinstance(r.get("rows_per_rank"), list)
+            and len(r["rows_per_rank"]) == body["ranks"]
+            and all(_is_int(c) for c in r["rows_per_rank"])
+            for r in embeddings
+        )
+    )
+    ok = (
+        ok
+        and all(isinstance(r.get("name", ""), str) and isinstance(r.get("optimizer", ""), str) for r in embeddings)
+        and _dense_record_ok(body.get("dense"), files)
+    )
     if not ok:
-        raise DataFormatError(what, path, None, "has the right checksum but not the structure of a version-1 "
-                                                "manifest (written by a newer numbactr?)")
+        raise DataFormatError(
+            what,
+            path,
+            None,
+            "has the right checksum but not the structure of a version-1 manifest (written by a newer numbactr?)",
+        )
     return body
 
 
@@ -191,13 +225,22 @@ def _dense_record_ok(dense, files: dict) -> bool:
     structure _snapshot_files writes."""
     if dense is None:
         return True
-    return (isinstance(dense, dict) and dense.get("file") in files and dense.get("opt_file") in files
-            and isinstance(dense.get("optimizer"), str) and _is_int(dense.get("states"))
-            and isinstance(dense.get("layers"), list)
-            and all(isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("type"), str)
-                    and isinstance(r.get("shapes"), list)
-                    and all(isinstance(sh, list) and all(_is_int(n) for n in sh) for sh in r["shapes"])
-                    for r in dense["layers"]))
+    return (
+        isinstance(dense, dict)
+        and dense.get("file") in files
+        and dense.get("opt_file") in files
+        and isinstance(dense.get("optimizer"), str)
+        and _is_int(dense.get("states"))
+        and isinstance(dense.get("layers"), list)
+        and all(
+            isinstance(r, dict)
+            and isinstance(r.get("name"), str)
+            and isinstance(r.get("type"), str)
+            and isinstance(r.get("shapes"), list)
+            and all(isinstance(sh, list) and all(_is_int(n) for n in sh) for sh in r["shapes"])
+            for r in dense["layers"]
+        )
+    )
 
 
 def _is_int(x) -> bool:
@@ -208,8 +251,12 @@ def _name_candidates(name: str) -> list[tuple[str, int]]:
     """Every (prefix, iter) whose snapshot can have a file or folder of this name (HugeCTR's names are
     ambiguous: `{prefix}{i}_sparse_` may split prefix and index at any trailing digit)."""
     out = []
-    for pattern, indexed in ((r"(.*)_opt_dense_(\d+)\.model", False), (r"(.*)_dense_(\d+)\.model", False),
-                             (r"(.*?)(\d+)_opt_sparse_(\d+)\.model", True), (r"(.*?)(\d+)_sparse_(\d+)\.model", True)):
+    for pattern, indexed in (
+        (r"(.*)_opt_dense_(\d+)\.model", False),
+        (r"(.*)_dense_(\d+)\.model", False),
+        (r"(.*?)(\d+)_opt_sparse_(\d+)\.model", True),
+        (r"(.*?)(\d+)_sparse_(\d+)\.model", True),
+    ):
         m = re.fullmatch(pattern, name)
         if m is None:
             continue
@@ -217,7 +264,7 @@ def _name_candidates(name: str) -> list[tuple[str, int]]:
             out.append((m.group(1), int(m.group(2))))
             continue
         head, digits, it = m.group(1), m.group(2), int(m.group(3))
-        for k in range(1, len(digits) + 1):            # index = the last k digits, written without leading 0
+        for k in range(1, len(digits) + 1):  # index = the last k digits, written without leading 0
             index = digits[-k:]
             if index == "0" or not index.startswith("0"):
                 out.append((head + digits[:-k], it))
@@ -236,7 +283,7 @@ class _Snapshot:
         folder, name = os.path.split(os.path.abspath(path))
         found = []
         for base, it in _name_candidates(name):
-            for mname in (_journal_name(base, it), _manifest_name(base, it)):    # a journal supersedes
+            for mname in (_journal_name(base, it), _manifest_name(base, it)):  # a journal supersedes
                 mpath = os.path.join(folder, mname)
                 if os.path.exists(mpath):
                     body = _read_manifest(mpath)
@@ -244,10 +291,14 @@ class _Snapshot:
                         found.append((mpath, body))
                     break
         if len(found) > 1:
-            raise DataFormatError("snapshot manifest", found[0][0], None,
-                                  f"lists {name!r}, and so does {found[1][0]!r}: the two snapshots' file names "
-                                  "collide (HugeCTR's names join prefix and embedding index); save them in "
-                                  "separate folders")
+            raise DataFormatError(
+                "snapshot manifest",
+                found[0][0],
+                None,
+                f"lists {name!r}, and so does {found[1][0]!r}: the two snapshots' file names "
+                "collide (HugeCTR's names join prefix and embedding index); save them in "
+                "separate folders",
+            )
         return cls(folder, *found[0]) if found else cls(folder)
 
     def _rel(self, path: str) -> str:
@@ -264,8 +315,12 @@ class _Snapshot:
         rel = self._rel(opt_path)
         found = [r for r in self.body["embeddings"] if r["opt_file"] == rel]
         if not found:
-            raise DataFormatError("sparse optimizer states", opt_path, None, f"is listed by the manifest "
-                                  f"{self.path!r}, but not as an embedding's optimizer-state file")
+            raise DataFormatError(
+                "sparse optimizer states",
+                opt_path,
+                None,
+                f"is listed by the manifest {self.path!r}, but not as an embedding's optimizer-state file",
+            )
         return found[0]
 
     def dense_record(self, path: str, role: str, what: str) -> dict | None:
@@ -277,11 +332,18 @@ class _Snapshot:
             return None
         rel = self._rel(path)
         if dense[role] != rel:
-            other = {"file": "dense model (load_dense_weights)", "opt_file": "dense optimizer states "
-                     "(load_dense_optimizer_states)"}
+            other = {
+                "file": "dense model (load_dense_weights)",
+                "opt_file": "dense optimizer states (load_dense_optimizer_states)",
+            }
             actual = next((other[k] for k in other if dense[k] == rel), "another file")
-            raise DataFormatError(what, path, None, f"is the snapshot's {actual} according to its manifest "
-                                                    f"{self.path!r}, not its {other[role].split(' (')[0]}")
+            raise DataFormatError(
+                what,
+                path,
+                None,
+                f"is the snapshot's {actual} according to its manifest "
+                f"{self.path!r}, not its {other[role].split(' (')[0]}",
+            )
         return dense
 
     def sparse_name(self, folder: str) -> str | None:
@@ -314,16 +376,21 @@ class _Snapshot:
             with open(place, "rb") as f:
                 data = f.read()
             if len(data) != entry["size"]:
-                problems.append(f"{place!r} holds {len(data)} bytes; the manifest {self.path!r} records "
-                                f"{entry['size']} (size differs)")
+                problems.append(
+                    f"{place!r} holds {len(data)} bytes; the manifest {self.path!r} records "
+                    f"{entry['size']} (size differs)"
+                )
             elif hashlib.sha256(data).hexdigest() != entry["sha256"]:
-                problems.append(f"{place!r}: its sha256 differs from the one the manifest {self.path!r} "
-                                "records (checksum differs: damaged or changed after the snapshot was written)")
+                problems.append(
+                    f"{place!r}: its sha256 differs from the one the manifest {self.path!r} "
+                    "records (checksum differs: damaged or changed after the snapshot was written)"
+                )
             else:
                 return data
         if not problems:
-            raise FileNotFoundError(f"{what}: file {path!r} does not exist (the snapshot manifest {self.path!r} "
-                                    "lists it)")
+            raise FileNotFoundError(
+                f"{what}: file {path!r} does not exist (the snapshot manifest {self.path!r} lists it)"
+            )
         raise DataFormatError(what, path, None, "does not match its manifest: " + "; ".join(problems))
 
 
@@ -333,8 +400,12 @@ def _array(data: bytes, dtype: str, path: str, what: str, count: int | None = No
     item = np.dtype(dtype).itemsize
     name = np.dtype(dtype).name
     if count is not None and len(data) != item * count:
-        raise DataFormatError(what, path, None, f"holds {len(data)} bytes; this model needs exactly "
-                                                f"{item * count} ({count} {name} values{why})")
+        raise DataFormatError(
+            what,
+            path,
+            None,
+            f"holds {len(data)} bytes; this model needs exactly {item * count} ({count} {name} values{why})",
+        )
     if len(data) % item:
         raise DataFormatError(what, path, None, f"{len(data)} bytes is not a whole number of {name} values")
     return np.frombuffer(data, dtype=dtype)

@@ -16,6 +16,7 @@ JSON reader), the model name, the table index and emb_vec_size against the table
 embedding_vecsize_per_table. At each call: integer keys, each valid for the model's key width
 (supportlonglong), at most maxnum_catfeature_query_per_table_per_sample x max_batch_size of them.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,7 @@ from numbactr.inference.hps import HPS
 
 __all__ = ["LookupLayer"]
 
-_SERVERS: dict = {}                     # abspath of an HPS JSON -> its HPS (one per process)
+_SERVERS: dict = {}  # abspath of an HPS JSON -> its HPS (one per process)
 _LOCK = threading.Lock()
 
 
@@ -62,15 +63,20 @@ class LookupLayer(torch.nn.Module):
         hps = _server(ps_config_file)
         model = hps.config.models.get(model_name)
         if model is None:
-            raise KeyError(f"hps_torch.LookupLayer: model {model_name!r} is not in {ps_config_file!r}; its models: "
-                           f"{sorted(hps.config.models)}")
+            raise KeyError(
+                f"hps_torch.LookupLayer: model {model_name!r} is not in {ps_config_file!r}; its models: "
+                f"{sorted(hps.config.models)}"
+            )
         dims = hps.ps.cache(model_name).dims
         if not isinstance(table_id, int) or not 0 <= table_id < len(dims):
-            raise ValueError(f"hps_torch.LookupLayer: model {model_name!r} has tables 0..{len(dims) - 1}, not "
-                             f"table_id={table_id!r}")
+            raise ValueError(
+                f"hps_torch.LookupLayer: model {model_name!r} has tables 0..{len(dims) - 1}, not table_id={table_id!r}"
+            )
         if int(emb_vec_size) != int(dims[table_id]):
-            raise ValueError(f"hps_torch.LookupLayer: emb_vec_size={emb_vec_size}, but table {table_id} of model "
-                             f"{model_name!r} has vectors of {int(dims[table_id])} (embedding_vecsize_per_table)")
+            raise ValueError(
+                f"hps_torch.LookupLayer: emb_vec_size={emb_vec_size}, but table {table_id} of model "
+                f"{model_name!r} has vectors of {int(dims[table_id])} (embedding_vecsize_per_table)"
+            )
         self._hps = hps
 
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
@@ -85,5 +91,7 @@ class LookupLayer(torch.nn.Module):
         return out.to(keys.device)
 
     def extra_repr(self) -> str:
-        return (f"ps_config_file={self.ps_config_file!r}, model_name={self.model_name!r}, "
-                f"table_id={self.table_id}, emb_vec_size={self.emb_vec_size}")
+        return (
+            f"ps_config_file={self.ps_config_file!r}, model_name={self.model_name!r}, "
+            f"table_id={self.table_id}, emb_vec_size={self.emb_vec_size}"
+        )

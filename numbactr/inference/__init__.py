@@ -11,18 +11,41 @@ backends.py  the database tiers: in-process hash map, Redis (redis client), Rock
 hps.py       ParameterServer (tiers filled from the sparse model folders), the embedding cache, HPS
 session.py   InferenceSession / CreateInferenceSession, InferenceModel
 """
+
 from numbactr.inference.backends import BackendError
 from numbactr.inference.hps import HPS, ParameterServer
-from numbactr.inference.params import (DatabaseOverflowPolicy_t, DatabaseType_t, EmbeddingCacheType_t, InferenceParams,
-                     ParameterServerConfig, PersistentDatabaseParams, UpdateSourceParams, UpdateSourceType_t,
-                     VolatileDatabaseParams, pybind_members)
+from numbactr.inference.params import (
+    DatabaseOverflowPolicy_t,
+    DatabaseType_t,
+    EmbeddingCacheType_t,
+    InferenceParams,
+    ParameterServerConfig,
+    PersistentDatabaseParams,
+    UpdateSourceParams,
+    UpdateSourceType_t,
+    VolatileDatabaseParams,
+    pybind_members,
+)
 from numbactr.inference.session import CreateInferenceSession, InferenceModel, InferenceSession
 
 # pybind's export_values(): the enum members are module attributes too (hugectr.inference.Dynamic)
 globals().update({m.name: m for m in EmbeddingCacheType_t})
-globals().update(pybind_members(EmbeddingCacheType_t))       # and HugeCTR's own names: hugectr.inference.dynamic
+globals().update(pybind_members(EmbeddingCacheType_t))  # and HugeCTR's own names: hugectr.inference.dynamic
 
-__all__ = ["BackendError", "CreateInferenceSession", "DatabaseOverflowPolicy_t", "DatabaseType_t",
-           "EmbeddingCacheType_t", "HPS", "InferenceModel", "InferenceParams", "InferenceSession", "ParameterServer",
-           "ParameterServerConfig", "PersistentDatabaseParams", "UpdateSourceParams", "UpdateSourceType_t",
-           "VolatileDatabaseParams"]
+__all__ = [
+    "BackendError",
+    "CreateInferenceSession",
+    "DatabaseOverflowPolicy_t",
+    "DatabaseType_t",
+    "EmbeddingCacheType_t",
+    "HPS",
+    "InferenceModel",
+    "InferenceParams",
+    "InferenceSession",
+    "ParameterServer",
+    "ParameterServerConfig",
+    "PersistentDatabaseParams",
+    "UpdateSourceParams",
+    "UpdateSourceType_t",
+    "VolatileDatabaseParams",
+]

@@ -21,6 +21,7 @@ one cluster node), field = the key's bytes, value = the vector's bytes. Requests
 RocksDBBackend (HugeCTR's RocksDB): an embedded RocksDB (rocksdict) at ``path``, one column family per
 table, key bytes -> vector bytes; it outlives the process and may be larger than memory.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,14 @@ import numpy as np
 from numbactr.embedding.hash_table import HashTable
 from numbactr.inference.params import DatabaseType_t
 
-__all__ = ["HashMapBackend", "RedisClusterBackend", "RocksDBBackend", "make_volatile", "make_persistent",
-           "BackendError"]
+__all__ = [
+    "HashMapBackend",
+    "RedisClusterBackend",
+    "RocksDBBackend",
+    "make_volatile",
+    "make_persistent",
+    "BackendError",
+]
 
 
 class BackendError(RuntimeError):
@@ -39,7 +46,7 @@ class BackendError(RuntimeError):
 
 def _key_bytes(keys: np.ndarray) -> list:
     raw = np.ascontiguousarray(keys, dtype="<u8").tobytes()
-    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
 
 
 def _decode(blobs: list, width: int, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -50,24 +57,29 @@ def _decode(blobs: list, width: int, what: str) -> tuple[np.ndarray, np.ndarray]
         got = [b for b in blobs if b is not None]
         bad = next((len(b) for b in got if len(b) != 4 * width), None)
         if bad is not None:
-            raise BackendError(f"{what}: a stored vector holds {bad} bytes; this table's vectors are {width} "
-                               f"float32 ({4 * width} bytes): the database holds another model's table of that name")
+            raise BackendError(
+                f"{what}: a stored vector holds {bad} bytes; this table's vectors are {width} "
+                f"float32 ({4 * width} bytes): the database holds another model's table of that name"
+            )
         values[found] = np.frombuffer(b"".join(got), "<f4").reshape(-1, width)
     return values, found
 
 
 class HashMapBackend:
     """In-process table store (module docstring)."""
+
     name = "HashMap"
 
     def __init__(self, params=None):
-        self.tables: dict[str, list] = {}             # tag -> [HashTable, values (V, D)]
+        self.tables: dict[str, list] = {}  # tag -> [HashTable, values (V, D)]
 
     def _grow(self, tag: str, need: int, width: int) -> list:
         entry = self.tables.get(tag)
         if entry is None:
-            entry = self.tables[tag] = [HashTable(1024, use_kernels=False, compiled=True),
-                                        np.zeros((1024, width), np.float32)]
+            entry = self.tables[tag] = [
+                HashTable(1024, use_kernels=False, compiled=True),
+                np.zeros((1024, width), np.float32),
+            ]
         index, values = entry
         if values.shape[1] != width:
             raise BackendError(f"HashMap table {tag!r} holds vectors of width {values.shape[1]}, not {width}")
@@ -76,9 +88,9 @@ class HashMapBackend:
             while cap < need:
                 cap *= 2
             bigger = HashTable(cap, use_kernels=False, compiled=True)
-            bigger.insert(index.keys_by_row())          # row order in, row order out: rows are kept
+            bigger.insert(index.keys_by_row())  # row order in, row order out: rows are kept
             grown = np.zeros((cap, width), np.float32)
-            grown[:index.size] = values[:index.size]
+            grown[: index.size] = values[: index.size]
             entry[:] = [bigger, grown]
         return entry
 
@@ -107,6 +119,7 @@ class HashMapBackend:
 class RedisClusterBackend:
     """Redis tier (module docstring); a server that cannot be reached is a BackendError naming
     volatile_db.address."""
+
     name = "RedisCluster"
 
     def __init__(self, params):
@@ -114,16 +127,22 @@ class RedisClusterBackend:
             import redis
             from redis.cluster import ClusterNode, RedisCluster
         except ImportError:
-            raise BackendError("volatile_db.type RedisCluster needs the redis client library, which is not "
-                               "installed: pip install redis (or numbactr's [hps] extra)") from None
+            raise BackendError(
+                "volatile_db.type RedisCluster needs the redis client library, which is not "
+                "installed: pip install redis (or numbactr's [hps] extra)"
+            ) from None
         self.params = params
         nodes, seed_only = _redis_nodes(params.address)
         kw = dict(socket_connect_timeout=5, socket_timeout=30)
         if params.password:
             kw.update(username=params.user_name, password=params.password)
         if params.enable_tls:
-            kw.update(ssl=True, ssl_ca_certs=params.tls_ca_certificate, ssl_certfile=params.tls_client_certificate,
-                      ssl_keyfile=params.tls_client_key)
+            kw.update(
+                ssl=True,
+                ssl_ca_certs=params.tls_ca_certificate,
+                ssl_certfile=params.tls_client_certificate,
+                ssl_keyfile=params.tls_client_key,
+            )
         try:
             if seed_only or len(nodes) == 1:
                 # HugeCTR's form: one node (the first of a ',' list) that a cluster client starts from; a
@@ -137,9 +156,11 @@ class RedisClusterBackend:
                 self.client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **kw)
             self.client.ping()
         except (redis.RedisError, redis.exceptions.RedisClusterException) as e:
-            raise BackendError(f"volatile_db (RedisCluster) at {params.address!r} cannot be reached: {e} (set "
-                               "volatile_db.address to a running redis-server, or volatile_db.type to another "
-                               "backend)") from None
+            raise BackendError(
+                f"volatile_db (RedisCluster) at {params.address!r} cannot be reached: {e} (set "
+                "volatile_db.address to a running redis-server, or volatile_db.type to another "
+                "backend)"
+            ) from None
 
     def _hkey(self, tag: str, part: int) -> str:
         return f"hps_et{{{tag}/p{part}}}v"
@@ -152,6 +173,7 @@ class RedisClusterBackend:
 
     def _run(self, what: str, fn):
         import redis
+
         try:
             return fn()
         except redis.RedisError as e:
@@ -163,7 +185,7 @@ class RedisClusterBackend:
         for part, pos in self._parts(keys):
             hkey = self._hkey(tag, part)
             for lo in range(0, pos.size, step):
-                sel = pos[lo:lo + step]
+                sel = pos[lo : lo + step]
                 mapping = dict(zip(_key_bytes(keys[sel]), (v.tobytes() for v in vals[sel])))
                 self._run(f"HSET {hkey}", lambda: self.client.hset(hkey, mapping=mapping))
 
@@ -173,15 +195,17 @@ class RedisClusterBackend:
         for part, pos in self._parts(keys):
             hkey = self._hkey(tag, part)
             for lo in range(0, pos.size, step):
-                sel = pos[lo:lo + step]
+                sel = pos[lo : lo + step]
                 got = self._run(f"HMGET {hkey}", lambda: self.client.hmget(hkey, _key_bytes(keys[sel])))
                 for i, b in zip(sel.tolist(), got):
                     blobs[i] = b
         return _decode(blobs, width, f"RedisCluster table {tag!r}")
 
     def size(self, tag: str) -> int:
-        return sum(self._run("HLEN", lambda p=p: self.client.hlen(self._hkey(tag, p)))
-                   for p in range(self.params.num_partitions))
+        return sum(
+            self._run("HLEN", lambda p=p: self.client.hlen(self._hkey(tag, p)))
+            for p in range(self.params.num_partitions)
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -202,8 +226,10 @@ def _redis_nodes(address: str) -> tuple[list, bool]:
         part = part.strip()
         host, _, port = part.rpartition(":") if ":" in part else (part, "", "6379")
         if not host or not port.isdigit():
-            raise BackendError(f"volatile_db.address {address!r}: {part!r} is not host[:port] (the address is "
-                               "'host[:port][,host[:port]...]', of which the first is used)")
+            raise BackendError(
+                f"volatile_db.address {address!r}: {part!r} is not host[:port] (the address is "
+                "'host[:port][,host[:port]...]', of which the first is used)"
+            )
         nodes.append((host, int(port)))
     if not nodes:
         raise BackendError(f"volatile_db.address {address!r} names no host[:port]")
@@ -213,14 +239,17 @@ def _redis_nodes(address: str) -> tuple[list, bool]:
 class RocksDBBackend:
     """RocksDB tier (module docstring); a path that cannot be opened is a BackendError naming
     persistent_db.path."""
+
     name = "RocksDB"
 
     def __init__(self, params):
         try:
             from rocksdict import AccessType, Options, Rdict
         except ImportError:
-            raise BackendError("persistent_db.type RocksDB needs rocksdict (an embedded RocksDB), which is not "
-                               "installed: pip install rocksdict (or numbactr's [hps] extra)") from None
+            raise BackendError(
+                "persistent_db.type RocksDB needs rocksdict (an embedded RocksDB), which is not "
+                "installed: pip install rocksdict (or numbactr's [hps] extra)"
+            ) from None
         self.params = params
         self._opt = Options(raw_mode=True)
         self._opt.create_if_missing(not params.read_only)
@@ -228,9 +257,11 @@ class RocksDBBackend:
         access = AccessType.read_only() if params.read_only else AccessType.read_write()
         try:
             self.db = Rdict(params.path, self._opt, access_type=access)
-        except Exception as e:       # noqa: BLE001 (rocksdict raises plain Exception: missing, locked, corrupt)
-            raise BackendError(f"persistent_db (RocksDB) at path {params.path!r} cannot be opened"
-                               f"{' read-only' if params.read_only else ''}: {e} (persistent_db.path)") from None
+        except Exception as e:  # noqa: BLE001 (rocksdict raises plain Exception: missing, locked, corrupt)
+            raise BackendError(
+                f"persistent_db (RocksDB) at path {params.path!r} cannot be opened"
+                f"{' read-only' if params.read_only else ''}: {e} (persistent_db.path)"
+            ) from None
         self._cfs = {}
 
     def _family(self, tag: str, create: bool):
@@ -238,7 +269,7 @@ class RocksDBBackend:
         if cf is None:
             try:
                 cf = self.db.get_column_family(tag)
-            except Exception:        # noqa: BLE001 (no such column family)
+            except Exception:  # noqa: BLE001 (no such column family)
                 if not create:
                     return None
                 cf = self.db.create_column_family(tag, self._opt)
@@ -247,9 +278,12 @@ class RocksDBBackend:
 
     def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
         from rocksdict import WriteBatch
+
         if self.params.read_only:
-            raise BackendError(f"persistent_db (RocksDB) at {self.params.path!r} is read_only: nothing can be "
-                               "inserted (persistent_db.read_only)")
+            raise BackendError(
+                f"persistent_db (RocksDB) at {self.params.path!r} is read_only: nothing can be "
+                "inserted (persistent_db.read_only)"
+            )
         self._family(tag, True)
         handle = self.db.get_column_family_handle(tag)
         vals = np.ascontiguousarray(values, "<f4")
@@ -257,7 +291,7 @@ class RocksDBBackend:
         for lo in range(0, keys.shape[0], step):
             batch = WriteBatch(raw_mode=True)
             batch.set_default_column_family(handle)
-            for k, v in zip(_key_bytes(keys[lo:lo + step]), vals[lo:lo + step]):
+            for k, v in zip(_key_bytes(keys[lo : lo + step]), vals[lo : lo + step]):
                 batch.put(k, v.tobytes())
             self.db.write(batch)
 
@@ -268,7 +302,7 @@ class RocksDBBackend:
         blobs = []
         step = self.params.max_batch_size
         for lo in range(0, keys.shape[0], step):
-            blobs += cf.get(_key_bytes(keys[lo:lo + step]))
+            blobs += cf.get(_key_bytes(keys[lo : lo + step]))
         return _decode(blobs, width, f"RocksDB table {tag!r}")
 
     def size(self, tag: str) -> int:
@@ -289,7 +323,7 @@ def make_volatile(params):
         return None
     if t in (DatabaseType_t.HashMap, DatabaseType_t.ParallelHashMap):
         return HashMapBackend(params)
-    return RedisClusterBackend(params)          # (the params checked that nothing else gets here)
+    return RedisClusterBackend(params)  # (the params checked that nothing else gets here)
 
 
 def make_persistent(params):

@@ -38,6 +38,7 @@ A key whose vector no tier has and whose default is 0 comes back as row -1: the 
 nothing for it but still counts it in a mean, exactly what training's evaluation does with an unseen key,
 so predictions equal the trained model's bit for bit.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -61,8 +62,8 @@ from numbactr.inference.params import ParameterServerConfig, make_tag_name
 
 __all__ = ["ParameterServer", "ModelCache", "HPS", "TierStats", "SLAB", "lane_stride"]
 
-SLAB = 64                  # HugeCTR's cache unit: SLAB_SIZE 32 x SET_ASSOCIATIVITY 2 keys
-_FIRST_ROWS = 1024         # rows of a cache's key -> row table before it doubles
+SLAB = 64  # HugeCTR's cache unit: SLAB_SIZE 32 x SET_ASSOCIATIVITY 2 keys
+_FIRST_ROWS = 1024  # rows of a cache's key -> row table before it doubles
 
 
 def lane_stride(dim: int) -> int:
@@ -73,6 +74,7 @@ def lane_stride(dim: int) -> int:
 @dataclass
 class TierStats:
     """Keys asked of a database tier and keys it had, since the server started."""
+
     queried: int = 0
     found: int = 0
 
@@ -91,8 +93,9 @@ class ParameterServer:
             self.persistent = make_persistent(config.persistent_db)
             first = {name: self._load(name, m) for name, m in config.models.items()}
             if self.volatile is None and self.persistent is None:
-                log.warn("HPS: volatile_db and persistent_db are both Disabled: every embedding is its table's "
-                         "default value")
+                log.warn(
+                    "HPS: volatile_db and persistent_db are both Disabled: every embedding is its table's default value"
+                )
             for name, m in config.models.items():
                 self._caches[name] = ModelCache(self, name, m, self.key_counts[name], first[name])
         except BaseException:
@@ -109,8 +112,11 @@ class ParameterServer:
         fill_per = self.persistent is not None and per.initialize_after_startup
         for t, (table, folder, vec) in enumerate(zip(m.names, m.files, m.vec_sizes)):
             what = f"model {name!r} table {table!r} (sparse_model_files[{t}])"
-            need_keys = fill_vol or fill_per or (p.use_gpu_embedding_cache and p.init_ec
-                                                 and p.cache_refresh_percentage_per_iteration > 0)
+            need_keys = (
+                fill_vol
+                or fill_per
+                or (p.use_gpu_embedding_cache and p.init_ec and p.cache_refresh_percentage_per_iteration > 0)
+            )
             if not need_keys:
                 key_file = os.path.join(folder, "key")
                 if not os.path.isfile(key_file):
@@ -119,10 +125,12 @@ class ParameterServer:
                 first.append(np.zeros(0, np.uint64))
                 continue
             keys, vectors = read_sparse_model(folder, table, vec)
-            if not p.i64_input_key and keys.size and int(keys.max()) >= 2 ** 32:
-                i = int(np.argmax(keys >= 2 ** 32))
-                raise ValueError(f"HPS: {what}: key {int(keys[i])} at position {i} of {folder!r} does not fit the "
-                                 "32-bit keys of i64_input_key=False")
+            if not p.i64_input_key and keys.size and int(keys.max()) >= 2**32:
+                i = int(np.argmax(keys >= 2**32))
+                raise ValueError(
+                    f"HPS: {what}: key {int(keys[i])} at position {i} of {folder!r} does not fit the "
+                    "32-bit keys of i64_input_key=False"
+                )
             counts.append(int(keys.shape[0]))
             first.append(keys)
             tag = make_tag_name(name, table)
@@ -149,13 +157,17 @@ class ParameterServer:
             return num_key
         amount = min(num_key, int(vol.initial_cache_rate * capacity + 0.5))
         if home:
-            log.info(f"HPS: {what}: {num_key} keys exceed the volatile database's capacity {capacity} "
-                     f"(overflow_margin x num_partitions); it takes the first {amount} (initial_cache_rate "
-                     f"{vol.initial_cache_rate}), the persistent database all of them")
+            log.info(
+                f"HPS: {what}: {num_key} keys exceed the volatile database's capacity {capacity} "
+                f"(overflow_margin x num_partitions); it takes the first {amount} (initial_cache_rate "
+                f"{vol.initial_cache_rate}), the persistent database all of them"
+            )
             return amount
-        log.warn(f"HPS: {what}: {num_key} keys exceed the volatile database's capacity {capacity} "
-                 "(overflow_margin x num_partitions), but no persistent database filled at start holds them: "
-                 "the volatile database keeps every key (numbactr has no overflow handling)")
+        log.warn(
+            f"HPS: {what}: {num_key} keys exceed the volatile database's capacity {capacity} "
+            "(overflow_margin x num_partitions), but no persistent database filled at start holds them: "
+            "the volatile database keeps every key (numbactr has no overflow handling)"
+        )
         return num_key
 
     def cache(self, model_name: str) -> "ModelCache":
@@ -178,8 +190,12 @@ class ParameterServer:
             self.stats[name].queried += int(rest.size)
             self.stats[name].found += int(f.sum())
             values[rest[f]], found[rest[f]] = v[f], True
-            if name == "persistent" and self.volatile is not None and f.any() and \
-                    self.config.volatile_db.cache_missed_embeddings:
+            if (
+                name == "persistent"
+                and self.volatile is not None
+                and f.any()
+                and self.config.volatile_db.cache_missed_embeddings
+            ):
                 self.volatile.insert(tag, keys[rest[f]], v[f])
             rest = rest[~f]
         return values, found
@@ -212,8 +228,8 @@ class ModelCache:
         self.defaults = p.default_values(len(m.names))
         self.dims = list(m.vec_sizes)
         self.strides = [lane_stride(d) for d in self.dims]
-        self.queried = [0] * len(self.dims)           # distinct keys asked per table
-        self.hits = [0] * len(self.dims)              # of them found in the cache
+        self.queried = [0] * len(self.dims)  # distinct keys asked per table
+        self.hits = [0] * len(self.dims)  # of them found in the cache
         self.enabled = bool(p.use_gpu_embedding_cache)
         if not self.enabled:
             return
@@ -225,7 +241,7 @@ class ModelCache:
         self.buffers = [self.xp.zeros((c, s), np.float32) for c, s in zip(self.capacities, self.strides)]
         if p.cache_refresh_percentage_per_iteration > 0 and p.init_ec:
             for t, keys in enumerate(first_keys):
-                self._insert(t, keys[:self.capacities[t]])
+                self._insert(t, keys[: self.capacities[t]])
 
     def _new_index(self, rows: int) -> HashTable:
         return HashTable(rows, use_kernels=self.kernels, xp=self.xp, compiled=not self.kernels)
@@ -261,11 +277,11 @@ class ModelCache:
         of first occurrence (only keys the table does not know are sorted, to de-duplicate them)."""
         if not self.enabled or self.kernels:
             uniq, inv = np.unique(keys, return_inverse=True)
-            block = block_for(uniq.shape[0] + 1)       # + 1: the row of a non-zero default value
+            block = block_for(uniq.shape[0] + 1)  # + 1: the row of a non-zero default value
             return self.lookup(t, uniq, block)[inv.reshape(-1)]
         n = keys.shape[0]
         index = self.index[t]
-        lin = index.find(keys)                                           # (N,) index row, -1 unknown key
+        lin = index.find(keys)  # (N,) index row, -1 unknown key
         mark = self._marks(t)
         uniq, first, occ = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
         u = int(first_occurrences(lin, mark, uniq, first, occ))
@@ -299,10 +315,10 @@ class ModelCache:
         block = block_for(d_keys.shape[0] + 1)
         rows_of = self._serve(t, d_keys, d_lin, d_slot, d_slot >= 0, block, np.full(d_keys.shape[0], -1, np.int64))
         rank = np.empty(miss_keys.size, np.int64)
-        rank[order] = np.arange(miss_keys.size)                  # position of miss j in d_keys, less h
-        at = np.empty(u, np.int64)                                # position of uniq[i] in d_keys
+        rank[order] = np.arange(miss_keys.size)  # position of miss j in d_keys, less h
+        at = np.empty(u, np.int64)  # position of uniq[i] in d_keys
         at[hit] = np.arange(h)
-        at[~hit] = h + rank[:u - h]
+        at[~hit] = h + rank[: u - h]
         out = np.empty(n, np.int64)
         known = occ >= 0
         out[known] = rows_of[at[occ[known]]]
@@ -326,13 +342,28 @@ class ModelCache:
             scratch = self._serve_scratch = np.empty(max(n, 1024), np.int64)
         out = np.empty((offsets.shape[0] - 1, self.dims[t]), np.float32)
         cache = self.cache
-        u = _serve_cached_cpu(tkeys, trows, keys, offsets, cache.row_slot, int(cache.row_offsets[t]),
-                              int(cache.slot_offsets[t]), self.buffers[t].reshape(-1), self.strides[t], self.dims[t],
-                              bool(mean), scratch, cache.stamp, cache.freq, cache.clock + 1,
-                              np.empty(self.dims[t], np.float32), out.reshape(-1))
+        u = _serve_cached_cpu(
+            tkeys,
+            trows,
+            keys,
+            offsets,
+            cache.row_slot,
+            int(cache.row_offsets[t]),
+            int(cache.slot_offsets[t]),
+            self.buffers[t].reshape(-1),
+            self.strides[t],
+            self.dims[t],
+            bool(mean),
+            scratch,
+            cache.stamp,
+            cache.freq,
+            cache.clock + 1,
+            np.empty(self.dims[t], np.float32),
+            out.reshape(-1),
+        )
         if u < 0:
             return None
-        cache.clock += 1                      # the stamp the pass gave the request's rows (touch_cached's tick)
+        cache.clock += 1  # the stamp the pass gave the request's rows (touch_cached's tick)
         self.queried[t] += u
         self.hits[t] += u
         return out
@@ -361,7 +392,7 @@ class ModelCache:
             self._touch(t, lin[xp.asarray(hit_pos)])
         if not miss_pos.size:
             return rows_of
-        if h / u >= self.params.hit_rate_threshold:       # HugeCTR's asynchronous mode: defaults now
+        if h / u >= self.params.hit_rate_threshold:  # HugeCTR's asynchronous mode: defaults now
             found = np.zeros(miss_pos.size, bool)
             self._answer(t, None, found, miss_pos, block, h, rows_of)
             self._insert(t, keys[miss_pos], keep=lin[xp.asarray(hit_pos)])
@@ -376,10 +407,10 @@ class ModelCache:
         default value for the keys not found; rows_of[pos] says which row each key reads."""
         n_found = int(found.sum())
         if n_found:
-            block[start:start + n_found, :self.dims[t]] = self._dev(values[found])
+            block[start : start + n_found, : self.dims[t]] = self._dev(values[found])
             rows_of[pos[found]] = start + np.arange(n_found)
         if n_found < pos.size and self.defaults[t] != 0.0:
-            block[start + n_found, :self.dims[t]] = self.defaults[t]
+            block[start + n_found, : self.dims[t]] = self.defaults[t]
             rows_of[pos[~found]] = start + n_found
         return rows_of
 
@@ -412,7 +443,7 @@ class ModelCache:
         # plan.misses are the new rows, ascending; their victims are the slots they now hold
         order = np.argsort(device.to_host(lin) if self.kernels else lin, kind="stable")
         src = np.zeros((m, self.strides[t]), np.float32)
-        src[:, :self.dims[t]] = values[order]
+        src[:, : self.dims[t]] = values[order]
         self._rows_to(self.buffers[t], plan.victims - self.cache.slot_offsets[t], src)
         self.cache.finish(plan)
 
@@ -436,7 +467,7 @@ class ModelCache:
         if self.kernels:
             KC.gather_rows(buf, self.xp.ascontiguousarray(idx), out)
         else:
-            np.take(buf, idx, axis=0, out=out)          # no temporary of the gathered rows
+            np.take(buf, idx, axis=0, out=out)  # no temporary of the gathered rows
 
     def _rows_to(self, buf, idx: np.ndarray, src: np.ndarray) -> None:
         """buf[idx] <- src (n, stride) host rows."""
@@ -452,12 +483,16 @@ class ModelCache:
         the cache is off or that percentage is 0, as in HugeCTR)."""
         pct = self.params.cache_refresh_percentage_per_iteration
         if not self.enabled:
-            log.warn(f"HPS model {self.name!r}: the embedding cache is not enabled (use_gpu_embedding_cache) and "
-                     "cannot be refreshed")
+            log.warn(
+                f"HPS model {self.name!r}: the embedding cache is not enabled (use_gpu_embedding_cache) and "
+                "cannot be refreshed"
+            )
             return
         if pct <= 0:
-            log.warn(f"HPS model {self.name!r}: cache_refresh_percentage_per_iteration must be > 0 to refresh the "
-                     "embedding cache")
+            log.warn(
+                f"HPS model {self.name!r}: cache_refresh_percentage_per_iteration must be > 0 to refresh the "
+                "embedding cache"
+            )
             return
         slots, rows, _ = self.cache.held()
         for t in range(len(self.dims)):
@@ -467,10 +502,10 @@ class ModelCache:
             keys = device.to_host(self.index[t].keys_by_row())[rows[mine] - self.cache.row_offsets[t]]
             step = max(1, int(pct * self.capacities[t]))
             for a in range(0, keys.size, step):
-                values, found = self.ps.lookup(self.name, t, keys[a:a + step])
+                values, found = self.ps.lookup(self.name, t, keys[a : a + step])
                 src = np.zeros((int(found.sum()), self.strides[t]), np.float32)
-                src[:, :self.dims[t]] = values[found]
-                self._rows_to(self.buffers[t], local_slots[a:a + step][found], src)
+                src[:, : self.dims[t]] = values[found]
+                self._rows_to(self.buffers[t], local_slots[a : a + step][found], src)
 
 
 class HPS:
@@ -522,20 +557,25 @@ class HPS:
             if ov.array.dtype != np.float32:
                 raise TypeError(f"{who}: out_tensor must be float32, got {ov.array.dtype}")
             if ov.array.size < need:
-                raise ValueError(f"{who}: out_tensor {tuple(ov.array.shape)} holds {ov.array.size} values; "
-                                 f"{flat.shape[0]} keys x embedding_vec_size {width} of table {t} = {need} needed "
-                                 "(HugeCTR: out_tensor must hold at least number of keys x embedding vector size)")
+                raise ValueError(
+                    f"{who}: out_tensor {tuple(ov.array.shape)} holds {ov.array.size} values; "
+                    f"{flat.shape[0]} keys x embedding_vec_size {width} of table {t} = {need} needed "
+                    "(HugeCTR: out_tensor must hold at least number of keys x embedding vector size)"
+                )
             if not ov.contiguous:
-                raise ValueError(f"{who}: out_tensor {tuple(ov.array.shape)} is not C-contiguous; the vectors are "
-                                 "written key after key into its memory (pass a contiguous tensor)")
+                raise ValueError(
+                    f"{who}: out_tensor {tuple(ov.array.shape)} is not C-contiguous; the vectors are "
+                    "written key after key into its memory (pass a contiguous tensor)"
+                )
             vectors = self._lookup(flat, model_name, m, t, who)
             ov.write_flat(vectors.reshape(-1))
 
     def _table(self, model_name: str, table_id, who: str):
         m = self.config.models.get(model_name)
         if m is None:
-            raise KeyError(f"{who}: the model name {model_name!r} does not exist in HPS; models: "
-                           f"{sorted(self.config.models)}")
+            raise KeyError(
+                f"{who}: the model name {model_name!r} does not exist in HPS; models: {sorted(self.config.models)}"
+            )
         if not 0 <= int(table_id) < len(m.names):
             raise IndexError(f"{who}: model {model_name!r} has tables 0..{len(m.names) - 1}, not {table_id}")
         return m, int(table_id)
@@ -544,15 +584,17 @@ class HPS:
         """(n, D) float32 of table t's keys (n,) uint64 (checked)."""
         most = m.max_keys_per_sample[t] * m.params.max_batchsize
         if keys.shape[0] > most:
-            raise ValueError(f"{who}: {keys.shape[0]} keys; at most maxnum_catfeature_query_per_table_per_sample"
-                             f"[{t}] x max_batchsize = {most} per lookup")
+            raise ValueError(
+                f"{who}: {keys.shape[0]} keys; at most maxnum_catfeature_query_per_table_per_sample"
+                f"[{t}] x max_batchsize = {most} per lookup"
+            )
         uniq, inv = np.unique(keys, return_inverse=True)
         cache = self.ps.cache(model_name)
         block = self._block(model_name, t, uniq.shape[0] + 1, cache.strides[t])
         rows = cache.lookup(t, uniq, block)
         out = np.zeros((uniq.shape[0], cache.dims[t]), np.float32)
         have = rows >= 0
-        out[have] = device.to_host(block[:uniq.shape[0] + 1])[rows[have], :cache.dims[t]]
+        out[have] = device.to_host(block[: uniq.shape[0] + 1])[rows[have], : cache.dims[t]]
         return out[inv.reshape(-1)]
 
     def _block(self, model: str, t: int, rows: int, stride: int):
@@ -573,9 +615,15 @@ class _DLDataType(ctypes.Structure):
 
 
 class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
-                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
-                ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 class _DLManagedTensor(ctypes.Structure):
@@ -583,13 +631,19 @@ class _DLManagedTensor(ctypes.Structure):
 
 
 class _DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
 
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
-_DL_CODES = {0: "i", 1: "u", 2: "f"}             # kDLInt, kDLUInt, kDLFloat (bfloat16, complex: refused)
-_DL_READ_ONLY = 1                                # DLPACK_FLAG_BITMASK_READ_ONLY
+_DL_CODES = {0: "i", 1: "u", 2: "f"}  # kDLInt, kDLUInt, kDLFloat (bfloat16, complex: refused)
+_DL_READ_ONLY = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
 
 
 def _capsule_api():
@@ -618,11 +672,13 @@ class _DLPackView:
         elif hasattr(obj, "__dlpack__"):
             try:
                 self.capsule = obj.__dlpack__()
-            except Exception as e:          # noqa: BLE001 (each exporter raises its own kind)
+            except Exception as e:  # noqa: BLE001 (each exporter raises its own kind)
                 raise TypeError(f"{what}: {type(obj).__name__} cannot be exported through DLPack: {e}") from None
         else:
-            raise TypeError(f"{what}: expected a DLPack capsule (torch.utils.dlpack.to_dlpack(t)) or a tensor with "
-                            f"__dlpack__ (torch, NumPy, CuPy), got {type(obj).__name__}")
+            raise TypeError(
+                f"{what}: expected a DLPack capsule (torch.utils.dlpack.to_dlpack(t)) or a tensor with "
+                f"__dlpack__ (torch, NumPy, CuPy), got {type(obj).__name__}"
+            )
         self._parse(writable)
 
     def _parse(self, writable: bool) -> None:
@@ -637,9 +693,15 @@ class _DLPackView:
         else:
             name = api.PyCapsule_GetName(cap)
             used = name is not None and name.startswith(b"used_")
-            raise ValueError(f"{what}: " + ("the DLPack capsule was already consumed (a capsule can be turned into "
-                                            "a tensor once; pass a fresh to_dlpack() capsule)" if used else
-                                            f"the capsule is not a DLPack tensor (its name is {name!r})"))
+            raise ValueError(
+                f"{what}: "
+                + (
+                    "the DLPack capsule was already consumed (a capsule can be turned into "
+                    "a tensor once; pass a fresh to_dlpack() capsule)"
+                    if used
+                    else f"the capsule is not a DLPack tensor (its name is {name!r})"
+                )
+            )
         code, bits, lanes = dl.dtype.code, dl.dtype.bits, dl.dtype.lanes
         if code not in _DL_CODES or lanes != 1 or bits not in (8, 16, 32, 64):
             raise TypeError(f"{what}: unsupported DLPack dtype (code {code}, {bits} bits, {lanes} lanes)")
@@ -663,15 +725,25 @@ class _DLPackView:
         elif kind == _DL_CUDA:
             try:
                 from numba import cuda
+
                 if not cuda.is_available():
                     raise RuntimeError("no CUDA device")
-            except Exception as e:          # noqa: BLE001
-                raise ValueError(f"{what}: the tensor is on CUDA device {dl.device.device_id}, but this process has "
-                                 f"no CUDA ({e})") from None
+            except Exception as e:  # noqa: BLE001
+                raise ValueError(
+                    f"{what}: the tensor is on CUDA device {dl.device.device_id}, but this process has no CUDA ({e})"
+                ) from None
             self.on_gpu = True
             self.array = cuda.from_cuda_array_interface(
-                {"shape": shape, "typestr": dtype.str, "data": (ptr, not writable), "version": 2,
-                 "strides": byte_strides if n else None}, owner=cap, sync=False)
+                {
+                    "shape": shape,
+                    "typestr": dtype.str,
+                    "data": (ptr, not writable),
+                    "version": 2,
+                    "strides": byte_strides if n else None,
+                },
+                owner=cap,
+                sync=False,
+            )
         else:
             raise ValueError(f"{what}: DLPack device type {kind} is not supported (CPU or CUDA)")
 
@@ -692,9 +764,9 @@ class _DLPackView:
         if self.on_gpu:
             flat = self.array.reshape(self.array.size) if self.array.size else self.array
             if values.size:
-                flat[:values.size].copy_to_device(np.ascontiguousarray(values))
+                flat[: values.size].copy_to_device(np.ascontiguousarray(values))
             return
-        self.array.reshape(-1)[:values.size] = values
+        self.array.reshape(-1)[: values.size] = values
 
 
 def check_keys(keys, i64: bool, what: str) -> np.ndarray:
@@ -706,16 +778,17 @@ def check_keys(keys, i64: bool, what: str) -> np.ndarray:
     if a.dtype.kind not in "iu":
         raise ValueError(f"{what}: keys must be integers, got {a.dtype}")
     if not i64:
-        bad = a.astype(np.uint64) >= 2 ** 32
+        bad = a.astype(np.uint64) >= 2**32
         if a.dtype.kind == "i":
             bad |= a < 0
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"{what}: key {int(a[i])} at position {i} does not fit the 32-bit keys of "
-                             "i64_input_key=False")
+            raise ValueError(
+                f"{what}: key {int(a[i])} at position {i} does not fit the 32-bit keys of i64_input_key=False"
+            )
     # 64-bit keys keep their bits (int64 -1 is 2**64 - 1), so a view serves; narrower ones are widened
     k = a.view(np.uint64) if a.dtype.itemsize == 8 and a.dtype.isnative else a.astype(np.uint64)
-    reserved = k == np.uint64(2 ** 64 - 1)
+    reserved = k == np.uint64(2**64 - 1)
     if reserved.any():
         i = int(np.argmax(reserved))
         raise ValueError(f"{what}: key -1 at position {i} is reserved (2**64 - 1 marks empty hash-table slots)")

@@ -7,6 +7,7 @@ include/hps/inference_utils.hpp, src/hps/inference_utils.cpp). Every argument is
 not act on warns (numbactr.IgnoredArgumentWarning) when it is set to something other than its default, and a
 value out of range is a ValueError naming the argument.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,18 @@ def _make_aliased(name: str, members: str, pybind_names: str) -> type:
     return _Enum(name, [(m, i) for i, m in enumerate(first)] + [(m, i) for i, m in enumerate(second)])
 
 
-DatabaseType_t = _make_aliased("DatabaseType_t",
-                               "Disabled HashMap ParallelHashMap MultiProcessHashMap RedisCluster RocksDB",
-                               "disabled hash_map parallel_hash_map multi_process_hash_map redis_cluster rocks_db")
-DatabaseOverflowPolicy_t = _make_aliased("DatabaseOverflowPolicy_t", "EvictRandom EvictLeastUsed EvictOldest",
-                                         "evict_random evict_least_used evict_oldest")
+DatabaseType_t = _make_aliased(
+    "DatabaseType_t",
+    "Disabled HashMap ParallelHashMap MultiProcessHashMap RedisCluster RocksDB",
+    "disabled hash_map parallel_hash_map multi_process_hash_map redis_cluster rocks_db",
+)
+DatabaseOverflowPolicy_t = _make_aliased(
+    "DatabaseOverflowPolicy_t", "EvictRandom EvictLeastUsed EvictOldest", "evict_random evict_least_used evict_oldest"
+)
 UpdateSourceType_t = _make_aliased("UpdateSourceType_t", "Null KafkaMessageQueue", "null kafka_message_queue")
-EmbeddingCacheType_t = _make_aliased("EmbeddingCacheType_t", "Dynamic Static UVM Stochastic",
-                                     "dynamic static uvm stochastic")
+EmbeddingCacheType_t = _make_aliased(
+    "EmbeddingCacheType_t", "Dynamic Static UVM Stochastic", "dynamic static uvm stochastic"
+)
 
 
 def pybind_members(*enums) -> dict:
@@ -46,25 +51,32 @@ def pybind_members(*enums) -> dict:
     UpdateSourceType_t on the top-level module, include/pybind/common_wrapper.hpp)."""
     return {n: m for e in enums for n, m in e.__members__.items() if n != m.name}
 
+
 # the names the HPS JSON accepts for each database type (HugeCTR's get_hps_database_type)
 _DB_NAMES = {
     DatabaseType_t.Disabled: ("disabled", "disable", "none"),
     DatabaseType_t.HashMap: ("hash_map", "hashmap", "hash", "map"),
     DatabaseType_t.ParallelHashMap: ("parallel_hash_map", "parallel_hashmap", "parallel_hash", "parallel_map"),
-    DatabaseType_t.MultiProcessHashMap: ("multi_process_hash_map", "multi_process_hashmap", "multi_process_hash",
-                                         "multi_process_map"),
+    DatabaseType_t.MultiProcessHashMap: (
+        "multi_process_hash_map",
+        "multi_process_hashmap",
+        "multi_process_hash",
+        "multi_process_map",
+    ),
     DatabaseType_t.RedisCluster: ("redis_cluster", "redis"),
     DatabaseType_t.RocksDB: ("rocks_db", "rocksdb", "rocks"),
 }
-_POLICY_NAMES = {DatabaseOverflowPolicy_t.EvictRandom: "evict_random",
-                 DatabaseOverflowPolicy_t.EvictLeastUsed: "evict_least_used",
-                 DatabaseOverflowPolicy_t.EvictOldest: "evict_oldest"}
+_POLICY_NAMES = {
+    DatabaseOverflowPolicy_t.EvictRandom: "evict_random",
+    DatabaseOverflowPolicy_t.EvictLeastUsed: "evict_least_used",
+    DatabaseOverflowPolicy_t.EvictOldest: "evict_oldest",
+}
 _SOURCE_NAMES = {UpdateSourceType_t.Null: "null", UpdateSourceType_t.KafkaMessageQueue: "kafka_message_queue"}
 _CACHE_NAMES = {t: t.name.lower() for t in EmbeddingCacheType_t}
 
-TAG_PREFIX = "hps_et"                           # HugeCTR's PS_EMBEDDING_TABLE_TAG_PREFIX
+TAG_PREFIX = "hps_et"  # HugeCTR's PS_EMBEDDING_TABLE_TAG_PREFIX
 _TAG_PART = re.compile(r"[a-zA-Z0-9_\-]{1,120}")
-_NO_MARGIN = 2 ** 64 - 1                        # HugeCTR's overflow_margin default: std::numeric_limits<size_t>::max()
+_NO_MARGIN = 2**64 - 1  # HugeCTR's overflow_margin default: std::numeric_limits<size_t>::max()
 _FILTERS = ["^hps_.+$"]
 
 
@@ -72,8 +84,10 @@ def make_tag_name(model_name: str, table_name: str) -> str:
     """HugeCTR's name of one model's table in the databases: ``hps_et.<model>.<table>``."""
     for what, name in (("model_name", model_name), ("embedding table name", table_name)):
         if not isinstance(name, str) or not _TAG_PART.fullmatch(name):
-            raise ValueError(f"HPS: {what} {name!r} is invalid: it names database tables, so it must be 1-120 "
-                             "characters of letters, digits, '_' and '-'")
+            raise ValueError(
+                f"HPS: {what} {name!r} is invalid: it names database tables, so it must be 1-120 "
+                "characters of letters, digits, '_' and '-'"
+            )
     return f"{TAG_PREFIX}.{model_name}.{table_name}"
 
 
@@ -105,13 +119,14 @@ class VolatileDatabaseParams:
     start holds them all; without one it keeps every key (no row is lost) and warns.
     cache_missed_embeddings copies what the persistent tier found into it.
     """
+
     type: object = DatabaseType_t.ParallelHashMap
     address: str = "127.0.0.1:7000"
     user_name: str = "default"
     password: str = ""
     num_partitions: int = field(default_factory=lambda: min(16, os.cpu_count() or 1))
     allocation_rate: int = 256 * 1024 * 1024
-    shared_memory_size: int = 16 * 1024 ** 3
+    shared_memory_size: int = 16 * 1024**3
     shared_memory_name: str = "hctr_mp_hash_map_database"
     shared_memory_auto_remove: bool = True
     num_node_connections: int = 5
@@ -138,9 +153,11 @@ class VolatileDatabaseParams:
         _number(who, "initial_cache_rate", self.initial_cache_rate, 0.0, 1.0)
         _number(who, "overflow_resolution_target", self.overflow_resolution_target, 0.0, 1.0)
         if self.type == DatabaseType_t.MultiProcessHashMap:
-            raise NotImplementedError(f"{who}: type MultiProcessHashMap (volatile_db.type) is not implemented in "
-                                      "numbactr; to share one table between inference processes use "
-                                      "RedisCluster (a redis-server)")
+            raise NotImplementedError(
+                f"{who}: type MultiProcessHashMap (volatile_db.type) is not implemented in "
+                "numbactr; to share one table between inference processes use "
+                "RedisCluster (a redis-server)"
+            )
         if self.type == DatabaseType_t.RocksDB:
             raise ValueError(f"{who}: type RocksDB is a persistent database (persistent_db.type), not a volatile one")
         kept = "numbactr's volatile tier holds every key it is given (no overflow handling)"
@@ -148,16 +165,28 @@ class VolatileDatabaseParams:
         shm = "used only by MultiProcessHashMap"
         if self.overflow_margin != _NO_MARGIN:
             _number(who, "overflow_margin", self.overflow_margin, 1, integer=True)
-            warnings.warn(f"{who}: overflow_margin={self.overflow_margin!r} is ignored except at start: it only "
-                          "sizes the start-up fill (a table larger than overflow_margin x num_partitions keys puts "
-                          "initial_cache_rate of that many in the volatile tier when a persistent database holds "
-                          "them all); numbactr has no overflow handling, so later inserts (cache_missed_embeddings) "
-                          "are not bounded",
-                          IgnoredArgumentWarning, stacklevel=3)
-        _ignored(who, self, {"overflow_policy": kept, "overflow_resolution_target": kept,
-                             "allocation_rate": hashmap, "shared_memory_size": shm, "shared_memory_name": shm,
-                             "shared_memory_auto_remove": shm,
-                             "update_filters": "numbactr has no Kafka update source"})
+            warnings.warn(
+                f"{who}: overflow_margin={self.overflow_margin!r} is ignored except at start: it only "
+                "sizes the start-up fill (a table larger than overflow_margin x num_partitions keys puts "
+                "initial_cache_rate of that many in the volatile tier when a persistent database holds "
+                "them all); numbactr has no overflow handling, so later inserts (cache_missed_embeddings) "
+                "are not bounded",
+                IgnoredArgumentWarning,
+                stacklevel=3,
+            )
+        _ignored(
+            who,
+            self,
+            {
+                "overflow_policy": kept,
+                "overflow_resolution_target": kept,
+                "allocation_rate": hashmap,
+                "shared_memory_size": shm,
+                "shared_memory_name": shm,
+                "shared_memory_auto_remove": shm,
+                "update_filters": "numbactr has no Kafka update source",
+            },
+        )
 
 
 @dataclass
@@ -165,6 +194,7 @@ class PersistentDatabaseParams:
     """``hugectr.inference.PersistentDatabaseParams``: the disk tier. backend RocksDB (an embedded RocksDB
     through rocksdict at ``path``: one column family per table, which outlives the process) or Disabled.
     The Python argument is ``backend`` (HugeCTR's pybind name); the HPS JSON key is ``type``."""
+
     backend: object = DatabaseType_t.Disabled
     path: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "rocksdb"))
     num_threads: int = 16
@@ -179,11 +209,15 @@ class PersistentDatabaseParams:
         _number(who, "num_threads", self.num_threads, 1, integer=True)
         _number(who, "max_batch_size", self.max_batch_size, 1, integer=True)
         if self.backend not in (DatabaseType_t.Disabled, DatabaseType_t.RocksDB):
-            raise ValueError(f"{who}: backend {self.backend.name} (persistent_db.type) is not a persistent "
-                             "database; HugeCTR's persistent tier is RocksDB (or Disabled)")
+            raise ValueError(
+                f"{who}: backend {self.backend.name} (persistent_db.type) is not a persistent "
+                "database; HugeCTR's persistent tier is RocksDB (or Disabled)"
+            )
         if self.read_only and self.initialize_after_startup and self.backend == DatabaseType_t.RocksDB:
-            raise ValueError(f"{who}: read_only=True cannot be filled at start (initialize_after_startup=True); "
-                             "open a database another process filled with initialize_after_startup=False")
+            raise ValueError(
+                f"{who}: read_only=True cannot be filled at start (initialize_after_startup=True); "
+                "open a database another process filled with initialize_after_startup=False"
+            )
         _ignored(who, self, {"update_filters": "numbactr has no Kafka update source"})
 
     @property
@@ -196,6 +230,7 @@ class PersistentDatabaseParams:
 class UpdateSourceParams:
     """``hugectr.inference.UpdateSourceParams``: HugeCTR's Kafka stream of model updates. numbactr has no
     Kafka consumer: type KafkaMessageQueue is an error, the other arguments are accepted and unused."""
+
     type: object = UpdateSourceType_t.Null
     brokers: str = "127.0.0.1:9092"
     metadata_refresh_interval_ms: int = 30000
@@ -208,10 +243,12 @@ class UpdateSourceParams:
     def __post_init__(self):
         _enum("UpdateSourceParams", "type", self.type, UpdateSourceType_t)
         if self.type != UpdateSourceType_t.Null:
-            raise NotImplementedError("UpdateSourceParams: type KafkaMessageQueue (update_source.type) is not "
-                                      "implemented in numbactr: it has no Kafka consumer; refresh a model's tables "
-                                      "by writing the volatile or persistent database and calling "
-                                      "refresh_embedding_cache()")
+            raise NotImplementedError(
+                "UpdateSourceParams: type KafkaMessageQueue (update_source.type) is not "
+                "implemented in numbactr: it has no Kafka consumer; refresh a model's tables "
+                "by writing the volatile or persistent database and calling "
+                "refresh_embedding_cache()"
+            )
 
 
 def _enum(who: str, name: str, value, enum) -> None:
@@ -224,15 +261,18 @@ _GPU_TUNING = "a HugeCTR GPU tuning option; numbactr's results do not depend on 
 _PARAMS_IGNORED = {
     "use_mixed_precision": "numbactr's inference runs in float32 (training's mixed precision is not offered for inference)",
     "scaler": "the loss scaler matters only with mixed precision, which numbactr does not have",
-    "use_algorithm_search": _GPU_TUNING, "use_context_stream": _GPU_TUNING,
-    "number_of_worker_buffers_in_pool": _GPU_TUNING, "number_of_refresh_buffers_in_pool": _GPU_TUNING,
+    "use_algorithm_search": _GPU_TUNING,
+    "use_context_stream": _GPU_TUNING,
+    "number_of_worker_buffers_in_pool": _GPU_TUNING,
+    "number_of_refresh_buffers_in_pool": _GPU_TUNING,
     "thread_pool_size": "numbactr inserts cache misses in the lookup's own thread",
     "deployed_devices": "numbactr runs one device per process (the current numbactr device)",
     "device_id": "numbactr runs on the current numbactr device",
     "refresh_delay": "numbactr has no background cache refresh; call refresh_embedding_cache()",
     "refresh_interval": "numbactr has no background cache refresh; call refresh_embedding_cache()",
     "maxnum_des_feature_per_sample": "used by HugeCTR's Triton backend only",
-    "network_file": "used by HugeCTR's Triton backend only", "label_dim": "used by HugeCTR's Triton backend only",
+    "network_file": "used by HugeCTR's Triton backend only",
+    "label_dim": "used by HugeCTR's Triton backend only",
     "slot_num": "used by HugeCTR's Triton backend only",
     "use_static_table": "numbactr's embedding cache is dynamic (embedding_cache_type Dynamic)",
     "embedding_cache_type": "numbactr's embedding cache is dynamic (embedding_cache_type Dynamic)",
@@ -261,6 +301,7 @@ class InferenceParams:
     use_cuda_graph (the dense forward as CUDA graphs on a GPU, numbactr.train.cuda_graphs.ForwardGraphs; for now
     only with NUMBACTR_CUDA_GRAPHS=1 as well).
     """
+
     model_name: str
     max_batchsize: int
     hit_rate_threshold: float
@@ -320,8 +361,11 @@ class InferenceParams:
         self.sparse_model_files = [str(p) for p in self.sparse_model_files]
         if not isinstance(self.dense_model_file, str):
             raise ValueError(f"{who}: dense_model_file must be a path, got {self.dense_model_file!r}")
-        for name, kind in (("volatile_db", VolatileDatabaseParams), ("persistent_db", PersistentDatabaseParams),
-                           ("update_source", UpdateSourceParams)):
+        for name, kind in (
+            ("volatile_db", VolatileDatabaseParams),
+            ("persistent_db", PersistentDatabaseParams),
+            ("update_source", UpdateSourceParams),
+        ):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"{who}: {name} must be a {kind.__name__}, got {getattr(self, name)!r}")
         _enum(who, "embedding_cache_type", self.embedding_cache_type, EmbeddingCacheType_t)
@@ -346,9 +390,12 @@ def _fit_defaults(d: list, tables: int, stacklevel: int) -> list:
     if len(d) == 1:
         return d * tables
     value = d[0] if d else 0.0
-    warnings.warn(f"InferenceParams: default_value_for_each_table has {len(d)} values for {tables} embedding "
-                  f"tables (sparse_model_files); as in HugeCTR, every table gets its first value ({value})",
-                  IgnoredArgumentWarning, stacklevel=stacklevel + 1)
+    warnings.warn(
+        f"InferenceParams: default_value_for_each_table has {len(d)} values for {tables} embedding "
+        f"tables (sparse_model_files); as in HugeCTR, every table gets its first value ({value})",
+        IgnoredArgumentWarning,
+        stacklevel=stacklevel + 1,
+    )
     return [value] * tables
 
 
@@ -356,6 +403,7 @@ def _fit_defaults(d: list, tables: int, stacklevel: int) -> list:
 class ModelTables:
     """What the parameter server keeps of one model: its params and, per table (graph order), the name,
     vector width, most keys a sample queries, and sparse model folder."""
+
     params: InferenceParams
     names: list
     vec_sizes: list
@@ -375,10 +423,16 @@ class ParameterServerConfig:
     constructor); ParameterServerConfig.from_json(path): HugeCTR's HPS JSON file.
     """
 
-    def __init__(self, emb_table_name: dict, embedding_vec_size: dict, max_feature_num_per_sample_per_emb_table: dict,
-                 inference_params_array: list, volatile_db: VolatileDatabaseParams | None = None,
-                 persistent_db: PersistentDatabaseParams | None = None,
-                 update_source: UpdateSourceParams | None = None):
+    def __init__(
+        self,
+        emb_table_name: dict,
+        embedding_vec_size: dict,
+        max_feature_num_per_sample_per_emb_table: dict,
+        inference_params_array: list,
+        volatile_db: VolatileDatabaseParams | None = None,
+        persistent_db: PersistentDatabaseParams | None = None,
+        update_source: UpdateSourceParams | None = None,
+    ):
         self.volatile_db = volatile_db or VolatileDatabaseParams()
         self.persistent_db = persistent_db or PersistentDatabaseParams()
         self.update_source = update_source or UpdateSourceParams()
@@ -392,25 +446,33 @@ class ParameterServerConfig:
             if name in self.models:
                 raise ValueError(f"ParameterServerConfig: model {name!r} appears twice")
             per = {}
-            for key, d in (("emb_table_name", emb_table_name), ("embedding_vec_size", embedding_vec_size),
-                           ("max_feature_num_per_sample_per_emb_table", max_feature_num_per_sample_per_emb_table)):
+            for key, d in (
+                ("emb_table_name", emb_table_name),
+                ("embedding_vec_size", embedding_vec_size),
+                ("max_feature_num_per_sample_per_emb_table", max_feature_num_per_sample_per_emb_table),
+            ):
                 if name not in d:
                     raise ValueError(f"ParameterServerConfig: {key} has no entry for model {name!r}")
                 per[key] = list(d[name])
                 if len(per[key]) != len(p.sparse_model_files):
-                    raise ValueError(f"ParameterServerConfig: model {name!r} has {len(p.sparse_model_files)} "
-                                     f"sparse_model_files but {len(per[key])} entries in {key}")
+                    raise ValueError(
+                        f"ParameterServerConfig: model {name!r} has {len(p.sparse_model_files)} "
+                        f"sparse_model_files but {len(per[key])} entries in {key}"
+                    )
             for t in per["emb_table_name"]:
                 make_tag_name(name, t)
             for key in ("embedding_vec_size", "max_feature_num_per_sample_per_emb_table"):
                 for v in per[key]:
                     _number("ParameterServerConfig", f"{key}[{name!r}]", v, 1, integer=True)
             if p.i64_input_key != inference_params_array[0].i64_input_key:
-                raise ValueError("ParameterServerConfig: models disagree on i64_input_key; one parameter server "
-                                 "holds one key type (HugeCTR: 'Parameter server does not support hybrid key types')")
-            p.default_values(len(p.sparse_model_files))              # checks the count
-            self.models[name] = ModelTables(p, per["emb_table_name"], per["embedding_vec_size"],
-                                            per["max_feature_num_per_sample_per_emb_table"])
+                raise ValueError(
+                    "ParameterServerConfig: models disagree on i64_input_key; one parameter server "
+                    "holds one key type (HugeCTR: 'Parameter server does not support hybrid key types')"
+                )
+            p.default_values(len(p.sparse_model_files))  # checks the count
+            self.models[name] = ModelTables(
+                p, per["emb_table_name"], per["embedding_vec_size"], per["max_feature_num_per_sample_per_emb_table"]
+            )
 
     @property
     def i64_input_key(self) -> bool:
@@ -435,8 +497,9 @@ class ParameterServerConfig:
             raise ValueError(f"{where}: not valid JSON ({e})") from None
         j = _Json(doc, where)
         i64 = j.req("supportlonglong", bool)
-        j.warn_unknown({"supportlonglong", "volatile_db", "persistent_db", "update_source", "models",
-                        "fuse_embedding_table"})
+        j.warn_unknown(
+            {"supportlonglong", "volatile_db", "persistent_db", "update_source", "models", "fuse_embedding_table"}
+        )
         vol = _VOLATILE_KEYS.read(j.sub("volatile_db"), VolatileDatabaseParams, {"type": DatabaseType_t.Disabled})
         per = _PERSISTENT_KEYS.read(j.sub("persistent_db"), PersistentDatabaseParams)
         src = _SOURCE_KEYS.read(j.sub("update_source"), UpdateSourceParams)
@@ -455,7 +518,7 @@ class ParameterServerConfig:
                 raise ValueError(f"{mj.where}: 'deployed_device_list' is empty")
             vec = mj.req("embedding_vecsize_per_table", list, int)
             defaults = mj.req("default_value_for_each_table", list, (int, float))
-            defaults = (defaults + [0.0] * len(vec))[:len(vec)]          # HugeCTR pads with 0 / truncates
+            defaults = (defaults + [0.0] * len(vec))[: len(vec)]  # HugeCTR pads with 0 / truncates
             tables = mj.opt("embedding_table_names", list, [f"sparse_embedding{k}" for k in range(len(files))], str)
             for key, val in (("embedding_vecsize_per_table", vec), ("embedding_table_names", tables)):
                 if len(val) != len(files):
@@ -466,24 +529,38 @@ class ParameterServerConfig:
                 kind = mj.req("embedding_cache_type", str)
                 match = [t for t, n in _CACHE_NAMES.items() if n == kind]
                 if not match:
-                    raise ValueError(f"{mj.where}: key 'embedding_cache_type' is {kind!r}, not one of "
-                                     f"{sorted(_CACHE_NAMES.values())}")
+                    raise ValueError(
+                        f"{mj.where}: key 'embedding_cache_type' is {kind!r}, not one of "
+                        f"{sorted(_CACHE_NAMES.values())}"
+                    )
                 kw["embedding_cache_type"] = match[0]
             for key, (arg, typ, default) in _MODEL_OPTIONAL.items():
                 value = mj.opt(key, typ, default)
                 if value != default:
                     kw[arg] = value
             try:
-                p = InferenceParams(model_name=name, max_batchsize=mj.opt("max_batch_size", int, 64),
-                                    hit_rate_threshold=float(mj.opt("hit_rate_threshold", (int, float), 0.9)),
-                                    dense_model_file=mj.opt("dense_file", str, ""), sparse_model_files=files,
-                                    device_id=devices[-1], use_gpu_embedding_cache=mj.opt("gpucache", bool, True),
-                                    cache_size_percentage=float(mj.opt("gpucacheper", (int, float), 0.2)),
-                                    i64_input_key=i64, deployed_devices=devices, volatile_db=vol, persistent_db=per,
-                                    update_source=src, default_value_for_each_table=defaults,
-                                    maxnum_catfeature_query_per_table_per_sample=mj.req(
-                                        "maxnum_catfeature_query_per_table_per_sample", list, int),
-                                    embedding_vecsize_per_table=vec, embedding_table_names=tables, **kw)
+                p = InferenceParams(
+                    model_name=name,
+                    max_batchsize=mj.opt("max_batch_size", int, 64),
+                    hit_rate_threshold=float(mj.opt("hit_rate_threshold", (int, float), 0.9)),
+                    dense_model_file=mj.opt("dense_file", str, ""),
+                    sparse_model_files=files,
+                    device_id=devices[-1],
+                    use_gpu_embedding_cache=mj.opt("gpucache", bool, True),
+                    cache_size_percentage=float(mj.opt("gpucacheper", (int, float), 0.2)),
+                    i64_input_key=i64,
+                    deployed_devices=devices,
+                    volatile_db=vol,
+                    persistent_db=per,
+                    update_source=src,
+                    default_value_for_each_table=defaults,
+                    maxnum_catfeature_query_per_table_per_sample=mj.req(
+                        "maxnum_catfeature_query_per_table_per_sample", list, int
+                    ),
+                    embedding_vecsize_per_table=vec,
+                    embedding_table_names=tables,
+                    **kw,
+                )
             except (TypeError, ValueError) as e:
                 raise ValueError(f"{mj.where}: {e}") from None
             names[name], vecs[name] = tables, vec
@@ -512,10 +589,26 @@ _MODEL_OPTIONAL = {
     "fp8_quant": ("fp8_quant", bool, False),
     "fuse_embedding_table": ("fuse_embedding_table", bool, False),
 }
-_MODEL_KEYS = {"model", "sparse_files", "deployed_device_list", "embedding_vecsize_per_table", "max_batch_size",
-               "default_value_for_each_table", "maxnum_catfeature_query_per_table_per_sample", "gpucache",
-               "hit_rate_threshold", "gpucacheper", "dense_file", "embedding_table_names", "embedding_cache_type",
-               "network_file", "label_dim", "slot_num", "non_trainable_params_file", *_MODEL_OPTIONAL}
+_MODEL_KEYS = {
+    "model",
+    "sparse_files",
+    "deployed_device_list",
+    "embedding_vecsize_per_table",
+    "max_batch_size",
+    "default_value_for_each_table",
+    "maxnum_catfeature_query_per_table_per_sample",
+    "gpucache",
+    "hit_rate_threshold",
+    "gpucacheper",
+    "dense_file",
+    "embedding_table_names",
+    "embedding_cache_type",
+    "network_file",
+    "label_dim",
+    "slot_num",
+    "non_trainable_params_file",
+    *_MODEL_OPTIONAL,
+}
 
 
 class _Json:
@@ -584,18 +677,61 @@ class _Block:
             raise ValueError(f"{j.where}: {e}") from None
 
 
-_VOLATILE_KEYS = _Block({k: (k, t) for k, t in (
-    ("address", str), ("user_name", str), ("password", str), ("num_partitions", int), ("allocation_rate", int),
-    ("shared_memory_size", int), ("shared_memory_name", str), ("shared_memory_auto_remove", bool),
-    ("num_node_connections", int), ("max_batch_size", int), ("enable_tls", bool), ("tls_ca_certificate", str),
-    ("tls_client_certificate", str), ("tls_client_key", str), ("tls_server_name_identification", str),
-    ("overflow_margin", int), ("overflow_resolution_target", (int, float)), ("initialize_after_startup", bool),
-    ("initial_cache_rate", (int, float)), ("cache_missed_embeddings", bool), ("update_filters", list))},
-    {"type": ("type", _DB_NAMES), "overflow_policy": ("overflow_policy", _POLICY_NAMES)})
-_PERSISTENT_KEYS = _Block({k: (k, t) for k, t in (
-    ("path", str), ("num_threads", int), ("read_only", bool), ("max_batch_size", int),
-    ("initialize_after_startup", bool), ("update_filters", list))},
-    {"type": ("backend", _DB_NAMES)})
-_SOURCE_KEYS = _Block({k: (k, int) for k in (
-    "metadata_refresh_interval_ms", "receive_buffer_size", "poll_timeout_ms", "max_batch_size", "failure_backoff_ms",
-    "max_commit_interval")} | {"brokers": ("brokers", str)}, {"type": ("type", _SOURCE_NAMES)})
+_VOLATILE_KEYS = _Block(
+    {
+        k: (k, t)
+        for k, t in (
+            ("address", str),
+            ("user_name", str),
+            ("password", str),
+            ("num_partitions", int),
+            ("allocation_rate", int),
+            ("shared_memory_size", int),
+            ("shared_memory_name", str),
+            ("shared_memory_auto_remove", bool),
+            ("num_node_connections", int),
+            ("max_batch_size", int),
+            ("enable_tls", bool),
+            ("tls_ca_certificate", str),
+            ("tls_client_certificate", str),
+            ("tls_client_key", str),
+            ("tls_server_name_identification", str),
+            ("overflow_margin", int),
+            ("overflow_resolution_target", (int, float)),
+            ("initialize_after_startup", bool),
+            ("initial_cache_rate", (int, float)),
+            ("cache_missed_embeddings", bool),
+            ("update_filters", list),
+        )
+    },
+    {"type": ("type", _DB_NAMES), "overflow_policy": ("overflow_policy", _POLICY_NAMES)},
+)
+_PERSISTENT_KEYS = _Block(
+    {
+        k: (k, t)
+        for k, t in (
+            ("path", str),
+            ("num_threads", int),
+            ("read_only", bool),
+            ("max_batch_size", int),
+            ("initialize_after_startup", bool),
+            ("update_filters", list),
+        )
+    },
+    {"type": ("backend", _DB_NAMES)},
+)
+_SOURCE_KEYS = _Block(
+    {
+        k: (k, int)
+        for k in (
+            "metadata_refresh_interval_ms",
+            "receive_buffer_size",
+            "poll_timeout_ms",
+            "max_batch_size",
+            "failure_backoff_ms",
+            "max_commit_interval",
+        )
+    }
+    | {"brokers": ("brokers", str)},
+    {"type": ("type", _SOURCE_NAMES)},
+)

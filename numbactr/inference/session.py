@@ -27,6 +27,7 @@ CSR requests (InferenceSession.predict(dense_feature, embeddingcolumns, row_ptrs
   keys one after the other; n = (len(row_ptrs) - T) / sum_t S_t <= max_batchsize.
 Tables are the graph's embeddings in graph order; sparse_model_files[t] is table t's folder.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ from numbactr import ops
 from numbactr.autograd import Tensor
 from numbactr.autograd.tape import _POLICY as _AUTOCAST
 from numbactr.config import DataReaderParams, DenseLayer, Input, SparseEmbedding
-from numbactr.embedding.engine import (BoundsCheck, Layout, Optim, OptimizerSpec, TableBatchedEmbedding, TableSpec)
+from numbactr.embedding.engine import BoundsCheck, Layout, Optim, OptimizerSpec, TableBatchedEmbedding, TableSpec
 from numbactr.embedding.sparse_embedding import POOLING
 from numbactr.enums import DataReaderType_t, Embedding_t, MetricsType
 from numbactr.layers import LayerError, RunInfo, build
@@ -84,7 +85,9 @@ class InferenceGraph:
             layer.params = []
             for i, s in enumerate(layer.param_shapes()):
                 n = math.prod(s)
-                layer.params.append(Tensor(self.weights[off:off + n].reshape(s), name=f"{layer.cfg.top_names[0]}.w{i}"))
+                layer.params.append(
+                    Tensor(self.weights[off : off + n].reshape(s), name=f"{layer.cfg.top_names[0]}.w{i}")
+                )
                 off += n
         # label columns in the reader's block: alphabetical order of the label names (numbactr.train.graph.add_input)
         self.label_columns, col = {}, 0
@@ -105,8 +108,10 @@ class InferenceGraph:
             return
         if isinstance(item, SparseEmbedding):
             if item.bottom_name not in self.sparse_inputs:
-                raise ValueError(f"embedding {item.sparse_embedding_name!r}: bottom {item.bottom_name!r} is not a "
-                                 f"sparse input of the Data layer ({sorted(self.sparse_inputs)})")
+                raise ValueError(
+                    f"embedding {item.sparse_embedding_name!r}: bottom {item.bottom_name!r} is not a "
+                    f"sparse input of the Data layer ({sorted(self.sparse_inputs)})"
+                )
             slots = self.input.sparse[self.sparse_inputs[item.bottom_name]].slot_num
             self.shapes[item.sparse_embedding_name] = (B, slots, item.embedding_vec_size)
             self.embeddings.append(item)
@@ -134,15 +139,21 @@ class InferenceGraph:
         """The parameter server's view of this graph: table t = embedding t (name, width, most keys a
         sample queries)."""
         if len(params.sparse_model_files) != len(self.embeddings):
-            raise ValueError(f"InferenceParams: {len(params.sparse_model_files)} sparse_model_files for the "
-                             f"{len(self.embeddings)} embedding tables of graph {self.path!r} "
-                             f"({[e.sparse_embedding_name for e in self.embeddings]})")
+            raise ValueError(
+                f"InferenceParams: {len(params.sparse_model_files)} sparse_model_files for the "
+                f"{len(self.embeddings)} embedding tables of graph {self.path!r} "
+                f"({[e.sparse_embedding_name for e in self.embeddings]})"
+            )
         name = params.model_name
         return ParameterServerConfig(
             {name: [e.sparse_embedding_name for e in self.embeddings]},
             {name: [e.embedding_vec_size for e in self.embeddings]},
             {name: [self.sparse_param(e).max_feature_num for e in self.embeddings]},
-            [params], params.volatile_db, params.persistent_db, params.update_source)
+            [params],
+            params.volatile_db,
+            params.persistent_db,
+            params.update_source,
+        )
 
 
 def hybrid_categories(e: SparseEmbedding, keys, offsets, slots: int) -> np.ndarray:
@@ -154,17 +165,21 @@ def hybrid_categories(e: SparseEmbedding, keys, offsets, slots: int) -> np.ndarr
     off = np.asarray(device.to_host(offsets)).astype(np.int64)
     sizes = np.asarray(e.slot_size_array, np.int64)
     if sizes.shape != (slots,):
-        raise ValueError(f"HybridSparseEmbedding {e.sparse_embedding_name!r}: slot_size_array has {sizes.size} "
-                         f"entries for its {slots} slots (graph JSON)")
+        raise ValueError(
+            f"HybridSparseEmbedding {e.sparse_embedding_name!r}: slot_size_array has {sizes.size} "
+            f"entries for its {slots} slots (graph JSON)"
+        )
     bag = np.repeat(np.arange(off.shape[0] - 1, dtype=np.int64), np.diff(off))
     slot = bag % slots
     bad = (keys_h < 0) | (keys_h >= sizes[slot])
     if bad.any():
         at = int(np.argmax(bad))
-        raise ValueError(f"HybridSparseEmbedding {e.sparse_embedding_name!r}: key {int(keys_h[at])} of slot "
-                         f"{int(slot[at])} (sample {int(bag[at]) // slots}) is outside the slot's vocabulary [0, "
-                         f"{int(sizes[slot[at]])}) given by slot_size_array (the hybrid embedding takes per-slot "
-                         "ids and adds the slot offsets itself)")
+        raise ValueError(
+            f"HybridSparseEmbedding {e.sparse_embedding_name!r}: key {int(keys_h[at])} of slot "
+            f"{int(slot[at])} (sample {int(bag[at]) // slots}) is outside the slot's vocabulary [0, "
+            f"{int(sizes[slot[at]])}) given by slot_size_array (the hybrid embedding takes per-slot "
+            "ids and adds the slot offsets itself)"
+        )
     return keys_h + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)[slot]
 
 
@@ -182,9 +197,14 @@ class _Pooler:
         if rows > self.rows:
             self.rows = max(1024, 1 << (rows - 1).bit_length())
             self.engine = TableBatchedEmbedding(
-                [TableSpec(self.rows, self.dim)], [0] * self.slots, pooling=POOLING[self.e.combiner],
-                layout=Layout.SAMPLE_MAJOR, optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.NONE)
-        return self.engine.weights[:self.rows * lane_stride(self.dim)].reshape(self.rows, lane_stride(self.dim))
+                [TableSpec(self.rows, self.dim)],
+                [0] * self.slots,
+                pooling=POOLING[self.e.combiner],
+                layout=Layout.SAMPLE_MAJOR,
+                optimizer=OptimizerSpec(Optim.NONE),
+                bounds_check=BoundsCheck.NONE,
+            )
+        return self.engine.weights[: self.rows * lane_stride(self.dim)].reshape(self.rows, lane_stride(self.dim))
 
     def pool(self, rows: np.ndarray, offsets: np.ndarray, batch: int):
         """(B, S, D) pooled bags of occurrences reading block rows (N,) (-1: nothing), CSR offsets (B*S + 1,)."""
@@ -203,9 +223,11 @@ def _load_dense(g: InferenceGraph, p: InferenceParams) -> None:
         ntp = {"ntp_path": p.non_trainable_params_file} if p.non_trainable_params_file else {}
         checkpoint.load_dense_weights(g, p.dense_model_file, **ntp)
         return
-    log.warn(f"InferenceSession {p.model_name!r}: dense_model_file is empty, so no dense weights are loaded (as in "
-             f"HugeCTR): the {g.n_params} dense parameters are uninitialised (zeros) and the predictions are not "
-             "the trained model's")
+    log.warn(
+        f"InferenceSession {p.model_name!r}: dense_model_file is empty, so no dense weights are loaded (as in "
+        f"HugeCTR): the {g.n_params} dense parameters are uninitialised (zeros) and the predictions are not "
+        "the trained model's"
+    )
     if p.non_trainable_params_file:
         path = p.non_trainable_params_file
         stats = checkpoint._read_ntp(g, path, checkpoint._Snapshot.of(path), False)
@@ -217,8 +239,9 @@ class InferenceSession:
     """``hugectr.inference.InferenceSession`` (module docstring); made by CreateInferenceSession. A session
     that made its parameter server closes it with close() (or when it is collected)."""
 
-    def __init__(self, model_config_path: str, inference_params: InferenceParams,
-                 parameter_server: ParameterServer | None = None):
+    def __init__(
+        self, model_config_path: str, inference_params: InferenceParams, parameter_server: ParameterServer | None = None
+    ):
         if not isinstance(inference_params, InferenceParams):
             raise TypeError(f"inference_params must be an InferenceParams, got {inference_params!r}")
         p = self.params = inference_params
@@ -229,10 +252,10 @@ class InferenceSession:
         self.ps = ParameterServer(config) if parameter_server is None else parameter_server
         self.cache = self.ps.cache(p.model_name)
         self.poolers = [_Pooler(e, g.sparse_param(e).slot_num) for e in g.embeddings]
-        self._last: dict = {}           # the last forward's arrays by tensor name (the tensors property)
-        self._rows = (0, 0)             # the last forward's samples, and the rows it ran on (a graph's bucket)
-        self._graphs = None             # numbactr.train.cuda_graphs.ForwardGraphs once used
-        self._plans: dict = {}          # _plan()'s layer functions by (device, bias/ReLU fusion)
+        self._last: dict = {}  # the last forward's arrays by tensor name (the tensors property)
+        self._rows = (0, 0)  # the last forward's samples, and the rows it ran on (a graph's bucket)
+        self._graphs = None  # numbactr.train.cuda_graphs.ForwardGraphs once used
+        self._plans: dict = {}  # _plan()'s layer functions by (device, bias/ReLU fusion)
 
     @property
     def tensors(self) -> dict:
@@ -247,7 +270,7 @@ class InferenceSession:
     def _run(self, dense: np.ndarray, sparse: list, n: int):
         """Predictions (n, P) of n samples: dense (n, dense_dim), sparse [(keys (N_t,), offsets (n*S_t + 1,))]
         per table; every tensor of the forward is kept (check_out_tensor)."""
-        with device.held_choices():                     # the ops' device choices read once per request
+        with device.held_choices():  # the ops' device choices read once per request
             return self._run_held(dense, sparse, n)
 
     def _run_held(self, dense: np.ndarray, sparse: list, n: int):
@@ -259,10 +282,11 @@ class InferenceSession:
                 keys = hybrid_categories(e, keys, offsets, pooler.slots)
             # a warm request on the cpu device: found, pooled from the cache and its rows marked used in
             # one compiled pass; otherwise (GPU, a miss, a new key) the block path below
-            pooled = self.cache.serve_pooled(tab, np.ascontiguousarray(keys, np.uint64), offsets,
-                                             pooler.e.combiner == "mean")
+            pooled = self.cache.serve_pooled(
+                tab, np.ascontiguousarray(keys, np.uint64), offsets, pooler.e.combiner == "mean"
+            )
             if pooled is None:
-                rows = self.cache.lookup_occurrences(tab, keys, pooler.block)   # (N,) block row per key
+                rows = self.cache.lookup_occurrences(tab, keys, pooler.block)  # (N,) block row per key
                 pooled = pooler.pool(rows, offsets, n)
             else:
                 pooled = xp.asarray(pooled).reshape(n, pooler.slots, pooler.dim)
@@ -271,9 +295,9 @@ class InferenceSession:
         graphs = self._forward_graphs()
         if graphs is None:
             out = self._forward(names, arrays)
-        else:                             # the dense network as a CUDA graph per row bucket (use_cuda_graph)
+        else:  # the dense network as a CUDA graph per row bucket (use_cuda_graph)
             out = graphs.run(n, arrays, lambda buffers: self._forward(names, buffers))
-        preds = out[self._PREDICTIONS]            # (a replay's dict is the graph's: left as it is)
+        preds = out[self._PREDICTIONS]  # (a replay's dict is the graph's: left as it is)
         self._last = out
         self._rows = (n, preds.shape[0])
         return device.to_host(preds[:n])
@@ -289,7 +313,7 @@ class InferenceSession:
         rows = arrays[0].shape[0]
         t = dict(zip(names, arrays))
         run = None
-        for layer, fn in (self._plan() if plan and _AUTOCAST.half is None else self._no_plan()):
+        for layer, fn in self._plan() if plan and _AUTOCAST.half is None else self._no_plan():
             bottoms = [t[b] for b in layer.cfg.bottom_names]
             if fn is not None:
                 outs = fn(bottoms)
@@ -324,6 +348,7 @@ class InferenceSession:
         until a GPU run has checked replays, as for training)."""
         if self._graphs is None and self.params.use_cuda_graph and device.kind() == "gpu":
             from numbactr.train import cuda_graphs
+
             if cuda_graphs.graphs_wanted():
                 self._graphs = cuda_graphs.ForwardGraphs(self.params.max_batchsize)
         return self._graphs
@@ -349,66 +374,102 @@ class InferenceSession:
         if not slots:
             n = len(dense_feature) // max(g.input.dense_dim, 1)
         if rem or n < 0:
-            raise ValueError(f"InferenceSession.predict: {rp.size} row_ptrs do not describe whole samples: "
-                             f"table t needs n * S_t + 1 of them, slots per table {slots}")
+            raise ValueError(
+                f"InferenceSession.predict: {rp.size} row_ptrs do not describe whole samples: "
+                f"table t needs n * S_t + 1 of them, slots per table {slots}"
+            )
         if n > self.params.max_batchsize:
             raise ValueError(f"InferenceSession.predict: {n} samples exceed max_batchsize {self.params.max_batchsize}")
         dense = np.asarray(dense_feature, np.float32).reshape(-1)
         if dense.size != n * g.input.dense_dim:
-            raise ValueError(f"InferenceSession.predict: dense_feature has {dense.size} values; {n} samples x "
-                             f"dense_dim {g.input.dense_dim} = {n * g.input.dense_dim}")
+            raise ValueError(
+                f"InferenceSession.predict: dense_feature has {dense.size} values; {n} samples x "
+                f"dense_dim {g.input.dense_dim} = {n * g.input.dense_dim}"
+            )
         finite = np.isfinite(dense)
-        if not finite.all():                        # as the data readers refuse them: no NaN predictions
+        if not finite.all():  # as the data readers refuse them: no NaN predictions
             i = int(np.argmin(finite))
-            raise ValueError(f"InferenceSession.predict: dense_feature[{i}] = {dense[i]} (sample {i // g.input.dense_dim}"
-                             f", feature {i % g.input.dense_dim}) is not finite")
+            raise ValueError(
+                f"InferenceSession.predict: dense_feature[{i}] = {dense[i]} (sample {i // g.input.dense_dim}"
+                f", feature {i % g.input.dense_dim}) is not finite"
+            )
         keys = check_keys(embeddingcolumns, self.params.i64_input_key, "InferenceSession.predict embeddingcolumns")
         sparse, r0, k0 = [], 0, 0
         for t, s in enumerate(slots):
-            off = rp[r0:r0 + n * s + 1]
+            off = rp[r0 : r0 + n * s + 1]
             name = g.embeddings[t].sparse_embedding_name
             if off[0] != 0 or (off[1:] < off[:-1]).any():
                 j = 0 if off[0] != 0 else int(np.argmax(np.diff(off) < 0)) + 1
-                raise ValueError(f"InferenceSession.predict: row_ptrs of table {t} ({name!r}) must start at 0 and "
-                                 f"never decrease; entry {j} of the table (row_ptrs[{r0 + j}]) is {int(off[j])}")
+                raise ValueError(
+                    f"InferenceSession.predict: row_ptrs of table {t} ({name!r}) must start at 0 and "
+                    f"never decrease; entry {j} of the table (row_ptrs[{r0 + j}]) is {int(off[j])}"
+                )
             end = int(off[-1])
             if k0 + end > keys.size:
-                raise ValueError(f"InferenceSession.predict: the row_ptrs of tables 0..{t} need {k0 + end} keys; "
-                                 f"embeddingcolumns has {keys.size}")
+                raise ValueError(
+                    f"InferenceSession.predict: the row_ptrs of tables 0..{t} need {k0 + end} keys; "
+                    f"embeddingcolumns has {keys.size}"
+                )
             most = n * g.sparse_param(g.embeddings[t]).max_feature_num
             if end > most:
-                raise ValueError(f"InferenceSession.predict: table {t} ({name!r}) gets {end} keys; its samples take "
-                                 f"at most {most} (nnz_per_slot of the graph's Data layer)")
-            sparse.append((keys[k0:k0 + end], off))
+                raise ValueError(
+                    f"InferenceSession.predict: table {t} ({name!r}) gets {end} keys; its samples take "
+                    f"at most {most} (nnz_per_slot of the graph's Data layer)"
+                )
+            sparse.append((keys[k0 : k0 + end], off))
             r0, k0 = r0 + n * s + 1, k0 + end
         if k0 != keys.size:
-            raise ValueError(f"InferenceSession.predict: embeddingcolumns has {keys.size} keys; the row_ptrs "
-                             f"account for {k0}")
+            raise ValueError(
+                f"InferenceSession.predict: embeddingcolumns has {keys.size} keys; the row_ptrs account for {k0}"
+            )
         if n == 0:
             return []
         return self._run(dense.reshape(n, -1), sparse, n).reshape(-1).tolist()
 
     # ---- files ---------------------------------------------------------------------------------------
-    def _batches(self, num_batches: int, source: str, data_reader_type, check_type, slot_size_array=(),
-                 num_samples: int = 0, data_source_params=None, reading_file_sequentially: bool = False):
+    def _batches(
+        self,
+        num_batches: int,
+        source: str,
+        data_reader_type,
+        check_type,
+        slot_size_array=(),
+        num_samples: int = 0,
+        data_source_params=None,
+        reading_file_sequentially: bool = False,
+    ):
         """num_batches full batches of max_batchsize samples from the start of source (the reader repeats the
         data, as HugeCTR's inference reader does), or with num_batches None every sample once (the last
         batch may be partial); yields (batch, predictions (B, P) of its valid rows)."""
         from numbactr.data import make_reader
+
         once = num_batches is None
         if not once and (not isinstance(num_batches, (int, np.integer)) or num_batches < 0):
             raise ValueError(f"predict: num_batches must be an int >= 0, got {num_batches!r}")
         g = self.graph
         # data_source_params: data paths on a remote filesystem are read as in training (numbactr.data.source)
-        params = DataReaderParams(data_reader_type=data_reader_type, source=[source], eval_source=source,
-                                  check_type=check_type, slot_size_array=list(slot_size_array),
-                                  data_source_params=data_source_params,
-                                  num_samples=num_samples, read_file_sequentially=bool(
-                                      reading_file_sequentially and data_reader_type == DataReaderType_t.Parquet))
+        params = DataReaderParams(
+            data_reader_type=data_reader_type,
+            source=[source],
+            eval_source=source,
+            check_type=check_type,
+            slot_size_array=list(slot_size_array),
+            data_source_params=data_source_params,
+            num_samples=num_samples,
+            read_file_sequentially=bool(reading_file_sequentially and data_reader_type == DataReaderType_t.Parquet),
+        )
         inp = g.input
-        reader = make_reader(params, source, self.params.max_batchsize, inp.label_dim, inp.dense_dim,
-                             [sp.slot_num for sp in inp.sparse], [sp.nnz_per_slot for sp in inp.sparse],
-                             self.params.i64_input_key, repeat=not once)
+        reader = make_reader(
+            params,
+            source,
+            self.params.max_batchsize,
+            inp.label_dim,
+            inp.dense_dim,
+            [sp.slot_num for sp in inp.sparse],
+            [sp.nnz_per_slot for sp in inp.sparse],
+            self.params.i64_input_key,
+            repeat=not once,
+        )
         batches = iter(reader)
         try:
             with log.progress(total=None if once else int(num_batches), desc="inference", unit="batch") as bar:
@@ -419,18 +480,35 @@ class InferenceSession:
                         break
                     sparse = [batch.sparse[g.sparse_inputs[e.bottom_name]] for e in g.embeddings]
                     sparse = [(check_keys(k, self.params.i64_input_key, f"{source}: keys"), o) for k, o in sparse]
-                    yield batch, self._run(batch.dense, sparse, batch.batch_size)[:batch.size]
+                    yield batch, self._run(batch.dense, sparse, batch.batch_size)[: batch.size]
                     done += 1
                     bar.update(1)
         finally:
             reader.close()
 
-    def _predict_files(self, num_batches, source, data_reader_type, check_type, slot_size_array=(),
-                       num_samples=0, data_source_params=None, reading_file_sequentially=False):
+    def _predict_files(
+        self,
+        num_batches,
+        source,
+        data_reader_type,
+        check_type,
+        slot_size_array=(),
+        num_samples=0,
+        data_source_params=None,
+        reading_file_sequentially=False,
+    ):
         """(predictions (num_batches * B, P), labels per loss layer)."""
         preds, labels = [], []
-        for batch, p in self._batches(num_batches, source, data_reader_type, check_type, slot_size_array,
-                                      num_samples, data_source_params, reading_file_sequentially):
+        for batch, p in self._batches(
+            num_batches,
+            source,
+            data_reader_type,
+            check_type,
+            slot_size_array,
+            num_samples,
+            data_source_params,
+            reading_file_sequentially,
+        ):
             preds.append(p)
             labels.append(batch.label)
         if not preds:
@@ -457,21 +535,40 @@ class InferenceSession:
     def _width(self) -> int:
         """P: predictions per sample."""
         g = self.graph
-        return sum(2 if layer.type_name == "CrossEntropyLoss" else g.shapes[layer.cfg.bottom_names[0]][-1]
-                   for layer in g.losses)
+        return sum(
+            2 if layer.type_name == "CrossEntropyLoss" else g.shapes[layer.cfg.bottom_names[0]][-1]
+            for layer in g.losses
+        )
 
-    def evaluate(self, num_batches, source, data_reader_type, check_type, slot_size_array=(), num_samples=0,
-                 data_source_params=None, reading_file_sequentially=False) -> float:
+    def evaluate(
+        self,
+        num_batches,
+        source,
+        data_reader_type,
+        check_type,
+        slot_size_array=(),
+        num_samples=0,
+        data_source_params=None,
+        reading_file_sequentially=False,
+    ) -> float:
         """AUC of num_batches batches (each loss layer against its label columns; several columns: the mean
         of their AUCs, as HugeCTR's AUC of label_dim > 1)."""
-        preds, labels = self._predict_files(num_batches, source, data_reader_type, check_type, slot_size_array,
-                                            num_samples, data_source_params, reading_file_sequentially)
+        preds, labels = self._predict_files(
+            num_batches,
+            source,
+            data_reader_type,
+            check_type,
+            slot_size_array,
+            num_samples,
+            data_source_params,
+            reading_file_sequentially,
+        )
         g, cols, p_cols, c = self.graph, [], [], 0
         for layer in g.losses:
             c0, c1 = g.label_columns[layer.cfg.bottom_names[1]]
             width = 2 if layer.type_name == "CrossEntropyLoss" else c1 - c0
-            p = preds[:, c:c + width]
-            if width == 2 and c1 - c0 == 1:            # CrossEntropy with class labels: P(class 1)
+            p = preds[:, c : c + width]
+            if width == 2 and c1 - c0 == 1:  # CrossEntropy with class labels: P(class 1)
                 p = p[:, 1:]
             p_cols.append(p)
             cols.append(labels[:, c0:c1])
@@ -490,11 +587,12 @@ class InferenceSession:
         if tensor_name not in self.tensors:
             if not self._last:
                 raise ValueError(f"check_out_tensor: nothing has been predicted yet, so {tensor_name!r} holds nothing")
-            raise ValueError(f"check_out_tensor: cannot find tensor with name {tensor_name!r}; tensors: "
-                             f"{sorted(self.tensors)}")
+            raise ValueError(
+                f"check_out_tensor: cannot find tensor with name {tensor_name!r}; tensors: {sorted(self.tensors)}"
+            )
         a = np.array(device.to_host(self.tensors[tensor_name].data), np.float32)
         n, rows = self._rows
-        if rows != n and a.size % rows == 0:          # a graph's padded bucket: the request's samples only
+        if rows != n and a.size % rows == 0:  # a graph's padded bucket: the request's samples only
             a = a.reshape(rows, -1)[:n].reshape((a.shape[0] * n // rows,) + a.shape[1:])
         return a
 
@@ -515,15 +613,47 @@ class InferenceModel:
     def __init__(self, model_config_path: str, inference_params: InferenceParams):
         self.session = InferenceSession(model_config_path, inference_params)
 
-    def predict(self, num_batches, source, data_reader_type, check_type, slot_size_array=(),
-                data_source_params=None, reading_file_sequentially=True) -> np.ndarray:
-        return self.session._predict_files(num_batches, source, data_reader_type, check_type, slot_size_array, 0,
-                                           data_source_params, reading_file_sequentially)[0]
+    def predict(
+        self,
+        num_batches,
+        source,
+        data_reader_type,
+        check_type,
+        slot_size_array=(),
+        data_source_params=None,
+        reading_file_sequentially=True,
+    ) -> np.ndarray:
+        return self.session._predict_files(
+            num_batches,
+            source,
+            data_reader_type,
+            check_type,
+            slot_size_array,
+            0,
+            data_source_params,
+            reading_file_sequentially,
+        )[0]
 
-    def evaluate(self, num_batches, source, data_reader_type, check_type, slot_size_array=(),
-                 data_source_params=None, reading_file_sequentially=True) -> float:
-        return self.session.evaluate(num_batches, source, data_reader_type, check_type, slot_size_array, 0,
-                                     data_source_params, reading_file_sequentially)
+    def evaluate(
+        self,
+        num_batches,
+        source,
+        data_reader_type,
+        check_type,
+        slot_size_array=(),
+        data_source_params=None,
+        reading_file_sequentially=True,
+    ) -> float:
+        return self.session.evaluate(
+            num_batches,
+            source,
+            data_reader_type,
+            check_type,
+            slot_size_array,
+            0,
+            data_source_params,
+            reading_file_sequentially,
+        )
 
     def check_out_tensor(self, tensor_name: str) -> np.ndarray:
         return self.session.check_out_tensor(tensor_name)

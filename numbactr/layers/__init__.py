@@ -6,6 +6,7 @@ checks them, and declares ``out_shapes`` and ``param_shapes``. The model hands i
 
 Each module of this package defines ``LAYERS = {Layer_t.X: class}``; the registry merges them.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,14 +22,17 @@ for _name in _MODULES:
 
 def build(cfg, in_shapes) -> Layer:
     from numbactr.enums import Layer_t
+
     if cfg.layer_type == Layer_t.Reshape and cfg.selected:
-        from numbactr.layers.shape import ReshapeSelected        # slot selection: a gather, not a view
+        from numbactr.layers.shape import ReshapeSelected  # slot selection: a gather, not a view
+
         return ReshapeSelected(cfg, in_shapes)
     cls = REGISTRY.get(cfg.layer_type)
     if cls is None:
         have = ", ".join(sorted(t.name for t in REGISTRY))
-        raise LayerError(f"Layer_t.{cfg.layer_type.name} (top {cfg.top_names}) is not implemented in "
-                         f"numbactr; available: {have}")
+        raise LayerError(
+            f"Layer_t.{cfg.layer_type.name} (top {cfg.top_names}) is not implemented in numbactr; available: {have}"
+        )
     return cls(cfg, in_shapes)
 
 

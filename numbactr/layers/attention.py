@@ -13,6 +13,7 @@ Differences from HugeCTR (spec §6.2, §10.5):
   (offset b*Lf*Lt + i*Lt + j); numbactr also takes a (B, 1, 1, Lt) mask, broadcast over the rows,
   which HugeCTR would read past. The four-input MultiHeadAttention uses the same masked softmax.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,6 +38,7 @@ class Softmax(Layer):
     2 bottoms: masked softmax of scores (B, H, Lf, Lt) with mask (B, 1, Lf, Lt) (or (B, 1, 1, Lt)):
     y = softmax(x*factor - (1-mask)*10000) (max subtracted, +1e-6 in the denominator);
     dX = factor * y * (dY - sum dY*y). The mask receives no gradient."""
+
     type_name = "Softmax"
 
     def infer(self):
@@ -53,8 +55,10 @@ class Softmax(Layer):
             self.fail(f"masked softmax needs scores {names[0]!r} of shape (B, H, Lf, Lt), got {x}")
         b, _, lf, lt = x
         if m not in ((b, 1, lf, lt), (b, 1, 1, lt)):
-            self.fail(f"mask {names[1]!r} {m} does not fit scores {names[0]!r} {x}: "
-                      f"need ({b}, 1, {lf}, {lt}) or ({b}, 1, 1, {lt})")
+            self.fail(
+                f"mask {names[1]!r} {m} does not fit scores {names[0]!r} {x}: "
+                f"need ({b}, 1, {lf}, {lt}) or ({b}, 1, 1, {lt})"
+            )
         f = self.cfg.factor
         if not isinstance(f, numbers.Real) or isinstance(f, bool) or not math.isfinite(f):
             self.fail(f"factor must be a finite number, got {f!r}")
@@ -75,6 +79,7 @@ class Softmax(Layer):
 class MatrixMultiply(Layer):
     """(m, n) x (n, k) -> (m, k); (B, m, n) x (B, n, k) -> (B, m, k); 4-D batched over the first two
     dims; (m, n) x (n, g, h) -> (m, g, h) (rhs viewed as (n, g*h)). dA = dY Bᵀ, dB = Aᵀ dY."""
+
     type_name = "MatrixMultiply"
 
     def infer(self):
@@ -82,12 +87,13 @@ class MatrixMultiply(Layer):
         (na, nb), (a, b) = self.cfg.bottom_names, self.in_shapes
         ranks = (len(a), len(b))
         if ranks not in ((2, 2), (3, 3), (4, 4), (2, 3)):
-            self.fail(f"unsupported ranks: {na!r} {a} x {nb!r} {b}; need 2-D x 2-D, 3-D x 3-D, "
-                      f"4-D x 4-D or 2-D x 3-D")
+            self.fail(f"unsupported ranks: {na!r} {a} x {nb!r} {b}; need 2-D x 2-D, 3-D x 3-D, 4-D x 4-D or 2-D x 3-D")
         inner = b[0] if ranks == (2, 3) else b[-2]
         if a[-1] != inner:
-            self.fail(f"{na!r} {a} x {nb!r} {b}: the last dim of the first ({a[-1]}) must equal "
-                      f"the contracted dim of the second ({inner})")
+            self.fail(
+                f"{na!r} {a} x {nb!r} {b}: the last dim of the first ({a[-1]}) must equal "
+                f"the contracted dim of the second ({inner})"
+            )
         if ranks == (2, 3):
             return [(a[0], b[1], b[2])]
         if a[:-2] != b[:-2]:
@@ -116,6 +122,7 @@ class MultiHeadAttention(Layer):
           With 3 bottoms [Q, K, V] and 1 top, v23.12 computes the same without a mask:
           P = softmax(Qh Khᵀ/sqrt(d)) (HugeCTR's plain SoftmaxLayer; Softmax's row max and
           hugectr_exact apply)."""
+
     type_name = "MultiHeadAttention"
 
     def _set_heads(self, hidden: int, who: str) -> None:
@@ -134,31 +141,38 @@ class MultiHeadAttention(Layer):
         if len(shapes) == 3:
             self.mode = "qkv"
             if len(self.cfg.top_names) != 2:
-                self.fail(f"3 bottoms give 1 top (v23.12's attention) or 2 (v23.08's scores and value heads), "
-                          f"got {len(self.cfg.top_names)}")
+                self.fail(
+                    f"3 bottoms give 1 top (v23.12's attention) or 2 (v23.08's scores and value heads), "
+                    f"got {len(self.cfg.top_names)}"
+                )
             q = shapes[0]
             if any(len(s) != 3 for s in shapes) or any(s != q for s in shapes):
-                self.fail("Q, K, V must all be 3-D (B, L, H*d) of one shape; got " +
-                          ", ".join(f"{n!r} {s}" for n, s in zip(names, shapes)))
+                self.fail(
+                    "Q, K, V must all be 3-D (B, L, H*d) of one shape; got "
+                    + ", ".join(f"{n!r} {s}" for n, s in zip(names, shapes))
+                )
             b, l, hd = q
             self._set_heads(hd, f"{names[0]!r} {q}")
             return [(b, self.heads, l, l), (b, self.heads, l, self.d)]
-        self.expect_counts((2, 3, 4), 1)      # 3 and 4 bottoms were handled above: here there are 2
+        self.expect_counts((2, 3, 4), 1)  # 3 and 4 bottoms were handled above: here there are 2
         a, v = shapes
         if len(a) != 4 or len(v) != 4 or a[:2] != v[:2]:
-            self.fail(f"2 bottoms must be 4-D (B, H, ., .) sharing B and H; got {names[0]!r} {a} "
-                      f"and {names[1]!r} {v}")
+            self.fail(f"2 bottoms must be 4-D (B, H, ., .) sharing B and H; got {names[0]!r} {a} and {names[1]!r} {v}")
         if tb:
             self.mode = "qk"
             if a[3] != v[3]:
-                self.fail(f"transpose_b=True needs Q (B, H, Lf, d) and K (B, H, Lt, d) with one d; "
-                          f"got {names[0]!r} {a} and {names[1]!r} {v}")
+                self.fail(
+                    f"transpose_b=True needs Q (B, H, Lf, d) and K (B, H, Lt, d) with one d; "
+                    f"got {names[0]!r} {a} and {names[1]!r} {v}"
+                )
             self.heads, self.d = a[1], a[3]
             return [(a[0], a[1], a[2], v[2])]
         self.mode = "sv"
         if a[3] != v[2]:
-            self.fail(f"transpose_b=False needs scores (B, H, Lf, Lt) and V (B, H, Lt, d); got "
-                      f"{names[0]!r} {a} and {names[1]!r} {v}")
+            self.fail(
+                f"transpose_b=False needs scores (B, H, Lf, Lt) and V (B, H, Lt, d); got "
+                f"{names[0]!r} {a} and {names[1]!r} {v}"
+            )
         self.heads, self.d = a[1], v[3]
         return [(a[0], a[2], a[1] * v[3])]
 
@@ -170,8 +184,9 @@ class MultiHeadAttention(Layer):
         q, k, v = shapes[:3]
         listed = ", ".join(f"{n!r} {s}" for n, s in zip(names[:3], shapes[:3]))
         if any(len(s) != 3 for s in (q, k, v)):
-            self.fail(f"the bottoms are Q (B, Lf, H*d), K and V (B, Lt, H*d) (and a mask); Q, K, V must be 3-D, "
-                      f"got {listed}")
+            self.fail(
+                f"the bottoms are Q (B, Lf, H*d), K and V (B, Lt, H*d) (and a mask); Q, K, V must be 3-D, got {listed}"
+            )
         if not q[0] == k[0] == v[0] or not q[2] == k[2] == v[2] or k[1] != v[1]:
             self.fail(f"Q (B, Lf, H*d), K and V (B, Lt, H*d) must share B and H*d, and K and V Lt; got {listed}")
         b, lf, hd = q
@@ -179,8 +194,9 @@ class MultiHeadAttention(Layer):
         self._set_heads(hd, f"{names[0]!r} {q}")
         m = shapes[3] if self.masked else None
         if self.masked and m not in ((b, 1, lf, lt), (b, 1, 1, lt)):
-            self.fail(f"mask {names[3]!r} {m} does not fit Q {q} and K {k}: need ({b}, 1, {lf}, {lt}) "
-                      f"or ({b}, 1, 1, {lt})")
+            self.fail(
+                f"mask {names[3]!r} {m} does not fit Q {q} and K {k}: need ({b}, 1, {lf}, {lt}) or ({b}, 1, 1, {lt})"
+            )
         return [(b, lf, hd)]
 
     def forward(self, tape, xs, run):
@@ -189,20 +205,22 @@ class MultiHeadAttention(Layer):
         if self.mode == "qkv":
             names = (f"{tops[0]}:q_heads", f"{tops[0]}:k_heads", tops[1])
             q, k, v = (SplitHeadsFn.apply(tape, x, heads=self.heads, name=n) for x, n in zip(xs, names))
-            return [ScaledQKFn.apply(tape, q, k, scale=scale, name=tops[0]), v]      # v: (B, H, L, d)
+            return [ScaledQKFn.apply(tape, q, k, scale=scale, name=tops[0]), v]  # v: (B, H, L, d)
         if self.mode == "attention":
-            q, k, v = (SplitHeadsFn.apply(tape, x, heads=self.heads, name=f"{tops[0]}:{n}_heads")
-                       for x, n in zip(xs[:3], "qkv"))                          # (B, H, L, d)
-            s = ScaledQKFn.apply(tape, q, k, scale=scale, name=f"{tops[0]}:scores")   # (B, H, Lf, Lt)
+            q, k, v = (
+                SplitHeadsFn.apply(tape, x, heads=self.heads, name=f"{tops[0]}:{n}_heads")
+                for x, n in zip(xs[:3], "qkv")
+            )  # (B, H, L, d)
+            s = ScaledQKFn.apply(tape, q, k, scale=scale, name=f"{tops[0]}:scores")  # (B, H, Lf, Lt)
             if self.masked:
                 p = MaskedSoftmaxFn.apply(tape, s, xs[3], factor=1.0, name=f"{tops[0]}:softmax")
             else:
                 p = SoftmaxFn.apply(tape, s, subtract_max=not hugectr_exact.hugectr_exact(), name=f"{tops[0]}:softmax")
-            o = MatMulFn.apply(tape, p, v, name=f"{tops[0]}:heads")                  # (B, H, Lf, d)
+            o = MatMulFn.apply(tape, p, v, name=f"{tops[0]}:heads")  # (B, H, Lf, d)
             return [MergeHeadsFn.apply(tape, o, name=tops[0])]
         if self.mode == "qk":
             return [ScaledQKFn.apply(tape, xs[0], xs[1], scale=scale, name=tops[0])]
-        o = MatMulFn.apply(tape, xs[0], xs[1], name=f"{tops[0]}:heads")          # (B, H, Lf, d)
+        o = MatMulFn.apply(tape, xs[0], xs[1], name=f"{tops[0]}:heads")  # (B, H, Lf, d)
         return [MergeHeadsFn.apply(tape, o, name=tops[0])]
 
     def json_params(self):

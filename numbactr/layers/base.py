@@ -4,6 +4,7 @@ A layer gets its DenseLayer config and the FULL shapes of its bottoms (dim 0 = p
 checks them, and declares ``out_shapes`` and ``param_shapes``. The model hands it parameter Tensors
 (views into one flat weight buffer, in HugeCTR's file order) before training.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ def op_fn(op, *params: Tensor, tops: int = 1, **kw):
     """Layer.inference_fn of a layer whose forward is ``[op.apply(tape, *xs, *params, **kw)] * tops``: the
     params are read (``.data``) at each call, so weights loaded or refreshed later are the ones used; an op
     returning a tuple gives its arrays as the tops."""
+
     def fn(xs):
         out = op.forward(Context(), *xs, *[p.data for p in params], **kw)
         return list(out) if isinstance(out, tuple) else [out] * tops
+
     return fn
 
 
@@ -28,11 +31,11 @@ class LayerError(ValueError):
 @dataclass
 class RunInfo:
     training: bool
-    valid: int            # valid rows of this rank's batch (a partial batch is padded)
+    valid: int  # valid rows of this rank's batch (a partial batch is padded)
     ranks: int = 1
     scaler: float = 1.0
-    seed: int = 0         # Solver seed: seeded layers (Dropout) derive their random streams from it
-    step: int = 0         # training iteration (0-based), so each step draws a fresh dropout mask
+    seed: int = 0  # Solver seed: seeded layers (Dropout) derive their random streams from it
+    step: int = 0  # training iteration (0-based), so each step draws a fresh dropout mask
 
 
 class Layer:
@@ -70,8 +73,7 @@ class Layer:
 
     # -- helpers --
     def fail(self, msg: str) -> None:
-        raise LayerError(f"{self.type_name} layer (bottom {self.cfg.bottom_names} -> top "
-                         f"{self.cfg.top_names}): {msg}")
+        raise LayerError(f"{self.type_name} layer (bottom {self.cfg.bottom_names} -> top {self.cfg.top_names}): {msg}")
 
     def expect_counts(self, bottoms: int | tuple, tops: int = 1) -> None:
         ok = self.cfg.bottom_names.__len__() in (bottoms if isinstance(bottoms, tuple) else (bottoms,))
@@ -79,5 +81,3 @@ class Layer:
             self.fail(f"expects {bottoms} bottom tensor(s), got {len(self.cfg.bottom_names)}")
         if len(self.cfg.top_names) != tops:
             self.fail(f"expects {tops} top tensor(s), got {len(self.cfg.top_names)}")
-
-

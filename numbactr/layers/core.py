@@ -7,6 +7,7 @@ ops.BinaryCrossEntropy); ``inference_fn`` runs the same op forward without a tap
 Why an InnerProduct may run ops.FcBiasAct: followed by a ReLU layer on the kernel devices, its bias add and
 the ReLU are one fused kernel each way (numbactr.train.graph.fuse_bias_relu, ops.fuse_bias_relu).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,6 +23,7 @@ from numbactr.layers.losses import RegularizedLoss
 
 class InnerProduct(Layer):
     """Y = X·W + b on the last dim: (B, K) -> (B, N) or (B, S, K) -> (B, S, N). W (K, N), b (N,)."""
+
     type_name = "InnerProduct"
 
     def infer(self):
@@ -39,8 +41,10 @@ class InnerProduct(Layer):
         return [(self.k, self.n), (self.n,)]
 
     def init_params(self, rng):
-        return [init.inner_product_weight(rng, self.k, self.n, self.cfg.weight_init_type),
-                init.inner_product_bias(rng, self.n, self.cfg.bias_init_type)]
+        return [
+            init.inner_product_weight(rng, self.k, self.n, self.cfg.weight_init_type),
+            init.inner_product_bias(rng, self.n, self.cfg.bias_init_type),
+        ]
 
     #: the ReLU layer this layer's bias add is fused with (numbactr.train.graph.fuse_bias_relu), or None
     relu_after = None
@@ -76,7 +80,7 @@ class ReLU(Layer):
 
     def forward(self, tape, xs, run):
         if self.fused_into is not None and ops.fuse_bias_relu():
-            return [xs[0]]                                   # applied by the InnerProduct before it
+            return [xs[0]]  # applied by the InnerProduct before it
         return [ops.ReLU.apply(tape, xs[0], name=self.cfg.top_names[0])]
 
     def inference_fn(self):
@@ -87,6 +91,7 @@ class ReLU(Layer):
 
 class Concat(Layer):
     """2-D inputs (B, K_i) -> (B, ΣK_i); 3-D (B, S_i, V) on axis 1 or (B, S, V_i) on axis 2."""
+
     type_name = "Concat"
 
     def infer(self):
@@ -104,8 +109,10 @@ class Concat(Layer):
             other = [d for i, d in enumerate(s) if i != axis]
             ref = [d for i, d in enumerate(shapes[0]) if i != axis]
             if other != ref:
-                self.fail(f"input {name!r} has shape {s}, which does not match "
-                          f"{self.cfg.bottom_names[0]!r} {shapes[0]} off axis {axis}")
+                self.fail(
+                    f"input {name!r} has shape {s}, which does not match "
+                    f"{self.cfg.bottom_names[0]!r} {shapes[0]} off axis {axis}"
+                )
         self.axis = axis
         out = list(shapes[0])
         out[axis] = sum(s[axis] for s in shapes)
@@ -124,6 +131,7 @@ class Concat(Layer):
 class Reshape(Layer):
     """(a) leading_dim: (N/L, L); (b) leading_dim + time_step: (N/(L·T), T, L);
     (c) selected slots: layers.shape.ReshapeSelected (a gather, dispatched by layers.build); (d) shape=[..., -1]."""
+
     type_name = "Reshape"
 
     def infer(self):
@@ -136,8 +144,10 @@ class Reshape(Layer):
         if c.leading_dim > 0:
             per = c.leading_dim * max(c.time_step, 1)
             if total % per:
-                self.fail(f"input {c.bottom_names[0]!r} {shape} has {total} elements, not divisible by "
-                          f"leading_dim*time_step = {per}")
+                self.fail(
+                    f"input {c.bottom_names[0]!r} {shape} has {total} elements, not divisible by "
+                    f"leading_dim*time_step = {per}"
+                )
             out = (total // per, c.time_step, c.leading_dim) if c.time_step > 0 else (total // per, c.leading_dim)
         elif c.shape:
             shp = list(c.shape)
@@ -171,22 +181,25 @@ class Interaction(Layer):
     fused MLP / FusedInnerProduct Head that takes it as second bottom. numbactr's tape carries that
     gradient on the first top, so the second top is the SAME tensor as the first (its consumers read
     the output; a gradient sent to it adds to the first's). Accepted in fp32 too, as FusedInnerProduct."""
+
     type_name = "Interaction"
 
     def infer(self):
         self.expect_counts(2, tops=len(self.cfg.top_names) if len(self.cfg.top_names) in (1, 2) else 1)
         if self.cfg.compute_config.async_wgrad and len(self.cfg.top_names) == 1:
             # HugeCTR's check (the one-top form has no dgrad split)
-            self.fail("compute_config async_wgrad=True needs the two-top (fp16) Interaction; the one-top "
-                      "form has no separate gradient output to overlap")
+            self.fail(
+                "compute_config async_wgrad=True needs the two-top (fp16) Interaction; the one-top "
+                "form has no separate gradient output to overlap"
+            )
         d, e = self.in_shapes
         names = self.cfg.bottom_names
         if len(d) != 2 or len(e) != 3:
-            self.fail(f"bottoms must be dense (B, V) and embedding (B, S, V); got {names[0]!r} {d} "
-                      f"and {names[1]!r} {e}")
+            self.fail(
+                f"bottoms must be dense (B, V) and embedding (B, S, V); got {names[0]!r} {d} and {names[1]!r} {e}"
+            )
         if d[0] != e[0] or d[1] != e[2]:
-            self.fail(f"{names[0]!r} {d} and {names[1]!r} {e} disagree: need dense (B, V) with "
-                      f"V == embedding width")
+            self.fail(f"{names[0]!r} {d} and {names[1]!r} {e} disagree: need dense (B, V) with V == embedding width")
         n = e[1] + 1
         out = (d[0], d[1] + n * (n - 1) // 2 + 1)
         return [out] * len(self.cfg.top_names)
@@ -201,24 +214,27 @@ class Interaction(Layer):
 
 class BinaryCrossEntropyLoss(RegularizedLoss, Layer):
     """bottoms [logit (B, 1), label (B, 1)] -> scalar loss; sigmoid fused; see ops.BinaryCrossEntropy."""
+
     type_name = "BinaryCrossEntropyLoss"
     is_loss = True
-    label_kind = "unit"          # labels in [0, 1], checked by the reader (numbactr.data.validation)
+    label_kind = "unit"  # labels in [0, 1], checked by the reader (numbactr.data.validation)
 
     def infer(self):
         self.expect_counts(2)
         x, y = self.in_shapes
         if x != y or len(x) != 2 or x[1] != 1:
-            self.fail(f"logit {self.cfg.bottom_names[0]!r} {x} and label {self.cfg.bottom_names[1]!r} "
-                      f"{y} must both be (B, 1)")
+            self.fail(
+                f"logit {self.cfg.bottom_names[0]!r} {x} and label {self.cfg.bottom_names[1]!r} {y} must both be (B, 1)"
+            )
         self.setup_regularizer()
         return [(1,)]
 
     def forward(self, tape, xs, run):
         # a rank whose share of a partial last batch is empty has no rows to scale (as CrossEntropyLoss)
         grad_scale = run.scaler / (run.valid * run.ranks) if run.valid else 0.0
-        loss = ops.BinaryCrossEntropy.apply(tape, xs[0], xs[1], valid=run.valid, grad_scale=grad_scale,
-                                            name=self.cfg.top_names[0])
+        loss = ops.BinaryCrossEntropy.apply(
+            tape, xs[0], xs[1], valid=run.valid, grad_scale=grad_scale, name=self.cfg.top_names[0]
+        )
         self.logits = xs[0]
         return [loss]
 

@@ -8,6 +8,7 @@ MultiCrossV1 (x_{l+1} = x0 (x_l · w_l) + x_l + b_l) or MultiCrossV2 (x_{l+1} = 
 Why FcBiasAct (not Linear then ReLU): the bias add and ReLU after each matmul are ONE fused epilogue
 kernel, and the backward's ReLU mask and bias gradient another (numbactr.kernels.fused_bias_act).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,6 +41,7 @@ class MLP(Layer):
     A second bottom (HugeCTR's mixed-precision form: the two-top Interaction's gradient buffer) is
     accepted and not read: it is the same tensor as the first (layers.core.Interaction), and the
     gradient flows through the first bottom."""
+
     type_name = "MLP"
 
     def infer(self):
@@ -47,8 +49,10 @@ class MLP(Layer):
         self.expect_counts((1, 2))
         shape = self.in_shapes[0]
         if len(self.in_shapes) == 2 and self.in_shapes[1] != shape:
-            self.fail(f"the second bottom {c.bottom_names[1]!r} {self.in_shapes[1]} must have the first's "
-                      f"shape {shape} (it is the two-top Interaction's gradient buffer)")
+            self.fail(
+                f"the second bottom {c.bottom_names[1]!r} {self.in_shapes[1]} must have the first's "
+                f"shape {shape} (it is the two-top Interaction's gradient buffer)"
+            )
         if len(shape) != 2:
             self.fail(f"input {c.bottom_names[0]!r} must be 2-D (B, K), got shape {shape}")
         outs = list(c.num_outputs)
@@ -57,14 +61,18 @@ class MLP(Layer):
         n = len(outs)
         acts = list(c.activations) if c.activations else [c.act_type] * n
         if len(acts) != n:
-            self.fail(f"activations has {len(acts)} entries for {n} layers (num_outputs {outs}); the "
-                      "number of activations should be equal to the number of layers")
+            self.fail(
+                f"activations has {len(acts)} entries for {n} layers (num_outputs {outs}); the "
+                "number of activations should be equal to the number of layers"
+            )
         if not all(a in (Activation_t.Relu, Activation_t.Non) for a in acts):
             self.fail(f"activations must be Activation_t.Relu or Activation_t.Non, got {acts!r}")
         biases = [bool(b) for b in c.biases] if c.biases else [bool(c.use_bias)] * n
         if len(biases) != n:
-            self.fail(f"biases has {len(biases)} entries for {n} layers (num_outputs {outs}); the number "
-                      "of biases should be equal to the number of layers")
+            self.fail(
+                f"biases has {len(biases)} entries for {n} layers (num_outputs {outs}); the number "
+                "of biases should be equal to the number of layers"
+            )
         self.dims = [shape[1]] + outs
         self.acts, self.biases = acts, biases
         return [(shape[0], outs[-1])]
@@ -81,10 +89,14 @@ class MLP(Layer):
         out, exact = [], hugectr_exact.hugectr_exact()
         for i in range(len(self.dims) - 1):
             k, n = self.dims[i], self.dims[i + 1]
-            out.append(init.mlp_param(rng, (k, n), self.cfg.weight_init_type, k, n, sub_layer=i,
-                                      is_bias=False, hugectr_exact=exact))
-            out.append(init.mlp_param(rng, (n,), self.cfg.bias_init_type, k, n, sub_layer=i,
-                                      is_bias=True, hugectr_exact=exact))
+            out.append(
+                init.mlp_param(
+                    rng, (k, n), self.cfg.weight_init_type, k, n, sub_layer=i, is_bias=False, hugectr_exact=exact
+                )
+            )
+            out.append(
+                init.mlp_param(rng, (n,), self.cfg.bias_init_type, k, n, sub_layer=i, is_bias=True, hugectr_exact=exact)
+            )
         return out
 
     def forward(self, tape, xs, run):
@@ -115,8 +127,13 @@ class MLP(Layer):
         return {"mlp_param": p}
 
 
-_FC_POS = {FcPosition_t.Non: "None", FcPosition_t.Head: "Head", FcPosition_t.Body: "Body",
-           FcPosition_t.Tail: "Tail", FcPosition_t.Isolated: "Isolated"}
+_FC_POS = {
+    FcPosition_t.Non: "None",
+    FcPosition_t.Head: "Head",
+    FcPosition_t.Body: "Body",
+    FcPosition_t.Tail: "Tail",
+    FcPosition_t.Isolated: "Isolated",
+}
 
 
 class FusedInnerProduct(Layer):
@@ -131,6 +148,7 @@ class FusedInnerProduct(Layer):
     (out_db, (1, N)) is zeros; a Head's second bottom and a Body/Tail's bottoms 2-4 are not read, so
     every gradient flows through bottom 1 / top 1 and a GroupFusedInnerProduct-style chain trains
     like the equivalent chain of InnerProduct+ReLU."""
+
     type_name = "FusedInnerProduct"
 
     def infer(self):
@@ -141,15 +159,24 @@ class FusedInnerProduct(Layer):
         if act not in (Activation_t.Relu, Activation_t.Non):
             self.fail(f"act_type must be Activation_t.Relu or Activation_t.Non, got {act!r}")
         nb, nt = len(c.bottom_names), len(c.top_names)
-        ok = {FcPosition_t.Non: ((1,), 1), FcPosition_t.Isolated: ((1,), 1), FcPosition_t.Head: ((1, 2), 4),
-              FcPosition_t.Body: ((4,), 4), FcPosition_t.Tail: ((4,), 1)}[pos]
+        ok = {
+            FcPosition_t.Non: ((1,), 1),
+            FcPosition_t.Isolated: ((1,), 1),
+            FcPosition_t.Head: ((1, 2), 4),
+            FcPosition_t.Body: ((4,), 4),
+            FcPosition_t.Tail: ((4,), 1),
+        }[pos]
         if nb not in ok[0] or nt != ok[1]:
-            self.fail(f"pos_type {_FC_POS[pos]} needs {' or '.join(map(str, ok[0]))} bottom(s) and {ok[1]} "
-                      f"top(s), got {nb} and {nt}: the position and dimension of bottom and top layer "
-                      "aren't compatible")
+            self.fail(
+                f"pos_type {_FC_POS[pos]} needs {' or '.join(map(str, ok[0]))} bottom(s) and {ok[1]} "
+                f"top(s), got {nb} and {nt}: the position and dimension of bottom and top layer "
+                "aren't compatible"
+            )
         if act == Activation_t.Non and pos != FcPosition_t.Tail:
-            self.fail("act_type Non is allowed only at pos_type Tail (the layer without activation "
-                      "function must be the last layer in MLP)")
+            self.fail(
+                "act_type Non is allowed only at pos_type Tail (the layer without activation "
+                "function must be the last layer in MLP)"
+            )
         shape = self.in_shapes[0]
         if len(shape) != 2:
             self.fail(f"input {c.bottom_names[0]!r} must be 2-D (B, K), got shape {shape}")
@@ -163,12 +190,15 @@ class FusedInnerProduct(Layer):
         return [(self.k, self.n), (self.n,)]
 
     def init_params(self, rng):
-        return [init.inner_product_weight(rng, self.k, self.n, self.cfg.weight_init_type),
-                init.inner_product_bias(rng, self.n, self.cfg.bias_init_type)]
+        return [
+            init.inner_product_weight(rng, self.k, self.n, self.cfg.weight_init_type),
+            init.inner_product_bias(rng, self.n, self.cfg.bias_init_type),
+        ]
 
     def forward(self, tape, xs, run):
-        y = FcBiasAct.apply(tape, xs[0], *self.params, relu=self.cfg.act_type == Activation_t.Relu,
-                            name=self.cfg.top_names[0])
+        y = FcBiasAct.apply(
+            tape, xs[0], *self.params, relu=self.cfg.act_type == Activation_t.Relu, name=self.cfg.top_names[0]
+        )
         if len(self.cfg.top_names) == 1:
             return [y]
         db = Tensor(_xp().zeros((1, self.n), np.float32), name=self.cfg.top_names[3])
@@ -197,6 +227,7 @@ class MultiCross(Layer):
     V_l (P, D), b_l (1, D), order [U0, V0, b0, ...]; x_{l+1} = x0 * (x_l U_l V_l + b_l) + x_l.
     Init (numbactr.layers.init: every Initializer_t but Zero maps to Default, as HugeCTR): v1 w ~
     N(0, sqrt(1/D)); v2 U ~ N(0, sqrt(2/(D+P))), V ~ N(0, sqrt(2/(P+D))); biases 0."""
+
     type_name = "MultiCross"
 
     def infer(self):
@@ -226,8 +257,11 @@ class MultiCross(Layer):
             if p == 0:
                 out += [init.multicross_kernel(rng, (1, d), wk, d), init.multicross_bias(rng, (1, d), bk)]
             else:
-                out += [init.multicross_kernel(rng, (d, p), wk, d, p), init.multicross_kernel(rng, (p, d), wk, d, p),
-                        init.multicross_bias(rng, (1, d), bk)]
+                out += [
+                    init.multicross_kernel(rng, (d, p), wk, d, p),
+                    init.multicross_kernel(rng, (p, d), wk, d, p),
+                    init.multicross_bias(rng, (1, d), bk),
+                ]
         return out
 
     def forward(self, tape, xs, run):
@@ -245,7 +279,7 @@ class MultiCross(Layer):
         if c.bias_init_type != Initializer_t.Default:
             p["bias_init"] = c.bias_init_type.name
         if self.p > 0:
-            p["projection_dim"] = self.p      # HugeCTR drops it (spec §10.16); an extra key here
+            p["projection_dim"] = self.p  # HugeCTR drops it (spec §10.16); an extra key here
         return {"mc_param": p}
 
 

@@ -20,6 +20,7 @@ switches to HugeCTR's):
   in the run's precision (fp16 under use_mixed_precision, rounded between layers), so Cast passes its
   input on unchanged (no copy, gradient passes through).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,6 +50,7 @@ from numbactr.ops.elementwise import ReLU as ReLUFn
 # ---- layers ----------------------------------------------------------------------------------
 class _SameShape(Layer):
     """Base of the layers whose bottoms all share one shape and whose top has that shape."""
+
     min_bottoms, max_bottoms = 1, 1
 
     def infer(self):
@@ -61,8 +63,10 @@ class _SameShape(Layer):
             self.fail(f"expects 1 top tensor, got {len(self.cfg.top_names)}")
         for name, s in zip(names[1:], shapes[1:]):
             if s != shapes[0]:
-                self.fail(f"input {name!r} has shape {s}, but {names[0]!r} has {shapes[0]}: all inputs "
-                          "must have the same shape")
+                self.fail(
+                    f"input {name!r} has shape {s}, but {names[0]!r} has {shapes[0]}: all inputs "
+                    "must have the same shape"
+                )
         self.check_params()
         return [shapes[0]]
 
@@ -72,6 +76,7 @@ class _SameShape(Layer):
 
 class Add(_SameShape):
     """Y = sum_i X_i over N >= 2 same-shape bottoms (any rank); dX_i = dY."""
+
     type_name = "Add"
     min_bottoms, max_bottoms = 2, 1 << 30
 
@@ -84,6 +89,7 @@ class Add(_SameShape):
 
 class Sub(_SameShape):
     """Y = X0 - X1 (two same-shape bottoms); dX0 = dY, dX1 = -dY."""
+
     type_name = "Sub"
     min_bottoms, max_bottoms = 2, 2
 
@@ -97,6 +103,7 @@ class ElementwiseMultiply(_SameShape):
     Backward: product rule dX_i = dY * prod_{j!=i} X_j; under hugectr_exact.hugectr_exact(), HugeCTR's
     dX_i = dY * (Y / X_i) with dX_i = 0 for every i wherever Y == 0.
     """
+
     type_name = "ElementwiseMultiply"
     min_bottoms, max_bottoms = 2, 1 << 30
 
@@ -109,6 +116,7 @@ class ElementwiseMultiply(_SameShape):
 
 class ELU(_SameShape):
     """Y = X if X >= 0 else elu_alpha * (e^X - 1); any shape."""
+
     type_name = "ELU"
 
     def check_params(self):
@@ -126,6 +134,7 @@ class ELU(_SameShape):
 
 class Sigmoid(_SameShape):
     """Y = 1 / (1 + e^-X); any shape."""
+
     type_name = "Sigmoid"
 
     def forward(self, tape, xs, run):
@@ -137,6 +146,7 @@ class Sigmoid(_SameShape):
 
 class ReLUHalf(_SameShape):
     """HugeCTR declares Layer_t.ReLUHalf but builds no layer for it; numbactr runs the fp32 ReLU."""
+
     type_name = "ReLUHalf"
 
     def forward(self, tape, xs, run):
@@ -150,6 +160,7 @@ class Cast(_SameShape):
     """HugeCTR: fp32 <-> fp16 (direction by mixed-precision mode). numbactr's tape stores activations in
     the run's precision already (autocast: fp16 between layers under use_mixed_precision), so Cast passes
     its input on (no copy, gradient passes through)."""
+
     type_name = "Cast"
 
     def forward(self, tape, xs, run):
@@ -165,6 +176,7 @@ class Scale(Layer):
 
     Backward: the sum over the f copies; under hugectr_exact.hugectr_exact(), only the first copy (HugeCTR).
     """
+
     type_name = "Scale"
 
     def infer(self):
@@ -177,7 +189,7 @@ class Scale(Layer):
             self.fail(f"axis must be 0 (repeat elements) or 1 (repeat rows), got {axis!r}")
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
             self.fail(f"factor must be a number, got {factor!r}")
-        f = int(factor)                                        # HugeCTR casts the float to int
+        f = int(factor)  # HugeCTR casts the float to int
         if f < 1:
             self.fail(f"factor must be >= 1 after the cast to int, got factor={factor!r} -> {f}")
         self.axis, self.f = axis, f
@@ -185,8 +197,16 @@ class Scale(Layer):
         return [(b, n * f) if axis == 0 else (b * f, n)]
 
     def forward(self, tape, xs, run):
-        return [ScaleFn.apply(tape, xs[0], axis=self.axis, factor=self.f, first_only=hugectr_exact.hugectr_exact(),
-                              name=self.cfg.top_names[0])]
+        return [
+            ScaleFn.apply(
+                tape,
+                xs[0],
+                axis=self.axis,
+                factor=self.f,
+                first_only=hugectr_exact.hugectr_exact(),
+                name=self.cfg.top_names[0],
+            )
+        ]
 
     def json_params(self):
         return {"scale_param": {"axis": self.axis, "factor": float(self.cfg.factor)}}
@@ -201,6 +221,7 @@ class Dropout(_SameShape):
     ``layer_id`` defaults to the CRC32 of the top name (stable across runs and graph edits); the
     model may overwrite it, e.g. with the layer's index.
     """
+
     type_name = "Dropout"
 
     def check_params(self):
@@ -214,13 +235,16 @@ class Dropout(_SameShape):
         name = self.cfg.top_names[0]
         if not run.training:
             return [Identity.apply(tape, xs[0], name=name)]
-        step = dropout_step(self, int(run.step))      # on gpu/sim in device memory: the same launch every step
-        return [DropoutFn.apply(tape, xs[0], rate=self.rate, seed=int(run.seed), step=step,
-                                layer_id=int(self.layer_id), name=name)]
-
+        step = dropout_step(self, int(run.step))  # on gpu/sim in device memory: the same launch every step
+        return [
+            DropoutFn.apply(
+                tape, xs[0], rate=self.rate, seed=int(run.seed), step=step, layer_id=int(self.layer_id), name=name
+            )
+        ]
 
     def inference_fn(self):
-        return op_fn(Identity)                          # no mask without training, as forward()
+        return op_fn(Identity)  # no mask without training, as forward()
+
     def json_params(self):
         return {"rate": self.rate}
 
@@ -231,6 +255,7 @@ class WeightMultiply(Layer):
     Init (weight_init_type): Default / XavierUniform U(+-sqrt(6/(S+S*V))), XavierNorm
     N(0, sqrt(2/(S+S*V))/0.8796), Uniform U(+-1/(S+S*V)), Zero.
     """
+
     type_name = "WeightMultiply"
 
     def infer(self):
@@ -243,11 +268,14 @@ class WeightMultiply(Layer):
         if len(dims) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
             self.fail(f"weight_dims must be two positive ints [S, V], got {self.cfg.weight_dims!r}")
         if dims[0] != shape[1]:
-            self.fail(f"weight_dims[0] = {dims[0]} must equal the width S = {shape[1]} of input "
-                      f"{name!r} {shape}")
-        if self.cfg.weight_init_type not in (Initializer_t.Default, Initializer_t.XavierUniform,
-                                             Initializer_t.XavierNorm, Initializer_t.Uniform,
-                                             Initializer_t.Zero):
+            self.fail(f"weight_dims[0] = {dims[0]} must equal the width S = {shape[1]} of input {name!r} {shape}")
+        if self.cfg.weight_init_type not in (
+            Initializer_t.Default,
+            Initializer_t.XavierUniform,
+            Initializer_t.XavierNorm,
+            Initializer_t.Uniform,
+            Initializer_t.Zero,
+        ):
             self.fail(f"weight_init_type {self.cfg.weight_init_type!r} is not a weight initializer")
         self.s, self.v = dims
         return [(shape[0], self.s * self.v)]
@@ -273,6 +301,7 @@ class WeightMultiply(Layer):
 
 class FmOrder2(Layer):
     """X (B, S*V) -> Y (B, V) with V = out_dim: Y = 0.5 * ((sum_s x_s)^2 - sum_s x_s^2) per component."""
+
     type_name = "FmOrder2"
 
     def infer(self):

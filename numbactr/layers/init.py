@@ -15,6 +15,7 @@ HugeCTR: HugeCTR/include/data_simulator.hpp, src/data_simulator.cu, src/layer.cp
 each layer's get_*_initializer (fully_connected_layer.cu, mlp_layer.cu, multi_cross_layer.cu,
 weight_multiply_layer.cu, batch_norm_layer.cu, layer_norm_layer.cu, gru_layer.cu).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,10 +25,10 @@ import numpy as np
 
 from numbactr.enums import Initializer_t
 
-TRUNC_STD_FIX = 0.87962566103423978   # HugeCTR inflates the 'truncated' normal's sigma, never truncates
+TRUNC_STD_FIX = 0.87962566103423978  # HugeCTR inflates the 'truncated' normal's sigma, never truncates
 
 Shape = tuple
-Sampler = Callable[[object, Shape], np.ndarray]      # (rng, shape) -> float64 array
+Sampler = Callable[[object, Shape], np.ndarray]  # (rng, shape) -> float64 array
 
 
 # ---- primitive distributions ------------------------------------------------------------------
@@ -62,8 +63,17 @@ def variance_scale(fan_in: float, fan_out: float, mode: str = "fan_avg", scale: 
     return scale / max(1.0, fan)
 
 
-def variance_scaling(rng, shape: Shape, fan_in: float, fan_out: float, *, mode: str = "fan_avg",
-                     distribution: str = "uniform", truncated: bool = True, scale: float = 1.0) -> np.ndarray:
+def variance_scaling(
+    rng,
+    shape: Shape,
+    fan_in: float,
+    fan_out: float,
+    *,
+    mode: str = "fan_avg",
+    distribution: str = "uniform",
+    truncated: bool = True,
+    scale: float = 1.0,
+) -> np.ndarray:
     """HugeCTR's VarianceScalingSimulator: uniform -> U(+-sqrt(3s)); norm -> N(0, sqrt(s)), its sigma
     divided by 0.8796 when ``truncated`` (the default), though nothing is actually truncated."""
     s = variance_scale(fan_in, fan_out, mode, scale)
@@ -86,16 +96,27 @@ def xavier_norm(rng, shape: Shape, fan_in: float, fan_out: float) -> np.ndarray:
 
 
 # ---- HugeCTR's getter dispatch ----------------------------------------------------------------
-def draw(rng, shape: Shape, kind, *, default: Sampler, uniform: Sampler | None = None,
-         xavier_uniform: Sampler | None = None, xavier_norm: Sampler | None = None) -> np.ndarray:
+def draw(
+    rng,
+    shape: Shape,
+    kind,
+    *,
+    default: Sampler,
+    uniform: Sampler | None = None,
+    xavier_uniform: Sampler | None = None,
+    xavier_norm: Sampler | None = None,
+) -> np.ndarray:
     """One weight of ``shape`` for Initializer_t ``kind``: Zero -> zeros; a getter the layer does not
     override (None) falls back to ``default``, as in HugeCTR's Layer base class."""
     if not isinstance(kind, Initializer_t):
         raise ValueError(f"initializer must be an Initializer_t, got {kind!r}")
     if kind == Initializer_t.Zero:
         return zeros(shape)
-    getter = {Initializer_t.Uniform: uniform, Initializer_t.XavierUniform: xavier_uniform,
-              Initializer_t.XavierNorm: xavier_norm}.get(kind)
+    getter = {
+        Initializer_t.Uniform: uniform,
+        Initializer_t.XavierUniform: xavier_uniform,
+        Initializer_t.XavierNorm: xavier_norm,
+    }.get(kind)
     return (getter or default)(rng, shape)
 
 
@@ -104,18 +125,21 @@ def cycled(types: Sequence, index: int):
     return types[index % len(types)]
 
 
-def weight(rng, shape: Shape, kind, fan_in: float, fan_out: float,
-           default: Sampler | None = None) -> np.ndarray:
+def weight(rng, shape: Shape, kind, fan_in: float, fan_out: float, default: Sampler | None = None) -> np.ndarray:
     """The fan-in/fan-out getters of InnerProduct and WeightMultiply.
 
     Uniform U(+-1/(in+out)); XavierUniform / XavierNorm VarianceScaling fan_avg (uniform / truncated
     norm); Zero 0; Default ``default`` (XavierNorm when None). A bias passes fan_in = 0, as HugeCTR does.
     """
-    return draw(rng, shape, kind,
-                default=default or (lambda r, s: xavier_norm(r, s, fan_in, fan_out)),
-                uniform=lambda r, s: uniform(r, s, 1.0 / (fan_in + fan_out)),
-                xavier_uniform=lambda r, s: xavier_uniform(r, s, fan_in, fan_out),
-                xavier_norm=lambda r, s: xavier_norm(r, s, fan_in, fan_out))
+    return draw(
+        rng,
+        shape,
+        kind,
+        default=default or (lambda r, s: xavier_norm(r, s, fan_in, fan_out)),
+        uniform=lambda r, s: uniform(r, s, 1.0 / (fan_in + fan_out)),
+        xavier_uniform=lambda r, s: xavier_uniform(r, s, fan_in, fan_out),
+        xavier_norm=lambda r, s: xavier_norm(r, s, fan_in, fan_out),
+    )
 
 
 # ---- InnerProduct / FusedInnerProduct ---------------------------------------------------------
@@ -126,13 +150,20 @@ def inner_product_weight(rng, fan_in: int, fan_out: int, kind) -> np.ndarray:
 
 def inner_product_bias(rng, fan_out: int, kind) -> np.ndarray:
     """b (fan_out,) of an InnerProduct: Default N(0, sqrt(1/out)); the others with fan_in = 0."""
-    return weight(rng, (fan_out,), kind, 0, fan_out,
-                  default=lambda r, s: gaussian(r, s, math.sqrt(1.0 / fan_out)))
+    return weight(rng, (fan_out,), kind, 0, fan_out, default=lambda r, s: gaussian(r, s, math.sqrt(1.0 / fan_out)))
 
 
 # ---- MLP --------------------------------------------------------------------------------------
-def mlp_param(rng, shape: Shape, kind, fan_in: int, fan_out: int, sub_layer: int = 0,
-              is_bias: bool = False, hugectr_exact: bool = False) -> np.ndarray:
+def mlp_param(
+    rng,
+    shape: Shape,
+    kind,
+    fan_in: int,
+    fan_out: int,
+    sub_layer: int = 0,
+    is_bias: bool = False,
+    hugectr_exact: bool = False,
+) -> np.ndarray:
     """A kernel (fan_in, fan_out) or bias (fan_out,) of MLP sub-layer ``sub_layer``.
 
     Default = Uniform = U(+-sqrt(1/fan_in)) for kernel AND bias. XavierUniform / XavierNorm use
@@ -141,15 +172,21 @@ def mlp_param(rng, shape: Shape, kind, fan_in: int, fan_out: int, sub_layer: int
     sub-layers fan_avg, of odd ones fan_out, ``i % 2`` with i = index / 2): ``hugectr_exact=True``
     reproduces that.
     """
+
     def lecun_uniform(r, s):
         return uniform(r, s, math.sqrt(1.0 / fan_in))
 
     odd = (sub_layer % 2 == 1) if hugectr_exact else is_bias
     mode = "fan_out" if odd else "fan_avg"
-    return draw(rng, shape, kind, default=lecun_uniform, uniform=lecun_uniform,
-                xavier_uniform=lambda r, s: variance_scaling(r, s, fan_in, fan_out, mode=mode),
-                xavier_norm=lambda r, s: variance_scaling(r, s, fan_in, fan_out, mode=mode,
-                                                          distribution="norm"))
+    return draw(
+        rng,
+        shape,
+        kind,
+        default=lecun_uniform,
+        uniform=lecun_uniform,
+        xavier_uniform=lambda r, s: variance_scaling(r, s, fan_in, fan_out, mode=mode),
+        xavier_norm=lambda r, s: variance_scaling(r, s, fan_in, fan_out, mode=mode, distribution="norm"),
+    )
 
 
 # ---- MultiCross -------------------------------------------------------------------------------
@@ -175,8 +212,9 @@ def multicross_bias(rng, shape: Shape, kind) -> np.ndarray:
 def weight_multiply_weight(rng, slot_num: int, vec: int, kind) -> np.ndarray:
     """W (S, V) with fan_in = S, fan_out = S*V: Default = XavierUniform; Uniform U(+-1/(S + S*V))."""
     fan_in, fan_out = slot_num, slot_num * vec
-    return weight(rng, (slot_num, vec), kind, fan_in, fan_out,
-                  default=lambda r, s: xavier_uniform(r, s, fan_in, fan_out))
+    return weight(
+        rng, (slot_num, vec), kind, fan_in, fan_out, default=lambda r, s: xavier_uniform(r, s, fan_in, fan_out)
+    )
 
 
 # ---- BatchNorm / LayerNorm ---------------------------------------------------------------------

@@ -31,6 +31,7 @@ numbactr.ops.losses and numbactr.ops.regularizer; this module keeps the layers a
 
 HugeCTR: HugeCTR/src/loss.cu, src/regularizers/*.cu, src/pybind/add_dense_layer.cpp.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,6 +89,7 @@ class RegularizedLoss:
 class CrossEntropyLoss(RegularizedLoss, Layer):
     """bottoms [logits (B, 2), label (B, 1) or (B, 2)] -> loss (1,); softmax fused. Class of row i:
     0 if its label < 0.5 else 1 (column 0; HugeCTR's buffer read under hugectr_exact.hugectr_exact())."""
+
     type_name = "CrossEntropyLoss"
     is_loss = True
     # labels in [0, 1], checked by the reader; the class is label >= 0.5, as HugeCTR's kernel reads it (its
@@ -101,15 +103,24 @@ class CrossEntropyLoss(RegularizedLoss, Layer):
         if len(x) != 2 or x[1] != 2:
             self.fail(f"logits {xn!r} must be (B, 2) (two classes), got shape {x}")
         if len(y) != 2 or y[0] != x[0] or y[1] not in (1, 2):
-            self.fail(f"label {yn!r} {y} does not match logits {xn!r} {x}: need label (B, 2) like the "
-                      f"logits, or (B, 1) class labels, with the same B")
+            self.fail(
+                f"label {yn!r} {y} does not match logits {xn!r} {x}: need label (B, 2) like the "
+                f"logits, or (B, 1) class labels, with the same B"
+            )
         self.setup_regularizer()
         return [(1,)]
 
     def forward(self, tape, xs, run):
         grad_scale = run.scaler / (run.valid * run.ranks) if run.valid else 0.0
-        loss = CrossEntropy.apply(tape, xs[0], xs[1], valid=run.valid, grad_scale=grad_scale,
-                                  hugectr_label=hugectr_exact.hugectr_exact(), name=self.cfg.top_names[0])
+        loss = CrossEntropy.apply(
+            tape,
+            xs[0],
+            xs[1],
+            valid=run.valid,
+            grad_scale=grad_scale,
+            hugectr_label=hugectr_exact.hugectr_exact(),
+            name=self.cfg.top_names[0],
+        )
         self.logits = xs[0]
         return [loss]
 
@@ -124,9 +135,10 @@ class CrossEntropyLoss(RegularizedLoss, Layer):
 class MultiCrossEntropyLoss(RegularizedLoss, Layer):
     """bottoms [logits (B, T), label (B, T)] -> loss (1,); per-target weights target_weight_vec (T,);
     labels < -0.5 are ignored (no loss, no gradient) but still count in the b·T normalization."""
+
     type_name = "MultiCrossEntropyLoss"
     is_loss = True
-    label_kind = "unit_or_ignore"    # labels in [0, 1] or < -0.5 ("no label"), checked by the reader
+    label_kind = "unit_or_ignore"  # labels in [0, 1] or < -0.5 ("no label"), checked by the reader
 
     def infer(self):
         self.expect_counts(2)
@@ -139,11 +151,9 @@ class MultiCrossEntropyLoss(RegularizedLoss, Layer):
         tw = self.cfg.target_weight_vec
         targets = x[1]
         if tw is None or len(tw) == 0:
-            self.fail(f"target_weight_vec is required: one weight per target, {targets} for logits "
-                      f"{xn!r} {x}")
+            self.fail(f"target_weight_vec is required: one weight per target, {targets} for logits {xn!r} {x}")
         if len(tw) != targets:
-            self.fail(f"target_weight_vec has {len(tw)} weights, but logits {xn!r} {x} have {targets} "
-                      f"targets")
+            self.fail(f"target_weight_vec has {len(tw)} weights, but logits {xn!r} {x} have {targets} targets")
         try:
             weights = [float(v) for v in tw]
         except (TypeError, ValueError):
@@ -165,8 +175,9 @@ class MultiCrossEntropyLoss(RegularizedLoss, Layer):
     def forward(self, tape, xs, run):
         targets = self.in_shapes[0][1]
         grad_scale = run.scaler / (run.valid * targets * run.ranks) if run.valid else 0.0
-        loss = MultiCrossEntropy.apply(tape, xs[0], xs[1], tw=self._tw(), valid=run.valid,
-                                       grad_scale=grad_scale, name=self.cfg.top_names[0])
+        loss = MultiCrossEntropy.apply(
+            tape, xs[0], xs[1], tw=self._tw(), valid=run.valid, grad_scale=grad_scale, name=self.cfg.top_names[0]
+        )
         self.logits = xs[0]
         return [loss]
 

@@ -9,6 +9,7 @@ BatchNorm keeps non-trainable running statistics, ``layer.running_mean`` and ``l
 in ``<prefix>_dense_<iter>.model.ntp.json`` (spec §7.2): see ``BatchNorm.ntp_entry`` /
 ``BatchNorm.load_ntp_entry``.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,6 +51,7 @@ class BatchNorm(Layer):
 
     Running stats start at mean 0, var 1 (HugeCTR leaves them uninitialized; with the default
     factor=1.0 the first training step overwrites them either way)."""
+
     type_name = "BatchNorm"
 
     def infer(self):
@@ -71,8 +73,10 @@ class BatchNorm(Layer):
         return [(self.f,), (self.f,)]
 
     def init_params(self, rng):
-        return [init.norm_gamma(rng, (self.f,), self.cfg.gamma_init_type),
-                init.norm_beta(rng, (self.f,), self.cfg.beta_init_type)]
+        return [
+            init.norm_gamma(rng, (self.f,), self.cfg.gamma_init_type),
+            init.norm_beta(rng, (self.f,), self.cfg.beta_init_type),
+        ]
 
     def _stats_on_device(self):
         xp = _xp()
@@ -82,8 +86,9 @@ class BatchNorm(Layer):
 
     def forward(self, tape, xs, run):
         self._stats_on_device()
-        return [BatchNormFn.apply(tape, xs[0], *self.params, layer=self, training=run.training,
-                                  name=self.cfg.top_names[0])]
+        return [
+            BatchNormFn.apply(tape, xs[0], *self.params, layer=self, training=run.training, name=self.cfg.top_names[0])
+        ]
 
     def json_params(self):
         return {"bn_param": _norm_json(self.cfg, {"factor": self.cfg.factor, "eps": self.cfg.eps})}
@@ -91,30 +96,36 @@ class BatchNorm(Layer):
     # -- non-trainable state for <dense>.ntp.json (spec §7.2) --
     def ntp_entry(self) -> dict:
         """{"type": "BatchNorm", "mean": [...], "var": [...]} (floats; HugeCTR prints 6 decimals)."""
-        return {"type": "BatchNorm",
-                "mean": [float(v) for v in device.to_host(self.running_mean)],
-                "var": [float(v) for v in device.to_host(self.running_var)]}
+        return {
+            "type": "BatchNorm",
+            "mean": [float(v) for v in device.to_host(self.running_mean)],
+            "var": [float(v) for v in device.to_host(self.running_var)],
+        }
 
     def load_ntp_entry(self, entry: dict) -> None:
         mean = np.asarray(entry.get("mean", ()), np.float32)
         var = np.asarray(entry.get("var", ()), np.float32)
         if entry.get("type", "BatchNorm") != "BatchNorm" or mean.shape != (self.f,) or var.shape != (self.f,):
-            self.fail(f"non-trainable params entry does not fit: need 'mean' and 'var' of {self.f} floats, "
-                      f"got {mean.shape[0]} and {var.shape[0]}")
+            self.fail(
+                f"non-trainable params entry does not fit: need 'mean' and 'var' of {self.f} floats, "
+                f"got {mean.shape[0]} and {var.shape[0]}"
+            )
         self.running_mean, self.running_var = mean, var
         self._stats_on_device()
 
 
 class LayerNorm(Layer):
     """(..., H) -> (..., H) normalized over the last dim; weights gamma (H,), beta (H,)."""
+
     type_name = "LayerNorm"
 
     def infer(self):
         self.expect_counts(1)
         (shape,) = self.in_shapes
         if len(shape) < 2 or shape[-1] < 1:
-            self.fail(f"input {self.cfg.bottom_names[0]!r} must be at least 2-D with a last dim >= 1, "
-                      f"got shape {shape}")
+            self.fail(
+                f"input {self.cfg.bottom_names[0]!r} must be at least 2-D with a last dim >= 1, got shape {shape}"
+            )
         eps = self.cfg.eps
         if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
             self.fail(f"eps must be a positive number, got {eps!r}")
@@ -126,8 +137,10 @@ class LayerNorm(Layer):
         return [(self.h,), (self.h,)]
 
     def init_params(self, rng):
-        return [init.norm_gamma(rng, (self.h,), self.cfg.gamma_init_type),
-                init.norm_beta(rng, (self.h,), self.cfg.beta_init_type)]
+        return [
+            init.norm_gamma(rng, (self.h,), self.cfg.gamma_init_type),
+            init.norm_beta(rng, (self.h,), self.cfg.beta_init_type),
+        ]
 
     def forward(self, tape, xs, run):
         return [LayerNormFn.apply(tape, xs[0], *self.params, eps=self.eps, name=self.cfg.top_names[0])]
@@ -142,6 +155,7 @@ class PReLU_Dice(Layer):  # noqa: N801 (HugeCTR's name)
     Parameters: elu_alpha (the negative-side slope alpha), eps. The backward is the full derivative
     through the batch statistics; numbactr.hugectr_exact.hugectr_exact() selects HugeCTR's diagonal-only
     formula (see numbactr/kernels/prelu_dice.py)."""
+
     type_name = "PReLU_Dice"
 
     def infer(self):

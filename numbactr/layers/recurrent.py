@@ -28,6 +28,7 @@ Differences from HugeCTR (numbactr.hugectr_exact.hugectr_exact() restores the fi
     reaches cuDNN, dx never reaches the bottom). numbactr back-propagates through time properly,
     in both modes.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,6 +44,7 @@ from numbactr.ops.recurrent import GRUFn, gru_weight_count, split_gru_weights  #
 
 class GRU(Layer):
     """(B*T*V floats, rows = samples) -> every step's hidden state; see the module docstring."""
+
     type_name = "GRU"
 
     def infer(self):
@@ -56,21 +58,27 @@ class GRU(Layer):
         h, bsz, steps, vec = int(c.num_output), int(c.batchsize), int(c.SeqLength), int(c.vector_size)
         total = math.prod(shape)
         if len(shape) not in (2, 3) or total != bsz * steps * vec:
-            self.fail(f"input {c.bottom_names[0]!r} {shape} must be 2-D or 3-D holding batchsize*SeqLength*"
-                      f"vector_size = {bsz}*{steps}*{vec} = {bsz * steps * vec} floats, got {total}")
+            self.fail(
+                f"input {c.bottom_names[0]!r} {shape} must be 2-D or 3-D holding batchsize*SeqLength*"
+                f"vector_size = {bsz}*{steps}*{vec} = {bsz * steps * vec} floats, got {total}"
+            )
         rows = shape[0]
         if len(shape) == 3:
             if shape[1:] != (steps, vec):
-                self.fail(f"3-D input {c.bottom_names[0]!r} must be (B, SeqLength, vector_size) = "
-                          f"({bsz}, {steps}, {vec}), got {shape}")
+                self.fail(
+                    f"3-D input {c.bottom_names[0]!r} must be (B, SeqLength, vector_size) = "
+                    f"({bsz}, {steps}, {vec}), got {shape}"
+                )
             out = (rows, steps, h)
         elif rows == bsz:
             out = (rows, steps * h)
         elif rows == bsz * steps:
             out = (rows, h)
         else:
-            self.fail(f"input {c.bottom_names[0]!r} {shape}: rows must be batchsize ({bsz}) or "
-                      f"batchsize*SeqLength ({bsz * steps})")
+            self.fail(
+                f"input {c.bottom_names[0]!r} {shape}: rows must be batchsize ({bsz}) or "
+                f"batchsize*SeqLength ({bsz * steps})"
+            )
         self.h, self.bsz, self.steps, self.vec = h, bsz, steps, vec
         self._tail = out[1:]
         return [out]
@@ -81,30 +89,50 @@ class GRU(Layer):
     def init_params(self, rng):
         # zeros for every Initializer_t: HugeCTR's GRU overrides no getter (numbactr.layers.init.gru_param)
         w_shape, hx_shape = self.param_shapes()
-        return [init.gru_param(rng, w_shape, self.cfg.weight_init_type),
-                init.gru_param(rng, hx_shape, self.cfg.bias_init_type)]
+        return [
+            init.gru_param(rng, w_shape, self.cfg.weight_init_type),
+            init.gru_param(rng, hx_shape, self.cfg.bias_init_type),
+        ]
 
     def forward(self, tape, xs, run):
         x = xs[0]
         per_sample = self.steps * self.vec
         if x.data.size % per_sample:
-            self.fail(f"input {self.cfg.bottom_names[0]!r} {x.shape} does not hold whole sequences of "
-                      f"SeqLength*vector_size = {per_sample} floats")
+            self.fail(
+                f"input {self.cfg.bottom_names[0]!r} {x.shape} does not hold whole sequences of "
+                f"SeqLength*vector_size = {per_sample} floats"
+            )
         bsz = x.data.size // per_sample
         if bsz > self.bsz:
             self.fail(f"a batch of {bsz} sequences exceeds batchsize={self.bsz} (hx holds {self.bsz} states)")
         rows = x.shape[0]
         out_shape = (rows,) + tuple(int(d) for d in self._tail)
-        if bsz != self.bsz:                          # another batch size (eval): keep the row layout
-            out_shape = (rows, bsz * self.steps * self.h // rows) if len(self._tail) == 1 else \
-                (rows, self.steps, self.h)
-        return [GRUFn.apply(tape, x, *self.params, hidden=self.h, steps=self.steps, vec=self.vec,
-                            out_shape=out_shape, exact=hugectr_exact.hugectr_exact(), name=self.cfg.top_names[0])]
+        if bsz != self.bsz:  # another batch size (eval): keep the row layout
+            out_shape = (
+                (rows, bsz * self.steps * self.h // rows) if len(self._tail) == 1 else (rows, self.steps, self.h)
+            )
+        return [
+            GRUFn.apply(
+                tape,
+                x,
+                *self.params,
+                hidden=self.h,
+                steps=self.steps,
+                vec=self.vec,
+                out_shape=out_shape,
+                exact=hugectr_exact.hugectr_exact(),
+                name=self.cfg.top_names[0],
+            )
+        ]
 
     def json_params(self):
         c = self.cfg
-        p = {"num_output": c.num_output, "batchsize": c.batchsize, "SeqLength": c.SeqLength,
-             "vector_size": c.vector_size}
+        p = {
+            "num_output": c.num_output,
+            "batchsize": c.batchsize,
+            "SeqLength": c.SeqLength,
+            "vector_size": c.vector_size,
+        }
         if c.weight_init_type != Initializer_t.Default:
             p["weight_init"] = c.weight_init_type.name
         if c.bias_init_type != Initializer_t.Default:

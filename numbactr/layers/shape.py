@@ -10,6 +10,7 @@ entries that were not selected and ADDS the gradients of duplicate indices (Huge
 leaving unselected input gradients stale and racing on duplicates); Slice backward sums overlapping
 pieces exactly as HugeCTR does.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -28,7 +29,7 @@ from numbactr.ops.shape import (
 )
 from numbactr.runtime.device import xp as _xp
 
-MAX_SLICES = 5      # HugeCTR's Slice has at most 5 tops
+MAX_SLICES = 5  # HugeCTR's Slice has at most 5 tops
 
 
 def _is_int(v) -> bool:
@@ -38,6 +39,7 @@ def _is_int(v) -> bool:
 # ---- layers ----------------------------------------------------------------------------------
 class ReduceSum(Layer):
     """Sum over ``axis`` of a rank 1..3 input; the output keeps the axis with size 1."""
+
     type_name = "ReduceSum"
     mean = False
 
@@ -69,6 +71,7 @@ class ReduceSum(Layer):
 
 class ReduceMean(ReduceSum):
     """Mean over ``axis``; dX = dY / dim_size broadcast."""
+
     type_name = "ReduceMean"
     mean = True
 
@@ -79,11 +82,12 @@ class Slice(Layer):
     Ranges are validated as HugeCTR does: a < b, both >= 0, starts and ends non-decreasing in order,
     within the input width. Backward: dX = 0, then dX[..., a:b] += dY_i for each top.
     """
+
     type_name = "Slice"
 
     def infer(self):
         c = self.cfg
-        self.expect_counts(1, len(c.top_names))          # one bottom; tops are checked against ranges below
+        self.expect_counts(1, len(c.top_names))  # one bottom; tops are checked against ranges below
         ranges = list(c.ranges)
         if not ranges:
             self.fail("ranges must not be empty")
@@ -104,8 +108,10 @@ class Slice(Layer):
             if a < 0:
                 self.fail(f"range {r!r} is negative")
             if not (prev_a <= a and prev_b <= b):
-                self.fail(f"range {r!r} is out of order or included in the previous range "
-                          f"({prev_a}, {prev_b}); ranges must be sorted by start and end")
+                self.fail(
+                    f"range {r!r} is out of order or included in the previous range "
+                    f"({prev_a}, {prev_b}); ranges must be sorted by start and end"
+                )
             if b > width:
                 self.fail(f"range {r!r} exceeds the width {width} of input {name!r} {shape}")
             prev_a, prev_b = a, b
@@ -139,6 +145,7 @@ class Select(Layer):
 
     Backward scatter-adds dY back; entries not selected get 0.
     """
+
     type_name = "Select"
 
     def infer(self):
@@ -147,8 +154,10 @@ class Select(Layer):
         name = self.cfg.bottom_names[0]
         dim = self.cfg.dim
         if not _is_int(dim) or not 1 <= dim < len(shape):
-            self.fail(f"dim must be an int in 1..{len(shape) - 1} for input {name!r} {shape} "
-                      f"(dim 0 is the batch), got {dim!r}")
+            self.fail(
+                f"dim must be an int in 1..{len(shape) - 1} for input {name!r} {shape} "
+                f"(dim 0 is the batch), got {dim!r}"
+            )
         self.dim = int(dim)
         idx = _check_indices(self, "index", self.cfg.index, shape[self.dim], f"dim {self.dim} of {name!r} {shape}")
         self.index = Index(idx)
@@ -166,6 +175,7 @@ class Select(Layer):
 
 class Gather(Layer):
     """Rows ``indices`` of a 2-D input: (B, K) -> (len(indices), K). Backward scatter-adds."""
+
     type_name = "Gather"
 
     def infer(self):
@@ -199,6 +209,7 @@ def _check_3d_same_bs(layer: Layer) -> tuple[int, int, int]:
 
 class FusedReshapeConcat(Layer):
     """Inputs (B, S, w_i) -> tops item (B*(S-1), W) (slots 0..S-2) and ad (B, W) (last slot)."""
+
     type_name = "FusedReshapeConcat"
 
     def infer(self):
@@ -215,6 +226,7 @@ class FusedReshapeConcat(Layer):
 
 class FusedReshapeConcatGeneral(Layer):
     """Inputs (B, S, w_i) -> (B*S, W)."""
+
     type_name = "FusedReshapeConcatGeneral"
 
     def infer(self):
@@ -232,6 +244,7 @@ class SequenceMask(Layer):
 
     HugeCTR v23.06's form, one bottom [lengths (B, 1)] with ``max_sequence_len`` L, gives (B, 1, 1, L): 1 where
     the key position is below the length (the two-bottom mask with Lf = 1 and every len_from 1)."""
+
     type_name = "SequenceMask"
 
     def infer(self):
@@ -275,6 +288,7 @@ class ReshapeSelected(Layer):
     Not registered in LAYERS: Layer_t.Reshape belongs to core.Reshape, which hands selected=True here.
     Backward zero-fills the unselected slots (HugeCTR leaves them stale) and adds duplicates.
     """
+
     type_name = "Reshape"
 
     def infer(self):
@@ -313,4 +327,3 @@ LAYERS = {
     Layer_t.FusedReshapeConcatGeneral: FusedReshapeConcatGeneral,
     Layer_t.SequenceMask: SequenceMask,
 }
-

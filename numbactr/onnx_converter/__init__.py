@@ -38,6 +38,7 @@ row_ptrs). ``numbactr export-onnx`` is the command line.
 
 Needs the ``onnx`` extra (``pip install numbactr[onnx]``: onnx and onnxruntime).
 """
+
 from __future__ import annotations
 
 EXTRA_HINT = "install the onnx extra: pip install 'numbactr[onnx]' (onnx and onnxruntime)"

@@ -18,6 +18,7 @@ Pooling: sum over W (missing keys add zeros); mean divides by the keys present, 
 padding not: numbactr's evaluation (kernels/embedding_bag.py: a missing key adds nothing and counts in
 nnz; bags of 0 or 1 keys are not scaled). W = 1 skips the reduction.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,17 +30,27 @@ DENSE_MIN = 1 << 16
 
 def key_rows(g, keys: str, table_keys: np.ndarray, hint: str) -> str:
     """Rows (int, keys' shape): 1 + the position of each key in ``table_keys`` (n,), 0 when absent."""
-    k = np.asarray(table_keys).astype(np.uint64).view(np.int64)     # uint64 ids as ONNX's int64 keys
+    k = np.asarray(table_keys).astype(np.uint64).view(np.int64)  # uint64 ids as ONNX's int64 keys
     n = k.size
     span = int(k.max()) + 1 if n else 0
     if n == 0 or (int(k.min()) >= 0 and span <= max(DENSE_SLACK * n, DENSE_MIN)):
-        lut = np.zeros(span + 1, np.int32 if n < 2 ** 31 - 1 else np.int64)
+        lut = np.zeros(span + 1, np.int32 if n < 2**31 - 1 else np.int64)
         lut[k] = np.arange(1, n + 1)
-        clipped = g.op("Clip", [keys, g.const(-1, f"{hint}/lo", np.int64), g.const(span, f"{hint}/hi", np.int64)],
-                       f"{hint}/clipped")
+        clipped = g.op(
+            "Clip",
+            [keys, g.const(-1, f"{hint}/lo", np.int64), g.const(span, f"{hint}/hi", np.int64)],
+            f"{hint}/clipped",
+        )
         return g.op("Gather", [g.const(lut, f"{hint}/lut", lut.dtype), clipped], f"{hint}/rows", axis=0)
-    return g.op("LabelEncoder", [keys], f"{hint}/rows", domain="ai.onnx.ml", keys_int64s=k.tolist(),
-                values_int64s=list(range(1, n + 1)), default_int64=0)
+    return g.op(
+        "LabelEncoder",
+        [keys],
+        f"{hint}/rows",
+        domain="ai.onnx.ml",
+        keys_int64s=k.tolist(),
+        values_int64s=list(range(1, n + 1)),
+        default_int64=0,
+    )
 
 
 def hybrid_keys(g, keys: str, slot_size_array, hint: str) -> str:
@@ -47,11 +58,15 @@ def hybrid_keys(g, keys: str, slot_size_array, hint: str) -> str:
     offset of its slot (slot_size_array), as in training; a key outside [0, size_s) (and padding) becomes
     PAD_KEY, which reads the zero row (training stops on such a key instead)."""
     sizes = np.asarray(slot_size_array, np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64).reshape(1, -1, 1)      # (1, S, 1)
-    inside = g.op("And", [g.op("Not", [g.op("Less", [keys, g.const(0, f"{hint}/zero", np.int64)], f"{hint}/neg")],
-                               f"{hint}/nonneg"),
-                          g.op("Less", [keys, g.const(sizes.reshape(1, -1, 1), f"{hint}/sizes", np.int64)],
-                               f"{hint}/below")], f"{hint}/inside")
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64).reshape(1, -1, 1)  # (1, S, 1)
+    inside = g.op(
+        "And",
+        [
+            g.op("Not", [g.op("Less", [keys, g.const(0, f"{hint}/zero", np.int64)], f"{hint}/neg")], f"{hint}/nonneg"),
+            g.op("Less", [keys, g.const(sizes.reshape(1, -1, 1), f"{hint}/sizes", np.int64)], f"{hint}/below"),
+        ],
+        f"{hint}/inside",
+    )
     cats = g.op("Add", [keys, g.const(starts, f"{hint}/starts", np.int64)], f"{hint}/shifted")
     return g.op("Where", [inside, cats, g.const(PAD_KEY, f"{hint}/padkey", np.int64)], f"{hint}/categories")
 
@@ -59,26 +74,35 @@ def hybrid_keys(g, keys: str, slot_size_array, hint: str) -> str:
 def emit_embedding(g, emb, keys: str, width: int, out: str) -> None:
     """Nodes defining ``out`` (B, S, D), the pooled lookup of ``keys`` (B, S, width) in embedding ``emb``
     (a numbactr HashEmbedding or OneHotEmbedding holding the trained table)."""
-    table_keys, vectors = emb.dump()                                              # (n,), (n, D)
+    table_keys, vectors = emb.dump()  # (n,), (n, D)
     table = np.concatenate([np.zeros((1, emb.vec), np.float32), np.asarray(vectors, np.float32)])
     t = g.const(table, f"{out}/table")
     pad = keys
     if getattr(emb.cfg, "embedding_type", None) is not None and emb.cfg.embedding_type.name == "HybridSparseEmbedding":
         keys = hybrid_keys(g, keys, emb.cfg.slot_size_array, out)
     rows = key_rows(g, keys, table_keys, out)
-    if width == 1:                                # one key per slot: no bag to pool
+    if width == 1:  # one key per slot: no bag to pool
         flat = g.op("Squeeze", [rows, g.ints([2], f"{out}/ax")], f"{out}/rows2")  # (B, S)
         g.op("Gather", [t, flat], out, out=out, axis=0)
         return
-    vecs = g.op("Gather", [t, rows], f"{out}/vectors", axis=0)                    # (B, S, W, D)
+    vecs = g.op("Gather", [t, rows], f"{out}/vectors", axis=0)  # (B, S, W, D)
     axis = g.ints([2], f"{out}/ax")
     if emb.cfg.combiner == "sum":
         g.op("ReduceSum", [vecs, axis], out, out=out, keepdims=0)
         return
-    total = g.op("ReduceSum", [vecs, axis], f"{out}/sum", keepdims=0)            # (B, S, D)
-    present = g.op("Cast", [g.op("Not", [g.op("Equal", [pad, g.const(PAD_KEY, f"{out}/pad", np.int64)],
-                                              f"{out}/is_pad")], f"{out}/is_key")],
-                   f"{out}/present", to=g.onnx.TensorProto.FLOAT)
-    nnz = g.op("ReduceSum", [present, axis], f"{out}/nnz", keepdims=1)           # (B, S, 1)
+    total = g.op("ReduceSum", [vecs, axis], f"{out}/sum", keepdims=0)  # (B, S, D)
+    present = g.op(
+        "Cast",
+        [
+            g.op(
+                "Not",
+                [g.op("Equal", [pad, g.const(PAD_KEY, f"{out}/pad", np.int64)], f"{out}/is_pad")],
+                f"{out}/is_key",
+            )
+        ],
+        f"{out}/present",
+        to=g.onnx.TensorProto.FLOAT,
+    )
+    nnz = g.op("ReduceSum", [present, axis], f"{out}/nnz", keepdims=1)  # (B, S, 1)
     scale = g.op("Reciprocal", [g.op("Max", [nnz, g.const(1.0, f"{out}/one")], f"{out}/count")], f"{out}/scale")
     g.op("Mul", [total, scale], out, out=out)

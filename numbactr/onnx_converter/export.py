@@ -10,6 +10,7 @@ graph, keys, BatchNorm statistics, and the snapshot manifest when there is one),
 exactly the weights numbactr would predict with. ``model_to_onnx`` writes each layer's eval forward
 (numbactr.onnx_converter.layers) and each embedding (numbactr.onnx_converter.embedding) as ONNX.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ def _build_batch(graph_config: str) -> int:
             elif d["type"] == "Gather":
                 rows = max(rows, 1 + max(int(i) for i in d["indices"]))
         except (KeyError, TypeError, ValueError):
-            continue                              # a malformed layer: its error comes from the reader
+            continue  # a malformed layer: its error comes from the reader
     return rows
 
 
@@ -61,6 +62,7 @@ def load_trained_model(graph_config: str, dense_model: str, sparse_models=None, 
     BatchNorm statistics from ``ntp_file``, by default ``dense_model + ".ntp.json"``) and, when
     ``sparse_models`` is given (one folder per embedding, in the graph's order), the embedding tables."""
     import numbactr as hugectr
+
     for what, path in (("graph_config", graph_config), ("dense_model", dense_model)):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise OnnxExportError(f"ONNX export: {what} must be a file path, got {path!r}")
@@ -69,12 +71,18 @@ def load_trained_model(graph_config: str, dense_model: str, sparse_models=None, 
     graph_config, dense_model = str(graph_config), str(dense_model)
     rows = _build_batch(graph_config)
     solver = hugectr.CreateSolver(batchsize=rows, batchsize_eval=rows, i64_input_key=True, vvgpu=[[0]])
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[graph_config],
-                                      eval_source=graph_config, check_type=hugectr.Check_t.Sum)
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=[graph_config],
+        eval_source=graph_config,
+        check_type=hugectr.Check_t.Sum,
+    )
     model = hugectr.Model(solver, reader, hugectr.CreateOptimizer())
     if model.ranks > 1:
-        raise OnnxExportError("ONNX export runs in one process (each of several ranks would hold only its "
-                              "share of the embedding tables); run it without mpiexec")
+        raise OnnxExportError(
+            "ONNX export runs in one process (each of several ranks would hold only its "
+            "share of the embedding tables); run it without mpiexec"
+        )
     model.construct_from_json(graph_config, include_dense_network=True)
     try:
         model.compile()
@@ -88,8 +96,10 @@ def load_trained_model(graph_config: str, dense_model: str, sparse_models=None, 
         files = [str(p) for p in sparse_models]
         for p in files:
             if not os.path.isdir(p):
-                raise FileNotFoundError(f"ONNX export: sparse model {p!r} is not a folder (a sparse model is "
-                                        "a folder holding key and emb_vector)")
+                raise FileNotFoundError(
+                    f"ONNX export: sparse model {p!r} is not a folder (a sparse model is "
+                    "a folder holding key and emb_vector)"
+                )
         model.load_sparse_weights(files)
     return model
 
@@ -100,8 +110,9 @@ def model_to_onnx(model, convert_embedding: bool = True, graph_name: str = "huge
     if not getattr(model, "compiled", False):
         raise OnnxExportError("ONNX export: the model is not compiled (call compile() and load its weights)")
     if model.ranks > 1:
-        raise OnnxExportError("ONNX export runs in one process: with several ranks each holds only its share "
-                              "of the embedding tables")
+        raise OnnxExportError(
+            "ONNX export runs in one process: with several ranks each holds only its share of the embedding tables"
+        )
     g = OnnxGraph(str(graph_name))
     inp = model.input
     g.add_input(inp.dense_name, "float", [BATCH, inp.dense_dim])
@@ -121,16 +132,22 @@ def model_to_onnx(model, convert_embedding: bool = True, graph_name: str = "huge
             _emit_layer(g, layer)
             bar.update()
     outputs = []
-    for label in inp.label_names:                 # the Data layer's label order
+    for label in inp.label_names:  # the Data layer's label order
         if label in losses:
             g.add_output(label, [BATCH, losses[label].in_shapes[0][1]])
             outputs.append(label)
-    meta = {"dense": inp.dense_name, "outputs": json.dumps(outputs), "pad_key": str(PAD_KEY),
-            "sparse": json.dumps([[p.top_name, p.slot_num, widths[p.top_name]] for p in inp.sparse]
-                                 if convert_embedding else []),
-            "embedding_inputs": json.dumps([] if convert_embedding else
-                                           [[e.name, e.slots, e.vec] for e in model.embeddings]),
-            "tables": json.dumps([[e.cfg.bottom_name, e.slots] for e in model.embeddings])}
+    meta = {
+        "dense": inp.dense_name,
+        "outputs": json.dumps(outputs),
+        "pad_key": str(PAD_KEY),
+        "sparse": json.dumps(
+            [[p.top_name, p.slot_num, widths[p.top_name]] for p in inp.sparse] if convert_embedding else []
+        ),
+        "embedding_inputs": json.dumps(
+            [] if convert_embedding else [[e.name, e.slots, e.vec] for e in model.embeddings]
+        ),
+        "tables": json.dumps([[e.cfg.bottom_name, e.slots] for e in model.embeddings]),
+    }
     proto = g.model({META_PREFIX + k: v for k, v in meta.items()})
     if _initializer_bytes(proto) <= MAX_INLINE_BYTES:
         require_onnx().checker.check_model(proto, full_check=True)
@@ -139,15 +156,17 @@ def model_to_onnx(model, convert_embedding: bool = True, graph_name: str = "huge
 
 def _emit_layer(g, layer) -> None:
     where = f"{layer.type_name} layer (bottom {layer.cfg.bottom_names} -> top {layer.cfg.top_names})"
-    if layer.is_loss:                             # HugeCTR's inference: the loss becomes its activation
+    if layer.is_loss:  # HugeCTR's inference: the loss becomes its activation
         op, attrs = PREDICTIONS[layer.type_name]
         label = layer.cfg.bottom_names[1]
         g.op(op, [layer.cfg.bottom_names[0]], g.claim(label), out=label, **attrs)
         return
     emit = EMITTERS.get(layer.type_name)
     if emit is None:
-        raise OnnxExportError(f"ONNX export: {where}: layer type {layer.type_name} is not supported by the "
-                              f"converter; supported: {', '.join(supported_layer_types())}")
+        raise OnnxExportError(
+            f"ONNX export: {where}: layer type {layer.type_name} is not supported by the "
+            f"converter; supported: {', '.join(supported_layer_types())}"
+        )
     tops = [g.claim(t) for t in layer.cfg.top_names]
     ws = [np.asarray(device.to_host(p.data), np.float32) for p in layer.params]
     emit(g, layer, list(layer.cfg.bottom_names), ws, tops)
@@ -169,8 +188,9 @@ def save(proto, path: str) -> None:
     with atomic.atomic_path(path, tmp=path + ".partial") as tmp:
         if _initializer_bytes(proto) > MAX_INLINE_BYTES:
             data = os.path.basename(path) + ".data"
-            onnx.save_model(proto, tmp, save_as_external_data=True, all_tensors_to_one_file=True, location=data,
-                            size_threshold=1024)
+            onnx.save_model(
+                proto, tmp, save_as_external_data=True, all_tensors_to_one_file=True, location=data, size_threshold=1024
+            )
             onnx.checker.check_model(tmp, full_check=True)
         else:
             onnx.save_model(proto, tmp)

@@ -6,6 +6,7 @@ The converter names the tensors a numbactr layer defines after the layer's tops 
 1.14 and later run it) and, only when a table's keys need a hash map, opset 2 of ai.onnx.ml
 (LabelEncoder, int64 keys to int64 rows).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,8 @@ from numbactr.onnx_converter import require_onnx
 
 OPSET = 17
 ML_OPSET = 2
-IR_VERSION = 8            # the IR of opset 17: onnxruntime builds that know opset 17 read it
-BATCH = "batch"           # the symbolic name of the batch dim of every input and output
+IR_VERSION = 8  # the IR of opset 17: onnxruntime builds that know opset 17 read it
+BATCH = "batch"  # the symbolic name of the batch dim of every input and output
 
 
 class OnnxGraph:
@@ -66,8 +67,11 @@ class OnnxGraph:
             outs = [out] if isinstance(out, str) else list(out)
         if domain == "ai.onnx.ml":
             self.uses_ml = True
-        self.nodes.append(self.onnx.helper.make_node(op_type, list(inputs), outs, name=self.fresh(f"{hint}/{op_type}"),
-                                                     domain=domain, **attrs))
+        self.nodes.append(
+            self.onnx.helper.make_node(
+                op_type, list(inputs), outs, name=self.fresh(f"{hint}/{op_type}"), domain=domain, **attrs
+            )
+        )
         return outs if (isinstance(out, list) or n_out > 1) else outs[0]
 
     def add_input(self, name: str, elem: str, dims: list) -> str:

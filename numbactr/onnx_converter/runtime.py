@@ -19,6 +19,7 @@ Keys arrive as numbactr's CSR, ``keys`` (N,) and ``offsets`` (B*S + 1,) with bag
 slot s (numbactr.data.batch.Batch.sparse), and are padded here to the model's (B, S, max nnz) int64 input
 with -1 (``pad_bags``); a (B, S, W) int64 array is taken as it is.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,14 @@ import tempfile
 import numpy as np
 
 from numbactr.onnx_converter import OnnxExportError, require_onnxruntime
-from numbactr.onnx_converter.export import META_PREFIX, MAX_INLINE_BYTES, _initializer_bytes, load_trained_model, model_to_onnx, save
+from numbactr.onnx_converter.export import (
+    META_PREFIX,
+    MAX_INLINE_BYTES,
+    _initializer_bytes,
+    load_trained_model,
+    model_to_onnx,
+    save,
+)
 from numbactr.onnx_converter.embedding import PAD_KEY
 
 
@@ -38,16 +46,20 @@ def pad_bags(keys, offsets, batch: int, slots: int, width: int, name: str = "spa
     offsets = np.asarray(offsets, np.int64)
     bags = batch * slots
     if offsets.shape != (bags + 1,) or offsets[0] != 0 or offsets[-1] != keys.shape[0]:
-        raise ValueError(f"{name}: offsets must have B*S + 1 = {batch}*{slots} + 1 = {bags + 1} entries from 0 to "
-                         f"the {keys.shape[0]} keys, got {offsets.shape[0]} entries"
-                         + (f" from {offsets[0]} to {offsets[-1]}" if offsets.size else ""))
+        raise ValueError(
+            f"{name}: offsets must have B*S + 1 = {batch}*{slots} + 1 = {bags + 1} entries from 0 to "
+            f"the {keys.shape[0]} keys, got {offsets.shape[0]} entries"
+            + (f" from {offsets[0]} to {offsets[-1]}" if offsets.size else "")
+        )
     nnz = np.diff(offsets)
     if (nnz < 0).any():
         raise ValueError(f"{name}: offsets decrease at bag {int(np.argmax(nnz < 0))}")
     if nnz.size and int(nnz.max()) > width:
         b = int(np.argmax(nnz > width))
-        raise ValueError(f"{name}: sample {b // slots}, slot {b % slots} holds {int(nnz[b])} keys; the model takes at "
-                         f"most {width} per slot (the input's nnz_per_slot)")
+        raise ValueError(
+            f"{name}: sample {b // slots}, slot {b % slots} holds {int(nnz[b])} keys; the model takes at "
+            f"most {width} per slot (the input's nnz_per_slot)"
+        )
     k64 = keys.view(np.int64) if keys.dtype == np.uint64 else keys.astype(np.int64)
     out = np.full((bags, width), PAD_KEY, np.int64)
     bag = np.repeat(np.arange(bags), nnz)
@@ -64,8 +76,8 @@ class OnnxPredictor:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"OnnxPredictor: threads must be a positive int, got {threads!r}")
         self._tmp = None
-        if not isinstance(model, (str, os.PathLike, bytes)):          # a ModelProto
-            if _initializer_bytes(model) > MAX_INLINE_BYTES:          # too large for one message: via a file
+        if not isinstance(model, (str, os.PathLike, bytes)):  # a ModelProto
+            if _initializer_bytes(model) > MAX_INLINE_BYTES:  # too large for one message: via a file
                 self._tmp = tempfile.TemporaryDirectory(prefix="numbactr-onnx-")
                 path = os.path.join(self._tmp.name, "model.onnx")
                 save(model, path)
@@ -77,18 +89,21 @@ class OnnxPredictor:
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self.threads = threads
-        self.session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), sess_options=opts,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            model if isinstance(model, bytes) else str(model), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
         meta = self.session.get_modelmeta().custom_metadata_map
         try:
             self.dense_name = meta[META_PREFIX + "dense"]
-            self.sparse = [tuple(x) for x in json.loads(meta[META_PREFIX + "sparse"])]       # (name, S, W)
-            self.tables = [tuple(x) for x in json.loads(meta[META_PREFIX + "tables"])]       # (name, S)
+            self.sparse = [tuple(x) for x in json.loads(meta[META_PREFIX + "sparse"])]  # (name, S, W)
+            self.tables = [tuple(x) for x in json.loads(meta[META_PREFIX + "tables"])]  # (name, S)
             self.vectors = [tuple(x) for x in json.loads(meta[META_PREFIX + "embedding_inputs"])]
             self.outputs = json.loads(meta[META_PREFIX + "outputs"])
         except (KeyError, ValueError):
-            raise OnnxExportError(f"OnnxPredictor: {model if isinstance(model, str) else 'the model'} was not "
-                                  "exported by numbactr (its metadata does not describe the inputs)") from None
+            raise OnnxExportError(
+                f"OnnxPredictor: {model if isinstance(model, str) else 'the model'} was not "
+                "exported by numbactr (its metadata does not describe the inputs)"
+            ) from None
         self.dense_dim = next(i.shape[1] for i in self.session.get_inputs() if i.name == self.dense_name)
 
     def feeds(self, dense, sparse) -> dict:
@@ -97,8 +112,9 @@ class OnnxPredictor:
         one (B, S, D) float32 array of vectors per embedding."""
         dense = np.ascontiguousarray(dense, np.float32)
         if dense.ndim != 2 or dense.shape[1] != self.dense_dim:
-            raise ValueError(f"dense {self.dense_name!r}: expected (B, {self.dense_dim}) features, got shape "
-                             f"{dense.shape}")
+            raise ValueError(
+                f"dense {self.dense_name!r}: expected (B, {self.dense_dim}) features, got shape {dense.shape}"
+            )
         batch = dense.shape[0]
         feeds = {self.dense_name: dense}
         want = self.sparse or self.vectors
@@ -134,27 +150,33 @@ class OnnxPredictor:
         slots = sum(s for _, s in self.tables)
         samples = (row_ptrs.shape[0] - len(self.tables)) // max(slots, 1)
         if samples * slots + len(self.tables) != row_ptrs.shape[0]:
-            raise ValueError(f"row_ptrs holds {row_ptrs.shape[0]} entries: not num_samples * {slots} slots + "
-                             f"{len(self.tables)} tables")
+            raise ValueError(
+                f"row_ptrs holds {row_ptrs.shape[0]} entries: not num_samples * {slots} slots + "
+                f"{len(self.tables)} tables"
+            )
         dense = np.asarray(dense_feature, np.float32)
         if dense.size != samples * self.dense_dim:
-            raise ValueError(f"dense_feature holds {dense.size} values: not num_samples {samples} * dense_dim "
-                             f"{self.dense_dim}")
+            raise ValueError(
+                f"dense_feature holds {dense.size} values: not num_samples {samples} * dense_dim {self.dense_dim}"
+            )
         by_input, r0, k0 = {}, 0, 0
         for name, s in self.tables:
-            ptr = row_ptrs[r0:r0 + samples * s + 1]
-            by_input[name] = (keys[k0:k0 + ptr[-1]], ptr)
+            ptr = row_ptrs[r0 : r0 + samples * s + 1]
+            by_input[name] = (keys[k0 : k0 + ptr[-1]], ptr)
             r0, k0 = r0 + samples * s + 1, k0 + int(ptr[-1])
         if k0 != keys.shape[0]:
             raise ValueError(f"embeddingcolumns holds {keys.shape[0]} keys; the row pointers account for {k0}")
-        sparse = [by_input.get(name, (np.zeros(0, np.int64), np.zeros(samples * s + 1, np.int64)))
-                  for name, s, _ in self.sparse]
+        sparse = [
+            by_input.get(name, (np.zeros(0, np.int64), np.zeros(samples * s + 1, np.int64)))
+            for name, s, _ in self.sparse
+        ]
         out = self.predict(dense.reshape(samples, self.dense_dim), sparse)
         return np.concatenate([out[name] for name in self.outputs], axis=1)
 
 
-def onnxruntime_predictor(graph_config: str, dense_model: str, sparse_models, ntp_file: str | None = None,
-                          threads: int = 1) -> OnnxPredictor:
+def onnxruntime_predictor(
+    graph_config: str, dense_model: str, sparse_models, ntp_file: str | None = None, threads: int = 1
+) -> OnnxPredictor:
     """An OnnxPredictor for a trained model's files (the graph JSON, the dense model, one sparse model
     folder per embedding; ``ntp_file`` as in convert), converted in memory."""
     model = load_trained_model(graph_config, dense_model, sparse_models, ntp_file)

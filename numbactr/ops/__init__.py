@@ -18,15 +18,16 @@ Why a layer of its own: a layer (numbactr.layers) is HugeCTR's configuration (sh
 an op is the math on arrays; keeping them apart lets tests, the inference session and the benchmarks run an
 op without a model.
 """
+
 from __future__ import annotations
 
 from numbactr.ops.dense import (
-           FcBiasAct,
-           Linear,
-           MultiCrossV1,
-           MultiCrossV2,
-           _half_mm,
-           fuse_bias_relu,
+    FcBiasAct,
+    Linear,
+    MultiCrossV1,
+    MultiCrossV2,
+    _half_mm,
+    fuse_bias_relu,
 )
 from numbactr.ops.elementwise import ReLU
 from numbactr.ops.embedding_bag import embedding_bag_forward
@@ -35,18 +36,18 @@ from numbactr.ops.losses import BinaryCrossEntropy, scale_by_seed, sigmoid
 from numbactr.ops.shape import Concat, Reshape
 
 __all__ = [
-           "BinaryCrossEntropy",
-           "Concat",
-           "FcBiasAct",
-           "Interaction",
-           "Linear",
-           "MultiCrossV1",
-           "MultiCrossV2",
-           "ReLU",
-           "Reshape",
-           "_half_mm",
-           "embedding_bag_forward",
-           "fuse_bias_relu",
-           "scale_by_seed",
-           "sigmoid",
+    "BinaryCrossEntropy",
+    "Concat",
+    "FcBiasAct",
+    "Interaction",
+    "Linear",
+    "MultiCrossV1",
+    "MultiCrossV2",
+    "ReLU",
+    "Reshape",
+    "_half_mm",
+    "embedding_bag_forward",
+    "fuse_bias_relu",
+    "scale_by_seed",
+    "sigmoid",
 ]

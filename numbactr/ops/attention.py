@@ -13,6 +13,7 @@ ScaledQK S = (Q Kᵀ)·scale.
 Why the scale is the GEMM's alpha (not a separate pass): one rounding of the float16 product, as
 HugeCTR's cuBLAS call has.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,7 +54,7 @@ def _softmax_backward_ref(ctx, dy, factor=1.0):
 class SoftmaxFn(Function):
     """Softmax over the last dim; ``subtract_max`` False is HugeCTR's overflow-prone form."""
 
-    half_native = True                 # gpu/sim: float16 in and out, float32 exp and sums
+    half_native = True  # gpu/sim: float16 in and out, float32 exp and sums
 
     @staticmethod
     def forward(ctx: Context, x, subtract_max: bool = True):
@@ -80,7 +81,7 @@ def _masked_forward_ref(ctx, x, mask, factor):
 class MaskedSoftmaxFn(Function):
     """x (B, H, Lf, Lt), mask (B, 1, Lf|1, Lt): softmax(x*factor - (1-mask)*10000); mask gets no grad."""
 
-    half_native = True                 # gpu/sim: float16 x and y, the logits and sums in float32
+    half_native = True  # gpu/sim: float16 x and y, the logits and sums in float32
 
     @staticmethod
     def forward(ctx: Context, x, mask, factor: float = 1.0):
@@ -112,7 +113,7 @@ def _mm(ctx, a, b, scale: float = 1.0):
 class MatMulFn(Function):
     """Y = A @ B for same-rank operands (batched over leading dims), or (m, n) x (n, g, h) -> (m, g, h)."""
 
-    half_native = True                 # gpu/sim: float16 GEMMs with float32 accumulation
+    half_native = True  # gpu/sim: float16 GEMMs with float32 accumulation
 
     @staticmethod
     def forward(ctx: Context, a, b):
@@ -120,7 +121,7 @@ class MatMulFn(Function):
         ctx.b_shape = b.shape
         flat_rhs = a.ndim == 2 and b.ndim == 3
         if flat_rhs:
-            b = b.reshape(b.shape[0], -1)                        # (n, g*h)
+            b = b.reshape(b.shape[0], -1)  # (n, g*h)
         ctx.a, ctx.b = a, b
         y = _mm(ctx, a, b)
         return y.reshape((a.shape[0],) + ctx.b_shape[1:]) if flat_rhs else y
@@ -159,7 +160,7 @@ def _merge(x):
 class SplitHeadsFn(Function):
     """(B, L, H*d) -> (B, H, L, d)."""
 
-    half_native = True                 # gpu/sim: a copy, float16 as float16
+    half_native = True  # gpu/sim: a copy, float16 as float16
 
     @staticmethod
     def forward(ctx: Context, x, heads: int = 1):
@@ -173,7 +174,7 @@ class SplitHeadsFn(Function):
 class MergeHeadsFn(Function):
     """(B, H, L, d) -> (B, L, H*d)."""
 
-    half_native = True                 # gpu/sim: a copy, float16 as float16
+    half_native = True  # gpu/sim: a copy, float16 as float16
 
     @staticmethod
     def forward(ctx: Context, x):
@@ -188,7 +189,7 @@ class MergeHeadsFn(Function):
 class ScaledQKFn(Function):
     """Q (.., Lf, d), K (.., Lt, d) -> (Q @ Kᵀ) * scale (.., Lf, Lt); the scale is the GEMM's alpha."""
 
-    half_native = True                 # gpu/sim: float16 GEMMs with float32 accumulation
+    half_native = True  # gpu/sim: float16 GEMMs with float32 accumulation
 
     @staticmethod
     def forward(ctx: Context, q, k, scale: float = 1.0):

@@ -12,6 +12,7 @@ DCNv1 x_{l+1} = x0 * (x_l · w_l) + x_l + b_l; DCNv2 x_{l+1} = x0 * (x_l U_l V_l
 Why the bias add (and ReLU) after a GEMM is its own kernel: it is the one pass over the activations the
 GEMM library does not do; FcBiasAct fuses bias and activation into one pass each way.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,7 @@ def _half_mm(a, b):
     sim): cuBLAS's tensor-core GEMM through CuPy on a GPU (CuPy's default compute type for float16 inputs
     is float32); on the simulator NumPy in float32, rounded to float16 once (NumPy's own float16 product
     would round every partial sum)."""
-    if _xp().__name__ != "cupy":          # (numpy, and the simulator's strict arrays: numbactr.runtime.sim_strict)
+    if _xp().__name__ != "cupy":  # (numpy, and the simulator's strict arrays: numbactr.runtime.sim_strict)
         return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
     return a @ b
 
@@ -75,29 +76,29 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx: Context, x, w, b):
-        x2 = x.reshape(-1, x.shape[-1])                          # (B*, K): applied to the last dim
+        x2 = x.reshape(-1, x.shape[-1])  # (B*, K): applied to the last dim
         if ctx.native_half:
             x2, w16 = _contig(x2.astype(np.float16, copy=False)), w.astype(np.float16)
-            y = _half_mm(x2, w16)                                # (B*, N) float16
+            y = _half_mm(x2, w16)  # (B*, N) float16
             bias.bias_add(y, b)
             ctx.x2, ctx.w, ctx.in_shape = x2, w16, x.shape
             return y.reshape(*x.shape[:-1], w.shape[1])
-        y = x2 @ w                                               # (B*, N)
+        y = x2 @ w  # (B*, N)
         y = pick(kernel=_bias_add_kernel, cpu=_bias_add_cpu, ref=bias.bias_add_ref)(y, b)
         ctx.x2, ctx.w, ctx.in_shape = x2, w, x.shape
         return y.reshape(*x.shape[:-1], w.shape[1])
 
     @staticmethod
     def backward(ctx: Context, dy):
-        dy2 = dy.reshape(-1, dy.shape[-1])                       # (B*, N)
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (B*, N)
         if ctx.native_half:
             dy2 = _contig(dy2.astype(np.float16, copy=False))
-            dw = _half_mm(ctx.x2.T, dy2).astype(np.float32)      # (K, N): float16 GEMM, float32 for the update
+            dw = _half_mm(ctx.x2.T, dy2).astype(np.float32)  # (K, N): float16 GEMM, float32 for the update
             db = _xp().empty((dy2.shape[1],), np.float32)
             bias.bias_grad(dy2, db)
             dx = _half_mm(dy2, ctx.w.T).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
             return dx, dw, db
-        dw = ctx.x2.T @ dy2                                      # (K, N)
+        dw = ctx.x2.T @ dy2  # (K, N)
         db = pick(kernel=_bias_grad_kernel, cpu=_bias_grad_cpu, ref=bias.bias_grad_ref)(dy2)
         dx = (dy2 @ ctx.w.T).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
         return dx, dw, db
@@ -147,10 +148,11 @@ class FcBiasAct(Function):
         if ctx.native_half:
             x, w = x.astype(np.float16, copy=False), w.astype(np.float16)
         x = _contig(x)
-        y = _half_mm(x, w) if ctx.native_half else x @ w            # (B, N)
+        y = _half_mm(x, w) if ctx.native_half else x @ w  # (B, N)
         bvec = b[0].reshape(-1) if b else None
-        y = pick(kernel=_bias_act_forward_kernel, cpu=_bias_act_forward_cpu,
-                 ref=fused_bias_act.bias_act_forward_ref)(y, bvec, relu)
+        y = pick(kernel=_bias_act_forward_kernel, cpu=_bias_act_forward_cpu, ref=fused_bias_act.bias_act_forward_ref)(
+            y, bvec, relu
+        )
         ctx.x, ctx.w, ctx.y, ctx.relu, ctx.has_bias = x, w, y, relu, bool(b)
         ctx.b_shape = b[0].shape if b else None
         return y
@@ -158,15 +160,16 @@ class FcBiasAct(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         dy = _contig(dy.astype(np.float16, copy=False) if ctx.native_half else dy)
-        d, db = pick(kernel=_bias_act_backward_kernel, cpu=_bias_act_backward_cpu,
-                     ref=fused_bias_act.bias_act_backward_ref)(ctx.y, dy, ctx.relu, ctx.has_bias)
+        d, db = pick(
+            kernel=_bias_act_backward_kernel, cpu=_bias_act_backward_cpu, ref=fused_bias_act.bias_act_backward_ref
+        )(ctx.y, dy, ctx.relu, ctx.has_bias)
         if ctx.native_half:
             d = d.astype(np.float16, copy=False)
-            dw = _half_mm(ctx.x.T, d).astype(np.float32)            # (K, N), for the float32 update
+            dw = _half_mm(ctx.x.T, d).astype(np.float32)  # (K, N), for the float32 update
             dx = _half_mm(d, ctx.w.T) if ctx.needs_input_grad[0] else None
         else:
-            dw = ctx.x.T @ d                                        # (K, N)
-            dx = d @ ctx.w.T if ctx.needs_input_grad[0] else None   # (B, K)
+            dw = ctx.x.T @ d  # (K, N)
+            dx = d @ ctx.w.T if ctx.needs_input_grad[0] else None  # (B, K)
         if ctx.has_bias:
             return dx, dw, db.reshape(ctx.b_shape)
         return dx, dw
@@ -195,8 +198,9 @@ def _v1_backward_kernel(g, x0, ws, xs, hs):
         dxl = xp.empty_like(x0)
         dws[layer] = xp.empty_like(ws[layer])
         dbs[layer] = xp.empty_like(ws[layer])
-        multi_cross.v1_backward(g, x0, xs[layer], ws[layer], hs[layer], layer == n - 1,
-                                dx0, dxl, dh, dws[layer], dbs[layer])
+        multi_cross.v1_backward(
+            g, x0, xs[layer], ws[layer], hs[layer], layer == n - 1, dx0, dxl, dh, dws[layer], dbs[layer]
+        )
         g = dxl
     dx = xp.empty_like(x0)
     multi_cross.add(dx0, g, dx)
@@ -222,7 +226,8 @@ class MultiCrossV1(Function):
     def backward(ctx: Context, dy):
         g = _contig(dy.astype(np.float16, copy=False) if ctx.native_half else dy)
         dx, dws, dbs = pick(kernel=_v1_backward_kernel, ref=multi_cross.multi_cross_v1_backward_ref)(
-            g, ctx.x0, ctx.ws, ctx.xs, ctx.hs)
+            g, ctx.x0, ctx.ws, ctx.xs, ctx.hs
+        )
         grads = []
         for dw, db in zip(dws, dbs):
             grads += [dw.reshape(ctx.pshape), db.reshape(ctx.pshape)]
@@ -238,7 +243,7 @@ def _v2_forward_kernel(x0, us, vs, bs, half):
     xp, mm = _xp(), _mm_of(half)
     xs, zs = [x0], []
     for u, v, b in zip(us, vs, bs):
-        z = _contig(mm(mm(xs[-1], u), v))                   # (B, D)
+        z = _contig(mm(mm(xs[-1], u), v))  # (B, D)
         out = xp.empty_like(x0)
         multi_cross.v2_forward(x0, xs[-1], z, b, out)
         xs.append(out)
@@ -262,12 +267,12 @@ def _v2_backward_kernel(g, x0, us, vs, bs, xs, zs, half):
         multi_cross.v2_backward(g, x0, zs[layer], bs[layer], layer == n - 1, dz, dx0)
         dbs[layer] = xp.empty((x0.shape[1],), np.float32)
         bias.bias_grad(dz, dbs[layer])
-        dvs[layer] = f32(mm(mm(x, u).T, dz))                  # (P, D)
-        dt = mm(dz, v.T)                                      # (B, P)
-        dus[layer] = f32(mm(x.T, dt))                         # (D, P)
-        gl = mm(dt, u.T)                                      # (B, D): the x_l path's matmul part
+        dvs[layer] = f32(mm(mm(x, u).T, dz))  # (P, D)
+        dt = mm(dz, v.T)  # (B, P)
+        dus[layer] = f32(mm(x.T, dt))  # (D, P)
+        gl = mm(dt, u.T)  # (B, D): the x_l path's matmul part
         nxt = xp.empty_like(x0)
-        multi_cross.add(g, _contig(gl), nxt)                  # dx_l = g + dz V^T U^T
+        multi_cross.add(g, _contig(gl), nxt)  # dx_l = g + dz V^T U^T
         g = nxt
     dx = xp.empty_like(x0)
     multi_cross.add(dx0, g, dx)
@@ -302,7 +307,8 @@ class MultiCrossV2(Function):
         half = ctx.native_half
         g = _contig(dy.astype(np.float16, copy=False) if half else dy)
         dx, dus, dvs, dbs = pick(kernel=_v2_backward_kernel, ref=_v2_backward_ref)(
-            g, ctx.x0, ctx.us, ctx.vs, ctx.bs, ctx.xs, ctx.zs, half)
+            g, ctx.x0, ctx.us, ctx.vs, ctx.bs, ctx.xs, ctx.zs, half
+        )
         grads = []
         for du, dv, db in zip(dus, dvs, dbs):
             grads += [du, dv, db.reshape(ctx.bshape)]

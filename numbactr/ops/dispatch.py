@@ -18,6 +18,7 @@ reader sees in one place how an op reaches its kernel on each device, and an op'
 The table is passed at call time (not built at import), so a kernel entry point replaced on its module
 (numbactr.bench.mlperf times them that way) is the one called.
 """
+
 from __future__ import annotations
 
 from numbactr.runtime import device

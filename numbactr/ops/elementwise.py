@@ -15,6 +15,7 @@ WeightMultiply y[b, s·V+v] = x[b, s]·W[s, v]; FmOrder2 y = ½((Σ_s x_s)² - �
 Why Dropout needs no stored mask: the mask is a counter-based hash of (seed, step, layer id, element index),
 so the backward recomputes it, identically on gpu, sim and cpu.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -63,7 +64,7 @@ def _relu_backward_cpu(y, dy):
 
 
 class ReLU(Function):
-    half_native = True                 # gpu/sim kernels load float16, compare in float32, store float16
+    half_native = True  # gpu/sim kernels load float16, compare in float32, store float16
 
     @staticmethod
     def forward(ctx: Context, x):
@@ -152,7 +153,7 @@ class SubFn(Function):
 
 # ---- Multiply: y = Π x_i ------------------------------------------------------------------------
 def _multiply_forward_kernel(ctx, xs):
-    stacked = _stacked(xs)                             # (K, M)
+    stacked = _stacked(xs)  # (K, M)
     y = _xp().empty(xs[0].shape, _out(ctx))
     elementwise.multiply_forward(stacked, y)
     ctx.stacked = stacked
@@ -177,7 +178,7 @@ def _multiply_backward_ref(ctx, dy):
 class MultiplyFn(Function):
     """y = product of K >= 2 same-shape inputs; ``exact`` picks HugeCTR's quotient gradient."""
 
-    half_native = True                 # gpu/sim: float16 in and out, the (K, M) stacks float32
+    half_native = True  # gpu/sim: float16 in and out, the (K, M) stacks float32
 
     @staticmethod
     def forward(ctx: Context, *xs, exact: bool = False):
@@ -369,7 +370,7 @@ def _wm_backward_ref(ctx, dy):
 class WeightMultiplyFn(Function):
     """x (B, S), W (S, V) -> (B, S*V)."""
 
-    half_native = True                 # gpu/sim: float16 x and y, float32 W and dW
+    half_native = True  # gpu/sim: float16 x and y, float32 W and dW
 
     @staticmethod
     def forward(ctx: Context, x, w):

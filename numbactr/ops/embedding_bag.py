@@ -10,6 +10,7 @@ rows == -1 (a key missing in eval) add nothing but count for the mean.
 Why LookupFn hands dY to the embedding instead of returning a gradient: the embedding's rows live in its
 own (sparse, sharded, cached) storage; its update() applies dY there, the dense tape sees no gradient.
 """
+
 from __future__ import annotations
 
 import numpy as np

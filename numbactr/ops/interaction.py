@@ -9,6 +9,7 @@ dZ_i = Σ_{j≠i} dy[pair(i, j)] Z_j, d_dense = dy[:, :D] + dZ_0, d_emb = dZ_1..
 Why the last column: HugeCTR's output has it (a pad); numbactr writes 0.0 there, as HugeCTR's fp16 path
 does, and it gets no gradient.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,8 +23,10 @@ from numbactr.runtime.device import xp as _xp
 
 def _forward_launch(launch, ctx, dense, emb):
     """The kernel or compiled CPU entry point ``launch``: both write into the output given."""
-    out = _xp().empty((dense.shape[0], interaction.interaction_out_width(emb.shape[1], dense.shape[1])),
-                      np.float16 if ctx.native_half else np.float32)
+    out = _xp().empty(
+        (dense.shape[0], interaction.interaction_out_width(emb.shape[1], dense.shape[1])),
+        np.float16 if ctx.native_half else np.float32,
+    )
     launch(dense, emb, out)
     return out
 
@@ -61,7 +64,7 @@ def _backward_ref(dense, emb, dy):
 class Interaction(Function):
     """DLRM dot interaction, HugeCTR layout: [dense, strict lower triangle of Z Zᵀ, 0 pad]."""
 
-    half_native = True                 # gpu/sim kernels: float16 in and out, float32 dot products
+    half_native = True  # gpu/sim kernels: float16 in and out, float32 dot products
 
     @staticmethod
     def forward(ctx: Context, dense, emb):

@@ -13,6 +13,7 @@ the loss summed over the used elements / (valid·T). HugeCTR's grad_scale is sca
 Why the gradient is computed in the forward: the loss kernel has sigmoid(x) or softmax(x) at hand; a
 weighted loss (the model seeds each loss with its weight) scales the saved dX instead of recomputing it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -87,8 +88,9 @@ def _ce_kernel(ctx, x, label, b, grad_scale, hugectr_label):
     xp = _xp()
     dx = xp.empty_like(x)
     loss = xp.zeros((1,), np.float32)
-    cross_entropy.cross_entropy_forward_backward(_contig(x), _contig(label), dx, loss, b,
-                                                 grad_scale, hugectr_label=hugectr_label)
+    cross_entropy.cross_entropy_forward_backward(
+        _contig(x), _contig(label), dx, loss, b, grad_scale, hugectr_label=hugectr_label
+    )
     ctx.dx = dx
     return loss / np.float32(b)
 
@@ -104,8 +106,7 @@ class CrossEntropy(Function):
     = (softmax(x) - onehot) · grad_scale (0 for rows >= valid)."""
 
     @staticmethod
-    def forward(ctx: Context, x, label, valid: int = 0, grad_scale: float = 1.0,
-                hugectr_label: bool = False):
+    def forward(ctx: Context, x, label, valid: int = 0, grad_scale: float = 1.0, hugectr_label: bool = False):
         b = valid or x.shape[0]
         return pick(kernel=_ce_kernel, ref=_ce_ref)(ctx, x, label, b, grad_scale, hugectr_label)
 
@@ -130,8 +131,7 @@ def _mce_kernel(ctx, x, y, tw, b, grad_scale):
     xp = _xp()
     dx = xp.empty_like(x)
     loss = xp.zeros((1,), np.float32)
-    multi_cross_entropy.multi_cross_entropy_forward_backward(_contig(x), _contig(y), tw, dx, loss,
-                                                             b, grad_scale)
+    multi_cross_entropy.multi_cross_entropy_forward_backward(_contig(x), _contig(y), tw, dx, loss, b, grad_scale)
     ctx.dx = dx
     return loss / np.float32(b * x.shape[1])
 

@@ -11,6 +11,7 @@ last dim; Dice y = x·p + α·x·(1 - p), p = sigmoid((x - μ_B) / sqrt(σ²_B +
 Why BatchNormFn takes its layer: the running statistics are layer state (not weights, not on the tape),
 updated in place by every training forward and saved by the layer (HugeCTR's ntp.json).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,20 +33,20 @@ def _bn_forward_kernel(ctx, x, gamma, beta, layer, training):
     inv = xp.empty((nf,), np.float32)
     if training:
         mean = xp.empty((nf,), np.float32)
-        batch_norm.batch_norm_forward_train(x, gamma, beta, layer.eps, layer.factor, y, mean, inv,
-                                            layer.running_mean, layer.running_var)
+        batch_norm.batch_norm_forward_train(
+            x, gamma, beta, layer.eps, layer.factor, y, mean, inv, layer.running_mean, layer.running_var
+        )
     else:
-        mean = layer.running_mean.copy()       # a snapshot: later training steps move it
-        batch_norm.batch_norm_forward_eval(x, gamma, beta, layer.running_mean, layer.running_var,
-                                           layer.eps, y, inv)
+        mean = layer.running_mean.copy()  # a snapshot: later training steps move it
+        batch_norm.batch_norm_forward_eval(x, gamma, beta, layer.running_mean, layer.running_var, layer.eps, y, inv)
     ctx.mean, ctx.inv = mean, inv
     return y
 
 
 def _bn_forward_ref(ctx, x, gamma, beta, layer, training):
     y, mean, inv, rm, rv = batch_norm.batch_norm_forward_ref(
-        x, gamma, beta, np.float32(layer.eps), training, layer.running_mean, layer.running_var,
-        np.float32(layer.factor))
+        x, gamma, beta, np.float32(layer.eps), training, layer.running_mean, layer.running_var, np.float32(layer.factor)
+    )
     if training:
         layer.running_mean[...] = rm
         layer.running_var[...] = rv
@@ -65,7 +66,7 @@ def _bn_backward_kernel(x, dy, gamma, mean, inv, training):
 class BatchNormFn(Function):
     """x (B, F), gamma, beta (F,) -> y (B, F). ``layer`` holds running_mean/running_var."""
 
-    half_native = True                 # gpu/sim: float16 x, y and gradients; float32 parameters and statistics
+    half_native = True  # gpu/sim: float16 x, y and gradients; float32 parameters and statistics
 
     @staticmethod
     def forward(ctx: Context, x, gamma, beta, layer=None, training: bool = True):
@@ -77,7 +78,8 @@ class BatchNormFn(Function):
     def backward(ctx: Context, dy):
         dy = _contig(_half(ctx, dy)[0])
         return pick(kernel=_bn_backward_kernel, ref=batch_norm.batch_norm_backward_ref)(
-            ctx.x, dy, ctx.gamma, ctx.mean, ctx.inv, ctx.training)
+            ctx.x, dy, ctx.gamma, ctx.mean, ctx.inv, ctx.training
+        )
 
 
 # ---- LayerNorm ------------------------------------------------------------------------------------
@@ -105,13 +107,13 @@ def _ln_backward_kernel(x2, dy2, gamma, mean, inv):
 class LayerNormFn(Function):
     """x (..., H), gamma, beta (H,) -> y (..., H)."""
 
-    half_native = True                 # gpu/sim: float16 x, y and gradients; float32 parameters and statistics
+    half_native = True  # gpu/sim: float16 x, y and gradients; float32 parameters and statistics
 
     @staticmethod
     def forward(ctx: Context, x, gamma, beta, eps: float = 1e-5):
         (x,) = _half(ctx, x)
         shape = x.shape
-        x2 = _contig(x).reshape(-1, shape[-1])                       # (M, H)
+        x2 = _contig(x).reshape(-1, shape[-1])  # (M, H)
         ctx.x2, ctx.gamma, ctx.shape = x2, gamma, shape
         y, ctx.mean, ctx.inv = pick(kernel=_ln_forward_kernel, ref=_ln_forward_ref)(x2, gamma, beta, eps)
         return y.reshape(shape)
@@ -120,7 +122,8 @@ class LayerNormFn(Function):
     def backward(ctx: Context, dy):
         dy2 = _contig(_half(ctx, dy)[0]).reshape(ctx.x2.shape)
         dx, dgamma, dbeta = pick(kernel=_ln_backward_kernel, ref=layer_norm.layer_norm_backward_ref)(
-            ctx.x2, dy2, ctx.gamma, ctx.mean, ctx.inv)
+            ctx.x2, dy2, ctx.gamma, ctx.mean, ctx.inv
+        )
         return dx.reshape(ctx.shape), dgamma, dbeta
 
 
@@ -146,20 +149,21 @@ def _dice_backward_kernel(x2, dy2, alpha, mean, inv, exact):
 
 
 def _dice_backward_ref(x2, dy2, alpha, mean, inv, exact):
-    return prelu_dice.prelu_dice_backward_ref(x2, dy2, np.float32(alpha), mean, inv,
-                                              hugectr_exact=exact).astype(np.float32, copy=False)
+    return prelu_dice.prelu_dice_backward_ref(x2, dy2, np.float32(alpha), mean, inv, hugectr_exact=exact).astype(
+        np.float32, copy=False
+    )
 
 
 class PReLUDiceFn(Function):
     """x (B, ...) viewed as (B, F) -> y of x's shape. Batch statistics in train and eval alike."""
 
-    half_native = True                 # gpu/sim: float16 x, y and gradients; float32 statistics
+    half_native = True  # gpu/sim: float16 x, y and gradients; float32 statistics
 
     @staticmethod
     def forward(ctx: Context, x, alpha: float = 1.0, eps: float = 1e-5):
         (x,) = _half(ctx, x)
         shape = x.shape
-        x2 = _contig(x).reshape(shape[0], -1)                         # (B, F)
+        x2 = _contig(x).reshape(shape[0], -1)  # (B, F)
         ctx.x2, ctx.shape, ctx.alpha = x2, shape, alpha
         y, ctx.mean, ctx.inv = pick(kernel=_dice_forward_kernel, ref=_dice_forward_ref)(x2, alpha, eps)
         return y.reshape(shape)
@@ -169,5 +173,6 @@ class PReLUDiceFn(Function):
         dy2 = _contig(_half(ctx, dy)[0]).reshape(ctx.x2.shape)
         exact = hugectr_exact.hugectr_exact()
         dx = pick(kernel=_dice_backward_kernel, ref=_dice_backward_ref)(
-            ctx.x2, dy2, ctx.alpha, ctx.mean, ctx.inv, exact)
+            ctx.x2, dy2, ctx.alpha, ctx.mean, ctx.inv, exact
+        )
         return dx.reshape(ctx.shape)

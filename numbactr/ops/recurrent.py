@@ -12,6 +12,7 @@ Formula, per step t:  r = σ(W_r x + b_r + U_r h),  z = σ(W_z x + b_z + U_z h),
 Why the input projections are one GEMM before the loop: W x does not depend on h, so all T steps'
 gates come from one (B·T, V) x (V, 3H) product; only U h is per step.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,7 @@ def split_gru_weights(wflat, hidden: int, vec: int):
     """Views (W (3H, V), U (3H, H), b (3H,)) of the flat weight vector."""
     w = wflat.reshape(-1)
     a, c = 3 * hidden * vec, 3 * hidden * hidden
-    return w[:a].reshape(3 * hidden, vec), w[a:a + c].reshape(3 * hidden, hidden), w[a + c:a + c + 3 * hidden]
+    return w[:a].reshape(3 * hidden, vec), w[a : a + c].reshape(3 * hidden, hidden), w[a + c : a + c + 3 * hidden]
 
 
 def _forward_kernel(xb, w, u, b, h0):
@@ -44,7 +45,7 @@ def _forward_kernel(xb, w, u, b, h0):
     hs[:, 0] = h0
     gates = xp.empty((bsz, steps, 4 * hidden), np.float32)
     for t in range(steps):
-        gh = _contig(hs[:, t] @ u.T)                                     # (B, 3H)
+        gh = _contig(hs[:, t] @ u.T)  # (B, 3H)
         gru.gru_step_forward(gx, b, gh, hs, gates, t)
     return hs[:, 1:], (hs, gates)
 
@@ -61,8 +62,8 @@ def _backward_kernel(dy3, xb, w, u, cache):
     hs, gates = cache
     dgx = xp.empty((bsz, steps, 3 * hidden), np.float32)
     dgh = xp.empty_like(dgx)
-    dh_mm = xp.zeros((bsz, hidden), np.float32)      # dgh_{t+1} U: the matmul part of the carry
-    dh_dir = xp.zeros((bsz, hidden), np.float32)     # dh_{t+1} * z_{t+1}: the direct part
+    dh_mm = xp.zeros((bsz, hidden), np.float32)  # dgh_{t+1} U: the matmul part of the carry
+    dh_dir = xp.zeros((bsz, hidden), np.float32)  # dh_{t+1} * z_{t+1}: the direct part
     for t in reversed(range(steps)):
         gru.gru_step_backward(dy3, dh_mm, dh_dir, gates, hs, t, dgx, dgh)
         dh_mm = _contig(dgh[:, t] @ u)
@@ -84,15 +85,15 @@ class GRUFn(Function):
     def forward(ctx: Context, x, wflat, hx, hidden=1, steps=1, vec=1, out_shape=(), exact=False):
         xp = _xp()
         bsz = x.size // (steps * vec)
-        if exact:          # cuDNN's seq-major buffer [T][B][V]
+        if exact:  # cuDNN's seq-major buffer [T][B][V]
             xb = _contig(x.reshape(steps, bsz, vec).transpose(1, 0, 2))
         else:
-            xb = _contig(x).reshape(bsz, steps, vec)                             # (B, T, V)
+            xb = _contig(x).reshape(bsz, steps, vec)  # (B, T, V)
         w, u, b = split_gru_weights(wflat, hidden, vec)
         if exact:
             h0 = xp.zeros((bsz, hidden), np.float32)
         else:
-            h0 = hx.reshape(-1)[:bsz * hidden].reshape(bsz, hidden)
+            h0 = hx.reshape(-1)[: bsz * hidden].reshape(bsz, hidden)
         y, cache = pick(kernel=_forward_kernel, ref=_forward_ref)(xb, w, u, b, h0)
         ctx.xb, ctx.wflat, ctx.cache = xb, wflat, cache
         ctx.dims, ctx.exact, ctx.in_shape, ctx.hx_shape = (bsz, hidden, steps, vec), exact, x.shape, hx.shape
@@ -107,7 +108,7 @@ class GRUFn(Function):
         if ctx.exact:
             dy3 = _contig(dy.reshape(steps, bsz, hidden).transpose(1, 0, 2))
         else:
-            dy3 = _contig(dy).reshape(bsz, steps, hidden)                       # (B, T, H)
+            dy3 = _contig(dy).reshape(bsz, steps, hidden)  # (B, T, H)
         w, u, _ = split_gru_weights(ctx.wflat, hidden, vec)
         dx, dw, du, db, dh0 = pick(kernel=_backward_kernel, ref=gru.gru_backward_ref)(dy3, ctx.xb, w, u, ctx.cache)
         dx = dx.reshape(bsz, steps, vec)
@@ -117,5 +118,5 @@ class GRUFn(Function):
         dwflat = xp.concatenate([dw.reshape(-1), du.reshape(-1), db.reshape(-1)]).astype(np.float32)
         dhx = xp.zeros(int(np.prod(ctx.hx_shape)), np.float32)
         if not ctx.exact:
-            dhx[:bsz * hidden] = dh0.reshape(-1)
+            dhx[: bsz * hidden] = dh0.reshape(-1)
         return dx, dwflat.reshape(ctx.wflat.shape), dhx.reshape(ctx.hx_shape)

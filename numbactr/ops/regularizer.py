@@ -12,6 +12,7 @@ tensor's dim 0):
 Why the gradient initializes the weight-gradient buffer: the layers then ACCUMULATE their weight
 gradients into it, so the regularizer costs no extra pass (``accumulate=True`` adds instead).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -13,6 +13,7 @@ along ``dim``, dX = scatter-add of dY (0 where not selected); SequenceMask m[b, 
 Why Select's backward adds and zero-fills (HugeCTR writes with '=', leaving unselected gradients stale and
 racing on duplicate indices): the gradient of a gather is a scatter-add, and a repeated index is legal.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,7 +59,7 @@ def _concat_backward_ref(ctx, dy):
 class Concat(Function):
     """Concatenate along ``axis`` (2-D: axis 1; 3-D: axis 1 or 2)."""
 
-    half_native = True                 # gpu/sim: float16 copied as float16
+    half_native = True  # gpu/sim: float16 copied as float16
 
     @staticmethod
     def forward(ctx: Context, *xs, axis: int = 1):
@@ -76,7 +77,7 @@ class Concat(Function):
 
 
 class Reshape(Function):
-    half_native = True                 # a view: any dtype
+    half_native = True  # a view: any dtype
 
     @staticmethod
     def forward(ctx: Context, x, shape: tuple = ()):
@@ -114,7 +115,7 @@ def _reduce_backward_ref(ctx, dy):
 class ReduceAxis(Function):
     """Sum (mean=False) or mean over ``axis``, keeping it as size 1."""
 
-    half_native = True                 # gpu/sim: float16 in and out, summed in float32
+    half_native = True  # gpu/sim: float16 in and out, summed in float32
 
     @staticmethod
     def forward(ctx: Context, x, axis: int = 1, mean: bool = False):
@@ -147,14 +148,14 @@ def _slice_backward_kernel(ctx, dys):
 
 
 def _slice_backward_ref(ctx, dys):
-    used = [(d, r) for d, r in zip(dys, ctx.ranges) if d is not None]   # an unused top adds 0
+    used = [(d, r) for d, r in zip(dys, ctx.ranges) if d is not None]  # an unused top adds 0
     return slice_select.slice_backward_ref([d for d, _ in used], [r for _, r in used], ctx.in_shape)
 
 
 class SliceFn(Function):
     """Column ranges [a, b) of the last dim, one output each (a tuple, even for one range)."""
 
-    half_native = True                 # gpu/sim: float16 copied as float16 (overlaps add in float32)
+    half_native = True  # gpu/sim: float16 copied as float16 (overlaps add in float32)
 
     @staticmethod
     def forward(ctx: Context, x, ranges: tuple = ()):
@@ -210,7 +211,7 @@ class SelectFn(Function):
 
     @staticmethod
     def forward(ctx: Context, x, dim: int = 1, index: Index = None, out_shape: tuple = ()):
-        sel_shape = x.shape[:dim] + (index.host.size,) + x.shape[dim + 1:]
+        sel_shape = x.shape[:dim] + (index.host.size,) + x.shape[dim + 1 :]
         ctx.in_shape, ctx.dim, ctx.index, ctx.sel_shape = x.shape, dim, index, sel_shape
         y = pick(kernel=_select_forward_kernel, ref=_select_forward_ref)(ctx, x)
         return y.reshape(out_shape) if out_shape else y

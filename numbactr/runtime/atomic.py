@@ -15,6 +15,7 @@ kill -9) sees the old file or the new one, never a half-written one.
 This module imports nothing of numbactr (it sits below data/ and files/, which both use it).
 ``os.replace`` and ``os.fsync`` are looked up at call time, so a test can hook them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,12 +72,13 @@ def atomic_path(path, tmp: str | None = None, fsync: bool = True, fsync_dir: boo
         _fsync_folder(os.path.dirname(os.path.abspath(path)))
 
 
-_fsync_folder = fsync_dir          # the keyword of atomic_path / atomic_write shadows the function's name
+_fsync_folder = fsync_dir  # the keyword of atomic_path / atomic_write shadows the function's name
 
 
 @contextlib.contextmanager
-def atomic_write(path, mode: str = "wb", tmp: str | None = None, fsync: bool = True, fsync_dir: bool = False,
-                 **open_kwargs):
+def atomic_write(
+    path, mode: str = "wb", tmp: str | None = None, fsync: bool = True, fsync_dir: bool = False, **open_kwargs
+):
     """Yield a file object open on the temporary (``mode``: "w"/"wb" and their "x"/"+" variants; keywords
     such as newline= go to open()); on success it is flushed, fsync'd and renamed to ``path`` as in
     atomic_path; on an exception it is closed and removed."""

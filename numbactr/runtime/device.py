@@ -24,6 +24,7 @@ was given a vvgpu, else visible GPU ``i % visible``; a rank whose launcher pinne
 CUDA_VISIBLE_DEVICES takes that GPU whatever vvgpu lists); numba and CuPy are both pointed at it.
 ``numbactr device`` (numbactr.runtime.device_report) prints what was found and what does not fit.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,6 +54,7 @@ def _asked() -> str | None:
 
 def _numba_simulated() -> bool:
     from numba import config
+
     return bool(config.ENABLE_CUDASIM)
 
 
@@ -60,23 +62,29 @@ def _resolve() -> tuple[str, str]:
     asked = _asked()
     if asked == "sim":
         if "numba" in sys.modules and not _numba_simulated():
-            raise DeviceError("NUMBACTR_DEVICE=sim needs NUMBA_ENABLE_CUDASIM=1 before numba is first "
-                              "imported; import numbactr before numba (or export NUMBA_ENABLE_CUDASIM=1)")
+            raise DeviceError(
+                "NUMBACTR_DEVICE=sim needs NUMBA_ENABLE_CUDASIM=1 before numba is first "
+                "imported; import numbactr before numba (or export NUMBA_ENABLE_CUDASIM=1)"
+            )
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
         return "sim", "NUMBACTR_DEVICE=sim: kernels run in Numba's CUDA simulator"
     if asked == "cpu":
         return "cpu", f"NUMBACTR_DEVICE=cpu: {_cpu_ops()}"
     if _numba_simulated():
         if asked == "gpu":
-            raise DeviceError("NUMBACTR_DEVICE=gpu, but NUMBA_ENABLE_CUDASIM=1 puts numba in simulator "
-                              "mode; unset NUMBA_ENABLE_CUDASIM")
+            raise DeviceError(
+                "NUMBACTR_DEVICE=gpu, but NUMBA_ENABLE_CUDASIM=1 puts numba in simulator "
+                "mode; unset NUMBA_ENABLE_CUDASIM"
+            )
         return "sim", "NUMBA_ENABLE_CUDASIM=1: kernels run in Numba's CUDA simulator"
     from numba import cuda
+
     if not cuda.is_available():
         reason = _cuda_reason(cuda.cuda_error())
         if asked == "gpu":
-            raise DeviceError(f"NUMBACTR_DEVICE=gpu, but no CUDA GPU is usable here: {reason}; "
-                              "use NUMBACTR_DEVICE=cpu or sim")
+            raise DeviceError(
+                f"NUMBACTR_DEVICE=gpu, but no CUDA GPU is usable here: {reason}; use NUMBACTR_DEVICE=cpu or sim"
+            )
         return "cpu", f"{_cpu_ops()}; no CUDA GPU: {reason}"
     try:
         import cupy  # noqa: F401
@@ -95,10 +103,12 @@ def _select_gpu(cuda, cupy) -> tuple[int, str]:
     """Make this rank's GPU current for numba and CuPy (before anything allocates); (index, why)."""
     from numbactr.distributed.comm import placement
     from numbactr.distributed.placement import PlacementError, choose_gpu
+
     try:
         pl = placement()
-        gpu, why = choose_gpu(pl.local_rank, pl.node, len(cuda.gpus), _state["vvgpu"],
-                              os.environ.get("CUDA_VISIBLE_DEVICES"))
+        gpu, why = choose_gpu(
+            pl.local_rank, pl.node, len(cuda.gpus), _state["vvgpu"], os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
     except PlacementError as e:
         raise DeviceError(f"cannot choose this rank's GPU: {e}") from None
     cuda.select_device(gpu)
@@ -121,7 +131,7 @@ def _no_interface_sync() -> None:
     os.environ["NUMBA_CUDA_ARRAY_INTERFACE_SYNC"] = "0"
     try:
         from numba.cuda.core import config as cuda_config
-    except ImportError:                         # older numba-cuda: numba's own config holds it
+    except ImportError:  # older numba-cuda: numba's own config holds it
         from numba import config as cuda_config
     cuda_config.CUDA_ARRAY_INTERFACE_SYNC = 0
 
@@ -138,6 +148,7 @@ def bind_thread() -> None:
     gpu = gpu_index()
     if gpu is not None:
         import cupy
+
         if cupy.cuda.runtime.getDevice() != gpu:
             cupy.cuda.runtime.setDevice(gpu)
 
@@ -148,6 +159,7 @@ def use_vvgpu(vvgpu) -> str:
     before the solver was created that differs from vvgpu's."""
     from numbactr.distributed.comm import placement
     from numbactr.distributed.placement import DEFAULT_VVGPU, choose_gpu, idle_gpus
+
     vv = tuple(tuple(int(g) for g in n) for n in vvgpu)
     _state["vvgpu"] = vv
     if vv == DEFAULT_VVGPU:
@@ -156,16 +168,21 @@ def use_vvgpu(vvgpu) -> str:
     notes = []
     idle = idle_gpus(pl, vv)
     if idle:
-        notes.append(f"numbactr runs one GPU per process (local rank i of node n uses vvgpu[n][i % len]); this "
-                     f"job has {pl.size} rank(s), {pl.local_size} per node on {pl.nodes} node(s), so "
-                     f"{', '.join(f'node {n} GPU {g}' for n, g in idle)} stay(s) idle; start one rank per "
-                     f"listed GPU (mpiexec -n {sum(len(n) for n in vv)})")
+        notes.append(
+            f"numbactr runs one GPU per process (local rank i of node n uses vvgpu[n][i % len]); this "
+            f"job has {pl.size} rank(s), {pl.local_size} per node on {pl.nodes} node(s), so "
+            f"{', '.join(f'node {n} GPU {g}' for n, g in idle)} stay(s) idle; start one rank per "
+            f"listed GPU (mpiexec -n {sum(len(n) for n in vv)})"
+        )
     if _state["kind"] == "gpu" and _state["gpu"] is not None:
         from numba import cuda
+
         want, _ = choose_gpu(pl.local_rank, pl.node, len(cuda.gpus), vv, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if want != _state["gpu"]:
-            notes.append(f"the device was resolved before CreateSolver, on GPU {_state['gpu']}, and stays "
-                         f"there (vvgpu asks for GPU {want}); create the solver before anything uses the device")
+            notes.append(
+                f"the device was resolved before CreateSolver, on GPU {_state['gpu']}, and stays "
+                f"there (vvgpu asks for GPU {want}); create the solver before anything uses the device"
+            )
     return "; ".join(notes)
 
 
@@ -190,6 +207,7 @@ def kind() -> str:
     if _state["kind"] is None:
         _state["kind"], _state["why"] = _resolve()
         from numbactr.runtime import threads
+
         plan = threads.current()
         print(f"numbactr: device={_state['kind']} ({_state['why']}); {plan.describe()}", flush=True)
     return _state["kind"]
@@ -215,10 +233,11 @@ def set_device(name: str) -> None:
             raise DeviceError("device 'sim' needs NUMBA_ENABLE_CUDASIM=1 before numba is imported")
         if name == "gpu":
             from numba import cuda
+
             if sim or not cuda.is_available():
                 raise DeviceError("device 'gpu' is not available in this process")
     _state["kind"], _state["why"] = name, f"set_device({name!r}) was called"
-    if _held[0] is not None:                     # inside held_choices(): hold the new device's answer
+    if _held[0] is not None:  # inside held_choices(): hold the new device's answer
         _held[0] = _read_compiled()
 
 
@@ -228,10 +247,10 @@ def uses_kernels() -> bool:
 
 
 ENV_REFERENCE = "NUMBACTR_CPU_REFERENCE"
-_reference_depth = [0]           # reference_ops() nesting
+_reference_depth = [0]  # reference_ops() nesting
 
 
-_held = [None]                   # compiled_cpu()'s answer while a held_choices() block is open
+_held = [None]  # compiled_cpu()'s answer while a held_choices() block is open
 
 
 def compiled_cpu() -> bool:
@@ -284,10 +303,12 @@ def xp():
     k = kind()
     if k == "gpu":
         import cupy
+
         return cupy
     if k == "sim" and sim_strict.active():
         return sim_strict.XP
     import numpy
+
     return numpy
 
 
@@ -296,6 +317,7 @@ def is_host_array(a) -> bool:
     numbactr.runtime.sim_strict.strict() a sim array made there counts as device memory, as a CuPy array does on a
     GPU."""
     import numpy
+
     return isinstance(a, numpy.ndarray) and not (sim_strict.active() and isinstance(a, sim_strict.DeviceArray))
 
 
@@ -346,6 +368,7 @@ def to_host(a):
     if mirror is not None:
         return mirror
     from numbactr.kernels.launch import count_host_read
+
     count_host_read()
     if hasattr(a, "get"):
         return a.get()
@@ -369,13 +392,13 @@ def cupy_sort_synchronizes(version: str | None = None) -> bool:
     if version is None:
         try:
             import cupy
-        except ImportError:             # no CuPy: no CuPy sort either (the cpu and sim devices)
+        except ImportError:  # no CuPy: no CuPy sort either (the cpu and sim devices)
             return False
         version = cupy.__version__
     try:
         major = int(str(version).split(".")[0])
     except ValueError:
-        return False                    # a source build with an odd version string: assume a current one
+        return False  # a source build with an odd version string: assume a current one
     return major < CUPY_NOSYNC_SORT
 
 

@@ -14,6 +14,7 @@ It pays: the embedding forward over a large table ran about a third faster on al
 ``NUMBACTR_HUGE_PAGES=0`` asks for 4 KiB pages instead (``madvise(MADV_NOHUGEPAGE)``). Buffers under
 HUGE_MIN_BYTES, systems without ``madvise`` and device arrays are unaffected.
 """
+
 from __future__ import annotations
 
 import errno
@@ -22,8 +23,8 @@ import os
 
 import numpy as np
 
-HUGE_PAGE = 2 << 20                 # bytes: x86-64 and arm64 (4 KiB granule) transparent huge pages
-HUGE_MIN_BYTES = 4 << 20            # smaller buffers fit the TLB anyway; their rounding would waste memory
+HUGE_PAGE = 2 << 20  # bytes: x86-64 and arm64 (4 KiB granule) transparent huge pages
+HUGE_MIN_BYTES = 4 << 20  # smaller buffers fit the TLB anyway; their rounding would waste memory
 ENV = "NUMBACTR_HUGE_PAGES"
 # private, not mmap's default MAP_SHARED: a shared anonymous mapping is shmem, which gets no transparent huge
 # pages (shmem_enabled), and a forked child's writes would show in the parent's tables
@@ -61,8 +62,10 @@ def check_fits(nbytes: int, what: str, hint: str = "") -> None:
     initialized, with no message at all)."""
     avail = available_bytes()
     if avail is not None and nbytes > avail:
-        raise MemoryError(f"{what} needs {_gb(nbytes)} of host memory but only {_gb(avail)} are available"
-                          + (f"; {hint}" if hint else ""))
+        raise MemoryError(
+            f"{what} needs {_gb(nbytes)} of host memory but only {_gb(avail)} are available"
+            + (f"; {hint}" if hint else "")
+        )
 
 
 def host_zeros(n: int, dtype, huge: bool | None = None) -> np.ndarray:
@@ -76,16 +79,17 @@ def host_zeros(n: int, dtype, huge: bool | None = None) -> np.ndarray:
         return np.zeros(0, dtype)
     if huge is None:
         huge = huge_pages_wanted()
-    huge = (huge and nbytes >= HUGE_MIN_BYTES and hasattr(mmap, "MADV_HUGEPAGE")
-            and hasattr(mmap.mmap, "madvise"))
+    huge = huge and nbytes >= HUGE_MIN_BYTES and hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise")
     try:
         return _host_zeros(nbytes, dtype, huge)
     except OSError as e:
         if e.errno != errno.ENOMEM:
             raise
         avail = available_bytes()
-        raise MemoryError(f"cannot map {_gb(nbytes)} of host memory ({n} x {dtype.name})"
-                          + (f"; {_gb(avail)} are available" if avail is not None else "")) from None
+        raise MemoryError(
+            f"cannot map {_gb(nbytes)} of host memory ({n} x {dtype.name})"
+            + (f"; {_gb(avail)} are available" if avail is not None else "")
+        ) from None
 
 
 def _host_zeros(nbytes: int, dtype, huge: bool) -> np.ndarray:
@@ -98,7 +102,7 @@ def _host_zeros(nbytes: int, dtype, huge: bool) -> np.ndarray:
     mem.madvise(mmap.MADV_HUGEPAGE)
     raw = np.frombuffer(mem, np.uint8)
     start = (-raw.ctypes.data) % HUGE_PAGE
-    return raw[start:start + nbytes].view(dtype)
+    return raw[start : start + nbytes].view(dtype)
 
 
 def host_full(n: int, value, dtype, huge: bool | None = None) -> np.ndarray:

@@ -37,6 +37,7 @@ tensor cores: CuPy decides a dtype's cuBLAS compute type at its first product, r
 ``CUPY_TF32`` environment variable then, and ``cupy._core._routines_linalg.set_compute_type`` changes
 it afterwards; ``enable_tf32`` does both. cpu and sim have no TF32: the flag has no effect there.
 """
+
 from __future__ import annotations
 
 import os
@@ -85,8 +86,10 @@ def half_dtype(solver):
         return np.dtype(np.float16)
     bf16 = bfloat16_dtype()
     if bf16 is None:
-        raise ValueError("CreateSolver: mixed_precision_dtype='bfloat16' needs the ml_dtypes package "
-                         "(NumPy has no bfloat16): pip install ml_dtypes, or use 'float16'")
+        raise ValueError(
+            "CreateSolver: mixed_precision_dtype='bfloat16' needs the ml_dtypes package "
+            "(NumPy has no bfloat16): pip install ml_dtypes, or use 'float16'"
+        )
     return bf16
 
 
@@ -98,8 +101,10 @@ def check_dense_input(dense: np.ndarray, half) -> None:
     top = float(np.abs(dense).max())
     limit = float(np.finfo(np.float16).max) if half == np.float16 else 3.3895e38
     if np.isfinite(top) and top > limit:
-        raise ValueError(f"mixed precision: the dense input holds |x| = {top:g}, beyond {half.name}'s range "
-                         f"(max {limit:g}); scale or log-transform the dense features")
+        raise ValueError(
+            f"mixed precision: the dense input holds |x| = {top:g}, beyond {half.name}'s range "
+            f"(max {limit:g}); scale or log-transform the dense features"
+        )
 
 
 #: TF32 as enable_tf32 left it: on (by numbactr, for a model that asked), and CUPY_TF32 before that
@@ -112,7 +117,7 @@ def enable_tf32() -> str:
     if not _TF32["on"]:
         _TF32["env"] = os.environ.get("CUPY_TF32")
     _TF32["on"] = True
-    os.environ["CUPY_TF32"] = "1"                 # read by CuPy at its first float32 product
+    os.environ["CUPY_TF32"] = "1"  # read by CuPy at its first float32 product
     try:
         import cupy
         from cupy._core import _routines_linalg as linalg
@@ -123,8 +128,10 @@ def enable_tf32() -> str:
         return f"enable_tf32_compute: this GPU (compute capability {cap}) has no TF32; products stay float32"
     tf32 = getattr(linalg, "COMPUTE_TYPE_TF32", None)
     if tf32 is None or not hasattr(linalg, "set_compute_type"):
-        return ("enable_tf32_compute: this CuPy has no set_compute_type; CUPY_TF32=1 is set, which CuPy reads "
-                "at its first float32 product")
+        return (
+            "enable_tf32_compute: this CuPy has no set_compute_type; CUPY_TF32=1 is set, which CuPy reads "
+            "at its first float32 product"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         linalg.set_compute_type(np.float32, tf32)
@@ -158,5 +165,7 @@ def disable_tf32() -> str:
         return ""
     if hasattr(linalg, "set_compute_type"):
         linalg.set_compute_type(np.float32, getattr(linalg, "COMPUTE_TYPE_TBD", 0))
-    return ("enable_tf32_compute=False: float32 matrix products no longer use TF32 (an earlier model of this "
-            "process had turned it on)")
+    return (
+        "enable_tf32_compute=False: float32 matrix products no longer use TF32 (an earlier model of this "
+        "process had turned it on)"
+    )

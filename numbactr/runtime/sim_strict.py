@@ -16,6 +16,7 @@ not recorded (a kernel runs on the device).
 Not seen: arrays a caller made with ``numpy`` itself rather than ``device.xp()`` (they are host arrays to the
 code that made them), and ``np.asarray(device_array)`` (CuPy raises on it; NumPy cannot be told).
 Used by tests/test_step_counts.py."""
+
 from __future__ import annotations
 
 import contextlib
@@ -82,7 +83,7 @@ class DeviceArray(np.ndarray):
     def __getitem__(self, key):
         r = super().__getitem__(key)
         if _state["active"] and not isinstance(r, np.ndarray) and not _in_kernel():
-            r = np.asarray(r).view(DeviceArray)          # one element: a 0-d device array, as in CuPy
+            r = np.asarray(r).view(DeviceArray)  # one element: a 0-d device array, as in CuPy
         return r
 
 
@@ -109,8 +110,10 @@ class StrictNumpy:
     def __getattr__(self, name):
         obj = getattr(np, name)
         if callable(obj) and not isinstance(obj, (type, np.ufunc)):
+
             def fn(*args, _obj=obj, **kwargs):
                 return _device(_obj(*args, **kwargs))
+
             fn.__name__ = name
             self.__dict__[name] = fn
             return fn

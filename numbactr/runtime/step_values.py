@@ -22,6 +22,7 @@ graph reads the device arrays; the runner uploads the values before launching it
 sim (``defer=False``) it also uploads them, so a test can check that the hooks alone reproduce what the
 step's Python did.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,7 +39,7 @@ class Recording:
     def __init__(self, defer: bool):
         self.defer = defer
         self.uploads: list = []
-        self.hooks: dict = {}           # key -> fn(run), in registration order
+        self.hooks: dict = {}  # key -> fn(run), in registration order
 
     def replay(self, run: dict) -> None:
         for fn in self.hooks.values():
@@ -92,17 +93,19 @@ class StepValues:
         rec = _RECORDING[0]
         if rec is not None and rec.defer:
             # its zeroing would be captured into the graph and undo every replay's upload
-            raise RuntimeError("a StepValues was made while a step was being captured; the warm-up steps "
-                               "before a capture make them")
+            raise RuntimeError(
+                "a StepValues was made while a step was being captured; the warm-up steps before a capture make them"
+            )
         self.dtype = np.dtype(dtype)
         self.n = int(n)
         xp = device.xp()
         self.dev = xp.zeros(self.n, self.dtype)
         self.gpu = device.kind() == "gpu"
-        self.uploads = 0                    # how many puts (for tests)
+        self.uploads = 0  # how many puts (for tests)
         _ALL.add(self)
         if self.gpu:
             import cupy
+
             self._ring = []
             for _ in range(self.RING):
                 mem = cupy.cuda.alloc_pinned_memory(max(self.n * self.dtype.itemsize, 1))
@@ -119,17 +122,18 @@ class StepValues:
         rec = _RECORDING[0]
         if rec is not None:
             rec.uploads.append((self, values.copy()))
-            if rec.defer:                   # capturing: uploaded by the runner, outside the graph
+            if rec.defer:  # capturing: uploaded by the runner, outside the graph
                 return self.dev
         self.uploads += 1
         if not self.gpu:
             self.dev[...] = values
             return self.dev
         import cupy
+
         j = self._turn
         self._turn = (j + 1) % self.RING
         if self._events[j] is not None:
-            self._events[j].synchronize()   # that slot's copy (RING puts ago) has read it
+            self._events[j].synchronize()  # that slot's copy (RING puts ago) has read it
         host = self._ring[j]
         host[...] = values
         stream = cupy.cuda.get_current_stream()

@@ -22,6 +22,7 @@ A HugeCTR script that sets num_workers keeps it (the sample order depends on it)
 numbactr.hugectr_exact.hugectr_exact() the unset default is HugeCTR's 12. The plan is applied when the device is
 first resolved (the start-up line prints it), or by configure().
 """
+
 from __future__ import annotations
 
 import os
@@ -36,15 +37,17 @@ LOCAL_RANKS_ENV = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 
 @dataclass
 class ThreadPlan:
-    cores: int               # CPUs of this process (affinity mask / ranks on this host)
-    compute: int             # BLAS/OpenMP and numba threads
-    reader_workers: int      # default reader workers
+    cores: int  # CPUs of this process (affinity mask / ranks on this host)
+    compute: int  # BLAS/OpenMP and numba threads
+    reader_workers: int  # default reader workers
     blas: str = "not applied yet"
     numba: str = "not applied yet"
 
     def describe(self) -> str:
-        return (f"threads: compute {self.compute} (BLAS: {self.blas}; numba: {self.numba}), reader "
-                f"workers {self.reader_workers}; {self.cores} core{'s' if self.cores != 1 else ''}")
+        return (
+            f"threads: compute {self.compute} (BLAS: {self.blas}; numba: {self.numba}), reader "
+            f"workers {self.reader_workers}; {self.cores} core{'s' if self.cores != 1 else ''}"
+        )
 
 
 _plan: ThreadPlan | None = None
@@ -95,6 +98,7 @@ def _apply_blas(n: int, explicit: bool) -> str:
     if user and not explicit:
         return f"as set by {', '.join(user)}"
     from threadpoolctl import threadpool_info, threadpool_limits
+
     if _blas_limiter is not None:
         _blas_limiter.restore_original_limits()
     # process-wide for every BLAS/OpenMP library loaded now (NumPy's OpenBLAS); kept until reconfigured
@@ -105,6 +109,7 @@ def _apply_blas(n: int, explicit: bool) -> str:
 
 def _apply_numba(n: int, explicit: bool) -> str:
     import numba
+
     if not os.environ.get("NUMBA_THREADING_LAYER", "").strip():
         # Before numba starts its pool (get/set_num_threads start it): numba's default OpenMP layer
         # spin-waits between parallel regions; on a busy host (other processes, BLAS threads spinning

@@ -4,6 +4,7 @@ On the cpu and sim devices a CPU tensor and a NumPy array share one buffer (torc
 on the gpu device a CUDA tensor and a CuPy array share device memory through DLPack. Nothing is copied,
 except a non-contiguous tensor, which is made contiguous first.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,6 +21,7 @@ def as_array(t):
     t = t.detach().contiguous()
     if t.is_cuda:
         import cupy
+
         return cupy.from_dlpack(t)
     return t.numpy()
 

@@ -54,38 +54,80 @@ Checkpoints are also PyTorch's: a module's state_dict() holds this rank's rows (
 OptimizerWrapper.state_dict() the tables' optimizer states and its step count, so torch.save /
 torch.load of both resume training exactly (each rank its own, loaded by as many ranks as saved it).
 """
+
 from __future__ import annotations
 
 try:
     import torch
-except ImportError as e:           # the one face of numbactr that needs torch
+except ImportError as e:  # the one face of numbactr that needs torch
     raise ImportError("numbactr.sok is SOK's interface for PyTorch and needs torch: pip install torch") from e
 
 from numbactr.runtime import threads
 from numbactr.distributed.comm import world
 from numbactr.sok.dense import average_gradients, broadcast_parameters
 from numbactr.sok.dump_load import dump, incremental_model_dump, load
-from numbactr.sok.layers import (All2AllDenseEmbedding, DistributedEmbedding, DistributedVariable, DynamicVariable,
-                     LocalizedVariable, Variable, all2all_dense_embedding, assign, export, lookup_sparse)
+from numbactr.sok.layers import (
+    All2AllDenseEmbedding,
+    DistributedEmbedding,
+    DistributedVariable,
+    DynamicVariable,
+    LocalizedVariable,
+    Variable,
+    all2all_dense_embedding,
+    assign,
+    export,
+    lookup_sparse,
+)
 from numbactr.sok.optimizer import SGD, Adam, OptimizerWrapper, filter_variables, split_embedding_variable_from_others
 from numbactr.sok.table import SETTINGS
 
-__all__ = ["init", "Init", "All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable",
-           "DistributedVariable", "LocalizedVariable", "set_comm_tool", "sparse_read_and_evict",
-           "lookup_sparse", "all2all_dense_embedding", "export", "assign", "OptimizerWrapper", "SGD", "Adam",
-           "optimizers",
-           "filter_variables", "split_embedding_variable_from_others", "average_gradients",
-           "broadcast_parameters", "num_gpus", "global_gpu_id", "rank", "num_ranks", "dump", "load",
-           "incremental_model_dump"]
+__all__ = [
+    "init",
+    "Init",
+    "All2AllDenseEmbedding",
+    "DistributedEmbedding",
+    "Variable",
+    "DynamicVariable",
+    "DistributedVariable",
+    "LocalizedVariable",
+    "set_comm_tool",
+    "sparse_read_and_evict",
+    "lookup_sparse",
+    "all2all_dense_embedding",
+    "export",
+    "assign",
+    "OptimizerWrapper",
+    "SGD",
+    "Adam",
+    "optimizers",
+    "filter_variables",
+    "split_embedding_variable_from_others",
+    "average_gradients",
+    "broadcast_parameters",
+    "num_gpus",
+    "global_gpu_id",
+    "rank",
+    "num_ranks",
+    "dump",
+    "load",
+    "incremental_model_dump",
+]
 
 
-class optimizers:                  # noqa: N801 (SOK's module name: sok.optimizers.Adam)
+class optimizers:  # noqa: N801 (SOK's module name: sok.optimizers.Adam)
     """SOK's first API spelled the table optimizer sok.optimizers.Adam."""
+
     Adam = Adam
 
 
-def init(comm_tool: str = "horovod", use_legacy_optimizer: bool = True, *, seed: int = 0,
-         gradient_division: bool = True, set_torch_threads: bool = True):
+def init(
+    comm_tool: str = "horovod",
+    use_legacy_optimizer: bool = True,
+    *,
+    seed: int = 0,
+    gradient_division: bool = True,
+    set_torch_threads: bool = True,
+):
     """SOK's sok.init: join the job's ranks and fix how tables start and learn. Call it before creating
     tables, with the same arguments on every rank.
 
@@ -119,11 +161,13 @@ def set_comm_tool(tool: str) -> None:
 def sparse_read_and_evict(var, indices, name=None):
     """SOK's hybrid-backend read that evicts the rows it returns: not implemented (numbactr's keyed tables
     have a fixed capacity per rank and never evict; see this package's docstring)."""
-    raise NotImplementedError("sok.sparse_read_and_evict is SOK's HierarchicalKV 'hybrid' backend read-and-evict; "
-                              "numbactr's DynamicVariable never evicts rows (a full table is a VocabularyFullError)")
+    raise NotImplementedError(
+        "sok.sparse_read_and_evict is SOK's HierarchicalKV 'hybrid' backend read-and-evict; "
+        "numbactr's DynamicVariable never evicts rows (a full table is a VocabularyFullError)"
+    )
 
 
-def Init(**kwargs):                # noqa: N802 (SOK's first API)
+def Init(**kwargs):  # noqa: N802 (SOK's first API)
     """SOK's first API, sok.Init(global_batch_size=..., seed=...): init(); global_batch_size is not needed
     (each rank brings its own samples). Returns 'OK' as SOK does."""
     kwargs.pop("global_batch_size", None)

@@ -13,6 +13,7 @@ With each rank's loss the mean over its own b samples, the averaged dense gradie
 global batch's mean loss, and (with numbactr.sok.init's gradient division) so is the tables' gradient:
 R ranks train as one rank on the R*b samples. GPU tensors are staged through host memory.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,10 +39,12 @@ def average_gradients(parameters, comm=None) -> None:
     by_dtype = {}
     for p in _dense(parameters):
         if p.grad is not None and p.grad.is_sparse:
-            raise ValueError(f"average_gradients: a parameter of shape {tuple(p.shape)} has a sparse gradient "
-                             "(nn.Embedding(sparse=True)?); only dense gradients are averaged")
+            raise ValueError(
+                f"average_gradients: a parameter of shape {tuple(p.shape)} has a sparse gradient "
+                "(nn.Embedding(sparse=True)?); only dense gradients are averaged"
+            )
         by_dtype.setdefault(p.dtype, []).append(p)
-    for dtype in sorted(by_dtype, key=str):                 # the same order on every rank
+    for dtype in sorted(by_dtype, key=str):  # the same order on every rank
         params = by_dtype[dtype]
         sizes = [p.numel() for p in params]
         ends = np.cumsum(sizes)
@@ -49,13 +52,13 @@ def average_gradients(parameters, comm=None) -> None:
         buf = np.zeros(int(ends[-1]) + len(params), torch.empty(0, dtype=dtype).numpy().dtype)
         for i, (p, end) in enumerate(zip(params, ends)):
             if p.grad is not None:
-                buf[end - sizes[i]:end] = p.grad.detach().reshape(-1).cpu().numpy()
+                buf[end - sizes[i] : end] = p.grad.detach().reshape(-1).cpu().numpy()
                 buf[ends[-1] + i] = 1
         comm.allreduce_sum(buf)
         for i, (p, end) in enumerate(zip(params, ends)):
             if buf[ends[-1] + i] == 0:
                 continue
-            mean = torch.from_numpy(buf[end - sizes[i]:end] / buf.dtype.type(comm.size)).view_as(p).to(p.device)
+            mean = torch.from_numpy(buf[end - sizes[i] : end] / buf.dtype.type(comm.size)).view_as(p).to(p.device)
             if p.grad is None:
                 p.grad = mean.clone()
             else:

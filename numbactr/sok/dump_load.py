@@ -31,6 +31,7 @@ a module's name is used as given, so give the table the name SOK's files carry: 
 incremental_model_dump(sok_vars, time_threshold): SOK's export of the keys a HierarchicalKV table
 (DynamicVariable(var_type="hybrid")) inserted or updated at or after a time, gathered from every rank.
 """
+
 from __future__ import annotations
 
 import datetime as _datetime
@@ -62,8 +63,12 @@ def file_name(name: str) -> str:
 
 def head(kind: int, slot: str, dtype) -> bytes:
     """A SOK weight file's 296-byte head."""
-    return (b" " * NAME_BYTES + kind.to_bytes(4, "big") + slot.rjust(SLOT_BYTES).encode()
-            + DTYPE_INDEX[np.dtype(dtype)].to_bytes(4, "big"))
+    return (
+        b" " * NAME_BYTES
+        + kind.to_bytes(4, "big")
+        + slot.rjust(SLOT_BYTES).encode()
+        + DTYPE_INDEX[np.dtype(dtype)].to_bytes(4, "big")
+    )
 
 
 def read_file(path: str, kind: int, slot: str = ""):
@@ -75,13 +80,14 @@ def read_file(path: str, kind: int, slot: str = ""):
         raw = f.read()
     if len(raw) < HEAD_BYTES:
         raise ValueError(f"sok.load: {path} has {len(raw)} bytes, less than SOK's {HEAD_BYTES}-byte head")
-    got_kind = int.from_bytes(raw[NAME_BYTES:NAME_BYTES + 4], "big")
-    got_slot = raw[NAME_BYTES + 4:NAME_BYTES + 4 + SLOT_BYTES].decode("utf-8", "replace").strip()
-    index = int.from_bytes(raw[HEAD_BYTES - 4:HEAD_BYTES], "big")
+    got_kind = int.from_bytes(raw[NAME_BYTES : NAME_BYTES + 4], "big")
+    got_slot = raw[NAME_BYTES + 4 : NAME_BYTES + 4 + SLOT_BYTES].decode("utf-8", "replace").strip()
+    index = int.from_bytes(raw[HEAD_BYTES - 4 : HEAD_BYTES], "big")
     kinds = {KEY_FILE: "key", WEIGHT_FILE: "weight", STATE_FILE: "optimizer state"}
     if got_kind != kind:
-        raise ValueError(f"sok.load: {path} is a {kinds.get(got_kind, f'kind {got_kind}')} file, expected a "
-                         f"{kinds[kind]} file")
+        raise ValueError(
+            f"sok.load: {path} is a {kinds.get(got_kind, f'kind {got_kind}')} file, expected a {kinds[kind]} file"
+        )
     if slot and got_slot != slot:
         raise ValueError(f"sok.load: {path} holds slot {got_slot!r}, expected {slot!r}")
     if index not in DTYPES:
@@ -111,11 +117,15 @@ def _trained(optimizer, v, who: str):
         return None
     tables = getattr(optimizer, "_tables", None)
     if tables is None:
-        raise TypeError(f"{who}: optimizer must be a numbactr.sok OptimizerWrapper (or sok.SGD / sok.Adam), got "
-                        f"{type(optimizer).__name__}")
+        raise TypeError(
+            f"{who}: optimizer must be a numbactr.sok OptimizerWrapper (or sok.SGD / sok.Adam), got "
+            f"{type(optimizer).__name__}"
+        )
     if not any(t is v.table for t, _ in tables):
-        raise ValueError(f"{who}: the optimizer does not train {v.name!r}; dump or load its optimizer state with "
-                         "the optimizer that trains it (SOK: all the variables have states, or none)")
+        raise ValueError(
+            f"{who}: the optimizer does not train {v.name!r}; dump or load its optimizer state with "
+            "the optimizer that trains it (SOK: all the variables have states, or none)"
+        )
     kind = Optim(v.table.engine.optimizer.kind)
     if kind not in OPTIMIZER_NAMES:
         raise NotImplementedError(f"{who}: {kind.name} has no SOK file name")
@@ -133,12 +143,12 @@ def dump(path, dump_vars, optimizer=None) -> None:
     items = _vars(dump_vars, who)
     plans = [_trained(optimizer, v, who) for v in items]
     comm = items[0].table.comm if items else None
-    files, errors = {}, []                                   # file name -> bytes (rank 0)
+    files, errors = {}, []  # file name -> bytes (rank 0)
     for v, plan in zip(items, plans):
         keys, values = v.table.state()
         st = v.table.optimizer_state() if plan else None
         if v.table.keyed:
-            order = np.argsort(keys, kind="stable")              # SOK: each rank's keys ascending
+            order = np.argsort(keys, kind="stable")  # SOK: each rank's keys ascending
             keys, values = keys[order], values[order]
             states = [st["states"][n][order] for n, _ in plan[1]] if plan else []
             key_dtype = np.int64
@@ -149,7 +159,7 @@ def dump(path, dump_vars, optimizer=None) -> None:
         values = comm.gather_rows(np.ascontiguousarray(values))
         states = [comm.gather_rows(np.ascontiguousarray(s, np.float32)) for s in states]
         if comm.rank == 0:
-            if keys.size == 0 and v.table.keyed:         # raised in write(), so that every rank hears of it
+            if keys.size == 0 and v.table.keyed:  # raised in write(), so that every rank hears of it
                 errors.append(f"{v.name!r} holds no key yet (SOK refuses to dump an empty dynamic table)")
             base = file_name(v.name)
             files[f"{base}-key"] = head(KEY_FILE, "", key_dtype) + keys.tobytes()
@@ -175,7 +185,7 @@ def load(path, load_vars, optimizer=None) -> None:
     who = "sok.load"
     items = _vars(load_vars, who)
     todo = []
-    for v in items:                                          # read and check everything first
+    for v in items:  # read and check everything first
         plan = _trained(optimizer, v, who)
         base = os.path.join(os.fspath(path), file_name(v.name))
         keys = read_file(f"{base}-key", KEY_FILE)
@@ -184,15 +194,15 @@ def load(path, load_vars, optimizer=None) -> None:
         if keys.dtype.kind not in "iu":
             raise ValueError(f"{who}: {base}-key holds {keys.dtype} keys, not integers")
         if values.size != keys.size * dim:
-            raise ValueError(f"{who}: {base}-weight holds {values.size} values for {keys.size} keys; "
-                             f"{v.name!r} has vectors of {dim}")
+            raise ValueError(
+                f"{who}: {base}-weight holds {values.size} values for {keys.size} keys; {v.name!r} has vectors of {dim}"
+            )
         keys = keys.astype(np.int64)
         states = {}
-        for name, slot in (plan[1] if plan else []):
+        for name, slot in plan[1] if plan else []:
             s = read_file(f"{base}-{plan[0]}-{slot}", STATE_FILE, slot)
             if s.size != keys.size * dim:
-                raise ValueError(f"{who}: {base}-{plan[0]}-{slot} holds {s.size} values for {keys.size} keys "
-                                 f"x {dim}")
+                raise ValueError(f"{who}: {base}-{plan[0]}-{slot} holds {s.size} values for {keys.size} keys x {dim}")
             states[name] = s.reshape(keys.size, dim)
         mine = v.table.owners(keys) == v.table.comm.rank
         keys, values = keys[mine], values.reshape(keys.size, dim)[mine].astype(np.float32)
@@ -202,8 +212,14 @@ def load(path, load_vars, optimizer=None) -> None:
     for v, keys, values, states, plan in todo:
         v.table.load_state(keys, values)
         if plan:
-            v.table.load_optimizer_state({"optimizer": Optim(v.table.engine.optimizer.kind).name,
-                                          "step": v.table.engine.step, "keys": keys, "states": states})
+            v.table.load_optimizer_state(
+                {
+                    "optimizer": Optim(v.table.engine.optimizer.kind).name,
+                    "step": v.table.engine.step,
+                    "keys": keys,
+                    "states": states,
+                }
+            )
 
 
 def incremental_model_dump(sok_vars, time_threshold, sess=None):
@@ -225,21 +241,28 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
     items = list(sok_vars) if isinstance(sok_vars, (list, tuple)) else [sok_vars]
     times = list(time_threshold) if isinstance(time_threshold, (list, tuple)) else [time_threshold]
     if len(times) not in (1, len(items)):
-        raise ValueError(f"sok.incremental_model_dump: {len(times)} time thresholds for {len(items)} variables; give "
-                         "one for all of them or one per variable")
+        raise ValueError(
+            f"sok.incremental_model_dump: {len(times)} time thresholds for {len(items)} variables; give "
+            "one for all of them or one per variable"
+        )
     for i, v in enumerate(items):
         table = getattr(v, "table", None)
         if table is None or not table.keyed or not hasattr(v, "backend_type"):
-            raise TypeError(f"sok.incremental_model_dump: variable {i} ({type(v).__name__}) is not a "
-                            "sok.DynamicVariable (SOK supports DynamicVariable with the 'hybrid' backend only)")
+            raise TypeError(
+                f"sok.incremental_model_dump: variable {i} ({type(v).__name__}) is not a "
+                "sok.DynamicVariable (SOK supports DynamicVariable with the 'hybrid' backend only)"
+            )
         if table.stamps is None:
-            raise ValueError(f"sok.incremental_model_dump: variable {i} ({v.name!r}) has var_type "
-                             f"{v.backend_type!r}; SOK supports var_type='hybrid' (HierarchicalKV) only, whose "
-                             "tables keep a time per key")
+            raise ValueError(
+                f"sok.incremental_model_dump: variable {i} ({v.name!r}) has var_type "
+                f"{v.backend_type!r}; SOK supports var_type='hybrid' (HierarchicalKV) only, whose "
+                "tables keep a time per key"
+            )
     for i, t in enumerate(times):
         if not isinstance(t, _datetime.datetime):
-            raise TypeError(f"sok.incremental_model_dump: time threshold {i} must be a datetime.datetime, got "
-                            f"{type(t).__name__}")
+            raise TypeError(
+                f"sok.incremental_model_dump: time threshold {i} must be a datetime.datetime, got {type(t).__name__}"
+            )
     keys_out, values_out = [], []
     for i, v in enumerate(items):
         threshold = times[0] if len(times) == 1 else times[i]

@@ -28,6 +28,7 @@ Inputs (PyTorch forms of SOK's TensorFlow inputs; keys are int32/int64 tensors, 
     * a dense 2-D tensor (bags, nnz): every entry a key (bags of equal length); DistributedEmbedding also
       takes (B, S, nnz).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -44,8 +45,16 @@ from numbactr.embedding.sharded import owner_offsets
 from numbactr.runtime.torch_bridge import as_array, as_tensor
 from numbactr.sok.table import DISTRIBUTED, SETTINGS, SokTable, init_range
 
-__all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "Variable", "DynamicVariable", "lookup_sparse",
-           "all2all_dense_embedding", "export", "assign"]
+__all__ = [
+    "All2AllDenseEmbedding",
+    "DistributedEmbedding",
+    "Variable",
+    "DynamicVariable",
+    "lookup_sparse",
+    "all2all_dense_embedding",
+    "export",
+    "assign",
+]
 
 COMBINERS = {"sum": Pooling.SUM, "mean": Pooling.MEAN}
 #: keys a DynamicVariable holds per rank unless init_capacity / max_capacity say otherwise (SOK's hash
@@ -105,10 +114,12 @@ class _SokModule(nn.Module):
         destination[prefix + "keys"] = torch.from_numpy(keys)
         destination[prefix + "values"] = torch.from_numpy(values)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
         names = [prefix + n for n in self._STATE]
         for n in names:
             if n in unexpected_keys:
@@ -118,8 +129,9 @@ class _SokModule(nn.Module):
             missing_keys.extend(n for n, h in zip(names, have) if not h)
             return
         try:
-            self.table.load_state(as_array(state_dict[names[0]].detach().cpu()),
-                                  as_array(state_dict[names[1]].detach().cpu().float()))
+            self.table.load_state(
+                as_array(state_dict[names[0]].detach().cpu()), as_array(state_dict[names[1]].detach().cpu().float())
+            )
         except ValueError as e:
             error_msgs.append(str(e))
 
@@ -144,21 +156,44 @@ class All2AllDenseEmbedding(_SokModule):
         name: for messages. Keys distribute over ranks as key % R.
     """
 
-    def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, nnz_per_slot,
-                 dynamic_input=False, use_hashtable=True, key_dtype=None, embedding_initializer=None, *,
-                 name: str = "all2all_dense_embedding", **kwargs):
+    def __init__(
+        self,
+        max_vocabulary_size_per_gpu,
+        embedding_vec_size,
+        slot_num,
+        nnz_per_slot,
+        dynamic_input=False,
+        use_hashtable=True,
+        key_dtype=None,
+        embedding_initializer=None,
+        *,
+        name: str = "all2all_dense_embedding",
+        **kwargs,
+    ):
         super().__init__()
         _warn_ignored(kwargs, f"All2AllDenseEmbedding {name!r}")
         who = f"All2AllDenseEmbedding {name!r}"
         _check_key_dtype(key_dtype, who)
-        self.max_vocabulary_size_per_gpu, self.embedding_vec_size = int(max_vocabulary_size_per_gpu), \
-            int(embedding_vec_size)
+        self.max_vocabulary_size_per_gpu, self.embedding_vec_size = (
+            int(max_vocabulary_size_per_gpu),
+            int(embedding_vec_size),
+        )
         self.slot_num, self.nnz_per_slot = int(slot_num), int(nnz_per_slot)
         self.dynamic_input, self.use_hashtable = bool(dynamic_input), bool(use_hashtable)
         if self.nnz_per_slot < 1:
             raise ValueError(f"{who}: nnz_per_slot must be >= 1, got {nnz_per_slot}")
-        self._attach(_vocabulary_table(who, self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
-                                       self.slot_num, Pooling.NONE, self.use_hashtable, embedding_initializer), name)
+        self._attach(
+            _vocabulary_table(
+                who,
+                self.max_vocabulary_size_per_gpu,
+                self.embedding_vec_size,
+                self.slot_num,
+                Pooling.NONE,
+                self.use_hashtable,
+                embedding_initializer,
+            ),
+            name,
+        )
 
     def forward(self, inputs, training=None):
         """(B, slot_num, nnz_per_slot, D) vectors of inputs (B, slot_num, nnz_per_slot); with dynamic_input,
@@ -171,8 +206,10 @@ class All2AllDenseEmbedding(_SokModule):
             offsets = owner_offsets(keys.shape[0], self.slot_num)
         else:
             if len(shape) != 3 or shape[1:] != (self.slot_num, self.nnz_per_slot):
-                raise ValueError(f"{self.table.who}: inputs must have shape (batch, slot_num={self.slot_num}, "
-                                 f"nnz_per_slot={self.nnz_per_slot}), got {shape}")
+                raise ValueError(
+                    f"{self.table.who}: inputs must have shape (batch, slot_num={self.slot_num}, "
+                    f"nnz_per_slot={self.nnz_per_slot}), got {shape}"
+                )
             offsets = device.xp().arange(shape[0] * self.slot_num + 1, dtype=np.int64) * self.nnz_per_slot
         out = self._lookup(keys, offsets, training)
         return out.view(*shape, self.embedding_vec_size)
@@ -187,48 +224,78 @@ class DistributedEmbedding(_SokModule):
     embedding_initializer, as All2AllDenseEmbedding. Keys distribute over ranks as key % R.
     """
 
-    def __init__(self, combiner, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, max_nnz,
-                 max_feature_num=1, use_hashtable=True, key_dtype=None, embedding_initializer=None, *,
-                 name: str = "distributed_embedding", **kwargs):
+    def __init__(
+        self,
+        combiner,
+        max_vocabulary_size_per_gpu,
+        embedding_vec_size,
+        slot_num,
+        max_nnz,
+        max_feature_num=1,
+        use_hashtable=True,
+        key_dtype=None,
+        embedding_initializer=None,
+        *,
+        name: str = "distributed_embedding",
+        **kwargs,
+    ):
         super().__init__()
         who = f"DistributedEmbedding {name!r}"
         _warn_ignored(kwargs, who)
         _check_key_dtype(key_dtype, who)
         self.combiner = _combiner(combiner, who)
-        self.max_vocabulary_size_per_gpu, self.embedding_vec_size = int(max_vocabulary_size_per_gpu), \
-            int(embedding_vec_size)
+        self.max_vocabulary_size_per_gpu, self.embedding_vec_size = (
+            int(max_vocabulary_size_per_gpu),
+            int(embedding_vec_size),
+        )
         self.slot_num, self.max_nnz = int(slot_num), int(max_nnz)
         if self.max_nnz < 1:
             raise ValueError(f"{who}: max_nnz must be >= 1, got {max_nnz}")
         self.max_feature_num = int(max_feature_num) if int(max_feature_num) > 1 else self.slot_num * self.max_nnz
         self.use_hashtable = bool(use_hashtable)
-        self._attach(_vocabulary_table(who, self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
-                                       self.slot_num, COMBINERS[self.combiner], self.use_hashtable,
-                                       embedding_initializer), name)
+        self._attach(
+            _vocabulary_table(
+                who,
+                self.max_vocabulary_size_per_gpu,
+                self.embedding_vec_size,
+                self.slot_num,
+                COMBINERS[self.combiner],
+                self.use_hashtable,
+                embedding_initializer,
+            ),
+            name,
+        )
 
     def forward(self, inputs, training=None):
         """(B, slot_num, D) pooled vectors of the ids of B * slot_num bags (module docstring)."""
         who = self.table.who
         if isinstance(inputs, torch.Tensor) and inputs.layout == torch.strided and inputs.dim() == 3:
             if inputs.shape[1] != self.slot_num:
-                raise ValueError(f"{who}: dense inputs must have shape (batch, slot_num={self.slot_num}, nnz), "
-                                 f"got {tuple(inputs.shape)}")
+                raise ValueError(
+                    f"{who}: dense inputs must have shape (batch, slot_num={self.slot_num}, nnz), "
+                    f"got {tuple(inputs.shape)}"
+                )
             inputs = inputs.reshape(-1, inputs.shape[2])
         keys, offsets = _bags(inputs, who)
         n_bags = offsets.shape[0] - 1
         if n_bags % self.slot_num:
-            raise ValueError(f"{who}: the inputs hold {n_bags} bags, not batch * slot_num (slot_num="
-                             f"{self.slot_num}); row b * slot_num + s is slot s of sample b")
+            raise ValueError(
+                f"{who}: the inputs hold {n_bags} bags, not batch * slot_num (slot_num="
+                f"{self.slot_num}); row b * slot_num + s is slot s of sample b"
+            )
         lengths = np.diff(device.to_host(offsets))
         if lengths.size and int(lengths.max()) > self.max_nnz:
             j = int(np.argmax(lengths))
-            raise ValueError(f"{who}: slot {j % self.slot_num} of sample {j // self.slot_num} holds {int(lengths[j])} "
-                             f"keys, more than max_nnz={self.max_nnz}")
+            raise ValueError(
+                f"{who}: slot {j % self.slot_num} of sample {j // self.slot_num} holds {int(lengths[j])} "
+                f"keys, more than max_nnz={self.max_nnz}"
+            )
         per_sample = lengths.reshape(-1, self.slot_num).sum(axis=1)
         if per_sample.size and int(per_sample.max()) > self.max_feature_num:
             b = int(np.argmax(per_sample))
-            raise ValueError(f"{who}: sample {b} holds {int(per_sample[b])} keys, more than max_feature_num="
-                             f"{self.max_feature_num}")
+            raise ValueError(
+                f"{who}: sample {b} holds {int(per_sample[b])} keys, more than max_feature_num={self.max_feature_num}"
+            )
         out = self._lookup(keys, offsets, training)
         return out.view(n_bags // self.slot_num, self.slot_num, self.embedding_vec_size)
 
@@ -244,7 +311,7 @@ class Variable(_SokModule):
     Lookups: lookup_sparse. ``shape`` is this rank's (V_local, D), ``global_shape`` (V, D).
     """
 
-    default_name = "Variable"       # unnamed tables: Variable_<i>, whichever class sok.Variable returned
+    default_name = "Variable"  # unnamed tables: Variable_<i>, whichever class sok.Variable returned
 
     def __new__(cls, *args, **kwargs):
         # SOK's sok.Variable is a function returning a DistributedVariable or a LocalizedVariable by mode
@@ -253,8 +320,17 @@ class Variable(_SokModule):
             cls = LocalizedVariable if isinstance(mode, str) and mode.startswith("localized") else DistributedVariable
         return super().__new__(cls)
 
-    def __init__(self, initial_value=None, trainable=True, name=None, dtype=None, shape=None, initializer=None,
-                 mode=None, **kwargs):
+    def __init__(
+        self,
+        initial_value=None,
+        trainable=True,
+        name=None,
+        dtype=None,
+        shape=None,
+        initializer=None,
+        mode=None,
+        **kwargs,
+    ):
         super().__init__()
         who = f"sok.Variable {name or ''!r}"
         _warn_ignored(kwargs, who)
@@ -283,9 +359,18 @@ class Variable(_SokModule):
             raise ValueError(f"{who}: give initial_value, or shape (V, D) with an initializer")
         self.global_shape = tuple(int(s) for s in (initial.shape if initial is not None else shape))
         # a wrapped torch.optim.Adam runs Keras' Adam, which moves every row of a tf.Variable (optimizer.py)
-        table = SokTable(who, self.global_shape[1], keyed=False, global_rows=self.global_shape[0],
-                         pooling=Pooling.MEAN, target=target, init=init, initial=initial, trainable=trainable,
-                         adam_update=UpdateType.GLOBAL)
+        table = SokTable(
+            who,
+            self.global_shape[1],
+            keyed=False,
+            global_rows=self.global_shape[0],
+            pooling=Pooling.MEAN,
+            target=target,
+            init=init,
+            initial=initial,
+            trainable=trainable,
+            adam_update=UpdateType.GLOBAL,
+        )
         self._attach(table, name)
 
     @property
@@ -317,13 +402,40 @@ class DistributedVariable(Variable):
     aggregation) are accepted and have no effect. global_gpu_id and num_gpus must name this rank and the
     job's ranks if given."""
 
-    def __init__(self, initial_value=None, trainable=None, collections=None, validate_shape=True,
-                 caching_device=None, name=None, dtype=None, variable_def=None, import_scope=None, constraint=None,
-                 distribute_strategy=None, synchronization=None, aggregation=None, shape=None, initializer=None,
-                 global_gpu_id=None, num_gpus=None, *, mode=None, **kwargs):
+    def __init__(
+        self,
+        initial_value=None,
+        trainable=None,
+        collections=None,
+        validate_shape=True,
+        caching_device=None,
+        name=None,
+        dtype=None,
+        variable_def=None,
+        import_scope=None,
+        constraint=None,
+        distribute_strategy=None,
+        synchronization=None,
+        aggregation=None,
+        shape=None,
+        initializer=None,
+        global_gpu_id=None,
+        num_gpus=None,
+        *,
+        mode=None,
+        **kwargs,
+    ):
         _check_collections(collections, name)
-        super().__init__(initial_value, trainable if trainable is not None else True, name, dtype, shape,
-                         initializer, mode=mode if mode is not None else "distributed", **kwargs)
+        super().__init__(
+            initial_value,
+            trainable if trainable is not None else True,
+            name,
+            dtype,
+            shape,
+            initializer,
+            mode=mode if mode is not None else "distributed",
+            **kwargs,
+        )
         if self.target_gpu != -1:
             raise ValueError(f"sok.DistributedVariable {name!r}: mode {mode!r} is not distributed")
         _check_placement(self, global_gpu_id, num_gpus)
@@ -334,17 +446,44 @@ class LocalizedVariable(Variable):
     LocalizedVariable(..., target_gpu=t) directly. SOK's constructor, positional order included (the graph
     arguments as DistributedVariable's)."""
 
-    def __init__(self, initial_value=None, trainable=None, collections=None, validate_shape=True,
-                 caching_device=None, name=None, dtype=None, variable_def=None, import_scope=None, constraint=None,
-                 distribute_strategy=None, synchronization=None, aggregation=None, shape=None, initializer=None,
-                 global_gpu_id=None, target_gpu=None, *, mode=None, **kwargs):
+    def __init__(
+        self,
+        initial_value=None,
+        trainable=None,
+        collections=None,
+        validate_shape=True,
+        caching_device=None,
+        name=None,
+        dtype=None,
+        variable_def=None,
+        import_scope=None,
+        constraint=None,
+        distribute_strategy=None,
+        synchronization=None,
+        aggregation=None,
+        shape=None,
+        initializer=None,
+        global_gpu_id=None,
+        target_gpu=None,
+        *,
+        mode=None,
+        **kwargs,
+    ):
         _check_collections(collections, name)
         if mode is None:
             if target_gpu is None:
                 raise ValueError(f"sok.LocalizedVariable {name!r}: give target_gpu (the rank that holds the table)")
             mode = f"localized:{int(target_gpu)}"
-        super().__init__(initial_value, trainable if trainable is not None else True, name, dtype, shape,
-                         initializer, mode=mode, **kwargs)
+        super().__init__(
+            initial_value,
+            trainable if trainable is not None else True,
+            name,
+            dtype,
+            shape,
+            initializer,
+            mode=mode,
+            **kwargs,
+        )
         if target_gpu is not None and int(target_gpu) != self.target_gpu:
             raise ValueError(f"sok.LocalizedVariable {name!r}: target_gpu={target_gpu} disagrees with mode {mode!r}")
         _check_placement(self, global_gpu_id, None)
@@ -353,8 +492,10 @@ class LocalizedVariable(Variable):
 def _check_collections(collections, name) -> None:
     # tf.Variable's rule; it also catches an older positional call Variable(value, trainable, name)
     if collections is not None and not isinstance(collections, (list, tuple, set)):
-        raise ValueError(f"sok variable {name!r}: collections (the third positional argument, as in SOK) must be "
-                         f"a list, tuple or set, got {collections!r}; pass name= by keyword")
+        raise ValueError(
+            f"sok variable {name!r}: collections (the third positional argument, as in SOK) must be "
+            f"a list, tuple or set, got {collections!r}; pass name= by keyword"
+        )
 
 
 def _check_placement(var, global_gpu_id, num_gpus) -> None:
@@ -380,8 +521,19 @@ class DynamicVariable(_SokModule):
     row's last insertion / update time, for sok.incremental_model_dump.
     """
 
-    def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None, trainable=True,
-                 key_type=None, dtype=None, mode=None, **kwargs):
+    def __init__(
+        self,
+        dimension,
+        initializer=None,
+        var_type=None,
+        name=None,
+        constraint=None,
+        trainable=True,
+        key_type=None,
+        dtype=None,
+        mode=None,
+        **kwargs,
+    ):
         super().__init__()
         who = f"sok.DynamicVariable {name or ''!r}"
         if var_type not in (None, "hbm", "hybrid"):
@@ -396,10 +548,21 @@ class DynamicVariable(_SokModule):
         self.mode, target = _mode(mode, who)
         self.dimension, self.backend_type = int(dimension), var_type or "hbm"
         self.key_type = key_type or torch.int64
-        self._attach(SokTable(who, self.dimension, keyed=True, capacity=int(capacity),
-                              option="max_capacity (keys per rank)", pooling=Pooling.MEAN, target=target,
-                              init=init_range(initializer, who), trainable=trainable,
-                              stamps=self.backend_type == "hybrid"), name)
+        self._attach(
+            SokTable(
+                who,
+                self.dimension,
+                keyed=True,
+                capacity=int(capacity),
+                option="max_capacity (keys per rank)",
+                pooling=Pooling.MEAN,
+                target=target,
+                init=init_range(initializer, who),
+                trainable=trainable,
+                stamps=self.backend_type == "hybrid",
+            ),
+            name,
+        )
 
     def _lookup(self, keys, offsets, training, weights=None, pooling=None):
         # SOK's DynamicVariable inserts new keys in every lookup (class docstring)
@@ -437,12 +600,17 @@ def assign(var, indices, values) -> None:
     if vals.shape[1] != table.dim:
         raise ValueError(f"{table.who}: values must be (n, {table.dim}), got {vals.shape}")
     comm = table.comm
-    owner = keys.astype(np.uint64) % np.uint64(comm.size) if table.target == DISTRIBUTED \
+    owner = (
+        keys.astype(np.uint64) % np.uint64(comm.size)
+        if table.target == DISTRIBUTED
         else np.full(keys.shape, table.target, np.uint64)
+    )
     foreign = np.flatnonzero(owner != comm.rank)
     if foreign.size:
-        raise ValueError(f"{table.who}: key {keys[foreign[0]]} (position {foreign[0]}) belongs to rank "
-                         f"{int(owner[foreign[0]])}, not rank {comm.rank}")
+        raise ValueError(
+            f"{table.who}: key {keys[foreign[0]]} (position {foreign[0]}) belongs to rank "
+            f"{int(owner[foreign[0]])}, not rank {comm.rank}"
+        )
     table._check_keys(keys)
     xp = device.xp()
     rows = table.engine.hash_tables[0].insert(xp.asarray(keys))
@@ -456,8 +624,10 @@ def all2all_dense_embedding(param, indices):
     model-parallel tf.nn.embedding_lookup (each key looked up on the rank that owns it). A DynamicVariable
     inserts new keys. The gradient of every occurrence reaches its row; the optimizer's step applies them."""
     if not isinstance(param, (Variable, DynamicVariable)):
-        raise TypeError(f"sok.all2all_dense_embedding: param must be a sok.Variable or sok.DynamicVariable, got "
-                        f"{type(param).__name__}")
+        raise TypeError(
+            f"sok.all2all_dense_embedding: param must be a sok.Variable or sok.DynamicVariable, got "
+            f"{type(param).__name__}"
+        )
     who = param.table.who
     keys = _keys(indices, who)
     out = param._lookup(keys, owner_offsets(keys.shape[0], param.table.features), None, None, Pooling.NONE)
@@ -484,16 +654,22 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
     params = list(params) if as_list else [params]
     ids = list(sp_ids) if as_list else [sp_ids]
     weights = [None] * len(ids) if sp_weights is None else (list(sp_weights) if as_list else [sp_weights])
-    combiners = ["mean"] * len(params) if combiners is None else \
-        (list(combiners) if isinstance(combiners, (list, tuple)) else [combiners])
+    combiners = (
+        ["mean"] * len(params)
+        if combiners is None
+        else (list(combiners) if isinstance(combiners, (list, tuple)) else [combiners])
+    )
     if not len(params) == len(ids) == len(weights) == len(combiners):
-        raise ValueError(f"sok.lookup_sparse: {len(params)} params, {len(ids)} sp_ids, {len(weights)} sp_weights "
-                         f"and {len(combiners)} combiners; give one of each per variable")
+        raise ValueError(
+            f"sok.lookup_sparse: {len(params)} params, {len(ids)} sp_ids, {len(weights)} sp_weights "
+            f"and {len(combiners)} combiners; give one of each per variable"
+        )
     out = []
     for param, ids_i, w_i, comb in zip(params, ids, weights, combiners):
         if not isinstance(param, (Variable, DynamicVariable)):
-            raise TypeError(f"sok.lookup_sparse: params must be sok.Variable or sok.DynamicVariable, got "
-                            f"{type(param).__name__}")
+            raise TypeError(
+                f"sok.lookup_sparse: params must be sok.Variable or sok.DynamicVariable, got {type(param).__name__}"
+            )
         who = param.table.who
         pooling = COMBINERS[_combiner(comb, who)]
         keys, offsets = _bags(ids_i, who)
@@ -502,7 +678,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
             psw, w_offsets = _bags(w_i, who + " sp_weights", values="float")
             if w_offsets.shape != offsets.shape or bool((w_offsets != offsets).any()):
                 raise ValueError(f"{who}: sp_weights must have the same bags as sp_ids")
-            if pooling == Pooling.MEAN:          # sum_k w_k e_k / sum_k w_k: SUM of normalized weights
+            if pooling == Pooling.MEAN:  # sum_k w_k e_k / sum_k w_k: SUM of normalized weights
                 psw, pooling = _normalized(psw, offsets), Pooling.SUM
         out.append(param._lookup(keys, offsets, None, psw, pooling))
     return out if as_list else out[0]
@@ -516,9 +692,17 @@ def _torch_device() -> str:
 def _vocabulary_table(who, per_rank, dim, slots, pooling, keyed, initializer) -> SokTable:
     """A v1 layer's table: per_rank keys (keyed) or rows per rank (unkeyed: keys in [0, per_rank * R))."""
     ranks = world().size
-    return SokTable(who, dim, keyed=keyed, capacity=per_rank, option="max_vocabulary_size_per_gpu",
-                    global_rows=per_rank * ranks, features=slots, pooling=pooling,
-                    init=init_range(initializer, who))
+    return SokTable(
+        who,
+        dim,
+        keyed=keyed,
+        capacity=per_rank,
+        option="max_vocabulary_size_per_gpu",
+        global_rows=per_rank * ranks,
+        features=slots,
+        pooling=pooling,
+        init=init_range(initializer, who),
+    )
 
 
 def _keys(t, who: str):
@@ -539,14 +723,19 @@ def _bags(sp, who: str, values: str = "int"):
         vals = _keys(vals, who) if values == "int" else _floats(vals, who)
         offsets = xp.asarray(as_array(offsets)).astype(np.int64).reshape(-1)
         n = vals.shape[0]
-        if offsets.shape[0] < 1 or int(offsets[0]) != 0 or int(offsets[-1]) != n or \
-                bool((offsets[1:] < offsets[:-1]).any()):
-            raise ValueError(f"{who}: offsets must be (bags + 1,) non-decreasing from 0 to len(values) = {n} "
-                             "(F.embedding_bag's include_last_offset=True form)")
+        if (
+            offsets.shape[0] < 1
+            or int(offsets[0]) != 0
+            or int(offsets[-1]) != n
+            or bool((offsets[1:] < offsets[:-1]).any())
+        ):
+            raise ValueError(
+                f"{who}: offsets must be (bags + 1,) non-decreasing from 0 to len(values) = {n} "
+                "(F.embedding_bag's include_last_offset=True form)"
+            )
         return vals, offsets
     if not isinstance(sp, torch.Tensor):
-        raise TypeError(f"{who}: expected (values, offsets), a sparse tensor or a 2-D tensor, got "
-                        f"{type(sp).__name__}")
+        raise TypeError(f"{who}: expected (values, offsets), a sparse tensor or a 2-D tensor, got {type(sp).__name__}")
     if sp.dim() != 2:
         raise ValueError(f"{who}: ids must be 2-D (bags, max_nnz), got shape {tuple(sp.shape)}")
     convert = _keys if values == "int" else _floats
@@ -554,9 +743,9 @@ def _bags(sp, who: str, values: str = "int"):
     if sp.layout == torch.sparse_csr:
         return convert(sp.values(), who), xp.asarray(as_array(sp.crow_indices())).astype(np.int64)
     if sp.layout == torch.sparse_coo:
-        idx = as_array(sp._indices()).astype(np.int64)                     # (2, N), coalesced or not
+        idx = as_array(sp._indices()).astype(np.int64)  # (2, N), coalesced or not
         vals = convert(sp._values(), who)
-        order = xp.lexsort(xp.stack([idx[1], idx[0]]))                      # by row, then column
+        order = xp.lexsort(xp.stack([idx[1], idx[0]]))  # by row, then column
         r, c = idx[0][order], idx[1][order]
         if r.shape[0] > 1 and bool(((r[1:] == r[:-1]) & (c[1:] == c[:-1])).any()):
             raise ValueError(f"{who}: the sparse ids hold an entry twice (a key per (row, column))")
@@ -577,7 +766,7 @@ def _normalized(w, offsets):
     """w_k / (sum of the weights of k's bag), 0 in bags whose weights sum to 0 (on the host: (N,) floats)."""
     w_h, off = device.to_host(w), device.to_host(offsets)
     bag = np.repeat(np.arange(off.shape[0] - 1), np.diff(off))
-    denom = np.bincount(bag, weights=w_h, minlength=off.shape[0] - 1)[bag].astype(np.float32)     # (N,)
+    denom = np.bincount(bag, weights=w_h, minlength=off.shape[0] - 1)[bag].astype(np.float32)  # (N,)
     out = np.zeros_like(w_h)
     np.divide(w_h, denom, out=out, where=denom != 0)
     return device.xp().asarray(out)

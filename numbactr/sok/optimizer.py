@@ -44,6 +44,7 @@ step count and the tables' optimizer states (this rank's rows; load the model's 
 Under mpiexec call numbactr.sok.average_gradients(model) between backward() and step() for the dense part;
 the tables are model-parallel already.
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,8 +68,11 @@ def filter_variables(variables):
     placeholders and other parameters, or of a module (its parameters: (placeholders, other parameters)).
     SOK's Variable, DynamicVariable and layers go to the first list as themselves, placeholders as
     placeholders (both are what sok.SGD / sok.Adam take)."""
-    params = variables.parameters() if isinstance(variables, torch.nn.Module) and not _sok_object(variables) \
+    params = (
+        variables.parameters()
+        if isinstance(variables, torch.nn.Module) and not _sok_object(variables)
         else ([variables] if _sok_object(variables) else variables)
+    )
     sok, other = [], []
     for p in params:
         (sok if _table(p) is not None or _sok_object(p) else other).append(p)
@@ -93,42 +97,59 @@ def _parameters(params) -> list:
     return out
 
 
-split_embedding_variable_from_others = filter_variables      # SOK's first API name
+split_embedding_variable_from_others = filter_variables  # SOK's first API name
 
 
 def _unsupported(optimizer, group, what: dict) -> None:
     bad = {k: group.get(k) for k, ok in what.items() if not ok(group.get(k))}
     if bad:
-        raise NotImplementedError(f"numbactr.sok: {type(optimizer).__name__} with {bad} is not implemented for SOK "
-                                  "tables (their fused optimizers take plain SGD, Adam and Adagrad)")
+        raise NotImplementedError(
+            f"numbactr.sok: {type(optimizer).__name__} with {bad} is not implemented for SOK "
+            "tables (their fused optimizers take plain SGD, Adam and Adagrad)"
+        )
 
 
 def engine_optimizer(optimizer, group: dict, table=None) -> OptimizerSpec:
     """The engine optimizer that applies torch optimizer ``optimizer``'s rule, with parameter group
     ``group``'s hyper-parameters, to a table (module docstring; torch.optim.Adam: the table's adam_update)."""
     lr = float(group["lr"])
-    off = lambda v: not v                       # noqa: E731 (flags that must be off / zero)
+    off = lambda v: not v  # noqa: E731 (flags that must be off / zero)
     kind = type(optimizer)
     if kind is torch.optim.SGD:
         _unsupported(optimizer, group, {"momentum": off, "weight_decay": off, "nesterov": off, "maximize": off})
         return OptimizerSpec(Optim.EXACT_SGD, learning_rate=lr)
     if kind in (torch.optim.Adam, torch.optim.SparseAdam):
-        _unsupported(optimizer, group, {"weight_decay": off, "amsgrad": off, "maximize": off,
-                                        "decoupled_weight_decay": off})
+        _unsupported(
+            optimizer, group, {"weight_decay": off, "amsgrad": off, "maximize": off, "decoupled_weight_decay": off}
+        )
         b1, b2 = (float(b) for b in group["betas"])
         every_row = kind is torch.optim.Adam and table is not None and table.adam_update == UpdateType.GLOBAL
         if every_row and (b1 == 0 or b2 == 0):
-            raise NotImplementedError(f"numbactr.sok: {table.who}: torch.optim.Adam with betas {(b1, b2)} is not "
-                                      "implemented for a sok.Variable (Keras' every-row Adam needs beta1 > 0 and "
-                                      "beta2 > 0 here); wrap torch.optim.SparseAdam for the touched-rows rule")
-        return OptimizerSpec(Optim.HUGECTR_ADAM, learning_rate=lr, beta1=b1, beta2=b2, eps=float(group["eps"]),
-                             update_type=UpdateType.GLOBAL if every_row else UpdateType.LOCAL)
+            raise NotImplementedError(
+                f"numbactr.sok: {table.who}: torch.optim.Adam with betas {(b1, b2)} is not "
+                "implemented for a sok.Variable (Keras' every-row Adam needs beta1 > 0 and "
+                "beta2 > 0 here); wrap torch.optim.SparseAdam for the touched-rows rule"
+            )
+        return OptimizerSpec(
+            Optim.HUGECTR_ADAM,
+            learning_rate=lr,
+            beta1=b1,
+            beta2=b2,
+            eps=float(group["eps"]),
+            update_type=UpdateType.GLOBAL if every_row else UpdateType.LOCAL,
+        )
     if kind is torch.optim.Adagrad:
         _unsupported(optimizer, group, {"weight_decay": off, "lr_decay": off, "maximize": off})
-        return OptimizerSpec(Optim.HUGECTR_ADAGRAD, learning_rate=lr, eps=float(group["eps"]),
-                             initial_accumulator=float(group["initial_accumulator_value"]))
-    raise NotImplementedError(f"numbactr.sok: {kind.__name__} cannot train SOK tables; wrap torch.optim.SGD, "
-                              "torch.optim.Adam / SparseAdam or torch.optim.Adagrad")
+        return OptimizerSpec(
+            Optim.HUGECTR_ADAGRAD,
+            learning_rate=lr,
+            eps=float(group["eps"]),
+            initial_accumulator=float(group["initial_accumulator_value"]),
+        )
+    raise NotImplementedError(
+        f"numbactr.sok: {kind.__name__} cannot train SOK tables; wrap torch.optim.SGD, "
+        "torch.optim.Adam / SparseAdam or torch.optim.Adagrad"
+    )
 
 
 class OptimizerWrapper:
@@ -145,7 +166,7 @@ class OptimizerWrapper:
             raise TypeError(f"OptimizerWrapper wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         self.optimizer = optimizer
         self.iterations = 0
-        self._tables = []                   # (table, its parameter group)
+        self._tables = []  # (table, its parameter group)
         for group in optimizer.param_groups:
             for p in group["params"]:
                 table = _table(p)
@@ -169,9 +190,9 @@ class OptimizerWrapper:
         if any(table.has_gradient() for table, _ in self._tables):
             self.iterations += 1
         for table, group in self._tables:
-            table.set_optimizer(self._spec(group, table))      # the group's hyper-parameters now
+            table.set_optimizer(self._spec(group, table))  # the group's hyper-parameters now
             if table.has_gradient():
-                table.engine.step = self.iterations - 1         # the engine's update is its step + 1
+                table.engine.step = self.iterations - 1  # the engine's update is its step + 1
                 table.apply()
         self.optimizer.step()
         return loss
@@ -195,15 +216,19 @@ class OptimizerWrapper:
         iterations = sd.pop("sok_iterations", None)
         if tables is None:
             if self._tables:
-                raise ValueError("OptimizerWrapper.load_state_dict: the state has no 'sok_tables' entry, so it "
-                                 f"cannot restore the optimizer states of this wrapper's {len(self._tables)} SOK "
-                                 "table(s)")
+                raise ValueError(
+                    "OptimizerWrapper.load_state_dict: the state has no 'sok_tables' entry, so it "
+                    f"cannot restore the optimizer states of this wrapper's {len(self._tables)} SOK "
+                    "table(s)"
+                )
             tables = []
         if len(tables) != len(self._tables):
-            raise ValueError(f"OptimizerWrapper.load_state_dict: the state has {len(tables)} SOK table(s), this "
-                             f"wrapper trains {len(self._tables)}")
+            raise ValueError(
+                f"OptimizerWrapper.load_state_dict: the state has {len(tables)} SOK table(s), this "
+                f"wrapper trains {len(self._tables)}"
+            )
         states = [_arrays(st) for st in tables]
-        for (table, _), st in zip(self._tables, states):       # checks first (a bad state changes nothing)
+        for (table, _), st in zip(self._tables, states):  # checks first (a bad state changes nothing)
             table.check_optimizer_state(st)
         if iterations is None:
             iterations = max([int(st["step"]) for st in states], default=self.iterations)
@@ -219,22 +244,26 @@ class OptimizerWrapper:
             table.drop_gradient()
 
     def __getattr__(self, name):
-        if name in ("optimizer", "_tables", "iterations"):     # not set yet (during __init__)
+        if name in ("optimizer", "_tables", "iterations"):  # not set yet (during __init__)
             raise AttributeError(name)
         return getattr(self.optimizer, name)
 
 
 def _tensors(st: dict) -> dict:
     """A table's optimizer_state() with torch tensors in place of arrays (torch.save's usual contents)."""
-    return {**st, "keys": torch.from_numpy(st["keys"]),
-            "states": {k: torch.from_numpy(v) for k, v in st["states"].items()}}
+    return {
+        **st,
+        "keys": torch.from_numpy(st["keys"]),
+        "states": {k: torch.from_numpy(v) for k, v in st["states"].items()},
+    }
 
 
 def _arrays(st: dict) -> dict:
     if not isinstance(st, dict) or not {"optimizer", "step", "keys", "states"} <= set(st):
-        raise ValueError("OptimizerWrapper.load_state_dict: each 'sok_tables' entry must hold optimizer, step, keys "
-                         "and states")
-    arr = (lambda v: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v)   # noqa: E731
+        raise ValueError(
+            "OptimizerWrapper.load_state_dict: each 'sok_tables' entry must hold optimizer, step, keys and states"
+        )
+    arr = lambda v: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v  # noqa: E731
     return {**st, "keys": arr(st["keys"]), "states": {k: arr(v) for k, v in st["states"].items()}}
 
 
@@ -254,20 +283,35 @@ class Adam(OptimizerWrapper):
     through param_groups[i]['lr'].
     """
 
-    def __init__(self, params, learning_rate: float = 0.001, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-7, **kwargs):
+    def __init__(
+        self,
+        params,
+        learning_rate: float = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        **kwargs,
+    ):
         lr = kwargs.pop("lr", learning_rate)
         if kwargs:
             raise TypeError(f"sok Adam: unexpected arguments {sorted(kwargs)}")
         params = _parameters(params)
         dense = [tuple(p.shape) for p in params if _table(p) is None]
         if dense:
-            raise ValueError(f"sok Adam updates SOK tables only (SOK's rule); {len(dense)} other parameter(s) were "
-                             f"given (shapes {dense[:3]}...): train them with a torch optimizer, "
-                             "sok.filter_variables splits them")
+            raise ValueError(
+                f"sok Adam updates SOK tables only (SOK's rule); {len(dense)} other parameter(s) were "
+                f"given (shapes {dense[:3]}...): train them with a torch optimizer, "
+                "sok.filter_variables splits them"
+            )
         super().__init__(torch.optim.Adam(params, lr=lr, betas=(beta_1, beta_2), eps=epsilon))
 
     def _spec(self, group: dict, table=None) -> OptimizerSpec:
         b1, b2 = (float(b) for b in group["betas"])
-        return OptimizerSpec(Optim.HUGECTR_ADAM, learning_rate=float(group["lr"]), beta1=b1, beta2=b2,
-                             eps=float(group["eps"]), update_type=UpdateType.GLOBAL)
+        return OptimizerSpec(
+            Optim.HUGECTR_ADAM,
+            learning_rate=float(group["lr"]),
+            beta1=b1,
+            beta2=b2,
+            eps=float(group["eps"]),
+            update_type=UpdateType.GLOBAL,
+        )

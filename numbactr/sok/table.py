@@ -30,6 +30,7 @@ when gradient division is on (numbactr.sok.init's default, TorchRec's rule): wit
 over its own samples and the dense gradients averaged, training then follows the one-rank run on the
 global batch. SOK itself sums the ranks' gradients (init(gradient_division=False)).
 """
+
 from __future__ import annotations
 
 import time
@@ -41,26 +42,37 @@ import numpy as np
 from numbactr.runtime import device
 from numbactr.distributed.comm import world
 from numbactr.distributed.sharding import key_owner
-from numbactr.embedding.engine import (FIXED_HYPER_PARAMETERS, BoundsCheck, Layout, LookupContext, OptimizerSpec, Optim,
-                               Pooling, TableBatchedEmbedding, TableSpec, UpdateType)
+from numbactr.embedding.engine import (
+    FIXED_HYPER_PARAMETERS,
+    BoundsCheck,
+    Layout,
+    LookupContext,
+    OptimizerSpec,
+    Optim,
+    Pooling,
+    TableBatchedEmbedding,
+    TableSpec,
+    UpdateType,
+)
 from numbactr.embedding.hash_table import EMPTY_KEY, HashTableFullError
 from numbactr.embedding.sharded import ShardedTable, owner_offsets
 from numbactr.kernels import embedding_init
 
-DISTRIBUTED = -1                         # SokTable.target of a distributed table (else the owning rank)
-INIT_RANGE = (-0.05, 0.05)               # SOK's default initializer: random_uniform(-0.05, 0.05)
+DISTRIBUTED = -1  # SokTable.target of a distributed table (else the owning rank)
+INIT_RANGE = (-0.05, 0.05)  # SOK's default initializer: random_uniform(-0.05, 0.05)
 #: the engine optimizer a table has before an optimizer takes it (plain SGD keeps no state to lose)
 DEFAULT_OPTIMIZER = OptimizerSpec(Optim.EXACT_SGD, learning_rate=0.0)
-_FIXED = FIXED_HYPER_PARAMETERS           # what shapes the optimizer states
+_FIXED = FIXED_HYPER_PARAMETERS  # what shapes the optimizer states
 
 
 @dataclass
 class Settings:
     """numbactr.sok.init's settings: the seed of the tables' initial rows (table i of this process uses
     seed + i), and whether a sharded table divides each rank's gradient by R."""
+
     seed: int = 0
     gradient_division: bool = True
-    tables: int = 0                      # tables created so far (every rank creates them in the same order)
+    tables: int = 0  # tables created so far (every rank creates them in the same order)
 
 
 SETTINGS = Settings()
@@ -71,9 +83,12 @@ class VocabularyFullError(HashTableFullError):
 
     def __init__(self, e: HashTableFullError, who: str, option: str):
         self.needed, self.used, self.max_rows = e.needed, e.used, e.max_rows
-        RuntimeError.__init__(self, f"{who}: this batch brings {e.needed} new keys, {e.used} of the "
-                                    f"{e.max_rows} rows this rank holds are in use; raise {option} to at "
-                                    f"least {e.used + e.needed}")
+        RuntimeError.__init__(
+            self,
+            f"{who}: this batch brings {e.needed} new keys, {e.used} of the "
+            f"{e.max_rows} rows this rank holds are in use; raise {option} to at "
+            f"least {e.used + e.needed}",
+        )
 
 
 def init_range(initializer, who: str) -> tuple:
@@ -88,8 +103,10 @@ def init_range(initializer, who: str) -> tuple:
         try:
             value = float(initializer)
         except ValueError:
-            raise ValueError(f"{who}: initializer {initializer!r} is not supported; give 'random' (U(-0.05, "
-                             "0.05)), 'zeros', 'ones', a number or (lo, hi)") from None
+            raise ValueError(
+                f"{who}: initializer {initializer!r} is not supported; give 'random' (U(-0.05, "
+                "0.05)), 'zeros', 'ones', a number or (lo, hi)"
+            ) from None
         return (value, value)
     if isinstance(initializer, (int, float, np.number)) and not isinstance(initializer, bool):
         return (float(initializer),) * 2
@@ -98,8 +115,10 @@ def init_range(initializer, who: str) -> tuple:
         if not lo <= hi:
             raise ValueError(f"{who}: initializer range {initializer} needs lo <= hi")
         return (lo, hi)
-    raise ValueError(f"{who}: initializer {initializer!r} is not supported; give 'random' (U(-0.05, 0.05)), "
-                     "'zeros', 'ones', a number or (lo, hi)")
+    raise ValueError(
+        f"{who}: initializer {initializer!r} is not supported; give 'random' (U(-0.05, 0.05)), "
+        "'zeros', 'ones', a number or (lo, hi)"
+    )
 
 
 class SokTable:
@@ -123,13 +142,28 @@ class SokTable:
         stamps: keep each row's last insertion / update time (HierarchicalKV's scores: sok.incremental_model_dump).
     """
 
-    def __init__(self, who: str, dim: int, *, keyed: bool, capacity: int = 0, option: str = "", global_rows: int = 0,
-                 features: int = 1, pooling=Pooling.SUM, target: int = DISTRIBUTED, init=INIT_RANGE,
-                 initial=None, trainable: bool = True, comm=None, adam_update=UpdateType.LOCAL,
-                 stamps: bool = False):
+    def __init__(
+        self,
+        who: str,
+        dim: int,
+        *,
+        keyed: bool,
+        capacity: int = 0,
+        option: str = "",
+        global_rows: int = 0,
+        features: int = 1,
+        pooling=Pooling.SUM,
+        target: int = DISTRIBUTED,
+        init=INIT_RANGE,
+        initial=None,
+        trainable: bool = True,
+        comm=None,
+        adam_update=UpdateType.LOCAL,
+        stamps: bool = False,
+    ):
         self.who, self.dim, self.keyed, self.option = who, int(dim), bool(keyed), option
         self.adam_update = UpdateType(adam_update)
-        self.wrappers = weakref.WeakSet()     # the OptimizerWrappers training this table (their step applies it)
+        self.wrappers = weakref.WeakSet()  # the OptimizerWrappers training this table (their step applies it)
         self.features, self.pooling, self.target = int(features), Pooling(pooling), int(target)
         self.trainable = bool(trainable)
         self.comm = comm or world()
@@ -139,8 +173,10 @@ class SokTable:
         if self.features < 1:
             raise ValueError(f"{who}: slot_num must be >= 1, got {features}")
         if self.target != DISTRIBUTED and not 0 <= self.target < ranks:
-            raise ValueError(f"{who}: there are only {ranks} rank(s), cannot put the table on rank {self.target} "
-                             "(mode='localized:t' needs 0 <= t < number of ranks)")
+            raise ValueError(
+                f"{who}: there are only {ranks} rank(s), cannot put the table on rank {self.target} "
+                "(mode='localized:t' needs 0 <= t < number of ranks)"
+            )
         self.seed = SETTINGS.seed + SETTINGS.tables
         SETTINGS.tables += 1
         self.division = SETTINGS.gradient_division
@@ -160,15 +196,21 @@ class SokTable:
         self.engine = self._new_engine(DEFAULT_OPTIMIZER)
         if not self.keyed and rows:
             self._init_rows(initial)
-        self._pending = []            # [(lookup number, lookup context, gradient)] of this step's backwards
-        self._lookups = 0             # lookups so far (orders the held gradients as the lookups ran)
-        self._poolers = {}            # pooling -> optimizer-NONE engine: a pooled lookup's gradient per occurrence
+        self._pending = []  # [(lookup number, lookup context, gradient)] of this step's backwards
+        self._lookups = 0  # lookups so far (orders the held gradients as the lookups ran)
+        self._poolers = {}  # pooling -> optimizer-NONE engine: a pooled lookup's gradient per occurrence
         # (capacity + 1,) int64 ns: each row's last insertion / update time (the last entry: a sink for -1)
         self.stamps = device.xp().zeros(self.capacity + 1, np.int64) if stamps and self.keyed else None
         self._sharded = None
         if ranks > 1:
-            self._sharded = ShardedTable(self.comm, self.dim, self.features, self.pooling, self._owner_lookup,
-                                         key_dtype=np.uint64 if self.keyed else np.int64)
+            self._sharded = ShardedTable(
+                self.comm,
+                self.dim,
+                self.features,
+                self.pooling,
+                self._owner_lookup,
+                key_dtype=np.uint64 if self.keyed else np.int64,
+            )
 
     # ---- rows ---------------------------------------------------------------------------------------
     def _held_rows(self) -> np.ndarray:
@@ -188,7 +230,7 @@ class SokTable:
 
     def weights(self):
         """(V_local, D) view of the rows this rank holds (keyed: the rows in use, in insertion order)."""
-        return self.engine.split_weights()[0][:self.engine.live_rows(0)]
+        return self.engine.split_weights()[0][: self.engine.live_rows(0)]
 
     def keys(self):
         """(V_local,) int64 key (global row) of every row weights() shows."""
@@ -197,9 +239,15 @@ class SokTable:
         return self._held_rows()
 
     def _new_engine(self, spec: OptimizerSpec) -> TableBatchedEmbedding:
-        return TableBatchedEmbedding([self.spec], [0] * self.features, pooling=self.pooling,
-                                     layout=Layout.SAMPLE_MAJOR, optimizer=spec, bounds_check=BoundsCheck.FATAL,
-                                     seed=self.seed)
+        return TableBatchedEmbedding(
+            [self.spec],
+            [0] * self.features,
+            pooling=self.pooling,
+            layout=Layout.SAMPLE_MAJOR,
+            optimizer=spec,
+            bounds_check=BoundsCheck.FATAL,
+            seed=self.seed,
+        )
 
     # ---- checkpoints (numbactr.sok.layers' state_dict, OptimizerWrapper.state_dict) ------------------
     def owners(self, keys: np.ndarray) -> np.ndarray:
@@ -226,23 +274,28 @@ class SokTable:
         foreign = np.flatnonzero(self.owners(keys) != self.comm.rank)
         if foreign.size:
             k = foreign[0]
-            owner = int(self.owners(keys[k:k + 1])[0])
-            raise ValueError(f"{who}: key {keys[k]} (position {k}) belongs to rank {owner}, not rank "
-                             f"{self.comm.rank}: a torch checkpoint is loaded by the same number of ranks that "
-                             "saved it, each rank its own (sok.dump / sok.load move tables between rank counts)")
+            owner = int(self.owners(keys[k : k + 1])[0])
+            raise ValueError(
+                f"{who}: key {keys[k]} (position {k}) belongs to rank {owner}, not rank "
+                f"{self.comm.rank}: a torch checkpoint is loaded by the same number of ranks that "
+                "saved it, each rank its own (sok.dump / sok.load move tables between rank counts)"
+            )
         if not self.keyed:
             held = self._held_rows()
             if keys.size != held.size or not np.array_equal(uniq, held):
-                raise ValueError(f"{who}: holds {keys.size} rows; this rank holds {held.size} rows of the "
-                                 f"{self.global_rows}-row table (saved by another number of ranks, or another table?)")
+                raise ValueError(
+                    f"{who}: holds {keys.size} rows; this rank holds {held.size} rows of the "
+                    f"{self.global_rows}-row table (saved by another number of ranks, or another table?)"
+                )
             return keys // self.comm.size if self.target == DISTRIBUTED else keys
         try:
             self._check_keys(device.xp().asarray(keys))
         except ValueError as e:
             raise ValueError(f"{what}: {e}") from None
         if keys.size > self.capacity:
-            raise ValueError(f"{who}: holds {keys.size} keys; this rank's table holds at most {self.capacity} "
-                             f"(raise {self.option})")
+            raise ValueError(
+                f"{who}: holds {keys.size} keys; this rank's table holds at most {self.capacity} (raise {self.option})"
+            )
         return None
 
     def _state_rows(self, keys: np.ndarray, what: str, insert: bool) -> np.ndarray:
@@ -260,12 +313,14 @@ class SokTable:
             rows = np.asarray(device.to_host(table.find(k)), np.int64)
             missing = np.flatnonzero(rows < 0)
             if missing.size:
-                raise ValueError(f"{who}: key {keys[missing[0]]} is not in the table (load the model's state_dict "
-                                 "before the optimizer's)")
+                raise ValueError(
+                    f"{who}: key {keys[missing[0]]} is not in the table (load the model's state_dict "
+                    "before the optimizer's)"
+                )
             return rows
-        old = table.find(k)                               # (n,) each key's row before, -1 if absent
+        old = table.find(k)  # (n,) each key's row before, -1 if absent
         table.clear()
-        table.insert(k)                                   # unique keys, empty table: rows 0..n-1
+        table.insert(k)  # unique keys, empty table: rows 0..n-1
         self.engine.take_state_rows(0, old)
         if self.stamps is not None:
             self.stamps[...] = 0
@@ -278,8 +333,10 @@ class SokTable:
         keys = np.asarray(keys).astype(np.int64, copy=False).reshape(-1)
         values = np.asarray(values, np.float32)
         if values.shape != (keys.size, self.dim):
-            raise ValueError(f"{self.who}{self._where()}: the checkpoint's values must be ({keys.size}, {self.dim}), "
-                             f"got {values.shape}")
+            raise ValueError(
+                f"{self.who}{self._where()}: the checkpoint's values must be ({keys.size}, {self.dim}), "
+                f"got {values.shape}"
+            )
         rows = self._state_rows(keys, "the checkpoint", insert=self.keyed)
         self.engine.split_weights()[0][device.xp().asarray(rows)] = device.xp().asarray(values)
         self.stamp(rows)
@@ -291,9 +348,12 @@ class SokTable:
         n = self.engine.live_rows(0)
         names = [name for name, _, _ in self.engine._state_specs()]
         views = self.engine.split_optimizer_states()[0]
-        return {"optimizer": Optim(self.engine.optimizer.kind).name, "step": int(self.engine.step),
-                "keys": np.array(self.keys(), np.int64),
-                "states": {name: np.array(device.to_host(v[:n])) for name, v in zip(names, views)}}
+        return {
+            "optimizer": Optim(self.engine.optimizer.kind).name,
+            "step": int(self.engine.step),
+            "keys": np.array(self.keys(), np.int64),
+            "states": {name: np.array(device.to_host(v[:n])) for name, v in zip(names, views)},
+        }
 
     def load_optimizer_state(self, st: dict) -> None:
         """optimizer_state() of this rank, taken with the same optimizer: the states of its keys (which the
@@ -308,20 +368,26 @@ class SokTable:
         """load_optimizer_state's checks (ValueError naming what is wrong): (rows, state names, views)."""
         kind = Optim(self.engine.optimizer.kind).name
         if st.get("optimizer") != kind:
-            raise ValueError(f"{self.who}{self._where()}: the checkpoint's table optimizer is {st.get('optimizer')}, "
-                             f"this table's is {kind}")
+            raise ValueError(
+                f"{self.who}{self._where()}: the checkpoint's table optimizer is {st.get('optimizer')}, "
+                f"this table's is {kind}"
+            )
         keys = np.asarray(st["keys"]).astype(np.int64, copy=False).reshape(-1)
         rows = self._state_rows(keys, "the optimizer checkpoint", insert=False)
         names = [name for name, _, _ in self.engine._state_specs()]
         if sorted(st["states"]) != sorted(names):
-            raise ValueError(f"{self.who}{self._where()}: the checkpoint has optimizer states {sorted(st['states'])}, "
-                             f"this table's optimizer keeps {sorted(names)}")
+            raise ValueError(
+                f"{self.who}{self._where()}: the checkpoint has optimizer states {sorted(st['states'])}, "
+                f"this table's optimizer keeps {sorted(names)}"
+            )
         views = self.engine.split_optimizer_states()[0]
         for name, view in zip(names, views):
             want = (keys.size,) + tuple(view.shape[1:])
             if np.shape(st["states"][name]) != want:
-                raise ValueError(f"{self.who}{self._where()}: optimizer state {name} must be {want}, got "
-                                 f"{np.shape(st['states'][name])}")
+                raise ValueError(
+                    f"{self.who}{self._where()}: optimizer state {name} must be {want}, got "
+                    f"{np.shape(st['states'][name])}"
+                )
         return rows, names, views
 
     # ---- lookup -------------------------------------------------------------------------------------
@@ -336,11 +402,12 @@ class SokTable:
             return out, _Numbered(ctx, self._lookups)
         keys_h = device.to_host(keys)
         if self.target == DISTRIBUTED:
-            owner = key_owner(keys_h, None, self.comm.size, by_slot=False)               # key % R
+            owner = key_owner(keys_h, None, self.comm.size, by_slot=False)  # key % R
         else:
             owner = np.full(keys_h.shape[0], self.target, np.int64)
-        out, sharded = self._sharded.lookup(keys_h, offsets, owner, training, per_sample_weights=per_sample_weights,
-                                            pooling=pooling)
+        out, sharded = self._sharded.lookup(
+            keys_h, offsets, owner, training, per_sample_weights=per_sample_weights, pooling=pooling
+        )
         return out, _Numbered(sharded, self._lookups)
 
     def _owner_lookup(self, keys, offsets, training: bool, payload):
@@ -404,11 +471,13 @@ class SokTable:
         if not self.trainable:
             return
         if self._pending and not len(self.wrappers):
-            raise RuntimeError(f"{self.who}: a second backward, and no sok.OptimizerWrapper holds this table: its "
-                               "gradients are applied only by a wrapper's step() (a plain torch optimizer never "
-                               "updates a SOK table); wrap the optimizer: opt = sok.OptimizerWrapper("
-                               "torch.optim.SGD(model.parameters(), lr=...)) (or sok.SGD / sok.Adam), then "
-                               "loss.backward(); opt.step(); opt.zero_grad()")
+            raise RuntimeError(
+                f"{self.who}: a second backward, and no sok.OptimizerWrapper holds this table: its "
+                "gradients are applied only by a wrapper's step() (a plain torch optimizer never "
+                "updates a SOK table); wrap the optimizer: opt = sok.OptimizerWrapper("
+                "torch.optim.SGD(model.parameters(), lr=...)) (or sok.SGD / sok.Adam), then "
+                "loss.backward(); opt.step(); opt.zero_grad()"
+            )
         xp = device.xp()
         dy = xp.ascontiguousarray(xp.asarray(dy, dtype=np.float32))
         if self._sharded is None:
@@ -443,8 +512,10 @@ class SokTable:
             rows.append(xp.asarray(ctx.rows).astype(np.int64, copy=False))
             grads.append(self._per_occurrence(ctx, dy))
         rows = xp.concatenate(rows)
-        return (LookupContext(rows, owner_offsets(rows.shape[0], self.features), None, 1, Pooling.NONE),
-                xp.ascontiguousarray(xp.concatenate(grads)))
+        return (
+            LookupContext(rows, owner_offsets(rows.shape[0], self.features), None, 1, Pooling.NONE),
+            xp.ascontiguousarray(xp.concatenate(grads)),
+        )
 
     def _per_occurrence(self, ctx, dy):
         """(N, D) the gradient of each occurrence of a lookup from its dLoss/dout (pooled: the bag's gradient,
@@ -458,11 +529,15 @@ class SokTable:
         eng = self._poolers.get(ctx.pooling)
         if eng is None or eng.rows[0] < n:
             eng = self._poolers[ctx.pooling] = TableBatchedEmbedding(
-                [(max(n, 1) * 3 // 2 + 1, self.dim)], [0] * self.features, pooling=ctx.pooling,
-                layout=Layout.SAMPLE_MAJOR, optimizer=OptimizerSpec(Optim.NONE), bounds_check=BoundsCheck.FATAL)
-        own = LookupContext(xp.arange(n, dtype=np.int64), ctx.offsets, ctx.per_sample_weights, ctx.batch,
-                            ctx.pooling)
-        return eng.backward(own, dy).sparse.values[:n, :self.dim]
+                [(max(n, 1) * 3 // 2 + 1, self.dim)],
+                [0] * self.features,
+                pooling=ctx.pooling,
+                layout=Layout.SAMPLE_MAJOR,
+                optimizer=OptimizerSpec(Optim.NONE),
+                bounds_check=BoundsCheck.FATAL,
+            )
+        own = LookupContext(xp.arange(n, dtype=np.int64), ctx.offsets, ctx.per_sample_weights, ctx.batch, ctx.pooling)
+        return eng.backward(own, dy).sparse.values[:n, : self.dim]
 
     def drop_gradient(self) -> None:
         self._pending = []
@@ -478,12 +553,14 @@ class SokTable:
                 eng.set_hyper_parameters(**hp)
             return
         if eng.step > 0:
-            raise ValueError(f"{self.who}: was updated by {eng.optimizer.kind.name} already; a table's optimizer "
-                             f"cannot become {Optim(spec.kind).name} (its optimizer states would be lost)")
+            raise ValueError(
+                f"{self.who}: was updated by {eng.optimizer.kind.name} already; a table's optimizer "
+                f"cannot become {Optim(spec.kind).name} (its optimizer states would be lost)"
+            )
         new = self._new_engine(replace(spec))
         n = eng.live_rows(0)
         if self.keyed and n:
-            new.hash_tables[0].insert(eng.hash_tables[0].keys_by_row())     # rows 0..n-1, in the same order
+            new.hash_tables[0].insert(eng.hash_tables[0].keys_by_row())  # rows 0..n-1, in the same order
         new.split_weights()[0][:n] = eng.split_weights()[0][:n]
         self.engine = new
 
@@ -491,6 +568,7 @@ class SokTable:
 class _Numbered:
     """What a lookup leaves for hold() (the engine's LookupContext, or a sharded table's ShardedLookup) and
     its number among the table's lookups (apply() sums the held gradients in lookup order)."""
+
     __slots__ = ("ctx", "number")
 
     def __init__(self, ctx, number: int):

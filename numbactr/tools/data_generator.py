@@ -27,6 +27,7 @@ reader rejects a one-hot key outside its slot's rows, so the generator writes ke
 HugeCTR: HugeCTR/src/data_generator.cpp, HugeCTR/include/data_generator.hpp,
 HugeCTR/include/pybind/data_generator_wrapper.hpp
 """
+
 from __future__ import annotations
 
 import os
@@ -49,12 +50,32 @@ _POWER_LAW_ALPHA = {PowerLaw_t.Long: 0.9, PowerLaw_t.Medium: 1.1, PowerLaw_t.Sho
 class DataGeneratorParams:
     """All fields are read/write attributes, as in the pybind class."""
 
-    def __init__(self, format, label_dim, dense_dim, num_slot, i64_input_key, source, eval_source,
-                 slot_size_array, nnz_array=None, check_type=Check_t.Sum,
-                 dist_type=Distribution_t.PowerLaw, power_law_type=PowerLaw_t.Specific, alpha=1.2,
-                 num_files=128, eval_num_files=32, num_samples_per_file=40960, num_samples=5242880,
-                 eval_num_samples=1310720, float_label_dense=False, num_threads=1, *,
-                 planted_signal=False, seed=None):
+    def __init__(
+        self,
+        format,
+        label_dim,
+        dense_dim,
+        num_slot,
+        i64_input_key,
+        source,
+        eval_source,
+        slot_size_array,
+        nnz_array=None,
+        check_type=Check_t.Sum,
+        dist_type=Distribution_t.PowerLaw,
+        power_law_type=PowerLaw_t.Specific,
+        alpha=1.2,
+        num_files=128,
+        eval_num_files=32,
+        num_samples_per_file=40960,
+        num_samples=5242880,
+        eval_num_samples=1310720,
+        float_label_dense=False,
+        num_threads=1,
+        *,
+        planted_signal=False,
+        seed=None,
+    ):
         self.format = format
         self.label_dim = int(label_dim)
         self.dense_dim = int(dense_dim)
@@ -82,10 +103,12 @@ class DataGeneratorParams:
             raise ValueError("slot_size_array.size() should be equal to num_slot")
         if len(self.nnz_array) != self.num_slot:
             raise ValueError("nnz_array.size() should be equal to num_slot")
-        if (dist_type == Distribution_t.PowerLaw and power_law_type == PowerLaw_t.Specific
-                and (self.alpha <= 0 or abs(self.alpha - 1.0) < 1e-6)):
-            raise ValueError("alpha should be greater than zero and should not equal to 1.0 for power "
-                             "law distribution")
+        if (
+            dist_type == Distribution_t.PowerLaw
+            and power_law_type == PowerLaw_t.Specific
+            and (self.alpha <= 0 or abs(self.alpha - 1.0) < 1e-6)
+        ):
+            raise ValueError("alpha should be greater than zero and should not equal to 1.0 for power law distribution")
         if self.num_threads < 1:
             raise ValueError("must have num_threads at least 1")
 
@@ -118,8 +141,9 @@ class DataGenerator:
         for size, nnz in zip(p.slot_size_array, p.nnz_array):
             if size <= 0 and nnz > 0:
                 raise ValueError("slot_size_array entries must be > 0 for slots with keys")
-            keys.append(uniform_keys(rng, (n, nnz), size) if alpha is None
-                        else power_law_keys(rng, (n, nnz), size, alpha))
+            keys.append(
+                uniform_keys(rng, (n, nnz), size) if alpha is None else power_law_keys(rng, (n, nnz), size, alpha)
+            )
         return label, dense, keys
 
     def _planted(self, rng, dense_fn=None):
@@ -141,8 +165,10 @@ class DataGenerator:
         if self.params.planted_signal:
             print("[numbactr] labels: drawn from a hidden logistic model of the features (planted_signal=True)")
         else:
-            print(f"[numbactr] labels: {hugectr_labels}, as HugeCTR's generator writes them: no model can learn "
-                  f"them (AUC 0.5); planted_signal=True gives labels with a signal")
+            print(
+                f"[numbactr] labels: {hugectr_labels}, as HugeCTR's generator writes them: no model can learn "
+                f"them (AUC 0.5); planted_signal=True gives labels with a signal"
+            )
 
     def generate(self) -> None:
         p = self.params
@@ -157,12 +183,13 @@ class DataGenerator:
         offsets = np.concatenate([[0], np.cumsum(p.slot_size_array)[:-1]]).astype(np.int64)
         key_dtype = np.int64 if p.i64_input_key else np.uint32
         alpha = self._alpha()
-        print(f"[numbactr] Generate Norm dataset: slot_size_array {p.slot_size_array}, nnz_array "
-              f"{p.nnz_array}, #files train {p.num_files} eval {p.eval_num_files}, #samples per file "
-              f"{p.num_samples_per_file}, power law: {alpha is not None}, alpha {alpha or 0.0}")
+        print(
+            f"[numbactr] Generate Norm dataset: slot_size_array {p.slot_size_array}, nnz_array "
+            f"{p.nnz_array}, #files train {p.num_files} eval {p.eval_num_files}, #samples per file "
+            f"{p.num_samples_per_file}, power law: {alpha is not None}, alpha {alpha or 0.0}"
+        )
         self._say_labels("uniform random in [0, 1)")
-        for list_path, sub, nfiles in ((p.source, "train", p.num_files),
-                                       (p.eval_source, "val", p.eval_num_files)):
+        for list_path, sub, nfiles in ((p.source, "train", p.num_files), (p.eval_source, "val", p.eval_num_files)):
             if os.path.exists(list_path):
                 print(f"File ({list_path}) exist. To generate new dataset please remove this file.")
                 continue
@@ -171,8 +198,7 @@ class DataGenerator:
             prefix = _data_dir(list_path) + f"/{sub}/gen_"
             os.makedirs(os.path.dirname(prefix), exist_ok=True)
             paths = []
-            bar = log.progress(total=nfiles * p.num_samples_per_file, desc=f"DataGenerator {list_path}",
-                               unit="sample")
+            bar = log.progress(total=nfiles * p.num_samples_per_file, desc=f"DataGenerator {list_path}", unit="sample")
             for k in range(nfiles):
                 path = f"{prefix}{k}.data"
                 label, dense, keys = self._sample(rng, p.num_samples_per_file)
@@ -180,8 +206,7 @@ class DataGenerator:
                     prob = model.probs(dense, keys)
                     label[:, 0] = rng.random(prob.shape[0]) < prob
                     label[:, 1:] = 0.0
-                with NormWriter(path, p.label_dim, p.dense_dim, p.num_slot, p.check_type,
-                                key_dtype) as w:
+                with NormWriter(path, p.label_dim, p.dense_dim, p.num_slot, p.check_type, key_dtype) as w:
                     w.write(label, dense, [kk + off for kk, off in zip(keys, offsets)])
                 paths.append(path)
                 bar.update(p.num_samples_per_file)
@@ -193,29 +218,33 @@ class DataGenerator:
     def _generate_raw(self) -> None:
         p = self.params
         if any(v != 1 for v in p.nnz_array):
-            raise ValueError(f"DataGenerator: the Raw format holds exactly one key per slot; nnz_array must "
-                             f"be all 1, got {p.nnz_array}")
+            raise ValueError(
+                f"DataGenerator: the Raw format holds exactly one key per slot; nnz_array must "
+                f"be all 1, got {p.nnz_array}"
+            )
         rng = np.random.default_rng(p.seed)
         dt = np.float32 if p.float_label_dense else np.int64
 
-        def const_dense(n):                      # dense column j = j
+        def const_dense(n):  # dense column j = j
             return np.broadcast_to(np.arange(p.dense_dim, dtype=dt), (n, p.dense_dim))
 
-        def reader_dense(n):                     # what the reader will hand the model
+        def reader_dense(n):  # what the reader will hand the model
             d = const_dense(n).astype(np.float32)
             return d if p.float_label_dense else np.log(d + np.float32(1))
 
         model = self._planted(rng, reader_dense)
-        offsets = np.concatenate([[0], np.cumsum(p.slot_size_array)[:-1]]).astype(np.int64)    # (S,)
-        print(f"[numbactr] Generate Raw dataset: slot_size_array {p.slot_size_array}, #samples train "
-              f"{p.num_samples} eval {p.eval_num_samples}, float_label_dense {p.float_label_dense}")
+        offsets = np.concatenate([[0], np.cumsum(p.slot_size_array)[:-1]]).astype(np.int64)  # (S,)
+        print(
+            f"[numbactr] Generate Raw dataset: slot_size_array {p.slot_size_array}, #samples train "
+            f"{p.num_samples} eval {p.eval_num_samples}, float_label_dense {p.float_label_dense}"
+        )
         self._say_labels("sample index % 2")
         for path, total in ((p.source, p.num_samples), (p.eval_source, p.eval_num_samples)):
             if total <= 0:
                 raise ValueError(f"number of samples for {path!r} must be > 0, got {total}")
             if os.path.dirname(path):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-            open(path, "wb").close()                      # truncate; blocks are appended below
+            open(path, "wb").close()  # truncate; blocks are appended below
             done = 0
             bar = log.progress(total=total, desc=f"DataGenerator {path}", unit="sample")
             while done < total:
@@ -226,8 +255,14 @@ class DataGenerator:
                 if model is not None:
                     label = np.zeros((n, p.label_dim), dt)
                     label[:, 0] = rng.random(n) < model.probs(reader_dense(n), keys)
-                write_raw_file(path, label, const_dense(n), np.concatenate(keys, axis=1) + offsets,
-                               p.float_label_dense, append=True)
+                write_raw_file(
+                    path,
+                    label,
+                    const_dense(n),
+                    np.concatenate(keys, axis=1) + offsets,
+                    p.float_label_dense,
+                    append=True,
+                )
                 done += n
                 bar.update(n)
             bar.close()
@@ -239,19 +274,25 @@ class DataGenerator:
         rng = np.random.default_rng(p.seed)
         model = self._planted(rng)
         alpha = self._alpha()
-        print(f"[numbactr] Generate Parquet dataset: slot_size_array {p.slot_size_array}, nnz_array "
-              f"{p.nnz_array}, #files train {p.num_files} eval {p.eval_num_files}, #samples per file "
-              f"{p.num_samples_per_file}, power law: {alpha is not None}, alpha {alpha or 0.0}")
+        print(
+            f"[numbactr] Generate Parquet dataset: slot_size_array {p.slot_size_array}, nnz_array "
+            f"{p.nnz_array}, #files train {p.num_files} eval {p.eval_num_files}, #samples per file "
+            f"{p.num_samples_per_file}, power law: {alpha is not None}, alpha {alpha or 0.0}"
+        )
         self._say_labels("uniform random in [0, 1)")
         multi = {k for k, v in enumerate(p.nnz_array) if v > 1}
-        for list_path, sub, nfiles in ((p.source, "train", p.num_files),
-                                       (p.eval_source, "val", p.eval_num_files)):
+        for list_path, sub, nfiles in ((p.source, "train", p.num_files), (p.eval_source, "val", p.eval_num_files)):
             if nfiles <= 0:
                 raise ValueError(f"number of files for {list_path!r} must be > 0, got {nfiles}")
-            w = ParquetDatasetWriter(_data_dir(list_path) + f"/{sub}", p.label_dim, p.dense_dim, p.num_slot,
-                                     multi_hot=multi, list_path=list_path)
-            bar = log.progress(total=nfiles * p.num_samples_per_file, desc=f"DataGenerator {list_path}",
-                               unit="sample")
+            w = ParquetDatasetWriter(
+                _data_dir(list_path) + f"/{sub}",
+                p.label_dim,
+                p.dense_dim,
+                p.num_slot,
+                multi_hot=multi,
+                list_path=list_path,
+            )
+            bar = log.progress(total=nfiles * p.num_samples_per_file, desc=f"DataGenerator {list_path}", unit="sample")
             for k in range(nfiles):
                 n = p.num_samples_per_file
                 label, dense, keys = self._sample(rng, n)
@@ -260,7 +301,7 @@ class DataGenerator:
                     label[:, 1:] = 0.0
                 slots = []
                 for s, kk in enumerate(keys):
-                    if s in multi:                        # 1 + rand() % nnz keys per row
+                    if s in multi:  # 1 + rand() % nnz keys per row
                         lens = 1 + rng.integers(0, p.nnz_array[s], n)
                         keep = np.arange(kk.shape[1]) < lens[:, None]
                         slots.append((kk[keep], lens))

@@ -11,6 +11,7 @@ test run finds them compiled. It changes no state but Numba's cache; running it 
 tests/conftest.py starts it in a background process when a test session begins, so a fresh clone's
 test run compiles on the second core while its first tests run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,15 +23,32 @@ import numpy as np
 
 
 def _engine_cases():
-    from numbactr.embedding.engine import (Layout, Optim, OptimizerSpec, Pooling, Precision, TableBatchedEmbedding,
-                                    UpdateType)
+    from numbactr.embedding.engine import (
+        Layout,
+        Optim,
+        OptimizerSpec,
+        Pooling,
+        Precision,
+        TableBatchedEmbedding,
+        UpdateType,
+    )
+
     rng = np.random.default_rng(0)
     for wp, itype, pooling, layout, psw in itertools.product(
-            (Precision.FP32, Precision.FP16), (np.int64, np.int32), (Pooling.SUM, Pooling.MEAN, Pooling.NONE),
-            (Layout.FEATURE_MAJOR, Layout.SAMPLE_MAJOR), (False, True)):
-        eng = TableBatchedEmbedding([(50, 8), (40, 8)], [0, 1, 1], pooling=pooling, layout=layout,
-                                    weights_precision=wp,
-                                    optimizer=OptimizerSpec(Optim.EXACT_ROWWISE_ADAGRAD, 0.01))
+        (Precision.FP32, Precision.FP16),
+        (np.int64, np.int32),
+        (Pooling.SUM, Pooling.MEAN, Pooling.NONE),
+        (Layout.FEATURE_MAJOR, Layout.SAMPLE_MAJOR),
+        (False, True),
+    ):
+        eng = TableBatchedEmbedding(
+            [(50, 8), (40, 8)],
+            [0, 1, 1],
+            pooling=pooling,
+            layout=layout,
+            weights_precision=wp,
+            optimizer=OptimizerSpec(Optim.EXACT_ROWWISE_ADAGRAD, 0.01),
+        )
         batch = 4
         lengths = rng.integers(0, 3, 3 * batch)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(itype)
@@ -38,8 +56,11 @@ def _engine_cases():
         weights = rng.random(indices.shape[0]).astype(np.float32) if psw else None
         out, ctx = eng.forward(indices, offsets, weights)
         eng.backward(ctx, np.ones_like(out, dtype=np.float32))
-    for kind, update in ((Optim.HUGECTR_ADAM, UpdateType.GLOBAL), (Optim.HUGECTR_ADAM, UpdateType.LAZY_GLOBAL),
-                         (Optim.NONE, UpdateType.LOCAL)):
+    for kind, update in (
+        (Optim.HUGECTR_ADAM, UpdateType.GLOBAL),
+        (Optim.HUGECTR_ADAM, UpdateType.LAZY_GLOBAL),
+        (Optim.NONE, UpdateType.LOCAL),
+    ):
         eng = TableBatchedEmbedding([(30, 4)], [0, 0], optimizer=OptimizerSpec(kind, 0.01, update_type=update))
         out, ctx = eng.forward(np.arange(8, dtype=np.int64), np.arange(0, 9, 2, dtype=np.int64))
         eng.backward(ctx, np.ones_like(out))
@@ -48,6 +69,7 @@ def _engine_cases():
 def _hash_and_dense_cases():
     from numbactr.embedding.hash_table import HashTable
     from numbactr.kernels import interaction
+
     table = HashTable(100, use_kernels=False, compiled=True)
     for dtype in (np.int64, np.uint64, np.int32):
         keys = np.arange(1, 21, dtype=dtype)
@@ -55,11 +77,28 @@ def _hash_and_dense_cases():
         table.find(keys)
     # inference's warm-request pass (ModelCache.serve_pooled); its arrays' types are fixed, so one signature
     from numbactr.kernels.hash_table_cpu import serve_cached_cpu
+
     tkeys, trows = table.probe_arrays()
     keys = np.arange(1, 5, dtype=np.uint64)
-    serve_cached_cpu(tkeys, trows, keys, np.arange(5, dtype=np.int64), np.arange(100, dtype=np.int64), 0, 0,
-                     np.zeros(400, np.float32), 4, 4, False, np.empty(4, np.int64), np.zeros(100, np.int64),
-                     np.zeros(100, np.int64), 1, np.empty(4, np.float32), np.empty(16, np.float32))
+    serve_cached_cpu(
+        tkeys,
+        trows,
+        keys,
+        np.arange(5, dtype=np.int64),
+        np.arange(100, dtype=np.int64),
+        0,
+        0,
+        np.zeros(400, np.float32),
+        4,
+        4,
+        False,
+        np.empty(4, np.int64),
+        np.zeros(100, np.int64),
+        np.zeros(100, np.int64),
+        1,
+        np.empty(4, np.float32),
+        np.empty(16, np.float32),
+    )
     b, s, v = 3, 4, 8
     dense = np.ones((b, v), np.float32)
     emb = np.ones((b, s, v), np.float32)
@@ -81,31 +120,56 @@ def _model_cases():
 
     from numbactr import demo
     from numbactr.data.synthetic import make_planted_dataset
+
     with tempfile.TemporaryDirectory(prefix="numbactr-warm-cache-") as tmp:
-        data = make_planted_dataset(os.path.join(tmp, "data"), num_train=64, num_eval=32, slot_sizes=[3] * 26,
-                                    files=(1, 1), calibration_samples=2_000)
+        data = make_planted_dataset(
+            os.path.join(tmp, "data"),
+            num_train=64,
+            num_eval=32,
+            slot_sizes=[3] * 26,
+            files=(1, 1),
+            calibration_samples=2_000,
+        )
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            model = demo.build_dlrm(hugectr, data.train_list, data.eval_list, batch=32, batch_eval=32,
-                                    eval_batches=1, lr=1e-3, workspace_mb=1)
+            model = demo.build_dlrm(
+                hugectr,
+                data.train_list,
+                data.eval_list,
+                batch=32,
+                batch_eval=32,
+                eval_batches=1,
+                lr=1e-3,
+                workspace_mb=1,
+            )
             model.fit(max_iter=2, display=1, eval_interval=2, snapshot=0)
 
 
-STEPS = (("embedding engine", _engine_cases), ("hash table, interaction", _hash_and_dense_cases),
-         ("a DLRM's dense ops", _model_cases))
+STEPS = (
+    ("embedding engine", _engine_cases),
+    ("hash table, interaction", _hash_and_dense_cases),
+    ("a DLRM's dense ops", _model_cases),
+)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m numbactr.tools.warm_cache", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quiet", action="store_true", help="print nothing")
-    ap.add_argument("--threads", type=int, action="append", metavar="N",
-                    help="compile for runs of N numba threads (repeatable; default: 1 and numba's thread count, "
-                         "since one-thread runs call the parallel functions' serial twins)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        action="append",
+        metavar="N",
+        help="compile for runs of N numba threads (repeatable; default: 1 and numba's thread count, "
+        "since one-thread runs call the parallel functions' serial twins)",
+    )
     args = ap.parse_args(argv)
     import warnings
     from numbactr.runtime import device
+
     before = device.kind()
-    device.set_device("cpu")                 # the compiled CPU ops, whatever the process's default device
+    device.set_device("cpu")  # the compiled CPU ops, whatever the process's default device
     import numba
+
     threads_before = numba.get_num_threads()
     # parallel functions have a serial twin for one-thread runs (kernels.parallel_cpu.pjit): compile both
     counts = sorted(set(args.threads or (1, numba.config.NUMBA_NUM_THREADS)))
@@ -120,8 +184,11 @@ def main(argv=None) -> int:
                     t = time.time()
                     step()
                     if not args.quiet:
-                        print(f"warm_cache: {name} compiled for {n} thread{'s' if n > 1 else ''} "
-                              f"({time.time() - t:.1f} s)", flush=True)
+                        print(
+                            f"warm_cache: {name} compiled for {n} thread{'s' if n > 1 else ''} "
+                            f"({time.time() - t:.1f} s)",
+                            flush=True,
+                        )
     finally:
         numba.set_num_threads(threads_before)
         device.set_device(before)

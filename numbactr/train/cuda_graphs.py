@@ -50,6 +50,7 @@ launches the same kernels and the same collectives with the same row counts); NC
 not yet run on GPUs. A capture that fails (an operation that cannot be captured) is logged once and turns
 graphs off for the run; the step it was in runs eagerly.
 """
+
 from __future__ import annotations
 
 import os
@@ -78,8 +79,10 @@ def unavailable(use_cuda_graph: bool) -> str | None:
     if device.kind() != "gpu":
         return "not on a GPU"
     if cupy_sort_synchronizes():
-        return (f"CuPy < {CUPY_NOSYNC_SORT} synchronizes at the end of every sort (the embedding's backward "
-                f"sorts): install cupy-cuda12x/13x >= {CUPY_NOSYNC_SORT}")
+        return (
+            f"CuPy < {CUPY_NOSYNC_SORT} synchronizes at the end of every sort (the embedding's backward "
+            f"sorts): install cupy-cuda12x/13x >= {CUPY_NOSYNC_SORT}"
+        )
     return None
 
 
@@ -102,8 +105,11 @@ def batch_key(model, batch) -> tuple:
     each sharded table's fixed exchange key (the sizes of the NCCL transfers a step enqueues)."""
     arrays = [batch.label, batch.dense] + [x for kv in batch.sparse for x in kv]
     frozen = (model.dense_frozen,) + tuple(bool(getattr(e, "frozen", False)) for e in model.embeddings)
-    kinds = tuple((int(o.kind), int(o.weight_decay_mode)) for o in
-                  (getattr(getattr(e, "engine", None), "optimizer", None) for e in model.embeddings) if o is not None)
+    kinds = tuple(
+        (int(o.kind), int(o.weight_decay_mode))
+        for o in (getattr(getattr(e, "engine", None), "optimizer", None) for e in model.embeddings)
+        if o is not None
+    )
     plans = tuple(getattr(getattr(e, "_sharded", None), "fixed_key", None) for e in model.embeddings)
     return tuple(_array_key(a) for a in arrays), frozen, float(model.solver.scaler), kinds, plans
 
@@ -123,16 +129,18 @@ class StepGraphs:
 
     def __init__(self):
         self.graphs: dict = {}
-        self.eager = 0              # eligible steps run eagerly since the graphs were last dropped
-        self.disabled = None        # why graphs are off for this run (a failed capture, changing shapes)
-        self.shapes = None          # the input shapes of the captured steps
+        self.eager = 0  # eligible steps run eagerly since the graphs were last dropped
+        self.disabled = None  # why graphs are off for this run (a failed capture, changing shapes)
+        self.shapes = None  # the input shapes of the captured steps
         self.captures = self.replays = 0
-        self.replayed = False       # has a graph replayed since the graphs were last dropped?
+        self.replayed = False  # has a graph replayed since the graphs were last dropped?
 
     def drop(self, why: str = "") -> None:
         if self.graphs:
-            log.info_once(("cuda graphs dropped", why), f"CUDA graphs: an eager step ({why}); captured steps "
-                                                        f"dropped, captured again after {self.WARMUP} steps")
+            log.info_once(
+                ("cuda graphs dropped", why),
+                f"CUDA graphs: an eager step ({why}); captured steps dropped, captured again after {self.WARMUP} steps",
+            )
         self.graphs.clear()
         self.eager = 0
         self.replayed = False
@@ -143,12 +151,12 @@ class StepGraphs:
         capture fails: the step then runs eagerly from where it started)."""
         g = self.graphs.get(key)
         if g is not None:
-            g.rec.replay(run)                 # host halves: counters, this step's device values
+            g.rec.replay(run)  # host halves: counters, this step's device values
             self._launch(g)
             self.replays += 1
             self.replayed = True
             return
-        shapes = tuple(a[1:] for a in key[0])          # (shape, dtype) of each input array
+        shapes = tuple(a[1:] for a in key[0])  # (shape, dtype) of each input array
         if self.eager < self.WARMUP:
             self.eager += 1
             self.shapes = shapes
@@ -159,10 +167,12 @@ class StepGraphs:
             # another key count (multi-hot inputs), or a new key before any graph replayed (more buffer sets
             # than the stager's): a capture per batch would cost more than it saves, and buffers sized for
             # other shapes may move
-            self.disabled = ("the step's input shapes change from batch to batch (multi-hot inputs?)"
-                             if shapes != self.shapes else
-                             "the step's key (input buffers, frozen flags, scaler, optimizer modes) changes "
-                             "before its graphs replay")
+            self.disabled = (
+                "the step's input shapes change from batch to batch (multi-hot inputs?)"
+                if shapes != self.shapes
+                else "the step's key (input buffers, frozen flags, scaler, optimizer modes) changes "
+                "before its graphs replay"
+            )
             log.info(f"CUDA graphs: {self.disabled}; training goes on with eager steps")
             self.graphs.clear()
             body(batch)
@@ -177,22 +187,22 @@ class StepGraphs:
         restore = snapshot()
         try:
             g = self._capture(batch, body)
-        except Exception as e:        # noqa: BLE001 - any failure: eager from now on, said once
+        except Exception as e:  # noqa: BLE001 - any failure: eager from now on, said once
             self.disabled = f"capture failed ({type(e).__name__}: {e})"
             self.graphs.clear()
-            log.warn(f"CUDA graphs: {self.disabled}; training goes on with eager steps ({ENV}=0 silences "
-                     f"this)")
+            log.warn(f"CUDA graphs: {self.disabled}; training goes on with eager steps ({ENV}=0 silences this)")
             restore()
             body(batch)
             return
         self.graphs[key] = g
         self.captures += 1
-        for sv, values in g.rec.uploads:      # the captured step's own values, before its first launch
+        for sv, values in g.rec.uploads:  # the captured step's own values, before its first launch
             sv.put(values)
         self._launch(g)
 
     def _launch(self, g: _Graph) -> None:
         import cupy
+
         g.graph.launch(stream=cupy.cuda.get_current_stream())
 
     def _capture(self, batch, body) -> _Graph:
@@ -201,7 +211,6 @@ class StepGraphs:
             g, _ = capture(lambda: body(batch))
         g.rec = rec
         return g
-
 
 
 def bucket_rows(n: int, most: int, least: int = 64) -> int:
@@ -250,11 +259,13 @@ class ForwardGraphs:
             b = self.buckets[rows] = _Forward([xp.zeros((rows,) + tuple(a.shape[1:]), a.dtype) for a in inputs])
         for buf, a in zip(b.buffers, inputs):
             if tuple(a.shape[1:]) != tuple(buf.shape[1:]) or a.shape[0] != n or a.dtype != buf.dtype:
-                raise ValueError(f"ForwardGraphs: an input of shape {a.shape} ({a.dtype}) for {n} samples does "
-                                 f"not fit its buffer {buf.shape} ({buf.dtype})")
+                raise ValueError(
+                    f"ForwardGraphs: an input of shape {a.shape} ({a.dtype}) for {n} samples does "
+                    f"not fit its buffer {buf.shape} ({buf.dtype})"
+                )
             buf[:n] = a
             if b.dirty > n:
-                buf[n:b.dirty] = 0                # rows an earlier, larger request left there
+                buf[n : b.dirty] = 0  # rows an earlier, larger request left there
         b.dirty = n
         if b.graph is not None:
             self._launch(b.graph)
@@ -265,10 +276,12 @@ class ForwardGraphs:
             return body(b.buffers)
         try:
             graph, out = self._capture(lambda: body(b.buffers))
-        except Exception as e:        # noqa: BLE001 - any failure: eager from now on, said once
+        except Exception as e:  # noqa: BLE001 - any failure: eager from now on, said once
             self.disabled = f"capture failed ({type(e).__name__}: {e})"
-            log.warn(f"CUDA graphs of the inference forward: {self.disabled}; forwards go on eagerly "
-                     f"(use_cuda_graph=False silences this)")
+            log.warn(
+                f"CUDA graphs of the inference forward: {self.disabled}; forwards go on eagerly "
+                f"(use_cuda_graph=False silences this)"
+            )
             return body(b.buffers)
         b.graph, b.out = graph, out
         self.captures += 1
@@ -281,7 +294,9 @@ class ForwardGraphs:
 
     def _launch(self, g: _Graph) -> None:
         import cupy
+
         g.graph.launch(stream=cupy.cuda.get_current_stream())
+
 
 def capture(fn):
     """Capture ``fn()`` into a CUDA graph: (the _Graph, what fn returned). It runs on its own non-blocking
@@ -292,12 +307,13 @@ def capture(fn):
     from numba import cuda
 
     from numbactr.kernels import launch
+
     main = cupy.cuda.get_current_stream()
     stream = cupy.cuda.Stream(non_blocking=True)
     ready = cupy.cuda.Event(disable_timing=True)
-    ready.record(main)                    # the capture stream starts behind what main has queued
+    ready.record(main)  # the capture stream starts behind what main has queued
     stream.wait_event(ready)
-    pool = cupy.cuda.MemoryPool()         # the graph's temporaries: reserved for its replays
+    pool = cupy.cuda.MemoryPool()  # the graph's temporaries: reserved for its replays
     with cupy.cuda.using_allocator(pool.malloc), stream, launch.on_stream(cuda.external_stream(stream.ptr)):
         stream.begin_capture()
         try:
@@ -305,7 +321,7 @@ def capture(fn):
         except BaseException:
             try:
                 stream.end_capture()
-            except Exception:     # noqa: BLE001 - fn's error is the one to report
+            except Exception:  # noqa: BLE001 - fn's error is the one to report
                 pass
             raise
         graph = stream.end_capture()

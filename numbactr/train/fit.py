@@ -6,6 +6,7 @@ Functions take the Model; the steps themselves are numbactr.train.step's. Why th
 public train()/eval() rather than the step functions: each step then runs in the Model's TF32 and
 device-choice scope, exactly as a script's own loop of train() calls does.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,12 +24,18 @@ from numbactr.train import graph, step
 from numbactr.train.graph import ModelError
 
 
-def fit(model, num_epochs: int, max_iter: int, display: int, eval_interval: int, snapshot: int,
-        snapshot_prefix: str) -> None:
+def fit(
+    model, num_epochs: int, max_iter: int, display: int, eval_interval: int, snapshot: int, snapshot_prefix: str
+) -> None:
     """Model.fit: its arguments checked, then fit_loop; the readers paused at the end."""
     graph.require_compiled(model, "fit")
-    for name, v in (("num_epochs", num_epochs), ("max_iter", max_iter), ("display", display),
-                    ("eval_interval", eval_interval), ("snapshot", snapshot)):
+    for name, v in (
+        ("num_epochs", num_epochs),
+        ("max_iter", max_iter),
+        ("display", display),
+        ("eval_interval", eval_interval),
+        ("snapshot", snapshot),
+    ):
         _number("fit", name, v, integer=True)
     s = model.solver
     if s.repeat_dataset and max_iter <= 0:
@@ -36,11 +43,21 @@ def fit(model, num_epochs: int, max_iter: int, display: int, eval_interval: int,
     if not s.repeat_dataset and num_epochs <= 0 and model.etc is None:
         raise ModelError("fit: num_epochs must be > 0 when repeat_dataset=False (epoch mode)")
     if s.repeat_dataset and num_epochs:
-        warn_ignored("Model.fit", "num_epochs", num_epochs, "with repeat_dataset=True fit runs max_iter "
-                     "iterations (epochs need CreateSolver(repeat_dataset=False))", stacklevel=3)
+        warn_ignored(
+            "Model.fit",
+            "num_epochs",
+            num_epochs,
+            "with repeat_dataset=True fit runs max_iter iterations (epochs need CreateSolver(repeat_dataset=False))",
+            stacklevel=3,
+        )
     if not s.repeat_dataset and max_iter != 2000:
-        warn_ignored("Model.fit", "max_iter", max_iter, "in epoch mode (repeat_dataset=False) fit runs "
-                     "num_epochs passes over the source", stacklevel=3)
+        warn_ignored(
+            "Model.fit",
+            "max_iter",
+            max_iter,
+            "in epoch mode (repeat_dataset=False) fit runs num_epochs passes over the source",
+            stacklevel=3,
+        )
     try:
         fit_loop(model, num_epochs, max_iter, display, eval_interval, snapshot, snapshot_prefix)
         model.check_deferred()
@@ -48,13 +65,14 @@ def fit(model, num_epochs: int, max_iter: int, display: int, eval_interval: int,
         # the readers' prefetch threads stop and are joined here (also on an error); each reader keeps
         # its place, so a later train()/eval()/fit() continues its stream as HugeCTR's readers do
         for reader in (model._train_reader, model._eval_reader):
-            pause = getattr(reader, "pause", None)      # (a benchmark's batch cycle has no workers)
+            pause = getattr(reader, "pause", None)  # (a benchmark's batch cycle has no workers)
             if pause is not None:
                 pause()
 
 
-def fit_loop(model, num_epochs: int, max_iter: int, display: int, eval_interval: int, snapshot: int,
-              snapshot_prefix: str) -> None:
+def fit_loop(
+    model, num_epochs: int, max_iter: int, display: int, eval_interval: int, snapshot: int, snapshot_prefix: str
+) -> None:
     """fit's loop, after its argument checks."""
     s = model.solver
     log.info("Training source file: " + model.reader_params.source[0])
@@ -68,11 +86,13 @@ def fit_loop(model, num_epochs: int, max_iter: int, display: int, eval_interval:
     it = 0
     epochs = 1 if s.repeat_dataset else num_epochs
     passes = [(model.reader_params.source[0], None)]
-    if model.etc is not None:             # every file list in turn, its keyset first (HugeCTR's ETC mode)
+    if model.etc is not None:  # every file list in turn, its keyset first (HugeCTR's ETC mode)
         epochs = max(1, num_epochs)
         passes = list(zip(model.reader_params.source, model.reader_params.keyset))
-        log.info(f"Use embedding training cache mode with number of training sources: {len(passes)}, "
-                 f"number of epochs: {epochs}")
+        log.info(
+            f"Use embedding training cache mode with number of training sources: {len(passes)}, "
+            f"number of epochs: {epochs}"
+        )
     for epoch, (source, keyset) in ((e, p) for e in range(epochs) for p in passes):
         if not s.repeat_dataset:
             model._train_reader = iter(graph.make_reader(model, source, model.solver.batchsize, False))
@@ -92,20 +112,25 @@ def fit_loop(model, num_epochs: int, max_iter: int, display: int, eval_interval:
                 if first and not s.repeat_dataset:
                     dropped = getattr(model, "_dropped_rows", 0)
                     if not dropped:
-                        raise ModelError(f"fit: epoch {epoch} trained nothing: the training source "
-                                         f"{source!r} holds no samples (its files have 0 records)")
+                        raise ModelError(
+                            f"fit: epoch {epoch} trained nothing: the training source "
+                            f"{source!r} holds no samples (its files have 0 records)"
+                        )
                     # HugeCTR trains nothing here too: legitimate, but worth saying
-                    log.warn(f"fit: epoch {epoch} trained nothing: the training source {source!r} holds "
-                                f"{dropped} samples, fewer than one batch ({model.solver.batchsize}), and "
-                                "drop_incomplete_batch=True drops a partial batch")
+                    log.warn(
+                        f"fit: epoch {epoch} trained nothing: the training source {source!r} holds "
+                        f"{dropped} samples, fewer than one batch ({model.solver.batchsize}), and "
+                        "drop_incomplete_batch=True drops a partial batch"
+                    )
                 break
             first = False
             if display > 0 and (it + 1) % display == 0:
                 loss = model.get_current_loss()
                 if math.isnan(loss):
                     raise FloatingPointError(f"Train loss is NaN at iteration {it + 1}")
-                log.info(f"Iter: {it + 1} Time({display} iters): {time.time() - t_display:.6f}s "
-                         f"Loss: {loss:.6f} lr:{lr:.6f}")
+                log.info(
+                    f"Iter: {it + 1} Time({display} iters): {time.time() - t_display:.6f}s Loss: {loss:.6f} lr:{lr:.6f}"
+                )
                 model.history["iter"].append(it + 1)
                 model.history["loss"].append(loss)
                 model.history["lr"].append(lr)
@@ -127,11 +152,14 @@ def evaluate(model, it: int, callbacks=()) -> bool:
     n, fresh = 0, False
     while n < model.solver.max_eval_batches:
         if not model.eval():
-            if fresh:           # a reader just made gave no batch: the source holds no samples
-                raise ModelError(f"evaluation: the eval source {model.reader_params.eval_source!r} holds no "
-                                 "samples (its files have 0 records)")
-            model._eval_reader = iter(graph.make_reader(model, model.reader_params.eval_source,
-                                                        model.solver.batchsize_eval, False, eval=True))
+            if fresh:  # a reader just made gave no batch: the source holds no samples
+                raise ModelError(
+                    f"evaluation: the eval source {model.reader_params.eval_source!r} holds no "
+                    "samples (its files have 0 records)"
+                )
+            model._eval_reader = iter(
+                graph.make_reader(model, model.reader_params.eval_source, model.solver.batchsize_eval, False, eval=True)
+            )
             if n > 0:
                 break
             fresh = True
@@ -139,7 +167,7 @@ def evaluate(model, it: int, callbacks=()) -> bool:
         n, fresh = n + 1, False
     target = model.solver.metrics_spec.get(MetricsType.AUC)
     hit = False
-    metrics = model.get_eval_metrics()          # read once: reading them resets the accumulators
+    metrics = model.get_eval_metrics()  # read once: reading them resets the accumulators
     if callbacks:
         results = {name: float(value) for name, value in metrics}
         stop = False
@@ -182,14 +210,14 @@ def eval_batch(model) -> bool:
         p = device.to_host(layer.predictions()).reshape(batch.batch_size, -1)[:n]
         y = device.to_host(t[layer.cfg.bottom_names[1]].data).reshape(batch.batch_size, -1)[:n]
         outputs.append(p)
-        if p.shape[1] == 2 and y.shape[1] == 1:      # CrossEntropy with class labels: P(class 1)
+        if p.shape[1] == 2 and y.shape[1] == 1:  # CrossEntropy with class labels: P(class 1)
             p = p[:, 1:]
         preds.append(p)
         labels.append(y)
     preds, labels = np.concatenate(preds, axis=1), np.concatenate(labels, axis=1)
     outputs = np.concatenate(outputs, axis=1)
     loss = step.loss_value(model, t, batch.batch_size * model.ranks, None if hugectr_exact.hugectr_exact() else n)
-    if model.ranks > 1:                      # every rank scores the whole global eval batch
+    if model.ranks > 1:  # every rank scores the whole global eval batch
         preds, labels = model.comm.allgather_rows(preds), model.comm.allgather_rows(labels)
         outputs = model.comm.allgather_rows(outputs)
     model.metrics.add(preds, labels, loss)
@@ -209,8 +237,10 @@ def export_predictions(model, output_prediction_file_name: str, output_label_fil
     Only rank 0 writes; every rank holds the whole global batch (eval gathers it)."""
     graph.require_compiled(model, "export_predictions")
     if model._last_eval is None:
-        raise ModelError("Model.export_predictions: no evaluation batch yet; it exports the last batch that "
-                         "eval() (or fit's evaluation) scored")
+        raise ModelError(
+            "Model.export_predictions: no evaluation batch yet; it exports the last batch that "
+            "eval() (or fit's evaluation) scored"
+        )
     preds, labels = model._last_eval
     if model.comm.rank != 0:
         return
@@ -235,17 +265,20 @@ def check_out_tensor(model, tensor_name: str, tensor_type) -> np.ndarray:
     losses = {layer.cfg.top_names[0] for layer, _ in model.losses}
     if tensor_name not in model.shapes or tensor_name in model.sparse_inputs or tensor_name in losses:
         known = sorted(n for n in model.shapes if n not in model.sparse_inputs and n not in losses)
-        raise ModelError(f"Model.check_out_tensor: cannot find tensor with name {tensor_name!r}; tensors: "
-                         f"{known}")
+        raise ModelError(f"Model.check_out_tensor: cannot find tensor with name {tensor_name!r}; tensors: {known}")
     training = tensor_type == Tensor_t.Train
     if tensor_name in model._fused_tops and model._last_fused.get(training):
-        raise ModelError(f"Model.check_out_tensor: {tensor_name!r} is not kept on this device: its InnerProduct "
-                         f"runs fused with the ReLU after it (which gives {model._fused_tops[tensor_name]!r}); "
-                         "set NUMBACTR_FUSE_BIAS_RELU=0 to keep it")
+        raise ModelError(
+            f"Model.check_out_tensor: {tensor_name!r} is not kept on this device: its InnerProduct "
+            f"runs fused with the ReLU after it (which gives {model._fused_tops[tensor_name]!r}); "
+            "set NUMBACTR_FUSE_BIAS_RELU=0 to keep it"
+        )
     t = model._last_tensors.get(training)
     if t is None:
-        raise ModelError(f"Model.check_out_tensor: no {'training step' if training else 'evaluation batch'} "
-                         f"has run yet, so {tensor_name!r} holds nothing")
+        raise ModelError(
+            f"Model.check_out_tensor: no {'training step' if training else 'evaluation batch'} "
+            f"has run yet, so {tensor_name!r} holds nothing"
+        )
     a = np.asarray(device.to_host(t[tensor_name].data), np.float32).reshape((-1,) + model.shapes[tensor_name][1:])
     return model.comm.allgather_rows(a) if model.ranks > 1 else a.copy()
 
@@ -254,8 +287,9 @@ def eval_whole_source(model) -> list[tuple[str, float]]:
     """numbactr extra: evaluate every sample of the eval source exactly once; returns the metrics."""
     graph.require_compiled(model, "eval_whole_source")
     model.metrics.reset()
-    model._eval_reader = iter(graph.make_reader(model, model.reader_params.eval_source, model.solver.batchsize_eval,
-                                                False, eval=True))
+    model._eval_reader = iter(
+        graph.make_reader(model, model.reader_params.eval_source, model.solver.batchsize_eval, False, eval=True)
+    )
     with log.progress(desc="eval, whole source", unit="batch") as bar:
         while model.eval():
             bar.update(1)
@@ -269,7 +303,7 @@ def set_source(model, source, keyset=None, eval_source=None) -> None:
     HugeCTR's two forms: ``set_source(source: str, eval_source: str)`` (epoch mode), and with the
     embedding training cache ``set_source(source: list, keyset: list, eval_source: str)``."""
     if model.etc is None and eval_source is None and isinstance(keyset, str):
-        keyset, eval_source = None, keyset                # set_source(source, eval_source) positionally
+        keyset, eval_source = None, keyset  # set_source(source, eval_source) positionally
     if model.solver.repeat_dataset:
         raise ModelError("Model.set_source is for epoch mode (CreateSolver(repeat_dataset=False))")
     if eval_source is None:
@@ -277,17 +311,23 @@ def set_source(model, source, keyset=None, eval_source=None) -> None:
     step.drop_graphs(model, "a new source")
     if model.etc is None:
         if keyset is not None:
-            raise ModelError("Model.set_source: keyset files are for the embedding training cache "
-                             "(Model(..., etc=CreateETC(...))); use set_source(source, eval_source)")
+            raise ModelError(
+                "Model.set_source: keyset files are for the embedding training cache "
+                "(Model(..., etc=CreateETC(...))); use set_source(source, eval_source)"
+            )
         model.reader_params.source, model.reader_params.eval_source = [str(source)], str(eval_source)
     else:
         if isinstance(source, str) or isinstance(keyset, str) or keyset is None:
-            raise ModelError("Model.set_source with the embedding training cache takes lists: "
-                             "set_source(source=[file lists], keyset=[keyset files], eval_source=...)")
+            raise ModelError(
+                "Model.set_source with the embedding training cache takes lists: "
+                "set_source(source=[file lists], keyset=[keyset files], eval_source=...)"
+            )
         source, keyset = [str(x) for x in source], [str(x) for x in keyset]
         if len(source) != len(keyset):
-            raise ModelError(f"Model.set_source: {len(source)} sources but {len(keyset)} keyset files; "
-                             "give one keyset file per source")
+            raise ModelError(
+                f"Model.set_source: {len(source)} sources but {len(keyset)} keyset files; "
+                "give one keyset file per source"
+            )
         etc_take_reader_keysets(model)
         model.reader_params.source, model.reader_params.keyset = source, keyset
         model.reader_params.eval_source = str(eval_source)
@@ -329,8 +369,9 @@ class ReaderHandle:
         else:
             if file_name:
                 p.eval_source = file_name
-            m._eval_reader = iter(graph.make_reader(m, p.eval_source, m.solver.batchsize_eval, m.solver.repeat_dataset,
-                                                    eval=True))
+            m._eval_reader = iter(
+                graph.make_reader(m, p.eval_source, m.solver.batchsize_eval, m.solver.repeat_dataset, eval=True)
+            )
 
     def is_started(self) -> bool:
         return (self.model._train_reader if self.train else self.model._eval_reader) is not None

@@ -6,6 +6,7 @@ shapes, sparse_inputs, losses, weights, ...) in place. Shapes are inferred as ea
 per-rank batch B: why here and not at compile() is that a wrong name or shape then fails at the add() that
 made it, with a message naming that layer and its tensors.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,17 +30,25 @@ class ModelError(ValueError):
     """The model graph or its use is wrong; the message names the offending layer or tensor."""
 
 
-ModelError.__module__ = "numbactr.model"        # its public home (numbactr.model re-exports it)
+ModelError.__module__ = "numbactr.model"  # its public home (numbactr.model re-exports it)
 
 
-def add(model, item=None, input=None, sparse_embedding=None, dense_layer=None,  # noqa: A002 (Model.add's
-        group_dense_layer=None, ebc_config=None) -> None:                  # keywords, HugeCTR's names)
+def add(
+    model,
+    item=None,
+    input=None,
+    sparse_embedding=None,
+    dense_layer=None,  # noqa: A002 (Model.add's
+    group_dense_layer=None,
+    ebc_config=None,
+) -> None:  # keywords, HugeCTR's names)
     """Model.add: the one item given, checked against the graph so far."""
-    given = [x for x in (item, input, sparse_embedding, dense_layer, group_dense_layer, ebc_config)
-             if x is not None]
+    given = [x for x in (item, input, sparse_embedding, dense_layer, group_dense_layer, ebc_config) if x is not None]
     if len(given) != 1:
-        raise ModelError(f"Model.add takes one Input, SparseEmbedding, DenseLayer, GroupDenseLayer or "
-                         f"EmbeddingCollectionConfig, got {len(given)}")
+        raise ModelError(
+            f"Model.add takes one Input, SparseEmbedding, DenseLayer, GroupDenseLayer or "
+            f"EmbeddingCollectionConfig, got {len(given)}"
+        )
     item = given[0]
     if model.compiled:
         raise ModelError("Model.add: the model is already compiled")
@@ -55,8 +64,9 @@ def add(model, item=None, input=None, sparse_embedding=None, dense_layer=None,  
         return add_dense(model, item)
     if isinstance(item, GroupDenseLayer):
         return add_group(model, item)
-    raise ModelError(f"Model.add: cannot add a {type(item).__name__}; expected Input, SparseEmbedding, "
-                     "DenseLayer or GroupDenseLayer")
+    raise ModelError(
+        f"Model.add: cannot add a {type(item).__name__}; expected Input, SparseEmbedding, DenseLayer or GroupDenseLayer"
+    )
 
 
 def new_tensor(model, name: str, shape: tuple, who: str) -> None:
@@ -89,19 +99,21 @@ def add_embedding(model, cfg: SparseEmbedding) -> None:
     if model.layers:
         raise ModelError(f"{who}: embeddings must be added before dense layers")
     if cfg.bottom_name not in model.sparse_inputs:
-        raise ModelError(f"{who}: bottom_name {cfg.bottom_name!r} is not a sparse input; sparse inputs: "
-                         f"{sorted(model.sparse_inputs)}")
+        raise ModelError(
+            f"{who}: bottom_name {cfg.bottom_name!r} is not a sparse input; sparse inputs: "
+            f"{sorted(model.sparse_inputs)}"
+        )
     if any(e.cfg.bottom_name == cfg.bottom_name for e in model.embeddings):
         raise ModelError(f"{who}: sparse input {cfg.bottom_name!r} already feeds an embedding")
     param = model.input.sparse[model.sparse_inputs[cfg.bottom_name]]
     opt = cfg.optimizer if cfg.optimizer.initialized else model.opt_params
-    if model.etc is not None:          # a Cached parameter server: the table tiered on the local path
+    if model.etc is not None:  # a Cached parameter server: the table tiered on the local path
         tier = training_cache.tier_for(model.etc, len(model.embeddings), model.comm.rank, model.comm.size)
         if tier is not None:
             cfg.embedding_cache = tier
     emb = make_embedding(cfg, param, opt, model.solver.seed, model.comm)
     if cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
-        emb.statistics_source = functools.partial(hybrid_statistics, model)   # read at its first lookup
+        emb.statistics_source = functools.partial(hybrid_statistics, model)  # read at its first lookup
     new_tensor(model, cfg.sparse_embedding_name, emb.output_shape(model.batch), who)
     model.embeddings.append(emb)
 
@@ -141,8 +153,9 @@ def add_collection(model, cfg) -> None:
         raise ModelError(f"{who}: table name(s) {dup} are already in another EmbeddingCollection")
     params = {p.top_name: p for p in model.input.sparse}
     try:
-        coll = collection.EmbeddingCollection(cfg, len(model.collections), params, model.opt_params, model.solver.seed,
-                                       model.comm)
+        coll = collection.EmbeddingCollection(
+            cfg, len(model.collections), params, model.opt_params, model.solver.seed, model.comm
+        )
     except collection.CollectionError as e:
         raise ModelError(str(e)) from None
     for name, shape in coll.tops(model.batch):
@@ -179,8 +192,7 @@ def add_group(model, group: GroupDenseLayer) -> None:
         del model.layers[n_layers:]
         for t in set(model.shapes) - tensors:
             del model.shapes[t]
-        raise ModelError(f"GroupDenseLayer {group.group_layer_type.name} (tops {group.top_name_list}): "
-                         f"{e}") from None
+        raise ModelError(f"GroupDenseLayer {group.group_layer_type.name} (tops {group.top_name_list}): {e}") from None
 
 
 def compile(model, loss_names=None, loss_weights=None) -> None:
@@ -193,13 +205,15 @@ def compile(model, loss_names=None, loss_weights=None) -> None:
     losses = [layer for layer in model.layers if layer.is_loss]
     if not losses:
         raise ModelError("Model.compile: the model has no loss layer")
-    for layer in losses:               # swapped bottoms would train nothing and report no error
+    for layer in losses:  # swapped bottoms would train nothing and report no error
         pred, label = layer.cfg.bottom_names
         if label not in model.input.label_names or pred in model.input.label_names:
-            raise ModelError(f"Model.compile: {layer.type_name} (top {layer.cfg.top_names[0]!r}) has bottoms "
-                             f"{layer.cfg.bottom_names}; they must be [prediction, label] with the label one "
-                             f"of the Input's label tensors {model.input.label_names}"
-                             + (" (the two look swapped)" if pred in model.input.label_names else ""))
+            raise ModelError(
+                f"Model.compile: {layer.type_name} (top {layer.cfg.top_names[0]!r}) has bottoms "
+                f"{layer.cfg.bottom_names}; they must be [prediction, label] with the label one "
+                f"of the Input's label tensors {model.input.label_names}"
+                + (" (the two look swapped)" if pred in model.input.label_names else "")
+            )
     by_label = {layer.cfg.bottom_names[1]: layer for layer in losses}
     if loss_names is not None or loss_weights is not None:
         loss_names, loss_weights = list(loss_names or []), list(loss_weights or [])
@@ -207,8 +221,10 @@ def compile(model, loss_names=None, loss_weights=None) -> None:
             raise ModelError(f"Model.compile: {len(loss_names)} loss_names but {len(loss_weights)} loss_weights")
         missing = [n for n in loss_names if n not in by_label]
         if missing:
-            raise ModelError(f"Model.compile: loss_names {missing} are not the label (second bottom) of any "
-                             f"loss layer; loss labels: {sorted(by_label)}")
+            raise ModelError(
+                f"Model.compile: loss_names {missing} are not the label (second bottom) of any "
+                f"loss layer; loss labels: {sorted(by_label)}"
+            )
         weights = dict(zip(loss_names, loss_weights))
     else:
         weights = dict(zip(model.input.label_names, model.input.label_weights))
@@ -222,7 +238,7 @@ def compile(model, loss_names=None, loss_weights=None) -> None:
     for layer in model.layers:
         for s, init in zip(layer.param_shapes(), layer.init_params(model.rng)):
             n = math.prod(s)
-            host[off:off + n] = np.asarray(init, np.float32).reshape(-1)
+            host[off : off + n] = np.asarray(init, np.float32).reshape(-1)
             off += n
     xp = device.xp()
     model.weights = xp.asarray(host)
@@ -232,9 +248,12 @@ def compile(model, loss_names=None, loss_weights=None) -> None:
         layer.params, layer.grad_views = [], []
         for i, s in enumerate(layer.param_shapes()):
             n = math.prod(s)
-            layer.params.append(Tensor(model.weights[off:off + n].reshape(s), requires_grad=True,
-                                       name=f"{layer.cfg.top_names[0]}.w{i}"))
-            layer.grad_views.append(model.wgrads[off:off + n].reshape(s))
+            layer.params.append(
+                Tensor(
+                    model.weights[off : off + n].reshape(s), requires_grad=True, name=f"{layer.cfg.top_names[0]}.w{i}"
+                )
+            )
+            layer.grad_views.append(model.wgrads[off : off + n].reshape(s))
             off += n
     model.dense_optimizer = DenseOptimizer(model.opt_params, model.n_params)
     used = {b for layer in model.layers for b in layer.cfg.bottom_names}
@@ -243,7 +262,7 @@ def compile(model, loss_names=None, loss_weights=None) -> None:
     loss_tops = {layer.cfg.top_names[0] for layer, _ in model.losses}
     model.unused_tensors = [t for t in model.shapes if t not in used and t not in loss_tops]
     fuse_bias_relu(model)
-    if model.etc is not None:          # one PS per embedding; existing sparse models are trained further
+    if model.etc is not None:  # one PS per embedding; existing sparse models are trained further
         try:
             training_cache.check_embeddings(model, model.etc)
         except training_cache.ETCError as e:
@@ -276,12 +295,16 @@ def fuse_bias_relu(model) -> None:
 def summary(model) -> None:
     line = "—" * 116
     inp = model.input
-    out = ["=" * 51 + "Model Summary" + "=" * 53,
-           "Model structure on each GPU",
-           f"{'Label':<40}{'Dense':<30}{'Sparse':<30}",
-           f"{','.join(inp.label_names):<40}{inp.dense_name:<30}{','.join(p.top_name for p in inp.sparse):<30}",
-           f"{','.join(_fmt(model.shapes[n]) for n in inp.label_names):<40}{_fmt(model.shapes[inp.dense_name]):<30}",
-           line, f"{'Layer Type':<40}{'Input Name':<30}{'Output Name':<30}{'Output Shape':<30}", line]
+    out = [
+        "=" * 51 + "Model Summary" + "=" * 53,
+        "Model structure on each GPU",
+        f"{'Label':<40}{'Dense':<30}{'Sparse':<30}",
+        f"{','.join(inp.label_names):<40}{inp.dense_name:<30}{','.join(p.top_name for p in inp.sparse):<30}",
+        f"{','.join(_fmt(model.shapes[n]) for n in inp.label_names):<40}{_fmt(model.shapes[inp.dense_name]):<30}",
+        line,
+        f"{'Layer Type':<40}{'Input Name':<30}{'Output Name':<30}{'Output Shape':<30}",
+        line,
+    ]
     rows = [(e.cfg.embedding_type.name, [e.cfg.bottom_name], [e.name]) for e in model.embeddings]
     rows += [(c.name, c.bottoms, [n for n, _ in c.tops(0)]) for c in model.collections]
     # dense layers as HugeCTR lists them, with the Slice copies it inserts for tensors read twice
@@ -305,6 +328,7 @@ def make_reader(model, source: str, batch: int, repeat: bool, eval: bool = False
     """A reader of this rank's rows of GLOBAL batches of `batch` samples (numbactr.data.make_reader)."""
     from numbactr.data import make_reader as data_reader
     from numbactr.data.validation import LabelRule, SlotRanges
+
     inp = model.input
     # one-hot tables have no hash: row = key, and slot s owns rows [Σ_{j<s} size_j, Σ_{j<=s} size_j),
     # so a key outside its slot's block would silently train another slot's rows
@@ -313,23 +337,39 @@ def make_reader(model, source: str, batch: int, repeat: bool, eval: bool = False
         if e.cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingOneHot and e.cfg.slot_size_array:
             hi = np.cumsum(np.asarray(e.cfg.slot_size_array, np.int64))
             bounds[model.sparse_inputs[e.cfg.bottom_name]] = SlotRanges(
-                hi - np.asarray(e.cfg.slot_size_array, np.int64), hi,
-                f"LocalizedSlotSparseEmbeddingOneHot {e.name!r} (slot_size_array)")
+                hi - np.asarray(e.cfg.slot_size_array, np.int64),
+                hi,
+                f"LocalizedSlotSparseEmbeddingOneHot {e.name!r} (slot_size_array)",
+            )
         elif e.cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
             # the hybrid embedding takes per-slot ids (it adds the slot offsets itself)
             sizes = np.asarray(e.cfg.slot_size_array, np.int64)
             bounds[model.sparse_inputs[e.cfg.bottom_name]] = SlotRanges(
-                np.zeros_like(sizes), sizes, f"HybridSparseEmbedding {e.name!r} (slot_size_array)")
+                np.zeros_like(sizes), sizes, f"HybridSparseEmbedding {e.name!r} (slot_size_array)"
+            )
     # each loss layer states what its label columns may hold (numbactr.data.validation.LABEL_KINDS)
     rules = [None] * inp.label_dim
     for layer, _ in model.losses:
         c0, c1 = model.label_columns[layer.cfg.bottom_names[1]]
         rule = LabelRule(layer.label_kind, f"{layer.type_name} {layer.cfg.top_names[0]!r}")
         rules[c0:c1] = [rule] * (c1 - c0)
-    return data_reader(model.reader_params, source, batch, inp.label_dim, inp.dense_dim,
-                       [sp.slot_num for sp in inp.sparse], [sp.nnz_per_slot for sp in inp.sparse],
-                       model.solver.i64_input_key, repeat, rank=model.comm.rank, ranks=model.ranks, eval=eval,
-                       key_bound=bounds, label_rules=rules, seed=model.solver.seed)
+    return data_reader(
+        model.reader_params,
+        source,
+        batch,
+        inp.label_dim,
+        inp.dense_dim,
+        [sp.slot_num for sp in inp.sparse],
+        [sp.nnz_per_slot for sp in inp.sparse],
+        model.solver.i64_input_key,
+        repeat,
+        rank=model.comm.rank,
+        ranks=model.ranks,
+        eval=eval,
+        key_bound=bounds,
+        label_rules=rules,
+        seed=model.solver.seed,
+    )
 
 
 def require_compiled(model, what: str) -> None:

@@ -6,6 +6,7 @@ Why before_load: a load replaces counters and arrays, so the skips counted on th
 for first (the loaded step counters are then the host's), and the captured CUDA graphs, which point at
 the old arrays, are dropped.
 """
+
 from __future__ import annotations
 
 from numbactr.files import checkpoint
@@ -17,13 +18,13 @@ def save_params(model, prefix: str, iteration) -> None:
     """Model.save_params_to_files: the dense files and every table, committed as one unit."""
     graph.require_compiled(model, "save_params_to_files")
     model.check_deferred()
-    iteration = checkpoint._iteration(iteration)        # checked before any file is written
-    if model.etc is not None:      # ETC: the tables go to their sparse model folders, the rest under prefix
+    iteration = checkpoint._iteration(iteration)  # checked before any file is written
+    if model.etc is not None:  # ETC: the tables go to their sparse model folders, the rest under prefix
         training_cache.save_sparse_models(model, model.etc)
         checkpoint.save(model, prefix, iteration, with_sparse=False)
         return
     checkpoint.save(model, prefix, iteration)
-    if model.collections:        # the tables: their own atomic dump beside the dense files
+    if model.collections:  # the tables: their own atomic dump beside the dense files
         model.embedding_dump(f"{prefix}_embedding_collection_{iteration}")
 
 

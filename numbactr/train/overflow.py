@@ -6,6 +6,7 @@ precision.Gate reads _skips_seen from it). Why the device-side gate and flag: a 
 back; the host learns of skips and non-finite losses at the check points (Model.check_deferred, every
 Model.NONFINITE_CHECK_EVERY steps), naming the step where they began.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,9 @@ def overflow_on_device(model) -> bool:
         # (a tiered table's engine has no gate: it reads the flag)
         if type(e) not in (HashEmbedding, OneHotEmbedding) or getattr(eng, "impl", None) != "kernels":
             return False
-        if eng.optimizer.kind not in gated or (eng.weights_precision == Precision.FP16 and
-                                                eng.stochastic_rounding):    # its salts count the steps
+        if eng.optimizer.kind not in gated or (
+            eng.weights_precision == Precision.FP16 and eng.stochastic_rounding
+        ):  # its salts count the steps
             return False
     return True
 
@@ -56,13 +58,13 @@ def gate(model, tape: Tape):
     its embedding rows are updated from every rank's). The ranks sum their 1 - go on the device (NCCL
     between GPUs; staged through the host by MPI otherwise, as the dense gradients are)."""
     xp = device.xp()
-    if model._skips_dev is None:        # (made by an eager step: never inside a CUDA graph capture)
+    if model._skips_dev is None:  # (made by an eager step: never inside a CUDA graph capture)
         model._skips_dev = xp.zeros(1, np.int64)
     ok = tape.finite_flag()
     if ok is None and model.ranks == 1:  # no gradient was watched: nothing can have overflowed
         return None
     go = xp.ones(1, np.int64) if ok is None else xp.asarray(ok).reshape(1).astype(np.int64)
-    if model.ranks > 1:                 # every rank takes part, watched gradients or not
+    if model.ranks > 1:  # every rank takes part, watched gradients or not
         bad = model.comm.allreduce_sum(1 - go)
         go = (bad == 0).astype(np.int64)
     model._skips_dev += 1 - go
@@ -84,10 +86,13 @@ def sync_skips(model) -> None:
         e.engine.step -= new
     if model.dense_optimizer.opt.optimizer_type == Optimizer_t.Adam:
         model.dense_optimizer.t -= new
-    warnings.warn(f"mixed precision: the gradients of {new} step(s) up to iteration {model.step} overflowed "
-                  f"{model.half.name} at scaler={model.solver.scaler:g}; their updates were skipped "
-                  f"({model._skipped} skipped so far). A smaller scaler avoids this",
-                  precision.GradientOverflowWarning, stacklevel=3)
+    warnings.warn(
+        f"mixed precision: the gradients of {new} step(s) up to iteration {model.step} overflowed "
+        f"{model.half.name} at scaler={model.solver.scaler:g}; their updates were skipped "
+        f"({model._skipped} skipped so far). A smaller scaler avoids this",
+        precision.GradientOverflowWarning,
+        stacklevel=3,
+    )
 
 
 def grads_finite(model, tape: Tape) -> bool:
@@ -103,15 +108,20 @@ def skip_step(model) -> None:
     """Drop this step's dense and sparse gradients without touching weights or optimizer states,
     count the skip and warn (numbactr/runtime/precision.py: HugeCTR would apply the inf/NaN gradients)."""
     for e in (*model.embeddings, *model.collections):
-        for held in ("_pending", "_saved"):           # the gradients kept for update()
+        for held in ("_pending", "_saved"):  # the gradients kept for update()
             if hasattr(e, held):
                 setattr(e, held, None)
     model.wgrads[...] = 0
     model._skipped += 1
     model.step += 1
-    warnings.warn(f"mixed precision: iteration {model.step}'s gradients overflowed {model.half.name} at "
-                  f"scaler={model.solver.scaler:g}; its update was skipped ({model._skipped} skipped "
-                  f"so far). A smaller scaler avoids this", precision.GradientOverflowWarning, stacklevel=3)
+    warnings.warn(
+        f"mixed precision: iteration {model.step}'s gradients overflowed {model.half.name} at "
+        f"scaler={model.solver.scaler:g}; its update was skipped ({model._skipped} skipped "
+        f"so far). A smaller scaler avoids this",
+        precision.GradientOverflowWarning,
+        stacklevel=3,
+    )
+
 
 # how many steps a GPU run goes between reads of its non-finite flag (when no loss is read per step)
 NONFINITE_CHECK_EVERY = 64
@@ -127,8 +137,8 @@ def check_finite_loss(model, t: dict) -> None:
     non-finite step and is read every NONFINITE_CHECK_EVERY steps, so training stops up to that many
     steps late but names the step where it began (cpu/sim arrays are host memory: checked every
     step). fit() also stops at a display whose loss is NaN."""
-    step = model.step + 1                       # 1-based, as fit() counts iterations
-    if model.solver.gen_loss_summary and model._pending_loss is None:    # the value was read already
+    step = model.step + 1  # 1-based, as fit() counts iterations
+    if model.solver.gen_loss_summary and model._pending_loss is None:  # the value was read already
         if not math.isfinite(model.current_loss):
             raise nonfinite_loss(model, t, step, step)
         return
@@ -170,17 +180,23 @@ def read_nonfinite_flag(model, t: dict, step: int) -> None:
 
 def nonfinite_loss(model, t: dict, step: int, now: int) -> FloatingPointError:
     """The error for a non-finite loss that appeared at `step` (detected at step `now`)."""
+
     def finite(a):
         return bool(np.isfinite(device.to_host(a)).all())
+
     values = [(layer, t[layer.cfg.top_names[0]].data) for layer, _ in model.losses]
-    bad = [f"{layer.type_name} {layer.cfg.top_names[0]!r} = {float(device.to_host(v)[0])}"
-           for layer, v in values if not finite(v)]
+    bad = [
+        f"{layer.type_name} {layer.cfg.top_names[0]!r} = {float(device.to_host(v)[0])}"
+        for layer, v in values
+        if not finite(v)
+    ]
     what = ", ".join(bad) if bad else "the regularizer term (non-finite weights)"
     first = "no layer output is non-finite"
     for e in model.embeddings:
         if not finite(t[e.name].data):
-            first = f"the first non-finite output is embedding {e.name!r}" + \
-                ("" if finite(e.weight.data) else " (its table holds non-finite values)")
+            first = f"the first non-finite output is embedding {e.name!r}" + (
+                "" if finite(e.weight.data) else " (its table holds non-finite values)"
+            )
             break
     else:
         for layer in model.layers:
@@ -192,10 +208,15 @@ def nonfinite_loss(model, t: dict, step: int, now: int) -> FloatingPointError:
     if now == step:
         where = f"at iteration {step}: {what}; {first}. Training stopped before this iteration's update"
     else:
-        why = ("keeping the loss on the device, a GPU run" if model.solver.gen_loss_summary
-               else "with gen_loss_summary=False a GPU run")
-        where = (f"first at iteration {step}, found at iteration {now} ({why} "
-                 f"checks every {model.NONFINITE_CHECK_EVERY} iterations): now {what}; {first}")
+        why = (
+            "keeping the loss on the device, a GPU run"
+            if model.solver.gen_loss_summary
+            else "with gen_loss_summary=False a GPU run"
+        )
+        where = (
+            f"first at iteration {step}, found at iteration {now} ({why} "
+            f"checks every {model.NONFINITE_CHECK_EVERY} iterations): now {what}; {first}"
+        )
     return FloatingPointError(f"non-finite training loss {where} (check the lr, the data, the initialization)")
 
 

@@ -7,6 +7,7 @@ _last_tensors, _stager, _graphs, ...). Why the step is split into an eager path 
 everything the step does on the host is either done after the graph's launch or registered to run before
 each replay (numbactr.runtime.step_values.on_replay).
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,29 +31,34 @@ def forward(model, batch, training: bool, tape: Tape | None) -> dict:
     xp = device.xp()
     inp = model.input
     dense = batch.dense
-    if model.half is not None and dense.dtype != model.half:    # HugeCTR's reader hands fp16 dense input
+    if model.half is not None and dense.dtype != model.half:  # HugeCTR's reader hands fp16 dense input
         precision.check_dense_input(dense, model.half)
         dense = np.asarray(dense).astype(model.half)
     t: dict[str, Tensor] = {inp.dense_name: Tensor(xp.asarray(dense))}
-    for name, (c0, c1) in model.label_columns.items():      # (host arrays, or device ones: staged)
+    for name, (c0, c1) in model.label_columns.items():  # (host arrays, or device ones: staged)
         t[name] = Tensor(xp.ascontiguousarray(xp.asarray(batch.label)[:, c0:c1]))
     rows = batch.batch_size
     half = model.half
-    with autocast(half):                           # embedding outputs in half precision
+    with autocast(half):  # embedding outputs in half precision
         for emb in model.embeddings:
             keys, offsets = batch.sparse[model.sparse_inputs[emb.cfg.bottom_name]]
             t[emb.name] = emb.forward(tape, keys, offsets, rows, training)
         for c in model.collections:
-            t.update(c.forward(tape, {b: batch.sparse[model.sparse_inputs[b]] for b in c.bottoms},
-                               training))
-    run = RunInfo(training=training, valid=batch.size, ranks=model.ranks, scaler=model.solver.scaler,
-                  seed=model.solver.seed, step=model.step)
+            t.update(c.forward(tape, {b: batch.sparse[model.sparse_inputs[b]] for b in c.bottoms}, training))
+    run = RunInfo(
+        training=training,
+        valid=batch.size,
+        ranks=model.ranks,
+        scaler=model.solver.scaler,
+        seed=model.solver.seed,
+        step=model.step,
+    )
     for layer in model.layers:
-        with autocast(half, keep_outputs=layer.is_loss):    # losses: float32 math and value
+        with autocast(half, keep_outputs=layer.is_loss):  # losses: float32 math and value
             outs = layer.forward(tape, [t[b] for b in layer.cfg.bottom_names], run)
         for name, o in zip(layer.cfg.top_names, outs):
             t[name] = o
-    model._last_tensors[training] = t            # check_out_tensor reads them
+    model._last_tensors[training] = t  # check_out_tensor reads them
     model._last_fused[training] = bool(model._fused_tops) and ops.fuse_bias_relu()
     return t
 
@@ -82,11 +88,11 @@ def read_loss(model) -> float:
         losses, weights, ranks = model._pending_loss
         host = device.to_host(losses)
         total = 0.0
-        for i, w in enumerate(weights):            # the order and float math of loss_value
+        for i, w in enumerate(weights):  # the order and float math of loss_value
             total += w * float(host[i])
-        if ranks > 1:                              # host[i]: loss i summed over the ranks (keep_loss)
+        if ranks > 1:  # host[i]: loss i summed over the ranks (keep_loss)
             total /= ranks
-        for term in host[len(weights):]:           # the regularizer terms, in loss-layer order
+        for term in host[len(weights) :]:  # the regularizer terms, in loss-layer order
             total += float(term)
         model._pending_loss = None
         model._current_loss = total
@@ -129,8 +135,9 @@ def regularizer(model, loss_layer, batch_rows: int, grad: bool, kept: bool = Fal
     if not reg:
         return None if kept else 0.0
     from numbactr.layers.losses import regularizer_grad, regularizer_term, regularizer_term_on_device
+
     kind, lam = reg
-    end = sum(p.data.size for layer in model.layers[:model.layers.index(loss_layer)] for p in layer.params)
+    end = sum(p.data.size for layer in model.layers[: model.layers.index(loss_layer)] for p in layer.params)
     if end == 0:
         return None if kept else 0.0
     if grad:
@@ -144,11 +151,19 @@ def regularizer(model, loss_layer, batch_rows: int, grad: bool, kept: bool = Fal
 def start_data_reading(model) -> None:
     graph.require_compiled(model, "start_data_reading")
     if model._train_reader is None:
-        model._train_reader = iter(graph.make_reader(model, model.reader_params.source[0], model.solver.batchsize,
-                                                    model.solver.repeat_dataset))
+        model._train_reader = iter(
+            graph.make_reader(model, model.reader_params.source[0], model.solver.batchsize, model.solver.repeat_dataset)
+        )
     if model._eval_reader is None:
-        model._eval_reader = iter(graph.make_reader(model, model.reader_params.eval_source, model.solver.batchsize_eval,
-                                                   model.solver.repeat_dataset, eval=True))
+        model._eval_reader = iter(
+            graph.make_reader(
+                model,
+                model.reader_params.eval_source,
+                model.solver.batchsize_eval,
+                model.solver.repeat_dataset,
+                eval=True,
+            )
+        )
 
 
 def next_batch(reader):
@@ -157,7 +172,7 @@ def next_batch(reader):
         batch = next(reader)
     except StopIteration:
         return None
-    return batch                             # the reader already hands out this rank's rows
+    return batch  # the reader already hands out this rank's rows
 
 
 def next_train_batch(model):
@@ -171,7 +186,7 @@ def next_train_batch(model):
 
 def fetch_for_staging(model, reader):
     batch = next_batch(reader)
-    if batch is not None and model.half is not None:        # checked and converted on the host
+    if batch is not None and model.half is not None:  # checked and converted on the host
         precision.check_dense_input(batch.dense, model.half)
         batch.dense = np.asarray(batch.dense).astype(model.half)
     return batch
@@ -201,17 +216,23 @@ def train(model) -> bool:
     start_data_reading(model)
     batch = next_train_batch(model)
     model._dropped_rows = 0
-    while (batch is not None and batch.global_size < batch.batch_size * model.ranks
-           and model.solver.drop_incomplete_batch):
+    while (
+        batch is not None and batch.global_size < batch.batch_size * model.ranks and model.solver.drop_incomplete_batch
+    ):
         model._dropped_rows += batch.global_size
-        batch = next_train_batch(model)                      # HugeCTR skips partial train batches
+        batch = next_train_batch(model)  # HugeCTR skips partial train batches
     if batch is None or batch.global_size == 0:
         return False
     graphs = graphs_for_step(model, batch)
-    if graphs is not None:                        # the device half captured once, then replayed
+    if graphs is not None:  # the device half captured once, then replayed
         try:
-            graphs.step(batch, cuda_graphs.batch_key(model, batch), functools.partial(device_step, model),
-                        replay_run(model), functools.partial(host_snapshot, model))
+            graphs.step(
+                batch,
+                cuda_graphs.batch_key(model, batch),
+                functools.partial(device_step, model),
+                replay_run(model),
+                functools.partial(host_snapshot, model),
+            )
         finally:
             clear_exchange_keys(model)
         after_device_step(model)
@@ -225,21 +246,21 @@ def train(model) -> bool:
     if model.ranks > 1:
         # in place: a device array by NCCL (or staged through the host by Comm), a NumPy one by MPI
         model.comm.allreduce_sum(model.wgrads)
-    rows = batch.batch_size * model.ranks          # HugeCTR's b: the full (padded) batch
+    rows = batch.batch_size * model.ranks  # HugeCTR's b: the full (padded) batch
     for layer, _ in model.losses:
         regularizer(model, layer, rows, grad=True)
     # the reported loss uses the weights this step ran with (before the update)
     if not model.solver.gen_loss_summary:
         model.current_loss = 0.0
     elif lazy_loss(model):
-        keep_loss(model, t, rows)              # no host read in the step: read when asked for
+        keep_loss(model, t, rows)  # no host read in the step: read when asked for
     else:
         model.current_loss = loss_value(model, t, rows)
-    overflow.check_finite_loss(model, t)                 # stops before a non-finite step updates any weight
+    overflow.check_finite_loss(model, t)  # stops before a non-finite step updates any weight
     if (model.step + 1) % model.NONFINITE_CHECK_EVERY == 0:
         model.check_deferred()
     if model.half is not None and overflow.overflow_on_device(model):
-        apply_updates(model, overflow.gate(model, tape))      # a skip decided on the device: nothing read
+        apply_updates(model, overflow.gate(model, tape))  # a skip decided on the device: nothing read
         model.step += 1
         return True
     if model.half is not None and not overflow.grads_finite(model, tape):
@@ -308,14 +329,34 @@ def graphs_for_step(model, batch):
 def graph_facts(model) -> dict:
     """What ineligible judges a model's steps by, read from the model."""
     graphs = model._graphs
-    return dict(solver=model.solver, embeddings=model.embeddings, collections=model.collections,
-                ranks=model.ranks, comm=model.comm, half=model.half,
-                gated_on_device=overflow.overflow_on_device(model), lazy_loss=lazy_loss(model),
-                staged=model._stager is not None, disabled=graphs.disabled if graphs is not None else None)
+    return dict(
+        solver=model.solver,
+        embeddings=model.embeddings,
+        collections=model.collections,
+        ranks=model.ranks,
+        comm=model.comm,
+        half=model.half,
+        gated_on_device=overflow.overflow_on_device(model),
+        lazy_loss=lazy_loss(model),
+        staged=model._stager is not None,
+        disabled=graphs.disabled if graphs is not None else None,
+    )
 
 
-def ineligible(batch, *, solver, embeddings, collections, ranks: int, comm, half, gated_on_device: bool,
-               lazy_loss: bool, staged: bool, disabled: str | None) -> str | None:
+def ineligible(
+    batch,
+    *,
+    solver,
+    embeddings,
+    collections,
+    ranks: int,
+    comm,
+    half,
+    gated_on_device: bool,
+    lazy_loss: bool,
+    staged: bool,
+    disabled: str | None,
+) -> str | None:
     """Why a training step on ``batch`` cannot be a CUDA graph (None: it can). The model's parts: its
     solver, embeddings, collections, ranks and comm, its half dtype (None in float32); gated_on_device:
     an overflow is skipped on the device (overflow.overflow_on_device); lazy_loss: the loss is kept on the
@@ -326,8 +367,10 @@ def ineligible(batch, *, solver, embeddings, collections, ranks: int, comm, half
     if disabled:
         return disabled
     if half is not None and not gated_on_device:
-        return ("mixed precision reads its overflow flag every step (stochastic rounding, or an update the "
-                "device-side gate does not cover)")
+        return (
+            "mixed precision reads its overflow flag every step (stochastic rounding, or an update the "
+            "device-side gate does not cover)"
+        )
     if collections:
         return "an embedding collection"
     if solver.gen_loss_summary and not lazy_loss:
@@ -352,23 +395,24 @@ def agree_on_step(model, batch, why: str | None) -> str | None:
     on every rank (None: it can, on all of them): a graph replays NCCL calls, so the ranks capture and
     replay together, and only with every exchange's sizes fixed by a plan already made."""
     tables = [(e, e._sharded) for e in model.embeddings if getattr(e, "_sharded", None) is not None]
-    plannable = any(getattr(e, "exchange_key_part", None) is not None and getattr(e, "by_slot", False)
-                    for e, _ in tables)
+    plannable = any(
+        getattr(e, "exchange_key_part", None) is not None and getattr(e, "by_slot", False) for e, _ in tables
+    )
     capturable = cuda_graphs.may_capture(model.solver.use_cuda_graph)
     if not plannable and not capturable:
-        return why                  # no plan to make, no graph on any rank: no collective needed
+        return why  # no plan to make, no graph on any rank: no collective needed
     parts = [0 if why is None else 1]
     for emb, _ in tables:
         keys, offsets = batch.sparse[model.sparse_inputs[emb.cfg.bottom_name]]
         part = getattr(emb, "exchange_key_part", None)
         parts.append(part(keys, offsets) if part is not None else -1)
-    every = model.comm.allgather_rows(np.array([parts], np.int64))         # (R, 1 + tables)
+    every = model.comm.allgather_rows(np.array([parts], np.int64))  # (R, 1 + tables)
     planned = True
-    graph_step = capturable and not every[:, 0].any()        # every rank's step may be a graph
+    graph_step = capturable and not every[:, 0].any()  # every rank's step may be a graph
     for t, (_, table) in enumerate(tables):
         key = table.step_key(every[:, 1 + t])
         if key is not None and key[0] == table.GATHERED and not graph_step:
-            key = None              # (the gathered exchange moves R times the bytes: for graph steps only)
+            key = None  # (the gathered exchange moves R times the bytes: for graph steps only)
         table.fixed_key = key
         planned = planned and table.ready(key)
     if why is not None:
@@ -376,8 +420,10 @@ def agree_on_step(model, batch, why: str | None) -> str | None:
     if every[:, 0].any():
         return "another rank's step cannot be a graph"
     if not planned:
-        return ("a sharded embedding's exchange sizes are not fixed (multi-hot bags, or ranks with batches of "
-                "different sizes), or its plan is made in this step")
+        return (
+            "a sharded embedding's exchange sizes are not fixed (multi-hot bags, or ranks with batches of "
+            "different sizes), or its plan is made in this step"
+        )
     return None
 
 
@@ -400,8 +446,12 @@ def drop_graphs(model, why: str) -> None:
 def replay_run(model) -> dict:
     """What a replayed step's host halves need (numbactr.runtime.step_values.on_replay): this step's number
     (0-based, as RunInfo.step), learning rates and the loss scaler."""
-    return {"step": model.step, "lr": model.lr, "dense_lr": 0.0 if model.dense_frozen else model.lr,
-            "scaler": model.solver.scaler}
+    return {
+        "step": model.step,
+        "lr": model.lr,
+        "dense_lr": 0.0 if model.dense_frozen else model.lr,
+        "scaler": model.solver.scaler,
+    }
 
 
 def host_snapshot(model):
@@ -409,13 +459,14 @@ def host_snapshot(model):
     replay hooks advance); returns the function that puts it back (a failed capture)."""
     dense_t = model.dense_optimizer.t
     engines = [(e.engine, e.engine.step) for e in model.embeddings]
-    calls = model.comm.calls                  # collectives a failed capture entered ran nothing
+    calls = model.comm.calls  # collectives a failed capture entered ran nothing
 
     def restore():
         model.dense_optimizer.t = dense_t
         model.comm.calls = calls
         for eng, step in engines:
             eng.step = step
+
     return restore
 
 
@@ -429,7 +480,7 @@ def device_step(model, batch) -> None:
     # a replay's tensors are its capture's (check_out_tensor, the non-finite diagnosis), not those of the
     # graph captured last
     step_values.on_replay(("tensors", id(model)), lambda run: model._last_tensors.__setitem__(True, t))
-    if model.ranks > 1:                       # NCCL, enqueued on the step's stream (captured with it)
+    if model.ranks > 1:  # NCCL, enqueued on the step's stream (captured with it)
         model.comm.allreduce_sum(model.wgrads)
     rows = batch.batch_size * model.ranks
     for layer, _ in model.losses:
@@ -440,11 +491,14 @@ def device_step(model, batch) -> None:
         step_values.on_replay(("loss", id(model)), lambda run: setattr(model, "_pending_loss", kept))
     else:
         model.current_loss = 0.0
-    overflow.note_nonfinite_loss(model, model._pending_loss[0] if model._pending_loss is not None else
-                                 overflow.losses_array(model, t), model.step + 1)
+    overflow.note_nonfinite_loss(
+        model,
+        model._pending_loss[0] if model._pending_loss is not None else overflow.losses_array(model, t),
+        model.step + 1,
+    )
     apply_updates(model, overflow.gate(model, tape) if model.half is not None else None)
     entered = model.comm.calls - calls
-    if entered:                              # a replay enters the same collectives (the job guard counts them)
+    if entered:  # a replay enters the same collectives (the job guard counts them)
         comm = model.comm
         step_values.on_replay(("collectives", id(model)), lambda run: setattr(comm, "calls", comm.calls + entered))
 

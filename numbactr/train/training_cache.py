@@ -24,6 +24,7 @@ a new folder is renamed into place) and the dense files under its prefix, as Hug
 ``get_incremental_model()`` returns, per embedding, the keys of the keyset files used since the last call
 that the table holds, with their current vectors: [(keys (n,) int64, vectors (n, D) float32), ...].
 """
+
 from __future__ import annotations
 
 import atexit
@@ -37,8 +38,14 @@ import numpy as np
 
 from numbactr.enums import TrainPSType_t
 
-__all__ = ["CreateETC", "CreateHMemCache", "EmbeddingTrainingCache", "EmbeddingTrainingCacheParams",
-           "HMemCacheConfig", "TrainPSType_t"]
+__all__ = [
+    "CreateETC",
+    "CreateHMemCache",
+    "EmbeddingTrainingCache",
+    "EmbeddingTrainingCacheParams",
+    "HMemCacheConfig",
+    "TrainPSType_t",
+]
 
 
 class ETCError(ValueError):
@@ -50,6 +57,7 @@ class HMemCacheConfig:
     """``CreateHMemCache(num_blocks, target_hit_rate, max_num_evict)``: HugeCTR's Cached-PS host cache
     (blocks of the host cache, the hit rate below which it evicts, how many blocks it evicts at most).
     numbactr's tiered table sizes its cache with CacheConfig instead; these are checked and kept."""
+
     num_blocks: int
     target_hit_rate: float
     max_num_evict: int
@@ -59,8 +67,11 @@ def CreateHMemCache(num_blocks, target_hit_rate, max_num_evict) -> HMemCacheConf
     for name, v in (("num_blocks", num_blocks), ("max_num_evict", max_num_evict)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise ETCError(f"CreateHMemCache: {name} must be an integer >= 0, got {v!r}")
-    if isinstance(target_hit_rate, bool) or not isinstance(target_hit_rate, (int, float)) \
-            or not 0.0 <= float(target_hit_rate) <= 1.0:
+    if (
+        isinstance(target_hit_rate, bool)
+        or not isinstance(target_hit_rate, (int, float))
+        or not 0.0 <= float(target_hit_rate) <= 1.0
+    ):
         raise ETCError(f"CreateHMemCache: target_hit_rate must be in [0, 1], got {target_hit_rate!r}")
     return HMemCacheConfig(int(num_blocks), float(target_hit_rate), int(max_num_evict))
 
@@ -68,10 +79,11 @@ def CreateHMemCache(num_blocks, target_hit_rate, max_num_evict) -> HMemCacheConf
 @dataclass
 class EmbeddingTrainingCacheParams:
     """What ``CreateETC`` returns; ``Model`` takes it as its fourth argument."""
+
     ps_types: list
     sparse_models: list
     local_paths: list = field(default_factory=list)
-    hmem_cache_configs: list = field(default_factory=list)       # one per embedding (None for Staged)
+    hmem_cache_configs: list = field(default_factory=list)  # one per embedding (None for Staged)
     use_embedding_training_cache: bool = True
 
 
@@ -83,8 +95,10 @@ def _check_sparse_model(path: str) -> bool:
         for f in ("key", "emb_vector"):
             p = os.path.join(path, f)
             if not os.path.isfile(p):
-                raise ETCError(f"CreateETC: sparse model {path!r} exists but has no {f!r} file (a sparse model "
-                               "folder holds key and emb_vector)")
+                raise ETCError(
+                    f"CreateETC: sparse model {path!r} exists but has no {f!r} file (a sparse model "
+                    "folder holds key and emb_vector)"
+                )
             if os.path.getsize(p) == 0:
                 raise ETCError(f"CreateETC: sparse model {path!r}: {f!r} is empty")
         return True
@@ -102,14 +116,19 @@ def CreateETC(ps_types, sparse_models=(), local_paths=(), hmem_cache_configs=())
     local_paths = [os.fspath(p) for p in local_paths]
     configs = list(hmem_cache_configs)
     if not ps_types or not all(isinstance(t, TrainPSType_t) for t in ps_types):
-        raise ETCError(f"CreateETC: ps_types must be a non-empty list of TrainPSType_t (Staged, Cached), "
-                       f"got {ps_types!r}")
+        raise ETCError(
+            f"CreateETC: ps_types must be a non-empty list of TrainPSType_t (Staged, Cached), got {ps_types!r}"
+        )
     if not sparse_models:
-        raise ETCError("CreateETC: sparse_models is required: for training from scratch the folders the trained "
-                       "tables are written to, for incremental training the existing sparse models")
+        raise ETCError(
+            "CreateETC: sparse_models is required: for training from scratch the folders the trained "
+            "tables are written to, for incremental training the existing sparse models"
+        )
     if len(sparse_models) != len(ps_types):
-        raise ETCError(f"CreateETC: {len(ps_types)} ps_types but {len(sparse_models)} sparse_models; give one "
-                       "of each per embedding")
+        raise ETCError(
+            f"CreateETC: {len(ps_types)} ps_types but {len(sparse_models)} sparse_models; give one "
+            "of each per embedding"
+        )
     for p in sparse_models:
         _check_sparse_model(p)
     if not all(isinstance(c, HMemCacheConfig) for c in configs):
@@ -122,12 +141,14 @@ def CreateETC(ps_types, sparse_models=(), local_paths=(), hmem_cache_configs=())
         if len(configs) == 1:
             for i in cached:
                 per_table[i] = configs[0]
-        elif len(configs) == len(cached):          # one per Cached PS, in order (HugeCTR's rule)
+        elif len(configs) == len(cached):  # one per Cached PS, in order (HugeCTR's rule)
             for i, c in zip(cached, configs):
                 per_table[i] = c
         else:
-            raise ETCError(f"CreateETC: {len(configs)} hmem_cache_configs for {len(cached)} Cached PS; give one "
-                           "shared by all, or one per Cached PS")
+            raise ETCError(
+                f"CreateETC: {len(configs)} hmem_cache_configs for {len(cached)} Cached PS; give one "
+                "shared by all, or one per Cached PS"
+            )
     return EmbeddingTrainingCacheParams(ps_types, sparse_models, local_paths, per_table)
 
 
@@ -139,8 +160,10 @@ def read_keyset(path: str, i64: bool) -> np.ndarray:
     except OSError:
         raise FileNotFoundError(f"keyset file {path!r} does not exist") from None
     if size % dtype.itemsize:
-        raise ETCError(f"keyset file {path!r}: {size} bytes is not a whole number of {dtype.itemsize}-byte keys "
-                       f"(i64_input_key={i64})")
+        raise ETCError(
+            f"keyset file {path!r}: {size} bytes is not a whole number of {dtype.itemsize}-byte keys "
+            f"(i64_input_key={i64})"
+        )
     return np.fromfile(path, dtype=dtype).astype(np.int64)
 
 
@@ -159,20 +182,28 @@ class EmbeddingTrainingCache:
             raise ETCError("EmbeddingTrainingCache.update: give keyset_file or keyset_file_list")
         keyset_file = keyset_file if keyset_file is not None else keyset_file_list
         n = len(self.model.embeddings)
-        files = [os.fspath(keyset_file)] if isinstance(keyset_file, (str, os.PathLike)) else \
-            [os.fspath(f) for f in keyset_file]
+        files = (
+            [os.fspath(keyset_file)]
+            if isinstance(keyset_file, (str, os.PathLike))
+            else [os.fspath(f) for f in keyset_file]
+        )
         if len(files) not in (1, n):
-            raise ETCError(f"EmbeddingTrainingCache.update: {len(files)} keyset files for {n} embeddings; give one "
-                           "file for all or one per embedding")
+            raise ETCError(
+                f"EmbeddingTrainingCache.update: {len(files)} keyset files for {n} embeddings; give one "
+                "file for all or one per embedding"
+            )
         for f in files:
-            read_keyset(f, self.model.solver.i64_input_key)           # exists and is whole keys
+            read_keyset(f, self.model.solver.i64_input_key)  # exists and is whole keys
         self.updates += 1
 
     def incremental(self, files: list) -> list:
         """Per embedding, this rank's (keys, vectors) of the keys in the keyset files that the table holds."""
         m = self.model
-        keys = np.unique(np.concatenate([read_keyset(f, m.solver.i64_input_key) for f in files])) \
-            if files else np.zeros(0, np.int64)
+        keys = (
+            np.unique(np.concatenate([read_keyset(f, m.solver.i64_input_key) for f in files]))
+            if files
+            else np.zeros(0, np.int64)
+        )
         out = []
         for e in m.embeddings:
             all_keys, vecs = e.dump()
@@ -186,15 +217,18 @@ def check_model(model, etc: EmbeddingTrainingCacheParams) -> None:
     if not isinstance(etc, EmbeddingTrainingCacheParams):
         raise ETCError(f"Model: the fourth argument must come from CreateETC(), got {etc!r}")
     if model.solver.repeat_dataset:
-        raise ETCError("Model: the embedding training cache runs in epoch mode only; use "
-                       "CreateSolver(repeat_dataset=False)")
+        raise ETCError(
+            "Model: the embedding training cache runs in epoch mode only; use CreateSolver(repeat_dataset=False)"
+        )
     keyset = model.reader_params.keyset
     keyset = [keyset] if isinstance(keyset, str) else list(keyset or [])
     keyset = [k for k in keyset if k]
     if len(keyset) != len(model.reader_params.source):
-        raise ETCError(f"Model: with the embedding training cache give one keyset file per training source: "
-                       f"DataReaderParams has {len(model.reader_params.source)} source(s) and {len(keyset)} "
-                       "keyset file(s)")
+        raise ETCError(
+            f"Model: with the embedding training cache give one keyset file per training source: "
+            f"DataReaderParams has {len(model.reader_params.source)} source(s) and {len(keyset)} "
+            "keyset file(s)"
+        )
     model.reader_params.keyset = keyset
 
 
@@ -203,31 +237,43 @@ def tier_for(etc: EmbeddingTrainingCacheParams, index: int, rank: int, ranks: in
     if index >= len(etc.ps_types) or etc.ps_types[index] != TrainPSType_t.Cached:
         return None
     from numbactr.config import TierSpec
-    if ranks > 1:       # same training results, only the storage differs: run it as Staged and say so
+
+    if ranks > 1:  # same training results, only the storage differs: run it as Staged and say so
         from numbactr.config import warn_ignored
-        warn_ignored("CreateETC", f"ps_types[{index}]", TrainPSType_t.Cached, "numbactr's tiered tables run on one "
-                     "rank, so on several ranks this embedding's table is held in memory (as Staged)", stacklevel=4)
+
+        warn_ignored(
+            "CreateETC",
+            f"ps_types[{index}]",
+            TrainPSType_t.Cached,
+            "numbactr's tiered tables run on one "
+            "rank, so on several ranks this embedding's table is held in memory (as Staged)",
+            stacklevel=4,
+        )
         return None
     local = etc.local_paths[rank % len(etc.local_paths)]
     os.makedirs(local, exist_ok=True)
-    path = tempfile.mkdtemp(prefix=f"numbactr_etc_{index}_", dir=local)     # scratch: removed at exit, as the
-    atexit.register(shutil.rmtree, path, True)                             # table lives on in its sparse model
+    path = tempfile.mkdtemp(prefix=f"numbactr_etc_{index}_", dir=local)  # scratch: removed at exit, as the
+    atexit.register(shutil.rmtree, path, True)  # table lives on in its sparse model
     return TierSpec(backing="memmap", path=path)
 
 
 def check_embeddings(model, etc: EmbeddingTrainingCacheParams) -> None:
     n = len(model.embeddings)
     if model.collections:
-        raise ETCError("Model: the embedding training cache works with SparseEmbedding layers, not an "
-                       "EmbeddingCollection")
+        raise ETCError(
+            "Model: the embedding training cache works with SparseEmbedding layers, not an EmbeddingCollection"
+        )
     if len(etc.ps_types) != n:
-        raise ETCError(f"CreateETC: {len(etc.ps_types)} ps_types/sparse_models for the model's {n} embeddings "
-                       f"{[e.name for e in model.embeddings]}")
+        raise ETCError(
+            f"CreateETC: {len(etc.ps_types)} ps_types/sparse_models for the model's {n} embeddings "
+            f"{[e.name for e in model.embeddings]}"
+        )
 
 
 def load_existing(model, etc: EmbeddingTrainingCacheParams) -> None:
     """compile(): the sparse models that exist become the tables (incremental training)."""
     from numbactr.files import checkpoint
+
     files = {e.name: p for e, p in zip(model.embeddings, etc.sparse_models) if _check_sparse_model(p)}
     if files:
         checkpoint.load_sparse_weights(model, files)
@@ -236,8 +282,9 @@ def load_existing(model, etc: EmbeddingTrainingCacheParams) -> None:
 def save_sparse_models(model, etc: EmbeddingTrainingCacheParams) -> None:
     """Each embedding's table into its sparse model folder: written beside it, then renamed into place."""
     from numbactr.files.checkpoint import _gather_embedding, _raw, _write_durable, on_rank0
+
     comm = model.comm
-    gathered = [_gather_embedding(e, comm) for e in model.embeddings]     # collectives
+    gathered = [_gather_embedding(e, comm) for e in model.embeddings]  # collectives
 
     def write():
         for (_, keys, vecs, slots, _), folder in zip(gathered, etc.sparse_models):

@@ -5,6 +5,7 @@
 Rank 0 prints `AverageLoss <value> AUC <value>`; the weights are the seeded initial ones, so every rank
 count scores the same predictions and must report the same metrics.
 """
+
 import os
 import sys
 

@@ -12,6 +12,7 @@ parallel over every rank, their own Ftrl, width 3 (one engine); "u", "v" static,
 (one pooled engine). Saved per collection: every step's tops (gathered over the ranks), evaluation tops, and
 every table's keys and rows (gathered from their owners, sorted by key).
 """
+
 import os
 import sys
 
@@ -32,21 +33,33 @@ B, STEPS, HOT, V = 12, 4, 3, 10
 
 def config(comm):
     ftrl = hugectr.CreateOptimizer(optimizer_type=O.Ftrl, update_type=U.Global, beta=0.2, lambda1=0.001, lambda2=0.01)
-    t = {"p": hugectr.EmbeddingTableConfig("p", V, 4), "q": hugectr.EmbeddingTableConfig("q", V, 4),
-         "r": hugectr.EmbeddingTableConfig("r", V, 4),
-         "d1": hugectr.EmbeddingTableConfig("d1", -1, 3, opt_params_or_empty=ftrl),
-         "d2": hugectr.EmbeddingTableConfig("d2", -1, 3, opt_params_or_empty=ftrl),
-         "u": hugectr.EmbeddingTableConfig("u", V, 2), "v": hugectr.EmbeddingTableConfig("v", V, 5)}
+    t = {
+        "p": hugectr.EmbeddingTableConfig("p", V, 4),
+        "q": hugectr.EmbeddingTableConfig("q", V, 4),
+        "r": hugectr.EmbeddingTableConfig("r", V, 4),
+        "d1": hugectr.EmbeddingTableConfig("d1", -1, 3, opt_params_or_empty=ftrl),
+        "d2": hugectr.EmbeddingTableConfig("d2", -1, 3, opt_params_or_empty=ftrl),
+        "u": hugectr.EmbeddingTableConfig("u", V, 2),
+        "v": hugectr.EmbeddingTableConfig("v", V, 5),
+    }
     cfg = hugectr.EmbeddingCollectionConfig()
-    for table, bottom, top, comb in [("p", "x", "p_sum", "sum"), ("q", "y", "q_cat", "concat"),
-                                     ("p", "y", "p_avg", "average"), ("r", "x", "r_sum", "sum"),
-                                     ("d1", "x", "d1_sum", "sum"), ("d2", "y", "d2_cat", "concat"),
-                                     ("d1", "y", "d1_avg", "mean"), ("u", "y", "u_avg", "average"),
-                                     ("v", "x", "v_sum", "sum")]:
+    for table, bottom, top, comb in [
+        ("p", "x", "p_sum", "sum"),
+        ("q", "y", "q_cat", "concat"),
+        ("p", "y", "p_avg", "average"),
+        ("r", "x", "r_sum", "sum"),
+        ("d1", "x", "d1_sum", "sum"),
+        ("d2", "y", "d2_cat", "concat"),
+        ("d1", "y", "d1_avg", "mean"),
+        ("u", "y", "u_avg", "average"),
+        ("v", "x", "v_sum", "sum"),
+    ]:
         cfg.embedding_lookup(t[table], bottom, top, comb)
     every = ["p", "q", "d1", "d2", "u", "v"]
-    cfg.shard([every + ["r"]] + [every for _ in range(comm.size - 1)],
-              [("mp", ["p", "q", "r", "d1", "d2"]), ("dp", ["u", "v"])])
+    cfg.shard(
+        [every + ["r"]] + [every for _ in range(comm.size - 1)],
+        [("mp", ["p", "q", "r", "d1", "d2"]), ("dp", ["u", "v"])],
+    )
     return cfg
 
 
@@ -58,15 +71,16 @@ def global_csr(rng, vocab):
 
 def rows_of(csr, r0, r1):
     keys, off = csr
-    return keys[off[r0]:off[r1]], off[r0:r1 + 1] - off[r0]
+    return keys[off[r0] : off[r1]], off[r0 : r1 + 1] - off[r0]
 
 
 def run(comm, saved, prefix):
     rng = np.random.default_rng(11)
     r0, r1 = rank_rows(B, comm.rank, comm.size)
     params = {n: hugectr.DataReaderSparseParam(n, HOT, False, 1) for n in ("x", "y")}
-    coll = C.EmbeddingCollection(config(comm), 0, params, hugectr.CreateOptimizer(optimizer_type=O.Adam,
-                                                                                  update_type=U.Global), 5, comm)
+    coll = C.EmbeddingCollection(
+        config(comm), 0, params, hugectr.CreateOptimizer(optimizer_type=O.Adam, update_type=U.Global), 5, comm
+    )
     saved[f"{prefix}_groups"] = np.array([len(coll.groups)])
     widths = [w for _, (_, _, w) in coll.tops(B)]
     for step in range(STEPS + 1):

@@ -11,6 +11,7 @@ ranks), the evaluation tops, and every table's keys and rows (gathered from thei
 Part 2, a Model on Norm files with the same placement: the losses of a few train() steps, an evaluation's
 output, and the bytes of embedding_dump.
 """
+
 import os
 import sys
 
@@ -37,8 +38,9 @@ def shard(cfg, comm):
 
 def config(vocab_a, vocab_c, bottoms):
     a = hugectr.EmbeddingTableConfig("a", vocab_a, 4)
-    b = hugectr.EmbeddingTableConfig("b", -1, 3, opt_params_or_empty=hugectr.CreateOptimizer(
-        optimizer_type=O.SGD, update_type=U.Local))
+    b = hugectr.EmbeddingTableConfig(
+        "b", -1, 3, opt_params_or_empty=hugectr.CreateOptimizer(optimizer_type=O.SGD, update_type=U.Local)
+    )
     c = hugectr.EmbeddingTableConfig("c", vocab_c, 4)
     cfg = hugectr.EmbeddingCollectionConfig()
     x, y = bottoms
@@ -58,7 +60,7 @@ def global_csr(rng, vocab, empty=True):
 
 def rows_of(csr, r0, r1):
     keys, off = csr
-    return keys[off[r0]:off[r1]], off[r0:r1 + 1] - off[r0]
+    return keys[off[r0] : off[r1]], off[r0 : r1 + 1] - off[r0]
 
 
 def tables(comm, coll) -> dict:
@@ -77,8 +79,9 @@ def part1(comm, saved):
     cfg = config(10, 8, ("x", "y"))
     shard(cfg, comm)
     params = {n: hugectr.DataReaderSparseParam(n, HOT, False, 1) for n in ("x", "y")}
-    coll = EmbeddingCollection(cfg, 0, params, hugectr.CreateOptimizer(optimizer_type=O.Adam,
-                                                                       update_type=U.Global), 5, comm)
+    coll = EmbeddingCollection(
+        cfg, 0, params, hugectr.CreateOptimizer(optimizer_type=O.Adam, update_type=U.Global), 5, comm
+    )
     widths = [w for _, (_, _, w) in coll.tops(B)]
     for step in range(STEPS):
         batch = {"x": global_csr(rng, 7), "y": global_csr(rng, 8)}
@@ -88,21 +91,36 @@ def part1(comm, saved):
             saved[f"p1_step{step}_{name}"] = comm.allgather_rows(np.ascontiguousarray(device.to_host(o)))
         coll.hold_gradients([device.xp().asarray(d[r0:r1]) for d in dys])
         coll.update(0.05, 1.0)
-    batch = {"x": global_csr(rng, 10), "y": global_csr(rng, 8)}     # x keys 8, 9: never seen by "b"
+    batch = {"x": global_csr(rng, 10), "y": global_csr(rng, 8)}  # x keys 8, 9: never seen by "b"
     for (name, _), o in zip(coll.tops(B), coll.lookup({k: rows_of(v, r0, r1) for k, v in batch.items()}, False)):
         saved[f"p1_eval_{name}"] = comm.allgather_rows(np.ascontiguousarray(device.to_host(o)))
     saved.update({f"p1_{k}": v for k, v in tables(comm, coll).items()})
 
 
 def part2(comm, saved, train, evl, dump):
-    solver = hugectr.CreateSolver(batchsize=24, batchsize_eval=24, max_eval_batches=2, lr=0.05, vvgpu=[[0]],
-                                  i64_input_key=True, use_embedding_collection=True, seed=3)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[train], eval_source=evl,
-                                      check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=24,
+        batchsize_eval=24,
+        max_eval_batches=2,
+        lr=0.05,
+        vvgpu=[[0]],
+        i64_input_key=True,
+        use_embedding_collection=True,
+        seed=3,
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[train], eval_source=evl, check_type=hugectr.Check_t.Sum
+    )
     m = hugectr.Model(solver, reader, hugectr.CreateOptimizer(optimizer_type=O.Adam, update_type=U.Global))
-    m.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=2, dense_name="dense",
-                        data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(n, 1, True, 1)
-                                                        for n in ("s0", "s1", "s2")]))
+    m.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=2,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam(n, 1, True, 1) for n in ("s0", "s1", "s2")],
+        )
+    )
     cfg = config(18, 18, ("s0", "s2"))
     shard(cfg, comm)
     m.add(cfg)
@@ -121,7 +139,7 @@ def part2(comm, saved, train, evl, dump):
     m.eval()
     saved["p2_eval"] = m.check_out_tensor("fc", hugectr.Tensor_t.Evaluate)
     m.embedding_dump(dump)
-    if comm.rank == 0:                                    # HugeCTR's layout: key<id>, weight<id> (after 128 bytes)
+    if comm.rank == 0:  # HugeCTR's layout: key<id>, weight<id> (after 128 bytes)
         ids = {t.name: j for j, t in enumerate(m.collections[0].tables)}
         for t in ("a", "b", "c"):
             for f, name in (("key", "key"), ("emb_vector", "weight")):

@@ -7,6 +7,7 @@ several ranks it runs as Staged), saves with save_params_to_files (the table int
 builds a second model on that sparse model. Rank 0 writes OUT_DIR/result.npz: dense weights, the saved
 table, the table the second model loaded (gathered), and this rank count's incremental-model key counts.
 """
+
 import os
 import sys
 import warnings
@@ -27,8 +28,12 @@ evl = os.path.join(data, "file_list.3.txt")
 sparse = os.path.join(out, "sparse")
 with warnings.catch_warnings(record=True) as rec:
     warnings.simplefilter("always")
-    etc = hugectr.CreateETC([hugectr.TrainPSType_t.Cached], [sparse], local_paths=[out],
-                            hmem_cache_configs=[hugectr.CreateHMemCache(2, 0.5, 0)])
+    etc = hugectr.CreateETC(
+        [hugectr.TrainPSType_t.Cached],
+        [sparse],
+        local_paths=[out],
+        hmem_cache_configs=[hugectr.CreateHMemCache(2, 0.5, 0)],
+    )
     m = _model([p[0] for p in parts], [p[1] for p in parts], evl, etc)
 cached_warned = any("ps_types[0]" in str(w.message) for w in rec)
 m.fit(num_epochs=1, display=100, eval_interval=100)
@@ -43,6 +48,13 @@ if comm.rank == 0:
     saved_k = np.fromfile(os.path.join(sparse, "key"), "<i8")
     saved_v = np.fromfile(os.path.join(sparse, "emb_vector"), "<f4").reshape(saved_k.size, -1)
     so = np.argsort(saved_k)
-    np.savez(os.path.join(out, "result.npz"), weights=np.asarray(m.weights), saved_keys=saved_k[so],
-             saved_vecs=saved_v[so], loaded_keys=keys[order], loaded_vecs=vecs[order], n_inc=n_inc,
-             cached_warned=np.array([cached_warned]))
+    np.savez(
+        os.path.join(out, "result.npz"),
+        weights=np.asarray(m.weights),
+        saved_keys=saved_k[so],
+        saved_vecs=saved_v[so],
+        loaded_keys=keys[order],
+        loaded_vecs=vecs[order],
+        n_inc=n_inc,
+        cached_warned=np.array([cached_warned]),
+    )

@@ -12,6 +12,7 @@ ranks), the evaluation output, and every key's vector and optimizer states (from
 plus how many lookups took the gathered exchange on each rank. tests/test_gathered_exchange.py compares R = 2
 and 3 with R = 1 bit for bit.
 """
+
 import os
 import sys
 
@@ -38,7 +39,7 @@ CONFIGS = {
     "adam_global_mean": ("mean", dict(optimizer_type=O.Adam, update_type=U.Global), 1),
     "adam_lazy_sum": ("sum", dict(optimizer_type=O.Adam, update_type=U.LazyGlobal), 1),
     "adagrad_sum": ("sum", dict(optimizer_type=O.AdaGrad, update_type=U.Local), 1),
-    "multihot_adam_mean": ("mean", dict(optimizer_type=O.Adam, update_type=U.Global), 2),   # fixed length 2
+    "multihot_adam_mean": ("mean", dict(optimizer_type=O.Adam, update_type=U.Global), 2),  # fixed length 2
 }
 
 
@@ -65,9 +66,10 @@ def main():
     saved = {}
     for name, (combiner, opt, nnz) in CONFIGS.items():
         cfg = hugectr.SparseEmbedding(E.DistributedSlotSparseEmbeddingHash, 1, D, combiner, name, "data")
-        emb = make_embedding(cfg, hugectr.DataReaderSparseParam("data", nnz, True, S),
-                             hugectr.CreateOptimizer(**opt), seed=5, comm=comm)
-        rng = np.random.default_rng(7)                          # the same global data on every rank
+        emb = make_embedding(
+            cfg, hugectr.DataReaderSparseParam("data", nnz, True, S), hugectr.CreateOptimizer(**opt), seed=5, comm=comm
+        )
+        rng = np.random.default_rng(7)  # the same global data on every rank
         outs = []
         for _ in range(STEPS):
             batch = global_batch(rng, vocab=9, nnz=nnz)
@@ -75,7 +77,7 @@ def main():
             keys, offsets = split_batch(batch, comm.rank, comm.size).sparse[0]
             if mode == "gathered" and emb._sharded is not None:
                 part = emb.exchange_key_part(keys, offsets)
-                key = emb._sharded.step_key([part] * comm.size)       # every rank has the same N here
+                key = emb._sharded.step_key([part] * comm.size)  # every rank has the same N here
                 assert key == ("gathered", (r1 - r0) * S * nnz), key
                 emb._sharded.fixed_key = key
             tape = Tape()
@@ -85,7 +87,7 @@ def main():
             outs.append(comm.allgather_rows(device.to_host(out.data)))
         emb.check_pending()
         keys, offsets = split_batch(global_batch(rng, vocab=12, nnz=nnz), comm.rank, comm.size).sparse[0]
-        evaluated = emb.forward(None, keys, offsets, r1 - r0, False)   # keys 9..11 of each slot are unseen
+        evaluated = emb.forward(None, keys, offsets, r1 - r0, False)  # keys 9..11 of each slot are unseen
         saved[f"{name}:outs"] = np.stack(outs)
         saved[f"{name}:eval"] = comm.allgather_rows(device.to_host(evaluated.data))
         saved.update({f"{name}:{k}": v for k, v in gathered_table(comm, emb).items()})

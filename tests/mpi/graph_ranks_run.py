@@ -21,6 +21,7 @@ on both ranks) and on again. Rank 0 writes OUT.json with every rank's records.
 ``gpu`` (one GPU per rank, NCCL; NUMBACTR_CUDA_GRAPHS as the caller sets it): no stand-ins; each rank
 trains 8 steps and OUT.json holds every rank's reported losses, graph counters, dense weights and
 embedding rows (key order), for tests/test_step_counts.py to compare graph steps with eager ones."""
+
 import json
 import os
 import sys
@@ -77,20 +78,33 @@ if not on_gpu:
 
 comm = world()
 folder = os.path.join(os.path.dirname(out_path), "data")
-files = tiny_data(folder, n_train=96, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=3, files=1) \
-    if comm.rank == 0 else None
+files = (
+    tiny_data(folder, n_train=96, n_eval=8, slots=SLOTS, dense=DENSE, keys_per_slot=3, files=1)
+    if comm.rank == 0
+    else None
+)
 train, evl = comm.bcast(files)
-if not on_gpu:                      # device arrays that record implicit host reads (bool(), int(), ...)
+if not on_gpu:  # device arrays that record implicit host reads (bool(), int(), ...)
     from numbactr.runtime import sim_strict  # noqa: E402
-    STRICT = sim_strict.strict()     # (held: a dropped context manager would close at once)
+
+    STRICT = sim_strict.strict()  # (held: a dropped context manager would close at once)
     STRICT.__enter__()
 #: the table: slot-owned (an exchange plan) or key-owned (the gathered exchange), GRAPH_TABLE=distributed
 key_owned = os.environ.get("GRAPH_TABLE", "localized") == "distributed"
-model = build_mlperf_dlrm(hugectr, train, evl, batch=8, dim=4, optimizer="adam", workspace_mb=1, bottom=(8,),
-                          top=(16, 8, 1), embedding_type="DistributedSlotSparseEmbeddingHash" if key_owned else
-                          "LocalizedSlotSparseEmbeddingHash")
+model = build_mlperf_dlrm(
+    hugectr,
+    train,
+    evl,
+    batch=8,
+    dim=4,
+    optimizer="adam",
+    workspace_mb=1,
+    bottom=(8,),
+    top=(16, 8, 1),
+    embedding_type="DistributedSlotSparseEmbeddingHash" if key_owned else "LocalizedSlotSparseEmbeddingHash",
+)
 emb = model.embeddings[0]
-assert on_gpu or isinstance(emb.engine.weights, sim_strict.DeviceArray)     # strict arrays
+assert on_gpu or isinstance(emb.engine.weights, sim_strict.DeviceArray)  # strict arrays
 table = emb._sharded
 assert table is not None and emb.by_slot != key_owned
 
@@ -100,7 +114,7 @@ def gathered(obj):
     mine = json.dumps(obj).encode()
     sizes = comm.allgather_rows(np.array([[len(mine)]]))[:, 0]
     rows = comm.allgather_rows(np.frombuffer(mine.ljust(int(sizes.max())), np.uint8).reshape(1, -1))
-    return [json.loads(bytes(rows[r, :sizes[r]]).decode()) for r in range(comm.size)]
+    return [json.loads(bytes(rows[r, : sizes[r]]).decode()) for r in range(comm.size)]
 
 
 def run_gpu():
@@ -114,10 +128,17 @@ def run_gpu():
     keys, vecs = emb.dump()
     order = np.argsort(keys, kind="stable")
     g = model._graphs
-    every = gathered(dict(losses=losses, dense=device.to_host(model.weights).tolist(),
-                          keys=keys[order].tolist(), rows=np.asarray(vecs)[order].tolist(),
-                          graphs=None if g is None else [g.captures, g.replays, g.disabled],
-                          exchanges=comm.count_exchanges, hits=table.plan_hits))
+    every = gathered(
+        dict(
+            losses=losses,
+            dense=device.to_host(model.weights).tolist(),
+            keys=keys[order].tolist(),
+            rows=np.asarray(vecs)[order].tolist(),
+            graphs=None if g is None else [g.captures, g.replays, g.disabled],
+            exchanges=comm.count_exchanges,
+            hits=table.plan_hits,
+        )
+    )
     if comm.rank == 0:
         with open(out_path, "w") as fh:
             json.dump(dict(ranks=comm.size, every=every), fh)
@@ -157,7 +178,9 @@ def run_sim():
 
     def recorded_call(self, *args):
         if not (self._device or kernel._kernel_context):
-            launches.append([self.fn.__name__, list(self.grid_dim), list(self.block_dim), [repr(_scalar(a)) for a in args]])
+            launches.append(
+                [self.fn.__name__, list(self.grid_dim), list(self.block_dim), [repr(_scalar(a)) for a in args]]
+            )
         return call(self, *args)
 
     kernel.FakeCUDAKernel.__call__ = recorded_call
@@ -175,17 +198,27 @@ def run_sim():
         collected = list(collectives)
         collectives.clear()
         g = model._graphs
-        steps.append(dict(
-            agreed=agreed[0] if agreed else "no agreement",
-            host_reads=launch.reset_counts()["host_reads"] + len(implicit), implicit=implicit,
-            count_exchanges=comm.count_exchanges - exchanges, plan_hits=table.plan_hits - hits,
-            calls=comm.calls - calls, launches=list(launches), collectives=collected,
-            graphs=None if g is None else dict(eager=g.eager, captures=g.captures, replays=g.replays,
-                                               disabled=g.disabled, kept=len(g.graphs))))
+        steps.append(
+            dict(
+                agreed=agreed[0] if agreed else "no agreement",
+                host_reads=launch.reset_counts()["host_reads"] + len(implicit),
+                implicit=implicit,
+                count_exchanges=comm.count_exchanges - exchanges,
+                plan_hits=table.plan_hits - hits,
+                calls=comm.calls - calls,
+                launches=list(launches),
+                collectives=collected,
+                graphs=None
+                if g is None
+                else dict(
+                    eager=g.eager, captures=g.captures, replays=g.replays, disabled=g.disabled, kept=len(g.graphs)
+                ),
+            )
+        )
 
     for _ in range(7):
         one_step()
-    if comm.rank == 1:                        # this rank alone cannot make the next step a graph
+    if comm.rank == 1:  # this rank alone cannot make the next step a graph
         model._graphs.disabled = "rank 1 says no"
     one_step()
     if comm.rank == 1:

@@ -10,6 +10,7 @@ sees the same machine load:
   waitany   rejected: one MPI_Waitany over the collective and the receive of departure notes
 Rank 0 prints the median step time of each and the median over rounds of its ratio to blocking.
 """
+
 import os
 import sys
 import tempfile
@@ -75,9 +76,16 @@ def waitany_wait(req):
         g.check()
 
 
-WAYS = {"blocking": {"allreduce_sum": blocking_allreduce_sum, "allgather_rows": blocking_allgather_rows,
-                     "alltoallv": blocking_alltoallv},
-        "guarded": {}, "poll": {"_wait": poll_wait}, "waitany": {"_wait": waitany_wait}}
+WAYS = {
+    "blocking": {
+        "allreduce_sum": blocking_allreduce_sum,
+        "allgather_rows": blocking_allgather_rows,
+        "alltoallv": blocking_alltoallv,
+    },
+    "guarded": {},
+    "poll": {"_wait": poll_wait},
+    "waitany": {"_wait": waitany_wait},
+}
 
 
 def use(way):
@@ -88,9 +96,14 @@ def use(way):
 
 
 def main(rounds):
-    with tempfile.TemporaryDirectory() as folder:       # each rank writes the same tiny data (same seed)
-        model = tiny_dlrm(*tiny_data(folder, n_train=240, n_eval=96), batch=12, lr=0.05,
-                          optimizer=hugectr.Optimizer_t.SGD, update=hugectr.Update_t.Local)
+    with tempfile.TemporaryDirectory() as folder:  # each rank writes the same tiny data (same seed)
+        model = tiny_dlrm(
+            *tiny_data(folder, n_train=240, n_eval=96),
+            batch=12,
+            lr=0.05,
+            optimizer=hugectr.Optimizer_t.SGD,
+            update=hugectr.Update_t.Local,
+        )
         for _ in range(5):
             model.train()
         ms = {way: [] for way in WAYS}
@@ -109,8 +122,11 @@ def main(rounds):
         print(f"{comm.size} ranks, tiny DLRM training step, {rounds} interleaved rounds of 50 steps:")
         for way, v in ms.items():
             v = np.array(v)
-            print(f"  {way:9s} median {np.median(v):7.3f} ms (best round {v.min():6.3f} ms), median ratio to "
-                  f"blocking {np.median(v / base):.2f}", flush=True)
+            print(
+                f"  {way:9s} median {np.median(v):7.3f} ms (best round {v.min():6.3f} ms), median ratio to "
+                f"blocking {np.median(v / base):.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

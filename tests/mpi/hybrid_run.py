@@ -9,6 +9,7 @@ one on the keys offset by slot) and look up an evaluation batch. Rank 0 writes t
 every step, the evaluation outputs and both tables as dumped (the one-hot format), sorted by key.
 tests/test_hybrid_embedding.py compares them with each other and with R = 1.
 """
+
 import os
 import sys
 
@@ -40,10 +41,14 @@ def global_batch(rng) -> Batch:
 
 
 def build(etype, comm, param=None):
-    cfg = hugectr.SparseEmbedding(etype, 1, D, "sum", "e", "data", slot_size_array=SIZES,
-                                  hybrid_embedding_param=param)
-    return make_embedding(cfg, hugectr.DataReaderSparseParam("data", 1, True, S),
-                          hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD), seed=3, comm=comm)
+    cfg = hugectr.SparseEmbedding(etype, 1, D, "sum", "e", "data", slot_size_array=SIZES, hybrid_embedding_param=param)
+    return make_embedding(
+        cfg,
+        hugectr.DataReaderSparseParam("data", 1, True, S),
+        hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t.SGD),
+        seed=3,
+        comm=comm,
+    )
 
 
 def step(emb, keys, offsets, rows, dy, training=True):
@@ -58,9 +63,16 @@ def step(emb, keys, offsets, rows, dy, training=True):
 def main(path: str) -> None:
     comm = world()
     rng = np.random.default_rng(0)
-    param = hugectr.HybridEmbeddingParam(1000, -1, 0.26, 1.3e11, 1.9e11, 1.0,
-                                         hugectr.CommunicationType.NVLink_SingleNode,
-                                         hugectr.HybridEmbeddingType.Distributed)
+    param = hugectr.HybridEmbeddingParam(
+        1000,
+        -1,
+        0.26,
+        1.3e11,
+        1.9e11,
+        1.0,
+        hugectr.CommunicationType.NVLink_SingleNode,
+        hugectr.HybridEmbeddingType.Distributed,
+    )
     hyb, one = build(E.HybridSparseEmbedding, comm, param), build(E.LocalizedSlotSparseEmbeddingOneHot, comm)
     stats = [split_batch(global_batch(rng), comm.rank, comm.size) for _ in range(STAT_ITERS)]
     hyb.take_statistics([(b.sparse[0][0], b.sparse[0][1], b.size) for b in stats], B, STAT_ITERS)
@@ -72,7 +84,7 @@ def main(path: str) -> None:
         rows = mine.label.shape[0]
         dy = np.random.default_rng(100 + t).normal(0, 1, (B, S, D)).astype(np.float32)
         r0 = comm.rank * rows
-        dy = device.xp().asarray(dy[r0:r0 + rows])
+        dy = device.xp().asarray(dy[r0 : r0 + rows])
         training = t < STEPS
         slot = np.arange(keys.shape[0]) % S
         out_h = step(hyb, device.xp().asarray(keys), offsets, rows, dy, training)
@@ -85,7 +97,11 @@ def main(path: str) -> None:
     for tag, emb in (("hyb", hyb), ("one", one)):
         keys, vecs = emb.dump()
         slots = emb.dump_slots()
-        k, v, s = comm.gather_rows(keys.astype(np.int64)), comm.gather_rows(vecs), comm.gather_rows(slots.astype(np.int64))
+        k, v, s = (
+            comm.gather_rows(keys.astype(np.int64)),
+            comm.gather_rows(vecs),
+            comm.gather_rows(slots.astype(np.int64)),
+        )
         if comm.rank == 0:
             order = np.argsort(k)
             res[f"{tag}:keys"], res[f"{tag}:vecs"], res[f"{tag}:slots"] = k[order], v[order], s[order]

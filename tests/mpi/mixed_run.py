@@ -6,6 +6,7 @@ Two models, one after the other: "ok" at scaler 1024 and "over" at scaler 1e30 (
 Rank 0 writes, per model, the loss of every step, the dense weights after the last step, every key's
 final embedding vector (gathered from its owner) and each rank's count of skipped (overflowed) steps.
 """
+
 import os
 import sys
 import warnings
@@ -26,8 +27,14 @@ def train(train, evl, scaler: float, steps: int, comm) -> dict:
     create = hugectr.CreateSolver
     hugectr.CreateSolver = lambda **kw: create(**kw, use_mixed_precision=True, scaler=scaler)
     try:
-        model = tiny_dlrm(train, evl, batch=12, lr=0.05, optimizer=hugectr.Optimizer_t.Adam,
-                          embedding=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash)
+        model = tiny_dlrm(
+            train,
+            evl,
+            batch=12,
+            lr=0.05,
+            optimizer=hugectr.Optimizer_t.Adam,
+            embedding=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+        )
     finally:
         hugectr.CreateSolver = create
     w0 = device.to_host(model.weights).copy()
@@ -41,8 +48,14 @@ def train(train, evl, scaler: float, steps: int, comm) -> dict:
     all_keys, all_vecs = comm.allgather_rows(keys), comm.allgather_rows(vecs)
     order = np.argsort(all_keys)
     skipped = comm.allgather_rows(np.array([[model.skipped_steps]], np.int64)).reshape(-1)
-    return dict(losses=np.array(losses), weights0=w0, weights=device.to_host(model.weights),
-                keys=all_keys[order], vecs=all_vecs[order], skipped=skipped)
+    return dict(
+        losses=np.array(losses),
+        weights0=w0,
+        weights=device.to_host(model.weights),
+        keys=all_keys[order],
+        vecs=all_vecs[order],
+        skipped=skipped,
+    )
 
 
 def main():

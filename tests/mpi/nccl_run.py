@@ -1,6 +1,7 @@
 """Run under ``mpiexec -n 2`` with NUMBACTR_DEVICE=gpu (tests/test_gpu_select.py): each rank takes its own GPU
 from its local rank, and Comm's device collectives (allreduce_sum float32/float16, alltoallv) give the same
 results by NCCL (one GPU per rank) or by host-staged MPI (ranks sharing a GPU). Prints one line per rank."""
+
 import numbactr  # noqa: F401  (first: starts MPI, resolves nothing yet)
 from numbactr.runtime import device
 from numbactr.distributed.comm import world

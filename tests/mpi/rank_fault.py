@@ -14,6 +14,7 @@ collective more than the others), clean_end (a normal end: RANK finishes 3 s aft
 rank catches a sys.exit(5), finalizes MPI itself and ends with sys.exit(0)).
 THREADS: mpi4py's thread level (default multiple; with less the guard has no watchdog thread).
 """
+
 import os
 import signal
 import subprocess
@@ -42,8 +43,9 @@ def fail():
             os.write(1, b"rank %d logs a line before it fails\n" % comm.rank * 60000)
         if FAULT == "stall_raise":
             proxy = os.getppid()
-            subprocess.Popen([sys.executable, "-c", f"import os, signal, time; time.sleep(1); "
-                                                    f"os.kill({proxy}, signal.SIGCONT)"])
+            subprocess.Popen(
+                [sys.executable, "-c", f"import os, signal, time; time.sleep(1); os.kill({proxy}, signal.SIGCONT)"]
+            )
             os.kill(proxy, signal.SIGSTOP)
         raise RuntimeError(f"planted failure on rank {comm.rank} at step {AT}")
     if FAULT in ("exit3", "exit0"):
@@ -65,8 +67,7 @@ def at_step(step):
 
 
 at_step(-1)
-model = tiny_dlrm(TRAIN, EVAL, batch=12, lr=0.05, optimizer=hugectr.Optimizer_t.SGD,
-                  update=hugectr.Update_t.Local)
+model = tiny_dlrm(TRAIN, EVAL, batch=12, lr=0.05, optimizer=hugectr.Optimizer_t.SGD, update=hugectr.Update_t.Local)
 for step in range(4):
     at_step(step)
     assert model.train()
@@ -81,5 +82,6 @@ if FAULT == "clean_end":
     except SystemExit:
         pass
     from mpi4py import MPI
+
     MPI.Finalize()
     sys.exit(0)

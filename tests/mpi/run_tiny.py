@@ -11,6 +11,7 @@ Rank 0 writes: the loss of every step, the dense weights after the last step, th
 the embedding output (whole global batch, gathered from all ranks) of the first step, and every
 key's final embedding vector (gathered from its owner).
 """
+
 import os
 import sys
 
@@ -38,8 +39,15 @@ def main():
 
 def train_one(out, train, evl, emb, opt, update, steps, fail_at):
     comm = world()
-    model = tiny_dlrm(train, evl, batch=12, lr=0.05, optimizer=hugectr.Optimizer_t[opt],
-                      update=hugectr.Update_t[update], embedding=hugectr.Embedding_t[emb])
+    model = tiny_dlrm(
+        train,
+        evl,
+        batch=12,
+        lr=0.05,
+        optimizer=hugectr.Optimizer_t[opt],
+        update=hugectr.Update_t[update],
+        embedding=hugectr.Embedding_t[emb],
+    )
     e = model.embeddings[0]
     losses, first = [], {}
     captured = {}
@@ -64,8 +72,16 @@ def train_one(out, train, evl, emb, opt, update, steps, fail_at):
     order = np.argsort(all_keys)
     metrics = dict(model.eval_whole_source())
     if comm.rank == 0:
-        np.savez(out, losses=np.array(losses), weights=device.to_host(model.weights), wgrad=first["wgrad"],
-                 emb_out=emb_out, keys=all_keys[order], vecs=all_vecs[order], auc=metrics["AUC"])
+        np.savez(
+            out,
+            losses=np.array(losses),
+            weights=device.to_host(model.weights),
+            wgrad=first["wgrad"],
+            emb_out=emb_out,
+            keys=all_keys[order],
+            vecs=all_vecs[order],
+            auc=metrics["AUC"],
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 force (the default): the device path runs on the cpu device too (its arrays are NumPy's, exchanged by
 MPI), which checks its gathers, splits and scatter against the one-rank run without a GPU. auto: the
 path the job picks (NCCL on GPUs of their own). Each rank prints how many lookups took the device path."""
+
 import os
 import runpy
 import sys

@@ -21,6 +21,7 @@
 
 The hooks live here, in the child, never in numbactr.
 """
+
 import os
 import shutil
 import signal
@@ -38,28 +39,58 @@ from numbactr.runtime import device  # noqa: E402
 from numbactr.distributed import comm as comm_module  # noqa: E402
 
 #: embedding type -> (optimizer, update) used with it in the rank tests
-OPTIMIZERS = {"DistributedSlotSparseEmbeddingHash": ("Adam", "Global"),
-              "LocalizedSlotSparseEmbeddingHash": ("Adam", "Local"),
-              "LocalizedSlotSparseEmbeddingOneHot": ("AdaGrad", "Local")}
+OPTIMIZERS = {
+    "DistributedSlotSparseEmbeddingHash": ("Adam", "Global"),
+    "LocalizedSlotSparseEmbeddingHash": ("Adam", "Local"),
+    "LocalizedSlotSparseEmbeddingOneHot": ("AdaGrad", "Local"),
+}
 
 
-def build(train, evl, emb="LocalizedSlotSparseEmbeddingHash", opt="Adam", update="Global", seed=0, batch=12,
-          slots=3, dense=2, vec=4, bn=True, sizes=None):
+def build(
+    train,
+    evl,
+    emb="LocalizedSlotSparseEmbeddingHash",
+    opt="Adam",
+    update="Global",
+    seed=0,
+    batch=12,
+    slots=3,
+    dense=2,
+    vec=4,
+    bn=True,
+    sizes=None,
+):
     """A tiny DLRM over tests.model_util.tiny_data, with a BatchNorm (so snapshots carry a .ntp.json)
     unless bn=False: BatchNorm statistics are per rank, so only without it do R ranks train exactly as
     one. ``sizes``: the embedding's slot_size_array (default: 6 per slot for OneHot, none otherwise)."""
-    solver = hugectr.CreateSolver(batchsize=batch, batchsize_eval=batch, max_eval_batches=4, lr=0.05,
-                                  vvgpu=[[0]], i64_input_key=True, seed=seed)
-    reader = hugectr.DataReaderParams(data_reader_type=hugectr.DataReaderType_t.Norm, source=[train],
-                                      eval_source=evl, check_type=hugectr.Check_t.Sum)
+    solver = hugectr.CreateSolver(
+        batchsize=batch, batchsize_eval=batch, max_eval_batches=4, lr=0.05, vvgpu=[[0]], i64_input_key=True, seed=seed
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[train], eval_source=evl, check_type=hugectr.Check_t.Sum
+    )
     optimizer = hugectr.CreateOptimizer(optimizer_type=hugectr.Optimizer_t[opt], update_type=hugectr.Update_t[update])
     model = hugectr.Model(solver, reader, optimizer)
-    model.add(hugectr.Input(label_dim=1, label_name="label", dense_dim=dense, dense_name="dense",
-                            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, slots)]))
-    model.add(hugectr.SparseEmbedding(embedding_type=hugectr.Embedding_t[emb], workspace_size_per_gpu_in_mb=1,
-                                      embedding_vec_size=vec, combiner="sum", sparse_embedding_name="emb",
-                                      bottom_name="data1",
-                                      slot_size_array=sizes or ([6] * slots if "OneHot" in emb else [])))
+    model.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=dense,
+            dense_name="dense",
+            data_reader_sparse_param_array=[hugectr.DataReaderSparseParam("data1", 1, True, slots)],
+        )
+    )
+    model.add(
+        hugectr.SparseEmbedding(
+            embedding_type=hugectr.Embedding_t[emb],
+            workspace_size_per_gpu_in_mb=1,
+            embedding_vec_size=vec,
+            combiner="sum",
+            sparse_embedding_name="emb",
+            bottom_name="data1",
+            slot_size_array=sizes or ([6] * slots if "OneHot" in emb else []),
+        )
+    )
     L = hugectr.Layer_t
     model.add(hugectr.DenseLayer(L.InnerProduct, ["dense"], ["fc1"], num_output=vec))
     if bn:
@@ -90,11 +121,14 @@ def state(model) -> dict:
     comm, e = model.comm, model.embeddings[0]
     keys, vecs = e.dump()
     slots = e.dump_slots()
-    states = [s[:keys.shape[0]] for s in e.dump_states()]           # row j = the state of key j
+    states = [s[: keys.shape[0]] for s in e.dump_states()]  # row j = the state of key j
     keys = comm.allgather_rows(keys)
     order = np.argsort(keys)
-    out = {"weights": np.array(device.to_host(model.weights)), "keys": keys[order],
-           "vecs": comm.allgather_rows(vecs)[order]}
+    out = {
+        "weights": np.array(device.to_host(model.weights)),
+        "keys": keys[order],
+        "vecs": comm.allgather_rows(vecs)[order],
+    }
     if slots is not None:
         out["slots"] = comm.allgather_rows(slots)[order]
     for k, s in enumerate(model.dense_optimizer.states):
@@ -102,8 +136,10 @@ def state(model) -> dict:
     for k, s in enumerate(states):
         out[f"sparse_state{k}"] = comm.allgather_rows(s)[order]
     for j, b in enumerate(checkpoint.norm_layers(model)):
-        out[f"bn{j}_mean"], out[f"bn{j}_var"] = (np.array(device.to_host(b.running_mean)),
-                                              np.array(device.to_host(b.running_var)))
+        out[f"bn{j}_mean"], out[f"bn{j}_var"] = (
+            np.array(device.to_host(b.running_mean)),
+            np.array(device.to_host(b.running_var)),
+        )
     return out
 
 
@@ -125,8 +161,8 @@ def arm(kill_at: int, kill_rank: int, hook: str) -> list:
 
         def write(path, data):
             if boundary():
-                with open(path, "wb") as f:                   # a torn write: half the bytes, then the kill
-                    f.write(memoryview(data)[:memoryview(data).nbytes // 2])
+                with open(path, "wb") as f:  # a torn write: half the bytes, then the kill
+                    f.write(memoryview(data)[: memoryview(data).nbytes // 2])
                 die()
             real_write(path, data)
 
@@ -193,7 +229,7 @@ def kill_each(folder, train, evl, count):
             code = 0
             try:
                 kill(sub, train, evl, k, 0, "files")
-            except BaseException:           # noqa: BLE001 (the child reports, the parent judges)
+            except BaseException:  # noqa: BLE001 (the child reports, the parent judges)
                 traceback.print_exc()
                 code = 1
             os._exit(code)
@@ -229,7 +265,7 @@ def load(folder, train, evl, *saved_ranks):
     for emb, (opt, update) in OPTIMIZERS.items():
         for r in saved_ranks:
             out = os.path.join(folder, f"{emb}_R{r}")
-            model = build(train, evl, emb, opt, update, seed=11, bn=False)      # other initial weights
+            model = build(train, evl, emb, opt, update, seed=11, bn=False)  # other initial weights
             load_all(model, os.path.join(out, "ck"), 3)
             got = state(model)
             auc = dict(model.eval_whole_source())["AUC"]
@@ -237,8 +273,12 @@ def load(folder, train, evl, *saved_ranks):
                 model.train()
             cont = state(model)
             if comm.rank == 0:
-                np.savez(os.path.join(out, f"load_R{comm.size}.npz"), auc=auc, **got,
-                         **{"cont_" + k: v for k, v in cont.items()})
+                np.savez(
+                    os.path.join(out, f"load_R{comm.size}.npz"),
+                    auc=auc,
+                    **got,
+                    **{"cont_" + k: v for k, v in cont.items()},
+                )
 
 
 def fail(folder, train, evl):
@@ -247,7 +287,7 @@ def fail(folder, train, evl):
     model = build(train, evl)
     try:
         model.save_params_to_files(os.path.join(folder, "missing", "ck"), 1)
-    except Exception as e:          # noqa: BLE001 (what each rank raises is the test)
+    except Exception as e:  # noqa: BLE001 (what each rank raises is the test)
         print(f"rank {comm.rank} raised {type(e).__name__}: {e}", flush=True)
 
 

@@ -16,6 +16,7 @@ optimizers, loads them (torch.load) and trains on: the results must be those of 
 With `dump DIR`, the trained tables go to DIR in SOK's files (sok.dump, with their optimizers' states), and
 every rank loads DIR into a fresh model (sok.load) and checks its own rows and states came back.
 """
+
 import io
 import os
 import sys
@@ -45,8 +46,9 @@ class Model(torch.nn.Module):
         self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
 
     def embeddings(self, batch):
-        var, dyn, loc = sok.lookup_sparse([self.var, self.dyn, self.loc], [batch["var"], batch["dyn"], batch["loc"]],
-                                          combiners=["sum", "mean", "sum"])
+        var, dyn, loc = sok.lookup_sparse(
+            [self.var, self.dyn, self.loc], [batch["var"], batch["dyn"], batch["loc"]], combiners=["sum", "mean", "sum"]
+        )
         parts = [self.dist(batch["dist"]), self.dense(batch["dense"]), var, dyn, loc]
         return torch.cat([p.reshape(p.shape[0], -1) for p in parts], 1)
 
@@ -62,23 +64,33 @@ def ragged(rng, bags, most, high):
 
 def rows_of(values, offsets, lo, hi):
     """(values, offsets) of bags lo..hi-1."""
-    o = offsets[lo:hi + 1]
-    return torch.from_numpy(values[o[0]:o[-1]]), torch.from_numpy(o - o[0])
+    o = offsets[lo : hi + 1]
+    return torch.from_numpy(values[o[0] : o[-1]]), torch.from_numpy(o - o[0])
 
 
 def global_batch(rng, vocab):
     """The global batch as numpy pieces (every rank draws the same)."""
     dist_keys, dist_off = ragged(rng, B * S, 3, vocab)
     dyn_keys, dyn_off = ragged(rng, B, 3, vocab)
-    return dict(dist=(dist_keys + (dist_keys % S) * (1 << 33), dist_off), dense=rng.integers(0, 16, (B, 2, 2)),
-                var=rng.integers(0, 20, (B, 2)), dyn=(dyn_keys * (1 << 30), dyn_off), loc=rng.integers(0, 7, (B, 1)),
-                label=(rng.random((B, 1)) < 0.5).astype(np.float32))
+    return dict(
+        dist=(dist_keys + (dist_keys % S) * (1 << 33), dist_off),
+        dense=rng.integers(0, 16, (B, 2, 2)),
+        var=rng.integers(0, 20, (B, 2)),
+        dyn=(dyn_keys * (1 << 30), dyn_off),
+        loc=rng.integers(0, 7, (B, 1)),
+        label=(rng.random((B, 1)) < 0.5).astype(np.float32),
+    )
 
 
 def local(batch, r0, r1):
-    return dict(dist=rows_of(*batch["dist"], r0 * S, r1 * S), dense=torch.from_numpy(batch["dense"][r0:r1]),
-                var=torch.from_numpy(batch["var"][r0:r1]), dyn=rows_of(*batch["dyn"], r0, r1),
-                loc=torch.from_numpy(batch["loc"][r0:r1]), label=torch.from_numpy(batch["label"][r0:r1]))
+    return dict(
+        dist=rows_of(*batch["dist"], r0 * S, r1 * S),
+        dense=torch.from_numpy(batch["dense"][r0:r1]),
+        var=torch.from_numpy(batch["var"][r0:r1]),
+        dyn=rows_of(*batch["dyn"], r0, r1),
+        loc=torch.from_numpy(batch["loc"][r0:r1]),
+        label=torch.from_numpy(batch["label"][r0:r1]),
+    )
 
 
 def gathered_tables(comm, model) -> dict:
@@ -95,9 +107,9 @@ def gathered_tables(comm, model) -> dict:
 def build(comm):
     """The model and its two optimizers, fresh (sok.init first: the tables' seeds follow creation order)."""
     sok.init(seed=3, set_torch_threads=False)
-    torch.manual_seed(100 + comm.rank)          # different dense weights on every rank...
+    torch.manual_seed(100 + comm.rank)  # different dense weights on every rank...
     model = Model()
-    sok.broadcast_parameters(model)             # ...until rank 0's reach them all
+    sok.broadcast_parameters(model)  # ...until rank 0's reach them all
     variables = [model.var.placeholder, model.dyn.placeholder]
     rest = [p for p in model.parameters() if all(p is not v for v in variables)]
     return model, sok.OptimizerWrapper(torch.optim.Adam(rest, lr=0.05)), sok.Adam(variables, learning_rate=0.05)
@@ -115,7 +127,7 @@ def main():
     rng = np.random.default_rng(7)
     saved = {k: [] for k in ("emb", "logits", "loss")}
     for step in range(STEPS):
-        if resume and step == 2:                # each rank its own checkpoint, into a fresh model
+        if resume and step == 2:  # each rank its own checkpoint, into a fresh model
             buf = io.BytesIO()
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "vars": opt_vars.state_dict()}, buf)
             model, opt, opt_vars = build(comm)
@@ -150,10 +162,10 @@ def main():
             for k in sa["states"]:
                 assert np.array_equal(sa["states"][k][oa], sb["states"][k][ob]), (name, k)
     result = {k: np.stack(v) for k, v in saved.items()}
-    result.update(gathered_tables(comm, model))     # the trained tables (an evaluation lookup inserts keys)
+    result.update(gathered_tables(comm, model))  # the trained tables (an evaluation lookup inserts keys)
     model.eval()
     with torch.no_grad():
-        _, logits = model(local(global_batch(rng, vocab=14), r0, r1))      # keys 10..13 were never seen
+        _, logits = model(local(global_batch(rng, vocab=14), r0, r1))  # keys 10..13 were never seen
     result["eval"] = comm.allgather_rows(logits.numpy())
     result.update({f"mlp:{k}": v.numpy() for k, v in model.mlp.state_dict().items()})
     if comm.rank == 0:

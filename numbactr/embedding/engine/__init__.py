@@ -63,15 +63,51 @@ count (and do their key bookkeeping on the host).
 Bounds check order: offsets are repaired and every unkeyed index checked before a keyed table is touched,
 so a FATAL batch raises with the hash tables unchanged.
 """
+
 # the names other modules import from numbactr.embedding.engine (re-exported)
 from numbactr.embedding.engine.buffers import fill_uniform_rows, lerp_halves_of  # noqa: F401
 from numbactr.embedding.engine.core import TableBatchedEmbedding
-from numbactr.embedding.engine.specs import (FIXED_HYPER_PARAMETERS, IMPLS, MAX_DIM, BoundsCheck,  # noqa: F401
-                                             CounterRegularization, CounterWeightDecay, EmbeddingBoundsError,
-                                             FloatRows, Grads, Layout, LookupContext, Optim, OptimizerSpec,
-                                             Pooling, Precision, SparseRowGrad, TableSpec, UpdateType,
-                                             WeightDecay, _as_table, _check_optimizer, state_specs)
+from numbactr.embedding.engine.specs import (
+    FIXED_HYPER_PARAMETERS as FIXED_HYPER_PARAMETERS,
+    IMPLS,
+    MAX_DIM as MAX_DIM,
+    BoundsCheck,  # noqa: F401
+    CounterRegularization,
+    CounterWeightDecay,
+    EmbeddingBoundsError,
+    FloatRows as FloatRows,
+    Grads,
+    Layout,
+    LookupContext,
+    Optim,
+    OptimizerSpec,
+    Pooling,
+    Precision,
+    SparseRowGrad,
+    TableSpec,
+    UpdateType,
+    WeightDecay,
+    _as_table as _as_table,
+    _check_optimizer as _check_optimizer,
+    state_specs as state_specs,
+)
 
-__all__ = ["TableBatchedEmbedding", "TableSpec", "OptimizerSpec", "LookupContext", "Grads", "SparseRowGrad",
-           "Pooling", "Layout", "BoundsCheck", "Precision", "Optim", "UpdateType", "WeightDecay",
-           "CounterRegularization", "CounterWeightDecay", "EmbeddingBoundsError", "IMPLS"]
+__all__ = [
+    "TableBatchedEmbedding",
+    "TableSpec",
+    "OptimizerSpec",
+    "LookupContext",
+    "Grads",
+    "SparseRowGrad",
+    "Pooling",
+    "Layout",
+    "BoundsCheck",
+    "Precision",
+    "Optim",
+    "UpdateType",
+    "WeightDecay",
+    "CounterRegularization",
+    "CounterWeightDecay",
+    "EmbeddingBoundsError",
+    "IMPLS",
+]

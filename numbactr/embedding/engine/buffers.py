@@ -3,6 +3,7 @@
 fill_uniform_rows draws every value from a hash of (seed, linear row, d) (numbactr.kernels.embedding_init), so
 a table starts the same on every device and however it is chunked.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,22 +24,26 @@ def _zeros(n: int, dtype, huge: bool = True):
     return host_zeros(n, dtype, huge)
 
 
-FILL_CHUNK_ELEMS = 1 << 22         # values per chunk of fill_uniform_rows: its temporaries stay near 200 MB
+FILL_CHUNK_ELEMS = 1 << 22  # values per chunk of fill_uniform_rows: its temporaries stay near 200 MB
 
 
-def fill_uniform_rows(view, first_lin: int, seed: int, lo: float, hi: float, row_scale=None,
-                      what: str = "an embedding table") -> None:
+def fill_uniform_rows(
+    view, first_lin: int, seed: int, lo: float, hi: float, row_scale=None, what: str = "an embedding table"
+) -> None:
     """view (V, D) = U(lo, hi) from the hash of (seed, first_lin + row, d) (kernels.embedding_init), times
     row_scale[row] ((V,) float32) where given: the same values on every device. It runs in chunks of rows,
     because the hash's NumPy reference holds several 8-byte temporaries per value (a whole table at once
     needed 6x the table's size), and first checks that the host memory it will touch is there (a table
     initialized past the machine's memory is otherwise killed by the kernel without a word)."""
     V, D = view.shape
-    xp = np if device.is_host_array(view) else device.xp()     # (a tiered table's rows are host memory)
+    xp = np if device.is_host_array(view) else device.xp()  # (a tiered table's rows are host memory)
     if xp is np:
-        check_fits(V * D * view.dtype.itemsize, f"initializing {what} ({V} rows x {D})",
-                   "shrink the table (slot_size_array, max_vocabulary_size) or keep it in a tiered store "
-                   "(numbactr.embedding.tiered)")
+        check_fits(
+            V * D * view.dtype.itemsize,
+            f"initializing {what} ({V} rows x {D})",
+            "shrink the table (slot_size_array, max_vocabulary_size) or keep it in a tiered store "
+            "(numbactr.embedding.tiered)",
+        )
     step = max(1, FILL_CHUNK_ELEMS // max(D, 1))
     for a in range(0, V, step):
         b = min(V, a + step)

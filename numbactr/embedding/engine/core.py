@@ -4,6 +4,7 @@ The contract is the package's docstring (numbactr/embedding/engine/__init__.py);
 by one implementation per device, picked at construction: impl_ref.py (NumPy), impl_cpu.py (compiled CPU),
 impl_kernels.py (numba.cuda, the gpu and sim devices). Everything they share lives here.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,11 +24,25 @@ from numbactr.embedding.engine.buffers import _zeros, fill_uniform_rows
 from numbactr.embedding.engine.impl_cpu import _CpuImpl
 from numbactr.embedding.engine.impl_kernels import _KernelImpl
 from numbactr.embedding.engine.impl_ref import _RefImpl
-from numbactr.embedding.engine.specs import (FIXED_HYPER_PARAMETERS, IMPLS, BoundsCheck, EmbeddingBoundsError,
-                                             FloatRows, Grads, Layout, LookupContext, Optim, OptimizerSpec,
-                                             Pooling, Precision, _as_table, _check_optimizer, state_specs)
+from numbactr.embedding.engine.specs import (
+    FIXED_HYPER_PARAMETERS,
+    IMPLS,
+    BoundsCheck,
+    EmbeddingBoundsError,
+    FloatRows,
+    Grads,
+    Layout,
+    LookupContext,
+    Optim,
+    OptimizerSpec,
+    Pooling,
+    Precision,
+    _as_table,
+    _check_optimizer,
+    state_specs,
+)
 
-DECODE_CHUNK_ELEMS = 1 << 22      # values per chunk an INT8 lookup decodes at a time (its temporaries ~50 MB)
+DECODE_CHUNK_ELEMS = 1 << 22  # values per chunk an INT8 lookup decodes at a time (its temporaries ~50 MB)
 
 _IMPLS = {"ref": _RefImpl, "cpu": _CpuImpl, "kernels": _KernelImpl}
 
@@ -39,11 +54,24 @@ class TableBatchedEmbedding:
     defer_checks = False
     _bounds_rec = None
 
-    def __init__(self, tables, feature_table_map=None, *, pooling=Pooling.SUM,
-                 optimizer: OptimizerSpec | None = None, weights_precision=Precision.FP32,
-                 output_dtype=Precision.FP32, bounds_check=BoundsCheck.WARNING,
-                 stochastic_rounding: bool = True, layout=Layout.FEATURE_MAJOR, seed: int = 0,
-                 impl: str | None = None, pad_rows: bool = True, row_codecs=None, table_align: int = 1):
+    def __init__(
+        self,
+        tables,
+        feature_table_map=None,
+        *,
+        pooling=Pooling.SUM,
+        optimizer: OptimizerSpec | None = None,
+        weights_precision=Precision.FP32,
+        output_dtype=Precision.FP32,
+        bounds_check=BoundsCheck.WARNING,
+        stochastic_rounding: bool = True,
+        layout=Layout.FEATURE_MAJOR,
+        seed: int = 0,
+        impl: str | None = None,
+        pad_rows: bool = True,
+        row_codecs=None,
+        table_align: int = 1,
+    ):
         self.tables = [_as_table(t) for t in tables]
         if not self.tables:
             raise ValueError("TableBatchedEmbedding needs at least one table")
@@ -103,7 +131,7 @@ class TableBatchedEmbedding:
             # rows padded to 16 bytes of weights (aligned reads); pad_rows=False keeps rows of D_t values, for a
             # caller whose buffers must have FBGEMM's unpadded layout (the dense TBE's flat parameter)
             lane = (8 if self.weights_precision == Precision.FP16 else 4) if pad_rows else 1
-            self.strides = -(-dims // lane) * lane                           # (T,) padded widths
+            self.strides = -(-dims // lane) * lane  # (T,) padded widths
         # table_align > 1 rounds each table's size up (FBGEMM's inference TBE: 128-byte cache lines)
         sizes = -(-(rows * self.strides) // int(table_align)) * int(table_align)
         self.elem_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -114,25 +142,29 @@ class TableBatchedEmbedding:
 
         xp = device.xp()
         wdtype = {Precision.FP16: np.float16, Precision.INT8: np.uint8}.get(self.weights_precision, np.float32)
-        self.huge_pages = huge_pages_wanted()       # host buffers in huge pages (numbactr.runtime.hostmem), read once
+        self.huge_pages = huge_pages_wanted()  # host buffers in huge pages (numbactr.runtime.hostmem), read once
         try:
-            self.weights = _zeros(int(self.elem_offsets[-1]), wdtype, self.huge_pages)       # (sum V_t * stride_t,)
+            self.weights = _zeros(int(self.elem_offsets[-1]), wdtype, self.huge_pages)  # (sum V_t * stride_t,)
             self.states = [self._new_state(per_row, dtype, name) for name, per_row, dtype in self._state_specs()]
         except MemoryError as e:
-            raise MemoryError(f"embedding tables of {int(rows.sum())} rows in all (widths {sorted(set(dims.tolist()))}, "
-                              f"{self.optimizer.kind.name} with {len(self._state_specs())} state buffer(s)): {e}") from None
+            raise MemoryError(
+                f"embedding tables of {int(rows.sum())} rows in all (widths {sorted(set(dims.tolist()))}, "
+                f"{self.optimizer.kind.name} with {len(self._state_specs())} state buffer(s)): {e}"
+            ) from None
         # counter-based regularization's max_counter (1 + the largest row counter, renewed every
         # max_counter_update_freq steps), on the engine's device: a kernels step never reads it back
         self.max_counter = xp.ones(1, np.float32)
-        self.hash_tables = {t: HashTable(spec.rows, use_kernels=self.impl == "kernels", xp=xp,
-                                         compiled=self.impl == "cpu")
-                            for t, spec in enumerate(self.tables) if spec.keyed}
-        self._ws = {}                                                        # scratch pool (_scratch)
+        self.hash_tables = {
+            t: HashTable(spec.rows, use_kernels=self.impl == "kernels", xp=xp, compiled=self.impl == "cpu")
+            for t, spec in enumerate(self.tables)
+            if spec.keyed
+        }
+        self._ws = {}  # scratch pool (_scratch)
         self._impl = _IMPLS[self.impl](self)
 
     # ---- configuration ------------------------------------------------------------------------------
     def _pick_impl(self, impl):
-        if impl is None:                 # the cpu device's references only: numbactr.runtime.device.reference_ops
+        if impl is None:  # the cpu device's references only: numbactr.runtime.device.reference_ops
             return ("cpu" if device.compiled_cpu() else "ref") if device.kind() == "cpu" else "kernels"
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -147,17 +179,23 @@ class TableBatchedEmbedding:
     def _check_int8(self, dims, row_codecs) -> list:
         """INT8 weights (byte rows) are read forward only, by index: the tables' row codecs, checked."""
         if any(t.keyed for t in self.tables):
-            raise NotImplementedError("INT8 weights are not supported for keyed (hash) tables: a new key's row "
-                                      "would be written during a lookup; use FP32 or FP16 weights")
+            raise NotImplementedError(
+                "INT8 weights are not supported for keyed (hash) tables: a new key's row "
+                "would be written during a lookup; use FP32 or FP16 weights"
+            )
         if row_codecs is None:
             bad = [int(d) for d in dims if d % 4]
             if bad:
-                raise ValueError(f"INT8 weights need every table's dim to be a multiple of 4 (FBGEMM's rule), got {bad}")
+                raise ValueError(
+                    f"INT8 weights need every table's dim to be a multiple of 4 (FBGEMM's rule), got {bad}"
+                )
             return [nbit_rows.fused8bit_codec(int(d)) for d in dims]
         codecs = list(row_codecs)
         if len(codecs) != len(dims) or any(c.dim != d for c, d in zip(codecs, dims)):
-            raise ValueError(f"row_codecs must give one codec per table with the table's dim {list(map(int, dims))}, "
-                             f"got dims {[c.dim for c in codecs]}")
+            raise ValueError(
+                f"row_codecs must give one codec per table with the table's dim {list(map(int, dims))}, "
+                f"got dims {[c.dim for c in codecs]}"
+            )
         return codecs
 
     def _check_equal_dims(self, why: str) -> None:
@@ -179,7 +217,7 @@ class TableBatchedEmbedding:
     def initial_state_value(self, name: str) -> float:
         """The value every row of optimizer state `name` starts from (a tiered table's backing tier too)."""
         if name == "prev_step":
-            return 1                                         # HugeCTR's prev_time starts at 1
+            return 1  # HugeCTR's prev_time starts at 1
         if self.optimizer.kind == Optim.HUGECTR_ADAGRAD:
             return self.optimizer.initial_accumulator
         return 0
@@ -208,8 +246,10 @@ class TableBatchedEmbedding:
         new = _check_optimizer(replace(self.optimizer, **values))
         if state_specs(new) != state_specs(self.optimizer):
             names = ([n for n, _, _ in state_specs(o)] for o in (new, self.optimizer))
-            raise ValueError(f"hyper-parameter(s) {sorted(values)}: the change would need other optimizer states "
-                             "({}, not {})".format(*names))
+            raise ValueError(
+                f"hyper-parameter(s) {sorted(values)}: the change would need other optimizer states "
+                "({}, not {})".format(*names)
+            )
         self.optimizer = new
 
     @property
@@ -223,24 +263,30 @@ class TableBatchedEmbedding:
     # ---- views --------------------------------------------------------------------------------------
     def _table_view(self, buf, t: int, per_row: bool):
         if per_row:
-            return buf[self.row_offsets[t]:self.row_offsets[t + 1]]
+            return buf[self.row_offsets[t] : self.row_offsets[t + 1]]
         lo, hi = self.elem_offsets[t], self.elem_offsets[t + 1]
-        return buf[lo:hi].reshape(int(self.rows[t]), int(self.strides[t]))[:, :int(self.dims[t])]
+        return buf[lo:hi].reshape(int(self.rows[t]), int(self.strides[t]))[:, : int(self.dims[t])]
 
     def split_weights(self) -> list:
         """One (V_t, D_t) view per table into the weights buffer (writes go to the engine); INT8 weights:
         (V_t, D_t + 8) uint8 views, each row its D bytes, scale and bias (kernels/fused8bit.py, FBGEMM's)."""
         if self.int8:
-            return [self.weights[self.elem_offsets[t]:self.elem_offsets[t] + self.rows[t] * self.strides[t]]
-                    .reshape(int(self.rows[t]), int(self.strides[t])) for t in range(len(self.tables))]
+            return [
+                self.weights[self.elem_offsets[t] : self.elem_offsets[t] + self.rows[t] * self.strides[t]].reshape(
+                    int(self.rows[t]), int(self.strides[t])
+                )
+                for t in range(len(self.tables))
+            ]
         return [self._table_view(self.weights, t, False) for t in range(len(self.tables))]
 
     def split_optimizer_states(self) -> list:
         """Per table, the list of its optimizer state views in kernels.tbe.STATES order:
         (V_t, D_t) per-element, (V_t,) per-row."""
         specs = self._state_specs()
-        return [[self._table_view(buf, t, per_row) for buf, (_, per_row, _) in zip(self.states, specs)]
-                for t in range(len(self.tables))]
+        return [
+            [self._table_view(buf, t, per_row) for buf, (_, per_row, _) in zip(self.states, specs)]
+            for t in range(len(self.tables))
+        ]
 
     def live_rows(self, t: int) -> int:
         """Rows of table t in use: every row, or the keys inserted so far for a keyed table."""
@@ -261,8 +307,9 @@ class TableBatchedEmbedding:
             if not isinstance(buf, np.ndarray) or buf.ndim != 1 or not buf.flags.c_contiguous:
                 raise ValueError(f"adopt_host_buffers: {what} must be a 1-D C-contiguous NumPy array")
             if buf.dtype != own.dtype or buf.shape != own.shape:
-                raise ValueError(f"adopt_host_buffers: {what} must be ({own.shape[0]},) {own.dtype}, got "
-                                 f"{buf.shape} {buf.dtype}")
+                raise ValueError(
+                    f"adopt_host_buffers: {what} must be ({own.shape[0]},) {own.dtype}, got {buf.shape} {buf.dtype}"
+                )
         if weights is not None:
             self.weights = weights
         for i, buf in (states or {}).items():
@@ -278,41 +325,78 @@ class TableBatchedEmbedding:
             view = self._table_view(buf, t, per_row)
             kept = view[src[hit]]
             view[...] = self._table_view(self._new_state(per_row, dtype, name), t, per_row)
-            view[:src.shape[0]][hit] = kept
+            view[: src.shape[0]][hit] = kept
 
     def init_uniform(self, lo: float, hi: float, seed: int | None = None) -> None:
         """Every weight U(lo, hi), drawn from a hash of (seed, linear row, d): the same on every device."""
         seed = self.seed if seed is None else int(seed)
         for t, view in enumerate(self.split_weights()):
-            if self.int8:                   # the same values, each row quantized (FBGEMM's way for INT8)
+            if self.int8:  # the same values, each row quantized (FBGEMM's way for INT8)
                 vals = np.empty((int(self.rows[t]), int(self.dims[t])), np.float32)
                 fill_uniform_rows(vals, int(self.row_offsets[t]), seed, lo, hi, what=f"table {t}")
                 c = self.codecs[t]
-                q = fused8bit.quantize_rows_ref(vals) if c.ty == "fused8bit" else \
-                    nbit_rows.encode_rows_ref(vals, c.ty, reverse_qparam=c.reverse_qparam, scale_bias_bytes=c.scale_bias_bytes)
+                q = (
+                    fused8bit.quantize_rows_ref(vals)
+                    if c.ty == "fused8bit"
+                    else nbit_rows.encode_rows_ref(
+                        vals, c.ty, reverse_qparam=c.reverse_qparam, scale_bias_bytes=c.scale_bias_bytes
+                    )
+                )
                 view[...] = 0
-                view[:, :q.shape[1]] = device.xp().asarray(q)
+                view[:, : q.shape[1]] = device.xp().asarray(q)
                 continue
             fill_uniform_rows(view, int(self.row_offsets[t]), seed, lo, hi, what=f"table {t}")
 
     # ---- forward ------------------------------------------------------------------------------------
-    def forward(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
-                feature_requires_grad=None, skip=None):
+    def forward(
+        self,
+        indices,
+        offsets,
+        per_sample_weights=None,
+        *,
+        training: bool = True,
+        pooling=None,
+        feature_requires_grad=None,
+        skip=None,
+    ):
         """(out, ctx): pooled (B, sum D_f) or, for NONE, (N, D) embeddings; see the module docstring.
         skip (N,) bool, optional: occurrences that read nothing (zeros), are not inserted into a hash table
         and are not updated (row -1), e.g. the keys another rank owns in a gathered sharded lookup
         (numbactr.embedding.sharded); computed on the device, no host read."""
-        ctx = self._lookup(indices, offsets, per_sample_weights, training=training, pooling=pooling,
-                           feature_requires_grad=feature_requires_grad, skip=skip)
+        ctx = self._lookup(
+            indices,
+            offsets,
+            per_sample_weights,
+            training=training,
+            pooling=pooling,
+            feature_requires_grad=feature_requires_grad,
+            skip=skip,
+        )
         return self._forward(ctx), ctx
 
-    def lookup(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
-               feature_requires_grad=None, skip=None) -> LookupContext:
+    def lookup(
+        self,
+        indices,
+        offsets,
+        per_sample_weights=None,
+        *,
+        training: bool = True,
+        pooling=None,
+        feature_requires_grad=None,
+        skip=None,
+    ) -> LookupContext:
         """forward without the pooling: the LookupContext (bounds checked, keys made rows; FATAL raises here).
         pool(ctx) then gives forward's output; a caller changes rows in between (FBGEMM's global weight decay
         scales the rows a lookup reads before it reads them: touched_rows, scale_rows)."""
-        return self._lookup(indices, offsets, per_sample_weights, training=training, pooling=pooling,
-                            feature_requires_grad=feature_requires_grad, skip=skip)
+        return self._lookup(
+            indices,
+            offsets,
+            per_sample_weights,
+            training=training,
+            pooling=pooling,
+            feature_requires_grad=feature_requires_grad,
+            skip=skip,
+        )
 
     def pool(self, ctx: LookupContext):
         """forward's output of a lookup(): the rows ctx reads, pooled as they are now."""
@@ -337,8 +421,9 @@ class TableBatchedEmbedding:
         for buf, (n, per_row, _) in zip(self.states, self._state_specs()):
             if n == name and per_row:
                 return buf
-        raise KeyError(f"the engine keeps no per-row optimizer state {name!r} "
-                       f"({[n for n, _, _ in self._state_specs()]})")
+        raise KeyError(
+            f"the engine keeps no per-row optimizer state {name!r} ({[n for n, _, _ in self._state_specs()]})"
+        )
 
     def _row_elements(self, rows):
         """(U, max D) int64 flat weight positions of linear rows `rows` (columns past a row's D_t repeat its
@@ -376,13 +461,24 @@ class TableBatchedEmbedding:
         torch.lerp_'s formula in float32, rounded once (kernels/tbe_row_ops.py): FBGEMM's EMA in place."""
         odd = [t for t, d in enumerate(self.dims) if d % 2]
         if odd:
-            raise ValueError(f"lerp_halves needs every table's dim to be even; table {odd[0]} has {int(self.dims[odd[0]])}")
+            raise ValueError(
+                f"lerp_halves needs every table's dim to be even; table {odd[0]} has {int(self.dims[odd[0]])}"
+            )
         if self.int8:
             raise NotImplementedError("lerp_halves: INT8 weights are forward only")
         self._impl.lerp_halves(float(coef))
 
-    def _lookup(self, indices, offsets, per_sample_weights=None, *, training: bool = True, pooling=None,
-                feature_requires_grad=None, skip=None) -> LookupContext:
+    def _lookup(
+        self,
+        indices,
+        offsets,
+        per_sample_weights=None,
+        *,
+        training: bool = True,
+        pooling=None,
+        feature_requires_grad=None,
+        skip=None,
+    ) -> LookupContext:
         """forward's checks and row resolution (bounds, hash tables, tiers): the LookupContext of a lookup."""
         xp = device.xp()
         pooling = self.pooling if pooling is None else Pooling(pooling)
@@ -395,8 +491,10 @@ class TableBatchedEmbedding:
             raise TypeError(f"indices and offsets must be integer arrays, got {indices.dtype} and {offsets.dtype}")
         n_bags = offsets.shape[0] - 1
         if n_bags < 0 or n_bags % self.n_features:
-            raise ValueError(f"offsets has {offsets.shape[0]} entries; it needs F*B + 1 with F = "
-                             f"{self.n_features} features (B samples)")
+            raise ValueError(
+                f"offsets has {offsets.shape[0]} entries; it needs F*B + 1 with F = "
+                f"{self.n_features} features (B samples)"
+            )
         batch = n_bags // self.n_features
         n = indices.shape[0]
         psw = None
@@ -415,8 +513,12 @@ class TableBatchedEmbedding:
                 raise ValueError(f"feature_requires_grad must have one entry per feature ({self.n_features})")
 
         if indices.dtype == np.uint64 and not self.hash_tables:
-            indices = self._as_int64(indices, on_device=self.defer_checks and self.impl == "kernels" and
-                                     self.bounds_check in (BoundsCheck.FATAL, BoundsCheck.WARNING))
+            indices = self._as_int64(
+                indices,
+                on_device=self.defer_checks
+                and self.impl == "kernels"
+                and self.bounds_check in (BoundsCheck.FATAL, BoundsCheck.WARNING),
+            )
         # bounds check first (keyed features are not checked: their keys become rows below), so that a
         # FATAL batch raises before a hash table changes
         fixed, pre = self._impl.repair_offsets(offsets, n)
@@ -428,8 +530,9 @@ class TableBatchedEmbedding:
         if checked and defer:
             if self._bounds_rec is None:
                 self._bounds_rec = tbe.new_bounds_record(xp)
-            tbe.record_bounds(status, indices, offsets, fixed, self._impl.feature_rows, batch, int(self.layout),
-                            self._bounds_rec)
+            tbe.record_bounds(
+                status, indices, offsets, fixed, self._impl.feature_rows, batch, int(self.layout), self._bounds_rec
+            )
         elif checked:
             self._report(self._impl.report(status, indices, offsets, fixed, batch), offsets, n)
         new_rows = {}
@@ -441,7 +544,7 @@ class TableBatchedEmbedding:
         elif self.hash_tables:
             self._rows_of_keys(indices, rows, fixed, batch, training, skip)
         if skip is not None:
-            rows[...] = xp.where(skip, -1, rows)          # an element-wise select: no host read
+            rows[...] = xp.where(skip, -1, rows)  # an element-wise select: no host read
         rows = self._storage_rows(indices, rows, fixed, batch, training)
         ctx = LookupContext(rows, fixed, psw, batch, pooling, feature_requires_grad)
         if new_rows:
@@ -454,15 +557,18 @@ class TableBatchedEmbedding:
         occurrence order; an index that reads nothing (pruned, or a bad index under IGNORE) gives zeros.
         FBGEMM's inference TBE returns this for output_dtype INT8 with PoolingMode.NONE."""
         if not self.int8:
-            raise ValueError("forward_bytes reads byte-row (INT8) weights; these tables hold "
-                             f"{self.weights_precision.name}")
+            raise ValueError(
+                f"forward_bytes reads byte-row (INT8) weights; these tables hold {self.weights_precision.name}"
+            )
         ctx = self._lookup(indices, offsets, None, training=False, pooling=Pooling.NONE)
         xp = device.xp()
         width = int(width)
         short = [t for t, c in enumerate(self.codecs) if c.row_bytes < width]
         if short:
-            raise ValueError(f"forward_bytes: width {width} is more than table {short[0]}'s "
-                             f"{self.codecs[short[0]].row_bytes} bytes per row")
+            raise ValueError(
+                f"forward_bytes: width {width} is more than table {short[0]}'s "
+                f"{self.codecs[short[0]].row_bytes} bytes per row"
+            )
         out = xp.zeros((ctx.rows.shape[0], width), np.uint8)
         for occ, view in zip(self._occurrences_by_table(ctx), self.split_weights()):
             r = ctx.rows[occ]
@@ -474,7 +580,7 @@ class TableBatchedEmbedding:
         """Per table, the occurrences (positions in ctx.rows) that read it, in occurrence order."""
         xp = device.xp()
         n = ctx.rows.shape[0]
-        bag = xp.searchsorted(ctx.offsets[1:], xp.arange(n, dtype=np.int64), side="right")    # (N,) bag of k
+        bag = xp.searchsorted(ctx.offsets[1:], xp.arange(n, dtype=np.int64), side="right")  # (N,) bag of k
         feature = bag // ctx.batch if self.layout == Layout.FEATURE_MAJOR else bag % self.n_features
         table = xp.asarray(np.asarray(self.feature_table_map, np.int64))[feature]
         return [xp.flatnonzero(table == t) for t in range(len(self.tables))]
@@ -507,11 +613,11 @@ class TableBatchedEmbedding:
             ok = r >= 0
             at = xp.arange(occ.shape[0], dtype=np.int64)
             local[occ] = xp.where(ok, at, -1)
-            block = w[elem_off[t]:elem_off[t + 1]].reshape(int(counts[t]), int(strides[t]))
+            block = w[elem_off[t] : elem_off[t + 1]].reshape(int(counts[t]), int(strides[t]))
             at, r = at[ok], r[ok]
-            step = max(1, DECODE_CHUNK_ELEMS // int(self.dims[t]))     # bounds decode's temporaries
+            step = max(1, DECODE_CHUNK_ELEMS // int(self.dims[t]))  # bounds decode's temporaries
             for lo in range(0, int(at.shape[0]), step):
-                block[at[lo:lo + step], :int(self.dims[t])] = self.codecs[t].decode(view[r[lo:lo + step]], xp)
+                block[at[lo : lo + step], : int(self.dims[t])] = self.codecs[t].decode(view[r[lo : lo + step]], xp)
         return FloatRows(w, elem_off, strides), local
 
     def check_deferred(self) -> None:
@@ -542,8 +648,11 @@ class TableBatchedEmbedding:
         what = [tbe.bounds_message(first, bad, BoundsCheck.WARNING)] if first is not None else []
         if bad_off:
             what.append(f"{bad_off} offsets repaired (clamped into [0, N], made non-decreasing, last set to N)")
-        warnings.warn(f"TableBatchedEmbedding bounds check (lookups since the last check): {'; '.join(what)}",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"TableBatchedEmbedding bounds check (lookups since the last check): {'; '.join(what)}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _rows_of_keys_deferred(self, indices, rows, skip=None) -> dict:
         """_rows_of_keys of a training lookup with no host read (defer_checks on the kernels): each occurrence's
@@ -553,17 +662,26 @@ class TableBatchedEmbedding:
         n = rows.shape[0]
         if n == 0:
             return {}
-        occ = self._scratch("occ_table", n, np.int64)       # written by the bounds check (check_indices)
-        if skip is not None:                                  # skipped occurrences belong to no table
+        occ = self._scratch("occ_table", n, np.int64)  # written by the bounds check (check_indices)
+        if skip is not None:  # skipped occurrences belong to no table
             occ[...] = device.xp().where(skip, -1, occ)
         out = {}
         for t, table in self.hash_tables.items():
             _, flags, keys = table.insert_deferred(indices, occ, t, rows_out=rows)
             spec = self.tables[t]
             if self.weights.dtype == np.float32:
-                embedding_init.init_flagged_rows(self.weights, int(self.elem_offsets[t]), int(self.strides[t]), spec.dim, rows,
-                                     keys, flags, self.seed, *spec.init_range)
-            else:                   # float16 weights: the new rows' values through the host (reads)
+                embedding_init.init_flagged_rows(
+                    self.weights,
+                    int(self.elem_offsets[t]),
+                    int(self.strides[t]),
+                    spec.dim,
+                    rows,
+                    keys,
+                    flags,
+                    self.seed,
+                    *spec.init_range,
+                )
+            else:  # float16 weights: the new rows' values through the host (reads)
                 view = self._table_view(self.weights, t, False)
                 new = device.to_host(flags).astype(bool)
                 r = device.to_host(rows)[new]
@@ -589,7 +707,7 @@ class TableBatchedEmbedding:
         bad_offsets, first_offset, bad, first = report
         if self.bounds_check == BoundsCheck.FATAL:
             if bad_offsets:
-                value = int(device.to_host(offsets[first_offset:first_offset + 1])[0])
+                value = int(device.to_host(offsets[first_offset : first_offset + 1])[0])
                 raise EmbeddingBoundsError(tbe.offsets_message(first_offset, value, n, offsets.shape[0] - 1))
             if bad:
                 raise EmbeddingBoundsError(tbe.bounds_message(first, bad, BoundsCheck.FATAL))
@@ -597,15 +715,16 @@ class TableBatchedEmbedding:
             self.bounds_warnings += bad + bad_offsets
             what = [tbe.bounds_message(first, bad, BoundsCheck.WARNING)] if bad else []
             if bad_offsets:
-                what.append(f"{bad_offsets} offsets repaired (clamped into [0, {n}], made non-decreasing, "
-                            "last set to N)")
-            warnings.warn(f"TableBatchedEmbedding bounds check: {'; '.join(what)}", RuntimeWarning,
-                          stacklevel=4)                    # _report <- _lookup <- forward <- its caller
+                what.append(
+                    f"{bad_offsets} offsets repaired (clamped into [0, {n}], made non-decreasing, last set to N)"
+                )
+            warnings.warn(
+                f"TableBatchedEmbedding bounds check: {'; '.join(what)}", RuntimeWarning, stacklevel=4
+            )  # _report <- _lookup <- forward <- its caller
 
     def _feature_rows(self) -> np.ndarray:
         """(F,) the rows each feature's indices must stay below; -1 for keyed features (not checked)."""
-        return np.array([-1 if self.tables[t].keyed else self.tables[t].rows for t in self.feature_table_map],
-                        np.int64)
+        return np.array([-1 if self.tables[t].keyed else self.tables[t].rows for t in self.feature_table_map], np.int64)
 
     @staticmethod
     def _as_int64(indices, on_device: bool = False):
@@ -617,8 +736,9 @@ class TableBatchedEmbedding:
         if on_device:
             return device.xp().minimum(indices, top).astype(np.int64)
         if bool((indices > top).any()):
-            raise ValueError("indices of unkeyed tables must fit int64; uint64 keys above 2**63 - 1 belong "
-                             "to keyed tables")
+            raise ValueError(
+                "indices of unkeyed tables must fit int64; uint64 keys above 2**63 - 1 belong to keyed tables"
+            )
         return indices.astype(np.int64)
 
     def _rows_of_keys(self, indices, rows, offsets, batch: int, training: bool, skip=None) -> None:
@@ -653,17 +773,21 @@ class TableBatchedEmbedding:
             view[device.xp().asarray(device.to_host(rows)[new])] = device.xp().asarray(vals.astype(view.dtype))
         return rows
 
-
     # ---- backward -----------------------------------------------------------------------------------
     def backward(self, ctx: LookupContext, grad_output) -> Grads:
         """Apply the fused update for the lookup `ctx` with dLoss/dout; see the module docstring."""
         if self.int8:
-            raise NotImplementedError("INT8 weights are forward only (FBGEMM's CPU TBE has no INT8 backward "
-                                      "either): train with FP32 or FP16 weights and quantize for serving")
+            raise NotImplementedError(
+                "INT8 weights are forward only (FBGEMM's CPU TBE has no INT8 backward "
+                "either): train with FP32 or FP16 weights and quantize for serving"
+            )
         xp = device.xp()
         dy = xp.asarray(grad_output)
-        want = (ctx.rows.shape[0], int(self.feature_dims[0])) if ctx.pooling == Pooling.NONE \
+        want = (
+            (ctx.rows.shape[0], int(self.feature_dims[0]))
+            if ctx.pooling == Pooling.NONE
             else (ctx.batch, self.total_dim)
+        )
         if dy.ndim == 3 and ctx.pooling != Pooling.NONE:
             dy = dy.reshape(dy.shape[0], -1)
         if tuple(dy.shape) != want:
@@ -671,11 +795,11 @@ class TableBatchedEmbedding:
         if dy.dtype.kind != "f":
             raise TypeError(f"grad_output must be float, got {dy.dtype}")
         dy = xp.ascontiguousarray(dy.astype(np.float32, copy=False))
-        if self.optimizer.gradient_clipping:            # FBGEMM clips dLoss/dout, not the row sums
+        if self.optimizer.gradient_clipping:  # FBGEMM clips dLoss/dout, not the row sums
             m = np.float32(self.optimizer.max_gradient)
             dy = xp.clip(dy, -m, m)
         grads = Grads()
-        if ctx.per_sample_weights is not None:      # before the update: it reads the old weights
+        if ctx.per_sample_weights is not None:  # before the update: it reads the old weights
             grads.per_sample_weights = self._impl.psw_grad(ctx, dy)
         t = self.step + 1
         opt = self.optimizer
@@ -687,10 +811,13 @@ class TableBatchedEmbedding:
         if glob and not first:
             self._impl.global_pass(t)
         self.step = t
-        if isinstance(self._impl, _KernelImpl):     # what a replayed step (numbactr.train.cuda_graphs) redoes
+        if isinstance(self._impl, _KernelImpl):  # what a replayed step (numbactr.train.cuda_graphs) redoes
             from numbactr.runtime import step_values
-            step_values.on_replay(("engine", id(self)), lambda run, p=ctx.pooling, b=ctx.batch, g=self.gate:
-                                  self._replay_backward(p, b, g))
+
+            step_values.on_replay(
+                ("engine", id(self)),
+                lambda run, p=ctx.pooling, b=ctx.batch, g=self.gate: self._replay_backward(p, b, g),
+            )
         return grads
 
     def _replay_backward(self, pooling, batch: int, gate=None) -> None:
@@ -719,8 +846,11 @@ class TableBatchedEmbedding:
                 rowf.append(buf)
             else:
                 elem.append(buf)
-        return (tuple(elem + [None] * (2 - len(elem))) + ((rowf or [None])[0],)
-                + tuple(named.get(n) for n in ("prev_step", "prev_iter", "row_counter")))
+        return (
+            tuple(elem + [None] * (2 - len(elem)))
+            + ((rowf or [None])[0],)
+            + tuple(named.get(n) for n in ("prev_step", "prev_iter", "row_counter"))
+        )
 
     def _max_counter_refresh(self, t: int) -> bool:
         """Whether step t renews max_counter (COUNTER / COWCLIP: every max_counter_update_freq steps)."""
@@ -744,9 +874,21 @@ class TableBatchedEmbedding:
             pooling = self.pooling
         # the kernels read max_counter from the device (_KernelImpl.backward copies it in): no host read
         maxc = 1.0 if self.impl == "kernels" else float(self.max_counter[0])
-        return (tbe.kernel_scalars(opt.hp(), t, opt.counter, maxc, self._max_counter_refresh(t)),
-                tbe.kernel_ints(opt.kind, opt.update_type, opt.weight_decay_mode, t, sr, pooling, self.layout,
-                              batch, opt.counter, opt.rowwise_bias_correction))
+        return (
+            tbe.kernel_scalars(opt.hp(), t, opt.counter, maxc, self._max_counter_refresh(t)),
+            tbe.kernel_ints(
+                opt.kind,
+                opt.update_type,
+                opt.weight_decay_mode,
+                t,
+                sr,
+                pooling,
+                self.layout,
+                batch,
+                opt.counter,
+                opt.rowwise_bias_correction,
+            ),
+        )
 
     def _scratch(self, name: str, n: int, dtype):
         """A reused device buffer of n elements (grown by half when too small): the per-step scratch pool."""
@@ -756,4 +898,3 @@ class TableBatchedEmbedding:
             buf = _zeros(max(size, 1), dtype, self.huge_pages)
             self._ws[name] = buf
         return buf[:n]
-

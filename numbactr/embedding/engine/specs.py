@@ -7,6 +7,7 @@ BoundsCheck, Precision, Optim, UpdateType, WeightDecay, CounterWeightDecay) live
 numbactr.kernels.tbe_math, CounterRegularization and EmbeddingBoundsError in numbactr.kernels.tbe_ref; all
 are re-exported here.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,17 +17,28 @@ import numpy as np
 
 from numbactr.runtime import device
 from numbactr.kernels import tbe
-from numbactr.kernels.tbe import (BoundsCheck, CounterRegularization, CounterWeightDecay,  # noqa: F401
-                                  EmbeddingBoundsError, Layout, Optim, Pooling, Precision, UpdateType, WeightDecay)
+from numbactr.kernels.tbe import (
+    BoundsCheck as BoundsCheck,
+    CounterRegularization,
+    CounterWeightDecay,  # noqa: F401
+    EmbeddingBoundsError as EmbeddingBoundsError,
+    Layout as Layout,
+    Optim,
+    Pooling,
+    Precision as Precision,
+    UpdateType,
+    WeightDecay,
+)
 
 IMPLS = ("ref", "cpu", "kernels")
-MAX_DIM = 65535            # stochastic rounding hashes (linear row << 16 | d)
+MAX_DIM = 65535  # stochastic rounding hashes (linear row << 16 | d)
 
 
 @dataclass(frozen=True)
 class TableSpec:
     """One physical table: rows x dim. keyed: indices are keys mapped to rows by a hash table holding at
     most `rows` keys; new rows start U(init_range) from a hash of (seed, key)."""
+
     rows: int
     dim: int
     keyed: bool = False
@@ -56,6 +68,7 @@ class OptimizerSpec:
     with TableBatchedEmbedding.scale_rows).
     beta, lambda1, lambda2: HUGECTR_FTRL's (HugeCTR's names; LOCAL only, per-element states z and n).
     """
+
     kind: Optim = Optim.EXACT_SGD
     learning_rate: float = 0.01
     eps: float = 1.0e-8
@@ -87,6 +100,7 @@ class OptimizerSpec:
 class SparseRowGrad:
     """Row gradients of optimizer NONE: rows (U,) linear row ids ascending (row_offsets[t] + local row),
     values (U, max D) float32, zero beyond a row's own width."""
+
     rows: object
     values: object
     row_offsets: np.ndarray
@@ -109,6 +123,7 @@ class FloatRows:
     """Float32 rows standing in for the engine's weights in one forward (INT8 weights, dequantized): the
     flat buffer, (T + 1,) element offsets and (T,) row strides, in the engine's layout (host arrays for
     the offsets and strides; the impl moves them where its kernels need them)."""
+
     weights: object
     elem_offsets: np.ndarray
     strides: np.ndarray
@@ -120,6 +135,7 @@ class LookupContext:
     repaired offsets (F*B + 1,) int64, per-sample weights (N,) float32 or None, batch B, pooling. extra: what
     the engine keeps beside (new rows, segments) and what a caller knows: "touched_rows", the number of
     distinct rows the lookup touched, spares optimizer NONE's backward its one host read."""
+
     rows: object
     offsets: object
     per_sample_weights: object
@@ -140,38 +156,54 @@ def _as_table(t) -> TableSpec:
 
 
 def _check_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
-    spec = replace(spec, kind=Optim(spec.kind), update_type=UpdateType(spec.update_type),
-                   weight_decay_mode=WeightDecay(spec.weight_decay_mode))
+    spec = replace(
+        spec,
+        kind=Optim(spec.kind),
+        update_type=UpdateType(spec.update_type),
+        weight_decay_mode=WeightDecay(spec.weight_decay_mode),
+    )
     k, u = spec.kind, spec.update_type
-    bad = {f.name: getattr(spec, f.name) for f in fields(spec) if f.type in ("float", float)
-           and not math.isfinite(float(getattr(spec, f.name)))}
+    bad = {
+        f.name: getattr(spec, f.name)
+        for f in fields(spec)
+        if f.type in ("float", float) and not math.isfinite(float(getattr(spec, f.name)))
+    }
     if bad:
         raise ValueError(f"optimizer {k.name}: hyper-parameter(s) {bad} must be finite numbers")
     if u != UpdateType.LOCAL and k not in tbe.HUGECTR_KINDS:
-        raise ValueError(f"optimizer {k.name}: update_type {u.name} is HugeCTR's SparseEmbedding's; "
-                         f"{k.name} is LOCAL only")
+        raise ValueError(
+            f"optimizer {k.name}: update_type {u.name} is HugeCTR's SparseEmbedding's; {k.name} is LOCAL only"
+        )
     if u == UpdateType.LAZY_GLOBAL and k != Optim.HUGECTR_ADAM:
         raise ValueError(f"optimizer {k.name}: LAZY_GLOBAL is only defined for HUGECTR_ADAM (as in HugeCTR)")
     if k == Optim.HUGECTR_ADAM and u == UpdateType.GLOBAL and (spec.beta1 == 0 or spec.beta2 == 0):
-        raise ValueError("optimizer HUGECTR_ADAM with GLOBAL update needs beta1 > 0 and beta2 > 0 (HugeCTR "
-                         "divides the touched rows' moment increments by them)")
+        raise ValueError(
+            "optimizer HUGECTR_ADAM with GLOBAL update needs beta1 > 0 and beta2 > 0 (HugeCTR "
+            "divides the touched rows' moment increments by them)"
+        )
     if spec.weight_decay_mode != WeightDecay.NONE and k != Optim.EXACT_ROWWISE_ADAGRAD:
-        raise ValueError(f"optimizer {k.name}: weight_decay_mode {spec.weight_decay_mode.name} is only "
-                         "defined for EXACT_ROWWISE_ADAGRAD (ADAM/LAMB kinds take weight_decay as decoupled)")
+        raise ValueError(
+            f"optimizer {k.name}: weight_decay_mode {spec.weight_decay_mode.name} is only "
+            "defined for EXACT_ROWWISE_ADAGRAD (ADAM/LAMB kinds take weight_decay as decoupled)"
+        )
     if spec.scaler == 0:
         raise ValueError("optimizer scaler must be non-zero (the gradient is divided by it)")
     counted = spec.weight_decay_mode in (WeightDecay.COUNTER, WeightDecay.COWCLIP)
     if counted != (spec.counter is not None):
-        raise ValueError(f"weight_decay_mode {spec.weight_decay_mode.name}: the counter settings "
-                         "(OptimizerSpec.counter) go with COUNTER / COWCLIP and only with them")
+        raise ValueError(
+            f"weight_decay_mode {spec.weight_decay_mode.name}: the counter settings "
+            "(OptimizerSpec.counter) go with COUNTER / COWCLIP and only with them"
+        )
     if counted:
         c = spec.counter
         if not isinstance(c, CounterRegularization):
             raise TypeError(f"OptimizerSpec.counter must be a CounterRegularization, got {type(c).__name__}")
         spec = replace(spec, counter=replace(c, weight_decay_mode=CounterWeightDecay(c.weight_decay_mode)))
         if c.learning_rate_mode not in (-1, 0, 1, 2):
-            raise ValueError(f"counter learning_rate_mode must be -1, 0, 1 or 2 (FBGEMM's LearningRateMode), "
-                             f"got {c.learning_rate_mode}")
+            raise ValueError(
+                f"counter learning_rate_mode must be -1, 0, 1 or 2 (FBGEMM's LearningRateMode), "
+                f"got {c.learning_rate_mode}"
+            )
     if spec.rowwise_bias_correction and k != Optim.ADAM:
         raise ValueError(f"optimizer {k.name}: rowwise_bias_correction is only defined for ADAM (as in FBGEMM)")
     return spec

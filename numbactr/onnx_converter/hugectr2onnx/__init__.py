@@ -2,6 +2,7 @@
 
 HugeCTR: ``import hugectr2onnx``; numbactr: ``from numbactr.onnx_converter import hugectr2onnx``.
 """
+
 from numbactr.onnx_converter.hugectr2onnx import converter
 
 __all__ = ["converter"]

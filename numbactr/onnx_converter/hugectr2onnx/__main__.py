@@ -1,4 +1,5 @@
 """``python -m numbactr.onnx_converter.hugectr2onnx``: HugeCTR's converter command line (its flags)."""
+
 import argparse
 
 from numbactr.onnx_converter.hugectr2onnx.converter import convert
@@ -15,8 +16,9 @@ def main(argv=None) -> None:
     ap.add_argument("--ntp_file", type=str, default=None, help="HugeCTR non-trainable parameters (optional)")
     ap.add_argument("--graph_name", type=str, default="hugectr", help="Graph name for the ONNX model (optional)")
     a = ap.parse_args(argv)
-    convert(a.onnx_model_path, a.graph_config, a.dense_model, a.convert_embedding, a.sparse_models, a.ntp_file,
-            a.graph_name)
+    convert(
+        a.onnx_model_path, a.graph_config, a.dense_model, a.convert_embedding, a.sparse_models, a.ntp_file, a.graph_name
+    )
 
 
 if __name__ == "__main__":

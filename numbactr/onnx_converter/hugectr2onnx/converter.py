@@ -5,6 +5,7 @@ numbactr.onnx_converter.hugectr2onnx`` with HugeCTR's flags (--onnx_model_path, 
 
 What the model takes and gives: numbactr.onnx_converter (package docstring).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,15 @@ from numbactr.onnx_converter import OnnxExportError
 from numbactr.onnx_converter.export import load_trained_model, model_to_onnx, save
 
 
-def convert(onnx_model_path, graph_config, dense_model, convert_embedding=False, sparse_models=None,
-            ntp_file=None, graph_name="hugectr"):
+def convert(
+    onnx_model_path,
+    graph_config,
+    dense_model,
+    convert_embedding=False,
+    sparse_models=None,
+    ntp_file=None,
+    graph_name="hugectr",
+):
     """Convert a trained HugeCTR model to ONNX.
 
     Args:
@@ -34,8 +42,10 @@ def convert(onnx_model_path, graph_config, dense_model, convert_embedding=False,
     if not isinstance(onnx_model_path, (str, os.PathLike)) or not str(onnx_model_path):
         raise OnnxExportError(f"ONNX export: onnx_model_path must be a file path, got {onnx_model_path!r}")
     if convert_embedding and not sparse_models:
-        raise OnnxExportError("ONNX export: convert_embedding=True needs sparse_models, one sparse model folder "
-                              "per embedding (e.g. ['wdl0_sparse_2000.model', 'wdl1_sparse_2000.model'])")
+        raise OnnxExportError(
+            "ONNX export: convert_embedding=True needs sparse_models, one sparse model folder "
+            "per embedding (e.g. ['wdl0_sparse_2000.model', 'wdl1_sparse_2000.model'])"
+        )
     model = load_trained_model(graph_config, dense_model, sparse_models if convert_embedding else None, ntp_file)
     save(model_to_onnx(model, bool(convert_embedding), graph_name), str(onnx_model_path))
     log.info(f"ONNX model saved at {str(onnx_model_path)!r}")
