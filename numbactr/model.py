@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from numbactr.config import DataReaderParams, Input, OptParamsPy, Solver, _number, warn_ignored
+from numbactr.config import DataReaderParams, Input, OptParamsPy, Solver
+from numbactr.validate import number as _number, warn_ignored
 from numbactr.distributed.comm import world
 from numbactr.embedding import collection
 from numbactr.embedding.sparse_embedding import HashEmbedding
