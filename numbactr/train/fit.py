@@ -77,7 +77,7 @@ def fit_loop(
     s = model.solver
     log.info("Training source file: " + model.reader_params.source[0])
     log.info("Evaluation source file: " + model.reader_params.eval_source)
-    # HugeCTR calls the training callbacks in iteration mode only (numbactr/config.py)
+    # HugeCTR calls the training callbacks in iteration mode only (numbactr.config.TrainingCallback)
     callbacks = tuple(s.training_callbacks) if s.repeat_dataset else ()
     for cb in callbacks:
         cb.on_training_start()
