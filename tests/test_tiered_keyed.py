@@ -8,7 +8,15 @@ import pytest
 
 from numbactr.runtime import device
 from numbactr.embedding import tiered
-from numbactr.embedding.engine import OptimizerSpec, Optim, Pooling, TableBatchedEmbedding, TableSpec, UpdateType
+from numbactr.embedding.engine import (
+    BoundsCheck,
+    OptimizerSpec,
+    Optim,
+    Pooling,
+    TableBatchedEmbedding,
+    TableSpec,
+    UpdateType,
+)
 from numbactr.embedding.hash_table import HashTableFullError
 from numbactr.embedding.tiered import CacheConfig, TieredEmbedding
 
@@ -152,7 +160,7 @@ def test_keyed_refusals(tmp_path):
         [TableSpec(5, 2, True), (4, 2)],
         cache=CacheConfig(capacities=[3, 2]),
         impl="cpu",
-        bounds_check=tiered.K.BoundsCheck.FATAL,
+        bounds_check=BoundsCheck.FATAL,
     )
     with pytest.raises(Exception, match="index 9"):  # table 1 has 4 rows
         two.forward(np.array([70, 71, 9]), np.array([0, 2, 3]))

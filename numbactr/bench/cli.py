@@ -9,7 +9,7 @@
     numbactr bench dlrm --model mlperf
                               the MLPerf DLRM (26 slots, 13-512-256-D, 1024-1024-512-256-1; batch 64K on a
                               GPU, 2048 on cpu) with SGD and Adam beside PyTorch's: samples/s and a step-time
-                              breakdown (embedding, GEMMs, the rest, host gaps; numbactr/bench/mlperf.py);
+                              breakdown (embedding, GEMMs, the rest, host gaps; bench/step_breakdown.py);
                               --dim 128,16 --optimizer sgd,adam --batch N --rows N --tf32 --amp
     numbactr bench all        the three above
     numbactr bench cache      a table 4-50x larger than its cache's byte budget, trained through the cache

@@ -16,7 +16,7 @@ device choice:
 Why one helper: the choice used to be written out as an if/else in every op (about 80 of them); here a
 reader sees in one place how an op reaches its kernel on each device, and an op's body holds only its math.
 The table is passed at call time (not built at import), so a kernel entry point replaced on its module
-(numbactr.bench.mlperf times them that way) is the one called.
+(numbactr.bench.step_breakdown times them that way) is the one called.
 """
 
 from __future__ import annotations
