@@ -71,4 +71,4 @@ def test_a_step_read_is_caught_and_kernels_are_not(on_device, monkeypatch):
         monkeypatch.setattr(TableBatchedEmbedding, "_as_int64", staticmethod(checking))
         e.forward(idx, off)
         got = sim_strict.reads()
-        assert len(got) == 1 and got[0][0] == "bool" and got[0][1].startswith("numbactr.embedding.engine:")
+        assert len(got) == 1 and got[0][0] == "bool" and got[0][1].startswith("numbactr.embedding.engine.core:")

@@ -201,7 +201,7 @@ def save_cache_plot(path, results: list, whole_sps: float, title: str) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from numbactr.files.plot import _replace
+    from numbactr.runtime import atomic
 
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -226,5 +226,6 @@ def save_cache_plot(path, results: list, whole_sps: float, title: str) -> str:
         ax.legend(fontsize=9, loc="best")
     fig.suptitle(title, fontsize=10)
     FigureCanvasAgg(fig)
-    _replace(path, lambda tmp: fig.savefig(tmp, format="png"))
+    with atomic.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
     return path
