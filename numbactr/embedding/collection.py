@@ -30,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from numbactr.runtime import device
-from numbactr.autograd import Context, Function, Tensor
+from numbactr.autograd import Tensor
+from numbactr.ops.embedding_bag import CollectionLookupFn
 from numbactr.embedding.collection_config import COMBINERS, CollectionError, EmbeddingCollectionConfig
 from numbactr.embedding.collection_plan import group_plan, placement
 from numbactr.embedding.collection_tables import _Group, _Pooler, _Table
@@ -57,21 +58,6 @@ GROUP_TABLES = True  # False: one engine per table (tests compare the two bit fo
 
 
 # ---- the runtime -------------------------------------------------------------------------------
-class _CollectionFn(Function):
-    """The collection's lookups on the tape: forward returns every top; backward hands their dLoss/dtop to
-    the collection, whose update() applies them (no dense gradient)."""
-
-    @staticmethod
-    def forward(ctx: Context, anchor, coll=None, inputs=None, training=True):
-        ctx.coll = coll
-        return tuple(coll.lookup(inputs, training))
-
-    @staticmethod
-    def backward(ctx: Context, *dys):
-        ctx.coll.hold_gradients(dys)
-        return None
-
-
 class EmbeddingCollection:
     """An added EmbeddingCollectionConfig: its lookups' tops, tables and step (module docstring).
 
@@ -161,7 +147,7 @@ class EmbeddingCollection:
         """{top name: Tensor} of this rank's batch; inputs: {sparse input name: (keys (N,), offsets (B+1,))}."""
         if training:
             self._pending = None
-        outs = _CollectionFn.apply(
+        outs = CollectionLookupFn.apply(
             tape if training else None, self._anchor, coll=self, inputs=inputs, training=training, name=self.name
         )
         outs = outs if isinstance(outs, tuple) else (outs,)

@@ -45,3 +45,18 @@ class LookupFn(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         ctx.emb.hold_gradient(ctx.lookup, dy)
+
+
+class CollectionLookupFn(Function):
+    """An EmbeddingCollection's lookups on the tape: forward returns every top (``coll.lookup``); backward hands
+    their dLoss/dtop to the collection (``coll.hold_gradients``), whose update applies them (no dense gradient)."""
+
+    @staticmethod
+    def forward(ctx: Context, anchor, coll=None, inputs=None, training=True):
+        ctx.coll = coll
+        return tuple(coll.lookup(inputs, training))
+
+    @staticmethod
+    def backward(ctx: Context, *dys):
+        ctx.coll.hold_gradients(dys)
+        return None
