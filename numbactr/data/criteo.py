@@ -38,6 +38,7 @@ import numpy as np
 
 from numbactr import log
 from numbactr.enums import Check_t
+from numbactr.data.validation import slot_offsets
 from numbactr.data.file_list import write_file_list
 from numbactr.data.norm import NormWriter
 from numbactr.data.parquet import ParquetDatasetWriter
@@ -371,7 +372,7 @@ def preprocess_criteo(
     )
 
     # pass 2: encode and write
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    offsets = slot_offsets(sizes)
     if not i64_keys and sum(sizes) > 0xFFFFFFFF:
         raise ValueError(f"the {sum(sizes)} keys do not fit uint32 keys; use i64 keys")
     out_dir = os.path.abspath(out_dir)

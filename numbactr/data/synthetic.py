@@ -32,6 +32,7 @@ from numbactr.runtime import atomic
 from numbactr.enums import Check_t
 from numbactr.data.file_list import write_file_list
 from numbactr.metrics import roc_auc
+from numbactr.data.validation import slot_offsets
 from numbactr.data.norm_write import NormWriter, key_dtype_of
 
 __all__ = [
@@ -364,7 +365,7 @@ def make_planted_dataset(
     model = make_planted_model(sizes, dense_dim, rng, num_pairs=num_pairs)
     cal_dense, cal_keys = _sample_features(rng, calibration_samples, dense_mu, dense_sigma, dense_zero_p, sizes, alpha)
     model.calibrate(cal_dense, list(cal_keys.T), target_auc, target_ctr)
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    offsets = slot_offsets(sizes)
 
     out_dir = os.path.abspath(os.fspath(out_dir))
     result = {}

@@ -73,6 +73,13 @@ class LabelRule:
             raise ValueError(f"LabelRule kind must be one of {sorted(LABEL_KINDS)}, got {self.kind!r}")
 
 
+def slot_offsets(slot_size_array) -> np.ndarray:
+    """(S,) int64 first key of each slot in one key space, the exclusive prefix sum of slot_size_array: key k
+    of slot s is k + slot_offsets[s] (the Criteo conversion's keys, the hybrid embedding's categories)."""
+    sizes = np.asarray(slot_size_array, np.int64)
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+
 def slot_ranges(bound, slots: int) -> SlotRanges | None:
     """Normalize one input's key bound: None, an int b ([0, b) for every slot), a SlotRanges, or a
     sequence of per-slot (lo, hi) pairs."""

@@ -61,6 +61,7 @@ from numbactr import log
 from numbactr.enums import CommunicationType, Embedding_t, HybridEmbeddingType, Optimizer_t
 from numbactr.embedding.engine import Pooling
 from numbactr.embedding.sharded import ShardedLookup, ShardedTable, owner_offsets
+from numbactr.data.validation import slot_offsets
 from numbactr.embedding.sparse_embedding import OneHotEmbedding
 from numbactr.config import HybridEmbeddingParam  # noqa: F401 (importable from here as before)
 
@@ -121,13 +122,6 @@ def infrequent_owner(cats: np.ndarray, frequent_sorted: np.ndarray, ranks: int) 
     cats = np.asarray(cats, np.int64)
     below = np.searchsorted(frequent_sorted, cats)  # frequent categories smaller than each
     return ((cats - below) % ranks).astype(np.int64)
-
-
-def slot_offsets(slot_size_array) -> np.ndarray:
-    """(S,) int64 first category of each slot, the exclusive prefix sum of slot_size_array: the hybrid
-    embedding's input holds per-slot ids, and key k of slot s is category k + slot_offsets[s]."""
-    sizes = np.asarray(slot_size_array, np.int64)
-    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
 
 class HybridLookup:

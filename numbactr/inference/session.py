@@ -40,6 +40,7 @@ from numbactr import log
 from numbactr import ops
 from numbactr.autograd import Tensor
 from numbactr.autograd.tape import _POLICY as _AUTOCAST
+from numbactr.data.validation import slot_offsets
 from numbactr.config import DataReaderParams, DenseLayer, Input, SparseEmbedding
 from numbactr.embedding.engine import BoundsCheck, Layout, Optim, OptimizerSpec, TableBatchedEmbedding, TableSpec
 from numbactr.embedding.sparse_embedding import POOLING
@@ -180,7 +181,7 @@ def hybrid_categories(e: SparseEmbedding, keys, offsets, slots: int) -> np.ndarr
             f"{int(sizes[slot[at]])}) given by slot_size_array (the hybrid embedding takes per-slot "
             "ids and adds the slot offsets itself)"
         )
-    return keys_h + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)[slot]
+    return keys_h + slot_offsets(sizes)[slot]
 
 
 class _Pooler:

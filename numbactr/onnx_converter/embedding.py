@@ -22,6 +22,7 @@ nnz; bags of 0 or 1 keys are not scaled). W = 1 skips the reduction.
 from __future__ import annotations
 
 import numpy as np
+from numbactr.data.validation import slot_offsets
 
 PAD_KEY = -1
 DENSE_SLACK = 4
@@ -58,7 +59,7 @@ def hybrid_keys(g, keys: str, slot_size_array, hint: str) -> str:
     offset of its slot (slot_size_array), as in training; a key outside [0, size_s) (and padding) becomes
     PAD_KEY, which reads the zero row (training stops on such a key instead)."""
     sizes = np.asarray(slot_size_array, np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64).reshape(1, -1, 1)  # (1, S, 1)
+    starts = slot_offsets(sizes).reshape(1, -1, 1)  # (1, S, 1)
     inside = g.op(
         "And",
         [
