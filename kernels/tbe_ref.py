@@ -570,3 +570,6 @@ def global_pass_first(kind: int, hp: dict) -> bool:
 def has_global_pass(kind: int, update_type: int) -> bool:
     return update_type == UpdateType.GLOBAL and kind in (Optim.HUGECTR_ADAM, Optim.HUGECTR_MOMENTUM_SGD,
                                                          Optim.HUGECTR_NESTEROV)
+
+
+PTX_CHECKS = []  # no kernels: the NumPy reference (the kernels are in tbe.py and tbe_row_ops.py)
