@@ -45,6 +45,22 @@ def block_sum(part, t, tpb):
 
 
 @cuda.jit(device=True, inline=True)
+def lane_sum(sh, ty, tx, v, lanes):
+    """Sum of v over the `lanes` threads tx = 0..lanes-1 of block row ty (lanes a power of two), through row ty
+    of the shared (rows, lanes) array sh; every lane of the row gets the sum (the row-wise block_sum)."""
+    cuda.syncthreads()                      # the row's shared cells are free (an earlier sum was read)
+    sh[ty, tx] = v
+    cuda.syncthreads()
+    step = lanes // 2
+    while step > 0:
+        if tx < step:
+            sh[ty, tx] += sh[ty, tx + step]
+        cuda.syncthreads()
+        step //= 2
+    return sh[ty, 0]
+
+
+@cuda.jit(device=True, inline=True)
 def block_max(part, t, tpb):
     cuda.syncthreads()
     step = _first_stride(tpb)

@@ -31,6 +31,7 @@ from numba import cuda, float32, float64, int64, uint64
 
 from . import optimizers as OPT
 from . import tbe_math as M
+from .block_reduce import lane_sum
 from .embedding_init import _splitmix64
 from .launch import block_rows, count_launch, launch_1d, launch_lanes, lanes_for
 from .scan import exclusive_scan, inclusive_max_scan
@@ -353,19 +354,6 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int, kind
     store = _store16 if w_half else _store32
     KIND, WD_MODE = int(kind_const), int(wd_mode_const)
 
-    @_device
-    def lane_sum(sh, ty, tx, v):
-        cuda.syncthreads()
-        sh[ty, tx] = v
-        cuda.syncthreads()
-        step = lanes // 2
-        while step > 0:
-            if tx < step:
-                sh[ty, tx] += sh[ty, tx + step]
-            cuda.syncthreads()
-            step //= 2
-        return sh[ty, 0]
-
     def update_kernel(w, sa, sb, srow, sprev, spit, scnt, elem_off, strides, dims, row_off, fcols, lin_of, perm,
                       seg_start, pos, bag_of, offsets, psw, has_psw, dy, ks, ki, kb, grad_rows, grad_vals, sr_rows,
                       has_sr_rows):
@@ -451,8 +439,8 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int, kind
                             gd += wd * wv
                         gpart += gd * gd
                         wpart += wv * wv
-                gsum = lane_sum(sh, ty, tx, gpart)
-                wsum = lane_sum(sh, ty, tx, wpart)
+                gsum = lane_sum(sh, ty, tx, gpart, lanes)
+                wsum = lane_sum(sh, ty, tx, wpart, lanes)
                 if kind == M._LARS:
                     if active:
                         c0 = lars_rate(wsum, gsum, lr, ks[M.KS_ETA], wd)
@@ -478,7 +466,7 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int, kind
                         if kind == M._RW_ADAGRAD and wd_mode == M._L2:
                             gd += wd * load(w, e0 + d)
                         part += gd * gd
-                sumsq = lane_sum(sh, ty, tx, part)
+                sumsq = lane_sum(sh, ty, tx, part, lanes)
                 rnew = float32(0.0)
                 if active:
                     rnew, c0, c1 = row_scalars(kind, wd_mode, sumsq, width, srow[lin], lr, eps, b2, wd,
@@ -524,7 +512,7 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int, kind
                     else:
                         buf[v] = wn
             if lamb:
-                ratio = lamb_ratio(lane_sum(sh, ty, tx, wpart), lane_sum(sh, ty, tx, rpart))
+                ratio = lamb_ratio(lane_sum(sh, ty, tx, wpart, lanes), lane_sum(sh, ty, tx, rpart, lanes))
                 for v in range(per_lane):
                     d = tx + v * lanes
                     if d < width:
@@ -535,7 +523,7 @@ def make_update_kernel(w_half: bool, lanes: int, items: int, per_lane: int, kind
                 for v in range(per_lane):
                     if tx + v * lanes < width:
                         npart += buf[v] * buf[v]
-                scale = max_norm_scale(lane_sum(sh, ty, tx, npart), ks[M.KS_MAXN])
+                scale = max_norm_scale(lane_sum(sh, ty, tx, npart, lanes), ks[M.KS_MAXN])
             for v in range(per_lane):
                 d = tx + v * lanes
                 if d < width:
@@ -639,17 +627,9 @@ def make_psw_grad_kernel(w_half: bool, lanes: int, items: int):
                     for d in range(tx, dim, lanes):
                         g = dy[k * dim + d] if pooling == 2 else dy[b * total + fcols[f] + d]
                         part += g * load(w, base + d)
-            cuda.syncthreads()
-            sh[ty, tx] = part
-            cuda.syncthreads()
-            step = lanes // 2
-            while step > 0:
-                if tx < step:
-                    sh[ty, tx] += sh[ty, tx + step]
-                cuda.syncthreads()
-                step //= 2
+            total_k = lane_sum(sh, ty, tx, part, lanes)
             if tx == 0 and k < n:
-                out[k] = sc * sh[ty, 0]
+                out[k] = sc * total_k
 
     return psw_grad_kernel
 

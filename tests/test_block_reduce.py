@@ -113,3 +113,30 @@ def test_block_sum_and_max_take_any_block_size(tpb, n, seed):
     make_sum_max(tpb)[1, tpb](x, out)
     assert out[0] == pytest.approx(block_sum_ref(x), abs=1e-4)
     assert out[1] == x.max()
+
+
+@functools.lru_cache(maxsize=None)
+def make_lane_sum(rows, lanes):
+    from numbactr.kernels.block_reduce import lane_sum
+
+    @cuda.jit
+    def k(x, out):
+        sh = cuda.shared.array((rows, lanes), float32)
+        ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
+        acc = float32(0.0)
+        for i in range(tx, x.shape[1], lanes):
+            acc += x[ty, i]
+        s = lane_sum(sh, ty, tx, acc, lanes)
+        out[ty, tx] = s  # every lane of the row gets the row's sum
+
+    return k
+
+
+@pytest.mark.parametrize("rows,lanes", [(1, 1), (2, 4), (3, 32)])
+@given(n=st.integers(0, 70), seed=st.integers(0, 9))
+def test_lane_sum_gives_every_lane_its_rows_sum(rows, lanes, n, seed):
+    x = np.random.default_rng(seed).normal(size=(rows, n)).astype(np.float32)
+    out = np.full((rows, lanes), np.nan, np.float32)
+    make_lane_sum(rows, lanes)[1, (lanes, rows)](x, out)
+    for r in range(rows):
+        np.testing.assert_allclose(out[r], block_sum_ref(x[r]), atol=1e-4)
