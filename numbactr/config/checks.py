@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numbers
 
-from numbactr.validate import IgnoredArgumentWarning, warn_ignored  # noqa: F401 (hugectr.IgnoredArgumentWarning)
 from numbactr.validate import expect as _expect
 
 

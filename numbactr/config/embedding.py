@@ -12,7 +12,7 @@ from numbactr.enums import (
     Embedding_t,
     HybridEmbeddingType,
 )
-from numbactr.validate import IgnoredArgumentWarning, warn_ignored  # noqa: F401 (hugectr.IgnoredArgumentWarning)
+from numbactr.validate import warn_ignored
 from numbactr.validate import expect as _expect, number as _number
 from numbactr.config.checks import _sizes
 from numbactr.config.solver import OptParamsPy

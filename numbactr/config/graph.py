@@ -15,7 +15,7 @@ from numbactr.enums import (
     Layer_t,
     Regularizer_t,
 )
-from numbactr.validate import IgnoredArgumentWarning, warn_ignored  # noqa: F401 (hugectr.IgnoredArgumentWarning)
+from numbactr.validate import warn_ignored
 from numbactr.validate import expect as _expect, number as _number
 
 

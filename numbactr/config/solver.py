@@ -16,7 +16,7 @@ from numbactr.enums import (
     Optimizer_t,
     Update_t,
 )
-from numbactr.validate import IgnoredArgumentWarning, warn_ignored  # noqa: F401 (hugectr.IgnoredArgumentWarning)
+from numbactr.validate import warn_ignored
 from numbactr.validate import expect as _expect, number as _number
 from numbactr.config.checks import _flag, _sizes
 
