@@ -359,7 +359,7 @@ class TableBatchedEmbedding(_LookupRows):
         skip (N,) bool, optional: occurrences that read nothing (zeros), are not inserted into a hash table
         and are not updated (row -1), e.g. the keys another rank owns in a gathered sharded lookup
         (numbactr.embedding.sharded); computed on the device, no host read."""
-        ctx = self._lookup(
+        ctx = self.lookup(
             indices,
             offsets,
             per_sample_weights,
@@ -369,30 +369,6 @@ class TableBatchedEmbedding(_LookupRows):
             skip=skip,
         )
         return self._forward(ctx), ctx
-
-    def lookup(
-        self,
-        indices,
-        offsets,
-        per_sample_weights=None,
-        *,
-        training: bool = True,
-        pooling=None,
-        feature_requires_grad=None,
-        skip=None,
-    ) -> LookupContext:
-        """forward without the pooling: the LookupContext (bounds checked, keys made rows; FATAL raises here).
-        pool(ctx) then gives forward's output; a caller changes rows in between (FBGEMM's global weight decay
-        scales the rows a lookup reads before it reads them: touched_rows, scale_rows)."""
-        return self._lookup(
-            indices,
-            offsets,
-            per_sample_weights,
-            training=training,
-            pooling=pooling,
-            feature_requires_grad=feature_requires_grad,
-            skip=skip,
-        )
 
     def pool(self, ctx: LookupContext):
         """forward's output of a lookup(): the rows ctx reads, pooled as they are now."""
@@ -464,7 +440,7 @@ class TableBatchedEmbedding(_LookupRows):
             raise NotImplementedError("lerp_halves: INT8 weights are forward only")
         self._impl.lerp_halves(float(coef))
 
-    def _lookup(
+    def lookup(
         self,
         indices,
         offsets,
@@ -475,7 +451,10 @@ class TableBatchedEmbedding(_LookupRows):
         feature_requires_grad=None,
         skip=None,
     ) -> LookupContext:
-        """forward's checks and row resolution (bounds, hash tables, tiers): the LookupContext of a lookup."""
+        """forward's first half: its checks and row resolution (bounds, hash tables, tiers; FATAL raises here),
+        as the LookupContext. pool(ctx) then gives forward's output; a caller may change rows in between
+        (FBGEMM's global weight decay scales the rows a lookup reads before it reads them: touched_rows,
+        scale_rows)."""
         xp = device.xp()
         pooling = self.pooling if pooling is None else Pooling(pooling)
         if pooling == Pooling.NONE:

@@ -39,7 +39,7 @@ class _LookupRows:
             raise ValueError(
                 f"forward_bytes reads byte-row (INT8) weights; these tables hold {self.weights_precision.name}"
             )
-        ctx = self._lookup(indices, offsets, None, training=False, pooling=Pooling.NONE)
+        ctx = self.lookup(indices, offsets, None, training=False, pooling=Pooling.NONE)
         xp = device.xp()
         width = int(width)
         short = [t for t, c in enumerate(self.codecs) if c.row_bytes < width]
