@@ -22,6 +22,18 @@ CONVERTERS = {
         "Criteo TSV click logs -> HugeCTR Norm or Parquet (HugeCTR's pandas "
         "preprocessing, streamed in chunks; prints the slot_size_array)",
     ),
+    "movielens": (
+        "numbactr.data.convert.movielens",
+        "MovieLens ratings (u.data, ratings.dat, ratings.csv) -> leave-last-out split, NCF's sampled negatives",
+    ),
+    "avazu": ("numbactr.data.convert.avazu", "Avazu CSV click logs (Kaggle) -> 23 one-hot slots"),
+    "libfm": (
+        "numbactr.data.convert.libfm",
+        "libFM files (label field:feature:value; Frappe, BARS) -> one slot per field",
+    ),
+    "libsvm": ("numbactr.data.convert.libsvm", "libSVM files (label feature:value) -> slots by position or boundaries"),
+    "census": ("numbactr.data.convert.census", "UCI census income (adult) -> Wide & Deep features, the >50K label"),
+    "taobao": ("numbactr.data.convert.taobao", "Taobao UserBehavior.csv -> behaviour histories for DIN/BST"),
 }
 BENCH_HELP = """benchmarks (markdown tables; not tests):
   hash                 hash-table insert/find, Mkeys/s
