@@ -61,13 +61,16 @@ def _open(path: str, what: str):
         raise ValueError(f"{what} file {path!r} cannot be read ({e})") from None
 
 
-def read_blocks(path: str, what: str, chunk_lines: int = 500_000, encoding: str = "utf-8", skip_header=None):
+def read_blocks(
+    path: str, what: str, chunk_lines: int = 500_000, encoding: str = "utf-8", skip_header=None, hint: bool = True
+):
     """Yield ``(lines, numbers)`` for chunks of up to ``chunk_lines`` lines of a text file.
 
     lines: the decoded non-blank lines without their line ends; numbers: their 1-based line numbers in
     the file (blank lines count in the numbering and are skipped: they hold no record). ``skip_header``:
     None, or a function of the first non-blank line that says whether it is a header to skip. A line
-    that is not valid ``encoding`` raises ValueError naming the file and the line. The progress bar
+    that is not valid ``encoding`` raises ValueError naming the file and the line (with ``hint``, the
+    message suggests the converter's encoding option). The progress bar
     counts bytes of the file read.
     """
     size = os.path.getsize(path) if os.path.isfile(path) else None
@@ -93,8 +96,8 @@ def read_blocks(path: str, what: str, chunk_lines: int = 500_000, encoding: str 
                 except UnicodeDecodeError as e:
                     raise ValueError(
                         f"{what} file {path!r}, line {number}: byte {b[e.start : e.start + 1]!r} at column "
-                        f"{e.start + 1} is not {encoding} text ({e.reason}); pass the file's encoding "
-                        f"(e.g. encoding='latin-1', --encoding latin-1)"
+                        f"{e.start + 1} is not {encoding} text ({e.reason})"
+                        + ("; pass the file's encoding (e.g. encoding='latin-1', --encoding latin-1)" if hint else "")
                     ) from None
                 if first:
                     first = False

@@ -113,7 +113,7 @@ def read_ratings(source, chunk_size: int = 500_000) -> tuple[dict, str]:
     sep, layout = _layout(path)
     parts = {k: [] for k in _COLUMNS}
     header = (lambda s: not s.split(sep)[0].strip().lstrip("-").isdigit()) if sep == "," else None
-    for lines, numbers in read_blocks(path, WHAT, chunk_size, skip_header=header):
+    for lines, numbers in read_blocks(path, WHAT, chunk_size, skip_header=header, hint=False):
         rows = split_fields(lines, numbers, sep, 4, path, WHAT, layout)
         cols = list(zip(*rows))
         for k, (name, dt) in enumerate(

