@@ -79,7 +79,7 @@ def _chunks(path, cols, chunk_size, encoding):
         bad = (np.char.str_len(hour) != 8) | ~np.char.isdigit(hour)
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"{WHAT} file {path!r}, line {nums[i]}: hour {hour[i]!r} is not YYMMDDHH")
+            raise ValueError(f"{WHAT} file {path!r}, line {nums[i]}: hour {str(hour[i])!r} is not YYMMDDHH")
         h = hour.astype(np.int64)
         day = np.array([f"20{d[:2]}-{d[2:4]}-{d[4:6]}" for d in hour.tolist()], dtype="datetime64[D]")
         feats = {"hour_of_day": h % 100, "weekday": (day.astype(np.int64) + 3) % 7}  # 1970-01-01 is a Thursday
