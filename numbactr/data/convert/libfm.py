@@ -84,7 +84,7 @@ def _parse(lines, nums, path, kind, fields, regression, stats):
                 continue
             if v != 1:
                 stats["non_unit_values_kept_as_keys"] += 1
-            f = ints[0] if kind == "libfm" else pos if fields == "position" else 0
+            f = ints[0] if kind == "libfm" else pos if isinstance(fields, str) and fields == "position" else 0
             row.append(r)
             fld.append(f)
             feat.append(ints[-1])
@@ -120,7 +120,7 @@ def convert_libfm(
     """Convert a libFM (kind="libfm") or libSVM (kind="libsvm") file; see the module docstring."""
     if kind not in ("libfm", "libsvm"):
         raise ValueError(f"kind must be 'libfm' or 'libsvm', got {kind!r}")
-    if not (fields in ("position", "single") or isinstance(fields, (list, tuple, np.ndarray))):
+    if not (isinstance(fields, (list, tuple, np.ndarray)) or fields in ("position", "single")):
         raise ValueError(f"fields must be 'position', 'single' or a list of boundaries, got {fields!r}")
     if isinstance(fields, (list, tuple, np.ndarray)):
         fields = np.asarray(fields, np.int64)
