@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from numbactr.data.convert.avazu import convert_avazu, main
-from realdata import offsets, read_back
+from tests.realdata import offsets, read_back
 
 HEADER = (
     "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,device_id,"

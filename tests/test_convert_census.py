@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from numbactr.data.convert.census import BUCKETS, CATEGORICAL, NUMERIC, convert_census, main
-from realdata import ADULT, offsets, read_back, wheel_table
+from tests.realdata import ADULT, offsets, read_back, wheel_table
 
 DATA = """39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K
 50, Self-emp-not-inc, 83311, Bachelors, 13, Married-civ-spouse, Exec-managerial, Husband, White, Male, 0, 0, 13, United-States, <=50K

@@ -5,7 +5,7 @@ import pytest
 
 from numbactr.data.convert.libfm import convert_libfm, main
 from numbactr.data.convert.libsvm import convert_libsvm
-from realdata import offsets, read_back
+from tests.realdata import offsets, read_back
 
 # Frappe's files: libSVM-style lines, label -1/1, one feature per field in field order
 FRAPPE = "-1 451:1 4149:1 5041:1\n1 452:1 4150:1 5041:1\n\n1 451:1 4149:1 5042:1\n-1 9:1 4150:1 5041:1\n"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from numbactr.data.convert.movielens import convert_movielens, main, read_ratings
-from realdata import MOVIELENS, offsets, read_back, wheel_table
+from tests.realdata import MOVIELENS, offsets, read_back, wheel_table
 
 # u.data: user item rating timestamp; a blank line, a repeated (user, item) pair (the later one counts),
 # users 7 (one rating: dropped) and 3, 5, 9 with several

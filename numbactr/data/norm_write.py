@@ -334,7 +334,12 @@ class NormWriter:
 
 
 def write_norm_file(path, label, dense, slots, check=Check_t.Sum, key_dtype=np.uint32) -> None:
-    """One-shot NormWriter: write all samples of one file."""
+    """One-shot NormWriter: write all samples of one file.
+
+    label (n,) or (n, L), dense (n, D) float; slots as NormWriter.write takes them. Keys are written
+    verbatim: for HugeCTR's hash embeddings they must already be unique across slots (add the slot
+    offsets, as numbactr.data.convert does). key_dtype: np.uint32 (i64_input_key=False) or np.int64.
+    """
     label = np.asarray(label, np.float32)
     label = label.reshape(-1, 1) if label.ndim == 1 else label
     dense = np.asarray(dense, np.float32)

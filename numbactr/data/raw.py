@@ -47,7 +47,10 @@ def write_raw_file(path, label, dense, keys, float_label_dense: bool = False, ap
     """Write samples to a Raw file; returns the number written.
 
     label (n, L), dense (n, D): float32 with float_label_dense, else integers stored as int32 (dense are
-    the raw counts; the reader applies log(x + 1)). keys (n, S): one int32 key per slot.
+    the raw counts; the reader applies log(x + 1)). keys (n, S): one int32 key per slot, per-slot keys in
+    [0, slot_size_array[k]) for one-hot embeddings (HugeCTR's convention: they add the slot offsets).
+    append=True adds the samples to the end of an existing file. Raw stores no sample count: give the
+    reader num_samples.
     """
     keys = np.asarray(keys)
     if keys.ndim == 1:

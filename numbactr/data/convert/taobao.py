@@ -63,7 +63,9 @@ def _read(path, chunk_size, encoding):
         bad = ~np.isin(beh, BEHAVIORS)
         if bad.any():
             j = int(np.argmax(bad))
-            raise ValueError(f"{WHAT} file {path!r}, line {nums[j]}: behavior {str(beh[j])!r} is not one of {BEHAVIORS}")
+            raise ValueError(
+                f"{WHAT} file {path!r}, line {nums[j]}: behavior {str(beh[j])!r} is not one of {BEHAVIORS}"
+            )
         parts["beh"].append(np.searchsorted(np.asarray(sorted(BEHAVIORS)), beh).astype(np.int8))
     if not parts["user"]:
         raise ValueError(f"{WHAT} file {path!r} has no records")
