@@ -78,7 +78,8 @@ class Solver:
     metrics_spec: Any = None
     # numbactr only: the cutoff K of MetricsType.HitRateAtK / NDCGAtK, and the groups (users) that they and
     # GroupAUC score: every eval_group_size consecutive eval rows, or the rows sharing the key of sparse slot
-    # eval_group_slot (numbered over all sparse inputs, as the data file lays them out)
+    # eval_group_slot (numbered over all sparse inputs, as the data file lays them out). The metrics_spec value
+    # of numbactr's metrics is not used (HugeCTR's is a threshold: AUC's stops training when exceeded)
     metrics_k: int = 10
     eval_group_size: int = 0
     eval_group_slot: Any = None
