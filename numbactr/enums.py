@@ -44,7 +44,9 @@ Activation_t = _make("Activation_t", "Relu Non")
 FcPosition_t = _make("FcPosition_t", "Non Head Body Tail Isolated")
 Regularizer_t = _make("Regularizer_t", "L1 L2")
 MetricsRawType = _make("MetricsRawType", "Loss Pred Label")
-MetricsType = _make("MetricsType", "AUC AverageLoss HitRate NDCG SMAPE")
+#: HugeCTR's five, then numbactr's own (numbactr.metrics): HitRateAtK and NDCGAtK (cutoff CreateSolver(metrics_k=)),
+#: GroupAUC (groups: CreateSolver(eval_group_size=) or eval_group_slot=), LogLoss
+MetricsType = _make("MetricsType", "AUC AverageLoss HitRate NDCG SMAPE HitRateAtK NDCGAtK GroupAUC LogLoss")
 DeviceLayout = _make("DeviceLayout", "LocalFirst NodeFirst")
 AllReduceAlgo = _make("AllReduceAlgo", "OneShot NCCL")
 #: HybridSparseEmbedding's (numbactr.embedding.hybrid). Registered before Distribution_t as in HugeCTR's

@@ -103,7 +103,9 @@ class Model:
         # over them there, then the regularizer terms) with their weights, read only when current_loss is
         # asked for (display, evaluation, a user's call)
         self._pending_loss = None
-        self.metrics = MetricAccumulator(solver.metrics_spec)
+        self.metrics = MetricAccumulator(
+            solver.metrics_spec, solver.metrics_k, solver.eval_group_size, solver.eval_group_slot
+        )
         self._train_reader = self._eval_reader = None
         self.history = {"iter": [], "loss": [], "lr": [], "eval_iter": [], "auc": []}
         self._last_tensors: dict[bool, dict] = {}  # training? -> the last forward's tensors by name
@@ -145,6 +147,13 @@ class Model:
     def compile(self, loss_names=None, loss_weights=None) -> None:
         """The losses (with their weights), the flat weight vector and the dense optimizer."""
         graph.compile(self, loss_names, loss_weights)
+        if self.solver.eval_group_slot is not None and self.input is not None:  # a clear error now, not at eval
+            total = sum(sp.slot_num for sp in self.input.sparse)
+            if self.solver.eval_group_slot >= total:
+                raise ModelError(
+                    f"CreateSolver(eval_group_slot={self.solver.eval_group_slot}): the Input has {total} "
+                    f"sparse slots (0..{total - 1}, over its sparse inputs in order)"
+                )
 
     def summary(self) -> None:
         graph.summary(self)

@@ -16,6 +16,7 @@ from numbactr.enums import (
     Optimizer_t,
     Update_t,
 )
+from numbactr.metrics import GROUPED
 from numbactr.validate import warn_ignored
 from numbactr.validate import expect as _expect, number as _number
 from numbactr.config.checks import _flag, _sizes
@@ -75,6 +76,13 @@ class Solver:
     # numbactr only: the half dtype of mixed precision, "float16" (HugeCTR's) or "bfloat16" (ml_dtypes)
     mixed_precision_dtype: str = "float16"
     metrics_spec: Any = None
+    # numbactr only: the cutoff K of MetricsType.HitRateAtK / NDCGAtK, and the groups (users) that they and
+    # GroupAUC score: every eval_group_size consecutive eval rows, or the rows sharing the key of sparse slot
+    # eval_group_slot (numbered over all sparse inputs, as the data file lays them out). The metrics_spec value
+    # of numbactr's metrics is not used (HugeCTR's is a threshold: AUC's stops training when exceeded)
+    metrics_k: int = 10
+    eval_group_size: int = 0
+    eval_group_slot: Any = None
     i64_input_key: bool = False
     use_algorithm_search: bool = True
     use_cuda_graph: bool = True
@@ -174,6 +182,7 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
     )
     for m, v in s.metrics_spec.items():
         _number(who, f"metrics_spec[{m!r}]", v)
+    _check_groups(s)
     _expect(
         not (s.use_mixed_precision and s.enable_tf32_compute),
         "CreateSolver: use_mixed_precision and enable_tf32_compute cannot both be True",
@@ -213,6 +222,36 @@ def CreateSolver(*args, **kw) -> Solver:  # noqa: N802 (HugeCTR's name)
     if unused:
         warn_ignored(who, "vvgpu", [list(n) for n in s.vvgpu], f"in part: {unused}", stacklevel=2)
     return s
+
+
+def _check_groups(s: Solver) -> None:
+    """metrics_k, eval_group_size, eval_group_slot: consistent with each other and with metrics_spec."""
+    who = "CreateSolver"
+    _number(who, "metrics_k", s.metrics_k, 1, integer=True)
+    _number(who, "eval_group_size", s.eval_group_size, 0, integer=True)
+    if s.eval_group_slot is not None:
+        _number(who, "eval_group_slot", s.eval_group_slot, 0, integer=True)
+    _expect(
+        not (s.eval_group_size and s.eval_group_slot is not None),
+        f"CreateSolver: give eval_group_size ({s.eval_group_size}) or eval_group_slot ({s.eval_group_slot}), "
+        "not both: the groups are either blocks of consecutive eval rows or the rows sharing a slot's key",
+    )
+    grouped = [f"MetricsType.{m.name}" for m in GROUPED if m in s.metrics_spec]
+    _expect(
+        not grouped or s.eval_group_size or s.eval_group_slot is not None,
+        f"CreateSolver: metrics_spec asks for {', '.join(grouped)}, which score groups of eval rows (users): "
+        "give eval_group_size=N (every N consecutive eval rows are one group, e.g. 100 for a held-out "
+        "positive and its 99 sampled negatives) or eval_group_slot=S (the key of sparse slot S is the "
+        "row's group, e.g. the user id)",
+    )
+    if s.eval_group_size and s.batchsize_eval % s.eval_group_size:
+        fit = max(1, s.batchsize_eval // s.eval_group_size) * s.eval_group_size
+        _expect(
+            False,
+            f"CreateSolver: batchsize_eval ({s.batchsize_eval}) must be a multiple of eval_group_size "
+            f"({s.eval_group_size}): every evaluation goes on where the last stopped, and must start on a "
+            f"group boundary (e.g. batchsize_eval={fit})",
+        )
 
 
 # DataReaderParams' positional order, HugeCTR's (include/pybind/model_wrapper.hpp): keyset comes third

@@ -47,7 +47,7 @@ from numbactr.embedding.sparse_embedding import POOLING
 from numbactr.enums import DataReaderType_t, Embedding_t, MetricsType
 from numbactr.layers import LayerError, RunInfo, build
 from numbactr.layers.losses import sigmoid, softmax2
-from numbactr.metrics import MetricAccumulator
+from numbactr.metrics import column_metric, row_group_keys
 from numbactr.ops import sigmoid as bce_sigmoid
 from numbactr.inference.hps import ParameterServer, check_keys, lane_stride
 from numbactr.inference.params import InferenceParams, ParameterServerConfig
@@ -497,9 +497,12 @@ class InferenceSession:
         num_samples=0,
         data_source_params=None,
         reading_file_sequentially=False,
+        group_slot=None,
     ):
-        """(predictions (num_batches * B, P), labels per loss layer)."""
-        preds, labels = [], []
+        """(predictions (num_batches * B, P), labels (n, label_dim), the key of sparse slot group_slot per
+        sample (n,) or None)."""
+        preds, labels, groups = [], [], []
+        slots = [sp.slot_num for sp in self.graph.input.sparse]
         for batch, p in self._batches(
             num_batches,
             source,
@@ -511,15 +514,45 @@ class InferenceSession:
             reading_file_sequentially,
         ):
             preds.append(p)
-            labels.append(batch.label)
+            labels.append(batch.label[: batch.size])
+            if group_slot is not None:
+                who = f"group slot {group_slot} ({source}, batch {len(preds) - 1})"
+                groups.append(row_group_keys(batch.sparse, slots, group_slot, batch.size, who, device.to_host))
         if not preds:
-            return np.zeros((0, self._width()), np.float32), np.zeros((0, self.graph.input.label_dim), np.float32)
-        return np.concatenate(preds), np.concatenate(labels)
+            zeros = np.zeros((0, self._width()), np.float32), np.zeros((0, self.graph.input.label_dim), np.float32)
+            return zeros + (None if group_slot is None else np.zeros(0, np.int64),)
+        return np.concatenate(preds), np.concatenate(labels), None if group_slot is None else np.concatenate(groups)
 
     def predict_source(self, source: str, data_reader_type, check_type, slot_size_array=()) -> np.ndarray:
         """numbactr extra (``numbactr predict``): (n, P) predictions of every sample of source, once each, in
         file order."""
         return self._predict_files(None, source, data_reader_type, check_type, slot_size_array)[0]
+
+    def score_source(self, source: str, data_reader_type, check_type, slot_size_array=(), group_slot=None):
+        """numbactr extra (``numbactr predict --metrics``): every sample of source once, in file order:
+        (predictions (n, P), metric_columns' (predictions, labels) (n, C) each, group keys (n,) or None).
+        group_slot: the sparse slot (numbered over the sparse inputs in order) whose key is each sample's
+        group (user)."""
+        preds, labels, groups = self._predict_files(
+            None, source, data_reader_type, check_type, slot_size_array, group_slot=group_slot
+        )
+        return preds, self.metric_columns(preds, labels), groups
+
+    def metric_columns(self, preds: np.ndarray, labels: np.ndarray) -> tuple:
+        """(predictions, labels), (n, C) each, column c of one against column c of the other: each loss
+        layer's predictions against its label columns; CrossEntropy's (n, 2) softmax with class labels
+        gives P(class 1)."""
+        g, cols, p_cols, c = self.graph, [], [], 0
+        for layer in g.losses:
+            c0, c1 = g.label_columns[layer.cfg.bottom_names[1]]
+            width = 2 if layer.type_name == "CrossEntropyLoss" else c1 - c0
+            p = preds[:, c : c + width]
+            if width == 2 and c1 - c0 == 1:  # CrossEntropy with class labels: P(class 1)
+                p = p[:, 1:]
+            p_cols.append(p)
+            cols.append(labels[:, c0:c1])
+            c += width
+        return np.concatenate(p_cols, axis=1), np.concatenate(cols, axis=1)
 
     def prediction_names(self) -> list:
         """A name per prediction column: ``prediction`` for one, else ``<label>`` or ``<label>_<k>`` per loss
@@ -554,7 +587,7 @@ class InferenceSession:
     ) -> float:
         """AUC of num_batches batches (each loss layer against its label columns; several columns: the mean
         of their AUCs, as HugeCTR's AUC of label_dim > 1)."""
-        preds, labels = self._predict_files(
+        preds, labels, _ = self._predict_files(
             num_batches,
             source,
             data_reader_type,
@@ -564,19 +597,8 @@ class InferenceSession:
             data_source_params,
             reading_file_sequentially,
         )
-        g, cols, p_cols, c = self.graph, [], [], 0
-        for layer in g.losses:
-            c0, c1 = g.label_columns[layer.cfg.bottom_names[1]]
-            width = 2 if layer.type_name == "CrossEntropyLoss" else c1 - c0
-            p = preds[:, c : c + width]
-            if width == 2 and c1 - c0 == 1:  # CrossEntropy with class labels: P(class 1)
-                p = p[:, 1:]
-            p_cols.append(p)
-            cols.append(labels[:, c0:c1])
-            c += width
-        acc = MetricAccumulator({MetricsType.AUC: 1.0})
-        acc.add(np.concatenate(p_cols, axis=1), np.concatenate(cols, axis=1), 0.0)
-        return float(acc.finalize()[0][1])
+        p, y = self.metric_columns(preds, labels)
+        return column_metric(MetricsType.AUC, y, p)
 
     def refresh_embedding_cache(self) -> None:
         """HugeCTR's refresh: the cached vectors read again from the databases (numbactr.inference.hps)."""

@@ -18,6 +18,7 @@ from numbactr import hugectr_exact
 from numbactr.autograd import Tensor
 from numbactr.validate import number as _number, warn_ignored
 from numbactr.enums import MetricsType, Tensor_t
+from numbactr.metrics import row_group_keys
 from numbactr.runtime import device
 from numbactr import log
 from numbactr.train import graph, step
@@ -217,10 +218,16 @@ def eval_batch(model) -> bool:
     preds, labels = np.concatenate(preds, axis=1), np.concatenate(labels, axis=1)
     outputs = np.concatenate(outputs, axis=1)
     loss = step.loss_value(model, t, batch.batch_size * model.ranks, None if hugectr_exact.hugectr_exact() else n)
+    groups = None
+    if model.metrics.wants_group_keys:  # each valid row's group (user): the key of CreateSolver's eval_group_slot
+        slots = [sp.slot_num for sp in model.input.sparse]
+        who = f"eval_group_slot={model.solver.eval_group_slot} (eval source {model.reader_params.eval_source!r})"
+        groups = row_group_keys(batch.sparse, slots, model.solver.eval_group_slot, n, who, device.to_host)
     if model.ranks > 1:  # every rank scores the whole global eval batch
         preds, labels = model.comm.allgather_rows(preds), model.comm.allgather_rows(labels)
         outputs = model.comm.allgather_rows(outputs)
-    model.metrics.add(preds, labels, loss)
+        groups = None if groups is None else model.comm.allgather_rows(groups)
+    model.metrics.add(preds, labels, loss, groups)
     model._last_eval = (outputs, labels)
     return True
 
