@@ -19,15 +19,28 @@ import sys
 from dataclasses import dataclass
 
 BIN = os.path.dirname(sys.executable)
-FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")
+FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>\{[\w-]+\}.*|[\w+-]*)\s*$")
+#: the comment that marks a docs block as not run by the tests, with the reason: <!-- not run: REASON -->
+NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>\S.*?)\s*-->\s*$")
 
 
 @dataclass
 class Block:
-    lang: str
+    lang: str  # "bash", "python", "text", ... or a MyST directive such as "{toctree}"
     code: str
     line: int  # 1-based line of the opening fence
     before: str  # the text between the previous block and this one
+
+    @property
+    def not_run(self):
+        """The reason given in a `<!-- not run: REASON -->` line right before the fence, else None."""
+        last = self.before.rstrip("\n").rsplit("\n", 1)[-1]
+        m = NOT_RUN.search(last)
+        return m["why"] if m else None
+
+    @property
+    def directive(self) -> bool:
+        return self.lang.startswith("{")
 
 
 def fenced_blocks(text: str) -> list:

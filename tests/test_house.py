@@ -51,3 +51,12 @@ def test_every_package_is_listed_for_the_wheel():
     }
     assert have - listed == set(), "packages missing from pyproject.toml's [tool.setuptools] packages"
     assert listed - have == set(), "pyproject.toml lists packages that do not exist"
+
+
+def test_the_architecture_drawing_names_every_module_and_package():
+    """docs/concepts/architecture.md draws the package: it must name each of numbactr/'s modules and packages."""
+    drawing = (ROOT / "docs" / "concepts" / "architecture.md").read_text()
+    pkg = ROOT / "numbactr"
+    names = [p.name for p in pkg.glob("*.py")] + [p.name + "/" for p in pkg.iterdir() if (p / "__init__.py").exists()]
+    missing = [n for n in names if n not in drawing and n.rstrip("/") + " ->" not in drawing]
+    assert not missing, f"docs/concepts/architecture.md does not name {missing}"

@@ -6,9 +6,10 @@ such as runs/, criteo_out/ and dcn_data/ land there, not in the checkout), in th
 `train.py`"), so the bash blocks after it can run it. Each command must exit 0 and print no warning
 and no traceback.
 
-Two commands are not run here: the install steps of the "two commands" (this test runs inside the
-environment they create; their extras must exist in pyproject.toml, and CI runs the test command
-verbatim from .ci/run) and the test command itself. The commands that take minutes at their default
+Commands not run here: the install steps of the "two commands" (this test runs inside the environment
+they create; their extras must exist in pyproject.toml, and CI runs the test command verbatim from
+.ci/run), the test command itself and the documentation build (CI runs it verbatim too).
+tests/test_docs.py runs the pages of docs/ the same way, with these functions. The commands that take minutes at their default
 sizes run with smaller sizes through their own documented options (SHRINK); everything else runs
 exactly as written.
 """
@@ -58,17 +59,27 @@ def test_shrink_puts_options_before_a_comment():
 PEER_INSTALL = re.compile(r'^pip install -q -e "\.\[(?P<extras>[\w,]+)\]"$')
 #: what each peer extra brings, by import name
 PEER_MODULES = {"fbgemm": ("torch", "fbgemm_gpu")}
+#: the command that builds the documentation site: CI runs it verbatim (.ci/run), this test does not
+DOCS_BUILD = ".venv/bin/sphinx-build -W --keep-going -b html docs docs/_build/html"
 
 
-def readme_steps():
-    """[(kind, payload)] in README order: ("file", (name, code)), ("run", command), or ("peer", (extras,
-    [commands])) for a bash block that installs a peer first (run by test_readme_blocks_with_a_peer)."""
+def doc_steps(text: str, where: str) -> list:
+    """[(kind, payload)] in page order: ("file", (name, code)), ("run", command), or ("peer", (extras,
+    [commands])) for a bash block that installs a peer first (run by the *_with_a_peer tests).
+
+    A ```python block is saved under the name the text before it gives ("as `x.py`"); one without a name is
+    saved under a name of its own and run. A block marked `<!-- not run: REASON -->` is skipped; a block in any
+    other language must be marked so (or be a MyST directive such as {toctree})."""
     steps = []
-    for block in fenced_blocks(README):
+    for block in fenced_blocks(text):
+        if block.directive or block.not_run:
+            continue
         if block.lang == "python":
             m = re.search(r"as `([\w./-]+\.py)`", block.before)
-            assert m, f"README line {block.line}: say which file the python block is saved as (as `x.py`)"
-            steps.append(("file", (m.group(1), block.code)))
+            name = m.group(1) if m else f"_{pathlib.Path(where).stem}_line{block.line}.py"
+            steps.append(("file", (name, block.code)))
+            if not m:
+                steps.append(("run", f"python {name}"))
         elif block.lang == "bash":
             cmds = commands(block.code)
             m = PEER_INSTALL.match(cmds[0].partition(" # ")[0].strip()) if cmds else None
@@ -76,7 +87,16 @@ def readme_steps():
                 steps.append(("peer", (m["extras"].split(","), cmds[1:])))
             else:
                 steps.extend(("run", c) for c in cmds)
+        else:
+            raise AssertionError(
+                f"{where} line {block.line}: a ```{block.lang} block is neither run (bash, python) nor marked "
+                "<!-- not run: REASON --> on the line before it"
+            )
     return steps
+
+
+def readme_steps():
+    return doc_steps(README, "README.md")
 
 
 def scratch(tmp_path):
@@ -116,59 +136,84 @@ def test_readme_has_the_two_commands_first():
         assert pkg in deps, f"the first command does not install {pkg}"
 
 
-@pytest.mark.slow
-def test_every_readme_command_runs(tmp_path):
-    scratch(tmp_path)
+def run_steps(steps, folder, where: str) -> list:
+    """Run a page's steps (not its peer blocks) in folder; the commands that ran."""
     ran = []
-    for kind, payload in readme_steps():
+    for kind, payload in steps:
         if kind == "peer":
-            continue  # test_readme_blocks_with_a_peer
+            continue  # run_peer_blocks
         if kind == "file":
             name, code = payload
-            (tmp_path / name).write_text(code)
+            (folder / name).write_text(code)
             continue
         cmd = payload
         m = INSTALL.match(cmd)
         if m:
-            if m["rest"] == TEST_COMMAND:
-                continue  # the test suite itself: CI runs it
+            if m["rest"] in (TEST_COMMAND, DOCS_BUILD):
+                continue  # the test suite and the docs build themselves: CI runs them verbatim
             cmd = m["rest"]  # already installed: this test runs in that venv
         cmd = shrink(cmd)
         stdin = "c\n" * 20 if "STEP=1" in cmd else ""
-        r = run_command(cmd, tmp_path, timeout=600, stdin=stdin)
-        assert_clean(r, cmd)
+        r = run_command(cmd, folder, timeout=600, stdin=stdin)
+        assert_clean(r, f"{where}: {cmd}")
         ran.append(cmd)
         if "numbactr demo" in cmd:
             assert re.search(r"final eval AUC [\d.]+\s+Bayes-optimal AUC [\d.]+\s+gap closed", r.stdout), r.stdout[
                 -2000:
             ]
-            assert (tmp_path / "runs" / "demo" / "learning_curve.png").exists()
-            assert (tmp_path / "runs" / "demo" / "learning_curve.csv").exists()
-        if "train.py" in cmd:
+            assert (folder / "runs" / "demo" / "learning_curve.png").exists()
+            assert (folder / "runs" / "demo" / "learning_curve.csv").exists()
+        if re.match(r"python train\.py", cmd):
             aucs = [float(a) for a in re.findall(r"Evaluation, AUC: ([\d.]+)", r.stdout)]
-            assert aucs and aucs[-1] > 0.65, f"{cmd}: eval AUC {aucs} (planted signal should be learned)"
+            assert aucs and aucs[-1] > 0.65, f"{where}: {cmd}: eval AUC {aucs} (planted signal should be learned)"
+    return ran
+
+
+def run_peer_blocks(steps, folder, where: str) -> int:
+    """Run the blocks of a page that install an optional peer first (PyTorch), where that peer is installed: each
+    in a scratch folder of its own holding the page's files, its install line checked against pyproject.toml
+    instead of run. The number of blocks run; skips when a peer is missing."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    blocks = [payload for kind, payload in steps if kind == "peer"]
+    files = [payload for kind, payload in steps if kind == "file"]
+    missing = set()
+    for names, _ in blocks:
+        for name in names:
+            assert name in extras, f"{where}: pip install .[{name}]: no such extra in pyproject.toml"
+            missing.update(m for m in PEER_MODULES.get(name, ()) if importlib.util.find_spec(m) is None)
+    if missing:
+        pytest.skip(f"{where}'s PyTorch blocks need {sorted(missing)} (pip install -e '.[fbgemm]')")
+    for i, (names, cmds) in enumerate(blocks):
+        sub = folder / f"block{i}"
+        sub.mkdir()
+        scratch(sub)
+        for name, code in files:
+            (sub / name).write_text(code)
+        for cmd in cmds:
+            cmd = shrink(cmd)
+            assert_clean(run_command(cmd, sub, timeout=600), f"{where}: {cmd}")
+    return len(blocks)
+
+
+def test_readme_builds_the_docs_as_ci_does():
+    cmds = [c for kind, c in readme_steps() if kind == "run"]
+    build = [c for c in cmds if INSTALL.match(c) and INSTALL.match(c)["rest"] == DOCS_BUILD]
+    assert build, f"the README shows how to build the documentation site ({DOCS_BUILD})"
+    assert build[0] in (ROOT / ".ci" / "run").read_text(), "CI must build the docs with the README's command verbatim"
+
+
+def test_readme_is_short():
+    assert README.count("\n") <= 200, "the README is at most 200 lines: the rest belongs in docs/"
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs(tmp_path):
+    scratch(tmp_path)
+    ran = run_steps(readme_steps(), tmp_path, "README.md")
     assert any("train.py" in c for c in ran) and any("numbactr demo" in c for c in ran)
 
 
 @pytest.mark.slow
 def test_readme_blocks_with_a_peer(tmp_path):
-    """The blocks that install an optional peer first (PyTorch) run where that peer is installed: each in a
-    scratch folder of its own, its install line checked against pyproject.toml instead of run."""
-    tomllib = pytest.importorskip("tomllib")
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    blocks = [payload for kind, payload in readme_steps() if kind == "peer"]
-    assert blocks, "the README shows how to use numbactr's embeddings from PyTorch"
-    missing = set()
-    for names, cmds in blocks:
-        for name in names:
-            assert name in extras, f"README: pip install .[{name}]: no such extra in pyproject.toml"
-            missing.update(m for m in PEER_MODULES.get(name, ()) if importlib.util.find_spec(m) is None)
-    if missing:
-        pytest.skip(f"the README's PyTorch blocks need {sorted(missing)} (pip install -e '.[fbgemm]')")
-    for i, (names, cmds) in enumerate(blocks):
-        folder = tmp_path / f"block{i}"
-        folder.mkdir()
-        scratch(folder)
-        for cmd in cmds:
-            cmd = shrink(cmd)
-            assert_clean(run_command(cmd, folder, timeout=600), cmd)
+    assert run_peer_blocks(readme_steps(), tmp_path, "README.md"), "the README shows numbactr's embeddings from PyTorch"

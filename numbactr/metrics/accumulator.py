@@ -9,7 +9,7 @@ from numbactr.enums import MetricsType as M
 from numbactr.metrics.grouped import group_auc, group_ids, hit_rate_at_k, ndcg_at_k
 from numbactr.metrics.pointwise import average_loss, hugectr_hit_rate, hugectr_ndcg, log_loss, roc_auc
 
-#: the metrics that score groups of rows (users): they need eval_group_size or eval_group_slot
+#: the metrics that score groups of rows, one group per user; they need eval_group_size or eval_group_slot
 GROUPED = (M.HitRateAtK, M.NDCGAtK, M.GroupAUC)
 
 
