@@ -49,6 +49,37 @@ def test_reader_reads_every_file_list_in_order(tmp_path):
     assert r.source == one  # one list, as before
 
 
+def test_parquet_lists_in_two_folders_each_with_its_metadata(tmp_path):
+    """Two Parquet lists from two folders, each _metadata.json beside its own files: both read, in order."""
+    pytest.importorskip("pyarrow")
+    from numbactr.data.reader import make_reader
+    from numbactr.tools.data_generator import DataGenerator, DataGeneratorParams
+
+    lists = []
+    for name, rows, seed in (("a", 60, 1), ("b", 40, 2)):
+        p = DataGeneratorParams(
+            T.Parquet,
+            1,
+            2,
+            2,
+            True,
+            str(tmp_path / name / "_file_list.txt"),
+            str(tmp_path / name / "_eval.txt"),
+            [5, 7],
+            num_files=1,
+            eval_num_files=1,
+            num_samples_per_file=rows,
+            seed=seed,
+        )
+        DataGenerator(p).generate()
+        lists.append(p.source)
+    prm = hugectr.DataReaderParams(T.Parquet, lists, lists[0], Check_t.Non, slot_size_array=[5, 7])
+    got = _labels(make_reader(prm, lists, 16, 1, 2, [2], [[1, 1]], True, False))
+    each = [_labels(make_reader(prm, lst, 16, 1, 2, [2], [[1, 1]], True, False)) for lst in lists]
+    assert [e.size for e in each] == [60, 40]
+    np.testing.assert_array_equal(got, np.concatenate(each))
+
+
 def test_model_trains_on_every_source_list(tmp_path, cpu):
     """DataReaderParams(source=[list1, list2]) trains on both (it read list1 only, with a warning)."""
     a_tr, ev = tiny_data(str(tmp_path / "a"), n_train=64, n_eval=32, files=1)

@@ -204,6 +204,24 @@ def test_one_hot_takes_per_slot_keys_and_bad_keys_are_named():
         emb.forward(None, np.array([1, 0, 0, 4, 2, 5]), np.arange(7), 2, True)  # would be slot 1's row 4
 
 
+def test_one_hot_device_keys_of_a_deferred_step_are_offset_on_the_device(monkeypatch):
+    """A GPU step's keys are not read on the host: table_rows offsets them on the device (the slots from the
+    bag_of_key kernel) and turns a key outside its slot into row -1, which the engine's deferred FATAL bounds
+    check records. Run on the simulator with the keys treated as device arrays without a host mirror."""
+    if not device._numba_simulated():
+        pytest.skip("needs the simulator")
+    device.set_device("sim")
+    emb = embedding(E.LocalizedSlotSparseEmbeddingOneHot, sizes=(4, 5, 6))
+    assert emb._deferred()
+    monkeypatch.setattr(device, "is_host_array", lambda a: False)
+    monkeypatch.setattr(device, "host_mirror", lambda a: None)
+    offsets = np.array([0, 2, 3, 4, 4, 4, 5])  # sample 0: slot 0 two keys; sample 1: slot 2 one key
+    rows = emb.table_rows(np.array([1, 3, 0, 5, 2]), offsets)
+    np.testing.assert_array_equal(rows, [1, 3, 4, 14, 11])
+    rows = emb.table_rows(np.array([1, 4, 0, 6, -1]), offsets)  # 4 in slot 0, 6 and -1 in slot 2: outside
+    np.testing.assert_array_equal(rows, [1, -1, 4, -1, -1])
+
+
 @pytest.mark.parametrize("etype", [E.DistributedSlotSparseEmbeddingHash, E.LocalizedSlotSparseEmbeddingHash])
 def test_simulator_kernels_equal_the_cpu_path(etype):
     """The engine's numba.cuda kernels (sim) and its compiled cpu code give one SparseEmbedding step alike (on
