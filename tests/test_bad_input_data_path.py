@@ -89,6 +89,12 @@ def test_model_trains_on_every_source_list(tmp_path, cpu):
     while m.train():
         steps += 1
     assert steps == (64 + 96) // 32
+    m.set_source([b_tr, a_tr], ev)  # Model.set_source takes several lists too
+    assert m.reader_params.source == [b_tr, a_tr]
+    steps = 0
+    while m.train():
+        steps += 1
+    assert steps == (64 + 96) // 32
 
 
 def test_raw_refuses_several_sources_and_eval_source_lists(tmp_path):

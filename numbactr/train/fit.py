@@ -21,6 +21,7 @@ from numbactr.validate import number as _number, warn_ignored
 from numbactr.enums import MetricsType, Tensor_t
 from numbactr.runtime import device
 from numbactr import log
+from numbactr.data.source import source_names
 from numbactr.files import snapshot as snapshot_files
 from numbactr.train import graph, step
 from numbactr.train.graph import ModelError
@@ -341,7 +342,11 @@ def set_source(model, source, keyset=None, eval_source=None) -> None:
                 "Model.set_source: keyset files are for the embedding training cache "
                 "(Model(..., etc=CreateETC(...))); use set_source(source, eval_source)"
             )
-        model.reader_params.source, model.reader_params.eval_source = [str(source)], str(eval_source)
+        try:
+            lists = source_names(source)  # one file list, or several read in order as one data set
+        except ValueError as e:
+            raise ModelError(f"Model.set_source: {e}") from None
+        model.reader_params.source, model.reader_params.eval_source = lists, str(eval_source)
     else:
         if isinstance(source, str) or isinstance(keyset, str) or keyset is None:
             raise ModelError(
