@@ -55,16 +55,6 @@ class Model:
                 raise ModelError(str(e)) from None
             self._etc_cache = training_cache.EmbeddingTrainingCache(self)
         else:
-            if len(reader_params.source) > 1:
-                warn_ignored(
-                    "DataReaderParams",
-                    "source[1:]",
-                    reader_params.source[1:],
-                    "only source[0] is read "
-                    "(HugeCTR reads the others only with the embedding training cache, Model(..., "
-                    "CreateETC(...))); use Model.set_source for epochs",
-                    stacklevel=2,
-                )
             if reader_params.keyset not in ("", [], ()):
                 warn_ignored(
                     "DataReaderParams",

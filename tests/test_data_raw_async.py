@@ -342,7 +342,8 @@ SLOTS = [5, 7, 3, 4]
 
 
 def planted_raw(folder, n, seed):
-    """Labels from a known rule over one key per slot and the (log1p) dense counts."""
+    """Labels from a known rule over one key per slot and the (log1p) dense counts; per-slot keys, as HugeCTR's
+    tools write Raw one-hot data (the one-hot embedding adds the slot offsets)."""
     rng = np.random.default_rng(seed)
     keys = np.stack([rng.integers(0, s, n) for s in SLOTS], 1)
     w = [np.linspace(-2, 2, s) for s in SLOTS]
@@ -350,7 +351,7 @@ def planted_raw(folder, n, seed):
     logit = sum(w[k][keys[:, k]] for k in range(len(SLOTS))) + 0.5 * np.log1p(dense[:, 0]) - 1
     label = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int64)
     p = os.path.join(folder, f"data{seed}.bin")
-    write_raw_file(p, label[:, None], dense, keys + np.cumsum([0] + SLOTS[:-1]))
+    write_raw_file(p, label[:, None], dense, keys)
     return p
 
 

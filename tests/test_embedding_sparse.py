@@ -173,7 +173,10 @@ def test_a_load_moves_the_optimizer_states_with_their_keys():
     assert (m2[keys.size :] == 0).all() and (v2[keys.size :] == 0).all() and (prev2[keys.size :] == 1).all()
 
 
-def test_one_hot_rows_are_keys_and_bad_keys_are_named():
+def test_one_hot_takes_per_slot_keys_and_bad_keys_are_named():
+    """HugeCTR's one-hot embedding adds the slot offsets itself (do_unique_key_flag, spec §5.4): per-slot key
+    k of slot s reads row k + Σ_{j<s} size_j; a key outside [0, size_s) would read another slot's row and is
+    refused, naming the key, slot and sample."""
     sizes = (4, 5, 6)
     emb = embedding(E.LocalizedSlotSparseEmbeddingOneHot, sizes=sizes)
     w = device.to_host(emb.weight.data)
@@ -182,11 +185,41 @@ def test_one_hot_rows_are_keys_and_bad_keys_are_named():
     unit = row_values_ref(np.arange(15, dtype=np.uint64), D, 3, -1.0, 1.0)  # U(-1, 1) from (seed, row)
     assert (np.abs(w) <= bound).all()
     np.testing.assert_allclose(w, unit * bound, rtol=1e-6)
-    keys = np.array([1, 4, 9, 3, 6, 14], np.int64)
+    keys = np.array([1, 0, 0, 3, 2, 5], np.int64)  # (2 samples, 3 slots), per-slot ids
+    rows = np.array([1, 4, 9, 3, 6, 14])  # + offsets (0, 4, 9)
     out = emb.forward(None, keys, np.arange(7), 2, True)
-    np.testing.assert_array_equal(out.data.reshape(-1, D), w[keys])
-    with pytest.raises(ValueError, match=r"key 15 at position 2 of this batch is outside the table \[0, 15\)"):
-        emb.forward(None, np.array([1, 4, 15, 3, 6, 14]), np.arange(7), 2, True)
+    np.testing.assert_array_equal(out.data.reshape(-1, D), w[rows])
+    # multi-key bags: each key takes its bag's slot (bag b is slot b % 3)
+    out = emb.forward(None, np.array([1, 3, 0, 5, 2]), np.array([0, 2, 3, 4, 4, 4, 5]), 2, False)
+    got = device.to_host(out.data).reshape(2, 3, D)
+    np.testing.assert_allclose(got[0], np.stack([w[1] + w[3], w[4], w[14]]), rtol=1e-6)
+    np.testing.assert_array_equal(got[1], np.stack([np.zeros(D), np.zeros(D), w[11]]))
+    with pytest.raises(
+        ValueError, match=r"key 6 of slot 2 \(sample 0, position 2 of this batch\) is outside the slot's"
+    ):
+        emb.forward(None, np.array([1, 0, 6, 3, 2, 5]), np.arange(7), 2, True)
+    with pytest.raises(
+        ValueError, match=r"key 4 of slot 0 \(sample 1, position 3 of this batch\) is outside .*\[0, 4\)"
+    ):
+        emb.forward(None, np.array([1, 0, 0, 4, 2, 5]), np.arange(7), 2, True)  # would be slot 1's row 4
+
+
+def test_one_hot_device_keys_of_a_deferred_step_are_offset_on_the_device(monkeypatch):
+    """A GPU step's keys are not read on the host: table_rows offsets them on the device (the slots from the
+    bag_of_key kernel) and turns a key outside its slot into row -1, which the engine's deferred FATAL bounds
+    check records. Run on the simulator with the keys treated as device arrays without a host mirror."""
+    if not device._numba_simulated():
+        pytest.skip("needs the simulator")
+    device.set_device("sim")
+    emb = embedding(E.LocalizedSlotSparseEmbeddingOneHot, sizes=(4, 5, 6))
+    assert emb._deferred()
+    monkeypatch.setattr(device, "is_host_array", lambda a: False)
+    monkeypatch.setattr(device, "host_mirror", lambda a: None)
+    offsets = np.array([0, 2, 3, 4, 4, 4, 5])  # sample 0: slot 0 two keys; sample 1: slot 2 one key
+    rows = emb.table_rows(np.array([1, 3, 0, 5, 2]), offsets)
+    np.testing.assert_array_equal(rows, [1, 3, 4, 14, 11])
+    rows = emb.table_rows(np.array([1, 4, 0, 6, -1]), offsets)  # 4 in slot 0, 6 and -1 in slot 2: outside
+    np.testing.assert_array_equal(rows, [1, -1, 4, -1, -1])
 
 
 @pytest.mark.parametrize("etype", [E.DistributedSlotSparseEmbeddingHash, E.LocalizedSlotSparseEmbeddingHash])

@@ -137,7 +137,7 @@ def test_one_rank_equals_one_hot(dev, on_device):
         dy = np.random.default_rng(100 + t).normal(0, 1, (12, S, D)).astype(np.float32)
         training = t < 4
         out_h = step(hyb, keys, offs, dy, training)
-        out_o = step(one, keys + OFFSET[np.arange(keys.shape[0]) % S], offs, dy, training)
+        out_o = step(one, keys, offs, dy, training)  # both take per-slot ids (HugeCTR's do_unique_key)
         np.testing.assert_allclose(out_h, out_o, rtol=0, atol=1e-6)
     assert saw[0] > 0 and saw[1] > 0  # both paths ran
     (kh, vh), (ko, vo) = hyb.dump(), one.dump()
@@ -164,7 +164,7 @@ def test_snapshot_loads_across_one_hot_and_hybrid():
 
 
 def _sources(tmp_path):
-    """Norm training files of the same samples twice: per-slot ids (hybrid) and slot-offset keys (one-hot)."""
+    """Norm training files of the same samples, per-slot ids, once for each embedding (both add the offsets)."""
     from numbactr.data.norm import write_norm_file
 
     rng = np.random.default_rng(5)
@@ -173,7 +173,7 @@ def _sources(tmp_path):
     x = rng.normal(0, 1, (n, 2)).astype(np.float32)
     label = (rng.random(n) < 0.5).astype(np.float32)
     out = {}
-    for etype, keys in ((E.HybridSparseEmbedding, ids), (E.LocalizedSlotSparseEmbeddingOneHot, ids + OFFSET)):
+    for etype, keys in ((E.HybridSparseEmbedding, ids), (E.LocalizedSlotSparseEmbeddingOneHot, ids)):
         p = tmp_path / etype.name / "part0.data"
         p.parent.mkdir()
         write_norm_file(str(p), label, x, keys, key_dtype=np.int64)
@@ -230,7 +230,7 @@ def _model(etype, src):
 
 def test_model_trains_like_one_hot_and_shares_its_snapshots(tmp_path):
     """Model level: statistics from the training source's first batches (a reader of their own), the same
-    losses and sparse weights as the one-hot model fed the offset keys; each model's snapshot loads into a
+    losses and sparse weights as the one-hot model fed the same per-slot keys; each model's snapshot loads into a
     fresh model of the other kind."""
     src = _sources(tmp_path)
     runs = {}

@@ -23,7 +23,7 @@ from numbactr.data import make_reader
 from numbactr.data.errors import DataFormatError
 from numbactr.inference import CreateInferenceSession, InferenceModel, InferenceParams
 from numbactr.metrics import roc_auc
-from tests.model_util import tiny_data, tiny_dlrm
+from tests.model_util import one_hot_lists, tiny_data, tiny_dlrm
 from tests.sample_graphs import build
 
 L = hugectr.Layer_t
@@ -121,7 +121,8 @@ def make_model(name, folder):
             if name == "dlrm_onehot"
             else hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash
         )
-        return tiny_dlrm(train, evl, batch=32, embedding=emb), evl, 32, 4
+        # the eval list the model reads (a one-hot table's: tiny_data's per-slot twin)
+        return tiny_dlrm(train, evl, batch=32, embedding=emb), one_hot_lists(emb, evl)[0], 32, 4
     return build(name, folder), os.path.join(folder, "eval", "_file_list.txt"), 32, 2
 
 

@@ -91,6 +91,10 @@ def ragged_batch(m, rng, rows, unseen=True):
         width = max(p.nnz_per_slot)
         nnz = rng.integers(0 if width > 1 else 1, width + 1, rows * p.slot_num)
         keys = rng.choice(known, int(nnz.sum()))
+        if e.table is None:  # a one-hot table takes per-slot keys (it adds the slot offsets)
+            sizes = np.asarray(e.cfg.slot_size_array, np.int64)
+            slot = np.repeat(np.arange(rows * p.slot_num) % p.slot_num, nnz)
+            keys = rng.integers(0, sizes[slot])
         if unseen and e.table is not None:
             miss = rng.random(keys.shape[0]) < 0.2
             keys[miss] = 10**7 + rng.integers(0, 100, int(miss.sum()))
@@ -282,7 +286,7 @@ def zoo_batch(rng, keys, rows=ZOO_ROWS):
     nnz = rng.integers(0, 4, rows * 3)
     k = rng.choice(keys.astype(np.int64), int(nnz.sum()))
     k[rng.random(k.shape[0]) < 0.2] = 7  # not in the table
-    onehot = np.stack([rng.integers(0, 5, rows), rng.integers(5, 12, rows)], 1).reshape(-1)
+    onehot = np.stack([rng.integers(0, 5, rows), rng.integers(0, 7, rows)], 1).reshape(-1)  # per-slot keys
     return Batch(
         np.zeros((rows, 4), np.float32),
         rng.normal(0, 1, (rows, 6)).astype(np.float32),

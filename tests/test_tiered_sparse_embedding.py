@@ -43,9 +43,8 @@ def batches(rng, etype, n=8):
         lens = rng.integers(0, 3, size=B * S)
         offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         slot = np.repeat(np.arange(B * S) % S, lens)
-        base = np.concatenate([[0], np.cumsum(SIZES)])[slot]
         keys = (
-            base + rng.integers(0, 12, size=slot.size)
+            rng.integers(0, 12, size=slot.size)  # per-slot keys: the one-hot embedding adds the offsets
             if etype == E.LocalizedSlotSparseEmbeddingOneHot
             else rng.integers(0, 60, size=slot.size) * 1000 + slot
         )

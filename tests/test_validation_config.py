@@ -110,10 +110,6 @@ IGNORED = [
         lambda: hugectr.CreateSolver(data_source_params=hugectr.data.DataSourceParams(use_hdfs=True)),
         "data_source_params=DataSourceParams(source=FileSystemType_t.HDFS",
     ),
-    (
-        lambda: hugectr.Model(hugectr.CreateSolver(), _norm(source=["a", "b", "c"]), hugectr.CreateOptimizer()),
-        "source[1:]=['b', 'c']",
-    ),
     (lambda: hugectr.Model(hugectr.CreateSolver(), _norm(keyset=["k"]), hugectr.CreateOptimizer()), "keyset=['k']"),
     (lambda: _norm(cache_eval_data=10), "cache_eval_data=10"),
     (lambda: _norm(num_samples=100), "num_samples=100"),

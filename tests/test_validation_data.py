@@ -146,17 +146,18 @@ def _rewrite_norm(lst, label=None, keys=None, record=3):
 def test_model_checks_one_hot_slots_and_bce_labels(tmp_path):
     """The model derives the key ranges from the one-hot table's slot_size_array and the label range
     from BinaryCrossEntropyLoss, and train() stops at the bad record with the file named."""
-    from tests.model_util import tiny_data
+    from tests.model_util import one_hot_lists, tiny_data
 
     tr, ev = tiny_data(str(tmp_path), n_train=128, n_eval=64)
-    m = tiny_dlrm(tr, ev, batch=32, embedding=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot)
-    assert m.train()  # keys slot s in [6s, 6s + 6): fine
-    path = _rewrite_norm(tr, keys=[0, 13, 12])  # slot 1 holds 13: slot 2's row
-    m = tiny_dlrm(tr, ev, batch=32, embedding=hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot)
+    one_hot = hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot
+    m = tiny_dlrm(tr, ev, batch=32, embedding=one_hot)
+    assert m.train()  # per-slot keys in [0, 6): fine
+    path = _rewrite_norm(one_hot_lists(one_hot, tr)[0], keys=[0, 7, 2])  # slot 1 holds 7: slot 2's row 1
+    m = tiny_dlrm(tr, ev, batch=32, embedding=one_hot)
     with pytest.raises(
         DataFormatError,
-        match=r"record 3: key 13 of sparse input 0 slot 1 is outside slot 1's "
-        r"range \[6, 12\) of LocalizedSlotSparseEmbeddingOneHot 'emb'",
+        match=r"record 3: key 7 of sparse input 0 slot 1 is outside slot 1's "
+        r"range \[0, 6\) of LocalizedSlotSparseEmbeddingOneHot 'emb'",
     ) as e:
         m.train()
     assert e.value.path == path

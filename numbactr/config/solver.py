@@ -277,7 +277,11 @@ _READER_ARGS = (
 class DataReaderParams:
     """``hugectr.DataReaderParams`` (spec §2.1). Positional arguments in HugeCTR's order: (data_reader_type,
     source, keyset, eval_source, check_type, cache_eval_data, ...); the four-argument form (data_reader_type,
-    source, eval_source, check_type), which HugeCTR itself would refuse, is read that way too."""
+    source, eval_source, check_type), which HugeCTR itself would refuse, is read that way too.
+
+    source: a file list, or a list of them. Without the embedding training cache every list is read, in
+    order, as one data set (HugeCTR reads source[0] alone there); with it, fit trains on each list in turn
+    after loading its keyset. eval_source: one file list (a string, as in HugeCTR)."""
 
     data_reader_type: Any
     source: Any
@@ -333,7 +337,9 @@ class DataReaderParams:
         )
         _expect(
             isinstance(self.eval_source, str) and bool(self.eval_source),
-            "DataReaderParams: eval_source must be a non-empty file-list path",
+            "DataReaderParams: eval_source must be one non-empty file-list path (a string, as in HugeCTR), got "
+            f"{self.eval_source!r}; to evaluate on several lists, write one file list naming all their files "
+            "(numbactr.data.file_list.write_file_list)",
         )
         if self.num_workers is not None:
             _number("DataReaderParams", "num_workers", self.num_workers, 1, integer=True)

@@ -18,7 +18,9 @@ beforehand). Output:
   OUT/train/{_file_list.txt, part_<k>.data | part_<k>.parquet [+ _metadata.json]}, OUT/eval/... likewise
 and the slot_size_array is printed (and written to OUT/slot_size_array.json).
 Bad input raises ValueError naming the file and the 1-based line (blank lines count in the numbering,
-and are skipped: they hold no sample): a line with more or fewer than 40 fields (with lenient=True /
+and are skipped: they hold no sample): a byte that is not ASCII (Criteo's files are ASCII, so such a byte
+means a damaged or foreign file: it is refused, with its column and byte offset, rather than decoded as
+some other encoding), a line with more or fewer than 40 fields (with lenient=True /
 --pad-short-lines, a short line is padded with missing values instead), a count that is not a finite
 number, a non-hex category, a label other than 0/1.
 HugeCTR: tools/criteo_script/preprocess.py, tools/criteo_script/criteo2hugectr.cpp, tools/preprocess.sh.
@@ -160,13 +162,15 @@ def _chunks(path: str, chunk_size: int, lenient: bool = False, stats: dict | Non
         f = open(path, "rb")
     except OSError as e:
         raise ValueError(f"Criteo file {path!r} cannot be read ({e})") from None
-    first = 1
+    first, at = 1, 0  # the block's first line (1-based) and byte offset in the file
     with f:
         while True:
             raw_lines = list(itertools.islice(f, chunk_size))
             if not raw_lines:
                 return
             block = b"".join(raw_lines)
+            _check_ascii(block, path, first, at)
+            at += len(block)
             if not block.endswith(b"\n"):
                 block += b"\n"  # a last line without newline
             block, lines, padded = _field_counts(block, path, first, lenient)
@@ -191,6 +195,26 @@ def _chunks(path: str, chunk_size: int, lenient: bool = False, stats: dict | Non
                     cats[:, k] = _hex_column(df[c], path, lines, c)
                 yield lines, label.astype(np.float32), dense, cats
             first += len(raw_lines)
+
+
+def _check_ascii(block: bytes, path: str, first_line: int, at: int) -> None:
+    """ValueError naming the file, line, column and byte offset of the first byte >= 128 of ``block`` (whole
+    lines from line first_line, at byte offset ``at`` of the file)."""
+    buf = np.frombuffer(block, dtype=np.uint8)
+    high = buf >= 128
+    if not high.any():
+        return
+    pos = int(np.argmax(high))
+    before = buf[:pos]
+    newlines = np.flatnonzero(before == 10)
+    start = int(newlines[-1]) + 1 if newlines.size else 0
+    field = int(np.count_nonzero(before[start:] == 9))
+    column = CRITEO_COLUMNS[field] if field < FIELDS else f"field {field + 1}"
+    raise ValueError(
+        f"Criteo file {path!r}, line {first_line + newlines.size}: byte 0x{int(buf[pos]):02x} at byte offset "
+        f"{at + pos} (column {column}) is not ASCII; Criteo's files are ASCII (a label, counts and hex "
+        "hashes), so the file is damaged or not a Criteo click log"
+    )
 
 
 def _parse(pd, block: bytes, dtypes: dict, path: str, lines: np.ndarray):

@@ -76,7 +76,7 @@ from numbactr.data.parquet import ParquetFile, metadata_path_for, read_parquet_m
 from numbactr.data.raw import RawFile
 from numbactr.data.raw_async import AsyncParam, RawAsyncFile, batch_order, check_async_input
 from numbactr.data.reader_threads import _Pass
-from numbactr.data.source import is_remote, local_copy
+from numbactr.data.source import is_remote, local_copy, source_names
 from numbactr.data.validation import SlotRanges, slot_ranges, validate_chunk
 
 __all__ = ["make_reader", "DataReader"]
@@ -235,7 +235,7 @@ def _norm_chunks(cfg, path, stop):
 
 
 def _parquet_chunks(cfg, path, stop):
-    pf = ParquetFile(path, cfg.meta, cfg.label_dim, cfg.dense_dim, cfg.slot_num, cfg.flat_nnz, cfg.i64)
+    pf = ParquetFile(path, cfg.metas[path], cfg.label_dim, cfg.dense_dim, cfg.slot_num, cfg.flat_nnz, cfg.i64)
     names = [nm for g, nm, _, _ in pf.cols]
     n_lab, n_den = cfg.label_dim, cfg.dense_dim
     rg = -1
@@ -342,7 +342,7 @@ def _file_worker(cfg, files, w, W, chunk_fn, stop):
             since_data = 0 if got else since_data + 1
             if since_data > N:  # a whole cycle without one sample
                 raise ValueError(
-                    f"file list {cfg.source!r}: worker {w} found no samples in any of its files, cannot repeat"
+                    f"source {cfg.source!r}: worker {w} found no samples in any of its files, cannot repeat"
                 )
 
     stream = chunks()
@@ -579,13 +579,25 @@ class DataReader:
         """Norm samples skipped for a bad checksum (skip_bad_checksum=True), over all passes."""
         return self.stats.skipped
 
-    def set_source(self, source: str) -> None:
-        """Read another source from the next pass on (HugeCTR's set_source; stops a running pass)."""
+    def set_source(self, source) -> None:
+        """Read another source from the next pass on (HugeCTR's set_source; stops a running pass).
+
+        source: a file list (Norm, Parquet) or data file (Raw, RawAsync), or a list of file lists, which are
+        read in order as one data set: the files of the first list, then those of the second, ... (one
+        list of all their files; DataReaderParams(source=[list1, list2]) trains on both). HugeCTR reads
+        source[0] alone outside its embedding training cache; numbactr reads every list rather than drop
+        the others. Raw and RawAsync read one data file of num_samples samples: several are refused."""
         self.close()
-        self.source = str(source)
+        sources = source_names(source)
+        self.source = sources[0] if len(sources) == 1 else sources
         dsp = self.data_source_params
+        if self.fmt in (DataReaderType_t.Raw, DataReaderType_t.RawAsync) and len(sources) > 1:
+            raise ValueError(
+                f"DataReaderParams: source lists {len(sources)} files {sources}, but the {self.fmt.name} reader "
+                "reads one data file (of num_samples samples); concatenate the files into one, or give one"
+            )
         if self.fmt == DataReaderType_t.Raw:
-            self.files = [local_copy(self.source, dsp)]
+            self.files = [local_copy(sources[0], dsp)]
             RawFile(
                 self.files[0],
                 self.num_samples,
@@ -599,7 +611,7 @@ class DataReader:
             self.num_workers = self.num_workers_requested
             return
         if self.fmt == DataReaderType_t.RawAsync:
-            self.files = [local_copy(self.source, dsp)]
+            self.files = [local_copy(sources[0], dsp)]
             rf = _open_async(self, self.files[0], self.num_samples)  # size checks up front
             self.async_samples = rf.num_samples
             nb = -(-rf.num_samples // self.batch_size)
@@ -607,19 +619,26 @@ class DataReader:
             self.order = batch_order(nb, self.shuffle, self.seed)
             self.num_workers = min(self.async_param.num_threads, nb)  # a thread without batches idles
             return
-        list_path = local_copy(self.source)  # a list given as a URI is fetched
-        listed = read_file_list(list_path, check_exists=False)
-        if not any(is_remote(f, dsp) for f in listed):
-            listed = read_file_list(list_path)  # local files: checked, with line numbers
-        self.files = [local_copy(f, dsp) for f in listed]
-        if self.fmt == DataReaderType_t.Parquet and is_remote(listed[0], dsp):
-            local_copy(metadata_path_for(listed[0]), dsp)  # beside files[0] in the cache
+        self.files, self.metas = [], {}
+        for list_name in sources:
+            list_path = local_copy(list_name)  # a list given as a URI is fetched
+            listed = read_file_list(list_path, check_exists=False)
+            if not any(is_remote(f, dsp) for f in listed):
+                listed = read_file_list(list_path)  # local files: checked, with line numbers
+            files = [local_copy(f, dsp) for f in listed]
+            if self.fmt == DataReaderType_t.Parquet:
+                if is_remote(listed[0], dsp):
+                    local_copy(metadata_path_for(listed[0]), dsp)  # beside files[0] in the cache
+                meta = self._parquet_metadata(files[0])  # each list's own _metadata.json
+                self.metas.update((f, meta) for f in files)
+            self.files += files
         N = len(self.files)
+        what = f"file list {self.source!r}" if len(sources) == 1 else f"file lists {sources}"
         if self.fmt == DataReaderType_t.Norm:
             self.num_workers = self.num_workers_requested
             if N < self.num_workers_requested:
                 msg = (
-                    f"file list {self.source!r} has {N} file(s) but num_workers is "
+                    f"{what} has {N} file(s) but num_workers is "
                     f"{self.num_workers_requested}: HugeCTR's Norm reader gives every worker its own files "
                     f"and needs #files >= num_workers"
                 )
@@ -630,20 +649,24 @@ class DataReader:
                     warnings.warn(msg + f"; using {N} worker(s)", stacklevel=3)
                 else:
                     log.info_once(
-                        ("reader workers", self.source), f"reader: {N} worker(s) for the {N} file(s) of {self.source!r}"
+                        ("reader workers", str(self.source)), f"reader: {N} worker(s) for the {N} file(s) of {what}"
                     )
                 self.num_workers = N
         else:
-            self.meta = read_parquet_metadata(metadata_path_for(self.files[0]))
-            m = self.meta
-            if (len(m.labels), len(m.conts), len(m.cats)) != (self.label_dim, self.dense_dim, self.slot_num):
-                raise ValueError(
-                    f"Parquet metadata {m.path!r} lists {len(m.labels)} labels, {len(m.conts)} "
-                    f"conts and {len(m.cats)} cats, but the model's Input has label_dim "
-                    f"{self.label_dim}, dense_dim {self.dense_dim} and {self.slot_num} slots"
-                )
+            self.meta = self.metas[self.files[0]]
             W = self.num_workers_requested if self.read_file_sequentially else min(self.num_workers_requested, N)
             self.num_workers = min(W, self.local_devices)
+
+    def _parquet_metadata(self, first_file: str):
+        """The _metadata.json beside a list's first file, checked against the model's Input."""
+        m = read_parquet_metadata(metadata_path_for(first_file))
+        if (len(m.labels), len(m.conts), len(m.cats)) != (self.label_dim, self.dense_dim, self.slot_num):
+            raise ValueError(
+                f"Parquet metadata {m.path!r} lists {len(m.labels)} labels, {len(m.conts)} "
+                f"conts and {len(m.cats)} cats, but the model's Input has label_dim "
+                f"{self.label_dim}, dense_dim {self.dense_dim} and {self.slot_num} slots"
+            )
+        return m
 
     # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> _Pass:
@@ -719,7 +742,8 @@ def make_reader(
     queue_depth: int = 4,
     seed: int = 0,
 ) -> DataReader:
-    """The reader for one source (train: params.source[0], eval: params.eval_source).
+    """The reader for one source (train: params.source, every file list of it in order; eval:
+    params.eval_source); ``source`` is a path or a list of paths (DataReader.set_source).
 
     params: DataReaderParams (data_reader_type, check_type, num_workers, slot_size_array (Parquet key
     offsets), num_samples / eval_num_samples and float_label_dense (Raw), read_file_sequentially).

@@ -36,10 +36,25 @@ import threading
 from numbactr.runtime import atomic
 from numbactr.enums import FileSystemType_t
 
-__all__ = ["DataSource", "DataSourceParams", "remote_uri", "local_copy", "is_remote"]
+__all__ = ["DataSource", "DataSourceParams", "remote_uri", "local_copy", "is_remote", "source_names"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _ALIASES = {"S3": "s3", "GS": "gs"}  # HugeCTR's upper-case spellings (get_path_scheme)
+
+
+def source_names(source) -> list[str]:
+    """A reader's source as a list of names: one path (str or os.PathLike), or a non-empty list or tuple of
+    them (DataReaderParams.source, read in order as one data set). ValueError for anything else."""
+    if isinstance(source, (str, os.PathLike)):
+        names = [os.fspath(source)]
+    elif isinstance(source, (list, tuple)):
+        names = [os.fspath(s) if isinstance(s, (str, os.PathLike)) else s for s in source]
+    else:
+        raise ValueError(f"source must be a path or a list of paths, got {source!r}")
+    bad = [s for s in names if not isinstance(s, str) or not s]
+    if not names or bad:
+        raise ValueError(f"source must be a non-empty path or list of non-empty paths, got {source!r}")
+    return names
 
 
 _PATH_ARGS = (

@@ -13,12 +13,15 @@ Checks, in this order:
       "unit"            0 <= y <= 1                 BinaryCrossEntropyLoss
       "unit_or_ignore"  0 <= y <= 1, or y < -0.5    MultiCrossEntropyLoss (y < -0.5 means "no label")
       "class"           y == 0 or y == 1            CrossEntropyLoss (a class index of two classes)
+  * no 64-bit key is 2**64-1 (int64 -1): the hash table's empty-slot marker, which no embedding can hold
+    (numbactr.embedding.hash_table.EMPTY_KEY; HugeCTR's tables misbehave on it);
   * key ranges (one SlotRanges per sparse input, or None): the key of slot s must lie in
-    [lo[s], hi[s]). For a one-hot table (no hash) slot s owns rows [Σ_{j<s} size_j, Σ_{j<=s} size_j)
-    of slot_size_array, so a key outside them would silently train another slot's rows. Norm and Raw
-    keys are compared as stored (HugeCTR uses them verbatim: they must be globally offset already);
-    Parquet keys after the reader added its slot offset (DataReaderParams.slot_size_array), and the
-    message then also gives the stored value and that offset.
+    [lo[s], hi[s]). A one-hot table (LocalizedSlotSparseEmbeddingOneHot, HybridSparseEmbedding: no hash)
+    takes per-slot keys in [0, size_s) of slot_size_array and adds the slot offsets itself, as HugeCTR's
+    do, so a key outside its slot's range would silently train another slot's rows. Norm and Raw keys are
+    compared as stored (the readers use them verbatim); Parquet keys after the reader added its slot
+    offset (DataReaderParams.slot_size_array), and the message then also gives the stored value and that
+    offset.
 
 Cost: a few vectorized passes over the chunk (each key once: an unsigned subtract and a compare),
 run in the worker threads, off the training thread; `numbactr bench data` figures are in the README.
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from numbactr.data.errors import DataFormatError
+from numbactr.kernels.hash_table import EMPTY_KEY
 
 __all__ = ["SlotRanges", "LabelRule", "LABEL_KINDS", "slot_ranges", "validate_chunk"]
 
@@ -169,6 +173,31 @@ def _check_keys(ch, ranges, slot_offsets) -> None:
         )
 
 
+def _check_reserved(ch) -> None:
+    """DataFormatError for the first 64-bit key equal to EMPTY_KEY (2**64-1, int64 -1), naming the sparse
+    input, slot, file and record (32-bit keys cannot hold it)."""
+    for i, (keys, offs) in enumerate(ch.inputs):
+        if keys.dtype.itemsize != 8 or not keys.size:
+            continue
+        u = keys.view(np.uint64)
+        hit = u == EMPTY_KEY
+        if not hit.any():
+            continue
+        pos = int(np.argmax(hit))
+        bag = int(np.searchsorted(offs, pos, "right") - 1)
+        S = (offs.shape[0] - 1) // ch.n if ch.n else 1
+        r, s = divmod(bag, S)
+        rec, off, desc = ch.locate(r, "key", s)
+        raise DataFormatError(
+            ch.fmt,
+            ch.path,
+            off,
+            f"key {int(keys[pos])} (2**64-1 as unsigned) of sparse input {i} slot {s} is reserved: it marks the "
+            f"hash table's empty slots and cannot be an embedding key{desc}",
+            rec,
+        )
+
+
 def _check_nnz(ch, max_nnz) -> None:
     """A sample's keys of one sparse input against the most its DataReaderSparseParam holds: HugeCTR's Norm
     reader sizes its buffers by Σ nnz_per_slot per sample and does not bound a slot on its own (a slot may
@@ -205,6 +234,7 @@ def validate_chunk(ch, key_ranges=None, label_rules=None, slot_offsets=None, max
     nnz_per_slot), or None.
     """
     _check_finite(ch)
+    _check_reserved(ch)
     if max_nnz is not None:
         _check_nnz(ch, max_nnz)
     if label_rules is not None:

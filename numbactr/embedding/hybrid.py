@@ -2,11 +2,11 @@
 model-parallel; the same math as LocalizedSlotSparseEmbeddingOneHot, laid out for less communication.
 
 Categories. Each slot s has its own vocabulary [0, size_s) (slot_size_array); a key k of slot s is the
-category c = k + Σ_{j<s} size_j, HugeCTR's data_to_unique_categories. Unlike the OneHot embedding (whose
-keys must already be offset), the hybrid embedding adds the offsets itself, as HugeCTR's does: a RawAsync
-file written for NVIDIA's DLRM samples holds per-slot ids. Row c of the table is category c, and starts
-exactly as row c of a OneHot table with the same slot_size_array and seed (U(±sqrt(1/size_s)) from a hash
-of (seed, row)), so a hybrid model and a one-hot model fed the offset keys train the same numbers.
+category c = k + Σ_{j<s} size_j, HugeCTR's data_to_unique_categories. Like the OneHot embedding, the hybrid
+embedding adds the offsets itself, as HugeCTR's does: a RawAsync file written for NVIDIA's DLRM samples
+holds per-slot ids. Row c of the table is category c, and starts exactly as row c of a OneHot table with the
+same slot_size_array and seed (U(±sqrt(1/size_s)) from a hash of (seed, row)), so a hybrid model and a
+one-hot model fed the same per-slot keys train the same numbers.
 
 Statistics and the split (HugeCTR's hybrid_embedding/model.cu, calibration_data.cu, statistics.cu):
   1. counts: every category's occurrences in the first ``num_iterations_statistics`` (CreateSolver) global

@@ -390,13 +390,18 @@ class HashEmbedding:
 
 
 class OneHotEmbedding(HashEmbedding):
-    """LocalizedSlotSparseEmbeddingOneHot (spec §5.4): no hash table, row = key.
+    """LocalizedSlotSparseEmbeddingOneHot (spec §5.4): no hash table; row = key + the offset of its slot.
 
-    Keys must already be globally offset (slot s's keys in [Σ_{j<s} size_j, Σ_{j<=s} size_j)); a key
-    outside [0, Σ sizes) is an error naming it. The block of slot s starts U(±sqrt(1/size_s)), drawn from
-    a hash of (seed, row). Evaluation looks rows up exactly as training does (no insertion). Across ranks
-    slot s belongs to rank s % R; each rank allocates the whole table but only its slots' rows are read
-    or updated there (HugeCTR allocates only the owned blocks).
+    Keys are per-slot ids, as HugeCTR's one-hot embedding takes them (``do_unique_key_flag``, on from
+    Python): slot s's keys lie in [0, size_s) of slot_size_array, and each lookup first adds the slot's
+    offset Σ_{j<s} size_j (HugeCTR's data_to_unique_categories), so slot s owns rows
+    [Σ_{j<s} size_j, Σ_{j<=s} size_j) of the one (Σ sizes, D) table. That is what HugeCTR's DataGenerator
+    (Raw) and tools/dlrm_script/dlrm_raw write. A key outside its slot's [0, size_s) is an error naming the
+    key, slot and sample (it would otherwise read another slot's row). A row's key in a snapshot is its
+    row (the offset key), as before, so snapshots keep their meaning. The block of slot s starts
+    U(±sqrt(1/size_s)), drawn from a hash of (seed, row). Evaluation looks rows up exactly as training does
+    (no insertion). Across ranks slot s belongs to rank s % R; each rank allocates the whole table but only
+    its slots' rows are read or updated there (HugeCTR allocates only the owned blocks).
     """
 
     key_dtype = np.int64
@@ -421,23 +426,55 @@ class OneHotEmbedding(HashEmbedding):
         self.table = None
         self.row_slot = None  # row = key: the slot of a row is given by slot_size_array
 
-    def _check_keys(self, keys) -> None:
-        # keys in host memory (or a staged batch's host mirror) are checked there; device keys of a deferred
-        # step are left to the engine's FATAL bounds check, which records them on the device (no read in the
-        # step; raised at the check point)
-        mirror = device.host_mirror(keys)
-        keys = keys if mirror is None else mirror
-        xp = np if device.is_host_array(keys) else device.xp()
-        if xp is not np and self._deferred():
-            return
-        rows = xp.asarray(keys).astype(np.int64)
-        bad = (rows < 0) | (rows >= self.max_rows)
-        if rows.shape[0] and bool(bad.any()):
-            at = int(xp.argmax(bad))
+    def lookup(self, keys, offsets, training: bool):
+        """HashEmbedding.lookup of the batch's rows (table_rows): per-slot keys become the table's keys."""
+        return super().lookup(self.table_rows(keys, offsets), offsets, training)
+
+    def table_rows(self, keys, offsets):
+        """(N,) int64 rows of per-slot keys (N,) in CSR bags ``offsets`` (B*S + 1,), on the keys' device: key
+        + the offset of its slot (bag b is slot b % S). A key outside its slot's [0, size_s) is a ValueError
+        naming it, its slot and sample where the keys can be read on the host (host arrays, or a staged
+        batch's host mirror); device keys of a deferred step are not read: such a key becomes row -1, which
+        the engine's FATAL bounds check records on the device (it names the position, the feature = slot
+        and the sample; raised at the check point)."""
+        on_host = device.is_host_array(keys)
+        xp = np if on_host else device.xp()
+        off = offsets if on_host == device.is_host_array(offsets) else xp.asarray(device.to_host(offsets))
+        slot = key_slots(off, int(keys.shape[0]), self.slots)  # (N,)
+        start, size = self._slot_bounds(xp)
+        k = keys.astype(np.int64)
+        rows = k + start[slot]
+        if on_host or not self._deferred() or device.host_mirror(keys) is not None:
+            self._check_slot_keys(keys, offsets)
+            return rows
+        return xp.where((k >= 0) & (k < size[slot]), rows, -1)
+
+    def _slot_bounds(self, xp):
+        """((S,) first row of each slot, (S,) slot sizes) as xp arrays (kept per array module)."""
+        kept = getattr(self, "_bounds_by_xp", None)
+        if kept is None or kept[0] is not xp:
+            sizes = np.asarray(self.cfg.slot_size_array, np.int64)
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            kept = self._bounds_by_xp = (xp, xp.asarray(starts), xp.asarray(sizes))
+        return kept[1], kept[2]
+
+    def _check_slot_keys(self, keys, offsets) -> None:
+        """ValueError for the first key outside its slot's [0, size_s), read on the host."""
+        keys_h = device.host_mirror(keys)
+        keys_h = np.asarray(device.to_host(keys) if keys_h is None else keys_h).astype(np.int64)
+        offs_h = device.host_mirror(offsets)
+        offs_h = np.asarray(device.to_host(offsets) if offs_h is None else offs_h).astype(np.int64)
+        bag = np.repeat(np.arange(offs_h.shape[0] - 1, dtype=np.int64), np.diff(offs_h))  # (N,)
+        sizes = np.asarray(self.cfg.slot_size_array, np.int64)
+        slot = bag % self.slots
+        bad = (keys_h < 0) | (keys_h >= sizes[slot])
+        if bad.any():
+            at = int(np.argmax(bad))
             raise ValueError(
-                f"SparseEmbedding {self.name!r} (OneHot): key {int(rows[at])} at position {at} of "
-                f"this batch is outside the table [0, {self.max_rows}) given by slot_size_array; "
-                "one-hot keys must be globally offset per slot"
+                f"SparseEmbedding {self.name!r} (LocalizedSlotSparseEmbeddingOneHot): key {int(keys_h[at])} "
+                f"of slot {int(slot[at])} (sample {int(bag[at]) // self.slots}, position {at} of this batch) is "
+                f"outside the slot's vocabulary [0, {int(sizes[slot[at]])}) given by slot_size_array; one-hot "
+                "embeddings take per-slot keys and add the slot offsets themselves, as HugeCTR's do"
             )
 
     def slot_of_keys(self, keys: np.ndarray) -> np.ndarray:

@@ -19,8 +19,9 @@ What runs (shapes: B samples, T tables, S_t slots, N_t keys, D_t width, P predic
     (numbactr.inference.hps: embedding cache -> volatile -> persistent database -> default value) into the
     rows of a table-batched embedding engine, which pools the bags (sum / mean, the graph's combiner)
     exactly as training's evaluation does: the predictions equal Model.export_predictions of the model
-    that wrote the files. A HybridSparseEmbedding is the plain one-hot table its snapshot holds: its
-    per-slot ids become categories (key + the slot's offset from slot_size_array, hybrid_categories).
+    that wrote the files. A one-hot table (LocalizedSlotSparseEmbeddingOneHot, HybridSparseEmbedding) takes
+    per-slot ids, as in training: they become the table's keys (key + the slot's offset from slot_size_array,
+    one_hot_categories), the keys its snapshot holds.
 CSR requests (InferenceSession.predict(dense_feature, embeddingcolumns, row_ptrs)), HugeCTR's layout:
   dense_feature (n * dense_dim,), row_ptrs the tables' row pointers one after the other, table t's
   n * S_t + 1 of them starting at 0 (slot-major per sample: bag b * S_t + s), embeddingcolumns the tables'
@@ -157,17 +158,21 @@ class InferenceGraph:
         )
 
 
-def hybrid_categories(e: SparseEmbedding, keys, offsets, slots: int) -> np.ndarray:
-    """A HybridSparseEmbedding's keys (N,) as its table's keys: at inference it is the plain one-hot table its
-    snapshot holds (row = category), and, as in training, its input holds per-slot ids: key + the offset of
-    its slot (slot_size_array) is the category. ValueError naming the key, slot and sample for a key outside
-    its slot's vocabulary. offsets (n*S + 1,): bag b*S + s is sample b's slot s."""
+ONE_HOT = (Embedding_t.LocalizedSlotSparseEmbeddingOneHot, Embedding_t.HybridSparseEmbedding)
+
+
+def one_hot_categories(e: SparseEmbedding, keys, offsets, slots: int) -> np.ndarray:
+    """A one-hot table's keys (N,) (LocalizedSlotSparseEmbeddingOneHot, HybridSparseEmbedding) as its table's
+    keys: at inference it is the plain table its snapshot holds (row = category), and, as in training, its
+    input holds per-slot ids: key + the offset of its slot (slot_size_array) is the category. ValueError
+    naming the key, slot and sample for a key outside its slot's vocabulary. offsets (n*S + 1,): bag b*S + s
+    is sample b's slot s."""
     keys_h = np.asarray(device.to_host(keys)).astype(np.int64)
     off = np.asarray(device.to_host(offsets)).astype(np.int64)
     sizes = np.asarray(e.slot_size_array, np.int64)
     if sizes.shape != (slots,):
         raise ValueError(
-            f"HybridSparseEmbedding {e.sparse_embedding_name!r}: slot_size_array has {sizes.size} "
+            f"{e.embedding_type.name} {e.sparse_embedding_name!r}: slot_size_array has {sizes.size} "
             f"entries for its {slots} slots (graph JSON)"
         )
     bag = np.repeat(np.arange(off.shape[0] - 1, dtype=np.int64), np.diff(off))
@@ -176,10 +181,10 @@ def hybrid_categories(e: SparseEmbedding, keys, offsets, slots: int) -> np.ndarr
     if bad.any():
         at = int(np.argmax(bad))
         raise ValueError(
-            f"HybridSparseEmbedding {e.sparse_embedding_name!r}: key {int(keys_h[at])} of slot "
+            f"{e.embedding_type.name} {e.sparse_embedding_name!r}: key {int(keys_h[at])} of slot "
             f"{int(slot[at])} (sample {int(bag[at]) // slots}) is outside the slot's vocabulary [0, "
-            f"{int(sizes[slot[at]])}) given by slot_size_array (the hybrid embedding takes per-slot "
-            "ids and adds the slot offsets itself)"
+            f"{int(sizes[slot[at]])}) given by slot_size_array (one-hot embeddings take per-slot "
+            "ids and add the slot offsets themselves)"
         )
     return keys_h + slot_offsets(sizes)[slot]
 
@@ -279,8 +284,8 @@ class InferenceSession:
         names = [g.input.dense_name]
         arrays = [xp.asarray(np.ascontiguousarray(dense, np.float32))]
         for tab, (e, pooler, (keys, offsets)) in enumerate(zip(g.embeddings, self.poolers, sparse)):
-            if e.embedding_type == Embedding_t.HybridSparseEmbedding:
-                keys = hybrid_categories(e, keys, offsets, pooler.slots)
+            if e.embedding_type in ONE_HOT:
+                keys = one_hot_categories(e, keys, offsets, pooler.slots)
             # a warm request on the cpu device: found, pooled from the cache and its rows marked used in
             # one compiled pass; otherwise (GPU, a miss, a new key) the block path below
             pooled = self.cache.serve_pooled(

@@ -12,8 +12,8 @@ in the sparse model's order. A key's row, 1 + its position in the table or 0:
 The lookup array keeps such models in the default ONNX domain (runtimes without ai.onnx.ml run them) at
 4 bytes per key where LabelEncoder's attributes take 16; onnxruntime runs both about equally fast
 (1M keys, DLRM, batch 1024: 277k and 293k predictions/s on one core).
-HybridSparseEmbedding: its input holds per-slot ids; hybrid_keys adds each slot's offset first (its
-snapshot is the one-hot table of categories).
+One-hot tables (LocalizedSlotSparseEmbeddingOneHot, HybridSparseEmbedding): their input holds per-slot
+ids, as in training; one_hot_keys adds each slot's offset first (the snapshot is the table of categories).
 Pooling: sum over W (missing keys add zeros); mean divides by the keys present, missing ones counted,
 padding not: numbactr's evaluation (kernels/embedding_bag.py: a missing key adds nothing and counts in
 nnz; bags of 0 or 1 keys are not scaled). W = 1 skips the reduction.
@@ -54,8 +54,8 @@ def key_rows(g, keys: str, table_keys: np.ndarray, hint: str) -> str:
     )
 
 
-def hybrid_keys(g, keys: str, slot_size_array, hint: str) -> str:
-    """A HybridSparseEmbedding's per-slot ids (B, S, W) as its one-hot table's keys (categories): key + the
+def one_hot_keys(g, keys: str, slot_size_array, hint: str) -> str:
+    """A one-hot table's per-slot ids (B, S, W) as its one-hot table's keys (categories): key + the
     offset of its slot (slot_size_array), as in training; a key outside [0, size_s) (and padding) becomes
     PAD_KEY, which reads the zero row (training stops on such a key instead)."""
     sizes = np.asarray(slot_size_array, np.int64)
@@ -79,8 +79,9 @@ def emit_embedding(g, emb, keys: str, width: int, out: str) -> None:
     table = np.concatenate([np.zeros((1, emb.vec), np.float32), np.asarray(vectors, np.float32)])
     t = g.const(table, f"{out}/table")
     pad = keys
-    if getattr(emb.cfg, "embedding_type", None) is not None and emb.cfg.embedding_type.name == "HybridSparseEmbedding":
-        keys = hybrid_keys(g, keys, emb.cfg.slot_size_array, out)
+    kind = getattr(getattr(emb.cfg, "embedding_type", None), "name", None)
+    if kind in ("LocalizedSlotSparseEmbeddingOneHot", "HybridSparseEmbedding"):
+        keys = one_hot_keys(g, keys, emb.cfg.slot_size_array, out)
     rows = key_rows(g, keys, table_keys, out)
     if width == 1:  # one key per slot: no bag to pool
         flat = g.op("Squeeze", [rows, g.ints([2], f"{out}/ax")], f"{out}/rows2")  # (B, S)

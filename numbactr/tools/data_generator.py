@@ -8,8 +8,9 @@ binary); slot k has exactly nnz_array[k] keys in [sum(size[:k]), sum(size[:k+1])
 uniform or power law (alpha: Long 0.9, Medium 1.1, Short 1.3, Specific = alpha).
 Raw output: ONE file at `source` with num_samples samples (and `eval_source` with eval_num_samples);
 label = i % 2, dense column j = the constant j (int32, or float32 with float_label_dense), one key per
-slot in [sum(size[:k]), sum(size[:k+1])) (globally offset, like Norm); nnz_array must be all 1;
-check_type is ignored. Always regenerated.
+slot in [0, size_k) (per-slot, NOT offset, as HugeCTR writes them: the one-hot embeddings that read Raw data,
+LocalizedSlotSparseEmbeddingOneHot and HybridSparseEmbedding, add the slot offsets themselves, spec §5.4);
+nnz_array must be all 1; check_type is ignored. Always regenerated.
 Parquet output: `<dirname(source)>/train/gen_<k>.parquet` (eval: `/val/`), num_samples_per_file rows
 each, columns label0.., C{L+i} conts, C{L+D+k} cats; label and dense U[0, 1) float32, slot k keys in
 [0, size_k) (not offset: the reader adds slot_size_array offsets), 1 + U{0..nnz_array[k]-1} keys per
@@ -21,9 +22,7 @@ model over the keys and dense features (numbactr.data.synthetic.PlantedModel, ca
 of about 0.775 and a CTR of about 0.25; for Raw the model sees the keys only, the dense columns being
 constants); seed makes the output reproducible (None: fresh entropy, like HugeCTR's std::random_device).
 Deviations: a `source` without a '/' puts the data under "./" (HugeCTR's extract_dir returns "" and
-writes to "/train/"). Raw keys are globally offset: HugeCTR writes slot k's keys in [0, size_k), so a
-LocalizedSlotSparseEmbeddingOneHot (row = key, spec §5.4) lets all slots share the first rows; numbactr's
-reader rejects a one-hot key outside its slot's rows, so the generator writes keys the model can use.
+writes to "/train/").
 HugeCTR: HugeCTR/src/data_generator.cpp, HugeCTR/include/data_generator.hpp,
 HugeCTR/include/pybind/data_generator_wrapper.hpp
 """
@@ -233,7 +232,6 @@ class DataGenerator:
             return d if p.float_label_dense else np.log(d + np.float32(1))
 
         model = self._planted(rng, reader_dense)
-        offsets = np.concatenate([[0], np.cumsum(p.slot_size_array)[:-1]]).astype(np.int64)  # (S,)
         print(
             f"[numbactr] Generate Raw dataset: slot_size_array {p.slot_size_array}, #samples train "
             f"{p.num_samples} eval {p.eval_num_samples}, float_label_dense {p.float_label_dense}"
@@ -259,7 +257,7 @@ class DataGenerator:
                     path,
                     label,
                     const_dense(n),
-                    np.concatenate(keys, axis=1) + offsets,
+                    np.concatenate(keys, axis=1),  # (n, S) per-slot keys in [0, size_k)
                     p.float_label_dense,
                     append=True,
                 )

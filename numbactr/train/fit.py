@@ -10,6 +10,7 @@ device-choice scope, exactly as a script's own loop of train() calls does.
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -21,6 +22,8 @@ from numbactr.enums import MetricsType, Tensor_t
 from numbactr.metrics import row_group_keys
 from numbactr.runtime import device
 from numbactr import log
+from numbactr.data.source import source_names
+from numbactr.files import snapshot as snapshot_files
 from numbactr.train import graph, step
 from numbactr.train.graph import ModelError
 
@@ -59,6 +62,7 @@ def fit(
             "in epoch mode (repeat_dataset=False) fit runs num_epochs passes over the source",
             stacklevel=3,
         )
+    check_snapshot_prefix(model, snapshot, max_iter, snapshot_prefix)
     try:
         fit_loop(model, num_epochs, max_iter, display, eval_interval, snapshot, snapshot_prefix)
         model.check_deferred()
@@ -71,12 +75,35 @@ def fit(
                 pause()
 
 
+def check_snapshot_prefix(model, snapshot: int, max_iter: int, prefix) -> None:
+    """fit's snapshots go to files named ``{prefix}...`` in the prefix's folder: that folder must exist and be
+    writable, checked before the first step, so that a bad prefix fails at once and not at the first
+    snapshot, after the training it was meant to keep. Nothing is checked when this fit takes no snapshot
+    (snapshot <= 0, or max_iter <= snapshot with repeat_dataset). Rank 0 writes snapshots, so rank 0 checks
+    and every rank raises (a collective)."""
+    if snapshot <= 0 or (model.solver.repeat_dataset and max_iter <= snapshot):
+        return
+    prefix = str(prefix)
+    folder = os.path.dirname(prefix) or "."
+
+    def check():
+        where = f"fit: snapshot_prefix {prefix!r}: its folder {os.path.abspath(folder)!r}"
+        why = f"(a snapshot every {snapshot} iterations is written there)"
+        if not os.path.isdir(folder):
+            state = "is not a folder" if os.path.exists(folder) else "does not exist"
+            raise ModelError(f"{where} {state} {why}; create it first, or change snapshot_prefix")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ModelError(f"{where} is not writable {why}")
+
+    snapshot_files.on_rank0(model.comm, check, f"fit: snapshot_prefix {prefix!r}")
+
+
 def fit_loop(
     model, num_epochs: int, max_iter: int, display: int, eval_interval: int, snapshot: int, snapshot_prefix: str
 ) -> None:
     """fit's loop, after its argument checks."""
     s = model.solver
-    log.info("Training source file: " + model.reader_params.source[0])
+    log.info("Training source file: " + ", ".join(model.reader_params.source))
     log.info("Evaluation source file: " + model.reader_params.eval_source)
     # HugeCTR calls the training callbacks in iteration mode only (numbactr.config.TrainingCallback)
     callbacks = tuple(s.training_callbacks) if s.repeat_dataset else ()
@@ -86,7 +113,7 @@ def fit_loop(
     t_display = time.time()
     it = 0
     epochs = 1 if s.repeat_dataset else num_epochs
-    passes = [(model.reader_params.source[0], None)]
+    passes = [(list(model.reader_params.source), None)]  # every file list, in order, as one data set
     if model.etc is not None:  # every file list in turn, its keyset first (HugeCTR's ETC mode)
         epochs = max(1, num_epochs)
         passes = list(zip(model.reader_params.source, model.reader_params.keyset))
@@ -322,7 +349,11 @@ def set_source(model, source, keyset=None, eval_source=None) -> None:
                 "Model.set_source: keyset files are for the embedding training cache "
                 "(Model(..., etc=CreateETC(...))); use set_source(source, eval_source)"
             )
-        model.reader_params.source, model.reader_params.eval_source = [str(source)], str(eval_source)
+        try:
+            lists = source_names(source)  # one file list, or several read in order as one data set
+        except ValueError as e:
+            raise ModelError(f"Model.set_source: {e}") from None
+        model.reader_params.source, model.reader_params.eval_source = lists, str(eval_source)
     else:
         if isinstance(source, str) or isinstance(keyset, str) or keyset is None:
             raise ModelError(

@@ -125,7 +125,7 @@ def hybrid_statistics(model, emb) -> None:
     n = model.solver.num_iterations_statistics
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ModelError(f"CreateSolver: num_iterations_statistics must be an integer >= 0, got {n!r}")
-    reader = make_reader(model, model.reader_params.source[0], model.solver.batchsize, False)
+    reader = make_reader(model, model.reader_params.source, model.solver.batchsize, False)
     batches = []
     try:
         for batch in iter(reader):
@@ -330,23 +330,19 @@ def make_reader(model, source: str, batch: int, repeat: bool, eval: bool = False
     from numbactr.data.validation import LabelRule, SlotRanges
 
     inp = model.input
-    # one-hot tables have no hash: row = key, and slot s owns rows [Σ_{j<s} size_j, Σ_{j<=s} size_j),
-    # so a key outside its slot's block would silently train another slot's rows
+    # one-hot tables (OneHot, Hybrid) have no hash: they take per-slot keys in [0, size_s) and add the slot
+    # offsets themselves (HugeCTR's do_unique_key), so a key outside its slot would train another slot's rows
     bounds = [None] * len(inp.sparse)
     for e in model.embeddings:
-        if e.cfg.embedding_type == Embedding_t.LocalizedSlotSparseEmbeddingOneHot and e.cfg.slot_size_array:
-            hi = np.cumsum(np.asarray(e.cfg.slot_size_array, np.int64))
-            bounds[model.sparse_inputs[e.cfg.bottom_name]] = SlotRanges(
-                hi - np.asarray(e.cfg.slot_size_array, np.int64),
-                hi,
-                f"LocalizedSlotSparseEmbeddingOneHot {e.name!r} (slot_size_array)",
-            )
-        elif e.cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
-            # the hybrid embedding takes per-slot ids (it adds the slot offsets itself)
-            sizes = np.asarray(e.cfg.slot_size_array, np.int64)
-            bounds[model.sparse_inputs[e.cfg.bottom_name]] = SlotRanges(
-                np.zeros_like(sizes), sizes, f"HybridSparseEmbedding {e.name!r} (slot_size_array)"
-            )
+        kind = e.cfg.embedding_type
+        if kind in (Embedding_t.LocalizedSlotSparseEmbeddingOneHot, Embedding_t.HybridSparseEmbedding):
+            if e.cfg.slot_size_array:
+                sizes = np.asarray(e.cfg.slot_size_array, np.int64)
+                bounds[model.sparse_inputs[e.cfg.bottom_name]] = SlotRanges(
+                    np.zeros_like(sizes),
+                    sizes,
+                    f"{kind.name} {e.name!r} (slot_size_array; it takes per-slot keys and adds the slot offsets)",
+                )
     # each loss layer states what its label columns may hold (numbactr.data.validation.LABEL_KINDS)
     rules = [None] * inp.label_dim
     for layer, _ in model.losses:

@@ -151,8 +151,10 @@ def regularizer(model, loss_layer, batch_rows: int, grad: bool, kept: bool = Fal
 def start_data_reading(model) -> None:
     graph.require_compiled(model, "start_data_reading")
     if model._train_reader is None:
+        # every file list of source in order (with the embedding training cache, fit reads them one by one)
+        source = model.reader_params.source if model.etc is None else model.reader_params.source[0]
         model._train_reader = iter(
-            graph.make_reader(model, model.reader_params.source[0], model.solver.batchsize, model.solver.repeat_dataset)
+            graph.make_reader(model, source, model.solver.batchsize, model.solver.repeat_dataset)
         )
     if model._eval_reader is None:
         model._eval_reader = iter(

@@ -55,9 +55,9 @@ CONFIGS = {
 
 def global_batch(rng, one_hot: bool, vocab: int) -> Batch:
     """B samples x S slots; hash keys: 0..3 per bag from a per-slot key range (some beyond 2**32);
-    one-hot: one globally offset key per bag."""
+    one-hot: one per-slot key per bag (the embedding adds the slot offsets)."""
     lens = np.ones((B, S), np.int64) if one_hot else rng.integers(0, 4, (B, S))
-    base = np.cumsum([0] + ONE_HOT_SIZES[:-1]) if one_hot else np.arange(S) * (1 << 33)
+    base = np.zeros(S, np.int64) if one_hot else np.arange(S) * (1 << 33)
     high = np.array(ONE_HOT_SIZES) if one_hot else np.full(S, vocab)
     keys = np.concatenate(
         [base[s] + rng.integers(0, high[s], n) for (_, s), n in np.ndenumerate(lens)] + [np.zeros(0, np.int64)]

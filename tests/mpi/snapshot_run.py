@@ -37,6 +37,7 @@ import numbactr as hugectr  # noqa: E402
 from numbactr.files import checkpoint, snapshot
 from numbactr.runtime import device  # noqa: E402
 from numbactr.distributed import comm as comm_module  # noqa: E402
+from tests.model_util import one_hot_lists  # noqa: E402
 
 #: embedding type -> (optimizer, update) used with it in the rank tests
 OPTIMIZERS = {
@@ -63,6 +64,7 @@ def build(
     """A tiny DLRM over tests.model_util.tiny_data, with a BatchNorm (so snapshots carry a .ntp.json)
     unless bn=False: BatchNorm statistics are per rank, so only without it do R ranks train exactly as
     one. ``sizes``: the embedding's slot_size_array (default: 6 per slot for OneHot, none otherwise)."""
+    train, evl = one_hot_lists(hugectr.Embedding_t[emb], train, evl)  # one-hot: per-slot keys
     solver = hugectr.CreateSolver(
         batchsize=batch, batchsize_eval=batch, max_eval_batches=4, lr=0.05, vvgpu=[[0]], i64_input_key=True, seed=seed
     )
