@@ -22,6 +22,12 @@ HAS_ORT = importlib.util.find_spec("onnxruntime") is not None
 QUICK = ["--quick", "--min-time", "0"]
 
 
+@pytest.fixture(autouse=True)
+def _cpu(on_device):
+    """The benchmarks on the cpu device (the suite's default device is the CUDA simulator: far too slow)."""
+    on_device("cpu")
+
+
 def run_bench(tmp_path, *argv) -> dict:
     """`numbactr bench *argv --json FILE` in this process; the checked document."""
     path = tmp_path / "out" / "result.json"
