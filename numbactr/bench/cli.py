@@ -19,6 +19,8 @@
                               All2AllDenseEmbedding, 1 rank and mpiexec -n 2 (numbactr/bench/sok.py)
     --quick                   small shapes (seconds; the smoke test uses it)
     --threads 1,2             thread counts of the embedding and dlrm runs (cpu; default 1,2)
+    --json PATH               also write every figure as JSON (machine, date, threads, versions; the
+                              format: numbactr/bench/results.py)
 
 Everything runs on the device numbactr picked (``numbactr.runtime.device.kind()``): the numba.cuda kernels on
 a GPU (cupy arrays), numbactr's compiled CPU code or NumPy references on cpu. When torch is installed
@@ -169,7 +171,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--tf32", action="store_true", help="bench dlrm --model mlperf: TF32 matrix products")
     ap.add_argument("--amp", action="store_true", help="bench dlrm --model mlperf: mixed precision")
+    ap.add_argument("--json", metavar="PATH", default=None, help="also write the results there as JSON")
     args = ap.parse_args(argv)
+    command = ["numbactr", "bench", *(sys.argv[1:] if argv is None else argv)]
     mlperf_only = [f"--{k}" for k in ("batch", "rows") if getattr(args, k) is not None] + [
         f"--{k}" for k in ("tf32", "amp") if getattr(args, k)
     ]
@@ -197,13 +201,22 @@ def main(argv=None) -> int:
             **sizes,
         )
         print(tab.markdown(), flush=True)
+        _write_json(args.json, [tab], command)
         return 0
     options = (
         {} if args.threads is None else {k: {"threads": args.threads} for k in ("embedding", "dlrm", "cache", "sok")}
     )
     options.setdefault("cache", {})["plot"] = args.plot
-    run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed, options=options)
+    tables = run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed, options=options)
+    _write_json(args.json, tables, command)
     return 0
+
+
+def _write_json(path, tables: list, command: list) -> None:
+    if path:
+        from numbactr.bench import results
+
+        print(f"numbactr bench: results written to {results.write_tables(path, tables, command)}", flush=True)
 
 
 def _dim_list(text: str) -> tuple:

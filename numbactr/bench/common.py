@@ -50,11 +50,14 @@ class Table:
     columns: list
     rows: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    #: the cells as given (numbers unformatted), for the JSON results (numbactr.bench.results)
+    raw: list = field(default_factory=list)
 
     def add(self, *cells) -> None:
         if len(cells) != len(self.columns):
             raise ValueError(f"{self.title}: {len(cells)} cells for {len(self.columns)} columns")
         self.rows.append([_cell(c) for c in cells])
+        self.raw.append(list(cells))
 
     def markdown(self) -> str:
         out = [f"### {self.title}", ""]
@@ -157,6 +160,11 @@ def _device_name(kind: str) -> str:
 
         name = cuda.get_current_device().name
         return name.decode() if isinstance(name, bytes) else str(name)
+    return f"{cpu_model()}, {os.cpu_count()} cores"
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what ``platform`` says."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -166,7 +174,7 @@ def _device_name(kind: str) -> str:
                     break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores"
+    return cpu
 
 
 def known_peak_bandwidth(name: str):

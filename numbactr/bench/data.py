@@ -1,6 +1,6 @@
 """Reader benchmark: samples/s delivered as training batches, Norm / Raw / RawAsync / Parquet x 1, 2, 4 workers.
 
-    numbactr bench data [--samples 1000000] [--batch-size 16384] [--workers 1,2,4] [--step-ms 20]
+    numbactr bench data [--samples 1000000] [--batch-size 16384] [--workers 1,2,4] [--step-ms 20] [--json PATH]
 
 Data: Criteo-shaped (1 label, 13 dense float32, 26 one-hot slots), written once to a temporary folder:
 Norm with Check_t.Sum and 32-bit keys in --files files, Raw (int32 label/dense, so the log(x + 1)
@@ -169,6 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="passes per cell, the best counts (default: %(default)s)")
     ap.add_argument("--step-ms", type=float, default=0.0, help="also measure waits with an S ms step")
     ap.add_argument("--dir", default=None, help="where to write the data (default: a temporary folder)")
+    ap.add_argument("--json", metavar="PATH", default=None, help="also write the results there as JSON")
     a = ap.parse_args(argv)
     try:
         workers = [int(w) for w in a.workers.split(",")]
@@ -186,6 +187,8 @@ def main(argv=None) -> int:
     if max(workers) > a.files:
         ap.error(f"--files {a.files} must be >= the largest worker count {max(workers)}")
     d = a.dir or tempfile.mkdtemp(prefix="numbactr_bench_")
+    shape = dict(batch=a.batch_size, samples=a.samples, files=a.files, repeats=a.repeats)
+    found = []  # the JSON results
     try:
         t = time.perf_counter()
         src = write_bench_data(d, a.samples, a.files)
@@ -204,6 +207,7 @@ def main(argv=None) -> int:
                 cells = []
                 for w in workers:
                     cells.append(measure(fmt, src[fmt], a.samples, a.batch_size, w, a.repeats))
+                    found.append(_result("reader throughput", "samples/s", cells[-1], format=fmt, workers=w, **shape))
                     bar.update(1)
                 print(f"| {fmt} | " + " | ".join(f"{c / 1e6:.2f} M/s" for c in cells) + " |", flush=True)
         if a.step_ms > 0:
@@ -212,11 +216,28 @@ def main(argv=None) -> int:
             print("|---|" + "---:|" * len(workers))
             for fmt in formats:
                 cells = [measure_wait(fmt, src[fmt], a.samples, a.batch_size, w, a.step_ms) for w in workers]
+                for w, (mean, most) in zip(workers, cells):
+                    for metric, v in (("mean wait ms", mean), ("max wait ms", most)):
+                        found.append(
+                            _result("wait for data", metric, v, format=fmt, workers=w, step_ms=a.step_ms, **shape)
+                        )
                 print(f"| {fmt} | " + " | ".join(f"{m:.2f} / {x:.2f}" for m, x in cells) + " |", flush=True)
     finally:
         if a.dir is None:
             shutil.rmtree(d, ignore_errors=True)
+    if a.json:
+        from numbactr.bench import results
+
+        notes = "Criteo-shaped data: 13 dense + 26 one-hot slots; samples/s: the best full epoch-mode pass"
+        doc = results.document(
+            found, command=None if argv is None else ["numbactr", "bench", "data", *argv], notes=notes
+        )
+        print(f"numbactr bench data: results written to {results.write(a.json, doc)}")
     return 0
+
+
+def _result(name: str, metric: str, value: float, **params) -> dict:
+    return {"name": name, "implementation": "numbactr", "metric": metric, "value": float(value), **params}
 
 
 if __name__ == "__main__":

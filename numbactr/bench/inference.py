@@ -1,7 +1,7 @@
 """``numbactr bench inference``: serving throughput and latency of InferenceSession, and the embedding
 cache's hit rate against its size, beside onnxruntime running the same model exported to ONNX.
 
-    numbactr bench inference [--quick] [--min-time S] [--batches 1,64,1024] [--threads N] [--no-onnx]
+    numbactr bench inference [--quick] [--min-time S] [--batches 1,64,1024] [--threads N] [--no-onnx] [--json PATH]
 
 The model is a DLRM (13 dense features; 26 one-hot slots of one table, 16-wide vectors; bottom MLP 13-64-16,
 dot interaction, top MLP 128-64-1) with random weights saved in HugeCTR's files, its table holding
@@ -302,6 +302,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--no-onnx", action="store_true", help="skip the onnxruntime column")
     ap.add_argument("--seed", type=int, default=0, help="seed of the weights and requests (default: %(default)s)")
+    ap.add_argument("--json", metavar="PATH", default=None, help="also write the results there as JSON")
     args = ap.parse_args(argv)
     if args.threads is not None:
         if args.threads < 1:
@@ -313,6 +314,45 @@ def main(argv=None) -> int:
     if args.min_time is not None:
         sizes["min_time"] = args.min_time
     device.kind()
-    for table in bench_inference(seed=args.seed, use_onnx=not args.no_onnx, **sizes):
+    tables = bench_inference(seed=args.seed, use_onnx=not args.no_onnx, **sizes)
+    for table in tables:
         print(table.markdown(), flush=True)
+    if args.json:
+        from numbactr.bench import results
+
+        doc = results.document(
+            json_results(tables),
+            command=None if argv is None else ["numbactr", "bench", "inference", *argv],
+            notes="\n".join(dict.fromkeys(n for t in tables for n in t.notes)),
+        )
+        print(f"numbactr bench inference: results written to {results.write(args.json, doc)}")
     return 0
+
+
+def json_results(tables: list) -> list:
+    """The figures of bench_inference's two tables as JSON results (numbactr.bench.results): one per
+    implementation and metric, the batch (or the cache's size) as parameters."""
+    lat, hit = tables
+    out = []
+    for batch, *cells in lat.raw:
+        for impl, (rate, p50, p99) in (("numbactr", cells[:3]), ("onnxruntime", cells[3:6])):
+            for metric, v in (("preds/s", rate), ("p50 ms", p50), ("p99 ms", p99)):
+                if v is not None:
+                    out.append(dict(name=lat.title, implementation=impl, metric=metric, value=float(v), batch=batch))
+        if cells[6] is not None:
+            out.append(
+                dict(
+                    name=lat.title,
+                    implementation="onnxruntime",
+                    metric="max abs diff",
+                    value=float(cells[6]),
+                    batch=batch,
+                )
+            )
+    for pct, slots, rate, ours, ort in hit.raw:
+        shape = dict(cache_percent=float(pct.rstrip("%")), slots=int(slots), batch=1024)
+        out.append(dict(name=hit.title, implementation="numbactr", metric="hit rate", value=float(rate), **shape))
+        out.append(dict(name=hit.title, implementation="numbactr", metric="preds/s", value=float(ours), **shape))
+        if ort is not None:
+            out.append(dict(name=hit.title, implementation="onnxruntime", metric="preds/s", value=float(ort), **shape))
+    return out
