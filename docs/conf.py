@@ -32,7 +32,16 @@ extensions = [
 # every .md is MyST; every tutorial (tutorials/NN_*.py, linked as docs/tutorials) is a jupytext notebook
 nb_custom_formats = {".py": "tutorialnb.reads"}  # docs/_ext/tutorialnb.py
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".py": "myst-nb"}
-exclude_patterns = ["_build", "_ext", "_generated", "conf.py", "benchmarks/**", "tutorials/*.md", "**/__pycache__", "**/*.png"]
+exclude_patterns = [
+    "_build",
+    "_ext",
+    "_generated",
+    "conf.py",
+    "benchmarks/**",
+    "tutorials/*.md",
+    "**/__pycache__",
+    "**/*.png",
+]
 myst_enable_extensions = ["colon_fence", "deflist", "fieldlist"]
 myst_heading_anchors = 3
 
