@@ -69,7 +69,8 @@ def read_split(res, split: str) -> dict:
 
     if res.format != "parquet":
         raise ValueError(f"read_split reads Parquet conversions, got {res.format}")
-    src = res.train_source if split == "train" else res.eval_source
+    train = getattr(res, "train_source", None) or res.train_list  # ConversionResult or CriteoResult
+    src = train if split == "train" else (getattr(res, "eval_source", None) or res.eval_list)
     folder = os.path.dirname(src)
     with open(src) as f:
         files = [ln.strip() for ln in f.read().split("\n")[1:] if ln.strip()]

@@ -83,13 +83,13 @@ def build(args, res, seed):
         )
     )
     model.add(hugectr.DenseLayer(L.Reshape, ["embedding"], ["flat"], leading_dim=2 * vec))
-    # HugeCTR's Slice ranges are inclusive; the flat row is [user mlp | user gmf | item mlp | item gmf]
+    # Slice ranges are [a, b); the flat row is [user mlp | user gmf | item mlp | item gmf]
     parts, names = [], []
     if mlp:
-        parts += [(0, mlp - 1), (vec, vec + mlp - 1)]
+        parts += [(0, mlp), (vec, vec + mlp)]
         names += ["user_mlp", "item_mlp"]
     if gmf:
-        parts += [(mlp, vec - 1), (vec + mlp, 2 * vec - 1)]
+        parts += [(mlp, vec), (vec + mlp, 2 * vec)]
         names += ["user_gmf", "item_gmf"]
     model.add(hugectr.DenseLayer(L.Slice, ["flat"], names, ranges=parts))
     tops = []

@@ -121,3 +121,40 @@ def predict(model, data: dict, batch: int = 10000) -> np.ndarray:
     d, x = torch.from_numpy(data["dense"]), torch.from_numpy(data["ids"])
     out = [torch.sigmoid(model(d[a : a + batch], x[a : a + batch])) for a in range(0, len(x), batch)]
     return torch.cat(out).reshape(-1).numpy()
+
+
+class DLRM(nn.Module):
+    """Bottom MLP on the dense values to ``dim``; the dot interaction of it and the slot vectors (the
+    bottom output, the strictly lower triangle of the pairwise dots, one zero pad: HugeCTR's Interaction);
+    top MLP to the logit."""
+
+    def __init__(self, slot_sizes, dense_dim: int, dim: int, bottom, top):
+        super().__init__()
+        self.emb = Embeddings(slot_sizes, dim)
+        self.bottom = mlp([dense_dim, *bottom, dim])
+        n = len(slot_sizes) + 1
+        self.register_buffer("pairs", torch.tril_indices(n, n, offset=-1))
+        self.top = nn.Sequential(mlp([dim + n * (n - 1) // 2 + 1, *top]), linear(top[-1], 1))
+
+    def forward(self, dense, ids):
+        x = self.bottom(dense)
+        v = torch.cat([x[:, None], self.emb(ids)], 1)  # (B, n, dim)
+        dots = torch.bmm(v, v.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
+        return self.top(torch.cat([x, dots, torch.zeros_like(x[:, :1])], 1))
+
+
+class DeepFM(nn.Module):
+    """One (dim + 1)-wide vector per slot: dim factors and a first-order weight. Logit = MLP(factors) +
+    FM second order 0.5 * sum((sum v)^2 - sum v^2) + sum of the weights (HugeCTR's samples/deepfm)."""
+
+    def __init__(self, slot_sizes, dim: int, hidden):
+        super().__init__()
+        self.dim = dim
+        self.emb = Embeddings(slot_sizes, dim + 1)
+        self.deep = nn.Sequential(mlp([len(slot_sizes) * dim, *hidden]), linear(hidden[-1], 1))
+
+    def forward(self, dense, ids):
+        e = self.emb(ids)
+        v, w = e[..., : self.dim], e[..., self.dim]
+        fm = 0.5 * (v.sum(1) ** 2 - (v * v).sum(1)).sum(1, keepdim=True)
+        return self.deep(v.flatten(1)) + fm + w.sum(1, keepdim=True)
