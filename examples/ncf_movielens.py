@@ -83,15 +83,10 @@ def build(args, res, seed):
         )
     )
     model.add(hugectr.DenseLayer(L.Reshape, ["embedding"], ["flat"], leading_dim=2 * vec))
-    # Slice ranges are [a, b); the flat row is [user mlp | user gmf | item mlp | item gmf]
-    parts, names = [], []
-    if mlp:
-        parts += [(0, mlp), (vec, vec + mlp)]
-        names += ["user_mlp", "item_mlp"]
-    if gmf:
-        parts += [(mlp, vec), (vec + mlp, 2 * vec)]
-        names += ["user_gmf", "item_gmf"]
-    model.add(hugectr.DenseLayer(L.Slice, ["flat"], names, ranges=parts))
+    # Slice ranges are [a, b), sorted; the flat row is [user mlp | user gmf | item mlp | item gmf]
+    cut = {"user_mlp": (0, mlp), "user_gmf": (mlp, vec), "item_mlp": (vec, vec + mlp), "item_gmf": (vec + mlp, 2 * vec)}
+    names = [n for n in cut if (mlp if n.endswith("mlp") else gmf)]
+    model.add(hugectr.DenseLayer(L.Slice, ["flat"], names, ranges=[cut[n] for n in names]))
     tops = []
     if gmf:
         model.add(hugectr.DenseLayer(L.ElementwiseMultiply, ["user_gmf", "item_gmf"], ["gmf_multiply"]))

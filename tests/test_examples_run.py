@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -39,3 +40,27 @@ def test_dlrm_runs_on_the_tiny_criteo_sample(tmp_path, capsys):
     auc = r["summary"]["AUC"]["numbactr"]
     assert 0.0 <= auc["mean"] <= 1.0 and len(auc["values"]) == 2
     assert r["summary"]["LogLoss"]["numbactr"]["mean"] > 0
+
+
+@pytest.mark.parametrize("model", ["gmf", "ncf", "neumf"])
+def test_ncf_graphs_build_and_train_on_a_small_ratings_file(model, tmp_path):
+    """The three NCF graphs (their Slice ranges, towers and concats) compile and train one epoch; the
+    eval groups are each user's positive and its 9 negatives (so HR@10 is 1 whatever the scores)."""
+    import numpy as np
+
+    from numbactr.data.convert import convert_movielens
+
+    device.set_device("cpu")
+    rng = np.random.default_rng(0)
+    path = tmp_path / "u.data"
+    lines = [
+        f"{u}\t{i}\t4\t{1000 + k}" for u in range(1, 31) for k, i in enumerate(rng.choice(60, 8, replace=False) + 1)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    res = convert_movielens(str(path), str(tmp_path / "out"), test_negatives=9, verbose=False)
+    ncf = importlib.import_module("ncf_movielens")
+    common = importlib.import_module("_common")
+    args = SimpleNamespace(model=model, batch=32, lr=0.01, factors=4, mlp_factors=8, tower=[8, 4])
+    got = common.fit_and_eval(ncf.build(args, res, seed=0), epochs=1)
+    assert got["HitRate@10"] == 1.0  # 10 rows per user: every positive is in the top 10
+    assert 1 / np.log2(11) <= got["NDCG@10"] <= 1.0
