@@ -25,9 +25,12 @@ import numbactr as hugectr  # noqa: E402
 from numbactr.data.convert import convert_movielens  # noqa: E402
 from numbactr.metrics import hit_rate_at_k, ndcg_at_k  # noqa: E402
 
-PUBLISHED = {  # He et al., WWW 2017 report MovieLens-1M, not 100K
-    "HitRate@10": (None, "ML-1M: NeuMF 0.730, GMF ~0.70, MLP ~0.69 (He et al. 2017, Table 2 / Fig. 4, factors 64-8)"),
-    "NDCG@10": (None, "ML-1M: NeuMF 0.447, GMF ~0.42, MLP ~0.42 (He et al. 2017)"),
+ML1M = "He et al. 2017 (WWW), ML-1M not 100K: NeuMF 0.730 / 0.447, GMF and MLP about 0.70 / 0.42"
+ML100K = "Comput. Intell. Neurosci. 2022 (EINMF), Table 3, ML-100K, embedding 64: NCF (NeuMF)"
+PUBLISHED = {  # model -> metric -> (value, source); He et al. publish MovieLens-1M only
+    "neumf": {"HitRate@10": (0.754, f"{ML100K}; {ML1M}"), "NDCG@10": (0.264, f"{ML100K}; {ML1M}")},
+    "gmf": {"HitRate@10": (None, ML1M), "NDCG@10": (None, ML1M)},
+    "ncf": {"HitRate@10": (None, ML1M), "NDCG@10": (None, ML1M)},
 }
 L = hugectr.Layer_t
 
@@ -137,7 +140,7 @@ def main(argv=None):
         return {"HitRate@10": hit_rate_at_k(ev["label"], p, g, 10), "NDCG@10": ndcg_at_k(ev["label"], p, g, 10)}
 
     name = f"{args.model.upper()} on {'MovieLens-100K' if args.data is None else os.path.basename(args.data)}"
-    return _common.run(args, name, with_numbactr, with_torch, PUBLISHED)
+    return _common.run(args, name, with_numbactr, with_torch, PUBLISHED[args.model])
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ def cell(s) -> str:
 
 
 def main(paths) -> None:
-    print("| data set, model | metric | numbactr | PyTorch | published (source) | seeds | s/seed numbactr / PyTorch |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| data set, model | metric | numbactr | PyTorch | published (source) | seeds | s/seed numbactr / PyTorch | command |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for path in paths:
         r = json.load(open(path))
         n = len(r["runs"]["numbactr"])
@@ -28,7 +30,7 @@ def main(paths) -> None:
             src = s.get("published_source", "")
             pub_text = f"{pub} ({src})" if pub is not None else src
             print(
-                f"| {r['example']} | {metric} | {cell(s.get('numbactr'))} | {cell(s.get('pytorch'))} | {pub_text} | {n} | {speed} |"
+                f"| {r['example']} | {metric} | {cell(s.get('numbactr'))} | {cell(s.get('pytorch'))} | {pub_text} | {n} | {speed} | `{r['command']}` |"
             )
 
 
