@@ -1,4 +1,4 @@
-"""Benchmark results as data: the JSON file every ``numbactr bench ... --json PATH`` writes, and its check.
+"""Benchmark results as data: the JSON file every ``numbactr bench COMMAND --json PATH`` writes, and its check.
 
 One file holds one run::
 
