@@ -1,6 +1,6 @@
 """MovieLens ratings -> HugeCTR data for NCF / GMF / NeuMF, with the NCF evaluation protocol.
 
-    numbactr data movielens ml-100k/u.data out/ --implicit --format norm
+    numbactr data movielens ml-100k/u.data out/ --format norm               # implicit feedback, NCF protocol
 
 Inputs (GroupLens layouts, found from the first line; one rating per line, blank lines skipped):
   ``u.data``       (100K)       user TAB item TAB rating TAB timestamp
@@ -299,7 +299,20 @@ def main(argv=None) -> int:
     )
     ap.add_argument("input", help="u.data, ratings.dat, ratings.csv or a Parquet table of ratings")
     ap.add_argument("out_dir", help="output folder: OUT/train, OUT/eval, slot_size_array.json, conversion.json")
-    ap.add_argument("--implicit", action="store_true", help="implicit feedback (label 1/0 with sampled negatives)")
+    feedback = ap.add_mutually_exclusive_group()
+    feedback.add_argument(
+        "--implicit",
+        dest="implicit",
+        action="store_true",
+        default=True,
+        help="implicit feedback: label 1/0 with sampled negatives, the NCF protocol (the default)",
+    )
+    feedback.add_argument(
+        "--explicit",
+        dest="implicit",
+        action="store_false",
+        help="explicit feedback: one example per rating, label = rating",
+    )
     ap.add_argument("--threshold", type=float, default=None, help="implicit: ratings >= this are positives (all)")
     ap.add_argument("--test-negatives", type=int, default=99, help="negatives per user in eval (NCF: 99)")
     ap.add_argument("--train-negatives", type=int, default=4, help="negatives per training positive (4)")
