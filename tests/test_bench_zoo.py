@@ -61,3 +61,29 @@ def test_a_twin_with_a_wrong_weight_computes_another_loss():
         twin.out.bias += 0.5
     model.train()
     assert abs(model.get_current_loss() - step().item()) > 1e-3
+
+
+def test_bench_zoo_smoke_rows_carry_model_batch_threads_ratio():
+    from numbactr.bench import results, zoo
+    from numbactr.bench.common import Env
+
+    tab, parts = zoo.bench_zoo(
+        Env(), models=("GMF",), batches=(16,), threads=(1,), min_time=0.01, rounds=1, breakdown_steps=1,
+        out=io.StringIO(),
+    )  # fmt: skip
+    rows = results.from_table(tab)
+    assert {r["implementation"] for r in rows} == {"numbactr", "torch-cpu"}
+    for r in rows:
+        assert (r["model"], r["batch"], r["threads"]) == ("GMF", 16, 1) and r["ratio"] > 0
+    ours, theirs = (dict(zip(tab.columns, raw)) for raw in tab.raw)
+    assert ours["ratio"] == pytest.approx(ours["samples/s"] / theirs["samples/s"])
+    eager, *split = parts.raw[0][3:]
+    assert sum(split) == pytest.approx(eager, rel=1e-6) and min(split) >= 0
+
+
+def test_bench_zoo_refuses_an_unknown_model():
+    from numbactr.bench import zoo
+    from numbactr.bench.common import Env
+
+    with pytest.raises(ValueError, match=r"unknown model\(s\) \['BST'\]"):
+        zoo.bench_zoo(Env(), models=("BST",))
