@@ -1,5 +1,8 @@
 """``numbactr bench zoo``: every zoo model's PyTorch twin computes numbactr's loss and dense gradients from the
-same weights, and a smoke run of the benchmark gives its table and JSON rows."""
+same weights, and a smoke run of the benchmark gives its table and JSON rows.
+
+On the cpu device (numbactr's compiled CPU ops, the device the benchmark measures); the module's name says
+torch, so CI's pass with the PyTorch peers installed runs it (.ci/run: -k "torch or ...")."""
 
 import contextlib
 import io
@@ -10,6 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import numbactr as hugectr  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("cpu")
 from numbactr.bench import zoo_models as Z  # noqa: E402
 from numbactr.bench import zoo_twins as T  # noqa: E402
 
