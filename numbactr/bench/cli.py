@@ -11,6 +11,10 @@
                               GPU, 2048 on cpu) with SGD and Adam beside PyTorch's: samples/s and a step-time
                               breakdown (embedding, GEMMs, the rest, host gaps; bench/step_breakdown.py);
                               --dim 128,16 --optimizer sgd,adam --batch N --rows N --tf32 --amp
+    numbactr bench zoo        HugeCTR's sample zoo (W&D, DCN v1/v2, DeepFM, DLRM, NeuMF, GMF, NCF) built through
+                              the HugeCTR API beside PyTorch twins from the same weights: training samples/s,
+                              the ratio, and numbactr's step breakdown (numbactr/bench/zoo.py);
+                              --batch 256,1024,4096 --threads 1,2 --models DLRM,NeuMF
     numbactr bench all        the three above
     numbactr bench cache      a table 4-50x larger than its cache's byte budget, trained through the cache
                               on a memory-mapped file: hit rate and samples/s against cache size, LRU and
@@ -50,7 +54,7 @@ from numbactr.bench.dlrm import bench_dlrm
 from numbactr.bench.embedding import bench_embedding
 from numbactr.bench.hash import bench_hash
 
-SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache", "sok")
+SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache", "sok", "zoo")
 
 
 # ---- SOK ---------------------------------------------------------------------------------------
@@ -96,6 +100,7 @@ def run(
     min_time = (0.05 if quick else 1.0) if min_time is None else min_time
     from numbactr import log
     from numbactr.bench import cache as bench_cache
+    from numbactr.bench import zoo as bench_zoo
 
     fns = {"hash": bench_hash, "embedding": bench_embedding, "dlrm": bench_dlrm}
     names = list(fns) if which == "all" else [which]
@@ -103,6 +108,8 @@ def run(
     sizes = {**sizes, "cache": bench_cache.QUICK if quick else bench_cache.FULL}
     fns["sok"] = _bench_sok  # not in 'all': it launches mpiexec itself
     sizes = {**sizes, "sok": SOK_QUICK if quick else SOK_FULL}
+    fns["zoo"] = bench_zoo.bench_zoo  # not in 'all': minutes of its own
+    sizes = {**sizes, "zoo": bench_zoo.QUICK if quick else bench_zoo.FULL}
     tables = []
     with log.progress(total=len(names), desc="numbactr bench", unit="benchmark") as bar:
         for name in names:
@@ -159,10 +166,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--batch",
-        type=int,
+        type=_thread_list,
         default=None,
-        help="bench dlrm --model mlperf: batch size (default 65536 on a GPU, 2048 on cpu)",
+        help="bench zoo: batch sizes (default 256,1024,4096; --quick 64); bench dlrm --model mlperf: one batch "
+        "size (default 65536 on a GPU, 2048 on cpu)",
     )
+    ap.add_argument("--models", default=None, help="bench zoo: comma-separated model names (default: all)")
     ap.add_argument(
         "--rows",
         type=int,
@@ -174,9 +183,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH", default=None, help="also write the results there as JSON")
     args = ap.parse_args(argv)
     command = ["numbactr", "bench", *(sys.argv[1:] if argv is None else argv)]
-    mlperf_only = [f"--{k}" for k in ("batch", "rows") if getattr(args, k) is not None] + [
+    if args.batch is not None and len(args.batch) > 1 and args.what != "zoo":
+        ap.error("several --batch sizes apply to `bench zoo` only")
+    mlperf_only = [f"--{k}" for k in ("rows",) if getattr(args, k) is not None] + [
         f"--{k}" for k in ("tf32", "amp") if getattr(args, k)
     ]
+    if args.batch is not None and args.what != "zoo" and (args.what != "dlrm" or args.model != "mlperf"):
+        mlperf_only.insert(0, "--batch")
+    if args.models is not None and args.what != "zoo":
+        ap.error("--models applies to `bench zoo` only")
     if mlperf_only and (args.what != "dlrm" or args.model != "mlperf"):
         ap.error(f"{', '.join(mlperf_only)} only apply to `bench dlrm --model mlperf`")
     if args.model == "mlperf" and args.what != "dlrm":
@@ -188,7 +203,8 @@ def main(argv=None) -> int:
         from numbactr.bench.mlperf import bench_mlperf
 
         quick = dict(batch=256, rows=2_000, batches=1, breakdown_steps=1) if args.quick else {}
-        sizes = {**quick, **{k: getattr(args, k) for k in ("batch", "rows") if getattr(args, k) is not None}}
+        sizes = {**quick, **({"batch": args.batch[0]} if args.batch else {})}
+        sizes.update({"rows": args.rows} if args.rows is not None else {})
         tab = bench_mlperf(
             env,
             dims=args.dim,
@@ -204,9 +220,15 @@ def main(argv=None) -> int:
         _write_json(args.json, [tab], command)
         return 0
     options = (
-        {} if args.threads is None else {k: {"threads": args.threads} for k in ("embedding", "dlrm", "cache", "sok")}
+        {}
+        if args.threads is None
+        else {k: {"threads": args.threads} for k in ("embedding", "dlrm", "cache", "sok", "zoo")}
     )
     options.setdefault("cache", {})["plot"] = args.plot
+    if args.batch is not None:
+        options.setdefault("zoo", {})["batches"] = args.batch
+    if args.models is not None:
+        options.setdefault("zoo", {})["models"] = tuple(m.strip() for m in args.models.split(","))
     tables = run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed, options=options)
     _write_json(args.json, tables, command)
     return 0

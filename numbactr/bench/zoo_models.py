@@ -1,0 +1,303 @@
+"""The models of ``numbactr bench zoo``, built through the HugeCTR API as HugeCTR's samples build them.
+
+Each ``Spec`` names a model of HugeCTR's sample zoo, the shape of its input (dense width, sparse inputs with
+their slot sizes), its embeddings and a ``layers(add, L)`` function that adds the dense graph with
+``add(DenseLayer(...))``. ``build`` makes the Model (Adam, Update_t.Global, lr 1e-3, as the samples train)
+and ``make_batches`` the synthetic batches of the spec's shape that both numbactr and the PyTorch twin
+(numbactr/bench/zoo_twins.py) train on. The twins list their parameters in the order in which numbactr's
+layers hold theirs (``model.layers``, add order), so weights copy one to one.
+
+Widths are the samples' structure at sizes a 2-core cpu runs in seconds (the MLPs 400 wide, as the issue's
+DeepFM on Frappe); no Dropout (HugeCTR's W&D and DCN samples have 0.5: left out so that the twin's loss
+can equal numbactr's bit for bit in the test). Shapes: B batch, S slots, D embedding width.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from numbactr.data.batch import Batch
+
+CRITEO = [2000, 3000, 500, 40, 1500, 400, 2000, 300, 100, 2500, 1000, 2000, 30, 700] + [1000] * 12  # 26 slots
+FRAPPE = [957, 4082, 7, 7, 2, 3, 2, 80, 233, 9]  # Frappe's 10 fields (BARS frappe_x1), 5,382 ids
+MOVIELENS = [943, 1682]  # MovieLens-100K: users, items
+HIDDEN = (400, 400)
+
+
+@dataclass
+class Spec:
+    """One zoo model: its name, input shape, embeddings and dense graph (module docstring)."""
+
+    name: str
+    sample: str  # what HugeCTR's sample is and what differs here
+    dense: int  # dense features
+    inputs: list  # [(sparse input name, [slot sizes])]
+    embeddings: list  # [(embedding name, sparse input name, D)]
+    layers: object  # layers(add, L): the dense graph after the embeddings, up to the loss
+    kw: dict = field(default_factory=dict)  # the widths the twin needs too
+
+    def slots(self, name: str) -> list:
+        return dict(self.inputs)[name]
+
+
+def fc_relu(add, L, bottom: str, widths, prefix: str) -> str:
+    """InnerProduct + ReLU per width; returns the last top."""
+    for k, w in enumerate(widths):
+        add(L.InnerProduct, [bottom], [f"{prefix}{k}"], num_output=w)
+        add(L.ReLU, [f"{prefix}{k}"], [f"{prefix}relu{k}"])
+        bottom = f"{prefix}relu{k}"
+    return bottom
+
+
+def _wdl(add, L, s):
+    """HugeCTR samples/wdl: wide = sum of the wide slots' 1-wide vectors; deep = MLP on [embeddings | dense]."""
+    wide, deep = len(s.slots("wide")), len(s.slots("deep"))
+    add(L.Reshape, ["wide_emb"], ["wide_flat"], leading_dim=wide)
+    add(L.ReduceSum, ["wide_flat"], ["wide_sum"], axis=1)
+    add(L.Reshape, ["deep_emb"], ["deep_flat"], leading_dim=deep * s.kw["D"])
+    add(L.Concat, ["deep_flat", "dense"], ["concat"])
+    top = fc_relu(add, L, "concat", s.kw["hidden"], "fc")
+    add(L.InnerProduct, [top], ["deep_out"], num_output=1)
+    add(L.Add, ["deep_out", "wide_sum"], ["logit"])
+
+
+def _dcn(add, L, s):
+    """HugeCTR samples/dcn: [embeddings | dense] sliced into two copies, a MultiCross (projection_dim 0: DCN
+    v1, > 0: DCN v2) beside an MLP, both concatenated into the logit."""
+    width = len(s.slots("data")) * s.kw["D"] + s.dense
+    add(L.Reshape, ["emb"], ["flat"], leading_dim=width - s.dense)
+    add(L.Concat, ["flat", "dense"], ["concat"])
+    add(L.Slice, ["concat"], ["cross_in", "deep_in"], ranges=[(0, width), (0, width)])
+    add(L.MultiCross, ["cross_in"], ["cross"], num_layers=s.kw["cross"], projection_dim=s.kw["proj"])
+    top = fc_relu(add, L, "deep_in", s.kw["hidden"], "fc")
+    add(L.Concat, ["cross", top], ["both"])
+    add(L.InnerProduct, ["both"], ["logit"], num_output=1)
+
+
+def _deepfm(add, L, s):
+    """HugeCTR samples/deepfm without its dense branch (a libFM input has none): one (D + 1)-wide vector per
+    slot split into D factors and a first-order weight; logit = MLP(factors) + FM order 2 + sum of weights."""
+    S, D = len(s.slots("data")), s.kw["D"]
+    add(L.Reshape, ["emb"], ["r1"], leading_dim=D + 1)
+    add(L.Slice, ["r1"], ["factors3", "weights3"], ranges=[(0, D), (D, D + 1)])
+    add(L.Reshape, ["factors3"], ["factors"], leading_dim=S * D)
+    add(L.Reshape, ["weights3"], ["weights"], leading_dim=S)
+    top = fc_relu(add, L, "factors", s.kw["hidden"], "fc")
+    add(L.InnerProduct, [top], ["deep_out"], num_output=1)
+    add(L.FmOrder2, ["factors"], ["fm"], out_dim=D)
+    add(L.ReduceSum, ["fm"], ["fm_sum"], axis=1)
+    add(L.ReduceSum, ["weights"], ["first"], axis=1)
+    add(L.Add, ["deep_out", "fm_sum", "first"], ["logit"])
+
+
+def _dlrm(add, L, s):
+    """HugeCTR samples/dlrm (numbactr.demo.build_dlrm's widths): bottom MLP to D, dot Interaction, top MLP."""
+    bottom = fc_relu(add, L, "dense", s.kw["bottom"], "b")
+    add(L.Interaction, [bottom, "emb"], ["interaction"])
+    top = fc_relu(add, L, "interaction", s.kw["top"], "t")
+    add(L.InnerProduct, [top], ["logit"], num_output=1)
+
+
+def _ncf(add, L, s):
+    """HugeCTR samples/ncf (gmf.py, ncf.py, neumf.py): one (mlp + gmf)-wide vector per user and item;
+    GMF = user_gmf * item_gmf, the MLP tower on [user_mlp | item_mlp], concatenated into the logit."""
+    gmf, mlp = s.kw["gmf"], s.kw["mlp"]
+    vec = gmf + mlp
+    add(L.Reshape, ["emb"], ["flat"], leading_dim=2 * vec)
+    cut = {"user_mlp": (0, mlp), "user_gmf": (mlp, vec), "item_mlp": (vec, vec + mlp), "item_gmf": (vec + mlp, 2 * vec)}
+    names = [n for n in cut if (mlp if n.endswith("mlp") else gmf)]
+    add(L.Slice, ["flat"], names, ranges=[cut[n] for n in names])
+    tops = []
+    if gmf:
+        add(L.ElementwiseMultiply, ["user_gmf", "item_gmf"], ["gmf"])
+        tops.append("gmf")
+    if mlp:
+        add(L.Concat, ["user_mlp", "item_mlp"], ["mlp_in"])
+        tops.append(fc_relu(add, L, "mlp_in", s.kw["tower"], "fc"))
+    if len(tops) > 1:
+        add(L.Concat, tops, ["concat"])
+        tops = ["concat"]
+    add(L.InnerProduct, tops, ["logit"], num_output=1)
+
+
+def _ncf_spec(name: str, gmf: int, mlp: int) -> Spec:
+    return Spec(
+        name,
+        f"HugeCTR samples/ncf {name.lower()}.py on MovieLens-100K's shape (943 users, 1,682 items); "
+        f"GMF width {gmf}, MLP width {mlp}" + (", tower 64-32-16" if mlp else ""),
+        0,
+        [("data", MOVIELENS)],
+        [("emb", "data", gmf + mlp)],
+        _ncf,
+        dict(gmf=gmf, mlp=mlp, tower=(64, 32, 16) if mlp else ()),
+    )
+
+
+SPECS = {
+    s.name: s
+    for s in [
+        Spec(
+            "W&D",
+            "HugeCTR samples/wdl: 13 dense, 26 deep slots (D 16), 2 wide slots (D 1), MLP 400-400 (sample: "
+            "1024-1024 with Dropout)",
+            13,
+            [("deep", CRITEO), ("wide", [5000, 5000])],
+            [("wide_emb", "wide", 1), ("deep_emb", "deep", 16)],
+            _wdl,
+            dict(D=16, hidden=HIDDEN),
+        ),
+        Spec(
+            "DCN",
+            "HugeCTR samples/dcn: 13 dense, 26 slots (D 16), MultiCross 3 layers (DCN v1), MLP 400-400 "
+            "(sample: 6 cross layers, 1024-1024 with Dropout)",
+            13,
+            [("data", CRITEO)],
+            [("emb", "data", 16)],
+            _dcn,
+            dict(D=16, cross=3, proj=0, hidden=HIDDEN),
+        ),
+        Spec(
+            "DCNv2",
+            "DCN with MultiCross projection_dim 64 (DCN v2's low-rank cross; numbactr's extension of HugeCTR's "
+            "MultiCross)",
+            13,
+            [("data", CRITEO)],
+            [("emb", "data", 16)],
+            _dcn,
+            dict(D=16, cross=3, proj=64, hidden=HIDDEN),
+        ),
+        Spec(
+            "DeepFM",
+            "HugeCTR samples/deepfm on Frappe's shape (10 fields, 5,382 ids, no dense), D 10, MLP 400-400-400",
+            0,
+            [("data", FRAPPE)],
+            [("emb", "data", 11)],
+            _deepfm,
+            dict(D=10, hidden=(400, 400, 400)),
+        ),
+        Spec(
+            "DLRM",
+            "HugeCTR samples/dlrm at numbactr.demo.build_dlrm's widths: 13 dense -> 64-32-16, 26 slots (D 16), "
+            "dot interaction, 128-64-1",
+            13,
+            [("data", CRITEO)],
+            [("emb", "data", 16)],
+            _dlrm,
+            dict(D=16, bottom=(64, 32, 16), top=(128, 64)),
+        ),
+        _ncf_spec("NeuMF", 16, 32),
+        _ncf_spec("GMF", 16, 0),
+        _ncf_spec("NCF", 0, 32),
+    ]
+}
+
+
+def build(hugectr, spec: Spec, batch: int, *, lr: float = 1e-3, seed: int = 0):
+    """The spec's HugeCTR Model, compiled: Adam (beta1 0.9, beta2 0.999, epsilon 1e-7, Update_t.Global) on
+    every weight, BCE loss. Its reader is never opened: the benchmark hands it batches in memory
+    (``model._train_reader``, as numbactr/bench/dlrm.py does)."""
+    solver = hugectr.CreateSolver(
+        batchsize=batch, batchsize_eval=batch, max_eval_batches=1, lr=lr, vvgpu=[[0]], seed=seed, i64_input_key=True
+    )
+    reader = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm,
+        source=["in-memory-batches"],
+        eval_source="in-memory-batches",
+        check_type=hugectr.Check_t.Non,
+    )
+    opt = hugectr.CreateOptimizer(
+        optimizer_type=hugectr.Optimizer_t.Adam, update_type=hugectr.Update_t.Global, beta1=0.9, beta2=0.999,
+        epsilon=1e-7,
+    )  # fmt: skip
+    model = hugectr.Model(solver, reader, opt)
+    model.add(
+        hugectr.Input(
+            label_dim=1,
+            label_name="label",
+            dense_dim=spec.dense,
+            dense_name="dense",
+            data_reader_sparse_param_array=[
+                hugectr.DataReaderSparseParam(name, 1, True, len(sizes)) for name, sizes in spec.inputs
+            ],
+        )
+    )
+    for name, bottom, vec in spec.embeddings:
+        rows = sum(spec.slots(bottom))
+        model.add(
+            hugectr.SparseEmbedding(
+                embedding_type=hugectr.Embedding_t.DistributedSlotSparseEmbeddingHash,
+                workspace_size_per_gpu_in_mb=rows * vec * 4 * 4 // 2**20 + 1,  # weights + 2 Adam states, headroom
+                embedding_vec_size=vec,
+                combiner="sum",
+                sparse_embedding_name=name,
+                bottom_name=bottom,
+                optimizer=opt,
+            )
+        )
+
+    def add(kind, bottoms, tops, **kw):
+        model.add(hugectr.DenseLayer(kind, bottoms, tops, **kw))
+
+    spec.layers(add, hugectr.Layer_t, spec)
+    add(hugectr.Layer_t.BinaryCrossEntropyLoss, ["logit", "label"], ["loss"])
+    model.compile()
+    return model
+
+
+def make_batches(spec: Spec, batch: int, count: int, seed: int = 0) -> list:
+    """``count`` Batches of the spec's shape: dense N(0, 1), one key per slot drawn uniformly from the slot's
+    ids (slot offsets added: the keys of one input are one table's rows), labels 1 with probability 0.3."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        sparse = []
+        for _, sizes in spec.inputs:
+            offsets = np.r_[0, np.cumsum(sizes)[:-1]]
+            keys = (rng.integers(0, sizes, size=(batch, len(sizes))) + offsets).reshape(-1)  # (B*S,)
+            sparse.append((keys.astype(np.int64), np.arange(batch * len(sizes) + 1, dtype=np.int64)))
+        out.append(
+            Batch(
+                label=(rng.random((batch, 1)) < 0.3).astype(np.float32),
+                dense=rng.standard_normal((batch, spec.dense)).astype(np.float32),
+                sparse=sparse,
+            )
+        )
+    return out
+
+
+def feed(model, batches: list) -> None:
+    """Hand the model these batches, cycled, as its training and evaluation data (its reader never opens)."""
+    model._train_reader = itertools.cycle(batches)
+    model._eval_reader = itertools.cycle(batches)
+
+
+def ids_of(spec: Spec, b: Batch) -> dict:
+    """{sparse input name: (B, S) int64 keys} of a Batch (one-hot slots), the twin's input."""
+    return {name: b.sparse[i][0].reshape(b.batch_size, len(sizes)) for i, (name, sizes) in enumerate(spec.inputs)}
+
+
+def dense_params(model) -> list:
+    """numbactr's dense parameters in the layers' order (the order the twins list theirs): host arrays."""
+    from numbactr.runtime import device
+
+    return [device.to_host(p.data) for layer in model.layers for p in layer.params]
+
+
+def dense_grads(model) -> list:
+    """The last training step's gradients of dense_params(), same order (the layers' views of the flat
+    gradient buffer the dense optimizer reads)."""
+    from numbactr.runtime import device
+
+    return [device.to_host(g) for layer in model.layers for g in layer.grad_views]
+
+
+def load_embeddings(model, spec: Spec, tables: dict) -> None:
+    """Fill every embedding of the model with all its rows: ``tables`` {embedding name: (V, D) array}, row r
+    the vector of key r (the twin's nn.Embedding weights), so both start from the same table."""
+    by_name = {e.cfg.sparse_embedding_name: e for e in model.embeddings}
+    for name, _, _ in spec.embeddings:
+        w = np.asarray(tables[name], np.float32)
+        by_name[name].load(np.arange(len(w), dtype=np.uint64), w)
