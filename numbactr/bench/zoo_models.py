@@ -24,6 +24,7 @@ from numbactr.data.batch import Batch
 CRITEO = [2000, 3000, 500, 40, 1500, 400, 2000, 300, 100, 2500, 1000, 2000, 30, 700] + [1000] * 12  # 26 slots
 FRAPPE = [957, 4082, 7, 7, 2, 3, 2, 80, 233, 9]  # Frappe's 10 fields (BARS frappe_x1), 5,382 ids
 MOVIELENS = [943, 1682]  # MovieLens-100K: users, items
+CENSUS = [9, 52, 47, 17, 3, 24, 15, 5, 10, 2, 3, 6, 8, 6, 51, 38]  # 16 census-income-like categorical fields
 HIDDEN = (400, 400)
 
 
@@ -38,6 +39,7 @@ class Spec:
     embeddings: list  # [(embedding name, sparse input name, D)]
     layers: object  # layers(add, L): the dense graph after the embeddings, up to the loss
     kw: dict = field(default_factory=dict)  # the widths the twin needs too
+    heads: list = field(default_factory=lambda: [("logit", "label", 1.0)])  # [(logit top, label, loss weight)]
 
     def slots(self, name: str) -> list:
         return dict(self.inputs)[name]
@@ -123,6 +125,27 @@ def _ncf(add, L, s):
     add(L.InnerProduct, tops, ["logit"], num_output=1)
 
 
+def _mmoe(add, L, s):
+    """HugeCTR samples/mmoe: E experts (InnerProduct + ReLU) on [embeddings | dense], no shared bottom; per
+    task a gate (InnerProduct + Softmax over the experts) whose weights, each repeated over the expert width
+    (Scale), mix the experts (ElementwiseMultiply, Add) into the task's tower, one logit and BCE per task."""
+    E, H = s.kw["experts"], s.kw["expert"]
+    add(L.Reshape, ["emb"], ["flat"], leading_dim=len(s.slots("data")) * s.kw["D"])
+    add(L.Concat, ["flat", "dense"], ["inputs"])
+    for e in range(E):
+        fc_relu(add, L, "inputs", [H], f"expert{e}_")
+    for task, _, _ in s.heads:
+        add(L.InnerProduct, ["inputs"], [f"gate_{task}_fc"], num_output=E)
+        add(L.Softmax, [f"gate_{task}_fc"], [f"gate_{task}"])
+        add(L.Slice, [f"gate_{task}"], [f"g_{task}{e}" for e in range(E)], ranges=[(e, e + 1) for e in range(E)])
+        for e in range(E):
+            add(L.Scale, [f"g_{task}{e}"], [f"g_{task}{e}_rep"], axis=0, factor=H)
+            add(L.ElementwiseMultiply, [f"g_{task}{e}_rep", f"expert{e}_relu0"], [f"w_{task}{e}"])
+        add(L.Add, [f"w_{task}{e}" for e in range(E)], [f"mix_{task}"])
+        top = fc_relu(add, L, f"mix_{task}", s.kw["tower"], f"tower_{task}_")
+        add(L.InnerProduct, [top], [task], num_output=1)
+
+
 def _ncf_spec(name: str, gmf: int, mlp: int) -> Spec:
     return Spec(
         name,
@@ -191,13 +214,24 @@ SPECS = {
         _ncf_spec("NeuMF", 16, 32),
         _ncf_spec("GMF", 16, 0),
         _ncf_spec("NCF", 0, 32),
+        Spec(
+            "MMoE",
+            "HugeCTR samples/mmoe's structure (two tasks, income and marital status, as on census income): "
+            "6 dense, 16 slots (D 16), 4 experts 64 wide, softmax gates, towers 32-1, loss weights 0.5 and 0.5",
+            6,
+            [("data", CENSUS)],
+            [("emb", "data", 16)],
+            _mmoe,
+            dict(D=16, experts=4, expert=64, tower=(32,)),
+            [("logit_income", "income", 0.5), ("logit_married", "married", 0.5)],
+        ),
     ]
 }
 
 
 def build(hugectr, spec: Spec, batch: int, *, lr: float = 1e-3, seed: int = 0):
     """The spec's HugeCTR Model, compiled: Adam (beta1 0.9, beta2 0.999, epsilon 1e-7, Update_t.Global) on
-    every weight, BCE loss. Its reader is never opened: the benchmark hands it batches in memory
+    every weight, a BCE loss per head (several: compiled with the heads' loss weights). Its reader is never opened: the benchmark hands it batches in memory
     (``model._train_reader``, as numbactr/bench/dlrm.py does)."""
     solver = hugectr.CreateSolver(
         batchsize=batch, batchsize_eval=batch, max_eval_batches=1, lr=lr, vvgpu=[[0]], seed=seed, i64_input_key=True
@@ -213,10 +247,11 @@ def build(hugectr, spec: Spec, batch: int, *, lr: float = 1e-3, seed: int = 0):
         epsilon=1e-7,
     )  # fmt: skip
     model = hugectr.Model(solver, reader, opt)
+    labels = [label for _, label, _ in spec.heads]
     model.add(
         hugectr.Input(
-            label_dim=1,
-            label_name="label",
+            label_dims=[1] * len(labels),
+            label_names=labels,
             dense_dim=spec.dense,
             dense_name="dense",
             data_reader_sparse_param_array=[
@@ -242,14 +277,18 @@ def build(hugectr, spec: Spec, batch: int, *, lr: float = 1e-3, seed: int = 0):
         model.add(hugectr.DenseLayer(kind, bottoms, tops, **kw))
 
     spec.layers(add, hugectr.Layer_t, spec)
-    add(hugectr.Layer_t.BinaryCrossEntropyLoss, ["logit", "label"], ["loss"])
-    model.compile()
+    for logit, label, _ in spec.heads:
+        add(hugectr.Layer_t.BinaryCrossEntropyLoss, [logit, label], [f"loss_{label}"])
+    if len(spec.heads) > 1:
+        model.compile(loss_names=labels, loss_weights=[w for _, _, w in spec.heads])
+    else:
+        model.compile()
     return model
 
 
 def make_batches(spec: Spec, batch: int, count: int, seed: int = 0) -> list:
     """``count`` Batches of the spec's shape: dense N(0, 1), one key per slot drawn uniformly from the slot's
-    ids (slot offsets added: the keys of one input are one table's rows), labels 1 with probability 0.3."""
+    ids (slot offsets added: the keys of one input are one table's rows), labels (one column per head) 1 with probability 0.3."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
@@ -260,7 +299,7 @@ def make_batches(spec: Spec, batch: int, count: int, seed: int = 0) -> list:
             sparse.append((keys.astype(np.int64), np.arange(batch * len(sizes) + 1, dtype=np.int64)))
         out.append(
             Batch(
-                label=(rng.random((batch, 1)) < 0.3).astype(np.float32),
+                label=(rng.random((batch, len(spec.heads))) < 0.3).astype(np.float32),
                 dense=rng.standard_normal((batch, spec.dense)).astype(np.float32),
                 sparse=sparse,
             )

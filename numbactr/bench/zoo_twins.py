@@ -184,8 +184,33 @@ class NCF(Twin):
         return self.out(torch.cat(parts, 1))
 
 
+class MMoE(Twin):
+    """Experts on [embeddings | dense]; per task a softmax gate mixing them, a tower and a logit: (B, tasks)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        k = spec.kw
+        d = len(spec.slots("data")) * k["D"] + spec.dense
+        self.experts = nn.ModuleList(mlp([d, k["expert"]]) for _ in range(k["experts"]))
+        self.gates = nn.ModuleList(linear(d, k["experts"]) for _ in spec.heads)
+        self.towers = nn.ModuleList(mlp([k["expert"], *k["tower"]]) for _ in spec.heads)
+        self.outs = nn.ModuleList(linear(k["tower"][-1], 1) for _ in spec.heads)
+        self.ordered = self.linears(*self.experts)
+        for gate, tower, out in zip(self.gates, self.towers, self.outs):
+            self.ordered += self.linears(gate, tower, out)
+
+    def forward(self, dense, ids):
+        x = torch.cat([self.embed("emb", ids).flatten(1), dense], 1)
+        experts = torch.stack([e(x) for e in self.experts], 1)  # (B, E, H)
+        logits = []
+        for gate, tower, out in zip(self.gates, self.towers, self.outs):
+            g = torch.softmax(gate(x), 1)  # (B, E)
+            logits.append(out(tower((g[:, :, None] * experts).sum(1))))
+        return torch.cat(logits, 1)
+
+
 TWINS = {"W&D": WideDeep, "DCN": DCN, "DCNv2": DCN, "DeepFM": DeepFM, "DLRM": DLRM}
-TWINS.update({n: NCF for n in ("NeuMF", "GMF", "NCF")})
+TWINS.update({n: NCF for n in ("NeuMF", "GMF", "NCF")}, MMoE=MMoE)
 
 
 def make_twin(spec: Spec, seed: int = 0) -> Twin:
@@ -220,17 +245,21 @@ def tensors(spec: Spec, batch) -> tuple:
 
 
 def stepper(twin: Twin, spec: Spec, batches: list, lr: float = 1e-3):
-    """A function running one training step of the twin on the next batch (cycled); returns the loss tensor."""
+    """A function running one training step of the twin on the next batch (cycled); returns the loss tensor:
+    per head (a logit column and its label column) the mean BCE, summed with the spec's loss weights as
+    numbactr's compile(loss_names, loss_weights) weighs its losses."""
     prepared = [tensors(spec, b) for b in batches]
     opt = optimizer(twin, lr)
     loss_fn = nn.BCEWithLogitsLoss()
+    weights = [w for _, _, w in spec.heads]
     state = {"i": 0}
 
     def step():
         dense, ids, label = prepared[state["i"] % len(prepared)]
         state["i"] += 1
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(twin(dense, ids), label)
+        logits = twin(dense, ids)  # (B, heads)
+        loss = sum(w * loss_fn(logits[:, i], label[:, i]) for i, w in enumerate(weights))
         loss.backward()
         opt.step()
         return loss
