@@ -146,6 +146,39 @@ def _mmoe(add, L, s):
         add(L.InnerProduct, [top], [task], num_output=1)
 
 
+def _din(add, L, s):
+    """HugeCTR samples/din/din_parquet.py (examples/din_taobao.py): the goods' and categories' T + 1 slots
+    side by side (FusedReshapeConcat: T history rows, 1 target), the attention unit (target, history, their
+    difference and product -> InnerProduct 40 -> 1, Softmax over the history), the attention-weighted
+    history summed to one number per sample (the sample's ReduceSum over the flat (B, T*E) product, kept
+    as it is), the history's mean, the user and the target into an MLP with PReLU_Dice, one logit."""
+    T, E = len(s.slots("GoodID")) - 1, 2 * s.kw["D"]
+    add(L.FusedReshapeConcat, ["good_emb", "cate_emb"], ["his", "item"])
+    add(L.Scale, ["item"], ["item_rep"], axis=1, factor=T)
+    add(L.Sub, ["item_rep", "his"], ["sub_ih"])
+    add(L.ElementwiseMultiply, ["item_rep", "his"], ["mul_ih"])
+    add(L.Concat, ["item_rep", "his", "sub_ih", "mul_ih"], ["att_in"])
+    add(L.InnerProduct, ["att_in"], ["att_fc1"], num_output=s.kw["att"])
+    add(L.InnerProduct, ["att_fc1"], ["att_fc2"], num_output=1)
+    add(L.Reshape, ["att_fc2"], ["att_score"], leading_dim=T)
+    add(L.Softmax, ["att_score"], ["att_w"])
+    add(L.Scale, ["att_w"], ["att_w_rep"], axis=0, factor=E)
+    add(L.Reshape, ["his"], ["his_flat"], leading_dim=T * E)
+    add(L.ElementwiseMultiply, ["att_w_rep", "his_flat"], ["weighted"])
+    add(L.ReduceSum, ["weighted"], ["reduce_ih"], axis=1)
+    add(L.Reshape, ["his"], ["his3"], leading_dim=E, time_step=T)
+    add(L.ReduceMean, ["his3"], ["his_mean3"], axis=1)
+    add(L.Reshape, ["his_mean3"], ["his_mean"], leading_dim=E)
+    add(L.Reshape, ["user_emb"], ["user"], leading_dim=s.kw["D"])
+    add(L.Concat, ["user", "his_mean", "reduce_ih", "item"], ["top_in"])
+    bottom = "top_in"
+    for k, w in enumerate(s.kw["hidden"]):
+        add(L.InnerProduct, [bottom], [f"fc{k}"], num_output=w)
+        add(L.PReLU_Dice, [f"fc{k}"], [f"dice{k}"], elu_alpha=s.kw["alpha"], eps=1e-8)
+        bottom = f"dice{k}"
+    add(L.InnerProduct, [bottom], ["logit"], num_output=1)
+
+
 def _ncf_spec(name: str, gmf: int, mlp: int) -> Spec:
     return Spec(
         name,
@@ -224,6 +257,17 @@ SPECS = {
             _mmoe,
             dict(D=16, experts=4, expert=64, tower=(32,)),
             [("logit_income", "income", 0.5), ("logit_married", "married", 0.5)],
+        ),
+        Spec(
+            "DIN",
+            "HugeCTR samples/din (din_parquet.py) at its sizes: history 10, D 18 per user, good and category, "
+            "attention 40-1, MLP 200-80 with PReLU_Dice; synthetic ids (1,000 users, 400 goods and 50 "
+            "categories per slot), no dense",
+            0,
+            [("UserID", [1000]), ("GoodID", [400] * 11), ("CateID", [50] * 11)],
+            [("user_emb", "UserID", 18), ("good_emb", "GoodID", 18), ("cate_emb", "CateID", 18)],
+            _din,
+            dict(D=18, att=40, hidden=(200, 80), alpha=0.2),
         ),
     ]
 }

@@ -209,8 +209,40 @@ class MMoE(Twin):
         return torch.cat(logits, 1)
 
 
+def dice(x: torch.Tensor, alpha: float, eps: float = 1e-8) -> torch.Tensor:
+    """PReLU_Dice: x (alpha + (1 - alpha) p), p = sigmoid of x standardized per feature over the batch."""
+    mean = x.mean(0)
+    p = torch.sigmoid((x - mean) / torch.sqrt(((x - mean) ** 2).mean(0) + eps))
+    return x * (alpha + (1 - alpha) * p)
+
+
+class DIN(Twin):
+    """History and target rows are [good | category] vectors; attention over the history as HugeCTR's din."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        k = spec.kw
+        e = 2 * k["D"]
+        self.att1, self.att2 = linear(4 * e, k["att"]), linear(k["att"], 1)
+        widths = [k["D"] + 2 * e + 1, *k["hidden"]]
+        self.fcs = nn.ModuleList(linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.out = linear(widths[-1], 1)
+        self.ordered = [self.att1, self.att2, *self.fcs, self.out]
+
+    def forward(self, dense, ids):
+        rows = torch.cat([self.embed("good_emb", ids), self.embed("cate_emb", ids)], 2)  # (B, T + 1, E)
+        his, item = rows[:, :-1], rows[:, -1]
+        rep = item[:, None].expand_as(his)
+        score = self.att2(self.att1(torch.cat([rep, his, rep - his, rep * his], 2)))[..., 0]  # (B, T)
+        weighted = (torch.softmax(score, 1)[..., None] * his).flatten(1).sum(1, keepdim=True)  # (B, 1)
+        x = torch.cat([self.embed("user_emb", ids)[:, 0], his.mean(1), weighted, item], 1)
+        for fc in self.fcs:
+            x = dice(fc(x), self.spec.kw["alpha"])
+        return self.out(x)
+
+
 TWINS = {"W&D": WideDeep, "DCN": DCN, "DCNv2": DCN, "DeepFM": DeepFM, "DLRM": DLRM}
-TWINS.update({n: NCF for n in ("NeuMF", "GMF", "NCF")}, MMoE=MMoE)
+TWINS.update({n: NCF for n in ("NeuMF", "GMF", "NCF")}, MMoE=MMoE, DIN=DIN)
 
 
 def make_twin(spec: Spec, seed: int = 0) -> Twin:
