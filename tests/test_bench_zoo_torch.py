@@ -93,5 +93,5 @@ def test_bench_zoo_refuses_an_unknown_model():
     from numbactr.bench import zoo
     from numbactr.bench.common import Env
 
-    with pytest.raises(ValueError, match=r"unknown model\(s\) \['BST'\]"):
-        zoo.bench_zoo(Env(), models=("BST",))
+    with pytest.raises(ValueError, match=r"unknown model\(s\) \['DIEN'\]"):
+        zoo.bench_zoo(Env(), models=("DIEN",))

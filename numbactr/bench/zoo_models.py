@@ -40,6 +40,7 @@ class Spec:
     layers: object  # layers(add, L): the dense graph after the embeddings, up to the loss
     kw: dict = field(default_factory=dict)  # the widths the twin needs too
     heads: list = field(default_factory=lambda: [("logit", "label", 1.0)])  # [(logit top, label, loss weight)]
+    dense_fn: object = None  # dense_fn(rng, B) -> (B, dense) float32; None: N(0, 1)
 
     def slots(self, name: str) -> list:
         return dict(self.inputs)[name]
@@ -179,6 +180,35 @@ def _din(add, L, s):
     add(L.InnerProduct, [bottom], ["logit"], num_output=1)
 
 
+def _bst(add, L, s):
+    """BST (Behavior Sequence Transformer) as HugeCTR v23.06's layers build it (tests/sample_graphs.py's
+    BST-like graph at larger widths): Q, K, V InnerProducts on the T history vectors, MultiHeadAttention
+    scores, Softmax masked by SequenceMask (the dense input is each sample's history length; keys at or past
+    it are dropped), the attention, a residual InnerProduct, LayerNorm, the mean over the history, the
+    user vector, an MLP with ReLU, one logit."""
+    T, W = len(s.slots("hist")), s.kw["width"]
+    add(L.SequenceMask, ["dense"], ["mask"], max_sequence_len=T)  # (B, 1, 1, T)
+    for name in ("q", "k", "v"):
+        add(L.InnerProduct, ["hist_emb"], [name], num_output=W)  # (B, T, W)
+    add(L.MultiHeadAttention, ["q", "k", "v"], ["scores", "v4"], num_attention_heads=s.kw["heads"])
+    add(L.Softmax, ["scores", "mask"], ["probs"])
+    add(L.MultiHeadAttention, ["probs", "v4"], ["att"], num_attention_heads=s.kw["heads"])  # (B, T, W)
+    add(L.InnerProduct, ["hist_emb"], ["res"], num_output=W)
+    add(L.Add, ["att", "res"], ["att_res"])
+    add(L.LayerNorm, ["att_res"], ["ln"])
+    add(L.ReduceMean, ["ln"], ["pooled3"], axis=1)  # (B, 1, W)
+    add(L.Reshape, ["pooled3"], ["pooled"], leading_dim=W)
+    add(L.Reshape, ["user_emb"], ["user_vec"], leading_dim=s.kw["D"])
+    add(L.Concat, ["pooled", "user_vec"], ["top_in"])
+    top = fc_relu(add, L, "top_in", s.kw["hidden"], "fc")
+    add(L.InnerProduct, [top], ["logit"], num_output=1)
+
+
+def _lengths(rng, batch: int, T: int = 10) -> np.ndarray:
+    """BST's dense input: each sample's history length, 1..T as floats (B, 1)."""
+    return rng.integers(1, T + 1, (batch, 1)).astype(np.float32)
+
+
 def _ncf_spec(name: str, gmf: int, mlp: int) -> Spec:
     return Spec(
         name,
@@ -269,6 +299,18 @@ SPECS = {
             _din,
             dict(D=18, att=40, hidden=(200, 80), alpha=0.2),
         ),
+        Spec(
+            "BST",
+            "BST-like (HugeCTR v23.06's SequenceMask, MultiHeadAttention, masked Softmax, LayerNorm): history "
+            "10 (400 ids per slot), lengths 1-10 as the dense input, D 16, attention 32 wide with 4 heads, "
+            "residual, LayerNorm, mean pooling, user vector (1,000 users), MLP 200-80",
+            1,
+            [("hist", [400] * 10), ("user", [1000])],
+            [("hist_emb", "hist", 16), ("user_emb", "user", 16)],
+            _bst,
+            dict(D=16, width=32, heads=4, hidden=(200, 80)),
+            dense_fn=_lengths,
+        ),
     ]
 }
 
@@ -344,7 +386,11 @@ def make_batches(spec: Spec, batch: int, count: int, seed: int = 0) -> list:
         out.append(
             Batch(
                 label=(rng.random((batch, len(spec.heads))) < 0.3).astype(np.float32),
-                dense=rng.standard_normal((batch, spec.dense)).astype(np.float32),
+                dense=(
+                    spec.dense_fn(rng, batch)
+                    if spec.dense_fn
+                    else rng.standard_normal((batch, spec.dense)).astype(np.float32)
+                ),
                 sparse=sparse,
             )
         )

@@ -241,8 +241,46 @@ class DIN(Twin):
         return self.out(x)
 
 
+class BST(Twin):
+    """Masked multi-head self-attention over the history, residual, LayerNorm, mean pooling, user, MLP."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        k = spec.kw
+        self.q, self.k, self.v, self.res = (linear(k["D"], k["width"]) for _ in range(4))
+        self.ln = nn.LayerNorm(k["width"], eps=1e-5)
+        self.top = mlp([k["width"] + k["D"], *k["hidden"]])
+        self.out = linear(k["hidden"][-1], 1)
+        self.ordered = [
+            self.q,
+            self.k,
+            self.v,
+            self.res,
+            self.ln.weight,
+            self.ln.bias,
+            *self.linears(self.top, self.out),
+        ]
+
+    def forward(self, dense, ids):
+        h = self.spec.kw["heads"]
+        x = self.embed("hist_emb", ids)  # (B, T, D)
+        b, t, _ = x.shape
+
+        def split(y):  # (B, T, H*d) -> (B, H, T, d)
+            return y.reshape(b, t, h, -1).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        keep = (torch.arange(t)[None, :] < dense.trunc()).float()[:, None, None, :]  # (B, 1, 1, T)
+        z = q @ k.transpose(2, 3) / math.sqrt(q.shape[-1]) - (1 - keep) * 10000.0
+        e = torch.exp(z - z.max(-1, keepdim=True).values.detach())
+        probs = e / (e.sum(-1, keepdim=True) + 1e-6)  # numbactr's masked Softmax (+1e-6 in the sum)
+        att = (probs @ v).transpose(1, 2).reshape(b, t, -1)
+        pooled = self.ln(att + self.res(x)).mean(1)
+        return self.out(self.top(torch.cat([pooled, self.embed("user_emb", ids)[:, 0]], 1)))
+
+
 TWINS = {"W&D": WideDeep, "DCN": DCN, "DCNv2": DCN, "DeepFM": DeepFM, "DLRM": DLRM}
-TWINS.update({n: NCF for n in ("NeuMF", "GMF", "NCF")}, MMoE=MMoE, DIN=DIN)
+TWINS.update({n: NCF for n in ("NeuMF", "GMF", "NCF")}, MMoE=MMoE, DIN=DIN, BST=BST)
 
 
 def make_twin(spec: Spec, seed: int = 0) -> Twin:
