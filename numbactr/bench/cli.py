@@ -11,8 +11,8 @@
                               GPU, 2048 on cpu) with SGD and Adam beside PyTorch's: samples/s and a step-time
                               breakdown (embedding, GEMMs, the rest, host gaps; bench/step_breakdown.py);
                               --dim 128,16 --optimizer sgd,adam --batch N --rows N --tf32 --amp
-    numbactr bench zoo        HugeCTR's sample zoo (W&D, DCN v1/v2, DeepFM, DLRM, NeuMF, GMF, NCF) built through
-                              the HugeCTR API beside PyTorch twins from the same weights: training samples/s,
+    numbactr bench zoo        HugeCTR's sample zoo (W&D, DCN v1/v2, DeepFM, DLRM, NeuMF, GMF, NCF, MMoE, DIN, BST)
+                              built through the HugeCTR API beside PyTorch twins from the same weights: samples/s,
                               the ratio, and numbactr's step breakdown (numbactr/bench/zoo.py);
                               --batch 256,1024,4096 --threads 1,2 --models DLRM,NeuMF
     numbactr bench all        the three above

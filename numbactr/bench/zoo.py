@@ -2,7 +2,7 @@
 ratio and where numbactr's step time goes.
 
 Models: numbactr/bench/zoo_models.py (the HugeCTR-API graphs, the synthetic batches), twins:
-numbactr/bench/zoo_twins.py (tests/test_bench_zoo.py checks that each twin computes numbactr's loss and
+numbactr/bench/zoo_twins.py (tests/test_bench_zoo_torch.py checks that each twin computes numbactr's loss and
 dense gradients from the same weights). Both start from the same weights (the twin's embedding tables loaded
 into numbactr's hash tables, numbactr's dense weights copied into the twin) and train on the same batches,
 held in memory and cycled, so a step is forward + backward + Adam update only.

@@ -24,6 +24,7 @@ from numbactr.data.batch import Batch
 CRITEO = [2000, 3000, 500, 40, 1500, 400, 2000, 300, 100, 2500, 1000, 2000, 30, 700] + [1000] * 12  # 26 slots
 FRAPPE = [957, 4082, 7, 7, 2, 3, 2, 80, 233, 9]  # Frappe's 10 fields (BARS frappe_x1), 5,382 ids
 MOVIELENS = [943, 1682]  # MovieLens-100K: users, items
+CENSUS = [9, 52, 47, 17, 3, 24, 15, 5, 10, 2, 3, 6, 8, 6, 51, 38]  # 16 census-income-like categorical fields
 HIDDEN = (400, 400)
 
 
@@ -38,6 +39,8 @@ class Spec:
     embeddings: list  # [(embedding name, sparse input name, D)]
     layers: object  # layers(add, L): the dense graph after the embeddings, up to the loss
     kw: dict = field(default_factory=dict)  # the widths the twin needs too
+    heads: list = field(default_factory=lambda: [("logit", "label", 1.0)])  # [(logit top, label, loss weight)]
+    dense_fn: object = None  # dense_fn(rng, B) -> (B, dense) float32; None: N(0, 1)
 
     def slots(self, name: str) -> list:
         return dict(self.inputs)[name]
@@ -123,6 +126,89 @@ def _ncf(add, L, s):
     add(L.InnerProduct, tops, ["logit"], num_output=1)
 
 
+def _mmoe(add, L, s):
+    """HugeCTR samples/mmoe: E experts (InnerProduct + ReLU) on [embeddings | dense], no shared bottom; per
+    task a gate (InnerProduct + Softmax over the experts) whose weights, each repeated over the expert width
+    (Scale), mix the experts (ElementwiseMultiply, Add) into the task's tower, one logit and BCE per task."""
+    E, H = s.kw["experts"], s.kw["expert"]
+    add(L.Reshape, ["emb"], ["flat"], leading_dim=len(s.slots("data")) * s.kw["D"])
+    add(L.Concat, ["flat", "dense"], ["inputs"])
+    for e in range(E):
+        fc_relu(add, L, "inputs", [H], f"expert{e}_")
+    for task, _, _ in s.heads:
+        add(L.InnerProduct, ["inputs"], [f"gate_{task}_fc"], num_output=E)
+        add(L.Softmax, [f"gate_{task}_fc"], [f"gate_{task}"])
+        add(L.Slice, [f"gate_{task}"], [f"g_{task}{e}" for e in range(E)], ranges=[(e, e + 1) for e in range(E)])
+        for e in range(E):
+            add(L.Scale, [f"g_{task}{e}"], [f"g_{task}{e}_rep"], axis=0, factor=H)
+            add(L.ElementwiseMultiply, [f"g_{task}{e}_rep", f"expert{e}_relu0"], [f"w_{task}{e}"])
+        add(L.Add, [f"w_{task}{e}" for e in range(E)], [f"mix_{task}"])
+        top = fc_relu(add, L, f"mix_{task}", s.kw["tower"], f"tower_{task}_")
+        add(L.InnerProduct, [top], [task], num_output=1)
+
+
+def _din(add, L, s):
+    """HugeCTR samples/din/din_parquet.py (examples/din_taobao.py): the goods' and categories' T + 1 slots
+    side by side (FusedReshapeConcat: T history rows, 1 target), the attention unit (target, history, their
+    difference and product -> InnerProduct 40 -> 1, Softmax over the history), the attention-weighted
+    history summed to one number per sample (the sample's ReduceSum over the flat (B, T*E) product, kept
+    as it is), the history's mean, the user and the target into an MLP with PReLU_Dice, one logit."""
+    T, E = len(s.slots("GoodID")) - 1, 2 * s.kw["D"]
+    add(L.FusedReshapeConcat, ["good_emb", "cate_emb"], ["his", "item"])
+    add(L.Scale, ["item"], ["item_rep"], axis=1, factor=T)
+    add(L.Sub, ["item_rep", "his"], ["sub_ih"])
+    add(L.ElementwiseMultiply, ["item_rep", "his"], ["mul_ih"])
+    add(L.Concat, ["item_rep", "his", "sub_ih", "mul_ih"], ["att_in"])
+    add(L.InnerProduct, ["att_in"], ["att_fc1"], num_output=s.kw["att"])
+    add(L.InnerProduct, ["att_fc1"], ["att_fc2"], num_output=1)
+    add(L.Reshape, ["att_fc2"], ["att_score"], leading_dim=T)
+    add(L.Softmax, ["att_score"], ["att_w"])
+    add(L.Scale, ["att_w"], ["att_w_rep"], axis=0, factor=E)
+    add(L.Reshape, ["his"], ["his_flat"], leading_dim=T * E)
+    add(L.ElementwiseMultiply, ["att_w_rep", "his_flat"], ["weighted"])
+    add(L.ReduceSum, ["weighted"], ["reduce_ih"], axis=1)
+    add(L.Reshape, ["his"], ["his3"], leading_dim=E, time_step=T)
+    add(L.ReduceMean, ["his3"], ["his_mean3"], axis=1)
+    add(L.Reshape, ["his_mean3"], ["his_mean"], leading_dim=E)
+    add(L.Reshape, ["user_emb"], ["user"], leading_dim=s.kw["D"])
+    add(L.Concat, ["user", "his_mean", "reduce_ih", "item"], ["top_in"])
+    bottom = "top_in"
+    for k, w in enumerate(s.kw["hidden"]):
+        add(L.InnerProduct, [bottom], [f"fc{k}"], num_output=w)
+        add(L.PReLU_Dice, [f"fc{k}"], [f"dice{k}"], elu_alpha=s.kw["alpha"], eps=1e-8)
+        bottom = f"dice{k}"
+    add(L.InnerProduct, [bottom], ["logit"], num_output=1)
+
+
+def _bst(add, L, s):
+    """BST (Behavior Sequence Transformer) as HugeCTR v23.06's layers build it (tests/sample_graphs.py's
+    BST-like graph at larger widths): Q, K, V InnerProducts on the T history vectors, MultiHeadAttention
+    scores, Softmax masked by SequenceMask (the dense input is each sample's history length; keys at or past
+    it are dropped), the attention, a residual InnerProduct, LayerNorm, the mean over the history, the
+    user vector, an MLP with ReLU, one logit."""
+    T, W = len(s.slots("hist")), s.kw["width"]
+    add(L.SequenceMask, ["dense"], ["mask"], max_sequence_len=T)  # (B, 1, 1, T)
+    for name in ("q", "k", "v"):
+        add(L.InnerProduct, ["hist_emb"], [name], num_output=W)  # (B, T, W)
+    add(L.MultiHeadAttention, ["q", "k", "v"], ["scores", "v4"], num_attention_heads=s.kw["heads"])
+    add(L.Softmax, ["scores", "mask"], ["probs"])
+    add(L.MultiHeadAttention, ["probs", "v4"], ["att"], num_attention_heads=s.kw["heads"])  # (B, T, W)
+    add(L.InnerProduct, ["hist_emb"], ["res"], num_output=W)
+    add(L.Add, ["att", "res"], ["att_res"])
+    add(L.LayerNorm, ["att_res"], ["ln"])
+    add(L.ReduceMean, ["ln"], ["pooled3"], axis=1)  # (B, 1, W)
+    add(L.Reshape, ["pooled3"], ["pooled"], leading_dim=W)
+    add(L.Reshape, ["user_emb"], ["user_vec"], leading_dim=s.kw["D"])
+    add(L.Concat, ["pooled", "user_vec"], ["top_in"])
+    top = fc_relu(add, L, "top_in", s.kw["hidden"], "fc")
+    add(L.InnerProduct, [top], ["logit"], num_output=1)
+
+
+def _lengths(rng, batch: int, T: int = 10) -> np.ndarray:
+    """BST's dense input: each sample's history length, 1..T as floats (B, 1)."""
+    return rng.integers(1, T + 1, (batch, 1)).astype(np.float32)
+
+
 def _ncf_spec(name: str, gmf: int, mlp: int) -> Spec:
     return Spec(
         name,
@@ -191,13 +277,47 @@ SPECS = {
         _ncf_spec("NeuMF", 16, 32),
         _ncf_spec("GMF", 16, 0),
         _ncf_spec("NCF", 0, 32),
+        Spec(
+            "MMoE",
+            "HugeCTR samples/mmoe's structure (two tasks, income and marital status, as on census income): "
+            "6 dense, 16 slots (D 16), 4 experts 64 wide, softmax gates, towers 32-1, loss weights 0.5 and 0.5",
+            6,
+            [("data", CENSUS)],
+            [("emb", "data", 16)],
+            _mmoe,
+            dict(D=16, experts=4, expert=64, tower=(32,)),
+            [("logit_income", "income", 0.5), ("logit_married", "married", 0.5)],
+        ),
+        Spec(
+            "DIN",
+            "HugeCTR samples/din (din_parquet.py) at its sizes: history 10, D 18 per user, good and category, "
+            "attention 40-1, MLP 200-80 with PReLU_Dice; synthetic ids (1,000 users, 400 goods and 50 "
+            "categories per slot), no dense",
+            0,
+            [("UserID", [1000]), ("GoodID", [400] * 11), ("CateID", [50] * 11)],
+            [("user_emb", "UserID", 18), ("good_emb", "GoodID", 18), ("cate_emb", "CateID", 18)],
+            _din,
+            dict(D=18, att=40, hidden=(200, 80), alpha=0.2),
+        ),
+        Spec(
+            "BST",
+            "BST-like (HugeCTR v23.06's SequenceMask, MultiHeadAttention, masked Softmax, LayerNorm): history "
+            "10 (400 ids per slot), lengths 1-10 as the dense input, D 16, attention 32 wide with 4 heads, "
+            "residual, LayerNorm, mean pooling, user vector (1,000 users), MLP 200-80",
+            1,
+            [("hist", [400] * 10), ("user", [1000])],
+            [("hist_emb", "hist", 16), ("user_emb", "user", 16)],
+            _bst,
+            dict(D=16, width=32, heads=4, hidden=(200, 80)),
+            dense_fn=_lengths,
+        ),
     ]
 }
 
 
 def build(hugectr, spec: Spec, batch: int, *, lr: float = 1e-3, seed: int = 0):
     """The spec's HugeCTR Model, compiled: Adam (beta1 0.9, beta2 0.999, epsilon 1e-7, Update_t.Global) on
-    every weight, BCE loss. Its reader is never opened: the benchmark hands it batches in memory
+    every weight, a BCE loss per head (several: compiled with the heads' loss weights). Its reader is never opened: the benchmark hands it batches in memory
     (``model._train_reader``, as numbactr/bench/dlrm.py does)."""
     solver = hugectr.CreateSolver(
         batchsize=batch, batchsize_eval=batch, max_eval_batches=1, lr=lr, vvgpu=[[0]], seed=seed, i64_input_key=True
@@ -213,10 +333,11 @@ def build(hugectr, spec: Spec, batch: int, *, lr: float = 1e-3, seed: int = 0):
         epsilon=1e-7,
     )  # fmt: skip
     model = hugectr.Model(solver, reader, opt)
+    labels = [label for _, label, _ in spec.heads]
     model.add(
         hugectr.Input(
-            label_dim=1,
-            label_name="label",
+            label_dims=[1] * len(labels),
+            label_names=labels,
             dense_dim=spec.dense,
             dense_name="dense",
             data_reader_sparse_param_array=[
@@ -242,14 +363,18 @@ def build(hugectr, spec: Spec, batch: int, *, lr: float = 1e-3, seed: int = 0):
         model.add(hugectr.DenseLayer(kind, bottoms, tops, **kw))
 
     spec.layers(add, hugectr.Layer_t, spec)
-    add(hugectr.Layer_t.BinaryCrossEntropyLoss, ["logit", "label"], ["loss"])
-    model.compile()
+    for logit, label, _ in spec.heads:
+        add(hugectr.Layer_t.BinaryCrossEntropyLoss, [logit, label], [f"loss_{label}"])
+    if len(spec.heads) > 1:
+        model.compile(loss_names=labels, loss_weights=[w for _, _, w in spec.heads])
+    else:
+        model.compile()
     return model
 
 
 def make_batches(spec: Spec, batch: int, count: int, seed: int = 0) -> list:
     """``count`` Batches of the spec's shape: dense N(0, 1), one key per slot drawn uniformly from the slot's
-    ids (slot offsets added: the keys of one input are one table's rows), labels 1 with probability 0.3."""
+    ids (slot offsets added: the keys of one input are one table's rows), labels (one column per head) 1 with probability 0.3."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
@@ -260,8 +385,12 @@ def make_batches(spec: Spec, batch: int, count: int, seed: int = 0) -> list:
             sparse.append((keys.astype(np.int64), np.arange(batch * len(sizes) + 1, dtype=np.int64)))
         out.append(
             Batch(
-                label=(rng.random((batch, 1)) < 0.3).astype(np.float32),
-                dense=rng.standard_normal((batch, spec.dense)).astype(np.float32),
+                label=(rng.random((batch, len(spec.heads))) < 0.3).astype(np.float32),
+                dense=(
+                    spec.dense_fn(rng, batch)
+                    if spec.dense_fn
+                    else rng.standard_normal((batch, spec.dense)).astype(np.float32)
+                ),
                 sparse=sparse,
             )
         )

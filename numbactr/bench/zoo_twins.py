@@ -184,8 +184,103 @@ class NCF(Twin):
         return self.out(torch.cat(parts, 1))
 
 
+class MMoE(Twin):
+    """Experts on [embeddings | dense]; per task a softmax gate mixing them, a tower and a logit: (B, tasks)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        k = spec.kw
+        d = len(spec.slots("data")) * k["D"] + spec.dense
+        self.experts = nn.ModuleList(mlp([d, k["expert"]]) for _ in range(k["experts"]))
+        self.gates = nn.ModuleList(linear(d, k["experts"]) for _ in spec.heads)
+        self.towers = nn.ModuleList(mlp([k["expert"], *k["tower"]]) for _ in spec.heads)
+        self.outs = nn.ModuleList(linear(k["tower"][-1], 1) for _ in spec.heads)
+        self.ordered = self.linears(*self.experts)
+        for gate, tower, out in zip(self.gates, self.towers, self.outs):
+            self.ordered += self.linears(gate, tower, out)
+
+    def forward(self, dense, ids):
+        x = torch.cat([self.embed("emb", ids).flatten(1), dense], 1)
+        experts = torch.stack([e(x) for e in self.experts], 1)  # (B, E, H)
+        logits = []
+        for gate, tower, out in zip(self.gates, self.towers, self.outs):
+            g = torch.softmax(gate(x), 1)  # (B, E)
+            logits.append(out(tower((g[:, :, None] * experts).sum(1))))
+        return torch.cat(logits, 1)
+
+
+def dice(x: torch.Tensor, alpha: float, eps: float = 1e-8) -> torch.Tensor:
+    """PReLU_Dice: x (alpha + (1 - alpha) p), p = sigmoid of x standardized per feature over the batch."""
+    mean = x.mean(0)
+    p = torch.sigmoid((x - mean) / torch.sqrt(((x - mean) ** 2).mean(0) + eps))
+    return x * (alpha + (1 - alpha) * p)
+
+
+class DIN(Twin):
+    """History and target rows are [good | category] vectors; attention over the history as HugeCTR's din."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        k = spec.kw
+        e = 2 * k["D"]
+        self.att1, self.att2 = linear(4 * e, k["att"]), linear(k["att"], 1)
+        widths = [k["D"] + 2 * e + 1, *k["hidden"]]
+        self.fcs = nn.ModuleList(linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.out = linear(widths[-1], 1)
+        self.ordered = [self.att1, self.att2, *self.fcs, self.out]
+
+    def forward(self, dense, ids):
+        rows = torch.cat([self.embed("good_emb", ids), self.embed("cate_emb", ids)], 2)  # (B, T + 1, E)
+        his, item = rows[:, :-1], rows[:, -1]
+        rep = item[:, None].expand_as(his)
+        score = self.att2(self.att1(torch.cat([rep, his, rep - his, rep * his], 2)))[..., 0]  # (B, T)
+        weighted = (torch.softmax(score, 1)[..., None] * his).flatten(1).sum(1, keepdim=True)  # (B, 1)
+        x = torch.cat([self.embed("user_emb", ids)[:, 0], his.mean(1), weighted, item], 1)
+        for fc in self.fcs:
+            x = dice(fc(x), self.spec.kw["alpha"])
+        return self.out(x)
+
+
+class BST(Twin):
+    """Masked multi-head self-attention over the history, residual, LayerNorm, mean pooling, user, MLP."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        k = spec.kw
+        self.q, self.k, self.v, self.res = (linear(k["D"], k["width"]) for _ in range(4))
+        self.ln = nn.LayerNorm(k["width"], eps=1e-5)
+        self.top = mlp([k["width"] + k["D"], *k["hidden"]])
+        self.out = linear(k["hidden"][-1], 1)
+        self.ordered = [
+            self.q,
+            self.k,
+            self.v,
+            self.res,
+            self.ln.weight,
+            self.ln.bias,
+            *self.linears(self.top, self.out),
+        ]
+
+    def forward(self, dense, ids):
+        h = self.spec.kw["heads"]
+        x = self.embed("hist_emb", ids)  # (B, T, D)
+        b, t, _ = x.shape
+
+        def split(y):  # (B, T, H*d) -> (B, H, T, d)
+            return y.reshape(b, t, h, -1).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        keep = (torch.arange(t)[None, :] < dense.trunc()).float()[:, None, None, :]  # (B, 1, 1, T)
+        z = q @ k.transpose(2, 3) / math.sqrt(q.shape[-1]) - (1 - keep) * 10000.0
+        e = torch.exp(z - z.max(-1, keepdim=True).values.detach())
+        probs = e / (e.sum(-1, keepdim=True) + 1e-6)  # numbactr's masked Softmax (+1e-6 in the sum)
+        att = (probs @ v).transpose(1, 2).reshape(b, t, -1)
+        pooled = self.ln(att + self.res(x)).mean(1)
+        return self.out(self.top(torch.cat([pooled, self.embed("user_emb", ids)[:, 0]], 1)))
+
+
 TWINS = {"W&D": WideDeep, "DCN": DCN, "DCNv2": DCN, "DeepFM": DeepFM, "DLRM": DLRM}
-TWINS.update({n: NCF for n in ("NeuMF", "GMF", "NCF")})
+TWINS.update({n: NCF for n in ("NeuMF", "GMF", "NCF")}, MMoE=MMoE, DIN=DIN, BST=BST)
 
 
 def make_twin(spec: Spec, seed: int = 0) -> Twin:
@@ -220,17 +315,21 @@ def tensors(spec: Spec, batch) -> tuple:
 
 
 def stepper(twin: Twin, spec: Spec, batches: list, lr: float = 1e-3):
-    """A function running one training step of the twin on the next batch (cycled); returns the loss tensor."""
+    """A function running one training step of the twin on the next batch (cycled); returns the loss tensor:
+    per head (a logit column and its label column) the mean BCE, summed with the spec's loss weights as
+    numbactr's compile(loss_names, loss_weights) weighs its losses."""
     prepared = [tensors(spec, b) for b in batches]
     opt = optimizer(twin, lr)
     loss_fn = nn.BCEWithLogitsLoss()
+    weights = [w for _, _, w in spec.heads]
     state = {"i": 0}
 
     def step():
         dense, ids, label = prepared[state["i"] % len(prepared)]
         state["i"] += 1
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(twin(dense, ids), label)
+        logits = twin(dense, ids)  # (B, heads)
+        loss = sum(w * loss_fn(logits[:, i], label[:, i]) for i, w in enumerate(weights))
         loss.backward()
         opt.step()
         return loss
