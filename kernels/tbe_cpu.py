@@ -738,12 +738,12 @@ def update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, b
 row_update_call = njit(**_JIT)(row_update.py_func)
 
 
-# Parallel only, as global_pass: compiled serially (parallel_cpu.pjit's twin, arguments borrowed) it measured
-# 1.4x slower (26 tables of 7,692 rows, B 4096, one-hot, rowwise AdaGrad, 1 thread: 6.3 against 4.4 ms for
-# the whole backward), so a one-thread run pays its one parallel region's ~0.1 ms instead. (Before the twin
-# borrowed its arguments: 19 ms, half of it in reference counting; the forward's twin is as fast as its
-# parallel version since.)
-@njit(parallel=True, **_JIT)
+# A pjit twin, as global_pass: at one thread the serial twin (arguments borrowed) runs. Measured 2026-12-07
+# (numbactr bench zoo shapes, 1 thread, the two side by side in one process): as fast as the parallel region on
+# big steps (DLRM B 4096: 50.3 against 50.4 ms a step; W&D B 4096: 110.0 against 109.5), and on small ones it
+# saves the two regions' wake-ups (GMF B 256: 0.62 against 0.79 ms a step). An earlier measurement that found
+# the serial copy 1.4x slower predates the borrowed arguments.
+@pjit(**_JIT)
 def fused_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, sorted_keys, pay, by_bag, seg_start,
                  n_seg, bag_of, bag_src, bag_scale, psw, has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_rows,
                  has_sr_rows):
@@ -800,7 +800,7 @@ def fused_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, sort
                                has_psw, dy, ks, ki, base, grad_rows, grad_vals, sr_lin, e0, lin, width, acc, g, buf)
 
 
-@njit(parallel=True, **_JIT)             # parallel only: serially a GLOBAL Adam backward took 14.0, not 11.3 ms
+@pjit(**_JIT)
 def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base, sr_rows, has_sr_rows):
     """HugeCTR's all-rows pass over rows [0, live[t]) of every table t (stochastic rounding hashes
     sr_rows[lin] when has_sr_rows, as fused_update)."""
