@@ -102,6 +102,8 @@ class Model:
         self._fused_tops, self._last_fused = {}, {}  # InnerProduct tops fused with their ReLU (compile)
         self._stager = None  # numbactr.data.staging.DeviceStager, made when used
         self._graphs = None  # numbactr.train.cuda_graphs.StepGraphs, made when used
+        self._plans: dict = {}  # numbactr.train.plan: StepPlan (None: not plannable) by plan key
+        self._plan_why = None  # why the last step was not planned (None: it was, or no step yet)
         self._last_eval = None  # (predictions, labels) of the last eval batch
         # mixed precision (numbactr/runtime/precision.py): the activations' half dtype, None in float32
         self.half = precision.half_dtype(solver)

@@ -36,6 +36,32 @@ class _Policy:
 _POLICY = _Policy()
 
 
+class _Recorder:
+    """Who is told of every op call (numbactr.train.plan traces a step through it); None: nobody."""
+
+    fn = None
+
+
+_RECORDER = _Recorder()
+
+
+class recording:  # noqa: N801 (a context manager, like autocast)
+    """``with recording(fn):`` every ``Function.apply`` inside also calls ``fn(cls, params, inputs, result,
+    ctx)`` once its forward has run (result: what apply returns, a Tensor or a tuple of them; whether or not
+    a tape took the call). The previous recorder is restored on exit."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __enter__(self):
+        self._prev, _RECORDER.fn = _RECORDER.fn, self.fn
+        return self
+
+    def __exit__(self, *exc):
+        _RECORDER.fn = self._prev
+        return False
+
+
 class autocast:  # noqa: N801 (a context manager, named like torch's)
     """``with autocast(np.float16):`` ops store half-precision outputs (see the module docstring).
     ``half=None`` is plain float32 (no casts at all); ``keep_outputs=True`` keeps float32 outputs
@@ -178,6 +204,8 @@ class Function:
             tensors = (result,)
         if tape is not None and grad_needed:
             tape.entries.append((cls, ctx, inputs, tensors))
+        if _RECORDER.fn is not None:
+            _RECORDER.fn(cls, params, inputs, result, ctx)
         return result
 
 

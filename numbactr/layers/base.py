@@ -64,6 +64,11 @@ class Layer:
     def json_params(self) -> dict:
         return {}
 
+    def step_params(self, run) -> dict:
+        """The op parameters of this layer's training forward that change from step to step (a planned step,
+        numbactr.train.plan, replays the recorded ones with these on top). Default: none."""
+        return {}
+
     def inference_fn(self):
         """``fn(bottom arrays) -> [top arrays]``: this layer's forward without training, as the inference
         session's plan runs it (no tape, no Tensors, no RunInfo: on a one-sample request those cost more

@@ -235,12 +235,16 @@ class Dropout(_SameShape):
         name = self.cfg.top_names[0]
         if not run.training:
             return [Identity.apply(tape, xs[0], name=name)]
-        step = dropout_step(self, int(run.step))  # on gpu/sim in device memory: the same launch every step
         return [
             DropoutFn.apply(
-                tape, xs[0], rate=self.rate, seed=int(run.seed), step=step, layer_id=int(self.layer_id), name=name
+                tape, xs[0], rate=self.rate, seed=int(run.seed), layer_id=int(self.layer_id), name=name,
+                **self.step_params(run),
             )
-        ]
+        ]  # fmt: skip
+
+    def step_params(self, run) -> dict:
+        # on gpu/sim the step in device memory: the same launch every step
+        return {"step": dropout_step(self, int(run.step))}
 
     def inference_fn(self):
         return op_fn(Identity)  # no mask without training, as forward()

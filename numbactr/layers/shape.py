@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numbers
 
-from numbactr.autograd import Tensor
 from numbactr.enums import Layer_t
 from numbactr.layers.base import Layer, op_fn
 from numbactr.ops.shape import (
@@ -27,7 +26,6 @@ from numbactr.ops.shape import (
     SequenceMaskFn,
     SliceFn,
 )
-from numbactr.runtime.device import xp as _xp
 
 MAX_SLICES = 5  # HugeCTR's Slice has at most 5 tops
 
@@ -272,8 +270,9 @@ class SequenceMask(Layer):
 
     def forward(self, tape, xs, run):
         if self.one_bottom:
-            ones = Tensor(_xp().ones(xs[0].data.shape, xs[0].data.dtype))
-            return [SequenceMaskFn.apply(tape, ones, xs[0], lf=1, lt=self.lt, name=self.cfg.top_names[0])]
+            return [
+                SequenceMaskFn.apply(tape, xs[0], xs[0], lf=1, lt=self.lt, one_from=True, name=self.cfg.top_names[0])
+            ]
         return [SequenceMaskFn.apply(tape, xs[0], xs[1], lf=self.lf, lt=self.lt, name=self.cfg.top_names[0])]
 
     def json_params(self):

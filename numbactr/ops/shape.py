@@ -308,10 +308,13 @@ def _mask_kernel(len_from, len_to, lf, lt):
 
 
 class SequenceMaskFn(Function):
-    """Lengths (B, 1), (B, 1) -> mask (B, 1, Lf, Lt); no gradient flows back."""
+    """Lengths (B, 1), (B, 1) -> mask (B, 1, Lf, Lt); no gradient flows back. ``one_from``: every from-length
+    is 1 (the one-bottom SequenceMask; ``len_from`` is then only read for its shape)."""
 
     @staticmethod
-    def forward(ctx: Context, len_from, len_to, lf: int = 1, lt: int = 1):
+    def forward(ctx: Context, len_from, len_to, lf: int = 1, lt: int = 1, one_from: bool = False):
+        if one_from:
+            len_from = _xp().ones(len_to.shape, len_to.dtype)
         return pick(kernel=_mask_kernel, ref=sequence_mask.sequence_mask_ref)(len_from, len_to, lf, lt)
 
     @staticmethod

@@ -244,6 +244,7 @@ def compile(model, loss_names=None, loss_weights=None) -> None:
     model.weights = xp.asarray(host)
     model.wgrads = xp.zeros_like(model.weights)
     off = 0
+    model._plans = {}  # (numbactr.train.plan) new parameter Tensors: plans made before point at the old ones
     for layer in model.layers:
         layer.params, layer.grad_views = [], []
         for i, s in enumerate(layer.param_shapes()):

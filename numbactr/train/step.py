@@ -14,33 +14,32 @@ import functools
 
 import numpy as np
 
-from numbactr import hugectr_exact, ops
-from numbactr.autograd import Tape, Tensor
-from numbactr.autograd.tape import autocast
+from numbactr import ops
+from numbactr.autograd import Tape
+from numbactr.autograd.tape import autocast, recording
 from numbactr.data import staging
 from numbactr.embedding import sharded
 from numbactr.embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
 from numbactr.layers import RunInfo
 from numbactr.runtime import device, step_values
-from numbactr.train import cuda_graphs, graph, overflow
+from numbactr.train import cuda_graphs, graph, overflow, plan
 from numbactr.runtime import precision
 
 
-def forward(model, batch, training: bool, tape: Tape | None) -> dict:
-    """Run the graph on one batch; returns every tensor by name."""
-    xp = device.xp()
-    inp = model.input
+def forward(model, batch, training: bool, tape: Tape | None, trace=None) -> dict:
+    """Run the graph on one batch; returns every tensor by name. ``trace`` (numbactr.train.plan.Tracer) is
+    told whose forward runs next while its recorder listens."""
     dense = batch.dense
     if model.half is not None and dense.dtype != model.half:  # HugeCTR's reader hands fp16 dense input
         precision.check_dense_input(dense, model.half)
         dense = np.asarray(dense).astype(model.half)
-    t: dict[str, Tensor] = {inp.dense_name: Tensor(xp.asarray(dense))}
-    for name, (c0, c1) in model.label_columns.items():  # (host arrays, or device ones: staged)
-        t[name] = Tensor(xp.ascontiguousarray(xp.asarray(batch.label)[:, c0:c1]))
+    t = plan.input_tensors(model, batch, dense)
     rows = batch.batch_size
     half = model.half
     with autocast(half):  # embedding outputs in half precision
         for emb in model.embeddings:
+            if trace is not None:
+                trace.owner = emb
             keys, offsets = batch.sparse[model.sparse_inputs[emb.cfg.bottom_name]]
             t[emb.name] = emb.forward(tape, keys, offsets, rows, training)
         for c in model.collections:
@@ -54,6 +53,8 @@ def forward(model, batch, training: bool, tape: Tape | None) -> dict:
         step=model.step,
     )
     for layer in model.layers:
+        if trace is not None:
+            trace.owner = layer
         with autocast(half, keep_outputs=layer.is_loss):  # losses: float32 math and value
             outs = layer.forward(tape, [t[b] for b in layer.cfg.bottom_names], run)
         for name, o in zip(layer.cfg.top_names, outs):
@@ -274,24 +275,23 @@ def train(model) -> bool:
 
 
 def forward_backward(model, batch, tape: Tape) -> dict:
-    """Forward, backward from the losses, and every layer's gradient into the flat wgrads; the tensors."""
-    t = forward(model, batch, True, tape)
-    xp = device.xp()
-    seeds = {}
-    for layer, w in model.losses:
-        loss = t[layer.cfg.top_names[0]]
-        # HugeCTR lets loss weights scale only the reported loss (spec §10.3); numbactr's gradient
-        # is the gradient of the reported loss unless HugeCTR's exact behaviour is asked for.
-        scale = 1.0 if hugectr_exact.hugectr_exact() else w
-        seeds[id(loss)] = (loss, xp.full((1,), scale, np.float32))
-    tape.backward(seeds)
+    """Forward, backward from the losses, and every layer's gradient into the flat wgrads; the tensors.
+    A full batch runs the model's planned step (numbactr.train.plan) once one is made: the first such
+    step runs here with a recorder on, and its record becomes the plan."""
+    steps, trace = plan.lookup(model, batch)
+    if steps is not None:
+        return steps.run(model, batch)
+    tracer = plan.Tracer() if trace else None
+    with recording(tracer):
+        t = forward(model, batch, True, tape, trace=tracer)
+    losses = [t[layer.cfg.top_names[0]] for layer, _ in model.losses]
+    tape.backward({id(x): (x, g) for x, g in zip(losses, plan.loss_seeds(model, losses))})
+    plan.grads_to_flat(model, lambda p: p.grad)
     for layer in model.layers:
-        for p, gview in zip(layer.params, layer.grad_views):
-            if p.grad is None:
-                gview[...] = 0
-            else:
-                gview[...] = p.grad
-                p.grad = None
+        for p in layer.params:
+            p.grad = None
+    if tracer is not None:
+        plan.keep(model, batch, tracer, t)
     return t
 
 

@@ -79,17 +79,17 @@ assert emb.engine.defer_checks and emb._sharded is not None and emb._sharded.def
 assert not amp or overflow.overflow_on_device(model)
 
 batch_arrays = set()
-forward = train_step.forward
+forward_backward = train_step.forward_backward  # (a general or planned step: numbactr.train.plan)
 
 
-def recording_forward(m, batch, training, tape):
+def recording_forward_backward(m, batch, tape):
     batch_arrays.clear()
     for a in (batch.label, batch.dense, *(x for kv in batch.sparse for x in kv)):
         batch_arrays.add(id(a))
-    return forward(m, batch, training, tape)
+    return forward_backward(m, batch, tape)
 
 
-train_step.forward = recording_forward
+train_step.forward_backward = recording_forward_backward
 to_host = device.to_host
 batch_reads = [0]
 mirrored_reads = [0]

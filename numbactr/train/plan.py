@@ -1,0 +1,313 @@
+"""The planned training step: a model's op calls recorded once, then replayed without the autograd tape.
+
+After ``compile()`` a HugeCTR graph is static: every full training batch calls the same ops, in the same
+order, with the same parameters, on arrays of the same shapes. The general step (numbactr.train.step.forward)
+still builds it anew each time: a Tensor per value, a Context and a tape entry per op, an autocast scope
+and a RunInfo per layer, dictionaries keyed by name and by id(). On a small model at a small batch (NCF at
+batch 256, where the math takes well under a millisecond) that Python is a large part of the step.
+
+So the first full-batch step of a model runs the general step with a recorder on
+(numbactr.autograd.tape.recording): every ``Function.apply`` reports its Function, its parameters, its input
+and output Tensors and the layer or embedding that called it. ``build`` turns that into a StepPlan: every
+value gets a slot number, every op call becomes an Op (the Function, the slots it reads and writes, its
+fixed parameters and which of its inputs need a gradient). Later steps with the same key (``plan_key``:
+the device, the batch size, the loss scaler, the ranks, the switches the layers read) run the plan:
+
+* forward: ``op.fn.forward(ctx, *slot arrays, **params)`` in recorded order, a fresh Context per call;
+* backward: the same ops in reverse order, ``fn.backward(ctx, *output gradients)``, a gradient read by
+  several ops summed as ``later + earlier``, exactly as the tape's replay sums it;
+* the parameters' gradients copied into the flat gradient buffer, as the general step copies them.
+
+The same Functions run on the same arrays with the same arguments in the same order, so a planned step
+gives the same bits as the general one (tests/test_step_plan.py trains every zoo model both ways on cpu and
+sim and compares every weight and optimizer state). What changes from step to step is refreshed by the op's
+owner: an embedding's lookup takes this batch's keys; a layer's ``step_params(run)`` (Dropout: the step
+number its mask hashes) overrides recorded parameters.
+
+What falls back to the general step (``why_not``, kept in ``model._plan_why``): a partial batch, mixed
+precision (its autocast casts are not recorded), embedding collections, ``NUMBACTR_STEP_PLAN=0``, and any
+graph the recorder cannot prove plannable (``build``: a layer whose tops its own ops did not produce, an op
+reading a tensor made outside the ops). A plan is made per key, so a changed scaler or batch size re-plans.
+
+What a plan does not do yet: preallocate and reuse its ops' output buffers, or fuse elementwise chains; each
+op still allocates its outputs as in the general step. On a GPU the planned step is what a CUDA graph
+captures (numbactr.train.cuda_graphs replays it unchanged).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from numbactr import hugectr_exact, ops
+from numbactr.autograd import Context, Tensor
+from numbactr.layers import RunInfo
+from numbactr.layers.base import Layer
+from numbactr.ops.embedding_bag import LookupFn
+from numbactr.runtime import device
+
+ENV = "NUMBACTR_STEP_PLAN"
+#: plans kept per model (one per key: a model rarely sees more than two)
+MAX_PLANS = 4
+
+
+def wanted() -> bool:
+    """NUMBACTR_STEP_PLAN=1 (the default) plans full-batch training steps; 0 keeps the general step."""
+    flag = os.environ.get(ENV, "1").strip()
+    if flag not in ("0", "1"):
+        raise ValueError(f"{ENV} must be 0 or 1, got {flag!r}")
+    return flag == "1"
+
+
+def why_not(model, batch) -> str | None:
+    """Why a training step on ``batch`` cannot use or make a plan (None: it can)."""
+    if not wanted():
+        return f"{ENV}=0"
+    if model.half is not None:
+        return "mixed precision (autocast's casts are not recorded)"
+    if model.collections:
+        return "an embedding collection"
+    if batch.size != batch.batch_size:
+        return "a partial batch"
+    return None
+
+
+def plan_key(model, batch) -> tuple:
+    """What a plan is valid for: everything the recorded parameters and shapes depend on."""
+    return (
+        device.kind(),
+        batch.batch_size,
+        model.ranks,
+        float(model.solver.scaler),
+        ops.fuse_bias_relu(),
+        hugectr_exact.hugectr_exact(),
+    )
+
+
+def input_tensors(model, batch, dense=None) -> dict:
+    """The step's dense input (``dense``, default the batch's) and label Tensors by name (shared with the
+    general step's forward)."""
+    xp = device.xp()
+    t = {model.input.dense_name: Tensor(xp.asarray(batch.dense if dense is None else dense))}
+    for name, (c0, c1) in model.label_columns.items():  # (host arrays, or device ones: staged)
+        t[name] = Tensor(xp.ascontiguousarray(xp.asarray(batch.label)[:, c0:c1]))
+    return t
+
+
+def loss_seeds(model, losses: list) -> list:
+    """dLoss/dloss_i for each loss value, in model.losses order: HugeCTR lets loss weights scale only the
+    reported loss (spec §10.3); numbactr's gradient is the gradient of the reported loss unless HugeCTR's
+    exact behaviour is asked for."""
+    xp = device.xp()
+    exact = hugectr_exact.hugectr_exact()
+    return [xp.full((1,), 1.0 if exact else w, "float32") for (_, w) in model.losses]
+
+
+def grads_to_flat(model, grad_of) -> None:
+    """Every layer parameter's gradient (``grad_of(p)``, None: no gradient reached it) into its view of
+    the flat gradient buffer the dense optimizer reads (zeros where none reached it)."""
+    for layer in model.layers:
+        for p, gview in zip(layer.params, layer.grad_views):
+            g = grad_of(p)
+            if g is None:
+                gview[...] = 0
+            else:
+                gview[...] = g
+
+
+@dataclass
+class Op:
+    """One recorded op call: ``fn`` (a Function) reads slots ``ins`` and writes slots ``outs``."""
+
+    fn: type
+    ins: tuple
+    outs: tuple
+    params: dict
+    needs: tuple  # needs_input_grad, as recorded
+    owner: object  # the layer or embedding whose forward called it
+    multi: bool  # forward returns a tuple
+    fresh: object = None  # fresh(model, batch, run) -> parameters for this step (None: params as recorded)
+
+
+@dataclass
+class StepPlan:
+    """A recorded training step (module docstring). Slots 0..n-1 hold this step's arrays."""
+
+    slots: int
+    ops: list
+    inputs: list  # [(slot, name)]: the step's dense input and labels
+    leaves: list  # [(slot, Tensor)]: parameters and other tensors read as they are each step (.data)
+    names: dict  # {tensor name: slot}: what the general forward's dict names
+    losses: list  # slots of the loss values, in model.losses order
+    params: dict = field(default_factory=dict)  # {id(parameter Tensor): slot}
+
+    def run(self, model, batch) -> dict:
+        """One planned forward and backward on ``batch``; the parameters' gradients land in the flat buffer.
+        Returns the step's named Tensors, as the general forward does."""
+        vals = [None] * self.slots
+        given = input_tensors(model, batch)
+        for slot, name in self.inputs:
+            vals[slot] = given[name].data
+        for slot, tensor in self.leaves:
+            vals[slot] = tensor.data
+        run = RunInfo(
+            training=True,
+            valid=batch.size,
+            ranks=model.ranks,
+            scaler=model.solver.scaler,
+            seed=model.solver.seed,
+            step=model.step,
+        )
+        ctxs = []
+        for op in self.ops:
+            ctx = Context()
+            ctx.needs_input_grad = op.needs
+            params = op.params if op.fresh is None else op.fresh(model, batch, run)
+            out = op.fn.forward(ctx, *[vals[i] for i in op.ins], **params)
+            if op.multi:
+                for slot, o in zip(op.outs, out):
+                    vals[slot] = o
+            else:
+                vals[op.outs[0]] = out
+            ctxs.append(ctx)
+        grads = [None] * self.slots
+        for slot, seed in zip(self.losses, loss_seeds(model, self.losses)):
+            grads[slot] = seed
+        for op, ctx in zip(reversed(self.ops), reversed(ctxs)):
+            out_grads = [grads[s] for s in op.outs]
+            for s in op.outs:
+                grads[s] = None
+            if all(g is None for g in out_grads):
+                continue
+            in_grads = op.fn.backward(ctx, *out_grads)
+            if not isinstance(in_grads, tuple):
+                in_grads = (in_grads,)
+            for slot, g, needed in zip(op.ins, in_grads, op.needs):
+                if g is None or not needed:
+                    continue
+                prev = grads[slot]
+                grads[slot] = g if prev is None else prev + g  # as the tape: the later reader's first
+        grads_to_flat(model, lambda p: grads[self.params[id(p)]] if id(p) in self.params else None)
+        model._last_fused[True] = bool(model._fused_tops) and ops.fuse_bias_relu()
+        t = {name: Tensor(vals[slot], name) for name, slot in self.names.items()}
+        model._last_tensors[True] = t
+        return t
+
+
+class Tracer:
+    """The recorder of one general step (numbactr.autograd.tape.recording calls it per op). The general
+    forward sets ``owner`` to the layer or embedding whose forward runs next."""
+
+    def __init__(self):
+        self.owner = None
+        self.calls = []  # (cls, params, inputs, outputs, needs, owner)
+
+    def __call__(self, cls, params, inputs, result, ctx) -> None:
+        multi = isinstance(result, tuple)  # forward returned a tuple (apply then returns one too)
+        outs = result if multi else (result,)
+        self.calls.append((cls, dict(params), tuple(inputs), outs, multi, ctx.needs_input_grad, self.owner))
+
+
+def _lookup_params(emb):
+    """An embedding lookup's parameters for this step: this batch's keys and bags (what
+    SparseEmbedding.forward hands LookupFn); the held gradient of the last step is dropped, as there."""
+
+    def fresh(model, batch, run):
+        keys, offsets = batch.sparse[model.sparse_inputs[emb.cfg.bottom_name]]
+        emb._pending = None
+        return dict(emb=emb, keys=keys, offsets=offsets, training=True, shape=emb.output_shape(batch.batch_size))
+
+    return fresh
+
+
+def _layer_params(layer, recorded: dict):
+    def fresh(model, batch, run):
+        return {**recorded, **layer.step_params(run)}
+
+    return fresh
+
+
+def build(model, tracer: Tracer, t: dict) -> tuple:
+    """(StepPlan, None) from a traced general step whose named Tensors are ``t``, or (None, why not)."""
+    slot_of: dict = {}
+    leaves, inputs, ops_ = [], [], []
+    params = {id(p): p for layer in model.layers for p in layer.params}
+    weights = {id(e.weight) for e in model.embeddings}
+    produced_by: dict = {}  # id(tensor) -> owner
+
+    def slot(tensor) -> int:
+        key = id(tensor)
+        if key not in slot_of:
+            slot_of[key] = len(slot_of)
+        return slot_of[key]
+
+    for name, x in input_tensors_names(model, t):  # every input, read by an op or not
+        inputs.append((slot(x), name))
+    for cls, prm, ins, outs, multi, needs, owner in tracer.calls:
+        if owner is None:
+            return None, f"{cls.__name__} was called outside a layer's or embedding's forward"
+        in_slots = []
+        for x in ins:
+            if id(x) not in slot_of:
+                if id(x) in params or id(x) in weights:
+                    leaves.append((slot(x), x))
+                else:
+                    return None, f"{type(owner).__name__} {owner_name(owner)!r} reads a tensor made outside its ops"
+            in_slots.append(slot(x))
+        fresh = None
+        if cls is LookupFn:
+            fresh = _lookup_params(prm["emb"])
+        elif isinstance(owner, Layer) and type(owner).step_params is not Layer.step_params:
+            fresh = _layer_params(owner, prm)
+        for o in outs:
+            produced_by[id(o)] = owner
+        ops_.append(Op(cls, tuple(in_slots), tuple(slot(o) for o in outs), prm, needs, owner, multi, fresh))
+    for layer in model.layers:  # every top: made by the layer's own ops, or one of its bottoms passed on
+        bottoms = {id(t[b]) for b in layer.cfg.bottom_names}
+        for top in layer.cfg.top_names:
+            x = t[top]
+            if produced_by.get(id(x)) is not layer and id(x) not in bottoms:
+                return None, f"layer {type(layer).__name__} ({top!r}) makes a top outside its ops"
+    missing = [name for name, x in t.items() if id(x) not in slot_of]
+    if missing:
+        return None, f"tensors no op touched: {missing[:3]}"
+    losses = [slot_of[id(t[layer.cfg.top_names[0]])] for layer, _ in model.losses]
+    names = {name: slot_of[id(x)] for name, x in t.items()}
+    param_slots = {k: slot_of[k] for k in params if k in slot_of}
+    return StepPlan(len(slot_of), ops_, inputs, leaves, names, losses, param_slots), None
+
+
+def input_tensors_names(model, t: dict):
+    """(name, Tensor) of the step's dense input and labels in the traced step's tensors."""
+    yield model.input.dense_name, t[model.input.dense_name]
+    for name in model.label_columns:
+        yield name, t[name]
+
+
+def owner_name(owner) -> str:
+    cfg = getattr(owner, "cfg", None)
+    return getattr(owner, "name", None) or (cfg.top_names[0] if cfg is not None and hasattr(cfg, "top_names") else "?")
+
+
+def lookup(model, batch) -> tuple:
+    """(this step's StepPlan or None, whether to trace the general step to make one)."""
+    why = why_not(model, batch)
+    if why is not None:
+        model._plan_why = why
+        return None, False
+    key = plan_key(model, batch)
+    if key not in model._plans:
+        return None, True
+    return model._plans[key], False
+
+
+def keep(model, batch, tracer: Tracer, t: dict) -> None:
+    """Make and keep the plan of the step just traced (or say why not in model._plan_why)."""
+    plan, why = build(model, tracer, t)
+    model._plan_why = why
+    if plan is None:
+        model._plans[plan_key(model, batch)] = None  # not plannable: do not trace again for this key
+        return
+    if len(model._plans) >= MAX_PLANS:
+        model._plans.clear()
+    model._plans[plan_key(model, batch)] = plan
