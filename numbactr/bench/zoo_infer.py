@@ -180,12 +180,25 @@ class Served:
             self.session.close()
 
 
-def serve_model(env: Env, spec, batches, threads, min_time: float, seed: int) -> list:
-    """The table rows of one model: per thread count and batch a numbactr row and an onnxruntime row
-    [impl, model, threads, batch, ms, samples/s, ratio, max abs diff, note], and the notes of its failures."""
+def times(served: Served, ort, request, min_time: float) -> tuple:
+    """(numbactr's, onnxruntime's) median seconds of one request, called alternately; None for a side that
+    cannot serve the model."""
     from numbactr.bench.inference import timed, timed_pair
 
-    rows, notes = [], []
+    if served.session is not None and ort is not None:
+        ours, theirs = timed_pair(served.session.predict, ort.predict_csr, [request], min_time)
+        return float(np.median(ours)), float(np.median(theirs))
+    if served.session is not None:
+        return float(np.median(timed(served.session.predict, [request], min_time))), None
+    if ort is not None:
+        return None, float(np.median(timed(ort.predict_csr, [request], min_time)))
+    return None, None
+
+
+def serve_model(env: Env, spec, batches, threads, min_time: float, seed: int) -> tuple:
+    """(rows, notes) of one model: per thread count and batch a numbactr row and an onnxruntime row
+    [impl, model, threads, batch, ms, samples/s, ratio, max abs diff, note], and its failures in full."""
+    rows = []
     requests = {b: csr_request(spec, b, seed + 1) for b in batches}
     with tempfile.TemporaryDirectory(prefix="numbactr-zoo-infer-") as folder:
         served = Served(spec, folder, max(batches), seed)
@@ -195,41 +208,20 @@ def serve_model(env: Env, spec, batches, threads, min_time: float, seed: int) ->
                     ort = served.predictor(n or _compute_threads())
                     served.check(ort, requests[max(batches)], max(batches))
                     for b in batches:
-                        t = tt = None
-                        if served.session is not None and ort is not None:
-                            t, tt = (
-                                np.median(x)
-                                for x in timed_pair(served.session.predict, ort.predict_csr, [requests[b]], min_time)
-                            )
-                        elif served.session is not None:
-                            t = np.median(timed(served.session.predict, [requests[b]], min_time))
-                        elif ort is not None:
-                            tt = np.median(timed(ort.predict_csr, [requests[b]], min_time))
+                        t, tt = times(served, ort, requests[b], min_time)
                         ratio = tt / t if t is not None and tt is not None else None
-                        mismatch = (
-                            "" if served.agree in (None, True) else f"predictions differ (rtol {RTOL:g}, atol {ATOL:g})"
+                        differ = (
+                            "" if served.agree is not False else f"predictions differ (rtol {RTOL:g}, atol {ATOL:g})"
                         )
                         for impl, sec, why in (
                             ("numbactr", t, served.session_why),
                             ("onnxruntime", tt, served.onnx_why),
                         ):
-                            rows.append(
-                                [
-                                    impl,
-                                    spec.name,
-                                    n,
-                                    b,
-                                    None if sec is None else 1e3 * sec,
-                                    None if sec is None else b / sec,
-                                    ratio,
-                                    served.diff,
-                                    _short(why) or mismatch,
-                                ]
-                            )
+                            ms, rate = (None, None) if sec is None else (1e3 * sec, b / sec)
+                            rows.append([impl, spec.name, n, b, ms, rate, ratio, served.diff, _short(why) or differ])
         finally:
             served.close()
-    notes += [f"{spec.name}: {why}" for why in (served.session_why, served.onnx_why) if why]
-    return rows, notes
+    return rows, [f"{spec.name}: {why}" for why in (served.session_why, served.onnx_why) if why]
 
 
 def _compute_threads() -> int:
