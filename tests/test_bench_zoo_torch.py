@@ -77,7 +77,7 @@ def test_bench_zoo_smoke_rows_carry_model_batch_threads_ratio():
 
     tab, parts = zoo.bench_zoo(
         Env(), models=("GMF",), batches=(16,), threads=(1,), min_time=0.01, rounds=1, breakdown_steps=1,
-        out=io.StringIO(),
+        infer=False, out=io.StringIO(),
     )  # fmt: skip
     rows = results.from_table(tab)
     assert {r["implementation"] for r in rows} == {"numbactr", "torch-cpu"}

@@ -13,8 +13,10 @@
                               --dim 128,16 --optimizer sgd,adam --batch N --rows N --tf32 --amp
     numbactr bench zoo        HugeCTR's sample zoo (W&D, DCN v1/v2, DeepFM, DLRM, NeuMF, GMF, NCF, MMoE, DIN, BST)
                               built through the HugeCTR API beside PyTorch twins from the same weights: samples/s,
-                              the ratio, and numbactr's step breakdown (numbactr/bench/zoo.py);
-                              --batch 256,1024,4096 --threads 1,2 --models DLRM,NeuMF
+                              the ratio, and numbactr's step breakdown (numbactr/bench/zoo.py); and each model
+                              served by InferenceSession beside onnxruntime on its ONNX export
+                              (numbactr/bench/zoo_infer.py); --batch 256,1024,4096 --threads 1,2
+                              --models DLRM,NeuMF --infer-batch 1,16,256,4096 --no-infer --infer-only
     numbactr bench all        the three above
     numbactr bench cache      a table 4-50x larger than its cache's byte budget, trained through the cache
                               on a memory-mapped file: hit rate and samples/s against cache size, LRU and
@@ -173,6 +175,14 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--models", default=None, help="bench zoo: comma-separated model names (default: all)")
     ap.add_argument(
+        "--infer-batch",
+        type=_thread_list,
+        default=None,
+        help="bench zoo: batch sizes of the inference table (default 1,16,256,4096; --quick 1,64)",
+    )
+    ap.add_argument("--no-infer", action="store_true", help="bench zoo: skip the inference table")
+    ap.add_argument("--infer-only", action="store_true", help="bench zoo: only the inference table (no training)")
+    ap.add_argument(
         "--rows",
         type=int,
         default=None,
@@ -190,8 +200,13 @@ def main(argv=None) -> int:
     ]
     if args.batch is not None and args.what != "zoo" and (args.what != "dlrm" or args.model != "mlperf"):
         mlperf_only.insert(0, "--batch")
-    if args.models is not None and args.what != "zoo":
-        ap.error("--models applies to `bench zoo` only")
+    zoo_only = [f"--{k}" for k in ("models", "infer_batch") if getattr(args, k) is not None]
+    zoo_only += [f"--{k}" for k in ("no_infer", "infer_only") if getattr(args, k)]
+    if zoo_only and args.what != "zoo":
+        verb = "apply" if len(zoo_only) > 1 else "applies"
+        ap.error(f"{', '.join(o.replace('_', '-') for o in zoo_only)} {verb} to `bench zoo` only")
+    if args.no_infer and args.infer_only:
+        ap.error("--no-infer and --infer-only exclude each other")
     if mlperf_only and (args.what != "dlrm" or args.model != "mlperf"):
         ap.error(f"{', '.join(mlperf_only)} only apply to `bench dlrm --model mlperf`")
     if args.model == "mlperf" and args.what != "dlrm":
@@ -229,6 +244,9 @@ def main(argv=None) -> int:
         options.setdefault("zoo", {})["batches"] = args.batch
     if args.models is not None:
         options.setdefault("zoo", {})["models"] = tuple(m.strip() for m in args.models.split(","))
+    if args.infer_batch is not None:
+        options.setdefault("zoo", {})["infer_batches"] = args.infer_batch
+    options.setdefault("zoo", {}).update(infer=not args.no_infer, infer_only=args.infer_only)
     tables = run(args.what, env, quick=args.quick, min_time=args.min_time, seed=args.seed, options=options)
     _write_json(args.json, tables, command)
     return 0

@@ -18,6 +18,10 @@ hand-over, fused backward + Adam update), GEMMs (the fully connected layers' mat
 kernels (every other op's math: the function ``numbactr.ops.dispatch.pick`` chose, compiled CPU code or a
 NumPy reference, including its call), and Python (the rest: tape, Tensors, layer dispatch, allocation, the
 dense optimizer's call; what issue 41's planned step removes).
+
+Inference (numbactr/bench/zoo_infer.py): each model saved as a HugeCTR user saves it and served by numbactr's
+InferenceSession beside onnxruntime on the exported model, batch 1 to 4096 (``infer_batches``), a third
+Table; ``infer=False`` leaves it out, ``infer_only=True`` runs it alone (no training, no torch needed).
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from numbactr.bench.common import Env, Table, measure, thread_count
 
 COLUMNS = ["impl", "model", "threads", "batch", "step ms", "samples/s", "ratio"]
 BREAKDOWN_COLUMNS = ["model", "threads", "batch", "eager ms", "embedding ms", "GEMMs ms", "kernels ms", "rest ms"]
-FULL = dict(batches=(256, 1024, 4096), threads=(1, 2), rounds=2, breakdown_steps=3)
-QUICK = dict(batches=(64,), threads=(1,), rounds=1, breakdown_steps=1)
+FULL = dict(batches=(256, 1024, 4096), threads=(1, 2), rounds=2, breakdown_steps=3, infer_batches=(1, 16, 256, 4096))
+QUICK = dict(batches=(64,), threads=(1,), rounds=1, breakdown_steps=1, infer_batches=(1, 64))
 
 
 class KernelTimer:
@@ -130,12 +134,19 @@ def bench_zoo(
     breakdown_steps: int = 3,
     seed: int = 0,
     out=None,
+    infer_batches=(1, 16, 256, 4096),
+    infer: bool = True,
+    infer_only: bool = False,
 ) -> list:
-    """Two Tables: the training step of each zoo model (numbactr and its twin, samples/s, ratio) and the
-    breakdown of numbactr's step (module docstring). ``models``: names of zoo_models.SPECS (default all)."""
+    """Three Tables: the training step of each zoo model (numbactr and its twin, samples/s, ratio), the
+    breakdown of numbactr's step and the inference column (module docstring). ``models``: names of
+    zoo_models.SPECS (default all)."""
     from numbactr.bench import zoo_models as Z
+    from numbactr.bench.zoo_infer import bench_zoo_infer
 
-    if env.torch is None:
+    if infer_only and not infer:
+        raise ValueError("bench zoo: infer_only needs infer")
+    if env.torch is None and not infer_only:
         raise SystemExit(f"numbactr bench zoo needs the PyTorch twins: {env.torch_why}")
     names = list(Z.SPECS) if models is None else list(models)
     unknown = [n for n in names if n not in Z.SPECS]
@@ -162,6 +173,14 @@ def bench_zoo(
         "dispatch, allocation, the dense optimizer's call): eager = the four",
     ]
     out = out or sys.stdout
+
+    def serving() -> list:
+        return [
+            bench_zoo_infer(env, names, batches=infer_batches, threads=threads, min_time=min_time, seed=seed, out=out)
+        ]
+
+    if infer_only:
+        return serving()
     for name in names:
         for n in threads:
             for batch in batches:
@@ -185,4 +204,4 @@ def bench_zoo(
                 print(f"zoo {name} threads {n} batch {batch}: ratio {ratio:.2f}", file=out, flush=True)
                 del model, twin_step
                 gc.collect()
-    return [tab, parts]
+    return [tab, parts] + (serving() if infer else [])
