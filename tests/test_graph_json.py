@@ -119,3 +119,33 @@ def test_fused_inner_product_position_and_activation_default_as_in_hugectr(tmp_p
     m2 = hugectr.Model(m.solver, m.reader_params, m.opt_params)
     with pytest.raises(ValueError, match="Sideways"):
         m2.construct_from_json(str(p), True)
+
+
+def test_a_tensor_read_by_more_than_five_layers_is_copied_by_a_chain_of_slices():
+    from numbactr.files.graph_json import _copies
+
+    layers, names = _copies("x", 11, 3)
+    assert names == [f"x_slice{j}" for j in range(11)]
+    assert [(s["bottom"], s["top"]) for s in layers] == [
+        ("x", ["x_slice0", "x_slice1", "x_slice2", "x_slice3", "x_fanout0"]),
+        ("x_fanout0", ["x_slice4", "x_slice5", "x_slice6", "x_slice7", "x_fanout1"]),
+        ("x_fanout1", ["x_slice8", "x_slice9", "x_slice10"]),
+    ]
+    assert all(len(s["ranges"]) <= 5 and s["ranges"][0] == [0, 3] for s in layers)
+    assert _copies("x", 5, 2)[1] == [f"x_slice{j}" for j in range(5)] and len(_copies("x", 5, 2)[0]) == 1
+
+
+def test_mmoe_whose_input_feeds_six_layers_is_written_as_hugectr_reads_it(cpu):
+    """The zoo's MMoE feeds one tensor to 4 experts and 2 gates: its graph file (HugeCTR's Slice takes at most
+    5 ranges, so a chain of two) reads back, and numbactr's session and onnxruntime both serve it alike."""
+    import io
+
+    from numbactr.bench.common import Env
+    from numbactr.bench import zoo_infer
+
+    tab = zoo_infer.bench_zoo_infer(
+        Env(use_torch=False), ["MMoE"], threads=[1], batches=[4], min_time=0.01, out=io.StringIO()
+    )
+    rows = [dict(zip(tab.columns, raw)) for raw in tab.raw]
+    assert [r["impl"] for r in rows] == ["numbactr", "onnxruntime"]
+    assert all(r["note"] == "" and 0 <= r["max abs diff"] <= 1e-5 for r in rows), rows

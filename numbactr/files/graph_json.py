@@ -389,34 +389,51 @@ def model_to_json(model) -> dict:
     return out
 
 
+#: HugeCTR's Slice takes at most 5 ranges (spec §4.2)
+SLICE_MAX = 5
+
+
+def _copies(name: str, k: int, width: int) -> tuple[list, list]:
+    """(Slice layers, the k copy names) that give k full copies of tensor ``name``: one Slice when k <= 5,
+    else a chain whose last top feeds the next Slice (``<name>_fanout<i>``), as HugeCTR's 5-range limit
+    needs; every copy is ``<name>_slice<j>``."""
+    layers, names, src = [], [], name
+    while True:
+        room = k - len(names)
+        last = room <= SLICE_MAX
+        tops = [f"{name}_slice{len(names) + j}" for j in range(room if last else SLICE_MAX - 1)]
+        if not last:
+            tops.append(f"{name}_fanout{len(layers)}")
+        layers.append({"type": "Slice", "bottom": src, "top": tops, "ranges": [[0, width]] * len(tops)})
+        if last:
+            return layers, names + tops
+        names += tops[:-1]
+        src = tops[-1]
+
+
 def slice_expanded(model) -> list[dict]:
-    """Dense layers as HugeCTR lists them: a tensor read by k > 1 dense layers gets a Slice layer of k
-    full copies (``<name>_slice0`` ...) before its first reader, and the readers are rewired (spec §4.2)."""
+    """Dense layers as HugeCTR lists them: a tensor read by k > 1 dense layers gets Slice layers of k full
+    copies (``<name>_slice0`` ...; a chain of Slices past 5 readers) before its first reader, and the
+    readers are rewired (spec §4.2)."""
     cfgs = [layer.cfg for layer in model.layers]
     readers: dict[str, int] = {}
     for c in cfgs:
         for b in c.bottom_names:
             readers[b] = readers.get(b, 0) + 1
+    copies: dict[str, list] = {}
     used: dict[str, int] = {}
     out = []
     for c in cfgs:
         for b in c.bottom_names:
-            if readers[b] > 1 and b not in used:
-                width = model.shapes[b][-1]
-                out.append(
-                    {
-                        "type": "Slice",
-                        "bottom": b,
-                        "top": [f"{b}_slice{i}" for i in range(readers[b])],
-                        "ranges": [[0, width]] * readers[b],
-                    }
-                )
+            if readers[b] > 1 and b not in copies:
+                layers, copies[b] = _copies(b, readers[b], model.shapes[b][-1])
+                out.extend(layers)
                 used[b] = 0
         d = dense_layer_json(c)
         bottoms = []
         for b in c.bottom_names:
             if readers[b] > 1:
-                bottoms.append(f"{b}_slice{used[b]}")
+                bottoms.append(copies[b][used[b]])
                 used[b] += 1
             else:
                 bottoms.append(b)
