@@ -158,3 +158,7 @@ def upsert_key(tkeys, tvals, tscores, sizes, b, i, keys, given, vin, vout, mode,
     for d in range(dim):
         tvals[target, d] = vin[i, d]
     slots[i] = target
+
+
+#: plain Python compiled by kernels/hkv.py (whose PTX_CHECKS compile it inside the kernels) and hkv_cpu.py
+PTX_CHECKS = []
