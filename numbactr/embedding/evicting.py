@@ -199,7 +199,7 @@ class EvictingTable:
             Mode.INSERT_OR_ASSIGN,
             "insert_and_evict",
         )
-        at = self.xp.flatnonzero((status == Status.EVICTED) | (status == Status.REFUSED))
+        at = self.xp.flatnonzero((status == int(Status.EVICTED)) | (status == int(Status.REFUSED)))
         return ev_keys[at], ev_vals[at], ev_scores[at]
 
     def assign(self, keys, values, scores=None):
@@ -248,7 +248,7 @@ class EvictingTable:
         out = self._impl[0](self._t, keys, given, vin, vout, int(mode), int(self.strategy), self.clock, self.epoch)
         status, slots = out[0], out[1]
         if self._state or self._on_reset:
-            reset = slots[(status == Status.INSERTED) | (status == Status.EVICTED)]
+            reset = slots[(status == int(Status.INSERTED)) | (status == int(Status.EVICTED))]
             for arr, fill in self._state.values():
                 arr[reset] = fill
             for fn in self._on_reset if reset.shape[0] else ():
