@@ -152,6 +152,7 @@ class Context:
     attributes: a Context is made per op call, and an empty __init__ keeps that cheap.)"""
 
     needs_input_grad: tuple = ()
+    grad_into: dict = {}  # {input index: array}: where backward may write that input's gradient (never mutated)
     half = None  # the autocast half dtype this call ran under (None: float32)
     native_half = False  # the op took and gave half tensors itself (Function.half_native)
 

@@ -46,6 +46,15 @@ def fuse_bias_relu() -> bool:
     return flag == "1" and kernels()
 
 
+def _weight_grad(ctx: Context, a, b, index: int):
+    """a @ b, the gradient of input ``index``: written straight into ``ctx.grad_into[index]`` when the planned
+    step handed one (that weight's view of the flat gradient buffer, numbactr.train.plan: no copy after)."""
+    out = ctx.grad_into.get(index)
+    if out is None:
+        return a @ b
+    return _xp().matmul(a, b, out=out)
+
+
 # ---- Linear: y = x W + b ---------------------------------------------------------------------
 def _bias_add_kernel(y, b):
     bias.bias_add(y, b)
@@ -98,7 +107,7 @@ class Linear(Function):
             bias.bias_grad(dy2, db)
             dx = _half_mm(dy2, ctx.w.T).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
             return dx, dw, db
-        dw = ctx.x2.T @ dy2  # (K, N)
+        dw = _weight_grad(ctx, ctx.x2.T, dy2, 1)  # (K, N)
         db = pick(kernel=_bias_grad_kernel, cpu=_bias_grad_cpu, ref=bias.bias_grad_ref)(dy2)
         dx = (dy2 @ ctx.w.T).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
         return dx, dw, db
@@ -168,7 +177,7 @@ class FcBiasAct(Function):
             dw = _half_mm(ctx.x.T, d).astype(np.float32)  # (K, N), for the float32 update
             dx = _half_mm(d, ctx.w.T) if ctx.needs_input_grad[0] else None
         else:
-            dw = ctx.x.T @ d  # (K, N)
+            dw = _weight_grad(ctx, ctx.x.T, d, 1)  # (K, N)
             dx = d @ ctx.w.T if ctx.needs_input_grad[0] else None  # (B, K)
         if ctx.has_bias:
             return dx, dw, db.reshape(ctx.b_shape)

@@ -111,7 +111,7 @@ def grads_to_flat(model, grad_of) -> None:
             g = grad_of(p)
             if g is None:
                 gview[...] = 0
-            else:
+            elif g is not gview:  # (a planned step's GEMM may have written it in place: Op.grad_into)
                 gview[...] = g
 
 
@@ -127,6 +127,7 @@ class Op:
     owner: object  # the layer or embedding whose forward called it
     multi: bool  # forward returns a tuple
     fresh: object = None  # fresh(model, batch, run) -> parameters for this step (None: params as recorded)
+    grad_into: dict = field(default_factory=dict)  # {input index: a weight's view of the flat gradient buffer}
 
 
 @dataclass
@@ -162,6 +163,8 @@ class StepPlan:
         for op in self.ops:
             ctx = Context()
             ctx.needs_input_grad = op.needs
+            if op.grad_into:
+                ctx.grad_into = op.grad_into
             params = op.params if op.fresh is None else op.fresh(model, batch, run)
             out = op.fn.forward(ctx, *[vals[i] for i in op.ins], **params)
             if op.multi:
@@ -271,10 +274,27 @@ def build(model, tracer: Tracer, t: dict) -> tuple:
     missing = [name for name, x in t.items() if id(x) not in slot_of]
     if missing:
         return None, f"tensors no op touched: {missing[:3]}"
+    hand_over_weight_grads(model, ops_, slot_of)
     losses = [slot_of[id(t[layer.cfg.top_names[0]])] for layer, _ in model.losses]
     names = {name: slot_of[id(x)] for name, x in t.items()}
     param_slots = {k: slot_of[k] for k in params if k in slot_of}
     return StepPlan(len(slot_of), ops_, inputs, leaves, names, losses, param_slots), None
+
+
+def hand_over_weight_grads(model, ops_: list, slot_of: dict) -> None:
+    """A weight read by exactly one op gets its gradient written by that op's backward straight into its view
+    of the flat gradient buffer (Op.grad_into; ops that take it: numbactr.ops.dense's GEMMs): the copy the
+    general step makes after the backward is left out. A weight read twice keeps the sum of two gradients."""
+    readers: dict = {}
+    for k, op in enumerate(ops_):
+        for pos, s in enumerate(op.ins):
+            readers.setdefault(s, []).append((k, pos))
+    for layer in model.layers:
+        for p, gview in zip(layer.params, layer.grad_views):
+            where = readers.get(slot_of.get(id(p)), [])
+            if len(where) == 1 and gview.flags.c_contiguous and gview.shape == p.data.shape:
+                k, pos = where[0]
+                ops_[k].grad_into[pos] = gview
 
 
 def input_tensors_names(model, t: dict):
