@@ -318,7 +318,10 @@ def lookup(model, batch) -> tuple:
     key = plan_key(model, batch)
     if key not in model._plans:
         return None, True
-    return model._plans[key], False
+    steps = model._plans[key]
+    if steps is not None:
+        model._plan_why = None
+    return steps, False
 
 
 def keep(model, batch, tracer: Tracer, t: dict) -> None:
