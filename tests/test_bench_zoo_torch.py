@@ -85,8 +85,9 @@ def test_bench_zoo_smoke_rows_carry_model_batch_threads_ratio():
         assert (r["model"], r["batch"], r["threads"]) == ("GMF", 16, 1) and r["ratio"] > 0
     ours, theirs = (dict(zip(tab.columns, raw)) for raw in tab.raw)
     assert ours["ratio"] == pytest.approx(ours["samples/s"] / theirs["samples/s"])
-    eager, *split = parts.raw[0][3:]
+    eager, *split, step = parts.raw[0][3:]
     assert sum(split) == pytest.approx(eager, rel=1e-6) and min(split) >= 0
+    assert step == "planned"
 
 
 def test_bench_zoo_refuses_an_unknown_model():

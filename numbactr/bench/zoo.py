@@ -35,7 +35,17 @@ import time
 from numbactr.bench.common import Env, Table, measure, thread_count
 
 COLUMNS = ["impl", "model", "threads", "batch", "step ms", "samples/s", "ratio"]
-BREAKDOWN_COLUMNS = ["model", "threads", "batch", "eager ms", "embedding ms", "GEMMs ms", "kernels ms", "rest ms"]
+BREAKDOWN_COLUMNS = [
+    "model",
+    "threads",
+    "batch",
+    "eager ms",
+    "embedding ms",
+    "GEMMs ms",
+    "kernels ms",
+    "rest ms",
+    "step",
+]
 FULL = dict(batches=(256, 1024, 4096), threads=(1, 2), rounds=2, breakdown_steps=3, infer_batches=(1, 16, 256, 4096))
 QUICK = dict(batches=(64,), threads=(1,), rounds=1, breakdown_steps=1, infer_batches=(1, 64))
 
@@ -169,8 +179,9 @@ def bench_zoo(
         f"numbactr's step by the host clock over {breakdown_steps} step(s): embedding = lookup + gradient "
         "hand-over + fused backward/Adam (all rows); GEMMs = the fully connected layers' matrix products (BLAS); "
         "kernels = every other op's math (the compiled CPU function or NumPy reference numbactr.ops.dispatch "
-        "picked, and the bias/ReLU epilogues); rest = the Python around them (tape, Tensor objects, layer "
-        "dispatch, allocation, the dense optimizer's call): eager = the four",
+        "picked, and the bias/ReLU epilogues); rest = the Python around them (the planned step's op loop, or the "
+        "general step's tape, Tensor objects and layer dispatch; allocation, the dense optimizer's call): eager = "
+        "the four; step = planned (numbactr.train.plan: the recorded op calls replayed) or general (and why)",
     ]
     out = out or sys.stdout
 
@@ -200,6 +211,7 @@ def bench_zoo(
                     n,
                     batch,
                     *(1e3 * parts_s[k] for k in ("eager", "embedding", "gemm", "kernels", "python")),
+                    "planned" if model._plan_why is None else f"general: {model._plan_why}",
                 )
                 print(f"zoo {name} threads {n} batch {batch}: ratio {ratio:.2f}", file=out, flush=True)
                 del model, twin_step
