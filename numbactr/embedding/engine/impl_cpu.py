@@ -244,7 +244,7 @@ class _CpuImpl:
             dy,
             ks,
             ki,
-            tbe.rounding_base(e.seed, t, tbe.SR_PASS_HOT),
+            e._rounding_base(t, tbe.SR_PASS_HOT),
             grad_rows,
             grad_vals,
             self.no_i64 if e.sr_rows is None else e.sr_rows,
@@ -255,7 +255,7 @@ class _CpuImpl:
     def global_pass(self, t: int) -> None:
         e = self.e
         _, ki = e._ks_ki(None, t)
-        ks = tbe.kernel_scalars(e.optimizer.hp(), t)
+        ks = e._global_ks(t)
         live = np.array([e.live_rows(tb) for tb in range(len(e.tables))], np.int64)
         a, b = e._state_buffers()[:2]
         tbe_cpu.global_pass(
@@ -269,7 +269,7 @@ class _CpuImpl:
             live,
             ks,
             ki,
-            tbe.rounding_base(e.seed, t, tbe.SR_PASS_ALL),
+            e._rounding_base(t, tbe.SR_PASS_ALL),
             self.no_i64 if e.sr_rows is None else e.sr_rows,
             e.sr_rows is not None,
         )
