@@ -668,17 +668,20 @@ class TableBatchedEmbedding(_LookupRows):
     def _ks_ki(self, ctx, t: int, pooling=None, batch: int = 0):
         """The packed kernel scalars / integers (kernels.tbe.kernel_scalars / kernel_ints) for step t (of a
         lookup ctx, or of `pooling` and `batch`): copies of _step_constants' arrays with the step's entries."""
-        hp, ks0, _, ki0 = self._step_constants()
         if ctx is not None:
             pooling, batch = ctx.pooling, ctx.batch
-        elif pooling is None:
-            pooling = self.pooling
+        hp, ks0, _, _ = self._step_constants()
         # the kernels read max_counter from the device (_KernelImpl.backward copies it in): no host read
         maxc = 1.0 if self.impl == "kernels" else float(self.max_counter[0])
-        ks, ki = ks0.copy(), ki0.copy()
+        ks = ks0.copy()
         tbe.set_step_scalars(ks, hp, t, maxc, self._max_counter_refresh(t))
-        tbe.set_step_ints(ki, t, self._stochastic(), pooling, self.layout, batch)
-        return ks, ki
+        return ks, self._ki(t, pooling, batch)
+
+    def _ki(self, t: int, pooling=None, batch: int = 0):
+        """_ks_ki's integers alone (the all-rows pass takes its own scalars, _global_ks)."""
+        ki = self._step_constants()[3].copy()
+        tbe.set_step_ints(ki, t, self._stochastic(), self.pooling if pooling is None else pooling, self.layout, batch)
+        return ki
 
     def _global_ks(self, t: int):
         """The packed kernel scalars of step t's all-rows pass: kernels.tbe.kernel_scalars(hp, t), no counter."""
