@@ -52,12 +52,19 @@ def kernel_scalars(hp: dict, step: int, counter: CounterRegularization | None = 
                    refresh: bool = False) -> np.ndarray:
     """The packed float32 scalars (tbe_math.KS_*) of the compiled paths for hyper-parameters hp at step t
     (counter: the COUNTER / COWCLIP settings, max_counter this step's value, refresh whether it is renewed
-    at this step)."""
+    at this step): step_free_scalars, then set_step_scalars."""
+    ks = step_free_scalars(hp, counter)
+    set_step_scalars(ks, hp, step, max_counter, refresh)
+    return ks
+
+
+def step_free_scalars(hp: dict, counter: CounterRegularization | None = None) -> np.ndarray:
+    """kernel_scalars' entries that stay the same from step to step (the step's entries zero): a caller that
+    keeps them (the engine, while its optimizer spec is unchanged) fills a copy with set_step_scalars."""
     ks = np.zeros(M.N_KS, np.float32)
     if counter is not None:
         ks[M.KS_CNT_UB], ks[M.KS_CNT_TAIL] = counter.adjustment_ub, counter.tail_id_threshold
         ks[M.KS_CNT_WNC], ks[M.KS_CNT_LB] = counter.weight_norm_coefficient, counter.lower_bound
-    ks[M.KS_MAXC], ks[M.KS_REFRESH] = max_counter, float(refresh)
     for name, at in (("learning_rate", M.KS_LR), ("eps", M.KS_EPS), ("beta1", M.KS_B1), ("beta2", M.KS_B2),
                      ("weight_decay", M.KS_WD), ("momentum", M.KS_MOM), ("max_norm", M.KS_MAXN),
                      ("scaler", M.KS_SCALER)):
@@ -65,17 +72,32 @@ def kernel_scalars(hp: dict, step: int, counter: CounterRegularization | None = 
     ks[M.KS_ETA] = hp.get("eta", 0.001)                 # LARS_SGD's only (OptimizerSpec's default)
     ks[M.KS_L1] = hp.get("lambda1", 0.0)                # HUGECTR_FTRL's lambda1 and float32 l2'
     ks[M.KS_L2P] = OPT.ftrl_lambda2(hp["learning_rate"], hp.get("beta", 0.0), hp.get("lambda2", 0.0))
-    b1, b2 = _f32(hp["beta1"]), _f32(hp["beta2"])
-    ks[M.KS_BC1], ks[M.KS_BC2] = 1.0 - b1 ** step, 1.0 - b2 ** step
-    if b1 != 1.0:
-        ks[M.KS_ALPHA] = OPT.adam_alpha_t(hp["learning_rate"], hp["beta1"], hp["beta2"], step)
+    if _f32(hp["beta1"]) != 1.0:
         ks[M.KS_LAZY] = OPT.lazy_adam_alpha_common(hp["learning_rate"], hp["beta1"])
     return ks
 
 
+def set_step_scalars(ks: np.ndarray, hp: dict, step: int, max_counter: float = 1.0, refresh: bool = False) -> None:
+    """Write kernel_scalars' entries of step t into ks (from step_free_scalars) in place: max_counter and its
+    refresh flag, Adam's bias corrections 1 - b^t and its bias-corrected step size."""
+    ks[M.KS_MAXC], ks[M.KS_REFRESH] = max_counter, float(refresh)
+    b1, b2 = _f32(hp["beta1"]), _f32(hp["beta2"])
+    ks[M.KS_BC1], ks[M.KS_BC2] = 1.0 - b1 ** step, 1.0 - b2 ** step
+    if b1 != 1.0:
+        ks[M.KS_ALPHA] = OPT.adam_alpha_t(hp["learning_rate"], hp["beta1"], hp["beta2"], step)
+
+
 def kernel_ints(kind, update, wd_mode, step: int, stochastic: bool, pooling, layout, batch: int,
                 counter: CounterRegularization | None = None, rowwise_bias_correction: bool = False) -> np.ndarray:
-    """The packed int64 parameters (tbe_math.KI_*) of the compiled paths."""
+    """The packed int64 parameters (tbe_math.KI_*) of the compiled paths: step_free_ints, then set_step_ints."""
+    ki = step_free_ints(kind, update, wd_mode, counter, rowwise_bias_correction)
+    set_step_ints(ki, step, stochastic, pooling, layout, batch)
+    return ki
+
+
+def step_free_ints(kind, update, wd_mode, counter: CounterRegularization | None = None,
+                   rowwise_bias_correction: bool = False) -> np.ndarray:
+    """kernel_ints' entries fixed by the optimizer spec (those of the step and the lookup zero; KI_GO 1)."""
     ki = np.zeros(M.N_KI, np.int64)
     if counter is not None:
         ki[M.KI_CNT_WD], ki[M.KI_CNT_HALF] = int(counter.weight_decay_mode), counter.halflife
@@ -83,10 +105,14 @@ def kernel_ints(kind, update, wd_mode, step: int, stochastic: bool, pooling, lay
         ki[M.KI_CNT_RATIO] = bool(counter.tail_id_threshold_is_ratio)
     ki[M.KI_RBC] = bool(rowwise_bias_correction)
     ki[M.KI_KIND], ki[M.KI_UPDATE], ki[M.KI_WD_MODE] = int(kind), int(update), int(wd_mode)
-    ki[M.KI_STEP], ki[M.KI_SR], ki[M.KI_POOLING], ki[M.KI_LAYOUT] = step, stochastic, int(pooling), int(layout)
-    ki[M.KI_BATCH] = batch
     ki[M.KI_GO] = 1
     return ki
+
+
+def set_step_ints(ki: np.ndarray, step: int, stochastic: bool, pooling, layout, batch: int) -> None:
+    """Write kernel_ints' entries of step t and of the lookup (rounding, pooling, layout, batch) into ki."""
+    ki[M.KI_STEP], ki[M.KI_SR], ki[M.KI_POOLING], ki[M.KI_LAYOUT] = step, stochastic, int(pooling), int(layout)
+    ki[M.KI_BATCH] = batch
 
 
 # ---- device functions: tbe_math compiled for numba.cuda ---------------------------------------------

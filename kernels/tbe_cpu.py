@@ -723,6 +723,17 @@ def update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, b
         srow[lin] = rnew
         for d in range(wu):
             store(w, e0 + d, c1 * load(w, e0 + d) - c0 * g[d], uint64(0), False)
+    elif ki[M.KI_KIND] == M._H_ADAM and ki[M.KI_UPDATE] == M._GLOBAL and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0:
+        # HugeCTR Adam's GLOBAL touched rows, the zoo's common case: only the moments move (the all-rows pass
+        # moves the weights; each is stored back as row_update stores it). elem_update with the kind as a
+        # constant, so the loop compiles without row_update's branches
+        zero = float32(0.0)
+        b1, b2, scaler = ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_SCALER]
+        for d in range(wu):
+            wn, an, bn, _ = elem_update(M._H_ADAM, M._GLOBAL, g[d], load(w, e0 + d), sa[e0 + d], sb[e0 + d], zero,
+                                        zero, zero, zero, zero, b1, b2, zero, zero, scaler, zero, zero, zero)
+            sa[e0 + d], sb[e0 + d] = an, bn
+            store(w, e0 + d, wn, uint64(0), False)
     elif ki[M.KI_KIND] == 0:
         grad_rows[s] = lin
         for d in range(grad_vals.shape[1]):
@@ -808,6 +819,17 @@ def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base,
         return
     kind, sr = ki[M.KI_KIND], ki[M.KI_SR] != 0
     n_b = elem_state_count(kind) >= 2
+    if kind == M._H_ADAM and not sr:                    # the zoo's common case: global_elem's Adam, branch free
+        b1, b2, eps, alpha = ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_EPS], ks[M.KS_ALPHA]
+        for t in range(dims.shape[0]):
+            for r in prange(live[t]):
+                e0 = uint64(elem_off[t] + r * strides[t])
+                for d in range(uint64(dims[t])):
+                    wn, an, bn = global_elem(M._H_ADAM, load(w, e0 + d), sa[e0 + d], sb[e0 + d], b1, b2, eps,
+                                             float32(0.0), alpha)
+                    sa[e0 + d], sb[e0 + d] = an, bn
+                    store(w, e0 + d, wn, uint64(0), False)
+        return
     for t in range(dims.shape[0]):
         for r in prange(live[t]):
             e0 = uint64(elem_off[t] + r * strides[t])

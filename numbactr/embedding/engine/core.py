@@ -9,6 +9,7 @@ helpers (bounds reports, keyed rows, INT8 decoding) in lookup_rows.py, a mixin t
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import fields, replace
 
 import numpy as np
@@ -49,6 +50,8 @@ class TableBatchedEmbedding(_LookupRows):
     #: see __init__ (class defaults too: engines built another way, e.g. TieredEmbedding, never defer)
     defer_checks = False
     _bounds_rec = None
+    _step_free = None  # _step_constants' cache
+    _state_bufs = None  # _state_buffers' cache
 
     def __init__(
         self,
@@ -310,6 +313,7 @@ class TableBatchedEmbedding(_LookupRows):
             self.weights = weights
         for i, buf in (states or {}).items():
             self.states[i] = buf
+        self._state_bufs = None  # (_state_buffers would see the swap; this lets the old buffers go now)
 
     def take_state_rows(self, t: int, src) -> None:
         """Renumber table t's optimizer states after its rows were rebuilt (a checkpoint load): row i takes
@@ -575,7 +579,7 @@ class TableBatchedEmbedding(_LookupRows):
         t = self.step + 1
         opt = self.optimizer
         glob = tbe.has_global_pass(opt.kind, opt.update_type)
-        first = glob and tbe.global_pass_first(opt.kind, opt.hp())
+        first = glob and tbe.global_pass_first(opt.kind, self._step_constants()[0])
         if first:
             self._impl.global_pass(t)
         grads.sparse = self._impl.backward(ctx, dy, t)
@@ -608,7 +612,12 @@ class TableBatchedEmbedding(_LookupRows):
     def _state_buffers(self) -> tuple:
         """(a, b, row, prev, prev_iter, row_counter): elem_update's per-element states a, b, the rowwise
         kinds' per-row float state, HugeCTR's per-row step state and the counter states, as the engine's
-        flat buffers; None where the optimizer keeps none."""
+        flat buffers; None where the optimizer keeps none. Kept while the same buffers are the states (the
+        specs cannot change: set_hyper_parameters refuses; adopt_host_buffers swaps buffers): every step
+        asks."""
+        cached = self._state_bufs
+        if cached is not None and len(cached[0]) == len(self.states) and all(map(operator.is_, cached[0], self.states)):
+            return cached[1]
         elem, rowf, named = [], [], {}
         for buf, (name, per_row, dtype) in zip(self.states, self._state_specs()):
             if name in ("prev_step", "prev_iter", "row_counter"):
@@ -617,11 +626,13 @@ class TableBatchedEmbedding(_LookupRows):
                 rowf.append(buf)
             else:
                 elem.append(buf)
-        return (
+        out = (
             tuple(elem + [None] * (2 - len(elem)))
             + ((rowf or [None])[0],)
             + tuple(named.get(n) for n in ("prev_step", "prev_iter", "row_counter"))
         )
+        self._state_bufs = (tuple(self.states), out)
+        return out
 
     def _max_counter_refresh(self, t: int) -> bool:
         """Whether step t renews max_counter (COUNTER / COWCLIP: every max_counter_update_freq steps)."""
@@ -634,32 +645,55 @@ class TableBatchedEmbedding(_LookupRows):
             cnt = self._state_buffers()[5]
             self.max_counter[0] = float(cnt.max()) + 1.0 if cnt.size else 1.0
 
+    def _step_constants(self) -> tuple:
+        """(hp, step-free kernel scalars with the counter settings, the same without (the all-rows pass),
+        step-free kernel ints) of the current optimizer spec (kernels.tbe.step_free_scalars / _ints): they
+        change only with the spec, which is frozen, so a change of learning rate or any hyper-parameter
+        replaces it and the identity check below rebuilds them (the rebuild costs what every step cost)."""
+        opt = self.optimizer
+        cached = self._step_free
+        if cached is None or cached[0] is not opt:
+            hp = opt.hp()
+            ints = tbe.step_free_ints(
+                opt.kind, opt.update_type, opt.weight_decay_mode, opt.counter, opt.rowwise_bias_correction
+            )
+            cached = (opt, hp, tbe.step_free_scalars(hp, opt.counter), tbe.step_free_scalars(hp), ints)
+            self._step_free = cached
+        return cached[1:]
+
+    def _stochastic(self) -> bool:
+        """Whether updates round to FP16 stochastically (kernels.tbe_math.KI_SR)."""
+        return self.weights_precision == Precision.FP16 and self.stochastic_rounding
+
     def _ks_ki(self, ctx, t: int, pooling=None, batch: int = 0):
         """The packed kernel scalars / integers (kernels.tbe.kernel_scalars / kernel_ints) for step t (of a
-        lookup ctx, or of `pooling` and `batch`)."""
-        opt = self.optimizer
-        sr = self.weights_precision == Precision.FP16 and self.stochastic_rounding
+        lookup ctx, or of `pooling` and `batch`): copies of _step_constants' arrays with the step's entries."""
         if ctx is not None:
             pooling, batch = ctx.pooling, ctx.batch
-        elif pooling is None:
-            pooling = self.pooling
+        hp, ks0, _, _ = self._step_constants()
         # the kernels read max_counter from the device (_KernelImpl.backward copies it in): no host read
         maxc = 1.0 if self.impl == "kernels" else float(self.max_counter[0])
-        return (
-            tbe.kernel_scalars(opt.hp(), t, opt.counter, maxc, self._max_counter_refresh(t)),
-            tbe.kernel_ints(
-                opt.kind,
-                opt.update_type,
-                opt.weight_decay_mode,
-                t,
-                sr,
-                pooling,
-                self.layout,
-                batch,
-                opt.counter,
-                opt.rowwise_bias_correction,
-            ),
-        )
+        ks = ks0.copy()
+        tbe.set_step_scalars(ks, hp, t, maxc, self._max_counter_refresh(t))
+        return ks, self._ki(t, pooling, batch)
+
+    def _ki(self, t: int, pooling=None, batch: int = 0):
+        """_ks_ki's integers alone (the all-rows pass takes its own scalars, _global_ks)."""
+        ki = self._step_constants()[3].copy()
+        tbe.set_step_ints(ki, t, self._stochastic(), self.pooling if pooling is None else pooling, self.layout, batch)
+        return ki
+
+    def _global_ks(self, t: int):
+        """The packed kernel scalars of step t's all-rows pass: kernels.tbe.kernel_scalars(hp, t), no counter."""
+        hp, _, ks0, _ = self._step_constants()
+        ks = ks0.copy()
+        tbe.set_step_scalars(ks, hp, t)
+        return ks
+
+    def _rounding_base(self, t: int, pass_id: int):
+        """kernels.tbe.rounding_base of step t's pass, or 0 where no update rounds stochastically: the
+        kernels read it only under KI_SR, and its splitmix64 reference costs more than a small step's update."""
+        return tbe.rounding_base(self.seed, t, pass_id) if self._stochastic() else np.uint64(0)
 
     def _scratch(self, name: str, n: int, dtype):
         """A reused device buffer of n elements (grown by half when too small): the per-step scratch pool."""

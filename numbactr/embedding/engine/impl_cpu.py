@@ -47,6 +47,7 @@ class _CpuImpl:
         self.ftable = np.asarray(eng.feature_table_map, np.int64)
         self.no_f32 = np.zeros(1, np.float32)  # stands in for an absent float array
         self.no_i64 = np.zeros(1, np.int64)
+        self.max_dim = int(eng.dims.max(initial=1))  # the widest table (dims are fixed): scratch widths
 
     def _w(self):
         w = self.e.weights
@@ -89,7 +90,7 @@ class _CpuImpl:
         shape = (ctx.rows.shape[0], int(e.feature_dims[0])) if none else (ctx.batch, e.total_dim)
         out = np.empty(shape, np.float32)
         psw = ctx.per_sample_weights
-        scratch = np.empty((numba.get_num_threads(), int(e.dims.max(initial=1))), np.float32)
+        scratch = np.empty((numba.get_num_threads(), self.max_dim), np.float32)
         w, eo, st = (
             (self._w(), e.elem_offsets, e.strides)
             if block is None
@@ -218,7 +219,7 @@ class _CpuImpl:
         ks, ki = e._ks_ki(ctx, t)
         none = e.optimizer.kind == Optim.NONE
         grad_rows = np.empty(n_seg if none else 1, np.int64)
-        grad_vals = np.empty((n_seg if none else 1, int(e.dims.max())), np.float32)
+        grad_vals = np.empty((n_seg if none else 1, self.max_dim), np.float32)
         a, b, r, p, pit, cnt = e._state_buffers()
         rows = tuple(self.no_f32 if x is None else x for x in (r, pit, cnt))
         tbe_cpu.fused_update(
@@ -244,7 +245,7 @@ class _CpuImpl:
             dy,
             ks,
             ki,
-            tbe.rounding_base(e.seed, t, tbe.SR_PASS_HOT),
+            e._rounding_base(t, tbe.SR_PASS_HOT),
             grad_rows,
             grad_vals,
             self.no_i64 if e.sr_rows is None else e.sr_rows,
@@ -254,8 +255,7 @@ class _CpuImpl:
 
     def global_pass(self, t: int) -> None:
         e = self.e
-        _, ki = e._ks_ki(None, t)
-        ks = tbe.kernel_scalars(e.optimizer.hp(), t)
+        ki, ks = e._ki(t), e._global_ks(t)
         live = np.array([e.live_rows(tb) for tb in range(len(e.tables))], np.int64)
         a, b = e._state_buffers()[:2]
         tbe_cpu.global_pass(
@@ -269,7 +269,7 @@ class _CpuImpl:
             live,
             ks,
             ki,
-            tbe.rounding_base(e.seed, t, tbe.SR_PASS_ALL),
+            e._rounding_base(t, tbe.SR_PASS_ALL),
             self.no_i64 if e.sr_rows is None else e.sr_rows,
             e.sr_rows is not None,
         )

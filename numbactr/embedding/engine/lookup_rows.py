@@ -207,16 +207,29 @@ class _LookupRows:
         training, -1 when missing in evaluation); any integer keys (uint64 included). Host-side
         bookkeeping: a keyed step reads the hash table's new-key count back anyway."""
         xp = device.xp()
+        ftables = set(self.feature_table_map)
+        if skip is None and len(self.hash_tables) == 1 and ftables == set(self.hash_tables):
+            # every feature reads the one keyed table and nothing is skipped (a HugeCTR sparse embedding):
+            # when the first bag starts at 0 (offsets are repaired: non-decreasing, last N) every occurrence
+            # is that table's, so the selection below would take all N in order; no per-occurrence work
+            if indices.shape[0] == 0:
+                return
+            if int(device.to_host(offsets[:1])[0]) == 0:
+                (t,) = ftables
+                rows[...] = self._insert_or_find(t, self.hash_tables[t], indices, training)
+                return
         _, feat, _ = tbe._occurrences(device.to_host(offsets), self.n_features, batch, self.layout)
-        keyed = np.zeros(feat.shape[0], bool)
         inside = feat >= 0
+        # (N,) the table of each occurrence (-1 outside every bag): a compare per table, no isin
+        occ_table = np.full(feat.shape[0], -1, np.int64)
+        occ_table[inside] = np.asarray(self.feature_table_map, np.int64)[feat[inside]]
+        keyed = np.zeros(feat.shape[0], bool)
         keyed[inside] = np.array([self.tables[t].keyed for t in self.feature_table_map])[feat[inside]]
         if indices.dtype == np.uint64 and not keyed.all():
             self._as_int64(indices[xp.asarray(np.flatnonzero(~keyed))])
         take = np.ones(feat.shape[0], bool) if skip is None else ~device.to_host(skip).astype(bool)
         for t, table in self.hash_tables.items():
-            feats = [f for f, ft in enumerate(self.feature_table_map) if ft == t]
-            mine = xp.asarray(np.flatnonzero(np.isin(feat, feats) & take))
+            mine = xp.asarray(np.flatnonzero((occ_table == t) & take))
             if mine.shape[0]:
                 rows[mine] = self._insert_or_find(t, table, indices[mine], training)
 

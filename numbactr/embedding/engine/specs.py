@@ -45,7 +45,7 @@ class TableSpec:
     init_range: tuple = (-0.05, 0.05)
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimizerSpec:
     """The fused optimizer and its hyper-parameters (FBGEMM's names; HugeCTR's where FBGEMM has none).
 
@@ -67,6 +67,9 @@ class OptimizerSpec:
     there the iteration each row was last decayed at (numbactr/fbgemm_gpu/tbe_optimizer.py applies the decay
     with TableBatchedEmbedding.scale_rows).
     beta, lambda1, lambda2: HUGECTR_FTRL's (HugeCTR's names; LOCAL only, per-element states z and n).
+
+    Frozen: a change is a new spec (``dataclasses.replace``; the engine's setters do so), for the engine
+    keeps what it derives from a spec while the spec is the same object (TableBatchedEmbedding._step_constants).
     """
 
     kind: Optim = Optim.EXACT_SGD
