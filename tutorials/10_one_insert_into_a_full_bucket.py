@@ -194,6 +194,8 @@ print("find(16, 3):", rows.tolist(), found.tolist(), "  (find changes no score)"
 # Before a batch of n keys that may insert, the table doubles while (size + n) > max_load_factor *
 # capacity and capacity < max_capacity (HierarchicalKV's rule, the batch counted in); doubling places
 # every key anew in a table of twice the buckets. Once at max_capacity it stops growing and evicts.
+# Eviction is per bucket: a bucket that is full evicts even while other buckets still have free slots,
+# so an evicting table runs a little below its capacity (here 10 to 15 keys of 16).
 
 # %%
 title("6. growth from 4 to 16 slots, then eviction")
