@@ -3,14 +3,17 @@
 The contract is kernels/hkv_ref.py's (layout, scores, ties, batch order, growth); the per-key step is
 kernels/hkv_math.upsert_key, the same text the numba.cuda kernels compile. Here the keys of a batch simply
 run one after another in input order, which is the reference's order by definition. Every loop is serial
-(a batch's keys must be, and find is a scan of one bucket per key; a parallel find is future work).
+(a batch's keys must be) but find's: it changes no state, so its keys are looked up in parallel (a
+parallel_cpu.pjit twin: prange over the keys, each writing only its own outputs; the same bits at any
+thread count, and the serial twin when numba runs one thread).
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, uint64
+from numba import njit, prange, uint64
 
 from . import hkv_math as M
+from .parallel_cpu import pjit
 
 _JIT = dict(cache=True)
 upsert_key = njit(inline="always", **_JIT)(M.upsert_key)
@@ -38,13 +41,13 @@ def upsert_batch(tkeys, tvals, tscores, sizes, keys, given, vin, vout, mode, str
                    strategy, clock, epoch, status, slots, ev_keys, ev_vals, ev_scores)
 
 
-@njit(**_JIT)
+@pjit(**_JIT)
 def find_keys(tkeys, tvals, tscores, sizes, keys, rows, found, scores):
     """rows (N, D), found (N,) bool, scores (N,) uint64 <- the keys' rows and scores (left as given when
-    absent)."""
+    absent); the keys in parallel (reads of the table only, writes of key i's outputs only)."""
     nb = sizes.shape[0]
     bsz = tkeys.shape[0] // nb
-    for i in range(keys.shape[0]):
+    for i in prange(keys.shape[0]):
         lo = _bucket(keys[i], nb) * bsz
         for s in range(lo, lo + bsz):
             if tkeys[s] == keys[i]:

@@ -45,6 +45,7 @@ BENCH_HELP = """benchmarks (markdown tables; not tests):
   data                 data-reader throughput: Norm, Raw, Parquet with 1, 2, 4 workers
   inference            InferenceSession vs onnxruntime: predictions/s, p50/p99 latency, cache hit rate
   zoo                  HugeCTR's sample zoo (W&D, DCN, DeepFM, DLRM, NCF...) beside PyTorch twins, samples/s
+  hkv                  the evicting table (HierarchicalKV's operations) beside the fixed hash table, M-KV/s
 Each runs on the device numbactr picks, with the thread plan of the start-up line, and beside PyTorch
 when torch is installed. `numbactr bench data --help` / `numbactr bench hash --help` for the options."""
 
@@ -141,7 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench(rest: list) -> int:
     if not rest or rest[0] in ("-h", "--help"):
-        print("usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,zoo} [options]\n\n" + BENCH_HELP)
+        print(
+            "usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,zoo,hkv} [options]\n\n"
+            + BENCH_HELP
+        )
         return 0
     if rest[0] == "data":
         from numbactr.bench.data import main as bench_data

@@ -257,6 +257,20 @@ def test_kernels_equal_reference_on_dense_batches(strategy):
     same(r_out, k_out)
 
 
+def test_parallel_find_equals_reference():
+    """find_keys is a parallel_cpu.pjit twin: its parallel and serial compilations both give find_ref's bits."""
+    rng = np.random.default_rng(3)
+    t = R.new_arrays(8, 16, D)
+    keys = rng.integers(0, 400, 300).astype(np.uint64)
+    vin = rng.standard_normal((300, D)).astype(np.float32)
+    C.upsert_cpu(t, keys, np.ones(300, np.uint64), vin, vin.copy(), Mode.INSERT_OR_ASSIGN, EvictStrategy.kLfu, 1, 0)
+    query = rng.integers(0, 500, 5000).astype(np.uint64)  # present and absent keys, repeats
+    for twin in (C.find_keys.parallel, C.find_keys.serial):
+        out = (np.zeros((query.size, D), np.float32), np.zeros(query.size, bool), np.zeros(query.size, np.uint64))
+        twin(*t, query, *out)
+        same(out, R.find_ref(t, query))
+
+
 # ---- the table object ---------------------------------------------------------------------------------
 def stream(t: EvictingTable, steps=40, n=32, seed=0):
     """Drifting IDs: step s looks up keys of [4 s, 4 s + 200) and inserts 4 of [4 s + 200, 4 s + 400); returns

@@ -21,6 +21,9 @@
     numbactr bench cache      a table 4-50x larger than its cache's byte budget, trained through the cache
                               on a memory-mapped file: hit rate and samples/s against cache size, LRU and
                               LFU, and a plot (--plot; numbactr/bench/cache.py says more)
+    numbactr bench hkv        the evicting table (HierarchicalKV's insert_or_assign, insert_and_evict,
+                              find_or_insert, find) at load factor 0.5 and 1.0, D 8 and 32, beside the fixed
+                              hash table: M-KV/s, the cost of eviction (numbactr/bench/hkv.py)
     numbactr bench sok        SOK's seed benchmark: a PyTorch model with its native nn.Embedding vs numbactr.sok's
                               All2AllDenseEmbedding, 1 rank and mpiexec -n 2 (numbactr/bench/sok.py)
     --quick                   small shapes (seconds; the smoke test uses it)
@@ -56,7 +59,7 @@ from numbactr.bench.dlrm import bench_dlrm
 from numbactr.bench.embedding import bench_embedding
 from numbactr.bench.hash import bench_hash
 
-SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache", "sok", "zoo")
+SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache", "sok", "zoo", "hkv")
 
 
 # ---- SOK ---------------------------------------------------------------------------------------
@@ -112,6 +115,10 @@ def run(
     sizes = {**sizes, "sok": SOK_QUICK if quick else SOK_FULL}
     fns["zoo"] = bench_zoo.bench_zoo  # not in 'all': minutes of its own
     sizes = {**sizes, "zoo": bench_zoo.QUICK if quick else bench_zoo.FULL}
+    from numbactr.bench import hkv as bench_hkv
+
+    fns["hkv"] = bench_hkv.bench_hkv  # not in 'all': the evicting table's own question
+    sizes = {**sizes, "hkv": bench_hkv.QUICK if quick else bench_hkv.FULL}
     tables = []
     with log.progress(total=len(names), desc="numbactr bench", unit="benchmark") as bar:
         for name in names:

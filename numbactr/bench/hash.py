@@ -63,10 +63,27 @@ def hash_keys(dist: str, n: int, rng: np.random.Generator) -> np.ndarray:
     return power_law_keys(rng, n, 10 * n, 1.2).astype(np.uint64)
 
 
-def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float = 1.0, seed: int = 0) -> Table:
-    from numbactr.runtime import device
+def fixed_table(env: Env, max_rows: int, load_factor: float):
+    """numbactr's fixed (never evicting) key -> row table on the path the engine's keyed tables take on this
+    device: the kernels (gpu/sim), else the compiled CPU table (or the NumPy reference where the cpu device
+    runs its references only). Also measured by ``numbactr bench hkv``."""
     from numbactr.embedding.hash_table import HashTable
+    from numbactr.runtime import device
 
+    compiled = not env.kernels and device.compiled_cpu()
+    return HashTable(max_rows, load_factor=load_factor, use_kernels=env.kernels, xp=env.xp, compiled=compiled)
+
+
+def table_path(env: Env) -> str:
+    """Which code numbactr's tables run on this device, in words (for a table's notes)."""
+    from numbactr.runtime import device
+
+    if env.kernels:
+        return "numba.cuda kernels"
+    return "compiled CPU code" if device.compiled_cpu() else "the NumPy reference"
+
+
+def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float = 1.0, seed: int = 0) -> Table:
     tab = Table(f"hash table insert/find ({env.kind})", HASH_COLUMNS)
     tab.notes = env.header() + [
         f"batch of {n:,} keys; table rows = the batch's distinct keys, capacity = rows / {load_factor} "
@@ -74,15 +91,7 @@ def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float =
         "insert-new: empty table (cleared outside the timer); insert-known: every key already present "
         "(the steady training state); find: every key present",
         "Mkeys/s = batch keys (duplicates included) / median time",
-        "numbactr: the table the engine's keyed tables use on this device ("
-        + (
-            "numba.cuda kernels"
-            if env.kernels
-            else "compiled CPU code"
-            if device.compiled_cpu()
-            else "the NumPy reference"
-        )
-        + ")",
+        f"numbactr: the table the engine's keyed tables use on this device ({table_path(env)})",
         "torch: torch.unique dedup + sorted keys with searchsorted (re-sorted on insert)",
     ]
     rng = np.random.default_rng(seed)
@@ -90,15 +99,7 @@ def bench_hash(env: Env, *, n: int, load_factor: float = 0.75, min_time: float =
         keys_h = hash_keys(dist, n, rng)  # (N,) uint64
         distinct = int(np.unique(keys_h).size)
         keys = env.xp.asarray(keys_h)
-        # the path the engine's keyed tables take on this device: the kernels (gpu/sim), else the
-        # compiled CPU table (or the NumPy reference where the cpu device runs its references only)
-        table = HashTable(
-            distinct,
-            load_factor=load_factor,
-            use_kernels=env.kernels,
-            xp=env.xp,
-            compiled=not env.kernels and device.compiled_cpu(),
-        )
+        table = fixed_table(env, distinct, load_factor)
         inserted = {}
 
         def insert():

@@ -50,6 +50,7 @@ MEASURED = frozenset(
     {
         "ms",
         "Mkeys/s",
+        "M-KV/s",
         "fwd ms",
         "fwd GB/s",
         "fwd % peak",
