@@ -347,24 +347,32 @@ def _v2_forward_cpu(x0, xl, z, b, out):
             _v2_forward_rows(x0, xl, z, b, out, c)
 
 
+_NO_GM = np.zeros((0, 0), np.float32)      # stands in for an absent gm (never indexed: add_gm is False)
+
+
+@njit(cache=True, inline="always")
+def _v2_backward_row(gr, x0r, zr, b, first, dzr, d0, p):
+    for j in range(gr.shape[0]):
+        gj = gr[j]
+        dzr[j] = gj * x0r[j]
+        v = gj * (zr[j] + b[j])
+        d0[j] = v if first else d0[j] + v
+        p[j] += dzr[j]
+
+
 @njit(cache=True, inline="always")
 def _v2_backward_rows(g, gm, add_gm, x0, z, b, first, dz, dx0, part, c):
     p = part[c]                                         # this chunk's partial db (D,)
     for j in range(p.shape[0]):
         p[j] = float32(0.0)
     for r in range(c * ROW_CHUNK, min(x0.shape[0], (c + 1) * ROW_CHUNK)):
-        gr, x0r, zr, dzr, d0 = g[r], x0[r], z[r], dz[r], dx0[r]
         if add_gm:                                      # the layer's gradient is g + gm: kept in gm
-            gmr = gm[r]
+            gr, gmr = g[r], gm[r]
             for j in range(gmr.shape[0]):
                 gmr[j] = gr[j] + gmr[j]
-            gr = gmr
-        for j in range(gr.shape[0]):
-            gj = gr[j]
-            dzr[j] = gj * x0r[j]
-            v = gj * (zr[j] + b[j])
-            d0[j] = v if first else d0[j] + v
-            p[j] += dzr[j]
+            _v2_backward_row(gmr, x0[r], z[r], b, first, dz[r], dx0[r], p)
+        else:
+            _v2_backward_row(g[r], x0[r], z[r], b, first, dz[r], dx0[r], p)
 
 
 @pjit(cache=True)
@@ -393,7 +401,7 @@ def v2_backward_cpu(g, gm, x0, z, b, first: bool, dz, dx0, db) -> None:
     (g + gm) * (z + b) (overwritten when first) and db (D,) = sum_b dz."""
     chunks = (x0.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
     part = np.zeros((max(chunks, 1), x0.shape[1]), np.float32)    # B = 0: db = 0
-    _v2_backward_cpu(g, g if gm is None else gm, gm is not None, x0, z, b, bool(first), dz, dx0, db, part)
+    _v2_backward_cpu(g, _NO_GM if gm is None else gm, gm is not None, x0, z, b, bool(first), dz, dx0, db, part)
 
 
 _M, _V = "float32[:, ::1]", "float32[::1]"

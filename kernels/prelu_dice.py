@@ -191,8 +191,8 @@ def _f32_from_bits(typingctx, bits):
 @njit(inline="always", **_JIT)
 def _exp_neg(x):
     """e^x for float32 x <= 0 within 1 ulp (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a degree-7
-    polynomial for e^r, times 2^k built from its exponent bits); 0 below -87.3, where e^x would not be a
-    normal float32."""
+    polynomial for e^r, times 2^k built from its exponent bits); 0 at and below -87.3, where e^x would not
+    be a normal float32; NaN stays NaN."""
     k = np.floor(x * float32(1.44269504) + float32(0.5))            # round(x / ln 2)
     r = x - k * float32(0.693359375) - k * float32(-2.12194440e-4)   # ln 2 in two parts: r exact
     p = float32(1.9875691500e-4)
@@ -203,7 +203,7 @@ def _exp_neg(x):
     p = p * r + float32(5.0000001201e-1)
     er = p * r * r + r + float32(1.0)
     two_k = _f32_from_bits((np.int32(k) + np.int32(127)) << np.int32(23))
-    return er * two_k if x > float32(-87.3) else float32(0.0)
+    return float32(0.0) if x <= float32(-87.3) else er * two_k
 
 
 @njit(inline="always", **_JIT)

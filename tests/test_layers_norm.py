@@ -251,6 +251,19 @@ def test_dice_compiled_cpu_odd_shapes(shape, exact):
     _assert_dice_cpu_matches_ref(x, 0.2, 1e-8, exact)
 
 
+def test_dice_compiled_cpu_non_finite_values_as_the_reference():
+    x = np.random.default_rng(2).normal(size=(6, 4)).astype(np.float32)
+    x[2, 1], x[4, 3] = np.nan, np.inf  # a NaN and an inf make their features' statistics NaN
+    dy = np.ones_like(x)
+    y, mean, inv, dx = _dice_cpu(x, dy, 0.2, 1e-5, False)
+    with np.errstate(invalid="ignore"):  # (inf - inf in the reference)
+        ry, rmean, rinv = dice.prelu_dice_forward_ref(x, np.float32(0.2), np.float32(1e-5))
+        rdx = dice.prelu_dice_backward_ref(x, dy, np.float32(0.2), mean, inv)
+    np.testing.assert_allclose(y, ry, rtol=1e-5, atol=1e-6)  # NaN where the reference has NaN
+    np.testing.assert_allclose(dx, rdx, atol=1e-5)
+    assert np.isnan(y[:, 1]).all() and np.isfinite(y[:, [0, 2]]).all()
+
+
 def test_dice_compiled_cpu_parallel_branch_same_bits_on_two_threads():
     """Past PARALLEL_MIN the passes run under prange: the same bits on 1 and 2 threads (fixed chunks)."""
     import numba
@@ -287,7 +300,8 @@ def test_dice_compiled_cpu_constant_feature_and_bad_arrays():
 
 
 def test_dice_compiled_exp_within_one_ulp():
-    """The vectorizable e^x of the compiled sigmoid: within 1 ulp of float64 over the normal range, 0 below."""
+    """The vectorizable e^x of the compiled sigmoid: within 1 ulp of float64 over the normal range, 0 below,
+    NaN for NaN."""
     import numba
 
     @numba.njit
@@ -300,9 +314,9 @@ def test_dice_compiled_exp_within_one_ulp():
     loop(t, out)
     want = np.exp(t.astype(np.float64))
     assert np.max(np.abs(out - want) / np.spacing(want.astype(np.float32))) <= 1.0
-    tail = np.array([-87.5, -100.0, -np.inf], np.float32)
-    loop(tail, out[:3])
-    assert np.all(out[:3] == 0)
+    tail = np.array([-87.5, -100.0, -np.inf, np.nan], np.float32)
+    loop(tail, out[:4])
+    assert np.all(out[:3] == 0) and np.isnan(out[3])
 
 
 @pytest.mark.parametrize("exact", [False, True])
