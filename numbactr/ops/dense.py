@@ -257,19 +257,22 @@ def _mm_of(half: bool):
 
 
 def _v2_forward_kernel(x0, us, vs, bs, half):
+    """(y, xs, zs, ts): ts[l] = x_l U_l (B, P), kept for the backward's dV (one matmul fewer there)."""
     xp, mm = _xp(), _mm_of(half)
-    xs, zs = [x0], []
+    xs, zs, ts = [x0], [], []
     for u, v, b in zip(us, vs, bs):
-        z = _contig(mm(mm(xs[-1], u), v))  # (B, D)
+        t = mm(xs[-1], u)  # (B, P)
+        z = _contig(mm(t, v))  # (B, D)
         out = xp.empty_like(x0)
         multi_cross.v2_forward(x0, xs[-1], z, b, out)
         xs.append(out)
         zs.append(z)
-    return xs[-1], xs, zs, None
+        ts.append(t)
+    return xs[-1], xs, zs, ts
 
 
 def _v2_forward_cpu(x0, us, vs, bs, half):
-    """(y, xs, zs, ts): ts[l] = x_l U_l (B, P), kept for the backward's dV (the kernel path recomputes it)."""
+    """As _v2_forward_kernel, with the compiled CPU pass."""
     xs, zs, ts = [x0], [], []
     for u, v, b in zip(us, vs, bs):
         t = xs[-1] @ u  # (B, P)
@@ -298,7 +301,8 @@ def _v2_backward_kernel(g, x0, us, vs, bs, xs, zs, ts, half):
         multi_cross.v2_backward(g, x0, zs[layer], bs[layer], layer == n - 1, dz, dx0)
         dbs[layer] = xp.empty((x0.shape[1],), np.float32)
         bias.bias_grad(dz, dbs[layer])
-        dvs[layer] = f32(mm(mm(x, u).T, dz))  # (P, D)
+        t = ts[layer] if ts is not None else mm(x, u)  # (none saved when the reference ran the forward)
+        dvs[layer] = f32(mm(t.T, dz))  # (P, D)
         dt = mm(dz, v.T)  # (B, P)
         dus[layer] = f32(mm(x.T, dt))  # (D, P)
         gl = mm(dt, u.T)  # (B, D): the x_l path's matmul part
@@ -321,7 +325,7 @@ def _v2_backward_cpu(g, x0, us, vs, bs, xs, zs, ts, half):
         dbs[layer] = np.empty((x0.shape[1],), np.float32)
         multi_cross.v2_backward_cpu(g, gm, x0, zs[layer], bs[layer], layer == n - 1, dz, dx0, dbs[layer])
         g = g if gm is None else gm  # (gm now holds g + gm)
-        t = ts[layer] if ts is not None else x @ u  # (none saved when another path ran the forward)
+        t = ts[layer] if ts is not None else x @ u
         dvs[layer] = t.T @ dz  # (P, D)
         dt = dz @ v.T  # (B, P)
         dus[layer] = x.T @ dt  # (D, P)
