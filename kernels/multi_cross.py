@@ -23,7 +23,7 @@ Row kernels: one block per row, threads stride over D, shared-memory tree (tpb p
 
 Compiled CPU versions (numba.njit, the cpu device's path), over fixed chunks of rows (kernels/parallel_cpu.py):
 v1 one pass per layer each way (the row's dot product, then its outputs; the backward's column sums dw, db
-as one partial row per chunk, added in chunk order: the same bits at any thread count). v2 keeps its four
+as one partial row per chunk, added in chunk order: the same bits at any thread count). v2 keeps its
 matmuls in BLAS (faster than any loop here) and compiles the passes between them: the forward's
 x0 * (z + b) + x_l, and the backward's dz, dx0 and db in one pass that also adds the x_l path's matmul part
 of the layer above (g + dz V^T U^T) to the gradient it reads.
