@@ -20,16 +20,24 @@ HugeCTR: HugeCTR/src/layers/multi_cross_layer.cu (v1: the rank-1 DCN where w is 
 accumulates dw and overwrites db; here both are overwritten and the model adds other terms).
 
 Row kernels: one block per row, threads stride over D, shared-memory tree (tpb power of two <= 1024).
+
+Compiled CPU versions (numba.njit, the cpu device's path), over fixed chunks of rows (kernels/parallel_cpu.py):
+v1 one pass per layer each way (the row's dot product, then its outputs; the backward's column sums dw, db
+as one partial row per chunk, added in chunk order: the same bits at any thread count). v2 keeps its
+matmuls in BLAS (faster than any loop here) and compiles the passes between them: the forward's
+x0 * (z + b) + x_l, and the backward's dz, dx0 and db in one pass that also adds the x_l path's matmul part
+of the layer above (g + dz V^T U^T) to the gradient it reads.
 """
 from __future__ import annotations
 
 import functools
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, njit, prange
 
 from .launch import check_block_size, launch_1d, launch_rows, REDUCE_THREADS
 from .block_reduce import block_sum, block_sum2
+from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, pjit, sum_partials
 
 
 # ---- NumPy references (whole stack of layers) --------------------------------------------------
@@ -235,6 +243,165 @@ def v2_backward(g, x0, z, b, first: bool, dz, dx0) -> None:
 
 def add(a, b, out) -> None:
     launch_1d(mc_add_kernel, a.size, a.reshape(-1), b.reshape(-1), out.reshape(-1))
+
+
+# ---- compiled CPU versions (numba.njit; the cpu device; work split by parallel_cpu) ----------------
+@njit(cache=True, fastmath={"reassoc"})
+def _dot(a, b):
+    # reassoc lets LLVM vectorize the sum (several partial sums, added at the end); a function of its
+    # own so that the flag reaches no other arithmetic: the passes below keep the reference's order
+    acc = float32(0.0)
+    for j in range(a.shape[0]):
+        acc += a[j] * b[j]
+    return acc
+
+
+@njit(cache=True, inline="always")
+def _v1_forward_rows(x0, xl, w, b, out, h, c):
+    for r in range(c * ROW_CHUNK, min(x0.shape[0], (c + 1) * ROW_CHUNK)):
+        x0r, xr, o = x0[r], xl[r], out[r]
+        hr = _dot(xr, w)
+        for j in range(o.shape[0]):
+            o[j] = x0r[j] * hr + xr[j] + b[j]
+        h[r] = hr
+
+
+@pjit(cache=True)
+def _v1_forward_cpu(x0, xl, w, b, out, h):
+    chunks = (x0.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    if x0.size < PARALLEL_MIN:
+        for c in range(chunks):
+            _v1_forward_rows(x0, xl, w, b, out, h, c)
+    else:
+        for c in prange(chunks):
+            _v1_forward_rows(x0, xl, w, b, out, h, c)
+
+
+@njit(cache=True, inline="always")
+def _v1_backward_rows(g, x0, xl, w, h, first, dx0, dxl, dh, part, c):
+    pw, pb = part[0, c], part[1, c]                      # this chunk's partial dw, db (D,)
+    for j in range(pw.shape[0]):
+        pw[j] = float32(0.0)
+        pb[j] = float32(0.0)
+    for r in range(c * ROW_CHUNK, min(x0.shape[0], (c + 1) * ROW_CHUNK)):
+        gr, x0r, xr, d0, dl = g[r], x0[r], xl[r], dx0[r], dxl[r]
+        d = _dot(gr, x0r)
+        hr = h[r]
+        if first:
+            for j in range(gr.shape[0]):
+                d0[j] = gr[j] * hr
+        else:
+            for j in range(gr.shape[0]):
+                d0[j] = d0[j] + gr[j] * hr
+        for j in range(gr.shape[0]):
+            dl[j] = gr[j] + d * w[j]
+            pw[j] += d * xr[j]
+            pb[j] += gr[j]
+        dh[r] = d
+
+
+@pjit(cache=True)
+def _v1_backward_cpu(g, x0, xl, w, h, first, dx0, dxl, dh, dw, db, part):
+    # part (2, chunks, D): scratch for the chunks' partial dw and db
+    chunks = (x0.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    if x0.size < PARALLEL_MIN:
+        for c in range(chunks):
+            _v1_backward_rows(g, x0, xl, w, h, first, dx0, dxl, dh, part, c)
+    else:
+        for c in prange(chunks):
+            _v1_backward_rows(g, x0, xl, w, h, first, dx0, dxl, dh, part, c)
+    sum_partials(part[0], dw)
+    sum_partials(part[1], db)
+
+
+def v1_forward_cpu(x0, xl, w, b, out, h) -> None:
+    """v1_forward compiled for the CPU: out (B, D) = x0 * h + x_l + b, h (B,) = x_l w (contiguous float32)."""
+    if x0.shape[0] == 0:
+        return
+    _v1_forward_cpu(x0, xl, w, b, out, h)
+
+
+def v1_backward_cpu(g, x0, xl, w, h, first: bool, dx0, dxl, dh, dw, db) -> None:
+    """v1_backward compiled for the CPU: one layer's dx0 (+)=, dxl, dh (scratch (B,)), dw, db (overwritten)."""
+    chunks = (x0.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    part = np.zeros((2, max(chunks, 1), x0.shape[1]), np.float32)    # B = 0: dw = db = 0
+    _v1_backward_cpu(g, x0, xl, w, h, bool(first), dx0, dxl, dh, dw, db, part)
+
+
+@njit(cache=True, inline="always")
+def _v2_forward_rows(x0, xl, z, b, out, c):
+    for r in range(c * ROW_CHUNK, min(x0.shape[0], (c + 1) * ROW_CHUNK)):
+        x0r, xr, zr, o = x0[r], xl[r], z[r], out[r]
+        for j in range(o.shape[0]):
+            o[j] = x0r[j] * (zr[j] + b[j]) + xr[j]
+
+
+@pjit(cache=True)
+def _v2_forward_cpu(x0, xl, z, b, out):
+    chunks = (x0.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    if x0.size < PARALLEL_MIN:
+        for c in range(chunks):
+            _v2_forward_rows(x0, xl, z, b, out, c)
+    else:
+        for c in prange(chunks):
+            _v2_forward_rows(x0, xl, z, b, out, c)
+
+
+_NO_GM = np.zeros((0, 0), np.float32)      # stands in for an absent gm (never indexed: add_gm is False)
+
+
+@njit(cache=True, inline="always")
+def _v2_backward_row(gr, x0r, zr, b, first, dzr, d0, p):
+    for j in range(gr.shape[0]):
+        gj = gr[j]
+        dzr[j] = gj * x0r[j]
+        v = gj * (zr[j] + b[j])
+        d0[j] = v if first else d0[j] + v
+        p[j] += dzr[j]
+
+
+@njit(cache=True, inline="always")
+def _v2_backward_rows(g, gm, add_gm, x0, z, b, first, dz, dx0, part, c):
+    p = part[c]                                         # this chunk's partial db (D,)
+    for j in range(p.shape[0]):
+        p[j] = float32(0.0)
+    for r in range(c * ROW_CHUNK, min(x0.shape[0], (c + 1) * ROW_CHUNK)):
+        if add_gm:                                      # the layer's gradient is g + gm: kept in gm
+            gr, gmr = g[r], gm[r]
+            for j in range(gmr.shape[0]):
+                gmr[j] = gr[j] + gmr[j]
+            _v2_backward_row(gmr, x0[r], z[r], b, first, dz[r], dx0[r], p)
+        else:
+            _v2_backward_row(g[r], x0[r], z[r], b, first, dz[r], dx0[r], p)
+
+
+@pjit(cache=True)
+def _v2_backward_cpu(g, gm, add_gm, x0, z, b, first, dz, dx0, db, part):
+    # part (chunks, D): scratch for the chunks' partial db
+    chunks = (x0.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    if x0.size < PARALLEL_MIN:
+        for c in range(chunks):
+            _v2_backward_rows(g, gm, add_gm, x0, z, b, first, dz, dx0, part, c)
+    else:
+        for c in prange(chunks):
+            _v2_backward_rows(g, gm, add_gm, x0, z, b, first, dz, dx0, part, c)
+    sum_partials(part, db)
+
+
+def v2_forward_cpu(x0, xl, z, b, out) -> None:
+    """v2_forward compiled for the CPU: out (B, D) = x0 * (z + b) + x_l (contiguous float32)."""
+    if x0.shape[0] == 0:
+        return
+    _v2_forward_cpu(x0, xl, z, b, out)
+
+
+def v2_backward_cpu(g, gm, x0, z, b, first: bool, dz, dx0, db) -> None:
+    """One layer's elementwise backward, compiled for the CPU, with the layer's gradient g + gm (gm None:
+    g alone); gm (B, D), when given, is overwritten with g + gm. Writes dz = (g + gm) * x0, dx0 (+)=
+    (g + gm) * (z + b) (overwritten when first) and db (D,) = sum_b dz."""
+    chunks = (x0.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    part = np.zeros((max(chunks, 1), x0.shape[1]), np.float32)    # B = 0: db = 0
+    _v2_backward_cpu(g, _NO_GM if gm is None else gm, gm is not None, x0, z, b, bool(first), dz, dx0, db, part)
 
 
 _M, _V = "float32[:, ::1]", "float32[::1]"

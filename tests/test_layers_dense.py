@@ -14,7 +14,7 @@ from numbactr.kernels import multi_cross as mc
 from numbactr.layers import build
 from tests.gradcheck import assert_grad_close
 from tests.kernel_util import dev, f32_arrays, host
-from tests.layer_util import assert_sim_matches_cpu, small_model
+from tests.layer_util import assert_sim_matches_cpu, run_layer, small_model
 from tests.model_util import tiny_data
 
 POW2 = st.sampled_from([1, 2, 4, 8, 16, 32])
@@ -145,6 +145,101 @@ def test_multicross_v2_elementwise_kernels_match_ref(x0, first):
     mc.v2_backward(dev(g), dev(x0), dev(z), dev(b), first, dz, dx0)
     np.testing.assert_allclose(host(dz), g * x0, rtol=1e-6)
     np.testing.assert_allclose(host(dx0), (0 if first else acc) + g * (z + b), rtol=1e-5, atol=1e-5)
+
+
+# ---- MultiCross, compiled CPU versions (the cpu device's path) ---------------------------------------
+@given(x0=matrices(max_rows=9, max_cols=13), first=st.booleans())
+def test_multicross_v1_compiled_cpu_matches_formulas(x0, first):
+    b, d = x0.shape
+    rng = np.random.default_rng(x0.size)
+    xl, g, acc0 = (rng.normal(size=(b, d)).astype(np.float32) for _ in range(3))
+    w, bias = rng.normal(size=d).astype(np.float32), rng.normal(size=d).astype(np.float32)
+    out, h = np.full_like(x0, np.nan), np.full(b, np.nan, np.float32)
+    mc.v1_forward_cpu(x0, xl, w, bias, out, h)
+    np.testing.assert_allclose(h, xl.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, x0 * h[:, None] + xl + bias, rtol=1e-6, atol=1e-6)
+    dx0, dxl, dh = acc0.copy(), np.full_like(x0, np.nan), np.full(b, np.nan, np.float32)
+    dw, db = np.full(d, np.nan, np.float32), np.full(d, np.nan, np.float32)
+    mc.v1_backward_cpu(g, x0, xl, w, h, first, dx0, dxl, dh, dw, db)
+    np.testing.assert_allclose(dh, (g.astype(np.float64) * x0).sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx0, (0 if first else acc0) + g * h[:, None], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(dxl, g + dh[:, None] * w, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(dw, xl.T.astype(np.float64) @ dh, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db, g.sum(axis=0), rtol=1e-5, atol=1e-6)
+
+
+@given(x0=matrices(max_rows=9, max_cols=13), first=st.booleans(), with_gm=st.booleans())
+def test_multicross_v2_compiled_cpu_elementwise_matches_formulas(x0, first, with_gm):
+    rng = np.random.default_rng(x0.size)
+    xl, z, g, gm, acc = (rng.normal(size=x0.shape).astype(np.float32) for _ in range(5))
+    b = rng.normal(size=x0.shape[1]).astype(np.float32)
+    out = np.full_like(x0, np.nan)
+    mc.v2_forward_cpu(x0, xl, z, b, out)
+    np.testing.assert_array_equal(out, x0 * (z + b) + xl)  # the same float32 operations in the same order
+    gl = (g + gm) if with_gm else g  # the layer's gradient
+    gm_arg = gm.copy() if with_gm else None
+    dz, dx0, db = np.full_like(x0, np.nan), acc.copy(), np.full(x0.shape[1], np.nan, np.float32)
+    mc.v2_backward_cpu(g, gm_arg, x0, z, b, first, dz, dx0, db)
+    np.testing.assert_array_equal(dz, gl * x0)
+    np.testing.assert_array_equal(dx0, gl * (z + b) if first else acc + gl * (z + b))
+    np.testing.assert_allclose(db, (gl * x0).sum(axis=0), rtol=1e-5, atol=1e-6)
+    if with_gm:
+        np.testing.assert_array_equal(gm_arg, gl)  # gm now holds the layer's gradient
+
+
+def test_multicross_compiled_cpu_parallel_branch_same_bits_on_two_threads():
+    """Past PARALLEL_MIN the row passes run under prange: the same bits on 1 and 2 threads (fixed chunks)."""
+    import numba
+
+    from numbactr.kernels.parallel_cpu import PARALLEL_MIN
+
+    rng = np.random.default_rng(5)
+    x0, xl, g, z = (rng.normal(size=(PARALLEL_MIN // 64 + 3, 64)).astype(np.float32) for _ in range(4))
+    w, bias = rng.normal(size=64).astype(np.float32), rng.normal(size=64).astype(np.float32)
+
+    def run():
+        out, h = np.empty_like(x0), np.empty(x0.shape[0], np.float32)
+        mc.v1_forward_cpu(x0, xl, w, bias, out, h)
+        dx0, dxl, dh, dw, db = (
+            np.empty_like(x0),
+            np.empty_like(x0),
+            np.empty_like(h),
+            np.empty_like(w),
+            np.empty_like(w),
+        )
+        mc.v1_backward_cpu(g, x0, xl, w, h, True, dx0, dxl, dh, dw, db)
+        out2, dz, dx02, db2, gm = np.empty_like(x0), np.empty_like(x0), np.zeros_like(x0), np.empty_like(w), xl.copy()
+        mc.v2_forward_cpu(x0, xl, z, bias, out2)
+        mc.v2_backward_cpu(g, gm, x0, z, bias, False, dz, dx02, db2)
+        return out, h, dx0, dxl, dh, dw, db, out2, dz, dx02, db2
+
+    before, runs = numba.get_num_threads(), []
+    try:
+        for n in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(n)
+            runs.append(run())
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(runs[0], runs[-1]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(runs[0][5], xl.T.astype(np.float64) @ runs[0][4], rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(runs[0][10], ((g + xl) * x0).sum(axis=0), rtol=1e-4, atol=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (3, 5), (257, 17), (600, 3)])
+@pytest.mark.parametrize("proj", [0, 1, 4])
+def test_multicross_layer_compiled_cpu_matches_reference_ops(cpu, shape, proj):
+    """The whole stack on the cpu device, compiled vs NumPy references: output, input and parameter gradients."""
+    from numbactr.runtime import device
+
+    cfg = DenseLayer(Layer_t.MultiCross, ["a"], ["b"], num_layers=3, projection_dim=proj)
+    got = run_layer("cpu", cfg, shape, param_noise=0.3)
+    with device.reference_ops():
+        want = run_layer("cpu", cfg, shape, param_noise=0.3)
+    np.testing.assert_allclose(got[1][0], want[1][0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-4, atol=1e-4)
+    for a, b in zip(got[3], want[3]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(b).max())))
 
 
 def test_multicross_v1_reference_gradients_float64():

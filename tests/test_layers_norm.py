@@ -215,6 +215,126 @@ def test_dice_constant_feature_uses_the_guard():
     np.testing.assert_allclose(host(y), x * (0.1 + 0.9 * 0.5), rtol=1e-6)
 
 
+# ---- PReLU_Dice, compiled CPU version (the cpu device's path) vs the float32 reference ---------------
+def _dice_cpu(x, dy, alpha, eps, exact):
+    """Forward and backward of the compiled CPU version, outputs pre-filled with NaN (all must be written)."""
+    y, dx = np.full_like(x, np.nan), np.full_like(x, np.nan)
+    mean, inv = np.full(x.shape[1], np.nan, np.float32), np.full(x.shape[1], np.nan, np.float32)
+    dice.prelu_dice_forward_cpu(x, alpha, eps, y, mean, inv)
+    dice.prelu_dice_backward_cpu(x, dy, alpha, mean, inv, exact, dx)
+    return y, mean, inv, dx
+
+
+def _assert_dice_cpu_matches_ref(x, alpha, eps, exact, seed=0):
+    dy = np.random.default_rng(seed).normal(size=x.shape).astype(np.float32)
+    y, mean, inv, dx = _dice_cpu(x, dy, alpha, eps, exact)
+    a32, e32 = np.float32(alpha), np.float32(eps)
+    ry, rmean, rinv = dice.prelu_dice_forward_ref(x, a32, e32)
+    np.testing.assert_allclose(mean, rmean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(inv, rinv, rtol=1e-5)
+    np.testing.assert_allclose(y, ry, rtol=1e-5, atol=1e-6)
+    # the backward from the same statistics, so that only its own rounding is compared
+    rdx = dice.prelu_dice_backward_ref(x, dy, a32, mean, inv, hugectr_exact=exact)
+    np.testing.assert_allclose(dx, rdx, rtol=1e-4, atol=1e-5)
+
+
+@given(x=matrices(), alpha=st.sampled_from([0.0, 0.25, 1.0]), exact=st.booleans())
+def test_dice_compiled_cpu_matches_ref(x, alpha, exact):
+    _assert_dice_cpu_matches_ref(x, alpha, 1e-3, exact, seed=x.shape[0])
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (2, 3), (257, 5), (600, 33), (3, 301)])
+@pytest.mark.parametrize("exact", [False, True])
+def test_dice_compiled_cpu_odd_shapes(shape, exact):
+    """B = 1 (every s = 0), sizes off the vector width, batches over one chunk of rows (ROW_CHUNK = 256)."""
+    x = (np.random.default_rng(shape[0]).normal(size=shape) * 2 + 0.5).astype(np.float32)
+    _assert_dice_cpu_matches_ref(x, 0.2, 1e-8, exact)
+
+
+def test_dice_compiled_cpu_non_finite_values_as_the_reference():
+    x = np.random.default_rng(2).normal(size=(6, 4)).astype(np.float32)
+    x[2, 1], x[4, 3] = np.nan, np.inf  # a NaN and an inf make their features' statistics NaN
+    dy = np.ones_like(x)
+    y, mean, inv, dx = _dice_cpu(x, dy, 0.2, 1e-5, False)
+    with np.errstate(invalid="ignore"):  # (inf - inf in the reference)
+        ry, rmean, rinv = dice.prelu_dice_forward_ref(x, np.float32(0.2), np.float32(1e-5))
+        rdx = dice.prelu_dice_backward_ref(x, dy, np.float32(0.2), mean, inv)
+    np.testing.assert_allclose(y, ry, rtol=1e-5, atol=1e-6)  # NaN where the reference has NaN
+    np.testing.assert_allclose(dx, rdx, atol=1e-5)
+    assert np.isnan(y[:, 1]).all() and np.isfinite(y[:, [0, 2]]).all()
+
+
+def test_dice_compiled_cpu_parallel_branch_same_bits_on_two_threads():
+    """Past PARALLEL_MIN the passes run under prange: the same bits on 1 and 2 threads (fixed chunks)."""
+    import numba
+
+    from numbactr.kernels.parallel_cpu import PARALLEL_MIN
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(PARALLEL_MIN // 64 + 3, 64)).astype(np.float32)
+    dy = rng.normal(size=x.shape).astype(np.float32)
+    before, runs = numba.get_num_threads(), []
+    try:
+        for n in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(n)
+            runs.append(_dice_cpu(x, dy, 0.3, 1e-5, False) + _dice_cpu(x, dy, 0.3, 1e-5, True)[3:])
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(runs[0], runs[-1]):
+        np.testing.assert_array_equal(a, b)
+    _, mean, inv, dx, dx_exact = runs[0]
+    np.testing.assert_allclose(dx, dice.prelu_dice_backward_ref(x, dy, np.float32(0.3), mean, inv), atol=1e-5)
+    rdx = dice.prelu_dice_backward_ref(x, dy, np.float32(0.3), mean, inv, hugectr_exact=True)
+    np.testing.assert_allclose(dx_exact, rdx, rtol=1e-4, atol=1e-5)
+
+
+def test_dice_compiled_cpu_constant_feature_and_bad_arrays():
+    x = np.full((5, 2), 3.0, np.float32)
+    y, mean, inv, _ = _dice_cpu(x, np.ones_like(x), 0.1, 0.0, False)
+    assert np.all(inv == 0)  # Var + eps < 1e-8: inv = 0, p = 1/2
+    np.testing.assert_allclose(y, x * (0.1 + 0.9 * 0.5), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"prelu_dice_forward_cpu: x must be a C-contiguous float32"):
+        dice.prelu_dice_forward_cpu(x.T, 0.1, 0.0, y.T, mean, inv)
+    with pytest.raises(ValueError, match=r"prelu_dice_backward_cpu: dx must be float32 \(5, 2\)"):
+        dice.prelu_dice_backward_cpu(x, x, 0.1, mean, inv, False, np.empty((5, 3), np.float32))
+
+
+def test_dice_compiled_exp_within_one_ulp():
+    """The vectorizable e^x of the compiled sigmoid: within 1 ulp of float64 over the normal range, 0 below,
+    NaN for NaN."""
+    import numba
+
+    @numba.njit
+    def loop(t, out):
+        for i in range(t.size):
+            out[i] = dice._exp_neg(t[i])
+
+    t = -np.linspace(0.0, 87.0, 200_001).astype(np.float32)
+    out = np.empty_like(t)
+    loop(t, out)
+    want = np.exp(t.astype(np.float64))
+    assert np.max(np.abs(out - want) / np.spacing(want.astype(np.float32))) <= 1.0
+    tail = np.array([-87.5, -100.0, -np.inf, np.nan], np.float32)
+    loop(tail, out[:4])
+    assert np.all(out[:3] == 0) and np.isnan(out[3])
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_dice_layer_compiled_cpu_matches_reference_ops(cpu, exact):
+    from numbactr.runtime import device
+
+    cfg = DenseLayer(Layer_t.PReLU_Dice, ["a"], ["b"], elu_alpha=0.2, eps=1e-6)
+    compat.set_hugectr_exact(exact)
+    try:
+        got = run_layer("cpu", cfg, (33, 2, 3))
+        with device.reference_ops():
+            want = run_layer("cpu", cfg, (33, 2, 3))
+    finally:
+        compat.set_hugectr_exact(False)
+    np.testing.assert_allclose(got[1][0], want[1][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-4, atol=1e-5)
+
+
 def test_dice_default_backward_is_the_gradient_and_hugectr_formula_is_not():
     rng = np.random.default_rng(0)
     x, dy = rng.normal(size=(6, 3)), rng.normal(size=(6, 3))

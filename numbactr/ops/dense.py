@@ -185,19 +185,20 @@ class FcBiasAct(Function):
 
 
 # ---- MultiCross, DCNv1: x_{l+1} = x0 * (x_l · w_l) + x_l + b_l --------------------------------
-def _v1_forward_kernel(x0, ws, bs):
+# The kernels and the compiled CPU versions take the same arguments: one stack loop, given its entry points.
+def _v1_forward_with(layer_forward, x0, ws, bs):
     xp = _xp()
     xs, hs = [x0], []
     for w, b in zip(ws, bs):
         out = xp.empty_like(x0)
         h = xp.empty((x0.shape[0],), np.float32)
-        multi_cross.v1_forward(x0, xs[-1], w, b, out, h)
+        layer_forward(x0, xs[-1], w, b, out, h)
         xs.append(out)
         hs.append(h)
     return xs[-1], xs, hs
 
 
-def _v1_backward_kernel(g, x0, ws, xs, hs):
+def _v1_backward_with(layer_backward, add, g, x0, ws, xs, hs):
     xp = _xp()
     n = len(ws)
     dws, dbs = [None] * n, [None] * n
@@ -207,13 +208,27 @@ def _v1_backward_kernel(g, x0, ws, xs, hs):
         dxl = xp.empty_like(x0)
         dws[layer] = xp.empty_like(ws[layer])
         dbs[layer] = xp.empty_like(ws[layer])
-        multi_cross.v1_backward(
-            g, x0, xs[layer], ws[layer], hs[layer], layer == n - 1, dx0, dxl, dh, dws[layer], dbs[layer]
-        )
+        layer_backward(g, x0, xs[layer], ws[layer], hs[layer], layer == n - 1, dx0, dxl, dh, dws[layer], dbs[layer])
         g = dxl
     dx = xp.empty_like(x0)
-    multi_cross.add(dx0, g, dx)
+    add(dx0, g, dx)
     return dx, dws, dbs
+
+
+def _v1_forward_kernel(x0, ws, bs):
+    return _v1_forward_with(multi_cross.v1_forward, x0, ws, bs)
+
+
+def _v1_forward_cpu(x0, ws, bs):
+    return _v1_forward_with(multi_cross.v1_forward_cpu, x0, ws, bs)
+
+
+def _v1_backward_kernel(g, x0, ws, xs, hs):
+    return _v1_backward_with(multi_cross.v1_backward, multi_cross.add, g, x0, ws, xs, hs)
+
+
+def _v1_backward_cpu(g, x0, ws, xs, hs):
+    return _v1_backward_with(multi_cross.v1_backward_cpu, np.add, g, x0, ws, xs, hs)
 
 
 class MultiCrossV1(Function):
@@ -228,15 +243,17 @@ class MultiCrossV1(Function):
         ws = [p.reshape(-1) for p in params[0::2]]
         bs = [p.reshape(-1) for p in params[1::2]]
         ctx.x0, ctx.ws, ctx.pshape = x0, ws, params[0].shape
-        y, ctx.xs, ctx.hs = pick(kernel=_v1_forward_kernel, ref=multi_cross.multi_cross_v1_forward_ref)(x0, ws, bs)
+        y, ctx.xs, ctx.hs = pick(
+            kernel=_v1_forward_kernel, cpu=_v1_forward_cpu, ref=multi_cross.multi_cross_v1_forward_ref
+        )(x0, ws, bs)
         return y
 
     @staticmethod
     def backward(ctx: Context, dy):
         g = _contig(dy.astype(np.float16, copy=False) if ctx.native_half else dy)
-        dx, dws, dbs = pick(kernel=_v1_backward_kernel, ref=multi_cross.multi_cross_v1_backward_ref)(
-            g, ctx.x0, ctx.ws, ctx.xs, ctx.hs
-        )
+        dx, dws, dbs = pick(
+            kernel=_v1_backward_kernel, cpu=_v1_backward_cpu, ref=multi_cross.multi_cross_v1_backward_ref
+        )(g, ctx.x0, ctx.ws, ctx.xs, ctx.hs)
         grads = []
         for dw, db in zip(dws, dbs):
             grads += [dw.reshape(ctx.pshape), db.reshape(ctx.pshape)]
@@ -249,22 +266,39 @@ def _mm_of(half: bool):
 
 
 def _v2_forward_kernel(x0, us, vs, bs, half):
+    """(y, xs, zs, ts): ts[l] = x_l U_l (B, P), kept for the backward's dV (one matmul fewer there)."""
     xp, mm = _xp(), _mm_of(half)
-    xs, zs = [x0], []
+    xs, zs, ts = [x0], [], []
     for u, v, b in zip(us, vs, bs):
-        z = _contig(mm(mm(xs[-1], u), v))  # (B, D)
+        t = mm(xs[-1], u)  # (B, P)
+        z = _contig(mm(t, v))  # (B, D)
         out = xp.empty_like(x0)
         multi_cross.v2_forward(x0, xs[-1], z, b, out)
         xs.append(out)
         zs.append(z)
-    return xs[-1], xs, zs
+        ts.append(t)
+    return xs[-1], xs, zs, ts
+
+
+def _v2_forward_cpu(x0, us, vs, bs, half):
+    """As _v2_forward_kernel, with the compiled CPU pass."""
+    xs, zs, ts = [x0], [], []
+    for u, v, b in zip(us, vs, bs):
+        t = xs[-1] @ u  # (B, P)
+        z = t @ v  # (B, D)
+        out = np.empty_like(x0)
+        multi_cross.v2_forward_cpu(x0, xs[-1], z, b, out)
+        xs.append(out)
+        zs.append(z)
+        ts.append(t)
+    return xs[-1], xs, zs, ts
 
 
 def _v2_forward_ref(x0, us, vs, bs, half):
-    return multi_cross.multi_cross_v2_forward_ref(x0, us, vs, bs)
+    return (*multi_cross.multi_cross_v2_forward_ref(x0, us, vs, bs), None)
 
 
-def _v2_backward_kernel(g, x0, us, vs, bs, xs, zs, half):
+def _v2_backward_kernel(g, x0, us, vs, bs, xs, zs, ts, half):
     xp, mm = _xp(), _mm_of(half)
     f32 = (lambda a: a.astype(np.float32)) if half else (lambda a: a)
     n = len(us)
@@ -276,7 +310,8 @@ def _v2_backward_kernel(g, x0, us, vs, bs, xs, zs, half):
         multi_cross.v2_backward(g, x0, zs[layer], bs[layer], layer == n - 1, dz, dx0)
         dbs[layer] = xp.empty((x0.shape[1],), np.float32)
         bias.bias_grad(dz, dbs[layer])
-        dvs[layer] = f32(mm(mm(x, u).T, dz))  # (P, D)
+        t = ts[layer] if ts is not None else mm(x, u)  # (none saved when the reference ran the forward)
+        dvs[layer] = f32(mm(t.T, dz))  # (P, D)
         dt = mm(dz, v.T)  # (B, P)
         dus[layer] = f32(mm(x.T, dt))  # (D, P)
         gl = mm(dt, u.T)  # (B, D): the x_l path's matmul part
@@ -288,7 +323,28 @@ def _v2_backward_kernel(g, x0, us, vs, bs, xs, zs, half):
     return dx, dus, dvs, dbs
 
 
-def _v2_backward_ref(g, x0, us, vs, bs, xs, zs, half):
+def _v2_backward_cpu(g, x0, us, vs, bs, xs, zs, ts, half):
+    n = len(us)
+    dus, dvs, dbs = [None] * n, [None] * n, [None] * n
+    dx0 = np.empty_like(x0)
+    gm = None  # the x_l path's matmul part from the layer above, dz V^T U^T (B, D): its gradient is g + gm
+    for layer in reversed(range(n)):
+        u, v, x = us[layer], vs[layer], xs[layer]
+        dz = np.empty_like(x0)
+        dbs[layer] = np.empty((x0.shape[1],), np.float32)
+        multi_cross.v2_backward_cpu(g, gm, x0, zs[layer], bs[layer], layer == n - 1, dz, dx0, dbs[layer])
+        g = g if gm is None else gm  # (gm now holds g + gm)
+        t = ts[layer] if ts is not None else x @ u
+        dvs[layer] = t.T @ dz  # (P, D)
+        dt = dz @ v.T  # (B, P)
+        dus[layer] = x.T @ dt  # (D, P)
+        gm = dt @ u.T  # (B, D)
+    gm += g  # dx_0 = g + dz V^T U^T, then dx = dx0 + dx_0 (the reference's order)
+    dx0 += gm
+    return dx0, dus, dvs, dbs
+
+
+def _v2_backward_ref(g, x0, us, vs, bs, xs, zs, ts, half):
     return multi_cross.multi_cross_v2_backward_ref(g, x0, us, vs, bs, xs, zs)
 
 
@@ -308,15 +364,17 @@ class MultiCrossV2(Function):
             us, vs = [u.astype(np.float16) for u in us], [v.astype(np.float16) for v in vs]
         bs = [p.reshape(-1) for p in params[2::3]]
         ctx.x0, ctx.us, ctx.vs, ctx.bs, ctx.bshape = x0, us, vs, bs, params[2].shape
-        y, ctx.xs, ctx.zs = pick(kernel=_v2_forward_kernel, ref=_v2_forward_ref)(x0, us, vs, bs, half)
+        y, ctx.xs, ctx.zs, ctx.ts = pick(kernel=_v2_forward_kernel, cpu=_v2_forward_cpu, ref=_v2_forward_ref)(
+            x0, us, vs, bs, half
+        )
         return y
 
     @staticmethod
     def backward(ctx: Context, dy):
         half = ctx.native_half
         g = _contig(dy.astype(np.float16, copy=False) if half else dy)
-        dx, dus, dvs, dbs = pick(kernel=_v2_backward_kernel, ref=_v2_backward_ref)(
-            g, ctx.x0, ctx.us, ctx.vs, ctx.bs, ctx.xs, ctx.zs, half
+        dx, dus, dvs, dbs = pick(kernel=_v2_backward_kernel, cpu=_v2_backward_cpu, ref=_v2_backward_ref)(
+            g, ctx.x0, ctx.us, ctx.vs, ctx.bs, ctx.xs, ctx.zs, ctx.ts, half
         )
         grads = []
         for du, dv, db in zip(dus, dvs, dbs):

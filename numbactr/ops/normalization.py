@@ -1,8 +1,8 @@
 """Normalization ops: BatchNorm, LayerNorm, PReLU_Dice (spec §6.2).
 
 Contract: autograd Functions on raw arrays; numbactr.ops.dispatch.pick sends each direction to the
-numba.cuda kernels of numbactr.kernels.{batch_norm, layer_norm, prelu_dice} on gpu/sim and their NumPy
-references on cpu. Parameters and statistics are float32 (float16 x and y under mixed precision).
+numba.cuda kernels of numbactr.kernels.{batch_norm, layer_norm, prelu_dice} on gpu/sim, PReLU_Dice's compiled
+CPU version or the NumPy references on cpu. Parameters and statistics are float32 (float16 x and y under mixed precision).
 
 Formulas: BatchNorm y = γ (x - μ_B) / sqrt(σ²_B + eps) + β per feature over the batch (training; the
 running statistics move by ``factor``), with the running μ, σ² in eval; LayerNorm the same per row over the
@@ -137,6 +137,14 @@ def _dice_forward_kernel(x2, alpha, eps):
     return y, mean, inv
 
 
+def _dice_forward_cpu(x2, alpha, eps):
+    y = np.empty_like(x2)
+    mean = np.empty((x2.shape[1],), np.float32)
+    inv = np.empty((x2.shape[1],), np.float32)
+    prelu_dice.prelu_dice_forward_cpu(x2, alpha, eps, y, mean, inv)
+    return y, mean, inv
+
+
 def _dice_forward_ref(x2, alpha, eps):
     y, mean, inv = prelu_dice.prelu_dice_forward_ref(x2, np.float32(alpha), np.float32(eps))
     return y.astype(np.float32, copy=False), mean, inv
@@ -145,6 +153,12 @@ def _dice_forward_ref(x2, alpha, eps):
 def _dice_backward_kernel(x2, dy2, alpha, mean, inv, exact):
     dx = _xp().empty_like(dy2)
     prelu_dice.prelu_dice_backward(x2, dy2, alpha, mean, inv, exact, dx)
+    return dx
+
+
+def _dice_backward_cpu(x2, dy2, alpha, mean, inv, exact):
+    dx = np.empty_like(dy2)
+    prelu_dice.prelu_dice_backward_cpu(x2, dy2, alpha, mean, inv, exact, dx)
     return dx
 
 
@@ -165,14 +179,16 @@ class PReLUDiceFn(Function):
         shape = x.shape
         x2 = _contig(x).reshape(shape[0], -1)  # (B, F)
         ctx.x2, ctx.shape, ctx.alpha = x2, shape, alpha
-        y, ctx.mean, ctx.inv = pick(kernel=_dice_forward_kernel, ref=_dice_forward_ref)(x2, alpha, eps)
+        y, ctx.mean, ctx.inv = pick(kernel=_dice_forward_kernel, cpu=_dice_forward_cpu, ref=_dice_forward_ref)(
+            x2, alpha, eps
+        )
         return y.reshape(shape)
 
     @staticmethod
     def backward(ctx: Context, dy):
         dy2 = _contig(_half(ctx, dy)[0]).reshape(ctx.x2.shape)
         exact = hugectr_exact.hugectr_exact()
-        dx = pick(kernel=_dice_backward_kernel, ref=_dice_backward_ref)(
+        dx = pick(kernel=_dice_backward_kernel, cpu=_dice_backward_cpu, ref=_dice_backward_ref)(
             ctx.x2, dy2, ctx.alpha, ctx.mean, ctx.inv, exact
         )
         return dx.reshape(ctx.shape)

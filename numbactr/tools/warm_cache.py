@@ -4,9 +4,9 @@ The cpu device's hot ops are Numba functions compiled on first use and cached on
 next to their sources or under ``NUMBA_CACHE_DIR``). A fresh install pays that compile in the first
 steps: about 30-40 s for each type signature of the embedding engine's forward and fused update, a few
 minutes in all. This runs those first uses on tiny inputs (the engine in every weights precision, index
-type, pooling and layout; the hash table; the dot interaction; two training steps of the demo's DLRM,
-which compile the dense ops), so that a container image, a CI job or a
-test run finds them compiled. It changes no state but Numba's cache; running it twice costs seconds.
+type, pooling and layout; the hash table; the dot interaction; MultiCross and PReLU_Dice; two training
+steps of the demo's DLRM, which compile the dense ops), so that a container image, a CI job or a test run
+finds them compiled. It changes no state but Numba's cache; running it twice costs seconds.
 
 tests/conftest.py starts it in a background process when a test session begins, so a fresh clone's
 test run compiles on the second core while its first tests run.
@@ -107,6 +107,24 @@ def _hash_and_dense_cases():
     interaction.interaction_backward_cpu(dense, emb, out, np.empty_like(dense), np.empty_like(emb))
 
 
+def _cross_and_dice_cases():
+    """The compiled CPU passes of MultiCross (DCN v1 and v2) and PReLU_Dice (DIN; both backward formulas)."""
+    from numbactr.kernels import multi_cross, prelu_dice
+
+    b, d = 3, 4
+    x, row, col = np.ones((b, d), np.float32), np.ones(b, np.float32), np.ones(d, np.float32)
+    e = np.empty_like
+    multi_cross.v1_forward_cpu(x, x, col, col, e(x), e(row))
+    multi_cross.v1_backward_cpu(x, x, x, col, row, True, e(x), e(x), e(row), e(col), e(col))
+    multi_cross.v2_forward_cpu(x, x, x, col, e(x))
+    multi_cross.v2_backward_cpu(x, None, x, x, col, True, e(x), e(x), e(col))
+    multi_cross.v2_backward_cpu(x, x.copy(), x, x, col, False, e(x), e(x), e(col))
+    mean, inv = e(col), e(col)
+    prelu_dice.prelu_dice_forward_cpu(x, 0.2, 1e-5, e(x), mean, inv)
+    for exact in (False, True):
+        prelu_dice.prelu_dice_backward_cpu(x, x, 0.2, mean, inv, exact, e(x))
+
+
 def _model_cases():
     """Two training steps and an evaluation of the demo's DLRM on a few generated samples: the dense ops'
     compiled CPU code as a first training run meets it (bias, ReLU, the interaction, BCE, the dense Adam
@@ -147,6 +165,7 @@ def _model_cases():
 STEPS = (
     ("embedding engine", _engine_cases),
     ("hash table, interaction", _hash_and_dense_cases),
+    ("MultiCross, PReLU_Dice", _cross_and_dice_cases),
     ("a DLRM's dense ops", _model_cases),
 )
 
