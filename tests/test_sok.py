@@ -274,14 +274,14 @@ def test_bad_input_is_a_clear_error():
     dense = sok.All2AllDenseEmbedding(8, 2, 3, 2)
     with pytest.raises(ValueError, match=r"shape \(batch, slot_num=3, nnz_per_slot=2\)"):
         dense(torch.zeros(4, 3, 1, dtype=torch.int64))
-    full = sok.DynamicVariable(2, max_capacity=3)
+    full = sok.DynamicVariable(2, var_type="hbm", max_capacity=3)  # hybrid tables evict instead
     with pytest.raises(VocabularyFullError, match="raise max_capacity .* to at least 5"):
         sok.lookup_sparse(full, torch.tensor([[1, 2, 3, 4, 5]]))
     assert full.size == 0  # the table is unchanged
     with pytest.raises(ValueError, match="only 1 rank"):
         sok.Variable(shape=(3, 2), mode="localized:1")
     with pytest.raises(ValueError, match="initializer 'normal' is not supported"):
-        sok.DynamicVariable(2, initializer="normal")
+        sok.DynamicVariable(2, initializer="normal", var_type="hbm")  # hybrid's N(0, 1)
 
 
 def test_a_second_backward_before_the_step_and_unsupported_optimizers_are_errors():

@@ -33,6 +33,7 @@ from numbactr.runtime import device
 from numbactr.autograd import Tensor
 from numbactr.ops.embedding_bag import CollectionLookupFn
 from numbactr.embedding.collection_config import COMBINERS, CollectionError, EmbeddingCollectionConfig
+from numbactr.embedding.collection_evicting import EvictingGroup
 from numbactr.embedding.collection_plan import group_plan, placement
 from numbactr.embedding.collection_tables import _Group, _Pooler, _Table
 
@@ -123,8 +124,11 @@ class EmbeddingCollection:
         (collection_plan.group_plan); GROUP_TABLES False: one engine per table."""
         plan = group_plan(self.tables, self.lookups, self.comm)
         if not GROUP_TABLES:
-            return [_Group([t], self.comm, pooled) for pooled, members in plan for t in members]
-        return [_Group(members, self.comm, pooled) for pooled, members in plan]
+            plan = [(pooled, [t]) for pooled, members in plan for t in members]
+        return [
+            (EvictingGroup if members[0].cfg.evicting else _Group)(members, self.comm, pooled)
+            for pooled, members in plan
+        ]
 
     def tops(self, batch: int) -> list[tuple[str, tuple]]:
         """[(top name, shape)] this collection adds to the model, with per-rank batch B."""

@@ -38,9 +38,27 @@ def _name_ok(name) -> bool:
 
 class EmbeddingTableConfig:
     """``hugectr.EmbeddingTableConfig``: one table of ``ev_size``-wide rows; max_vocabulary_size -1 is a
-    dynamic (growing hash) table, V > 0 a static one of V rows indexed by key."""
+    dynamic (growing hash) table, V > 0 a static one of V rows indexed by key.
 
-    def __init__(self, name, max_vocabulary_size, ev_size, opt_params_or_empty=None, init_param_or_empty=None):
+    numbactr's options for a dynamic table (keyword only; HugeCTR has none): ``max_capacity`` (None, HugeCTR's
+    behaviour: the table grows as long as memory lasts and never evicts) or the most keys the table holds
+    per rank, beyond which a new key takes the slot of its bucket's lowest-scored key (HierarchicalKV's
+    evicting table, numbactr.embedding.evicting; training streams past it without error); ``evict_strategy``
+    ("kLru", "kLfu", "kEpochLru", "kEpochLfu") and ``max_bucket_size`` (128, or less below 128 keys) of that
+    table (numbactr.embedding.collection_evicting)."""
+
+    def __init__(
+        self,
+        name,
+        max_vocabulary_size,
+        ev_size,
+        opt_params_or_empty=None,
+        init_param_or_empty=None,
+        *,
+        max_capacity=None,
+        evict_strategy="kLru",
+        max_bucket_size=None,
+    ):
         if not _name_ok(name):
             raise CollectionError(
                 f"EmbeddingTableConfig: name must be a non-empty string without '/' or '\\' "
@@ -70,6 +88,17 @@ class EmbeddingTableConfig:
                 f"{who}: init_param_or_empty is not supported by numbactr (HugeCTR's "
                 "Python API has no way to build one either); leave it None"
             )
+        if max_capacity is not None:
+            if max_vocabulary_size != -1:
+                raise CollectionError(f"{who}: max_capacity is for dynamic tables (max_vocabulary_size=-1)")
+            if isinstance(max_capacity, bool) or not isinstance(max_capacity, (int, np.integer)) or max_capacity < 1:
+                raise CollectionError(f"{who}: max_capacity must be a positive key count or None, got {max_capacity!r}")
+        if evict_strategy not in ("kLru", "kLfu", "kEpochLru", "kEpochLfu"):
+            raise CollectionError(
+                f"{who}: evict_strategy must be 'kLru', 'kLfu', 'kEpochLru' or 'kEpochLfu', got {evict_strategy!r}"
+            )
+        self.max_capacity = None if max_capacity is None else int(max_capacity)
+        self.evict_strategy, self.max_bucket_size = evict_strategy, max_bucket_size
         self.name = name
         self.max_vocabulary_size = int(max_vocabulary_size)
         self.ev_size = int(ev_size)
@@ -80,11 +109,15 @@ class EmbeddingTableConfig:
     def dynamic(self) -> bool:
         return self.max_vocabulary_size == -1
 
+    @property
+    def evicting(self) -> bool:
+        """A dynamic table with a max_capacity: it evicts rather than grow past it."""
+        return self.max_capacity is not None
+
     def _same(self, other: "EmbeddingTableConfig") -> bool:
-        return (self.max_vocabulary_size, self.ev_size, self.opt_params_or_empty) == (
-            other.max_vocabulary_size,
-            other.ev_size,
-            other.opt_params_or_empty,
+        fields = ("max_vocabulary_size", "ev_size", "opt_params_or_empty", "max_capacity", "evict_strategy")
+        return all(getattr(self, f) == getattr(other, f) for f in fields) and (
+            self.max_bucket_size == other.max_bucket_size
         )
 
     def __repr__(self):

@@ -98,6 +98,8 @@ def group_plan(tables: list, lookups: list, comm) -> list:
     for t in tables:
         sharded = comm.size > 1 and t.strategy == "mp"
         pooled = not sharded and all(lookups[i]["combiner"] != "concat" for i in t.lookups)
-        key = (t.strategy, tuple(t.ranks), t.opt_key, t.cfg.dynamic, pooled, None if pooled else t.dim)
+        # an evicting table (max_capacity) has an engine of its own: its index maps keys to slots first
+        kind = ("evicting", t.name) if t.cfg.evicting else t.cfg.dynamic
+        key = (t.strategy, tuple(t.ranks), t.opt_key, kind, pooled, None if pooled else t.dim)
         groups.setdefault(key, (pooled, []))[1].append(t)
     return list(groups.values())

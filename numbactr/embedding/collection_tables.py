@@ -311,6 +311,8 @@ class _Table:
         """(keys (n,) int64, vectors (n, D)) this rank contributes to a dump (host copies): the keys it owns."""
         if not self.holds or (self.strategy == "dp" and self.comm.rank != self.ranks[0]):
             return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
+        if self.cfg.evicting:  # numbactr.embedding.collection_evicting
+            return self.group.held_rows()
         if self.cfg.dynamic:
             table = self.engine.hash_tables[self.index]
             keys = device.to_host(table.keys_by_row()).astype(np.uint64).view(np.int64)
@@ -329,6 +331,8 @@ class _Table:
             mine = self._owners(keys) == self.comm.rank
             keys, vectors = keys[mine], vectors[mine]
         xp = device.xp()
+        if self.cfg.evicting:
+            return self.group.put_rows(keys, vectors)
         if self.cfg.dynamic:
             table = self.engine.hash_tables[self.index]
             k = keys.view(np.uint64)

@@ -162,15 +162,38 @@ class EvictingTable:
         rows, found, scores = self._impl[1](self._t, keys)
         return (rows, found, scores) if return_scores else (rows, found)
 
-    def find_or_insert(self, keys, scores=None, return_slots: bool = False):
+    def find_or_insert(self, keys, scores=None, return_slots: bool = False, return_evicted: bool = False):
         """values (N, dim): the rows of known keys (their scores updated), new keys inserted with rows from the
         initializer (a refused key's initial row is returned but not stored). return_slots: also (N,) int64
-        slots, -1 where refused."""
+        slots, -1 where refused. return_evicted: also (evicted_keys (E,) uint64, at (E,) int64), the keys this
+        call pushed out of the table and the positions of the keys that took their slots (refused keys are
+        not reported: they were never stored)."""
         keys = self._keys(keys, "find_or_insert")
         vin = self._initial_rows(keys.shape[0])
         vout = self.xp.empty_like(vin)
-        status, slots, *_ = self._upsert(keys, scores, vin, vout, Mode.FIND_OR_INSERT, "find_or_insert")
-        return (vout, slots) if return_slots else vout
+        status, slots, ev_keys, *_ = self._upsert(keys, scores, vin, vout, Mode.FIND_OR_INSERT, "find_or_insert")
+        out = (vout, slots) if return_slots else (vout,)
+        if return_evicted:
+            at = self.xp.flatnonzero(status == int(Status.EVICTED))
+            out += ((ev_keys[at], at),)
+        return out if len(out) > 1 else vout
+
+    def find_slots(self, keys):
+        """(N,) int64 the slot of each key, -1 where absent; no score changes (for a caller that keeps rows of
+        its own beside the table, e.g. an optimizer state to load). Reads each key's bucket directly."""
+        keys = self._keys(keys, "find_slots")
+        xp, t, bsz = self.xp, self._t, self.bucket_size
+        out = xp.full(keys.shape[0], -1, dtype=np.int64)
+        lane = xp.arange(bsz, dtype=np.int64)[None, :]
+        step = max(1, (1 << 20) // bsz)  # (step, B) candidates at a time
+        for lo in range(0, keys.shape[0], step):
+            k = keys[lo : lo + step]
+            b = xp.asarray(_ref.bucket_of_ref(device.to_host(k), t.sizes.shape[0]))
+            cand = b[:, None] * bsz + lane
+            hit = t.keys[cand] == k[:, None]
+            first = cand[xp.arange(k.shape[0]), xp.argmax(hit, axis=1)]
+            out[lo : lo + step] = xp.where(hit.any(axis=1), first, -1)
+        return out
 
     def insert_or_assign(self, keys, values, scores=None, return_slots: bool = False):
         """Write values (N, dim) to the keys, inserting new ones (a full bucket evicts, see insert_and_evict).

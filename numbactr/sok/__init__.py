@@ -34,13 +34,23 @@ shared embedding, lookup_sparse([v, v], ...)): the step applies the sum of the l
 as SOK's tape does.
 
 What maps where: layers.py (inputs as tensors: dense ids, CSR (values, offsets), torch sparse COO/CSR),
-table.py (ownership over ranks, initial rows, gradients), optimizer.py (which engine optimizer runs for
-which torch optimizer), dense.py (data parallelism). Differences from SOK: each table's lookup runs on its
-own (SOK fuses several tables into one); a DynamicVariable has a fixed capacity per rank (max_capacity);
-SOK's 'hybrid' backend's N(0, 1) 'random' initializer, mixed precision and the low-frequency filter are
-not implemented; sok.sparse_read_and_evict is not either, a clear NotImplementedError (it returns the
-keys HierarchicalKV evicts to make room; numbactr's keyed tables have a fixed capacity and never evict: a
-full table is a VocabularyFullError); TensorFlow is not supported (numbactr's README says why). sok.dump(path, vars,
+table.py (ownership over ranks, initial rows, gradients), hybrid.py (DynamicVariable's default 'hybrid'
+backend: HierarchicalKV's evicting table), optimizer.py (which engine optimizer runs for which torch
+optimizer), dense.py (data parallelism).
+
+Tables that never fill: DynamicVariable(var_type="hybrid"), SOK's default, grows up to max_capacity keys
+per rank and then evicts (a new key takes the slot of its bucket's lowest-scored key, evict_strategy kLru
+by default; the evicted key's row and optimizer state are reset for it), so a stream of ever new ids
+trains without error; sok.sparse_read_and_evict returns the keys an insertion evicted with their rows;
+lookup_sparse(..., use_low_frequency_filter=True) admits a new key with probability filter_ratio;
+sok.incremental_model_dump returns the keys touched since a time (evicted keys are gone). var_type="hbm"
+is a fixed-capacity table: a batch bringing more new keys than it has room for is a VocabularyFullError.
+
+Differences from SOK: each table's lookup runs on its own (SOK fuses several tables into one); a hybrid
+table's refused key (filter, or a full bucket under kLfu) reads zeros (HierarchicalKV's find_or_insert hands
+it its initial row), its kLru scores are a clock per lookup (HierarchicalKV reads a GPU timer), its
+initial rows are a hash of (seed, key) and it keeps all its rows in one memory (no host tier for values);
+mixed precision is not implemented; TensorFlow is not supported (numbactr's README says why). sok.dump(path, vars,
 optimizer) / sok.load(...) read and write SOK's own weight files (numbactr/sok/dump_load.py).
 
 Reading a folder that real SOK dumped: SOK's file names come from TensorFlow's variable names, which end
@@ -159,12 +169,36 @@ def set_comm_tool(tool: str) -> None:
 
 
 def sparse_read_and_evict(var, indices, name=None):
-    """SOK's hybrid-backend read that evicts the rows it returns: not implemented (numbactr's keyed tables
-    have a fixed capacity per rank and never evict; see this package's docstring)."""
-    raise NotImplementedError(
-        "sok.sparse_read_and_evict is SOK's HierarchicalKV 'hybrid' backend read-and-evict; "
-        "numbactr's DynamicVariable never evicts rows (a full table is a VocabularyFullError)"
-    )
+    """SOK's sok.sparse_read_and_evict(var, indices): the rows of keys ``indices`` (any integer tensor) in a
+    hybrid DynamicVariable, inserting the new ones as a lookup does, and what that insertion pushed out of
+    the table: (embeddings (*indices.shape, D), evicted_keys (E,) int64, evicted_values (E, D) float32)
+    tensors, the evicted rows as they were (to keep them elsewhere; they are no longer in the table).
+    No gradient flows. Under R ranks each rank reads the keys it owns (key % R, or the localized rank)."""
+    import numpy as np
+
+    from numbactr.runtime import device
+    from numbactr.runtime.torch_bridge import as_array, as_tensor
+    from numbactr.sok.hybrid import HybridTable
+
+    table = getattr(var, "table", None)
+    if not isinstance(table, HybridTable):
+        raise TypeError(
+            f"sok.sparse_read_and_evict: var must be a sok.DynamicVariable of var_type 'hybrid', got "
+            f"{type(var).__name__}{'' if table is None else ' of another kind'}"
+        )
+    keys = as_array(indices) if isinstance(indices, torch.Tensor) else device.xp().asarray(indices)
+    flat = keys.reshape(-1)
+    table._check_keys(flat)
+    host = np.asarray(device.to_host(flat)).astype(np.int64)
+    foreign = np.flatnonzero(table.owners(host) != table.comm.rank)
+    if foreign.size:
+        raise ValueError(
+            f"sok.sparse_read_and_evict: {table.who}: key {host[foreign[0]]} (position {foreign[0]}) belongs to "
+            f"rank {int(table.owners(host[foreign[:1]])[0])}, not rank {table.comm.rank}"
+        )
+    rows, ev_keys, ev_values = table.read_and_evict(flat)
+    emb = as_tensor(rows).reshape(*tuple(indices.shape), table.dim).clone()
+    return emb, torch.from_numpy(ev_keys.copy()), torch.from_numpy(ev_values)
 
 
 def Init(**kwargs):  # noqa: N802 (SOK's first API)

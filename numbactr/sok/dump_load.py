@@ -252,7 +252,7 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
                 f"sok.incremental_model_dump: variable {i} ({type(v).__name__}) is not a "
                 "sok.DynamicVariable (SOK supports DynamicVariable with the 'hybrid' backend only)"
             )
-        if table.stamps is None:
+        if not table.keeps_times:
             raise ValueError(
                 f"sok.incremental_model_dump: variable {i} ({v.name!r}) has var_type "
                 f"{v.backend_type!r}; SOK supports var_type='hybrid' (HierarchicalKV) only, whose "

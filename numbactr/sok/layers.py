@@ -40,6 +40,7 @@ from numbactr.distributed.comm import world
 from numbactr.embedding.engine import Pooling, UpdateType
 from numbactr.embedding.sharded import owner_offsets
 from numbactr.runtime.torch_bridge import as_array, as_tensor
+from numbactr.sok.hybrid import HYBRID_DEFAULTS, HybridTable
 from numbactr.sok.table import DISTRIBUTED, SETTINGS, SokTable, init_range
 from numbactr.sok.inputs import (
     COMBINERS as COMBINERS,
@@ -516,16 +517,28 @@ class DynamicVariable(_SokModule):
     """SOK's sok.DynamicVariable: a keyed table whose rows appear as keys come (any int64 key but -1),
     key k on rank k % R (or all on rank t with ``mode='localized:t'``).
 
-    Args (SOK's): dimension (D); initializer ('random' = U(-0.05, 0.05) as SOK's 'hbm' backend, 'zeros',
-    'ones', a number or numeric string; SOK's 'hybrid' backend draws 'random' from N(0, 1) instead, which
-    numbactr does not); var_type 'hbm' or 'hybrid' (both the engine's keyed table here); key_type torch.int64
-    or torch.int32; dtype float32; mode; init_capacity / max_capacity: the keys each rank can hold
-    (default max_capacity, else init_capacity, else 2**20: the engine's keyed tables do not grow).
+    Args (SOK's): dimension (D); initializer; var_type ``"hybrid"`` (the default, as in SOK: HierarchicalKV's
+    evicting table, numbactr.sok.hybrid) or ``"hbm"`` (a fixed-capacity keyed table of the engine); key_type
+    torch.int64 or torch.int32; dtype float32; mode.
+
+    var_type "hybrid": kwargs init_capacity, max_capacity (keys per rank, default 2**20), max_load_factor
+    (0.5), max_bucket_size (128), evict_strategy ("kLru", "kLfu", "kEpochLru", "kEpochLfu"; "kCustomized"
+    needs scores, which lookups do not give), filter_ratio (the low-frequency filter's admission
+    probability, 1.0). A lookup never fails for a full table: a new key takes the slot of its bucket's
+    lowest-scored key (whose row and optimizer state are reset for it) or is refused and reads zeros.
+    initializer: "random" / "normal" / None N(0, 1) (SOK's hybrid default), "uniform" U(-1, 1), "zeros",
+    "ones", a number or numeric string, or (lo, hi). Keeps each key's last insertion / update time for
+    sok.incremental_model_dump; sok.sparse_read_and_evict returns the keys an insertion evicts. ``weight``
+    is a copy of the rows held, in slot order.
+
+    var_type "hbm": initializer 'random' = U(-0.05, 0.05) as SOK's 'hbm' backend, 'zeros', 'ones', a number or
+    numeric string; init_capacity / max_capacity: the keys each rank can hold (default max_capacity, else
+    init_capacity, else 2**20: the table does not grow; a batch bringing more new keys than it has room for
+    is a VocabularyFullError).
 
     Every lookup inserts the keys it has not seen with the initializer, in evaluation too (module.eval()):
     SOK's lookups of a DynamicVariable always insert (its hash table's lookup is find-or-insert), so a new
-    key reads its initial vector and a 'mean' combiner counts it as such. A 'hybrid' table also keeps each
-    row's last insertion / update time, for sok.incremental_model_dump.
+    key reads its initial vector and a 'mean' combiner counts it as such.
     """
 
     def __init__(
@@ -549,14 +562,20 @@ class DynamicVariable(_SokModule):
             raise NotImplementedError(f"{who}: constraint is not supported by numbactr")
         _check_key_dtype(key_type, who)
         _check_value_dtype(dtype, who)
-        capacity = kwargs.pop("max_capacity", None) or kwargs.pop("init_capacity", None) or DYNAMIC_CAPACITY
-        kwargs.pop("init_capacity", None)
-        _warn_ignored(kwargs, who)
         self.mode, target = _mode(mode, who)
-        self.dimension, self.backend_type = int(dimension), var_type or "hbm"
+        self.dimension, self.backend_type = int(dimension), var_type or "hybrid"
         self.key_type = key_type or torch.int64
-        self._attach(
-            SokTable(
+        if self.backend_type == "hybrid":
+            opts = {k: kwargs.pop(k) for k in HYBRID_DEFAULTS if k in kwargs}
+            _warn_ignored(kwargs, who)
+            table = HybridTable(
+                who, self.dimension, initializer=initializer, target=target, trainable=trainable, **opts
+            )
+        else:
+            capacity = kwargs.pop("max_capacity", None) or kwargs.pop("init_capacity", None) or DYNAMIC_CAPACITY
+            kwargs.pop("init_capacity", None)
+            _warn_ignored(kwargs, who)
+            table = SokTable(
                 who,
                 self.dimension,
                 keyed=True,
@@ -566,10 +585,8 @@ class DynamicVariable(_SokModule):
                 target=target,
                 init=init_range(initializer, who),
                 trainable=trainable,
-                stamps=self.backend_type == "hybrid",
-            ),
-            name,
-        )
+            )
+        self._attach(table, name)
 
     def _lookup(self, keys, offsets, training, weights=None, pooling=None):
         # SOK's DynamicVariable inserts new keys in every lookup (class docstring)
@@ -578,7 +595,7 @@ class DynamicVariable(_SokModule):
     @property
     def size(self) -> int:
         """Keys this rank holds."""
-        return int(self.table.weights().shape[0])
+        return int(self.table.keys().shape[0])
 
     @property
     def target_gpu(self) -> int:
@@ -619,10 +636,7 @@ def assign(var, indices, values) -> None:
             f"{int(owner[foreign[0]])}, not rank {comm.rank}"
         )
     table._check_keys(keys)
-    xp = device.xp()
-    rows = table.engine.hash_tables[0].insert(xp.asarray(keys))
-    table.engine.split_weights()[0][rows] = xp.asarray(vals)
-    table.stamp(rows)
+    table.put_rows(keys, vals)
 
 
 def all2all_dense_embedding(param, indices):
@@ -652,11 +666,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
             'sum' gives sum_k w_k e_k and 'mean' sum_k w_k e_k / sum_k w_k (tf.nn.embedding_lookup_sparse's
             rule; a bag whose weights sum to 0 gives 0). The weights get no gradient (as in SOK).
         combiners: 'sum' or 'mean' per variable (default: 'mean' for all, SOK's default).
-        use_low_frequency_filter: not implemented (an error when True).
+        use_low_frequency_filter: a key not yet in a hybrid DynamicVariable is admitted with probability its
+            filter_ratio, else it adds zero to its bag and is not stored (numbactr.sok.hybrid); every param
+            must then be a hybrid DynamicVariable.
     Returns: (B, D) tensors, a list when params is a list, else one tensor.
     """
-    if use_low_frequency_filter:
-        raise NotImplementedError("sok.lookup_sparse: use_low_frequency_filter is not implemented in numbactr")
     as_list = isinstance(params, (list, tuple))
     params = list(params) if as_list else [params]
     ids = list(sp_ids) if as_list else [sp_ids]
@@ -687,7 +701,18 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, use_low_frequ
                 raise ValueError(f"{who}: sp_weights must have the same bags as sp_ids")
             if pooling == Pooling.MEAN:  # sum_k w_k e_k / sum_k w_k: SUM of normalized weights
                 psw, pooling = _normalized(psw, offsets), Pooling.SUM
-        out.append(param._lookup(keys, offsets, None, psw, pooling))
+        if not use_low_frequency_filter:
+            out.append(param._lookup(keys, offsets, None, psw, pooling))
+            continue
+        if not isinstance(param.table, HybridTable):
+            raise ValueError(
+                f"sok.lookup_sparse: {who}: use_low_frequency_filter needs a DynamicVariable of var_type 'hybrid'"
+            )
+        param.table.filter_now = True
+        try:
+            out.append(param._lookup(keys, offsets, None, psw, pooling))
+        finally:
+            param.table.filter_now = False
     return out if as_list else out[0]
 
 

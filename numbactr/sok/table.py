@@ -558,11 +558,28 @@ class SokTable:
                 f"cannot become {Optim(spec.kind).name} (its optimizer states would be lost)"
             )
         new = self._new_engine(replace(spec))
-        n = eng.live_rows(0)
-        if self.keyed and n:
-            new.hash_tables[0].insert(eng.hash_tables[0].keys_by_row())  # rows 0..n-1, in the same order
-        new.split_weights()[0][:n] = eng.split_weights()[0][:n]
+        self._carry_rows(eng, new)
         self.engine = new
+
+    def _carry_rows(self, old, new) -> None:
+        """A rebuilt engine (another optimizer) takes the old one's keys and rows."""
+        n = old.live_rows(0)
+        if self.keyed and n:
+            new.hash_tables[0].insert(old.hash_tables[0].keys_by_row())  # rows 0..n-1, in the same order
+        new.split_weights()[0][:n] = old.split_weights()[0][:n]
+
+    def put_rows(self, keys, values) -> None:
+        """sok.assign's write: keys (n,) int64 on the host (this rank's, checked) take values (n, D); new keys
+        are inserted (their optimizer states start from the initial ones)."""
+        xp = device.xp()
+        rows = self.engine.hash_tables[0].insert(xp.asarray(keys))
+        self.engine.split_weights()[0][rows] = xp.asarray(values)
+        self.stamp(rows)
+
+    @property
+    def keeps_times(self) -> bool:
+        """Does the table keep each key's last insertion / update time (sok.incremental_model_dump)?"""
+        return self.stamps is not None
 
 
 class _Numbered:
