@@ -401,12 +401,12 @@ def hstu_attn_backward(q, k, v, dout, cu_seqlens, num_contexts, num_targets, dq,
                        tile=None, threads=None) -> None:
     """dq, dk, dv (overwritten) and, when given, drab (rab's shape: added to, zero it first) of the attention;
     two launches (dq and drab per query tile, dk and dv per key tile)."""
+    if drab is not None and rab is None:
+        raise ValueError("hstu_attn_backward: drab needs rab")
     batch, heads, d, dvw = _check_buffers(
         "hstu_attn_backward", q, k, v, cu_seqlens, num_contexts, num_targets, rab,
         [("dout", dout, v.shape), ("dq", dq, q.shape), ("dk", dk, k.shape), ("dv", dv, v.shape),
          ("drab", drab, None if rab is None else rab.shape)])
-    if drab is not None and rab is None:
-        raise ValueError("hstu_attn_backward: drab needs rab")
     bm, bn = tile or (tile_for(d, dvw),) * 2
     tpb = threads or (16 if SIMULATED else 128)
     wl, wr, group, a, inv = _scalars(max_seqlen, scaling_seqlen, window, target_group_size, alpha)
@@ -537,11 +537,11 @@ def hstu_attn_backward_cpu(q, k, v, dout, cu_seqlens, num_contexts, num_targets,
                            scaling_seqlen=-1, target_group_size=1, window=(-1, -1), alpha=1.0, rab=None,
                            drab=None) -> None:
     """hstu_attn_backward on host float32 arrays, compiled with njit; drab (when given) is overwritten."""
+    if drab is not None and rab is None:
+        raise ValueError("hstu_attn_backward_cpu: drab needs rab")
     _check_buffers("hstu_attn_backward_cpu", q, k, v, cu_seqlens, num_contexts, num_targets, rab,
                    [("dout", dout, v.shape), ("dq", dq, q.shape), ("dk", dk, k.shape), ("dv", dv, v.shape),
                     ("drab", drab, None if rab is None else rab.shape)])
-    if drab is not None and rab is None:
-        raise ValueError("hstu_attn_backward_cpu: drab needs rab")
     cu, ctx, tgt = _cpu_ints(num_contexts, num_targets, cu_seqlens)
     wl, wr, group, a, inv = _scalars(max_seqlen, scaling_seqlen, window, target_group_size, alpha)
     _backward_cpu(q, k, v, dout, cu, ctx, tgt, _NO_RAB if rab is None else rab, rab is not None, dq, dk, dv,

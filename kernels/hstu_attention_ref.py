@@ -210,3 +210,7 @@ def hstu_attn_backward_ref(q, k, v, dout, cu_seqlens, max_seqlen, scaling_seqlen
         if drab is not None:
             drab[b, hr, :n, :n] += ds
     return dq, dk, dv, drab
+
+
+#: no kernels here (NumPy reference only)
+PTX_CHECKS = []
