@@ -15,11 +15,12 @@ CPU versions (the cpu device; NumPy views and BLAS, no compiled loop: numba's lo
 products, 0.41 ms against 0.31 ms for BST's Q Kᵀ) are the references without their copies: the heads are
 split by a view (BLAS takes the (L, d) matrices with a row stride of H*d at no cost), and the products
 are arranged around what numpy's batched matmul is slow at. On BST's shapes (B 256, 4 heads of 8, L 10,
-one thread) a product whose operand is a transposed view (its last axis strided) took 0.32 ms against
-0.06 ms for the same product of row-major operands, so such an operand is first copied row-major (0.04
-ms); and a gradient is written in its input's memory layout (matmul's ``out``, as fast), so the merge of a
-split view's gradient is a view as well. Same math, in float32 BLAS; the bits may differ from the
-references' in the last place (another GEMM kernel).
+one thread) a product whose right operand is a transposed view (Q Kᵀ) took 0.32 ms against 0.06 ms for
+row-major operands, so that operand is first copied row-major (0.05 ms); a transposed left operand costs
+2x, about what its copy would, and is left as it is (a copy is one more large temporary, and on this
+sandbox each fresh page of one costs a page fault). A gradient is written in its input's memory layout
+(matmul's ``out``, as fast), so the merge of a split view's gradient is a view as well. Same math, in
+float32 BLAS; the bits may differ from the references' in the last place (another GEMM kernel).
 
 HugeCTR: HugeCTR/src/layers/multi_head_attention_layer.cu (transpose_QKV / transpose_V_back
 kernels, cublasGemmStridedBatchedEx with alpha = 1/sqrt(d)) and matrix_multiply_layer.cu.
@@ -77,16 +78,12 @@ def merge_heads_cpu(x):
     return x.swapaxes(1, 2).reshape(b, l, h * d)
 
 
-def _row_major(a):
-    """a, or a row-major copy when its last axis is strided (a transposed view)."""
-    return a if a.strides[-1] == a.itemsize else np.ascontiguousarray(a)
-
-
 def matmul_cpu(a, b, scale: float = 1.0, like=None):
-    """(a @ b) * scale (batched over same-shaped leading dims), a transposed operand copied row-major first.
-    like: an array of the product's shape (the input whose gradient the product is) whose memory layout the
-    product takes; ignored when the shapes differ."""
-    a, b = _row_major(a), _row_major(b)
+    """(a @ b) * scale (batched over same-shaped leading dims), a transposed right operand (its last axis
+    strided) copied row-major first. like: an array of the product's shape (the input whose gradient the
+    product is) whose memory layout the product takes; ignored when the shapes differ."""
+    if b.strides[-1] != b.itemsize:
+        b = np.ascontiguousarray(b)
     if like is not None and a.shape[:-2] == b.shape[:-2] and like.shape == a.shape[:-1] + b.shape[-1:]:
         y = np.empty_like(like, dtype=np.result_type(a, b))
         np.matmul(a, b, out=y)
