@@ -83,6 +83,10 @@ def test_cpu_matmul_transposed_operands_scale_and_layout():
     np.testing.assert_allclose(dk, rdk, rtol=1e-5, atol=1e-6)
     assert dq.strides == q.strides and dk.flags.c_contiguous  # each gradient in its input's layout
     assert np.shares_memory(att.merge_heads_cpu(dq), dq)
+    p = rng.normal(size=(3, 2, 5, 5)).astype(np.float32)  # attention's P V with V = q: out in q's layout
+    o = att.matmul_cpu(p, q, like=q)
+    np.testing.assert_allclose(o, p @ q, rtol=1e-5, atol=1e-6)
+    assert np.shares_memory(att.merge_heads_cpu(o), o)
     # 2-D and 3-D products; a ``like`` of another shape is ignored
     for a_shape, b_shape in (((4, 3), (3, 2)), ((2, 6, 5), (2, 5, 1))):
         a, b = rng.normal(size=a_shape).astype(np.float32), rng.normal(size=b_shape).astype(np.float32)

@@ -159,7 +159,9 @@ class MatMulFn(Function):
         if flat_rhs:
             b = b.reshape(b.shape[0], -1)  # (n, g*h)
         ctx.a, ctx.b = a, b
-        y = _mm(ctx, a, b)
+        # on cpu the product takes b's layout when it has b's shape: attention's P V, V a head-split view
+        # (Lf = Lt), comes out head-split, and the merge after it is a view (kernels.attention.matmul_cpu)
+        y = _mm(ctx, a, b, like=b)
         return y.reshape((a.shape[0],) + ctx.b_shape[1:]) if flat_rhs else y
 
     @staticmethod
