@@ -13,17 +13,24 @@ HugeCTR: HugeCTR/src/layers/layer_norm_layer.cu (biased variance, standard LN ba
 
 Kernels: forward and dx use one block per row (threads stride over H and reduce in shared memory);
 dgamma/dbeta use one block per column (threads stride over the M rows). tpb: power of two <= 1024.
+
+Compiled CPU versions (numba.njit, the cpu device's path), over fixed chunks of rows (kernels/parallel_cpu.py):
+the forward row by row (mean, then the centred variance, as the reference: no E[x^2] - mu^2 cancellation);
+the backward's dx row by row, with dgamma and dbeta as one partial row per chunk added in chunk order, so
+1 or N threads give the same bits. Row sums may be reassociated (fastmath reassoc: LLVM vectorizes them).
 """
+
 from __future__ import annotations
 
 import functools
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, njit, prange
 
 from .launch import check_block_size, launch_rows, REDUCE_THREADS
 from .block_reduce import block_sum2, row_mean_var
+from .parallel_cpu import PARALLEL_MIN, ROW_CHUNK, pjit, sum_partials
 
 
 # ---- NumPy reference -------------------------------------------------------------------------
@@ -151,6 +158,95 @@ def layer_norm_backward(x, dy, gamma, mean, inv, dx, dgamma, dbeta, threads: int
     if x.shape[0] > 0:
         launch_rows(make_ln_backward_dx_kernel(tpb), x.shape[0], x, dy, gamma, mean, inv, dx, threads=tpb)
     launch_rows(make_ln_param_grad_kernel(tpb), x.shape[1], x, dy, mean, inv, dgamma, dbeta, threads=tpb)
+
+
+# ---- compiled CPU versions (numba.njit; the cpu device; rows split by parallel_cpu) ---------------
+@njit(cache=True, inline="always")
+def _forward_rows(x, gamma, beta, eps, y, mean_out, inv_out, c):
+    nh = float32(x.shape[1])
+    for m in range(c * ROW_CHUNK, min(x.shape[0], (c + 1) * ROW_CHUNK)):
+        xr, yr = x[m], y[m]
+        s = float32(0.0)
+        for k in range(xr.shape[0]):
+            s += xr[k]
+        mu = s / nh
+        v = float32(0.0)
+        for k in range(xr.shape[0]):
+            t = xr[k] - mu
+            v += t * t
+        inv = float32(1.0) / math.sqrt(v / nh + eps)
+        for k in range(xr.shape[0]):
+            yr[k] = gamma[k] * (xr[k] - mu) * inv + beta[k]
+        mean_out[m] = mu
+        inv_out[m] = inv
+
+
+@njit(cache=True, inline="always")
+def _backward_rows(x, dy, gamma, mean, inv, dx, pg, pb, c):
+    # dx of the chunk's rows; pg, pb: the chunk's partial dgamma, dbeta (zeroed by the caller)
+    nh = float32(x.shape[1])
+    for m in range(c * ROW_CHUNK, min(x.shape[0], (c + 1) * ROW_CHUNK)):
+        xr, gr, dr = x[m], dy[m], dx[m]
+        mu, iv = mean[m], inv[m]
+        sg = float32(0.0)
+        sgx = float32(0.0)
+        for k in range(xr.shape[0]):
+            xhat = (xr[k] - mu) * iv
+            g = gr[k] * gamma[k]
+            sg += g
+            sgx += g * xhat
+            pg[k] += gr[k] * xhat
+            pb[k] += gr[k]
+        for k in range(xr.shape[0]):
+            xhat = (xr[k] - mu) * iv
+            dr[k] = iv / nh * (nh * (gr[k] * gamma[k]) - sg - xhat * sgx)
+
+
+@pjit(cache=True, fastmath={"reassoc"})
+def _layer_norm_forward_cpu(x, gamma, beta, eps, y, mean_out, inv_out):
+    chunks = (x.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    if x.size < PARALLEL_MIN:
+        for c in range(chunks):
+            _forward_rows(x, gamma, beta, eps, y, mean_out, inv_out, c)
+    else:
+        for c in prange(chunks):
+            _forward_rows(x, gamma, beta, eps, y, mean_out, inv_out, c)
+
+
+@pjit(cache=True, fastmath={"reassoc"})
+def _layer_norm_backward_cpu(x, dy, gamma, mean, inv, dx, dgamma, dbeta):
+    chunks = (x.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+    pg = np.zeros((chunks, x.shape[1]), np.float32)      # one partial dgamma, dbeta row per chunk
+    pb = np.zeros((chunks, x.shape[1]), np.float32)
+    if x.size < PARALLEL_MIN:
+        for c in range(chunks):
+            _backward_rows(x, dy, gamma, mean, inv, dx, pg[c], pb[c], c)
+    else:
+        for c in prange(chunks):
+            _backward_rows(x, dy, gamma, mean, inv, dx, pg[c], pb[c], c)
+    sum_partials(pg, dgamma)
+    sum_partials(pb, dbeta)
+
+
+def _check_cpu_shapes(x, gamma, *rows) -> None:
+    if x.ndim != 2 or gamma.shape != (x.shape[1],) or any(a.shape != x.shape for a in rows):
+        raise ValueError(f"layer_norm: x {x.shape} must be (M, H), gamma (H,) and the other (M, H) arrays its "
+                         f"shape; got gamma {gamma.shape}, {[a.shape for a in rows]}")
+
+
+def layer_norm_forward_cpu(x, gamma, beta, eps, y, mean_out, inv_out) -> None:
+    """layer_norm_forward compiled for the CPU: y (M, H), mean_out, inv_out (M,) from x (M, H); contiguous
+    float32, overwritten."""
+    _check_cpu_shapes(x, gamma, y)
+    if x.size:
+        _layer_norm_forward_cpu(x, gamma, beta, np.float32(eps), y, mean_out, inv_out)
+
+
+def layer_norm_backward_cpu(x, dy, gamma, mean, inv, dx, dgamma, dbeta) -> None:
+    """layer_norm_backward compiled for the CPU: dx (M, H), dgamma, dbeta (H,) overwritten (dgamma, dbeta
+    are zero when M is 0)."""
+    _check_cpu_shapes(x, gamma, dy, dx)
+    _layer_norm_backward_cpu(x, dy, gamma, mean, inv, dx, dgamma, dbeta)
 
 
 _M, _V, _H = "float32[:, ::1]", "float32[::1]", "float16[:, ::1]"

@@ -19,6 +19,7 @@ from tests.gradcheck import assert_grad_close, numeric_grad
 from tests.kernel_util import dev, f32_arrays, host
 from tests.layer_util import assert_sim_matches_cpu, run_layer, small_model
 from tests.model_util import tiny_data
+from tests.test_cpu_compiled import each_thread_count
 
 POW2 = st.sampled_from([1, 2, 4, 8, 16, 32])
 
@@ -186,6 +187,61 @@ def test_ln_reference_gradients_float64():
     assert_grad_close(dx, lambda v: fwd(x_=v), x, dy, rtol=1e-5, atol=1e-6)
     assert_grad_close(dg, lambda v: fwd(g_=v), gamma, dy, rtol=1e-5, atol=1e-6)
     assert_grad_close(db, lambda v: fwd(b_=v), beta, dy, rtol=1e-5, atol=1e-6)
+
+
+# ---- LayerNorm compiled CPU version (the cpu device) against the reference ----------------------------
+def _ln_cpu(x, dy, gamma, beta):
+    m = x.shape[0]
+    y, mean, inv = np.full_like(x, np.nan), np.full(m, np.nan, np.float32), np.full(m, np.nan, np.float32)
+    ln.layer_norm_forward_cpu(x, gamma, beta, 1e-5, y, mean, inv)
+    dx, dg, db = np.full_like(x, np.nan), np.full_like(gamma, np.nan), np.full_like(gamma, np.nan)
+    ln.layer_norm_backward_cpu(x, dy, gamma, mean, inv, dx, dg, db)
+    return y, mean, inv, dx, dg, db
+
+
+def _assert_ln_cpu_matches_ref(x, dy, gamma, beta, got):
+    y, mean, inv, dx, dg, db = got
+    ry, rmean, rinv = ln.layer_norm_forward_ref(x, gamma, beta, np.float32(1e-5))
+    np.testing.assert_allclose(mean, rmean, rtol=1e-5, atol=1e-5 * (1 + np.abs(x).max(initial=0)))
+    np.testing.assert_allclose(inv, rinv, rtol=1e-4)
+    np.testing.assert_allclose(y, ry, rtol=1e-4, atol=1e-4)
+    rdx, rdg, rdb = ln.layer_norm_backward_ref(x, dy, gamma, mean, inv)
+    np.testing.assert_allclose(dx, rdx, rtol=1e-4, atol=1e-4)
+    # column sums over the M rows, in another order: float32 rounding grows with M
+    tol = 1e-5 * (1 + x.shape[0]) * (1 + np.abs(dy).max(initial=0))
+    np.testing.assert_allclose(dg, rdg, rtol=1e-4, atol=tol)
+    np.testing.assert_allclose(db, rdb, rtol=1e-4, atol=tol)
+
+
+@given(
+    m=st.integers(0, 600),
+    h=st.integers(1, 40),
+    shift=st.sampled_from([0.0, 100.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_ln_compiled_cpu_matches_ref(m, h, shift, seed):
+    """B = 1 (m 1), one column (h 1: variance 0), rows past one chunk (256), an offset mean; the same bits on
+    1 and 2 numba threads."""
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(m, h)) * 3 + shift).astype(np.float32)
+    dy = rng.normal(size=(m, h)).astype(np.float32)
+    gamma, beta = rng.normal(size=h).astype(np.float32), rng.normal(size=h).astype(np.float32)
+    got = each_thread_count(lambda: _ln_cpu(x, dy, gamma, beta))
+    _assert_ln_cpu_matches_ref(x, dy, gamma, beta, got)
+    if m == 0:
+        assert not got[4].any() and not got[5].any()  # no rows: zero parameter gradients
+
+
+def test_ln_compiled_cpu_parallel_branch_and_shapes():
+    from numbactr.kernels.parallel_cpu import PARALLEL_MIN
+
+    rng = np.random.default_rng(6)
+    m, h = PARALLEL_MIN // 32 + 7, 32  # past PARALLEL_MIN: the parallel twin, a partial last chunk
+    x, dy = rng.normal(size=(m, h)).astype(np.float32), rng.normal(size=(m, h)).astype(np.float32)
+    gamma, beta = rng.normal(size=h).astype(np.float32), rng.normal(size=h).astype(np.float32)
+    _assert_ln_cpu_matches_ref(x, dy, gamma, beta, each_thread_count(lambda: _ln_cpu(x, dy, gamma, beta)))
+    with pytest.raises(ValueError, match=r"layer_norm: x \(4, 3\) must be \(M, H\)"):
+        ln.layer_norm_forward_cpu(x[:4, :3], gamma, beta, 1e-5, np.empty((4, 3), np.float32), x[0], x[1])
 
 
 # ---- PReLU_Dice --------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from numbactr.kernels import softmax as sm
+from numbactr.kernels.parallel_cpu import PARALLEL_MIN
 from tests.gradcheck import assert_grad_close
 from tests.kernel_util import dev, f32_arrays, host
+from tests.test_cpu_compiled import each_thread_count
 
 ROWS = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=6)
 
@@ -109,6 +111,67 @@ def test_reference_gradients():
     assert_grad_close(
         sm.softmax_backward_ref(y, dym, 0.5), lambda z: sm.masked_softmax_forward_ref(z, mask, 0.5), xm, dym, atol=1e-6
     )
+
+
+# ---- compiled CPU versions (the cpu device) against the references -------------------------------------
+@given(x=f32_arrays(ROWS), subtract_max=st.booleans(), factor=st.sampled_from([1.0, 0.125]), data=st.data())
+def test_compiled_cpu_matches_ref(x, subtract_max, factor, data):
+    dy = data.draw(f32_arrays(x.shape))
+
+    def run():
+        y, dx = np.full_like(x, np.nan), np.full_like(x, np.nan)
+        sm.softmax_forward_cpu(x, y, subtract_max)
+        sm.softmax_backward_cpu(y, dy, dx, factor)
+        return y, dx
+
+    y, dx = each_thread_count(run)  # the same bits on 1 and 2 numba threads
+    np.testing.assert_allclose(y, sm.softmax_forward_ref(x, subtract_max), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dx, sm.softmax_backward_ref(y, dy, factor), rtol=1e-4, atol=1e-5)
+
+
+@given(case=masked_case(), factor=st.sampled_from([1.0, 0.5]))
+def test_compiled_cpu_masked_matches_ref(case, factor):
+    x, mask = case
+    y = np.full_like(x, np.nan)
+    sm.masked_softmax_forward_cpu(x, mask, y, factor)
+    np.testing.assert_allclose(y, sm.masked_softmax_forward_ref(x, mask, factor), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mask_rows", [True, False])
+def test_compiled_cpu_masked_odd_shapes_in_place_and_bad_mask(mask_rows):
+    rng = np.random.default_rng(4)
+    for shape in ((1, 1, 1, 1), (1, 3, 7, 9), (5, 4, 10, 10), (300, 2, 3, 5)):  # B = 1; rows past one chunk
+        b, _, lf, lt = shape
+        x = (rng.normal(size=shape) * 5).astype(np.float32)
+        mask = (rng.random((b, 1, lf if mask_rows else 1, lt)) < 0.6).astype(np.float32)
+        want = sm.masked_softmax_forward_ref(x, mask, 0.5)
+        sm.masked_softmax_forward_cpu(x, mask, x, 0.5)  # y may be x
+        np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="does not fit x"):
+        sm.masked_softmax_forward_cpu(x, mask[:, :, :, :1], np.empty_like(x), 1.0)
+    with pytest.raises(ValueError, match="not x's shape"):
+        sm.softmax_forward_cpu(x, np.empty(x.shape[:-1], np.float32))
+
+
+def test_compiled_cpu_parallel_branch():
+    """Past PARALLEL_MIN elements the parallel twin splits the rows across threads: still the reference,
+    and the same bits on 1 and 2 threads."""
+    rng = np.random.default_rng(5)
+    b = PARALLEL_MIN // 400 + 3  # (B, 4, 10, 10): a partial last chunk of rows
+    x, dy = rng.normal(size=(b, 4, 10, 10)).astype(np.float32), rng.normal(size=(b, 4, 10, 10)).astype(np.float32)
+    mask = (rng.random((b, 1, 1, 10)) < 0.7).astype(np.float32)
+
+    def run():
+        y, ym, dx = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        sm.softmax_forward_cpu(x, y)
+        sm.masked_softmax_forward_cpu(x, mask, ym, 1.0)
+        sm.softmax_backward_cpu(ym, dy, dx, 0.5)
+        return y, ym, dx
+
+    y, ym, dx = each_thread_count(run)
+    np.testing.assert_allclose(y, sm.softmax_forward_ref(x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(ym, sm.masked_softmax_forward_ref(x, mask, 1.0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dx, sm.softmax_backward_ref(ym, dy, 0.5), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from numbactr.runtime import device
-from numbactr.kernels import bce, bias, hash_table_cpu, interaction, optimizers_cpu, relu, tbe_cpu
+from numbactr.kernels import bce, bias, hash_table_cpu, interaction, layer_norm, optimizers_cpu, relu, softmax, tbe_cpu
 from numbactr.tools import warm_cache
 
 
@@ -33,6 +33,12 @@ def test_warm_cache_compiles_the_engine_in_both_weight_types():
         bias._bias_grad_cpu,
         bce._bce_cpu,
         optimizers_cpu._dense_update,
+        layer_norm._layer_norm_forward_cpu,  # attention models' LayerNorm and softmax rows
+        layer_norm._layer_norm_backward_cpu,
+        softmax._shift_cpu,
+        softmax._masked_shift_cpu,
+        softmax._normalize_cpu,
+        softmax._backward_cpu,
     ):
         assert fn.signatures, fn.__name__
 

@@ -1,8 +1,9 @@
 """Normalization ops: BatchNorm, LayerNorm, PReLU_Dice (spec §6.2).
 
 Contract: autograd Functions on raw arrays; numbactr.ops.dispatch.pick sends each direction to the
-numba.cuda kernels of numbactr.kernels.{batch_norm, layer_norm, prelu_dice} on gpu/sim, PReLU_Dice's compiled
-CPU version or the NumPy references on cpu. Parameters and statistics are float32 (float16 x and y under mixed precision).
+numba.cuda kernels of numbactr.kernels.{batch_norm, layer_norm, prelu_dice} on gpu/sim and, on cpu, their
+compiled CPU versions where they exist (LayerNorm, PReLU_Dice) or NumPy references. Parameters and statistics
+are float32 (float16 x and y under mixed precision).
 
 Formulas: BatchNorm y = γ (x - μ_B) / sqrt(σ²_B + eps) + β per feature over the batch (training; the
 running statistics move by ``factor``), with the running μ, σ² in eval; LayerNorm the same per row over the
@@ -92,6 +93,15 @@ def _ln_forward_kernel(x2, gamma, beta, eps):
     return y, mean, inv
 
 
+def _ln_forward_cpu(x2, gamma, beta, eps):
+    if x2.dtype != np.float32:  # the compiled version takes float32; float64 (gradient checks): the reference
+        return _ln_forward_ref(x2, gamma, beta, eps)
+    y = np.empty_like(x2)
+    mean, inv = np.empty((x2.shape[0],), np.float32), np.empty((x2.shape[0],), np.float32)
+    layer_norm.layer_norm_forward_cpu(x2, gamma, beta, eps, y, mean, inv)
+    return y, mean, inv
+
+
 def _ln_forward_ref(x2, gamma, beta, eps):
     return layer_norm.layer_norm_forward_ref(x2, gamma, beta, np.float32(eps))
 
@@ -101,6 +111,14 @@ def _ln_backward_kernel(x2, dy2, gamma, mean, inv):
     dx = xp.empty_like(dy2)
     dgamma, dbeta = xp.empty_like(gamma), xp.empty_like(gamma)
     layer_norm.layer_norm_backward(x2, dy2, gamma, mean, inv, dx, dgamma, dbeta)
+    return dx, dgamma, dbeta
+
+
+def _ln_backward_cpu(x2, dy2, gamma, mean, inv):
+    if x2.dtype != np.float32 or dy2.dtype != np.float32:
+        return layer_norm.layer_norm_backward_ref(x2, dy2, gamma, mean, inv)
+    dx, dgamma, dbeta = np.empty_like(dy2), np.empty_like(gamma), np.empty_like(gamma)
+    layer_norm.layer_norm_backward_cpu(x2, dy2, gamma, mean, inv, dx, dgamma, dbeta)
     return dx, dgamma, dbeta
 
 
@@ -115,15 +133,17 @@ class LayerNormFn(Function):
         shape = x.shape
         x2 = _contig(x).reshape(-1, shape[-1])  # (M, H)
         ctx.x2, ctx.gamma, ctx.shape = x2, gamma, shape
-        y, ctx.mean, ctx.inv = pick(kernel=_ln_forward_kernel, ref=_ln_forward_ref)(x2, gamma, beta, eps)
+        y, ctx.mean, ctx.inv = pick(kernel=_ln_forward_kernel, cpu=_ln_forward_cpu, ref=_ln_forward_ref)(
+            x2, gamma, beta, eps
+        )
         return y.reshape(shape)
 
     @staticmethod
     def backward(ctx: Context, dy):
         dy2 = _contig(_half(ctx, dy)[0]).reshape(ctx.x2.shape)
-        dx, dgamma, dbeta = pick(kernel=_ln_backward_kernel, ref=layer_norm.layer_norm_backward_ref)(
-            ctx.x2, dy2, ctx.gamma, ctx.mean, ctx.inv
-        )
+        dx, dgamma, dbeta = pick(
+            kernel=_ln_backward_kernel, cpu=_ln_backward_cpu, ref=layer_norm.layer_norm_backward_ref
+        )(ctx.x2, dy2, ctx.gamma, ctx.mean, ctx.inv)
         return dx.reshape(ctx.shape), dgamma, dbeta
 
 

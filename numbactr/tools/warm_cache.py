@@ -4,9 +4,9 @@ The cpu device's hot ops are Numba functions compiled on first use and cached on
 next to their sources or under ``NUMBA_CACHE_DIR``). A fresh install pays that compile in the first
 steps: about 30-40 s for each type signature of the embedding engine's forward and fused update, a few
 minutes in all. This runs those first uses on tiny inputs (the engine in every weights precision, index
-type, pooling and layout; the hash table; the dot interaction; MultiCross and PReLU_Dice; two training
-steps of the demo's DLRM, which compile the dense ops), so that a container image, a CI job or a test run
-finds them compiled. It changes no state but Numba's cache; running it twice costs seconds.
+type, pooling and layout; the hash table; the dot interaction; MultiCross and PReLU_Dice; LayerNorm and
+softmax; two training steps of the demo's DLRM, which compile the dense ops), so that a container image, a CI
+job or a test run finds them compiled. It changes no state but Numba's cache; running it twice costs seconds.
 
 tests/conftest.py starts it in a background process when a test session begins, so a fresh clone's
 test run compiles on the second core while its first tests run.
@@ -125,6 +125,21 @@ def _cross_and_dice_cases():
         prelu_dice.prelu_dice_backward_cpu(x, x, 0.2, mean, inv, exact, e(x))
 
 
+def _norm_softmax_cases():
+    """LayerNorm and the softmax rows (plain and masked) compiled for the CPU: attention models' dense ops."""
+    from numbactr.kernels import layer_norm, softmax
+
+    x = np.linspace(-1.0, 1.0, 2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    y, dx = np.empty_like(x), np.empty_like(x)
+    softmax.softmax_forward_cpu(x, y)
+    softmax.masked_softmax_forward_cpu(x, np.ones((2, 1, 1, 5), np.float32), y, 1.0)
+    softmax.softmax_backward_cpu(y, x, dx)
+    x2, g = x.reshape(-1, 5), np.ones(5, np.float32)
+    mean, inv = np.empty(x2.shape[0], np.float32), np.empty(x2.shape[0], np.float32)
+    layer_norm.layer_norm_forward_cpu(x2, g, g, 1e-5, y.reshape(-1, 5), mean, inv)
+    layer_norm.layer_norm_backward_cpu(x2, x2, g, mean, inv, dx.reshape(-1, 5), np.empty_like(g), np.empty_like(g))
+
+
 def _model_cases():
     """Two training steps and an evaluation of the demo's DLRM on a few generated samples: the dense ops'
     compiled CPU code as a first training run meets it (bias, ReLU, the interaction, BCE, the dense Adam
@@ -166,6 +181,7 @@ STEPS = (
     ("embedding engine", _engine_cases),
     ("hash table, interaction", _hash_and_dense_cases),
     ("MultiCross, PReLU_Dice", _cross_and_dice_cases),
+    ("LayerNorm, softmax", _norm_softmax_cases),
     ("a DLRM's dense ops", _model_cases),
 )
 
