@@ -188,15 +188,16 @@ def main(argv=None) -> dict:
         f"{distinct['items']:,} distinct items; D={size['dim']}, batch {size['batch']}, {args.threads} thread(s); "
         f"the hidden truth's AUC (last half) {oracle:.3f}"
     )
-    plans = [("unbounded", None, distinct), ("unbounded hybrid", "kLru", {k: bucketed(v) for k, v in distinct.items()})]
+    plans = [("unbounded", None, "all", distinct)]
+    plans += [("unbounded hybrid", "kLru", "all", {k: bucketed(v) for k, v in distinct.items()})]
     plans += [
-        (f"{s} {f:.0%}", s, {k: int(f * v) for k, v in distinct.items()})
+        (f"{s} {f:.0%}", s, f"{f:.0%}", {k: int(f * v) for k, v in distinct.items()})
         for f in FRACTIONS
         for s in args.strategies.split(",")
         if s
     ]
     summary = Table(
-        "streaming IDs",
+        "streaming IDs: summary",
         ["run", "strategy", "capacity", "% of keys", "AUC (last half)", "final keys", "MB", "Mkeys/s"],
         notes=[
             f"{size['windows'] * size['events']:,} clicks in {size['windows']} windows; {distinct['users']:,} + "
@@ -206,11 +207,10 @@ def main(argv=None) -> dict:
             f"cpu device, {args.threads} thread(s), on a shared, noisy 2-core machine: Mkeys/s are rough",
         ],
     )
-    per_window = Table("streaming IDs per window", ["run", "window", "AUC", "keys", "MB"])
-    warm = [s[:4] for s in stream[:1]]
+    per_window = Table("streaming IDs: per window", ["run", "strategy", "fraction", "window", "AUC", "keys", "MB"])
     for strategy in (None, "kLru"):  # compile the tables' code before any timing
-        run([tuple(a[:500] for a in warm[0])], {"users": 1024, "items": 1024}, strategy, size["dim"], 250, 0.1, 0)
-    for label, strategy, cap in plans:
+        run([tuple(a[:500] for a in stream[0])], {"users": 1024, "items": 1024}, strategy, size["dim"], 250, 0.1, 0)
+    for label, strategy, frac, cap in plans:
         got = run(stream, cap, strategy, size["dim"], size["batch"], args.lr, args.seed)
         over = [k for k in got["keys"] if any(a > b for a, b in zip(k, got["held"]))]
         if over:
@@ -227,7 +227,7 @@ def main(argv=None) -> dict:
             got["keys/s"] / 1e6,
         )
         for w, (auc, keys, nbytes) in enumerate(zip(got["auc"], got["keys"], got["bytes"])):
-            per_window.add(label, w, auc, sum(keys), nbytes / 2**20)
+            per_window.add(label, strategy or "none (hbm)", frac, w, auc, sum(keys), nbytes / 2**20)
         print(f"{label:>16}: AUC per window {' '.join(f'{a:.3f}' for a in got['auc'])}", flush=True)
         print(f"{'':>16}  keys held {' '.join(str(sum(k)) for k in got['keys'])}", flush=True)
     print()
