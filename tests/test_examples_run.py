@@ -64,3 +64,37 @@ def test_ncf_graphs_build_and_train_on_a_small_ratings_file(model, tmp_path):
     got = common.fit_and_eval(ncf.build(args, res, seed=0), epochs=1)
     assert got["HitRate@10"] == 1.0  # 10 rows per user: every positive is in the top 10
     assert 1 / np.log2(11) <= got["NDCG@10"] <= 1.0
+
+
+def test_streaming_ids_runs_and_its_evicting_tables_stay_within_capacity(tmp_path, capsys):
+    """examples/streaming_ids.py --quick: every run is in the printed table, the evicting runs fill their
+    tables and never hold more keys than their capacity (in any window), the unbounded runs hold every
+    distinct key, and the --json file is a valid result document with a figure per run."""
+    pytest.importorskip("torch")
+    from numbactr.bench import results
+
+    mod = importlib.import_module("streaming_ids")
+    js = str(tmp_path / "stream.json")
+    got = mod.main(["--quick", "--json", js])
+    out = capsys.readouterr().out
+    total = sum(got["distinct"].values())
+    labels = ["unbounded", "unbounded hybrid"]
+    labels += [f"{s} {f:.0%}" for f in mod.FRACTIONS for s in mod.STRATEGIES]
+    for label in labels:
+        assert f"| {label} |" in out
+    summary = {row[0]: dict(zip(got["summary"].columns, row)) for row in got["summary"].raw}
+    assert set(summary) == set(labels)
+    for label in labels[:2]:
+        assert summary[label]["final keys"] == total  # every lookup inserts: all keys are held
+    for label in labels[2:]:
+        cap = summary[label]["capacity"]
+        assert summary[label]["final keys"] == cap  # full, and evicting
+        windows = [dict(zip(got["per_window"].columns, row)) for row in got["per_window"].raw]
+        kept = [w["keys"] for w in windows if w["run"] == label]
+        assert len(kept) == mod.SIZES["quick"]["windows"] and max(kept) <= cap
+        assert summary[label]["MB"] < summary["unbounded"]["MB"]
+    assert 10 * min(summary[label]["capacity"] for label in labels[2:]) <= total  # 10x the smallest tables
+    assert 0.5 < summary["unbounded"]["AUC (last half)"] <= got["oracle"]
+    doc = results.load(js)
+    runs = {r["run"] for r in doc["results"] if r["metric"] == "AUC (last half)"}
+    assert runs == set(labels)
