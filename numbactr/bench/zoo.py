@@ -16,8 +16,9 @@ Breakdown of numbactr's step (numbactr/bench/step_breakdown.py's PhaseTimer, plu
 ``breakdown_steps`` further steps by the host clock, embedding (the SparseEmbeddings' lookup, gradient
 hand-over, fused backward + Adam update), GEMMs (the fully connected layers' matrix products, BLAS),
 kernels (every other op's math: the function ``numbactr.ops.dispatch.pick`` chose, compiled CPU code or a
-NumPy reference, including its call), and Python (the rest: tape, Tensors, layer dispatch, allocation, the
-dense optimizer's call; what issue 41's planned step removes).
+NumPy reference, including its call), and Python (the rest: the planned step's op loop, numbactr.train.plan,
+or the general step's tape, Tensors and layer dispatch; allocation, the dense optimizer's call); the ``step``
+column says which step ran.
 
 Inference (numbactr/bench/zoo_infer.py): each model saved as a HugeCTR user saves it and served by numbactr's
 InferenceSession beside onnxruntime on the exported model, batch 1 to 4096 (``infer_batches``), a third
