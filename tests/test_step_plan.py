@@ -14,8 +14,9 @@ from numbactr.runtime import device
 
 
 def small(spec: Z.Spec) -> Z.Spec:
-    """The spec at simulator size: hidden widths at most 16 (DLRM's bottom MLP ends at D = 16), vocabularies
-    of at most 12 ids; embedding widths, layer and expert counts as they are."""
+    """The spec at simulator size: hidden widths at most 16 (DLRM's bottom MLP ends at D = 16), at most 4 slots
+    of at most 12 ids an input (DIN's and BST's histories: 3 steps); embedding widths, layer and expert
+    counts as they are."""
     keep = {"D", "gmf", "mlp", "cross", "experts", "alpha"}
 
     def shrink(k, v):
@@ -28,7 +29,7 @@ def small(spec: Z.Spec) -> Z.Spec:
     return dataclasses.replace(
         spec,
         kw={k: shrink(k, v) for k, v in spec.kw.items()},
-        inputs=[(n, [min(s, 12) for s in sizes]) for n, sizes in spec.inputs],
+        inputs=[(n, [min(s, 12) for s in sizes[:4]]) for n, sizes in spec.inputs],  # at most 4 slots an input
         dense=min(spec.dense, 3),
     )
 
