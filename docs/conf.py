@@ -57,6 +57,11 @@ autosummary_generate = True
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True, "ignore-module-all": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+# Short names that several classes define as fields (keys, values, type: the evicting table's Arrays, a
+# conversion's result, the parameter server's database params) make autodoc's implicit references to them
+# ambiguous. Those are the only Python reference warnings here (nitpicky is off: an unresolved reference never
+# warns), so they are silenced rather than each docstring reworded around its neighbours' field names.
+suppress_warnings = ["ref.python"]
 autodoc_preserve_defaults = True
 napoleon_google_docstring = True
 napoleon_numpy_docstring = True
