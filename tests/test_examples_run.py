@@ -66,7 +66,7 @@ def test_ncf_graphs_build_and_train_on_a_small_ratings_file(model, tmp_path):
     assert 1 / np.log2(11) <= got["NDCG@10"] <= 1.0
 
 
-def test_streaming_ids_runs_and_its_evicting_tables_stay_within_capacity(tmp_path, capsys):
+def test_streaming_ids_sok_example_runs_and_its_evicting_tables_stay_within_capacity(tmp_path, capsys):
     """examples/streaming_ids.py --quick: every run is in the printed table, the evicting runs fill their
     tables and never hold more keys than their capacity (in any window), the unbounded runs hold every
     distinct key, and the --json file is a valid result document with a figure per run."""
