@@ -39,6 +39,7 @@ from .scan import exclusive_scan, scan_partials_size
 
 _device = functools.partial(cuda.jit, device=True, inline=True)    # inline: compiles without a GPU
 upsert_key = _device(M.upsert_key)
+move_slot = _device(M.move_slot)
 
 
 @cuda.jit
@@ -140,14 +141,8 @@ def double_kernel(tkeys, tvals, tscores, nkeys, nvals, nscores, nsizes, moved):
             if key == uint64(0xFFFFFFFFFFFFFFFF):
                 moved[s] = -1
                 continue
-            b = int64(fmix64(key) % uint64(nb))
-            d = b * bsz + nsizes[b]
-            nsizes[b] += 1
-            nkeys[d] = key
-            nscores[d] = tscores[s]
-            for k in range(tvals.shape[1]):
-                nvals[d, k] = tvals[s, k]
-            moved[s] = d
+            move_slot(tkeys, tvals, tscores, nkeys, nvals, nscores, nsizes, moved, s, int64(fmix64(key) % uint64(nb)),
+                      bsz)
 
 
 # ---- the ops over an Arrays table on xp (the signatures of kernels/hkv_ref.py's) ------------------------

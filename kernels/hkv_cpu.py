@@ -17,6 +17,7 @@ from .parallel_cpu import pjit
 
 _JIT = dict(cache=True)
 upsert_key = njit(inline="always", **_JIT)(M.upsert_key)
+move_slot = njit(inline="always", **_JIT)(M.move_slot)
 
 
 @njit(inline="always", **_JIT)
@@ -95,14 +96,7 @@ def double_into(tkeys, tvals, tscores, nkeys, nvals, nscores, nsizes, moved):
         if key == uint64(M.EMPTY_KEY):
             moved[s] = -1
             continue
-        b = _bucket(key, nb)
-        d = b * bsz + nsizes[b]
-        nsizes[b] += 1
-        nkeys[d] = key
-        nscores[d] = tscores[s]
-        for k in range(tvals.shape[1]):
-            nvals[d, k] = tvals[s, k]
-        moved[s] = d
+        move_slot(tkeys, tvals, tscores, nkeys, nvals, nscores, nsizes, moved, s, _bucket(key, nb), bsz)
 
 
 # ---- the ops over an Arrays table (the signatures of kernels/hkv_ref.py's) ---------------------------

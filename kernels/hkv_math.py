@@ -160,5 +160,17 @@ def upsert_key(tkeys, tvals, tscores, sizes, b, i, keys, given, vin, vout, mode,
     slots[i] = target
 
 
+def move_slot(tkeys, tvals, tscores, nkeys, nvals, nscores, nsizes, moved, s, b, bsz):
+    """Doubling: old slot s's key, row and score to the next free slot of new bucket b (buckets of bsz
+    slots); moved[s] <- that slot."""
+    d = b * bsz + nsizes[b]
+    nsizes[b] += 1
+    nkeys[d] = tkeys[s]
+    nscores[d] = tscores[s]
+    for k in range(tvals.shape[1]):
+        nvals[d, k] = tvals[s, k]
+    moved[s] = d
+
+
 #: plain Python compiled by kernels/hkv.py (whose PTX_CHECKS compile it inside the kernels) and hkv_cpu.py
 PTX_CHECKS = []
