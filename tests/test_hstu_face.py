@@ -97,6 +97,7 @@ CALL = dict(seqused_q=None, seqused_k=None, scaling_seqlen=-1, num_contexts=None
         (dict(num_contexts=np.array([1, 0])), ValueError, "need the causal window"),
         (dict(num_targets=np.array([1, 3]), window_size=(-1, 0)), ValueError, "sequence 1 has 0 contexts and 3"),
         (dict(rab=np.zeros((2, 1, 2, 2), np.float32)), ValueError, "M >= the longest sequence"),
+        (dict(window_size=3), ValueError, "window must be two ints"),
     ],
     ids=lambda x: x if isinstance(x, str) else "",
 )

@@ -153,7 +153,7 @@ def make_plan(
         raise ValueError(f"{WHO}: q, k, v and rab must all be on the host or all on the GPU, got {where}")
     scale = int(max_seqlen_q) if scaling_seqlen in (-1, None) else scaling_seqlen
     ctx, tgt = to_host(num_contexts), to_host(num_targets)
-    a = check_args(q, k, v, cu_q, int(max_seqlen_k), scale, ctx, tgt, target_group_size, tuple(window_size), rab)
+    a = check_args(q, k, v, cu_q, int(max_seqlen_k), scale, ctx, tgt, target_group_size, window_size, rab)
     return AttnPlan(
         cu=cu_q.astype(np.int32),
         num_contexts=a.ctx.astype(np.int32),
