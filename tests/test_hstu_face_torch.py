@@ -6,6 +6,8 @@ every head. The face computes in float32 (the kernels' precision), the implement
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -171,3 +173,26 @@ def test_torch_errors():
     bad = dict(call, num_targets=torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="causal window"):
         hstu_attn_varlen_func(q, k, v, cu, cu, **bad, window_size=(-1, -1))
+
+
+@st.composite
+def torch_cases(draw):
+    """A random ragged batch (lengths 0-8), window, and (with the causal window) contexts and targets."""
+    lengths = draw(st.lists(st.integers(0, 8), min_size=1, max_size=4).filter(lambda ls: max(ls) > 0))
+    window = draw(st.sampled_from([(-1, 0), (-1, -1), (2, 0), (1, 1)]))
+    ctx = tgt = None
+    if window == (-1, 0) and draw(st.booleans()):
+        tgt = np.array([draw(st.integers(0, n)) for n in lengths])
+        ctx = np.array([draw(st.integers(0, n - t)) for n, t in zip(lengths, tgt)])
+    rab_heads = draw(st.sampled_from([None, 1, 2]))
+    has_drab = rab_heads is not None and draw(st.booleans())
+    return dict(lengths=lengths, window=window, ctx=ctx, tgt=tgt, group=draw(st.integers(1, 3)),
+                rab_heads=rab_heads, has_drab=has_drab, alpha=draw(st.sampled_from([0.5, 1.0, 2.0])),
+                seed=draw(st.integers(0, 99)))  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=torch_cases())
+def test_random_batches_agree_with_the_torch_implementation(case):
+    face, ref, names = run_both(case.pop("lengths"), case.pop("window"), **case)
+    assert_agree(face, ref, names)
