@@ -48,6 +48,7 @@ __all__ = ["hstu_attn_varlen_func", "hstu_attn_varlen_backward"]
 
 
 def _xp(a):
+    """The array module of a: CuPy for device arrays, NumPy for host arrays."""
     if on_gpu(a):
         import cupy
 
@@ -56,6 +57,7 @@ def _xp(a):
 
 
 def _f32(a):
+    """a as a contiguous float32 array where it lives (a itself when it already is one)."""
     return None if a is None else _xp(a).ascontiguousarray(a, dtype=np.float32)
 
 
