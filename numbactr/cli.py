@@ -46,6 +46,7 @@ BENCH_HELP = """benchmarks (markdown tables; not tests):
   inference            InferenceSession vs onnxruntime: predictions/s, p50/p99 latency, cache hit rate
   zoo                  HugeCTR's sample zoo (W&D, DCN, DeepFM, DLRM, NCF...) beside PyTorch twins, samples/s
   hkv                  the evicting table (HierarchicalKV's operations) beside the fixed hash table, M-KV/s
+  hstu                 HSTU's jagged attention forward and backward beside PyTorch padded dense, ms
 Each runs on the device numbactr picks, with the thread plan of the start-up line, and beside PyTorch
 when torch is installed. `numbactr bench data --help` / `numbactr bench hash --help` for the options."""
 
@@ -143,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _bench(rest: list) -> int:
     if not rest or rest[0] in ("-h", "--help"):
         print(
-            "usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,zoo,hkv} [options]\n\n"
+            "usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,zoo,hkv,hstu} [options]\n\n"
             + BENCH_HELP
         )
         return 0

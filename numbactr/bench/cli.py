@@ -24,6 +24,9 @@
     numbactr bench hkv        the evicting table (HierarchicalKV's insert_or_assign, insert_and_evict,
                               find_or_insert, find) at load factor 0.5 and 1.0, D 8 and 32, beside the fixed
                               hash table: M-KV/s, the cost of eviction (numbactr/bench/hkv.py)
+    numbactr bench hstu       HSTU's jagged attention (numbactr.hstu.hstu_attn_varlen_func), forward and backward,
+                              beside the same math in PyTorch padded dense, at max lengths 50-512
+                              (numbactr/bench/hstu.py); --threads 1,2
     numbactr bench sok        SOK's seed benchmark: a PyTorch model with its native nn.Embedding vs numbactr.sok's
                               All2AllDenseEmbedding, 1 rank and mpiexec -n 2 (numbactr/bench/sok.py)
     --quick                   small shapes (seconds; the smoke test uses it)
@@ -59,7 +62,7 @@ from numbactr.bench.dlrm import bench_dlrm
 from numbactr.bench.embedding import bench_embedding
 from numbactr.bench.hash import bench_hash
 
-SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache", "sok", "zoo", "hkv")
+SUBCOMMANDS = ("hash", "embedding", "dlrm", "all", "cache", "sok", "zoo", "hkv", "hstu")
 
 
 # ---- SOK ---------------------------------------------------------------------------------------
@@ -119,6 +122,10 @@ def run(
 
     fns["hkv"] = bench_hkv.bench_hkv  # not in 'all': the evicting table's own question
     sizes = {**sizes, "hkv": bench_hkv.QUICK if quick else bench_hkv.FULL}
+    from numbactr.bench import hstu as bench_hstu
+
+    fns["hstu"] = bench_hstu.bench_hstu  # not in 'all': the attention of issue 43
+    sizes = {**sizes, "hstu": bench_hstu.QUICK if quick else bench_hstu.FULL}
     tables = []
     with log.progress(total=len(names), desc="numbactr bench", unit="benchmark") as bar:
         for name in names:
@@ -153,7 +160,7 @@ def main(argv=None) -> int:
         "--threads",
         type=_thread_list,
         default=None,
-        help="comma-separated thread counts for embedding and dlrm (default 1,2; --quick 1; --model mlperf: numbactr's compute threads), set for numbactr and torch alike",
+        help="comma-separated thread counts for embedding, dlrm and hstu (default 1,2; --quick 1; --model mlperf: numbactr's compute threads), set for numbactr and torch alike",
     )
     ap.add_argument(
         "--model",
@@ -244,7 +251,7 @@ def main(argv=None) -> int:
     options = (
         {}
         if args.threads is None
-        else {k: {"threads": args.threads} for k in ("embedding", "dlrm", "cache", "sok", "zoo")}
+        else {k: {"threads": args.threads} for k in ("embedding", "dlrm", "cache", "sok", "zoo", "hstu")}
     )
     options.setdefault("cache", {})["plot"] = args.plot
     if args.batch is not None:

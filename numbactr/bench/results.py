@@ -54,6 +54,7 @@ MEASURED = frozenset(
         "fwd ms",
         "fwd GB/s",
         "fwd % peak",
+        "bwd ms",
         "bwd+upd ms",
         "bwd+upd GB/s",
         "bwd+upd % peak",
