@@ -196,9 +196,6 @@ class EvictingHashEmbedding(HashEmbedding):
         pos = xp.flatnonzero(unset)[::-1]  # reversed: the first occurrence is written last and wins
         ids[at[pos], 0] = ks[pos]
 
-    def _full_error(self, e):
-        return e  # an evicting table never fills; kept for the interface
-
     # ---- what the model and checkpoints read ---------------------------------------------------------
     def _used(self):
         return device.xp().flatnonzero(self.index.arrays.keys != np.uint64(EMPTY_KEY))
