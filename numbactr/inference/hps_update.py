@@ -4,9 +4,9 @@ A training table that evicts (numbactr.embedding.sparse_evicting, collection_evi
 hands out incremental dumps: the keys inserted or trained since the last dump with their rows, and the keys
 it evicted. HugeCTR's HPS takes new rows from its update source (a Kafka stream numbactr does not have) but
 never hears of a key leaving, so an evicted key would keep its last row in every tier and in the embedding
-cache: a stale row that inference keeps serving. Here one call applies a dump:
+cache: a stale row that inference keeps serving. Here one call applies a dump::
 
-    ps.update(model_name, table, keys, values, evicted)      # e.g. *embedding.incremental_dump()
+    ps.update(model_name, table, keys, values, evicted)      # e.g. (..., *emb.incremental_dump())
 
   keys (n,) with values (n, D): inserted into every database tier (volatile, then persistent) and, where a
       key is in the embedding cache, written over its cached vector (the next request reads the new row;
