@@ -128,8 +128,24 @@ class HybridEmbeddingParam:
         )
 
 
+EVICT_STRATEGIES = ("kLru", "kLfu", "kEpochLru", "kEpochLfu")
+
+
 class SparseEmbedding:
-    """``hugectr.SparseEmbedding`` (spec §5.2)."""
+    """``hugectr.SparseEmbedding`` (spec §5.2).
+
+    numbactr's options for a hash embedding (keyword only; HugeCTR has none): ``max_capacity`` (None,
+    HugeCTR's behaviour: the table holds what workspace_size_per_gpu_in_mb gives and a batch that needs
+    more rows is a HashTableFullError; it never evicts) or the most keys the table holds, beyond which
+    a new key takes the slot of its bucket's lowest-scored key (HierarchicalKV's evicting table:
+    training streams past it without error; workspace_size_per_gpu_in_mb is then not used);
+    ``evict_strategy`` (``"kLru"``, ``"kLfu"``, ``"kEpochLru"``, ``"kEpochLfu"``) and ``max_bucket_size``
+    (128, or less below 128 keys) of that table; ``evict_to``: a lower tier that takes the rows of evicted
+    keys instead of dropping them and gives a key back its row when it returns (any object with
+    ``insert(tag, keys, values)``, ``fetch(tag, keys, width)`` and ``erase(tag, keys)``, e.g.
+    numbactr.inference.backends' HashMapBackend, RedisClusterBackend, RocksDBBackend; the tag is the
+    embedding's name). numbactr.embedding.sparse_evicting has the rules.
+    """
 
     def __init__(
         self,
@@ -143,6 +159,11 @@ class SparseEmbedding:
         optimizer=None,
         hybrid_embedding_param=None,
         embedding_cache=None,
+        *,
+        max_capacity=None,
+        evict_strategy="kLru",
+        max_bucket_size=None,
+        evict_to=None,
     ):
         _expect(
             isinstance(embedding_type, Embedding_t),
@@ -194,6 +215,7 @@ class SparseEmbedding:
         )
         self.embedding_cache = embedding_cache
         who = f"SparseEmbedding {sparse_embedding_name!r}"
+        self._evicting_options(who, max_capacity, evict_strategy, max_bucket_size, evict_to)
         if hybrid_embedding_param is not None and embedding_type != Embedding_t.HybridSparseEmbedding:
             warn_ignored(
                 who,
@@ -219,3 +241,43 @@ class SparseEmbedding:
                 "DistributedSlotSparseEmbeddingHash hashes its keys: its size comes from workspace_size_per_gpu_in_mb",
                 stacklevel=2,
             )
+
+    def _evicting_options(self, who, max_capacity, evict_strategy, max_bucket_size, evict_to) -> None:
+        """Check and keep numbactr's evicting-table options (class docstring)."""
+        hashed = (Embedding_t.DistributedSlotSparseEmbeddingHash, Embedding_t.LocalizedSlotSparseEmbeddingHash)
+        if max_capacity is not None:
+            _expect(
+                self.embedding_type in hashed,
+                f"{who}: max_capacity is for the hash embeddings (Distributed / Localized), not "
+                f"{self.embedding_type.name}",
+            )
+            _expect(
+                isinstance(max_capacity, numbers.Integral) and not isinstance(max_capacity, bool) and max_capacity >= 1,
+                f"{who}: max_capacity must be a positive key count or None, got {max_capacity!r}",
+            )
+            _expect(
+                self.embedding_cache is None,
+                f"{who}: max_capacity and embedding_cache cannot be combined (an evicting table is not tiered)",
+            )
+        _expect(
+            evict_strategy in EVICT_STRATEGIES,
+            f"{who}: evict_strategy must be one of {list(EVICT_STRATEGIES)}, got {evict_strategy!r}",
+        )
+        _expect(
+            max_bucket_size is None
+            or (isinstance(max_bucket_size, numbers.Integral) and not isinstance(max_bucket_size, bool)),
+            f"{who}: max_bucket_size must be a positive integer or None, got {max_bucket_size!r}",
+        )
+        missing = [m for m in ("insert", "fetch", "erase") if not callable(getattr(evict_to, m, None))]
+        _expect(
+            evict_to is None or (max_capacity is not None and not missing),
+            f"{who}: evict_to needs max_capacity and an object with insert, fetch and erase (a "
+            f"numbactr.inference.backends backend), got {evict_to!r}",
+        )
+        self.max_capacity = None if max_capacity is None else int(max_capacity)
+        self.evict_strategy, self.max_bucket_size, self.evict_to = evict_strategy, max_bucket_size, evict_to
+
+    @property
+    def evicting(self) -> bool:
+        """A hash embedding with a max_capacity: it evicts rather than fill."""
+        return self.max_capacity is not None

@@ -330,6 +330,18 @@ class EmbeddingCache:
         self.freq[...] = 0
         self.dirty[...] = 0
 
+    def forget(self, rows) -> None:
+        """These rows (n,) int64 leave the cache without a write-back (their keys were erased upstream, e.g.
+        evicted by a training table): their slots become empty. Rows not cached are ignored."""
+        rows = self.xp.asarray(rows).astype(np.int64, copy=False)
+        slots = self.row_slot[rows]
+        slots = slots[slots >= 0]
+        self.row_slot[rows] = -1
+        self.slot_row[slots] = -1
+        self.stamp[slots] = 0
+        self.freq[slots] = 0
+        self.dirty[slots] = 0
+
     def grow_rows(self, t: int, rows: int) -> None:
         """Table t now has `rows` rows (a keyed table's new keys): the row -> slot map grows."""
         rows = int(rows)

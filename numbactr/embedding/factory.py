@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from numbactr.embedding.hybrid import HybridEmbedding
 from numbactr.embedding.sparse_embedding import HashEmbedding, OneHotEmbedding
+from numbactr.embedding.sparse_evicting import EvictingHashEmbedding
 from numbactr.enums import Embedding_t
 
 
@@ -17,4 +18,6 @@ def make_embedding(cfg, sparse_param, opt, seed: int, comm=None):
         return OneHotEmbedding(cfg, sparse_param, opt, seed, comm)
     if cfg.embedding_type == Embedding_t.HybridSparseEmbedding:
         return HybridEmbedding(cfg, sparse_param, opt, seed, comm)
+    if getattr(cfg, "evicting", False):  # numbactr's max_capacity: HierarchicalKV's evicting table
+        return EvictingHashEmbedding(cfg, sparse_param, opt, seed, comm)
     return HashEmbedding(cfg, sparse_param, opt, seed, comm)

@@ -136,7 +136,10 @@ def _gather_embedding(e, comm):
 
 def _block_rows(e, ranks: int) -> int:
     """V: rows of one rank's block in the sparse optimizer-state file, i.e. HugeCTR's per-rank pool size
-    (from the workspace, or for slot-sized tables the largest share of slot_size_array over ranks)."""
+    (from the workspace, or for slot-sized tables the largest share of slot_size_array over ranks; numbactr's
+    evicting tables: max_capacity)."""
+    if getattr(e.cfg, "evicting", False):
+        return e.max_rows
     sizes = list(e.cfg.slot_size_array) if e.by_slot else []
     if not sizes:
         return max_vocabulary_size_per_gpu(e.cfg.workspace_size_per_gpu_in_mb, e.vec, e.n_states)

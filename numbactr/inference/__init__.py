@@ -9,6 +9,7 @@ params.py    InferenceParams, VolatileDatabaseParams, PersistentDatabaseParams, 
              ParameterServerConfig (HugeCTR's HPS JSON too)
 backends.py  the database tiers: in-process hash map, Redis (redis client), RocksDB (rocksdict)
 hps.py       ParameterServer (tiers filled from the sparse model folders), the embedding cache, HPS
+hps_update.py  ParameterServer.update: a training table's incremental dump (rows in, evicted keys out)
 session.py   InferenceSession / CreateInferenceSession, InferenceModel
 """
 

@@ -4,13 +4,16 @@
     db = make_persistent(PersistentDatabaseParams(...))  # RocksDBBackend | None
     db.insert(tag, keys, values)              keys (n,) uint64 distinct, values (n, D) float32
     values, found = db.fetch(tag, keys, D)    values (n, D) float32 (zeros where not found), found (n,) bool
+    db.erase(tag, keys)                       the keys leave the table (absent keys are ignored)
     db.size(tag); db.close()
 
 Keys are 64-bit whatever the model's key type (HugeCTR's 32-bit keys are the same numbers), stored as 8
 little-endian bytes where a store takes bytes; a vector is D little-endian float32.
 
 HashMapBackend (HugeCTR's HashMap / ParallelHashMap): in this process, numbactr's open-addressing HashTable
-(key -> row, compiled CPU code) over a growing (rows, D) array per table.
+(key -> row, compiled CPU code) over a growing (rows, D) array per table; an erased key's row is marked
+free and taken again by the same key (the HashTable keeps every key it saw: erase frees the value, not
+the key's place in the index).
 RedisClusterBackend (HugeCTR's RedisCluster): a Redis server (or cluster) through the redis client, so
 several inference processes share one table. The address is HugeCTR's "host[:port][,host[:port]...]", of
 which, as in HugeCTR, the first node is used (a cluster node leads the client to the others), or
@@ -71,7 +74,7 @@ class HashMapBackend:
     name = "HashMap"
 
     def __init__(self, params=None):
-        self.tables: dict[str, list] = {}  # tag -> [HashTable, values (V, D)]
+        self.tables: dict[str, list] = {}  # tag -> [HashTable, values (V, D), held (V,) bool]
 
     def _grow(self, tag: str, need: int, width: int) -> list:
         entry = self.tables.get(tag)
@@ -79,8 +82,9 @@ class HashMapBackend:
             entry = self.tables[tag] = [
                 HashTable(1024, use_kernels=False, compiled=True),
                 np.zeros((1024, width), np.float32),
+                np.zeros(1024, bool),
             ]
-        index, values = entry
+        index, values, held = entry
         if values.shape[1] != width:
             raise BackendError(f"HashMap table {tag!r} holds vectors of width {values.shape[1]}, not {width}")
         if need > index.max_rows:
@@ -91,12 +95,17 @@ class HashMapBackend:
             bigger.insert(index.keys_by_row())  # row order in, row order out: rows are kept
             grown = np.zeros((cap, width), np.float32)
             grown[: index.size] = values[: index.size]
-            entry[:] = [bigger, grown]
+            kept = np.zeros(cap, bool)
+            kept[: index.size] = held[: index.size]
+            entry[:] = [bigger, grown, kept]
         return entry
 
     def insert(self, tag: str, keys: np.ndarray, values: np.ndarray) -> None:
-        index, store = self._grow(tag, self.size(tag) + keys.shape[0], values.shape[1])
-        store[index.insert(keys)] = values
+        entry = self.tables.get(tag)
+        rows = 0 if entry is None else entry[0].size
+        index, store, held = self._grow(tag, rows + keys.shape[0], values.shape[1])
+        at = index.insert(keys)
+        store[at], held[at] = values, True
 
     def fetch(self, tag: str, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
         out = np.zeros((keys.shape[0], width), np.float32)
@@ -105,12 +114,19 @@ class HashMapBackend:
             return out, np.zeros(keys.shape[0], bool)
         rows = entry[0].find(keys)
         found = rows >= 0
+        found[found] = entry[2][rows[found]]
         out[found] = entry[1][rows[found]]
         return out, found
 
+    def erase(self, tag: str, keys: np.ndarray) -> None:
+        entry = self.tables.get(tag)
+        if entry is not None and keys.shape[0]:
+            rows = entry[0].find(keys)
+            entry[2][rows[rows >= 0]] = False
+
     def size(self, tag: str) -> int:
         entry = self.tables.get(tag)
-        return 0 if entry is None else entry[0].size
+        return 0 if entry is None else int(entry[2][: entry[0].size].sum())
 
     def close(self) -> None:
         self.tables.clear()
@@ -200,6 +216,14 @@ class RedisClusterBackend:
                 for i, b in zip(sel.tolist(), got):
                     blobs[i] = b
         return _decode(blobs, width, f"RedisCluster table {tag!r}")
+
+    def erase(self, tag: str, keys: np.ndarray) -> None:
+        step = self.params.max_batch_size
+        for part, pos in self._parts(keys):
+            hkey = self._hkey(tag, part)
+            for lo in range(0, pos.size, step):
+                fields = _key_bytes(keys[pos[lo : lo + step]])
+                self._run(f"HDEL {hkey}", lambda: self.client.hdel(hkey, *fields))
 
     def size(self, tag: str) -> int:
         return sum(
@@ -304,6 +328,25 @@ class RocksDBBackend:
         for lo in range(0, keys.shape[0], step):
             blobs += cf.get(_key_bytes(keys[lo : lo + step]))
         return _decode(blobs, width, f"RocksDB table {tag!r}")
+
+    def erase(self, tag: str, keys: np.ndarray) -> None:
+        from rocksdict import WriteBatch
+
+        if self.params.read_only:
+            raise BackendError(
+                f"persistent_db (RocksDB) at {self.params.path!r} is read_only: nothing can be "
+                "erased (persistent_db.read_only)"
+            )
+        if self._family(tag, False) is None:
+            return
+        handle = self.db.get_column_family_handle(tag)
+        step = self.params.max_batch_size
+        for lo in range(0, keys.shape[0], step):
+            batch = WriteBatch(raw_mode=True)
+            batch.set_default_column_family(handle)
+            for k in _key_bytes(keys[lo : lo + step]):
+                batch.delete(k)
+            self.db.write(batch)
 
     def size(self, tag: str) -> int:
         cf = self._family(tag, False)

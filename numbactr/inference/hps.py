@@ -58,6 +58,7 @@ from numbactr.kernels import cache as KC
 from numbactr.kernels.hash_table_cpu import first_occurrences
 from numbactr.kernels.hash_table_cpu import serve_cached_cpu as _serve_cached_cpu
 from numbactr.inference.backends import make_persistent, make_volatile
+from numbactr.inference.hps_update import apply_update
 from numbactr.inference.params import ParameterServerConfig, make_tag_name
 
 __all__ = ["ParameterServer", "ModelCache", "HPS", "TierStats", "SLAB", "lane_stride"]
@@ -202,6 +203,10 @@ class ParameterServer:
 
     def refresh_embedding_cache(self, model_name: str, device_id: int = 0) -> None:
         self.cache(model_name).refresh()
+
+    def update(self, model_name: str, table, keys, values, evicted=None) -> None:
+        """Rows in, evicted keys out of the tiers and the cache (numbactr.inference.hps_update)."""
+        apply_update(self, model_name, table, keys, values, evicted)
 
     def close(self) -> None:
         """Close the database connections (a RocksDB is flushed and unlocked)."""
