@@ -187,3 +187,23 @@ def test_a_lower_tier_keeps_evicted_rows_and_gives_them_back(kind, tmp_path, req
         assert not tier.fetch("emb", gone[:1], D)[1][0]
     finally:
         tier.close()
+
+
+def test_the_in_process_map_stays_bounded_under_keys_that_come_and_go():
+    """A stream of keys each inserted then erased (a training table's evictions): the map rebuilds from its
+    held rows when it grows, so its index stays near twice what it holds, and the held rows keep their values."""
+    from numbactr.inference.backends import HashMapBackend
+
+    store = HashMapBackend()
+    kept = np.arange(10, dtype=np.int64)
+    store.insert("t", kept, np.tile(kept[:, None].astype(np.float32), (1, 3)))
+    for step in range(50):
+        keys = np.arange(1000 + 100 * step, 1100 + 100 * step, dtype=np.int64)
+        store.insert("t", keys, np.full((100, 3), step, np.float32))
+        store.erase("t", keys[:90])
+    assert store.size("t") == 10 + 50 * 10
+    assert store.tables["t"][0].max_rows <= 2048  # 5,010 distinct keys went through it
+    vals, found = store.fetch("t", kept, 3)
+    assert found.all() and (vals == kept[:, None]).all()
+    vals, found = store.fetch("t", np.array([1000, 1095, 5995], np.int64), 3)
+    assert found.tolist() == [False, True, True] and vals[1:, 0].tolist() == [0.0, 49.0]

@@ -88,15 +88,19 @@ class HashMapBackend:
         if values.shape[1] != width:
             raise BackendError(f"HashMap table {tag!r} holds vectors of width {values.shape[1]}, not {width}")
         if need > index.max_rows:
+            # Rebuilt from the held rows only: an erased key (an evicted one, say) leaves its index entry
+            # until here, so a stream of keys that come and go keeps the table near twice what it holds.
+            live = held[: index.size]
+            n_live = int(live.sum())
             cap = index.max_rows
-            while cap < need:
+            while cap < need - index.size + n_live:
                 cap *= 2
             bigger = HashTable(cap, use_kernels=False, compiled=True)
-            bigger.insert(index.keys_by_row())  # row order in, row order out: rows are kept
+            bigger.insert(index.keys_by_row()[live])  # row order in, row order out: rows 0..n_live-1
             grown = np.zeros((cap, width), np.float32)
-            grown[: index.size] = values[: index.size]
+            grown[:n_live] = values[: index.size][live]
             kept = np.zeros(cap, bool)
-            kept[: index.size] = held[: index.size]
+            kept[:n_live] = True
             entry[:] = [bigger, grown, kept]
         return entry
 
