@@ -1,7 +1,8 @@
 """The ``numbactr`` command: ``numbactr [--version] [--debug] <command> ...``.
 
 Commands: demo (the main job), bench (kernel/step benchmarks, or `bench data` for the readers), data
-(converters: criteo), export-onnx (a trained model to ONNX), device (which device and threads numbactr would
+(converters: criteo), export-onnx (a trained model to ONNX), predict, serve (Triton's HTTP protocol) and
+serve-export (a Triton model repository), device (which device and threads numbactr would
 use, and why). Every command has
 ``--help``. An error is one line on stderr (exit status 1) unless ``--debug`` (anywhere on the line) or
 NUMBACTR_DEBUG=1 asks for the traceback.
@@ -124,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.add_arguments(p)
 
+    from numbactr.serve import command as serve
+
+    p = sub.add_parser("serve", help=serve.DESCRIPTION, description=serve.__doc__.split("\n\n")[0])
+    serve.add_arguments(p)
+    p = sub.add_parser("serve-export", help=serve.EXPORT_DESCRIPTION, description=serve.EXPORT_DESCRIPTION)
+    serve.add_export_arguments(p)
+
     ap.commands = sub.choices  # name -> parser, for error messages
     sub.add_parser(
         "device",
@@ -179,6 +187,10 @@ def _run(args) -> int:
         from numbactr.inference.predict import run
 
         return run(args)
+    if args.command in ("serve", "serve-export"):
+        from numbactr.serve import command as serve
+
+        return serve.run(args) if args.command == "serve" else serve.run_export(args)
     if args.command == "device":
         from numbactr.runtime.device_report import main as device_report
 

@@ -1,0 +1,435 @@
+"""``numbactr serve`` as a real process, called with NVIDIA's own client (tritonclient.http).
+
+Two tiny trained models are written into a Triton repository by ``numbactr serve-export``: a DLRM with a
+one-hot table (per-slot ids, so out-of-range keys exist) and a Wide&Deep with two hash tables. One server
+process serves both on a free 127.0.0.1 port for the whole module (stopped in the fixture's teardown).
+Its predictions equal InferenceModel's and InferenceSession's on the same rows bit for bit, with binary
+and JSON tensors, one client or many at once (dynamic batching); every bad request gets a 4xx naming
+what is wrong and the server answers the next one; /metrics and the JSON access log say what happened.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import numbactr as hugectr
+from numbactr.cli import main as cli
+from numbactr.data import make_reader
+from numbactr.inference import CreateInferenceSession, InferenceModel, InferenceParams
+from numbactr.runtime import device
+from tests.model_util import one_hot_lists, tiny_data, tiny_dlrm
+from tests.sample_graphs import build
+
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ITER = 2
+
+
+def _train(name, folder):
+    """(graph, dense, sparse, eval list) of a model trained ITER steps."""
+    if name == "dlrm":
+        emb = hugectr.Embedding_t.LocalizedSlotSparseEmbeddingOneHot
+        train, evl = tiny_data(folder, n_train=128, n_eval=64)
+        m, evl = tiny_dlrm(train, evl, batch=32, embedding=emb), one_hot_lists(emb, evl)[0]
+    else:
+        m, evl = build(name, folder), os.path.join(folder, "eval", "_file_list.txt")
+    m.fit(max_iter=ITER, display=0, eval_interval=1000, snapshot=0)
+    graph, prefix = os.path.join(folder, f"{name}.json"), os.path.join(folder, name)
+    m.graph_to_json(graph)
+    m.save_params_to_files(prefix, ITER)
+    return (
+        graph,
+        f"{prefix}_dense_{ITER}.model",
+        [f"{prefix}{i}_sparse_{ITER}.model" for i in range(len(m.embeddings))],
+        evl,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """{"url", "port", "log", "models": {name: (graph, dense, sparse, eval)}, "repo"}, the server running."""
+    device.set_device("cpu")
+    base = tmp_path_factory.mktemp("serve")
+    repo, models = str(base / "repo"), {}
+    for name, extra in (("dlrm", ["--preferred-batch-size", "32", "--max-queue-delay-us", "20000"]), ("wdl", [])):
+        models[name] = _train(name, str(base / name))
+        graph, dense, sparse, _ = models[name]
+        argv = ["serve-export", graph, "--dense", dense, "--sparse", *sparse, "--model-repository", repo]
+        assert cli(argv + ["--model", name, "--max-batch-size", "32", *extra]) == 0
+    port, log = _free_port(), str(base / "server.log")
+    env = dict(os.environ, NUMBACTR_DEVICE="cpu", PYTHONPATH=ROOT, NUMBACTR_PROGRESS="0")
+    cmd = [sys.executable, "-c", "import sys; from numbactr.cli import main; sys.exit(main())"]
+    cmd += ["serve", "--model-repository", repo, "--http-port", str(port), "--http-address", "127.0.0.1"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, f"the server exited ({proc.returncode}): {open(log).read()[-3000:]}"
+            try:
+                if client.is_server_ready():
+                    break
+            except (InferenceServerException, OSError, ConnectionError):
+                pass
+            assert time.monotonic() < deadline, f"the server was not ready in 180 s: {open(log).read()[-3000:]}"
+            time.sleep(0.2)
+        yield {"url": f"127.0.0.1:{port}", "port": port, "log": log, "models": models, "repo": repo, "client": client}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+def _params(name, files, batch=32):
+    graph, dense, sparse, _ = files
+    return InferenceParams(
+        model_name=name,
+        max_batchsize=batch,
+        hit_rate_threshold=1.0,
+        dense_model_file=dense,
+        sparse_model_files=sparse,
+        use_gpu_embedding_cache=True,
+        cache_size_percentage=0.5,
+        i64_input_key=True,
+    )
+
+
+def _eval_batch(files, session):
+    """The first eval batch of 32 as HugeCTR's CSR request: (dense (n*d,), keys, row_ptrs)."""
+    g, evl = session.graph, files[3]
+    params = hugectr.DataReaderParams(
+        data_reader_type=hugectr.DataReaderType_t.Norm, source=[evl], eval_source=evl, check_type=hugectr.Check_t.Sum
+    )
+    inp = g.input
+    reader = make_reader(
+        params, evl, 32, inp.label_dim, inp.dense_dim, [s.slot_num for s in inp.sparse],
+        [s.nnz_per_slot for s in inp.sparse], True, True,
+    )  # fmt: skip
+    batch = next(iter(reader))
+    reader.close()
+    keys, rows = [], []
+    for e in g.embeddings:
+        k, off = batch.sparse[g.sparse_inputs[e.bottom_name]]
+        keys.append(np.asarray(k, np.int64))
+        rows.append(np.asarray(off, np.int32))
+    return batch.dense.reshape(-1).astype(np.float32), np.concatenate(keys), np.concatenate(rows)
+
+
+def _cut(session, request, n):
+    """The first n samples of a CSR request."""
+    dense, keys, rows = request
+    d = session.graph.input.dense_dim
+    out_k, out_r, r0, k0 = [], [], 0, 0
+    for e in session.graph.embeddings:
+        s = session.graph.sparse_param(e).slot_num
+        total = (rows.size - len(session.graph.embeddings)) // sum(
+            session.graph.sparse_param(x).slot_num for x in session.graph.embeddings
+        )
+        off = rows[r0 : r0 + total * s + 1]
+        out_r.append(off[: n * s + 1])
+        out_k.append(keys[k0 : k0 + off[n * s]])
+        r0, k0 = r0 + total * s + 1, k0 + off[-1]
+    return dense[: n * d], np.concatenate(out_k), np.concatenate(out_r)
+
+
+def _infer(client, model, request, binary=True, binary_out=True):
+    inputs = []
+    for name, a in zip(("DES", "CATCOLUMN", "ROWINDEX"), request):
+        a = a.reshape(1, -1)
+        t = httpclient.InferInput(
+            name, list(a.shape), {"float32": "FP32", "int64": "INT64", "int32": "INT32"}[a.dtype.name]
+        )
+        t.set_data_from_numpy(a, binary_data=binary)
+        inputs.append(t)
+    out = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary_out)]
+    return client.infer(model, inputs, outputs=out).as_numpy("OUTPUT0")
+
+
+@pytest.fixture(scope="module")
+def sessions(served):
+    made = {name: CreateInferenceSession(files[0], _params(name, files)) for name, files in served["models"].items()}
+    yield made
+    for s in made.values():
+        s.close()
+
+
+def test_health_metadata_and_config(served):
+    c = served["client"]
+    assert c.is_server_live() and c.is_server_ready()
+    assert c.get_server_metadata()["name"] == "numbactr"
+    meta = c.get_model_metadata("wdl")
+    assert meta["versions"] == ["1"] and [t["name"] for t in meta["inputs"]] == ["DES", "CATCOLUMN", "ROWINDEX"]
+    assert [t["datatype"] for t in meta["inputs"]] == ["FP32", "INT64", "INT32"]
+    assert c.is_model_ready("dlrm") and c.is_model_ready("dlrm", "1")
+    cfg = c.get_model_config("dlrm")
+    assert cfg["max_batch_size"] == 32 and cfg["dynamic_batching"]["preferred_batch_size"] == [32]
+    assert cfg["parameters"]["des_feature_num"]["string_value"] == "2"
+    assert cfg["parameters"]["slots"]["string_value"] == "3"
+
+
+@pytest.mark.parametrize("name", ["dlrm", "wdl"])
+def test_predictions_equal_inference_model_bit_for_bit(served, sessions, name):
+    files, session = served["models"][name], sessions[name]
+    model = InferenceModel(files[0], _params(name, files))
+    expected = model.predict(1, files[3], hugectr.DataReaderType_t.Norm, hugectr.Check_t.Sum).reshape(-1)
+    model.close()
+    request = _eval_batch(files, session)
+    for binary in (True, False):
+        got = _infer(served["client"], name, request, binary=binary, binary_out=binary)
+        assert got.dtype == np.float32 and got.shape == (1, 32)
+        assert np.array_equal(got.reshape(-1), expected)
+    # fewer samples: the session's predictions of the same rows
+    for n in (1, 7):
+        cut = _cut(session, request, n)
+        assert np.array_equal(_infer(served["client"], name, cut).reshape(-1), np.float32(session.predict(*cut)))
+
+
+def test_concurrent_clients_are_batched_and_answered_exactly(served, sessions):
+    session = sessions["dlrm"]
+    request = _eval_batch(served["models"]["dlrm"], session)
+    cuts = [_cut(session, request, 1 + i % 8) for i in range(24)]
+    expected = [np.float32(session.predict(*c)) for c in cuts]
+    before = _metric(served, 'nv_inference_exec_count_total{model="dlrm",version="1"}')
+
+    def one(i):
+        client = httpclient.InferenceServerClient(served["url"])
+        return _infer(client, "dlrm", cuts[i], binary=i % 2 == 0).reshape(-1)
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        got = list(pool.map(one, range(len(cuts))))
+    # a request batched with others runs in a larger matrix product, whose float sums may round
+    # differently in the last bit (BLAS blocking): equal to rounding, and exact alone (above) and for
+    # the same batch (test_a_batch_is_one_session_call_split_back)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=2e-6, atol=1e-7)
+    batches = _metric(served, 'nv_inference_exec_count_total{model="dlrm",version="1"}') - before
+    assert 1 <= batches <= len(cuts)
+
+
+def _post(served, path, body: bytes, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", served["port"], timeout=30)
+    try:
+        conn.request("POST", path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def _json_request(request, **change):
+    """A JSON body of request's tensors; change: name -> dict of fields to override (None drops the input)."""
+    inputs = []
+    for name, a, dt in zip(("DES", "CATCOLUMN", "ROWINDEX"), request, ("FP32", "INT64", "INT32")):
+        item = {"name": name, "datatype": dt, "shape": [1, int(a.size)], "data": a.tolist()}
+        if name in change:
+            if change[name] is None:
+                continue
+            item.update(change[name])
+        inputs.append(item)
+    inputs += change.get("extra", [])
+    return json.dumps({"inputs": inputs}).encode()
+
+
+def _bad_requests(request, dlrm_rows):
+    """(what, path, body, headers, expected status, words the error must hold)."""
+    dense, keys, rows = request
+    nan = dense.tolist()
+    nan[3] = float("nan")
+    out_of_range = keys.copy()
+    out_of_range[4] = 6  # slot 1 of sample 1: per-slot ids are in [0, 6)
+    bad_rows = rows.copy()
+    bad_rows[2] = 0
+    head = json.dumps(
+        {"inputs": [{"name": n, "datatype": dt, "shape": [1, int(a.size)], "parameters": {"binary_data_size": a.nbytes}}
+                    for n, a, dt in zip(("DES", "CATCOLUMN", "ROWINDEX"), request, ("FP32", "INT64", "INT32"))]}
+    ).encode()  # fmt: skip
+    raw = b"".join(a.tobytes() for a in request)
+    infer = "/v2/models/dlrm/infer"
+    return [
+        ("unknown model", "/v2/models/nope/infer", _json_request(request), {}, 404, ["unknown model 'nope'"]),
+        ("unknown version", "/v2/models/dlrm/versions/7/infer", _json_request(request), {}, 404, ["no version 7"]),
+        ("missing input", infer, _json_request(request, ROWINDEX=None), {}, 400, ["missing input", "ROWINDEX"]),
+        (
+            "extra input",
+            infer,
+            _json_request(request, extra=[{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [1]}]),
+            {},
+            400,
+            ["unknown input", "'X'"],
+        ),  # fmt: skip
+        (
+            "wrong datatype",
+            infer,
+            _json_request(request, CATCOLUMN={"datatype": "INT32"}),
+            {},
+            400,
+            ["CATCOLUMN", "INT64"],
+        ),
+        ("shape vs data", infer, _json_request(request, DES={"shape": [1, 5]}), {}, 400, ["DES", "shape [1, 5]"]),
+        (
+            "ROWINDEX vs slots",
+            infer,
+            _json_request(request, ROWINDEX={"data": rows[:-1].tolist(), "shape": [1, rows.size - 1]}),
+            {},
+            400,
+            ["ROWINDEX", "need"],
+        ),  # fmt: skip
+        (
+            "decreasing offsets",
+            infer,
+            _json_request(request, ROWINDEX={"data": bad_rows.tolist()}),
+            {},
+            400,
+            ["ROWINDEX", "never decrease"],
+        ),  # fmt: skip
+        (
+            "key count",
+            infer,
+            _json_request(request, CATCOLUMN={"data": keys[:-1].tolist(), "shape": [1, keys.size - 1]}),
+            {},
+            400,
+            ["CATCOLUMN", "keys"],
+        ),  # fmt: skip
+        (
+            "over max_batch_size",
+            infer,
+            _json_request((np.zeros(2 * 33, np.float32), np.zeros(99, np.int64), np.arange(100, dtype=np.int32))),
+            {},
+            400,
+            ["33 samples", "max_batch_size 32"],
+        ),  # fmt: skip
+        ("malformed JSON", infer, b'{"inputs": [', {}, 400, ["not valid JSON"]),
+        (
+            "truncated binary",
+            infer,
+            head + raw[:-5],
+            {"Inference-Header-Content-Length": str(len(head))},
+            400,
+            ["truncated"],
+        ),  # fmt: skip
+        ("non-finite dense", infer, _json_request(request, DES={"data": nan}), {}, 400, ["not finite", "sample 1"]),
+        (
+            "key out of its slot",
+            infer,
+            _json_request(request, CATCOLUMN={"data": out_of_range.tolist()}),
+            {},
+            400,
+            ["key 6", "slot 1", "vocabulary"],
+        ),  # fmt: skip
+    ]
+
+
+def test_bad_requests_get_4xx_naming_the_fault_and_the_server_keeps_serving(served, sessions):
+    session = sessions["dlrm"]
+    request = _cut(session, _eval_batch(served["models"]["dlrm"], session), 4)
+    good = np.float32(session.predict(*request))
+    for what, path, body, headers, status, words in _bad_requests(request, None):
+        got, text = _post(served, path, body, headers)
+        assert got == status, (what, got, text)
+        err = json.loads(text)["error"]
+        for w in words:
+            assert w in err, (what, err)
+        assert np.array_equal(_infer(served["client"], "dlrm", request).reshape(-1), good), what
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        _infer(served["client"], "nope", request)
+
+
+def _metric(served, line_start: str) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", served["port"], timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    for line in text.splitlines():
+        if line.startswith(line_start + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_metrics_and_access_log(served, sessions):
+    session = sessions["wdl"]
+    _infer(served["client"], "wdl", _cut(session, _eval_batch(served["models"]["wdl"], session), 3))
+    conn = http.client.HTTPConnection("127.0.0.1", served["port"], timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    for name in (
+        'nv_inference_request_success_total{model="wdl",version="1"}',
+        "nv_inference_request_failure_total",
+        'nv_inference_count_total{model="wdl",version="1"}',
+        "nv_inference_queue_duration_us_total",
+        "nv_inference_compute_infer_duration_us_total",
+        'numbactr_batch_samples_bucket{le="4.0",model="wdl"}',
+        'numbactr_embedding_cache_hit_rate{model="wdl",table=',
+    ):
+        assert name in text, name
+    assert _metric(served, 'nv_inference_request_success_total{model="wdl",version="1"}') >= 1
+    time.sleep(0.2)
+    lines = [json.loads(x) for x in open(served["log"]) if x.startswith("{")]
+    infers = [x for x in lines if x["path"].endswith("/infer")]
+    assert any(x["status"] == 200 and x["model"] == "wdl" and x["bytes_in"] > 0 for x in infers)
+    assert {"ts", "client", "method", "ms", "bytes_out"} <= set(infers[0])
+
+
+def test_a_batch_is_one_session_call_split_back(served, sessions):
+    """In-process: three requests queued together form one batch (dynamic_batching of dlrm: 20 ms, preferred
+    32) whose predictions are the session's of the three requests' rows stacked, split back in order."""
+    import asyncio
+
+    from numbactr.serve import infer
+    from numbactr.serve.batcher import Batcher, compute_executor
+    from numbactr.serve.protocol import InferRequest, Tensor
+    from numbactr.serve.repository import load_model
+
+    session = sessions["dlrm"]
+    request = _eval_batch(served["models"]["dlrm"], session)
+    parts = [_cut(session, request, n) for n in (12, 12, 8)]  # rows 0..11, 0..11, 0..7
+    model = load_model(served["repo"], "dlrm")
+    seen = []
+    executor = compute_executor()
+    batcher = Batcher(model, executor, lambda m, n, q, c: seen.append(n))
+
+    def job(part):
+        names = ("DES", "CATCOLUMN", "ROWINDEX")
+        tensors = {k: Tensor(k, dt, [1, a.size], a) for k, a, dt in zip(names, part, ("FP32", "INT64", "INT32"))}
+        return infer.check(model, InferRequest(None, tensors, {}, False))
+
+    async def go():
+        out = await asyncio.gather(*(batcher.submit(job(p)) for p in parts))
+        await batcher.close()
+        return out
+
+    try:
+        got = asyncio.run(go())
+    finally:
+        executor.shutdown()
+        model.close()
+    assert seen == [32]  # one batch: the preferred size
+    dense = np.concatenate([p[0] for p in parts])  # one table: keys and offsets joined as infer.run does
+    keys = np.concatenate([p[1] for p in parts])
+    rows = np.concatenate(
+        [parts[0][2]] + [p[2][1:] + sum(q[1].size for q in parts[:i]) for i, p in enumerate(parts) if i]
+    )
+    whole = np.float32(session.predict(dense, keys, rows))
+    assert np.array_equal(np.concatenate([g[1] for g in got]), whole)
+    assert [g[1].size for g in got] == [12, 12, 8]
