@@ -123,6 +123,11 @@ class _Msg:
             if name not in names:
                 raise self.err(values[0].line, f"unknown field {name!r} in {self.where} (known: {sorted(names)})")
 
+    def line_of(self, name: str) -> int:
+        """The line of the field's first value (the message's own line when it is absent)."""
+        values = self.many(name)
+        return values[0].line if values else self.line
+
     def many(self, name: str) -> list:
         return self.fields.get(name, [])
 
@@ -155,14 +160,16 @@ def _tensor(msg: _Msg, allowed: dict, role: str) -> TensorConfig:
     msg.known({"name", "data_type", "dims", "format", "reshape", "optional", "label_filename"})
     name = msg.one("name", str, required=True)
     if name not in allowed:
-        raise msg.err(msg.line, f"{role} {name!r}: the HugeCTR backend's {role}s are {sorted(allowed)}")
+        raise msg.err(msg.line_of("name"), f"{role} {name!r}: the HugeCTR backend's {role}s are {sorted(allowed)}")
     dt = msg.one("data_type", Ident, required=True)
     if DATATYPES.get(dt) not in allowed[name]:
         want = " or ".join("TYPE_" + t for t in allowed[name])
-        raise msg.err(msg.line, f"{role} {name!r}: data_type {dt} is not {want}")
+        raise msg.err(msg.line_of("data_type"), f"{role} {name!r}: data_type {dt} is not {want}")
     dims = [v.value for v in msg.many("dims")]
     if dims != [-1]:
-        raise msg.err(msg.line, f"{role} {name!r}: dims {dims} must be [ -1 ] (a flat, variable-length tensor)")
+        raise msg.err(
+            msg.line_of("dims"), f"{role} {name!r}: dims {dims} must be [ -1 ] (a flat, variable-length tensor)"
+        )
     return TensorConfig(name, DATATYPES[dt], dims)
 
 
