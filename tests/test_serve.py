@@ -433,3 +433,56 @@ def test_a_batch_is_one_session_call_split_back(served, sessions):
     whole = np.float32(session.predict(dense, keys, rows))
     assert np.array_equal(np.concatenate([g[1] for g in got]), whole)
     assert [g[1].size for g in got] == [12, 12, 8]
+
+
+def test_models_served_through_one_hps_json(served, sessions, tmp_path):
+    """--backend-config=hugectr,ps=ps.json: HugeCTR's HPS JSON gives the files (relative to the JSON) and one
+    parameter server serves both models; the predictions are the sessions' of the same rows."""
+    from numbactr.serve import infer
+    from numbactr.serve.command import backend_ps, load_repository
+    from numbactr.serve.protocol import InferRequest, Tensor
+
+    entries = []
+    for name, (graph, dense, sparse, _) in served["models"].items():
+        g = sessions[name].graph
+        entries.append(
+            {
+                "model": name,
+                "sparse_files": [os.path.relpath(s, tmp_path) for s in sparse],
+                "dense_file": os.path.relpath(dense, tmp_path),
+                "network_file": graph,
+                "deployed_device_list": [0],
+                "max_batch_size": 32,
+                "hit_rate_threshold": 1.0,
+                "gpucacheper": 0.5,
+                "default_value_for_each_table": [0.0] * len(sparse),
+                "embedding_vecsize_per_table": [e.embedding_vec_size for e in g.embeddings],
+                "maxnum_catfeature_query_per_table_per_sample": [g.sparse_param(e).max_feature_num for e in g.embeddings],
+            }
+        )
+    ps = tmp_path / "ps.json"
+    ps.write_text(json.dumps({"supportlonglong": True, "models": entries}))
+    models, hps = load_repository(served["repo"], backend_ps([f"hugectr,ps={ps}"]))
+    try:
+        assert [m.name for m in models] == ["dlrm", "wdl"]
+        assert models[0].session.ps is models[1].session.ps  # one parameter server
+        for m in models:
+            session = sessions[m.name]
+            part = _cut(session, _eval_batch(served["models"][m.name], session), 5)
+            names = ("DES", "CATCOLUMN", "ROWINDEX")
+            tensors = {k: Tensor(k, dt, [1, a.size], a) for k, a, dt in zip(names, part, ("FP32", "INT64", "INT32"))}
+            (got,) = infer.run(m, [infer.check(m, InferRequest(None, tensors, {}, False))])
+            assert np.array_equal(got, np.float32(session.predict(*part)))
+    finally:
+        for m in models:
+            m.close()
+        hps.close()
+
+
+def test_a_client_that_leaves_mid_request_harms_nobody(served, sessions):
+    session = sessions["wdl"]
+    request = _cut(session, _eval_batch(served["models"]["wdl"], session), 2)
+    with socket.create_connection(("127.0.0.1", served["port"]), timeout=10) as s:
+        s.sendall(b"POST /v2/models/wdl/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{\"inputs\": [")
+    got = _infer(served["client"], "wdl", request).reshape(-1)
+    assert np.array_equal(got, np.float32(session.predict(*request)))

@@ -70,7 +70,7 @@ def check(model: LoadedModel, req: InferRequest) -> Job:
     if rem or n == 0:
         raise RequestError(f"input 'DES': {des.size} values are not a whole number (>= 1) of samples of {d} features")
     if n > model.config.max_batch_size:
-        raise RequestError(f"{n} samples exceed model {model.name!r}'s max_batch_size {model.config.max_batch_size}")
+        raise RequestError(f"{n} samples exceed max_batch_size {model.config.max_batch_size} of model {model.name!r}")
     finite = np.isfinite(des)
     if not finite.all():
         i = int(np.argmin(finite))
