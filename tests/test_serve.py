@@ -78,6 +78,7 @@ def served(tmp_path_factory):
     env = dict(os.environ, NUMBACTR_DEVICE="cpu", PYTHONPATH=ROOT, NUMBACTR_PROGRESS="0")
     cmd = [sys.executable, "-c", "import sys; from numbactr.cli import main; sys.exit(main())"]
     cmd += ["serve", "--model-repository", repo, "--http-port", str(port), "--http-address", "127.0.0.1"]
+    cmd += ["--model-control-mode", "poll", "--repository-poll-secs", "0.3"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
@@ -407,7 +408,7 @@ def test_a_batch_is_one_session_call_split_back(served, sessions):
     model = load_model(served["repo"], "dlrm")
     seen = []
     executor = compute_executor()
-    batcher = Batcher(model, executor, lambda m, n, q, c: seen.append(n))
+    batcher = Batcher(executor, lambda m, n, q, c: seen.append(n))
 
     def job(part):
         names = ("DES", "CATCOLUMN", "ROWINDEX")
@@ -457,7 +458,9 @@ def test_models_served_through_one_hps_json(served, sessions, tmp_path):
                 "gpucacheper": 0.5,
                 "default_value_for_each_table": [0.0] * len(sparse),
                 "embedding_vecsize_per_table": [e.embedding_vec_size for e in g.embeddings],
-                "maxnum_catfeature_query_per_table_per_sample": [g.sparse_param(e).max_feature_num for e in g.embeddings],
+                "maxnum_catfeature_query_per_table_per_sample": [
+                    g.sparse_param(e).max_feature_num for e in g.embeddings
+                ],
             }
         )
     ps = tmp_path / "ps.json"
@@ -471,7 +474,7 @@ def test_models_served_through_one_hps_json(served, sessions, tmp_path):
             part = _cut(session, _eval_batch(served["models"][m.name], session), 5)
             names = ("DES", "CATCOLUMN", "ROWINDEX")
             tensors = {k: Tensor(k, dt, [1, a.size], a) for k, a, dt in zip(names, part, ("FP32", "INT64", "INT32"))}
-            (got,) = infer.run(m, [infer.check(m, InferRequest(None, tensors, {}, False))])
+            (got,) = infer.run([infer.check(m, InferRequest(None, tensors, {}, False))])
             assert np.array_equal(got, np.float32(session.predict(*part)))
     finally:
         for m in models:
@@ -483,6 +486,107 @@ def test_a_client_that_leaves_mid_request_harms_nobody(served, sessions):
     session = sessions["wdl"]
     request = _cut(session, _eval_batch(served["models"]["wdl"], session), 2)
     with socket.create_connection(("127.0.0.1", served["port"]), timeout=10) as s:
-        s.sendall(b"POST /v2/models/wdl/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{\"inputs\": [")
+        s.sendall(b'POST /v2/models/wdl/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{"inputs": [')
     got = _infer(served["client"], "wdl", request).reshape(-1)
     assert np.array_equal(got, np.float32(session.predict(*request)))
+
+
+def _new_version(repo, name, source: int, version: int, change) -> None:
+    """<repo>/<name>/<version>/, a copy of version `source` with change(dense file path) applied, made in a
+    staging folder and renamed into place (it appears whole)."""
+    import shutil
+
+    stage = os.path.join(repo, f".stage{version}")
+    shutil.copytree(os.path.join(repo, name, str(source)), stage)
+    (dense,) = [f for f in os.listdir(stage) if "_dense_" in f and f.endswith(".model")]
+    change(os.path.join(stage, dense))
+    os.rename(stage, os.path.join(repo, name, str(version)))
+
+
+def _halve_weights(path):
+    np.fromfile(path, np.float32).__mul__(np.float32(0.5)).tofile(path)
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def _wait(what, fn, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not fn():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.1)
+
+
+def test_live_update_swaps_versions_without_dropping_a_request(served, sessions):
+    """(Last: it changes what wdl serves.) Version 2 appears -> served without a failed request; a damaged
+    version 3 leaves version 2 answering and says why on /v2/models/wdl, the index and the log."""
+    import threading
+
+    repo, client = served["repo"], served["client"]
+    session = sessions["wdl"]
+    request = _cut(session, _eval_batch(served["models"]["wdl"], session), 6)
+    seen, errors, stop = [], [], threading.Event()
+
+    def hammer():
+        c = httpclient.InferenceServerClient(served["url"])
+        while not stop.is_set():
+            try:
+                inputs = []
+                for name, a in zip(("DES", "CATCOLUMN", "ROWINDEX"), request):
+                    t = httpclient.InferInput(
+                        name, [1, a.size], {"float32": "FP32", "int64": "INT64", "int32": "INT32"}[a.dtype.name]
+                    )
+                    t.set_data_from_numpy(a.reshape(1, -1))
+                    inputs.append(t)
+                r = c.infer("wdl", inputs)
+                seen.append((r.get_response()["model_version"], r.as_numpy("OUTPUT0").reshape(-1)))
+            except Exception as e:  # noqa: BLE001 (every failure is the test's finding)
+                errors.append(repr(e))
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        _wait("requests before the update", lambda: len(seen) >= 3)
+        _new_version(repo, "wdl", 1, 2, _halve_weights)
+        _wait("version 2 served", lambda: client.get_model_metadata("wdl")["versions"] == ["2"])
+        n2 = len(seen)
+        _wait("requests after the update", lambda: len(seen) >= n2 + 3)
+        _new_version(repo, "wdl", 2, 3, _truncate)
+        _wait(
+            "version 3's failure shown",
+            lambda: "version 3" in client.get_model_metadata("wdl").get("last_load_error", ""),
+        )
+        n3 = len(seen)
+        _wait("requests after the failure", lambda: len(seen) >= n3 + 3)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert errors == []
+    graph, dense, sparse, evl = served["models"]["wdl"]
+    v2 = os.path.join(repo, "wdl", "2")
+    files2 = (
+        graph,
+        os.path.join(v2, os.path.basename(dense)),
+        [os.path.join(v2, os.path.basename(s)) for s in sparse],
+        evl,
+    )
+    s2 = CreateInferenceSession(graph, _params("wdl", files2))
+    want = {"1": np.float32(session.predict(*request)), "2": np.float32(s2.predict(*request))}
+    s2.close()
+    assert not np.array_equal(want["1"], want["2"])
+    versions = [v for v, _ in seen]
+    assert versions == sorted(versions) and versions[0] == "1" and versions[-1] == "2"  # swapped once, never back
+    for v, got in seen:
+        assert np.array_equal(got, want[v]), v
+    meta = client.get_model_metadata("wdl")
+    assert meta["versions"] == ["2"] and "dense" in meta["last_load_error"]
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["wdl"]["version"] == "2" and "version 3" in index["wdl"]["reason"]
+    with pytest.raises(InferenceServerException, match="was not loaded: version 3"):
+        client.load_model("wdl")
+    time.sleep(0.2)
+    events = [json.loads(x) for x in open(served["log"]) if x.startswith('{"ts"') and '"event"' in x]
+    assert {"event": "model_loaded", "model": "wdl", "version": 2, "replaced": 1}.items() <= events[0].items()
+    assert any(e["event"] == "model_load_failed" and e["version"] == 3 for e in events)

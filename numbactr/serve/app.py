@@ -8,6 +8,7 @@
     GET  /v2/models/{m}[/versions/{v}]/config     config.pbtxt as JSON (Triton's model configuration extension)
     POST /v2/models/{m}[/versions/{v}]/infer      inference (numbactr.serve.protocol, numbactr.serve.infer)
     POST /v2/repository/index                     the models and their state (Triton's repository extension)
+    POST /v2/repository/models/{m}/load           load m's highest version now (numbactr.serve.reload)
     GET  /metrics                                 Prometheus text, here or on --metrics-port (metrics.py)
 
 What Triton answers a bad request with: HTTP 400 and ``{"error": "..."}``. numbactr does the same (404 for
@@ -19,6 +20,7 @@ batched takes nothing from the others (its result is discarded).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import time
@@ -42,28 +44,31 @@ MAX_BODY = 256 << 20
 
 
 class ModelSlot:
-    """A served model: its loaded version, batcher, and the reason its last load failed (or None)."""
+    """A served model: its loaded version, batcher, and the reason its last load failed (or None) with the
+    version folder's stamp then (numbactr.serve.reload)."""
 
     def __init__(self, model: LoadedModel, metrics: Metrics, executor):
         self.model = model
-        self.batcher = Batcher(model, executor, metrics.observe_batch)
+        self.batcher = Batcher(executor, metrics.observe_batch)
         self.reason: str | None = None
-
-    def swap(self, model: LoadedModel) -> LoadedModel:
-        """Serve `model` from now on; returns the old version (the caller closes it when idle)."""
-        self.model = model
-        self.reason = None
-        return self.batcher.swap(model)
+        self.failed = None
 
 
 class Server:
     """The models a numbactr server answers for, and its metrics."""
 
-    def __init__(self, models: list, version: str = "0"):
+    def __init__(self, models: list, version: str = "0", log_stream=None):
         self.metrics = Metrics()
         self.executor = compute_executor()  # every model's batches run on this one thread (batcher.py)
         self.slots = {m.name: ModelSlot(m, self.metrics, self.executor) for m in models}
         self.version = version
+        self.log_stream = log_stream
+        self.reloader = None  # numbactr.serve.reload.Reloader when the repository is watched
+        self.poll_seconds = 0.0  # and how often (0: only on POST .../load)
+
+    def add(self, model: LoadedModel) -> ModelSlot:
+        self.slots[model.name] = ModelSlot(model, self.metrics, self.executor)
+        return self.slots[model.name]
 
     def slot(self, name: str, version: str | None) -> ModelSlot:
         if name not in self.slots:
@@ -90,7 +95,7 @@ def _error(e: RequestError) -> JSONResponse:
     return JSONResponse({"error": str(e)}, e.status)
 
 
-def make_app(server: Server, with_metrics: bool = True, log_stream=None) -> AccessLog:
+def make_app(server: Server, with_metrics: bool = True) -> AccessLog:
     """The ASGI application (with the access log around it)."""
 
     async def live(request: Request):
@@ -155,6 +160,17 @@ def make_app(server: Server, with_metrics: bool = True, log_stream=None) -> Acce
             ]
         )
 
+    async def load(request: Request):
+        name = request.path_params["model"]
+        request.scope["state"]["access"]["model"] = name
+        if server.reloader is None:
+            return _error(RequestError("model control is off (numbactr serve --model-control-mode none)"))
+        reason = await server.reloader.check(name, force=True)
+        if reason is not None:
+            request.scope["state"]["access"]["error"] = reason
+            return _error(RequestError(f"model {name!r} was not loaded: {reason}"))
+        return Response(status_code=200)
+
     async def infer_route(request: Request):
         access = request.scope["state"]["access"]
         start, name, version = time.perf_counter(), request.path_params["model"], request.path_params.get("version", "")
@@ -192,6 +208,7 @@ def make_app(server: Server, with_metrics: bool = True, log_stream=None) -> Acce
         Route("/v2/health/ready", ready),
         Route("/v2", metadata),
         Route("/v2/repository/index", repository_index, methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", load, methods=["POST"]),
     ]
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
@@ -205,11 +222,16 @@ def make_app(server: Server, with_metrics: bool = True, log_stream=None) -> Acce
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        poll = None
+        if server.reloader is not None and server.poll_seconds:
+            poll = asyncio.get_running_loop().create_task(server.reloader.poll(server.poll_seconds))
         yield
+        if poll is not None:
+            poll.cancel()
         await server.close()
 
     app = Starlette(routes=routes, lifespan=lifespan)
-    return AccessLog(app, log_stream)
+    return AccessLog(app, server.log_stream)
 
 
 def _metrics_route(server: Server) -> Route:

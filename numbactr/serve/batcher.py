@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 
 from numbactr.serve import infer
-from numbactr.serve.repository import LoadedModel
 
 __all__ = ["Batcher", "compute_executor"]
 
@@ -43,11 +42,12 @@ class _Item:
 
 
 class Batcher:
-    """The queue and worker of one model. submit(job) -> its predictions; swap(model) makes later batches
-    use another loaded version (the batch running finishes on the old one)."""
+    """The queue of one model. submit(job) -> (the version that ran it, its predictions). A job runs on the
+    version it was checked against (infer.Job.model): a batch holds jobs of one version, so a request
+    checked just before a new version was swapped in (numbactr.serve.reload) still runs, on the old one."""
 
-    def __init__(self, model: LoadedModel, executor: ThreadPoolExecutor, observe=None):
-        self.model, self.executor = model, executor
+    def __init__(self, executor: ThreadPoolExecutor, observe=None):
+        self.executor = executor
         self.observe = observe  # observe(model, samples, queue_s, compute_s) after each batch
         self.queue: asyncio.Queue | None = None
         self.held: _Item | None = None  # a request that did not fit the last batch
@@ -64,10 +64,6 @@ class Batcher:
         item = _Item(job, asyncio.get_running_loop().create_future())
         await self.queue.put(item)
         return await item.future
-
-    def swap(self, model: LoadedModel) -> LoadedModel:
-        old, self.model = self.model, model
-        return old
 
     async def close(self) -> None:
         if self.task is not None:
@@ -94,7 +90,7 @@ class Batcher:
         """The next batch (module docstring's rule)."""
         first = await self._next(None)
         batch, total = [first], first.job.n
-        cfg = self.model.config
+        cfg = first.job.model.config
         if not cfg.dynamic_batching:
             return batch
         deadline = first.queued + cfg.max_queue_delay_microseconds * 1e-6
@@ -103,7 +99,7 @@ class Batcher:
             item = await self._next(deadline - time.perf_counter())
             if item is None:
                 break
-            if total + item.job.n > cfg.max_batch_size:
+            if total + item.job.n > cfg.max_batch_size or item.job.model is not first.job.model:
                 self.held = item
                 break
             batch.append(item)
@@ -114,10 +110,10 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             batch = await self._gather()
-            model = self.model
+            model = batch[0].job.model
             start = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self.executor, infer.run, model, [i.job for i in batch])
+                results = await loop.run_in_executor(self.executor, infer.run, [i.job for i in batch])
             except Exception as e:  # noqa: BLE001 (every waiting request gets the error, the loop goes on)
                 for item in batch:
                     if not item.future.done():

@@ -42,6 +42,20 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="serve /metrics on this port (default: the HTTP port)",
     )
     ap.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        default="none",
+        help="none: serve what loaded at start; poll: load new versions every --repository-poll-secs; "
+        "explicit: on POST /v2/repository/models/{m}/load (also in poll mode) (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="poll mode's period (default: %(default)s)",
+    )
+    ap.add_argument(
         "--backend-config",
         action="append",
         default=[],
@@ -89,6 +103,11 @@ def run(args) -> int:
 
     models, hps = load_repository(args.model_repository, backend_ps(args.backend_config))
     server = Server(models, __version__)
+    if args.model_control_mode != "none":
+        from numbactr.serve.reload import Reloader
+
+        server.reloader = Reloader(server, args.model_repository, hps)
+        server.poll_seconds = args.repository_poll_secs if args.model_control_mode == "poll" else 0.0
     separate = args.metrics_port is not None and args.metrics_port != args.http_port
     quiet = dict(log_level="warning", access_log=False)
     servers = [

@@ -15,7 +15,7 @@ length other than the slots say, offsets that do not start at 0 or decrease, a k
 the offsets say, more keys than the network's nnz_per_slot allows, a non-finite dense value, a key
 outside its one-hot slot's vocabulary. So a bad request never reaches a batch that others share.
 
-run() concatenates checked requests (dense rows stacked, each table's keys and offsets joined) into
+run() concatenates checked requests of one model version (dense rows stacked, each table's keys and offsets joined) into
 one InferenceSession.predict call and splits the predictions back per request.
 """
 
@@ -34,8 +34,10 @@ __all__ = ["Job", "check", "run"]
 
 @dataclass
 class Job:
-    """A checked request: n samples, dense (n, des), per table (keys (K_t,), offsets (n * S_t + 1,))."""
+    """A checked request: the model version it was checked against (it runs on that one), n samples,
+    dense (n, des), per table (keys (K_t,), offsets (n * S_t + 1,))."""
 
+    model: LoadedModel
     n: int
     dense: np.ndarray
     tables: list
@@ -113,11 +115,13 @@ def check(model: LoadedModel, req: InferRequest) -> Job:
                 one_hot_categories(e, k, off, model.slots[t])
             except ValueError as err:
                 raise RequestError(f"input 'CATCOLUMN': {err}") from None
-    return Job(n, des.reshape(n, d), tables)
+    return Job(model, n, des.reshape(n, d), tables)
 
 
-def run(model: LoadedModel, jobs: list) -> list:
-    """Predictions (n_j * P,) float32 per job, from one session call over all of them."""
+def run(jobs: list) -> list:
+    """Predictions (n_j * P,) float32 per job, from one session call over all of them (jobs of one model
+    version)."""
+    model = jobs[0].model
     dense = np.concatenate([j.dense for j in jobs]).reshape(-1)
     keys, rows = [], []
     for t in range(len(model.slots)):
