@@ -45,6 +45,7 @@ BENCH_HELP = """benchmarks (markdown tables; not tests):
   sok                  SOK's seed benchmark: nn.Embedding vs numbactr.sok in PyTorch, 1 and 2 ranks (torch)
   data                 data-reader throughput: Norm, Raw, Parquet with 1, 2, 4 workers
   inference            InferenceSession vs onnxruntime: predictions/s, p50/p99 latency, cache hit rate
+  serve                `numbactr serve` under load over loopback (tritonclient): preds/s, p50/p99, failures
   zoo                  HugeCTR's sample zoo (W&D, DCN, DeepFM, DLRM, NCF...) beside PyTorch twins, samples/s
   hkv                  the evicting table (HierarchicalKV's operations) beside the fixed hash table, M-KV/s
 Each runs on the device numbactr picks, with the thread plan of the start-up line, and beside PyTorch
@@ -151,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _bench(rest: list) -> int:
     if not rest or rest[0] in ("-h", "--help"):
         print(
-            "usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,zoo,hkv} [options]\n\n"
+            "usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,serve,zoo,hkv} [options]\n\n"
             + BENCH_HELP
         )
         return 0
@@ -163,6 +164,10 @@ def _bench(rest: list) -> int:
         from numbactr.bench.inference import main as bench_inference
 
         return bench_inference(rest[1:])
+    if rest[0] == "serve":
+        from numbactr.bench.serve import main as bench_serve
+
+        return bench_serve(rest[1:])
     from numbactr.bench.cli import main as bench
 
     return bench(rest)

@@ -491,6 +491,22 @@ def test_a_client_that_leaves_mid_request_harms_nobody(served, sessions):
     assert np.array_equal(got, np.float32(session.predict(*request)))
 
 
+def test_load_generator_counts_answers_and_wrong_ones(served, sessions):
+    """numbactr.bench.serve.drive (``numbactr bench serve``'s clients) against the running server."""
+    from numbactr.bench.serve import drive
+
+    session = sessions["dlrm"]
+    request = _eval_batch(served["models"]["dlrm"], session)
+    reqs = [_cut(session, request, n) for n in (1, 5, 9)]
+    want = [np.float32(session.predict(*r)) for r in reqs]
+    r = drive(served["url"], "dlrm", reqs, want, clients=3, seconds=0.3)
+    assert r["failed"] == 0 and r["wrong"] == 0 and r["latencies"].size >= 3
+    r = drive(served["url"], "dlrm", reqs, [w + 0.01 for w in want], clients=2, seconds=0.1)
+    assert r["wrong"] == r["latencies"].size >= 2
+    r = drive(served["url"], "nope", reqs, want, clients=2, seconds=0.1)
+    assert r["failed"] >= 2 and r["latencies"].size == 0
+
+
 def _new_version(repo, name, source: int, version: int, change) -> None:
     """<repo>/<name>/<version>/, a copy of version `source` with change(dense file path) applied, made in a
     staging folder and renamed into place (it appears whole)."""
