@@ -12,8 +12,8 @@ batches of every model (compute_executor), so while one batch runs the next ones
 InferenceSession is not thread-safe, numba's workqueue threading layer (numbactr.runtime.threads) takes
 calls from one thread at a time, and numbactr's compiled cpu ops and the GPU kernels use the cores
 themselves. That thread runs with the calling thread's numba thread count (numba's setting is per
-thread; another count would compile and run the other twin of numbactr's parallel kernels). Each batch's queue time (oldest
-request), compute time and size go to the metrics callback.
+thread; another count would compile and run the other twin of numbactr's parallel kernels). Each
+batch's queue time (oldest request), compute time and size go to the metrics callback.
 """
 
 from __future__ import annotations

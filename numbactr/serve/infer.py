@@ -1,6 +1,6 @@
 """A request's tensors checked against the model, and a batch of requests run as one session call.
 
-What the HugeCTR backend takes (its Triton client examples): one request row per tensor, shape [1, N]:
+What the HugeCTR backend takes (its Triton client examples): one request row per tensor, shape [1, N]::
 
     DES        FP32            (1, n * des_feature_num)          the dense features, sample-major
     CATCOLUMN  INT64 | UINT32  (1, K)                            every table's keys, table after table
@@ -15,8 +15,8 @@ length other than the slots say, offsets that do not start at 0 or decrease, a k
 the offsets say, more keys than the network's nnz_per_slot allows, a non-finite dense value, a key
 outside its one-hot slot's vocabulary. So a bad request never reaches a batch that others share.
 
-run() concatenates checked requests of one model version (dense rows stacked, each table's keys and offsets joined) into
-one InferenceSession.predict call and splits the predictions back per request.
+run() concatenates checked requests of one model version (dense rows stacked, each table's keys and
+offsets joined) into one InferenceSession.predict call and splits the predictions back per request.
 """
 
 from __future__ import annotations

@@ -239,7 +239,8 @@ def read_config(path: str, model: str) -> ModelConfig:
         raise top.err(
             1,
             f"parameter embeddingkey_long_type {_as_text(params['embeddingkey_long_type'])} disagrees with "
-            f"CATCOLUMN's data_type TYPE_{tensors['input']['CATCOLUMN'].datatype} (true: TYPE_INT64, false: TYPE_UINT32)",
+            f"CATCOLUMN's data_type TYPE_{tensors['input']['CATCOLUMN'].datatype} "
+            "(true: TYPE_INT64, false: TYPE_UINT32)",
         )
     cfg = ModelConfig(name, path, mbs, tensors["input"], tensors["output"], params)
     for v in top.many("dynamic_batching"):
