@@ -74,11 +74,11 @@ def served(tmp_path_factory):
         graph, dense, sparse, _ = models[name]
         argv = ["serve-export", graph, "--dense", dense, "--sparse", *sparse, "--model-repository", repo]
         assert cli(argv + ["--model", name, "--max-batch-size", "32", *extra]) == 0
-    port, log = _free_port(), str(base / "server.log")
+    port, metrics_port, log = _free_port(), _free_port(), str(base / "server.log")
     env = dict(os.environ, NUMBACTR_DEVICE="cpu", PYTHONPATH=ROOT, NUMBACTR_PROGRESS="0")
     cmd = [sys.executable, "-c", "import sys; from numbactr.cli import main; sys.exit(main())"]
     cmd += ["serve", "--model-repository", repo, "--http-port", str(port), "--http-address", "127.0.0.1"]
-    cmd += ["--model-control-mode", "poll", "--repository-poll-secs", "0.3"]
+    cmd += ["--model-control-mode", "poll", "--repository-poll-secs", "0.3", "--metrics-port", str(metrics_port)]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
@@ -93,7 +93,15 @@ def served(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, f"the server was not ready in 180 s: {open(log).read()[-3000:]}"
             time.sleep(0.2)
-        yield {"url": f"127.0.0.1:{port}", "port": port, "log": log, "models": models, "repo": repo, "client": client}
+        yield {
+            "url": f"127.0.0.1:{port}",
+            "port": port,
+            "metrics_port": metrics_port,
+            "log": log,
+            "models": models,
+            "repo": repo,
+            "client": client,
+        }
     finally:
         proc.terminate()
         try:
@@ -358,7 +366,7 @@ def test_bad_requests_get_4xx_naming_the_fault_and_the_server_keeps_serving(serv
 
 
 def _metric(served, line_start: str) -> float:
-    conn = http.client.HTTPConnection("127.0.0.1", served["port"], timeout=30)
+    conn = http.client.HTTPConnection("127.0.0.1", served["metrics_port"], timeout=30)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
@@ -372,6 +380,10 @@ def test_metrics_and_access_log(served, sessions):
     session = sessions["wdl"]
     _infer(served["client"], "wdl", _cut(session, _eval_batch(served["models"]["wdl"], session), 3))
     conn = http.client.HTTPConnection("127.0.0.1", served["port"], timeout=30)
+    conn.request("GET", "/metrics")
+    assert conn.getresponse().status == 404  # --metrics-port: /metrics is there, not on the HTTP port
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", served["metrics_port"], timeout=30)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     for name in (

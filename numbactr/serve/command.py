@@ -96,10 +96,13 @@ def load_repository(repo: str, ps: str | None) -> tuple:
 
 
 def run(args) -> int:
-    import uvicorn
+    try:
+        import uvicorn
 
+        from numbactr.serve.app import Server, make_app, metrics_app
+    except ImportError as e:
+        raise ImportError(f"numbactr serve needs the serve extra (pip install 'numbactr[serve]'): {e}") from None
     from numbactr import __version__
-    from numbactr.serve.app import Server, make_app, metrics_app
 
     models, hps = load_repository(args.model_repository, backend_ps(args.backend_config))
     server = Server(models, __version__)
