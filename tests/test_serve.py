@@ -477,7 +477,7 @@ def test_models_served_through_one_hps_json(served, sessions, tmp_path):
         )
     ps = tmp_path / "ps.json"
     ps.write_text(json.dumps({"supportlonglong": True, "models": entries}))
-    models, hps = load_repository(served["repo"], backend_ps([f"hugectr,ps={ps}"]))
+    models, hps, _ = load_repository(served["repo"], backend_ps([f"hugectr,ps={ps}"]))
     try:
         assert [m.name for m in models] == ["dlrm", "wdl"]
         assert models[0].session.ps is models[1].session.ps  # one parameter server
@@ -618,3 +618,13 @@ def test_live_update_swaps_versions_without_dropping_a_request(served, sessions)
     events = [json.loads(x) for x in open(served["log"]) if x.startswith('{"ts"') and '"event"' in x]
     assert {"event": "model_loaded", "model": "wdl", "version": 2, "replaced": 1}.items() <= events[0].items()
     assert any(e["event"] == "model_load_failed" and e["version"] == 3 for e in events)
+    # a restart now serves the last good version: 2, with version 3's failure as the reason
+    from numbactr.serve.command import load_repository
+
+    models, _, failed = load_repository(repo, None)
+    try:
+        assert {m.name: m.version for m in models} == {"dlrm": 1, "wdl": 2}
+        assert failed["dlrm"] == [] and [v for v, _, _ in failed["wdl"]] == [3] and "dense" in failed["wdl"][0][2]
+    finally:
+        for m in models:
+            m.close()

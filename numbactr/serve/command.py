@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 
-from numbactr.serve.repository import RepositoryError, SharedHPS, load_model
+from numbactr.serve.repository import RepositoryError, SharedHPS, load_model, load_newest_good
 
 DESCRIPTION = "serve a Triton model repository of HugeCTR models over Triton's HTTP protocol (KServe v2)"
 EXPORT_DESCRIPTION = "write a Triton model repository (config.pbtxt, version folder) from a trained model"
@@ -77,22 +77,25 @@ def backend_ps(values: list) -> str | None:
 
 
 def load_repository(repo: str, ps: str | None) -> tuple:
-    """(loaded models, the shared HPS or None); RepositoryError when a model cannot be served."""
+    """(loaded models, the shared HPS or None, {model: [(version, stamp, reason)] of higher versions that
+    failed}): each model's newest version that loads (repository.load_newest_good); RepositoryError when a
+    model cannot be served at all."""
     if not os.path.isdir(repo):
         raise RepositoryError(f"--model-repository {repo!r} is not a folder")
     names = sorted(d for d in os.listdir(repo) if os.path.isfile(os.path.join(repo, d, "config.pbtxt")))
     if not names:
         raise RepositoryError(f"--model-repository {repo!r} holds no <model>/config.pbtxt")
     hps = SharedHPS(ps) if ps else None
-    models = []
+    models, failed = [], {}
     try:
         for name in names:
-            models.append(load_model(repo, name, hps=hps))
+            model, failed[name] = load_newest_good(repo, name, hps)
+            models.append(model)
     except BaseException:
         for m in models:
             m.close()
         raise
-    return models, hps
+    return models, hps, failed
 
 
 def run(args) -> int:
@@ -104,8 +107,13 @@ def run(args) -> int:
         raise ImportError(f"numbactr serve needs the serve extra (pip install 'numbactr[serve]'): {e}") from None
     from numbactr import __version__
 
-    models, hps = load_repository(args.model_repository, backend_ps(args.backend_config))
+    models, hps, failed = load_repository(args.model_repository, backend_ps(args.backend_config))
     server = Server(models, __version__)
+    for name, versions in failed.items():
+        if versions:  # served: a lower version; the failures show on /v2/models/{m} (reload.py retries none)
+            v, stamp, reason = versions[0]
+            server.slots[name].reason, server.slots[name].failed = f"version {v}: {reason}", (v, stamp)
+            print(f"numbactr serve: model {name!r}: {server.slots[name].reason}", file=sys.stderr, flush=True)
     if args.model_control_mode != "none":
         from numbactr.serve.reload import Reloader
 

@@ -27,22 +27,9 @@ import os
 import sys
 import time
 
-from numbactr.serve.repository import RepositoryError, load_model, versions
+from numbactr.serve.repository import RepositoryError, folder_stamp, load_model, versions
 
 __all__ = ["Reloader"]
-
-
-def _stamp(folder: str) -> tuple:
-    """(files, newest modification time) under folder: changes while a version is being copied."""
-    count, newest = 0, 0.0
-    for root, _, files in os.walk(folder):
-        for f in files:
-            try:
-                newest = max(newest, os.stat(os.path.join(root, f)).st_mtime)
-            except OSError:
-                continue
-            count += 1
-    return count, newest
 
 
 class Reloader:
@@ -69,7 +56,7 @@ class Reloader:
         if not newest:
             return err if slot is None else None  # a served model whose folders vanished keeps serving
         version = newest[0]
-        stamp = (version, _stamp(os.path.join(self.repo, name, str(version))))
+        stamp = (version, folder_stamp(os.path.join(self.repo, name, str(version))))
         if not force:
             if slot is None and self.new_failed.get(name, (None,))[0] == stamp:
                 return self.new_failed[name][1]

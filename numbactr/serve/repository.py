@@ -21,7 +21,10 @@ loaded into a numbactr InferenceSession, and the parameters are checked against 
 (des_feature_num = the dense width, slots = the slots of all tables, label_dim = the predictions per
 sample, embeddingkey_long_type = the CATCOLUMN type). With a ps.json its model entry gives the dense and
 sparse files and the database tiers, and one ParameterServer serves every model it names (HugeCTR's HPS);
-without one, the version folder's files are used and each model gets its own parameter server.
+without one, the version folder's files are used and each model gets its own parameter server. At start
+each model serves its highest version that loads (load_newest_good): a damaged newer version (a crash
+while one was being copied in, say) is reported, not fatal; a config.pbtxt error or no loadable version
+stops the server, as in Triton.
 """
 
 from __future__ import annotations
@@ -36,7 +39,17 @@ import numpy as np
 from numbactr.inference import InferenceParams, InferenceSession, ParameterServer, ParameterServerConfig
 from numbactr.serve.pbtxt import Ident, PbtxtError, Value, parse_file
 
-__all__ = ["ModelConfig", "LoadedModel", "RepositoryError", "read_config", "versions", "load_model", "SharedHPS"]
+__all__ = [
+    "ModelConfig",
+    "LoadedModel",
+    "RepositoryError",
+    "read_config",
+    "versions",
+    "load_model",
+    "load_newest_good",
+    "folder_stamp",
+    "SharedHPS",
+]
 
 #: Triton's TYPE_* names -> KServe v2 datatypes
 DATATYPES = {"TYPE_FP32": "FP32", "TYPE_INT64": "INT64", "TYPE_UINT32": "UINT32", "TYPE_INT32": "INT32"}
@@ -316,6 +329,38 @@ class SharedHPS:
     def close(self) -> None:
         if self._ps is not None:
             self._ps.close()
+
+
+def folder_stamp(folder: str) -> tuple:
+    """(files, newest modification time) under folder: it changes while a version is being copied."""
+    count, newest = 0, 0.0
+    for root, _, files in os.walk(folder):
+        for f in files:
+            try:
+                newest = max(newest, os.stat(os.path.join(root, f)).st_mtime)
+            except OSError:
+                continue
+            count += 1
+    return count, newest
+
+
+def load_newest_good(repo: str, name: str, hps: SharedHPS | None = None) -> tuple:
+    """(the highest version of model `name` that loads, [(version, folder stamp, reason)] of the higher
+    ones that did not): a restart after a damaged version was copied in serves the last good one, as
+    numbactr.serve.reload kept it serving. A config.pbtxt error, or no version loading, raises."""
+    found = versions(os.path.join(repo, name)) if os.path.isdir(os.path.join(repo, name)) else []
+    failed = []
+    for version in reversed(found):
+        try:
+            return load_model(repo, name, version, hps), failed
+        except RepositoryError as e:
+            read_config(
+                os.path.join(repo, name, "config.pbtxt"), name
+            )  # a config error is the model's, not the version's
+            failed.append((version, folder_stamp(os.path.join(repo, name, str(version))), str(e)))
+    if not failed:
+        return load_model(repo, name, None, hps), failed  # its error: no version folder
+    raise RepositoryError("; ".join(f"version {v}: {why}" for v, _, why in failed))
 
 
 def _model_files(vdir: str) -> tuple:
