@@ -1,7 +1,7 @@
 """The HTTP routes of the KServe v2 protocol (Triton's HTTP/REST endpoints) on Starlette.
 
     GET  /v2/health/live                          200 while the process serves
-    GET  /v2/health/ready                         200 when every model is loaded (400 otherwise, as Triton)
+    GET  /v2/health/ready                         200: every model loaded before the server listened
     GET  /v2                                      server metadata (name, version, extensions)
     GET  /v2/models/{m}[/versions/{v}]            model metadata: versions, platform, inputs, outputs
     GET  /v2/models/{m}[/versions/{v}]/ready      200 or 400
@@ -74,7 +74,7 @@ class Server:
         if name not in self.slots:
             raise RequestError(f"unknown model {name!r} (models: {sorted(self.slots)})", 404)
         slot = self.slots[name]
-        if version is not None and version != "":
+        if version is not None:
             if not version.isdigit():
                 raise RequestError(f"model {name!r}: version {version!r} is not a number", 400)
             if int(version) != slot.model.version:
@@ -101,13 +101,16 @@ def make_app(server: Server, with_metrics: bool = True) -> AccessLog:
     async def live(request: Request):
         return Response(status_code=200)
 
-    async def ready(request: Request):
-        ok = all(s.model is not None for s in server.slots.values())
-        return Response(status_code=200 if ok else 400)
+    async def ready(request: Request):  # the server listens once every model has loaded (command.py)
+        return Response(status_code=200)
 
     async def metadata(request: Request):
         return JSONResponse(
-            {"name": "numbactr", "version": server.version, "extensions": ["binary_tensor_data", "model_configuration"]}
+            {
+                "name": "numbactr",
+                "version": server.version,
+                "extensions": ["binary_tensor_data", "model_configuration", "model_repository"],
+            }
         )
 
     def _slot(request: Request) -> ModelSlot:

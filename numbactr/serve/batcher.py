@@ -58,7 +58,7 @@ class Batcher:
         self.task = asyncio.get_running_loop().create_task(self._loop())
 
     async def submit(self, job: infer.Job):
-        """The predictions (n * P,) of a checked request, once its batch has run."""
+        """(the model version that ran it, its predictions (n * P,)) of a checked request, once its batch ran."""
         if self.task is None:
             self.start()
         item = _Item(job, asyncio.get_running_loop().create_future())
