@@ -517,6 +517,9 @@ def test_load_generator_counts_answers_and_wrong_ones(served, sessions):
     assert r["wrong"] == r["latencies"].size >= 2
     r = drive(served["url"], "nope", reqs, want, clients=2, seconds=0.1)
     assert r["failed"] >= 2 and r["latencies"].size == 0
+    # a server that is gone: retried until retry_s after the end, then lost
+    r = drive(f"127.0.0.1:{_free_port()}", "dlrm", reqs, want, clients=1, seconds=0.0, retry_s=0.3)
+    assert r["lost"] == 1 and r["retried"] >= 2 and r["failed"] == 0 and r["latencies"].size == 0
 
 
 def _new_version(repo, name, source: int, version: int, change) -> None:
