@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from numbactr.serve import command as serve
 
-    p = sub.add_parser("serve", help=serve.DESCRIPTION, description=serve.__doc__.split("\n\n")[0])
+    p = sub.add_parser("serve", help=serve.DESCRIPTION, description=serve.DESCRIPTION + serve.SERVE_NOTE)
     serve.add_arguments(p)
     p = sub.add_parser("serve-export", help=serve.EXPORT_DESCRIPTION, description=serve.EXPORT_DESCRIPTION)
     serve.add_export_arguments(p)

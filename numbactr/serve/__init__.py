@@ -9,6 +9,7 @@ infer.py       a request's tensors (DES, CATCOLUMN, ROWINDEX) checked against th
 batcher.py     dynamic batching (max_batch_size, preferred_batch_size, max_queue_delay_microseconds)
 metrics.py     Prometheus metrics and the JSON access log
 app.py         the HTTP routes (Starlette)
+reload.py      live updates: a new version loaded and swapped in, a damaged one reported
 command.py     ``numbactr serve`` (uvicorn) and ``numbactr serve-export``
 
 This package sits between numbactr.cli and the faces: it imports numbactr.inference, nothing but the

@@ -27,6 +27,10 @@ import sys
 from numbactr.serve.repository import RepositoryError, SharedHPS, load_model, load_newest_good
 
 DESCRIPTION = "serve a Triton model repository of HugeCTR models over Triton's HTTP protocol (KServe v2)"
+SERVE_NOTE = (
+    ". Every model of the repository loads before the server listens (its newest version that loads); "
+    "/metrics is on the HTTP port unless --metrics-port is given; one JSON access-log line per request on stderr."
+)
 EXPORT_DESCRIPTION = "write a Triton model repository (config.pbtxt, version folder) from a trained model"
 
 
