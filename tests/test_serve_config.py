@@ -137,6 +137,7 @@ def test_config_mistakes_name_file_and_line(tmp_path, old, new, line, words):
 
 
 def test_serve_stops_with_the_reason_when_a_model_cannot_load(tmp_path, capsys):
+    pytest.importorskip("uvicorn")  # serve imports it before it reads the repository
     (tmp_path / "dcn").mkdir()
     (tmp_path / "dcn" / "config.pbtxt").write_text(HUGECTR_DCN.replace("TYPE_INT32", "TYPE_INT16"))
     assert cli(["serve", "--model-repository", str(tmp_path), "--http-port", "1"]) == 1
