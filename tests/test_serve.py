@@ -363,6 +363,13 @@ def test_bad_requests_get_4xx_naming_the_fault_and_the_server_keeps_serving(serv
         assert np.array_equal(_infer(served["client"], "dlrm", request).reshape(-1), good), what
     with pytest.raises(InferenceServerException, match="unknown model"):
         _infer(served["client"], "nope", request)
+    # a hash table's reserved key -1: refused alone, before it could fail a batch shared with others
+    wdl = _cut(sessions["wdl"], _eval_batch(served["models"]["wdl"], sessions["wdl"]), 3)
+    keys = wdl[1].copy()
+    keys[2] = -1
+    status, text = _post(served, "/v2/models/wdl/infer", _json_request((wdl[0], keys, wdl[2])))
+    assert status == 400 and "key -1 at position 2 is reserved" in json.loads(text)["error"]
+    assert np.array_equal(_infer(served["client"], "wdl", wdl).reshape(-1), np.float32(sessions["wdl"].predict(*wdl)))
 
 
 def _metric(served, line_start: str) -> float:

@@ -12,8 +12,9 @@ The number of samples n is DES's length / des_feature_num, as the backend counts
 (RequestError, HTTP 400, naming the tensor, sample or table) every request the session would refuse or
 mis-read: a missing or unknown input, a wrong datatype or shape, n over max_batch_size, a ROWINDEX
 length other than the slots say, offsets that do not start at 0 or decrease, a key count other than
-the offsets say, more keys than the network's nnz_per_slot allows, a non-finite dense value, a key
-outside its one-hot slot's vocabulary. So a bad request never reaches a batch that others share.
+the offsets say, more keys than the network's nnz_per_slot allows, a non-finite dense value, a key the
+parameter server reserves (-1) or that does not fit 32-bit keys, a key outside its one-hot slot's
+vocabulary. So a bad request never reaches a batch that others share.
 
 run() concatenates checked requests of one model version (dense rows stacked, each table's keys and
 offsets joined) into one InferenceSession.predict call and splits the predictions back per request.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from numbactr.inference.hps import check_keys
 from numbactr.inference.session import ONE_HOT, one_hot_categories
 from numbactr.serve.protocol import InferRequest, RequestError
 from numbactr.serve.repository import LoadedModel
@@ -108,6 +110,10 @@ def check(model: LoadedModel, req: InferRequest) -> Job:
         r0, k0 = r0 + n * s + 1, k0 + end
     if k0 != keys.size:
         raise RequestError(f"input 'CATCOLUMN': {keys.size} keys, but ROWINDEX accounts for {k0}")
+    try:  # what the session refuses (-1, a key over 32 bits for 32-bit keys) must not fail a shared batch
+        check_keys(keys, model.session.params.i64_input_key, "input 'CATCOLUMN'")
+    except ValueError as err:
+        raise RequestError(str(err)) from None
     g = model.session.graph
     for t, (e, (k, off)) in enumerate(zip(g.embeddings, tables)):
         if e.embedding_type in ONE_HOT:
