@@ -1,7 +1,8 @@
 """The ``numbactr`` command: ``numbactr [--version] [--debug] <command> ...``.
 
 Commands: demo (the main job), bench (kernel/step benchmarks, or `bench data` for the readers), data
-(converters: criteo), export-onnx (a trained model to ONNX), device (which device and threads numbactr would
+(converters: criteo), export-onnx (a trained model to ONNX), predict, serve (Triton's HTTP protocol) and
+serve-export (a Triton model repository), device (which device and threads numbactr would
 use, and why). Every command has
 ``--help``. An error is one line on stderr (exit status 1) unless ``--debug`` (anywhere on the line) or
 NUMBACTR_DEBUG=1 asks for the traceback.
@@ -44,6 +45,7 @@ BENCH_HELP = """benchmarks (markdown tables; not tests):
   sok                  SOK's seed benchmark: nn.Embedding vs numbactr.sok in PyTorch, 1 and 2 ranks (torch)
   data                 data-reader throughput: Norm, Raw, Parquet with 1, 2, 4 workers
   inference            InferenceSession vs onnxruntime: predictions/s, p50/p99 latency, cache hit rate
+  serve                `numbactr serve` under load over loopback (tritonclient): preds/s, p50/p99, failures
   zoo                  HugeCTR's sample zoo (W&D, DCN, DeepFM, DLRM, NCF...) beside PyTorch twins, samples/s
   hkv                  the evicting table (HierarchicalKV's operations) beside the fixed hash table, M-KV/s
   hstu                 HSTU's jagged attention forward and backward beside PyTorch padded dense, ms
@@ -125,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.add_arguments(p)
 
+    from numbactr.serve import command as serve
+
+    p = sub.add_parser("serve", help=serve.DESCRIPTION, description=serve.DESCRIPTION + serve.SERVE_NOTE)
+    serve.add_arguments(p)
+    p = sub.add_parser("serve-export", help=serve.EXPORT_DESCRIPTION, description=serve.EXPORT_DESCRIPTION)
+    serve.add_export_arguments(p)
+
     ap.commands = sub.choices  # name -> parser, for error messages
     sub.add_parser(
         "device",
@@ -144,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _bench(rest: list) -> int:
     if not rest or rest[0] in ("-h", "--help"):
         print(
-            "usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,zoo,hkv,hstu} [options]\n\n"
+            "usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,serve,zoo,hkv,hstu} [options]
+
+"
             + BENCH_HELP
         )
         return 0
@@ -156,6 +167,10 @@ def _bench(rest: list) -> int:
         from numbactr.bench.inference import main as bench_inference
 
         return bench_inference(rest[1:])
+    if rest[0] == "serve":
+        from numbactr.bench.serve import main as bench_serve
+
+        return bench_serve(rest[1:])
     from numbactr.bench.cli import main as bench
 
     return bench(rest)
@@ -180,6 +195,10 @@ def _run(args) -> int:
         from numbactr.inference.predict import run
 
         return run(args)
+    if args.command in ("serve", "serve-export"):
+        from numbactr.serve import command as serve
+
+        return serve.run(args) if args.command == "serve" else serve.run_export(args)
     if args.command == "device":
         from numbactr.runtime.device_report import main as device_report
 
