@@ -41,19 +41,24 @@ heads at once; its query rows are cut into tiles of ``CPU_TILE`` (64) rows, and 
 ``key_range_rule`` gives its rows (causal: the keys up to its last row; the blocks above the diagonal,
 where every pair is masked, are never computed: the jagged and causal saving is real, only the diagonal
 block's upper half is computed and zeroed). Per tile, with Q, K, V, dO the (H, rows, D) views of the
-sequence's rows (strided, read by BLAS in place) and X (H, R, C) the tile's block:
+sequence's rows (strided, read by BLAS in place) and X (H, R, C) the tile's block (np.matmul on the (H, R, C)
+stacks: one BLAS sgemm per head)::
+
     forward:  X = Q_t K_r^T (+ rab);  P = m silu(alpha X) / S (compiled, in place);  O_t = P V_r
     backward: X as above, dP = dO_t V_r^T;  P and dS = dP silu'(alpha X) alpha / S, 0 where masked
               (compiled, in place; drab's block written there);  dQ_t = dS K_r;  dK_r += dS^T Q_t;
               dV_r += P^T dO_t
-(np.matmul on (H, R, C) stacks: one BLAS sgemm per head). The sums are BLAS's, in its order, not the
+
+The sums are BLAS's, in its order, not the
 kernels' key order: the cpu version matches the reference (and the kernels) to float32 rounding, not bit for
 bit (tests/test_hstu_attention.py compares each to the float64 reference with a tolerance). Threads: with
 more than one (numba's count in the calling thread) and enough work, the sequences are spread over a pool
 of Python threads (NumPy and the njit step release the GIL), longest first, BLAS held to 1 thread
 meanwhile; each sequence runs wholly in one thread in a fixed order, so any thread count gives the same bits.
-Measured (numbactr bench hstu, 1 thread, 4 sequences L..L/2, H 2, D 64, causal): against the strict-order
-per-pair loop it replaces, 20-40x faster at L 128-512 (numbers in the commit that made it).
+Measured (``numbactr bench hstu``'s batches: 4 sequences of L down to L/2, H 2, D 64, causal; 1 thread, median
+CPU time of a call on the shared 2-core sandbox, whose wall times the load inflates), ms at L 128 / 256 / 512:
+forward 0.36 / 1.1 / 5.2, backward 0.97 / 3.1 / 9.7; the per-(query, key)-pair float32 loop this replaced
+3.4 / 13 / 51 and 4.7 / 18 / 70; PyTorch padded dense (the bench's) 1.3 / 5.3 / 15 and 2.3 / 8.7 / 26.
 """
 from __future__ import annotations
 
@@ -503,7 +508,7 @@ class _CpuCall:
         self.half_alpha = np.float32(self.alpha * np.float32(0.5))      # exact: alpha s / 2 = (alpha s) / 2
         self.rab = rab
         self.heads = q.shape[1]
-        self.tile = int(tile or CPU_TILE)
+        self.tile = CPU_TILE if tile is None else int(tile)
         if self.tile < 1:
             raise ValueError(f"hstu attention cpu: tile must be >= 1 query rows, got {tile}")
         self.lengths = [self.cu[b + 1] - self.cu[b] for b in range(len(self.cu) - 1)]

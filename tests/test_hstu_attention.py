@@ -258,6 +258,12 @@ def test_compiled_cpu_matches_reference_on_long_sequences(window, ctx, tgt):
     assert_matches_reference(run_cpu(pr), reference(pr))
 
 
+def test_compiled_cpu_refuses_an_empty_tile():
+    pr = case_problem([3, 2], dict(window=(-1, 0)), rab_heads=None)
+    with pytest.raises(ValueError, match="tile must be >= 1"):
+        run_cpu(pr, tile=0)
+
+
 def test_compiled_cpu_is_the_same_for_any_thread_count():
     """One thread, and as many as numba has (a pool over the sequences when there are 2 or more): the same
     bits, small problems (run in the calling thread) and large ones (enough work for the pool)."""
