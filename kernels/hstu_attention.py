@@ -1,13 +1,15 @@
-"""HSTU's jagged attention as numba.cuda kernels (forward, and a hand-written backward) and compiled for the
-CPU (numba.njit, in parallel over (sequence, head) pairs). The formulas, the mask and the arguments' rules
-are in kernels/hstu_attention_ref.py (its NumPy reference is the oracle of both versions here):
+"""HSTU's jagged attention as numba.cuda kernels (forward, and a hand-written backward) and, for the CPU, blocked
+into matrix products (NumPy's BLAS) with a compiled (numba.njit) elementwise step. The formulas, the mask and
+the arguments' rules are in kernels/hstu_attention_ref.py (its NumPy reference is the oracle of both
+versions here):
 
     p[i, j] = m[i, j] silu(alpha (q_i . k_j + rab[b, h, i, j])) / S,    out_i = sum_j p[i, j] v_j
 
 FBGEMM: fbgemm_gpu/experimental/hstu (``hstu_attn_varlen_func``; the kernels hstu_ampere/hstu_fwd.h and
 hstu_bwd.h are CUTLASS code with the same blocking). The scalar rules (which keys a query sees, silu and its
-derivative) are written once below as plain Python and compiled twice, as cuda device functions and with
-njit, so the two versions cannot disagree on them.
+derivative) are written once below as plain Python; the kernels compile them as cuda device functions, the
+cpu version calls ``visible_rule`` compiled with njit and ``key_range_rule`` in Python, and writes silu
+and silu' with the same formula, its tanh from NumPy (vectorized; numba's scalar tanhf cost 30x more).
 
 The kernels (one block per unit of work, grid-stride over the units; every thread of a block walks the same
 units, so all reach every syncthreads; all sums in float32):
@@ -33,18 +35,44 @@ one kernel over key tiles adding dq with atomics); each recomputes q . k, which 
 
 Tiles: ``tile_for(D, Dv)`` picks bm = bn so that the dk/dv kernel's eight shared arrays stay within 48 KB
 (16 for D <= 64, 8 up to 128, 4 up to 256); tests use tiny tiles and blocks in the simulator.
+
+The cpu version (``hstu_attn_forward_cpu`` / ``hstu_attn_backward_cpu``), a unit = one sequence b, all
+heads at once; its query rows are cut into tiles of ``CPU_TILE`` (64) rows, and a tile's keys are the range
+``key_range_rule`` gives its rows (causal: the keys up to its last row; the blocks above the diagonal,
+where every pair is masked, are never computed: the jagged and causal saving is real, only the diagonal
+block's upper half is computed and zeroed). Per tile, with Q, K, V, dO the (H, rows, D) views of the
+sequence's rows (strided, read by BLAS in place) and X (H, R, C) the tile's block (np.matmul on the (H, R, C)
+stacks: one BLAS sgemm per head)::
+
+    forward:  X = Q_t K_r^T (+ rab);  P = m silu(alpha X) / S (compiled, in place);  O_t = P V_r
+    backward: X as above, dP = dO_t V_r^T;  P and dS = dP silu'(alpha X) alpha / S, 0 where masked
+              (compiled, in place; drab's block written there);  dQ_t = dS K_r;  dK_r += dS^T Q_t;
+              dV_r += P^T dO_t
+
+The sums are BLAS's, in its order, not the
+kernels' key order: the cpu version matches the reference (and the kernels) to float32 rounding, not bit for
+bit (tests/test_hstu_attention.py compares each to the float64 reference with a tolerance). Threads: with
+more than one (numba's count in the calling thread) and enough work, the sequences are spread over a pool
+of Python threads (NumPy and the njit step release the GIL), longest first, BLAS held to 1 thread
+meanwhile; each sequence runs wholly in one thread in a fixed order, so any thread count gives the same bits.
+Measured (``numbactr bench hstu``'s batches: 4 sequences of L down to L/2, H 2, D 64, causal; 1 thread, median
+CPU time of a call on the shared 2-core sandbox, whose wall times the load inflates), ms at L 128 / 256 / 512:
+forward 0.36 / 1.1 / 5.2, backward 0.97 / 3.1 / 9.7; the per-(query, key)-pair float32 loop this replaced
+3.4 / 13 / 51 and 4.7 / 18 / 70; PyTorch padded dense (the bench's) 1.3 / 5.3 / 15 and 2.3 / 8.7 / 26.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
+import queue
 
 import numpy as np
-from numba import cuda, float32, njit, prange
+from numba import cuda, float32, njit
 
 from .hstu_attention_ref import resolve_window
 from .launch import SIMULATED, launch_rows
-from .parallel_cpu import pjit
+from .parallel_cpu import PARALLEL_MIN, _num_threads
 
 
 # ---- the scalar rules, plain Python (each a leaf: compiled for cuda and for the cpu below) ------------------
@@ -420,132 +448,212 @@ def hstu_attn_backward(q, k, v, dout, cu_seqlens, num_contexts, num_targets, dq,
                 num_targets, rab_arg, int(rab is not None), dk, dv, n_tiles, wl, wr, group, a, inv, threads=tpb)
 
 
-# ---- compiled cpu version -------------------------------------------------------------------------------------
-_JIT = dict(cache=True, error_model="numpy")
+# ---- cpu version: blocked into matrix products -----------------------------------------------------------------
+CPU_TILE = 64      # query rows of a tile on the cpu (measured at D 64, 1 thread: 32 and 128 no faster)
+_JIT = dict(cache=True, error_model="numpy", nogil=True)
 _visible_cpu = njit(inline="always", **_JIT)(visible_rule)
-_key_range_cpu = njit(inline="always", **_JIT)(key_range_rule)
-_silu_and_grad_cpu = njit(inline="always", **_JIT)(silu_and_grad_rule)
 
 
-@pjit(**_JIT)
-def _forward_cpu(q, k, v, cu, num_contexts, num_targets, rab, has_rab, out, wl, wr, group, alpha, inv_scale):
-    """out (T, H, Dv) <- the attention; in parallel over (sequence, head) pairs, each query row summed over
-    its keys in key order (float32), as the kernels' scalar rules say."""
-    heads = q.shape[1]
-    for pair in prange((cu.shape[0] - 1) * heads):
-        b = pair // heads
-        h = pair % heads
-        start = cu[b]
-        n = cu[b + 1] - start
-        hist = n - num_targets[b]
-        ctx = num_contexts[b]
-        hr = h if rab.shape[1] > 1 else 0
-        for i in range(n):
-            qi = q[start + i, h]
-            o = out[start + i, h]
-            o[:] = float32(0.0)
-            lo, hi = _key_range_cpu(i, i, n, hist, ctx, wl, wr)
-            for j in range(lo, hi):
-                if not _visible_cpu(i, j, hist, ctx, wl, wr, group):
-                    continue
-                kj = k[start + j, h]
-                s = float32(0.0)
-                for e in range(qi.shape[0]):
-                    s += qi[e] * kj[e]
-                if has_rab:
-                    s += rab[b, hr, i, j]
-                p = _silu_and_grad_cpu(alpha * s)[0] * inv_scale
-                vj = v[start + j, h]
-                for e in range(o.shape[0]):
-                    o[e] += p * vj[e]
+@njit(**_JIT)
+def _p_tile(x, th, i0, lo, hist, ctx, wl, wr, group, alpha, inv_scale):
+    """x (H, R, C): the scores s = q . k (+ rab) of query rows i0.. and keys lo.. of a tile; th = tanh(alpha
+    s / 2). x <- p = m silu(alpha s) / S in place, 0 where masked (silu_and_grad_rule's formula, its tanh
+    from NumPy). The mask is a select, not a branch, so the loop vectorizes."""
+    for h in range(x.shape[0]):
+        for r in range(x.shape[1]):
+            xr = x[h, r]
+            tr = th[h, r]
+            for c in range(x.shape[2]):
+                y = alpha * xr[c]
+                p = y * (float32(0.5) + float32(0.5) * tr[c]) * inv_scale
+                xr[c] = p if _visible_cpu(i0 + r, lo + c, hist, ctx, wl, wr, group) else float32(0.0)
 
 
-@pjit(**_JIT)
-def _backward_cpu(q, k, v, dout, cu, num_contexts, num_targets, rab, has_rab, dq, dk, dv, drab, has_drab,
-                  wl, wr, group, alpha, inv_scale):
-    """dq, dk, dv (overwritten), drab (overwritten when has_drab). The work is cut into (sequence, head)
-    pairs, or into whole sequences when the heads share one drab plane (then a pair would race on it);
-    every pair sums its rows in one order (float32), so any thread count gives the same bits."""
-    heads = q.shape[1]
-    shared = has_drab and drab.shape[1] == 1 and heads > 1
-    per_unit = heads if shared else 1
-    for unit in prange((cu.shape[0] - 1) * heads // per_unit):
-        b = unit * per_unit // heads
-        start = cu[b]
-        n = cu[b + 1] - start
-        hist = n - num_targets[b]
-        ctx = num_contexts[b]
-        for h in range(unit * per_unit % heads, unit * per_unit % heads + per_unit):
-            hr = h if rab.shape[1] > 1 else 0
-            if has_drab and h == hr:           # the first head of a shared plane, or its own plane
-                drab[b, hr] = float32(0.0)
-            dq[start:start + n, h] = float32(0.0)
-            dk[start:start + n, h] = float32(0.0)
-            dv[start:start + n, h] = float32(0.0)
-            for i in range(n):
-                qi = q[start + i, h]
-                doi = dout[start + i, h]
-                dqi = dq[start + i, h]
-                lo, hi = _key_range_cpu(i, i, n, hist, ctx, wl, wr)
-                for j in range(lo, hi):
-                    if not _visible_cpu(i, j, hist, ctx, wl, wr, group):
-                        continue
-                    kj = k[start + j, h]
-                    vj = v[start + j, h]
-                    s = float32(0.0)
-                    dp = float32(0.0)
-                    for e in range(qi.shape[0]):
-                        s += qi[e] * kj[e]
-                    for e in range(vj.shape[0]):
-                        dp += doi[e] * vj[e]
-                    if has_rab:
-                        s += rab[b, hr, i, j]
-                    f, g = _silu_and_grad_cpu(alpha * s)
-                    p = f * inv_scale
-                    ds = dp * g * alpha * inv_scale
-                    dkj = dk[start + j, h]
-                    dvj = dv[start + j, h]
-                    for e in range(qi.shape[0]):
-                        dqi[e] += ds * kj[e]
-                        dkj[e] += ds * qi[e]
-                    for e in range(vj.shape[0]):
-                        dvj[e] += p * doi[e]
-                    if has_drab:
-                        drab[b, hr, i, j] += ds
+@njit(**_JIT)
+def _p_ds_tile(x, th, dp, i0, lo, hist, ctx, wl, wr, group, alpha, inv_scale, drab, has_drab):
+    """The backward's elementwise step (arguments as _p_tile; dp (H, R, C) = dout . v): in place, x <- p and
+    dp <- ds = dp silu'(alpha s) alpha / S, both 0 where masked. When has_drab, drab (Hr, R, C), the tile's
+    block of rab's gradient, <- ds of each head, or, when Hr = 1, the sum of ds over the heads in head order."""
+    for h in range(x.shape[0]):
+        for r in range(x.shape[1]):
+            xr = x[h, r]
+            tr = th[h, r]
+            dr = dp[h, r]
+            for c in range(x.shape[2]):
+                y = alpha * xr[c]
+                sg = float32(0.5) + float32(0.5) * tr[c]
+                f = y * sg * inv_scale
+                g = sg * (float32(1.0) + y * (float32(1.0) - sg)) * alpha * inv_scale
+                seen = _visible_cpu(i0 + r, lo + c, hist, ctx, wl, wr, group)
+                xr[c] = f if seen else float32(0.0)
+                dr[c] = dr[c] * g if seen else float32(0.0)
+            if has_drab:
+                if drab.shape[0] > 1 or h == 0:
+                    drab[h if drab.shape[0] > 1 else 0, r] = dr
+                else:
+                    drab[0, r] += dr
+
+
+class _CpuCall:
+    """One call of the cpu version, resolved on the host: the per-sequence ints as Python ints, the window,
+    the scalars, the tile."""
+
+    def __init__(self, q, cu_seqlens, num_contexts, num_targets, max_seqlen, scaling_seqlen, window,
+                 target_group_size, alpha, rab, tile):
+        self.cu = [int(c) for c in cu_seqlens]
+        self.ctx = [int(c) for c in num_contexts]
+        self.tgt = [int(t) for t in num_targets]
+        self.wl, self.wr, self.group, self.alpha, self.inv = _scalars(max_seqlen, scaling_seqlen, window,
+                                                                      target_group_size, alpha)
+        self.half_alpha = np.float32(self.alpha * np.float32(0.5))      # exact: alpha s / 2 = (alpha s) / 2
+        self.rab = rab
+        self.heads = q.shape[1]
+        self.tile = CPU_TILE if tile is None else int(tile)
+        if self.tile < 1:
+            raise ValueError(f"hstu attention cpu: tile must be >= 1 query rows, got {tile}")
+        self.lengths = [self.cu[b + 1] - self.cu[b] for b in range(len(self.cu) - 1)]
+        self.longest = max(self.lengths, default=0)
+
+    def tiles(self, b):
+        """(start, n, hist, ctx) of sequence b and its tiles (i0, i1, lo, hi): query rows i0..i1 - 1 and the
+        keys key_range_rule gives them (every key outside lo..hi - 1 is masked for all of these rows)."""
+        start, n = self.cu[b], self.lengths[b]
+        hist, ctx = n - self.tgt[b], self.ctx[b]
+        out = []
+        for i0 in range(0, n, self.tile):
+            i1 = min(n, i0 + self.tile)
+            out.append((i0, i1) + key_range_rule(i0, i1 - 1, n, hist, ctx, self.wl, self.wr))
+        return start, n, hist, ctx, out
+
+    def scores(self, b, qs, ks, i0, i1, lo, hi, ws):
+        """(x, th), views of the workspace ws: x = q k^T (+ rab) (H, R, C) of the tile, th = tanh(alpha x / 2)."""
+        shape = (self.heads, i1 - i0, hi - lo)
+        x = ws[0, :math.prod(shape)].reshape(shape)
+        th = ws[1, :math.prod(shape)].reshape(shape)
+        np.matmul(qs[:, i0:i1], ks[:, lo:hi].transpose(0, 2, 1), out=x)
+        if self.rab is not None:
+            x += self.rab[b, :, i0:i1, lo:hi]                              # (1 or H, R, C): broadcast over heads
+        np.multiply(x, self.half_alpha, out=th)
+        np.tanh(th, out=th)                                                # NumPy's tanh: vectorized
+        return x, th
+
+    def threads(self, d):
+        """Threads for this call: numba's count for the calling thread, at most one per sequence, and 1
+        when the work (H sum L^2 d multiply-adds) is below parallel_cpu.PARALLEL_MIN."""
+        work = self.heads * sum(n * n for n in self.lengths) * d
+        return 1 if work < PARALLEL_MIN else min(_num_threads(), len(self.lengths))
+
+
+def _heads_first(a, start, n):
+    """Rows start..start + n - 1 of a (T, H, E) as an (H, n, E) view (BLAS reads it in place)."""
+    return a[start:start + n].transpose(1, 0, 2)
+
+
+def _forward_sequence(call, b, q, k, v, out, ws):
+    """out rows of sequence b, tile by tile: x = q k^T, p = m silu(alpha x) / S, out = p v."""
+    start, n, hist, ctx, tiles = call.tiles(b)
+    qs, ks, vs, os_ = (_heads_first(a, start, n) for a in (q, k, v, out))
+    for i0, i1, lo, hi in tiles:
+        x, th = call.scores(b, qs, ks, i0, i1, lo, hi, ws)
+        _p_tile(x, th, i0, lo, hist, ctx, call.wl, call.wr, call.group, call.alpha, call.inv)
+        np.matmul(x, vs[:, lo:hi], out=os_[:, i0:i1])
+
+
+def _backward_sequence(call, b, q, k, v, dout, dq, dk, dv, drab, ws):
+    """dq, dk, dv rows (and drab's blocks) of sequence b, tile by tile: dp = dout v^T, p and ds from x, then
+    dq = ds k (the tile's rows, written), dk += ds^T q and dv += p^T dout (the tile's keys, added)."""
+    start, n, hist, ctx, tiles = call.tiles(b)
+    qs, ks, vs, dos, dqs, dks, dvs = (_heads_first(a, start, n) for a in (q, k, v, dout, dq, dk, dv))
+    dks[...] = float32(0.0)
+    dvs[...] = float32(0.0)
+    heads, d, dvw = call.heads, q.shape[2], v.shape[2]
+    for i0, i1, lo, hi in tiles:
+        r, c = i1 - i0, hi - lo
+        x, th = call.scores(b, qs, ks, i0, i1, lo, hi, ws)
+        dp = ws[2, :heads * r * c].reshape(heads, r, c)
+        np.matmul(dos[:, i0:i1], vs[:, lo:hi].transpose(0, 2, 1), out=dp)
+        block = _NO_RAB[0] if drab is None else drab[b, :, i0:i1, lo:hi]
+        _p_ds_tile(x, th, dp, i0, lo, hist, ctx, call.wl, call.wr, call.group, call.alpha, call.inv, block,
+                   drab is not None)
+        np.matmul(dp, ks[:, lo:hi], out=dqs[:, i0:i1])
+        dks[:, lo:hi] += np.matmul(dp.transpose(0, 2, 1), qs[:, i0:i1],
+                                   out=ws[3, :heads * c * d].reshape(heads, c, d))
+        dvs[:, lo:hi] += np.matmul(x.transpose(0, 2, 1), dos[:, i0:i1],
+                                   out=ws[3, :heads * c * dvw].reshape(heads, c, dvw))
+
+
+def _run(call, work, planes, width, threads):
+    """work(b, ws) for every sequence b, ws a (planes, width) float32 workspace: in the calling thread, or
+    in a pool of ``threads`` threads, longest sequences first, with BLAS held to 1 thread meanwhile (threads
+    x BLAS threads would oversubscribe the cores). A sequence runs wholly in one thread, in the same order of
+    operations whichever: any thread count gives the same bits."""
+    batch = len(call.lengths)
+    if threads <= 1:
+        ws = np.empty((planes, width), np.float32)
+        for b in range(batch):
+            work(b, ws)
+        return
+    spaces = queue.SimpleQueue()
+    for _ in range(threads):
+        spaces.put(np.empty((planes, width), np.float32))
+
+    def one(b):
+        ws = spaces.get()
+        try:
+            work(b, ws)
+        finally:
+            spaces.put(ws)
+
+    order = sorted(range(batch), key=lambda b: -call.lengths[b])
+    with _blas_controller().limit(limits=1, user_api="blas"):
+        for f in [_pool(threads).submit(one, b) for b in order]:
+            f.result()
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(threads):
+    return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="hstu-cpu")
+
+
+@functools.lru_cache(maxsize=None)
+def _blas_controller():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 _NO_RAB = np.zeros((1, 1, 1, 1), np.float32)
 
 
-def _cpu_ints(num_contexts, num_targets, cu_seqlens):
-    return (np.ascontiguousarray(cu_seqlens, np.int64), np.ascontiguousarray(num_contexts, np.int64),
-            np.ascontiguousarray(num_targets, np.int64))
-
-
 def hstu_attn_forward_cpu(q, k, v, cu_seqlens, num_contexts, num_targets, out, max_seqlen, scaling_seqlen=-1,
-                          target_group_size=1, window=(-1, -1), alpha=1.0, rab=None) -> None:
-    """hstu_attn_forward on host float32 arrays, compiled with njit (same arguments, no tile)."""
+                          target_group_size=1, window=(-1, -1), alpha=1.0, rab=None, tile=None) -> None:
+    """hstu_attn_forward on host float32 arrays, blocked into matrix products (module docstring); tile:
+    query rows per tile (CPU_TILE)."""
     _check_buffers("hstu_attn_forward_cpu", q, k, v, cu_seqlens, num_contexts, num_targets, rab,
                    [("out", out, v.shape)])
-    cu, ctx, tgt = _cpu_ints(num_contexts, num_targets, cu_seqlens)
-    wl, wr, group, a, inv = _scalars(max_seqlen, scaling_seqlen, window, target_group_size, alpha)
-    _forward_cpu(q, k, v, cu, ctx, tgt, _NO_RAB if rab is None else rab, rab is not None, out, wl, wr, group, a,
-                 inv)
+    call = _CpuCall(q, cu_seqlens, num_contexts, num_targets, max_seqlen, scaling_seqlen, window,
+                    target_group_size, alpha, rab, tile)
+    _run(call, lambda b, ws: _forward_sequence(call, b, q, k, v, out, ws), 2,
+         call.heads * call.tile * call.longest, call.threads(q.shape[2] + v.shape[2]))
 
 
 def hstu_attn_backward_cpu(q, k, v, dout, cu_seqlens, num_contexts, num_targets, dq, dk, dv, max_seqlen,
                            scaling_seqlen=-1, target_group_size=1, window=(-1, -1), alpha=1.0, rab=None,
-                           drab=None) -> None:
-    """hstu_attn_backward on host float32 arrays, compiled with njit; drab (when given) is overwritten."""
+                           drab=None, tile=None) -> None:
+    """hstu_attn_backward on host float32 arrays, blocked like the forward; drab (when given) is
+    overwritten."""
     if drab is not None and rab is None:
         raise ValueError("hstu_attn_backward_cpu: drab needs rab")
     _check_buffers("hstu_attn_backward_cpu", q, k, v, cu_seqlens, num_contexts, num_targets, rab,
                    [("dout", dout, v.shape), ("dq", dq, q.shape), ("dk", dk, k.shape), ("dv", dv, v.shape),
                     ("drab", drab, None if rab is None else rab.shape)])
-    cu, ctx, tgt = _cpu_ints(num_contexts, num_targets, cu_seqlens)
-    wl, wr, group, a, inv = _scalars(max_seqlen, scaling_seqlen, window, target_group_size, alpha)
-    _backward_cpu(q, k, v, dout, cu, ctx, tgt, _NO_RAB if rab is None else rab, rab is not None, dq, dk, dv,
-                  _NO_RAB if drab is None else drab, drab is not None, wl, wr, group, a, inv)
+    call = _CpuCall(q, cu_seqlens, num_contexts, num_targets, max_seqlen, scaling_seqlen, window,
+                    target_group_size, alpha, rab, tile)
+    if drab is not None:
+        drab[...] = float32(0.0)                   # the tiles write the blocks some query sees
+    width = call.heads * call.longest * max(call.tile, q.shape[2], v.shape[2])
+    _run(call, lambda b, ws: _backward_sequence(call, b, q, k, v, dout, dq, dk, dv, drab, ws), 4, width,
+         call.threads(3 * q.shape[2] + 2 * v.shape[2]))
 
 
 def _ptx_checks():

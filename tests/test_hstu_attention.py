@@ -206,28 +206,71 @@ def assert_matches_reference(got, want):
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6, err_msg=name)
 
 
-def run_cpu(pr):
+def run_cpu(pr, tile=None):
+    """(out, dq, dk, dv, drab) of the cpu version; tile: its query rows per tile (None: ha.CPU_TILE)."""
     q, k, v, dout, cu, rab = pr["q"], pr["k"], pr["v"], pr["dout"], pr["cu"], pr["rab"]
     ctx, tgt = pr["dev"]["num_contexts"], pr["dev"]["num_targets"]
+    kw = dict(device_kwargs(pr), tile=tile)
     out = np.full(v.shape, np.nan, np.float32)
-    ha.hstu_attn_forward_cpu(q, k, v, cu, ctx, tgt, out, pr["max_seqlen"], **device_kwargs(pr))
+    ha.hstu_attn_forward_cpu(q, k, v, cu, ctx, tgt, out, pr["max_seqlen"], **kw)
     dq, dk, dv = (np.full(x.shape, np.nan, np.float32) for x in (q, k, v))
     drab = None if rab is None else np.full(rab.shape, np.nan, np.float32)
-    ha.hstu_attn_backward_cpu(q, k, v, dout, cu, ctx, tgt, dq, dk, dv, pr["max_seqlen"], drab=drab, **device_kwargs(pr))
+    ha.hstu_attn_backward_cpu(q, k, v, dout, cu, ctx, tgt, dq, dk, dv, pr["max_seqlen"], drab=drab, **kw)
     return out, dq, dk, dv, drab
 
 
 @settings(max_examples=60)
-@given(pr=problems(max_len=9, max_heads=3, max_dim=5))
-def test_compiled_cpu_matches_reference(pr):
+@given(pr=problems(max_len=9, max_heads=3, max_dim=5), tile=st.sampled_from([None, 1, 2, 3]))
+def test_compiled_cpu_matches_reference(pr, tile):
+    """Any tile: a sequence longer than the tile spans several tiles, each with its own key range (window,
+    contexts and targets move it); None: one tile per sequence at these lengths."""
+    assert_matches_reference(run_cpu(pr, tile), reference(pr))
+
+
+def _long_case(lengths, heads, d, dv, window, ctx, tgt, rab_heads, seed=5):
+    q, k, v, cu, rab = _batch(lengths, heads, d, dv, seed, rab_heads, np.float32, scale=1.5)
+    return dict(
+        q=q,
+        k=k,
+        v=v,
+        cu=cu,
+        rab=rab,
+        max_seqlen=max(lengths),
+        window=window,
+        alpha=0.5,
+        scaling_seqlen=-1,
+        target_group_size=2,
+        dout=np.random.default_rng(seed).uniform(-1, 1, v.shape).astype(np.float32),
+        ref=dict(num_contexts=np.array(ctx, np.int32), num_targets=np.array(tgt, np.int32)) if ctx else {},
+        dev=dict(num_contexts=np.array(ctx or [0] * len(lengths), np.int32),
+                 num_targets=np.array(tgt or [0] * len(lengths), np.int32)),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "window, ctx, tgt",
+    [((-1, 0), [3, 0, 70], [9, 0, 5]), ((-1, -1), None, None), ((30, 7), None, None)],
+)
+def test_compiled_cpu_matches_reference_on_long_sequences(window, ctx, tgt):
+    """Sequences of several default tiles (CPU_TILE rows), sums over 150 keys: the BLAS products' order."""
+    assert ha.CPU_TILE < 150
+    pr = _long_case([150, 0, 97], 2, 16, 8, window, ctx, tgt, rab_heads=1)
     assert_matches_reference(run_cpu(pr), reference(pr))
 
 
+def test_compiled_cpu_refuses_an_empty_tile():
+    pr = case_problem([3, 2], dict(window=(-1, 0)), rab_heads=None)
+    with pytest.raises(ValueError, match="tile must be >= 1"):
+        run_cpu(pr, tile=0)
+
+
 def test_compiled_cpu_is_the_same_for_any_thread_count():
+    """One thread, and as many as numba has (a pool over the sequences when there are 2 or more): the same
+    bits, small problems (run in the calling thread) and large ones (enough work for the pool)."""
     import numba
 
     q, k, v, cu, rab = _batch([7, 0, 5, 9], heads=3, d=4, dv=5, rab_heads=1, dtype=np.float32, seed=4)
-    case = dict(
+    small = dict(
         q=q,
         k=k,
         v=v,
@@ -241,16 +284,21 @@ def test_compiled_cpu_is_the_same_for_any_thread_count():
         ref={},
         dev=dict(num_contexts=np.array([2, 0, 1, 0], np.int32), num_targets=np.array([3, 0, 1, 2], np.int32)),
     )
+    large = _long_case([300, 250, 0, 120], 2, 32, 32, (-1, 0), [4, 0, 0, 9], [20, 3, 0, 1], rab_heads=1)
     before = numba.get_num_threads()
     try:
-        numba.set_num_threads(1)
-        one = run_cpu(case)
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-        many = run_cpu(case)
+        for case in (small, large):
+            numba.set_num_threads(1)
+            one = run_cpu(case)
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+            if case is large and numba.config.NUMBA_NUM_THREADS > 1:  # the pool runs it
+                call = ha._CpuCall(case["q"], case["cu"], *case["dev"].values(), 300, -1, (-1, 0), 2, 0.5, None, None)
+                assert call.threads(64) > 1
+            many = run_cpu(case)
+            for a, b in zip(one, many):
+                np.testing.assert_array_equal(a, b)
     finally:
         numba.set_num_threads(before)
-    for a, b in zip(one, many):
-        np.testing.assert_array_equal(a, b)
 
 
 def case_problem(lengths, kw, rab_heads, heads=2, d=3, dv=2, seed=0):

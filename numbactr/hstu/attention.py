@@ -20,9 +20,9 @@ Shapes: q, k (T, H, D), v (T, H, Dv), cu_seqlens_q = cu_seqlens_k (B + 1,), num_
 (B,) or None, rab (B, 1 or H, M, M) with M >= the longest sequence (FBGEMM: M = max_seqlen_k),
 indexed by local positions; out (T, H, Dv).
 
-Where each call runs: host arrays (NumPy, cpu torch tensors) go to the compiled cpu version
-(``hstu_attn_forward_cpu`` / ``hstu_attn_backward_cpu``, numba.njit in parallel over (sequence, head)
-pairs); device arrays (CuPy, CUDA torch tensors: anything with ``__cuda_array_interface__``) go to the
+Where each call runs: host arrays (NumPy, cpu torch tensors) go to the cpu version
+(``hstu_attn_forward_cpu`` / ``hstu_attn_backward_cpu``: BLAS products over tiles of query rows and a
+compiled elementwise step, sequences spread over the compute threads); device arrays (CuPy, CUDA torch tensors: anything with ``__cuda_array_interface__``) go to the
 numba.cuda kernels (``hstu_attn_forward`` / ``hstu_attn_backward``), which read the tensors' memory in
 place. Both compute in float32; inputs of another floating dtype are converted, and the results come back
 in the inputs' dtypes (FBGEMM computes fp16 / bf16 inputs in float32 too).
