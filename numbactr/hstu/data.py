@@ -102,7 +102,7 @@ class JaggedBatch:
 
 def _batch(seqs: Sequences, users, ends, max_len: int, train: bool) -> JaggedBatch:
     """Inputs: each user's items before position ends[u] (its target), at most max_len of them."""
-    ids, labels, stamps, lengths, targets = [], [], [], [], []
+    ids, labels, lengths, targets = [], [], [], []
     ts_pad = np.zeros((len(users), max_len + 1), np.int64)
     for b, (u, end) in enumerate(zip(users, ends)):
         items, ts = seqs.user(int(u))
