@@ -229,3 +229,101 @@ def test_example_runs_on_a_ratings_file(on_device, tmp_path, capsys):
     r = json.load(open(js))
     assert set(r["results"]) == {"hstu", "sasrec"} and len(r["results"]["hstu"]["runs"]) == 2
     assert 0 <= r["results"]["sasrec"]["summary"]["hr@10"]["mean"] <= 1 and r["settings"]["max_len"] == 4
+
+
+def torch_hstu_layer(torch, x, cu, ts, n, w):
+    """generative-recommenders' SequentialTransductionUnitJagged forward with
+    RelativeBucketedTimeAndPositionBasedBias and _hstu_attention_maybe_from_cache, written again in PyTorch
+    over padded (B, n, .) tensors (research/modeling/sequential/hstu.py): the independent twin."""
+    f = torch.nn.functional
+    b, (heads, dqk, dv) = len(cu) - 1, w["shape"]
+    lengths = [int(cu[i + 1] - cu[i]) for i in range(b)]
+
+    def pad(a):
+        out = a.new_zeros((b, n) + a.shape[1:])
+        for i in range(b):
+            out[i, : lengths[i]] = a[cu[i] : cu[i + 1]]
+        return out
+
+    h = f.silu(f.layer_norm(x, [x.shape[1]], eps=1e-6) @ w["uvqk"])
+    u, v, q, k = torch.split(h, [heads * dv, heads * dv, heads * dqk, heads * dqk], dim=1)
+    qk = torch.einsum("bnhd,bmhd->bhnm", pad(q).view(b, n, heads, dqk), pad(k).view(b, n, heads, dqk))
+    t = f.pad(w["pos_w"][: 2 * n - 1], [0, n]).repeat(n)
+    t = t[..., :-n].reshape(1, n, 3 * n - 2)
+    r = (2 * n - 1) // 2
+    ext = torch.cat([ts, ts[:, n - 1 : n]], dim=1)
+    buckets = torch.clamp(
+        (torch.log(torch.abs(ext[:, 1:, None] - ext[:, None, :-1]).clamp(min=1)) / 0.301).long(),
+        min=0,
+        max=w["ts_w"].shape[0] - 1,
+    )
+    rab = t[:, :, r:-r] + w["ts_w"][buckets.view(-1)].view(b, n, n)
+    p = f.silu(qk + rab.unsqueeze(1)) / n * torch.tril(torch.ones(n, n, dtype=x.dtype))
+    a = torch.einsum("bhnm,bmhd->bnhd", p, pad(v).view(b, n, heads, dv)).reshape(b, n, heads * dv)
+    a = torch.cat([a[i, : lengths[i]] for i in range(b)])
+    return (u * f.layer_norm(a, [heads * dv], eps=1e-6)) @ w["o.w"] + w["o.b"] + x
+
+
+def test_hstu_layer_agrees_with_an_independent_pytorch_twin(on_device):
+    """numbactr's layer (float64, the NumPy references) against the PyTorch twin: forward and every gradient."""
+    torch = pytest.importorskip("torch")
+    on_device("cpu")
+    n_pad, batch = 5, tiny_batch(lengths=(4, 1, 3), n_pad=5, seed=8)
+    batch.timestamps[:, :] = np.sort(np.random.default_rng(9).integers(0, 10**6, batch.timestamps.shape), axis=1)
+    rng = np.random.default_rng(10)
+    x0, dy = rng.normal(0, 1, (batch.ids.size, 4)), rng.normal(0, 1, (batch.ids.size, 4))
+    with device.reference_ops():
+        layer = make_layer("hstu", n_pad=n_pad)
+        for p in layer.params:
+            p.data = p.data.astype(np.float64)
+        y, dx, grads = run_layer(layer, x0, batch, n_pad, dy)
+    names = {"uvqk": layer.w_uvqk, "o.w": layer.w_o, "o.b": layer.b_o, "pos_w": layer.pos_w, "ts_w": layer.ts_w}
+    w = {k: torch.tensor(p.data, requires_grad=True) for k, p in names.items()}
+    w["shape"] = (layer.heads, layer.dqk, layer.dv)
+    xt = torch.tensor(x0, requires_grad=True)
+    yt = torch_hstu_layer(torch, xt, batch.cu, torch.tensor(batch.timestamps), n_pad, w)
+    (yt * torch.tensor(dy)).sum().backward()
+    # (agreement to about 1e-10: numbactr's LayerNorm reference takes eps as float32, 1e-6 rounded)
+    tol = dict(rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(y, yt.detach().numpy(), **tol)
+    np.testing.assert_allclose(dx, xt.grad.numpy(), **tol)
+    for k, p in names.items():
+        np.testing.assert_allclose(grads[p.name], w[k].grad.numpy(), err_msg=k, **tol)
+    assert np.abs(grads[layer.ts_w.name]).max() > 1e-3 and np.abs(grads[layer.pos_w.name]).max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["hstu", "sasrec"])
+def test_training_step_sim_equals_cpu(on_device, kind):
+    """One training step of a tiny model (engine lookup and fused ADAM, dropout, the layers, sampled softmax,
+    AdamW) on the simulator's kernels gives the cpu device's loss and updated weights."""
+    from numbactr.hstu.model import RecommenderConfig, SequentialRecommender
+    from numbactr.hstu.train import AdamW
+
+    seqs = Sequences(
+        np.array([1, 2, 3, 4, 5, 2, 3, 1, 6, 2]), np.arange(10) * 100, np.array([0, 5, 10]), np.array([1, 2]), 6
+    )
+    res = {}
+    for name in ("cpu", "sim"):
+        on_device(name)
+        cfg = RecommenderConfig(kind=kind, dim=4, heads=2, dqk=2, dv=2, max_len=3, negatives=3, seed=3)
+        model = SequentialRecommender(cfg, seqs.num_items)
+        opt = AdamW(model.dense_params, 1e-2)
+        (batch,) = list(train_batches(seqs, 4, cfg.max_len, np.random.default_rng(0)))
+        tape = Tape()
+        loss = model.loss(tape, batch, step=1)
+        tape.backward({id(loss): (loss, device.xp().ones((), np.float32))})
+        model.apply_item_gradients()
+        opt.step()
+        # SASRec's key bias has a zero gradient up to rounding (a softmax row does not change when every
+        # key's score moves by q . b_k), which Adam scales to lr-sized steps: rounding noise, left out
+        keep = np.ones(opt.flat.size, bool)
+        for p, a, b in zip(opt.params, opt.bounds[:-1], opt.bounds[1:]):
+            keep[a:b] = not p.name.endswith(".bk")
+        res[name] = (
+            float(device.to_host(loss.data)),
+            device.to_host(model.items.split_weights()[0]),
+            device.to_host(opt.flat)[keep],
+        )
+    np.testing.assert_allclose(res["sim"][0], res["cpu"][0], rtol=1e-5)
+    np.testing.assert_allclose(res["sim"][1], res["cpu"][1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res["sim"][2], res["cpu"][2], rtol=1e-5, atol=1e-6)
