@@ -4,13 +4,14 @@ row-wise L2 normalisation, the jagged <-> padded copies, a row gather, and the s
 Contract: autograd Functions on raw arrays of the current device, each with a hand-written backward.
 ``HstuAttentionFn`` and ``RelativeBiasFn`` reach their implementations through numbactr.ops.dispatch.pick:
 the numba.cuda kernels of kernels/hstu_attention.py and kernels/hstu_rab.py on gpu/sim, the compiled CPU
-attention (kernels.hstu_attention.*_cpu) on cpu, and the NumPy references (the oracle;
-kernels/hstu_attention_ref.py, kernels.hstu_rab.*_ref) under NUMBACTR_CPU_REFERENCE=1 or for float64
+attention (``kernels.hstu_attention.hstu_attn_*_cpu``) on cpu, and the NumPy references (the oracle;
+kernels/hstu_attention_ref.py, ``kernels.hstu_rab.rab_*_ref``) under NUMBACTR_CPU_REFERENCE=1 or for float64
 (gradient checks). The other ops here are a few array expressions each, written once with the array
 library (``xp``: NumPy on cpu/sim, CuPy's elementwise kernels and cuBLAS on gpu): they have no numba
 kernel of their own.
 
-Formulas (T tokens of B jagged sequences, token t of sequence b at row cu[b] + t; N the padded length):
+Formulas (T tokens of B jagged sequences, token t of sequence b at row cu[b] + t; N the padded length)::
+
     HSTU attention   out_i = sum_j m[i, j] silu(alpha (q_i . k_j + rab[b, i, j])) v_j / S   (causal m)
     relative bias    rab[b, i, j] = pos_w[N - 1 + j - i] + ts_w[bucket(ts[b, i + 1] - ts[b, j])]
     SiLU             y = x sig(x),  dx = dy sig(x) (1 + x (1 - sig(x)))
