@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -73,6 +74,7 @@ def main(argv=None) -> int:
         "what": "HSTU and SASRec (numbactr.hstu), sampled softmax, full ranking, leave-last-out",
         "date": datetime.date.today().isoformat(),
         "data": name,
+        "commit": commit(),
         "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus".strip(),
         "device": device.describe(),
         "threads": {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
@@ -100,6 +102,17 @@ def main(argv=None) -> int:
             json.dump(out, f, indent=1)
         print(f"wrote {args.json}")
     return 0
+
+
+def commit() -> str:
+    """The checkout's git commit (+ "dirty" with uncommitted changes), or "" outside git."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head.stdout.strip() + (" dirty" if dirty.strip() else "")
 
 
 def stats(values) -> dict:

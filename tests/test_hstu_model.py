@@ -120,8 +120,12 @@ def test_hstu_layer_sim_equals_cpu(on_device):
         np.testing.assert_allclose(res["sim"][2][name], res["cpu"][2][name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def test_sampled_softmax_loss_and_gradients():
-    """The loss by hand on one row, and float64 gradients of query and candidate rows (collision masked)."""
+@pytest.mark.parametrize("block", [None, 5, 12])
+def test_sampled_softmax_loss_and_gradients(monkeypatch, block):
+    """The loss by hand on one row, and float64 gradients of query and candidate rows (collision masked);
+    in one block and in blocks of 1 and 2 rows (BLOCK_SCORES 5, 12 over 5 candidates)."""
+    if block is not None:
+        monkeypatch.setattr("numbactr.ops.hstu.BLOCK_SCORES", block)
     rng = np.random.default_rng(5)
     q, items = rng.normal(0, 1, (3, 4)), rng.normal(0, 1, (5, 4))
     pos, neg, w = np.array([0, 1, 2]), np.array([[1, 2], [1, 3], [4, 4]]), np.array([1.0, 1.0, 0.0])

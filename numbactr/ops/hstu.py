@@ -328,10 +328,14 @@ class ScaleByFn(Function):
 
 
 # ---- sampled softmax -------------------------------------------------------------------------------------------
-def _bincount_2d(flat_index, weights, shape):
-    """(M, U) float32 sums of ``weights`` at the flat positions ``flat_index`` (a scatter-add by bincount)."""
-    xp = _xp()
-    return xp.bincount(flat_index, weights=weights, minlength=shape[0] * shape[1]).reshape(shape).astype(np.float32)
+#: (rows x candidates) scores one block of the sampled softmax holds at a time (16 MB of float32)
+BLOCK_SCORES = 1 << 22
+
+
+def _blocks(m: int, u: int):
+    """Row ranges [a, b) of at most BLOCK_SCORES / u rows (at least one)."""
+    step = max(1, BLOCK_SCORES // max(u, 1))
+    return [(a, min(a + step, m)) for a in range(0, m, step)]
 
 
 class SampledSoftmaxFn(Function):
@@ -345,8 +349,9 @@ class SampledSoftmaxFn(Function):
         l_m0 = q_m . items[pos[m]] / tau,   l_mr = q_m . items[neg[m, r]] / tau
         loss = sum_m w_m (logsumexp(l_m) - l_m0) / sum_m w_m,   dL/dl_m = w_m (softmax(l_m) - e_0) / sum w
 
-    The scores of every (row, item) pair come from one product S = q items^T (M, U); the backward adds the
-    logits' gradients into an (M, U) matrix G (a bincount) and returns G items and G^T q."""
+    The scores of a block of rows against every candidate come from one product S = q items^T; the backward
+    adds the block's logit gradients into a matrix G of the same shape (a bincount) and returns G items and
+    G^T q. Blocks of at most BLOCK_SCORES scores bound the memory (ML-1M: 25,600 rows x 3,706 items)."""
 
     @staticmethod
     def forward(ctx: Context, query, items, pos=None, neg=None, weights=None, temperature: float = 0.05):
@@ -354,10 +359,11 @@ class SampledSoftmaxFn(Function):
         m, u = query.shape[0], items.shape[0]
         pos, neg = xp.asarray(pos).reshape(m, 1), xp.asarray(neg).reshape(m, -1)
         inv = query.dtype.type(1.0 / temperature)
-        s = (query @ items.T).reshape(-1)  # (M * U,) scores
-        rows = xp.arange(m)[:, None] * u
-        idx = xp.concatenate([rows + pos, rows + neg], axis=1)  # (M, 1 + R) flat positions
-        logits = s[idx] * inv
+        cand = xp.concatenate([pos, neg], axis=1)  # (M, 1 + R) candidate of each logit
+        logits = xp.empty(cand.shape, query.dtype)
+        for a, b in _blocks(m, u):
+            s = (query[a:b] @ items.T).reshape(-1)  # ((b - a) * U,) scores
+            logits[a:b] = s[xp.arange(b - a)[:, None] * u + cand[a:b]] * inv
         collide = xp.concatenate([xp.zeros((m, 1), bool), neg == pos], axis=1)
         logits = xp.where(collide, query.dtype.type(COLLISION_LOGIT), logits)
         top = logits.max(axis=1, keepdims=True)
@@ -366,15 +372,22 @@ class SampledSoftmaxFn(Function):
         w = xp.asarray(weights).astype(query.dtype, copy=False)
         total = query.dtype.type(max(float(w.sum()), 1e-12))
         per_row = (xp.log(z) + top)[:, 0] - logits[:, 0]
-        ctx.saved = (query, items, idx, collide, e / z, w / total, inv)
+        ctx.saved = (query, items, cand, collide, e / z, w / total, inv)
         return (per_row * w).sum() / total
 
     @staticmethod
     def backward(ctx: Context, dloss):
         xp = _xp()
-        query, items, idx, collide, prob, w, inv = ctx.saved
+        query, items, cand, collide, prob, w, inv = ctx.saved
         g = prob * (w * inv * dloss)[:, None]  # (M, 1 + R): dL/d(q . x)
         g[:, 0] -= w * inv * dloss
         g = xp.where(collide, 0, g)  # collisions: constant logits
-        big = _bincount_2d(idx.reshape(-1), g.reshape(-1), (query.shape[0], items.shape[0]))  # (M, U)
-        return big @ items, big.T @ query
+        m, u = query.shape[0], items.shape[0]
+        dq, ditems = xp.empty_like(query), xp.zeros_like(items)
+        for a, b in _blocks(m, u):
+            flat = (xp.arange(b - a)[:, None] * u + cand[a:b]).reshape(-1)
+            big = xp.bincount(flat, weights=g[a:b].reshape(-1), minlength=(b - a) * u).reshape(b - a, u)
+            big = big.astype(query.dtype, copy=False)  # (rows, U): the block's G
+            dq[a:b] = big @ items
+            ditems += big.T @ query[a:b]
+        return dq, ditems
