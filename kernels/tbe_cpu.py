@@ -16,6 +16,8 @@ kernels/tbe_ref.py's docstring; the scalar math is kernels/tbe_math.py, compiled
     fused_update    per row (in parallel over rows): sum the occurrence gradients in occurrence order,
                     then the optimizer's rule, once; or, for optimizer NONE, write the summed gradient
     global_pass     HugeCTR's all-rows pass of a GLOBAL update
+    forward_onehot  forward's pooled case for bags of at most one occurrence: a gather (small tables)
+    small_update    fused_update without the sort, through per-row accumulators (small tables)
     psw_grad        gradient of the per-sample weights
 Weights are float32, or float16 held as uint16 bits (load/store below dispatch on the array's dtype).
 Nothing here allocates per element; the caller passes every buffer the size of the batch.
@@ -703,6 +705,14 @@ def update_segment(w, sa, sb, srows, sprev, pay, by_bag, seg_start, s, bag_of, b
     pooling = ki[M.KI_POOLING]
     reduce_row(seg_start[s], seg_start[s + 1], pay, by_bag, bag_of, bag_src, bag_scale, psw, has_psw, dy, pooling,
                width, g)
+    update_row(w, sa, sb, srows, sprev, ks, ki, base, grad_rows, grad_vals, s, sr_lin, e0, lin, width, g, gh, bh)
+
+
+@njit(inline="always", **_JIT)
+def update_row(w, sa, sb, srows, sprev, ks, ki, base, grad_rows, grad_vals, s, sr_lin, e0, lin, width, g, gh, bh):
+    """Row lin (weights at element e0, the s-th row updated) from its summed gradient g: the optimizer's
+    rule (kind NONE: grad_rows[s], grad_vals[s] <- the row and g). The half of update_segment that the
+    small-table update (small_update) shares: one rule, so both paths store the same bits."""
     wu = uint64(width)                                 # element offsets stay unsigned (e0 + d)
     if ki[M.KI_KIND] == M._SGD and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0:     # plain SGD: w -= lr g
         lr = ks[M.KS_LR]
@@ -843,6 +853,124 @@ def global_pass(w, sa, sb, elem_off, strides, dims, row_off, live, ks, ki, base,
                 if n_b:
                     sb[e0 + d] = bn
                 store(w, e0 + d, wn, splitmix64(sr_key(srl, d) ^ base), sr)
+
+
+# ---- small tables: a gather forward and a sort-free update --------------------------------------------
+@pjit(**_JIT)
+def forward_onehot(w, elem_off, strides, ftable, fcols, rows, offsets, batch, layout, out):
+    """forward's pooled case when no bag holds more than one occurrence and there are no per-sample
+    weights: a gather, out[b, feature f's columns] <- 0 + W[row] (zeros for an empty bag or a -1 row).
+    The same bits as pool_bag (its accumulator starts at +0.0, so a -0.0 weight pools to +0.0, and a MEAN
+    of one row is scaled by exactly 1), without its per-bag setup; the bags are walked sample by sample,
+    so out is written front to back in either layout."""
+    n_features = ftable.shape[0]
+    total = uint64(fcols[n_features])
+    zero = float32(0.0)
+    n_chunks = (batch + _CHUNK - 1) // _CHUNK
+    for c in prange(n_chunks):
+        lo, hi = _chunk(c, n_chunks, batch)
+        for b in range(lo, hi):
+            for f in range(n_features):
+                j = f * batch + b if layout == 0 else b * n_features + f
+                t = ftable[f]
+                o = uint64(b) * total + uint64(fcols[f])
+                dim = uint64(fcols[f + 1] - fcols[f])
+                k = offsets[j]
+                r = rows[k] if offsets[j + 1] > k else -1
+                if r >= 0:
+                    src = uint64(elem_off[t] + r * strides[t])
+                    for d in range(dim):
+                        out[o + d] = zero + load(w, src + d)
+                else:
+                    for d in range(dim):
+                        out[o + d] = zero
+
+
+@njit(inline="always", **_JIT)
+def _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_i64, no_f32,
+               sr_rows, has_sr_rows, width, g, gh, bh):
+    """small_update's update of its i-th touched row (of `width`, a literal for the common widths): its
+    accumulator (acc flat, rows of gh's width) copied into g (a stack row for the common widths, as
+    fused_update's), then update_row."""
+    lin = touched[i]
+    t = table_of(lin, row_off)
+    e0 = uint64(elem_off[t] + (lin - row_off[t]) * strides[t])
+    sr_lin = sr_rows[lin] if has_sr_rows else lin
+    src = uint64(i) * uint64(gh.shape[0])
+    for d in range(uint64(width)):
+        g[d] = acc[src + d]
+    update_row(w, sa, sb, srows, sprev, ks, ki, base, no_i64, no_f32, i, sr_lin, e0, lin, width, g, gh, bh)
+
+
+@pjit(**_JIT)
+def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows, offsets, ftable, fcols, batch,
+                 layout, pooling, psw, has_psw, dy, slot, touched, acc, ks, ki, base, sr_rows, has_sr_rows):
+    """fused_update without the linearize / sort / segments before it, for tables whose linear rows are few
+    (the CPU impl's choice, engine/impl_cpu.py; not for optimizer NONE, whose rows come out sorted).
+
+    Each occurrence's gradient term (reduce_row's: dy's row, times its per-sample weight and 1 / L for a
+    MEAN bag) is added into its row's accumulator, the occurrences walked in order: every row's sum has
+    the same terms in the same order as fused_update's stable sort gives it, so the same bits. slot (per
+    linear row, int32) is -1 for a row not yet touched by this call: its first occurrence takes the next
+    accumulator row (zeroed) and appends lin to touched. Then each touched row gets update_row
+    (fused_update's rule; rows are independent, so their order does not matter) and its slot is reset
+    to -1. touched (N,) int64 and acc (flat: N rows of the widest table's width) are scratch the size of
+    the batch's occurrences. Returns the number of touched rows U."""
+    if ki[M.KI_GO] == 0:                               # a skipped step (kernels.tbe_math.KI_GO)
+        return 0
+    dy = dy.reshape(-1)
+    n_features = ftable.shape[0]
+    n_bags = offsets.shape[0] - 1
+    total = fcols[n_features]
+    aw = uint64(acc.shape[0] // max(touched.shape[0], 1))     # the accumulator rows' width
+    one = float32(1.0)
+    u = 0
+    for j in range(n_bags):
+        f, b = bag_fb(j, n_features, batch, layout)
+        t = ftable[f]
+        width = uint64(fcols[f + 1] - fcols[f])
+        begin, end = offsets[j], offsets[j + 1]
+        scale = one / float32(end - begin) if pooling == 1 and end > begin else one
+        src = uint64(b * total + fcols[f])
+        for k in range(begin, end):
+            r = rows[k]
+            if r < 0:
+                continue
+            lin = row_off[t] + r
+            a = slot[lin]
+            if a < 0:
+                a = u
+                slot[lin] = u
+                touched[u] = lin
+                u += 1
+                for d in range(width):
+                    acc[uint64(a) * aw + d] = float32(0.0)
+            s = (psw[k] if has_psw else one) * scale
+            o = uint64(k) * width if pooling == 2 else src
+            at = uint64(a) * aw
+            for d in range(width):
+                acc[at + d] += s * dy[o + d]
+    no_i64 = np.empty(1, np.int64)                     # update_row's NONE outputs, unused here
+    no_f32 = np.empty((1, 1), np.float32)
+    n_chunks = (u + _CHUNK - 1) // _CHUNK
+    for c in prange(n_chunks):
+        gh = np.empty(aw, np.float32)
+        bh = np.empty(aw, np.float32)
+        g = np.empty(aw, np.float32)
+        lo, hi = _chunk(c, n_chunks, u)
+        for i in range(lo, hi):
+            width = dims[table_of(touched[i], row_off)]
+            if width == 16:
+                _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_i64,
+                           no_f32, sr_rows, has_sr_rows, 16, stack_f32(16), gh, bh)
+            elif width == 32:
+                _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_i64,
+                           no_f32, sr_rows, has_sr_rows, 32, stack_f32(32), gh, bh)
+            else:
+                _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_i64,
+                           no_f32, sr_rows, has_sr_rows, width, g, gh, bh)
+            slot[touched[i]] = -1
+    return u
 
 
 @pjit(**_JIT)
