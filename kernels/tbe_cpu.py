@@ -904,7 +904,8 @@ def _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc
 
 @pjit(**_JIT)
 def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows, offsets, ftable, fcols, batch,
-                 layout, pooling, psw, has_psw, dy, slot, touched, acc, ks, ki, base, sr_rows, has_sr_rows):
+                 layout, pooling, psw, has_psw, dy, slot, touched, acc, ks, ki, base, sr_rows, has_sr_rows, scratch,
+                 no_rows, no_vals):
     """fused_update without the linearize / sort / segments before it, for tables whose linear rows are few
     (the CPU impl's choice, engine/impl_cpu.py; not for optimizer NONE, whose rows come out sorted).
 
@@ -915,7 +916,10 @@ def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows
     accumulator row (zeroed) and appends lin to touched. Then each touched row gets update_row
     (fused_update's rule; rows are independent, so their order does not matter) and its slot is reset
     to -1. touched (N,) int64 and acc (flat: N rows of the widest table's width) are scratch the size of
-    the batch's occurrences. Returns the number of touched rows U."""
+    the batch's occurrences; scratch (threads, 3 x that width) float32 the rows' working rows, and no_rows
+    (1,) int64, no_vals (1, 1) float32 stand in for update_row's NONE outputs: all passed in, not made
+    here, so the serial twin borrows them (an array made here is reference-counted at every call of the
+    inlined row update: measured 2x slower). Returns the number of touched rows U."""
     if ki[M.KI_GO] == 0:                               # a skipped step (kernels.tbe_math.KI_GO)
         return 0
     dy = dy.reshape(-1)
@@ -950,25 +954,22 @@ def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows
             at = uint64(a) * aw
             for d in range(width):
                 acc[at + d] += s * dy[o + d]
-    no_i64 = np.empty(1, np.int64)                     # update_row's NONE outputs, unused here
-    no_f32 = np.empty((1, 1), np.float32)
     n_chunks = (u + _CHUNK - 1) // _CHUNK
     for c in prange(n_chunks):
-        gh = np.empty(aw, np.float32)
-        bh = np.empty(aw, np.float32)
-        g = np.empty(aw, np.float32)
+        row = scratch[numba.get_thread_id()]
+        gh, bh, g = row[:aw], row[aw:2 * aw], row[2 * aw:3 * aw]
         lo, hi = _chunk(c, n_chunks, u)
         for i in range(lo, hi):
             width = dims[table_of(touched[i], row_off)]
             if width == 16:
-                _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_i64,
-                           no_f32, sr_rows, has_sr_rows, 16, stack_f32(16), gh, bh)
+                _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_rows,
+                           no_vals, sr_rows, has_sr_rows, 16, stack_f32(16), gh, bh)
             elif width == 32:
-                _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_i64,
-                           no_f32, sr_rows, has_sr_rows, 32, stack_f32(32), gh, bh)
+                _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_rows,
+                           no_vals, sr_rows, has_sr_rows, 32, stack_f32(32), gh, bh)
             else:
-                _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_i64,
-                           no_f32, sr_rows, has_sr_rows, width, g, gh, bh)
+                _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, touched, acc, i, ks, ki, base, no_rows,
+                           no_vals, sr_rows, has_sr_rows, width, g, gh, bh)
             slot[touched[i]] = -1
     return u
 

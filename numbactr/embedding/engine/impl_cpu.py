@@ -55,6 +55,7 @@ class _CpuImpl:
         self.ftable = np.asarray(eng.feature_table_map, np.int64)
         self.no_f32 = np.zeros(1, np.float32)  # stands in for an absent float array
         self.no_i64 = np.zeros(1, np.int64)
+        self.no_vals = np.zeros((1, 1), np.float32)
         self.max_dim = int(eng.dims.max(initial=1))  # the widest table (dims are fixed): scratch widths
         self.slot = None  # small_update's per-linear-row accumulator index, -1 between calls (made on first use)
 
@@ -312,6 +313,11 @@ class _CpuImpl:
             e._rounding_base(t, tbe.SR_PASS_HOT),
             self.no_i64 if e.sr_rows is None else e.sr_rows,
             e.sr_rows is not None,
+            e._scratch("small_rows", 3 * self.max_dim * numba.get_num_threads(), np.float32).reshape(
+                -1, 3 * self.max_dim
+            ),
+            self.no_i64,
+            self.no_vals,
         )
         return None
 
