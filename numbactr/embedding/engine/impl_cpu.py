@@ -6,10 +6,11 @@ radix-sorts them by row and runs one fused reduce + update over the sorted runs,
 Small tables (at most ``_CpuImpl.small_rows`` linear rows in all, e.g. MovieLens' 2,625 users and items,
 each row touched several times a step) take a cheaper pipeline with the same bits: a lookup whose bags
 hold at most one occurrence is a gather (tbe_cpu.forward_onehot), and a backward adds each occurrence's
-gradient straight into its row's accumulator, in occurrence order, and updates the touched rows
-(tbe_cpu.small_update): no linearize, sort or segments, which cost more than the update itself when the
-batch has several times more occurrences than the tables have rows. The same role as torch's dense
-nn.Embedding gradient, without its all-rows buffer: the accumulators are the touched rows only.
+gradient straight into its row's accumulator, in occurrence order, and updates the touched rows in row
+order (tbe_cpu.small_update): no linearize, sort or segments, which cost more than the update itself
+when the batch has several times more occurrences than the tables have rows. The same role as torch's
+dense nn.Embedding gradient (a buffer of every row), but only the touched rows' accumulators are
+zeroed and read.
 """
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ class _CpuImpl:
         self.no_i64 = np.zeros(1, np.int64)
         self.no_vals = np.zeros((1, 1), np.float32)
         self.max_dim = int(eng.dims.max(initial=1))  # the widest table (dims are fixed): scratch widths
-        self.slot = None  # small_update's per-linear-row accumulator index, -1 between calls (made on first use)
+        self.touched = None  # small_update's per-linear-row flags, 0 between calls (made on first use)
 
     #: the most linear rows (all tables) for which the small-table pipeline runs (module docstring): its
-    #: slot map (4 bytes a row) then stays in the L2 cache. Tests set 0 to force the general path.
+    #: update walks every row's flag, and its accumulators are a row per row (a walk of at most 128 KiB of
+    #: flags, and 2^17 x 4 x D bytes of accumulators of which only the touched rows are written). Tests set
+    #: -1 to force the general path.
     small_rows = 1 << 17
 
     def _small(self) -> bool:
@@ -278,9 +281,9 @@ class _CpuImpl:
     def _small_backward(self, ctx: LookupContext, dy, t: int) -> None:
         """backward for small tables (module docstring): tbe_cpu.small_update, the same bits as the sort path."""
         e = self.e
-        n = ctx.rows.shape[0]
-        if self.slot is None:
-            self.slot = np.full(int(e.row_offsets[-1]), -1, np.int32)
+        rows_total = int(e.row_offsets[-1])
+        if self.touched is None:
+            self.touched = np.zeros(rows_total, np.int8)
         psw = ctx.per_sample_weights
         e._renew_max_counter(t)
         ks, ki = e._ks_ki(ctx, t)
@@ -305,16 +308,15 @@ class _CpuImpl:
             self.no_f32 if psw is None else psw,
             psw is not None,
             dy.reshape(-1),
-            self.slot,
-            e._scratch("touched", n, np.int64),
-            e._scratch("acc", max(n, 1) * self.max_dim, np.float32),  # flat: touched rows of max_dim
+            self.touched,
+            e._scratch("acc", max(rows_total, 1) * self.max_dim, np.float32),  # flat: a row of max_dim per row
             ks,
             ki,
             e._rounding_base(t, tbe.SR_PASS_HOT),
             self.no_i64 if e.sr_rows is None else e.sr_rows,
             e.sr_rows is not None,
-            e._scratch("small_rows", 3 * self.max_dim * numba.get_num_threads(), np.float32).reshape(
-                -1, 3 * self.max_dim
+            e._scratch("small_rows", 5 * self.max_dim * numba.get_num_threads(), np.float32).reshape(
+                -1, 5 * self.max_dim
             ),
             self.no_i64,
             self.no_vals,
