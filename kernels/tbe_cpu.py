@@ -929,7 +929,9 @@ def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows
     yet touched by this call: its first occurrence zeroes its accumulator and sets it. Then the rows are
     walked in order, and each touched one gets update_row (fused_update's rule; rows are independent) and
     is cleared: the weights, states and accumulators are read front to back, not in the batch's random
-    order (2,625 MovieLens rows: measured 1.5x faster than in first-touch order). scratch (threads, 5 x
+    order. (Measured 2026-12-07, one thread, a loaded machine: 8,192 one-hot bags on 2,625 rows of D 16,
+    HugeCTR Adam GLOBAL: 0.28 ms against 0.47 ms for linearize + radix sort + fused_update; about a third
+    of it is the gradient sum, a third the moments' divisions.) scratch (threads, 5 x
     the widest width) float32 holds the rows' working rows, and no_rows (1,) int64, no_vals (1, 1) float32
     stand in for update_row's NONE outputs: all passed in, not made here, so the serial twin borrows them
     (an array made here is reference-counted at every call of the inlined row update). Returns the number
