@@ -29,6 +29,7 @@ from numbactr.kernels import fm_order2
 from numbactr.kernels import relu
 from numbactr.kernels import scale
 from numbactr.kernels import weight_multiply
+from numbactr.ops.buffers import grad_of, into, out_of
 from numbactr.ops.dispatch import pick
 from numbactr.runtime import step_values
 from numbactr.runtime.device import contig as _contig
@@ -36,44 +37,57 @@ from numbactr.runtime.device import xp as _xp
 
 
 # ---- ReLU: y = max(x, 0) ---------------------------------------------------------------------
-def _relu_forward_kernel(x):
-    y = _xp().empty_like(x)
+# (``out``: the planned step's buffer for the result, numbactr.ops.buffers; None: a new array)
+def _relu_forward_kernel(x, out=None):
+    y = _xp().empty_like(x) if out is None else out
     relu.relu_forward(x, y)
     return y
 
 
-def _relu_forward_cpu(x):
+def _relu_forward_cpu(x, out=None):
     x = _contig(x)
-    y = np.empty_like(x)
+    y = np.empty_like(x) if out is None else out
     relu.relu_forward_cpu(x, y)
     return y
 
 
-def _relu_backward_kernel(y, dy):
+def _relu_forward_ref(x, out=None):
+    return into(out, relu.relu_forward_ref(x))
+
+
+def _relu_backward_kernel(y, dy, out=None):
     dy = _contig(dy)
-    dx = _xp().empty_like(dy)
+    dx = _xp().empty_like(dy) if out is None else out
     relu.relu_backward(y, dy, dx)
     return dx
 
 
-def _relu_backward_cpu(y, dy):
+def _relu_backward_cpu(y, dy, out=None):
     dy = _contig(dy)
-    dx = _xp().empty_like(dy)
+    dx = _xp().empty_like(dy) if out is None else out
     relu.relu_backward_cpu(y, dy, dx)
     return dx
 
 
+def _relu_backward_ref(y, dy, out=None):
+    return into(out, relu.relu_backward_ref(y, dy))
+
+
 class ReLU(Function):
     half_native = True  # gpu/sim kernels load float16, compare in float32, store float16
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, x):
-        ctx.y = pick(kernel=_relu_forward_kernel, cpu=_relu_forward_cpu, ref=relu.relu_forward_ref)(x)
+        ctx.y = pick(kernel=_relu_forward_kernel, cpu=_relu_forward_cpu, ref=_relu_forward_ref)(x, out_of(ctx))
         return ctx.y
 
     @staticmethod
     def backward(ctx: Context, dy):
-        return pick(kernel=_relu_backward_kernel, cpu=_relu_backward_cpu, ref=relu.relu_backward_ref)(ctx.y, dy)
+        return pick(kernel=_relu_backward_kernel, cpu=_relu_backward_cpu, ref=_relu_backward_ref)(
+            ctx.y, dy, grad_of(ctx, 0)
+        )
 
 
 class Identity(Function):
