@@ -16,7 +16,7 @@ from numbactr.bench import zoo_models as Z
 from numbactr.train import plan_buffers
 from numbactr.train.plan_buffers import Sizing, Value, assign
 
-from test_step_plan import same_bits, train
+from tests.test_step_plan import same_bits, train
 
 
 def planned_model(name: str, batch: int, steps: int, monkeypatch):
