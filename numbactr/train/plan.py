@@ -29,9 +29,16 @@ precision (its autocast casts are not recorded), embedding collections, ``NUMBAC
 graph the recorder cannot prove plannable (``build``: a layer whose tops its own ops did not produce, an op
 reading a tensor made outside the ops). A plan is made per key, so a changed scaler or batch size re-plans.
 
-What a plan does not do yet: preallocate and reuse its ops' output buffers, or fuse elementwise chains; each
-op still allocates its outputs as in the general step. On a GPU the planned step is what a CUDA graph
-captures (numbactr.train.cuda_graphs replays it unchanged).
+Two rewrites make a plan cheaper than the step it was recorded from, both with the same bits:
+
+* fusion (numbactr.train.plan_fuse, at build): a Linear whose only reader is the ReLU after it becomes one
+  FcBiasAct, bias and ReLU in one pass each way (NUMBACTR_FUSE_BIAS_RELU=0: not fused);
+* buffers (numbactr.train.plan_buffers, after the first planned step): the ops that can write into a given
+  array (``writes_into``: Linear, FcBiasAct, ReLU, Concat, Add, Multiply, Scale) get one buffer per output,
+  the same arrays every step, and their activation gradients share buffers by liveness over the backward
+  (NUMBACTR_PLAN_BUFFERS=0: every op allocates, as in the general step).
+
+On a GPU the planned step is what a CUDA graph captures (numbactr.train.cuda_graphs replays it unchanged).
 """
 
 from __future__ import annotations
