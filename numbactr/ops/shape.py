@@ -152,17 +152,25 @@ class ReduceAxis(Function):
 
 # ---- Slice: y_i = x[..., a_i:b_i] -------------------------------------------------------------------
 def _slice_forward_kernel(ctx, x):
-    ys = [_empty(x.shape[:-1] + (b - a,), _out(ctx)) for a, b in ctx.ranges]
+    if ctx.out:
+        ys = list(ctx.out)
+    else:
+        ys = [_empty(x.shape[:-1] + (b - a,), _out(ctx)) for a, b in ctx.ranges]
     slice_select.slice_forward(_contig(x), ys, [a for a, _ in ctx.ranges])
     return tuple(ys)
 
 
 def _slice_forward_ref(ctx, x):
-    return tuple(slice_select.slice_forward_ref(x, ctx.ranges))
+    if not ctx.out:
+        return tuple(slice_select.slice_forward_ref(x, ctx.ranges))
+    for y, (a, b) in zip(ctx.out, ctx.ranges):  # slice_forward_ref's copies, into the buffers
+        y[...] = x[..., a:b]
+    return ctx.out
 
 
 def _slice_backward_kernel(ctx, dys):
-    dx = _empty(ctx.in_shape, _out(ctx))
+    dx = grad_of(ctx, 0)
+    dx = _empty(ctx.in_shape, _out(ctx)) if dx is None else dx
     dys = [None if d is None else _contig(_half(ctx, d)[0]) for d in dys]
     slice_select.slice_backward(dys, dx, [a for a, _ in ctx.ranges])
     return dx
@@ -170,13 +178,21 @@ def _slice_backward_kernel(ctx, dys):
 
 def _slice_backward_ref(ctx, dys):
     used = [(d, r) for d, r in zip(dys, ctx.ranges) if d is not None]  # an unused top adds 0
-    return slice_select.slice_backward_ref([d for d, _ in used], [r for _, r in used], ctx.in_shape)
+    dx = grad_of(ctx, 0)
+    if dx is None:
+        return slice_select.slice_backward_ref([d for d, _ in used], [r for _, r in used], ctx.in_shape)
+    dx[...] = 0  # slice_backward_ref's zeros and additions, in its order, into the buffer
+    for d, (a, b) in used:
+        dx[..., a:b] += d
+    return dx
 
 
 class SliceFn(Function):
     """Column ranges [a, b) of the last dim, one output each (a tuple, even for one range)."""
 
     half_native = True  # gpu/sim: float16 copied as float16 (overlaps add in float32)
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, x, ranges: tuple = ()):
