@@ -144,32 +144,79 @@ def test_an_aliasing_bug_is_caught_by_the_bit_comparison(cpu, monkeypatch):
 
 
 # ---- the fusion ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("rows", [5, 3000])  # (below and above the compiled passes' parallel threshold)
-def test_fc_bias_act_gives_the_bits_of_linear_then_relu(rows, cpu):
+def _on(device_name, on_device):
+    from numbactr.runtime import device
+
+    if device_name == "sim":
+        on_device("sim")
+    else:
+        device.set_device("cpu")
+    return lambda a: device.xp().asarray(a), lambda a: np.asarray(device.to_host(a))
+
+
+def _ctxs(n):
+    out = [Context() for _ in range(n)]
+    for c in out:
+        c.needs_input_grad = (True, True, True)
+    return out
+
+
+@pytest.mark.parametrize("where,rows", [("cpu", 5), ("cpu", 3000)])  # (3000: the parallel passes; cpu only:
+# on gpu/sim the ReLU kernel clamps a NaN to 0 where the fused one keeps it, so the plan fuses on cpu only)
+def test_fc_bias_act_gives_the_bits_of_linear_then_relu(where, rows, on_device):
+    dev, host = _on(where, on_device)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((rows, 24), dtype=np.float32)
     w = rng.standard_normal((24, 40), dtype=np.float32)
     b = rng.standard_normal((1, 40), dtype=np.float32)
-    x[0, :] = 0.0  # a row of zeros: pre-activations equal to -b and b (some exactly 0 after the add)
+    x[0, :] = 0.0  # a row of zeros: pre-activations equal to b (some exactly 0)
     b[0, :3] = [0.0, -0.0, np.nan]  # a NaN stays NaN through either
     dy = rng.standard_normal((rows, 40), dtype=np.float32)
-    c1, c2, c3 = Context(), Context(), Context()
-    for c in (c1, c2, c3):
-        c.needs_input_grad = (True, True, True)
+    x, w, b, dy = dev(x), dev(w), dev(b), dev(dy)
+    c1, c2, c3 = _ctxs(3)
     y = ops.ReLU.forward(c2, ops.Linear.forward(c1, x, w, b))
     yf = ops.FcBiasAct.forward(c3, x, w, b, relu=True)
+    y, yf = host(y), host(yf)
     assert np.array_equal(y, yf, equal_nan=True) and np.array_equal(np.signbit(y), np.signbit(yf))
     dx, dw, db = ops.Linear.backward(c1, ops.ReLU.backward(c2, dy))
     fx, fw, fb = ops.FcBiasAct.backward(c3, dy)
     for a, f in ((dx, fx), (dw, fw), (db.reshape(b.shape), fb)):  # (Linear's db is (N,) for a (1, N) b)
-        assert a.shape == f.shape and np.array_equal(a, f, equal_nan=True)
+        assert a.shape == f.shape and np.array_equal(host(a), host(f), equal_nan=True)
+
+
+@pytest.mark.parametrize("where,reference", [("cpu", False), ("cpu", True), ("sim", False)])
+@pytest.mark.parametrize("g_first", [True, False])
+def test_scale_multiply_gives_the_bits_of_scale_then_multiply(where, reference, g_first, on_device, monkeypatch):
+    from numbactr.ops.elementwise import MultiplyFn, ScaleFn
+    from numbactr.ops.fused import ScaleMultiplyFn
+
+    dev, host = _on(where, on_device)
+    if reference:
+        monkeypatch.setenv("NUMBACTR_CPU_REFERENCE", "1")
+    rng = np.random.default_rng(5)
+    b, n, f = 6, 3, 16 if where == "sim" else 64
+    g = rng.random((b, n), dtype=np.float32)
+    x = rng.standard_normal((b, n * f), dtype=np.float32)
+    x[0, :4] = [np.inf, -0.0, 0.0, np.nan]
+    dy = rng.standard_normal((b, n * f), dtype=np.float32)
+    g, x, dy = dev(g), dev(x), dev(dy)
+    c1, c2, c3 = _ctxs(3)
+    s = ScaleFn.forward(c1, g, axis=0, factor=f)
+    y = MultiplyFn.forward(c2, *((s, x) if g_first else (x, s)))
+    yf = ScaleMultiplyFn.forward(c3, g, x, factor=f, g_first=g_first)
+    assert np.array_equal(host(y), host(yf), equal_nan=True)
+    d = MultiplyFn.backward(c2, dy)
+    ds, dx = (d[0], d[1]) if g_first else (d[1], d[0])
+    dg = ScaleFn.backward(c1, ds)
+    fg, fx = ScaleMultiplyFn.backward(c3, dy)
+    assert np.array_equal(host(dg), host(fg), equal_nan=True) and np.array_equal(host(dx), host(fx), equal_nan=True)
 
 
 def test_fused_tops_are_reported_and_kept_when_fusion_is_off(cpu, monkeypatch):
     model, plan = planned_model("NCF", 16, 3, monkeypatch)
     assert plan.fused == {"fc0": "fcrelu0", "fc1": "fcrelu1", "fc2": "fcrelu2"}
     assert ops.ReLU not in {op.fn for op in plan.ops}
-    with pytest.raises(hugectr.ModelError, match="fused with the ReLU"):
+    with pytest.raises(hugectr.ModelError, match="fused with the one after it"):
         model.check_out_tensor("fc0", hugectr.Tensor_t.Train)
     monkeypatch.setenv("NUMBACTR_FUSE_BIAS_RELU", "0")
     model.train()  # a new key: traced again, planned unfused

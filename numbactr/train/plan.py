@@ -32,9 +32,11 @@ reading a tensor made outside the ops). A plan is made per key, so a changed sca
 Two rewrites make a plan cheaper than the step it was recorded from, both with the same bits:
 
 * fusion (numbactr.train.plan_fuse, at build): a Linear whose only reader is the ReLU after it becomes one
-  FcBiasAct, bias and ReLU in one pass each way (NUMBACTR_FUSE_BIAS_RELU=0: not fused);
+  FcBiasAct, bias and ReLU in one pass each way; a Scale read only by the Multiply after it becomes one
+  ScaleMultiplyFn (NUMBACTR_PLAN_FUSE=0: not fused);
 * buffers (numbactr.train.plan_buffers, after the first planned step): the ops that can write into a given
-  array (``writes_into``: Linear, FcBiasAct, ReLU, Concat, Add, Multiply, Scale) get one buffer per output,
+  array (``writes_into``: Linear, FcBiasAct, ReLU, Concat, Slice, Add, Multiply, Scale, Interaction,
+  ScaleMultiply) get one buffer per output,
   the same arrays every step, and their activation gradients share buffers by liveness over the backward
   (NUMBACTR_PLAN_BUFFERS=0: every op allocates, as in the general step).
 
@@ -88,7 +90,7 @@ def plan_key(model, batch) -> tuple:
         model.ranks,
         float(model.solver.scaler),
         ops.fuse_bias_relu(),
-        plan_fuse.wanted(),
+        plan_fuse.switches(),
         plan_buffers.wanted(),
         hugectr_exact.hugectr_exact(),
     )
@@ -315,13 +317,13 @@ def build(model, tracer: Tracer, t: dict) -> tuple:
     losses = [slot_of[id(t[layer.cfg.top_names[0]])] for layer, _ in model.losses]
     names = {name: slot_of[id(x)] for name, x in t.items()}
     fused = {}
-    if plan_fuse.wanted():
+    if plan_fuse.switches()[0]:
         arrays = {slot_of[id(x)]: x.data for call in tracer.calls for x in call[2]}
         readers: dict = {}
         for op in ops_:
             for s in op.ins:
                 readers[s] = readers.get(s, 0) + 1
-        ops_, gone = plan_fuse.fuse_linear_relu(ops_, arrays, readers, set(losses))
+        ops_, gone = plan_fuse.fuse(ops_, arrays, readers, set(losses))
         for name, s in list(names.items()):
             if s in gone:  # the pre-activation top is not kept (Model.check_out_tensor says so)
                 fused[name] = next(n for n, s2 in names.items() if s2 == gone[s])

@@ -1,7 +1,8 @@
 """The planned step's buffers: every output of the ops that can write into a given array, allocated once and
 reused step after step; the backward's activation gradients share buffers where their values are dead.
 
-Which ops: those whose Function says ``writes_into = True`` (numbactr.ops: Linear, FcBiasAct, ReLU). Such an op
+Which ops: those whose Function says ``writes_into = True`` (numbactr.ops: Linear, FcBiasAct, ReLU, Concat, Slice, Add,
+Multiply, Scale, Interaction, ScaleMultiply). Such an op
 writes forward output ``i`` into ``ctx.out[i]`` and the gradient of input ``j`` into ``ctx.grad_into[j]``
 when it is given one, and returns that very array (numbactr.ops.buffers); the arithmetic is the same, so the
 bits are too.

@@ -1,22 +1,27 @@
-"""Fusions of the planned step: an InnerProduct's Linear followed by its ReLU becomes one FcBiasAct.
+"""Fusions of the planned step: two adjacent ops rewritten into one op that does both in one pass.
 
 Which pairs: the recorded plans of the zoo (W&D, DCN, DCNv2, DeepFM, DLRM, NCF, GMF, NeuMF, MMoE, DIN, BST at
-batch 64) hold 50 Linear and 28 ReLU calls; a Linear whose only reader is the ReLU right after it is the
-commonest adjacent pair by far (28 of them; next: a ReLU read by a Linear, 20, which a kernel cannot fuse
-past the GEMM, then a lookup read by a Reshape, 11, a view). So the rewrite is that one: the pair becomes the
-op HugeCTR's FusedInnerProduct and MLP layers run, FcBiasAct, whose compiled epilogue adds the bias and
-applies the ReLU in one pass over the GEMM's output, and whose backward masks the gradient and sums the
-bias gradient in one pass (kernels/fused_bias_act.py). That is what the gpu and sim devices already do at
-the layer level (numbactr.train.graph.fuse_bias_relu); here the cpu's planned step gets it too.
+batch 64) hold 50 Linear and 28 ReLU calls. Counting each op with the op that alone reads its output, the
+commonest pairs are a Linear into its ReLU (28), a ReLU into a Linear (20: not fusable past a GEMM), a lookup
+into a Reshape (11: a view, no pass to save), a Scale into a Multiply (9: MMoE's gates) and a Multiply into an
+Add (8). Two are rewritten:
 
-Same bits: the GEMMs are the same calls on the same arrays (the Linear's input is 2-D and contiguous, so
-FcBiasAct's ``contig`` makes no copy); ``max(y + b, 0)`` is computed as the two passes compute it (a NaN
-stays NaN, -0.0 stays -0.0); the backward's mask reads the ReLU's output as the ReLU's backward does, and
-its column sums add the rows in the same chunks in the same order as the bias gradient's pass
-(kernels/bias.py). tests/test_step_plan_buffers.py compares the two on every zoo model.
+* Linear then ReLU becomes FcBiasAct(relu=True), the op HugeCTR's FusedInnerProduct and MLP layers run: its
+  compiled epilogue adds the bias and applies the ReLU in one pass over the GEMM's output, and its backward
+  masks the gradient and sums the bias gradient in one pass (kernels/fused_bias_act.py). The gpu and sim
+  devices already do this at the layer level (numbactr.train.graph.fuse_bias_relu); here the cpu's planned
+  step gets it too (on cpu only: there the ReLU keeps a NaN as the fused pass does, where the gpu's ReLU
+  kernel makes it 0, so on gpu and sim the two would differ on a NaN). Same bits: the GEMMs are the same calls on the same arrays (the Linear's input is 2-D
+  and contiguous, so FcBiasAct's ``contig`` copies nothing); max(y + b, 0) is computed as the two passes
+  compute it (a NaN stays NaN, -0.0 stays -0.0); the mask reads the ReLU's output as the ReLU's backward
+  does, and the column sums add the rows in the same chunks and order as kernels/bias.py's.
+* Scale (axis 0) then the two-input Multiply that reads it becomes ScaleMultiplyFn (numbactr.ops.fused,
+  kernels/scale_multiply.py): the repeated array is never made. Same bits: each element is the same one
+  float32 product, in the Multiply's input order, and the gate's gradient is the Scale's own backward.
 
-The pre-activation top is then not kept: ``Model.check_out_tensor`` says so (the model's fused tops, as on
-a gpu), and NUMBACTR_FUSE_BIAS_RELU=0 keeps it (and the two ops).
+A fused op's first output is not kept: ``Model.check_out_tensor`` says so (the model's fused tops, as on a
+gpu). NUMBACTR_PLAN_FUSE=0 turns the planned step's fusions off; NUMBACTR_FUSE_BIAS_RELU=0 the first (as it
+turns off the layer-level one). tests/test_step_plan_buffers.py compares each fused op with its pair.
 """
 
 from __future__ import annotations
@@ -24,46 +29,73 @@ from __future__ import annotations
 import os
 
 from numbactr.ops.dense import FcBiasAct, Linear
-from numbactr.ops.elementwise import ReLU
+from numbactr.ops.dispatch import kernels
+from numbactr.ops.elementwise import MultiplyFn, ReLU, ScaleFn
+from numbactr.ops.fused import ScaleMultiplyFn
 
 
-def wanted() -> bool:
-    """NUMBACTR_FUSE_BIAS_RELU (default 1), the switch of the layer-level fusion, turns this one on or off."""
-    flag = os.environ.get("NUMBACTR_FUSE_BIAS_RELU", "1")
+def _flag(name: str) -> bool:
+    flag = os.environ.get(name, "1")
     if flag not in ("0", "1"):
-        raise ValueError(f"NUMBACTR_FUSE_BIAS_RELU must be 0 or 1, got {flag!r}")
+        raise ValueError(f"{name} must be 0 or 1, got {flag!r}")
     return flag == "1"
 
 
-def fuse_linear_relu(ops_: list, arrays: dict, readers: dict, keep: set) -> tuple:
-    """(ops, {fused pre-activation slot: ReLU slot}): each Linear whose output only the next op, a ReLU,
-    reads (and that no one else needs: ``keep``, the losses' slots) becomes one FcBiasAct(relu=True).
-    ``arrays``: the traced arrays by slot (the Linear's input must be 2-D and C-contiguous);
-    ``readers``: {slot: how many op inputs read it}."""
-    out, fused, k = [], {}, 0
+def switches() -> tuple:
+    """(NUMBACTR_PLAN_FUSE, NUMBACTR_FUSE_BIAS_RELU), each 1 (the default) or 0."""
+    return _flag("NUMBACTR_PLAN_FUSE"), _flag("NUMBACTR_FUSE_BIAS_RELU")
+
+
+def fuse(ops_: list, arrays: dict, readers: dict, keep: set) -> tuple:
+    """(ops, {slot no longer made: slot of the fused op's output}) after the rewrites the switches allow.
+    ``arrays``: the traced input arrays by slot; ``readers``: {slot: how many op inputs read it}; ``keep``:
+    slots that must stay (the losses)."""
+    plan_fuse, bias_relu = switches()
+    gone: dict = {}
+    if not plan_fuse:
+        return ops_, gone
+    out, k = [], 0
     while k < len(ops_):
-        op = ops_[k]
-        nxt = ops_[k + 1] if k + 1 < len(ops_) else None
-        if (
-            op.fn is Linear
-            and nxt is not None
-            and nxt.fn is ReLU
-            and nxt.ins == op.outs
-            and readers.get(op.outs[0]) == 1
-            and op.outs[0] not in keep
-            and not op.params
-            and nxt.fresh is None
-            and op.fresh is None
-            and len(op.ins) == 3
-        ):
-            x = arrays.get(op.ins[0])
-            if x is not None and x.ndim == 2 and x.flags.c_contiguous:
-                out.append(
-                    type(op)(FcBiasAct, op.ins, nxt.outs, {"relu": True}, op.needs, op.owner, False, None, op.grad_into)
-                )
-                fused[op.outs[0]] = nxt.outs[0]
-                k += 2
-                continue
-        out.append(op)
-        k += 1
-    return out, fused
+        op, nxt = ops_[k], (ops_[k + 1] if k + 1 < len(ops_) else None)
+        sole = nxt is not None and readers.get(op.outs[0]) == 1 and op.outs[0] not in keep and len(op.outs) == 1
+        sole = sole and op.fresh is None and nxt.fresh is None
+        fused = None
+        if sole and bias_relu and not kernels() and op.fn is Linear and nxt.fn is ReLU:
+            fused = _linear_relu(op, nxt, arrays)
+        elif sole and op.fn is ScaleFn and nxt.fn is MultiplyFn:
+            fused = _scale_multiply(op, nxt, arrays)
+        if fused is None:
+            out.append(op)
+            k += 1
+            continue
+        out.append(fused)
+        gone[op.outs[0]] = nxt.outs[0]
+        k += 2
+    return out, gone
+
+
+def _plain(a) -> bool:
+    return a is not None and a.ndim == 2 and a.flags.c_contiguous and a.dtype.name == "float32"
+
+
+def _linear_relu(lin, relu, arrays):
+    """FcBiasAct(x, w, b, relu=True) for a Linear on a 2-D contiguous input read only by the ReLU after it."""
+    if relu.ins != lin.outs or lin.params or len(lin.ins) != 3 or not _plain(arrays.get(lin.ins[0])):
+        return None
+    return type(lin)(FcBiasAct, lin.ins, relu.outs, {"relu": True}, lin.needs, lin.owner, False)
+
+
+def _scale_multiply(sc, mul, arrays):
+    """ScaleMultiplyFn(g, x) for a Scale along axis 0 read only by the two-input Multiply after it."""
+    p = sc.params
+    if p.get("axis", 0) != 0 or p.get("first_only", False) or mul.params.get("exact", False) or len(mul.ins) != 2:
+        return None
+    if mul.ins.count(sc.outs[0]) != 1 or not _plain(arrays.get(sc.ins[0])):
+        return None
+    at = mul.ins.index(sc.outs[0])
+    other = mul.ins[1 - at]
+    if not _plain(arrays.get(other)):
+        return None
+    params = {"factor": p.get("factor", 1), "g_first": at == 0}
+    needs = (sc.needs[0], mul.needs[1 - at])
+    return type(sc)(ScaleMultiplyFn, (sc.ins[0], other), mul.outs, params, needs, mul.owner, False)
