@@ -10,12 +10,17 @@ forward and read it again in the backward; here it is read from g where needed. 
 one float32 product as in the unfused ops, so the bits are the same (numbactr.train.plan_fuse rewrites the
 pair into this op; tests/test_step_plan_buffers.py compares them on cpu and sim).
 
+No compiled CPU version: the planned step fuses the pair on the kernel devices only. On the cpu a compiled
+loop measured 3-4x slower than NumPy's repeat and multiply (which are vectorized; LLVM does not vectorize
+the loop, not knowing that the arrays do not overlap), and NumPy broadcasting without the repeated array
+no faster than with it (2026-12-07, MMoE's gates, (1024, 1) repeated 64 times): the repeat is small.
+
 HugeCTR: no fused counterpart (its MMoE sample runs Scale and ElementwiseMultiply as two layers).
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, njit
+from numba import cuda
 
 from .launch import launch_1d
 
@@ -61,35 +66,6 @@ def scale_multiply_backward(g, x, dy, factor: int, dx, ds) -> None:
     """Writes dx = dy * repeat(g) and ds = dy * x (the kernel)."""
     _check(g, x, dy, factor)
     launch_1d(scale_multiply_backward_kernel, dy.size, g, x, dy, factor, dx, ds)
-
-
-# ---- compiled CPU versions (numba.njit; the cpu device) ---------------------------------------
-@njit(cache=True)
-def _scale_multiply_cpu(g, x, y, factor, g_first):
-    for b in range(y.shape[0]):
-        for j in range(y.shape[1]):
-            s = g[b, j // factor]
-            y[b, j] = s * x[b, j] if g_first else x[b, j] * s
-
-
-@njit(cache=True)
-def _scale_multiply_backward_cpu(g, x, dy, factor, dx, ds):
-    for b in range(dy.shape[0]):
-        for j in range(dy.shape[1]):
-            dx[b, j] = dy[b, j] * g[b, j // factor]
-            ds[b, j] = dy[b, j] * x[b, j]
-
-
-def scale_multiply_cpu(g, x, y, factor: int, g_first: bool) -> None:
-    """scale_multiply compiled for the CPU."""
-    _check(g, x, y, factor)
-    _scale_multiply_cpu(g, x, y, factor, bool(g_first))
-
-
-def scale_multiply_backward_cpu(g, x, dy, factor: int, dx, ds) -> None:
-    """scale_multiply_backward compiled for the CPU."""
-    _check(g, x, dy, factor)
-    _scale_multiply_backward_cpu(g, x, dy, factor, dx, ds)
 
 
 def _check(g, x, y, factor: int) -> None:

@@ -3,7 +3,8 @@
 ScaleMultiplyFn: a Scale that repeats each element of g ``factor`` times (axis 0) and the Multiply that reads
 the repeat, y = repeat(g) * x, without the repeated array: MMoE's gate probabilities times an expert's output.
 Its inputs are (g, x); ``g_first`` keeps the Multiply's input order. Each direction reaches the kernels of
-numbactr.kernels.scale_multiply through numbactr.ops.dispatch.pick (kernel, compiled cpu, NumPy reference);
+numbactr.kernels.scale_multiply through numbactr.ops.dispatch.pick (kernel on gpu/sim, NumPy reference on
+cpu, where the planned step does not fuse the pair: kernels/scale_multiply.py says why);
 dg is the Scale's own backward (its kernel or its reference) of dy * x, so the bits are the two ops' bits.
 (The Linear + ReLU fusion needs no op of its own: it is FcBiasAct, numbactr.ops.dense.)
 """
@@ -31,10 +32,6 @@ def _forward_kernel(ctx, g, x):
     return _forward_with(scale_multiply.scale_multiply, ctx, g, x)
 
 
-def _forward_cpu(ctx, g, x):
-    return _forward_with(scale_multiply.scale_multiply_cpu, ctx, g, x)
-
-
 def _forward_ref(ctx, g, x):
     return into(out_of(ctx), scale_multiply.scale_multiply_ref(g, x, ctx.factor, ctx.g_first))
 
@@ -48,14 +45,6 @@ def _backward_kernel(ctx, dy):
     scale_multiply.scale_multiply_backward(ctx.g, ctx.x, dy, ctx.factor, dx, ds)
     scale.scale_backward(ds, dg, 0, ctx.factor)  # (the Scale's backward kernel)
     return dg, dx
-
-
-def _backward_cpu(ctx, dy):
-    dx = grad_of(ctx, 1)
-    dx = np.empty(dy.shape, np.float32) if dx is None else dx
-    ds = np.empty(dy.shape, np.float32)
-    scale_multiply.scale_multiply_backward_cpu(ctx.g, ctx.x, dy, ctx.factor, dx, ds)
-    return into(grad_of(ctx, 0), scale.scale_backward_ref(ds, 0, ctx.factor)), dx  # (the Scale's reference)
 
 
 def _backward_ref(ctx, dy):
@@ -74,8 +63,8 @@ class ScaleMultiplyFn(Function):
     def forward(ctx: Context, g, x, factor: int = 1, g_first: bool = True):
         g, x = _contig(g), _contig(x)
         ctx.g, ctx.x, ctx.factor, ctx.g_first = g, x, factor, g_first
-        return pick(kernel=_forward_kernel, cpu=_forward_cpu, ref=_forward_ref)(ctx, g, x)
+        return pick(kernel=_forward_kernel, ref=_forward_ref)(ctx, g, x)
 
     @staticmethod
     def backward(ctx: Context, dy):
-        return pick(kernel=_backward_kernel, cpu=_backward_cpu, ref=_backward_ref)(ctx, _contig(dy))
+        return pick(kernel=_backward_kernel, ref=_backward_ref)(ctx, _contig(dy))

@@ -16,8 +16,10 @@ Add (8). Two are rewritten:
   compute it (a NaN stays NaN, -0.0 stays -0.0); the mask reads the ReLU's output as the ReLU's backward
   does, and the column sums add the rows in the same chunks and order as kernels/bias.py's.
 * Scale (axis 0) then the two-input Multiply that reads it becomes ScaleMultiplyFn (numbactr.ops.fused,
-  kernels/scale_multiply.py): the repeated array is never made. Same bits: each element is the same one
-  float32 product, in the Multiply's input order, and the gate's gradient is the Scale's own backward.
+  kernels/scale_multiply.py): the repeated array is never made, one launch each way instead of two. Same
+  bits: each element is the same one float32 product, in the Multiply's input order, and the gate's
+  gradient is the Scale's own backward. On the kernel devices only: on the cpu it measured no faster than
+  NumPy's two vectorized passes (kernels/scale_multiply.py).
 
 A fused op's first output is not kept: ``Model.check_out_tensor`` says so (the model's fused tops, as on a
 gpu). NUMBACTR_PLAN_FUSE=0 turns the planned step's fusions off; NUMBACTR_FUSE_BIAS_RELU=0 the first (as it
@@ -62,7 +64,7 @@ def fuse(ops_: list, arrays: dict, readers: dict, keep: set) -> tuple:
         fused = None
         if sole and bias_relu and not kernels() and op.fn is Linear and nxt.fn is ReLU:
             fused = _linear_relu(op, nxt, arrays)
-        elif sole and op.fn is ScaleFn and nxt.fn is MultiplyFn:
+        elif sole and kernels() and op.fn is ScaleFn and nxt.fn is MultiplyFn:
             fused = _scale_multiply(op, nxt, arrays)
         if fused is None:
             out.append(op)
