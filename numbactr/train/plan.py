@@ -156,7 +156,7 @@ class StepPlan:
     names: dict  # {tensor name: slot}: what the general forward's dict names
     losses: list  # slots of the loss values, in model.losses order
     params: dict = field(default_factory=dict)  # {id(parameter Tensor): slot}
-    fused: dict = field(default_factory=dict)  # {pre-activation top: ReLU top} fused (numbactr.train.plan_fuse)
+    fused: dict = field(default_factory=dict)  # {top a fusion no longer makes: the fused op's top} (plan_fuse)
     sized: bool = False  # the buffers are made (after the first planned step: plan_buffers)
     grad_buffers: int = 0  # how many shared activation-gradient buffers the backward uses
 
