@@ -68,6 +68,7 @@ def test_planned_step_gives_the_general_steps_bits_on_cpu(name, cpu, monkeypatch
     planned, l1, s1 = train(spec, 32, 4, True, monkeypatch)
     assert general._plans == {} and general._plan_why == "NUMBACTR_STEP_PLAN=0"
     assert planned._plan_why is None and len(planned._plans) == 1  # traced once, then planned
+    assert next(iter(planned._plans.values())).sized  # (and the last two steps ran in its buffers)
     assert l0 == l1
     assert same_bits(s0, s1), name
 
@@ -76,9 +77,11 @@ def test_planned_step_gives_the_general_steps_bits_on_cpu(name, cpu, monkeypatch
 def test_planned_step_gives_the_general_steps_bits_in_the_simulator(name, on_device, monkeypatch):
     on_device("sim")
     spec = small(Z.SPECS[name])
-    _, l0, s0 = train(spec, 4, 2, False, monkeypatch)  # (the simulator is slow: a traced and a planned step)
-    planned, l1, s1 = train(spec, 4, 2, True, monkeypatch)
+    # (the simulator is slow: a traced step, the planned step that sizes the buffers, one that uses them)
+    _, l0, s0 = train(spec, 4, 3, False, monkeypatch)
+    planned, l1, s1 = train(spec, 4, 3, True, monkeypatch)
     assert planned._plan_why is None and len(planned._plans) == 1
+    assert next(iter(planned._plans.values())).sized
     assert l0 == l1
     assert same_bits(s0, s1), name
 

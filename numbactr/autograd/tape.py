@@ -153,6 +153,7 @@ class Context:
 
     needs_input_grad: tuple = ()
     grad_into: dict = {}  # {input index: array}: where backward may write that input's gradient (never mutated)
+    out: tuple = ()  # one array per output: where forward may write its outputs (numbactr.train.plan_buffers)
     half = None  # the autocast half dtype this call ran under (None: float32)
     native_half = False  # the op took and gave half tensors itself (Function.half_native)
 

@@ -10,7 +10,8 @@ library (cuBLAS via cupy on gpu, BLAS on cpu/sim, on contiguous operands or thei
 no copies); everything else goes through numbactr.kernels.
 
 One module per kernel family: dense (Linear, FcBiasAct, MultiCross), elementwise, interaction, shape,
-attention, normalization, recurrent, losses, regularizer, embedding_bag.
+attention, normalization, recurrent, losses, regularizer, embedding_bag; fused (two ops in one pass, made by
+the planned step's fusions). buffers: how an op writes into arrays the planned step hands it.
 
 Shape glossary: B batch, S slots, N keys, D embedding width, K/N_out layer widths.
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from numbactr.autograd import Context, Function
 from numbactr.kernels import bias, fused_bias_act, multi_cross
+from numbactr.ops.buffers import grad_of, into, mm, out_of
 from numbactr.ops.dispatch import kernels, pick
 from numbactr.runtime.device import contig as _contig
 from numbactr.runtime.device import xp as _xp
@@ -48,11 +49,18 @@ def fuse_bias_relu() -> bool:
 
 def _weight_grad(ctx: Context, a, b, index: int):
     """a @ b, the gradient of input ``index``: written straight into ``ctx.grad_into[index]`` when the planned
-    step handed one (that weight's view of the flat gradient buffer, numbactr.train.plan: no copy after)."""
-    out = ctx.grad_into.get(index)
+    step handed one (a weight's view of the flat gradient buffer, numbactr.train.plan: no copy after; or an
+    activation gradient's buffer, numbactr.train.plan_buffers). Returns an array of that buffer's shape."""
+    out = grad_of(ctx, index)
     if out is None:
         return a @ b
-    return _xp().matmul(a, b, out=out)
+    _xp().matmul(a, b, out=out.reshape(a.shape[0], b.shape[1]))
+    return out
+
+
+def _shaped(a, shape):
+    """``a`` itself when it has ``shape`` (a planned step's buffer keeps its identity), else a view."""
+    return a if a.shape == shape else a.reshape(shape)
 
 
 # ---- Linear: y = x W + b ---------------------------------------------------------------------
@@ -66,22 +74,28 @@ def _bias_add_cpu(y, b):
     return y
 
 
-def _bias_grad_kernel(dy2):
-    db = _xp().empty((dy2.shape[1],), np.float32)
-    bias.bias_grad(dy2, db)
+def _bias_grad_kernel(dy2, db=None):
+    db = _xp().empty((dy2.shape[1],), np.float32) if db is None else db
+    bias.bias_grad(dy2, db.reshape(-1))
     return db
 
 
-def _bias_grad_cpu(dy2):
-    db = np.empty((dy2.shape[1],), np.float32)
+def _bias_grad_cpu(dy2, db=None):
+    db = np.empty((dy2.shape[1],), np.float32) if db is None else db
     bias.bias_grad_cpu(_contig(dy2), db)
     return db
+
+
+def _bias_grad_ref(dy2, db=None):
+    return into(db, bias.bias_grad_ref(dy2))
 
 
 class Linear(Function):
     # mixed precision on gpu/sim: float16 x and y, the GEMMs in float16 with float32 accumulation on a
     # float16 copy of the float32 master weights (HugeCTR's layers keep one too), the bias added in float32
     half_native = True
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, x, w, b):
@@ -92,10 +106,15 @@ class Linear(Function):
             bias.bias_add(y, b)
             ctx.x2, ctx.w, ctx.in_shape = x2, w16, x.shape
             return y.reshape(*x.shape[:-1], w.shape[1])
-        y = x2 @ w  # (B*, N)
-        y = pick(kernel=_bias_add_kernel, cpu=_bias_add_cpu, ref=bias.bias_add_ref)(y, b)
+        out = out_of(ctx)  # the planned step's buffer, shaped as the output, or None
+        y2 = None if out is None else out.reshape(-1, w.shape[1])
+        y = pick(kernel=_bias_add_kernel, cpu=_bias_add_cpu, ref=bias.bias_add_ref)(mm(x2, w, y2), b)  # (B*, N)
         ctx.x2, ctx.w, ctx.in_shape = x2, w, x.shape
-        return y.reshape(*x.shape[:-1], w.shape[1])
+        if out is None:
+            return y.reshape(*x.shape[:-1], w.shape[1])
+        if y is not y2:  # (the NumPy reference's y + b: a new array)
+            y2[...] = y
+        return out
 
     @staticmethod
     def backward(ctx: Context, dy):
@@ -108,9 +127,9 @@ class Linear(Function):
             dx = _half_mm(dy2, ctx.w.T).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
             return dx, dw, db
         dw = _weight_grad(ctx, ctx.x2.T, dy2, 1)  # (K, N)
-        db = pick(kernel=_bias_grad_kernel, cpu=_bias_grad_cpu, ref=bias.bias_grad_ref)(dy2)
-        dx = (dy2 @ ctx.w.T).reshape(ctx.in_shape) if ctx.needs_input_grad[0] else None
-        return dx, dw, db
+        db = pick(kernel=_bias_grad_kernel, cpu=_bias_grad_cpu, ref=_bias_grad_ref)(dy2, grad_of(ctx, 2))
+        dx = _weight_grad(ctx, dy2, ctx.w.T, 0) if ctx.needs_input_grad[0] else None
+        return (None if dx is None else _shaped(dx, ctx.in_shape)), dw, db
 
 
 # ---- FcBiasAct: y = act(x W + b) -------------------------------------------------------------
@@ -124,23 +143,30 @@ def _bias_act_forward_cpu(y, bvec, relu):
     return y
 
 
-def _bias_act_backward_launch(launch, y, dy, relu, has_bias):
-    """(d, db) of the kernel or compiled CPU entry point ``launch``: both write into arrays given."""
+def _bias_act_backward_launch(launch, y, dy, relu, has_bias, db=None):
+    """(d, db) of the kernel or compiled CPU entry point ``launch``: both write into arrays given (``db``: the
+    planned step's buffer, any shape of N elements, or None)."""
     if not (relu or has_bias):
         return dy, None
     xp = _xp()
     d = xp.empty_like(dy)
-    db = xp.empty((dy.shape[1],), np.float32) if has_bias else None
-    launch(y, dy, relu, d, db)
+    if has_bias and db is None:
+        db = xp.empty((dy.shape[1],), np.float32)
+    launch(y, dy, relu, d, db.reshape(-1) if has_bias else None)
     return d, db
 
 
-def _bias_act_backward_kernel(y, dy, relu, has_bias):
-    return _bias_act_backward_launch(fused_bias_act.bias_act_backward, y, dy, relu, has_bias)
+def _bias_act_backward_kernel(y, dy, relu, has_bias, db=None):
+    return _bias_act_backward_launch(fused_bias_act.bias_act_backward, y, dy, relu, has_bias, db)
 
 
-def _bias_act_backward_cpu(y, dy, relu, has_bias):
-    return _bias_act_backward_launch(fused_bias_act.bias_act_backward_cpu, y, dy, relu, has_bias)
+def _bias_act_backward_cpu(y, dy, relu, has_bias, db=None):
+    return _bias_act_backward_launch(fused_bias_act.bias_act_backward_cpu, y, dy, relu, has_bias, db)
+
+
+def _bias_act_backward_ref(y, dy, relu, has_bias, db=None):
+    d, db_ = fused_bias_act.bias_act_backward_ref(y, dy, relu, has_bias)
+    return d, (into(db, db_) if has_bias else None)
 
 
 class FcBiasAct(Function):
@@ -151,16 +177,21 @@ class FcBiasAct(Function):
     inside the fused kernels; the weight gradient comes out of a float16 GEMM, as in HugeCTR's fp16 layers."""
 
     half_native = True
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, x, w, *b, relu: bool = True):
         if ctx.native_half:
             x, w = x.astype(np.float16, copy=False), w.astype(np.float16)
         x = _contig(x)
-        y = _half_mm(x, w) if ctx.native_half else x @ w  # (B, N)
+        y = _half_mm(x, w) if ctx.native_half else mm(x, w, out_of(ctx))  # (B, N)
         bvec = b[0].reshape(-1) if b else None
-        y = pick(kernel=_bias_act_forward_kernel, cpu=_bias_act_forward_cpu, ref=fused_bias_act.bias_act_forward_ref)(
-            y, bvec, relu
+        y = into(
+            out_of(ctx),
+            pick(kernel=_bias_act_forward_kernel, cpu=_bias_act_forward_cpu, ref=fused_bias_act.bias_act_forward_ref)(
+                y, bvec, relu
+            ),
         )
         ctx.x, ctx.w, ctx.y, ctx.relu, ctx.has_bias = x, w, y, relu, bool(b)
         ctx.b_shape = b[0].shape if b else None
@@ -169,18 +200,18 @@ class FcBiasAct(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         dy = _contig(dy.astype(np.float16, copy=False) if ctx.native_half else dy)
-        d, db = pick(
-            kernel=_bias_act_backward_kernel, cpu=_bias_act_backward_cpu, ref=fused_bias_act.bias_act_backward_ref
-        )(ctx.y, dy, ctx.relu, ctx.has_bias)
+        d, db = pick(kernel=_bias_act_backward_kernel, cpu=_bias_act_backward_cpu, ref=_bias_act_backward_ref)(
+            ctx.y, dy, ctx.relu, ctx.has_bias, grad_of(ctx, 2) if ctx.has_bias and not ctx.native_half else None
+        )
         if ctx.native_half:
             d = d.astype(np.float16, copy=False)
             dw = _half_mm(ctx.x.T, d).astype(np.float32)  # (K, N), for the float32 update
             dx = _half_mm(d, ctx.w.T) if ctx.needs_input_grad[0] else None
         else:
             dw = _weight_grad(ctx, ctx.x.T, d, 1)  # (K, N)
-            dx = d @ ctx.w.T if ctx.needs_input_grad[0] else None  # (B, K)
+            dx = _weight_grad(ctx, d, ctx.w.T, 0) if ctx.needs_input_grad[0] else None  # (B, K)
         if ctx.has_bias:
-            return dx, dw, db.reshape(ctx.b_shape)
+            return dx, dw, _shaped(db, ctx.b_shape)
         return dx, dw
 
 

@@ -29,6 +29,7 @@ from numbactr.kernels import fm_order2
 from numbactr.kernels import relu
 from numbactr.kernels import scale
 from numbactr.kernels import weight_multiply
+from numbactr.ops.buffers import grad_of, into, out_of
 from numbactr.ops.dispatch import pick
 from numbactr.runtime import step_values
 from numbactr.runtime.device import contig as _contig
@@ -36,44 +37,57 @@ from numbactr.runtime.device import xp as _xp
 
 
 # ---- ReLU: y = max(x, 0) ---------------------------------------------------------------------
-def _relu_forward_kernel(x):
-    y = _xp().empty_like(x)
+# (``out``: the planned step's buffer for the result, numbactr.ops.buffers; None: a new array)
+def _relu_forward_kernel(x, out=None):
+    y = _xp().empty_like(x) if out is None else out
     relu.relu_forward(x, y)
     return y
 
 
-def _relu_forward_cpu(x):
+def _relu_forward_cpu(x, out=None):
     x = _contig(x)
-    y = np.empty_like(x)
+    y = np.empty_like(x) if out is None else out
     relu.relu_forward_cpu(x, y)
     return y
 
 
-def _relu_backward_kernel(y, dy):
+def _relu_forward_ref(x, out=None):
+    return into(out, relu.relu_forward_ref(x))
+
+
+def _relu_backward_kernel(y, dy, out=None):
     dy = _contig(dy)
-    dx = _xp().empty_like(dy)
+    dx = _xp().empty_like(dy) if out is None else out
     relu.relu_backward(y, dy, dx)
     return dx
 
 
-def _relu_backward_cpu(y, dy):
+def _relu_backward_cpu(y, dy, out=None):
     dy = _contig(dy)
-    dx = _xp().empty_like(dy)
+    dx = _xp().empty_like(dy) if out is None else out
     relu.relu_backward_cpu(y, dy, dx)
     return dx
 
 
+def _relu_backward_ref(y, dy, out=None):
+    return into(out, relu.relu_backward_ref(y, dy))
+
+
 class ReLU(Function):
     half_native = True  # gpu/sim kernels load float16, compare in float32, store float16
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, x):
-        ctx.y = pick(kernel=_relu_forward_kernel, cpu=_relu_forward_cpu, ref=relu.relu_forward_ref)(x)
+        ctx.y = pick(kernel=_relu_forward_kernel, cpu=_relu_forward_cpu, ref=_relu_forward_ref)(x, out_of(ctx))
         return ctx.y
 
     @staticmethod
     def backward(ctx: Context, dy):
-        return pick(kernel=_relu_backward_kernel, cpu=_relu_backward_cpu, ref=relu.relu_backward_ref)(ctx.y, dy)
+        return pick(kernel=_relu_backward_kernel, cpu=_relu_backward_cpu, ref=_relu_backward_ref)(
+            ctx.y, dy, grad_of(ctx, 0)
+        )
 
 
 class Identity(Function):
@@ -97,19 +111,34 @@ def _stacked(xs):
 
 
 def _add_kernel(ctx, xs):
-    y = _xp().empty(xs[0].shape, _out(ctx))
+    y = out_of(ctx)
+    y = _xp().empty(xs[0].shape, _out(ctx)) if y is None else y
     elementwise.add_forward(_stacked(xs), y)
     return y
 
 
 def _add_ref(ctx, xs):
-    return elementwise.add_forward_ref(xs)
+    y = out_of(ctx)
+    if y is None:
+        return elementwise.add_forward_ref(xs)
+    return _fold(np.add, xs, y)
+
+
+def _fold(ufunc, xs, y):
+    """y = ((x0 op x1) op x2) ... in input order, written into ``y`` (the references' order and rounding:
+    each step is the same float32 operation, stored in place of a new array)."""
+    ufunc(xs[0], xs[1], out=y)
+    for x in xs[2:]:
+        ufunc(y, x, out=y)
+    return y
 
 
 class AddFn(Function):
     """y = sum of K >= 2 same-shape inputs; every input's gradient is dY (shared, never written)."""
 
     half_native = True
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, *xs):
@@ -154,7 +183,8 @@ class SubFn(Function):
 # ---- Multiply: y = Π x_i ------------------------------------------------------------------------
 def _multiply_forward_kernel(ctx, xs):
     stacked = _stacked(xs)  # (K, M)
-    y = _xp().empty(xs[0].shape, _out(ctx))
+    y = out_of(ctx)
+    y = _xp().empty(xs[0].shape, _out(ctx)) if y is None else y
     elementwise.multiply_forward(stacked, y)
     ctx.stacked = stacked
     return y
@@ -162,7 +192,10 @@ def _multiply_forward_kernel(ctx, xs):
 
 def _multiply_forward_ref(ctx, xs):
     ctx.xs = xs
-    return elementwise.multiply_forward_ref(xs)
+    y = out_of(ctx)
+    if y is None:
+        return elementwise.multiply_forward_ref(xs)
+    return _fold(np.multiply, xs, y)
 
 
 def _multiply_backward_kernel(ctx, dy):
@@ -172,13 +205,24 @@ def _multiply_backward_kernel(ctx, dy):
 
 
 def _multiply_backward_ref(ctx, dy):
-    return tuple(elementwise.multiply_backward_ref(ctx.xs, dy, exact=ctx.exact, y=ctx.y))
+    if ctx.exact or not ctx.grad_into:
+        return tuple(elementwise.multiply_backward_ref(ctx.xs, dy, exact=ctx.exact, y=ctx.y))
+    dxs = []  # dX_k = dY · x_0 · ... (k left out), in the reference's order, each into its buffer (or anew)
+    for k in range(len(ctx.xs)):
+        others = [x for j, x in enumerate(ctx.xs) if j != k]
+        buf = grad_of(ctx, k)
+        dxs.append(
+            elementwise.multiply_forward_ref([dy, *others]) if buf is None else _fold(np.multiply, [dy, *others], buf)
+        )
+    return tuple(dxs)
 
 
 class MultiplyFn(Function):
     """y = product of K >= 2 same-shape inputs; ``exact`` picks HugeCTR's quotient gradient."""
 
     half_native = True  # gpu/sim: float16 in and out, the (K, M) stacks float32
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, *xs, exact: bool = False):
@@ -256,29 +300,41 @@ class SigmoidFn(Function):
 # ---- Scale: repeat elements (axis 0) or rows (axis 1) f times -------------------------------------
 def _scale_forward_kernel(ctx, x):
     b, n = x.shape
-    y = _xp().empty((b, n * ctx.factor) if ctx.axis == 0 else (b * ctx.factor, n), _out(ctx))
+    y = out_of(ctx)
+    y = _xp().empty((b, n * ctx.factor) if ctx.axis == 0 else (b * ctx.factor, n), _out(ctx)) if y is None else y
     scale.scale_forward(_contig(x), y, ctx.axis, ctx.factor)
     return y
 
 
 def _scale_forward_ref(ctx, x):
-    return scale.scale_forward_ref(x, ctx.axis, ctx.factor)
+    y = out_of(ctx)
+    if y is None:
+        return scale.scale_forward_ref(x, ctx.axis, ctx.factor)
+    b, n = x.shape  # np.repeat's copies, written into the buffer: (B, N, f) or (B, f, N)
+    if ctx.axis == 0:
+        y.reshape(b, n, ctx.factor)[...] = x[:, :, None]
+    else:
+        y.reshape(b, ctx.factor, n)[...] = x[:, None, :]
+    return y
 
 
 def _scale_backward_kernel(ctx, dy):
-    dx = _xp().empty(ctx.in_shape, _out(ctx))
+    dx = grad_of(ctx, 0)
+    dx = _xp().empty(ctx.in_shape, _out(ctx)) if dx is None else dx
     scale.scale_backward(_contig(dy), dx, ctx.axis, ctx.factor, ctx.first_only)
     return dx
 
 
 def _scale_backward_ref(ctx, dy):
-    return scale.scale_backward_ref(dy, ctx.axis, ctx.factor, ctx.first_only)
+    return into(grad_of(ctx, 0), scale.scale_backward_ref(dy, ctx.axis, ctx.factor, ctx.first_only))
 
 
 class ScaleFn(Function):
     """Repeat elements (axis 0) or rows (axis 1) ``factor`` times; see kernels/scale.py."""
 
     half_native = True
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, x, axis: int = 0, factor: int = 1, first_only: bool = False):

@@ -16,6 +16,7 @@ import numpy as np
 
 from numbactr.autograd import Context, Function
 from numbactr.kernels import interaction
+from numbactr.ops.buffers import grad_of, into, out_of
 from numbactr.ops.dispatch import pick
 from numbactr.runtime.device import contig as _contig
 from numbactr.runtime.device import xp as _xp
@@ -23,10 +24,12 @@ from numbactr.runtime.device import xp as _xp
 
 def _forward_launch(launch, ctx, dense, emb):
     """The kernel or compiled CPU entry point ``launch``: both write into the output given."""
-    out = _xp().empty(
-        (dense.shape[0], interaction.interaction_out_width(emb.shape[1], dense.shape[1])),
-        np.float16 if ctx.native_half else np.float32,
-    )
+    out = out_of(ctx)  # the planned step's buffer (numbactr.ops.buffers), or a new array
+    if out is None:
+        out = _xp().empty(
+            (dense.shape[0], interaction.interaction_out_width(emb.shape[1], dense.shape[1])),
+            np.float16 if ctx.native_half else np.float32,
+        )
     launch(dense, emb, out)
     return out
 
@@ -40,31 +43,36 @@ def _forward_cpu(ctx, dense, emb):
 
 
 def _forward_ref(ctx, dense, emb):
-    return interaction.interaction_forward_ref(dense, emb)
+    return into(out_of(ctx), interaction.interaction_forward_ref(dense, emb))
 
 
-def _backward_launch(launch, dense, emb, dy):
-    d_dense, d_emb = _xp().empty_like(dense), _xp().empty_like(emb)
+def _backward_launch(launch, ctx, dense, emb, dy):
+    d_dense, d_emb = grad_of(ctx, 0), grad_of(ctx, 1)  # (every element is written)
+    d_dense = _xp().empty_like(dense) if d_dense is None else d_dense
+    d_emb = _xp().empty_like(emb) if d_emb is None else d_emb
     launch(dense, emb, _contig(dy), d_dense, d_emb)
     return d_dense, d_emb
 
 
-def _backward_kernel(dense, emb, dy):
-    return _backward_launch(interaction.interaction_backward, dense, emb, dy)
+def _backward_kernel(ctx, dense, emb, dy):
+    return _backward_launch(interaction.interaction_backward, ctx, dense, emb, dy)
 
 
-def _backward_cpu(dense, emb, dy):
-    return _backward_launch(interaction.interaction_backward_cpu, dense, emb, dy)
+def _backward_cpu(ctx, dense, emb, dy):
+    return _backward_launch(interaction.interaction_backward_cpu, ctx, dense, emb, dy)
 
 
-def _backward_ref(dense, emb, dy):
-    return tuple(interaction.interaction_backward_ref(dense, emb, dy))
+def _backward_ref(ctx, dense, emb, dy):
+    d_dense, d_emb = interaction.interaction_backward_ref(dense, emb, dy)
+    return into(grad_of(ctx, 0), d_dense), into(grad_of(ctx, 1), d_emb)
 
 
 class Interaction(Function):
     """DLRM dot interaction, HugeCTR layout: [dense, strict lower triangle of Z Zᵀ, 0 pad]."""
 
     half_native = True  # gpu/sim kernels: float16 in and out, float32 dot products
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, dense, emb):
@@ -78,4 +86,4 @@ class Interaction(Function):
     def backward(ctx: Context, dy):
         if ctx.native_half:
             dy = dy.astype(np.float16, copy=False)
-        return pick(kernel=_backward_kernel, cpu=_backward_cpu, ref=_backward_ref)(ctx.dense, ctx.emb, dy)
+        return pick(kernel=_backward_kernel, cpu=_backward_cpu, ref=_backward_ref)(ctx, ctx.dense, ctx.emb, dy)

@@ -23,6 +23,7 @@ from numbactr.autograd.tape import native_dtype as _out
 from numbactr.autograd.tape import native_inputs as _half
 from numbactr.kernels import concat, reduce_axis, sequence_mask, slice_select
 from numbactr.kernels import fused_reshape_concat
+from numbactr.ops.buffers import grad_of, out_of
 from numbactr.ops.dispatch import pick
 from numbactr.runtime.device import contig as _contig
 from numbactr.runtime.device import empty as _empty
@@ -30,36 +31,56 @@ from numbactr.runtime.device import xp as _xp
 
 
 # ---- Concat: y = [x_1 | ... | x_K] on axis ----------------------------------------------------------
+# (the planned step's buffers, numbactr.ops.buffers: the output's ``out_of(ctx)``, each input gradient's
+# ``grad_of(ctx, i)``; copies into them are the same copies as into new arrays)
 def _concat_forward_kernel(ctx, xs, dtype):
     shape = list(xs[0].shape)
     shape[ctx.axis] = sum(ctx.widths)
-    out = _xp().empty(tuple(shape), dtype)
+    out = out_of(ctx)
+    out = _xp().empty(tuple(shape), dtype) if out is None else out
     concat.concat_forward([_contig(x) for x in xs], out, axis=ctx.axis)
     return out
 
 
 def _concat_forward_ref(ctx, xs, dtype):
-    return concat.concat_forward_ref(xs, axis=ctx.axis)
+    out = out_of(ctx)
+    if out is None:
+        return concat.concat_forward_ref(xs, axis=ctx.axis)
+    return np.concatenate(xs, axis=ctx.axis, out=out)
 
 
 def _concat_backward_kernel(ctx, dy):
     dxs = []
-    for w in ctx.widths:
+    for i, w in enumerate(ctx.widths):
         shape = list(dy.shape)
         shape[ctx.axis] = w
-        dxs.append(_xp().empty(tuple(shape), dy.dtype if ctx.native_half else np.float32))
+        buf = grad_of(ctx, i)
+        dxs.append(_xp().empty(tuple(shape), dy.dtype if ctx.native_half else np.float32) if buf is None else buf)
     concat.concat_backward(_contig(dy), dxs, axis=ctx.axis)
     return tuple(dxs)
 
 
 def _concat_backward_ref(ctx, dy):
-    return tuple(concat.concat_backward_ref(dy, ctx.widths, axis=ctx.axis))
+    if not ctx.grad_into:
+        return tuple(concat.concat_backward_ref(dy, ctx.widths, axis=ctx.axis))
+    cuts = np.cumsum(ctx.widths)[:-1]  # concat_backward_ref's pieces, each copied into its buffer (or anew)
+    dxs = []
+    for i, piece in enumerate(np.split(dy, cuts, axis=ctx.axis)):
+        buf = grad_of(ctx, i)
+        if buf is None:
+            dxs.append(np.array(piece))
+        else:
+            buf[...] = piece
+            dxs.append(buf)
+    return tuple(dxs)
 
 
 class Concat(Function):
     """Concatenate along ``axis`` (2-D: axis 1; 3-D: axis 1 or 2)."""
 
     half_native = True  # gpu/sim: float16 copied as float16
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, *xs, axis: int = 1):
@@ -131,17 +152,25 @@ class ReduceAxis(Function):
 
 # ---- Slice: y_i = x[..., a_i:b_i] -------------------------------------------------------------------
 def _slice_forward_kernel(ctx, x):
-    ys = [_empty(x.shape[:-1] + (b - a,), _out(ctx)) for a, b in ctx.ranges]
+    if ctx.out:
+        ys = list(ctx.out)
+    else:
+        ys = [_empty(x.shape[:-1] + (b - a,), _out(ctx)) for a, b in ctx.ranges]
     slice_select.slice_forward(_contig(x), ys, [a for a, _ in ctx.ranges])
     return tuple(ys)
 
 
 def _slice_forward_ref(ctx, x):
-    return tuple(slice_select.slice_forward_ref(x, ctx.ranges))
+    if not ctx.out:
+        return tuple(slice_select.slice_forward_ref(x, ctx.ranges))
+    for y, (a, b) in zip(ctx.out, ctx.ranges):  # slice_forward_ref's copies, into the buffers
+        y[...] = x[..., a:b]
+    return ctx.out
 
 
 def _slice_backward_kernel(ctx, dys):
-    dx = _empty(ctx.in_shape, _out(ctx))
+    dx = grad_of(ctx, 0)
+    dx = _empty(ctx.in_shape, _out(ctx)) if dx is None else dx
     dys = [None if d is None else _contig(_half(ctx, d)[0]) for d in dys]
     slice_select.slice_backward(dys, dx, [a for a, _ in ctx.ranges])
     return dx
@@ -149,13 +178,21 @@ def _slice_backward_kernel(ctx, dys):
 
 def _slice_backward_ref(ctx, dys):
     used = [(d, r) for d, r in zip(dys, ctx.ranges) if d is not None]  # an unused top adds 0
-    return slice_select.slice_backward_ref([d for d, _ in used], [r for _, r in used], ctx.in_shape)
+    dx = grad_of(ctx, 0)
+    if dx is None:
+        return slice_select.slice_backward_ref([d for d, _ in used], [r for _, r in used], ctx.in_shape)
+    dx[...] = 0  # slice_backward_ref's zeros and additions, in its order, into the buffer
+    for d, (a, b) in used:
+        dx[..., a:b] += d
+    return dx
 
 
 class SliceFn(Function):
     """Column ranges [a, b) of the last dim, one output each (a tuple, even for one range)."""
 
     half_native = True  # gpu/sim: float16 copied as float16 (overlaps add in float32)
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
 
     @staticmethod
     def forward(ctx: Context, x, ranges: tuple = ()):

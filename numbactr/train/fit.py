@@ -303,9 +303,9 @@ def check_out_tensor(model, tensor_name: str, tensor_type) -> np.ndarray:
     training = tensor_type == Tensor_t.Train
     if tensor_name in model._fused_tops and model._last_fused.get(training):
         raise ModelError(
-            f"Model.check_out_tensor: {tensor_name!r} is not kept on this device: its InnerProduct "
-            f"runs fused with the ReLU after it (which gives {model._fused_tops[tensor_name]!r}); "
-            "set NUMBACTR_FUSE_BIAS_RELU=0 to keep it"
+            f"Model.check_out_tensor: {tensor_name!r} is not kept on this device: the op that makes it "
+            f"runs fused with the one after it (which gives {model._fused_tops[tensor_name]!r}); "
+            "set NUMBACTR_FUSE_BIAS_RELU=0 (NUMBACTR_PLAN_FUSE=0 for a planned step's fusions) to keep it"
         )
     t = model._last_tensors.get(training)
     if t is None:

@@ -29,9 +29,18 @@ precision (its autocast casts are not recorded), embedding collections, ``NUMBAC
 graph the recorder cannot prove plannable (``build``: a layer whose tops its own ops did not produce, an op
 reading a tensor made outside the ops). A plan is made per key, so a changed scaler or batch size re-plans.
 
-What a plan does not do yet: preallocate and reuse its ops' output buffers, or fuse elementwise chains; each
-op still allocates its outputs as in the general step. On a GPU the planned step is what a CUDA graph
-captures (numbactr.train.cuda_graphs replays it unchanged).
+Two rewrites make a plan cheaper than the step it was recorded from, both with the same bits:
+
+* fusion (numbactr.train.plan_fuse, at build): a Linear whose only reader is the ReLU after it becomes one
+  FcBiasAct, bias and ReLU in one pass each way; a Scale read only by the Multiply after it becomes one
+  ScaleMultiplyFn (NUMBACTR_PLAN_FUSE=0: not fused);
+* buffers (numbactr.train.plan_buffers, after the first planned step): the ops that can write into a given
+  array (``writes_into``: Linear, FcBiasAct, ReLU, Concat, Slice, Add, Multiply, Scale, Interaction,
+  ScaleMultiply) get one buffer per output,
+  the same arrays every step, and their activation gradients share buffers by liveness over the backward
+  (NUMBACTR_PLAN_BUFFERS=0: every op allocates, as in the general step).
+
+On a GPU the planned step is what a CUDA graph captures (numbactr.train.cuda_graphs replays it unchanged).
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from numbactr.layers import RunInfo
 from numbactr.layers.base import Layer
 from numbactr.ops.embedding_bag import LookupFn
 from numbactr.runtime import device
+from numbactr.train import plan_buffers, plan_fuse
 
 ENV = "NUMBACTR_STEP_PLAN"
 #: plans kept per model (one per key: a model rarely sees more than two)
@@ -80,6 +90,8 @@ def plan_key(model, batch) -> tuple:
         model.ranks,
         float(model.solver.scaler),
         ops.fuse_bias_relu(),
+        plan_fuse.switches(),
+        plan_buffers.wanted(),
         hugectr_exact.hugectr_exact(),
     )
 
@@ -128,6 +140,9 @@ class Op:
     multi: bool  # forward returns a tuple
     fresh: object = None  # fresh(model, batch, run) -> parameters for this step (None: params as recorded)
     grad_into: dict = field(default_factory=dict)  # {input index: a weight's view of the flat gradient buffer}
+    out: tuple = ()  # the forward outputs' buffers (numbactr.train.plan_buffers; empty: the op allocates)
+    grad_bufs: dict = field(default_factory=dict)  # {input index: buffer} of activation gradients (same)
+    into: dict = field(default_factory=dict)  # grad_into and grad_bufs together: what the Context gets
 
 
 @dataclass
@@ -141,6 +156,9 @@ class StepPlan:
     names: dict  # {tensor name: slot}: what the general forward's dict names
     losses: list  # slots of the loss values, in model.losses order
     params: dict = field(default_factory=dict)  # {id(parameter Tensor): slot}
+    fused: dict = field(default_factory=dict)  # {top a fusion no longer makes: the fused op's top} (plan_fuse)
+    sized: bool = False  # the buffers are made (after the first planned step: plan_buffers)
+    grad_buffers: int = 0  # how many shared activation-gradient buffers the backward uses
 
     def run(self, model, batch) -> dict:
         """One planned forward and backward on ``batch``; the parameters' gradients land in the flat buffer.
@@ -159,12 +177,15 @@ class StepPlan:
             seed=model.solver.seed,
             step=model.step,
         )
+        sizing = None if self.sized or not plan_buffers.wanted() else plan_buffers.Sizing()
         ctxs = []
         for op in self.ops:
             ctx = Context()
             ctx.needs_input_grad = op.needs
-            if op.grad_into:
-                ctx.grad_into = op.grad_into
+            if op.into:
+                ctx.grad_into = op.into
+            if op.out:
+                ctx.out = op.out
             params = op.params if op.fresh is None else op.fresh(model, batch, run)
             out = op.fn.forward(ctx, *[vals[i] for i in op.ins], **params)
             if op.multi:
@@ -176,25 +197,44 @@ class StepPlan:
         grads = [None] * self.slots
         for slot, seed in zip(self.losses, loss_seeds(model, self.losses)):
             grads[slot] = seed
-        for op, ctx in zip(reversed(self.ops), reversed(ctxs)):
+        last = len(self.ops) - 1
+        for t, (op, ctx) in enumerate(zip(reversed(self.ops), reversed(ctxs))):
             out_grads = [grads[s] for s in op.outs]
             for s in op.outs:
                 grads[s] = None
             if all(g is None for g in out_grads):
                 continue
+            if sizing is not None:
+                sizing.read(out_grads, plan_buffers.END if sizing.held_by(op) else t)
             in_grads = op.fn.backward(ctx, *out_grads)
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
+            if sizing is not None:
+                sizing.wrote(last - t, op, in_grads, t)
             for slot, g, needed in zip(op.ins, in_grads, op.needs):
                 if g is None or not needed:
                     continue
                 prev = grads[slot]
+                if prev is not None and sizing is not None:
+                    sizing.read((prev, g), t)
                 grads[slot] = g if prev is None else prev + g  # as the tape: the later reader's first
+        if sizing is not None:
+            sizing.read(grads, plan_buffers.END)  # (the parameters' gradients, read by grads_to_flat)
+            self.size(sizing, vals)
         grads_to_flat(model, lambda p: grads[self.params[id(p)]] if id(p) in self.params else None)
-        model._last_fused[True] = bool(model._fused_tops) and ops.fuse_bias_relu()
+        model._last_fused[True] = (bool(model._fused_tops) and ops.fuse_bias_relu()) or bool(self.fused)
         t = {name: Tensor(vals[slot], name) for name, slot in self.names.items()}
         model._last_tensors[True] = t
         return t
+
+    def size(self, sizing, vals: list) -> None:
+        """After the sizing step: every op's buffers (numbactr.train.plan_buffers), and the dict its Context
+        gets as ``grad_into``."""
+        plan_buffers.forward_buffers(self, vals)
+        sizing.finish(self)
+        for op in self.ops:
+            op.into = {**op.grad_into, **op.grad_bufs}
+        self.sized = True
 
 
 class Tracer:
@@ -274,11 +314,27 @@ def build(model, tracer: Tracer, t: dict) -> tuple:
     missing = [name for name, x in t.items() if id(x) not in slot_of]
     if missing:
         return None, f"tensors no op touched: {missing[:3]}"
-    hand_over_weight_grads(model, ops_, slot_of)
     losses = [slot_of[id(t[layer.cfg.top_names[0]])] for layer, _ in model.losses]
     names = {name: slot_of[id(x)] for name, x in t.items()}
+    fused = {}
+    if plan_fuse.switches()[0]:
+        arrays = {slot_of[id(x)]: x.data for call in tracer.calls for x in call[2]}
+        readers: dict = {}
+        for op in ops_:
+            for s in op.ins:
+                readers[s] = readers.get(s, 0) + 1
+        ops_, gone = plan_fuse.fuse(ops_, arrays, readers, set(losses))
+        for name, s in list(names.items()):
+            if s in gone:  # the pre-activation top is not kept (Model.check_out_tensor says so)
+                fused[name] = next(n for n, s2 in names.items() if s2 == gone[s])
+                del names[name]
+        for pre, post in fused.items():
+            model._fused_tops.setdefault(pre, post)
+    hand_over_weight_grads(model, ops_, slot_of)
+    for op in ops_:
+        op.into = dict(op.grad_into)
     param_slots = {k: slot_of[k] for k in params if k in slot_of}
-    return StepPlan(len(slot_of), ops_, inputs, leaves, names, losses, param_slots), None
+    return StepPlan(len(slot_of), ops_, inputs, leaves, names, losses, param_slots, fused), None
 
 
 def hand_over_weight_grads(model, ops_: list, slot_of: dict) -> None:

@@ -1,0 +1,70 @@
+"""Ops that do the work of two in one pass, for the planned step's fusions (numbactr.train.plan_fuse).
+
+ScaleMultiplyFn: a Scale that repeats each element of g ``factor`` times (axis 0) and the Multiply that reads
+the repeat, y = repeat(g) * x, without the repeated array: MMoE's gate probabilities times an expert's output.
+Its inputs are (g, x); ``g_first`` keeps the Multiply's input order. Each direction reaches the kernels of
+numbactr.kernels.scale_multiply through numbactr.ops.dispatch.pick (kernel on gpu/sim, NumPy reference on
+cpu, where the planned step does not fuse the pair: kernels/scale_multiply.py says why);
+dg is the Scale's own backward (its kernel or its reference) of dy * x, so the bits are the two ops' bits.
+(The Linear + ReLU fusion needs no op of its own: it is FcBiasAct, numbactr.ops.dense.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from numbactr.autograd import Context, Function
+from numbactr.kernels import scale, scale_multiply
+from numbactr.ops.buffers import grad_of, into, out_of
+from numbactr.ops.dispatch import pick
+from numbactr.runtime.device import contig as _contig
+from numbactr.runtime.device import xp as _xp
+
+
+def _forward_with(launch, ctx, g, x):
+    y = out_of(ctx)
+    y = _xp().empty(x.shape, np.float32) if y is None else y
+    launch(g, x, y, ctx.factor, ctx.g_first)
+    return y
+
+
+def _forward_kernel(ctx, g, x):
+    return _forward_with(scale_multiply.scale_multiply, ctx, g, x)
+
+
+def _forward_ref(ctx, g, x):
+    return into(out_of(ctx), scale_multiply.scale_multiply_ref(g, x, ctx.factor, ctx.g_first))
+
+
+def _backward_kernel(ctx, dy):
+    xp = _xp()
+    dx, dg = grad_of(ctx, 1), grad_of(ctx, 0)
+    dx = xp.empty(dy.shape, np.float32) if dx is None else dx
+    dg = xp.empty(ctx.g.shape, np.float32) if dg is None else dg
+    ds = xp.empty(dy.shape, np.float32)
+    scale_multiply.scale_multiply_backward(ctx.g, ctx.x, dy, ctx.factor, dx, ds)
+    scale.scale_backward(ds, dg, 0, ctx.factor)  # (the Scale's backward kernel)
+    return dg, dx
+
+
+def _backward_ref(ctx, dy):
+    dx, ds = scale_multiply.scale_multiply_backward_ref(ctx.g, ctx.x, dy, ctx.factor)
+    return into(grad_of(ctx, 0), scale.scale_backward_ref(ds, 0, ctx.factor)), into(grad_of(ctx, 1), dx)
+
+
+class ScaleMultiplyFn(Function):
+    """y (B, N*f) = repeat(g (B, N), f) * x (B, N*f): ScaleFn(axis=0) then MultiplyFn in one pass (module
+    docstring). float32 only (the planned step, which makes it, does not run mixed precision)."""
+
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
+
+    @staticmethod
+    def forward(ctx: Context, g, x, factor: int = 1, g_first: bool = True):
+        g, x = _contig(g), _contig(x)
+        ctx.g, ctx.x, ctx.factor, ctx.g_first = g, x, factor, g_first
+        return pick(kernel=_forward_kernel, ref=_forward_ref)(ctx, g, x)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        return pick(kernel=_backward_kernel, ref=_backward_ref)(ctx, _contig(dy))
