@@ -153,9 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _bench(rest: list) -> int:
     if not rest or rest[0] in ("-h", "--help"):
         print(
-            "usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,serve,zoo,hkv,hstu} [options]
-
-"
+            "usage: numbactr bench {hash,embedding,dlrm,all,cache,sok,data,inference,serve,zoo,hkv,hstu} [options]\n\n"
             + BENCH_HELP
         )
         return 0
