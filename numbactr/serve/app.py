@@ -9,6 +9,7 @@
     POST /v2/models/{m}[/versions/{v}]/infer      inference (numbactr.serve.protocol, numbactr.serve.infer)
     POST /v2/repository/index                     the models and their state (Triton's repository extension)
     POST /v2/repository/models/{m}/load           load m's highest version now (numbactr.serve.reload)
+    POST /v2/repository/models/{m}/refresh        new embedding rows from a snapshot or dump (refresh.py)
     GET  /metrics                                 Prometheus text, here or on --metrics-port (metrics.py)
 
 What Triton answers a bad request with: HTTP 400 and ``{"error": "..."}``. numbactr does the same (404 for
@@ -206,12 +207,27 @@ def make_app(server: Server, with_metrics: bool = True) -> AccessLog:
         kind = "application/octet-stream" if headers else "application/json"
         return Response(body, headers=headers, media_type=kind)
 
+    async def refresh_route(request: Request):
+        name = request.path_params["model"]
+        access = request.scope["state"]["access"]
+        access["model"] = name
+        try:
+            if server.reloader is None:
+                raise RequestError("model control is off (numbactr serve --model-control-mode none)")
+            slot = server.slot(name, None)
+            doc = await server.reloader.refresh(slot, await request.body())
+        except RequestError as e:
+            access["error"] = str(e)
+            return _error(e)
+        return JSONResponse(doc)
+
     routes = [
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
         Route("/v2", metadata),
         Route("/v2/repository/index", repository_index, methods=["POST"]),
         Route("/v2/repository/models/{model}/load", load, methods=["POST"]),
+        Route("/v2/repository/models/{model}/refresh", refresh_route, methods=["POST"]),
     ]
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
