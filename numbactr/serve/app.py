@@ -13,7 +13,8 @@
     GET  /metrics                                 Prometheus text, here or on --metrics-port (metrics.py)
 
 What Triton answers a bad request with: HTTP 400 and ``{"error": "..."}``. numbactr does the same (404 for
-an unknown model or version, 413 for a body over the limit), names what is wrong, counts the failure in
+an unknown model or version, 413 for a body over the limit, 503 while a database tier that holds the
+rows is down), names what is wrong, counts the failure in
 ``nv_inference_request_failure`` and writes it into the access log line; the server keeps serving. A
 client that disconnects before its body arrived is dropped alone; one that leaves while its request is
 batched takes nothing from the others (its result is discarded).
@@ -32,6 +33,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from numbactr.inference import BackendError
 from numbactr.serve import infer
 from numbactr.serve.batcher import Batcher, compute_executor
 from numbactr.serve.metrics import CONTENT_TYPE_LATEST, AccessLog, Metrics
@@ -191,6 +193,10 @@ def make_app(server: Server, with_metrics: bool = True) -> AccessLog:
             access["error"] = str(e)
             server.metrics.observe_request(name, version, 0.0, "not_found" if e.status == 404 else "bad_request")
             return _error(e)
+        except BackendError as e:  # a database tier down and no other to answer (numbactr.serve.tiers)
+            access["error"] = str(e)
+            server.metrics.observe_request(name, version, 0.0, "unavailable")
+            return JSONResponse({"error": f"unavailable: {e}"}, 503)
         except ClientDisconnect:
             access["error"] = "client disconnected"
             server.metrics.observe_request(name, version, 0.0, "disconnected")

@@ -174,7 +174,14 @@ def read_request(body: bytes, repo: str, model: str, names: list, widths: list) 
 def apply(session, updates: list) -> dict:
     """Apply checked updates to the session's parameter server (on the compute thread); {table: {"updated":
     n, "evicted": e}}."""
-    name = session.params.model_name
-    for u in updates:
-        session.ps.update(name, u.t, u.keys, u.values, u.evicted)
+    name, volatile = session.params.model_name, session.ps.volatile
+    strict = hasattr(volatile, "strict")  # a guarded tier (numbactr.serve.tiers): a failed write is an error
+    if strict:
+        volatile.strict = True
+    try:
+        for u in updates:
+            session.ps.update(name, u.t, u.keys, u.values, u.evicted)
+    finally:
+        if strict:
+            volatile.strict = False
     return {u.table: {"updated": int(u.keys.size), "evicted": int(u.evicted.size)} for u in updates}

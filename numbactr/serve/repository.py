@@ -38,6 +38,7 @@ import numpy as np
 
 from numbactr.inference import InferenceParams, InferenceSession, ParameterServer, ParameterServerConfig
 from numbactr.serve.pbtxt import Ident, PbtxtError, Value, parse_file
+from numbactr.serve.tiers import guard
 
 __all__ = [
     "ModelConfig",
@@ -439,6 +440,7 @@ def load_model(repo: str, name: str, version: int | None = None, hps: SharedHPS 
         raise
     except (ValueError, TypeError, KeyError, OSError) as e:
         raise RepositoryError(f"{vdir}: cannot load version {version} of model {name!r}: {e}") from None
+    guard(session.ps)  # a Redis tier that goes down while serving (numbactr.serve.tiers)
     try:
         return _checked(cfg, version, session)
     except RepositoryError:
