@@ -144,6 +144,62 @@ def test_redis_down_without_a_persistent_tier_is_an_error_not_default_rows(tmp_p
         for _ in range(2):
             with pytest.raises(BackendError, match=f"127.0.0.1:{port}.*is down"):
                 ps.lookup("m", 0, keys.astype(np.uint64))
+        proc = _redis(tmp_path, port)  # back, but empty: its rows are lost, not answered as defaults
+        deadline = time.monotonic() + 10
+        while not ps.volatile.lost:
+            assert time.monotonic() < deadline, "the lost rows were not noticed within 10 s"
+            time.sleep(0.05)
+        with pytest.raises(BackendError, match=f"without its rows \\(hps_et.m.emb: 0 of {N}\\)"):
+            ps.lookup("m", 0, keys.astype(np.uint64))
     finally:
         ps.close()
         redis_util.stop(proc)
+
+
+def test_the_server_answers_503_while_its_only_tier_is_down_and_again_after_a_restart(tmp_path, port, monkeypatch):
+    """``numbactr serve`` through an HPS JSON with Redis alone: 503 naming the tier while Redis is down and
+    after it came back empty; a restarted server fills it again and answers exactly."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    from tritonclient.utils import InferenceServerException
+
+    from numbactr.bench.inference import _params, make_requests
+    from numbactr.bench.serve import _free_port, _inputs, hps_json, repository, start_redis, start_server, stop
+    from numbactr.inference import CreateInferenceSession
+
+    folder = str(tmp_path)
+    files = repository(folder, 20, 8, 0, 0)
+    session = CreateInferenceSession(files["graph"], _params(files, 8, 1.0))
+    (req,) = [(d, k, r.astype(np.int32)) for d, k, r in make_requests(4, 1, 20, np.random.default_rng(0))]
+    want = np.float32(session.predict(*req))
+    ps = hps_json(folder, files, session.graph, port, 8, rocksdb=False)
+    session.close()
+    redis = start_redis(folder, port)
+    proc, http = None, _free_port()
+    try:
+        monkeypatch.setenv("NUMBACTR_DEVICE", "cpu")  # the server process's device
+        proc = start_server(files["repo"], http, str(tmp_path / "server.log"), [f"--backend-config=hugectr,ps={ps}"])
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+        ask = lambda: client.infer("dlrm", _inputs(httpclient, req)).as_numpy("OUTPUT0").reshape(-1)  # noqa: E731
+        assert np.array_equal(ask(), want)
+        redis.kill()
+        redis.wait()
+        with pytest.raises(InferenceServerException, match="unavailable: the volatile database tier .* is down"):
+            ask()
+        redis = start_redis(folder, port)  # back, empty
+        deadline = time.monotonic() + 10
+        while True:
+            with pytest.raises(InferenceServerException, match="is down") as e:
+                ask()
+            if "without its rows" in str(e.value):
+                break
+            assert time.monotonic() < deadline, "the lost rows were not reported within 10 s"
+            time.sleep(0.1)
+        assert "load the model again" in str(e.value)
+        stop(proc)
+        proc = start_server(files["repo"], http, str(tmp_path / "server.log"), [f"--backend-config=hugectr,ps={ps}"])
+        assert np.array_equal(ask(), want)  # a restarted server filled Redis again
+    finally:
+        if proc is not None:
+            stop(proc)
+        redis.kill()
+        redis.wait()

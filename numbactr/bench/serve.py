@@ -115,7 +115,7 @@ def drive(url: str, model: str, requests: list, expected: list, clients: int, se
     return dict(latencies=np.asarray(lat), wall=time.perf_counter() - start, **counts)
 
 
-def _start_server(repo: str, port: int, log_path: str, extra=()):
+def start_server(repo: str, port: int, log_path: str, extra=()):
     cmd = [sys.executable, "-c", "import sys; from numbactr.cli import main; sys.exit(main())", "serve"]
     cmd += ["--model-repository", repo, "--http-port", str(port), "--http-address", "127.0.0.1", *extra]
     log = open(log_path, "a")
@@ -138,7 +138,7 @@ def _start_server(repo: str, port: int, log_path: str, extra=()):
         time.sleep(0.2)
 
 
-def _stop(proc) -> None:
+def stop(proc) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=20)
@@ -147,7 +147,7 @@ def _stop(proc) -> None:
         proc.wait(timeout=20)
 
 
-def _repository(folder: str, keys: int, mbs: int, delay_us: int, seed: int) -> dict:
+def repository(folder: str, keys: int, mbs: int, delay_us: int, seed: int) -> dict:
     """The benchmark model's files, exported as model "dlrm" version 1 of <folder>/repo."""
     from numbactr.serve.command import export
 
@@ -173,7 +173,7 @@ def bench_serve(clients, batches, seconds, keys, delay_us=500, seed=0) -> Table:
     )
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-serve-") as folder:
         mbs = max(batches) * 8
-        files = _repository(folder, keys, mbs, delay_us, seed)
+        files = repository(folder, keys, mbs, delay_us, seed)
         repo = files["repo"]
         session = CreateInferenceSession(files["graph"], _params(files, mbs, 1.0))
         work = {}
@@ -190,7 +190,7 @@ def bench_serve(clients, batches, seconds, keys, delay_us=500, seed=0) -> Table:
             table.add("in-process", b, len(times), b * len(times) / sum(times), ms[0], ms[1], 0, 0)
         session.close()
         port = _free_port()
-        proc = _start_server(repo, port, os.path.join(folder, "server.log"))
+        proc = start_server(repo, port, os.path.join(folder, "server.log"))
         try:
             for c in clients:
                 for b in batches:
@@ -201,7 +201,7 @@ def bench_serve(clients, batches, seconds, keys, delay_us=500, seed=0) -> Table:
                     ms = np.percentile(r["latencies"], [50, 99]) * 1e3 if n else (float("nan"),) * 2
                     table.add(c, b, n, b * n / r["wall"], ms[0], ms[1], r["failed"], r["wrong"])
         finally:
-            _stop(proc)
+            stop(proc)
     table.notes.append(
         f"model: DLRM, 26 slots x {keys} keys, 13 dense; max_batch_size {mbs}, max_queue_delay {delay_us} us; "
         f"{seconds} s per row; clients are threads of one process (its GIL limits them)"
@@ -242,7 +242,7 @@ def fault_run(seconds, keys, clients=8, batch=16, delay_us=500, seed=0) -> Table
         ["fault", "answered", "wrong", "failed", "retried", "lost", "after"],
     )
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-serve-faults-") as folder:
-        files = _repository(folder, keys, batch * clients, delay_us, seed)
+        files = repository(folder, keys, batch * clients, delay_us, seed)
         session = CreateInferenceSession(files["graph"], _params(files, batch, 1.0))
         reqs = [(d, k, r.astype(np.int32)) for d, k, r in make_requests(batch, 8, keys, rng)]
         want = [np.float32(session.predict(*r)) for r in reqs]
@@ -250,7 +250,7 @@ def fault_run(seconds, keys, clients=8, batch=16, delay_us=500, seed=0) -> Table
         session.close()
         port, log = _free_port(), os.path.join(folder, "server.log")
         url, poll = f"127.0.0.1:{port}", ["--model-control-mode", "poll", "--repository-poll-secs", "0.2"]
-        proc = _start_server(files["repo"], port, log, poll)
+        proc = start_server(files["repo"], port, log, poll)
         try:
             out, thread = _background(lambda: drive(url, "dlrm", reqs, want, clients, 2 * seconds))
             time.sleep(seconds / 2)
@@ -266,14 +266,14 @@ def fault_run(seconds, keys, clients=8, batch=16, delay_us=500, seed=0) -> Table
             proc.kill()  # kill -9
             proc.wait()
             down = time.perf_counter()
-            proc = _start_server(files["repo"], port, log, poll)
+            proc = start_server(files["repo"], port, log, poll)
             down = time.perf_counter() - down
             thread.join()
             meta = httpclient.InferenceServerClient(url).get_model_metadata("dlrm")
             after = f"down {down:.1f} s; serves version {meta['versions'][0]}"
             table.add("kill -9, restart", out["latencies"].size, out["wrong"], 0, out["retried"], out["lost"], after)
         finally:
-            _stop(proc)
+            stop(proc)
         if shutil.which("redis-server") is None:
             table.notes.append("Redis restart: not run (no redis-server installed)")
         else:
@@ -290,8 +290,8 @@ def redis_fault(table, folder, files, graph, reqs, want, seconds, clients, mbs) 
     redis = start_redis(folder, rport)
     proc = None
     try:
-        ps = _hps_json(folder, files, graph, rport, mbs)
-        proc = _start_server(files["repo"], port, log, [f"--backend-config=hugectr,ps={ps}"])
+        ps = hps_json(folder, files, graph, rport, mbs)
+        proc = start_server(files["repo"], port, log, [f"--backend-config=hugectr,ps={ps}"])
         url = f"127.0.0.1:{port}"
         out, thread = _background(lambda: drive(url, "dlrm", reqs, want, clients, 2 * seconds + 1.0))
         time.sleep(seconds / 2)
@@ -312,7 +312,7 @@ def redis_fault(table, folder, files, graph, reqs, want, seconds, clients, mbs) 
         table.add("Redis restart", out["latencies"].size, out["wrong"], out["failed"], 0, 0, after)
     finally:
         if proc is not None:
-            _stop(proc)
+            stop(proc)
         redis.kill()
         redis.wait()
 
@@ -348,9 +348,9 @@ def _redis_rows(port: int) -> int:
         client.close()
 
 
-def _hps_json(folder: str, files: dict, graph, redis_port: int, mbs: int) -> str:
+def hps_json(folder: str, files: dict, graph, redis_port: int, mbs: int, rocksdb: bool = True) -> str:
     """An HPS JSON serving the benchmark model (graph: its InferenceSession's) through Redis (volatile)
-    and RocksDB (persistent), with an embedding cache of 5 % of the keys."""
+    and RocksDB (persistent; none without rocksdb), with an embedding cache of 5 % of the keys."""
     import json
 
     vdir = os.path.join(files["repo"], "dlrm", "1")
@@ -379,7 +379,7 @@ def _hps_json(folder: str, files: dict, graph, redis_port: int, mbs: int) -> str
             "initial_cache_rate": 1.0,
             "cache_missed_embeddings": True,
         },
-        "persistent_db": {"type": "rocks_db", "path": os.path.join(folder, "rocks")},
+        "persistent_db": {"type": "rocks_db" if rocksdb else "disabled", "path": os.path.join(folder, "rocks")},
         "models": [model],
     }
     path = os.path.join(folder, "ps.json")

@@ -14,6 +14,10 @@ numbactr.serve.repository) wraps the parameter server's volatile tier in a Guard
   (``cache_missed_embeddings``) is dropped while it is down (a cache fill, nothing is lost).
 * Without one, the volatile tier is the rows' only home: a request that needs it fails with BackendError,
   which the HTTP route answers with 503 and the error (numbactr.serve.app), rather than default rows.
+  When it answers again it must still hold the rows it held when guarded (a Redis restarted without
+  persistence comes back empty): otherwise it stays unavailable, with a ``hps_tier_lost_rows`` log line,
+  until the model is loaded again (``POST /v2/repository/models/{m}/load`` fills a new parameter server's
+  tiers; one shared through ``--backend-config`` needs a server restart).
 * A refresh (numbactr.serve.refresh) needs every tier: while one is down it fails (503) before it writes.
 
 After the first failure the tier is not called again on the compute thread (a Redis client retries a
@@ -33,6 +37,7 @@ import time
 import numpy as np
 
 from numbactr.inference import BackendError
+from numbactr.inference.params import make_tag_name
 
 __all__ = ["GuardedTier", "guard"]
 
@@ -66,6 +71,8 @@ class GuardedTier:
         self.error = ""
         self.skipped = 0  # lookups the lower tier answered alone while this one was down
         self.strict = False  # set by a refresh: a write that fails is an error
+        self.lost = ""  # why a tier without a persistent one behind it came back unusable
+        self.rows: dict = {}  # tag -> rows held when guarded (checked on recovery without fallback)
         self._lock = threading.Lock()
 
     def __getattr__(self, name):  # size, close, name, params: the tier's own
@@ -94,8 +101,18 @@ class GuardedTier:
             time.sleep(PROBE_SECONDS)
             try:
                 self.db.client.ping()
+                short = {t: (n, self.db.size(t)) for t, n in self.rows.items()}
             except Exception:  # noqa: BLE001 (any failure: still down)
                 continue
+            short = {t: v for t, v in short.items() if v[1] < v[0]}
+            if short:
+                self.lost = (
+                    "it came back without its rows ("
+                    + ", ".join(f"{t}: {b} of {a}" for t, (a, b) in short.items())
+                    + "); load the model again to fill it (one served through --backend-config: restart the server)"
+                )
+                _log("hps_tier_lost_rows", address=self.address, error=self.lost)
+                return
             with self._lock:
                 down, self.down_since = time.monotonic() - self.down_since, None
                 skipped, self.skipped = self.skipped, 0
@@ -103,7 +120,8 @@ class GuardedTier:
             return
 
     def _unavailable(self) -> BackendError:
-        return BackendError(f"the volatile database tier at {self.address!r} is down: {self.error}")
+        why = self.lost or self.error
+        return BackendError(f"the volatile database tier at {self.address!r} is down: {why}")
 
     def fetch(self, tag: str, keys: np.ndarray, width: int):
         if self.down_since is None:
@@ -141,7 +159,11 @@ def guard(ps) -> None:
     fast_fail(ps.volatile)
     fin = getattr(ps, "_finalizer", None)
     alive = (lambda: fin.alive) if fin is not None else (lambda: True)
-    ps.volatile = GuardedTier(ps.volatile, ps.persistent is not None and _holds_all(ps), alive)
+    tier = GuardedTier(ps.volatile, ps.persistent is not None and _holds_all(ps), alive)
+    if not tier.fallback:
+        tags = [make_tag_name(name, t) for name, m in ps.config.models.items() for t in m.names]
+        tier.rows = {tag: tier.db.size(tag) for tag in tags}
+    ps.volatile = tier
 
 
 def _holds_all(ps) -> bool:
