@@ -20,7 +20,8 @@ table in the model's order, as the HPS JSON's ``sparse_files``: every key of eac
 A key that the new snapshot no longer holds keeps its old row (a snapshot does not say which keys left;
 an incremental dump's ``evicted`` does).
 
-Paths are relative to the model's folder ``<repo>/<m>/`` (absolute ones are taken as given) and must
+The route is there when the repository is under model control (``--model-control-mode poll`` or
+``explicit``), as the load route is. Paths are relative to the model's folder ``<repo>/<m>/`` (absolute ones are taken as given) and must
 lie inside the model repository: the route reads no other file of the server's machine.
 
 Every file is read and checked first (tables known, widths equal to the table's
