@@ -20,7 +20,7 @@ repository, then the server is killed (SIGKILL) and restarted; it counts the ans
 failed (first fault) and the retried and lost requests (second fault: the clients retry on new
 connections while the server is down), and what the server serves afterwards. Third (redis_fault, when a
 redis-server is installed): the model served through an HPS JSON (--backend-config) with a Redis volatile
-tier in front of RocksDB and a small embedding cache (so that lookups reach Redis); under the same load
+tier in front of RocksDB and no embedding cache (so that every batch's lookups reach Redis); under the same load
 Redis is killed (SIGKILL) and started again, empty, on the same port. The server answers from RocksDB
 meanwhile (numbactr.serve.tiers), so no request may fail or be wrong; the row says how long Redis was
 down, how many lookups RocksDB answered alone, and how many rows Redis holds again afterwards.
@@ -350,7 +350,7 @@ def _redis_rows(port: int) -> int:
 
 def hps_json(folder: str, files: dict, graph, redis_port: int, mbs: int, rocksdb: bool = True) -> str:
     """An HPS JSON serving the benchmark model (graph: its InferenceSession's) through Redis (volatile)
-    and RocksDB (persistent; none without rocksdb), with an embedding cache of 5 % of the keys."""
+    and RocksDB (persistent; none without rocksdb), without an embedding cache."""
     import json
 
     vdir = os.path.join(files["repo"], "dlrm", "1")
@@ -362,7 +362,7 @@ def hps_json(folder: str, files: dict, graph, redis_port: int, mbs: int, rocksdb
         "deployed_device_list": [0],
         "max_batch_size": mbs,
         "hit_rate_threshold": 1.0,
-        "gpucache": True,
+        "gpucache": False,  # every lookup goes to the tiers: Redis is used by every batch
         "gpucacheper": 0.05,
         "default_value_for_each_table": [0.0] * len(graph.embeddings),
         "embedding_vecsize_per_table": [e.embedding_vec_size for e in graph.embeddings],
