@@ -310,6 +310,10 @@ def redis_fault(table, folder, files, graph, reqs, want, seconds, clients, mbs) 
             f"Redis holds {_redis_rows(rport)} rows again"
         )
         table.add("Redis restart", out["latencies"].size, out["wrong"], out["failed"], 0, 0, after)
+        table.notes.append(
+            "Redis restart: HPS JSON with a Redis volatile tier (every key at start, cache_missed_embeddings) "
+            "before RocksDB, embedding cache off; Redis killed (SIGKILL) and started empty on the same port"
+        )
     finally:
         if proc is not None:
             stop(proc)
