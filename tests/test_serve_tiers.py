@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import time
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from numbactr.inference import (
     PersistentDatabaseParams,
     VolatileDatabaseParams,
 )
+from numbactr.serve import refresh
 from numbactr.serve.tiers import GuardedTier, guard
 from tests import redis_util
 from tests.redis_util import REDIS
@@ -138,8 +140,13 @@ def test_redis_down_without_a_persistent_tier_is_an_error_not_default_rows(tmp_p
     ps, keys, rows = _hps(tmp_path, port, persistent=False)
     try:
         guard(ps)
-        assert not ps.volatile.fallback
+        assert not ps.volatile.fallback and ps.volatile.rows == {"hps_et.m.emb": N}
         assert np.array_equal(ps.lookup("m", 0, keys.astype(np.uint64))[0], rows)
+        # a refresh that evicts two keys: the tier must come back holding N - 2 rows
+        session = SimpleNamespace(params=SimpleNamespace(model_name="m"), ps=ps)
+        none, gone = np.zeros(0, np.uint64), keys[:2].astype(np.uint64)
+        refresh.apply(session, [refresh.Update(0, "emb", none, np.zeros((0, D), np.float32), gone)])
+        assert ps.volatile.rows == {"hps_et.m.emb": N - 2} and not ps.volatile.strict
         redis_util.stop(proc)
         for _ in range(2):
             with pytest.raises(BackendError, match=f"127.0.0.1:{port}.*is down"):
@@ -149,7 +156,7 @@ def test_redis_down_without_a_persistent_tier_is_an_error_not_default_rows(tmp_p
         while not ps.volatile.lost:
             assert time.monotonic() < deadline, "the lost rows were not noticed within 10 s"
             time.sleep(0.05)
-        with pytest.raises(BackendError, match=f"without its rows \\(hps_et.m.emb: 0 of {N}\\)"):
+        with pytest.raises(BackendError, match=f"without its rows \\(hps_et.m.emb: 0 of {N - 2}\\)"):
             ps.lookup("m", 0, keys.astype(np.uint64))
     finally:
         ps.close()

@@ -182,6 +182,8 @@ def apply(session, updates: list) -> dict:
     try:
         for u in updates:
             session.ps.update(name, u.t, u.keys, u.values, u.evicted)
+        if strict:
+            volatile.recount()  # the rows it must hold when it comes back from a failure
     finally:
         if strict:
             volatile.strict = False

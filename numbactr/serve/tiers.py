@@ -119,6 +119,10 @@ class GuardedTier:
             _log("hps_tier_up", address=self.address, down_s=round(down, 3), lookups_answered_below=skipped)
             return
 
+    def recount(self) -> None:
+        """Take the rows held again (after a refresh added or evicted some)."""
+        self.rows = {t: self.db.size(t) for t in self.rows}
+
     def _unavailable(self) -> BackendError:
         why = self.lost or self.error
         return BackendError(f"the volatile database tier at {self.address!r} is down: {why}")
