@@ -52,7 +52,7 @@ class ModelSlot:
 
     def __init__(self, model: LoadedModel, metrics: Metrics, executor):
         self.model = model
-        self.batcher = Batcher(executor, metrics.observe_batch)
+        self.batcher = Batcher(executor, metrics.observe_batch, metrics.observe_instance)
         self.reason: str | None = None
         self.failed = None
 

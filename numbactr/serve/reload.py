@@ -34,7 +34,8 @@ import time
 from numbactr.inference import BackendError
 from numbactr.serve import refresh as refreshing
 from numbactr.serve.protocol import RequestError
-from numbactr.serve.repository import RepositoryError, folder_stamp, load_model, versions
+from numbactr.serve.instances import load_instances
+from numbactr.serve.repository import RepositoryError, folder_stamp, versions
 
 __all__ = ["Reloader"]
 
@@ -71,7 +72,7 @@ class Reloader:
                 return slot.reason if slot.failed == stamp else None
         loop = asyncio.get_running_loop()
         try:
-            model = await loop.run_in_executor(self.server.executor, load_model, self.repo, name, version, self.hps)
+            model = await loop.run_in_executor(self.server.executor, load_instances, self.repo, name, version, self.hps)
         except (RepositoryError, ValueError, OSError) as e:
             reason = f"version {version}: {e}"
             if slot is not None:
@@ -102,6 +103,8 @@ class Reloader:
                 None, refreshing.read_request, body, self.repo, model.name, list(tables.names), list(tables.vec_sizes)
             )
             done = await loop.run_in_executor(self.server.executor, refreshing.apply, session, updates)
+            for w in model.workers:  # every instance (numbactr.serve.instances), each between two of its batches
+                await loop.run_in_executor(w.thread, w.call, "refresh", updates)
         except RequestError as e:
             self._log("embeddings_refresh_failed", model=model.name, version=model.version, error=str(e))
             raise
