@@ -84,6 +84,9 @@ def test_hugectrs_dcn_config_parses(tmp_path):
     assert cfg.parameters["slots"] == 26 and cfg.parameters["gpucache"] is True
     assert cfg.parameters["gpucacheper"] == 0.5 and cfg.parameters["config"] == "/model/dcn/1/dcn.json"
     assert cfg.as_json()["parameters"]["embeddingkey_long_type"] == {"string_value": "true"}
+    assert cfg.instances == 1  # instance_group count 1
+    two = read_config(_write(tmp_path, HUGECTR_DCN.replace("count: 1", "count: 2")), "dcn")
+    assert two.instances == 2 and two.as_json()["instance_group"][0]["count"] == 2
 
 
 def test_text_format_grammar():
@@ -112,6 +115,9 @@ def test_text_format_grammar():
             "dims [13]",
         ),  # fmt: skip
         ("instance_group [", "instance_groups [", 29, "unknown field 'instance_groups'"),
+        ("kind : KIND_GPU", "kind : KIND_TPU", 31, "instance_group kind KIND_TPU is not one of"),
+        ("count: 1", "count: 0", 30, "instance_group count must be >= 1"),
+        ("count: 1", "cores: 1", 30, "unknown field 'cores'"),
         (
             '{ key: "slots" value: { string_value: "26" } }',
             '{ key: "slots" value: { string_value: "x" } }',

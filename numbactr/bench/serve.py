@@ -18,13 +18,19 @@ clients measure the client side too: the figures are a floor of what the server 
 With --faults, a second table (fault_run): under 8 clients' load a damaged version is copied into the
 repository, then the server is killed (SIGKILL) and restarted; it counts the answers, the wrong ones, the
 failed (first fault) and the retried and lost requests (second fault: the clients retry on new
-connections while the server is down), and what the server serves afterwards.
+connections while the server is down), and what the server serves afterwards. Third (redis_fault, when a
+redis-server is installed): the model served through an HPS JSON (--backend-config) with a Redis volatile
+tier in front of RocksDB and no embedding cache (so that every batch's lookups reach Redis); under the same load
+Redis is killed (SIGKILL) and started again, empty, on the same port. The server answers from RocksDB
+meanwhile (numbactr.serve.tiers), so no request may fail or be wrong; the row says how long Redis was
+down, how many lookups RocksDB answered alone, and how many rows Redis holds again afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -109,7 +115,7 @@ def drive(url: str, model: str, requests: list, expected: list, clients: int, se
     return dict(latencies=np.asarray(lat), wall=time.perf_counter() - start, **counts)
 
 
-def _start_server(repo: str, port: int, log_path: str, extra=()):
+def start_server(repo: str, port: int, log_path: str, extra=()):
     cmd = [sys.executable, "-c", "import sys; from numbactr.cli import main; sys.exit(main())", "serve"]
     cmd += ["--model-repository", repo, "--http-port", str(port), "--http-address", "127.0.0.1", *extra]
     log = open(log_path, "a")
@@ -132,7 +138,7 @@ def _start_server(repo: str, port: int, log_path: str, extra=()):
         time.sleep(0.2)
 
 
-def _stop(proc) -> None:
+def stop(proc) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=20)
@@ -141,7 +147,7 @@ def _stop(proc) -> None:
         proc.wait(timeout=20)
 
 
-def _repository(folder: str, keys: int, mbs: int, delay_us: int, seed: int) -> dict:
+def repository(folder: str, keys: int, mbs: int, delay_us: int, seed: int) -> dict:
     """The benchmark model's files, exported as model "dlrm" version 1 of <folder>/repo."""
     from numbactr.serve.command import export
 
@@ -167,7 +173,7 @@ def bench_serve(clients, batches, seconds, keys, delay_us=500, seed=0) -> Table:
     )
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-serve-") as folder:
         mbs = max(batches) * 8
-        files = _repository(folder, keys, mbs, delay_us, seed)
+        files = repository(folder, keys, mbs, delay_us, seed)
         repo = files["repo"]
         session = CreateInferenceSession(files["graph"], _params(files, mbs, 1.0))
         work = {}
@@ -184,7 +190,7 @@ def bench_serve(clients, batches, seconds, keys, delay_us=500, seed=0) -> Table:
             table.add("in-process", b, len(times), b * len(times) / sum(times), ms[0], ms[1], 0, 0)
         session.close()
         port = _free_port()
-        proc = _start_server(repo, port, os.path.join(folder, "server.log"))
+        proc = start_server(repo, port, os.path.join(folder, "server.log"))
         try:
             for c in clients:
                 for b in batches:
@@ -195,7 +201,7 @@ def bench_serve(clients, batches, seconds, keys, delay_us=500, seed=0) -> Table:
                     ms = np.percentile(r["latencies"], [50, 99]) * 1e3 if n else (float("nan"),) * 2
                     table.add(c, b, n, b * n / r["wall"], ms[0], ms[1], r["failed"], r["wrong"])
         finally:
-            _stop(proc)
+            stop(proc)
     table.notes.append(
         f"model: DLRM, 26 slots x {keys} keys, 13 dense; max_batch_size {mbs}, max_queue_delay {delay_us} us; "
         f"{seconds} s per row; clients are threads of one process (its GIL limits them)"
@@ -213,8 +219,6 @@ def _background(fn):
 
 def _damage(repo: str, version: int) -> None:
     """<repo>/dlrm/<version>/: version 1 with its dense file cut in half, renamed into place whole."""
-    import shutil
-
     stage = os.path.join(repo, f".stage{version}")
     shutil.copytree(os.path.join(repo, "dlrm", "1"), stage)
     (dense,) = [f for f in os.listdir(stage) if "_dense_" in f]
@@ -238,14 +242,15 @@ def fault_run(seconds, keys, clients=8, batch=16, delay_us=500, seed=0) -> Table
         ["fault", "answered", "wrong", "failed", "retried", "lost", "after"],
     )
     with tempfile.TemporaryDirectory(prefix="numbactr-bench-serve-faults-") as folder:
-        files = _repository(folder, keys, batch * clients, delay_us, seed)
+        files = repository(folder, keys, batch * clients, delay_us, seed)
         session = CreateInferenceSession(files["graph"], _params(files, batch, 1.0))
         reqs = [(d, k, r.astype(np.int32)) for d, k, r in make_requests(batch, 8, keys, rng)]
         want = [np.float32(session.predict(*r)) for r in reqs]
+        graph = session.graph
         session.close()
         port, log = _free_port(), os.path.join(folder, "server.log")
         url, poll = f"127.0.0.1:{port}", ["--model-control-mode", "poll", "--repository-poll-secs", "0.2"]
-        proc = _start_server(files["repo"], port, log, poll)
+        proc = start_server(files["repo"], port, log, poll)
         try:
             out, thread = _background(lambda: drive(url, "dlrm", reqs, want, clients, 2 * seconds))
             time.sleep(seconds / 2)
@@ -261,15 +266,130 @@ def fault_run(seconds, keys, clients=8, batch=16, delay_us=500, seed=0) -> Table
             proc.kill()  # kill -9
             proc.wait()
             down = time.perf_counter()
-            proc = _start_server(files["repo"], port, log, poll)
+            proc = start_server(files["repo"], port, log, poll)
             down = time.perf_counter() - down
             thread.join()
             meta = httpclient.InferenceServerClient(url).get_model_metadata("dlrm")
             after = f"down {down:.1f} s; serves version {meta['versions'][0]}"
             table.add("kill -9, restart", out["latencies"].size, out["wrong"], 0, out["retried"], out["lost"], after)
         finally:
-            _stop(proc)
+            stop(proc)
+        if shutil.which("redis-server") is None:
+            table.notes.append("Redis restart: not run (no redis-server installed)")
+        else:
+            redis_fault(table, folder, files, graph, reqs, want, seconds, clients, batch * clients)
     return table
+
+
+def redis_fault(table, folder, files, graph, reqs, want, seconds, clients, mbs) -> None:
+    """The third fault (module docstring): a row of `table`."""
+    import json
+
+    rport, port = _free_port(), _free_port()
+    log = os.path.join(folder, "server-redis.log")
+    redis = start_redis(folder, rport)
+    proc = None
+    try:
+        ps = hps_json(folder, files, graph, rport, mbs)
+        proc = start_server(files["repo"], port, log, [f"--backend-config=hugectr,ps={ps}"])
+        url = f"127.0.0.1:{port}"
+        out, thread = _background(lambda: drive(url, "dlrm", reqs, want, clients, 2 * seconds + 1.0))
+        time.sleep(seconds / 2)
+        redis.kill()  # kill -9: the tier and its rows are gone
+        redis.wait()
+        time.sleep(0.5 + seconds / 2)
+        redis = start_redis(folder, rport)  # back on the same port, empty
+        thread.join()
+        time.sleep(0.3)
+        events = [json.loads(x) for x in open(log) if x.startswith('{"ts"') and '"event"' in x]
+        up = [e for e in events if e["event"] == "hps_tier_up"]
+        down = sum(e["event"] == "hps_tier_down" for e in events)
+        after = (
+            f"tier down {down}x, back {len(up)}x after {up[-1]['down_s'] if up else '-'} s; "
+            f"{sum(e['lookups_answered_below'] for e in up)} lookups answered by RocksDB alone; "
+            f"Redis holds {_redis_rows(rport)} rows again"
+        )
+        table.add("Redis restart", out["latencies"].size, out["wrong"], out["failed"], 0, 0, after)
+        table.notes.append(
+            "Redis restart: HPS JSON with a Redis volatile tier (every key at start, cache_missed_embeddings) "
+            "before RocksDB, embedding cache off; Redis killed (SIGKILL) and started empty on the same port"
+        )
+    finally:
+        if proc is not None:
+            stop(proc)
+        redis.kill()
+        redis.wait()
+
+
+def start_redis(folder: str, port: int):
+    """A redis-server on 127.0.0.1:port (no persistence: a restart starts it empty), answering PING."""
+    import redis
+
+    cmd = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", folder, "--save", ""]
+    proc = subprocess.Popen(cmd + ["--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client, deadline = redis.Redis(port=port), time.monotonic() + 30
+    try:
+        while True:
+            try:
+                client.ping()
+                return proc
+            except redis.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError(f"redis-server on port {port} did not start") from None
+                time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def _redis_rows(port: int) -> int:
+    import redis
+
+    client = redis.Redis(port=port)
+    try:
+        return sum(client.hlen(k) for k in client.scan_iter())
+    finally:
+        client.close()
+
+
+def hps_json(folder: str, files: dict, graph, redis_port: int, mbs: int, rocksdb: bool = True) -> str:
+    """An HPS JSON serving the benchmark model (graph: its InferenceSession's) through Redis (volatile)
+    and RocksDB (persistent; none without rocksdb), without an embedding cache."""
+    import json
+
+    vdir = os.path.join(files["repo"], "dlrm", "1")
+    model = {
+        "model": "dlrm",
+        "network_file": os.path.join(vdir, os.path.basename(files["graph"])),
+        "dense_file": os.path.join(vdir, os.path.basename(files["dense"])),
+        "sparse_files": [os.path.join(vdir, os.path.basename(s.rstrip(os.sep))) for s in files["sparse"]],
+        "deployed_device_list": [0],
+        "max_batch_size": mbs,
+        "hit_rate_threshold": 1.0,
+        "gpucache": False,  # every lookup goes to the tiers: Redis is used by every batch
+        "gpucacheper": 0.05,
+        "default_value_for_each_table": [0.0] * len(graph.embeddings),
+        "embedding_vecsize_per_table": [e.embedding_vec_size for e in graph.embeddings],
+        "maxnum_catfeature_query_per_table_per_sample": [
+            graph.sparse_param(e).max_feature_num for e in graph.embeddings
+        ],
+    }
+    doc = {
+        "supportlonglong": True,
+        "volatile_db": {
+            "type": "redis_cluster",
+            "address": f"127.0.0.1:{redis_port}",
+            "num_partitions": 4,
+            "initial_cache_rate": 1.0,
+            "cache_missed_embeddings": True,
+        },
+        "persistent_db": {"type": "rocks_db" if rocksdb else "disabled", "path": os.path.join(folder, "rocks")},
+        "models": [model],
+    }
+    path = os.path.join(folder, "ps.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    return path
 
 
 def main(argv=None) -> int:
@@ -295,12 +415,14 @@ def main(argv=None) -> int:
             sizes[key] = getattr(args, key)
     if sizes["seconds"] <= 0 or sizes["seconds"] > 60:
         ap.error(f"--seconds must be in (0, 60], got {sizes['seconds']}")
+    load = [os.getloadavg()]
     table = bench_serve(delay_us=args.delay_us, **sizes)
     print(table.markdown(), flush=True)
     faults = None
     if args.faults:
         faults = fault_run(sizes["seconds"], sizes["keys"], delay_us=args.delay_us)
         print(faults.markdown(), flush=True)
+    load.append(os.getloadavg())
     if args.json:
         from numbactr.bench import results
 
@@ -321,8 +443,12 @@ def main(argv=None) -> int:
                 rows.append(
                     dict(name=faults.title, implementation="numbactr serve", metric=metric, value=float(v), fault=fault)
                 )
-        doc = results.document(
-            rows, command=["numbactr", "bench", "serve", *(argv or [])], notes="\n".join(table.notes)
+        notes = list(table.notes) + (faults.notes if faults else [])
+        notes += [f"fault {fault!r}: {after}" for fault, *_, after in (faults.raw if faults else [])]
+        notes.append(
+            f"machine load (1/5/15-minute averages, {os.cpu_count()} cores, shared): at the start "
+            + ", at the end ".join("/".join(f"{x:.1f}" for x in avg) for avg in load)
         )
+        doc = results.document(rows, command=["numbactr", "bench", "serve", *(argv or [])], notes="\n".join(notes))
         print(f"numbactr bench serve: results written to {results.write(args.json, doc)}")
     return 0

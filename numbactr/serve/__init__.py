@@ -7,9 +7,12 @@ repository.py  the repository: config.pbtxt checked, a version folder loaded int
 protocol.py    KServe v2 request and response bodies, Triton's binary-data extension
 infer.py       a request's tensors (DES, CATCOLUMN, ROWINDEX) checked against the model; a batch run
 batcher.py     dynamic batching (max_batch_size, preferred_batch_size, max_queue_delay_microseconds)
+instances.py   instance_group: a model's further instances as worker processes, each with its own session
 metrics.py     Prometheus metrics and the JSON access log
 app.py         the HTTP routes (Starlette)
 reload.py      live updates: a new version loaded and swapped in, a damaged one reported
+refresh.py     live embedding refresh from a newer snapshot's sparse files or an incremental dump
+tiers.py       a Redis tier that goes down while serving: RocksDB answers, or 503, until it is back
 command.py     ``numbactr serve`` (uvicorn) and ``numbactr serve-export``
 
 This package sits between numbactr.cli and the faces: it imports numbactr.inference, nothing but the

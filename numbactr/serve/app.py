@@ -9,10 +9,12 @@
     POST /v2/models/{m}[/versions/{v}]/infer      inference (numbactr.serve.protocol, numbactr.serve.infer)
     POST /v2/repository/index                     the models and their state (Triton's repository extension)
     POST /v2/repository/models/{m}/load           load m's highest version now (numbactr.serve.reload)
+    POST /v2/repository/models/{m}/refresh        new embedding rows from a snapshot or dump (refresh.py)
     GET  /metrics                                 Prometheus text, here or on --metrics-port (metrics.py)
 
 What Triton answers a bad request with: HTTP 400 and ``{"error": "..."}``. numbactr does the same (404 for
-an unknown model or version, 413 for a body over the limit), names what is wrong, counts the failure in
+an unknown model or version, 413 for a body over the limit, 503 while a database tier that holds the
+rows is down), names what is wrong, counts the failure in
 ``nv_inference_request_failure`` and writes it into the access log line; the server keeps serving. A
 client that disconnects before its body arrived is dropped alone; one that leaves while its request is
 batched takes nothing from the others (its result is discarded).
@@ -31,6 +33,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from numbactr.inference import BackendError
 from numbactr.serve import infer
 from numbactr.serve.batcher import Batcher, compute_executor
 from numbactr.serve.metrics import CONTENT_TYPE_LATEST, AccessLog, Metrics
@@ -49,7 +52,7 @@ class ModelSlot:
 
     def __init__(self, model: LoadedModel, metrics: Metrics, executor):
         self.model = model
-        self.batcher = Batcher(executor, metrics.observe_batch)
+        self.batcher = Batcher(executor, metrics.observe_batch, metrics.observe_instance)
         self.reason: str | None = None
         self.failed = None
 
@@ -190,6 +193,10 @@ def make_app(server: Server, with_metrics: bool = True) -> AccessLog:
             access["error"] = str(e)
             server.metrics.observe_request(name, version, 0.0, "not_found" if e.status == 404 else "bad_request")
             return _error(e)
+        except BackendError as e:  # a database tier down and no other to answer (numbactr.serve.tiers)
+            access["error"] = str(e)
+            server.metrics.observe_request(name, version, 0.0, "unavailable")
+            return JSONResponse({"error": f"unavailable: {e}"}, 503)
         except ClientDisconnect:
             access["error"] = "client disconnected"
             server.metrics.observe_request(name, version, 0.0, "disconnected")
@@ -206,12 +213,27 @@ def make_app(server: Server, with_metrics: bool = True) -> AccessLog:
         kind = "application/octet-stream" if headers else "application/json"
         return Response(body, headers=headers, media_type=kind)
 
+    async def refresh_route(request: Request):
+        name = request.path_params["model"]
+        access = request.scope["state"]["access"]
+        access["model"] = name
+        try:
+            if server.reloader is None:
+                raise RequestError("model control is off (numbactr serve --model-control-mode none)")
+            slot = server.slot(name, None)
+            doc = await server.reloader.refresh(slot, await request.body())
+        except RequestError as e:
+            access["error"] = str(e)
+            return _error(e)
+        return JSONResponse(doc)
+
     routes = [
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
         Route("/v2", metadata),
         Route("/v2/repository/index", repository_index, methods=["POST"]),
         Route("/v2/repository/models/{model}/load", load, methods=["POST"]),
+        Route("/v2/repository/models/{model}/refresh", refresh_route, methods=["POST"]),
     ]
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [

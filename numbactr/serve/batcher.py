@@ -7,9 +7,10 @@ reaches a ``preferred_batch_size`` (or the maximum), otherwise after the oldest 
 
 What numbactr does: the same rule on asyncio. Sizes are samples (the HugeCTR backend's batch is the
 samples of DES, numbactr.serve.infer), so a batch holds whole requests whose samples sum to at most
-max_batch_size; a request that does not fit waits for the next batch. One compute thread runs the
-batches of every model (compute_executor), so while one batch runs the next ones fill: an
-InferenceSession is not thread-safe, numba's workqueue threading layer (numbactr.runtime.threads) takes
+max_batch_size; a request that does not fit waits for the next batch. A batch is formed once an instance
+of its model is free (numbactr.serve.instances: instance_group; one instance by default), so while the
+instances are busy the next batch fills. One compute thread runs the batches of every model's instance 0
+(compute_executor): an InferenceSession is not thread-safe, numba's workqueue threading layer (numbactr.runtime.threads) takes
 calls from one thread at a time, and numbactr's compiled cpu ops and the GPU kernels use the cores
 themselves. That thread runs with the calling thread's numba thread count (numba's setting is per
 thread; another count would compile and run the other twin of numbactr's parallel kernels). Each
@@ -46,9 +47,11 @@ class Batcher:
     version it was checked against (infer.Job.model): a batch holds jobs of one version, so a request
     checked just before a new version was swapped in (numbactr.serve.reload) still runs, on the old one."""
 
-    def __init__(self, executor: ThreadPoolExecutor, observe=None):
+    def __init__(self, executor: ThreadPoolExecutor, observe=None, on_instance=None):
         self.executor = executor
         self.observe = observe  # observe(model, samples, queue_s, compute_s) after each batch
+        self.on_instance = on_instance  # on_instance(model, instance index) after each batch
+        self.running = set()  # the batches being run (instances.py: several at once)
         self.queue: asyncio.Queue | None = None
         self.held: _Item | None = None  # a request that did not fit the last batch
         self.task = None
@@ -66,12 +69,13 @@ class Batcher:
         return await item.future
 
     async def close(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            try:
-                await self.task
-            except asyncio.CancelledError:
-                pass
+        for task in [self.task, *self.running]:
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
 
     async def _next(self, timeout: float | None):
         if self.held is not None:
@@ -86,9 +90,8 @@ class Batcher:
         except asyncio.TimeoutError:
             return None
 
-    async def _gather(self) -> list:
-        """The next batch (module docstring's rule)."""
-        first = await self._next(None)
+    async def _gather(self, first: _Item) -> list:
+        """The batch that starts with `first` (module docstring's rule)."""
         batch, total = [first], first.job.n
         cfg = first.job.model.config
         if not cfg.dynamic_batching:
@@ -106,22 +109,48 @@ class Batcher:
             total += item.job.n
         return batch
 
+    @staticmethod
+    def _free(model) -> asyncio.Queue:
+        """The model version's free instances: None (the compute thread) and its workers (instances.py)."""
+        free = getattr(model, "free_instances", None)
+        if free is None:
+            free = model.free_instances = asyncio.Queue()
+            for runner in [None] + list(model.workers):
+                free.put_nowait(runner)
+        return free
+
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            batch = await self._gather()
-            model = batch[0].job.model
-            start = time.perf_counter()
-            try:
-                results = await loop.run_in_executor(self.executor, infer.run, [i.job for i in batch])
-            except Exception as e:  # noqa: BLE001 (every waiting request gets the error, the loop goes on)
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(e)
-                continue
-            done = time.perf_counter()
-            for item, preds in zip(batch, results):
-                if not item.future.done():  # a client that went away has cancelled its future
-                    item.future.set_result((model, preds))
-            if self.observe is not None:
-                self.observe(model, sum(i.job.n for i in batch), start - batch[0].queued, done - start)
+            first = await self._next(None)
+            free = self._free(first.job.model)
+            runner = await free.get()  # a free instance first: the batch fills while it waits
+            batch = await self._gather(first)
+            task = asyncio.get_running_loop().create_task(self._run(batch, runner, free))
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
+
+    async def _run(self, batch: list, runner, free: asyncio.Queue) -> None:
+        loop = asyncio.get_running_loop()
+        model = batch[0].job.model
+        start = time.perf_counter()
+        jobs = [i.job for i in batch]
+        try:
+            if runner is None:
+                results = await loop.run_in_executor(self.executor, infer.run, jobs)
+            else:
+                results = await loop.run_in_executor(runner.thread, runner.run, jobs)
+        except Exception as e:  # noqa: BLE001 (every waiting request gets the error, the loop goes on)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(e)
+            return
+        finally:
+            free.put_nowait(runner)
+        done = time.perf_counter()
+        for item, preds in zip(batch, results):
+            if not item.future.done():  # a client that went away has cancelled its future
+                item.future.set_result((model, preds))
+        if self.observe is not None:
+            self.observe(model, sum(i.job.n for i in batch), start - batch[0].queued, done - start)
+        if self.on_instance is not None:
+            self.on_instance(model, 0 if runner is None else runner.index)

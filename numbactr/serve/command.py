@@ -8,7 +8,8 @@
 serve loads every model of the repository (numbactr.serve.repository) before it listens, and stops with
 the reason (file and line) when one cannot be loaded, as Triton does by default (``--exit-on-error``).
 It serves HTTP with uvicorn (one process, one event loop; each model's batches run on a worker thread,
-numbactr.serve.batcher); /metrics is on the HTTP port unless ``--metrics-port`` gives it its own.
+numbactr.serve.batcher, and on worker processes for an instance_group count above 1,
+numbactr.serve.instances); /metrics is on the HTTP port unless ``--metrics-port`` gives it its own.
 
 serve-export writes a Triton repository from a trained model: the network JSON and the dense and sparse
 model files copied into ``<repo>/<model>/<version>/`` and a config.pbtxt whose parameters are read off
@@ -24,6 +25,7 @@ import os
 import shutil
 import sys
 
+from numbactr.serve.instances import load_instances
 from numbactr.serve.repository import RepositoryError, SharedHPS, load_model, load_newest_good
 
 DESCRIPTION = "serve a Triton model repository of HugeCTR models over Triton's HTTP protocol (KServe v2)"
@@ -93,7 +95,7 @@ def load_repository(repo: str, ps: str | None) -> tuple:
     models, failed = [], {}
     try:
         for name in names:
-            model, failed[name] = load_newest_good(repo, name, hps)
+            model, failed[name] = load_newest_good(repo, name, hps, load_instances)
             models.append(model)
     except BaseException:
         for m in models:

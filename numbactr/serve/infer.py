@@ -127,6 +127,11 @@ def check(model: LoadedModel, req: InferRequest) -> Job:
 def run(jobs: list) -> list:
     """Predictions (n_j * P,) float32 per job, from one session call over all of them (jobs of one model
     version)."""
+    return split(jobs, jobs[0].model.session.predict(*join(jobs)))
+
+
+def join(jobs: list) -> tuple:
+    """The jobs as one request of the session: (dense (N*d,), keys, row offsets), tables one after another."""
     model = jobs[0].model
     dense = np.concatenate([j.dense for j in jobs]).reshape(-1)
     keys, rows = [], []
@@ -139,6 +144,11 @@ def run(jobs: list) -> list:
             shift += int(off[-1])
     key_dtype = np.int64 if model.session.params.i64_input_key else np.uint32
     flat_keys = np.concatenate(keys).astype(key_dtype, copy=False) if keys else np.zeros(0, key_dtype)
-    out = np.asarray(model.session.predict(dense, flat_keys, np.concatenate(rows)), np.float32)
-    cuts = np.cumsum([j.n * model.width for j in jobs])[:-1]
+    return dense, flat_keys, np.concatenate(rows)
+
+
+def split(jobs: list, out) -> list:
+    """The predictions of a joined request, one part per job."""
+    out = np.asarray(out, np.float32)
+    cuts = np.cumsum([j.n * jobs[0].model.width for j in jobs])[:-1]
     return np.split(out, cuts)

@@ -50,6 +50,9 @@ class Metrics:
         self.compute_us = Counter(
             "nv_inference_compute_infer_duration_us", "Cumulative compute time of batches (us)", LABELS, registry=r
         )
+        self.instance_count = Counter(
+            "numbactr_instance_exec_count", "Batches executed per instance", LABELS + ("instance",), registry=r
+        )
         self.batch = Histogram(
             "numbactr_batch_samples",
             "Samples per executed batch",
@@ -72,6 +75,9 @@ class Metrics:
         names = [e.sparse_embedding_name for e in model.session.graph.embeddings]
         for name, rate in zip(names, cache.hit_rates):
             self.hit_rate.labels(*v, name).set(rate)
+
+    def observe_instance(self, model, instance: int) -> None:
+        self.instance_count.labels(model.name, str(model.version), str(instance)).inc()
 
     def observe_request(self, model: str, version: str, seconds: float, error: str | None) -> None:
         if error is None:

@@ -17,6 +17,10 @@ in the repository index) and writes a ``model_load_failed`` log line; the same f
 until a file in it changes (a copy still in progress then finishes and loads). The HPS JSON's models
 (``--backend-config``) share one parameter server whose files the JSON names: their versions are loaded
 against it as well.
+
+Reloader.refresh(slot, body) is the other live update: new embedding rows for the version being served,
+from a snapshot's sparse files or an incremental dump (numbactr.serve.refresh), applied on the compute
+thread between two batches; logged as ``embeddings_refreshed`` or ``embeddings_refresh_failed``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ import os
 import sys
 import time
 
-from numbactr.serve.repository import RepositoryError, folder_stamp, load_model, versions
+from numbactr.inference import BackendError
+from numbactr.serve import refresh as refreshing
+from numbactr.serve.protocol import RequestError
+from numbactr.serve.instances import load_instances
+from numbactr.serve.repository import RepositoryError, folder_stamp, versions
 
 __all__ = ["Reloader"]
 
@@ -64,7 +72,7 @@ class Reloader:
                 return slot.reason if slot.failed == stamp else None
         loop = asyncio.get_running_loop()
         try:
-            model = await loop.run_in_executor(self.server.executor, load_model, self.repo, name, version, self.hps)
+            model = await loop.run_in_executor(self.server.executor, load_instances, self.repo, name, version, self.hps)
         except (RepositoryError, ValueError, OSError) as e:
             reason = f"version {version}: {e}"
             if slot is not None:
@@ -81,6 +89,30 @@ class Reloader:
             slot.model, slot.reason, slot.failed = model, None, None
         self._log("model_loaded", model=name, version=version, replaced=old)
         return None
+
+    async def refresh(self, slot, body: bytes) -> dict:
+        """Apply a refresh request to the slot's serving version (module docstring): {"model", "version",
+        "tables": {table: {"updated", "evicted"}}}; RequestError (400: a bad request, nothing changed;
+        503: a database tier failed while it was applied) after logging why."""
+        model = slot.model
+        session = model.session
+        tables = session.ps.config.models[session.params.model_name]
+        loop = asyncio.get_running_loop()
+        try:
+            updates = await loop.run_in_executor(
+                None, refreshing.read_request, body, self.repo, model.name, list(tables.names), list(tables.vec_sizes)
+            )
+            done = await loop.run_in_executor(self.server.executor, refreshing.apply, session, updates)
+            for w in model.workers:  # every instance (numbactr.serve.instances), each between two of its batches
+                await loop.run_in_executor(w.thread, w.call, "refresh", updates)
+        except RequestError as e:
+            self._log("embeddings_refresh_failed", model=model.name, version=model.version, error=str(e))
+            raise
+        except BackendError as e:
+            self._log("embeddings_refresh_failed", model=model.name, version=model.version, error=str(e))
+            raise RequestError(f"refresh of model {model.name!r} failed part way: {e}", 503) from None
+        self._log("embeddings_refreshed", model=model.name, version=model.version, tables=done)
+        return {"model": model.name, "version": str(model.version), "tables": done}
 
     async def poll(self, seconds: float) -> None:
         """check() every model with a config.pbtxt every `seconds` (``--model-control-mode=poll``)."""

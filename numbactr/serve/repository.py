@@ -38,6 +38,7 @@ import numpy as np
 
 from numbactr.inference import InferenceParams, InferenceSession, ParameterServer, ParameterServerConfig
 from numbactr.serve.pbtxt import Ident, PbtxtError, Value, parse_file
+from numbactr.serve.tiers import guard
 
 __all__ = [
     "ModelConfig",
@@ -70,8 +71,10 @@ PARAMETERS = {
     "embedding_vector_size": (int, True),
     "embeddingkey_long_type": (bool, True),
 }
-#: config.pbtxt fields Triton knows that change nothing here (instances and policies of Triton's own)
-IGNORED_FIELDS = {"instance_group", "version_policy", "platform", "default_model_filename", "model_warmup"}
+#: config.pbtxt fields Triton knows that change nothing here (policies and options of Triton's own)
+IGNORED_FIELDS = {"version_policy", "platform", "default_model_filename", "model_warmup"}
+#: instance_group kinds: each instance is a process with its own session on numbactr's device
+KINDS = {"KIND_CPU", "KIND_GPU", "KIND_AUTO"}
 
 
 class RepositoryError(ValueError):
@@ -98,6 +101,7 @@ class ModelConfig:
     dynamic_batching: bool = False
     preferred_batch_size: list = field(default_factory=list)
     max_queue_delay_microseconds: int = 0
+    instances: int = 1  # instance_group's counts summed (numbactr.serve.instances)
 
     def as_json(self) -> dict:
         """The config as Triton's ``GET /v2/models/{m}/config`` shows it (its JSON names)."""
@@ -110,6 +114,7 @@ class ModelConfig:
             "output": [tensor(t) for t in self.outputs.values()],
             "parameters": {k: {"string_value": _as_text(v)} for k, v in self.parameters.items()},
         }
+        out["instance_group"] = [{"count": self.instances, "kind": "KIND_CPU"}]
         if self.dynamic_batching:
             out["dynamic_batching"] = {
                 "preferred_batch_size": self.preferred_batch_size,
@@ -207,7 +212,8 @@ def read_config(path: str, model: str) -> ModelConfig:
     except PbtxtError as e:
         raise RepositoryError(str(e)) from None
     top.known(
-        {"name", "backend", "max_batch_size", "input", "output", "dynamic_batching", "parameters"} | IGNORED_FIELDS
+        {"name", "backend", "max_batch_size", "input", "output", "dynamic_batching", "parameters", "instance_group"}
+        | IGNORED_FIELDS
     )
     name = top.one("name", str, model)
     if name != model:
@@ -256,6 +262,16 @@ def read_config(path: str, model: str) -> ModelConfig:
             "(true: TYPE_INT64, false: TYPE_UINT32)",
         )
     cfg = ModelConfig(name, path, mbs, tensors["input"], tensors["output"], params)
+    groups = [top.sub(v, "an instance_group entry") for v in top.many("instance_group")]
+    for g in groups:
+        g.known({"name", "count", "kind", "gpus"})
+        kind = g.one("kind", Ident, Ident("KIND_AUTO"))
+        if kind not in KINDS:
+            raise g.err(g.line_of("kind"), f"instance_group kind {kind} is not one of {sorted(KINDS)}")
+        if g.one("count", int, 1) < 1:
+            raise g.err(g.line_of("count"), "instance_group count must be >= 1")
+    if groups:
+        cfg.instances = sum(g.one("count", int, 1) for g in groups)
     for v in top.many("dynamic_batching"):
         db = top.sub(v, "dynamic_batching")
         db.known({"preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering"})
@@ -290,12 +306,16 @@ class LoadedModel:
     max_keys: list  # most keys a sample may give table t
     dense_dim: int
     width: int  # predictions per sample (P)
+    workers: list = field(default_factory=list)  # instances 1..N-1 (numbactr.serve.instances)
+    stop_workers: object = None
 
     @property
     def name(self) -> str:
         return self.config.name
 
     def close(self) -> None:
+        if self.stop_workers is not None:
+            self.stop_workers()
         self.session.close()
 
 
@@ -344,22 +364,24 @@ def folder_stamp(folder: str) -> tuple:
     return count, newest
 
 
-def load_newest_good(repo: str, name: str, hps: SharedHPS | None = None) -> tuple:
+def load_newest_good(repo: str, name: str, hps: SharedHPS | None = None, load=None) -> tuple:
     """(the highest version of model `name` that loads, [(version, folder stamp, reason)] of the higher
     ones that did not): a restart after a damaged version was copied in serves the last good one, as
-    numbactr.serve.reload kept it serving. A config.pbtxt error, or no version loading, raises."""
+    numbactr.serve.reload kept it serving. A config.pbtxt error, or no version loading, raises. load:
+    load_model or its like (numbactr.serve.instances.load_instances)."""
+    load = load or load_model
     found = versions(os.path.join(repo, name)) if os.path.isdir(os.path.join(repo, name)) else []
     failed = []
     for version in reversed(found):
         try:
-            return load_model(repo, name, version, hps), failed
+            return load(repo, name, version, hps), failed
         except RepositoryError as e:
             read_config(
                 os.path.join(repo, name, "config.pbtxt"), name
             )  # a config error is the model's, not the version's
             failed.append((version, folder_stamp(os.path.join(repo, name, str(version))), str(e)))
     if not failed:
-        return load_model(repo, name, None, hps), failed  # its error: no version folder
+        return load(repo, name, None, hps), failed  # its error: no version folder
     raise RepositoryError("; ".join(f"version {v}: {why}" for v, _, why in failed))
 
 
@@ -403,7 +425,8 @@ def _network_json(cfg: ModelConfig, vdir: str) -> str:
 
 def load_model(repo: str, name: str, version: int | None = None, hps: SharedHPS | None = None) -> LoadedModel:
     """Read and check model `name` of the repository and load its version (default: the highest) into an
-    InferenceSession; RepositoryError (file, line, what) when it cannot be served."""
+    InferenceSession; RepositoryError (file, line, what) when it cannot be served. Its instance_group's
+    other instances are started by numbactr.serve.instances.load_instances."""
     mdir = os.path.join(repo, name)
     cfg = read_config(os.path.join(mdir, "config.pbtxt"), name)
     found = versions(mdir)
@@ -439,11 +462,13 @@ def load_model(repo: str, name: str, version: int | None = None, hps: SharedHPS 
         raise
     except (ValueError, TypeError, KeyError, OSError) as e:
         raise RepositoryError(f"{vdir}: cannot load version {version} of model {name!r}: {e}") from None
+    guard(session.ps)  # a Redis tier that goes down while serving (numbactr.serve.tiers)
     try:
-        return _checked(cfg, version, session)
+        model = _checked(cfg, version, session)
     except RepositoryError:
         session.close()
         raise
+    return model
 
 
 def _checked(cfg: ModelConfig, version: int, session: InferenceSession) -> LoadedModel:
