@@ -23,6 +23,20 @@ import numpy as np
 
 
 def _engine_cases():
+    """Both cpu pipelines: the small-table one (gather, sort-free update) these tiny tables take, and the
+    sorted one every larger table takes (forced here by setting the small-table limit to 0)."""
+    from numbactr.embedding.engine.impl_cpu import _CpuImpl
+
+    limit = _CpuImpl.small_rows
+    try:
+        for small_rows in (limit, 0):
+            _CpuImpl.small_rows = small_rows
+            _engine_pipeline_cases()
+    finally:
+        _CpuImpl.small_rows = limit
+
+
+def _engine_pipeline_cases():
     from numbactr.embedding.engine import (
         Layout,
         Optim,
