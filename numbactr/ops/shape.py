@@ -181,7 +181,18 @@ def _slice_backward_ref(ctx, dys):
     dx = grad_of(ctx, 0)
     if dx is None:
         return slice_select.slice_backward_ref([d for d, _ in used], [r for _, r in used], ctx.in_shape)
-    dx[...] = 0  # slice_backward_ref's zeros and additions, in its order, into the buffer
+    spans = sorted(r for _, r in used)
+    if all(b0 <= a1 for (_, b0), (a1, _) in zip(spans, spans[1:])):
+        # disjoint ranges: each column is 0 + d once, written in one pass (0 + d is d, and -0.0 becomes 0.0
+        # as in the reference), the columns no range covers zeroed
+        for d, (a, b) in used:
+            np.add(d, np.float32(0), out=dx[..., a:b])
+        edges = [0] + [e for r in spans for e in r] + [dx.shape[-1]]
+        for a, b in zip(edges[::2], edges[1::2]):
+            if a < b:
+                dx[..., a:b] = 0
+        return dx
+    dx[...] = 0  # overlapping ranges: slice_backward_ref's zeros and additions, in its order, into the buffer
     for d, (a, b) in used:
         dx[..., a:b] += d
     return dx
