@@ -68,19 +68,13 @@ class EvictingGroup(_Group):
         eng, xp = self.engine, device.xp()
         keys = device.to_host(self.index.arrays.keys[slots])
         rows = embedding_init.row_values_ref(keys, self.tables[0].dim, self.tables[0].seed, *DYNAMIC_INIT)
-        eng.split_weights()[0][slots] = xp.asarray(rows)
-        for view, (name, _, _) in zip(eng.split_optimizer_states()[0], eng._state_specs()):
-            view[slots] = eng.initial_state_value(name)
+        eng.restart_rows(0, slots, xp.asarray(rows))
 
     def _move_slots(self, moved) -> None:
         old = self.engine
         new = self._new_engine([])
-        xp = device.xp()
-        used = xp.flatnonzero(moved >= 0)
-        dst = moved[used]
-        new.split_weights()[0][dst] = old.split_weights()[0][used]
-        for nv, ov in zip(new.split_optimizer_states()[0], old.split_optimizer_states()[0]):
-            nv[dst] = ov[used]
+        used = device.xp().flatnonzero(moved >= 0)
+        new.take_rows(0, old, used, moved[used])
         new.step = old.step
         new.set_hyper_parameters(learning_rate=old.learning_rate, scaler=old.optimizer.scaler)
         self.engine = new

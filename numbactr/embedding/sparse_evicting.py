@@ -106,9 +106,7 @@ class EvictingHashEmbedding(HashEmbedding):
         if self._reset_seen is not None:
             self._reset_seen.append((device.to_host(slots).copy(), np.array(device.to_host(w[slots]))))
         keys = device.to_host(self.index.arrays.keys[slots])
-        w[slots] = xp.asarray(embedding_init.row_values_ref(keys, self.vec, self.seed, *INIT_RANGE))
-        for view, (name, _, _) in zip(eng.split_optimizer_states()[0], eng._state_specs()):
-            view[slots] = eng.initial_state_value(name)
+        eng.restart_rows(0, slots, xp.asarray(embedding_init.row_values_ref(keys, self.vec, self.seed, *INIT_RANGE)))
 
     def _move_slots(self, moved) -> None:
         """on_move: the index doubled; a new engine of its capacity, every row and state following its key.
@@ -116,12 +114,8 @@ class EvictingHashEmbedding(HashEmbedding):
         old, weight = self.engine, self.weight
         self._make_engine(self._spec())
         new = self.engine
-        xp = device.xp()
-        used = xp.flatnonzero(moved >= 0)
-        dst = moved[used]
-        new.split_weights()[0][dst] = old.split_weights()[0][used]
-        for nv, ov in zip(new.split_optimizer_states()[0], old.split_optimizer_states()[0]):
-            nv[dst] = ov[used]
+        used = device.xp().flatnonzero(moved >= 0)
+        new.take_rows(0, old, used, moved[used])
         new.step = old.step
         new.set_hyper_parameters(learning_rate=old.learning_rate, scaler=old.optimizer.scaler)
         weight.data, self.weight = self.weight.data, weight

@@ -155,9 +155,7 @@ class HybridTable(SokTable):
             for s, row in zip(device.to_host(slots).tolist(), device.to_host(w[slots])):
                 self._capture.setdefault(s, row.copy())
         keys = device.to_host(self.index.arrays.keys[slots])
-        w[slots] = xp.asarray(initial_rows(keys, self.dim, self.seed, self.init))
-        for view, (name, _, _) in zip(eng.split_optimizer_states()[0], eng._state_specs()):
-            view[slots] = eng.initial_state_value(name)
+        eng.restart_rows(0, slots, xp.asarray(initial_rows(keys, self.dim, self.seed, self.init)))
         self._gen += 1
 
     def _move_slots(self, moved) -> None:
@@ -165,12 +163,8 @@ class HybridTable(SokTable):
         old = self.engine
         new = self._new_engine(old.optimizer)
         new.step = old.step
-        xp = device.xp()
-        used = xp.flatnonzero(moved >= 0)
-        dst = moved[used]
-        new.split_weights()[0][dst] = old.split_weights()[0][used]
-        for nv, ov in zip(new.split_optimizer_states()[0], old.split_optimizer_states()[0]):
-            nv[dst] = ov[used]
+        used = device.xp().flatnonzero(moved >= 0)
+        new.take_rows(0, old, used, moved[used])
         self.engine = new
         self._gen += 1
 

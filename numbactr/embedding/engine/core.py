@@ -287,6 +287,20 @@ class TableBatchedEmbedding(_LookupRows):
             for t in range(len(self.tables))
         ]
 
+    def restart_rows(self, t: int, rows, values) -> None:
+        """Rows `rows` of table t take `values` and every optimizer state its initial value: a slot an
+        evicting table (numbactr.embedding.evicting) gave to a new key starts afresh."""
+        self.split_weights()[t][rows] = values
+        for view, (name, _, _) in zip(self.split_optimizer_states()[t], self._state_specs()):
+            view[rows] = self.initial_state_value(name)
+
+    def take_rows(self, t: int, old: TableBatchedEmbedding, src, dst) -> None:
+        """Rows src of `old`'s table t, with their optimizer states, into rows dst of this engine's table t
+        (an evicting table's index grew: every row follows its key into the larger engine)."""
+        self.split_weights()[t][dst] = old.split_weights()[t][src]
+        for nv, ov in zip(self.split_optimizer_states()[t], old.split_optimizer_states()[t]):
+            nv[dst] = ov[src]
+
     def live_rows(self, t: int) -> int:
         """Rows of table t in use: every row, or the keys inserted so far for a keyed table."""
         table = self.hash_tables.get(t)
