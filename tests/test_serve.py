@@ -15,8 +15,6 @@ import http.client
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -29,6 +27,7 @@ from numbactr.inference import CreateInferenceSession, InferenceModel, Inference
 from numbactr.runtime import device
 from tests.model_util import one_hot_lists, tiny_data, tiny_dlrm
 from tests.sample_graphs import build
+from tests.serve_util import free_port, serve_process
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -57,10 +56,7 @@ def _train(name, folder):
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_free_port = free_port  # (the other server tests import it from here)
 
 
 @pytest.fixture(scope="module")
@@ -74,25 +70,9 @@ def served(tmp_path_factory):
         graph, dense, sparse, _ = models[name]
         argv = ["serve-export", graph, "--dense", dense, "--sparse", *sparse, "--model-repository", repo]
         assert cli(argv + ["--model", name, "--max-batch-size", "32", *extra]) == 0
-    port, metrics_port, log = _free_port(), _free_port(), str(base / "server.log")
-    env = dict(os.environ, NUMBACTR_DEVICE="cpu", PYTHONPATH=ROOT, NUMBACTR_PROGRESS="0")
-    cmd = [sys.executable, "-c", "import sys; from numbactr.cli import main; sys.exit(main())"]
-    cmd += ["serve", "--model-repository", repo, "--http-port", str(port), "--http-address", "127.0.0.1"]
-    cmd += ["--model-control-mode", "poll", "--repository-poll-secs", "0.3", "--metrics-port", str(metrics_port)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, f"the server exited ({proc.returncode}): {open(log).read()[-3000:]}"
-            try:
-                if client.is_server_ready():
-                    break
-            except (InferenceServerException, OSError, ConnectionError):
-                pass
-            assert time.monotonic() < deadline, f"the server was not ready in 180 s: {open(log).read()[-3000:]}"
-            time.sleep(0.2)
+    metrics_port, log = _free_port(), str(base / "server.log")
+    args = ["--model-control-mode", "poll", "--repository-poll-secs", "0.3", "--metrics-port", str(metrics_port)]
+    with serve_process(repo, log, *args) as (proc, port, client):
         yield {
             "url": f"127.0.0.1:{port}",
             "port": port,
@@ -102,13 +82,6 @@ def served(tmp_path_factory):
             "repo": repo,
             "client": client,
         }
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
 
 
 def _params(name, files, batch=32):

@@ -5,10 +5,9 @@ InferenceSession answers, a refresh reaches both, and stopping the server stops 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -19,7 +18,8 @@ from numbactr.inference import CreateInferenceSession
 from numbactr.runtime import device
 from numbactr.serve.refresh import write_dump
 from tests.sample_graphs import build
-from tests.test_serve import _cut, _eval_batch, _free_port, _infer, _params, _post
+from tests.serve_util import serve_process
+from tests.test_serve import _cut, _eval_batch, _infer, _params, _post
 
 httpclient = pytest.importorskip("tritonclient.http")
 
@@ -70,25 +70,9 @@ def test_two_instances_answer_alike_take_refreshes_and_stop_with_the_server(tmp_
     request = _eval_batch((graph, files[1], files[2], os.path.join(folder, "eval", "_file_list.txt")), session)
     cuts = [_cut(session, request, n) for n in (1, 3, 8)]
     want = [np.float32(session.predict(*c)) for c in cuts]
-    port, log = _free_port(), str(tmp_path / "server.log")
-    env = dict(os.environ, NUMBACTR_DEVICE="cpu", PYTHONPATH=ROOT, NUMBACTR_PROGRESS="0")
-    cmd = [sys.executable, "-c", "import sys; from numbactr.cli import main; sys.exit(main())", "serve"]
-    cmd += ["--model-repository", repo, "--http-port", str(port), "--http-address", "127.0.0.1"]
-    cmd += ["--model-control-mode", "explicit"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, f"the server exited ({proc.returncode}): {open(log).read()[-3000:]}"
-            try:
-                if client.is_server_ready():
-                    break
-            except Exception:  # noqa: BLE001 (not listening yet)
-                pass
-            assert time.monotonic() < deadline, f"the server was not ready in 300 s: {open(log).read()[-3000:]}"
-            time.sleep(0.2)
+    log = str(tmp_path / "server.log")
+    args = ("--model-control-mode", "explicit")
+    with serve_process(repo, log, *args, ready_s=300, stop_s=30) as (proc, port, client), contextlib.closing(session):
         assert client.get_model_config("wdl")["instance_group"] == [{"count": 2, "kind": "KIND_CPU"}]
 
         def one(i):
@@ -122,14 +106,6 @@ def test_two_instances_answer_alike_take_refreshes_and_stop_with_the_server(tmp_
         assert all(after[i] > before[i] for i in ("0", "1")), (before, after)
         workers = _children(proc.pid)
         assert workers
-    finally:
-        session.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
     deadline = time.monotonic() + 15
     while any(os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z" for p in workers):
         assert time.monotonic() < deadline, "a worker outlived the server"

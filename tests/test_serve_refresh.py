@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 
@@ -22,7 +20,8 @@ from numbactr.inference import CreateInferenceSession
 from numbactr.runtime import device
 from numbactr.serve.refresh import write_dump
 from tests.sample_graphs import build
-from tests.test_serve import _cut, _eval_batch, _free_port, _infer, _params, _post, _wait
+from tests.serve_util import serve_process
+from tests.test_serve import _cut, _eval_batch, _infer, _params, _post, _wait
 
 httpclient = pytest.importorskip("tritonclient.http")
 
@@ -55,33 +54,9 @@ def served(tmp_path_factory):
     os.makedirs(drop)
     for s in files[4][2]:
         shutil.copytree(s, os.path.join(drop, os.path.basename(s)))
-    port, log = _free_port(), str(base / "server.log")
-    env = dict(os.environ, NUMBACTR_DEVICE="cpu", PYTHONPATH=ROOT, NUMBACTR_PROGRESS="0")
-    cmd = [sys.executable, "-c", "import sys; from numbactr.cli import main; sys.exit(main())", "serve"]
-    cmd += ["--model-repository", repo, "--http-port", str(port), "--http-address", "127.0.0.1"]
-    cmd += ["--model-control-mode", "explicit"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, f"the server exited ({proc.returncode}): {open(log).read()[-3000:]}"
-            try:
-                if client.is_server_ready():
-                    break
-            except Exception:  # noqa: BLE001 (not listening yet)
-                pass
-            assert time.monotonic() < deadline, f"the server was not ready in 180 s: {open(log).read()[-3000:]}"
-            time.sleep(0.2)
+    log = str(base / "server.log")
+    with serve_process(repo, log, "--model-control-mode", "explicit") as (proc, port, client):
         yield dict(url=f"127.0.0.1:{port}", port=port, log=log, repo=repo, files=files, drop=drop, client=client)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
 
 
 def _refresh(served, doc) -> tuple:
