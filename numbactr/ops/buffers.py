@@ -12,6 +12,8 @@ are the plan's business, handed per call like ``grad_into`` (a weight's view of 
 
 from __future__ import annotations
 
+import numpy as np
+
 from numbactr.runtime.device import xp as _xp
 
 
@@ -26,8 +28,16 @@ def grad_of(ctx, index: int):
     return ctx.grad_into.get(index)
 
 
-def mm(a, b, buf):
-    """a @ b, written into ``buf`` (a C-contiguous array of the product's shape) when given."""
+def mm(a, b, buf=None):
+    """a @ b, written into ``buf`` (a C-contiguous array of the product's shape) when given.
+
+    A product of 2-D host arrays over an inner dimension of 1 (the gradient that reaches the input of a
+    one-output layer: every zoo model's logit, DIN's attention score) is an outer product: each element is
+    one product, so NumPy's broadcast multiply computes the same values. OpenBLAS's GEMM takes 3x its time
+    for it (measured 2026-12-07, one thread: 0.36 against 0.11 ms for 4,096 x 80, 1.86 against 0.67 ms for
+    DIN's 40,960 x 40); only the sign of a zero may differ (GEMM's 0 + a*b is +0.0 where a*b is -0.0)."""
+    if a.ndim == 2 and b.ndim == 2 and a.shape[1] == 1 and isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return np.multiply(a, b, out=buf)
     if buf is None:
         return a @ b
     return _xp().matmul(a, b, out=buf)

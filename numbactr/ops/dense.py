@@ -53,8 +53,8 @@ def _weight_grad(ctx: Context, a, b, index: int):
     activation gradient's buffer, numbactr.train.plan_buffers). Returns an array of that buffer's shape."""
     out = grad_of(ctx, index)
     if out is None:
-        return a @ b
-    _xp().matmul(a, b, out=out.reshape(a.shape[0], b.shape[1]))
+        return mm(a, b)
+    mm(a, b, out.reshape(a.shape[0], b.shape[1]))
     return out
 
 
