@@ -12,6 +12,12 @@ first occurrence in the batch); see that module for the formulas and the NumPy r
             batch cannot break the probe chain of an older key, which was inserted before them).
     find    in parallel over the keys (threads only read the table).
 The slot a key lands in may differ from the numba.cuda kernels' (their CAS order varies); rows never do.
+
+A direct index in front of the table (numbactr.embedding.hash_table keeps it): ``direct`` (D,) int64 holds
+the row of every key below D that the table holds, -1 for the others, so a small key's row is one read, no
+hash and no probe. ``direct_rows`` serves a batch from it while every key is small and known (the steady
+state of a table over small ids: MovieLens' users and items, the zoo's slots); the first key that is not sends
+the whole batch to the hashed insert, after which ``direct_note`` records its small keys' rows.
 """
 from __future__ import annotations
 
@@ -155,6 +161,42 @@ def hash_insert_cpu(tkeys, trows, keys, base, max_rows, rows_out, claimed, miss,
         if n_new < 0:
             return -1
     return n_new
+
+
+@njit(cache=True)
+def direct_rows(direct, keys, rows_out):
+    """rows_out[i] = direct[keys[i]] for the keys of the batch in order, up to the first that is not below
+    D = len(direct) or not known (direct -1). Returns how many were served: the batch's length when all."""
+    d = uint64(direct.shape[0])
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        if k >= d:
+            return i
+        r = direct[k]
+        if r < 0:
+            return i
+        rows_out[i] = r
+    return keys.shape[0]
+
+
+@njit(cache=True)
+def direct_note(direct, keys, rows):
+    """direct[k] = its row for each key k below D of a batch the table has just taken (rows -1: not taken)."""
+    d = uint64(direct.shape[0])
+    for i in range(keys.shape[0]):
+        if keys[i] < d and rows[i] >= 0:
+            direct[keys[i]] = rows[i]
+
+
+@pjit(cache=True)
+def direct_find_cpu(direct, tkeys, trows, keys, rows_out):
+    """hash_find_cpu with the direct index: a key below D = len(direct) is read from it (-1: absent), a
+    larger one probed in the table."""
+    n = keys.shape[0]
+    d = uint64(direct.shape[0])
+    for i in prange(n):
+        k = keys[i]
+        rows_out[i] = direct[k] if k < d else _find_one(tkeys, trows, k)
 
 
 @pjit(cache=True)

@@ -37,6 +37,11 @@ def compiled_table(max_rows, **kw):
     return HashTable(max_rows, use_kernels=False, compiled=True, **kw)
 
 
+def compiled_hashed_table(max_rows, **kw):
+    """the compiled table without its direct index: every key hashed and probed"""
+    return HashTable(max_rows, use_kernels=False, compiled=True, direct=False, **kw)
+
+
 def compiled_parallel_table(max_rows, **kw):
     """the compiled table forced onto the large tables' insert: a parallel find, then the misses claimed"""
     t = compiled_table(max_rows, **kw)
@@ -73,6 +78,11 @@ def check_invariants(t):
     assert np.array_equal(np.sort(trows[occupied]), np.arange(t.size)), "rows form range(size)"
     if t._tfirst is not None:
         assert (host(t._tfirst) == hk.INT64_MAX).all(), "insert scratch reset"
+    if t._direct is not None:  # the compiled table's direct index: the row of every small key held, -1 else
+        expect = np.full(t._direct.shape[0], -1, np.int64)
+        small = occupied & (tkeys < t._direct.shape[0])
+        expect[tkeys[small].astype(np.int64)] = trows[small]
+        np.testing.assert_array_equal(t._direct, expect)
 
 
 def insert_all(tables, keys):
@@ -112,10 +122,11 @@ BATCH = st.lists(KEY, max_size=70).map(lambda ks: np.array(ks, dtype=np.uint64))
 def test_insert_kernel_and_reference_match_the_spec(batches, max_rows, load_factor):
     tk, tr = kernel_table(max_rows, load_factor=load_factor), ref_table(max_rows, load_factor=load_factor)
     tc = compiled_table(max_rows, load_factor=load_factor)
+    th = compiled_hashed_table(max_rows, load_factor=load_factor)
     tp = compiled_parallel_table(max_rows, load_factor=load_factor)
     model = DictModel(max_rows)
     for keys in batches:
-        kind, res = insert_all([tk, tr, tc, tp], keys)
+        kind, res = insert_all([tk, tr, tc, th, tp], keys)
         try:
             expect = model.insert(keys)
         except HashTableFullError as e:
@@ -130,6 +141,7 @@ def test_insert_kernel_and_reference_match_the_spec(batches, max_rows, load_fact
     np.testing.assert_array_equal(host(tk.find(probe)), expect)
     np.testing.assert_array_equal(tr.find(probe), expect)
     np.testing.assert_array_equal(tc.find(probe), expect)
+    np.testing.assert_array_equal(th.find(probe), expect)
     np.testing.assert_array_equal(tp.find(probe), expect)
     by_row = np.array(list(model.rows), dtype=np.uint64)
     np.testing.assert_array_equal(host(tk.keys_by_row()), by_row)
@@ -224,7 +236,9 @@ def test_compiled_hash_uses_unsigned_64bit_arithmetic():
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
+@pytest.mark.parametrize(
+    "make", [kernel_table, ref_table, compiled_table, compiled_hashed_table, compiled_parallel_table]
+)
 def test_key_dtypes_uint32_int64_uint64(make):
     t = make(10)
     rows = host(t.insert(np.array([7, 2**32 - 1, 7, 0], dtype=np.uint32)))
@@ -238,7 +252,9 @@ def test_key_dtypes_uint32_int64_uint64(make):
         t.insert(np.array([1.0]))
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
+@pytest.mark.parametrize(
+    "make", [kernel_table, ref_table, compiled_table, compiled_hashed_table, compiled_parallel_table]
+)
 @pytest.mark.parametrize("bad", [np.array([3, 4, -1], np.int64), np.array([3, 4, 2**64 - 1], np.uint64)])
 def test_reserved_key_is_rejected(make, bad):
     t = make(10)
@@ -251,7 +267,9 @@ def test_reserved_key_is_rejected(make, bad):
     check_invariants(t)
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
+@pytest.mark.parametrize(
+    "make", [kernel_table, ref_table, compiled_table, compiled_hashed_table, compiled_parallel_table]
+)
 def test_full_table_error_leaves_table_usable(make):
     t = make(5)
     np.testing.assert_array_equal(host(t.insert(np.array([10, 11, 10], np.uint64))), [0, 1, 0])
@@ -273,7 +291,9 @@ def test_full_table_error_leaves_table_usable(make):
         t.insert(np.array([99], np.uint64))
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
+@pytest.mark.parametrize(
+    "make", [kernel_table, ref_table, compiled_table, compiled_hashed_table, compiled_parallel_table]
+)
 def test_batch_larger_than_every_slot(make):
     # load_factor 1: 40 distinct keys cannot all claim one of 8 slots (kernel: the probe-exhaustion path)
     t = make(8, load_factor=1.0)
@@ -287,7 +307,9 @@ def test_batch_larger_than_every_slot(make):
     np.testing.assert_array_equal(host(t.insert(np.array([9, 1], np.uint64))), [3, 0])
 
 
-@pytest.mark.parametrize("make", [kernel_table, ref_table, compiled_table, compiled_parallel_table])
+@pytest.mark.parametrize(
+    "make", [kernel_table, ref_table, compiled_table, compiled_hashed_table, compiled_parallel_table]
+)
 def test_zero_rows_empty_batches_and_clear(make):
     t0 = make(0)
     assert t0.capacity == 1
@@ -314,7 +336,7 @@ def test_constructor_validation_and_capacity():
         ref_table(-1)
 
 
-@pytest.mark.parametrize("make", [ref_table, compiled_table, compiled_parallel_table])
+@pytest.mark.parametrize("make", [ref_table, compiled_table, compiled_hashed_table, compiled_parallel_table])
 def test_reference_at_scale_matches_dict_model(make):
     # the vectorised reference and the compiled table (the cpu device path) on a realistic batch: Zipf
     # keys, 3 batches; the compiled insert finds in parallel, then inserts the misses in batch order

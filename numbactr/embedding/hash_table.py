@@ -25,12 +25,17 @@ class HashTable:
 
     use_kernels: True launches the numba.cuda kernels on arrays from ``xp`` (cupy on a GPU, numpy in
     the simulator); False runs the NumPy reference (``xp`` must then be numpy), or, with compiled=True,
-    the numba-compiled CPU code (kernels/hash_table_cpu.py: the cpu device's fast path, same rows).
+    the numba-compiled CPU code (kernels/hash_table_cpu.py: the cpu device's fast path, same rows), which
+    keeps a direct index of the small keys' rows in front of the table unless direct=False.
     """
 
     #: the compiled insert's choice (kernels/hash_table_cpu.hash_insert_cpu): tables of up to this many
     #: slots take a batch in one serial pass, larger ones a parallel find first (tests set 0 to force it)
     serial_slots = _cpu.SERIAL_SLOTS
+    #: the compiled path's direct index (kernels/hash_table_cpu.direct_rows) covers keys below
+    #: min(DIRECT_PER_SLOT x capacity, DIRECT_MAX): 8 bytes a key, at most 8 MiB (0 turns it off)
+    DIRECT_PER_SLOT = 2
+    DIRECT_MAX = 1 << 20
 
     def __init__(
         self,
@@ -41,6 +46,7 @@ class HashTable:
         xp=numpy,
         scan_threads: int | None = None,
         compiled: bool = False,
+        direct: bool = True,
     ):
         max_rows = int(max_rows)
         if max_rows < 0:
@@ -68,6 +74,9 @@ class HashTable:
         # the deferred insert's device state (insert_deferred): the row counter and the error record; the
         # host's _size is stale after a deferred insert until size is read
         self._dsize = xp.zeros(1, dtype=numpy.int64) if self.use_kernels else None
+        # the compiled path's direct index: the row of each key below its length, -1 for keys not held
+        span = min(self.DIRECT_PER_SLOT * self.capacity, self.DIRECT_MAX)
+        self._direct = numpy.full(span, -1, numpy.int64) if self.compiled and direct and span > 0 else None
         self._err = self._new_err() if self.use_kernels else None
         self._size_stale = False
         self._unchecked = False
@@ -108,7 +117,8 @@ class HashTable:
         self._sync_size()
         if self.compiled:
             rows, n_new = self.xp.empty(n, dtype=numpy.int64), 0
-            if n:
+            direct = self._direct
+            if n and (direct is None or _cpu.direct_rows(direct, keys, rows) < n):
                 n_new = _cpu.hash_insert_cpu(
                     self._tkeys,
                     self._trows,
@@ -123,6 +133,8 @@ class HashTable:
             if n_new < 0:  # rolled back: count the distinct new keys
                 missing = keys[_k.hash_find_ref(self._tkeys, self._trows, keys) == _k.NO_ROW]
                 raise HashTableFullError(int(numpy.unique(missing).size), self._size, self._max_rows)
+            if n and direct is not None and n_new:
+                _cpu.direct_note(direct, keys, rows)
         elif not self.use_kernels:
             rows, n_new = _k.hash_insert_ref(self._tkeys, self._trows, keys, self._size, self._max_rows)
         else:
@@ -234,7 +246,10 @@ class HashTable:
         keys = self._as_keys(keys)
         if self.compiled:
             rows = numpy.empty(keys.shape[0], dtype=numpy.int64)
-            _cpu.hash_find_cpu(self._tkeys, self._trows, keys, rows)
+            if self._direct is None:
+                _cpu.hash_find_cpu(self._tkeys, self._trows, keys, rows)
+            else:
+                _cpu.direct_find_cpu(self._direct, self._tkeys, self._trows, keys, rows)
             return rows
         if not self.use_kernels:
             return _k.hash_find_ref(self._tkeys, self._trows, keys)
@@ -263,6 +278,8 @@ class HashTable:
         """Forget every key; rows are handed out from 0 again."""
         self._tkeys.fill(EMPTY_KEY)
         self._trows.fill(-1)
+        if self._direct is not None:
+            self._direct.fill(-1)
         if self._tfirst is not None:
             self._tfirst.fill(_k.INT64_MAX)
         self._size = 0
