@@ -887,6 +887,13 @@ def forward_onehot(w, elem_off, strides, ftable, fcols, rows, offsets, batch, la
 
 
 @njit(inline="always", **_JIT)
+def _moments_only(ks, ki):
+    """HugeCTR Adam with Update_t.Global, no stochastic rounding, no max norm: a touched row's update moves
+    only its moments (the weights are the all-rows pass's), by terms of its gradient alone."""
+    return ki[M.KI_KIND] == M._H_ADAM and ki[M.KI_UPDATE] == M._GLOBAL and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0
+
+
+@njit(inline="always", **_JIT)
 def _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, lin, acc, ks, ki, base, no_i64, no_f32, sr_rows,
                has_sr_rows, width, g, da, db, gh, bh):
     """small_update's update of touched linear row lin (of `width`, a literal for the common widths): its
@@ -902,7 +909,7 @@ def _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, lin, acc, ks
     wu = uint64(width)
     for d in range(wu):
         g[d] = acc[src + d]
-    if ki[M.KI_KIND] == M._H_ADAM and ki[M.KI_UPDATE] == M._GLOBAL and ki[M.KI_SR] == 0 and ks[M.KS_MAXN] == 0:
+    if _moments_only(ks, ki):
         one, b1, b2, scaler = float32(1.0), ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_SCALER]
         for d in range(wu):
             gs = g[d] / scaler
@@ -985,10 +992,27 @@ def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows
                 for d in range(width):
                     acc[at + d] += s * dy[o + d]
     n_chunks = (n_rows + _CHUNK - 1) // _CHUNK
+    moments_only = _moments_only(ks, ki)
+    b1, b2, scaler = ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_SCALER]
     for c in prange(n_chunks):
         row = scratch[numba.get_thread_id()]
         gh, bh, g, da, db = row[:aw], row[aw:2 * aw], row[2 * aw:3 * aw], row[3 * aw:4 * aw], row[4 * aw:]
         lo, hi = _chunk(c, n_chunks, n_rows)
+        if moments_only:        # _small_row's HugeCTR Adam GLOBAL case inline: a loop over the row's width the
+            # compiler vectorizes (sa and sb might alias, so _small_row's literal widths stay scalar; 8,192
+            # one-hot bags on 2,625 rows of D 16, one thread: 0.31 -> 0.10-0.17 ms for the whole small_update)
+            for lin in range(lo, hi):
+                if touched[lin] == 0:
+                    continue
+                touched[lin] = 0
+                t = table_of(lin, row_off)
+                e0 = uint64(elem_off[t] + (lin - row_off[t]) * strides[t])
+                src = uint64(lin) * aw
+                for d in range(uint64(dims[t])):
+                    gs = acc[src + d] / scaler
+                    sa[e0 + d] = sa[e0 + d] + float32((one - b1) * gs / b1)    # (_small_row's da, db)
+                    sb[e0 + d] = sb[e0 + d] + float32((one - b2) * gs * gs / b2)
+            continue
         for lin in range(lo, hi):
             if touched[lin] == 0:
                 continue
