@@ -7,6 +7,8 @@ import contextlib
 import io
 
 import numpy as np
+from hypothesis import given as hgiven, settings
+from hypothesis import strategies as st
 import pytest
 
 import numbactr as hugectr
@@ -222,3 +224,83 @@ def test_fused_tops_are_reported_and_kept_when_fusion_is_off(cpu, monkeypatch):
     pre = model.check_out_tensor("fc0", hugectr.Tensor_t.Train)
     post = model.check_out_tensor("fcrelu0", hugectr.Tensor_t.Train)
     assert np.array_equal(np.maximum(pre, 0), post)
+
+
+# ---- DIN's activation-unit input (kernels/activation_unit.py) ---------------------------------------------
+SPECIALS = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-30], np.float32)
+
+
+def _with_specials(rng, shape):
+    a = rng.standard_normal(shape).astype(np.float32)
+    flat = a.reshape(-1)
+    if flat.size:
+        at = rng.integers(0, flat.size, size=max(1, flat.size // 5))
+        flat[at] = rng.choice(SPECIALS, size=at.size)
+    return a
+
+
+@hgiven(b=st.integers(0, 4), f=st.integers(1, 5), n=st.integers(1, 6), prior=st.booleans(), seed=st.integers(0, 999))
+@settings(max_examples=40, deadline=None)
+def test_activation_unit_gives_the_bits_of_its_four_layers(b, f, n, prior, seed):
+    from numbactr.kernels import activation_unit as au
+
+    rng = np.random.default_rng(seed)
+    x, h = _with_specials(rng, (b, n)), _with_specials(rng, (b * f, n))
+    dy = _with_specials(rng, (b * f, 4 * n))
+    dh0 = _with_specials(rng, (b * f, n)) if prior else None
+    # the same bits where a value is a number (-0.0 is not 0.0 here); NaN where the layers give NaN, whatever
+    # its sign bit (compiled code may compute x + (-y) as x - y, which keeps the NaN of y unnegated)
+    bits = lambda a: np.where(np.isnan(a), np.int32(-1), a.view(np.int32))  # noqa: E731
+    with np.errstate(all="ignore"):
+        _activation_unit_case(au, x, h, f, dy, dh0, bits)
+
+
+def _activation_unit_case(au, x, h, f, dy, dh0, bits):
+    b, n = x.shape
+    assert np.array_equal(bits(au.activation_input(x, h, f)), bits(au.activation_input_ref(x, h, f)))
+    out = np.full((b * f, 4 * n), 7.0, np.float32)
+    assert au.activation_input(x, h, f, out) is out and np.array_equal(
+        bits(out), bits(au.activation_input_ref(x, h, f))
+    )
+    dx, dh = au.activation_input_backward(x, h, f, dy, None if dh0 is None else dh0.copy())
+    rx, rh = au.activation_input_backward_ref(x, h, f, dy, dh0)
+    assert np.array_equal(bits(dx), bits(rx)) and np.array_equal(bits(dh), bits(rh))
+    with pytest.raises(ValueError, match="does not fit"):
+        au.activation_input(x, np.zeros((b * f + 1, n), np.float32), f)
+
+
+def test_din_plans_one_activation_unit_with_the_unfused_bits(cpu, monkeypatch):
+    from numbactr.ops.elementwise import SubFn
+    from numbactr.ops.fused import ActivationUnitInputFn
+
+    spec = Z.SPECS["DIN"]
+    monkeypatch.setenv("NUMBACTR_PLAN_FUSE", "0")
+    bare, l0, s0 = train(spec, 32, 4, True, monkeypatch)
+    monkeypatch.setenv("NUMBACTR_PLAN_FUSE", "1")
+    fused, l1, s1 = train(spec, 32, 4, True, monkeypatch)
+    (p0,) = bare._plans.values()
+    (p1,) = fused._plans.values()
+    assert SubFn in {op.fn for op in p0.ops} and ActivationUnitInputFn not in {op.fn for op in p0.ops}
+    assert [op.fn for op in p1.ops].count(ActivationUnitInputFn) == 1 and SubFn not in {op.fn for op in p1.ops}
+    assert {k: v for k, v in p1.fused.items() if v == "att_in"} == {
+        "item_rep": "att_in",
+        "sub_ih": "att_in",
+        "mul_ih": "att_in",
+    }
+    assert l0 == l1 and same_bits(s0, s1)
+    with pytest.raises(hugectr.ModelError, match="fused"):
+        fused.check_out_tensor("sub_ih", hugectr.Tensor_t.Train)
+
+
+def test_activation_unit_in_chunks_past_the_parallel_size():
+    from numbactr.kernels import activation_unit as au
+    from numbactr.kernels.parallel_cpu import PARALLEL_MIN
+
+    rng = np.random.default_rng(3)
+    b, f, n = 2000, 4, 36  # y has more than PARALLEL_MIN elements: the chunked loops (parallel with threads)
+    assert b * f * 4 * n > PARALLEL_MIN
+    x, h = rng.standard_normal((b, n), dtype=np.float32), rng.standard_normal((b * f, n), dtype=np.float32)
+    dy, dh0 = rng.standard_normal((b * f, 4 * n), dtype=np.float32), rng.standard_normal((b * f, n), dtype=np.float32)
+    assert np.array_equal(au.activation_input(x, h, f), au.activation_input_ref(x, h, f))
+    got, want = au.activation_input_backward(x, h, f, dy, dh0), au.activation_input_backward_ref(x, h, f, dy, dh0)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))

@@ -156,6 +156,9 @@ class Context:
     out: tuple = ()  # one array per output: where forward may write its outputs (numbactr.train.plan_buffers)
     half = None  # the autocast half dtype this call ran under (None: float32)
     native_half = False  # the op took and gave half tensors itself (Function.half_native)
+    #: {input index: the gradient that input already has}, for the inputs of a Function's ``accumulates``
+    #: (the planned step hands them; the op returns the input's whole gradient, its own terms added in)
+    grad_so_far: dict = {}
 
 
 class Function:

@@ -1,4 +1,4 @@
-"""Ops that do the work of two in one pass, for the planned step's fusions (numbactr.train.plan_fuse).
+"""Ops that do the work of several in one, for the planned step's fusions (numbactr.train.plan_fuse).
 
 ScaleMultiplyFn: a Scale that repeats each element of g ``factor`` times (axis 0) and the Multiply that reads
 the repeat, y = repeat(g) * x, without the repeated array: MMoE's gate probabilities times an expert's output.
@@ -7,6 +7,12 @@ numbactr.kernels.scale_multiply through numbactr.ops.dispatch.pick (kernel on gp
 cpu, where the planned step does not fuse the pair: kernels/scale_multiply.py says why);
 dg is the Scale's own backward (its kernel or its reference) of dy * x, so the bits are the two ops' bits.
 (The Linear + ReLU fusion needs no op of its own: it is FcBiasAct, numbactr.ops.dense.)
+
+ActivationUnitInputFn: DIN's Scale (repeat the target over the history), Sub, ElementwiseMultiply and Concat,
+y = [x | h | x - h | x * h] per history row, without the three intermediate arrays (kernels/activation_unit.py;
+cpu only). Its backward must add its terms to the history's gradient in the four layers' order, after the
+terms of the history's later readers: it ``accumulates`` input 1, receiving that gradient so far in
+``ctx.grad_so_far`` and returning the whole (numbactr.train.plan).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from numbactr.autograd import Context, Function
-from numbactr.kernels import scale, scale_multiply
+from numbactr.kernels import activation_unit, scale, scale_multiply
 from numbactr.ops.buffers import grad_of, into, out_of
 from numbactr.ops.dispatch import pick
 from numbactr.runtime.device import contig as _contig
@@ -68,3 +74,26 @@ class ScaleMultiplyFn(Function):
     @staticmethod
     def backward(ctx: Context, dy):
         return pick(kernel=_backward_kernel, ref=_backward_ref)(ctx, _contig(dy))
+
+
+class ActivationUnitInputFn(Function):
+    """y (B*f, 4N) = [repeat(x) | h | repeat(x) - h | repeat(x) * h] for x (B, N), h (B*f, N) (module
+    docstring). float32, cpu (the NumPy of kernels/activation_unit.py)."""
+
+    #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
+    writes_into = True
+    #: input 1's gradient is handed in (ctx.grad_so_far) and returned whole, this op's terms added in order
+    accumulates = (1,)
+
+    @staticmethod
+    def forward(ctx: Context, x, h, factor: int = 1):
+        x, h = _contig(x), _contig(h)
+        ctx.x, ctx.h, ctx.factor = x, h, factor
+        return activation_unit.activation_input(x, h, factor, out_of(ctx))
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        dh0 = ctx.grad_so_far.get(1)
+        return activation_unit.activation_input_backward(
+            ctx.x, ctx.h, ctx.factor, _contig(dy), dh0, grad_of(ctx, 0), grad_of(ctx, 1)
+        )

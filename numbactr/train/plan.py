@@ -206,15 +206,23 @@ class StepPlan:
                 continue
             if sizing is not None:
                 sizing.read(out_grads, plan_buffers.END if sizing.held_by(op) else t)
+            whole = getattr(op.fn, "accumulates", ())  # inputs whose whole gradient the op returns
+            if whole:
+                ctx.grad_so_far = {pos: grads[op.ins[pos]] for pos in whole if grads[op.ins[pos]] is not None}
+                if sizing is not None:
+                    sizing.read(ctx.grad_so_far.values(), t)
             in_grads = op.fn.backward(ctx, *out_grads)
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
             if sizing is not None:
                 sizing.wrote(last - t, op, in_grads, t)
-            for slot, g, needed in zip(op.ins, in_grads, op.needs):
+            for pos, (slot, g, needed) in enumerate(zip(op.ins, in_grads, op.needs)):
                 if g is None or not needed:
                     continue
                 prev = grads[slot]
+                if pos in whole:
+                    grads[slot] = g  # (prev is in it)
+                    continue
                 if prev is not None and sizing is not None:
                     sizing.read((prev, g), t)
                 grads[slot] = g if prev is None else prev + g  # as the tape: the later reader's first
