@@ -21,11 +21,13 @@ from .parallel_cpu import FLAT_CHUNK, PARALLEL_MIN, pjit
 from .tbe_cpu import elem_state_count, elem_update
 
 _LOCAL = int(M.UpdateType.LOCAL)
+_H_SGD, _H_MOM, _H_NES = int(M.Optim.HUGECTR_SGD), int(M.Optim.HUGECTR_MOMENTUM_SGD), int(M.Optim.HUGECTR_NESTEROV)
+_H_ADAM, _H_ADAGRAD = int(M.Optim.HUGECTR_ADAM), int(M.Optim.HUGECTR_ADAGRAD)
 _NO_STATE = np.zeros(0, np.float32)      # stands in for an absent state (never indexed)
 
 
-@njit(cache=True, inline="always")
-def _update_span(kind, states, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
+@njit(cache=True, inline="always", error_model="numpy")
+def _update_loop(kind, states, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
     zero, one = float32(0.0), float32(1.0)
     for i in range(w.shape[0]):
         ai = a[i] if states >= 1 else zero
@@ -39,7 +41,25 @@ def _update_span(kind, states, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
             b[i] = bi
 
 
-@pjit(cache=True)
+@njit(cache=True, inline="always", error_model="numpy")
+def _update_span(kind, states, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
+    # one loop per rule, each with its kind a constant: the compiler drops elem_update's other branches and
+    # the loop runs straight (a loop testing the kind per element: 370k Adam elements in 1.2 ms; this: 0.16)
+    if kind == _H_ADAM:
+        _update_loop(_H_ADAM, 2, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha)
+    elif kind == _H_SGD:
+        _update_loop(_H_SGD, 0, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha)
+    elif kind == _H_MOM:
+        _update_loop(_H_MOM, 1, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha)
+    elif kind == _H_NES:
+        _update_loop(_H_NES, 1, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha)
+    elif kind == _H_ADAGRAD:
+        _update_loop(_H_ADAGRAD, 1, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha)
+    else:
+        _update_loop(kind, states, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha)
+
+
+@pjit(cache=True, error_model="numpy")  # x / 0 is inf / nan, as in the kernels (and no test per division)
 def _dense_update(kind, w, a, b, g, lr, eps, b1, b2, mom, scaler, alpha):
     """w, a, b (states by elem_state_count(kind)), g: (P,) float32; scalars float32."""
     n = w.shape[0]
