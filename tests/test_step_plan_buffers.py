@@ -214,7 +214,13 @@ def test_scale_multiply_gives_the_bits_of_scale_then_multiply(where, g_first, on
 
 def test_fused_tops_are_reported_and_kept_when_fusion_is_off(cpu, monkeypatch):
     model, plan = planned_model("NCF", 16, 3, monkeypatch)
-    assert plan.fused == {"fc0": "fcrelu0", "fc1": "fcrelu1", "fc2": "fcrelu2"}
+    assert plan.fused == {
+        "fc0": "fcrelu0",
+        "fc1": "fcrelu1",
+        "fc2": "fcrelu2",
+        "user_mlp": "mlp_in",  # (the Slice whose pieces the Concat joins again: WholeSliceFn)
+        "item_mlp": "mlp_in",
+    }
     assert ops.ReLU not in {op.fn for op in plan.ops}
     with pytest.raises(hugectr.ModelError, match="fused with the one after it"):
         model.check_out_tensor("fc0", hugectr.Tensor_t.Train)
@@ -304,3 +310,38 @@ def test_activation_unit_in_chunks_past_the_parallel_size():
     assert np.array_equal(au.activation_input(x, h, f), au.activation_input_ref(x, h, f))
     got, want = au.activation_input_backward(x, h, f, dy, dh0), au.activation_input_backward_ref(x, h, f, dy, dh0)
     assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_whole_slice_gives_the_bits_of_slice_then_concat(cpu):
+    from numbactr.ops.fused import WholeSliceFn
+    from numbactr.ops.shape import SliceFn
+    from numbactr.train.plan import Op
+    from numbactr.train.plan_fuse import _whole_slice
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 6), dtype=np.float32)
+    dy = rng.standard_normal((5, 6), dtype=np.float32)
+    dy[0, :3] = [-0.0, np.inf, np.nan]
+    ranges = ((0, 2), (2, 6))
+    c1, c2, c3 = _ctxs(3)
+    pieces = SliceFn.forward(c1, x, ranges=ranges)
+    y = ops.Concat.forward(c2, *pieces, axis=1)
+    assert WholeSliceFn.forward(c3, x) is x and np.array_equal(x, y)
+    dx = SliceFn.backward(c1, *ops.Concat.backward(c2, dy))
+    got = WholeSliceFn.backward(c3, dy)
+    assert np.array_equal(np.where(np.isnan(got), 0, got).view(np.int32), np.where(np.isnan(dx), 0, dx).view(np.int32))
+    # only ranges that tile the last dim in order, all joined in order by the Concat alone, are rewritten
+    arrays, readers = {0: x}, {1: 1, 2: 1}
+
+    def pair(rngs, cat_ins=(1, 2), axis=1):
+        return [
+            Op(SliceFn, (0,), (1, 2), {"ranges": rngs}, (True,), None, True),
+            Op(ops.Concat, cat_ins, (3,), {"axis": axis}, (True, True), None, False),
+        ]
+
+    assert _whole_slice(pair(ranges), arrays, readers, set()).fn is WholeSliceFn
+    assert _whole_slice(pair(((0, 2), (3, 6))), arrays, readers, set()) is None  # a gap
+    assert _whole_slice(pair(((2, 6), (0, 2))), arrays, readers, set()) is None  # out of order
+    assert _whole_slice(pair(ranges, (2, 1)), arrays, readers, set()) is None  # joined the other way round
+    assert _whole_slice(pair(ranges), arrays, {1: 2, 2: 1}, set()) is None  # a piece read elsewhere too
+    assert _whole_slice(pair(ranges), arrays, readers, {1}) is None  # a piece kept (a loss)

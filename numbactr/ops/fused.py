@@ -13,6 +13,12 @@ y = [x | h | x - h | x * h] per history row, without the three intermediate arra
 cpu only). Its backward must add its terms to the history's gradient in the four layers' order, after the
 terms of the history's later readers: it ``accumulates`` input 1, receiving that gradient so far in
 ``ctx.grad_so_far`` and returning the whole (numbactr.train.plan).
+
+WholeSliceFn: a Slice into column ranges that tile the last dim in order, read only by the Concat of all its
+pieces in that order (HugeCTR's NCF sample slices the user and item vectors and concatenates them again):
+the Concat's output is the Slice's input. Forward hands the input on (no copy: the values are the same);
+backward is the Slice's backward of the Concat's pieces in one pass, dx = 0 + dy (a -0.0 becomes 0.0, as
+the Slice's zeros and additions make it), so the bits are the two ops' bits.
 """
 
 from __future__ import annotations
@@ -97,3 +103,15 @@ class ActivationUnitInputFn(Function):
         return activation_unit.activation_input_backward(
             ctx.x, ctx.h, ctx.factor, _contig(dy), dh0, grad_of(ctx, 0), grad_of(ctx, 1)
         )
+
+
+class WholeSliceFn(Function):
+    """y = x: the Concat of a Slice's pieces that tile x's last dim in order (module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Context, x):
+        return x  # (no buffer of its own: not ``writes_into``)
+
+    @staticmethod
+    def backward(ctx: Context, dy):
+        return _xp().add(dy, dy.dtype.type(0))

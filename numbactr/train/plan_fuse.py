@@ -4,7 +4,7 @@ Which pairs: the recorded plans of the zoo (W&D, DCN, DCNv2, DeepFM, DLRM, NCF, 
 batch 64) hold 50 Linear and 28 ReLU calls. Counting each op with the op that alone reads its output, the
 commonest pairs are a Linear into its ReLU (28), a ReLU into a Linear (20: not fusable past a GEMM), a lookup
 into a Reshape (11: a view, no pass to save), a Scale into a Multiply (9: MMoE's gates) and a Multiply into an
-Add (8). Three rewrites:
+Add (8). Four rewrites:
 
 * Linear then ReLU becomes FcBiasAct(relu=True), the op HugeCTR's FusedInnerProduct and MLP layers run: its
   compiled epilogue adds the bias and applies the ReLU in one pass over the GEMM's output, and its backward
@@ -21,6 +21,10 @@ Add (8). Three rewrites:
   gradient is the Scale's own backward. On the kernel devices only: on the cpu it measured no faster than
   NumPy's two vectorized passes (kernels/scale_multiply.py).
 
+* a Slice whose ranges tile its input's last dim in order, read only by the Concat of all its pieces in
+  order (NCF: the user and item vectors cut apart and joined again), becomes WholeSliceFn
+  (numbactr.ops.fused): the Concat's output is the Slice's input, handed on; the backward is one pass
+  0 + dy, the Slice's own arithmetic. On every device (it is NumPy's or CuPy's add).
 * DIN's activation-unit input: a Scale that repeats the target over the history (axis 1), the Sub and the
   Multiply of the repeat and the history, and the Concat of the four, four ops in a row, become one
   ActivationUnitInputFn (numbactr.ops.fused, kernels/activation_unit.py): the repeat, the difference and the
@@ -41,8 +45,8 @@ import os
 from numbactr.ops.dense import FcBiasAct, Linear
 from numbactr.ops.dispatch import kernels
 from numbactr.ops.elementwise import MultiplyFn, ReLU, ScaleFn, SubFn
-from numbactr.ops.fused import ActivationUnitInputFn, ScaleMultiplyFn
-from numbactr.ops.shape import Concat
+from numbactr.ops.fused import ActivationUnitInputFn, ScaleMultiplyFn, WholeSliceFn
+from numbactr.ops.shape import Concat, SliceFn
 
 
 def _flag(name: str) -> bool:
@@ -73,6 +77,13 @@ def fuse(ops_: list, arrays: dict, readers: dict, keep: set) -> tuple:
             for op in ops_[k : k + 3]:
                 gone[op.outs[0]] = unit.outs[0]
             k += 4
+            continue
+        whole = _whole_slice(ops_[k : k + 2], arrays, readers, keep)
+        if whole is not None:
+            out.append(whole)
+            for s in ops_[k].outs:
+                gone[s] = whole.outs[0]
+            k += 2
             continue
         op, nxt = ops_[k], (ops_[k + 1] if k + 1 < len(ops_) else None)
         sole = nxt is not None and readers.get(op.outs[0]) == 1 and op.outs[0] not in keep and len(op.outs) == 1
@@ -145,3 +156,23 @@ def _activation_unit(four, arrays, readers, keep):
     if not (_plain(x) and _plain(hv)) or hv.shape != (x.shape[0] * f, x.shape[1]):
         return None
     return type(sc)(ActivationUnitInputFn, (sc.ins[0], h), cat.outs, {"factor": f}, (True, True), cat.owner, False)
+
+
+def _whole_slice(two, arrays, readers, keep):
+    """WholeSliceFn(x) for a Slice whose ranges tile x's last dim in order, read only by the Concat after it
+    of all its pieces in order (on the last dim)."""
+    if len(two) < 2 or (two[0].fn, two[1].fn) != (SliceFn, Concat):
+        return None
+    sl, cat = two
+    x = arrays.get(sl.ins[0])
+    ranges = sl.params.get("ranges", ())
+    if x is None or x.ndim != 2 or cat.params.get("axis", 1) != 1 or cat.ins != sl.outs:
+        return None
+    if sl.fresh is not None or cat.fresh is not None or set(sl.outs) & keep:
+        return None
+    if any(readers.get(s) != 1 for s in sl.outs) or not ranges:
+        return None
+    edges = [0, *(e for r in ranges for e in r), x.shape[1]]
+    if any(a != b for a, b in zip(edges[::2], edges[1::2])):  # each range starts where the last one ended
+        return None
+    return type(sl)(WholeSliceFn, sl.ins, cat.outs, {}, sl.needs, cat.owner, False)
