@@ -47,7 +47,7 @@ BREAKDOWN_COLUMNS = [
     "rest ms",
     "step",
 ]
-FULL = dict(batches=(256, 1024, 4096), threads=(1, 2), rounds=2, breakdown_steps=3, infer_batches=(1, 16, 256, 4096))
+FULL = dict(batches=(256, 1024, 4096), threads=(1, 2), rounds=3, breakdown_steps=3, infer_batches=(1, 16, 256, 4096))
 QUICK = dict(batches=(64,), threads=(1,), rounds=1, breakdown_steps=1, infer_batches=(1, 64))
 
 

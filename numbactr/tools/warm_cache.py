@@ -122,7 +122,8 @@ def _hash_and_dense_cases():
 
 
 def _cross_and_dice_cases():
-    """The compiled CPU passes of MultiCross (DCN v1 and v2) and PReLU_Dice (DIN; both backward formulas)."""
+    """The compiled CPU passes of MultiCross (DCN v1 and v2), PReLU_Dice (DIN; both backward formulas) and DIN's
+    fused activation-unit input."""
     from numbactr.kernels import multi_cross, prelu_dice
 
     b, d = 3, 4
@@ -137,6 +138,12 @@ def _cross_and_dice_cases():
     prelu_dice.prelu_dice_forward_cpu(x, 0.2, 1e-5, e(x), mean, inv)
     for exact in (False, True):
         prelu_dice.prelu_dice_backward_cpu(x, x, 0.2, mean, inv, exact, e(x))
+    from numbactr.kernels import activation_unit  # DIN's fused activation-unit input (the planned step's)
+
+    h = np.ones((2 * b, d), np.float32)
+    y = activation_unit.activation_input(x, h, 2)
+    for dh0 in (None, h):
+        activation_unit.activation_input_backward(x, h, 2, y, dh0)
 
 
 def _norm_softmax_cases():
@@ -194,7 +201,7 @@ def _model_cases():
 STEPS = (
     ("embedding engine", _engine_cases),
     ("hash table, interaction", _hash_and_dense_cases),
-    ("MultiCross, PReLU_Dice", _cross_and_dice_cases),
+    ("MultiCross, PReLU_Dice, activation unit", _cross_and_dice_cases),
     ("LayerNorm, softmax", _norm_softmax_cases),
     ("a DLRM's dense ops", _model_cases),
 )
