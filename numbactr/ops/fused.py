@@ -84,7 +84,7 @@ class ScaleMultiplyFn(Function):
 
 class ActivationUnitInputFn(Function):
     """y (B*f, 4N) = [repeat(x) | h | repeat(x) - h | repeat(x) * h] for x (B, N), h (B*f, N) (module
-    docstring). float32, cpu (the NumPy of kernels/activation_unit.py)."""
+    docstring). float32, cpu (the compiled passes of kernels/activation_unit.py)."""
 
     #: writes into the planned step's buffers when given (ctx.out, ctx.grad_into: numbactr.ops.buffers)
     writes_into = True
