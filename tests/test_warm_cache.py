@@ -21,6 +21,8 @@ def test_warm_cache_compiles_the_engine_in_both_weight_types():
     assert "int32" in {str(sig[0].dtype) for sig in tbe_cpu.check_indices.signatures}
     assert "int64" in {str(sig[0].dtype) for sig in tbe_cpu.count_bad_indices.signatures}
     assert hash_table_cpu.hash_find_cpu.signatures and hash_table_cpu.hash_insert_cpu.signatures
+    for fn in (hash_table_cpu.direct_rows, hash_table_cpu.direct_note, hash_table_cpu.direct_find_cpu):
+        assert fn.signatures, fn.__name__  # the direct index of small keys
     assert hash_table_cpu.serve_cached_cpu.signatures
     assert interaction._forward_cpu.signatures and interaction._backward_cpu.signatures
     # one-thread runs call the serial twin of a parallel function (kernels.parallel_cpu.pjit)

@@ -87,8 +87,13 @@ def _hash_and_dense_cases():
     table = HashTable(100, use_kernels=False, compiled=True)
     for dtype in (np.int64, np.uint64, np.int32):
         keys = np.arange(1, 21, dtype=dtype)
-        table.insert(keys)
+        table.insert(keys)  # (the direct index: kernels/hash_table_cpu.direct_rows, direct_note)
         table.find(keys)
+    big = np.arange(1, 5, dtype=np.uint64) << np.uint64(40)  # keys past the direct index: hashed
+    table.insert(big)
+    hashed = HashTable(100, use_kernels=False, compiled=True, direct=False)
+    hashed.insert(big)
+    hashed.find(big)
     # inference's warm-request pass (ModelCache.serve_pooled); its arrays' types are fixed, so one signature
     from numbactr.kernels.hash_table_cpu import serve_cached_cpu
 
