@@ -895,31 +895,17 @@ def _moments_only(ks, ki):
 
 @njit(inline="always", **_JIT)
 def _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, lin, acc, ks, ki, base, no_i64, no_f32, sr_rows,
-               has_sr_rows, width, g, da, db, gh, bh):
-    """small_update's update of touched linear row lin (of `width`, a literal for the common widths): its
-    accumulator (acc flat, rows of gh's width) copied into g (a stack row for the common widths, as
-    fused_update's), then update_row. HugeCTR Adam's GLOBAL touched rows (the zoo's case) move only their
-    moments, by terms of g alone: those are computed first into the rows da, db (stack rows too for the
-    common widths, so the loop reads and writes nothing that may alias and its three divisions an element
-    vectorize), with elem_update's expressions, so the same bits."""
+               has_sr_rows, width, g, gh, bh):
+    """small_update's update of touched linear row lin (of `width`, a literal for the common widths) by any rule
+    but HugeCTR Adam GLOBAL's (small_update moves those moments itself): its accumulator (acc flat, rows of
+    gh's width) copied into g (a stack row for the common widths, as fused_update's), then update_row."""
     t = table_of(lin, row_off)
     e0 = uint64(elem_off[t] + (lin - row_off[t]) * strides[t])
     sr_lin = sr_rows[lin] if has_sr_rows else lin
     src = uint64(lin) * uint64(gh.shape[0])
-    wu = uint64(width)
-    for d in range(wu):
+    for d in range(uint64(width)):
         g[d] = acc[src + d]
-    if _moments_only(ks, ki):
-        one, b1, b2, scaler = float32(1.0), ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_SCALER]
-        for d in range(wu):
-            gs = g[d] / scaler
-            da[d] = (one - b1) * gs / b1
-            db[d] = (one - b2) * gs * gs / b2
-        for d in range(wu):                            # the weights are the all-rows pass's to move
-            sa[e0 + d] = sa[e0 + d] + da[d]
-            sb[e0 + d] = sb[e0 + d] + db[d]
-    else:
-        update_row(w, sa, sb, srows, sprev, ks, ki, base, no_i64, no_f32, lin, sr_lin, e0, lin, width, g, gh, bh)
+    update_row(w, sa, sb, srows, sprev, ks, ki, base, no_i64, no_f32, lin, sr_lin, e0, lin, width, g, gh, bh)
 
 
 @pjit(**_JIT)
@@ -938,8 +924,8 @@ def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows
     is cleared: the weights, states and accumulators are read front to back, not in the batch's random
     order. (Measured 2026-12-07, one thread, a loaded machine: 8,192 one-hot bags on 2,625 rows of D 16,
     HugeCTR Adam GLOBAL: 0.28 ms against 0.47 ms for linearize + radix sort + fused_update; about a third
-    of it is the gradient sum, a third the moments' divisions.) scratch (threads, 5 x
-    the widest width) float32 holds the rows' working rows, and no_rows (1,) int64, no_vals (1, 1) float32
+    of it is the gradient sum, a third the moments' divisions; the moments' loop since vectorized: 0.10-0.17
+    ms in all.) scratch (threads, 3 x the widest width) float32 holds the rows' working rows, and no_rows (1,) int64, no_vals (1, 1) float32
     stand in for update_row's NONE outputs: all passed in, not made here, so the serial twin borrows them
     (an array made here is reference-counted at every call of the inlined row update). Returns the number
     of touched rows U."""
@@ -996,11 +982,12 @@ def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows
     b1, b2, scaler = ks[M.KS_B1], ks[M.KS_B2], ks[M.KS_SCALER]
     for c in prange(n_chunks):
         row = scratch[numba.get_thread_id()]
-        gh, bh, g, da, db = row[:aw], row[aw:2 * aw], row[2 * aw:3 * aw], row[3 * aw:4 * aw], row[4 * aw:]
+        gh, bh, g = row[:aw], row[aw:2 * aw], row[2 * aw:3 * aw]
         lo, hi = _chunk(c, n_chunks, n_rows)
-        if moments_only:        # _small_row's HugeCTR Adam GLOBAL case inline: a loop over the row's width the
-            # compiler vectorizes (sa and sb might alias, so _small_row's literal widths stay scalar; 8,192
-            # one-hot bags on 2,625 rows of D 16, one thread: 0.31 -> 0.10-0.17 ms for the whole small_update)
+        if moments_only:        # HugeCTR Adam GLOBAL: a touched row moves only its moments, by elem_update's
+            # expressions, in a loop over the row's width the compiler vectorizes (through update_row, with
+            # literal widths, it stayed scalar: 8,192 one-hot bags on 2,625 rows of D 16, one thread, 0.31 ->
+            # 0.10-0.17 ms for the whole small_update)
             for lin in range(lo, hi):
                 if touched[lin] == 0:
                     continue
@@ -1010,7 +997,7 @@ def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows
                 src = uint64(lin) * aw
                 for d in range(uint64(dims[t])):
                     gs = acc[src + d] / scaler
-                    sa[e0 + d] = sa[e0 + d] + float32((one - b1) * gs / b1)    # (_small_row's da, db)
+                    sa[e0 + d] = sa[e0 + d] + float32((one - b1) * gs / b1)
                     sb[e0 + d] = sb[e0 + d] + float32((one - b2) * gs * gs / b2)
             continue
         for lin in range(lo, hi):
@@ -1020,13 +1007,13 @@ def small_update(w, sa, sb, srows, sprev, elem_off, strides, dims, row_off, rows
             width = dims[table_of(lin, row_off)]
             if width == 16:
                 _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, lin, acc, ks, ki, base, no_rows,
-                           no_vals, sr_rows, has_sr_rows, 16, stack_f32(16), stack_f32(16), stack_f32(16), gh, bh)
+                           no_vals, sr_rows, has_sr_rows, 16, stack_f32(16), gh, bh)
             elif width == 32:
                 _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, lin, acc, ks, ki, base, no_rows,
-                           no_vals, sr_rows, has_sr_rows, 32, stack_f32(32), stack_f32(32), stack_f32(32), gh, bh)
+                           no_vals, sr_rows, has_sr_rows, 32, stack_f32(32), gh, bh)
             else:
                 _small_row(w, sa, sb, srows, sprev, elem_off, strides, row_off, lin, acc, ks, ki, base, no_rows,
-                           no_vals, sr_rows, has_sr_rows, width, g, da, db, gh, bh)
+                           no_vals, sr_rows, has_sr_rows, width, g, gh, bh)
     return u
 
 

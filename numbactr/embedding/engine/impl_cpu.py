@@ -315,8 +315,8 @@ class _CpuImpl:
             e._rounding_base(t, tbe.SR_PASS_HOT),
             self.no_i64 if e.sr_rows is None else e.sr_rows,
             e.sr_rows is not None,
-            e._scratch("small_rows", 5 * self.max_dim * numba.get_num_threads(), np.float32).reshape(
-                -1, 5 * self.max_dim
+            e._scratch("small_rows", 3 * self.max_dim * numba.get_num_threads(), np.float32).reshape(
+                -1, 3 * self.max_dim
             ),
             self.no_i64,
             self.no_vals,
