@@ -345,3 +345,30 @@ def test_whole_slice_gives_the_bits_of_slice_then_concat(cpu):
     assert _whole_slice(pair(ranges, (2, 1)), arrays, readers, set()) is None  # joined the other way round
     assert _whole_slice(pair(ranges), arrays, {1: 2, 2: 1}, set()) is None  # a piece read elsewhere too
     assert _whole_slice(pair(ranges), arrays, readers, {1}) is None  # a piece kept (a loss)
+
+
+def test_activation_unit_reference_backward_is_the_gradient_in_float64():
+    from numbactr.kernels import activation_unit as au
+
+    rng = np.random.default_rng(4)
+    b, f, n = 3, 4, 5
+    x, h = rng.standard_normal((b, n)), rng.standard_normal((b * f, n))
+    wy, wh = rng.standard_normal((b * f, 4 * n)), rng.standard_normal((b * f, n))
+    dh0 = wh  # the history's gradient from its other reader, loss term sum(wh * h)
+
+    def loss(x, h):
+        return float((au.activation_input_ref(x, h, f) * wy).sum() + (wh * h).sum())
+
+    dx, dh = au.activation_input_backward_ref(x, h, f, wy, dh0)
+    eps = 1e-6
+    for a, grad in ((x, dx), (h, dh)):
+        num = np.zeros_like(a)
+        for i in np.ndindex(a.shape):
+            keep = a[i]
+            a[i] = keep + eps
+            up = loss(x, h)
+            a[i] = keep - eps
+            down = loss(x, h)
+            a[i] = keep
+            num[i] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(grad, num, rtol=1e-6, atol=1e-8)
